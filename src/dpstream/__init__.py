@@ -1,0 +1,37 @@
+"""dpstream: differentially private histograms and top-k lists under continual observation.
+
+Implements the mechanisms of Cardoso and Rogers, "Differentially Private
+Histograms under Continual Observation: Streaming Selection into the Unknown".
+See DESIGN.md for the layers; the public names are re-exported here.
+"""
+
+from . import noise, privacy, tree
+from .errors import (
+    BudgetExhaustedError,
+    DPStreamError,
+    HorizonExceededError,
+    InvalidEventError,
+    StateError,
+)
+from .mechanisms import KnownDomainHistogram, Release, TreeCounter
+from .noise import NoiseKey, NoiseSource
+from .privacy import PrivacyGuarantee
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetExhaustedError",
+    "DPStreamError",
+    "HorizonExceededError",
+    "InvalidEventError",
+    "KnownDomainHistogram",
+    "NoiseKey",
+    "NoiseSource",
+    "PrivacyGuarantee",
+    "Release",
+    "StateError",
+    "TreeCounter",
+    "noise",
+    "privacy",
+    "tree",
+]

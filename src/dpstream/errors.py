@@ -1,0 +1,34 @@
+"""Exceptions raised by dpstream.
+
+One base class, :class:`DPStreamError`, so that callers can catch everything the
+library raises on purpose, and a few subclasses for the failures a stream can
+meet at run time. Bad arguments raise the built-in ``TypeError`` or
+``ValueError`` with the parameter's name in the message.
+"""
+
+from __future__ import annotations
+
+
+class DPStreamError(Exception):
+    """Base class of the errors dpstream raises on purpose."""
+
+
+class InvalidEventError(DPStreamError, ValueError):
+    """An event that breaks the mechanism's contract.
+
+    Examples: more items than ``max_items`` (the l0 bound Delta0 that the
+    privacy guarantee assumes), an item outside a known domain, an item that is
+    not hashable. The mechanism's state is unchanged when this is raised.
+    """
+
+
+class HorizonExceededError(DPStreamError):
+    """A release was asked for at a time step past the declared horizon T."""
+
+
+class BudgetExhaustedError(DPStreamError):
+    """A composition would spend more privacy budget than was declared."""
+
+
+class StateError(DPStreamError):
+    """A checkpoint cannot be used: wrong key, other parameters, or corrupt."""

@@ -1,0 +1,213 @@
+"""KnownBase (Algorithm 2) and BinMech (Algorithm 1)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import dpstream as dps
+from dpstream import tree
+
+from .conftest import Z_TOL, fixed_key
+
+
+def random_stream(rng, domain, steps, max_items, max_events=3):
+    return [
+        [list(rng.choice(domain, size=rng.integers(0, max_items + 1), replace=False))
+         for _ in range(rng.integers(0, max_events + 1))]
+        for _ in range(steps)
+    ]
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("base", [2, 3, None])
+def test_noisy_counts_unbiased_with_tree_variance(base):
+    """noisy - true at t is N(0, |I_t| L_r tau^2), checked over 40 keys x 5000 items.
+
+    Tolerances (n = 200,000 samples of the noise at each t, all independent:
+    distinct keyed addresses): the sample mean divided by sigma/sqrt(n) is
+    N(0, 1), and the sample variance divided by sigma^2 is 1 + N(0, 2/n)
+    (normal data). Both are allowed Z_TOL = 5 standard errors, i.e. a relative
+    variance error of 5 sqrt(2/n) = 1.6%; a scale error of 30% (or a missing
+    cell) would be 40x outside that.
+    """
+    horizon, tau, n_items, n_keys = 200, 0.7, 5000, 40
+    check_at = [1, 7, 63, 100, 127, 200]
+    domain = list(range(n_items))
+    samples = {t: [] for t in check_at}
+    for k in range(n_keys):
+        h = dps.KnownDomainHistogram(domain, horizon, max_items=1, base=base,
+                                     key=fixed_key(f"var{k}"), tau=tau)
+        for t in range(1, horizon + 1):
+            rel = h.step_batch([[t % n_items]])
+            if t in samples:
+                samples[t].append(rel.values - h.counts)
+    r = h.base
+    levels = tree.num_levels(horizon, r)
+    for t, parts in samples.items():
+        x = np.concatenate(parts)
+        n = x.size
+        sigma2 = sum(tree.digits(t, r)) * levels * tau**2
+        assert abs(x.mean()) < Z_TOL * math.sqrt(sigma2 / n), t
+        assert abs(x.var() / sigma2 - 1) < Z_TOL * math.sqrt(2 / n), t
+
+
+def test_same_key_same_stream_same_releases_and_modes_agree():
+    rng = np.random.default_rng(1)
+    domain = [f"item{i}" for i in range(30)]
+    stream = random_stream(rng, domain, 60, 3)
+    key = fixed_key("modes")
+    a = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
+    b = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
+    agg = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
+    jumpy = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
+    other = dps.KnownDomainHistogram(domain, 60, max_items=3, key=fixed_key("other"), rho=0.3)
+    prefix = dict.fromkeys(domain, 0)
+    for t, events in enumerate(stream, start=1):
+        ra, rb, ro = a.step_batch(events), b.step_batch(events), other.step_batch(events)
+        for event in events:
+            for item in event:
+                prefix[item] += 1
+        rg = agg.release(t, prefix)
+        assert np.array_equal(ra.values, rb.values)
+        assert np.array_equal(ra.values, rg.values)  # event mode == aggregate mode, bit for bit
+        assert not np.array_equal(ra.values, ro.values)
+        assert ra.t == t and list(ra.items) == domain
+        if t % 7 == 0:  # aggregate mode may skip steps (a jump recomputes from scratch)
+            rj = jumpy.release(t, prefix)
+            assert np.array_equal(ra.values, rj.values)
+    # the true counts are what the stream says
+    assert dict(zip(domain, a.counts.tolist(), strict=False)) == prefix
+
+
+def test_same_releases_in_a_fresh_process():
+    key = fixed_key("fresh")
+    code = f"""
+import dpstream as dps
+k = dps.NoiseKey.from_bytes(bytes.fromhex("{key.to_bytes().hex()}"))
+h = dps.KnownDomainHistogram(["x", "y", 3], 50, max_items=2, key=k, epsilon=1.0, delta=1e-6)
+out = [h.step([["x"], [3, "y"], []][t % 3]).values.tobytes().hex() for t in range(50)]
+print(",".join(out))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    h = dps.KnownDomainHistogram(["x", "y", 3], 50, max_items=2, key=key, epsilon=1.0, delta=1e-6)
+    here = [h.step([["x"], [3, "y"], []][t % 3]).values.tobytes().hex() for t in range(50)]
+    assert res.stdout.strip() == ",".join(here)
+
+
+def test_privacy_is_delta0_over_two_tau_squared():
+    h = dps.KnownDomainHistogram(range(5), 100, max_items=3, key=fixed_key("p"), tau=2.0)
+    assert h.privacy.rho == pytest.approx(3 / (2 * 2.0**2), rel=1e-12)
+    h = dps.KnownDomainHistogram(range(5), 100, max_items=3, key=fixed_key("p"), rho=0.25)
+    assert 3 / (2 * h.tau**2) <= 0.25  # rounded towards more noise
+    assert 3 / (2 * h.tau**2) == pytest.approx(0.25, rel=1e-12)
+    c = dps.TreeCounter(1000, key=fixed_key("c"), rho=0.5)
+    assert c.base == 4 and c.privacy.rho == pytest.approx(1 / (2 * c.tau**2))
+
+
+def exact_gaussian_delta(epsilon, mu):
+    # Balle & Wang (2018), Theorem 8, written out independently of dpstream.privacy
+    return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(
+        -epsilon / mu - mu / 2
+    )
+
+
+def paper_tau(epsilon, delta, a):
+    # largest rho with rho + 2 sqrt(rho ln(1/delta)) <= epsilon, then rho = a / tau^2
+    lg = math.log(1 / delta)
+    rho = (math.sqrt(lg + epsilon) - math.sqrt(lg)) ** 2
+    return math.sqrt(a / rho)
+
+
+@pytest.mark.parametrize(
+    "epsilon,delta,max_items", [(1.0, 1e-6, 1), (0.5, 1e-8, 3), (4.0, 1e-5, 2)]
+)
+def test_calibration_meets_exact_gaussian_delta_and_beats_paper(epsilon, delta, max_items):
+    h = dps.KnownDomainHistogram(range(3), 1000, max_items=max_items, key=fixed_key("cal"),
+                                 epsilon=epsilon, delta=delta)
+    mu = math.sqrt(max_items) / h.tau  # l2 sensitivity sqrt(Delta0 L) over noise sqrt(L) tau
+    assert exact_gaussian_delta(epsilon, mu) <= delta * (1 + 1e-9)
+    # the smallest tau: 0.1% less noise breaks the target
+    assert exact_gaussian_delta(epsilon, mu * 1.001) > delta
+    tp = paper_tau(epsilon, delta, max_items / 2)
+    print(f"tau exact-Gaussian={h.tau:.4f} vs paper conversion={tp:.4f}")
+    assert h.tau < tp
+    assert h.privacy.epsilon <= epsilon * (1 + 1e-9) and h.privacy.delta == delta
+
+
+def test_invalid_input_leaves_state_unchanged():
+    key = fixed_key("bad")
+    h = dps.KnownDomainHistogram(["a", "b", "c"], 3, max_items=2, key=key, rho=1.0)
+    ref = dps.KnownDomainHistogram(["a", "b", "c"], 3, max_items=2, key=key, rho=1.0)
+    with pytest.raises(dps.InvalidEventError, match="max_items"):
+        h.step(["a", "b", "c"])
+    with pytest.raises(dps.InvalidEventError, match="not in the domain"):
+        h.step_batch([["a"], ["zzz"]])
+    with pytest.raises(TypeError, match="str"):
+        h.step("ab")
+    assert h.t == 0
+    assert np.array_equal(h.step(["a"]).values, ref.step(["a"]).values)
+    h.step([])
+    h.step(["b", "b"])  # an event is a set: b counts once
+    assert h.counts.tolist() == [1, 1, 0]
+    with pytest.raises(dps.HorizonExceededError):
+        h.step(["a"])
+    with pytest.raises(dps.HorizonExceededError):
+        h.release(4, {"a": 1})
+    assert h.t == 3
+
+
+def test_aggregate_mode_checks():
+    h = dps.KnownDomainHistogram(["a", "b"], 10, max_items=1, key=fixed_key("agg"), rho=1.0)
+    h.release(2, {"a": 2})
+    with pytest.raises(ValueError, match="greater than the last"):
+        h.release(2, {"a": 2})
+    with pytest.raises(ValueError, match="decrease"):
+        h.release(3, {"a": 1})
+    with pytest.raises(dps.InvalidEventError):
+        h.release(3, {"q": 1})
+    with pytest.raises(ValueError, match="one entry per domain item"):
+        h.release(3, [1, 2, 3])
+    assert h.release(3, np.array([2, 1])).t == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({}, "rho"),
+        ({"rho": 1.0, "tau": 1.0}, "exactly one"),
+        ({"epsilon": 1.0}, "delta"),
+        ({"rho": -1.0}, "rho"),
+        ({"epsilon": 1.0, "delta": 2.0}, "delta"),
+    ],
+)
+def test_budget_errors_name_the_parameter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dps.KnownDomainHistogram(["a"], 10, max_items=1, key=fixed_key("e"), **kwargs)
+
+
+def test_constructor_errors():
+    k = fixed_key("e")
+    with pytest.raises(ValueError, match="distinct"):
+        dps.KnownDomainHistogram(["a", "a"], 10, max_items=1, key=k, rho=1)
+    with pytest.raises(ValueError, match="max_items"):
+        dps.KnownDomainHistogram(["a"], 10, max_items=0, key=k, rho=1)
+    with pytest.raises(ValueError, match="base"):
+        dps.KnownDomainHistogram(["a"], 10, max_items=1, key=k, rho=1, base=1)
+    with pytest.raises(TypeError, match="key"):
+        dps.KnownDomainHistogram(["a"], 10, max_items=1, key=b"x" * 32, rho=1)
+
+
+def test_tree_counter_counts_and_agrees_with_one_item_histogram():
+    key = fixed_key("ctr")
+    c = dps.TreeCounter(100, key=key, tau=1.0, stream="s")
+    h = dps.KnownDomainHistogram(["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s")
+    bits = np.random.default_rng(3).integers(0, 2, 100)
+    for b in bits:
+        assert c.step(int(b)) == h.step(["__counter__"] if b else []).values[0]
+    assert c.count == bits.sum()
