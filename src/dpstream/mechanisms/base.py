@@ -165,17 +165,11 @@ def resolve_privacy(
     used; otherwise the zCDP conversion of Canonne, Kamath and Steinke.
     """
     budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
-    if budget.tau is not None:
-        tau_value = float(budget.tau)
-    else:
-        tau_value = privacy.calibrate_tau(
-            a=coefficient, rho=budget.rho, epsilon=budget.epsilon, delta=budget.delta,
-            gaussian_exact=gaussian_exact,
-        )
+    tau_value = budget.calibrate(coefficient, gaussian_exact=gaussian_exact)
     guarantee = privacy.guarantee_for_tau(
         tau=tau_value,
         a=coefficient,
-        delta=budget.delta if budget.delta is not None else privacy.DEFAULT_DELTA,
+        delta=budget.reporting_delta,
         mechanism=mechanism,
         theorem=theorem,
         gaussian_exact=gaussian_exact,
