@@ -5,7 +5,7 @@ Histograms under Continual Observation: Streaming Selection into the Unknown".
 See DESIGN.md for the layers; the public names are re-exported here.
 """
 
-from . import noise, privacy, tree
+from . import noise, oneshot, privacy, tree
 from .errors import (
     BudgetExhaustedError,
     DPStreamError,
@@ -13,7 +13,7 @@ from .errors import (
     InvalidEventError,
     StateError,
 )
-from .mechanisms import KnownDomainHistogram, Release, TreeCounter
+from .mechanisms import KnownDomainHistogram, Release, TreeCounter, UnknownDomainHistogram
 from .noise import NoiseKey, NoiseSource
 from .privacy import PrivacyGuarantee
 
@@ -31,7 +31,9 @@ __all__ = [
     "Release",
     "StateError",
     "TreeCounter",
+    "UnknownDomainHistogram",
     "noise",
+    "oneshot",
     "privacy",
     "tree",
 ]

@@ -2,5 +2,19 @@
 
 from .base import Release
 from .known import KnownDomainHistogram, TreeCounter
+from .unknown import (
+    PrivacySplit,
+    UnknownDomainHistogram,
+    calibrate_unknown_domain,
+    discovery_threshold,
+)
 
-__all__ = ["KnownDomainHistogram", "Release", "TreeCounter"]
+__all__ = [
+    "KnownDomainHistogram",
+    "PrivacySplit",
+    "Release",
+    "TreeCounter",
+    "UnknownDomainHistogram",
+    "calibrate_unknown_domain",
+    "discovery_threshold",
+]

@@ -7,8 +7,9 @@ mutating).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -175,4 +176,22 @@ def resolve_privacy(
         gaussian_exact=gaussian_exact,
         rho_delta=rho_delta,
     )
+    if (
+        budget.epsilon is not None
+        and guarantee.epsilon > budget.epsilon
+        and _meets(budget.epsilon, budget.delta - rho_delta, tau_value, coefficient, gaussian_exact)
+    ):
+        # The inverse curves are solved numerically and nudged upwards, so the
+        # epsilon read back can exceed the target by a rounding error although
+        # the calibrated tau meets the target exactly: state the target then.
+        guarantee = replace(guarantee, epsilon=float(budget.epsilon))
     return budget, tau_value, guarantee
+
+
+def _meets(epsilon: float, delta: float, tau: float, a: float, gaussian_exact: bool) -> bool:
+    """Whether a mechanism with rho = a / tau^2 is (epsilon, delta)-DP by the forward formula."""
+    if delta <= 0:
+        return False
+    if gaussian_exact:
+        return privacy.gaussian_delta(epsilon, math.sqrt(2 * a) / tau) <= delta
+    return privacy.epsilon_cks(a / tau**2, delta) <= epsilon

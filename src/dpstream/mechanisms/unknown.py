@@ -1,0 +1,490 @@
+"""UnkBase (Algorithm ``algo:UnkBase``): a running histogram over an unknown domain.
+
+Layer 5 of dpstream. KnownBase's tree noise, added only to the items that have
+appeared so far, and an item is shown only while its noisy count clears the
+threshold m_delta (``eq:threshold``), so that an item one event brought in is
+almost never revealed (``lem:badOutcomes``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.special import ndtr, ndtri
+
+from .. import privacy
+from ..noise import NoiseKey, NoiseSource
+from ..tree import digits, num_levels, worst_case_variance_factor
+from .base import (
+    Release,
+    check_base,
+    check_horizon,
+    check_max_items,
+    check_next_step,
+    check_stream_name,
+    normalise_event,
+)
+from .known import tree_purpose
+from .tree_noise import TreeNoise
+
+__all__ = [
+    "PrivacySplit",
+    "UnknownDomainHistogram",
+    "calibrate_unknown_domain",
+    "discovery_threshold",
+]
+
+_THEOREM = (
+    "UnkBase theorem (after lem:badOutcomes): "
+    "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')"
+)
+
+
+def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta: float) -> float:
+    """m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1 (``eq:threshold``).
+
+    The noise of an item's count at any t is N(0, |I_t| L_r tau^2) with
+    |I_t| <= (r - 1) L_r, so an item whose true count is 1 is above m_delta at
+    a given t with probability at most delta/T, and at some t <= T with
+    probability at most delta (union bound, ``lem:badOutcomes``).
+
+    Phi^-1(1 - x) is computed as -Phi^-1(x) (accurate for tiny x), and the
+    result is moved up until the forward bound T (1 - Phi((m - 1) / s)) <= delta
+    holds in floating point, so the threshold is never too low.
+    """
+    if not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"tau must be positive and finite, got tau={tau!r}")
+    if not 0.0 < threshold_delta < 1.0:
+        raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
+    levels = num_levels(horizon, base)
+    scale = tau * levels * math.sqrt(base - 1)
+    m = scale * float(-ndtri(threshold_delta / horizon)) + 1.0
+    for _ in range(200):
+        if horizon * float(ndtr(-(m - 1.0) / scale)) <= threshold_delta:
+            return m
+        m = math.nextafter(m, math.inf) if m != 0 else 5e-324
+    raise ArithmeticError("discovery_threshold: could not make m conservative")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class PrivacySplit:
+    """How UnkBase's total delta is split (reported as ``UnknownDomainHistogram.privacy_split``).
+
+    Attributes:
+        threshold_delta: delta of the threshold m_delta (``eq:threshold``).
+        threshold_part: Delta0 * threshold_delta, the probability of a bad
+            outcome (``lem:badOutcomes``); equals ``privacy.rho_delta``.
+        conversion_delta: delta' of the Gaussian part's (epsilon, delta') claim.
+        chosen_by: ``"min-threshold"`` (split searched to minimise m_delta for
+            the target (epsilon, delta)), ``"user"`` (threshold_delta given
+            with epsilon/delta) or ``"reporting"`` (rho= or tau=: the noise is
+            fixed and delta' is :data:`dpstream.privacy.DEFAULT_DELTA`, only to
+            state an (epsilon, delta) claim).
+    """
+
+    threshold_delta: float
+    threshold_part: float
+    conversion_delta: float
+    chosen_by: str
+
+
+def _split(delta: float, max_items: int, threshold_delta: float) -> tuple[float, float]:
+    """(Delta0 * threshold_delta, delta') with their sum <= delta in floating point.
+
+    delta' is computed exactly as ``privacy.guarantee_for_tau`` computes the
+    conversion's delta, so the epsilon it reports is the one calibrated here.
+    """
+    part = max_items * threshold_delta
+    rest = delta - part
+    if rest + part > delta:
+        rest = math.nextafter(rest, 0.0)
+    return part, rest
+
+
+def calibrate_unknown_domain(
+    *, epsilon: float, delta: float, max_items: int, horizon: int, base: int
+) -> tuple[float, float]:
+    """The (tau, threshold_delta) meeting (epsilon, delta) with the smallest threshold m_delta.
+
+    The guarantee (theorem after ``lem:badOutcomes``, with the exact Gaussian
+    curve, see :class:`UnknownDomainHistogram`) is (eps_G(sqrt(Delta0)/tau,
+    delta'), Delta0 delta_thr + delta'). tau depends on delta' only, and falls
+    as delta' grows, so "smallest tau" alone would push delta_thr to 0 and
+    m_delta to infinity: no item would ever be shown. What the split trades is
+    discovery against accuracy, and the number that measures discovery is
+    m_delta itself: an item whose count is m_delta is shown with probability
+    1/2, one with count m_delta + c tau with probability >= Phi(c/(sqrt(r-1)
+    L_r)). So we choose the split that minimises m_delta = tau(delta') L_r
+    sqrt(r - 1) Phi^-1(1 - delta_thr/T) + 1, a 1-D search over the fraction
+    f = Delta0 delta_thr / delta (coarse grid in logit(f), then bounded Brent).
+
+    Returns:
+        (tau, threshold_delta).
+    """
+    a = max_items / 2.0
+    levels = num_levels(horizon, base)
+    scale = levels * math.sqrt(base - 1)
+
+    def tau_for(thr: float) -> float:
+        _, rest = _split(delta, max_items, thr)
+        return privacy.calibrate_tau(a=a, epsilon=epsilon, delta=rest, gaussian_exact=True)
+
+    def thr_for(x: float) -> float:
+        f = 1.0 / (1.0 + math.exp(-x))
+        return f * delta / max_items
+
+    def objective(x: float) -> float:
+        thr = thr_for(x)
+        return tau_for(thr) * scale * float(-ndtri(thr / horizon))
+
+    grid = np.linspace(-18.0, 18.0, 37)
+    values = [objective(float(x)) for x in grid]
+    i = int(np.argmin(values))
+    lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, grid.size - 1)])
+    best_x, best_v = float(grid[i]), values[i]
+    if hi > lo:
+        res = minimize_scalar(objective, bounds=(lo, hi), method="bounded",
+                              options={"xatol": 1e-4})
+        if res.fun < best_v:
+            best_x = float(res.x)
+    thr = thr_for(best_x)
+    return tau_for(thr), thr
+
+
+class UnknownDomainHistogram:
+    """UnkBase (``algo:UnkBase``): a running histogram when nobody can list the items.
+
+    Every item that has appeared gets KnownBase's tree noise: each cell of the
+    r-ary tree over 1..T carries N(0, L_r tau^2) per item, and the noisy count
+    of u at t is h_t^u plus the noise of the cells I_t(r). An item is released
+    at t only if that noisy count exceeds
+
+        m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1      (eq:threshold)
+
+    (``.threshold``; delta here is ``threshold_delta``). An item's noise is
+    addressed by (item, cell) under the stream's tree purpose
+    (:func:`~dpstream.mechanisms.known.tree_purpose`), so an item that reappears
+    gets the same realisations (the paper's "add the same realization"), with
+    no table of drawn values, and a discovered item's count is exactly what
+    :class:`~dpstream.KnownDomainHistogram` would release for it under the same
+    key, stream and tau. With ``remember=True`` an item, once shown, is shown
+    at every later step with its current noisy count (the variant the paper
+    says has the same privacy: which items were ever shown is a function of
+    the earlier releases, so remembering is post-processing, and the bad event
+    of ``lem:badOutcomes`` is unchanged).
+
+    Privacy (theorem after ``lem:badOutcomes``): if every event holds at most
+    Delta0 = ``max_items`` items, UnkBase is (eps(Delta0/(2 tau^2), delta'),
+    Delta0 delta + delta')-DP for every delta' > 0. ``.privacy.rho_delta`` is
+    the Delta0 * threshold_delta part, ``.privacy_split`` the whole split.
+
+    Why the exact Gaussian curve for eps (rather than the paper's eq:epsilon):
+    the proof applies ``lem:meta`` to the mechanism A of ``lem:equalAMechanism``,
+    which releases the padded, relabelled partial-sum table of a fixed pair of
+    neighbouring streams plus post-processing. In each of the at most L_r cells
+    that differ, GaussMech_dbar (``algo:GaussMechBase``) adds N(0, L_r tau^2) to
+    two vectors that differ in at most Delta0 coordinates by at most 1
+    (``lem:GaussMechBase``); all other cells are equal. So A is one Gaussian
+    mechanism whose l2 sensitivity is sqrt(Delta0 L_r) and noise std sqrt(L_r)
+    tau: the ratio is mu = sqrt(Delta0)/tau, and its exact (eps, delta')
+    profile is Balle and Wang's, at least as tight as the zCDP conversion.
+    Bad outcomes add Delta0 delta (``lem:badOutcomes``).
+
+    Calibration: ``epsilon=, delta=`` splits delta into Delta0 threshold_delta
+    + delta' so that m_delta is smallest (see :func:`calibrate_unknown_domain`
+    for why m_delta and not tau is the quantity to minimise), unless
+    ``threshold_delta=`` is also given. With ``rho=`` or ``tau=`` the noise is
+    set by the Gaussian part alone and ``threshold_delta=`` is required.
+
+    Utility (Sec. 7, Utility Analysis): an item with h_t^u = m_delta + c tau is
+    shown at t with probability Phi(c / sqrt(|I_t| L_r)) >= Phi(c / (sqrt(r-1)
+    L_r)); a shown item's count has the tree noise of KnownBase, variance
+    |I_t(r)| L_r tau^2.
+
+    A :class:`~dpstream.Release` lists the shown items largest noisy count
+    first (``meta["threshold"]`` is m_delta). The mechanism's ``items_seen``,
+    ``counts`` and ``len()`` are the true, non-private state.
+
+    Cost: a step costs O(items seen so far) vectorised (the incremental tree
+    sums of :class:`~dpstream.mechanisms.tree_noise.TreeNoise`) plus a Python
+    loop over the step's events; an item that has not appeared costs nothing.
+
+    Args:
+        horizon: T.
+        max_items: Delta0, the most distinct items one event may hold.
+        key: the secret key.
+        base: the tree base r; ``None`` picks r* = argmin (r-1) L_r^2.
+        remember: keep showing an item once it has cleared the threshold.
+        rho: Gaussian part's zCDP target (needs ``threshold_delta``), or
+        epsilon, delta: the total (epsilon, delta) target, or
+        tau: the noise scale itself (needs ``threshold_delta``).
+        threshold_delta: delta of the threshold (the paper's delta in
+            ``eq:threshold``); optional with epsilon/delta.
+        stream: separates this stream's noise from other streams under the key
+            (and shares it with KnownBase on the same stream, on purpose).
+
+    Example:
+        >>> import dpstream as dps
+        >>> key = dps.NoiseKey.generate()
+        >>> u = dps.UnknownDomainHistogram(100, max_items=2, key=key, epsilon=1.0, delta=1e-6)
+        >>> rel = u.step(["#dp", "#stats"])
+        >>> len(rel)  # one event is (almost surely) below the threshold
+        0
+    """
+
+    mechanism_name = "UnkBase"
+    theorem = _THEOREM
+
+    def __init__(
+        self,
+        horizon: int,
+        *,
+        max_items: int,
+        key: NoiseKey,
+        base: int | None = None,
+        remember: bool = False,
+        rho: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        tau: float | None = None,
+        threshold_delta: float | None = None,
+        stream: str = "default",
+    ) -> None:
+        self.horizon = check_horizon(horizon)
+        self.base = check_base(base, self.horizon)
+        self.max_items = check_max_items(max_items)
+        self.stream = check_stream_name(stream)
+        if not isinstance(key, NoiseKey):
+            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
+        if not isinstance(remember, bool):
+            raise TypeError(f"remember must be a bool, got {remember!r}")
+        self.remember = remember
+        self.levels = num_levels(self.horizon, self.base)
+        self._coef = self.max_items / 2.0
+        self.budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
+        if threshold_delta is not None:
+            if isinstance(threshold_delta, bool) or not isinstance(
+                threshold_delta, (int, float, np.integer, np.floating)
+            ):
+                raise TypeError(f"threshold_delta must be a real number, got {threshold_delta!r}")
+            if not 0.0 < threshold_delta < 1.0:
+                raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
+            threshold_delta = float(threshold_delta)
+        self.tau, self.threshold_delta, self.privacy_split, total = self._calibrate(
+            threshold_delta
+        )
+        self.privacy = privacy.guarantee_for_tau(
+            tau=self.tau, a=self._coef, delta=total,
+            rho_delta=self.privacy_split.threshold_part, gaussian_exact=True,
+            mechanism=self.mechanism_name, theorem=self.theorem,
+        )
+        self.threshold = discovery_threshold(
+            tau=self.tau, horizon=self.horizon, base=self.base,
+            threshold_delta=self.threshold_delta,
+        )
+        self.key = key
+        self._source = NoiseSource(key, tree_purpose(self.stream))
+        self._noise = TreeNoise(self._source, self.horizon, self.base,
+                                math.sqrt(self.levels) * self.tau)
+        self._index: dict[Hashable, int] = {}
+        cap = 16
+        self._items = np.empty(cap, dtype=object)
+        self._counts = np.zeros(cap, dtype=np.int64)
+        self._shown = np.zeros(cap, dtype=bool)
+        self._ids = np.zeros((cap, 2), dtype=np.uint64)  # keyed item ids, for a fixed order
+        self._n = 0
+        self.t = 0
+
+    def _calibrate(
+        self, threshold_delta: float | None
+    ) -> tuple[float, float, PrivacySplit, float]:
+        """(tau, threshold_delta, split, total delta of the claim)."""
+        b = self.budget
+        d0 = self.max_items
+        if b.kind in ("rho", "tau"):
+            if threshold_delta is None:
+                raise ValueError(
+                    f"threshold_delta= is required with {b.kind}= (the delta of the threshold "
+                    "m_delta; UnkBase pays max_items * threshold_delta in delta)"
+                )
+            part = d0 * threshold_delta
+            if part + privacy.DEFAULT_DELTA >= 1.0:
+                raise ValueError(
+                    f"max_items * threshold_delta must be < 1 - {privacy.DEFAULT_DELTA}, got "
+                    f"{d0} * {threshold_delta!r}"
+                )
+            tau = b.calibrate(self._coef, gaussian_exact=True)
+            total = part + privacy.DEFAULT_DELTA
+            _, rest = _split(total, d0, threshold_delta)
+            split = PrivacySplit(threshold_delta, part, rest, "reporting")
+            return tau, threshold_delta, split, total
+        assert b.epsilon is not None and b.delta is not None
+        if threshold_delta is not None:
+            part, rest = _split(b.delta, d0, threshold_delta)
+            if not rest > 0.0:
+                raise ValueError(
+                    f"max_items * threshold_delta must be < delta, got {d0} * "
+                    f"{threshold_delta!r} >= {b.delta!r}"
+                )
+            tau = privacy.calibrate_tau(a=self._coef, epsilon=b.epsilon, delta=rest,
+                                        gaussian_exact=True)
+            return tau, threshold_delta, PrivacySplit(threshold_delta, part, rest, "user"), b.delta
+        tau, thr = calibrate_unknown_domain(epsilon=b.epsilon, delta=b.delta, max_items=d0,
+                                            horizon=self.horizon, base=self.base)
+        part, rest = _split(b.delta, d0, thr)
+        return tau, thr, PrivacySplit(thr, part, rest, "min-threshold"), b.delta
+
+    # -- facts ---------------------------------------------------------------
+    @property
+    def noise_std_worst(self) -> float:
+        """The largest standard deviation of a released count over t <= T."""
+        return float(np.sqrt(worst_case_variance_factor(self.horizon, self.base)) * self.tau)
+
+    def noise_std_at(self, t: int) -> float:
+        """The standard deviation of a count at t: tau sqrt(|I_t| L_r)."""
+        return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
+
+    @property
+    def items_seen(self) -> list[Hashable]:
+        """The items that have appeared, in the order they were added. Not private."""
+        return self._items[: self._n].tolist()
+
+    @property
+    def counts(self) -> np.ndarray:
+        """True running counts aligned with ``items_seen``. Not private."""
+        return self._counts[: self._n].copy()
+
+    def __len__(self) -> int:
+        """The number of items seen so far. Not private."""
+        return self._n
+
+    # -- event mode ----------------------------------------------------------
+    def step(self, event: Iterable[Hashable]) -> Release:
+        """Take one event as the next time step and release."""
+        return self.step_batch([event])
+
+    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+        """Take all the events of the next time step (possibly none) and release.
+
+        Every event is checked (at most ``max_items`` distinct items, items of
+        type str, int or bytes) before anything changes.
+        """
+        t = self.t + 1
+        check_next_step(t, self.t, self.horizon)
+        index = self._index
+        known: list[int] = []
+        new: dict[Hashable, int] = {}
+        for event in events:
+            for item in normalise_event(event, self.max_items):
+                pos = index.get(item)
+                if pos is None:
+                    new[item] = new.get(item, 0) + 1
+                else:
+                    known.append(pos)
+        counts = self._counts[: self._n] + np.bincount(
+            np.asarray(known, dtype=np.int64), minlength=self._n
+        )
+        return self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+
+    # -- aggregate mode --------------------------------------------------------
+    def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
+        """Release at step t from the true prefix histogram h_t (the practical setting).
+
+        ``counts`` maps every item seen in steps 1..t to its count (an item
+        seen before and missing here counts 0, which is an error since counts
+        only grow; an item with count 0 has not appeared and is ignored).
+        Gives the same releases as event mode for the same key, bit for bit;
+        steps may be skipped (the noise of a jump is computed from scratch and
+        equals the incremental one).
+        """
+        check_next_step(t, self.t, self.horizon)
+        if not isinstance(counts, Mapping):
+            raise TypeError(f"counts must be a Mapping item -> count, got {type(counts).__name__}")
+        keys = list(counts.keys())
+        raw = list(counts.values())
+        vals = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+        if vals.ndim != 1 or vals.dtype.kind not in "iu":
+            raise TypeError(f"counts must be integers, got dtype {vals.dtype}")
+        vals = vals.astype(np.int64)
+        if (vals < 0).any():
+            raise ValueError("counts must be >= 0")
+        index = self._index
+        pos = np.fromiter((index.get(k, -1) for k in keys), np.int64, len(keys))
+        seen = pos >= 0
+        arr = np.zeros(self._n, dtype=np.int64)
+        arr[pos[seen]] = vals[seen]
+        if (arr < self._counts[: self._n]).any():
+            raise ValueError("counts must not decrease: a prefix histogram only grows")
+        fresh = np.flatnonzero(~seen & (vals > 0))
+        new_items = [keys[i] for i in fresh]
+        return self._commit(int(t), arr, new_items, vals[fresh])
+
+    # -- shared ------------------------------------------------------------------
+    def _reserve(self, n: int) -> None:
+        cap = self._counts.size
+        if n <= cap:
+            return
+        while cap < n:
+            cap *= 2
+        items = np.empty(cap, dtype=object)
+        items[: self._n] = self._items[: self._n]
+        counts = np.zeros(cap, dtype=np.int64)
+        counts[: self._n] = self._counts[: self._n]
+        shown = np.zeros(cap, dtype=bool)
+        shown[: self._n] = self._shown[: self._n]
+        ids = np.zeros((cap, 2), dtype=np.uint64)
+        ids[: self._n] = self._ids[: self._n]
+        self._items, self._counts, self._shown, self._ids = items, counts, shown, ids
+
+    def _commit(self, t: int, counts: np.ndarray, new_items: list[Hashable],
+                new_counts: np.ndarray) -> Release:
+        # Everything that can fail runs before the first mutation.
+        if new_items:
+            ids = self._source.item_ids(new_items)  # TypeError for a bad item type
+            order = np.lexsort((ids[:, 1], ids[:, 0]))
+            prepared = self._source.prepare_ids(ids[order])
+        self._noise.advance(t)
+        n_old = self._n
+        self._counts[:n_old] = counts
+        if new_items:
+            m = len(new_items)
+            self._reserve(n_old + m)
+            ordered = np.empty(m, dtype=object)
+            ordered[:] = [new_items[i] for i in order]
+            self._items[n_old : n_old + m] = ordered
+            self._counts[n_old : n_old + m] = new_counts[order]
+            self._shown[n_old : n_old + m] = False
+            self._ids[n_old : n_old + m] = ids[order]
+            self._index.update(zip(ordered.tolist(), range(n_old, n_old + m), strict=True))
+            self._noise.add_items(prepared)
+            self._n = n_old + m
+        self.t = t
+        n = self._n
+        values = self._counts[:n] + self._noise.noise()
+        above = values > self.threshold
+        if self.remember:
+            self._shown[:n] |= above
+            above = self._shown[:n]
+        idx = np.flatnonzero(above)
+        # Largest noisy count first (post-processing of the paper's set output);
+        # exact ties by the keyed item id. Never in order of first appearance,
+        # which is a function of the data that one event can change.
+        vals = values[idx]
+        ids = self._ids[idx]
+        idx = idx[np.lexsort((ids[:, 1], ids[:, 0], -vals))]
+        return Release(
+            t=t, items=self._items[idx].tolist(), values=values[idx],
+            # Only data-independent facts: the number of items seen is NOT private
+            # (one event can add max_items of them), so it is never part of a release.
+            meta={"threshold": self.threshold, "remember": self.remember},
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"UnknownDomainHistogram(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+            f"tau={self.tau:.4g}, threshold={self.threshold:.4g}, t={self.t})"
+        )
