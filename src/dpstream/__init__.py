@@ -13,7 +13,14 @@ from .errors import (
     InvalidEventError,
     StateError,
 )
-from .mechanisms import KnownDomainHistogram, Release, TreeCounter, UnknownDomainHistogram
+from .mechanisms import (
+    ContinualTopK,
+    KnownDomainHistogram,
+    MetaHistogram,
+    Release,
+    TreeCounter,
+    UnknownDomainHistogram,
+)
 from .noise import NoiseKey, NoiseSource
 from .privacy import PrivacyGuarantee
 
@@ -21,10 +28,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BudgetExhaustedError",
+    "ContinualTopK",
     "DPStreamError",
     "HorizonExceededError",
     "InvalidEventError",
     "KnownDomainHistogram",
+    "MetaHistogram",
     "NoiseKey",
     "NoiseSource",
     "PrivacyGuarantee",

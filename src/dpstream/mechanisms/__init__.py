@@ -2,6 +2,8 @@
 
 from .base import Release
 from .known import KnownDomainHistogram, TreeCounter
+from .meta import ONESHOTS, MetaHistogram
+from .topk import ContinualTopK, utility_eta
 from .unknown import (
     PrivacySplit,
     UnknownDomainHistogram,
@@ -10,6 +12,10 @@ from .unknown import (
 )
 
 __all__ = [
+    "ONESHOTS",
+    "ContinualTopK",
+    "MetaHistogram",
+    "utility_eta",
     "KnownDomainHistogram",
     "PrivacySplit",
     "Release",

@@ -4,6 +4,13 @@ MetaHistogram applies them to every cell of the tree; they are also useful on
 their own, e.g. for a single private top-k over a day's counts.
 """
 
+from .known import (
+    OneShotRelease,
+    gaussian_histogram,
+    gaussian_histogram_privacy,
+    gumbel_top_k,
+    gumbel_top_k_privacy,
+)
 from .unknown import (
     UnknownDomainResult,
     unknown_domain_gaussian,
@@ -13,6 +20,11 @@ from .unknown import (
 )
 
 __all__ = [
+    "OneShotRelease",
+    "gaussian_histogram",
+    "gaussian_histogram_privacy",
+    "gumbel_top_k",
+    "gumbel_top_k_privacy",
     "UnknownDomainResult",
     "unknown_domain_gaussian",
     "unknown_domain_gaussian_privacy",

@@ -1,0 +1,422 @@
+"""MetaAlgo (``algo:MetaAlgo``): a one-shot mechanism on every cell of the partial-histogram table.
+
+The r-ary tree of Section 3 with histograms in its cells: cell (l, j) holds the
+histogram of the events at steps (j-1) r^(l-1) + 1 .. j r^(l-1) (its *block*
+histogram). MetaAlgo privatises each cell once with a one-shot mechanism of
+Table 1 run at noise scale sqrt(L_r) tau, and releases at t the sum of the
+noisy cells I_t(r). It needs the events (block histograms), not prefix counts:
+event mode only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable, Iterable
+
+import numpy as np
+
+from .. import privacy
+from ..errors import InvalidEventError
+from ..noise import NoiseKey, NoiseSource, encode_item
+from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
+from ..tree import cells_closing_at, num_levels
+from .base import (
+    Release,
+    check_base,
+    check_horizon,
+    check_max_items,
+    check_next_step,
+    check_stream_name,
+    normalise_event,
+    resolve_privacy,
+)
+
+__all__ = ["ONESHOTS", "MetaHistogram"]
+
+#: The one-shot subroutines MetaHistogram accepts.
+ONESHOTS = ("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")
+
+_THEOREMS = {
+    "gaussian": "MetaAlgo theorem (Sec. 4), known domain, l0 sensitivity Delta0: "
+                "Delta0/(2 tau^2)-zCDP",
+    "gumbel": "MetaAlgo theorem (Sec. 4), known domain, unrestricted l0: k/tau^2-zCDP",
+    "unknown-gaussian": "MetaAlgo theorem (Sec. 4), unknown domain, l0 sensitivity Delta0: "
+                        "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')-DP",
+    "unknown-gumbel": "MetaAlgo theorem (Sec. 4), unknown domain, unrestricted l0: "
+                      "(eps(k/tau^2, delta'), 2k delta + delta')-DP "
+                      "[delta charged as max(2k, kbar) delta, see docstring]",
+}
+
+
+def _check_pos_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+class MetaHistogram:
+    """MetaAlgo (``algo:MetaAlgo``): continual release from one-shot mechanisms on tree cells.
+
+    At every step t the block histograms of the cells closing at t
+    (``tree.cells_closing_at``) are complete; each is privatised once, by the
+    chosen one-shot mechanism at noise scale sqrt(L_r) tau (and, for the
+    unknown-domain ones, threshold delta delta/L_r), under the noise purpose
+    ``f"{stream}/meta-{oneshot}/cell-{level}-{index}"``, so every cell's noise
+    is independent and a rerun replays it. The release at t is the sum over
+    the cells I_t(r) of the noisy cell histograms:
+
+    * ``"gaussian"`` (KnownGauss, ``algo:kGauss``): every domain item, as
+      KnownBase but with the noise drawn per cell histogram; the count at t is
+      unbiased with variance |I_t| L_r tau^2.
+    * ``"gumbel"`` (KnownGumb_k, ``algo:kGumb``): each cell releases k items
+      with Gaussian counts. An item not selected in a cell contributes 0 from
+      that cell; the release at t is the top-k of the summed values among the
+      items selected in at least one cell of I_t.
+    * ``"unknown-gaussian"`` (UnkGauss_kbar): the items each cell shows above
+      its threshold, summed as above (not selected -> 0), all of them released.
+    * ``"unknown-gumbel"`` (UnkGumb_{k,kbar}): as ``"gumbel"``, top-k of the sum.
+
+    Privacy (the MetaAlgo theorem after ``algo:MetaAlgo``; an event changes at
+    most L_r cells, zCDP composes over them):
+
+    * ``"gaussian"``: Delta0/(2 tau^2)-zCDP (Delta0 = ``max_items``); it is a
+      Gaussian mechanism with sensitivity sqrt(Delta0 L_r) and noise
+      sqrt(L_r) tau, so (epsilon, delta) uses the exact Gaussian curve.
+    * ``"gumbel"``: k/tau^2-zCDP (any event size).
+    * ``"unknown-gaussian"``: (eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')-DP,
+      with delta = ``threshold_delta``. On the good outcomes the mechanism is
+      the Gaussian mechanism above, so epsilon uses the exact Gaussian curve,
+      as ``unknown_domain_gaussian_privacy`` argues for one cell.
+    * ``"unknown-gumbel"``: (eps(k/tau^2, delta'), c delta + delta')-DP with
+      epsilon from the paper's eq:epsilon (conversion "bun-steinke", as the
+      theorem states it). The MetaAlgo theorem says c = 2k, while UnkGumb's own
+      theorem (``thm:UnkGumbelPrivacy``) charges kbar delta per call, i.e.
+      kbar delta over the L_r cells at delta/L_r each; we charge
+      c = max(2k, kbar), valid under either statement (equal to the theorem's
+      2k when kbar <= 2k).
+
+    Budget for the unknown-domain variants: with ``epsilon=, delta=`` the total
+    delta is split, ``threshold_delta`` = delta / (2 c) by default (c = Delta0
+    or max(2k, kbar)) and delta' = delta - c threshold_delta; with ``rho=`` or
+    ``tau=``, ``threshold_delta`` defaults to DEFAULT_DELTA / c and the claim is
+    stated at delta = c threshold_delta + DEFAULT_DELTA.
+
+    Work and memory: each cell is privatised exactly once, when it closes; a
+    closing cell (l, j) with j a multiple of r is never part of any I_t (its
+    parent closes at the same step and replaces it), so it is dropped without
+    running the one-shot mechanism -- the same releases as computing and
+    discarding it, since every cell has its own noise. Memory holds the block
+    histograms of the open cells (one per level) and the noisy cells still in
+    I_t (at most r - 1 per level, summed per level); a level's noisy cells are
+    freed when its digit rolls over. Nothing grows with T.
+
+    Args:
+        horizon: T.
+        oneshot: one of ``"gaussian"``, ``"gumbel"``, ``"unknown-gaussian"``,
+            ``"unknown-gumbel"``.
+        key: the secret key.
+        base: r; ``None`` picks r*.
+        domain: the known domain (known-domain variants only).
+        k: items per release (``"gumbel"``, ``"unknown-gumbel"``).
+        kbar: the unknown-domain cut-off (top kbar + 1 counts per cell).
+        max_items: Delta0 (required by the Gaussian variants; for the Gumbel
+            variants an optional cap on event size that does not change the
+            guarantee).
+        rho | epsilon, delta | tau: the budget, exactly one form.
+        threshold_delta: the unknown-domain delta (per cell: threshold_delta / L_r).
+        stream: separates this stream's noise from other streams under the key.
+
+    Example:
+        >>> import dpstream as dps
+        >>> m = dps.MetaHistogram(100, oneshot="gumbel", domain=["a", "b", "c"], k=1,
+        ...                       key=dps.NoiseKey.generate(), rho=1.0)
+        >>> len(m.step(["a", "b", "c"]).counts)
+        1
+    """
+
+    mechanism_name = "MetaAlgo"
+
+    def __init__(
+        self,
+        horizon: int,
+        *,
+        oneshot: str,
+        key: NoiseKey,
+        base: int | None = None,
+        domain: Iterable[Hashable] | None = None,
+        k: int | None = None,
+        kbar: int | None = None,
+        max_items: int | None = None,
+        rho: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        tau: float | None = None,
+        threshold_delta: float | None = None,
+        stream: str = "default",
+    ) -> None:
+        if oneshot not in ONESHOTS:
+            raise ValueError(f"oneshot must be one of {ONESHOTS}, got {oneshot!r}")
+        self.oneshot = oneshot
+        self.horizon = check_horizon(horizon)
+        self.base = check_base(base, self.horizon)
+        self.stream = check_stream_name(stream)
+        if not isinstance(key, NoiseKey):
+            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
+        self.key = key
+        self.levels = num_levels(self.horizon, self.base)
+        known = not oneshot.startswith("unknown")
+        gumbel = oneshot.endswith("gumbel")
+        self._known, self._gumbel = known, gumbel
+
+        # -- parameters each variant takes --------------------------------------
+        if known:
+            if domain is None:
+                raise ValueError(f"oneshot={oneshot!r} needs domain= (the known domain)")
+            if isinstance(domain, (str, bytes)):
+                raise TypeError("domain must be a collection of items, not a single string")
+            self.domain: list[Hashable] | None = list(domain)
+            if not self.domain:
+                raise ValueError("domain must hold at least one item")
+            self._index = {item: i for i, item in enumerate(self.domain)}
+            if len(self._index) != len(self.domain):
+                raise ValueError("domain items must be distinct")
+            self._domain_list: list[Hashable] = self.domain
+            if kbar is not None:
+                raise ValueError(f"kbar is for the unknown-domain variants, not {oneshot!r}")
+            if threshold_delta is not None:
+                raise ValueError(
+                    f"threshold_delta is for the unknown-domain variants, not {oneshot!r}"
+                )
+        else:
+            if domain is not None:
+                raise ValueError(f"oneshot={oneshot!r} is for an unknown domain: give no domain=")
+            self.domain = None
+            self.kbar = _check_pos_int("kbar", kbar)
+        if gumbel:
+            self.k = _check_pos_int("k", k)
+            if known and self.k > len(self._index):
+                raise ValueError(f"k must be at most the domain size ({len(self._index)}), "
+                                 f"got {self.k}")
+            if not known and self.k > self.kbar + 1:
+                raise ValueError(f"k must be <= kbar + 1, got k={self.k} and kbar={self.kbar}")
+            self.max_items = None if max_items is None else check_max_items(max_items)
+        else:
+            if k is not None:
+                raise ValueError(f"k is for the Gumbel (top-k) variants, not {oneshot!r}")
+            if max_items is None:
+                raise ValueError(f"oneshot={oneshot!r} needs max_items= (Delta0)")
+            self.max_items = check_max_items(max_items)
+
+        # -- budget ------------------------------------------------------------------
+        self.theorem = _THEOREMS[oneshot]
+        self._coef = self.k if gumbel else self.max_items / 2.0  # type: ignore[operator]
+        self.threshold_delta: float | None = None
+        if known:
+            self.budget, self.tau, self.privacy = resolve_privacy(
+                rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
+                gaussian_exact=not gumbel, mechanism=f"{self.mechanism_name}[{oneshot}]",
+                theorem=self.theorem,
+            )
+        else:
+            self._resolve_unknown_budget(rho, epsilon, delta, tau, threshold_delta)
+        self.cell_tau = math.sqrt(self.levels) * self.tau
+        self.cell_delta = (None if self.threshold_delta is None
+                           else self.threshold_delta / self.levels)
+
+        # -- state -----------------------------------------------------------------------
+        self.t = 0
+        if known:
+            d = len(self._index)
+            # keyed item ids do not depend on the purpose: hash the domain once
+            self._ids = NoiseSource(key, f"{self.stream}/meta-{oneshot}").item_ids(self._index)
+            self._open = np.zeros((self.levels, d), dtype=np.int64)  # open block histograms
+        else:
+            self._open_maps: list[Counter[Hashable]] = [Counter() for _ in range(self.levels)]
+        if oneshot == "gaussian":
+            self._level_sum = np.zeros((self.levels, len(self._index)))
+        else:
+            self._level_maps: list[dict[Hashable, float]] = [{} for _ in range(self.levels)]
+
+    def _resolve_unknown_budget(self, rho: float | None, epsilon: float | None,
+                                delta: float | None, tau: float | None,
+                                threshold_delta: float | None) -> None:
+        budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
+        self.budget = budget
+        gauss = self.oneshot == "unknown-gaussian"
+        c = self.max_items if gauss else max(2 * self.k, self.kbar)  # delta multiplier
+        if threshold_delta is not None:
+            if isinstance(threshold_delta, bool) or not isinstance(
+                threshold_delta, (int, float, np.integer, np.floating)
+            ):
+                raise TypeError("threshold_delta must be a real number, got "
+                                f"{type(threshold_delta).__name__}")
+            if not 0.0 < threshold_delta < 1.0:
+                raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
+        a = self._coef
+        if budget.kind == "epsilon-delta":
+            assert budget.epsilon is not None and budget.delta is not None
+            total = budget.delta
+            thr = float(threshold_delta) if threshold_delta is not None else total / (2 * c)
+            rho_delta = c * thr
+            if rho_delta >= total:
+                raise ValueError(
+                    f"the threshold part of delta, {c} * threshold_delta = {rho_delta!r}, "
+                    f"must be less than delta={total!r}"
+                )
+            conv = total - rho_delta
+            if gauss:
+                tau_value = privacy.calibrate_tau(a=a, epsilon=budget.epsilon, delta=conv,
+                                                  gaussian_exact=True)
+            else:
+                tau_value = privacy.tau_for_rho(
+                    privacy.rho_for_epsilon_delta(budget.epsilon, conv, "bun-steinke"), a
+                )
+        else:
+            tau_value = budget.calibrate(a)
+            thr = (float(threshold_delta) if threshold_delta is not None
+                   else privacy.DEFAULT_DELTA / c)
+            rho_delta = c * thr
+            total = rho_delta + privacy.DEFAULT_DELTA
+            if total >= 1.0:
+                raise ValueError(f"threshold_delta={threshold_delta!r} is too large")
+        self.tau = float(tau_value)
+        self.threshold_delta = thr
+        name = f"{self.mechanism_name}[{self.oneshot}]"
+        if gauss:
+            self.privacy = privacy.guarantee_for_tau(
+                tau=self.tau, a=a, delta=total, rho_delta=rho_delta, gaussian_exact=True,
+                mechanism=name, theorem=self.theorem,
+            )
+        else:
+            rho_value = a / (self.tau * self.tau)
+            self.privacy = privacy.PrivacyGuarantee(
+                rho=rho_value, rho_delta=rho_delta,
+                epsilon=privacy.epsilon_bun_steinke(rho_value, total - rho_delta),
+                delta=total, conversion="bun-steinke", mechanism=name, theorem=self.theorem,
+            )
+
+    # -- event mode ------------------------------------------------------------------
+    def step(self, event: Iterable[Hashable]) -> Release:
+        """Take one event as the next time step and release."""
+        return self.step_batch([event])
+
+    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+        """Take all events of the next time step (possibly none) and release.
+
+        Every event is checked before anything changes.
+        """
+        t = self.t + 1
+        check_next_step(t, self.t, self.horizon)
+        if self._known:
+            idx: list[int] = []
+            for event in events:
+                for item in normalise_event(event, self.max_items):
+                    pos = self._index.get(item)
+                    if pos is None:
+                        raise InvalidEventError(f"item {item!r} is not in the domain")
+                    idx.append(pos)
+            inc = np.bincount(np.asarray(idx, dtype=np.int64), minlength=len(self._index))
+            nz = np.flatnonzero(inc)
+            self._open[:, nz] += inc[nz]
+        else:
+            batch: Counter[Hashable] = Counter()
+            for event in events:
+                batch.update(normalise_event(event, self.max_items))
+            for item in batch:
+                encode_item(item)  # str, int or bytes: refuse others before any change
+            for acc in self._open_maps:
+                acc.update(batch)
+        self.t = t
+        for level, j in cells_closing_at(t, self.horizon, self.base):
+            row = level - 1
+            if j % self.base == 0:
+                # never in any I_t: its parent closes now and the level's digit rolls over
+                if self.oneshot == "gaussian":
+                    self._level_sum[row] = 0.0
+                else:
+                    self._level_maps[row] = {}
+            else:
+                self._store(row, self._noisy_cell(level, j))
+            if self._known:
+                self._open[row] = 0
+            else:
+                self._open_maps[row] = Counter()
+        return self._release(t)
+
+    def release(self, t: int, counts: object) -> Release:
+        """Not available: MetaAlgo needs the block histograms of the cells, i.e. the events."""
+        raise NotImplementedError(
+            "MetaHistogram works in event mode only (step / step_batch): it needs the "
+            "histogram of every tree cell, which a prefix histogram does not give"
+        )
+
+    # -- cells ---------------------------------------------------------------------------
+    def cell_purpose(self, level: int, index: int) -> str:
+        """The noise purpose of cell (level, index)."""
+        return f"{self.stream}/meta-{self.oneshot}/cell-{level}-{index}"
+
+    def _noisy_cell(self, level: int, j: int) -> tuple[list[Hashable] | None, np.ndarray]:
+        """Run the one-shot mechanism on the block histogram of the closed cell (level, j).
+
+        Returns (items, values): items None means values are aligned with the domain.
+        """
+        purpose = self.cell_purpose(level, j)
+        row = level - 1
+        if self._known:
+            hist = self._open[row]
+            source = NoiseSource(self.key, purpose)
+            prepared = source.prepare_ids(self._ids)
+            if self.oneshot == "gaussian":
+                return None, gaussian_kernel(source, prepared, hist, self.cell_tau)
+            sel = gumbel_select_kernel(source, prepared, hist, self.k, self.cell_tau)
+            values = gaussian_kernel(source, prepared.subset(sel), hist[sel], self.cell_tau)
+            domain = self._domain_list
+            return [domain[i] for i in sel], values
+        from ..oneshot import unknown  # lazy: the unknown-domain one-shots
+
+        counts = dict(self._open_maps[row])
+        if self.oneshot == "unknown-gaussian":
+            res = unknown.unknown_domain_gaussian(
+                counts, kbar=self.kbar, tau=self.cell_tau, delta=self.cell_delta,
+                key=self.key, purpose=purpose,
+            )
+        else:
+            res = unknown.unknown_domain_gumbel(
+                counts, k=self.k, kbar=self.kbar, tau=self.cell_tau, delta=self.cell_delta,
+                key=self.key, purpose=purpose,
+            )
+        return list(res.items), np.asarray(res.values, dtype=np.float64)
+
+    def _store(self, row: int, cell: tuple[list[Hashable] | None, np.ndarray]) -> None:
+        items, values = cell
+        if items is None:
+            self._level_sum[row] += values
+            return
+        acc = self._level_maps[row]
+        for item, v in zip(items, values.tolist(), strict=True):
+            acc[item] = acc.get(item, 0.0) + v
+
+    # -- release ---------------------------------------------------------------------------
+    def _release(self, t: int) -> Release:
+        if self.oneshot == "gaussian":
+            total = np.zeros(len(self._index))
+            for row in range(self.levels - 1, -1, -1):
+                total += self._level_sum[row]
+            return Release(t=t, items=self._domain_list, values=total)
+        combined: dict[Hashable, float] = {}
+        for row in range(self.levels - 1, -1, -1):
+            for item, v in self._level_maps[row].items():
+                combined[item] = combined.get(item, 0.0) + v
+        items = list(combined)
+        values = np.fromiter(combined.values(), dtype=np.float64, count=len(items))
+        order = np.lexsort((np.arange(len(items)), -values))  # value desc, ties by first seen
+        if self._gumbel:
+            order = order[: self.k]
+        return Release(t=t, items=[items[i] for i in order], values=values[order])
+
+    def __repr__(self) -> str:
+        return (f"MetaHistogram(oneshot={self.oneshot!r}, T={self.horizon}, r={self.base}, "
+                f"tau={self.tau:.4g}, t={self.t})")

@@ -1,0 +1,296 @@
+"""One-shot mechanisms over a known domain: KnownGauss and KnownGumb (paper, appendix).
+
+Layer 4 of dpstream. Each function releases one noisy histogram (or top-k list)
+of one histogram; the continual mechanisms apply them to tree cells
+(``MetaHistogram``) or to prefix histograms (``ContinualTopK``).
+
+Noise addressing (shared by every one-shot function of ``dpstream.oneshot``):
+a call builds ``NoiseSource(key, purpose)`` and draws, per item, at address
+``(level=0, index=0, draw=d)`` with one draw number per stage:
+
+* ``draw = 0`` (:data:`GUMBEL_DRAW`): the Gumbel noise of the selection;
+* ``draw = 1`` (:data:`GAUSSIAN_DRAW`): the Gaussian noise of the counts.
+
+So the selection noise and the count noise of an item are independent, and two
+calls with different purposes are independent. The same (key, purpose, item)
+always gives the same noise: **never call a one-shot function twice with the
+same key and purpose on different histograms** -- the noise would repeat and
+the differences of the outputs would be exact. That is why ``purpose`` has no
+default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .. import privacy
+from ..noise import NoiseKey, NoiseSource, PreparedItems
+
+__all__ = [
+    "GAUSSIAN_DRAW",
+    "GUMBEL_DRAW",
+    "OneShotRelease",
+    "gaussian_histogram",
+    "gaussian_histogram_privacy",
+    "gumbel_top_k",
+    "gumbel_top_k_privacy",
+]
+
+#: Draw number of the Gumbel (selection) noise of a one-shot call.
+GUMBEL_DRAW = 0
+#: Draw number of the Gaussian (count) noise of a one-shot call.
+GAUSSIAN_DRAW = 1
+
+KNOWN_GAUSS_THEOREM = "lem:kGaussPriv (Bun and Steinke 2016): Delta0/(2 tau^2)-zCDP"
+KNOWN_GUMB_THEOREM = "KnownGumb theorem after algo:kGumb (Cesar and Rogers 2021): k/tau^2-zCDP"
+KNOWN_GUMB_SELECT_THEOREM = (
+    "KnownGumb selection only, as in the SparseGumb proof: k/(2 tau^2)-zCDP"
+)
+
+
+@dataclass(frozen=True, eq=False)
+class OneShotRelease:
+    """The output of a one-shot mechanism.
+
+    Attributes:
+        items: the released items; for a top-k mechanism in selection order
+            (largest Gumbel-noised count first), else in input order.
+        values: their noisy counts, aligned with ``items``, or ``None`` when
+            only the selection was asked for (``with_counts=False``).
+    """
+
+    items: tuple[Hashable, ...]
+    values: np.ndarray | None
+
+    @cached_property
+    def counts(self) -> dict[Hashable, float]:
+        """``item -> noisy count`` (needs ``values``)."""
+        if self.values is None:
+            raise ValueError("this release holds the selection only (with_counts=False)")
+        return dict(zip(self.items, self.values.tolist(), strict=True))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+# --------------------------------------------------------------------------- input
+
+
+def _check_tau(tau: object) -> float:
+    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating)):
+        raise TypeError(f"tau must be a real number, got {type(tau).__name__}")
+    tau = float(tau)
+    if not np.isfinite(tau) or tau <= 0:
+        raise ValueError(f"tau must be positive and finite, got {tau!r}")
+    return tau
+
+
+def _check_k(k: object, n: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if k > n:
+        raise ValueError(f"k must be at most the number of items ({n}), got {k}")
+    return int(k)
+
+
+def _as_histogram(
+    counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray,
+    items: Sequence[Hashable] | None,
+) -> tuple[list[Hashable], np.ndarray]:
+    """A histogram as (items, int64 counts): a Mapping, or counts aligned with ``items``."""
+    if isinstance(counts, Mapping):
+        if items is not None:
+            raise ValueError("give items= only with an array of counts, not with a Mapping")
+        item_list = list(counts)
+        arr = np.asarray(list(counts.values()))
+        if not item_list:
+            arr = np.zeros(0, dtype=np.int64)
+    else:
+        if items is None:
+            raise ValueError("an array of counts needs items= (the domain, aligned with it)")
+        if isinstance(items, (str, bytes)):
+            raise TypeError("items must be a collection of items, not a single string")
+        item_list = list(items)
+        arr = np.asarray(counts)
+        if arr.shape != (len(item_list),):
+            raise ValueError(
+                f"counts must have one entry per item ({len(item_list)}), got shape {arr.shape}"
+            )
+        if len(set(item_list)) != len(item_list):
+            # two equal items would get the same noise: their difference would be exact
+            raise ValueError("items must be distinct")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"counts must be integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if (arr < 0).any():
+        raise ValueError("counts must be >= 0")
+    return item_list, arr
+
+
+# --------------------------------------------------------------------------- kernels
+# The kernels take a NoiseSource and prepared items, so that a continual mechanism
+# that calls them many times hashes its domain once. The public functions below are
+# thin wrappers; both give bit-identical results for the same (key, purpose, items).
+
+
+def gaussian_kernel(source: NoiseSource, prepared: PreparedItems, counts: np.ndarray,
+                    tau: float) -> np.ndarray:
+    """KnownGauss on prepared items: counts + N(0, tau^2) at (0, 0, GAUSSIAN_DRAW)."""
+    if len(prepared) == 0:
+        return np.zeros(0)
+    return counts + source.gaussian(prepared, 0, 0, GAUSSIAN_DRAW, scale=tau)
+
+
+def gumbel_select_kernel(source: NoiseSource, prepared: PreparedItems, counts: np.ndarray,
+                         k: int, tau: float) -> np.ndarray:
+    """The selection of KnownGumb: positions of the k largest counts + Gumbel(tau/2).
+
+    Returns the positions in selection order (largest noisy count first).
+    Adding Gumbel(b) noise and keeping the k largest is the exponential
+    mechanism with weights exp(h_u / b) applied k times without replacement
+    (peeling); with b = tau/2 that is exp(2 h_u / tau).
+    """
+    scores = counts + source.gumbel(prepared, 0, 0, GUMBEL_DRAW, scale=tau / 2.0)
+    n = scores.shape[0]
+    if k < n:
+        idx = np.argpartition(-scores, k - 1)[:k]
+    else:
+        idx = np.arange(n)
+    # descending score; ties (probability ~0) broken by position, for determinism
+    return idx[np.lexsort((idx, -scores[idx]))]
+
+
+# --------------------------------------------------------------------------- public
+
+
+def gaussian_histogram(
+    counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray,
+    *,
+    tau: float,
+    key: NoiseKey,
+    purpose: str,
+    items: Sequence[Hashable] | None = None,
+) -> OneShotRelease:
+    """KnownGauss (``algo:kGauss``): every count of a known domain plus N(0, tau^2).
+
+    Privacy (``lem:kGaussPriv``, Bun and Steinke 2016): if neighbouring
+    histograms differ by at most 1 in at most Delta0 counts, this is the
+    Gaussian mechanism with l2 sensitivity sqrt(Delta0), hence
+    Delta0 / (2 tau^2)-zCDP; see :func:`gaussian_histogram_privacy`.
+
+    Args:
+        counts: the histogram over the whole domain: a Mapping ``item -> count``
+            (items with count 0 included: the domain is its keys), or an array
+            of counts aligned with ``items``.
+        tau: the noise standard deviation.
+        key: the secret key.
+        purpose: names this use of the key (required: reusing a key and purpose
+            on another histogram reuses the noise).
+        items: the domain, when ``counts`` is an array.
+
+    Returns:
+        A :class:`OneShotRelease` with every item, in input order.
+
+    Example:
+        >>> import dpstream as dps
+        >>> from dpstream.oneshot.known import gaussian_histogram
+        >>> out = gaussian_histogram({"a": 3, "b": 0}, tau=1.0, key=dps.NoiseKey.generate(),
+        ...                          purpose="doc/example")
+        >>> sorted(out.counts)
+        ['a', 'b']
+    """
+    tau = _check_tau(tau)
+    item_list, arr = _as_histogram(counts, items)
+    source = NoiseSource(key, purpose)
+    values = gaussian_kernel(source, source.prepare(item_list), arr, tau)
+    return OneShotRelease(items=tuple(item_list), values=values)
+
+
+def gumbel_top_k(
+    counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray,
+    *,
+    k: int,
+    tau: float,
+    key: NoiseKey,
+    purpose: str,
+    items: Sequence[Hashable] | None = None,
+    with_counts: bool = True,
+) -> OneShotRelease:
+    """KnownGumb_k (``algo:kGumb``): top-k by Gumbel noise, then fresh Gaussian counts.
+
+    Adds Gumbel noise of scale tau/2 to every count, keeps the k items with the
+    largest noisy counts (in that order) and, if ``with_counts``, releases
+    their *true* counts plus fresh N(0, tau^2) noise. With k = 1 the selected
+    item is u with probability proportional to exp(2 h_u / tau): the
+    exponential mechanism.
+
+    Privacy (KnownGumb theorem, Cesar and Rogers 2021): with unrestricted l0
+    sensitivity (one event may touch every count, each by at most 1, all in
+    the same direction), each of the k peeling steps is (2/tau)-bounded-range,
+    hence 1/(2 tau^2)-zCDP, and each Gaussian count is 1/(2 tau^2)-zCDP: in
+    total k / tau^2-zCDP, or k / (2 tau^2)-zCDP for the selection alone
+    (``with_counts=False``, as SparseGumb uses it). See
+    :func:`gumbel_top_k_privacy`.
+
+    Args:
+        counts: the histogram over the whole domain (Mapping, or array with ``items``).
+        k: how many items to select, 1 <= k <= number of items.
+        tau: the noise scale.
+        key: the secret key.
+        purpose: names this use of the key (required, see the module docstring).
+        items: the domain, when ``counts`` is an array.
+        with_counts: release noisy counts of the selected items (else ``values`` is None).
+
+    Returns:
+        A :class:`OneShotRelease` with the k selected items, largest noisy count first.
+    """
+    tau = _check_tau(tau)
+    if not isinstance(with_counts, bool):
+        raise TypeError(f"with_counts must be a bool, got {with_counts!r}")
+    item_list, arr = _as_histogram(counts, items)
+    k = _check_k(k, len(item_list))
+    source = NoiseSource(key, purpose)
+    prepared = source.prepare(item_list)
+    sel = gumbel_select_kernel(source, prepared, arr, k, tau)
+    values = None
+    if with_counts:
+        values = gaussian_kernel(source, prepared.subset(sel), arr[sel], tau)
+    return OneShotRelease(items=tuple(item_list[i] for i in sel), values=values)
+
+
+def gaussian_histogram_privacy(
+    *, tau: float, max_items: int = 1, delta: float = privacy.DEFAULT_DELTA
+) -> privacy.PrivacyGuarantee:
+    """The guarantee of :func:`gaussian_histogram` (``lem:kGaussPriv``).
+
+    Delta0 / (2 tau^2)-zCDP with Delta0 = ``max_items``; it is exactly a
+    Gaussian mechanism with sensitivity/noise ratio sqrt(Delta0)/tau, so the
+    (epsilon, delta) claim uses the exact Gaussian curve.
+    """
+    if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)):
+        raise TypeError(f"max_items must be an int, got {type(max_items).__name__}")
+    if max_items < 1:
+        raise ValueError(f"max_items must be >= 1, got {max_items}")
+    return privacy.guarantee_for_tau(
+        tau=_check_tau(tau), a=max_items / 2.0, delta=delta, mechanism="KnownGauss",
+        theorem=KNOWN_GAUSS_THEOREM, gaussian_exact=True,
+    )
+
+
+def gumbel_top_k_privacy(
+    *, tau: float, k: int, with_counts: bool = True, delta: float = privacy.DEFAULT_DELTA
+) -> privacy.PrivacyGuarantee:
+    """The guarantee of :func:`gumbel_top_k`: k/tau^2-zCDP, or k/(2 tau^2) for the selection."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    a = float(k) if with_counts else k / 2.0
+    return privacy.guarantee_for_tau(
+        tau=_check_tau(tau), a=a, delta=delta, mechanism="KnownGumb",
+        theorem=KNOWN_GUMB_THEOREM if with_counts else KNOWN_GUMB_SELECT_THEOREM,
+    )
