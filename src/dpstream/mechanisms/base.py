@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import privacy
 from ..errors import HorizonExceededError, InvalidEventError
+from ..noise import NoiseKey
 from ..tree import optimal_base
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "check_base",
     "normalise_event",
     "check_stream_name",
+    "check_key",
+    "check_domain",
     "resolve_privacy",
 ]
 
@@ -97,6 +100,28 @@ def check_max_items(max_items: object) -> int:
     if max_items < 1:
         raise ValueError(f"max_items must be >= 1, got {max_items}")
     return int(max_items)
+
+
+def check_key(key: object) -> NoiseKey:
+    """The secret key must be a :class:`~dpstream.NoiseKey` (never raw bytes or a seed)."""
+    if not isinstance(key, NoiseKey):
+        raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
+    return key
+
+
+def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
+    """A known domain as a list of distinct items and its item -> position index."""
+    if isinstance(domain, (str, bytes)):
+        raise TypeError("domain must be a collection of items, not a single string")
+    if not isinstance(domain, Iterable):
+        raise TypeError(f"domain must be an iterable of items, got {type(domain).__name__}")
+    items = list(domain)
+    if not items:
+        raise ValueError("domain must hold at least one item")
+    index = {item: i for i, item in enumerate(items)}
+    if len(index) != len(items):
+        raise ValueError("domain items must be distinct")
+    return items, index
 
 
 def check_stream_name(stream: object) -> str:

@@ -19,7 +19,9 @@ from ..tree import num_levels, worst_case_variance_factor
 from .base import (
     Release,
     check_base,
+    check_domain,
     check_horizon,
+    check_key,
     check_max_items,
     check_next_step,
     check_stream_name,
@@ -104,16 +106,8 @@ class KnownDomainHistogram:
         self.base = check_base(base, self.horizon)
         self.max_items = check_max_items(max_items)
         self.stream = check_stream_name(stream)
-        if not isinstance(key, NoiseKey):
-            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
-        if isinstance(domain, (str, bytes)):
-            raise TypeError("domain must be a collection of items, not a single string")
-        self.domain: list[Hashable] = list(domain)
-        if not self.domain:
-            raise ValueError("domain must hold at least one item")
-        self._index = {item: i for i, item in enumerate(self.domain)}
-        if len(self._index) != len(self.domain):
-            raise ValueError("domain items must be distinct")
+        check_key(key)
+        self.domain, self._index = check_domain(domain)
         self.levels = num_levels(self.horizon, self.base)
         self._coef = self.max_items / 2.0  # rho = coef / tau^2
         self.budget, self.tau, self.privacy = resolve_privacy(

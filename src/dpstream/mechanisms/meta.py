@@ -24,7 +24,9 @@ from ..tree import cells_closing_at, num_levels
 from .base import (
     Release,
     check_base,
+    check_domain,
     check_horizon,
+    check_key,
     check_max_items,
     check_next_step,
     check_stream_name,
@@ -163,8 +165,7 @@ class MetaHistogram:
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
         self.stream = check_stream_name(stream)
-        if not isinstance(key, NoiseKey):
-            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
+        check_key(key)
         self.key = key
         self.levels = num_levels(self.horizon, self.base)
         known = not oneshot.startswith("unknown")
@@ -175,14 +176,8 @@ class MetaHistogram:
         if known:
             if domain is None:
                 raise ValueError(f"oneshot={oneshot!r} needs domain= (the known domain)")
-            if isinstance(domain, (str, bytes)):
-                raise TypeError("domain must be a collection of items, not a single string")
-            self.domain: list[Hashable] | None = list(domain)
-            if not self.domain:
-                raise ValueError("domain must hold at least one item")
-            self._index = {item: i for i, item in enumerate(self.domain)}
-            if len(self._index) != len(self.domain):
-                raise ValueError("domain items must be distinct")
+            self.domain: list[Hashable] | None
+            self.domain, self._index = check_domain(domain)
             self._domain_list: list[Hashable] = self.domain
             if kbar is not None:
                 raise ValueError(f"kbar is for the unknown-domain variants, not {oneshot!r}")

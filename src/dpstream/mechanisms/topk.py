@@ -22,7 +22,9 @@ from ..tree import num_levels
 from .base import (
     Release,
     check_base,
+    check_domain,
     check_horizon,
+    check_key,
     check_next_step,
     check_stream_name,
     normalise_event,
@@ -159,16 +161,8 @@ class ContinualTopK:
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
         self.stream = check_stream_name(stream)
-        if not isinstance(key, NoiseKey):
-            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
-        if isinstance(domain, (str, bytes)):
-            raise TypeError("domain must be a collection of items, not a single string")
-        self.domain: list[Hashable] = list(domain)
-        if not self.domain:
-            raise ValueError("domain must hold at least one item")
-        self._index = {item: i for i, item in enumerate(self.domain)}
-        if len(self._index) != len(self.domain):
-            raise ValueError("domain items must be distinct")
+        check_key(key)
+        self.domain, self._index = check_domain(domain)
         d = len(self.domain)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")

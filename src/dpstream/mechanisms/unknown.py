@@ -23,6 +23,7 @@ from .base import (
     Release,
     check_base,
     check_horizon,
+    check_key,
     check_max_items,
     check_next_step,
     check_stream_name,
@@ -258,8 +259,7 @@ class UnknownDomainHistogram:
         self.base = check_base(base, self.horizon)
         self.max_items = check_max_items(max_items)
         self.stream = check_stream_name(stream)
-        if not isinstance(key, NoiseKey):
-            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
+        check_key(key)
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
