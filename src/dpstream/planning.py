@@ -1,0 +1,135 @@
+"""The numbers ``dpstream plan`` prints: what a budget buys, before it is spent.
+
+Layer 6 of dpstream. Every number is read from a mechanism built with the
+given parameters (and a throw-away key: no release is made), so the plan and
+a run report exactly the same tau, base, threshold and guarantee; the few
+derived numbers are closed forms stated below.
+
+* noise std at the worst step: ``tau * sqrt(max_t |I_t(r)| * L_r)`` (the
+  count at t has variance |I_t| L_r tau^2, ``thm:BinMechUtility``); for
+  top-k the counters run with ``tau_2 = sqrt(s + 1) tau``;
+* half-width of a 95% interval of one count: ``1.959964 * std``;
+* unknown domain: an item whose true count is m_delta is shown with
+  probability 1/2 at the worst step, one whose count is
+  ``m_delta + 1.644854 * std`` with probability 95%;
+* the inverse (``--target-error E``): tau = E / (1.959964 * std at tau = 1),
+  the noise std being proportional to tau.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
+from .tree import worst_case_variance_factor as _wcvf
+
+__all__ = ["Z95", "Z95_ONE_SIDED", "noise_std_worst", "describe", "format_plan",
+           "tau_for_target"]
+
+#: Phi^-1(0.975): a two-sided 95% interval is +-Z95 standard deviations.
+Z95 = 1.959963984540054
+#: Phi^-1(0.95): one-sided 95%.
+Z95_ONE_SIDED = 1.6448536269514722
+
+
+def noise_std_worst(mech: Any) -> float:
+    """The largest std of a released count over t <= T, for any dpstream mechanism."""
+    std = getattr(mech, "noise_std_worst", None)
+    if isinstance(std, (int, float)):
+        return float(std)
+    tau = float(getattr(mech, "tau_2", mech.tau))
+    return tau * math.sqrt(_wcvf(mech.horizon, mech.base))
+
+
+def tau_for_target(target_error: float, std_at_unit_tau: float) -> float:
+    """The tau whose worst-step 95% half-width is ``target_error``."""
+    if not (math.isfinite(target_error) and target_error > 0):
+        raise ValueError(f"--target-error must be positive, got {target_error!r}")
+    return target_error / (Z95 * std_at_unit_tau)
+
+
+def _base_reason(horizon: int, base: int, given: bool) -> str:
+    if given:
+        return f"r = {base} as given by --base"
+    star = optimal_base(horizon)
+    if base == star:
+        return (f"r* = {base} minimises the paper's worst-case variance factor (r - 1) L_r^2 "
+                f"= {paper_variance_factor(horizon, base)} for T = {horizon} (eq:opt_base)")
+    return f"r = {base} chosen by the mechanism"
+
+
+def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
+    """A JSON-ready description of ``mech``'s costs and accuracy."""
+    horizon, base = int(mech.horizon), int(mech.base)
+    std = noise_std_worst(mech)
+    out: dict[str, Any] = {
+        "mechanism": name,
+        "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
+        "horizon": horizon,
+        "base": base,
+        "base_reason": _base_reason(horizon, base, base_given),
+        "levels": num_levels(horizon, base),
+        "max_cells": max_cells(horizon, base),
+        "tau": float(mech.tau),
+        "noise_std_worst": std,
+        "ci95_half_width": Z95 * std,
+        "privacy": mech.privacy.to_dict(),
+    }
+    if hasattr(mech, "max_items"):
+        out["max_items"] = mech.max_items
+    if hasattr(mech, "domain") and mech.domain is not None:
+        out["domain_size"] = len(mech.domain)
+    threshold = getattr(mech, "threshold", None)
+    if isinstance(threshold, (int, float)):
+        out["threshold"] = float(threshold)
+        out["threshold_delta"] = float(mech.threshold_delta)
+        out["occurrences_to_show_half"] = math.ceil(threshold)
+        out["occurrences_to_show_95"] = math.ceil(threshold + Z95_ONE_SIDED * std)
+    if hasattr(mech, "switches"):
+        out["k"] = int(mech.k)
+        out["switches"] = int(mech.switches)
+        out["eta"] = float(mech.eta_at(1)) if hasattr(mech, "eta_at") else None
+        out["tau_1"] = float(getattr(mech, "tau_1", float("nan")))
+        out["tau_2"] = float(getattr(mech, "tau_2", float("nan")))
+    elif hasattr(mech, "k") and getattr(mech, "k", None) is not None:
+        out["k"] = int(mech.k)
+    for attr in ("oneshot", "kbar"):
+        if getattr(mech, attr, None) is not None:
+            out[attr] = getattr(mech, attr) if isinstance(getattr(mech, attr), (str, int)) \
+                else str(getattr(mech, attr))
+    return out
+
+
+def format_plan(info: dict[str, Any]) -> str:
+    """The plan in plain words."""
+    p = info["privacy"]
+    lines = [
+        f"mechanism     {info['mechanism']} ({info['algorithm']}), horizon T = {info['horizon']}",
+        f"tree base     {info['base_reason']}; L_r = {info['levels']} levels, "
+        f"at most {info['max_cells']} noisy cells per count",
+        f"noise scale   tau = {info['tau']:.6g}",
+        f"privacy       rho = {p['rho']:.6g} zCDP; (epsilon = {p['epsilon']:.6g}, "
+        f"delta = {p['delta']:.3g})-DP via {p['conversion']} [{p['theorem']}]",
+        f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
+        f"is the released count +- {info['ci95_half_width']:.4g}",
+    ]
+    if "threshold" in info:
+        lines.append(
+            f"threshold     m_delta = {info['threshold']:.4g} (threshold delta "
+            f"{info['threshold_delta']:.3g}): items need about {info['occurrences_to_show_half']} "
+            f"occurrences to be shown (half the time at the worst step), "
+            f"{info['occurrences_to_show_95']} to be shown 95% of the time"
+        )
+    if "switches" in info:
+        lines.append(
+            f"top-k         k = {info['k']}, at most {info['switches']} switches, eta = "
+            f"{info['eta']:.4g}; selection noise tau_2 = {info['tau_2']:.4g}, "
+            f"sparse-vector tau_1 = {info['tau_1']:.4g}"
+        )
+    if "target_error" in info:
+        lines.append(
+            f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "
+            f"{info['tau']:.6g}, i.e. the budget above"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,400 @@
+"""The dpstream command: run (each mechanism, formats, config, bad input), plan, keygen, help."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.special import ndtri
+
+from dpstream import privacy
+from dpstream.cli import build_parser, main
+from dpstream.io import KeyedTruncator
+from dpstream.mechanisms.known import KnownDomainHistogram
+from dpstream.noise import NoiseKey, NoiseSource
+from dpstream.tree import max_cells, num_levels, optimal_base
+
+from .conftest import fixed_key
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+DOMAIN = [f"d{i}" for i in range(6)]
+
+
+def _stream(seed: int = 1, steps: int = 30, max_items: int = 2) -> list[tuple[int, list[str]]]:
+    """Simulated events (seeded NumPy generator: test data, not a release)."""
+    rng = np.random.default_rng(seed)
+    events = []
+    for t in range(1, steps + 1):
+        for _ in range(int(rng.integers(0, 4))):
+            n = int(rng.integers(1, max_items + 1))
+            events.append((t, [str(x) for x in rng.choice(DOMAIN, size=n, replace=False)]))
+    return events
+
+
+@pytest.fixture
+def files(tmp_path):
+    key = fixed_key("cli")
+    key_path = tmp_path / "k.key"
+    key.save(key_path)
+    (tmp_path / "domain.txt").write_text("\n".join(DOMAIN) + "\n")
+    events = _stream()
+    with open(tmp_path / "ev.jsonl", "w") as fh:
+        for t, items in events:
+            fh.write(json.dumps({"t": t, "items": items}) + "\n")
+    return argparse.Namespace(dir=tmp_path, key=key, key_path=str(key_path), events=events,
+                              domain=str(tmp_path / "domain.txt"), input=str(tmp_path / "ev.jsonl"))
+
+
+def _by_step(events, horizon):
+    steps = [[] for _ in range(horizon)]
+    for t, items in events:
+        steps[t - 1].append(items)
+    last = max(t for t, _ in events)
+    return steps[:last]
+
+
+def _run(*args: str) -> int:
+    return main(["run", "--quiet", *args])
+
+
+def _read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def _assert_same(lines, mech, steps, public_meta=()):
+    assert len(lines) == len(steps)
+    for t, (obj, events) in enumerate(zip(lines, steps, strict=True), 1):
+        rel = mech.step_batch(events)
+        assert obj["t"] == t
+        assert list(obj["released"]) == [str(i) for i in rel.items]
+        # exact: JSON floats are written with the shortest round-tripping repr
+        assert list(obj["released"].values()) == rel.values.tolist()
+        assert obj.get("meta", {}) == {k: v for k, v in rel.meta.items() if k in public_meta}
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_run_known_equals_library(files):
+    out = files.dir / "out.jsonl"
+    assert _run("--horizon", "40", "--domain", files.domain, "--max-items", "2",
+                "--epsilon", "1", "--delta", "1e-6", "--key-file", files.key_path,
+                "--input", files.input, "--output", str(out)) == 0
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, epsilon=1.0,
+                                delta=1e-6)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
+
+
+def test_run_unknown_equals_library(files):
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    out = files.dir / "out.jsonl"
+    assert _run("-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "2",
+                "--threshold-delta", "1e-3", "--key-file", files.key_path, "-i", files.input,
+                "-o", str(out)) == 0
+    mech = UnknownDomainHistogram(40, max_items=2, key=files.key, rho=2.0,
+                                  threshold_delta=1e-3)
+    lines = _read_jsonl(out)
+    _assert_same(lines, mech, _by_step(files.events, 40), public_meta=("threshold", "remember"))
+    assert any(line["released"] for line in lines)  # the test does see released items
+    assert all("items_seen" not in line.get("meta", {}) for line in lines)  # not private
+
+
+def test_run_topk_equals_library(files):
+    from dpstream.mechanisms.topk import ContinualTopK, utility_eta
+
+    out = files.dir / "out.jsonl"
+    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
+                "--switches", "3", "--rho", "1", "--key-file", files.key_path,
+                "-i", files.input, "-o", str(out)) == 0
+    probe = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=0.0, key=files.key, rho=1.0)
+    eta = utility_eta(tau=probe.tau, switches=3, domain_size=6, horizon=40, base=probe.base,
+                      beta=0.05)
+    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=eta, key=files.key, rho=1.0)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
+                 public_meta=("switches_left", "switched", "selection"))
+
+
+def test_run_topk_explicit_eta(files):
+    from dpstream.mechanisms.topk import ContinualTopK
+
+    out = files.dir / "out.jsonl"
+    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "1",
+                "--switches", "4", "--eta", "0.5", "--tau", "0.3", "--key-file",
+                files.key_path, "-i", files.input, "-o", str(out)) == 0
+    mech = ContinualTopK(DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key, tau=0.3)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
+                 public_meta=("switches_left", "switched", "selection"))
+
+
+@pytest.mark.parametrize("oneshot,extra", [
+    ("gaussian", dict(domain=DOMAIN, max_items=2)),
+    ("unknown-gumbel", dict(k=2, kbar=4)),
+])
+def test_run_meta_equals_library(files, oneshot, extra):
+    from dpstream.mechanisms.meta import MetaHistogram
+
+    out = files.dir / "out.jsonl"
+    args = ["-m", "meta", "--oneshot", oneshot, "-T", "40", "--epsilon", "2", "--delta",
+            "1e-5", "--key-file", files.key_path, "-i", files.input, "-o", str(out)]
+    if "domain" in extra:
+        args += ["--domain", files.domain, "--max-items", "2"]
+    else:
+        args += ["--k", "2", "--kbar", "4"]
+    assert _run(*args) == 0
+    mech = MetaHistogram(40, oneshot=oneshot, key=files.key, epsilon=2.0, delta=1e-5, **extra)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
+
+
+def test_csv_in_csv_out_rounded(files):
+    csv_in = files.dir / "ev.csv"
+    with open(csv_in, "w") as fh:
+        fh.write("id,product,step\n")
+        for n, (t, items) in enumerate(files.events):
+            for it in items:
+                fh.write(f"e{n},{it},{t}\n")
+    out = files.dir / "out.csv"
+    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+                "--key-file", files.key_path, "-i", str(csv_in), "--item-column", "product",
+                "--event-column", "id", "--time-column", "step", "-o", str(out),
+                "--round") == 0
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    rows = Path(out).read_text().splitlines()
+    assert rows[0] == "t,item,value"
+    expected = []
+    for t, events in enumerate(_by_step(files.events, 40), 1):
+        rel = mech.step_batch(events)
+        expected += [f"{t},{i},{int(np.rint(v))}" for i, v in zip(rel.items, rel.values,
+                                                                  strict=True)]
+    assert rows[1:] == expected
+
+
+def test_config_file_and_flag_override(files):
+    cfg = files.dir / "run.toml"
+    cfg.write_text(f'horizon = 40\ndomain = "{files.domain}"\nmax-items = 2\nrho = 5.0\n'
+                   f'key-file = "{files.key_path}"\n')
+    out = files.dir / "out.jsonl"
+    assert _run("--config", str(cfg), "--rho", "1", "-i", files.input, "-o", str(out)) == 0
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
+    cfg.write_text("horizon = 40\nbogus = 1\n")
+    assert _run("--config", str(cfg), "-i", files.input) == 1
+
+
+def test_stdin_to_stdout(files, monkeypatch, capsysbinary):
+    monkeypatch.setattr(sys, "stdin", open(files.input))
+    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+                "--key-file", files.key_path) == 0
+    lines = [json.loads(x) for x in capsysbinary.readouterr().out.decode().splitlines()]
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    _assert_same(lines, mech, _by_step(files.events, 40))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _bad_input(path):
+    lines = ['{"t": 1, "items": ["d0", "d1"]}',
+             '{"t": 2, "items": ["d0", "d1", "d2", "d3"]}',  # line 2: too many items
+             '{"t": 2, "items": ["d4", "zzz"]}',  # line 3: outside the domain
+             '{"t": 3, "items": [',  # line 4: malformed
+             '{"t": 3, "items": ["d5"]}',
+             '{"t": 9, "items": ["d5"]}']  # line 6: past the horizon T = 5
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _policy_run(files, policy, capsys):
+    bad = files.dir / "bad.jsonl"
+    _bad_input(bad)
+    out = files.dir / "out.jsonl"
+    rc = main(["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+               "--key-file", files.key_path, "-i", str(bad), "-o", str(out),
+               "--on-invalid", policy])
+    return rc, _read_jsonl(out), capsys.readouterr().err
+
+
+def test_on_invalid_error_names_line_and_keeps_earlier_releases(files, capsys):
+    rc, lines, err = _policy_run(files, "error", capsys)
+    assert rc == 1
+    assert err.strip().splitlines() == [
+        "dpstream: error: input line 2: event has 4 distinct items, more than --max-items 2 "
+        "(see --on-invalid)"]
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    _assert_same(lines, mech, [[["d0", "d1"]]])
+
+
+@pytest.mark.parametrize("line,message", [
+    (3, "item 'zzz' is not in the domain"),
+    (4, "not valid JSON"),
+    (6, "past the horizon"),
+])
+def test_on_invalid_error_each_kind(files, capsys, line, message):
+    bad = files.dir / "bad.jsonl"
+    _bad_input(bad)
+    text = bad.read_text().splitlines()
+    keep = [text[0]] + [x for i, x in enumerate(text[1:], 2) if i >= line]
+    if line == 6:
+        keep = [text[0], text[4], text[5]]
+        line = 3
+    elif line == 4:
+        line = 2
+    elif line == 3:
+        line = 2
+    bad.write_text("\n".join(keep) + "\n")
+    rc = main(["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+               "--key-file", files.key_path, "-i", str(bad), "-o", str(files.dir / "o")])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"input line {line}: " in err and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_on_invalid_skip(files, capsys):
+    rc, lines, err = _policy_run(files, "skip", capsys)
+    assert rc == 0
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    # steps 4 and 5 are released empty: the input jumps to t = 9, past T = 5
+    _assert_same(lines, mech, [[["d0", "d1"]], [], [["d5"]], [], []])
+    assert "0 truncated, 4 skipped" in err
+
+
+def test_on_invalid_truncate_uses_keyed_prf(files, capsys):
+    rc, lines, err = _policy_run(files, "truncate", capsys)
+    assert rc == 0
+    cut = KeyedTruncator(NoiseSource(files.key, "default/truncate"), 2)(
+        ("d0", "d1", "d2", "d3"), 2)
+    assert len(cut) == 2
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    _assert_same(lines, mech, [[["d0", "d1"]], [list(cut), ["d4"]], [["d5"]], [], []])
+    assert "2 truncated, 2 skipped" in err
+
+
+# --------------------------------------------------------------------------- keys, errors
+
+
+def test_keygen_mode_and_no_overwrite(tmp_path, capsys):
+    path = tmp_path / "new.key"
+    assert main(["keygen", str(path)]) == 0
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    NoiseKey.load(path)
+    assert str(path) in capsys.readouterr().err
+    assert main(["keygen", str(path)]) == 1
+    assert "exists" in capsys.readouterr().err
+
+
+def test_run_refuses_without_key(files, capsys):
+    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+                "-i", files.input) == 1
+    assert "keygen" in capsys.readouterr().err
+
+
+def test_missing_mechanism_option_is_one_line(files, capsys):
+    assert _run("-m", "unknown", "-T", "40", "--rho", "1", "--key-file", files.key_path,
+                "-i", files.input) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_error_is_one_line_without_traceback_in_a_subprocess(tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.run([sys.executable, "-m", "dpstream", "run", "-T", "5", "--rho", "1",
+                           "--key-file", str(tmp_path / "missing.key"), "--domain", "x",
+                           "--max-items", "1"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "missing.key" in proc.stderr
+
+
+def test_python_m_dpstream_help():
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.run([sys.executable, "-m", "dpstream", "--help"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0
+    for cmd in ("run", "plan", "demo", "keygen"):
+        assert cmd in proc.stdout
+
+
+def test_every_option_help_states_its_default():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in [("dpstream", parser), *subparsers.choices.items()]:
+        for action in sub._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not action.option_strings:  # positional
+                assert "required" in action.help, (name, action.dest)
+                continue
+            assert "default" in action.help, (name, action.option_strings)
+        sub.format_help()  # renders (no bad % in the help strings)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _plan(capsys, *args) -> dict:
+    assert main(["plan", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_known_against_formulas(capsys):
+    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
+                 "50", "--epsilon", "1", "--delta", "1e-6")
+    r = optimal_base(1000)
+    tau = privacy.calibrate_tau(a=1.5, epsilon=1.0, delta=1e-6, gaussian_exact=True)
+    std = tau * math.sqrt(max_cells(1000, r) * num_levels(1000, r))
+    assert info["base"] == r == 4
+    assert info["tau"] == pytest.approx(tau, rel=1e-12)
+    assert info["noise_std_worst"] == pytest.approx(std, rel=1e-12)
+    assert info["ci95_half_width"] == pytest.approx(1.959963984540054 * std, rel=1e-12)
+    assert info["privacy"]["epsilon"] <= 1.0
+
+
+def test_plan_unknown_threshold_against_eq_threshold(capsys):
+    info = _plan(capsys, "-m", "unknown", "-T", "500", "--max-items", "2", "--rho", "0.5",
+                 "--threshold-delta", "1e-8", "--base", "3")
+    tau = math.sqrt(1.0 / 0.5)  # rho = (Delta0 / 2) / tau^2 with Delta0 = 2
+    levels = num_levels(500, 3)
+    m = tau * levels * math.sqrt(3 - 1) * float(-ndtri(1e-8 / 500)) + 1
+    assert info["tau"] == pytest.approx(tau, rel=1e-12)
+    assert info["threshold"] == pytest.approx(m, rel=1e-9)
+    assert info["occurrences_to_show_half"] == math.ceil(info["threshold"])
+    assert "r = 3 as given" in info["base_reason"]
+
+
+def test_plan_topk_against_formulas(capsys):
+    info = _plan(capsys, "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
+                 "--switches", "4", "--rho", "1")
+    tau = math.sqrt((3 + 2) / 1.0)  # rho = (2k + 4) / (2 tau^2)
+    r = optimal_base(200)
+    levels = num_levels(200, r)
+    s, d, beta = 4, 30, 0.05
+    eta = (math.sqrt(s + 1) * tau * math.log(d / beta)
+           + tau * levels * math.sqrt(2 * (s + 1) * (r - 1) * math.log(6 * 200 / beta))
+           + 8 * tau * math.sqrt(s) * math.log(6 * d * 200 / beta))
+    assert info["tau"] == pytest.approx(tau, rel=1e-12)
+    assert (info["k"], info["switches"]) == (3, 4)
+    assert info["eta"] == pytest.approx(eta, rel=1e-12)
+    assert info["noise_std_worst"] == pytest.approx(
+        math.sqrt(s + 1) * tau * math.sqrt(max_cells(200, r) * levels), rel=1e-12)
+
+
+def test_plan_target_error_inverse(capsys):
+    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "2", "--domain-size", "5",
+                 "--target-error", "25", "--delta", "1e-6")
+    tau = 25 / (1.959963984540054 * math.sqrt(max_cells(1000, 4) * num_levels(1000, 4)))
+    assert info["tau"] == pytest.approx(tau, rel=1e-12)
+    assert info["ci95_half_width"] == pytest.approx(25, rel=1e-12)
+    assert info["privacy"]["rho"] == pytest.approx(1.0 / tau**2, rel=1e-12)  # a = 1
+
+
+def test_plan_text(capsys):
+    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
+                 "--delta", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "items need about" in out and "95% interval" in out and "r* = " in out

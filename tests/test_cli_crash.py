@@ -1,0 +1,142 @@
+"""Crash safety of `dpstream run --state`: kill -9 at a random step, resume, compare bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpstream.cli import main
+
+from .conftest import fixed_key
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+T = 400
+D = 150
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    base = tmp_path_factory.mktemp("crash")
+    key_path = base / "k.key"
+    fixed_key("crash").save(key_path)
+    other = base / "other.key"
+    fixed_key("crash-other").save(other)
+    domain = [f"item{i:03d}" for i in range(D)]
+    (base / "domain.txt").write_text("\n".join(domain) + "\n")
+    rng = np.random.default_rng(7)  # simulated input data
+    with open(base / "ev.jsonl", "w") as fh:
+        for t in range(1, T + 1):
+            for _ in range(int(rng.integers(0, 4))):
+                items = rng.choice(domain, size=int(rng.integers(1, 4)), replace=False)
+                fh.write(json.dumps({"t": t, "items": items.tolist()}) + "\n")
+    args = ["run", "--quiet", "-T", str(T), "--domain", str(base / "domain.txt"),
+            "--max-items", "3", "--epsilon", "1", "--delta", "1e-6", "--round"]
+    ref = base / "ref.jsonl"
+    assert main([*args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"),
+                 "-o", str(ref)]) == 0
+    return base, args, key_path, other, ref
+
+
+def _spawn(args, stdin=None):
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.Popen([sys.executable, "-m", "dpstream", *args], env=env, stdin=stdin,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill_after(proc, out: Path, lines: int, timeout: float = 60.0) -> bool:
+    """SIGKILL ``proc`` once ``out`` holds at least ``lines`` lines; False if it ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with open(out, "rb") as fh:
+                if fh.read().count(b"\n") >= lines:
+                    break
+        except FileNotFoundError:
+            pass
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+@pytest.mark.parametrize("seed,use_stdin,fsync",
+                         [(1, False, True), (2, False, False), (3, True, False)])
+def test_kill_at_random_step_then_resume_gives_identical_output(setup, tmp_path, seed,
+                                                               use_stdin, fsync):
+    base, args, key_path, _, ref = setup
+    kill_at = random.Random(seed).randrange(1, T // 2)
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+    src = "-" if use_stdin else str(base / "ev.jsonl")
+    cmd = [*args, "--key-file", str(key_path), "-i", src, "-o", str(out), "--state", str(state),
+           "--fsync" if fsync else "--no-fsync"]  # --no-fsync is still safe against kill -9
+    with open(base / "ev.jsonl", "rb") as feed:
+        proc = _spawn(cmd, stdin=feed if use_stdin else None)
+        killed = _kill_after(proc, out, kill_at)
+    assert killed, f"the run finished before step {kill_at}: nothing was interrupted"
+    with closing(sqlite3.connect(state)) as db:
+        committed = db.execute("SELECT COUNT(*), MAX(t) FROM steps").fetchone()
+    assert committed[0] == committed[1] and committed[1] < T  # killed before the end
+    with open(base / "ev.jsonl", "rb") as feed:
+        proc = _spawn(cmd, stdin=feed if use_stdin else None)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    data = out.read_bytes()
+    assert data == ref.read_bytes(), f"killed after >= {kill_at} lines"
+    ts = [json.loads(line)["t"] for line in data.splitlines()]
+    assert ts == list(range(1, T + 1))  # every step once, in order
+    with closing(sqlite3.connect(state)) as db:
+        assert db.execute("SELECT COUNT(*), MAX(t) FROM steps").fetchone() == (T, T)
+        assert db.execute("SELECT finished FROM run").fetchone()[0] is not None
+
+
+def test_resume_refuses_another_key_and_finished_run_is_a_no_op(setup, tmp_path, capsys):
+    base, args, key_path, other, ref = setup
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+    cmd = [*args, "-i", str(base / "ev.jsonl"), "-o", str(out), "--state", str(state)]
+    proc = _spawn([*cmd, "--key-file", str(key_path)])
+    assert _kill_after(proc, out, 20)
+    before = out.read_bytes()
+    assert main([*cmd, "--key-file", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert "another key" in err and err.count("\n") == 1
+    assert main([*cmd[:-2], "--state", str(state), "--key-file", str(key_path),
+                 "--stream", "other"]) == 1
+    assert "other parameters" in capsys.readouterr().err
+    assert out.read_bytes() == before  # refused before touching the output
+    assert main([*cmd, "--key-file", str(key_path)]) == 0
+    assert out.read_bytes() == ref.read_bytes()
+    finished = out.read_bytes()
+    cmd_loud = [a for a in cmd if a != "--quiet"]
+    assert main([*cmd_loud, "--key-file", str(key_path)]) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    assert out.read_bytes() == finished
+
+
+def test_resume_detects_a_changed_input(setup, tmp_path, capsys):
+    base, args, key_path, _, _ = setup
+    lines = (base / "ev.jsonl").read_text().splitlines()
+    src = tmp_path / "ev.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out),
+           "--state", str(state)]
+    proc = _spawn(cmd)
+    assert _kill_after(proc, out, 50)
+    first = json.loads(lines[0])
+    first["items"] = first["items"][:1] if len(first["items"]) > 1 else ["item000"]
+    src.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert main(cmd) == 1
+    assert "the input changed: step 1" in capsys.readouterr().err

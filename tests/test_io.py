@@ -1,0 +1,125 @@
+"""Readers, step grouping, formatters and keyed truncation of dpstream.io."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from dpstream.io import (
+    CsvFormatter,
+    JsonlFormatter,
+    KeyedTruncator,
+    RawEvent,
+    group_steps,
+    read_csv,
+    read_domain,
+    read_jsonl,
+)
+from dpstream.mechanisms.base import Release
+from dpstream.noise import NoiseSource
+
+from .conftest import Z_TOL, fixed_key
+
+
+def test_read_jsonl_forms_and_line_numbers():
+    text = '{"items": ["a", "b"], "t": 2, "x": 1}\n\n["c", 5]\n{"t": 3}\nnot json\n[true]\n7\n'
+    recs = list(read_jsonl(io.StringIO(text)))
+    assert [r.line for r in recs] == [1, 3, 4, 5, 6, 7]
+    assert recs[0] == RawEvent(1, 2, ("a", "b"), None)
+    assert recs[1] == RawEvent(3, None, ("c", "5"), None)  # integer items read as text
+    assert all(r.error for r in recs[2:])
+    assert "items" in recs[2].error and "JSON" in recs[3].error
+
+
+def test_read_jsonl_rejects_bad_t():
+    recs = list(read_jsonl(['{"t": 0, "items": []}', '{"t": "3", "items": []}',
+                            '{"t": true, "items": []}']))
+    assert all(r.error and '"t"' in r.error for r in recs)
+
+
+def test_read_csv_groups_consecutive_rows():
+    text = "event,item,t\ne1,a,1\ne1,b,1\ne2,a,1\ne3,,2\ne4,c,x\ne5,a,3\ne5,b,4\n"
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    assert recs[0] == RawEvent(2, 1, ("a", "b"), None)
+    assert recs[1] == RawEvent(4, 1, ("a",), None)
+    assert recs[2] == RawEvent(5, 2, (), None)
+    assert recs[3].line == 6 and "integer" in recs[3].error
+    assert recs[4].line == 7 and "different time steps" in recs[4].error
+
+
+def test_read_csv_missing_column_names_it():
+    with pytest.raises(ValueError, match="'item'"):
+        list(read_csv(io.StringIO("event,thing\n1,a\n")))
+
+
+def _ev(line, t, items=("a",)):
+    return RawEvent(line, t, tuple(items), None)
+
+
+def test_group_steps_shared_t_gaps_and_untimed():
+    recs = [_ev(1, 1), _ev(2, 1), _ev(3, 4), _ev(4, None), _ev(5, None)]
+    steps = [(t, [r.line for r in rs]) for t, rs in group_steps(recs, horizon=10)]
+    assert steps == [(1, [1, 2]), (2, []), (3, []), (4, [3]), (5, [4]), (6, [5])]
+
+
+def test_group_steps_malformed_does_not_advance_time_and_order_is_checked():
+    bad = RawEvent(2, None, None, "broken")
+    recs = [_ev(1, None), bad, _ev(3, None), _ev(4, 1), _ev(5, 9)]
+    steps = list(group_steps(recs, horizon=3))
+    assert [t for t, _ in steps] == [1, 2, 3, 9]  # no gap step past the horizon
+    assert [r.line for r in steps[1][1]] == [2, 3]
+    assert steps[2][1][0].line == 4 and "time order" in steps[2][1][0].error
+    trailing = list(group_steps([_ev(1, None), bad], horizon=3))
+    assert trailing[-1][0] is None and trailing[-1][1] == [bad]
+
+
+def test_read_domain_lines_and_json(tmp_path):
+    (tmp_path / "d.txt").write_text("a\n\nb\n")
+    (tmp_path / "d.json").write_text('["a", 2]')
+    (tmp_path / "dup.txt").write_text("a\na\n")
+    assert read_domain(str(tmp_path / "d.txt")) == ["a", "b"]
+    assert read_domain(str(tmp_path / "d.json")) == ["a", "2"]
+    with pytest.raises(ValueError, match="twice"):
+        read_domain(str(tmp_path / "dup.txt"))
+
+
+def test_jsonl_formatter_round_trips_floats_exactly():
+    values = np.array([0.1 + 0.2, -1e-17, 12345.678901234567])
+    rel = Release(t=3, items=["a", "b", "c"], values=values, meta={"threshold": np.float64(2.5)})
+    obj = json.loads(JsonlFormatter().format(rel))
+    assert obj["t"] == 3 and obj["meta"] == {"threshold": 2.5}
+    assert np.array_equal(np.array(list(obj["released"].values())), values)
+    assert json.loads(JsonlFormatter(round_counts=True).format(rel))["released"] == {
+        "a": 0, "b": 0, "c": 12346}
+
+
+def test_csv_formatter():
+    rel = Release(t=2, items=["x,y", "b"], values=np.array([1.5, -2.25]))
+    f = CsvFormatter()
+    assert f.header() == b"t,item,value\n"
+    assert f.format(rel) == b'2,"x,y",1.5\n2,b,-2.25\n'
+    assert CsvFormatter(round_counts=True).format(rel) == b'2,"x,y",2\n2,b,-2\n'
+
+
+def test_keyed_truncation_is_deterministic_and_not_first_k():
+    src = NoiseSource(fixed_key("trunc"), "default/truncate")
+    trunc = KeyedTruncator(src, 2)
+    items = ("a", "b", "c", "d", "a")
+    assert trunc(items, 7) == trunc(items, 7)
+    assert trunc(("a", "b"), 1) == ("a", "b")
+    n = 4000
+    kept = {i: 0 for i in "abcd"}
+    for ordinal in range(1, n + 1):
+        out = trunc(items, ordinal)
+        assert len(out) == 2 and list(out) == sorted(out, key="abcd".index)
+        for i in out:
+            kept[i] += 1
+    # Each item is kept with probability 2/4 = 1/2 per event (uniform keyed choice), so
+    # its count is Binomial(n, 1/2): sd = sqrt(n/4) ~ 31.6; allow Z_TOL sd. "First k"
+    # would keep a and b every time (count n), 63 sd away.
+    sd = (n * 0.25) ** 0.5
+    for i, c in kept.items():
+        assert abs(c - n / 2) <= Z_TOL * sd, (i, c)
