@@ -295,6 +295,10 @@ RUN_OPTS: tuple[Opt, ...] = (
         kind="bool"),
     Opt(("--quiet", "-q"), "quiet", "no progress bar and no summary on stderr", False,
         kind="flag"),
+    Opt(("--engine",), "engine", "local (NumPy, one machine) or spark (PySpark, the "
+        "`dpstream[spark]` extra; known and unknown mechanisms; see docs/spark.md)", "local",
+        str, choices=("local", "spark")),
+    Opt(("--master",), "master", "Spark master URL (with --engine spark)", "local[*]", str),
 )
 
 PLAN_OPTS: tuple[Opt, ...] = (
@@ -695,6 +699,22 @@ def _open_output(path: str, resume_offset: int | None) -> IO[bytes]:
     return fh
 
 
+def _run_on_spark(opts: dict, key: object) -> int:
+    """``run --engine spark``: the same releases, computed by Spark executors."""
+    try:
+        from .spark import run_cli
+    except ImportError as exc:
+        raise ValueError(f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
+                         ) from None
+    summary = run_cli(opts, master=opts["master"], key=key)
+    if not opts["quiet"]:
+        print(f"{PROG}: {summary['steps']} steps (t = 1..{summary['last_t']}), "
+              f"{summary['events']} events, {summary['rows']} rows -> {summary['output']}, "
+              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy']}",
+              file=sys.stderr)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .io import KeyedTruncator, make_formatter, open_input
     from .noise import NoiseKey, NoiseSource
@@ -709,6 +729,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          " keep it secret)")
     _require_budget(opts)
     key = NoiseKey.load(opts["key_file"])
+    if opts["engine"] == "spark":
+        return _run_on_spark(opts, key)
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)

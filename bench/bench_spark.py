@@ -1,0 +1,113 @@
+"""Benchmark: KnownBase releases on Spark (local[2]) against the local engine.
+
+Run by hand (needs the ``spark`` extra and Java):
+``python bench/bench_spark.py [--items 1000000] [--steps 8] [--master local[2]]``.
+
+Throughput is item-releases per second (items x steps / wall time), for:
+
+* local: ``KnownDomainHistogram.release(t, counts)`` over all items, step
+  after step (the construction, which hashes every item once, is shown apart
+  and also amortised over the steps);
+* spark step: ``SparkKnownBase.release(t, counts_df)`` on a cached DataFrame of
+  (item, count), written to Spark's ``noop`` sink (every value computed,
+  nothing stored), one job per step: each step re-hashes the items in the
+  executors, since nothing is kept between jobs;
+* spark run: ``SparkKnownBase.run(events, domain, steps=...)``, all steps in
+  one job from a DataFrame of timed events (the ``dpstream run --engine spark``
+  path), written to the ``noop`` sink.
+
+Ratios are against the local engine's amortised step, measured in the same
+process (machines are noisy; ratios travel better than seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import dpstream as dps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--items", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--horizon", type=int, default=10_000)
+    ap.add_argument("--events-per-step", type=int, default=20_000)
+    ap.add_argument("--master", default="local[2]")
+    args = ap.parse_args()
+    n, steps, T = args.items, args.steps, args.horizon
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from dpstream.spark import SparkKnownBase
+
+    key = dps.NoiseKey.generate()
+    rng = np.random.default_rng(0)  # simulated data only
+    increments = [rng.integers(0, n, args.events_per_step) for _ in range(steps)]
+
+    # -- local engine -------------------------------------------------------------
+    t0 = time.perf_counter()
+    local = dps.KnownDomainHistogram(range(n), T, max_items=1, key=key, rho=1.0)
+    build_s = time.perf_counter() - t0
+    counts = np.zeros(n, dtype=np.int64)
+    t0 = time.perf_counter()
+    for t in range(1, steps + 1):
+        np.add.at(counts, increments[t - 1], 1)
+        local.release(t, counts)
+    local_step_s = (time.perf_counter() - t0) / steps
+    local_amortised_s = local_step_s + build_s / steps
+
+    # -- Spark ---------------------------------------------------------------------
+    spark = (SparkSession.builder.master(args.master).appName("dpstream bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    remote = SparkKnownBase(spark, T, max_items=1, key=key, rho=1.0)
+    counts_df = spark.range(n).select(F.col("id").alias("item"),
+                                      (F.col("id") % 7).alias("count")).cache()
+    counts_df.count()
+    remote.release(1, counts_df, assume_unique=True).write.format("noop").mode(
+        "overwrite").save()  # warm-up (Python workers, Arrow)
+    t0 = time.perf_counter()
+    for t in range(2, steps + 2):
+        remote.release(t, counts_df, assume_unique=True).write.format("noop").mode(
+            "overwrite").save()
+    spark_step_s = (time.perf_counter() - t0) / steps
+
+    import pandas as pd
+
+    ev = pd.DataFrame({"t": np.repeat(np.arange(1, steps + 1), args.events_per_step),
+                       "items": [[int(i)] for inc in increments for i in inc]})
+    events = spark.createDataFrame(ev, "t long, items array<long>").cache()
+    events.count()
+    domain = spark.range(n).select(F.col("id").alias("item")).cache()
+    domain.count()
+    runner = SparkKnownBase(spark, T, max_items=1, key=key, rho=1.0)
+    t0 = time.perf_counter()
+    runner.run(events, domain, steps=range(1, steps + 1)).write.format("noop").mode(
+        "overwrite").save()
+    spark_run_s = (time.perf_counter() - t0) / steps
+    spark.stop()
+
+    def rate(s: float) -> str:
+        return f"{n / s / 1e6:7.2f} M item-releases/s"
+
+    print(f"items={n:,}  steps={steps}  T={T}  base={local.base}  master={args.master}")
+    print(f"local construct (hash {n:,} items once): {build_s:7.2f} s")
+    print(f"local step:             {local_step_s * 1e3:9.1f} ms  {rate(local_step_s)}")
+    print(f"local step + build/{steps}:  {local_amortised_s * 1e3:9.1f} ms  "
+          f"{rate(local_amortised_s)}  (baseline = 1.00)")
+    print(f"spark step (one job):   {spark_step_s * 1e3:9.1f} ms  {rate(spark_step_s)}  "
+          f"ratio {local_amortised_s / spark_step_s:5.2f}x")
+    print(f"spark run (all steps):  {spark_run_s * 1e3:9.1f} ms  {rate(spark_run_s)}  "
+          f"ratio {local_amortised_s / spark_run_s:5.2f}x")
+    print("ratio = local time / spark time (> 1: Spark is faster)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""dpstream on Apache Spark: the practical mechanisms from aggregated counts on a cluster.
+
+Optional extra: ``pip install 'dpstream[spark]'`` (PySpark, pandas, PyArrow;
+Spark itself needs a Java runtime). See docs/spark.md.
+
+* :class:`SparkKnownBase` / :class:`SparkUnknownBase`: a release at step t
+  from a DataFrame of prefix counts (item, count), or all releases of a
+  DataFrame of timed events in one job, with the keyed noise computed in the
+  executors. Bit-identical to the local engine for the same key and stream.
+* :func:`update_counts`: the prefix counts after one more step of events.
+* :func:`start_stream`: a Structured Streaming job, one micro-batch per step.
+* :func:`run_cli`: what ``dpstream run --engine spark`` calls.
+"""
+
+from __future__ import annotations
+
+from .releases import SparkKnownBase, SparkUnknownBase, increments, update_counts
+
+__all__ = [
+    "SparkKnownBase",
+    "SparkUnknownBase",
+    "increments",
+    "run_cli",
+    "start_stream",
+    "update_counts",
+]
+
+
+def __getattr__(name: str):
+    if name == "start_stream":
+        from .streaming import start_stream
+
+        return start_stream
+    if name == "run_cli":
+        from .command import run_cli
+
+        return run_cli
+    raise AttributeError(f"module 'dpstream.spark' has no attribute {name!r}")

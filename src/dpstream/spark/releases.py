@@ -1,0 +1,542 @@
+"""KnownBase and UnkBase releases from Spark DataFrames of counts.
+
+The practical mechanisms need only the prefix histogram h_t, t and the key
+(DESIGN.md, "Aggregate mode"), so on Spark a release is one ``mapInPandas``
+over the (item, count) rows: every executor adds the keyed tree noise of its
+own items (``dpstream.spark.kernels``), and no item is ever collected to the
+driver. The releases are bit-identical to the local engine's
+``release(t, counts)`` for the same key, stream and parameters.
+
+The key reaches the executors as a Spark broadcast of its 32 secret bytes
+(see docs/spark.md for what that implies and how to protect it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..mechanisms.base import check_max_items, check_next_step
+from ..mechanisms.known import KnownDomainHistogram, tree_purpose
+from ..noise import NoiseKey
+from .kernels import KNOWN, UNKNOWN, ReleaseSpec, release_step_batch, release_steps_batch
+
+try:  # PySpark is the optional extra ``dpstream[spark]``
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
+    from pyspark.sql import types as T  # noqa: N812
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "dpstream.spark needs PySpark: pip install 'dpstream[spark]'"
+    ) from exc
+
+__all__ = ["SparkKnownBase", "SparkUnknownBase", "update_counts", "increments"]
+
+_ITEM_TYPES = (T.StringType, T.LongType, T.IntegerType, T.ShortType, T.ByteType, T.BinaryType)
+
+
+def _check_item_type(dtype: T.DataType, what: str) -> None:
+    if not isinstance(dtype, _ITEM_TYPES):
+        raise TypeError(
+            f"{what} must be string, integer or binary (dpstream items are str, int or bytes), "
+            f"got {dtype.simpleString()}"
+        )
+
+
+def _column_type(df: DataFrame, name: str) -> T.DataType:
+    try:
+        return df.schema[name].dataType
+    except (KeyError, LookupError):
+        raise ValueError(f"the DataFrame has no column {name!r} (columns: {df.columns})") from None
+
+
+def _fail(message: Column) -> Column:
+    """A column that fails the Spark job with ``message`` when evaluated."""
+    return F.raise_error(F.concat(F.lit("dpstream: "), message))
+
+
+def _key_handle(spark: SparkSession, key: NoiseKey) -> Callable[[], bytes]:
+    """Ship the key's bytes to the executors once, as a broadcast variable.
+
+    Returns a function, run on the executor, that gives the bytes back. Under
+    Spark Connect (no SparkContext) the bytes travel inside the task closure
+    instead; both carry the secret, see docs/spark.md.
+    """
+    try:
+        broadcast = spark.sparkContext.broadcast(key.to_bytes())
+    except Exception:  # Spark Connect has no SparkContext
+        secret = key.to_bytes()
+        return lambda: secret
+    return lambda: broadcast.value
+
+
+def increments(events: DataFrame, *, max_items: int, items_col: str = "items",
+               item_col: str = "item", group_cols: Sequence[str] = ()) -> DataFrame:
+    """Per-item count increments of a DataFrame of events (one row per event).
+
+    An event is the set of its items (duplicates in one event count once), as
+    in the local engine. An event with more than ``max_items`` distinct items,
+    or with a null item, fails the job: the privacy guarantee assumes the l0
+    bound Delta0. Returns columns ``group_cols...``, ``item_col``, ``n``.
+    """
+    max_items = check_max_items(max_items)
+    items_type = _column_type(events, items_col)
+    if not isinstance(items_type, T.ArrayType):
+        raise TypeError(f"{items_col!r} must be an array of items, got {items_type.simpleString()}")
+    _check_item_type(items_type.elementType, f"the elements of {items_col!r}")
+    distinct = F.array_distinct(F.col(items_col))
+    checked = (
+        F.when(F.size(distinct) > max_items,
+               _fail(F.concat(F.lit("InvalidEventError: an event has "),
+                              F.size(distinct).cast("string"),
+                              F.lit(f" distinct items, more than max_items={max_items}"))))
+        .when(F.exists(distinct, lambda x: x.isNull()),
+              _fail(F.lit("InvalidEventError: an event holds a null item")))
+        .otherwise(distinct)
+    )
+    groups = [F.col(c) for c in group_cols]
+    exploded = events.select(*groups, F.explode(checked).alias(item_col))
+    return exploded.groupBy(*group_cols, item_col).agg(F.count(F.lit(1)).alias("n"))
+
+
+def update_counts(
+    previous: DataFrame | None,
+    events: DataFrame,
+    *,
+    max_items: int,
+    items_col: str = "items",
+    item_col: str = "item",
+    count_col: str = "count",
+    closed: bool = False,
+) -> DataFrame:
+    """The prefix counts after one more step: ``previous`` plus the step's events.
+
+    Args:
+        previous: (item, count) prefix counts up to the last step, one row per
+            item, or ``None`` at the first step.
+        events: the events of the step, one row per event, items in ``items_col``.
+        max_items: Delta0; a larger event fails the job.
+        closed: the domain is known and ``previous`` lists all of it (with
+            zero counts): an item outside it fails the job (KnownBase).
+
+    Counts only grow, so a release from the result never sees a decrease.
+    """
+    inc = increments(events, max_items=max_items, items_col=items_col, item_col=item_col)
+    if previous is None:
+        if closed:
+            raise ValueError("closed=True needs the previous counts (the domain with zeros)")
+        return inc.select(item_col, F.col("n").alias(count_col))
+    prev = previous.select(item_col, F.col(count_col).cast("long").alias("_prev"))
+    joined = prev.join(inc, on=item_col, how="full")
+    new = F.coalesce(F.col("_prev"), F.lit(0)) + F.coalesce(F.col("n"), F.lit(0))
+    if closed:
+        new = F.when(F.col("_prev").isNull(),
+                     _fail(F.concat(F.lit("InvalidEventError: item "),
+                                    F.col(item_col).cast("string"),
+                                    F.lit(" is not in the domain")))).otherwise(new)
+    return joined.select(item_col, new.cast("long").alias(count_col))
+
+
+class _SparkRelease:
+    """Shared by the Spark KnownBase and UnkBase: parameters, key and the two release paths."""
+
+    spec: ReleaseSpec
+    mechanism: Any
+
+    def __init__(self, spark: SparkSession, key: NoiseKey, item_col: str, count_col: str
+                 ) -> None:
+        if not isinstance(key, NoiseKey):
+            raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
+        self.spark = spark
+        self.item_col = item_col
+        self.count_col = count_col
+        self._key_bytes = _key_handle(spark, key)
+        self.key_fingerprint = key.fingerprint()
+        self.t = 0
+
+    # -- facts, from the local mechanism -------------------------------------
+    @property
+    def privacy(self):
+        """The guarantee, exactly as the local mechanism states it."""
+        return self.mechanism.privacy
+
+    @property
+    def tau(self) -> float:
+        return self.mechanism.tau
+
+    @property
+    def base(self) -> int:
+        return self.mechanism.base
+
+    @property
+    def levels(self) -> int:
+        return self.mechanism.levels
+
+    @property
+    def horizon(self) -> int:
+        return self.mechanism.horizon
+
+    @property
+    def max_items(self) -> int:
+        return self.mechanism.max_items
+
+    # -- one step ----------------------------------------------------------------
+    def _prepare_counts(self, counts: DataFrame, assume_unique: bool) -> DataFrame:
+        item_col, count_col = self.item_col, self.count_col
+        _check_item_type(_column_type(counts, item_col), f"column {item_col!r}")
+        ctype = _column_type(counts, count_col)
+        if not isinstance(ctype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
+            raise TypeError(f"column {count_col!r} must hold integers, got {ctype.simpleString()}")
+        counts = counts.select(item_col, F.col(count_col).cast("long").alias(count_col))
+        if not assume_unique:
+            # Two rows of one item would get the same noise, and the difference
+            # of their releases would be the difference of their true counts.
+            counts = counts.groupBy(item_col).agg(F.sum(count_col).cast("long").alias(count_col))
+        return counts
+
+    def _full_frame(self, t: int, counts: DataFrame, shown_col: str | None = None
+                    ) -> DataFrame:
+        """Step t for unique (item, count[, shown]) rows: (t, item, count, released, value).
+
+        No ordering check: the callers check (or, replaying a streaming step,
+        recompute the very same release).
+        """
+        item_col, count_col = self.item_col, self.count_col
+        schema = T.StructType([
+            T.StructField(item_col, counts.schema[item_col].dataType, False),
+            T.StructField(count_col, T.LongType(), False),
+            T.StructField("released", T.BooleanType(), False),
+            T.StructField("value", T.DoubleType(), False),
+        ])
+        spec, key_bytes = self.spec, self._key_bytes
+
+        def run(batches):
+            return release_step_batch(batches, spec=spec, key_bytes=key_bytes(), t=t,
+                                      item_col=item_col, count_col=count_col,
+                                      shown_col=shown_col)
+
+        cols = [item_col, count_col] + ([shown_col] if shown_col else [])
+        out = counts.select(*cols).mapInPandas(run, schema)
+        return out.select(F.lit(t).cast("long").alias("t"), item_col, count_col, "released",
+                          "value")
+
+    @staticmethod
+    def _released(full: DataFrame, item_col: str) -> DataFrame:
+        return full.where(F.col("released")).select("t", item_col, "value")
+
+    def _next_step(self, t: int) -> None:
+        check_next_step(t, self.t, self.horizon)
+        self.t = int(t)
+
+    def _claim_steps(self, steps: Sequence[int]) -> list[int]:
+        """Check a set of release steps (all after the last released one) and claim them."""
+        if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence | range):
+            raise TypeError("steps must be a sequence of ints")
+        ordered = sorted(set(steps))
+        if not ordered:
+            raise ValueError("steps must name at least one time step")
+        last = self.t
+        for s in ordered:
+            check_next_step(s, last, self.horizon)
+            last = s
+        self.t = last
+        return [int(s) for s in ordered]
+
+    # -- many steps in one job --------------------------------------------------
+    def _run_frame(self, inc: DataFrame, steps: list[int]) -> DataFrame:
+        """All releases at the claimed ``steps`` from (t, item, n) increments, in one job."""
+        item_col = self.item_col
+        per_item = inc.groupBy(item_col).agg(
+            F.collect_list(F.struct(F.col("t").cast("long").alias("t"),
+                                    F.col("n").cast("long").alias("n"))).alias("_incs"))
+        per_item = per_item.select(item_col, F.col("_incs.t").alias("_ts"),
+                                   F.col("_incs.n").alias("_ns"))
+        return self._run_per_item(per_item, steps)
+
+    def _run_per_item(self, per_item: DataFrame, steps: list[int]) -> DataFrame:
+        item_col = self.item_col
+        schema = T.StructType([
+            T.StructField("t", T.LongType(), False),
+            T.StructField(item_col, per_item.schema[item_col].dataType, False),
+            T.StructField("value", T.DoubleType(), False),
+        ])
+        spec, key_bytes = self.spec, self._key_bytes
+
+        def run(batches):
+            return release_steps_batch(batches, spec=spec, key_bytes=key_bytes(), steps=steps,
+                                       item_col=item_col, ts_col="_ts", ns_col="_ns")
+
+        return per_item.mapInPandas(run, schema)
+
+    def close(self) -> None:
+        """Forget the broadcast key on the executors (DataFrames built before stop working)."""
+        holder = getattr(self._key_bytes, "__closure__", None) or ()
+        for cell in holder:
+            value = cell.cell_contents
+            if hasattr(value, "destroy"):
+                value.destroy()
+
+
+class SparkKnownBase(_SparkRelease):
+    """KnownBase (Algorithm 2, ``algo:KnownBase``) on Spark, from aggregated counts.
+
+    The same mechanism as :class:`dpstream.KnownDomainHistogram` (and built from
+    it, so tau, the base and the guarantee are the local engine's): the noisy
+    count of item u at t is h_t^u plus the keyed noise of the cells I_t(r),
+    N(0, L_r tau^2) per cell. Privacy (KnownBase lemma, Sec. 3): Delta0/(2 tau^2)-
+    zCDP when every event holds at most ``max_items`` = Delta0 items; ``.privacy``
+    states it.
+
+    Args:
+        spark: the SparkSession.
+        horizon, max_items, key, base, rho | epsilon, delta | tau, stream: as for
+            :class:`dpstream.KnownDomainHistogram`.
+        item_col, count_col: the column names of the counts DataFrames.
+
+    Example:
+        >>> m = SparkKnownBase(spark, 1000, max_items=3, key=key, rho=0.5)  # doctest: +SKIP
+        >>> m.release(1, counts_df, domain=domain_df).write.parquet("out/t=1")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        horizon: int,
+        *,
+        max_items: int,
+        key: NoiseKey,
+        base: int | None = None,
+        rho: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        tau: float | None = None,
+        stream: str = "default",
+        item_col: str = "item",
+        count_col: str = "count",
+    ) -> None:
+        # The local class fixes every parameter; its one-item domain is a placeholder.
+        self.mechanism = KnownDomainHistogram(
+            ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key, base=base,
+            rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+        )
+        m = self.mechanism
+        self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
+                                cell_std=float(np.sqrt(m.levels) * m.tau),
+                                purpose=tree_purpose(m.stream))
+        super().__init__(spark, key, item_col, count_col)
+
+    def counts_with_domain(self, counts: DataFrame, domain: DataFrame) -> DataFrame:
+        """(item, count) over the whole domain: missing items count 0; an item outside fails."""
+        item_col, count_col = self.item_col, self.count_col
+        dom = domain.select(item_col).distinct().withColumn("_in", F.lit(True))
+        joined = dom.join(counts, on=item_col, how="full")
+        count = F.when(F.col("_in").isNull(),
+                       _fail(F.concat(F.lit("InvalidEventError: item "),
+                                      F.col(item_col).cast("string"),
+                                      F.lit(" is not in the domain")))
+                       ).otherwise(F.coalesce(F.col(count_col), F.lit(0)))
+        return joined.select(item_col, count.cast("long").alias(count_col))
+
+    def release(self, t: int, counts: DataFrame, *, domain: DataFrame | None = None,
+                assume_unique: bool = False) -> DataFrame:
+        """The release at step t from the prefix counts h_t, as a DataFrame (t, item, value).
+
+        Args:
+            t: the step; steps must increase (each is released once).
+            counts: (item, count) rows: the counts over steps 1..t.
+            domain: a DataFrame with the item column listing the domain. Items
+                without a count row count 0; an item outside the domain fails
+                the job. Without it, ``counts`` must list the whole domain.
+            assume_unique: skip summing rows of the same item (a shuffle). Only
+                for counts that are unique by construction (``update_counts``):
+                duplicate rows would get the same noise.
+
+        The result is lazy; the noise is computed in the executors when it is
+        written or collected, and is the same every time it is computed.
+        """
+        self._next_step(t)
+        counts = self._prepare_counts(counts, assume_unique and domain is None)
+        if domain is not None:
+            _check_item_type(_column_type(domain, self.item_col), "the domain's item column")
+            counts = self.counts_with_domain(counts, domain)
+        return self._released(self._full_frame(int(t), counts), self.item_col)
+
+    def run(self, events: DataFrame, domain: DataFrame, *, steps: Sequence[int],
+            t_col: str = "t", items_col: str = "items") -> DataFrame:
+        """Every release at ``steps`` from a DataFrame of timed events, in one Spark job.
+
+        ``events`` has one row per event: its time step (``t_col``) and its items
+        (``items_col``). Releases (t, item, value) for every domain item at every
+        step in ``steps``, as the local engine would releasing at exactly those
+        steps. Events after the last step are ignored.
+        """
+        steps = self._claim_steps(steps)
+        inc = self._timed_increments(events, t_col, items_col)
+        dom = domain.select(self.item_col).distinct().withColumn("_in", F.lit(True))
+        joined = dom.join(inc, on=self.item_col, how="full")
+        bad = F.concat(F.lit("InvalidEventError: item "), F.col(self.item_col).cast("string"),
+                       F.lit(" is not in the domain"))
+        joined = joined.select(
+            self.item_col,
+            F.when(F.col("_in").isNull(), _fail(bad)).otherwise(F.col("t")).alias("t"),
+            "n",
+        )
+        per_item = joined.groupBy(self.item_col).agg(
+            F.collect_list(F.when(F.col("t").isNotNull(), F.struct(
+                F.col("t").cast("long").alias("t"), F.col("n").cast("long").alias("n")))
+            ).alias("_incs"))
+        per_item = per_item.select(self.item_col, F.col("_incs.t").alias("_ts"),
+                                   F.col("_incs.n").alias("_ns"))
+        return self._run_per_item(per_item, steps)
+
+    def _timed_increments(self, events: DataFrame, t_col: str, items_col: str) -> DataFrame:
+        return _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
+                                 self.item_col)
+
+    def __repr__(self) -> str:
+        return (f"SparkKnownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+                f"tau={self.tau:.4g}, t={self.t})")
+
+
+def _timed_increments(events: DataFrame, horizon: int, max_items: int, t_col: str,
+                      items_col: str, item_col: str) -> DataFrame:
+    ttype = _column_type(events, t_col)
+    if not isinstance(ttype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
+        raise TypeError(f"column {t_col!r} must hold integer time steps, got "
+                        f"{ttype.simpleString()}")
+    t = F.col(t_col)
+    checked_t = (F.when(t.isNull() | (t < 1), _fail(F.lit("ValueError: an event has a time step "
+                                                           "that is null or < 1")))
+                 .when(t > horizon, _fail(F.concat(
+                     F.lit("HorizonExceededError: an event at time step "), t.cast("string"),
+                     F.lit(f" is past the horizon T={horizon}"))))
+                 .otherwise(t))
+    timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
+    return increments(timed, max_items=max_items, items_col=items_col, item_col=item_col,
+                      group_cols=["t"])
+
+
+class SparkUnknownBase(_SparkRelease):
+    """UnkBase (``algo:UnkBase``) on Spark, from aggregated counts.
+
+    The same mechanism as :class:`dpstream.mechanisms.unknown.UnknownDomainHistogram`
+    (built from it: tau, the threshold m_delta, the delta split and the
+    guarantee are the local engine's). Every item that has appeared (count > 0)
+    gets KnownBase's keyed tree noise, and is released iff its noisy count is
+    above m_delta (``.threshold``), or, with ``remember``, once it has been.
+    Privacy (theorem after ``lem:badOutcomes``): (eps(Delta0/(2 tau^2), delta'),
+    Delta0 delta + delta')-DP; ``.privacy`` states it.
+
+    Args:
+        spark: the SparkSession.
+        horizon, max_items, key, base, remember, rho | epsilon, delta | tau,
+            threshold_delta, stream: as for ``UnknownDomainHistogram``.
+        item_col, count_col: the column names of the counts DataFrames.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        horizon: int,
+        *,
+        max_items: int,
+        key: NoiseKey,
+        base: int | None = None,
+        remember: bool = False,
+        rho: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        tau: float | None = None,
+        threshold_delta: float | None = None,
+        stream: str = "default",
+        item_col: str = "item",
+        count_col: str = "count",
+    ) -> None:
+        from ..mechanisms.unknown import UnknownDomainHistogram
+
+        self.mechanism = UnknownDomainHistogram(
+            horizon, max_items=max_items, key=key, base=base, remember=remember, rho=rho,
+            epsilon=epsilon, delta=delta, tau=tau, threshold_delta=threshold_delta,
+            stream=stream,
+        )
+        m = self.mechanism
+        self.spec = ReleaseSpec(mechanism=UNKNOWN, horizon=m.horizon, base=m.base,
+                                cell_std=float(np.sqrt(m.levels) * m.tau),
+                                purpose=tree_purpose(m.stream), threshold=float(m.threshold),
+                                remember=m.remember)
+        super().__init__(spark, key, item_col, count_col)
+
+    @property
+    def threshold(self) -> float:
+        """m_delta: an item is released iff its noisy count is above it."""
+        return self.mechanism.threshold
+
+    @property
+    def remember(self) -> bool:
+        return self.mechanism.remember
+
+    def release(self, t: int, counts: DataFrame, *, shown_col: str | None = None,
+                assume_unique: bool = False) -> DataFrame:
+        """The release at step t from the prefix counts h_t: (t, item, value) of shown items.
+
+        Args:
+            t: the step; steps must increase (each is released once).
+            counts: (item, count) rows, the counts over steps 1..t of every item
+                seen so far (items with count 0 have not appeared and are skipped).
+            shown_col: with ``remember``, a boolean column of ``counts`` saying
+                the item was released at an earlier step (the ``released``
+                column of the previous :meth:`release_full`). Required then.
+            assume_unique: skip summing rows of the same item (see
+                :meth:`SparkKnownBase.release`).
+        """
+        return self._released(self.release_full(t, counts, shown_col=shown_col,
+                                                 assume_unique=assume_unique), self.item_col)
+
+    def release_full(self, t: int, counts: DataFrame, *, shown_col: str | None = None,
+                     assume_unique: bool = False) -> DataFrame:
+        """Step t for every row: (t, item, count, released, value), the state of the next step.
+
+        ``value`` is the noisy count of every item, released or not: keep this
+        frame private (it is state, like the true counts); publish
+        ``where(released)`` only.
+        """
+        if self.remember and shown_col is None:
+            raise ValueError("remember=True needs shown_col, the released flags of the last "
+                             "step (the 'released' column of release_full)")
+        if shown_col is not None and not self.remember:
+            raise ValueError("shown_col is only for remember=True")
+        check_next_step(t, self.t, self.horizon)
+        if shown_col is not None:
+            stype = _column_type(counts, shown_col)
+            if not isinstance(stype, T.BooleanType):
+                raise TypeError(f"column {shown_col!r} must be boolean, got "
+                                f"{stype.simpleString()}")
+            flags = counts.select(self.item_col, F.col(shown_col).alias("_shown"))
+            prepared = self._prepare_counts(counts, assume_unique)
+            if not assume_unique:
+                flags = flags.groupBy(self.item_col).agg(F.max("_shown").alias("_shown"))
+            prepared = prepared.join(flags, on=self.item_col, how="left")
+            shown = "_shown"
+        else:
+            prepared = self._prepare_counts(counts, assume_unique)
+            shown = None
+        self._next_step(t)
+        return self._full_frame(int(t), prepared, shown)
+
+    def run(self, events: DataFrame, *, steps: Sequence[int], t_col: str = "t",
+            items_col: str = "items") -> DataFrame:
+        """Every release at ``steps`` from a DataFrame of timed events, in one Spark job.
+
+        As the local engine releasing at exactly those steps: (t, item, value)
+        of the items shown at each step. Events after the last step are ignored.
+        """
+        steps = self._claim_steps(steps)
+        inc = _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
+                                self.item_col)
+        return self._run_frame(inc, steps)
+
+    def __repr__(self) -> str:
+        return (f"SparkUnknownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+                f"tau={self.tau:.4g}, threshold={self.threshold:.4g}, t={self.t})")

@@ -1,0 +1,388 @@
+"""dpstream.spark on a local Spark session: bit-identical to the local engine.
+
+The reference is always the local engine's aggregate mode, ``release(t, counts)``,
+fed prefix counts computed here with NumPy from simulated events (not by the
+Spark code under test). Every comparison is exact (``np.array_equal``) after
+aligning rows by item.
+
+Skips: these tests need PySpark (the ``spark`` extra) and a Java runtime. A
+missing Java skips them with that reason; CI installs both and sets
+``DPSTREAM_REQUIRE_SPARK=1``, which turns any skip here into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpstream.errors import StateError
+from dpstream.mechanisms.known import KnownDomainHistogram
+from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+from .conftest import fixed_key
+
+pytestmark = pytest.mark.spark
+
+_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
+
+
+def _java() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and Path(home, "bin", "java").exists():
+        return str(Path(home, "bin", "java"))
+    return shutil.which("java")
+
+
+try:
+    import pandas as pd
+    import pyspark  # noqa: F401
+except ImportError:
+    if _REQUIRED:
+        raise
+    pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
+
+if _java() is None:
+    if _REQUIRED:
+        raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
+    pytest.skip("no Java runtime (java not on PATH, JAVA_HOME unset): Spark cannot start",
+                allow_module_level=True)
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402, N812
+
+from dpstream.spark import SparkKnownBase, SparkUnknownBase, run_cli, update_counts  # noqa: E402
+from dpstream.spark.streaming import start_stream  # noqa: E402
+
+N_ITEMS = 100_000
+HORIZON = 200
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = (
+        SparkSession.builder.master("local[2]").appName("dpstream-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _simulate(steps: int, n_items: int, events_per_step: int, seed: int):
+    """Timed events (t, items) with Zipf-like popularity, and their prefix counts per step.
+
+    Simulation data only (a seeded NumPy generator is fine here). Returns the
+    events as a list of (t, [item indices]) and counts[t - 1] = prefix counts.
+    """
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, n_items + 1) ** 0.9
+    weights /= weights.sum()
+    events = []
+    counts = np.zeros((steps, n_items), dtype=np.int64)
+    running = np.zeros(n_items, dtype=np.int64)
+    for t in range(1, steps + 1):
+        size = rng.integers(1, 4, events_per_step)
+        draws = rng.choice(n_items, size=int(size.sum()), p=weights)
+        for ev in np.split(draws, np.cumsum(size)[:-1]):
+            distinct = np.unique(ev)
+            events.append((t, distinct.tolist()))
+            running[distinct] += 1
+        counts[t - 1] = running
+    return events, counts
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """24 steps over 10^5 items, ~40k item occurrences per step."""
+    return _simulate(24, N_ITEMS, 20_000, seed=7)
+
+
+def _events_df(spark, events, item_names=None):
+    ts = [t for t, _ in events]
+    if item_names is None:
+        items = [ev for _, ev in events]
+        schema = "t long, items array<long>"
+    else:
+        items = [[item_names[i] for i in ev] for _, ev in events]
+        schema = "t long, items array<string>"
+    return spark.createDataFrame(pd.DataFrame({"t": ts, "items": items}), schema)
+
+
+def _aligned(pdf, items_index, n):
+    """Values of a (item, value) pandas frame as an array aligned with the item order."""
+    pos = pdf["item"].map(items_index).to_numpy()
+    assert not np.isnan(pos.astype(float)).any()
+    out = np.full(n, np.nan)
+    out[pos.astype(np.int64)] = pdf["value"].to_numpy()
+    return out
+
+
+# ------------------------------------------------------------------ KnownBase
+
+
+def test_known_per_step_release_is_bit_identical(spark, stream) -> None:
+    _, counts = stream
+    key = fixed_key("spark-known-step")
+    names = [f"item-{i}" for i in range(N_ITEMS)]
+    index = {name: i for i, name in enumerate(names)}
+    local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6)
+    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6)
+    assert remote.tau == local.tau and remote.base == local.base
+    assert remote.privacy == local.privacy
+    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
+    for t in (1, 2, 3, 8, 24):  # consecutive steps and jumps
+        c = counts[t - 1]
+        nz = np.flatnonzero(c)  # the counts frame lists only items that occurred
+        df = spark.createDataFrame(pd.DataFrame({"item": [names[i] for i in nz],
+                                                 "count": c[nz]}))
+        got = remote.release(t, df, domain=domain).toPandas()
+        assert (got["t"] == t).all() and len(got) == N_ITEMS
+        assert np.array_equal(_aligned(got, index, N_ITEMS), local.release(t, c).values)
+
+
+def test_known_run_over_all_steps_is_bit_identical(spark, stream) -> None:
+    events, counts = stream
+    key = fixed_key("spark-known-run")
+    steps = counts.shape[0]
+    local = KnownDomainHistogram(range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2)
+    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2)
+    domain = spark.range(N_ITEMS).withColumnRenamed("id", "item")
+    got = remote.run(_events_df(spark, events), domain, steps=range(1, steps + 1)).toPandas()
+    assert len(got) == steps * N_ITEMS
+    got = got.sort_values(["t", "item"])
+    values = got["value"].to_numpy().reshape(steps, N_ITEMS)
+    assert np.array_equal(got["item"].to_numpy()[:N_ITEMS], np.arange(N_ITEMS))
+    for t in range(1, steps + 1):
+        assert np.array_equal(values[t - 1], local.release(t, counts[t - 1]).values), t
+
+
+def test_known_update_counts_then_release(spark) -> None:
+    key = fixed_key("spark-known-update")
+    events, counts = _simulate(5, 500, 300, seed=3)
+    local = KnownDomainHistogram(range(500), 50, max_items=3, key=key, tau=0.7)
+    remote = SparkKnownBase(spark, 50, max_items=3, key=key, tau=0.7)
+    state = spark.range(500).select(F.col("id").alias("item"),
+                                    F.lit(0).cast("long").alias("count"))
+    for t in range(1, 6):
+        step = [e for e in events if e[0] == t]
+        state = update_counts(state, _events_df(spark, step).select("items"), max_items=3,
+                              closed=True).localCheckpoint()
+        got = remote.release(t, state, assume_unique=True).toPandas().sort_values("item")
+        assert np.array_equal(got["value"].to_numpy(), local.release(t, counts[t - 1]).values)
+
+
+def test_known_rejects_what_local_rejects(spark) -> None:
+    key = fixed_key("spark-known-errors")
+    remote = SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0)
+    domain = spark.createDataFrame([("a",), ("b",), ("c",)], "item string")
+    outside = spark.createDataFrame([("a", 1), ("z", 2)], "item string, count long")
+    with pytest.raises(Exception, match="InvalidEventError: item z is not in the domain"):
+        remote.release(1, outside, domain=domain).collect()
+    with pytest.raises(ValueError, match="t must be greater"):
+        remote.release(1, outside, domain=domain)
+    big = spark.createDataFrame([(2, ["a", "b", "c"])], "t long, items array<string>")
+    with pytest.raises(Exception, match="more than max_items=2"):
+        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0).run(
+            big, domain, steps=[2]).collect()
+    late = spark.createDataFrame([(11, ["a"])], "t long, items array<string>")
+    with pytest.raises(Exception, match="past the horizon"):
+        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0).run(
+            late, domain, steps=[3]).collect()
+
+
+def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
+    """Two rows of one item would share their noise and leak their difference."""
+    key = fixed_key("spark-dup")
+    local = KnownDomainHistogram(["a", "b"], 10, max_items=1, key=key, tau=1.0)
+    remote = SparkKnownBase(spark, 10, max_items=1, key=key, tau=1.0)
+    df = spark.createDataFrame([("a", 2), ("a", 3), ("b", 1)], "item string, count long")
+    got = remote.release(1, df).toPandas().sort_values("item")
+    assert len(got) == 2
+    assert np.array_equal(got["value"].to_numpy(), local.release(1, {"a": 5, "b": 1}).values)
+
+
+# ------------------------------------------------------------------ UnkBase
+
+
+def _unknown_reference(key, counts, steps, names=None, remember=False):
+    local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5,
+                                   threshold_delta=1e-6, remember=remember)
+    out = {}
+    for t in steps:
+        c = counts[t - 1]
+        nz = np.flatnonzero(c)
+        keys = nz.tolist() if names is None else [names[i] for i in nz]
+        rel = local.release(t, dict(zip(keys, c[nz].tolist(), strict=True)))
+        out[t] = dict(zip(rel.items, rel.values.tolist(), strict=True))
+    return local, out
+
+
+def test_unknown_run_over_all_steps_is_bit_identical(spark, stream) -> None:
+    events, counts = stream
+    remember = True
+    key = fixed_key("spark-unknown-run")
+    steps = list(range(1, counts.shape[0] + 1))
+    local, want = _unknown_reference(key, counts, steps, remember=remember)
+    remote = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
+                              threshold_delta=1e-6, remember=remember)
+    assert remote.threshold == local.threshold and remote.privacy == local.privacy
+    got = remote.run(_events_df(spark, events), steps=steps).toPandas()
+    shown = 0
+    for t in steps:
+        g = got[got["t"] == t]
+        assert set(g["item"].tolist()) == set(want[t]), t
+        w = np.array([want[t][i] for i in g["item"].tolist()])
+        assert np.array_equal(g["value"].to_numpy(), w), t
+        shown += len(g)
+    assert 1000 < shown < 24 * N_ITEMS // 2  # the threshold both shows and hides items
+
+
+def test_unknown_per_step_release_is_bit_identical(spark, stream) -> None:
+    _, counts = stream
+    key = fixed_key("spark-unknown-step")
+    names = [f"w{i}" for i in range(N_ITEMS)]
+    steps = (1, 2, 5, 12)
+    _, want = _unknown_reference(key, counts, steps, names=names, remember=False)
+    remote = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
+                              threshold_delta=1e-6)
+    for t in steps:
+        c = counts[t - 1]
+        nz = np.flatnonzero(c)
+        pdf = pd.DataFrame({"item": [names[i] for i in nz], "count": c[nz]})
+        rel = remote.release(t, spark.createDataFrame(pdf)).toPandas()
+        assert (rel["t"] == t).all()
+        assert set(rel["item"]) == set(want[t])
+        assert np.array_equal(rel["value"].to_numpy(),
+                              np.array([want[t][i] for i in rel["item"]]))
+
+
+# ------------------------------------------------------------------ streaming
+
+
+def _write_step_files(folder: Path, events, steps) -> None:
+    """One file per step; Spark's file source takes files in modification-time order."""
+    for t in steps:
+        lines = [json.dumps({"items": [f"s{i}" for i in ev]}) for tt, ev in events if tt == t]
+        path = folder / f"step-{t:03d}.json"
+        path.write_text("\n".join(lines) + "\n")
+        os.utime(path, (1_700_000_000 + 60 * t, 1_700_000_000 + 60 * t))
+
+
+def _read_stream_output(spark, path, t):
+    return spark.read.parquet(str(path / f"t={t}")).toPandas()
+
+
+def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> None:
+    events, counts = _simulate(4, 2000, 3000, seed=11)
+    key = fixed_key("spark-stream")
+    names = [f"s{i}" for i in range(2000)]
+    _, want = _unknown_reference(key, counts, range(1, 5), names=names, remember=True)
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    src.mkdir()
+
+    def run_stream(k):
+        mech = SparkUnknownBase(spark, HORIZON, max_items=3, key=k, tau=0.5,
+                                threshold_delta=1e-6, remember=True)
+        ev = (spark.readStream.schema("items array<string>").option("maxFilesPerTrigger", 1)
+              .json(str(src)))
+        q = start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt),
+                         trigger={"availableNow": True})
+        q.awaitTermination()
+
+    _write_step_files(src, events, [1, 2])
+    run_stream(key)
+    _write_step_files(src, events, [3, 4])
+    run_stream(key)  # a restart from Spark's checkpoint continues at step 3
+    first = {t: _read_stream_output(spark, out, t) for t in range(1, 5)}
+    for t in range(1, 5):
+        g = first[t]
+        assert set(g["item"]) == set(want[t]), t
+        assert np.array_equal(g["value"].to_numpy(), np.array([want[t][i] for i in g["item"]]))
+    # a crash after step 4 was written but before Spark committed it: replay
+    for name in ("3", ".3.crc"):
+        (ckpt / "commits" / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "t=4")
+    run_stream(key)
+    again = _read_stream_output(spark, out, 4).sort_values("item").reset_index(drop=True)
+    assert again.equals(first[4].sort_values("item").reset_index(drop=True))
+    assert not (ckpt / "dpstream-state" / "t=2").exists()  # old snapshots are dropped
+    with pytest.raises(StateError, match="key_fingerprint"):
+        run_stream(fixed_key("another key"))
+
+
+def test_stream_known_domain(spark, tmp_path) -> None:
+    events, counts = _simulate(3, 300, 200, seed=5)
+    key = fixed_key("spark-stream-known")
+    names = [f"s{i}" for i in range(300)]
+    local = KnownDomainHistogram(names, 20, max_items=3, key=key, rho=1.0)
+    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0)
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    src.mkdir()
+    _write_step_files(src, events, [1, 2, 3])
+    ev = spark.readStream.schema("items array<string>").option("maxFilesPerTrigger", 1).json(
+        str(src))
+    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
+    start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt), domain=domain,
+                 trigger={"availableNow": True}).awaitTermination()
+    index = {n: i for i, n in enumerate(names)}
+    for t in (1, 2, 3):
+        got = _read_stream_output(spark, out, t)
+        assert np.array_equal(_aligned(got, index, 300), local.release(t, counts[t - 1]).values)
+
+
+# ------------------------------------------------------------------ command line
+
+
+def test_run_cli_matches_local_step_batch(spark, tmp_path) -> None:
+    key = fixed_key("spark-cli")
+    lines = [{"t": 1, "items": ["a", 5]}, {"t": 1, "items": ["b"]}, {"t": 3, "items": ["a"]},
+             {"t": 4, "items": ["5", "c", "a"]}]
+    inp = tmp_path / "events.jsonl"
+    inp.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    out = tmp_path / "out"
+    opts = {"mechanism": "known", "horizon": 10, "max_items": 3, "domain": ["a", "b", "c", "5"],
+            "rho": 1.0, "input": str(inp), "output": str(out), "output_format": "jsonl",
+            "round": False, "on_invalid": "error", "state": None, "stream": "default"}
+    summary = run_cli(opts, spark=spark, key=key)
+    assert summary["steps"] == 4 and summary["events"] == 4 and summary["rows"] == 16
+    local = KnownDomainHistogram(["a", "b", "c", "5"], 10, max_items=3, key=key, rho=1.0)
+    got = spark.read.json(str(out)).toPandas()
+    per_step = {1: [["a", "5"], ["b"]], 2: [], 3: [["a"]], 4: [["5", "c", "a"]]}
+    for t, evs in per_step.items():
+        want = local.step_batch(evs).counts
+        g = got[got["t"] == t]
+        assert {i: v for i, v in zip(g["item"], g["value"], strict=True)} == want
+
+
+def test_command_line_engine_spark_matches_engine_local(spark, tmp_path) -> None:
+    """`dpstream run --engine spark` releases what `dpstream run` (local) releases."""
+    from dpstream import cli
+
+    key_path = tmp_path / "k.key"
+    fixed_key("spark-cmd").save(key_path)
+    events = [{"t": 1, "items": ["a", "b"]}, {"t": 2, "items": ["c"]}, {"t": 2, "items": ["a"]},
+              {"t": 5, "items": ["b", "c"]}]
+    inp = tmp_path / "events.jsonl"
+    inp.write_text("".join(json.dumps(e) + "\n" for e in events))
+    domain = tmp_path / "domain.txt"
+    domain.write_text("a\nb\nc\n")
+    common = ["run", "-m", "known", "--horizon", "8", "--max-items", "2", "--domain",
+              str(domain), "--rho", "0.5", "--key-file", str(key_path), "-i", str(inp), "-q"]
+    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl")]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out")]) == 0
+    local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
+    got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
+    assert sorted(set(got["t"])) == [r["t"] for r in local]
+    for rel in local:
+        rows = got[got["t"] == rel["t"]]
+        assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
