@@ -69,14 +69,21 @@ def _read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def _assert_same(lines, mech, steps, public_meta=()):
+def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
+    """The command's output equals the library's releases: rounded to integers by
+    default (the safe output), or exactly with --no-round."""
     assert len(lines) == len(steps)
     for t, (obj, events) in enumerate(zip(lines, steps, strict=True), 1):
         rel = mech.step_batch(events)
         assert obj["t"] == t
         assert list(obj["released"]) == [str(i) for i in rel.items]
-        # exact: JSON floats are written with the shortest round-tripping repr
-        assert list(obj["released"].values()) == rel.values.tolist()
+        values = list(obj["released"].values())
+        if rounded:
+            assert all(type(v) is int for v in values)
+            assert values == rel.rounded().values.tolist()
+        else:
+            # exact: JSON floats are written with the shortest round-tripping repr
+            assert values == rel.values.tolist()
         assert obj.get("meta", {}) == {k: v for k, v in rel.meta.items() if k in public_meta}
 
 
@@ -91,6 +98,15 @@ def test_run_known_equals_library(files):
     mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, epsilon=1.0,
                                 delta=1e-6)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
+
+
+def test_no_round_writes_the_exact_floats(files):
+    out = files.dir / "out.jsonl"
+    assert _run("--horizon", "40", "--domain", files.domain, "--max-items", "2",
+                "--rho", "1", "--key-file", files.key_path, "--no-round",
+                "--input", files.input, "--output", str(out)) == 0
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), rounded=False)
 
 
 def test_run_unknown_equals_library(files):

@@ -130,7 +130,8 @@ def test_oneshot_determinism_and_purposes():
     g1 = unknown_domain_gumbel(counts, k=2, kbar=3, tau=1.0, delta=1e-3, key=key, purpose="p")
     g2 = unknown_domain_gumbel(counts, k=2, kbar=3, tau=1.0, delta=1e-3, key=key, purpose="p")
     assert g1.items == g2.items and np.array_equal(g1.values, g2.values)
-    assert unknown_domain_gaussian({}, kbar=2, tau=1.0, delta=0.5, key=key).items == ()
+    empty = unknown_domain_gaussian({}, kbar=2, tau=1.0, delta=0.5, key=key, purpose="test")
+    assert empty.items == ()
     with pytest.raises(AttributeError):
         r1.items = ()  # type: ignore[misc]  # a frozen result, and ...
     with pytest.raises(ValueError):
@@ -157,9 +158,9 @@ def test_oneshot_invalid_input(kwargs, exc, match):
     args.update(kwargs)
     counts = args.pop("counts")
     with pytest.raises(exc, match=match):
-        unknown_domain_gaussian(counts, **args)
+        unknown_domain_gaussian(counts, **args, purpose="test")
     with pytest.raises(exc, match=match):
-        unknown_domain_gumbel(counts, k=1, **args)
+        unknown_domain_gumbel(counts, k=1, **args, purpose="test")
 
 
 def exact_gaussian_delta(epsilon, mu):
@@ -235,13 +236,13 @@ def test_unkgumb_selection_is_gumbel_with_scale_tau_over_two():
 def test_unkgumb_returns_k_items_with_gaussian_counts():
     key = fixed_key("gumb-k")
     counts = {f"i{j}": 1000 - j for j in range(10)}
-    res = unknown_domain_gumbel(counts, k=3, kbar=6, tau=0.1, delta=1e-6, key=key)
+    res = unknown_domain_gumbel(counts, k=3, kbar=6, tau=0.1, delta=1e-6, key=key, purpose="test")
     assert len(res) == 3 and not res.hit_threshold
     assert set(res.items) <= {f"i{j}" for j in range(6)}
     for it, v in res.counts.items():
         assert abs(v - counts[it]) < 1.0  # N(0, 0.01): 10 sigma
     with pytest.raises(ValueError, match="kbar \\+ 1"):
-        unknown_domain_gumbel(counts, k=8, kbar=6, tau=1.0, delta=0.1, key=key)
+        unknown_domain_gumbel(counts, k=8, kbar=6, tau=1.0, delta=0.1, key=key, purpose="test")
 
 
 def test_unkgumb_guarantee_is_the_theorem():

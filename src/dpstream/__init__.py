@@ -11,6 +11,7 @@ from .errors import (
     DPStreamError,
     HorizonExceededError,
     InvalidEventError,
+    InvalidItemError,
     StateError,
 )
 from .mechanisms import (
@@ -32,6 +33,7 @@ __all__ = [
     "DPStreamError",
     "HorizonExceededError",
     "InvalidEventError",
+    "InvalidItemError",
     "KnownDomainHistogram",
     "MetaHistogram",
     "NoiseKey",

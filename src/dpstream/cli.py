@@ -280,8 +280,10 @@ RUN_OPTS: tuple[Opt, ...] = (
         "(exactly-once with --state needs a file)", "-", str, metavar="PATH"),
     Opt(("--output-format",), "output_format", "jsonl or csv; auto = csv for *.csv, else "
         "jsonl", "auto", str, choices=("auto", "jsonl", "csv")),
-    Opt(("--round",), "round", "write counts rounded to integers (recommended: hides the "
-        "low-order bits of floating-point noise; free post-processing)", False, kind="flag"),
+    Opt(("--round",), "round", "write counts rounded to integers (the default, and the safe "
+        "choice: the low-order bits of floating-point noise can leak the true count; "
+        "rounding is free post-processing); --no-round writes the exact floats", True,
+        kind="bool"),
     Opt(("--on-invalid",), "on_invalid",
         "what to do with an event with more than --max-items items, an item outside "
         "--domain, a malformed line or a step past --horizon: error (stop, naming the line), "
@@ -403,7 +405,7 @@ input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} ("t" optio
   Items are strings (JSON integers are read as text). *.gz is decompressed.
 output (JSON Lines): one line per step, {"t": 3, "released": {"a": 12.7, ...}}
   (+ "meta" for the mechanism's public extras, e.g. the threshold); floats are
-  written exactly. CSV: t,item,value. --round writes integers.
+  rounded to integers (--no-round: exact floats). CSV: t,item,value.
 state: with --state, a killed run resumes where it stopped when run again with
   the same command: nothing is written twice and the output equals an
   uninterrupted run's; a finished run is not released again. Exactly-once needs

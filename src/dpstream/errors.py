@@ -22,6 +22,14 @@ class InvalidEventError(DPStreamError, ValueError):
     """
 
 
+class InvalidItemError(InvalidEventError, TypeError):
+    """An event holds something that is not an item (items are str, int or bytes).
+
+    Both an :class:`InvalidEventError` (a bad record, which the command line's
+    ``--on-invalid`` policy handles) and a ``TypeError`` (the wrong type).
+    """
+
+
 class HorizonExceededError(DPStreamError):
     """A release was asked for at a time step past the declared horizon T."""
 

@@ -41,11 +41,14 @@ the file holds exactly the library's values.
 CSV: a header ``t,item,value`` and one row per released item per step (a step
 that releases no item writes no row: use JSON Lines to see every step).
 
-``--round`` writes counts rounded to the nearest integer. Prefer it when you
-can: released values are true counts plus continuous (floating-point)
-Gaussian noise, and the low-order bits of such floats can reveal more about
-the true count than the noise scale suggests (Mironov, CCS 2012). Rounding is
-post-processing, so it costs no privacy.
+Counts are written rounded to the nearest integer unless ``--no-round`` is
+given. Released values are true counts plus continuous (floating-point)
+Gaussian noise, and the low-order bits of such floats reveal more about the
+true count than the noise scale suggests (Mironov, CCS 2012): the noise takes
+values on a known grid, so a count that used a single tree cell can often be
+recovered exactly from the float. Rounding is post-processing and costs no
+privacy; ``--no-round`` (exact floats, bit for bit the library's values) is
+for testing and research, not for publication.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Construction
   the item alone and is computed once per item ("prepared" ids), so a step over
   n items costs one vectorised AES call over n blocks.
 * Noise that belongs to no item (a sparse-vector threshold, say) uses a separate
-  per-purpose key (``purpose + "#scalar"``) on the single block tweak(cell, draw).
+  per-purpose key on the single block tweak(cell, draw).
 * Uniforms take the top 53 bits of a 64-bit word, ``(k + 1/2) / 2**53``, so they
   lie strictly inside (0, 1); Gaussians come from the inverse CDF
   (``scipy.special.ndtri``), Laplace and Gumbel from their inverse CDFs.
@@ -66,6 +66,7 @@ __all__ = [
     "NoiseSource",
     "PreparedItems",
     "encode_item",
+    "canonical_item",
     "MAX_LEVEL",
     "MAX_DRAW",
 ]
@@ -164,6 +165,24 @@ class NoiseKey:
         return (NoiseKey, (self._secret,))
 
 
+def canonical_item(item: object) -> str | int | bytes:
+    """The item as the plain Python value dpstream releases it as.
+
+    NumPy integers and strings become ``int`` and ``str`` (so a label never shows
+    which representation arrived first); bools, floats and anything else are
+    refused with ``TypeError``, by the same rule as :func:`encode_item`.
+    """
+    if isinstance(item, (bool, np.bool_)):
+        raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
+    if isinstance(item, str):
+        return str(item)
+    if isinstance(item, (int, np.integer)):
+        return int(item)
+    if isinstance(item, (bytes, bytearray)):
+        return bytes(item)
+    raise TypeError(f"items must be str, int or bytes, got {type(item).__name__}: {item!r}")
+
+
 def encode_item(item: object) -> bytes:
     """The canonical, type-tagged bytes of an item (what the item hash reads).
 
@@ -247,9 +266,11 @@ class NoiseSource:
         self.key = key
         self.purpose = purpose
         self._item_hash_key = key.derive("item-id")
-        self._cipher = Cipher(algorithms.AES(key.derive("purpose:" + purpose)), modes.ECB())
+        # Labels are prefix-free ("item-noise:" vs "scalar-noise:"), so no purpose
+        # string can make the item key of one purpose equal the scalar key of another.
+        self._cipher = Cipher(algorithms.AES(key.derive("item-noise:" + purpose)), modes.ECB())
         self._scalar_cipher = Cipher(
-            algorithms.AES(key.derive("purpose:" + purpose + "#scalar")), modes.ECB()
+            algorithms.AES(key.derive("scalar-noise:" + purpose)), modes.ECB()
         )
 
     # -- item identifiers -------------------------------------------------

@@ -403,14 +403,30 @@ def delta_cks(rho: float, epsilon: float) -> float:
     return min(1.0, cks, delta_bun_steinke(rho, epsilon))
 
 
+#: Bound on the rounding error of one log-space term, in units of its magnitude:
+#: log_ndtr, the additions and exp are each accurate to a few ulp; 64 ulp is a
+#: generous allowance (the result is only ever made larger by it).
+_LOG_TERM_REL_ERR = 64 * 2.0**-52
+
+
 def _gaussian_delta(epsilon: float, mu: float) -> float:
-    """Balle-Wang delta; inputs validated. See :func:`gaussian_delta`."""
+    """Balle-Wang delta, rounded UP; inputs validated. See :func:`gaussian_delta`.
+
+    ``Phi(x) - e^eps Phi(y) = Phi(x) (1 - exp(d))`` with ``d = log_b - log_a <= 0``
+    is computed in log space (no overflow for big eps). For small mu the two
+    logs nearly cancel and ``d`` carries an absolute error up to about
+    ``ulp * (|log_a| + |log_b|)``, a large relative error in ``1 - exp(d)``.
+    So the value returned is an upper bound: ``d`` is lowered by its error bound
+    and ``Phi(x)`` raised by its own, which keeps every calibration built on
+    this function conservative (it is never below the exact delta).
+    """
     log_a = log_ndtr(-epsilon / mu + mu / 2.0)
     log_b = epsilon + log_ndtr(-epsilon / mu - mu / 2.0)
-    if not log_b < log_a:  # equal (or rounding): delta is 0 to working precision
+    d_low = (log_b - log_a) - _LOG_TERM_REL_ERR * (abs(log_a) + abs(log_b) + 1.0)
+    if d_low >= 0.0:  # the exact delta is >= 0 and d <= 0 exactly: delta is 0
         return 0.0
-    # Phi(x) - e^eps Phi(y) = Phi(x) (1 - exp(log_b - log_a)), no overflow for big eps.
-    return min(1.0, float(math.exp(log_a) * -math.expm1(log_b - log_a)))
+    phi_x_up = math.exp(log_a) * (1.0 + _LOG_TERM_REL_ERR * (abs(log_a) + 1.0))
+    return min(1.0, float(phi_x_up * -math.expm1(d_low)))
 
 
 def gaussian_delta(epsilon: float, mu: float) -> float:
@@ -458,7 +474,24 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
     while _gaussian_delta(hi, mu) > delta:
         hi *= 2.0
     eps = brentq(lambda e: _gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-15, rtol=1e-15)
-    return _nudge(eps, +1, lambda e: _gaussian_delta(e, mu) <= delta, "gaussian_epsilon")
+
+    def ok(e: float) -> bool:
+        return _gaussian_delta(e, mu) <= delta
+
+    if not ok(eps):
+        eps = _nudge(eps, +1, ok, "gaussian_epsilon")
+    # brentq stops within its tolerance of the root and the nudge moves in growing
+    # steps: look at the floats just below for the smallest one that passes (any
+    # passing value is a valid claim; the check is not monotone at the ulp level),
+    # so a calibrated target reads back exactly.
+    best, probe = eps, eps
+    for _ in range(64):
+        probe = math.nextafter(probe, 0.0)
+        if probe < 0.0:
+            break
+        if ok(probe):
+            best = probe
+    return best
 
 
 def _nudge(x: float, direction: int, ok: Any, what: str) -> float:
@@ -627,6 +660,7 @@ def guarantee_for_tau(
     theorem: str,
     gaussian_exact: bool = False,
     rho_delta: float = 0.0,
+    target_epsilon: float | None = None,
 ) -> PrivacyGuarantee:
     """The guarantee a mechanism gives at noise scale ``tau``.
 
@@ -645,6 +679,10 @@ def guarantee_for_tau(
         theorem: The paper's label of the privacy theorem.
         gaussian_exact: Whether the mechanism is exactly a Gaussian mechanism.
         rho_delta: Delta paid outside the zCDP analysis, in [0, delta).
+        target_epsilon: the epsilon tau was calibrated for, if any. The inverse
+            curves are solved numerically, so the epsilon read back can exceed
+            the target by rounding noise although tau meets it; the target is
+            stated whenever the forward formula confirms it.
 
     Returns:
         The :class:`PrivacyGuarantee`.
@@ -665,12 +703,19 @@ def guarantee_for_tau(
     if conv_delta + rho_delta > delta:
         conv_delta = math.nextafter(conv_delta, 0.0)
     if gaussian_exact:
-        epsilon = gaussian_epsilon(conv_delta, math.sqrt(2.0 * a) / tau)
+        mu = math.sqrt(2.0 * a) / tau
+        epsilon = gaussian_epsilon(conv_delta, mu)
         conversion = "gaussian-exact"
+        if target_epsilon is not None and target_epsilon < epsilon:
+            if _gaussian_delta(_check_positive("target_epsilon", target_epsilon), mu) <= conv_delta:
+                epsilon = float(target_epsilon)
     else:
         bs = epsilon_bun_steinke(rho, conv_delta)
         cks = max(0.0, _cks_epsilon(rho, conv_delta))
         epsilon, conversion = (cks, "cks2020") if cks <= bs else (bs, "bun-steinke")
+        if target_epsilon is not None and target_epsilon < epsilon:
+            if epsilon_cks(rho, conv_delta) <= _check_positive("target_epsilon", target_epsilon):
+                epsilon = float(target_epsilon)
     return PrivacyGuarantee(
         rho=rho,
         rho_delta=rho_delta,

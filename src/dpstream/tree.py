@@ -15,7 +15,6 @@ power, such as log_10(1000), can land just below the integer and drop a level).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from math import isqrt
 
 __all__ = [
     "num_levels",
@@ -26,6 +25,7 @@ __all__ = [
     "cells_closing_at",
     "cell_span",
     "optimal_base",
+    "integer_root",
     "paper_variance_factor",
     "max_cells",
     "worst_case_variance_factor",
@@ -149,20 +149,45 @@ def paper_variance_factor(horizon: int, base: int) -> int:
     return (base - 1) * levels * levels
 
 
+def integer_root(n: int, k: int) -> int:
+    """floor(n ** (1/k)) for n >= 0, k >= 1, in exact integer arithmetic."""
+    n = _check_int("n", n, 0)
+    k = _check_int("k", k, 1)
+    if n < 2 or k == 1:
+        return n
+    x = 1 << -(-n.bit_length() // k)  # 2^ceil(bits/k) >= the root
+    while True:  # Newton's iteration from above decreases monotonically to the floor root
+        y = ((k - 1) * x + n // x ** (k - 1)) // k
+        if y >= x:
+            break
+        x = y
+    while x**k > n:
+        x -= 1
+    while (x + 1) ** k <= n:
+        x += 1
+    return x
+
+
 def optimal_base(horizon: int) -> int:
     """r* = argmin over r in {2..T} of (r - 1) L_r^2 (eq:opt_base); ties go to the smaller r.
 
-    For r > isqrt(T) we have r^2 > T >= r, so L_r = 2 and the cost 4 (r - 1)
-    grows with r: among those bases only r = isqrt(T) + 1 needs a look.
-    ``optimal_base(1) == 2`` by convention (a one-step stream has one level).
+    For a given number of levels L the cost (r - 1) L^2 grows with r, so the only
+    candidate with L levels is the smallest base with r^L > T, r_L = iroot(T, L) + 1.
+    Any base r with L_r = L has r_L <= r and L_(r_L) <= L, hence a cost at least
+    that of r_L: the minimum over the O(log T) candidates r_L is the minimum over
+    all bases, and the smallest minimiser is among them. ``optimal_base(1) == 2``
+    by convention (a one-step stream has one level).
     """
     horizon = _check_int("horizon", horizon, 1)
     if horizon < 2:
         return 2
     best_base, best_cost = 2, paper_variance_factor(horizon, 2)
-    for base in range(3, min(horizon, isqrt(horizon) + 1) + 1):
+    for levels in range(2, horizon.bit_length() + 2):
+        base = integer_root(horizon, levels) + 1
+        if base < 2 or base > horizon:
+            continue
         cost = paper_variance_factor(horizon, base)
-        if cost < best_cost:
+        if cost < best_cost or (cost == best_cost and base < best_base):
             best_base, best_cost = base, cost
     return best_base
 

@@ -7,17 +7,16 @@ mutating).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from .. import privacy
-from ..errors import HorizonExceededError, InvalidEventError
-from ..noise import NoiseKey
+from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
+from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
 
 __all__ = [
@@ -27,6 +26,10 @@ __all__ = [
     "normalise_event",
     "check_stream_name",
     "check_key",
+    "check_count_value",
+    "check_count_array",
+    "mapping_counts",
+    "domain_counts",
     "check_domain",
     "resolve_privacy",
 ]
@@ -43,7 +46,8 @@ class Release:
         meta: mechanism-specific extras (e.g. the threshold, switches left).
 
     ``counts`` gives the same as a dict ``item -> noisy count`` (built on first
-    use: for a domain of 10^6 items keep to ``items``/``values``).
+    use: for a domain of 10^6 items keep to ``items``/``values``). Publish
+    :meth:`rounded` rather than the raw floats (see there why).
     """
 
     t: int
@@ -57,6 +61,21 @@ class Release:
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def rounded(self) -> Release:
+        """This release with every count rounded to the nearest integer (int64).
+
+        Publish this rather than the raw floats. The noise is a float computed
+        from a 53-bit uniform, so its possible values form a known grid, and a
+        count that used few tree cells can be recovered exactly from the low-order
+        bits of ``count + noise`` (Mironov, CCS 2012). Rounding removes those bits;
+        it is post-processing, so the guarantee is unchanged (up to the
+        negligible distance between the grid and a true Gaussian).
+        """
+        return Release(
+            t=self.t, items=self.items, values=np.rint(self.values).astype(np.int64),
+            meta=self.meta,
+        )
 
     def top(self, k: int) -> list[tuple[Hashable, float]]:
         """The k released items with the largest noisy counts, largest first."""
@@ -73,23 +92,32 @@ class Release:
         return f"Release(t={self.t}, counts={{{preview}{more}}})"
 
 
+#: The largest horizon: a tree cell index is a 64-bit field of a noise address.
+MAX_HORIZON = 2**63
+
+
 def check_horizon(horizon: object) -> int:
-    """T must be a positive int."""
+    """T must be an int in [1, 2^63]."""
     if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
         raise TypeError(f"horizon must be an int, got {type(horizon).__name__}")
-    if horizon < 1:
-        raise ValueError(f"horizon must be >= 1, got {horizon}")
+    if not 1 <= horizon <= MAX_HORIZON:
+        raise ValueError(f"horizon must be in [1, 2**63], got {horizon}")
     return int(horizon)
 
 
 def check_base(base: object, horizon: int) -> int:
-    """The tree base: None -> the noise-optimal r* for T, else an int >= 2."""
+    """The tree base: None -> the noise-optimal r* for T, else an int in {2..max(T, 2)}.
+
+    The paper takes r in {2..T}: a larger base gives the same one-level tree as
+    r = T but a worse discovery threshold (which grows with sqrt(r - 1)).
+    """
     if base is None:
         return optimal_base(horizon)
     if isinstance(base, bool) or not isinstance(base, (int, np.integer)):
         raise TypeError(f"base must be an int or None, got {type(base).__name__}")
-    if base < 2:
-        raise ValueError(f"base must be >= 2, got {base}")
+    if not 2 <= base <= max(horizon, 2):
+        raise ValueError(f"base must be in [2, max(horizon, 2)] = [2, {max(horizon, 2)}], "
+                         f"got {base}")
     return int(base)
 
 
@@ -115,7 +143,10 @@ def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
         raise TypeError("domain must be a collection of items, not a single string")
     if not isinstance(domain, Iterable):
         raise TypeError(f"domain must be an iterable of items, got {type(domain).__name__}")
-    items = list(domain)
+    try:
+        items = [canonical_item(item) for item in domain]
+    except TypeError as exc:
+        raise TypeError(f"domain: {exc}") from None
     if not items:
         raise ValueError("domain must hold at least one item")
     index = {item: i for i, item in enumerate(items)}
@@ -129,6 +160,76 @@ def check_stream_name(stream: object) -> str:
     if not isinstance(stream, str) or not stream or "/" in stream:
         raise ValueError(f"stream must be a non-empty string without '/', got {stream!r}")
     return stream
+
+
+def check_count_value(name: str, value: object) -> int:
+    """One true count of aggregate mode: an int >= 0 (not a bool, float or string)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def check_count_array(name: str, arr: object, length: int | None = None) -> np.ndarray:
+    """Aggregate-mode counts as an int64 array: integer dtype, >= 0, right length."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.ndim != 1 or (length is not None and arr.shape[0] != length):
+        raise ValueError(
+            f"{name} must have one entry per domain item ({length}), got shape {arr.shape}"
+        )
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{name} must be >= 0")
+    return arr.astype(np.int64)
+
+
+def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
+    """The canonical items and int64 counts of an aggregate-mode ``item -> count`` Mapping.
+
+    Every count must be an int >= 0: a float would be truncated and a bool or a
+    string coerced, silently releasing something other than the true histogram.
+    """
+    if not isinstance(counts, Mapping):
+        raise TypeError(f"counts must be a Mapping item -> count, got {type(counts).__name__}")
+    try:
+        items = [canonical_item(item) for item in counts]
+    except TypeError as exc:
+        raise TypeError(f"counts: {exc}") from None
+    raw = list(counts.values())
+    for item, value in zip(items, raw, strict=True):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"counts must be integers, got {value!r} for item {item!r}")
+    values = np.array(raw, dtype=np.int64) if raw else np.zeros(0, dtype=np.int64)
+    if values.size and values.min() < 0:
+        raise ValueError("counts must be >= 0")
+    return items, values
+
+
+def domain_counts(
+    counts: object, index: Mapping[Hashable, int], previous: np.ndarray
+) -> np.ndarray:
+    """Aggregate-mode counts over a known domain, as an int64 array aligned with it.
+
+    ``counts`` is a Mapping (missing items count 0) or an integer array aligned
+    with the domain; ``previous`` is the last prefix histogram, which may not
+    shrink.
+    """
+    n = len(previous)
+    if isinstance(counts, Mapping):
+        items, values = mapping_counts(counts)
+        arr = np.zeros(n, dtype=np.int64)
+        for item, value in zip(items, values, strict=True):
+            pos = index.get(item)
+            if pos is None:
+                raise InvalidEventError(f"item {item!r} is not in the domain")
+            arr[pos] = value
+    else:
+        arr = check_count_array("counts", counts, n)
+    if (arr < previous).any():
+        raise ValueError("counts must not decrease: a prefix histogram only grows")
+    return arr
 
 
 def check_next_step(t: int, last_t: int, horizon: int) -> None:
@@ -147,11 +248,15 @@ def check_next_step(t: int, last_t: int, horizon: int) -> None:
 def normalise_event(event: object, max_items: int | None) -> tuple[Hashable, ...]:
     """An event as a tuple of distinct items (an event is a set, paper Section 2).
 
+    Items are made canonical (NumPy integers become ``int``), and only str, int
+    and bytes are items: ``True`` or ``2.0`` would otherwise count for the equal
+    items ``1`` and ``2``.
+
     Raises:
         TypeError: the event is a string/bytes (a common slip: it would be read
             as its characters) or not iterable.
-        InvalidEventError: more than ``max_items`` distinct items, or an
-            unhashable item.
+        InvalidEventError: more than ``max_items`` distinct items, or an item
+            that is not a str, int or bytes.
     """
     if isinstance(event, (str, bytes, bytearray)):
         raise TypeError(
@@ -161,9 +266,10 @@ def normalise_event(event: object, max_items: int | None) -> tuple[Hashable, ...
     if not isinstance(event, Iterable):
         raise TypeError(f"an event must be an iterable of items, got {type(event).__name__}")
     try:
-        items = tuple(dict.fromkeys(event))
+        items = tuple(dict.fromkeys(canonical_item(item) for item in event))
     except TypeError as exc:
-        raise InvalidEventError(f"event holds an unhashable item: {exc}") from None
+        # a bool, float or other non-item would otherwise match an equal int item
+        raise InvalidItemError(f"event holds an invalid item: {exc}") from None
     if max_items is not None and len(items) > max_items:
         raise InvalidEventError(
             f"event has {len(items)} distinct items, more than max_items={max_items}"
@@ -200,23 +306,6 @@ def resolve_privacy(
         theorem=theorem,
         gaussian_exact=gaussian_exact,
         rho_delta=rho_delta,
+        target_epsilon=budget.epsilon,
     )
-    if (
-        budget.epsilon is not None
-        and guarantee.epsilon > budget.epsilon
-        and _meets(budget.epsilon, budget.delta - rho_delta, tau_value, coefficient, gaussian_exact)
-    ):
-        # The inverse curves are solved numerically and nudged upwards, so the
-        # epsilon read back can exceed the target by a rounding error although
-        # the calibrated tau meets the target exactly: state the target then.
-        guarantee = replace(guarantee, epsilon=float(budget.epsilon))
     return budget, tau_value, guarantee
-
-
-def _meets(epsilon: float, delta: float, tau: float, a: float, gaussian_exact: bool) -> bool:
-    """Whether a mechanism with rho = a / tau^2 is (epsilon, delta)-DP by the forward formula."""
-    if delta <= 0:
-        return False
-    if gaussian_exact:
-        return privacy.gaussian_delta(epsilon, math.sqrt(2 * a) / tau) <= delta
-    return privacy.epsilon_cks(a / tau**2, delta) <= epsilon

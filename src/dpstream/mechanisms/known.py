@@ -19,12 +19,14 @@ from ..tree import num_levels, worst_case_variance_factor
 from .base import (
     Release,
     check_base,
+    check_count_value,
     check_domain,
     check_horizon,
     check_key,
     check_max_items,
     check_next_step,
     check_stream_name,
+    domain_counts,
     normalise_event,
     resolve_privacy,
 )
@@ -182,28 +184,7 @@ class KnownDomainHistogram:
 
     def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
                       ) -> np.ndarray:
-        if isinstance(counts, Mapping):
-            arr = np.zeros(len(self.domain), dtype=np.int64)
-            for item, c in counts.items():
-                pos = self._index.get(item)
-                if pos is None:
-                    raise InvalidEventError(f"item {item!r} is not in the domain")
-                arr[pos] = c
-        else:
-            arr = np.asarray(counts)
-            if arr.shape != (len(self.domain),):
-                raise ValueError(
-                    f"counts must have one entry per domain item ({len(self.domain)}), "
-                    f"got shape {arr.shape}"
-                )
-            if arr.dtype.kind not in "iu":
-                raise TypeError(f"counts must be integers, got dtype {arr.dtype}")
-            arr = arr.astype(np.int64)
-        if (arr < 0).any():
-            raise ValueError("counts must be >= 0")
-        if (arr < self._counts).any():
-            raise ValueError("counts must not decrease: a prefix histogram only grows")
-        return arr
+        return domain_counts(counts, self._index, self._counts)
 
     def _release(self, t: int, new_counts: np.ndarray) -> Release:
         self._noise.advance(t)
@@ -274,6 +255,7 @@ class TreeCounter:
             tau=self.tau, a=0.5,
             delta=self._hist.privacy.delta,
             mechanism=self.mechanism_name, theorem=self.theorem, gaussian_exact=True,
+            target_epsilon=self._hist.budget.epsilon,
         )
 
     @property
@@ -293,14 +275,14 @@ class TreeCounter:
         """
         if isinstance(x, bool):
             x = int(x)
-        if not isinstance(x, (int, np.integer)) or x < 0:
-            raise ValueError(f"x must be a non-negative int, got {x!r}")
+        x = check_count_value("x", x)
         rel = self._hist.release(self.t + 1, np.array([self.count + int(x)], dtype=np.int64))
         return float(rel.values[0])
 
     def release(self, t: int, count: int) -> float:
         """Aggregate mode: the noisy count at t from the true count over 1..t."""
-        rel = self._hist.release(t, np.array([int(count)], dtype=np.int64))
+        count = check_count_value("count", count)
+        rel = self._hist.release(t, np.array([count], dtype=np.int64))
         return float(rel.values[0])
 
     def __repr__(self) -> str:

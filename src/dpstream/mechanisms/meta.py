@@ -283,7 +283,7 @@ class MetaHistogram:
         if gauss:
             self.privacy = privacy.guarantee_for_tau(
                 tau=self.tau, a=a, delta=total, rho_delta=rho_delta, gaussian_exact=True,
-                mechanism=name, theorem=self.theorem,
+                mechanism=name, theorem=self.theorem, target_epsilon=budget.epsilon,
             )
         else:
             rho_value = a / (self.tau * self.tau)

@@ -27,6 +27,7 @@ from .base import (
     check_key,
     check_next_step,
     check_stream_name,
+    domain_counts,
     normalise_event,
     resolve_privacy,
 )
@@ -273,30 +274,7 @@ class ContinualTopK:
 
     def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
                       ) -> np.ndarray:
-        if isinstance(counts, Mapping):
-            arr = np.zeros(len(self.domain), dtype=np.int64)
-            for item, c in counts.items():
-                pos = self._index.get(item)
-                if pos is None:
-                    raise InvalidEventError(f"item {item!r} is not in the domain")
-                if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
-                    raise TypeError(f"counts must be integers, got {c!r} for {item!r}")
-                arr[pos] = c
-        else:
-            arr = np.asarray(counts)
-            if arr.shape != (len(self.domain),):
-                raise ValueError(
-                    f"counts must have one entry per domain item ({len(self.domain)}), "
-                    f"got shape {arr.shape}"
-                )
-            if arr.dtype.kind not in "iu":
-                raise TypeError(f"counts must be integers, got dtype {arr.dtype}")
-            arr = arr.astype(np.int64)
-        if (arr < 0).any():
-            raise ValueError("counts must be >= 0")
-        if (arr < self._counts).any():
-            raise ValueError("counts must not decrease: a prefix histogram only grows")
-        return arr
+        return domain_counts(counts, self._index, self._counts)
 
     # -- the algorithm ------------------------------------------------------------------
     def _counter_noise(self, positions: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from .base import (
     check_max_items,
     check_next_step,
     check_stream_name,
+    mapping_counts,
     normalise_event,
 )
 from .known import tree_purpose
@@ -281,6 +282,7 @@ class UnknownDomainHistogram:
             tau=self.tau, a=self._coef, delta=total,
             rho_delta=self.privacy_split.threshold_part, gaussian_exact=True,
             mechanism=self.mechanism_name, theorem=self.theorem,
+            target_epsilon=self.budget.epsilon,
         )
         self.threshold = discovery_threshold(
             tau=self.tau, horizon=self.horizon, base=self.base,
@@ -402,16 +404,7 @@ class UnknownDomainHistogram:
         equals the incremental one).
         """
         check_next_step(t, self.t, self.horizon)
-        if not isinstance(counts, Mapping):
-            raise TypeError(f"counts must be a Mapping item -> count, got {type(counts).__name__}")
-        keys = list(counts.keys())
-        raw = list(counts.values())
-        vals = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
-        if vals.ndim != 1 or vals.dtype.kind not in "iu":
-            raise TypeError(f"counts must be integers, got dtype {vals.dtype}")
-        vals = vals.astype(np.int64)
-        if (vals < 0).any():
-            raise ValueError("counts must be >= 0")
+        keys, vals = mapping_counts(counts)
         index = self._index
         pos = np.fromiter((index.get(k, -1) for k in keys), np.int64, len(keys))
         seen = pos >= 0

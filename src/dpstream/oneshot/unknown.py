@@ -188,7 +188,7 @@ def unknown_domain_gaussian(
     tau: float,
     delta: float,
     key: NoiseKey,
-    purpose: str = "oneshot/unknown-gaussian",
+    purpose: str,
 ) -> UnknownDomainResult:
     """UnkGauss_kbar (``algo:UnkGauss``): Gaussian counts above a noisy threshold.
 
@@ -310,7 +310,7 @@ def unknown_domain_gumbel(
     tau: float,
     delta: float,
     key: NoiseKey,
-    purpose: str = "oneshot/unknown-gumbel",
+    purpose: str,
 ) -> UnknownDomainResult:
     """UnkGumb_{k,kbar} (``algo:uGumb``, Durfee and Rogers 2019): Gumbel top-k above a threshold.
 

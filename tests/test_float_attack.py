@@ -1,0 +1,60 @@
+"""The floating-point attack on continuous noise, and why releases are rounded.
+
+The noise is ndtri((k + 1/2) / 2^53) * sigma for a 53-bit k: a known grid. At
+t = 1 the count uses a single tree cell, so a released value y = c + z lets an
+attacker test each candidate count c by asking whether y - c is on the grid
+(Mironov, CCS 2012). This test runs that attack: it succeeds on the raw floats
+(which is why the command line rounds by default and Release.rounded exists)
+and does no better on the rounded release than the Gaussian mechanism allows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import ndtr, ndtri
+
+from dpstream import KnownDomainHistogram
+
+from .conftest import fixed_key
+
+
+def on_grid(values: np.ndarray, candidate: int, sigma: float) -> np.ndarray:
+    """Whether values - candidate is exactly sigma * ndtri((k + 1/2) / 2^53) for some k."""
+    z = (values - candidate) / sigma
+    k0 = np.floor(ndtr(z) * 2.0**53 - 0.5)
+    hit = np.zeros(values.shape, dtype=bool)
+    for dk in range(-4, 5):
+        hit |= (candidate + ndtri((k0 + dk + 0.5) * 2.0**-53) * sigma) == values
+    return hit
+
+
+def test_raw_floats_leak_counts_and_rounded_releases_do_not():
+    n = 20_000
+    rng = np.random.default_rng(0)  # the secret data (simulated)
+    truth = rng.integers(0, 2, n)
+    h = KnownDomainHistogram(range(n), 1000, max_items=n, key=fixed_key("fp"), rho=0.5 * n)
+    sigma = np.sqrt(h.levels) * h.tau  # public: the cell noise scale
+    rel = h.release(1, truth)
+
+    raw = rel.values
+    c0, c1 = on_grid(raw, 0, sigma), on_grid(raw, 1, sigma)
+    decided = c0 ^ c1
+    # the attack decides a large share of the bits, and is right on every one of them
+    assert decided.mean() > 0.5
+    assert np.array_equal(c1[decided], truth[decided].astype(bool))
+
+    # Rounded: y = c + rint(z) is a post-processing of the Gaussian mechanism, so no
+    # classifier of the bit does better than the Neyman-Pearson test on c + z with
+    # z ~ N(0, sigma^2): accuracy Phi(1 / (2 sigma)) (= 0.588 here, sigma = sqrt(5)).
+    # The grid test still "decides" some items (grid membership of an integer means
+    # nothing), but must not beat that bound: with m decided items the observed
+    # accuracy has standard error <= 0.5 / sqrt(m), and we allow 5 of them.
+    from scipy.stats import norm
+
+    rounded = rel.rounded().values.astype(np.float64)
+    r0, r1 = on_grid(rounded, 0, sigma), on_grid(rounded, 1, sigma)
+    decided = r0 ^ r1
+    m = int(decided.sum())
+    assert m > 1000  # enough decisions to measure the accuracy
+    accuracy = float((r1[decided] == truth[decided].astype(bool)).mean())
+    assert accuracy < norm.cdf(1 / (2 * sigma)) + 5 * 0.5 / np.sqrt(m)
