@@ -88,6 +88,12 @@ class NoiseKey:
     be kept like a password: :meth:`save` writes it with mode 0600. The key is
     never printed (``repr`` shows a fingerprint only).
 
+    The noise is a pure function of the key and an address, so one key and
+    stream name used for two different data sets gives both the same noise,
+    and the difference of the releases is the difference of the data. Use one
+    key per stream (or distinct ``stream=`` names), and a new key for a re-run
+    on corrected data.
+
     Example:
         >>> key = NoiseKey.generate()
         >>> len(key.fingerprint())

@@ -59,8 +59,14 @@ class KnownDomainHistogram:
     sqrt(L_r) tau, so the mechanism is Delta0 / (2 tau^2)-zCDP, and its exact
     (epsilon, delta) curve is that of a Gaussian mechanism with
     sensitivity/noise ratio sqrt(Delta0)/tau (Balle and Wang 2018). Privacy is
-    event-level: ``step_batch`` may take many events for one time step, each
-    still limited to Delta0 items.
+    event-level: two streams are neighbours when one is the other with one
+    event removed (the paper's Section 2). ``step_batch`` may take many events
+    for one time step, each still limited to Delta0 items.
+
+    Noise is a function of (key, stream, item, cell): two different streams
+    released under one key must use different ``stream`` names, and a stream
+    must not be released twice with edited data under the same key and name
+    (the difference of the two releases would be the difference of the data).
 
     Utility (``thm:BinMechUtility``): the count at t has variance
     |I_t(r)| L_r tau^2 <= (r - 1) L_r^2 tau^2.
