@@ -52,7 +52,7 @@ def brute_force_release(m, stream, t):
     total: dict = {}
     for level, j in tree.cells_at(t, m.base):
         hist = block_histogram(stream, level, j, m.base)
-        purpose = f"{m.stream}/meta-{m.oneshot}/cell-{level}-{j}"
+        purpose = f"{m.noise_scope}/cell-{level}-{j}"
         if m.oneshot == "gaussian":
             out = gaussian_histogram({u: hist.get(u, 0) for u in m.domain}, tau=tau, key=m.key,
                                      purpose=purpose)

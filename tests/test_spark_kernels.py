@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpstream.mechanisms.known import KnownDomainHistogram, tree_purpose
+from dpstream.mechanisms.known import KnownDomainHistogram
 
 from .conftest import fixed_key
 
@@ -21,7 +21,7 @@ kernels = pytest.importorskip("dpstream.spark.kernels")
 def _spec(m: KnownDomainHistogram) -> object:
     return kernels.ReleaseSpec(mechanism="KnownBase", horizon=m.horizon, base=m.base,
                                cell_std=float(np.sqrt(m.levels) * m.tau),
-                               purpose=tree_purpose(m.stream))
+                               purpose=m.tree_purpose)
 
 
 def test_step_kernel_matches_local_release_across_batches() -> None:

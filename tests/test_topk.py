@@ -202,7 +202,7 @@ print(";".join(out))
 
 
 def test_first_selection_is_known_gumbel_with_tau2():
-    """The first selection is KnownGumb_k(h; tau_2), no counts, purpose "<stream>/topk/select-0"."""
+    """The first selection is KnownGumb_k(h; tau_2), no counts, purpose "<scope>/select-0"."""
     d = 40
     counts = (np.arange(d) * 7) % 13
     for rep in range(5):
@@ -210,13 +210,13 @@ def test_first_selection_is_known_gumbel_with_tau2():
         m = ContinualTopK(range(d), 50, k=4, switches=2, eta=1.0, key=key, tau=2.0, stream="s")
         rel = m.release(5, counts)
         ref = gumbel_top_k(counts, items=list(range(d)), k=4, tau=math.sqrt(3) * 2.0, key=key,
-                           purpose="s/topk/select-0", with_counts=False)
+                           purpose=f"{m.noise_scope}/select-0", with_counts=False)
         assert tuple(rel.items) == ref.items
 
 
 def test_counters_are_keyed_tree_counters_and_survive_reselection():
     """Brute force: every released count is h_t^u + sum over I_t of N(0, L tau_2^2) cells,
-    drawn under purpose "<stream>/topk/counter-n" where n is the selection at which u last
+    drawn under purpose "<scope>/counter-n" where n is the selection at which u last
     entered the released set. So an item kept across a re-selection keeps its counter and a
     re-entering item gets a fresh one.
     """
@@ -238,7 +238,7 @@ def test_counters_are_keyed_tree_counters_and_survive_reselection():
         for u in now - prev:
             generation[u] = n
         for u, v in zip(rel.items, rel.values, strict=True):
-            src = NoiseSource(key, f"bf/topk/counter-{generation[u]}")
+            src = NoiseSource(key, f"{m.noise_scope}/counter-{generation[u]}")
             prep = src.prepare([u])
             noise = 0.0
             for lv, j in tree.cells_at(t, m.base):
@@ -278,7 +278,9 @@ def test_release_meta_and_errors_leave_state_unchanged():
     bad_eta = {"v": 1.0}
     m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: bad_eta["v"], key=key,
                       rho=1.0)
-    ref = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=1.0, key=key, rho=1.0)
+    # a callable eta in both (the noise scope fingerprints eta: a number vs a callable differ)
+    ref = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
+                        rho=1.0)
     with pytest.raises(dps.InvalidEventError, match="not in the domain"):
         m.step(["zz"])
     with pytest.raises(TypeError, match="str"):

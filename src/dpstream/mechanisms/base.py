@@ -7,6 +7,8 @@ mutating).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,6 +27,7 @@ __all__ = [
     "check_base",
     "normalise_event",
     "check_stream_name",
+    "config_tag",
     "check_key",
     "check_count_value",
     "check_count_array",
@@ -153,6 +156,33 @@ def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
     if len(index) != len(items):
         raise ValueError("domain items must be distinct")
     return items, index
+
+
+def config_tag(**params: object) -> str:
+    """A short fingerprint of the settings that shape a mechanism's noise.
+
+    Noise purposes carry it, so two runs under one key and stream name with
+    different settings (another tau, base, horizon, k, ...) draw independent
+    noise: otherwise the same standard draws, scaled differently or added to
+    cells of other spans, would let the two releases be solved for the true
+    counts. Identical settings replay identical noise (a restart, another
+    engine). Floats are fingerprinted exactly (``float.hex``); a callable
+    cannot be, and counts as ``"callable"``.
+    """
+
+    def canon(value: object) -> object:
+        if isinstance(value, (bool, np.bool_)) or value is None:
+            return value
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+        if isinstance(value, (float, np.floating)):
+            return float(value).hex()
+        if callable(value):
+            return "callable"
+        return str(value)
+
+    text = json.dumps({k: canon(v) for k, v in params.items()}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def check_stream_name(stream: object) -> str:

@@ -8,6 +8,7 @@ setting.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ from .base import (
     check_max_items,
     check_next_step,
     check_stream_name,
+    config_tag,
     domain_counts,
     normalise_event,
     resolve_privacy,
@@ -35,15 +37,16 @@ from .tree_noise import TreeNoise
 __all__ = ["KnownDomainHistogram", "TreeCounter", "tree_purpose"]
 
 
-def tree_purpose(stream: str) -> str:
-    """The noise purpose of the tree cells of stream ``stream``.
+def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float) -> str:
+    """The noise purpose of the tree cells of stream ``stream`` with these settings.
 
-    KnownBase, UnkBase and the stand-alone TreeCounter of a stream share it on
-    purpose: the paper's UnkBase adds to a discovered item "the same
-    realization" KnownBase would, and that is what lets a user switch between
-    them. Different streams under one key must use different names.
+    KnownBase, UnkBase and the stand-alone TreeCounter share it when their tree
+    (T, r) and cell noise scale agree: the paper's UnkBase adds to a discovered
+    item "the same realization" KnownBase would. Other settings give
+    independent noise (see :func:`~dpstream.mechanisms.base.config_tag`).
+    Different streams under one key must use different names.
     """
-    return f"{stream}/tree"
+    return f"{stream}/tree@{config_tag(horizon=horizon, base=base, cell_std=cell_std)}"
 
 
 class KnownDomainHistogram:
@@ -123,8 +126,11 @@ class KnownDomainHistogram:
             gaussian_exact=True, mechanism=self.mechanism_name, theorem=self.theorem,
         )
         self.key = key
-        source = NoiseSource(key, tree_purpose(self.stream))
-        self._noise = TreeNoise(source, self.horizon, self.base, np.sqrt(self.levels) * self.tau)
+        cell_std = math.sqrt(self.levels) * self.tau
+        self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
+                                         cell_std=cell_std)
+        source = NoiseSource(key, self.tree_purpose)
+        self._noise = TreeNoise(source, self.horizon, self.base, cell_std)
         self._noise.add_items(source.prepare(self.domain))
         self._counts = np.zeros(len(self.domain), dtype=np.int64)
         self.t = 0

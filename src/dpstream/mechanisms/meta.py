@@ -30,6 +30,7 @@ from .base import (
     check_max_items,
     check_next_step,
     check_stream_name,
+    config_tag,
     normalise_event,
     resolve_privacy,
 )
@@ -113,7 +114,9 @@ class MetaHistogram:
     discarding it, since every cell has its own noise. Memory holds the block
     histograms of the open cells (one per level) and the noisy cells still in
     I_t (at most r - 1 per level, summed per level); a level's noisy cells are
-    freed when its digit rolls over. Nothing grows with T.
+    freed when its digit rolls over. Nothing grows with T for the known-domain
+    variants (O(L_r d)); for the unknown-domain ones an open cell's histogram
+    holds every distinct item seen in its span, so memory is O(distinct items).
 
     Args:
         horizon: T.
@@ -220,13 +223,19 @@ class MetaHistogram:
         self.cell_tau = math.sqrt(self.levels) * self.tau
         self.cell_delta = (None if self.threshold_delta is None
                            else self.threshold_delta / self.levels)
+        # every cell purpose carries the noise-shaping settings (see base.config_tag)
+        self.noise_scope = f"{self.stream}/meta-{oneshot}@" + config_tag(
+            horizon=self.horizon, base=self.base, cell_tau=self.cell_tau,
+            cell_delta=self.cell_delta, k=getattr(self, "k", None),
+            kbar=getattr(self, "kbar", None), max_items=self.max_items,
+        )
 
         # -- state -----------------------------------------------------------------------
         self.t = 0
         if known:
             d = len(self._index)
             # keyed item ids do not depend on the purpose: hash the domain once
-            self._ids = NoiseSource(key, f"{self.stream}/meta-{oneshot}").item_ids(self._index)
+            self._ids = NoiseSource(key, self.noise_scope).item_ids(self._index)
             self._open = np.zeros((self.levels, d), dtype=np.int64)  # open block histograms
         else:
             self._open_maps: list[Counter[Hashable]] = [Counter() for _ in range(self.levels)]
@@ -351,7 +360,7 @@ class MetaHistogram:
     # -- cells ---------------------------------------------------------------------------
     def cell_purpose(self, level: int, index: int) -> str:
         """The noise purpose of cell (level, index)."""
-        return f"{self.stream}/meta-{self.oneshot}/cell-{level}-{index}"
+        return f"{self.noise_scope}/cell-{level}-{index}"
 
     def _noisy_cell(self, level: int, j: int) -> tuple[list[Hashable] | None, np.ndarray]:
         """Run the one-shot mechanism on the block histogram of the closed cell (level, j).

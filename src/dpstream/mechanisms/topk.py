@@ -27,6 +27,7 @@ from .base import (
     check_key,
     check_next_step,
     check_stream_name,
+    config_tag,
     domain_counts,
     normalise_event,
     resolve_privacy,
@@ -61,6 +62,13 @@ def utility_eta(
     once the new leader is alpha_3 ahead with alpha_3 - alpha_2 >=
     2 alpha_BM + 2 alpha_AT (``eq:alphaGap``).
     """
+    if not (isinstance(tau, (int, float, np.integer, np.floating)) and 0 < tau < math.inf):
+        raise ValueError(f"tau must be finite and > 0, got {tau!r}")
+    if not (isinstance(beta, (float, np.floating)) and 0 < beta < 1):
+        raise ValueError(f"beta must be a float in (0, 1), got {beta!r}")
+    for name, value, low in (("switches", switches, 0), ("domain_size", domain_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     s = int(switches)
     levels = num_levels(horizon, base)
     alpha_bm = tau * levels * math.sqrt(2 * (s + 1) * (base - 1) * math.log(6 * horizon / beta))
@@ -102,14 +110,17 @@ class ContinualTopK:
     (including one dropped earlier and selected again) gets a fresh counter,
     exactly as the algorithm's "set hhat^i = BinMech(sigma^i; tau_2)".
 
-    Noise addressing (key, purpose, item, (level, index), draw), so a restart replays it:
+    Noise addressing (key, purpose, item, (level, index), draw), so a restart replays it.
+    ``noise_scope`` is ``f"{stream}/topk@{tag}"`` where the tag fingerprints T, r,
+    tau, k, s and eta (:func:`~dpstream.mechanisms.base.config_tag`), so runs
+    with other settings under the same key and stream draw independent noise:
 
     * selection number n (0 for the first, n = 1..s for the re-selections):
-      purpose ``f"{stream}/topk/select-{n}"``, Gumbel at (0, 0, draw=0), the
+      purpose ``f"{noise_scope}/select-{n}"``, Gumbel at (0, 0, draw=0), the
       one-shot convention of ``dpstream.oneshot``;
     * counter of an item newly selected at selection n: purpose
-      ``f"{stream}/topk/counter-{n}"``, tree cells (level >= 1, j, draw=0);
-    * sparse vector, purpose ``f"{stream}/topk/svt"``: the threshold noise of epoch
+      ``f"{noise_scope}/counter-{n}"``, tree cells (level >= 1, j, draw=0);
+    * sparse vector, purpose ``f"{noise_scope}/svt"``: the threshold noise of epoch
       n (after n switches) is the scalar Laplace at (0, n, 0); the query noise
       of item u at step t in epoch n is u's Laplace at (0, t, draw=n). Each step
       is checked once, so no (t, n) address is used twice.
@@ -188,8 +199,13 @@ class ContinualTopK:
         )
         self.tau_1 = math.sqrt(self.switches) * self.tau
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
+        # every purpose carries the noise-shaping settings (see base.config_tag)
+        self.noise_scope = f"{self.stream}/topk@" + config_tag(
+            horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
+            switches=self.switches, eta=eta,
+        )
         # keyed item identifiers do not depend on the purpose: hash the domain once
-        self._svt = NoiseSource(key, f"{self.stream}/topk/svt")
+        self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
         self._ids = self._svt.item_ids(self.domain)
         self._svt_prepared = self._svt.prepare_ids(self._ids) if self.switches else None
         self._counts = np.zeros(d, dtype=np.int64)
@@ -209,7 +225,10 @@ class ContinualTopK:
             value, (int, float, np.integer, np.floating)
         ):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an int past the float range
+            raise ValueError(f"{name} must be finite and >= 0, got {value!r}") from None
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
         return value
@@ -288,7 +307,7 @@ class ContinualTopK:
     def _select(self, t: int, counts: np.ndarray) -> None:
         """Selection number n = self._selections at step t: KnownGumb_k(h_t; tau_2), no counts."""
         n = self._selections
-        source = NoiseSource(self.key, f"{self.stream}/topk/select-{n}")
+        source = NoiseSource(self.key, f"{self.noise_scope}/select-{n}")
         sel = gumbel_select_kernel(source, source.prepare_ids(self._ids), counts, self.k,
                                    self.tau_2)
         keep = set(sel.tolist())
@@ -303,7 +322,7 @@ class ContinualTopK:
         # fresh counters (generation n) for newly selected items
         new = [pos for pos in sel.tolist() if pos not in self._where]
         if new:
-            csrc = NoiseSource(self.key, f"{self.stream}/topk/counter-{n}")
+            csrc = NoiseSource(self.key, f"{self.noise_scope}/counter-{n}")
             tn = TreeNoise(csrc, self.horizon, self.base, math.sqrt(self.levels) * self.tau_2)
             tn.add_items(csrc.prepare_ids(self._ids[new]))
             tn.advance(t)

@@ -289,9 +289,11 @@ class UnknownDomainHistogram:
             threshold_delta=self.threshold_delta,
         )
         self.key = key
-        self._source = NoiseSource(key, tree_purpose(self.stream))
-        self._noise = TreeNoise(self._source, self.horizon, self.base,
-                                math.sqrt(self.levels) * self.tau)
+        cell_std = math.sqrt(self.levels) * self.tau
+        self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
+                                         cell_std=cell_std)
+        self._source = NoiseSource(key, self.tree_purpose)
+        self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         self._index: dict[Hashable, int] = {}
         cap = 16
         self._items = np.empty(cap, dtype=object)

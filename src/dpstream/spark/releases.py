@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..mechanisms.base import check_max_items, check_next_step
-from ..mechanisms.known import KnownDomainHistogram, tree_purpose
+from ..mechanisms.known import KnownDomainHistogram
 from ..noise import NoiseKey
 from .kernels import KNOWN, UNKNOWN, ReleaseSpec, release_step_batch, release_steps_batch
 
@@ -324,7 +324,7 @@ class SparkKnownBase(_SparkRelease):
         m = self.mechanism
         self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
                                 cell_std=float(np.sqrt(m.levels) * m.tau),
-                                purpose=tree_purpose(m.stream))
+                                purpose=m.tree_purpose)
         super().__init__(spark, key, item_col, count_col)
 
     def counts_with_domain(self, counts: DataFrame, domain: DataFrame) -> DataFrame:
@@ -464,7 +464,7 @@ class SparkUnknownBase(_SparkRelease):
         m = self.mechanism
         self.spec = ReleaseSpec(mechanism=UNKNOWN, horizon=m.horizon, base=m.base,
                                 cell_std=float(np.sqrt(m.levels) * m.tau),
-                                purpose=tree_purpose(m.stream), threshold=float(m.threshold),
+                                purpose=m.tree_purpose, threshold=float(m.threshold),
                                 remember=m.remember)
         super().__init__(spark, key, item_col, count_col)
 
