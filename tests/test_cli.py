@@ -414,3 +414,271 @@ def test_plan_text(capsys):
                  "--delta", "1e-6"]) == 0
     out = capsys.readouterr().out
     assert "items need about" in out and "95% interval" in out and "r* = " in out
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+UNK = ["-m", "unknown", "-T", "50", "--max-items", "1", "--rho", "1", "--threshold-delta",
+       "1e-3", "--no-round"]
+
+
+def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsys):
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    src = files.dir / "ev.csv"
+    src.write_text("event,item\ne1,a\ne2,b\ne1,c\n")
+    out = files.dir / "out.jsonl"
+    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+                 "-o", str(out)]) == 1
+    assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
+    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
+                "--on-invalid", "skip") == 0
+    mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
+                                  threshold_delta=1e-3)
+    _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]], ("threshold", "remember"),
+                 rounded=False)
+
+
+def test_csv_unclosed_quote_is_an_error_naming_its_first_line(files, capsys):
+    src = files.dir / "ev.csv"
+    src.write_text('event,item\n0,"oops\n1,a\n2,a\n3,a\n')
+    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+                 "-o", str(files.dir / "out.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "input line 2: " in err and "unclosed quote" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("role", ["input", "key", "state", "domain", "config", "symlink",
+                                  "hardlink"])
+def test_output_that_is_another_file_is_refused_before_anything_is_opened(files, role,
+                                                                         capsys):
+    cfg = files.dir / "run.toml"
+    cfg.write_text("horizon = 40\n")
+    state = files.dir / "s.sqlite"
+    state.write_bytes(b"")
+    link = files.dir / "link.jsonl"
+    if role == "symlink":
+        link.symlink_to(files.input)
+    if role == "hardlink":
+        os.link(files.input, link)
+    target = {"input": files.input, "key": files.key_path, "state": str(state),
+              "domain": files.domain, "config": str(cfg), "symlink": str(link),
+              "hardlink": str(link)}[role]
+    before = {p: Path(p).read_bytes() for p in (files.input, files.key_path, files.domain, cfg)}
+    rc = main(["run", "--config", str(cfg), "--domain", files.domain, "--max-items", "2",
+               "--rho", "1", "--key-file", files.key_path, "-i", files.input,
+               "--state", str(state), "-o", target])
+    err = capsys.readouterr().err
+    assert rc == 1 and "is the same file as" in err and err.count("\n") == 1
+    assert {p: Path(p).read_bytes() for p in before} == before
+    assert state.read_bytes() == b""  # not even opened as a database
+
+
+def test_state_that_is_another_file_is_refused(files, capsys):
+    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+                "--key-file", files.key_path, "-i", files.input, "--state",
+                files.key_path, "-o", str(files.dir / "out.jsonl")) == 1
+    assert "--state" in capsys.readouterr().err
+    files.key.__class__.load(files.key_path)  # the key is intact
+
+
+def test_gz_output_is_refused(files, capsys):
+    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+                "--key-file", files.key_path, "-i", files.input,
+                "-o", str(files.dir / "out.csv.gz")) == 1
+    assert "compressed output" in capsys.readouterr().err
+    assert not (files.dir / "out.csv.gz").exists()
+
+
+def _stopped_run(files, lines, *extra):
+    """A --state run stopped by an invalid last line: steps committed, not finished."""
+    src = files.dir / "ev.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out, state = files.dir / "out.jsonl", files.dir / "s.sqlite"
+    cmd = [*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
+           "--state", str(state), *extra]
+    return src, out, state, cmd
+
+
+def test_resume_checks_the_output_holds_the_last_committed_release(files, capsys):
+    src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]', "bad"])
+    assert _run(*cmd) == 1
+    capsys.readouterr()
+    committed = out.read_bytes()
+    src.write_text('["a"]\n["b"]\n["c"]\n')
+    # the same length, other bytes in the last committed step: another file
+    out.write_bytes(committed[:-5] + b"9" + committed[-4:])
+    changed = out.read_bytes()
+    assert _run(*cmd) == 1
+    err = capsys.readouterr().err
+    assert "does not hold the release of step 2" in err and err.count("\n") == 1
+    assert out.read_bytes() == changed  # refused before truncating
+    out.write_bytes(committed + b"half a line")  # a release written but not committed
+    assert _run(*cmd) == 0
+    ref = files.dir / "ref.jsonl"
+    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(ref)) == 0
+    assert out.read_bytes() == ref.read_bytes()
+
+
+def test_output_that_cannot_be_opened_leaves_the_state_usable(files, capsys):
+    src, out, state, cmd = _stopped_run(files, ['["a"]'])
+    missing_dir = files.dir / "nodir" / "out.jsonl"
+    bad = [a if a != str(out) else str(missing_dir) for a in cmd]
+    assert _run(*bad) == 1
+    capsys.readouterr()
+    assert _run(*cmd) == 0  # another output: accepted, nothing was released
+    assert len(_read_jsonl(out)) == 1
+
+
+def test_a_state_with_no_committed_step_accepts_new_parameters(files, capsys):
+    src, out, state, cmd = _stopped_run(files, ["bad", '["a"]', '["b"]'])
+    assert _run(*cmd) == 1
+    assert "input line 1" in capsys.readouterr().err
+    assert _run(*cmd, "--on-invalid", "skip") == 0  # what the error suggests
+    assert [line["t"] for line in _read_jsonl(out)] == [1, 2]
+
+
+def test_a_state_with_an_uncommitted_release_keeps_its_parameters(files, capsys):
+    src, out, state, cmd = _stopped_run(files, ["bad", '["a"]'])
+    assert _run(*cmd) == 1
+    capsys.readouterr()
+    out.write_bytes(b'{"t": 1, "released": {}}\n')  # as if killed before the commit
+    assert _run(*cmd, "--on-invalid", "skip") == 1
+    err = capsys.readouterr().err
+    assert "other parameters" in err and f"delete {state}" in err and err.count("\n") == 1
+
+
+def test_a_finished_run_refuses_an_input_that_grew(files, capsys):
+    src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]'])
+    assert _run(*cmd) == 0
+    finished = out.read_bytes()
+    assert _run(*cmd) == 0  # unchanged input: nothing to do
+    with open(src, "a") as fh:
+        fh.write('["c"]\n')
+    assert _run(*cmd) == 1
+    err = capsys.readouterr().err
+    assert "input line 3" in err and "never releases again" in err
+    assert out.read_bytes() == finished
+
+
+def test_readme_commands_run(tmp_path, monkeypatch):
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("## On the command line", 1)[1].split("```bash", 1)[1].split("```")[0]
+    commands = [shlex.split(c.split("#")[0]) for c in block.replace("\\\n", " ").splitlines()
+                if c.strip()]
+    assert [c[:2] for c in commands] == [["dpstream", "keygen"], ["dpstream", "plan"],
+                                         ["dpstream", "run"]]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "events.jsonl").write_text('{"items": ["a", "b"], "t": 3}\n["a", "b"]\n')
+    for argv in commands:
+        assert main(argv[1:]) == 0, argv
+    assert [line["t"] for line in _read_jsonl(tmp_path / "releases.jsonl")] == [1, 2, 3, 4]
+
+
+def test_byte_order_marks_in_config_domain_and_input(files):
+    cfg = files.dir / "run.toml"
+    cfg.write_bytes(b"\xef\xbb\xbfhorizon = 40\n")
+    dom = files.dir / "dom.txt"
+    dom.write_bytes(b"\xef\xbb\xbf" + "\n".join(DOMAIN).encode() + b"\n")
+    src = files.dir / "bom.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + Path(files.input).read_bytes())
+    out = files.dir / "out.jsonl"
+    assert _run("--config", str(cfg), "--domain", str(dom), "--max-items", "2", "--rho", "1",
+                "--key-file", files.key_path, "-i", str(src), "-o", str(out)) == 0
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
+
+
+def _gz(tmp_path, kind):
+    import gzip
+
+    data = gzip.compress(b"".join(b'["a%d"]\n' % i for i in range(3000)))
+    if kind == "truncated":
+        data = data[: len(data) // 2]
+    elif kind == "corrupt":
+        data = data[:40] + bytes(160) + data[200:]
+    else:
+        data = b"not gzip at all\n"
+    path = tmp_path / f"{kind}.jsonl.gz"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["truncated", "corrupt", "not-gzip"])
+def test_a_bad_gz_input_is_a_one_line_error(files, capsys, kind):
+    rc = _run("-m", "unknown", "-T", "5000", "--max-items", "1", "--rho", "1",
+              "--threshold-delta", "1e-3", "--key-file", files.key_path, "--on-invalid",
+              "skip", "-i", str(_gz(files.dir, kind)), "-o", str(files.dir / "out.jsonl"))
+    err = capsys.readouterr().err
+    assert rc == 1 and "truncated or corrupt" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content,message", [
+    (b'["a"]\n["b\xff"]\n', "not valid UTF-8"),
+    (b'["a"]\n["\\udc80"]\n', "surrogate"),
+    (b'["a"]\n' + b"[" * 100_000 + b"\n", "nested too deeply"),
+    (b'["a"]\n{"t": ' + b"7" * 5000 + b', "items": ["a"]}\n', "too many digits"),
+    (b'["a"]\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n', "past the horizon"),
+])
+def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, content, message):
+    src = files.dir / "bad.jsonl"
+    src.write_bytes(content)
+    out = files.dir / "out.jsonl"
+    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+                 "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "input line 2: " in err and message in err and err.count("\n") == 1
+    assert len(err) < 300  # no 4,000-digit number in the message
+    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
+                "--on-invalid", "skip") == 0
+    # a record past the horizon takes the input there: steps 2..T are released, empty
+    last = 50 if "horizon" in message else 1
+    assert [line["t"] for line in _read_jsonl(out)] == list(range(1, last + 1))
+
+
+def test_untimed_event_past_the_horizon_says_which_step(files, capsys):
+    src = files.dir / "ev.jsonl"
+    src.write_text('["a"]\n["a"]\n')
+    assert main(["run", *UNK[:2], "-T", "1", *UNK[4:], "--key-file", files.key_path,
+                 "-i", str(src), "-o", str(files.dir / "o.jsonl")]) == 1
+    assert "input line 2: time step 2 is past the horizon --horizon 1" in \
+        capsys.readouterr().err
+
+
+def test_broken_pipe_exits_quietly(files, tmp_path):
+    src = tmp_path / "many.jsonl"
+    src.write_text('["a"]\n' * 5000)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen([sys.executable, "-m", "dpstream", "run", "-q", *UNK[:2], "-T",
+                             "5000", *UNK[4:], "--key-file", files.key_path, "-i", str(src)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b'{"t": 1')
+    proc.stdout.close()  # like `| head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) in (0, 141)
+    assert err == ""
+
+
+def test_help_texts(capsys):
+    parser = build_parser()
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+               ).choices["run"]
+    helps = {a.dest: a.help for a in run._actions}
+    assert helps["time_column"].count("default") == 1
+    assert "required for top-k" in helps["k"] and "required for top-k" in helps["switches"]
+    assert "8 ms per step" in helps["fsync"] and "--no-fsync" in helps["fsync"]
+
+
+def test_plan_reads_a_config_written_for_run(files, capsys):
+    cfg = files.dir / "run.toml"
+    cfg.write_text(f'horizon = 40\nmechanism = "unknown"\nmax-items = 2\nrho = 1.0\n'
+                   f'threshold-delta = 1e-3\nkey-file = "{files.key_path}"\n'
+                   f'input = "{files.input}"\nstate = "s.sqlite"\nfsync = false\n')
+    info = _plan(capsys, "--config", str(cfg))
+    assert info["horizon"] == 40 and info["mechanism"] == "unknown"
+    cfg.write_text("horizon = 40\nbogus = 1\n")
+    assert main(["plan", "--config", str(cfg), "--rho", "1"]) == 1
+    assert "bogus" in capsys.readouterr().err

@@ -44,3 +44,14 @@ def test_demo_known_mechanism_with_key_file(tmp_path, capsys):
     assert main(["demo", "--mechanism", "known", "--key-file", str(tmp_path / "k"),
                  "--no-plot", "--zipf-steps", "50", "--zipf-items", "40"]) == 0
     assert "KnownBase" in capsys.readouterr().out
+
+
+def test_demo_prints_rounded_private_counts(capsys):
+    import re
+
+    assert main(["demo", "--no-plot", "--zipf-steps", "50", "--zipf-items", "40"]) == 0
+    rows = [line.split("│") for line in capsys.readouterr().out.splitlines()
+            if line.count("│") == 5]
+    private = [r[3].strip() for r in rows]  # item | true | private | private - true
+    assert sum(bool(re.fullmatch(r"-?\d+", p)) for p in private) >= 5
+    assert all(re.fullmatch(r"-?\d+|not shown|", p) for p in private), private

@@ -123,3 +123,79 @@ def test_keyed_truncation_is_deterministic_and_not_first_k():
     sd = (n * 0.25) ** 0.5
     for i, c in kept.items():
         assert abs(c - n / 2) <= Z_TOL * sd, (i, c)
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+def test_read_csv_reappearing_event_is_invalid_not_a_second_event():
+    # e1's rows are not consecutive: read as two events, e1 would count 2 items under
+    # a bound of 1 item per event. The second block must be an invalid record.
+    recs = list(read_csv(io.StringIO("event,item\ne1,a\ne2,b\ne1,c\n")))
+    assert recs[:2] == [RawEvent(2, None, ("a",), None), RawEvent(3, None, ("b",), None)]
+    assert recs[2].line == 4 and recs[2].items is None
+    assert "'e1' reappears" in recs[2].error and "line 2" in recs[2].error
+
+
+def test_read_csv_reappearance_memory_is_whole_step_and_bounded_across_steps(monkeypatch):
+    import dpstream.io as dio
+
+    monkeypatch.setattr(dio, "RECENT_EVENT_IDS", 2)
+    # within a step (t = 1): every id is remembered, however many came between
+    step = "".join(f"e{i},a,1\n" for i in range(5))
+    recs = list(read_csv(io.StringIO("event,item,t\n" + step + "e0,b,1\n"), time_column="t"))
+    assert [r.error is None for r in recs] == [True] * 5 + [False]
+    # across steps: the open step's ids and the last 2 of earlier steps (the documented
+    # bound), so e0 is caught after 2 other ids of earlier steps, no longer after 3
+    caught = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne0,b,3\n"
+    missed = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne3,a,4\ne0,b,4\n"
+    assert "reappears" in list(read_csv(io.StringIO(caught), time_column="t"))[-1].error
+    assert list(read_csv(io.StringIO(missed), time_column="t"))[-1].error is None
+    # without a time column every event is a step of its own
+    recs = list(read_csv(io.StringIO("event,item\ne0,a\ne1,a\ne0,b\n")))
+    assert "reappears" in recs[-1].error
+
+
+def test_read_csv_unclosed_quote_is_invalid_and_names_the_line_it_started():
+    to_eof = list(read_csv(io.StringIO('event,item\n0,"oops\n1,a\n2,a\n3,a\n')))
+    assert len(to_eof) == 1 and to_eof[0].line == 2 and "unclosed quote" in to_eof[0].error
+    closed_later = list(read_csv(io.StringIO('event,item\n0,"oops\n1,a\n2,a"\n3,a\n')))
+    assert closed_later[0].line == 2 and "spans lines" in closed_later[0].error
+    assert closed_later[1] == RawEvent(5, None, ("a",), None)
+    junk = list(read_csv(io.StringIO('event,item\n0,"a"b\n1,c\n')))  # strict: '"' then 'b'
+    assert junk[0].line == 2 and junk[0].error and junk[1] == RawEvent(3, None, ("c",), None)
+    long = list(read_csv(io.StringIO("event,item\n0," + "x" * 1001 + "\n1,a\n")))
+    assert "1001 characters" in long[0].error and long[1].error is None
+    assert list(read_csv(io.StringIO("event,item\n0," + "x" * 1000 + "\n")))[0].error is None
+
+
+def test_bad_text_is_an_invalid_record_with_its_line(tmp_path):
+    from dpstream.io import open_input
+
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(b'["a"]\n["b\xff"]\n["\\ud800"]\n' + b"[" * 50_000 + b"\n"
+                     + b'{"t": ' + b"9" * 5000 + b', "items": []}\n["c"]\n')
+    with open_input(str(path)) as fh:
+        recs = list(read_jsonl(fh))
+    assert [r.line for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert recs[0].items == ("a",) and recs[5].items == ("c",)
+    assert "UTF-8" in recs[1].error and "surrogate" in recs[2].error
+    assert "nested too deeply" in recs[3].error and "digits" in recs[4].error
+    csv_path = tmp_path / "e.csv"
+    csv_path.write_bytes(b"event,item\n1,a\xff\n2,b\n")
+    with open_input(str(csv_path)) as fh:
+        recs = list(read_csv(fh))
+    assert "UTF-8" in recs[0].error and recs[1] == RawEvent(3, None, ("b",), None)
+
+
+def test_inputs_may_start_with_a_byte_order_mark(tmp_path):
+    from dpstream.io import open_input
+
+    (tmp_path / "e.jsonl").write_bytes(b'\xef\xbb\xbf["a"]\n')
+    (tmp_path / "e.csv").write_bytes(b"\xef\xbb\xbfevent,item\n1,a\n")
+    (tmp_path / "d.txt").write_bytes(b"\xef\xbb\xbfa\nb\n")
+    with open_input(str(tmp_path / "e.jsonl")) as fh:
+        assert list(read_jsonl(fh)) == [RawEvent(1, None, ("a",), None)]
+    with open_input(str(tmp_path / "e.csv")) as fh:
+        assert list(read_csv(fh)) == [RawEvent(2, None, ("a",), None)]
+    assert read_domain(str(tmp_path / "d.txt")) == ["a", "b"]

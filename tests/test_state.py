@@ -71,3 +71,23 @@ def test_not_a_database(tmp_path):
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StateError):
         Checkpoint(str(path)).load()
+
+
+def test_a_run_is_replaced_only_while_no_step_is_committed(tmp_path):
+    other = {**IDENT, "params": canonical_json({"b": 2})}
+    with Checkpoint(str(tmp_path / "s.sqlite")) as ck:
+        ck.start(**IDENT)
+        ck.start(**other, replace=True)  # nothing released yet: new parameters are fine
+        ck.verify(ck.load(), **other)
+        ck.commit(1, offset=10, release_sha256="r", input_sha256="i", events=1)
+        with pytest.raises(StateError, match="cannot be replaced"):
+            ck.start(**IDENT, replace=True)
+        ck.verify(ck.load(), **other)  # unchanged
+
+
+def test_finished_summary_is_read_back(tmp_path):
+    with Checkpoint(str(tmp_path / "s.sqlite")) as ck:
+        ck.start(**IDENT)
+        assert ck.load().summary is None
+        ck.finish({"steps": 0, "input_records": 3})
+        assert ck.load().summary == {"steps": 0, "input_records": 3}

@@ -6,7 +6,16 @@ small registry (each mechanism module is imported only when asked for),
 writes one release per time step, and with ``--state`` checkpoints every step
 in SQLite (``dpstream.state``) so that a killed run resumes exactly where it
 stopped. Errors are one line on stderr with exit status 1 (``--debug`` shows
-the traceback); usage errors exit with status 2.
+the traceback); usage errors exit with status 2; a closed pipe on stdout
+(``dpstream run ... | head``) ends the run quietly with status 141.
+
+Before anything is opened, ``run`` refuses an output or state file that is
+the input, the key, the domain, the config or each other (through links
+too). With ``--state``, a run is recorded only once its output is open; a
+recorded run with no committed step and no release in its output is replaced
+by the next one (new parameters allowed); a resumed run first checks that the
+output still holds the last committed release; and a finished run refuses an
+input that has grown since (it never releases again).
 
 Exactly-once output needs a file: with ``--output -`` (stdout) and
 ``--state``, a resumed run writes only the steps after the last committed one,
@@ -26,8 +35,9 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from .errors import DPStreamError, InvalidEventError, StateError
@@ -235,9 +245,9 @@ MECH_OPTS: tuple[Opt, ...] = (
         "Delta0, the most distinct items one event may hold (known, unknown; optional for meta)",
         None, _positive_int, metavar="N"),
     Opt(("--k",), "k", "how many items top-k (and meta's top-k one-shots) release",
-        None, _positive_int),
+        None, _positive_int, default_text="none; required for top-k"),
     Opt(("--switches",), "switches", "top-k: the most re-selections of the top-k (s)",
-        None, _nonneg_int, metavar="S"),
+        None, _nonneg_int, metavar="S", default_text="none; required for top-k"),
     Opt(("--eta",), "eta",
         "top-k: how far (in counts) an outside item must lead before a switch; 'auto' is "
         f"the paper's eq:eta with beta={ETA_BETA}", "auto", _eta),
@@ -273,11 +283,14 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--input-format",), "input_format", "jsonl or csv; auto = csv for *.csv[.gz], "
         "else jsonl", "auto", str, choices=("auto", "jsonl", "csv")),
     Opt(("--item-column",), "item_column", "CSV input: the item column", "item", str),
-    Opt(("--event-column",), "event_column", "CSV input: the event-id column", "event", str),
-    Opt(("--time-column",), "time_column", "CSV input: the time-step column (default: none, "
-        "each event is a step)", None, str),
+    Opt(("--event-column",), "event_column", "CSV input: the event-id column; the rows of "
+        "one event must be consecutive, an id that comes back later (within its time step, "
+        "or among the last 100,000 ids) is an invalid record", "event", str),
+    Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
+        default_text="none: each event is a step of its own"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
-        "(exactly-once with --state needs a file)", "-", str, metavar="PATH"),
+        "(exactly-once with --state needs a file; not compressed, and not the input, key, "
+        "domain, config or state file)", "-", str, metavar="PATH"),
     Opt(("--output-format",), "output_format", "jsonl or csv; auto = csv for *.csv, else "
         "jsonl", "auto", str, choices=("auto", "jsonl", "csv")),
     Opt(("--round",), "round", "write counts rounded to integers (the default, and the safe "
@@ -292,9 +305,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         choices=("error", "truncate", "skip")),
     Opt(("--state",), "state", "SQLite checkpoint: commit every step, resume after a crash, "
         "refuse another key or parameters", None, str, metavar="FILE.sqlite"),
-    Opt(("--fsync",), "fsync", "with --state, fsync the output and the state at every step "
-        "(durable against power loss; without it, only against a killed process)", True,
-        kind="bool"),
+    Opt(("--fsync",), "fsync", "with --state, fsync the output and the state at every step: "
+        "durable against power loss, but it costs about 8 ms per step on a typical disk "
+        "(a 10,000-step run spends over a minute in fsync). --no-fsync is still safe "
+        "against a killed process (kill -9, out of memory, Ctrl-C): use it when power loss "
+        "or an OS crash is not the concern", True, kind="bool"),
     Opt(("--quiet", "-q"), "quiet", "no progress bar and no summary on stderr", False,
         kind="flag"),
     Opt(("--engine",), "engine", "local (NumPy, one machine) or spark (PySpark, the "
@@ -345,9 +360,12 @@ def _load_config(path: str) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
+    with open(path, "rb") as fh:
+        raw = fh.read()
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # a byte-order mark is allowed
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path!r} is not valid UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path!r}: {exc}") from None
     if isinstance(data.get("run"), dict):  # an optional [run] table
@@ -356,13 +374,19 @@ def _load_config(path: str) -> dict[str, Any]:
 
 
 def merge_options(args: argparse.Namespace, opts: Sequence[Opt],
-                  config: dict[str, Any] | None) -> dict[str, Any]:
-    """Command-line flags over the config file over the defaults, checked like flags."""
+                  config: dict[str, Any] | None,
+                  ignore: Iterable[Opt] = ()) -> dict[str, Any]:
+    """Command-line flags over the config file over the defaults, checked like flags.
+
+    Options of ``ignore`` may appear in the config file and are left out (so
+    that ``plan`` reads a config file written for ``run``).
+    """
     given = vars(args)
     out: dict[str, Any] = {}
     known = {o.dest: o for o in opts}
     if config:
-        unknown = sorted(set(config) - set(known))
+        ignored = {o.dest for o in ignore}
+        unknown = sorted(set(config) - set(known) - ignored)
         if unknown:
             raise ValueError(f"config file: unknown option {unknown[0]!r}")
     for opt in opts:
@@ -403,7 +427,7 @@ input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} ("t" optio
   events sharing t form one step; an event without t is a step of its own) or
   ["a", "b"]. CSV: one row per (event, item), see --event-column/--item-column.
   Items are strings (JSON integers are read as text). *.gz is decompressed.
-output (JSON Lines): one line per step, {"t": 3, "released": {"a": 12.7, ...}}
+output (JSON Lines): one line per step, {"t": 3, "released": {"a": 13, ...}}
   (+ "meta" for the mechanism's public extras, e.g. the threshold); floats are
   rounded to integers (--no-round: exact floats). CSV: t,item,value.
 state: with --state, a killed run resumes where it stopped when run again with
@@ -446,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "top-k's switches and eta; or, with --target-error, the budget needed.",
     )
     plan.add_argument("--config", metavar="FILE.toml", default=None,
-                      help="TOML file with the mechanism options (default: none)")
+                      help="TOML file with the mechanism options; a file written for `run` "
+                           "works, its run-only options are ignored (default: none)")
     add_options(plan, MECH_OPTS + PLAN_OPTS)
 
     demo = sub.add_parser(
@@ -510,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `dpstream run ... | head`: the reader left, quietly stop
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a pipeline cut short
     except (DPStreamError, ValueError, TypeError, OSError) as exc:
         if debug:
             raise
@@ -518,6 +546,16 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"{exc.filename}: {exc.strerror}"
         print(f"{PROG}: error: {' '.join(msg.split())}", file=sys.stderr)
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (e.g. captured in tests)
+        pass
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -559,7 +597,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .noise import NoiseKey
 
     config = _load_config(args.config) if args.config else None
-    opts = merge_options(args, MECH_OPTS + PLAN_OPTS, config)
+    opts = merge_options(args, MECH_OPTS + PLAN_OPTS, config, ignore=RUN_OPTS)
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
@@ -663,16 +701,17 @@ class _Validator:
         self.stats.skipped += 1
         self.stats.reasons[_reason_key(problem)] += 1
 
-    def events(self, records: Sequence[Any], *, past_horizon: int | None = None
-               ) -> list[tuple[str, ...]]:
+    def events(self, records: Sequence[Any], *, past_horizon: int | None = None,
+               t: int | None = None) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = []
         for rec in records:
             if rec.error is not None:
                 self._invalid(rec.line, rec.error)
                 continue
             if past_horizon is not None:
-                self._invalid(rec.line, f"time step {rec.t or 'after'} is past the horizon "
-                                        f"--horizon {past_horizon}")
+                step = rec.t if rec.t is not None else t
+                where = "its time step" if step is None else f"time step {_short_int(step)}"
+                self._invalid(rec.line, f"{where} is past the horizon --horizon {past_horizon}")
                 continue
             items = tuple(dict.fromkeys(rec.items))
             changed = False
@@ -697,9 +736,15 @@ class _Validator:
         return out
 
 
+def _short_int(value: int) -> str:
+    """An integer for a message (a time step may have thousands of digits)."""
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
+
+
 def _reason_key(problem: str) -> str:
     for key in ("past the horizon", "not in the domain", "more than --max-items",
-                "not valid JSON", "time order"):
+                "not valid JSON", "time order", "reappears", "not valid UTF-8"):
         if key in problem:
             return key
     return "malformed"
@@ -713,8 +758,16 @@ def _step_digest(records: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
-def _open_output(path: str, resume_offset: int | None) -> IO[bytes]:
-    """The output as binary; on resume, truncated to the last committed offset."""
+def _open_output(path: str, resume_offset: int | None, *, ckpt: Any = None,
+                 resume_t: int = 0, header: bytes = b"") -> IO[bytes]:
+    """The output as binary; on resume, checked and truncated to the last committed offset.
+
+    Before truncating, the bytes of the last committed step (and the header)
+    must be the ones the state recorded: the file must be the run's output,
+    not another file at the same path, or one changed since.
+    """
+    from .state import sha256_hex
+
     if path == "-":
         return sys.stdout.buffer
     if resume_offset is None:
@@ -724,14 +777,93 @@ def _open_output(path: str, resume_offset: int | None) -> IO[bytes]:
     except FileNotFoundError:
         raise StateError(f"output file {path!r} is missing, but the state records "
                          f"{resume_offset} bytes written to it") from None
-    size = os.fstat(fh.fileno()).st_size
-    if size < resume_offset:
+    try:
+        size = os.fstat(fh.fileno()).st_size
+        if size < resume_offset:
+            raise StateError(f"output file {path!r} has {size} bytes, fewer than the "
+                             f"{resume_offset} the state records as committed; refusing "
+                             "to resume")
+        if resume_t >= 1 and ckpt is not None:
+            begin = len(header)
+            if resume_t > 1:
+                before = ckpt.step(resume_t - 1)
+                if before is None:
+                    raise StateError(f"state file {ckpt.path!r} has no step {resume_t - 1}")
+                begin = before[0]
+            stored = ckpt.step(resume_t)
+            fh.seek(0)
+            head = fh.read(len(header))
+            fh.seek(begin)
+            last = fh.read(resume_offset - begin)
+            if stored is None or head != header or sha256_hex(last) != stored[1]:
+                raise StateError(
+                    f"output file {path!r} does not hold the release of step {resume_t} "
+                    f"that {ckpt.path!r} records as committed (bytes {begin}..{resume_offset}): "
+                    "was it changed or replaced? refusing to resume")
+        fh.truncate(resume_offset)
+        fh.seek(resume_offset)
+    except BaseException:
         fh.close()
-        raise StateError(f"output file {path!r} has {size} bytes, fewer than the "
-                         f"{resume_offset} the state records as committed")
-    fh.truncate(resume_offset)
-    fh.seek(resume_offset)
+        raise
     return fh
+
+
+def _recorded_header(record: Any) -> bytes:
+    """The header the recorded run's output starts with."""
+    from .io import make_formatter
+
+    try:
+        fmt = json.loads(record.params).get("output_format", "jsonl")
+        return make_formatter(fmt).header()
+    except ValueError:
+        return b""
+
+
+def _holds_release(path: str, header: bytes) -> bool:
+    """Whether output file ``path`` holds anything beyond the formatter's header."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(len(header) + 1)
+    except FileNotFoundError:
+        return False
+    return not (len(data) <= len(header) and header.startswith(data))
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (also through links)."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def _check_paths(opts: dict[str, Any], config: str | None) -> None:
+    """Refuse, before opening anything, an output or state file that is another file.
+
+    Writing the releases over the input, the key, the domain, the config or
+    the state file would destroy it (and a key overwritten with releases is
+    lost for good).
+    """
+    output, state = opts["output"], opts["state"]
+    if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
+        raise ValueError(f"--output {output!r}: compressed output is not supported (a resumed "
+                         "run truncates the output to its last committed step); write an "
+                         "uncompressed file and compress it once the run has finished")
+    domain = opts.get("domain")
+    others = [("--input", opts["input"] if opts["input"] != "-" else None),
+              ("--key-file", opts["key_file"]),
+              ("--domain", domain if isinstance(domain, str) else None),
+              ("--config", config)]
+    targets = [("--output", output if output != "-" else None), ("--state", state)]
+    for n, (name, path) in enumerate(targets):
+        if path is None:
+            continue
+        for other_name, other in others + targets[:n]:
+            if other is not None and _same_file(path, other):
+                raise ValueError(f"{name} {path!r} is the same file as {other_name} "
+                                 f"{other!r}: refusing to overwrite it")
 
 
 def _run_on_spark(opts: dict, key: object) -> int:
@@ -762,6 +894,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if opts["key_file"] is None:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
+    _check_paths(opts, args.config)
     _require_budget(opts)
     key = NoiseKey.load(opts["key_file"])
     if opts["engine"] == "spark":
@@ -782,16 +915,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with contextlib.ExitStack() as stack:
         infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
-        if infile is not sys.stdin:
+        if opts["input"] != "-":
             stack.callback(infile.close)
+        elif infile is not sys.stdin:  # a decoding wrapper: leave stdin itself open
+            stack.callback(infile.detach)
         ckpt = None
+        new_run: dict[str, str] | None = None
         resume_t = 0
         resume_offset: int | None = None
         if opts["state"]:
             ckpt = Checkpoint(opts["state"], fsync=opts["fsync"])
             stack.callback(ckpt.close)
-            record = _open_run(ckpt, opts, mech, domain, key, input_format, output_format)
+            record, new_run = _open_run(ckpt, opts, mech, domain, key, input_format,
+                                        output_format)
             if record is not None and record.finished:
+                _check_finished(record, infile, opts, input_format)
                 if not quiet:
                     print(f"{PROG}: the run in {opts['state']} finished at {record.finished} "
                           f"({record.steps} steps released); nothing to do: a step is never "
@@ -804,10 +942,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"{PROG}: note: with --output - a release printed just before a crash "
                       "may be printed again on resume; write to a file for exactly-once output",
                       file=sys.stderr)
-        out = _open_output(opts["output"], resume_offset)
+        out = _open_output(opts["output"], resume_offset, ckpt=ckpt, resume_t=resume_t,
+                           header=formatter.header())
         is_file = opts["output"] != "-"
         if is_file:
             stack.callback(out.close)
+        if ckpt is not None and new_run is not None:  # recorded once the output is open
+            ckpt.start(**new_run, replace=True)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume_t=resume_t,
                   offset=resume_offset or 0, formatter=formatter, validator=validator,
                   stats=stats, public_meta=spec.public_meta, input_format=input_format,
@@ -817,12 +958,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
+    """The input's records (``dpstream.io.RawEvent``), in order."""
+    from .io import guard_lines, read_events
+
+    csv_opts = {}
+    if input_format == "csv":
+        csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
+                        time_column=opts["time_column"])
+    return read_events(guard_lines(infile, opts["input"]), input_format, **csv_opts)
+
+
+def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
+    """Refuse (exit status 1) a finished run whose input has grown since it finished.
+
+    A finished run never releases again, so events appended to its input
+    later would otherwise be ignored without a word.
+    """
+    read = (record.summary or {}).get("input_records")
+    if not isinstance(read, int):  # a state written before the count was recorded
+        return
+    for count, rec in enumerate(_input_records(infile, opts, input_format), 1):
+        if count > read:
+            raise StateError(
+                f"the run in {opts['state']} finished after step {record.last_t}, but the "
+                f"input has records after the ones it read (from input line {rec.line}): a "
+                "finished run never releases again; release new events as a new stream "
+                "(a new key and a new state file)")
+
+
 def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, ckpt: Any,
               resume_t: int, offset: int, formatter: Any, validator: _Validator,
               stats: RunStats, public_meta: tuple[str, ...], input_format: str,
               quiet: bool) -> None:
     """Release every step; replay (with digest checks) the steps already committed."""
-    from .io import group_steps, read_events
+    from .io import group_steps
     from .state import sha256_hex
 
     horizon = int(opts["horizon"])
@@ -833,11 +1003,15 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         if head:
             out.write(head)
             offset += len(head)
-    csv_opts = {}
-    if input_format == "csv":
-        csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
-                        time_column=opts["time_column"])
-    records = read_events(infile, input_format, **csv_opts)
+    read = 0
+
+    def counted(records: Iterable[Any]) -> Iterator[Any]:
+        nonlocal read
+        for rec in records:
+            read += 1
+            yield rec
+
+    records = counted(_input_records(infile, opts, input_format))
     progress = _Progress(horizon, enabled=not quiet and sys.stderr.isatty())
     with progress:
         for t, recs in group_steps(records, horizon):
@@ -845,7 +1019,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 validator.events(recs)
                 continue
             if t > horizon:
-                validator.events(recs, past_horizon=horizon)
+                validator.events(recs, past_horizon=horizon, t=t)
                 continue
             events = validator.events(recs)
             release = _public(mech.step_batch(events), public_meta)
@@ -886,12 +1060,20 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     if ckpt is not None:
         ckpt.finish({"steps": stats.steps, "events": stats.events,
                      "truncated": stats.truncated, "skipped": stats.skipped,
-                     "last_t": int(mech.t)})
+                     "last_t": int(mech.t), "input_records": read})
 
 
 def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
-              input_format: str, output_format: str) -> Any:
-    """Start the run in a new state file, or check that it continues the recorded one."""
+              input_format: str, output_format: str) -> tuple[Any, dict[str, str] | None]:
+    """Check that this run continues the one recorded in the state file.
+
+    Returns ``(record, None)`` to resume the recorded run, or ``(None, ident)``
+    for a new run, to be recorded (:meth:`Checkpoint.start`) once the output
+    is open. A recorded run with no committed step whose output holds no
+    release released nothing, so it is replaced by this one, new parameters
+    and all (e.g. after a first line refused under ``--on-invalid error``, or
+    an output that could not be opened).
+    """
     from .io import resolve_path
     from .state import canonical_json
 
@@ -900,10 +1082,26 @@ def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | No
                  input=resolve_path(opts["input"]), output=resolve_path(opts["output"]))
     record = ckpt.load()
     if record is None:
-        ckpt.start(**ident)
-        return None
-    ckpt.verify(record, **ident)
-    return record
+        return None, ident
+    if record.steps > 0 or record.finished:
+        ckpt.verify(record, **ident)
+        return record, None
+    if record.output != "-" and not _holds_release(record.output, _recorded_header(record)):
+        return None, ident  # nothing released: start over
+    try:
+        ckpt.verify(record, **ident)
+    except StateError as exc:
+        if record.output == "-":
+            hint = ("no step is committed, but with --output - dpstream cannot tell whether "
+                    "a release was printed before it stopped; if none was, delete "
+                    f"{opts['state']} to start over")
+        else:
+            hint = (f"no step is committed, but {record.output} holds a release written "
+                    "before it stopped: run again with the same options to finish that run, "
+                    f"or delete {opts['state']} and that output to start over (a release "
+                    "already published from it then counts against the budget)")
+        raise StateError(f"{exc}; {hint}") from None
+    return record, None
 
 
 def _public(release: Any, keys: tuple[str, ...]) -> Any:

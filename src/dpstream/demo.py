@@ -15,8 +15,10 @@ Layer 6 of dpstream. Two streams:
 
 For each stream the demo prints the top items at the last step, true against
 private, and writes a PNG of the private and true counts of the top items over
-time into ``--out``. The key is generated afresh for each run (and never
-written) unless ``--key-file`` is given.
+time into ``--out``. Private counts are rounded to integers, as ``dpstream
+run`` writes them by default and as they should be published (see
+:meth:`dpstream.mechanisms.base.Release.rounded`). The key is generated afresh
+for each run (and never written) unless ``--key-file`` is given.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def zipf_stream(*, items: int, steps: int, events_per_step: int, exponent: float
 
 @dataclass
 class Trace:
-    """Per-step true and private counts of every item (NaN where not released)."""
+    """Per-step true and private (rounded) counts of every item (NaN where not released)."""
 
     name: str
     horizon: int
@@ -138,7 +140,7 @@ def _trace(name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[lis
                 if item not in true:
                     true[item] = np.zeros(horizon)
                     private[item] = np.full(horizon, np.nan)
-        rel = mech.step_batch(events)
+        rel = mech.step_batch(events).rounded()  # what one publishes (see Release.rounded)
         for item, v in zip(rel.items, rel.values.tolist(), strict=True):
             if item not in private:
                 true[item] = np.zeros(horizon)
@@ -202,7 +204,7 @@ def _table(trace: Trace, top: list[str]) -> Any:
         if math.isnan(pv):
             table.add_row(item, f"{tv:.0f}", "not shown", "")
         else:
-            table.add_row(item, f"{tv:.0f}", f"{pv:.1f}", f"{pv - tv:+.1f}")
+            table.add_row(item, f"{tv:.0f}", f"{pv:.0f}", f"{pv - tv:+.0f}")
     return table
 
 

@@ -17,11 +17,26 @@ CSV (``--input-format csv``): a header row, then one row per (event, item)
 with an event-id column and an item column (names chosen by ``--event-column``
 and ``--item-column``), and optionally a time-step column (``--time-column``).
 The rows of one event must be consecutive; an empty item cell gives an event
-with no item.
+with no item. An event id that comes back after other rows is an invalid
+record (``--on-invalid`` applies), never a second event: otherwise one event
+could contribute more than ``--max-items`` items. A reappearance is always
+detected within a time step (all ids of the open step are kept, as the step
+itself is) and across steps among the last :data:`RECENT_EVENT_IDS` (100,000)
+event ids of earlier steps, so memory does not grow with the file. The CSV is parsed strictly
+(a quote must be closed, and followed by a delimiter or the end of the row),
+and a field holding a line break or an item longer than
+:data:`MAX_CSV_ITEM_CHARS` (1,000) characters is an invalid record: both are
+the mark of an unclosed quote that swallowed the rows after it. Errors name
+the line where the record started.
 
 Items on the command line are strings: a JSON integer item ``5`` is read as
 ``"5"`` (so a CSV and a JSON Lines file of the same stream give the same
-releases). Blank lines are ignored. A ``.gz`` input is decompressed on the fly.
+releases). Blank lines are ignored. A ``.gz`` input is decompressed on the fly
+(a truncated or corrupt one is an error naming the last line read). Inputs are
+UTF-8, with or without a byte-order mark; a line that is not valid UTF-8, or
+an item holding a lone surrogate (a JSON ``"\\ud800"``), is an invalid record.
+JSON nested too deeply or with an integer of more than 4,300 digits is an
+invalid record too.
 
 Time steps: an event with ``t`` belongs to step ``t`` (steps must not go back);
 an event without ``t`` is a step of its own (the step after the current one).
@@ -58,6 +73,8 @@ import gzip
 import io
 import json
 import sys
+import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +87,10 @@ from .noise import NoiseSource
 
 __all__ = [
     "RawEvent",
+    "MAX_CSV_ITEM_CHARS",
+    "RECENT_EVENT_IDS",
     "open_input",
+    "guard_lines",
     "read_jsonl",
     "read_csv",
     "read_events",
@@ -104,13 +124,71 @@ class RawEvent:
 # --------------------------------------------------------------------------- input
 
 
+#: The most characters a CSV item may have: a longer one is an invalid record
+#: (most likely an unclosed quote that swallowed the rows after it).
+MAX_CSV_ITEM_CHARS = 1000
+
+#: How many of the last event ids a CSV reader remembers to catch an event
+#: whose rows are not consecutive, across time steps (within a step, all).
+RECENT_EVENT_IDS = 100_000
+
+#: Text decoding of every input: UTF-8 with an optional byte-order mark; bytes
+#: that are not UTF-8 become lone surrogates, which the parsers reject per record.
+_ENCODING = dict(encoding="utf-8-sig", errors="surrogateescape")
+
+
 def open_input(path: str) -> TextIO:
-    """A text stream for ``path``: ``-`` is stdin, ``*.gz`` is decompressed."""
+    """A text stream for ``path``: ``-`` is stdin, ``*.gz`` is decompressed.
+
+    The text is UTF-8 with an optional byte-order mark; invalid bytes are kept
+    as lone surrogates (``surrogateescape``) so that the parsers can reject
+    the one record that holds them instead of stopping the whole input.
+    """
     if path == "-":
-        return sys.stdin
+        buffer = getattr(sys.stdin, "buffer", None)
+        if buffer is None:
+            return sys.stdin
+        return io.TextIOWrapper(buffer, newline="", **_ENCODING)
     if str(path).endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 - caller closes
+        return gzip.open(path, "rt", newline="", **_ENCODING)
+    return open(path, newline="", **_ENCODING)  # noqa: SIM115 - caller closes
+
+
+def guard_lines(stream: Iterable[str], name: str) -> Iterator[str]:
+    """The lines of ``stream``, with a truncated or corrupt ``.gz`` as a one-line error.
+
+    Raises:
+        ValueError: the compressed stream ends early or is corrupt (naming the
+            last line read in full).
+    """
+    lineno = 0
+    it = iter(stream)
+    while True:
+        try:
+            line = next(it)
+        except StopIteration:
+            return
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise ValueError(f"input {name!r}: the compressed file is truncated or corrupt "
+                             f"after line {lineno} ({exc})") from None
+        lineno += 1
+        yield line
+
+
+def _valid_text(text: str) -> bool:
+    """False if ``text`` holds a lone surrogate (invalid UTF-8 input, or a JSON escape)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` cut for an error message."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _item(value: object) -> str | None:
@@ -129,7 +207,10 @@ def _parse_items(values: object) -> tuple[tuple[str, ...] | None, str | None]:
     for v in values:
         item = _item(v)
         if item is None:
-            return None, f"an item must be a string or an integer, got {json.dumps(v)}"
+            return None, ("an item must be a string or an integer, got "
+                          f"{_short(json.dumps(v, default=str))}")
+        if not _valid_text(item):
+            return None, "an item is not valid UTF-8 text (it holds a lone surrogate)"
         out.append(item)
     return tuple(out), None
 
@@ -138,9 +219,9 @@ def _parse_t(value: object) -> tuple[int | None, str | None]:
     if value is None:
         return None, None
     if isinstance(value, bool) or not isinstance(value, int):
-        return None, f'"t" must be an integer, got {json.dumps(value)}'
+        return None, f'"t" must be an integer, got {_short(json.dumps(value))}'
     if value < 1:
-        return None, f'"t" must be >= 1, got {value}'
+        return None, f'"t" must be >= 1, got {_short(str(value))}'
     return value, None
 
 
@@ -150,10 +231,20 @@ def read_jsonl(lines: Iterable[str]) -> Iterator[RawEvent]:
         text = line.strip()
         if not text:
             continue
+        if not _valid_text(text):
+            yield RawEvent(lineno, None, None, "the line is not valid UTF-8")
+            continue
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             yield RawEvent(lineno, None, None, f"not valid JSON ({exc.msg})")
+            continue
+        except RecursionError:
+            yield RawEvent(lineno, None, None, "not valid JSON (nested too deeply)")
+            continue
+        except ValueError as exc:  # an integer of more than 4,300 digits
+            why = "an integer has too many digits" if "digits" in str(exc) else str(exc)
+            yield RawEvent(lineno, None, None, f"not valid JSON ({_short(why, 80)})")
             continue
         if isinstance(obj, list):
             items, err = _parse_items(obj)
@@ -183,8 +274,15 @@ def read_csv(
     time_column: str | None = None,
     delimiter: str = ",",
 ) -> Iterator[RawEvent]:
-    """Parse CSV rows (one per event and item) into events, grouping consecutive event ids."""
-    reader = csv.reader(stream, delimiter=delimiter)
+    """Parse CSV rows (one per event and item) into events, grouping consecutive event ids.
+
+    An event id that reappears after other rows becomes an invalid record (see
+    the module docstring for the memory this takes), as does a record with a
+    CSV syntax error (strict parsing), a field spanning lines, an item longer
+    than :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each
+    record's ``line`` is the line where it started.
+    """
+    reader = csv.reader(stream, delimiter=delimiter, strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -197,7 +295,7 @@ def read_csv(
         if name is not None and name not in cols:
             raise ValueError(
                 f"input line 1: the CSV header has no column {name!r} ({role}); "
-                f"columns: {', '.join(cols)}"
+                f"columns: {', '.join(_short(c) for c in cols)}"
             )
     i_item, i_event = cols[item_column], cols[event_column]
     i_time = cols[time_column] if time_column is not None else None
@@ -208,13 +306,41 @@ def read_csv(
     items: list[str] = []
     t_val: int | None = None
     error: str | None = None
+    # Event ids seen before: all of the open time step (kept anyway, as the step
+    # is), and a bounded FIFO of the most recent ones across steps.
+    step_ids: dict[str, int] = {}
+    step_t: int | None = None
+    recent: OrderedDict[str, int] = OrderedDict()
 
     def flush() -> RawEvent:
         if error is not None:
             return RawEvent(start, None, None, error)
         return RawEvent(start, t_val, tuple(items), None)
 
+    def seen_at(eid: str) -> int | None:
+        line = step_ids.get(eid)
+        return recent.get(eid) if line is None else line
+
+    def remember(eid: str, line: int, t: int | None) -> None:
+        nonlocal step_t
+        if time_column is None or t != step_t:  # a new step: its ids join the recent ones
+            for old_id, old_line in step_ids.items():
+                recent[old_id] = old_line
+                recent.move_to_end(old_id)
+            step_ids.clear()
+            step_t = t
+            while len(recent) > RECENT_EVENT_IDS:
+                recent.popitem(last=False)
+        if time_column is None:
+            recent[eid] = line
+            recent.move_to_end(eid)
+            if len(recent) > RECENT_EVENT_IDS:
+                recent.popitem(last=False)
+        else:
+            step_ids.setdefault(eid, line)
+
     while True:
+        first_line = reader.line_num + 1  # where the next record starts
         try:
             row = next(reader)
         except StopIteration:
@@ -223,37 +349,54 @@ def read_csv(
             if current is not None:
                 yield flush()
                 current = None
-            yield RawEvent(reader.line_num, None, None, f"bad CSV row ({exc})")
+            hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
+            yield RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})")
             continue
-        lineno = reader.line_num
+        lineno = first_line
         if not row or all(not c.strip() for c in row):
             continue
+        row_err: str | None = None
         if len(row) < width:
+            row_err = f"CSV row has {len(row)} fields, expected at least {width}"
+        elif any("\n" in row[i] or "\r" in row[i] for i in (i_item, i_event, i_time)
+                 if i is not None):
+            row_err = ("a field spans lines (lines "
+                       f"{first_line}-{reader.line_num}: an unclosed quote?)")
+        elif not all(_valid_text(c) for c in row):
+            row_err = "the row is not valid UTF-8"
+        elif len(row[i_item]) > MAX_CSV_ITEM_CHARS:
+            row_err = (f"item of {len(row[i_item])} characters, more than "
+                       f"{MAX_CSV_ITEM_CHARS} (an unclosed quote?)")
+        if row_err is not None:
             if current is not None:
                 yield flush()
                 current = None
-            yield RawEvent(lineno, None, None, f"CSV row has {len(row)} fields, expected "
-                                               f"at least {width}")
+            yield RawEvent(lineno, None, None, row_err)
             continue
         eid = row[i_event]
         row_t: int | None = None
-        row_err: str | None = None
         if i_time is not None:
             raw = row[i_time].strip()
             try:
                 row_t = int(raw)
                 if row_t < 1:
-                    row_err = f"time step must be >= 1, got {raw!r}"
+                    row_err = f"time step must be >= 1, got {_short(raw)!r}"
             except ValueError:
-                row_err = f"time step must be an integer, got {raw!r}"
+                row_err = f"time step must be an integer, got {_short(raw)!r}"
         if eid != current:
             if current is not None:
                 yield flush()
             current, start, items, t_val, error = eid, lineno, [], row_t, row_err
+            before = seen_at(eid)
+            if before is not None and error is None:
+                error = (f"event {_short(eid)!r} reappears: its rows must be consecutive "
+                         f"(it started at line {before})")
+            remember(eid, lineno, row_t if row_err is None else step_t)
         elif error is None and row_err is not None:
             error = row_err
         elif error is None and row_t != t_val:
-            error = f"event {eid!r} has rows with different time steps ({t_val} and {row_t})"
+            error = (f"event {_short(eid)!r} has rows with different time steps "
+                     f"({t_val} and {row_t})")
         if row[i_item] != "":
             items.append(row[i_item])
     if current is not None:
@@ -322,13 +465,18 @@ def group_steps(
 def read_domain(path: str) -> list[str]:
     """The known domain: a JSON array of items, or one item per line (blank lines skipped)."""
     with open_input(path) as fh:
-        text = fh.read()
+        text = "".join(guard_lines(fh, path))
+    if not _valid_text(text):
+        raise ValueError(f"domain file {path!r} is not valid UTF-8 text")
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
             values = json.loads(stripped)
         except json.JSONDecodeError as exc:
             raise ValueError(f"domain file {path!r}: not a valid JSON array ({exc.msg})") from None
+        except (RecursionError, ValueError) as exc:
+            raise ValueError(f"domain file {path!r}: not a valid JSON array "
+                             f"({_short(str(exc) or 'nested too deeply', 80)})") from None
         items, err = _parse_items(values)
         if err:
             raise ValueError(f"domain file {path!r}: {err}")
@@ -350,9 +498,17 @@ class KeyedTruncator:
     Taking "the first k items" would let the order in which a client lists
     items decide what is counted; here every item of the event gets a keyed
     uniform at the address (0, ordinal) under its own purpose, and the
-    ``max_items`` smallest are kept (in the event's order). The choice depends
-    on the event alone (and the key), so neighbouring streams stay neighbours
-    and the privacy guarantee is unchanged.
+    ``max_items`` smallest are kept (in the event's order). The command passes
+    the event's input line number as ``ordinal``, so the choice depends on the
+    event's items, its line number and the key, and on no other event's
+    content. Line numbers are distinct, so under the secret key the choices of
+    different events are independent uniform draws. Removing one event shifts
+    the line numbers of the events after it, and so changes which of their
+    items are kept; but the choices are identically distributed, so pairing
+    each remaining event's choice in one stream with the same event's choice
+    in the other makes the truncated streams neighbours. The guarantee is
+    therefore unchanged, as an average over that pairing. The truncation noise
+    uses its own purpose, independent of the release noise.
     """
 
     def __init__(self, source: NoiseSource, max_items: int) -> None:

@@ -13,7 +13,8 @@ it stores what is needed to *prove* that a resumed run continues the same run:
 * ``run``: the run's parameters as canonical JSON (mechanism, horizon, budget,
   options, a digest of the domain, formats), the key's public fingerprint
   (:meth:`dpstream.NoiseKey.fingerprint`), the input's and output's paths, and
-  whether the run finished;
+  whether the run finished (with a summary, including how many input records
+  it read, so that a finished run can tell when its input has grown);
 * ``steps``: per committed time step t, the output file's byte offset just
   after the step's release was written (and flushed and fsynced), the SHA-256
   of that release's bytes, the SHA-256 of the step's input records, and the
@@ -21,12 +22,14 @@ it stores what is needed to *prove* that a resumed run continues the same run:
 
 Each step is committed in its own transaction, after its release reached the
 output file. Resuming (see ``dpstream.cli``) refuses a different key or
-parameters, truncates the output file to the last committed offset (so a
+parameters, checks that the output file still holds the last committed
+step's release, truncates it to the last committed offset (so a
 release written but not committed is written once, not twice), replays the
 committed steps with output suppressed while checking that each recomputed
 release and each step's input have the stored digests (a changed input is an
 error), and continues after the last committed step. A finished run is never
-released again.
+released again. A run with no committed step released nothing, so it may be
+replaced by a run with other parameters (``start(replace=True)``).
 
 The database uses WAL journaling with ``synchronous=FULL`` (or ``NORMAL``
 with ``fsync=False``: still safe against a killed process, not against a
@@ -94,6 +97,7 @@ class RunRecord:
     last_offset: int
     steps: int
     events: int
+    summary: dict[str, Any] | None = None
 
 
 class Checkpoint:
@@ -126,7 +130,7 @@ class Checkpoint:
     def load(self) -> RunRecord | None:
         """The recorded run, or ``None`` for a new state file."""
         row = self._db.execute(
-            "SELECT schema_version, params, key_fingerprint, input, output, finished "
+            "SELECT schema_version, params, key_fingerprint, input, output, finished, summary "
             "FROM run WHERE id = 1"
         ).fetchone()
         if row is None:
@@ -144,9 +148,14 @@ class Checkpoint:
             last_offset = self._db.execute(
                 "SELECT output_offset FROM steps WHERE t = ?", (agg[1],)
             ).fetchone()[0]
+        try:
+            summary = json.loads(row[6]) if row[6] else None
+        except ValueError:
+            summary = None
         return RunRecord(params=row[1], key_fingerprint=row[2], input=row[3], output=row[4],
                          finished=row[5], last_t=int(agg[1]), last_offset=int(last_offset),
-                         steps=int(agg[0]), events=int(agg[2]))
+                         steps=int(agg[0]), events=int(agg[2]),
+                         summary=summary if isinstance(summary, dict) else None)
 
     def step(self, t: int) -> tuple[int, str, str] | None:
         """``(output_offset, release_sha256, input_sha256)`` of committed step t, or None."""
@@ -183,10 +192,23 @@ class Checkpoint:
             )
 
     # -- writing ---------------------------------------------------------------
-    def start(self, *, params: str, key_fingerprint: str, input: str, output: str) -> None:
-        """Record a new run (one transaction)."""
+    def start(self, *, params: str, key_fingerprint: str, input: str, output: str,
+              replace: bool = False) -> None:
+        """Record a new run (one transaction).
+
+        Args:
+            replace: replace a recorded run that has no committed step (it
+                released nothing). A run with a committed step is never
+                replaced (:class:`StateError`).
+        """
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
+            if replace:
+                committed = self._db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+                if committed:
+                    raise StateError(f"state file {self.path!r} records {committed} released "
+                                     "steps: its run cannot be replaced")
+                self._db.execute("DELETE FROM run")
             self._db.execute(
                 "INSERT INTO run (id, schema_version, params, key_fingerprint, input, output, "
                 "created) VALUES (1, ?, ?, ?, ?, ?, ?)",
