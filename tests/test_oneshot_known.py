@@ -178,8 +178,15 @@ def test_input_errors():
         gaussian_histogram({"a": 1}, tau=0.0, key=key, purpose="e")
     with pytest.raises(ValueError, match="distinct"):
         gaussian_histogram([1, 2], items=["a", "a"], tau=1.0, key=key, purpose="e")
-    with pytest.raises(ValueError, match="items="):
+    with pytest.raises(TypeError, match="items="):  # a bare list is not a histogram
         gaussian_histogram([1, 2], tau=1.0, key=key, purpose="e")
+    with pytest.raises(TypeError, match="bool"):  # True would be the item 1
+        gaussian_histogram({True: 1}, tau=1.0, key=key, purpose="e")
+    # NumPy integer labels come back as Python ints (a label never shows its origin)
+    sel = gumbel_top_k({np.int64(3): 5, 4: 1}, k=1, tau=0.01, key=key, purpose="e")
+    assert sel.items == (3,) and type(sel.items[0]) is int
+    assert gaussian_histogram({"a": 2}, tau=1.0, key=key, purpose="e").rounded().values.dtype \
+        == np.int64
     with pytest.raises(ValueError, match=">= 0"):
         gaussian_histogram({"a": -1}, tau=1.0, key=key, purpose="e")
     with pytest.raises(TypeError, match="integers"):

@@ -4,8 +4,8 @@ MetaHistogram applies them to every cell of the tree; they are also useful on
 their own, e.g. for a single private top-k over a day's counts.
 """
 
+from .common import OneShotRelease
 from .known import (
-    OneShotRelease,
     gaussian_histogram,
     gaussian_histogram_privacy,
     gumbel_top_k,

@@ -4,31 +4,26 @@ Layer 4 of dpstream. Each function releases one noisy histogram (or top-k list)
 of one histogram; the continual mechanisms apply them to tree cells
 (``MetaHistogram``) or to prefix histograms (``ContinualTopK``).
 
-Noise addressing (shared by every one-shot function of ``dpstream.oneshot``):
-a call builds ``NoiseSource(key, purpose)`` and draws, per item, at address
-``(level=0, index=0, draw=d)`` with one draw number per stage:
-
-* ``draw = 0`` (:data:`GUMBEL_DRAW`): the Gumbel noise of the selection;
-* ``draw = 1`` (:data:`GAUSSIAN_DRAW`): the Gaussian noise of the counts.
-
-So the selection noise and the count noise of an item are independent, and two
-calls with different purposes are independent. The same (key, purpose, item)
-always gives the same noise: **never call a one-shot function twice with the
-same key and purpose on different histograms** -- the noise would repeat and
-the differences of the outputs would be exact. That is why ``purpose`` has no
-default.
+Noise addressing: the one-shot convention of :mod:`dpstream.oneshot.common`
+(Gumbel selection at draw 0, Gaussian counts at draw 1; ``purpose`` has no
+default, because two calls with one key and purpose share their noise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
 from .. import privacy
 from ..noise import NoiseKey, NoiseSource, PreparedItems
+from .common import (
+    GAUSSIAN_DRAW,
+    GUMBEL_DRAW,
+    OneShotRelease,
+    check_tau,
+    histogram_arrays,
+)
 
 __all__ = [
     "GAUSSIAN_DRAW",
@@ -40,11 +35,6 @@ __all__ = [
     "gumbel_top_k_privacy",
 ]
 
-#: Draw number of the Gumbel (selection) noise of a one-shot call.
-GUMBEL_DRAW = 0
-#: Draw number of the Gaussian (count) noise of a one-shot call.
-GAUSSIAN_DRAW = 1
-
 KNOWN_GAUSS_THEOREM = "lem:kGaussPriv (Bun and Steinke 2016): Delta0/(2 tau^2)-zCDP"
 KNOWN_GUMB_THEOREM = "KnownGumb theorem after algo:kGumb (Cesar and Rogers 2021): k/tau^2-zCDP"
 KNOWN_GUMB_SELECT_THEOREM = (
@@ -52,41 +42,7 @@ KNOWN_GUMB_SELECT_THEOREM = (
 )
 
 
-@dataclass(frozen=True, eq=False)
-class OneShotRelease:
-    """The output of a one-shot mechanism.
-
-    Attributes:
-        items: the released items; for a top-k mechanism in selection order
-            (largest Gumbel-noised count first), else in input order.
-        values: their noisy counts, aligned with ``items``, or ``None`` when
-            only the selection was asked for (``with_counts=False``).
-    """
-
-    items: tuple[Hashable, ...]
-    values: np.ndarray | None
-
-    @cached_property
-    def counts(self) -> dict[Hashable, float]:
-        """``item -> noisy count`` (needs ``values``)."""
-        if self.values is None:
-            raise ValueError("this release holds the selection only (with_counts=False)")
-        return dict(zip(self.items, self.values.tolist(), strict=True))
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-
 # --------------------------------------------------------------------------- input
-
-
-def _check_tau(tau: object) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating)):
-        raise TypeError(f"tau must be a real number, got {type(tau).__name__}")
-    tau = float(tau)
-    if not np.isfinite(tau) or tau <= 0:
-        raise ValueError(f"tau must be positive and finite, got {tau!r}")
-    return tau
 
 
 def _check_k(k: object, n: int) -> int:
@@ -97,40 +53,6 @@ def _check_k(k: object, n: int) -> int:
     if k > n:
         raise ValueError(f"k must be at most the number of items ({n}), got {k}")
     return int(k)
-
-
-def _as_histogram(
-    counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray,
-    items: Sequence[Hashable] | None,
-) -> tuple[list[Hashable], np.ndarray]:
-    """A histogram as (items, int64 counts): a Mapping, or counts aligned with ``items``."""
-    if isinstance(counts, Mapping):
-        if items is not None:
-            raise ValueError("give items= only with an array of counts, not with a Mapping")
-        item_list = list(counts)
-        arr = np.asarray(list(counts.values()))
-        if not item_list:
-            arr = np.zeros(0, dtype=np.int64)
-    else:
-        if items is None:
-            raise ValueError("an array of counts needs items= (the domain, aligned with it)")
-        if isinstance(items, (str, bytes)):
-            raise TypeError("items must be a collection of items, not a single string")
-        item_list = list(items)
-        arr = np.asarray(counts)
-        if arr.shape != (len(item_list),):
-            raise ValueError(
-                f"counts must have one entry per item ({len(item_list)}), got shape {arr.shape}"
-            )
-        if len(set(item_list)) != len(item_list):
-            # two equal items would get the same noise: their difference would be exact
-            raise ValueError("items must be distinct")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"counts must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if (arr < 0).any():
-        raise ValueError("counts must be >= 0")
-    return item_list, arr
 
 
 # --------------------------------------------------------------------------- kernels
@@ -205,8 +127,8 @@ def gaussian_histogram(
         >>> sorted(out.counts)
         ['a', 'b']
     """
-    tau = _check_tau(tau)
-    item_list, arr = _as_histogram(counts, items)
+    tau = check_tau(tau)
+    item_list, arr = histogram_arrays(counts, items)
     source = NoiseSource(key, purpose)
     values = gaussian_kernel(source, source.prepare(item_list), arr, tau)
     return OneShotRelease(items=tuple(item_list), values=values)
@@ -250,10 +172,10 @@ def gumbel_top_k(
     Returns:
         A :class:`OneShotRelease` with the k selected items, largest noisy count first.
     """
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     if not isinstance(with_counts, bool):
         raise TypeError(f"with_counts must be a bool, got {with_counts!r}")
-    item_list, arr = _as_histogram(counts, items)
+    item_list, arr = histogram_arrays(counts, items)
     k = _check_k(k, len(item_list))
     source = NoiseSource(key, purpose)
     prepared = source.prepare(item_list)
@@ -278,7 +200,7 @@ def gaussian_histogram_privacy(
     if max_items < 1:
         raise ValueError(f"max_items must be >= 1, got {max_items}")
     return privacy.guarantee_for_tau(
-        tau=_check_tau(tau), a=max_items / 2.0, delta=delta, mechanism="KnownGauss",
+        tau=check_tau(tau), a=max_items / 2.0, delta=delta, mechanism="KnownGauss",
         theorem=KNOWN_GAUSS_THEOREM, gaussian_exact=True,
     )
 
@@ -291,6 +213,6 @@ def gumbel_top_k_privacy(
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     a = float(k) if with_counts else k / 2.0
     return privacy.guarantee_for_tau(
-        tau=_check_tau(tau), a=a, delta=delta, mechanism="KnownGumb",
+        tau=check_tau(tau), a=a, delta=delta, mechanism="KnownGumb",
         theorem=KNOWN_GUMB_THEOREM if with_counts else KNOWN_GUMB_SELECT_THEOREM,
     )

@@ -30,14 +30,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 from scipy.special import ndtri
 
 from .. import privacy
 from ..noise import NoiseKey, NoiseSource
+from .common import (
+    GAUSSIAN_DRAW,
+    GUMBEL_DRAW,
+    OneShotRelease,
+    UnknownDomainResult,
+    check_int,
+    check_tau,
+    histogram_arrays,
+)
 
 __all__ = [
     "GAUSSIAN_DRAW",
@@ -49,61 +56,7 @@ __all__ = [
     "unknown_domain_gumbel_privacy",
 ]
 
-#: Draw number of the Gumbel selection noise (items and threshold).
-GUMBEL_DRAW = 0
-#: Draw number of the Gaussian noise (counts, and UnkGauss's threshold).
-GAUSSIAN_DRAW = 1
-
-
-@dataclass(frozen=True, eq=False)
-class UnknownDomainResult:
-    """The output of a one-shot unknown-domain mechanism.
-
-    Attributes:
-        items: the released items, largest noisy value first (UnkGauss: by noisy
-            count; UnkGumb: in the order of the Gumbel selection).
-        values: their noisy counts (float64, read-only), aligned with ``items``.
-        hit_threshold: whether the list ended at the noisy threshold (the
-            paper's ``bot`` output). Always True for UnkGauss, which returns
-            everything above the threshold; for UnkGumb, True when fewer than
-            k items beat the threshold, False when it returned k items.
-    """
-
-    items: tuple[Hashable, ...]
-    values: np.ndarray
-    hit_threshold: bool
-
-    @cached_property
-    def counts(self) -> dict[Hashable, float]:
-        """``item -> noisy count``, in release order."""
-        return dict(zip(self.items, self.values.tolist(), strict=True))
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __repr__(self) -> str:
-        body = ", ".join(f"{it!r}: {v:.2f}" for it, v in list(self.counts.items())[:5])
-        more = "" if len(self) <= 5 else f", ... ({len(self)} items)"
-        return f"UnknownDomainResult({{{body}{more}}}, hit_threshold={self.hit_threshold})"
-
-
 # --------------------------------------------------------------------------- checks
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value!r}")
-    return int(value)
-
-
-def _check_tau(tau: object) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating)):
-        raise TypeError(f"tau must be a real number, got {type(tau).__name__} {tau!r}")
-    if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"tau must be positive and finite, got tau={tau!r}")
-    return float(tau)
 
 
 def _check_delta(name: str, value: object) -> float:
@@ -112,37 +65,6 @@ def _check_delta(name: str, value: object) -> float:
     if not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be in (0, 1), got {name}={value!r}")
     return float(value)
-
-
-def _as_arrays(counts: object) -> tuple[list[Hashable], np.ndarray]:
-    """``counts`` as (items, int64 counts): a Mapping, or a pair of parallel sequences."""
-    if isinstance(counts, Mapping):
-        items = list(counts.keys())
-        raw = list(counts.values())
-    elif isinstance(counts, tuple) and len(counts) == 2:
-        if isinstance(counts[0], (str, bytes)):
-            raise TypeError("counts as a pair must be (items, counts), two sequences")
-        items = list(counts[0])
-        raw = list(counts[1])
-        if len(items) != len(raw):
-            raise ValueError(
-                f"items and counts must have the same length, got {len(items)} and {len(raw)}"
-            )
-        if len(set(items)) != len(items):
-            raise ValueError("items must be distinct")
-    else:
-        raise TypeError(
-            "counts must be a Mapping item -> count or a pair (items, counts), "
-            f"got {type(counts).__name__}"
-        )
-    if not raw:
-        return items, np.zeros(0, dtype=np.int64)
-    arr = np.asarray(raw)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise TypeError(f"counts must be integers, got dtype {arr.dtype}")
-    if (arr < 0).any():
-        raise ValueError("counts must be >= 0")
-    return items, arr.astype(np.int64)
 
 
 def _top(
@@ -174,8 +96,7 @@ def _result(items: list[Hashable], pos: np.ndarray, values: np.ndarray, hit: boo
             ) -> UnknownDomainResult:
     values = np.array(values, dtype=np.float64)
     values.flags.writeable = False
-    return UnknownDomainResult(items=tuple(items[i] for i in pos), values=values,
-                               hit_threshold=hit)
+    return OneShotRelease(items=tuple(items[i] for i in pos), values=values, hit_threshold=hit)
 
 
 # --------------------------------------------------------------------------- UnkGauss
@@ -228,10 +149,10 @@ def unknown_domain_gaussian(
         >>> res.items
         ('a',)
     """
-    kbar = _check_int("kbar", kbar, 1)
-    tau = _check_tau(tau)
+    kbar = check_int("kbar", kbar, 1)
+    tau = check_tau(tau)
     delta = _check_delta("delta", delta)
-    items, h = _as_arrays(counts)
+    items, h = histogram_arrays(counts)
     source = NoiseSource(key, purpose)
     ranked, ids = _top(items, h, kbar + 1, source)
     h_next = int(h[ranked[kbar]]) if ranked.size > kbar else 0
@@ -281,9 +202,9 @@ def unknown_domain_gaussian_privacy(
         delta_prime: the delta' of the conversion, > 0.
         gaussian_exact: exact Gaussian curve (default) or CKS20.
     """
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     delta = _check_delta("delta", delta)
-    max_items = _check_int("max_items", max_items, 1)
+    max_items = check_int("max_items", max_items, 1)
     delta_prime = _check_delta("delta_prime", delta_prime)
     rho_delta = max_items * delta
     total = rho_delta + delta_prime
@@ -339,13 +260,13 @@ def unknown_domain_gumbel(
     Returns:
         An :class:`UnknownDomainResult` in selection order.
     """
-    kbar = _check_int("kbar", kbar, 1)
-    k = _check_int("k", k, 1)
+    kbar = check_int("kbar", kbar, 1)
+    k = check_int("k", k, 1)
     if k > kbar + 1:
         raise ValueError(f"k must be <= kbar + 1, got k={k} and kbar={kbar}")
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     delta = _check_delta("delta", delta)
-    items, h = _as_arrays(counts)
+    items, h = histogram_arrays(counts)
     source = NoiseSource(key, purpose)
     ranked, ids = _top(items, h, kbar + 1, source)
     h_next = int(h[ranked[kbar]]) if ranked.size > kbar else 0
@@ -383,10 +304,10 @@ def unknown_domain_gumbel_privacy(
     ``conversion="bun-steinke"`` exactly as the theorem states it (we do not
     claim a tighter conversion for a proof we do not reproduce here).
     """
-    tau = _check_tau(tau)
+    tau = check_tau(tau)
     delta = _check_delta("delta", delta)
-    k = _check_int("k", k, 1)
-    kbar = _check_int("kbar", kbar, 1)
+    k = check_int("k", k, 1)
+    kbar = check_int("kbar", kbar, 1)
     delta_prime = _check_delta("delta_prime", delta_prime)
     rho_delta = kbar * delta
     total = rho_delta + delta_prime
