@@ -14,7 +14,8 @@ Throughput is item-releases per second (items x steps / wall time), for:
   executors, since nothing is kept between jobs;
 * spark run: ``SparkKnownBase.run(events, domain, steps=...)``, all steps in
   one job from a DataFrame of timed events (the ``dpstream run --engine spark``
-  path), written to the ``noop`` sink.
+  path), written to the ``noop`` sink: one shuffle by item, then each
+  partition hashes its items once and advances their tree noise step by step.
 
 Ratios are against the local engine's amortised step, measured in the same
 process (machines are noisy; ratios travel better than seconds).

@@ -46,21 +46,36 @@ def test_step_kernel_matches_local_release_across_batches() -> None:
         assert np.array_equal(out["value"].to_numpy(), want)
 
 
-def test_steps_kernel_counts_increments_from_first_release_step_on() -> None:
+def test_run_kernel_counts_increments_from_first_release_step_on() -> None:
     key = fixed_key("spark-kernel-steps")
     items = [1, 2, 3]
     local = KnownDomainHistogram(items, 50, max_items=1, key=key, tau=1.0)
     spec = _spec(local)
-    # item 1 grows at steps 2 and 5, item 2 at 4, item 3 never
-    pdf = pd.DataFrame({"item": items, "ts": [[2, 5], [4], []], "ns": [[1, 3], [2], []]})
-    out = pd.concat(kernels.release_steps_batch(
-        iter([pdf]), spec=spec, key_bytes=key.to_bytes(), steps=[3, 5, 6], item_col="item",
-        ts_col="ts", ns_col="ns"))
-    # brute force prefix counts at steps 3, 5, 6
-    expected_counts = {3: [1, 0, 0], 5: [4, 2, 0], 6: [4, 2, 0]}
+    # flat rows: domain rows (t = 0) and increments; item 1 grows at steps 2, 5 and 41
+    # (41 is after the last release step), item 2 at 4, item 3 never; split in two batches
+    flat = pd.DataFrame({"item": [2, 1, 3, 1, 1, 2, 1], "t": [0, 2, 0, 5, 0, 4, 41],
+                         "n": [0, 1, 0, 3, 0, 2, 7]})
+    steps = [3, 5, 6, 7, 40]  # gaps shorter and longer than |I_t|: both advance paths
+    out = pd.concat(kernels.release_run_partition(
+        iter([flat.iloc[:3], flat.iloc[3:]]), spec=spec, key_bytes=key.to_bytes(), steps=steps,
+        item_col="item", closed=True))
+    # brute force prefix counts at each release step
+    expected_counts = {3: [1, 0, 0], 5: [4, 2, 0], 6: [4, 2, 0], 7: [4, 2, 0], 40: [4, 2, 0]}
+    assert sorted(set(out["t"])) == steps
     for t, c in expected_counts.items():
-        got = out[out["t"] == t].sort_values("item")["value"].to_numpy()
-        assert np.array_equal(got, local.release(t, np.array(c, dtype=np.int64)).values)
+        got = out[out["t"] == t].sort_values("item")
+        assert got["item"].tolist() == items
+        want = local.release(t, np.array(c, dtype=np.int64)).values
+        assert np.array_equal(got["value"].to_numpy(), want), t
+
+
+def test_run_kernel_refuses_an_item_outside_the_domain() -> None:
+    key = fixed_key("spark-kernel-domain")
+    spec = _spec(KnownDomainHistogram(["a"], 10, max_items=1, key=key, tau=1.0))
+    flat = pd.DataFrame({"item": ["a", "z"], "t": [0, 1], "n": [0, 1]})
+    with pytest.raises(ValueError, match="item z is not in the domain"):
+        list(kernels.release_run_partition(iter([flat]), spec=spec, key_bytes=key.to_bytes(),
+                                           steps=[1], item_col="item", closed=True))
 
 
 def test_kernel_refuses_null_and_negative_counts() -> None:

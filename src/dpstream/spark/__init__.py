@@ -7,6 +7,8 @@ Spark itself needs a Java runtime). See docs/spark.md.
   from a DataFrame of prefix counts (item, count), or all releases of a
   DataFrame of timed events in one job, with the keyed noise computed in the
   executors. Bit-identical to the local engine for the same key and stream.
+* :class:`SparkContinualTopK`: SparseGumb with its item noise (counters,
+  sparse-vector query, selection) in the executors.
 * :func:`update_counts`: the prefix counts after one more step of events.
 * :func:`start_stream`: a Structured Streaming job, one micro-batch per step.
 * :func:`run_cli`: what ``dpstream run --engine spark`` calls.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from .releases import SparkKnownBase, SparkUnknownBase, increments, update_counts
 
 __all__ = [
+    "SparkContinualTopK",
     "SparkKnownBase",
     "SparkUnknownBase",
     "increments",
@@ -31,6 +34,10 @@ def __getattr__(name: str):
         from .streaming import start_stream
 
         return start_stream
+    if name == "SparkContinualTopK":
+        from .topk import SparkContinualTopK
+
+        return SparkContinualTopK
     if name == "run_cli":
         from .command import run_cli
 

@@ -1,8 +1,10 @@
 """What runs inside a Spark executor: keyed tree noise over a batch of items.
 
 Pure NumPy/pandas (no PySpark import), so the arithmetic can be read and tested
-on its own. Each function takes one pandas batch of items, as
-``DataFrame.mapInPandas`` hands them over, and returns the released rows.
+on its own. Each function takes the pandas batches of one partition, as
+``DataFrame.mapInPandas`` hands them over, and yields the released rows
+(``release_run_partition`` reads the whole partition first: it needs all rows
+of an item together).
 
 Bit-identity with the local engine is by construction, not by re-derivation:
 every batch builds the local engine's own :class:`~dpstream.noise.NoiseSource`
@@ -24,8 +26,19 @@ import pandas as pd
 
 from ..mechanisms.tree_noise import TreeNoise
 from ..noise import NoiseKey, NoiseSource
+from ..oneshot.common import GUMBEL_DRAW
+from ..tree import cells_at
 
-__all__ = ["ReleaseSpec", "release_step_batch", "release_steps_batch"]
+__all__ = [
+    "ReleaseSpec",
+    "TopKSpec",
+    "advance_to",
+    "release_run_partition",
+    "release_step_batch",
+    "topk_counter_batch",
+    "topk_query_batch",
+    "topk_select_batch",
+]
 
 #: Mechanism names a spec may carry.
 KNOWN = "KnownBase"
@@ -128,71 +141,224 @@ def release_step_batch(
                             "released": released, "value": values})
 
 
-def _increment_matrix(ts: pd.Series, ns: pd.Series, steps: np.ndarray, n_items: int
-                      ) -> np.ndarray:
-    """Prefix counts at each release step, shape (len(steps), n_items), from per-item lists.
+def advance_to(noise: TreeNoise, t: int) -> None:
+    """Advance ``noise`` to step t by the cheaper of the two bit-identical paths.
 
-    Row i of ``ts``/``ns`` lists the steps at which item i's count grew and by
-    how much. An increment at step s counts from the first release step >= s.
+    A jump draws every cell of I_t(r) (up to (r - 1) L_r keyed draws); stepping
+    through the steps in between draws about r/(r-1) cells per step. Both give
+    the same values bit for bit (``TreeNoise``'s design), so this only picks
+    the faster one: step through a gap shorter than |I_t(r)|.
     """
-    lengths = np.fromiter((0 if x is None else len(x) for x in ts), dtype=np.int64,
-                          count=n_items)
-    counts = np.zeros((len(steps), n_items), dtype=np.int64)
-    if lengths.sum() == 0:
-        return counts
-    flat_t = np.concatenate([np.asarray(x, dtype=np.int64) for x in ts if x is not None
-                             and len(x)])
-    flat_n = np.concatenate([np.asarray(x, dtype=np.int64) for x in ns if x is not None
-                             and len(x)])
-    owner = np.repeat(np.arange(n_items), lengths)
-    row = np.searchsorted(steps, flat_t, side="left")
-    inside = row < len(steps)
-    np.add.at(counts, (row[inside], owner[inside]), flat_n[inside])
-    np.cumsum(counts, axis=0, out=counts)
-    return counts
+    gap = t - noise.t
+    if 1 < gap < len(cells_at(t, noise.base)):
+        for s in range(noise.t + 1, t + 1):
+            noise.advance(s)
+    else:
+        noise.advance(t)
 
 
-def release_steps_batch(
+def _concat(batches: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
+    frames = [pdf for pdf in batches if len(pdf)]
+    if not frames:
+        return None
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def release_run_partition(
     batches: Iterator[pd.DataFrame],
     *,
     spec: ReleaseSpec,
     key_bytes: bytes,
     steps: Sequence[int],
     item_col: str,
-    ts_col: str,
-    ns_col: str,
+    t_col: str = "t",
+    n_col: str = "n",
+    closed: bool = False,
+    chunk_rows: int = 1 << 20,
 ) -> Iterator[pd.DataFrame]:
-    """Release every step in ``steps`` for the items of one partition, in one pass.
+    """Release every step in ``steps`` for all the items of one partition, in one pass.
 
-    Each row holds an item and two aligned lists: the steps at which its count
-    grew (``ts_col``) and the increments (``ns_col``). The tree noise advances
-    step by step through ``steps`` (the incremental path, bit-identical to the
-    from-scratch one). Output columns: ``t``, item, ``value``.
+    The partition holds flat rows (item, t, n): an increment of n to the item's
+    count at step t >= 1, or, with ``closed`` (KnownBase), a domain row t = 0
+    (n ignored). Every row of an item must be in this partition (the caller
+    repartitions by item), so the whole partition is read first. Each item is
+    hashed and encrypted once, and its tree noise advances through the steps
+    incrementally (``advance_to``), as the local engine's own ``TreeNoise``.
+
+    Output columns: ``t``, item, ``value``; KnownBase releases every item at
+    every step, UnkBase the items whose noisy count is above the threshold (or,
+    with ``remember``, was above it at an earlier release step).
+
+    Raises:
+        ValueError: with ``closed``, an item that has increments but no domain
+            row ("InvalidEventError: item ... is not in the domain").
     """
-    source = NoiseSource(NoiseKey.from_bytes(key_bytes), spec.purpose)
+    pdf = _concat(batches)
+    if pdf is None:
+        return
     steps_arr = np.asarray(sorted(steps), dtype=np.int64)
+    if pdf[item_col].isna().any():
+        raise ValueError("the item column holds a null item")
+    codes, uniques = pd.factorize(pdf[item_col], sort=False)
+    n_items = len(uniques)
+    ts = pdf[t_col].to_numpy(dtype=np.int64)
+    if closed:
+        in_domain = np.zeros(n_items, dtype=bool)
+        in_domain[codes[ts == 0]] = True
+        if not in_domain.all():
+            bad = uniques[int(np.flatnonzero(~in_domain)[0])]
+            raise ValueError(f"InvalidEventError: item {bad} is not in the domain")
+    inc = ts > 0
+    row = np.searchsorted(steps_arr, ts[inc], side="left")  # first release step >= t
+    owner = codes[inc]
+    amount = pdf[n_col].to_numpy(dtype=np.int64)[inc]
+    inside = row < len(steps_arr)
+    order = np.argsort(row[inside], kind="stable")
+    row, owner, amount = row[inside][order], owner[inside][order], amount[inside][order]
+    bounds = np.searchsorted(row, np.arange(len(steps_arr) + 1), side="left")
+
+    source = NoiseSource(NoiseKey.from_bytes(key_bytes), spec.purpose)
+    items = pd.Series(uniques, name=item_col)
+    noise = spec.tree_noise(source, items.tolist())
+    counts = np.zeros(n_items, dtype=np.int64)
+    shown = np.zeros(n_items, dtype=bool)
+    for i, t in enumerate(steps_arr.tolist()):
+        lo, hi = bounds[i], bounds[i + 1]
+        np.add.at(counts, owner[lo:hi], amount[lo:hi])
+        advance_to(noise, t)
+        values = counts + noise.noise()
+        if spec.mechanism == UNKNOWN:
+            keep = (counts > 0) & (values > spec.threshold)
+            if spec.remember:
+                shown |= keep
+                keep = shown.copy()
+            idx = np.flatnonzero(keep)
+            out_items, out_values = items.iloc[idx].reset_index(drop=True), values[idx]
+        else:
+            out_items, out_values = items, values
+        for a in range(0, len(out_values), chunk_rows):
+            b = a + chunk_rows
+            yield pd.DataFrame({"t": np.full(len(out_values[a:b]), t, dtype=np.int64),
+                                item_col: out_items.iloc[a:b].reset_index(drop=True),
+                                "value": out_values[a:b]})
+
+
+# ------------------------------------------------------------------ SparseGumb parts
+
+
+@dataclass(frozen=True)
+class TopKSpec:
+    """What an executor needs for SparseGumb's item noise (no secret inside).
+
+    Built from the local :class:`~dpstream.mechanisms.topk.ContinualTopK`, so the
+    scope, the scales and the tree are the local engine's own.
+
+    Attributes:
+        noise_scope: ``ContinualTopK.noise_scope`` (fingerprints T, r, tau, k, s, eta).
+        horizon, base: T and the counters' tree base r.
+        counter_std: the counters' cell standard deviation, sqrt(L_r) tau_2.
+        select_scale: the selection's Gumbel scale, tau_2 / 2.
+        query_scale: the sparse-vector query's Laplace scale, 4 tau_1.
+    """
+
+    noise_scope: str
+    horizon: int
+    base: int
+    counter_std: float
+    select_scale: float
+    query_scale: float
+
+
+def topk_counter_batch(
+    batches: Iterator[pd.DataFrame],
+    *,
+    spec: TopKSpec,
+    key_bytes: bytes,
+    t: int,
+    item_col: str,
+    count_col: str,
+    gen_col: str,
+) -> Iterator[pd.DataFrame]:
+    """Released counts at t of selected items: h_t^u + the tree noise of u's counter.
+
+    Each row is a selected item, its prefix count and the selection number n at
+    which it entered the selection (its counter's generation). The counter of
+    generation n is a ``TreeNoise`` under purpose ``f"{noise_scope}/counter-{n}"``
+    (``ContinualTopK._select``), jumped to t: bit-identical to the local
+    counters that advanced step by step. Output: item, gen, ``value``.
+    """
+    key = NoiseKey.from_bytes(key_bytes)
     for pdf in batches:
-        n = len(pdf)
-        if n == 0:
+        if len(pdf) == 0:
             continue
         items = _items_list(pdf[item_col])
-        counts = _increment_matrix(pdf[ts_col], pdf[ns_col], steps_arr, n)
-        noise = spec.tree_noise(source, items)
-        shown = np.zeros(n, dtype=bool)
-        item_series = pdf[item_col].reset_index(drop=True)
-        for i, t in enumerate(steps_arr.tolist()):
+        counts = _counts_array(pdf[count_col])
+        gens = pdf[gen_col].to_numpy(dtype=np.int64)
+        values = np.empty(len(pdf))
+        for n in np.unique(gens).tolist():
+            rows = np.flatnonzero(gens == n)
+            source = NoiseSource(key, f"{spec.noise_scope}/counter-{n}")
+            noise = TreeNoise(source, spec.horizon, spec.base, spec.counter_std)
+            noise.add_items(source.prepare([items[i] for i in rows]))
             noise.advance(t)
-            values = counts[i] + noise.noise()
-            if spec.mechanism == UNKNOWN:
-                keep = (counts[i] > 0) & (values > spec.threshold)
-                if spec.remember:
-                    shown |= keep
-                    keep = shown.copy()
-                if not keep.any():
-                    continue
-                yield pd.DataFrame({"t": np.full(int(keep.sum()), t, dtype=np.int64),
-                                    item_col: item_series[keep].reset_index(drop=True),
-                                    "value": values[keep]})
-            else:
-                yield pd.DataFrame({"t": np.full(n, t, dtype=np.int64), item_col: item_series,
-                                    "value": values})
+            values[rows] = counts[rows] + noise.noise()
+        yield pd.DataFrame({item_col: pdf[item_col].reset_index(drop=True), gen_col: gens,
+                            "value": values})
+
+
+def topk_query_batch(
+    batches: Iterator[pd.DataFrame],
+    *,
+    spec: TopKSpec,
+    key_bytes: bytes,
+    t: int,
+    epoch: int,
+    threshold: float,
+    item_col: str,
+    count_col: str,
+) -> Iterator[pd.DataFrame]:
+    """The sparse-vector query of step t over non-selected items: any h_t^u + Lap > m_t?
+
+    The Laplace(4 tau_1) of item u is u's value at (0, t, draw=epoch) under
+    purpose ``f"{noise_scope}/svt"``, as in ``ContinualTopK._release``. Yields
+    one row per batch: ``above`` (bool) and ``top`` (the batch's largest noisy
+    query, for diagnostics on the driver; private).
+    """
+    source = NoiseSource(NoiseKey.from_bytes(key_bytes), f"{spec.noise_scope}/svt")
+    for pdf in batches:
+        if len(pdf) == 0:
+            continue
+        counts = _counts_array(pdf[count_col])
+        prepared = source.prepare(_items_list(pdf[item_col]))
+        query = counts + source.laplace(prepared, 0, t, epoch, scale=spec.query_scale)
+        yield pd.DataFrame({"above": [bool((query > threshold).any())],
+                            "top": [float(query.max())]})
+
+
+def topk_select_batch(
+    batches: Iterator[pd.DataFrame],
+    *,
+    spec: TopKSpec,
+    key_bytes: bytes,
+    n: int,
+    k: int,
+    item_col: str,
+    count_col: str,
+) -> Iterator[pd.DataFrame]:
+    """Selection number n, per batch: the batch's k best scores h_t^u + Gumbel(tau_2 / 2).
+
+    The Gumbel of item u is its value at (0, 0, GUMBEL_DRAW) under purpose
+    ``f"{noise_scope}/select-{n}"`` (``gumbel_select_kernel``). The k largest
+    scores of the whole domain are among the union of every batch's k largest,
+    so the driver merges at most k rows per batch. Output: item, ``score``.
+    """
+    source = NoiseSource(NoiseKey.from_bytes(key_bytes), f"{spec.noise_scope}/select-{n}")
+    for pdf in batches:
+        if len(pdf) == 0:
+            continue
+        counts = _counts_array(pdf[count_col])
+        prepared = source.prepare(_items_list(pdf[item_col]))
+        scores = counts + source.gumbel(prepared, 0, 0, GUMBEL_DRAW, scale=spec.select_scale)
+        idx = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+        yield pd.DataFrame({item_col: pdf[item_col].iloc[idx].reset_index(drop=True),
+                            "score": scores[idx]})

@@ -21,7 +21,7 @@ import numpy as np
 from ..mechanisms.base import check_max_items, check_next_step
 from ..mechanisms.known import KnownDomainHistogram
 from ..noise import NoiseKey
-from .kernels import KNOWN, UNKNOWN, ReleaseSpec, release_step_batch, release_steps_batch
+from .kernels import KNOWN, UNKNOWN, ReleaseSpec, release_run_partition, release_step_batch
 
 try:  # PySpark is the optional extra ``dpstream[spark]``
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -43,6 +43,24 @@ def _check_item_type(dtype: T.DataType, what: str) -> None:
             f"{what} must be string, integer or binary (dpstream items are str, int or bytes), "
             f"got {dtype.simpleString()}"
         )
+
+
+def _check_same_item_kind(domain_type: T.DataType, event_type: T.DataType) -> None:
+    """Refuse a domain and events whose items are of different kinds (str, int, bytes).
+
+    A union would coerce one to the other, and ``"5"`` would meet ``5``: they
+    are different items in dpstream.
+    """
+    def kind(dtype: T.DataType) -> str:
+        if isinstance(dtype, T.StringType):
+            return "string"
+        if isinstance(dtype, T.BinaryType):
+            return "binary"
+        return "integer"
+
+    if kind(domain_type) != kind(event_type):
+        raise TypeError(f"the domain holds {kind(domain_type)} items but the events hold "
+                        f"{kind(event_type)} items")
 
 
 def _column_type(df: DataFrame, name: str) -> T.DataType:
@@ -245,30 +263,28 @@ class _SparkRelease:
         return [int(s) for s in ordered]
 
     # -- many steps in one job --------------------------------------------------
-    def _run_frame(self, inc: DataFrame, steps: list[int]) -> DataFrame:
-        """All releases at the claimed ``steps`` from (t, item, n) increments, in one job."""
-        item_col = self.item_col
-        per_item = inc.groupBy(item_col).agg(
-            F.collect_list(F.struct(F.col("t").cast("long").alias("t"),
-                                    F.col("n").cast("long").alias("n"))).alias("_incs"))
-        per_item = per_item.select(item_col, F.col("_incs.t").alias("_ts"),
-                                   F.col("_incs.n").alias("_ns"))
-        return self._run_per_item(per_item, steps)
+    def _run_flat(self, flat: DataFrame, steps: list[int], *, closed: bool) -> DataFrame:
+        """All releases at the claimed ``steps`` from flat (item, t, n) rows, in one job.
 
-    def _run_per_item(self, per_item: DataFrame, steps: list[int]) -> DataFrame:
+        The rows are hash-partitioned by item, so each item's rows meet in one
+        partition; one ``mapInPandas`` pass per partition then hashes each item
+        once and advances its tree noise through the steps incrementally
+        (``kernels.release_run_partition``). No list column, no join.
+        """
         item_col = self.item_col
         schema = T.StructType([
             T.StructField("t", T.LongType(), False),
-            T.StructField(item_col, per_item.schema[item_col].dataType, False),
+            T.StructField(item_col, flat.schema[item_col].dataType, False),
             T.StructField("value", T.DoubleType(), False),
         ])
         spec, key_bytes = self.spec, self._key_bytes
 
         def run(batches):
-            return release_steps_batch(batches, spec=spec, key_bytes=key_bytes(), steps=steps,
-                                       item_col=item_col, ts_col="_ts", ns_col="_ns")
+            return release_run_partition(batches, spec=spec, key_bytes=key_bytes(), steps=steps,
+                                         item_col=item_col, closed=closed)
 
-        return per_item.mapInPandas(run, schema)
+        flat = flat.where(F.col("t") <= steps[-1]).repartition(item_col)
+        return flat.mapInPandas(run, schema)
 
     def close(self) -> None:
         """Forget the broadcast key on the executors (DataFrames built before stop working)."""
@@ -372,24 +388,16 @@ class SparkKnownBase(_SparkRelease):
         step in ``steps``, as the local engine would releasing at exactly those
         steps. Events after the last step are ignored.
         """
-        steps = self._claim_steps(steps)
+        item_type = _column_type(domain, self.item_col)
+        _check_item_type(item_type, "the domain's item column")
         inc = self._timed_increments(events, t_col, items_col)
-        dom = domain.select(self.item_col).distinct().withColumn("_in", F.lit(True))
-        joined = dom.join(inc, on=self.item_col, how="full")
-        bad = F.concat(F.lit("InvalidEventError: item "), F.col(self.item_col).cast("string"),
-                       F.lit(" is not in the domain"))
-        joined = joined.select(
-            self.item_col,
-            F.when(F.col("_in").isNull(), _fail(bad)).otherwise(F.col("t")).alias("t"),
-            "n",
-        )
-        per_item = joined.groupBy(self.item_col).agg(
-            F.collect_list(F.when(F.col("t").isNotNull(), F.struct(
-                F.col("t").cast("long").alias("t"), F.col("n").cast("long").alias("n")))
-            ).alias("_incs"))
-        per_item = per_item.select(self.item_col, F.col("_incs.t").alias("_ts"),
-                                   F.col("_incs.n").alias("_ns"))
-        return self._run_per_item(per_item, steps)
+        _check_same_item_kind(item_type, inc.schema[self.item_col].dataType)
+        steps = self._claim_steps(steps)
+        dom = domain.select(F.col(self.item_col), F.lit(0).cast("long").alias("t"),
+                            F.lit(0).cast("long").alias("n"))
+        flat = dom.unionByName(inc.select(self.item_col, F.col("t").cast("long").alias("t"),
+                                          F.col("n").cast("long").alias("n")))
+        return self._run_flat(flat, steps, closed=True)
 
     def _timed_increments(self, events: DataFrame, t_col: str, items_col: str) -> DataFrame:
         return _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
@@ -532,10 +540,12 @@ class SparkUnknownBase(_SparkRelease):
         As the local engine releasing at exactly those steps: (t, item, value)
         of the items shown at each step. Events after the last step are ignored.
         """
-        steps = self._claim_steps(steps)
         inc = _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
                                 self.item_col)
-        return self._run_frame(inc, steps)
+        steps = self._claim_steps(steps)
+        flat = inc.select(self.item_col, F.col("t").cast("long").alias("t"),
+                          F.col("n").cast("long").alias("n"))
+        return self._run_flat(flat, steps, closed=False)
 
     def __repr__(self) -> str:
         return (f"SparkUnknownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
