@@ -211,3 +211,23 @@ def test_tree_counter_counts_and_agrees_with_one_item_histogram():
     for b in bits:
         assert c.step(int(b)) == h.step(["__counter__"] if b else []).values[0]
     assert c.count == bits.sum()
+
+
+def test_tree_noise_restored_from_its_level_sums_continues_bit_for_bit():
+    from dpstream.mechanisms.tree_noise import TreeNoise
+    from dpstream.noise import NoiseSource
+
+    src = NoiseSource(fixed_key("restore"), "r")
+    prepared = src.prepare(range(50))
+    a = TreeNoise(src, 300, 3, 1.7)
+    a.add_items(prepared)
+    for t in range(1, 118):
+        a.advance(t)
+    b = TreeNoise.restore(src, 300, 3, 1.7, a.prepared, a.t, a.level_sums())
+    assert np.array_equal(a.noise(), b.noise())
+    for t in range(118, 300, 7):  # steps and jumps after the restore
+        a.advance(t)
+        b.advance(t)
+        assert np.array_equal(a.noise(), b.noise())
+    with pytest.raises(ValueError, match="shape"):
+        TreeNoise.restore(src, 300, 3, 1.7, a.prepared, 5, np.zeros((2, 50)))

@@ -146,6 +146,44 @@ class TreeNoise:
                 np.add(self._suffix[row + 1, cols], self._level_sum[row, cols],
                        out=self._suffix[row, cols])
 
+    # -- state export ----------------------------------------------------------
+    def level_sums(self) -> np.ndarray:
+        """A copy of the per-level noise sums, shape (levels, items): the whole state
+        besides t and the prepared ids (for a checkpoint, e.g. Spark's streaming state)."""
+        return self._level_sum[:, : self._n].copy()
+
+    @classmethod
+    def restore(
+        cls,
+        source: NoiseSource,
+        horizon: int,
+        base: int,
+        cell_std: float,
+        prepared: PreparedItems,
+        t: int,
+        level_sums: np.ndarray,
+    ) -> TreeNoise:
+        """Rebuild a TreeNoise at time t from :meth:`level_sums` and the prepared ids.
+
+        The suffix sums depend only on the level sums, so the restored object
+        continues bit for bit as the original would (no keyed draw is repeated).
+        """
+        tn = cls(source, horizon, base, cell_std)
+        level_sums = np.asarray(level_sums, dtype=np.float64)
+        if level_sums.shape != (tn.levels, len(prepared)):
+            raise ValueError(f"level_sums must have shape ({tn.levels}, {len(prepared)}), "
+                             f"got {level_sums.shape}")
+        if not 0 <= t <= horizon:
+            raise ValueError(f"t must be in [0, {horizon}], got {t}")
+        n = len(prepared)
+        tn._reserve(n)
+        tn._level_sum[:, :n] = level_sums
+        tn._prepared = [prepared]
+        tn._n = n
+        tn.t = int(t)
+        tn._recompute_suffix(tn.levels - 1, slice(0, n))
+        return tn
+
     # -- output ----------------------------------------------------------------
     def noise(self) -> np.ndarray:
         """The current noise of every item (a read-only view, valid until the next call)."""
