@@ -15,7 +15,12 @@ Throughput is item-releases per second (items x steps / wall time), for:
 * spark run: ``SparkKnownBase.run(events, domain, steps=...)``, all steps in
   one job from a DataFrame of timed events (the ``dpstream run --engine spark``
   path), written to the ``noop`` sink: one shuffle by item, then each
-  partition hashes its items once and advances their tree noise step by step.
+  partition hashes its items once and advances their tree noise step by step;
+* spark stream: ``start_stream`` over a file source, one file (and one
+  micro-batch) per step, KnownBase over the whole domain: per micro-batch
+  time (Spark's ``triggerExecution``, steps 2.. only: step 1 hashes every
+  item by necessity), snapshot and release written to Parquet in a
+  temporary directory.
 
 Ratios are against the local engine's amortised step, measured in the same
 process (machines are noisy; ratios travel better than seconds).
@@ -38,6 +43,9 @@ def main() -> None:
     ap.add_argument("--horizon", type=int, default=10_000)
     ap.add_argument("--events-per-step", type=int, default=20_000)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--stream-items", type=int, default=None,
+                    help="domain size of the streaming case (default: --items)")
+    ap.add_argument("--only-stream", action="store_true", help="skip the step and run cases")
     args = ap.parse_args()
     n, steps, T = args.items, args.steps, args.horizon
 
@@ -68,6 +76,15 @@ def main() -> None:
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    if args.only_stream:
+        stream_s = _stream_case(spark, key, T, args.stream_items or n, steps, increments)
+        spark.stop()
+        ns = args.stream_items or n
+        print(f"items={ns:,} steps={steps} T={T} local step + build/{steps}: "
+              f"{local_amortised_s * ns / n * 1e3:.1f} ms (scaled to {ns:,} items)")
+        print(f"spark stream per micro-batch: {stream_s * 1e3:.1f} ms  "
+              f"ratio {local_amortised_s * ns / n / stream_s:5.2f}x")
+        return
     remote = SparkKnownBase(spark, T, max_items=1, key=key, rho=1.0)
     counts_df = spark.range(n).select(F.col("id").alias("item"),
                                       (F.col("id") % 7).alias("count")).cache()
@@ -93,6 +110,7 @@ def main() -> None:
     runner.run(events, domain, steps=range(1, steps + 1)).write.format("noop").mode(
         "overwrite").save()
     spark_run_s = (time.perf_counter() - t0) / steps
+    stream_s = _stream_case(spark, key, T, args.stream_items or n, steps, increments)
     spark.stop()
 
     def rate(s: float) -> str:
@@ -107,7 +125,46 @@ def main() -> None:
           f"ratio {local_amortised_s / spark_step_s:5.2f}x")
     print(f"spark run (all steps):  {spark_run_s * 1e3:9.1f} ms  {rate(spark_run_s)}  "
           f"ratio {local_amortised_s / spark_run_s:5.2f}x")
+    ns = args.stream_items or n
+    print(f"spark stream ({ns:,} items, per micro-batch): {stream_s * 1e3:9.1f} ms  "
+          f"{ns / stream_s / 1e6:7.2f} M item-releases/s  "
+          f"ratio {local_amortised_s * ns / n / stream_s:5.2f}x")
     print("ratio = local time / spark time (> 1: Spark is faster)")
+
+
+def _stream_case(spark, key, horizon: int, n: int, steps: int, increments) -> float:
+    """Median per-micro-batch time of ``start_stream`` (KnownBase, n domain items), steps 2..."""
+    import json
+    import os
+    import tempfile
+
+    import pandas as pd
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from dpstream.spark import SparkKnownBase
+    from dpstream.spark.streaming import start_stream
+
+    with tempfile.TemporaryDirectory(prefix="dpstream-bench-") as tmp:
+        src = os.path.join(tmp, "in")
+        os.mkdir(src)
+        for t, inc in enumerate(increments, start=1):
+            path = os.path.join(src, f"step-{t:04d}.json")
+            with open(path, "w") as f:
+                f.write("\n".join(json.dumps({"items": [int(i) % n]}) for i in inc) + "\n")
+            os.utime(path, (1_700_000_000 + 60 * t, 1_700_000_000 + 60 * t))
+        domain = spark.createDataFrame(pd.DataFrame({"item": np.arange(n, dtype=np.int64)}))
+        domain = domain.select(F.col("item")).cache()
+        domain.count()
+        mech = SparkKnownBase(spark, horizon, max_items=1, key=key, rho=1.0)
+        events = (spark.readStream.schema("items array<long>").option("maxFilesPerTrigger", 1)
+                  .json(src))
+        q = start_stream(mech, events, output_path=os.path.join(tmp, "out"),
+                         checkpoint_location=os.path.join(tmp, "ckpt"), domain=domain,
+                         trigger={"availableNow": True})
+        q.awaitTermination()
+        times = [p["durationMs"]["triggerExecution"] / 1e3 for p in q.recentProgress
+                 if p["batchId"] >= 1 and p["numInputRows"] > 0]
+    return float(np.median(times))
 
 
 if __name__ == "__main__":

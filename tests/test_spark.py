@@ -22,7 +22,9 @@ import pytest
 
 from dpstream.errors import StateError
 from dpstream.mechanisms.known import KnownDomainHistogram
+from dpstream.mechanisms.tree_noise import TreeNoise
 from dpstream.mechanisms.unknown import UnknownDomainHistogram
+from dpstream.noise import NoiseSource
 
 from .conftest import fixed_key
 
@@ -316,6 +318,18 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     again = _read_stream_output(spark, out, 4).sort_values("item").reset_index(drop=True)
     assert again.equals(first[4].sort_values("item").reset_index(drop=True))
     assert not (ckpt / "dpstream-state" / "t=2").exists()  # old snapshots are dropped
+    # the snapshot of step 4 (reached by restored, one-step-advanced tree noise) holds
+    # each item's prepared id and level sums exactly as a local TreeNoise jumped to 4
+    snap = pd.read_parquet(ckpt / "dpstream-state" / "t=4")
+    local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6)
+    source = NoiseSource(key, local.tree_purpose)
+    fresh = TreeNoise(source, HORIZON, local.base, float(np.sqrt(local.levels) * local.tau))
+    fresh.add_items(source.prepare(snap["item"].tolist()))
+    fresh.advance(4)
+    ids = snap[["dp_id0", "dp_id1"]].to_numpy(dtype=np.int64).view("<u8")
+    assert np.array_equal(ids, fresh.prepared.words)
+    sums = snap[[f"dp_noise{lv}" for lv in range(1, local.levels + 1)]].to_numpy().T
+    assert np.array_equal(sums, fresh.level_sums())
     with pytest.raises(StateError, match="key_fingerprint"):
         run_stream(fixed_key("another key"))
 
@@ -433,8 +447,6 @@ def test_topk_matches_local_sparse_gumb_through_reselections(spark) -> None:
     assert switched >= 2 and local.switches_left < 3  # the check both fired and held
     # the distributed query against the local arithmetic, right at its largest value
     # (remote.switches_left was spent on the last switch: query the last epoch's addresses)
-    from dpstream.noise import NoiseSource
-
     epoch = local.switches - local.switches_left
     svt = NoiseSource(key, f"{local.noise_scope}/svt")
     others = np.setdiff1d(np.arange(d), np.array(local.selected))

@@ -87,3 +87,79 @@ def test_kernel_refuses_null_and_negative_counts() -> None:
         with pytest.raises(ValueError, match="count"):
             list(kernels.release_step_batch(iter([pdf]), spec=spec, key_bytes=key.to_bytes(),
                                             t=1, item_col="item", count_col="count"))
+
+
+def _stream_steps(spec, key, items_at, counts_at, steps, *, drop_state_at=(), batch_cut=5):
+    """Chain ``release_stream_batch`` over ``steps`` as the streaming runner does: each
+    step's output (its state at t) is the next step's input, rows of new items appended
+    without state. Returns {t: {item: value}} and the ids prepared at each step."""
+    prepared_at: dict[int, list] = {}
+    real_prepare = kernels.NoiseSource.prepare
+    out_by_t: dict[int, dict] = {}
+    state = None
+    prev_t = 0
+    noise_cols = kernels.state_noise_cols(spec.levels)
+    for t in steps:
+        items = items_at[t]
+        rows = pd.DataFrame({"item": items, "count": [counts_at[t][u] for u in items]})
+        with_state = state is not None and t not in drop_state_at
+        if with_state:
+            # nullable ints: a float64 column would round the 64-bit id words
+            rows = rows.merge(state.astype({c: "Int64" for c in kernels.STATE_IDS}),
+                              on="item", how="left")
+            has = rows["dp_id0"].notna()
+            rows[kernels.STATE_FLAG] = has
+            for c in kernels.STATE_IDS:  # the runner fills nulls in Spark, before Arrow
+                rows[c] = rows[c].fillna(0).astype(np.int64)
+            for c in noise_cols:
+                rows[c] = rows[c].where(has, 0.0)
+        seen: list = []
+
+        def counting_prepare(self, xs, _seen=seen):
+            _seen.extend(xs)
+            return real_prepare(self, xs)
+
+        kernels.NoiseSource.prepare = counting_prepare
+        try:
+            parts = [rows.iloc[:batch_cut], rows.iloc[batch_cut:]]
+            out = pd.concat(kernels.release_stream_batch(
+                iter(parts), spec=spec, key_bytes=key.to_bytes(), t=t,
+                prev_t=prev_t if with_state else 0, item_col="item", count_col="count",
+                with_state=with_state))
+        finally:
+            kernels.NoiseSource.prepare = real_prepare
+        prepared_at[t] = seen
+        # the state goes through float64 / int64 columns only (as in Parquet)
+        assert all(out[c].dtype == np.float64 for c in noise_cols)
+        assert all(out[c].dtype == np.int64 for c in kernels.STATE_IDS)
+        state = out[["item", *kernels.STATE_IDS, *noise_cols]]
+        out_by_t[t] = dict(zip(out["item"], out["value"], strict=True))
+        prev_t = t
+    return out_by_t, prepared_at
+
+
+def test_stream_kernel_continues_from_its_state_bit_for_bit() -> None:
+    key = fixed_key("spark-kernel-stream")
+    universe = [f"u{i}" for i in range(40)]
+    T = 100
+    local = KnownDomainHistogram(universe, T, max_items=2, key=key, rho=0.3, base=3)
+    spec = _spec(local)
+    rng = np.random.default_rng(7)  # simulated data
+    # items appear over time (as UnkBase's do); steps 1..12, then a gap to 20, 21
+    steps = [*range(1, 13), 20, 21]
+    items_at, counts_at, counts = {}, {}, np.zeros(len(universe), dtype=np.int64)
+    for t in steps:
+        live = min(len(universe), 10 + 3 * steps.index(t))
+        counts[:live] += rng.integers(0, 3, live)
+        items_at[t] = universe[:live]
+        counts_at[t] = dict(zip(universe, counts.tolist(), strict=True))
+    got, prepared_at = _stream_steps(spec, key, items_at, counts_at, steps,
+                                     drop_state_at=(9,))
+    for t in steps:
+        want = local.release(t, np.array([counts_at[t][u] for u in universe])).values
+        assert np.array_equal(np.array([got[t][u] for u in items_at[t]]),
+                              want[: len(items_at[t])]), t
+    # only new items are prepared; a step without state (9) prepares everything again
+    for i, t in enumerate(steps):
+        before = set(items_at[steps[i - 1]]) if i and t != 9 else set()
+        assert prepared_at[t] == [u for u in items_at[t] if u not in before], t

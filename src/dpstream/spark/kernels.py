@@ -25,16 +25,20 @@ import numpy as np
 import pandas as pd
 
 from ..mechanisms.tree_noise import TreeNoise
-from ..noise import NoiseKey, NoiseSource
+from ..noise import NoiseKey, NoiseSource, PreparedItems
 from ..oneshot.common import GUMBEL_DRAW
-from ..tree import cells_at
+from ..tree import cells_at, num_levels
 
 __all__ = [
+    "STATE_FLAG",
+    "STATE_IDS",
     "ReleaseSpec",
     "TopKSpec",
     "advance_to",
     "release_run_partition",
     "release_step_batch",
+    "release_stream_batch",
+    "state_noise_cols",
     "topk_counter_batch",
     "topk_query_batch",
     "topk_select_batch",
@@ -76,6 +80,11 @@ class ReleaseSpec:
             raise ValueError(f"mechanism must be {KNOWN!r} or {UNKNOWN!r}, got {self.mechanism!r}")
         if (self.mechanism == UNKNOWN) != (self.threshold is not None):
             raise ValueError("threshold is set for UnkBase and only for UnkBase")
+
+    @property
+    def levels(self) -> int:
+        """L_r: the number of tree levels (of per-level noise sums per item)."""
+        return num_levels(self.horizon, self.base)
 
     def tree_noise(self, source: NoiseSource, items: Sequence[object]) -> TreeNoise:
         """A fresh TreeNoise at t = 0 holding ``items`` (prepared under ``source``)."""
@@ -139,6 +148,96 @@ def release_step_batch(
             released = np.ones(len(pdf), dtype=bool)
         yield pd.DataFrame({item_col: pdf[item_col].reset_index(drop=True), count_col: counts,
                             "released": released, "value": values})
+
+
+#: Streaming state columns: the item's prepared id (two 64-bit words, stored as
+#: signed int64 with the same bits) and, during a step, whether the row has state.
+STATE_IDS = ("dp_id0", "dp_id1")
+STATE_FLAG = "dp_has_state"
+
+
+def state_noise_cols(levels: int) -> list[str]:
+    """The names of the per-level noise sum columns, level 1 (leaves) first."""
+    return [f"dp_noise{lv}" for lv in range(1, levels + 1)]
+
+
+def release_stream_batch(
+    batches: Iterator[pd.DataFrame],
+    *,
+    spec: ReleaseSpec,
+    key_bytes: bytes,
+    t: int,
+    prev_t: int,
+    item_col: str,
+    count_col: str,
+    shown_col: str | None = None,
+    with_state: bool = True,
+) -> Iterator[pd.DataFrame]:
+    """One streaming step: noisy counts at t, continuing each item's tree noise from prev_t.
+
+    Input rows: item, prefix count at t, optionally ``shown_col`` (UnkBase with
+    ``remember``) and, with ``with_state``, the item's state at ``prev_t``:
+    ``STATE_FLAG`` (bool: the state columns are valid), ``STATE_IDS`` and
+    ``state_noise_cols(L)`` (the ``TreeNoise.level_sums`` at prev_t). A row
+    with state is rebuilt with ``TreeNoise.restore`` and advanced to t
+    (``advance_to``: one incremental step after prev_t = t - 1), without
+    preparing its id again; a row without state (a new item, or a snapshot
+    written before the state columns existed) is prepared and jumped to t from
+    scratch. Both paths give the local engine's noise bit for bit.
+
+    Output: item, count, ``released``, ``value`` (as ``release_step_batch``),
+    then the state at t: ``STATE_IDS`` and the noise sum columns.
+    """
+    if not 0 <= prev_t < t:
+        raise ValueError(f"prev_t must be in [0, t), got prev_t={prev_t}, t={t}")
+    source = NoiseSource(NoiseKey.from_bytes(key_bytes), spec.purpose)
+    levels = spec.levels
+    noise_cols = state_noise_cols(levels)
+    for pdf in batches:
+        n = len(pdf)
+        if n == 0:
+            continue
+        if pdf[item_col].isna().any():
+            raise ValueError("the item column holds a null item")
+        counts = _counts_array(pdf[count_col])
+        if with_state and prev_t > 0:
+            old = pdf[STATE_FLAG].fillna(False).to_numpy(dtype=bool)
+        else:
+            old = np.zeros(n, dtype=bool)
+        words = np.empty((n, 2), dtype="<u8")
+        sums = np.empty((levels, n))
+        noise = np.empty(n)
+        rows = np.flatnonzero(old)
+        if len(rows):
+            ids = np.column_stack([pdf[c].to_numpy(dtype=np.int64)[rows] for c in STATE_IDS])
+            level_sums = np.stack([pdf[c].to_numpy(dtype=np.float64)[rows] for c in noise_cols])
+            tn = TreeNoise.restore(source, spec.horizon, spec.base, spec.cell_std,
+                                   PreparedItems(ids.view("<u8")), prev_t, level_sums)
+            advance_to(tn, t)
+            words[rows] = tn.prepared.words
+            sums[:, rows] = tn.level_sums()
+            noise[rows] = tn.noise()
+        rows = np.flatnonzero(~old)
+        if len(rows):
+            tn = spec.tree_noise(source, pdf[item_col].iloc[rows].tolist())
+            tn.advance(t)
+            words[rows] = tn.prepared.words
+            sums[:, rows] = tn.level_sums()
+            noise[rows] = tn.noise()
+        values = counts + noise
+        if spec.mechanism == UNKNOWN:
+            released = (counts > 0) & (values > spec.threshold)
+            if spec.remember and shown_col is not None:
+                released |= pdf[shown_col].fillna(False).to_numpy(dtype=bool)
+        else:
+            released = np.ones(n, dtype=bool)
+        signed = words.view(np.int64)
+        out = {item_col: pdf[item_col].reset_index(drop=True), count_col: counts,
+               "released": released, "value": values,
+               STATE_IDS[0]: signed[:, 0], STATE_IDS[1]: signed[:, 1]}
+        for row, name in enumerate(noise_cols):
+            out[name] = sums[row]
+        yield pd.DataFrame(out)
 
 
 def advance_to(noise: TreeNoise, t: int) -> None:

@@ -21,7 +21,17 @@ import numpy as np
 from ..mechanisms.base import check_max_items, check_next_step
 from ..mechanisms.known import KnownDomainHistogram
 from ..noise import NoiseKey
-from .kernels import KNOWN, UNKNOWN, ReleaseSpec, release_run_partition, release_step_batch
+from .kernels import (
+    KNOWN,
+    STATE_FLAG,
+    STATE_IDS,
+    UNKNOWN,
+    ReleaseSpec,
+    release_run_partition,
+    release_step_batch,
+    release_stream_batch,
+    state_noise_cols,
+)
 
 try:  # PySpark is the optional extra ``dpstream[spark]``
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -128,6 +138,7 @@ def update_counts(
     item_col: str = "item",
     count_col: str = "count",
     closed: bool = False,
+    carry: Sequence[str] = (),
 ) -> DataFrame:
     """The prefix counts after one more step: ``previous`` plus the step's events.
 
@@ -138,6 +149,9 @@ def update_counts(
         max_items: Delta0; a larger event fails the job.
         closed: the domain is known and ``previous`` lists all of it (with
             zero counts): an item outside it fails the job (KnownBase).
+        carry: more columns of ``previous`` to keep beside the new count
+            (null for an item that first appears in ``events``), in the same
+            join: e.g. the streaming runner's released flags and noise state.
 
     Counts only grow, so a release from the result never sees a decrease.
     """
@@ -146,7 +160,7 @@ def update_counts(
         if closed:
             raise ValueError("closed=True needs the previous counts (the domain with zeros)")
         return inc.select(item_col, F.col("n").alias(count_col))
-    prev = previous.select(item_col, F.col(count_col).cast("long").alias("_prev"))
+    prev = previous.select(item_col, F.col(count_col).cast("long").alias("_prev"), *carry)
     joined = prev.join(inc, on=item_col, how="full")
     new = F.coalesce(F.col("_prev"), F.lit(0)) + F.coalesce(F.col("n"), F.lit(0))
     if closed:
@@ -154,7 +168,7 @@ def update_counts(
                      _fail(F.concat(F.lit("InvalidEventError: item "),
                                     F.col(item_col).cast("string"),
                                     F.lit(" is not in the domain")))).otherwise(new)
-    return joined.select(item_col, new.cast("long").alias(count_col))
+    return joined.select(item_col, new.cast("long").alias(count_col), *carry)
 
 
 class _SparkRelease:
@@ -239,6 +253,37 @@ class _SparkRelease:
         out = counts.select(*cols).mapInPandas(run, schema)
         return out.select(F.lit(t).cast("long").alias("t"), item_col, count_col, "released",
                           "value")
+
+    def _stream_frame(self, t: int, prev_t: int, rows: DataFrame, *,
+                      shown_col: str | None = None, with_state: bool = True) -> DataFrame:
+        """Streaming step t from unique rows carrying each item's noise state at prev_t.
+
+        ``rows``: item, count (h_t), [``shown_col``,] and with ``with_state`` the
+        columns ``STATE_FLAG``, ``STATE_IDS`` and ``state_noise_cols(L)``
+        (``kernels.release_stream_batch``). Returns item, count, released, value
+        and the state at t: the next step's snapshot. No ordering check (the
+        streaming runner's clock is Spark's batch id).
+        """
+        item_col, count_col = self.item_col, self.count_col
+        noise_cols = state_noise_cols(self.spec.levels)
+        schema = T.StructType(
+            [T.StructField(item_col, rows.schema[item_col].dataType, False),
+             T.StructField(count_col, T.LongType(), False),
+             T.StructField("released", T.BooleanType(), False),
+             T.StructField("value", T.DoubleType(), False)]
+            + [T.StructField(c, T.LongType(), False) for c in STATE_IDS]
+            + [T.StructField(c, T.DoubleType(), False) for c in noise_cols])
+        spec, key_bytes = self.spec, self._key_bytes
+
+        def run(batches):
+            return release_stream_batch(batches, spec=spec, key_bytes=key_bytes(), t=t,
+                                        prev_t=prev_t, item_col=item_col, count_col=count_col,
+                                        shown_col=shown_col, with_state=with_state)
+
+        cols = [item_col, count_col] + ([shown_col] if shown_col else [])
+        if with_state:
+            cols += [STATE_FLAG, *STATE_IDS, *noise_cols]
+        return rows.select(*cols).mapInPandas(run, schema)
 
     @staticmethod
     def _released(full: DataFrame, item_col: str) -> DataFrame:

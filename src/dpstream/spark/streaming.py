@@ -7,7 +7,13 @@ to ``output_path/t=<t>/``.
 
 State. The prefix counts live in per-step snapshots under ``state_path``
 (default ``<checkpoint>/dpstream-state``): ``t=<t>/`` holds, for every item
-seen (or every domain item), its count, its released flag and its noisy value.
+seen (or every domain item), its count, its released flag, its noisy value
+and its tree-noise state at t: its prepared id (two 64-bit words) and its L
+per-level noise sums (``TreeNoise.level_sums``, float64, stored exactly). The
+next micro-batch rebuilds each item's ``TreeNoise`` from that state
+(``TreeNoise.restore``) and takes one incremental step, preparing ids only
+for new items, instead of hashing every item again and jumping its noise
+from scratch. Both paths give the local engine's noise bit for bit.
 Spark's checkpoint decides which batch runs next and with which input; a
 batch that is replayed after a failure has the same batch_id and the same
 input (Spark's guarantee for replayable sources), reads the same snapshot of
@@ -27,6 +33,7 @@ import json
 from typing import Any
 
 from ..errors import HorizonExceededError, StateError
+from .kernels import STATE_FLAG, STATE_IDS, state_noise_cols
 from .releases import SparkKnownBase, SparkUnknownBase, update_counts
 
 try:
@@ -170,6 +177,13 @@ def start_stream(
         fs.write_text(meta, json.dumps(params, sort_keys=True))
 
     item_col, count_col = mechanism.item_col, mechanism.count_col
+    noise_cols = state_noise_cols(mechanism.spec.levels)
+    state_cols = [*STATE_IDS, *noise_cols]
+    reserved = {"released", "value", "_shown", STATE_FLAG, *state_cols}
+    for name in (item_col, count_col):
+        if name in reserved:
+            raise ValueError(f"column name {name!r} is used by the streaming state; "
+                             "choose another item_col / count_col")
     horizon = mechanism.horizon
     remember = (not known) and mechanism.remember
     initial = None
@@ -187,22 +201,30 @@ def start_stream(
             raise HorizonExceededError(f"micro-batch {batch_id} is time step {t}, past the "
                                        f"horizon T={horizon}")
         if t == 1:
-            previous = initial
+            previous, prev_t = initial, 0
         else:
             if not fs.exists(_join(snapshot(t - 1), "_SUCCESS")):
                 raise StateError(f"the state of step {t - 1} is missing at {snapshot(t - 1)!r}")
-            previous = spark.read.parquet(snapshot(t - 1))
-        prev_counts = None if previous is None else previous.select(item_col, count_col)
-        counts = update_counts(prev_counts, batch, max_items=mechanism.max_items,
+            previous, prev_t = spark.read.parquet(snapshot(t - 1)), t - 1
+        # A snapshot written before the state columns existed: prepare every id again.
+        with_state = previous is not None and set(state_cols) <= set(previous.columns)
+        carry = (["released"] if remember and previous is not None else []) + (
+            state_cols if with_state else [])
+        counts = update_counts(previous, batch, max_items=mechanism.max_items,
                                items_col=items_col, item_col=item_col, count_col=count_col,
-                               closed=known)
+                               closed=known, carry=carry)
+        cols = [F.col(item_col), F.col(count_col)]
         shown = None
         if remember and previous is not None:
-            flags = previous.select(item_col, F.col("released").alias("_shown"))
-            counts = counts.join(flags, on=item_col, how="left")
+            cols.append(F.coalesce(F.col("released"), F.lit(False)).alias("_shown"))
             shown = "_shown"
-        full = mechanism._full_frame(t, counts, shown)
-        full.drop("t").write.mode("overwrite").parquet(snapshot(t))
+        if with_state:  # a new item has no state: a flag, and non-null fillers for Arrow
+            cols.append(F.col(STATE_IDS[0]).isNotNull().alias(STATE_FLAG))
+            cols += [F.coalesce(F.col(c), F.lit(0).cast("long")).alias(c) for c in STATE_IDS]
+            cols += [F.coalesce(F.col(c), F.lit(0.0)).alias(c) for c in noise_cols]
+        full = mechanism._stream_frame(t, prev_t, counts.select(*cols), shown_col=shown,
+                                       with_state=with_state)
+        full.write.mode("overwrite").parquet(snapshot(t))
         written = spark.read.parquet(snapshot(t))
         (written.where(F.col("released")).select(item_col, "value")
          .write.mode("overwrite").format(output_format).save(_join(output_path, f"t={t}")))
