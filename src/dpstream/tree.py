@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ._checks import check_int
+
 __all__ = [
     "num_levels",
     "digits",
@@ -32,26 +34,10 @@ __all__ = [
 ]
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np  # local: numpy integers are fine
-
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def num_levels(horizon: int, base: int) -> int:
     """L_r = floor(log_r T) + 1, the number of base-r digits of T (eq:baseL)."""
-    horizon = _check_int("horizon", horizon, 1)
-    base = _check_int("base", base, 2)
+    horizon = check_int("horizon", horizon, 1)
+    base = check_int("base", base, 2)
     levels = 0
     while horizon:
         horizon //= base
@@ -61,8 +47,8 @@ def num_levels(horizon: int, base: int) -> int:
 
 def digits(t: int, base: int) -> list[int]:
     """Base-r digits of t, least significant first (s_0, s_1, ...)."""
-    t = _check_int("t", t, 0)
-    base = _check_int("base", base, 2)
+    t = check_int("t", t, 0)
+    base = check_int("base", base, 2)
     out = []
     while t:
         t, s = divmod(t, base)
@@ -76,8 +62,8 @@ def cells_by_level(t: int, base: int) -> list[tuple[int, int, int]]:
     Level ``i + 1`` holds cells ``floor(t / r^(i+1)) r + 1 .. floor(t / r^i)``,
     which is empty when the digit s_i is 0 (then the level is omitted).
     """
-    t = _check_int("t", t, 1)
-    base = _check_int("base", base, 2)
+    t = check_int("t", t, 1)
+    base = check_int("base", base, 2)
     out = []
     level = 1
     power = 1  # r^(level-1)
@@ -98,8 +84,8 @@ def cells_at(t: int, base: int) -> list[tuple[int, int]]:
 
 def cell_span(level: int, index: int, base: int) -> tuple[int, int]:
     """The time steps (first, last) that cell (level, index) covers."""
-    level = _check_int("level", level, 1)
-    index = _check_int("index", index, 1)
+    level = check_int("level", level, 1)
+    index = check_int("index", index, 1)
     size = base ** (level - 1)
     return ((index - 1) * size + 1, index * size)
 
@@ -110,8 +96,8 @@ def cells_of_event(t: int, horizon: int, base: int) -> list[tuple[int, int]]:
     At level i the event is in cell ceil(t / r^(i-1)); a cell that would run past
     the horizon does not exist in the table (j <= floor(T / r^(i-1))).
     """
-    t = _check_int("t", t, 1)
-    horizon = _check_int("horizon", horizon, 1)
+    t = check_int("t", t, 1)
+    horizon = check_int("horizon", horizon, 1)
     if t > horizon:
         raise ValueError(f"t must be <= horizon ({horizon}), got {t}")
     out = []
@@ -130,8 +116,8 @@ def cells_closing_at(t: int, horizon: int, base: int) -> list[tuple[int, int]]:
     with r^(i-1) dividing t, index t / r^(i-1). Used by MetaAlgo, which applies
     the one-shot mechanism to each cell exactly once, when it closes.
     """
-    t = _check_int("t", t, 1)
-    horizon = _check_int("horizon", horizon, 1)
+    t = check_int("t", t, 1)
+    horizon = check_int("horizon", horizon, 1)
     levels = num_levels(horizon, base)
     out = []
     size = 1
@@ -151,8 +137,8 @@ def paper_variance_factor(horizon: int, base: int) -> int:
 
 def integer_root(n: int, k: int) -> int:
     """floor(n ** (1/k)) for n >= 0, k >= 1, in exact integer arithmetic."""
-    n = _check_int("n", n, 0)
-    k = _check_int("k", k, 1)
+    n = check_int("n", n, 0)
+    k = check_int("k", k, 1)
     if n < 2 or k == 1:
         return n
     x = 1 << -(-n.bit_length() // k)  # 2^ceil(bits/k) >= the root
@@ -178,7 +164,7 @@ def optimal_base(horizon: int) -> int:
     all bases, and the smallest minimiser is among them. ``optimal_base(1) == 2``
     by convention (a one-step stream has one level).
     """
-    horizon = _check_int("horizon", horizon, 1)
+    horizon = check_int("horizon", horizon, 1)
     if horizon < 2:
         return 2
     best_base, best_cost = 2, paper_variance_factor(horizon, 2)
@@ -199,7 +185,7 @@ def max_cells(horizon: int, base: int) -> int:
     position p with a non-zero digit, T with that digit lowered by one and
     every lower digit set to r - 1.
     """
-    horizon = _check_int("horizon", horizon, 1)
+    horizon = check_int("horizon", horizon, 1)
     ds = digits(horizon, base)
     best = sum(ds)
     for p, d in enumerate(ds):
@@ -225,7 +211,7 @@ def iter_level_changes(t: int, base: int) -> Iterator[tuple[int, int]]:
     ``new_index`` == 0 means the level's set became empty (its digit rolled over
     to 0). Levels above the last yielded one are unchanged.
     """
-    t = _check_int("t", t, 1)
+    t = check_int("t", t, 1)
     level = 1
     size = 1
     while t % size == 0 and size <= t:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import privacy
+from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
@@ -126,11 +127,7 @@ def check_base(base: object, horizon: int) -> int:
 
 def check_max_items(max_items: object) -> int:
     """Delta0, the most items one event may hold."""
-    if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)):
-        raise TypeError(f"max_items must be an int, got {type(max_items).__name__}")
-    if max_items < 1:
-        raise ValueError(f"max_items must be >= 1, got {max_items}")
-    return int(max_items)
+    return check_int("max_items", max_items, 1)
 
 
 def check_key(key: object) -> NoiseKey:

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Iterable
 import numpy as np
 
 from .. import privacy
+from .._checks import check_int
 from ..errors import InvalidEventError
 from ..noise import NoiseKey, NoiseSource, encode_item
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
@@ -50,14 +51,6 @@ _THEOREMS = {
                       "(eps(k/tau^2, delta'), 2k delta + delta')-DP "
                       "[delta charged as max(2k, kbar) delta, see docstring]",
 }
-
-
-def _check_pos_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
 
 
 class MetaHistogram:
@@ -192,9 +185,9 @@ class MetaHistogram:
             if domain is not None:
                 raise ValueError(f"oneshot={oneshot!r} is for an unknown domain: give no domain=")
             self.domain = None
-            self.kbar = _check_pos_int("kbar", kbar)
+            self.kbar = check_int("kbar", kbar, 1)
         if gumbel:
-            self.k = _check_pos_int("k", k)
+            self.k = check_int("k", k, 1)
             if known and self.k > len(self._index):
                 raise ValueError(f"k must be at most the domain size ({len(self._index)}), "
                                  f"got {self.k}")

@@ -28,7 +28,6 @@ __all__ = [
     "GUMBEL_DRAW",
     "OneShotRelease",
     "UnknownDomainResult",
-    "check_int",
     "check_tau",
     "histogram_arrays",
 ]
@@ -86,15 +85,6 @@ class OneShotRelease:
 
 #: The result of the unknown-domain mechanisms (the same type; the old name stays).
 UnknownDomainResult = OneShotRelease
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """An int parameter >= ``minimum`` (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value!r}")
-    return int(value)
 
 
 def check_tau(tau: object) -> float:

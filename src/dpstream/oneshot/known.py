@@ -16,6 +16,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 
 from .. import privacy
+from .._checks import check_int
 from ..noise import NoiseKey, NoiseSource, PreparedItems
 from .common import (
     GAUSSIAN_DRAW,
@@ -46,10 +47,7 @@ KNOWN_GUMB_SELECT_THEOREM = (
 
 
 def _check_k(k: object, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    k = check_int("k", k, 1)
     if k > n:
         raise ValueError(f"k must be at most the number of items ({n}), got {k}")
     return int(k)

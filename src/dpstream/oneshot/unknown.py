@@ -35,13 +35,13 @@ import numpy as np
 from scipy.special import ndtri
 
 from .. import privacy
+from .._checks import check_int
 from ..noise import NoiseKey, NoiseSource
 from .common import (
     GAUSSIAN_DRAW,
     GUMBEL_DRAW,
     OneShotRelease,
     UnknownDomainResult,
-    check_int,
     check_tau,
     histogram_arrays,
 )
