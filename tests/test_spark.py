@@ -138,10 +138,12 @@ def test_known_per_step_release_is_bit_identical(spark, stream) -> None:
     names = [f"item-{i}" for i in range(N_ITEMS)]
     index = {name: i for i, name in enumerate(names)}
     local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6)
-    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6)
+    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
+    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
+                            domain=domain)
     assert remote.tau == local.tau and remote.base == local.base
     assert remote.privacy == local.privacy
-    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
+    assert remote.mechanism.tree_purpose == local.tree_purpose  # the domain's fingerprint
     for t in (1, 2, 3, 8, 24):  # consecutive steps and jumps
         c = counts[t - 1]
         nz = np.flatnonzero(c)  # the counts frame lists only items that occurred
@@ -157,8 +159,8 @@ def test_known_run_over_all_steps_is_bit_identical(spark, stream) -> None:
     key = fixed_key("spark-known-run")
     steps = counts.shape[0]
     local = KnownDomainHistogram(range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2)
-    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2)
     domain = spark.range(N_ITEMS).withColumnRenamed("id", "item")
+    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2, domain=domain)
     got = remote.run(_events_df(spark, events), domain, steps=range(1, steps + 1)).toPandas()
     assert len(got) == steps * N_ITEMS
     got = got.sort_values(["t", "item"])
@@ -172,7 +174,7 @@ def test_known_update_counts_then_release(spark) -> None:
     key = fixed_key("spark-known-update")
     events, counts = _simulate(5, 500, 300, seed=3)
     local = KnownDomainHistogram(range(500), 50, max_items=3, key=key, tau=0.7)
-    remote = SparkKnownBase(spark, 50, max_items=3, key=key, tau=0.7)
+    remote = SparkKnownBase(spark, 50, max_items=3, key=key, tau=0.7, domain=range(500))
     state = spark.range(500).select(F.col("id").alias("item"),
                                     F.lit(0).cast("long").alias("count"))
     for t in range(1, 6):
@@ -185,8 +187,8 @@ def test_known_update_counts_then_release(spark) -> None:
 
 def test_known_rejects_what_local_rejects(spark) -> None:
     key = fixed_key("spark-known-errors")
-    remote = SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0)
     domain = spark.createDataFrame([("a",), ("b",), ("c",)], "item string")
+    remote = SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain)
     outside = spark.createDataFrame([("a", 1), ("z", 2)], "item string, count long")
     with pytest.raises(Exception, match="InvalidEventError: item z is not in the domain"):
         remote.release(1, outside, domain=domain).collect()
@@ -194,11 +196,11 @@ def test_known_rejects_what_local_rejects(spark) -> None:
         remote.release(1, outside, domain=domain)
     big = spark.createDataFrame([(2, ["a", "b", "c"])], "t long, items array<string>")
     with pytest.raises(Exception, match="more than max_items=2"):
-        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0).run(
+        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
             big, domain, steps=[2]).collect()
     late = spark.createDataFrame([(11, ["a"])], "t long, items array<string>")
     with pytest.raises(Exception, match="past the horizon"):
-        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0).run(
+        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
             late, domain, steps=[3]).collect()
 
 
@@ -206,7 +208,7 @@ def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
     """Two rows of one item would share their noise and leak their difference."""
     key = fixed_key("spark-dup")
     local = KnownDomainHistogram(["a", "b"], 10, max_items=1, key=key, tau=1.0)
-    remote = SparkKnownBase(spark, 10, max_items=1, key=key, tau=1.0)
+    remote = SparkKnownBase(spark, 10, max_items=1, key=key, tau=1.0, domain=["a", "b"])
     df = spark.createDataFrame([("a", 2), ("a", 3), ("b", 1)], "item string, count long")
     got = remote.release(1, df).toPandas().sort_values("item")
     assert len(got) == 2
@@ -354,8 +356,8 @@ def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path)
         src, out, ckpt = (tmp_path / name / d for d in ("in", "out", "ckpt"))
         src.mkdir(parents=True)
         _write_step_files(src, events, sorted({t for t, _ in events}))
-        mech = SparkKnownBase(spark, 10, max_items=3, key=key, rho=1.0)
         domain = spark.createDataFrame(pd.DataFrame({"item": [f"s{i}" for i in range(8)]}))
+        mech = SparkKnownBase(spark, 10, max_items=3, key=key, rho=1.0, domain=domain)
         rel = _stage(spark, mech, src, out, ckpt, domain=domain)
         assert rel.release_through(5) == [1, 2, 3, 4, 5]
         outputs[name] = sorted(int(p.name[2:]) for p in out.iterdir() if p.name.startswith("t="))
@@ -396,7 +398,7 @@ def test_stream_known_domain(spark, tmp_path) -> None:
     key = fixed_key("spark-stream-known")
     names = [f"s{i}" for i in range(300)]
     local = KnownDomainHistogram(names, 20, max_items=3, key=key, rho=1.0)
-    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0)
+    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, domain=names)
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     src.mkdir()
     _write_step_files(src, events, [1, 2, 3])
@@ -456,6 +458,35 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path) -> None
     for rel in local:
         rows = got[got["t"] == rel["t"]]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
+
+
+def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None:
+    """Review finding 1 on Spark: steps 1..last event made the number of steps tell
+    whether an event alone in the last step (or, with implicit time, any line) was there."""
+    from dpstream import cli
+
+    key_path = tmp_path / "k.key"
+    fixed_key("spark-clock").save(key_path)
+    steps = {}
+    for name, lines in (("full", ['["a"]', '["b"]', '["a", "b"]']), ("neighbour", ['["a"]'])):
+        inp = tmp_path / f"{name}.jsonl"
+        inp.write_text("".join(x + "\n" for x in lines))
+        out = tmp_path / f"{name}_out"
+        assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
+                         "1", "--threshold-delta", "0.4", "--remember", "--key-file",
+                         str(key_path), "-i", str(inp), "--engine", "spark", "-o",
+                         str(out)]) == 0
+        local = tmp_path / f"{name}.local.jsonl"
+        assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
+                         "1", "--threshold-delta", "0.4", "--remember", "--key-file",
+                         str(key_path), "-i", str(inp), "-o", str(local)]) == 0
+        steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
+        got = spark.read.json(str(out)).toPandas()
+        for rel in map(json.loads, local.read_text().splitlines()):  # Spark = local
+            rows = got[got["t"] == rel["t"]] if len(got) else got
+            assert dict(zip(rows.get("item", []), rows.get("value", []),
+                            strict=True)) == rel["released"]
+    assert steps["full"] == steps["neighbour"] == [1, 2, 3, 4, 5, 6]
 
 
 # ------------------------------------------------------------------ SparseGumb

@@ -306,8 +306,13 @@ RUN_OPTS: tuple[Opt, ...] = (
         "(a 10,000-step run spends over a minute in fsync). --no-fsync is still safe "
         "against a killed process (kill -9, out of memory, Ctrl-C): use it when power loss "
         "or an OS crash is not the concern", True, kind="bool"),
-    Opt(("--quiet", "-q"), "quiet", "no progress bar and no summary on stderr", False,
-        kind="flag"),
+    Opt(("--quiet", "-q"), "quiet", "no progress and no summary on stderr (warnings and "
+        "errors only)", False, kind="flag"),
+    Opt(("--log-format",), "log_format", "stderr lines as text or as one JSON object per "
+        "line (for log collectors)", "text", str, choices=("text", "json")),
+    Opt(("--progress-every",), "progress_every", "when stderr is not a terminal, log a "
+        "progress line (step, events/s, time left) every this many seconds", 10.0,
+        _positive_float, metavar="SECONDS"),
     Opt(("--engine",), "engine", "local (NumPy, one machine) or spark (PySpark, the "
         "`dpstream[spark]` extra; known and unknown mechanisms; see docs/spark.md)", "local",
         str, choices=("local", "spark")),

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -52,7 +54,6 @@ from .cli import (
     _MECH_KWARGS,
     MECH_OPTS,
     MECHANISMS,
-    PROG,
     RUN_OPTS,
     _domain_option,
     _load_config,
@@ -60,9 +61,12 @@ from .cli import (
     build_mechanism,
     merge_options,
 )
-from .errors import InvalidEventError, StateError
+from .errors import DPStreamError, InvalidEventError, StateError
+from .logs import log_fields, setup_logging
 
 __all__ = ["cmd_run", "load_key"]
+
+_log = logging.getLogger("dpstream.run")
 
 
 @dataclass
@@ -334,12 +338,12 @@ def _run_on_spark(opts: dict, key: object) -> int:
         raise ValueError(f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
                          ) from None
     summary = run_cli({**opts, "until": _until(opts)}, master=opts["master"], key=key)
-    if not opts["quiet"]:
-        print(f"{PROG}: {summary['steps']} steps (t = 1..{summary['last_t']}), "
+    _log.info(f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
               f"{summary['events']} events ({summary['skipped']} invalid skipped), "
               f"{summary['rows']} rows -> {summary['output']}, "
               f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy']}",
-              file=sys.stderr)
+              extra=log_fields(**{k: v for k, v in summary.items() if k != "privacy"},
+                               privacy=summary["privacy"].to_dict()))
     return 0
 
 
@@ -355,6 +359,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if opts["key_file"] is None:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
+    setup_logging(opts["log_format"], quiet=opts["quiet"])
     until = _until(opts)
     _check_paths(opts, args.config)
     _require_budget(opts)
@@ -393,33 +398,46 @@ def cmd_run(args: argparse.Namespace) -> int:
                                         output_format, formatter.header())
             if record is not None and record.finished:
                 _check_finished(record, infile, opts, input_format)
-                if not quiet:
-                    print(f"{PROG}: the run in {opts['state']} finished at {record.finished} "
+                _log.info(f"the run in {opts['state']} finished at {record.finished} "
                           f"({record.steps} steps released); nothing to do: a step is never "
-                          "released twice", file=sys.stderr)
+                          "released twice")
                 return 0
             if record is not None:
                 resume = _Resume(last_t=record.last_t, begin=record.last_begin)
                 _check_until(record, until, opts)
                 stats.resumed_at = record.last_t
-            if opts["output"] == "-" and not quiet and resume is not None:
-                print(f"{PROG}: note: with --output - the release of step {resume.last_t} "
-                      "is printed again on resume (the same bytes); write to a file for "
-                      "exactly-once output", file=sys.stderr)
+            if opts["output"] == "-" and resume is not None:
+                _log.info(f"note: with --output - the release of step {resume.last_t} "
+                          "is printed again on resume (the same bytes); write to a file for "
+                          "exactly-once output")
         if new_run is not None or ckpt is None:
             _check_new_output(opts, formatter.header())
         out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
                            header=formatter.header())
         if opts["output"] != "-":
-            stack.callback(out.close)
+            stack.push(_closing_quietly_on_error(out))
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet)
-    if not quiet:
-        _print_summary(stats, mech, opts)
+    _log_summary(stats, mech, opts)
     return 0
+
+
+def _closing_quietly_on_error(fh: IO[bytes]) -> Any:
+    """An exit callback closing ``fh``; a failed close (say, a full disk flushing the
+    rest of a buffer) does not hide the error that is already on its way."""
+
+    def exit_(exc_type: object, exc: object, tb: object) -> bool:
+        try:
+            fh.close()
+        except OSError:
+            if exc_type is None:
+                raise
+        return False
+
+    return exit_
 
 
 def _check_until(record: Any, until: int, opts: dict[str, Any]) -> None:
@@ -539,11 +557,20 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
                 ckpt.commit(t, begin=offset, end=offset + len(line),
                             release_mac=digests.release(line), input_mac=input_mac)
-        out.write(line)
+        try:
+            out.write(line)
+            out.flush()
+            if do_fsync:
+                os.fsync(out.fileno())
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            where = "stdout" if opts["output"] == "-" else repr(opts["output"])
+            again = ("run the same command again: it resumes at this step" if ckpt is not None
+                     else "run again with --force (or use --state to be able to resume)")
+            raise DPStreamError(f"the disk holding the output {where} is full: the run "
+                                f"stopped at step {t}; free some space and {again}") from None
         offset += len(line)
-        out.flush()
-        if do_fsync:
-            os.fsync(out.fileno())
         progress.update(t, stats.events)
 
     records = counted(_input_records(infile, opts, input_format))
@@ -554,7 +581,8 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             return f"{where} is after --until {until}"
         return f"{where} is past the horizon --horizon {horizon}"
 
-    progress = _Progress(until, enabled=not quiet and sys.stderr.isatty())
+    progress = _Progress(until, enabled=not quiet, every=opts["progress_every"],
+                         start_t=resume_t)
     with progress:
         for t, recs in group_steps(records, horizon):
             if t is None:  # malformed records after the last step
@@ -609,12 +637,12 @@ def _public(release: Any, keys: tuple[str, ...]) -> Any:
     return Release(t=release.t, items=release.items, values=release.values, meta=meta)
 
 
-def _print_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
+def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
     elapsed = time.monotonic() - stats.started
     rate = stats.events / elapsed if elapsed > 0 else float("inf")
     resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
     lines = [
-        f"{PROG}: {stats.steps} steps (t = 1..{mech.t} of T = {mech.horizon}), "
+        f"{stats.steps} steps (t = 1..{mech.t} of T = {mech.horizon}), "
         f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
         f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"
         + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
@@ -624,20 +652,34 @@ def _print_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
     ]
-    print("\n".join(lines), file=sys.stderr)
+    _log.info("\n".join(lines), extra=log_fields(
+        steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
+        resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
+        skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
+        items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
+        output=opts["output"], state=opts["state"]))
 
 
 class _Progress:
-    """A rich progress bar on stderr (steps done, events/s), only on a terminal."""
+    """Progress of a run on stderr: a rich bar on a terminal, else a log line now and then.
 
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.enabled = enabled
+    The log line (every ``every`` seconds, and never for a quiet run) gives the
+    step, the events so far, the rate and an estimate of the time left.
+    """
+
+    def __init__(self, total: int, *, enabled: bool, every: float = 10.0,
+                 start_t: int = 0) -> None:
         self.total = total
+        self.bar_mode = enabled and sys.stderr.isatty()
+        self.log_mode = enabled and not self.bar_mode
+        self.every = every
         self._bar: Any = None
         self._start = time.monotonic()
+        self._last_log = self._start
+        self._start_t = start_t
 
     def __enter__(self) -> _Progress:
-        if self.enabled:
+        if self.bar_mode:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
@@ -645,20 +687,41 @@ class _Progress:
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
+                TimeRemainingColumn,
             )
 
             self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=True)
+                                 TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=True)
             self._bar.__enter__()
             self._task = self._bar.add_task("run", total=self.total, rate="")
         return self
 
     def update(self, t: int, events: int) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._start, 1e-9)
         if self._bar is not None:
-            elapsed = max(time.monotonic() - self._start, 1e-9)
             self._bar.update(self._task, completed=t, rate=f"{events / elapsed:,.0f} events/s")
+        elif self.log_mode and now - self._last_log >= self.every:
+            self._last_log = now
+            done = max(t - self._start_t, 1)
+            eta = (self.total - t) * elapsed / done
+            _log.info(f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
+                      f"events, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
+                      extra=log_fields(step=t, total=self.total, events=events,
+                                       events_per_s=round(events / elapsed, 1),
+                                       eta_s=round(eta, 1)))
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

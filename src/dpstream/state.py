@@ -47,6 +47,7 @@ power loss) and an exclusive lock, so two runs cannot share one state file.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import hmac
@@ -325,7 +326,7 @@ class Checkpoint:
                              (canonical_json(dict(summary)),))
 
     def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.path)
 
     def close(self) -> None:
         self._db.close()
@@ -338,11 +339,42 @@ class Checkpoint:
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK), with a full disk or a read-only file
+    reported as what it is."""
+
+    def __init__(self, db: sqlite3.Connection, path: str) -> None:
         self._db = db
+        self._path = path
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise _plain_error(exc, self._path) from None
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.OperationalError as commit_exc:
+                exc = commit_exc
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.OperationalError):
+            raise _plain_error(exc, self._path) from None
+        if exc_type is None:  # the COMMIT failed with another error
+            raise exc  # type: ignore[misc]
+
+
+def _plain_error(exc: sqlite3.OperationalError, path: str) -> Exception:
+    """A full disk or a read-only state file, in the user's words."""
+    text = str(exc).lower()
+    if "full" in text:
+        return StateError(f"the disk holding the state file {path!r} is full: nothing of the "
+                          "step in progress was written; free some space and run the same "
+                          "command again to resume")
+    if "readonly" in text or "read-only" in text:
+        return StateError(f"state file {path!r} is read-only: dpstream must write to it to "
+                          "record each step (check its permissions and its directory's)")
+    return StateError(f"state file {path!r}: {exc}")

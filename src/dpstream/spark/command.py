@@ -159,7 +159,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         if domain is None:
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
         items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
-        mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(spark, horizon, **common)
+        mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(spark, horizon, domain=items,
+                                                                 **common)
         domain_df = spark.createDataFrame([(it,) for it in items], "item string")
     else:
         if opts.get("domain") is not None:
