@@ -267,6 +267,14 @@ RUN_OPTS: tuple[Opt, ...] = (
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
         default_text="none: each event is a step of its own (see 'time steps' below)"),
+    Opt(("--time-field",), "time_field", "the JSON field (or CSV column) holding each "
+        "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
+        "clock --start/--step, not from \"t\"", None, str, metavar="NAME"),
+    Opt(("--step",), "step", "with --time-field: the width of a time step, e.g. 1h, 15m, 1d",
+        None, str, metavar="DURATION"),
+    Opt(("--start",), "start", "with --time-field: when step 1 begins (ISO-8601, e.g. "
+        "2026-03-01T00:00Z, or epoch seconds); public, never read from the data", None, str,
+        metavar="TIMESTAMP"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
         "domain, config or state file)", "-", str, metavar="PATH"),

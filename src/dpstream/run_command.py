@@ -100,6 +100,25 @@ def load_key(opts: dict[str, Any]) -> Any:
     return NoiseKey.load(path)
 
 
+def _clock(opts: dict[str, Any]) -> Any:
+    """The public clock of --time-field/--step/--start, or None (steps given as integers)."""
+    from .clock import StepClock
+
+    given = [opts.get(k) is not None for k in ("time_field", "step", "start")]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--time-field, --step and --start go together: the timestamps, "
+                         "the width of a step and when step 1 begins")
+    if opts.get("time_column") is not None:
+        raise ValueError("--time-column gives integer steps; --time-field gives timestamps: "
+                         "use one of them")
+    try:
+        return StepClock.parse(opts["start"], opts["step"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--start/--step: {exc}") from None
+
+
 def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
                 input_format: str, output_format: str) -> dict[str, Any]:
     """The parameters a resumed run must share (canonical JSON in the state)."""
@@ -117,6 +136,10 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
                       time_column=opts["time_column"])
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
+    clock = _clock(opts)
+    if clock is not None:
+        params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
+                      step_seconds=clock.step.total_seconds())
     return params
 
 
@@ -190,9 +213,9 @@ class _Validator:
 
 
 def _reason_key(problem: str) -> str:
-    for key in ("past the horizon", "after --until", "not in the domain",
-                "more than --max-items", "not valid JSON", "time order", "reappears",
-                "not valid UTF-8"):
+    for key in ("past the horizon", "after --until", "before --start", "timestamp",
+                "not in the domain", "more than --max-items", "not valid JSON", "time order",
+                "reappears", "not valid UTF-8"):
         if key in problem:
             return key
     return "malformed"
@@ -360,6 +383,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
+    _clock(opts)  # checked before anything is opened
     until = _until(opts)
     _check_paths(opts, args.config)
     _require_budget(opts)
@@ -476,7 +500,10 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     if input_format == "csv":
         csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
                         time_column=opts["time_column"])
-    return read_events(guard_lines(infile, opts["input"]), input_format, **csv_opts)
+    clock = _clock(opts)
+    return read_events(guard_lines(infile, opts["input"]), input_format,
+                       time_field=opts["time_field"] if clock else None, clock=clock,
+                       **csv_opts)
 
 
 def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
