@@ -607,15 +607,15 @@ def test_readme_commands_run(tmp_path, monkeypatch):
     block = text.split("## On the command line", 1)[1].split("```bash", 1)[1].split("```")[0]
     commands = [shlex.split(c.split("#")[0]) for c in block.replace("\\\n", " ").splitlines()
                 if c.strip()]
-    assert [c[:2] for c in commands] == [["dpstream", "keygen"], ["dpstream", "plan"],
-                                         ["dpstream", "run"]]
+    assert [c[:2] for c in commands] == [["dpstream", "demo"], ["dpstream", "keygen"],
+                                         ["dpstream", "plan"], ["dpstream", "run"]]
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "events.jsonl").write_text('{"items": ["a", "b"], "t": 3}\n["a", "b"]\n')
-    for argv in commands:
+    for argv in commands:  # as written: the demo writes the sample events.jsonl
         assert main(argv[1:]) == 0, argv
     # every step of the public clock, 1..--horizon, whatever the input holds
-    assert [line["t"] for line in _read_jsonl(tmp_path / "releases.jsonl")] == list(
-        range(1, 1001))
+    lines = _read_jsonl(tmp_path / "releases.jsonl")
+    assert [line["t"] for line in lines] == list(range(1, 657))
+    assert any(line["released"] for line in lines)  # the FAA stream's items do show
 
 
 def test_byte_order_marks_in_config_domain_and_input(files):
