@@ -275,6 +275,12 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--start",), "start", "with --time-field: when step 1 begins (ISO-8601, e.g. "
         "2026-03-01T00:00Z, or epoch seconds); public, never read from the data", None, str,
         metavar="TIMESTAMP"),
+    Opt(("--follow",), "follow", "with --time-field: follow a growing --input (like tail -f; "
+        "stdin until it closes) and release each step when the clock has passed its end "
+        "(plus --lateness), with events or without; an event for a step already released "
+        "is late (see --on-invalid)", False, kind="flag"),
+    Opt(("--lateness",), "lateness", "with --follow: how long after a step's end its events "
+        "may still arrive, e.g. 5m", None, str, metavar="DURATION", default_text="0s"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
         "domain, config or state file)", "-", str, metavar="PATH"),
