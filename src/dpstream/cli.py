@@ -315,6 +315,9 @@ RUN_OPTS: tuple[Opt, ...] = (
         "`dpstream[spark]` extra; known and unknown mechanisms; see docs/spark.md)", "local",
         str, choices=("local", "spark")),
     Opt(("--master",), "master", "Spark master URL (with --engine spark)", "local[*]", str),
+    Opt(("--view",), "view", "serve a live web page of the releases while the run writes "
+        "them (needs --output FILE.jsonl; the address is printed; after the run the page "
+        "stays until Ctrl-C; see `dpstream view`)", False, kind="flag"),
 )
 
 PLAN_OPTS: tuple[Opt, ...] = (
@@ -483,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_options(demo)
 
+    from .view.command import add_view_parser
+
+    add_view_parser(sub, parents=[common])
+
     keygen = sub.add_parser("keygen", parents=[common], help="write a new secret noise key",
                             description="Write a new 32-byte key from the OS CSPRNG to PATH "
                                         "(mode 0600; never overwrites).")
@@ -527,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stdout)
             return 0
         handler = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo,
-                   "keygen": cmd_keygen, "reproduce": cmd_reproduce}[args.command]
+                   "keygen": cmd_keygen, "reproduce": cmd_reproduce,
+                   "view": cmd_view}[args.command]
         return handler(args)
     except KeyboardInterrupt:
         if debug:
@@ -586,6 +594,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from .view.command import cmd_view as view
+
+    return view(args)
 
 
 # --------------------------------------------------------------------------- plan
@@ -884,6 +898,7 @@ def _run_on_spark(opts: dict, key: object) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .io import KeyedTruncator, make_formatter, open_input
     from .noise import NoiseKey, NoiseSource
+    from .runmeta import NoiseStdFormatter, describe_run, write_run_meta
     from .state import Checkpoint
 
     config = _load_config(args.config) if args.config else None
@@ -897,6 +912,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _require_budget(opts)
     key = NoiseKey.load(opts["key_file"])
     if opts["engine"] == "spark":
+        if opts["view"]:
+            raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)
     name = opts["mechanism"]
     spec = MECHANISMS[name]
@@ -904,13 +921,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     mech = build_mechanism(name, opts, key, domain)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
-    formatter = make_formatter(output_format, opts["round"])
+    formatter = NoiseStdFormatter(make_formatter(output_format, opts["round"]), mech)
+    if opts["view"] and (opts["output"] == "-" or output_format != "jsonl"):
+        raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
     truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
                            truncator=truncator, stats=stats)
     quiet = opts["quiet"]
+    viewer = None
 
     with contextlib.ExitStack() as stack:
         infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
@@ -946,6 +966,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         is_file = opts["output"] != "-"
         if is_file:
             stack.callback(out.close)
+            write_run_meta(opts["output"], describe_run(
+                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
+        if opts["view"]:
+            from .view.command import start_run_view
+
+            viewer = start_run_view(opts["output"])
+            stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume_t=resume_t,
@@ -954,6 +981,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   quiet=quiet)
     if not quiet:
         _print_summary(stats, mech, opts)
+    if viewer is not None:
+        from .view.command import after_run
+
+        after_run(viewer)
     return 0
 
 
