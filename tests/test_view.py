@@ -204,6 +204,51 @@ def test_history_of_an_item_chosen_late_equals_a_full_parse(tmp_path):
         assert snap.history[item] == _brute_history(path, item), item
 
 
+def test_history_filled_while_the_file_grows_misses_no_release(tmp_path, monkeypatch):
+    """The long pass runs without the lock: releases appended (and read by a poll) during
+    it are still in the history, once each; a file replaced during it starts over."""
+    path = tmp_path / "r.jsonl"
+    rels = _stream(np.random.default_rng(7), 60, ["a", "b", "c"])
+    path.write_text("".join(_line(t, r, noise_std=1.0) for t, r in enumerate(rels[:30], 1)))
+    model = ViewModel(path)
+    model.refresh()
+    scan = ViewModel._scan
+    calls = []
+
+    def scan_while_a_run_writes(self, items, tokens, start, end):
+        calls.append((start, end))
+        if len(calls) == 1:
+            with open(path, "a") as fh:
+                fh.write("".join(_line(t, r, noise_std=1.0)
+                                 for t, r in enumerate(rels[30:45], 31)))
+            assert model.refresh()  # a poll in the middle of the pass
+        return scan(self, items, tokens, start, end)
+
+    monkeypatch.setattr(ViewModel, "_scan", scan_while_a_run_writes)
+    snap = model.snapshot(["a", "b"])
+    assert len(calls) == 2 and calls[1][0] == calls[0][1]  # the pass, then the rest
+    for item in ("a", "b"):
+        assert snap.history[item] == _brute_history(path, item)
+    # replaced during the pass: the fill starts over on the new file
+    calls.clear()
+
+    def scan_while_replaced(self, items, tokens, start, end):
+        calls.append((start, end))
+        if len(calls) == 1:
+            tmp = tmp_path / "new"
+            tmp.write_text("".join(_line(t, r, noise_std=2.0)
+                                   for t, r in enumerate(rels[:10], 1)))
+            os.replace(tmp, path)
+            assert model.refresh()
+        return scan(self, items, tokens, start, end)
+
+    monkeypatch.setattr(ViewModel, "_scan", scan_while_replaced)
+    snap = model.snapshot(["c"])
+    assert snap.t == 10 and snap.history["c"] == _brute_history(path, "c")
+    monkeypatch.setattr(ViewModel, "_scan", scan)
+    assert model.snapshot(["a"]).history["a"] == _brute_history(path, "a")  # re-read after
+
+
 def test_memory_does_not_grow_with_untracked_releases(tmp_path):
     path = tmp_path / "r.jsonl"
     rels = _stream(np.random.default_rng(4), 400, [f"n{i}" for i in range(200)])

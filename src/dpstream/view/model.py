@@ -190,6 +190,8 @@ class ViewModel:
         self._meta_stamp: tuple[int, int] | None = None
         self._tracked: OrderedDict[str, Series] = OrderedDict()
         self._tokens: dict[str, tuple[bytes, ...]] = {}
+        self._filling: set[str] = set()  # items whose history a page is reading in
+        self._generation = 0  # grows when the file is replaced (histories start over)
         self._reset_release()
         self._status = "waiting"
         self._message: str | None = None
@@ -202,10 +204,13 @@ class ViewModel:
         self._malformed = 0
         self._last_problem: str | None = None
         self._updated_at: float | None = None
-        self._raw: deque[tuple[int, bytes]] = deque(maxlen=_KEEP_RAW)
+        #: the last lines read in this poll: (number, bytes, parsed release, None if
+        #: malformed, or False if not parsed yet)
+        self._raw: deque[tuple[int, bytes, Any]] = deque(maxlen=_KEEP_RAW)
         self._not_jsonl = False
         for item in self._tracked:
             self._tracked[item] = Series()
+        self._generation += 1
 
     def refresh(self) -> bool:
         """Read the lines appended since the last call; True if what a page shows changed."""
@@ -249,7 +254,6 @@ class ViewModel:
             self._reset_release()
         if self._not_jsonl:
             return changed
-        tried: dict[int, ParsedRelease | None] = {}
         tokens = [tok for toks in self._tokens.values() for tok in toks]
         for line in self._follower.read_lines():
             changed = True
@@ -264,20 +268,21 @@ class ViewModel:
                 self._message = (f"{self.path} is a CSV file; the view reads JSON Lines "
                                  "releases (dpstream run --output-format jsonl)")
                 return True
-            self._raw.append((line.number, line.data))
+            parsed: ParsedRelease | None | bool = False  # False: not parsed yet
             if tokens and any(tok in line.data for tok in tokens):
-                rel = tried[line.number] = self._parse(line.number, line.data)
-                if rel is not None:
-                    self._record(rel, self._tracked.keys())
+                parsed = self._parse(line.number, line.data)
+                if parsed is not None:
+                    self._record(parsed, self._tracked.keys())
+            self._raw.append((line.number, line.data, parsed))
         if self._raw:
-            self._take_newest(tried)
+            self._take_newest()
         self._set_status()
         return changed
 
-    def _take_newest(self, tried: dict[int, ParsedRelease | None]) -> None:
+    def _take_newest(self) -> None:
         """Show the newest valid line among the last raw ones (a malformed one is skipped)."""
-        for number, data in reversed(self._raw):
-            rel = tried[number] if number in tried else self._parse(number, data)
+        for number, data, parsed in reversed(self._raw):
+            rel = self._parse(number, data) if parsed is False else parsed
             if rel is not None:
                 self._release = rel
                 self._top = top_items(rel.released, self.top_n)
@@ -332,58 +337,96 @@ class ViewModel:
         """Keep the histories of ``items`` (at most :data:`MAX_SELECTED`), filling in new ones.
 
         A new item's history is read in one pass over the part of the file
-        already read, parsing only the lines that may hold it.
+        already read, parsing only the lines that may hold it. The pass runs
+        without the lock (polling and other pages go on); the lines appended
+        meanwhile are read under it, and the item is then followed like the
+        others. If another page is filling the same item, this returns at once
+        and that page's fill announces the result (a new version).
         """
         items = list(dict.fromkeys(items))[:MAX_SELECTED]
         with self.changed:
-            new = [i for i in items if i not in self._tracked]
             for item in items:
                 if item in self._tracked:
                     self._tracked.move_to_end(item)
-            for item in new:
-                self._tracked[item] = Series()
-                self._tokens[item] = _tokens(item)
-            while len(self._tracked) > self.max_tracked:
-                old, _ = self._tracked.popitem(last=False)
-                del self._tokens[old]
-            if new:
-                self._backfill(new)
-
-    def _backfill(self, items: list[str]) -> None:
-        end = self._follower.offset
-        if end == 0:
+            new = [i for i in items if i not in self._tracked and i not in self._filling]
+            self._filling.update(new)
+        if not new:
             return
-        tokens = [tok for i in items for tok in self._tokens[i]]
+        try:
+            self._fill(new)
+        finally:
+            with self.changed:
+                self._filling.difference_update(new)
+
+    def _fill(self, items: list[str]) -> None:
+        tokens = [tok for i in items for tok in _tokens(i)]
+        while True:
+            with self.changed:
+                generation, end = self._generation, self._follower.offset
+            found = self._scan(items, tokens, 0, end)  # the long part, unlocked
+            with self.changed:
+                if generation != self._generation:
+                    continue  # the file was replaced meanwhile: start over
+                if self._follower.offset > end:  # appended during the scan: a short read
+                    more = self._scan(items, tokens, end, self._follower.offset)
+                    for item in items:
+                        for rec in zip(more[item].t, more[item].value, more[item].std,
+                                       strict=True):
+                            found[item].add(*rec)
+                for item in items:
+                    self._tracked[item] = found[item]
+                    self._tokens[item] = _tokens(item)
+                while len(self._tracked) > self.max_tracked:
+                    old, _ = self._tracked.popitem(last=False)
+                    del self._tokens[old]
+                self.version += 1  # pages waiting for this history see it
+                self.changed.notify_all()
+                return
+
+    def _scan(self, items: list[str], tokens: list[bytes], start: int,
+              end: int) -> dict[str, Series]:
+        """The releases of ``items`` in bytes ``start..end`` of the file."""
+        found = {item: Series() for item in items}
+        if end <= start:
+            return found
         try:
             fh = open(self.path, "rb")  # noqa: SIM115 - closed below
         except OSError:
-            return
+            return found
         with fh:
-            for line in iter_lines(fh, 0, end, 1, self.max_line_bytes):
+            for line in iter_lines(fh, start, end, 1, self.max_line_bytes):
                 if line.data is None or not any(tok in line.data for tok in tokens):
                     continue
                 try:
                     rel = parse_release(line.data)
                 except ValueError:
                     continue
-                self._record(rel, items)
+                std, _ = self._std_of(rel)
+                for item in items:
+                    value = rel.released.get(item)
+                    if value is not None:
+                        found[item].add(rel.t, float(value), math.nan if std is None else std)
+        return found
 
     def memory_bytes(self) -> int:
         """Bytes held in the histories and the last raw lines (for the benchmark)."""
         with self.changed:
             return (sum(s.nbytes() for s in self._tracked.values())
-                    + sum(len(d) for _, d in self._raw))
+                    + sum(len(d) for _, d, _ in self._raw))
 
     # -- what a page shows -----------------------------------------------------
     def snapshot(self, selected: Sequence[str] | None = None) -> Snapshot:
         """The state to render; ``selected=None`` shows the current top items' histories."""
+        auto = selected is None
         with self.changed:
-            auto = selected is None
             chosen = ([i for i, _ in self._top[:DEFAULT_SELECTED]] if selected is None
                       else list(dict.fromkeys(selected))[:MAX_SELECTED])
-            self.select(chosen)
-            history = {i: (self._tracked[i].t.tolist(), self._tracked[i].value.tolist(),
-                           self._tracked[i].std.tolist()) for i in chosen}
+        self.select(chosen)
+        with self.changed:
+            empty = Series()
+            series = {i: self._tracked.get(i, empty) for i in chosen}
+            history = {i: (s.t.tolist(), s.value.tolist(), s.std.tolist())
+                       for i, s in series.items()}
             rel = self._release
             std, kind = self._std_of(rel) if rel is not None else (None, None)
             meta = self._meta

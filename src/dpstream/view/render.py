@@ -270,10 +270,7 @@ def _segments(ts: list[int]) -> list[tuple[int, int]]:
 
 def render_history(snap: Snapshot) -> str:
     head = ('<h2>History</h2><p class="hint">Released counts over time with their 95% '
-            'interval band. ' + ("Showing the current top items; click items to choose."
-                                 if snap.auto else
-                                 f"Click an item to add or remove it (up to {MAX_SELECTED}).")
-            + "</p>")
+            f"interval band. Click an item to add or remove it (up to {MAX_SELECTED}).</p>")
     if not snap.selected:
         return head + '<p class="empty">No item selected: click an item on the left.</p>'
     W, H, ML, MR, MT, MB = 760, 330, 62, 16, 14, 38
@@ -386,8 +383,8 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
     add_form = "" if static else (
         '<form id="dp-add" class="add" autocomplete="off"><input id="dp-add-name" '
         'name="item" placeholder="show an item by name" maxlength="1000">'
-        '<button type="submit">add</button><button type="button" id="dp-auto">follow the '
-        'top items</button></form>')
+        '<button type="submit">add</button><button type="button" id="dp-auto">show the '
+        'current top 3</button></form>')
     script = "" if static else f'<script nonce="{esc(nonce)}">{_asset("view.js")}</script>'
     conn = "" if static else '<span id="dp-conn" class="conn">connecting…</span>'
     return (

@@ -4,7 +4,7 @@ Read-only by construction: only GET (and HEAD) routes exist, none changes a
 file or the model beyond which histories it keeps in memory.
 
 * ``/`` the page (``?manual=1&sel=ITEM...`` chooses the items whose history
-  it shows; without, the current top items);
+  it shows; without, the top items when it opens, which then stay);
 * ``/events`` the same query: a server-sent-event stream, one message (the
   page's three fragments as JSON) each time the file changes, and at once on
   connecting;
@@ -214,6 +214,10 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                         continue
                     snap = model.snapshot(selected)
                     last = snap.version
+                    if selected is None and snap.selected:
+                        # the page keeps the items it opened with: following whichever
+                        # items are on top would re-read the file at every change of rank
+                        selected = snap.selected
                     msg = {"version": snap.version, "t": snap.t, "status": snap.status,
                            "selected": snap.selected, "auto": snap.auto,
                            "html": render_fragments(snap)}
