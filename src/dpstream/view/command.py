@@ -51,7 +51,7 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argpars
     view = sub.add_parser(
         "view", parents=parents, help="watch a releases file in a web page as it grows",
         description="Serve a local web page of a releases file written by `dpstream run` (JSON "
-                    "Lines): the top items with 95%% intervals, the history of chosen items, "
+                    "Lines): the top items with 95% intervals, the history of chosen items, "
                     "the mechanism, progress and guarantee from its metadata file "
                     "(FILE.meta.json). The page updates as releases are appended. It reads only "
                     "the published files, never the state, the key or the events. With "
