@@ -127,6 +127,10 @@ def test_parse_release_rejects_what_is_not_a_release():
     for bad in (b"[1]", b'{"t": 0, "released": {}}', b'{"t": true, "released": {}}',
                 b'{"t": 1, "released": {"a": "1"}}', b'{"t": 1, "released": {"a": NaN}}',
                 b'{"t": 1}', b'{"t": 1, "released": {}, "meta": 3}', b"{", b"\xff\n",
+                b'{"t": 1, "released": {"a": true}}', b'{"t": 1, "released": {"a": null}}',
+                b'{"t": 1, "released": {"a": 1.5, "b": Infinity}}',
+                b'{"t": 1, "released": {"a": 1.5, "b": 1' + b"0" * 400 + b"}}",
+                b'{"t": 1, "released": {"a": 1' + b"0" * 400 + b"}}",
                 b"[" * 100000):
         with pytest.raises(ValueError):
             parse_release(bad)

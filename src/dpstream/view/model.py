@@ -88,7 +88,15 @@ def parse_release(data: bytes) -> ParsedRelease:
     released = obj.get("released")
     if not isinstance(released, dict):
         raise ValueError('"released" is not an object')
-    if not all(_number(v) for v in released.values()):
+    values = released.values()
+    kinds = set(map(type, values))  # C-speed checks: a release may hold 10^6 items
+    if not kinds <= {int, float}:
+        raise ValueError('a released count is not a number')
+    try:
+        finite = all(map(math.isfinite, values))
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
         raise ValueError('a released count is not a finite number')
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
