@@ -431,6 +431,7 @@ def test_run_writes_the_sidecar_plan_describes(tmp_path, capsys):
     assert main(["run", "-q", *opts, "--key-file", str(key), "-i", str(tmp_path / "ev.jsonl"),
                  "-o", str(other)]) == 1
     assert sidecar_path(other).read_text() == "precious"
+    assert not other.exists()  # refused before the output was created
     assert "refusing to overwrite" in capsys.readouterr().err
 
 

@@ -961,13 +961,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"{PROG}: note: with --output - a release printed just before a crash "
                       "may be printed again on resume; write to a file for exactly-once output",
                       file=sys.stderr)
+        if opts["output"] != "-":  # the run's public metadata, before the output is touched
+            write_run_meta(opts["output"], describe_run(
+                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
         out = _open_output(opts["output"], resume_offset, ckpt=ckpt, resume_t=resume_t,
                            header=formatter.header())
         is_file = opts["output"] != "-"
         if is_file:
             stack.callback(out.close)
-            write_run_meta(opts["output"], describe_run(
-                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
         if opts["view"]:
             from .view.command import start_run_view
 

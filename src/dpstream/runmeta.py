@@ -28,8 +28,8 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +91,10 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     """Write ``info`` as the sidecar of ``output``, atomically; returns its path.
 
     The JSON goes to a temporary file in the same directory (with the output
-    file's permissions, if it exists), then replaces the sidecar in one rename,
-    so a reader sees the old file or the new one, never half of one. A file
-    already at the sidecar's path that is not a dpstream sidecar is refused
-    (ValueError), never overwritten.
+    file's permissions if it exists, else the umask's), then replaces the
+    sidecar in one rename, so a reader sees the old file or the new one,
+    never half of one. A file already at the sidecar's path that is not a
+    dpstream sidecar is refused (ValueError), never overwritten.
     """
     path = sidecar_path(output)
     if path.exists():
@@ -106,7 +106,8 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
             raise ValueError(f"{path} exists and is not a dpstream metadata file: refusing to "
                              "overwrite it (move it, or write the releases elsewhere)")
     text = json.dumps(info, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
