@@ -85,7 +85,35 @@ def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
         else:
             # exact: JSON floats are written with the shortest round-tripping repr
             assert values == rel.values.tolist()
-        assert obj.get("meta", {}) == {k: v for k, v in rel.meta.items() if k in public_meta}
+        meta = dict(obj.get("meta", {}))
+        assert meta.pop("noise_std") == pytest.approx(_noise_std(mech, t), rel=1e-12)
+        assert meta == {k: v for k, v in rel.meta.items() if k in public_meta}
+
+
+def _digit_sum(t: int, base: int) -> int:
+    total = 0
+    while t:
+        t, s = divmod(t, base)
+        total += s
+    return total
+
+
+def _noise_std(mech, t: int) -> float:
+    """The std of a count at t, by brute force: tau sqrt(|I_t| L_r) (thm:BinMechUtility); for
+    mechanisms without a per-step value, the worst over all steps (tau_2 for top-k)."""
+    levels = _digit_count(mech.horizon, mech.base)
+    if hasattr(mech, "noise_std_at"):
+        return mech.tau * math.sqrt(_digit_sum(t, mech.base) * levels)
+    worst = max(_digit_sum(s, mech.base) for s in range(1, mech.horizon + 1))
+    return getattr(mech, "tau_2", mech.tau) * math.sqrt(worst * levels)
+
+
+def _digit_count(n: int, base: int) -> int:
+    count = 0
+    while n:
+        n //= base
+        count += 1
+    return count
 
 
 # --------------------------------------------------------------------------- end to end
@@ -533,7 +561,7 @@ def test_resume_checks_the_output_holds_the_releases_on_record(files, capsys):
     step1 = written[: written.index(b"\n") + 1]
     src.write_text('["a"]\n["b"]\n["c"]\n')
     # the same length, other bytes in step 1: another file
-    out.write_bytes(step1[:-5] + b"9" + step1[-4:] + written[len(step1):])
+    out.write_bytes(step1[:-5] + bytes([step1[-5] ^ 1]) + step1[-4:] + written[len(step1):])
     changed = out.read_bytes()
     assert _run(*cmd) == 1
     err = capsys.readouterr().err

@@ -331,6 +331,9 @@ RUN_OPTS: tuple[Opt, ...] = (
         "`dpstream[spark]` extra; known and unknown mechanisms; see docs/spark.md)", "local",
         str, choices=("local", "spark")),
     Opt(("--master",), "master", "Spark master URL (with --engine spark)", "local[*]", str),
+    Opt(("--view",), "view", "serve a live web page of the releases while the run writes "
+        "them (needs --output FILE.jsonl; the address is printed; after the run the page "
+        "stays until Ctrl-C; see `dpstream view`)", False, kind="flag"),
 )
 
 PLAN_OPTS: tuple[Opt, ...] = (
@@ -504,6 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_options(demo)
 
+    from .view.command import add_view_parser
+
+    add_view_parser(sub, parents=[common])
+
     keygen = sub.add_parser("keygen", parents=[common], help="write a new secret noise key",
                             description="Write a new 32-byte key from the OS CSPRNG to PATH "
                                         "(mode 0600; never overwrites).")
@@ -548,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stdout)
             return 0
         handler = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo,
-                   "keygen": cmd_keygen, "reproduce": cmd_reproduce}[args.command]
+                   "keygen": cmd_keygen, "reproduce": cmd_reproduce,
+                   "view": cmd_view}[args.command]
         return handler(args)
     except KeyboardInterrupt:
         if debug:
@@ -607,6 +615,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from .view.command import cmd_view as view
+
+    return view(args)
 
 
 # --------------------------------------------------------------------------- plan

@@ -375,6 +375,7 @@ def _run_on_spark(opts: dict, key: object) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .io import KeyedTruncator, make_formatter, open_input
     from .noise import NoiseSource
+    from .runmeta import NoiseStdFormatter, describe_run, write_run_meta
     from .state import Checkpoint, StateDigests
 
     config = _load_config(args.config) if args.config else None
@@ -391,6 +392,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _require_budget(opts)
     key = load_key(opts)
     if opts["engine"] == "spark":
+        if opts["view"]:
+            raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)
     name = opts["mechanism"]
     spec = MECHANISMS[name]
@@ -398,7 +401,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     mech = build_mechanism(name, opts, key, domain)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
-    formatter = make_formatter(output_format, opts["round"])
+    formatter = NoiseStdFormatter(make_formatter(output_format, opts["round"]), mech)
+    if opts["view"] and (opts["output"] == "-" or output_format != "jsonl"):
+        raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
     truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
@@ -406,6 +411,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"])
     digests = StateDigests(key)
     quiet = opts["quiet"]
+    viewer = None
 
     with contextlib.ExitStack() as stack:
         infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
@@ -438,16 +444,28 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "exactly-once output")
         if new_run is not None or ckpt is None:
             _check_new_output(opts, formatter.header())
+        if opts["output"] != "-":  # the run's public metadata, before the output is touched
+            write_run_meta(opts["output"], describe_run(
+                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
         out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
                            header=formatter.header())
         if opts["output"] != "-":
             stack.push(_closing_quietly_on_error(out))
+        if opts["view"]:
+            from .view.command import start_run_view
+
+            viewer = start_run_view(opts["output"])
+            stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet)
     _log_summary(stats, mech, opts)
+    if viewer is not None:
+        from .view.command import after_run
+
+        after_run(viewer)
     return 0
 
 
