@@ -213,12 +213,13 @@ def test_csv_in_csv_out_rounded(files):
                 "--round") == 0
     mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
     rows = Path(out).read_text().splitlines()
-    assert rows[0] == "t,item,value"
+    assert rows[0] == "t,item,value,noise_std"
     expected = []
     for t, events in enumerate(_by_step(files.events, 40), 1):
         rel = mech.step_batch(events)
-        expected += [f"{t},{i},{int(np.rint(v))}" for i, v in zip(rel.items, rel.values,
-                                                                  strict=True)]
+        std = repr(_noise_std(mech, t))
+        expected += [f"{t},{i},{int(np.rint(v))},{std}" for i, v in zip(rel.items, rel.values,
+                                                                         strict=True)]
     assert rows[1:] == expected
 
 

@@ -458,6 +458,14 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path) -> None
     for rel in local:
         rows = got[got["t"] == rel["t"]]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
+        assert set(rows["noise_std"]) == {rel["meta"]["noise_std"]}
+    # the long CSV of both engines is one table
+    assert cli.main([*common, "-o", str(tmp_path / "local.csv")]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark.csv")]) == 0
+    want = pd.read_csv(tmp_path / "local.csv").sort_values(["t", "item"]).reset_index(drop=True)
+    have = (pd.concat(pd.read_csv(p) for p in sorted((tmp_path / "spark.csv").glob("*.csv")))
+            .sort_values(["t", "item"]).reset_index(drop=True))
+    pd.testing.assert_frame_equal(have, want, check_dtype=False)
 
 
 def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None:
@@ -482,10 +490,10 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
                          str(key_path), "-i", str(inp), "-o", str(local)]) == 0
         steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
         got = spark.read.json(str(out)).toPandas()
+        assert sorted(set(got["t"])) == list(range(1, 7))  # empty steps have a row too
         for rel in map(json.loads, local.read_text().splitlines()):  # Spark = local
-            rows = got[got["t"] == rel["t"]] if len(got) else got
-            assert dict(zip(rows.get("item", []), rows.get("value", []),
-                            strict=True)) == rel["released"]
+            rows = got[(got["t"] == rel["t"]) & got["item"].notna()]
+            assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
     assert steps["full"] == steps["neighbour"] == [1, 2, 3, 4, 5, 6]
 
 

@@ -284,8 +284,17 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
         "domain, config or state file)", "-", str, metavar="PATH"),
-    Opt(("--output-format",), "output_format", "jsonl or csv; auto = csv for *.csv, else "
-        "jsonl", "auto", str, choices=("auto", "jsonl", "csv")),
+    Opt(("--output-format",), "output_format", "jsonl (one line per step), or a long "
+        "table with one row per released item per step and the columns t, item, value, "
+        "noise_std: csv, jsonl-long or parquet (needs pyarrow; not with --state); auto = by "
+        "the --output suffix (.csv, .parquet), else jsonl", "auto", str,
+        choices=("auto", "jsonl", "csv", "jsonl-long", "parquet")),
+    Opt(("--top",), "top", "write only the N largest released counts of each step "
+        "(post-processing of the release: free; e.g. for a large known domain)", None,
+        _positive_int, metavar="N", default_text="all"),
+    Opt(("--min-value",), "min_value", "write only the counts of at least this value "
+        "(post-processing: free; e.g. 1 to leave out items the noise made small)", None,
+        float, metavar="V", default_text="all"),
     Opt(("--round",), "round", "write counts rounded to integers (the default, and the safe "
         "choice: the low-order bits of floating-point noise can leak the true count; "
         "rounding is free post-processing); --no-round writes the exact floats", True,

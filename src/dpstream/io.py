@@ -56,8 +56,14 @@ the mechanism's order, plus ``"meta": {...}`` when the mechanism reports extras
 written with the shortest decimal that reads back as the same float64, so
 the file holds exactly the library's values.
 
-CSV: a header ``t,item,value`` and one row per released item per step (a step
-that releases no item writes no row: use JSON Lines to see every step).
+The long ("tidy") formats have one row per released item per step, with the
+columns ``t, item, value, noise_std`` (the standard deviation of a count at
+that step: a 95% interval is value +- 1.96 noise_std); a step that releases no
+item is one row with an empty item and value, so every step is there. They
+load into pandas and polars with their default readers: CSV
+(``--output-format csv``, with a header), JSON Lines rows (``jsonl-long``)
+and Parquet (``parquet``, needs pyarrow). The run's public metadata (the
+guarantee, the threshold, the base) is in the sidecar ``OUTPUT.meta.json``.
 
 Counts are written rounded to the nearest integer unless ``--no-round`` is
 given. Released values are true counts plus continuous (floating-point)
@@ -105,6 +111,9 @@ __all__ = [
     "KeyedTruncator",
     "JsonlFormatter",
     "CsvFormatter",
+    "JsonlLongFormatter",
+    "ParquetWriter",
+    "LONG_COLUMNS",
     "make_formatter",
 ]
 
@@ -625,8 +634,29 @@ class JsonlFormatter:
                 + "\n").encode("utf-8")
 
 
+#: The columns of every long ("tidy") output: one row per released item per step.
+LONG_COLUMNS = ("t", "item", "value", "noise_std")
+
+
+def _long_rows(release: Release, round_counts: bool) -> list[tuple[Any, ...]]:
+    """The rows of one release in the long format; an empty step is one row with no item.
+
+    ``noise_std`` comes from the release's meta (the run adds it: the standard
+    deviation of a count at that step, public); ``None`` when absent.
+    """
+    t = int(release.t)
+    std = release.meta.get("noise_std") if release.meta else None
+    values = _values(release, round_counts)
+    if not values:
+        return [(t, None, None, std)]
+    return [(t, str(item), value, std)
+            for item, value in zip(release.items, values, strict=True)]
+
+
 class CsvFormatter:
-    """A ``t,item,value`` header, then one row per released item per step."""
+    """The long format as CSV: a ``t,item,value,noise_std`` header, then one row per
+    released item per step; a step that releases no item writes one row with empty
+    ``item`` and ``value``, so every step of the clock is in the file."""
 
     name = "csv"
 
@@ -634,24 +664,93 @@ class CsvFormatter:
         self.round_counts = round_counts
 
     def header(self) -> bytes:
-        return b"t,item,value\n"
+        return (",".join(LONG_COLUMNS) + "\n").encode()
 
     def format(self, release: Release) -> bytes:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        t = int(release.t)
-        for item, value in zip(release.items, _values(release, self.round_counts), strict=True):
-            writer.writerow((t, item, repr(value) if isinstance(value, float) else value))
+        for row in _long_rows(release, self.round_counts):
+            writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
+                             for v in row])
         return buf.getvalue().encode("utf-8")
 
 
-def make_formatter(fmt: str, round_counts: bool = False) -> JsonlFormatter | CsvFormatter:
-    """The release formatter for ``fmt`` (``"jsonl"`` or ``"csv"``)."""
+class JsonlLongFormatter:
+    """The long format as JSON Lines: ``{"t", "item", "value", "noise_std"}`` per row
+    (``item`` and ``value`` null for a step that releases no item)."""
+
+    name = "jsonl-long"
+
+    def __init__(self, round_counts: bool = False) -> None:
+        self.round_counts = round_counts
+
+    def header(self) -> bytes:
+        return b""
+
+    def format(self, release: Release) -> bytes:
+        return "".join(
+            json.dumps(dict(zip(LONG_COLUMNS, row, strict=True)), ensure_ascii=False,
+                       allow_nan=False) + "\n"
+            for row in _long_rows(release, self.round_counts)).encode("utf-8")
+
+
+class ParquetWriter:
+    """The long format as Parquet (needs pyarrow: ``pip install 'dpstream[parquet]'``).
+
+    One row group per batch of steps; the file is complete when closed. It
+    cannot be truncated and resumed like a text output, so a run with
+    ``--state`` writes JSON Lines or CSV (convert afterwards).
+    """
+
+    name = "parquet"
+
+    def __init__(self, path: str, round_counts: bool = False, *, rows_per_group: int = 65536
+                 ) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError("--output-format parquet needs pyarrow: pip install "
+                             "'dpstream[parquet]'") from None
+        self.round_counts = round_counts
+        self._pa = pa
+        self._schema = pa.schema([("t", pa.int64()), ("item", pa.string()),
+                                  ("value", pa.int64() if round_counts else pa.float64()),
+                                  ("noise_std", pa.float64())])
+        self._writer = pq.ParquetWriter(path, self._schema)
+        self._rows: list[tuple[Any, ...]] = []
+        self._rows_per_group = rows_per_group
+
+    def write(self, release: Release) -> None:
+        self._rows.extend(_long_rows(release, self.round_counts))
+        if len(self._rows) >= self._rows_per_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            cols = list(zip(*self._rows, strict=True))
+            self._writer.write_table(self._pa.table(
+                [self._pa.array(c, type=f.type) for c, f in zip(cols, self._schema,
+                                                                strict=True)],
+                schema=self._schema))
+            self._rows = []
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def make_formatter(fmt: str, round_counts: bool = False
+                   ) -> JsonlFormatter | CsvFormatter | JsonlLongFormatter:
+    """The release formatter for ``fmt``: ``"jsonl"`` (a line per step), ``"csv"`` or
+    ``"jsonl-long"`` (a row per released item per step)."""
     if fmt == "jsonl":
         return JsonlFormatter(round_counts)
     if fmt == "csv":
         return CsvFormatter(round_counts)
-    raise ValueError(f"output format must be 'jsonl' or 'csv', got {fmt!r}")
+    if fmt == "jsonl-long":
+        return JsonlLongFormatter(round_counts)
+    raise ValueError(f"output format must be 'jsonl', 'csv' or 'jsonl-long', got {fmt!r}")
 
 
 def output_path_kind(path: str) -> str:

@@ -86,7 +86,44 @@ class RunStats:
 def _auto_format(path: str, fmt: str) -> str:
     if fmt != "auto":
         return fmt
-    return "csv" if path.endswith((".csv", ".csv.gz")) else "jsonl"
+    if path.endswith((".csv", ".csv.gz")):
+        return "csv"
+    return "parquet" if path.endswith(".parquet") else "jsonl"
+
+
+def _postprocess(release: Any, opts: dict[str, Any]) -> Any:
+    """``--top N`` and ``--min-value V``: keep part of a release (post-processing: free)."""
+    import numpy as np
+
+    from .mechanisms.base import Release
+
+    top, floor = opts.get("top"), opts.get("min_value")
+    if top is None and floor is None:
+        return release
+    values = np.asarray(release.values)
+    keep = np.ones(len(values), dtype=bool) if floor is None else values >= floor
+    idx = np.flatnonzero(keep)
+    if top is not None and len(idx) > top:
+        order = np.lexsort((idx, -values[idx]))  # largest first; ties in release order
+        idx = np.sort(idx[order[:top]])
+    return Release(t=release.t, items=[release.items[i] for i in idx], values=values[idx],
+                   meta=release.meta)
+
+
+class _ParquetFormatter:
+    """Hands each release to a Parquet writer; the byte output is unused."""
+
+    name = "parquet"
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def header(self) -> bytes:
+        return b""
+
+    def format(self, release: Any) -> bytes:
+        self.writer.write(release)
+        return b""
 
 
 def load_key(opts: dict[str, Any]) -> Any:
@@ -401,7 +438,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     mech = build_mechanism(name, opts, key, domain)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
-    formatter = NoiseStdFormatter(make_formatter(output_format, opts["round"]), mech)
+    parquet = None
+    if output_format == "parquet":
+        if opts["output"] == "-" or opts["state"]:
+            raise ValueError("--output-format parquet needs --output FILE and no --state (a "
+                             "Parquet file cannot be resumed): write jsonl or csv with --state")
+        if not opts["force"] and os.path.exists(opts["output"]):
+            raise StateError(f"output file {opts['output']!r} exists: pass --force to "
+                             "overwrite it")
+        from .io import ParquetWriter
+
+        parquet = ParquetWriter(opts["output"], opts["round"])
+        base_formatter: Any = _ParquetFormatter(parquet)
+    else:
+        base_formatter = make_formatter(output_format, opts["round"])
+    formatter = NoiseStdFormatter(base_formatter, mech)
     if opts["view"] and (opts["output"] == "-" or output_format != "jsonl"):
         raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
@@ -442,13 +493,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                 _log.info(f"note: with --output - the release of step {resume.last_t} "
                           "is printed again on resume (the same bytes); write to a file for "
                           "exactly-once output")
-        if new_run is not None or ckpt is None:
+        if (new_run is not None or ckpt is None) and parquet is None:  # parquet: checked
             _check_new_output(opts, formatter.header())
         if opts["output"] != "-":  # the run's public metadata, before the output is touched
             write_run_meta(opts["output"], describe_run(
                 mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
-        out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
-                           header=formatter.header())
+        if parquet is not None:
+            out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
+            stack.callback(parquet.close)
+        else:
+            out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
+                               header=formatter.header())
         if opts["output"] != "-":
             stack.push(_closing_quietly_on_error(out))
         if opts["view"]:
@@ -575,7 +630,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     def release(t: int, recs: Sequence[Any]) -> None:
         nonlocal offset
         events = validator.events(recs)
-        rel = _public(mech.step_batch(events), public_meta)
+        rel = _postprocess(_public(mech.step_batch(events), public_meta), opts)
         line = formatter.format(rel)
         stats.steps += 1
         stats.events += len(events)

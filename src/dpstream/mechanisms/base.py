@@ -81,6 +81,30 @@ class Release:
             meta=self.meta,
         )
 
+    def to_pandas(self) -> Any:
+        """This release as a pandas DataFrame in the long format (t, item, value).
+
+        Needs pandas (an optional import). Publish ``rounded().to_pandas()``.
+        """
+        import pandas as pd
+
+        return pd.DataFrame({"t": np.full(len(self.values), int(self.t), dtype=np.int64),
+                             "item": list(self.items), "value": np.asarray(self.values)})
+
+    def to_arrow(self) -> Any:
+        """This release as a pyarrow Table in the long format (t, item, value).
+
+        Needs pyarrow (an optional import). Publish ``rounded().to_arrow()``.
+        """
+        import pyarrow as pa
+
+        try:
+            items = pa.array(list(self.items))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # str and int items together: as text
+            items = pa.array([str(i) for i in self.items])
+        return pa.table({"t": pa.array(np.full(len(self.values), int(self.t), dtype=np.int64)),
+                         "item": items, "value": pa.array(np.asarray(self.values))})
+
     def top(self, k: int) -> list[tuple[Hashable, float]]:
         """The k released items with the largest noisy counts, largest first."""
         if k <= 0 or len(self.values) == 0:

@@ -15,9 +15,11 @@ event has a ``t`` or none does (then each event is its own step, in file
 order); events need not be in time order; ``--on-invalid`` is ``skip`` (drop
 and count an invalid event) or ``error`` (stop before anything is written);
 ``--state`` does not apply (re-running gives the same releases: the noise is a
-function of the key); the output is a directory of part files with one row
-``t, item, value`` per released item per step (JSON Lines rows, CSV with a
-header, or Parquet), because one step of a large domain does not fit a line.
+function of the key); the output is a directory of part files in the local
+engine's long format, one row ``t, item, value, noise_std`` per released item
+per step and a row with no item for a step that released nothing (JSON Lines
+rows, CSV with a header, or Parquet), because one step of a large domain does
+not fit a line.
 """
 
 from __future__ import annotations
@@ -85,6 +87,21 @@ def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None 
     return df.mapInPandas(lambda b: _parse_lines(b, time_field, clock), _EVENT_SCHEMA)
 
 
+def _long_format(spark: SparkSession, released: DataFrame, mech: Any,
+                 steps: list[int]) -> DataFrame:
+    """The local engine's long table: (t, item, value, noise_std), a row with a null item
+    and value for a step that released nothing, so every step of the clock is there."""
+    from ..runmeta import noise_std_at
+
+    stds = spark.createDataFrame([(t, float(noise_std_at(mech.mechanism, t))) for t in steps],
+                                 "t long, noise_std double")
+    rows = released.join(F.broadcast(stds), "t")
+    empty = stds.join(released.select("t").distinct(), "t", "left_anti").select(
+        "t", F.lit(None).cast(released.schema["item"].dataType).alias("item"),
+        F.lit(None).cast(released.schema["value"].dataType).alias("value"), "noise_std")
+    return rows.select("t", "item", "value", "noise_std").unionByName(empty)
+
+
 def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
     value = opts.get(name, default)
     return default if value is None else value
@@ -133,9 +150,12 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         raise ValueError("--engine spark needs --output PATH (a directory it creates)")
     fmt = _option(opts, "output_format", "auto")
     if fmt == "auto":
-        fmt = "csv" if str(out).endswith(".csv") else "jsonl"
-    if fmt not in ("jsonl", "csv", "parquet"):
-        raise ValueError(f"--output-format must be jsonl, csv or parquet, got {fmt!r}")
+        fmt = ("csv" if str(out).endswith(".csv") else
+               "parquet" if str(out).endswith(".parquet") else "jsonl-long")
+    if fmt == "jsonl":  # one step of a large domain does not fit a line: rows instead
+        fmt = "jsonl-long"
+    if fmt not in ("jsonl-long", "csv", "parquet"):
+        raise ValueError(f"--output-format must be jsonl-long, csv or parquet, got {fmt!r}")
     if key is None:
         if not opts.get("key_file"):
             raise ValueError("no key: pass --key-file PATH")
@@ -238,14 +258,15 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             released = mech.run(events, steps=steps)
         if opts.get("round"):
             released = released.withColumn("value", F.bround("value", 0).cast("long"))
+        released = _long_format(spark, released, mech, steps)
         writer = released.write.mode("errorifexists")
-        if fmt == "jsonl":
-            writer.json(out)
+        if fmt == "jsonl-long":
+            writer.option("ignoreNullFields", False).json(out)
         elif fmt == "csv":
             writer.option("header", True).csv(out)
         else:
             writer.parquet(out)
-        rows = spark.read.format("json" if fmt == "jsonl" else fmt).option(
+        rows = spark.read.format("json" if fmt == "jsonl-long" else fmt).option(
             "header", fmt == "csv").load(out).count()
     finally:
         parsed.unpersist()

@@ -1,0 +1,98 @@
+"""Tidy outputs: every long format loads into pandas and polars, with their default
+readers, as the same table (t, item, value, noise_std), empty steps included."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+
+from dpstream.cli import main
+from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+from .conftest import fixed_key
+
+EVENTS = [(1, ["a", "b"]), (1, ["a"]), (2, ["a"]), (4, ["b", "c"]), (4, ["a", "b"])]
+
+
+@pytest.fixture
+def run(tmp_path):
+    key_path = tmp_path / "k.key"
+    fixed_key("outputs").save(key_path)
+    src = tmp_path / "ev.jsonl"
+    src.write_text("".join(json.dumps({"t": t, "items": it}) + "\n" for t, it in EVENTS))
+
+    def go(name: str, *extra: str):
+        out = tmp_path / name
+        assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "4",
+                     "--threshold-delta", "0.2", "--key-file", str(key_path), "-i", str(src),
+                     "-o", str(out), *extra]) == 0
+        return out
+
+    return go
+
+
+def _expected() -> pd.DataFrame:
+    """The releases from the library, in the long format, by hand."""
+    mech = UnknownDomainHistogram(6, max_items=2, key=fixed_key("outputs"), rho=4.0,
+                                  threshold_delta=0.2)
+    rows = []
+    for t in range(1, 7):
+        rel = mech.step_batch([it for tt, it in EVENTS if tt == t]).rounded()
+        std = mech.noise_std_at(t)
+        rows += [(t, str(i), int(v), std) for i, v in zip(rel.items, rel.values, strict=True)]
+        if not len(rel):
+            rows.append((t, None, None, std))
+    return pd.DataFrame(rows, columns=["t", "item", "value", "noise_std"])
+
+
+def _normal(df) -> pd.DataFrame:
+    df = df.to_pandas() if isinstance(df, pl.DataFrame) else df
+    df = df[["t", "item", "value", "noise_std"]].copy()
+    df["value"] = df["value"].astype("float64")
+    df["item"] = df["item"].astype(object).where(df["item"].notna(), None)
+    return df.sort_values(["t", "item"], na_position="first").reset_index(drop=True)
+
+
+def test_every_long_format_reads_back_as_the_same_table(run):
+    want = _normal(_expected())
+    assert want["item"].isna().any() and want["item"].notna().any()  # empty and full steps
+    csv, rows, parquet = run("o.csv"), run("o.jsonl-long", "--output-format", "jsonl-long"), \
+        run("o.parquet")
+    tables = {
+        "pandas csv": pd.read_csv(csv),
+        "polars csv": pl.read_csv(csv),
+        "pandas jsonl-long": pd.read_json(rows, lines=True),
+        "polars jsonl-long": pl.read_ndjson(rows),
+        "pandas parquet": pd.read_parquet(parquet),
+        "polars parquet": pl.read_parquet(parquet),
+    }
+    for name, table in tables.items():
+        got = _normal(table)
+        pd.testing.assert_frame_equal(got, want, check_dtype=False, obj=name)
+    assert json.loads((csv.parent / "o.csv.meta.json").read_text())["horizon"] == 6
+
+
+def test_top_and_min_value_are_post_processing_of_each_step(run):
+    full = pd.read_csv(run("full.csv"))
+    top = pd.read_csv(run("top.csv", "--top", "1"))
+    floor = pd.read_csv(run("floor.csv", "--min-value", "2"))
+    for t, group in full.dropna(subset=["item"]).groupby("t"):
+        best = group.sort_values("value", ascending=False, kind="stable").head(1)
+        assert top[top["t"] == t]["item"].tolist() == best["item"].tolist()
+        assert floor[floor["t"] == t]["item"].tolist() == group[group["value"] >= 2][
+            "item"].tolist()
+    assert sorted(set(top["t"])) == list(range(1, 7))  # steps left empty stay in the table
+
+
+def test_release_to_pandas_and_arrow():
+    mech = UnknownDomainHistogram(6, max_items=2, key=fixed_key("outputs"), rho=4.0,
+                                  threshold_delta=0.2)
+    rel = mech.step_batch([["a", "b"], ["a"], ["a", "b"]]).rounded()
+    df, table = rel.to_pandas(), rel.to_arrow()
+    assert df["item"].tolist() == list(rel.items) == table.column("item").to_pylist()
+    assert np.array_equal(df["value"].to_numpy(), rel.values)
+    assert (df["t"] == 1).all() and table.column("t").to_pylist() == [1] * len(rel)
