@@ -53,20 +53,31 @@ def test_an_event_alone_in_the_last_step_does_not_decide_whether_the_step_exists
     assert empty == list(range(1, 41))
 
 
-def test_until_is_a_public_end_step_and_a_later_until_goes_on(tmp_path):
+def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
     key_path = tmp_path / "k.key"
     fixed_key("clock-until").save(key_path)
-    src = tmp_path / "ev.jsonl"
-    src.write_text("".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in (1, 3, 12)))
+    days = {"day1": (1, 3), "day2": (12,), "day3": ()}
+    for name, steps in days.items():
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in steps))
+    (tmp_path / "all.jsonl").write_text("".join(
+        (tmp_path / f"{n}.jsonl").read_text() for n in days))
     out, state, ref = tmp_path / "out.jsonl", tmp_path / "s.sqlite", tmp_path / "ref.jsonl"
     base = ["run", "-q", "-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "1",
-            "--threshold-delta", "1e-3", "--key-file", str(key_path), "-i", str(src)]
-    assert main([*base, "-o", str(out), "--state", str(state), "--until", "10"]) == 0
-    assert _steps(out) == list(range(1, 11))  # the event at t = 12 waits for a later run
-    assert main([*base, "-o", str(out), "--state", str(state), "--until", "10"]) == 1
-    assert main([*base, "-o", str(out), "--state", str(state), "--until", "8"]) == 1
-    assert main([*base, "-o", str(out), "--state", str(state), "--until", "25"]) == 0
-    assert main([*base, "-o", str(out), "--state", str(state)]) == 0  # to the horizon
-    assert main([*base, "-o", str(ref)]) == 0
+            "--threshold-delta", "1e-3", "--key-file", str(key_path)]
+
+    def day(name, *extra):
+        return main([*base, "-i", str(tmp_path / f"{name}.jsonl"), "-o", str(out), "--state",
+                     str(state), *extra])
+
+    assert day("day1", "--until", "10") == 0
+    assert _steps(out) == list(range(1, 11))
+    assert day("day2", "--until", "10") == 1  # steps up to 10 are out already
+    assert day("day2", "--until", "8") == 1
+    assert day("day1", "--until", "25") == 1  # the same input twice: refused
+    assert day("day2", "--until", "25") == 0
+    assert day("day3") == 0  # to the horizon
+    assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref)]) == 0
     assert out.read_bytes() == ref.read_bytes()  # as one uninterrupted run
-    assert main([*base, "-o", str(tmp_path / "x.jsonl"), "--until", "41"]) == 1
+    assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(tmp_path / "x.jsonl"),
+                 "--until", "41"]) == 1

@@ -479,7 +479,7 @@ def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = Non
 
 
 def group_steps(
-    records: Iterable[RawEvent], horizon: int
+    records: Iterable[RawEvent], horizon: int, *, start: int = 0
 ) -> Iterator[tuple[int | None, list[RawEvent]]]:
     """Group records into time steps, in order, one step in memory at a time.
 
@@ -490,9 +490,10 @@ def group_steps(
     open, or else with the next one, or, at the end of the input, as
     ``(None, records)``; it never advances time. A record whose ``t`` is not
     after an already closed step becomes a malformed record (the input must be
-    in time order).
+    in time order). ``start``: the steps up to it are already complete (a
+    stream that goes on from an earlier run): the first step is ``start + 1``.
     """
-    current = 0
+    current = start
     step: list[RawEvent] | None = None  # the open step `current` (started by an explicit t)
     bad: list[RawEvent] = []  # malformed records waiting for the next step
     for rec in records:

@@ -282,7 +282,7 @@ class _Resume:
 
 
 def _open_output(path: str, resume: _Resume | None, *, ckpt: Any, digests: Any,
-                 header: bytes) -> IO[bytes]:
+                 header: bytes, go_on: _GoOn | None = None) -> IO[bytes]:
     """The output as binary; on resume, checked and positioned where the last step starts.
 
     Before anything is changed, the header and the release of the step before
@@ -296,6 +296,15 @@ def _open_output(path: str, resume: _Resume | None, *, ckpt: Any, digests: Any,
     """
     if path == "-":
         return sys.stdout.buffer
+    if go_on is not None and go_on.continues:  # after the last step of an earlier run
+        resume = _Resume(last_t=go_on.t, begin=ckpt.step(go_on.t).begin)
+        fh = _open_output(path, resume, ckpt=ckpt, digests=digests, header=header)
+        if len(resume.written) != go_on.offset - resume.begin:
+            fh.close()
+            raise StateError(f"output file {path!r} does not hold all of step {go_on.t}, "
+                             f"which {ckpt.path!r} records as written: refusing to go on")
+        fh.seek(go_on.offset)
+        return fh
     if resume is None:
         return open(path, "wb")  # noqa: SIM115 - closed by the caller
     try:
@@ -332,6 +341,66 @@ def _open_output(path: str, resume: _Resume | None, *, ckpt: Any, digests: Any,
         fh.close()
         raise
     return fh
+
+
+@dataclass
+class _GoOn:
+    """A stream that goes on from the mechanism saved after step ``t`` of an earlier run.
+
+    ``continues``: that run finished its steps, and this one brings the next
+    events; otherwise that run stopped early, and this one replays its steps
+    after ``t`` (from the same input) before going on. ``offset``: where step
+    t's release ends in the output.
+    """
+
+    mechanism: Any
+    t: int
+    offset: int
+    continues: bool
+    batch: int | None
+
+
+def _resolved(path: str) -> str:
+    from .io import resolve_path
+
+    return resolve_path(path)
+
+
+def _input_mac(opts: dict[str, Any], digests: Any) -> str | None:
+    """A keyed digest of the whole input file (None for stdin and for an empty file: two
+    quiet days may well bring the same empty input)."""
+    if opts["input"] == "-" or os.path.getsize(opts["input"]) == 0:
+        return None
+    return digests.file(opts["input"])
+
+
+def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
+           digests: Any) -> _GoOn | None:
+    """How this run goes on from the state's snapshot, or None (no snapshot: replay all)."""
+    from .snapshot import load_snapshot
+
+    snap = ckpt.snapshot()
+    if snap is None:
+        return None
+    t, blob = snap
+    batches = ckpt.batches()
+    open_batch = batches[-1] if batches and batches[-1][4] is None else None
+    mac = _input_mac(opts, digests)
+    continues = t == record.last_t and open_batch is None
+    if continues:
+        for n, _, seen, first, last in batches:
+            if mac is not None and seen == mac:
+                raise StateError(
+                    f"this input was already fed to the stream in {opts['state']} (run {n}, "
+                    f"steps {first}..{last}): refusing to release its events twice")
+    elif open_batch is not None and mac is not None and open_batch[2] not in (None, mac):
+        raise StateError(f"the run in {opts['state']} stopped at step {record.last_t} while "
+                         f"reading another input ({open_batch[1]!r}): give it the same input "
+                         "to finish its steps")
+    mechanism = load_snapshot(blob, key)
+    offset = ckpt.step(t).end
+    return _GoOn(mechanism=mechanism, t=t, offset=offset, continues=continues,
+                 batch=None if continues or open_batch is None else open_batch[0])
 
 
 def _holds_release(path: str, header: bytes) -> bool:
@@ -473,6 +542,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ckpt = None
         new_run: dict[str, str] | None = None
         resume: _Resume | None = None
+        go_on: _GoOn | None = None
         if opts["state"]:
             ckpt = Checkpoint(opts["state"], fsync=opts["fsync"],
                               allow_readable=opts["allow_readable_state"])
@@ -486,8 +556,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "released twice")
                 return 0
             if record is not None:
-                resume = _Resume(last_t=record.last_t, begin=record.last_begin)
                 _check_until(record, until, opts)
+                go_on = _go_on(ckpt, record, opts, key, digests)
+                if go_on is not None:
+                    mech = formatter.mech = go_on.mechanism
+                if go_on is None or not go_on.continues:
+                    resume = _Resume(last_t=record.last_t, begin=record.last_begin)
                 stats.resumed_at = record.last_t
             if opts["output"] == "-" and resume is not None:
                 _log.info(f"note: with --output - the release of step {resume.last_t} "
@@ -503,7 +577,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             stack.callback(parquet.close)
         else:
             out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
-                               header=formatter.header())
+                               header=formatter.header(), go_on=go_on)
         if opts["output"] != "-":
             stack.push(_closing_quietly_on_error(out))
         if opts["view"]:
@@ -513,9 +587,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
+        batch = None
+        if ckpt is not None:
+            batches = ckpt.batches()
+            if resume is not None and batches and batches[-1][4] is None:
+                batch = batches[-1][0]  # the run that stopped early: this one finishes it
+            else:
+                batch = ckpt.begin_batch(input=_resolved(opts["input"]),
+                                         input_mac=_input_mac(opts, digests),
+                                         first_t=mech.t + 1)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
-                  public_meta=spec.public_meta, input_format=input_format, quiet=quiet)
+                  public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
+                  start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
+                  batch=batch, key=key)
     _log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
@@ -602,15 +687,19 @@ def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format
 def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, ckpt: Any,
               resume: _Resume | None, until: int, formatter: Any, validator: _Validator,
               digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
-              quiet: bool) -> None:
-    """Release every step 1..until; replay (with digest checks) the steps already on record."""
-    from .io import group_steps
+              quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
+              key: Any = None) -> None:
+    """Release every step start+1..until; replay (with digest checks) the steps already
+    on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
+    its last release ends in the output."""
+    from .io import RawEvent, group_steps
 
     horizon = int(opts["horizon"])
     do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")
+    start_t, start_offset = start
     resume_t = resume.last_t if resume is not None else 0
-    offset = resume.begin if resume is not None else 0
-    if resume is None:
+    offset = resume.begin if resume is not None else start_offset
+    if resume is None and start_t == 0:
         head = formatter.header()
         if head:
             out.write(head)
@@ -691,10 +780,15 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     with progress:
         if opts["follow"]:
             _follow(infile, opts, input_format, note, release, mech=mech, until=until,
-                    validator=validator, past=past, resume_t=resume_t, ckpt=ckpt)
+                    validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
+                    start_t=start_t)
         else:
             records = counted(_input_records(infile, opts, input_format))
-            for t, recs in group_steps(records, horizon):
+            if start_t:  # events of steps an earlier run released are late
+                records = (RawEvent(r.line, None, None, f"time step {r.t} was already "
+                                    "released by an earlier run (a late event)")
+                           if r.t is not None and r.t <= start_t else r for r in records)
+            for t, recs in group_steps(records, horizon, start=start_t):
                 if t is None:  # malformed records after the last step
                     validator.events(recs)
                 elif t > until:
@@ -710,8 +804,23 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                    "last_t": int(mech.t), "input_records": read}
         if until == horizon:
             ckpt.finish(summary)
+            if batch is not None:
+                ckpt.end_batch(batch, until, None)
         else:
             ckpt.set_summary(summary)
+            if batch is not None:
+                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key))
+
+
+def _snapshot_or_none(mech: Any, key: Any) -> bytes | None:
+    """The mechanism's snapshot for the next run, or None (logged) if it cannot be saved."""
+    from .snapshot import dump_snapshot
+
+    try:
+        return dump_snapshot(mech, key)
+    except TypeError as exc:
+        _log.warning(f"{exc}; the next run must read the whole stream again")
+        return None
 
 
 _IDLE = object()  # the follower has read everything there is for now
@@ -720,7 +829,7 @@ _EOF = object()  # the input has ended (stdin closed)
 
 def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, release: Any,
             *, mech: Any, until: int, validator: _Validator, past: Any, resume_t: int,
-            ckpt: Any) -> None:
+            ckpt: Any, start_t: int = 0) -> None:
     """``--follow``: read a growing input and release each step when the clock says.
 
     Step t is released once it is due on the public clock (its window has
@@ -779,7 +888,7 @@ def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rel
     newest = 0  # the latest step an event was read for
     latest_line = 0  # the latest input line read
     # steps on record close where they closed the first time
-    boundary = {t: ckpt.step(t).input_line for t in range(1, resume_t + 1)}
+    boundary = {t: ckpt.step(t).input_line for t in range(start_t + 1, resume_t + 1)}
     late = "time step {} was already released (a late event)"
     try:
         while mech.t < until:
@@ -858,6 +967,8 @@ def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | No
     record = ckpt.load()
     if record is None or (record.steps == 0 and not record.finished):
         return None, ident
+    if ckpt.snapshot() is not None:  # a stream that goes on: each run brings its own input
+        ident = {**ident, "input": None}
     ckpt.verify(record, **ident)
     return record, None
 

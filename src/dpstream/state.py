@@ -87,6 +87,18 @@ CREATE TABLE IF NOT EXISTS steps (
     input_mac TEXT NOT NULL,
     input_line INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS snapshot (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    t INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batches (
+    n INTEGER PRIMARY KEY,
+    input TEXT NOT NULL,
+    input_mac TEXT,
+    first_t INTEGER NOT NULL,
+    until INTEGER
+);
 """
 
 
@@ -114,6 +126,14 @@ class StateDigests:
     Without the key, a digest of a step's input cannot be matched against
     guesses of that input; with it, a resumed run proves its input unchanged.
     """
+
+    def file(self, path: str) -> str:
+        """The digest of a whole input file's bytes (to refuse an input fed twice)."""
+        h = hmac.new(self._key, b"file\0", hashlib.sha256)
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
 
     def __init__(self, key: NoiseKey) -> None:
         self._key = key.derive("state-digest/v2")
@@ -250,8 +270,20 @@ class Checkpoint:
         return None if row is None else StepRecord(int(row[0]), int(row[1]), row[2], row[3],
                                                    int(row[4]))
 
-    def verify(self, record: RunRecord, *, params: str, key_fingerprint: str, input: str,
-               output: str) -> None:
+    def snapshot(self) -> tuple[int, bytes] | None:
+        """``(t, data)`` of the mechanism saved after step t, or None."""
+        row = self._db.execute("SELECT t, data FROM snapshot WHERE id = 1").fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    def batches(self) -> list[tuple[int, str, str | None, int, int | None]]:
+        """``(n, input, input_mac, first_t, until)`` of every run of the stream, in order
+        (``until`` is None for a run that has not finished its steps)."""
+        return [(int(r[0]), r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]))
+                for r in self._db.execute(
+                    "SELECT n, input, input_mac, first_t, until FROM batches ORDER BY n")]
+
+    def verify(self, record: RunRecord, *, params: str, key_fingerprint: str,
+               input: str | None, output: str) -> None:
         """Refuse (:class:`StateError`) to resume a run with another key or parameters."""
         if record.key_fingerprint != key_fingerprint:
             raise StateError(
@@ -266,7 +298,7 @@ class Checkpoint:
                 f"state file {self.path!r} belongs to a run with other parameters "
                 f"(differs in: {', '.join(diff)}): refusing to resume"
             )
-        if record.input != input:
+        if input is not None and record.input != input:
             raise StateError(
                 f"state file {self.path!r} belongs to a run reading {record.input!r}, "
                 f"not {input!r}"
@@ -324,6 +356,23 @@ class Checkpoint:
         with self._transaction():
             self._db.execute("UPDATE run SET finished = ?, summary = ? WHERE id = 1",
                              (now, canonical_json(dict(summary))))
+
+    def begin_batch(self, *, input: str, input_mac: str | None, first_t: int) -> int:
+        """Record that a run of the stream starts at step ``first_t`` with this input."""
+        with self._transaction():
+            cur = self._db.execute(
+                "INSERT INTO batches (input, input_mac, first_t) VALUES (?, ?, ?)",
+                (input, input_mac, first_t))
+            return int(cur.lastrowid)
+
+    def end_batch(self, n: int, until: int, snapshot: bytes | None) -> None:
+        """Record that run ``n`` of the stream released every step up to ``until``, with
+        the mechanism's state after it (one transaction: both or neither)."""
+        with self._transaction():
+            self._db.execute("UPDATE batches SET until = ? WHERE n = ?", (until, n))
+            if snapshot is not None:
+                self._db.execute("INSERT OR REPLACE INTO snapshot (id, t, data) "
+                                 "VALUES (1, ?, ?)", (until, snapshot))
 
     def set_summary(self, summary: Mapping[str, Any]) -> None:
         """Record the summary of a run that stopped at a public end step (``--until``)."""
