@@ -170,7 +170,8 @@ def test_released_counts_are_knownbase_counts(remember):
     key = fixed_key("same-noise")
     u = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
                                remember=remember, stream="s1")
-    kn = KnownDomainHistogram(domain, 60, max_items=3, key=key, tau=0.4, stream="s1")
+    kn = KnownDomainHistogram(domain, 60, max_items=3, key=key, tau=0.4, stream="s1",
+                              counter="tree")
     assert u.base == kn.base
     pos = {it: i for i, it in enumerate(domain)}
     seen, ever_shown, n_released = set(), set(), 0
