@@ -364,6 +364,11 @@ class BLTStrategy:
         return self.max_variance_factor * self.sensitivity_squared
 
 
+#: stream_step works through the items in blocks of this many, so that the
+#: 4k + 1 elementwise passes of a step run in cache (about 2x faster at 10^6 items).
+_STEP_BLOCK = 1 << 14
+
+
 def stream_step(theta: Sequence[float], omega: Sequence[float], buffers: np.ndarray,
                 total: np.ndarray, z: np.ndarray) -> None:
     """One step of the streamed noise B z for many items, in place.
@@ -372,22 +377,33 @@ def stream_step(theta: Sequence[float], omega: Sequence[float], buffers: np.ndar
     overwritten with u = C^-1 z at this step). The operations, per item and in
     this order: acc = omega_0 buf_0 + omega_1 buf_1 + ...; u = z - acc;
     buf_i = theta_i buf_i + u; total += u. Elementwise IEEE arithmetic, so an
-    item's values do not depend on which other items share the arrays: a step
-    over many items, over one, or replayed from scratch give the same bits.
+    item's values do not depend on which other items share the arrays (or on
+    the blocking): a step over many items, over one, or replayed from scratch
+    give the same bits.
     """
     k = len(theta)
+    n = z.shape[0]
     if k == 0:
         total += z
         return
-    acc = buffers[0] * omega[0]
-    for i in range(1, k):
-        acc += buffers[i] * omega[i]
-    np.subtract(z, acc, out=z)
-    for i in range(k):
-        row = buffers[i]
-        row *= theta[i]
-        row += z
-    total += z
+    th = np.asarray(theta, dtype=np.float64)[:, None]
+    block = min(n, _STEP_BLOCK)
+    acc = np.empty(block)
+    tmp = np.empty(block)
+    for lo in range(0, n, _STEP_BLOCK):
+        hi = min(lo + _STEP_BLOCK, n)
+        m = hi - lo
+        buf = buffers[:, lo:hi]
+        u = z[lo:hi]
+        a, b = acc[:m], tmp[:m]
+        np.multiply(buf[0], omega[0], out=a)
+        for i in range(1, k):
+            np.multiply(buf[i], omega[i], out=b)
+            a += b
+        np.subtract(u, a, out=u)
+        buf *= th
+        buf += u
+        total[lo:hi] += u
 
 
 # ----------------------------------------------------------------------- lower bound
