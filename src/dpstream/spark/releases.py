@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..factorization import BLTStrategy
 from ..mechanisms.base import check_max_items, check_next_step
 from ..mechanisms.known import KnownDomainHistogram
 from ..noise import NoiseKey
@@ -199,8 +200,12 @@ class _SparkRelease:
         return self.mechanism.tau
 
     @property
-    def base(self) -> int:
+    def base(self) -> int | None:
         return self.mechanism.base
+
+    @property
+    def counter(self) -> str:
+        return getattr(self.mechanism, "counter", "tree")
 
     @property
     def levels(self) -> int:
@@ -352,8 +357,9 @@ class SparkKnownBase(_SparkRelease):
 
     Args:
         spark: the SparkSession.
-        horizon, max_items, key, base, rho | epsilon, delta | tau, stream: as for
-            :class:`dpstream.KnownDomainHistogram`.
+        horizon, max_items, key, counter, base, rho | epsilon, delta | tau, stream:
+            as for :class:`dpstream.KnownDomainHistogram` (a BLT counter runs every
+            step of an item's noise on its executor, as locally).
         item_col, count_col: the column names of the counts DataFrames.
 
     Example:
@@ -368,6 +374,7 @@ class SparkKnownBase(_SparkRelease):
         *,
         max_items: int,
         key: NoiseKey,
+        counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
         epsilon: float | None = None,
@@ -379,13 +386,14 @@ class SparkKnownBase(_SparkRelease):
     ) -> None:
         # The local class fixes every parameter; its one-item domain is a placeholder.
         self.mechanism = KnownDomainHistogram(
-            ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key, base=base,
-            rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key,
+            counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
+            stream=stream,
         )
         m = self.mechanism
         self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
-                                cell_std=float(np.sqrt(m.levels) * m.tau),
-                                purpose=m.tree_purpose)
+                                cell_std=float(m.sigma), purpose=m.noise_purpose,
+                                strategy=m.strategy)
         super().__init__(spark, key, item_col, count_col)
 
     def counts_with_domain(self, counts: DataFrame, domain: DataFrame) -> DataFrame:
@@ -449,7 +457,8 @@ class SparkKnownBase(_SparkRelease):
                                  self.item_col)
 
     def __repr__(self) -> str:
-        return (f"SparkKnownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+        return (f"SparkKnownBase(T={self.horizon}, counter={self.counter}, r={self.base}, "
+                f"max_items={self.max_items}, "
                 f"tau={self.tau:.4g}, t={self.t})")
 
 
