@@ -251,3 +251,23 @@ def test_settings_shape_the_purpose():
     purposes = {m.noise_purpose for m in (a, b, c, d)}
     assert len(purposes) == 4
     assert a.tree_purpose is None and d.tree_purpose == d.noise_purpose
+
+
+def test_docs_counters_python_example_runs():
+    """docs/counters.md's example runs as written (and prints what it says it prints)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "counters.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    env = {"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"}
+    for code in blocks:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, cwd=root, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("blt True\n2.56\n")
+        assert "zCDP" in proc.stdout
