@@ -54,11 +54,12 @@ def files(tmp_path):
 
 
 def _by_step(events, horizon):
+    """The events of every step 1..horizon: a run releases them all (the public clock),
+    the empty steps after the last event too."""
     steps = [[] for _ in range(horizon)]
     for t, items in events:
         steps[t - 1].append(items)
-    last = max(t for t, _ in events)
-    return steps[:last]
+    return steps
 
 
 def _run(*args: str) -> int:
@@ -268,10 +269,31 @@ def test_on_invalid_error_each_kind(files, capsys, line, message):
         line = 2
     bad.write_text("\n".join(keep) + "\n")
     rc = main(["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-               "--key-file", files.key_path, "-i", str(bad), "-o", str(files.dir / "o")])
+               "--key-file", files.key_path, "-i", str(bad), "-o", str(files.dir / "o"),
+               "--on-invalid", "error", "--verbose-errors"])
     err = capsys.readouterr().err
     assert rc == 1 and f"input line {line}: " in err and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_error_messages_quote_no_item_without_verbose_errors(files, capsys):
+    """Items are private: an error names the line and the reason, not the content."""
+    bad = files.dir / "bad.jsonl"
+    bad.write_text('{"t": 1, "items": ["d0"]}\n{"t": 2, "items": ["secret-item"]}\n'
+                   '{"t": 3, "items": ["secret-json\n')
+    base = ["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+            "--key-file", files.key_path, "--on-invalid", "error"]
+    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o1")]) == 1
+    err = capsys.readouterr().err
+    assert "input line 2: an item is not in the --domain" in err and "secret" not in err
+    bad.write_text('{"t": 1, "items": ["d0"]}\n{"t": 3, "items": ["secret-json\n')
+    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o2")]) == 1
+    err = capsys.readouterr().err
+    assert "input line 2: not valid JSON" in err and "secret" not in err
+    # and the default policy (skip) reports only counts
+    assert main([*base[:-2], "-i", str(bad), "-o", str(files.dir / "o3")]) == 0
+    err = capsys.readouterr().err
+    assert "1 skipped" in err and "secret" not in err
 
 
 def test_on_invalid_skip(files, capsys):
@@ -478,21 +500,22 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
     src.write_text("event,item\ne1,a\ne2,b\ne1,c\n")
     out = files.dir / "out.jsonl"
     assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
-                 "-o", str(out)]) == 1
+                 "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
     assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-                "--on-invalid", "skip") == 0
+                "--on-invalid", "skip", "--force") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
                                   threshold_delta=1e-3)
-    _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]], ("threshold", "remember"),
-                 rounded=False)
+    _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
+                 ("threshold", "remember"), rounded=False)
 
 
 def test_csv_unclosed_quote_is_an_error_naming_its_first_line(files, capsys):
     src = files.dir / "ev.csv"
     src.write_text('event,item\n0,"oops\n1,a\n2,a\n3,a\n')
     assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
-                 "-o", str(files.dir / "out.jsonl")]) == 1
+                 "-o", str(files.dir / "out.jsonl"), "--on-invalid", "error",
+                 "--verbose-errors"]) == 1
     err = capsys.readouterr().err
     assert "input line 2: " in err and "unclosed quote" in err and err.count("\n") == 1
 
@@ -540,29 +563,34 @@ def test_gz_output_is_refused(files, capsys):
 
 
 def _stopped_run(files, lines, *extra):
-    """A --state run stopped by an invalid last line: steps committed, not finished."""
+    """A --state run stopped by an invalid line (--on-invalid error): steps on record, not
+    finished."""
     src = files.dir / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = files.dir / "out.jsonl", files.dir / "s.sqlite"
     cmd = [*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-           "--state", str(state), *extra]
+           "--state", str(state), "--on-invalid", "error", *extra]
     return src, out, state, cmd
 
 
-def test_resume_checks_the_output_holds_the_last_committed_release(files, capsys):
+def test_resume_checks_the_output_holds_the_releases_on_record(files, capsys):
     src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]', "bad"])
     assert _run(*cmd) == 1
     capsys.readouterr()
-    committed = out.read_bytes()
+    written = out.read_bytes()
+    step1 = written[: written.index(b"\n") + 1]
     src.write_text('["a"]\n["b"]\n["c"]\n')
-    # the same length, other bytes in the last committed step: another file
-    out.write_bytes(committed[:-5] + b"9" + committed[-4:])
+    # the same length, other bytes in step 1: another file
+    out.write_bytes(step1[:-5] + b"9" + step1[-4:] + written[len(step1):])
     changed = out.read_bytes()
     assert _run(*cmd) == 1
     err = capsys.readouterr().err
-    assert "does not hold the release of step 2" in err and err.count("\n") == 1
+    assert "does not hold the release of step 1" in err and err.count("\n") == 1
     assert out.read_bytes() == changed  # refused before truncating
-    out.write_bytes(committed + b"half a line")  # a release written but not committed
+    out.write_bytes(written + b"more")  # bytes past the last step on record: not ours
+    assert _run(*cmd) == 1
+    assert "does not hold the release of step 2" in capsys.readouterr().err
+    out.write_bytes(written[:-7])  # a crash while writing step 2 (on record before it)
     assert _run(*cmd) == 0
     ref = files.dir / "ref.jsonl"
     assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(ref)) == 0
@@ -576,7 +604,7 @@ def test_output_that_cannot_be_opened_leaves_the_state_usable(files, capsys):
     assert _run(*bad) == 1
     capsys.readouterr()
     assert _run(*cmd) == 0  # another output: accepted, nothing was released
-    assert len(_read_jsonl(out)) == 1
+    assert len(_read_jsonl(out)) == 50  # every step of the horizon
 
 
 def test_a_state_with_no_committed_step_accepts_new_parameters(files, capsys):
@@ -584,17 +612,27 @@ def test_a_state_with_no_committed_step_accepts_new_parameters(files, capsys):
     assert _run(*cmd) == 1
     assert "input line 1" in capsys.readouterr().err
     assert _run(*cmd, "--on-invalid", "skip") == 0  # what the error suggests
-    assert [line["t"] for line in _read_jsonl(out)] == [1, 2]
+    assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
-def test_a_state_with_an_uncommitted_release_keeps_its_parameters(files, capsys):
+def test_a_new_run_refuses_an_output_that_holds_releases(files, capsys):
+    """Review finding 6: after a crash before any step was on record, moving the state
+    away and re-running (say with --stream other) would publish step 1 again with fresh
+    noise. A step is on record before it is written, so an output holding releases that
+    no state accounts for is refused unless --force."""
     src, out, state, cmd = _stopped_run(files, ["bad", '["a"]'])
     assert _run(*cmd) == 1
     capsys.readouterr()
-    out.write_bytes(b'{"t": 1, "released": {}}\n')  # as if killed before the commit
-    assert _run(*cmd, "--on-invalid", "skip") == 1
-    err = capsys.readouterr().err
-    assert "other parameters" in err and f"delete {state}" in err and err.count("\n") == 1
+    out.write_bytes(b'{"t": 1, "released": {}}\n')  # releases the state does not know
+    for extra in ([], ["--stream", "other"], ["--on-invalid", "skip"]):
+        assert _run(*cmd, *extra) == 1
+        err = capsys.readouterr().err
+        assert "already holds releases" in err and "--force" in err and err.count("\n") == 1
+    state.unlink()
+    assert _run(*cmd, "--stream", "other") == 1  # no state at all: the output still says
+    assert "already holds releases" in capsys.readouterr().err
+    assert _run(*cmd, "--on-invalid", "skip", "--force") == 0
+    assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
 def test_a_finished_run_refuses_an_input_that_grew(files, capsys):
@@ -623,7 +661,9 @@ def test_readme_commands_run(tmp_path, monkeypatch):
     (tmp_path / "events.jsonl").write_text('{"items": ["a", "b"], "t": 3}\n["a", "b"]\n')
     for argv in commands:
         assert main(argv[1:]) == 0, argv
-    assert [line["t"] for line in _read_jsonl(tmp_path / "releases.jsonl")] == [1, 2, 3, 4]
+    # every step of the public clock, 1..--horizon, whatever the input holds
+    assert [line["t"] for line in _read_jsonl(tmp_path / "releases.jsonl")] == list(
+        range(1, 1001))
 
 
 def test_byte_order_marks_in_config_domain_and_input(files):
@@ -676,22 +716,22 @@ def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, conten
     src.write_bytes(content)
     out = files.dir / "out.jsonl"
     assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
-                 "-o", str(out)]) == 1
+                 "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     err = capsys.readouterr().err
     assert "input line 2: " in err and message in err and err.count("\n") == 1
     assert len(err) < 300  # no 4,000-digit number in the message
     assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-                "--on-invalid", "skip") == 0
-    # a record past the horizon takes the input there: steps 2..T are released, empty
-    last = 50 if "horizon" in message else 1
-    assert [line["t"] for line in _read_jsonl(out)] == list(range(1, last + 1))
+                "--force") == 0  # the default: skip
+    # every step 1..T is released, whatever the input holds
+    assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
 def test_untimed_event_past_the_horizon_says_which_step(files, capsys):
     src = files.dir / "ev.jsonl"
     src.write_text('["a"]\n["a"]\n')
     assert main(["run", *UNK[:2], "-T", "1", *UNK[4:], "--key-file", files.key_path,
-                 "-i", str(src), "-o", str(files.dir / "o.jsonl")]) == 1
+                 "-i", str(src), "-o", str(files.dir / "o.jsonl"), "--on-invalid",
+                 "error"]) == 1
     assert "input line 2: time step 2 is past the horizon --horizon 1" in \
         capsys.readouterr().err
 

@@ -137,7 +137,7 @@ def test_read_csv_reappearing_event_is_invalid_not_a_second_event():
     assert "'e1' reappears" in recs[2].error and "line 2" in recs[2].error
 
 
-def test_read_csv_reappearance_memory_is_whole_step_and_bounded_across_steps(monkeypatch):
+def test_read_csv_reappearance_is_caught_past_the_recent_window(monkeypatch):
     import dpstream.io as dio
 
     monkeypatch.setattr(dio, "RECENT_EVENT_IDS", 2)
@@ -145,12 +145,17 @@ def test_read_csv_reappearance_memory_is_whole_step_and_bounded_across_steps(mon
     step = "".join(f"e{i},a,1\n" for i in range(5))
     recs = list(read_csv(io.StringIO("event,item,t\n" + step + "e0,b,1\n"), time_column="t"))
     assert [r.error is None for r in recs] == [True] * 5 + [False]
-    # across steps: the open step's ids and the last 2 of earlier steps (the documented
-    # bound), so e0 is caught after 2 other ids of earlier steps, no longer after 3
+    # across steps: the last 2 ids of earlier steps with their lines, and every older
+    # one by its hash (review finding 8: an id back after the window was a new event,
+    # a way around --max-items)
     caught = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne0,b,3\n"
-    missed = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne3,a,4\ne0,b,4\n"
-    assert "reappears" in list(read_csv(io.StringIO(caught), time_column="t"))[-1].error
-    assert list(read_csv(io.StringIO(missed), time_column="t"))[-1].error is None
+    late = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne3,a,4\ne0,b,4\n"
+    assert "line 2)" in list(read_csv(io.StringIO(caught), time_column="t"))[-1].error
+    error = list(read_csv(io.StringIO(late), time_column="t"))[-1].error
+    assert "'e0' reappears" in error and "an earlier line" in error
+    far = "event,item\n" + "".join(f"e{i},a\n" for i in range(500)) + "e7,b\ne500,c\n"
+    recs = list(read_csv(io.StringIO(far)))
+    assert "reappears" in recs[-2].error and recs[-1].error is None
     # without a time column every event is a step of its own
     recs = list(read_csv(io.StringIO("event,item\ne0,a\ne1,a\ne0,b\n")))
     assert "reappears" in recs[-1].error

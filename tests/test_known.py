@@ -234,3 +234,25 @@ def test_tree_noise_restored_from_its_level_sums_continues_bit_for_bit():
         assert np.array_equal(a.noise(), b.noise())
     with pytest.raises(ValueError, match="shape"):
         TreeNoise.restore(src, 300, 3, 1.7, a.prepared, 5, np.zeros((2, 50)))
+
+
+def test_every_setting_that_changes_the_release_changes_the_noise():
+    """Review finding 7: the tree purpose ignored max_items and the domain, so two runs
+    that truncate or filter differently shared all noise, and the difference of their
+    releases was the exact difference of their (differently processed) true counts."""
+    key = fixed_key("scope")
+    base = dict(key=key, tau=1.0, base=3)
+    ref = dps.KnownDomainHistogram(["a", "b"], 50, max_items=2, **base)
+    same = dps.KnownDomainHistogram(["a", "b"], 50, max_items=2, **base)
+    others = [dps.KnownDomainHistogram(["a", "b"], 50, max_items=3, **base),
+              dps.KnownDomainHistogram(["a", "b", "c"], 50, max_items=2, **base),
+              dps.KnownDomainHistogram(["a", "c"], 50, max_items=2, **base)]
+    r0 = ref.step([]).counts
+    assert same.step([]).counts == r0  # identical settings replay identically
+    # the order of the domain changes no release, and no noise (the tag is of the set)
+    assert dps.KnownDomainHistogram(["b", "a"], 50, max_items=2, **base).step([]).counts == r0
+    for other in others:
+        got = other.step([]).counts
+        assert got["a"] != r0["a"], other.tree_purpose
+    u = dps.UnknownDomainHistogram(50, max_items=2, **base, threshold_delta=0.1)
+    assert u.tree_purpose not in {ref.tree_purpose, *(o.tree_purpose for o in others)}

@@ -416,8 +416,10 @@ def test_guarantee_str_and_dict() -> None:
         theorem="lem: KnownBase (Delta0/(2 tau^2)-zCDP)",
     )
     text = str(g)
-    assert text.startswith("rho-zCDP with rho=0.5; (epsilon=5.2215, delta=1e-06)-DP via cks2020")
+    assert text.startswith("rho-zCDP with rho=0.5; (epsilon=5.2215, delta=1e-06)-DP via cks2020"
+                           ", per event")
     assert "KnownBase" in text
+    assert g.unit == "event" and "same time step" in g.neighbours
     d = g.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert d["rho_delta"] == 0.0 and d["mechanism"] == "KnownBase"

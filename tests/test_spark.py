@@ -140,12 +140,15 @@ def test_known_per_step_release_is_bit_identical(spark, stream, counter) -> None
     index = {name: i for i, name in enumerate(names)}
     local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
                                  counter=counter)
+    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
     remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
-                            counter=counter)
+                            domain=domain, counter=counter)
     assert remote.tau == local.tau and remote.base == local.base
     assert remote.counter == counter
     assert remote.privacy == local.privacy
-    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
+    # the domain's fingerprint
+    assert remote.mechanism.noise_purpose == local.noise_purpose
+    assert remote.mechanism.tree_purpose == local.tree_purpose
     for t in (1, 2, 3, 8, 24):  # consecutive steps and jumps
         c = counts[t - 1]
         nz = np.flatnonzero(c)  # the counts frame lists only items that occurred
@@ -163,8 +166,9 @@ def test_known_run_over_all_steps_is_bit_identical(spark, stream, counter) -> No
     steps = counts.shape[0]
     local = KnownDomainHistogram(range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2,
                                  counter=counter)
-    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2, counter=counter)
     domain = spark.range(N_ITEMS).withColumnRenamed("id", "item")
+    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2, domain=domain,
+                            counter=counter)
     got = remote.run(_events_df(spark, events), domain, steps=range(1, steps + 1)).toPandas()
     assert len(got) == steps * N_ITEMS
     got = got.sort_values(["t", "item"])
@@ -178,7 +182,7 @@ def test_known_update_counts_then_release(spark) -> None:
     key = fixed_key("spark-known-update")
     events, counts = _simulate(5, 500, 300, seed=3)
     local = KnownDomainHistogram(range(500), 50, max_items=3, key=key, tau=0.7)
-    remote = SparkKnownBase(spark, 50, max_items=3, key=key, tau=0.7)
+    remote = SparkKnownBase(spark, 50, max_items=3, key=key, tau=0.7, domain=range(500))
     state = spark.range(500).select(F.col("id").alias("item"),
                                     F.lit(0).cast("long").alias("count"))
     for t in range(1, 6):
@@ -191,8 +195,8 @@ def test_known_update_counts_then_release(spark) -> None:
 
 def test_known_rejects_what_local_rejects(spark) -> None:
     key = fixed_key("spark-known-errors")
-    remote = SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0)
     domain = spark.createDataFrame([("a",), ("b",), ("c",)], "item string")
+    remote = SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain)
     outside = spark.createDataFrame([("a", 1), ("z", 2)], "item string, count long")
     with pytest.raises(Exception, match="InvalidEventError: item z is not in the domain"):
         remote.release(1, outside, domain=domain).collect()
@@ -200,11 +204,11 @@ def test_known_rejects_what_local_rejects(spark) -> None:
         remote.release(1, outside, domain=domain)
     big = spark.createDataFrame([(2, ["a", "b", "c"])], "t long, items array<string>")
     with pytest.raises(Exception, match="more than max_items=2"):
-        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0).run(
+        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
             big, domain, steps=[2]).collect()
     late = spark.createDataFrame([(11, ["a"])], "t long, items array<string>")
     with pytest.raises(Exception, match="past the horizon"):
-        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0).run(
+        SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
             late, domain, steps=[3]).collect()
 
 
@@ -212,7 +216,7 @@ def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
     """Two rows of one item would share their noise and leak their difference."""
     key = fixed_key("spark-dup")
     local = KnownDomainHistogram(["a", "b"], 10, max_items=1, key=key, tau=1.0)
-    remote = SparkKnownBase(spark, 10, max_items=1, key=key, tau=1.0)
+    remote = SparkKnownBase(spark, 10, max_items=1, key=key, tau=1.0, domain=["a", "b"])
     df = spark.createDataFrame([("a", 2), ("a", 3), ("b", 1)], "item string, count long")
     got = remote.release(1, df).toPandas().sort_values("item")
     assert len(got) == 2
@@ -277,17 +281,30 @@ def test_unknown_per_step_release_is_bit_identical(spark, stream) -> None:
 # ------------------------------------------------------------------ streaming
 
 
-def _write_step_files(folder: Path, events, steps) -> None:
-    """One file per step; Spark's file source takes files in modification-time order."""
+def _write_step_files(folder: Path, events, steps, *, name: str = "step") -> None:
+    """One file per step, each event with its step ``t`` (the public clock's step)."""
     for t in steps:
-        lines = [json.dumps({"items": [f"s{i}" for i in ev]}) for tt, ev in events if tt == t]
-        path = folder / f"step-{t:03d}.json"
+        lines = [json.dumps({"t": t, "items": [f"s{i}" for i in ev]})
+                 for tt, ev in events if tt == t]
+        path = folder / f"{name}-{t:03d}.json"
         path.write_text("\n".join(lines) + "\n")
         os.utime(path, (1_700_000_000 + 60 * t, 1_700_000_000 + 60 * t))
 
 
 def _read_stream_output(spark, path, t):
     return spark.read.parquet(str(path / f"t={t}")).toPandas()
+
+
+_STREAM_SCHEMA = "t long, items array<string>"
+
+
+def _stage(spark, mech, src, out, ckpt, **kw):
+    """Stage what ``src`` holds (one availableNow run); returns the StreamRelease."""
+    ev = spark.readStream.schema(_STREAM_SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
+    rel = start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt),
+                       trigger={"availableNow": True}, **kw)
+    rel.awaitTermination()
+    return rel
 
 
 def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> None:
@@ -298,29 +315,24 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     src.mkdir()
 
-    def run_stream(k):
+    def run_stream(k, until):
         mech = SparkUnknownBase(spark, HORIZON, max_items=3, key=k, tau=0.5,
                                 threshold_delta=1e-6, remember=True)
-        ev = (spark.readStream.schema("items array<string>").option("maxFilesPerTrigger", 1)
-              .json(str(src)))
-        q = start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt),
-                         trigger={"availableNow": True})
-        q.awaitTermination()
+        return _stage(spark, mech, src, out, ckpt).release_through(until)
 
     _write_step_files(src, events, [1, 2])
-    run_stream(key)
+    assert run_stream(key, 2) == [1, 2]
     _write_step_files(src, events, [3, 4])
-    run_stream(key)  # a restart from Spark's checkpoint continues at step 3
+    assert run_stream(key, 4) == [3, 4]  # a restart from Spark's checkpoint goes on
     first = {t: _read_stream_output(spark, out, t) for t in range(1, 5)}
     for t in range(1, 5):
         g = first[t]
         assert set(g["item"]) == set(want[t]), t
         assert np.array_equal(g["value"].to_numpy(), np.array([want[t][i] for i in g["item"]]))
-    # a crash after step 4 was written but before Spark committed it: replay
-    for name in ("3", ".3.crc"):
-        (ckpt / "commits" / name).unlink(missing_ok=True)
+    # a crash during the release of step 4 (closing, output not complete): a restart
+    # recomputes it from the events it read the first time
     shutil.rmtree(out / "t=4")
-    run_stream(key)
+    assert run_stream(key, 4) == [4]
     again = _read_stream_output(spark, out, 4).sort_values("item").reset_index(drop=True)
     assert again.equals(first[4].sort_values("item").reset_index(drop=True))
     assert not (ckpt / "dpstream-state" / "t=2").exists()  # old snapshots are dropped
@@ -337,7 +349,56 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     sums = snap[[f"dp_noise{lv}" for lv in range(1, local.levels + 1)]].to_numpy().T
     assert np.array_equal(sums, fresh.level_sums())
     with pytest.raises(StateError, match="key_fingerprint"):
-        run_stream(fixed_key("another key"))
+        run_stream(fixed_key("another key"), 4)
+
+
+def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path) -> None:
+    """Review finding 2: Spark makes no micro-batch for a window without data, so a clock
+    of batch ids let the removal of a window's only event remove a step. Neighbouring
+    streams (one with an event alone in step 2, one without it) must release the same
+    steps, and the release of step 3 must be the same item set (it is the same data)."""
+    key = fixed_key("spark-stream-clock")
+    lone = [(1, [0, 1]), (1, [2]), (2, [7]), (3, [1])]
+    outputs = {}
+    for name, events in (("with", lone), ("without", [e for e in lone if e[0] != 2])):
+        src, out, ckpt = (tmp_path / name / d for d in ("in", "out", "ckpt"))
+        src.mkdir(parents=True)
+        _write_step_files(src, events, sorted({t for t, _ in events}))
+        domain = spark.createDataFrame(pd.DataFrame({"item": [f"s{i}" for i in range(8)]}))
+        mech = SparkKnownBase(spark, 10, max_items=3, key=key, rho=1.0, domain=domain)
+        rel = _stage(spark, mech, src, out, ckpt, domain=domain)
+        assert rel.release_through(5) == [1, 2, 3, 4, 5]
+        outputs[name] = sorted(int(p.name[2:]) for p in out.iterdir() if p.name.startswith("t="))
+        # late events for a released step are dropped and counted, never released
+        _write_step_files(src, [(2, [3]), (6, [3])], [2, 6], name="late")
+        rel = _stage(spark, mech, src, out, ckpt, domain=domain)
+        assert rel.dropped == {"late (its step was already released)": 1}
+        assert rel.release_through(6) == [6]
+        got = _read_stream_output(spark, out, 6).set_index("item")["value"]
+        local = KnownDomainHistogram([f"s{i}" for i in range(8)], 10, max_items=3, key=key,
+                                     rho=1.0)
+        counts = np.zeros(8, dtype=np.int64)
+        for _, ev in events + [(6, [3])]:
+            counts[ev] += 1
+        assert np.array_equal(got.loc[local.domain].to_numpy(), local.release(6, counts).values)
+    assert outputs["with"] == outputs["without"] == [1, 2, 3, 4, 5]
+
+
+def test_step_clock_is_a_function_of_the_wall_clock_only() -> None:
+    import datetime as dt
+
+    from dpstream.spark import StepClock
+
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    clock = StepClock(start, dt.timedelta(hours=1), lateness=dt.timedelta(minutes=5))
+    assert clock.due(start) == 0
+    assert clock.due(start + dt.timedelta(hours=1, minutes=4)) == 0  # waiting for late events
+    assert clock.due(start + dt.timedelta(hours=1, minutes=5)) == 1
+    assert clock.due(start + dt.timedelta(hours=26)) == 25
+    assert clock.step_of(start) == 1 and clock.step_of(start + dt.timedelta(minutes=59)) == 1
+    assert clock.step_of(start + dt.timedelta(hours=2)) == 3
+    with pytest.raises(ValueError, match="timezone"):
+        StepClock(dt.datetime(2026, 1, 1), dt.timedelta(hours=1))
 
 
 @pytest.mark.parametrize("counter", ["tree", "blt"])
@@ -346,15 +407,13 @@ def test_stream_known_domain(spark, tmp_path, counter) -> None:
     key = fixed_key("spark-stream-known")
     names = [f"s{i}" for i in range(300)]
     local = KnownDomainHistogram(names, 20, max_items=3, key=key, rho=1.0, counter=counter)
-    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, counter=counter)
+    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, domain=names,
+                          counter=counter)
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     src.mkdir()
     _write_step_files(src, events, [1, 2, 3])
-    ev = spark.readStream.schema("items array<string>").option("maxFilesPerTrigger", 1).json(
-        str(src))
     domain = spark.createDataFrame(pd.DataFrame({"item": names}))
-    start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt), domain=domain,
-                 trigger={"availableNow": True}).awaitTermination()
+    _stage(spark, mech, src, out, ckpt, domain=domain).release_through(3)
     index = {n: i for i, n in enumerate(names)}
     for t in (1, 2, 3):
         got = _read_stream_output(spark, out, t)
@@ -375,10 +434,12 @@ def test_run_cli_matches_local_step_batch(spark, tmp_path) -> None:
             "rho": 1.0, "input": str(inp), "output": str(out), "output_format": "jsonl",
             "round": False, "on_invalid": "error", "state": None, "stream": "default"}
     summary = run_cli(opts, spark=spark, key=key)
-    assert summary["steps"] == 4 and summary["events"] == 4 and summary["rows"] == 16
+    # every step of the public clock 1..T = 10 (steps 2 and 5..10 have no event)
+    assert summary["steps"] == 10 and summary["events"] == 4 and summary["rows"] == 40
     local = KnownDomainHistogram(["a", "b", "c", "5"], 10, max_items=3, key=key, rho=1.0)
     got = spark.read.json(str(out)).toPandas()
-    per_step = {1: [["a", "5"], ["b"]], 2: [], 3: [["a"]], 4: [["5", "c", "a"]]}
+    per_step = {1: [["a", "5"], ["b"]], 2: [], 3: [["a"]], 4: [["5", "c", "a"]],
+                **{t: [] for t in range(5, 11)}}
     for t, evs in per_step.items():
         want = local.step_batch(evs).counts
         g = got[got["t"] == t]
@@ -407,6 +468,35 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path) -> None
     for rel in local:
         rows = got[got["t"] == rel["t"]]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
+
+
+def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None:
+    """Review finding 1 on Spark: steps 1..last event made the number of steps tell
+    whether an event alone in the last step (or, with implicit time, any line) was there."""
+    from dpstream import cli
+
+    key_path = tmp_path / "k.key"
+    fixed_key("spark-clock").save(key_path)
+    steps = {}
+    for name, lines in (("full", ['["a"]', '["b"]', '["a", "b"]']), ("neighbour", ['["a"]'])):
+        inp = tmp_path / f"{name}.jsonl"
+        inp.write_text("".join(x + "\n" for x in lines))
+        out = tmp_path / f"{name}_out"
+        assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
+                         "1", "--threshold-delta", "0.4", "--remember", "--key-file",
+                         str(key_path), "-i", str(inp), "--engine", "spark", "-o",
+                         str(out)]) == 0
+        local = tmp_path / f"{name}.local.jsonl"
+        assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
+                         "1", "--threshold-delta", "0.4", "--remember", "--key-file",
+                         str(key_path), "-i", str(inp), "-o", str(local)]) == 0
+        steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
+        got = spark.read.json(str(out)).toPandas()
+        for rel in map(json.loads, local.read_text().splitlines()):  # Spark = local
+            rows = got[got["t"] == rel["t"]] if len(got) else got
+            assert dict(zip(rows.get("item", []), rows.get("value", []),
+                            strict=True)) == rel["released"]
+    assert steps["full"] == steps["neighbour"] == [1, 2, 3, 4, 5, 6]
 
 
 # ------------------------------------------------------------------ SparseGumb

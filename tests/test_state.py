@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 
 import pytest
 
 from dpstream.errors import StateError
-from dpstream.state import Checkpoint, canonical_json
+from dpstream.state import Checkpoint, StateDigests, StepRecord, canonical_json
+
+from .conftest import fixed_key
 
 IDENT = dict(params=canonical_json({"b": 1, "a": [1, 2]}), key_fingerprint="f" * 16,
              input="/in", output="/out")
@@ -18,13 +22,13 @@ def test_new_state_then_commit_and_reload(tmp_path):
     with Checkpoint(path) as ck:
         assert ck.load() is None
         ck.start(**IDENT)
-        ck.commit(1, offset=10, release_sha256="r1", input_sha256="i1", events=2)
-        ck.commit(2, offset=25, release_sha256="r2", input_sha256="i2", events=3)
+        ck.commit(1, begin=0, end=10, release_mac="r1", input_mac="i1")
+        ck.commit(2, begin=10, end=25, release_mac="r2", input_mac="i2")
     with Checkpoint(path) as ck:
         rec = ck.load()
-        assert (rec.last_t, rec.last_offset, rec.steps, rec.events) == (2, 25, 2, 5)
+        assert (rec.last_t, rec.last_begin, rec.last_end, rec.steps) == (2, 10, 25, 2)
         assert rec.finished is None
-        assert ck.step(1) == (10, "r1", "i1") and ck.step(3) is None
+        assert ck.step(1) == StepRecord(0, 10, "r1", "i1") and ck.step(3) is None
         ck.verify(rec, **IDENT)
         ck.finish({"steps": 2})
     with Checkpoint(path) as ck:
@@ -34,10 +38,10 @@ def test_new_state_then_commit_and_reload(tmp_path):
 def test_a_step_is_committed_once(tmp_path):
     with Checkpoint(str(tmp_path / "s.sqlite")) as ck:
         ck.start(**IDENT)
-        ck.commit(1, offset=10, release_sha256="r", input_sha256="i", events=1)
+        ck.commit(1, begin=0, end=10, release_mac="r", input_mac="i")
         with pytest.raises(sqlite3.IntegrityError):
-            ck.commit(1, offset=20, release_sha256="r", input_sha256="i", events=1)
-        assert ck.load().last_offset == 10  # the failed transaction was rolled back
+            ck.commit(1, begin=0, end=20, release_mac="r", input_mac="i")
+        assert ck.load().last_end == 10  # the failed transaction was rolled back
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -69,6 +73,7 @@ def test_state_in_use_is_refused(tmp_path):
 def test_not_a_database(tmp_path):
     path = tmp_path / "s.sqlite"
     path.write_bytes(b"this is not sqlite" * 100)
+    path.chmod(0o600)
     with pytest.raises(StateError):
         Checkpoint(str(path)).load()
 
@@ -79,7 +84,7 @@ def test_a_run_is_replaced_only_while_no_step_is_committed(tmp_path):
         ck.start(**IDENT)
         ck.start(**other, replace=True)  # nothing released yet: new parameters are fine
         ck.verify(ck.load(), **other)
-        ck.commit(1, offset=10, release_sha256="r", input_sha256="i", events=1)
+        ck.commit(1, begin=0, end=10, release_mac="r", input_mac="i")
         with pytest.raises(StateError, match="cannot be replaced"):
             ck.start(**IDENT, replace=True)
         ck.verify(ck.load(), **other)  # unchanged
@@ -91,3 +96,53 @@ def test_finished_summary_is_read_back(tmp_path):
         assert ck.load().summary is None
         ck.finish({"steps": 0, "input_records": 3})
         assert ck.load().summary == {"steps": 0, "input_records": 3}
+
+
+# -- what the state file reveals (the end-to-end privacy review) -------------------
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_state_file_and_its_journal_are_owner_only(tmp_path):
+    path = tmp_path / "s.sqlite"
+    old = os.umask(0o022)  # a typical umask: files would be 0644 without care
+    try:
+        with Checkpoint(str(path)) as ck:
+            ck.start(**IDENT)
+            ck.commit(1, begin=0, end=10, release_mac="r", input_mac="i")
+            companions = [p for p in tmp_path.iterdir() if p.name.startswith("s.sqlite")]
+            assert len(companions) >= 2  # the WAL journal exists while the file is open
+            for p in companions:
+                assert _mode(p) == 0o600, p.name
+    finally:
+        os.umask(old)
+
+
+def test_a_readable_state_file_is_refused(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with Checkpoint(str(path)) as ck:
+        ck.start(**IDENT)
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        Checkpoint(str(path))
+    with Checkpoint(str(path), allow_readable=True) as ck:  # the explicit override
+        assert ck.load() is not None
+
+
+def test_digests_are_keyed_so_an_outsider_cannot_match_guesses():
+    """The attack of the review: brute-force a step's records against its stored digest.
+
+    With an unkeyed SHA-256 the attacker recomputes the digest of every guess
+    and finds the true records; with the keyed digest a guess's digest under
+    any key the attacker holds differs from the stored one.
+    """
+    records = [b'[1, 1, ["aspirin"], null]', b'[2, 2, ["ibuprofen"], null]']
+    stored = StateDigests(fixed_key("owner")).records(records)
+    assert stored == StateDigests(fixed_key("owner")).records(records)  # replayable
+    assert stored != StateDigests(fixed_key("attacker")).records(records)
+    assert stored != StateDigests(fixed_key("owner")).records(records[:1])
+    import hashlib
+
+    assert stored != hashlib.sha256(b"".join(records)).hexdigest()

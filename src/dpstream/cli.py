@@ -1,46 +1,26 @@
-"""The ``dpstream`` command: ``run``, ``plan``, ``demo`` and ``keygen``.
+"""The ``dpstream`` command: ``run``, ``plan``, ``demo``, ``keygen`` and ``reproduce``.
 
-Layer 6 of dpstream. ``dpstream run`` reads events (``dpstream.io``), feeds
-them step by step to a continual mechanism built from the options through a
-small registry (each mechanism module is imported only when asked for),
-writes one release per time step, and with ``--state`` checkpoints every step
-in SQLite (``dpstream.state``) so that a killed run resumes exactly where it
-stopped. Errors are one line on stderr with exit status 1 (``--debug`` shows
-the traceback); usage errors exit with status 2; a closed pipe on stdout
-(``dpstream run ... | head``) ends the run quietly with status 141.
-
-Before anything is opened, ``run`` refuses an output or state file that is
-the input, the key, the domain, the config or each other (through links
-too). With ``--state``, a run is recorded only once its output is open; a
-recorded run with no committed step and no release in its output is replaced
-by the next one (new parameters allowed); a resumed run first checks that the
-output still holds the last committed release; and a finished run refuses an
-input that has grown since (it never releases again).
-
-Exactly-once output needs a file: with ``--output -`` (stdout) and
-``--state``, a resumed run writes only the steps after the last committed one,
-but a release printed just before a crash and not yet committed is printed
-again on resume.
+Layer 6 of dpstream. This module holds the options, the parser and the
+mechanism registry (each mechanism module is imported only when asked for);
+``run`` itself is :mod:`dpstream.run_command`. Errors are one line on stderr
+with exit status 1 (``--debug`` shows the traceback); usage errors exit with
+status 2; a closed pipe on stdout (``dpstream run ... | head``) ends the run
+quietly with status 141.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import importlib
 import inspect
 import json
 import os
 import sys
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from .errors import DPStreamError, InvalidEventError, StateError
+from .errors import DPStreamError
 
 __all__ = ["main", "build_parser", "MECHANISMS", "build_mechanism"]
 
@@ -295,7 +275,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         "one event must be consecutive, an id that comes back later (within its time step, "
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
-        default_text="none: each event is a step of its own"),
+        default_text="none: each event is a step of its own (see 'time steps' below)"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
         "domain, config or state file)", "-", str, metavar="PATH"),
@@ -307,10 +287,27 @@ RUN_OPTS: tuple[Opt, ...] = (
         kind="bool"),
     Opt(("--on-invalid",), "on_invalid",
         "what to do with an event with more than --max-items items, an item outside "
-        "--domain, a malformed line or a step past --horizon: error (stop, naming the line), "
-        "truncate (keep --max-items items chosen by the keyed PRF, drop items outside the "
-        "domain; skip what cannot be truncated) or skip (drop the event)", "error", str,
+        "--domain, a malformed line or a step past --until/--horizon: skip (drop the event, "
+        "count it in the summary; the releases stay on the public clock), truncate (keep "
+        "--max-items items chosen by the keyed PRF, drop items outside the domain; skip what "
+        "cannot be truncated) or error (stop at it: the output then ends where the bad "
+        "event was, which publishing it would reveal)", "skip", str,
         choices=("error", "truncate", "skip")),
+    Opt(("--verbose-errors",), "verbose_errors", "let error messages quote the offending "
+        "record's content (items are private data: off by default)", False, kind="flag"),
+    Opt(("--until",), "until", "the last time step this run releases (a public end step, "
+        "for a stream that is still going: run again with the same --state and a later "
+        "--until to go on); every step up to it is released, with events or without",
+        None, _positive_int, metavar="N", default_text="--horizon"),
+    Opt(("--force",), "force", "start a new run even though --output already holds "
+        "releases (overwriting them; what was published from it still counts against the "
+        "budget)", False, kind="flag"),
+    Opt(("--allow-readable-key",), "allow_readable_key", "use a --key-file that other users "
+        "can read (refused by default: anyone who reads the key can remove the noise)",
+        False, kind="flag"),
+    Opt(("--allow-readable-state",), "allow_readable_state", "use a --state file that other "
+        "users can read (refused by default: the state is as private as the input)", False,
+        kind="flag"),
     Opt(("--state",), "state", "SQLite checkpoint: commit every step, resume after a crash, "
         "refuse another key or parameters", None, str, metavar="FILE.sqlite"),
     Opt(("--fsync",), "fsync", "with --state, fsync the output and the state at every step: "
@@ -318,8 +315,13 @@ RUN_OPTS: tuple[Opt, ...] = (
         "(a 10,000-step run spends over a minute in fsync). --no-fsync is still safe "
         "against a killed process (kill -9, out of memory, Ctrl-C): use it when power loss "
         "or an OS crash is not the concern", True, kind="bool"),
-    Opt(("--quiet", "-q"), "quiet", "no progress bar and no summary on stderr", False,
-        kind="flag"),
+    Opt(("--quiet", "-q"), "quiet", "no progress and no summary on stderr (warnings and "
+        "errors only)", False, kind="flag"),
+    Opt(("--log-format",), "log_format", "stderr lines as text or as one JSON object per "
+        "line (for log collectors)", "text", str, choices=("text", "json")),
+    Opt(("--progress-every",), "progress_every", "when stderr is not a terminal, log a "
+        "progress line (step, events/s, time left) every this many seconds", 10.0,
+        _positive_float, metavar="SECONDS"),
     Opt(("--engine",), "engine", "local (NumPy, one machine) or spark (PySpark, the "
         "`dpstream[spark]` extra; known and unknown mechanisms; see docs/spark.md)", "local",
         str, choices=("local", "spark")),
@@ -431,17 +433,22 @@ def _config_value(opt: Opt, value: Any) -> Any:
 # --------------------------------------------------------------------------- parser
 
 RUN_EPILOG = """\
-input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} ("t" optional:
-  events sharing t form one step; an event without t is a step of its own) or
-  ["a", "b"]. CSV: one row per (event, item), see --event-column/--item-column.
+input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} or ["a", "b"].
+  CSV: one row per (event, item), see --event-column/--item-column.
   Items are strings (JSON integers are read as text). *.gz is decompressed.
+time steps: events sharing t form one step. An event without t is a step of its
+  own: then each line is one time step, and the guarantee hides what a line holds
+  (its items replaced by none), not whether the line exists; give t when events
+  happen at times of their own. Every step 1..--until (default --horizon) is
+  released, with events or without: which steps exist never depends on the data.
 output (JSON Lines): one line per step, {"t": 3, "released": {"a": 13, ...}}
   (+ "meta" for the mechanism's public extras, e.g. the threshold); floats are
   rounded to integers (--no-round: exact floats). CSV: t,item,value.
 state: with --state, a killed run resumes where it stopped when run again with
   the same command: nothing is written twice and the output equals an
-  uninterrupted run's; a finished run is not released again. Exactly-once needs
-  --output FILE (not stdout).
+  uninterrupted run's; a finished run is not released again; a step already
+  written is never released again from changed input. The state file is as
+  private as the input (mode 0600). Exactly-once needs --output FILE (not stdout).
 """
 
 
@@ -652,528 +659,8 @@ def _domain_option(opts: dict[str, Any]) -> list[str] | None:
 # --------------------------------------------------------------------------- run
 
 
-@dataclass
-class RunStats:
-    """What a run did, for the summary."""
-
-    steps: int = 0
-    events: int = 0
-    truncated: int = 0
-    skipped: int = 0
-    reasons: Counter = field(default_factory=Counter)
-    last_items: int = 0
-    resumed_at: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-
-def _auto_format(path: str, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    return "csv" if path.endswith((".csv", ".csv.gz")) else "jsonl"
-
-
-def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
-                input_format: str, output_format: str) -> dict[str, Any]:
-    """The parameters a resumed run must share (canonical JSON in the state)."""
-    params = {k: opts[k] for k in _MECH_KWARGS if k in opts}
-    params.update(
-        mechanism=opts["mechanism"], horizon=opts["horizon"],
-        base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
-        domain_sha256=None if domain is None else hashlib.sha256(
-            json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
-        input_format=input_format, output_format=output_format, round=bool(opts["round"]),
-        on_invalid=opts["on_invalid"],
-    )
-    if input_format == "csv":
-        params.update(item_column=opts["item_column"], event_column=opts["event_column"],
-                      time_column=opts["time_column"])
-    if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
-        params.update(counter="blt", blt=mech.strategy.fingerprint())
-    if isinstance(params.get("eta"), float):
-        params["eta"] = float(params["eta"])
-    return params
-
-
-class _Validator:
-    """Applies --on-invalid to each record of a step, counting what it dropped or cut."""
-
-    def __init__(self, *, policy: str, domain: Sequence[str] | None, max_items: int | None,
-                 truncator: Any, stats: RunStats) -> None:
-        self.policy = policy
-        self.domain = None if domain is None else frozenset(domain)
-        self.max_items = max_items
-        self.truncator = truncator
-        self.stats = stats
-
-    def _invalid(self, line: int, problem: str) -> None:
-        if self.policy == "error":
-            raise InvalidEventError(f"input line {line}: {problem} (see --on-invalid)")
-        self.stats.skipped += 1
-        self.stats.reasons[_reason_key(problem)] += 1
-
-    def events(self, records: Sequence[Any], *, past_horizon: int | None = None,
-               t: int | None = None) -> list[tuple[str, ...]]:
-        out: list[tuple[str, ...]] = []
-        for rec in records:
-            if rec.error is not None:
-                self._invalid(rec.line, rec.error)
-                continue
-            if past_horizon is not None:
-                step = rec.t if rec.t is not None else t
-                where = "its time step" if step is None else f"time step {_short_int(step)}"
-                self._invalid(rec.line, f"{where} is past the horizon --horizon {past_horizon}")
-                continue
-            items = tuple(dict.fromkeys(rec.items))
-            changed = False
-            if self.domain is not None:
-                outside = [i for i in items if i not in self.domain]
-                if outside:
-                    if self.policy != "truncate":
-                        self._invalid(rec.line, f"item {outside[0]!r} is not in the domain")
-                        continue
-                    items = tuple(i for i in items if i in self.domain)
-                    changed = True
-            if self.max_items is not None and len(items) > self.max_items:
-                if self.policy != "truncate":
-                    self._invalid(rec.line, f"event has {len(items)} distinct items, more "
-                                            f"than --max-items {self.max_items}")
-                    continue
-                items = self.truncator(items, rec.line)
-                changed = True
-            if changed:
-                self.stats.truncated += 1
-            out.append(items)
-        return out
-
-
-def _short_int(value: int) -> str:
-    """An integer for a message (a time step may have thousands of digits)."""
-    text = str(value)
-    return text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
-
-
-def _reason_key(problem: str) -> str:
-    for key in ("past the horizon", "not in the domain", "more than --max-items",
-                "not valid JSON", "time order", "reappears", "not valid UTF-8"):
-        if key in problem:
-            return key
-    return "malformed"
-
-
-def _step_digest(records: Sequence[Any]) -> str:
-    h = hashlib.sha256()
-    for rec in records:
-        h.update(json.dumps([rec.line, rec.t, rec.items, rec.error]).encode("utf-8"))
-        h.update(b"\n")
-    return h.hexdigest()
-
-
-def _open_output(path: str, resume_offset: int | None, *, ckpt: Any = None,
-                 resume_t: int = 0, header: bytes = b"") -> IO[bytes]:
-    """The output as binary; on resume, checked and truncated to the last committed offset.
-
-    Before truncating, the bytes of the last committed step (and the header)
-    must be the ones the state recorded: the file must be the run's output,
-    not another file at the same path, or one changed since.
-    """
-    from .state import sha256_hex
-
-    if path == "-":
-        return sys.stdout.buffer
-    if resume_offset is None:
-        return open(path, "wb")  # noqa: SIM115 - closed by the caller
-    try:
-        fh = open(path, "r+b")  # noqa: SIM115
-    except FileNotFoundError:
-        raise StateError(f"output file {path!r} is missing, but the state records "
-                         f"{resume_offset} bytes written to it") from None
-    try:
-        size = os.fstat(fh.fileno()).st_size
-        if size < resume_offset:
-            raise StateError(f"output file {path!r} has {size} bytes, fewer than the "
-                             f"{resume_offset} the state records as committed; refusing "
-                             "to resume")
-        if resume_t >= 1 and ckpt is not None:
-            begin = len(header)
-            if resume_t > 1:
-                before = ckpt.step(resume_t - 1)
-                if before is None:
-                    raise StateError(f"state file {ckpt.path!r} has no step {resume_t - 1}")
-                begin = before[0]
-            stored = ckpt.step(resume_t)
-            fh.seek(0)
-            head = fh.read(len(header))
-            fh.seek(begin)
-            last = fh.read(resume_offset - begin)
-            if stored is None or head != header or sha256_hex(last) != stored[1]:
-                raise StateError(
-                    f"output file {path!r} does not hold the release of step {resume_t} "
-                    f"that {ckpt.path!r} records as committed (bytes {begin}..{resume_offset}): "
-                    "was it changed or replaced? refusing to resume")
-        fh.truncate(resume_offset)
-        fh.seek(resume_offset)
-    except BaseException:
-        fh.close()
-        raise
-    return fh
-
-
-def _recorded_header(record: Any) -> bytes:
-    """The header the recorded run's output starts with."""
-    from .io import make_formatter
-
-    try:
-        fmt = json.loads(record.params).get("output_format", "jsonl")
-        return make_formatter(fmt).header()
-    except ValueError:
-        return b""
-
-
-def _holds_release(path: str, header: bytes) -> bool:
-    """Whether output file ``path`` holds anything beyond the formatter's header."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(len(header) + 1)
-    except FileNotFoundError:
-        return False
-    return not (len(data) <= len(header) and header.startswith(data))
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether paths ``a`` and ``b`` name one file (also through links)."""
-    if Path(a).resolve() == Path(b).resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return False
-
-
-def _check_paths(opts: dict[str, Any], config: str | None) -> None:
-    """Refuse, before opening anything, an output or state file that is another file.
-
-    Writing the releases over the input, the key, the domain, the config or
-    the state file would destroy it (and a key overwritten with releases is
-    lost for good).
-    """
-    output, state = opts["output"], opts["state"]
-    if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
-        raise ValueError(f"--output {output!r}: compressed output is not supported (a resumed "
-                         "run truncates the output to its last committed step); write an "
-                         "uncompressed file and compress it once the run has finished")
-    domain = opts.get("domain")
-    others = [("--input", opts["input"] if opts["input"] != "-" else None),
-              ("--key-file", opts["key_file"]),
-              ("--domain", domain if isinstance(domain, str) else None),
-              ("--config", config)]
-    targets = [("--output", output if output != "-" else None), ("--state", state)]
-    for n, (name, path) in enumerate(targets):
-        if path is None:
-            continue
-        for other_name, other in others + targets[:n]:
-            if other is not None and _same_file(path, other):
-                raise ValueError(f"{name} {path!r} is the same file as {other_name} "
-                                 f"{other!r}: refusing to overwrite it")
-
-
-def _run_on_spark(opts: dict, key: object) -> int:
-    """``run --engine spark``: the same releases, computed by Spark executors."""
-    try:
-        from .spark import run_cli
-    except ImportError as exc:
-        raise ValueError(f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
-                         ) from None
-    summary = run_cli(opts, master=opts["master"], key=key)
-    if not opts["quiet"]:
-        print(f"{PROG}: {summary['steps']} steps (t = 1..{summary['last_t']}), "
-              f"{summary['events']} events, {summary['rows']} rows -> {summary['output']}, "
-              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy']}",
-              file=sys.stderr)
-    return 0
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from .io import KeyedTruncator, make_formatter, open_input
-    from .noise import NoiseKey, NoiseSource
-    from .state import Checkpoint
+    """``dpstream run`` (in :mod:`dpstream.run_command`)."""
+    from .run_command import cmd_run as run
 
-    config = _load_config(args.config) if args.config else None
-    opts = merge_options(args, MECH_OPTS + RUN_OPTS, config)
-    if opts["horizon"] is None:
-        raise ValueError("--horizon is required (T, the number of time steps)")
-    if opts["key_file"] is None:
-        raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
-                         " keep it secret)")
-    _check_paths(opts, args.config)
-    _require_budget(opts)
-    key = NoiseKey.load(opts["key_file"])
-    if opts["engine"] == "spark":
-        return _run_on_spark(opts, key)
-    name = opts["mechanism"]
-    spec = MECHANISMS[name]
-    domain = _domain_option(opts)
-    mech = build_mechanism(name, opts, key, domain)
-    input_format = _auto_format(opts["input"], opts["input_format"])
-    output_format = _auto_format(opts["output"], opts["output_format"])
-    formatter = make_formatter(output_format, opts["round"])
-    stats = RunStats()
-    max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
-    truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
-    validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
-                           truncator=truncator, stats=stats)
-    quiet = opts["quiet"]
-
-    with contextlib.ExitStack() as stack:
-        infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
-        if opts["input"] != "-":
-            stack.callback(infile.close)
-        elif infile is not sys.stdin:  # a decoding wrapper: leave stdin itself open
-            stack.callback(infile.detach)
-        ckpt = None
-        new_run: dict[str, str] | None = None
-        resume_t = 0
-        resume_offset: int | None = None
-        if opts["state"]:
-            ckpt = Checkpoint(opts["state"], fsync=opts["fsync"])
-            stack.callback(ckpt.close)
-            record, new_run = _open_run(ckpt, opts, mech, domain, key, input_format,
-                                        output_format)
-            if record is not None and record.finished:
-                _check_finished(record, infile, opts, input_format)
-                if not quiet:
-                    print(f"{PROG}: the run in {opts['state']} finished at {record.finished} "
-                          f"({record.steps} steps released); nothing to do: a step is never "
-                          "released twice", file=sys.stderr)
-                return 0
-            if record is not None:
-                resume_t, resume_offset = record.last_t, record.last_offset
-                stats.resumed_at = resume_t
-            if opts["output"] == "-" and not quiet:
-                print(f"{PROG}: note: with --output - a release printed just before a crash "
-                      "may be printed again on resume; write to a file for exactly-once output",
-                      file=sys.stderr)
-        out = _open_output(opts["output"], resume_offset, ckpt=ckpt, resume_t=resume_t,
-                           header=formatter.header())
-        is_file = opts["output"] != "-"
-        if is_file:
-            stack.callback(out.close)
-        if ckpt is not None and new_run is not None:  # recorded once the output is open
-            ckpt.start(**new_run, replace=True)
-        _run_loop(mech, infile, out, opts, ckpt=ckpt, resume_t=resume_t,
-                  offset=resume_offset or 0, formatter=formatter, validator=validator,
-                  stats=stats, public_meta=spec.public_meta, input_format=input_format,
-                  quiet=quiet)
-    if not quiet:
-        _print_summary(stats, mech, opts)
-    return 0
-
-
-def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
-    """The input's records (``dpstream.io.RawEvent``), in order."""
-    from .io import guard_lines, read_events
-
-    csv_opts = {}
-    if input_format == "csv":
-        csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
-                        time_column=opts["time_column"])
-    return read_events(guard_lines(infile, opts["input"]), input_format, **csv_opts)
-
-
-def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
-    """Refuse (exit status 1) a finished run whose input has grown since it finished.
-
-    A finished run never releases again, so events appended to its input
-    later would otherwise be ignored without a word.
-    """
-    read = (record.summary or {}).get("input_records")
-    if not isinstance(read, int):  # a state written before the count was recorded
-        return
-    for count, rec in enumerate(_input_records(infile, opts, input_format), 1):
-        if count > read:
-            raise StateError(
-                f"the run in {opts['state']} finished after step {record.last_t}, but the "
-                f"input has records after the ones it read (from input line {rec.line}): a "
-                "finished run never releases again; release new events as a new stream "
-                "(a new key and a new state file)")
-
-
-def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, ckpt: Any,
-              resume_t: int, offset: int, formatter: Any, validator: _Validator,
-              stats: RunStats, public_meta: tuple[str, ...], input_format: str,
-              quiet: bool) -> None:
-    """Release every step; replay (with digest checks) the steps already committed."""
-    from .io import group_steps
-    from .state import sha256_hex
-
-    horizon = int(opts["horizon"])
-    is_file = opts["output"] != "-"
-    do_fsync = bool(ckpt is not None and opts["fsync"] and is_file)
-    if offset == 0 and resume_t == 0:
-        head = formatter.header()
-        if head:
-            out.write(head)
-            offset += len(head)
-    read = 0
-
-    def counted(records: Iterable[Any]) -> Iterator[Any]:
-        nonlocal read
-        for rec in records:
-            read += 1
-            yield rec
-
-    records = counted(_input_records(infile, opts, input_format))
-    progress = _Progress(horizon, enabled=not quiet and sys.stderr.isatty())
-    with progress:
-        for t, recs in group_steps(records, horizon):
-            if t is None:  # malformed records after the last step
-                validator.events(recs)
-                continue
-            if t > horizon:
-                validator.events(recs, past_horizon=horizon, t=t)
-                continue
-            events = validator.events(recs)
-            release = _public(mech.step_batch(events), public_meta)
-            line = formatter.format(release)
-            stats.steps += 1
-            stats.events += len(events)
-            stats.last_items = len(release.items)
-            digest_in = _step_digest(recs)
-            if t <= resume_t:
-                stored = ckpt.step(t)
-                if stored is None:
-                    raise StateError(f"state file {opts['state']!r} has no step {t}")
-                if stored[2] != digest_in:
-                    first = recs[0].line if recs else "?"
-                    raise StateError(
-                        f"the input changed: step {t} (input line {first}) differs from "
-                        f"the run recorded in {opts['state']}; refusing to resume")
-                if stored[1] != sha256_hex(line):
-                    raise StateError(
-                        f"replaying step {t} gave a different release than the one "
-                        "recorded (another dpstream or numeric library version?); "
-                        "refusing to resume")
-                progress.update(t, stats.events)
-                continue
-            out.write(line)
-            offset += len(line)
-            out.flush()
-            if do_fsync:
-                os.fsync(out.fileno())
-            if ckpt is not None:
-                ckpt.commit(t, offset=offset, release_sha256=sha256_hex(line),
-                            input_sha256=digest_in, events=len(events))
-            progress.update(t, stats.events)
-    if mech.t < resume_t:
-        raise StateError(f"the input ends at step {mech.t}, but {opts['state']} records "
-                         f"steps up to {resume_t}: is it the same input?")
-    out.flush()
-    if ckpt is not None:
-        ckpt.finish({"steps": stats.steps, "events": stats.events,
-                     "truncated": stats.truncated, "skipped": stats.skipped,
-                     "last_t": int(mech.t), "input_records": read})
-
-
-def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
-              input_format: str, output_format: str) -> tuple[Any, dict[str, str] | None]:
-    """Check that this run continues the one recorded in the state file.
-
-    Returns ``(record, None)`` to resume the recorded run, or ``(None, ident)``
-    for a new run, to be recorded (:meth:`Checkpoint.start`) once the output
-    is open. A recorded run with no committed step whose output holds no
-    release released nothing, so it is replaced by this one, new parameters
-    and all (e.g. after a first line refused under ``--on-invalid error``, or
-    an output that could not be opened).
-    """
-    from .io import resolve_path
-    from .state import canonical_json
-
-    params = canonical_json(_run_params(opts, mech, domain, input_format, output_format))
-    ident = dict(params=params, key_fingerprint=key.fingerprint(),
-                 input=resolve_path(opts["input"]), output=resolve_path(opts["output"]))
-    record = ckpt.load()
-    if record is None:
-        return None, ident
-    if record.steps > 0 or record.finished:
-        ckpt.verify(record, **ident)
-        return record, None
-    if record.output != "-" and not _holds_release(record.output, _recorded_header(record)):
-        return None, ident  # nothing released: start over
-    try:
-        ckpt.verify(record, **ident)
-    except StateError as exc:
-        if record.output == "-":
-            hint = ("no step is committed, but with --output - dpstream cannot tell whether "
-                    "a release was printed before it stopped; if none was, delete "
-                    f"{opts['state']} to start over")
-        else:
-            hint = (f"no step is committed, but {record.output} holds a release written "
-                    "before it stopped: run again with the same options to finish that run, "
-                    f"or delete {opts['state']} and that output to start over (a release "
-                    "already published from it then counts against the budget)")
-        raise StateError(f"{exc}; {hint}") from None
-    return record, None
-
-
-def _public(release: Any, keys: tuple[str, ...]) -> Any:
-    from .mechanisms.base import Release
-
-    meta = {k: v for k, v in release.meta.items() if k in keys}
-    if meta == dict(release.meta):
-        return release
-    return Release(t=release.t, items=release.items, values=release.values, meta=meta)
-
-
-def _print_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
-    elapsed = time.monotonic() - stats.started
-    rate = stats.events / elapsed if elapsed > 0 else float("inf")
-    resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
-    lines = [
-        f"{PROG}: {stats.steps} steps (t = 1..{mech.t} of T = {mech.horizon}), "
-        f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
-        f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"
-        + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
-           if stats.reasons else ""),
-        f"  items released at the last step: {stats.last_items}",
-        f"  privacy spent: {mech.privacy}",
-        f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
-        + (f"; state: {opts['state']}" if opts["state"] else ""),
-    ]
-    print("\n".join(lines), file=sys.stderr)
-
-
-class _Progress:
-    """A rich progress bar on stderr (steps done, events/s), only on a terminal."""
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self.total = total
-        self._bar: Any = None
-        self._start = time.monotonic()
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=True)
-            self._bar.__enter__()
-            self._task = self._bar.add_task("run", total=self.total, rate="")
-        return self
-
-    def update(self, t: int, events: int) -> None:
-        if self._bar is not None:
-            elapsed = max(time.monotonic() - self._start, 1e-9)
-            self._bar.update(self._task, completed=t, rate=f"{events / elapsed:,.0f} events/s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
-
+    return run(args)

@@ -21,8 +21,11 @@ with no item. An event id that comes back after other rows is an invalid
 record (``--on-invalid`` applies), never a second event: otherwise one event
 could contribute more than ``--max-items`` items. A reappearance is always
 detected within a time step (all ids of the open step are kept, as the step
-itself is) and across steps among the last :data:`RECENT_EVENT_IDS` (100,000)
-event ids of earlier steps, so memory does not grow with the file. The CSV is parsed strictly
+itself is), and across steps for every earlier id: the last
+:data:`RECENT_EVENT_IDS` (100,000) with their line numbers, older ones as
+64-bit hashes under a per-run random salt (about 70 bytes an event; a false
+match has probability about n^2 / 2^65 for n events, and only makes a record
+invalid). The CSV is parsed strictly
 (a quote must be closed, and followed by a delimiter or the end of the row),
 and a field holding a line break or an item longer than
 :data:`MAX_CSV_ITEM_CHARS` (1,000) characters is an invalid record: both are
@@ -70,8 +73,10 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import json
+import secrets
 import sys
 import zlib
 from collections import OrderedDict
@@ -307,10 +312,21 @@ def read_csv(
     t_val: int | None = None
     error: str | None = None
     # Event ids seen before: all of the open time step (kept anyway, as the step
-    # is), and a bounded FIFO of the most recent ones across steps.
+    # is), a bounded FIFO of the most recent ones across steps (with their
+    # lines, for the message), and salted 64-bit hashes of all older ones.
     step_ids: dict[str, int] = {}
     step_t: int | None = None
     recent: OrderedDict[str, int] = OrderedDict()
+    archive: set[int] = set()
+    salt = secrets.token_bytes(16)
+
+    def fingerprint(eid: str) -> int:
+        data = eid.encode("utf-8", "surrogateescape")
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=salt).digest(), "big")
+
+    def evict() -> None:
+        while len(recent) > RECENT_EVENT_IDS:
+            archive.add(fingerprint(recent.popitem(last=False)[0]))
 
     def flush() -> RawEvent:
         if error is not None:
@@ -318,8 +334,13 @@ def read_csv(
         return RawEvent(start, t_val, tuple(items), None)
 
     def seen_at(eid: str) -> int | None:
+        """The line where ``eid`` started before (0: earlier, line forgotten), or None."""
         line = step_ids.get(eid)
-        return recent.get(eid) if line is None else line
+        if line is None:
+            line = recent.get(eid)
+        if line is None and archive and fingerprint(eid) in archive:
+            return 0
+        return line
 
     def remember(eid: str, line: int, t: int | None) -> None:
         nonlocal step_t
@@ -329,13 +350,11 @@ def read_csv(
                 recent.move_to_end(old_id)
             step_ids.clear()
             step_t = t
-            while len(recent) > RECENT_EVENT_IDS:
-                recent.popitem(last=False)
+            evict()
         if time_column is None:
             recent[eid] = line
             recent.move_to_end(eid)
-            if len(recent) > RECENT_EVENT_IDS:
-                recent.popitem(last=False)
+            evict()
         else:
             step_ids.setdefault(eid, line)
 
@@ -389,8 +408,9 @@ def read_csv(
             current, start, items, t_val, error = eid, lineno, [], row_t, row_err
             before = seen_at(eid)
             if before is not None and error is None:
+                where = f"line {before}" if before else "an earlier line"
                 error = (f"event {_short(eid)!r} reappears: its rows must be consecutive "
-                         f"(it started at line {before})")
+                         f"(it started at {where})")
             remember(eid, lineno, row_t if row_err is None else step_t)
         elif error is None and row_err is not None:
             error = row_err

@@ -184,6 +184,16 @@ class ApproxDP:
         return f"(epsilon={self.epsilon:.6g}, delta={self.delta:.3g})-DP"
 
 
+#: The privacy units, and the neighbour relation each guarantee is for.
+UNITS = {
+    "event": "two streams are neighbours when one event's items are replaced by none, at "
+             "the same time step (the release clock, and so which steps are released, is "
+             "public and the same for both)",
+    "user": "two streams are neighbours when all events of one user (within the "
+            "contribution bounds) are replaced by empty ones, at the same time steps",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrivacyGuarantee:
     """What a mechanism reports as ``mechanism.privacy``: its zCDP cost and the
@@ -208,6 +218,10 @@ class PrivacyGuarantee:
         mechanism: The mechanism's name, e.g. ``"KnownBase"``.
         theorem: The paper's label of the privacy theorem, e.g.
             ``"lem: KnownBase (Delta0/(2 tau^2)-zCDP)"``.
+        unit: What the guarantee hides: ``"event"`` (two streams are neighbours
+            when one event's items are replaced by none, at the same time
+            step, so the release clock is unchanged) or ``"user"`` (all of one
+            user's bounded contributions). See :attr:`neighbours`.
     """
 
     rho: float
@@ -217,6 +231,7 @@ class PrivacyGuarantee:
     conversion: str
     mechanism: str
     theorem: str
+    unit: str = "event"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rho", _check_positive("rho", self.rho))
@@ -235,6 +250,13 @@ class PrivacyGuarantee:
             )
         _check_str("mechanism", self.mechanism)
         _check_str("theorem", self.theorem)
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {tuple(UNITS)}, got unit={self.unit!r}")
+
+    @property
+    def neighbours(self) -> str:
+        """The neighbour relation the guarantee is for, in words."""
+        return UNITS[self.unit]
 
     @property
     def zcdp(self) -> ZCDP:
@@ -260,7 +282,7 @@ class PrivacyGuarantee:
             zcdp = f"rho-zCDP with rho={self.rho:.6g}"
         return (
             f"{zcdp}; (epsilon={self.epsilon:.6g}, delta={self.delta:.3g})-DP via "
-            f"{self.conversion} [{self.mechanism}, {self.theorem}]"
+            f"{self.conversion}, per {self.unit} [{self.mechanism}, {self.theorem}]"
         )
 
 

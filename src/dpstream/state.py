@@ -15,21 +15,30 @@ it stores what is needed to *prove* that a resumed run continues the same run:
   (:meth:`dpstream.NoiseKey.fingerprint`), the input's and output's paths, and
   whether the run finished (with a summary, including how many input records
   it read, so that a finished run can tell when its input has grown);
-* ``steps``: per committed time step t, the output file's byte offset just
-  after the step's release was written (and flushed and fsynced), the SHA-256
-  of that release's bytes, the SHA-256 of the step's input records, and the
-  number of events.
+* ``steps``: per time step t, where its release starts and ends in the output
+  file, a keyed digest of the release's bytes and a keyed digest of the
+  step's input records.
 
-Each step is committed in its own transaction, after its release reached the
-output file. Resuming (see ``dpstream.cli``) refuses a different key or
-parameters, checks that the output file still holds the last committed
-step's release, truncates it to the last committed offset (so a
-release written but not committed is written once, not twice), replays the
-committed steps with output suppressed while checking that each recomputed
-release and each step's input have the stored digests (a changed input is an
-error), and continues after the last committed step. A finished run is never
-released again. A run with no committed step released nothing, so it may be
-replaced by a run with other parameters (``start(replace=True)``).
+Write-ahead: a step is committed *before* its release is written
+----------------------------------------------------------------
+A step's row is committed (one transaction) before the first byte of its
+release reaches the output. So every byte ever written belongs to a committed
+step whose input digest is on record, and a resumed run that replays that
+step refuses an input that changed: a step is never released twice from
+different data (which, with the same keyed noise, would publish the exact
+difference of the true counts). On resume the output is truncated to the end
+of the step before the last one on record, after checking the bytes of that
+step and that whatever follows is a prefix of the last step's release; the
+last step is then written again, byte for byte the same.
+
+What the file reveals
+---------------------
+The state is as sensitive as the input and is treated so: it is created with
+mode 0600, a group- or world-readable state file is refused, and every digest
+is an HMAC-SHA256 under a subkey of the noise key (:class:`StateDigests`), so
+a reader without the key cannot test guesses of the input against it (an
+unkeyed digest of a step's records can be matched by brute force over a small
+domain). No per-step event count is stored.
 
 The database uses WAL journaling with ``synchronous=FULL`` (or ``NORMAL``
 with ``fsync=False``: still safe against a killed process, not against a
@@ -38,19 +47,25 @@ power loss) and an exclusive lock, so two runs cannot share one state file.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
+import hmac
 import json
+import os
 import sqlite3
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import StateError
+from .noise import NoiseKey
 
-__all__ = ["Checkpoint", "RunRecord", "canonical_json", "sha256_hex"]
+__all__ = ["Checkpoint", "RunRecord", "StepRecord", "StateDigests", "canonical_json",
+           "sha256_hex", "check_private_file"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (
@@ -66,12 +81,53 @@ CREATE TABLE IF NOT EXISTS run (
 );
 CREATE TABLE IF NOT EXISTS steps (
     t INTEGER PRIMARY KEY,
-    output_offset INTEGER NOT NULL,
-    release_sha256 TEXT NOT NULL,
-    input_sha256 TEXT NOT NULL,
-    events INTEGER NOT NULL
+    begin_offset INTEGER NOT NULL,
+    end_offset INTEGER NOT NULL,
+    release_mac TEXT NOT NULL,
+    input_mac TEXT NOT NULL
 );
 """
+
+
+def check_private_file(path: str, what: str, *, flag: str | None = None) -> None:
+    """Refuse (:class:`PermissionError`) a file that group or others may read or write.
+
+    ``what`` names the file in the message ("state file", "key file");
+    ``flag`` is the command-line option that overrides the check, if any.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        override = f", or pass {flag} to use it anyway" if flag else ""
+        raise PermissionError(
+            f"{what} {path!r} can be read or written by other users (mode "
+            f"{stat.S_IMODE(mode):04o}); it is as secret as the data: run `chmod 600 {path}`"
+            f"{override}")
+
+
+class StateDigests:
+    """Keyed digests (HMAC-SHA256 under a subkey of the noise key) for the state file.
+
+    Without the key, a digest of a step's input cannot be matched against
+    guesses of that input; with it, a resumed run proves its input unchanged.
+    """
+
+    def __init__(self, key: NoiseKey) -> None:
+        self._key = key.derive("state-digest/v2")
+
+    def release(self, data: bytes) -> str:
+        """The digest of a release's bytes."""
+        return hmac.new(self._key, b"release\0" + data, hashlib.sha256).hexdigest()
+
+    def records(self, parts: Iterable[bytes]) -> str:
+        """The digest of a step's input records, each given as bytes."""
+        h = hmac.new(self._key, b"input\0", hashlib.sha256)
+        for part in parts:
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+        return h.hexdigest()
 
 
 def canonical_json(obj: Any) -> str:
@@ -86,7 +142,12 @@ def sha256_hex(data: bytes) -> str:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a checkpoint says about its run."""
+    """What a checkpoint says about its run.
+
+    ``last_t`` is the last step on record (committed before its release was
+    written, so its bytes may be missing or partial in the output);
+    ``last_begin``/``last_end`` are where its release starts and ends.
+    """
 
     params: str
     key_fingerprint: str
@@ -94,24 +155,41 @@ class RunRecord:
     output: str
     finished: str | None
     last_t: int
-    last_offset: int
+    last_begin: int
+    last_end: int
     steps: int
-    events: int
     summary: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step on record: where its release lies in the output, and its digests."""
+
+    begin: int
+    end: int
+    release_mac: str
+    input_mac: str
 
 
 class Checkpoint:
     """An open state file. Use :meth:`load`, then :meth:`start` or :meth:`verify`.
 
     Args:
-        path: the SQLite file (created if missing).
+        path: the SQLite file (created with mode 0600 if missing; an existing
+            file that group or others can read is refused with
+            :class:`PermissionError`, unless ``allow_readable``).
         fsync: ``synchronous=FULL`` (durable against power loss) when true,
             ``NORMAL`` (durable against a killed process) when false.
     """
 
-    def __init__(self, path: str, *, fsync: bool = True) -> None:
+    def __init__(self, path: str, *, fsync: bool = True, allow_readable: bool = False) -> None:
         self.path = path
+        if not allow_readable:
+            check_private_file(path, "state file", flag="--allow-readable-state")
+        old_umask = os.umask(0o077)  # the database and its -wal/-shm files: owner only
         try:
+            if not os.path.exists(path):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self._db = sqlite3.connect(path, isolation_level=None, timeout=0.0)
             self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -122,47 +200,52 @@ class Checkpoint:
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc):
                 raise StateError(f"state file {path!r} is in use by another run") from None
+            if "readonly" in str(exc) or "read-only" in str(exc):
+                raise StateError(f"state file {path!r} is read-only: dpstream must write to "
+                                 "it to record each step") from None
             raise StateError(f"cannot use state file {path!r}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state file {path!r} is not a dpstream state ({exc})") from None
+        finally:
+            os.umask(old_umask)
 
     # -- reading ---------------------------------------------------------------
     def load(self) -> RunRecord | None:
         """The recorded run, or ``None`` for a new state file."""
-        row = self._db.execute(
-            "SELECT schema_version, params, key_fingerprint, input, output, finished, summary "
-            "FROM run WHERE id = 1"
-        ).fetchone()
+        try:
+            row = self._db.execute(
+                "SELECT schema_version, params, key_fingerprint, input, output, finished, "
+                "summary FROM run WHERE id = 1"
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"state file {self.path!r} is not a dpstream state ({exc})") from None
         if row is None:
             return None
         if row[0] != SCHEMA_VERSION:
             raise StateError(
-                f"state file {self.path!r} has schema version {row[0]}, "
-                f"this dpstream reads {SCHEMA_VERSION}"
+                f"state file {self.path!r} was written by another version of dpstream "
+                f"(schema {row[0]}; this one reads {SCHEMA_VERSION}): finish that run with "
+                "the version that started it"
             )
-        agg = self._db.execute(
-            "SELECT COUNT(*), COALESCE(MAX(t), 0), COALESCE(SUM(events), 0) FROM steps"
-        ).fetchone()
-        last_offset = 0
-        if agg[1]:
-            last_offset = self._db.execute(
-                "SELECT output_offset FROM steps WHERE t = ?", (agg[1],)
-            ).fetchone()[0]
+        count, last_t = self._db.execute(
+            "SELECT COUNT(*), COALESCE(MAX(t), 0) FROM steps").fetchone()
+        last = self.step(last_t) if last_t else None
         try:
             summary = json.loads(row[6]) if row[6] else None
         except ValueError:
             summary = None
         return RunRecord(params=row[1], key_fingerprint=row[2], input=row[3], output=row[4],
-                         finished=row[5], last_t=int(agg[1]), last_offset=int(last_offset),
-                         steps=int(agg[0]), events=int(agg[2]),
+                         finished=row[5], last_t=int(last_t),
+                         last_begin=last.begin if last else 0, last_end=last.end if last else 0,
+                         steps=int(count),
                          summary=summary if isinstance(summary, dict) else None)
 
-    def step(self, t: int) -> tuple[int, str, str] | None:
-        """``(output_offset, release_sha256, input_sha256)`` of committed step t, or None."""
+    def step(self, t: int) -> StepRecord | None:
+        """Step t as recorded, or ``None``."""
         row = self._db.execute(
-            "SELECT output_offset, release_sha256, input_sha256 FROM steps WHERE t = ?", (t,)
-        ).fetchone()
-        return None if row is None else (int(row[0]), row[1], row[2])
+            "SELECT begin_offset, end_offset, release_mac, input_mac FROM steps WHERE t = ?",
+            (t,)).fetchone()
+        return None if row is None else StepRecord(int(row[0]), int(row[1]), row[2], row[3])
 
     def verify(self, record: RunRecord, *, params: str, key_fingerprint: str, input: str,
                output: str) -> None:
@@ -197,9 +280,10 @@ class Checkpoint:
         """Record a new run (one transaction).
 
         Args:
-            replace: replace a recorded run that has no committed step (it
-                released nothing). A run with a committed step is never
-                replaced (:class:`StateError`).
+            replace: replace a recorded run that has no step on record (it
+                wrote nothing: a step is recorded before its release is
+                written). A run with a step on record is never replaced
+                (:class:`StateError`).
         """
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
@@ -215,14 +299,17 @@ class Checkpoint:
                 (SCHEMA_VERSION, params, key_fingerprint, input, output, now),
             )
 
-    def commit(self, t: int, *, offset: int, release_sha256: str, input_sha256: str,
-               events: int) -> None:
-        """Record step t as released (one transaction, durable when this returns)."""
+    def commit(self, t: int, *, begin: int, end: int, release_mac: str, input_mac: str) -> None:
+        """Record step t (one transaction, durable when this returns).
+
+        Call it *before* writing the step's release to the output (see the
+        module docstring: write-ahead).
+        """
         with self._transaction():
             self._db.execute(
-                "INSERT INTO steps (t, output_offset, release_sha256, input_sha256, events) "
+                "INSERT INTO steps (t, begin_offset, end_offset, release_mac, input_mac) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (t, offset, release_sha256, input_sha256, events),
+                (t, begin, end, release_mac, input_mac),
             )
 
     def finish(self, summary: Mapping[str, Any]) -> None:
@@ -232,8 +319,14 @@ class Checkpoint:
             self._db.execute("UPDATE run SET finished = ?, summary = ? WHERE id = 1",
                              (now, canonical_json(dict(summary))))
 
+    def set_summary(self, summary: Mapping[str, Any]) -> None:
+        """Record the summary of a run that stopped at a public end step (``--until``)."""
+        with self._transaction():
+            self._db.execute("UPDATE run SET summary = ? WHERE id = 1",
+                             (canonical_json(dict(summary)),))
+
     def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.path)
 
     def close(self) -> None:
         self._db.close()
@@ -246,11 +339,42 @@ class Checkpoint:
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK), with a full disk or a read-only file
+    reported as what it is."""
+
+    def __init__(self, db: sqlite3.Connection, path: str) -> None:
         self._db = db
+        self._path = path
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise _plain_error(exc, self._path) from None
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.OperationalError as commit_exc:
+                exc = commit_exc
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.OperationalError):
+            raise _plain_error(exc, self._path) from None
+        if exc_type is None:  # the COMMIT failed with another error
+            raise exc  # type: ignore[misc]
+
+
+def _plain_error(exc: sqlite3.OperationalError, path: str) -> Exception:
+    """A full disk or a read-only state file, in the user's words."""
+    text = str(exc).lower()
+    if "full" in text:
+        return StateError(f"the disk holding the state file {path!r} is full: nothing of the "
+                          "step in progress was written; free some space and run the same "
+                          "command again to resume")
+    if "readonly" in text or "read-only" in text:
+        return StateError(f"state file {path!r} is read-only: dpstream must write to it to "
+                          "record each step (check its permissions and its directory's)")
+    return StateError(f"state file {path!r}: {exc}")

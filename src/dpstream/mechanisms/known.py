@@ -8,6 +8,7 @@ setting.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
@@ -16,7 +17,7 @@ import numpy as np
 from .. import privacy
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
-from ..noise import NoiseKey, NoiseSource
+from ..noise import NoiseKey, NoiseSource, encode_item
 from ..tree import num_levels, worst_case_variance_factor
 from .base import (
     Release,
@@ -36,19 +37,58 @@ from .blt_noise import BLTNoise
 from .counters import blt_purpose, blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
-__all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose"]
+__all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose", "domain_tag",
+           "item_fingerprint", "combine_fingerprints"]
 
 
-def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float) -> str:
+def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float, max_items: int,
+                 domain: str) -> str:
     """The noise purpose of the tree cells of stream ``stream`` with these settings.
 
-    KnownBase, UnkBase and the stand-alone TreeCounter share it when their tree
-    (T, r) and cell noise scale agree: the paper's UnkBase adds to a discovered
-    item "the same realization" KnownBase would. Other settings give
-    independent noise (see :func:`~dpstream.mechanisms.base.config_tag`).
-    Different streams under one key must use different names.
+    Every setting that changes what is released is in it (see
+    :func:`~dpstream.mechanisms.base.config_tag`): the tree (T, r), the cell
+    noise scale, Delta0 (``max_items``: another bound truncates other events)
+    and the domain (``domain_tag``: a known domain's digest, or ``"open"`` for
+    the unknown-domain mechanism; another domain filters other items). Two
+    runs under one key and stream name that differ in any of them draw
+    independent noise; otherwise the same noise on differently processed
+    data would publish the exact difference. Identical settings replay
+    identically (a restart, another engine). Different streams under one key
+    must use different names.
     """
-    return f"{stream}/tree@{config_tag(horizon=horizon, base=base, cell_std=cell_std)}"
+    tag = config_tag(horizon=horizon, base=base, cell_std=cell_std, max_items=max_items,
+                     domain=domain)
+    return f"{stream}/tree@{tag}"
+
+
+#: The modulus of the domain fingerprint (a sum of 128-bit item hashes).
+_DOMAIN_MOD = 1 << 128
+
+
+def item_fingerprint(item: Hashable) -> int:
+    """A 128-bit hash of one domain item (its canonical bytes), for :func:`domain_tag`."""
+    digest = hashlib.sha256(b"dpstream/domain-item\0" + encode_item(item)).digest()
+    return int.from_bytes(digest[:16], "big")
+
+
+def combine_fingerprints(total: int, count: int) -> str:
+    """The domain tag from the sum of item fingerprints (mod 2^128) and the item count."""
+    return f"{count}:{total % _DOMAIN_MOD:032x}"
+
+
+def domain_tag(domain: Iterable[Hashable]) -> str:
+    """A fingerprint of a known domain as a set (for :func:`tree_purpose`).
+
+    The sum of the items' 128-bit hashes modulo 2^128, with the number of
+    items: the order of the items does not change a release, so it does not
+    change the tag either, and a Spark job can compute it by adding partial
+    sums (``dpstream.spark``).
+    """
+    total, count = 0, 0
+    for item in domain:
+        total += item_fingerprint(item)
+        count += 1
+    return combine_fingerprints(total, count)
 
 
 class KnownDomainHistogram:
@@ -147,11 +187,13 @@ class KnownDomainHistogram:
         )
         self.key = key
         self._noise: TreeNoise | BLTNoise
+        domain = domain_tag(self.domain)
         if self.strategy is None:
             self.levels: int | None = num_levels(self.horizon, self.base)
             cell_std = math.sqrt(self.levels) * self.tau
             self.tree_purpose: str | None = tree_purpose(
-                self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std)
+                self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
+                max_items=self.max_items, domain=domain)
             self.sigma = cell_std
             self.noise_purpose = self.tree_purpose
             source = NoiseSource(key, self.tree_purpose)
@@ -160,7 +202,8 @@ class KnownDomainHistogram:
             self.levels = self.tree_purpose = None
             self.sigma = blt_sigma(self.tau, self.strategy)
             self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
-                                             sigma=self.sigma)
+                                             sigma=self.sigma, max_items=self.max_items,
+                                             domain=domain)
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
         self._noise.add_items(source.prepare(self.domain))

@@ -171,13 +171,15 @@ class UnknownDomainHistogram:
     addressed by (item, cell) under the stream's tree purpose
     (:func:`~dpstream.mechanisms.known.tree_purpose`), so an item that reappears
     gets the same realisations (the paper's "add the same realization"), with
-    no table of drawn values, and a discovered item's count is exactly what
-    :class:`~dpstream.KnownDomainHistogram` would release for it under the same
-    key, stream and tau. With ``remember=True`` an item, once shown, is shown
-    at every later step with its current noisy count (the variant the paper
-    says has the same privacy: which items were ever shown is a function of
-    the earlier releases, so remembering is post-processing, and the bad event
-    of ``lem:badOutcomes`` is unchanged).
+    no table of drawn values: a discovered item's count is exactly KnownBase's
+    over the whole (unknown) domain with that realisation. The purpose names
+    the open domain, so it is never the noise of a
+    :class:`~dpstream.KnownDomainHistogram` run under the same key and stream
+    (one with another domain filters other items). With ``remember=True`` an
+    item, once shown, is shown at every later step with its current noisy
+    count (the variant the paper says has the same privacy: which items were
+    ever shown is a function of the earlier releases, so remembering is
+    post-processing, and the bad event of ``lem:badOutcomes`` is unchanged).
 
     Privacy (theorem after ``lem:badOutcomes``): if every event holds at most
     Delta0 = ``max_items`` items, UnkBase is (eps(Delta0/(2 tau^2), delta'),
@@ -291,7 +293,8 @@ class UnknownDomainHistogram:
         self.key = key
         cell_std = math.sqrt(self.levels) * self.tau
         self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
-                                         cell_std=cell_std)
+                                         cell_std=cell_std, max_items=self.max_items,
+                                         domain="open")
         self._source = NoiseSource(key, self.tree_purpose)
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         self._index: dict[Hashable, int] = {}

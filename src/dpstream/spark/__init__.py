@@ -10,7 +10,8 @@ Spark itself needs a Java runtime). See docs/spark.md.
 * :class:`SparkContinualTopK`: SparseGumb with its item noise (counters,
   sparse-vector query, selection) in the executors.
 * :func:`update_counts`: the prefix counts after one more step of events.
-* :func:`start_stream`: a Structured Streaming job, one micro-batch per step.
+* :func:`start_stream`: a Structured Streaming job: events staged by their step,
+  steps released on a public clock (:class:`StepClock`).
 * :func:`run_cli`: what ``dpstream run --engine spark`` calls.
 """
 
@@ -22,6 +23,7 @@ __all__ = [
     "SparkContinualTopK",
     "SparkKnownBase",
     "SparkUnknownBase",
+    "StepClock",
     "increments",
     "run_cli",
     "start_stream",
@@ -30,10 +32,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "start_stream":
-        from .streaming import start_stream
+    if name in ("start_stream", "StepClock"):
+        from . import streaming
 
-        return start_stream
+        return getattr(streaming, name)
     if name == "SparkContinualTopK":
         from .topk import SparkContinualTopK
 

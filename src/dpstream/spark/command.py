@@ -6,10 +6,14 @@ one Spark job per stage; nothing proportional to the stream or the domain is
 collected to the driver except the domain file, which the driver reads as the
 local engine does.
 
+The release clock is public, as on the local engine: every step 1..``--until``
+(default: the horizon) is released, whether or not an event happened in it.
+
 Differences from the local engine (all refused with a clear error, or listed
 here): the input is a JSON Lines file or directory (not stdin, not CSV); every
 event has a ``t`` or none does (then each event is its own step, in file
-order); events need not be in time order; ``--on-invalid`` must be ``error``;
+order); events need not be in time order; ``--on-invalid`` is ``skip`` (drop
+and count an invalid event) or ``error`` (stop before anything is written);
 ``--state`` does not apply (re-running gives the same releases: the noise is a
 function of the key); the output is a directory of part files with one row
 ``t, item, value`` per released item per step (JSON Lines rows, CSV with a
@@ -111,8 +115,9 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     if name not in ("known", "unknown"):
         raise DPStreamError(f"--mechanism {name} is not available with --engine spark "
                             "(known and unknown are)")
-    if _option(opts, "on_invalid", "error") != "error":
-        raise ValueError("--engine spark supports --on-invalid error only")
+    policy = _option(opts, "on_invalid", "skip")
+    if policy not in ("skip", "error"):
+        raise ValueError("--engine spark supports --on-invalid skip or error (not truncate)")
     if opts.get("state"):
         raise ValueError("--state does not apply to --engine spark: re-running the job gives "
                          "the same releases (use dpstream.spark.start_stream for a stream)")
@@ -135,6 +140,10 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     horizon = opts.get("horizon")
     if horizon is None:
         raise ValueError("--horizon is required (T, the number of time steps)")
+    until = int(_option(opts, "until", horizon))
+    if not 1 <= until <= horizon:
+        raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
+    verbose = bool(opts.get("verbose_errors"))
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
                   stream=_option(opts, "stream", "default"), **budget)
@@ -153,7 +162,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
         items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(
-            spark, horizon, counter=opts.get("counter"), **common)
+            spark, horizon, domain=items, counter=opts.get("counter"), **common)
         domain_df = spark.createDataFrame([(it,) for it in items], "item string")
     else:
         if opts.get("domain") is not None:
@@ -162,6 +171,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                                 threshold_delta=opts.get("threshold_delta"), **common)
 
     parsed = read_events_jsonl(spark, inp).cache()
+    checked = None
     try:
         facts = parsed.agg(
             F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
@@ -169,29 +179,52 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             F.max("t").alias("max_t"),
             F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
         ).first()
+        skipped = 0
         if facts["first_bad"] is not None:
-            bad = parsed.where(F.col("pos") == facts["first_bad"]).first()
-            raise InvalidEventError(f"input line {bad['pos'] + 1}: {bad['error']}")
+            if policy == "error":
+                bad = parsed.where(F.col("pos") == facts["first_bad"]).first()
+                why = bad["error"] if verbose else "not a valid event (--verbose-errors shows why)"
+                raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
+            skipped += parsed.where(F.col("error") != "").count()
         n_events, timed = int(facts["events"]), int(facts["timed"])
-        if n_events == 0:
-            raise ValueError(f"{inp!r} holds no event")
         events = parsed.where(F.col("error").isNull())
         if timed == n_events:
-            last_t = int(facts["max_t"])
             events = events.select("t", "items")
         elif timed == 0:
             ordered = events.select("pos", "items").rdd.map(lambda r: (r[0], r[1])).sortByKey()
             events = spark.createDataFrame(
                 ordered.zipWithIndex().map(lambda r: (r[1] + 1, r[0][1])),
                 "t long, items array<string>")
-            last_t = n_events
         else:
             raise ValueError("--engine spark needs a \"t\" on every event or on none "
                              f"({timed} of {n_events} events have one)")
-        if last_t > mech.horizon:
-            raise InvalidEventError(f"the input reaches time step {last_t}, past the horizon "
+        invalid = F.col("t") > until
+        if policy == "skip":  # the local engine's checks, as a filter instead of a failure
+            invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
+            invalid = invalid | F.exists("items", lambda x: x.isNull())
+        if policy == "skip" and domain_df is not None:
+            in_domain = F.broadcast(domain_df.select(F.col("item").alias("_item"),
+                                                     F.lit(True).alias("_known")))
+            exploded = (events.withColumn("_id", F.monotonically_increasing_id())
+                        .withColumn("_item", F.explode_outer("items")))
+            flagged = exploded.join(in_domain, "_item", "left").groupBy("_id", "t").agg(
+                F.first("items").alias("items"),
+                F.max(F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1)
+                      .otherwise(0)).alias("_outside"))
+            events = flagged.select("t", "items", (F.col("_outside") == 1).alias("_outside"))
+            invalid = invalid | F.col("_outside")
+        checked = events.withColumn("_invalid", invalid).cache()
+        n_invalid = checked.where(F.col("_invalid")).count()
+        if n_invalid and policy == "error":
+            raise InvalidEventError(f"the input has {n_invalid} events past the end step "
+                                    f"--until {until}" if until < horizon else
+                                    f"the input reaches a time step past the horizon "
                                     f"T={mech.horizon}")
-        steps = list(range(1, last_t + 1))
+        skipped += n_invalid
+        n_events -= n_invalid
+        events = checked.where(~F.col("_invalid")).select("t", "items")
+        last_t = until
+        steps = list(range(1, until + 1))
         if isinstance(mech, SparkKnownBase):
             released = mech.run(events, domain_df, steps=steps)
         else:
@@ -209,7 +242,9 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             "header", fmt == "csv").load(out).count()
     finally:
         parsed.unpersist()
+        if checked is not None:
+            checked.unpersist()
         mech.close()
     return {"mechanism": name, "steps": len(steps), "last_t": last_t, "events": n_events,
-            "rows": rows, "elapsed_s": time.monotonic() - started, "privacy": mech.privacy,
-            "output": out}
+            "skipped": skipped, "rows": rows, "elapsed_s": time.monotonic() - started,
+            "privacy": mech.privacy, "output": out}

@@ -19,9 +19,16 @@ from typing import Any
 import numpy as np
 
 from ..factorization import BLTStrategy
-from ..mechanisms.base import check_max_items, check_next_step
-from ..mechanisms.known import KnownDomainHistogram
-from ..noise import NoiseKey
+from ..mechanisms.base import check_domain, check_max_items, check_next_step
+from ..mechanisms.counters import blt_purpose
+from ..mechanisms.known import (
+    KnownDomainHistogram,
+    combine_fingerprints,
+    domain_tag,
+    item_fingerprint,
+    tree_purpose,
+)
+from ..noise import NoiseKey, canonical_item
 from .kernels import (
     KNOWN,
     STATE_FLAG,
@@ -267,7 +274,7 @@ class _SparkRelease:
         columns ``STATE_FLAG``, ``STATE_IDS`` and ``state_noise_cols(L)``
         (``kernels.release_stream_batch``). Returns item, count, released, value
         and the state at t: the next step's snapshot. No ordering check (the
-        streaming runner's clock is Spark's batch id).
+        streaming runner releases steps in order, on its public clock).
         """
         item_col, count_col = self.item_col, self.count_col
         noise_cols = state_noise_cols(self.spec.levels)
@@ -345,6 +352,27 @@ class _SparkRelease:
                 value.destroy()
 
 
+def spark_domain_tag(domain: DataFrame, item_col: str = "item") -> str:
+    """:func:`dpstream.mechanisms.known.domain_tag` of a domain DataFrame, by one Spark job.
+
+    Each partition adds its items' fingerprints; the driver adds the partial
+    sums (the tag is order-independent, so the partitioning does not matter).
+    """
+    _check_item_type(_column_type(domain, item_col), "the domain's item column")
+
+    def partial(batches):
+        import pandas as pd
+
+        for pdf in batches:
+            values = pdf[item_col].tolist()
+            total = sum(item_fingerprint(canonical_item(v)) for v in values) % (1 << 128)
+            yield pd.DataFrame({"sum": [str(total)], "n": [len(values)]})
+
+    rows = (domain.select(item_col).distinct()
+            .mapInPandas(partial, "sum string, n long").collect())
+    return combine_fingerprints(sum(int(r["sum"]) for r in rows), sum(int(r["n"]) for r in rows))
+
+
 class SparkKnownBase(_SparkRelease):
     """KnownBase (Algorithm 2, ``algo:KnownBase``) on Spark, from aggregated counts.
 
@@ -360,10 +388,16 @@ class SparkKnownBase(_SparkRelease):
         horizon, max_items, key, counter, base, rho | epsilon, delta | tau, stream:
             as for :class:`dpstream.KnownDomainHistogram` (a BLT counter runs every
             step of an item's noise on its executor, as locally).
+        domain: the domain, as a DataFrame with the item column (its
+            fingerprint is computed by a Spark job) or a sequence of items. It
+            is part of the noise purpose, as on the local engine (another
+            domain filters other items, so it must draw other noise); releases
+            must then be over this domain.
         item_col, count_col: the column names of the counts DataFrames.
 
     Example:
-        >>> m = SparkKnownBase(spark, 1000, max_items=3, key=key, rho=0.5)  # doctest: +SKIP
+        >>> m = SparkKnownBase(spark, 1000, max_items=3, key=key, rho=0.5,
+        ...                    domain=domain_df)  # doctest: +SKIP
         >>> m.release(1, counts_df, domain=domain_df).write.parquet("out/t=1")  # doctest: +SKIP
     """
 
@@ -381,18 +415,34 @@ class SparkKnownBase(_SparkRelease):
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "default",
+        domain: DataFrame | Sequence[Any],
         item_col: str = "item",
         count_col: str = "count",
     ) -> None:
-        # The local class fixes every parameter; its one-item domain is a placeholder.
+        # The local class fixes every parameter; its one-item domain is a placeholder,
+        # and the noise purpose is the local one for the real domain's fingerprint.
         self.mechanism = KnownDomainHistogram(
             ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key,
             counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
             stream=stream,
         )
         m = self.mechanism
+        if isinstance(domain, DataFrame):
+            self.domain_tag = spark_domain_tag(domain, item_col)
+        else:
+            self.domain_tag = domain_tag(check_domain(domain)[0])
+        if m.strategy is None:
+            cell_std = float(np.sqrt(m.levels) * m.tau)
+            m.tree_purpose = tree_purpose(m.stream, horizon=m.horizon, base=m.base,
+                                          cell_std=cell_std, max_items=m.max_items,
+                                          domain=self.domain_tag)
+            m.noise_purpose = m.tree_purpose
+        else:  # a BLT counter: its draws' sigma, and the purpose for the real domain
+            cell_std = float(m.sigma)
+            m.noise_purpose = blt_purpose(m.stream, strategy=m.strategy, sigma=m.sigma,
+                                          max_items=m.max_items, domain=self.domain_tag)
         self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
-                                cell_std=float(m.sigma), purpose=m.noise_purpose,
+                                cell_std=cell_std, purpose=m.noise_purpose,
                                 strategy=m.strategy)
         super().__init__(spark, key, item_col, count_col)
 

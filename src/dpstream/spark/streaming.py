@@ -1,25 +1,35 @@
-"""A Spark Structured Streaming job: one micro-batch is one time step.
+"""A Spark Structured Streaming release on a public clock.
 
-``start_stream`` runs a ``foreachBatch`` query over a streaming DataFrame of
-events. Micro-batch ``batch_id`` is time step t = batch_id + 1: its events are
-added to the prefix counts of step t - 1, and the release of step t is written
-to ``output_path/t=<t>/``.
+The clock is public: which steps are released never depends on the data.
+Every event carries its time step in a column (``step_col``, e.g. computed by
+the source from an event timestamp and a public step width), and the query
+only *stages* the events of each micro-batch by step. Steps are released by
+:meth:`StreamRelease.release_through`, called with a public end step (from a
+scheduler when a step's window has closed, or by a :class:`StepClock` thread
+that derives the step from the wall clock): every step up to it is released,
+with events or without. A trigger window with no new data makes no
+micro-batch in Spark, so a clock of "micro-batches that had data" (the batch
+id) would let the removal of a window's only event remove a step and shift
+every later one; here it removes nothing but the event.
+
+Late events. A step is marked *closing* (a marker file, written before its
+events are read) when its release starts; an event that arrives for a
+closing or released step is dropped, counted in :attr:`StreamRelease.dropped`
+and logged (a decision about that event alone). Staging and releasing hold
+one lock, so a micro-batch is staged wholly before or wholly after a step
+closes, and a release that crashed is recomputed after a restart from exactly
+the events it read the first time: a step is never released from other data.
 
 State. The prefix counts live in per-step snapshots under ``state_path``
 (default ``<checkpoint>/dpstream-state``): ``t=<t>/`` holds, for every item
 seen (or every domain item), its count, its released flag, its noisy value
-and its tree-noise state at t: its prepared id (two 64-bit words) and its L
-per-level noise sums (``TreeNoise.level_sums``, float64, stored exactly). The
-next micro-batch rebuilds each item's ``TreeNoise`` from that state
-(``TreeNoise.restore``) and takes one incremental step, preparing ids only
-for new items, instead of hashing every item again and jumping its noise
-from scratch. Both paths give the local engine's noise bit for bit.
-Spark's checkpoint decides which batch runs next and with which input; a
-batch that is replayed after a failure has the same batch_id and the same
-input (Spark's guarantee for replayable sources), reads the same snapshot of
-step t - 1 and therefore writes the same snapshot and the same release: the
-noise is a function of the key and the address, never of the run. Snapshots
-older than t - 1 are deleted once step t is written.
+and its tree-noise state at t (prepared id and per-level noise sums), so the
+next step takes one incremental noise step instead of hashing every item
+again. Both paths give the local engine's noise bit for bit. Staged events
+wait under ``staged/batch=<id>/step=<t>/``; a micro-batch that Spark replays
+after a failure has the same input (Spark's guarantee for replayable sources)
+and is not staged twice. The state holds true counts and raw events: it is as
+private as the input (keep its directory readable by the job only).
 
 A small metadata file (``dpstream.json``: the key's fingerprint and the
 mechanism's parameters) is written on the first start; a restart with another
@@ -29,21 +39,29 @@ would release the same steps again with different noise.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import HorizonExceededError, StateError
+from ..errors import StateError
 from .kernels import STATE_FLAG, STATE_IDS, state_noise_cols
 from .releases import SparkKnownBase, SparkUnknownBase, update_counts
 
 try:
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
+    from pyspark.sql import types as T  # noqa: N812
     from pyspark.sql.streaming import StreamingQuery
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["start_stream", "stream_parameters"]
+__all__ = ["start_stream", "stream_parameters", "StreamRelease", "StepClock"]
+
+_log = logging.getLogger("dpstream.spark.streaming")
 
 _META = "dpstream.json"
 
@@ -83,6 +101,13 @@ class _FileSystem:
         finally:
             stream.close()
 
+    def names(self, path: str) -> list[str]:
+        """The names of the entries of directory ``path`` (none if it does not exist)."""
+        p, fs = self._path(path)
+        if not fs.exists(p):
+            return []
+        return [st.getPath().getName() for st in fs.listStatus(p)]
+
     def write_text(self, path: str, text: str) -> None:
         p, fs = self._path(path)
         out = fs.create(p, False)
@@ -116,6 +141,256 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
+@dataclass(frozen=True)
+class StepClock:
+    """A public wall clock of steps: step t covers [start + (t-1) step, start + t step).
+
+    Step t is *due* once its window has ended and ``lateness`` more has
+    passed (time for its late events to arrive). Nothing here reads the data.
+    """
+
+    start: _dt.datetime
+    step: _dt.timedelta
+    lateness: _dt.timedelta = _dt.timedelta(0)
+
+    def __post_init__(self) -> None:
+        if self.start.tzinfo is None:
+            raise ValueError("StepClock.start must be timezone-aware (e.g. UTC)")
+        if self.step <= _dt.timedelta(0) or self.lateness < _dt.timedelta(0):
+            raise ValueError("StepClock.step must be > 0 and lateness >= 0")
+
+    def due(self, now: _dt.datetime) -> int:
+        """The last step whose window (plus lateness) has ended at ``now`` (0 if none)."""
+        return max(0, (now - self.lateness - self.start) // self.step)
+
+    def step_of(self, when: _dt.datetime) -> int:
+        """The step an event at time ``when`` belongs to (0 before the start)."""
+        return max(0, (when - self.start) // self.step + 1)
+
+
+class StreamRelease:
+    """A running streaming release: events are staged by step; steps are released on a clock.
+
+    Made by :func:`start_stream`. :meth:`release_through` releases every step
+    up to a public end step; a :class:`StepClock` given to :func:`start_stream`
+    calls it from a background thread as steps fall due.
+    """
+
+    def __init__(self, mechanism: SparkKnownBase | SparkUnknownBase, events: DataFrame, *,
+                 output_path: str, checkpoint_location: str, domain: DataFrame | None,
+                 state_path: str | None, items_col: str, step_col: str, output_format: str
+                 ) -> None:
+        known = isinstance(mechanism, SparkKnownBase)
+        if not known and not isinstance(mechanism, SparkUnknownBase):
+            raise TypeError("mechanism must be a SparkKnownBase or SparkUnknownBase, got "
+                            f"{type(mechanism).__name__}")
+        if known and domain is None:
+            raise ValueError("KnownBase needs domain=, a DataFrame listing the domain's items")
+        if not known and domain is not None:
+            raise ValueError("domain= is for KnownBase only (UnkBase discovers its items)")
+        if not events.isStreaming:
+            raise ValueError("events must be a streaming DataFrame (spark.readStream...)")
+        if step_col not in events.columns:
+            raise ValueError(f"events have no step column {step_col!r}: every event needs its "
+                             "time step (the public clock), e.g. from its timestamp with "
+                             "StepClock.step_of")
+        self.mechanism, self.known = mechanism, known
+        self.spark = events.sparkSession
+        self.fs = _FileSystem(self.spark)
+        self.output_path, self.output_format = output_path, output_format
+        self.items_col, self.step_col = items_col, step_col
+        self.items_type = events.schema[items_col].dataType
+        self.state = state_path or _join(checkpoint_location, "dpstream-state")
+        self.staged = _join(self.state, "staged")
+        self.dropped: Counter = Counter()
+        self.query: StreamingQuery | None = None
+        self._lock = threading.RLock()
+        self._clock_stop = threading.Event()
+        self._clock_thread: threading.Thread | None = None
+        self._check_meta()
+        item_col, count_col = mechanism.item_col, mechanism.count_col
+        self.noise_cols = state_noise_cols(mechanism.spec.levels)
+        self.state_cols = [*STATE_IDS, *self.noise_cols]
+        reserved = {"released", "value", "_shown", STATE_FLAG, *self.state_cols}
+        for name in (item_col, count_col):
+            if name in reserved:
+                raise ValueError(f"column name {name!r} is used by the streaming state; "
+                                 "choose another item_col / count_col")
+        self.initial = None
+        if known:
+            self.initial = (domain.select(item_col).distinct()
+                            .select(item_col, F.lit(0).cast("long").alias(count_col),
+                                    F.lit(False).alias("released")))
+
+    # -- state on disk ---------------------------------------------------------------
+    def _check_meta(self) -> None:
+        params = stream_parameters(self.mechanism)
+        meta = _join(self.state, _META)
+        if self.fs.exists(meta):
+            stored = json.loads(self.fs.read_text(meta))
+            if stored != params:
+                diff = sorted(k for k in set(stored) | set(params)
+                              if stored.get(k) != params.get(k))
+                raise StateError(f"the state at {self.state!r} was written with other "
+                                 f"{', '.join(diff)}; resuming would release its steps again "
+                                 "with other noise")
+        else:
+            self.fs.write_text(meta, json.dumps(params, sort_keys=True))
+
+    def _snapshot(self, t: int) -> str:
+        return _join(self.state, f"t={t}")
+
+    def closing(self) -> int:
+        """The last step whose release has started (its late events are dropped)."""
+        steps = [int(n[len("closing-"):]) for n in self.fs.names(_join(self.state, "clock"))
+                 if n.startswith("closing-") and n[len("closing-"):].isdigit()]
+        return max(steps, default=0)
+
+    def released(self) -> int:
+        """The last step whose release is complete."""
+        t = self.closing()
+        if t and not self.fs.exists(_join(_join(self.output_path, f"t={t}"), "_SUCCESS")):
+            return t - 1
+        return t
+
+    # -- staging (the query's foreachBatch) ------------------------------------------
+    def _stage(self, batch: DataFrame, batch_id: int) -> None:
+        target = _join(self.staged, f"batch={int(batch_id)}")
+        with self._lock:
+            if self.fs.exists(_join(target, "_SUCCESS")):
+                return  # a replayed micro-batch: the same input, staged already
+            closing, horizon = self.closing(), self.mechanism.horizon
+            step = F.col(self.step_col).cast("long")
+            rows = batch.select(step.alias("step"), F.col(self.items_col).alias("items"))
+            kind = (F.when(F.col("step").isNull() | (F.col("step") < 1), "no step")
+                    .when(F.col("step") > horizon, "past the horizon")
+                    .when(F.col("step") <= closing, "late (its step was already released)"))
+            rows = rows.withColumn("_drop", kind).cache()
+            try:
+                for row in rows.where(F.col("_drop").isNotNull()).groupBy("_drop").count(
+                        ).collect():
+                    self.dropped[row["_drop"]] += int(row["count"])
+                    _log.warning("dropped %d events of micro-batch %d: %s", row["count"],
+                                 batch_id, row["_drop"])
+                (rows.where(F.col("_drop").isNull()).select("step", "items")
+                 .write.mode("overwrite").partitionBy("step").parquet(target))
+            finally:
+                rows.unpersist()
+
+    # -- releasing -------------------------------------------------------------------
+    def release_through(self, until: int) -> list[int]:
+        """Release every step after the last released one up to ``until`` (a public step).
+
+        Returns the steps released now. Steps with no event are released like
+        any other. Raises :class:`ValueError` for ``until`` past the horizon.
+        """
+        horizon = self.mechanism.horizon
+        if isinstance(until, bool) or not isinstance(until, int) or not 0 <= until <= horizon:
+            raise ValueError(f"until must be an int in 0..{horizon} (the horizon), got {until!r}")
+        done: list[int] = []
+        with self._lock:
+            for t in range(self.released() + 1, until + 1):
+                self._release_step(t)
+                done.append(t)
+        return done
+
+    def _step_events(self, t: int) -> DataFrame:
+        paths = [_join(_join(self.staged, b), f"step={t}") for b in self.fs.names(self.staged)
+                 if b.startswith("batch=")
+                 and self.fs.exists(_join(_join(self.staged, b), "_SUCCESS"))]
+        paths = [p for p in paths if self.fs.exists(p)]
+        schema = T.StructType([T.StructField(self.items_col, self.items_type, True)])
+        if not paths:
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(T.StructType([T.StructField(
+            "items", self.items_type, True)])).parquet(*paths).select(
+            F.col("items").alias(self.items_col))
+
+    def _release_step(self, t: int) -> None:
+        mech, spark, fs = self.mechanism, self.spark, self.fs
+        if self.closing() < t:  # write-ahead: from now on, events of step t are late
+            fs.write_text(_join(_join(self.state, "clock"), f"closing-{t}"), "")
+        batch = self._step_events(t)
+        item_col, count_col = mech.item_col, mech.count_col
+        if t == 1:
+            previous, prev_t = self.initial, 0
+        else:
+            if not fs.exists(_join(self._snapshot(t - 1), "_SUCCESS")):
+                raise StateError(f"the state of step {t - 1} is missing at "
+                                 f"{self._snapshot(t - 1)!r}")
+            previous, prev_t = spark.read.parquet(self._snapshot(t - 1)), t - 1
+        remember = (not self.known) and mech.remember
+        with_state = previous is not None and set(self.state_cols) <= set(previous.columns)
+        carry = (["released"] if remember and previous is not None else []) + (
+            self.state_cols if with_state else [])
+        counts = update_counts(previous, batch, max_items=mech.max_items,
+                               items_col=self.items_col, item_col=item_col,
+                               count_col=count_col, closed=self.known, carry=carry)
+        cols = [F.col(item_col), F.col(count_col)]
+        shown = None
+        if remember and previous is not None:
+            cols.append(F.coalesce(F.col("released"), F.lit(False)).alias("_shown"))
+            shown = "_shown"
+        if with_state:  # a new item has no state: a flag, and non-null fillers for Arrow
+            cols.append(F.col(STATE_IDS[0]).isNotNull().alias(STATE_FLAG))
+            cols += [F.coalesce(F.col(c), F.lit(0).cast("long")).alias(c) for c in STATE_IDS]
+            cols += [F.coalesce(F.col(c), F.lit(0.0)).alias(c) for c in self.noise_cols]
+        full = mech._stream_frame(t, prev_t, counts.select(*cols), shown_col=shown,
+                                  with_state=with_state)
+        full.write.mode("overwrite").parquet(self._snapshot(t))
+        written = spark.read.parquet(self._snapshot(t))
+        (written.where(F.col("released")).select(item_col, "value")
+         .write.mode("overwrite").format(self.output_format)
+         .save(_join(self.output_path, f"t={t}")))
+        if t >= 3:
+            fs.delete(self._snapshot(t - 2))
+        for b in fs.names(self.staged):  # events of released steps are not needed again
+            if t >= 2 and b.startswith("batch="):
+                fs.delete(_join(_join(self.staged, b), f"step={t - 1}"))
+        mech.t = max(mech.t, t)
+
+    # -- running ---------------------------------------------------------------------
+    def start(self, *, trigger: dict[str, Any] | None, query_name: str | None,
+              checkpoint_location: str, events: DataFrame,
+              clock: StepClock | None, poll_seconds: float) -> StreamRelease:
+        writer = events.writeStream.foreachBatch(self._stage).option(
+            "checkpointLocation", checkpoint_location)
+        if trigger:
+            writer = writer.trigger(**trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        self.query = writer.start()
+        if clock is not None:
+            horizon = self.mechanism.horizon
+
+            def tick() -> None:
+                while not self._clock_stop.wait(poll_seconds):
+                    due = min(clock.due(_dt.datetime.now(_dt.timezone.utc)), horizon)
+                    try:
+                        self.release_through(due)
+                    except Exception:  # noqa: BLE001 - logged; the next tick tries again
+                        _log.exception("releasing up to step %d failed", due)
+
+            self._clock_thread = threading.Thread(target=tick, name="dpstream-clock",
+                                                  daemon=True)
+            self._clock_thread.start()
+        return self
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        """Wait for the staging query (Spark's name, for a drop-in StreamingQuery)."""
+        if self.query is None:
+            raise RuntimeError("the stream was not started (use start_stream)")
+        return self.query.awaitTermination(timeout)
+
+    def stop(self) -> None:
+        """Stop the clock thread and the staging query."""
+        self._clock_stop.set()
+        if self._clock_thread is not None:
+            self._clock_thread.join()
+        if self.query is not None:
+            self.query.stop()
+
+
 def start_stream(
     mechanism: SparkKnownBase | SparkUnknownBase,
     events: DataFrame,
@@ -125,119 +400,45 @@ def start_stream(
     domain: DataFrame | None = None,
     state_path: str | None = None,
     items_col: str = "items",
+    step_col: str = "t",
     output_format: str = "parquet",
     trigger: dict[str, Any] | None = None,
     query_name: str | None = None,
-) -> StreamingQuery:
-    """Start the streaming release: one micro-batch per time step.
+    clock: StepClock | None = None,
+    poll_seconds: float = 5.0,
+) -> StreamRelease:
+    """Start a streaming release: stage events by their step, release steps on a public clock.
 
     Args:
         mechanism: a :class:`SparkKnownBase` or :class:`SparkUnknownBase` (its
-            parameters and key; its step counter is not used: Spark's batch id
-            is the clock).
-        events: a streaming DataFrame, one row per event, items in ``items_col``.
+            parameters and key).
+        events: a streaming DataFrame, one row per event, items in ``items_col``
+            and the event's time step in ``step_col`` (an int >= 1).
         output_path: step t's release (item, value) goes to ``output_path/t=<t>/``,
             so ``spark.read.parquet(output_path)`` reads every step with a ``t``
             column.
         checkpoint_location: Spark's checkpoint directory (restart from it).
         domain: KnownBase only: a DataFrame whose item column lists the domain.
-        state_path: where the prefix-count snapshots live (default
-            ``<checkpoint_location>/dpstream-state``). Holds true counts: as
-            private as the input.
+        state_path: where snapshots and staged events live (default
+            ``<checkpoint_location>/dpstream-state``). As private as the input.
         output_format: any Spark batch format (parquet, json, csv, ...).
         trigger: keyword arguments of ``DataStreamWriter.trigger``, e.g.
             ``{"processingTime": "1 minute"}`` or ``{"availableNow": True}``.
+        clock: release steps as they fall due on this wall clock, from a
+            background thread polling every ``poll_seconds``; without it, call
+            :meth:`StreamRelease.release_through` yourself (e.g. from a scheduler).
 
     Returns:
-        The running :class:`~pyspark.sql.streaming.StreamingQuery`.
+        The running :class:`StreamRelease` (its ``query`` is the staging
+        :class:`~pyspark.sql.streaming.StreamingQuery`).
 
     Raises:
         StateError: the state was written with another key or other parameters.
     """
-    known = isinstance(mechanism, SparkKnownBase)
-    if not known and not isinstance(mechanism, SparkUnknownBase):
-        raise TypeError("mechanism must be a SparkKnownBase or SparkUnknownBase, got "
-                        f"{type(mechanism).__name__}")
-    if known and domain is None:
-        raise ValueError("KnownBase needs domain=, a DataFrame listing the domain's items")
-    if not known and domain is not None:
-        raise ValueError("domain= is for KnownBase only (UnkBase discovers its items)")
-    if not events.isStreaming:
-        raise ValueError("events must be a streaming DataFrame (spark.readStream...)")
-    spark = events.sparkSession
-    fs = _FileSystem(spark)
-    state = state_path or _join(checkpoint_location, "dpstream-state")
-    params = stream_parameters(mechanism)
-    meta = _join(state, _META)
-    if fs.exists(meta):
-        stored = json.loads(fs.read_text(meta))
-        if stored != params:
-            diff = sorted(k for k in set(stored) | set(params) if stored.get(k) != params.get(k))
-            raise StateError(f"the state at {state!r} was written with other {', '.join(diff)}; "
-                             "resuming would release its steps again with other noise")
-    else:
-        fs.write_text(meta, json.dumps(params, sort_keys=True))
-
-    item_col, count_col = mechanism.item_col, mechanism.count_col
-    noise_cols = state_noise_cols(mechanism.spec.levels)
-    state_cols = [*STATE_IDS, *noise_cols]
-    reserved = {"released", "value", "_shown", STATE_FLAG, *state_cols}
-    for name in (item_col, count_col):
-        if name in reserved:
-            raise ValueError(f"column name {name!r} is used by the streaming state; "
-                             "choose another item_col / count_col")
-    horizon = mechanism.horizon
-    remember = (not known) and mechanism.remember
-    initial = None
-    if known:
-        initial = (domain.select(item_col).distinct()
-                   .select(item_col, F.lit(0).cast("long").alias(count_col),
-                           F.lit(False).alias("released")))
-
-    def snapshot(t: int) -> str:
-        return _join(state, f"t={t}")
-
-    def process(batch: DataFrame, batch_id: int) -> None:
-        t = int(batch_id) + 1
-        if t > horizon:
-            raise HorizonExceededError(f"micro-batch {batch_id} is time step {t}, past the "
-                                       f"horizon T={horizon}")
-        if t == 1:
-            previous, prev_t = initial, 0
-        else:
-            if not fs.exists(_join(snapshot(t - 1), "_SUCCESS")):
-                raise StateError(f"the state of step {t - 1} is missing at {snapshot(t - 1)!r}")
-            previous, prev_t = spark.read.parquet(snapshot(t - 1)), t - 1
-        # A snapshot written before the state columns existed: prepare every id again.
-        with_state = previous is not None and set(state_cols) <= set(previous.columns)
-        carry = (["released"] if remember and previous is not None else []) + (
-            state_cols if with_state else [])
-        counts = update_counts(previous, batch, max_items=mechanism.max_items,
-                               items_col=items_col, item_col=item_col, count_col=count_col,
-                               closed=known, carry=carry)
-        cols = [F.col(item_col), F.col(count_col)]
-        shown = None
-        if remember and previous is not None:
-            cols.append(F.coalesce(F.col("released"), F.lit(False)).alias("_shown"))
-            shown = "_shown"
-        if with_state:  # a new item has no state: a flag, and non-null fillers for Arrow
-            cols.append(F.col(STATE_IDS[0]).isNotNull().alias(STATE_FLAG))
-            cols += [F.coalesce(F.col(c), F.lit(0).cast("long")).alias(c) for c in STATE_IDS]
-            cols += [F.coalesce(F.col(c), F.lit(0.0)).alias(c) for c in noise_cols]
-        full = mechanism._stream_frame(t, prev_t, counts.select(*cols), shown_col=shown,
-                                       with_state=with_state)
-        full.write.mode("overwrite").parquet(snapshot(t))
-        written = spark.read.parquet(snapshot(t))
-        (written.where(F.col("released")).select(item_col, "value")
-         .write.mode("overwrite").format(output_format).save(_join(output_path, f"t={t}")))
-        if t >= 3:
-            fs.delete(snapshot(t - 2))
-        mechanism.t = max(mechanism.t, t)
-
-    writer = events.writeStream.foreachBatch(process).option(
-        "checkpointLocation", checkpoint_location)
-    if trigger:
-        writer = writer.trigger(**trigger)
-    if query_name:
-        writer = writer.queryName(query_name)
-    return writer.start()
+    release = StreamRelease(mechanism, events, output_path=output_path,
+                            checkpoint_location=checkpoint_location, domain=domain,
+                            state_path=state_path, items_col=items_col, step_col=step_col,
+                            output_format=output_format)
+    return release.start(trigger=trigger, query_name=query_name,
+                         checkpoint_location=checkpoint_location, events=events, clock=clock,
+                         poll_seconds=poll_seconds)

@@ -1,0 +1,729 @@
+"""``dpstream run``: read events, release every step of a public clock, checkpoint each step.
+
+Layer 6 of dpstream (an edge). The options and the mechanism registry live in
+:mod:`dpstream.cli`; this module is the run itself.
+
+The release clock is public
+---------------------------
+Which steps a run releases never depends on the data: a run releases every
+step 1..T (``--horizon``), or 1..N with ``--until N`` (a public end step, for a
+stream that is still going: a later run with the same ``--state`` and a later
+``--until`` continues it). Steps in which no event happened are released like
+any other, including every step after the last event. Otherwise the number of
+output lines, or whether a last step exists, would tell whether one event was
+there (a neighbouring input would release one step fewer).
+
+With ``--on-invalid skip`` (the default) an invalid record (an oversized
+event, an item outside ``--domain``, a malformed line, a step past the end) is
+dropped and counted for the operator; the releases are the same as if it had
+never been in the input, so they still follow the public clock. With
+``--on-invalid error`` the run stops at the first invalid record: the steps
+written before it are complete and resumable, but publishing a halted run's
+output reveals where the bad record was. Messages never quote an item or a
+record's content unless ``--verbose-errors`` is given.
+
+State and resume
+----------------
+With ``--state``, every step is recorded in the SQLite checkpoint
+(:mod:`dpstream.state`) *before* its release is written, with keyed digests of
+its input and of its release. A killed run resumes where it stopped and writes
+exactly what an uninterrupted run writes; a resumed run whose input changed in
+any step already written is refused (the same noise on other data would
+publish the difference of the true counts). A new run refuses an output file
+that already holds releases (``--force`` overrides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .cli import (
+    _MECH_KWARGS,
+    MECH_OPTS,
+    MECHANISMS,
+    RUN_OPTS,
+    _domain_option,
+    _load_config,
+    _require_budget,
+    build_mechanism,
+    merge_options,
+)
+from .errors import DPStreamError, InvalidEventError, StateError
+from .logs import log_fields, setup_logging
+
+__all__ = ["cmd_run", "load_key"]
+
+_log = logging.getLogger("dpstream.run")
+
+
+@dataclass
+class RunStats:
+    """What a run did, for the summary."""
+
+    steps: int = 0
+    events: int = 0
+    truncated: int = 0
+    skipped: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    last_items: int = 0
+    resumed_at: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _auto_format(path: str, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    return "csv" if path.endswith((".csv", ".csv.gz")) else "jsonl"
+
+
+def load_key(opts: dict[str, Any]) -> Any:
+    """The key of ``--key-file``, refused when other users may read it (unless overridden)."""
+    from .noise import NoiseKey
+    from .state import check_private_file
+
+    path = opts["key_file"]
+    if not opts.get("allow_readable_key"):
+        check_private_file(path, "key file", flag="--allow-readable-key")
+    return NoiseKey.load(path)
+
+
+def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
+                input_format: str, output_format: str) -> dict[str, Any]:
+    """The parameters a resumed run must share (canonical JSON in the state)."""
+    params = {k: opts[k] for k in _MECH_KWARGS if k in opts}
+    params.update(
+        mechanism=opts["mechanism"], horizon=opts["horizon"],
+        base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
+        domain_sha256=None if domain is None else hashlib.sha256(
+            json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
+        input_format=input_format, output_format=output_format, round=bool(opts["round"]),
+        on_invalid=opts["on_invalid"],
+    )
+    if input_format == "csv":
+        params.update(item_column=opts["item_column"], event_column=opts["event_column"],
+                      time_column=opts["time_column"])
+    if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
+        params.update(counter="blt", blt=mech.strategy.fingerprint())
+    if isinstance(params.get("eta"), float):
+        params["eta"] = float(params["eta"])
+    return params
+
+
+#: What an invalid record's message says when it may quote the record (without
+#: --verbose-errors): the reason, never the content.
+_REDACTED = {
+    "not in the domain": "an item is not in the --domain",
+    "not valid JSON": "not valid JSON",
+    "reappears": "an event id comes back after other rows (the rows of an event must be "
+                 "consecutive)",
+    "time order": "its time step is not after a step already complete (events must be in "
+                  "time order)",
+    "not valid UTF-8": "not valid UTF-8",
+    "malformed": "not a valid event",
+}
+
+
+class _Validator:
+    """Applies --on-invalid to each record of a step, counting what it dropped or cut."""
+
+    def __init__(self, *, policy: str, domain: Sequence[str] | None, max_items: int | None,
+                 truncator: Any, stats: RunStats, verbose: bool = False) -> None:
+        self.policy = policy
+        self.domain = None if domain is None else frozenset(domain)
+        self.max_items = max_items
+        self.truncator = truncator
+        self.stats = stats
+        self.verbose = verbose
+
+    def _invalid(self, line: int, problem: str) -> None:
+        reason = _reason_key(problem)
+        if self.policy == "error":
+            if not self.verbose and reason in _REDACTED:
+                problem = (f"{_REDACTED[reason]} (--verbose-errors shows the record's "
+                           "content)")
+            raise InvalidEventError(f"input line {line}: {problem} (see --on-invalid)")
+        self.stats.skipped += 1
+        self.stats.reasons[reason] += 1
+
+    def events(self, records: Sequence[Any], *, past: str | None = None) -> list[tuple[str, ...]]:
+        """The valid events of ``records``; ``past`` marks them all as after the end step."""
+        out: list[tuple[str, ...]] = []
+        for rec in records:
+            if rec.error is not None:
+                self._invalid(rec.line, rec.error)
+                continue
+            if past is not None:
+                self._invalid(rec.line, past)
+                continue
+            items = tuple(dict.fromkeys(rec.items))
+            changed = False
+            if self.domain is not None:
+                outside = [i for i in items if i not in self.domain]
+                if outside:
+                    if self.policy != "truncate":
+                        self._invalid(rec.line, f"item {outside[0]!r} is not in the domain")
+                        continue
+                    items = tuple(i for i in items if i in self.domain)
+                    changed = True
+            if self.max_items is not None and len(items) > self.max_items:
+                if self.policy != "truncate":
+                    self._invalid(rec.line, f"event has {len(items)} distinct items, more "
+                                            f"than --max-items {self.max_items}")
+                    continue
+                items = self.truncator(items, rec.line)
+                changed = True
+            if changed:
+                self.stats.truncated += 1
+            out.append(items)
+        return out
+
+
+def _reason_key(problem: str) -> str:
+    for key in ("past the horizon", "after --until", "not in the domain",
+                "more than --max-items", "not valid JSON", "time order", "reappears",
+                "not valid UTF-8"):
+        if key in problem:
+            return key
+    return "malformed"
+
+
+def _short_int(value: int) -> str:
+    """An integer for a message (a time step may have thousands of digits)."""
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
+
+
+def _record_bytes(records: Sequence[Any]) -> Iterator[bytes]:
+    """Each record of a step as bytes, for the step's keyed input digest."""
+    for rec in records:
+        yield json.dumps([rec.line, rec.t, rec.items, rec.error]).encode("utf-8")
+
+
+@dataclass
+class _Resume:
+    """Where a resumed run picks up: the last step on record and its state in the output."""
+
+    last_t: int = 0
+    begin: int = 0  # where the last step's release starts in the output
+    written: bytes = b""  # the bytes of it already in the output (maybe partial)
+
+
+def _open_output(path: str, resume: _Resume | None, *, ckpt: Any, digests: Any,
+                 header: bytes) -> IO[bytes]:
+    """The output as binary; on resume, checked and positioned where the last step starts.
+
+    Before anything is changed, the header and the release of the step before
+    the last one on record must be the bytes the state recorded (the file is
+    the run's output, unchanged), and the file must not reach past the end of
+    the last step's release; if it holds all of it, those bytes must be the
+    recorded release too. The bytes of the last step already written are kept
+    in ``resume.written``: the replay checks that they are a prefix of the
+    recomputed release, and only then truncates the file there and writes the
+    release again.
+    """
+    if path == "-":
+        return sys.stdout.buffer
+    if resume is None:
+        return open(path, "wb")  # noqa: SIM115 - closed by the caller
+    try:
+        fh = open(path, "r+b")  # noqa: SIM115
+    except FileNotFoundError:
+        raise StateError(f"output file {path!r} is missing, but the state records "
+                         f"releases written to it (up to step {resume.last_t})") from None
+    try:
+        size = os.fstat(fh.fileno()).st_size
+        last = ckpt.step(resume.last_t)
+        fh.seek(0)
+        bad = None
+        if fh.read(len(header)) != header:
+            bad = "the header"
+        elif not len(header) <= resume.begin <= size <= last.end:
+            bad = f"the release of step {resume.last_t}"
+        elif resume.last_t > 1:
+            before = ckpt.step(resume.last_t - 1)
+            fh.seek(before.begin)
+            if before.end != resume.begin or digests.release(
+                    fh.read(before.end - before.begin)) != before.release_mac:
+                bad = f"the release of step {resume.last_t - 1}"
+        if bad is None:
+            fh.seek(resume.begin)
+            resume.written = fh.read(size - resume.begin)
+            if size == last.end and digests.release(resume.written) != last.release_mac:
+                bad = f"the release of step {resume.last_t}"
+        if bad is not None:
+            raise StateError(
+                f"output file {path!r} does not hold {bad} that {ckpt.path!r} records as "
+                "written: was it changed or replaced? refusing to resume")
+        fh.seek(resume.begin)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def _holds_release(path: str, header: bytes) -> bool:
+    """Whether output file ``path`` holds anything beyond the formatter's header."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(len(header) + 1)
+    except FileNotFoundError:
+        return False
+    return not (len(data) <= len(header) and header.startswith(data))
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (also through links)."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def _check_paths(opts: dict[str, Any], config: str | None) -> None:
+    """Refuse, before opening anything, an output or state file that is another file.
+
+    Writing the releases over the input, the key, the domain, the config or
+    the state file would destroy it (and a key overwritten with releases is
+    lost for good).
+    """
+    output, state = opts["output"], opts["state"]
+    if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
+        raise ValueError(f"--output {output!r}: compressed output is not supported (a resumed "
+                         "run truncates the output to its last committed step); write an "
+                         "uncompressed file and compress it once the run has finished")
+    domain = opts.get("domain")
+    others = [("--input", opts["input"] if opts["input"] != "-" else None),
+              ("--key-file", opts["key_file"]),
+              ("--domain", domain if isinstance(domain, str) else None),
+              ("--config", config)]
+    targets = [("--output", output if output != "-" else None), ("--state", state)]
+    for n, (name, path) in enumerate(targets):
+        if path is None:
+            continue
+        for other_name, other in others + targets[:n]:
+            if other is not None and _same_file(path, other):
+                raise ValueError(f"{name} {path!r} is the same file as {other_name} "
+                                 f"{other!r}: refusing to overwrite it")
+
+
+def _until(opts: dict[str, Any]) -> int:
+    """The public end step of this run: ``--until``, or the horizon."""
+    horizon = int(opts["horizon"])
+    until = opts.get("until")
+    if until is None:
+        return horizon
+    if until > horizon:
+        raise ValueError(f"--until {until} is past the horizon --horizon {horizon}")
+    return int(until)
+
+
+def _run_on_spark(opts: dict, key: object) -> int:
+    """``run --engine spark``: the same releases, computed by Spark executors."""
+    try:
+        from .spark import run_cli
+    except ImportError as exc:
+        raise ValueError(f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
+                         ) from None
+    summary = run_cli({**opts, "until": _until(opts)}, master=opts["master"], key=key)
+    _log.info(f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
+              f"{summary['events']} events ({summary['skipped']} invalid skipped), "
+              f"{summary['rows']} rows -> {summary['output']}, "
+              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy']}",
+              extra=log_fields(**{k: v for k, v in summary.items() if k != "privacy"},
+                               privacy=summary["privacy"].to_dict()))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .io import KeyedTruncator, make_formatter, open_input
+    from .noise import NoiseSource
+    from .state import Checkpoint, StateDigests
+
+    config = _load_config(args.config) if args.config else None
+    opts = merge_options(args, MECH_OPTS + RUN_OPTS, config)
+    if opts["horizon"] is None:
+        raise ValueError("--horizon is required (T, the number of time steps)")
+    if opts["key_file"] is None:
+        raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
+                         " keep it secret)")
+    setup_logging(opts["log_format"], quiet=opts["quiet"])
+    until = _until(opts)
+    _check_paths(opts, args.config)
+    _require_budget(opts)
+    key = load_key(opts)
+    if opts["engine"] == "spark":
+        return _run_on_spark(opts, key)
+    name = opts["mechanism"]
+    spec = MECHANISMS[name]
+    domain = _domain_option(opts)
+    mech = build_mechanism(name, opts, key, domain)
+    input_format = _auto_format(opts["input"], opts["input_format"])
+    output_format = _auto_format(opts["output"], opts["output_format"])
+    formatter = make_formatter(output_format, opts["round"])
+    stats = RunStats()
+    max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
+    truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
+    validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
+                           truncator=truncator, stats=stats, verbose=opts["verbose_errors"])
+    digests = StateDigests(key)
+    quiet = opts["quiet"]
+
+    with contextlib.ExitStack() as stack:
+        infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
+        if opts["input"] != "-":
+            stack.callback(infile.close)
+        elif infile is not sys.stdin:  # a decoding wrapper: leave stdin itself open
+            stack.callback(infile.detach)
+        ckpt = None
+        new_run: dict[str, str] | None = None
+        resume: _Resume | None = None
+        if opts["state"]:
+            ckpt = Checkpoint(opts["state"], fsync=opts["fsync"],
+                              allow_readable=opts["allow_readable_state"])
+            stack.callback(ckpt.close)
+            record, new_run = _open_run(ckpt, opts, mech, domain, key, input_format,
+                                        output_format, formatter.header())
+            if record is not None and record.finished:
+                _check_finished(record, infile, opts, input_format)
+                _log.info(f"the run in {opts['state']} finished at {record.finished} "
+                          f"({record.steps} steps released); nothing to do: a step is never "
+                          "released twice")
+                return 0
+            if record is not None:
+                resume = _Resume(last_t=record.last_t, begin=record.last_begin)
+                _check_until(record, until, opts)
+                stats.resumed_at = record.last_t
+            if opts["output"] == "-" and resume is not None:
+                _log.info(f"note: with --output - the release of step {resume.last_t} "
+                          "is printed again on resume (the same bytes); write to a file for "
+                          "exactly-once output")
+        if new_run is not None or ckpt is None:
+            _check_new_output(opts, formatter.header())
+        out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
+                           header=formatter.header())
+        if opts["output"] != "-":
+            stack.push(_closing_quietly_on_error(out))
+        if ckpt is not None and new_run is not None:  # recorded once the output is open
+            ckpt.start(**new_run, replace=True)
+        _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
+                  formatter=formatter, validator=validator, digests=digests, stats=stats,
+                  public_meta=spec.public_meta, input_format=input_format, quiet=quiet)
+    _log_summary(stats, mech, opts)
+    return 0
+
+
+def _closing_quietly_on_error(fh: IO[bytes]) -> Any:
+    """An exit callback closing ``fh``; a failed close (say, a full disk flushing the
+    rest of a buffer) does not hide the error that is already on its way."""
+
+    def exit_(exc_type: object, exc: object, tb: object) -> bool:
+        try:
+            fh.close()
+        except OSError:
+            if exc_type is None:
+                raise
+        return False
+
+    return exit_
+
+
+def _check_until(record: Any, until: int, opts: dict[str, Any]) -> None:
+    """Refuse an end step before the steps already released, or one that adds nothing."""
+    if until < record.last_t:
+        raise StateError(f"--until {until} is before step {record.last_t}, which the run in "
+                         f"{opts['state']} has already released")
+    if until == record.last_t and opts["output"] != "-":
+        with contextlib.suppress(OSError):
+            if os.path.getsize(opts["output"]) >= record.last_end:
+                raise StateError(
+                    f"the run in {opts['state']} has released every step up to --until "
+                    f"{until} already: give a later --until to release more steps")
+
+
+def _check_new_output(opts: dict[str, Any], header: bytes) -> None:
+    """Refuse to start a new run over an output that already holds releases (unless --force).
+
+    Such a file is most likely the output of an earlier run of the same
+    stream: starting again (with another stream name, say) would publish its
+    steps a second time with fresh noise.
+    """
+    path = opts["output"]
+    if path == "-" or opts["force"] or not _holds_release(path, header):
+        return
+    hint = ("resume it with its --state file, or pass --force to overwrite it (a release "
+            "already published from it still counts against the budget)")
+    raise StateError(f"output file {path!r} already holds releases: {hint}")
+
+
+def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
+    """The input's records (``dpstream.io.RawEvent``), in order."""
+    from .io import guard_lines, read_events
+
+    csv_opts = {}
+    if input_format == "csv":
+        csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
+                        time_column=opts["time_column"])
+    return read_events(guard_lines(infile, opts["input"]), input_format, **csv_opts)
+
+
+def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
+    """Refuse (exit status 1) a finished run whose input has grown since it finished.
+
+    A finished run never releases again, so events appended to its input
+    later would otherwise be ignored without a word.
+    """
+    read = (record.summary or {}).get("input_records")
+    if not isinstance(read, int):  # a state written before the count was recorded
+        return
+    for count, rec in enumerate(_input_records(infile, opts, input_format), 1):
+        if count > read:
+            raise StateError(
+                f"the run in {opts['state']} finished after step {record.last_t}, but the "
+                f"input has records after the ones it read (from input line {rec.line}): a "
+                "finished run never releases again; release new events as a new stream "
+                "(a new key and a new state file)")
+
+
+def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, ckpt: Any,
+              resume: _Resume | None, until: int, formatter: Any, validator: _Validator,
+              digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
+              quiet: bool) -> None:
+    """Release every step 1..until; replay (with digest checks) the steps already on record."""
+    from .io import group_steps
+
+    horizon = int(opts["horizon"])
+    do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")
+    resume_t = resume.last_t if resume is not None else 0
+    offset = resume.begin if resume is not None else 0
+    if resume is None:
+        head = formatter.header()
+        if head:
+            out.write(head)
+            offset += len(head)
+    read = 0
+
+    def counted(records: Iterable[Any]) -> Iterator[Any]:
+        nonlocal read
+        for rec in records:
+            read += 1
+            yield rec
+
+    def release(t: int, recs: Sequence[Any]) -> None:
+        nonlocal offset
+        events = validator.events(recs)
+        rel = _public(mech.step_batch(events), public_meta)
+        line = formatter.format(rel)
+        stats.steps += 1
+        stats.events += len(events)
+        stats.last_items = len(rel.items)
+        input_mac = digests.records(_record_bytes(recs))
+        if t <= resume_t:
+            stored = ckpt.step(t)
+            if stored is None:
+                raise StateError(f"state file {opts['state']!r} has no step {t}")
+            if stored.input_mac != input_mac:
+                first = recs[0].line if recs else "?"
+                raise StateError(
+                    f"the input changed: step {t} (input line {first}) differs from the step "
+                    f"recorded in {opts['state']}, which was already written; refusing to "
+                    "release it again from other data")
+            if stored.release_mac != digests.release(line):
+                raise StateError(
+                    f"replaying step {t} gave a different release than the one recorded "
+                    "(another dpstream or numeric library version?); refusing to resume")
+            if t < resume_t:
+                progress.update(t, stats.events)
+                return
+            if not line.startswith(resume.written):  # the last step, maybe partly written
+                raise StateError(f"output file {opts['output']!r} does not hold the release "
+                                 f"of step {t} that {opts['state']!r} records as written: "
+                                 "refusing to resume")
+            if opts["output"] != "-":
+                out.truncate(offset)  # the output is positioned at `offset`, where t begins
+        else:
+            if ckpt is not None:  # write-ahead: on record before a byte of it is written
+                ckpt.commit(t, begin=offset, end=offset + len(line),
+                            release_mac=digests.release(line), input_mac=input_mac)
+        try:
+            out.write(line)
+            out.flush()
+            if do_fsync:
+                os.fsync(out.fileno())
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            where = "stdout" if opts["output"] == "-" else repr(opts["output"])
+            again = ("run the same command again: it resumes at this step" if ckpt is not None
+                     else "run again with --force (or use --state to be able to resume)")
+            raise DPStreamError(f"the disk holding the output {where} is full: the run "
+                                f"stopped at step {t}; free some space and {again}") from None
+        offset += len(line)
+        progress.update(t, stats.events)
+
+    records = counted(_input_records(infile, opts, input_format))
+
+    def past(t: int) -> str:
+        where = f"time step {_short_int(t)}"
+        if until < horizon:
+            return f"{where} is after --until {until}"
+        return f"{where} is past the horizon --horizon {horizon}"
+
+    progress = _Progress(until, enabled=not quiet, every=opts["progress_every"],
+                         start_t=resume_t)
+    with progress:
+        for t, recs in group_steps(records, horizon):
+            if t is None:  # malformed records after the last step
+                validator.events(recs)
+            elif t > until:
+                validator.events(recs, past=past(t))
+            else:
+                release(t, recs)
+        for t in range(mech.t + 1, until + 1):  # the public clock: every step up to the end
+            release(t, [])
+    out.flush()
+    if ckpt is not None:
+        summary = {"steps": stats.steps, "events": stats.events,
+                   "truncated": stats.truncated, "skipped": stats.skipped,
+                   "last_t": int(mech.t), "input_records": read}
+        if until == horizon:
+            ckpt.finish(summary)
+        else:
+            ckpt.set_summary(summary)
+
+
+def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
+              input_format: str, output_format: str,
+              header: bytes) -> tuple[Any, dict[str, str] | None]:
+    """Check that this run continues the one recorded in the state file.
+
+    Returns ``(record, None)`` to resume the recorded run, or ``(None, ident)``
+    for a new run, to be recorded (:meth:`Checkpoint.start`) once the output
+    is open. A recorded run with no step on record wrote nothing (a step is
+    recorded before its release is written), so it is replaced by this one,
+    new parameters and all.
+    """
+    from .io import resolve_path
+    from .state import canonical_json
+
+    params = canonical_json(_run_params(opts, mech, domain, input_format, output_format))
+    ident = dict(params=params, key_fingerprint=key.fingerprint(),
+                 input=resolve_path(opts["input"]), output=resolve_path(opts["output"]))
+    record = ckpt.load()
+    if record is None or (record.steps == 0 and not record.finished):
+        return None, ident
+    ckpt.verify(record, **ident)
+    return record, None
+
+
+def _public(release: Any, keys: tuple[str, ...]) -> Any:
+    from .mechanisms.base import Release
+
+    meta = {k: v for k, v in release.meta.items() if k in keys}
+    if meta == dict(release.meta):
+        return release
+    return Release(t=release.t, items=release.items, values=release.values, meta=meta)
+
+
+def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
+    elapsed = time.monotonic() - stats.started
+    rate = stats.events / elapsed if elapsed > 0 else float("inf")
+    resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
+    lines = [
+        f"{stats.steps} steps (t = 1..{mech.t} of T = {mech.horizon}), "
+        f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
+        f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"
+        + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
+           if stats.reasons else ""),
+        f"  items released at the last step: {stats.last_items}",
+        f"  privacy spent: {mech.privacy}",
+        f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
+        + (f"; state: {opts['state']}" if opts["state"] else ""),
+    ]
+    _log.info("\n".join(lines), extra=log_fields(
+        steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
+        resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
+        skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
+        items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
+        output=opts["output"], state=opts["state"]))
+
+
+class _Progress:
+    """Progress of a run on stderr: a rich bar on a terminal, else a log line now and then.
+
+    The log line (every ``every`` seconds, and never for a quiet run) gives the
+    step, the events so far, the rate and an estimate of the time left.
+    """
+
+    def __init__(self, total: int, *, enabled: bool, every: float = 10.0,
+                 start_t: int = 0) -> None:
+        self.total = total
+        self.bar_mode = enabled and sys.stderr.isatty()
+        self.log_mode = enabled and not self.bar_mode
+        self.every = every
+        self._bar: Any = None
+        self._start = time.monotonic()
+        self._last_log = self._start
+        self._start_t = start_t
+
+    def __enter__(self) -> _Progress:
+        if self.bar_mode:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=True)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("run", total=self.total, rate="")
+        return self
+
+    def update(self, t: int, events: int) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._start, 1e-9)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=t, rate=f"{events / elapsed:,.0f} events/s")
+        elif self.log_mode and now - self._last_log >= self.every:
+            self._last_log = now
+            done = max(t - self._start_t, 1)
+            eta = (self.total - t) * elapsed / done
+            _log.info(f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
+                      f"events, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
+                      extra=log_fields(step=t, total=self.total, events=events,
+                                       events_per_s=round(events / elapsed, 1),
+                                       eta_s=round(eta, 1)))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
