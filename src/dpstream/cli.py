@@ -241,7 +241,7 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--kbar",), "kbar", "meta: kbar of the unknown-domain one-shots", None, _positive_int),
     Opt(("--counter",), "counter", "the running counter of each item (known, top-k): tree "
         "(the paper's r-ary tree) or blt (a buffered Toeplitz factorization: same privacy, "
-        "about 3x less noise variance)", None, str, choices=("tree", "blt"),
+        "about 3x less noise per count)", None, str, choices=("tree", "blt"),
         default_text="the one with less noise for T: blt, or tree for T = 1 or with --base"),
     Opt(("--base",), "base", "the tree base r", None, _positive_int, metavar="R",
         default_text="r*, the base that minimises the worst-case noise for T"),

@@ -124,7 +124,8 @@ class KnownDomainHistogram:
     sensitivity sqrt(Delta0) max_j ||C e_j||: Delta0 max_j ||C e_j||^2 /
     (2 sigma^2) = Delta0 / (2 tau^2)-zCDP, the same guarantee and exact
     (epsilon, delta) curve as the tree, with the count at t of variance
-    sigma^2 ||row_t(B)||^2 (about 3x below the tree's for T = 10^3..10^6).
+    sigma^2 ||row_t(B)||^2 (a standard deviation 2.6x to 3.1x below the tree's
+    for T = 10^3..10^6).
     ``h.strategy`` is the fitted :class:`~dpstream.factorization.BLTStrategy`.
 
     Args:
