@@ -20,9 +20,12 @@ lower-triangular Toeplitz C whose first column is c_0 = 1 and
 with decays 0 < theta_1 < ... < theta_k < 1 and scales omega_i > 0
 (Dvijotham, McMahan, Pillutla, Steinke and Thakurta, "Efficient and
 Near-Optimal Noise Generation for Streaming Differential Privacy", FOCS 2024;
-McMahan, Pillutla et al. on its inverse). Its generating function
+McKenna, "Scaling up the Banded Matrix Factorization Mechanism for
+Differentially Private ML", 2024, for the streamed, memory-bounded
+factorization mechanisms BLT belongs to). Its generating function
 C(x) = 1 + sum_i omega_i x / (1 - theta_i x) is rational of degree k, so
-C^-1 is again a BLT, with decays lambda_p and scales omega'_p:
+C^-1 is again a BLT (Dvijotham et al., Lemma 5.2), with decays lambda_p and
+scales omega'_p:
 
 * lambda_p are the roots of sum_i omega_i / (theta_i - lambda) = 1 (the poles of
   1/C). With omega > 0 there is one root below theta_1 and one between each pair
