@@ -594,9 +594,15 @@ def blt_for_horizon(horizon: int, buffers: int = DEFAULT_BUFFERS) -> BLTStrategy
     k = check_int("buffers", buffers, 1)
     if k > MAX_BUFFERS:
         raise ValueError(f"buffers must be <= {MAX_BUFFERS}, got {k}")
-    grid = grid_horizon(T)
-    theta, omega = _fitted_parameters(grid, k)
-    return BLTStrategy(theta, omega, T, fitted_horizon=grid)
+    return _strategy_for(T, k)
+
+
+@functools.lru_cache(maxsize=64)
+def _strategy_for(horizon: int, buffers: int) -> BLTStrategy:
+    # cached: the O(T k) sensitivity is computed once per (T, k) and process
+    grid = grid_horizon(horizon)
+    theta, omega = _fitted_parameters(grid, buffers)
+    return BLTStrategy(theta, omega, horizon, fitted_horizon=grid)
 
 
 def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFERS) -> list[
