@@ -85,7 +85,50 @@ def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
         else:
             # exact: JSON floats are written with the shortest round-tripping repr
             assert values == rel.values.tolist()
-        assert obj.get("meta", {}) == {k: v for k, v in rel.meta.items() if k in public_meta}
+        meta = dict(obj.get("meta", {}))
+        assert meta.pop("noise_std") == pytest.approx(_noise_std(mech, t), rel=1e-12)
+        assert meta == {k: v for k, v in rel.meta.items() if k in public_meta}
+
+
+def _digit_sum(t: int, base: int) -> int:
+    total = 0
+    while t:
+        t, s = divmod(t, base)
+        total += s
+    return total
+
+
+def _blt_row_norms2(strategy) -> np.ndarray:
+    """||row_t(B)||^2 for t = 1..T from the dense B = A C^-1 (C from its first column)."""
+    from scipy.linalg import toeplitz
+
+    T = strategy.horizon
+    B = np.tril(np.ones((T, T))) @ np.linalg.inv(np.tril(toeplitz(strategy.strategy_column())))
+    return np.sum(B * B, axis=1)
+
+
+def _noise_std(mech, t: int) -> float:
+    """The std of a count at t, by brute force: tau sqrt(|I_t| L_r) (thm:BinMechUtility); for
+    mechanisms without a per-step value, the worst over all steps (tau_2 for top-k). With a
+    BLT counter: sigma ||row_t(B)||, or its worst over the steps."""
+    if getattr(mech, "strategy", None) is not None:
+        rows = _blt_row_norms2(mech.strategy)
+        if hasattr(mech, "noise_std_at"):
+            return mech.sigma * math.sqrt(rows[t - 1])
+        return mech.counter_std * math.sqrt(rows.max())
+    levels = _digit_count(mech.horizon, mech.base)
+    if hasattr(mech, "noise_std_at"):
+        return mech.tau * math.sqrt(_digit_sum(t, mech.base) * levels)
+    worst = max(_digit_sum(s, mech.base) for s in range(1, mech.horizon + 1))
+    return getattr(mech, "tau_2", mech.tau) * math.sqrt(worst * levels)
+
+
+def _digit_count(n: int, base: int) -> int:
+    count = 0
+    while n:
+        n //= base
+        count += 1
+    return count
 
 
 # --------------------------------------------------------------------------- end to end
@@ -581,7 +624,7 @@ def test_resume_checks_the_output_holds_the_releases_on_record(files, capsys):
     step1 = written[: written.index(b"\n") + 1]
     src.write_text('["a"]\n["b"]\n["c"]\n')
     # the same length, other bytes in step 1: another file
-    out.write_bytes(step1[:-5] + b"9" + step1[-4:] + written[len(step1):])
+    out.write_bytes(step1[:-5] + bytes([step1[-5] ^ 1]) + step1[-4:] + written[len(step1):])
     changed = out.read_bytes()
     assert _run(*cmd) == 1
     err = capsys.readouterr().err
@@ -655,15 +698,15 @@ def test_readme_commands_run(tmp_path, monkeypatch):
     block = text.split("## On the command line", 1)[1].split("```bash", 1)[1].split("```")[0]
     commands = [shlex.split(c.split("#")[0]) for c in block.replace("\\\n", " ").splitlines()
                 if c.strip()]
-    assert [c[:2] for c in commands] == [["dpstream", "keygen"], ["dpstream", "plan"],
-                                         ["dpstream", "run"]]
+    assert [c[:2] for c in commands] == [["dpstream", "demo"], ["dpstream", "keygen"],
+                                         ["dpstream", "plan"], ["dpstream", "run"]]
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "events.jsonl").write_text('{"items": ["a", "b"], "t": 3}\n["a", "b"]\n')
-    for argv in commands:
+    for argv in commands:  # as written: the demo writes the sample events.jsonl
         assert main(argv[1:]) == 0, argv
     # every step of the public clock, 1..--horizon, whatever the input holds
-    assert [line["t"] for line in _read_jsonl(tmp_path / "releases.jsonl")] == list(
-        range(1, 1001))
+    lines = _read_jsonl(tmp_path / "releases.jsonl")
+    assert [line["t"] for line in lines] == list(range(1, 657))
+    assert any(line["released"] for line in lines)  # the FAA stream's items do show
 
 
 def test_byte_order_marks_in_config_domain_and_input(files):

@@ -55,3 +55,22 @@ def test_demo_prints_rounded_private_counts(capsys):
     private = [r[3].strip() for r in rows]  # item | true | private | private - true
     assert sum(bool(re.fullmatch(r"-?\d+", p)) for p in private) >= 5
     assert all(re.fullmatch(r"-?\d+|not shown|", p) for p in private), private
+
+
+def test_write_events_gives_the_readme_its_sample_input_and_never_overwrites(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "events.jsonl"
+    assert main(["demo", "--write-events", str(path)]) == 0
+    lines = path.read_text().splitlines()
+    horizon, events = load_birdstrikes()
+    assert [(json.loads(x)["t"], json.loads(x)["items"]) for x in lines] == events
+    assert main(["demo", "--write-events", str(path)]) == 1  # exists: refused
+    assert "exists" in capsys.readouterr().err
+
+
+def test_the_demo_folder_ignores_itself_in_git(tmp_path):
+    out = tmp_path / "demo-out"
+    assert main(["demo", "--out", str(out), "--zipf-steps", "20", "--zipf-items", "30"]) == 0
+    assert (out / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert sorted(p.name for p in out.glob("*.png")) == ["birdstrikes.png", "zipf.png"]

@@ -81,3 +81,107 @@ def test_a_full_disk_or_a_read_only_state_is_a_plain_error(tmp_path):
             ck.finish({})
     with pytest.raises(sqlite3.Error):  # the checks did not hide other errors
         sqlite3.connect(":memory:").execute("SELECT * FROM nothing")
+
+
+# -- time-based steps ------------------------------------------------------------------
+
+TIMED = [("2026-03-01T00:10:00Z", ["a"]), ("2026-03-01T00:40:00+00:00", ["a", "b"]),
+         (1772326800 + 2 * 3600 + 300, ["b"]),  # epoch seconds: 03:05 UTC, step 4
+         ("2026-03-01 05:59:59", ["c"])]  # no zone: UTC, step 6
+
+
+def _timed_input(tmp_path):
+    src = tmp_path / "timed.jsonl"
+    src.write_text("".join(json.dumps({"ts": ts, "items": items}) + "\n"
+                           for ts, items in TIMED))
+    (tmp_path / "dom.txt").write_text("a\nb\nc\n")
+    return str(src)
+
+
+def test_timestamps_map_to_hourly_steps_and_quiet_hours_are_released(tmp_path, key_path):
+    from dpstream.clock import parse_timestamp
+    from dpstream.mechanisms.known import KnownDomainHistogram
+
+    assert parse_timestamp(1772326800).isoformat() == "2026-03-01T01:00:00+00:00"
+    src = _timed_input(tmp_path)
+    out = tmp_path / "o.jsonl"
+    assert main(["run", "-q", "-T", "8", "--domain", str(tmp_path / "dom.txt"), "--max-items",
+                 "2", "--rho", "1", "--key-file", key_path, "-i", src, "-o", str(out),
+                 "--time-field", "ts", "--step", "1h", "--start",
+                 "2026-03-01T00:00:00Z", "--no-round"]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["t"] for x in lines] == list(range(1, 9))  # hours 2, 3, 5, 7, 8 are quiet
+    mech = KnownDomainHistogram(["a", "b", "c"], 8, max_items=2, key=fixed_key("ops"), rho=1.0)
+    steps = {1: [["a"], ["a", "b"]], 4: [["b"]], 6: [["c"]]}
+    for t, line in enumerate(lines, 1):
+        assert line["released"] == mech.step_batch(steps.get(t, [])).counts
+
+
+def test_timestamp_problems_are_invalid_records(tmp_path, key_path, capsys):
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"ts": "2026-02-28T23:59:00Z", "items": ["a"]}\n'  # before --start
+                   '{"items": ["a"]}\n'  # no timestamp
+                   '{"ts": "yesterday", "items": ["a"]}\n'
+                   '["a"]\n')
+    base = [*UNK, "-T", "4", "--key-file", key_path, "-i", str(src), "--time-field", "ts",
+            "--step", "1h", "--start", "2026-03-01T00:00:00Z"]
+    assert main([*base, "-o", str(tmp_path / "o.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "4 skipped" in err
+    assert main([*base, "-o", str(tmp_path / "o2.jsonl"), "--on-invalid", "error"]) == 1
+    assert "input line 1: its timestamp is before --start" in capsys.readouterr().err
+    assert main([*UNK, "-T", "4", "--key-file", key_path, "-i", str(src), "--time-field",
+                 "ts", "-o", str(tmp_path / "o3.jsonl")]) == 1
+    assert "go together" in capsys.readouterr().err
+    assert main([*base[:-2], "--start", "noon", "-o", str(tmp_path / "o4.jsonl")]) == 1
+    assert "--start" in capsys.readouterr().err
+
+
+def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, key_path):
+    """--follow: steps close on the wall clock (quiet ones too); an event for a released
+    step is late; a later run with the state replays the steps where they closed."""
+    import datetime as dt
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=2)
+    at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
+    src = tmp_path / "live.jsonl"
+    src.write_text(json.dumps({"ts": at(0.2), "items": ["a"]}) + "\n"
+                   + json.dumps({"ts": at(1.5), "items": ["b"]}) + "\n")
+    out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
+    cmd = [sys.executable, "-m", "dpstream", *UNK, "-T", "10", "--key-file", key_path,
+           "-i", str(src), "-o", str(out), "--state", str(state), "--time-field", "ts",
+           "--step", "1s", "--start", start.isoformat(), "--follow", "--no-round",
+           "--progress-every", "1000"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([*cmd, "--until", "6"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not out.exists() or out.read_text().count("\n") < 2:  # steps 1 and 2 are due
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    with open(src, "a") as fh:  # a late event (step 1) and one for step 5, not yet due
+        fh.write(json.dumps({"ts": at(0.5), "items": ["a"]}) + "\n")
+        fh.write(json.dumps({"ts": at(4.5), "items": ["c"]}) + "\n")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "1 skipped" in err and "late" in err
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["t"] for x in lines] == [1, 2, 3, 4, 5, 6]  # 3, 4 and 6 are quiet
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    mech = UnknownDomainHistogram(10, max_items=2, key=fixed_key("ops"), rho=1.0,
+                                  threshold_delta=1e-3)
+    steps = {1: [["a"]], 2: [["b"]], 5: [["c"]]}
+    for t, line in enumerate(lines, 1):
+        assert line["released"] == mech.step_batch(steps.get(t, [])).counts
+    # a later run replays steps 1..6 where they closed (the late event stays late), then
+    # releases 7 and 8 as they fall due
+    done = subprocess.run([*cmd, "--until", "8"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["t"] for x in lines] == list(range(1, 9))

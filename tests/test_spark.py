@@ -499,6 +499,31 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
     assert steps["full"] == steps["neighbour"] == [1, 2, 3, 4, 5, 6]
 
 
+def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark,
+                                                                        tmp_path) -> None:
+    from dpstream import cli
+
+    key_path = tmp_path / "k.key"
+    fixed_key("spark-timed").save(key_path)
+    events = [("2026-03-01T00:10:00Z", ["a"]), ("2026-03-01T00:40:00Z", ["a", "b"]),
+              ("2026-03-01T03:05:00Z", ["b"]), (1772341199, ["c"])]  # 05:59:59 UTC
+    inp = tmp_path / "timed.jsonl"
+    inp.write_text("".join(json.dumps({"ts": ts, "items": it}) + "\n" for ts, it in events))
+    domain = tmp_path / "domain.txt"
+    domain.write_text("a\nb\nc\n")
+    common = ["run", "-q", "-T", "8", "--domain", str(domain), "--max-items", "2", "--rho", "1",
+              "--key-file", str(key_path), "-i", str(inp), "--time-field", "ts", "--step",
+              "1h", "--start", "2026-03-01T00:00:00Z"]
+    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl")]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out")]) == 0
+    local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
+    got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
+    assert [r["t"] for r in local] == sorted(set(got["t"])) == list(range(1, 9))
+    for rel in local:
+        rows = got[got["t"] == rel["t"]]
+        assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
+
+
 # ------------------------------------------------------------------ SparseGumb
 
 

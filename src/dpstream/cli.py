@@ -276,6 +276,20 @@ RUN_OPTS: tuple[Opt, ...] = (
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
         default_text="none: each event is a step of its own (see 'time steps' below)"),
+    Opt(("--time-field",), "time_field", "the JSON field (or CSV column) holding each "
+        "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
+        "clock --start/--step, not from \"t\"", None, str, metavar="NAME"),
+    Opt(("--step",), "step", "with --time-field: the width of a time step, e.g. 1h, 15m, 1d",
+        None, str, metavar="DURATION"),
+    Opt(("--start",), "start", "with --time-field: when step 1 begins (ISO-8601, e.g. "
+        "2026-03-01T00:00Z, or epoch seconds); public, never read from the data", None, str,
+        metavar="TIMESTAMP"),
+    Opt(("--follow",), "follow", "with --time-field: follow a growing --input (like tail -f; "
+        "stdin until it closes) and release each step when the clock has passed its end "
+        "(plus --lateness), with events or without; an event for a step already released "
+        "is late (see --on-invalid)", False, kind="flag"),
+    Opt(("--lateness",), "lateness", "with --follow: how long after a step's end its events "
+        "may still arrive, e.g. 5m", None, str, metavar="DURATION", default_text="0s"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
         "domain, config or state file)", "-", str, metavar="PATH"),
@@ -326,6 +340,9 @@ RUN_OPTS: tuple[Opt, ...] = (
         "`dpstream[spark]` extra; known and unknown mechanisms; see docs/spark.md)", "local",
         str, choices=("local", "spark")),
     Opt(("--master",), "master", "Spark master URL (with --engine spark)", "local[*]", str),
+    Opt(("--view",), "view", "serve a live web page of the releases while the run writes "
+        "them (needs --output FILE.jsonl; the address is printed; after the run the page "
+        "stays until Ctrl-C; see `dpstream view`)", False, kind="flag"),
 )
 
 PLAN_OPTS: tuple[Opt, ...] = (
@@ -499,6 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_options(demo)
 
+    from .view.command import add_view_parser
+
+    add_view_parser(sub, parents=[common])
+
     keygen = sub.add_parser("keygen", parents=[common], help="write a new secret noise key",
                             description="Write a new 32-byte key from the OS CSPRNG to PATH "
                                         "(mode 0600; never overwrites).")
@@ -543,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stdout)
             return 0
         handler = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo,
-                   "keygen": cmd_keygen, "reproduce": cmd_reproduce}[args.command]
+                   "keygen": cmd_keygen, "reproduce": cmd_reproduce,
+                   "view": cmd_view}[args.command]
         return handler(args)
     except KeyboardInterrupt:
         if debug:
@@ -602,6 +624,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from .view.command import cmd_view as view
+
+    return view(args)
 
 
 # --------------------------------------------------------------------------- plan

@@ -73,6 +73,19 @@ def add_demo_options(parser: argparse.ArgumentParser) -> None:
                              "(default: 2024)")
     parser.add_argument("--no-plot", action="store_true",
                         help="skip the PNG plots (default: off)")
+    parser.add_argument("--write-events", default=None, metavar="PATH",
+                        help="write the bundled real stream (FAA wildlife strike reports, "
+                             "one JSON line per report, t = the week, horizon 656, at most 2 "
+                             "items per event) to PATH as sample input for `dpstream run`, "
+                             "and stop (default: off)")
+
+
+def write_sample_events(path: str) -> int:
+    """Write the bundled stream as JSON Lines to ``path`` (never over an existing file)."""
+    raw = gzip.decompress(resources.files("dpstream").joinpath("data", DATASET).read_bytes())
+    with open(path, "xb") as fh:
+        fh.write(raw)
+    return raw.count(b"\n")
 
 
 # --------------------------------------------------------------------------- data
@@ -244,6 +257,12 @@ def run_demo(args: argparse.Namespace) -> int:
     from .noise import NoiseKey
 
     console = Console()
+    if args.write_events:
+        lines = write_sample_events(args.write_events)
+        console.print(f"wrote {lines:,} events to {args.write_events} (horizon 656 weeks, at "
+                      "most 2 items per event); try: dpstream run -m unknown --horizon 656 "
+                      "--max-items 2 ...")
+        return 0
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     if args.key_file:
@@ -256,6 +275,9 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not args.no_plot:
         out.mkdir(parents=True, exist_ok=True)
+        ignore = out / ".gitignore"  # generated output: git leaves the folder alone
+        if not ignore.exists():
+            ignore.write_text("# written by `dpstream demo`\n*\n")
     start = time.perf_counter()
     for trace in (_real_trace(args.mechanism, key, args.epsilon, args.delta),
                   _zipf_trace(args, key)):

@@ -87,6 +87,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .clock import StepClock, parse_timestamp
 from .mechanisms.base import Release
 from .noise import NoiseSource
 
@@ -230,8 +231,26 @@ def _parse_t(value: object) -> tuple[int | None, str | None]:
     return value, None
 
 
-def read_jsonl(lines: Iterable[str]) -> Iterator[RawEvent]:
-    """Parse JSON Lines events (see the module docstring); blank lines are skipped."""
+def _step_of(value: object, clock: StepClock, what: str) -> tuple[int | None, str | None]:
+    """The step of a timestamp on the public clock, or why there is none."""
+    try:
+        t = clock.step_of(parse_timestamp(value))
+    except (TypeError, ValueError) as exc:
+        return None, f"{what}: {exc}"
+    if t < 1:
+        return None, f"{what} is before --start"
+    return t, None
+
+
+def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
+               clock: StepClock | None = None) -> Iterator[RawEvent]:
+    """Parse JSON Lines events (see the module docstring); blank lines are skipped.
+
+    With ``time_field`` and ``clock``, an event's step is the step of the
+    timestamp in that field on the public clock (its ``"t"`` is not read).
+    """
+    if (time_field is None) != (clock is None):
+        raise ValueError("time_field and clock go together")
     for lineno, line in enumerate(lines, 1):
         text = line.strip()
         if not text:
@@ -252,13 +271,24 @@ def read_jsonl(lines: Iterable[str]) -> Iterator[RawEvent]:
             yield RawEvent(lineno, None, None, f"not valid JSON ({_short(why, 80)})")
             continue
         if isinstance(obj, list):
+            if clock is not None:
+                yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
+                                                   "timestamp: write it as an object")
+                continue
             items, err = _parse_items(obj)
             yield RawEvent(lineno, None, items, err)
         elif isinstance(obj, dict):
             if "items" not in obj:
                 yield RawEvent(lineno, None, None, 'an event object needs an "items" array')
                 continue
-            t, err = _parse_t(obj.get("t"))
+            if clock is not None:
+                if time_field not in obj:
+                    yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
+                                                       "timestamp (--time-field)")
+                    continue
+                t, err = _step_of(obj[time_field], clock, "its timestamp")
+            else:
+                t, err = _parse_t(obj.get("t"))
             if err:
                 yield RawEvent(lineno, None, None, err)
                 continue
@@ -277,6 +307,7 @@ def read_csv(
     item_column: str = "item",
     event_column: str = "event",
     time_column: str | None = None,
+    clock: StepClock | None = None,
     delimiter: str = ",",
 ) -> Iterator[RawEvent]:
     """Parse CSV rows (one per event and item) into events, grouping consecutive event ids.
@@ -394,7 +425,9 @@ def read_csv(
             continue
         eid = row[i_event]
         row_t: int | None = None
-        if i_time is not None:
+        if i_time is not None and clock is not None:
+            row_t, row_err = _step_of(row[i_time], clock, "the row's timestamp")
+        elif i_time is not None:
             raw = row[i_time].strip()
             try:
                 row_t = int(raw)
@@ -423,10 +456,14 @@ def read_csv(
         yield flush()
 
 
-def read_events(stream: Iterable[str], fmt: str, **csv_options: Any) -> Iterator[RawEvent]:
-    """Dispatch on ``fmt`` (``"jsonl"`` or ``"csv"``)."""
+def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = None,
+                clock: StepClock | None = None, **csv_options: Any) -> Iterator[RawEvent]:
+    """Dispatch on ``fmt`` (``"jsonl"`` or ``"csv"``); ``time_field`` with ``clock``:
+    steps from timestamps (a JSON field, or the CSV column of that name)."""
     if fmt == "jsonl":
-        return read_jsonl(stream)
+        return read_jsonl(stream, time_field=time_field, clock=clock)
+    if clock is not None:
+        csv_options = {**csv_options, "time_column": time_field, "clock": clock}
     if fmt == "csv":
         return read_csv(stream, **csv_options)
     raise ValueError(f"input format must be 'jsonl' or 'csv', got {fmt!r}")

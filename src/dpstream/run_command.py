@@ -100,6 +100,25 @@ def load_key(opts: dict[str, Any]) -> Any:
     return NoiseKey.load(path)
 
 
+def _clock(opts: dict[str, Any]) -> Any:
+    """The public clock of --time-field/--step/--start, or None (steps given as integers)."""
+    from .clock import StepClock
+
+    given = [opts.get(k) is not None for k in ("time_field", "step", "start")]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--time-field, --step and --start go together: the timestamps, "
+                         "the width of a step and when step 1 begins")
+    if opts.get("time_column") is not None:
+        raise ValueError("--time-column gives integer steps; --time-field gives timestamps: "
+                         "use one of them")
+    try:
+        return StepClock.parse(opts["start"], opts["step"], opts.get("lateness"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--start/--step/--lateness: {exc}") from None
+
+
 def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
                 input_format: str, output_format: str) -> dict[str, Any]:
     """The parameters a resumed run must share (canonical JSON in the state)."""
@@ -119,6 +138,12 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
+    clock = _clock(opts)
+    if clock is not None:
+        params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
+                      step_seconds=clock.step.total_seconds(),
+                      lateness_seconds=clock.lateness.total_seconds(),
+                      follow=bool(opts["follow"]))
     return params
 
 
@@ -192,9 +217,9 @@ class _Validator:
 
 
 def _reason_key(problem: str) -> str:
-    for key in ("past the horizon", "after --until", "not in the domain",
-                "more than --max-items", "not valid JSON", "time order", "reappears",
-                "not valid UTF-8"):
+    for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
+                "not in the domain", "more than --max-items", "not valid JSON", "time order",
+                "reappears", "not valid UTF-8"):
         if key in problem:
             return key
     return "malformed"
@@ -352,6 +377,7 @@ def _run_on_spark(opts: dict, key: object) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .io import KeyedTruncator, make_formatter, open_input
     from .noise import NoiseSource
+    from .runmeta import NoiseStdFormatter, describe_run, write_run_meta
     from .state import Checkpoint, StateDigests
 
     config = _load_config(args.config) if args.config else None
@@ -362,11 +388,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
+    _clock(opts)  # checked before anything is opened
     until = _until(opts)
     _check_paths(opts, args.config)
     _require_budget(opts)
     key = load_key(opts)
     if opts["engine"] == "spark":
+        if opts["view"]:
+            raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)
     name = opts["mechanism"]
     spec = MECHANISMS[name]
@@ -374,7 +403,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     mech = build_mechanism(name, opts, key, domain)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
-    formatter = make_formatter(output_format, opts["round"])
+    formatter = NoiseStdFormatter(make_formatter(output_format, opts["round"]), mech)
+    if opts["view"] and (opts["output"] == "-" or output_format != "jsonl"):
+        raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
     truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
@@ -382,6 +413,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"])
     digests = StateDigests(key)
     quiet = opts["quiet"]
+    viewer = None
 
     with contextlib.ExitStack() as stack:
         infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
@@ -414,16 +446,28 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "exactly-once output")
         if new_run is not None or ckpt is None:
             _check_new_output(opts, formatter.header())
+        if opts["output"] != "-":  # the run's public metadata, before the output is touched
+            write_run_meta(opts["output"], describe_run(
+                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
         out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
                            header=formatter.header())
         if opts["output"] != "-":
             stack.push(_closing_quietly_on_error(out))
+        if opts["view"]:
+            from .view.command import start_run_view
+
+            viewer = start_run_view(opts["output"])
+            stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet)
     _log_summary(stats, mech, opts)
+    if viewer is not None:
+        from .view.command import after_run
+
+        after_run(viewer)
     return 0
 
 
@@ -478,7 +522,10 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     if input_format == "csv":
         csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
                         time_column=opts["time_column"])
-    return read_events(guard_lines(infile, opts["input"]), input_format, **csv_opts)
+    clock = _clock(opts)
+    return read_events(guard_lines(infile, opts["input"]), input_format,
+                       time_field=opts["time_field"] if clock else None, clock=clock,
+                       **csv_opts)
 
 
 def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
@@ -516,12 +563,16 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             out.write(head)
             offset += len(head)
     read = 0
+    last_line = 0  # the last input line read so far
+
+    def note(rec: Any) -> Any:
+        nonlocal read, last_line
+        read += 1
+        last_line = rec.line
+        return rec
 
     def counted(records: Iterable[Any]) -> Iterator[Any]:
-        nonlocal read
-        for rec in records:
-            read += 1
-            yield rec
+        return map(note, records)
 
     def release(t: int, recs: Sequence[Any]) -> None:
         nonlocal offset
@@ -558,7 +609,8 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
                 ckpt.commit(t, begin=offset, end=offset + len(line),
-                            release_mac=digests.release(line), input_mac=input_mac)
+                            release_mac=digests.release(line), input_mac=input_mac,
+                            input_line=last_line)
         try:
             out.write(line)
             out.flush()
@@ -575,8 +627,6 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         offset += len(line)
         progress.update(t, stats.events)
 
-    records = counted(_input_records(infile, opts, input_format))
-
     def past(t: int) -> str:
         where = f"time step {_short_int(t)}"
         if until < horizon:
@@ -586,13 +636,18 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     progress = _Progress(until, enabled=not quiet, every=opts["progress_every"],
                          start_t=resume_t)
     with progress:
-        for t, recs in group_steps(records, horizon):
-            if t is None:  # malformed records after the last step
-                validator.events(recs)
-            elif t > until:
-                validator.events(recs, past=past(t))
-            else:
-                release(t, recs)
+        if opts["follow"]:
+            _follow(infile, opts, input_format, note, release, mech=mech, until=until,
+                    validator=validator, past=past, resume_t=resume_t, ckpt=ckpt)
+        else:
+            records = counted(_input_records(infile, opts, input_format))
+            for t, recs in group_steps(records, horizon):
+                if t is None:  # malformed records after the last step
+                    validator.events(recs)
+                elif t > until:
+                    validator.events(recs, past=past(t))
+                else:
+                    release(t, recs)
         for t in range(mech.t + 1, until + 1):  # the public clock: every step up to the end
             release(t, [])
     out.flush()
@@ -604,6 +659,130 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             ckpt.finish(summary)
         else:
             ckpt.set_summary(summary)
+
+
+_IDLE = object()  # the follower has read everything there is for now
+_EOF = object()  # the input has ended (stdin closed)
+
+
+def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, release: Any,
+            *, mech: Any, until: int, validator: _Validator, past: Any, resume_t: int,
+            ckpt: Any) -> None:
+    """``--follow``: read a growing input and release each step when the clock says.
+
+    Step t is released once it is due on the public clock (its window has
+    ended, plus ``--lateness``) and the reader has caught up with the input
+    or read an event of a later step: a backlog is read in order first, so
+    which events make a step does not depend on how fast they were read. An
+    event that arrives after its step was released is late and goes to
+    ``--on-invalid``. A resumed run closes the steps on record at the input
+    line each one closed at the first time (kept in the state), so late
+    events stay late and the replay is exact.
+    """
+    import datetime as _dt
+    import queue
+    import threading
+
+    from .io import guard_lines
+
+    clock = _clock(opts)
+    if clock is None:
+        raise ValueError("--follow needs the public clock: --time-field, --step and --start")
+    if input_format != "jsonl":
+        raise ValueError("--follow reads JSON Lines input")
+    poll = 0.2
+    q: queue.Queue = queue.Queue(maxsize=10_000)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def lines() -> Iterator[str]:
+        partial = ""
+        while not stop.is_set():
+            line = infile.readline()
+            if line == "":
+                if opts["input"] == "-":
+                    return
+                q.put(_IDLE)
+                stop.wait(poll)
+                continue
+            partial += line
+            if partial.endswith("\n"):
+                yield partial
+                partial = ""
+
+    def reader() -> None:
+        try:
+            for rec in _input_records_from(guard_lines(lines(), opts["input"]), opts,
+                                           input_format):
+                q.put(rec)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            errors.append(exc)
+        q.put(_EOF)
+
+    thread = threading.Thread(target=reader, name="dpstream-follow", daemon=True)
+    thread.start()
+    pending: dict[int, list[Any]] = {}
+    caught_up = ended = False
+    newest = 0  # the latest step an event was read for
+    latest_line = 0  # the latest input line read
+    # steps on record close where they closed the first time
+    boundary = {t: ckpt.step(t).input_line for t in range(1, resume_t + 1)}
+    late = "time step {} was already released (a late event)"
+    try:
+        while mech.t < until:
+            t = mech.t + 1
+            now = _dt.datetime.now(_dt.timezone.utc)
+            if t in boundary:
+                if caught_up and latest_line < boundary[t]:
+                    raise StateError(f"the input ends at line {latest_line}, but step {t} "
+                                     f"closed after line {boundary[t]} the first time: is it "
+                                     "the same input?")
+                ready = ended or latest_line > boundary[t] or (caught_up and latest_line
+                                                                == boundary[t])
+            else:
+                ready = clock.due(now) >= t and (caught_up or ended or newest > t)
+            if ready:
+                recs = pending.pop(t, [])
+                cut = boundary.get(t, latest_line)
+                release(t, [r for r in recs if r.line <= cut])
+                validator.events([r for r in recs if r.line > cut], past=late.format(t))
+                continue
+            wait = (clock.end_of(t) + clock.lateness - now).total_seconds()
+            if ended:
+                stop.wait(max(min(wait, 1.0), 0.01))
+                continue
+            try:
+                item = q.get(timeout=max(min(wait, poll), 0.01))
+            except queue.Empty:
+                continue
+            if item is _IDLE:
+                caught_up = True
+            elif item is _EOF:
+                ended = True
+                if errors:
+                    raise errors[0]
+            else:
+                rec = note(item)
+                caught_up, latest_line = False, rec.line
+                if rec.error is not None or rec.t is None:
+                    validator.events([rec])
+                elif rec.t <= mech.t:
+                    validator.events([rec], past=late.format(rec.t))
+                elif rec.t > until:
+                    validator.events([rec], past=past(rec.t))
+                else:
+                    pending.setdefault(rec.t, []).append(rec)
+                    newest = max(newest, rec.t)
+    finally:
+        stop.set()
+
+
+def _input_records_from(lines: Iterable[str], opts: dict[str, Any],
+                        input_format: str) -> Iterator[Any]:
+    from .io import read_events
+
+    clock = _clock(opts)
+    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock)
 
 
 def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,

@@ -84,7 +84,8 @@ CREATE TABLE IF NOT EXISTS steps (
     begin_offset INTEGER NOT NULL,
     end_offset INTEGER NOT NULL,
     release_mac TEXT NOT NULL,
-    input_mac TEXT NOT NULL
+    input_mac TEXT NOT NULL,
+    input_line INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -169,6 +170,7 @@ class StepRecord:
     end: int
     release_mac: str
     input_mac: str
+    input_line: int = 0
 
 
 class Checkpoint:
@@ -243,9 +245,10 @@ class Checkpoint:
     def step(self, t: int) -> StepRecord | None:
         """Step t as recorded, or ``None``."""
         row = self._db.execute(
-            "SELECT begin_offset, end_offset, release_mac, input_mac FROM steps WHERE t = ?",
-            (t,)).fetchone()
-        return None if row is None else StepRecord(int(row[0]), int(row[1]), row[2], row[3])
+            "SELECT begin_offset, end_offset, release_mac, input_mac, input_line FROM steps "
+            "WHERE t = ?", (t,)).fetchone()
+        return None if row is None else StepRecord(int(row[0]), int(row[1]), row[2], row[3],
+                                                   int(row[4]))
 
     def verify(self, record: RunRecord, *, params: str, key_fingerprint: str, input: str,
                output: str) -> None:
@@ -299,17 +302,20 @@ class Checkpoint:
                 (SCHEMA_VERSION, params, key_fingerprint, input, output, now),
             )
 
-    def commit(self, t: int, *, begin: int, end: int, release_mac: str, input_mac: str) -> None:
+    def commit(self, t: int, *, begin: int, end: int, release_mac: str, input_mac: str,
+               input_line: int = 0) -> None:
         """Record step t (one transaction, durable when this returns).
 
         Call it *before* writing the step's release to the output (see the
-        module docstring: write-ahead).
+        module docstring: write-ahead). ``input_line`` is the last input line
+        read when the step closed (a following run closes steps on the clock:
+        a record of the step after that line came too late, on resume too).
         """
         with self._transaction():
             self._db.execute(
-                "INSERT INTO steps (t, begin_offset, end_offset, release_mac, input_mac) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (t, begin, end, release_mac, input_mac),
+                "INSERT INTO steps (t, begin_offset, end_offset, release_mac, input_mac, "
+                "input_line) VALUES (?, ?, ?, ?, ?, ?)",
+                (t, begin, end, release_mac, input_mac, input_line),
             )
 
     def finish(self, summary: Mapping[str, Any]) -> None:

@@ -51,12 +51,12 @@ _EVENT_SCHEMA = T.StructType([
 ])
 
 
-def _parse_lines(batches):
+def _parse_lines(batches, time_field=None, clock=None):
     """Each text line through the local engine's own JSON Lines parser."""
     for pdf in batches:
         ts, items, errors = [], [], []
         for line in pdf["value"].tolist():
-            recs = list(read_jsonl([line]))
+            recs = list(read_jsonl([line], time_field=time_field, clock=clock))
             if not recs:  # blank line
                 ts.append(None)
                 items.append(None)
@@ -70,16 +70,19 @@ def _parse_lines(batches):
                             "items": items, "error": errors})
 
 
-def read_events_jsonl(spark: SparkSession, path: str) -> DataFrame:
+def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None = None,
+                      clock: Any = None) -> DataFrame:
     """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
 
     Returns (pos, t, items, error): ``pos`` the line's place in the file,
     ``error`` the parse problem (``""`` for a blank line, null for an event).
+    With ``time_field`` and ``clock`` (a :class:`dpstream.clock.StepClock`),
+    ``t`` is the step of the event's timestamp on that public clock.
     """
     lines = spark.read.text(path)
     indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
     df = spark.createDataFrame(indexed, "pos long, value string")
-    return df.mapInPandas(_parse_lines, _EVENT_SCHEMA)
+    return df.mapInPandas(lambda b: _parse_lines(b, time_field, clock), _EVENT_SCHEMA)
 
 
 def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -170,7 +173,13 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         mech = SparkUnknownBase(spark, horizon, remember=bool(opts.get("remember")),
                                 threshold_delta=opts.get("threshold_delta"), **common)
 
-    parsed = read_events_jsonl(spark, inp).cache()
+    clock = None
+    if opts.get("time_field") is not None:
+        from ..clock import StepClock
+
+        clock = StepClock.parse(opts["start"], opts["step"])
+    parsed = read_events_jsonl(spark, inp, time_field=opts.get("time_field"),
+                               clock=clock).cache()
     checked = None
     try:
         facts = parsed.agg(

@@ -44,9 +44,9 @@ import json
 import logging
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
+from ..clock import StepClock
 from ..errors import StateError
 from .kernels import STATE_FLAG, STATE_IDS, state_noise_cols
 from .releases import SparkKnownBase, SparkUnknownBase, update_counts
@@ -139,33 +139,6 @@ def stream_parameters(mechanism: SparkKnownBase | SparkUnknownBase) -> dict[str,
 
 def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
-
-
-@dataclass(frozen=True)
-class StepClock:
-    """A public wall clock of steps: step t covers [start + (t-1) step, start + t step).
-
-    Step t is *due* once its window has ended and ``lateness`` more has
-    passed (time for its late events to arrive). Nothing here reads the data.
-    """
-
-    start: _dt.datetime
-    step: _dt.timedelta
-    lateness: _dt.timedelta = _dt.timedelta(0)
-
-    def __post_init__(self) -> None:
-        if self.start.tzinfo is None:
-            raise ValueError("StepClock.start must be timezone-aware (e.g. UTC)")
-        if self.step <= _dt.timedelta(0) or self.lateness < _dt.timedelta(0):
-            raise ValueError("StepClock.step must be > 0 and lateness >= 0")
-
-    def due(self, now: _dt.datetime) -> int:
-        """The last step whose window (plus lateness) has ended at ``now`` (0 if none)."""
-        return max(0, (now - self.lateness - self.start) // self.step)
-
-    def step_of(self, when: _dt.datetime) -> int:
-        """The step an event at time ``when`` belongs to (0 before the start)."""
-        return max(0, (when - self.start) // self.step + 1)
 
 
 class StreamRelease:

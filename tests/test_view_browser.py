@@ -1,0 +1,180 @@
+"""The live view in a real browser: Playwright driving the system's Chromium.
+
+Opens the page on a releases file and checks, in the DOM, that the top items
+and their numbers are the file's last release (compared with a full sort of
+that line), that two appended releases show up within 2 s without a reload,
+that clicking an item shows its history (compared with a parse of every
+line), and that planted ``<script>``/``<img onerror>`` names are shown as text
+and run nothing.
+
+Skips: these tests need Playwright (the ``dev`` extra) and a Chromium binary
+(Debian's ``chromium``; browser downloads are not used). CI installs both and
+sets ``DPSTREAM_REQUIRE_BROWSER=1``, which turns any skip here into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dpstream.runmeta import FORMAT, write_run_meta
+from dpstream.view.model import ViewModel
+from dpstream.view.server import ViewServer
+
+pytestmark = pytest.mark.browser
+
+_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_BROWSER") == "1"
+
+#: Flags for a headless Chromium that never talks to the network on its own.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def _chromium() -> str | None:
+    for name in (os.environ.get("DPSTREAM_CHROMIUM"), "/usr/bin/chromium", "chromium",
+                 "chromium-browser"):
+        if name and (found := shutil.which(name)):
+            return found
+    return None
+
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:
+    if _REQUIRED:
+        raise
+    pytest.skip("Playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
+
+CHROMIUM = _chromium()
+if CHROMIUM is None:
+    if _REQUIRED:
+        raise RuntimeError("DPSTREAM_REQUIRE_BROWSER=1 but no chromium on PATH "
+                           "(apt-get install chromium)")
+    pytest.skip("no Chromium (apt-get install chromium)", allow_module_level=True)
+
+EVIL_SCRIPT = "<script>window.__pwned = 1</script>"
+EVIL_IMG = '<img src=x onerror="window.__pwned = 2">'
+
+
+def _line(t: int, released: dict, std: float) -> str:
+    return json.dumps({"t": t, "released": released, "meta": {"noise_std": std}},
+                      ensure_ascii=False) + "\n"
+
+
+def _release(t: int) -> dict:
+    """Step t of a made-up stream: running counts with ties, and the two planted names."""
+    rel = {f"tag{i:02d}": (i * 7 + t * (i % 5)) % 97 + t for i in range(40)}
+    rel[EVIL_SCRIPT] = 60 + 2 * t
+    rel[EVIL_IMG] = 50 + 2 * t
+    return rel
+
+
+def _expected_top(released: dict, n: int) -> list[tuple[str, float]]:
+    return sorted(released.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+def _rows(page) -> list[tuple[str, float, str]]:
+    """(name as shown, data-value, shown number) of every bar row."""
+    return page.eval_on_selector_all(
+        "#dp-top li.row",
+        "els => els.map(e => [e.querySelector('.name').textContent, "
+        "Number(e.dataset.value), e.querySelector('.value').textContent])")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def test_page_follows_the_file_and_shows_names_as_text(browser, tmp_path):
+    path = tmp_path / "releases.jsonl"
+    path.write_text("".join(_line(t, _release(t), 1.5 + t / 100) for t in range(1, 31)),
+                    encoding="utf-8")
+    write_run_meta(path, {"format": FORMAT, "horizon": 100, "mechanism": "known",
+                          "algorithm": "KnownBase", "base": 4, "unit": "event",
+                          "privacy": {"rho": 0.02, "epsilon": 1.0, "delta": 1e-6}})
+    server = ViewServer(ViewModel(path, top=10), poll=0.1).start()
+    # bypass_csp: the page's Content-Security-Policy would block a planted script even if
+    # a name were not escaped; without it, this test checks the escaping itself (and lets
+    # Playwright evaluate its own checks).
+    page = browser.new_page(bypass_csp=True)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(5000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+
+        # the top items and their numbers are the file's last release
+        want = _expected_top(_release(30), 10)
+        got = _rows(page)
+        assert [(name, value) for name, value, _ in got] == want
+        assert [shown.replace(",", "") for _, _, shown in got] == [str(v) for _, v in want]
+        assert page.inner_text("#dp-t") == "30"
+        assert "ε = 1, δ = 1e-6" in page.inner_text("#dp-header")
+
+        # planted names are text, not markup, and ran nothing
+        names = [name for name, _, _ in got]
+        assert EVIL_SCRIPT in names and EVIL_IMG in names
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("#dp-top img").count() == 0
+        assert page.locator("#dp-view script").count() == 0
+
+        # two appended releases show up without a reload, within 2 s
+        start = time.monotonic()
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(_line(31, _release(31), 1.81))
+            fh.write(_line(32, _release(32), 1.82))
+        page.wait_for_function("document.getElementById('dp-t').textContent === '32'",
+                               timeout=2000)
+        assert time.monotonic() - start < 2.0
+        assert [(n, v) for n, v, _ in _rows(page)] == _expected_top(_release(32), 10)
+
+        # clicking an item shows its history (every step, from a parse of the whole file)
+        top = [name for name, _ in _expected_top(_release(32), 10)]
+        item = next(n for n in top[3:] if n.startswith("tag"))  # not shown by default
+        assert page.locator(f'#dp-history g.series[data-item="{item}"]').count() == 0
+        page.locator("#dp-top li.row", has_text=item).first.click()
+        legend = page.locator("#dp-history ul.legend li", has_text=item)
+        legend.wait_for(timeout=2000)
+        assert page.locator("#dp-top li.row.selected", has_text=item).count() == 1
+        line = page.locator(f'#dp-history g.series[data-item="{item}"] polyline')
+        points = line.get_attribute("points").split()
+        assert len(points) == 32  # one point per release that holds the item
+        assert legend.inner_text().startswith(item)
+        assert f"t = 32: {_release(32)[item]}" in legend.inner_text()
+
+        # the planted names can be chosen too, and still run nothing
+        page.locator("#dp-top li.row", has_text=EVIL_IMG).first.click()
+        page.locator("#dp-history ul.legend li", has_text=EVIL_IMG).wait_for(timeout=2000)
+        assert page.locator("#dp-history img").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        assert "manual=1" in page.url and item in page.url
+        assert errors == []
+    finally:
+        page.close()
+        server.stop()
+
+
+def test_page_says_the_file_is_missing(browser, tmp_path):
+    server = ViewServer(ViewModel(tmp_path / "later.jsonl"), poll=0.1).start()
+    page = browser.new_page(bypass_csp=True)
+    try:
+        page.goto(server.url)
+        assert "does not exist" in page.inner_text("#dp-header")
+        Path(tmp_path / "later.jsonl").write_text(_line(1, {"a": 3}, 1.0))
+        page.wait_for_function("document.querySelector('#dp-top li.row') !== null",
+                               timeout=2000)
+        assert _rows(page) == [["a", 3, "3"]]
+    finally:
+        page.close()
+        server.stop()
