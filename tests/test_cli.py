@@ -98,9 +98,24 @@ def _digit_sum(t: int, base: int) -> int:
     return total
 
 
+def _blt_row_norms2(strategy) -> np.ndarray:
+    """||row_t(B)||^2 for t = 1..T from the dense B = A C^-1 (C from its first column)."""
+    from scipy.linalg import toeplitz
+
+    T = strategy.horizon
+    B = np.tril(np.ones((T, T))) @ np.linalg.inv(np.tril(toeplitz(strategy.strategy_column())))
+    return np.sum(B * B, axis=1)
+
+
 def _noise_std(mech, t: int) -> float:
     """The std of a count at t, by brute force: tau sqrt(|I_t| L_r) (thm:BinMechUtility); for
-    mechanisms without a per-step value, the worst over all steps (tau_2 for top-k)."""
+    mechanisms without a per-step value, the worst over all steps (tau_2 for top-k). With a
+    BLT counter: sigma ||row_t(B)||, or its worst over the steps."""
+    if getattr(mech, "strategy", None) is not None:
+        rows = _blt_row_norms2(mech.strategy)
+        if hasattr(mech, "noise_std_at"):
+            return mech.sigma * math.sqrt(rows[t - 1])
+        return mech.counter_std * math.sqrt(rows.max())
     levels = _digit_count(mech.horizon, mech.base)
     if hasattr(mech, "noise_std_at"):
         return mech.tau * math.sqrt(_digit_sum(t, mech.base) * levels)
@@ -161,8 +176,10 @@ def test_run_topk_equals_library(files):
                 "--switches", "3", "--rho", "1", "--key-file", files.key_path,
                 "-i", files.input, "-o", str(out)) == 0
     probe = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=0.0, key=files.key, rho=1.0)
-    eta = utility_eta(tau=probe.tau, switches=3, domain_size=6, horizon=40, base=probe.base,
-                      beta=0.05)
+    assert probe.counter == "blt"
+    # the tree's error bound with r* also bounds the (smaller) BLT counter error
+    eta = utility_eta(tau=probe.tau, switches=3, domain_size=6, horizon=40,
+                      base=optimal_base(40), beta=0.05)
     mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=eta, key=files.key, rho=1.0)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
                  public_meta=("switches_left", "switched", "selection"))
@@ -411,7 +428,7 @@ def _plan(capsys, *args) -> dict:
 
 def test_plan_known_against_formulas(capsys):
     info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
-                 "50", "--epsilon", "1", "--delta", "1e-6")
+                 "50", "--epsilon", "1", "--delta", "1e-6", "--counter", "tree")
     r = optimal_base(1000)
     tau = privacy.calibrate_tau(a=1.5, epsilon=1.0, delta=1e-6, gaussian_exact=True)
     std = tau * math.sqrt(max_cells(1000, r) * num_levels(1000, r))
@@ -436,7 +453,7 @@ def test_plan_unknown_threshold_against_eq_threshold(capsys):
 
 def test_plan_topk_against_formulas(capsys):
     info = _plan(capsys, "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
-                 "--switches", "4", "--rho", "1")
+                 "--switches", "4", "--rho", "1", "--counter", "tree")
     tau = math.sqrt((3 + 2) / 1.0)  # rho = (2k + 4) / (2 tau^2)
     r = optimal_base(200)
     levels = num_levels(200, r)
@@ -453,11 +470,57 @@ def test_plan_topk_against_formulas(capsys):
 
 def test_plan_target_error_inverse(capsys):
     info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "2", "--domain-size", "5",
-                 "--target-error", "25", "--delta", "1e-6")
+                 "--target-error", "25", "--delta", "1e-6", "--counter", "tree")
     tau = 25 / (1.959963984540054 * math.sqrt(max_cells(1000, 4) * num_levels(1000, 4)))
     assert info["tau"] == pytest.approx(tau, rel=1e-12)
     assert info["ci95_half_width"] == pytest.approx(25, rel=1e-12)
     assert info["privacy"]["rho"] == pytest.approx(1.0 / tau**2, rel=1e-12)  # a = 1
+
+
+def dense_blt_worst_variance(T: int) -> float:
+    """V = max_t ||row_t(B)||^2 max_j ||C e_j||^2 from dense matrices (the BLT dpstream uses)."""
+    from scipy.linalg import toeplitz
+
+    from dpstream.factorization import blt_for_horizon
+
+    C = np.tril(toeplitz(blt_for_horizon(T).strategy_column()))
+    B = np.tril(np.ones((T, T))) @ np.linalg.inv(C)
+    return float(np.sum(B * B, axis=1).max() * np.sum(C * C, axis=0).max())
+
+
+def test_plan_blt_prints_both_counters(capsys):
+    """Default counter for T = 1000 is BLT; the plan shows both counters at the budget."""
+    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
+                 "50", "--epsilon", "1", "--delta", "1e-6")
+    tau = privacy.calibrate_tau(a=1.5, epsilon=1.0, delta=1e-6, gaussian_exact=True)
+    assert info["counter"] == "blt" and info["base"] is None and info["buffers"] == 4
+    assert info["tau"] == pytest.approx(tau, rel=1e-12)  # same budget, same tau
+    std_blt = tau * math.sqrt(dense_blt_worst_variance(1000))
+    std_tree = tau * math.sqrt(max_cells(1000, 4) * num_levels(1000, 4))
+    assert info["noise_std_worst"] == pytest.approx(std_blt, rel=1e-9)
+    assert info["counters_noise_std_worst"]["blt"] == pytest.approx(std_blt, rel=1e-9)
+    assert info["counters_noise_std_worst"]["tree"] == pytest.approx(std_tree, rel=1e-12)
+    assert main(["plan", "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
+                 "--switches", "4", "--rho", "1", "--counter", "blt"]) == 0
+    out = capsys.readouterr().out
+    tau2 = math.sqrt(5) * math.sqrt(5.0)  # tau_2 = sqrt(s + 1) tau, tau = sqrt(k + 2)
+    assert "BLT factorization, 4 buffers" in out
+    assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
+    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 1
+    assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
+    assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 1
+    assert "base applies to counter='tree' only" in capsys.readouterr().err
+
+
+def test_run_known_blt_equals_library(files):
+    out = files.dir / "out.jsonl"
+    assert _run("-m", "known", "-T", "40", "--domain", files.domain, "--max-items", "3",
+                "--counter", "blt", "--rho", "0.5", "--key-file", files.key_path,
+                "-i", files.input, "-o", str(out)) == 0
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key, rho=0.5, counter="blt")
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
 def test_plan_text(capsys):

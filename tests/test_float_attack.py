@@ -11,6 +11,7 @@ and does no better on the rounded release than the Gaussian mechanism allows.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from scipy.special import ndtr, ndtri
 
 from dpstream import KnownDomainHistogram
@@ -28,12 +29,18 @@ def on_grid(values: np.ndarray, candidate: int, sigma: float) -> np.ndarray:
     return hit
 
 
-def test_raw_floats_leak_counts_and_rounded_releases_do_not():
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_raw_floats_leak_counts_and_rounded_releases_do_not(counter):
     n = 20_000
     rng = np.random.default_rng(0)  # the secret data (simulated)
     truth = rng.integers(0, 2, n)
-    h = KnownDomainHistogram(range(n), 1000, max_items=n, key=fixed_key("fp"), rho=0.5 * n)
-    sigma = np.sqrt(h.levels) * h.tau  # public: the cell noise scale
+    h = KnownDomainHistogram(range(n), 1000, max_items=n, key=fixed_key("fp"), rho=0.5 * n,
+                             counter=counter)
+    # public: the noise scale of one draw (a tree cell, or a BLT step: at t = 1 the
+    # BLT noise is the first draw itself)
+    sigma = h.sigma
+    if counter == "tree":
+        assert sigma == np.sqrt(h.levels) * h.tau
     rel = h.release(1, truth)
 
     raw = rel.values

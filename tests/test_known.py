@@ -41,7 +41,7 @@ def test_noisy_counts_unbiased_with_tree_variance(base):
     domain = list(range(n_items))
     samples = {t: [] for t in check_at}
     for k in range(n_keys):
-        h = dps.KnownDomainHistogram(domain, horizon, max_items=1, base=base,
+        h = dps.KnownDomainHistogram(domain, horizon, max_items=1, counter="tree", base=base,
                                      key=fixed_key(f"var{k}"), tau=tau)
         for t in range(1, horizon + 1):
             rel = h.step_batch([[t % n_items]])
@@ -57,16 +57,18 @@ def test_noisy_counts_unbiased_with_tree_variance(base):
         assert abs(x.var() / sigma2 - 1) < Z_TOL * math.sqrt(2 / n), t
 
 
-def test_same_key_same_stream_same_releases_and_modes_agree():
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_same_key_same_stream_same_releases_and_modes_agree(counter):
     rng = np.random.default_rng(1)
     domain = [f"item{i}" for i in range(30)]
     stream = random_stream(rng, domain, 60, 3)
     key = fixed_key("modes")
-    a = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
-    b = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
-    agg = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
-    jumpy = dps.KnownDomainHistogram(domain, 60, max_items=3, key=key, rho=0.3)
-    other = dps.KnownDomainHistogram(domain, 60, max_items=3, key=fixed_key("other"), rho=0.3)
+
+    def make(k=key):
+        return dps.KnownDomainHistogram(domain, 60, max_items=3, key=k, rho=0.3, counter=counter)
+
+    a, b, agg, jumpy, other = make(), make(), make(), make(), make(fixed_key("other"))
+    assert a.counter == counter
     prefix = dict.fromkeys(domain, 0)
     for t, events in enumerate(stream, start=1):
         ra, rb, ro = a.step_batch(events), b.step_batch(events), other.step_batch(events)
@@ -206,7 +208,8 @@ def test_constructor_errors():
 def test_tree_counter_counts_and_agrees_with_one_item_histogram():
     key = fixed_key("ctr")
     c = dps.TreeCounter(100, key=key, tau=1.0, stream="s")
-    h = dps.KnownDomainHistogram(["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s")
+    h = dps.KnownDomainHistogram(["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s",
+                                 counter="tree")
     bits = np.random.default_rng(3).integers(0, 2, 100)
     for b in bits:
         assert c.step(int(b)) == h.step(["__counter__"] if b else []).values[0]

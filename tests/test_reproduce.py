@@ -13,7 +13,7 @@ from dpstream.experiments.base_noise import claims_from_ratios
 from dpstream.experiments.common import data_rng, trial_key
 
 FIGURES = ("fig1_base_noise.png", "fig2_sparsegumb_zipf.png", "fig3_unknown_domain.png",
-           "fig4_error_vs_epsilon.png")
+           "fig4_error_vs_epsilon.png", "fig5_counters.png")
 CLAIM_LINE = re.compile(r"^- \*\*(HOLDS|DIFFERS|PARTLY|NOT TESTED)\*\*: ", re.M)
 
 
@@ -84,6 +84,18 @@ def test_base_noise_verdicts_follow_the_numbers():
     assert [c.verdict for c in good] == ["HOLDS", "HOLDS", "HOLDS"]
     assert [c.verdict for c in bad] == ["DIFFERS", "DIFFERS", "DIFFERS"]
     assert "15.0%" in good[0].measured and "40.0%" in bad[0].measured
+
+
+def test_counter_verdicts_follow_the_numbers():
+    from dpstream.experiments.counters import claims_from_variances
+
+    T = np.array([10, 100, 1000, 10**4, 10**5, 10**6])
+    bound = np.array([2.2, 4.7, 8.4, 13.2, 19.1, 26.0])
+    good = claims_from_variances(T, rstar=bound * 8, blt=bound * 1.2, bound=bound)
+    bad = claims_from_variances(T, rstar=bound * 1.1, blt=bound * 1.5, bound=bound)
+    assert [c.verdict for c in good] == ["HOLDS", "HOLDS", "HOLDS"]
+    assert [c.verdict for c in bad] == ["DIFFERS", "DIFFERS", "DIFFERS"]
+    assert "1.200" in good[0].measured and "1.500" in bad[0].measured
 
 
 def _fake_topk_means(params, meta_level: float) -> dict[str, np.ndarray]:

@@ -132,18 +132,23 @@ def _aligned(pdf, items_index, n):
 # ------------------------------------------------------------------ KnownBase
 
 
-def test_known_per_step_release_is_bit_identical(spark, stream) -> None:
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_known_per_step_release_is_bit_identical(spark, stream, counter) -> None:
     _, counts = stream
     key = fixed_key("spark-known-step")
     names = [f"item-{i}" for i in range(N_ITEMS)]
     index = {name: i for i, name in enumerate(names)}
-    local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6)
+    local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
+                                 counter=counter)
     domain = spark.createDataFrame(pd.DataFrame({"item": names}))
     remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
-                            domain=domain)
+                            domain=domain, counter=counter)
     assert remote.tau == local.tau and remote.base == local.base
+    assert remote.counter == counter
     assert remote.privacy == local.privacy
-    assert remote.mechanism.tree_purpose == local.tree_purpose  # the domain's fingerprint
+    # the domain's fingerprint
+    assert remote.mechanism.noise_purpose == local.noise_purpose
+    assert remote.mechanism.tree_purpose == local.tree_purpose
     for t in (1, 2, 3, 8, 24):  # consecutive steps and jumps
         c = counts[t - 1]
         nz = np.flatnonzero(c)  # the counts frame lists only items that occurred
@@ -154,13 +159,16 @@ def test_known_per_step_release_is_bit_identical(spark, stream) -> None:
         assert np.array_equal(_aligned(got, index, N_ITEMS), local.release(t, c).values)
 
 
-def test_known_run_over_all_steps_is_bit_identical(spark, stream) -> None:
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_known_run_over_all_steps_is_bit_identical(spark, stream, counter) -> None:
     events, counts = stream
     key = fixed_key("spark-known-run")
     steps = counts.shape[0]
-    local = KnownDomainHistogram(range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2)
+    local = KnownDomainHistogram(range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2,
+                                 counter=counter)
     domain = spark.range(N_ITEMS).withColumnRenamed("id", "item")
-    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2, domain=domain)
+    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2, domain=domain,
+                            counter=counter)
     got = remote.run(_events_df(spark, events), domain, steps=range(1, steps + 1)).toPandas()
     assert len(got) == steps * N_ITEMS
     got = got.sort_values(["t", "item"])
@@ -393,12 +401,14 @@ def test_step_clock_is_a_function_of_the_wall_clock_only() -> None:
         StepClock(dt.datetime(2026, 1, 1), dt.timedelta(hours=1))
 
 
-def test_stream_known_domain(spark, tmp_path) -> None:
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_stream_known_domain(spark, tmp_path, counter) -> None:
     events, counts = _simulate(3, 300, 200, seed=5)
     key = fixed_key("spark-stream-known")
     names = [f"s{i}" for i in range(300)]
-    local = KnownDomainHistogram(names, 20, max_items=3, key=key, rho=1.0)
-    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, domain=names)
+    local = KnownDomainHistogram(names, 20, max_items=3, key=key, rho=1.0, counter=counter)
+    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, domain=names,
+                          counter=counter)
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     src.mkdir()
     _write_step_files(src, events, [1, 2, 3])
@@ -525,7 +535,8 @@ def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark,
 # ------------------------------------------------------------------ SparseGumb
 
 
-def test_topk_matches_local_sparse_gumb_through_reselections(spark) -> None:
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_topk_matches_local_sparse_gumb_through_reselections(spark, counter) -> None:
     """SparkContinualTopK releases ContinualTopK's selection and counts, bit for bit.
 
     The data make the leaders change: items 0..2 lead, then items 100..102 surge
@@ -550,7 +561,7 @@ def test_topk_matches_local_sparse_gumb_through_reselections(spark) -> None:
             inc[200:203] += 400
         running = running + inc
         counts.append(running.copy())
-    params = dict(k=3, switches=3, eta=5.0, key=key, rho=2.0)
+    params = dict(k=3, switches=3, eta=5.0, key=key, rho=2.0, counter=counter)
     local = ContinualTopK(range(d), 200, **params)
     remote = SparkContinualTopK(spark, 200, **params)
     assert remote.privacy == local.privacy

@@ -19,16 +19,22 @@ kernels = pytest.importorskip("dpstream.spark.kernels")
 
 
 def _spec(m: KnownDomainHistogram) -> object:
+    if m.strategy is not None:
+        return kernels.ReleaseSpec(mechanism="KnownBase", horizon=m.horizon, base=None,
+                                   cell_std=m.sigma, purpose=m.noise_purpose,
+                                   strategy=m.strategy)
     return kernels.ReleaseSpec(mechanism="KnownBase", horizon=m.horizon, base=m.base,
                                cell_std=float(np.sqrt(m.levels) * m.tau),
                                purpose=m.tree_purpose)
 
 
-def test_step_kernel_matches_local_release_across_batches() -> None:
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_step_kernel_matches_local_release_across_batches(counter) -> None:
     key = fixed_key("spark-kernel")
     n, T = 3000, 200
     items = [f"u{i}" for i in range(n)]
-    local = KnownDomainHistogram(items, T, max_items=2, key=key, rho=0.3, base=3)
+    local = KnownDomainHistogram(items, T, max_items=2, key=key, rho=0.3,
+                                 **({"base": 3} if counter == "tree" else {"counter": "blt"}))
     spec = _spec(local)
     rng = np.random.default_rng(1)  # simulated data
     counts = np.zeros(n, dtype=np.int64)
@@ -138,11 +144,14 @@ def _stream_steps(spec, key, items_at, counts_at, steps, *, drop_state_at=(), ba
     return out_by_t, prepared_at
 
 
-def test_stream_kernel_continues_from_its_state_bit_for_bit() -> None:
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_stream_kernel_continues_from_its_state_bit_for_bit(counter) -> None:
     key = fixed_key("spark-kernel-stream")
     universe = [f"u{i}" for i in range(40)]
     T = 100
-    local = KnownDomainHistogram(universe, T, max_items=2, key=key, rho=0.3, base=3)
+    local = KnownDomainHistogram(universe, T, max_items=2, key=key, rho=0.3,
+                                 **({"base": 3} if counter == "tree" else {"counter": "blt"}))
+    assert local.counter == counter
     spec = _spec(local)
     rng = np.random.default_rng(7)  # simulated data
     # items appear over time (as UnkBase's do); steps 1..12, then a gap to 20, 21

@@ -104,11 +104,11 @@ def test_switches_to_the_new_leader_with_eta_from_the_utility_lemma():
     a_item, b_item = 0, 1
     for rep in range(10):
         m = ContinualTopK(range(d), horizon, k=1, switches=s, eta=1.0, key=fixed_key(f"lead{rep}"),
-                          rho=1.0)
+                          rho=1.0, counter="tree")
         eta = utility_eta(tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base,
                           beta=0.01)
         m = ContinualTopK(range(d), horizon, k=1, switches=s, eta=eta, key=fixed_key(f"lead{rep}"),
-                          rho=1.0)
+                          rho=1.0, counter="tree")
         levels = tree.num_levels(horizon, m.base)
         alpha_bm = m.tau * levels * math.sqrt(2 * 2 * (m.base - 1) * math.log(6 * horizon / 0.01))
         alpha_at = 8 * m.tau * math.log(6 * d * horizon / 0.01)
@@ -149,7 +149,8 @@ def random_events(rng, domain, steps):
     ]
 
 
-def test_event_mode_equals_aggregate_mode_bit_for_bit():
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_event_mode_equals_aggregate_mode_bit_for_bit(counter):
     rng = np.random.default_rng(3)
     domain = [f"item{i}" for i in range(30)]
     horizon = 80
@@ -158,7 +159,7 @@ def test_event_mode_equals_aggregate_mode_bit_for_bit():
 
     def make(k):
         return ContinualTopK(domain, horizon, k=3, switches=6, eta=lambda t: 0.05 * t, key=k,
-                             rho=0.3)
+                             rho=0.3, counter=counter)
 
     ev, agg, other = make(key), make(key), make(fixed_key("modes-other"))
     prefix = dict.fromkeys(domain, 0)
@@ -223,7 +224,8 @@ def test_counters_are_keyed_tree_counters_and_survive_reselection():
     d, horizon = 10, 60
     prefixes = rotating_prefixes(d, horizon, np.random.default_rng(8))
     key = fixed_key("brute")
-    m = ContinualTopK(range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf")
+    m = ContinualTopK(range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf",
+                      counter="tree")
     levels = tree.num_levels(horizon, m.base)
     cell_std = math.sqrt(levels) * m.tau_2
     generation: dict[int, int] = {}
@@ -248,6 +250,43 @@ def test_counters_are_keyed_tree_counters_and_survive_reselection():
     assert m.switches_left < 8 and kept_across >= 1
 
 
+def test_counters_are_keyed_blt_counters_and_survive_reselection():
+    """The BLT twin of the test above: every released count is h_t^u + (B z)_t, B = A C^-1
+    as a dense matrix from the strategy column, z_s = N(0, sigma^2) drawn at (0, s, 0)
+    under purpose "<scope>/counter-n", sigma = tau_2 max_j ||C e_j|| (a fresh counter
+    replays steps 1..t).
+    """
+    from scipy.linalg import toeplitz
+
+    d, horizon = 10, 60
+    prefixes = rotating_prefixes(d, horizon, np.random.default_rng(8))
+    key = fixed_key("brute")
+    m = ContinualTopK(range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf",
+                      counter="blt")
+    C = np.tril(toeplitz(m.strategy.strategy_column()))
+    B = np.tril(np.ones((horizon, horizon))) @ np.linalg.inv(C)
+    sigma = m.tau_2 * math.sqrt(np.sum(C * C, axis=0).max())
+    assert m.counter_std == pytest.approx(sigma, rel=1e-11)
+    generation: dict[int, int] = {}
+    prev: set[int] = set()
+    kept_across = 0
+    for t, h in enumerate(prefixes, start=1):
+        rel = m.release(t, h)
+        n = rel.meta["selection"]
+        now = set(rel.items)
+        if rel.meta["switched"]:
+            kept_across += len(now & prev)
+        for u in now - prev:
+            generation[u] = n
+        for u, v in zip(rel.items, rel.values, strict=True):
+            src = NoiseSource(key, f"{m.noise_scope}/counter-{generation[u]}")
+            prep = src.prepare([u])
+            z = np.array([src.gaussian(prep, 0, j, 0, scale=sigma)[0] for j in range(1, t + 1)])
+            assert v - h[u] == pytest.approx(B[t - 1, :t] @ z, abs=1e-9)
+        prev = now
+    assert m.switches_left < 8 and kept_across >= 1
+
+
 @pytest.mark.statistical
 def test_counter_noise_has_tau2_tree_variance():
     """noisy - true of a selected item at t is N(0, |I_t| L_r tau_2^2), tau_2 = sqrt(s+1) tau.
@@ -262,7 +301,7 @@ def test_counter_noise_has_tau2_tree_variance():
     counts = np.arange(d, dtype=np.int64)
     for rep in range(100):
         m = ContinualTopK(range(d), horizon, k=d, switches=s, eta=1e9, key=fixed_key(f"v{rep}"),
-                          tau=tau)
+                          tau=tau, counter="tree")
         for t in check_at:
             rel = m.release(t, counts + t)
             samples[t].append(rel.values - (np.asarray(rel.items) + t))

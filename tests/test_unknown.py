@@ -175,7 +175,8 @@ def test_released_counts_are_knownbase_counts(remember):
     key = fixed_key("same-noise")
     u = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
                                remember=remember, stream="s1")
-    kn = KnownDomainHistogram(domain, 60, max_items=3, key=key, tau=0.4, stream="s1")
+    kn = KnownDomainHistogram(domain, 60, max_items=3, key=key, tau=0.4, stream="s1",
+                              counter="tree")
     assert u.base == kn.base and u.tree_purpose != kn.tree_purpose  # open vs known domain
     source = NoiseSource(key, u.tree_purpose)
     tree = TreeNoise(source, 60, u.base, math.sqrt(u.levels) * u.tau)

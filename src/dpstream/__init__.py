@@ -5,7 +5,7 @@ Histograms under Continual Observation: Streaming Selection into the Unknown".
 See DESIGN.md for the layers; the public names are re-exported here.
 """
 
-from . import noise, oneshot, privacy, tree
+from . import factorization, noise, oneshot, privacy, tree
 from .errors import (
     BudgetExhaustedError,
     DPStreamError,
@@ -15,6 +15,7 @@ from .errors import (
     StateError,
 )
 from .mechanisms import (
+    BLTCounter,
     ContinualTopK,
     KnownDomainHistogram,
     MetaHistogram,
@@ -28,6 +29,7 @@ from .privacy import PrivacyGuarantee
 __version__ = "0.1.0"
 
 __all__ = [
+    "BLTCounter",
     "BudgetExhaustedError",
     "ContinualTopK",
     "DPStreamError",
@@ -43,6 +45,7 @@ __all__ = [
     "StateError",
     "TreeCounter",
     "UnknownDomainHistogram",
+    "factorization",
     "noise",
     "oneshot",
     "privacy",

@@ -7,7 +7,10 @@ derived numbers are closed forms stated below.
 
 * noise std at the worst step: ``tau * sqrt(max_t |I_t(r)| * L_r)`` (the
   count at t has variance |I_t| L_r tau^2, ``thm:BinMechUtility``); for
-  top-k the counters run with ``tau_2 = sqrt(s + 1) tau``;
+  top-k the counters run with ``tau_2 = sqrt(s + 1) tau``; with a BLT counter
+  ``sigma * max_t ||row_t(B)||`` = tau sqrt(V) (``dpstream.factorization``);
+* both counters at the same budget (they calibrate to the same tau): the
+  worst-step std of the tree (base r, or r*) and of the BLT for T;
 * half-width of a 95% interval of one count: ``1.959964 * std``;
 * unknown domain: an item whose true count is m_delta is shown with
   probability 1/2 at the worst step, one whose count is
@@ -21,11 +24,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .factorization import MAX_BLT_HORIZON, blt_for_horizon
 from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 
-__all__ = ["Z95", "Z95_ONE_SIDED", "noise_std_worst", "describe", "format_plan",
-           "tau_for_target"]
+__all__ = ["Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
+           "format_plan", "tau_for_target"]
 
 #: Phi^-1(0.975): a two-sided 95% interval is +-Z95 standard deviations.
 Z95 = 1.959963984540054
@@ -38,6 +42,9 @@ def noise_std_worst(mech: Any) -> float:
     std = getattr(mech, "noise_std_worst", None)
     if isinstance(std, (int, float)):
         return float(std)
+    strategy = getattr(mech, "strategy", None)
+    if strategy is not None:  # top-k's BLT counters: draws of std counter_std
+        return float(mech.counter_std) * math.sqrt(strategy.max_variance_factor)
     tau = float(getattr(mech, "tau_2", mech.tau))
     return tau * math.sqrt(_wcvf(mech.horizon, mech.base))
 
@@ -59,23 +66,52 @@ def _base_reason(horizon: int, base: int, given: bool) -> str:
     return f"r = {base} chosen by the mechanism"
 
 
+def counter_comparison(mech: Any) -> dict[str, float] | None:
+    """The worst-step std of a count with each counter at ``mech``'s budget (same tau).
+
+    ``None`` for a mechanism with no choice of counter (unknown domain, meta).
+    """
+    if not hasattr(mech, "counter"):
+        return None
+    horizon = int(mech.horizon)
+    tau = float(getattr(mech, "tau_2", mech.tau))
+    strategy = mech.strategy
+    if strategy is None and horizon <= MAX_BLT_HORIZON:
+        strategy = blt_for_horizon(horizon)
+    tree_base = mech.base if mech.base is not None else optimal_base(horizon)
+    out = {"tree": tau * math.sqrt(_wcvf(horizon, tree_base))}
+    if strategy is not None:
+        out["blt"] = tau * math.sqrt(strategy.worst_case_variance)
+    out[mech.counter] = noise_std_worst(mech)  # the run's own number, exactly
+    return out
+
+
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
-    horizon, base = int(mech.horizon), int(mech.base)
+    horizon = int(mech.horizon)
+    base = None if mech.base is None else int(mech.base)
     std = noise_std_worst(mech)
+    strategy = getattr(mech, "strategy", None)
     out: dict[str, Any] = {
         "mechanism": name,
         "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
         "horizon": horizon,
+        "counter": getattr(mech, "counter", "tree"),
         "base": base,
-        "base_reason": _base_reason(horizon, base, base_given),
-        "levels": num_levels(horizon, base),
-        "max_cells": max_cells(horizon, base),
+        "base_reason": None if base is None else _base_reason(horizon, base, base_given),
+        "levels": None if base is None else num_levels(horizon, base),
+        "max_cells": None if base is None else max_cells(horizon, base),
         "tau": float(mech.tau),
         "noise_std_worst": std,
         "ci95_half_width": Z95 * std,
         "privacy": mech.privacy.to_dict(),
     }
+    if strategy is not None:
+        out.update(buffers=strategy.buffers, fitted_horizon=strategy.fitted_horizon,
+                   worst_case_variance=strategy.worst_case_variance)
+    counters = counter_comparison(mech)
+    if counters is not None:
+        out["counters_noise_std_worst"] = counters
     if hasattr(mech, "max_items"):
         out["max_items"] = mech.max_items
     if hasattr(mech, "domain") and mech.domain is not None:
@@ -104,16 +140,28 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
 def format_plan(info: dict[str, Any]) -> str:
     """The plan in plain words."""
     p = info["privacy"]
+    if info.get("counter") == "blt":
+        counter = (f"counter       BLT factorization, {info['buffers']} buffers per item "
+                   f"(fitted for T = {info['fitted_horizon']}): worst-case variance "
+                   f"{info['worst_case_variance']:.4g} tau^2")
+    else:
+        counter = (f"tree base     {info['base_reason']}; L_r = {info['levels']} levels, "
+                   f"at most {info['max_cells']} noisy cells per count")
     lines = [
         f"mechanism     {info['mechanism']} ({info['algorithm']}), horizon T = {info['horizon']}",
-        f"tree base     {info['base_reason']}; L_r = {info['levels']} levels, "
-        f"at most {info['max_cells']} noisy cells per count",
+        counter,
         f"noise scale   tau = {info['tau']:.6g}",
         f"privacy       rho = {p['rho']:.6g} zCDP; (epsilon = {p['epsilon']:.6g}, "
         f"delta = {p['delta']:.3g})-DP via {p['conversion']} [{p['theorem']}]",
         f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
         f"is the released count +- {info['ci95_half_width']:.4g}",
     ]
+    counters = info.get("counters_noise_std_worst")
+    if counters and len(counters) > 1:
+        lines.append(
+            f"counters      at this budget, std at the worst step: tree {counters['tree']:.4g}, "
+            f"blt {counters['blt']:.4g} (this run: --counter {info['counter']})"
+        )
     if "threshold" in info:
         lines.append(
             f"threshold     m_delta = {info['threshold']:.4g} (threshold delta "

@@ -161,8 +161,8 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
     """The parameters a resumed run must share (canonical JSON in the state)."""
     params = {k: opts[k] for k in _MECH_KWARGS if k in opts}
     params.update(
-        mechanism=opts["mechanism"], horizon=opts["horizon"], base=int(mech.base),
-        tau=float(mech.tau),
+        mechanism=opts["mechanism"], horizon=opts["horizon"],
+        base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
         domain_sha256=None if domain is None else hashlib.sha256(
             json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
         input_format=input_format, output_format=output_format, round=bool(opts["round"]),
@@ -171,6 +171,8 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
     if input_format == "csv":
         params.update(item_column=opts["item_column"], event_column=opts["event_column"],
                       time_column=opts["time_column"])
+    if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
+        params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
     clock = _clock(opts)

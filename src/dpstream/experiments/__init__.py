@@ -8,6 +8,8 @@ and writes PNG figures and ``REPORT.md``. One module per figure:
   (SparseGumb, KnownBase, MetaAlgo with the Gumbel subroutine).
 * ``unknown_domain``: UnkBase against MetaAlgo with UnkGauss, Delta0 > 1.
 * ``epsilon_sweep``: error against epsilon at fixed T (not in the paper).
+* ``counters``: worst-case variance of the tree, the BLT factorization and the
+  lower bound against T (not in the paper; issue 11).
 
 ``report.reproduce`` runs them and writes the report; ``common`` holds the
 simulation-mode keys, the data generator and the claim type.

@@ -61,7 +61,8 @@ def _build(label: str, params: dict[str, Any], key, eps: float):
         from ..mechanisms.known import KnownDomainHistogram
 
         return KnownDomainHistogram(domain, T, max_items=1 if "=1" in label else d, key=key,
-                                    base=params["base"], epsilon=eps, delta=delta)
+                                    counter="tree", base=params["base"], epsilon=eps,
+                                    delta=delta)
     if label.startswith("UnkBase"):
         from ..mechanisms.unknown import UnknownDomainHistogram
 
@@ -71,8 +72,8 @@ def _build(label: str, params: dict[str, Any], key, eps: float):
         from ..mechanisms.topk import ContinualTopK
 
         return ContinualTopK(domain, T, k=1, switches=params["sparse_switches"],
-                             eta=params["sparse_eta"], key=key, base=params["base"],
-                             epsilon=eps, delta=delta)
+                             eta=params["sparse_eta"], key=key, counter="tree",
+                             base=params["base"], epsilon=eps, delta=delta)
     from ..mechanisms.meta import MetaHistogram
 
     return MetaHistogram(T, oneshot="gumbel", key=key, base=params["base"], domain=domain, k=1,

@@ -28,6 +28,7 @@ EXPERIMENTS: tuple[tuple[str, str], ...] = (
     ("Figure 2 (fig:sparseGumb)", "topk_zipf"),
     ("Figure 3 (unknown domain)", "unknown_domain"),
     ("Figure 4 (error against epsilon)", "epsilon_sweep"),
+    ("Figure 5 (counters: tree against BLT)", "counters"),
 )
 """(name, module) of every experiment, in report order."""
 
@@ -184,7 +185,8 @@ def reproduce(
         workers: processes for the trials (default: min(2, CPUs)); the results do
             not depend on it.
         only: run only the experiments whose module name is listed (``base_noise``,
-            ``topk_zipf``, ``unknown_domain``, ``epsilon_sweep``); for development.
+            ``topk_zipf``, ``unknown_domain``, ``epsilon_sweep``, ``counters``); for
+            development.
         command: the command line to record in the report; default: the equivalent
             ``dpstream reproduce --out DIR [--trials N] [--quick]``.
 

@@ -78,8 +78,8 @@ def _build(cfg: dict[str, Any], params: dict[str, Any], key):
     if cfg["kind"] == "known":
         from ..mechanisms.known import KnownDomainHistogram
 
-        return KnownDomainHistogram(domain, T, max_items=d, key=key, base=params["base"],
-                                    tau=cfg["tau"])
+        return KnownDomainHistogram(domain, T, max_items=d, key=key, counter="tree",
+                                    base=params["base"], tau=cfg["tau"])
     if cfg["kind"] == "meta":
         from ..mechanisms.meta import MetaHistogram
 
@@ -88,7 +88,7 @@ def _build(cfg: dict[str, Any], params: dict[str, Any], key):
     from ..mechanisms.topk import ContinualTopK
 
     return ContinualTopK(domain, T, k=1, switches=cfg["s"], eta=cfg["eta"], key=key,
-                         base=params["base"], tau=cfg["tau"])
+                         counter="tree", base=params["base"], tau=cfg["tau"])
 
 
 def simulate_stream(params: dict[str, Any], rng: np.random.Generator) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Continual mechanisms (layer 5): each releases at every time step."""
 
 from .base import Release
-from .known import KnownDomainHistogram, TreeCounter
+from .known import BLTCounter, KnownDomainHistogram, TreeCounter
 from .meta import ONESHOTS, MetaHistogram
 from .topk import ContinualTopK, utility_eta
 from .unknown import (
@@ -13,6 +13,7 @@ from .unknown import (
 
 __all__ = [
     "ONESHOTS",
+    "BLTCounter",
     "ContinualTopK",
     "MetaHistogram",
     "utility_eta",

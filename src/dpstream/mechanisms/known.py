@@ -16,11 +16,11 @@ import numpy as np
 
 from .. import privacy
 from ..errors import InvalidEventError
+from ..factorization import BLTStrategy
 from ..noise import NoiseKey, NoiseSource, encode_item
 from ..tree import num_levels, worst_case_variance_factor
 from .base import (
     Release,
-    check_base,
     check_count_value,
     check_domain,
     check_horizon,
@@ -33,9 +33,11 @@ from .base import (
     normalise_event,
     resolve_privacy,
 )
+from .blt_noise import BLTNoise
+from .counters import blt_purpose, blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
-__all__ = ["KnownDomainHistogram", "TreeCounter", "tree_purpose", "domain_tag",
+__all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose", "domain_tag",
            "item_fingerprint", "combine_fingerprints"]
 
 
@@ -114,10 +116,25 @@ class KnownDomainHistogram:
     Utility (``thm:BinMechUtility``): the count at t has variance
     |I_t(r)| L_r tau^2 <= (r - 1) L_r^2 tau^2.
 
+    With ``counter="blt"`` each item's counter is instead the BLT factorization
+    A = B C of :mod:`dpstream.factorization` (Dvijotham, McMahan, Pillutla,
+    Steinke and Thakurta 2024): keyed draws z ~ N(0, sigma^2) per item and
+    step, sigma = tau max_j ||C e_j||, and the released noise is B z. The
+    mechanism is then the Gaussian mechanism on the stacked C x^u, with l2
+    sensitivity sqrt(Delta0) max_j ||C e_j||: Delta0 max_j ||C e_j||^2 /
+    (2 sigma^2) = Delta0 / (2 tau^2)-zCDP, the same guarantee and exact
+    (epsilon, delta) curve as the tree, with the count at t of variance
+    sigma^2 ||row_t(B)||^2 (a standard deviation 2.6x to 3.1x below the tree's
+    for T = 10^3..10^6).
+    ``h.strategy`` is the fitted :class:`~dpstream.factorization.BLTStrategy`.
+
     Args:
         domain: the items, distinct (str, int or bytes).
         horizon: T, the number of time steps.
         max_items: Delta0, the most distinct items an event may hold.
+        counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`,
+            or ``None``: the tree if ``base`` is given, else the counter with the
+            smaller worst-case variance for T (BLT for every T >= 2).
         base: the tree base r; ``None`` picks r* = argmin (r-1) L_r^2.
         key: the secret :class:`~dpstream.NoiseKey`.
         rho: target rho-zCDP, or
@@ -138,6 +155,8 @@ class KnownDomainHistogram:
 
     mechanism_name = "KnownBase"
     theorem = "KnownBase lemma (Sec. 3): Delta0/(2 tau^2)-zCDP"
+    theorem_blt = ("KnownBase with BLT counters: Gaussian mechanism on C x, "
+                   "Delta0 max_j||C e_j||^2/(2 sigma^2) = Delta0/(2 tau^2)-zCDP")
 
     def __init__(
         self,
@@ -146,6 +165,7 @@ class KnownDomainHistogram:
         *,
         max_items: int,
         key: NoiseKey,
+        counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
         epsilon: float | None = None,
@@ -154,24 +174,39 @@ class KnownDomainHistogram:
         stream: str = "default",
     ) -> None:
         self.horizon = check_horizon(horizon)
-        self.base = check_base(base, self.horizon)
+        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
         self.max_items = check_max_items(max_items)
         self.stream = check_stream_name(stream)
         check_key(key)
         self.domain, self._index = check_domain(domain)
-        self.levels = num_levels(self.horizon, self.base)
+        if self.strategy is not None:
+            self.theorem = self.theorem_blt
         self._coef = self.max_items / 2.0  # rho = coef / tau^2
         self.budget, self.tau, self.privacy = resolve_privacy(
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
             gaussian_exact=True, mechanism=self.mechanism_name, theorem=self.theorem,
         )
         self.key = key
-        cell_std = math.sqrt(self.levels) * self.tau
-        self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
-                                         cell_std=cell_std, max_items=self.max_items,
-                                         domain=domain_tag(self.domain))
-        source = NoiseSource(key, self.tree_purpose)
-        self._noise = TreeNoise(source, self.horizon, self.base, cell_std)
+        self._noise: TreeNoise | BLTNoise
+        domain = domain_tag(self.domain)
+        if self.strategy is None:
+            self.levels: int | None = num_levels(self.horizon, self.base)
+            cell_std = math.sqrt(self.levels) * self.tau
+            self.tree_purpose: str | None = tree_purpose(
+                self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
+                max_items=self.max_items, domain=domain)
+            self.sigma = cell_std
+            self.noise_purpose = self.tree_purpose
+            source = NoiseSource(key, self.tree_purpose)
+            self._noise = TreeNoise(source, self.horizon, self.base, cell_std)
+        else:
+            self.levels = self.tree_purpose = None
+            self.sigma = blt_sigma(self.tau, self.strategy)
+            self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
+                                             sigma=self.sigma, max_items=self.max_items,
+                                             domain=domain)
+            source = NoiseSource(key, self.noise_purpose)
+            self._noise = BLTNoise(source, self.strategy, self.sigma)
         self._noise.add_items(source.prepare(self.domain))
         self._counts = np.zeros(len(self.domain), dtype=np.int64)
         self.t = 0
@@ -180,12 +215,17 @@ class KnownDomainHistogram:
     @property
     def noise_std_worst(self) -> float:
         """The largest standard deviation of a released count over t <= T."""
+        if self.strategy is not None:
+            return self.sigma * math.sqrt(self.strategy.max_variance_factor)
         return float(np.sqrt(worst_case_variance_factor(self.horizon, self.base)) * self.tau)
 
     def noise_std_at(self, t: int) -> float:
-        """The standard deviation of a released count at t: tau sqrt(|I_t| L_r)."""
+        """The standard deviation of a released count at t: tau sqrt(|I_t| L_r) for
+        the tree, sigma ||row_t(B)|| for BLT."""
         from ..tree import digits
 
+        if self.strategy is not None:
+            return self.sigma * math.sqrt(self.strategy.variance_factor(t))
         return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
 
     @property
@@ -247,8 +287,9 @@ class KnownDomainHistogram:
         return Release(t=t, items=self.domain, values=values)
 
     def __repr__(self) -> str:
+        shape = f"r={self.base}" if self.strategy is None else f"blt={self.strategy.buffers}"
         return (
-            f"KnownDomainHistogram(d={len(self.domain)}, T={self.horizon}, r={self.base}, "
+            f"KnownDomainHistogram(d={len(self.domain)}, T={self.horizon}, {shape}, "
             f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})"
         )
 
@@ -297,7 +338,7 @@ class TreeCounter:
         stream: str = "counter",
     ) -> None:
         self._hist = KnownDomainHistogram(
-            [self.item], horizon, max_items=1, key=key, base=base,
+            [self.item], horizon, max_items=1, key=key, counter="tree", base=base,
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
         )
         self.horizon = self._hist.horizon
@@ -340,3 +381,107 @@ class TreeCounter:
 
     def __repr__(self) -> str:
         return f"TreeCounter(T={self.horizon}, r={self.base}, tau={self.tau:.4g}, t={self.t})"
+
+
+class BLTCounter:
+    """One private running count with a BLT factorization counter (the sibling of TreeCounter).
+
+    The counter releases s_t + (B z)_t where A = B C is a buffered linear
+    Toeplitz factorization of the prefix-sum matrix (:mod:`dpstream.factorization`;
+    Dvijotham, McMahan, Pillutla, Steinke and Thakurta 2024) and z are keyed
+    N(0, sigma^2) draws, one per step, sigma = tau max_j ||C e_j||.
+
+    Privacy: the Gaussian mechanism on C x with l2 sensitivity max_j ||C e_j||
+    when each step's increment changes by at most 1 (event-level privacy for a
+    bit stream): max_j ||C e_j||^2 / (2 sigma^2) = 1/(2 tau^2)-zCDP, with the
+    exact Gaussian (epsilon, delta) curve at ratio 1/tau, as TreeCounter.
+    Utility: the count at t has variance sigma^2 ||row_t(B)||^2, at most
+    V tau^2 with V = :attr:`~dpstream.factorization.BLTStrategy.worst_case_variance`.
+
+    Args:
+        horizon: T.
+        key: the secret key.
+        strategy: a :class:`~dpstream.factorization.BLTStrategy` (restated for T),
+            or ``None`` for :func:`~dpstream.factorization.blt_for_horizon` (4 buffers).
+        rho | epsilon, delta | tau: the budget, exactly one form.
+        stream: separates this counter's noise from other streams under the key.
+
+    Example:
+        >>> import dpstream as dps
+        >>> c = dps.BLTCounter(1000, key=dps.NoiseKey.generate(), rho=0.5)
+        >>> c.strategy.buffers
+        4
+        >>> y = c.step(1)
+    """
+
+    mechanism_name = "BLTCounter"
+    theorem = ("Gaussian mechanism on C x (BLT factorization A = B C): "
+               "max_j||C e_j||^2/(2 sigma^2) = 1/(2 tau^2)-zCDP")
+    item = "__counter__"
+
+    def __init__(
+        self,
+        horizon: int,
+        *,
+        key: NoiseKey,
+        strategy: BLTStrategy | None = None,
+        rho: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        tau: float | None = None,
+        stream: str = "counter",
+    ) -> None:
+        if strategy is not None and not isinstance(strategy, BLTStrategy):
+            raise TypeError(f"strategy must be a BLTStrategy or None, got "
+                            f"{type(strategy).__name__}")
+        self._hist = KnownDomainHistogram(
+            [self.item], horizon, max_items=1, key=key,
+            counter="blt" if strategy is None else strategy,
+            rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+        )
+        self.horizon = self._hist.horizon
+        self.strategy: BLTStrategy = self._hist.strategy  # type: ignore[assignment]
+        self.tau = self._hist.tau
+        self.sigma = self._hist.sigma
+        self.privacy = privacy.guarantee_for_tau(
+            tau=self.tau, a=0.5,
+            delta=self._hist.privacy.delta,
+            mechanism=self.mechanism_name, theorem=self.theorem, gaussian_exact=True,
+            target_epsilon=self._hist.budget.epsilon,
+        )
+
+    @property
+    def t(self) -> int:
+        return self._hist.t
+
+    @property
+    def count(self) -> int:
+        """The true running count (not private)."""
+        return int(self._hist.counts[0])
+
+    @property
+    def noise_std_worst(self) -> float:
+        """The largest standard deviation of a released count over t <= T."""
+        return self._hist.noise_std_worst
+
+    def noise_std_at(self, t: int) -> float:
+        """The standard deviation of the count released at t: sigma ||row_t(B)||."""
+        return self._hist.noise_std_at(t)
+
+    def step(self, x: int = 1) -> float:
+        """Add the bit (or increment) x and release; see :meth:`TreeCounter.step`."""
+        if isinstance(x, bool):
+            x = int(x)
+        x = check_count_value("x", x)
+        rel = self._hist.release(self.t + 1, np.array([self.count + int(x)], dtype=np.int64))
+        return float(rel.values[0])
+
+    def release(self, t: int, count: int) -> float:
+        """Aggregate mode: the noisy count at t from the true count over 1..t."""
+        count = check_count_value("count", count)
+        rel = self._hist.release(t, np.array([count], dtype=np.int64))
+        return float(rel.values[0])
+
+    def __repr__(self) -> str:
+        return (f"BLTCounter(T={self.horizon}, buffers={self.strategy.buffers}, "
+                f"tau={self.tau:.4g}, t={self.t})")

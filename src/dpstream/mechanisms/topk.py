@@ -16,12 +16,12 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import InvalidEventError
+from ..factorization import BLTStrategy
 from ..noise import NoiseKey, NoiseSource
 from ..oneshot.known import gumbel_select_kernel
 from ..tree import num_levels
 from .base import (
     Release,
-    check_base,
     check_domain,
     check_horizon,
     check_key,
@@ -32,6 +32,8 @@ from .base import (
     normalise_event,
     resolve_privacy,
 )
+from .blt_noise import BLTNoise
+from .counters import blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
 __all__ = ["ContinualTopK", "utility_eta"]
@@ -125,6 +127,13 @@ class ContinualTopK:
       of item u at step t in epoch n is u's Laplace at (0, t, draw=n). Each step
       is checked once, so no (t, n) address is used twice.
 
+    Counters (``counter=``): the tree (BinMech with tau_2) or a BLT counter
+    (:class:`~dpstream.BLTCounter`'s noise with sigma = tau_2 max_j ||C e_j||,
+    purpose ``f"{noise_scope}/counter-{n}"``, draws at (0, step, 0)). Both are
+    1/(2 tau_2^2)-zCDP per counter, so the theorem's accounting is unchanged;
+    the BLT's count error has a 2.6x-3.1x smaller std. A BLT counter of an
+    item selected at t replays steps 1..t (t keyed draws per new item).
+
     Modes: ``step`` / ``step_batch`` take events (each a set of domain items, any
     size); ``release(t, counts)`` takes the prefix histogram at t (aggregate
     mode, the paper's practical setting) and gives the same releases bit for bit.
@@ -137,6 +146,9 @@ class ContinualTopK:
         k: how many items to release, 1 <= k <= d.
         switches: s >= 0, the most re-selections.
         eta: eta_t >= 0, a number or a callable t -> eta_t (see :func:`utility_eta`).
+        counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`
+            or ``None`` (the tree if ``base`` is given, else the counter with the
+            smaller worst-case variance for T: BLT for T >= 2).
         base: the tree base r of the counters; ``None`` picks r*.
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
@@ -163,6 +175,7 @@ class ContinualTopK:
         switches: int,
         eta: float | Callable[[int], float],
         key: NoiseKey,
+        counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
         epsilon: float | None = None,
@@ -171,7 +184,7 @@ class ContinualTopK:
         stream: str = "default",
     ) -> None:
         self.horizon = check_horizon(horizon)
-        self.base = check_base(base, self.horizon)
+        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
         self.stream = check_stream_name(stream)
         check_key(key)
         self.domain, self._index = check_domain(domain)
@@ -191,7 +204,7 @@ class ContinualTopK:
         else:
             self._eta = self._check_eta(eta, "eta")
         self.key = key
-        self.levels = num_levels(self.horizon, self.base)
+        self.levels = None if self.strategy else num_levels(self.horizon, self.base)
         self._coef = self.k + 2.0  # rho = (2k + 4) / (2 tau^2) = (k + 2) / tau^2
         self.budget, self.tau, self.privacy = resolve_privacy(
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
@@ -199,10 +212,14 @@ class ContinualTopK:
         )
         self.tau_1 = math.sqrt(self.switches) * self.tau
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
+        # the std of a counter's tree cell, or of a BLT counter's draws
+        self.counter_std = (blt_sigma(self.tau_2, self.strategy) if self.strategy
+                            else math.sqrt(self.levels) * self.tau_2)
         # every purpose carries the noise-shaping settings (see base.config_tag)
+        blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
         self.noise_scope = f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
-            switches=self.switches, eta=eta,
+            switches=self.switches, eta=eta, **blt,
         )
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
@@ -214,8 +231,8 @@ class ContinualTopK:
         self._selections = 0  # selections made so far (n of the next one)
         self._selected: np.ndarray | None = None  # domain positions, selection order
         self._threshold_noise = 0.0
-        # counters: generation n -> (TreeNoise, domain positions in insertion order)
-        self._gens: dict[int, tuple[TreeNoise, list[int]]] = {}
+        # counters: generation n -> (TreeNoise | BLTNoise, domain positions in insertion order)
+        self._gens: dict[int, tuple[TreeNoise | BLTNoise, list[int]]] = {}
         self._where: dict[int, tuple[int, int]] = {}  # position -> (generation, column)
 
     # -- checks ------------------------------------------------------------------
@@ -323,7 +340,8 @@ class ContinualTopK:
         new = [pos for pos in sel.tolist() if pos not in self._where]
         if new:
             csrc = NoiseSource(self.key, f"{self.noise_scope}/counter-{n}")
-            tn = TreeNoise(csrc, self.horizon, self.base, math.sqrt(self.levels) * self.tau_2)
+            tn = (BLTNoise(csrc, self.strategy, self.counter_std) if self.strategy
+                  else TreeNoise(csrc, self.horizon, self.base, self.counter_std))
             tn.add_items(csrc.prepare_ids(self._ids[new]))
             tn.advance(t)
             self._gens[n] = (tn, new)
@@ -370,6 +388,7 @@ class ContinualTopK:
     def __repr__(self) -> str:
         return (
             f"ContinualTopK(d={len(self.domain)}, T={self.horizon}, k={self.k}, "
-            f"s={self.switches}, r={self.base}, tau={self.tau:.4g}, t={self.t}, "
+            f"s={self.switches}, counter={self.counter}, r={self.base}, tau={self.tau:.4g}, "
+            f"t={self.t}, "
             f"switches_left={self.switches_left})"
         )

@@ -114,7 +114,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     Args:
         opts: the merged run options of the command line, by their ``dest``
             names: mechanism ("known" or "unknown"), horizon, max_items,
-            domain (a path or a list), base, remember, threshold_delta, stream,
+            domain (a path or a list), counter, base, remember, threshold_delta, stream,
             rho / epsilon / delta / tau, key_file, input, input_format, output,
             output_format, round, on_invalid, state.
         master: the Spark master when no session is running (``--master``).
@@ -170,6 +170,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
                   stream=_option(opts, "stream", "default"), **budget)
+    if opts.get("counter") is not None and name != "known":
+        raise ValueError(f"--counter does not apply to --mechanism {name}")
     if common["max_items"] is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 
@@ -182,8 +184,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         if domain is None:
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
         items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
-        mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(spark, horizon, domain=items,
-                                                                 **common)
+        mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(
+            spark, horizon, domain=items, counter=opts.get("counter"), **common)
         domain_df = spark.createDataFrame([(it,) for it in items], "item string")
     else:
         if opts.get("domain") is not None:

@@ -8,12 +8,13 @@ of an item together).
 
 Bit-identity with the local engine is by construction, not by re-derivation:
 every batch builds the local engine's own :class:`~dpstream.noise.NoiseSource`
-and :class:`~dpstream.mechanisms.tree_noise.TreeNoise` for the mechanism's
-tree purpose and advances it to the release step. ``TreeNoise`` performs the
-same floating-point operations in the same order whether it reaches t one step
-at a time or in one jump, so a batch of items on an executor gets exactly the
-noise the local mechanism adds to the same items, and the released value is
-the same int64 + float64 addition.
+and :class:`~dpstream.mechanisms.tree_noise.TreeNoise` (or, for a BLT counter,
+:class:`~dpstream.mechanisms.blt_noise.BLTNoise`) for the mechanism's noise
+purpose and advances it to the release step. Both perform the same
+floating-point operations in the same order whether they reach t one step at a
+time or in one jump, so a batch of items on an executor gets exactly the noise
+the local mechanism adds to the same items, and the released value is the same
+int64 + float64 addition.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..factorization import BLTStrategy
+from ..mechanisms.blt_noise import BLTNoise
 from ..mechanisms.tree_noise import TreeNoise
 from ..noise import NoiseKey, NoiseSource, PreparedItems
 from ..oneshot.common import GUMBEL_DRAW
@@ -59,9 +62,10 @@ class ReleaseSpec:
     Attributes:
         mechanism: ``"KnownBase"`` or ``"UnkBase"``.
         horizon: T.
-        base: the tree base r.
-        cell_std: the standard deviation of each tree cell's noise, sqrt(L_r) tau.
-        purpose: the noise purpose of the stream's tree cells.
+        base: the tree base r (``None`` with a BLT counter).
+        cell_std: the standard deviation of each keyed draw: a tree cell's
+            sqrt(L_r) tau, or a BLT counter's sigma.
+        purpose: the noise purpose of the stream's counters.
         threshold: UnkBase's m_delta (an item is released iff its noisy count is
             above it); ``None`` for KnownBase.
         remember: UnkBase only: an item released once stays released.
@@ -69,11 +73,12 @@ class ReleaseSpec:
 
     mechanism: str
     horizon: int
-    base: int
+    base: int | None
     cell_std: float
     purpose: str
     threshold: float | None = None
     remember: bool = False
+    strategy: BLTStrategy | None = None  # the BLT counter's factorization, if any
 
     def __post_init__(self) -> None:
         if self.mechanism not in (KNOWN, UNKNOWN):
@@ -83,14 +88,43 @@ class ReleaseSpec:
 
     @property
     def levels(self) -> int:
-        """L_r: the number of tree levels (of per-level noise sums per item)."""
+        """The float noise state per item: L_r per-level sums (tree), or the k
+        buffers and the running sum of a BLT counter (k + 1)."""
+        if self.strategy is not None:
+            return self.strategy.buffers + 1
         return num_levels(self.horizon, self.base)
 
-    def tree_noise(self, source: NoiseSource, items: Sequence[object]) -> TreeNoise:
-        """A fresh TreeNoise at t = 0 holding ``items`` (prepared under ``source``)."""
-        noise = TreeNoise(source, self.horizon, self.base, self.cell_std)
-        noise.add_items(source.prepare(items))
-        return noise
+    def tree_noise(self, source: NoiseSource, items: Sequence[object]) -> TreeNoise | BLTNoise:
+        """A fresh counter noise at t = 0 holding ``items`` (prepared under ``source``)."""
+        return self.restore(source, source.prepare(items), 0, None)
+
+    def restore(self, source: NoiseSource, prepared: PreparedItems, t: int,
+                state: np.ndarray | None) -> TreeNoise | BLTNoise:
+        """The counter noise of ``prepared`` at t from its state (``noise_state``);
+        ``state=None`` at t = 0 is the fresh counter."""
+        if state is None:
+            noise: TreeNoise | BLTNoise
+            if self.strategy is not None:
+                noise = BLTNoise(source, self.strategy, self.cell_std)
+            else:
+                noise = TreeNoise(source, self.horizon, self.base, self.cell_std)
+            noise.add_items(prepared)
+            return noise
+        if self.strategy is not None:
+            k = self.strategy.buffers
+            return BLTNoise.restore(source, self.strategy, self.cell_std, prepared, t,
+                                    state[:k], state[k])
+        return TreeNoise.restore(source, self.horizon, self.base, self.cell_std, prepared, t,
+                                 state)
+
+
+def noise_state(noise: TreeNoise | BLTNoise) -> np.ndarray:
+    """An item-column state of shape (levels, items): the tree's per-level sums, or
+    the BLT's buffers with the running sum as the last row."""
+    if isinstance(noise, BLTNoise):
+        buffers, total = noise.state()
+        return np.vstack([buffers, total[None, :]])
+    return noise.level_sums()
 
 
 def _items_list(column: pd.Series) -> list[object]:
@@ -178,8 +212,9 @@ def release_stream_batch(
     Input rows: item, prefix count at t, optionally ``shown_col`` (UnkBase with
     ``remember``) and, with ``with_state``, the item's state at ``prev_t``:
     ``STATE_FLAG`` (bool: the state columns are valid), ``STATE_IDS`` and
-    ``state_noise_cols(L)`` (the ``TreeNoise.level_sums`` at prev_t). A row
-    with state is rebuilt with ``TreeNoise.restore`` and advanced to t
+    ``state_noise_cols(L)`` (``noise_state`` at prev_t: the tree's level sums
+    or the BLT's buffers and sum). A row with state is rebuilt with
+    ``ReleaseSpec.restore`` and advanced to t
     (``advance_to``: one incremental step after prev_t = t - 1), without
     preparing its id again; a row without state (a new item, or a snapshot
     written before the state columns existed) is prepared and jumped to t from
@@ -211,18 +246,17 @@ def release_stream_batch(
         if len(rows):
             ids = np.column_stack([pdf[c].to_numpy(dtype=np.int64)[rows] for c in STATE_IDS])
             level_sums = np.stack([pdf[c].to_numpy(dtype=np.float64)[rows] for c in noise_cols])
-            tn = TreeNoise.restore(source, spec.horizon, spec.base, spec.cell_std,
-                                   PreparedItems(ids.view("<u8")), prev_t, level_sums)
+            tn = spec.restore(source, PreparedItems(ids.view("<u8")), prev_t, level_sums)
             advance_to(tn, t)
             words[rows] = tn.prepared.words
-            sums[:, rows] = tn.level_sums()
+            sums[:, rows] = noise_state(tn)
             noise[rows] = tn.noise()
         rows = np.flatnonzero(~old)
         if len(rows):
             tn = spec.tree_noise(source, pdf[item_col].iloc[rows].tolist())
             tn.advance(t)
             words[rows] = tn.prepared.words
-            sums[:, rows] = tn.level_sums()
+            sums[:, rows] = noise_state(tn)
             noise[rows] = tn.noise()
         values = counts + noise
         if spec.mechanism == UNKNOWN:
@@ -240,14 +274,18 @@ def release_stream_batch(
         yield pd.DataFrame(out)
 
 
-def advance_to(noise: TreeNoise, t: int) -> None:
+def advance_to(noise: TreeNoise | BLTNoise, t: int) -> None:
     """Advance ``noise`` to step t by the cheaper of the two bit-identical paths.
 
     A jump draws every cell of I_t(r) (up to (r - 1) L_r keyed draws); stepping
     through the steps in between draws about r/(r-1) cells per step. Both give
     the same values bit for bit (``TreeNoise``'s design), so this only picks
-    the faster one: step through a gap shorter than |I_t(r)|.
+    the faster one: step through a gap shorter than |I_t(r)|. A BLT counter
+    always runs every step (its jump is the steps).
     """
+    if isinstance(noise, BLTNoise):
+        noise.advance(t)
+        return
     gap = t - noise.t
     if 1 < gap < len(cells_at(t, noise.base)):
         for s in range(noise.t + 1, t + 1):
@@ -354,18 +392,20 @@ class TopKSpec:
 
     Attributes:
         noise_scope: ``ContinualTopK.noise_scope`` (fingerprints T, r, tau, k, s, eta).
-        horizon, base: T and the counters' tree base r.
-        counter_std: the counters' cell standard deviation, sqrt(L_r) tau_2.
+        horizon, base: T and the counters' tree base r (``None`` with BLT counters).
+        counter_std: the std of the counters' keyed draws: sqrt(L_r) tau_2 for a tree
+            cell, ``ContinualTopK.counter_std`` for a BLT counter.
         select_scale: the selection's Gumbel scale, tau_2 / 2.
         query_scale: the sparse-vector query's Laplace scale, 4 tau_1.
     """
 
     noise_scope: str
     horizon: int
-    base: int
+    base: int | None
     counter_std: float
     select_scale: float
     query_scale: float
+    strategy: BLTStrategy | None = None  # the BLT counters' factorization, if any
 
 
 def topk_counter_batch(
@@ -397,7 +437,11 @@ def topk_counter_batch(
         for n in np.unique(gens).tolist():
             rows = np.flatnonzero(gens == n)
             source = NoiseSource(key, f"{spec.noise_scope}/counter-{n}")
-            noise = TreeNoise(source, spec.horizon, spec.base, spec.counter_std)
+            noise: TreeNoise | BLTNoise
+            if spec.strategy is not None:
+                noise = BLTNoise(source, spec.strategy, spec.counter_std)
+            else:
+                noise = TreeNoise(source, spec.horizon, spec.base, spec.counter_std)
             noise.add_items(source.prepare([items[i] for i in rows]))
             noise.advance(t)
             values[rows] = counts[rows] + noise.noise()

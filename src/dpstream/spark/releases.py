@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ..factorization import BLTStrategy
 from ..mechanisms.base import check_domain, check_max_items, check_next_step
+from ..mechanisms.counters import blt_purpose
 from ..mechanisms.known import (
     KnownDomainHistogram,
     combine_fingerprints,
@@ -205,8 +207,12 @@ class _SparkRelease:
         return self.mechanism.tau
 
     @property
-    def base(self) -> int:
+    def base(self) -> int | None:
         return self.mechanism.base
+
+    @property
+    def counter(self) -> str:
+        return getattr(self.mechanism, "counter", "tree")
 
     @property
     def levels(self) -> int:
@@ -379,8 +385,9 @@ class SparkKnownBase(_SparkRelease):
 
     Args:
         spark: the SparkSession.
-        horizon, max_items, key, base, rho | epsilon, delta | tau, stream: as for
-            :class:`dpstream.KnownDomainHistogram`.
+        horizon, max_items, key, counter, base, rho | epsilon, delta | tau, stream:
+            as for :class:`dpstream.KnownDomainHistogram` (a BLT counter runs every
+            step of an item's noise on its executor, as locally).
         domain: the domain, as a DataFrame with the item column (its
             fingerprint is computed by a Spark job) or a sequence of items. It
             is part of the noise purpose, as on the local engine (another
@@ -401,6 +408,7 @@ class SparkKnownBase(_SparkRelease):
         *,
         max_items: int,
         key: NoiseKey,
+        counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
         epsilon: float | None = None,
@@ -414,20 +422,28 @@ class SparkKnownBase(_SparkRelease):
         # The local class fixes every parameter; its one-item domain is a placeholder,
         # and the noise purpose is the local one for the real domain's fingerprint.
         self.mechanism = KnownDomainHistogram(
-            ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key, base=base,
-            rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key,
+            counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
+            stream=stream,
         )
         m = self.mechanism
-        cell_std = float(np.sqrt(m.levels) * m.tau)
         if isinstance(domain, DataFrame):
             self.domain_tag = spark_domain_tag(domain, item_col)
         else:
             self.domain_tag = domain_tag(check_domain(domain)[0])
-        m.tree_purpose = tree_purpose(m.stream, horizon=m.horizon, base=m.base,
-                                      cell_std=cell_std, max_items=m.max_items,
-                                      domain=self.domain_tag)
+        if m.strategy is None:
+            cell_std = float(np.sqrt(m.levels) * m.tau)
+            m.tree_purpose = tree_purpose(m.stream, horizon=m.horizon, base=m.base,
+                                          cell_std=cell_std, max_items=m.max_items,
+                                          domain=self.domain_tag)
+            m.noise_purpose = m.tree_purpose
+        else:  # a BLT counter: its draws' sigma, and the purpose for the real domain
+            cell_std = float(m.sigma)
+            m.noise_purpose = blt_purpose(m.stream, strategy=m.strategy, sigma=m.sigma,
+                                          max_items=m.max_items, domain=self.domain_tag)
         self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
-                                cell_std=cell_std, purpose=m.tree_purpose)
+                                cell_std=cell_std, purpose=m.noise_purpose,
+                                strategy=m.strategy)
         super().__init__(spark, key, item_col, count_col)
 
     def counts_with_domain(self, counts: DataFrame, domain: DataFrame) -> DataFrame:
@@ -491,7 +507,8 @@ class SparkKnownBase(_SparkRelease):
                                  self.item_col)
 
     def __repr__(self) -> str:
-        return (f"SparkKnownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+        return (f"SparkKnownBase(T={self.horizon}, counter={self.counter}, r={self.base}, "
+                f"max_items={self.max_items}, "
                 f"tau={self.tau:.4g}, t={self.t})")
 
 

@@ -129,6 +129,8 @@ def stream_parameters(mechanism: SparkKnownBase | SparkUnknownBase) -> dict[str,
         "tau": float(m.tau).hex(),
         "stream": m.stream,
     }
+    if getattr(m, "strategy", None) is not None:  # a BLT counter: its exact parameters
+        params["counter"] = m.strategy.fingerprint()
     if isinstance(mechanism, SparkUnknownBase):
         params["threshold"] = float(mechanism.threshold).hex()
         params["remember"] = mechanism.remember

@@ -23,11 +23,11 @@ bit for bit, except that two items with *exactly* equal selection scores
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
 
+from ..factorization import BLTStrategy
 from ..mechanisms.base import Release, check_next_step
 from ..mechanisms.topk import ContinualTopK
 from ..noise import NoiseKey, NoiseSource
@@ -57,7 +57,7 @@ class SparkContinualTopK:
 
     Args:
         spark: the SparkSession.
-        horizon, k, switches, eta, key, base, rho | epsilon, delta | tau, stream:
+        horizon, k, switches, eta, key, counter, base, rho | epsilon, delta | tau, stream:
             as for ``ContinualTopK``.
         item_col, count_col: the column names of the counts DataFrames.
 
@@ -77,6 +77,7 @@ class SparkContinualTopK:
         switches: int,
         eta: float | Callable[[int], float],
         key: NoiseKey,
+        counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
         epsilon: float | None = None,
@@ -89,13 +90,13 @@ class SparkContinualTopK:
         placeholder = [f"dpstream.spark:parameters-{i}" for i in range(k)] if (
             isinstance(k, int) and not isinstance(k, bool) and k >= 1) else ["x"]
         self.mechanism = ContinualTopK(
-            placeholder, horizon, k=k, switches=switches, eta=eta, key=key, base=base, rho=rho,
-            epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            placeholder, horizon, k=k, switches=switches, eta=eta, key=key, counter=counter,
+            base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
         )
         m = self.mechanism
         self.spec = TopKSpec(noise_scope=m.noise_scope, horizon=m.horizon, base=m.base,
-                             counter_std=math.sqrt(m.levels) * m.tau_2,
-                             select_scale=m.tau_2 / 2.0, query_scale=4 * m.tau_1)
+                             counter_std=m.counter_std, select_scale=m.tau_2 / 2.0,
+                             query_scale=4 * m.tau_1, strategy=m.strategy)
         self.spark = spark
         self.item_col = item_col
         self.count_col = count_col

@@ -122,6 +122,9 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
         sub = [esc(_DOMAIN_WORDS.get(name or "", name or ""))]
         if base is not None:
             sub.append(f"tree base r = {base:.0f}")
+        elif _meta_str(meta, "counter") == "blt":
+            k = _meta_num(meta, "buffers")
+            sub.append("BLT counter" + (f", {k:.0f} buffers" if k is not None else ""))
         tiles.append(_tile("mechanism", esc(algorithm or name or "?"), " · ".join(sub)))
     else:
         tiles.append(_tile("mechanism", "unknown", "no metadata file"))

@@ -1,0 +1,174 @@
+"""Streamed keyed BLT noise, for a growing set of items (the BLT sibling of ``TreeNoise``).
+
+Used by KnownBase, BLTCounter and the counters of SparseGumb when they run
+with ``counter="blt"``. For every item u and time t the noise added to u's
+count is y_t = (B z)_t, B = A C^-1 the BLT factorization's post-processing
+matrix (:mod:`dpstream.factorization`) and
+
+    z_s = Z(key, purpose, u, (0, s, 0)),  Z ~ N(0, sigma^2),  s = 1..t,
+
+one keyed Gaussian per item and step. The state per item is the k buffers and
+the running sum y (k + 1 floats); a step draws z_t for every item and runs
+:func:`~dpstream.factorization.stream_step`.
+
+Bit for bit, whatever the path: a jump from t0 to t runs the steps t0+1..t
+one after the other (drawing each step's z in blocks of steps, which gives
+the same values); an item added at t is replayed from step 1; restoring from
+:meth:`BLTNoise.state` continues where the original stopped. Every path
+performs, per item, the same IEEE operations in the same order, so event mode,
+aggregate mode (any skipped steps), a resumed run and a Spark executor all
+release the same bits. The price of a jump is one draw per item per skipped
+step (the tree needs only the cells of I_t); an item first seen at t costs t
+draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..factorization import BLTStrategy, stream_step
+from ..noise import NoiseSource, PreparedItems
+
+__all__ = ["BLTNoise", "BLT_LEVEL"]
+
+#: The first address coordinate of a BLT draw: (BLT_LEVEL, step, 0).
+BLT_LEVEL = 0
+#: A replay draws z for this many (item, step) pairs at once (bounds memory).
+_CHUNK = 1 << 20
+
+
+class BLTNoise:
+    """Per-item streamed BLT noise with keyed draws.
+
+    Args:
+        source: the keyed noise source (its purpose names this stream's counter).
+        strategy: the BLT (its horizon is T).
+        sigma: the standard deviation of each keyed draw z.
+    """
+
+    def __init__(self, source: NoiseSource, strategy: BLTStrategy, sigma: float) -> None:
+        self.source = source
+        self.strategy = strategy
+        self.horizon = strategy.horizon
+        self.sigma = float(sigma)
+        self._theta = strategy.theta
+        self._omega = strategy.omega
+        self.t = 0
+        self._n = 0
+        self._prepared: list[PreparedItems] = []
+        self._prepared_all: PreparedItems | None = None
+        cap = 16
+        self._buffers = np.zeros((strategy.buffers, cap))
+        self._total = np.zeros(cap)
+
+    # -- items -------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def prepared(self) -> PreparedItems:
+        """All items' prepared identifiers, in the order they were added."""
+        if self._prepared_all is None or len(self._prepared_all) != self._n:
+            self._prepared_all = PreparedItems.concat(self._prepared)
+            self._prepared = [self._prepared_all]
+        return self._prepared_all
+
+    def _reserve(self, n: int) -> None:
+        cap = self._total.shape[0]
+        if n <= cap:
+            return
+        while cap < n:
+            cap *= 2
+        buffers = np.zeros((self._buffers.shape[0], cap))
+        buffers[:, : self._n] = self._buffers[:, : self._n]
+        total = np.zeros(cap)
+        total[: self._n] = self._total[: self._n]
+        self._buffers, self._total = buffers, total
+
+    def add_items(self, prepared: PreparedItems) -> None:
+        """Append items; their noise at the current t is replayed from step 1."""
+        m = len(prepared)
+        if m == 0:
+            return
+        self._reserve(self._n + m)
+        cols = slice(self._n, self._n + m)
+        buffers = np.zeros((self._buffers.shape[0], m))
+        total = np.zeros(m)
+        self._run(prepared, buffers, total, 1, self.t)
+        self._buffers[:, cols] = buffers
+        self._total[cols] = total
+        self._prepared.append(prepared)
+        self._n += m
+
+    # -- time ----------------------------------------------------------------
+    def advance(self, t: int) -> None:
+        """Move to time t (> current t), running every step in between."""
+        if t <= self.t:
+            raise ValueError(f"t must increase: at {self.t}, asked for {t}")
+        if t > self.horizon:
+            raise ValueError(f"t must be <= horizon ({self.horizon}), got {t}")
+        n = self._n
+        if n:
+            buffers = self._buffers[:, :n]
+            total = self._total[:n]
+            if t == self.t + 1:
+                z = self.source.gaussian(self.prepared, BLT_LEVEL, t, scale=self.sigma)
+                stream_step(self._theta, self._omega, buffers, total, z)
+            else:
+                self._run(self.prepared, buffers, total, self.t + 1, t)
+        self.t = t
+
+    def _run(self, prepared: PreparedItems, buffers: np.ndarray, total: np.ndarray,
+             first: int, last: int) -> None:
+        """Steps first..last for ``prepared`` (views ``buffers``/``total``), in order."""
+        m = len(prepared)
+        if m == 0 or last < first:
+            return
+        per_chunk = max(1, _CHUNK // m)
+        s = first
+        while s <= last:
+            stop = min(last, s + per_chunk - 1)
+            addresses = [(BLT_LEVEL, step, 0) for step in range(s, stop + 1)]
+            z = self.source.to_gaussian(self.source.blocks_many(prepared, addresses), self.sigma)
+            for row in z:
+                stream_step(self._theta, self._omega, buffers, total, row)
+            s = stop + 1
+
+    # -- state export ----------------------------------------------------------
+    def state(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the buffers (k, items) and running sums (items,): the whole state
+        besides t and the prepared ids (for a checkpoint, e.g. Spark's streaming state)."""
+        return self._buffers[:, : self._n].copy(), self._total[: self._n].copy()
+
+    @classmethod
+    def restore(cls, source: NoiseSource, strategy: BLTStrategy, sigma: float,
+                prepared: PreparedItems, t: int, buffers: np.ndarray, total: np.ndarray
+                ) -> BLTNoise:
+        """Rebuild a BLTNoise at time t from :meth:`state` and the prepared ids.
+
+        The restored object continues bit for bit as the original would (no
+        keyed draw is repeated).
+        """
+        bn = cls(source, strategy, sigma)
+        n = len(prepared)
+        buffers = np.asarray(buffers, dtype=np.float64)
+        total = np.asarray(total, dtype=np.float64)
+        if buffers.shape != (strategy.buffers, n) or total.shape != (n,):
+            raise ValueError(f"state must have shapes ({strategy.buffers}, {n}) and ({n},), "
+                             f"got {buffers.shape} and {total.shape}")
+        if not 0 <= t <= strategy.horizon:
+            raise ValueError(f"t must be in [0, {strategy.horizon}], got {t}")
+        bn._reserve(n)
+        bn._buffers[:, :n] = buffers
+        bn._total[:n] = total
+        bn._prepared = [prepared]
+        bn._n = n
+        bn.t = int(t)
+        return bn
+
+    # -- output ----------------------------------------------------------------
+    def noise(self) -> np.ndarray:
+        """The current noise of every item (a read-only view, valid until the next call)."""
+        view = self._total[: self._n].view()
+        view.flags.writeable = False
+        return view
