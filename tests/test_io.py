@@ -97,11 +97,15 @@ def test_jsonl_formatter_round_trips_floats_exactly():
 
 
 def test_csv_formatter():
-    rel = Release(t=2, items=["x,y", "b"], values=np.array([1.5, -2.25]))
+    rel = Release(t=2, items=["x,y", "b"], values=np.array([1.5, -2.25]),
+                  meta={"noise_std": 0.75})
     f = CsvFormatter()
-    assert f.header() == b"t,item,value\n"
-    assert f.format(rel) == b'2,"x,y",1.5\n2,b,-2.25\n'
-    assert CsvFormatter(round_counts=True).format(rel) == b'2,"x,y",2\n2,b,-2\n'
+    assert f.header() == b"t,item,value,noise_std\n"
+    assert f.format(rel) == b'2,"x,y",1.5,0.75\n2,b,-2.25,0.75\n'
+    assert CsvFormatter(round_counts=True).format(rel) == b'2,"x,y",2,0.75\n2,b,-2,0.75\n'
+    # a step that releases nothing is still a row (every step is in the table)
+    empty = Release(t=3, items=[], values=np.array([]), meta={"noise_std": 0.5})
+    assert f.format(empty) == b"3,,,0.5\n"
 
 
 def test_keyed_truncation_is_deterministic_and_not_first_k():
