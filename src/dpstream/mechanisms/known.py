@@ -34,6 +34,7 @@ from .base import (
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
+from .columns import EventColumns, as_events, domain_positions, fast_events
 from .counters import blt_purpose, blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
@@ -234,7 +235,12 @@ class KnownDomainHistogram:
         return self._counts.copy()
 
     # -- event mode ----------------------------------------------------------
-    def _event_indices(self, events: Iterable[object]) -> np.ndarray:
+    def _event_indices(self, events: Iterable[object] | EventColumns) -> np.ndarray:
+        events = as_events(events)
+        fast = domain_positions(events, self._index, self.max_items)
+        if fast is not None:
+            return fast
+        events = fast_events(events)  # the per-event path raises the precise error
         idx: list[int] = []
         index = self._index
         for event in events:
@@ -249,9 +255,11 @@ class KnownDomainHistogram:
         """Take one event as the next time step and release the noisy histogram."""
         return self.step_batch([event])
 
-    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+    def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all the events of the next time step (possibly none) and release.
 
+        ``events``: a list of events, or the step as
+        :class:`~dpstream.mechanisms.columns.EventColumns` (the same release).
         Every event is checked (at most ``max_items`` items, all in the domain)
         before anything changes; on error the mechanism is untouched.
         """

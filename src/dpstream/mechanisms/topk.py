@@ -33,6 +33,7 @@ from .base import (
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
+from .columns import EventColumns, as_events, domain_positions, fast_events
 from .counters import blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
@@ -278,13 +279,21 @@ class ContinualTopK:
         """Take one event (any number of domain items) as the next step and release."""
         return self.step_batch([event])
 
-    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+    def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all events of the next time step (possibly none) and release the top-k.
+
+        ``events``: a list of events, or the step as
+        :class:`~dpstream.mechanisms.columns.EventColumns` (the same release).
 
         Every event is checked before anything changes.
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        events = as_events(events)
+        fast = domain_positions(events, self._index, None)
+        if fast is not None:
+            return self._release(t, self._counts + np.bincount(fast, minlength=len(self.domain)))
+        events = fast_events(events)  # the per-event path raises the precise error
         idx: list[int] = []
         for event in events:
             for item in normalise_event(event, None):

@@ -30,6 +30,7 @@ from .base import (
     mapping_counts,
     normalise_event,
 )
+from .columns import EventColumns, as_events, distinct_in_events, event_positions, fast_events
 from .known import tree_purpose
 from .tree_noise import TreeNoise
 
@@ -374,14 +375,32 @@ class UnknownDomainHistogram:
         """Take one event as the next time step and release."""
         return self.step_batch([event])
 
-    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+    def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all the events of the next time step (possibly none) and release.
 
+        ``events``: a list of events, or the step as
+        :class:`~dpstream.mechanisms.columns.EventColumns` (the same release).
         Every event is checked (at most ``max_items`` distinct items, items of
         type str, int or bytes) before anything changes.
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        events = as_events(events)
+        fast = event_positions(events, self._index, self._n)
+        if fast is not None:
+            cols, offsets, new_items = fast
+            keep, distinct = distinct_in_events(cols, offsets)
+            if not (distinct.size and distinct.max() > self.max_items):
+                if keep is not None:
+                    cols = cols[keep]
+                n = self._n
+                total = np.bincount(cols, minlength=n + len(new_items))
+                new_counts = total[n:]
+                if new_counts.size and not new_counts.all():  # listed, but in no event
+                    seen = np.flatnonzero(new_counts)
+                    new_items, new_counts = [new_items[i] for i in seen], new_counts[seen]
+                return self._commit(t, self._counts[:n] + total[:n], new_items, new_counts)
+            events = fast_events(events)  # the per-event path raises the precise error
         index = self._index
         known: list[int] = []
         new: dict[Hashable, int] = {}

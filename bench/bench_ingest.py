@@ -1,0 +1,161 @@
+"""Benchmark: ``dpstream run -m unknown`` end to end, and library ingest, against json.loads.
+
+Run by hand: ``python bench/bench_ingest.py [--events 1000000] [--steps 1000]``.
+
+The stream: ``--events`` JSON Lines events ``{"t": .., "items": [..]}`` with 1 to
+5 items each (3 on average), drawn from ``--distinct`` items with Zipf(1.1)
+popularity, ``--events / --steps`` events per step. Prints CPU times (process
+time, the machine is shared) as ratios against floors measured in the same
+process, repeated ``--repeat`` times (the best of each):
+
+* reading the lines alone, and ``json.loads`` of every line (the floor the
+  command is held to: the goal is ``run`` <= 2x ``json.loads``);
+* ``dpstream run -m unknown --state`` (write-ahead state, keyed digests) and
+  without ``--state``, in events/s;
+* library ingest: ``UnknownDomainHistogram.step_batch`` on the same events
+  (pre-parsed), in item occurrences/s (goal >= 2M/s per core), against a dict
+  lookup + ``bincount`` of the same occurrences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def make_stream(path: Path, events: int, steps: int, distinct: int, seed: int = 0) -> None:
+    """Write the benchmark stream (simulation data: NumPy's PCG64 is fine here)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 6, events)
+    ranks = rng.zipf(1.1, int(sizes.sum())) % distinct
+    per_step = max(1, events // steps)
+    names = [f"item{i}" for i in range(distinct)]
+    with open(path, "w", encoding="utf-8") as fh:
+        pos = 0
+        buf = []
+        for e, size in enumerate(sizes.tolist()):
+            items = [names[r] for r in ranks[pos:pos + size].tolist()]
+            pos += size
+            buf.append(json.dumps({"t": min(e // per_step + 1, steps), "items": items}))
+            if len(buf) >= 10000:
+                fh.write("\n".join(buf) + "\n")
+                buf = []
+        if buf:
+            fh.write("\n".join(buf) + "\n")
+
+
+def cpu(fn) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def best(fn, repeat: int) -> float:
+    return min(cpu(fn) for _ in range(repeat))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--distinct", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-library", action="store_true")
+    args = ap.parse_args()
+
+    import dpstream as dps
+    from dpstream.cli import main as cli_main
+
+    work = Path(tempfile.mkdtemp(prefix="dps-bench-"))
+    data = work / "events.jsonl"
+    make_stream(data, args.events, args.steps, args.distinct)
+    key_path = work / "key"
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli_main(["keygen", str(key_path)])
+    lines = data.read_text(encoding="utf-8").splitlines()
+    n_events = len(lines)
+    occurrences = sum(line.count('"item') for line in lines)
+
+    def read_lines() -> None:
+        with open(data, encoding="utf-8") as fh:
+            for _ in fh:
+                pass
+
+    def json_loads() -> None:
+        loads = json.loads
+        with open(data, encoding="utf-8") as fh:
+            for line in fh:
+                loads(line)
+
+    def run(state: bool) -> None:
+        out = work / "out.jsonl"
+        st = work / "state.sqlite"
+        for p in (out, st, Path(str(st) + "-wal"), Path(str(st) + "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+        argv = ["run", "--quiet", "-m", "unknown", "-T", str(args.steps), "--max-items", "5",
+                "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key_path),
+                "-i", str(data), "-o", str(out), "--force", "--no-fsync"]
+        if state:
+            argv += ["--state", str(st)]
+        rc = cli_main(argv)
+        assert rc == 0, rc
+
+    results: dict[str, float] = {}
+    for _ in range(args.repeat):  # interleaved: a load spike hits every path alike
+        for name, fn in (("read", read_lines), ("json", json_loads),
+                         ("run", lambda: run(False)), ("run_state", lambda: run(True))):
+            results[name] = min(results.get(name, float("inf")), cpu(fn))
+
+    floor = results["json"]
+    print(f"{n_events:,} events, {occurrences:,} item occurrences, {args.distinct:,} distinct "
+          f"items (Zipf), {args.steps:,} steps")
+    print(f"read lines:            {results['read']:7.2f} s CPU  "
+          f"{n_events / results['read']:>12,.0f} events/s")
+    print(f"json.loads (floor):    {floor:7.2f} s CPU  {n_events / floor:>12,.0f} events/s  1.00x")
+    for name in ("run", "run_state"):
+        label = "dpstream run" + (" --state" if name == "run_state" else "")
+        print(f"{label:<22} {results[name]:7.2f} s CPU  {n_events / results[name]:>12,.0f} "
+              f"events/s  {results[name] / floor:5.2f}x json.loads (goal <= 2x)")
+
+    if args.no_library:
+        return
+    # library ingest on the same events, parsed and grouped beforehand
+    steps: dict[int, list[list[str]]] = {}
+    for line in lines:
+        obj = json.loads(line)
+        steps.setdefault(obj["t"], []).append(obj["items"])
+    batches = [steps.get(t, []) for t in range(1, args.steps + 1)]
+    key = dps.NoiseKey.generate()
+
+    def library() -> None:
+        u = dps.UnknownDomainHistogram(args.steps, max_items=5, key=key, epsilon=1.0,
+                                       delta=1e-6)
+        for batch in batches:
+            u.step_batch(batch)
+
+    def floor_lookup() -> None:
+        index: dict[str, int] = {}
+        counts = np.zeros(0, dtype=np.int64)
+        for batch in batches:
+            pos = [index.setdefault(i, len(index)) for e in batch for i in e]
+            counts = np.bincount(np.asarray(pos, dtype=np.int64), minlength=len(index))
+        assert counts.sum() >= 0
+
+    lib = best(library, args.repeat)
+    flo = best(floor_lookup, args.repeat)
+    print(f"library step_batch:    {lib:7.2f} s CPU  {occurrences / lib:>12,.0f} occurrences/s "
+          f"(goal >= 2M/s)  {lib / flo:5.2f}x dict lookup + bincount "
+          f"({occurrences / flo:,.0f}/s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Events and prefix histograms as columns: the array-speed paths of the mechanisms.
+
+Layer 5 of dpstream. A step's events reach a mechanism either as a list of
+events (each an iterable of items) or as :class:`EventColumns` (the distinct
+items of the step once, and per occurrence the index of its item: what the
+command line's columnar reader produces). Both are turned here into one form,
+*positions*: per item occurrence, the item's column in the mechanism's state
+(or, for an item not seen before, a provisional column past the end), with
+the events' offsets. Everything after that is NumPy over the whole step.
+
+A fast path never decides anything the event-at-a-time code would decide
+differently: whenever a step holds something unusual (an event that is not a
+list or tuple, an item that is not a plain ``str``/``int``/``bytes``, an event
+over ``max_items``, an item outside a known domain), these helpers say so and
+the mechanism runs its original per-event code, which raises the same error
+with the same message. The tests compare both paths on the same steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
+           "domain_positions", "fast_events", "distinct_in_events", "aggregate_columns"]
+
+#: Item types that are already canonical (``canonical_item`` returns them unchanged).
+_PLAIN = frozenset((str, int, bytes))
+#: The widest event for which duplicates are found by sorting rows of a 2-D array.
+_NARROW = 32
+
+
+class EventColumns:
+    """The events of one step as columns.
+
+    Occurrence i is the item ``items[codes[i]]``; event j holds occurrences
+    ``offsets[j]:offsets[j + 1]``. ``items`` are distinct, canonical items
+    (``str``, ``int`` or ``bytes``). Give it to ``step_batch`` instead of a
+    list of events (the same release, without a Python loop over events).
+
+    Example:
+        >>> import numpy as np
+        >>> cols = EventColumns(["a", "b"], np.array([0, 1, 1]), np.array([0, 2, 3]))
+        >>> cols.events()
+        [['a', 'b'], ['b']]
+    """
+
+    __slots__ = ("items", "codes", "offsets")
+
+    def __init__(self, items: Sequence[Hashable], codes: np.ndarray, offsets: np.ndarray
+                 ) -> None:
+        codes = np.asarray(codes)
+        offsets = np.asarray(offsets)
+        if codes.ndim != 1 or codes.dtype.kind not in "iu":
+            raise TypeError("codes must be a 1-D integer array")
+        if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.size < 1:
+            raise TypeError("offsets must be a 1-D integer array of n_events + 1 entries")
+        if offsets[0] != 0 or offsets[-1] != codes.size or (np.diff(offsets) < 0).any():
+            raise ValueError("offsets must start at 0, not decrease and end at len(codes)")
+        if codes.size and (codes.min() < 0 or codes.max() >= len(items)):
+            raise ValueError("codes must index items")
+        self.items = items
+        self.codes = codes.astype(np.int64, copy=False)
+        self.offsets = offsets.astype(np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    def events(self) -> list[list[Hashable]]:
+        """The events as lists of items (the slow path, and for tests)."""
+        items = self.items
+        flat = [items[c] for c in self.codes.tolist()]
+        bounds = self.offsets.tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def as_events(events: Any) -> Any:
+    """``events`` as something that can be read twice (the fast path, then maybe the
+    per-event path): a list, a tuple or :class:`EventColumns` as they are."""
+    if isinstance(events, (list, tuple, EventColumns)):
+        return events
+    return list(events)
+
+
+def fast_events(events: Any) -> Any:
+    """The events for the per-event path (:class:`EventColumns` as lists)."""
+    return events.events() if isinstance(events, EventColumns) else events
+
+
+def event_positions(events: Any, index: Mapping[Hashable, int], n: int
+                    ) -> tuple[np.ndarray, np.ndarray, list[Hashable]] | None:
+    """(per-occurrence columns, event offsets, new items) of a step's events (see
+    :func:`positions`), or ``None`` when the per-event path must run."""
+    if isinstance(events, EventColumns):
+        items = events.items
+        if not _PLAIN.issuperset(map(type, items)):
+            return None
+        ucols, new = positions(items, index, n)
+        return ucols[events.codes], events.offsets, new
+    flat = flatten_events(events)
+    if flat is None:
+        return None
+    cols, new = positions(flat[0], index, n)
+    return cols, flat[1], new
+
+
+def domain_positions(events: Any, index: Mapping[Hashable, int], max_items: int | None
+                     ) -> np.ndarray | None:
+    """The domain positions of a step's distinct (per event) item occurrences, or
+    ``None`` when the per-event path must run (an item outside the domain, an event
+    over ``max_items``, an unusual type)."""
+    fast = event_positions(events, index, len(index))
+    if fast is None or fast[2]:
+        return None
+    cols, offsets, _ = fast
+    keep, distinct = distinct_in_events(cols, offsets)
+    if max_items is not None and distinct.size and distinct.max() > max_items:
+        return None
+    return cols if keep is None else cols[keep]
+
+
+def flatten_events(events: Iterable[Any]) -> tuple[list[Hashable], np.ndarray] | None:
+    """(all items in order, event offsets) when every event is a list or tuple of
+    plain ``str``/``int``/``bytes`` items; ``None`` otherwise (use the per-event path)."""
+    flat: list[Hashable] = []
+    sizes: list[int] = []
+    extend, add = flat.extend, sizes.append
+    for event in events:
+        if type(event) is not list and type(event) is not tuple:
+            return None
+        extend(event)
+        add(len(event))
+    if not _PLAIN.issuperset(map(type, flat)):
+        return None
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return flat, offsets
+
+
+def positions(items: Sequence[Hashable], index: Mapping[Hashable, int], n: int
+              ) -> tuple[np.ndarray, list[Hashable]]:
+    """Each item's column: ``index[item]``, or ``n + k`` for the k-th new item (in
+    order of first appearance). Returns (columns as int64, the new items)."""
+    cols = np.fromiter(map(index.get, items, repeat(-1, len(items))), np.int64, len(items))
+    missing = np.flatnonzero(cols < 0)
+    new: dict[Hashable, int] = {}
+    if missing.size:
+        for i in missing.tolist():
+            cols[i] = n + new.setdefault(items[i], len(new))
+    return cols, list(new)
+
+
+def distinct_in_events(cols: np.ndarray, offsets: np.ndarray
+                       ) -> tuple[np.ndarray | None, np.ndarray]:
+    """Which occurrences are the first of their item in their event, and how many
+    distinct items each event holds.
+
+    Returns ``(keep, distinct)``: ``keep`` is a boolean mask (``None`` when every
+    occurrence is kept), ``distinct`` the per-event counts.
+    """
+    sizes = np.diff(offsets)
+    n_events = sizes.size
+    if cols.size == 0 or n_events == 0 or sizes.max() <= 1:
+        return None, sizes
+    event = np.repeat(np.arange(n_events), sizes)
+    width = int(sizes.max())
+    if width <= _NARROW:
+        # one row per event, padded with distinct negatives, sorted along the rows
+        slot = np.arange(cols.size) - offsets[:-1][event]
+        grid = np.full((n_events, width), -1, dtype=np.int64)
+        grid -= np.arange(width)
+        grid[event, slot] = cols
+        grid.sort(axis=1)
+        if not (grid[:, 1:] == grid[:, :-1]).any():
+            return None, sizes
+    order = np.lexsort((cols, event))  # stable: the first occurrence comes first
+    ev, co = event[order], cols[order]
+    dup = np.zeros(cols.size, dtype=bool)
+    dup[order[1:]] = (ev[1:] == ev[:-1]) & (co[1:] == co[:-1])
+    keep = ~dup
+    return keep, np.bincount(event[keep], minlength=n_events)
+
+
+def aggregate_columns(items: Any, counts: Any = None) -> tuple[list[Hashable], np.ndarray]:
+    """Aggregate-mode input as (items, int64 counts): a Mapping, two sequences
+    (items, counts), or a pandas/polars/Arrow frame with columns ``item`` and
+    ``count`` (or exactly two columns: items, then counts).
+
+    Counts must be integers >= 0 (a float, bool or string would release
+    something other than the true histogram); items are checked by the caller.
+    """
+    if counts is None:
+        items, counts = _frame_columns(items)
+    values = _count_array(counts)
+    if isinstance(items, np.ndarray) and items.dtype.kind in "iu":
+        keys: list[Hashable] = items.tolist()
+    elif isinstance(items, np.ndarray) and items.dtype.kind in "US":
+        keys = items.tolist()
+    else:
+        keys = items.tolist() if hasattr(items, "tolist") else list(items)
+    if len(keys) != values.size:
+        raise ValueError(f"items and counts must have the same length, got {len(keys)} "
+                         f"and {values.size}")
+    return keys, values
+
+
+def _count_array(counts: Any) -> np.ndarray:
+    if hasattr(counts, "to_numpy") and not isinstance(counts, np.ndarray):
+        counts = counts.to_numpy()
+    arr = np.asarray(counts)
+    if arr.dtype == object:
+        for value in arr.tolist():
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"counts must be integers, got {value!r}")
+        arr = np.array(arr.tolist(), dtype=np.int64) if arr.size else np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"counts must hold integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"counts must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError("counts must fit in int64")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and arr.min() < 0:
+        raise ValueError("counts must be >= 0")
+    return arr
+
+
+def _frame_columns(frame: Any) -> tuple[Any, Any]:
+    """(items, counts) of a pandas/polars DataFrame or an Arrow table."""
+    names = None
+    if hasattr(frame, "column_names"):  # pyarrow.Table
+        names = list(frame.column_names)
+    elif hasattr(frame, "columns"):  # pandas or polars
+        names = [str(c) for c in frame.columns]
+    if names is None:
+        raise TypeError("counts must be a Mapping item -> count, arrays (items, counts) or a "
+                        f"data frame with columns item and count, got {type(frame).__name__}")
+    if "item" in names and "count" in names:
+        item_col, count_col = "item", "count"
+    elif len(names) == 2:
+        item_col, count_col = names
+    else:
+        raise ValueError(f"a frame of counts needs columns 'item' and 'count' (or exactly two "
+                         f"columns), got {names}")
+    if hasattr(frame, "column_names"):
+        return frame.column(item_col).to_pylist(), frame.column(count_col).to_numpy()
+    items, counts = frame[item_col], frame[count_col]
+    if hasattr(items, "to_list"):  # polars
+        items = items.to_list()
+    return items, counts
