@@ -87,7 +87,7 @@ import sys
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -104,6 +104,8 @@ __all__ = [
     "open_input",
     "guard_lines",
     "read_jsonl",
+    "parse_jsonl_line",
+    "raw_bytes",
     "read_csv",
     "read_events",
     "group_steps",
@@ -128,12 +130,15 @@ class RawEvent:
         items: the event's items as strings (possibly with repeats), or
             ``None`` when the record is malformed.
         error: what is wrong with the record, or ``None``.
+        raw: the record's bytes as read (its line or lines, without the line
+            terminator): what the keyed digest of a step's input reads.
     """
 
     line: int
     t: int | None
     items: tuple[str, ...] | None
     error: str | None = None
+    raw: bytes | None = field(default=None, repr=False, compare=False)
 
 
 # --------------------------------------------------------------------------- input
@@ -251,6 +256,92 @@ def _step_of(value: object, clock: StepClock, what: str) -> tuple[int | None, st
     return t, None
 
 
+def raw_bytes(text: str) -> bytes:
+    """The bytes a line of text was read from (``surrogateescape`` restores invalid
+    UTF-8 bytes; any other lone surrogate, from a caller's own text, passes through)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+try:  # a faster parser for the lines it agrees on (json.loads decides the others)
+    from orjson import JSONDecodeError as _FastError
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _fast_loads = None
+
+#: Lines longer than this, or with more brackets, go to ``json.loads`` directly
+#: (orjson reads integers of any length as floats and nests deeper than json.loads).
+_FAST_MAX_CHARS = 4000
+_FAST_MAX_BRACKETS = 200
+
+
+def _loads(text: str) -> tuple[Any, str | None]:
+    """``json.loads(text)``, or why the line is not valid JSON."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg})"
+    except RecursionError:
+        return None, "not valid JSON (nested too deeply)"
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        why = "an integer has too many digits" if "digits" in str(exc) else str(exc)
+        return None, f"not valid JSON ({_short(why, 80)})"
+
+
+def parse_jsonl_line(line: str, lineno: int, *, time_field: str | None = None,
+                     clock: StepClock | None = None) -> RawEvent | None:
+    """One JSON Lines record (see :func:`read_jsonl`), or None for a blank line."""
+    text = line.strip()
+    if not text:
+        return None
+    raw = raw_bytes(line.rstrip("\r\n"))
+    if not _valid_text(text):
+        return RawEvent(lineno, None, None, "the line is not valid UTF-8", raw)
+    if (_fast_loads is not None and len(text) <= _FAST_MAX_CHARS
+            and text.count("[") + text.count("{") <= _FAST_MAX_BRACKETS):
+        try:
+            rec = _record(_fast_loads(text), text, lineno, time_field, clock, raw)
+        except _FastError:
+            rec = None
+        if rec is not None and rec.error is None:
+            return rec
+        # orjson refused the line, or the record is invalid: json.loads decides (and
+        # words the message), so that both parsers give the same records
+    obj, err = _loads(text)
+    if err is not None:
+        return RawEvent(lineno, None, None, err, raw)
+    return _record(obj, text, lineno, time_field, clock, raw)
+
+
+def _record(obj: Any, text: str, lineno: int, time_field: str | None,
+            clock: StepClock | None, raw: bytes) -> RawEvent:
+    if isinstance(obj, list):
+        if clock is not None:
+            return RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
+                                                "timestamp: write it as an object", raw)
+        items, err = _parse_items(obj)
+        return RawEvent(lineno, None, items, err, raw)
+    if isinstance(obj, dict):
+        if "items" not in obj:
+            return RawEvent(lineno, None, None, 'an event object needs an "items" array', raw)
+        if clock is not None:
+            if time_field not in obj:
+                return RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
+                                                    "timestamp (--time-field)", raw)
+            t, err = _step_of(obj[time_field], clock, "its timestamp")
+        else:
+            t, err = _parse_t(obj.get("t"))
+        if err:
+            return RawEvent(lineno, None, None, err, raw)
+        items, err = _parse_items(obj["items"])
+        return RawEvent(lineno, t if err is None else None, items, err, raw)
+    return RawEvent(
+        lineno, None, None,
+        f'an event must be a JSON array or an object with "items", got {text[:40]!r}', raw)
+
+
 def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
                clock: StepClock | None = None) -> Iterator[RawEvent]:
     """Parse JSON Lines events (see the module docstring); blank lines are skipped.
@@ -261,53 +352,9 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
     if (time_field is None) != (clock is None):
         raise ValueError("time_field and clock go together")
     for lineno, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text:
-            continue
-        if not _valid_text(text):
-            yield RawEvent(lineno, None, None, "the line is not valid UTF-8")
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield RawEvent(lineno, None, None, f"not valid JSON ({exc.msg})")
-            continue
-        except RecursionError:
-            yield RawEvent(lineno, None, None, "not valid JSON (nested too deeply)")
-            continue
-        except ValueError as exc:  # an integer of more than 4,300 digits
-            why = "an integer has too many digits" if "digits" in str(exc) else str(exc)
-            yield RawEvent(lineno, None, None, f"not valid JSON ({_short(why, 80)})")
-            continue
-        if isinstance(obj, list):
-            if clock is not None:
-                yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
-                                                   "timestamp: write it as an object")
-                continue
-            items, err = _parse_items(obj)
-            yield RawEvent(lineno, None, items, err)
-        elif isinstance(obj, dict):
-            if "items" not in obj:
-                yield RawEvent(lineno, None, None, 'an event object needs an "items" array')
-                continue
-            if clock is not None:
-                if time_field not in obj:
-                    yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
-                                                       "timestamp (--time-field)")
-                    continue
-                t, err = _step_of(obj[time_field], clock, "its timestamp")
-            else:
-                t, err = _parse_t(obj.get("t"))
-            if err:
-                yield RawEvent(lineno, None, None, err)
-                continue
-            items, err = _parse_items(obj["items"])
-            yield RawEvent(lineno, t if err is None else None, items, err)
-        else:
-            yield RawEvent(
-                lineno, None, None,
-                f'an event must be a JSON array or an object with "items", got {text[:40]!r}',
-            )
+        rec = parse_jsonl_line(line, lineno, time_field=time_field, clock=clock)
+        if rec is not None:
+            yield rec
 
 
 def read_csv(
@@ -327,7 +374,20 @@ def read_csv(
     than :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each
     record's ``line`` is the line where it started.
     """
-    reader = csv.reader(stream, delimiter=delimiter, strict=True)
+    captured: list[str] = []  # the lines of the record being read (for its raw bytes)
+
+    def capture() -> Iterator[str]:
+        for text in stream:
+            captured.append(text)
+            yield text
+
+    def take_raw() -> bytes:
+        text = "".join(captured)
+        captured.clear()
+        cut = 2 if text.endswith("\r\n") else 1 if text.endswith(("\n", "\r")) else 0
+        return raw_bytes(text[: len(text) - cut])
+
+    reader = csv.reader(capture(), delimiter=delimiter, strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -368,10 +428,13 @@ def read_csv(
         while len(recent) > RECENT_EVENT_IDS:
             archive.add(fingerprint(recent.popitem(last=False)[0]))
 
+    raws: list[bytes] = []  # the rows of the open event
+
     def flush() -> RawEvent:
+        raw = b"\n".join(raws)
         if error is not None:
-            return RawEvent(start, None, None, error)
-        return RawEvent(start, t_val, tuple(items), None)
+            return RawEvent(start, None, None, error, raw)
+        return RawEvent(start, t_val, tuple(items), None, raw)
 
     def seen_at(eid: str) -> int | None:
         """The line where ``eid`` started before (0: earlier, line forgotten), or None."""
@@ -398,6 +461,7 @@ def read_csv(
         else:
             step_ids.setdefault(eid, line)
 
+    captured.clear()  # the header's lines
     while True:
         first_line = reader.line_num + 1  # where the next record starts
         try:
@@ -405,13 +469,15 @@ def read_csv(
         except StopIteration:
             break
         except csv.Error as exc:
+            row_raw = take_raw()
             if current is not None:
                 yield flush()
                 current = None
             hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
-            yield RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})")
+            yield RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})", row_raw)
             continue
         lineno = first_line
+        row_raw = take_raw()
         if not row or all(not c.strip() for c in row):
             continue
         row_err: str | None = None
@@ -430,7 +496,7 @@ def read_csv(
             if current is not None:
                 yield flush()
                 current = None
-            yield RawEvent(lineno, None, None, row_err)
+            yield RawEvent(lineno, None, None, row_err, row_raw)
             continue
         eid = row[i_event]
         row_t: int | None = None
@@ -448,6 +514,7 @@ def read_csv(
             if current is not None:
                 yield flush()
             current, start, items, t_val, error = eid, lineno, [], row_t, row_err
+            raws = []
             before = seen_at(eid)
             if before is not None and error is None:
                 where = f"line {before}" if before else "an earlier line"
@@ -459,6 +526,7 @@ def read_csv(
         elif error is None and row_t != t_val:
             error = (f"event {_short(eid)!r} has rows with different time steps "
                      f"({t_val} and {row_t})")
+        raws.append(row_raw)
         if row[i_item] != "":
             items.append(row[i_item])
     if current is not None:
@@ -508,7 +576,7 @@ def group_steps(
         if t <= current:
             late = RawEvent(rec.line, None, None,
                             f"time step {t} is not after step {current}, which is already "
-                            "complete (events must be in time order)")
+                            "complete (events must be in time order)", rec.raw)
             (step if step is not None else bad).append(late)
             continue
         if step is not None:

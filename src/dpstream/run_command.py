@@ -220,37 +220,80 @@ class _Validator:
         self.stats.skipped += 1
         self.stats.reasons[reason] += 1
 
-    def events(self, records: Sequence[Any], *, past: str | None = None) -> list[tuple[str, ...]]:
-        """The valid events of ``records``; ``past`` marks them all as after the end step."""
-        out: list[tuple[str, ...]] = []
-        for rec in records:
-            if rec.error is not None:
-                self._invalid(rec.line, rec.error)
-                continue
-            if past is not None:
-                self._invalid(rec.line, past)
-                continue
-            items = tuple(dict.fromkeys(rec.items))
-            changed = False
-            if self.domain is not None:
-                outside = [i for i in items if i not in self.domain]
-                if outside:
+    def events(self, step: Any, *, past: str | None = None) -> Any:
+        """The valid events of a step (:class:`dpstream.ingest.StepInput`, or a list of
+        records), as :class:`~dpstream.mechanisms.columns.EventColumns`; ``past`` marks
+        them all as after the end step. Invalid records are reported in input order."""
+        import numpy as np
+
+        from .ingest import records_step
+        from .mechanisms.columns import EventColumns, distinct_in_events
+
+        if not hasattr(step, "codes"):
+            step = records_step(None, list(step))
+        invalid = list(step.errors)
+        items, codes, offsets = step.items, step.codes, step.offsets
+        n_ev = offsets.size - 1
+        lines = step.event_lines
+        if past is not None:
+            invalid.extend((int(line), past) for line in lines.tolist())
+            n_ev = 0
+        drop = np.zeros(max(n_ev, 0), dtype=bool)
+        changed = np.zeros(max(n_ev, 0), dtype=bool)
+        keep = np.ones(codes.size, dtype=bool)
+        if n_ev:
+            sizes = np.diff(offsets)
+            event_of = np.repeat(np.arange(n_ev), sizes)
+            dkeep, distinct = distinct_in_events(codes, offsets)
+            if dkeep is not None:
+                keep &= dkeep
+            if self.domain is not None and items:
+                domain = self.domain
+                outside = np.fromiter((x not in domain for x in items), bool, len(items))
+                out_occ = outside[codes] & keep
+                if out_occ.any():
+                    bad = np.flatnonzero(np.bincount(event_of[out_occ], minlength=n_ev))
                     if self.policy != "truncate":
-                        self._invalid(rec.line, f"item {outside[0]!r} is not in the domain")
+                        first = np.flatnonzero(out_occ)
+                        first_of = dict(zip(event_of[first][::-1].tolist(),
+                                            first[::-1].tolist(), strict=True))
+                        for e in bad.tolist():
+                            item = items[int(codes[first_of[e]])]
+                            invalid.append((int(lines[e]),
+                                            f"item {item!r} is not in the domain"))
+                        drop[bad] = True
+                    else:
+                        keep &= ~out_occ
+                        changed[bad] = True
+                    distinct = np.bincount(event_of[keep], minlength=n_ev)
+            if self.max_items is not None:
+                over = np.flatnonzero((distinct > self.max_items) & ~drop)
+                for e in over.tolist():
+                    if self.policy != "truncate":
+                        invalid.append((int(lines[e]), f"event has {int(distinct[e])} distinct "
+                                        f"items, more than --max-items {self.max_items}"))
+                        drop[e] = True
                         continue
-                    items = tuple(i for i in items if i in self.domain)
-                    changed = True
-            if self.max_items is not None and len(items) > self.max_items:
-                if self.policy != "truncate":
-                    self._invalid(rec.line, f"event has {len(items)} distinct items, more "
-                                            f"than --max-items {self.max_items}")
-                    continue
-                items = self.truncator(items, rec.line)
-                changed = True
-            if changed:
-                self.stats.truncated += 1
-            out.append(items)
-        return out
+                    occ = np.arange(offsets[e], offsets[e + 1])
+                    occ = occ[keep[occ]]
+                    mine = [items[c] for c in codes[occ].tolist()]
+                    chosen = set(self.truncator(mine, int(lines[e])))
+                    keep[occ] = [x in chosen for x in mine]
+                    changed[e] = True
+        invalid.sort(key=lambda pair: pair[0])
+        for line, problem in invalid:
+            self._invalid(line, problem)
+        self.stats.truncated += int(np.count_nonzero(changed & ~drop))
+        if n_ev <= 0:
+            return EventColumns(items, np.zeros(0, np.int64), np.zeros(1, np.int64))
+        if drop.any():
+            keep &= ~drop[event_of]
+            sizes = np.bincount(event_of[keep], minlength=n_ev)[~drop]
+        else:
+            sizes = np.bincount(event_of[keep], minlength=n_ev)
+        new_offsets = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=new_offsets[1:])
+        return EventColumns(items, codes if keep.all() else codes[keep], new_offsets)
 
 
 def _reason_key(problem: str) -> str:
@@ -266,12 +309,6 @@ def _short_int(value: int) -> str:
     """An integer for a message (a time step may have thousands of digits)."""
     text = str(value)
     return text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
-
-
-def _record_bytes(records: Sequence[Any]) -> Iterator[bytes]:
-    """Each record of a step as bytes, for the step's keyed input digest."""
-    for rec in records:
-        yield json.dumps([rec.line, rec.t, rec.items, rec.error]).encode("utf-8")
 
 
 @dataclass
@@ -668,6 +705,16 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
                        **csv_opts)
 
 
+def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
+    """The input's records in chunks (``dpstream.ingest.Chunk``), in order: JSON Lines
+    with integer steps through the columnar reader, the other inputs record by record."""
+    from .ingest import chunks_from_records, read_jsonl_chunks
+
+    if input_format == "jsonl" and _clock(opts) is None:
+        return read_jsonl_chunks(infile, opts["input"])
+    return chunks_from_records(_input_records(infile, opts, input_format))
+
+
 def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
     """Refuse (exit status 1) a finished run whose input has grown since it finished.
 
@@ -694,7 +741,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
     its last release ends in the output."""
-    from .io import RawEvent, group_steps
+    from .ingest import records_step, step_steps
 
     horizon = int(opts["horizon"])
     do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")
@@ -715,24 +762,35 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         last_line = rec.line
         return rec
 
-    def counted(records: Iterable[Any]) -> Iterator[Any]:
-        return map(note, records)
+    def note_chunk(chunk: Any) -> Any:
+        nonlocal read, last_line
+        read += len(chunk)
+        if len(chunk):
+            last_line = int(chunk.lines[-1])
+        return chunk
 
-    def release(t: int, recs: Sequence[Any]) -> None:
+    def counted(chunks: Iterable[Any]) -> Iterator[Any]:
+        return map(note_chunk, chunks)
+
+    def release(t: int, step: Any) -> None:
         nonlocal offset
-        events = validator.events(recs)
-        rel = _postprocess(_public(mech.step_batch(events), public_meta), opts)
+        if not hasattr(step, "codes"):  # records read one at a time (--follow)
+            step = records_step(t, list(step))
+        events = validator.events(step)
+        batch = events if getattr(mech, "accepts_columns", False) else events.events()
+        rel = _postprocess(_public(mech.step_batch(batch), public_meta), opts)
         line = formatter.format(rel)
         stats.steps += 1
         stats.events += len(events)
         stats.last_items = len(rel.items)
-        input_mac = digests.records(_record_bytes(recs))
+        input_mac = (digests.step_input(step.lines, step.lengths, step.raw)
+                     if ckpt is not None else None)
         if t <= resume_t:
             stored = ckpt.step(t)
             if stored is None:
                 raise StateError(f"state file {opts['state']!r} has no step {t}")
             if stored.input_mac != input_mac:
-                first = recs[0].line if recs else "?"
+                first = step.first_line or "?"
                 raise StateError(
                     f"the input changed: step {t} (input line {first}) differs from the step "
                     f"recorded in {opts['state']}, which was already written; refusing to "
@@ -785,18 +843,16 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                     validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
                     start_t=start_t)
         else:
-            records = counted(_input_records(infile, opts, input_format))
-            if start_t:  # events of steps an earlier run released are late
-                records = (RawEvent(r.line, None, None, f"time step {r.t} was already "
-                                    "released by an earlier run (a late event)")
-                           if r.t is not None and r.t <= start_t else r for r in records)
-            for t, recs in group_steps(records, horizon, start=start_t):
-                if t is None:  # malformed records after the last step
-                    validator.events(recs)
-                elif t > until:
-                    validator.events(recs, past=past(t))
+            late = ("time step {t} was already released by an earlier run (a late event)"
+                    if start_t else None)  # events of steps an earlier run released
+            for step in step_steps(counted(_input_chunks(infile, opts, input_format)),
+                                   horizon, start=start_t, late_message=late):
+                if step.t is None:  # malformed records after the last step
+                    validator.events(step)
+                elif step.t > until:
+                    validator.events(step, past=past(step.t))
                 else:
-                    release(t, recs)
+                    release(step.t, step)
         for t in range(mech.t + 1, until + 1):  # the public clock: every step up to the end
             release(t, [])
     out.flush()

@@ -65,7 +65,7 @@ from .noise import NoiseKey
 __all__ = ["Checkpoint", "RunRecord", "StepRecord", "StateDigests", "canonical_json",
            "sha256_hex", "check_private_file"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: step input digests over the raw bytes read
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (
@@ -141,6 +141,21 @@ class StateDigests:
     def release(self, data: bytes) -> str:
         """The digest of a release's bytes."""
         return hmac.new(self._key, b"release\0" + data, hashlib.sha256).hexdigest()
+
+    def step_input(self, lines: Any, lengths: Any, raw: bytes) -> str:
+        """The digest of a step's input records as read: their line numbers, their
+        byte lengths (int64 arrays) and their raw bytes joined by line feeds (each
+        record's line or lines without the terminator). The lengths make the
+        encoding unambiguous; nothing is parsed or re-encoded."""
+        import numpy as np
+
+        h = hmac.new(self._key, b"input/v3\0", hashlib.sha256)
+        lines = np.ascontiguousarray(lines, dtype="<i8")
+        h.update(len(lines).to_bytes(8, "big"))
+        h.update(lines.tobytes())
+        h.update(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
+        h.update(raw)
+        return h.hexdigest()
 
     def records(self, parts: Iterable[bytes]) -> str:
         """The digest of a step's input records, each given as bytes."""

@@ -155,6 +155,7 @@ class KnownDomainHistogram:
     """
 
     mechanism_name = "KnownBase"
+    accepts_columns = True  # step_batch takes EventColumns
     theorem = "KnownBase lemma (Sec. 3): Delta0/(2 tau^2)-zCDP"
     theorem_blt = ("KnownBase with BLT counters: Gaussian mechanism on C x, "
                    "Delta0 max_j||C e_j||^2/(2 sigma^2) = Delta0/(2 tau^2)-zCDP")

@@ -165,6 +165,7 @@ class ContinualTopK:
     """
 
     mechanism_name = "SparseGumb"
+    accepts_columns = True  # step_batch takes EventColumns
     theorem = "SparseGumb theorem (after algo:sparseGumb): (2k+4)/(2 tau^2)-zCDP"
 
     def __init__(

@@ -242,6 +242,7 @@ class UnknownDomainHistogram:
     """
 
     mechanism_name = "UnkBase"
+    accepts_columns = True  # step_batch takes EventColumns
     theorem = _THEOREM
 
     def __init__(
