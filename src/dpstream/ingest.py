@@ -466,6 +466,8 @@ class ChunkGrouper:
         if m == 0:
             return
         late: dict[int, str] = {}
+        if self.cur > _INT64_MAX and chunk.t.dtype != object:
+            chunk.t = chunk.t.astype(object)  # compared with a step past int64
         t = chunk.t
         valid = np.ones(m, dtype=bool)
         if chunk.errors:

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
-           "domain_positions", "fast_events", "distinct_in_events", "aggregate_columns"]
+           "domain_positions", "fast_events", "aggregate_items", "domain_aggregate",
+           "is_frame", "distinct_in_events", "aggregate_columns"]
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
 _PLAIN = frozenset((str, int, bytes))
@@ -251,3 +252,44 @@ def _frame_columns(frame: Any) -> tuple[Any, Any]:
     if hasattr(items, "to_list"):  # polars
         items = items.to_list()
     return items, counts
+
+
+def is_frame(obj: Any) -> bool:
+    """Whether ``obj`` is a pandas/polars DataFrame or an Arrow table (not a Mapping,
+    not an array)."""
+    return not isinstance(obj, (Mapping, np.ndarray, list, tuple)) and (
+        hasattr(obj, "column_names") or (hasattr(obj, "columns") and hasattr(obj, "shape")))
+
+
+def aggregate_items(items: Any, counts: Any) -> tuple[list[Hashable], np.ndarray]:
+    """Aggregate-mode (items, counts) as canonical items and int64 counts; items
+    must be distinct. ``counts`` None: ``items`` is a frame."""
+    from ..noise import canonical_item
+
+    keys, values = aggregate_columns(items, counts)
+    if not _PLAIN.issuperset(map(type, keys)):
+        try:
+            keys = [canonical_item(k) for k in keys]
+        except TypeError as exc:
+            raise TypeError(f"counts: {exc}") from None
+    return keys, values
+
+
+def domain_aggregate(items: Any, counts: Any, index: Mapping[Hashable, int],
+                     previous: np.ndarray) -> np.ndarray:
+    """Aggregate-mode counts given as (items, counts) or a frame, over a known domain:
+    an int64 array aligned with the domain (missing items count 0)."""
+    from ..errors import InvalidEventError
+
+    keys, values = aggregate_items(items, counts)
+    n = previous.size
+    pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+    if pos.size and pos.min() < 0:
+        raise InvalidEventError(f"item {keys[int(np.argmax(pos < 0))]!r} is not in the domain")
+    arr = np.zeros(n, dtype=np.int64)
+    arr[pos] = values
+    if pos.size and np.count_nonzero(np.bincount(pos, minlength=n) > 1):
+        raise ValueError("items must be distinct (one count per item)")
+    if (arr < previous).any():
+        raise ValueError("counts must not decrease: a prefix histogram only grows")
+    return arr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,14 @@ from .base import (
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
-from .columns import EventColumns, as_events, domain_positions, fast_events
+from .columns import (
+    EventColumns,
+    as_events,
+    domain_aggregate,
+    domain_positions,
+    fast_events,
+    is_frame,
+)
 from .counters import blt_purpose, blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
@@ -271,21 +279,25 @@ class KnownDomainHistogram:
         return self._release(t, new_counts)
 
     # -- aggregate mode --------------------------------------------------------
-    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
-                ) -> Release:
+    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+                values: Sequence[int] | np.ndarray | None = None) -> Release:
         """Release at step t from the true prefix histogram h_t (the practical setting).
 
         ``counts`` maps items to their counts over steps 1..t (missing items
-        count 0), or is an array aligned with ``domain``. Gives the same release
-        as event mode for the same stream and key. Steps must increase; any
-        step may be skipped.
+        count 0), or is an array aligned with ``domain``; or give the items and
+        their counts as two arrays, ``release(t, items, counts)``, or a
+        pandas/polars/Arrow frame with columns ``item`` and ``count``. Gives the
+        same release as event mode for the same stream and key. Steps must
+        increase; any step may be skipped.
         """
         check_next_step(t, self.t, self.horizon)
-        new_counts = self._counts_array(counts)
+        new_counts = self._counts_array(counts, values)
         return self._release(int(t), new_counts)
 
-    def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
-                      ) -> np.ndarray:
+    def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+                      values: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        if values is not None or is_frame(counts):
+            return domain_aggregate(counts, values, self._index, self._counts)
         return domain_counts(counts, self._index, self._counts)
 
     def _release(self, t: int, new_counts: np.ndarray) -> Release:

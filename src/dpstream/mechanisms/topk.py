@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,14 @@ from .base import (
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
-from .columns import EventColumns, as_events, domain_positions, fast_events
+from .columns import (
+    EventColumns,
+    as_events,
+    domain_aggregate,
+    domain_positions,
+    fast_events,
+    is_frame,
+)
 from .counters import blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 
@@ -308,18 +316,22 @@ class ContinualTopK:
         return self._release(t, new_counts)
 
     # -- aggregate mode ----------------------------------------------------------------
-    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
-                ) -> Release:
-        """Release at t from the true prefix histogram h_t (Mapping or array aligned with domain).
+    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+                values: Sequence[int] | np.ndarray | None = None) -> Release:
+        """Release at t from the true prefix histogram h_t (Mapping or array aligned with domain;
+        or ``release(t, items, counts)`` from two arrays, or a pandas/polars/Arrow frame
+        with columns ``item`` and ``count``).
 
         Same releases as event mode for the same stream and key. Steps must
         increase; a skipped step gets no sparse-vector check.
         """
         check_next_step(t, self.t, self.horizon)
-        return self._release(int(t), self._counts_array(counts))
+        return self._release(int(t), self._counts_array(counts, values))
 
-    def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
-                      ) -> np.ndarray:
+    def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+                      values: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        if values is not None or is_frame(counts):
+            return domain_aggregate(counts, values, self._index, self._counts)
         return domain_counts(counts, self._index, self._counts)
 
     # -- the algorithm ------------------------------------------------------------------

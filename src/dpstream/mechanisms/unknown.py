@@ -9,8 +9,10 @@ almost never revealed (``lem:badOutcomes``).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -30,7 +32,15 @@ from .base import (
     mapping_counts,
     normalise_event,
 )
-from .columns import EventColumns, as_events, distinct_in_events, event_positions, fast_events
+from .columns import (
+    EventColumns,
+    aggregate_items,
+    as_events,
+    distinct_in_events,
+    event_positions,
+    fast_events,
+    is_frame,
+)
 from .known import tree_purpose
 from .tree_noise import TreeNoise
 
@@ -418,8 +428,13 @@ class UnknownDomainHistogram:
         return self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
 
     # -- aggregate mode --------------------------------------------------------
-    def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
+    def release(self, t: int, counts: Mapping[Hashable, int] | Any,
+                values: Sequence[int] | np.ndarray | None = None) -> Release:
         """Release at step t from the true prefix histogram h_t (the practical setting).
+
+        ``counts`` is a Mapping item -> count; or give the items and their counts
+        as two arrays, ``release(t, items, counts)``, or a pandas/polars/Arrow
+        frame with columns ``item`` and ``count`` (no Python loop over items).
 
         ``counts`` maps every item seen in steps 1..t to its count (an item
         seen before and missing here counts 0, which is an error since counts
@@ -432,10 +447,18 @@ class UnknownDomainHistogram:
         function of the releases made).
         """
         check_next_step(t, self.t, self.horizon)
-        keys, vals = mapping_counts(counts)
+        if values is not None or is_frame(counts):
+            keys, vals = aggregate_items(counts, values)
+        else:
+            keys, vals = mapping_counts(counts)
         index = self._index
-        pos = np.fromiter((index.get(k, -1) for k in keys), np.int64, len(keys))
+        pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
         seen = pos >= 0
+        if values is not None or is_frame(counts):
+            if np.count_nonzero(np.bincount(pos[seen], minlength=self._n) > 1) or (
+                    len(set(keys[i] for i in np.flatnonzero(~seen).tolist()))
+                    != int(np.count_nonzero(~seen))):
+                raise ValueError("items must be distinct (one count per item)")
         arr = np.zeros(self._n, dtype=np.int64)
         arr[pos[seen]] = vals[seen]
         if (arr < self._counts[: self._n]).any():
