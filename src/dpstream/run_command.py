@@ -474,7 +474,7 @@ def _run_on_spark(opts: dict, key: object) -> int:
     _log.info(f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
               f"{summary['events']} events ({summary['skipped']} invalid skipped), "
               f"{summary['rows']} rows -> {summary['output']}, "
-              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy']}",
+              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy'].plain()}",
               extra=log_fields(**{k: v for k, v in summary.items() if k != "privacy"},
                                privacy=summary["privacy"].to_dict()))
     return 0
@@ -995,7 +995,7 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
            if stats.reasons else ""),
         f"  items released at the last step: {stats.last_items}",
-        f"  privacy spent: {mech.privacy}",
+        f"  privacy spent: {mech.privacy.plain()}",
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
     ]
