@@ -512,7 +512,7 @@ def test_plan_blt_prints_both_counters(capsys):
     assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
     assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
                  "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 1
-    assert "base applies to counter='tree' only" in capsys.readouterr().err
+    assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
 
 
 def test_run_known_blt_equals_library(files):

@@ -610,9 +610,13 @@ def _user_words(msg: str) -> str:
     import re
 
     def flag(m: re.Match[str]) -> str:
-        return _FLAG_WORDS.get(m.group(1), m.group(0))
+        name, value = m.group(1), m.group(2)
+        if name not in _FLAG_WORDS:
+            return m.group(0)
+        return _FLAG_WORDS[name] + (f" {value.strip(chr(39))}" if value else "")
 
-    msg = re.sub(r"\b([a-z][a-z_]*)=(?![\w.+-])", flag, msg)  # 'rho=' (a keyword, no value)
+    # 'rho=' (a keyword), 'rho=0.5', "counter='tree'": the flag, then its value
+    msg = re.sub(r"\b([a-z][a-z_]*)=('[^']*'|[\w.+-]+)?", flag, msg)
     msg = re.sub(r"\b(max_items|threshold_delta)\b", lambda m: _FLAG_WORDS[m.group(1)], msg)
     return msg.replace("Delta0", "--max-items")
 
