@@ -175,6 +175,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
+    params["implicit_time"] = bool(opts["implicit_time"])
     clock = _clock(opts)
     if clock is not None:
         params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
@@ -452,6 +453,25 @@ def _check_paths(opts: dict[str, Any], config: str | None) -> None:
                                  f"{other!r}: refusing to overwrite it")
 
 
+def _check_time_mode(opts: dict[str, Any], until: int) -> None:
+    """Refuse, before anything is opened, a time mode that would let the data move steps."""
+    clock = _clock(opts)
+    fmt = _auto_format(opts["input"], opts["input_format"])
+    if opts["implicit_time"] and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    if fmt == "csv" and clock is None and opts.get("time_column") is None:
+        raise ValueError("CSV input needs its time steps: --time-column (integer steps) or "
+                         "--time-field with --step and --start (timestamps)")
+    if opts["implicit_time"] and (until < int(opts["horizon"]) or opts["follow"]):
+        raise ValueError("--implicit-time numbers the steps by line, so a stream that goes "
+                         "on over several runs could count a line twice: give each event "
+                         "its step (\"t\" or --time-field) to use --until or --follow")
+    if opts["output"] == "-" and (until < int(opts["horizon"]) or opts["follow"]):
+        raise ValueError("a stream that goes on over several runs (--until, --follow) needs "
+                         "--output FILE: the file is the record that stops a step from being "
+                         "released twice")
+
+
 def _until(opts: dict[str, Any]) -> int:
     """The public end step of this run: ``--until``, or the horizon."""
     horizon = int(opts["horizon"])
@@ -494,8 +514,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
-    _clock(opts)  # checked before anything is opened
     until = _until(opts)
+    _check_time_mode(opts, until)
     _check_paths(opts, args.config)
     _require_budget(opts)
     key = load_key(opts)
@@ -665,7 +685,7 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     clock = _clock(opts)
     return read_events(guard_lines(infile, opts["input"]), input_format,
                        time_field=opts["time_field"] if clock else None, clock=clock,
-                       **csv_opts)
+                       implicit=bool(opts["implicit_time"]), **csv_opts)
 
 
 def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
@@ -790,7 +810,8 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 records = (RawEvent(r.line, None, None, f"time step {r.t} was already "
                                     "released by an earlier run (a late event)")
                            if r.t is not None and r.t <= start_t else r for r in records)
-            for t, recs in group_steps(records, horizon, start=start_t):
+            for t, recs in group_steps(records, horizon, start=start_t,
+                                       implicit=bool(opts["implicit_time"])):
                 if t is None:  # malformed records after the last step
                     validator.events(recs)
                 elif t > until:
