@@ -512,7 +512,7 @@ def test_plan_blt_prints_both_counters(capsys):
     assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
     assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
                  "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 1
-    assert "base applies to counter='tree' only" in capsys.readouterr().err
+    assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
 
 
 def test_run_known_blt_equals_library(files):
@@ -535,20 +535,20 @@ def test_plan_text(capsys):
 
 
 UNK = ["-m", "unknown", "-T", "50", "--max-items", "1", "--rho", "1", "--threshold-delta",
-       "1e-3", "--no-round"]
+       "1e-3", "--no-round", "--implicit-time"]
+UNK_CSV = UNK[:-1]  # CSV gives each event's step in a column
 
 
 def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsys):
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
     src = files.dir / "ev.csv"
-    src.write_text("event,item\ne1,a\ne2,b\ne1,c\n")
+    src.write_text("event,item,t\ne1,a,1\ne2,b,2\ne1,c,2\n")
     out = files.dir / "out.jsonl"
-    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
-                 "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
+    cmd = [*UNK_CSV, "--time-column", "t", "--key-file", files.key_path, "-i", str(src)]
+    assert main(["run", *cmd, "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
-    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-                "--on-invalid", "skip", "--force") == 0
+    assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
                                   threshold_delta=1e-3)
     _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
@@ -557,8 +557,9 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
 
 def test_csv_unclosed_quote_is_an_error_naming_its_first_line(files, capsys):
     src = files.dir / "ev.csv"
-    src.write_text('event,item\n0,"oops\n1,a\n2,a\n3,a\n')
-    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+    src.write_text('event,item,t\n0,"oops,1\n1,a,1\n2,a,1\n3,a,1\n')
+    assert main(["run", *UNK_CSV, "--time-column", "t", "--key-file", files.key_path,
+                 "-i", str(src),
                  "-o", str(files.dir / "out.jsonl"), "--on-invalid", "error",
                  "--verbose-errors"]) == 1
     err = capsys.readouterr().err
@@ -754,18 +755,20 @@ def test_a_bad_gz_input_is_a_one_line_error(files, capsys, kind):
     (b'["a"]\n["\\udc80"]\n', "surrogate"),
     (b'["a"]\n' + b"[" * 100_000 + b"\n", "nested too deeply"),
     (b'["a"]\n{"t": ' + b"7" * 5000 + b', "items": ["a"]}\n', "too many digits"),
-    (b'["a"]\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n', "past the horizon"),
+    (b'{"t": 1, "items": ["a"]}\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n',
+     "past the horizon"),
 ])
 def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, content, message):
     src = files.dir / "bad.jsonl"
     src.write_bytes(content)
     out = files.dir / "out.jsonl"
-    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+    args = UNK_CSV if "horizon" in message else UNK  # explicit steps, or one per line
+    assert main(["run", *args, "--key-file", files.key_path, "-i", str(src),
                  "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     err = capsys.readouterr().err
     assert "input line 2: " in err and message in err and err.count("\n") == 1
     assert len(err) < 300  # no 4,000-digit number in the message
-    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
+    assert _run(*args, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
                 "--force") == 0  # the default: skip
     # every step 1..T is released, whatever the input holds
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))

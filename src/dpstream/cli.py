@@ -226,7 +226,8 @@ MECH_OPTS: tuple[Opt, ...] = (
         "file of the known domain: one item per line, or a JSON array (known, top-k; "
         "optional for meta)", None, str, metavar="FILE"),
     Opt(("--max-items",), "max_items",
-        "Delta0, the most distinct items one event may hold (known, unknown; optional for meta)",
+        "the most distinct items one event may hold: the privacy cost grows with it (known, "
+        "unknown; optional for meta)",
         None, _positive_int, metavar="N"),
     Opt(("--k",), "k", "how many items top-k (and meta's top-k one-shots) release",
         None, _positive_int, default_text="none; required for top-k"),
@@ -238,7 +239,8 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--oneshot",), "oneshot",
         "meta: the one-shot mechanism run on every tree cell", None, str,
         choices=("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")),
-    Opt(("--kbar",), "kbar", "meta: kbar of the unknown-domain one-shots", None, _positive_int),
+    Opt(("--kbar",), "kbar", "meta, unknown-domain one-shots: how many candidates each "
+        "selection may consider (at least --k)", None, _positive_int, metavar="N"),
     Opt(("--counter",), "counter", "the running counter of each item (known, top-k): tree "
         "(the paper's r-ary tree) or blt (a buffered Toeplitz factorization: same privacy, "
         "about 3x less noise per count)", None, str, choices=("tree", "blt"),
@@ -276,6 +278,10 @@ RUN_OPTS: tuple[Opt, ...] = (
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
         default_text="none: each event is a step of its own (see 'time steps' below)"),
+    Opt(("--implicit-time",), "implicit_time", "JSON Lines without time steps: every line "
+        "is a step of its own, blank and broken lines too (then the guarantee hides what a "
+        "line holds, not whether it exists; not for a stream that goes on over several runs)",
+        False, kind="flag"),
     Opt(("--time-field",), "time_field", "the JSON field (or CSV column) holding each "
         "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
         "clock --start/--step, not from \"t\"", None, str, metavar="NAME"),
@@ -587,11 +593,36 @@ def main(argv: list[str] | None = None) -> int:
     except (DPStreamError, ValueError, TypeError, OSError) as exc:
         if debug:
             raise
-        msg = str(exc) or type(exc).__name__
+        msg = _user_words(str(exc) or type(exc).__name__)
         if isinstance(exc, OSError) and exc.filename and exc.strerror:
             msg = f"{exc.filename}: {exc.strerror}"
         print(f"{PROG}: error: {' '.join(msg.split())}", file=sys.stderr)
         return 1
+
+
+#: Library words in messages, and the command-line words a user typed instead.
+_FLAG_WORDS = {"rho": "--rho", "epsilon": "--epsilon", "delta": "--delta", "tau": "--tau",
+               "threshold_delta": "--threshold-delta", "max_items": "--max-items",
+               "horizon": "--horizon", "base": "--base", "k": "--k", "kbar": "--kbar",
+               "switches": "--switches", "eta": "--eta", "stream": "--stream",
+               "counter": "--counter"}
+
+
+def _user_words(msg: str) -> str:
+    """A library message in the command line's words: ``rho=`` becomes ``--rho``,
+    ``max_items`` and Delta0 ``--max-items`` (the library names its keyword arguments)."""
+    import re
+
+    def flag(m: re.Match[str]) -> str:
+        name, value = m.group(1), m.group(2)
+        if name not in _FLAG_WORDS:
+            return m.group(0)
+        return _FLAG_WORDS[name] + (f" {value.strip(chr(39))}" if value else "")
+
+    # 'rho=' (a keyword), 'rho=0.5', "counter='tree'": the flag, then its value
+    msg = re.sub(r"\b([a-z][a-z_]*)=('[^']*'|[\w.+-]+)?", flag, msg)
+    msg = re.sub(r"\b(max_items|threshold_delta)\b", lambda m: _FLAG_WORDS[m.group(1)], msg)
+    return msg.replace("Delta0", "--max-items")
 
 
 def _silence_stdout() -> None:
@@ -660,9 +691,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if target is not None:
         if any(opts[b] is not None for b in ("epsilon", "rho", "tau")):
             raise ValueError("--target-error replaces the budget: drop --epsilon/--rho/--tau")
-        unit = build_mechanism(name, {**opts, "tau": 1.0, "delta": None}, key, domain)
+        fixed = {**opts, "delta": None}
+        params = inspect.signature(mechanism_class(name)).parameters
+        if "threshold_delta" in params and opts["threshold_delta"] is None:
+            # the discovery threshold needs its delta; without --threshold-delta, half of
+            # --delta (the mechanism pays --max-items times it)
+            if opts["delta"] is None:
+                raise ValueError(f"--mechanism {name} with --target-error needs --delta (or "
+                                 "--threshold-delta): the threshold that hides rare items "
+                                 "is set from it")
+            fixed["threshold_delta"] = opts["delta"] / (2 * (opts["max_items"] or 1))
+        unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
         tau = planning.tau_for_target(target, planning.noise_std_worst(unit))
-        mech = build_mechanism(name, {**opts, "tau": tau, "delta": None}, key, domain)
+        mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
     else:
         _require_budget(opts)
         mech = build_mechanism(name, opts, key, domain)

@@ -318,7 +318,7 @@ def _arrow_rows(buf: bytes, starts: np.ndarray, ends: np.ndarray, fast: np.ndarr
     if values.null_count:
         null_at = np.flatnonzero(np.asarray(values.is_null().to_numpy(zero_copy_only=False)))
         usable[np.searchsorted(offsets, null_at, side="right") - 1] = False
-    usable &= ~t_given | (t >= 1)
+    usable &= t_given & (t >= 1)  # no "t", a null or a bad one: the per-line parser words it
     return t, t_given, usable, offsets, values
 
 
@@ -340,7 +340,7 @@ def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends
         t, t_given, usable, offsets, values = rows
         good = fast_idx[usable]
         is_rec[good] = True
-        rec_t[good] = np.where(t_given[usable], t[usable], 0)
+        rec_t[good] = t[usable]
         row_sizes = np.diff(offsets)
         sizes[good] = row_sizes[usable]
         # the items of usable rows, dictionary-encoded: each distinct string once
@@ -358,12 +358,12 @@ def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends
         if rec is None:
             continue
         is_rec[i] = True
+        if rec.t is not None and rec.t > _INT64_MAX and rec_t.dtype != object:
+            rec_t = rec_t.astype(object)  # a step past any horizon, kept exactly
+        rec_t[i] = rec.t or 0  # an invalid record keeps a step it gives
         if rec.error is not None:
             errors_by_line[i] = rec.error
         else:
-            if rec.t is not None and rec.t > _INT64_MAX and rec_t.dtype != object:
-                rec_t = rec_t.astype(object)  # a step past any horizon, kept exactly
-            rec_t[i] = rec.t or 0
             slow_items[i] = rec.items  # type: ignore[assignment]
             sizes[i] = len(rec.items)  # type: ignore[arg-type]
     idx = np.flatnonzero(is_rec)
@@ -425,7 +425,7 @@ def _chunk_of(recs: list[RawEvent]) -> Chunk:
     offsets = np.zeros(len(recs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     return Chunk(lines=np.fromiter((r.line for r in recs), np.int64, len(recs)),
-                 t=_steps_array([(r.t or 0) if r.error is None else 0 for r in recs]),
+                 t=_steps_array([r.t or 0 for r in recs]),
                  errors=errors, offsets=offsets, codes=np.asarray(codes, dtype=np.int64),
                  items=list(table), buf=b"\n".join(raws) + b"\n", starts=ends - lens,
                  ends=ends)
@@ -448,7 +448,9 @@ class ChunkGrouper:
     """:func:`dpstream.io.group_steps` over chunks: the same steps, the same records.
 
     ``start``: the steps up to it are complete (records of them are late, with
-    ``late_message``); ``late_message`` None: no such earlier run.
+    ``late_message``); ``late_message`` None: no such earlier run. A record with
+    a step (valid or not) belongs to it; one without belongs to the open step,
+    or else to the next one. Not for ``--implicit-time`` (a step per line).
     """
 
     def __init__(self, horizon: int, *, start: int = 0, late_message: str | None = None
@@ -469,18 +471,13 @@ class ChunkGrouper:
         if self.cur > _INT64_MAX and chunk.t.dtype != object:
             chunk.t = chunk.t.astype(object)  # compared with a step past int64
         t = chunk.t
-        valid = np.ones(m, dtype=bool)
-        if chunk.errors:
-            valid[list(chunk.errors)] = False
+        valid = t > 0  # a record with a step goes to it, valid or not
         if self.late_message is not None:  # records of steps an earlier run released
-            old = np.flatnonzero(valid & (t > 0) & (t <= self.start))
+            old = np.flatnonzero(valid & (t <= self.start))
             for i in old.tolist():
                 late[i] = self.late_message.format(t=int(t[i]))
             valid[old] = False
-        if valid.any() and (t[valid] == 0).any():
-            yield from self._feed_loop(chunk, valid, late)
-        else:
-            yield from self._feed_explicit(chunk, valid, late)
+        yield from self._feed_explicit(chunk, valid, late)
 
     def _feed_explicit(self, chunk: Chunk, valid: np.ndarray, late: dict[int, str]
                        ) -> Iterator[StepInput]:
@@ -527,35 +524,6 @@ class ChunkGrouper:
         for gap in range(self.cur + 1, min(t, self.horizon + 1)):
             yield _step_input(gap, self.bad)
             self.bad = []
-
-    def _feed_loop(self, chunk: Chunk, valid: np.ndarray, late: dict[int, str]
-                   ) -> Iterator[StepInput]:
-        """Record by record (a chunk with events without ``t``), as group_steps does."""
-        tl = chunk.t.tolist()
-        vl = valid.tolist()
-        for i in range(len(chunk)):
-            one = _Part(chunk, i, i + 1)
-            if not vl[i]:
-                if i in late:
-                    one.late[i] = late[i]
-                (self.open if self.open is not None else self.bad).append(one)
-                continue
-            explicit = tl[i] > 0
-            t = tl[i] if explicit else self.cur + 1
-            if self.open is not None and explicit and t == self.cur:
-                self.open.append(one)
-                continue
-            if t <= self.cur:
-                one.late[i] = _LATE_TEMPLATE.format(t=t, cur=self.cur)
-                (self.open if self.open is not None else self.bad).append(one)
-                continue
-            yield from self._advance(t)
-            self.cur = t
-            if explicit:
-                self.open, self.bad = self.bad + [one], []
-            else:
-                yield _step_input(t, self.bad + [one])
-                self.bad = []
 
     def finish(self) -> Iterator[StepInput]:
         """The open step, then invalid records after the last step (as step None)."""

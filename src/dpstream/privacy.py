@@ -253,6 +253,15 @@ class PrivacyGuarantee:
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {tuple(UNITS)}, got unit={self.unit!r}")
 
+    def plain(self) -> str:
+        """The guarantee in plain words, for people (no paper labels): e.g.
+        ``"epsilon = 1, delta = 1e-06 per event (rho-zCDP with rho = 0.028)"``."""
+        text = (f"epsilon = {self.epsilon:.6g}, delta = {self.delta:.3g} per {self.unit} "
+                f"(rho-zCDP with rho = {self.rho:.6g}")
+        if self.rho_delta > 0.0:
+            text += f", plus {self.rho_delta:.3g} of delta for what the noise cannot hide"
+        return text + ")"
+
     @property
     def neighbours(self) -> str:
         """The neighbour relation the guarantee is for, in words."""

@@ -175,6 +175,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
+    params["implicit_time"] = bool(opts["implicit_time"])
     clock = _clock(opts)
     if clock is not None:
         params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
@@ -489,6 +490,25 @@ def _check_paths(opts: dict[str, Any], config: str | None) -> None:
                                  f"{other!r}: refusing to overwrite it")
 
 
+def _check_time_mode(opts: dict[str, Any], until: int) -> None:
+    """Refuse, before anything is opened, a time mode that would let the data move steps."""
+    clock = _clock(opts)
+    fmt = _auto_format(opts["input"], opts["input_format"])
+    if opts["implicit_time"] and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    if fmt == "csv" and clock is None and opts.get("time_column") is None:
+        raise ValueError("CSV input needs its time steps: --time-column (integer steps) or "
+                         "--time-field with --step and --start (timestamps)")
+    if opts["implicit_time"] and (until < int(opts["horizon"]) or opts["follow"]):
+        raise ValueError("--implicit-time numbers the steps by line, so a stream that goes "
+                         "on over several runs could count a line twice: give each event "
+                         "its step (\"t\" or --time-field) to use --until or --follow")
+    if opts["output"] == "-" and (until < int(opts["horizon"]) or opts["follow"]):
+        raise ValueError("a stream that goes on over several runs (--until, --follow) needs "
+                         "--output FILE: the file is the record that stops a step from being "
+                         "released twice")
+
+
 def _until(opts: dict[str, Any]) -> int:
     """The public end step of this run: ``--until``, or the horizon."""
     horizon = int(opts["horizon"])
@@ -511,7 +531,7 @@ def _run_on_spark(opts: dict, key: object) -> int:
     _log.info(f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
               f"{summary['events']} events ({summary['skipped']} invalid skipped), "
               f"{summary['rows']} rows -> {summary['output']}, "
-              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy']}",
+              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy'].plain()}",
               extra=log_fields(**{k: v for k, v in summary.items() if k != "privacy"},
                                privacy=summary["privacy"].to_dict()))
     return 0
@@ -531,8 +551,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
-    _clock(opts)  # checked before anything is opened
     until = _until(opts)
+    _check_time_mode(opts, until)
     _check_paths(opts, args.config)
     _require_budget(opts)
     key = load_key(opts)
@@ -702,7 +722,7 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     clock = _clock(opts)
     return read_events(guard_lines(infile, opts["input"]), input_format,
                        time_field=opts["time_field"] if clock else None, clock=clock,
-                       **csv_opts)
+                       implicit=bool(opts["implicit_time"]), **csv_opts)
 
 
 def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
@@ -710,7 +730,7 @@ def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Itera
     with integer steps through the columnar reader, the other inputs record by record."""
     from .ingest import chunks_from_records, read_jsonl_chunks
 
-    if input_format == "jsonl" and _clock(opts) is None:
+    if input_format == "jsonl" and _clock(opts) is None and not opts["implicit_time"]:
         return read_jsonl_chunks(infile, opts["input"])
     return chunks_from_records(_input_records(infile, opts, input_format))
 
@@ -742,6 +762,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
     its last release ends in the output."""
     from .ingest import records_step, step_steps
+    from .io import group_steps
 
     horizon = int(opts["horizon"])
     do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")
@@ -845,8 +866,15 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             late = ("time step {t} was already released by an earlier run (a late event)"
                     if start_t else None)  # events of steps an earlier run released
-            for step in step_steps(counted(_input_chunks(infile, opts, input_format)),
-                                   horizon, start=start_t, late_message=late):
+            if opts["implicit_time"]:  # every line is a step: record by record
+                steps: Iterable[Any] = (
+                    records_step(t, recs) for t, recs in group_steps(
+                        map(note, _input_records(infile, opts, input_format)), horizon,
+                        start=start_t, implicit=True))
+            else:
+                steps = step_steps(counted(_input_chunks(infile, opts, input_format)),
+                                   horizon, start=start_t, late_message=late)
+            for step in steps:
                 if step.t is None:  # malformed records after the last step
                     validator.events(step)
                 elif step.t > until:
@@ -1051,7 +1079,7 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
            if stats.reasons else ""),
         f"  items released at the last step: {stats.last_items}",
-        f"  privacy spent: {mech.privacy}",
+        f"  privacy spent: {mech.privacy.plain()}",
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
     ]

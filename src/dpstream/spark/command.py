@@ -53,12 +53,14 @@ _EVENT_SCHEMA = T.StructType([
 ])
 
 
-def _parse_lines(batches, time_field=None, clock=None):
-    """Each text line through the local engine's own JSON Lines parser."""
+def _parse_lines(batches, time_field=None, clock=None, implicit=False):
+    """Each text line through the local engine's own JSON Lines parser (with implicit
+    time, a line's step is its place in the file, set by the caller)."""
     for pdf in batches:
         ts, items, errors = [], [], []
         for line in pdf["value"].tolist():
-            recs = list(read_jsonl([line], time_field=time_field, clock=clock))
+            recs = list(read_jsonl([line], time_field=time_field, clock=clock,
+                                   implicit=implicit))
             if not recs:  # blank line
                 ts.append(None)
                 items.append(None)
@@ -73,18 +75,24 @@ def _parse_lines(batches, time_field=None, clock=None):
 
 
 def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None = None,
-                      clock: Any = None) -> DataFrame:
+                      clock: Any = None, implicit: bool = False) -> DataFrame:
     """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
 
     Returns (pos, t, items, error): ``pos`` the line's place in the file,
     ``error`` the parse problem (``""`` for a blank line, null for an event).
     With ``time_field`` and ``clock`` (a :class:`dpstream.clock.StepClock`),
-    ``t`` is the step of the event's timestamp on that public clock.
+    ``t`` is the step of the event's timestamp on that public clock; with
+    ``implicit``, every line is a step: ``t`` is its line number (blank and
+    broken lines too, as invalid records of their steps).
     """
     lines = spark.read.text(path)
     indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
     df = spark.createDataFrame(indexed, "pos long, value string")
-    return df.mapInPandas(lambda b: _parse_lines(b, time_field, clock), _EVENT_SCHEMA)
+    parsed = df.mapInPandas(lambda b: _parse_lines(b, time_field, clock, implicit),
+                            _EVENT_SCHEMA)
+    if implicit:
+        parsed = parsed.withColumn("t", F.col("pos") + 1)
+    return parsed
 
 
 def _long_format(spark: SparkSession, released: DataFrame, mech: Any,
@@ -198,14 +206,15 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         from ..clock import StepClock
 
         clock = StepClock.parse(opts["start"], opts["step"])
+    implicit = bool(opts.get("implicit_time"))
+    if implicit and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     parsed = read_events_jsonl(spark, inp, time_field=opts.get("time_field"),
-                               clock=clock).cache()
+                               clock=clock, implicit=implicit).cache()
     checked = None
     try:
         facts = parsed.agg(
             F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
-            F.count(F.when(F.col("error").isNull() & F.col("t").isNotNull(), 1)).alias("timed"),
-            F.max("t").alias("max_t"),
             F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
         ).first()
         skipped = 0
@@ -215,18 +224,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                 why = bad["error"] if verbose else "not a valid event (--verbose-errors shows why)"
                 raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
             skipped += parsed.where(F.col("error") != "").count()
-        n_events, timed = int(facts["events"]), int(facts["timed"])
-        events = parsed.where(F.col("error").isNull())
-        if timed == n_events:
-            events = events.select("t", "items")
-        elif timed == 0:
-            ordered = events.select("pos", "items").rdd.map(lambda r: (r[0], r[1])).sortByKey()
-            events = spark.createDataFrame(
-                ordered.zipWithIndex().map(lambda r: (r[1] + 1, r[0][1])),
-                "t long, items array<string>")
-        else:
-            raise ValueError("--engine spark needs a \"t\" on every event or on none "
-                             f"({timed} of {n_events} events have one)")
+        n_events = int(facts["events"])
+        events = parsed.where(F.col("error").isNull()).select("t", "items")
         invalid = F.col("t") > until
         if policy == "skip":  # the local engine's checks, as a filter instead of a failure
             invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
