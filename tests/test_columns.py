@@ -199,3 +199,23 @@ def test_arrow_chunks_with_unusable_rows_match(seed):
         lines.insert(rng.randrange(len(lines)), rng.choice(clean))
     text = "\n".join(lines) + "\n"
     assert _columnar(text, 9, 1 << 20, True) == _reference(text, 9, True)
+
+
+@pytest.mark.parametrize("width", [1, 3, 16, 40])
+def test_distinct_in_events_against_brute_force(width):
+    from dpstream.mechanisms.columns import distinct_in_events
+
+    rng = np.random.default_rng(width)  # simulation data only
+    sizes = rng.integers(0, width + 1, 200)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    cols = rng.integers(0, 12, int(offsets[-1]))
+    keep, distinct = distinct_in_events(cols, offsets)
+    want_keep, want_distinct = [], []
+    for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+        seen: set[int] = set()
+        for c in cols[a:b].tolist():
+            want_keep.append(c not in seen)
+            seen.add(c)
+        want_distinct.append(len(seen))
+    got_keep = np.ones(cols.size, bool) if keep is None else keep
+    assert got_keep.tolist() == want_keep and distinct.tolist() == want_distinct

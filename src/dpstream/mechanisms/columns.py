@@ -30,8 +30,8 @@ __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_po
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
 _PLAIN = frozenset((str, int, bytes))
-#: The widest event for which duplicates are found by sorting rows of a 2-D array.
-_NARROW = 32
+#: The widest event for which duplicates are found by comparing shifted copies.
+_NARROW = 16
 
 
 class EventColumns:
@@ -164,23 +164,28 @@ def distinct_in_events(cols: np.ndarray, offsets: np.ndarray
     """
     sizes = np.diff(offsets)
     n_events = sizes.size
-    if cols.size == 0 or n_events == 0 or sizes.max() <= 1:
+    if cols.size == 0 or n_events == 0:
+        return None, sizes
+    width = int(sizes.max())
+    if width <= 1:
         return None, sizes
     event = np.repeat(np.arange(n_events), sizes)
-    width = int(sizes.max())
     if width <= _NARROW:
-        # one row per event, padded with distinct negatives, sorted along the rows
-        slot = np.arange(cols.size) - offsets[:-1][event]
-        grid = np.full((n_events, width), -1, dtype=np.int64)
-        grid -= np.arange(width)
-        grid[event, slot] = cols
-        grid.sort(axis=1)
-        if not (grid[:, 1:] == grid[:, :-1]).any():
+        # an occurrence repeats an earlier one of its event at most width - 1 places back
+        dup = None
+        for shift in range(1, width):
+            same = (cols[shift:] == cols[:-shift]) & (event[shift:] == event[:-shift])
+            if same.any():
+                if dup is None:
+                    dup = np.zeros(cols.size, dtype=bool)
+                dup[shift:] |= same
+        if dup is None:
             return None, sizes
-    order = np.lexsort((cols, event))  # stable: the first occurrence comes first
-    ev, co = event[order], cols[order]
-    dup = np.zeros(cols.size, dtype=bool)
-    dup[order[1:]] = (ev[1:] == ev[:-1]) & (co[1:] == co[:-1])
+    else:
+        order = np.lexsort((cols, event))  # stable: the first occurrence comes first
+        ev, co = event[order], cols[order]
+        dup = np.zeros(cols.size, dtype=bool)
+        dup[order[1:]] = (ev[1:] == ev[:-1]) & (co[1:] == co[:-1])
     keep = ~dup
     return keep, np.bincount(event[keep], minlength=n_events)
 
