@@ -314,7 +314,6 @@ class UnknownDomainHistogram:
         self._items = np.empty(cap, dtype=object)
         self._counts = np.zeros(cap, dtype=np.int64)
         self._shown = np.zeros(cap, dtype=bool)
-        self._ids = np.zeros((cap, 2), dtype=np.uint64)  # keyed item ids, for a fixed order
         self._n = 0
         self.t = 0
 
@@ -480,9 +479,7 @@ class UnknownDomainHistogram:
         counts[: self._n] = self._counts[: self._n]
         shown = np.zeros(cap, dtype=bool)
         shown[: self._n] = self._shown[: self._n]
-        ids = np.zeros((cap, 2), dtype=np.uint64)
-        ids[: self._n] = self._ids[: self._n]
-        self._items, self._counts, self._shown, self._ids = items, counts, shown, ids
+        self._items, self._counts, self._shown = items, counts, shown
 
     def _commit(self, t: int, counts: np.ndarray, new_items: list[Hashable],
                 new_counts: np.ndarray) -> Release:
@@ -502,7 +499,6 @@ class UnknownDomainHistogram:
             self._items[n_old : n_old + m] = ordered
             self._counts[n_old : n_old + m] = new_counts[order]
             self._shown[n_old : n_old + m] = False
-            self._ids[n_old : n_old + m] = ids[order]
             self._index.update(zip(ordered.tolist(), range(n_old, n_old + m), strict=True))
             self._noise.add_items(prepared)
             self._n = n_old + m
@@ -518,8 +514,11 @@ class UnknownDomainHistogram:
         # exact ties by the keyed item id. Never in order of first appearance,
         # which is a function of the data that one event can change.
         vals = values[idx]
-        ids = self._ids[idx]
-        idx = idx[np.lexsort((ids[:, 1], ids[:, 0], -vals))]
+        if np.unique(vals).size == vals.size:
+            idx = idx[np.argsort(-vals, kind="stable")]
+        else:  # ties: the keyed ids (hashed here, rarely, rather than kept per item)
+            ids = self._source.item_ids(self._items[idx].tolist())
+            idx = idx[np.lexsort((ids[:, 1], ids[:, 0], -vals))]
         return Release(
             t=t, items=self._items[idx].tolist(), values=values[idx],
             # Only data-independent facts: the number of items seen is NOT private
