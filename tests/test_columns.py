@@ -219,3 +219,30 @@ def test_distinct_in_events_against_brute_force(width):
         want_distinct.append(len(seen))
     got_keep = np.ones(cols.size, bool) if keep is None else keep
     assert got_keep.tolist() == want_keep and distinct.tolist() == want_distinct
+
+
+@pytest.mark.parametrize("round_counts", [True, False])
+def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
+    from dpstream.io import CsvFormatter, JsonlFormatter, JsonlLongFormatter
+
+    rng = np.random.default_rng(7)  # simulation data only
+    items = ["plain", "", "a,b", 'q"uote', "caf\u00e9", "new\nline", " space", "\u2028"]
+    items += [f"i{k}" for k in range(200)]
+    values = rng.normal(0, 1e3, len(items)) * rng.choice([1e-9, 1.0, 1e12], len(items))
+    for meta in ({"noise_std": 12.25, "threshold": 3.5}, {}, {"noise_std": None}):
+        rel = dps.Release(t=42, items=items, values=values, meta=meta)
+        for cls in (JsonlFormatter, CsvFormatter, JsonlLongFormatter):
+            f = cls(round_counts)
+            fast = f._format_columns(rel)
+            slow = (f._format_rows(rel) if hasattr(f, "_format_rows")
+                    else cls.format(f, dps.Release(t=42, items=items[:3], values=values[:3],
+                                                   meta=meta)) and None)
+            if slow is not None:
+                assert fast == slow, cls.__name__
+    # jsonl-long: the fast path against json.dumps row by row
+    rel = dps.Release(t=3, items=items, values=values, meta={"noise_std": 1.5})
+    import json
+    want = "".join(json.dumps({"t": 3, "item": i, "value": (int(np.rint(v)) if round_counts
+                                                           else float(v)), "noise_std": 1.5},
+                              ensure_ascii=False) + "\n" for i, v in zip(items, values))
+    assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")

@@ -82,6 +82,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import secrets
 import sys
 import zlib
@@ -709,6 +710,56 @@ def _values(release: Release, round_counts: bool) -> list[float] | list[int]:
     return values.tolist()
 
 
+class _ItemText:
+    """The items of a release as an Arrow string array of their encoded text (JSON
+    or CSV), kept while the release's items are the same list: a known domain is
+    encoded once, not at every step."""
+
+    def __init__(self, encode: Any) -> None:
+        self._encode = encode
+        self._items: Any = None
+        self._len = -1
+        self._text: Any = None
+
+    def __call__(self, items: Sequence[Any]) -> Any:
+        if items is not self._items or len(items) != self._len:
+            import pyarrow as pa
+
+            self._text = pa.array([self._encode(x) for x in items], pa.string())
+            self._items, self._len = items, len(items)
+        return self._text
+
+
+def _value_text(release: Release, round_counts: bool) -> Any:
+    """The values as an Arrow string array, written as the slow path writes them:
+    integers in decimal, floats as ``repr`` (the shortest text that reads back the
+    same float64); None when a value is not finite (the slow path decides)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = np.asarray(release.values, dtype=np.float64)
+    if not np.isfinite(values).all():
+        return None
+    if round_counts:
+        return pc.cast(pa.array(np.rint(values).astype(np.int64)), pa.string())
+    return pa.array(list(map(repr, values.tolist())), pa.string())
+
+
+def _join(pieces: Any, sep: str) -> str:
+    """The strings of an Arrow array joined by ``sep``, in C++."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(pieces) == 0:
+        return ""
+    one = pa.ListArray.from_arrays(pa.array([0, len(pieces)], pa.int32()), pieces)
+    return pc.binary_join(one, sep)[0].as_py()
+
+
+def _json_key(item: Any) -> str:
+    return json.dumps(str(item), ensure_ascii=False)
+
+
 class JsonlFormatter:
     """``{"t": 3, "released": {item: count, ...}}`` per line (see the module docstring)."""
 
@@ -716,11 +767,36 @@ class JsonlFormatter:
 
     def __init__(self, round_counts: bool = False) -> None:
         self.round_counts = round_counts
+        self._keys = _ItemText(_json_key)
 
     def header(self) -> bytes:
         return b""
 
     def format(self, release: Release) -> bytes:
+        if len(release.values) >= _COLUMNAR_MIN:
+            try:
+                fast = self._format_columns(release)
+            except Exception:  # noqa: BLE001 - the slow path raises what it raises
+                fast = None
+            if fast is not None:
+                return fast
+        return self._format_rows(release)
+
+    def _format_columns(self, release: Release) -> bytes | None:
+        """The same bytes as :meth:`_format_rows`, built by Arrow's string kernels."""
+        import pyarrow.compute as pc
+
+        vals = _value_text(release, self.round_counts)
+        if vals is None:
+            return None
+        pairs = pc.binary_join_element_wise(self._keys(release.items), vals, ": ")
+        text = f'{{"t": {int(release.t)}, "released": {{{_join(pairs, ", ")}}}'
+        if release.meta:
+            text += ", \"meta\": " + json.dumps(dict(release.meta), ensure_ascii=False,
+                                                 allow_nan=False, default=_json_default)
+        return (text + "}\n").encode("utf-8")
+
+    def _format_rows(self, release: Release) -> bytes:
         values = _values(release, self.round_counts)
         obj: dict[str, Any] = {
             "t": int(release.t),
@@ -734,6 +810,9 @@ class JsonlFormatter:
 
 #: The columns of every long ("tidy") output: one row per released item per step.
 LONG_COLUMNS = ("t", "item", "value", "noise_std")
+
+#: Releases of at least this many items are formatted by Arrow's string kernels.
+_COLUMNAR_MIN = 64
 
 
 def _long_rows(release: Release, round_counts: bool) -> list[tuple[Any, ...]]:
@@ -751,6 +830,13 @@ def _long_rows(release: Release, round_counts: bool) -> list[tuple[Any, ...]]:
             for item, value in zip(release.items, values, strict=True)]
 
 
+def _csv_cell(item: Any) -> str:
+    """An item as the csv module writes it (quoted when it must be)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow([str(item), ""])  # as one field of a row
+    return buf.getvalue()[:-2]
+
+
 class CsvFormatter:
     """The long format as CSV: a ``t,item,value,noise_std`` header, then one row per
     released item per step; a step that releases no item writes one row with empty
@@ -760,11 +846,39 @@ class CsvFormatter:
 
     def __init__(self, round_counts: bool = False) -> None:
         self.round_counts = round_counts
+        self._cells = _ItemText(_csv_cell)
 
     def header(self) -> bytes:
         return (",".join(LONG_COLUMNS) + "\n").encode()
 
     def format(self, release: Release) -> bytes:
+        if len(release.values) >= _COLUMNAR_MIN:
+            try:
+                fast = self._format_columns(release)
+            except Exception:  # noqa: BLE001 - the slow path raises what it raises
+                fast = None
+            if fast is not None:
+                return fast
+        return self._format_rows(release)
+
+    def _format_columns(self, release: Release) -> bytes | None:
+        """The same bytes as :meth:`_format_rows`, built by Arrow's string kernels."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        vals = _value_text(release, self.round_counts)
+        if vals is None:
+            return None
+        std = release.meta.get("noise_std") if release.meta else None
+        std_text = "" if std is None else repr(std) if isinstance(std, float) else str(std)
+        n = len(vals)
+        rows = pc.binary_join_element_wise(
+            pa.array([str(int(release.t))] * 1, pa.string()).take(pa.array(np.zeros(n, np.int64))),
+            self._cells(release.items), vals,
+            pa.array([std_text], pa.string()).take(pa.array(np.zeros(n, np.int64))), ",")
+        return (_join(rows, "\n") + "\n").encode("utf-8")
+
+    def _format_rows(self, release: Release) -> bytes:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         for row in _long_rows(release, self.round_counts):
@@ -781,15 +895,42 @@ class JsonlLongFormatter:
 
     def __init__(self, round_counts: bool = False) -> None:
         self.round_counts = round_counts
+        self._keys = _ItemText(_json_key)
 
     def header(self) -> bytes:
         return b""
 
     def format(self, release: Release) -> bytes:
+        if len(release.values) >= _COLUMNAR_MIN:
+            try:
+                fast = self._format_columns(release)
+            except Exception:  # noqa: BLE001 - the slow path raises what it raises
+                fast = None
+            if fast is not None:
+                return fast
         return "".join(
             json.dumps(dict(zip(LONG_COLUMNS, row, strict=True)), ensure_ascii=False,
                        allow_nan=False) + "\n"
             for row in _long_rows(release, self.round_counts)).encode("utf-8")
+
+    def _format_columns(self, release: Release) -> bytes | None:
+        """The same bytes as the row by row path, built by Arrow's string kernels."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        vals = _value_text(release, self.round_counts)
+        std = release.meta.get("noise_std") if release.meta else None
+        if vals is None or (isinstance(std, float) and not math.isfinite(std)):
+            return None
+        head = f'{{"t": {int(release.t)}, "item": '
+        tail = f', "noise_std": {json.dumps(std)}}}'
+        n = len(vals)
+        const = pa.array([head, ', "value": ', tail], pa.string())
+        rows = pc.binary_join_element_wise(
+            const.take(pa.array(np.zeros(n, np.int64))), self._keys(release.items),
+            const.take(pa.array(np.ones(n, np.int64))), vals,
+            const.take(pa.array(np.full(n, 2, np.int64))), "")
+        return (_join(rows, "\n") + "\n").encode("utf-8")
 
 
 class ParquetWriter:
@@ -816,22 +957,47 @@ class ParquetWriter:
                                   ("value", pa.int64() if round_counts else pa.float64()),
                                   ("noise_std", pa.float64())])
         self._writer = pq.ParquetWriter(path, self._schema)
-        self._rows: list[tuple[Any, ...]] = []
+        self._rows: list[tuple[Any, ...]] = []  # empty steps, row by row
+        self._batches: list[Any] = []  # releases as tables, in order
+        self._pending = 0
         self._rows_per_group = rows_per_group
+        self._items = _ItemText(str)
 
     def write(self, release: Release) -> None:
-        self._rows.extend(_long_rows(release, self.round_counts))
-        if len(self._rows) >= self._rows_per_group:
+        pa = self._pa
+        n = len(release.values)
+        if n == 0:  # an empty step is one row with no item and no value
+            self._rows.extend(_long_rows(release, self.round_counts))
+        else:
+            self._flush_rows()
+            std = release.meta.get("noise_std") if release.meta else None
+            values = np.asarray(release.values, dtype=np.float64)
+            if self.round_counts:
+                values = np.rint(values).astype(np.int64)
+            self._batches.append(pa.table([
+                pa.array(np.full(n, int(release.t), dtype=np.int64)),
+                self._items(release.items), pa.array(values, type=self._schema[2].type),
+                pa.array(np.full(n, np.nan if std is None else float(std)),
+                         mask=np.full(n, std is None))], schema=self._schema))
+            self._pending += n
+        if self._pending + len(self._rows) >= self._rows_per_group:
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush_rows(self) -> None:
         if self._rows:
             cols = list(zip(*self._rows, strict=True))
-            self._writer.write_table(self._pa.table(
+            self._batches.append(self._pa.table(
                 [self._pa.array(c, type=f.type) for c, f in zip(cols, self._schema,
                                                                 strict=True)],
                 schema=self._schema))
+            self._pending += len(self._rows)
             self._rows = []
+
+    def _flush(self) -> None:
+        self._flush_rows()
+        if self._batches:
+            self._writer.write_table(self._pa.concat_tables(self._batches))
+            self._batches, self._pending = [], 0
 
     def close(self) -> None:
         self._flush()
