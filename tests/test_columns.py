@@ -246,3 +246,26 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
                                                            else float(v)), "noise_std": 1.5},
                               ensure_ascii=False) + "\n" for i, v in zip(items, values))
     assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")
+
+
+def test_aggregate_in_items_seen_order_takes_no_lookup_and_matches():
+    key = fixed_key("columns-aligned")
+    steps = _steps(11, [f"d{i}" for i in range(60)], 3)
+
+    def make():
+        return dps.UnknownDomainHistogram(T, max_items=3, key=key, rho=1.0,
+                                          threshold_delta=1e-6, base=2)
+
+    ev, agg = make(), make()
+    counts: dict[str, int] = {}
+    for t, step in enumerate(steps[:-1], 1):
+        rel = ev.step_batch(step)
+        for e in step:
+            for x in dict.fromkeys(e):
+                counts[x] = counts.get(x, 0) + 1
+        order = agg.items_seen + [x for x in counts if x not in set(agg.items_seen)]
+        values = np.array([counts[x] for x in order], dtype=np.int64)
+        assert agg._aligned(np.array(order, dtype=object)) == len(agg)
+        _same(rel, agg.release(t, np.array(order, dtype=object), values))
+    with pytest.raises(ValueError, match="distinct"):  # an item seen, listed again after
+        agg.release(T, agg.items_seen + [agg.items_seen[0]], list(agg.counts) + [1])

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
-           "domain_positions", "fast_events", "aggregate_items", "domain_aggregate",
+           "domain_positions", "fast_events", "aggregate_items", "aggregate_raw",
+           "domain_aggregate",
            "is_frame", "distinct_in_events", "aggregate_columns"]
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
@@ -213,6 +214,22 @@ def aggregate_columns(items: Any, counts: Any = None) -> tuple[list[Hashable], n
     return keys, values
 
 
+def aggregate_raw(items: Any, counts: Any = None) -> tuple[Any, np.ndarray]:
+    """Like :func:`aggregate_columns`, but the items as given (a NumPy array stays an
+    array; a frame's column becomes a NumPy array or a list), not yet checked."""
+    if counts is None:
+        items, counts = _frame_columns(items, as_array=True)
+    values = _count_array(counts)
+    if hasattr(items, "to_numpy") and not isinstance(items, np.ndarray):
+        items = items.to_numpy()
+    if not isinstance(items, (np.ndarray, list)):
+        items = list(items)
+    if len(items) != values.size:
+        raise ValueError(f"items and counts must have the same length, got {len(items)} "
+                         f"and {values.size}")
+    return items, values
+
+
 def _count_array(counts: Any) -> np.ndarray:
     if hasattr(counts, "to_numpy") and not isinstance(counts, np.ndarray):
         counts = counts.to_numpy()
@@ -234,7 +251,7 @@ def _count_array(counts: Any) -> np.ndarray:
     return arr
 
 
-def _frame_columns(frame: Any) -> tuple[Any, Any]:
+def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:
     """(items, counts) of a pandas/polars DataFrame or an Arrow table."""
     names = None
     if hasattr(frame, "column_names"):  # pyarrow.Table
@@ -256,6 +273,8 @@ def _frame_columns(frame: Any) -> tuple[Any, Any]:
     items, counts = frame[item_col], frame[count_col]
     if hasattr(items, "to_list"):  # polars
         items = items.to_list()
+    elif as_array and hasattr(items, "to_numpy"):  # pandas: its object array, no copy
+        items = items.to_numpy()
     return items, counts
 
 

@@ -35,6 +35,7 @@ from .base import (
 from .columns import (
     EventColumns,
     aggregate_items,
+    aggregate_raw,
     as_events,
     distinct_in_events,
     event_positions,
@@ -315,6 +316,7 @@ class UnknownDomainHistogram:
         self._counts = np.zeros(cap, dtype=np.int64)
         self._shown = np.zeros(cap, dtype=bool)
         self._n = 0
+        self._all_str = True  # every item seen is a str (aggregate mode's aligned path)
         self.t = 0
 
     def _calibrate(
@@ -446,25 +448,49 @@ class UnknownDomainHistogram:
         function of the releases made).
         """
         check_next_step(t, self.t, self.horizon)
+        index = self._index
+        n = self._n
         if values is not None or is_frame(counts):
-            keys, vals = aggregate_items(counts, values)
+            items, vals = aggregate_raw(counts, values)
+            head = self._aligned(items)  # items_seen first, in order: no lookup for them
+            keys, _ = aggregate_items(items[head:] if head else items, vals[head:])
+            tail = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+            pos = np.concatenate([np.arange(head, dtype=np.int64), tail]) if head else tail
+            new_at = np.flatnonzero(tail < 0)
+            if (tail[tail >= 0].size and (head or np.count_nonzero(
+                    np.bincount(tail[tail >= 0], minlength=n) > 1))) or len(
+                    set(keys[i] for i in new_at.tolist())) != new_at.size:
+                raise ValueError("items must be distinct (one count per item)")
         else:
             keys, vals = mapping_counts(counts)
-        index = self._index
-        pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+            head = 0
+            pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
         seen = pos >= 0
-        if values is not None or is_frame(counts):
-            if np.count_nonzero(np.bincount(pos[seen], minlength=self._n) > 1) or (
-                    len(set(keys[i] for i in np.flatnonzero(~seen).tolist()))
-                    != int(np.count_nonzero(~seen))):
-                raise ValueError("items must be distinct (one count per item)")
-        arr = np.zeros(self._n, dtype=np.int64)
-        arr[pos[seen]] = vals[seen]
-        if (arr < self._counts[: self._n]).any():
+        if head == n:
+            arr = vals[:n].copy()
+        else:
+            arr = np.zeros(n, dtype=np.int64)
+            arr[pos[seen]] = vals[seen]
+        if (arr < self._counts[:n]).any():
             raise ValueError("counts must not decrease: a prefix histogram only grows")
         fresh = np.flatnonzero(~seen & (vals > 0))
-        new_items = [keys[i] for i in fresh]
+        new_items = [keys[i - head] for i in fresh.tolist()]
         return self._commit(int(t), arr, new_items, vals[fresh])
+
+    def _aligned(self, items: Any) -> int:
+        """``len(items_seen)`` if ``items`` starts with the items seen, in their order
+        (then they need no lookup), else 0. Only when every item seen is a ``str``:
+        an equal value is then that very item (``True == 1`` cannot slip in)."""
+        n = self._n
+        if not n or len(items) < n or not getattr(self, "_all_str", False):
+            return 0
+        head = items[:n]
+        if not isinstance(head, np.ndarray):
+            head = np.array(head, dtype=object)
+        if head.dtype != object and head.dtype.kind != "U":
+            return 0
+        same = head == self._items[:n]
+        return n if isinstance(same, np.ndarray) and bool(same.all()) else 0
 
     # -- shared ------------------------------------------------------------------
     def _reserve(self, n: int) -> None:
@@ -500,6 +526,8 @@ class UnknownDomainHistogram:
             self._counts[n_old : n_old + m] = new_counts[order]
             self._shown[n_old : n_old + m] = False
             self._index.update(zip(ordered.tolist(), range(n_old, n_old + m), strict=True))
+            if self._all_str and not all(type(x) is str for x in new_items):
+                self._all_str = False
             self._noise.add_items(prepared)
             self._n = n_old + m
         self.t = t
