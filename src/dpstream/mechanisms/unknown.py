@@ -312,7 +312,7 @@ class UnknownDomainHistogram:
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         self._index: dict[Hashable, int] = {}
         cap = 16
-        self._items = np.empty(cap, dtype=object)
+        self._items: list[Hashable] = []  # in order of addition (a list: no copy to grow)
         self._counts = np.zeros(cap, dtype=np.int64)
         self._shown = np.zeros(cap, dtype=bool)
         self._n = 0
@@ -371,7 +371,7 @@ class UnknownDomainHistogram:
     @property
     def items_seen(self) -> list[Hashable]:
         """The items that have appeared, in the order they were added. Not private."""
-        return self._items[: self._n].tolist()
+        return list(self._items)
 
     @property
     def counts(self) -> np.ndarray:
@@ -467,7 +467,7 @@ class UnknownDomainHistogram:
             pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
         seen = pos >= 0
         if head == n:
-            arr = vals[:n].copy()
+            arr = vals[:n]
         else:
             arr = np.zeros(n, dtype=np.int64)
             arr[pos[seen]] = vals[seen]
@@ -485,12 +485,12 @@ class UnknownDomainHistogram:
         if not n or len(items) < n or not getattr(self, "_all_str", False):
             return 0
         head = items[:n]
-        if not isinstance(head, np.ndarray):
-            head = np.array(head, dtype=object)
-        if head.dtype != object and head.dtype.kind != "U":
-            return 0
-        same = head == self._items[:n]
-        return n if isinstance(same, np.ndarray) and bool(same.all()) else 0
+        if isinstance(head, np.ndarray):
+            if head.dtype != object and head.dtype.kind != "U":
+                return 0
+            head = head.tolist()
+        # list equality: the same objects compare by identity, others as strings
+        return n if head == self._items else 0
 
     # -- shared ------------------------------------------------------------------
     def _reserve(self, n: int) -> None:
@@ -499,13 +499,11 @@ class UnknownDomainHistogram:
             return
         while cap < n:
             cap *= 2
-        items = np.empty(cap, dtype=object)
-        items[: self._n] = self._items[: self._n]
         counts = np.zeros(cap, dtype=np.int64)
         counts[: self._n] = self._counts[: self._n]
         shown = np.zeros(cap, dtype=bool)
         shown[: self._n] = self._shown[: self._n]
-        self._items, self._counts, self._shown = items, counts, shown
+        self._counts, self._shown = counts, shown
 
     def _commit(self, t: int, counts: np.ndarray, new_items: list[Hashable],
                 new_counts: np.ndarray) -> Release:
@@ -520,12 +518,11 @@ class UnknownDomainHistogram:
         if new_items:
             m = len(new_items)
             self._reserve(n_old + m)
-            ordered = np.empty(m, dtype=object)
-            ordered[:] = [new_items[i] for i in order]
-            self._items[n_old : n_old + m] = ordered
+            ordered = [new_items[i] for i in order.tolist()]
+            self._items.extend(ordered)
             self._counts[n_old : n_old + m] = new_counts[order]
             self._shown[n_old : n_old + m] = False
-            self._index.update(zip(ordered.tolist(), range(n_old, n_old + m), strict=True))
+            self._index.update(zip(ordered, range(n_old, n_old + m), strict=True))
             if self._all_str and not all(type(x) is str for x in new_items):
                 self._all_str = False
             self._noise.add_items(prepared)
@@ -545,10 +542,10 @@ class UnknownDomainHistogram:
         if np.unique(vals).size == vals.size:
             idx = idx[np.argsort(-vals, kind="stable")]
         else:  # ties: the keyed ids (hashed here, rarely, rather than kept per item)
-            ids = self._source.item_ids(self._items[idx].tolist())
+            ids = self._source.item_ids([self._items[i] for i in idx.tolist()])
             idx = idx[np.lexsort((ids[:, 1], ids[:, 0], -vals))]
         return Release(
-            t=t, items=self._items[idx].tolist(), values=values[idx],
+            t=t, items=[self._items[i] for i in idx.tolist()], values=values[idx],
             # Only data-independent facts: the number of items seen is NOT private
             # (one event can add max_items of them), so it is never part of a release.
             meta={"threshold": self.threshold, "remember": self.remember},
