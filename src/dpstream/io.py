@@ -713,21 +713,43 @@ def _values(release: Release, round_counts: bool) -> list[float] | list[int]:
 class _ItemText:
     """The items of a release as an Arrow string array of their encoded text (JSON
     or CSV), kept while the release's items are the same list: a known domain is
-    encoded once, not at every step."""
+    encoded once, not at every step.
 
-    def __init__(self, encode: Any) -> None:
+    ``plain``: a regular expression of the characters that need ``encode``; when
+    no item (all ``str``) holds one, the text is ``quote + item + quote``, built by
+    Arrow without a Python call per item.
+    """
+
+    def __init__(self, encode: Any, plain: str | None = None, quote: str = "") -> None:
         self._encode = encode
+        self._plain = plain
+        self._quote = quote
         self._items: Any = None
         self._len = -1
         self._text: Any = None
 
     def __call__(self, items: Sequence[Any]) -> Any:
         if items is not self._items or len(items) != self._len:
-            import pyarrow as pa
-
-            self._text = pa.array([self._encode(x) for x in items], pa.string())
+            self._text = self._build(items)
             self._items, self._len = items, len(items)
         return self._text
+
+    def _build(self, items: Sequence[Any]) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if self._plain is not None and all(type(x) is str for x in items):
+            try:
+                arr = pa.array(items, pa.string())
+            except (pa.ArrowException, UnicodeEncodeError):
+                arr = None  # a lone surrogate: the slow path decides
+            if arr is not None and not pc.any(pc.match_substring_regex(
+                    arr, self._plain)).as_py():
+                if not self._quote:
+                    return arr
+                q = pa.scalar(self._quote, pa.string())
+                return pc.binary_join_element_wise(q, arr, q, "")
+        return pa.array([self._encode(x) for x in items], pa.string())
 
 
 def _value_text(release: Release, round_counts: bool) -> Any:
@@ -756,6 +778,13 @@ def _join(pieces: Any, sep: str) -> str:
     return pc.binary_join(one, sep)[0].as_py()
 
 
+#: Characters that make an item's JSON text more than the item in quotes
+#: (``json.dumps(..., ensure_ascii=False)`` escapes these and only these).
+_JSON_SPECIAL = '[\\x00-\\x1f"\\\\]'
+#: Characters that make the csv module quote a field.
+_CSV_SPECIAL = '[,"\\r\\n]'
+
+
 def _json_key(item: Any) -> str:
     return json.dumps(str(item), ensure_ascii=False)
 
@@ -767,7 +796,7 @@ class JsonlFormatter:
 
     def __init__(self, round_counts: bool = False) -> None:
         self.round_counts = round_counts
-        self._keys = _ItemText(_json_key)
+        self._keys = _ItemText(_json_key, _JSON_SPECIAL, '"')
 
     def header(self) -> bytes:
         return b""
@@ -846,7 +875,7 @@ class CsvFormatter:
 
     def __init__(self, round_counts: bool = False) -> None:
         self.round_counts = round_counts
-        self._cells = _ItemText(_csv_cell)
+        self._cells = _ItemText(_csv_cell, _CSV_SPECIAL)
 
     def header(self) -> bytes:
         return (",".join(LONG_COLUMNS) + "\n").encode()
@@ -895,7 +924,7 @@ class JsonlLongFormatter:
 
     def __init__(self, round_counts: bool = False) -> None:
         self.round_counts = round_counts
-        self._keys = _ItemText(_json_key)
+        self._keys = _ItemText(_json_key, _JSON_SPECIAL, '"')
 
     def header(self) -> bytes:
         return b""
