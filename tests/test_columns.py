@@ -244,9 +244,10 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
     # jsonl-long: the fast path against json.dumps row by row
     rel = dps.Release(t=3, items=items, values=values, meta={"noise_std": 1.5})
     import json
+    pairs = zip(items, values, strict=True)
     want = "".join(json.dumps({"t": 3, "item": i, "value": (int(np.rint(v)) if round_counts
                                                            else float(v)), "noise_std": 1.5},
-                              ensure_ascii=False) + "\n" for i, v in zip(items, values))
+                              ensure_ascii=False) + "\n" for i, v in pairs)
     assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")
 
 
