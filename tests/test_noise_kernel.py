@@ -25,7 +25,7 @@ from scipy.special import ndtri
 
 from dpstream import NoiseKey, NoiseSource, noise_kernel
 from dpstream.mechanisms import tree_noise
-from dpstream.mechanisms.tree_noise import TreeNoise, kept_suffix_rows
+from dpstream.mechanisms.tree_noise import TreeNoise, stored_suffix_rows
 from dpstream.noise import MAX_DRAW, MAX_LEVEL, PreparedItems
 from dpstream.tree import cells_by_level, num_levels
 
@@ -254,7 +254,7 @@ def reference_tree_noise(ref: ReferencePRF, ids: list[bytes], t: int, horizon: i
     return np.array(out)
 
 
-# budgets that keep all 5 suffix rows, 4 (the default), 3, and only row 0
+# refold budgets that store all 4 suffix rows above row 0, 3 (the default), 2, and 1
 @pytest.mark.parametrize("budget", [0.0, 0.25, 1.0, 1e9])
 def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks, monkeypatch,
                                                                       budget):
@@ -264,8 +264,8 @@ def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks
     rng = random.Random(5)
     key = fixed_key("kernel-tree")
     ref, src = ReferencePRF(key, "tree"), NoiseSource(key, "tree")
-    kept = kept_suffix_rows(num_levels(horizon, base), base)
-    assert kept == {0.0: 5, 0.25: 4, 1.0: 3, 1e9: 1}[budget]
+    stored = stored_suffix_rows(num_levels(horizon, base), base)
+    assert stored == {0.0: 4, 0.25: 3, 1.0: 2, 1e9: 1}[budget]
     tn = TreeNoise(src, horizon, base, std)
     ids: list[bytes] = []
     t = 0
@@ -314,10 +314,9 @@ def test_known_domain_storage_is_exact():
         tn.add_items(src.prepare_ids(np.zeros((n, 2), "<u8")))
         (seg,) = tn._segments
         assert seg.capacity == n and seg.level_sum.shape == (6, n)
-        assert seg.suffix.shape == (kept_suffix_rows(6, 5), n) == (3, n)
+        assert seg.suffix.shape == (stored_suffix_rows(6, 5), n) == (2, n)
         per_item = (seg.words.nbytes + seg.level_sum.nbytes + seg.suffix.nbytes) / n
-        assert per_item == 88.0
-        assert tn.noise().base is not None  # a view, no copy
+        assert per_item == 80.0
 
 
 def test_growing_storage_is_amortised_and_bounded(monkeypatch):
@@ -351,3 +350,50 @@ def test_prepared_items_are_not_copied_for_one_segment():
     tn.add_items(prepared)
     assert np.shares_memory(tn.prepared.words, prepared.words)
     assert isinstance(tn.prepared, PreparedItems)
+
+
+@pytest.mark.parametrize("horizon,base", [(3, 4), (5, 3), (40, 2)])  # 1, 2 and 6 levels
+def test_tree_noise_matches_reference_for_few_and_many_levels(tiny_chunks, horizon, base):
+    key = fixed_key("kernel-levels")
+    src, ref = NoiseSource(key, "lv"), ReferencePRF(key, "lv")
+    ids = random_ids(random.Random(horizon), 19)
+    tn = TreeNoise(src, horizon, base, 1.1)
+    tn.add_items(src.prepare_ids(as_words(ids)))
+    for t in range(1, horizon + 1):
+        values = tn.advance(t, np.ones(19, dtype=np.int64))
+        want = reference_tree_noise(ref, ids, t, horizon, base, 1.1)
+        assert same_bits(tn.noise(), want) and same_bits(values, 1 + want), t
+
+
+def _draw_in_child(queue) -> None:
+    src = NoiseSource(fixed_key("kernel-fork"), "f")
+    queue.put(src.gaussian(src.prepare(range(100)), 1, 2).tobytes())
+
+
+def test_a_forked_child_draws_with_threads(tiny_chunks, two_threads):
+    """The parent's pool threads do not exist in a forked child; the kernel must not wait
+    for them (it would hang)."""
+    import multiprocessing
+
+    src = NoiseSource(fixed_key("kernel-fork"), "f")
+    here = src.gaussian(src.prepare(range(100)), 1, 2).tobytes()  # the pool now exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_draw_in_child, args=(queue,))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and got == here
+
+
+def test_threads_default_comes_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "from dpstream import noise_kernel as k; print(k.get_threads())"
+    env = {"DPSTREAM_NOISE_THREADS": "3", "PATH": "", "PYTHONPATH": ":".join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "3"
+    env["DPSTREAM_NOISE_THREADS"] = "many"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "DPSTREAM_NOISE_THREADS" in out.stderr

@@ -81,17 +81,17 @@ def tweak_tile(w0: int, w1: int, items: int) -> np.ndarray:
 
 
 class Workspace:
-    """Scratch buffers for one chunk, owned by one thread."""
+    """Scratch buffers for one chunk, owned by one thread (~40 bytes per item in use)."""
 
-    __slots__ = ("size", "x", "raw", "blocks", "u", "f", "g")
+    __slots__ = ("size", "x", "u", "raw", "blocks", "f", "g")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.x = np.empty(2 * size, dtype="<u8")  # prepared id XOR tweak
+        self.u = self.x[:size]  # the 53-bit integers, once x has been encrypted
         # cryptography's update_into wants block_size - 1 spare bytes after the data
         self.raw = bytearray(16 * size + 15)
         self.blocks = np.frombuffer(self.raw, dtype="<u8", count=2 * size).reshape(size, 2)
-        self.u = np.empty(size, dtype=np.uint64)
         self.f = np.empty(size)
         self.g = np.empty(size)
 
@@ -175,30 +175,62 @@ def noise_chunk(
 
 # -- threads over chunks ------------------------------------------------------------
 
-_threads = 1
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+#: Environment variable that sets the default number of kernel threads.
+THREADS_ENV = "DPSTREAM_NOISE_THREADS"
 #: Fewer tasks than this per thread and a call stays on the calling thread
 #: (handing work to a pool costs tens of microseconds).
 _MIN_TASKS_PER_THREAD = 2
 
 
+def _default_threads() -> int:
+    """``$DPSTREAM_NOISE_THREADS`` if set, else 1."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return 1
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {text!r}")
+    return threads
+
+
+_threads = _default_threads()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _forget_pool_after_fork() -> None:
+    """A forked child has none of the parent's pool threads: start afresh."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def get_threads() -> int:
-    """How many threads the kernel spreads a large batch over (default 1)."""
+    """How many threads the kernel spreads a large batch over (see :func:`set_threads`)."""
     return _threads
 
 
 def set_threads(threads: int | None) -> int:
     """Use ``threads`` threads for large batches (``None``: one per CPU); returns the old value.
 
-    The values do not depend on it (each is a pure function of its address).
-    It pays on a machine with idle cores: the inverse CDF and AES run outside
-    the GIL. ``bench/bench_noise.py --threads`` measures the gain.
+    The default is 1, or ``$DPSTREAM_NOISE_THREADS``. The values do not depend
+    on it (each is a pure function of its address and every chunk writes its
+    own slice). It pays on a machine with idle cores: the inverse CDF and AES
+    run outside the GIL. A batch of fewer than ``2 * threads`` chunks stays on
+    the calling thread. ``bench/bench_noise.py --threads`` measures the gain.
     """
     global _threads, _pool
     old = _threads
     if threads is None:
-        threads = os.cpu_count() or 1
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int or None, got {threads!r}")
     if threads < 1:

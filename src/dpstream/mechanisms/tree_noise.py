@@ -22,20 +22,22 @@ item) performs exactly the same floating-point operations in the same order,
 so the incremental and the from-scratch paths agree bit for bit. That is what
 makes event mode, aggregate mode and a resumed run give identical releases.
 
-Memory and speed: only the suffix rows a frequent step needs are stored
-(rows 0 .. kept-1, see :func:`kept_suffix_rows`); a rare step that changes a
-higher level refolds the rows above from the level sums, with the same
-additions in the same order. Per item that is ``8 (L + kept) + 16`` bytes
-(level sums, kept suffix rows, prepared id): 88 for L = 6, r = 5. Items live in
-segments of exact size (a batch of ``_GROW_ITEMS`` or more, e.g. a known
+Memory and speed: the noise itself (suffix row 0) is not stored. It is
+``suffix[1] + level_sum[0]``, added where it is used: into the release values
+while a chunk is in cache (:meth:`TreeNoise.advance` with counts), or into a
+new array by :meth:`TreeNoise.noise`. Of the rows above, only those a frequent
+step needs are stored (rows 1..k, see :func:`stored_suffix_rows`); a rare step
+that changes a higher level refolds the chain from the level sums, with the
+same additions in the same order. Per item that is ``8 (L + k) + 16`` bytes
+(level sums, stored suffix rows, prepared id): 80 for L = 6, r = 5. Items live
+in segments of exact size (a batch of ``_GROW_ITEMS`` or more, e.g. a known
 domain) or in growing segments (doubling up to ``_GROW_ITEMS`` items, then a
 new segment), so a domain that grows every step costs amortised O(1) per item
 and wastes at most one segment's spare room. A step runs the chunked kernel of
 :mod:`dpstream.noise_kernel`: per cache-sized chunk of items it draws the new
-cells' noise into the level sums and recomputes the suffix rows while the
-chunk is in cache.
+cells' noise into the level sums, updates the stored suffix rows and adds the
+noise to the counts, while the chunk is in cache.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,42 +48,44 @@ from .. import noise_kernel as kernel
 from ..noise import NoiseSource, PreparedItems
 from ..tree import cells_by_level, iter_level_changes, num_levels
 
-__all__ = ["TreeNoise", "kept_suffix_rows"]
+__all__ = ["TreeNoise", "stored_suffix_rows"]
 
 #: Items per growing segment once it stops doubling; also the size from which
 #: an added batch gets a segment of its own, of exactly its size.
 _GROW_ITEMS = 65536
-#: Most extra level-sum rows a step may read, on average, to refold the suffix
-#: rows that are not stored (see kept_suffix_rows).
+#: Most level-sum rows a step may read, on average, to refold suffix rows that
+#: are not stored (see stored_suffix_rows).
 _REFOLD_BUDGET = 0.25
 
 
-def kept_suffix_rows(levels: int, base: int) -> int:
-    """How many suffix rows (from row 0, the noise itself) TreeNoise stores.
+def stored_suffix_rows(levels: int, base: int) -> int:
+    """How many suffix rows above row 0 TreeNoise stores (rows 1..k).
 
-    A step that changes levels 1..m+1 (rows 0..m) needs suffix row m + 1. With
-    rows 0..kept-1 stored, a step with m >= kept - 1 (one step in
-    base**(kept-1)) refolds the rows above from the level sums, reading about
-    levels - kept + 1 rows. The smallest ``kept`` whose refolds cost at most
-    ``_REFOLD_BUDGET`` rows per step on average is used: 3 of 6 rows for
-    r = 5, 7 of 14 for r = 2.
+    A step that changes levels 1..m+1 (rows 0..m, m >= 0) needs suffix row
+    m + 1. With rows 1..k stored, a step with m >= k (one step in base**k)
+    refolds the chain from the top, reading about levels - k rows. The
+    smallest k whose refolds cost at most ``_REFOLD_BUDGET`` rows per step on
+    average is used: 2 of 5 rows for r = 5 (L = 6), 6 of 13 for r = 2 (L = 14).
     """
-    for kept in range(1, levels):
-        if levels - kept + 1 <= _REFOLD_BUDGET * base ** (kept - 1):
-            return kept
-    return levels
+    for k in range(1, levels):
+        if levels - k <= _REFOLD_BUDGET * base**k:
+            return k
+    return max(levels - 1, 0)
 
 
 class _Segment:
-    """A run of consecutive items: prepared ids, level sums and kept suffix rows."""
+    """A run of consecutive items: prepared ids, level sums, stored suffix rows.
+
+    ``suffix[i]`` holds suffix row i + 1.
+    """
 
     __slots__ = ("words", "level_sum", "suffix", "n")
 
-    def __init__(self, words: np.ndarray, n: int, levels: int, kept: int) -> None:
+    def __init__(self, words: np.ndarray, n: int, levels: int, stored: int) -> None:
         cap = words.shape[0]
         self.words = words
         self.level_sum = np.zeros((levels, cap))
-        self.suffix = np.zeros((kept, cap))
+        self.suffix = np.zeros((stored, cap))
         self.n = n
 
     @property
@@ -121,9 +125,9 @@ class TreeNoise:
         self.levels = num_levels(horizon, base)
         self.t = 0
         self._n = 0
-        self._kept = kept_suffix_rows(self.levels, base)
+        self._stored = stored_suffix_rows(self.levels, base)
         self._segments: list[_Segment] = []
-        self._noise: np.ndarray | None = None  # noise of several segments, concatenated
+        self._noise: np.ndarray | None = None  # noise() at the current state, once computed
 
     # -- items -------------------------------------------------------------
     def __len__(self) -> int:
@@ -158,7 +162,7 @@ class TreeNoise:
                 # a segment of exactly the rest, sharing the caller's words: it is
                 # full, so nothing is written into them (a small one is copied when
                 # it grows)
-                seg = _Segment(words[done:], 0, self.levels, self._kept)
+                seg = _Segment(words[done:], 0, self.levels, self._stored)
                 self._segments.append(seg)
                 self._fill_new(seg, 0, rest)
                 seg.n = rest
@@ -167,7 +171,7 @@ class TreeNoise:
         self._n += m
 
     def _fill_new(self, seg: _Segment, lo: int, hi: int) -> None:
-        """Level and suffix sums of new columns lo:hi of ``seg`` at the current t."""
+        """Level sums and stored suffix rows of new columns lo:hi of ``seg`` at the current t."""
         chunks = [(seg, lo + a, lo + b, -1) for a, b in kernel.chunk_bounds(hi - lo)]
         self._from_scratch(chunks)
 
@@ -176,8 +180,8 @@ class TreeNoise:
         """Move to time t (> current t): one step incrementally, a jump from scratch.
 
         With ``counts`` (one count per item, in item order), also return
-        ``counts + noise()`` as float64, computed while each chunk's noise is
-        in cache (the release of a histogram step).
+        ``counts + noise()`` as a new float64 array, added while each chunk is
+        in cache (a histogram release in one pass).
         """
         if t <= self.t:
             raise ValueError(f"t must increase: at {self.t}, asked for {t}")
@@ -204,7 +208,7 @@ class TreeNoise:
         source, std = self.source, self.cell_std
 
         def step(chunk: _Chunk, ws: kernel.Workspace) -> None:
-            seg, lo, hi, at = chunk
+            seg, lo, hi, _ = chunk
             rows = seg.level_sum
             for row in resets:
                 rows[row, lo:hi] = 0.0
@@ -213,15 +217,14 @@ class TreeNoise:
                                    True, ws)
             self._suffix_chunk(seg, lo, hi, top, ws)
             if values is not None:
-                np.add(counts[at : at + hi - lo], seg.suffix[0, lo:hi],
-                       out=values[at : at + hi - lo])
+                self._values_chunk(chunk, counts, values, ws)
 
         self._run(self._chunks(), step)
         return values
 
     def _from_scratch(self, chunks: list[_Chunk], counts: np.ndarray | None = None,
                       values: np.ndarray | None = None) -> None:
-        """Level and suffix sums at self.t of the given chunks, ignoring their old values.
+        """Level sums and stored suffix rows at self.t of ``chunks``, ignoring their old values.
 
         Each level's cells are added in increasing index from 0.0, as the
         incremental path adds them one step at a time.
@@ -236,7 +239,7 @@ class TreeNoise:
         source, std = self.source, self.cell_std
 
         def fill(chunk: _Chunk, ws: kernel.Workspace) -> None:
-            seg, lo, hi, at = chunk
+            seg, lo, hi, _ = chunk
             rows = seg.level_sum
             rows[:, lo:hi] = 0.0
             for row, tiles in draws:
@@ -245,32 +248,50 @@ class TreeNoise:
                                        rows[row, lo:hi], True, ws)
             self._suffix_chunk(seg, lo, hi, self.levels - 1, ws)
             if values is not None:
-                np.add(counts[at : at + hi - lo], seg.suffix[0, lo:hi],
-                       out=values[at : at + hi - lo])
+                self._values_chunk(chunk, counts, values, ws)
 
         self._run(chunks, fill)
 
     def _suffix_chunk(self, seg: _Segment, lo: int, hi: int, top: int,
                       ws: kernel.Workspace) -> None:
-        """Recompute suffix rows top..0 on columns lo:hi (top: highest changed row).
+        """Recompute the stored suffix rows among top..1 on columns lo:hi.
 
-        suffix[row] = suffix[row + 1] + level_sum[row], from suffix[L-1] =
-        level_sum[L-1] down. A row at or above ``kept`` is not stored: when the
-        step needs one, the chain is redone from the top in scratch space.
+        ``top`` is the highest level-sum row that changed. suffix[row] =
+        suffix[row + 1] + level_sum[row], from suffix[L-1] = level_sum[L-1]
+        down; a row that is not stored is recomputed in scratch space when
+        the chain passes through it.
         """
-        rows, suffix, kept, last = seg.level_sum, seg.suffix, self._kept, self.levels - 1
-        if top < last and top + 1 < kept:
-            prev = suffix[top + 1, lo:hi]
-            row = top
+        k, last = self._stored, self.levels - 1
+        if top == 0 or k == 0:
+            return  # no stored row depends on the changed rows
+        rows, suffix = seg.level_sum, seg.suffix
+        row = min(top, k)
+        if row < last and row + 1 <= k:
+            prev = suffix[row, lo:hi]  # suffix row row + 1
         else:
-            prev = suffix[last, lo:hi] if last < kept else ws.g[: hi - lo]
+            prev = suffix[last - 1, lo:hi] if last <= k else ws.g[: hi - lo]
             np.copyto(prev, rows[last, lo:hi])
             row = last - 1
-        while row >= 0:
-            out = suffix[row, lo:hi] if row < kept else prev
+        while row >= 1:
+            out = suffix[row - 1, lo:hi] if row <= k else prev
             np.add(prev, rows[row, lo:hi], out=out)
             prev = out
             row -= 1
+
+    def _noise_chunk(self, seg: _Segment, lo: int, hi: int, out: np.ndarray,
+                     ws: kernel.Workspace) -> None:
+        """The noise (suffix row 0) of columns lo:hi into ``out``."""
+        if self._stored:  # suffix row 1 is always stored when there is one
+            np.add(seg.suffix[0, lo:hi], seg.level_sum[0, lo:hi], out=out)
+        else:  # one level: the noise is its sum
+            np.copyto(out, seg.level_sum[0, lo:hi])
+
+    def _values_chunk(self, chunk: _Chunk, counts: np.ndarray, values: np.ndarray,
+                      ws: kernel.Workspace) -> None:
+        seg, lo, hi, at = chunk
+        noise = ws.f[: hi - lo]
+        self._noise_chunk(seg, lo, hi, noise, ws)
+        np.add(counts[at : at + hi - lo], noise, out=values[at : at + hi - lo])
 
     def _chunks(self) -> list[_Chunk]:
         out: list[_Chunk] = []
@@ -325,7 +346,7 @@ class TreeNoise:
         n = len(prepared)
         tn.t = int(t)
         if n:
-            seg = _Segment(prepared.words, n, tn.levels, tn._kept)
+            seg = _Segment(prepared.words, n, tn.levels, tn._stored)
             seg.level_sum[:] = level_sums
             tn._segments.append(seg)
             tn._n = n
@@ -336,16 +357,15 @@ class TreeNoise:
 
     # -- output ----------------------------------------------------------------
     def noise(self) -> np.ndarray:
-        """The current noise of every item (a read-only view, valid until the next call)."""
-        if len(self._segments) == 1:
-            seg = self._segments[0]
-            view = seg.suffix[0, : seg.n].view()
-        elif self._noise is not None:
-            return self._noise
-        elif not self._segments:
-            view = np.zeros(0)
-        else:
-            view = np.concatenate([seg.suffix[0, : seg.n] for seg in self._segments])
-            self._noise = view
-        view.flags.writeable = False
-        return view
+        """The current noise of every item (read-only, valid until the state changes)."""
+        if self._noise is None:
+            out = np.empty(self._n)
+
+            def compute(chunk: _Chunk, ws: kernel.Workspace) -> None:
+                seg, lo, hi, at = chunk
+                self._noise_chunk(seg, lo, hi, out[at : at + hi - lo], ws)
+
+            self._run(self._chunks(), compute)
+            out.flags.writeable = False
+            self._noise = out
+        return self._noise
