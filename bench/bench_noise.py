@@ -5,7 +5,7 @@ Run by hand (it needs an idle core or two; numbers from a loaded machine wander)
     OPENBLAS_NUM_THREADS=1 python bench/bench_noise.py --items 1000000
     OPENBLAS_NUM_THREADS=1 python bench/bench_noise.py --items 10000000 --rounds 5 --memory
     python bench/bench_noise.py --before 6160f2b      # also time the code of a git revision
-    python bench/bench_noise.py --threads 2           # the kernel on two threads
+    python bench/bench_noise.py --threads 1,2         # the kernel on one and two threads
 
 Ratios are taken against a baseline measured in the same process, round by
 round (each round times every contender for ``--steps`` steps right after the
@@ -16,8 +16,11 @@ baseline; the median of the per-round ratios is printed):
 * keyed draw: ``NoiseSource.gaussian`` of n items at one address (fresh output).
 * KnownBase step: ``KnownDomainHistogram.release(t, counts)`` in aggregate mode
   over n items, T = 10^4 (base 5, 6 levels), consecutive steps.
+* with ``--threads 1,2``: the two contenders above once per kernel thread count.
 * with ``--before REV``: the same two contenders from the source of git
   revision REV (imported as a second package in this process).
+
+Each contender is timed against a floor run measured right before it.
 
 ``--memory`` measures the tree state per item: a ``TreeNoise`` holding n
 prepared items (level sums, kept suffix rows, prepared ids) plus KnownBase's
@@ -105,6 +108,8 @@ def timed(fn, *args) -> float:
 
 def speed(args: argparse.Namespace) -> None:
     n, steps = args.items, args.steps
+    threads = [int(x) for x in args.threads.split(",")] if args.threads else [
+        noise_kernel.get_threads()]
     key_bytes = dps.NoiseKey.generate().to_bytes()
     rng = np.random.default_rng(0)  # the unkeyed baseline only
     counts = np.zeros(n, dtype=np.int64)
@@ -115,36 +120,53 @@ def speed(args: argparse.Namespace) -> None:
             counts + rng.standard_normal(n)
 
     t0 = time.perf_counter()
-    sides = {"after": Contenders(dps, n, key_bytes)}
+    after = Contenders(dps, n, key_bytes)
+    contenders: list[tuple[str, int | None, Contenders]] = [
+        (f"{th} thread{'s' if th > 1 else ''}", th, after) for th in threads]
     if args.before:
         tmp = tempfile.TemporaryDirectory()
-        sides["before"] = Contenders(load_revision(args.before, Path(tmp.name)), n, key_bytes)
+        before = Contenders(load_revision(args.before, Path(tmp.name)), n, key_bytes)
+        contenders.append((f"before {args.before}", None, before))
+    if 2 + args.rounds * len(threads) * steps > HORIZON:
+        raise SystemExit("rounds * steps * thread settings must stay below the horizon")
     print(f"items={n:,}  T={HORIZON}  steps per round={steps}  rounds={args.rounds}  "
-          f"kernel threads={noise_kernel.get_threads()}  chunk={noise_kernel.CHUNK_ITEMS}  "
-          f"(setup {time.perf_counter() - t0:.1f} s)")
-    if (HORIZON // steps) < args.rounds + 1:
-        raise SystemExit("steps * (rounds + 1) must stay below the horizon")
-    for side in sides.values():  # warm up: first steps, page faults, thread pool
-        side.draw(2)
-        side.step(counts, 2)
+          f"chunk={noise_kernel.CHUNK_ITEMS}  (setup {time.perf_counter() - t0:.1f} s)")
+    before_warm = False
+    for _, th, side in contenders:  # warm up: first steps, page faults, thread pool
+        if th is not None:
+            noise_kernel.set_threads(th)
+        if th is not None or not before_warm:
+            side.draw(1)
+            before_warm = th is None
+    after.step(counts, 1)
+    if args.before:
+        before.step(counts, 1)
     floor(2)
 
+    # each contender against a floor timed right before it, round after round
     ratios: dict[str, list[float]] = {}
     floor_ms: list[float] = []
     for _ in range(args.rounds):
-        base = timed(floor, steps)
-        floor_ms.append(base / steps * 1e3)
-        for name, side in sides.items():
-            ratios.setdefault(f"keyed draw ({name})", []).append(timed(side.draw, steps) / base)
-            ratios.setdefault(f"KnownBase step ({name})", []).append(
+        for label, th, side in contenders:
+            if th is not None:
+                noise_kernel.set_threads(th)
+            base = timed(floor, steps)
+            floor_ms.append(base / steps * 1e3)
+            ratios.setdefault(f"keyed draw, {label}", []).append(timed(side.draw, steps) / base)
+            base = timed(floor, steps)
+            floor_ms.append(base / steps * 1e3)
+            ratios.setdefault(f"KnownBase step, {label}", []).append(
                 timed(side.step, counts, steps) / base)
         gc.collect()
     med_floor = statistics.median(floor_ms)
-    print(f"{'contender':<26} {'ms/step':>8} {'/ floor':>8}   (min .. max over rounds)")
-    print(f"{'floor: normals + add':<26} {med_floor:8.2f} {1.0:8.2f}")
+    width = max(len(k) for k in ratios) + 1
+    print(f"{'contender':<{width}} {'ms/step':>8} {'/ floor':>8}   (min .. max over rounds)")
+    print(f"{'floor: normals + add':<{width}} {med_floor:8.2f} {1.0:8.2f}   "
+          f"({min(floor_ms):.2f} .. {max(floor_ms):.2f} ms)")
     for name, rs in ratios.items():
         med = statistics.median(rs)
-        print(f"{name:<26} {med * med_floor:8.2f} {med:8.2f}   ({min(rs):.2f} .. {max(rs):.2f})")
+        print(f"{name:<{width}} {med * med_floor:8.2f} {med:8.2f}   ({min(rs):.2f} .. "
+              f"{max(rs):.2f})")
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -183,14 +205,12 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=64, help="steps per round and contender")
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="kernel threads (default: the library's default)")
+    ap.add_argument("--threads", default=None,
+                    help="kernel threads to time, e.g. 1,2 (default: the library's default)")
     ap.add_argument("--chunk", type=int, default=None, help="items per kernel chunk")
     ap.add_argument("--before", metavar="REV", help="also time git revision REV")
     ap.add_argument("--memory", action="store_true", help="measure memory per item instead")
     args = ap.parse_args()
-    if args.threads is not None:
-        noise_kernel.set_threads(args.threads)
     if args.chunk is not None:
         noise_kernel.CHUNK_ITEMS = args.chunk
     if args.memory:

@@ -147,7 +147,9 @@ def noise_chunk(
     u = ws.u[:c]
     np.right_shift(blocks[:, 0], _SHIFT, out=u)
     f = ws.f[:c] if accumulate else out
-    np.add(u, 0.5, out=f)  # exact uint64 -> float64 (< 2**53), then one rounding
+    # exact integer -> float64 (< 2**53), then one rounding; read as int64 (the
+    # same values) it converts a little faster than as uint64
+    np.add(u.view(np.int64), 0.5, out=f)
     np.multiply(f, _TWO_POW_MINUS_53, out=f)
     if distribution == "gaussian":
         ndtri(f, out=f)
