@@ -46,8 +46,6 @@ import numpy as np
 
 import dpstream as dps
 from dpstream import noise_kernel
-from dpstream.mechanisms.tree_noise import TreeNoise
-from dpstream.noise import NoiseSource
 
 HORIZON = 10_000
 
@@ -171,33 +169,42 @@ def speed(args: argparse.Namespace) -> None:
 
 def memory(args: argparse.Namespace) -> None:
     n = args.items
-    key = dps.NoiseKey.generate()
-    source = NoiseSource(key, "bench/memory")
+    pkg = dps
+    if args.before:
+        tmp = tempfile.TemporaryDirectory()
+        pkg = load_revision(args.before, Path(tmp.name))
+    tree_noise = importlib.import_module(pkg.__name__ + ".mechanisms.tree_noise")
+    key = pkg.NoiseKey.generate()
+    source = pkg.NoiseSource(key, "bench/memory")
     gc.collect()
     tracemalloc.start()
     rss0, traced0 = rss_bytes(), tracemalloc.get_traced_memory()[0]
     prepared = source.prepare_ids(ids_array(n))  # the ids are freed at once
-    tree = TreeNoise(source, HORIZON, 5, 1.0)
+    tree = tree_noise.TreeNoise(source, HORIZON, 5, 1.0)
     tree.add_items(prepared)
     del prepared
-    counts = np.zeros(n, dtype=np.int64)  # KnownBase's running counts
+    counts = np.ones(n, dtype=np.int64)  # KnownBase's running counts (written: resident)
     gc.collect()
     traced1 = tracemalloc.get_traced_memory()[0]
     rss1 = rss_bytes()
     tracemalloc.reset_peak()
-    values = None
     for t in range(1, 7):  # six steps, one of them (t = 5) changes level 2
-        values = tree.advance(t, counts)
+        if args.before:
+            tree.advance(t)
+            values = counts + tree.noise()
+        else:
+            values = tree.advance(t, counts)
+        rss2 = rss_bytes()
+        del values  # a release is handed on, not kept here
     traced_peak = tracemalloc.get_traced_memory()[1]
-    rss2 = rss_bytes()
     tracemalloc.stop()
-    del values
-    print(f"tree state per item at {n:,} items (levels={tree.levels}, base 5; "
-          f"prepared ids + level sums + kept suffix rows + counts):")
+    print(f"{'before ' + args.before if args.before else 'this code'}: tree state per item at "
+          f"{n:,} items (T={HORIZON}, base 5, {tree.levels} levels): prepared id, level and "
+          "suffix sums, int64 count")
     print(f"  tracemalloc: {(traced1 - traced0) / n:6.1f} B at rest, "
-          f"{(traced_peak - traced0) / n:6.1f} B peak during a step (incl. its output)")
+          f"{(traced_peak - traced0) / n:6.1f} B peak during a step (with its 8-byte output)")
     print(f"  RSS:         {(rss1 - rss0) / n:6.1f} B at rest, "
-          f"{(rss2 - rss0) / n:6.1f} B after six steps (incl. the last output)")
+          f"{(rss2 - rss0) / n:6.1f} B after a step (with its output)")
 
 
 def main() -> None:
@@ -208,7 +215,8 @@ def main() -> None:
     ap.add_argument("--threads", default=None,
                     help="kernel threads to time, e.g. 1,2 (default: the library's default)")
     ap.add_argument("--chunk", type=int, default=None, help="items per kernel chunk")
-    ap.add_argument("--before", metavar="REV", help="also time git revision REV")
+    ap.add_argument("--before", metavar="REV",
+                    help="also time git revision REV (with --memory: measure it instead)")
     ap.add_argument("--memory", action="store_true", help="measure memory per item instead")
     args = ap.parse_args()
     if args.chunk is not None:
