@@ -21,6 +21,8 @@ baseline; the median of the per-round ratios is printed):
   revision REV (imported as a second package in this process).
 
 Each contender is timed against a floor run measured right before it.
+``--clock cpu`` times by process CPU time instead of wall time: steadier on a
+busy machine for one thread, but blind to what threads save.
 
 ``--memory`` measures the tree state per item: a ``TreeNoise`` holding n
 prepared items (level sums, kept suffix rows, prepared ids) plus KnownBase's
@@ -98,10 +100,19 @@ class Contenders:
             self.hist.release(self.t, counts)
 
 
+CLOCKS = {
+    "wall": time.perf_counter,
+    # CPU time of all threads: on a busy machine, a steadier measure of the work done
+    # by one thread (not of what threads gain: they add CPU time, they save wall time)
+    "cpu": time.process_time,
+}
+clock = CLOCKS["wall"]
+
+
 def timed(fn, *args) -> float:
-    start = time.perf_counter()
+    start = clock()
     fn(*args)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -128,7 +139,8 @@ def speed(args: argparse.Namespace) -> None:
     if 2 + args.rounds * len(threads) * steps > HORIZON:
         raise SystemExit("rounds * steps * thread settings must stay below the horizon")
     print(f"items={n:,}  T={HORIZON}  steps per round={steps}  rounds={args.rounds}  "
-          f"chunk={noise_kernel.CHUNK_ITEMS}  (setup {time.perf_counter() - t0:.1f} s)")
+          f"chunk={noise_kernel.CHUNK_ITEMS}  clock={args.clock}  "
+          f"(setup {time.perf_counter() - t0:.1f} s)")
     before_warm = False
     for _, th, side in contenders:  # warm up: first steps, page faults, thread pool
         if th is not None:
@@ -218,7 +230,12 @@ def main() -> None:
     ap.add_argument("--before", metavar="REV",
                     help="also time git revision REV (with --memory: measure it instead)")
     ap.add_argument("--memory", action="store_true", help="measure memory per item instead")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall time (default), or process CPU time (steadier on a busy "
+                    "machine; meaningful for one thread)")
     args = ap.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     if args.chunk is not None:
         noise_kernel.CHUNK_ITEMS = args.chunk
     if args.memory:

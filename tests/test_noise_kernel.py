@@ -233,6 +233,23 @@ def test_run_tasks_covers_every_task_once_and_reraises(two_threads):
         noise_kernel.run_tasks(10, fail)
 
 
+def test_run_tasks_inside_a_task_does_not_wait_on_its_own_pool(two_threads):
+    import threading
+
+    done: list[bool] = []
+
+    def nested(lo: int, hi: int) -> None:
+        inner: list[int] = []
+        noise_kernel.run_tasks(8, lambda a, b: inner.extend(range(a, b)))
+        assert sorted(inner) == list(range(8))
+        done.append(True)
+
+    runner = threading.Thread(target=noise_kernel.run_tasks, args=(8, nested), daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    assert not runner.is_alive() and done == [True, True]
+
+
 # -- tree sums --------------------------------------------------------------------------
 
 

@@ -179,16 +179,25 @@ def noise_chunk(
 
 #: Environment variable that sets the default number of kernel threads.
 THREADS_ENV = "DPSTREAM_NOISE_THREADS"
+#: Most threads used by default (more cores than this rarely help: a step is
+#: bound by memory traffic once the inverse CDF is spread out).
+MAX_DEFAULT_THREADS = 8
 #: Fewer tasks than this per thread and a call stays on the calling thread
 #: (handing work to a pool costs tens of microseconds).
 _MIN_TASKS_PER_THREAD = 2
 
 
+def _available_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _default_threads() -> int:
-    """``$DPSTREAM_NOISE_THREADS`` if set, else 1."""
+    """``$DPSTREAM_NOISE_THREADS`` if set, else the CPUs available, at most 8."""
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
-        return 1
+        return min(_available_cpus(), MAX_DEFAULT_THREADS)
     try:
         threads = int(text)
     except ValueError:
@@ -222,7 +231,8 @@ def get_threads() -> int:
 def set_threads(threads: int | None) -> int:
     """Use ``threads`` threads for large batches (``None``: one per CPU); returns the old value.
 
-    The default is 1, or ``$DPSTREAM_NOISE_THREADS``. The values do not depend
+    The default is one per available CPU, at most ``MAX_DEFAULT_THREADS``, or
+    ``$DPSTREAM_NOISE_THREADS`` (``1`` turns threads off). The values do not depend
     on it (each is a pure function of its address and every chunk writes its
     own slice). It pays on a machine with idle cores: the inverse CDF and AES
     run outside the GIL. A batch of fewer than ``2 * threads`` chunks stays on
@@ -231,8 +241,7 @@ def set_threads(threads: int | None) -> int:
     global _threads, _pool
     old = _threads
     if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+        threads = _available_cpus()
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int or None, got {threads!r}")
     if threads < 1:
@@ -250,8 +259,13 @@ def _executor() -> ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=_threads - 1,
-                                       thread_name_prefix="dpstream-noise")
+                                       thread_name_prefix="dpstream-noise",
+                                       initializer=_mark_pool_thread)
         return _pool
+
+
+def _mark_pool_thread() -> None:
+    _local.pool_thread = True
 
 
 def run_tasks(count: int, task: Callable[[int, int], None]) -> None:
@@ -263,7 +277,7 @@ def run_tasks(count: int, task: Callable[[int, int], None]) -> None:
     exception raised by any group is re-raised.
     """
     threads = min(_threads, count // _MIN_TASKS_PER_THREAD)
-    if threads <= 1:
+    if threads <= 1 or getattr(_local, "pool_thread", False):  # no waiting on the own pool
         if count:
             task(0, count)
         return
