@@ -30,10 +30,11 @@ step needs are stored (rows 1..k, see :func:`stored_suffix_rows`); a rare step
 that changes a higher level refolds the chain from the level sums, with the
 same additions in the same order. Per item that is ``8 (L + k) + 16`` bytes
 (level sums, stored suffix rows, prepared id): 80 for L = 6, r = 5. Items live
-in segments of exact size (a batch of ``_GROW_ITEMS`` or more, e.g. a known
-domain) or in growing segments (doubling up to ``_GROW_ITEMS`` items, then a
-new segment), so a domain that grows every step costs amortised O(1) per item
-and wastes at most one segment's spare room. A step runs the chunked kernel of
+in segments: a batch added when there is no room gets a segment of exactly its
+size (a known domain: one segment, no spare room); a segment smaller than
+``_GROW_ITEMS`` doubles (one copy) when items are added to it, so a domain
+that grows every step costs amortised O(1) per item and wastes at most the
+spare room of the last segment. A step runs the chunked kernel of
 :mod:`dpstream.noise_kernel`: per cache-sized chunk of items it draws the new
 cells' noise into the level sums, updates the stored suffix rows and adds the
 noise to the counts, while the chunk is in cache.
@@ -50,8 +51,8 @@ from ..tree import cells_by_level, iter_level_changes, num_levels
 
 __all__ = ["TreeNoise", "stored_suffix_rows"]
 
-#: Items per growing segment once it stops doubling; also the size from which
-#: an added batch gets a segment of its own, of exactly its size.
+#: A segment with fewer items than this doubles to take new items; a full one
+#: this large is left as it is and new items start a new segment.
 _GROW_ITEMS = 65536
 #: Most level-sum rows a step may read, on average, to refold suffix rows that
 #: are not stored (see stored_suffix_rows).
