@@ -20,6 +20,7 @@ from dpstream.cli import build_parser, main
 from dpstream.io import KeyedTruncator
 from dpstream.mechanisms.known import KnownDomainHistogram
 from dpstream.noise import NoiseKey, NoiseSource
+from dpstream.run_command import scoped_stream
 from dpstream.tree import max_cells, num_levels, optimal_base
 
 from .conftest import fixed_key
@@ -228,7 +229,9 @@ def test_csv_in_csv_out_rounded(files):
                 "--key-file", files.key_path, "-i", str(csv_in), "--item-column", "product",
                 "--event-column", "id", "--time-column", "step", "-o", str(out),
                 "--round") == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    stream = scoped_stream({"stream": "default", "input": "x.csv", "item_column": "product",
+                            "event_column": "id", "time_column": "step"})
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0, stream=stream)
     rows = Path(out).read_text().splitlines()
     assert rows[0] == "t,item,value,noise_std"
     expected, stds = [], []
@@ -291,7 +294,9 @@ def test_on_invalid_error_names_line_and_keeps_earlier_releases(files, capsys):
     assert err.strip().splitlines() == [
         "dpstream: error: input line 2: event has 4 distinct items, more than --max-items 2 "
         "(see --on-invalid)"]
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "error"})
+    assert stream.startswith("default~")  # another policy counts other events: other noise
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]]])
 
 
@@ -350,13 +355,28 @@ def test_on_invalid_skip(files, capsys):
     assert "0 truncated, 4 skipped" in err
 
 
+def test_settings_that_count_other_events_draw_other_noise(files, capsys):
+    """Review finding F: --on-invalid truncate against skip (or another clock) over the
+    same input shared all noise: truncate minus skip was the exact count of truncated
+    events. Now the two runs draw independent noise."""
+    rc, skip, _ = _policy_run(files, "skip", capsys)
+    (files.dir / "out.jsonl").unlink()
+    rc2, cut, _ = _policy_run(files, "truncate", capsys)
+    assert rc == rc2 == 0
+    diff = {it: cut[1]["released"][it] - skip[1]["released"][it] for it in DOMAIN}
+    # true counts at step 2 differ by at most 1 per item (one truncated event); with shared
+    # noise every difference would be 0 or 1
+    assert any(abs(d) > 1 for d in diff.values()), diff
+
+
 def test_on_invalid_truncate_uses_keyed_prf(files, capsys):
     rc, lines, err = _policy_run(files, "truncate", capsys)
     assert rc == 0
-    cut = KeyedTruncator(NoiseSource(files.key, "default/truncate"), 2)(
+    stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "truncate"})
+    cut = KeyedTruncator(NoiseSource(files.key, f"{stream}/truncate"), 2)(
         ("d0", "d1", "d2", "d3"), 2)
     assert len(cut) == 2
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]], [list(cut), ["d4"]], [["d5"]], [], []])
     assert "2 truncated, 2 skipped" in err
 

@@ -426,10 +426,14 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
     batches = ckpt.batches()
     open_batch = batches[-1] if batches and batches[-1][4] is None else None
     mac = _input_mac(opts, digests)
-    continues = t == record.last_t and open_batch is None
+    # the last run finished its steps, or stopped before releasing one (kill -9 at its
+    # start): either way this run goes on after step t, from its own input
+    continues = t == record.last_t
     if continues:
+        if open_batch is not None:
+            ckpt.drop_open_batches()
         for n, _, seen, first, last in batches:
-            if mac is not None and seen == mac:
+            if last is not None and mac is not None and seen == mac:
                 raise StateError(
                     f"this input was already fed to the stream in {opts['state']} (run {n}, "
                     f"steps {first}..{last}): refusing to release its events twice")
@@ -437,7 +441,7 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
         raise StateError(f"the run in {opts['state']} stopped at step {record.last_t} while "
                          f"reading another input ({open_batch[1]!r}): give it the same input "
                          "to finish its steps")
-    mechanism = load_snapshot(blob, key)
+    mechanism = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
     offset = ckpt.step(t).end
     return _GoOn(mechanism=mechanism, t=t, offset=offset, continues=continues,
                  batch=None if continues or open_batch is None else open_batch[0])
@@ -509,6 +513,35 @@ def _check_time_mode(opts: dict[str, Any], until: int) -> None:
                          "released twice")
 
 
+#: The settings that decide which events count, and where: with their defaults.
+_PROCESSING_DEFAULTS = {"on_invalid": "skip", "implicit_time": False, "time_field": None,
+                        "step": None, "start": None, "lateness": None, "follow": False}
+
+
+def scoped_stream(opts: dict[str, Any]) -> str:
+    """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
+    input settings that change which events a release counts (``--on-invalid``, the time
+    mode and clock, the CSV columns) when they are not the defaults.
+
+    Two runs of one stream under one key that count different events (skipping against
+    truncating, hourly against half-hourly steps) must not share noise: the difference of
+    their releases would be the exact difference of their counts. Runs with the default
+    settings keep the plain name, so they equal the library's releases for that name.
+    """
+    from .mechanisms.base import config_tag
+
+    settings = {k: opts.get(k, d) for k, d in _PROCESSING_DEFAULTS.items()
+                if opts.get(k, d) != d}
+    if _auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
+        for name, default in (("item_column", "item"), ("event_column", "event"),
+                              ("time_column", None)):
+            if opts.get(name) != default:
+                settings[name] = opts.get(name)
+    if not settings:
+        return str(opts["stream"])
+    return f"{opts['stream']}~{config_tag(**settings)}"
+
+
 def _until(opts: dict[str, Any]) -> int:
     """The public end step of this run: ``--until``, or the horizon."""
     horizon = int(opts["horizon"])
@@ -563,7 +596,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
-    mech = build_mechanism(name, opts, key, domain)
+    stream = scoped_stream(opts)
+    mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
     parquet = None
@@ -585,7 +619,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
-    truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
+    truncator = KeyedTruncator(NoiseSource(key, f"{stream}/truncate"), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"])
     digests = StateDigests(key)
@@ -804,7 +838,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         stats.steps += 1
         stats.events += len(events)
         stats.last_items = len(rel.items)
-        input_mac = (digests.step_input(step.lines, step.lengths, step.raw)
+        input_mac = (digests.step_input(t, step.lines, step.lengths, step.raw)
                      if ckpt is not None else None)
         if t <= resume_t:
             stored = ckpt.step(t)
@@ -833,7 +867,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
                 ckpt.commit(t, begin=offset, end=offset + len(line),
                             release_mac=digests.release(line), input_mac=input_mac,
-                            input_line=last_line)
+                            input_line=(last_line ^ digests.mask(t)) if opts["follow"] else 0)
         try:
             out.write(line)
             out.flush()
@@ -862,7 +896,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         if opts["follow"]:
             _follow(infile, opts, input_format, note, release, mech=mech, until=until,
                     validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
-                    start_t=start_t)
+                    start_t=start_t, key=key)
         else:
             late = ("time step {t} was already released by an earlier run (a late event)"
                     if start_t else None)  # events of steps an earlier run released
@@ -895,15 +929,20 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             ckpt.set_summary(summary)
             if batch is not None:
-                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key))
+                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key, ckpt))
 
 
-def _snapshot_or_none(mech: Any, key: Any) -> bytes | None:
+def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
+    """What a snapshot is bound to: the run's parameters, its random id and the step."""
+    return f"{params}\0{ckpt.run_id()}\0{t}".encode()
+
+
+def _snapshot_or_none(mech: Any, key: Any, ckpt: Any) -> bytes | None:
     """The mechanism's snapshot for the next run, or None (logged) if it cannot be saved."""
     from .snapshot import dump_snapshot
 
     try:
-        return dump_snapshot(mech, key)
+        return dump_snapshot(mech, key, _snapshot_context(ckpt, ckpt.load().params, mech.t))
     except TypeError as exc:
         _log.warning(f"{exc}; the next run must read the whole stream again")
         return None
@@ -915,7 +954,7 @@ _EOF = object()  # the input has ended (stdin closed)
 
 def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, release: Any,
             *, mech: Any, until: int, validator: _Validator, past: Any, resume_t: int,
-            ckpt: Any, start_t: int = 0) -> None:
+            ckpt: Any, start_t: int = 0, key: Any = None) -> None:
     """``--follow``: read a growing input and release each step when the clock says.
 
     Step t is released once it is due on the public clock (its window has
@@ -932,6 +971,7 @@ def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rel
     import threading
 
     from .io import guard_lines
+    from .state import StateDigests
 
     clock = _clock(opts)
     if clock is None:
@@ -974,7 +1014,8 @@ def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rel
     newest = 0  # the latest step an event was read for
     latest_line = 0  # the latest input line read
     # steps on record close where they closed the first time
-    boundary = {t: ckpt.step(t).input_line for t in range(start_t + 1, resume_t + 1)}
+    mask = StateDigests(key).mask if key is not None else (lambda t: 0)
+    boundary = {t: ckpt.step(t).input_line ^ mask(t) for t in range(start_t + 1, resume_t + 1)}
     late = "time step {} was already released (a late event)"
     try:
         while mech.t < until:

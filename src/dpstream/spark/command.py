@@ -176,8 +176,11 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
     verbose = bool(opts.get("verbose_errors"))
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
+    from ..run_command import scoped_stream
+
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
-                  stream=_option(opts, "stream", "default"), **budget)
+                  stream=scoped_stream({"stream": "default", "input": inp, **{
+                      k: v for k, v in opts.items() if v is not None}}), **budget)
     if opts.get("counter") is not None and name != "known":
         raise ValueError(f"--counter does not apply to --mechanism {name}")
     if common["max_items"] is None:
