@@ -18,8 +18,8 @@ with the same message. The tests compare both paths on the same steps.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from itertools import repeat
+from collections.abc import Hashable, Mapping, Sequence
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,8 @@ __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_po
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
 _PLAIN = frozenset((str, int, bytes))
+#: Event types the fast path reads as they are.
+_EVENT_TYPES = frozenset((list, tuple))
 #: The widest event for which duplicates are found by comparing shifted copies.
 _NARROW = 16
 
@@ -124,21 +126,18 @@ def domain_positions(events: Any, index: Mapping[Hashable, int], max_items: int 
     return cols if keep is None else cols[keep]
 
 
-def flatten_events(events: Iterable[Any]) -> tuple[list[Hashable], np.ndarray] | None:
+def flatten_events(events: Any) -> tuple[list[Hashable], np.ndarray] | None:
     """(all items in order, event offsets) when every event is a list or tuple of
     plain ``str``/``int``/``bytes`` items; ``None`` otherwise (use the per-event path)."""
-    flat: list[Hashable] = []
-    sizes: list[int] = []
-    extend, add = flat.extend, sizes.append
-    for event in events:
-        if type(event) is not list and type(event) is not tuple:
-            return None
-        extend(event)
-        add(len(event))
+    if not isinstance(events, (list, tuple)):
+        events = list(events)
+    if not _EVENT_TYPES.issuperset(map(type, events)):
+        return None
+    flat = list(chain.from_iterable(events))
     if not _PLAIN.issuperset(map(type, flat)):
         return None
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
+    offsets = np.zeros(len(events) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, events), np.int64, len(events)), out=offsets[1:])
     return flat, offsets
 
 
