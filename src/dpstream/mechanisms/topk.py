@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
 from ..noise import NoiseKey, NoiseSource
@@ -35,6 +36,7 @@ from .base import (
 from .blt_noise import BLTNoise
 from .counters import blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
+from .users import UserLevel, bound_user_events, user_guarantee
 
 __all__ = ["ContinualTopK", "utility_eta"]
 
@@ -134,6 +136,21 @@ class ContinualTopK:
     the BLT's count error has a 2.6x-3.1x smaller std. A BLT counter of an
     item selected at t replays steps 1..t (t keyed draws per new item).
 
+    User-level privacy (``max_items_per_user=`` L0, ``max_count_per_item=``
+    Linf): events are ``(user, items)`` pairs, each user kept within the bounds
+    over the whole stream (first come, first kept). The mechanism is scale
+    equivariant: with counts h, noise scale tau and eta_t it releases exactly
+    Linf times what it releases with h / Linf, tau / Linf and eta_t / Linf
+    (every noise is a scale family; selections and comparisons do not change
+    under scaling). Removing one user changes every scaled count by at most 1
+    at every step, in one direction, which is all the selection and
+    sparse-vector parts of the theorem use, and changes each scaled counter's
+    cell table by at most the event-level sensitivity (the worst placement of
+    the user's Linf contributions is at one step, lemma in
+    :mod:`dpstream.bounding`). So the theorem holds per user with tau / Linf:
+    Linf^2 (2k + 4) / (2 tau^2)-zCDP (``.privacy.unit == "user"``). L0 does
+    not enter: the analysis never uses how many counts one unit changes.
+
     Modes: ``step`` / ``step_batch`` take events (each a set of domain items, any
     size); ``release(t, counts)`` takes the prefix histogram at t (aggregate
     mode, the paper's practical setting) and gives the same releases bit for bit.
@@ -153,6 +170,8 @@ class ContinualTopK:
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this stream's noise from other streams under the key.
+        max_items_per_user, max_count_per_item: L0 and Linf, for user-level
+            privacy (both or neither).
 
     Example:
         >>> import dpstream as dps
@@ -165,6 +184,8 @@ class ContinualTopK:
 
     mechanism_name = "SparseGumb"
     theorem = "SparseGumb theorem (after algo:sparseGumb): (2k+4)/(2 tau^2)-zCDP"
+    theorem_user = ("SparseGumb per user (scaling by Linf, dpstream.bounding lemma): "
+                    "Linf^2 (2k+4)/(2 tau^2)-zCDP")
 
     def __init__(
         self,
@@ -182,9 +203,12 @@ class ContinualTopK:
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "default",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
+        self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.stream = check_stream_name(stream)
         check_key(key)
         self.domain, self._index = check_domain(domain)
@@ -206,10 +230,14 @@ class ContinualTopK:
         self.key = key
         self.levels = None if self.strategy else num_levels(self.horizon, self.base)
         self._coef = self.k + 2.0  # rho = (2k + 4) / (2 tau^2) = (k + 2) / tau^2
+        if self.user_bounds is not None:  # per user: the theorem at tau / Linf
+            self._coef *= self.user_bounds.max_count_per_item ** 2
         self.budget, self.tau, self.privacy = resolve_privacy(
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
             gaussian_exact=False, mechanism=self.mechanism_name, theorem=self.theorem,
         )
+        self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
+        self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
         self.tau_1 = math.sqrt(self.switches) * self.tau
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
         # the std of a counter's tree cell, or of a BLT counter's draws
@@ -217,6 +245,8 @@ class ContinualTopK:
                             else math.sqrt(self.levels) * self.tau_2)
         # every purpose carries the noise-shaping settings (see base.config_tag)
         blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
+        if self.user_bounds is not None:
+            blt["users"] = self.user_bounds.tag()
         self.noise_scope = f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
             switches=self.switches, eta=eta, **blt,
@@ -285,6 +315,7 @@ class ContinualTopK:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        events, pending = bound_user_events(self._users, events, None, self._check_in_domain)
         idx: list[int] = []
         for event in events:
             for item in normalise_event(event, None):
@@ -295,7 +326,15 @@ class ContinualTopK:
         new_counts = self._counts + np.bincount(
             np.asarray(idx, dtype=np.int64), minlength=len(self.domain)
         )
-        return self._release(t, new_counts)
+        rel = self._release(t, new_counts)
+        if pending is not None:
+            self._users.commit(pending)
+        return rel
+
+    def _check_in_domain(self, items: tuple[Hashable, ...]) -> None:
+        for item in items:
+            if item not in self._index:
+                raise InvalidEventError(f"item {item!r} is not in the domain")
 
     # -- aggregate mode ----------------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray

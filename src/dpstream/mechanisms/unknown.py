@@ -17,6 +17,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
 from .. import privacy
+from ..bounding import resolve_user_bounds
 from ..noise import NoiseKey, NoiseSource
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
@@ -32,6 +33,7 @@ from .base import (
 )
 from .known import tree_purpose
 from .tree_noise import TreeNoise
+from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
 __all__ = [
     "PrivacySplit",
@@ -46,8 +48,14 @@ _THEOREM = (
 )
 
 
-def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta: float) -> float:
+def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta: float,
+                        alone: int = 1) -> float:
     """m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1 (``eq:threshold``).
+
+    ``alone``: the largest count one privacy unit alone can give an item, the
+    ``1`` above (one event); Linf = ``max_count_per_item`` for a user, whose
+    item nobody else has has a count of at most Linf at every t, so the same
+    bound holds with m - Linf in place of m - 1.
 
     The noise of an item's count at any t is N(0, |I_t| L_r tau^2) with
     |I_t| <= (r - 1) L_r, so an item whose true count is 1 is above m_delta at
@@ -64,9 +72,10 @@ def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta:
         raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
     levels = num_levels(horizon, base)
     scale = tau * levels * math.sqrt(base - 1)
-    m = scale * float(-ndtri(threshold_delta / horizon)) + 1.0
+    alone = float(alone)
+    m = scale * float(-ndtri(threshold_delta / horizon)) + alone
     for _ in range(200):
-        if horizon * float(ndtr(-(m - 1.0) / scale)) <= threshold_delta:
+        if horizon * float(ndtr(-(m - alone) / scale)) <= threshold_delta:
             return m
         m = math.nextafter(m, math.inf) if m != 0 else 5e-324
     raise ArithmeticError("discovery_threshold: could not make m conservative")  # pragma: no cover
@@ -108,7 +117,8 @@ def _split(delta: float, max_items: int, threshold_delta: float) -> tuple[float,
 
 
 def calibrate_unknown_domain(
-    *, epsilon: float, delta: float, max_items: int, horizon: int, base: int
+    *, epsilon: float, delta: float, max_items: int, horizon: int, base: int,
+    max_count: int = 1,
 ) -> tuple[float, float]:
     """The (tau, threshold_delta) meeting (epsilon, delta) with the smallest threshold m_delta.
 
@@ -124,10 +134,15 @@ def calibrate_unknown_domain(
     sqrt(r - 1) Phi^-1(1 - delta_thr/T) + 1, a 1-D search over the fraction
     f = Delta0 delta_thr / delta (coarse grid in logit(f), then bounded Brent).
 
+    User level: ``max_items`` is L0 (the items one user may bring in, each a
+    bad outcome of probability delta_thr) and ``max_count`` Linf, so the
+    Gaussian part has ratio sqrt(L0) Linf / tau (m_delta's offset Linf does
+    not move the minimiser).
+
     Returns:
         (tau, threshold_delta).
     """
-    a = max_items / 2.0
+    a = max_items * max_count * max_count / 2.0
     levels = num_levels(horizon, base)
     scale = levels * math.sqrt(base - 1)
 
@@ -198,6 +213,18 @@ class UnknownDomainHistogram:
     profile is Balle and Wang's, at least as tight as the zCDP conversion.
     Bad outcomes add Delta0 delta (``lem:badOutcomes``).
 
+    User-level privacy (``max_items_per_user=`` L0, ``max_count_per_item=``
+    Linf): events are ``(user, items)`` pairs, each user kept within the bounds
+    over the whole stream (first come, first kept). The proof above goes
+    through with the user as the unit: the good outcomes are one Gaussian
+    mechanism whose sensitivity is sqrt(L0) Linf sqrt(L_r) (the worst placement
+    of a user's contributions puts all Linf at one step, lemma in
+    :mod:`dpstream.bounding`), ratio mu = sqrt(L0) Linf / tau; a bad outcome
+    shows an item only the removed user has, whose true count is at most Linf
+    at every t, so the threshold is m_delta with Linf in place of the + 1, and
+    there are at most L0 such items: (eps_G(sqrt(L0) Linf / tau, delta'),
+    L0 delta + delta')-DP per user (``.privacy.unit == "user"``).
+
     Calibration: ``epsilon=, delta=`` splits delta into Delta0 threshold_delta
     + delta' so that m_delta is smallest (see :func:`calibrate_unknown_domain`
     for why m_delta and not tau is the quantity to minimise), unless
@@ -230,6 +257,8 @@ class UnknownDomainHistogram:
             ``eq:threshold``); optional with epsilon/delta.
         stream: separates this stream's noise from other streams under the key
             (and shares it with KnownBase on the same stream, on purpose).
+        max_items_per_user, max_count_per_item: L0 and Linf, for user-level
+            privacy (both or neither; ``max_items`` is then optional).
 
     Example:
         >>> import dpstream as dps
@@ -242,12 +271,14 @@ class UnknownDomainHistogram:
 
     mechanism_name = "UnkBase"
     theorem = _THEOREM
+    theorem_user = ("UnkBase per user (theorem after lem:badOutcomes, dpstream.bounding lemma): "
+                    "(eps_G(sqrt(L0) Linf/tau, delta'), L0 delta + delta'), threshold + Linf")
 
     def __init__(
         self,
         horizon: int,
         *,
-        max_items: int,
+        max_items: int | None = None,
         key: NoiseKey,
         base: int | None = None,
         remember: bool = False,
@@ -257,17 +288,23 @@ class UnknownDomainHistogram:
         tau: float | None = None,
         threshold_delta: float | None = None,
         stream: str = "default",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
-        self.max_items = check_max_items(max_items)
+        self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
+        self.max_items = None if max_items is None and self.user_bounds else \
+            check_max_items(max_items)
+        # one unit: Delta0 items, 1 each (an event), or L0 items, Linf each (a user)
+        self._unit = unit_bound(self.max_items, self.user_bounds)
         self.stream = check_stream_name(stream)
         check_key(key)
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
         self.levels = num_levels(self.horizon, self.base)
-        self._coef = self.max_items / 2.0
+        self._coef = self._unit.coefficient
         self.budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         if threshold_delta is not None:
             if isinstance(threshold_delta, bool) or not isinstance(
@@ -286,15 +323,18 @@ class UnknownDomainHistogram:
             mechanism=self.mechanism_name, theorem=self.theorem,
             target_epsilon=self.budget.epsilon,
         )
+        self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
         self.threshold = discovery_threshold(
             tau=self.tau, horizon=self.horizon, base=self.base,
-            threshold_delta=self.threshold_delta,
+            threshold_delta=self.threshold_delta, alone=self._unit.per_item,
         )
         self.key = key
+        self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
         cell_std = math.sqrt(self.levels) * self.tau
         self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
                                          cell_std=cell_std, max_items=self.max_items,
-                                         domain="open")
+                                         domain="open",
+                                         users=self.user_bounds and self.user_bounds.tag())
         self._source = NoiseSource(key, self.tree_purpose)
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         self._index: dict[Hashable, int] = {}
@@ -311,7 +351,7 @@ class UnknownDomainHistogram:
     ) -> tuple[float, float, PrivacySplit, float]:
         """(tau, threshold_delta, split, total delta of the claim)."""
         b = self.budget
-        d0 = self.max_items
+        d0 = self._unit.items  # Delta0, or L0 per user: the items one unit may bring in
         if b.kind in ("rho", "tau"):
             if threshold_delta is None:
                 raise ValueError(
@@ -341,7 +381,8 @@ class UnknownDomainHistogram:
                                         gaussian_exact=True)
             return tau, threshold_delta, PrivacySplit(threshold_delta, part, rest, "user"), b.delta
         tau, thr = calibrate_unknown_domain(epsilon=b.epsilon, delta=b.delta, max_items=d0,
-                                            horizon=self.horizon, base=self.base)
+                                            horizon=self.horizon, base=self.base,
+                                            max_count=self._unit.per_item)
         part, rest = _split(b.delta, d0, thr)
         return tau, thr, PrivacySplit(thr, part, rest, "min-threshold"), b.delta
 
@@ -378,10 +419,12 @@ class UnknownDomainHistogram:
         """Take all the events of the next time step (possibly none) and release.
 
         Every event is checked (at most ``max_items`` distinct items, items of
-        type str, int or bytes) before anything changes.
+        type str, int or bytes) before anything changes. With user bounds each
+        event is a ``(user, items)`` pair, bounded per user first.
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        events, pending = bound_user_events(self._users, events, self.max_items)
         index = self._index
         known: list[int] = []
         new: dict[Hashable, int] = {}
@@ -395,7 +438,10 @@ class UnknownDomainHistogram:
         counts = self._counts[: self._n] + np.bincount(
             np.asarray(known, dtype=np.int64), minlength=self._n
         )
-        return self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        if pending is not None:
+            self._users.commit(pending)
+        return rel
 
     # -- aggregate mode --------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
