@@ -75,7 +75,8 @@ MECHANISMS: dict[str, MechanismSpec] = {
 
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).
 _MECH_KWARGS = ("max_items", "k", "switches", "eta", "oneshot", "kbar", "counter", "base",
-                "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau")
+                "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau",
+                "max_items_per_user", "max_count_per_item")
 
 #: beta of the automatic eta of top-k (the paper's eq:eta holds with prob. 1 - beta).
 ETA_BETA = 0.05
@@ -120,7 +121,9 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
         if dest not in params:
             raise ValueError(f"--{dest.replace('_', '-')} does not apply to --mechanism {name}")
         kwargs[dest] = value
-    if spec.max_items == "required" and "max_items" not in kwargs:
+    check_user_options(options)
+    if spec.max_items == "required" and "max_items" not in kwargs \
+            and "max_items_per_user" not in kwargs:
         raise ValueError(f"--mechanism {name} needs --max-items (the most items an event holds)")
     args: list[Any] = []
     if spec.domain == "required" and domain is None:
@@ -155,6 +158,28 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     if name == "meta" and "oneshot" not in kwargs:
         raise ValueError("--mechanism meta needs --oneshot")
     return cls(*args, horizon, key=key, **kwargs)
+
+
+def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
+    """User level needs both bounds (and, for a run, --user-field); one alone is an error:
+    a run must never fall back to event level without a word. ``plan`` needs the
+    bounds only (it reads no input)."""
+    per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
+    if (per_user is None) != (per_item is None):
+        missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
+        raise ValueError(f"user-level privacy needs --max-items-per-user and "
+                         f"--max-count-per-item together (missing {missing})")
+    if options.get("user_field") is not None and options.get("mechanism") == "meta":
+        raise ValueError("--user-field does not apply to --mechanism meta (known, unknown and "
+                         "top-k protect users)")
+    if not run:
+        return
+    if options.get("user_field") is not None and per_user is None:
+        raise ValueError("--user-field needs --max-items-per-user and --max-count-per-item "
+                         "(how much of the stream one user may contribute)")
+    if options.get("user_field") is None and per_user is not None:
+        raise ValueError("--max-items-per-user/--max-count-per-item need --user-field (the "
+                         "field or column holding each event's user id)")
 
 
 # --------------------------------------------------------------------------- options
@@ -229,6 +254,16 @@ MECH_OPTS: tuple[Opt, ...] = (
         "the most distinct items one event may hold: the privacy cost grows with it (known, "
         "unknown; optional for meta)",
         None, _positive_int, metavar="N"),
+    Opt(("--user-field",), "user_field", "protect users, not events: the JSON field (or CSV "
+        "column) holding each event's user id; needs --max-items-per-user and "
+        "--max-count-per-item (known, unknown, top-k)", None, str, metavar="NAME",
+        default_text="none: per event"),
+    Opt(("--max-items-per-user",), "max_items_per_user", "with --user-field: the most "
+        "distinct items one user is counted for over the whole stream (later ones are "
+        "dropped: first come, first kept)", None, _positive_int, metavar="N"),
+    Opt(("--max-count-per-item",), "max_count_per_item", "with --user-field: the most times "
+        "one user is counted for one item over the whole stream (1: count users, not "
+        "events)", None, _positive_int, metavar="C"),
     Opt(("--k",), "k", "how many items top-k (and meta's top-k one-shots) release",
         None, _positive_int, default_text="none; required for top-k"),
     Opt(("--switches",), "switches", "top-k: the most re-selections of the top-k (s)",
@@ -601,7 +636,8 @@ _FLAG_WORDS = {"rho": "--rho", "epsilon": "--epsilon", "delta": "--delta", "tau"
                "threshold_delta": "--threshold-delta", "max_items": "--max-items",
                "horizon": "--horizon", "base": "--base", "k": "--k", "kbar": "--kbar",
                "switches": "--switches", "eta": "--eta", "stream": "--stream",
-               "counter": "--counter"}
+               "counter": "--counter", "max_items_per_user": "--max-items-per-user",
+               "max_count_per_item": "--max-count-per-item"}
 
 
 def _user_words(msg: str) -> str:

@@ -128,12 +128,14 @@ class RawEvent:
         items: the event's items as strings (possibly with repeats), or
             ``None`` when the record is malformed.
         error: what is wrong with the record, or ``None``.
+        user: the event's user id (``--user-field``), or ``None`` at event level.
     """
 
     line: int
     t: int | None
     items: tuple[str, ...] | None
     error: str | None = None
+    user: str | None = None
 
 
 # --------------------------------------------------------------------------- input
@@ -251,12 +253,28 @@ def _step_of(value: object, clock: StepClock, what: str) -> tuple[int | None, st
     return t, None
 
 
+def _parse_user(obj: dict, user_field: str) -> tuple[str | None, str | None]:
+    """The user id of an event object (``--user-field``), or why there is none."""
+    if user_field not in obj:
+        return None, f'an event needs a "{user_field}" user id (--user-field)'
+    value = obj[user_field]
+    if not isinstance(value, str) or not value:
+        return None, (f'the user id "{user_field}" must be a non-empty string, got '
+                      f"{_short(json.dumps(value, default=str))}")
+    if not _valid_text(value):
+        return None, "the user id is not valid UTF-8 text (it holds a lone surrogate)"
+    return value, None
+
+
 def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
-               clock: StepClock | None = None) -> Iterator[RawEvent]:
+               clock: StepClock | None = None, user_field: str | None = None
+               ) -> Iterator[RawEvent]:
     """Parse JSON Lines events (see the module docstring); blank lines are skipped.
 
     With ``time_field`` and ``clock``, an event's step is the step of the
     timestamp in that field on the public clock (its ``"t"`` is not read).
+    With ``user_field``, every event is an object with a non-empty string user
+    id in that field; an event without one is an invalid record.
     """
     if (time_field is None) != (clock is None):
         raise ValueError("time_field and clock go together")
@@ -280,6 +298,10 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
             yield RawEvent(lineno, None, None, f"not valid JSON ({_short(why, 80)})")
             continue
         if isinstance(obj, list):
+            if user_field is not None:
+                yield RawEvent(lineno, None, None, f'an event needs a "{user_field}" user id '
+                                                   "(--user-field): write it as an object")
+                continue
             if clock is not None:
                 yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
                                                    "timestamp: write it as an object")
@@ -301,8 +323,14 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
             if err:
                 yield RawEvent(lineno, None, None, err)
                 continue
+            user = None
+            if user_field is not None:
+                user, err = _parse_user(obj, user_field)
+                if err:
+                    yield RawEvent(lineno, None, None, err)
+                    continue
             items, err = _parse_items(obj["items"])
-            yield RawEvent(lineno, t if err is None else None, items, err)
+            yield RawEvent(lineno, t if err is None else None, items, err, user)
         else:
             yield RawEvent(
                 lineno, None, None,
@@ -318,6 +346,7 @@ def read_csv(
     time_column: str | None = None,
     clock: StepClock | None = None,
     delimiter: str = ",",
+    user_column: str | None = None,
 ) -> Iterator[RawEvent]:
     """Parse CSV rows (one per event and item) into events, grouping consecutive event ids.
 
@@ -325,7 +354,8 @@ def read_csv(
     the module docstring for the memory this takes), as does a record with a
     CSV syntax error (strict parsing), a field spanning lines, an item longer
     than :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each
-    record's ``line`` is the line where it started.
+    record's ``line`` is the line where it started. With ``user_column``,
+    every row of an event holds the same non-empty user id.
     """
     reader = csv.reader(stream, delimiter=delimiter, strict=True)
     try:
@@ -336,7 +366,7 @@ def read_csv(
         raise ValueError(f"input line 1: bad CSV header ({exc})") from None
     cols = {name.strip(): i for i, name in enumerate(header)}
     for role, name in (("--item-column", item_column), ("--event-column", event_column),
-                       ("--time-column", time_column)):
+                       ("--time-column", time_column), ("--user-field", user_column)):
         if name is not None and name not in cols:
             raise ValueError(
                 f"input line 1: the CSV header has no column {name!r} ({role}); "
@@ -344,13 +374,15 @@ def read_csv(
             )
     i_item, i_event = cols[item_column], cols[event_column]
     i_time = cols[time_column] if time_column is not None else None
-    width = max(i for i in (i_item, i_event, i_time) if i is not None) + 1
+    i_user = cols[user_column] if user_column is not None else None
+    width = max(i for i in (i_item, i_event, i_time, i_user) if i is not None) + 1
 
     current: str | None = None
     start = 0
     items: list[str] = []
     t_val: int | None = None
     error: str | None = None
+    user: str | None = None
     # Event ids seen before: all of the open time step (kept anyway, as the step
     # is), a bounded FIFO of the most recent ones across steps (with their
     # lines, for the message), and salted 64-bit hashes of all older ones.
@@ -371,7 +403,7 @@ def read_csv(
     def flush() -> RawEvent:
         if error is not None:
             return RawEvent(start, None, None, error)
-        return RawEvent(start, t_val, tuple(items), None)
+        return RawEvent(start, t_val, tuple(items), None, user)
 
     def seen_at(eid: str) -> int | None:
         """The line where ``eid`` started before (0: earlier, line forgotten), or None."""
@@ -417,7 +449,7 @@ def read_csv(
         row_err: str | None = None
         if len(row) < width:
             row_err = f"CSV row has {len(row)} fields, expected at least {width}"
-        elif any("\n" in row[i] or "\r" in row[i] for i in (i_item, i_event, i_time)
+        elif any("\n" in row[i] or "\r" in row[i] for i in (i_item, i_event, i_time, i_user)
                  if i is not None):
             row_err = ("a field spans lines (lines "
                        f"{first_line}-{reader.line_num}: an unclosed quote?)")
@@ -444,10 +476,14 @@ def read_csv(
                     row_err = f"time step must be >= 1, got {_short(raw)!r}"
             except ValueError:
                 row_err = f"time step must be an integer, got {_short(raw)!r}"
+        row_user = None if i_user is None else row[i_user]
+        if row_user == "" and row_err is None:
+            row_err = f"the user id column {user_column!r} is empty"
         if eid != current:
             if current is not None:
                 yield flush()
             current, start, items, t_val, error = eid, lineno, [], row_t, row_err
+            user = row_user
             before = seen_at(eid)
             if before is not None and error is None:
                 where = f"line {before}" if before else "an earlier line"
@@ -459,6 +495,8 @@ def read_csv(
         elif error is None and row_t != t_val:
             error = (f"event {_short(eid)!r} has rows with different time steps "
                      f"({t_val} and {row_t})")
+        elif error is None and row_user != user:
+            error = f"event {_short(eid)!r} has rows with different user ids"
         if row[i_item] != "":
             items.append(row[i_item])
     if current is not None:
@@ -466,11 +504,15 @@ def read_csv(
 
 
 def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = None,
-                clock: StepClock | None = None, **csv_options: Any) -> Iterator[RawEvent]:
+                clock: StepClock | None = None, user_field: str | None = None,
+                **csv_options: Any) -> Iterator[RawEvent]:
     """Dispatch on ``fmt`` (``"jsonl"`` or ``"csv"``); ``time_field`` with ``clock``:
-    steps from timestamps (a JSON field, or the CSV column of that name)."""
+    steps from timestamps (a JSON field, or the CSV column of that name);
+    ``user_field``: each event's user id (a JSON field, or the CSV column)."""
     if fmt == "jsonl":
-        return read_jsonl(stream, time_field=time_field, clock=clock)
+        return read_jsonl(stream, time_field=time_field, clock=clock, user_field=user_field)
+    if user_field is not None:
+        csv_options = {**csv_options, "user_column": user_field}
     if clock is not None:
         csv_options = {**csv_options, "time_column": time_field, "clock": clock}
     if fmt == "csv":

@@ -105,7 +105,13 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         "noise_std_worst": std,
         "ci95_half_width": Z95 * std,
         "privacy": mech.privacy.to_dict(),
+        "unit": mech.privacy.unit,
     }
+    bounds = getattr(mech, "user_bounds", None)
+    if bounds is not None:
+        out.update(max_items_per_user=bounds.max_items_per_user,
+                   max_count_per_item=bounds.max_count_per_item,
+                   user_bounds=bounds.describe())
     if strategy is not None:
         out.update(buffers=strategy.buffers, fitted_horizon=strategy.fitted_horizon,
                    worst_case_variance=strategy.worst_case_variance)
@@ -153,6 +159,9 @@ def format_plan(info: dict[str, Any]) -> str:
         f"noise scale   tau = {info['tau']:.6g}",
         f"privacy       rho = {p['rho']:.6g} zCDP; (epsilon = {p['epsilon']:.6g}, "
         f"delta = {p['delta']:.3g})-DP via {p['conversion']} [{p['theorem']}]",
+        *([f"unit          per user: {info['user_bounds']} over the whole stream (later "
+            "contributions dropped); the guarantee hides all of one user's events"]
+          if info.get("unit") == "user" else []),
         f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
         f"is the released count +- {info['ci95_half_width']:.4g}",
     ]

@@ -59,6 +59,7 @@ from .cli import (
     _load_config,
     _require_budget,
     build_mechanism,
+    check_user_options,
     merge_options,
 )
 from .errors import DPStreamError, InvalidEventError, StateError
@@ -171,6 +172,8 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
     if input_format == "csv":
         params.update(item_column=opts["item_column"], event_column=opts["event_column"],
                       time_column=opts["time_column"])
+    if opts.get("user_field") is not None:
+        params.update(user_field=opts["user_field"])
     if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
@@ -194,6 +197,7 @@ _REDACTED = {
     "time order": "its time step is not after a step already complete (events must be in "
                   "time order)",
     "not valid UTF-8": "not valid UTF-8",
+    "user id": "its user id (--user-field) is missing, empty or not a string",
     "malformed": "not a valid event",
 }
 
@@ -202,7 +206,9 @@ class _Validator:
     """Applies --on-invalid to each record of a step, counting what it dropped or cut."""
 
     def __init__(self, *, policy: str, domain: Sequence[str] | None, max_items: int | None,
-                 truncator: Any, stats: RunStats, verbose: bool = False) -> None:
+                 truncator: Any, stats: RunStats, verbose: bool = False,
+                 users: bool = False) -> None:
+        self.users = users  # events are (user, items) pairs (--user-field)
         self.policy = policy
         self.domain = None if domain is None else frozenset(domain)
         self.max_items = max_items
@@ -249,13 +255,14 @@ class _Validator:
                 changed = True
             if changed:
                 self.stats.truncated += 1
-            out.append(items)
+            out.append((rec.user, items) if self.users else items)
         return out
 
 
 def _reason_key(problem: str) -> str:
     for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
-                "not in the domain", "more than --max-items", "not valid JSON", "time order",
+                "user id", "not in the domain", "more than --max-items", "not valid JSON",
+                "time order",
                 "reappears", "not valid UTF-8"):
         if key in problem:
             return key
@@ -271,7 +278,10 @@ def _short_int(value: int) -> str:
 def _record_bytes(records: Sequence[Any]) -> Iterator[bytes]:
     """Each record of a step as bytes, for the step's keyed input digest."""
     for rec in records:
-        yield json.dumps([rec.line, rec.t, rec.items, rec.error]).encode("utf-8")
+        fields = [rec.line, rec.t, rec.items, rec.error]
+        if rec.user is not None:  # a user-level run: the user id is part of the input
+            fields.append(rec.user)
+        yield json.dumps(fields).encode("utf-8")
 
 
 @dataclass
@@ -495,6 +505,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
     _clock(opts)  # checked before anything is opened
+    check_user_options(opts, run=True)
     until = _until(opts)
     _check_paths(opts, args.config)
     _require_budget(opts)
@@ -530,7 +541,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
     truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
-                           truncator=truncator, stats=stats, verbose=opts["verbose_errors"])
+                           truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
+                           users=opts["user_field"] is not None)
     digests = StateDigests(key)
     quiet = opts["quiet"]
     viewer = None
@@ -665,7 +677,7 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     clock = _clock(opts)
     return read_events(guard_lines(infile, opts["input"]), input_format,
                        time_field=opts["time_field"] if clock else None, clock=clock,
-                       **csv_opts)
+                       user_field=opts.get("user_field"), **csv_opts)
 
 
 def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
@@ -946,7 +958,8 @@ def _input_records_from(lines: Iterable[str], opts: dict[str, Any],
     from .io import read_events
 
     clock = _clock(opts)
-    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock)
+    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock,
+                       user_field=opts.get("user_field"))
 
 
 def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
@@ -995,6 +1008,7 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
            if stats.reasons else ""),
         f"  items released at the last step: {stats.last_items}",
+        *_bounding_summary(mech),
         f"  privacy spent: {mech.privacy.plain()}",
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
@@ -1005,6 +1019,17 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
         items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
         output=opts["output"], state=opts["state"]))
+
+
+def _bounding_summary(mech: Any) -> list[str]:
+    """The user bounds' effect, for the operator (not private: it counts users)."""
+    users = getattr(mech, "_users", None)
+    if users is None:
+        return []
+    st = users.bounder.stats
+    return [f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
+            f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
+            f"{st.dropped_count} past --max-count-per-item); {users.users} users"]
 
 
 class _Progress:
