@@ -50,41 +50,48 @@ _EVENT_SCHEMA = T.StructType([
     T.StructField("t", T.LongType(), True),
     T.StructField("items", T.ArrayType(T.StringType(), False), True),
     T.StructField("error", T.StringType(), True),
+    T.StructField("user", T.StringType(), True),
 ])
 
 
-def _parse_lines(batches, time_field=None, clock=None):
+def _parse_lines(batches, time_field=None, clock=None, user_field=None):
     """Each text line through the local engine's own JSON Lines parser."""
     for pdf in batches:
-        ts, items, errors = [], [], []
+        ts, items, errors, users = [], [], [], []
         for line in pdf["value"].tolist():
-            recs = list(read_jsonl([line], time_field=time_field, clock=clock))
+            recs = list(read_jsonl([line], time_field=time_field, clock=clock,
+                                   user_field=user_field))
             if not recs:  # blank line
                 ts.append(None)
                 items.append(None)
                 errors.append("")
+                users.append(None)
                 continue
             rec = recs[0]
             ts.append(rec.t)
             items.append(None if rec.items is None else list(rec.items))
             errors.append(rec.error)
+            users.append(rec.user)
         yield pd.DataFrame({"pos": pdf["pos"].to_numpy(), "t": pd.array(ts, dtype="Int64"),
-                            "items": items, "error": errors})
+                            "items": items, "error": errors, "user": users})
 
 
 def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None = None,
-                      clock: Any = None) -> DataFrame:
+                      clock: Any = None, user_field: str | None = None) -> DataFrame:
     """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
 
-    Returns (pos, t, items, error): ``pos`` the line's place in the file,
+    Returns (pos, t, items, error, user): ``pos`` the line's place in the file,
     ``error`` the parse problem (``""`` for a blank line, null for an event).
     With ``time_field`` and ``clock`` (a :class:`dpstream.clock.StepClock`),
-    ``t`` is the step of the event's timestamp on that public clock.
+    ``t`` is the step of the event's timestamp on that public clock. With
+    ``user_field``, ``user`` is each event's user id (an event without a valid
+    one is an error row).
     """
     lines = spark.read.text(path)
     indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
     df = spark.createDataFrame(indexed, "pos long, value string")
-    return df.mapInPandas(lambda b: _parse_lines(b, time_field, clock), _EVENT_SCHEMA)
+    return df.mapInPandas(lambda b: _parse_lines(b, time_field, clock, user_field),
+                          _EVENT_SCHEMA)
 
 
 def _long_format(spark: SparkSession, released: DataFrame, mech: Any,
@@ -168,11 +175,17 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
     verbose = bool(opts.get("verbose_errors"))
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
+    user_field = opts.get("user_field")
+    users = {k: opts.get(k) for k in ("max_items_per_user", "max_count_per_item")
+             if opts.get(k) is not None}
+    if (user_field is None) != (not users):
+        raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go "
+                         "together")
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
-                  stream=_option(opts, "stream", "default"), **budget)
+                  stream=_option(opts, "stream", "default"), **budget, **users)
     if opts.get("counter") is not None and name != "known":
         raise ValueError(f"--counter does not apply to --mechanism {name}")
-    if common["max_items"] is None:
+    if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 
     if spark is None:
@@ -199,7 +212,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
 
         clock = StepClock.parse(opts["start"], opts["step"])
     parsed = read_events_jsonl(spark, inp, time_field=opts.get("time_field"),
-                               clock=clock).cache()
+                               clock=clock, user_field=user_field).cache()
     checked = None
     try:
         facts = parsed.agg(
@@ -218,18 +231,21 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         n_events, timed = int(facts["events"]), int(facts["timed"])
         events = parsed.where(F.col("error").isNull())
         if timed == n_events:
-            events = events.select("t", "items")
+            events = events.select("t", "items", "pos", "user")
         elif timed == 0:
-            ordered = events.select("pos", "items").rdd.map(lambda r: (r[0], r[1])).sortByKey()
+            ordered = (events.select("pos", "items", "user").rdd
+                       .map(lambda r: (r[0], (r[1], r[2]))).sortByKey())
             events = spark.createDataFrame(
-                ordered.zipWithIndex().map(lambda r: (r[1] + 1, r[0][1])),
-                "t long, items array<string>")
+                ordered.zipWithIndex().map(lambda r: (r[1] + 1, r[0][1][0], r[0][0],
+                                                      r[0][1][1])),
+                "t long, items array<string>, pos long, user string")
         else:
             raise ValueError("--engine spark needs a \"t\" on every event or on none "
                              f"({timed} of {n_events} events have one)")
         invalid = F.col("t") > until
         if policy == "skip":  # the local engine's checks, as a filter instead of a failure
-            invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
+            if common["max_items"] is not None:
+                invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
             invalid = invalid | F.exists("items", lambda x: x.isNull())
         if policy == "skip" and domain_df is not None:
             in_domain = F.broadcast(domain_df.select(F.col("item").alias("_item"),
@@ -237,10 +253,12 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             exploded = (events.withColumn("_id", F.monotonically_increasing_id())
                         .withColumn("_item", F.explode_outer("items")))
             flagged = exploded.join(in_domain, "_item", "left").groupBy("_id", "t").agg(
-                F.first("items").alias("items"),
+                F.first("items").alias("items"), F.first("pos").alias("pos"),
+                F.first("user").alias("user"),
                 F.max(F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1)
                       .otherwise(0)).alias("_outside"))
-            events = flagged.select("t", "items", (F.col("_outside") == 1).alias("_outside"))
+            events = flagged.select("t", "items", "pos", "user",
+                                    (F.col("_outside") == 1).alias("_outside"))
             invalid = invalid | F.col("_outside")
         checked = events.withColumn("_invalid", invalid).cache()
         n_invalid = checked.where(F.col("_invalid")).count()
@@ -251,13 +269,16 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                                     f"T={mech.horizon}")
         skipped += n_invalid
         n_events -= n_invalid
-        events = checked.where(~F.col("_invalid")).select("t", "items")
+        events = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
         last_t = until
         steps = list(range(1, until + 1))
+        # user level: each user's first contributions in input order (the local engine's)
+        per_user = ({"user_col": "user", "order_col": "pos"} if user_field is not None
+                    else {})
         if isinstance(mech, SparkKnownBase):
-            released = mech.run(events, domain_df, steps=steps)
+            released = mech.run(events, domain_df, steps=steps, **per_user)
         else:
-            released = mech.run(events, steps=steps)
+            released = mech.run(events, steps=steps, **per_user)
         if opts.get("round"):
             released = released.withColumn("value", F.bround("value", 0).cast("long"))
         released = _long_format(spark, released, mech, steps)
