@@ -326,3 +326,17 @@ def test_user_ids_are_kept_only_as_keyed_hashes_and_the_snapshot_holds_no_key():
     assert UserHasher(key)("alice") != src.item_ids(["alice"]).tobytes()
     # plain pickling keeps the key object (as NoiseKey itself does), not a derived key
     assert key.derive("user-id/v1") not in pickle.dumps(UserHasher(key))
+
+
+def test_one_shot_guarantees_with_a_count_per_item_bound():
+    from dpstream.oneshot import gaussian_histogram_privacy, gumbel_top_k_privacy
+
+    g = gumbel_top_k_privacy(tau=2.0, k=3, max_count_per_item=2, unit="user")
+    assert g.rho == pytest.approx(3 * 4 / 4.0) and g.unit == "user"
+    s = gumbel_top_k_privacy(tau=2.0, k=3, with_counts=False, max_count_per_item=3)
+    assert s.rho == pytest.approx(3 / 2 * 9 / 4.0) and s.unit == "event"
+    h = gaussian_histogram_privacy(tau=2.0, max_items=5, max_count_per_item=2, unit="user")
+    # a Gaussian mechanism with sensitivity sqrt(5) * 2 (each of 5 counts moved by 2)
+    assert privacy.gaussian_delta(h.epsilon, math.sqrt(5) * 2 / 2.0) <= h.delta
+    with pytest.raises(ValueError):
+        gaussian_histogram_privacy(tau=1.0, unit="person")
