@@ -499,6 +499,9 @@ RUN_EPILOG = """\
 input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} or ["a", "b"].
   CSV: one row per (event, item), see --event-column/--item-column.
   Items are strings (JSON integers are read as text). *.gz is decompressed.
+users: with --user-field user, events carry {"user": "alice", ...} and the guarantee
+  protects each user (all their events), whose contributions are bounded over the
+  stream by --max-items-per-user and --max-count-per-item (first come, first kept).
 time steps: events sharing t form one step. An event without t is a step of its
   own: then each line is one time step, and the guarantee hides what a line holds
   (its items replaced by none), not whether the line exists; give t when events

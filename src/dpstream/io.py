@@ -13,6 +13,10 @@ JSON Lines (``--input-format jsonl``, the default), one event per line:
   ignored), or
 * ``["aspirin", "ibuprofen"]``, a plain JSON array.
 
+With ``--user-field NAME`` (user-level privacy) every event is an object whose
+field NAME holds a non-empty string user id (a CSV column of that name, equal
+on every row of an event); an event without one is an invalid record.
+
 CSV (``--input-format csv``): a header row, then one row per (event, item)
 with an event-id column and an item column (names chosen by ``--event-column``
 and ``--item-column``), and optionally a time-step column (``--time-column``).
