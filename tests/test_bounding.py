@@ -217,6 +217,15 @@ def test_user_bounds_come_in_pairs_and_change_the_noise():
                                  max_count_per_item=1, counter="tree")
     c = dps.KnownDomainHistogram(["a"], 10, max_items=2, key=key, tau=1.0, counter="tree")
     assert len({a.noise_purpose, b.noise_purpose, c.noise_purpose}) == 3
+    assert a.step_batch([]).counts["a"] != c.step_batch([]).counts["a"]  # other noise
+    unk = [dps.UnknownDomainHistogram(10, key=key, tau=1.0, threshold_delta=1e-3, **kw).tree_purpose
+           for kw in ({"max_items": 2}, {"max_items_per_user": 2, "max_count_per_item": 1},
+                      {"max_items_per_user": 2, "max_count_per_item": 2})]
+    top = [dps.ContinualTopK(["a", "b"], 10, k=1, switches=1, eta=1.0, key=key, tau=1.0,
+                             **kw).noise_scope
+           for kw in ({}, {"max_items_per_user": 2, "max_count_per_item": 1},
+                      {"max_items_per_user": 3, "max_count_per_item": 1})]
+    assert len(set(unk)) == 3 and len(set(top)) == 3
 
 
 # --------------------------------------------------------------------------- the bounder
