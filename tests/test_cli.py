@@ -20,6 +20,7 @@ from dpstream.cli import build_parser, main
 from dpstream.io import KeyedTruncator
 from dpstream.mechanisms.known import KnownDomainHistogram
 from dpstream.noise import NoiseKey, NoiseSource
+from dpstream.run_command import scoped_stream
 from dpstream.tree import max_cells, num_levels, optimal_base
 
 from .conftest import fixed_key
@@ -228,7 +229,9 @@ def test_csv_in_csv_out_rounded(files):
                 "--key-file", files.key_path, "-i", str(csv_in), "--item-column", "product",
                 "--event-column", "id", "--time-column", "step", "-o", str(out),
                 "--round") == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    stream = scoped_stream({"stream": "default", "input": "x.csv", "item_column": "product",
+                            "event_column": "id", "time_column": "step"})
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0, stream=stream)
     rows = Path(out).read_text().splitlines()
     assert rows[0] == "t,item,value,noise_std"
     expected, stds = [], []
@@ -291,7 +294,9 @@ def test_on_invalid_error_names_line_and_keeps_earlier_releases(files, capsys):
     assert err.strip().splitlines() == [
         "dpstream: error: input line 2: event has 4 distinct items, more than --max-items 2 "
         "(see --on-invalid)"]
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "error"})
+    assert stream.startswith("default~")  # another policy counts other events: other noise
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]]])
 
 
@@ -350,13 +355,28 @@ def test_on_invalid_skip(files, capsys):
     assert "0 truncated, 4 skipped" in err
 
 
+def test_settings_that_count_other_events_draw_other_noise(files, capsys):
+    """Review finding F: --on-invalid truncate against skip (or another clock) over the
+    same input shared all noise: truncate minus skip was the exact count of truncated
+    events. Now the two runs draw independent noise."""
+    rc, skip, _ = _policy_run(files, "skip", capsys)
+    (files.dir / "out.jsonl").unlink()
+    rc2, cut, _ = _policy_run(files, "truncate", capsys)
+    assert rc == rc2 == 0
+    diff = {it: cut[1]["released"][it] - skip[1]["released"][it] for it in DOMAIN}
+    # true counts at step 2 differ by at most 1 per item (one truncated event); with shared
+    # noise every difference would be 0 or 1
+    assert any(abs(d) > 1 for d in diff.values()), diff
+
+
 def test_on_invalid_truncate_uses_keyed_prf(files, capsys):
     rc, lines, err = _policy_run(files, "truncate", capsys)
     assert rc == 0
-    cut = KeyedTruncator(NoiseSource(files.key, "default/truncate"), 2)(
+    stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "truncate"})
+    cut = KeyedTruncator(NoiseSource(files.key, f"{stream}/truncate"), 2)(
         ("d0", "d1", "d2", "d3"), 2)
     assert len(cut) == 2
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]], [list(cut), ["d4"]], [["d5"]], [], []])
     assert "2 truncated, 2 skipped" in err
 
@@ -535,20 +555,20 @@ def test_plan_text(capsys):
 
 
 UNK = ["-m", "unknown", "-T", "50", "--max-items", "1", "--rho", "1", "--threshold-delta",
-       "1e-3", "--no-round"]
+       "1e-3", "--no-round", "--implicit-time"]
+UNK_CSV = UNK[:-1]  # CSV gives each event's step in a column
 
 
 def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsys):
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
     src = files.dir / "ev.csv"
-    src.write_text("event,item\ne1,a\ne2,b\ne1,c\n")
+    src.write_text("event,item,t\ne1,a,1\ne2,b,2\ne1,c,2\n")
     out = files.dir / "out.jsonl"
-    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
-                 "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
+    cmd = [*UNK_CSV, "--time-column", "t", "--key-file", files.key_path, "-i", str(src)]
+    assert main(["run", *cmd, "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
-    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-                "--on-invalid", "skip", "--force") == 0
+    assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
                                   threshold_delta=1e-3)
     _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
@@ -557,8 +577,9 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
 
 def test_csv_unclosed_quote_is_an_error_naming_its_first_line(files, capsys):
     src = files.dir / "ev.csv"
-    src.write_text('event,item\n0,"oops\n1,a\n2,a\n3,a\n')
-    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+    src.write_text('event,item,t\n0,"oops,1\n1,a,1\n2,a,1\n3,a,1\n')
+    assert main(["run", *UNK_CSV, "--time-column", "t", "--key-file", files.key_path,
+                 "-i", str(src),
                  "-o", str(files.dir / "out.jsonl"), "--on-invalid", "error",
                  "--verbose-errors"]) == 1
     err = capsys.readouterr().err
@@ -754,18 +775,20 @@ def test_a_bad_gz_input_is_a_one_line_error(files, capsys, kind):
     (b'["a"]\n["\\udc80"]\n', "surrogate"),
     (b'["a"]\n' + b"[" * 100_000 + b"\n", "nested too deeply"),
     (b'["a"]\n{"t": ' + b"7" * 5000 + b', "items": ["a"]}\n', "too many digits"),
-    (b'["a"]\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n', "past the horizon"),
+    (b'{"t": 1, "items": ["a"]}\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n',
+     "past the horizon"),
 ])
 def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, content, message):
     src = files.dir / "bad.jsonl"
     src.write_bytes(content)
     out = files.dir / "out.jsonl"
-    assert main(["run", *UNK, "--key-file", files.key_path, "-i", str(src),
+    args = UNK_CSV if "horizon" in message else UNK  # explicit steps, or one per line
+    assert main(["run", *args, "--key-file", files.key_path, "-i", str(src),
                  "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     err = capsys.readouterr().err
     assert "input line 2: " in err and message in err and err.count("\n") == 1
     assert len(err) < 300  # no 4,000-digit number in the message
-    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
+    assert _run(*args, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
                 "--force") == 0  # the default: skip
     # every step 1..T is released, whatever the input holds
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))

@@ -111,7 +111,12 @@ def test_timestamps_map_to_hourly_steps_and_quiet_hours_are_released(tmp_path, k
                  "2026-03-01T00:00:00Z", "--no-round"]) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["t"] for x in lines] == list(range(1, 9))  # hours 2, 3, 5, 7, 8 are quiet
-    mech = KnownDomainHistogram(["a", "b", "c"], 8, max_items=2, key=fixed_key("ops"), rho=1.0)
+    from dpstream.run_command import scoped_stream
+
+    stream = scoped_stream({"stream": "default", "input": src, "time_field": "ts",
+                            "step": "1h", "start": "2026-03-01T00:00:00Z"})
+    mech = KnownDomainHistogram(["a", "b", "c"], 8, max_items=2, key=fixed_key("ops"), rho=1.0,
+                                stream=stream)
     steps = {1: [["a"], ["a", "b"]], 4: [["b"]], 6: [["c"]]}
     for t, line in enumerate(lines, 1):
         assert line["released"] == mech.step_batch(steps.get(t, [])).counts
@@ -185,3 +190,16 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, 
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["t"] for x in lines] == list(range(1, 9))
+
+
+def test_a_key_file_others_can_read_is_refused_unless_allowed(tmp_path, key_path, capsys):
+    import os
+
+    src = _events(tmp_path, 3)
+    os.chmod(key_path, 0o640)
+    args = [*UNK, "-T", "3", "--key-file", key_path, "-i", src]
+    assert main([*args, "-o", str(tmp_path / "a.jsonl")]) == 1
+    assert "chmod 600" in capsys.readouterr().err
+    assert not (tmp_path / "a.jsonl").exists()  # refused before anything was written
+    with pytest.warns(UserWarning, match="chmod 600"):
+        assert main([*args, "-o", str(tmp_path / "b.jsonl"), "--allow-readable-key"]) == 0

@@ -18,6 +18,7 @@ import pytest
 
 import dpstream as dps
 from dpstream.cli import main
+from dpstream.run_command import scoped_stream
 
 from .conftest import fixed_key
 
@@ -26,6 +27,9 @@ T = 240
 DAYS, PER_DAY = 6, 40
 WORDS = [f"w{i}" for i in range(30)]
 USER = ["--user-field", "user", "--max-items-per-user", "3", "--max-count-per-item", "2"]
+#: The noise scope of a run with --user-field user (the field is an input setting: another
+#: field bounds other contributions, so it draws other noise).
+STREAM = scoped_stream({"stream": "default", "user_field": "user"})
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +71,8 @@ def test_a_user_level_run_equals_the_library_and_states_its_unit(stream, tmp_pat
                  "--counter", "tree"]) == 0
     mech = dps.KnownDomainHistogram(WORDS, T, key=dps.NoiseKey.load(key_path), epsilon=1,
                                     delta=1e-6, max_items_per_user=3, max_count_per_item=2,
-                                    counter="tree")
+                                    counter="tree", stream=STREAM)
+    assert STREAM != "default"
     by_t = _steps(base / "ev.jsonl")
     lines = out.read_text().splitlines()
     assert len(lines) == T
@@ -133,7 +138,7 @@ BAD = [
     '{"t": 1, "items": ["w1"]}',  # no user
     '{"t": 1, "user": 7, "items": ["w1"]}',  # not a string
     '{"t": 2, "user": "", "items": ["w1"]}',  # empty
-    '["w1", "w2"]',  # no object, no user
+    '{"t": 2, "user": ["a"], "items": ["w2"]}',  # a list
     '{"t": 2, "user": null, "items": ["w2"]}',
 ]
 
@@ -161,6 +166,11 @@ def test_bad_user_ids_are_invalid_records(stream, tmp_path, capsys):
     assert main([*common, "-o", str(tmp_path / "err.jsonl"), "--on-invalid", "error"]) == 1
     err = capsys.readouterr().err
     assert "input line 2" in err and "user id" in err and "--user-field" in err
+    # with --implicit-time a plain array is an event, but it has no user id
+    from dpstream.io import read_jsonl
+
+    (rec,) = read_jsonl(['["w1", "w2"]'], implicit=True, user_field="user")
+    assert rec.items is None and "user id" in rec.error
 
 
 def test_csv_user_column(stream, tmp_path, capsys):
@@ -180,9 +190,12 @@ def test_csv_user_column(stream, tmp_path, capsys):
                  "--counter", "tree"]) == 0
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert summary["skipped_by_reason"] == {"user id": 2}
+    stream_name = scoped_stream({"stream": "default", "user_field": "user", "input": str(src),
+                                 "time_column": "t", "item_column": "item",
+                                 "event_column": "event"})
     mech = dps.KnownDomainHistogram(WORDS, 3, key=dps.NoiseKey.load(key_path), rho=1,
                                     max_items_per_user=3, max_count_per_item=2,
-                                    counter="tree")
+                                    counter="tree", stream=stream_name)
     steps = [[("a", ["w1", "w2"]), ("b", ["w1"])], [], [("a", ["w4", "w5"]), ("a", ["w1"])]]
     for line, events in zip(out.read_text().splitlines(), steps, strict=True):
         rel = mech.step_batch(events)

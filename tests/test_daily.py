@@ -129,3 +129,79 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
     for d in range(18, DAYS + 1):
         assert main(day_cmd(d)) == 0
     assert out.read_bytes() == ref.read_bytes()
+
+
+def _two_days(tmp_path, key_path, name, stream="default"):
+    out, state = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.sqlite"
+    cmd = ["run", "-q", "-m", "unknown", "-T", "12", "--max-items", "2", "--rho", "4",
+           "--threshold-delta", "0.2", "--key-file", str(key_path), "-o", str(out), "--state",
+           str(state), "--stream", stream]
+    return out, state, cmd
+
+
+def test_a_run_killed_before_its_first_step_goes_on_after_the_last_one(tmp_path):
+    """Review finding G: killed after it was recorded but before its first step, a run
+    left an open record; the next run then wrote over the last released step."""
+    import sqlite3
+    from contextlib import closing
+
+    key_path = tmp_path / "k.key"
+    fixed_key("daily-g").save(key_path)
+    day1, day2 = tmp_path / "d1.jsonl", tmp_path / "d2.jsonl"
+    day1.write_text('{"t": 1, "items": ["a"]}\n{"t": 3, "items": ["a", "b"]}\n')
+    day2.write_text('{"t": 5, "items": ["a"]}\n{"t": 8, "items": ["b"]}\n')
+    (tmp_path / "all.jsonl").write_text(day1.read_text() + day2.read_text())
+    out, state, cmd = _two_days(tmp_path, key_path, "g")
+    assert main([*cmd, "-i", str(day1), "--until", "4"]) == 0
+    with closing(sqlite3.connect(state)) as db, db:  # as a run killed right after its start
+        db.execute("INSERT INTO batches (input, input_mac, first_t) VALUES ('x', 'm', 5)")
+    assert main([*cmd, "-i", str(day2), "--until", "8"]) == 0
+    ref, _, ref_cmd = _two_days(tmp_path, key_path, "ref")
+    assert main([*ref_cmd[:-4], "-i", str(tmp_path / "all.jsonl"), "--until", "8",
+                 "--state", str(tmp_path / "ref.sqlite")]) == 0
+    assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == list(range(1, 9))
+    assert out.read_bytes() == ref.read_bytes()
+
+
+def test_a_snapshot_copied_from_another_stream_is_refused(tmp_path, capsys):
+    """Review finding E: the snapshot's authentication bound neither the stream nor the
+    step, so one stream's snapshot pasted into another's state was loaded."""
+    import sqlite3
+    from contextlib import closing
+
+    key_path = tmp_path / "k.key"
+    fixed_key("daily-e").save(key_path)
+    day = tmp_path / "d1.jsonl"
+    day.write_text('{"t": 1, "items": ["a"]}\n')
+    later = tmp_path / "d2.jsonl"
+    later.write_text('{"t": 5, "items": ["b"]}\n')
+    _, state_a, cmd_a = _two_days(tmp_path, key_path, "a", stream="a")
+    _, state_b, cmd_b = _two_days(tmp_path, key_path, "b", stream="b")
+    assert main([*cmd_a, "-i", str(day), "--until", "4"]) == 0
+    assert main([*cmd_b, "-i", str(day), "--until", "4"]) == 0
+    with closing(sqlite3.connect(state_a)) as a:
+        blob = a.execute("SELECT data FROM snapshot").fetchone()[0]
+    with closing(sqlite3.connect(state_b)) as b, b:
+        b.execute("UPDATE snapshot SET data = ?", (blob,))
+    capsys.readouterr()
+    assert main([*cmd_b, "-i", str(later), "--until", "8"]) == 1
+    assert "not written for this run" in capsys.readouterr().err
+
+
+def test_the_state_does_not_tell_which_steps_were_empty(tmp_path):
+    """Review finding D: equal digests of empty steps and plain per-step input lines gave
+    the per-step event counts without the key."""
+    import sqlite3
+    from contextlib import closing
+
+    key_path = tmp_path / "k.key"
+    fixed_key("daily-d").save(key_path)
+    day = tmp_path / "d1.jsonl"
+    day.write_text('{"t": 2, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n')
+    _, state, cmd = _two_days(tmp_path, key_path, "d")
+    assert main([*cmd, "-i", str(day), "--until", "6"]) == 0
+    with closing(sqlite3.connect(state)) as db:
+        rows = db.execute("SELECT input_mac, input_line FROM steps ORDER BY t").fetchall()
+    macs = [m for m, _ in rows]
+    assert len(set(macs)) == len(macs) == 6  # five empty steps, five different digests
+    assert {line for _, line in rows} == {0}  # positions kept only when following (masked)

@@ -29,9 +29,22 @@ def test_read_jsonl_forms_and_line_numbers():
     recs = list(read_jsonl(io.StringIO(text)))
     assert [r.line for r in recs] == [1, 3, 4, 5, 6, 7]
     assert recs[0] == RawEvent(1, 2, ("a", "b"), None)
-    assert recs[1] == RawEvent(3, None, ("c", "5"), None)  # integer items read as text
-    assert all(r.error for r in recs[2:])
+    assert recs[1].error and '"t"' in recs[1].error  # no step: invalid, of no step
+    assert recs[2] == RawEvent(4, 3, None, recs[2].error)  # bad items: keeps its step
+    assert all(r.error for r in recs[1:])
     assert "items" in recs[2].error and "JSON" in recs[3].error
+
+
+def test_read_jsonl_implicit_time_makes_every_line_a_step():
+    """Review finding A: a broken or blank line must still be a step, or it shifts every
+    later step (its neighbour, an empty event [], is a step)."""
+    text = '["c", 5]\n\n[1.5]\n["\\ud83d"]\nnot json\n{"t": 3, "items": []}\n[]\n'
+    recs = list(read_jsonl(io.StringIO(text), implicit=True))
+    assert [r.line for r in recs] == [1, 2, 3, 4, 5, 6, 7]
+    assert recs[0] == RawEvent(1, None, ("c", "5"), None)  # integer items read as text
+    assert all(r.error for r in recs[1:6]) and recs[6] == RawEvent(7, None, (), None)
+    steps = [(t, [r.line for r in rs]) for t, rs in group_steps(recs, 10, implicit=True)]
+    assert steps == [(i, [i]) for i in range(1, 8)]
 
 
 def test_read_jsonl_rejects_bad_t():
@@ -59,21 +72,27 @@ def _ev(line, t, items=("a",)):
     return RawEvent(line, t, tuple(items), None)
 
 
-def test_group_steps_shared_t_gaps_and_untimed():
-    recs = [_ev(1, 1), _ev(2, 1), _ev(3, 4), _ev(4, None), _ev(5, None)]
+def test_group_steps_shared_t_gaps():
+    recs = [_ev(1, 1), _ev(2, 1), _ev(3, 4), _ev(4, 6)]
     steps = [(t, [r.line for r in rs]) for t, rs in group_steps(recs, horizon=10)]
-    assert steps == [(1, [1, 2]), (2, []), (3, []), (4, [3]), (5, [4]), (6, [5])]
+    assert steps == [(1, [1, 2]), (2, []), (3, []), (4, [3]), (5, []), (6, [4])]
+    # a stream going on from step 4: the first step is 5
+    steps = [(t, [r.line for r in rs]) for t, rs in group_steps([_ev(1, 6)], 10, start=4)]
+    assert steps == [(5, []), (6, [1])]
 
 
 def test_group_steps_malformed_does_not_advance_time_and_order_is_checked():
     bad = RawEvent(2, None, None, "broken")
-    recs = [_ev(1, None), bad, _ev(3, None), _ev(4, 1), _ev(5, 9)]
+    bad_items = RawEvent(6, 3, None, "bad items")  # its time is readable: it stays in step 3
+    recs = [_ev(1, 1), bad, _ev(3, 2), _ev(4, 1), bad_items, _ev(5, 9)]
     steps = list(group_steps(recs, horizon=3))
     assert [t for t, _ in steps] == [1, 2, 3, 9]  # no gap step past the horizon
-    assert [r.line for r in steps[1][1]] == [2, 3]
-    assert steps[2][1][0].line == 4 and "time order" in steps[2][1][0].error
-    trailing = list(group_steps([_ev(1, None), bad], horizon=3))
-    assert trailing[-1][0] is None and trailing[-1][1] == [bad]
+    assert [r.line for r in steps[0][1]] == [1, 2]
+    assert [r.line for r in steps[1][1]] == [3, 4] and "time order" in steps[1][1][1].error
+    assert steps[2][1] == [bad_items]
+    trailing = list(group_steps([_ev(1, 1), _ev(2, 2), bad], horizon=3))
+    assert trailing[-1] == (2, [_ev(2, 2), bad])
+    assert list(group_steps([bad], horizon=3)) == [(None, [bad])]
 
 
 def test_read_domain_lines_and_json(tmp_path):
@@ -185,7 +204,7 @@ def test_bad_text_is_an_invalid_record_with_its_line(tmp_path):
     path.write_bytes(b'["a"]\n["b\xff"]\n["\\ud800"]\n' + b"[" * 50_000 + b"\n"
                      + b'{"t": ' + b"9" * 5000 + b', "items": []}\n["c"]\n')
     with open_input(str(path)) as fh:
-        recs = list(read_jsonl(fh))
+        recs = list(read_jsonl(fh, implicit=True))
     assert [r.line for r in recs] == [1, 2, 3, 4, 5, 6]
     assert recs[0].items == ("a",) and recs[5].items == ("c",)
     assert "UTF-8" in recs[1].error and "surrogate" in recs[2].error
@@ -204,7 +223,7 @@ def test_inputs_may_start_with_a_byte_order_mark(tmp_path):
     (tmp_path / "e.csv").write_bytes(b"\xef\xbb\xbfevent,item\n1,a\n")
     (tmp_path / "d.txt").write_bytes(b"\xef\xbb\xbfa\nb\n")
     with open_input(str(tmp_path / "e.jsonl")) as fh:
-        assert list(read_jsonl(fh)) == [RawEvent(1, None, ("a",), None)]
+        assert list(read_jsonl(fh, implicit=True)) == [RawEvent(1, None, ("a",), None)]
     with open_input(str(tmp_path / "e.csv")) as fh:
         assert list(read_csv(fh)) == [RawEvent(2, None, ("a",), None)]
     assert read_domain(str(tmp_path / "d.txt")) == ["a", "b"]

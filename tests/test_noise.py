@@ -131,3 +131,19 @@ def test_item_ids_are_128_bit_and_distinct():
     ids = src.item_ids(range(100_000))
     assert ids.shape == (100_000, 2) and ids.dtype == np.dtype("<u8")
     assert len({(int(a), int(b)) for a, b in ids}) == 100_000
+
+
+def test_loading_a_key_that_others_can_read_warns(tmp_path):
+    import os
+    import warnings
+
+    from dpstream import NoiseKey
+
+    path = tmp_path / "k.key"
+    NoiseKey.generate().save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NoiseKey.load(path)  # 0600: silent
+    os.chmod(path, 0o644)
+    with pytest.warns(UserWarning, match="chmod 600"):
+        NoiseKey.load(path)

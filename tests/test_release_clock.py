@@ -22,7 +22,7 @@ def _steps(path: Path) -> list[int]:
     return [json.loads(line)["t"] for line in path.read_text().splitlines()]
 
 
-def _run(tmp_path, key_path, lines, name, *extra) -> list[int]:
+def _run(tmp_path, key_path, lines, name, *extra: str) -> list[int]:
     src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
     src.write_text("".join(line + "\n" for line in lines))
     assert main(["run", "-q", "-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "1",
@@ -37,9 +37,51 @@ def test_implicit_time_neighbours_release_the_same_steps(tmp_path, seed):
     key_path = tmp_path / "k.key"
     fixed_key(f"clock-{seed}").save(key_path)
     lines = ['["a", "b"]'] * 30
-    full = _run(tmp_path, key_path, lines, "full")
-    neighbour = _run(tmp_path, key_path, lines[:seed] + lines[seed + 1:], "neighbour")
+    full = _run(tmp_path, key_path, lines, "full", "--implicit-time")
+    neighbour = _run(tmp_path, key_path, lines[:seed] + ["[]"] + lines[seed + 1:],
+                     "neighbour", "--implicit-time")
     assert full == neighbour == list(range(1, 41))
+
+
+@pytest.mark.parametrize("bad", ['["caf\udce9"]', "[1.5]", '["\\ud83d"]', "not json", ""])
+def test_a_broken_line_is_a_step_like_its_empty_neighbour(tmp_path, bad):
+    """Review finding A: with implicit time, a line whose item is broken (not UTF-8, a
+    float, a lone surrogate) or a blank line was no step, while its neighbour [] was: every
+    later step moved. Now both are steps, and with the broken event dropped (skip) the two
+    outputs are byte for byte the same."""
+    key_path = tmp_path / "k.key"
+    fixed_key("clock-broken").save(key_path)
+    lines = ['["a", "b"]', '["a"]', bad, '["b"]', '["a", "b"]']
+    outs = []
+    for name, middle in (("broken", bad), ("empty", "[]")):
+        src = tmp_path / f"{name}.jsonl"
+        src.write_bytes("".join(x + "\n" for x in [*lines[:2], middle, *lines[3:]]).encode(
+            "utf-8", "surrogateescape"))
+        out = tmp_path / f"{name}.out.jsonl"
+        assert main(["run", "-q", "-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "9",
+                     "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
+                     "-o", str(out), "--implicit-time", "--remember"]) == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert b'"a"' in outs[0]  # the runs do release items
+
+
+def test_an_event_with_a_broken_item_keeps_its_step(tmp_path):
+    """Review finding A, explicit steps: a record with a bad item lost its "t", so its
+    empty neighbour moved time on and made the events after it late."""
+    key_path = tmp_path / "k.key"
+    fixed_key("clock-broken-t").save(key_path)
+    outs = []
+    for name, items in (("broken", "[1.5]"), ("empty", "[]")):
+        src = tmp_path / f"{name}.jsonl"
+        src.write_text('{"t": 1, "items": ["a"]}\n' + '{"t": 2, "items": ' + items + "}\n"
+                       + '{"t": 1, "items": ["b"]}\n{"t": 2, "items": ["a", "b"]}\n')
+        out = tmp_path / f"{name}.out.jsonl"
+        assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "9",
+                     "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
+                     "-o", str(out)]) == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
 
 
 def test_an_event_alone_in_the_last_step_does_not_decide_whether_the_step_exists(tmp_path):

@@ -299,10 +299,11 @@ _STREAM_SCHEMA = "t long, items array<string>"
 
 
 def _stage(spark, mech, src, out, ckpt, **kw):
-    """Stage what ``src`` holds (one availableNow run); returns the StreamRelease."""
+    """Stage what ``src`` holds (one availableNow run); returns the StreamRelease. Exact
+    floats (round_counts=False) unless asked: the tests compare them bit for bit."""
     ev = spark.readStream.schema(_STREAM_SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
     rel = start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt),
-                       trigger={"availableNow": True}, **kw)
+                       trigger={"availableNow": True}, **{"round_counts": False, **kw})
     rel.awaitTermination()
     return rel
 
@@ -382,6 +383,21 @@ def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path)
             counts[ev] += 1
         assert np.array_equal(got.loc[local.domain].to_numpy(), local.release(6, counts).values)
     assert outputs["with"] == outputs["without"] == [1, 2, 3, 4, 5]
+    # by default the stream writes rounded counts (review finding J: raw floats leak)
+    src, out, ckpt = (tmp_path / "rounded" / d for d in ("in", "out", "ckpt"))
+    src.mkdir(parents=True)
+    _write_step_files(src, lone, [1, 2, 3])
+    mech = SparkKnownBase(spark, 10, max_items=3, key=key, rho=1.0, domain=domain)
+    _stage(spark, mech, src, out, ckpt, domain=domain, round_counts=True).release_through(3)
+    got = _read_stream_output(spark, out, 3).set_index("item")["value"]
+    assert str(got.dtype) == "int64"
+    local = KnownDomainHistogram([f"s{i}" for i in range(8)], 10, max_items=3, key=key,
+                                 rho=1.0)
+    counts = np.zeros(8, dtype=np.int64)
+    for _, ev in lone:
+        counts[ev] += 1
+    assert np.array_equal(got.loc[local.domain].to_numpy(),
+                          local.release(3, counts).rounded().values)
 
 
 def test_step_clock_is_a_function_of_the_wall_clock_only() -> None:

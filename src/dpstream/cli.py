@@ -313,6 +313,10 @@ RUN_OPTS: tuple[Opt, ...] = (
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
         default_text="none: each event is a step of its own (see 'time steps' below)"),
+    Opt(("--implicit-time",), "implicit_time", "JSON Lines without time steps: every line "
+        "is a step of its own, blank and broken lines too (then the guarantee hides what a "
+        "line holds, not whether it exists; not for a stream that goes on over several runs)",
+        False, kind="flag"),
     Opt(("--time-field",), "time_field", "the JSON field (or CSV column) holding each "
         "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
         "clock --start/--step, not from \"t\"", None, str, metavar="NAME"),

@@ -271,20 +271,30 @@ def _parse_user(obj: dict, user_field: str) -> tuple[str | None, str | None]:
 
 
 def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
-               clock: StepClock | None = None, user_field: str | None = None
-               ) -> Iterator[RawEvent]:
-    """Parse JSON Lines events (see the module docstring); blank lines are skipped.
+               clock: StepClock | None = None, implicit: bool = False,
+               user_field: str | None = None) -> Iterator[RawEvent]:
+    """Parse JSON Lines events (see the module docstring).
 
-    With ``time_field`` and ``clock``, an event's step is the step of the
-    timestamp in that field on the public clock (its ``"t"`` is not read).
+    Steps come from the public time mode, never from the data: an event's
+    ``"t"`` (the default), the timestamp in ``time_field`` on ``clock``, or,
+    with ``implicit``, the line itself: then *every* line is a step, blank or
+    broken ones too (a broken or blank line is an invalid record of its own
+    step), so what a line holds never changes which step the next line is.
+    Without ``implicit`` blank lines are skipped, an event without its time
+    is an invalid record of no step, and an event whose time is readable but
+    whose items are not keeps its step (an invalid record of that step).
     With ``user_field``, every event is an object with a non-empty string user
-    id in that field; an event without one is an invalid record.
+    id in that field; an event without one is an invalid record (of its step).
     """
     if (time_field is None) != (clock is None):
         raise ValueError("time_field and clock go together")
+    if implicit and clock is not None:
+        raise ValueError("implicit time and a clock do not go together")
     for lineno, line in enumerate(lines, 1):
         text = line.strip()
         if not text:
+            if implicit:
+                yield RawEvent(lineno, None, None, "a blank line (an empty event is [])")
             continue
         if not _valid_text(text):
             yield RawEvent(lineno, None, None, "the line is not valid UTF-8")
@@ -302,39 +312,45 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
             yield RawEvent(lineno, None, None, f"not valid JSON ({_short(why, 80)})")
             continue
         if isinstance(obj, list):
+            if not implicit:
+                where = (f'a "{time_field}" timestamp' if clock is not None
+                         else 'a time step "t" (or --implicit-time: each line is a step)')
+                yield RawEvent(lineno, None, None, f"an event needs {where}: write it as an "
+                                                   '{"items": [...], ...} object')
+                continue
             if user_field is not None:
                 yield RawEvent(lineno, None, None, f'an event needs a "{user_field}" user id '
                                                    "(--user-field): write it as an object")
                 continue
-            if clock is not None:
-                yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
-                                                   "timestamp: write it as an object")
-                continue
             items, err = _parse_items(obj)
             yield RawEvent(lineno, None, items, err)
         elif isinstance(obj, dict):
-            if "items" not in obj:
-                yield RawEvent(lineno, None, None, 'an event object needs an "items" array')
-                continue
-            if clock is not None:
+            t: int | None = None
+            if implicit:
+                err = ('a line gives "t", but --implicit-time makes each line a step'
+                       if "t" in obj else None)
+            elif clock is not None:
                 if time_field not in obj:
                     yield RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
                                                        "timestamp (--time-field)")
                     continue
                 t, err = _step_of(obj[time_field], clock, "its timestamp")
+            elif "t" not in obj:
+                yield RawEvent(lineno, None, None, 'an event needs a time step "t" (or '
+                                                   "--implicit-time: each line is a step)")
+                continue
             else:
                 t, err = _parse_t(obj.get("t"))
-            if err:
-                yield RawEvent(lineno, None, None, err)
-                continue
+            if err is None and "items" not in obj:
+                err = 'an event object needs an "items" array'
             user = None
-            if user_field is not None:
+            if err is None and user_field is not None:
                 user, err = _parse_user(obj, user_field)
-                if err:
-                    yield RawEvent(lineno, None, None, err)
-                    continue
-            items, err = _parse_items(obj["items"])
-            yield RawEvent(lineno, t if err is None else None, items, err, user)
+            items = None
+            if err is None:
+                items, err = _parse_items(obj["items"])
+            ok = err is None
+            yield RawEvent(lineno, t, items if ok else None, err, user if ok else None)
         else:
             yield RawEvent(
                 lineno, None, None,
@@ -508,13 +524,18 @@ def read_csv(
 
 
 def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = None,
-                clock: StepClock | None = None, user_field: str | None = None,
-                **csv_options: Any) -> Iterator[RawEvent]:
+                clock: StepClock | None = None, implicit: bool = False,
+                user_field: str | None = None, **csv_options: Any) -> Iterator[RawEvent]:
     """Dispatch on ``fmt`` (``"jsonl"`` or ``"csv"``); ``time_field`` with ``clock``:
     steps from timestamps (a JSON field, or the CSV column of that name);
+    ``implicit``: every JSON line is a step (CSV needs a time column);
     ``user_field``: each event's user id (a JSON field, or the CSV column)."""
     if fmt == "jsonl":
-        return read_jsonl(stream, time_field=time_field, clock=clock, user_field=user_field)
+        return read_jsonl(stream, time_field=time_field, clock=clock, implicit=implicit,
+                          user_field=user_field)
+    if implicit:
+        raise ValueError("--implicit-time is for JSON Lines: the rows of a CSV event are not "
+                         "a step each; give --time-column or --time-field")
     if user_field is not None:
         csv_options = {**csv_options, "user_column": user_field}
     if clock is not None:
@@ -525,30 +546,36 @@ def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = Non
 
 
 def group_steps(
-    records: Iterable[RawEvent], horizon: int, *, start: int = 0
+    records: Iterable[RawEvent], horizon: int, *, start: int = 0, implicit: bool = False
 ) -> Iterator[tuple[int | None, list[RawEvent]]]:
     """Group records into time steps, in order, one step in memory at a time.
 
-    Yields ``(t, records)`` for t = 1, 2, ... up to the last step the input
-    reaches, including empty steps in gaps (but no gap step past ``horizon``;
-    steps past it are yielded as they come, for the caller to reject). A
-    malformed record belongs to no step: it is yielded with the step that is
-    open, or else with the next one, or, at the end of the input, as
-    ``(None, records)``; it never advances time. A record whose ``t`` is not
-    after an already closed step becomes a malformed record (the input must be
-    in time order). ``start``: the steps up to it are already complete (a
-    stream that goes on from an earlier run): the first step is ``start + 1``.
+    Yields ``(t, records)`` for t = start+1, start+2, ... up to the last step
+    the input reaches, including empty steps in gaps (but no gap step past
+    ``horizon``; steps past it are yielded as they come, for the caller to
+    reject). With ``implicit``, every record (valid or not) is a step of its
+    own. Otherwise a record with a time belongs to that step, valid or not (an
+    invalid one is the caller's to drop); a record without a time belongs to
+    no step: it is yielded with the step that is open, or else with the next
+    one, or, at the end of the input, as ``(None, records)``; it never
+    advances time. A record whose time is not after an already closed step
+    becomes a malformed record (the input must be in time order).
+    ``start``: the steps up to it are already complete (a stream that goes on
+    from an earlier run).
     """
     current = start
     step: list[RawEvent] | None = None  # the open step `current` (started by an explicit t)
     bad: list[RawEvent] = []  # malformed records waiting for the next step
     for rec in records:
-        if rec.error is not None:
+        if implicit:
+            current += 1
+            yield current, [rec]
+            continue
+        if rec.t is None:
             (step if step is not None else bad).append(rec)
             continue
-        explicit = rec.t is not None
-        t = rec.t if rec.t is not None else current + 1
-        if step is not None and explicit and t == current:
+        t = rec.t
+        if step is not None and t == current:
             step.append(rec)
             continue
         if t <= current:
@@ -564,11 +591,7 @@ def group_steps(
             yield gap, bad
             bad = []
         current = t
-        if explicit:
-            step, bad = bad + [rec], []
-        else:  # an event without t is a step of its own
-            yield t, bad + [rec]
-            bad = []
+        step, bad = bad + [rec], []
     if step is not None:
         yield current, step
     if bad:

@@ -54,6 +54,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,16 @@ class NoiseKey:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> NoiseKey:
-        """Read a key written by :meth:`save` (64 hex characters)."""
+        """Read a key written by :meth:`save` (64 hex characters).
+
+        Warns (:class:`UserWarning`) when group or others may read the file:
+        anyone who reads the key can remove the noise (the command line
+        refuses such a file unless ``--allow-readable-key``).
+        """
+        mode = os.stat(path).st_mode
+        if mode & 0o077:
+            warnings.warn(f"key file {str(path)!r} can be read or written by other users "
+                          f"(mode {mode & 0o777:04o}): run `chmod 600` on it", stacklevel=2)
         text = Path(path).read_text(encoding="ascii").strip()
         try:
             secret = bytes.fromhex(text)

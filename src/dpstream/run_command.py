@@ -178,6 +178,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
+    params["implicit_time"] = bool(opts["implicit_time"])
     clock = _clock(opts)
     if clock is not None:
         params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
@@ -398,10 +399,14 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
     batches = ckpt.batches()
     open_batch = batches[-1] if batches and batches[-1][4] is None else None
     mac = _input_mac(opts, digests)
-    continues = t == record.last_t and open_batch is None
+    # the last run finished its steps, or stopped before releasing one (kill -9 at its
+    # start): either way this run goes on after step t, from its own input
+    continues = t == record.last_t
     if continues:
+        if open_batch is not None:
+            ckpt.drop_open_batches()
         for n, _, seen, first, last in batches:
-            if mac is not None and seen == mac:
+            if last is not None and mac is not None and seen == mac:
                 raise StateError(
                     f"this input was already fed to the stream in {opts['state']} (run {n}, "
                     f"steps {first}..{last}): refusing to release its events twice")
@@ -409,7 +414,7 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
         raise StateError(f"the run in {opts['state']} stopped at step {record.last_t} while "
                          f"reading another input ({open_batch[1]!r}): give it the same input "
                          "to finish its steps")
-    mechanism = load_snapshot(blob, key)
+    mechanism = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
     offset = ckpt.step(t).end
     return _GoOn(mechanism=mechanism, t=t, offset=offset, continues=continues,
                  batch=None if continues or open_batch is None else open_batch[0])
@@ -462,6 +467,55 @@ def _check_paths(opts: dict[str, Any], config: str | None) -> None:
                                  f"{other!r}: refusing to overwrite it")
 
 
+def _check_time_mode(opts: dict[str, Any], until: int) -> None:
+    """Refuse, before anything is opened, a time mode that would let the data move steps."""
+    clock = _clock(opts)
+    fmt = _auto_format(opts["input"], opts["input_format"])
+    if opts["implicit_time"] and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    if fmt == "csv" and clock is None and opts.get("time_column") is None:
+        raise ValueError("CSV input needs its time steps: --time-column (integer steps) or "
+                         "--time-field with --step and --start (timestamps)")
+    if opts["implicit_time"] and (until < int(opts["horizon"]) or opts["follow"]):
+        raise ValueError("--implicit-time numbers the steps by line, so a stream that goes "
+                         "on over several runs could count a line twice: give each event "
+                         "its step (\"t\" or --time-field) to use --until or --follow")
+    if opts["output"] == "-" and (until < int(opts["horizon"]) or opts["follow"]):
+        raise ValueError("a stream that goes on over several runs (--until, --follow) needs "
+                         "--output FILE: the file is the record that stops a step from being "
+                         "released twice")
+
+
+#: The settings that decide which events count, and where: with their defaults.
+_PROCESSING_DEFAULTS = {"on_invalid": "skip", "implicit_time": False, "time_field": None,
+                        "step": None, "start": None, "lateness": None, "follow": False,
+                        "user_field": None}
+
+
+def scoped_stream(opts: dict[str, Any]) -> str:
+    """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
+    input settings that change which events a release counts (``--on-invalid``, the time
+    mode and clock, the CSV columns, the user field) when they are not the defaults.
+
+    Two runs of one stream under one key that count different events (skipping against
+    truncating, hourly against half-hourly steps) must not share noise: the difference of
+    their releases would be the exact difference of their counts. Runs with the default
+    settings keep the plain name, so they equal the library's releases for that name.
+    """
+    from .mechanisms.base import config_tag
+
+    settings = {k: opts.get(k, d) for k, d in _PROCESSING_DEFAULTS.items()
+                if opts.get(k, d) != d}
+    if _auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
+        for name, default in (("item_column", "item"), ("event_column", "event"),
+                              ("time_column", None)):
+            if opts.get(name) != default:
+                settings[name] = opts.get(name)
+    if not settings:
+        return str(opts["stream"])
+    return f"{opts['stream']}~{config_tag(**settings)}"
+
+
 def _until(opts: dict[str, Any]) -> int:
     """The public end step of this run: ``--until``, or the horizon."""
     horizon = int(opts["horizon"])
@@ -504,9 +558,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
-    _clock(opts)  # checked before anything is opened
     check_user_options(opts, run=True)
     until = _until(opts)
+    _check_time_mode(opts, until)
     _check_paths(opts, args.config)
     _require_budget(opts)
     key = load_key(opts)
@@ -517,7 +571,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
-    mech = build_mechanism(name, opts, key, domain)
+    stream = scoped_stream(opts)
+    mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
     parquet = None
@@ -539,7 +594,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
-    truncator = KeyedTruncator(NoiseSource(key, f"{opts['stream']}/truncate"), max_items or 1)
+    truncator = KeyedTruncator(NoiseSource(key, f"{stream}/truncate"), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
                            users=opts["user_field"] is not None)
@@ -677,6 +732,7 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     clock = _clock(opts)
     return read_events(guard_lines(infile, opts["input"]), input_format,
                        time_field=opts["time_field"] if clock else None, clock=clock,
+                       implicit=bool(opts["implicit_time"]),
                        user_field=opts.get("user_field"), **csv_opts)
 
 
@@ -738,7 +794,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         stats.steps += 1
         stats.events += len(events)
         stats.last_items = len(rel.items)
-        input_mac = digests.records(_record_bytes(recs))
+        input_mac = digests.records(_record_bytes(recs), t)
         if t <= resume_t:
             stored = ckpt.step(t)
             if stored is None:
@@ -766,7 +822,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
                 ckpt.commit(t, begin=offset, end=offset + len(line),
                             release_mac=digests.release(line), input_mac=input_mac,
-                            input_line=last_line)
+                            input_line=(last_line ^ digests.mask(t)) if opts["follow"] else 0)
         try:
             out.write(line)
             out.flush()
@@ -795,14 +851,15 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         if opts["follow"]:
             _follow(infile, opts, input_format, note, release, mech=mech, until=until,
                     validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
-                    start_t=start_t)
+                    start_t=start_t, key=key)
         else:
             records = counted(_input_records(infile, opts, input_format))
             if start_t:  # events of steps an earlier run released are late
                 records = (RawEvent(r.line, None, None, f"time step {r.t} was already "
                                     "released by an earlier run (a late event)")
                            if r.t is not None and r.t <= start_t else r for r in records)
-            for t, recs in group_steps(records, horizon, start=start_t):
+            for t, recs in group_steps(records, horizon, start=start_t,
+                                       implicit=bool(opts["implicit_time"])):
                 if t is None:  # malformed records after the last step
                     validator.events(recs)
                 elif t > until:
@@ -823,15 +880,20 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             ckpt.set_summary(summary)
             if batch is not None:
-                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key))
+                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key, ckpt))
 
 
-def _snapshot_or_none(mech: Any, key: Any) -> bytes | None:
+def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
+    """What a snapshot is bound to: the run's parameters, its random id and the step."""
+    return f"{params}\0{ckpt.run_id()}\0{t}".encode()
+
+
+def _snapshot_or_none(mech: Any, key: Any, ckpt: Any) -> bytes | None:
     """The mechanism's snapshot for the next run, or None (logged) if it cannot be saved."""
     from .snapshot import dump_snapshot
 
     try:
-        return dump_snapshot(mech, key)
+        return dump_snapshot(mech, key, _snapshot_context(ckpt, ckpt.load().params, mech.t))
     except TypeError as exc:
         _log.warning(f"{exc}; the next run must read the whole stream again")
         return None
@@ -843,7 +905,7 @@ _EOF = object()  # the input has ended (stdin closed)
 
 def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, release: Any,
             *, mech: Any, until: int, validator: _Validator, past: Any, resume_t: int,
-            ckpt: Any, start_t: int = 0) -> None:
+            ckpt: Any, start_t: int = 0, key: Any = None) -> None:
     """``--follow``: read a growing input and release each step when the clock says.
 
     Step t is released once it is due on the public clock (its window has
@@ -860,6 +922,7 @@ def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rel
     import threading
 
     from .io import guard_lines
+    from .state import StateDigests
 
     clock = _clock(opts)
     if clock is None:
@@ -902,7 +965,8 @@ def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rel
     newest = 0  # the latest step an event was read for
     latest_line = 0  # the latest input line read
     # steps on record close where they closed the first time
-    boundary = {t: ckpt.step(t).input_line for t in range(start_t + 1, resume_t + 1)}
+    mask = StateDigests(key).mask if key is not None else (lambda t: 0)
+    boundary = {t: ckpt.step(t).input_line ^ mask(t) for t in range(start_t + 1, resume_t + 1)}
     late = "time step {} was already released (a late event)"
     try:
         while mech.t < until:

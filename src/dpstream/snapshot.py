@@ -73,8 +73,12 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def dump_snapshot(mechanism: Any, key: NoiseKey) -> bytes:
+def dump_snapshot(mechanism: Any, key: NoiseKey, context: bytes = b"") -> bytes:
     """The mechanism's state as authenticated bytes, without the key.
+
+    ``context`` is bound into the authentication (the run's parameters, its
+    random id and the step): a snapshot is only ever loaded by the run and at
+    the step it was written for, never copied into another stream's state.
 
     Raises:
         TypeError: the mechanism holds something that cannot be saved (for
@@ -86,11 +90,15 @@ def dump_snapshot(mechanism: Any, key: NoiseKey) -> bytes:
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise TypeError(f"this mechanism cannot be saved for a later run: {exc}") from None
     body = __version__.encode() + b"\0" + buf.getvalue()
-    mac = hmac.new(_mac_key(key), _MAGIC + body, hashlib.sha256).digest()
+    mac = hmac.new(_mac_key(key), _MAGIC + _framed(context) + body, hashlib.sha256).digest()
     return _MAGIC + mac + body
 
 
-def load_snapshot(blob: bytes, key: NoiseKey) -> Any:
+def _framed(context: bytes) -> bytes:
+    return len(context).to_bytes(8, "big") + context
+
+
+def load_snapshot(blob: bytes, key: NoiseKey, context: bytes = b"") -> Any:
     """The mechanism saved by :func:`dump_snapshot` with the same key and dpstream version.
 
     Raises:
@@ -100,10 +108,12 @@ def load_snapshot(blob: bytes, key: NoiseKey) -> Any:
     if not blob.startswith(_MAGIC) or len(blob) < len(_MAGIC) + 32:
         raise StateError("the state's snapshot is not a dpstream snapshot")
     mac, body = blob[len(_MAGIC):len(_MAGIC) + 32], blob[len(_MAGIC) + 32:]
-    expected = hmac.new(_mac_key(key), _MAGIC + body, hashlib.sha256).digest()
+    expected = hmac.new(_mac_key(key), _MAGIC + _framed(context) + body,
+                        hashlib.sha256).digest()
     if not hmac.compare_digest(mac, expected):
-        raise StateError("the state's snapshot was not written with this key, or was changed "
-                         "since: refusing to load it")
+        raise StateError("the state's snapshot was not written for this run (another key, "
+                         "another stream's state, another step) or was changed since: "
+                         "refusing to load it")
     version, _, data = body.partition(b"\0")
     if version.decode() != __version__:
         raise StateError(f"the state's snapshot was written by dpstream {version.decode()}, "

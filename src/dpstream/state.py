@@ -53,6 +53,7 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 import sqlite3
 import stat
 from collections.abc import Iterable, Mapping
@@ -77,7 +78,8 @@ CREATE TABLE IF NOT EXISTS run (
     output TEXT NOT NULL,
     created TEXT NOT NULL,
     finished TEXT,
-    summary TEXT
+    summary TEXT,
+    run_id TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS steps (
     t INTEGER PRIMARY KEY,
@@ -138,13 +140,19 @@ class StateDigests:
     def __init__(self, key: NoiseKey) -> None:
         self._key = key.derive("state-digest/v2")
 
+    def mask(self, t: int) -> int:
+        """A keyed 62-bit mask for step t: a position stored XOR this reveals nothing."""
+        digest = hmac.new(self._key, b"mask\0" + t.to_bytes(16, "big"), hashlib.sha256)
+        return int.from_bytes(digest.digest()[:8], "big") >> 2
+
     def release(self, data: bytes) -> str:
         """The digest of a release's bytes."""
         return hmac.new(self._key, b"release\0" + data, hashlib.sha256).hexdigest()
 
-    def records(self, parts: Iterable[bytes]) -> str:
-        """The digest of a step's input records, each given as bytes."""
-        h = hmac.new(self._key, b"input\0", hashlib.sha256)
+    def records(self, parts: Iterable[bytes], t: int = 0) -> str:
+        """The digest of step t's input records, each given as bytes (t is bound in, so
+        equal digests do not tell which steps had the same input, e.g. none)."""
+        h = hmac.new(self._key, b"input\0" + t.to_bytes(16, "big"), hashlib.sha256)
         for part in parts:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
@@ -275,6 +283,16 @@ class Checkpoint:
         row = self._db.execute("SELECT t, data FROM snapshot WHERE id = 1").fetchone()
         return None if row is None else (int(row[0]), bytes(row[1]))
 
+    def run_id(self) -> str:
+        """A random identifier of the recorded run (bound into its snapshots)."""
+        row = self._db.execute("SELECT run_id FROM run WHERE id = 1").fetchone()
+        return "" if row is None else str(row[0])
+
+    def drop_open_batches(self) -> None:
+        """Forget runs of the stream that stopped before releasing any step."""
+        with self._transaction():
+            self._db.execute("DELETE FROM batches WHERE until IS NULL")
+
     def batches(self) -> list[tuple[int, str, str | None, int, int | None]]:
         """``(n, input, input_mac, first_t, until)`` of every run of the stream, in order
         (``until`` is None for a run that has not finished its steps)."""
@@ -330,8 +348,9 @@ class Checkpoint:
                 self._db.execute("DELETE FROM run")
             self._db.execute(
                 "INSERT INTO run (id, schema_version, params, key_fingerprint, input, output, "
-                "created) VALUES (1, ?, ?, ?, ?, ?, ?)",
-                (SCHEMA_VERSION, params, key_fingerprint, input, output, now),
+                "created, run_id) VALUES (1, ?, ?, ?, ?, ?, ?, ?)",
+                (SCHEMA_VERSION, params, key_fingerprint, input, output, now,
+                 secrets.token_hex(16)),
             )
 
     def commit(self, t: int, *, begin: int, end: int, release_mac: str, input_mac: str,

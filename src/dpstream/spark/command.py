@@ -54,13 +54,14 @@ _EVENT_SCHEMA = T.StructType([
 ])
 
 
-def _parse_lines(batches, time_field=None, clock=None, user_field=None):
-    """Each text line through the local engine's own JSON Lines parser."""
+def _parse_lines(batches, time_field=None, clock=None, implicit=False, user_field=None):
+    """Each text line through the local engine's own JSON Lines parser (with implicit
+    time, a line's step is its place in the file, set by the caller)."""
     for pdf in batches:
         ts, items, errors, users = [], [], [], []
         for line in pdf["value"].tolist():
             recs = list(read_jsonl([line], time_field=time_field, clock=clock,
-                                   user_field=user_field))
+                                   implicit=implicit, user_field=user_field))
             if not recs:  # blank line
                 ts.append(None)
                 items.append(None)
@@ -77,21 +78,27 @@ def _parse_lines(batches, time_field=None, clock=None, user_field=None):
 
 
 def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None = None,
-                      clock: Any = None, user_field: str | None = None) -> DataFrame:
+                      clock: Any = None, implicit: bool = False,
+                      user_field: str | None = None) -> DataFrame:
     """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
 
     Returns (pos, t, items, error, user): ``pos`` the line's place in the file,
     ``error`` the parse problem (``""`` for a blank line, null for an event).
     With ``time_field`` and ``clock`` (a :class:`dpstream.clock.StepClock`),
-    ``t`` is the step of the event's timestamp on that public clock. With
-    ``user_field``, ``user`` is each event's user id (an event without a valid
-    one is an error row).
+    ``t`` is the step of the event's timestamp on that public clock; with
+    ``implicit``, every line is a step: ``t`` is its line number (blank and
+    broken lines too, as invalid records of their steps). With ``user_field``,
+    ``user`` is each event's user id (an event without a valid one is an error
+    row).
     """
     lines = spark.read.text(path)
     indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
     df = spark.createDataFrame(indexed, "pos long, value string")
-    return df.mapInPandas(lambda b: _parse_lines(b, time_field, clock, user_field),
-                          _EVENT_SCHEMA)
+    parsed = df.mapInPandas(
+        lambda b: _parse_lines(b, time_field, clock, implicit, user_field), _EVENT_SCHEMA)
+    if implicit:
+        parsed = parsed.withColumn("t", F.col("pos") + 1)
+    return parsed
 
 
 def _long_format(spark: SparkSession, released: DataFrame, mech: Any,
@@ -181,8 +188,11 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     if (user_field is None) != (not users):
         raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go "
                          "together")
+    from ..run_command import scoped_stream
+
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
-                  stream=_option(opts, "stream", "default"), **budget, **users)
+                  stream=scoped_stream({"stream": "default", "input": inp, **{
+                      k: v for k, v in opts.items() if v is not None}}), **budget, **users)
     if opts.get("counter") is not None and name != "known":
         raise ValueError(f"--counter does not apply to --mechanism {name}")
     if common["max_items"] is None and user_field is None:
@@ -211,14 +221,16 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         from ..clock import StepClock
 
         clock = StepClock.parse(opts["start"], opts["step"])
+    implicit = bool(opts.get("implicit_time"))
+    if implicit and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     parsed = read_events_jsonl(spark, inp, time_field=opts.get("time_field"),
-                               clock=clock, user_field=user_field).cache()
+                               clock=clock, implicit=implicit,
+                               user_field=user_field).cache()
     checked = None
     try:
         facts = parsed.agg(
             F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
-            F.count(F.when(F.col("error").isNull() & F.col("t").isNotNull(), 1)).alias("timed"),
-            F.max("t").alias("max_t"),
             F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
         ).first()
         skipped = 0
@@ -228,20 +240,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                 why = bad["error"] if verbose else "not a valid event (--verbose-errors shows why)"
                 raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
             skipped += parsed.where(F.col("error") != "").count()
-        n_events, timed = int(facts["events"]), int(facts["timed"])
-        events = parsed.where(F.col("error").isNull())
-        if timed == n_events:
-            events = events.select("t", "items", "pos", "user")
-        elif timed == 0:
-            ordered = (events.select("pos", "items", "user").rdd
-                       .map(lambda r: (r[0], (r[1], r[2]))).sortByKey())
-            events = spark.createDataFrame(
-                ordered.zipWithIndex().map(lambda r: (r[1] + 1, r[0][1][0], r[0][0],
-                                                      r[0][1][1])),
-                "t long, items array<string>, pos long, user string")
-        else:
-            raise ValueError("--engine spark needs a \"t\" on every event or on none "
-                             f"({timed} of {n_events} events have one)")
+        n_events = int(facts["events"])
+        events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
         invalid = F.col("t") > until
         if policy == "skip":  # the local engine's checks, as a filter instead of a failure
             if common["max_items"] is not None:

@@ -151,8 +151,8 @@ class StreamRelease:
 
     def __init__(self, mechanism: SparkKnownBase | SparkUnknownBase, events: DataFrame, *,
                  output_path: str, checkpoint_location: str, domain: DataFrame | None,
-                 state_path: str | None, items_col: str, step_col: str, output_format: str
-                 ) -> None:
+                 state_path: str | None, items_col: str, step_col: str, output_format: str,
+                 round_counts: bool = True) -> None:
         known = isinstance(mechanism, SparkKnownBase)
         if not known and not isinstance(mechanism, SparkUnknownBase):
             raise TypeError("mechanism must be a SparkKnownBase or SparkUnknownBase, got "
@@ -175,6 +175,7 @@ class StreamRelease:
         self.spark = events.sparkSession
         self.fs = _FileSystem(self.spark)
         self.output_path, self.output_format = output_path, output_format
+        self.round_counts = bool(round_counts)
         self.items_col, self.step_col = items_col, step_col
         self.items_type = events.schema[items_col].dataType
         self.state = state_path or _join(checkpoint_location, "dpstream-state")
@@ -316,7 +317,10 @@ class StreamRelease:
                                   with_state=with_state)
         full.write.mode("overwrite").parquet(self._snapshot(t))
         written = spark.read.parquet(self._snapshot(t))
-        (written.where(F.col("released")).select(item_col, "value")
+        value = F.col("value")
+        if self.round_counts:  # the safe output: the low-order bits of a float leak
+            value = F.bround(value, 0).cast("long")
+        (written.where(F.col("released")).select(item_col, value.alias("value"))
          .write.mode("overwrite").format(self.output_format)
          .save(_join(self.output_path, f"t={t}")))
         if t >= 3:
@@ -383,6 +387,7 @@ def start_stream(
     query_name: str | None = None,
     clock: StepClock | None = None,
     poll_seconds: float = 5.0,
+    round_counts: bool = True,
 ) -> StreamRelease:
     """Start a streaming release: stage events by their step, release steps on a public clock.
 
@@ -404,6 +409,9 @@ def start_stream(
         clock: release steps as they fall due on this wall clock, from a
             background thread polling every ``poll_seconds``; without it, call
             :meth:`StreamRelease.release_through` yourself (e.g. from a scheduler).
+        round_counts: write counts rounded to integers (the default, and the safe
+            choice: the low-order bits of floating-point noise leak the true
+            count); False writes the exact floats, for testing.
 
     Returns:
         The running :class:`StreamRelease` (its ``query`` is the staging
@@ -415,7 +423,7 @@ def start_stream(
     release = StreamRelease(mechanism, events, output_path=output_path,
                             checkpoint_location=checkpoint_location, domain=domain,
                             state_path=state_path, items_col=items_col, step_col=step_col,
-                            output_format=output_format)
+                            output_format=output_format, round_counts=round_counts)
     return release.start(trigger=trigger, query_name=query_name,
                          checkpoint_location=checkpoint_location, events=events, clock=clock,
                          poll_seconds=poll_seconds)
