@@ -448,7 +448,7 @@ def test_run_cli_matches_local_step_batch(spark, tmp_path) -> None:
     out = tmp_path / "out"
     opts = {"mechanism": "known", "horizon": 10, "max_items": 3, "domain": ["a", "b", "c", "5"],
             "rho": 1.0, "input": str(inp), "output": str(out), "output_format": "jsonl",
-            "round": False, "on_invalid": "error", "state": None, "stream": "default"}
+            "round": False, "on_invalid": "skip", "state": None, "stream": "default"}
     summary = run_cli(opts, spark=spark, key=key)
     # every step of the public clock 1..T = 10 (steps 2 and 5..10 have no event)
     assert summary["steps"] == 10 and summary["events"] == 4 and summary["rows"] == 40

@@ -28,6 +28,11 @@ Construction
   lie strictly inside (0, 1); Gaussians come from the inverse CDF
   (``scipy.special.ndtri``), Laplace and Gumbel from their inverse CDFs.
 
+The whole-array transforms (:meth:`NoiseSource.to_uniform` and siblings) are
+the definition. The draw methods compute the same values, bit for bit, with the
+chunked kernel of :mod:`dpstream.noise_kernel`: a cache-sized chunk of items at
+a time, without an n-long temporary per stage, optionally on several threads.
+
 Why 128-bit item identifiers
 ----------------------------
 If two items got the same identifier they would get the same noise at every
@@ -54,6 +59,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -62,6 +68,8 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy.special import ndtri
+
+from . import noise_kernel as _kernel
 
 __all__ = [
     "NoiseKey",
@@ -287,9 +295,11 @@ class NoiseSource:
         # string can make the item key of one purpose equal the scalar key of another.
         # ECB contexts keep no state between blocks, so one encryptor per key serves
         # every call (creating one per call cost ~17% of a small step).
-        self._cipher = Cipher(
-            algorithms.AES(key.derive("item-noise:" + purpose)), modes.ECB()
-        ).encryptor()
+        self._item_key = key.derive("item-noise:" + purpose)
+        self._cipher = Cipher(algorithms.AES(self._item_key), modes.ECB()).encryptor()
+        # kernel threads each use their own encryptor (a context is not shared)
+        self._local = threading.local()
+        self._local.enc = self._cipher
         self._scalar_cipher = Cipher(
             algorithms.AES(key.derive("scalar-noise:" + purpose)), modes.ECB()
         ).encryptor()
@@ -310,7 +320,7 @@ class NoiseSource:
 
     def prepare_ids(self, ids: np.ndarray) -> PreparedItems:
         """Like :meth:`prepare`, from identifiers already computed by :meth:`item_ids`."""
-        return PreparedItems(self._encrypt(self._cipher, np.ascontiguousarray(ids, "<u8")))
+        return PreparedItems(self._encrypt(self._encryptor(), np.ascontiguousarray(ids, "<u8")))
 
     # -- raw blocks -------------------------------------------------------
     @staticmethod
@@ -321,21 +331,58 @@ class NoiseSource:
         n = enc.update_into(memoryview(words).cast("B"), out)
         return np.frombuffer(out, dtype="<u8", count=n // 8).reshape(words.shape)
 
+    def _encryptor(self) -> Any:
+        """The calling thread's AES-ECB encryptor for item noise."""
+        enc = getattr(self._local, "enc", None)
+        if enc is None:
+            enc = Cipher(algorithms.AES(self._item_key), modes.ECB()).encryptor()
+            self._local.enc = enc
+        return enc
+
+    def tweak_tile(self, level: int, index: int, draw: int, items: int) -> np.ndarray:
+        """The checked tweak of (level, index, draw), tiled for ``items`` items (kernel input)."""
+        return _kernel.tweak_tile(*_tweak(level, index, draw), min(items, _kernel.CHUNK_ITEMS))
+
+    def noise_chunk(self, words: np.ndarray, tile: np.ndarray, distribution: str, scale: float,
+                    out: np.ndarray, accumulate: bool, ws: _kernel.Workspace) -> None:
+        """Kernel entry for callers that fuse more work per chunk (the tree sums).
+
+        ``words`` is a chunk of prepared ids (at most the tile's length and
+        ``ws.size`` items); see :func:`dpstream.noise_kernel.noise_chunk`.
+        """
+        _kernel.noise_chunk(self._encryptor(), words, tile, distribution, scale, out,
+                            accumulate, ws)
+
     def blocks(self, prepared: PreparedItems, level: int, index: int, draw: int = 0) -> np.ndarray:
         """The pseudorandom 128-bit blocks of (item, (level, index), draw) for every item."""
-        w0, w1 = _tweak(level, index, draw)
-        x = prepared.words ^ np.array([w0, w1], dtype="<u8")
-        return self._encrypt(self._cipher, x)
+        return self.blocks_many(prepared, [(level, index, draw)])[0]
 
     def blocks_many(
         self, prepared: PreparedItems, addresses: Sequence[tuple[int, int, int]]
     ) -> np.ndarray:
         """Blocks for several (level, index, draw) addresses: shape ``(m, n, 2)``."""
-        if not addresses:
-            return np.zeros((0, len(prepared), 2), dtype="<u8")
-        tw = np.array([_tweak(*a) for a in addresses], dtype="<u8")
-        x = prepared.words[None, :, :] ^ tw[:, None, :]
-        return self._encrypt(self._cipher, np.ascontiguousarray(x))
+        n = len(prepared)
+        tiles = [self.tweak_tile(*a, n) for a in addresses]
+        if not tiles or n == 0:
+            return np.zeros((len(tiles), n, 2), dtype="<u8")
+        raw = bytearray(len(tiles) * n * 16 + 15)
+        out = memoryview(raw)
+        words = prepared.words
+        bounds = _kernel.chunk_bounds(n)
+
+        def task(first: int, stop: int) -> None:
+            enc = self._encryptor()
+            ws = _kernel.workspace(_kernel.CHUNK_ITEMS)
+            for k in range(first, stop):
+                a, b = divmod(k, len(bounds))
+                lo, hi = bounds[b]
+                x = ws.x[: 2 * (hi - lo)]
+                np.bitwise_xor(words[lo:hi].reshape(-1), tiles[a][: x.size], out=x)
+                start = (a * n + lo) * 16
+                enc.update_into(memoryview(x).cast("B"), out[start : start + x.nbytes + 15])
+
+        _kernel.run_tasks(len(tiles) * len(bounds), task)
+        return np.frombuffer(raw, dtype="<u8", count=len(tiles) * n * 2).reshape(-1, n, 2)
 
     def scalar_blocks(self, addresses: Sequence[tuple[int, int, int]]) -> np.ndarray:
         """Blocks for noise that belongs to no item: shape ``(m, 2)``."""
@@ -370,23 +417,68 @@ class NoiseSource:
         return -scale * np.log(-np.log(cls.to_uniform(blocks)))
 
     # -- convenience: one address for all prepared items -------------------
+    def draw_into(
+        self,
+        prepared: PreparedItems,
+        level: int,
+        index: int,
+        draw: int = 0,
+        *,
+        distribution: str = "gaussian",
+        scale: float = 1.0,
+        out: np.ndarray | None = None,
+        accumulate: bool = False,
+    ) -> np.ndarray:
+        """Noise of every prepared item at (level, index, draw), into ``out``.
+
+        ``distribution`` is "gaussian", "laplace", "gumbel" or "uniform"
+        (``scale`` is ignored for uniforms). ``out`` (float64, one value per
+        item, contiguous) receives the values, or has them added with
+        ``accumulate=True``; without ``out`` a new array is returned. The
+        values are those of ``to_<distribution>(blocks(...), scale)``, bit for
+        bit, computed a cache-sized chunk at a time.
+        """
+        if distribution not in _kernel.DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {_kernel.DISTRIBUTIONS}, "
+                             f"got {distribution!r}")
+        n = len(prepared)
+        if out is None:
+            out = np.zeros(n) if accumulate else np.empty(n)
+        elif (not isinstance(out, np.ndarray) or out.shape != (n,) or out.dtype != np.float64
+              or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"out must be a writeable contiguous float64 array of shape ({n},)")
+        tile = self.tweak_tile(level, index, draw, n)
+        words = prepared.words
+        bounds = _kernel.chunk_bounds(n)
+        scale = float(scale)
+
+        def task(first: int, stop: int) -> None:
+            enc = self._encryptor()
+            ws = _kernel.workspace(_kernel.CHUNK_ITEMS)
+            for lo, hi in bounds[first:stop]:
+                _kernel.noise_chunk(enc, words[lo:hi], tile, distribution, scale, out[lo:hi],
+                                    accumulate, ws)
+
+        _kernel.run_tasks(len(bounds), task)
+        return out
+
     def gaussian(
         self, prepared: PreparedItems, level: int, index: int, draw: int = 0, scale: float = 1.0
     ) -> np.ndarray:
         """N(0, scale^2) noise of every prepared item at (level, index, draw)."""
-        return self.to_gaussian(self.blocks(prepared, level, index, draw), scale)
+        return self.draw_into(prepared, level, index, draw, distribution="gaussian", scale=scale)
 
     def laplace(
         self, prepared: PreparedItems, level: int, index: int, draw: int = 0, scale: float = 1.0
     ) -> np.ndarray:
         """Laplace(0, scale) noise of every prepared item at (level, index, draw)."""
-        return self.to_laplace(self.blocks(prepared, level, index, draw), scale)
+        return self.draw_into(prepared, level, index, draw, distribution="laplace", scale=scale)
 
     def gumbel(
         self, prepared: PreparedItems, level: int, index: int, draw: int = 0, scale: float = 1.0
     ) -> np.ndarray:
         """Gumbel(0, scale) noise of every prepared item at (level, index, draw)."""
-        return self.to_gumbel(self.blocks(prepared, level, index, draw), scale)
+        return self.draw_into(prepared, level, index, draw, distribution="gumbel", scale=scale)
 
     def scalar(self, distribution: str, level: int, index: int, draw: int = 0,
                scale: float = 1.0) -> float:

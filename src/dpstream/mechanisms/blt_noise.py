@@ -101,8 +101,12 @@ class BLTNoise:
         self._n += m
 
     # -- time ----------------------------------------------------------------
-    def advance(self, t: int) -> None:
-        """Move to time t (> current t), running every step in between."""
+    def advance(self, t: int, counts: np.ndarray | None = None) -> np.ndarray | None:
+        """Move to time t (> current t), running every step in between.
+
+        With ``counts`` (one per item, in item order), also return ``counts +
+        noise()`` as a new float64 array (the tree counter's interface).
+        """
         if t <= self.t:
             raise ValueError(f"t must increase: at {self.t}, asked for {t}")
         if t > self.horizon:
@@ -117,6 +121,11 @@ class BLTNoise:
             else:
                 self._run(self.prepared, buffers, total, self.t + 1, t)
         self.t = t
+        if counts is None:
+            return None
+        if counts.shape != (n,):
+            raise ValueError(f"counts must have shape ({n},), got {counts.shape}")
+        return counts + self._total[:n]
 
     def _run(self, prepared: PreparedItems, buffers: np.ndarray, total: np.ndarray,
              first: int, last: int) -> None:

@@ -323,10 +323,9 @@ class KnownDomainHistogram:
         return domain_counts(counts, self._index, self._counts)
 
     def _release(self, t: int, new_counts: np.ndarray) -> Release:
-        self._noise.advance(t)
+        values = self._noise.advance(t, new_counts)  # new_counts + noise, in one pass
         self._counts = new_counts
         self.t = t
-        values = new_counts + self._noise.noise()
         return Release(t=t, items=self.domain, values=values)
 
     def __repr__(self) -> str:

@@ -1,0 +1,416 @@
+"""The chunked noise kernel against a per-block reference implementation of the PRF.
+
+The reference below is written from the construction in the docstring of
+``dpstream.noise``, one item and one AES block at a time, with nothing shared
+with the kernel: the AES keys by HMAC-SHA256, the two-block CBC-MAC
+``AES(AES(id) XOR tweak)``, the 53-bit uniform ``(k + 1/2) 2^-53`` and the
+inverse CDFs. The kernel must give the same bits for random addresses (the full
+range of level, index and draw), for batch sizes just below, at and above the
+chunk size, with a tiny chunk forced so that many boundaries are crossed
+cheaply, and on several threads. A kernel that mis-aligns a chunk, reuses a
+stale scratch buffer, drops the ``+ 1/2`` or reorders an operation fails here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import random
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from scipy.special import ndtri
+
+from dpstream import NoiseKey, NoiseSource, noise_kernel
+from dpstream.mechanisms import tree_noise
+from dpstream.mechanisms.tree_noise import TreeNoise, stored_suffix_rows
+from dpstream.noise import MAX_DRAW, MAX_LEVEL, PreparedItems
+from dpstream.tree import cells_by_level, num_levels
+
+from .conftest import fixed_key
+
+DISTRIBUTIONS = ("uniform", "gaussian", "laplace", "gumbel")
+
+
+# -- the reference PRF, one block at a time -----------------------------------------------
+
+
+class ReferencePRF:
+    """Noise values straight from the construction, per item and per AES block."""
+
+    def __init__(self, key: NoiseKey, purpose: str) -> None:
+        secret = key.to_bytes()
+        label = b"dpstream/noise/v1/item-noise:" + purpose.encode()
+        self.aes_key = hmac.new(secret, label, hashlib.sha256).digest()
+        self.hash_key = hmac.new(secret, b"dpstream/noise/v1/item-id", hashlib.sha256).digest()
+
+    def aes_block(self, block: bytes) -> bytes:
+        assert len(block) == 16
+        enc = Cipher(algorithms.AES(self.aes_key), modes.ECB()).encryptor()
+        return enc.update(block) + enc.finalize()
+
+    def item_id(self, item: str) -> bytes:
+        return hashlib.blake2b(b"s" + item.encode(), key=self.hash_key, digest_size=16).digest()
+
+    def block(self, item_id: bytes, level: int, index: int, draw: int) -> bytes:
+        tweak = (level | (draw << 16)).to_bytes(8, "little") + index.to_bytes(8, "little")
+        first = self.aes_block(item_id)
+        return self.aes_block(bytes(a ^ b for a, b in zip(first, tweak, strict=True)))
+
+    @staticmethod
+    def value(block: bytes, distribution: str, scale: float) -> float:
+        k = int.from_bytes(block[:8], "little") >> 11  # top 53 bits of the first word
+        u = (float(k) + 0.5) * 2.0**-53
+        if distribution == "uniform":
+            return u
+        if distribution == "gaussian":
+            z = float(ndtri(u))
+            return z * scale if scale != 1.0 else z
+        # NumPy's log/log1p are the definition (they may differ from libm in the
+        # last bit); applied to one scalar they run the same code as on arrays.
+        if distribution == "laplace":
+            v = u - 0.5
+            return (-scale * math.copysign(1.0, v) if v else 0.0) * float(
+                np.log1p(np.float64(-2.0 * abs(v))))
+        assert distribution == "gumbel"
+        return -scale * float(np.log(np.float64(-float(np.log(np.float64(u))))))
+
+    def values(self, ids: list[bytes], address: tuple[int, int, int], distribution: str,
+               scale: float) -> np.ndarray:
+        blocks = [self.block(i, *address) for i in ids]
+        return np.array([self.value(b, distribution, scale) for b in blocks])
+
+
+def random_ids(rng: random.Random, n: int) -> list[bytes]:
+    return [rng.getrandbits(128).to_bytes(16, "little") for _ in range(n)]
+
+
+def as_words(ids: list[bytes]) -> np.ndarray:
+    return np.frombuffer(b"".join(ids), dtype="<u8").reshape(-1, 2).copy()
+
+
+def random_address(rng: random.Random) -> tuple[int, int, int]:
+    return (rng.choice([0, 1, rng.randrange(MAX_LEVEL + 1), MAX_LEVEL]),
+            rng.choice([0, 1, rng.getrandbits(64), 2**64 - 1]),
+            rng.choice([0, 1, rng.randrange(MAX_DRAW + 1), MAX_DRAW]))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Chunks of 8 items, so a few dozen items cross several chunk boundaries."""
+    monkeypatch.setattr(noise_kernel, "CHUNK_ITEMS", 8)
+    return 8
+
+
+@pytest.fixture
+def two_threads():
+    old = noise_kernel.set_threads(2)
+    yield
+    noise_kernel.set_threads(old)
+
+
+# -- draws ------------------------------------------------------------------------------
+
+
+def test_reference_agrees_with_the_documented_item_hash():
+    """The reference's item ids and AES key are those of NoiseSource (checks the checker)."""
+    key = fixed_key("kernel-hash")
+    ref, src = ReferencePRF(key, "p"), NoiseSource(key, "p")
+    items = ["a", "bc", ""]
+    assert as_words([ref.item_id(i) for i in items]).tobytes() == src.item_ids(items).tobytes()
+    prepared = src.prepare(items)
+    want = ref.values([ref.item_id(i) for i in items], (2, 5, 1), "gaussian", 1.0)
+    assert same_bits(src.gaussian(prepared, 2, 5, 1), want)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 17, 45])
+def test_draws_match_reference_across_tiny_chunk_boundaries(tiny_chunks, n):
+    rng = random.Random(1000 + n)
+    key = fixed_key("kernel-draws")
+    ref, src = ReferencePRF(key, "test/kernel"), NoiseSource(key, "test/kernel")
+    ids = random_ids(rng, n)
+    prepared = src.prepare_ids(as_words(ids))
+    for distribution in DISTRIBUTIONS:
+        address = random_address(rng)
+        scale = rng.choice([1.0, 0.37, 12.5])
+        want = ref.values(ids, address, distribution, scale)
+        got = src.draw_into(prepared, *address, distribution=distribution, scale=scale)
+        assert same_bits(got, want), (distribution, address, scale)
+        if distribution != "uniform":
+            assert same_bits(getattr(src, distribution)(prepared, *address, scale=scale), want)
+        # accumulate adds the same values to what is there (as the tree's sums do)
+        base = np.linspace(-3.0, 3.0, n)
+        got = src.draw_into(prepared, *address, distribution=distribution, scale=scale,
+                            out=base.copy(), accumulate=True)
+        assert same_bits(got, base + want)
+
+
+def test_draws_match_reference_at_the_real_chunk_size():
+    chunk = noise_kernel.CHUNK_ITEMS
+    rng = random.Random(7)
+    key = fixed_key("kernel-chunk")
+    ref, src = ReferencePRF(key, "test/chunk"), NoiseSource(key, "test/chunk")
+    ids = random_ids(rng, chunk + 1)
+    address = random_address(rng)
+    want = ref.values(ids, address, "gaussian", 2.5)
+    for n in (chunk - 1, chunk, chunk + 1):
+        got = src.gaussian(src.prepare_ids(as_words(ids[:n])), *address, scale=2.5)
+        assert same_bits(got, want[:n]), n
+
+
+def test_threads_give_the_same_values(tiny_chunks, two_threads):
+    rng = random.Random(3)
+    key = fixed_key("kernel-threads")
+    ref, src = ReferencePRF(key, "t"), NoiseSource(key, "t")
+    ids = random_ids(rng, 100)
+    prepared = src.prepare_ids(as_words(ids))
+    for distribution in DISTRIBUTIONS:
+        address = random_address(rng)
+        assert same_bits(src.draw_into(prepared, *address, distribution=distribution),
+                         ref.values(ids, address, distribution, 1.0))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_match_reference(tiny_chunks, threads):
+    old = noise_kernel.set_threads(threads)
+    try:
+        rng = random.Random(11)
+        key = fixed_key("kernel-blocks")
+        ref, src = ReferencePRF(key, "b"), NoiseSource(key, "b")
+        ids = random_ids(rng, 21)
+        prepared = src.prepare_ids(as_words(ids))
+        addresses = [random_address(rng) for _ in range(3)]
+        many = src.blocks_many(prepared, addresses)
+        assert many.shape == (3, 21, 2)
+        for a, address in enumerate(addresses):
+            want = b"".join(ref.block(i, *address) for i in ids)
+            assert many[a].tobytes() == want
+            assert src.blocks(prepared, *address).tobytes() == want
+        assert src.blocks_many(prepared, []).shape == (0, 21, 2)
+        assert src.blocks(src.prepare_ids(np.zeros((0, 2), "<u8")), 1, 1).shape == (0, 2)
+    finally:
+        noise_kernel.set_threads(old)
+
+
+def test_draw_into_checks_its_arguments():
+    src = NoiseSource(fixed_key("kernel-args"), "a")
+    prepared = src.prepare(["x", "y"])
+    with pytest.raises(ValueError, match="distribution"):
+        src.draw_into(prepared, 1, 1, distribution="cauchy")
+    with pytest.raises(ValueError, match="out"):
+        src.draw_into(prepared, 1, 1, out=np.zeros(3))
+    with pytest.raises(ValueError, match="out"):
+        src.draw_into(prepared, 1, 1, out=np.zeros(2, dtype=np.float32))
+    with pytest.raises(ValueError, match="level"):
+        src.draw_into(prepared, MAX_LEVEL + 1, 1)
+    assert src.draw_into(src.prepare([]), 1, 1).shape == (0,)
+    with pytest.raises(ValueError, match="threads"):
+        noise_kernel.set_threads(0)
+    with pytest.raises(TypeError, match="threads"):
+        noise_kernel.set_threads(1.5)  # type: ignore[arg-type]
+
+
+def test_run_tasks_covers_every_task_once_and_reraises(two_threads):
+    seen: list[int] = []
+
+    def record(lo: int, hi: int) -> None:
+        seen.extend(range(lo, hi))
+
+    noise_kernel.run_tasks(13, record)
+    assert sorted(seen) == list(range(13))
+
+    def fail(lo: int, hi: int) -> None:
+        if lo > 0:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        noise_kernel.run_tasks(10, fail)
+
+
+def test_run_tasks_inside_a_task_does_not_wait_on_its_own_pool(two_threads):
+    import threading
+
+    done: list[bool] = []
+
+    def nested(lo: int, hi: int) -> None:
+        inner: list[int] = []
+        noise_kernel.run_tasks(8, lambda a, b: inner.extend(range(a, b)))
+        assert sorted(inner) == list(range(8))
+        done.append(True)
+
+    runner = threading.Thread(target=noise_kernel.run_tasks, args=(8, nested), daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    assert not runner.is_alive() and done == [True, True]
+
+
+# -- tree sums --------------------------------------------------------------------------
+
+
+def reference_tree_noise(ref: ReferencePRF, ids: list[bytes], t: int, horizon: int, base: int,
+                         cell_std: float) -> np.ndarray:
+    """Per item: each level's cells added in increasing index from 0.0, then the levels
+    added from the top level down (the definition in tree_noise's docstring)."""
+    levels = num_levels(horizon, base)
+    out = []
+    for item_id in ids:
+        sums = [0.0] * levels
+        for lv, lo, hi in cells_by_level(t, base) if t else []:
+            for j in range(lo, hi + 1):
+                sums[lv - 1] += ref.value(ref.block(item_id, lv, j, 0), "gaussian", cell_std)
+        total = sums[levels - 1]
+        for row in range(levels - 2, -1, -1):
+            total = total + sums[row]
+        out.append(total)
+    return np.array(out)
+
+
+# refold budgets that store all 4 suffix rows above row 0, 3 (the default), 2, and 1
+@pytest.mark.parametrize("budget", [0.0, 0.25, 1.0, 1e9])
+def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks, monkeypatch,
+                                                                      budget):
+    monkeypatch.setattr(tree_noise, "_REFOLD_BUDGET", budget)
+    monkeypatch.setattr(tree_noise, "_GROW_ITEMS", 16)  # many segments
+    horizon, base, std = 200, 3, 1.7
+    rng = random.Random(5)
+    key = fixed_key("kernel-tree")
+    ref, src = ReferencePRF(key, "tree"), NoiseSource(key, "tree")
+    stored = stored_suffix_rows(num_levels(horizon, base), base)
+    assert stored == {0.0: 4, 0.25: 3, 1.0: 2, 1e9: 1}[budget]
+    tn = TreeNoise(src, horizon, base, std)
+    ids: list[bytes] = []
+    t = 0
+    checks = 0
+    while t < 60:
+        if rng.random() < 0.4:  # new items join at the current t (from scratch)
+            new = random_ids(rng, rng.choice([1, 3, 9, 20]))
+            tn.add_items(src.prepare_ids(as_words(new)))
+            ids += new
+        t += 1 if rng.random() < 0.8 else rng.randrange(2, 8)  # steps and jumps
+        counts = np.arange(len(ids), dtype=np.int64)
+        values = tn.advance(t, counts)
+        want = reference_tree_noise(ref, ids, t, horizon, base, std)
+        assert same_bits(tn.noise(), want), t
+        assert same_bits(values, counts + want)
+        checks += 1
+    assert len(tn._segments) > 3 and checks > 30
+    # a restore from the level sums continues bit for bit
+    restored = TreeNoise.restore(src, horizon, base, std, tn.prepared, tn.t, tn.level_sums())
+    for step in (t + 1, t + 2, t + 9):
+        tn.advance(step)
+        restored.advance(step)
+        assert same_bits(restored.noise(), tn.noise())
+    assert same_bits(tn.noise(), reference_tree_noise(ref, ids, t + 9, horizon, base, std))
+
+
+def test_tree_noise_threads_and_chunks_do_not_change_values(tiny_chunks, two_threads):
+    key = fixed_key("kernel-tree-threads")
+    src = NoiseSource(key, "tt")
+    ref = ReferencePRF(key, "tt")
+    ids = random_ids(random.Random(9), 77)
+    tn = TreeNoise(src, 500, 4, 0.9)
+    tn.add_items(src.prepare_ids(as_words(ids)))
+    for t in (1, 2, 3, 4, 5, 16, 17, 64, 65, 66):
+        tn.advance(t)
+        assert same_bits(tn.noise(), reference_tree_noise(ref, ids, t, 500, 4, 0.9)), t
+
+
+# -- storage ----------------------------------------------------------------------------
+
+
+def test_known_domain_storage_is_exact():
+    src = NoiseSource(fixed_key("kernel-mem"), "m")
+    for n in (5, 70_000):
+        tn = TreeNoise(src, 10_000, 5, 1.0)
+        tn.add_items(src.prepare_ids(np.zeros((n, 2), "<u8")))
+        (seg,) = tn._segments
+        assert seg.capacity == n and seg.level_sum.shape == (6, n)
+        assert seg.suffix.shape == (stored_suffix_rows(6, 5), n) == (2, n)
+        per_item = (seg.words.nbytes + seg.level_sum.nbytes + seg.suffix.nbytes) / n
+        assert per_item == 80.0
+
+
+def test_growing_storage_is_amortised_and_bounded(monkeypatch):
+    monkeypatch.setattr(tree_noise, "_GROW_ITEMS", 64)
+    src = NoiseSource(fixed_key("kernel-grow"), "g")
+    tn = TreeNoise(src, 1000, 3, 1.0)
+    rng = random.Random(2)
+    n = copies = 0
+    ids = []
+    for t in range(1, 200):
+        m = rng.choice([0, 1, 2, 5, 30])
+        before = [id(s.level_sum) for s in tn._segments]
+        new = np.array([[n + i, t] for i in range(m)], dtype="<u8").reshape(m, 2)
+        tn.add_items(src.prepare_ids(new))
+        ids.append(new)
+        n += m
+        copies += sum(1 for s in tn._segments[: len(before)] if id(s.level_sum) not in before)
+        tn.advance(t)
+        capacity = sum(s.capacity for s in tn._segments)
+        assert n <= capacity <= n + 64
+        assert all(s.n == s.capacity for s in tn._segments[:-1])
+    assert len(tn) == n and tn.level_sums().shape == (tn.levels, n)
+    assert copies <= 8 * (len(tn._segments) + 1)  # doubling up to 64: a few copies per segment
+    assert tn.prepared.words.tobytes() == src.prepare_ids(np.concatenate(ids)).words.tobytes()
+
+
+def test_prepared_items_are_not_copied_for_one_segment():
+    src = NoiseSource(fixed_key("kernel-share"), "s")
+    prepared = src.prepare(range(10))
+    tn = TreeNoise(src, 100, 2, 1.0)
+    tn.add_items(prepared)
+    assert np.shares_memory(tn.prepared.words, prepared.words)
+    assert isinstance(tn.prepared, PreparedItems)
+
+
+@pytest.mark.parametrize("horizon,base", [(3, 4), (5, 3), (40, 2)])  # 1, 2 and 6 levels
+def test_tree_noise_matches_reference_for_few_and_many_levels(tiny_chunks, horizon, base):
+    key = fixed_key("kernel-levels")
+    src, ref = NoiseSource(key, "lv"), ReferencePRF(key, "lv")
+    ids = random_ids(random.Random(horizon), 19)
+    tn = TreeNoise(src, horizon, base, 1.1)
+    tn.add_items(src.prepare_ids(as_words(ids)))
+    for t in range(1, horizon + 1):
+        values = tn.advance(t, np.ones(19, dtype=np.int64))
+        want = reference_tree_noise(ref, ids, t, horizon, base, 1.1)
+        assert same_bits(tn.noise(), want) and same_bits(values, 1 + want), t
+
+
+def _draw_in_child(queue) -> None:
+    src = NoiseSource(fixed_key("kernel-fork"), "f")
+    queue.put(src.gaussian(src.prepare(range(100)), 1, 2).tobytes())
+
+
+def test_a_forked_child_draws_with_threads(tiny_chunks, two_threads):
+    """The parent's pool threads do not exist in a forked child; the kernel must not wait
+    for them (it would hang)."""
+    import multiprocessing
+
+    src = NoiseSource(fixed_key("kernel-fork"), "f")
+    here = src.gaussian(src.prepare(range(100)), 1, 2).tobytes()  # the pool now exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_draw_in_child, args=(queue,))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and got == here
+
+
+def test_threads_default_comes_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "from dpstream import noise_kernel as k; print(k.get_threads())"
+    env = {"DPSTREAM_NOISE_THREADS": "3", "PATH": "", "PYTHONPATH": ":".join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "3"
+    env["DPSTREAM_NOISE_THREADS"] = "many"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "DPSTREAM_NOISE_THREADS" in out.stderr
