@@ -125,18 +125,30 @@ def test_run_unknown_equals_library(files):
 
 
 def test_run_topk_equals_library(files):
-    from dpstream.mechanisms.topk import ContinualTopK, utility_eta
+    from dpstream.mechanisms.topk import ContinualTopK
 
     out = files.dir / "out.jsonl"
     assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
                 "--switches", "3", "--rho", "1", "--key-file", files.key_path,
                 "-i", files.input, "-o", str(out)) == 0
-    probe = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=0.0, key=files.key, rho=1.0)
-    eta = utility_eta(tau=probe.tau, switches=3, domain_size=6, horizon=40, base=probe.base,
-                      beta=0.05)
-    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=eta, key=files.key, rho=1.0)
+    # --eta auto (the default) is the library's eta="auto"
+    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key, rho=1.0)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("switches_left", "switched", "selection"))
+                 public_meta=("status", "switches_left", "switched", "selection"))
+
+
+def test_run_topk_with_max_items_takes_the_more_accurate_candidate(files):
+    from dpstream.mechanisms.histogram_topk import HistogramTopK, choose_top_k
+
+    out = files.dir / "out.jsonl"
+    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
+                "--switches", "3", "--max-items", "2", "--rho", "1", "--key-file",
+                files.key_path, "-i", files.input, "-o", str(out)) == 0
+    choice = choose_top_k(DOMAIN, 40, k=2, switches=3, max_items=2, key=files.key, rho=1.0)
+    # at max_items = 2 KnownBase's noise is far below SparseGumb's (a = 1 against k + 2)
+    assert choice.name == "KnownBase top-k"
+    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key, rho=1.0)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
 
 
 def test_run_topk_explicit_eta(files):
@@ -148,7 +160,7 @@ def test_run_topk_explicit_eta(files):
                 files.key_path, "-i", files.input, "-o", str(out)) == 0
     mech = ContinualTopK(DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key, tau=0.3)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("switches_left", "switched", "selection"))
+                 public_meta=("status", "switches_left", "switched", "selection"))
 
 
 @pytest.mark.parametrize("oneshot,extra", [
@@ -384,18 +396,22 @@ def test_plan_unknown_threshold_against_eq_threshold(capsys):
 
 
 def test_plan_topk_against_formulas(capsys):
+    from dpstream.mechanisms.topk import svt_noise_tail
+
     info = _plan(capsys, "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
                  "--switches", "4", "--rho", "1")
     tau = math.sqrt((3 + 2) / 1.0)  # rho = (2k + 4) / (2 tau^2)
     r = optimal_base(200)
     levels = num_levels(200, r)
-    s, d, beta = 4, 30, 0.05
-    eta = (math.sqrt(s + 1) * tau * math.log(d / beta)
-           + tau * levels * math.sqrt(2 * (s + 1) * (r - 1) * math.log(6 * 200 / beta))
-           + 8 * tau * math.sqrt(s) * math.log(6 * d * 200 / beta))
+    s = 4
+    tau_1, tau_2 = math.sqrt(s + 1) * tau, math.sqrt(s + 1) * tau  # s switches + the wait
     assert info["tau"] == pytest.approx(tau, rel=1e-12)
     assert (info["k"], info["switches"]) == (3, 4)
-    assert info["eta"] == pytest.approx(eta, rel=1e-12)
+    # eta at t = 1 (one tree cell): the 1 - 0.05/T quantile of the comparison noise
+    # (svt_noise_tail is checked against simulation in test_topk)
+    assert svt_noise_tail(info["eta"], tau_1=tau_1, variance=levels * tau_2**2) == \
+        pytest.approx(0.05 / 200, rel=1e-6)
+    assert svt_noise_tail(info["start_eta"], tau_1=tau_1) == pytest.approx(0.05 / 200, rel=1e-6)
     assert info["noise_std_worst"] == pytest.approx(
         math.sqrt(s + 1) * tau * math.sqrt(max_cells(200, r) * levels), rel=1e-12)
 

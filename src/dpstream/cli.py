@@ -85,9 +85,10 @@ MECHANISMS: dict[str, MechanismSpec] = {
         "required", ("threshold", "remember"),
         "UnkBase: running histogram of items never listed in advance, <= max-items per event"),
     "top-k": MechanismSpec(
-        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "none",
-        ("switches_left", "switched", "selection"),
-        "SparseGumb: continual top-k of a known domain, any number of items per event"),
+        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "optional",
+        ("status", "switches_left", "switched", "selection"),
+        "SparseGumb: continual top-k of a known domain, any number of items per event "
+        "(with --max-items: the more accurate of SparseGumb and KnownBase's top-k)"),
     "meta": MechanismSpec(
         "meta", "dpstream.mechanisms.meta", "MetaHistogram", "optional", False, "optional",
         (), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
@@ -96,9 +97,6 @@ MECHANISMS: dict[str, MechanismSpec] = {
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).
 _MECH_KWARGS = ("max_items", "k", "switches", "eta", "oneshot", "kbar", "base", "remember",
                 "threshold_delta", "stream", "rho", "epsilon", "delta", "tau")
-
-#: beta of the automatic eta of top-k (the paper's eq:eta holds with prob. 1 - beta).
-ETA_BETA = 0.05
 
 
 def mechanism_class(name: str) -> type:
@@ -122,9 +120,13 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
 
     Options that are ``None`` are left to the constructor's defaults; an
     option the mechanism does not take is an error naming the option. For
-    top-k, ``eta = "auto"`` (or unset) is the paper's eq:eta with beta = 0.05
-    (``dpstream.mechanisms.topk.utility_eta``).
+    top-k, ``eta = "auto"`` (or unset) is the noise-sized default of
+    ``ContinualTopK`` (``eta="auto"``); with ``--max-items`` top-k is the
+    more accurate of SparseGumb and KnownBase's top-k (:func:`top_k_choice`).
     """
+    choice = top_k_choice(name, options, key, domain)
+    if choice is not None:
+        return choice.mechanism
     if name not in MECHANISMS:
         raise ValueError(f"--mechanism must be one of {', '.join(MECHANISMS)}, got {name!r}")
     spec = MECHANISMS[name]
@@ -159,17 +161,28 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
         for req in ("k", "switches"):
             if req not in kwargs:
                 raise ValueError(f"--mechanism top-k needs --{req}")
-        if "eta" not in kwargs:
-            probe = cls(*args, horizon, key=key, **{**kwargs, "eta": 0.0})
-            from .mechanisms.topk import utility_eta
-
-            kwargs["eta"] = utility_eta(
-                tau=probe.tau, switches=probe.switches, domain_size=len(probe.domain),
-                horizon=probe.horizon, base=probe.base, beta=ETA_BETA,
-            )
     if name == "meta" and "oneshot" not in kwargs:
         raise ValueError("--mechanism meta needs --oneshot")
     return cls(*args, horizon, key=key, **kwargs)
+
+
+def top_k_choice(name: str, options: dict[str, Any], key: Any,
+                 domain: Sequence[str] | None) -> Any:
+    """For ``-m top-k --max-items N``: SparseGumb or KnownBase's top-k, whichever is
+    more accurate for the budget (``dpstream.mechanisms.histogram_topk.choose_top_k``);
+    ``None`` otherwise."""
+    if name != "top-k" or options.get("max_items") is None:
+        return None
+    from .mechanisms.histogram_topk import choose_top_k
+
+    probe = build_mechanism(name, {**options, "max_items": None}, key, domain)  # checks
+    kwargs = {d: options[d] for d in _MECH_KWARGS
+              if options.get(d) is not None and d not in ("max_items", "k", "switches", "eta")
+              and d != "remember"}
+    if options.get("eta") not in (None, "auto"):
+        kwargs["eta"] = options["eta"]
+    return choose_top_k(probe.domain, probe.horizon, k=probe.k, switches=probe.switches,
+                        max_items=options["max_items"], key=key, **kwargs)
 
 
 # --------------------------------------------------------------------------- options
@@ -248,8 +261,9 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--switches",), "switches", "top-k: the most re-selections of the top-k (s)",
         None, _nonneg_int, metavar="S", default_text="none; required for top-k"),
     Opt(("--eta",), "eta",
-        "top-k: how far (in counts) an outside item must lead before a switch; 'auto' is "
-        f"the paper's eq:eta with beta={ETA_BETA}", "auto", _eta),
+        "top-k: how far (in counts) an outside item must lead before a switch; 'auto' sizes "
+        "it from the noise (a tie sets off a switch with probability 5% over the whole run)",
+        "auto", _eta),
     Opt(("--oneshot",), "oneshot",
         "meta: the one-shot mechanism run on every tree cell", None, str,
         choices=("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")),
@@ -614,6 +628,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _require_budget(opts)
         mech = build_mechanism(name, opts, key, domain)
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
+    choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
+                          else opts, key, domain)
+    if choice is not None:
+        info["choice"] = choice.reason
+        info["candidates"] = choice.errors
     if target is not None:
         info["target_error"] = target
     if opts["json"]:

@@ -90,6 +90,8 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         out["k"] = int(mech.k)
         out["switches"] = int(mech.switches)
         out["eta"] = float(mech.eta_at(1)) if hasattr(mech, "eta_at") else None
+        if getattr(mech, "wait", False):
+            out["start_eta"] = float(mech.start_eta_at(1))
         out["tau_1"] = float(getattr(mech, "tau_1", float("nan")))
         out["tau_2"] = float(getattr(mech, "tau_2", float("nan")))
     elif hasattr(mech, "k") and getattr(mech, "k", None) is not None:
@@ -127,6 +129,13 @@ def format_plan(info: dict[str, Any]) -> str:
             f"{info['eta']:.4g}; selection noise tau_2 = {info['tau_2']:.4g}, "
             f"sparse-vector tau_1 = {info['tau_1']:.4g}"
         )
+        if "start_eta" in info:
+            lines.append(
+                f"first list    none ('not yet') until the {info['k']}-th largest count clears "
+                f"about {info['start_eta']:.4g} (plus sparse-vector noise)"
+            )
+    if "choice" in info:
+        lines.append(f"top-k choice  {info['choice']}")
     if "target_error" in info:
         lines.append(
             f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "

@@ -14,11 +14,13 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
+from scipy.optimize import brentq
+from scipy.special import log_ndtr, ndtr
 
 from ..errors import InvalidEventError
 from ..noise import NoiseKey, NoiseSource
 from ..oneshot.known import gumbel_select_kernel
-from ..tree import num_levels
+from ..tree import digits, num_levels
 from .base import (
     Release,
     check_base,
@@ -34,7 +36,7 @@ from .base import (
 )
 from .tree_noise import TreeNoise
 
-__all__ = ["ContinualTopK", "utility_eta"]
+__all__ = ["AUTO_ETA_BETA", "ContinualTopK", "noise_eta", "svt_noise_tail", "utility_eta"]
 
 
 def utility_eta(
@@ -78,28 +80,129 @@ def utility_eta(
     return float(alpha2 + alpha_bm + alpha_at)
 
 
+#: The automatic eta keeps the chance that one item tied with the threshold
+#: triggers a test at any of the T steps at AUTO_ETA_BETA (per step: AUTO_ETA_BETA / T).
+AUTO_ETA_BETA = 0.05
+
+
+def _laplace_pair_tail(x: float, b1: float, b2: float) -> float:
+    """P(L1 + L2 > x) for independent L1 ~ Lap(b1), L2 ~ Lap(b2), b1 > b2 > 0."""
+    if x < 0:
+        return 1.0 - _laplace_pair_tail(-x, b1, b2)
+    d = 2.0 * (b1 * b1 - b2 * b2)
+    return (b1 * b1 * math.exp(-x / b1) - b2 * b2 * math.exp(-x / b2)) / d
+
+
+def svt_noise_tail(x: float, *, tau_1: float, variance: float = 0.0) -> float:
+    """P(D > x) for D = Lap(4 tau_1) - Lap(2 tau_1) + N(0, variance), all independent.
+
+    D is the noise of one sparse-vector comparison of SparseGumb: an item's
+    query noise Lap(4 tau_1), minus the threshold noise Lap(2 tau_1), minus the
+    noise of the selected item's released count (a tree counter, variance
+    |I_t| L_r tau_2^2), for an item whose true count equals the selected one's.
+
+    Closed form: the sum of the two Laplace variables has tail
+    sum_b w_b exp(-x/b) for x >= 0 (w = b1^2 / (2(b1^2 - b2^2)) and
+    -b2^2 / (2(b1^2 - b2^2))), and 1 - tail(-x) below 0; averaging it over the
+    Gaussian G ~ N(0, s^2) uses E[exp((G - x)/b); G <= x] = exp(-x/b + s^2/(2b^2))
+    Phi((x - s^2/b)/s) and its mirror, evaluated in log space.
+    """
+    b1, b2 = 4.0 * tau_1, 2.0 * tau_1
+    if variance <= 0.0:
+        return _laplace_pair_tail(x, b1, b2)
+    sd = math.sqrt(variance)
+    d = 2.0 * (b1 * b1 - b2 * b2)
+    total = float(ndtr(-x / sd))
+    for b, w in ((b1, b1 * b1 / d), (b2, -b2 * b2 / d)):
+        shift = variance / (2.0 * b * b)
+        below = math.exp(-x / b + shift + float(log_ndtr((x - variance / b) / sd)))
+        above = math.exp(x / b + shift + float(log_ndtr(-(x + variance / b) / sd)))
+        total += w * (below - above)
+    return min(1.0, max(0.0, total))
+
+
+def noise_eta(*, tau_1: float, variance: float = 0.0, level: float) -> float:
+    """The smallest eta with P(D > eta) <= level, D as in :func:`svt_noise_tail`.
+
+    This is SparseGumb's automatic eta_t: the (1 - level) quantile of the noise
+    of one comparison (see :class:`ContinualTopK`, "Choosing eta"). It is a
+    function of the noise scales only, never of the data.
+    """
+    if not (math.isfinite(tau_1) and tau_1 > 0):
+        raise ValueError(f"tau_1 must be positive and finite, got {tau_1!r}")
+    if not 0.0 < level < 0.5:
+        raise ValueError(f"level must be in (0, 0.5), got {level!r}")
+
+    def excess(x: float) -> float:
+        return svt_noise_tail(x, tau_1=tau_1, variance=variance) - level
+
+    hi = 4.0 * tau_1 + math.sqrt(max(variance, 0.0))
+    while excess(hi) > 0:
+        hi *= 2.0
+    x = brentq(excess, 0.0, hi, xtol=1e-12 * hi, rtol=1e-14)
+    step = 2.0**-52
+    while excess(x) > 0:  # never below the quantile: move up by growing relative steps
+        x *= 1.0 + step
+        step *= 2.0
+    return float(x)
+
+
 class ContinualTopK:
     """SparseGumb_{s,k} (``algo:sparseGumb``): the top-k of a running histogram, continually.
 
-    At the first release the k items are selected with the exponential
-    mechanism (KnownGumb_k without counts, Gumbel noise of scale tau_2/2 on the
-    prefix counts, tau_2 = sqrt(s+1) tau). Each selected item u gets a tree
-    counter (BinMech, cell noise N(0, L_r tau_2^2)) over its whole bit stream,
-    so its released count at t is h_t^u + the noise of the cells I_t(r).
+    Selection: the k items are selected with the exponential mechanism
+    (KnownGumb_k without counts, Gumbel noise of scale tau_2/2 on the prefix
+    counts, tau_2 = sqrt(s+1) tau). Each selected item u gets a tree counter
+    (BinMech, cell noise N(0, L_r tau_2^2)) over its whole bit stream, so its
+    released count at t is h_t^u + the noise of the cells I_t(r).
 
-    At every later release, while switches remain, a sparse-vector check (tau_1 =
-    sqrt(s) tau): with i* the selected item of smallest noisy count, the
-    threshold is m_t = hhat_t^{i*} + eta_t + Z, Z ~ Lap(2 tau_1) drawn once per
-    switch epoch; if some non-selected u has h_t^u + Lap(4 tau_1) > m_t, the top-k
-    is re-selected from h_t (fresh Gumbel noise), one switch is spent and Z is
+    Waiting for data (``wait=True``, the default; not in the paper): the paper
+    selects at t = 1, when every count may still be 0, and that random list
+    would be published until the first switch. Instead, the first selection
+    waits for a sparse-vector round of its own (tau_1 as below): at each step
+    the k-th largest count h_(k),t is compared, with query noise Lap(4 tau_1),
+    to the threshold eta0 + Z0, Z0 ~ Lap(2 tau_1) drawn once; the first step it
+    is above selects. Until then every release is empty with ``meta["status"]
+    == "not yet"``; from then on ``"selected"``. h_(k) moves by at most 1 when
+    one event changes (every count moves by at most 1, in the same direction),
+    so this is an AboveThreshold run on sensitivity-1 queries, paid as one more
+    sparse-vector round (see Privacy): the decision is private, and depends on
+    the data only through that round. ``wait=False`` is the paper's algorithm.
+
+    Switches: at every later release, while switches remain, a sparse-vector
+    check: with i* the selected item of smallest noisy count, the threshold is
+    m_t = hhat_t^{i*} + eta_t + Z, Z ~ Lap(2 tau_1) drawn once per switch
+    epoch; if some non-selected u has h_t^u + Lap(4 tau_1) > m_t, the top-k is
+    re-selected from h_t (fresh Gumbel noise), one switch is spent and Z is
     redrawn. The release at t is the (possibly new) selection with its counts.
+
+    Choosing eta (``eta="auto"``, the default): eta_t is the (1 - beta/T)
+    quantile, beta = :data:`AUTO_ETA_BETA` = 0.05, of the noise D of one
+    comparison between an outside item u and the threshold when their true
+    counts are equal, D = Lap(4 tau_1) - Lap(2 tau_1) - N(0, |I_t| L_r tau_2^2)
+    (query noise, threshold noise, noise of the selected item's count; exact
+    tail in :func:`svt_noise_tail`). So an item tied with the k-th selected
+    count sets off a switch at a given step with probability beta/T, at most
+    beta over the whole run, and an item that leads by eta_t + x does so with
+    probability above 1/2 as soon as x > 0. That is a few standard deviations
+    of D (about 6 for T = 1,000: the tails are Laplace), where the paper's
+    worst-case utility bound eq:eta (:func:`utility_eta`) adds union bounds
+    over all d items and all T steps for three error terms and, on real
+    streams, exceeds every count. eta_t depends on t only through |I_t| and
+    on nothing in the data. The waiting round uses eta0, the same quantile
+    without the counter term (it compares a count with 0, not with another
+    noisy count): on a stream whose counts are all 0 the first selection is
+    made with probability at most beta. A number (or a callable t -> eta_t)
+    replaces both.
 
     Privacy (SparseGumb theorem, after ``algo:sparseGumb``): for any eta_t >= 0,
     (2k + 4) / (2 tau^2)-zCDP: s+1 selections of k/(2(s+1) tau^2) each, at most
-    (s+1) k counters of 1/(2(s+1) tau^2) each, and s sparse-vector rounds of
-    2/(s tau^2) each. The calibration uses rho = a / tau^2 with a = k + 2. The
-    mechanism is not a Gaussian mechanism, so (epsilon, delta) comes from the
-    general zCDP conversion.
+    (s+1) k counters of 1/(2(s+1) tau^2) each, and R sparse-vector rounds of
+    2/(R tau^2) each (tau_1 = sqrt(R) tau), where R = s + 1 with ``wait`` (the
+    waiting round and the s switch rounds) and R = s without (the paper's
+    tau_1 = sqrt(s) tau). The calibration uses rho = a / tau^2 with a = k + 2.
+    The mechanism is not a Gaussian mechanism, so (epsilon, delta) comes from
+    the general zCDP conversion.
 
     Why an item that stays selected across a re-selection keeps its counter:
     a counter is one run of BinMech over the item's whole bit stream
@@ -123,7 +226,9 @@ class ContinualTopK:
     * sparse vector, purpose ``f"{noise_scope}/svt"``: the threshold noise of epoch
       n (after n switches) is the scalar Laplace at (0, n, 0); the query noise
       of item u at step t in epoch n is u's Laplace at (0, t, draw=n). Each step
-      is checked once, so no (t, n) address is used twice.
+      is checked once, so no (t, n) address is used twice. The waiting round
+      uses the scalar addresses (1, 0, 0) (its threshold noise) and (1, t, 1)
+      (its query noise at step t), distinct from those.
 
     Modes: ``step`` / ``step_batch`` take events (each a set of domain items, any
     size); ``release(t, counts)`` takes the prefix histogram at t (aggregate
@@ -136,7 +241,11 @@ class ContinualTopK:
         horizon: T.
         k: how many items to release, 1 <= k <= d.
         switches: s >= 0, the most re-selections.
-        eta: eta_t >= 0, a number or a callable t -> eta_t (see :func:`utility_eta`).
+        eta: ``"auto"`` (the default, see "Choosing eta"), or eta_t >= 0 as a
+            number or a callable t -> eta_t (e.g. the paper's :func:`utility_eta`).
+        wait: make the first selection only once the k-th largest count clears
+            the noise (see "Waiting for data"); ``False`` selects at the first
+            release, as the paper does.
         base: the tree base r of the counters; ``None`` picks r*.
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
@@ -144,11 +253,11 @@ class ContinualTopK:
 
     Example:
         >>> import dpstream as dps
-        >>> m = dps.ContinualTopK(["a", "b", "c"], 100, k=1, switches=2, eta=5.0,
+        >>> m = dps.ContinualTopK(["a", "b", "c"], 100, k=1, switches=2,
         ...                       key=dps.NoiseKey.generate(), rho=1.0)
-        >>> rel = m.step(["a", "b"])
-        >>> len(rel.counts), rel.meta["switches_left"]
-        (1, 2)
+        >>> rel = m.step(["a", "b"])  # one event: indistinguishable from noise
+        >>> len(rel.counts), rel.meta["status"]
+        (0, 'not yet')
     """
 
     mechanism_name = "SparseGumb"
@@ -161,8 +270,9 @@ class ContinualTopK:
         *,
         k: int,
         switches: int,
-        eta: float | Callable[[int], float],
+        eta: float | Callable[[int], float] | str = "auto",
         key: NoiseKey,
+        wait: bool = True,
         base: int | None = None,
         rho: float | None = None,
         epsilon: float | None = None,
@@ -186,8 +296,16 @@ class ContinualTopK:
         if switches < 0:
             raise ValueError(f"switches must be >= 0, got {switches}")
         self.switches = int(switches)
-        if callable(eta):
-            self._eta: float | Callable[[int], float] = eta
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait must be a bool, got {wait!r}")
+        self.wait = wait
+        self._eta: float | Callable[[int], float] | str
+        if isinstance(eta, str):
+            if eta != "auto":
+                raise ValueError(f"eta must be 'auto', a number >= 0 or a callable, got {eta!r}")
+            self._eta = eta
+        elif callable(eta):
+            self._eta = eta
         else:
             self._eta = self._check_eta(eta, "eta")
         self.key = key
@@ -197,17 +315,23 @@ class ContinualTopK:
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
             gaussian_exact=False, mechanism=self.mechanism_name, theorem=self.theorem,
         )
-        self.tau_1 = math.sqrt(self.switches) * self.tau
+        #: sparse-vector rounds: the waiting round (if any) and one per switch
+        self.rounds = self.switches + int(self.wait)
+        self.tau_1 = math.sqrt(self.rounds) * self.tau
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
         # every purpose carries the noise-shaping settings (see base.config_tag)
         self.noise_scope = f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
-            switches=self.switches, eta=eta,
+            switches=self.switches, eta=eta, wait=self.wait,
         )
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
         self._ids = self._svt.item_ids(self.domain)
         self._svt_prepared = self._svt.prepare_ids(self._ids) if self.switches else None
+        self._eta_cache: dict[int, float] = {}
+        if self.wait:  # the waiting round's threshold noise, drawn once
+            self._threshold_noise_start = self._svt.scalar("laplace", 1, 0, 0,
+                                                           scale=2 * self.tau_1)
         self._counts = np.zeros(d, dtype=np.int64)
         self.t = 0
         self.switches_left = self.switches
@@ -234,10 +358,34 @@ class ContinualTopK:
         return value
 
     def eta_at(self, t: int) -> float:
-        """eta_t, checked (finite, >= 0)."""
+        """eta_t of the switch test at t, checked (finite, >= 0); see "Choosing eta"."""
+        if self._eta == "auto":
+            if self.rounds == 0:
+                return 0.0
+            cells = sum(digits(t, self.base))
+            eta = self._eta_cache.get(cells)
+            if eta is None:
+                variance = cells * self.levels * self.tau_2 * self.tau_2
+                eta = noise_eta(tau_1=self.tau_1, variance=variance,
+                                level=AUTO_ETA_BETA / self.horizon)
+                self._eta_cache[cells] = eta
+            return eta
         if callable(self._eta):
             return self._check_eta(self._eta(t), f"eta({t})")
+        assert isinstance(self._eta, float)
         return self._eta
+
+    def start_eta_at(self, t: int) -> float:
+        """eta0 of the waiting round at t (``"auto"``: the quantile without a counter)."""
+        if self._eta == "auto":
+            if self.rounds == 0:
+                return 0.0
+            eta = self._eta_cache.get(0)
+            if eta is None:
+                eta = noise_eta(tau_1=self.tau_1, level=AUTO_ETA_BETA / self.horizon)
+                self._eta_cache[0] = eta
+            return eta
+        return self.eta_at(t)
 
     # -- facts ---------------------------------------------------------------------
     @property
@@ -335,14 +483,25 @@ class ContinualTopK:
             # threshold noise of the epoch that starts now (n switches spent)
             self._threshold_noise = self._svt.scalar("laplace", 0, n, 0, scale=2 * self.tau_1)
 
+    def _ready(self, t: int, counts: np.ndarray) -> bool:
+        """The waiting round at t: is the k-th largest count above eta0 + Z0 (noisy)?"""
+        d = counts.shape[0]
+        kth = int(np.partition(counts, d - self.k)[d - self.k])
+        query = kth + self._svt.scalar("laplace", 1, t, 1, scale=4 * self.tau_1)
+        return bool(query > self.start_eta_at(t) + self._threshold_noise_start)
+
     def _release(self, t: int, counts: np.ndarray) -> Release:
         # everything that can fail on user input happens before any state changes
-        eta_t = self.eta_at(t) if (self._selected is not None and self.switches_left) else 0.0
+        if self._selected is None:
+            eta_t = self.start_eta_at(t) if self.wait else 0.0
+        else:
+            eta_t = self.eta_at(t) if self.switches_left else 0.0
         for tn, _ in self._gens.values():
             tn.advance(t)
         switched = False
         if self._selected is None:
-            self._select(t, counts)
+            if not self.wait or self._ready(t, counts):
+                self._select(t, counts)
         elif self.switches_left > 0:
             noisy_sel = counts[self._selected] + self._counter_noise(self._selected)
             threshold = float(noisy_sel.min()) + eta_t + self._threshold_noise
@@ -357,15 +516,14 @@ class ContinualTopK:
                 self._select(t, counts)
         self._counts = counts
         self.t = t
+        meta = {"status": "not yet" if self._selected is None else "selected",
+                "switches_left": self.switches_left, "switched": switched,
+                "selection": self._selections - 1}
+        if self._selected is None:
+            return Release(t=t, items=[], values=np.zeros(0), meta=meta)
         sel = self._selected
         values = counts[sel] + self._counter_noise(sel)
-        return Release(
-            t=t,
-            items=[self.domain[i] for i in sel],
-            values=values,
-            meta={"switches_left": self.switches_left, "switched": switched,
-                  "selection": self._selections - 1},
-        )
+        return Release(t=t, items=[self.domain[i] for i in sel], values=values, meta=meta)
 
     def __repr__(self) -> str:
         return (
