@@ -391,8 +391,26 @@ def test_plan_unknown_threshold_against_eq_threshold(capsys):
     m = tau * levels * math.sqrt(3 - 1) * float(-ndtri(1e-8 / 500)) + 1
     assert info["tau"] == pytest.approx(tau, rel=1e-12)
     assert info["threshold"] == pytest.approx(m, rel=1e-9)
-    assert info["occurrences_to_show_half"] == math.ceil(info["threshold"])
+    # per-step thresholds m_t = 1 + sqrt(|I_t| L) tau z: worst over t <= 500, and median
+    z = float(-ndtri(1e-8 / 500))
+    cells = sorted(sum(int(c) for c in np.base_repr(t, 3)) for t in range(1, 501))
+    worst = 1 + math.sqrt(cells[-1] * levels) * tau * z
+    typical = 1 + math.sqrt(cells[249] * levels) * tau * z
+    assert info["threshold_worst"] == pytest.approx(worst, rel=1e-9) and worst < m
+    assert info["threshold_typical"] == pytest.approx(typical, rel=1e-9)
+    assert info["occurrences_to_show_half"] == math.ceil(worst)
+    assert info["occurrences_to_show_half_typical"] == math.ceil(typical)
     assert "r = 3 as given" in info["base_reason"]
+    # coarser steps: the same budget over ceil(T / c) steps, m_t from the closed form
+    rows = info["coarser_steps"]
+    assert [r["horizon"] for r in rows] == [500, 250, 72, 21, 17]
+    for row in rows:
+        h, lv = row["horizon"], num_levels(row["horizon"], 3)
+        cs = sorted(sum(int(c) for c in np.base_repr(t, 3)) for t in range(1, h + 1))
+        zc = float(-ndtri(1e-8 / h))
+        assert row["threshold_worst"] == pytest.approx(1 + math.sqrt(cs[-1] * lv) * tau * zc,
+                                                       rel=1e-9)
+    assert rows[-1]["threshold_worst"] < rows[0]["threshold_worst"]
 
 
 def test_plan_topk_against_formulas(capsys):

@@ -633,6 +633,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if choice is not None:
         info["choice"] = choice.reason
         info["candidates"] = choice.errors
+    if hasattr(mech, "threshold_for_cells"):  # unknown domain: what coarser steps buy
+        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+        info["coarser_steps"] = planning.coarser_steps(
+            lambda h: build_mechanism(name, {**opts, **budget, "horizon": h}, key, domain),
+            int(mech.horizon))
     if target is not None:
         info["target_error"] = target
     if opts["json"]:

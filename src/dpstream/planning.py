@@ -9,9 +9,13 @@ derived numbers are closed forms stated below.
   count at t has variance |I_t| L_r tau^2, ``thm:BinMechUtility``); for
   top-k the counters run with ``tau_2 = sqrt(s + 1) tau``;
 * half-width of a 95% interval of one count: ``1.959964 * std``;
-* unknown domain: an item whose true count is m_delta is shown with
-  probability 1/2 at the worst step, one whose count is
-  ``m_delta + 1.644854 * std`` with probability 95%;
+* unknown domain: the threshold of step t is m_t = 1 + sqrt(|I_t| L_r) tau
+  Phi^-1(1 - delta/T); an item whose true count is m_t is shown at t with
+  probability 1/2, one whose count is ``m_t + 1.644854 * std_t`` with
+  probability 95% (printed at the worst step and at the median step, the
+  median taken over t = 1..T, or over 200,001 evenly spaced t for a longer
+  horizon); the same numbers for horizons T/c (c steps merged into one) show
+  what a coarser step buys;
 * the inverse (``--target-error E``): tau = E / (1.959964 * std at tau = 1),
   the noise std being proportional to tau.
 """
@@ -21,11 +25,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
+from .tree import digits, max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 
 __all__ = ["Z95", "Z95_ONE_SIDED", "noise_std_worst", "describe", "format_plan",
-           "tau_for_target"]
+           "tau_for_target", "threshold_profile", "coarser_steps", "COARSER"]
+
+#: The step merges ``plan`` shows for the unknown domain (c steps into one: e.g.
+#: 7 days into a week, 24 hours into a day, 30 days into a month).
+COARSER = (1, 2, 7, 24, 30)
 
 #: Phi^-1(0.975): a two-sided 95% interval is +-Z95 standard deviations.
 Z95 = 1.959963984540054
@@ -59,6 +67,45 @@ def _base_reason(horizon: int, base: int, given: bool) -> str:
     return f"r = {base} chosen by the mechanism"
 
 
+def threshold_profile(mech: Any) -> dict[str, float]:
+    """UnkBase's per-step threshold m_t: at the worst step and at the median step t <= T,
+    with the noise std of a count at those steps."""
+    horizon, base = int(mech.horizon), int(mech.base)
+    if horizon <= 200_001:
+        ts = range(1, horizon + 1)
+    else:
+        ts = sorted({1 + (horizon - 1) * i // 200_000 for i in range(200_001)})
+    cells = sorted(sum(digits(t, base)) for t in ts)
+    typical = cells[(len(cells) - 1) // 2]
+    worst = max_cells(horizon, base)
+    levels = num_levels(horizon, base)
+    return {
+        "threshold_worst": float(mech.threshold_for_cells(worst)),
+        "threshold_typical": float(mech.threshold_for_cells(typical)),
+        "std_worst": float(mech.tau) * math.sqrt(worst * levels),
+        "std_typical": float(mech.tau) * math.sqrt(typical * levels),
+    }
+
+
+def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
+    """UnkBase's thresholds if c steps were merged into one (horizon ceil(T / c)).
+
+    ``build(horizon)`` returns the mechanism for that horizon with the same budget.
+    """
+    out, seen = [], set()
+    for c in COARSER:
+        h = -(-horizon // c)
+        if h in seen:
+            continue
+        seen.add(h)
+        mech = build(h)
+        prof = threshold_profile(mech)
+        out.append({"merge": c, "horizon": h, "base": int(mech.base),
+                    "threshold_typical": prof["threshold_typical"],
+                    "threshold_worst": prof["threshold_worst"]})
+    return out
+
+
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
     horizon, base = int(mech.horizon), int(mech.base)
@@ -84,8 +131,16 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     if isinstance(threshold, (int, float)):
         out["threshold"] = float(threshold)
         out["threshold_delta"] = float(mech.threshold_delta)
-        out["occurrences_to_show_half"] = math.ceil(threshold)
-        out["occurrences_to_show_95"] = math.ceil(threshold + Z95_ONE_SIDED * std)
+        if hasattr(mech, "threshold_for_cells"):
+            prof = threshold_profile(mech)
+            out.update(prof)
+            out["occurrences_to_show_half"] = math.ceil(prof["threshold_worst"])
+            out["occurrences_to_show_95"] = math.ceil(prof["threshold_worst"]
+                                                      + Z95_ONE_SIDED * prof["std_worst"])
+            out["occurrences_to_show_half_typical"] = math.ceil(prof["threshold_typical"])
+        else:
+            out["occurrences_to_show_half"] = math.ceil(threshold)
+            out["occurrences_to_show_95"] = math.ceil(threshold + Z95_ONE_SIDED * std)
     if hasattr(mech, "switches"):
         out["k"] = int(mech.k)
         out["switches"] = int(mech.switches)
@@ -116,13 +171,31 @@ def format_plan(info: dict[str, Any]) -> str:
         f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
         f"is the released count +- {info['ci95_half_width']:.4g}",
     ]
-    if "threshold" in info:
+    if "threshold_worst" in info:
+        lines.append(
+            f"threshold     m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T) (threshold delta "
+            f"{info['threshold_delta']:.3g}): {info['threshold_typical']:.4g} at the median "
+            f"step, {info['threshold_worst']:.4g} at the worst (the paper's single m_delta: "
+            f"{info['threshold']:.4g}); items need about "
+            f"{info['occurrences_to_show_half_typical']} occurrences to be shown half the time "
+            f"at the median step, {info['occurrences_to_show_half']} at the worst step, "
+            f"{info['occurrences_to_show_95']} to be shown 95% of the time at any step"
+        )
+    elif "threshold" in info:
         lines.append(
             f"threshold     m_delta = {info['threshold']:.4g} (threshold delta "
             f"{info['threshold_delta']:.3g}): items need about {info['occurrences_to_show_half']} "
             f"occurrences to be shown (half the time at the worst step), "
             f"{info['occurrences_to_show_95']} to be shown 95% of the time"
         )
+    for row in info.get("coarser_steps", []):
+        if row["merge"] == 1:
+            lines.append("coarser steps the thresholds if c steps were merged into one (same "
+                         "budget, horizon T/c):")
+        lines.append(
+            f"              c = {row['merge']:>2}: T = {row['horizon']}, r = {row['base']}, "
+            f"m_t {row['threshold_typical']:.4g} at the median step, "
+            f"{row['threshold_worst']:.4g} at the worst")
     if "switches" in info:
         lines.append(
             f"top-k         k = {info['k']}, at most {info['switches']} switches, eta = "
