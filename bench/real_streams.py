@@ -139,8 +139,11 @@ def cli_defaults(cli: Any) -> dict[str, Any]:
     return {o.dest: o.default for o in cli.MECH_OPTS + cli.RUN_OPTS}
 
 
-def build(cli: Any, name: str, opts: dict[str, Any], key: Any, domain: list[str]) -> Any:
+def build(cli: Any, name: str, opts: dict[str, Any], key: Any,
+          domain: list[str] | None) -> Any:
     """``build_mechanism`` as ``dpstream run`` calls it; drop --max-items where refused."""
+    if cli.MECHANISMS[name].domain == "none":
+        domain = None
     try:
         return cli.build_mechanism(name, opts, key, domain)
     except ValueError as exc:
@@ -304,6 +307,119 @@ def make_publisher(cli: Any, opts: dict[str, Any]) -> Any:
     return publish
 
 
+# --------------------------------------------------------------------------- post-processing
+
+PP_OPTIONS = {"raw": (False, False), "clamp": (True, False), "monotone": (False, True),
+              "clamp+monotone": (True, True)}
+PP_MECHANISMS = ("known", "unknown", "top-k", "top-k no --max-items")
+
+
+class ErrorStats:
+    """Bias and error of published counts: all of them, and those of the true top 10."""
+
+    def __init__(self, index_size: int) -> None:
+        self.prev = np.full(index_size, np.nan)
+        self.sum = self.n = self.sum_top = self.n_top = 0.0
+        self.abs_all: list[np.ndarray] = []
+        self.abs_top: list[np.ndarray] = []
+        self.n_neg = self.n_pairs = self.n_down = 0
+
+    def add(self, t: int, pos: np.ndarray, vals: np.ndarray, truth: np.ndarray,
+            top: np.ndarray, sample: bool) -> None:
+        err = vals - truth[pos]
+        self.sum += float(err.sum())
+        self.n += len(err)
+        self.n_neg += int((vals < 0).sum())
+        before = self.prev[pos]
+        had = ~np.isnan(before)
+        self.n_pairs += int(had.sum())
+        self.n_down += int((vals[had] < before[had]).sum())
+        self.prev[:] = np.nan
+        self.prev[pos] = vals
+        in_top = np.isin(pos, top)
+        self.sum_top += float(err[in_top].sum())
+        self.n_top += int(in_top.sum())
+        if sample:
+            self.abs_all.append(np.abs(err))
+            self.abs_top.append(np.abs(err[in_top]))
+
+    def summary(self) -> dict[str, float]:
+        def med(parts: list[np.ndarray]) -> float:
+            x = np.concatenate(parts) if parts else np.zeros(0)
+            return float(np.median(x)) if x.size else float("nan")
+
+        return {"bias": self.sum / self.n if self.n else float("nan"),
+                "median_abs": med(self.abs_all),
+                "bias_top": self.sum_top / self.n_top if self.n_top else float("nan"),
+                "median_abs_top": med(self.abs_top),
+                "negative": self.n_neg / self.n if self.n else 0.0,
+                "decreasing": self.n_down / self.n_pairs if self.n_pairs else 0.0}
+
+
+def run_postprocessing(name: str, stream: str, epsilon: float,
+                       data: tuple[int, list[list[list[str]]]], max_items: int
+                       ) -> list[dict[str, Any]]:
+    """One mechanism's releases under each post-processing option (same noise)."""
+    from dpstream import cli
+    from dpstream.io import KeyedTruncator
+    from dpstream.noise import NoiseKey, NoiseSource
+    from dpstream.postprocess import ReadableCounts
+
+    horizon, steps = data
+    domain = sorted({i for step in steps for ev in step for i in ev})
+    index = {item: i for i, item in enumerate(domain)}
+    key = NoiseKey.from_bytes(hashlib.sha256(b"bench-real-streams/pp").digest())
+    mech_name, extra, with_max = MECHANISMS[name]
+    opts = {**cli_defaults(cli), "horizon": horizon, "epsilon": epsilon, "delta": 1e-6,
+            "max_items": max_items if with_max else None, **extra}
+    mech = build(cli, mech_name, opts, key, domain)
+    ranked = mech_name != "known"
+    pps = {label: ReadableCounts(clamp=c, monotone=m, round_counts=True, ranked=ranked)
+           for label, (c, m) in PP_OPTIONS.items()}
+    stats = {label: ErrorStats(len(domain)) for label in PP_OPTIONS}
+    limit = getattr(mech, "max_items", None)
+    truncator = KeyedTruncator(NoiseSource(key, "bench/truncate"), limit or 1)
+    truth = np.zeros(len(domain), dtype=np.int64)
+    stride = max(1, horizon // 200)
+    cache: dict[int, np.ndarray] = {}
+    ordinal = 0
+    for t, events in enumerate(steps, start=1):
+        batch = []
+        for ev in events:
+            ordinal += 1
+            batch.append(list(truncator(ev, ordinal)) if limit and len(ev) > limit else ev)
+            truth[[index[i] for i in ev]] += 1
+        rel = mech.step_batch(batch)
+        top = np.argpartition(-truth, TOP - 1)[:TOP]
+        for label, pp in pps.items():
+            out = pp(rel)
+            key_id = id(rel.items)
+            if len(out.items) > 1000 and out.items == rel.items:
+                pos = cache.get(key_id)
+                if pos is None:
+                    pos = cache[key_id] = np.fromiter((index[str(i)] for i in rel.items),
+                                                      np.int64, len(rel.items))
+            else:
+                pos = np.fromiter((index[str(i)] for i in out.items), np.int64,
+                                  len(out.items))
+            stats[label].add(t, pos, np.asarray(out.values, dtype=np.float64), truth, top,
+                             t % stride == 0 or t == horizon)
+    return [{"stream": stream, "epsilon": epsilon, "mechanism": name,
+             "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
+             "option": label, **st.summary()} for label, st in stats.items()]
+
+
+def pp_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| stream | eps | mechanism | option | bias | median abs err | bias, true top 10 "
+             "| median abs err, true top 10 | negative | decreasing |", "|" + "---|" * 10]
+    for r in rows:
+        lines.append(
+            f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} ({r['algorithm']}) | "
+            f"{r['option']} | {r['bias']:+.1f} | {r['median_abs']:.0f} | {r['bias_top']:+.1f} | "
+            f"{r['median_abs_top']:.0f} | {r['negative']:.0%} | {r['decreasing']:.0%} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -394,12 +510,26 @@ def main() -> None:
     ap.add_argument("--label", default="after", help="version label of this checkout's rows")
     ap.add_argument("--src", default=None, help=argparse.SUPPRESS)  # for --before
     ap.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
+    ap.add_argument("--postprocess", action="store_true",
+                    help="instead: bias and error of each readable-count option (clamp, "
+                         "monotone) on the same releases")
     args = ap.parse_args()
     if args.src:
         sys.path.insert(0, args.src)
     streams = args.streams.split(",")
     epsilons = [float(e) for e in args.epsilons.split(",")]
     mechanisms = args.mechanisms.split(",")
+    if args.postprocess:
+        pp_rows = []
+        for stream in streams:
+            loader, max_items = STREAMS[stream]
+            data = loader()
+            for epsilon in epsilons:
+                for name in PP_MECHANISMS:
+                    pp_rows += run_postprocessing(name, stream, epsilon, data, max_items)
+                    print(json.dumps(pp_rows[-1]), file=sys.stderr, flush=True)
+        print(pp_markdown(pp_rows))
+        return
     rows: list[dict[str, Any]] = []
     if args.before:
         with tempfile.TemporaryDirectory() as tmp:

@@ -69,9 +69,10 @@ def _read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
+def _assert_same(lines, mech, steps, public_meta=(), rounded=True, clamp=True):
     """The command's output equals the library's releases: rounded to integers by
-    default (the safe output), or exactly with --no-round."""
+    default (the safe output), or exactly with --no-round; a count below 0 written
+    as 0 (--clamp, the default)."""
     assert len(lines) == len(steps)
     for t, (obj, events) in enumerate(zip(lines, steps, strict=True), 1):
         rel = mech.step_batch(events)
@@ -80,10 +81,12 @@ def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
         values = list(obj["released"].values())
         if rounded:
             assert all(type(v) is int for v in values)
-            assert values == rel.rounded().values.tolist()
+            want = rel.rounded().values.tolist()
+            assert values == ([max(v, 0) for v in want] if clamp else want)
         else:
             # exact: JSON floats are written with the shortest round-tripping repr
-            assert values == rel.values.tolist()
+            want = rel.values.tolist()
+            assert values == ([max(v, 0.0) for v in want] if clamp else want)
         assert obj.get("meta", {}) == {k: v for k, v in rel.meta.items() if k in public_meta}
 
 
@@ -117,7 +120,7 @@ def test_run_unknown_equals_library(files):
                 "--threshold-delta", "1e-3", "--key-file", files.key_path, "-i", files.input,
                 "-o", str(out)) == 0
     mech = UnknownDomainHistogram(40, max_items=2, key=files.key, rho=2.0,
-                                  threshold_delta=1e-3)
+                                  threshold_delta=1e-3, remember=True)  # on by default
     lines = _read_jsonl(out)
     _assert_same(lines, mech, _by_step(files.events, 40), public_meta=("threshold", "remember"))
     assert any(line["released"] for line in lines)  # the test does see released items
@@ -200,8 +203,8 @@ def test_csv_in_csv_out_rounded(files):
     expected = []
     for t, events in enumerate(_by_step(files.events, 40), 1):
         rel = mech.step_batch(events)
-        expected += [f"{t},{i},{int(np.rint(v))}" for i, v in zip(rel.items, rel.values,
-                                                                  strict=True)]
+        expected += [f"{t},{i},{max(int(np.rint(v)), 0)}"  # --clamp is on by default
+                     for i, v in zip(rel.items, rel.values, strict=True)]
     assert rows[1:] == expected
 
 
@@ -469,7 +472,7 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
     assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
                 "--on-invalid", "skip") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
-                                  threshold_delta=1e-3)
+                                  threshold_delta=1e-3, remember=True)
     _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]], ("threshold", "remember"),
                  rounded=False)
 

@@ -135,8 +135,8 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     kwargs: dict[str, Any] = {}
     for dest in _MECH_KWARGS:
         value = options.get(dest)
-        if value is None or (dest == "remember" and value is False):
-            continue
+        if value is None or (dest == "remember" and (value is False or "remember" not in params)):
+            continue  # --remember (on by default) applies to the mechanisms that remember
         if dest == "eta" and value == "auto":
             continue
         if dest not in params:
@@ -186,6 +186,28 @@ def top_k_choice(name: str, options: dict[str, Any], key: Any,
 
 
 # --------------------------------------------------------------------------- options
+
+#: Defaults of the readable-count post-processing, chosen by the measurements
+#: in docs/utility.md (bias and error on real streams).
+CLAMP_DEFAULT = True
+MONOTONE_DEFAULT = False
+
+
+def make_postprocessor(opts: dict[str, Any]) -> Any:
+    """The post-processing ``run`` applies to each release before writing it.
+
+    ``dpstream.postprocess.ReadableCounts`` with --clamp/--monotone/--round;
+    lists (top-k, unknown, meta's selections) stay ordered by published value.
+    """
+    from .postprocess import ReadableCounts
+
+    name = opts.get("mechanism", "known")
+    ranked = name in ("unknown", "top-k") or (name == "meta"
+                                             and opts.get("oneshot") != "gaussian")
+    return ReadableCounts(clamp=bool(opts.get("clamp", CLAMP_DEFAULT)),
+                          monotone=bool(opts.get("monotone", MONOTONE_DEFAULT)),
+                          round_counts=bool(opts.get("round", True)), ranked=ranked)
+
 
 
 @dataclass(frozen=True)
@@ -270,8 +292,8 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--kbar",), "kbar", "meta: kbar of the unknown-domain one-shots", None, _positive_int),
     Opt(("--base",), "base", "the tree base r", None, _positive_int, metavar="R",
         default_text="r*, the base that minimises the worst-case noise for T"),
-    Opt(("--remember",), "remember", "unknown: keep showing an item once it was shown",
-        False, kind="flag"),
+    Opt(("--remember",), "remember", "unknown: keep showing an item once it was shown (no "
+        "flicker; post-processing of the releases, no privacy cost)", True, kind="bool"),
     Opt(("--threshold-delta",), "threshold_delta",
         "unknown/meta: delta of the discovery threshold (required with --rho or --tau; with "
         "--epsilon/--delta the default splits delta to minimise the threshold)",
@@ -310,6 +332,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         "choice: the low-order bits of floating-point noise can leak the true count; "
         "rounding is free post-processing); --no-round writes the exact floats", True,
         kind="bool"),
+    Opt(("--clamp",), "clamp", "publish a count below 0 as 0 (post-processing; see "
+        "docs/utility.md for its bias)", CLAMP_DEFAULT, kind="bool"),
+    Opt(("--monotone",), "monotone", "never publish a count below the last one published for "
+        "the same item: running counts do not go down (post-processing; see docs/utility.md "
+        "for its bias)", MONOTONE_DEFAULT, kind="bool"),
     Opt(("--on-invalid",), "on_invalid",
         "what to do with an event with more than --max-items items, an item outside "
         "--domain, a malformed line or a step past --horizon: error (stop, naming the line), "
@@ -638,6 +665,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         info["coarser_steps"] = planning.coarser_steps(
             lambda h: build_mechanism(name, {**opts, **budget, "horizon": h}, key, domain),
             int(mech.horizon))
+    if spec.max_items != "none" and opts.get("max_items") is not None:
+        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+
+        def std_for(n: int) -> float:
+            o = {**opts, **budget, "max_items": n}
+            if choice is not None:
+                return top_k_choice(name, o, key, domain).errors["KnownBase top-k"]
+            return planning.noise_std_worst(build_mechanism(name, o, key, domain))
+
+        info["max_items_hint"] = planning.max_items_hint(std_for, opts["max_items"])
     if target is not None:
         info["target_error"] = target
     if opts["json"]:
@@ -675,6 +712,8 @@ class RunStats:
     events: int = 0
     truncated: int = 0
     skipped: int = 0
+    occurrences: int = 0  # distinct items of the valid events, before truncation
+    dropped: int = 0  # of those, removed by --on-invalid truncate
     reasons: Counter = field(default_factory=Counter)
     last_items: int = 0
     resumed_at: int = 0
@@ -697,6 +736,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         domain_sha256=None if domain is None else hashlib.sha256(
             json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
         input_format=input_format, output_format=output_format, round=bool(opts["round"]),
+        clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
     )
     if input_format == "csv":
@@ -737,6 +777,7 @@ class _Validator:
                 self._invalid(rec.line, f"{where} is past the horizon --horizon {past_horizon}")
                 continue
             items = tuple(dict.fromkeys(rec.items))
+            before = len(items)
             changed = False
             if self.domain is not None:
                 outside = [i for i in items if i not in self.domain]
@@ -755,6 +796,8 @@ class _Validator:
                 changed = True
             if changed:
                 self.stats.truncated += 1
+            self.stats.occurrences += before
+            self.stats.dropped += before - len(items)
             out.append(items)
         return out
 
@@ -1035,6 +1078,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             yield rec
 
     records = counted(_input_records(infile, opts, input_format))
+    publish = make_postprocessor(opts)  # replays from step 1 on resume: same state
     progress = _Progress(horizon, enabled=not quiet and sys.stderr.isatty())
     with progress:
         for t, recs in group_steps(records, horizon):
@@ -1045,7 +1089,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 validator.events(recs, past_horizon=horizon, t=t)
                 continue
             events = validator.events(recs)
-            release = _public(mech.step_batch(events), public_meta)
+            release = publish(_public(mech.step_batch(events), public_meta))
             line = formatter.format(release)
             stats.steps += 1
             stats.events += len(events)
@@ -1083,6 +1127,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     if ckpt is not None:
         ckpt.finish({"steps": stats.steps, "events": stats.events,
                      "truncated": stats.truncated, "skipped": stats.skipped,
+                     "occurrences": stats.occurrences, "dropped_occurrences": stats.dropped,
                      "last_t": int(mech.t), "input_records": read})
 
 
@@ -1147,11 +1192,25 @@ def _print_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
            if stats.reasons else ""),
         f"  items released at the last step: {stats.last_items}",
+        *_truncation_lines(stats, opts),
         f"  privacy spent: {mech.privacy}",
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
     ]
     print("\n".join(lines), file=sys.stderr)
+
+
+def _truncation_lines(stats: RunStats, opts: dict[str, Any]) -> list[str]:
+    """The share of item occurrences truncation dropped (for the operator, never published)."""
+    if not stats.occurrences or opts.get("on_invalid") != "truncate":
+        return []
+    share = stats.dropped / stats.occurrences
+    line = (f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
+            f"({share:.1%}; not part of the release)")
+    if share >= 0.05:
+        line += (": counts of items that come in large events are low by up to that share; "
+                 "a larger --max-items keeps more (see `dpstream plan` for its noise)")
+    return [line]
 
 
 class _Progress:

@@ -29,7 +29,11 @@ from .tree import digits, max_cells, num_levels, optimal_base, paper_variance_fa
 from .tree import worst_case_variance_factor as _wcvf
 
 __all__ = ["Z95", "Z95_ONE_SIDED", "noise_std_worst", "describe", "format_plan",
-           "tau_for_target", "threshold_profile", "coarser_steps", "COARSER"]
+           "tau_for_target", "threshold_profile", "coarser_steps", "COARSER",
+           "max_items_hint", "MAX_ITEMS_CHOICES"]
+
+#: The --max-items values ``plan`` compares (with the one given).
+MAX_ITEMS_CHOICES = (1, 2, 5, 10, 20, 50, 100)
 
 #: The step merges ``plan`` shows for the unknown domain (c steps into one: e.g.
 #: 7 days into a week, 24 hours into a day, 30 days into a month).
@@ -104,6 +108,16 @@ def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
                     "threshold_typical": prof["threshold_typical"],
                     "threshold_worst": prof["threshold_worst"]})
     return out
+
+
+def max_items_hint(std_for: Any, given: int) -> list[dict[str, Any]]:
+    """The noise std at the worst step for several --max-items values, same budget.
+
+    ``std_for(n)`` builds the mechanism with max_items = n and returns its std.
+    KnownBase's noise grows as sqrt(max_items) (sensitivity sqrt(Delta0 L_r)).
+    """
+    values = sorted(set(MAX_ITEMS_CHOICES) | {int(given)})
+    return [{"max_items": n, "noise_std_worst": float(std_for(n))} for n in values]
 
 
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
@@ -209,6 +223,17 @@ def format_plan(info: dict[str, Any]) -> str:
             )
     if "choice" in info:
         lines.append(f"top-k choice  {info['choice']}")
+    if "max_items_hint" in info:
+        rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
+                         for r in info["max_items_hint"])
+        sparse = info.get("candidates", {}).get("SparseGumb")
+        lines.append(
+            "max items     every event may hold at most --max-items items; more are refused, "
+            "or cut with --on-invalid truncate, which undercounts the items of large events "
+            "(the run summary reports the share of item occurrences dropped). The noise grows "
+            f"with it (std at the worst step, --max-items: std): {rows}"
+            + (f" (SparseGumb, any event size: {sparse:.3g})" if sparse else "")
+            + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes.")
     if "target_error" in info:
         lines.append(
             f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "

@@ -23,7 +23,9 @@ from ..noise import NoiseKey, NoiseSource, encode_item
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
 from ..tree import cells_closing_at, num_levels
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_base,
     check_domain,
     check_horizon,
@@ -32,7 +34,6 @@ from .base import (
     check_next_step,
     check_stream_name,
     config_tag,
-    normalise_event,
     resolve_privacy,
 )
 
@@ -126,6 +127,10 @@ class MetaHistogram:
         rho | epsilon, delta | tau: the budget, exactly one form.
         threshold_delta: the unknown-domain delta (per cell: threshold_delta / L_r).
         stream: separates this stream's noise from other streams under the key.
+        on_invalid: ``"error"`` (default) or ``"truncate"``: keep ``max_items``
+            of an event's items chosen by a keyed PRF and drop items outside a
+            known domain (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
@@ -154,6 +159,7 @@ class MetaHistogram:
         tau: float | None = None,
         threshold_delta: float | None = None,
         stream: str = "default",
+        on_invalid: str = "error",
     ) -> None:
         if oneshot not in ONESHOTS:
             raise ValueError(f"oneshot must be one of {ONESHOTS}, got {oneshot!r}")
@@ -200,6 +206,9 @@ class MetaHistogram:
             if max_items is None:
                 raise ValueError(f"oneshot={oneshot!r} needs max_items= (Delta0)")
             self.max_items = check_max_items(max_items)
+
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
 
         # -- budget ------------------------------------------------------------------
         self.theorem = _THEOREMS[oneshot]
@@ -295,6 +304,11 @@ class MetaHistogram:
                 delta=total, conversion="bun-steinke", mechanism=name, theorem=self.theorem,
             )
 
+    @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far. Not private."""
+        return self._limit.stats
+
     # -- event mode ------------------------------------------------------------------
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release."""
@@ -307,10 +321,11 @@ class MetaHistogram:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        checked, delta = self._limit.events(events, self._index if self._known else None)
         if self._known:
             idx: list[int] = []
-            for event in events:
-                for item in normalise_event(event, self.max_items):
+            for items in checked:
+                for item in items:
                     pos = self._index.get(item)
                     if pos is None:
                         raise InvalidEventError(f"item {item!r} is not in the domain")
@@ -320,12 +335,13 @@ class MetaHistogram:
             self._open[:, nz] += inc[nz]
         else:
             batch: Counter[Hashable] = Counter()
-            for event in events:
-                batch.update(normalise_event(event, self.max_items))
+            for items in checked:
+                batch.update(items)
             for item in batch:
                 encode_item(item)  # str, int or bytes: refuse others before any change
             for acc in self._open_maps:
                 acc.update(batch)
+        self._limit.commit(delta)
         self.t = t
         for level, j in cells_closing_at(t, self.horizon, self.base):
             row = level - 1

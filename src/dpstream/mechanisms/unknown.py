@@ -22,7 +22,9 @@ from .. import privacy
 from ..noise import NoiseKey, NoiseSource
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_base,
     check_horizon,
     check_key,
@@ -30,7 +32,6 @@ from .base import (
     check_next_step,
     check_stream_name,
     mapping_counts,
-    normalise_event,
 )
 from .known import tree_purpose
 from .tree_noise import TreeNoise
@@ -284,6 +285,10 @@ class UnknownDomainHistogram:
             ``eq:threshold``); optional with epsilon/delta.
         stream: separates this stream's noise from other streams under the key
             (and shares it with KnownBase on the same stream, on purpose).
+        on_invalid: ``"error"`` (default): an event over ``max_items`` items
+            raises; ``"truncate"``: keep ``max_items`` of its items chosen by a
+            keyed PRF (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
@@ -311,12 +316,15 @@ class UnknownDomainHistogram:
         tau: float | None = None,
         threshold_delta: float | None = None,
         stream: str = "default",
+        on_invalid: str = "error",
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
         self.max_items = check_max_items(max_items)
         self.stream = check_stream_name(stream)
         check_key(key)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
@@ -423,6 +431,11 @@ class UnknownDomainHistogram:
         return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
 
     @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far (event mode). Not private."""
+        return self._limit.stats
+
+    @property
     def items_seen(self) -> list[Hashable]:
         """The items that have appeared, in the order they were added. Not private."""
         return self._items[: self._n].tolist()
@@ -452,8 +465,9 @@ class UnknownDomainHistogram:
         index = self._index
         known: list[int] = []
         new: dict[Hashable, int] = {}
-        for event in events:
-            for item in normalise_event(event, self.max_items):
+        checked, delta = self._limit.events(events)
+        for items in checked:
+            for item in items:
                 pos = index.get(item)
                 if pos is None:
                     new[item] = new.get(item, 0) + 1
@@ -462,7 +476,9 @@ class UnknownDomainHistogram:
         counts = self._counts[: self._n] + np.bincount(
             np.asarray(known, dtype=np.int64), minlength=self._n
         )
-        return self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        self._limit.commit(delta)
+        return rel
 
     # -- aggregate mode --------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
