@@ -421,7 +421,7 @@ def test_plan_topk_against_formulas(capsys):
 
     info = _plan(capsys, "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
                  "--switches", "4", "--rho", "1")
-    tau = math.sqrt((3 + 2) / 1.0)  # rho = (2k + 4) / (2 tau^2)
+    tau = math.sqrt((3 + 0.5) / 1.0)  # rho = (2k + 1) / (2 tau^2)
     r = optimal_base(200)
     levels = num_levels(200, r)
     s = 4

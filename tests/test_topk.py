@@ -30,10 +30,17 @@ def rotating_prefixes(d, horizon, rng):
 
 
 def test_tau_matches_the_theorem():
+    """rho = (2k + 1) / (2 tau^2) (the sparse vector per Lyu-Su-Li; the paper: 2k + 4),
+    and k / tau^2 when no sparse-vector round runs (switches = 0, wait=False)."""
     for k in (1, 3, 10):
         m = ContinualTopK(range(20), 100, k=k, switches=4, eta=1.0, key=fixed_key("p"), rho=0.5)
-        assert (2 * k + 4) / (2 * m.tau**2) == pytest.approx(0.5, rel=1e-12)
-        assert (2 * k + 4) / (2 * m.tau**2) <= 0.5  # rounded towards more noise
+        assert (2 * k + 1) / (2 * m.tau**2) == pytest.approx(0.5, rel=1e-12)
+        assert (2 * k + 1) / (2 * m.tau**2) <= 0.5  # rounded towards more noise
+        m0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5,
+                           wait=False)
+        assert k / m0.tau**2 == pytest.approx(0.5, rel=1e-12) and m0.rounds == 0
+        w0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5)
+        assert (2 * k + 1) / (2 * w0.tau**2) == pytest.approx(0.5, rel=1e-12)  # the wait
         assert m.privacy.rho == pytest.approx(0.5, rel=1e-12)
         # R = s + 1 sparse-vector rounds with the waiting round, s without
         assert m.rounds == 5 and m.tau_1 == pytest.approx(math.sqrt(5) * m.tau)
@@ -43,14 +50,14 @@ def test_tau_matches_the_theorem():
         assert m.rounds == 4 and m.tau_1 == pytest.approx(2 * m.tau)
         assert m.tau_2 == pytest.approx(math.sqrt(5) * m.tau)
     m = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"), tau=3.0)
-    assert m.privacy.rho == pytest.approx(8 / (2 * 9.0), rel=1e-12)
+    assert m.privacy.rho == pytest.approx(5 / (2 * 9.0), rel=1e-12)
     m = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"),
                       epsilon=1.0, delta=1e-6)
     assert m.privacy.epsilon <= 1.0 and m.privacy.conversion != "gaussian-exact"
     # the paper's conversion would need more noise than ours (CKS20 is tighter)
     lg = math.log(1e6)
     rho_paper = (math.sqrt(lg + 1.0) - math.sqrt(lg)) ** 2
-    assert m.tau <= math.sqrt(4 / rho_paper)
+    assert m.tau <= math.sqrt(2.5 / rho_paper)
 
 
 @pytest.mark.parametrize("switches", [0, 1, 3])

@@ -195,14 +195,57 @@ class ContinualTopK:
     made with probability at most beta. A number (or a callable t -> eta_t)
     replaces both.
 
-    Privacy (SparseGumb theorem, after ``algo:sparseGumb``): for any eta_t >= 0,
-    (2k + 4) / (2 tau^2)-zCDP: s+1 selections of k/(2(s+1) tau^2) each, at most
-    (s+1) k counters of 1/(2(s+1) tau^2) each, and R sparse-vector rounds of
-    2/(R tau^2) each (tau_1 = sqrt(R) tau), where R = s + 1 with ``wait`` (the
-    waiting round and the s switch rounds) and R = s without (the paper's
-    tau_1 = sqrt(s) tau). The calibration uses rho = a / tau^2 with a = k + 2.
-    The mechanism is not a Gaussian mechanism, so (epsilon, delta) comes from
-    the general zCDP conversion.
+    Privacy: for any eta_t >= 0, (2k + 1) / (2 tau^2)-zCDP, and k / tau^2 when
+    no sparse-vector round runs (``switches=0, wait=False``). The paper's
+    SparseGumb theorem (after ``algo:sparseGumb``) states (2k + 4) / (2 tau^2);
+    the accounting, term by term, with R sparse-vector rounds (R = s + 1 with
+    ``wait``: the waiting round and the s switch rounds; R = s without, the
+    paper's tau_1 = sqrt(s) tau) and S = s + 1 selections:
+
+    1. S selections, KnownGumb_k(.; tau_2) without counts, k/(2 tau_2^2) each
+       (k peels of a bounded-range exponential mechanism): k/(2 tau^2) in all.
+    2. At most S k counters (BinMech at tau_2), 1/(2 tau_2^2) each: k/(2 tau^2).
+    3. R sparse-vector rounds at tau_1 = sqrt(R) tau: each is (1/tau_1)-DP,
+       hence 1/(2 tau_1^2)-zCDP (pure eps-DP is eps^2/2-zCDP, Bun and Steinke
+       2016, Prop. 1.4): 1/(2 tau^2) in all, and nothing when R = 0 (then
+       tau_1 is unused and no sparse-vector noise is ever drawn: only what
+       runs is paid for).
+
+    Composition (zCDP adds, adaptively) gives (k + 1/2) / tau^2. Why each
+    round is (1/tau_1)-DP, where the paper charges 2/tau_1: a round is one run
+    of Algorithm 1 of Lyu, Su and Li (2017, "Understanding the sparse vector
+    technique") with cutoff c = 1 (it stops at its first "above"), threshold
+    noise Lap(Delta/eps1) = Lap(2 tau_1) and query noise Lap(2 c Delta/eps2)
+    = Lap(4 tau_1) with Delta = 1, eps1 = eps2 = 1/(2 tau_1): their theorem
+    makes it (eps1 + eps2) = (1/tau_1)-DP for queries of sensitivity Delta
+    chosen adaptively, with thresholds chosen adaptively. It applies to
+    SparseGumb's restarted, adaptive use because:
+
+    * the queries have sensitivity 1: in a switch round the query on item u
+      at step t is h_t^u - (hhat_t^{i*} + eta_t) compared with the noisy 0
+      threshold; h_t^u moves by at most 1 between neighbouring streams (one
+      event replaced by an empty one), and hhat_t^{i*} + eta_t is a function
+      of earlier outputs (see below) and public values, the same for both
+      streams. In the waiting round the query is h_(k),t - eta0, and the k-th
+      largest count also moves by at most 1 when every count does.
+    * the order of composition is Selection 0, Counters 0, Round 1, Selection
+      1, Counters 1, ...: the counters of generation n run over the whole
+      stream (all T outputs) and are released in full before round n + 1,
+      whose thresholds use only counters of generations <= n; round n + 1
+      itself uses only those outputs, its own earlier "below" answers and its
+      own fresh noise (threshold noise Lap(2 tau_1) drawn once per round,
+      query noise Lap(4 tau_1) fresh for every (item, step, round)). So each
+      round is one instance of Algorithm 1 given the earlier outputs, and
+      the instances compose.
+    * several queries per step: they are asked in a fixed (domain) order and
+      the round stops at the first "above"; the release only says at which
+      step that happened (a function of Algorithm 1's output), never which
+      item.
+
+    The calibration uses rho = a / tau^2 with a = k + 1/2 (a = k with no
+    round). The mechanism is not a Gaussian mechanism, so (epsilon, delta)
+    comes from the general zCDP conversion. tests/test_topk_privacy.py checks
+    a round's privacy loss by exact numerical integration.
 
     Why an item that stays selected across a re-selection keeps its counter:
     a counter is one run of BinMech over the item's whole bit stream
@@ -261,7 +304,8 @@ class ContinualTopK:
     """
 
     mechanism_name = "SparseGumb"
-    theorem = "SparseGumb theorem (after algo:sparseGumb): (2k+4)/(2 tau^2)-zCDP"
+    theorem = ("SparseGumb (algo:sparseGumb) with the sparse vector per Lyu-Su-Li 2017 "
+               "Alg. 1: (2k+1)/(2 tau^2)-zCDP; k/tau^2 with no sparse-vector round")
 
     def __init__(
         self,
@@ -310,7 +354,8 @@ class ContinualTopK:
             self._eta = self._check_eta(eta, "eta")
         self.key = key
         self.levels = num_levels(self.horizon, self.base)
-        self._coef = self.k + 2.0  # rho = (2k + 4) / (2 tau^2) = (k + 2) / tau^2
+        # rho = (k + 1/2) / tau^2, or k / tau^2 when no sparse-vector round runs
+        self._coef = self.k + (0.5 if self.switches + int(self.wait) else 0.0)
         self.budget, self.tau, self.privacy = resolve_privacy(
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
             gaussian_exact=False, mechanism=self.mechanism_name, theorem=self.theorem,

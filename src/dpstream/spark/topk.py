@@ -52,7 +52,8 @@ class SparkContinualTopK:
     The same mechanism as :class:`dpstream.mechanisms.topk.ContinualTopK`, built
     from it (with a placeholder domain of k items: tau, tau_1, tau_2, the base
     and the noise scope do not depend on the domain), so ``.privacy`` is the
-    local one: (2k + 4) / (2 tau^2)-zCDP (SparseGumb theorem, after
+    local one: (2k + 1) / (2 tau^2)-zCDP (the sparse vector per Lyu, Su and Li,
+    see ContinualTopK; the paper charges (2k + 4) / (2 tau^2), after
     ``algo:sparseGumb``).
 
     Args:
