@@ -91,7 +91,7 @@ MECHANISMS: dict[str, MechanismSpec] = {
         "(with --max-items: the more accurate of SparseGumb and KnownBase's top-k)"),
     "meta": MechanismSpec(
         "meta", "dpstream.mechanisms.meta", "MetaHistogram", "optional", False, "optional",
-        (), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
+        ("status",), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
 }
 
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).

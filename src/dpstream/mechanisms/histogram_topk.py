@@ -36,14 +36,18 @@ class HistogramTopK:
     most ``max_items`` = Delta0 items) and releases, at each step, the k
     items with the largest noisy counts, largest first, with those counts.
 
-    Not yet: the list is released only from the first step at which the k-th
+    Not yet: the list is released only from the first step at which the
     largest noisy count exceeds z sigma_t, where sigma_t = tau sqrt(|I_t| L_r)
     is the noise standard deviation of a count at t and z = Phi^-1(1 -
-    beta/(d T)), beta = 0.05. If every count is 0, each noisy count exceeds
-    z sigma_t with probability beta/(d T), so by a union bound over the d
-    items and T steps a list is started on pure noise with probability at most
-    beta. Until then the release is empty with ``meta["status"] == "not
-    yet"``. The decision is a function of the released noisy counts only.
+    beta/(d T)), beta = 0.05: while every count is within the noise, nothing
+    is shown. If every count is 0, each noisy count exceeds z sigma_t with
+    probability beta/(d T), so by a union bound over the d items and T steps
+    a list is started on pure noise with probability at most beta. (The list
+    is recomputed at every step, so once one count stands out the others
+    follow as they grow; SparseGumb, whose list stays until a switch, waits
+    for its k-th count instead.) Until then the release is empty with
+    ``meta["status"] == "not yet"``. The decision is a function of the
+    released noisy counts only.
 
     Privacy: exactly KnownBase's (the KnownBase lemma: Delta0/(2 tau^2)-zCDP,
     exact Gaussian curve for (epsilon, delta)); selecting, ordering and
@@ -94,7 +98,7 @@ class HistogramTopK:
         return self.histogram.noise_std_at(t)
 
     def start_threshold_at(self, t: int) -> float:
-        """z sigma_t: the k-th largest noisy count must exceed it before the first list."""
+        """z sigma_t: the largest noisy count must exceed it before the first list."""
         return self.start_z * self.noise_std_at(t)
 
     def step(self, event: Iterable[Hashable]) -> Release:
@@ -115,7 +119,7 @@ class HistogramTopK:
         d = values.shape[0]
         idx = np.argpartition(-values, self.k - 1)[: self.k] if self.k < d else np.arange(d)
         idx = idx[np.lexsort((idx, -values[idx]))]
-        if not self.started and values[idx[-1]] > self.start_threshold_at(rel.t):
+        if not self.started and values[idx[0]] > self.start_threshold_at(rel.t):
             self.started = True
         if not self.started:
             return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})

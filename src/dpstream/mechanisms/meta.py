@@ -15,13 +15,14 @@ from collections import Counter
 from collections.abc import Hashable, Iterable
 
 import numpy as np
+from scipy.special import ndtri
 
 from .. import privacy
 from .._checks import check_int
 from ..errors import InvalidEventError
 from ..noise import NoiseKey, NoiseSource, encode_item
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
-from ..tree import cells_closing_at, num_levels
+from ..tree import cells_closing_at, digits, num_levels
 from .base import (
     EventLimit,
     Release,
@@ -76,6 +77,22 @@ class MetaHistogram:
     * ``"unknown-gaussian"`` (UnkGauss_kbar): the items each cell shows above
       its threshold, summed as above (not selected -> 0), all of them released.
     * ``"unknown-gumbel"`` (UnkGumb_{k,kbar}): as ``"gumbel"``, top-k of the sum.
+
+    Not yet (``"gumbel"``): each cell selects k items even when its block
+    histogram is all 0, so the first releases of a stream that starts empty
+    would be a random list. The list is therefore released only from the
+    first step at which its largest value exceeds z sigma_t (while every
+    value is within the noise, nothing is shown; the list is recomputed at
+    every step, so once one count stands out the rest follow), sigma_t = sqrt(|I_t|)
+    sqrt(L_r) tau (the largest standard deviation of a summed value: the
+    Gaussian counts of at most |I_t| cells) and z = Phi^-1(1 - beta / (k (r-1)
+    L_r T)), beta = 0.05: with every count 0 each of the at most k (r-1) L_r
+    candidates exceeds it with probability at most beta / (k (r-1) L_r T), so a
+    list is started on pure noise with probability at most beta (union bound
+    over candidates and steps). Before, the release is empty with
+    ``meta["status"] == "not yet"``, then ``"selected"``. This is
+    post-processing of the released values and public parameters: no privacy
+    cost. (The unknown-domain variants release only items that appeared.)
 
     Privacy (the MetaAlgo theorem after ``algo:MetaAlgo``; an event changes at
     most L_r cells, zCDP composes over them):
@@ -246,6 +263,9 @@ class MetaHistogram:
 
         # -- state -----------------------------------------------------------------------
         self.t = 0
+        self.started = oneshot != "gumbel"  # see "Not yet"
+        self.start_z = float(-ndtri(0.05 / (getattr(self, "k", 1) * (self.base - 1)
+                                            * self.levels * self.horizon)))
         if known:
             d = len(self._index)
             # keyed item ids do not depend on the purpose: hash the domain once
@@ -438,6 +458,14 @@ class MetaHistogram:
         order = np.lexsort((np.arange(len(items)), -values))  # value desc, ties by first seen
         if self._gumbel:
             order = order[: self.k]
+        if self.oneshot == "gumbel":
+            if not self.started and len(order):
+                sigma = math.sqrt(sum(digits(t, self.base))) * self.cell_tau
+                self.started = bool(values[order[0]] > self.start_z * sigma)
+            if not self.started:
+                return Release(t=t, items=[], values=np.zeros(0), meta={"status": "not yet"})
+            return Release(t=t, items=[items[i] for i in order], values=values[order],
+                           meta={"status": "selected"})
         return Release(t=t, items=[items[i] for i in order], values=values[order])
 
     def __repr__(self) -> str:
