@@ -412,11 +412,15 @@ def run_postprocessing(name: str, stream: str, epsilon: float,
 def pp_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| stream | eps | mechanism | option | bias | median abs err | bias, true top 10 "
              "| median abs err, true top 10 | negative | decreasing |", "|" + "---|" * 10]
+    def num(x: float, fmt: str) -> str:
+        return "-" if np.isnan(x) else format(x, fmt)
+
     for r in rows:
         lines.append(
             f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} ({r['algorithm']}) | "
-            f"{r['option']} | {r['bias']:+.1f} | {r['median_abs']:.0f} | {r['bias_top']:+.1f} | "
-            f"{r['median_abs_top']:.0f} | {r['negative']:.0%} | {r['decreasing']:.0%} |")
+            f"{r['option']} | {num(r['bias'], '+.1f')} | {num(r['median_abs'], '.0f')} | "
+            f"{num(r['bias_top'], '+.1f')} | {num(r['median_abs_top'], '.0f')} | "
+            f"{r['negative']:.0%} | {r['decreasing']:.0%} |")
     return "\n".join(lines)
 
 
@@ -457,11 +461,14 @@ def average(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         agg: dict[str, Any] = {"version": version, "stream": stream, "epsilon": eps,
                                "mechanism": name, "algorithm": ok[0]["algorithm"],
                                "keys": len(ok), "selects": ok[0]["selects"]}
-        for f in ("recall_T", "recall_half", "median_abs_error", "negative", "decreasing",
-                  "seconds", "dropped_share"):
+        for f in ("recall_T", "recall_half", "negative", "decreasing", "seconds",
+                  "dropped_share"):
             agg[f] = float(np.mean([r[f] for r in ok]))
+        errs = [r["median_abs_error"] for r in ok if not np.isnan(r["median_abs_error"])]
+        agg["median_abs_error"] = float(np.mean(errs)) if errs else float("nan")
         firsts = [r["first_release"] for r in ok if r["first_release"] is not None]
         agg["first_release"] = int(np.median(firsts)) if firsts else None
+        agg["never"] = len(ok) - len(firsts)
         agg["zero_selection"] = any(r["zero_selection"] for r in ok)
         out.append(agg)
     return out
@@ -472,7 +479,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             "| median abs err | negative | decreasing | first release | zero-sel |")
     lines = [head, "|" + "---|" * 12]
     order = {"before": 0, "after": 1}
-    for r in sorted(rows, key=lambda r: (r["stream"], r["epsilon"],
+    for r in sorted(rows, key=lambda r: (-len(r["stream"]), r["epsilon"],
                                          list(MECHANISMS).index(r["mechanism"]),
                                          order.get(r["version"], 2))):
         if "error" in r:
@@ -481,10 +488,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue
         zero = ("yes" if r["zero_selection"] else "no") if r["selects"] else "-"
         first = "never" if r["first_release"] is None else str(r["first_release"])
+        if r.get("never") and r["first_release"] is not None:
+            first += f" ({r['never']} of {r['keys']} keys: never)"
+        err = "-" if np.isnan(r["median_abs_error"]) else f"{r['median_abs_error']:.0f}"
         lines.append(
             f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} | {r['version']} | "
             f"{r['algorithm']} | {r['recall_T'] * TOP:.1f}/10 | {r['recall_half'] * TOP:.1f}/10 | "
-            f"{r['median_abs_error']:.0f} | {r['negative']:.0%} | {r['decreasing']:.0%} | "
+            f"{err} | {r['negative']:.0%} | {r['decreasing']:.0%} | "
             f"{first} | {zero} |")
     return "\n".join(lines)
 

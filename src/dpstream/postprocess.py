@@ -60,7 +60,8 @@ class ReadableCounts:
         clamp: publish max(count, 0).
         monotone: publish max(count, last published count of the item).
         round_counts: round to the nearest integer first (what ``dpstream run``
-            publishes by default); the values stay float64 either way.
+            publishes by default); the values are then int64, as
+            :meth:`~dpstream.mechanisms.base.Release.rounded` gives them.
         ranked: the releases are lists ordered by value, largest first: keep
             them ordered by the published value (ties in release order).
 
@@ -111,6 +112,8 @@ class ReadableCounts:
             if not np.array_equal(order, np.arange(len(order))):
                 items = [items[i] for i in order]
                 values = values[order]
+        if self.round_counts:
+            values = values.astype(np.int64)
         return Release(t=release.t, items=items, values=values, meta=release.meta)
 
     def _running_max(self, items: object, values: np.ndarray) -> None:
