@@ -90,3 +90,20 @@ def test_events_over_max_items_are_refused():
         m.step(["a", "b"])
     with pytest.raises(ValueError, match="k must be"):
         HistogramTopK(["a", "b"], 10, k=3, max_items=1, key=fixed_key("x"), rho=1.0)
+
+
+def test_plan_without_max_items_names_the_break_even_event_size(capsys):
+    """plan -m top-k (no --max-items): the largest event size at which KnownBase's top-k
+    has less count noise than SparseGumb; checked on both sides with choose_top_k."""
+    import json
+
+    from dpstream.cli import main
+
+    assert main(["plan", "-m", "top-k", "-T", "400", "--domain-size", "30", "--k", "3",
+                 "--switches", "2", "--epsilon", "1", "--delta", "1e-6", "--json"]) == 0
+    n = json.loads(capsys.readouterr().out)["max_items_break_even"]
+    domain = [f"item-{i}" for i in range(30)]
+    kw = dict(k=3, switches=2, key=fixed_key("be"), epsilon=1.0, delta=1e-6)
+    at = choose_top_k(domain, 400, max_items=n, **kw)
+    above = choose_top_k(domain, 400, max_items=n + 1, **kw)
+    assert n >= 2 and at.name == "KnownBase top-k" and above.name == "SparseGumb"

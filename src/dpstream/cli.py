@@ -209,7 +209,6 @@ def make_postprocessor(opts: dict[str, Any]) -> Any:
                           round_counts=bool(opts.get("round", True)), ranked=ranked)
 
 
-
 @dataclass(frozen=True)
 class Opt:
     """One option: its flags, default (shown in --help) and type."""
@@ -665,6 +664,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         info["coarser_steps"] = planning.coarser_steps(
             lambda h: build_mechanism(name, {**opts, **budget, "horizon": h}, key, domain),
             int(mech.horizon))
+    if name == "top-k" and choice is None and opts.get("tau") is None and target is None:
+        # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
+        # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho
+        one = top_k_choice(name, {**opts, "max_items": 1}, key, domain)
+        ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
+        info["max_items_break_even"] = int(ratio * ratio)
     if spec.max_items != "none" and opts.get("max_items") is not None:
         budget = {"tau": mech.tau, "delta": None} if target is not None else {}
 

@@ -223,6 +223,11 @@ def format_plan(info: dict[str, Any]) -> str:
             )
     if "choice" in info:
         lines.append(f"top-k choice  {info['choice']}")
+    if info.get("max_items_break_even", 0) >= 1:
+        lines.append(
+            f"top-k choice  if every event holds at most {info['max_items_break_even']} items, "
+            "KnownBase's top-k (free post-processing of the whole noisy histogram) has less "
+            "noise than SparseGumb for this budget: give --max-items to compare")
     if "max_items_hint" in info:
         rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
                          for r in info["max_items_hint"])

@@ -63,8 +63,9 @@ class HistogramTopK:
         >>> import dpstream as dps
         >>> m = HistogramTopK(["a", "b", "c"], 100, k=1, max_items=2,
         ...                   key=dps.NoiseKey.generate(), rho=1.0)
-        >>> m.step(["a", "b"]).meta["status"]
-        'not yet'
+        >>> rel = m.step_batch([["a"]] * 100)  # 100 events: "a" stands out from the noise
+        >>> rel.items, rel.meta["status"]
+        (['a'], 'selected')
     """
 
     mechanism_name = "KnownBase top-k"

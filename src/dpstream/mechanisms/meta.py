@@ -165,8 +165,11 @@ class MetaHistogram:
         >>> import dpstream as dps
         >>> m = dps.MetaHistogram(100, oneshot="gumbel", domain=["a", "b", "c"], k=1,
         ...                       key=dps.NoiseKey.generate(), rho=1.0)
-        >>> len(m.step(["a", "b", "c"]).counts)
-        1
+        >>> m.step([]).meta["status"]  # nothing yet: no list drawn from noise alone
+        'not yet'
+        >>> rel = m.step_batch([["a", "b"]] * 100)  # 100 events stand out from the noise
+        >>> rel.meta["status"], len(rel.counts)
+        ('selected', 1)
     """
 
     mechanism_name = "MetaAlgo"

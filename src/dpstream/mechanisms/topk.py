@@ -298,9 +298,9 @@ class ContinualTopK:
         >>> import dpstream as dps
         >>> m = dps.ContinualTopK(["a", "b", "c"], 100, k=1, switches=2,
         ...                       key=dps.NoiseKey.generate(), rho=1.0)
-        >>> rel = m.step(["a", "b"])  # one event: indistinguishable from noise
-        >>> len(rel.counts), rel.meta["status"]
-        (0, 'not yet')
+        >>> rel = m.step_batch([["a", "b"]] * 1000)  # before: empty, status "not yet"
+        >>> len(rel.counts), rel.meta["status"], rel.meta["switches_left"]
+        (1, 'selected', 2)
     """
 
     mechanism_name = "SparseGumb"
