@@ -65,21 +65,19 @@ MECHANISMS: dict[str, MechanismSpec] = {
         "required", ("threshold", "remember"),
         "UnkBase: running histogram of items never listed in advance, <= max-items per event"),
     "top-k": MechanismSpec(
-        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "none",
-        ("switches_left", "switched", "selection"),
-        "SparseGumb: continual top-k of a known domain, any number of items per event"),
+        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "optional",
+        ("status", "switches_left", "switched", "selection"),
+        "SparseGumb: continual top-k of a known domain, any number of items per event "
+        "(with --max-items: the more accurate of SparseGumb and KnownBase's top-k)"),
     "meta": MechanismSpec(
         "meta", "dpstream.mechanisms.meta", "MetaHistogram", "optional", False, "optional",
-        (), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
+        ("status",), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
 }
 
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).
 _MECH_KWARGS = ("max_items", "k", "switches", "eta", "oneshot", "kbar", "counter", "base",
                 "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau",
                 "max_items_per_user", "max_count_per_item")
-
-#: beta of the automatic eta of top-k (the paper's eq:eta holds with prob. 1 - beta).
-ETA_BETA = 0.05
 
 
 def mechanism_class(name: str) -> type:
@@ -103,9 +101,13 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
 
     Options that are ``None`` are left to the constructor's defaults; an
     option the mechanism does not take is an error naming the option. For
-    top-k, ``eta = "auto"`` (or unset) is the paper's eq:eta with beta = 0.05
-    (``dpstream.mechanisms.topk.utility_eta``).
+    top-k, ``eta = "auto"`` (or unset) is the noise-sized default of
+    ``ContinualTopK`` (``eta="auto"``); with ``--max-items`` top-k is the
+    more accurate of SparseGumb and KnownBase's top-k (:func:`top_k_choice`).
     """
+    choice = top_k_choice(name, options, key, domain)
+    if choice is not None:
+        return choice.mechanism
     if name not in MECHANISMS:
         raise ValueError(f"--mechanism must be one of {', '.join(MECHANISMS)}, got {name!r}")
     spec = MECHANISMS[name]
@@ -114,8 +116,8 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     kwargs: dict[str, Any] = {}
     for dest in _MECH_KWARGS:
         value = options.get(dest)
-        if value is None or (dest == "remember" and value is False):
-            continue
+        if value is None or (dest == "remember" and (value is False or "remember" not in params)):
+            continue  # --remember (on by default) applies to the mechanisms that remember
         if dest == "eta" and value == "auto":
             continue
         if dest not in params:
@@ -142,19 +144,6 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
         for req in ("k", "switches"):
             if req not in kwargs:
                 raise ValueError(f"--mechanism top-k needs --{req}")
-        if "eta" not in kwargs:
-            probe = cls(*args, horizon, key=key, **{**kwargs, "eta": 0.0})
-            from .mechanisms.topk import utility_eta
-
-            # the tree's error bound (eq. alpha'') also bounds a BLT counter's error,
-            # whose variance is smaller: eq:eta stays valid with r* for a BLT run
-            from .tree import optimal_base
-
-            kwargs["eta"] = utility_eta(
-                tau=probe.tau, switches=probe.switches, domain_size=len(probe.domain),
-                horizon=probe.horizon, base=probe.base or optimal_base(probe.horizon),
-                beta=ETA_BETA,
-            )
     if name == "meta" and "oneshot" not in kwargs:
         raise ValueError("--mechanism meta needs --oneshot")
     return cls(*args, horizon, key=key, **kwargs)
@@ -182,7 +171,47 @@ def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
                          "field or column holding each event's user id)")
 
 
+def top_k_choice(name: str, options: dict[str, Any], key: Any,
+                 domain: Sequence[str] | None) -> Any:
+    """For ``-m top-k --max-items N``: SparseGumb or KnownBase's top-k, whichever is
+    more accurate for the budget (``dpstream.mechanisms.histogram_topk.choose_top_k``);
+    ``None`` otherwise."""
+    if name != "top-k" or options.get("max_items") is None:
+        return None
+    from .mechanisms.histogram_topk import choose_top_k
+
+    probe = build_mechanism(name, {**options, "max_items": None}, key, domain)  # checks
+    kwargs = {d: options[d] for d in _MECH_KWARGS
+              if options.get(d) is not None and d not in ("max_items", "k", "switches", "eta")
+              and d != "remember"}
+    if options.get("eta") not in (None, "auto"):
+        kwargs["eta"] = options["eta"]
+    return choose_top_k(probe.domain, probe.horizon, k=probe.k, switches=probe.switches,
+                        max_items=options["max_items"], key=key, **kwargs)
+
+
 # --------------------------------------------------------------------------- options
+
+#: Defaults of the readable-count post-processing, chosen by the measurements
+#: in docs/utility.md (bias and error on real streams).
+CLAMP_DEFAULT = True
+MONOTONE_DEFAULT = False
+
+
+def make_postprocessor(opts: dict[str, Any]) -> Any:
+    """The post-processing ``run`` applies to each release before writing it.
+
+    ``dpstream.postprocess.ReadableCounts`` with --clamp/--monotone/--round;
+    lists (top-k, unknown, meta's selections) stay ordered by published value.
+    """
+    from .postprocess import ReadableCounts
+
+    name = opts.get("mechanism", "known")
+    ranked = name in ("unknown", "top-k") or (name == "meta"
+                                             and opts.get("oneshot") != "gaussian")
+    return ReadableCounts(clamp=bool(opts.get("clamp", CLAMP_DEFAULT)),
+                          monotone=bool(opts.get("monotone", MONOTONE_DEFAULT)),
+                          round_counts=bool(opts.get("round", True)), ranked=ranked)
 
 
 @dataclass(frozen=True)
@@ -269,8 +298,9 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--switches",), "switches", "top-k: the most re-selections of the top-k (s)",
         None, _nonneg_int, metavar="S", default_text="none; required for top-k"),
     Opt(("--eta",), "eta",
-        "top-k: how far (in counts) an outside item must lead before a switch; 'auto' is "
-        f"the paper's eq:eta with beta={ETA_BETA}", "auto", _eta),
+        "top-k: how far (in counts) an outside item must lead before a switch; 'auto' sizes "
+        "it from the noise (a tie sets off a switch with probability 5% over the whole run)",
+        "auto", _eta),
     Opt(("--oneshot",), "oneshot",
         "meta: the one-shot mechanism run on every tree cell", None, str,
         choices=("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")),
@@ -282,8 +312,8 @@ MECH_OPTS: tuple[Opt, ...] = (
         default_text="the one with less noise for T: blt, or tree for T = 1 or with --base"),
     Opt(("--base",), "base", "the tree base r", None, _positive_int, metavar="R",
         default_text="r*, the base that minimises the worst-case noise for T"),
-    Opt(("--remember",), "remember", "unknown: keep showing an item once it was shown",
-        False, kind="flag"),
+    Opt(("--remember",), "remember", "unknown: keep showing an item once it was shown (no "
+        "flicker; post-processing of the releases, no privacy cost)", True, kind="bool"),
     Opt(("--threshold-delta",), "threshold_delta",
         "unknown/meta: delta of the discovery threshold (required with --rho or --tau; with "
         "--epsilon/--delta the default splits delta to minimise the threshold)",
@@ -349,6 +379,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         "choice: the low-order bits of floating-point noise can leak the true count; "
         "rounding is free post-processing); --no-round writes the exact floats", True,
         kind="bool"),
+    Opt(("--clamp",), "clamp", "publish a count below 0 as 0 (post-processing; see "
+        "docs/utility.md for its bias)", CLAMP_DEFAULT, kind="bool"),
+    Opt(("--monotone",), "monotone", "never publish a count below the last one published for "
+        "the same item: running counts do not go down (post-processing; see docs/utility.md "
+        "for its bias)", MONOTONE_DEFAULT, kind="bool"),
     Opt(("--on-invalid",), "on_invalid",
         "what to do with an event with more than --max-items items, an item outside "
         "--domain, a malformed line or a step past --until/--horizon: skip (drop the event, "
@@ -747,6 +782,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _require_budget(opts)
         mech = build_mechanism(name, opts, key, domain)
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
+    choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
+                          else opts, key, domain)
+    if choice is not None:
+        info["choice"] = choice.reason
+        info["candidates"] = choice.errors
+    if hasattr(mech, "threshold_for_cells"):  # unknown domain: what coarser steps buy
+        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+        info["coarser_steps"] = planning.coarser_steps(
+            lambda h: build_mechanism(name, {**opts, **budget, "horizon": h}, key, domain),
+            int(mech.horizon))
+    if name == "top-k" and choice is None and opts.get("tau") is None and target is None:
+        # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
+        # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho
+        one = top_k_choice(name, {**opts, "max_items": 1}, key, domain)
+        ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
+        info["max_items_break_even"] = int(ratio * ratio)
+    if spec.max_items != "none" and opts.get("max_items") is not None:
+        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+
+        def std_for(n: int) -> float:
+            o = {**opts, **budget, "max_items": n}
+            if choice is not None:
+                return top_k_choice(name, o, key, domain).errors["KnownBase top-k"]
+            return planning.noise_std_worst(build_mechanism(name, o, key, domain))
+
+        info["max_items_hint"] = planning.max_items_hint(std_for, opts["max_items"])
     if target is not None:
         info["target_error"] = target
     if opts["json"]:

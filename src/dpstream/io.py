@@ -98,7 +98,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .clock import StepClock, parse_timestamp
-from .mechanisms.base import Release
+from .mechanisms.base import Release, keyed_subset
 from .noise import NoiseSource
 
 __all__ = [
@@ -652,13 +652,7 @@ class KeyedTruncator:
         self.max_items = max_items
 
     def __call__(self, items: Sequence[str], ordinal: int) -> tuple[str, ...]:
-        distinct = tuple(dict.fromkeys(items))
-        if len(distinct) <= self.max_items:
-            return distinct
-        prepared = self.source.prepare(distinct)
-        u = NoiseSource.to_uniform(self.source.blocks(prepared, 0, ordinal))
-        keep = np.sort(np.argsort(u, kind="stable")[: self.max_items])
-        return tuple(distinct[i] for i in keep)
+        return keyed_subset(self.source, items, self.max_items, ordinal)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- output

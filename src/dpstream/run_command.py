@@ -60,6 +60,7 @@ from .cli import (
     _require_budget,
     build_mechanism,
     check_user_options,
+    make_postprocessor,
     merge_options,
 )
 from .errors import DPStreamError, InvalidEventError, StateError
@@ -78,6 +79,8 @@ class RunStats:
     events: int = 0
     truncated: int = 0
     skipped: int = 0
+    occurrences: int = 0  # distinct items of the valid events, before truncation
+    dropped: int = 0  # of those, removed by --on-invalid truncate
     reasons: Counter = field(default_factory=Counter)
     last_items: int = 0
     resumed_at: int = 0
@@ -167,6 +170,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         domain_sha256=None if domain is None else hashlib.sha256(
             json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
         input_format=input_format, output_format=output_format, round=bool(opts["round"]),
+        clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
     )
     if input_format == "csv":
@@ -238,6 +242,7 @@ class _Validator:
                 self._invalid(rec.line, past)
                 continue
             items = tuple(dict.fromkeys(rec.items))
+            before = len(items)
             changed = False
             if self.domain is not None:
                 outside = [i for i in items if i not in self.domain]
@@ -256,6 +261,8 @@ class _Validator:
                 changed = True
             if changed:
                 self.stats.truncated += 1
+            self.stats.occurrences += before
+            self.stats.dropped += before - len(items)
             out.append((rec.user, items) if self.users else items)
         return out
 
@@ -367,6 +374,7 @@ class _GoOn:
     """
 
     mechanism: Any
+    publish: Any
     t: int
     offset: int
     continues: bool
@@ -414,9 +422,13 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
         raise StateError(f"the run in {opts['state']} stopped at step {record.last_t} while "
                          f"reading another input ({open_batch[1]!r}): give it the same input "
                          "to finish its steps")
-    mechanism = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
+    saved = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
+    if not (isinstance(saved, tuple) and len(saved) == 2):
+        raise StateError(f"the state's snapshot in {opts['state']} holds no post-processing "
+                         "state (--clamp/--monotone): go on with the version that wrote it")
+    mechanism, publish = saved
     offset = ckpt.step(t).end
-    return _GoOn(mechanism=mechanism, t=t, offset=offset, continues=continues,
+    return _GoOn(mechanism=mechanism, publish=publish, t=t, offset=offset, continues=continues,
                  batch=None if continues or open_batch is None else open_batch[0])
 
 
@@ -573,6 +585,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     domain = _domain_option(opts)
     stream = scoped_stream(opts)
     mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
+    # readable counts (--clamp, --monotone): post-processing whose state (the values
+    # published so far) is replayed with the steps, or saved with the mechanism
+    publish = make_postprocessor(opts)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
     parquet = None
@@ -629,6 +644,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 go_on = _go_on(ckpt, record, opts, key, digests)
                 if go_on is not None:
                     mech = formatter.mech = go_on.mechanism
+                    publish = go_on.publish
                 if go_on is None or not go_on.continues:
                     resume = _Resume(last_t=record.last_t, begin=record.last_begin)
                 stats.resumed_at = record.last_t
@@ -639,8 +655,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (new_run is not None or ckpt is None) and parquet is None:  # parquet: checked
             _check_new_output(opts, formatter.header())
         if opts["output"] != "-":  # the run's public metadata, before the output is touched
-            write_run_meta(opts["output"], describe_run(
-                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
+            write_run_meta(opts["output"], {**describe_run(
+                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]),
+                "clamped": bool(opts["clamp"]), "monotone": bool(opts["monotone"])})
         if parquet is not None:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
             stack.callback(parquet.close)
@@ -669,7 +686,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
                   start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
-                  batch=batch, key=key)
+                  batch=batch, key=key, publish=publish)
     _log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
@@ -758,13 +775,17 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
               resume: _Resume | None, until: int, formatter: Any, validator: _Validator,
               digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
               quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
-              key: Any = None) -> None:
+              key: Any = None, publish: Any = None) -> None:
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
-    its last release ends in the output."""
+    its last release ends in the output. ``publish``: the readable-counts
+    post-processing (:func:`dpstream.cli.make_postprocessor`), in the state that goes
+    with ``mech``."""
     from .io import RawEvent, group_steps
 
     horizon = int(opts["horizon"])
+    if publish is None:
+        publish = make_postprocessor(opts)
     do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")
     start_t, start_offset = start
     resume_t = resume.last_t if resume is not None else 0
@@ -789,7 +810,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     def release(t: int, recs: Sequence[Any]) -> None:
         nonlocal offset
         events = validator.events(recs)
-        rel = _postprocess(_public(mech.step_batch(events), public_meta), opts)
+        rel = _postprocess(publish(_public(mech.step_batch(events), public_meta)), opts)
         line = formatter.format(rel)
         stats.steps += 1
         stats.events += len(events)
@@ -872,6 +893,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     if ckpt is not None:
         summary = {"steps": stats.steps, "events": stats.events,
                    "truncated": stats.truncated, "skipped": stats.skipped,
+                   "occurrences": stats.occurrences, "dropped_occurrences": stats.dropped,
                    "last_t": int(mech.t), "input_records": read}
         if until == horizon:
             ckpt.finish(summary)
@@ -880,7 +902,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             ckpt.set_summary(summary)
             if batch is not None:
-                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key, ckpt))
+                ckpt.end_batch(batch, until, _snapshot_or_none(mech, publish, key, ckpt))
 
 
 def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
@@ -888,12 +910,14 @@ def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
     return f"{params}\0{ckpt.run_id()}\0{t}".encode()
 
 
-def _snapshot_or_none(mech: Any, key: Any, ckpt: Any) -> bytes | None:
-    """The mechanism's snapshot for the next run, or None (logged) if it cannot be saved."""
+def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | None:
+    """The snapshot for the next run (the mechanism and its readable-counts
+    post-processing), or None (logged) if it cannot be saved."""
     from .snapshot import dump_snapshot
 
     try:
-        return dump_snapshot(mech, key, _snapshot_context(ckpt, ckpt.load().params, mech.t))
+        return dump_snapshot((mech, publish), key,
+                             _snapshot_context(ckpt, ckpt.load().params, mech.t))
     except TypeError as exc:
         _log.warning(f"{exc}; the next run must read the whole stream again")
         return None
@@ -1073,6 +1097,7 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
            if stats.reasons else ""),
         f"  items released at the last step: {stats.last_items}",
         *_bounding_summary(mech),
+        *_truncation_lines(stats, opts),
         f"  privacy spent: {mech.privacy.plain()}",
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
@@ -1081,6 +1106,7 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
         resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
         skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
+        occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
         items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
         output=opts["output"], state=opts["state"]))
 
@@ -1094,6 +1120,19 @@ def _bounding_summary(mech: Any) -> list[str]:
     return [f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
             f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
             f"{st.dropped_count} past --max-count-per-item); {users.users} users"]
+
+
+def _truncation_lines(stats: RunStats, opts: dict[str, Any]) -> list[str]:
+    """The share of item occurrences truncation dropped (for the operator, never published)."""
+    if not stats.occurrences or opts.get("on_invalid") != "truncate":
+        return []
+    share = stats.dropped / stats.occurrences
+    line = (f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
+            f"({share:.1%}; not part of the release)")
+    if share >= 0.05:
+        line += (": counts of items that come in large events are low by up to that share; "
+                 "a larger --max-items keeps more (see `dpstream plan` for its noise)")
+    return [line]
 
 
 class _Progress:

@@ -21,7 +21,9 @@ from ..factorization import BLTStrategy
 from ..noise import NoiseKey, NoiseSource, encode_item
 from ..tree import num_levels, worst_case_variance_factor
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_count_value,
     check_domain,
     check_horizon,
@@ -31,7 +33,6 @@ from .base import (
     check_stream_name,
     config_tag,
     domain_counts,
-    normalise_event,
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
@@ -164,6 +165,11 @@ class KnownDomainHistogram:
             released under the same key.
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither).
+        on_invalid: ``"error"`` (default): an event over ``max_items`` items
+            (or with an item outside the domain) raises; ``"truncate"``: keep
+            ``max_items`` of its items chosen by a keyed PRF and drop items
+            outside the domain (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
@@ -197,6 +203,7 @@ class KnownDomainHistogram:
         stream: str = "default",
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
+        on_invalid: str = "error",
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
@@ -205,6 +212,8 @@ class KnownDomainHistogram:
             check_max_items(max_items)
         self.stream = check_stream_name(stream)
         check_key(key)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
         self.domain, self._index = check_domain(domain)
         if self.strategy is not None:
             self.theorem = self.theorem_blt
@@ -265,17 +274,23 @@ class KnownDomainHistogram:
         """The true running counts (event mode), aligned with ``domain``. Not private."""
         return self._counts.copy()
 
+    @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far (event mode). Not private."""
+        return self._limit.stats
+
     # -- event mode ----------------------------------------------------------
-    def _event_indices(self, events: Iterable[object]) -> np.ndarray:
+    def _event_indices(self, events: Iterable[object]) -> tuple[np.ndarray, TruncationStats]:
         idx: list[int] = []
         index = self._index
-        for event in events:
-            for item in normalise_event(event, self.max_items):
+        checked, delta = self._limit.events(events, index)
+        for items in checked:
+            for item in items:
                 pos = index.get(item)
                 if pos is None:
                     raise InvalidEventError(f"item {item!r} is not in the domain")
                 idx.append(pos)
-        return np.asarray(idx, dtype=np.int64)
+        return np.asarray(idx, dtype=np.int64), delta
 
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release the noisy histogram."""
@@ -292,8 +307,9 @@ class KnownDomainHistogram:
         check_next_step(t, self.t, self.horizon)
         events, pending = bound_user_events(self._users, events, self.max_items,
                                             self._check_in_domain)
-        idx = self._event_indices(events)
+        idx, delta = self._event_indices(events)
         new_counts = self._counts + np.bincount(idx, minlength=len(self.domain))
+        self._limit.commit(delta)
         rel = self._release(t, new_counts)
         if pending is not None:
             self._users.commit(pending)

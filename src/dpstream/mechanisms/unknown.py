@@ -1,9 +1,11 @@
 """UnkBase (Algorithm ``algo:UnkBase``): a running histogram over an unknown domain.
 
 Layer 5 of dpstream. KnownBase's tree noise, added only to the items that have
-appeared so far, and an item is shown only while its noisy count clears the
-threshold m_delta (``eq:threshold``), so that an item one event brought in is
-almost never revealed (``lem:badOutcomes``).
+appeared so far, and an item is shown only while its noisy count clears a
+threshold, so that an item one event brought in is almost never revealed
+(``lem:badOutcomes``). The threshold is sized from the exact noise variance of
+each step, m_t (:func:`step_threshold`), never above the paper's single m_delta
+(``eq:threshold``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from ..bounding import resolve_user_bounds
 from ..noise import NoiseKey, NoiseSource
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_base,
     check_horizon,
     check_key,
@@ -29,7 +33,6 @@ from .base import (
     check_next_step,
     check_stream_name,
     mapping_counts,
-    normalise_event,
 )
 from .known import tree_purpose
 from .tree_noise import TreeNoise
@@ -40,6 +43,7 @@ __all__ = [
     "UnknownDomainHistogram",
     "calibrate_unknown_domain",
     "discovery_threshold",
+    "step_threshold",
 ]
 
 _THEOREM = (
@@ -60,25 +64,59 @@ def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta:
     The noise of an item's count at any t is N(0, |I_t| L_r tau^2) with
     |I_t| <= (r - 1) L_r, so an item whose true count is 1 is above m_delta at
     a given t with probability at most delta/T, and at some t <= T with
-    probability at most delta (union bound, ``lem:badOutcomes``).
+    probability at most delta (union bound, ``lem:badOutcomes``). It is the
+    largest of the per-step thresholds :func:`step_threshold` (taken at
+    |I_t| = (r - 1) L_r); UnkBase uses those.
 
     Phi^-1(1 - x) is computed as -Phi^-1(x) (accurate for tiny x), and the
     result is moved up until the forward bound T (1 - Phi((m - 1) / s)) <= delta
     holds in floating point, so the threshold is never too low.
     """
+    levels = num_levels(horizon, base)
+    return _threshold(tau * levels * math.sqrt(base - 1), tau, horizon, threshold_delta,
+                      alone)
+
+
+def step_threshold(cells: int, *, tau: float, horizon: int, base: int,
+                   threshold_delta: float, alone: int = 1) -> float:
+    """m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T), for |I_t| = ``cells``.
+
+    The threshold of a step whose count sums ``cells`` tree cells (``cells =
+    |I_t(r)|``, the base-r digit sum of t). Why it is as private as m_delta:
+    the noise of a count at t is exactly N(0, |I_t| L_r tau^2) (|I_t| cells of
+    N(0, L_r tau^2) each), so an item whose true count is 1 is above m_t at t
+    with probability exactly 1 - Phi(Phi^-1(1 - delta/T)) = delta/T, the same
+    per-step bound ``lem:badOutcomes`` uses for m_delta; the union bound over
+    the T steps and the at most Delta0 items one event brings in gives the
+    same Delta0 delta. m_t <= m_delta because |I_t| <= (r - 1) L_r, and m_t is
+    a function of t and the public parameters only.
+
+    Floating point: as :func:`discovery_threshold`, the result is moved up
+    until T (1 - Phi((m - 1) / s_t)) <= delta holds, s_t = sqrt(|I_t| L_r) tau.
+    ``alone``: as for :func:`discovery_threshold` (Linf at user level).
+    """
+    if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)) or cells < 1:
+        raise ValueError(f"cells must be an int >= 1 (|I_t|), got {cells!r}")
+    levels = num_levels(horizon, base)
+    return _threshold(tau * math.sqrt(int(cells) * levels), tau, horizon, threshold_delta,
+                      alone)
+
+
+def _threshold(scale: float, tau: float, horizon: int, threshold_delta: float,
+               alone: float = 1.0) -> float:
+    """alone + scale Phi^-1(1 - delta/T), nudged up until
+    T (1 - Phi((m - alone)/scale)) <= delta."""
     if not (math.isfinite(tau) and tau > 0):
         raise ValueError(f"tau must be positive and finite, got tau={tau!r}")
     if not 0.0 < threshold_delta < 1.0:
         raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
-    levels = num_levels(horizon, base)
-    scale = tau * levels * math.sqrt(base - 1)
     alone = float(alone)
     m = scale * float(-ndtri(threshold_delta / horizon)) + alone
     for _ in range(200):
         if horizon * float(ndtr(-(m - alone) / scale)) <= threshold_delta:
             return m
         m = math.nextafter(m, math.inf) if m != 0 else 5e-324
-    raise ArithmeticError("discovery_threshold: could not make m conservative")  # pragma: no cover
+    raise ArithmeticError("threshold: could not make m conservative")  # pragma: no cover
 
 
 @dataclass(frozen=True)
@@ -178,11 +216,32 @@ class UnknownDomainHistogram:
     Every item that has appeared gets KnownBase's tree noise: each cell of the
     r-ary tree over 1..T carries N(0, L_r tau^2) per item, and the noisy count
     of u at t is h_t^u plus the noise of the cells I_t(r). An item is released
-    at t only if that noisy count exceeds
+    at t only if that noisy count exceeds the threshold of step t
 
-        m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1      (eq:threshold)
+        m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T)     (``.threshold_at(t)``)
 
-    (``.threshold``; delta here is ``threshold_delta``). An item's noise is
+    (delta is ``threshold_delta``), where the paper uses one threshold for all
+    steps, m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T)
+    (``eq:threshold``, ``.threshold``). m_t uses the exact noise variance of a
+    count at t, |I_t| L_r tau^2, where m_delta uses its largest value (r - 1)
+    L_r^2 tau^2, so m_t <= m_delta at every t, and an item is shown earlier:
+    at T = 1,000 and r = 4, m_t - 1 is on average 0.69 of m_delta - 1, and
+    0.26 of it at the steps whose count sums one cell.
+
+    Why m_t is as private as m_delta (``lem:badOutcomes`` with m_t): a bad
+    outcome shows an item a whose count is 1 in one neighbouring stream and 0
+    in the other. At step t its noisy count is 1 + Z_t, Z_t ~ N(0, |I_t| L_r
+    tau^2) exactly (a sum of |I_t| independent cells of variance L_r tau^2),
+    so P(1 + Z_t > m_t) = 1 - Phi(Phi^-1(1 - delta/T)) = delta/T, the per-step
+    bound the lemma proves for m_delta (there: at most delta/T). The union
+    bound over t <= T and over the at most Delta0 such items of one event is
+    unchanged: bad outcomes have probability at most Delta0 delta. Which
+    threshold applies at t depends on t only, never on the data, so the
+    good-outcome part of the proof (``lem:equalAMechanism``) is untouched.
+    (:func:`step_threshold` rounds m_t up so the bound holds in floating
+    point.)
+
+    An item's noise is
     addressed by (item, cell) under the stream's tree purpose
     (:func:`~dpstream.mechanisms.known.tree_purpose`), so an item that reappears
     gets the same realisations (the paper's "add the same realization"), with
@@ -227,17 +286,20 @@ class UnknownDomainHistogram:
 
     Calibration: ``epsilon=, delta=`` splits delta into Delta0 threshold_delta
     + delta' so that m_delta is smallest (see :func:`calibrate_unknown_domain`
-    for why m_delta and not tau is the quantity to minimise), unless
+    for why m_delta and not tau is the quantity to minimise; every m_t - 1 is
+    m_delta - 1 times the same factor sqrt(|I_t| / ((r - 1) L_r)), so the split
+    that minimises m_delta minimises every m_t), unless
     ``threshold_delta=`` is also given. With ``rho=`` or ``tau=`` the noise is
     set by the Gaussian part alone and ``threshold_delta=`` is required.
 
-    Utility (Sec. 7, Utility Analysis): an item with h_t^u = m_delta + c tau is
-    shown at t with probability Phi(c / sqrt(|I_t| L_r)) >= Phi(c / (sqrt(r-1)
-    L_r)); a shown item's count has the tree noise of KnownBase, variance
-    |I_t(r)| L_r tau^2.
+    Utility (Sec. 7, Utility Analysis, with m_t): an item with h_t^u = m_t + c
+    tau is shown at t with probability Phi(c / sqrt(|I_t| L_r)); the paper's
+    bound Phi(c / (sqrt(r-1) L_r)) for h_t^u = m_delta + c tau still holds (it
+    only gets better). A shown item's count has the tree noise of KnownBase,
+    variance |I_t(r)| L_r tau^2.
 
     A :class:`~dpstream.Release` lists the shown items largest noisy count
-    first (``meta["threshold"]`` is m_delta). The mechanism's ``items_seen``,
+    first (``meta["threshold"]`` is m_t). The mechanism's ``items_seen``,
     ``counts`` and ``len()`` are the true, non-private state.
 
     Cost: a step costs O(items seen so far) vectorised (the incremental tree
@@ -259,6 +321,10 @@ class UnknownDomainHistogram:
             (and shares it with KnownBase on the same stream, on purpose).
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither; ``max_items`` is then optional).
+        on_invalid: ``"error"`` (default): an event over ``max_items`` items
+            raises; ``"truncate"``: keep ``max_items`` of its items chosen by a
+            keyed PRF (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
@@ -290,6 +356,7 @@ class UnknownDomainHistogram:
         stream: str = "default",
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
+        on_invalid: str = "error",
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
@@ -300,6 +367,8 @@ class UnknownDomainHistogram:
         self._unit = unit_bound(self.max_items, self.user_bounds)
         self.stream = check_stream_name(stream)
         check_key(key)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
@@ -328,6 +397,7 @@ class UnknownDomainHistogram:
             tau=self.tau, horizon=self.horizon, base=self.base,
             threshold_delta=self.threshold_delta, alone=self._unit.per_item,
         )
+        self._thresholds: dict[int, float] = {}  # |I_t| -> m_t
         self.key = key
         self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
         cell_std = math.sqrt(self.levels) * self.tau
@@ -387,6 +457,20 @@ class UnknownDomainHistogram:
         return tau, thr, PrivacySplit(thr, part, rest, "min-threshold"), b.delta
 
     # -- facts ---------------------------------------------------------------
+    def threshold_at(self, t: int) -> float:
+        """m_t, the threshold of step t (:func:`step_threshold` with |I_t| = digit sum of t)."""
+        return self.threshold_for_cells(sum(digits(t, self.base)))
+
+    def threshold_for_cells(self, cells: int) -> float:
+        """m_t for a step whose count sums ``cells`` = |I_t| tree cells."""
+        m = self._thresholds.get(cells)
+        if m is None:
+            m = step_threshold(cells, tau=self.tau, horizon=self.horizon, base=self.base,
+                               threshold_delta=self.threshold_delta,
+                               alone=self._unit.per_item)
+            self._thresholds[cells] = m
+        return m
+
     @property
     def noise_std_worst(self) -> float:
         """The largest standard deviation of a released count over t <= T."""
@@ -395,6 +479,11 @@ class UnknownDomainHistogram:
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of a count at t: tau sqrt(|I_t| L_r)."""
         return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
+
+    @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far (event mode). Not private."""
+        return self._limit.stats
 
     @property
     def items_seen(self) -> list[Hashable]:
@@ -428,8 +517,9 @@ class UnknownDomainHistogram:
         index = self._index
         known: list[int] = []
         new: dict[Hashable, int] = {}
-        for event in events:
-            for item in normalise_event(event, self.max_items):
+        checked, delta = self._limit.events(events)
+        for items in checked:
+            for item in items:
                 pos = index.get(item)
                 if pos is None:
                     new[item] = new.get(item, 0) + 1
@@ -439,6 +529,7 @@ class UnknownDomainHistogram:
             np.asarray(known, dtype=np.int64), minlength=self._n
         )
         rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        self._limit.commit(delta)
         if pending is not None:
             self._users.commit(pending)
         return rel
@@ -512,7 +603,8 @@ class UnknownDomainHistogram:
         self.t = t
         n = self._n
         values = self._counts[:n] + self._noise.noise()
-        above = values > self.threshold
+        threshold = self.threshold_at(t)
+        above = values > threshold
         if self.remember:
             self._shown[:n] |= above
             above = self._shown[:n]
@@ -527,7 +619,7 @@ class UnknownDomainHistogram:
             t=t, items=self._items[idx].tolist(), values=values[idx],
             # Only data-independent facts: the number of items seen is NOT private
             # (one event can add max_items of them), so it is never part of a release.
-            meta={"threshold": self.threshold, "remember": self.remember},
+            meta={"threshold": threshold, "remember": self.remember},
         )
 
     def __repr__(self) -> str:

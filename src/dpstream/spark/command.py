@@ -121,6 +121,26 @@ def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def readable_counts(released: DataFrame, *, clamp: bool, monotone: bool) -> DataFrame:
+    """``dpstream.postprocess.ReadableCounts`` on (t, item, value) rows (already rounded).
+
+    clamp: value -> max(value, 0); monotone: value -> the largest value published for
+    the item at steps <= t, i.e. max(value, the item's last published value), since
+    the published values of an item never go down.
+    """
+    from pyspark.sql import Window
+
+    if clamp:
+        zero = F.lit(0) if isinstance(released.schema["value"].dataType, T.LongType) \
+            else F.lit(0.0)
+        released = released.withColumn("value", F.greatest(F.col("value"), zero))
+    if monotone:
+        window = Window.partitionBy("item").orderBy("t").rowsBetween(
+            Window.unboundedPreceding, Window.currentRow)
+        released = released.withColumn("value", F.max("value").over(window))
+    return released
+
+
 def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             spark: SparkSession | None = None, key: NoiseKey | None = None) -> dict[str, Any]:
     """Run ``dpstream run`` on Spark; returns a summary for the command to print.
@@ -130,7 +150,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             names: mechanism ("known" or "unknown"), horizon, max_items,
             domain (a path or a list), counter, base, remember, threshold_delta, stream,
             rho / epsilon / delta / tau, key_file, input, input_format, output,
-            output_format, round, on_invalid, state.
+            output_format, round, clamp, monotone, on_invalid, state.
         master: the Spark master when no session is running (``--master``).
         spark: a session to use instead of building one.
         key: the key, when the caller already loaded ``key_file``.
@@ -281,6 +301,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             released = mech.run(events, steps=steps, **per_user)
         if opts.get("round"):
             released = released.withColumn("value", F.bround("value", 0).cast("long"))
+        released = readable_counts(released, clamp=bool(opts.get("clamp")),
+                                   monotone=bool(opts.get("monotone")))
         released = _long_format(spark, released, mech, steps)
         writer = released.write.mode("errorifexists")
         if fmt == "jsonl-long":

@@ -597,7 +597,8 @@ class SparkUnknownBase(_SparkRelease):
     (built from it: tau, the threshold m_delta, the delta split and the
     guarantee are the local engine's). Every item that has appeared (count > 0)
     gets KnownBase's keyed tree noise, and is released iff its noisy count is
-    above m_delta (``.threshold``), or, with ``remember``, once it has been.
+    above the step's threshold m_t (``.threshold_at(t)``), or, with
+    ``remember``, once it has been.
     Privacy (theorem after ``lem:badOutcomes``): (eps(Delta0/(2 tau^2), delta'),
     Delta0 delta + delta')-DP; ``.privacy`` states it.
 
@@ -638,16 +639,23 @@ class SparkUnknownBase(_SparkRelease):
             max_count_per_item=max_count_per_item,
         )
         m = self.mechanism
+        # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers
+        thresholds = (float(m.threshold),) + tuple(
+            m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1))
         self.spec = ReleaseSpec(mechanism=UNKNOWN, horizon=m.horizon, base=m.base,
                                 cell_std=float(np.sqrt(m.levels) * m.tau),
                                 purpose=m.tree_purpose, threshold=float(m.threshold),
-                                remember=m.remember)
+                                remember=m.remember, thresholds=thresholds)
         super().__init__(spark, key, item_col, count_col)
 
     @property
     def threshold(self) -> float:
-        """m_delta: an item is released iff its noisy count is above it."""
+        """m_delta, the paper's single threshold (the largest m_t)."""
         return self.mechanism.threshold
+
+    def threshold_at(self, t: int) -> float:
+        """m_t: an item is released at t iff its noisy count is above it."""
+        return self.mechanism.threshold_at(t)
 
     @property
     def remember(self) -> bool:

@@ -133,6 +133,7 @@ def stream_parameters(mechanism: SparkKnownBase | SparkUnknownBase) -> dict[str,
         params["counter"] = m.strategy.fingerprint()
     if isinstance(mechanism, SparkUnknownBase):
         params["threshold"] = float(mechanism.threshold).hex()
+        params["threshold_rule"] = "per-step m_t"  # a checkpoint of m_delta runs must not resume
         params["remember"] = mechanism.remember
     return params
 
