@@ -165,7 +165,8 @@ def test_user_level_coefficients():
         assert h.privacy.rho == pytest.approx(l0 * linf ** 2 / (2 * h.tau ** 2))
         m = dps.ContinualTopK(["a", "b"], 50, k=1, switches=2, eta=1.0, key=key, rho=1.0,
                               max_items_per_user=l0, max_count_per_item=linf)
-        assert m.privacy.rho == pytest.approx(linf ** 2 * (2 * 1 + 4) / (2 * m.tau ** 2))
+        # (2k+1)/(2 tau^2) with a sparse-vector round (Lyu-Su-Li), times Linf^2 per user
+        assert m.privacy.rho == pytest.approx(linf ** 2 * (2 * 1 + 1) / (2 * m.tau ** 2))
         assert m.privacy.unit == "user"
     event = dps.KnownDomainHistogram(["a"], 50, max_items=3, key=key, rho=1.0)
     assert event.privacy.unit == "event" and event._coef == 1.5

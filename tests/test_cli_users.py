@@ -67,7 +67,7 @@ def test_a_user_level_run_equals_the_library_and_states_its_unit(stream, tmp_pat
     out = tmp_path / "out.jsonl"
     assert main(["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"), *USER,
                  "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key_path),
-                 "-i", str(base / "ev.jsonl"), "-o", str(out), "--no-round",
+                 "-i", str(base / "ev.jsonl"), "-o", str(out), "--no-round", "--no-clamp",
                  "--counter", "tree"]) == 0
     mech = dps.KnownDomainHistogram(WORDS, T, key=dps.NoiseKey.load(key_path), epsilon=1,
                                     delta=1e-6, max_items_per_user=3, max_count_per_item=2,
@@ -186,7 +186,7 @@ def test_csv_user_column(stream, tmp_path, capsys):
     out = tmp_path / "out.jsonl"
     assert main(["run", "-T", "3", "--domain", str(base / "domain.txt"), *USER, "--rho", "1",
                  "--key-file", str(key_path), "-i", str(src), "--time-column", "t",
-                 "--no-round", "-o", str(out), "--log-format", "json",
+                 "--no-round", "--no-clamp", "-o", str(out), "--log-format", "json",
                  "--counter", "tree"]) == 0
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert summary["skipped_by_reason"] == {"user id": 2}
@@ -279,8 +279,9 @@ def test_daily_runs_carry_the_bounds_over_days(stream, tmp_path, mech):
     extra = {"known": ["--domain", str(base / "domain.txt"), "--counter", "tree"],
              "unknown": ["--threshold-delta", "1e-4", "--remember"],
              "top-k": ["--domain", str(base / "domain.txt"), "--k", "3", "--switches", "4",
-                       "--counter", "blt"]}[mech]
-    budget = ["--tau", "0.2"] if mech == "unknown" else ["--rho", "2"]  # items get shown
+                       "--counter", "blt", "--eta", "0"]}[mech]
+    # budgets at which items get shown (top-k waits until a count clears its noise)
+    budget = {"unknown": ["--tau", "0.2"], "top-k": ["--rho", "200"]}.get(mech, ["--rho", "2"])
     args = ["run", "-q", "-m", mech, "-T", str(T), *extra, *USER, *budget,
             "--key-file", str(key_path), "--no-fsync"]
     ref = tmp_path / "ref.jsonl"
