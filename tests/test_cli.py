@@ -492,7 +492,7 @@ def test_plan_unknown_threshold_against_eq_threshold(capsys):
     assert info["threshold_typical"] == pytest.approx(typical, rel=1e-9)
     assert info["occurrences_to_show_half"] == math.ceil(worst)
     assert info["occurrences_to_show_half_typical"] == math.ceil(typical)
-    assert "r = 3 as given" in info["base_reason"]
+    assert "base 3, as given by --base" in info["base_reason"]
     # coarser steps: the same budget over ceil(T / c) steps, m_t from the closed form
     rows = info["coarser_steps"]
     assert [r["horizon"] for r in rows] == [500, 250, 72, 21, 17]
@@ -562,7 +562,7 @@ def test_plan_blt_prints_both_counters(capsys):
                  "--switches", "4", "--rho", "1", "--counter", "blt"]) == 0
     out = capsys.readouterr().out
     tau2 = math.sqrt(5) * math.sqrt(3.5)  # tau_2 = sqrt(s + 1) tau, tau = sqrt(k + 1/2)
-    assert "BLT factorization, 4 buffers" in out
+    assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
                  "--threshold-delta", "1e-6", "--counter", "blt"]) == 1
@@ -585,7 +585,7 @@ def test_plan_text(capsys):
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
                  "--delta", "1e-6"]) == 0
     out = capsys.readouterr().out
-    assert "items need about" in out and "95% interval" in out and "r* = " in out
+    assert "items need about" in out and "95% interval" in out and "the least noise" in out
 
 
 # --------------------------------------------------------------------------- hostile input

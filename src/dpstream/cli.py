@@ -437,6 +437,8 @@ PLAN_OPTS: tuple[Opt, ...] = (
         "of a 95% interval of a count at the worst step (instead of a budget)", None,
         _positive_float, metavar="E"),
     Opt(("--json",), "json", "print the plan as JSON", False, kind="flag"),
+    Opt(("--explain",), "explain", "also say where each number comes from, with the paper's "
+        "algorithms, theorems and equations", False, kind="flag"),
 )
 
 
@@ -696,6 +698,7 @@ def _user_words(msg: str) -> str:
     # 'rho=' (a keyword), 'rho=0.5', "counter='tree'": the flag, then its value
     msg = re.sub(r"\b([a-z][a-z_]*)=('[^']*'|[\w.+-]+)?", flag, msg)
     msg = re.sub(r"\b(max_items|threshold_delta)\b", lambda m: _FLAG_WORDS[m.group(1)], msg)
+    msg = msg.replace("m_delta", "the discovery threshold")
     return msg.replace("Delta0", "--max-items")
 
 
@@ -781,6 +784,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         _require_budget(opts)
         mech = build_mechanism(name, opts, key, domain)
+    used = fixed if target is not None else opts  # the options the mechanism was built from
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
     choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
                           else opts, key, domain)
@@ -790,7 +794,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if hasattr(mech, "threshold_for_cells"):  # unknown domain: what coarser steps buy
         budget = {"tau": mech.tau, "delta": None} if target is not None else {}
         info["coarser_steps"] = planning.coarser_steps(
-            lambda h: build_mechanism(name, {**opts, **budget, "horizon": h}, key, domain),
+            lambda h: build_mechanism(name, {**used, **budget, "horizon": h}, key, domain),
             int(mech.horizon))
     if name == "top-k" and choice is None and opts.get("tau") is None and target is None:
         # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
@@ -802,7 +806,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         budget = {"tau": mech.tau, "delta": None} if target is not None else {}
 
         def std_for(n: int) -> float:
-            o = {**opts, **budget, "max_items": n}
+            o = {**used, **budget, "max_items": n}
             if choice is not None:
                 return top_k_choice(name, o, key, domain).errors["KnownBase top-k"]
             return planning.noise_std_worst(build_mechanism(name, o, key, domain))
@@ -814,6 +818,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
         print(planning.format_plan(info))
+        if opts["explain"]:
+            print(planning.explain(info))
     return 0
 
 

@@ -32,7 +32,7 @@ from .factorization import MAX_BLT_HORIZON, blt_for_horizon
 from .tree import digits, max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 
-__all__ = ["Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
+__all__ = ["explain", "Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
            "format_plan", "tau_for_target", "threshold_profile", "coarser_steps", "COARSER",
            "max_items_hint", "MAX_ITEMS_CHOICES"]
 
@@ -70,12 +70,12 @@ def tau_for_target(target_error: float, std_at_unit_tau: float) -> float:
 
 def _base_reason(horizon: int, base: int, given: bool) -> str:
     if given:
-        return f"r = {base} as given by --base"
+        return f"base {base}, as given by --base"
     star = optimal_base(horizon)
     if base == star:
-        return (f"r* = {base} minimises the paper's worst-case variance factor (r - 1) L_r^2 "
-                f"= {paper_variance_factor(horizon, base)} for T = {horizon} (eq:opt_base)")
-    return f"r = {base} chosen by the mechanism"
+        return (f"base {base}, the one with the least noise at the worst step for "
+                f"--horizon {horizon} (worst-case factor {paper_variance_factor(horizon, base)})")
+    return f"base {base}, chosen by the mechanism"
 
 
 def counter_comparison(mech: Any) -> dict[str, float] | None:
@@ -214,25 +214,58 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     return out
 
 
+def explain(info: dict[str, Any]) -> str:
+    """``dpstream plan --explain``: where each number comes from, with the paper's labels
+    (Cardoso and Rogers, *Differentially Private Histograms under Continual Observation*)."""
+    p = info["privacy"]
+    lines = [
+        "paper         Cardoso and Rogers, Differentially Private Histograms under Continual "
+        "Observation: Streaming Selection into the Unknown",
+        f"algorithm     {info['algorithm']}; guarantee: {p['theorem']}",
+        f"conversion    rho-zCDP to (epsilon, delta) by {p['conversion']} (gaussian-exact: "
+        "Balle and Wang 2018; cks2020: Canonne, Kamath and Steinke; bun-steinke: Bun and "
+        "Steinke 2016)",
+    ]
+    if info.get("counter") == "blt":
+        lines.append("counter       buffered linear Toeplitz factorization A = B C (Dvijotham, "
+                     "McMahan, Pillutla, Steinke and Thakurta 2024): one Gaussian per item and "
+                     "step; sensitivity max_j ||C e_j||, variance at t sigma^2 ||row_t(B)||^2")
+    else:
+        lines.append(f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
+                     f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
+                     "minimises (r - 1) L_r^2 (eq:opt_base)")
+    if "threshold" in info:
+        lines.append("threshold     m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) "
+                     "(eq:threshold, lem:badOutcomes); per step m_t with |I_t| cells in place "
+                     "of (r - 1) L_r, never above m_delta")
+    if "switches" in info:
+        lines.append("top-k         SparseGumb (algo:sparseGumb): Gumbel selections with noise "
+                     "tau_2, a sparse-vector switch test with noise tau_1 (Lyu, Su and Li 2017, "
+                     "Alg. 1)")
+    return "\n".join(lines)
+
+
 def format_plan(info: dict[str, Any]) -> str:
-    """The plan in plain words."""
+    """The plan in plain words (``explain`` gives the paper's labels)."""
     p = info["privacy"]
     if info.get("counter") == "blt":
-        counter = (f"counter       BLT factorization, {info['buffers']} buffers per item "
-                   f"(fitted for T = {info['fitted_horizon']}): worst-case variance "
-                   f"{info['worst_case_variance']:.4g} tau^2")
+        counter = (f"counter       a BLT matrix factorization, {info['buffers']} buffers per "
+                   f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
+                   f"{info['worst_case_variance']:.4g} times the noise scale squared")
     else:
-        counter = (f"tree base     {info['base_reason']}; L_r = {info['levels']} levels, "
+        counter = (f"counter       a tree of {info['base_reason']}; {info['levels']} levels, "
                    f"at most {info['max_cells']} noisy cells per count")
+    unit = info.get("unit", "event")
+    plain = (f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
+             f"with rho = {p['rho']:.6g}; converted by {p['conversion']})")
     lines = [
-        f"mechanism     {info['mechanism']} ({info['algorithm']}), horizon T = {info['horizon']}",
+        f"mechanism     {info['mechanism']} ({info['algorithm']}), --horizon {info['horizon']}",
         counter,
-        f"noise scale   tau = {info['tau']:.6g}",
-        f"privacy       rho = {p['rho']:.6g} zCDP; (epsilon = {p['epsilon']:.6g}, "
-        f"delta = {p['delta']:.3g})-DP via {p['conversion']} [{p['theorem']}]",
+        f"noise scale   {info['tau']:.6g}",
+        f"privacy       {plain}",
         *([f"unit          per user: {info['user_bounds']} over the whole stream (later "
             "contributions dropped); the guarantee hides all of one user's events"]
-          if info.get("unit") == "user" else []),
+          if unit == "user" else []),
         f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
         f"is the released count +- {info['ci95_half_width']:.4g}",
     ]
@@ -248,14 +281,14 @@ def format_plan(info: dict[str, Any]) -> str:
             f"step's threshold (--threshold-delta {info['threshold_delta']:.3g}): "
             f"{info['threshold_typical']:.4g} at the median step, "
             f"{info['threshold_worst']:.4g} at the worst (never above "
-            f"{info['threshold']:.4g}, the paper's single threshold); items need about "
+            f"{info['threshold']:.4g}, the single threshold of the paper); items need about "
             f"{info['occurrences_to_show_half_typical']} occurrences to be shown half the time "
             f"at the median step, {info['occurrences_to_show_half']} at the worst step, "
             f"{info['occurrences_to_show_95']} to be shown 95% of the time at any step"
         )
     elif "threshold" in info:
         lines.append(
-            f"threshold     m_delta = {info['threshold']:.4g} (threshold delta "
+            f"threshold     {info['threshold']:.4g} (--threshold-delta "
             f"{info['threshold_delta']:.3g}): items need about {info['occurrences_to_show_half']} "
             f"occurrences to be shown (half the time at the worst step), "
             f"{info['occurrences_to_show_95']} to be shown 95% of the time"
@@ -270,9 +303,9 @@ def format_plan(info: dict[str, Any]) -> str:
             f"{row['threshold_worst']:.4g} at the worst")
     if "switches" in info:
         lines.append(
-            f"top-k         k = {info['k']}, at most {info['switches']} switches, eta = "
-            f"{info['eta']:.4g}; selection noise tau_2 = {info['tau_2']:.4g}, "
-            f"sparse-vector tau_1 = {info['tau_1']:.4g}"
+            f"top-k         --k {info['k']}, at most {info['switches']} switches of the list; "
+            f"an item outside it must lead by --eta {info['eta']:.4g}; noise scale of the "
+            f"selection {info['tau_2']:.4g}, of the switch test {info['tau_1']:.4g}"
         )
         if "start_eta" in info:
             lines.append(
