@@ -327,10 +327,9 @@ def test_counter_noise_has_tau2_tree_variance():
 
 def test_release_meta_and_errors_leave_state_unchanged():
     key = fixed_key("bad")
-    bad_eta = {"v": 1.0}
-    m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: bad_eta["v"], key=key,
+    m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
                       rho=1.0)
-    # a callable eta in both (the noise scope fingerprints eta: a number vs a callable differ)
+    # the same schedule as values: the noise scope fingerprints eta's values
     ref = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
                         rho=1.0)
     with pytest.raises(dps.InvalidEventError, match="not in the domain"):
@@ -340,17 +339,31 @@ def test_release_meta_and_errors_leave_state_unchanged():
     r1, q1 = m.step(["a", "b", "c"]), ref.step(["a", "b", "c"])  # any event size is fine
     assert r1.meta["switches_left"] == 1 and m.switches_left == 1
     assert np.array_equal(r1.values, q1.values)
-    bad_eta["v"] = -1.0
-    with pytest.raises(ValueError, match="eta"):
-        m.step(["a"])
+    # a schedule is checked at every step up front: a bad value at t = 4 fails now
+    with pytest.raises(ValueError, match=r"eta\(4\)"):
+        ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, key=key, rho=1.0,
+                      eta=lambda t: -1.0 if t == 4 else 1.0)
     assert m.t == 1 and m.counts.tolist() == [1, 1, 1]
-    bad_eta["v"] = 1.0
     assert np.array_equal(m.step(["a"]).values, ref.step(["a"]).values)
     with pytest.raises(ValueError, match="decrease"):
         m.release(3, {"a": 0})
     with pytest.raises(dps.HorizonExceededError):
         m.release(6, {"a": 9})
     assert m.t == 2
+
+
+def test_two_eta_schedules_draw_different_noise():
+    """Review finding I: every callable eta was fingerprinted as "callable", so two runs
+    with different schedules shared all noise."""
+    key = fixed_key("eta-scope")
+    a = ContinualTopK(["a", "b"], 6, k=1, switches=1, key=key, rho=1.0, eta=lambda t: 1.0)
+    b = ContinualTopK(["a", "b"], 6, k=1, switches=1, key=key, rho=1.0, eta=lambda t: 2.0)
+    c = ContinualTopK(["a", "b"], 6, k=1, switches=1, key=key, rho=1.0, eta=lambda t: 1.0)
+    assert a.noise_scope != b.noise_scope and a.noise_scope == c.noise_scope
+    assert a.eta_at(3) == 1.0 and b.eta_at(6) == 2.0
+    from dpstream.snapshot import dump_snapshot, load_snapshot
+
+    assert load_snapshot(dump_snapshot(a, key), key).eta_at(2) == 1.0  # a snapshot keeps it
 
 
 @pytest.mark.parametrize(

@@ -190,8 +190,9 @@ def config_tag(**params: object) -> str:
     noise: otherwise the same standard draws, scaled differently or added to
     cells of other spans, would let the two releases be solved for the true
     counts. Identical settings replay identical noise (a restart, another
-    engine). Floats are fingerprinted exactly (``float.hex``); a callable
-    cannot be, and counts as ``"callable"``.
+    engine). Floats are fingerprinted exactly (``float.hex``). A callable
+    cannot be fingerprinted (two functions would look alike) and is refused:
+    evaluate it first (e.g. ContinualTopK turns an eta schedule into values).
     """
 
     def canon(value: object) -> object:
@@ -202,7 +203,7 @@ def config_tag(**params: object) -> str:
         if isinstance(value, (float, np.floating)):
             return float(value).hex()
         if callable(value):
-            return "callable"
+            raise TypeError("a noise scope cannot fingerprint a function: give its values")
         return str(value)
 
     text = json.dumps({k: canon(v) for k, v in params.items()}, sort_keys=True)

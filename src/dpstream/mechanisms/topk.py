@@ -10,6 +10,7 @@ the k-th noisy count by eta_t; then it re-selects, at most s times.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
@@ -39,6 +40,17 @@ from .blt_noise import BLTNoise
 from .counters import blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, user_guarantee
+
+#: The longest horizon for which eta may be a function (evaluated at every step up front).
+MAX_ETA_SCHEDULE = 10**6
+
+
+def _eta_tag(eta: float | str | np.ndarray) -> float | str:
+    """What the noise scope records of eta: the number, "auto", or a digest of a schedule."""
+    if isinstance(eta, np.ndarray):
+        return "schedule:" + hashlib.sha256(eta.tobytes()).hexdigest()
+    return eta
+
 
 __all__ = ["AUTO_ETA_BETA", "ContinualTopK", "noise_eta", "svt_noise_tail", "utility_eta"]
 
@@ -243,7 +255,10 @@ class ContinualTopK:
       own fresh noise (threshold noise Lap(2 tau_1) drawn once per round,
       query noise Lap(4 tau_1) fresh for every (item, step, round)). So each
       round is one instance of Algorithm 1 given the earlier outputs, and
-      the instances compose.
+      the instances compose. This order of composition assumes the stream is
+      fixed in advance (the paper's model, and a stream of real events): a
+      stream chosen adaptively after seeing releases would need a concurrent-
+      composition argument instead.
     * several queries per step: they are asked in a fixed (domain) order and
       the round stops at the first "above"; the release only says at which
       step that happened (a function of Algorithm 1's output), never which
@@ -389,7 +404,14 @@ class ContinualTopK:
                 raise ValueError(f"eta must be 'auto', a number >= 0 or a callable, got {eta!r}")
             self._eta = eta
         elif callable(eta):
-            self._eta = eta
+            # a schedule is evaluated (and checked) at every step now: the noise scope
+            # fingerprints its values, and nothing is left to fail in the middle of a run
+            if self.horizon > MAX_ETA_SCHEDULE:
+                raise TypeError(f"eta as a function needs horizon <= {MAX_ETA_SCHEDULE:,} "
+                                "(it is evaluated at every step up front); give a number or "
+                                "'auto'")
+            self._eta = np.array([self._check_eta(eta(t), f"eta({t})")
+                                  for t in range(1, self.horizon + 1)], dtype=np.float64)
         else:
             self._eta = self._check_eta(eta, "eta")
         self.key = key
@@ -417,7 +439,7 @@ class ContinualTopK:
             blt["users"] = self.user_bounds.tag()
         self.noise_scope = f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
-            switches=self.switches, eta=eta, wait=self.wait, **blt,
+            switches=self.switches, eta=_eta_tag(self._eta), wait=self.wait, **blt,
         )
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
@@ -454,7 +476,7 @@ class ContinualTopK:
 
     def eta_at(self, t: int) -> float:
         """eta_t of the switch test at t, checked (finite, >= 0); see "Choosing eta"."""
-        if self._eta == "auto":
+        if isinstance(self._eta, str):  # "auto"
             if self.rounds == 0:
                 return 0.0
             variance = self.counter_variance_at(t)
@@ -464,14 +486,13 @@ class ContinualTopK:
                                 level=AUTO_ETA_BETA / self.horizon)
                 self._eta_cache[variance] = eta
             return eta
-        if callable(self._eta):
-            return self._check_eta(self._eta(t), f"eta({t})")
-        assert isinstance(self._eta, float)
-        return self._eta
+        if isinstance(self._eta, np.ndarray):
+            return float(self._eta[t - 1])
+        return float(self._eta)
 
     def start_eta_at(self, t: int) -> float:
         """eta0 of the waiting round at t (``"auto"``: the quantile without a counter)."""
-        if self._eta == "auto":
+        if isinstance(self._eta, str):  # "auto"
             if self.rounds == 0:
                 return 0.0
             eta = self._eta_cache.get(-1.0)  # (key -1: no counter term)
