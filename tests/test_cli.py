@@ -71,9 +71,10 @@ def _read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
+def _assert_same(lines, mech, steps, public_meta=(), rounded=True, clamp=True):
     """The command's output equals the library's releases: rounded to integers by
-    default (the safe output), or exactly with --no-round."""
+    default (the safe output), or exactly with --no-round; a count below 0 written
+    as 0 (--clamp, the default)."""
     assert len(lines) == len(steps)
     for t, (obj, events) in enumerate(zip(lines, steps, strict=True), 1):
         rel = mech.step_batch(events)
@@ -82,10 +83,12 @@ def _assert_same(lines, mech, steps, public_meta=(), rounded=True):
         values = list(obj["released"].values())
         if rounded:
             assert all(type(v) is int for v in values)
-            assert values == rel.rounded().values.tolist()
+            want = rel.rounded().values.tolist()
+            assert values == ([max(v, 0) for v in want] if clamp else want)
         else:
             # exact: JSON floats are written with the shortest round-tripping repr
-            assert values == rel.values.tolist()
+            want = rel.values.tolist()
+            assert values == ([max(v, 0.0) for v in want] if clamp else want)
         meta = dict(obj.get("meta", {}))
         assert meta.pop("noise_std") == pytest.approx(_noise_std(mech, t), rel=1e-12)
         assert meta == {k: v for k, v in rel.meta.items() if k in public_meta}
@@ -162,7 +165,7 @@ def test_run_unknown_equals_library(files):
                 "--threshold-delta", "1e-3", "--key-file", files.key_path, "-i", files.input,
                 "-o", str(out)) == 0
     mech = UnknownDomainHistogram(40, max_items=2, key=files.key, rho=2.0,
-                                  threshold_delta=1e-3)
+                                  threshold_delta=1e-3, remember=True)  # on by default
     lines = _read_jsonl(out)
     _assert_same(lines, mech, _by_step(files.events, 40), public_meta=("threshold", "remember"))
     assert any(line["released"] for line in lines)  # the test does see released items
@@ -170,20 +173,32 @@ def test_run_unknown_equals_library(files):
 
 
 def test_run_topk_equals_library(files):
-    from dpstream.mechanisms.topk import ContinualTopK, utility_eta
+    from dpstream.mechanisms.topk import ContinualTopK
 
     out = files.dir / "out.jsonl"
     assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
                 "--switches", "3", "--rho", "1", "--key-file", files.key_path,
                 "-i", files.input, "-o", str(out)) == 0
-    probe = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=0.0, key=files.key, rho=1.0)
-    assert probe.counter == "blt"
-    # the tree's error bound with r* also bounds the (smaller) BLT counter error
-    eta = utility_eta(tau=probe.tau, switches=3, domain_size=6, horizon=40,
-                      base=optimal_base(40), beta=0.05)
-    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta=eta, key=files.key, rho=1.0)
+    # --eta auto (the default) is the library's eta="auto", sized from the BLT counter's
+    # noise (the default counter at T = 40; test_topk checks that quantile)
+    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key, rho=1.0)
+    assert mech.counter == "blt"
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("switches_left", "switched", "selection"))
+                 public_meta=("status", "switches_left", "switched", "selection"))
+
+
+def test_run_topk_with_max_items_takes_the_more_accurate_candidate(files):
+    from dpstream.mechanisms.histogram_topk import HistogramTopK, choose_top_k
+
+    out = files.dir / "out.jsonl"
+    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
+                "--switches", "3", "--max-items", "2", "--rho", "1", "--key-file",
+                files.key_path, "-i", files.input, "-o", str(out)) == 0
+    choice = choose_top_k(DOMAIN, 40, k=2, switches=3, max_items=2, key=files.key, rho=1.0)
+    # at max_items = 2 KnownBase's noise is far below SparseGumb's (a = 1 against k + 2)
+    assert choice.name == "KnownBase top-k"
+    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key, rho=1.0)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
 
 
 def test_run_topk_explicit_eta(files):
@@ -195,7 +210,7 @@ def test_run_topk_explicit_eta(files):
                 files.key_path, "-i", files.input, "-o", str(out)) == 0
     mech = ContinualTopK(DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key, tau=0.3)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("switches_left", "switched", "selection"))
+                 public_meta=("status", "switches_left", "switched", "selection"))
 
 
 @pytest.mark.parametrize("oneshot,extra", [
@@ -237,8 +252,8 @@ def test_csv_in_csv_out_rounded(files):
     expected, stds = [], []
     for t, events in enumerate(_by_step(files.events, 40), 1):
         rel = mech.step_batch(events)
-        expected += [f"{t},{i},{int(np.rint(v))}" for i, v in zip(rel.items, rel.values,
-                                                                  strict=True)]
+        expected += [f"{t},{i},{max(int(np.rint(v)), 0)}"  # --clamp is on by default
+                     for i, v in zip(rel.items, rel.values, strict=True)]
         stds += [_noise_std(mech, t)] * len(rel.items)
     assert [r.rsplit(",", 1)[0] for r in rows[1:]] == expected
     assert [float(r.rsplit(",", 1)[1]) for r in rows[1:]] == pytest.approx(stds, rel=1e-12)
@@ -468,23 +483,45 @@ def test_plan_unknown_threshold_against_eq_threshold(capsys):
     m = tau * levels * math.sqrt(3 - 1) * float(-ndtri(1e-8 / 500)) + 1
     assert info["tau"] == pytest.approx(tau, rel=1e-12)
     assert info["threshold"] == pytest.approx(m, rel=1e-9)
-    assert info["occurrences_to_show_half"] == math.ceil(info["threshold"])
-    assert "r = 3 as given" in info["base_reason"]
+    # per-step thresholds m_t = 1 + sqrt(|I_t| L) tau z: worst over t <= 500, and median
+    z = float(-ndtri(1e-8 / 500))
+    cells = sorted(sum(int(c) for c in np.base_repr(t, 3)) for t in range(1, 501))
+    worst = 1 + math.sqrt(cells[-1] * levels) * tau * z
+    typical = 1 + math.sqrt(cells[249] * levels) * tau * z
+    assert info["threshold_worst"] == pytest.approx(worst, rel=1e-9) and worst < m
+    assert info["threshold_typical"] == pytest.approx(typical, rel=1e-9)
+    assert info["occurrences_to_show_half"] == math.ceil(worst)
+    assert info["occurrences_to_show_half_typical"] == math.ceil(typical)
+    assert "base 3, as given by --base" in info["base_reason"]
+    # coarser steps: the same budget over ceil(T / c) steps, m_t from the closed form
+    rows = info["coarser_steps"]
+    assert [r["horizon"] for r in rows] == [500, 250, 72, 21, 17]
+    for row in rows:
+        h, lv = row["horizon"], num_levels(row["horizon"], 3)
+        cs = sorted(sum(int(c) for c in np.base_repr(t, 3)) for t in range(1, h + 1))
+        zc = float(-ndtri(1e-8 / h))
+        assert row["threshold_worst"] == pytest.approx(1 + math.sqrt(cs[-1] * lv) * tau * zc,
+                                                       rel=1e-9)
+    assert rows[-1]["threshold_worst"] < rows[0]["threshold_worst"]
 
 
 def test_plan_topk_against_formulas(capsys):
+    from dpstream.mechanisms.topk import svt_noise_tail
+
     info = _plan(capsys, "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
                  "--switches", "4", "--rho", "1", "--counter", "tree")
-    tau = math.sqrt((3 + 2) / 1.0)  # rho = (2k + 4) / (2 tau^2)
+    tau = math.sqrt((3 + 0.5) / 1.0)  # rho = (2k + 1) / (2 tau^2)
     r = optimal_base(200)
     levels = num_levels(200, r)
-    s, d, beta = 4, 30, 0.05
-    eta = (math.sqrt(s + 1) * tau * math.log(d / beta)
-           + tau * levels * math.sqrt(2 * (s + 1) * (r - 1) * math.log(6 * 200 / beta))
-           + 8 * tau * math.sqrt(s) * math.log(6 * d * 200 / beta))
+    s = 4
+    tau_1, tau_2 = math.sqrt(s + 1) * tau, math.sqrt(s + 1) * tau  # s switches + the wait
     assert info["tau"] == pytest.approx(tau, rel=1e-12)
     assert (info["k"], info["switches"]) == (3, 4)
-    assert info["eta"] == pytest.approx(eta, rel=1e-12)
+    # eta at t = 1 (one tree cell): the 1 - 0.05/T quantile of the comparison noise
+    # (svt_noise_tail is checked against simulation in test_topk)
+    assert svt_noise_tail(info["eta"], tau_1=tau_1, variance=levels * tau_2**2) == \
+        pytest.approx(0.05 / 200, rel=1e-6)
+    assert svt_noise_tail(info["start_eta"], tau_1=tau_1) == pytest.approx(0.05 / 200, rel=1e-6)
     assert info["noise_std_worst"] == pytest.approx(
         math.sqrt(s + 1) * tau * math.sqrt(max_cells(200, r) * levels), rel=1e-12)
 
@@ -524,8 +561,8 @@ def test_plan_blt_prints_both_counters(capsys):
     assert main(["plan", "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
                  "--switches", "4", "--rho", "1", "--counter", "blt"]) == 0
     out = capsys.readouterr().out
-    tau2 = math.sqrt(5) * math.sqrt(5.0)  # tau_2 = sqrt(s + 1) tau, tau = sqrt(k + 2)
-    assert "BLT factorization, 4 buffers" in out
+    tau2 = math.sqrt(5) * math.sqrt(3.5)  # tau_2 = sqrt(s + 1) tau, tau = sqrt(k + 1/2)
+    assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
                  "--threshold-delta", "1e-6", "--counter", "blt"]) == 1
@@ -548,7 +585,7 @@ def test_plan_text(capsys):
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
                  "--delta", "1e-6"]) == 0
     out = capsys.readouterr().out
-    assert "items need about" in out and "95% interval" in out and "r* = " in out
+    assert "items need about" in out and "95% interval" in out and "the least noise" in out
 
 
 # --------------------------------------------------------------------------- hostile input
@@ -570,7 +607,7 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
     assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
     assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
-                                  threshold_delta=1e-3)
+                                  threshold_delta=1e-3, remember=True)  # on by default
     _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
                  ("threshold", "remember"), rounded=False)
 

@@ -199,3 +199,25 @@ def test_a_step_written_before_a_crash_is_never_released_again_from_changed_inpu
     src.write_text("\n".join(lines) + "\n")  # the input as it was: the run completes
     assert main(cmd) == 0
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_monotone_counts_resume_from_the_published_releases(setup, tmp_path):
+    """--monotone depends on earlier published values: a killed run, resumed, replays them
+    and writes exactly what an uninterrupted --monotone run writes (and that differs from
+    the default output, so the option did something)."""
+    base, args, key_path, _, ref = setup
+    full = tmp_path / "full.jsonl"
+    cmd = [*args, "--monotone", "--key-file", str(key_path), "-i", str(base / "ev.jsonl")]
+    assert main([*cmd, "-o", str(full)]) == 0
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+    proc = _spawn([*cmd, "-o", str(out), "--state", str(state), "--no-fsync"])
+    assert _kill_after(proc, out, 60)
+    proc = _spawn([*cmd, "-o", str(out), "--state", str(state), "--no-fsync"])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert out.read_bytes() == full.read_bytes() != ref.read_bytes()
+    last: dict[str, int] = {}
+    for line in full.read_text().splitlines():
+        for item, v in json.loads(line)["released"].items():
+            assert v >= last.get(item, 0)
+            last[item] = v

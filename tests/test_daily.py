@@ -54,11 +54,14 @@ MECHS = {
     "unknown": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta", "1e-3",
                 "--remember"],
     "known": ["-m", "known", "--max-items", "2", "--rho", "1"],
+    # --monotone: the running maxima of the published counts go on from the snapshot too
+    # (without them the next day would restart the maxima and publish lower counts)
+    "known-monotone": ["-m", "known", "--max-items", "2", "--rho", "1", "--monotone"],
 }
 
 
 def _args(base, key_path, mech):
-    extra = ["--domain", str(base / "domain.txt")] if mech == "known" else []
+    extra = ["--domain", str(base / "domain.txt")] if mech.startswith("known") else []
     return ["run", "-q", "-T", str(T), *MECHS[mech], *extra, "--key-file", str(key_path),
             "--no-fsync"]
 

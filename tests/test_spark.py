@@ -462,8 +462,10 @@ def test_run_cli_matches_local_step_batch(spark, tmp_path) -> None:
         assert {i: v for i, v in zip(g["item"], g["value"], strict=True)} == want
 
 
-def test_command_line_engine_spark_matches_engine_local(spark, tmp_path) -> None:
-    """`dpstream run --engine spark` releases what `dpstream run` (local) releases."""
+@pytest.mark.parametrize("extra", [[], ["--monotone", "--no-clamp"], ["--monotone"]])
+def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) -> None:
+    """`dpstream run --engine spark` releases what `dpstream run` (local) releases,
+    with the readable-count post-processing (--clamp, the default, and --monotone)."""
     from dpstream import cli
 
     key_path = tmp_path / "k.key"
@@ -476,8 +478,9 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path) -> None
     domain.write_text("a\nb\nc\n")
     common = ["run", "-m", "known", "--horizon", "8", "--max-items", "2", "--domain",
               str(domain), "--rho", "0.5", "--key-file", str(key_path), "-i", str(inp), "-q"]
-    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out")]) == 0
+    assert cli.main([*common, *extra, "-o", str(tmp_path / "local.jsonl")]) == 0
+    assert cli.main([*common, *extra, "--engine", "spark", "-o",
+                     str(tmp_path / "spark_out")]) == 0
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
     assert sorted(set(got["t"])) == [r["t"] for r in local]

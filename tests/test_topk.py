@@ -11,7 +11,7 @@ import pytest
 
 import dpstream as dps
 from dpstream import tree
-from dpstream.mechanisms.topk import ContinualTopK, utility_eta
+from dpstream.mechanisms.topk import ContinualTopK, noise_eta, svt_noise_tail, utility_eta
 from dpstream.noise import NoiseSource
 from dpstream.oneshot.known import gumbel_top_k
 
@@ -30,22 +30,34 @@ def rotating_prefixes(d, horizon, rng):
 
 
 def test_tau_matches_the_theorem():
+    """rho = (2k + 1) / (2 tau^2) (the sparse vector per Lyu-Su-Li; the paper: 2k + 4),
+    and k / tau^2 when no sparse-vector round runs (switches = 0, wait=False)."""
     for k in (1, 3, 10):
         m = ContinualTopK(range(20), 100, k=k, switches=4, eta=1.0, key=fixed_key("p"), rho=0.5)
-        assert (2 * k + 4) / (2 * m.tau**2) == pytest.approx(0.5, rel=1e-12)
-        assert (2 * k + 4) / (2 * m.tau**2) <= 0.5  # rounded towards more noise
+        assert (2 * k + 1) / (2 * m.tau**2) == pytest.approx(0.5, rel=1e-12)
+        assert (2 * k + 1) / (2 * m.tau**2) <= 0.5  # rounded towards more noise
+        m0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5,
+                           wait=False)
+        assert k / m0.tau**2 == pytest.approx(0.5, rel=1e-12) and m0.rounds == 0
+        w0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5)
+        assert (2 * k + 1) / (2 * w0.tau**2) == pytest.approx(0.5, rel=1e-12)  # the wait
         assert m.privacy.rho == pytest.approx(0.5, rel=1e-12)
-        assert m.tau_1 == pytest.approx(2 * m.tau)
+        # R = s + 1 sparse-vector rounds with the waiting round, s without
+        assert m.rounds == 5 and m.tau_1 == pytest.approx(math.sqrt(5) * m.tau)
+        assert m.tau_2 == pytest.approx(math.sqrt(5) * m.tau)
+        m = ContinualTopK(range(20), 100, k=k, switches=4, eta=1.0, key=fixed_key("p"), rho=0.5,
+                          wait=False)
+        assert m.rounds == 4 and m.tau_1 == pytest.approx(2 * m.tau)
         assert m.tau_2 == pytest.approx(math.sqrt(5) * m.tau)
     m = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"), tau=3.0)
-    assert m.privacy.rho == pytest.approx(8 / (2 * 9.0), rel=1e-12)
+    assert m.privacy.rho == pytest.approx(5 / (2 * 9.0), rel=1e-12)
     m = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"),
                       epsilon=1.0, delta=1e-6)
     assert m.privacy.epsilon <= 1.0 and m.privacy.conversion != "gaussian-exact"
     # the paper's conversion would need more noise than ours (CKS20 is tighter)
     lg = math.log(1e6)
     rho_paper = (math.sqrt(lg + 1.0) - math.sqrt(lg)) ** 2
-    assert m.tau <= math.sqrt(4 / rho_paper)
+    assert m.tau <= math.sqrt(2.5 / rho_paper)
 
 
 @pytest.mark.parametrize("switches", [0, 1, 3])
@@ -69,7 +81,7 @@ def test_never_more_than_s_reselections(switches, monkeypatch):
     for rep in range(5):
         calls.clear()
         m = ContinualTopK(range(d), horizon, k=2, switches=switches, eta=0.0,
-                          key=fixed_key(f"sw{rep}"), rho=2.0)
+                          key=fixed_key(f"sw{rep}"), rho=2.0, wait=False)
         sets, left = [], []
         for t, h in enumerate(prefixes, start=1):
             rel = m.release(t, h)
@@ -104,11 +116,11 @@ def test_switches_to_the_new_leader_with_eta_from_the_utility_lemma():
     a_item, b_item = 0, 1
     for rep in range(10):
         m = ContinualTopK(range(d), horizon, k=1, switches=s, eta=1.0, key=fixed_key(f"lead{rep}"),
-                          rho=1.0, counter="tree")
+                          rho=1.0, counter="tree", wait=False)
         eta = utility_eta(tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base,
                           beta=0.01)
         m = ContinualTopK(range(d), horizon, k=1, switches=s, eta=eta, key=fixed_key(f"lead{rep}"),
-                          rho=1.0, counter="tree")
+                          rho=1.0, counter="tree", wait=False)
         levels = tree.num_levels(horizon, m.base)
         alpha_bm = m.tau * levels * math.sqrt(2 * 2 * (m.base - 1) * math.log(6 * horizon / 0.01))
         alpha_at = 8 * m.tau * math.log(6 * d * horizon / 0.01)
@@ -135,7 +147,7 @@ def test_switches_zero_never_reselects():
     prefixes = rotating_prefixes(d, horizon, np.random.default_rng(2))
     for rep in range(5):
         m = ContinualTopK(range(d), horizon, k=1, switches=0, eta=0.0, key=fixed_key(f"z{rep}"),
-                          rho=5.0)
+                          rho=5.0, wait=False)
         items = {m.release(t, h).items[0] for t, h in enumerate(prefixes, start=1)}
         assert len(items) == 1 and m.switches_left == 0
 
@@ -208,7 +220,8 @@ def test_first_selection_is_known_gumbel_with_tau2():
     counts = (np.arange(d) * 7) % 13
     for rep in range(5):
         key = fixed_key(f"first{rep}")
-        m = ContinualTopK(range(d), 50, k=4, switches=2, eta=1.0, key=key, tau=2.0, stream="s")
+        m = ContinualTopK(range(d), 50, k=4, switches=2, eta=1.0, key=key, tau=2.0, stream="s",
+                          wait=False)
         rel = m.release(5, counts)
         ref = gumbel_top_k(counts, items=list(range(d)), k=4, tau=math.sqrt(3) * 2.0, key=key,
                            purpose=f"{m.noise_scope}/select-0", with_counts=False)
@@ -225,7 +238,7 @@ def test_counters_are_keyed_tree_counters_and_survive_reselection():
     prefixes = rotating_prefixes(d, horizon, np.random.default_rng(8))
     key = fixed_key("brute")
     m = ContinualTopK(range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf",
-                      counter="tree")
+                      counter="tree", wait=False)
     levels = tree.num_levels(horizon, m.base)
     cell_std = math.sqrt(levels) * m.tau_2
     generation: dict[int, int] = {}
@@ -301,7 +314,7 @@ def test_counter_noise_has_tau2_tree_variance():
     counts = np.arange(d, dtype=np.int64)
     for rep in range(100):
         m = ContinualTopK(range(d), horizon, k=d, switches=s, eta=1e9, key=fixed_key(f"v{rep}"),
-                          tau=tau, counter="tree")
+                          tau=tau, counter="tree", wait=False)
         for t in check_at:
             rel = m.release(t, counts + t)
             samples[t].append(rel.values - (np.asarray(rel.items) + t))
@@ -314,10 +327,9 @@ def test_counter_noise_has_tau2_tree_variance():
 
 def test_release_meta_and_errors_leave_state_unchanged():
     key = fixed_key("bad")
-    bad_eta = {"v": 1.0}
-    m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: bad_eta["v"], key=key,
+    m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
                       rho=1.0)
-    # a callable eta in both (the noise scope fingerprints eta: a number vs a callable differ)
+    # the same schedule as values: the noise scope fingerprints eta's values
     ref = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
                         rho=1.0)
     with pytest.raises(dps.InvalidEventError, match="not in the domain"):
@@ -327,17 +339,31 @@ def test_release_meta_and_errors_leave_state_unchanged():
     r1, q1 = m.step(["a", "b", "c"]), ref.step(["a", "b", "c"])  # any event size is fine
     assert r1.meta["switches_left"] == 1 and m.switches_left == 1
     assert np.array_equal(r1.values, q1.values)
-    bad_eta["v"] = -1.0
-    with pytest.raises(ValueError, match="eta"):
-        m.step(["a"])
+    # a schedule is checked at every step up front: a bad value at t = 4 fails now
+    with pytest.raises(ValueError, match=r"eta\(4\)"):
+        ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, key=key, rho=1.0,
+                      eta=lambda t: -1.0 if t == 4 else 1.0)
     assert m.t == 1 and m.counts.tolist() == [1, 1, 1]
-    bad_eta["v"] = 1.0
     assert np.array_equal(m.step(["a"]).values, ref.step(["a"]).values)
     with pytest.raises(ValueError, match="decrease"):
         m.release(3, {"a": 0})
     with pytest.raises(dps.HorizonExceededError):
         m.release(6, {"a": 9})
     assert m.t == 2
+
+
+def test_two_eta_schedules_draw_different_noise():
+    """Review finding I: every callable eta was fingerprinted as "callable", so two runs
+    with different schedules shared all noise."""
+    key = fixed_key("eta-scope")
+    a = ContinualTopK(["a", "b"], 6, k=1, switches=1, key=key, rho=1.0, eta=lambda t: 1.0)
+    b = ContinualTopK(["a", "b"], 6, k=1, switches=1, key=key, rho=1.0, eta=lambda t: 2.0)
+    c = ContinualTopK(["a", "b"], 6, k=1, switches=1, key=key, rho=1.0, eta=lambda t: 1.0)
+    assert a.noise_scope != b.noise_scope and a.noise_scope == c.noise_scope
+    assert a.eta_at(3) == 1.0 and b.eta_at(6) == 2.0
+    from dpstream.snapshot import dump_snapshot, load_snapshot
+
+    assert load_snapshot(dump_snapshot(a, key), key).eta_at(2) == 1.0  # a snapshot keeps it
 
 
 @pytest.mark.parametrize(
@@ -347,7 +373,9 @@ def test_release_meta_and_errors_leave_state_unchanged():
         ({"k": 4}, ValueError, "k must be"),
         ({"switches": -1}, ValueError, "switches"),
         ({"eta": -0.5}, ValueError, "eta"),
-        ({"eta": "x"}, TypeError, "eta"),
+        ({"eta": "x"}, ValueError, "eta"),  # a string: only "auto"
+        ({"eta": [1.0]}, TypeError, "eta"),
+        ({"wait": 1}, TypeError, "wait"),
         ({"rho": None}, ValueError, "rho"),
     ],
 )
@@ -357,3 +385,118 @@ def test_constructor_errors(kwargs, exc, match):
         del args["rho"]
     with pytest.raises(exc, match=match):
         ContinualTopK(["a", "b", "c"], 10, key=fixed_key("c"), **args)
+
+
+# --------------------------------------------------------------------------- eta="auto", waiting
+
+
+@pytest.mark.parametrize("tau_1,variance", [(1.0, 0.0), (1.0, 9.0), (2.0, 400.0)])
+def test_svt_noise_tail_against_simulation(tau_1, variance):
+    """svt_noise_tail is P(Lap(4 tau_1) - Lap(2 tau_1) + N(0, v) > x), checked by simulation.
+
+    n = 2,000,000 simulated draws (NumPy, a simulation, not a release): each
+    frequency within Z_TOL binomial standard errors. A tail with the Laplace
+    scales swapped or the Gaussian term left out misses by > 20 SE at x = 20.
+    """
+    rng = np.random.default_rng(20)
+    n = 2_000_000
+    d = (rng.laplace(0, 4 * tau_1, n) - rng.laplace(0, 2 * tau_1, n)
+         + rng.normal(0, math.sqrt(variance), n))
+    for x in (-5.0, 0.0, 5.0, 20.0, 40.0):
+        p = svt_noise_tail(x, tau_1=tau_1, variance=variance)
+        se = math.sqrt(p * (1 - p) / n)
+        assert abs((d > x).mean() - p) <= Z_TOL * se + 1e-12, x
+    eta = noise_eta(tau_1=tau_1, variance=variance, level=1e-3)
+    assert svt_noise_tail(eta, tau_1=tau_1, variance=variance) <= 1e-3
+    assert svt_noise_tail(eta * (1 - 1e-6), tau_1=tau_1, variance=variance) > 1e-3 * (1 - 1e-4)
+
+
+def test_auto_eta_is_the_noise_quantile_not_the_union_bound():
+    """eta="auto": the 1 - 0.05/T quantile of one comparison's noise, counter variance
+    |I_t| L_r tau_2^2 at t; the waiting round's eta0 has no counter term."""
+    d, horizon, s = 500, 1000, 3
+    m = ContinualTopK(range(d), horizon, k=5, switches=s, key=fixed_key("auto"), rho=0.1,
+                      counter="tree")
+    for t in (1, 7, 500, 999, 1000):
+        var = sum(tree.digits(t, m.base)) * m.levels * m.tau_2**2
+        assert svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=var) == \
+            pytest.approx(0.05 / horizon, rel=1e-6)
+    assert svt_noise_tail(m.start_eta_at(3), tau_1=m.tau_1) == pytest.approx(0.05 / horizon,
+                                                                                rel=1e-6)
+    # far below the paper's worst-case utility eta (union bounds over d and T, 3 terms)
+    worst = utility_eta(tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base,
+                        beta=0.05)
+    assert max(m.eta_at(t) for t in range(1, horizon + 1)) < worst / 2
+
+
+def test_auto_eta_uses_the_blt_counters_own_variance():
+    """With BLT counters (the default for T >= 2) eta="auto" is the same quantile with the
+    BLT count's variance at t, sigma^2 ||row_t(B)||^2, sigma = tau_2 max_j ||C e_j||: from
+    dense matrices here (B = A C^-1), not from the code's closed form. Sized with the
+    tree's variance instead, the tail at eta would be off by 100 times the tolerance
+    or more (checked below)."""
+    from scipy.linalg import toeplitz
+
+    d, horizon, s = 50, 300, 2
+    m = ContinualTopK(range(d), horizon, k=3, switches=s, key=fixed_key("auto-blt"), rho=0.5)
+    assert m.counter == "blt"
+    C = np.tril(toeplitz(m.strategy.strategy_column()))
+    B = np.tril(np.ones((horizon, horizon))) @ np.linalg.inv(C)
+    rows = np.sum(B * B, axis=1)
+    sigma = m.tau_2 * math.sqrt(np.sum(C * C, axis=0).max())
+    r = tree.optimal_base(horizon)
+    for t in (1, 2, 50, 299, 300):
+        var = sigma**2 * rows[t - 1]
+        assert svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=var) == \
+            pytest.approx(0.05 / horizon, rel=1e-6)
+        tree_var = sum(tree.digits(t, r)) * tree.num_levels(horizon, r) * m.tau_2**2
+        if t >= 50:  # the tree's variance would fail the check above
+            assert abs(svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=tree_var)
+                       - 0.05 / horizon) > 1e-4 * 0.05 / horizon
+    assert m.noise_std_worst == pytest.approx(sigma * math.sqrt(rows.max()), rel=1e-9)
+
+
+def test_waiting_round_rarely_selects_on_an_empty_stream():
+    """Every count 0 for T steps: the first selection happens in at most beta = 5% of runs.
+
+    300 keys, T = 100: under the bound the rate is <= 0.05; allowed 0.05 + Z_TOL
+    binomial SE (0.063). Power: with eta halved the same runs select far more
+    often (> 0.3), and without waiting they always select at t = 1.
+    """
+    d, horizon, n = 12, 100, 300
+    zeros = np.zeros(d, dtype=np.int64)
+
+    def selected_rate(**kw):
+        hits = 0
+        for rep in range(n):
+            m = ContinualTopK(range(d), horizon, k=3, switches=2, key=fixed_key(f"empty{rep}"),
+                              rho=1.0, **kw)
+            for t in range(1, horizon + 1):
+                rel = m.release(t, zeros)
+                if rel.items:
+                    hits += 1
+                    break
+                assert rel.meta["status"] == "not yet" and len(rel.values) == 0
+                assert rel.meta["switches_left"] == 2 and rel.meta["selection"] == -1
+        return hits / n
+
+    rate = selected_rate()
+    assert rate <= 0.05 + Z_TOL * math.sqrt(0.05 * 0.95 / n)
+    probe = ContinualTopK(range(d), horizon, k=3, switches=2, key=fixed_key("p"), rho=1.0)
+    assert selected_rate(eta=probe.start_eta_at(1) / 2) > 0.3
+    assert selected_rate(wait=False) == 1.0
+
+
+def test_waiting_round_selects_once_the_kth_count_is_clear():
+    """The k-th count eta0 + 40 tau_1 above 0: the round fires at once in (almost) every run
+    (the noise Lap(4 tau_1) - Lap(2 tau_1) is below -40 tau_1 with probability e^-10 / 1.5),
+    and the list is then released with status "selected" and no switch spent."""
+    d, horizon = 12, 100
+    for rep in range(30):
+        m = ContinualTopK(range(d), horizon, k=3, switches=2, key=fixed_key(f"clear{rep}"),
+                          rho=1.0)
+        counts = np.zeros(d, dtype=np.int64)
+        counts[[2, 5, 7]] = int(m.start_eta_at(1) + 40 * m.tau_1)
+        rel = m.release(1, counts)
+        assert rel.meta["status"] == "selected" and sorted(rel.items) == [2, 5, 7]
+        assert rel.meta["switches_left"] == 2 and rel.meta["selection"] == 0

@@ -4,7 +4,11 @@ The reference below follows the pseudocode directly, with the noise addresses
 that ContinualTopK documents (selection n, counter generation n, sparse-vector
 threshold of epoch n, query noise at (t, n)), and draws every value itself:
 
-* tau_1 = sqrt(s) tau, tau_2 = sqrt(s + 1) tau;
+* tau_1 = sqrt(R) tau with R = s sparse-vector rounds (R = s + 1 with the
+  waiting round), tau_2 = sqrt(s + 1) tau;
+* waiting round (``wait=True``): no selection until the k-th largest count +
+  Lap(4 tau_1) (scalar address (1, t, 1)) exceeds eta + Z0, Z0 ~ Lap(2 tau_1)
+  at (1, 0, 0); an empty "not yet" release until then;
 * selection: KnownGumb_k without counts, Gumbel(tau_2 / 2) on every count;
 * counters: h_t^u + sum over I_t of N(0, L_r tau_2^2), a fresh counter for an
   item that enters the selection;
@@ -33,10 +37,10 @@ from dpstream.noise import NoiseSource
 from .conftest import fixed_key
 
 
-def reference_sparse_gumb(m, key, domain, steps, eta):
-    """The paper's algorithm over the released (t, prefix counts) steps."""
+def reference_sparse_gumb(m, key, domain, steps, eta, wait=False):
+    """The paper's algorithm over the released (t, prefix counts) steps (+ the waiting round)."""
     k, s, tau, base, horizon = m.k, m.switches, m.tau, m.base, m.horizon
-    tau1, tau2 = math.sqrt(s) * tau, math.sqrt(s + 1) * tau
+    tau1, tau2 = math.sqrt(s + wait) * tau, math.sqrt(s + 1) * tau
     cell_std = math.sqrt(tree.num_levels(horizon, base)) * tau2
     scope = m.noise_scope
     svt = NoiseSource(key, f"{scope}/svt")
@@ -72,7 +76,13 @@ def reference_sparse_gumb(m, key, domain, steps, eta):
         h = np.asarray(h)
         switched = False
         if selected is None:
-            select(h)
+            kth = sorted(h.tolist(), reverse=True)[k - 1]
+            if not wait or (kth + svt.scalar("laplace", 1, t, 1, scale=4 * tau1)
+                            > eta + svt.scalar("laplace", 1, 0, 0, scale=2 * tau1)):
+                select(h)
+            if selected is None:
+                out.append(([], [], False, left))
+                continue
         elif left > 0:
             threshold = min(h[u] + counter(u, t) for u in selected) + eta + z
             queries = h + svt.laplace(svt_prepared, 0, t, s - left, scale=4 * tau1)
@@ -97,28 +107,34 @@ def drifting_prefixes(d: int, horizon: int, seed: int) -> list[np.ndarray]:
     return out
 
 
+@pytest.mark.parametrize("wait", [False, True])
 @pytest.mark.parametrize("skip_steps", [False, True])
 @pytest.mark.parametrize("base", [2, 3, 5])
-def test_continual_top_k_equals_the_papers_algorithm(base, skip_steps):
-    d, horizon, eta = 15, 64, 2.0
+def test_continual_top_k_equals_the_papers_algorithm(base, skip_steps, wait):
+    # the waiting round compares with eta alone: above the Lap(4 tau_1) noise, so it waits
+    d, horizon, eta = 15, 64, (12.0 if wait else 2.0)
     domain = [f"x{i}" for i in range(d)]
-    prefixes = drifting_prefixes(d, horizon, seed=base)
+    # the first 8 steps have no event: the waiting round must hold the first selection
+    prefixes = [np.zeros(d, dtype=np.int64)] * 8 + drifting_prefixes(d, horizon - 8, seed=base)
     key = fixed_key(f"bf-topk-{base}")
-    switches_seen = 0
+    switches_seen = waited = 0
     for k, s in ((1, 3), (3, 5), (2, 0), (d, 2)):
         steps = [(t, prefixes[t - 1]) for t in range(1, horizon + 1)
                  if not (skip_steps and t % 3 == 0)]
         m = ContinualTopK(domain, horizon, k=k, switches=s, eta=eta, key=key, tau=1.0,
-                          base=base, stream="bf")
+                          base=base, stream="bf", wait=wait)
         got = [m.release(t, h) for t, h in steps]
-        want = reference_sparse_gumb(m, key, domain, steps, eta)
+        want = reference_sparse_gumb(m, key, domain, steps, eta, wait)
         for rel, (items, values, switched, left) in zip(got, want, strict=True):
             assert list(rel.items) == items, rel.t
             # the reference sums the cells in another order: equal up to rounding
             np.testing.assert_allclose(rel.values, values, rtol=0, atol=1e-9)
             assert rel.meta["switched"] == switched and rel.meta["switches_left"] == left
+            assert rel.meta["status"] == ("selected" if items else "not yet")
         switches_seen += sum(w[2] for w in want)
+        waited += sum(not w[0] for w in want)
     assert switches_seen >= 5  # the comparison does exercise the sparse vector
+    assert (waited > 0) == wait  # and the waiting round
 
 
 def test_other_settings_draw_independent_noise():

@@ -60,17 +60,49 @@ def test_threshold_is_eq_threshold(tau, T, r, delta):
     assert u.threshold == pytest.approx(expected, rel=1e-12)
     # conservative in floating point: the union bound holds exactly as computed
     assert T * stats.norm.sf((u.threshold - 1) / (tau * L * math.sqrt(r - 1))) <= delta
-    assert u.step([]).meta["threshold"] == u.threshold
+    # the release at t = 1 (one tree cell) uses m_1, not m_delta
+    assert u.step([]).meta["threshold"] == pytest.approx(
+        tau * math.sqrt(L) * stats.norm.isf(delta / T) + 1, rel=1e-12)
+
+
+def per_step_threshold(t, T, r, tau, delta):
+    """m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T), |I_t| by the greedy cover."""
+    L = levels_of(T, r)
+    return 1 + math.sqrt(len(cells_brute(t, r, L)) * L) * tau * stats.norm.isf(delta / T)
+
+
+@pytest.mark.parametrize("tau,T,r,delta", [(1.0, 100, 2, 1e-6), (0.3, 1000, 4, 1e-3),
+                                           (5.0, 7, 3, 0.5), (2.0, 1, 2, 1e-9),
+                                           (1.7, 300, 16, 1e-12)])
+def test_per_step_threshold_never_exceeds_m_delta(tau, T, r, delta):
+    """m_t at every t <= T: the closed form, conservative in floating point (T (1 -
+    Phi((m_t - 1)/s_t)) <= delta, s_t = sqrt(|I_t| L) tau), at most m_delta, and below
+    it wherever I_t has fewer than (r - 1) L_r cells."""
+    u = UnknownDomainHistogram(T, max_items=1, key=fixed_key("thr"), base=r, tau=tau,
+                               threshold_delta=delta)
+    L = levels_of(T, r)
+    below = 0
+    for t in range(1, T + 1):
+        m_t = u.threshold_at(t)
+        n_cells = len(cells_brute(t, r, L))
+        assert m_t == pytest.approx(per_step_threshold(t, T, r, tau, delta), rel=1e-12), t
+        assert T * stats.norm.sf((m_t - 1) / (math.sqrt(n_cells * L) * tau)) <= delta, t
+        assert m_t <= u.threshold
+        if n_cells < (r - 1) * L:
+            assert m_t < u.threshold
+            below += 1
+    assert below >= 1 or T == 1  # (T = 1: one step, of one cell = (r - 1) L_r)
 
 
 # --------------------------------------------------------------------------- bad outcomes
 
 
 def brute_force_ever_released(T, r, tau, m, n, rng):
-    """P(an item seen once, at a uniform time s, is ever above m): simulated with numpy.
+    """P(an item seen once, at a uniform time s, is ever above m(t)): simulated with numpy.
 
     For arrival time s, the count at t >= s is 1 + sum over cells of I_t of an
-    independent N(0, L tau^2) per cell (one value per cell and item).
+    independent N(0, L tau^2) per cell (one value per cell and item); ``m`` is
+    the threshold as a function of t.
     """
     L = levels_of(T, r)
     cells = sorted({c for t in range(1, T + 1) for c in cells_brute(t, r, L)})
@@ -82,22 +114,26 @@ def brute_force_ever_released(T, r, tau, m, n, rng):
         ever = np.zeros(per_s, dtype=bool)
         for t in range(s, T + 1):
             idx = [col[c] for c in cells_brute(t, r, L)]
-            ever |= 1 + z[:, idx].sum(axis=1) > m
+            ever |= 1 + z[:, idx].sum(axis=1) > m(t)
         hits += int(ever.sum())
     return hits / (per_s * T)
 
 
 @pytest.mark.statistical
 def test_item_seen_once_is_rarely_released():
-    """lem:badOutcomes: an item in exactly one event is ever released w.p. <= delta.
+    """lem:badOutcomes with the per-step thresholds m_t: an item in exactly one event is
+    ever released w.p. <= delta.
 
     4 keys x 4000 items, each in exactly one single-item event, at arrival
     times spread evenly over 1..T (n = 16,000 independent items: distinct keyed
-    addresses). Checked one-sided against the lemma's delta and two-sided
-    against a numpy simulation of the same process with 160,000 items: the
-    difference of the two proportions has standard error sqrt(p(1-p)(1/n +
-    1/n_mc)), allowed Z_TOL times. (The union bound over T and the worst-case
-    variance make delta loose; the simulation is the sharp check.)
+    addresses). Checked one-sided against the lemma's delta (Z_TOL binomial
+    SE) and two-sided against a numpy simulation of the same process with
+    160,000 items and thresholds m_t from the closed form: the difference of
+    the two proportions has standard error sqrt(p(1-p)(1/n + 1/n_mc)), allowed
+    Z_TOL times. (The union bound over T makes delta loose; the simulation is
+    the sharp check.) Power: thresholds without the union bound over T
+    (Phi^-1(1 - delta) in place of Phi^-1(1 - delta/T)) are ever crossed far
+    more often than delta, in the same simulation.
     """
     T, r, tau, delta = 16, 2, 1.0, 0.4
     n_items, n_keys = 4000, 4
@@ -116,10 +152,16 @@ def test_item_seen_once_is_rarely_released():
     p_hat = float(np.mean(ever))
     assert p_hat <= delta + Z_TOL * math.sqrt(delta * (1 - delta) / n)
     n_mc = 160_000
-    p_mc = brute_force_ever_released(T, r, tau, u.threshold, n_mc, np.random.default_rng(7))
+    p_mc = brute_force_ever_released(
+        T, r, tau, lambda t: per_step_threshold(t, T, r, tau, delta), n_mc,
+        np.random.default_rng(7))
     se = math.sqrt(p_mc * (1 - p_mc) * (1 / n + 1 / n_mc))
     print(f"P(ever released) = {p_hat:.4f}, simulated {p_mc:.4f}, bound {delta}")
     assert abs(p_hat - p_mc) <= Z_TOL * se
+    p_wrong = brute_force_ever_released(
+        T, r, tau, lambda t: per_step_threshold(t, T, r, tau, delta * T), 16_000,
+        np.random.default_rng(8))
+    assert p_wrong > delta + 10 * math.sqrt(delta * (1 - delta) / 16_000)
 
 
 # --------------------------------------------------------------------------- discovery
@@ -127,9 +169,11 @@ def test_item_seen_once_is_rarely_released():
 
 @pytest.mark.statistical
 def test_discovery_probability_lemma():
-    """Utility lemma of UnkBase: count m + c tau is shown w.p. Phi(c/sqrt(|I_t| L_r)).
+    """Utility lemma of UnkBase with m_t: count h is shown w.p. Phi((h - m_t)/(sqrt(|I_t|
+    L_r) tau)).
 
-    That is >= Phi(c / (sqrt(r-1) L_r)), the lemma's bound. Aggregate mode,
+    That is >= Phi(c / (sqrt(r-1) L_r)) for h = m_delta + c tau, the lemma's bound
+    (m_t <= m_delta and |I_t| <= (r - 1) L_r). Aggregate mode,
     3 keys x 10,000 items, all at count h = ceil(m + 3 tau), released at
     t = 80 (|I_t| = 8 in base 3), 81 (|I_t| = 1) and 100. At each t the
     30,000 items are independent; the proportion is checked two-sided against
@@ -151,7 +195,8 @@ def test_discovery_probability_lemma():
     n = n_items * n_keys
     for t, s in shown.items():
         n_cells = len(cells_brute(t, r, L))
-        exact = stats.norm.cdf(c / math.sqrt(n_cells * L))
+        m_t = per_step_threshold(t, T, r, tau, thr_delta)
+        exact = stats.norm.cdf((h - m_t) / (tau * math.sqrt(n_cells * L)))
         bound = stats.norm.cdf(c / (math.sqrt(r - 1) * L))
         se = math.sqrt(exact * (1 - exact) / n)
         assert abs(s / n - exact) <= Z_TOL * se, t
@@ -191,7 +236,8 @@ def test_released_counts_are_knownbase_counts(remember):
         tree.advance(t)
         full = counts + tree.noise()
         seen |= {it for ev in events for it in ev}
-        above = {it for it in seen if full[pos[it]] > u.threshold}
+        m_t = per_step_threshold(t, 60, u.base, 0.4, 0.3)  # closed form, not the code's
+        above = {it for it in seen if full[pos[it]] > m_t}
         ever_shown |= above
         assert set(ru.items) == (ever_shown if remember else above)
         for it, v in zip(ru.items, ru.values.tolist(), strict=True):

@@ -24,6 +24,7 @@ from .mechanisms import (
     UnknownDomainHistogram,
 )
 from .noise import NoiseKey, NoiseSource
+from .postprocess import ReadableCounts
 from .privacy import PrivacyGuarantee
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "NoiseKey",
     "NoiseSource",
     "PrivacyGuarantee",
+    "ReadableCounts",
     "Release",
     "StateError",
     "TreeCounter",

@@ -65,20 +65,19 @@ MECHANISMS: dict[str, MechanismSpec] = {
         "required", ("threshold", "remember"),
         "UnkBase: running histogram of items never listed in advance, <= max-items per event"),
     "top-k": MechanismSpec(
-        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "none",
-        ("switches_left", "switched", "selection"),
-        "SparseGumb: continual top-k of a known domain, any number of items per event"),
+        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "optional",
+        ("status", "switches_left", "switched", "selection"),
+        "SparseGumb: continual top-k of a known domain, any number of items per event "
+        "(with --max-items: the more accurate of SparseGumb and KnownBase's top-k)"),
     "meta": MechanismSpec(
         "meta", "dpstream.mechanisms.meta", "MetaHistogram", "optional", False, "optional",
-        (), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
+        ("status",), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
 }
 
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).
 _MECH_KWARGS = ("max_items", "k", "switches", "eta", "oneshot", "kbar", "counter", "base",
-                "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau")
-
-#: beta of the automatic eta of top-k (the paper's eq:eta holds with prob. 1 - beta).
-ETA_BETA = 0.05
+                "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau",
+                "max_items_per_user", "max_count_per_item")
 
 
 def mechanism_class(name: str) -> type:
@@ -102,9 +101,13 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
 
     Options that are ``None`` are left to the constructor's defaults; an
     option the mechanism does not take is an error naming the option. For
-    top-k, ``eta = "auto"`` (or unset) is the paper's eq:eta with beta = 0.05
-    (``dpstream.mechanisms.topk.utility_eta``).
+    top-k, ``eta = "auto"`` (or unset) is the noise-sized default of
+    ``ContinualTopK`` (``eta="auto"``); with ``--max-items`` top-k is the
+    more accurate of SparseGumb and KnownBase's top-k (:func:`top_k_choice`).
     """
+    choice = top_k_choice(name, options, key, domain)
+    if choice is not None:
+        return choice.mechanism
     if name not in MECHANISMS:
         raise ValueError(f"--mechanism must be one of {', '.join(MECHANISMS)}, got {name!r}")
     spec = MECHANISMS[name]
@@ -113,14 +116,16 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     kwargs: dict[str, Any] = {}
     for dest in _MECH_KWARGS:
         value = options.get(dest)
-        if value is None or (dest == "remember" and value is False):
-            continue
+        if value is None or (dest == "remember" and (value is False or "remember" not in params)):
+            continue  # --remember (on by default) applies to the mechanisms that remember
         if dest == "eta" and value == "auto":
             continue
         if dest not in params:
             raise ValueError(f"--{dest.replace('_', '-')} does not apply to --mechanism {name}")
         kwargs[dest] = value
-    if spec.max_items == "required" and "max_items" not in kwargs:
+    check_user_options(options)
+    if spec.max_items == "required" and "max_items" not in kwargs \
+            and "max_items_per_user" not in kwargs:
         raise ValueError(f"--mechanism {name} needs --max-items (the most items an event holds)")
     args: list[Any] = []
     if spec.domain == "required" and domain is None:
@@ -139,25 +144,74 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
         for req in ("k", "switches"):
             if req not in kwargs:
                 raise ValueError(f"--mechanism top-k needs --{req}")
-        if "eta" not in kwargs:
-            probe = cls(*args, horizon, key=key, **{**kwargs, "eta": 0.0})
-            from .mechanisms.topk import utility_eta
-
-            # the tree's error bound (eq. alpha'') also bounds a BLT counter's error,
-            # whose variance is smaller: eq:eta stays valid with r* for a BLT run
-            from .tree import optimal_base
-
-            kwargs["eta"] = utility_eta(
-                tau=probe.tau, switches=probe.switches, domain_size=len(probe.domain),
-                horizon=probe.horizon, base=probe.base or optimal_base(probe.horizon),
-                beta=ETA_BETA,
-            )
     if name == "meta" and "oneshot" not in kwargs:
         raise ValueError("--mechanism meta needs --oneshot")
     return cls(*args, horizon, key=key, **kwargs)
 
 
+def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
+    """User level needs both bounds (and, for a run, --user-field); one alone is an error:
+    a run must never fall back to event level without a word. ``plan`` needs the
+    bounds only (it reads no input)."""
+    per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
+    if (per_user is None) != (per_item is None):
+        missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
+        raise ValueError(f"user-level privacy needs --max-items-per-user and "
+                         f"--max-count-per-item together (missing {missing})")
+    if options.get("user_field") is not None and options.get("mechanism") == "meta":
+        raise ValueError("--user-field does not apply to --mechanism meta (known, unknown and "
+                         "top-k protect users)")
+    if not run:
+        return
+    if options.get("user_field") is not None and per_user is None:
+        raise ValueError("--user-field needs --max-items-per-user and --max-count-per-item "
+                         "(how much of the stream one user may contribute)")
+    if options.get("user_field") is None and per_user is not None:
+        raise ValueError("--max-items-per-user/--max-count-per-item need --user-field (the "
+                         "field or column holding each event's user id)")
+
+
+def top_k_choice(name: str, options: dict[str, Any], key: Any,
+                 domain: Sequence[str] | None) -> Any:
+    """For ``-m top-k --max-items N``: SparseGumb or KnownBase's top-k, whichever is
+    more accurate for the budget (``dpstream.mechanisms.histogram_topk.choose_top_k``);
+    ``None`` otherwise."""
+    if name != "top-k" or options.get("max_items") is None:
+        return None
+    from .mechanisms.histogram_topk import choose_top_k
+
+    probe = build_mechanism(name, {**options, "max_items": None}, key, domain)  # checks
+    kwargs = {d: options[d] for d in _MECH_KWARGS
+              if options.get(d) is not None and d not in ("max_items", "k", "switches", "eta")
+              and d != "remember"}
+    if options.get("eta") not in (None, "auto"):
+        kwargs["eta"] = options["eta"]
+    return choose_top_k(probe.domain, probe.horizon, k=probe.k, switches=probe.switches,
+                        max_items=options["max_items"], key=key, **kwargs)
+
+
 # --------------------------------------------------------------------------- options
+
+#: Defaults of the readable-count post-processing, chosen by the measurements
+#: in docs/utility.md (bias and error on real streams).
+CLAMP_DEFAULT = True
+MONOTONE_DEFAULT = False
+
+
+def make_postprocessor(opts: dict[str, Any]) -> Any:
+    """The post-processing ``run`` applies to each release before writing it.
+
+    ``dpstream.postprocess.ReadableCounts`` with --clamp/--monotone/--round;
+    lists (top-k, unknown, meta's selections) stay ordered by published value.
+    """
+    from .postprocess import ReadableCounts
+
+    name = opts.get("mechanism", "known")
+    ranked = name in ("unknown", "top-k") or (name == "meta"
+                                             and opts.get("oneshot") != "gaussian")
+    return ReadableCounts(clamp=bool(opts.get("clamp", CLAMP_DEFAULT)),
+                          monotone=bool(opts.get("monotone", MONOTONE_DEFAULT)),
+                          round_counts=bool(opts.get("round", True)), ranked=ranked)
 
 
 @dataclass(frozen=True)
@@ -229,13 +283,24 @@ MECH_OPTS: tuple[Opt, ...] = (
         "the most distinct items one event may hold: the privacy cost grows with it (known, "
         "unknown; optional for meta)",
         None, _positive_int, metavar="N"),
+    Opt(("--user-field",), "user_field", "protect users, not events: the JSON field (or CSV "
+        "column) holding each event's user id; needs --max-items-per-user and "
+        "--max-count-per-item (known, unknown, top-k)", None, str, metavar="NAME",
+        default_text="none: per event"),
+    Opt(("--max-items-per-user",), "max_items_per_user", "with --user-field: the most "
+        "distinct items one user is counted for over the whole stream (later ones are "
+        "dropped: first come, first kept)", None, _positive_int, metavar="N"),
+    Opt(("--max-count-per-item",), "max_count_per_item", "with --user-field: the most times "
+        "one user is counted for one item over the whole stream (1: count users, not "
+        "events)", None, _positive_int, metavar="C"),
     Opt(("--k",), "k", "how many items top-k (and meta's top-k one-shots) release",
         None, _positive_int, default_text="none; required for top-k"),
     Opt(("--switches",), "switches", "top-k: the most re-selections of the top-k (s)",
         None, _nonneg_int, metavar="S", default_text="none; required for top-k"),
     Opt(("--eta",), "eta",
-        "top-k: how far (in counts) an outside item must lead before a switch; 'auto' is "
-        f"the paper's eq:eta with beta={ETA_BETA}", "auto", _eta),
+        "top-k: how far (in counts) an outside item must lead before a switch; 'auto' sizes "
+        "it from the noise (a tie sets off a switch with probability 5% over the whole run)",
+        "auto", _eta),
     Opt(("--oneshot",), "oneshot",
         "meta: the one-shot mechanism run on every tree cell", None, str,
         choices=("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")),
@@ -247,8 +312,8 @@ MECH_OPTS: tuple[Opt, ...] = (
         default_text="the one with less noise for T: blt, or tree for T = 1 or with --base"),
     Opt(("--base",), "base", "the tree base r", None, _positive_int, metavar="R",
         default_text="r*, the base that minimises the worst-case noise for T"),
-    Opt(("--remember",), "remember", "unknown: keep showing an item once it was shown",
-        False, kind="flag"),
+    Opt(("--remember",), "remember", "unknown: keep showing an item once it was shown (no "
+        "flicker; post-processing of the releases, no privacy cost)", True, kind="bool"),
     Opt(("--threshold-delta",), "threshold_delta",
         "unknown/meta: delta of the discovery threshold (required with --rho or --tau; with "
         "--epsilon/--delta the default splits delta to minimise the threshold)",
@@ -314,6 +379,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         "choice: the low-order bits of floating-point noise can leak the true count; "
         "rounding is free post-processing); --no-round writes the exact floats", True,
         kind="bool"),
+    Opt(("--clamp",), "clamp", "publish a count below 0 as 0 (post-processing; see "
+        "docs/utility.md for its bias)", CLAMP_DEFAULT, kind="bool"),
+    Opt(("--monotone",), "monotone", "never publish a count below the last one published for "
+        "the same item: running counts do not go down (post-processing; see docs/utility.md "
+        "for its bias)", MONOTONE_DEFAULT, kind="bool"),
     Opt(("--on-invalid",), "on_invalid",
         "what to do with an event with more than --max-items items, an item outside "
         "--domain, a malformed line or a step past --until/--horizon: skip (drop the event, "
@@ -367,6 +437,8 @@ PLAN_OPTS: tuple[Opt, ...] = (
         "of a 95% interval of a count at the worst step (instead of a budget)", None,
         _positive_float, metavar="E"),
     Opt(("--json",), "json", "print the plan as JSON", False, kind="flag"),
+    Opt(("--explain",), "explain", "also say where each number comes from, with the paper's "
+        "algorithms, theorems and equations", False, kind="flag"),
 )
 
 
@@ -468,6 +540,9 @@ RUN_EPILOG = """\
 input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} or ["a", "b"].
   CSV: one row per (event, item), see --event-column/--item-column.
   Items are strings (JSON integers are read as text). *.gz is decompressed.
+users: with --user-field user, events carry {"user": "alice", ...} and the guarantee
+  protects each user (all their events), whose contributions are bounded over the
+  stream by --max-items-per-user and --max-count-per-item (first come, first kept).
 time steps: events sharing t form one step. An event without t is a step of its
   own: then each line is one time step, and the guarantee hides what a line holds
   (its items replaced by none), not whether the line exists; give t when events
@@ -605,7 +680,8 @@ _FLAG_WORDS = {"rho": "--rho", "epsilon": "--epsilon", "delta": "--delta", "tau"
                "threshold_delta": "--threshold-delta", "max_items": "--max-items",
                "horizon": "--horizon", "base": "--base", "k": "--k", "kbar": "--kbar",
                "switches": "--switches", "eta": "--eta", "stream": "--stream",
-               "counter": "--counter"}
+               "counter": "--counter", "max_items_per_user": "--max-items-per-user",
+               "max_count_per_item": "--max-count-per-item"}
 
 
 def _user_words(msg: str) -> str:
@@ -622,6 +698,7 @@ def _user_words(msg: str) -> str:
     # 'rho=' (a keyword), 'rho=0.5', "counter='tree'": the flag, then its value
     msg = re.sub(r"\b([a-z][a-z_]*)=('[^']*'|[\w.+-]+)?", flag, msg)
     msg = re.sub(r"\b(max_items|threshold_delta)\b", lambda m: _FLAG_WORDS[m.group(1)], msg)
+    msg = msg.replace("m_delta", "the discovery threshold")
     return msg.replace("Delta0", "--max-items")
 
 
@@ -707,13 +784,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         _require_budget(opts)
         mech = build_mechanism(name, opts, key, domain)
+    used = fixed if target is not None else opts  # the options the mechanism was built from
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
+    choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
+                          else opts, key, domain)
+    if choice is not None:
+        info["choice"] = choice.reason
+        info["candidates"] = choice.errors
+    if hasattr(mech, "threshold_for_cells"):  # unknown domain: what coarser steps buy
+        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+        info["coarser_steps"] = planning.coarser_steps(
+            lambda h: build_mechanism(name, {**used, **budget, "horizon": h}, key, domain),
+            int(mech.horizon))
+    if name == "top-k" and choice is None and opts.get("tau") is None and target is None:
+        # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
+        # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho
+        one = top_k_choice(name, {**opts, "max_items": 1}, key, domain)
+        ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
+        info["max_items_break_even"] = int(ratio * ratio)
+    if spec.max_items != "none" and opts.get("max_items") is not None:
+        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+
+        def std_for(n: int) -> float:
+            o = {**used, **budget, "max_items": n}
+            if choice is not None:
+                return top_k_choice(name, o, key, domain).errors["KnownBase top-k"]
+            return planning.noise_std_worst(build_mechanism(name, o, key, domain))
+
+        info["max_items_hint"] = planning.max_items_hint(std_for, opts["max_items"])
     if target is not None:
         info["target_error"] = target
     if opts["json"]:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
         print(planning.format_plan(info))
+        if opts["explain"]:
+            print(planning.explain(info))
     return 0
 
 

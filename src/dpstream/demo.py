@@ -15,9 +15,11 @@ Layer 6 of dpstream. Two streams:
 
 For each stream the demo prints the top items at the last step, true against
 private, and writes a PNG of the private and true counts of the top items over
-time into ``--out``. Private counts are rounded to integers, as ``dpstream
-run`` writes them by default and as they should be published (see
-:meth:`dpstream.mechanisms.base.Release.rounded`). The key is generated afresh
+time into ``--out``. Private counts are published as ``dpstream run`` writes
+them by default: rounded to integers (see
+:meth:`dpstream.mechanisms.base.Release.rounded`), a count below 0 as 0, and
+an unknown-domain item kept once shown (:class:`dpstream.ReadableCounts`,
+``remember=True``; post-processing). The key is generated afresh
 for each run (and never written) unless ``--key-file`` is given.
 """
 
@@ -144,6 +146,11 @@ def _trace(name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[lis
     true: dict[str, np.ndarray] = {}
     private: dict[str, np.ndarray] = {}
     n_events = 0
+    from .postprocess import ReadableCounts
+
+    # what `dpstream run` publishes by default: rounded, clamped at 0
+    publish = ReadableCounts(round_counts=True, clamp=True,
+                             ranked=not isinstance(getattr(mech, "domain", None), list))
     start = time.perf_counter()
     for t, events in enumerate(steps, 1):
         n_events += len(events)
@@ -153,7 +160,7 @@ def _trace(name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[lis
                 if item not in true:
                     true[item] = np.zeros(horizon)
                     private[item] = np.full(horizon, np.nan)
-        rel = mech.step_batch(events).rounded()  # what one publishes (see Release.rounded)
+        rel = publish(mech.step_batch(events))
         for item, v in zip(rel.items, rel.values.tolist(), strict=True):
             if item not in private:
                 true[item] = np.zeros(horizon)
@@ -173,7 +180,8 @@ def _real_trace(mechanism: str, key: Any, epsilon: float, delta: float) -> Trace
         from .mechanisms.unknown import UnknownDomainHistogram
 
         mech: Any = UnknownDomainHistogram(horizon, max_items=2, key=key, epsilon=epsilon,
-                                           delta=delta, stream="demo-birdstrikes")
+                                           delta=delta, stream="demo-birdstrikes",
+                                           remember=True)
     else:
         from .mechanisms.known import KnownDomainHistogram
 

@@ -92,6 +92,7 @@ class Chunk:
     starts: np.ndarray
     ends: np.ndarray
     nlines: int = 0  # input lines the chunk covers (blank ones too)
+    users: list[Any] | None = None  # each record's user id (--user-field), or None
 
     def __len__(self) -> int:
         return int(self.lines.size)
@@ -116,6 +117,7 @@ class StepInput:
     lines: np.ndarray
     lengths: np.ndarray
     raw: bytes
+    users: list[Any] | None = None  # each valid event's user id (--user-field)
 
     @property
     def records(self) -> int:
@@ -424,7 +426,8 @@ def _chunk_of(recs: list[RawEvent]) -> Chunk:
     ends = np.cumsum(lens + 1) - 1
     offsets = np.zeros(len(recs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    return Chunk(lines=np.fromiter((r.line for r in recs), np.int64, len(recs)),
+    users = [r.user for r in recs] if any(r.user is not None for r in recs) else None
+    return Chunk(users=users, lines=np.fromiter((r.line for r in recs), np.int64, len(recs)),
                  t=_steps_array([r.t or 0 for r in recs]),
                  errors=errors, offsets=offsets, codes=np.asarray(codes, dtype=np.int64),
                  items=list(table), buf=b"\n".join(raws) + b"\n", starts=ends - lens,
@@ -554,6 +557,7 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     lengths: list[np.ndarray] = []
     raws: list[bytes] = []
     seen_chunks: dict[int, int] = {}
+    users: list[Any] = []
     for part in parts:
         ch, a, b = part.chunk, part.a, part.b
         lines.append(ch.lines[a:b])
@@ -575,6 +579,8 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         if good.size == 0:
             continue
         ev_lines.append(ch.lines[good])
+        if ch.users is not None:
+            users.extend(ch.users[i] for i in good.tolist())
         base = seen_chunks.get(id(ch))
         if base is None:
             base = seen_chunks[id(ch)] = len(items)
@@ -604,7 +610,8 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         items=items, codes=all_codes.astype(np.int64, copy=False).reshape(-1),
         offsets=offsets, errors=errors,
         lines=np.concatenate(lines) if lines else np.zeros(0, np.int64),
-        lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64), raw=raw)
+        lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64), raw=raw,
+        users=users if any(p.chunk.users is not None for p in parts) else None)
 
 
 def _steps_array(values: list[int]) -> np.ndarray:

@@ -13,6 +13,10 @@ JSON Lines (``--input-format jsonl``, the default), one event per line:
   ignored), or
 * ``["aspirin", "ibuprofen"]``, a plain JSON array.
 
+With ``--user-field NAME`` (user-level privacy) every event is an object whose
+field NAME holds a non-empty string user id (a CSV column of that name, equal
+on every row of an event); an event without one is an invalid record.
+
 CSV (``--input-format csv``): a header row, then one row per (event, item)
 with an event-id column and an item column (names chosen by ``--event-column``
 and ``--item-column``), and optionally a time-step column (``--time-column``).
@@ -95,7 +99,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .clock import StepClock, parse_timestamp
-from .mechanisms.base import Release
+from .mechanisms.base import Release, keyed_subset
 from .noise import NoiseSource
 
 __all__ = [
@@ -131,6 +135,7 @@ class RawEvent:
         items: the event's items as strings (possibly with repeats), or
             ``None`` when the record is malformed.
         error: what is wrong with the record, or ``None``.
+        user: the event's user id (``--user-field``), or ``None`` at event level.
         raw: the record's bytes as read (its line or lines, without the line
             terminator): what the keyed digest of a step's input reads.
     """
@@ -139,6 +144,7 @@ class RawEvent:
     t: int | None
     items: tuple[str, ...] | None
     error: str | None = None
+    user: str | None = None
     raw: bytes | None = field(default=None, repr=False, compare=False)
 
 
@@ -292,22 +298,23 @@ def _loads(text: str) -> tuple[Any, str | None]:
 
 
 def parse_jsonl_line(line: str, lineno: int, *, time_field: str | None = None,
-                     clock: StepClock | None = None, implicit: bool = False
-                     ) -> RawEvent | None:
+                     clock: StepClock | None = None, implicit: bool = False,
+                     user_field: str | None = None) -> RawEvent | None:
     """One JSON Lines record (see :func:`read_jsonl`), or None for a blank line that is
     no record (a blank line is a record of its own step with ``implicit``)."""
     text = line.strip()
     raw = raw_bytes(line.rstrip("\r\n"))
     if not text:
         if implicit:
-            return RawEvent(lineno, None, None, "a blank line (an empty event is [])", raw)
+            return RawEvent(lineno, None, None, "a blank line (an empty event is [])", raw=raw)
         return None
     if not _valid_text(text):
-        return RawEvent(lineno, None, None, "the line is not valid UTF-8", raw)
+        return RawEvent(lineno, None, None, "the line is not valid UTF-8", raw=raw)
     if (_fast_loads is not None and len(text) <= _FAST_MAX_CHARS
             and text.count("[") + text.count("{") <= _FAST_MAX_BRACKETS):
         try:
-            rec = _record(_fast_loads(text), text, lineno, time_field, clock, implicit, raw)
+            rec = _record(_fast_loads(text), text, lineno, time_field, clock, implicit,
+                          user_field, raw)
         except _FastError:
             rec = None
         if rec is not None and rec.error is None:
@@ -316,20 +323,25 @@ def parse_jsonl_line(line: str, lineno: int, *, time_field: str | None = None,
         # words the message), so that both parsers give the same records
     obj, err = _loads(text)
     if err is not None:
-        return RawEvent(lineno, None, None, err, raw)
-    return _record(obj, text, lineno, time_field, clock, implicit, raw)
+        return RawEvent(lineno, None, None, err, raw=raw)
+    return _record(obj, text, lineno, time_field, clock, implicit, user_field, raw)
 
 
 def _record(obj: Any, text: str, lineno: int, time_field: str | None,
-            clock: StepClock | None, implicit: bool, raw: bytes) -> RawEvent:
+            clock: StepClock | None, implicit: bool, user_field: str | None,
+            raw: bytes) -> RawEvent:
     if isinstance(obj, list):
         if not implicit:
             where = (f'a "{time_field}" timestamp' if clock is not None
                      else 'a time step "t" (or --implicit-time: each line is a step)')
             return RawEvent(lineno, None, None, f"an event needs {where}: write it as an "
-                                                '{"items": [...], ...} object', raw)
+                                                '{"items": [...], ...} object', raw=raw)
+        if user_field is not None:
+            return RawEvent(lineno, None, None, f'an event needs a "{user_field}" user id '
+                                                "(--user-field): write it as an object",
+                            raw=raw)
         items, err = _parse_items(obj)
-        return RawEvent(lineno, None, items, err, raw)
+        return RawEvent(lineno, None, items, err, raw=raw)
     if isinstance(obj, dict):
         t: int | None = None
         if implicit:
@@ -338,26 +350,46 @@ def _record(obj: Any, text: str, lineno: int, time_field: str | None,
         elif clock is not None:
             if time_field not in obj:
                 return RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
-                                                    "timestamp (--time-field)", raw)
+                                                    "timestamp (--time-field)", raw=raw)
             t, err = _step_of(obj[time_field], clock, "its timestamp")
         elif "t" not in obj:
             return RawEvent(lineno, None, None, 'an event needs a time step "t" (or '
-                                                "--implicit-time: each line is a step)", raw)
+                                                "--implicit-time: each line is a step)",
+                            raw=raw)
         else:
             t, err = _parse_t(obj.get("t"))
         if err is None and "items" not in obj:
             err = 'an event object needs an "items" array'
+        user = None
+        if err is None and user_field is not None:
+            user, err = _parse_user(obj, user_field)
         items = None
         if err is None:
             items, err = _parse_items(obj["items"])
-        return RawEvent(lineno, t, items if err is None else None, err, raw)
+        ok = err is None
+        return RawEvent(lineno, t, items if ok else None, err, user if ok else None, raw=raw)
     return RawEvent(
         lineno, None, None,
-        f'an event must be a JSON array or an object with "items", got {text[:40]!r}', raw)
+        f'an event must be a JSON array or an object with "items", got {text[:40]!r}',
+        raw=raw)
+
+
+def _parse_user(obj: dict, user_field: str) -> tuple[str | None, str | None]:
+    """The user id of an event object (``--user-field``), or why there is none."""
+    if user_field not in obj:
+        return None, f'an event needs a "{user_field}" user id (--user-field)'
+    value = obj[user_field]
+    if not isinstance(value, str) or not value:
+        return None, (f'the user id "{user_field}" must be a non-empty string, got '
+                      f"{_short(json.dumps(value, default=str))}")
+    if not _valid_text(value):
+        return None, "the user id is not valid UTF-8 text (it holds a lone surrogate)"
+    return value, None
 
 
 def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
-               clock: StepClock | None = None, implicit: bool = False) -> Iterator[RawEvent]:
+               clock: StepClock | None = None, implicit: bool = False,
+               user_field: str | None = None) -> Iterator[RawEvent]:
     """Parse JSON Lines events (see the module docstring).
 
     Steps come from the public time mode, never from the data: an event's
@@ -368,6 +400,8 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
     Without ``implicit`` blank lines are skipped, an event without its time
     is an invalid record of no step, and an event whose time is readable but
     whose items are not keeps its step (an invalid record of that step).
+    With ``user_field``, every event is an object with a non-empty string user
+    id in that field; an event without one is an invalid record (of its step).
     """
     if (time_field is None) != (clock is None):
         raise ValueError("time_field and clock go together")
@@ -375,7 +409,7 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
         raise ValueError("implicit time and a clock do not go together")
     for lineno, line in enumerate(lines, 1):
         rec = parse_jsonl_line(line, lineno, time_field=time_field, clock=clock,
-                               implicit=implicit)
+                               implicit=implicit, user_field=user_field)
         if rec is not None:
             yield rec
 
@@ -388,6 +422,7 @@ def read_csv(
     time_column: str | None = None,
     clock: StepClock | None = None,
     delimiter: str = ",",
+    user_column: str | None = None,
 ) -> Iterator[RawEvent]:
     """Parse CSV rows (one per event and item) into events, grouping consecutive event ids.
 
@@ -395,7 +430,8 @@ def read_csv(
     the module docstring for the memory this takes), as does a record with a
     CSV syntax error (strict parsing), a field spanning lines, an item longer
     than :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each
-    record's ``line`` is the line where it started.
+    record's ``line`` is the line where it started. With ``user_column``,
+    every row of an event holds the same non-empty user id.
     """
     captured: list[str] = []  # the lines of the record being read (for its raw bytes)
 
@@ -419,7 +455,7 @@ def read_csv(
         raise ValueError(f"input line 1: bad CSV header ({exc})") from None
     cols = {name.strip(): i for i, name in enumerate(header)}
     for role, name in (("--item-column", item_column), ("--event-column", event_column),
-                       ("--time-column", time_column)):
+                       ("--time-column", time_column), ("--user-field", user_column)):
         if name is not None and name not in cols:
             raise ValueError(
                 f"input line 1: the CSV header has no column {name!r} ({role}); "
@@ -427,13 +463,15 @@ def read_csv(
             )
     i_item, i_event = cols[item_column], cols[event_column]
     i_time = cols[time_column] if time_column is not None else None
-    width = max(i for i in (i_item, i_event, i_time) if i is not None) + 1
+    i_user = cols[user_column] if user_column is not None else None
+    width = max(i for i in (i_item, i_event, i_time, i_user) if i is not None) + 1
 
     current: str | None = None
     start = 0
     items: list[str] = []
     t_val: int | None = None
     error: str | None = None
+    user: str | None = None
     # Event ids seen before: all of the open time step (kept anyway, as the step
     # is), a bounded FIFO of the most recent ones across steps (with their
     # lines, for the message), and salted 64-bit hashes of all older ones.
@@ -456,8 +494,8 @@ def read_csv(
     def flush() -> RawEvent:
         raw = b"\n".join(raws)
         if error is not None:
-            return RawEvent(start, None, None, error, raw)
-        return RawEvent(start, t_val, tuple(items), None, raw)
+            return RawEvent(start, None, None, error, raw=raw)
+        return RawEvent(start, t_val, tuple(items), None, user, raw=raw)
 
     def seen_at(eid: str) -> int | None:
         """The line where ``eid`` started before (0: earlier, line forgotten), or None."""
@@ -497,7 +535,7 @@ def read_csv(
                 yield flush()
                 current = None
             hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
-            yield RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})", row_raw)
+            yield RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})", raw=row_raw)
             continue
         lineno = first_line
         row_raw = take_raw()
@@ -506,7 +544,7 @@ def read_csv(
         row_err: str | None = None
         if len(row) < width:
             row_err = f"CSV row has {len(row)} fields, expected at least {width}"
-        elif any("\n" in row[i] or "\r" in row[i] for i in (i_item, i_event, i_time)
+        elif any("\n" in row[i] or "\r" in row[i] for i in (i_item, i_event, i_time, i_user)
                  if i is not None):
             row_err = ("a field spans lines (lines "
                        f"{first_line}-{reader.line_num}: an unclosed quote?)")
@@ -519,7 +557,7 @@ def read_csv(
             if current is not None:
                 yield flush()
                 current = None
-            yield RawEvent(lineno, None, None, row_err, row_raw)
+            yield RawEvent(lineno, None, None, row_err, raw=row_raw)
             continue
         eid = row[i_event]
         row_t: int | None = None
@@ -533,11 +571,15 @@ def read_csv(
                     row_err = f"time step must be >= 1, got {_short(raw)!r}"
             except ValueError:
                 row_err = f"time step must be an integer, got {_short(raw)!r}"
+        row_user = None if i_user is None else row[i_user]
+        if row_user == "" and row_err is None:
+            row_err = f"the user id column {user_column!r} is empty"
         if eid != current:
             if current is not None:
                 yield flush()
             current, start, items, t_val, error = eid, lineno, [], row_t, row_err
             raws = []
+            user = row_user
             before = seen_at(eid)
             if before is not None and error is None:
                 where = f"line {before}" if before else "an earlier line"
@@ -549,6 +591,8 @@ def read_csv(
         elif error is None and row_t != t_val:
             error = (f"event {_short(eid)!r} has rows with different time steps "
                      f"({t_val} and {row_t})")
+        elif error is None and row_user != user:
+            error = f"event {_short(eid)!r} has rows with different user ids"
         raws.append(row_raw)
         if row[i_item] != "":
             items.append(row[i_item])
@@ -558,15 +602,19 @@ def read_csv(
 
 def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = None,
                 clock: StepClock | None = None, implicit: bool = False,
-                **csv_options: Any) -> Iterator[RawEvent]:
+                user_field: str | None = None, **csv_options: Any) -> Iterator[RawEvent]:
     """Dispatch on ``fmt`` (``"jsonl"`` or ``"csv"``); ``time_field`` with ``clock``:
     steps from timestamps (a JSON field, or the CSV column of that name);
-    ``implicit``: every JSON line is a step (CSV needs a time column)."""
+    ``implicit``: every JSON line is a step (CSV needs a time column);
+    ``user_field``: each event's user id (a JSON field, or the CSV column)."""
     if fmt == "jsonl":
-        return read_jsonl(stream, time_field=time_field, clock=clock, implicit=implicit)
+        return read_jsonl(stream, time_field=time_field, clock=clock, implicit=implicit,
+                          user_field=user_field)
     if implicit:
         raise ValueError("--implicit-time is for JSON Lines: the rows of a CSV event are not "
                          "a step each; give --time-column or --time-field")
+    if user_field is not None:
+        csv_options = {**csv_options, "user_column": user_field}
     if clock is not None:
         csv_options = {**csv_options, "time_column": time_field, "clock": clock}
     if fmt == "csv":
@@ -610,7 +658,7 @@ def group_steps(
         if t <= current:
             late = RawEvent(rec.line, None, None,
                             f"time step {t} is not after step {current}, which is already "
-                            "complete (events must be in time order)", rec.raw)
+                            "complete (events must be in time order)", raw=rec.raw)
             (step if step is not None else bad).append(late)
             continue
         if step is not None:
@@ -681,13 +729,7 @@ class KeyedTruncator:
         self.max_items = max_items
 
     def __call__(self, items: Sequence[str], ordinal: int) -> tuple[str, ...]:
-        distinct = tuple(dict.fromkeys(items))
-        if len(distinct) <= self.max_items:
-            return distinct
-        prepared = self.source.prepare(distinct)
-        u = NoiseSource.to_uniform(self.source.blocks(prepared, 0, ordinal))
-        keep = np.sort(np.argsort(u, kind="stable")[: self.max_items])
-        return tuple(distinct[i] for i in keep)
+        return keyed_subset(self.source, items, self.max_items, ordinal)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- output

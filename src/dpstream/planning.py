@@ -12,9 +12,13 @@ derived numbers are closed forms stated below.
 * both counters at the same budget (they calibrate to the same tau): the
   worst-step std of the tree (base r, or r*) and of the BLT for T;
 * half-width of a 95% interval of one count: ``1.959964 * std``;
-* unknown domain: an item whose true count is m_delta is shown with
-  probability 1/2 at the worst step, one whose count is
-  ``m_delta + 1.644854 * std`` with probability 95%;
+* unknown domain: the threshold of step t is m_t = 1 + sqrt(|I_t| L_r) tau
+  Phi^-1(1 - delta/T); an item whose true count is m_t is shown at t with
+  probability 1/2, one whose count is ``m_t + 1.644854 * std_t`` with
+  probability 95% (printed at the worst step and at the median step, the
+  median taken over t = 1..T, or over 200,001 evenly spaced t for a longer
+  horizon); the same numbers for horizons T/c (c steps merged into one) show
+  what a coarser step buys;
 * the inverse (``--target-error E``): tau = E / (1.959964 * std at tau = 1),
   the noise std being proportional to tau.
 """
@@ -25,11 +29,19 @@ import math
 from typing import Any
 
 from .factorization import MAX_BLT_HORIZON, blt_for_horizon
-from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
+from .tree import digits, max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 
-__all__ = ["Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
-           "format_plan", "tau_for_target"]
+__all__ = ["explain", "Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
+           "format_plan", "tau_for_target", "threshold_profile", "coarser_steps", "COARSER",
+           "max_items_hint", "MAX_ITEMS_CHOICES"]
+
+#: The --max-items values ``plan`` compares (with the one given).
+MAX_ITEMS_CHOICES = (1, 2, 5, 10, 20, 50, 100)
+
+#: The step merges ``plan`` shows for the unknown domain (c steps into one: e.g.
+#: 7 days into a week, 24 hours into a day, 30 days into a month).
+COARSER = (1, 2, 7, 24, 30)
 
 #: Phi^-1(0.975): a two-sided 95% interval is +-Z95 standard deviations.
 Z95 = 1.959963984540054
@@ -58,12 +70,12 @@ def tau_for_target(target_error: float, std_at_unit_tau: float) -> float:
 
 def _base_reason(horizon: int, base: int, given: bool) -> str:
     if given:
-        return f"r = {base} as given by --base"
+        return f"base {base}, as given by --base"
     star = optimal_base(horizon)
     if base == star:
-        return (f"r* = {base} minimises the paper's worst-case variance factor (r - 1) L_r^2 "
-                f"= {paper_variance_factor(horizon, base)} for T = {horizon} (eq:opt_base)")
-    return f"r = {base} chosen by the mechanism"
+        return (f"base {base}, the one with the least noise at the worst step for "
+                f"--horizon {horizon} (worst-case factor {paper_variance_factor(horizon, base)})")
+    return f"base {base}, chosen by the mechanism"
 
 
 def counter_comparison(mech: Any) -> dict[str, float] | None:
@@ -86,6 +98,55 @@ def counter_comparison(mech: Any) -> dict[str, float] | None:
     return out
 
 
+def threshold_profile(mech: Any) -> dict[str, float]:
+    """UnkBase's per-step threshold m_t: at the worst step and at the median step t <= T,
+    with the noise std of a count at those steps."""
+    horizon, base = int(mech.horizon), int(mech.base)
+    if horizon <= 200_001:
+        ts = range(1, horizon + 1)
+    else:
+        ts = sorted({1 + (horizon - 1) * i // 200_000 for i in range(200_001)})
+    cells = sorted(sum(digits(t, base)) for t in ts)
+    typical = cells[(len(cells) - 1) // 2]
+    worst = max_cells(horizon, base)
+    levels = num_levels(horizon, base)
+    return {
+        "threshold_worst": float(mech.threshold_for_cells(worst)),
+        "threshold_typical": float(mech.threshold_for_cells(typical)),
+        "std_worst": float(mech.tau) * math.sqrt(worst * levels),
+        "std_typical": float(mech.tau) * math.sqrt(typical * levels),
+    }
+
+
+def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
+    """UnkBase's thresholds if c steps were merged into one (horizon ceil(T / c)).
+
+    ``build(horizon)`` returns the mechanism for that horizon with the same budget.
+    """
+    out, seen = [], set()
+    for c in COARSER:
+        h = -(-horizon // c)
+        if h in seen:
+            continue
+        seen.add(h)
+        mech = build(h)
+        prof = threshold_profile(mech)
+        out.append({"merge": c, "horizon": h, "base": int(mech.base),
+                    "threshold_typical": prof["threshold_typical"],
+                    "threshold_worst": prof["threshold_worst"]})
+    return out
+
+
+def max_items_hint(std_for: Any, given: int) -> list[dict[str, Any]]:
+    """The noise std at the worst step for several --max-items values, same budget.
+
+    ``std_for(n)`` builds the mechanism with max_items = n and returns its std.
+    KnownBase's noise grows as sqrt(max_items) (sensitivity sqrt(Delta0 L_r)).
+    """
+    values = sorted(set(MAX_ITEMS_CHOICES) | {int(given)})
+    return [{"max_items": n, "noise_std_worst": float(std_for(n))} for n in values]
+
+
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
     horizon = int(mech.horizon)
@@ -105,7 +166,13 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         "noise_std_worst": std,
         "ci95_half_width": Z95 * std,
         "privacy": mech.privacy.to_dict(),
+        "unit": mech.privacy.unit,
     }
+    bounds = getattr(mech, "user_bounds", None)
+    if bounds is not None:
+        out.update(max_items_per_user=bounds.max_items_per_user,
+                   max_count_per_item=bounds.max_count_per_item,
+                   user_bounds=bounds.describe())
     if strategy is not None:
         out.update(buffers=strategy.buffers, fitted_horizon=strategy.fitted_horizon,
                    worst_case_variance=strategy.worst_case_variance)
@@ -120,12 +187,22 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     if isinstance(threshold, (int, float)):
         out["threshold"] = float(threshold)
         out["threshold_delta"] = float(mech.threshold_delta)
-        out["occurrences_to_show_half"] = math.ceil(threshold)
-        out["occurrences_to_show_95"] = math.ceil(threshold + Z95_ONE_SIDED * std)
+        if hasattr(mech, "threshold_for_cells"):
+            prof = threshold_profile(mech)
+            out.update(prof)
+            out["occurrences_to_show_half"] = math.ceil(prof["threshold_worst"])
+            out["occurrences_to_show_95"] = math.ceil(prof["threshold_worst"]
+                                                      + Z95_ONE_SIDED * prof["std_worst"])
+            out["occurrences_to_show_half_typical"] = math.ceil(prof["threshold_typical"])
+        else:
+            out["occurrences_to_show_half"] = math.ceil(threshold)
+            out["occurrences_to_show_95"] = math.ceil(threshold + Z95_ONE_SIDED * std)
     if hasattr(mech, "switches"):
         out["k"] = int(mech.k)
         out["switches"] = int(mech.switches)
         out["eta"] = float(mech.eta_at(1)) if hasattr(mech, "eta_at") else None
+        if getattr(mech, "wait", False):
+            out["start_eta"] = float(mech.start_eta_at(1))
         out["tau_1"] = float(getattr(mech, "tau_1", float("nan")))
         out["tau_2"] = float(getattr(mech, "tau_2", float("nan")))
     elif hasattr(mech, "k") and getattr(mech, "k", None) is not None:
@@ -137,22 +214,58 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     return out
 
 
+def explain(info: dict[str, Any]) -> str:
+    """``dpstream plan --explain``: where each number comes from, with the paper's labels
+    (Cardoso and Rogers, *Differentially Private Histograms under Continual Observation*)."""
+    p = info["privacy"]
+    lines = [
+        "paper         Cardoso and Rogers, Differentially Private Histograms under Continual "
+        "Observation: Streaming Selection into the Unknown",
+        f"algorithm     {info['algorithm']}; guarantee: {p['theorem']}",
+        f"conversion    rho-zCDP to (epsilon, delta) by {p['conversion']} (gaussian-exact: "
+        "Balle and Wang 2018; cks2020: Canonne, Kamath and Steinke; bun-steinke: Bun and "
+        "Steinke 2016)",
+    ]
+    if info.get("counter") == "blt":
+        lines.append("counter       buffered linear Toeplitz factorization A = B C (Dvijotham, "
+                     "McMahan, Pillutla, Steinke and Thakurta 2024): one Gaussian per item and "
+                     "step; sensitivity max_j ||C e_j||, variance at t sigma^2 ||row_t(B)||^2")
+    else:
+        lines.append(f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
+                     f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
+                     "minimises (r - 1) L_r^2 (eq:opt_base)")
+    if "threshold" in info:
+        lines.append("threshold     m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) "
+                     "(eq:threshold, lem:badOutcomes); per step m_t with |I_t| cells in place "
+                     "of (r - 1) L_r, never above m_delta")
+    if "switches" in info:
+        lines.append("top-k         SparseGumb (algo:sparseGumb): Gumbel selections with noise "
+                     "tau_2, a sparse-vector switch test with noise tau_1 (Lyu, Su and Li 2017, "
+                     "Alg. 1)")
+    return "\n".join(lines)
+
+
 def format_plan(info: dict[str, Any]) -> str:
-    """The plan in plain words."""
+    """The plan in plain words (``explain`` gives the paper's labels)."""
     p = info["privacy"]
     if info.get("counter") == "blt":
-        counter = (f"counter       BLT factorization, {info['buffers']} buffers per item "
-                   f"(fitted for T = {info['fitted_horizon']}): worst-case variance "
-                   f"{info['worst_case_variance']:.4g} tau^2")
+        counter = (f"counter       a BLT matrix factorization, {info['buffers']} buffers per "
+                   f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
+                   f"{info['worst_case_variance']:.4g} times the noise scale squared")
     else:
-        counter = (f"tree base     {info['base_reason']}; L_r = {info['levels']} levels, "
+        counter = (f"counter       a tree of {info['base_reason']}; {info['levels']} levels, "
                    f"at most {info['max_cells']} noisy cells per count")
+    unit = info.get("unit", "event")
+    plain = (f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
+             f"with rho = {p['rho']:.6g}; converted by {p['conversion']})")
     lines = [
-        f"mechanism     {info['mechanism']} ({info['algorithm']}), horizon T = {info['horizon']}",
+        f"mechanism     {info['mechanism']} ({info['algorithm']}), --horizon {info['horizon']}",
         counter,
-        f"noise scale   tau = {info['tau']:.6g}",
-        f"privacy       rho = {p['rho']:.6g} zCDP; (epsilon = {p['epsilon']:.6g}, "
-        f"delta = {p['delta']:.3g})-DP via {p['conversion']} [{p['theorem']}]",
+        f"noise scale   {info['tau']:.6g}",
+        f"privacy       {plain}",
+        *([f"unit          per user: {info['user_bounds']} over the whole stream (later "
+            "contributions dropped); the guarantee hides all of one user's events"]
+          if unit == "user" else []),
         f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
         f"is the released count +- {info['ci95_half_width']:.4g}",
     ]
@@ -162,19 +275,61 @@ def format_plan(info: dict[str, Any]) -> str:
             f"counters      at this budget, std at the worst step: tree {counters['tree']:.4g}, "
             f"blt {counters['blt']:.4g} (this run: --counter {info['counter']})"
         )
-    if "threshold" in info:
+    if "threshold_worst" in info:
         lines.append(
-            f"threshold     m_delta = {info['threshold']:.4g} (threshold delta "
+            f"threshold     an item is shown at a step once its noisy count passes that "
+            f"step's threshold (--threshold-delta {info['threshold_delta']:.3g}): "
+            f"{info['threshold_typical']:.4g} at the median step, "
+            f"{info['threshold_worst']:.4g} at the worst (never above "
+            f"{info['threshold']:.4g}, the single threshold of the paper); items need about "
+            f"{info['occurrences_to_show_half_typical']} occurrences to be shown half the time "
+            f"at the median step, {info['occurrences_to_show_half']} at the worst step, "
+            f"{info['occurrences_to_show_95']} to be shown 95% of the time at any step"
+        )
+    elif "threshold" in info:
+        lines.append(
+            f"threshold     {info['threshold']:.4g} (--threshold-delta "
             f"{info['threshold_delta']:.3g}): items need about {info['occurrences_to_show_half']} "
             f"occurrences to be shown (half the time at the worst step), "
             f"{info['occurrences_to_show_95']} to be shown 95% of the time"
         )
+    for row in info.get("coarser_steps", []):
+        if row["merge"] == 1:
+            lines.append("coarser steps the thresholds if c steps were merged into one (same "
+                         "budget, --horizon divided by c):")
+        lines.append(
+            f"              c = {row['merge']:>2}: --horizon {row['horizon']}, --base "
+            f"{row['base']}: threshold {row['threshold_typical']:.4g} at the median step, "
+            f"{row['threshold_worst']:.4g} at the worst")
     if "switches" in info:
         lines.append(
-            f"top-k         k = {info['k']}, at most {info['switches']} switches, eta = "
-            f"{info['eta']:.4g}; selection noise tau_2 = {info['tau_2']:.4g}, "
-            f"sparse-vector tau_1 = {info['tau_1']:.4g}"
+            f"top-k         --k {info['k']}, at most {info['switches']} switches of the list; "
+            f"an item outside it must lead by --eta {info['eta']:.4g}; noise scale of the "
+            f"selection {info['tau_2']:.4g}, of the switch test {info['tau_1']:.4g}"
         )
+        if "start_eta" in info:
+            lines.append(
+                f"first list    none ('not yet') until the {info['k']}-th largest count clears "
+                f"about {info['start_eta']:.4g} (plus sparse-vector noise)"
+            )
+    if "choice" in info:
+        lines.append(f"top-k choice  {info['choice']}")
+    if info.get("max_items_break_even", 0) >= 1:
+        lines.append(
+            f"top-k choice  if every event holds at most {info['max_items_break_even']} items, "
+            "KnownBase's top-k (free post-processing of the whole noisy histogram) has less "
+            "noise than SparseGumb for this budget: give --max-items to compare")
+    if "max_items_hint" in info:
+        rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
+                         for r in info["max_items_hint"])
+        sparse = info.get("candidates", {}).get("SparseGumb")
+        lines.append(
+            "max items     every event may hold at most --max-items items; more are refused, "
+            "or cut with --on-invalid truncate, which undercounts the items of large events "
+            "(the run summary reports the share of item occurrences dropped). The noise grows "
+            f"with it (std at the worst step, --max-items: std): {rows}"
+            + (f" (SparseGumb, any event size: {sparse:.3g})" if sparse else "")
+            + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes.")
     if "target_error" in info:
         lines.append(
             f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "

@@ -8,8 +8,8 @@ are computed by the same code.
 The analyses of the paper are in zero-concentrated DP (zCDP, Bun & Steinke 2016):
 all mechanisms of dpstream are ``rho``-zCDP with ``rho(tau) = a / tau**2`` for a
 mechanism-specific coefficient ``a`` (KnownBase ``a = Delta0 / 2``, SparseGumb
-``a = (2k + 4) / 2``, MetaAlgo with Gumbel selection ``a = k``, BinMech
-``a = 1 / 2``). zCDP composes by adding ``rho`` (paper, lem:zCDP_Comp).
+``a = k + 1/2``, or ``k`` with no sparse-vector round, MetaAlgo with Gumbel
+selection ``a = k``, BinMech ``a = 1 / 2``). zCDP composes by adding ``rho`` (paper, lem:zCDP_Comp).
 
 Three ways of turning ``rho`` into an (epsilon, delta)-DP claim are provided,
 from loosest to tightest:

@@ -59,6 +59,8 @@ from .cli import (
     _load_config,
     _require_budget,
     build_mechanism,
+    check_user_options,
+    make_postprocessor,
     merge_options,
 )
 from .errors import DPStreamError, InvalidEventError, StateError
@@ -77,6 +79,8 @@ class RunStats:
     events: int = 0
     truncated: int = 0
     skipped: int = 0
+    occurrences: int = 0  # distinct items of the valid events, before truncation
+    dropped: int = 0  # of those, removed by --on-invalid truncate
     reasons: Counter = field(default_factory=Counter)
     last_items: int = 0
     resumed_at: int = 0
@@ -166,11 +170,14 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
         domain_sha256=None if domain is None else hashlib.sha256(
             json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
         input_format=input_format, output_format=output_format, round=bool(opts["round"]),
+        clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
     )
     if input_format == "csv":
         params.update(item_column=opts["item_column"], event_column=opts["event_column"],
                       time_column=opts["time_column"])
+    if opts.get("user_field") is not None:
+        params.update(user_field=opts["user_field"])
     if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
@@ -195,6 +202,7 @@ _REDACTED = {
     "time order": "its time step is not after a step already complete (events must be in "
                   "time order)",
     "not valid UTF-8": "not valid UTF-8",
+    "user id": "its user id (--user-field) is missing, empty or not a string",
     "malformed": "not a valid event",
 }
 
@@ -203,7 +211,9 @@ class _Validator:
     """Applies --on-invalid to each record of a step, counting what it dropped or cut."""
 
     def __init__(self, *, policy: str, domain: Sequence[str] | None, max_items: int | None,
-                 truncator: Any, stats: RunStats, verbose: bool = False) -> None:
+                 truncator: Any, stats: RunStats, verbose: bool = False,
+                 users: bool = False) -> None:
+        self.users = users  # events are (user, items) pairs (--user-field)
         self.policy = policy
         self.domain = None if domain is None else frozenset(domain)
         self.max_items = max_items
@@ -246,6 +256,7 @@ class _Validator:
             sizes = np.diff(offsets)
             event_of = np.repeat(np.arange(n_ev), sizes)
             dkeep, distinct = distinct_in_events(codes, offsets)
+            before = distinct  # distinct items per event, before any cut
             if dkeep is not None:
                 keep &= dkeep
             if self.domain is not None and items:
@@ -286,20 +297,27 @@ class _Validator:
             self._invalid(line, problem)
         self.stats.truncated += int(np.count_nonzero(changed & ~drop))
         if n_ev <= 0:
-            return EventColumns(items, np.zeros(0, np.int64), np.zeros(1, np.int64))
+            cols = EventColumns(items, np.zeros(0, np.int64), np.zeros(1, np.int64))
+            return [] if self.users else cols
         if drop.any():
             keep &= ~drop[event_of]
-            sizes = np.bincount(event_of[keep], minlength=n_ev)[~drop]
-        else:
-            sizes = np.bincount(event_of[keep], minlength=n_ev)
+        final = np.bincount(event_of[keep], minlength=n_ev)
+        self.stats.occurrences += int(before[~drop].sum())
+        self.stats.dropped += int((before - final)[~drop].sum())
+        sizes = final[~drop] if drop.any() else final
         new_offsets = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum(sizes, out=new_offsets[1:])
-        return EventColumns(items, codes if keep.all() else codes[keep], new_offsets)
+        cols = EventColumns(items, codes if keep.all() else codes[keep], new_offsets)
+        if self.users:  # (user, items) pairs, bounded per user by the mechanism
+            users = [u for u, d in zip(step.users, drop.tolist(), strict=True) if not d]
+            return [(u, tuple(e)) for u, e in zip(users, cols.events(), strict=True)]
+        return cols
 
 
 def _reason_key(problem: str) -> str:
     for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
-                "not in the domain", "more than --max-items", "not valid JSON", "time order",
+                "user id", "not in the domain", "more than --max-items", "not valid JSON",
+                "time order",
                 "reappears", "not valid UTF-8"):
         if key in problem:
             return key
@@ -394,6 +412,7 @@ class _GoOn:
     """
 
     mechanism: Any
+    publish: Any
     t: int
     offset: int
     continues: bool
@@ -441,9 +460,13 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
         raise StateError(f"the run in {opts['state']} stopped at step {record.last_t} while "
                          f"reading another input ({open_batch[1]!r}): give it the same input "
                          "to finish its steps")
-    mechanism = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
+    saved = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
+    if not (isinstance(saved, tuple) and len(saved) == 2):
+        raise StateError(f"the state's snapshot in {opts['state']} holds no post-processing "
+                         "state (--clamp/--monotone): go on with the version that wrote it")
+    mechanism, publish = saved
     offset = ckpt.step(t).end
-    return _GoOn(mechanism=mechanism, t=t, offset=offset, continues=continues,
+    return _GoOn(mechanism=mechanism, publish=publish, t=t, offset=offset, continues=continues,
                  batch=None if continues or open_batch is None else open_batch[0])
 
 
@@ -515,13 +538,14 @@ def _check_time_mode(opts: dict[str, Any], until: int) -> None:
 
 #: The settings that decide which events count, and where: with their defaults.
 _PROCESSING_DEFAULTS = {"on_invalid": "skip", "implicit_time": False, "time_field": None,
-                        "step": None, "start": None, "lateness": None, "follow": False}
+                        "step": None, "start": None, "lateness": None, "follow": False,
+                        "user_field": None}
 
 
 def scoped_stream(opts: dict[str, Any]) -> str:
     """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
     input settings that change which events a release counts (``--on-invalid``, the time
-    mode and clock, the CSV columns) when they are not the defaults.
+    mode and clock, the CSV columns, the user field) when they are not the defaults.
 
     Two runs of one stream under one key that count different events (skipping against
     truncating, hourly against half-hourly steps) must not share noise: the difference of
@@ -584,6 +608,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
                          " keep it secret)")
     setup_logging(opts["log_format"], quiet=opts["quiet"])
+    check_user_options(opts, run=True)
     until = _until(opts)
     _check_time_mode(opts, until)
     _check_paths(opts, args.config)
@@ -598,6 +623,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     domain = _domain_option(opts)
     stream = scoped_stream(opts)
     mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
+    # readable counts (--clamp, --monotone): post-processing whose state (the values
+    # published so far) is replayed with the steps, or saved with the mechanism
+    publish = make_postprocessor(opts)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
     parquet = None
@@ -621,7 +649,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
     truncator = KeyedTruncator(NoiseSource(key, f"{stream}/truncate"), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
-                           truncator=truncator, stats=stats, verbose=opts["verbose_errors"])
+                           truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
+                           users=opts["user_field"] is not None)
     digests = StateDigests(key)
     quiet = opts["quiet"]
     viewer = None
@@ -653,6 +682,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 go_on = _go_on(ckpt, record, opts, key, digests)
                 if go_on is not None:
                     mech = formatter.mech = go_on.mechanism
+                    publish = go_on.publish
                 if go_on is None or not go_on.continues:
                     resume = _Resume(last_t=record.last_t, begin=record.last_begin)
                 stats.resumed_at = record.last_t
@@ -663,8 +693,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (new_run is not None or ckpt is None) and parquet is None:  # parquet: checked
             _check_new_output(opts, formatter.header())
         if opts["output"] != "-":  # the run's public metadata, before the output is touched
-            write_run_meta(opts["output"], describe_run(
-                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]))
+            write_run_meta(opts["output"], {**describe_run(
+                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]),
+                "clamped": bool(opts["clamp"]), "monotone": bool(opts["monotone"])})
         if parquet is not None:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
             stack.callback(parquet.close)
@@ -693,7 +724,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
                   start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
-                  batch=batch, key=key)
+                  batch=batch, key=key, publish=publish)
     _log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
@@ -756,15 +787,18 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     clock = _clock(opts)
     return read_events(guard_lines(infile, opts["input"]), input_format,
                        time_field=opts["time_field"] if clock else None, clock=clock,
-                       implicit=bool(opts["implicit_time"]), **csv_opts)
+                       implicit=bool(opts["implicit_time"]),
+                       user_field=opts.get("user_field"), **csv_opts)
 
 
 def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
     """The input's records in chunks (``dpstream.ingest.Chunk``), in order: JSON Lines
-    with integer steps through the columnar reader, the other inputs record by record."""
+    with integer steps through the columnar reader, the other inputs (timestamps, CSV,
+    one step per line, user ids) record by record."""
     from .ingest import chunks_from_records, read_jsonl_chunks
 
-    if input_format == "jsonl" and _clock(opts) is None and not opts["implicit_time"]:
+    if (input_format == "jsonl" and _clock(opts) is None and not opts["implicit_time"]
+            and opts.get("user_field") is None):
         return read_jsonl_chunks(infile, opts["input"])
     return chunks_from_records(_input_records(infile, opts, input_format))
 
@@ -791,14 +825,19 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
               resume: _Resume | None, until: int, formatter: Any, validator: _Validator,
               digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
               quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
-              key: Any = None) -> None:
+              key: Any = None, publish: Any = None) -> None:
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
-    its last release ends in the output."""
+    its last release ends in the output. ``publish``: the readable-counts
+    post-processing (:func:`dpstream.cli.make_postprocessor`), in the state that goes
+    with ``mech``."""
     from .ingest import records_step, step_steps
     from .io import group_steps
+    from .mechanisms.columns import EventColumns
 
     horizon = int(opts["horizon"])
+    if publish is None:
+        publish = make_postprocessor(opts)
     do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")
     start_t, start_offset = start
     resume_t = resume.last_t if resume is not None else 0
@@ -832,8 +871,9 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         if not hasattr(step, "codes"):  # records read one at a time (--follow)
             step = records_step(t, list(step))
         events = validator.events(step)
-        batch = events if getattr(mech, "accepts_columns", False) else events.events()
-        rel = _postprocess(_public(mech.step_batch(batch), public_meta), opts)
+        batch = (events.events() if isinstance(events, EventColumns)
+                 and not getattr(mech, "accepts_columns", False) else events)
+        rel = _postprocess(publish(_public(mech.step_batch(batch), public_meta)), opts)
         line = formatter.format(rel)
         stats.steps += 1
         stats.events += len(events)
@@ -921,6 +961,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     if ckpt is not None:
         summary = {"steps": stats.steps, "events": stats.events,
                    "truncated": stats.truncated, "skipped": stats.skipped,
+                   "occurrences": stats.occurrences, "dropped_occurrences": stats.dropped,
                    "last_t": int(mech.t), "input_records": read}
         if until == horizon:
             ckpt.finish(summary)
@@ -929,7 +970,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             ckpt.set_summary(summary)
             if batch is not None:
-                ckpt.end_batch(batch, until, _snapshot_or_none(mech, key, ckpt))
+                ckpt.end_batch(batch, until, _snapshot_or_none(mech, publish, key, ckpt))
 
 
 def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
@@ -937,12 +978,14 @@ def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
     return f"{params}\0{ckpt.run_id()}\0{t}".encode()
 
 
-def _snapshot_or_none(mech: Any, key: Any, ckpt: Any) -> bytes | None:
-    """The mechanism's snapshot for the next run, or None (logged) if it cannot be saved."""
+def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | None:
+    """The snapshot for the next run (the mechanism and its readable-counts
+    post-processing), or None (logged) if it cannot be saved."""
     from .snapshot import dump_snapshot
 
     try:
-        return dump_snapshot(mech, key, _snapshot_context(ckpt, ckpt.load().params, mech.t))
+        return dump_snapshot((mech, publish), key,
+                             _snapshot_context(ckpt, ckpt.load().params, mech.t))
     except TypeError as exc:
         _log.warning(f"{exc}; the next run must read the whole stream again")
         return None
@@ -1071,7 +1114,8 @@ def _input_records_from(lines: Iterable[str], opts: dict[str, Any],
     from .io import read_events
 
     clock = _clock(opts)
-    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock)
+    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock,
+                       user_field=opts.get("user_field"))
 
 
 def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
@@ -1120,6 +1164,8 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
            if stats.reasons else ""),
         f"  items released at the last step: {stats.last_items}",
+        *_bounding_summary(mech),
+        *_truncation_lines(stats, opts),
         f"  privacy spent: {mech.privacy.plain()}",
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
@@ -1128,8 +1174,33 @@ def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
         steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
         resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
         skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
+        occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
         items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
         output=opts["output"], state=opts["state"]))
+
+
+def _bounding_summary(mech: Any) -> list[str]:
+    """The user bounds' effect, for the operator (not private: it counts users)."""
+    users = getattr(mech, "_users", None)
+    if users is None:
+        return []
+    st = users.bounder.stats
+    return [f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
+            f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
+            f"{st.dropped_count} past --max-count-per-item); {users.users} users"]
+
+
+def _truncation_lines(stats: RunStats, opts: dict[str, Any]) -> list[str]:
+    """The share of item occurrences truncation dropped (for the operator, never published)."""
+    if not stats.occurrences or opts.get("on_invalid") != "truncate":
+        return []
+    share = stats.dropped / stats.occurrences
+    line = (f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
+            f"({share:.1%}; not part of the release)")
+    if share >= 0.05:
+        line += (": counts of items that come in large events are low by up to that share; "
+                 "a larger --max-items keeps more (see `dpstream plan` for its noise)")
+    return [line]
 
 
 class _Progress:

@@ -78,7 +78,7 @@ def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> di
     info.update(
         format=FORMAT,
         dpstream_version=__version__,
-        unit="event",
+        unit=str(mech.privacy.unit),
         counter=str(getattr(mech, "counter", "tree")),
         rounded=bool(rounded),
         noise_std_per_step=callable(getattr(mech, "noise_std_at", None)),

@@ -73,7 +73,8 @@ def _build(label: str, params: dict[str, Any], key, eps: float):
 
         return ContinualTopK(domain, T, k=1, switches=params["sparse_switches"],
                              eta=params["sparse_eta"], key=key, counter="tree",
-                             base=params["base"], epsilon=eps, delta=delta)
+                             base=params["base"], epsilon=eps, delta=delta,
+                             wait=False)  # the paper's algorithm
     from ..mechanisms.meta import MetaHistogram
 
     return MetaHistogram(T, oneshot="gumbel", key=key, base=params["base"], domain=domain, k=1,

@@ -87,8 +87,9 @@ def _build(cfg: dict[str, Any], params: dict[str, Any], key):
                              k=1, tau=cfg["tau"])
     from ..mechanisms.topk import ContinualTopK
 
+    # wait=False: the paper's algorithm (first selection at t = 1)
     return ContinualTopK(domain, T, k=1, switches=cfg["s"], eta=cfg["eta"], key=key,
-                         counter="tree", base=params["base"], tau=cfg["tau"])
+                         counter="tree", base=params["base"], tau=cfg["tau"], wait=False)
 
 
 def simulate_stream(params: dict[str, Any], rng: np.random.Generator) -> np.ndarray:

@@ -322,7 +322,8 @@ def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
         title="Figure 3 (unknown domain): UnkBase against MetaAlgo with UnkGauss",
         figure=FIGURE,
         caption=("Left: how many items each mechanism shows at t, against the items that have "
-                 "appeared and those whose true count exceeds UnkBase's threshold m_delta. "
+                 "appeared and those whose true count exceeds UnkBase's worst-case threshold "
+                 "m_delta (the per-step thresholds m_t it uses are at most m_delta). "
                  "Middle: mean |noisy - true| over the items shown at t (trials with no shown "
                  "item skipped). Right: mean |released - true| over the true top items at t, "
                  "an item not shown counting as 0 (this mixes discovery and accuracy)."),

@@ -19,7 +19,7 @@ import numpy as np
 from .. import privacy
 from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
-from ..noise import NoiseKey, canonical_item
+from ..noise import NoiseKey, NoiseSource, canonical_item
 from ..tree import optimal_base
 
 __all__ = [
@@ -36,6 +36,9 @@ __all__ = [
     "domain_counts",
     "check_domain",
     "resolve_privacy",
+    "keyed_subset",
+    "EventLimit",
+    "TruncationStats",
 ]
 
 
@@ -187,8 +190,9 @@ def config_tag(**params: object) -> str:
     noise: otherwise the same standard draws, scaled differently or added to
     cells of other spans, would let the two releases be solved for the true
     counts. Identical settings replay identical noise (a restart, another
-    engine). Floats are fingerprinted exactly (``float.hex``); a callable
-    cannot be, and counts as ``"callable"``.
+    engine). Floats are fingerprinted exactly (``float.hex``). A callable
+    cannot be fingerprinted (two functions would look alike) and is refused:
+    evaluate it first (e.g. ContinualTopK turns an eta schedule into values).
     """
 
     def canon(value: object) -> object:
@@ -199,7 +203,7 @@ def config_tag(**params: object) -> str:
         if isinstance(value, (float, np.floating)):
             return float(value).hex()
         if callable(value):
-            return "callable"
+            raise TypeError("a noise scope cannot fingerprint a function: give its values")
         return str(value)
 
     text = json.dumps({k: canon(v) for k, v in params.items()}, sort_keys=True)
@@ -360,3 +364,123 @@ def resolve_privacy(
         target_epsilon=budget.epsilon,
     )
     return budget, tau_value, guarantee
+
+
+# --------------------------------------------------------------------------- truncation
+
+
+def keyed_subset(source: NoiseSource, items: Sequence[Hashable], k: int,
+                 ordinal: int) -> tuple[Hashable, ...]:
+    """``k`` of the distinct ``items``, chosen by a keyed PRF, in the event's order.
+
+    Every item gets the keyed uniform at address (0, ``ordinal``) under
+    ``source``'s purpose and the k smallest are kept. The choice depends on the
+    event's items, its ordinal and the key only (never on another event), and
+    is the same in every process: ``dpstream run --on-invalid truncate``
+    (:class:`dpstream.io.KeyedTruncator`) and ``on_invalid="truncate"`` of the
+    mechanisms both use it. See :class:`EventLimit` for why privacy holds.
+    """
+    distinct = tuple(dict.fromkeys(items))
+    if len(distinct) <= k:
+        return distinct
+    u = NoiseSource.to_uniform(source.blocks(source.prepare(distinct), 0, ordinal))
+    keep = np.sort(np.argsort(u, kind="stable")[:k])
+    return tuple(distinct[i] for i in keep)
+
+
+@dataclass
+class TruncationStats:
+    """What ``on_invalid="truncate"`` did so far (operator-facing; NOT private).
+
+    These are true facts about the data (like ``mechanism.counts``): show them
+    to whoever runs the release, never publish them.
+
+    Attributes:
+        events: events seen.
+        truncated_events: events cut to ``max_items`` items or stripped of
+            items outside the domain.
+        occurrences: item occurrences (distinct items per event) before any cut.
+        dropped: item occurrences removed.
+    """
+
+    events: int = 0
+    truncated_events: int = 0
+    occurrences: int = 0
+    dropped: int = 0
+
+    @property
+    def dropped_share(self) -> float:
+        """dropped / occurrences (0 when nothing was seen): the undercount truncation causes."""
+        return self.dropped / self.occurrences if self.occurrences else 0.0
+
+
+class EventLimit:
+    """How a mechanism treats an event over ``max_items`` (its ``on_invalid`` argument).
+
+    * ``"error"`` (default): :class:`~dpstream.InvalidEventError`, nothing changes.
+    * ``"truncate"``: keep ``max_items`` of the event's distinct items, chosen
+      by :func:`keyed_subset` under purpose ``f"{stream}/truncate"`` with the
+      event's ordinal in the stream (1, 2, ... over all events given to the
+      mechanism), and, for a known domain, drop the items outside it.
+      Truncation is a function of the event alone (its items, its ordinal and
+      the key), so one event still changes at most ``max_items`` counts by at
+      most 1 and the mechanism's guarantee holds as stated. (Replacing an event
+      by an empty one leaves every other event's ordinal in place; the
+      truncation noise is independent of the release noise.) Truncation biases
+      the counts of items that often share events with many others downwards:
+      :attr:`stats` counts the item occurrences it dropped.
+    """
+
+    POLICIES = ("error", "truncate")
+
+    def __init__(self, policy: object, *, key: NoiseKey, stream: str,
+                 max_items: int | None) -> None:
+        if policy not in self.POLICIES:
+            raise ValueError(f"on_invalid must be one of {self.POLICIES}, got {policy!r}")
+        self.policy = str(policy)
+        self.max_items = max_items
+        self._source = (NoiseSource(key, f"{stream}/truncate")
+                        if self.policy == "truncate" else None)
+        self.stats = TruncationStats()
+
+    @property
+    def truncating(self) -> bool:
+        return self._source is not None
+
+    def events(self, events: Iterable[object], index: Mapping[Hashable, int] | None = None
+               ) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
+        """The step's events, checked and (if truncating) cut; the step's stats delta.
+
+        Nothing is recorded here: the caller adds the delta to :attr:`stats`
+        with :meth:`commit` once the whole step has been accepted.
+        """
+        out: list[tuple[Hashable, ...]] = []
+        delta = TruncationStats()
+        ordinal = self.stats.events
+        for event in events:
+            ordinal += 1
+            if not self.truncating:
+                out.append(normalise_event(event, self.max_items))
+                delta.events += 1
+                continue
+            items = normalise_event(event, None)
+            kept = items
+            if index is not None:
+                kept = tuple(i for i in kept if i in index)
+            if self.max_items is not None and len(kept) > self.max_items:
+                assert self._source is not None
+                kept = keyed_subset(self._source, kept, self.max_items, ordinal)
+            delta.events += 1
+            delta.occurrences += len(items)
+            if len(kept) < len(items):
+                delta.truncated_events += 1
+                delta.dropped += len(items) - len(kept)
+            out.append(kept)
+        return out, delta
+
+    def commit(self, delta: TruncationStats) -> None:
+        s = self.stats
+        s.events += delta.events
+        s.truncated_events += delta.truncated_events
+        s.occurrences += delta.occurrences
+        s.dropped += delta.dropped

@@ -76,14 +76,16 @@ def blt_sigma(tau: float, strategy: BLTStrategy) -> float:
     return float(tau) * strategy.sensitivity * _SIGMA_ROUND_UP
 
 
-def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: int,
-                domain: str) -> str:
+def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: int | None,
+                domain: str, users: str | None = None) -> str:
     """The noise purpose of the BLT counters of stream ``stream`` with these settings.
 
     It fingerprints T, sigma and the BLT parameters exactly, Delta0 and the
-    domain (as :func:`~dpstream.mechanisms.known.tree_purpose` does), so other
-    settings draw independent noise (see :func:`~dpstream.mechanisms.base.config_tag`).
+    domain and the user bounds (as :func:`~dpstream.mechanisms.known.tree_purpose`
+    does), so other settings draw independent noise (see
+    :func:`~dpstream.mechanisms.base.config_tag`).
     """
+    extra = {} if users is None else {"users": users}
     tag = config_tag(horizon=strategy.horizon, sigma=sigma, strategy=strategy.fingerprint(),
-                     max_items=max_items, domain=domain)
+                     max_items=max_items, domain=domain, **extra)
     return f"{stream}/blt@{tag}"

@@ -16,12 +16,15 @@ from typing import Any
 import numpy as np
 
 from .. import privacy
+from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
 from ..noise import NoiseKey, NoiseSource, encode_item
 from ..tree import num_levels, worst_case_variance_factor
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_count_value,
     check_domain,
     check_horizon,
@@ -31,7 +34,6 @@ from .base import (
     check_stream_name,
     config_tag,
     domain_counts,
-    normalise_event,
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
@@ -45,13 +47,14 @@ from .columns import (
 )
 from .counters import blt_purpose, blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
+from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
 __all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose", "domain_tag",
            "item_fingerprint", "combine_fingerprints"]
 
 
-def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float, max_items: int,
-                 domain: str) -> str:
+def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float,
+                 max_items: int | None, domain: str, users: str | None = None) -> str:
     """The noise purpose of the tree cells of stream ``stream`` with these settings.
 
     Every setting that changes what is released is in it (see
@@ -63,10 +66,13 @@ def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float, max_i
     independent noise; otherwise the same noise on differently processed
     data would publish the exact difference. Identical settings replay
     identically (a restart, another engine). Different streams under one key
-    must use different names.
+    must use different names. ``users``: the user-level bounds
+    (:meth:`~dpstream.bounding.UserBounds.tag`), None at event level (and then
+    not part of the tag, so event-level purposes are unchanged).
     """
+    extra = {} if users is None else {"users": users}
     tag = config_tag(horizon=horizon, base=base, cell_std=cell_std, max_items=max_items,
-                     domain=domain)
+                     domain=domain, **extra)
     return f"{stream}/tree@{tag}"
 
 
@@ -137,10 +143,24 @@ class KnownDomainHistogram:
     for T = 10^3..10^6).
     ``h.strategy`` is the fitted :class:`~dpstream.factorization.BLTStrategy`.
 
+    User-level privacy (``max_items_per_user=`` L0 and ``max_count_per_item=``
+    Linf): each event is a ``(user, items)`` pair, every user is kept within
+    the bounds over the whole stream (first come, first kept,
+    :class:`~dpstream.bounding.ContributionBounder`), and the guarantee hides
+    all of one user's contributions. One user changes at most L0 counters, each
+    by a vector x >= 0 with at most Linf over all steps; the worst placement
+    puts all Linf at one step (:mod:`dpstream.bounding`, lemma: exact for the
+    tree and for any BLT), so the table is a Gaussian mechanism with
+    sensitivity sqrt(L0) Linf max_j ||C e_j|| and the same noise:
+    L0 Linf^2 / (2 tau^2)-zCDP, with the exact Gaussian curve at ratio
+    sqrt(L0) Linf / tau (``.privacy.unit == "user"``). ``max_items`` (Delta0)
+    is then optional: a per-event check only.
+
     Args:
         domain: the items, distinct (str, int or bytes).
         horizon: T, the number of time steps.
-        max_items: Delta0, the most distinct items an event may hold.
+        max_items: Delta0, the most distinct items an event may hold (required
+            at event level; optional with the user bounds).
         counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`,
             or ``None``: the tree if ``base`` is given, else the counter with the
             smaller worst-case variance for T (BLT for every T >= 2).
@@ -152,6 +172,13 @@ class KnownDomainHistogram:
         tau: the noise scale itself.
         stream: a name that separates this stream's noise from other streams
             released under the same key.
+        max_items_per_user, max_count_per_item: L0 and Linf, for user-level
+            privacy (both or neither).
+        on_invalid: ``"error"`` (default): an event over ``max_items`` items
+            (or with an item outside the domain) raises; ``"truncate"``: keep
+            ``max_items`` of its items chosen by a keyed PRF and drop items
+            outside the domain (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
@@ -167,13 +194,15 @@ class KnownDomainHistogram:
     theorem = "KnownBase lemma (Sec. 3): Delta0/(2 tau^2)-zCDP"
     theorem_blt = ("KnownBase with BLT counters: Gaussian mechanism on C x, "
                    "Delta0 max_j||C e_j||^2/(2 sigma^2) = Delta0/(2 tau^2)-zCDP")
+    theorem_user = ("KnownBase per user (dpstream.bounding lemma): Gaussian mechanism with "
+                    "sensitivity sqrt(L0) Linf max_j||C e_j||, L0 Linf^2/(2 tau^2)-zCDP")
 
     def __init__(
         self,
         domain: Iterable[Hashable],
         horizon: int,
         *,
-        max_items: int,
+        max_items: int | None = None,
         key: NoiseKey,
         counter: str | BLTStrategy | None = None,
         base: int | None = None,
@@ -182,20 +211,32 @@ class KnownDomainHistogram:
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "default",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
+        on_invalid: str = "error",
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
-        self.max_items = check_max_items(max_items)
+        self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
+        self.max_items = None if max_items is None and self.user_bounds else \
+            check_max_items(max_items)
         self.stream = check_stream_name(stream)
         check_key(key)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
         self.domain, self._index = check_domain(domain)
         if self.strategy is not None:
             self.theorem = self.theorem_blt
-        self._coef = self.max_items / 2.0  # rho = coef / tau^2
+        # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user
+        self._coef = unit_bound(self.max_items, self.user_bounds).coefficient
         self.budget, self.tau, self.privacy = resolve_privacy(
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
             gaussian_exact=True, mechanism=self.mechanism_name, theorem=self.theorem,
         )
+        if self.user_bounds is not None:
+            self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
+        self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
+        users = None if self.user_bounds is None else self.user_bounds.tag()
         self.key = key
         self._noise: TreeNoise | BLTNoise
         domain = domain_tag(self.domain)
@@ -204,7 +245,7 @@ class KnownDomainHistogram:
             cell_std = math.sqrt(self.levels) * self.tau
             self.tree_purpose: str | None = tree_purpose(
                 self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
-                max_items=self.max_items, domain=domain)
+                max_items=self.max_items, domain=domain, users=users)
             self.sigma = cell_std
             self.noise_purpose = self.tree_purpose
             source = NoiseSource(key, self.tree_purpose)
@@ -214,7 +255,7 @@ class KnownDomainHistogram:
             self.sigma = blt_sigma(self.tau, self.strategy)
             self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
                                              sigma=self.sigma, max_items=self.max_items,
-                                             domain=domain)
+                                             domain=domain, users=users)
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
         self._noise.add_items(source.prepare(self.domain))
@@ -243,22 +284,30 @@ class KnownDomainHistogram:
         """The true running counts (event mode), aligned with ``domain``. Not private."""
         return self._counts.copy()
 
+    @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far (event mode). Not private."""
+        return self._limit.stats
+
     # -- event mode ----------------------------------------------------------
-    def _event_indices(self, events: Iterable[object] | EventColumns) -> np.ndarray:
+    def _event_indices(self, events: Iterable[object] | EventColumns
+                       ) -> tuple[np.ndarray, TruncationStats]:
         events = as_events(events)
-        fast = domain_positions(events, self._index, self.max_items)
-        if fast is not None:
-            return fast
+        if not self._limit.truncating:  # (truncation keys on each event's ordinal)
+            fast = domain_positions(events, self._index, self.max_items)
+            if fast is not None:
+                return fast, TruncationStats(events=len(events))
         events = fast_events(events)  # the per-event path raises the precise error
         idx: list[int] = []
         index = self._index
-        for event in events:
-            for item in normalise_event(event, self.max_items):
+        checked, delta = self._limit.events(events, index)
+        for items in checked:
+            for item in items:
                 pos = index.get(item)
                 if pos is None:
                     raise InvalidEventError(f"item {item!r} is not in the domain")
                 idx.append(pos)
-        return np.asarray(idx, dtype=np.int64)
+        return np.asarray(idx, dtype=np.int64), delta
 
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release the noisy histogram."""
@@ -270,13 +319,25 @@ class KnownDomainHistogram:
         ``events``: a list of events, or the step as
         :class:`~dpstream.mechanisms.columns.EventColumns` (the same release).
         Every event is checked (at most ``max_items`` items, all in the domain)
-        before anything changes; on error the mechanism is untouched.
+        before anything changes; on error the mechanism is untouched. With user
+        bounds each event is a ``(user, items)`` pair, bounded per user first.
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        idx = self._event_indices(events)
+        events, pending = bound_user_events(self._users, events, self.max_items,
+                                            self._check_in_domain)
+        idx, delta = self._event_indices(events)
         new_counts = self._counts + np.bincount(idx, minlength=len(self.domain))
-        return self._release(t, new_counts)
+        self._limit.commit(delta)
+        rel = self._release(t, new_counts)
+        if pending is not None:
+            self._users.commit(pending)
+        return rel
+
+    def _check_in_domain(self, items: tuple[Hashable, ...]) -> None:
+        for item in items:
+            if item not in self._index:
+                raise InvalidEventError(f"item {item!r} is not in the domain")
 
     # -- aggregate mode --------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,

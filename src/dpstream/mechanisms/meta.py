@@ -15,15 +15,18 @@ from collections import Counter
 from collections.abc import Hashable, Iterable
 
 import numpy as np
+from scipy.special import ndtri
 
 from .. import privacy
 from .._checks import check_int
 from ..errors import InvalidEventError
 from ..noise import NoiseKey, NoiseSource, encode_item
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
-from ..tree import cells_closing_at, num_levels
+from ..tree import cells_closing_at, digits, num_levels
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_base,
     check_domain,
     check_horizon,
@@ -32,7 +35,6 @@ from .base import (
     check_next_step,
     check_stream_name,
     config_tag,
-    normalise_event,
     resolve_privacy,
 )
 
@@ -49,7 +51,8 @@ _THEOREMS = {
                         "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')-DP",
     "unknown-gumbel": "MetaAlgo theorem (Sec. 4), unknown domain, unrestricted l0: "
                       "(eps(k/tau^2, delta'), 2k delta + delta')-DP "
-                      "[delta charged as max(2k, kbar) delta, see docstring]",
+                      "[eps by the CKS20 conversion; delta charged as max(2k, kbar) delta, "
+                      "see docstring]",
 }
 
 
@@ -75,6 +78,22 @@ class MetaHistogram:
       its threshold, summed as above (not selected -> 0), all of them released.
     * ``"unknown-gumbel"`` (UnkGumb_{k,kbar}): as ``"gumbel"``, top-k of the sum.
 
+    Not yet (``"gumbel"``): each cell selects k items even when its block
+    histogram is all 0, so the first releases of a stream that starts empty
+    would be a random list. The list is therefore released only from the
+    first step at which its largest value exceeds z sigma_t (while every
+    value is within the noise, nothing is shown; the list is recomputed at
+    every step, so once one count stands out the rest follow), sigma_t = sqrt(|I_t|)
+    sqrt(L_r) tau (the largest standard deviation of a summed value: the
+    Gaussian counts of at most |I_t| cells) and z = Phi^-1(1 - beta / (k (r-1)
+    L_r T)), beta = 0.05: with every count 0 each of the at most k (r-1) L_r
+    candidates exceeds it with probability at most beta / (k (r-1) L_r T), so a
+    list is started on pure noise with probability at most beta (union bound
+    over candidates and steps). Before, the release is empty with
+    ``meta["status"] == "not yet"``, then ``"selected"``. This is
+    post-processing of the released values and public parameters: no privacy
+    cost. (The unknown-domain variants release only items that appeared.)
+
     Privacy (the MetaAlgo theorem after ``algo:MetaAlgo``; an event changes at
     most L_r cells, zCDP composes over them):
 
@@ -87,8 +106,19 @@ class MetaHistogram:
       the Gaussian mechanism above, so epsilon uses the exact Gaussian curve,
       as ``unknown_domain_gaussian_privacy`` argues for one cell.
     * ``"unknown-gumbel"``: (eps(k/tau^2, delta'), c delta + delta')-DP with
-      epsilon from the paper's eq:epsilon (conversion "bun-steinke", as the
-      theorem states it). The MetaAlgo theorem says c = 2k, while UnkGumb's own
+      eps the CKS20 conversion of rho = k/tau^2 (Canonne, Kamath and Steinke
+      2020, Cor. 13), where the theorem writes the paper's eq:epsilon. Why
+      that is valid: in the proof, eq:epsilon enters only as a bound P(S) <=
+      e^eps Q(S) + delta' between two distributions with D_alpha(P || Q) <=
+      alpha rho for every alpha > 1 -- the outputs, on the good outcomes, of
+      the k/tau^2-zCDP composition of the cells' exponential and Gaussian
+      mechanisms (``lem:meta``; the bad outcomes are paid by c delta). CKS20's
+      Corollary 13 is such a bound for any pair of distributions with that
+      Renyi profile, and :func:`~dpstream.privacy.epsilon_cks` never exceeds
+      eq:epsilon (it takes the smaller of the two). The calibration solves it
+      for tau, so for the same (epsilon, delta) the noise is smaller than with
+      eq:epsilon (15% smaller tau at epsilon = 1, delta = 1e-6, k = 10).
+      The MetaAlgo theorem says c = 2k, while UnkGumb's own
       theorem (``thm:UnkGumbelPrivacy``) charges kbar delta per call, i.e.
       kbar delta over the L_r cells at delta/L_r each; we charge
       c = max(2k, kbar), valid under either statement (equal to the theorem's
@@ -126,13 +156,20 @@ class MetaHistogram:
         rho | epsilon, delta | tau: the budget, exactly one form.
         threshold_delta: the unknown-domain delta (per cell: threshold_delta / L_r).
         stream: separates this stream's noise from other streams under the key.
+        on_invalid: ``"error"`` (default) or ``"truncate"``: keep ``max_items``
+            of an event's items chosen by a keyed PRF and drop items outside a
+            known domain (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
         >>> m = dps.MetaHistogram(100, oneshot="gumbel", domain=["a", "b", "c"], k=1,
         ...                       key=dps.NoiseKey.generate(), rho=1.0)
-        >>> len(m.step(["a", "b", "c"]).counts)
-        1
+        >>> m.step([]).meta["status"]  # nothing yet: no list drawn from noise alone
+        'not yet'
+        >>> rel = m.step_batch([["a", "b"]] * 100)  # 100 events stand out from the noise
+        >>> rel.meta["status"], len(rel.counts)
+        ('selected', 1)
     """
 
     mechanism_name = "MetaAlgo"
@@ -154,6 +191,7 @@ class MetaHistogram:
         tau: float | None = None,
         threshold_delta: float | None = None,
         stream: str = "default",
+        on_invalid: str = "error",
     ) -> None:
         if oneshot not in ONESHOTS:
             raise ValueError(f"oneshot must be one of {ONESHOTS}, got {oneshot!r}")
@@ -201,6 +239,9 @@ class MetaHistogram:
                 raise ValueError(f"oneshot={oneshot!r} needs max_items= (Delta0)")
             self.max_items = check_max_items(max_items)
 
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
+
         # -- budget ------------------------------------------------------------------
         self.theorem = _THEOREMS[oneshot]
         self._coef = self.k if gumbel else self.max_items / 2.0  # type: ignore[operator]
@@ -225,6 +266,9 @@ class MetaHistogram:
 
         # -- state -----------------------------------------------------------------------
         self.t = 0
+        self.started = oneshot != "gumbel"  # see "Not yet"
+        self.start_z = float(-ndtri(0.05 / (getattr(self, "k", 1) * (self.base - 1)
+                                            * self.levels * self.horizon)))
         if known:
             d = len(self._index)
             # keyed item ids do not depend on the purpose: hash the domain once
@@ -269,7 +313,7 @@ class MetaHistogram:
                                                   gaussian_exact=True)
             else:
                 tau_value = privacy.tau_for_rho(
-                    privacy.rho_for_epsilon_delta(budget.epsilon, conv, "bun-steinke"), a
+                    privacy.rho_for_epsilon_delta(budget.epsilon, conv, "cks2020"), a
                 )
         else:
             tau_value = budget.calibrate(a)
@@ -288,12 +332,15 @@ class MetaHistogram:
                 mechanism=name, theorem=self.theorem, target_epsilon=budget.epsilon,
             )
         else:
-            rho_value = a / (self.tau * self.tau)
-            self.privacy = privacy.PrivacyGuarantee(
-                rho=rho_value, rho_delta=rho_delta,
-                epsilon=privacy.epsilon_bun_steinke(rho_value, total - rho_delta),
-                delta=total, conversion="bun-steinke", mechanism=name, theorem=self.theorem,
+            self.privacy = privacy.guarantee_for_tau(
+                tau=self.tau, a=a, delta=total, rho_delta=rho_delta, gaussian_exact=False,
+                mechanism=name, theorem=self.theorem, target_epsilon=budget.epsilon,
             )
+
+    @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far. Not private."""
+        return self._limit.stats
 
     # -- event mode ------------------------------------------------------------------
     def step(self, event: Iterable[Hashable]) -> Release:
@@ -307,10 +354,11 @@ class MetaHistogram:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        checked, delta = self._limit.events(events, self._index if self._known else None)
         if self._known:
             idx: list[int] = []
-            for event in events:
-                for item in normalise_event(event, self.max_items):
+            for items in checked:
+                for item in items:
                     pos = self._index.get(item)
                     if pos is None:
                         raise InvalidEventError(f"item {item!r} is not in the domain")
@@ -320,12 +368,13 @@ class MetaHistogram:
             self._open[:, nz] += inc[nz]
         else:
             batch: Counter[Hashable] = Counter()
-            for event in events:
-                batch.update(normalise_event(event, self.max_items))
+            for items in checked:
+                batch.update(items)
             for item in batch:
                 encode_item(item)  # str, int or bytes: refuse others before any change
             for acc in self._open_maps:
                 acc.update(batch)
+        self._limit.commit(delta)
         self.t = t
         for level, j in cells_closing_at(t, self.horizon, self.base):
             row = level - 1
@@ -412,6 +461,14 @@ class MetaHistogram:
         order = np.lexsort((np.arange(len(items)), -values))  # value desc, ties by first seen
         if self._gumbel:
             order = order[: self.k]
+        if self.oneshot == "gumbel":
+            if not self.started and len(order):
+                sigma = math.sqrt(sum(digits(t, self.base))) * self.cell_tau
+                self.started = bool(values[order[0]] > self.start_z * sigma)
+            if not self.started:
+                return Release(t=t, items=[], values=np.zeros(0), meta={"status": "not yet"})
+            return Release(t=t, items=[items[i] for i in order], values=values[order],
+                           meta={"status": "selected"})
         return Release(t=t, items=[items[i] for i in order], values=values[order])
 
     def __repr__(self) -> str:

@@ -10,17 +10,21 @@ the k-th noisy count by eta_t; then it re-selects, at most s times.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy.optimize import brentq
+from scipy.special import log_ndtr, ndtr
 
+from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
 from ..noise import NoiseKey, NoiseSource
 from ..oneshot.known import gumbel_select_kernel
-from ..tree import num_levels
+from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
     Release,
     check_domain,
@@ -44,8 +48,20 @@ from .columns import (
 )
 from .counters import blt_sigma, resolve_counter
 from .tree_noise import TreeNoise
+from .users import UserLevel, bound_user_events, user_guarantee
 
-__all__ = ["ContinualTopK", "utility_eta"]
+#: The longest horizon for which eta may be a function (evaluated at every step up front).
+MAX_ETA_SCHEDULE = 10**6
+
+
+def _eta_tag(eta: float | str | np.ndarray) -> float | str:
+    """What the noise scope records of eta: the number, "auto", or a digest of a schedule."""
+    if isinstance(eta, np.ndarray):
+        return "schedule:" + hashlib.sha256(eta.tobytes()).hexdigest()
+    return eta
+
+
+__all__ = ["AUTO_ETA_BETA", "ContinualTopK", "noise_eta", "svt_noise_tail", "utility_eta"]
 
 
 def utility_eta(
@@ -89,28 +105,178 @@ def utility_eta(
     return float(alpha2 + alpha_bm + alpha_at)
 
 
+#: The automatic eta keeps the chance that one item tied with the threshold
+#: triggers a test at any of the T steps at AUTO_ETA_BETA (per step: AUTO_ETA_BETA / T).
+AUTO_ETA_BETA = 0.05
+
+
+def _laplace_pair_tail(x: float, b1: float, b2: float) -> float:
+    """P(L1 + L2 > x) for independent L1 ~ Lap(b1), L2 ~ Lap(b2), b1 > b2 > 0."""
+    if x < 0:
+        return 1.0 - _laplace_pair_tail(-x, b1, b2)
+    d = 2.0 * (b1 * b1 - b2 * b2)
+    return (b1 * b1 * math.exp(-x / b1) - b2 * b2 * math.exp(-x / b2)) / d
+
+
+def svt_noise_tail(x: float, *, tau_1: float, variance: float = 0.0) -> float:
+    """P(D > x) for D = Lap(4 tau_1) - Lap(2 tau_1) + N(0, variance), all independent.
+
+    D is the noise of one sparse-vector comparison of SparseGumb: an item's
+    query noise Lap(4 tau_1), minus the threshold noise Lap(2 tau_1), minus the
+    noise of the selected item's released count (Gaussian: variance
+    |I_t| L_r tau_2^2 for a tree counter, sigma^2 ||row_t(B)||^2 for a BLT
+    counter), for an item whose true count equals the selected one's.
+
+    Closed form: the sum of the two Laplace variables has tail
+    sum_b w_b exp(-x/b) for x >= 0 (w = b1^2 / (2(b1^2 - b2^2)) and
+    -b2^2 / (2(b1^2 - b2^2))), and 1 - tail(-x) below 0; averaging it over the
+    Gaussian G ~ N(0, s^2) uses E[exp((G - x)/b); G <= x] = exp(-x/b + s^2/(2b^2))
+    Phi((x - s^2/b)/s) and its mirror, evaluated in log space.
+    """
+    b1, b2 = 4.0 * tau_1, 2.0 * tau_1
+    if variance <= 0.0:
+        return _laplace_pair_tail(x, b1, b2)
+    sd = math.sqrt(variance)
+    d = 2.0 * (b1 * b1 - b2 * b2)
+    total = float(ndtr(-x / sd))
+    for b, w in ((b1, b1 * b1 / d), (b2, -b2 * b2 / d)):
+        shift = variance / (2.0 * b * b)
+        below = math.exp(-x / b + shift + float(log_ndtr((x - variance / b) / sd)))
+        above = math.exp(x / b + shift + float(log_ndtr(-(x + variance / b) / sd)))
+        total += w * (below - above)
+    return min(1.0, max(0.0, total))
+
+
+def noise_eta(*, tau_1: float, variance: float = 0.0, level: float) -> float:
+    """The smallest eta with P(D > eta) <= level, D as in :func:`svt_noise_tail`.
+
+    This is SparseGumb's automatic eta_t: the (1 - level) quantile of the noise
+    of one comparison (see :class:`ContinualTopK`, "Choosing eta"). It is a
+    function of the noise scales only, never of the data.
+    """
+    if not (math.isfinite(tau_1) and tau_1 > 0):
+        raise ValueError(f"tau_1 must be positive and finite, got {tau_1!r}")
+    if not 0.0 < level < 0.5:
+        raise ValueError(f"level must be in (0, 0.5), got {level!r}")
+
+    def excess(x: float) -> float:
+        return svt_noise_tail(x, tau_1=tau_1, variance=variance) - level
+
+    hi = 4.0 * tau_1 + math.sqrt(max(variance, 0.0))
+    while excess(hi) > 0:
+        hi *= 2.0
+    x = brentq(excess, 0.0, hi, xtol=1e-12 * hi, rtol=1e-14)
+    step = 2.0**-52
+    while excess(x) > 0:  # never below the quantile: move up by growing relative steps
+        x *= 1.0 + step
+        step *= 2.0
+    return float(x)
+
+
 class ContinualTopK:
     """SparseGumb_{s,k} (``algo:sparseGumb``): the top-k of a running histogram, continually.
 
-    At the first release the k items are selected with the exponential
-    mechanism (KnownGumb_k without counts, Gumbel noise of scale tau_2/2 on the
-    prefix counts, tau_2 = sqrt(s+1) tau). Each selected item u gets a tree
-    counter (BinMech, cell noise N(0, L_r tau_2^2)) over its whole bit stream,
-    so its released count at t is h_t^u + the noise of the cells I_t(r).
+    Selection: the k items are selected with the exponential mechanism
+    (KnownGumb_k without counts, Gumbel noise of scale tau_2/2 on the prefix
+    counts, tau_2 = sqrt(s+1) tau). Each selected item u gets a tree counter
+    (BinMech, cell noise N(0, L_r tau_2^2)) over its whole bit stream, so its
+    released count at t is h_t^u + the noise of the cells I_t(r).
 
-    At every later release, while switches remain, a sparse-vector check (tau_1 =
-    sqrt(s) tau): with i* the selected item of smallest noisy count, the
-    threshold is m_t = hhat_t^{i*} + eta_t + Z, Z ~ Lap(2 tau_1) drawn once per
-    switch epoch; if some non-selected u has h_t^u + Lap(4 tau_1) > m_t, the top-k
-    is re-selected from h_t (fresh Gumbel noise), one switch is spent and Z is
+    Waiting for data (``wait=True``, the default; not in the paper): the paper
+    selects at t = 1, when every count may still be 0, and that random list
+    would be published until the first switch. Instead, the first selection
+    waits for a sparse-vector round of its own (tau_1 as below): at each step
+    the k-th largest count h_(k),t is compared, with query noise Lap(4 tau_1),
+    to the threshold eta0 + Z0, Z0 ~ Lap(2 tau_1) drawn once; the first step it
+    is above selects. Until then every release is empty with ``meta["status"]
+    == "not yet"``; from then on ``"selected"``. h_(k) moves by at most 1 when
+    one event changes (every count moves by at most 1, in the same direction),
+    so this is an AboveThreshold run on sensitivity-1 queries, paid as one more
+    sparse-vector round (see Privacy): the decision is private, and depends on
+    the data only through that round. ``wait=False`` is the paper's algorithm.
+
+    Switches: at every later release, while switches remain, a sparse-vector
+    check: with i* the selected item of smallest noisy count, the threshold is
+    m_t = hhat_t^{i*} + eta_t + Z, Z ~ Lap(2 tau_1) drawn once per switch
+    epoch; if some non-selected u has h_t^u + Lap(4 tau_1) > m_t, the top-k is
+    re-selected from h_t (fresh Gumbel noise), one switch is spent and Z is
     redrawn. The release at t is the (possibly new) selection with its counts.
 
-    Privacy (SparseGumb theorem, after ``algo:sparseGumb``): for any eta_t >= 0,
-    (2k + 4) / (2 tau^2)-zCDP: s+1 selections of k/(2(s+1) tau^2) each, at most
-    (s+1) k counters of 1/(2(s+1) tau^2) each, and s sparse-vector rounds of
-    2/(s tau^2) each. The calibration uses rho = a / tau^2 with a = k + 2. The
-    mechanism is not a Gaussian mechanism, so (epsilon, delta) comes from the
-    general zCDP conversion.
+    Choosing eta (``eta="auto"``, the default): eta_t is the (1 - beta/T)
+    quantile, beta = :data:`AUTO_ETA_BETA` = 0.05, of the noise D of one
+    comparison between an outside item u and the threshold when their true
+    counts are equal, D = Lap(4 tau_1) - Lap(2 tau_1) - N(0, V_t) (query
+    noise, threshold noise, noise of the selected item's count, whose
+    variance V_t is the active counter's at t, :meth:`counter_variance_at`:
+    |I_t| L_r tau_2^2 for the tree, sigma^2 ||row_t(B)||^2 for BLT; exact
+    tail in :func:`svt_noise_tail`). So an item tied with the k-th selected
+    count sets off a switch at a given step with probability beta/T, at most
+    beta over the whole run, and an item that leads by eta_t + x does so with
+    probability above 1/2 as soon as x > 0. That is a few standard deviations
+    of D (about 6 for T = 1,000: the tails are Laplace), where the paper's
+    worst-case utility bound eq:eta (:func:`utility_eta`) adds union bounds
+    over all d items and all T steps for three error terms and, on real
+    streams, exceeds every count. eta_t depends on t only through V_t and
+    on nothing in the data. The waiting round uses eta0, the same quantile
+    without the counter term (it compares a count with 0, not with another
+    noisy count): on a stream whose counts are all 0 the first selection is
+    made with probability at most beta. A number (or a callable t -> eta_t)
+    replaces both.
+
+    Privacy: for any eta_t >= 0, (2k + 1) / (2 tau^2)-zCDP, and k / tau^2 when
+    no sparse-vector round runs (``switches=0, wait=False``). The paper's
+    SparseGumb theorem (after ``algo:sparseGumb``) states (2k + 4) / (2 tau^2);
+    the accounting, term by term, with R sparse-vector rounds (R = s + 1 with
+    ``wait``: the waiting round and the s switch rounds; R = s without, the
+    paper's tau_1 = sqrt(s) tau) and S = s + 1 selections:
+
+    1. S selections, KnownGumb_k(.; tau_2) without counts, k/(2 tau_2^2) each
+       (k peels of a bounded-range exponential mechanism): k/(2 tau^2) in all.
+    2. At most S k counters (BinMech at tau_2), 1/(2 tau_2^2) each: k/(2 tau^2).
+    3. R sparse-vector rounds at tau_1 = sqrt(R) tau: each is (1/tau_1)-DP,
+       hence 1/(2 tau_1^2)-zCDP (pure eps-DP is eps^2/2-zCDP, Bun and Steinke
+       2016, Prop. 1.4): 1/(2 tau^2) in all, and nothing when R = 0 (then
+       tau_1 is unused and no sparse-vector noise is ever drawn: only what
+       runs is paid for).
+
+    Composition (zCDP adds, adaptively) gives (k + 1/2) / tau^2. Why each
+    round is (1/tau_1)-DP, where the paper charges 2/tau_1: a round is one run
+    of Algorithm 1 of Lyu, Su and Li (2017, "Understanding the sparse vector
+    technique") with cutoff c = 1 (it stops at its first "above"), threshold
+    noise Lap(Delta/eps1) = Lap(2 tau_1) and query noise Lap(2 c Delta/eps2)
+    = Lap(4 tau_1) with Delta = 1, eps1 = eps2 = 1/(2 tau_1): their theorem
+    makes it (eps1 + eps2) = (1/tau_1)-DP for queries of sensitivity Delta
+    chosen adaptively, with thresholds chosen adaptively. It applies to
+    SparseGumb's restarted, adaptive use because:
+
+    * the queries have sensitivity 1: in a switch round the query on item u
+      at step t is h_t^u - (hhat_t^{i*} + eta_t) compared with the noisy 0
+      threshold; h_t^u moves by at most 1 between neighbouring streams (one
+      event replaced by an empty one), and hhat_t^{i*} + eta_t is a function
+      of earlier outputs (see below) and public values, the same for both
+      streams. In the waiting round the query is h_(k),t - eta0, and the k-th
+      largest count also moves by at most 1 when every count does.
+    * the order of composition is Selection 0, Counters 0, Round 1, Selection
+      1, Counters 1, ...: the counters of generation n run over the whole
+      stream (all T outputs) and are released in full before round n + 1,
+      whose thresholds use only counters of generations <= n; round n + 1
+      itself uses only those outputs, its own earlier "below" answers and its
+      own fresh noise (threshold noise Lap(2 tau_1) drawn once per round,
+      query noise Lap(4 tau_1) fresh for every (item, step, round)). So each
+      round is one instance of Algorithm 1 given the earlier outputs, and
+      the instances compose. This order of composition assumes the stream is
+      fixed in advance (the paper's model, and a stream of real events): a
+      stream chosen adaptively after seeing releases would need a concurrent-
+      composition argument instead.
+    * several queries per step: they are asked in a fixed (domain) order and
+      the round stops at the first "above"; the release only says at which
+      step that happened (a function of Algorithm 1's output), never which
+      item.
+
+    The calibration uses rho = a / tau^2 with a = k + 1/2 (a = k with no
+    round). The mechanism is not a Gaussian mechanism, so (epsilon, delta)
+    comes from the general zCDP conversion. tests/test_topk_privacy.py checks
+    a round's privacy loss by exact numerical integration.
 
     Why an item that stays selected across a re-selection keeps its counter:
     a counter is one run of BinMech over the item's whole bit stream
@@ -134,7 +300,9 @@ class ContinualTopK:
     * sparse vector, purpose ``f"{noise_scope}/svt"``: the threshold noise of epoch
       n (after n switches) is the scalar Laplace at (0, n, 0); the query noise
       of item u at step t in epoch n is u's Laplace at (0, t, draw=n). Each step
-      is checked once, so no (t, n) address is used twice.
+      is checked once, so no (t, n) address is used twice. The waiting round
+      uses the scalar addresses (1, 0, 0) (its threshold noise) and (1, t, 1)
+      (its query noise at step t), distinct from those.
 
     Counters (``counter=``): the tree (BinMech with tau_2) or a BLT counter
     (:class:`~dpstream.BLTCounter`'s noise with sigma = tau_2 max_j ||C e_j||,
@@ -142,6 +310,21 @@ class ContinualTopK:
     1/(2 tau_2^2)-zCDP per counter, so the theorem's accounting is unchanged;
     the BLT's count error has a 2.6x-3.1x smaller std. A BLT counter of an
     item selected at t replays steps 1..t (t keyed draws per new item).
+
+    User-level privacy (``max_items_per_user=`` L0, ``max_count_per_item=``
+    Linf): events are ``(user, items)`` pairs, each user kept within the bounds
+    over the whole stream (first come, first kept). The mechanism is scale
+    equivariant: with counts h, noise scale tau and eta_t it releases exactly
+    Linf times what it releases with h / Linf, tau / Linf and eta_t / Linf
+    (every noise is a scale family; selections and comparisons do not change
+    under scaling). Removing one user changes every scaled count by at most 1
+    at every step, in one direction, which is all the selection and
+    sparse-vector parts of the theorem use, and changes each scaled counter's
+    cell table by at most the event-level sensitivity (the worst placement of
+    the user's Linf contributions is at one step, lemma in
+    :mod:`dpstream.bounding`). So the theorem holds per user with tau / Linf:
+    Linf^2 (2k + 4) / (2 tau^2)-zCDP (``.privacy.unit == "user"``). L0 does
+    not enter: the analysis never uses how many counts one unit changes.
 
     Modes: ``step`` / ``step_batch`` take events (each a set of domain items, any
     size); ``release(t, counts)`` takes the prefix histogram at t (aggregate
@@ -154,7 +337,11 @@ class ContinualTopK:
         horizon: T.
         k: how many items to release, 1 <= k <= d.
         switches: s >= 0, the most re-selections.
-        eta: eta_t >= 0, a number or a callable t -> eta_t (see :func:`utility_eta`).
+        eta: ``"auto"`` (the default, see "Choosing eta"), or eta_t >= 0 as a
+            number or a callable t -> eta_t (e.g. the paper's :func:`utility_eta`).
+        wait: make the first selection only once the k-th largest count clears
+            the noise (see "Waiting for data"); ``False`` selects at the first
+            release, as the paper does.
         counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`
             or ``None`` (the tree if ``base`` is given, else the counter with the
             smaller worst-case variance for T: BLT for T >= 2).
@@ -162,19 +349,24 @@ class ContinualTopK:
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this stream's noise from other streams under the key.
+        max_items_per_user, max_count_per_item: L0 and Linf, for user-level
+            privacy (both or neither).
 
     Example:
         >>> import dpstream as dps
-        >>> m = dps.ContinualTopK(["a", "b", "c"], 100, k=1, switches=2, eta=5.0,
+        >>> m = dps.ContinualTopK(["a", "b", "c"], 100, k=1, switches=2,
         ...                       key=dps.NoiseKey.generate(), rho=1.0)
-        >>> rel = m.step(["a", "b"])
-        >>> len(rel.counts), rel.meta["switches_left"]
-        (1, 2)
+        >>> rel = m.step_batch([["a", "b"]] * 1000)  # before: empty, status "not yet"
+        >>> len(rel.counts), rel.meta["status"], rel.meta["switches_left"]
+        (1, 'selected', 2)
     """
 
     mechanism_name = "SparseGumb"
     accepts_columns = True  # step_batch takes EventColumns
-    theorem = "SparseGumb theorem (after algo:sparseGumb): (2k+4)/(2 tau^2)-zCDP"
+    theorem = ("SparseGumb (algo:sparseGumb) with the sparse vector per Lyu-Su-Li 2017 "
+               "Alg. 1: (2k+1)/(2 tau^2)-zCDP; k/tau^2 with no sparse-vector round")
+    theorem_user = ("SparseGumb per user (scaling by Linf, dpstream.bounding lemma): "
+                    "Linf^2 (2k+1)/(2 tau^2)-zCDP")
 
     def __init__(
         self,
@@ -183,8 +375,9 @@ class ContinualTopK:
         *,
         k: int,
         switches: int,
-        eta: float | Callable[[int], float],
+        eta: float | Callable[[int], float] | str = "auto",
         key: NoiseKey,
+        wait: bool = True,
         counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
@@ -192,9 +385,12 @@ class ContinualTopK:
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "default",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
+        self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.stream = check_stream_name(stream)
         check_key(key)
         self.domain, self._index = check_domain(domain)
@@ -209,32 +405,60 @@ class ContinualTopK:
         if switches < 0:
             raise ValueError(f"switches must be >= 0, got {switches}")
         self.switches = int(switches)
-        if callable(eta):
-            self._eta: float | Callable[[int], float] = eta
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait must be a bool, got {wait!r}")
+        self.wait = wait
+        self._eta: float | Callable[[int], float] | str
+        if isinstance(eta, str):
+            if eta != "auto":
+                raise ValueError(f"eta must be 'auto', a number >= 0 or a callable, got {eta!r}")
+            self._eta = eta
+        elif callable(eta):
+            # a schedule is evaluated (and checked) at every step now: the noise scope
+            # fingerprints its values, and nothing is left to fail in the middle of a run
+            if self.horizon > MAX_ETA_SCHEDULE:
+                raise TypeError(f"eta as a function needs horizon <= {MAX_ETA_SCHEDULE:,} "
+                                "(it is evaluated at every step up front); give a number or "
+                                "'auto'")
+            self._eta = np.array([self._check_eta(eta(t), f"eta({t})")
+                                  for t in range(1, self.horizon + 1)], dtype=np.float64)
         else:
             self._eta = self._check_eta(eta, "eta")
         self.key = key
         self.levels = None if self.strategy else num_levels(self.horizon, self.base)
-        self._coef = self.k + 2.0  # rho = (2k + 4) / (2 tau^2) = (k + 2) / tau^2
+        # rho = (k + 1/2) / tau^2, or k / tau^2 when no sparse-vector round runs
+        self._coef = self.k + (0.5 if self.switches + int(self.wait) else 0.0)
+        if self.user_bounds is not None:  # per user: the theorem at tau / Linf
+            self._coef *= self.user_bounds.max_count_per_item ** 2
         self.budget, self.tau, self.privacy = resolve_privacy(
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
             gaussian_exact=False, mechanism=self.mechanism_name, theorem=self.theorem,
         )
-        self.tau_1 = math.sqrt(self.switches) * self.tau
+        self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
+        self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
+        #: sparse-vector rounds: the waiting round (if any) and one per switch
+        self.rounds = self.switches + int(self.wait)
+        self.tau_1 = math.sqrt(self.rounds) * self.tau
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
         # the std of a counter's tree cell, or of a BLT counter's draws
         self.counter_std = (blt_sigma(self.tau_2, self.strategy) if self.strategy
                             else math.sqrt(self.levels) * self.tau_2)
         # every purpose carries the noise-shaping settings (see base.config_tag)
         blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
+        if self.user_bounds is not None:
+            blt["users"] = self.user_bounds.tag()
         self.noise_scope = f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
-            switches=self.switches, eta=eta, **blt,
+            switches=self.switches, eta=_eta_tag(self._eta), wait=self.wait, **blt,
         )
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
         self._ids = self._svt.item_ids(self.domain)
         self._svt_prepared = self._svt.prepare_ids(self._ids) if self.switches else None
+        self._eta_cache: dict[float, float] = {}  # counter variance -> eta
+        if self.wait:  # the waiting round's threshold noise, drawn once
+            self._threshold_noise_start = self._svt.scalar("laplace", 1, 0, 0,
+                                                           scale=2 * self.tau_1)
         self._counts = np.zeros(d, dtype=np.int64)
         self.t = 0
         self.switches_left = self.switches
@@ -261,10 +485,50 @@ class ContinualTopK:
         return value
 
     def eta_at(self, t: int) -> float:
-        """eta_t, checked (finite, >= 0)."""
-        if callable(self._eta):
-            return self._check_eta(self._eta(t), f"eta({t})")
-        return self._eta
+        """eta_t of the switch test at t, checked (finite, >= 0); see "Choosing eta"."""
+        if isinstance(self._eta, str):  # "auto"
+            if self.rounds == 0:
+                return 0.0
+            variance = self.counter_variance_at(t)
+            eta = self._eta_cache.get(variance)
+            if eta is None:
+                eta = noise_eta(tau_1=self.tau_1, variance=variance,
+                                level=AUTO_ETA_BETA / self.horizon)
+                self._eta_cache[variance] = eta
+            return eta
+        if isinstance(self._eta, np.ndarray):
+            return float(self._eta[t - 1])
+        return float(self._eta)
+
+    def start_eta_at(self, t: int) -> float:
+        """eta0 of the waiting round at t (``"auto"``: the quantile without a counter)."""
+        if isinstance(self._eta, str):  # "auto"
+            if self.rounds == 0:
+                return 0.0
+            eta = self._eta_cache.get(-1.0)  # (key -1: no counter term)
+            if eta is None:
+                eta = noise_eta(tau_1=self.tau_1, level=AUTO_ETA_BETA / self.horizon)
+                self._eta_cache[-1.0] = eta
+            return eta
+        return self.eta_at(t)
+
+    def counter_variance_at(self, t: int) -> float:
+        """The variance of a selected item's released count at t (data-independent).
+
+        The tree: |I_t(r)| cells of variance L_r tau_2^2; BLT: sigma^2 ||row_t(B)||^2
+        (a counter started at a later selection replays steps 1..t, so its
+        count at t has the same variance).
+        """
+        if self.strategy is not None:
+            return self.counter_std * self.counter_std * self.strategy.variance_factor(t)
+        return sum(digits(t, self.base)) * self.counter_std * self.counter_std
+
+    @property
+    def noise_std_worst(self) -> float:
+        """The largest standard deviation of a released count over t <= T."""
+        if self.strategy is not None:
+            return self.counter_std * math.sqrt(self.strategy.max_variance_factor)
+        return self.tau_2 * math.sqrt(worst_case_variance_factor(self.horizon, self.base))
 
     # -- facts ---------------------------------------------------------------------
     @property
@@ -298,22 +562,32 @@ class ContinualTopK:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        events, pending = bound_user_events(self._users, events, None, self._check_in_domain)
         events = as_events(events)
         fast = domain_positions(events, self._index, None)
         if fast is not None:
-            return self._release(t, self._counts + np.bincount(fast, minlength=len(self.domain)))
-        events = fast_events(events)  # the per-event path raises the precise error
-        idx: list[int] = []
-        for event in events:
-            for item in normalise_event(event, None):
-                pos = self._index.get(item)
-                if pos is None:
-                    raise InvalidEventError(f"item {item!r} is not in the domain")
-                idx.append(pos)
-        new_counts = self._counts + np.bincount(
-            np.asarray(idx, dtype=np.int64), minlength=len(self.domain)
-        )
-        return self._release(t, new_counts)
+            new_counts = self._counts + np.bincount(fast, minlength=len(self.domain))
+        else:
+            events = fast_events(events)  # the per-event path raises the precise error
+            idx: list[int] = []
+            for event in events:
+                for item in normalise_event(event, None):
+                    pos = self._index.get(item)
+                    if pos is None:
+                        raise InvalidEventError(f"item {item!r} is not in the domain")
+                    idx.append(pos)
+            new_counts = self._counts + np.bincount(
+                np.asarray(idx, dtype=np.int64), minlength=len(self.domain)
+            )
+        rel = self._release(t, new_counts)
+        if pending is not None:
+            self._users.commit(pending)
+        return rel
+
+    def _check_in_domain(self, items: tuple[Hashable, ...]) -> None:
+        for item in items:
+            if item not in self._index:
+                raise InvalidEventError(f"item {item!r} is not in the domain")
 
     # -- aggregate mode ----------------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
@@ -375,14 +649,25 @@ class ContinualTopK:
             # threshold noise of the epoch that starts now (n switches spent)
             self._threshold_noise = self._svt.scalar("laplace", 0, n, 0, scale=2 * self.tau_1)
 
+    def _ready(self, t: int, counts: np.ndarray) -> bool:
+        """The waiting round at t: is the k-th largest count above eta0 + Z0 (noisy)?"""
+        d = counts.shape[0]
+        kth = int(np.partition(counts, d - self.k)[d - self.k])
+        query = kth + self._svt.scalar("laplace", 1, t, 1, scale=4 * self.tau_1)
+        return bool(query > self.start_eta_at(t) + self._threshold_noise_start)
+
     def _release(self, t: int, counts: np.ndarray) -> Release:
         # everything that can fail on user input happens before any state changes
-        eta_t = self.eta_at(t) if (self._selected is not None and self.switches_left) else 0.0
+        if self._selected is None:
+            eta_t = self.start_eta_at(t) if self.wait else 0.0
+        else:
+            eta_t = self.eta_at(t) if self.switches_left else 0.0
         for tn, _ in self._gens.values():
             tn.advance(t)
         switched = False
         if self._selected is None:
-            self._select(t, counts)
+            if not self.wait or self._ready(t, counts):
+                self._select(t, counts)
         elif self.switches_left > 0:
             noisy_sel = counts[self._selected] + self._counter_noise(self._selected)
             threshold = float(noisy_sel.min()) + eta_t + self._threshold_noise
@@ -397,15 +682,14 @@ class ContinualTopK:
                 self._select(t, counts)
         self._counts = counts
         self.t = t
+        meta = {"status": "not yet" if self._selected is None else "selected",
+                "switches_left": self.switches_left, "switched": switched,
+                "selection": self._selections - 1}
+        if self._selected is None:
+            return Release(t=t, items=[], values=np.zeros(0), meta=meta)
         sel = self._selected
         values = counts[sel] + self._counter_noise(sel)
-        return Release(
-            t=t,
-            items=[self.domain[i] for i in sel],
-            values=values,
-            meta={"switches_left": self.switches_left, "switched": switched,
-                  "selection": self._selections - 1},
-        )
+        return Release(t=t, items=[self.domain[i] for i in sel], values=values, meta=meta)
 
     def __repr__(self) -> str:
         return (

@@ -1,9 +1,11 @@
 """UnkBase (Algorithm ``algo:UnkBase``): a running histogram over an unknown domain.
 
 Layer 5 of dpstream. KnownBase's tree noise, added only to the items that have
-appeared so far, and an item is shown only while its noisy count clears the
-threshold m_delta (``eq:threshold``), so that an item one event brought in is
-almost never revealed (``lem:badOutcomes``).
+appeared so far, and an item is shown only while its noisy count clears a
+threshold, so that an item one event brought in is almost never revealed
+(``lem:badOutcomes``). The threshold is sized from the exact noise variance of
+each step, m_t (:func:`step_threshold`), never above the paper's single m_delta
+(``eq:threshold``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
 from .. import privacy
+from ..bounding import resolve_user_bounds
 from ..noise import NoiseKey, NoiseSource
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
+    EventLimit,
     Release,
+    TruncationStats,
     check_base,
     check_horizon,
     check_key,
@@ -30,7 +35,6 @@ from .base import (
     check_next_step,
     check_stream_name,
     mapping_counts,
-    normalise_event,
 )
 from .columns import (
     EventColumns,
@@ -44,12 +48,14 @@ from .columns import (
 )
 from .known import tree_purpose
 from .tree_noise import TreeNoise
+from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
 __all__ = [
     "PrivacySplit",
     "UnknownDomainHistogram",
     "calibrate_unknown_domain",
     "discovery_threshold",
+    "step_threshold",
 ]
 
 _THEOREM = (
@@ -58,30 +64,71 @@ _THEOREM = (
 )
 
 
-def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta: float) -> float:
+def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta: float,
+                        alone: int = 1) -> float:
     """m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1 (``eq:threshold``).
+
+    ``alone``: the largest count one privacy unit alone can give an item, the
+    ``1`` above (one event); Linf = ``max_count_per_item`` for a user, whose
+    item nobody else has has a count of at most Linf at every t, so the same
+    bound holds with m - Linf in place of m - 1.
 
     The noise of an item's count at any t is N(0, |I_t| L_r tau^2) with
     |I_t| <= (r - 1) L_r, so an item whose true count is 1 is above m_delta at
     a given t with probability at most delta/T, and at some t <= T with
-    probability at most delta (union bound, ``lem:badOutcomes``).
+    probability at most delta (union bound, ``lem:badOutcomes``). It is the
+    largest of the per-step thresholds :func:`step_threshold` (taken at
+    |I_t| = (r - 1) L_r); UnkBase uses those.
 
     Phi^-1(1 - x) is computed as -Phi^-1(x) (accurate for tiny x), and the
     result is moved up until the forward bound T (1 - Phi((m - 1) / s)) <= delta
     holds in floating point, so the threshold is never too low.
     """
+    levels = num_levels(horizon, base)
+    return _threshold(tau * levels * math.sqrt(base - 1), tau, horizon, threshold_delta,
+                      alone)
+
+
+def step_threshold(cells: int, *, tau: float, horizon: int, base: int,
+                   threshold_delta: float, alone: int = 1) -> float:
+    """m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T), for |I_t| = ``cells``.
+
+    The threshold of a step whose count sums ``cells`` tree cells (``cells =
+    |I_t(r)|``, the base-r digit sum of t). Why it is as private as m_delta:
+    the noise of a count at t is exactly N(0, |I_t| L_r tau^2) (|I_t| cells of
+    N(0, L_r tau^2) each), so an item whose true count is 1 is above m_t at t
+    with probability exactly 1 - Phi(Phi^-1(1 - delta/T)) = delta/T, the same
+    per-step bound ``lem:badOutcomes`` uses for m_delta; the union bound over
+    the T steps and the at most Delta0 items one event brings in gives the
+    same Delta0 delta. m_t <= m_delta because |I_t| <= (r - 1) L_r, and m_t is
+    a function of t and the public parameters only.
+
+    Floating point: as :func:`discovery_threshold`, the result is moved up
+    until T (1 - Phi((m - 1) / s_t)) <= delta holds, s_t = sqrt(|I_t| L_r) tau.
+    ``alone``: as for :func:`discovery_threshold` (Linf at user level).
+    """
+    if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)) or cells < 1:
+        raise ValueError(f"cells must be an int >= 1 (|I_t|), got {cells!r}")
+    levels = num_levels(horizon, base)
+    return _threshold(tau * math.sqrt(int(cells) * levels), tau, horizon, threshold_delta,
+                      alone)
+
+
+def _threshold(scale: float, tau: float, horizon: int, threshold_delta: float,
+               alone: float = 1.0) -> float:
+    """alone + scale Phi^-1(1 - delta/T), nudged up until
+    T (1 - Phi((m - alone)/scale)) <= delta."""
     if not (math.isfinite(tau) and tau > 0):
         raise ValueError(f"tau must be positive and finite, got tau={tau!r}")
     if not 0.0 < threshold_delta < 1.0:
         raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
-    levels = num_levels(horizon, base)
-    scale = tau * levels * math.sqrt(base - 1)
-    m = scale * float(-ndtri(threshold_delta / horizon)) + 1.0
+    alone = float(alone)
+    m = scale * float(-ndtri(threshold_delta / horizon)) + alone
     for _ in range(200):
-        if horizon * float(ndtr(-(m - 1.0) / scale)) <= threshold_delta:
+        if horizon * float(ndtr(-(m - alone) / scale)) <= threshold_delta:
             return m
         m = math.nextafter(m, math.inf) if m != 0 else 5e-324
-    raise ArithmeticError("discovery_threshold: could not make m conservative")  # pragma: no cover
+    raise ArithmeticError("threshold: could not make m conservative")  # pragma: no cover
 
 
 @dataclass(frozen=True)
@@ -120,7 +167,8 @@ def _split(delta: float, max_items: int, threshold_delta: float) -> tuple[float,
 
 
 def calibrate_unknown_domain(
-    *, epsilon: float, delta: float, max_items: int, horizon: int, base: int
+    *, epsilon: float, delta: float, max_items: int, horizon: int, base: int,
+    max_count: int = 1,
 ) -> tuple[float, float]:
     """The (tau, threshold_delta) meeting (epsilon, delta) with the smallest threshold m_delta.
 
@@ -136,10 +184,15 @@ def calibrate_unknown_domain(
     sqrt(r - 1) Phi^-1(1 - delta_thr/T) + 1, a 1-D search over the fraction
     f = Delta0 delta_thr / delta (coarse grid in logit(f), then bounded Brent).
 
+    User level: ``max_items`` is L0 (the items one user may bring in, each a
+    bad outcome of probability delta_thr) and ``max_count`` Linf, so the
+    Gaussian part has ratio sqrt(L0) Linf / tau (m_delta's offset Linf does
+    not move the minimiser).
+
     Returns:
         (tau, threshold_delta).
     """
-    a = max_items / 2.0
+    a = max_items * max_count * max_count / 2.0
     levels = num_levels(horizon, base)
     scale = levels * math.sqrt(base - 1)
 
@@ -175,11 +228,32 @@ class UnknownDomainHistogram:
     Every item that has appeared gets KnownBase's tree noise: each cell of the
     r-ary tree over 1..T carries N(0, L_r tau^2) per item, and the noisy count
     of u at t is h_t^u plus the noise of the cells I_t(r). An item is released
-    at t only if that noisy count exceeds
+    at t only if that noisy count exceeds the threshold of step t
 
-        m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1      (eq:threshold)
+        m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T)     (``.threshold_at(t)``)
 
-    (``.threshold``; delta here is ``threshold_delta``). An item's noise is
+    (delta is ``threshold_delta``), where the paper uses one threshold for all
+    steps, m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T)
+    (``eq:threshold``, ``.threshold``). m_t uses the exact noise variance of a
+    count at t, |I_t| L_r tau^2, where m_delta uses its largest value (r - 1)
+    L_r^2 tau^2, so m_t <= m_delta at every t, and an item is shown earlier:
+    at T = 1,000 and r = 4, m_t - 1 is on average 0.69 of m_delta - 1, and
+    0.26 of it at the steps whose count sums one cell.
+
+    Why m_t is as private as m_delta (``lem:badOutcomes`` with m_t): a bad
+    outcome shows an item a whose count is 1 in one neighbouring stream and 0
+    in the other. At step t its noisy count is 1 + Z_t, Z_t ~ N(0, |I_t| L_r
+    tau^2) exactly (a sum of |I_t| independent cells of variance L_r tau^2),
+    so P(1 + Z_t > m_t) = 1 - Phi(Phi^-1(1 - delta/T)) = delta/T, the per-step
+    bound the lemma proves for m_delta (there: at most delta/T). The union
+    bound over t <= T and over the at most Delta0 such items of one event is
+    unchanged: bad outcomes have probability at most Delta0 delta. Which
+    threshold applies at t depends on t only, never on the data, so the
+    good-outcome part of the proof (``lem:equalAMechanism``) is untouched.
+    (:func:`step_threshold` rounds m_t up so the bound holds in floating
+    point.)
+
+    An item's noise is
     addressed by (item, cell) under the stream's tree purpose
     (:func:`~dpstream.mechanisms.known.tree_purpose`), so an item that reappears
     gets the same realisations (the paper's "add the same realization"), with
@@ -210,19 +284,34 @@ class UnknownDomainHistogram:
     profile is Balle and Wang's, at least as tight as the zCDP conversion.
     Bad outcomes add Delta0 delta (``lem:badOutcomes``).
 
+    User-level privacy (``max_items_per_user=`` L0, ``max_count_per_item=``
+    Linf): events are ``(user, items)`` pairs, each user kept within the bounds
+    over the whole stream (first come, first kept). The proof above goes
+    through with the user as the unit: the good outcomes are one Gaussian
+    mechanism whose sensitivity is sqrt(L0) Linf sqrt(L_r) (the worst placement
+    of a user's contributions puts all Linf at one step, lemma in
+    :mod:`dpstream.bounding`), ratio mu = sqrt(L0) Linf / tau; a bad outcome
+    shows an item only the removed user has, whose true count is at most Linf
+    at every t, so the threshold is m_delta with Linf in place of the + 1, and
+    there are at most L0 such items: (eps_G(sqrt(L0) Linf / tau, delta'),
+    L0 delta + delta')-DP per user (``.privacy.unit == "user"``).
+
     Calibration: ``epsilon=, delta=`` splits delta into Delta0 threshold_delta
     + delta' so that m_delta is smallest (see :func:`calibrate_unknown_domain`
-    for why m_delta and not tau is the quantity to minimise), unless
+    for why m_delta and not tau is the quantity to minimise; every m_t - 1 is
+    m_delta - 1 times the same factor sqrt(|I_t| / ((r - 1) L_r)), so the split
+    that minimises m_delta minimises every m_t), unless
     ``threshold_delta=`` is also given. With ``rho=`` or ``tau=`` the noise is
     set by the Gaussian part alone and ``threshold_delta=`` is required.
 
-    Utility (Sec. 7, Utility Analysis): an item with h_t^u = m_delta + c tau is
-    shown at t with probability Phi(c / sqrt(|I_t| L_r)) >= Phi(c / (sqrt(r-1)
-    L_r)); a shown item's count has the tree noise of KnownBase, variance
-    |I_t(r)| L_r tau^2.
+    Utility (Sec. 7, Utility Analysis, with m_t): an item with h_t^u = m_t + c
+    tau is shown at t with probability Phi(c / sqrt(|I_t| L_r)); the paper's
+    bound Phi(c / (sqrt(r-1) L_r)) for h_t^u = m_delta + c tau still holds (it
+    only gets better). A shown item's count has the tree noise of KnownBase,
+    variance |I_t(r)| L_r tau^2.
 
     A :class:`~dpstream.Release` lists the shown items largest noisy count
-    first (``meta["threshold"]`` is m_delta). The mechanism's ``items_seen``,
+    first (``meta["threshold"]`` is m_t). The mechanism's ``items_seen``,
     ``counts`` and ``len()`` are the true, non-private state.
 
     Cost: a step costs O(items seen so far) vectorised (the incremental tree
@@ -242,6 +331,12 @@ class UnknownDomainHistogram:
             ``eq:threshold``); optional with epsilon/delta.
         stream: separates this stream's noise from other streams under the key
             (and shares it with KnownBase on the same stream, on purpose).
+        max_items_per_user, max_count_per_item: L0 and Linf, for user-level
+            privacy (both or neither; ``max_items`` is then optional).
+        on_invalid: ``"error"`` (default): an event over ``max_items`` items
+            raises; ``"truncate"``: keep ``max_items`` of its items chosen by a
+            keyed PRF (:class:`~dpstream.mechanisms.base.EventLimit`;
+            ``.truncation`` counts what was dropped, not private).
 
     Example:
         >>> import dpstream as dps
@@ -255,12 +350,14 @@ class UnknownDomainHistogram:
     mechanism_name = "UnkBase"
     accepts_columns = True  # step_batch takes EventColumns
     theorem = _THEOREM
+    theorem_user = ("UnkBase per user (theorem after lem:badOutcomes, dpstream.bounding lemma): "
+                    "(eps_G(sqrt(L0) Linf/tau, delta'), L0 delta + delta'), threshold + Linf")
 
     def __init__(
         self,
         horizon: int,
         *,
-        max_items: int,
+        max_items: int | None = None,
         key: NoiseKey,
         base: int | None = None,
         remember: bool = False,
@@ -270,17 +367,26 @@ class UnknownDomainHistogram:
         tau: float | None = None,
         threshold_delta: float | None = None,
         stream: str = "default",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
+        on_invalid: str = "error",
     ) -> None:
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
-        self.max_items = check_max_items(max_items)
+        self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
+        self.max_items = None if max_items is None and self.user_bounds else \
+            check_max_items(max_items)
+        # one unit: Delta0 items, 1 each (an event), or L0 items, Linf each (a user)
+        self._unit = unit_bound(self.max_items, self.user_bounds)
         self.stream = check_stream_name(stream)
         check_key(key)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
+                                 max_items=self.max_items)
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
         self.levels = num_levels(self.horizon, self.base)
-        self._coef = self.max_items / 2.0
+        self._coef = self._unit.coefficient
         self.budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         if threshold_delta is not None:
             if isinstance(threshold_delta, bool) or not isinstance(
@@ -299,15 +405,19 @@ class UnknownDomainHistogram:
             mechanism=self.mechanism_name, theorem=self.theorem,
             target_epsilon=self.budget.epsilon,
         )
+        self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
         self.threshold = discovery_threshold(
             tau=self.tau, horizon=self.horizon, base=self.base,
-            threshold_delta=self.threshold_delta,
+            threshold_delta=self.threshold_delta, alone=self._unit.per_item,
         )
+        self._thresholds: dict[int, float] = {}  # |I_t| -> m_t
         self.key = key
+        self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
         cell_std = math.sqrt(self.levels) * self.tau
         self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
                                          cell_std=cell_std, max_items=self.max_items,
-                                         domain="open")
+                                         domain="open",
+                                         users=self.user_bounds and self.user_bounds.tag())
         self._source = NoiseSource(key, self.tree_purpose)
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         self._index: dict[Hashable, int] = {}
@@ -324,7 +434,7 @@ class UnknownDomainHistogram:
     ) -> tuple[float, float, PrivacySplit, float]:
         """(tau, threshold_delta, split, total delta of the claim)."""
         b = self.budget
-        d0 = self.max_items
+        d0 = self._unit.items  # Delta0, or L0 per user: the items one unit may bring in
         if b.kind in ("rho", "tau"):
             if threshold_delta is None:
                 raise ValueError(
@@ -354,11 +464,26 @@ class UnknownDomainHistogram:
                                         gaussian_exact=True)
             return tau, threshold_delta, PrivacySplit(threshold_delta, part, rest, "user"), b.delta
         tau, thr = calibrate_unknown_domain(epsilon=b.epsilon, delta=b.delta, max_items=d0,
-                                            horizon=self.horizon, base=self.base)
+                                            horizon=self.horizon, base=self.base,
+                                            max_count=self._unit.per_item)
         part, rest = _split(b.delta, d0, thr)
         return tau, thr, PrivacySplit(thr, part, rest, "min-threshold"), b.delta
 
     # -- facts ---------------------------------------------------------------
+    def threshold_at(self, t: int) -> float:
+        """m_t, the threshold of step t (:func:`step_threshold` with |I_t| = digit sum of t)."""
+        return self.threshold_for_cells(sum(digits(t, self.base)))
+
+    def threshold_for_cells(self, cells: int) -> float:
+        """m_t for a step whose count sums ``cells`` = |I_t| tree cells."""
+        m = self._thresholds.get(cells)
+        if m is None:
+            m = step_threshold(cells, tau=self.tau, horizon=self.horizon, base=self.base,
+                               threshold_delta=self.threshold_delta,
+                               alone=self._unit.per_item)
+            self._thresholds[cells] = m
+        return m
+
     @property
     def noise_std_worst(self) -> float:
         """The largest standard deviation of a released count over t <= T."""
@@ -367,6 +492,11 @@ class UnknownDomainHistogram:
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of a count at t: tau sqrt(|I_t| L_r)."""
         return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
+
+    @property
+    def truncation(self) -> TruncationStats:
+        """What ``on_invalid="truncate"`` dropped so far (event mode). Not private."""
+        return self._limit.stats
 
     @property
     def items_seen(self) -> list[Hashable]:
@@ -393,13 +523,15 @@ class UnknownDomainHistogram:
         ``events``: a list of events, or the step as
         :class:`~dpstream.mechanisms.columns.EventColumns` (the same release).
         Every event is checked (at most ``max_items`` distinct items, items of
-        type str, int or bytes) before anything changes.
+        type str, int or bytes) before anything changes. With user bounds each
+        event is a ``(user, items)`` pair, bounded per user first.
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
+        events, pending = bound_user_events(self._users, events, self.max_items)
         events = as_events(events)
-        fast = event_positions(events, self._index, self._n)
-        if fast is not None:
+        fast = None if self._limit.truncating else event_positions(events, self._index, self._n)
+        if fast is not None:  # (truncation keys on each event's ordinal: the loop below)
             cols, offsets, new_items = fast
             keep, distinct = distinct_in_events(cols, offsets)
             if not (distinct.size and distinct.max() > self.max_items):
@@ -411,13 +543,18 @@ class UnknownDomainHistogram:
                 if new_counts.size and not new_counts.all():  # listed, but in no event
                     seen = np.flatnonzero(new_counts)
                     new_items, new_counts = [new_items[i] for i in seen], new_counts[seen]
-                return self._commit(t, self._counts[:n] + total[:n], new_items, new_counts)
-            events = fast_events(events)  # the per-event path raises the precise error
+                rel = self._commit(t, self._counts[:n] + total[:n], new_items, new_counts)
+                self._limit.commit(TruncationStats(events=len(offsets) - 1))
+                if pending is not None:
+                    self._users.commit(pending)
+                return rel
+        events = fast_events(events)  # the per-event path raises the precise error
         index = self._index
         known: list[int] = []
         new: dict[Hashable, int] = {}
-        for event in events:
-            for item in normalise_event(event, self.max_items):
+        checked, delta = self._limit.events(events)
+        for items in checked:
+            for item in items:
                 pos = index.get(item)
                 if pos is None:
                     new[item] = new.get(item, 0) + 1
@@ -426,7 +563,11 @@ class UnknownDomainHistogram:
         counts = self._counts[: self._n] + np.bincount(
             np.asarray(known, dtype=np.int64), minlength=self._n
         )
-        return self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
+        self._limit.commit(delta)
+        if pending is not None:
+            self._users.commit(pending)
+        return rel
 
     # -- aggregate mode --------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int] | Any,
@@ -530,7 +671,8 @@ class UnknownDomainHistogram:
         self.t = t
         n = self._n
         values = self._counts[:n] + self._noise.noise()
-        above = values > self.threshold
+        threshold = self.threshold_at(t)
+        above = values > threshold
         if self.remember:
             self._shown[:n] |= above
             above = self._shown[:n]
@@ -548,7 +690,7 @@ class UnknownDomainHistogram:
             t=t, items=[self._items[i] for i in idx.tolist()], values=values[idx],
             # Only data-independent facts: the number of items seen is NOT private
             # (one event can add max_items of them), so it is never part of a release.
-            meta={"threshold": self.threshold, "remember": self.remember},
+            meta={"threshold": threshold, "remember": self.remember},
         )
 
     def __repr__(self) -> str:

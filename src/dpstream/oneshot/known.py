@@ -11,6 +11,7 @@ default, because two calls with one key and purpose share their noise).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
@@ -185,32 +186,45 @@ def gumbel_top_k(
 
 
 def gaussian_histogram_privacy(
-    *, tau: float, max_items: int = 1, delta: float = privacy.DEFAULT_DELTA
+    *, tau: float, max_items: int = 1, delta: float = privacy.DEFAULT_DELTA,
+    max_count_per_item: int = 1, unit: str = "event",
 ) -> privacy.PrivacyGuarantee:
     """The guarantee of :func:`gaussian_histogram` (``lem:kGaussPriv``).
 
     Delta0 / (2 tau^2)-zCDP with Delta0 = ``max_items``; it is exactly a
     Gaussian mechanism with sensitivity/noise ratio sqrt(Delta0)/tau, so the
-    (epsilon, delta) claim uses the exact Gaussian curve.
+    (epsilon, delta) claim uses the exact Gaussian curve. When one privacy
+    unit (``unit="user"``, say) changes each of at most ``max_items`` counts
+    by up to ``max_count_per_item`` = Linf, the sensitivity is sqrt(Delta0)
+    Linf: Delta0 Linf^2 / (2 tau^2)-zCDP.
     """
     if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)):
         raise TypeError(f"max_items must be an int, got {type(max_items).__name__}")
     if max_items < 1:
         raise ValueError(f"max_items must be >= 1, got {max_items}")
-    return privacy.guarantee_for_tau(
-        tau=check_tau(tau), a=max_items / 2.0, delta=delta, mechanism="KnownGauss",
-        theorem=KNOWN_GAUSS_THEOREM, gaussian_exact=True,
-    )
+    linf = check_int("max_count_per_item", max_count_per_item, 1)
+    return dataclasses.replace(privacy.guarantee_for_tau(
+        tau=check_tau(tau), a=max_items * linf * linf / 2.0, delta=delta,
+        mechanism="KnownGauss", theorem=KNOWN_GAUSS_THEOREM, gaussian_exact=True,
+    ), unit=unit)
 
 
 def gumbel_top_k_privacy(
-    *, tau: float, k: int, with_counts: bool = True, delta: float = privacy.DEFAULT_DELTA
+    *, tau: float, k: int, with_counts: bool = True, delta: float = privacy.DEFAULT_DELTA,
+    max_count_per_item: int = 1, unit: str = "event",
 ) -> privacy.PrivacyGuarantee:
-    """The guarantee of :func:`gumbel_top_k`: k/tau^2-zCDP, or k/(2 tau^2) for the selection."""
+    """The guarantee of :func:`gumbel_top_k`: k/tau^2-zCDP, or k/(2 tau^2) for the selection.
+
+    When one privacy unit changes every count by up to ``max_count_per_item``
+    = Linf (all in the same direction) the l_inf sensitivity is Linf: each
+    peeling step is (2 Linf / tau)-bounded-range and each count's Gaussian
+    has ratio Linf / tau, so both costs grow by Linf^2.
+    """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
-    a = float(k) if with_counts else k / 2.0
-    return privacy.guarantee_for_tau(
+    linf = check_int("max_count_per_item", max_count_per_item, 1)
+    a = (float(k) if with_counts else k / 2.0) * linf * linf
+    return dataclasses.replace(privacy.guarantee_for_tau(
         tau=check_tau(tau), a=a, delta=delta, mechanism="KnownGumb",
         theorem=KNOWN_GUMB_THEOREM if with_counts else KNOWN_GUMB_SELECT_THEOREM,
-    )
+    ), unit=unit)

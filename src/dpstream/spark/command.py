@@ -50,46 +50,52 @@ _EVENT_SCHEMA = T.StructType([
     T.StructField("t", T.LongType(), True),
     T.StructField("items", T.ArrayType(T.StringType(), False), True),
     T.StructField("error", T.StringType(), True),
+    T.StructField("user", T.StringType(), True),
 ])
 
 
-def _parse_lines(batches, time_field=None, clock=None, implicit=False):
+def _parse_lines(batches, time_field=None, clock=None, implicit=False, user_field=None):
     """Each text line through the local engine's own JSON Lines parser (with implicit
     time, a line's step is its place in the file, set by the caller)."""
     for pdf in batches:
-        ts, items, errors = [], [], []
+        ts, items, errors, users = [], [], [], []
         for line in pdf["value"].tolist():
             recs = list(read_jsonl([line], time_field=time_field, clock=clock,
-                                   implicit=implicit))
+                                   implicit=implicit, user_field=user_field))
             if not recs:  # blank line
                 ts.append(None)
                 items.append(None)
                 errors.append("")
+                users.append(None)
                 continue
             rec = recs[0]
             ts.append(rec.t)
             items.append(None if rec.items is None else list(rec.items))
             errors.append(rec.error)
+            users.append(rec.user)
         yield pd.DataFrame({"pos": pdf["pos"].to_numpy(), "t": pd.array(ts, dtype="Int64"),
-                            "items": items, "error": errors})
+                            "items": items, "error": errors, "user": users})
 
 
 def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None = None,
-                      clock: Any = None, implicit: bool = False) -> DataFrame:
+                      clock: Any = None, implicit: bool = False,
+                      user_field: str | None = None) -> DataFrame:
     """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
 
-    Returns (pos, t, items, error): ``pos`` the line's place in the file,
+    Returns (pos, t, items, error, user): ``pos`` the line's place in the file,
     ``error`` the parse problem (``""`` for a blank line, null for an event).
     With ``time_field`` and ``clock`` (a :class:`dpstream.clock.StepClock`),
     ``t`` is the step of the event's timestamp on that public clock; with
     ``implicit``, every line is a step: ``t`` is its line number (blank and
-    broken lines too, as invalid records of their steps).
+    broken lines too, as invalid records of their steps). With ``user_field``,
+    ``user`` is each event's user id (an event without a valid one is an error
+    row).
     """
     lines = spark.read.text(path)
     indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
     df = spark.createDataFrame(indexed, "pos long, value string")
-    parsed = df.mapInPandas(lambda b: _parse_lines(b, time_field, clock, implicit),
-                            _EVENT_SCHEMA)
+    parsed = df.mapInPandas(
+        lambda b: _parse_lines(b, time_field, clock, implicit, user_field), _EVENT_SCHEMA)
     if implicit:
         parsed = parsed.withColumn("t", F.col("pos") + 1)
     return parsed
@@ -115,6 +121,26 @@ def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def readable_counts(released: DataFrame, *, clamp: bool, monotone: bool) -> DataFrame:
+    """``dpstream.postprocess.ReadableCounts`` on (t, item, value) rows (already rounded).
+
+    clamp: value -> max(value, 0); monotone: value -> the largest value published for
+    the item at steps <= t, i.e. max(value, the item's last published value), since
+    the published values of an item never go down.
+    """
+    from pyspark.sql import Window
+
+    if clamp:
+        zero = F.lit(0) if isinstance(released.schema["value"].dataType, T.LongType) \
+            else F.lit(0.0)
+        released = released.withColumn("value", F.greatest(F.col("value"), zero))
+    if monotone:
+        window = Window.partitionBy("item").orderBy("t").rowsBetween(
+            Window.unboundedPreceding, Window.currentRow)
+        released = released.withColumn("value", F.max("value").over(window))
+    return released
+
+
 def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             spark: SparkSession | None = None, key: NoiseKey | None = None) -> dict[str, Any]:
     """Run ``dpstream run`` on Spark; returns a summary for the command to print.
@@ -124,7 +150,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             names: mechanism ("known" or "unknown"), horizon, max_items,
             domain (a path or a list), counter, base, remember, threshold_delta, stream,
             rho / epsilon / delta / tau, key_file, input, input_format, output,
-            output_format, round, on_invalid, state.
+            output_format, round, clamp, monotone, on_invalid, state.
         master: the Spark master when no session is running (``--master``).
         spark: a session to use instead of building one.
         key: the key, when the caller already loaded ``key_file``.
@@ -176,14 +202,20 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
     verbose = bool(opts.get("verbose_errors"))
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
+    user_field = opts.get("user_field")
+    users = {k: opts.get(k) for k in ("max_items_per_user", "max_count_per_item")
+             if opts.get(k) is not None}
+    if (user_field is None) != (not users):
+        raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go "
+                         "together")
     from ..run_command import scoped_stream
 
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
                   stream=scoped_stream({"stream": "default", "input": inp, **{
-                      k: v for k, v in opts.items() if v is not None}}), **budget)
+                      k: v for k, v in opts.items() if v is not None}}), **budget, **users)
     if opts.get("counter") is not None and name != "known":
         raise ValueError(f"--counter does not apply to --mechanism {name}")
-    if common["max_items"] is None:
+    if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 
     if spark is None:
@@ -213,7 +245,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     if implicit and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     parsed = read_events_jsonl(spark, inp, time_field=opts.get("time_field"),
-                               clock=clock, implicit=implicit).cache()
+                               clock=clock, implicit=implicit,
+                               user_field=user_field).cache()
     checked = None
     try:
         facts = parsed.agg(
@@ -228,10 +261,11 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                 raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
             skipped += parsed.where(F.col("error") != "").count()
         n_events = int(facts["events"])
-        events = parsed.where(F.col("error").isNull()).select("t", "items")
+        events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
         invalid = F.col("t") > until
         if policy == "skip":  # the local engine's checks, as a filter instead of a failure
-            invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
+            if common["max_items"] is not None:
+                invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
             invalid = invalid | F.exists("items", lambda x: x.isNull())
         if policy == "skip" and domain_df is not None:
             in_domain = F.broadcast(domain_df.select(F.col("item").alias("_item"),
@@ -239,10 +273,12 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             exploded = (events.withColumn("_id", F.monotonically_increasing_id())
                         .withColumn("_item", F.explode_outer("items")))
             flagged = exploded.join(in_domain, "_item", "left").groupBy("_id", "t").agg(
-                F.first("items").alias("items"),
+                F.first("items").alias("items"), F.first("pos").alias("pos"),
+                F.first("user").alias("user"),
                 F.max(F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1)
                       .otherwise(0)).alias("_outside"))
-            events = flagged.select("t", "items", (F.col("_outside") == 1).alias("_outside"))
+            events = flagged.select("t", "items", "pos", "user",
+                                    (F.col("_outside") == 1).alias("_outside"))
             invalid = invalid | F.col("_outside")
         checked = events.withColumn("_invalid", invalid).cache()
         n_invalid = checked.where(F.col("_invalid")).count()
@@ -253,15 +289,20 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                                     f"T={mech.horizon}")
         skipped += n_invalid
         n_events -= n_invalid
-        events = checked.where(~F.col("_invalid")).select("t", "items")
+        events = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
         last_t = until
         steps = list(range(1, until + 1))
+        # user level: each user's first contributions in input order (the local engine's)
+        per_user = ({"user_col": "user", "order_col": "pos"} if user_field is not None
+                    else {})
         if isinstance(mech, SparkKnownBase):
-            released = mech.run(events, domain_df, steps=steps)
+            released = mech.run(events, domain_df, steps=steps, **per_user)
         else:
-            released = mech.run(events, steps=steps)
+            released = mech.run(events, steps=steps, **per_user)
         if opts.get("round"):
             released = released.withColumn("value", F.bround("value", 0).cast("long"))
+        released = readable_counts(released, clamp=bool(opts.get("clamp")),
+                                   monotone=bool(opts.get("monotone")))
         released = _long_format(spark, released, mech, steps)
         writer = released.write.mode("errorifexists")
         if fmt == "jsonl-long":

@@ -30,7 +30,7 @@ from ..mechanisms.blt_noise import BLTNoise
 from ..mechanisms.tree_noise import TreeNoise
 from ..noise import NoiseKey, NoiseSource, PreparedItems
 from ..oneshot.common import GUMBEL_DRAW
-from ..tree import cells_at, num_levels
+from ..tree import cells_at, digits, num_levels
 
 __all__ = [
     "STATE_FLAG",
@@ -66,8 +66,12 @@ class ReleaseSpec:
         cell_std: the standard deviation of each keyed draw: a tree cell's
             sqrt(L_r) tau, or a BLT counter's sigma.
         purpose: the noise purpose of the stream's counters.
-        threshold: UnkBase's m_delta (an item is released iff its noisy count is
-            above it); ``None`` for KnownBase.
+        threshold: UnkBase's m_delta (the paper's single threshold, the largest
+            m_t); ``None`` for KnownBase.
+        thresholds: UnkBase's per-step thresholds m_t by |I_t| (index = the
+            digit sum of t; index 0 unused): an item is released at t iff its
+            noisy count is above ``threshold_at(t)``, the local engine's
+            ``UnknownDomainHistogram.threshold_at(t)``.
         remember: UnkBase only: an item released once stays released.
     """
 
@@ -79,12 +83,19 @@ class ReleaseSpec:
     threshold: float | None = None
     remember: bool = False
     strategy: BLTStrategy | None = None  # the BLT counter's factorization, if any
+    thresholds: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mechanism not in (KNOWN, UNKNOWN):
             raise ValueError(f"mechanism must be {KNOWN!r} or {UNKNOWN!r}, got {self.mechanism!r}")
         if (self.mechanism == UNKNOWN) != (self.threshold is not None):
             raise ValueError("threshold is set for UnkBase and only for UnkBase")
+        if (self.mechanism == UNKNOWN) != bool(self.thresholds):
+            raise ValueError("thresholds are set for UnkBase and only for UnkBase")
+
+    def threshold_at(self, t: int) -> float:
+        """UnkBase's m_t: the threshold of step t."""
+        return self.thresholds[sum(digits(t, self.base))]
 
     @property
     def levels(self) -> int:
@@ -175,7 +186,7 @@ def release_step_batch(
         noise.advance(t)
         values = counts + noise.noise()
         if spec.mechanism == UNKNOWN:
-            released = (counts > 0) & (values > spec.threshold)
+            released = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember and shown_col is not None:
                 released |= pdf[shown_col].fillna(False).to_numpy(dtype=bool)
         else:
@@ -260,7 +271,7 @@ def release_stream_batch(
             noise[rows] = tn.noise()
         values = counts + noise
         if spec.mechanism == UNKNOWN:
-            released = (counts > 0) & (values > spec.threshold)
+            released = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember and shown_col is not None:
                 released |= pdf[shown_col].fillna(False).to_numpy(dtype=bool)
         else:
@@ -365,7 +376,7 @@ def release_run_partition(
         advance_to(noise, t)
         values = counts + noise.noise()
         if spec.mechanism == UNKNOWN:
-            keep = (counts > 0) & (values > spec.threshold)
+            keep = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember:
                 shown |= keep
                 keep = shown.copy()

@@ -108,6 +108,24 @@ def _key_handle(spark: SparkSession, key: NoiseKey) -> Callable[[], bytes]:
     return lambda: broadcast.value
 
 
+def _checked_items(events: DataFrame, items_col: str, max_items: int | None) -> Column:
+    """An event's distinct items; more than ``max_items`` (if given) or a null item fails."""
+    items_type = _column_type(events, items_col)
+    if not isinstance(items_type, T.ArrayType):
+        raise TypeError(f"{items_col!r} must be an array of items, got {items_type.simpleString()}")
+    _check_item_type(items_type.elementType, f"the elements of {items_col!r}")
+    distinct = F.array_distinct(F.col(items_col))
+    checked = F.when(F.exists(distinct, lambda x: x.isNull()),
+                     _fail(F.lit("InvalidEventError: an event holds a null item")))
+    if max_items is not None:
+        checked = checked.when(
+            F.size(distinct) > max_items,
+            _fail(F.concat(F.lit("InvalidEventError: an event has "),
+                           F.size(distinct).cast("string"),
+                           F.lit(f" distinct items, more than max_items={max_items}"))))
+    return checked.otherwise(distinct)
+
+
 def increments(events: DataFrame, *, max_items: int, items_col: str = "items",
                item_col: str = "item", group_cols: Sequence[str] = ()) -> DataFrame:
     """Per-item count increments of a DataFrame of events (one row per event).
@@ -118,20 +136,7 @@ def increments(events: DataFrame, *, max_items: int, items_col: str = "items",
     bound Delta0. Returns columns ``group_cols...``, ``item_col``, ``n``.
     """
     max_items = check_max_items(max_items)
-    items_type = _column_type(events, items_col)
-    if not isinstance(items_type, T.ArrayType):
-        raise TypeError(f"{items_col!r} must be an array of items, got {items_type.simpleString()}")
-    _check_item_type(items_type.elementType, f"the elements of {items_col!r}")
-    distinct = F.array_distinct(F.col(items_col))
-    checked = (
-        F.when(F.size(distinct) > max_items,
-               _fail(F.concat(F.lit("InvalidEventError: an event has "),
-                              F.size(distinct).cast("string"),
-                              F.lit(f" distinct items, more than max_items={max_items}"))))
-        .when(F.exists(distinct, lambda x: x.isNull()),
-              _fail(F.lit("InvalidEventError: an event holds a null item")))
-        .otherwise(distinct)
-    )
+    checked = _checked_items(events, items_col, max_items)
     groups = [F.col(c) for c in group_cols]
     exploded = events.select(*groups, F.explode(checked).alias(item_col))
     return exploded.groupBy(*group_cols, item_col).agg(F.count(F.lit(1)).alias("n"))
@@ -223,8 +228,25 @@ class _SparkRelease:
         return self.mechanism.horizon
 
     @property
-    def max_items(self) -> int:
+    def max_items(self) -> int | None:
         return self.mechanism.max_items
+
+    @property
+    def user_bounds(self) -> Any:
+        """The per-user bounds (:class:`~dpstream.bounding.UserBounds`), or None per event."""
+        return self.mechanism.user_bounds
+
+    def _users(self, user_col: str | None, order_col: str | None) -> tuple | None:
+        """(bounds, user column, order column) at user level, else None; checked."""
+        if self.user_bounds is None:
+            if user_col is not None:
+                raise ValueError("user_col applies to user-level privacy: build the mechanism "
+                                 "with max_items_per_user= and max_count_per_item=")
+            return None
+        if user_col is None or order_col is None:
+            raise ValueError("a user-level run needs user_col (each event's user id) and "
+                             "order_col (its arrival order, e.g. the input line)")
+        return self.user_bounds, user_col, order_col
 
     # -- one step ----------------------------------------------------------------
     def _prepare_counts(self, counts: DataFrame, assume_unique: bool) -> DataFrame:
@@ -383,9 +405,16 @@ class SparkKnownBase(_SparkRelease):
     zCDP when every event holds at most ``max_items`` = Delta0 items; ``.privacy``
     states it.
 
+    User-level privacy (``max_items_per_user=``, ``max_count_per_item=``, as
+    locally): :meth:`run` then takes each event's user id and arrival order and
+    keeps every user within the bounds (first come, first kept, by window
+    functions: :mod:`dpstream.spark.bounding`), whatever the partitioning, with
+    the local engine's result; ``.privacy`` is the local per-user guarantee.
+
     Args:
         spark: the SparkSession.
-        horizon, max_items, key, counter, base, rho | epsilon, delta | tau, stream:
+        horizon, max_items, key, counter, base, rho | epsilon, delta | tau, stream,
+            max_items_per_user, max_count_per_item:
             as for :class:`dpstream.KnownDomainHistogram` (a BLT counter runs every
             step of an item's noise on its executor, as locally).
         domain: the domain, as a DataFrame with the item column (its
@@ -406,7 +435,7 @@ class SparkKnownBase(_SparkRelease):
         spark: SparkSession,
         horizon: int,
         *,
-        max_items: int,
+        max_items: int | None = None,
         key: NoiseKey,
         counter: str | BLTStrategy | None = None,
         base: int | None = None,
@@ -418,15 +447,19 @@ class SparkKnownBase(_SparkRelease):
         domain: DataFrame | Sequence[Any],
         item_col: str = "item",
         count_col: str = "count",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
     ) -> None:
         # The local class fixes every parameter; its one-item domain is a placeholder,
         # and the noise purpose is the local one for the real domain's fingerprint.
         self.mechanism = KnownDomainHistogram(
             ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key,
             counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
-            stream=stream,
+            stream=stream, max_items_per_user=max_items_per_user,
+            max_count_per_item=max_count_per_item,
         )
         m = self.mechanism
+        users = None if m.user_bounds is None else m.user_bounds.tag()
         if isinstance(domain, DataFrame):
             self.domain_tag = spark_domain_tag(domain, item_col)
         else:
@@ -435,12 +468,13 @@ class SparkKnownBase(_SparkRelease):
             cell_std = float(np.sqrt(m.levels) * m.tau)
             m.tree_purpose = tree_purpose(m.stream, horizon=m.horizon, base=m.base,
                                           cell_std=cell_std, max_items=m.max_items,
-                                          domain=self.domain_tag)
+                                          domain=self.domain_tag, users=users)
             m.noise_purpose = m.tree_purpose
         else:  # a BLT counter: its draws' sigma, and the purpose for the real domain
             cell_std = float(m.sigma)
             m.noise_purpose = blt_purpose(m.stream, strategy=m.strategy, sigma=m.sigma,
-                                          max_items=m.max_items, domain=self.domain_tag)
+                                          max_items=m.max_items, domain=self.domain_tag,
+                                          users=users)
         self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
                                 cell_std=cell_std, purpose=m.noise_purpose,
                                 strategy=m.strategy)
@@ -483,17 +517,22 @@ class SparkKnownBase(_SparkRelease):
         return self._released(self._full_frame(int(t), counts), self.item_col)
 
     def run(self, events: DataFrame, domain: DataFrame, *, steps: Sequence[int],
-            t_col: str = "t", items_col: str = "items") -> DataFrame:
+            t_col: str = "t", items_col: str = "items", user_col: str | None = None,
+            order_col: str | None = None) -> DataFrame:
         """Every release at ``steps`` from a DataFrame of timed events, in one Spark job.
 
         ``events`` has one row per event: its time step (``t_col``) and its items
-        (``items_col``). Releases (t, item, value) for every domain item at every
-        step in ``steps``, as the local engine would releasing at exactly those
-        steps. Events after the last step are ignored.
+        (``items_col``); at user level also its user id (``user_col``) and its
+        arrival order within its step (``order_col``, e.g. its input line: the
+        bounds keep each user's first contributions in that order). Releases
+        (t, item, value) for every domain item at every step in ``steps``, as
+        the local engine would releasing at exactly those steps. Events after
+        the last step are ignored (and take no part in the bounds).
         """
         item_type = _column_type(domain, self.item_col)
         _check_item_type(item_type, "the domain's item column")
-        inc = self._timed_increments(events, t_col, items_col)
+        inc = self._timed_increments(events, t_col, items_col, user_col, order_col,
+                                     last=max(steps) if steps else None)
         _check_same_item_kind(item_type, inc.schema[self.item_col].dataType)
         steps = self._claim_steps(steps)
         dom = domain.select(F.col(self.item_col), F.lit(0).cast("long").alias("t"),
@@ -502,9 +541,12 @@ class SparkKnownBase(_SparkRelease):
                                           F.col("n").cast("long").alias("n")))
         return self._run_flat(flat, steps, closed=True)
 
-    def _timed_increments(self, events: DataFrame, t_col: str, items_col: str) -> DataFrame:
+    def _timed_increments(self, events: DataFrame, t_col: str, items_col: str,
+                          user_col: str | None = None, order_col: str | None = None,
+                          last: int | None = None) -> DataFrame:
         return _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
-                                 self.item_col)
+                                 self.item_col, users=self._users(user_col, order_col),
+                                 last=last)
 
     def __repr__(self) -> str:
         return (f"SparkKnownBase(T={self.horizon}, counter={self.counter}, r={self.base}, "
@@ -512,8 +554,12 @@ class SparkKnownBase(_SparkRelease):
                 f"tau={self.tau:.4g}, t={self.t})")
 
 
-def _timed_increments(events: DataFrame, horizon: int, max_items: int, t_col: str,
-                      items_col: str, item_col: str) -> DataFrame:
+def _timed_increments(events: DataFrame, horizon: int, max_items: int | None, t_col: str,
+                      items_col: str, item_col: str, *, users: tuple | None = None,
+                      last: int | None = None) -> DataFrame:
+    """(t, item, n) increments of timed events; at user level (``users`` = (bounds,
+    user column, order column)) of the contributions kept within the bounds, among
+    the events up to step ``last``."""
     ttype = _column_type(events, t_col)
     if not isinstance(ttype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
         raise TypeError(f"column {t_col!r} must hold integer time steps, got "
@@ -525,9 +571,23 @@ def _timed_increments(events: DataFrame, horizon: int, max_items: int, t_col: st
                      F.lit("HorizonExceededError: an event at time step "), t.cast("string"),
                      F.lit(f" is past the horizon T={horizon}"))))
                  .otherwise(t))
-    timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
-    return increments(timed, max_items=max_items, items_col=items_col, item_col=item_col,
-                      group_cols=["t"])
+    if users is None:
+        timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
+        return increments(timed, max_items=max_items, items_col=items_col, item_col=item_col,
+                          group_cols=["t"])
+    from .bounding import bound_user_contributions
+
+    bounds, user_col, order_col = users
+    _column_type(events, user_col)
+    _column_type(events, order_col)
+    timed = events.select(checked_t.cast("long").alias("t"),
+                          _checked_items(events, items_col, max_items).alias(items_col),
+                          F.col(user_col), F.col(order_col))
+    if last is not None:  # later events are not released: they spend no user's budget
+        timed = timed.where(F.col("t") <= last)
+    kept = bound_user_contributions(timed, bounds, user_col=user_col, order_col=order_col,
+                                    t_col="t", items_col=items_col, item_col=item_col)
+    return kept.groupBy("t", item_col).agg(F.count(F.lit(1)).alias("n"))
 
 
 class SparkUnknownBase(_SparkRelease):
@@ -537,14 +597,16 @@ class SparkUnknownBase(_SparkRelease):
     (built from it: tau, the threshold m_delta, the delta split and the
     guarantee are the local engine's). Every item that has appeared (count > 0)
     gets KnownBase's keyed tree noise, and is released iff its noisy count is
-    above m_delta (``.threshold``), or, with ``remember``, once it has been.
+    above the step's threshold m_t (``.threshold_at(t)``), or, with
+    ``remember``, once it has been.
     Privacy (theorem after ``lem:badOutcomes``): (eps(Delta0/(2 tau^2), delta'),
     Delta0 delta + delta')-DP; ``.privacy`` states it.
 
     Args:
         spark: the SparkSession.
         horizon, max_items, key, base, remember, rho | epsilon, delta | tau,
-            threshold_delta, stream: as for ``UnknownDomainHistogram``.
+            threshold_delta, stream, max_items_per_user, max_count_per_item: as for
+            ``UnknownDomainHistogram`` (user level: see :class:`SparkKnownBase`).
         item_col, count_col: the column names of the counts DataFrames.
     """
 
@@ -553,7 +615,7 @@ class SparkUnknownBase(_SparkRelease):
         spark: SparkSession,
         horizon: int,
         *,
-        max_items: int,
+        max_items: int | None = None,
         key: NoiseKey,
         base: int | None = None,
         remember: bool = False,
@@ -565,25 +627,35 @@ class SparkUnknownBase(_SparkRelease):
         stream: str = "default",
         item_col: str = "item",
         count_col: str = "count",
+        max_items_per_user: int | None = None,
+        max_count_per_item: int | None = None,
     ) -> None:
         from ..mechanisms.unknown import UnknownDomainHistogram
 
         self.mechanism = UnknownDomainHistogram(
             horizon, max_items=max_items, key=key, base=base, remember=remember, rho=rho,
             epsilon=epsilon, delta=delta, tau=tau, threshold_delta=threshold_delta,
-            stream=stream,
+            stream=stream, max_items_per_user=max_items_per_user,
+            max_count_per_item=max_count_per_item,
         )
         m = self.mechanism
+        # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers
+        thresholds = (float(m.threshold),) + tuple(
+            m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1))
         self.spec = ReleaseSpec(mechanism=UNKNOWN, horizon=m.horizon, base=m.base,
                                 cell_std=float(np.sqrt(m.levels) * m.tau),
                                 purpose=m.tree_purpose, threshold=float(m.threshold),
-                                remember=m.remember)
+                                remember=m.remember, thresholds=thresholds)
         super().__init__(spark, key, item_col, count_col)
 
     @property
     def threshold(self) -> float:
-        """m_delta: an item is released iff its noisy count is above it."""
+        """m_delta, the paper's single threshold (the largest m_t)."""
         return self.mechanism.threshold
+
+    def threshold_at(self, t: int) -> float:
+        """m_t: an item is released at t iff its noisy count is above it."""
+        return self.mechanism.threshold_at(t)
 
     @property
     def remember(self) -> bool:
@@ -638,14 +710,17 @@ class SparkUnknownBase(_SparkRelease):
         return self._full_frame(int(t), prepared, shown)
 
     def run(self, events: DataFrame, *, steps: Sequence[int], t_col: str = "t",
-            items_col: str = "items") -> DataFrame:
+            items_col: str = "items", user_col: str | None = None,
+            order_col: str | None = None) -> DataFrame:
         """Every release at ``steps`` from a DataFrame of timed events, in one Spark job.
 
         As the local engine releasing at exactly those steps: (t, item, value)
         of the items shown at each step. Events after the last step are ignored.
+        User level: ``user_col`` and ``order_col`` as for :meth:`SparkKnownBase.run`.
         """
         inc = _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
-                                self.item_col)
+                                self.item_col, users=self._users(user_col, order_col),
+                                last=max(steps) if steps else None)
         steps = self._claim_steps(steps)
         flat = inc.select(self.item_col, F.col("t").cast("long").alias("t"),
                           F.col("n").cast("long").alias("n"))

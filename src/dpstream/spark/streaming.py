@@ -133,6 +133,7 @@ def stream_parameters(mechanism: SparkKnownBase | SparkUnknownBase) -> dict[str,
         params["counter"] = m.strategy.fingerprint()
     if isinstance(mechanism, SparkUnknownBase):
         params["threshold"] = float(mechanism.threshold).hex()
+        params["threshold_rule"] = "per-step m_t"  # a checkpoint of m_delta runs must not resume
         params["remember"] = mechanism.remember
     return params
 
@@ -157,6 +158,10 @@ class StreamRelease:
         if not known and not isinstance(mechanism, SparkUnknownBase):
             raise TypeError("mechanism must be a SparkKnownBase or SparkUnknownBase, got "
                             f"{type(mechanism).__name__}")
+        if getattr(mechanism, "user_bounds", None) is not None:
+            raise ValueError("user-level privacy (max_items_per_user=) is not available for "
+                             "streaming releases yet: use SparkKnownBase/SparkUnknownBase.run "
+                             "or `dpstream run --state` (whose snapshots carry the bounds)")
         if known and domain is None:
             raise ValueError("KnownBase needs domain=, a DataFrame listing the domain's items")
         if not known and domain is not None:

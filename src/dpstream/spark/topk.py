@@ -52,13 +52,15 @@ class SparkContinualTopK:
     The same mechanism as :class:`dpstream.mechanisms.topk.ContinualTopK`, built
     from it (with a placeholder domain of k items: tau, tau_1, tau_2, the base
     and the noise scope do not depend on the domain), so ``.privacy`` is the
-    local one: (2k + 4) / (2 tau^2)-zCDP (SparseGumb theorem, after
+    local one: (2k + 1) / (2 tau^2)-zCDP (the sparse vector per Lyu, Su and Li,
+    see ContinualTopK; the paper charges (2k + 4) / (2 tau^2), after
     ``algo:sparseGumb``).
 
     Args:
         spark: the SparkSession.
-        horizon, k, switches, eta, key, counter, base, rho | epsilon, delta | tau, stream:
-            as for ``ContinualTopK``.
+        horizon, k, switches, eta, key, wait, counter, base, rho | epsilon, delta | tau,
+            stream: as for ``ContinualTopK`` (the waiting round reads the k-th largest
+            count of the frame: k rows to the driver).
         item_col, count_col: the column names of the counts DataFrames.
 
     ``release(t, counts)`` takes (item, count) rows listing **the whole domain**
@@ -75,8 +77,9 @@ class SparkContinualTopK:
         *,
         k: int,
         switches: int,
-        eta: float | Callable[[int], float],
+        eta: float | Callable[[int], float] | str = "auto",
         key: NoiseKey,
+        wait: bool = True,
         counter: str | BLTStrategy | None = None,
         base: int | None = None,
         rho: float | None = None,
@@ -90,8 +93,9 @@ class SparkContinualTopK:
         placeholder = [f"dpstream.spark:parameters-{i}" for i in range(k)] if (
             isinstance(k, int) and not isinstance(k, bool) and k >= 1) else ["x"]
         self.mechanism = ContinualTopK(
-            placeholder, horizon, k=k, switches=switches, eta=eta, key=key, counter=counter,
-            base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            placeholder, horizon, k=k, switches=switches, eta=eta, key=key, wait=wait,
+            counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
+            stream=stream,
         )
         m = self.mechanism
         self.spec = TopKSpec(noise_scope=m.noise_scope, horizon=m.horizon, base=m.base,
@@ -177,6 +181,15 @@ class SparkContinualTopK:
             F.max(F.col("above").cast("int")).alias("any")).first()
         return bool(out["any"] or 0)
 
+    def kth_count(self, counts: DataFrame) -> int:
+        """The k-th largest count of the frame (the waiting round's query; k rows back)."""
+        rows = counts.select(self.count_col).orderBy(F.desc(self.count_col)).limit(self.k)
+        values = [int(r[0]) for r in rows.collect()]
+        if len(values) < self.k:
+            raise ValueError(f"the counts list {len(values)} items, fewer than k={self.k}: they "
+                             "must list the whole domain")
+        return values[-1]
+
     def select(self, n: int, counts: DataFrame) -> list[object]:
         """Selection number n: the k largest h_t^u + Gumbel(tau_2 / 2), largest first."""
         item_col, count_col, spec, key_bytes, k = (self.item_col, self.count_col, self.spec,
@@ -209,20 +222,28 @@ class SparkContinualTopK:
     def release(self, t: int, counts: DataFrame) -> Release:
         """The release at t from the prefix counts over the whole domain (item, count).
 
-        As ``ContinualTopK.release(t, counts)``: the first call selects; later
-        ones run the sparse-vector check while switches remain and re-select
-        when it fires. Steps must increase.
+        As ``ContinualTopK.release(t, counts)``: the first selection waits for
+        the waiting round (``wait``) or is made at the first call; later calls
+        run the sparse-vector check while switches remain and re-select when it
+        fires. Steps must increase.
         """
         check_next_step(t, self.t, self.mechanism.horizon)
         t = int(t)
         m = self.mechanism
-        eta_t = m.eta_at(t) if (self._selected and self.switches_left) else 0.0
+        if not self._selected:
+            eta_t = m.start_eta_at(t) if m.wait else 0.0
+        else:
+            eta_t = m.eta_at(t) if self.switches_left else 0.0
         self._item_type = _column_type(counts, self.item_col)
         counts = self._counts(counts).cache()
         try:
             switched = False
             if not self._selected:
-                self._do_select(t, counts)
+                if not m.wait or (
+                        self.kth_count(counts)
+                        + self._svt.scalar("laplace", 1, t, 1, scale=4 * m.tau_1)
+                        > eta_t + self._svt.scalar("laplace", 1, 0, 0, scale=2 * m.tau_1)):
+                    self._do_select(t, counts)
             elif self.switches_left > 0:
                 noisy = self.counter_values(t, counts)
                 threshold = float(np.min([noisy[u] for u in self._selected])) + eta_t + \
@@ -232,14 +253,16 @@ class SparkContinualTopK:
                     self.switches_left -= 1
                     switched = True
                     self._do_select(t, counts)
-            values = self.counter_values(t, counts)
+            values = self.counter_values(t, counts) if self._selected else {}
         finally:
             counts.unpersist()
         self.t = t
         sel = self._selected
+        meta = {"status": "selected" if sel else "not yet",
+                "switches_left": self.switches_left, "switched": switched,
+                "selection": self._selections - 1}
         return Release(t=t, items=list(sel), values=np.array([values[u] for u in sel]),
-                       meta={"switches_left": self.switches_left, "switched": switched,
-                             "selection": self._selections - 1})
+                       meta=meta)
 
     def close(self) -> None:
         """Forget the broadcast key on the executors."""

@@ -1,0 +1,71 @@
+"""User-level contribution bounding on Spark: the local bounder's result, by window functions.
+
+Layer 6 of dpstream. :class:`dpstream.bounding.ContributionBounder` keeps, per
+user, first come, first kept: an item occurrence is kept iff the item is one of
+the user's first ``max_items_per_user`` distinct items (in order of first
+occurrence) and it is among that item's first ``max_count_per_item``
+occurrences. That is a statement about ranks in one order, so Spark computes
+it without a sequential scan, wherever a user's events are partitioned:
+
+1. explode each event into (user, t, order, position in the event, item), an
+   event's items made distinct in their order (``array_distinct``, as the
+   local engine's ``dict.fromkeys``);
+2. ``occurrence`` = row number within (user, item) by (t, order, position);
+3. ``rank`` = row number of the item's first occurrence among the user's
+   first occurrences, by the same order;
+4. keep ``rank <= L0 and occurrence <= Linf``.
+
+The order is (time step, ``order_col``, position): with ``order_col`` the
+event's line in the input (``dpstream run``), it is exactly the local engine's
+arrival order, so both engines keep the same contributions and release the
+same bits (``tests/test_spark_users.py``).
+"""
+
+from __future__ import annotations
+
+from ..bounding import UserBounds
+
+try:
+    from pyspark.sql import DataFrame, Window
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
+
+__all__ = ["bound_user_contributions"]
+
+
+def bound_user_contributions(events: DataFrame, bounds: UserBounds, *, user_col: str,
+                             order_col: str, t_col: str = "t", items_col: str = "items",
+                             item_col: str = "item") -> DataFrame:
+    """The kept item occurrences of timed events with user ids: rows (t, item).
+
+    Args:
+        events: one row per event: its step (``t_col``), its user id
+            (``user_col``, never null), its arrival order within the step
+            (``order_col``, distinct per event: e.g. the input line) and its
+            items (``items_col``).
+        bounds: the per-user bounds.
+
+    Returns:
+        One row per kept (event, item): ``t_col``, ``item_col``. Null user ids
+        fail the job (a user-level release never runs on unattributed events).
+    """
+    if not isinstance(bounds, UserBounds):
+        raise TypeError(f"bounds must be a UserBounds, got {type(bounds).__name__}")
+    user = F.col(user_col)
+    checked = F.when(user.isNull(), F.raise_error(F.lit(
+        "dpstream: InvalidEventError: an event has no user id"))).otherwise(user)
+    exploded = events.select(
+        checked.alias("_user"), F.col(t_col).cast("long").alias("_t"),
+        F.col(order_col).cast("long").alias("_order"),
+        F.posexplode(F.array_distinct(F.col(items_col))).alias("_pos", "_item"))
+    order = [F.col("_t"), F.col("_order"), F.col("_pos")]
+    occ = Window.partitionBy("_user", "_item").orderBy(*order)
+    ranked = exploded.withColumn("_occurrence", F.row_number().over(occ))
+    firsts = ranked.where(F.col("_occurrence") == 1)
+    by_first = Window.partitionBy("_user").orderBy(*order)
+    ranks = firsts.select("_user", "_item", F.row_number().over(by_first).alias("_rank"))
+    kept = (ranked.where(F.col("_occurrence") <= bounds.max_count_per_item)
+            .join(ranks.where(F.col("_rank") <= bounds.max_items_per_user),
+                  on=["_user", "_item"], how="inner"))
+    return kept.select(F.col("_t").alias(t_col), F.col("_item").alias(item_col))
