@@ -534,7 +534,8 @@ class UnknownDomainHistogram:
         if fast is not None:  # (truncation keys on each event's ordinal: the loop below)
             cols, offsets, new_items = fast
             keep, distinct = distinct_in_events(cols, offsets)
-            if not (distinct.size and distinct.max() > self.max_items):
+            if not (self.max_items is not None and distinct.size
+                    and distinct.max() > self.max_items):
                 if keep is not None:
                     cols = cols[keep]
                 n = self._n
