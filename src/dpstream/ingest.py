@@ -551,12 +551,12 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     ev_lines: list[np.ndarray] = []
     codes: list[np.ndarray] = []
     sizes: list[np.ndarray] = []
-    items: list[Any] = []
     errors: list[tuple[int, str]] = []
     lines: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     raws: list[bytes] = []
     seen_chunks: dict[int, int] = {}
+    sources: list[list[Any]] = []
     users: list[Any] = []
     for part in parts:
         ch, a, b = part.chunk, part.a, part.b
@@ -582,9 +582,9 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         if ch.users is not None:
             users.extend(ch.users[i] for i in good.tolist())
         base = seen_chunks.get(id(ch))
-        if base is None:
-            base = seen_chunks[id(ch)] = len(items)
-            items.extend(ch.items)
+        if base is None:  # the chunks' items, one after the other (not copied)
+            base = seen_chunks[id(ch)] = sum(len(x) for x in sources)
+            sources.append(ch.items)
         lo, hi = ch.offsets[good], ch.offsets[good + 1]
         sizes.append(hi - lo)
         if good.size == b - a and not bad:
@@ -598,7 +598,8 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     all_codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)
     if all_codes.size:  # only the items this step uses (a chunk holds many steps)
         used, all_codes = np.unique(all_codes, return_inverse=True)
-        items = [items[u] for u in used.tolist()]
+        src = sources[0] if len(sources) == 1 else [x for chunk in sources for x in chunk]
+        items = [src[u] for u in used.tolist()]
     else:
         items = []
     size_arr = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
