@@ -597,7 +597,6 @@ class UnknownDomainHistogram:
             head = self._aligned(items)  # items_seen first, in order: no lookup for them
             keys, _ = aggregate_items(items[head:] if head else items, vals[head:])
             tail = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
-            pos = np.concatenate([np.arange(head, dtype=np.int64), tail]) if head else tail
             new_at = np.flatnonzero(tail < 0)
             if (tail[tail >= 0].size and (head or np.count_nonzero(
                     np.bincount(tail[tail >= 0], minlength=n) > 1))) or len(
@@ -606,18 +605,20 @@ class UnknownDomainHistogram:
         else:
             keys, vals = mapping_counts(counts)
             head = 0
-            pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
-        seen = pos >= 0
+            tail = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+        # head: the items seen, in order (position i is item i); tail: looked up
+        tail_vals = vals[head:]
         if head == n:
             arr = vals[:n]
         else:
+            seen = tail >= 0
             arr = np.zeros(n, dtype=np.int64)
-            arr[pos[seen]] = vals[seen]
+            arr[tail[seen]] = tail_vals[seen]
         if (arr < self._counts[:n]).any():
             raise ValueError("counts must not decrease: a prefix histogram only grows")
-        fresh = np.flatnonzero(~seen & (vals > 0))
-        new_items = [keys[i - head] for i in fresh.tolist()]
-        return self._commit(int(t), arr, new_items, vals[fresh])
+        fresh = np.flatnonzero((tail < 0) & (tail_vals > 0))
+        new_items = [keys[i] for i in fresh.tolist()]
+        return self._commit(int(t), arr, new_items, tail_vals[fresh])
 
     def _aligned(self, items: Any) -> int:
         """``len(items_seen)`` if ``items`` starts with the items seen, in their order
@@ -626,7 +627,7 @@ class UnknownDomainHistogram:
         n = self._n
         if not n or len(items) < n or not getattr(self, "_all_str", False):
             return 0
-        head = items[:n]
+        head = items if len(items) == n else items[:n]
         if isinstance(head, np.ndarray):
             if head.dtype != object and head.dtype.kind != "U":
                 return 0
