@@ -578,6 +578,8 @@ class UnknownDomainHistogram:
         ``counts`` is a Mapping item -> count; or give the items and their counts
         as two arrays, ``release(t, items, counts)``, or a pandas/polars/Arrow
         frame with columns ``item`` and ``count`` (no Python loop over items).
+        Fastest: items as a list that starts with :attr:`items_seen`, in its
+        order (then those need no lookup), new items after them.
 
         ``counts`` maps every item seen in steps 1..t to its count (an item
         seen before and missing here counts 0, which is an error since counts
