@@ -36,6 +36,8 @@ from scipy.special import ndtri
 __all__ = [
     "CHUNK_ITEMS",
     "DISTRIBUTIONS",
+    "MAX_DEFAULT_THREADS",
+    "THREADS_ENV",
     "Workspace",
     "chunk_bounds",
     "encrypt_chunk",
