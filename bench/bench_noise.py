@@ -20,9 +20,9 @@ baseline; the median of the per-round ratios is printed):
 * with ``--before REV``: the same two contenders from the source of git
   revision REV (imported as a second package in this process).
 
-Each contender is timed against a floor run measured right before it.
-``--clock cpu`` times by process CPU time instead of wall time: steadier on a
-busy machine for one thread, but blind to what threads save.
+Each contender is timed against a floor run measured right before it, by wall
+time (the ratios that count) and by process CPU time (the last column: steadier
+on a busy machine for one thread, but blind to what threads save).
 
 ``--memory`` measures the tree state per item: a ``TreeNoise`` holding n
 prepared items (level sums, kept suffix rows, prepared ids) plus KnownBase's
@@ -100,19 +100,15 @@ class Contenders:
             self.hist.release(self.t, counts)
 
 
-CLOCKS = {
-    "wall": time.perf_counter,
-    # CPU time of all threads: on a busy machine, a steadier measure of the work done
-    # by one thread (not of what threads gain: they add CPU time, they save wall time)
-    "cpu": time.process_time,
-}
-clock = CLOCKS["wall"]
+def timed(fn, *args) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of ``fn(*args)``.
 
-
-def timed(fn, *args) -> float:
-    start = clock()
+    CPU time counts every thread: on a busy machine it is the steadier measure
+    of the work one thread does, but it cannot show what threads save.
+    """
+    wall, cpu = time.perf_counter(), time.process_time()
     fn(*args)
-    return clock() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -139,7 +135,7 @@ def speed(args: argparse.Namespace) -> None:
     if 2 + args.rounds * len(threads) * steps > HORIZON:
         raise SystemExit("rounds * steps * thread settings must stay below the horizon")
     print(f"items={n:,}  T={HORIZON}  steps per round={steps}  rounds={args.rounds}  "
-          f"chunk={noise_kernel.CHUNK_ITEMS}  clock={args.clock}  "
+          f"chunk={noise_kernel.CHUNK_ITEMS}  "
           f"(setup {time.perf_counter() - t0:.1f} s)")
     before_warm = False
     for _, th, side in contenders:  # warm up: first steps, page faults, thread pool
@@ -154,29 +150,34 @@ def speed(args: argparse.Namespace) -> None:
     floor(2)
 
     # each contender against a floor timed right before it, round after round
-    ratios: dict[str, list[float]] = {}
+    ratios: dict[str, list[tuple[float, float]]] = {}
     floor_ms: list[float] = []
+
+    def against_floor(name: str, fn, *fn_args) -> None:
+        base = timed(floor, steps)
+        floor_ms.append(base[0] / steps * 1e3)
+        took = timed(fn, *fn_args)
+        ratios.setdefault(name, []).append((took[0] / base[0], took[1] / base[1]))
+
     for _ in range(args.rounds):
         for label, th, side in contenders:
             if th is not None:
                 noise_kernel.set_threads(th)
-            base = timed(floor, steps)
-            floor_ms.append(base / steps * 1e3)
-            ratios.setdefault(f"keyed draw, {label}", []).append(timed(side.draw, steps) / base)
-            base = timed(floor, steps)
-            floor_ms.append(base / steps * 1e3)
-            ratios.setdefault(f"KnownBase step, {label}", []).append(
-                timed(side.step, counts, steps) / base)
+            against_floor(f"keyed draw, {label}", side.draw, steps)
+            against_floor(f"KnownBase step, {label}", side.step, counts, steps)
         gc.collect()
     med_floor = statistics.median(floor_ms)
     width = max(len(k) for k in ratios) + 1
-    print(f"{'contender':<{width}} {'ms/step':>8} {'/ floor':>8}   (min .. max over rounds)")
-    print(f"{'floor: normals + add':<{width}} {med_floor:8.2f} {1.0:8.2f}   "
-          f"({min(floor_ms):.2f} .. {max(floor_ms):.2f} ms)")
+    print(f"{'contender':<{width}} {'ms/step':>8} {'/ floor':>8} {'(min..max)':>12} "
+          f"{'CPU / floor':>12}")
+    print(f"{'floor: normals + add':<{width}} {med_floor:8.2f} {1.0:8.2f} "
+          f"{min(floor_ms):5.1f}..{max(floor_ms):<5.1f}ms {1.0:8.2f}")
     for name, rs in ratios.items():
-        med = statistics.median(rs)
-        print(f"{name:<{width}} {med * med_floor:8.2f} {med:8.2f}   ({min(rs):.2f} .. "
-              f"{max(rs):.2f})")
+        wall = sorted(r[0] for r in rs)
+        cpu = statistics.median(r[1] for r in rs)
+        med = statistics.median(wall)
+        print(f"{name:<{width}} {med * med_floor:8.2f} {med:8.2f} {wall[0]:6.2f}..{wall[-1]:<5.2f} "
+              f"{cpu:8.2f}")
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -230,12 +231,7 @@ def main() -> None:
     ap.add_argument("--before", metavar="REV",
                     help="also time git revision REV (with --memory: measure it instead)")
     ap.add_argument("--memory", action="store_true", help="measure memory per item instead")
-    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="wall time (default), or process CPU time (steadier on a busy "
-                    "machine; meaningful for one thread)")
     args = ap.parse_args()
-    global clock
-    clock = CLOCKS[args.clock]
     if args.chunk is not None:
         noise_kernel.CHUNK_ITEMS = args.chunk
     if args.memory:

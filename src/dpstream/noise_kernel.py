@@ -36,6 +36,7 @@ from scipy.special import ndtri
 __all__ = [
     "CHUNK_ITEMS",
     "DISTRIBUTIONS",
+    "THREADS_ENV",
     "Workspace",
     "chunk_bounds",
     "encrypt_chunk",
@@ -179,9 +180,6 @@ def noise_chunk(
 
 #: Environment variable that sets the default number of kernel threads.
 THREADS_ENV = "DPSTREAM_NOISE_THREADS"
-#: Most threads used by default (more cores than this rarely help: a step is
-#: bound by memory traffic once the inverse CDF is spread out).
-MAX_DEFAULT_THREADS = 8
 #: Fewer tasks than this per thread and a call stays on the calling thread
 #: (handing work to a pool costs tens of microseconds).
 _MIN_TASKS_PER_THREAD = 2
@@ -194,10 +192,16 @@ def _available_cpus() -> int:
 
 
 def _default_threads() -> int:
-    """``$DPSTREAM_NOISE_THREADS`` if set, else the CPUs available, at most 8."""
+    """``$DPSTREAM_NOISE_THREADS`` if set, else 1.
+
+    One thread by default: on idle cores two threads make a large step ~1.7x
+    faster, but on a machine whose cores are already busy (a shared CI host,
+    a Spark executor running a task per core) they make it slower, as the
+    threads wait for each other's GIL hand-overs.
+    """
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
-        return min(_available_cpus(), MAX_DEFAULT_THREADS)
+        return 1
     try:
         threads = int(text)
     except ValueError:
@@ -231,12 +235,12 @@ def get_threads() -> int:
 def set_threads(threads: int | None) -> int:
     """Use ``threads`` threads for large batches (``None``: one per CPU); returns the old value.
 
-    The default is one per available CPU, at most ``MAX_DEFAULT_THREADS``, or
-    ``$DPSTREAM_NOISE_THREADS`` (``1`` turns threads off). The values do not depend
+    The default is 1, or ``$DPSTREAM_NOISE_THREADS``. The values do not depend
     on it (each is a pure function of its address and every chunk writes its
-    own slice). It pays on a machine with idle cores: the inverse CDF and AES
-    run outside the GIL. A batch of fewer than ``2 * threads`` chunks stays on
-    the calling thread. ``bench/bench_noise.py --threads`` measures the gain.
+    own slice). It pays on a machine with idle cores (the inverse CDF and AES
+    run outside the GIL) and costs on one whose cores are busy. A batch of
+    fewer than ``2 * threads`` chunks stays on the calling thread.
+    ``bench/bench_noise.py --threads 1,2`` measures the difference.
     """
     global _threads, _pool
     old = _threads
@@ -269,12 +273,14 @@ def _mark_pool_thread() -> None:
 
 
 def run_tasks(count: int, task: Callable[[int, int], None]) -> None:
-    """Run ``task(lo, hi)`` over ``range(count)`` split into contiguous groups, one per thread.
+    """Run ``task(lo, hi)`` over ``range(count)``, on the kernel's threads.
 
     With one thread (or few tasks) this is ``task(0, count)`` on the calling
-    thread. Otherwise the calling thread runs the first group and pool threads
-    the others; all groups have finished when this returns, and the first
-    exception raised by any group is re-raised.
+    thread. Otherwise the calling thread and pool threads claim one task at a
+    time (``task(i, i + 1)``) until none is left, so a pool thread that the
+    operating system does not run promptly delays the call by one task at
+    most. All tasks have finished when this returns, and the first exception
+    raised by any of them is re-raised.
     """
     threads = min(_threads, count // _MIN_TASKS_PER_THREAD)
     if threads <= 1 or getattr(_local, "pool_thread", False):  # no waiting on the own pool
@@ -282,13 +288,28 @@ def run_tasks(count: int, task: Callable[[int, int], None]) -> None:
             task(0, count)
         return
     pool = _executor()
-    cuts = [count * k // threads for k in range(threads + 1)]
-    futures: list[Future[None]] = [pool.submit(task, cuts[k], cuts[k + 1])
-                                   for k in range(1, threads)]
+    lock = threading.Lock()
+    next_task = [0]
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while not failed:
+            with lock:
+                i = next_task[0]
+                next_task[0] = i + 1
+            if i >= count:
+                return
+            try:
+                task(i, i + 1)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+    futures: list[Future[None]] = [pool.submit(work) for _ in range(threads - 1)]
     try:
-        task(cuts[0], cuts[1])
+        work()
     finally:
-        errors = [f.exception() for f in futures]
-    for err in errors:
-        if err is not None:
-            raise err
+        for f in futures:
+            f.exception()  # wait
+    if failed:
+        raise failed[0]
