@@ -47,7 +47,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from .cli import (
@@ -65,6 +64,17 @@ from .cli import (
 )
 from .errors import DPStreamError, InvalidEventError, StateError
 from .logs import log_fields, setup_logging
+from .run_follow import follow
+from .run_output import (
+    ParquetFormatter,
+    Resume,
+    check_new_output,
+    check_paths,
+    closing_quietly_on_error,
+    open_output,
+    postprocess,
+)
+from .run_report import Progress, log_summary
 
 __all__ = ["cmd_run", "load_key"]
 
@@ -93,41 +103,6 @@ def _auto_format(path: str, fmt: str) -> str:
     if path.endswith((".csv", ".csv.gz")):
         return "csv"
     return "parquet" if path.endswith(".parquet") else "jsonl"
-
-
-def _postprocess(release: Any, opts: dict[str, Any]) -> Any:
-    """``--top N`` and ``--min-value V``: keep part of a release (post-processing: free)."""
-    import numpy as np
-
-    from .mechanisms.base import Release
-
-    top, floor = opts.get("top"), opts.get("min_value")
-    if top is None and floor is None:
-        return release
-    values = np.asarray(release.values)
-    keep = np.ones(len(values), dtype=bool) if floor is None else values >= floor
-    idx = np.flatnonzero(keep)
-    if top is not None and len(idx) > top:
-        order = np.lexsort((idx, -values[idx]))  # largest first; ties in release order
-        idx = np.sort(idx[order[:top]])
-    return Release(t=release.t, items=[release.items[i] for i in idx], values=values[idx],
-                   meta=release.meta)
-
-
-class _ParquetFormatter:
-    """Hands each release to a Parquet writer; the byte output is unused."""
-
-    name = "parquet"
-
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
-
-    def header(self) -> bytes:
-        return b""
-
-    def format(self, release: Any) -> bytes:
-        self.writer.write(release)
-        return b""
 
 
 def load_key(opts: dict[str, Any]) -> Any:
@@ -331,77 +306,6 @@ def _short_int(value: int) -> str:
 
 
 @dataclass
-class _Resume:
-    """Where a resumed run picks up: the last step on record and its state in the output."""
-
-    last_t: int = 0
-    begin: int = 0  # where the last step's release starts in the output
-    written: bytes = b""  # the bytes of it already in the output (maybe partial)
-
-
-def _open_output(path: str, resume: _Resume | None, *, ckpt: Any, digests: Any,
-                 header: bytes, go_on: _GoOn | None = None) -> IO[bytes]:
-    """The output as binary; on resume, checked and positioned where the last step starts.
-
-    Before anything is changed, the header and the release of the step before
-    the last one on record must be the bytes the state recorded (the file is
-    the run's output, unchanged), and the file must not reach past the end of
-    the last step's release; if it holds all of it, those bytes must be the
-    recorded release too. The bytes of the last step already written are kept
-    in ``resume.written``: the replay checks that they are a prefix of the
-    recomputed release, and only then truncates the file there and writes the
-    release again.
-    """
-    if path == "-":
-        return sys.stdout.buffer
-    if go_on is not None and go_on.continues:  # after the last step of an earlier run
-        resume = _Resume(last_t=go_on.t, begin=ckpt.step(go_on.t).begin)
-        fh = _open_output(path, resume, ckpt=ckpt, digests=digests, header=header)
-        if len(resume.written) != go_on.offset - resume.begin:
-            fh.close()
-            raise StateError(f"output file {path!r} does not hold all of step {go_on.t}, "
-                             f"which {ckpt.path!r} records as written: refusing to go on")
-        fh.seek(go_on.offset)
-        return fh
-    if resume is None:
-        return open(path, "wb")  # noqa: SIM115 - closed by the caller
-    try:
-        fh = open(path, "r+b")  # noqa: SIM115
-    except FileNotFoundError:
-        raise StateError(f"output file {path!r} is missing, but the state records "
-                         f"releases written to it (up to step {resume.last_t})") from None
-    try:
-        size = os.fstat(fh.fileno()).st_size
-        last = ckpt.step(resume.last_t)
-        fh.seek(0)
-        bad = None
-        if fh.read(len(header)) != header:
-            bad = "the header"
-        elif not len(header) <= resume.begin <= size <= last.end:
-            bad = f"the release of step {resume.last_t}"
-        elif resume.last_t > 1:
-            before = ckpt.step(resume.last_t - 1)
-            fh.seek(before.begin)
-            if before.end != resume.begin or digests.release(
-                    fh.read(before.end - before.begin)) != before.release_mac:
-                bad = f"the release of step {resume.last_t - 1}"
-        if bad is None:
-            fh.seek(resume.begin)
-            resume.written = fh.read(size - resume.begin)
-            if size == last.end and digests.release(resume.written) != last.release_mac:
-                bad = f"the release of step {resume.last_t}"
-        if bad is not None:
-            raise StateError(
-                f"output file {path!r} does not hold {bad} that {ckpt.path!r} records as "
-                "written: was it changed or replaced? refusing to resume")
-        fh.seek(resume.begin)
-    except BaseException:
-        fh.close()
-        raise
-    return fh
-
-
-@dataclass
 class _GoOn:
     """A stream that goes on from the mechanism saved after step ``t`` of an earlier run.
 
@@ -468,53 +372,6 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
     offset = ckpt.step(t).end
     return _GoOn(mechanism=mechanism, publish=publish, t=t, offset=offset, continues=continues,
                  batch=None if continues or open_batch is None else open_batch[0])
-
-
-def _holds_release(path: str, header: bytes) -> bool:
-    """Whether output file ``path`` holds anything beyond the formatter's header."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(len(header) + 1)
-    except FileNotFoundError:
-        return False
-    return not (len(data) <= len(header) and header.startswith(data))
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether paths ``a`` and ``b`` name one file (also through links)."""
-    if Path(a).resolve() == Path(b).resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return False
-
-
-def _check_paths(opts: dict[str, Any], config: str | None) -> None:
-    """Refuse, before opening anything, an output or state file that is another file.
-
-    Writing the releases over the input, the key, the domain, the config or
-    the state file would destroy it (and a key overwritten with releases is
-    lost for good).
-    """
-    output, state = opts["output"], opts["state"]
-    if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
-        raise ValueError(f"--output {output!r}: compressed output is not supported (a resumed "
-                         "run truncates the output to its last committed step); write an "
-                         "uncompressed file and compress it once the run has finished")
-    domain = opts.get("domain")
-    others = [("--input", opts["input"] if opts["input"] != "-" else None),
-              ("--key-file", opts["key_file"]),
-              ("--domain", domain if isinstance(domain, str) else None),
-              ("--config", config)]
-    targets = [("--output", output if output != "-" else None), ("--state", state)]
-    for n, (name, path) in enumerate(targets):
-        if path is None:
-            continue
-        for other_name, other in others + targets[:n]:
-            if other is not None and _same_file(path, other):
-                raise ValueError(f"{name} {path!r} is the same file as {other_name} "
-                                 f"{other!r}: refusing to overwrite it")
 
 
 def _check_time_mode(opts: dict[str, Any], until: int) -> None:
@@ -611,7 +468,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_user_options(opts, run=True)
     until = _until(opts)
     _check_time_mode(opts, until)
-    _check_paths(opts, args.config)
+    check_paths(opts, args.config)
     _require_budget(opts)
     key = load_key(opts)
     if opts["engine"] == "spark":
@@ -639,7 +496,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .io import ParquetWriter
 
         parquet = ParquetWriter(opts["output"], opts["round"])
-        base_formatter: Any = _ParquetFormatter(parquet)
+        base_formatter: Any = ParquetFormatter(parquet)
     else:
         base_formatter = make_formatter(output_format, opts["round"])
     formatter = NoiseStdFormatter(base_formatter, mech)
@@ -663,7 +520,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             stack.callback(infile.detach)
         ckpt = None
         new_run: dict[str, str] | None = None
-        resume: _Resume | None = None
+        resume: Resume | None = None
         go_on: _GoOn | None = None
         if opts["state"]:
             ckpt = Checkpoint(opts["state"], fsync=opts["fsync"],
@@ -684,14 +541,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                     mech = formatter.mech = go_on.mechanism
                     publish = go_on.publish
                 if go_on is None or not go_on.continues:
-                    resume = _Resume(last_t=record.last_t, begin=record.last_begin)
+                    resume = Resume(last_t=record.last_t, begin=record.last_begin)
                 stats.resumed_at = record.last_t
             if opts["output"] == "-" and resume is not None:
                 _log.info(f"note: with --output - the release of step {resume.last_t} "
                           "is printed again on resume (the same bytes); write to a file for "
                           "exactly-once output")
         if (new_run is not None or ckpt is None) and parquet is None:  # parquet: checked
-            _check_new_output(opts, formatter.header())
+            check_new_output(opts, formatter.header())
         if opts["output"] != "-":  # the run's public metadata, before the output is touched
             write_run_meta(opts["output"], {**describe_run(
                 mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]),
@@ -700,10 +557,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
             stack.callback(parquet.close)
         else:
-            out = _open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
+            out = open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
                                header=formatter.header(), go_on=go_on)
         if opts["output"] != "-":
-            stack.push(_closing_quietly_on_error(out))
+            stack.push(closing_quietly_on_error(out))
         if opts["view"]:
             from .view.command import start_run_view
 
@@ -725,27 +582,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
                   start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
                   batch=batch, key=key, publish=publish)
-    _log_summary(stats, mech, opts)
+    log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
 
         after_run(viewer)
     return 0
-
-
-def _closing_quietly_on_error(fh: IO[bytes]) -> Any:
-    """An exit callback closing ``fh``; a failed close (say, a full disk flushing the
-    rest of a buffer) does not hide the error that is already on its way."""
-
-    def exit_(exc_type: object, exc: object, tb: object) -> bool:
-        try:
-            fh.close()
-        except OSError:
-            if exc_type is None:
-                raise
-        return False
-
-    return exit_
 
 
 def _check_until(record: Any, until: int, opts: dict[str, Any]) -> None:
@@ -759,21 +601,6 @@ def _check_until(record: Any, until: int, opts: dict[str, Any]) -> None:
                 raise StateError(
                     f"the run in {opts['state']} has released every step up to --until "
                     f"{until} already: give a later --until to release more steps")
-
-
-def _check_new_output(opts: dict[str, Any], header: bytes) -> None:
-    """Refuse to start a new run over an output that already holds releases (unless --force).
-
-    Such a file is most likely the output of an earlier run of the same
-    stream: starting again (with another stream name, say) would publish its
-    steps a second time with fresh noise.
-    """
-    path = opts["output"]
-    if path == "-" or opts["force"] or not _holds_release(path, header):
-        return
-    hint = ("resume it with its --state file, or pass --force to overwrite it (a release "
-            "already published from it still counts against the budget)")
-    raise StateError(f"output file {path!r} already holds releases: {hint}")
 
 
 def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
@@ -822,7 +649,7 @@ def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format
 
 
 def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, ckpt: Any,
-              resume: _Resume | None, until: int, formatter: Any, validator: _Validator,
+              resume: Resume | None, until: int, formatter: Any, validator: _Validator,
               digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
               quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
               key: Any = None, publish: Any = None) -> None:
@@ -873,7 +700,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         events = validator.events(step)
         batch = (events.events() if isinstance(events, EventColumns)
                  and not getattr(mech, "accepts_columns", False) else events)
-        rel = _postprocess(publish(_public(mech.step_batch(batch), public_meta)), opts)
+        rel = postprocess(publish(_public(mech.step_batch(batch), public_meta)), opts)
         line = formatter.format(rel)
         stats.steps += 1
         stats.events += len(events)
@@ -930,11 +757,11 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             return f"{where} is after --until {until}"
         return f"{where} is past the horizon --horizon {horizon}"
 
-    progress = _Progress(until, enabled=not quiet, every=opts["progress_every"],
+    progress = Progress(until, enabled=not quiet, every=opts["progress_every"],
                          start_t=resume_t)
     with progress:
         if opts["follow"]:
-            _follow(infile, opts, input_format, note, release, mech=mech, until=until,
+            follow(infile, opts, input_format, note, release, mech=mech, until=until,
                     validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
                     start_t=start_t, key=key)
         else:
@@ -991,133 +818,6 @@ def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | N
         return None
 
 
-_IDLE = object()  # the follower has read everything there is for now
-_EOF = object()  # the input has ended (stdin closed)
-
-
-def _follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, release: Any,
-            *, mech: Any, until: int, validator: _Validator, past: Any, resume_t: int,
-            ckpt: Any, start_t: int = 0, key: Any = None) -> None:
-    """``--follow``: read a growing input and release each step when the clock says.
-
-    Step t is released once it is due on the public clock (its window has
-    ended, plus ``--lateness``) and the reader has caught up with the input
-    or read an event of a later step: a backlog is read in order first, so
-    which events make a step does not depend on how fast they were read. An
-    event that arrives after its step was released is late and goes to
-    ``--on-invalid``. A resumed run closes the steps on record at the input
-    line each one closed at the first time (kept in the state), so late
-    events stay late and the replay is exact.
-    """
-    import datetime as _dt
-    import queue
-    import threading
-
-    from .io import guard_lines
-    from .state import StateDigests
-
-    clock = _clock(opts)
-    if clock is None:
-        raise ValueError("--follow needs the public clock: --time-field, --step and --start")
-    if input_format != "jsonl":
-        raise ValueError("--follow reads JSON Lines input")
-    poll = 0.2
-    q: queue.Queue = queue.Queue(maxsize=10_000)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def lines() -> Iterator[str]:
-        partial = ""
-        while not stop.is_set():
-            line = infile.readline()
-            if line == "":
-                if opts["input"] == "-":
-                    return
-                q.put(_IDLE)
-                stop.wait(poll)
-                continue
-            partial += line
-            if partial.endswith("\n"):
-                yield partial
-                partial = ""
-
-    def reader() -> None:
-        try:
-            for rec in _input_records_from(guard_lines(lines(), opts["input"]), opts,
-                                           input_format):
-                q.put(rec)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            errors.append(exc)
-        q.put(_EOF)
-
-    thread = threading.Thread(target=reader, name="dpstream-follow", daemon=True)
-    thread.start()
-    pending: dict[int, list[Any]] = {}
-    caught_up = ended = False
-    newest = 0  # the latest step an event was read for
-    latest_line = 0  # the latest input line read
-    # steps on record close where they closed the first time
-    mask = StateDigests(key).mask if key is not None else (lambda t: 0)
-    boundary = {t: ckpt.step(t).input_line ^ mask(t) for t in range(start_t + 1, resume_t + 1)}
-    late = "time step {} was already released (a late event)"
-    try:
-        while mech.t < until:
-            t = mech.t + 1
-            now = _dt.datetime.now(_dt.timezone.utc)
-            if t in boundary:
-                if caught_up and latest_line < boundary[t]:
-                    raise StateError(f"the input ends at line {latest_line}, but step {t} "
-                                     f"closed after line {boundary[t]} the first time: is it "
-                                     "the same input?")
-                ready = ended or latest_line > boundary[t] or (caught_up and latest_line
-                                                                == boundary[t])
-            else:
-                ready = clock.due(now) >= t and (caught_up or ended or newest > t)
-            if ready:
-                recs = pending.pop(t, [])
-                cut = boundary.get(t, latest_line)
-                release(t, [r for r in recs if r.line <= cut])
-                validator.events([r for r in recs if r.line > cut], past=late.format(t))
-                continue
-            wait = (clock.end_of(t) + clock.lateness - now).total_seconds()
-            if ended:
-                stop.wait(max(min(wait, 1.0), 0.01))
-                continue
-            try:
-                item = q.get(timeout=max(min(wait, poll), 0.01))
-            except queue.Empty:
-                continue
-            if item is _IDLE:
-                caught_up = True
-            elif item is _EOF:
-                ended = True
-                if errors:
-                    raise errors[0]
-            else:
-                rec = note(item)
-                caught_up, latest_line = False, rec.line
-                if rec.error is not None or rec.t is None:
-                    validator.events([rec])
-                elif rec.t <= mech.t:
-                    validator.events([rec], past=late.format(rec.t))
-                elif rec.t > until:
-                    validator.events([rec], past=past(rec.t))
-                else:
-                    pending.setdefault(rec.t, []).append(rec)
-                    newest = max(newest, rec.t)
-    finally:
-        stop.set()
-
-
-def _input_records_from(lines: Iterable[str], opts: dict[str, Any],
-                        input_format: str) -> Iterator[Any]:
-    from .io import read_events
-
-    clock = _clock(opts)
-    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock,
-                       user_field=opts.get("user_field"))
-
-
 def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
               input_format: str, output_format: str,
               header: bytes) -> tuple[Any, dict[str, str] | None]:
@@ -1151,120 +851,3 @@ def _public(release: Any, keys: tuple[str, ...]) -> Any:
     if meta == dict(release.meta):
         return release
     return Release(t=release.t, items=release.items, values=release.values, meta=meta)
-
-
-def _log_summary(stats: RunStats, mech: Any, opts: dict[str, Any]) -> None:
-    elapsed = time.monotonic() - stats.started
-    rate = stats.events / elapsed if elapsed > 0 else float("inf")
-    resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
-    lines = [
-        f"{stats.steps} steps (t = 1..{mech.t} of T = {mech.horizon}), "
-        f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
-        f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"
-        + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
-           if stats.reasons else ""),
-        f"  items released at the last step: {stats.last_items}",
-        *_bounding_summary(mech),
-        *_truncation_lines(stats, opts),
-        f"  privacy spent: {mech.privacy.plain()}",
-        f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
-        + (f"; state: {opts['state']}" if opts["state"] else ""),
-    ]
-    _log.info("\n".join(lines), extra=log_fields(
-        steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
-        resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
-        skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
-        occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
-        items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
-        output=opts["output"], state=opts["state"]))
-
-
-def _bounding_summary(mech: Any) -> list[str]:
-    """The user bounds' effect, for the operator (not private: it counts users)."""
-    users = getattr(mech, "_users", None)
-    if users is None:
-        return []
-    st = users.bounder.stats
-    return [f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
-            f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
-            f"{st.dropped_count} past --max-count-per-item); {users.users} users"]
-
-
-def _truncation_lines(stats: RunStats, opts: dict[str, Any]) -> list[str]:
-    """The share of item occurrences truncation dropped (for the operator, never published)."""
-    if not stats.occurrences or opts.get("on_invalid") != "truncate":
-        return []
-    share = stats.dropped / stats.occurrences
-    line = (f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
-            f"({share:.1%}; not part of the release)")
-    if share >= 0.05:
-        line += (": counts of items that come in large events are low by up to that share; "
-                 "a larger --max-items keeps more (see `dpstream plan` for its noise)")
-    return [line]
-
-
-class _Progress:
-    """Progress of a run on stderr: a rich bar on a terminal, else a log line now and then.
-
-    The log line (every ``every`` seconds, and never for a quiet run) gives the
-    step, the events so far, the rate and an estimate of the time left.
-    """
-
-    def __init__(self, total: int, *, enabled: bool, every: float = 10.0,
-                 start_t: int = 0) -> None:
-        self.total = total
-        self.bar_mode = enabled and sys.stderr.isatty()
-        self.log_mode = enabled and not self.bar_mode
-        self.every = every
-        self._bar: Any = None
-        self._start = time.monotonic()
-        self._last_log = self._start
-        self._start_t = start_t
-
-    def __enter__(self) -> _Progress:
-        if self.bar_mode:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                                 TimeRemainingColumn(), console=Console(stderr=True),
-                                 transient=True)
-            self._bar.__enter__()
-            self._task = self._bar.add_task("run", total=self.total, rate="")
-        return self
-
-    def update(self, t: int, events: int) -> None:
-        now = time.monotonic()
-        elapsed = max(now - self._start, 1e-9)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=t, rate=f"{events / elapsed:,.0f} events/s")
-        elif self.log_mode and now - self._last_log >= self.every:
-            self._last_log = now
-            done = max(t - self._start_t, 1)
-            eta = (self.total - t) * elapsed / done
-            _log.info(f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
-                      f"events, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
-                      extra=log_fields(step=t, total=self.total, events=events,
-                                       events_per_s=round(events / elapsed, 1),
-                                       eta_s=round(eta, 1)))
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

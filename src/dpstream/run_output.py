@@ -1,0 +1,197 @@
+"""Where ``dpstream run`` writes: the output file, checked, resumed and never overwritten.
+
+Layer 6 of dpstream (an edge), used by :mod:`dpstream.run_command`: refusing
+an output that is another file or already holds releases, positioning a
+resumed output where its last step on record begins (after checking every
+byte the state vouches for), closing it without hiding an error, and the
+free post-processing of what is written (``--top``, ``--min-value``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import StateError
+
+__all__ = ["Resume", "ParquetFormatter", "check_new_output", "check_paths",
+           "closing_quietly_on_error", "holds_release", "open_output", "postprocess",
+           "same_file"]
+
+
+def postprocess(release: Any, opts: dict[str, Any]) -> Any:
+    """``--top N`` and ``--min-value V``: keep part of a release (post-processing: free)."""
+    import numpy as np
+
+    from .mechanisms.base import Release
+
+    top, floor = opts.get("top"), opts.get("min_value")
+    if top is None and floor is None:
+        return release
+    values = np.asarray(release.values)
+    keep = np.ones(len(values), dtype=bool) if floor is None else values >= floor
+    idx = np.flatnonzero(keep)
+    if top is not None and len(idx) > top:
+        order = np.lexsort((idx, -values[idx]))  # largest first; ties in release order
+        idx = np.sort(idx[order[:top]])
+    return Release(t=release.t, items=[release.items[i] for i in idx], values=values[idx],
+                   meta=release.meta)
+
+class ParquetFormatter:
+    """Hands each release to a Parquet writer; the byte output is unused."""
+
+    name = "parquet"
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def header(self) -> bytes:
+        return b""
+
+    def format(self, release: Any) -> bytes:
+        self.writer.write(release)
+        return b""
+
+@dataclass
+class Resume:
+    """Where a resumed run picks up: the last step on record and its state in the output."""
+
+    last_t: int = 0
+    begin: int = 0  # where the last step's release starts in the output
+    written: bytes = b""  # the bytes of it already in the output (maybe partial)
+
+def open_output(path: str, resume: Resume | None, *, ckpt: Any, digests: Any,
+                 header: bytes, go_on: Any = None) -> IO[bytes]:
+    """The output as binary; on resume, checked and positioned where the last step starts.
+
+    Before anything is changed, the header and the release of the step before
+    the last one on record must be the bytes the state recorded (the file is
+    the run's output, unchanged), and the file must not reach past the end of
+    the last step's release; if it holds all of it, those bytes must be the
+    recorded release too. The bytes of the last step already written are kept
+    in ``resume.written``: the replay checks that they are a prefix of the
+    recomputed release, and only then truncates the file there and writes the
+    release again.
+    """
+    if path == "-":
+        return sys.stdout.buffer
+    if go_on is not None and go_on.continues:  # after the last step of an earlier run
+        resume = Resume(last_t=go_on.t, begin=ckpt.step(go_on.t).begin)
+        fh = open_output(path, resume, ckpt=ckpt, digests=digests, header=header)
+        if len(resume.written) != go_on.offset - resume.begin:
+            fh.close()
+            raise StateError(f"output file {path!r} does not hold all of step {go_on.t}, "
+                             f"which {ckpt.path!r} records as written: refusing to go on")
+        fh.seek(go_on.offset)
+        return fh
+    if resume is None:
+        return open(path, "wb")  # noqa: SIM115 - closed by the caller
+    try:
+        fh = open(path, "r+b")  # noqa: SIM115
+    except FileNotFoundError:
+        raise StateError(f"output file {path!r} is missing, but the state records "
+                         f"releases written to it (up to step {resume.last_t})") from None
+    try:
+        size = os.fstat(fh.fileno()).st_size
+        last = ckpt.step(resume.last_t)
+        fh.seek(0)
+        bad = None
+        if fh.read(len(header)) != header:
+            bad = "the header"
+        elif not len(header) <= resume.begin <= size <= last.end:
+            bad = f"the release of step {resume.last_t}"
+        elif resume.last_t > 1:
+            before = ckpt.step(resume.last_t - 1)
+            fh.seek(before.begin)
+            if before.end != resume.begin or digests.release(
+                    fh.read(before.end - before.begin)) != before.release_mac:
+                bad = f"the release of step {resume.last_t - 1}"
+        if bad is None:
+            fh.seek(resume.begin)
+            resume.written = fh.read(size - resume.begin)
+            if size == last.end and digests.release(resume.written) != last.release_mac:
+                bad = f"the release of step {resume.last_t}"
+        if bad is not None:
+            raise StateError(
+                f"output file {path!r} does not hold {bad} that {ckpt.path!r} records as "
+                "written: was it changed or replaced? refusing to resume")
+        fh.seek(resume.begin)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+def holds_release(path: str, header: bytes) -> bool:
+    """Whether output file ``path`` holds anything beyond the formatter's header."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(len(header) + 1)
+    except FileNotFoundError:
+        return False
+    return not (len(data) <= len(header) and header.startswith(data))
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (also through links)."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+def check_paths(opts: dict[str, Any], config: str | None) -> None:
+    """Refuse, before opening anything, an output or state file that is another file.
+
+    Writing the releases over the input, the key, the domain, the config or
+    the state file would destroy it (and a key overwritten with releases is
+    lost for good).
+    """
+    output, state = opts["output"], opts["state"]
+    if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
+        raise ValueError(f"--output {output!r}: compressed output is not supported (a resumed "
+                         "run truncates the output to its last committed step); write an "
+                         "uncompressed file and compress it once the run has finished")
+    domain = opts.get("domain")
+    others = [("--input", opts["input"] if opts["input"] != "-" else None),
+              ("--key-file", opts["key_file"]),
+              ("--domain", domain if isinstance(domain, str) else None),
+              ("--config", config)]
+    targets = [("--output", output if output != "-" else None), ("--state", state)]
+    for n, (name, path) in enumerate(targets):
+        if path is None:
+            continue
+        for other_name, other in others + targets[:n]:
+            if other is not None and same_file(path, other):
+                raise ValueError(f"{name} {path!r} is the same file as {other_name} "
+                                 f"{other!r}: refusing to overwrite it")
+
+def closing_quietly_on_error(fh: IO[bytes]) -> Any:
+    """An exit callback closing ``fh``; a failed close (say, a full disk flushing the
+    rest of a buffer) does not hide the error that is already on its way."""
+
+    def exit_(exc_type: object, exc: object, tb: object) -> bool:
+        try:
+            fh.close()
+        except OSError:
+            if exc_type is None:
+                raise
+        return False
+
+    return exit_
+
+def check_new_output(opts: dict[str, Any], header: bytes) -> None:
+    """Refuse to start a new run over an output that already holds releases (unless --force).
+
+    Such a file is most likely the output of an earlier run of the same
+    stream: starting again (with another stream name, say) would publish its
+    steps a second time with fresh noise.
+    """
+    path = opts["output"]
+    if path == "-" or opts["force"] or not holds_release(path, header):
+        return
+    hint = ("resume it with its --state file, or pass --force to overwrite it (a release "
+            "already published from it still counts against the budget)")
+    raise StateError(f"output file {path!r} already holds releases: {hint}")

@@ -1,0 +1,136 @@
+"""What a run tells its operator: a progress bar or log lines, and the summary.
+
+Layer 6 of dpstream (an edge), used by :mod:`dpstream.run_command`. Everything
+here goes to stderr through the ``dpstream.run`` logger (:mod:`dpstream.logs`)
+and counts raw events: as private as the input (never an item or a record).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from .logs import log_fields
+
+__all__ = ["Progress", "log_summary"]
+
+_log = logging.getLogger("dpstream.run")
+
+
+def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
+    elapsed = time.monotonic() - stats.started
+    rate = stats.events / elapsed if elapsed > 0 else float("inf")
+    resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
+    lines = [
+        f"{stats.steps} steps (t = 1..{mech.t} of T = {mech.horizon}), "
+        f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
+        f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"
+        + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
+           if stats.reasons else ""),
+        f"  items released at the last step: {stats.last_items}",
+        *_bounding_summary(mech),
+        *_truncation_lines(stats, opts),
+        f"  privacy spent: {mech.privacy.plain()}",
+        f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
+        + (f"; state: {opts['state']}" if opts["state"] else ""),
+    ]
+    _log.info("\n".join(lines), extra=log_fields(
+        steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
+        resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
+        skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
+        occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
+        items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
+        output=opts["output"], state=opts["state"]))
+
+
+def _bounding_summary(mech: Any) -> list[str]:
+    """The user bounds' effect, for the operator (not private: it counts users)."""
+    users = getattr(mech, "_users", None)
+    if users is None:
+        return []
+    st = users.bounder.stats
+    return [f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
+            f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
+            f"{st.dropped_count} past --max-count-per-item); {users.users} users"]
+
+
+def _truncation_lines(stats: Any, opts: dict[str, Any]) -> list[str]:
+    """The share of item occurrences truncation dropped (for the operator, never published)."""
+    if not stats.occurrences or opts.get("on_invalid") != "truncate":
+        return []
+    share = stats.dropped / stats.occurrences
+    line = (f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
+            f"({share:.1%}; not part of the release)")
+    if share >= 0.05:
+        line += (": counts of items that come in large events are low by up to that share; "
+                 "a larger --max-items keeps more (see `dpstream plan` for its noise)")
+    return [line]
+
+
+class Progress:
+    """Progress of a run on stderr: a rich bar on a terminal, else a log line now and then.
+
+    The log line (every ``every`` seconds, and never for a quiet run) gives the
+    step, the events so far, the rate and an estimate of the time left.
+    """
+
+    def __init__(self, total: int, *, enabled: bool, every: float = 10.0,
+                 start_t: int = 0) -> None:
+        self.total = total
+        self.bar_mode = enabled and sys.stderr.isatty()
+        self.log_mode = enabled and not self.bar_mode
+        self.every = every
+        self._bar: Any = None
+        self._start = time.monotonic()
+        self._last_log = self._start
+        self._start_t = start_t
+
+    def __enter__(self) -> Progress:
+        if self.bar_mode:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=True)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("run", total=self.total, rate="")
+        return self
+
+    def update(self, t: int, events: int) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._start, 1e-9)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=t, rate=f"{events / elapsed:,.0f} events/s")
+        elif self.log_mode and now - self._last_log >= self.every:
+            self._last_log = now
+            done = max(t - self._start_t, 1)
+            eta = (self.total - t) * elapsed / done
+            _log.info(f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
+                      f"events, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
+                      extra=log_fields(step=t, total=self.total, events=events,
+                                       events_per_s=round(events / elapsed, 1),
+                                       eta_s=round(eta, 1)))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
