@@ -35,6 +35,7 @@ __all__ = [
     "mapping_counts",
     "domain_counts",
     "check_domain",
+    "check_in_domain",
     "resolve_privacy",
     "keyed_subset",
     "EventLimit",
@@ -180,6 +181,13 @@ def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
     if len(index) != len(items):
         raise ValueError("domain items must be distinct")
     return items, index
+
+
+def check_in_domain(items: Iterable[Hashable], index: Mapping[Hashable, int]) -> None:
+    """Raise :class:`InvalidEventError` for the first item outside a known domain."""
+    for item in items:
+        if item not in index:
+            raise InvalidEventError(f"item {item!r} is not in the domain")
 
 
 def config_tag(**params: object) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from .base import (
     check_count_value,
     check_domain,
     check_horizon,
+    check_in_domain,
     check_key,
     check_max_items,
     check_next_step,
@@ -325,7 +327,7 @@ class KnownDomainHistogram:
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
         events, pending = bound_user_events(self._users, events, self.max_items,
-                                            self._check_in_domain)
+                                            partial(check_in_domain, index=self._index))
         idx, delta = self._event_indices(events)
         new_counts = self._counts + np.bincount(idx, minlength=len(self.domain))
         self._limit.commit(delta)
@@ -334,10 +336,6 @@ class KnownDomainHistogram:
             self._users.commit(pending)
         return rel
 
-    def _check_in_domain(self, items: tuple[Hashable, ...]) -> None:
-        for item in items:
-            if item not in self._index:
-                raise InvalidEventError(f"item {item!r} is not in the domain")
 
     # -- aggregate mode --------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
@@ -375,7 +373,54 @@ class KnownDomainHistogram:
         )
 
 
-class TreeCounter:
+class _OneCount:
+    """What TreeCounter and BLTCounter share: one count, kept by a one-item
+    KnownDomainHistogram (``self._hist``), whose guarantee is restated for a
+    single counter (rho = 1/(2 tau^2), increments of at most 1 per event)."""
+
+    mechanism_name: str
+    theorem: str
+    _hist: KnownDomainHistogram
+
+    def _wrap(self) -> None:
+        self.horizon = self._hist.horizon
+        self.tau = self._hist.tau
+        self.privacy = privacy.guarantee_for_tau(
+            tau=self.tau, a=0.5,
+            delta=self._hist.privacy.delta,
+            mechanism=self.mechanism_name, theorem=self.theorem, gaussian_exact=True,
+            target_epsilon=self._hist.budget.epsilon,
+        )
+
+    @property
+    def t(self) -> int:
+        return self._hist.t
+
+    @property
+    def count(self) -> int:
+        """The true running count (not private)."""
+        return int(self._hist.counts[0])
+
+    def step(self, x: int = 1) -> float:
+        """Add the bit (or, for counts of many events, the increment) x and release.
+
+        Event-level privacy holds for increments that one event changes by at
+        most 1 (a bit stream, as in the paper).
+        """
+        if isinstance(x, bool):
+            x = int(x)
+        x = check_count_value("x", x)
+        rel = self._hist.release(self.t + 1, np.array([self.count + int(x)], dtype=np.int64))
+        return float(rel.values[0])
+
+    def release(self, t: int, count: int) -> float:
+        """Aggregate mode: the noisy count at t from the true count over 1..t."""
+        count = check_count_value("count", count)
+        rel = self._hist.release(t, np.array([count], dtype=np.int64))
+        return float(rel.values[0])
+
+
+class TreeCounter(_OneCount):
     """BinMech (Algorithm 1, ``algo:BaseMechanism``): one private running count.
 
     The r-ary generalisation of the binary mechanism of Chan, Shi and Song
@@ -422,49 +467,15 @@ class TreeCounter:
             [self.item], horizon, max_items=1, key=key, counter="tree", base=base,
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
         )
-        self.horizon = self._hist.horizon
+        self._wrap()
         self.base = self._hist.base
         self.levels = self._hist.levels
-        self.tau = self._hist.tau
-        self.privacy = privacy.guarantee_for_tau(
-            tau=self.tau, a=0.5,
-            delta=self._hist.privacy.delta,
-            mechanism=self.mechanism_name, theorem=self.theorem, gaussian_exact=True,
-            target_epsilon=self._hist.budget.epsilon,
-        )
-
-    @property
-    def t(self) -> int:
-        return self._hist.t
-
-    @property
-    def count(self) -> int:
-        """The true running count (not private)."""
-        return int(self._hist.counts[0])
-
-    def step(self, x: int = 1) -> float:
-        """Add the bit (or, for counts of many events, the increment) x and release.
-
-        Event-level privacy holds for increments that one event changes by at
-        most 1 (a bit stream, as in the paper).
-        """
-        if isinstance(x, bool):
-            x = int(x)
-        x = check_count_value("x", x)
-        rel = self._hist.release(self.t + 1, np.array([self.count + int(x)], dtype=np.int64))
-        return float(rel.values[0])
-
-    def release(self, t: int, count: int) -> float:
-        """Aggregate mode: the noisy count at t from the true count over 1..t."""
-        count = check_count_value("count", count)
-        rel = self._hist.release(t, np.array([count], dtype=np.int64))
-        return float(rel.values[0])
 
     def __repr__(self) -> str:
         return f"TreeCounter(T={self.horizon}, r={self.base}, tau={self.tau:.4g}, t={self.t})"
 
 
-class BLTCounter:
+class BLTCounter(_OneCount):
     """One private running count with a BLT factorization counter (the sibling of TreeCounter).
 
     The counter releases s_t + (B z)_t where A = B C is a buffered linear
@@ -520,25 +531,9 @@ class BLTCounter:
             counter="blt" if strategy is None else strategy,
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
         )
-        self.horizon = self._hist.horizon
+        self._wrap()
         self.strategy: BLTStrategy = self._hist.strategy  # type: ignore[assignment]
-        self.tau = self._hist.tau
         self.sigma = self._hist.sigma
-        self.privacy = privacy.guarantee_for_tau(
-            tau=self.tau, a=0.5,
-            delta=self._hist.privacy.delta,
-            mechanism=self.mechanism_name, theorem=self.theorem, gaussian_exact=True,
-            target_epsilon=self._hist.budget.epsilon,
-        )
-
-    @property
-    def t(self) -> int:
-        return self._hist.t
-
-    @property
-    def count(self) -> int:
-        """The true running count (not private)."""
-        return int(self._hist.counts[0])
 
     @property
     def noise_std_worst(self) -> float:
@@ -548,20 +543,6 @@ class BLTCounter:
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of the count released at t: sigma ||row_t(B)||."""
         return self._hist.noise_std_at(t)
-
-    def step(self, x: int = 1) -> float:
-        """Add the bit (or increment) x and release; see :meth:`TreeCounter.step`."""
-        if isinstance(x, bool):
-            x = int(x)
-        x = check_count_value("x", x)
-        rel = self._hist.release(self.t + 1, np.array([self.count + int(x)], dtype=np.int64))
-        return float(rel.values[0])
-
-    def release(self, t: int, count: int) -> float:
-        """Aggregate mode: the noisy count at t from the true count over 1..t."""
-        count = check_count_value("count", count)
-        rel = self._hist.release(t, np.array([count], dtype=np.int64))
-        return float(rel.values[0])
 
     def __repr__(self) -> str:
         return (f"BLTCounter(T={self.horizon}, buffers={self.strategy.buffers}, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from .base import (
     Release,
     check_domain,
     check_horizon,
+    check_in_domain,
     check_key,
     check_next_step,
     check_stream_name,
@@ -562,7 +564,8 @@ class ContinualTopK:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        events, pending = bound_user_events(self._users, events, None, self._check_in_domain)
+        events, pending = bound_user_events(self._users, events, None,
+                                            partial(check_in_domain, index=self._index))
         events = as_events(events)
         fast = domain_positions(events, self._index, None)
         if fast is not None:
@@ -584,10 +587,6 @@ class ContinualTopK:
             self._users.commit(pending)
         return rel
 
-    def _check_in_domain(self, items: tuple[Hashable, ...]) -> None:
-        for item in items:
-            if item not in self._index:
-                raise InvalidEventError(f"item {item!r} is not in the domain")
 
     # -- aggregate mode ----------------------------------------------------------------
     def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
