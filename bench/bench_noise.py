@@ -16,7 +16,10 @@ baseline; the median of the per-round ratios is printed):
 * keyed draw: ``NoiseSource.gaussian`` of n items at one address (fresh output).
 * KnownBase step: ``KnownDomainHistogram.release(t, counts)`` in aggregate mode
   over n items, T = 10^4 (base 5, 6 levels), consecutive steps.
-* with ``--threads 1,2``: the two contenders above once per kernel thread count.
+* each of the two for every noise version in ``--versions`` (default 1,2: the
+  inverse CDF and the ziggurat) and, with ``--threads 1,2``, every kernel
+  thread count. ``--counter blt`` times KnownBase with the BLT counter instead
+  of the paper's tree.
 * with ``--before REV``: the same two contenders from the source of git
   revision REV (imported as a second package in this process).
 
@@ -77,15 +80,25 @@ def ids_array(n: int) -> np.ndarray:
 
 
 class Contenders:
-    """Everything a round times, built once."""
+    """Everything a round times, built once.
 
-    def __init__(self, pkg, n: int, key_bytes: bytes) -> None:
+    ``version``: the noise version (None: a package that has none, i.e. version 1);
+    ``counter``: KnownBase's counter ("tree", the paper's, or "blt").
+    """
+
+    def __init__(self, pkg, n: int, key_bytes: bytes, version: int | None = None,
+                 counter: str = "tree") -> None:
         key = pkg.NoiseKey.from_bytes(key_bytes)
-        self.source = pkg.NoiseSource(key, "bench/draw")
+        self.source = pkg.NoiseSource(key, "/v2/bench/draw" if version == 2 else "bench/draw")
         self.prepared = self.source.prepare_ids(ids_array(n))
         # KnownBase over a domain of n ints; prepare() hashes them once (slow at 10^7)
-        self.hist = pkg.KnownDomainHistogram(range(n), HORIZON, max_items=1, key=key,
-                                             rho=1.0)
+        extra = {} if version is None else {"noise_version": version}
+        try:
+            self.hist = pkg.KnownDomainHistogram(range(n), HORIZON, max_items=1, key=key,
+                                                 rho=1.0, counter=counter, **extra)
+        except TypeError:  # a revision from before the counter option: the tree
+            self.hist = pkg.KnownDomainHistogram(range(n), HORIZON, max_items=1, key=key,
+                                                 rho=1.0, **extra)
         self.t = 0
         self.j = 0
 
@@ -125,16 +138,19 @@ def speed(args: argparse.Namespace) -> None:
             counts + rng.standard_normal(n)
 
     t0 = time.perf_counter()
-    after = Contenders(dps, n, key_bytes)
+    versions = [int(v) for v in args.versions.split(",")]
+    sides = {v: Contenders(dps, n, key_bytes, v, args.counter) for v in versions}
     contenders: list[tuple[str, int | None, Contenders]] = [
-        (f"{th} thread{'s' if th > 1 else ''}", th, after) for th in threads]
+        (f"v{v}, {th} thread{'s' if th > 1 else ''}", th, sides[v])
+        for v in versions for th in threads]
     if args.before:
         tmp = tempfile.TemporaryDirectory()
         before = Contenders(load_revision(args.before, Path(tmp.name)), n, key_bytes)
         contenders.append((f"before {args.before}", None, before))
-    if 2 + args.rounds * len(threads) * steps > HORIZON:
+    if 2 + args.rounds * len(threads) * steps > HORIZON:  # (per version: each has its own)
         raise SystemExit("rounds * steps * thread settings must stay below the horizon")
-    print(f"items={n:,}  T={HORIZON}  steps per round={steps}  rounds={args.rounds}  "
+    print(f"items={n:,}  T={HORIZON}  counter={args.counter}  steps per round={steps}  "
+          f"rounds={args.rounds}  "
           f"chunk={noise_kernel.CHUNK_ITEMS}  "
           f"(setup {time.perf_counter() - t0:.1f} s)")
     before_warm = False
@@ -144,7 +160,8 @@ def speed(args: argparse.Namespace) -> None:
         if th is not None or not before_warm:
             side.draw(1)
             before_warm = th is None
-    after.step(counts, 1)
+    for side in sides.values():
+        side.step(counts, 1)
     if args.before:
         before.step(counts, 1)
     floor(2)
@@ -228,6 +245,10 @@ def main() -> None:
     ap.add_argument("--threads", default=None,
                     help="kernel threads to time, e.g. 1,2 (default: the library's default)")
     ap.add_argument("--chunk", type=int, default=None, help="items per kernel chunk")
+    ap.add_argument("--versions", default="1,2",
+                    help="noise versions to time (1: inverse CDF, 2: ziggurat)")
+    ap.add_argument("--counter", default="tree", choices=("tree", "blt"),
+                    help="KnownBase's counter (default: the paper's tree)")
     ap.add_argument("--before", metavar="REV",
                     help="also time git revision REV (with --memory: measure it instead)")
     ap.add_argument("--memory", action="store_true", help="measure memory per item instead")

@@ -77,7 +77,7 @@ MECHANISMS: dict[str, MechanismSpec] = {
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).
 _MECH_KWARGS = ("max_items", "k", "switches", "eta", "oneshot", "kbar", "counter", "base",
                 "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau",
-                "max_items_per_user", "max_count_per_item")
+                "max_items_per_user", "max_count_per_item", "noise_version")
 
 
 def mechanism_class(name: str) -> type:
@@ -333,6 +333,11 @@ MECH_OPTS: tuple[Opt, ...] = (
 RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--key-file",), "key_file", "the secret noise key (create one with `dpstream "
         "keygen PATH`)", None, str, metavar="PATH", default_text="none, required"),
+    Opt(("--noise-version",), "noise_version", "how Gaussian noise is drawn from the key: 2 "
+        "(the ziggurat method, about twice as fast) or 1 (the inverse CDF, as dpstream 0.1 "
+        "and older drew it); the two give independent noise of the same distribution",
+        None, int, choices=(1, 2), metavar="V",
+        default_text="2 for a new run; a resumed run keeps the version it began with"),
     Opt(("--input", "-i"), "input", "events to read, '-' for stdin; *.gz is decompressed",
         "-", str, metavar="PATH"),
     Opt(("--input-format",), "input_format", "jsonl or csv; auto = csv for *.csv[.gz], "

@@ -25,11 +25,25 @@ Construction
 * Noise that belongs to no item (a sparse-vector threshold, say) uses a separate
   per-purpose key on the single block tweak(cell, draw).
 * Uniforms take the top 53 bits of a 64-bit word, ``(k + 1/2) / 2**53``, so they
-  lie strictly inside (0, 1); Gaussians come from the inverse CDF
-  (``scipy.special.ndtri``), Laplace and Gumbel from their inverse CDFs.
+  lie strictly inside (0, 1); Laplace and Gumbel come from their inverse CDFs.
+* Gaussians depend on the *noise version*, which the purpose carries:
 
-The whole-array transforms (:meth:`NoiseSource.to_uniform` and siblings) are
-the definition. The draw methods compute the same values, bit for bit, with the
+  - version 1 (purposes as given): the inverse CDF of the uniform
+    (``scipy.special.ndtri``);
+  - version 2 (purposes that start with ``"/v2/"``, the default of every
+    mechanism since dpstream 0.2): the ziggurat method of
+    :mod:`dpstream.ziggurat`, exact like the inverse CDF and about twice as
+    fast; its rare restarts read the AES of the block under a third key of
+    the purpose (``"gaussian-retry:"``).
+
+  A mechanism built with ``noise_version=1`` replays the releases of older
+  versions (and the command line resumes an old state with version 1).
+  Because the version is part of the purpose, the two versions draw
+  independent noise.
+
+The whole-array transforms (:meth:`NoiseSource.to_uniform` and siblings, and
+:meth:`NoiseSource.gaussian_values` for the purpose's Gaussian) are the
+definition. The draw methods compute the same values, bit for bit, with the
 chunked kernel of :mod:`dpstream.noise_kernel`: a cache-sized chunk of items at
 a time, without an n-long temporary per stage, optionally on several threads.
 
@@ -70,6 +84,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy.special import ndtri
 
 from . import noise_kernel as _kernel
+from .ziggurat import normals_into
 
 __all__ = [
     "NoiseKey",
@@ -79,6 +94,10 @@ __all__ = [
     "canonical_item",
     "MAX_LEVEL",
     "MAX_DRAW",
+    "NOISE_VERSION",
+    "NOISE_VERSIONS",
+    "purpose_version",
+    "versioned_purpose",
 ]
 
 KEY_BYTES = 32
@@ -89,6 +108,36 @@ MAX_DRAW = (1 << 48) - 1
 _MAX_INDEX = (1 << 64) - 1
 _TWO_POW_MINUS_53 = 2.0**-53
 _DOMAIN = b"dpstream/noise/v1/"
+
+#: The noise versions this dpstream can draw (see the module doc).
+NOISE_VERSIONS = (1, 2)
+#: The version new mechanisms use.
+NOISE_VERSION = 2
+#: Version 2 purposes start with this (mechanism purposes start with a stream
+#: name, which holds no "/", so no version 1 purpose of theirs can).
+_V2_PREFIX = "/v2/"
+
+
+def check_noise_version(version: object) -> int:
+    """``version`` if it is one of :data:`NOISE_VERSIONS`, else ValueError."""
+    if isinstance(version, bool) or version not in NOISE_VERSIONS:
+        raise ValueError(f"noise_version must be one of {NOISE_VERSIONS}, got {version!r}")
+    return int(version)  # type: ignore[call-overload]
+
+
+def versioned_purpose(purpose: str, version: int) -> str:
+    """The purpose that draws noise of ``version`` (1: as given; 2: ``"/v2/" + purpose``)."""
+    version = check_noise_version(version)
+    if version == 1:
+        if purpose.startswith(_V2_PREFIX):
+            raise ValueError(f"a version 1 purpose cannot start with {_V2_PREFIX!r}")
+        return purpose
+    return purpose if purpose.startswith(_V2_PREFIX) else _V2_PREFIX + purpose
+
+
+def purpose_version(purpose: str) -> int:
+    """The noise version a purpose draws (2 when it starts with ``"/v2/"``, else 1)."""
+    return 2 if purpose.startswith(_V2_PREFIX) else 1
 
 
 class NoiseKey:
@@ -303,6 +352,10 @@ class NoiseSource:
         self._scalar_cipher = Cipher(
             algorithms.AES(key.derive("scalar-noise:" + purpose)), modes.ECB()
         ).encryptor()
+        #: the noise version (1: inverse-CDF Gaussians, 2: ziggurat), from the purpose
+        self.version = purpose_version(purpose)
+        self._gaussian = _kernel.ZIGGURAT if self.version == 2 else "gaussian"
+        self._retry_key = key.derive("gaussian-retry:" + purpose) if self.version == 2 else None
 
     # -- item identifiers -------------------------------------------------
     def item_ids(self, items: Iterable[object]) -> np.ndarray:
@@ -339,6 +392,19 @@ class NoiseSource:
             self._local.enc = enc
         return enc
 
+    def _retry_encryptor(self) -> Any:
+        """The calling thread's AES-ECB encryptor for the ziggurat's restarts (version 2)."""
+        if self._retry_key is None:
+            return None
+        enc = getattr(self._local, "retry", None)
+        if enc is None:
+            enc = Cipher(algorithms.AES(self._retry_key), modes.ECB()).encryptor()
+            self._local.retry = enc
+        return enc
+
+    def _kernel_distribution(self, distribution: str) -> str:
+        return self._gaussian if distribution == "gaussian" else distribution
+
     def tweak_tile(self, level: int, index: int, draw: int, items: int) -> np.ndarray:
         """The checked tweak of (level, index, draw), tiled for ``items`` items (kernel input)."""
         return _kernel.tweak_tile(*_tweak(level, index, draw), min(items, _kernel.CHUNK_ITEMS))
@@ -350,8 +416,8 @@ class NoiseSource:
         ``words`` is a chunk of prepared ids (at most the tile's length and
         ``ws.size`` items); see :func:`dpstream.noise_kernel.noise_chunk`.
         """
-        _kernel.noise_chunk(self._encryptor(), words, tile, distribution, scale, out,
-                            accumulate, ws)
+        _kernel.noise_chunk(self._encryptor(), words, tile, self._kernel_distribution(distribution),
+                            scale, out, accumulate, ws, self._retry_encryptor())
 
     def blocks(self, prepared: PreparedItems, level: int, index: int, draw: int = 0) -> np.ndarray:
         """The pseudorandom 128-bit blocks of (item, (level, index), draw) for every item."""
@@ -397,9 +463,26 @@ class NoiseSource:
         """Uniform(0, 1) values from the first word of each block."""
         return _uniform_from_words(blocks[..., 0])
 
+    def gaussian_values(self, blocks: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """N(0, scale^2) values of blocks drawn under this purpose, by its noise version.
+
+        Version 1: :meth:`to_gaussian`. Version 2: the ziggurat
+        (:func:`dpstream.ziggurat.normals_into`), then ``* scale``. The draw
+        methods compute the same values, bit for bit.
+        """
+        if self.version == 1:
+            return self.to_gaussian(blocks, scale)
+        flat = np.ascontiguousarray(blocks, dtype="<u8").reshape(-1, 2)
+        z = np.empty(flat.shape[0])
+        retry = self._retry_encryptor()
+        normals_into(flat, z, lambda rows: _kernel.retry_words(retry, rows))
+        if scale != 1.0:
+            z *= scale
+        return z.reshape(blocks.shape[:-1])
+
     @classmethod
     def to_gaussian(cls, blocks: np.ndarray, scale: float = 1.0) -> np.ndarray:
-        """N(0, scale^2) values (inverse CDF of a 53-bit uniform)."""
+        """N(0, scale^2) values by noise version 1 (inverse CDF of a 53-bit uniform)."""
         z = ndtri(cls.to_uniform(blocks))
         if scale != 1.0:
             z *= scale
@@ -435,7 +518,8 @@ class NoiseSource:
         (``scale`` is ignored for uniforms). ``out`` (float64, one value per
         item, contiguous) receives the values, or has them added with
         ``accumulate=True``; without ``out`` a new array is returned. The
-        values are those of ``to_<distribution>(blocks(...), scale)``, bit for
+        values are those of ``to_<distribution>(blocks(...), scale)`` (for
+        Gaussians, ``gaussian_values``: the purpose's noise version), bit for
         bit, computed a cache-sized chunk at a time.
         """
         if distribution not in _kernel.DISTRIBUTIONS:
@@ -451,13 +535,14 @@ class NoiseSource:
         words = prepared.words
         bounds = _kernel.chunk_bounds(n)
         scale = float(scale)
+        kind = self._kernel_distribution(distribution)
 
         def task(first: int, stop: int) -> None:
-            enc = self._encryptor()
+            enc, retry = self._encryptor(), self._retry_encryptor()
             ws = _kernel.workspace(_kernel.CHUNK_ITEMS)
             for lo, hi in bounds[first:stop]:
-                _kernel.noise_chunk(enc, words[lo:hi], tile, distribution, scale, out[lo:hi],
-                                    accumulate, ws)
+                _kernel.noise_chunk(enc, words[lo:hi], tile, kind, scale, out[lo:hi],
+                                    accumulate, ws, retry)
 
         _kernel.run_tasks(len(bounds), task)
         return out
@@ -484,7 +569,7 @@ class NoiseSource:
                scale: float = 1.0) -> float:
         """One noise value that belongs to no item ("gaussian", "laplace", "gumbel")."""
         b = self.scalar_blocks([(level, index, draw)])
-        conv = {"gaussian": self.to_gaussian, "laplace": self.to_laplace,
+        conv = {"gaussian": self.gaussian_values, "laplace": self.to_laplace,
                 "gumbel": self.to_gumbel}.get(distribution)
         if conv is None:
             raise ValueError(f"distribution must be gaussian, laplace or gumbel, "

@@ -33,15 +33,19 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
+from .ziggurat import normals_into
+
 __all__ = [
     "CHUNK_ITEMS",
     "DISTRIBUTIONS",
     "THREADS_ENV",
+    "ZIGGURAT",
     "Workspace",
     "chunk_bounds",
     "encrypt_chunk",
     "get_threads",
     "noise_chunk",
+    "retry_words",
     "run_tasks",
     "set_threads",
     "tweak_tile",
@@ -55,6 +59,9 @@ CHUNK_ITEMS = 16384
 
 #: The distributions the kernel draws (see :class:`dpstream.noise.NoiseSource`).
 DISTRIBUTIONS = ("uniform", "gaussian", "laplace", "gumbel")
+#: The kernel's name for noise version 2's Gaussian (the ziggurat,
+#: :mod:`dpstream.ziggurat`); "gaussian" is version 1's inverse CDF.
+ZIGGURAT = "gaussian-v2"
 
 _SHIFT = np.uint64(11)
 _TWO_POW_MINUS_53 = 2.0**-53
@@ -122,6 +129,15 @@ def encrypt_chunk(enc: Any, words: np.ndarray, tile: np.ndarray, ws: Workspace) 
     return ws.blocks[:c]
 
 
+def retry_words(retry_enc: Any, rows: np.ndarray) -> np.ndarray:
+    """The first word of AES(block) under the retry key, for (k, 2) blocks."""
+    if retry_enc is None:
+        raise ValueError("the ziggurat needs the purpose's retry encryptor")
+    raw = bytearray(rows.nbytes + 15)
+    n = retry_enc.update_into(memoryview(np.ascontiguousarray(rows, "<u8")).cast("B"), raw)
+    return np.frombuffer(raw, dtype="<u8", count=n // 8)[0::2]
+
+
 def noise_chunk(
     enc: Any,
     words: np.ndarray,
@@ -131,6 +147,7 @@ def noise_chunk(
     out: np.ndarray,
     accumulate: bool,
     ws: Workspace,
+    retry_enc: Any = None,
 ) -> None:
     """Noise of one chunk of items at one address, written or added to ``out``.
 
@@ -142,9 +159,22 @@ def noise_chunk(
     * gaussian: ``ndtri(u)``, then ``* scale`` unless scale is 1
     * laplace: ``v = u - 0.5``; ``(-scale * sign(v)) * log1p(-2 |v|)``
     * gumbel: ``-scale * log(-log(u))``
+    * gaussian-v2 (:data:`ZIGGURAT`): :func:`dpstream.ziggurat.normals_into`
+      of the blocks, with ``retry_enc`` (the purpose's retry AES) for the
+      rare restarts, then ``* scale`` unless scale is 1
     """
     c = out.shape[0]
     blocks = encrypt_chunk(enc, words, tile, ws)
+    if distribution == ZIGGURAT:
+        f = ws.f[:c] if accumulate else out
+        size = ws.size
+        scratch = (ws.u, ws.x[size : 2 * size].view(np.int64), ws.g)
+        normals_into(blocks, f, lambda rows: retry_words(retry_enc, rows), scratch)
+        if scale != 1.0:
+            np.multiply(f, scale, out=f)
+        if accumulate:
+            np.add(out, f, out=out)
+        return
     u = ws.u[:c]
     np.right_shift(blocks[:, 0], _SHIFT, out=u)
     f = ws.f[:c] if accumulate else out

@@ -135,10 +135,29 @@ def _clock(opts: dict[str, Any]) -> Any:
         raise ValueError(f"--start/--step/--lateness: {exc}") from None
 
 
+def _noise_version(opts: dict[str, Any]) -> int:
+    """``--noise-version``; else the version of the run on record in ``--state`` (one
+    that released steps: version 1 when it records none), else the current version."""
+    from .noise import NOISE_VERSION
+    from .state import recorded_params
+
+    if opts.get("noise_version") is not None:
+        return int(opts["noise_version"])
+    params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"]) \
+        if opts.get("state") else None
+    if params is not None:
+        return int(params.get("noise_version", 1))
+    return NOISE_VERSION
+
+
 def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
                 input_format: str, output_format: str) -> dict[str, Any]:
     """The parameters a resumed run must share (canonical JSON in the state)."""
     params = {k: opts[k] for k in _MECH_KWARGS if k in opts}
+    # noise version 1 is not recorded, so that states written before versions existed resume
+    version = params.pop("noise_version", None)
+    if version not in (None, 1):
+        params["noise_version"] = version
     params.update(
         mechanism=opts["mechanism"], horizon=opts["horizon"],
         base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
@@ -471,6 +490,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_paths(opts, args.config)
     _require_budget(opts)
     key = load_key(opts)
+    opts["noise_version"] = _noise_version(opts)
     if opts["engine"] == "spark":
         if opts["view"]:
             raise ValueError("--view works with --engine local only (for now)")

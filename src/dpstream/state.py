@@ -217,6 +217,26 @@ class StepRecord:
     input_line: int = 0
 
 
+def recorded_params(path: str, *, allow_readable: bool = False) -> dict[str, Any] | None:
+    """The parameters of the run on record in state file ``path``.
+
+    ``None`` when there is no such file, no run on record, or no step released
+    yet (such a run is replaced by the next one). The file is opened as a
+    :class:`Checkpoint` and closed again, so it raises what opening it raises.
+    """
+    if not os.path.exists(path):
+        return None
+    with Checkpoint(path, fsync=False, allow_readable=allow_readable) as ckpt:
+        record = ckpt.load()
+    if record is None or record.steps == 0:
+        return None
+    try:
+        params = json.loads(record.params)
+    except ValueError:
+        return None
+    return params if isinstance(params, dict) else None
+
+
 class Checkpoint:
     """An open state file. Use :meth:`load`, then :meth:`start` or :meth:`verify`.
 

@@ -138,7 +138,8 @@ class BLTNoise:
         while s <= last:
             stop = min(last, s + per_chunk - 1)
             addresses = [(BLT_LEVEL, step, 0) for step in range(s, stop + 1)]
-            z = self.source.to_gaussian(self.source.blocks_many(prepared, addresses), self.sigma)
+            z = self.source.gaussian_values(self.source.blocks_many(prepared, addresses),
+                                             self.sigma)
             for row in z:
                 stream_step(self._theta, self._omega, buffers, total, row)
             s = stop + 1

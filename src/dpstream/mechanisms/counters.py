@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 
 from ..factorization import MAX_BLT_HORIZON, BLTStrategy, blt_for_horizon
+from ..noise import NOISE_VERSION, versioned_purpose
 from ..tree import optimal_base, worst_case_variance_factor
 from .base import check_base, config_tag
 
@@ -77,7 +78,8 @@ def blt_sigma(tau: float, strategy: BLTStrategy) -> float:
 
 
 def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: int | None,
-                domain: str, users: str | None = None) -> str:
+                domain: str, users: str | None = None,
+                noise_version: int = NOISE_VERSION) -> str:
     """The noise purpose of the BLT counters of stream ``stream`` with these settings.
 
     It fingerprints T, sigma and the BLT parameters exactly, Delta0 and the
@@ -88,4 +90,4 @@ def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: 
     extra = {} if users is None else {"users": users}
     tag = config_tag(horizon=strategy.horizon, sigma=sigma, strategy=strategy.fingerprint(),
                      max_items=max_items, domain=domain, **extra)
-    return f"{stream}/blt@{tag}"
+    return versioned_purpose(f"{stream}/blt@{tag}", noise_version)

@@ -20,7 +20,14 @@ from .. import privacy
 from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
-from ..noise import NoiseKey, NoiseSource, encode_item
+from ..noise import (
+    NOISE_VERSION,
+    NoiseKey,
+    NoiseSource,
+    check_noise_version,
+    encode_item,
+    versioned_purpose,
+)
 from ..tree import num_levels, worst_case_variance_factor
 from .base import (
     EventLimit,
@@ -56,7 +63,8 @@ __all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose", 
 
 
 def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float,
-                 max_items: int | None, domain: str, users: str | None = None) -> str:
+                 max_items: int | None, domain: str, users: str | None = None,
+                 noise_version: int = NOISE_VERSION) -> str:
     """The noise purpose of the tree cells of stream ``stream`` with these settings.
 
     Every setting that changes what is released is in it (see
@@ -71,11 +79,12 @@ def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float,
     must use different names. ``users``: the user-level bounds
     (:meth:`~dpstream.bounding.UserBounds.tag`), None at event level (and then
     not part of the tag, so event-level purposes are unchanged).
+    ``noise_version``: see :func:`dpstream.noise.versioned_purpose`.
     """
     extra = {} if users is None else {"users": users}
     tag = config_tag(horizon=horizon, base=base, cell_std=cell_std, max_items=max_items,
                      domain=domain, **extra)
-    return f"{stream}/tree@{tag}"
+    return versioned_purpose(f"{stream}/tree@{tag}", noise_version)
 
 
 #: The modulus of the domain fingerprint (a sum of 128-bit item hashes).
@@ -216,7 +225,9 @@ class KnownDomainHistogram:
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         on_invalid: str = "error",
+        noise_version: int = NOISE_VERSION,
     ) -> None:
+        self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)
         self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
@@ -247,7 +258,8 @@ class KnownDomainHistogram:
             cell_std = math.sqrt(self.levels) * self.tau
             self.tree_purpose: str | None = tree_purpose(
                 self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
-                max_items=self.max_items, domain=domain, users=users)
+                max_items=self.max_items, domain=domain, users=users,
+                noise_version=self.noise_version)
             self.sigma = cell_std
             self.noise_purpose = self.tree_purpose
             source = NoiseSource(key, self.tree_purpose)
@@ -257,7 +269,8 @@ class KnownDomainHistogram:
             self.sigma = blt_sigma(self.tau, self.strategy)
             self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
                                              sigma=self.sigma, max_items=self.max_items,
-                                             domain=domain, users=users)
+                                             domain=domain, users=users,
+                                             noise_version=self.noise_version)
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
         self._noise.add_items(source.prepare(self.domain))
@@ -462,10 +475,12 @@ class TreeCounter(_OneCount):
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "counter",
+        noise_version: int = NOISE_VERSION,
     ) -> None:
         self._hist = KnownDomainHistogram(
             [self.item], horizon, max_items=1, key=key, counter="tree", base=base,
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            noise_version=noise_version,
         )
         self._wrap()
         self.base = self._hist.base
@@ -522,6 +537,7 @@ class BLTCounter(_OneCount):
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "counter",
+        noise_version: int = NOISE_VERSION,
     ) -> None:
         if strategy is not None and not isinstance(strategy, BLTStrategy):
             raise TypeError(f"strategy must be a BLTStrategy or None, got "
@@ -530,6 +546,7 @@ class BLTCounter(_OneCount):
             [self.item], horizon, max_items=1, key=key,
             counter="blt" if strategy is None else strategy,
             rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            noise_version=noise_version,
         )
         self._wrap()
         self.strategy: BLTStrategy = self._hist.strategy  # type: ignore[assignment]

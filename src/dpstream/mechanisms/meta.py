@@ -20,7 +20,14 @@ from scipy.special import ndtri
 from .. import privacy
 from .._checks import check_int
 from ..errors import InvalidEventError
-from ..noise import NoiseKey, NoiseSource, encode_item
+from ..noise import (
+    NOISE_VERSION,
+    NoiseKey,
+    NoiseSource,
+    check_noise_version,
+    encode_item,
+    versioned_purpose,
+)
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
 from ..tree import cells_closing_at, digits, num_levels
 from .base import (
@@ -192,7 +199,9 @@ class MetaHistogram:
         threshold_delta: float | None = None,
         stream: str = "default",
         on_invalid: str = "error",
+        noise_version: int = NOISE_VERSION,
     ) -> None:
+        self.noise_version = check_noise_version(noise_version)
         if oneshot not in ONESHOTS:
             raise ValueError(f"oneshot must be one of {ONESHOTS}, got {oneshot!r}")
         self.oneshot = oneshot
@@ -258,11 +267,11 @@ class MetaHistogram:
         self.cell_delta = (None if self.threshold_delta is None
                            else self.threshold_delta / self.levels)
         # every cell purpose carries the noise-shaping settings (see base.config_tag)
-        self.noise_scope = f"{self.stream}/meta-{oneshot}@" + config_tag(
+        self.noise_scope = versioned_purpose(f"{self.stream}/meta-{oneshot}@" + config_tag(
             horizon=self.horizon, base=self.base, cell_tau=self.cell_tau,
             cell_delta=self.cell_delta, k=getattr(self, "k", None),
             kbar=getattr(self, "kbar", None), max_items=self.max_items,
-        )
+        ), self.noise_version)
 
         # -- state -----------------------------------------------------------------------
         self.t = 0

@@ -23,7 +23,13 @@ from scipy.special import log_ndtr, ndtr
 from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
-from ..noise import NoiseKey, NoiseSource
+from ..noise import (
+    NOISE_VERSION,
+    NoiseKey,
+    NoiseSource,
+    check_noise_version,
+    versioned_purpose,
+)
 from ..oneshot.known import gumbel_select_kernel
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
@@ -389,7 +395,9 @@ class ContinualTopK:
         stream: str = "default",
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
+        noise_version: int = NOISE_VERSION,
     ) -> None:
+        self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)
         self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
@@ -449,10 +457,10 @@ class ContinualTopK:
         blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
         if self.user_bounds is not None:
             blt["users"] = self.user_bounds.tag()
-        self.noise_scope = f"{self.stream}/topk@" + config_tag(
+        self.noise_scope = versioned_purpose(f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
             switches=self.switches, eta=_eta_tag(self._eta), wait=self.wait, **blt,
-        )
+        ), self.noise_version)
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
         self._ids = self._svt.item_ids(self.domain)

@@ -22,7 +22,7 @@ from scipy.special import ndtr, ndtri
 
 from .. import privacy
 from ..bounding import resolve_user_bounds
-from ..noise import NoiseKey, NoiseSource
+from ..noise import NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
     EventLimit,
@@ -370,7 +370,9 @@ class UnknownDomainHistogram:
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         on_invalid: str = "error",
+        noise_version: int = NOISE_VERSION,
     ) -> None:
+        self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)
         self.base = check_base(base, self.horizon)
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
@@ -417,7 +419,8 @@ class UnknownDomainHistogram:
         self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
                                          cell_std=cell_std, max_items=self.max_items,
                                          domain="open",
-                                         users=self.user_bounds and self.user_bounds.tag())
+                                         users=self.user_bounds and self.user_bounds.tag(),
+                                         noise_version=self.noise_version)
         self._source = NoiseSource(key, self.tree_purpose)
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         self._index: dict[Hashable, int] = {}

@@ -468,13 +468,14 @@ class SparkKnownBase(_SparkRelease):
             cell_std = float(np.sqrt(m.levels) * m.tau)
             m.tree_purpose = tree_purpose(m.stream, horizon=m.horizon, base=m.base,
                                           cell_std=cell_std, max_items=m.max_items,
-                                          domain=self.domain_tag, users=users)
+                                          domain=self.domain_tag, users=users,
+                                          noise_version=m.noise_version)
             m.noise_purpose = m.tree_purpose
         else:  # a BLT counter: its draws' sigma, and the purpose for the real domain
             cell_std = float(m.sigma)
             m.noise_purpose = blt_purpose(m.stream, strategy=m.strategy, sigma=m.sigma,
                                           max_items=m.max_items, domain=self.domain_tag,
-                                          users=users)
+                                          users=users, noise_version=m.noise_version)
         self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
                                 cell_std=cell_std, purpose=m.noise_purpose,
                                 strategy=m.strategy)
