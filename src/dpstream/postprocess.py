@@ -103,14 +103,17 @@ class ReadableCounts:
             values = values.copy()
         if self.clamp:
             np.maximum(values, 0.0, out=values)
-        items = list(release.items)
+        # the release's own item sequence unless reordered: a known domain's list is
+        # then the same object at every step, and the output formatters encode its
+        # text once per run instead of once per step
+        items = release.items
         if self.monotone and len(items):
             self._running_max(release.items, values)
         self._t = release.t
         if self.ranked and len(items) > 1:
             order = np.argsort(-values, kind="stable")
             if not np.array_equal(order, np.arange(len(order))):
-                items = [items[i] for i in order]
+                items = [items[i] for i in order.tolist()]
                 values = values[order]
         if self.round_counts:
             values = values.astype(np.int64)
