@@ -25,6 +25,9 @@ from dpstream.tree import max_cells, num_levels, optimal_base
 
 from .conftest import fixed_key
 
+#: The noise version `dpstream run` draws for a new stream (the library's default is 1).
+CLI_NOISE = 2
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 DOMAIN = [f"d{i}" for i in range(6)]
 
@@ -143,7 +146,8 @@ def test_run_known_equals_library(files):
     assert _run("--horizon", "40", "--domain", files.domain, "--max-items", "2",
                 "--epsilon", "1", "--delta", "1e-6", "--key-file", files.key_path,
                 "--input", files.input, "--output", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, epsilon=1.0,
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, epsilon=1.0,
                                 delta=1e-6)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
@@ -153,7 +157,8 @@ def test_no_round_writes_the_exact_floats(files):
     assert _run("--horizon", "40", "--domain", files.domain, "--max-items", "2",
                 "--rho", "1", "--key-file", files.key_path, "--no-round",
                 "--input", files.input, "--output", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), rounded=False)
 
 
@@ -164,7 +169,7 @@ def test_run_unknown_equals_library(files):
     assert _run("-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "2",
                 "--threshold-delta", "1e-3", "--key-file", files.key_path, "-i", files.input,
                 "-o", str(out)) == 0
-    mech = UnknownDomainHistogram(40, max_items=2, key=files.key, rho=2.0,
+    mech = UnknownDomainHistogram(40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=2.0,
                                   threshold_delta=1e-3, remember=True)  # on by default
     lines = _read_jsonl(out)
     _assert_same(lines, mech, _by_step(files.events, 40), public_meta=("threshold", "remember"))
@@ -181,7 +186,8 @@ def test_run_topk_equals_library(files):
                 "-i", files.input, "-o", str(out)) == 0
     # --eta auto (the default) is the library's eta="auto", sized from the BLT counter's
     # noise (the default counter at T = 40; test_topk checks that quantile)
-    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key, rho=1.0)
+    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key,
+                         noise_version=CLI_NOISE, rho=1.0)
     assert mech.counter == "blt"
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
                  public_meta=("status", "switches_left", "switched", "selection"))
@@ -194,10 +200,12 @@ def test_run_topk_with_max_items_takes_the_more_accurate_candidate(files):
     assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
                 "--switches", "3", "--max-items", "2", "--rho", "1", "--key-file",
                 files.key_path, "-i", files.input, "-o", str(out)) == 0
-    choice = choose_top_k(DOMAIN, 40, k=2, switches=3, max_items=2, key=files.key, rho=1.0)
+    choice = choose_top_k(DOMAIN, 40, k=2, switches=3, max_items=2, key=files.key,
+                          noise_version=CLI_NOISE, rho=1.0)
     # at max_items = 2 KnownBase's noise is far below SparseGumb's (a = 1 against k + 2)
     assert choice.name == "KnownBase top-k"
-    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key, rho=1.0)
+    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key,
+                         noise_version=CLI_NOISE, rho=1.0)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
 
 
@@ -208,7 +216,8 @@ def test_run_topk_explicit_eta(files):
     assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "1",
                 "--switches", "4", "--eta", "0.5", "--tau", "0.3", "--key-file",
                 files.key_path, "-i", files.input, "-o", str(out)) == 0
-    mech = ContinualTopK(DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key, tau=0.3)
+    mech = ContinualTopK(DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key,
+                         noise_version=CLI_NOISE, tau=0.3)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
                  public_meta=("status", "switches_left", "switched", "selection"))
 
@@ -228,7 +237,8 @@ def test_run_meta_equals_library(files, oneshot, extra):
     else:
         args += ["--k", "2", "--kbar", "4"]
     assert _run(*args) == 0
-    mech = MetaHistogram(40, oneshot=oneshot, key=files.key, epsilon=2.0, delta=1e-5, **extra)
+    mech = MetaHistogram(40, oneshot=oneshot, key=files.key,
+                         noise_version=CLI_NOISE, epsilon=2.0, delta=1e-5, **extra)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
@@ -246,7 +256,8 @@ def test_csv_in_csv_out_rounded(files):
                 "--round") == 0
     stream = scoped_stream({"stream": "default", "input": "x.csv", "item_column": "product",
                             "event_column": "id", "time_column": "step"})
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0, stream=stream)
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0, stream=stream)
     rows = Path(out).read_text().splitlines()
     assert rows[0] == "t,item,value,noise_std"
     expected, stds = [], []
@@ -265,7 +276,8 @@ def test_config_file_and_flag_override(files):
                    f'key-file = "{files.key_path}"\n')
     out = files.dir / "out.jsonl"
     assert _run("--config", str(cfg), "--rho", "1", "-i", files.input, "-o", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
     cfg.write_text("horizon = 40\nbogus = 1\n")
     assert _run("--config", str(cfg), "-i", files.input) == 1
@@ -276,7 +288,8 @@ def test_stdin_to_stdout(files, monkeypatch, capsysbinary):
     assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
                 "--key-file", files.key_path) == 0
     lines = [json.loads(x) for x in capsysbinary.readouterr().out.decode().splitlines()]
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0)
     _assert_same(lines, mech, _by_step(files.events, 40))
 
 
@@ -311,7 +324,8 @@ def test_on_invalid_error_names_line_and_keeps_earlier_releases(files, capsys):
         "(see --on-invalid)"]
     stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "error"})
     assert stream.startswith("default~")  # another policy counts other events: other noise
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0, stream=stream)
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]]])
 
 
@@ -364,7 +378,8 @@ def test_error_messages_quote_no_item_without_verbose_errors(files, capsys):
 def test_on_invalid_skip(files, capsys):
     rc, lines, err = _policy_run(files, "skip", capsys)
     assert rc == 0
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0)
     # steps 4 and 5 are released empty: the input jumps to t = 9, past T = 5
     _assert_same(lines, mech, [[["d0", "d1"]], [], [["d5"]], [], []])
     assert "0 truncated, 4 skipped" in err
@@ -391,7 +406,8 @@ def test_on_invalid_truncate_uses_keyed_prf(files, capsys):
     cut = KeyedTruncator(NoiseSource(files.key, f"{stream}/truncate"), 2)(
         ("d0", "d1", "d2", "d3"), 2)
     assert len(cut) == 2
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, rho=1.0, stream=stream)
+    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]], [list(cut), ["d4"]], [["d5"]], [], []])
     assert "2 truncated, 2 skipped" in err
 
@@ -577,7 +593,8 @@ def test_run_known_blt_equals_library(files):
     assert _run("-m", "known", "-T", "40", "--domain", files.domain, "--max-items", "3",
                 "--counter", "blt", "--rho", "0.5", "--key-file", files.key_path,
                 "-i", files.input, "-o", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key, rho=0.5, counter="blt")
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key,
+                                noise_version=CLI_NOISE, rho=0.5, counter="blt")
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
@@ -606,7 +623,7 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
     assert main(["run", *cmd, "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
     assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force") == 0
-    mech = UnknownDomainHistogram(50, max_items=1, key=files.key, rho=1.0,
+    mech = UnknownDomainHistogram(50, max_items=1, key=files.key, noise_version=CLI_NOISE, rho=1.0,
                                   threshold_delta=1e-3, remember=True)  # on by default
     _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
                  ("threshold", "remember"), rounded=False)
@@ -779,7 +796,8 @@ def test_byte_order_marks_in_config_domain_and_input(files):
     out = files.dir / "out.jsonl"
     assert _run("--config", str(cfg), "--domain", str(dom), "--max-items", "2", "--rho", "1",
                 "--key-file", files.key_path, "-i", str(src), "-o", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key, rho=1.0)
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
+                                noise_version=CLI_NOISE, rho=1.0)
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 

@@ -116,7 +116,7 @@ def test_timestamps_map_to_hourly_steps_and_quiet_hours_are_released(tmp_path, k
     stream = scoped_stream({"stream": "default", "input": src, "time_field": "ts",
                             "step": "1h", "start": "2026-03-01T00:00:00Z"})
     mech = KnownDomainHistogram(["a", "b", "c"], 8, max_items=2, key=fixed_key("ops"), rho=1.0,
-                                stream=stream)
+                                stream=stream, noise_version=2)  # run's, for a new stream
     steps = {1: [["a"], ["a", "b"]], 4: [["b"]], 6: [["c"]]}
     for t, line in enumerate(lines, 1):
         want = mech.step_batch(steps.get(t, [])).counts
@@ -180,7 +180,7 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, 
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
     mech = UnknownDomainHistogram(10, max_items=2, key=fixed_key("ops"), rho=1.0,
-                                  threshold_delta=1e-3)
+                                  threshold_delta=1e-3, noise_version=2)
     steps = {1: [["a"]], 2: [["b"]], 5: [["c"]]}
     for t, line in enumerate(lines, 1):
         want = mech.step_batch(steps.get(t, [])).counts

@@ -71,7 +71,8 @@ def test_a_user_level_run_equals_the_library_and_states_its_unit(stream, tmp_pat
                  "--counter", "tree"]) == 0
     mech = dps.KnownDomainHistogram(WORDS, T, key=dps.NoiseKey.load(key_path), epsilon=1,
                                     delta=1e-6, max_items_per_user=3, max_count_per_item=2,
-                                    counter="tree", stream=STREAM)
+                                    counter="tree", stream=STREAM,
+                                    noise_version=2)  # what run draws for a new stream
     assert STREAM != "default"
     by_t = _steps(base / "ev.jsonl")
     lines = out.read_text().splitlines()
@@ -195,7 +196,7 @@ def test_csv_user_column(stream, tmp_path, capsys):
                                  "event_column": "event"})
     mech = dps.KnownDomainHistogram(WORDS, 3, key=dps.NoiseKey.load(key_path), rho=1,
                                     max_items_per_user=3, max_count_per_item=2,
-                                    counter="tree", stream=stream_name)
+                                    counter="tree", stream=stream_name, noise_version=2)
     steps = [[("a", ["w1", "w2"]), ("b", ["w1"])], [], [("a", ["w4", "w5"]), ("a", ["w1"])]]
     for line, events in zip(out.read_text().splitlines(), steps, strict=True):
         rel = mech.step_batch(events)

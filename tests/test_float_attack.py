@@ -72,7 +72,10 @@ def test_raw_floats_leak_counts_and_rounded_releases_do_not(counter, version):
         assert right.all()
     else:
         # 256 grids are denser, and the ~1.5% of values off the fast path fool it
-        # now and then: it still decides a fifth of the bits, nearly all correctly
+        # now and then. Observed: 20% of the bits decided, 99.97% of them right
+        # (the draws are fixed by the key). The assertions only need to show a
+        # leak, so they keep a wide margin: any decided share far above what
+        # rounding allows (checked below) with near-perfect accuracy is one.
         assert decided.mean() > 0.15
         assert right.mean() > 0.99
 

@@ -74,6 +74,36 @@ def test_a_version_1_state_goes_on_with_version_1(setup):
     assert out.read_bytes() == ref.read_bytes()
 
 
+def test_a_version_1_state_refuses_version_2(setup, capsys):
+    base, args = setup
+    out, state = base / "out.jsonl", base / "s.sqlite"
+    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out), "--state", str(state),
+                 "--until", str(T // 2), "--noise-version", "1"]) == 0
+    before = out.read_bytes()
+    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out), "--state", str(state),
+                 "--noise-version", "2"]) == 1
+    assert "error" in capsys.readouterr().err
+    assert out.read_bytes() == before
+
+
+def test_writing_over_an_output_keeps_its_version(setup):
+    """--force over an output whose sidecar says version 1 (or, from dpstream 0.1, says
+    no version) draws version 1 again: the same noise for the steps already published."""
+    base, args = setup
+    ref, out = base / "ref.jsonl", base / "out.jsonl"
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref),
+                 "--noise-version", "1"]) == 0
+    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out),
+                 "--noise-version", "1"]) == 0
+    meta = base / "out.jsonl.meta.json"
+    info = json.loads(meta.read_text())
+    del info["noise_version"]  # as dpstream 0.1 wrote it
+    meta.write_text(json.dumps(info))
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(out), "--force"]) == 0
+    assert out.read_bytes() == ref.read_bytes()
+    assert json.loads(meta.read_text())["noise_version"] == 1
+
+
 def test_a_version_2_state_refuses_another_version(setup, capsys):
     base, args = setup
     out, state = base / "out.jsonl", base / "s.sqlite"

@@ -40,7 +40,8 @@ def _expected() -> pd.DataFrame:
     (--clamp), an item kept once shown (--remember), as `run` publishes by default. With
     this key and threshold delta step 1 shows nothing and later steps show "a"."""
     mech = UnknownDomainHistogram(6, max_items=2, key=fixed_key("outputs"), rho=4.0,
-                                  threshold_delta=0.01, remember=True)
+                                  threshold_delta=0.01, remember=True,
+                                  noise_version=2)  # what run draws for a new stream
     rows = []
     for t in range(1, 7):
         rel = mech.step_batch([it for tt, it in EVENTS if tt == t]).rounded()

@@ -89,7 +89,8 @@ def test_no_round_draws_no_sparse_vector_noise_and_pays_k_over_tau_squared(monke
     """switches = 0, wait=False: nothing under the sparse-vector purpose is ever drawn, and
     rho = k/tau^2 = k/(2 tau^2) (selection) + k/(2 tau^2) (counters)."""
     purposes = []
-    for name in ("laplace", "scalar", "gumbel", "gaussian"):
+    for name in ("laplace", "scalar", "gumbel", "gaussian", "draw_into", "noise_chunk",
+                 "gaussian_values"):
         original = getattr(NoiseSource, name)
 
         def spy(self, *a, _original=original, **kw):

@@ -16,6 +16,7 @@ Three kinds of check:
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import random
@@ -106,6 +107,14 @@ def test_fast_limits_are_exact():
 # -- the values, against a reference ------------------------------------------------------
 
 
+def below_density_exactly(height: float, x: float) -> bool:
+    """height < exp(-x^2/2) for q = -0.5 (x x) in float64, decided with 60 digits."""
+    q = -0.5 * (x * x)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        return decimal.Decimal(height) < decimal.Decimal(q).exp()
+
+
 class ReferenceV2(ReferencePRF):
     """Version 2 Gaussians from the docstring, per block, with Python scalars."""
 
@@ -140,8 +149,7 @@ class ReferenceV2(ReferencePRF):
         if i == 0:
             return signed(-float(ndtri(v * TAIL))), "tail"
         height = F[i] + v * (F[i + 1] - F[i])
-        # NumPy's exp is the definition (libm's may differ in the last bit)
-        if height < float(np.exp(np.float64(-0.5 * (x * x)))):
+        if below_density_exactly(height, x):
             return signed(x), "wedge"
         k2 = int.from_bytes(self.retry_block(block)[:8], "little") >> 11
         return float(ndtri((float(k2) + 0.5) * 2.0**-53)), "restart"
@@ -351,15 +359,16 @@ def test_a_retry_that_reuses_the_block_is_detected():
 # -- mechanisms ---------------------------------------------------------------------------
 
 
-def test_mechanisms_default_to_version_2_and_version_1_replays_the_inverse_cdf():
-    """noise_version=1 gives the inverse-CDF noise older releases were made with:
-    the t = 1 tree release is count + sqrt(L) tau ndtri(u) of the leaf cell (1, 1)."""
+def test_mechanisms_draw_version_1_unless_told_and_version_1_is_the_inverse_cdf():
+    """Mechanisms default to version 1, so code that rebuilds one from the key after
+    an upgrade draws what it drew before; version 1 is the inverse-CDF noise: the
+    t = 1 tree release is count + sqrt(L) tau ndtri(u) of the leaf cell (1, 1)."""
     key = fixed_key("zig-mech")
     domain = ["a", "b", "c"]
-    new = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree")
-    old = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree",
-                               noise_version=1)
-    assert new.noise_version == 2 and new.tree_purpose.startswith("/v2/")
+    old = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree")
+    new = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree",
+                               noise_version=2)
+    assert old.noise_version == 1 and new.tree_purpose.startswith("/v2/")
     assert old.tree_purpose == new.tree_purpose[len("/v2/"):]
     counts = np.array([3, 0, 7])
     r_old, r_new = old.release(1, counts), new.release(1, counts)
@@ -371,3 +380,50 @@ def test_mechanisms_default_to_version_2_and_version_1_replays_the_inverse_cdf()
     want2 = counts + v2.gaussian_values(v2.blocks(v2.prepare(domain), 1, 1, 0), new.sigma)
     assert same_bits(r_new.values, want2)
     assert not np.array_equal(r_old.values, r_new.values)
+
+
+def _wedge_block(region: int, k: int, nudge: int) -> np.ndarray:
+    """A block in ``region`` with 53-bit integer k whose wedge height lands within
+    a few ulps of f(x): v solved from height = f(x), then moved by ``nudge`` steps
+    of 2^-53."""
+    x = ((k + 0.5) * 2.0**-53) * X[region]
+    v = (math.exp(-0.5 * (x * x)) - F[region]) / (F[region + 1] - F[region])
+    k1 = int(v * 2.0**53 - 0.5) + nudge
+    return np.array([[(k << 11) | region, k1 << 11]], dtype=np.uint64)
+
+
+def test_a_close_wedge_test_is_decided_the_same_whatever_the_last_bit_of_exp(monkeypatch):
+    """Points whose height is within an ulp or so of f(x): the value must follow the
+    exact decision, with NumPy's exp as it is and with exp moved one ulp up or down
+    (what another CPU's SIMD exp may return)."""
+    import dpstream.ziggurat as zig
+
+    region = 200
+    limit = LIMIT[region]
+    ks = [int(limit) + d for d in (5, 1000, 123_456)]  # just past the fast path
+    # one 2^-53 step of v moves the height by (f_i+1 - f_i) 2^-53, ~1/170 of an ulp
+    # of f here: steps of 170 put heights about -3..+3 ulps around f(x)
+    blocks = np.concatenate([_wedge_block(region, k, nudge) for k in ks
+                             for nudge in range(-510, 511, 170)])
+    def restart(rows):
+        return np.full(len(rows), 7 << 11, dtype=np.uint64)
+    results = []
+    for shift in (None, np.inf, -np.inf):
+        if shift is not None:
+            monkeypatch.setattr(zig, "_exp", lambda q, s=shift: np.nextafter(np.exp(q), s))
+        z = np.empty(len(blocks))
+        normals_into(blocks, z, restart)
+        results.append(z)
+    assert same_bits(results[0], results[1]) and same_bits(results[0], results[2])
+    # and each agrees with the exact decision
+    restart_value = float(ndtri(((7 << 11 >> 11) + 0.5) * 2.0**-53))
+    decided = set()
+    for (w0, w1), z in zip(blocks.tolist(), results[0].tolist(), strict=True):
+        k = w0 >> 11
+        x = ((k + 0.5) * 2.0**-53) * X[region]
+        v = ((w1 >> 11) + 0.5) * 2.0**-53
+        height = F[region] + v * (F[region + 1] - F[region])
+        accepted = below_density_exactly(height, x)
+        decided.add(accepted)
+        assert z == (x if accepted else restart_value)
+    assert decided == {True, False}  # both sides of the curve were tested

@@ -136,17 +136,34 @@ def _clock(opts: dict[str, Any]) -> Any:
 
 
 def _noise_version(opts: dict[str, Any]) -> int:
-    """``--noise-version``; else the version of the run on record in ``--state`` (one
-    that released steps: version 1 when it records none), else the current version."""
+    """The noise version of this run: ``--noise-version`` if given; else the version of
+    the stream this run goes on with or writes over, so that a stream never changes
+    version (which would publish independent noise for steps already released):
+
+    * the run on record in ``--state`` (one that released steps; a state without a
+      version was written by dpstream 0.1: version 1);
+    * else the output file's metadata sidecar, when the output exists (``--force``
+      writes over it; a sidecar without a version: 1);
+    * else, a new stream: the newest version.
+    """
     from .noise import NOISE_VERSION
+    from .runmeta import read_run_meta, sidecar_path
     from .state import recorded_params
 
     if opts.get("noise_version") is not None:
         return int(opts["noise_version"])
-    params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"]) \
-        if opts.get("state") else None
-    if params is not None:
-        return int(params.get("noise_version", 1))
+    if opts.get("state") and opts.get("engine", "local") == "local":
+        params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"])
+        if params is not None:
+            return int(params.get("noise_version", 1))
+    output = opts.get("output")
+    if output and output != "-" and os.path.exists(output):
+        try:
+            meta = read_run_meta(sidecar_path(output))
+        except ValueError:
+            meta = None
+        if meta is not None:
+            return int(meta.get("noise_version", 1))
     return NOISE_VERSION
 
 
@@ -426,7 +443,8 @@ def scoped_stream(opts: dict[str, Any]) -> str:
     Two runs of one stream under one key that count different events (skipping against
     truncating, hourly against half-hourly steps) must not share noise: the difference of
     their releases would be the exact difference of their counts. Runs with the default
-    settings keep the plain name, so they equal the library's releases for that name.
+    settings keep the plain name, so they equal the library's releases for that name
+    (built with the run's noise version: ``noise_version=2`` for a new stream).
     """
     from .mechanisms.base import config_tag
 

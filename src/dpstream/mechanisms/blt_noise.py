@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import noise_kernel as kernel
 from ..factorization import BLTStrategy, stream_step
 from ..noise import NoiseSource, PreparedItems
 
@@ -77,8 +78,7 @@ class BLTNoise:
         cap = self._total.shape[0]
         if n <= cap:
             return
-        while cap < n:
-            cap *= 2
+        cap = max(n, 2 * cap)  # a domain added at once: exactly its size; growth: doubling
         buffers = np.zeros((self._buffers.shape[0], cap))
         buffers[:, : self._n] = self._buffers[:, : self._n]
         total = np.zeros(cap)
@@ -112,20 +112,42 @@ class BLTNoise:
         if t > self.horizon:
             raise ValueError(f"t must be <= horizon ({self.horizon}), got {t}")
         n = self._n
+        if counts is not None and counts.shape != (n,):
+            raise ValueError(f"counts must have shape ({n},), got {counts.shape}")
+        if n and t == self.t + 1:
+            values = None if counts is None else np.empty(n)
+            self._step(t, counts, values)
+            self.t = t
+            return values
         if n:
-            buffers = self._buffers[:, :n]
-            total = self._total[:n]
-            if t == self.t + 1:
-                z = self.source.gaussian(self.prepared, BLT_LEVEL, t, scale=self.sigma)
-                stream_step(self._theta, self._omega, buffers, total, z)
-            else:
-                self._run(self.prepared, buffers, total, self.t + 1, t)
+            self._run(self.prepared, self._buffers[:, :n], self._total[:n], self.t + 1, t)
         self.t = t
         if counts is None:
             return None
-        if counts.shape != (n,):
-            raise ValueError(f"counts must have shape ({n},), got {counts.shape}")
         return counts + self._total[:n]
+
+    def _step(self, t: int, counts: np.ndarray | None, values: np.ndarray | None) -> None:
+        """Step t for every item, a cache-sized chunk at a time: draw the chunk's z,
+        run :func:`stream_step` on its columns and, with ``counts``, write
+        ``counts + total`` for them, while the chunk is in cache. The same
+        elementwise operations as drawing z for all items first, so the same bits."""
+        n, source, sigma = self._n, self.source, self.sigma
+        words = self.prepared.words
+        buffers, total = self._buffers, self._total
+        theta, omega = self._theta, self._omega
+        tile = source.tweak_tile(BLT_LEVEL, t, 0, n)
+        bounds = kernel.chunk_bounds(n)
+
+        def task(first: int, stop: int) -> None:
+            ws = kernel.workspace(kernel.CHUNK_ITEMS)
+            for lo, hi in bounds[first:stop]:
+                z = ws.f[: hi - lo]  # (the kernel uses ws.f only to accumulate)
+                source.noise_chunk(words[lo:hi], tile, "gaussian", sigma, z, False, ws)
+                stream_step(theta, omega, buffers[:, lo:hi], total[lo:hi], z)
+                if values is not None:
+                    np.add(counts[lo:hi], total[lo:hi], out=values[lo:hi])
+
+        kernel.run_tasks(len(bounds), task)
 
     def _run(self, prepared: PreparedItems, buffers: np.ndarray, total: np.ndarray,
              first: int, last: int) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 from ..factorization import MAX_BLT_HORIZON, BLTStrategy, blt_for_horizon
-from ..noise import NOISE_VERSION, versioned_purpose
+from ..noise import DEFAULT_NOISE_VERSION, versioned_purpose
 from ..tree import optimal_base, worst_case_variance_factor
 from .base import check_base, config_tag
 
@@ -79,7 +79,7 @@ def blt_sigma(tau: float, strategy: BLTStrategy) -> float:
 
 def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: int | None,
                 domain: str, users: str | None = None,
-                noise_version: int = NOISE_VERSION) -> str:
+                noise_version: int = DEFAULT_NOISE_VERSION) -> str:
     """The noise purpose of the BLT counters of stream ``stream`` with these settings.
 
     It fingerprints T, sigma and the BLT parameters exactly, Delta0 and the

@@ -21,7 +21,7 @@ from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
 from ..noise import (
-    NOISE_VERSION,
+    DEFAULT_NOISE_VERSION,
     NoiseKey,
     NoiseSource,
     check_noise_version,
@@ -64,7 +64,7 @@ __all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose", 
 
 def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float,
                  max_items: int | None, domain: str, users: str | None = None,
-                 noise_version: int = NOISE_VERSION) -> str:
+                 noise_version: int = DEFAULT_NOISE_VERSION) -> str:
     """The noise purpose of the tree cells of stream ``stream`` with these settings.
 
     Every setting that changes what is released is in it (see
@@ -183,6 +183,10 @@ class KnownDomainHistogram:
         tau: the noise scale itself.
         stream: a name that separates this stream's noise from other streams
             released under the same key.
+        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
+            the default, which replays releases of earlier dpstream versions) or 2
+            (the ziggurat: exact too, faster; for new streams). A stream must keep
+            its version: the two draw independent noise (see ``dpstream.noise``).
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither).
         on_invalid: ``"error"`` (default): an event over ``max_items`` items
@@ -225,7 +229,7 @@ class KnownDomainHistogram:
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         on_invalid: str = "error",
-        noise_version: int = NOISE_VERSION,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)
@@ -451,6 +455,10 @@ class TreeCounter(_OneCount):
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this counter's noise from other streams under the key.
+        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
+            the default, which replays releases of earlier dpstream versions) or 2
+            (the ziggurat: exact too, faster; for new streams). A stream must keep
+            its version: the two draw independent noise (see ``dpstream.noise``).
 
     Example:
         >>> import dpstream as dps
@@ -475,7 +483,7 @@ class TreeCounter(_OneCount):
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "counter",
-        noise_version: int = NOISE_VERSION,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self._hist = KnownDomainHistogram(
             [self.item], horizon, max_items=1, key=key, counter="tree", base=base,
@@ -512,6 +520,10 @@ class BLTCounter(_OneCount):
             or ``None`` for :func:`~dpstream.factorization.blt_for_horizon` (4 buffers).
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this counter's noise from other streams under the key.
+        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
+            the default, which replays releases of earlier dpstream versions) or 2
+            (the ziggurat: exact too, faster; for new streams). A stream must keep
+            its version: the two draw independent noise (see ``dpstream.noise``).
 
     Example:
         >>> import dpstream as dps
@@ -537,7 +549,7 @@ class BLTCounter(_OneCount):
         delta: float | None = None,
         tau: float | None = None,
         stream: str = "counter",
-        noise_version: int = NOISE_VERSION,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         if strategy is not None and not isinstance(strategy, BLTStrategy):
             raise TypeError(f"strategy must be a BLTStrategy or None, got "

@@ -21,7 +21,7 @@ from .. import privacy
 from .._checks import check_int
 from ..errors import InvalidEventError
 from ..noise import (
-    NOISE_VERSION,
+    DEFAULT_NOISE_VERSION,
     NoiseKey,
     NoiseSource,
     check_noise_version,
@@ -163,6 +163,10 @@ class MetaHistogram:
         rho | epsilon, delta | tau: the budget, exactly one form.
         threshold_delta: the unknown-domain delta (per cell: threshold_delta / L_r).
         stream: separates this stream's noise from other streams under the key.
+        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
+            the default, which replays releases of earlier dpstream versions) or 2
+            (the ziggurat: exact too, faster; for new streams). A stream must keep
+            its version: the two draw independent noise (see ``dpstream.noise``).
         on_invalid: ``"error"`` (default) or ``"truncate"``: keep ``max_items``
             of an event's items chosen by a keyed PRF and drop items outside a
             known domain (:class:`~dpstream.mechanisms.base.EventLimit`;
@@ -199,7 +203,7 @@ class MetaHistogram:
         threshold_delta: float | None = None,
         stream: str = "default",
         on_invalid: str = "error",
-        noise_version: int = NOISE_VERSION,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         if oneshot not in ONESHOTS:

@@ -24,7 +24,7 @@ from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
 from ..noise import (
-    NOISE_VERSION,
+    DEFAULT_NOISE_VERSION,
     NoiseKey,
     NoiseSource,
     check_noise_version,
@@ -357,6 +357,10 @@ class ContinualTopK:
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this stream's noise from other streams under the key.
+        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
+            the default, which replays releases of earlier dpstream versions) or 2
+            (the ziggurat: exact too, faster; for new streams). A stream must keep
+            its version: the two draw independent noise (see ``dpstream.noise``).
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither).
 
@@ -395,7 +399,7 @@ class ContinualTopK:
         stream: str = "default",
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
-        noise_version: int = NOISE_VERSION,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)

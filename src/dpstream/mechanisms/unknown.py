@@ -22,7 +22,7 @@ from scipy.special import ndtr, ndtri
 
 from .. import privacy
 from ..bounding import resolve_user_bounds
-from ..noise import NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
+from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
     EventLimit,
@@ -331,6 +331,10 @@ class UnknownDomainHistogram:
             ``eq:threshold``); optional with epsilon/delta.
         stream: separates this stream's noise from other streams under the key
             (and shares it with KnownBase on the same stream, on purpose).
+        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
+            the default, which replays releases of earlier dpstream versions) or 2
+            (the ziggurat: exact too, faster; for new streams). A stream must keep
+            its version: the two draw independent noise (see ``dpstream.noise``).
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither; ``max_items`` is then optional).
         on_invalid: ``"error"`` (default): an event over ``max_items`` items
@@ -370,7 +374,7 @@ class UnknownDomainHistogram:
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         on_invalid: str = "error",
-        noise_version: int = NOISE_VERSION,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)

@@ -32,7 +32,7 @@ import pandas as pd
 
 from ..errors import DPStreamError, InvalidEventError
 from ..io import read_domain, read_jsonl
-from ..noise import NoiseKey
+from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from .releases import SparkKnownBase, SparkUnknownBase
 
 try:
@@ -212,7 +212,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
 
     common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
                   stream=scoped_stream({"stream": "default", "input": inp, **{
-                      k: v for k, v in opts.items() if v is not None}}), **budget, **users)
+                      k: v for k, v in opts.items() if v is not None}}), **budget, **users,
+                  noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION))
     if opts.get("counter") is not None and name != "known":
         raise ValueError(f"--counter does not apply to --mechanism {name}")
     if common["max_items"] is None and user_field is None:

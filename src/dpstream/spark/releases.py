@@ -28,7 +28,7 @@ from ..mechanisms.known import (
     item_fingerprint,
     tree_purpose,
 )
-from ..noise import NoiseKey, canonical_item
+from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, canonical_item
 from .kernels import (
     KNOWN,
     STATE_FLAG,
@@ -414,7 +414,7 @@ class SparkKnownBase(_SparkRelease):
     Args:
         spark: the SparkSession.
         horizon, max_items, key, counter, base, rho | epsilon, delta | tau, stream,
-            max_items_per_user, max_count_per_item:
+            max_items_per_user, max_count_per_item, noise_version:
             as for :class:`dpstream.KnownDomainHistogram` (a BLT counter runs every
             step of an item's noise on its executor, as locally).
         domain: the domain, as a DataFrame with the item column (its
@@ -449,6 +449,7 @@ class SparkKnownBase(_SparkRelease):
         count_col: str = "count",
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         # The local class fixes every parameter; its one-item domain is a placeholder,
         # and the noise purpose is the local one for the real domain's fingerprint.
@@ -456,7 +457,7 @@ class SparkKnownBase(_SparkRelease):
             ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key,
             counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
             stream=stream, max_items_per_user=max_items_per_user,
-            max_count_per_item=max_count_per_item,
+            max_count_per_item=max_count_per_item, noise_version=noise_version,
         )
         m = self.mechanism
         users = None if m.user_bounds is None else m.user_bounds.tag()
@@ -606,8 +607,9 @@ class SparkUnknownBase(_SparkRelease):
     Args:
         spark: the SparkSession.
         horizon, max_items, key, base, remember, rho | epsilon, delta | tau,
-            threshold_delta, stream, max_items_per_user, max_count_per_item: as for
-            ``UnknownDomainHistogram`` (user level: see :class:`SparkKnownBase`).
+            threshold_delta, stream, max_items_per_user, max_count_per_item,
+            noise_version: as for ``UnknownDomainHistogram`` (user level: see
+            :class:`SparkKnownBase`).
         item_col, count_col: the column names of the counts DataFrames.
     """
 
@@ -630,6 +632,7 @@ class SparkUnknownBase(_SparkRelease):
         count_col: str = "count",
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         from ..mechanisms.unknown import UnknownDomainHistogram
 
@@ -637,7 +640,7 @@ class SparkUnknownBase(_SparkRelease):
             horizon, max_items=max_items, key=key, base=base, remember=remember, rho=rho,
             epsilon=epsilon, delta=delta, tau=tau, threshold_delta=threshold_delta,
             stream=stream, max_items_per_user=max_items_per_user,
-            max_count_per_item=max_count_per_item,
+            max_count_per_item=max_count_per_item, noise_version=noise_version,
         )
         m = self.mechanism
         # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers

@@ -131,6 +131,10 @@ def stream_parameters(mechanism: SparkKnownBase | SparkUnknownBase) -> dict[str,
     }
     if getattr(m, "strategy", None) is not None:  # a BLT counter: its exact parameters
         params["counter"] = m.strategy.fingerprint()
+    # the noise version, when not 1 (checkpoints from before versions drew version 1):
+    # a checkpoint never goes on with noise of another version
+    if getattr(m, "noise_version", 1) != 1:
+        params["noise_version"] = m.noise_version
     if isinstance(mechanism, SparkUnknownBase):
         params["threshold"] = float(mechanism.threshold).hex()
         params["threshold_rule"] = "per-step m_t"  # a checkpoint of m_delta runs must not resume

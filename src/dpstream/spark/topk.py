@@ -30,7 +30,7 @@ import numpy as np
 from ..factorization import BLTStrategy
 from ..mechanisms.base import Release, check_next_step
 from ..mechanisms.topk import ContinualTopK
-from ..noise import NoiseKey, NoiseSource
+from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource
 from .kernels import TopKSpec, topk_counter_batch, topk_query_batch, topk_select_batch
 from .releases import _check_item_type, _column_type, _key_handle
 
@@ -59,8 +59,8 @@ class SparkContinualTopK:
     Args:
         spark: the SparkSession.
         horizon, k, switches, eta, key, wait, counter, base, rho | epsilon, delta | tau,
-            stream: as for ``ContinualTopK`` (the waiting round reads the k-th largest
-            count of the frame: k rows to the driver).
+            stream, noise_version: as for ``ContinualTopK`` (the waiting round reads
+            the k-th largest count of the frame: k rows to the driver).
         item_col, count_col: the column names of the counts DataFrames.
 
     ``release(t, counts)`` takes (item, count) rows listing **the whole domain**
@@ -89,13 +89,14 @@ class SparkContinualTopK:
         stream: str = "default",
         item_col: str = "item",
         count_col: str = "count",
+        noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         placeholder = [f"dpstream.spark:parameters-{i}" for i in range(k)] if (
             isinstance(k, int) and not isinstance(k, bool) and k >= 1) else ["x"]
         self.mechanism = ContinualTopK(
             placeholder, horizon, k=k, switches=switches, eta=eta, key=key, wait=wait,
             counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
-            stream=stream,
+            stream=stream, noise_version=noise_version,
         )
         m = self.mechanism
         self.spec = TopKSpec(noise_scope=m.noise_scope, horizon=m.horizon, base=m.base,
