@@ -165,7 +165,7 @@ def main() -> None:
 
     def library() -> None:
         u = dps.UnknownDomainHistogram(args.steps, max_items=5, key=key, epsilon=1.0,
-                                       delta=1e-6)
+                                       delta=1e-6, noise_version=2)  # as run's new streams
         for batch in batches:
             u.step_batch(batch)
 

@@ -132,17 +132,19 @@ def _aligned(pdf, items_index, n):
 # ------------------------------------------------------------------ KnownBase
 
 
-@pytest.mark.parametrize("counter", ["tree", "blt"])
-def test_known_per_step_release_is_bit_identical(spark, stream, counter) -> None:
+@pytest.mark.parametrize(("counter", "version"), [("tree", 1), ("blt", 1), ("tree", 2),
+                                                   ("blt", 2)])
+def test_known_per_step_release_is_bit_identical(spark, stream, counter, version) -> None:
     _, counts = stream
     key = fixed_key("spark-known-step")
     names = [f"item-{i}" for i in range(N_ITEMS)]
     index = {name: i for i, name in enumerate(names)}
     local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
-                                 counter=counter)
+                                 counter=counter, noise_version=version)
     domain = spark.createDataFrame(pd.DataFrame({"item": names}))
     remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
-                            domain=domain, counter=counter)
+                            domain=domain, counter=counter, noise_version=version)
+    assert remote.mechanism.noise_purpose.startswith("/v2/") == (version == 2)
     assert remote.tau == local.tau and remote.base == local.base
     assert remote.counter == counter
     assert remote.privacy == local.privacy
@@ -351,6 +353,12 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     assert np.array_equal(sums, fresh.level_sums())
     with pytest.raises(StateError, match="key_fingerprint"):
         run_stream(fixed_key("another key"), 4)
+    # a checkpoint of version 1 noise (it records none, as before versions) never goes
+    # on with version 2: that would publish independent noise for the same cells
+    mech = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
+                            threshold_delta=1e-6, remember=True, noise_version=2)
+    with pytest.raises(StateError, match="noise_version"):
+        _stage(spark, mech, src, out, ckpt).release_through(4)
 
 
 def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path) -> None:
