@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from .noise import NOISE_VERSION
+
 __all__ = ["add_demo_options", "run_demo", "load_birdstrikes", "zipf_stream"]
 
 DATASET = "birdstrikes.jsonl.gz"
@@ -181,13 +183,14 @@ def _real_trace(mechanism: str, key: Any, epsilon: float, delta: float) -> Trace
 
         mech: Any = UnknownDomainHistogram(horizon, max_items=2, key=key, epsilon=epsilon,
                                            delta=delta, stream="demo-birdstrikes",
-                                           remember=True)
+                                           remember=True, noise_version=NOISE_VERSION)
     else:
         from .mechanisms.known import KnownDomainHistogram
 
         domain = sorted({i for _, items in events for i in items})
         mech = KnownDomainHistogram(domain, horizon, max_items=2, key=key, epsilon=epsilon,
-                                    delta=delta, stream="demo-birdstrikes")
+                                    delta=delta, stream="demo-birdstrikes",
+                                    noise_version=NOISE_VERSION)
     return _trace("FAA wildlife strikes, 1990-2002 (real, weekly steps)", mech, by_step, horizon)
 
 
@@ -196,7 +199,8 @@ def _zipf_trace(args: argparse.Namespace, key: Any) -> Trace:
 
     domain = [f"item-{i:04d}" for i in range(args.zipf_items)]
     mech = KnownDomainHistogram(domain, args.zipf_steps, max_items=3, key=key,
-                                epsilon=args.epsilon, delta=args.delta, stream="demo-zipf")
+                                epsilon=args.epsilon, delta=args.delta, stream="demo-zipf",
+                                noise_version=NOISE_VERSION)
     steps = zipf_stream(items=args.zipf_items, steps=args.zipf_steps,
                         events_per_step=args.zipf_events, exponent=args.zipf_exponent,
                         seed=args.seed)
