@@ -274,6 +274,59 @@ def test_aggregate_in_items_seen_order_takes_no_lookup_and_matches():
         agg.release(T, agg.items_seen + [agg.items_seen[0]], list(agg.counts) + [1])
 
 
+def test_aligned_object_arrays_are_recognised_by_address_and_only_then():
+    """An object array (or pandas column) of the very objects of items_seen, in order,
+    is recognised by comparing addresses; the same objects in another order, equal
+    strings that are other objects, a strided view, or a mechanism unpickled in
+    between all take the other paths. Every form releases the event-mode bits."""
+    pd = pytest.importorskip("pandas")
+    from dpstream.mechanisms.columns import object_addresses
+    from dpstream.snapshot import dump_snapshot, load_snapshot
+
+    key = fixed_key("columns-addresses")
+    words = [f"w{i}" for i in range(40)]
+    steps = _steps(7, words, 3)
+
+    def make():
+        return dps.UnknownDomainHistogram(T, max_items=3, key=key, rho=1.0,
+                                          threshold_delta=1e-6, base=2)
+
+    ev, agg = make(), make()
+    counts: dict[str, int] = {}
+    for t, step in enumerate(steps[:-1], 1):
+        rel = ev.step_batch(step)
+        for e in step:
+            for x in dict.fromkeys(e):
+                counts[x] = counts.get(x, 0) + 1
+        seen = agg.items_seen
+        order = seen + [x for x in counts if x not in set(seen)]
+        same = np.array(order, dtype=object)
+        assert np.array_equal(object_addresses(same), [id(x) for x in order])
+        forms = {
+            "same objects": same,
+            # equal strings, other objects: not by address, but by equality
+            "copies": np.array(["".join(x) for x in order], dtype=object),
+            "strided": np.array([x for x in order for _ in (0, 1)], dtype=object)[::2],
+        }
+        if len(seen) > 1:  # the same objects, two swapped: must not pass as aligned
+            swapped = list(order)
+            swapped[0], swapped[1] = swapped[1], swapped[0]
+            forms["swapped"] = np.array(swapped, dtype=object)
+            assert agg._aligned(forms["swapped"]) == 0
+        assert agg._aligned(same) == len(seen)
+        assert object_addresses(forms["strided"]) is None
+        for items in forms.values():
+            # a copy through a snapshot (another process's view): no address cache
+            other = load_snapshot(dump_snapshot(agg, key), key)
+            assert "_addresses" not in other.__dict__
+            values = np.array([counts[x] for x in items.tolist()], dtype=np.int64)
+            _same(rel, other.release(t, items, values))
+        frame = pd.DataFrame({"item": same, "count": [counts[x] for x in order]})
+        _same(rel, agg.release(t, frame))
+        # the cache follows the items added by that release
+        assert agg._aligned(np.array(agg.items_seen, dtype=object)) == len(agg)
+
+
 def _validate_by_hand(records, policy, domain, max_items, truncator):
     """The --on-invalid rules record by record (the code the vectorised validator
     replaced): (kept events, invalid (line, message) in order, truncated count)."""

@@ -18,6 +18,7 @@ with the same message. The tests compare both paths on the same steps.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Hashable, Mapping, Sequence
 from itertools import chain, repeat
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
            "domain_positions", "fast_events", "aggregate_items", "aggregate_raw",
            "domain_aggregate",
-           "is_frame", "distinct_in_events", "aggregate_columns"]
+           "is_frame", "distinct_in_events", "aggregate_columns", "object_addresses"]
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
 _PLAIN = frozenset((str, int, bytes))
@@ -270,11 +271,28 @@ def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:
     if hasattr(frame, "column_names"):
         return frame.column(item_col).to_pylist(), frame.column(count_col).to_numpy()
     items, counts = frame[item_col], frame[count_col]
-    if hasattr(items, "to_list"):  # polars
-        items = items.to_list()
-    elif as_array and hasattr(items, "to_numpy"):  # pandas: its object array, no copy
+    pandas = type(items).__module__.split(".")[0] == "pandas"
+    if as_array and pandas:  # its object array, no copy: the items' very objects
         items = items.to_numpy()
+    elif hasattr(items, "to_list"):  # polars (and pandas for a list)
+        items = items.to_list()
     return items, counts
+
+
+def object_addresses(arr: np.ndarray) -> np.ndarray | None:
+    """The object addresses (``id``) held by a 1-D C-contiguous object array, as a
+    uintp view of its buffer (no object is touched), or None for any other array.
+
+    Only valid while ``arr`` lives. Two such arrays are equal exactly when they
+    hold the very same objects in the same order.
+    """
+    if arr.dtype != object or arr.ndim != 1 or not arr.flags.c_contiguous:
+        return None
+    n = int(arr.shape[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.uintp)
+    words = (ctypes.c_size_t * n).from_address(arr.ctypes.data)
+    return np.ctypeslib.as_array(words).view(np.uintp)
 
 
 def is_frame(obj: Any) -> bool:

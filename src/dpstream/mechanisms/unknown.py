@@ -45,6 +45,7 @@ from .columns import (
     event_positions,
     fast_events,
     is_frame,
+    object_addresses,
 )
 from .known import tree_purpose
 from .tree_noise import TreeNoise
@@ -638,11 +639,40 @@ class UnknownDomainHistogram:
             return 0
         head = items if len(items) == n else items[:n]
         if isinstance(head, np.ndarray):
-            if head.dtype != object and head.dtype.kind != "U":
+            if head.dtype == object:
+                # the very objects of items_seen (a NumPy or pandas column of them):
+                # compare their addresses, without touching 10^6 objects
+                theirs = object_addresses(head)
+                if theirs is not None and np.array_equal(theirs, self._item_addresses()):
+                    return n
+            elif head.dtype.kind != "U":
                 return 0
             head = head.tolist()
         # list equality: the same objects compare by identity, others as strings
         return n if head == self._items else 0
+
+    def _item_addresses(self) -> np.ndarray:
+        """``id()`` of every item seen, in order: built on first use by the aligned check,
+        then extended as items are added. Addresses mean nothing in another process,
+        so the cache is never pickled (:meth:`__getstate__`)."""
+        cache = self.__dict__.get("_addresses")
+        n = self._n
+        have = 0 if cache is None else cache[1]
+        if cache is None or cache[0].size < n:
+            buf = np.empty(max(n, 16, 2 * have), dtype=np.uintp)
+            if cache is not None:
+                buf[:have] = cache[0][:have]
+            cache = (buf, have)
+        buf, have = cache
+        if have < n:
+            buf[have:n] = np.fromiter(map(id, self._items[have:n]), np.uintp, n - have)
+        self._addresses = (buf, n)
+        return buf[:n]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_addresses", None)
+        return state
 
     # -- shared ------------------------------------------------------------------
     def _reserve(self, n: int) -> None:
