@@ -386,3 +386,20 @@ def test_vectorised_validator_matches_the_rules_record_by_record(policy, known):
                    stats=RunStats(), verbose=True).events(records)
     first = _validate_by_hand(records, "error", domain, 3, trunc)[1][0]
     assert f"input line {first[0]}: {first[1]}" in str(err.value)
+
+
+def test_aggregate_frames_and_counts_refuse_what_they_cannot_release_exactly():
+    """A pandas column of timestamps is not a column of items (a TypeError, as the
+    Mapping form and event mode say), and uint64 counts past int64 are refused as
+    such, not wrapped into negatives."""
+    pd = pytest.importorskip("pandas")
+    m = dps.UnknownDomainHistogram(T, max_items=1, key=fixed_key("frames"), rho=1.0,
+                                   threshold_delta=1e-6)
+    stamps = pd.DataFrame({"item": pd.to_datetime(["2024-01-02", "2024-01-03"]),
+                           "count": [1, 2]})
+    with pytest.raises(TypeError):
+        m.release(1, stamps)
+    k = dps.KnownDomainHistogram(["a", "b"], T, max_items=1, key=fixed_key("frames"),
+                                 rho=1.0)
+    with pytest.raises(ValueError, match="fit in int64"):
+        k.release(1, np.array([1, 2**63], dtype=np.uint64))

@@ -256,3 +256,37 @@ def test_every_setting_that_changes_the_release_changes_the_noise():
         assert got["a"] != r0["a"], other.tree_purpose
     u = dps.UnknownDomainHistogram(50, max_items=2, **base, threshold_delta=0.1)
     assert u.tree_purpose not in {ref.tree_purpose, *(o.tree_purpose for o in others)}
+
+
+def test_releases_share_one_immutable_item_tuple():
+    """Every release of a known domain carries the same tuple (formatters encode its
+    text once per run), and nothing done to a published release can relabel the next."""
+    h = dps.KnownDomainHistogram(["a", "b", "c"], 8, max_items=1, key=fixed_key("tuple"),
+                                 rho=1.0)
+    r1, r2 = h.step_batch([["a"]]), h.step_batch([["b"]])
+    assert r1.items is r2.items and isinstance(r1.items, tuple)
+    with pytest.raises(AttributeError):
+        r1.items.reverse()  # type: ignore[attr-defined]
+
+
+def test_a_failed_blt_step_leaves_no_half_stepped_state(monkeypatch):
+    """An error inside the fused BLT step (after some columns took the step) makes the
+    noise refuse to go on, rather than step those columns twice on a retry."""
+    from dpstream.mechanisms import blt_noise
+
+    h = dps.KnownDomainHistogram([f"i{j}" for j in range(50)], 16, max_items=1,
+                             key=fixed_key("blt-fail"), rho=1.0, counter="blt")
+    h.release(1, np.zeros(50, dtype=np.int64))
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(blt_noise, "stream_step", failing)
+    with pytest.raises(MemoryError):
+        h.release(2, np.zeros(50, dtype=np.int64))
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="half-stepped"):
+        h.release(3, np.zeros(50, dtype=np.int64))
+    assert calls

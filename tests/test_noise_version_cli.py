@@ -121,3 +121,27 @@ def test_a_version_2_state_refuses_another_version(setup, capsys):
     ref = base / "ref.jsonl"
     assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_an_output_without_sidecar_needs_the_version_and_spark_defaults_to_1(setup, capsys):
+    """Writing over an output whose version nothing records is refused without
+    --noise-version; a Spark run (which goes on by running again into a new
+    directory, so it cannot see its history) draws version 1 unless told."""
+    from dpstream.run_command import _noise_version
+
+    base, args = setup
+    out = base / "out.jsonl"
+    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out),
+                 "--noise-version", "1"]) == 0
+    (base / "out.jsonl.meta.json").unlink()
+    before = out.read_bytes()
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(out), "--force"]) == 1
+    assert "--noise-version" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(out), "--force",
+                 "--noise-version", "1"]) == 0
+    opts = {"engine": "spark", "state": None, "output": str(base / "new-dir"),
+            "allow_readable_state": False, "force": False}
+    assert _noise_version({**opts, "noise_version": None}) == 1
+    assert _noise_version({**opts, "noise_version": 2}) == 2
+    assert _noise_version({**opts, "engine": "local", "noise_version": None}) == 2

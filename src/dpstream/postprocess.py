@@ -82,7 +82,7 @@ class ReadableCounts:
         self._last: dict[Hashable, float] = {}
         # fast path for a mechanism that releases the same item list every step
         # (KnownBase: its domain list): the last values as an array aligned with it
-        self._list: list[Hashable] | None = None
+        self._list: tuple[Hashable, ...] | None = None
         self._list_last: np.ndarray | None = None
         self._t = 0
 
@@ -135,7 +135,8 @@ class ReadableCounts:
         before = np.fromiter((last.get(it, -np.inf) for it in seq), dtype=np.float64,
                              count=len(seq))
         np.maximum(values, before, out=values)
-        if not last and len(seq) > 1000 and isinstance(items, list):
+        # the same tuple next step is the same items (a list could have been changed)
+        if not last and len(seq) > 1000 and isinstance(items, tuple):
             self._list, self._list_last = items, values.copy()
         else:
             last.update(zip(seq, values.tolist(), strict=True))

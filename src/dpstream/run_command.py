@@ -140,10 +140,14 @@ def _noise_version(opts: dict[str, Any]) -> int:
     the stream this run goes on with or writes over, so that a stream never changes
     version (which would publish independent noise for steps already released):
 
+    * with ``--engine spark``: version 1 (a Spark stream goes on by running the job
+      again into a new directory, so a run cannot see what the first one drew; the
+      Spark classes draw version 1 unless told, as the library's do);
     * the run on record in ``--state`` (one that released steps; a state without a
       version was written by dpstream 0.1: version 1);
     * else the output file's metadata sidecar, when the output exists (``--force``
-      writes over it; a sidecar without a version: 1);
+      writes over it; a sidecar without a version: 1); an output that holds
+      releases but has no sidecar is refused: its version is unknown;
     * else, a new stream: the newest version.
     """
     from .noise import NOISE_VERSION
@@ -152,7 +156,9 @@ def _noise_version(opts: dict[str, Any]) -> int:
 
     if opts.get("noise_version") is not None:
         return int(opts["noise_version"])
-    if opts.get("state") and opts.get("engine", "local") == "local":
+    if opts.get("engine", "local") != "local":
+        return 1
+    if opts.get("state"):
         params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"])
         if params is not None:
             return int(params.get("noise_version", 1))
@@ -164,6 +170,12 @@ def _noise_version(opts: dict[str, Any]) -> int:
             meta = None
         if meta is not None:
             return int(meta.get("noise_version", 1))
+        if opts.get("force") and os.path.getsize(output) > 0:
+            raise ValueError(f"output file {output!r} holds releases but no metadata sidecar "
+                             "says which noise version drew them: pass --noise-version (1 for "
+                             "releases of dpstream 0.1, or the version of the run that wrote "
+                             "it); another version would publish independent noise for the "
+                             "same steps")
     return NOISE_VERSION
 
 

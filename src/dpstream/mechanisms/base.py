@@ -248,6 +248,9 @@ def check_count_array(name: str, arr: object, length: int | None = None,
         raise ValueError(
             f"{name} must have one entry per domain item ({length}), got shape {arr.shape}"
         )
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size \
+            and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit in int64")
     out = arr.astype(np.int64)
     if at_least is not None and not np.less(out, at_least).any():
         return out  # >= at_least >= 0

@@ -114,9 +114,17 @@ class BLTNoise:
         n = self._n
         if counts is not None and counts.shape != (n,):
             raise ValueError(f"counts must have shape ({n},), got {counts.shape}")
+        if getattr(self, "_broken", False):
+            raise RuntimeError("this BLT noise state was left half-stepped by an error: "
+                               "rebuild the mechanism (or restore it from a snapshot)")
         if n and t == self.t + 1:
             values = None if counts is None else np.empty(n)
-            self._step(t, counts, values)
+            try:
+                self._step(t, counts, values)
+            except BaseException:
+                # some columns may have taken step t: stepping them again would be wrong
+                self._broken = True
+                raise
             self.t = t
             return values
         if n:

@@ -272,7 +272,7 @@ def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:
         return frame.column(item_col).to_pylist(), frame.column(count_col).to_numpy()
     items, counts = frame[item_col], frame[count_col]
     pandas = type(items).__module__.split(".")[0] == "pandas"
-    if as_array and pandas:  # its object array, no copy: the items' very objects
+    if as_array and pandas and items.dtype == object:  # no copy: the items' very objects
         items = items.to_numpy()
     elif hasattr(items, "to_list"):  # polars (and pandas for a list)
         items = items.to_list()
@@ -283,8 +283,8 @@ def object_addresses(arr: np.ndarray) -> np.ndarray | None:
     """The object addresses (``id``) held by a 1-D C-contiguous object array, as a
     uintp view of its buffer (no object is touched), or None for any other array.
 
-    Only valid while ``arr`` lives. Two such arrays are equal exactly when they
-    hold the very same objects in the same order.
+    A copy (a view of the buffer would not keep ``arr`` alive). Two such arrays
+    are equal exactly when they hold the very same objects in the same order.
     """
     if arr.dtype != object or arr.ndim != 1 or not arr.flags.c_contiguous:
         return None
@@ -292,7 +292,7 @@ def object_addresses(arr: np.ndarray) -> np.ndarray | None:
     if n == 0:
         return np.zeros(0, dtype=np.uintp)
     words = (ctypes.c_size_t * n).from_address(arr.ctypes.data)
-    return np.ctypeslib.as_array(words).view(np.uintp)
+    return np.ctypeslib.as_array(words).view(np.uintp).copy()
 
 
 def is_frame(obj: Any) -> bool:

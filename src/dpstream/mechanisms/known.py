@@ -242,6 +242,10 @@ class KnownDomainHistogram:
         self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
                                  max_items=self.max_items)
         self.domain, self._index = check_domain(domain)
+        # the items of every release: one tuple (the same object each step, which output
+        # formatters encode once; immutable, so nothing done to a published release can
+        # relabel the next one)
+        self._release_items = tuple(self.domain)
         if self.strategy is not None:
             self.theorem = self.theorem_blt
         # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user
@@ -380,7 +384,7 @@ class KnownDomainHistogram:
         values = self._noise.advance(t, new_counts)  # new_counts + noise, in one pass
         self._counts = new_counts
         self.t = t
-        return Release(t=t, items=self.domain, values=values)
+        return Release(t=t, items=self._release_items, values=values)
 
     def __repr__(self) -> str:
         shape = f"r={self.base}" if self.strategy is None else f"blt={self.strategy.buffers}"

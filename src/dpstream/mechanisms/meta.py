@@ -225,7 +225,8 @@ class MetaHistogram:
                 raise ValueError(f"oneshot={oneshot!r} needs domain= (the known domain)")
             self.domain: list[Hashable] | None
             self.domain, self._index = check_domain(domain)
-            self._domain_list: list[Hashable] = self.domain
+            # every release's items: one immutable tuple (see KnownDomainHistogram)
+            self._domain_list: tuple[Hashable, ...] = tuple(self.domain)
             if kbar is not None:
                 raise ValueError(f"kbar is for the unknown-domain variants, not {oneshot!r}")
             if threshold_delta is not None:
