@@ -241,11 +241,12 @@ class KnownDomainHistogram:
         check_key(key)
         self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
                                  max_items=self.max_items)
-        self.domain, self._index = check_domain(domain)
-        # the items of every release: one tuple (the same object each step, which output
-        # formatters encode once; immutable, so nothing done to a published release can
-        # relabel the next one)
-        self._release_items = tuple(self.domain)
+        items, self._index = check_domain(domain)
+        # the domain in release order, and the items of every release: one tuple (the
+        # same object each step, which output formatters encode once; immutable, so
+        # nothing done to a published release can relabel the next one)
+        self._release_items: tuple[Hashable, ...] = tuple(items)
+        del items
         if self.strategy is not None:
             self.theorem = self.theorem_blt
         # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user
@@ -260,7 +261,7 @@ class KnownDomainHistogram:
         users = None if self.user_bounds is None else self.user_bounds.tag()
         self.key = key
         self._noise: TreeNoise | BLTNoise
-        domain = domain_tag(self.domain)
+        domain = domain_tag(self._release_items)
         if self.strategy is None:
             self.levels: int | None = num_levels(self.horizon, self.base)
             cell_std = math.sqrt(self.levels) * self.tau
@@ -281,9 +282,14 @@ class KnownDomainHistogram:
                                              noise_version=self.noise_version)
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
-        self._noise.add_items(source.prepare(self.domain))
-        self._counts = np.zeros(len(self.domain), dtype=np.int64)
+        self._noise.add_items(source.prepare(self._release_items))
+        self._counts = np.zeros(len(self._release_items), dtype=np.int64)
         self.t = 0
+
+    @property
+    def domain(self) -> list[Hashable]:
+        """The domain items, in release order (a new list: changing it changes nothing)."""
+        return list(self._release_items)
 
     # -- facts ---------------------------------------------------------------
     @property
@@ -350,7 +356,7 @@ class KnownDomainHistogram:
         events, pending = bound_user_events(self._users, events, self.max_items,
                                             partial(check_in_domain, index=self._index))
         idx, delta = self._event_indices(events)
-        new_counts = self._counts + np.bincount(idx, minlength=len(self.domain))
+        new_counts = self._counts + np.bincount(idx, minlength=len(self._release_items))
         self._limit.commit(delta)
         rel = self._release(t, new_counts)
         if pending is not None:
@@ -389,7 +395,7 @@ class KnownDomainHistogram:
     def __repr__(self) -> str:
         shape = f"r={self.base}" if self.strategy is None else f"blt={self.strategy.buffers}"
         return (
-            f"KnownDomainHistogram(d={len(self.domain)}, T={self.horizon}, {shape}, "
+            f"KnownDomainHistogram(d={len(self._release_items)}, T={self.horizon}, {shape}, "
             f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})"
         )
 
