@@ -85,7 +85,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy.special import ndtri
 
 from . import noise_kernel as _kernel
-from .ziggurat import normals_into
+from .ziggurat import normals_into, uniforms_from_words
 
 __all__ = [
     "NoiseKey",
@@ -108,7 +108,6 @@ MAX_LEVEL = 0xFFFF
 #: Largest draw number a tweak can hold (48 bits).
 MAX_DRAW = (1 << 48) - 1
 _MAX_INDEX = (1 << 64) - 1
-_TWO_POW_MINUS_53 = 2.0**-53
 _DOMAIN = b"dpstream/noise/v1/"
 
 #: The noise versions this dpstream can draw (see the module doc).
@@ -321,11 +320,6 @@ def _tweak(level: int, index: int, draw: int) -> tuple[int, int]:
     return (int(level) | (int(draw) << 16), int(index))
 
 
-def _uniform_from_words(words: np.ndarray) -> np.ndarray:
-    """53-bit uniforms strictly inside (0, 1) from 64-bit words."""
-    return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * _TWO_POW_MINUS_53
-
-
 class NoiseSource:
     """Noise for one purpose under one key.
 
@@ -468,7 +462,7 @@ class NoiseSource:
     @staticmethod
     def to_uniform(blocks: np.ndarray) -> np.ndarray:
         """Uniform(0, 1) values from the first word of each block."""
-        return _uniform_from_words(blocks[..., 0])
+        return uniforms_from_words(blocks[..., 0])
 
     def gaussian_values(self, blocks: np.ndarray, scale: float = 1.0) -> np.ndarray:
         """N(0, scale^2) values of blocks drawn under this purpose, by its noise version.

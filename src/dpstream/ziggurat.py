@@ -176,8 +176,9 @@ def _slow_path(blocks: np.ndarray, out: np.ndarray, j_buf: np.ndarray, slow: np.
 #: time (AVX-512 and the portable code can differ in the last bit). A module global
 #: so that tests can swap in another last bit.
 _exp = np.exp
-#: How close (in units in the last place of f(x)) the height must come to f(x)
-#: before the test is decided in decimal: any exp within 1 ulp is then safe.
+#: How close (in units in the last place of f(x)) the height must come to the
+#: computed f(x) before the test is decided in decimal: then any two exp that are
+#: each within 2 ulps of the true value decide the other points the same way.
 _CLOSE_ULPS = 4
 _DECIMAL_DIGITS = 50
 

@@ -655,15 +655,12 @@ class UnknownDomainHistogram:
         """``id()`` of every item seen, in order: built on first use by the aligned check,
         then extended as items are added. Addresses mean nothing in another process,
         so the cache is never pickled (:meth:`__getstate__`)."""
-        cache = self.__dict__.get("_addresses")
+        buf, have = self.__dict__.get("_addresses", (np.empty(0, dtype=np.uintp), 0))
         n = self._n
-        have = 0 if cache is None else cache[1]
-        if cache is None or cache[0].size < n:
-            buf = np.empty(max(n, 16, 2 * have), dtype=np.uintp)
-            if cache is not None:
-                buf[:have] = cache[0][:have]
-            cache = (buf, have)
-        buf, have = cache
+        if buf.size < n:  # grow by doubling, as items are added
+            grown = np.empty(max(n, 2 * buf.size), dtype=np.uintp)
+            grown[:have] = buf[:have]
+            buf = grown
         if have < n:
             buf[have:n] = np.fromiter(map(id, self._items[have:n]), np.uintp, n - have)
         self._addresses = (buf, n)
