@@ -251,9 +251,13 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
     assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")
 
 
-def test_aggregate_in_items_seen_order_takes_no_lookup_and_matches():
-    key = fixed_key("columns-aligned")
-    steps = _steps(11, [f"d{i}" for i in range(60)], 3)
+def _event_and_aggregate_steps(name: str, words: list[str], n_steps: int):
+    """UnkBase in event mode and an aggregate-mode twin over the same simulated steps.
+
+    Yields (t, the event-mode release, the twin before its release at t, the prefix
+    counts, the items in ``items_seen`` order then the new ones)."""
+    key = fixed_key(name)
+    steps = _steps(n_steps, words, 3)
 
     def make():
         return dps.UnknownDomainHistogram(T, max_items=3, key=key, rho=1.0,
@@ -266,7 +270,13 @@ def test_aggregate_in_items_seen_order_takes_no_lookup_and_matches():
         for e in step:
             for x in dict.fromkeys(e):
                 counts[x] = counts.get(x, 0) + 1
-        order = agg.items_seen + [x for x in counts if x not in set(agg.items_seen)]
+        seen = agg.items_seen
+        yield t, rel, agg, counts, seen + [x for x in counts if x not in set(seen)]
+
+
+def test_aggregate_in_items_seen_order_takes_no_lookup_and_matches():
+    for t, rel, agg, counts, order in _event_and_aggregate_steps(
+            "columns-aligned", [f"d{i}" for i in range(60)], 11):
         values = np.array([counts[x] for x in order], dtype=np.int64)
         assert agg._aligned(np.array(order, dtype=object)) == len(agg)
         _same(rel, agg.release(t, np.array(order, dtype=object), values))
@@ -284,22 +294,9 @@ def test_aligned_object_arrays_are_recognised_by_address_and_only_then():
     from dpstream.snapshot import dump_snapshot, load_snapshot
 
     key = fixed_key("columns-addresses")
-    words = [f"w{i}" for i in range(40)]
-    steps = _steps(7, words, 3)
-
-    def make():
-        return dps.UnknownDomainHistogram(T, max_items=3, key=key, rho=1.0,
-                                          threshold_delta=1e-6, base=2)
-
-    ev, agg = make(), make()
-    counts: dict[str, int] = {}
-    for t, step in enumerate(steps[:-1], 1):
-        rel = ev.step_batch(step)
-        for e in step:
-            for x in dict.fromkeys(e):
-                counts[x] = counts.get(x, 0) + 1
+    for t, rel, agg, counts, order in _event_and_aggregate_steps(
+            "columns-addresses", [f"w{i}" for i in range(40)], 7):
         seen = agg.items_seen
-        order = seen + [x for x in counts if x not in set(seen)]
         same = np.array(order, dtype=object)
         assert np.array_equal(object_addresses(same), [id(x) for x in order])
         forms = {
