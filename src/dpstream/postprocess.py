@@ -82,8 +82,8 @@ class ReadableCounts:
         self._last: dict[Hashable, float] = {}
         # fast path for a mechanism that releases the same item list every step
         # (KnownBase: its domain list): the last values as an array aligned with it
-        self._list: tuple[Hashable, ...] | None = None
-        self._list_last: np.ndarray | None = None
+        self._same_items: tuple[Hashable, ...] | None = None
+        self._same_last: np.ndarray | None = None
         self._t = 0
 
     @property
@@ -121,15 +121,15 @@ class ReadableCounts:
 
     def _running_max(self, items: object, values: np.ndarray) -> None:
         """values <- max(values, last published), and remember them (in place)."""
-        if self._list is not None and items is self._list:
-            assert self._list_last is not None
-            np.maximum(values, self._list_last, out=values)
-            self._list_last = values.copy()
+        if self._same_items is not None and items is self._same_items:
+            assert self._same_last is not None
+            np.maximum(values, self._same_last, out=values)
+            self._same_last = values.copy()
             return
-        if self._list is not None:  # another list: back to the per-item table
-            assert self._list_last is not None
-            self._last.update(zip(self._list, self._list_last.tolist(), strict=True))
-            self._list = self._list_last = None
+        if self._same_items is not None:  # other items: back to the per-item table
+            assert self._same_last is not None
+            self._last.update(zip(self._same_items, self._same_last.tolist(), strict=True))
+            self._same_items = self._same_last = None
         seq = list(items)  # type: ignore[call-overload]
         last = self._last
         before = np.fromiter((last.get(it, -np.inf) for it in seq), dtype=np.float64,
@@ -137,7 +137,7 @@ class ReadableCounts:
         np.maximum(values, before, out=values)
         # the same tuple next step is the same items (a list could have been changed)
         if not last and len(seq) > 1000 and isinstance(items, tuple):
-            self._list, self._list_last = items, values.copy()
+            self._same_items, self._same_last = items, values.copy()
         else:
             last.update(zip(seq, values.tolist(), strict=True))
 

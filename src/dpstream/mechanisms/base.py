@@ -21,6 +21,7 @@ from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, NoiseSource, canonical_item
 from ..tree import optimal_base
+from .columns import check_grows
 
 __all__ = [
     "Release",
@@ -257,7 +258,7 @@ def check_count_array(name: str, arr: object, length: int | None = None,
     if out.size and out.min() < 0:
         raise ValueError(f"{name} must be >= 0")
     if at_least is not None:
-        raise ValueError("counts must not decrease: a prefix histogram only grows")
+        check_grows(out, at_least)
     return out
 
 
@@ -303,8 +304,7 @@ def domain_counts(
             arr[pos] = value
     else:
         return check_count_array("counts", counts, n, at_least=previous)
-    if (arr < previous).any():
-        raise ValueError("counts must not decrease: a prefix histogram only grows")
+    check_grows(arr, previous)
     return arr
 
 

@@ -28,7 +28,8 @@ import numpy as np
 __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
            "domain_positions", "fast_events", "aggregate_items", "aggregate_raw",
            "domain_aggregate",
-           "is_frame", "distinct_in_events", "aggregate_columns", "object_addresses"]
+           "is_frame", "distinct_in_events", "aggregate_columns", "object_addresses",
+           "check_grows"]
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
 _PLAIN = frozenset((str, int, bytes))
@@ -295,6 +296,13 @@ def object_addresses(arr: np.ndarray) -> np.ndarray | None:
     return np.ctypeslib.as_array(words).view(np.uintp).copy()
 
 
+def check_grows(counts: np.ndarray, previous: np.ndarray) -> None:
+    """ValueError unless every count is at least its previous value (aggregate mode's
+    prefix histogram only grows)."""
+    if np.less(counts, previous).any():
+        raise ValueError("counts must not decrease: a prefix histogram only grows")
+
+
 def is_frame(obj: Any) -> bool:
     """Whether ``obj`` is a pandas/polars DataFrame or an Arrow table (not a Mapping,
     not an array)."""
@@ -331,6 +339,5 @@ def domain_aggregate(items: Any, counts: Any, index: Mapping[Hashable, int],
     arr[pos] = values
     if pos.size and np.count_nonzero(np.bincount(pos, minlength=n) > 1):
         raise ValueError("items must be distinct (one count per item)")
-    if (arr < previous).any():
-        raise ValueError("counts must not decrease: a prefix histogram only grows")
+    check_grows(arr, previous)
     return arr

@@ -41,6 +41,7 @@ from .columns import (
     aggregate_items,
     aggregate_raw,
     as_events,
+    check_grows,
     distinct_in_events,
     event_positions,
     fast_events,
@@ -624,8 +625,7 @@ class UnknownDomainHistogram:
             seen = tail >= 0
             arr = np.zeros(n, dtype=np.int64)
             arr[tail[seen]] = tail_vals[seen]
-        if (arr < self._counts[:n]).any():
-            raise ValueError("counts must not decrease: a prefix histogram only grows")
+        check_grows(arr, self._counts[:n])
         fresh = np.flatnonzero((tail < 0) & (tail_vals > 0))
         new_items = [keys[i] for i in fresh.tolist()]
         return self._commit(int(t), arr, new_items, tail_vals[fresh])
