@@ -61,10 +61,13 @@ from importlib import resources
 import numpy as np
 from scipy.special import ndtri
 
+from . import compiled
+
 __all__ = ["LAYERS", "Table", "TABLE", "normals_into", "uniforms_from_words"]
 
 LAYERS = 256
 _INDEX_BITS = np.uint64(2 * LAYERS - 1)  # region (8 bits) and sign (bit 8)
+_LAYER_BITS = np.uint64(LAYERS - 1)
 _SHIFT = np.uint64(11)
 _TWO_POW_MINUS_53 = 2.0**-53
 
@@ -133,12 +136,31 @@ def normals_into(blocks: np.ndarray, out: np.ndarray,
     buffers of at least c values, so a kernel chunk allocates nothing.
     """
     c = blocks.shape[0]
+    t = TABLE
+    if c >= compiled.MIN_ITEMS:
+        if scratch is None:
+            pending, close = np.empty(c, np.int64), np.empty(c, np.int64)
+        else:
+            pending, close = scratch[1][:c], scratch[0][:c].view(np.int64)
+        counts = compiled.ziggurat(blocks, out, t, pending, close)
+        if counts is not None:
+            n_restart, n_tail, n_close = counts
+            if n_tail:
+                tail = pending[c - n_tail:]
+                v = uniforms_from_words(blocks[tail, 1])
+                out[tail] = np.copysign(-ndtri(v * t.tail_probability), out[tail])
+            if n_close:
+                near = close[:n_close]
+                layer = (blocks[near, 0] & _LAYER_BITS).view(np.int64)
+                _slow_path(blocks, out, layer, near, retry)
+            if n_restart:
+                _restart(blocks, out, pending[:n_restart], retry)
+            return
     if scratch is None:
         k_buf, j_buf, g_buf = np.empty(c, np.uint64), np.empty(c, np.int64), np.empty(c)
     else:
         k_buf, j_buf, g_buf = scratch[0][:c], scratch[1][:c], scratch[2][:c]
     w0 = blocks[:, 0]
-    t = TABLE
     # j: region (bits 0..7) and sign (bit 8); out: k + 1/2 for the 53-bit k (bits 11..63)
     np.bitwise_and(w0, _INDEX_BITS, out=j_buf.view(np.uint64))
     np.right_shift(w0, _SHIFT, out=k_buf)
@@ -149,14 +171,16 @@ def normals_into(blocks: np.ndarray, out: np.ndarray,
     np.take(t.scaled, j_buf, out=g_buf)
     np.multiply(out, g_buf, out=out)
     if slow.size:
-        _slow_path(blocks, out, j_buf, slow, retry)
+        _slow_path(blocks, out, j_buf[slow] & (LAYERS - 1), slow, retry)
 
 
-def _slow_path(blocks: np.ndarray, out: np.ndarray, j_buf: np.ndarray, slow: np.ndarray,
+def _slow_path(blocks: np.ndarray, out: np.ndarray, layer: np.ndarray, slow: np.ndarray,
                retry: Callable[[np.ndarray], np.ndarray]) -> None:
-    """The points outside the fast part of their region: tail, wedge test, restart."""
+    """The points outside the fast part of their region: tail, wedge test, restart.
+
+    ``out[slow]`` holds their ``+-u x[i]``, ``layer`` their regions.
+    """
     t = TABLE
-    layer = j_buf[slow] & (LAYERS - 1)
     signed = out[slow]
     x = np.abs(signed)
     v = uniforms_from_words(blocks[slow, 1])
@@ -168,8 +192,13 @@ def _slow_path(blocks: np.ndarray, out: np.ndarray, j_buf: np.ndarray, slow: np.
     under = in_tail | _below_density(height, x)
     out[slow] = np.copysign(x, signed)
     if not under.all():
-        restart = slow[~under]
-        out[restart] = ndtri(uniforms_from_words(retry(np.ascontiguousarray(blocks[restart]))))
+        _restart(blocks, out, slow[~under], retry)
+
+
+def _restart(blocks: np.ndarray, out: np.ndarray, restart: np.ndarray,
+             retry: Callable[[np.ndarray], np.ndarray]) -> None:
+    """The points above the curve: a fresh normal each, from the retry key's block."""
+    out[restart] = ndtri(uniforms_from_words(retry(np.ascontiguousarray(blocks[restart]))))
 
 
 #: exp over an array: NumPy's, which picks a SIMD implementation for the CPU at run

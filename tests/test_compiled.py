@@ -1,0 +1,170 @@
+"""The optional C loops (``dpstream._loops``) give the NumPy path's values, bit for bit.
+
+The NumPy path is itself checked against an independent per-block reference in
+``tests/test_ziggurat.py`` (which also runs through the C loops for chunks of 64
+items and more); here the two paths are compared on inputs chosen to reach every
+branch: the fast path, the tail, wedge points clearly under or above the curve,
+and points within an ulp or so of it (which the C loop must hand back to be
+decided exactly). CI sets ``DPSTREAM_COMPILED=1``, so there the C module must be
+built and these tests cannot skip.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import numpy as np
+import pytest
+
+from dpstream import NoiseSource, compiled, noise_kernel
+from dpstream.ziggurat import TABLE, normals_into
+
+from .conftest import fixed_key
+from .test_noise_kernel import as_words, random_address, random_ids, same_bits
+from .test_ziggurat import LIMIT, F, X, _wedge_block, below_density_exactly
+
+if os.environ.get(compiled.ENV) != "1" and not compiled.enabled():
+    pytest.skip("the C loops are not built here (CI requires them)", allow_module_level=True)
+
+
+def retry_words(rows: np.ndarray) -> np.ndarray:
+    """A stand-in retry: a fixed function of the block (the real one is AES)."""
+    return (rows[:, 0] * np.uint64(0x9E3779B97F4A7C15)) ^ rows[:, 1]
+
+
+def both_paths(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    fast = np.empty(len(blocks))
+    normals_into(blocks, fast, retry_words)
+    with compiled.numpy_only():
+        slow = np.empty(len(blocks))
+        normals_into(blocks, slow, retry_words)
+    return fast, slow
+
+
+def test_the_loops_are_on():
+    assert compiled.enabled()
+    with compiled.numpy_only():
+        assert not compiled.enabled()
+    assert compiled.enabled()
+
+
+def test_random_blocks_give_the_numpy_values():
+    # 2^20 blocks: ~1.5% leave the fast path (~15,500), ~0.025% are tails (~260:
+    # region 0 is 1/256 of the blocks, and 1 in 15 of those fall past the fast
+    # part); every branch but the close calls, many times. The counts are
+    # binomial: the bounds below are more than 7 standard deviations under them.
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, np.iinfo(np.uint64).max, size=(1 << 20, 2), dtype=np.uint64,
+                          endpoint=True)
+    fast, slow = both_paths(blocks)
+    assert same_bits(fast, slow)
+    w0 = blocks[:, 0]
+    h = (w0 >> np.uint64(11)).astype(np.float64) + 0.5
+    off_fast = h >= TABLE.limit[(w0 & np.uint64(511)).astype(np.int64)]
+    tails = off_fast & ((w0 & np.uint64(255)) == 0)
+    assert tails.sum() > 150 and off_fast.sum() > 14_500
+
+
+def test_every_chunk_size_around_the_threshold():
+    rng = np.random.default_rng(4)
+    blocks = rng.integers(0, np.iinfo(np.uint64).max, size=(300, 2), dtype=np.uint64)
+    for c in (1, compiled.MIN_ITEMS - 1, compiled.MIN_ITEMS, compiled.MIN_ITEMS + 1, 300):
+        fast, slow = both_paths(np.ascontiguousarray(blocks[:c]))
+        assert same_bits(fast, slow), c
+
+
+def test_points_at_the_curve_are_decided_exactly():
+    """Wedge points within a few ulps of f(x), padded with random blocks to a chunk the
+    C loop takes: each must follow the exact decision (and so both paths agree)."""
+    rng = np.random.default_rng(5)
+    region = 200
+    ks = [int(LIMIT[region]) + d for d in (5, 1000, 123_456)]
+    near = np.concatenate([_wedge_block(region, k, nudge) for k in ks
+                           for nudge in range(-510, 511, 170)])
+    pad = rng.integers(0, np.iinfo(np.uint64).max, size=(500, 2), dtype=np.uint64)
+    blocks = np.ascontiguousarray(np.concatenate([pad, near, pad]))
+    fast, slow = both_paths(blocks)
+    assert same_bits(fast, slow)
+    restarted = set()
+    for (w0, w1), z in zip(near.tolist(), fast[500:500 + len(near)].tolist(), strict=True):
+        k = w0 >> 11
+        x = ((k + 0.5) * 2.0**-53) * X[region]
+        v = ((w1 >> 11) + 0.5) * 2.0**-53
+        height = F[region] + v * (F[region + 1] - F[region])
+        accepted = below_density_exactly(height, x)
+        restarted.add(not accepted)
+        if accepted:
+            assert z == x
+        else:
+            assert z != x and math.isfinite(z)
+    assert restarted == {True, False}
+
+
+def test_keyed_draws_and_accumulation_give_the_numpy_values():
+    rng = random.Random(6)
+    src = NoiseSource(fixed_key("compiled"), "/v2/test/compiled")
+    n = noise_kernel.CHUNK_ITEMS + 777
+    prepared = src.prepare_ids(as_words(random_ids(rng, n)))
+    address = random_address(rng)
+    base = np.linspace(-3.0, 3.0, n)
+
+    def draws() -> tuple[np.ndarray, ...]:
+        return (src.gaussian(prepared, *address),
+                src.gaussian(prepared, *address, scale=0.37),
+                src.draw_into(prepared, *address, scale=3.0, out=base.copy(), accumulate=True),
+                src.gaussian_values(src.blocks(prepared, *address), 2.5))
+
+    got = draws()
+    with compiled.numpy_only():
+        want = draws()
+    for g, w in zip(got, want, strict=True):
+        assert same_bits(g, w)
+
+
+def test_bad_arrays_are_refused():
+    from dpstream import _loops
+
+    blocks = np.zeros((100, 2), dtype=np.uint64)
+    pending = np.empty(100, np.int64)
+    t = TABLE
+    with pytest.raises(TypeError):  # float blocks
+        _loops.ziggurat(blocks.astype(float), np.empty(100), t.scaled, t.limit, t.bottom,
+                        t.rise, pending, pending.copy())
+    with pytest.raises(ValueError):  # out of another length
+        _loops.ziggurat(blocks, np.empty(99), t.scaled, t.limit, t.bottom, t.rise, pending,
+                        pending.copy())
+    with pytest.raises(ValueError):  # a table of the wrong size
+        _loops.ziggurat(blocks, np.empty(100), t.scaled[:256], t.limit, t.bottom, t.rise,
+                        pending, pending.copy())
+    with pytest.raises((TypeError, ValueError, BufferError)):  # read-only output
+        out = np.empty(100)
+        out.flags.writeable = False
+        _loops.ziggurat(blocks, out, t.scaled, t.limit, t.bottom, t.rise, pending,
+                        pending.copy())
+    with pytest.raises((TypeError, ValueError, BufferError)):  # not contiguous
+        _loops.ziggurat(np.zeros((100, 4), np.uint64)[:, :2], np.empty(100), t.scaled,
+                        t.limit, t.bottom, t.rise, pending, pending.copy())
+
+
+def test_the_environment_switch(monkeypatch):
+    monkeypatch.setattr(compiled, "_state", {})
+    monkeypatch.setenv(compiled.ENV, "0")
+    assert not compiled.enabled()
+    monkeypatch.setattr(compiled, "_state", {})
+    monkeypatch.setenv(compiled.ENV, "yes")
+    with pytest.raises(ValueError, match=compiled.ENV):
+        compiled.enabled()
+    monkeypatch.setattr(compiled, "_state", {})
+    monkeypatch.setenv(compiled.ENV, "1")
+
+    def missing():
+        raise ImportError("not built")
+
+    monkeypatch.setattr(compiled, "_build", missing)
+    with pytest.raises(ImportError):
+        compiled.enabled()
+    monkeypatch.setattr(compiled, "_state", {})
+    monkeypatch.delenv(compiled.ENV)
+    assert not compiled.enabled()  # unset: falls back silently
