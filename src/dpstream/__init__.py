@@ -27,7 +27,7 @@ from .noise import NoiseKey, NoiseSource
 from .postprocess import ReadableCounts
 from .privacy import PrivacyGuarantee
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "BLTCounter",

@@ -121,9 +121,335 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------------
+ * The item table (dpstream.mechanisms.item_table): str items kept as UTF-8 bytes end
+ * to end (data, with int64 offsets), found through an open-addressing table of
+ * uint64 slots, linear probing: a slot is 0 (empty) or (hash >> 32) << 32 | (pos + 1).
+ * The hash is SipHash-1-3 (Aumasson and Bernstein) of the UTF-8 bytes under the
+ * table's random 128-bit key, so an input cannot be crafted to collide without it.
+ * A probe that matches the hash's high half is confirmed by comparing the bytes:
+ * two items are never confused.
+ */
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                               \
+    do {                                                                       \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);              \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                 \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                 \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);              \
+    } while (0)
+
+static uint64_t
+siphash13(uint64_t k0, uint64_t k1, const unsigned char *m, Py_ssize_t len)
+{
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
+    Py_ssize_t full = len & ~(Py_ssize_t)7;
+    for (Py_ssize_t i = 0; i < full; i += 8) {
+        uint64_t w = 0;
+        for (int b = 7; b >= 0; b--)  /* little-endian, whatever the machine */
+            w = (w << 8) | m[i + b];
+        v3 ^= w;
+        SIPROUND;
+        v0 ^= w;
+    }
+    uint64_t last = (uint64_t)len << 56;
+    for (Py_ssize_t b = len - full - 1; b >= 0; b--)
+        last |= (uint64_t)m[full + b] << (8 * b);
+    v3 ^= last;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* The UTF-8 bytes of a str (items are canonical, so plain str; a subclass is read
+ * by its value): 1 and the bytes, or 0 (another type, or a str that is not valid
+ * UTF-8: a lone surrogate), with no error set. */
+static int
+str_utf8(PyObject *o, const char **p, Py_ssize_t *n)
+{
+    if (!PyUnicode_Check(o))
+        return 0;
+    if (PyUnicode_IS_COMPACT_ASCII(o)) {
+        *p = (const char *)PyUnicode_DATA(o);
+        *n = PyUnicode_GET_LENGTH(o);
+        return 1;
+    }
+    *p = PyUnicode_AsUTF8AndSize(o, n);
+    if (*p == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    Py_buffer key, data, offsets, slots;
+    int got;
+} table_args;
+
+static void
+release_table(table_args *t)
+{
+    Py_buffer *b[4] = {&t->key, &t->data, &t->offsets, &t->slots};
+    for (int i = 0; i < t->got; i++)
+        PyBuffer_Release(b[i]);
+}
+
+/* key (2 uint64), data (bytes), offsets (int64, n + 1), slots (uint64, a power of 2) */
+static int
+get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int writable,
+          table_args *t)
+{
+    t->got = 0;
+    if (get(key, &t->key, 0, U64, "key") < 0)
+        return -1;
+    t->got++;
+    if (PyObject_GetBuffer(data, &t->data, PyBUF_C_CONTIGUOUS) < 0)
+        goto fail;
+    t->got++;
+    if (get(offsets, &t->offsets, 0, I64, "offsets") < 0)
+        goto fail;
+    t->got++;
+    if (get(slots, &t->slots, writable, U64, "slots") < 0)
+        goto fail;
+    t->got++;
+    Py_ssize_t nslots = t->slots.len / 8;
+    if (t->key.len != 16 || t->offsets.len < 8 || nslots < 1 || (nslots & (nslots - 1))) {
+        PyErr_SetString(PyExc_ValueError, "item table: bad key, offsets or slots");
+        goto fail;
+    }
+    return 0;
+fail:
+    release_table(t);
+    return -1;
+}
+
+/* the position of the str bytes (p, n) with hash h, or -1 */
+static inline int64_t
+probe(const uint64_t *slots, uint64_t mask, const unsigned char *data, const int64_t *offsets,
+      uint64_t h, const char *p, Py_ssize_t n)
+{
+    uint64_t s = h & mask, high = h >> 32;
+    for (;;) {
+        uint64_t e = slots[s];
+        if (e == 0)
+            return -1;
+        if ((e >> 32) == high) {
+            int64_t pos = (int64_t)(e & 0xffffffffu) - 1;
+            int64_t a = offsets[pos];
+            if (offsets[pos + 1] - a == n && memcmp(data + a, p, (size_t)n) == 0)
+                return pos;
+        }
+        s = (s + 1) & mask;
+    }
+}
+
+/* item_lookup(items, key, data, offsets, slots, out): out[i] = the position of items[i],
+ * -1 if it is not in the table (or not a str that is valid UTF-8) */
+static PyObject *
+item_lookup(PyObject *self, PyObject *args)
+{
+    PyObject *items, *key, *data, *offsets, *slots, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &items, &key, &data, &offsets, &slots, &out_obj))
+        return NULL;
+    PyObject *seq = PySequence_Fast(items, "items must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    table_args t;
+    Py_buffer out;
+    PyObject *result = NULL;
+    if (get_table(key, data, offsets, slots, 0, &t) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    if (get(out_obj, &out, 1, I64, "out") < 0)
+        goto done_table;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    if (out.len != 8 * k) {
+        PyErr_SetString(PyExc_ValueError, "item_lookup: out must hold one int64 per item");
+        goto done;
+    }
+    PyObject **objs = PySequence_Fast_ITEMS(seq);
+    const uint64_t *kw = t.key.buf;
+    const uint64_t *sl = t.slots.buf;
+    uint64_t mask = (uint64_t)(t.slots.len / 8) - 1;
+    int64_t *res = out.buf;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const char *p;
+        Py_ssize_t n;
+        if (!str_utf8(objs[i], &p, &n)) {
+            res[i] = -1;
+            continue;
+        }
+        uint64_t h = siphash13(kw[0], kw[1], (const unsigned char *)p, n);
+        res[i] = probe(sl, mask, t.data.buf, t.offsets.buf, h, p, n);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&out);
+done_table:
+    release_table(&t);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* item_insert(key, data, offsets, slots, first, last): put the stored items first..last-1
+ * into free slots (the caller keeps the table at most half full) */
+static PyObject *
+item_insert(PyObject *self, PyObject *args)
+{
+    PyObject *key, *data, *offsets, *slots;
+    Py_ssize_t first, last;
+    if (!PyArg_ParseTuple(args, "OOOOnn", &key, &data, &offsets, &slots, &first, &last))
+        return NULL;
+    table_args t;
+    if (get_table(key, data, offsets, slots, 1, &t) < 0)
+        return NULL;
+    Py_ssize_t nslots = t.slots.len / 8;
+    const int64_t *off = t.offsets.buf;
+    if (first < 0 || last < first || last + 1 > t.offsets.len / 8 || 2 * last > nslots ||
+        last >= 0xffffffffLL || (last > first && off[last] > t.data.len)) {
+        PyErr_SetString(PyExc_ValueError, "item_insert: positions out of range or table full");
+        release_table(&t);
+        return NULL;
+    }
+    const uint64_t *kw = t.key.buf;
+    uint64_t *sl = t.slots.buf;
+    const unsigned char *d = t.data.buf;
+    uint64_t mask = (uint64_t)nslots - 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t pos = first; pos < last; pos++) {
+        uint64_t h = siphash13(kw[0], kw[1], d + off[pos], off[pos + 1] - off[pos]);
+        uint64_t s = h & mask;
+        while (sl[s] != 0)
+            s = (s + 1) & mask;
+        sl[s] = ((h >> 32) << 32) | (uint64_t)(pos + 1);
+    }
+    Py_END_ALLOW_THREADS
+    release_table(&t);
+    Py_RETURN_NONE;
+}
+
+/* item_prefix_equals(items, data, offsets, n): whether items[:n] are, in order, str
+ * equal to the stored items 0..n-1 */
+static PyObject *
+item_prefix_equals(PyObject *self, PyObject *args)
+{
+    PyObject *items, *data, *offsets;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOOn", &items, &data, &offsets, &n))
+        return NULL;
+    PyObject *seq = PySequence_Fast(items, "items must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_buffer d, o;
+    if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    if (get(offsets, &o, 0, I64, "offsets") < 0) {
+        PyBuffer_Release(&d);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int equal = n >= 0 && PySequence_Fast_GET_SIZE(seq) >= n && o.len / 8 >= n + 1;
+    PyObject **objs = PySequence_Fast_ITEMS(seq);
+    const int64_t *off = o.buf;
+    const unsigned char *bytes = d.buf;
+    for (Py_ssize_t i = 0; equal && i < n; i++) {
+        const char *p;
+        Py_ssize_t len;
+        equal = str_utf8(objs[i], &p, &len) && off[i + 1] - off[i] == len &&
+                off[i + 1] <= d.len && memcmp(bytes + off[i], p, (size_t)len) == 0;
+    }
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&d);
+    Py_DECREF(seq);
+    return PyBool_FromLong(equal);
+}
+
+/* item_strings(data, offsets, positions): the stored items at positions, as a list of str */
+static PyObject *
+item_strings(PyObject *self, PyObject *args)
+{
+    PyObject *data, *offsets, *positions;
+    if (!PyArg_ParseTuple(args, "OOO", &data, &offsets, &positions))
+        return NULL;
+    Py_buffer d, o, p;
+    if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (get(offsets, &o, 0, I64, "offsets") < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (get(positions, &p, 0, I64, "positions") < 0) {
+        PyBuffer_Release(&o);
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    Py_ssize_t k = p.len / 8, n = o.len / 8 - 1;
+    const int64_t *pos = p.buf, *off = o.buf;
+    PyObject *list = PyList_New(k);
+    for (Py_ssize_t i = 0; list != NULL && i < k; i++) {
+        int64_t j = pos[i];
+        if (j < 0 || j >= n || off[j] < 0 || off[j + 1] < off[j] || off[j + 1] > d.len) {
+            PyErr_SetString(PyExc_IndexError, "item_strings: position out of range");
+            Py_CLEAR(list);
+            break;
+        }
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)d.buf + off[j], off[j + 1] - off[j],
+                                           "strict");
+        if (s == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, s);
+    }
+    PyBuffer_Release(&p);
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&d);
+    return list;
+}
+
+/* siphash13(key, data): the table's hash of bytes (for tests) */
+static PyObject *
+py_siphash13(PyObject *self, PyObject *args)
+{
+    Py_buffer k, d;
+    if (!PyArg_ParseTuple(args, "y*y*", &k, &d))
+        return NULL;
+    PyObject *r = NULL;
+    if (k.len != 16)
+        PyErr_SetString(PyExc_ValueError, "siphash13: the key must be 16 bytes");
+    else {
+        const unsigned char *kb = k.buf;
+        uint64_t k0 = 0, k1 = 0;
+        for (int b = 7; b >= 0; b--) {
+            k0 = (k0 << 8) | kb[b];
+            k1 = (k1 << 8) | kb[8 + b];
+        }
+        r = PyLong_FromUnsignedLongLong(siphash13(k0, k1, d.buf, d.len));
+    }
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&d);
+    return r;
+}
+
 static PyMethodDef methods[] = {
     {"ziggurat", ziggurat, METH_VARARGS,
      "The ziggurat's fast path and wedge test over a chunk (see dpstream.compiled)."},
+    {"item_lookup", item_lookup, METH_VARARGS, "Positions of str items in an item table."},
+    {"item_insert", item_insert, METH_VARARGS, "Insert stored items into the table's slots."},
+    {"item_prefix_equals", item_prefix_equals, METH_VARARGS,
+     "Whether a sequence starts with the table's items, in order."},
+    {"item_strings", item_strings, METH_VARARGS, "Stored items at positions, as str."},
+    {"siphash13", py_siphash13, METH_VARARGS, "SipHash-1-3 of bytes under a 16-byte key."},
     {NULL, NULL, 0, NULL},
 };
 

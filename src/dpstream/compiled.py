@@ -4,6 +4,9 @@ Layer 1: NumPy and the C module; nothing else of dpstream. A few hot loops of
 the noise are a sequence of short NumPy passes over a chunk: the ziggurat's
 fast path is eight of them for what is, per value, one table look-up, one
 comparison and one multiplication. In C, such a loop reads each block once.
+The module also holds the item table's hash, probe and compare loops
+(:mod:`dpstream.mechanisms.item_table`), which find items among the stored
+UTF-8 bytes without a Python object per stored item.
 Each C loop performs, per element, the IEEE double operations of its NumPy
 twin in the same order (it is compiled with ``-ffp-contract=off`` and without
 fast-math), so whether it runs never changes a value: ``tests/test_compiled.py``
@@ -31,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENV", "MIN_ITEMS", "enabled", "numpy_only", "ziggurat"]
+__all__ = ["ENV", "MIN_ITEMS", "enabled", "loops", "numpy_only", "ziggurat"]
 
 #: Environment variable: "0" turns the compiled loops off, "1" requires them.
 ENV = "DPSTREAM_COMPILED"
@@ -75,6 +78,11 @@ def _loops() -> Any:
                     raise
                 _state["loops"] = None
         return _state["loops"]
+
+
+def loops() -> Any:
+    """The C module when the loops are on, else None (for code that calls it directly)."""
+    return _loops()
 
 
 def enabled() -> bool:

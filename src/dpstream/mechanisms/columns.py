@@ -96,7 +96,7 @@ def fast_events(events: Any) -> Any:
     return events.events() if isinstance(events, EventColumns) else events
 
 
-def event_positions(events: Any, index: Mapping[Hashable, int], n: int
+def event_positions(events: Any, index: Any, n: int
                     ) -> tuple[np.ndarray, np.ndarray, list[Hashable]] | None:
     """(per-occurrence columns, event offsets, new items) of a step's events (see
     :func:`positions`), or ``None`` when the per-event path must run."""
@@ -143,11 +143,18 @@ def flatten_events(events: Any) -> tuple[list[Hashable], np.ndarray] | None:
     return flat, offsets
 
 
-def positions(items: Sequence[Hashable], index: Mapping[Hashable, int], n: int
+def positions(items: Sequence[Hashable], index: Any, n: int
               ) -> tuple[np.ndarray, list[Hashable]]:
     """Each item's column: ``index[item]``, or ``n + k`` for the k-th new item (in
-    order of first appearance). Returns (columns as int64, the new items)."""
-    cols = np.fromiter(map(index.get, items, repeat(-1, len(items))), np.int64, len(items))
+    order of first appearance). Returns (columns as int64, the new items).
+
+    ``index``: a Mapping item -> column, or anything with a ``lookup(items)`` that
+    returns the columns at once, -1 for an item it lacks (an
+    :class:`~dpstream.mechanisms.item_table.ItemTable`)."""
+    if isinstance(index, Mapping):
+        cols = np.fromiter(map(index.get, items, repeat(-1, len(items))), np.int64, len(items))
+    else:  # an ItemTable: the whole sequence at once
+        cols = index.lookup(items)
     missing = np.flatnonzero(cols < 0)
     new: dict[Hashable, int] = {}
     if missing.size:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -46,8 +45,8 @@ from .columns import (
     event_positions,
     fast_events,
     is_frame,
-    object_addresses,
 )
+from .item_table import ItemTable
 from .known import tree_purpose
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
@@ -429,13 +428,11 @@ class UnknownDomainHistogram:
                                          noise_version=self.noise_version)
         self._source = NoiseSource(key, self.tree_purpose)
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
-        self._index: dict[Hashable, int] = {}
         cap = 16
-        self._items: list[Hashable] = []  # in order of addition (a list: no copy to grow)
+        self._table = ItemTable()  # the items seen, numbered in order of addition
         self._counts = np.zeros(cap, dtype=np.int64)
         self._shown = np.zeros(cap, dtype=bool)
         self._n = 0
-        self._all_str = True  # every item seen is a str (aggregate mode's aligned path)
         self.t = 0
 
     def _calibrate(
@@ -510,7 +507,7 @@ class UnknownDomainHistogram:
     @property
     def items_seen(self) -> list[Hashable]:
         """The items that have appeared, in the order they were added. Not private."""
-        return list(self._items)
+        return self._table.to_list()
 
     @property
     def counts(self) -> np.ndarray:
@@ -539,7 +536,7 @@ class UnknownDomainHistogram:
         check_next_step(t, self.t, self.horizon)
         events, pending = bound_user_events(self._users, events, self.max_items)
         events = as_events(events)
-        fast = None if self._limit.truncating else event_positions(events, self._index, self._n)
+        fast = None if self._limit.truncating else event_positions(events, self._table, self._n)
         if fast is not None:  # (truncation keys on each event's ordinal: the loop below)
             cols, offsets, new_items = fast
             keep, distinct = distinct_in_events(cols, offsets)
@@ -559,20 +556,13 @@ class UnknownDomainHistogram:
                     self._users.commit(pending)
                 return rel
         events = fast_events(events)  # the per-event path raises the precise error
-        index = self._index
-        known: list[int] = []
-        new: dict[Hashable, int] = {}
         checked, delta = self._limit.events(events)
-        for items in checked:
-            for item in items:
-                pos = index.get(item)
-                if pos is None:
-                    new[item] = new.get(item, 0) + 1
-                else:
-                    known.append(pos)
-        counts = self._counts[: self._n] + np.bincount(
-            np.asarray(known, dtype=np.int64), minlength=self._n
-        )
+        flat = [item for items in checked for item in items]
+        cols = self._table.lookup(flat)
+        new: dict[Hashable, int] = {}
+        for i in np.flatnonzero(cols < 0).tolist():
+            new[flat[i]] = new.get(flat[i], 0) + 1
+        counts = self._counts[: self._n] + np.bincount(cols[cols >= 0], minlength=self._n)
         rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
         self._limit.commit(delta)
         if pending is not None:
@@ -601,13 +591,13 @@ class UnknownDomainHistogram:
         function of the releases made).
         """
         check_next_step(t, self.t, self.horizon)
-        index = self._index
+        table = self._table
         n = self._n
         if values is not None or is_frame(counts):
             items, vals = aggregate_raw(counts, values)
             head = self._aligned(items)  # items_seen first, in order: no lookup for them
             keys, _ = aggregate_items(items[head:] if head else items, vals[head:])
-            tail = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+            tail = table.lookup(keys)
             new_at = np.flatnonzero(tail < 0)
             if (tail[tail >= 0].size and (head or np.count_nonzero(
                     np.bincount(tail[tail >= 0], minlength=n) > 1))) or len(
@@ -616,7 +606,7 @@ class UnknownDomainHistogram:
         else:
             keys, vals = mapping_counts(counts)
             head = 0
-            tail = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+            tail = table.lookup(keys)
         # head: the items seen, in order (position i is item i); tail: looked up
         tail_vals = vals[head:]
         if head == n:
@@ -632,44 +622,13 @@ class UnknownDomainHistogram:
 
     def _aligned(self, items: Any) -> int:
         """``len(items_seen)`` if ``items`` starts with the items seen, in their order
-        (then they need no lookup), else 0. Only when every item seen is a ``str``:
-        an equal value is then that very item (``True == 1`` cannot slip in)."""
+        (then they need no lookup), else 0 (see :meth:`ItemTable.starts`)."""
         n = self._n
-        if not n or len(items) < n or not getattr(self, "_all_str", False):
+        if not n or len(items) < n:
             return 0
-        head = items if len(items) == n else items[:n]
-        if isinstance(head, np.ndarray):
-            if head.dtype == object:
-                # the very objects of items_seen (a NumPy or pandas column of them):
-                # compare their addresses, without touching 10^6 objects
-                theirs = object_addresses(head)
-                if theirs is not None and np.array_equal(theirs, self._item_addresses()):
-                    return n
-            elif head.dtype.kind != "U":
-                return 0
-            head = head.tolist()
-        # list equality: the same objects compare by identity, others as strings
-        return n if head == self._items else 0
-
-    def _item_addresses(self) -> np.ndarray:
-        """``id()`` of every item seen, in order: built on first use by the aligned check,
-        then extended as items are added. Addresses mean nothing in another process,
-        so the cache is never pickled (:meth:`__getstate__`)."""
-        buf, have = self.__dict__.get("_addresses", (np.empty(0, dtype=np.uintp), 0))
-        n = self._n
-        if buf.size < n:  # grow by doubling, as items are added
-            grown = np.empty(max(n, 2 * buf.size), dtype=np.uintp)
-            grown[:have] = buf[:have]
-            buf = grown
-        if have < n:
-            buf[have:n] = np.fromiter(map(id, self._items[have:n]), np.uintp, n - have)
-        self._addresses = (buf, n)
-        return buf[:n]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("_addresses", None)
-        return state
+        if isinstance(items, np.ndarray) and items.dtype != object and items.dtype.kind != "U":
+            return 0
+        return n if self._table.starts(items) else 0
 
     # -- shared ------------------------------------------------------------------
     def _reserve(self, n: int) -> None:
@@ -698,12 +657,9 @@ class UnknownDomainHistogram:
             m = len(new_items)
             self._reserve(n_old + m)
             ordered = [new_items[i] for i in order.tolist()]
-            self._items.extend(ordered)
+            self._table.extend(ordered)
             self._counts[n_old : n_old + m] = new_counts[order]
             self._shown[n_old : n_old + m] = False
-            self._index.update(zip(ordered, range(n_old, n_old + m), strict=True))
-            if self._all_str and not all(type(x) is str for x in new_items):
-                self._all_str = False
             self._noise.add_items(prepared)
             self._n = n_old + m
         self.t = t
@@ -722,10 +678,10 @@ class UnknownDomainHistogram:
         if np.unique(vals).size == vals.size:
             idx = idx[np.argsort(-vals, kind="stable")]
         else:  # ties: the keyed ids (hashed here, rarely, rather than kept per item)
-            ids = self._source.item_ids([self._items[i] for i in idx.tolist()])
+            ids = self._source.item_ids(self._table.take(idx))
             idx = idx[np.lexsort((ids[:, 1], ids[:, 0], -vals))]
         return Release(
-            t=t, items=[self._items[i] for i in idx.tolist()], values=values[idx],
+            t=t, items=self._table.take(idx), values=values[idx],
             # Only data-independent facts: the number of items seen is NOT private
             # (one event can add max_items of them), so it is never part of a release.
             meta={"threshold": threshold, "remember": self.remember},

@@ -1,0 +1,268 @@
+"""The items an open-domain mechanism has seen, numbered in order, in compact form.
+
+Layer 5 of dpstream. UnkBase keeps every item it has seen, in order of first
+appearance: position i of its state arrays is item i. A ``dict`` item ->
+position plus a list of the items costs ~150 bytes per item (the str objects,
+the boxed positions, the dict's entries), and a lookup of a fresh string (as
+parsed from input) walks three or four cache misses once the table outgrows
+the cache. :class:`ItemTable` holds the same map in three arrays:
+
+* ``data``: the items' UTF-8 bytes end to end, ``offsets`` (int64) where each
+  starts (item i is ``data[offsets[i]:offsets[i + 1]]``);
+* ``slots``: an open-addressing table (linear probing, at most half full) of
+  uint64 entries, each the high half of the item's hash and its position + 1.
+
+The loops that hash, probe, compare and decode are C (``dpstream._loops``, see
+:mod:`dpstream.compiled`). The hash is SipHash-1-3 of the UTF-8 bytes under a
+random 128-bit key drawn for the table (``os.urandom``), so no input can be
+crafted to pile items into one run of slots without it; a slot whose hash half
+matches is confirmed by comparing the bytes, so two items are never confused.
+Neither the key nor the slots are pickled: a loaded table draws a new key and
+rebuilds its slots from the bytes.
+
+Only ``str`` items are held this way. The first item of another type (an int,
+bytes) or a str that is not valid UTF-8 (a lone surrogate, which JSON can
+carry) turns the table into a plain list + dict for good, and so does the
+absence of the C module (``DPSTREAM_COMPILED=0``, or an install without a
+compiler): the same positions, the same releases, the old memory and speed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable, Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from .. import compiled
+from .columns import object_addresses
+
+__all__ = ["ItemTable"]
+
+_STR = frozenset((str,))
+_MIN_SLOTS = 16
+
+
+def _grown(arr: np.ndarray, need: int) -> np.ndarray:
+    """``arr`` with room for ``need`` entries: itself, or a copy 1.5x larger (or ``need``)."""
+    if need <= arr.size:
+        return arr
+    out = np.zeros(max(need, arr.size + arr.size // 2), dtype=arr.dtype)
+    out[: arr.size] = arr
+    return out
+
+
+def _utf8(items: Sequence[str]) -> tuple[bytes, np.ndarray] | None:
+    """(UTF-8 bytes end to end, byte lengths) of ``items``, or None when one is not valid
+    UTF-8 (a lone surrogate)."""
+    try:
+        blob = "".join(items).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    lengths = np.fromiter(map(len, items), np.int64, len(items))
+    if len(blob) != int(lengths.sum()):  # not all ASCII: lengths in bytes
+        lengths = np.fromiter((len(x.encode("utf-8")) for x in items), np.int64, len(items))
+    return blob, lengths
+
+
+class ItemTable:
+    """Distinct canonical items, numbered 0, 1, 2, ... in the order they were added.
+
+    Example:
+        >>> t = ItemTable()
+        >>> t.extend(["b", "a"])
+        >>> t.lookup(["a", "c", "b"]).tolist()
+        [1, -1, 0]
+        >>> t.to_list()
+        ['b', 'a']
+    """
+
+    __slots__ = ("_n", "_data", "_size", "_offsets", "_slots", "_key", "_loops", "_objects",
+                 "_index", "_addresses", "_all_str")
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._loops = compiled.loops()
+        self._data = np.zeros(0, dtype=np.uint8)
+        self._size = 0  # bytes used in _data
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._slots = np.zeros(_MIN_SLOTS, dtype=np.uint64)
+        self._key = np.frombuffer(os.urandom(16), dtype=np.uint64).copy()
+        self._objects: list[Hashable] | None = None
+        self._index: dict[Hashable, int] | None = None
+        self._addresses: tuple[np.ndarray, int] | None = None
+        self._all_str = True  # every item is a str (always so in the compact form)
+        if self._loops is None:
+            self._objects, self._index = [], {}
+
+    # -- reading -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def compact(self) -> bool:
+        """Whether the items are held as UTF-8 bytes (all str, and the C loops on)."""
+        return self._objects is None
+
+    def to_list(self) -> list[Hashable]:
+        """All items, in order of addition (new Python objects in the compact form)."""
+        if self._objects is not None:
+            return list(self._objects)
+        return self.take(np.arange(self._n, dtype=np.int64))
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> list[Hashable]:
+        """The items at ``positions``, as a list."""
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        if self._objects is not None:
+            objects = self._objects
+            return [objects[i] for i in pos.tolist()]
+        return self._loops.item_strings(self._data[: self._size], self._offsets[: self._n + 1],
+                                        pos)
+
+    def lookup(self, items: Sequence[Hashable]) -> np.ndarray:
+        """Each item's position (int64), or -1 for an item not in the table."""
+        k = len(items)
+        if self._index is not None:
+            return np.fromiter(map(self._index.get, items, repeat(-1, k)), np.int64, k)
+        out = np.empty(k, dtype=np.int64)
+        if not isinstance(items, (list, tuple)):
+            items = list(items)
+        self._loops.item_lookup(items, self._key, self._data[: self._size],
+                                self._offsets[: self._n + 1], self._slots, out)
+        return out
+
+    def starts(self, items: Any) -> bool:
+        """Whether ``items`` (a list, tuple or 1-d NumPy array) begins with every stored
+        item, in order, each equal to it (aggregate mode's no-lookup path).
+
+        Only when every stored item is a ``str``: an equal value is then that very
+        item (``True == 1`` cannot slip in); False otherwise.
+        """
+        n = self._n
+        if len(items) < n or not self._all_str:
+            return False
+        head = items if len(items) == n else items[:n]
+        if self._objects is not None:
+            if isinstance(head, np.ndarray) and head.dtype == object:
+                # the very objects of items_seen (a NumPy or pandas column of them):
+                # compare their addresses, without touching the objects
+                theirs = object_addresses(head)
+                if theirs is not None and np.array_equal(theirs, self._object_addresses()):
+                    return True
+            if isinstance(head, np.ndarray):
+                head = head.tolist()
+            # list equality: the same objects compare by identity, others by value
+            return list(head) == self._objects
+        if isinstance(head, np.ndarray):
+            head = head.tolist()
+        return bool(self._loops.item_prefix_equals(head, self._data[: self._size],
+                                                   self._offsets[: n + 1], n))
+
+    def _object_addresses(self) -> np.ndarray:
+        """``id()`` of every stored object, in order, extended as items are added.
+        Addresses mean nothing in another process: never pickled."""
+        assert self._objects is not None
+        buf, have = self._addresses or (np.empty(0, dtype=np.uintp), 0)
+        n = self._n
+        if buf.size < n:
+            grown = np.empty(max(n, 2 * buf.size), dtype=np.uintp)
+            grown[:have] = buf[:have]
+            buf = grown
+        if have < n:
+            buf[have:n] = np.fromiter(map(id, self._objects[have:n]), np.uintp, n - have)
+        self._addresses = (buf, n)
+        return buf[:n]
+
+    # -- writing -------------------------------------------------------------------
+    def extend(self, items: Sequence[Hashable]) -> None:
+        """Add ``items`` (distinct, canonical, none of them stored yet) at the next positions."""
+        m = len(items)
+        if not m:
+            return
+        if self._objects is None:
+            encoded = _utf8(items) if _STR.issuperset(map(type, items)) else None
+            if encoded is not None:
+                self._append(*encoded)
+                return
+            self._to_objects()  # another type, or a lone surrogate: Python objects from now
+        assert self._objects is not None and self._index is not None
+        n = self._n
+        self._objects.extend(items)
+        self._index.update(zip(items, range(n, n + m), strict=True))
+        self._n = n + m
+        if self._all_str and not _STR.issuperset(map(type, items)):
+            self._all_str = False
+
+    def _append(self, blob: bytes, lengths: np.ndarray) -> None:
+        n, m = self._n, lengths.size
+        if n + m >= 0xFFFFFFFF:
+            raise OverflowError("an item table holds fewer than 2^32 - 1 items")
+        size = self._size + len(blob)
+        self._data = _grown(self._data, size)
+        self._data[self._size : size] = np.frombuffer(blob, dtype=np.uint8)
+        self._offsets = _grown(self._offsets, n + m + 1)
+        np.cumsum(lengths, out=self._offsets[n + 1 : n + m + 1])
+        self._offsets[n + 1 : n + m + 1] += self._size
+        self._size = size
+        self._n = n + m
+        if 2 * self._n > self._slots.size:
+            self._rebuild()
+        else:
+            self._insert(n, n + m)
+
+    def _insert(self, first: int, last: int) -> None:
+        self._loops.item_insert(self._key, self._data[: self._size],
+                                self._offsets[: self._n + 1], self._slots, first, last)
+
+    def _rebuild(self) -> None:
+        """Slots for the stored items: the smallest power of two at least twice their number."""
+        size = _MIN_SLOTS
+        while size < 2 * self._n:
+            size *= 2
+        self._slots = np.zeros(size, dtype=np.uint64)
+        self._insert(0, self._n)
+
+    def _to_objects(self) -> None:
+        """Switch to the plain layout (a list and a dict), for good."""
+        objects = self.to_list()
+        self._objects = objects
+        self._index = dict(zip(objects, range(len(objects)), strict=True))
+        self._data = np.zeros(0, dtype=np.uint8)
+        self._size = 0
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._slots = np.zeros(_MIN_SLOTS, dtype=np.uint64)
+
+    def nbytes(self) -> int:
+        """Bytes of the compact arrays (0 in the plain layout, whose cost is Python's)."""
+        if self._objects is not None:
+            return 0
+        return self._data.nbytes + self._offsets.nbytes + self._slots.nbytes
+
+    # -- pickling: the bytes and offsets, or the objects (key and slots drawn anew) -------
+    def __getstate__(self) -> dict[str, Any]:
+        if self._objects is not None:
+            return {"objects": list(self._objects)}
+        return {"data": self._data[: self._size].copy(),
+                "offsets": self._offsets[: self._n + 1].copy()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        ItemTable.__init__(self)
+        if "objects" in state:
+            items = list(state["objects"])
+        else:
+            data = np.asarray(state["data"], dtype=np.uint8)
+            offsets = np.asarray(state["offsets"], dtype=np.int64)
+            if (offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0
+                    or offsets[-1] != data.size or np.any(np.diff(offsets) < 0)):
+                raise ValueError("item table: the offsets do not match the stored bytes")
+            if self._objects is None:
+                self._append(data.tobytes(), np.diff(offsets))
+                return
+            blob = data.tobytes()
+            items = [blob[a:b].decode("utf-8") for a, b in
+                     zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+        if self._objects is None and not _STR.issuperset(map(type, items)):
+            self._to_objects()
+        self.extend(items)

@@ -1,0 +1,204 @@
+"""The item table (UTF-8 bytes + C hash probe) against a plain dict, and UnkBase on it.
+
+Every check compares against a brute-force reference (a list and a dict built
+in the test), including items that are not ASCII, empty, hold NULs, share
+prefixes, or are longer than SipHash's 8-byte words; a forged hash collision
+checks that a slot is only trusted after the bytes compare equal.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dpstream as dps
+from dpstream import compiled
+from dpstream.mechanisms.item_table import ItemTable
+
+from .conftest import fixed_key
+
+if os.environ.get(compiled.ENV) != "1" and not compiled.enabled():
+    pytest.skip("the C loops are not built here (CI requires them)", allow_module_level=True)
+
+from dpstream import _loops  # noqa: E402 (after the skip)
+
+ITEMS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=24)
+
+
+def reference(items: list) -> dict:
+    return {x: i for i, x in enumerate(items)}
+
+
+def check_against(table: ItemTable, stored: list, queries: list) -> None:
+    ref = reference(stored)
+    assert table.lookup(queries).tolist() == [ref.get(q, -1) for q in queries]
+    assert table.to_list() == stored
+    assert len(table) == len(stored)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(ITEMS, max_size=30), max_size=8), st.lists(ITEMS, max_size=40))
+def test_lookups_match_a_dict(batches, queries):
+    table = ItemTable()
+    stored: list[str] = []
+    for batch in batches:
+        new = [x for x in dict.fromkeys(batch) if x not in set(stored)]
+        table.extend(new)
+        stored.extend(new)
+        check_against(table, stored, queries + batch + stored[:5])
+    assert table.compact
+
+
+def test_many_items_and_growth():
+    rng = random.Random(1)
+    stored = [f"item{i}" for i in range(50_000)] + ["", "\x00", "a\x00b", "é", "日本語" * 9]
+    rng.shuffle(stored)
+    table = ItemTable()
+    at = 0
+    while at < len(stored):  # steps of varying size, crossing many slot rebuilds
+        m = rng.randint(1, 3000)
+        table.extend(stored[at:at + m])
+        at += m
+    absent = [f"item{i}" for i in range(50_000, 52_000)] + ["x", "a\x00", "\x00\x00", "日本"]
+    queries = stored + absent
+    rng.shuffle(queries)
+    check_against(table, stored, queries)
+    assert table.take([3, 0, 3]) == [stored[3], stored[0], stored[3]]
+    # slots: the smallest power of two (>= 16) holding twice the items (at most half full)
+    size = table._slots.size
+    assert size >= 2 * len(stored) and (size // 2 < 2 * len(stored) or size == 16)
+
+
+def test_a_forged_collision_is_resolved_by_the_bytes():
+    """Put item b's slot where item a's hash leads, carrying a's hash half: the probe
+    for a must compare the bytes, reject b, and go on to a's own slot."""
+    table = ItemTable()
+    table.extend(["a", "b"])
+    slots = table._slots
+    mask = np.uint64(slots.size - 1)
+    key = table._key.tobytes()
+    h_a = _loops.siphash13(key, b"a")
+    home = int(np.uint64(h_a) & mask)
+    slots[:] = 0
+    high = (h_a >> 32) << 32
+    slots[home] = high | 2  # b (position 1 + 1) under a's hash half
+    slots[(home + 1) % slots.size] = high | 1  # a itself, one slot on
+    assert table.lookup(["a", "b"]).tolist() == [0, -1]  # b's own slot is gone: absent
+
+
+def test_siphash13_reference_vectors():
+    # SipHash-1-3 of bytes 0..n-1 under the key 00..0f (the reference vectors)
+    key = bytes(range(16))
+    want = {0: 0xabac0158050fc4dc, 1: 0xc9f49bf37d57ca93, 2: 0x82cb9b024dc7d44d,
+            3: 0x8bf80ab8e7ddf7fb, 6: 0xc50d2b50c59f22a7, 8: 0x369095118d299a8e,
+            9: 0x25a48eb36c063de4}
+    for n, value in want.items():
+        assert _loops.siphash13(key, bytes(range(n))) == value, n
+
+
+def test_other_types_and_surrogates_switch_to_the_plain_layout():
+    for odd in (7, b"raw", "lone \ud800"):
+        table = ItemTable()
+        table.extend(["a", "é"])
+        table.extend([odd, "z"])
+        assert not table.compact
+        check_against(table, ["a", "é", odd, "z"], ["z", odd, "a", "é", "q", 8])
+
+
+def test_starts():
+    table = ItemTable()
+    stored = [f"s{i}" for i in range(1000)] + ["ü"]
+    table.extend(stored)
+    same_values = ["".join(x) for x in stored]  # equal strings, other objects
+    assert table.starts(same_values) and table.starts(same_values + ["new"])
+    assert table.starts(np.array(same_values, dtype=object))
+    assert table.starts(np.array(same_values))  # a NumPy unicode array
+    swapped = same_values[:]
+    swapped[3], swapped[4] = swapped[4], swapped[3]
+    assert not table.starts(swapped)
+    assert not table.starts(same_values[:-1])
+    assert not table.starts(same_values[:-1] + [b"\xc3\xbc"])
+    assert not table.starts(same_values[:-1] + ["u"])
+
+
+def test_pickle_round_trip_draws_a_new_key():
+    for items in (["a", "b", "ç"], ["a", 2, b"c"]):
+        table = ItemTable()
+        table.extend(items)
+        back = pickle.loads(pickle.dumps(table))
+        check_against(back, items, items + ["zz"])
+        assert back.compact == table.compact
+        if table.compact:
+            assert not np.array_equal(back._key, table._key)
+
+
+def test_a_bad_state_is_refused():
+    table = ItemTable()
+    with pytest.raises(ValueError):
+        table.__setstate__({"data": np.frombuffer(b"abc", np.uint8),
+                            "offsets": np.array([0, 2, 5], np.int64)})
+
+
+def test_without_the_c_loops_the_table_is_a_dict():
+    with compiled.numpy_only():
+        table = ItemTable()
+    assert not table.compact
+    table.extend(["a", "b"])
+    check_against(table, ["a", "b"], ["b", "c"])
+    back = pickle.loads(pickle.dumps(table))  # loads compact where the loops are on
+    check_against(back, ["a", "b"], ["b", "c"])
+
+
+def test_the_c_loops_refuse_bad_arrays():
+    table = ItemTable()
+    table.extend(["a"])
+    out = np.empty(1, np.int64)
+    data, offsets = table._data[:1], table._offsets[:2]
+    with pytest.raises(ValueError):  # slots not a power of two
+        _loops.item_lookup(["a"], table._key, data, offsets, np.zeros(12, np.uint64), out)
+    with pytest.raises(ValueError):  # out of the wrong length
+        _loops.item_lookup(["a", "b"], table._key, data, offsets, table._slots, out)
+    with pytest.raises(ValueError):  # a table more than half full
+        _loops.item_insert(table._key, data, offsets, np.zeros(1, np.uint64), 0, 1)
+    with pytest.raises(IndexError):
+        _loops.item_strings(data, offsets, np.array([1], np.int64))
+
+
+def test_unknown_domain_releases_do_not_depend_on_the_layout():
+    """UnkBase on the compact table and on the plain one (no C loops): the same
+    releases, bit for bit, in event mode and aggregate mode, with unicode items."""
+    rng = random.Random(2)
+    words = [f"w{i}" for i in range(40)] + ["é", "日本", "", "x\x00y"]
+    steps = [[rng.sample(words, rng.randint(1, 3)) for _ in range(rng.randint(0, 40))]
+             for _ in range(30)]
+
+    def run(events_mode: bool) -> list:
+        u = dps.UnknownDomainHistogram(30, max_items=3, key=fixed_key("table"), epsilon=8.0,
+                                       delta=1e-3, noise_version=2)
+        totals: dict[str, int] = {}
+        out = []
+        for t, events in enumerate(steps, start=1):
+            for e in events:
+                for x in e:
+                    totals[x] = totals.get(x, 0) + 1
+            if events_mode:
+                rel = u.step_batch(events)
+            else:
+                seen = u.items_seen
+                items = seen + [x for x in totals if x not in set(seen)]
+                rel = u.release(t, items, [totals.get(x, 0) for x in items])
+            out.append((rel.items, rel.values.tobytes()))
+        return out
+
+    compact = run(True)
+    assert sum(len(items) for items, _ in compact) > 100  # items were shown
+    assert run(False) == compact
+    with compiled.numpy_only():
+        assert run(True) == compact
+        assert run(False) == compact
