@@ -251,6 +251,23 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
     assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")
 
 
+def test_formatters_choose_the_columnar_path_by_size_and_cached_text():
+    from dpstream.io import _COLUMNAR_FRESH_MIN, _COLUMNAR_MIN, CsvFormatter, JsonlFormatter
+
+    for cls in (JsonlFormatter, CsvFormatter):
+        f = cls(True)
+        small = [f"s{i}" for i in range(_COLUMNAR_MIN)]
+        rel = dps.Release(t=1, items=small, values=np.ones(len(small)))
+        assert not f._columnar(rel)  # fresh items: json.dumps is faster
+        first = f.format(rel)  # rows
+        assert f.format(rel) == first  # the same items again: columns, text now cached
+        assert f._text.holds(small) and f._columnar(rel)
+        other = dps.Release(t=1, items=list(small), values=np.ones(len(small)))
+        assert not f._columnar(other) and f.format(other) == first
+        big = [f"b{i}" for i in range(_COLUMNAR_FRESH_MIN)]
+        assert f._columnar(dps.Release(t=1, items=big, values=np.ones(len(big))))
+
+
 def _event_and_aggregate_steps(name: str, words: list[str], n_steps: int):
     """UnkBase in event mode and an aggregate-mode twin over the same simulated steps.
 
