@@ -202,3 +202,54 @@ def test_unknown_domain_releases_do_not_depend_on_the_layout():
     with compiled.numpy_only():
         assert run(True) == compact
         assert run(False) == compact
+
+
+# Each case calls the C loops with arrays that do not match each other (as a bug in
+# the Python side, or a caller of the private module, could pass): before the
+# bounds checks these read past the offsets or the data (segfault) or probed a
+# table with no empty slot forever. Run in a child process, so that a crash or a
+# hang fails this test rather than killing the test run.
+_INCONSISTENT = """
+import numpy as np
+from dpstream import _loops
+from dpstream.mechanisms.item_table import ItemTable
+
+t = ItemTable()
+t.extend(["a", "bb", "ccc"])
+key, data, off, slots = t._key, t._data[:t._size], t._offsets[:4], t._slots
+far = np.array([0, 1, (1 << 40) - 3, 1 << 40], np.int64)  # past the data
+cases = {
+    "slots past the offsets": lambda: _loops.item_lookup(
+        ["ccc"], key, data, off[:2], slots, np.empty(1, np.int64)),
+    "offsets past the data": lambda: _loops.item_lookup(
+        ["ccc"], key, data, far, slots, np.empty(1, np.int64)),
+    "no empty slot (lookup)": lambda: _loops.item_lookup(
+        ["zz"], key, data, off, np.full(4, 1, np.uint64), np.empty(1, np.int64)),
+    "offsets going down (insert)": lambda: _loops.item_insert(
+        key, data, np.array([0, 1 << 40, 3, 6], np.int64), np.zeros(16, np.uint64), 0, 2),
+    "no empty slot (insert)": lambda: _loops.item_insert(
+        key, data, off, np.full(16, 1, np.uint64), 0, 3),
+    "byte-swapped offsets": lambda: _loops.item_lookup(
+        ["ccc"], key, data, off.astype(">i8"), slots, np.empty(1, np.int64)),
+}
+for name, call in cases.items():
+    try:
+        call()
+    except (ValueError, TypeError):
+        continue
+    raise SystemExit(f"not refused: {name}")
+neg = np.array([-(1 << 40), -(1 << 40) + 1], np.int64)  # before the data
+assert _loops.item_prefix_equals(["a"], data, neg, 1) is False
+print("refused")
+"""
+
+
+def test_inconsistent_arrays_are_refused_not_followed():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", _INCONSISTENT], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", (
+        done.returncode, done.stdout, done.stderr[-2000:])

@@ -13,18 +13,36 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-/* the last character of a struct format: 'Q' (uint64), 'd' (double), 'q' (int64);
- * NumPy writes longs as 'L'/'l' on some platforms */
+/* Doubles must be evaluated as doubles: x87 extended precision (FLT_EVAL_METHOD 2,
+ * 32-bit x86 without SSE2) would round twice, and fast-math reorders; either would
+ * break the bit identity with NumPy. The build is optional: it then fails, and
+ * dpstream runs the NumPy path. */
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "dpstream._loops needs FLT_EVAL_METHOD == 0 (SSE2 doubles, no x87)"
+#endif
+#ifdef __FAST_MATH__
+#error "dpstream._loops must not be compiled with fast-math"
+#endif
+
+/* a struct format of one native 8-byte item: 'Q' (uint64), 'd' (double), 'q' (int64),
+ * with no byte order or one that is the machine's; NumPy writes longs as 'L'/'l' on
+ * some platforms, and a byte-swapped array as '>Q' (refused: its values would be
+ * read wrong) */
 static int
 format_is(const Py_buffer *b, const char *accepted)
 {
     const char *f = b->format ? b->format : "B";
-    size_t n = strlen(f);
-    return n > 0 && strchr(accepted, f[n - 1]) != NULL && b->itemsize == 8;
+    const unsigned int one = 1;
+    const char native = *(const unsigned char *)&one ? '<' : '>';
+    if (f[0] == '@' || f[0] == '=' || f[0] == native || (f[0] == '!' && native == '>'))
+        f++;
+    return f[0] != '\0' && f[1] == '\0' && strchr(accepted, f[0]) != NULL &&
+           b->itemsize == 8;
 }
 
 static int
@@ -230,24 +248,37 @@ fail:
     return -1;
 }
 
-/* the position of the str bytes (p, n) with hash h, or -1 */
+/* whether stored item pos (0 <= pos < count) lies inside the data: the arrays come
+ * from Python, and a slot or offset that does not match them must not be followed */
+static inline int
+item_in_data(const int64_t *offsets, int64_t count, Py_ssize_t data_len, int64_t pos)
+{
+    return pos >= 0 && pos < count && offsets[pos] >= 0 && offsets[pos] <= offsets[pos + 1] &&
+           offsets[pos + 1] <= data_len;
+}
+
+/* the position of the str bytes (p, n) with hash h, -1 if absent, or -2 when the
+ * slots do not match the data (a slot past the items, no empty slot) */
 static inline int64_t
-probe(const uint64_t *slots, uint64_t mask, const unsigned char *data, const int64_t *offsets,
-      uint64_t h, const char *p, Py_ssize_t n)
+probe(const uint64_t *slots, uint64_t mask, const unsigned char *data, Py_ssize_t data_len,
+      const int64_t *offsets, int64_t count, uint64_t h, const char *p, Py_ssize_t n)
 {
     uint64_t s = h & mask, high = h >> 32;
-    for (;;) {
+    for (uint64_t tries = 0; tries <= mask; tries++) {
         uint64_t e = slots[s];
         if (e == 0)
             return -1;
         if ((e >> 32) == high) {
             int64_t pos = (int64_t)(e & 0xffffffffu) - 1;
+            if (!item_in_data(offsets, count, data_len, pos))
+                return -2;
             int64_t a = offsets[pos];
             if (offsets[pos + 1] - a == n && memcmp(data + a, p, (size_t)n) == 0)
                 return pos;
         }
         s = (s + 1) & mask;
     }
+    return -2;
 }
 
 /* item_lookup(items, key, data, offsets, slots, out): out[i] = the position of items[i],
@@ -280,6 +311,7 @@ item_lookup(PyObject *self, PyObject *args)
     const uint64_t *sl = t.slots.buf;
     uint64_t mask = (uint64_t)(t.slots.len / 8) - 1;
     int64_t *res = out.buf;
+    int64_t count = (int64_t)(t.offsets.len / 8) - 1;
     for (Py_ssize_t i = 0; i < k; i++) {
         const char *p;
         Py_ssize_t n;
@@ -288,7 +320,11 @@ item_lookup(PyObject *self, PyObject *args)
             continue;
         }
         uint64_t h = siphash13(kw[0], kw[1], (const unsigned char *)p, n);
-        res[i] = probe(sl, mask, t.data.buf, t.offsets.buf, h, p, n);
+        res[i] = probe(sl, mask, t.data.buf, t.data.len, t.offsets.buf, count, h, p, n);
+        if (res[i] == -2) {
+            PyErr_SetString(PyExc_ValueError, "item_lookup: the slots do not match the items");
+            goto done;
+        }
     }
     result = Py_NewRef(Py_None);
 done:
@@ -313,8 +349,12 @@ item_insert(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t nslots = t.slots.len / 8;
     const int64_t *off = t.offsets.buf;
-    if (first < 0 || last < first || last + 1 > t.offsets.len / 8 || 2 * last > nslots ||
-        last >= 0xffffffffLL || (last > first && off[last] > t.data.len)) {
+    int64_t count = (int64_t)(t.offsets.len / 8) - 1;
+    int ok = first >= 0 && last >= first && last <= count && last < 0xffffffffLL &&
+             last <= nslots / 2;
+    for (Py_ssize_t pos = first; ok && pos < last; pos++)
+        ok = item_in_data(off, count, t.data.len, pos);
+    if (!ok) {
         PyErr_SetString(PyExc_ValueError, "item_insert: positions out of range or table full");
         release_table(&t);
         return NULL;
@@ -324,15 +364,22 @@ item_insert(PyObject *self, PyObject *args)
     const unsigned char *d = t.data.buf;
     uint64_t mask = (uint64_t)nslots - 1;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t pos = first; pos < last; pos++) {
+    for (Py_ssize_t pos = first; ok && pos < last; pos++) {
         uint64_t h = siphash13(kw[0], kw[1], d + off[pos], off[pos + 1] - off[pos]);
-        uint64_t s = h & mask;
-        while (sl[s] != 0)
+        uint64_t s = h & mask, tries = 0;
+        while (sl[s] != 0 && tries++ < mask)
             s = (s + 1) & mask;
-        sl[s] = ((h >> 32) << 32) | (uint64_t)(pos + 1);
+        if (sl[s] != 0)
+            ok = 0;  /* no free slot: the slots were already full */
+        else
+            sl[s] = ((h >> 32) << 32) | (uint64_t)(pos + 1);
     }
     Py_END_ALLOW_THREADS
     release_table(&t);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "item_insert: no free slot");
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -365,7 +412,7 @@ item_prefix_equals(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; equal && i < n; i++) {
         const char *p;
         Py_ssize_t len;
-        equal = str_utf8(objs[i], &p, &len) && off[i + 1] - off[i] == len &&
+        equal = str_utf8(objs[i], &p, &len) && off[i] >= 0 && off[i + 1] - off[i] == len &&
                 off[i + 1] <= d.len && memcmp(bytes + off[i], p, (size_t)len) == 0;
     }
     PyBuffer_Release(&o);
