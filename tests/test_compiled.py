@@ -168,3 +168,20 @@ def test_the_environment_switch(monkeypatch):
     monkeypatch.setattr(compiled, "_state", {})
     monkeypatch.delenv(compiled.ENV)
     assert not compiled.enabled()  # unset: falls back silently
+
+
+def test_blocks_in_the_other_byte_order_give_the_numpy_values():
+    """Blocks not in the machine's byte order (the ``"<u8"`` blocks of a big-endian
+    machine; ``">u8"`` here) must be read as their values, not as native words: the
+    C loop reads native words, so such a chunk stays on the NumPy path."""
+    rng = np.random.default_rng(7)
+    native = rng.integers(0, np.iinfo(np.uint64).max, size=(4096, 2), dtype=np.uint64,
+                          endpoint=True)
+    swapped = native.astype(native.dtype.newbyteorder())
+    assert not swapped.dtype.isnative and np.array_equal(swapped, native)
+    got = np.empty(len(native))
+    normals_into(swapped, got, retry_words)
+    with compiled.numpy_only():
+        want = np.empty(len(native))
+        normals_into(native, want, retry_words)
+    assert same_bits(got, want)

@@ -115,10 +115,11 @@ def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarra
     above the curve (to restart) at ``pending[:n_restart]``, points in the tail
     region at ``pending[c - n_tail:]``, and points within a few ulps of the curve
     (to decide exactly) at ``close[:n_close]``. Returns ``(n_restart, n_tail,
-    n_close)``, or None (nothing written) when the chunk is small or the loops
-    are off.
+    n_close)``, or None (nothing written) when the chunk is small, the loops
+    are off, or the blocks are not in the machine's byte order (the ``"<u8"``
+    blocks of a big-endian machine: the C loop reads native words).
     """
-    if blocks.shape[0] < MIN_ITEMS:
+    if blocks.shape[0] < MIN_ITEMS or not blocks.dtype.isnative:
         return None
     loops = _loops()
     if loops is None:
