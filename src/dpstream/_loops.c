@@ -5,7 +5,7 @@
  * in for (see dpstream/compiled.py). Every loop performs, per element, the IEEE
  * double operations of its NumPy twin in the same order. It must be compiled
  * without contraction into fused multiply-adds (-ffp-contract=off, set in
- * pyproject.toml) and without fast-math; tests/test_compiled.py checks the bits
+ * setup.py) and without fast-math; tests/test_compiled.py checks the bits
  * against the NumPy path.
  *
  * Arrays are taken through the buffer protocol (C-contiguous, 8-byte items), so
