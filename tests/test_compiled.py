@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dpstream import NoiseSource, compiled, noise_kernel
-from dpstream.ziggurat import TABLE, add_normals, normals_into
+from dpstream.ziggurat import TABLE, normals_into
 
 from .conftest import fixed_key
 from .test_noise_kernel import as_words, random_address, random_ids, same_bits
@@ -100,29 +100,6 @@ def test_points_at_the_curve_are_decided_exactly():
         else:
             assert z != x and math.isfinite(z)
     assert restarted == {True, False}
-
-
-@pytest.mark.parametrize("scale", [1.0, 0.37])
-@pytest.mark.parametrize("accumulate", [False, True])
-def test_fused_scale_and_add_give_normals_then_numpy_passes(scale, accumulate):
-    """add_normals in one C pass (tails, restarts and close calls finished in NumPy)
-    against the NumPy path's values followed by NumPy's multiply and add."""
-    rng = np.random.default_rng(8)
-    region = 120
-    near = np.concatenate([_wedge_block(region, int(LIMIT[region]) + 77, nudge)
-                           for nudge in range(-510, 511, 170)])
-    rand = rng.integers(0, np.iinfo(np.uint64).max, size=(1 << 16, 2), dtype=np.uint64)
-    blocks = np.ascontiguousarray(np.concatenate([rand[:3000], near, rand[3000:]]))
-    base = rng.normal(0.0, 50.0, len(blocks))
-    with compiled.numpy_only():
-        z = np.empty(len(blocks))
-        normals_into(blocks, z, retry_words)
-    if scale != 1.0:
-        np.multiply(z, scale, out=z)
-    want = base + z if accumulate else z
-    got = base.copy()
-    add_normals(blocks, got, scale, accumulate, retry_words)
-    assert same_bits(got, want)
 
 
 def test_keyed_draws_and_accumulation_give_the_numpy_values():

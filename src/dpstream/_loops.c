@@ -65,13 +65,8 @@ get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char 
 #define I64 "ql"
 
 /*
- * ziggurat(blocks, out, scaled, limit, bottom, rise, pending, close[, raw, scale,
- *          accumulate]) -> (n_restart, n_tail, n_close)
- *
- * Without raw, out gets +-u x[i] for every block (the final value for the points the
- * loop decides). With raw (c float64), the decided points get out = z * scale (the
- * multiplication only when scale != 1), or out + that with accumulate, and the
- * points left to the caller get raw = +-u x[i], out untouched.
+ * ziggurat(blocks, out, scaled, limit, bottom, rise, pending, close)
+ *     -> (n_restart, n_tail, n_close)
  *
  * blocks: (c, 2) uint64; out: c float64; scaled, limit: 512 float64 (region and
  * sign); bottom, rise: 256 float64; pending, close: c int64. See
@@ -81,30 +76,25 @@ get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char 
 static PyObject *
 ziggurat(PyObject *self, PyObject *args)
 {
-    PyObject *o[9];
-    Py_buffer b[9];
-    static const char *names[9] = {"blocks", "out", "scaled", "limit", "bottom",
-                                   "rise", "pending", "close", "raw"};
-    static const char *types[9] = {U64, F64, F64, F64, F64, F64, I64, I64, F64};
-    static const int writable[9] = {0, 1, 0, 0, 0, 0, 1, 1, 1};
-    double scale = 1.0;
-    int accumulate = 0;
+    PyObject *o[8];
+    Py_buffer b[8];
+    static const char *names[8] = {"blocks", "out", "scaled", "limit",
+                                   "bottom", "rise", "pending", "close"};
+    static const char *types[8] = {U64, F64, F64, F64, F64, F64, I64, I64};
+    static const int writable[8] = {0, 1, 0, 0, 0, 0, 1, 1};
     int got = 0;
     PyObject *result = NULL;
 
-    o[8] = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO|Odp", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &o[8], &scale, &accumulate))
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7]))
         return NULL;
-    int nbuf = o[8] == Py_None ? 8 : 9;
-    for (; got < nbuf; got++)
+    for (; got < 8; got++)
         if (get(o[got], &b[got], writable[got], types[got], names[got]) < 0)
             goto done;
 
     Py_ssize_t c = b[1].len / 8;
     if (b[0].len != 16 * c || b[6].len < 8 * c || b[7].len < 8 * c || b[2].len != 8 * 512 ||
-        b[3].len != 8 * 512 || b[4].len != 8 * 256 || b[5].len != 8 * 256 ||
-        (nbuf == 9 && b[8].len < 8 * c)) {
+        b[3].len != 8 * 512 || b[4].len != 8 * 256 || b[5].len != 8 * 256) {
         PyErr_SetString(PyExc_ValueError, "ziggurat: array sizes do not match");
         goto done;
     }
@@ -113,7 +103,6 @@ ziggurat(PyObject *self, PyObject *args)
     const double *scaled = b[2].buf, *limit = b[3].buf, *bottom = b[4].buf,
                  *rise = b[5].buf;
     int64_t *pending = b[6].buf, *close = b[7].buf;
-    double *raw = nbuf == 9 ? b[8].buf : NULL;
     Py_ssize_t n_restart = 0, n_tail = 0, n_close = 0;
 
     Py_BEGIN_ALLOW_THREADS
@@ -122,38 +111,24 @@ ziggurat(PyObject *self, PyObject *args)
         int64_t j = (int64_t)(w0 & 511u);  /* region (bits 0..7) and sign (bit 8) */
         double h = (double)(int64_t)(w0 >> 11) + 0.5;
         double value = h * scaled[j];  /* +-u x[i], u = h 2^-53 */
-        int decided = 1;
-        if (!(h < limit[j])) {  /* else the fast path: under the curve */
-            int64_t layer = j & 255;
-            if (layer == 0) {  /* the tail beyond r: drawn by the caller */
-                pending[c - 1 - n_tail++] = a;
-                decided = 0;
-            } else {
-                double x = fabs(value);
-                double v = ((double)(int64_t)(blocks[2 * a + 1] >> 11) + 0.5) * 0x1p-53;
-                double height = bottom[layer] + v * rise[layer];
-                double q = -0.5 * (x * x);
-                double e = exp(q);
-                double spacing = nextafter(e, INFINITY) - e;  /* numpy.spacing, e > 0 */
-                if (fabs(height - e) <= 4.0 * spacing) {
-                    close[n_close++] = a;  /* decided exactly by the caller */
-                    decided = 0;
-                } else if (!(height < e)) {
-                    pending[n_restart++] = a;  /* above the curve: restarted by the caller */
-                    decided = 0;
-                }
-            }
+        out[a] = value;
+        if (h < limit[j])
+            continue;  /* fast path: under the curve */
+        int64_t layer = j & 255;
+        if (layer == 0) {  /* the tail beyond r: drawn by the caller */
+            pending[c - 1 - n_tail++] = a;
+            continue;
         }
-        if (raw == NULL) {
-            out[a] = value;
-        } else if (decided) {  /* as NumPy: z = value * scale (unless 1); out + z */
-            double z = value;
-            if (scale != 1.0)
-                z = z * scale;
-            out[a] = accumulate ? out[a] + z : z;
-        } else {
-            raw[a] = value;  /* the caller finishes these */
-        }
+        double x = fabs(value);
+        double v = ((double)(int64_t)(blocks[2 * a + 1] >> 11) + 0.5) * 0x1p-53;
+        double height = bottom[layer] + v * rise[layer];
+        double q = -0.5 * (x * x);
+        double e = exp(q);
+        double spacing = nextafter(e, INFINITY) - e;  /* numpy.spacing for e > 0 */
+        if (fabs(height - e) <= 4.0 * spacing)
+            close[n_close++] = a;  /* decided exactly by the caller */
+        else if (!(height < e))
+            pending[n_restart++] = a;  /* above the curve: restarted by the caller */
     }
     Py_END_ALLOW_THREADS
 

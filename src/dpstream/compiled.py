@@ -107,29 +107,22 @@ def numpy_only() -> Iterator[None]:
 
 
 def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarray,
-             close: np.ndarray, raw: np.ndarray | None = None, scale: float = 1.0,
-             accumulate: bool = False) -> tuple[int, int, int] | None:
+             close: np.ndarray) -> tuple[int, int, int] | None:
     """The ziggurat over a chunk, compiled, but for three rare kinds of points.
 
     Writes every block's value into ``out`` (see :func:`dpstream.ziggurat.normals_into`)
-    except for points it leaves to the caller with ``+-u x[i]``: points above
-    the curve (to restart) at ``pending[:n_restart]``, points in the tail region
-    at ``pending[c - n_tail:]``, and points within a few ulps of the curve (to
-    decide exactly) at ``close[:n_close]``. Without ``raw``, ``out`` holds
-    ``+-u x[i]`` for those; with ``raw``, ``raw`` holds it, ``out`` is left as it
-    is there, and the other points get ``z * scale`` (the product only when
-    scale is not 1), added to ``out`` with ``accumulate``. Returns ``(n_restart,
-    n_tail, n_close)``, or None (nothing written) when the chunk is small, the
-    loops are off, or the blocks are not in the machine's byte order (the
-    ``"<u8"`` blocks of a big-endian machine: the C loop reads native words).
+    except for points it leaves to the caller with ``out = +-u x[i]``: points
+    above the curve (to restart) at ``pending[:n_restart]``, points in the tail
+    region at ``pending[c - n_tail:]``, and points within a few ulps of the curve
+    (to decide exactly) at ``close[:n_close]``. Returns ``(n_restart, n_tail,
+    n_close)``, or None (nothing written) when the chunk is small, the loops
+    are off, or the blocks are not in the machine's byte order (the ``"<u8"``
+    blocks of a big-endian machine: the C loop reads native words).
     """
     if blocks.shape[0] < MIN_ITEMS or not blocks.dtype.isnative:
         return None
     loops = _loops()
     if loops is None:
         return None
-    if raw is None:
-        return loops.ziggurat(blocks, out, table.scaled, table.limit, table.bottom,
-                              table.rise, pending, close)
     return loops.ziggurat(blocks, out, table.scaled, table.limit, table.bottom, table.rise,
-                          pending, close, raw, float(scale), bool(accumulate))
+                          pending, close)

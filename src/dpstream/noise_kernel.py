@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
-from .ziggurat import add_normals
+from .ziggurat import normals_into
 
 __all__ = [
     "CHUNK_ITEMS",
@@ -161,16 +161,19 @@ def noise_chunk(
     * gumbel: ``-scale * log(-log(u))``
     * gaussian-v2 (:data:`ZIGGURAT`): :func:`dpstream.ziggurat.normals_into`
       of the blocks, with ``retry_enc`` (the purpose's retry AES) for the
-      rare restarts, then ``* scale`` unless scale is 1 (in one pass with the
-      write or addition: :func:`dpstream.ziggurat.add_normals`)
+      rare restarts, then ``* scale`` unless scale is 1
     """
     c = out.shape[0]
     blocks = encrypt_chunk(enc, words, tile, ws)
     if distribution == ZIGGURAT:
+        f = ws.f[:c] if accumulate else out
         size = ws.size
         scratch = (ws.u, ws.x[size : 2 * size].view(np.int64), ws.g)
-        add_normals(blocks, out, scale, accumulate, lambda rows: retry_words(retry_enc, rows),
-                    scratch, ws.f)
+        normals_into(blocks, f, lambda rows: retry_words(retry_enc, rows), scratch)
+        if scale != 1.0:
+            np.multiply(f, scale, out=f)
+        if accumulate:
+            np.add(out, f, out=out)
         return
     u = ws.u[:c]
     np.right_shift(blocks[:, 0], _SHIFT, out=u)

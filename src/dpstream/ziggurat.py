@@ -63,7 +63,7 @@ from scipy.special import ndtri
 
 from . import compiled
 
-__all__ = ["LAYERS", "Table", "TABLE", "add_normals", "normals_into", "uniforms_from_words"]
+__all__ = ["LAYERS", "Table", "TABLE", "normals_into", "uniforms_from_words"]
 
 LAYERS = 256
 _INDEX_BITS = np.uint64(2 * LAYERS - 1)  # region (8 bits) and sign (bit 8)
@@ -138,10 +138,23 @@ def normals_into(blocks: np.ndarray, out: np.ndarray,
     c = blocks.shape[0]
     t = TABLE
     if c >= compiled.MIN_ITEMS:
-        pending, close = _index_buffers(c, scratch)
+        if scratch is None:
+            pending, close = np.empty(c, np.int64), np.empty(c, np.int64)
+        else:
+            pending, close = scratch[1][:c], scratch[0][:c].view(np.int64)
         counts = compiled.ziggurat(blocks, out, t, pending, close)
         if counts is not None:
-            _finish(blocks, out, pending, close, counts, retry)
+            n_restart, n_tail, n_close = counts
+            if n_tail:
+                tail = pending[c - n_tail:]
+                v = uniforms_from_words(blocks[tail, 1])
+                out[tail] = np.copysign(-ndtri(v * t.tail_probability), out[tail])
+            if n_close:
+                near = close[:n_close]
+                layer = (blocks[near, 0] & _LAYER_BITS).view(np.int64)
+                _slow_path(blocks, out, layer, near, retry)
+            if n_restart:
+                _restart(blocks, out, pending[:n_restart], retry)
             return
     if scratch is None:
         k_buf, j_buf, g_buf = np.empty(c, np.uint64), np.empty(c, np.int64), np.empty(c)
@@ -159,69 +172,6 @@ def normals_into(blocks: np.ndarray, out: np.ndarray,
     np.multiply(out, g_buf, out=out)
     if slow.size:
         _slow_path(blocks, out, j_buf[slow] & (LAYERS - 1), slow, retry)
-
-
-def add_normals(blocks: np.ndarray, out: np.ndarray, scale: float, accumulate: bool,
-                retry: Callable[[np.ndarray], np.ndarray],
-                scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                buffer: np.ndarray | None = None) -> None:
-    """``out = z * scale``, or ``out += z * scale`` with ``accumulate``, for z the
-    :func:`normals_into` values of ``blocks`` (the product only when scale is not 1).
-
-    The same operations per value as :func:`normals_into` into a buffer followed
-    by ``buffer *= scale`` and ``out += buffer``; with the C loops, one pass
-    does it all for the points it decides, and the few it leaves are finished
-    here. ``scratch``: as for :func:`normals_into`; ``buffer``: c more float64
-    (not one of ``scratch``), else allocated.
-    """
-    c = blocks.shape[0]
-    raw = np.empty(c) if buffer is None else buffer[:c]
-    if c >= compiled.MIN_ITEMS:
-        pending, close = _index_buffers(c, scratch)
-        counts = compiled.ziggurat(blocks, out, TABLE, pending, close, raw, scale, accumulate)
-        if counts is not None:
-            n_restart, n_tail, n_close = counts
-            if n_restart or n_tail or n_close:
-                _finish(blocks, raw, pending, close, counts, retry)
-                left = np.concatenate([pending[:n_restart], pending[c - n_tail:],
-                                       close[:n_close]])
-                z = raw[left]
-                if scale != 1.0:
-                    z = z * scale
-                out[left] = out[left] + z if accumulate else z
-            return
-    f = raw if accumulate else out
-    normals_into(blocks, f, retry, scratch)
-    if scale != 1.0:
-        np.multiply(f, scale, out=f)
-    if accumulate:
-        np.add(out, f, out=out)
-
-
-def _index_buffers(c: int, scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Two int64 buffers of c values (pending, close) for the C loop."""
-    if scratch is None:
-        return np.empty(c, np.int64), np.empty(c, np.int64)
-    return scratch[1][:c], scratch[0][:c].view(np.int64)
-
-
-def _finish(blocks: np.ndarray, out: np.ndarray, pending: np.ndarray, close: np.ndarray,
-            counts: tuple[int, int, int], retry: Callable[[np.ndarray], np.ndarray]) -> None:
-    """The points the C loop left, whose ``out`` holds ``+-u x[i]``: tails, close calls
-    and restarts, drawn and decided as the NumPy path does."""
-    n_restart, n_tail, n_close = counts
-    c = blocks.shape[0]
-    if n_tail:
-        tail = pending[c - n_tail:]
-        v = uniforms_from_words(blocks[tail, 1])
-        out[tail] = np.copysign(-ndtri(v * TABLE.tail_probability), out[tail])
-    if n_close:
-        near = close[:n_close]
-        layer = (blocks[near, 0] & _LAYER_BITS).view(np.int64)
-        _slow_path(blocks, out, layer, near, retry)
-    if n_restart:
-        _restart(blocks, out, pending[:n_restart], retry)
 
 
 def _slow_path(blocks: np.ndarray, out: np.ndarray, layer: np.ndarray, slow: np.ndarray,
