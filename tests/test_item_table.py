@@ -253,3 +253,44 @@ def test_inconsistent_arrays_are_refused_not_followed():
                           text=True, timeout=30, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "refused", (
         done.returncode, done.stdout, done.stderr[-2000:])
+
+
+def test_top_k_releases_do_not_depend_on_the_layout():
+    """ContinualTopK (SparseGumb) over a str domain held in the compact table and in
+    the plain one: the same releases in event mode and aggregate mode, the same
+    errors for an item outside the domain, and ``domain`` the items given."""
+    rng = random.Random(3)
+    domain = [f"d{i}" for i in range(60)] + ["é", "日本", "", "x\x00y"]
+    steps = [[rng.sample(domain[:20] if rng.random() < 0.7 else domain, 2)
+              for _ in range(rng.randint(0, 30))] for _ in range(25)]
+
+    def run(events_mode: bool) -> list:
+        m = dps.ContinualTopK(domain, 30, k=4, switches=3, eta=1.0,
+                              key=fixed_key("table-topk"), rho=2.0, noise_version=2)
+        assert m.domain == domain
+        totals = dict.fromkeys(domain, 0)
+        out = []
+        for t, events in enumerate(steps, start=1):
+            for e in events:
+                for x in e:
+                    totals[x] += 1
+            if events_mode:
+                rel = m.step_batch(events)
+            elif t % 2:
+                rel = m.release(t, dict(totals))
+            else:
+                rel = m.release(t, list(totals), list(totals.values()))
+            out.append((rel.items, rel.values.tobytes()))
+        for bad in (lambda: m.step_batch([["d1", "nope"]]),
+                    lambda: m.release(26, {"nope": 1}),
+                    lambda: m.release(26, ["nope"], [1])):
+            with pytest.raises(dps.InvalidEventError, match="nope"):
+                bad()
+        return out
+
+    compact = run(True)
+    assert sum(len(items) for items, _ in compact) > 20
+    assert run(False) == compact
+    with compiled.numpy_only():
+        assert run(True) == compact
+        assert run(False) == compact

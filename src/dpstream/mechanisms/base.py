@@ -295,13 +295,15 @@ def domain_counts(
     """
     n = len(previous)
     if isinstance(counts, Mapping):
+        from .columns import lookup_all
+
         items, values = mapping_counts(counts)
+        pos = lookup_all(items, index)
+        if pos.size and pos.min() < 0:
+            raise InvalidEventError(
+                f"item {items[int(np.argmax(pos < 0))]!r} is not in the domain")
         arr = np.zeros(n, dtype=np.int64)
-        for item, value in zip(items, values, strict=True):
-            pos = index.get(item)
-            if pos is None:
-                raise InvalidEventError(f"item {item!r} is not in the domain")
-            arr[pos] = value
+        arr[pos] = values
     else:
         return check_count_array("counts", counts, n, at_least=previous)
     check_grows(arr, previous)

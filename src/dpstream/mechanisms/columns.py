@@ -113,7 +113,7 @@ def event_positions(events: Any, index: Any, n: int
     return cols, flat[1], new
 
 
-def domain_positions(events: Any, index: Mapping[Hashable, int], max_items: int | None
+def domain_positions(events: Any, index: Any, max_items: int | None
                      ) -> np.ndarray | None:
     """The domain positions of a step's distinct (per event) item occurrences, or
     ``None`` when the per-event path must run (an item outside the domain, an event
@@ -143,6 +143,15 @@ def flatten_events(events: Any) -> tuple[list[Hashable], np.ndarray] | None:
     return flat, offsets
 
 
+def lookup_all(items: Sequence[Hashable], index: Any) -> np.ndarray:
+    """Each item's ``index`` position (int64), -1 for an item it lacks. ``index``: a
+    Mapping, or anything with a ``lookup(items)`` that answers for all at once (an
+    :class:`~dpstream.mechanisms.item_table.ItemTable`)."""
+    if isinstance(index, Mapping):
+        return np.fromiter(map(index.get, items, repeat(-1, len(items))), np.int64, len(items))
+    return index.lookup(items)
+
+
 def positions(items: Sequence[Hashable], index: Any, n: int
               ) -> tuple[np.ndarray, list[Hashable]]:
     """Each item's column: ``index[item]``, or ``n + k`` for the k-th new item (in
@@ -151,10 +160,7 @@ def positions(items: Sequence[Hashable], index: Any, n: int
     ``index``: a Mapping item -> column, or anything with a ``lookup(items)`` that
     returns the columns at once, -1 for an item it lacks (an
     :class:`~dpstream.mechanisms.item_table.ItemTable`)."""
-    if isinstance(index, Mapping):
-        cols = np.fromiter(map(index.get, items, repeat(-1, len(items))), np.int64, len(items))
-    else:  # an ItemTable: the whole sequence at once
-        cols = index.lookup(items)
+    cols = lookup_all(items, index)
     missing = np.flatnonzero(cols < 0)
     new: dict[Hashable, int] = {}
     if missing.size:
@@ -331,7 +337,7 @@ def aggregate_items(items: Any, counts: Any) -> tuple[list[Hashable], np.ndarray
     return keys, values
 
 
-def domain_aggregate(items: Any, counts: Any, index: Mapping[Hashable, int],
+def domain_aggregate(items: Any, counts: Any, index: Any,
                      previous: np.ndarray) -> np.ndarray:
     """Aggregate-mode counts given as (items, counts) or a frame, over a known domain:
     an int64 array aligned with the domain (missing items count 0)."""
@@ -339,7 +345,7 @@ def domain_aggregate(items: Any, counts: Any, index: Mapping[Hashable, int],
 
     keys, values = aggregate_items(items, counts)
     n = previous.size
-    pos = np.fromiter(map(index.get, keys, repeat(-1, len(keys))), np.int64, len(keys))
+    pos = lookup_all(keys, index)
     if pos.size and pos.min() < 0:
         raise InvalidEventError(f"item {keys[int(np.argmax(pos < 0))]!r} is not in the domain")
     arr = np.zeros(n, dtype=np.int64)

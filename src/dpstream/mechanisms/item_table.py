@@ -97,9 +97,27 @@ class ItemTable:
         if self._loops is None:
             self._objects, self._index = [], {}
 
+    @classmethod
+    def of(cls, items: Sequence[Hashable]) -> ItemTable:
+        """A table of ``items`` (distinct, canonical), numbered in their order."""
+        table = cls()
+        table.extend(items)
+        return table
+
     # -- reading -------------------------------------------------------------------
     def __len__(self) -> int:
         return self._n
+
+    def get(self, item: Hashable, default: int | None = None) -> int | None:
+        """The position of one item, or ``default`` (a dict's ``get``; for many items
+        at once, :meth:`lookup`)."""
+        if self._index is not None:
+            return self._index.get(item, default)
+        pos = int(self.lookup([item])[0])
+        return default if pos < 0 else pos
+
+    def __contains__(self, item: object) -> bool:
+        return self.get(item) is not None  # type: ignore[arg-type]
 
     @property
     def compact(self) -> bool:

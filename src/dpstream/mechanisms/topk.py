@@ -53,8 +53,10 @@ from .columns import (
     domain_positions,
     fast_events,
     is_frame,
+    lookup_all,
 )
 from .counters import blt_sigma, resolve_counter
+from .item_table import ItemTable
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, user_guarantee
 
@@ -407,8 +409,11 @@ class ContinualTopK:
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.stream = check_stream_name(stream)
         check_key(key)
-        self.domain, self._index = check_domain(domain)
-        d = len(self.domain)
+        items, _ = check_domain(domain)
+        # the domain, numbered in its order: a compact table of str items (or a list
+        # and a dict for other types), which finds a step's positions all at once
+        self._index = ItemTable.of(items)
+        d = len(items)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if not 1 <= k <= d:
@@ -467,7 +472,7 @@ class ContinualTopK:
         ), self.noise_version)
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
-        self._ids = self._svt.item_ids(self.domain)
+        self._ids = self._svt.item_ids(items)
         self._svt_prepared = self._svt.prepare_ids(self._ids) if self.switches else None
         self._eta_cache: dict[float, float] = {}  # counter variance -> eta
         if self.wait:  # the waiting round's threshold noise, drawn once
@@ -551,11 +556,16 @@ class ContinualTopK:
         return self._counts.copy()
 
     @property
+    def domain(self) -> list[Hashable]:
+        """The domain's items, in order (a new list)."""
+        return self._index.to_list()
+
+    @property
     def selected(self) -> list[Hashable]:
         """The items currently released (empty before the first release)."""
         if self._selected is None:
             return []
-        return [self.domain[i] for i in self._selected]
+        return self._index.take(self._selected)
 
     @property
     def switches_used(self) -> int:
@@ -581,19 +591,19 @@ class ContinualTopK:
         events = as_events(events)
         fast = domain_positions(events, self._index, None)
         if fast is not None:
-            new_counts = self._counts + np.bincount(fast, minlength=len(self.domain))
+            new_counts = self._counts + np.bincount(fast, minlength=len(self._index))
         else:
             events = fast_events(events)  # the per-event path raises the precise error
-            idx: list[int] = []
-            for event in events:
-                for item in normalise_event(event, None):
-                    pos = self._index.get(item)
-                    if pos is None:
-                        raise InvalidEventError(f"item {item!r} is not in the domain")
-                    idx.append(pos)
-            new_counts = self._counts + np.bincount(
-                np.asarray(idx, dtype=np.int64), minlength=len(self.domain)
-            )
+            parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+            for event in events:  # event by event: the first bad event's error
+                items = list(normalise_event(event, None))
+                pos = lookup_all(items, self._index)
+                if pos.size and pos.min() < 0:
+                    raise InvalidEventError(
+                        f"item {items[int(np.argmax(pos < 0))]!r} is not in the domain")
+                parts.append(pos)
+            new_counts = self._counts + np.bincount(np.concatenate(parts),
+                                                    minlength=len(self._index))
         rel = self._release(t, new_counts)
         if pending is not None:
             self._users.commit(pending)
@@ -700,11 +710,11 @@ class ContinualTopK:
             return Release(t=t, items=[], values=np.zeros(0), meta=meta)
         sel = self._selected
         values = counts[sel] + self._counter_noise(sel)
-        return Release(t=t, items=[self.domain[i] for i in sel], values=values, meta=meta)
+        return Release(t=t, items=self._index.take(sel), values=values, meta=meta)
 
     def __repr__(self) -> str:
         return (
-            f"ContinualTopK(d={len(self.domain)}, T={self.horizon}, k={self.k}, "
+            f"ContinualTopK(d={len(self._index)}, T={self.horizon}, k={self.k}, "
             f"s={self.switches}, counter={self.counter}, r={self.base}, tau={self.tau:.4g}, "
             f"t={self.t}, "
             f"switches_left={self.switches_left})"
