@@ -547,6 +547,17 @@ def step_steps(chunks: Iterable[Chunk], horizon: int, *, start: int = 0,
     yield from grouper.finish()
 
 
+def _item_array(chunk: Chunk) -> np.ndarray:
+    """The chunk's distinct items as a NumPy object array (made once per chunk), so a
+    step takes its items with one fancy index rather than a Python loop."""
+    arr = chunk.__dict__.get("_item_array")
+    if arr is None:
+        arr = np.empty(len(chunk.items), dtype=object)
+        arr[:] = chunk.items
+        chunk.__dict__["_item_array"] = arr
+    return arr
+
+
 def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     ev_lines: list[np.ndarray] = []
     codes: list[np.ndarray] = []
@@ -556,7 +567,7 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     lengths: list[np.ndarray] = []
     raws: list[bytes] = []
     seen_chunks: dict[int, int] = {}
-    sources: list[list[Any]] = []
+    chunks: list[Chunk] = []  # the chunks whose items this step uses
     users: list[Any] = []
     for part in parts:
         ch, a, b = part.chunk, part.a, part.b
@@ -583,8 +594,8 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
             users.extend(ch.users[i] for i in good.tolist())
         base = seen_chunks.get(id(ch))
         if base is None:  # the chunks' items, one after the other (not copied)
-            base = seen_chunks[id(ch)] = sum(len(x) for x in sources)
-            sources.append(ch.items)
+            base = seen_chunks[id(ch)] = sum(len(x.items) for x in chunks)
+            chunks.append(ch)
         lo, hi = ch.offsets[good], ch.offsets[good + 1]
         sizes.append(hi - lo)
         if good.size == b - a and not bad:
@@ -598,8 +609,9 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     all_codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)
     if all_codes.size:  # only the items this step uses (a chunk holds many steps)
         used, all_codes = np.unique(all_codes, return_inverse=True)
-        src = sources[0] if len(sources) == 1 else [x for chunk in sources for x in chunk]
-        items = [src[u] for u in used.tolist()]
+        arrays = [_item_array(ch) for ch in chunks]
+        src = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        items = src[used].tolist()
     else:
         items = []
     size_arr = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
