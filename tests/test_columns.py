@@ -251,6 +251,28 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
     assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")
 
 
+def test_jsonl_writes_items_of_one_text_alike_on_both_paths():
+    """Items 1 and "1" share their text; both paths write one pair per item (a dict
+    would keep only the last), so the output does not depend on the release's size."""
+    import json
+
+    from dpstream.io import JsonlFormatter
+
+    items = [1, "1", "a"]
+    rel = dps.Release(t=5, items=items, values=np.array([2.0, 3.0, 4.0]),
+                      meta={"noise_std": 1.5})
+    for round_counts in (True, False):
+        f = JsonlFormatter(round_counts)
+        rows, cols = f._format_rows(rel), f._format_columns(rel)
+        assert rows == cols
+        text = rows.decode()
+        two, three, four = ("2", "3", "4") if round_counts else ("2.0", "3.0", "4.0")
+        want = ('{"t": 5, "released": {"1": ' + two + ', "1": ' + three + ', "a": '
+                + four + '}, "meta": {"noise_std": 1.5}}\n')
+        assert text == want
+        assert json.loads(text)["t"] == 5  # still JSON (a reader keeps the last pair)
+
+
 def test_formatters_choose_the_columnar_path_by_size_and_cached_text():
     from dpstream.io import _COLUMNAR_FRESH_MIN, _COLUMNAR_MIN, CsvFormatter, JsonlFormatter
 

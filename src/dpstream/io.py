@@ -904,14 +904,25 @@ class JsonlFormatter(_Formatter):
 
     def _format_rows(self, release: Release) -> bytes:
         values = _values(release, self.round_counts)
-        obj: dict[str, Any] = {
-            "t": int(release.t),
-            "released": {str(k): v for k, v in zip(release.items, values, strict=True)},
-        }
+        released = {str(k): v for k, v in zip(release.items, values, strict=True)}
+        obj: dict[str, Any] = {"t": int(release.t), "released": released}
         if release.meta:
             obj["meta"] = dict(release.meta)
-        return (json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
-                + "\n").encode("utf-8")
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+        if len(released) < len(values):
+            # two items with one text (1 and "1"): a dict would keep only the last
+            # pair; write one pair per item, as the columnar path does
+            pairs = ", ".join(
+                f"{_json_key(k)}: {json.dumps(v, allow_nan=False)}"
+                for k, v in zip(release.items, values, strict=True))
+            head = json.dumps({"t": int(release.t)})[:-1]
+            text = f'{head}, "released": {{{pairs}}}'
+            if release.meta:
+                text += ", \"meta\": " + json.dumps(
+                    dict(release.meta), ensure_ascii=False, allow_nan=False,
+                    default=_json_default)
+            text += "}"
+        return (text + "\n").encode("utf-8")
 
 
 #: The columns of every long ("tidy") output: one row per released item per step.
