@@ -439,3 +439,24 @@ def test_aggregate_frames_and_counts_refuse_what_they_cannot_release_exactly():
                                  rho=1.0)
     with pytest.raises(ValueError, match="fit in int64"):
         k.release(1, np.array([1, 2**63], dtype=np.uint64))
+
+
+@pytest.mark.parametrize("round_counts", [True, False])
+def test_formatters_write_a_table_view_as_its_list(round_counts):
+    """A known domain's releases carry a view of its compact table; every formatter
+    writes the bytes it writes for the list of the same items (both paths)."""
+    from dpstream import compiled
+    from dpstream.io import CsvFormatter, JsonlFormatter, JsonlLongFormatter
+    from dpstream.mechanisms.item_table import TableItems, domain_table
+
+    if not compiled.enabled():
+        pytest.skip("no compact table without the C loops (CI requires them)")
+    items = [f"i{k}" for k in range(300)] + ["a,b", 'q"uote', "caf\u00e9", "new\nline"]
+    view = TableItems(domain_table(items))
+    values = np.random.default_rng(3).normal(0, 50, len(items))  # simulation data only
+    for cls in (JsonlFormatter, CsvFormatter, JsonlLongFormatter):
+        want = cls(round_counts).format(dps.Release(t=2, items=items, values=values))
+        f = cls(round_counts)
+        rel = dps.Release(t=2, items=view, values=values, meta={})
+        assert f.format(rel) == want and f.format(rel) == want, cls.__name__  # rows, columns
+        assert f._format_rows(rel) == want and f._format_columns(rel) == want

@@ -294,3 +294,82 @@ def test_top_k_releases_do_not_depend_on_the_layout():
     with compiled.numpy_only():
         assert run(True) == compact
         assert run(False) == compact
+
+
+def test_table_items_behave_as_the_list_of_the_items():
+    """The read-only view of a compact table against the list it was made from: every
+    Sequence operation, one C call for many positions, and Arrow from the bytes."""
+    import pyarrow as pa
+
+    from dpstream.mechanisms.item_table import TableItems, domain_table
+
+    items = [f"w{i}" for i in range(40_000)] + ["é", "日本", "", "x\x00y", "a,b", 'q"']
+    view = TableItems(domain_table(items))
+    assert len(view) == len(items) and list(view) == items  # iteration spans chunks
+    for i in (0, 1, 39_999, -1, -6, np.int64(7), len(items) - 1):
+        assert view[i] == items[i]
+    for s in (slice(3, 9), slice(None, None, -7000), slice(-4, None), slice(5, 2)):
+        assert view[s] == items[s]
+    for bad in (len(items), -len(items) - 1):
+        with pytest.raises(IndexError):
+            view[bad]
+        with pytest.raises(IndexError):
+            view.take([0, bad])
+    picks = [5, -1, 40_002, 0, 5]
+    assert view.take(picks) == [items[i] for i in picks]
+    assert "日本" in view and "nope" not in view and 3 not in view
+    assert view.index("x\x00y") == items.index("x\x00y") and view.count("é") == 1
+    with pytest.raises(ValueError):
+        view.index("nope")
+    assert view == items and view == tuple(items) and view == view
+    assert view != items[:-1] and view != [*items[:-1], "other"] and view != "w0"
+    assert view.to_arrow().equals(pa.array(items, pa.string()))
+    with pytest.raises(TypeError):
+        hash(view)
+    again = pickle.loads(pickle.dumps(view))
+    assert list(again) == items and again.take([3]) == [items[3]]
+    with pytest.raises(ValueError, match="distinct"):
+        domain_table(["a", "b", "a"])
+    with pytest.raises(ValueError, match="distinct"):
+        domain_table([1, 2, 1])  # the plain layout finds duplicates too
+
+
+def test_known_domain_releases_do_not_depend_on_the_layout():
+    """KnownBase over a str domain held in the compact table (releases carry a view of
+    it) and in the plain one (a tuple): the same releases in event and aggregate mode,
+    the same errors, the same top items, and ``domain`` the items given."""
+    rng = random.Random(5)
+    domain = [f"k{i}" for i in range(80)] + ["é", "日本", "", "x\x00y"]
+    steps = [[rng.sample(domain, 2) for _ in range(rng.randint(0, 20))] for _ in range(20)]
+
+    def run(events_mode: bool) -> list:
+        m = dps.KnownDomainHistogram(domain, 24, max_items=2, key=fixed_key("table-known"),
+                                     rho=2.0, noise_version=2)
+        assert m.domain == domain
+        totals = dict.fromkeys(domain, 0)
+        out = []
+        for t, events in enumerate(steps, start=1):
+            for e in events:
+                for x in e:
+                    totals[x] += 1
+            if events_mode:
+                rel = m.step_batch(events)
+            elif t % 2:
+                rel = m.release(t, dict(totals))
+            else:
+                rel = m.release(t, list(totals), list(totals.values()))
+            out.append((list(rel.items), rel.values.tobytes(), rel.top(3),
+                        rel.to_arrow().column("item").to_pylist()))
+        for bad in (lambda: m.step_batch([["k1", "nope"]]),
+                    lambda: m.release(21, {"nope": 1}),
+                    lambda: m.release(21, ["nope"], [1])):
+            with pytest.raises(dps.InvalidEventError, match="nope"):
+                bad()
+        return out
+
+    compact = run(True)
+    assert all(items == domain for items, *_ in compact)
+    assert run(False) == compact
+    with compiled.numpy_only():
+        assert run(True) == compact
+        assert run(False) == compact

@@ -258,15 +258,22 @@ def test_every_setting_that_changes_the_release_changes_the_noise():
     assert u.tree_purpose not in {ref.tree_purpose, *(o.tree_purpose for o in others)}
 
 
-def test_releases_share_one_immutable_item_tuple():
-    """Every release of a known domain carries the same tuple (formatters encode its
-    text once per run), and nothing done to a published release can relabel the next."""
-    h = dps.KnownDomainHistogram(["a", "b", "c"], 8, max_items=1, key=fixed_key("tuple"),
-                                 rho=1.0)
-    r1, r2 = h.step_batch([["a"]]), h.step_batch([["b"]])
-    assert r1.items is r2.items and isinstance(r1.items, tuple)
+@pytest.mark.parametrize("domain", [["a", "b", "c"], [1, 2, 3]])
+def test_releases_share_one_immutable_item_sequence(domain):
+    """Every release of a known domain carries the same read-only sequence (formatters
+    encode its text once per run; str items are a view of the compact table, others a
+    tuple), and nothing done to a published release can relabel the next."""
+    h = dps.KnownDomainHistogram(domain, 8, max_items=1, key=fixed_key("tuple"), rho=1.0)
+    r1, r2 = h.step_batch([[domain[0]]]), h.step_batch([[domain[1]]])
+    assert r1.items is r2.items
+    assert list(r1.items) == domain == h.domain
+    if isinstance(domain[0], str):
+        assert r1.items == domain  # the view equals any sequence of its items
     with pytest.raises(AttributeError):
         r1.items.reverse()  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        r1.items[0] = domain[2]  # type: ignore[index]
+    assert list(r2.items) == domain
 
 
 def test_a_failed_blt_step_leaves_no_half_stepped_state(monkeypatch):

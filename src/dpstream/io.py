@@ -784,9 +784,13 @@ class _ItemText:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if self._plain is not None and all(type(x) is str for x in items):
+        as_arrow = getattr(items, "to_arrow", None)  # a known domain's view: its bytes
+        if as_arrow is not None and self._encode is str:
+            return as_arrow()
+        if self._plain is not None and (as_arrow is not None
+                                        or all(type(x) is str for x in items)):
             try:
-                arr = pa.array(items, pa.string())
+                arr = as_arrow() if as_arrow is not None else pa.array(items, pa.string())
             except (pa.ArrowException, UnicodeEncodeError):
                 arr = None  # a lone surrogate: the slow path decides
             if arr is not None and not pc.any(pc.match_substring_regex(

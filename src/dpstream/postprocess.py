@@ -48,7 +48,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from .mechanisms.base import Release
+from .mechanisms.base import Release, take_items
 
 __all__ = ["ReadableCounts"]
 
@@ -113,7 +113,7 @@ class ReadableCounts:
         if self.ranked and len(items) > 1:
             order = np.argsort(-values, kind="stable")
             if not np.array_equal(order, np.arange(len(order))):
-                items = [items[i] for i in order.tolist()]
+                items = take_items(items, order)
                 values = values[order]
         if self.round_counts:
             values = values.astype(np.int64)

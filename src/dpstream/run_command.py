@@ -179,7 +179,14 @@ def _noise_version(opts: dict[str, Any]) -> int:
     return NOISE_VERSION
 
 
-def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
+def _domain_sha256(domain: list[str] | None) -> str | None:
+    """The fingerprint of ``--domain`` a resumed run must match (None without one)."""
+    if domain is None:
+        return None
+    return hashlib.sha256(json.dumps(domain, ensure_ascii=True).encode()).hexdigest()
+
+
+def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
                 input_format: str, output_format: str) -> dict[str, Any]:
     """The parameters a resumed run must share (canonical JSON in the state)."""
     params = {k: opts[k] for k in _MECH_KWARGS if k in opts}
@@ -190,8 +197,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain: list[str] | None,
     params.update(
         mechanism=opts["mechanism"], horizon=opts["horizon"],
         base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
-        domain_sha256=None if domain is None else hashlib.sha256(
-            json.dumps(domain, ensure_ascii=True).encode()).hexdigest(),
+        domain_sha256=domain_sha256,
         input_format=input_format, output_format=output_format, round=bool(opts["round"]),
         clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
@@ -238,7 +244,10 @@ class _Validator:
                  users: bool = False) -> None:
         self.users = users  # events are (user, items) pairs (--user-field)
         self.policy = policy
-        self.domain = None if domain is None else frozenset(domain)
+        from .mechanisms.item_table import domain_table
+
+        # membership looked up for a step's items at once, in a compact table
+        self.domain = None if domain is None else domain_table(domain)
         self.max_items = max_items
         self.truncator = truncator
         self.stats = stats
@@ -283,8 +292,7 @@ class _Validator:
             if dkeep is not None:
                 keep &= dkeep
             if self.domain is not None and items:
-                domain = self.domain
-                outside = np.fromiter((x not in domain for x in items), bool, len(items))
+                outside = self.domain.lookup(items) < 0
                 out_occ = outside[codes] & keep
                 if out_occ.any():
                     bad = np.flatnonzero(np.bincount(event_of[out_occ], minlength=n_ev))
@@ -558,6 +566,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
                            users=opts["user_field"] is not None)
+    # the domain lives on in the mechanism's and the validator's compact tables; its
+    # list of str objects (~100 bytes an item) goes now
+    domain_sha256 = _domain_sha256(domain)
+    del domain
     digests = StateDigests(key)
     quiet = opts["quiet"]
     viewer = None
@@ -576,7 +588,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ckpt = Checkpoint(opts["state"], fsync=opts["fsync"],
                               allow_readable=opts["allow_readable_state"])
             stack.callback(ckpt.close)
-            record, new_run = _open_run(ckpt, opts, mech, domain, key, input_format,
+            record, new_run = _open_run(ckpt, opts, mech, domain_sha256, key, input_format,
                                         output_format, formatter.header())
             if record is not None and record.finished:
                 _check_finished(record, infile, opts, input_format)
@@ -868,7 +880,7 @@ def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | N
         return None
 
 
-def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | None, key: Any,
+def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain_sha256: str | None, key: Any,
               input_format: str, output_format: str,
               header: bytes) -> tuple[Any, dict[str, str] | None]:
     """Check that this run continues the one recorded in the state file.
@@ -882,7 +894,7 @@ def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain: list[str] | No
     from .io import resolve_path
     from .state import canonical_json
 
-    params = canonical_json(_run_params(opts, mech, domain, input_format, output_format))
+    params = canonical_json(_run_params(opts, mech, domain_sha256, input_format, output_format))
     ident = dict(params=params, key_fingerprint=key.fingerprint(),
                  input=resolve_path(opts["input"]), output=resolve_path(opts["output"]))
     record = ckpt.load()

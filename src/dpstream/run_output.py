@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import StateError
+from .mechanisms.base import take_items
 
 __all__ = ["Resume", "ParquetFormatter", "check_new_output", "check_paths",
            "closing_quietly_on_error", "holds_release", "open_output", "postprocess",
@@ -37,7 +38,7 @@ def postprocess(release: Any, opts: dict[str, Any]) -> Any:
     if top is not None and len(idx) > top:
         order = np.lexsort((idx, -values[idx]))  # largest first; ties in release order
         idx = np.sort(idx[order[:top]])
-    return Release(t=release.t, items=[release.items[i] for i in idx], values=values[idx],
+    return Release(t=release.t, items=take_items(release.items, idx), values=values[idx],
                    meta=release.meta)
 
 class ParquetFormatter:

@@ -44,6 +44,16 @@ __all__ = [
 ]
 
 
+def take_items(items: Sequence[Hashable], positions: Sequence[int] | np.ndarray
+               ) -> list[Hashable]:
+    """``[items[i] for i in positions]``, in one call when ``items`` can (a known
+    domain's release items are a view that decodes them from bytes)."""
+    take = getattr(items, "take", None)
+    if take is not None:
+        return take(np.asarray(positions, dtype=np.int64))
+    return [items[i] for i in np.asarray(positions, dtype=np.int64).tolist()]
+
+
 @dataclass(frozen=True, eq=False)
 class Release:
     """The private output of a mechanism at one time step.
@@ -103,10 +113,14 @@ class Release:
         """
         import pyarrow as pa
 
-        try:
-            items = pa.array(list(self.items))
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # str and int items together: as text
-            items = pa.array([str(i) for i in self.items])
+        as_arrow = getattr(self.items, "to_arrow", None)  # a known domain's view
+        if as_arrow is not None:
+            items = as_arrow()
+        else:
+            try:
+                items = pa.array(list(self.items))
+            except (pa.ArrowInvalid, pa.ArrowTypeError):  # str and int items: as text
+                items = pa.array([str(i) for i in self.items])
         return pa.table({"t": pa.array(np.full(len(self.values), int(self.t), dtype=np.int64)),
                          "item": items, "value": pa.array(np.asarray(self.values))})
 
@@ -117,7 +131,8 @@ class Release:
         k = min(k, len(self.values))
         idx = np.argpartition(-self.values, k - 1)[:k]
         idx = idx[np.lexsort((idx, -self.values[idx]))]
-        return [(self.items[i], float(self.values[i])) for i in idx]
+        values = self.values[idx].astype(np.float64).tolist()
+        return list(zip(take_items(self.items, idx), values, strict=True))
 
     def __repr__(self) -> str:
         preview = ", ".join(f"{it!r}: {v:.2f}" for it, v in self.top(3))
@@ -168,6 +183,16 @@ def check_key(key: object) -> NoiseKey:
 
 def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
     """A known domain as a list of distinct items and its item -> position index."""
+    items = domain_items(domain)
+    index = {item: i for i, item in enumerate(items)}
+    if len(index) != len(items):
+        raise ValueError("domain items must be distinct")
+    return items, index
+
+
+def domain_items(domain: object) -> list[Hashable]:
+    """A known domain's items, canonical, in order (not checked for distinctness:
+    :func:`check_domain` or :func:`~dpstream.mechanisms.item_table.domain_table` does)."""
     if isinstance(domain, (str, bytes)):
         raise TypeError("domain must be a collection of items, not a single string")
     if not isinstance(domain, Iterable):
@@ -178,10 +203,7 @@ def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
         raise TypeError(f"domain: {exc}") from None
     if not items:
         raise ValueError("domain must hold at least one item")
-    index = {item: i for i, item in enumerate(items)}
-    if len(index) != len(items):
-        raise ValueError("domain items must be distinct")
-    return items, index
+    return items
 
 
 def check_in_domain(items: Iterable[Hashable], index: Mapping[Hashable, int]) -> None:

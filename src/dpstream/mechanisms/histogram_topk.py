@@ -21,7 +21,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from ..noise import NoiseKey
-from .base import Release
+from .base import Release, take_items
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK
 
@@ -74,7 +74,7 @@ class HistogramTopK:
                  key: NoiseKey, **histogram: Any) -> None:
         self.histogram = KnownDomainHistogram(domain, horizon, max_items=max_items, key=key,
                                               **histogram)
-        d = len(self.histogram.domain)
+        d = len(self.histogram._index)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if not 1 <= k <= d:
@@ -84,13 +84,18 @@ class HistogramTopK:
         self.horizon, self.base, self.levels = h.horizon, h.base, h.levels
         self.counter, self.strategy, self.sigma = h.counter, h.strategy, h.sigma
         self.max_items, self.tau, self.budget = h.max_items, h.tau, h.budget
-        self.privacy, self.theorem, self.domain = h.privacy, h.theorem, h.domain
+        self.privacy, self.theorem = h.privacy, h.theorem
         self.start_z = float(-ndtri(AUTO_ETA_BETA / (d * self.horizon)))
         self.started = False
 
     @property
     def t(self) -> int:
         return self.histogram.t
+
+    @property
+    def domain(self) -> list[Hashable]:
+        """The domain items, in release order (a new list: changing it changes nothing)."""
+        return self.histogram.domain
 
     @property
     def noise_std_worst(self) -> float:
@@ -125,11 +130,11 @@ class HistogramTopK:
             self.started = True
         if not self.started:
             return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-        return Release(t=rel.t, items=[rel.items[i] for i in idx], values=values[idx],
+        return Release(t=rel.t, items=take_items(rel.items, idx), values=values[idx],
                        meta={"status": "selected"})
 
     def __repr__(self) -> str:
-        return (f"HistogramTopK(k={self.k}, d={len(self.domain)}, T={self.horizon}, "
+        return (f"HistogramTopK(k={self.k}, d={len(self.histogram._index)}, T={self.horizon}, "
                 f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
 
 

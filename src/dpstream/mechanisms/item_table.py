@@ -39,7 +39,7 @@ import numpy as np
 from .. import compiled
 from .columns import object_addresses
 
-__all__ = ["ItemTable"]
+__all__ = ["ItemTable", "TableItems", "domain_table"]
 
 _STR = frozenset((str,))
 _MIN_SLOTS = 16
@@ -284,3 +284,106 @@ class ItemTable:
         if self._objects is None and not _STR.issuperset(map(type, items)):
             self._to_objects()
         self.extend(items)
+
+
+def domain_table(items: Sequence[Hashable]) -> ItemTable:
+    """A table of a known domain's items (canonical), in their order.
+
+    Raises ValueError when two items are equal: a duplicate is found by looking
+    every item up again (it maps to its first copy's position), without the
+    dict of every item that a check by set would build.
+    """
+    table = ItemTable.of(items)
+    if not np.array_equal(table.lookup(items), np.arange(len(items), dtype=np.int64)):
+        raise ValueError("domain items must be distinct")
+    return table
+
+
+class TableItems(Sequence):  # type: ignore[type-arg]
+    """The items of a compact :class:`ItemTable` as a read-only sequence, made into
+    Python objects only when read.
+
+    A known domain's releases carry the whole domain at every step; a tuple of
+    it keeps one str object per item alive (~60 bytes each) next to the
+    table's bytes. This view is the same object at every step (output formatters
+    encode its text once), reads an item by decoding its bytes, and gives its
+    items to Arrow without any Python object (:meth:`to_arrow`).
+
+    Equal to any other sequence (list, tuple, view) of equal items, in order.
+    """
+
+    __slots__ = ("_table", "_n")
+
+    _CHUNK = 1 << 14  # items decoded at a time while iterating
+
+    def __init__(self, table: ItemTable) -> None:
+        self._table = table
+        self._n = len(table)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.take(np.arange(self._n, dtype=np.int64)[index])
+        i = int(index)  # an int or a NumPy integer
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("item index out of range")
+        return self._table.take(np.array([i], dtype=np.int64))[0]
+
+    def __iter__(self) -> Any:
+        for start in range(0, self._n, self._CHUNK):
+            stop = min(start + self._CHUNK, self._n)
+            yield from self._table.take(np.arange(start, stop, dtype=np.int64))
+
+    def __contains__(self, item: object) -> bool:
+        pos = self._table.get(item)  # type: ignore[arg-type]
+        return pos is not None and pos < self._n
+
+    def index(self, item: Any, start: int = 0, stop: int | None = None) -> int:
+        pos = self._table.get(item)
+        end = self._n if stop is None else min(stop, self._n)
+        if pos is None or not start <= pos < end:
+            raise ValueError(f"{item!r} is not in the items")
+        return pos
+
+    def count(self, item: Any) -> int:
+        return int(item in self)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> list[Hashable]:
+        """The items at ``positions`` (a list: one C call, not one per item)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < -self._n or pos.max() >= self._n):
+            raise IndexError("item index out of range")
+        return self._table.take(np.where(pos < 0, pos + self._n, pos))
+
+    def to_arrow(self) -> Any:
+        """The items as a pyarrow string array, built from the table's bytes."""
+        import pyarrow as pa
+
+        t = self._table
+        if not t.compact:
+            return pa.array(self._table.take(np.arange(self._n, dtype=np.int64)), pa.string())
+        offsets = np.ascontiguousarray(t._offsets[: self._n + 1])
+        data = np.ascontiguousarray(t._data[: int(offsets[-1])])
+        arr = pa.LargeStringArray.from_buffers(self._n, pa.py_buffer(offsets),
+                                               pa.py_buffer(data))
+        return arr.cast(pa.string()) if data.size < (1 << 31) else arr
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, TableItems) and other._table is self._table:
+            return other._n == self._n
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists: not hashable
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(repr, self.take(np.arange(min(self._n, 5), dtype=np.int64))))
+        more = ", ..." if self._n > 5 else ""
+        return f"TableItems([{head}{more}], n={self._n})"

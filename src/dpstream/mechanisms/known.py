@@ -34,7 +34,6 @@ from .base import (
     Release,
     TruncationStats,
     check_count_value,
-    check_domain,
     check_horizon,
     check_in_domain,
     check_key,
@@ -43,6 +42,7 @@ from .base import (
     check_stream_name,
     config_tag,
     domain_counts,
+    domain_items,
     resolve_privacy,
 )
 from .blt_noise import BLTNoise
@@ -55,6 +55,7 @@ from .columns import (
     is_frame,
 )
 from .counters import blt_purpose, blt_sigma, resolve_counter
+from .item_table import TableItems, domain_table
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
@@ -241,12 +242,16 @@ class KnownDomainHistogram:
         check_key(key)
         self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
                                  max_items=self.max_items)
-        items, self._index = check_domain(domain)
-        # the domain in release order, and the items of every release: one tuple (the
-        # same object each step, which output formatters encode once; immutable, so
-        # nothing done to a published release can relabel the next one)
-        self._release_items: tuple[Hashable, ...] = tuple(items)
-        del items
+        items = domain_items(domain)
+        # the domain, numbered in release order: a compact table of str items (or a
+        # list and a dict for other types), which finds a step's positions at once
+        self._index = domain_table(items)
+        # the items of every release: the same object at every step (output
+        # formatters encode its text once), read-only (nothing done to a published
+        # release can relabel the next one), and for a compact table a view of its
+        # bytes, so no str object per item outlives the constructor
+        self._release_items: Sequence[Hashable] = (
+            TableItems(self._index) if self._index.compact else tuple(items))
         if self.strategy is not None:
             self.theorem = self.theorem_blt
         # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user
@@ -261,7 +266,7 @@ class KnownDomainHistogram:
         users = None if self.user_bounds is None else self.user_bounds.tag()
         self.key = key
         self._noise: TreeNoise | BLTNoise
-        domain = domain_tag(self._release_items)
+        domain = domain_tag(items)
         if self.strategy is None:
             self.levels: int | None = num_levels(self.horizon, self.base)
             cell_std = math.sqrt(self.levels) * self.tau
@@ -282,8 +287,9 @@ class KnownDomainHistogram:
                                              noise_version=self.noise_version)
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
-        self._noise.add_items(source.prepare(self._release_items))
-        self._counts = np.zeros(len(self._release_items), dtype=np.int64)
+        self._noise.add_items(source.prepare(items))
+        self._counts = np.zeros(len(items), dtype=np.int64)
+        del items
         self.t = 0
 
     @property

@@ -34,7 +34,6 @@ from ..oneshot.known import gumbel_select_kernel
 from ..tree import digits, num_levels, worst_case_variance_factor
 from .base import (
     Release,
-    check_domain,
     check_horizon,
     check_in_domain,
     check_key,
@@ -42,6 +41,7 @@ from .base import (
     check_stream_name,
     config_tag,
     domain_counts,
+    domain_items,
     normalise_event,
     resolve_privacy,
 )
@@ -56,7 +56,7 @@ from .columns import (
     lookup_all,
 )
 from .counters import blt_sigma, resolve_counter
-from .item_table import ItemTable
+from .item_table import domain_table
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, user_guarantee
 
@@ -409,10 +409,10 @@ class ContinualTopK:
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.stream = check_stream_name(stream)
         check_key(key)
-        items, _ = check_domain(domain)
+        items = domain_items(domain)
         # the domain, numbered in its order: a compact table of str items (or a list
         # and a dict for other types), which finds a step's positions all at once
-        self._index = ItemTable.of(items)
+        self._index = domain_table(items)
         d = len(items)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
