@@ -128,7 +128,6 @@ class TreeNoise:
         self._n = 0
         self._stored = stored_suffix_rows(self.levels, base)
         self._segments: list[_Segment] = []
-        self._noise: np.ndarray | None = None  # noise() at the current state, once computed
 
     # -- items -------------------------------------------------------------
     def __len__(self) -> int:
@@ -168,7 +167,6 @@ class TreeNoise:
                 self._fill_new(seg, 0, rest)
                 seg.n = rest
                 done = m
-            self._noise = None
         self._n += m
 
     def _fill_new(self, seg: _Segment, lo: int, hi: int) -> None:
@@ -190,7 +188,6 @@ class TreeNoise:
             raise ValueError(f"t must be <= horizon ({self.horizon}), got {t}")
         if counts is not None and counts.shape != (self._n,):
             raise ValueError(f"counts must have shape ({self._n},), got {counts.shape}")
-        self._noise = None
         values = None if counts is None else np.empty(self._n)
         if t != self.t + 1:
             self.t = t
@@ -358,15 +355,13 @@ class TreeNoise:
 
     # -- output ----------------------------------------------------------------
     def noise(self) -> np.ndarray:
-        """The current noise of every item (read-only, valid until the state changes)."""
-        if self._noise is None:
-            out = np.empty(self._n)
+        """The current noise of every item (a new array each call: not kept, so the
+        state holds no per-item array beyond the level sums and suffix rows)."""
+        out = np.empty(self._n)
 
-            def compute(chunk: _Chunk, ws: kernel.Workspace) -> None:
-                seg, lo, hi, at = chunk
-                self._noise_chunk(seg, lo, hi, out[at : at + hi - lo], ws)
+        def compute(chunk: _Chunk, ws: kernel.Workspace) -> None:
+            seg, lo, hi, at = chunk
+            self._noise_chunk(seg, lo, hi, out[at : at + hi - lo], ws)
 
-            self._run(self._chunks(), compute)
-            out.flags.writeable = False
-            self._noise = out
-        return self._noise
+        self._run(self._chunks(), compute)
+        return out
