@@ -133,6 +133,26 @@ def test_item_ids_are_128_bit_and_distinct():
     assert len({(int(a), int(b)) for a, b in ids}) == 100_000
 
 
+def test_prepared_ids_are_aes_of_the_ids_and_give_them_back():
+    """prepare_ids is AES-ECB of each 16-byte identifier under the purpose's item key
+    (checked block by block with the cipher itself); item_ids_of inverts it."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = fixed_key("unprepare")
+    src = NoiseSource(key, "p/unprepare")
+    ids = src.item_ids([f"x{i}" for i in range(1000)] + ["", "\u00e9"])
+    prepared = src.prepare_ids(ids)
+    enc = Cipher(algorithms.AES(key.derive("item-noise:p/unprepare")), modes.ECB()).encryptor()
+    for row in (0, 1, 500, len(ids) - 1):
+        block = enc.update(ids[row].astype("<u8").tobytes())
+        assert prepared.words[row].astype("<u8").tobytes() == block
+    back = src.item_ids_of(prepared)
+    assert back.dtype == np.dtype("<u8") and np.array_equal(back, ids)
+    assert np.array_equal(src.item_ids_of(prepared.subset([5, 2])), ids[[5, 2]])
+    assert not np.array_equal(NoiseSource(key, "p/other").item_ids_of(prepared), ids)
+    assert src.item_ids_of(prepared.subset(slice(0, 0))).shape == (0, 2)
+
+
 def test_loading_a_key_that_others_can_read_warns(tmp_path):
     import os
     import warnings

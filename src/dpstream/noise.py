@@ -376,6 +376,18 @@ class NoiseSource:
         """Like :meth:`prepare`, from identifiers already computed by :meth:`item_ids`."""
         return PreparedItems(self._encrypt(self._encryptor(), np.ascontiguousarray(ids, "<u8")))
 
+    def item_ids_of(self, prepared: PreparedItems) -> np.ndarray:
+        """The identifiers :meth:`prepare_ids` was given, from what it returned (AES
+        decryption under this purpose): a mechanism that keeps the prepared ids need
+        not keep the identifiers too (16 bytes an item)."""
+        words = prepared.words
+        if words.size == 0:
+            return np.zeros(words.shape, dtype="<u8")
+        dec = Cipher(algorithms.AES(self._item_key), modes.ECB()).decryptor()
+        out = bytearray(words.nbytes + 15)
+        n = dec.update_into(memoryview(np.ascontiguousarray(words)).cast("B"), out)
+        return np.frombuffer(out, dtype="<u8", count=n // 8).reshape(words.shape).copy()
+
     # -- raw blocks -------------------------------------------------------
     @staticmethod
     def _encrypt(enc: Any, words: np.ndarray) -> np.ndarray:

@@ -472,8 +472,13 @@ class ContinualTopK:
         ), self.noise_version)
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
-        self._ids = self._svt.item_ids(items)
-        self._svt_prepared = self._svt.prepare_ids(self._ids) if self.switches else None
+        ids = self._svt.item_ids(items)
+        self._svt_prepared = self._svt.prepare_ids(ids) if self.switches else None
+        # one array of 16 bytes an item: with switches, the prepared ids of the sparse
+        # vector, from which a selection recovers the identifiers (by decryption);
+        # without, the identifiers themselves
+        self._ids: np.ndarray | None = None if self.switches else ids
+        del ids
         self._eta_cache: dict[float, float] = {}  # counter variance -> eta
         if self.wait:  # the waiting round's threshold noise, drawn once
             self._threshold_noise_start = self._svt.scalar("laplace", 1, 0, 0,
@@ -638,11 +643,19 @@ class ContinualTopK:
             out[i] = noise[n][col]
         return out
 
+    def _item_ids(self) -> np.ndarray:
+        """The keyed identifiers of the domain's items, in domain order."""
+        if self._ids is not None:
+            return self._ids
+        assert self._svt_prepared is not None
+        return self._svt.item_ids_of(self._svt_prepared)
+
     def _select(self, t: int, counts: np.ndarray) -> None:
         """Selection number n = self._selections at step t: KnownGumb_k(h_t; tau_2), no counts."""
         n = self._selections
         source = NoiseSource(self.key, f"{self.noise_scope}/select-{n}")
-        sel = gumbel_select_kernel(source, source.prepare_ids(self._ids), counts, self.k,
+        ids = self._item_ids()
+        sel = gumbel_select_kernel(source, source.prepare_ids(ids), counts, self.k,
                                    self.tau_2)
         keep = set(sel.tolist())
         # drop the counters of items leaving the selection
@@ -659,7 +672,7 @@ class ContinualTopK:
             csrc = NoiseSource(self.key, f"{self.noise_scope}/counter-{n}")
             tn = (BLTNoise(csrc, self.strategy, self.counter_std) if self.strategy
                   else TreeNoise(csrc, self.horizon, self.base, self.counter_std))
-            tn.add_items(csrc.prepare_ids(self._ids[new]))
+            tn.add_items(csrc.prepare_ids(ids[new]))
             tn.advance(t)
             self._gens[n] = (tn, new)
             for col, pos in enumerate(new):
