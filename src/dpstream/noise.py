@@ -361,10 +361,17 @@ class NoiseSource:
     # -- item identifiers -------------------------------------------------
     def item_ids(self, items: Iterable[object]) -> np.ndarray:
         """128-bit keyed identifiers of ``items`` as an ``(n, 2)`` uint64 array."""
-        hk = self._item_hash_key
-        digests = b"".join(
-            hashlib.blake2b(encode_item(it), key=hk, digest_size=16).digest() for it in items
-        )
+        # keyed BLAKE2b: a copy of a hasher that has taken the key block (the key is
+        # 128 bytes of compression per item otherwise); the same digests
+        keyed = hashlib.blake2b(key=self._item_hash_key, digest_size=16)
+
+        def digest(item: object) -> bytes:
+            h = keyed.copy()
+            h.update(b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
+                     else encode_item(item))
+            return h.digest()
+
+        digests = b"".join(map(digest, items))
         return np.frombuffer(digests, dtype="<u8").reshape(-1, 2).copy()
 
     def prepare(self, items: Iterable[object]) -> PreparedItems:
