@@ -8,7 +8,9 @@ references keep them: their bytes count). Reported per item:
 
 * tracemalloc: the bytes Python allocated and still holds;
 * RSS: the growth of the process's resident set (measured in a fresh
-  subprocess per mechanism, after a warm-up, so earlier work does not blur it);
+  subprocess per mechanism, after a warm-up, so earlier work does not blur it,
+  and after ``malloc_trim``, so memory freed but kept by the allocator does not
+  count);
 * the NumPy arrays of the state (noise sums, counts, prepared ids), from
   their ``nbytes``: the part that must exist.
 
@@ -18,6 +20,7 @@ Goals (issue 16): <= 96 B/item UnkBase, <= 64 B/item SparseGumb and KnownBase.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -71,11 +74,23 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * 4096
 
 
+def trimmed_rss() -> int:
+    """RSS after a collection and glibc's ``malloc_trim`` (memory freed but kept by the
+    allocator, such as the test's own item names, handed back first)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
 def child(kind: str, n: int, horizon: int) -> None:
     build(kind, 1000, horizon)  # warm-up: imports, caches, code paths
-    before = rss_bytes()
+    before = trimmed_rss()
     m = build(kind, n, horizon)
-    after = rss_bytes()
+    after = trimmed_rss()
     tracemalloc.start()
     m2 = build(kind, n, horizon)
     traced = tracemalloc.get_traced_memory()[0]
