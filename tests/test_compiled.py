@@ -185,3 +185,52 @@ def test_blocks_in_the_other_byte_order_give_the_numpy_values():
         want = np.empty(len(native))
         normals_into(native, want, retry_words)
     assert same_bits(got, want)
+
+
+def test_join_rows_against_python():
+    """The C row joiner against the same rows built in Python (str(int) per value),
+    including the extremes of int64, empty items and multi-byte text; bad offsets are
+    refused, not followed."""
+    from dpstream import _loops
+
+    rng = random.Random(11)
+    items = ["", "a", "é日本", "x" * 300] + [f"w{rng.randrange(10**6)}" for _ in range(500)]
+    blobs = [x.encode() for x in items]
+    data = b"".join(blobs)
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+    values = np.array([0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-10**9, 10**9)
+                                                      for _ in range(500)], np.int64)
+    for head, mid, tail, sep in ((b"", b": ", b"", b", "), (b"7,", b",", b",1.5", b"\n"),
+                                 (b"{", b"", b"}", b"")):
+        want = sep.join(head + b + mid + str(int(v)).encode() + tail
+                        for b, v in zip(blobs, values.tolist(), strict=True))
+        assert _loops.join_rows(data, offsets, values, head, mid, tail, sep) == want
+    assert _loops.join_rows(b"", np.zeros(1, np.int64), np.zeros(0, np.int64),
+                            b"h", b"m", b"t", b",") == b""
+    bad = [(offsets[:-1], values),  # one offset short
+           (np.array([0, 5, 3], np.int64), values[:2]),  # decreasing
+           (np.array([0, len(data) + 1], np.int64), values[:1]),  # past the data
+           (np.array([-1, 0], np.int64), values[:1])]  # before the data
+    for off, val in bad:
+        with pytest.raises(ValueError):
+            _loops.join_rows(data, off, val, b"", b"", b"", b"")
+    with pytest.raises(TypeError):
+        _loops.join_rows(data, offsets, values.astype(np.float64), b"", b"", b"", b"")
+
+
+@pytest.mark.parametrize("meta", [{}, {"noise_std": 3.25, "threshold": 1.5}])
+def test_rounded_releases_format_alike_with_and_without_the_loops(meta):
+    """The three text formats of rounded releases: the C joiner, Arrow's kernels (NumPy
+    only) and the row-by-row reference write the same bytes."""
+    import dpstream as dps
+    from dpstream.io import CsvFormatter, JsonlFormatter, JsonlLongFormatter
+
+    rng = np.random.default_rng(5)  # simulation data only
+    items = [f"i{k}" for k in range(5000)] + ["a,b", 'q"uote', "new\nline", "caf\u00e9", ""]
+    values = rng.normal(0, 1e3, len(items)) * rng.choice([1e-6, 1.0, 1e12], len(items))
+    rel = dps.Release(t=123456, items=items, values=values, meta=meta)
+    for cls in (JsonlFormatter, CsvFormatter, JsonlLongFormatter):
+        fast = cls(True)._format_columns(rel)
+        with compiled.numpy_only():
+            arrow = cls(True)._format_columns(rel)
+        assert fast == arrow == cls(True)._format_rows(rel), cls.__name__
