@@ -297,3 +297,21 @@ def test_a_failed_blt_step_leaves_no_half_stepped_state(monkeypatch):
     with pytest.raises(RuntimeError, match="half-stepped"):
         h.release(3, np.zeros(50, dtype=np.int64))
     assert calls
+
+
+def test_domain_tag_is_the_sum_of_item_fingerprints():
+    """domain_tag against its definition: the item count and the sum of the items'
+    fingerprints (SHA-256 of a prefix and the item's canonical bytes, first 16 bytes
+    big-endian) mod 2^128, whatever the order; the sum wraps many times here."""
+    import hashlib
+
+    from dpstream.mechanisms.known import domain_tag
+    from dpstream.noise import encode_item
+
+    items = [f"it{i}" for i in range(3000)] + [7, b"raw", "\u00e9", "\ud800", ""]
+    total = sum(int.from_bytes(hashlib.sha256(b"dpstream/domain-item\0" + encode_item(x))
+                               .digest()[:16], "big") for x in items)
+    want = f"{len(items)}:{total % (1 << 128):032x}"
+    assert total >= 1 << 138  # the modulus matters
+    assert domain_tag(items) == want == domain_tag(reversed(items))
+    assert domain_tag([]) == f"0:{0:032x}"
