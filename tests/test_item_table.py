@@ -373,3 +373,30 @@ def test_known_domain_releases_do_not_depend_on_the_layout():
     with compiled.numpy_only():
         assert run(True) == compact
         assert run(False) == compact
+
+
+@pytest.mark.parametrize("oneshot", ["gaussian", "gumbel"])
+def test_meta_known_releases_do_not_depend_on_the_layout(oneshot):
+    """MetaAlgo with a known str domain in the compact table and in the plain one: the
+    same releases (items and bits), and ``domain`` the items given."""
+    from dpstream.mechanisms.meta import MetaHistogram
+
+    rng = random.Random(9)
+    domain = [f"m{i}" for i in range(40)] + ["é", "日本", ""]
+    steps = [[rng.sample(domain[:12] if rng.random() < 0.8 else domain, 1)
+              for _ in range(rng.randint(0, 12))] for _ in range(20)]
+    kw = dict(max_items=1) if oneshot == "gaussian" else dict(k=3)
+
+    def run() -> list:
+        m = MetaHistogram(32, oneshot=oneshot, domain=domain, key=fixed_key("table-meta"),
+                          rho=4.0, base=2, noise_version=2, **kw)
+        assert m.domain == domain
+        out = [(list(r.items), r.values.tobytes()) for r in map(m.step_batch, steps)]
+        with pytest.raises(dps.InvalidEventError, match="nope"):
+            m.step_batch([["nope"]])
+        return out
+
+    compact = run()
+    assert sum(len(items) for items, _ in compact) > 10
+    with compiled.numpy_only():
+        assert run() == compact

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 from scipy.special import ndtri
@@ -35,15 +35,17 @@ from .base import (
     Release,
     TruncationStats,
     check_base,
-    check_domain,
     check_horizon,
     check_key,
     check_max_items,
     check_next_step,
     check_stream_name,
     config_tag,
+    domain_items,
     resolve_privacy,
+    take_items,
 )
+from .item_table import TableItems, domain_table
 
 __all__ = ["ONESHOTS", "MetaHistogram"]
 
@@ -223,10 +225,12 @@ class MetaHistogram:
         if known:
             if domain is None:
                 raise ValueError(f"oneshot={oneshot!r} needs domain= (the known domain)")
-            self.domain: list[Hashable] | None
-            self.domain, self._index = check_domain(domain)
-            # every release's items: one immutable tuple (see KnownDomainHistogram)
-            self._domain_list: tuple[Hashable, ...] = tuple(self.domain)
+            items = domain_items(domain)
+            # the domain in a compact table, and every release's items one read-only
+            # sequence: a view of the table, or a tuple (see KnownDomainHistogram)
+            self._index = domain_table(items)
+            self._domain_list: Sequence[Hashable] = (
+                TableItems(self._index) if self._index.compact else tuple(items))
             if kbar is not None:
                 raise ValueError(f"kbar is for the unknown-domain variants, not {oneshot!r}")
             if threshold_delta is not None:
@@ -236,7 +240,6 @@ class MetaHistogram:
         else:
             if domain is not None:
                 raise ValueError(f"oneshot={oneshot!r} is for an unknown domain: give no domain=")
-            self.domain = None
             self.kbar = check_int("kbar", kbar, 1)
         if gumbel:
             self.k = check_int("k", k, 1)
@@ -286,7 +289,8 @@ class MetaHistogram:
         if known:
             d = len(self._index)
             # keyed item ids do not depend on the purpose: hash the domain once
-            self._ids = NoiseSource(key, self.noise_scope).item_ids(self._index)
+            self._ids = NoiseSource(key, self.noise_scope).item_ids(items)
+            del items
             self._open = np.zeros((self.levels, d), dtype=np.int64)  # open block histograms
         else:
             self._open_maps: list[Counter[Hashable]] = [Counter() for _ in range(self.levels)]
@@ -350,6 +354,12 @@ class MetaHistogram:
                 tau=self.tau, a=a, delta=total, rho_delta=rho_delta, gaussian_exact=False,
                 mechanism=name, theorem=self.theorem, target_epsilon=budget.epsilon,
             )
+
+    @property
+    def domain(self) -> list[Hashable] | None:
+        """The known domain's items, in release order (a new list), or None for the
+        unknown-domain variants."""
+        return list(self._domain_list) if self._known else None
 
     @property
     def truncation(self) -> TruncationStats:
@@ -433,8 +443,7 @@ class MetaHistogram:
                 return None, gaussian_kernel(source, prepared, hist, self.cell_tau)
             sel = gumbel_select_kernel(source, prepared, hist, self.k, self.cell_tau)
             values = gaussian_kernel(source, prepared.subset(sel), hist[sel], self.cell_tau)
-            domain = self._domain_list
-            return [domain[i] for i in sel], values
+            return take_items(self._domain_list, sel), values
         from ..oneshot import unknown  # lazy: the unknown-domain one-shots
 
         counts = dict(self._open_maps[row])
