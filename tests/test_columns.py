@@ -274,20 +274,37 @@ def test_jsonl_writes_items_of_one_text_alike_on_both_paths():
 
 
 def test_formatters_choose_the_columnar_path_by_size_and_cached_text():
-    from dpstream.io import _COLUMNAR_FRESH_MIN, _COLUMNAR_MIN, CsvFormatter, JsonlFormatter
+    from dpstream import compiled
+    from dpstream.io import (
+        _COLUMNAR_FRESH_MIN,
+        _COLUMNAR_MIN,
+        CsvFormatter,
+        JsonlFormatter,
+        JsonlLongFormatter,
+    )
 
-    for cls in (JsonlFormatter, CsvFormatter):
-        f = cls(True)
-        small = [f"s{i}" for i in range(_COLUMNAR_MIN)]
-        rel = dps.Release(t=1, items=small, values=np.ones(len(small)))
-        assert not f._columnar(rel)  # fresh items: json.dumps is faster
-        first = f.format(rel)  # rows
-        assert f.format(rel) == first  # the same items again: columns, text now cached
-        assert f._text.holds(small) and f._columnar(rel)
-        other = dps.Release(t=1, items=list(small), values=np.ones(len(small)))
-        assert not f._columnar(other) and f.format(other) == first
-        big = [f"b{i}" for i in range(_COLUMNAR_FRESH_MIN)]
-        assert f._columnar(dps.Release(t=1, items=big, values=np.ones(len(big))))
+    small = [f"s{i}" for i in range(_COLUMNAR_MIN)]
+    fresh = dps.Release(t=1, items=small, values=np.ones(len(small)))
+    tiny = dps.Release(t=1, items=small[:-1], values=np.ones(len(small) - 1))
+    for cls in (CsvFormatter, JsonlLongFormatter):
+        # a row per item on the row path: the C joiner of rounded counts from 64 items
+        assert cls(True)._columnar(fresh) == compiled.enabled()
+        assert not cls(True)._columnar(tiny) and not cls(False)._columnar(fresh)
+        with compiled.numpy_only():
+            assert not cls(True)._columnar(fresh)
+    assert not JsonlFormatter(True)._columnar(fresh)  # one json.dumps of a dict: faster
+    with compiled.numpy_only():
+        for cls in (JsonlFormatter, CsvFormatter):
+            f = cls(True)
+            rel = dps.Release(t=1, items=small, values=np.ones(len(small)))
+            assert not f._columnar(rel)  # fresh items: json.dumps is faster
+            first = f.format(rel)  # rows
+            assert f.format(rel) == first  # the same items again: columns, text now cached
+            assert f._text.holds(small) and f._columnar(rel)
+            other = dps.Release(t=1, items=list(small), values=np.ones(len(small)))
+            assert not f._columnar(other) and f.format(other) == first
+            big = [f"b{i}" for i in range(_COLUMNAR_FRESH_MIN)]
+            assert f._columnar(dps.Release(t=1, items=big, values=np.ones(len(big))))
 
 
 def _event_and_aggregate_steps(name: str, words: list[str], n_steps: int):

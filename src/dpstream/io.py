@@ -885,10 +885,19 @@ class _Formatter:
     _text: _ItemText | None = None  # the items' text, where the formatter keeps one
     _last_items: Any = None  # the items of the release before
 
+    #: Whether one row costs a json.dumps or a csv writer call on the row path (the
+    #: long formats): then the C joiner of rounded counts is faster for fresh items too
+    #: (measured at 64 items: 1.3x for CSV, 2.6x for jsonl-long; the wide JSONL's one
+    #: json.dumps of a dict wins up to ~2,000 items).
+    _rows_per_item = False
+
     def _columnar(self, release: Release) -> bool:
         n = len(release.values)
         repeated, self._last_items = release.items is self._last_items, release.items
         if n >= _COLUMNAR_FRESH_MIN:
+            return True
+        if (n >= _COLUMNAR_MIN and self._rows_per_item and getattr(self, "round_counts", False)
+                and compiled.loops() is not None):
             return True
         # the same items as the step before (a known domain's one tuple): encode them
         # once, for this step and the next ones
@@ -1005,6 +1014,7 @@ class CsvFormatter(_Formatter):
     released item per step; a step that releases no item writes one row with empty
     ``item`` and ``value``, so every step of the clock is in the file."""
 
+    _rows_per_item = True
     name = "csv"
 
     def __init__(self, round_counts: bool = False) -> None:
@@ -1050,6 +1060,7 @@ class JsonlLongFormatter(_Formatter):
     """The long format as JSON Lines: ``{"t", "item", "value", "noise_std"}`` per row
     (``item`` and ``value`` null for a step that releases no item)."""
 
+    _rows_per_item = True
     name = "jsonl-long"
 
     def __init__(self, round_counts: bool = False) -> None:
