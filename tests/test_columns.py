@@ -237,8 +237,7 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
         for cls in (JsonlFormatter, CsvFormatter, JsonlLongFormatter):
             f = cls(round_counts)
             fast = f._format_columns(rel)
-            slow = (f._format_rows(rel) if hasattr(f, "_format_rows")
-                    else None)
+            slow = f._format_dict(rel) if hasattr(f, "_format_dict") else f._format_rows(rel)
             if slow is not None:
                 assert fast == slow, cls.__name__
     # jsonl-long: the fast path against json.dumps row by row
@@ -264,7 +263,7 @@ def test_jsonl_writes_items_of_one_text_alike_on_both_paths():
     for round_counts in (True, False):
         f = JsonlFormatter(round_counts)
         rows, cols = f._format_rows(rel), f._format_columns(rel)
-        assert rows == cols
+        assert rows == cols == f._format_dict(rel)
         text = rows.decode()
         two, three, four = ("2", "3", "4") if round_counts else ("2.0", "3.0", "4.0")
         want = ('{"t": 5, "released": {"1": ' + two + ', "1": ' + three + ', "a": '
@@ -477,3 +476,39 @@ def test_formatters_write_a_table_view_as_its_list(round_counts):
         rel = dps.Release(t=2, items=view, values=values, meta={})
         assert f.format(rel) == want and f.format(rel) == want, cls.__name__  # rows, columns
         assert f._format_rows(rel) == want and f._format_columns(rel) == want
+        if hasattr(f, "_format_dict"):
+            assert f._format_dict(rel) == want
+
+
+@pytest.mark.parametrize("meta", [{}, {"noise_std": 0.5, "threshold": 2.25}])
+def test_jsonl_plain_fresh_items_are_joined_as_json_dumps_writes_them(meta):
+    """Fresh str items of a rounded release go through one join and the C pass when
+    none needs escaping; otherwise (a quote, a backslash, a control character, a lone
+    surrogate, a value that is not finite, an int item) through json.dumps. Every case
+    gives json.dumps's bytes."""
+    import json
+
+    from dpstream.io import JsonlFormatter
+
+    cases = [[f"w{i}" for i in range(50)], ["caf\u00e9", "\u65e5\u672c", "", "a b"],
+             ["q\"uote", "x"], ["back\\slash"], ["tab\there"], ["\ud800"], [1, "1"],
+             ["\u2028", "\x7f"]]
+    for items in cases:
+        for vals in (np.arange(len(items)) * 7.4 - 3, np.full(len(items), np.nan)):
+            rel = dps.Release(t=9, items=items, values=vals, meta=meta)
+            f = JsonlFormatter(True)
+            if "\ud800" in items:  # not UTF-8: both paths refuse it alike
+                for path in (f._format_dict, f._format_rows):
+                    with pytest.raises(UnicodeEncodeError):
+                        path(rel)
+                continue
+            want = f._format_dict(rel)
+            assert f._format_rows(rel) == want
+            if not np.isfinite(vals).all():
+                continue  # (counts + noise is never NaN; the paths only have to agree)
+            if all(type(x) is str for x in items):
+                obj = {"t": 9, "released": {x: int(np.rint(v)) for x, v in
+                                            zip(items, vals, strict=True)}}
+                if meta:
+                    obj["meta"] = meta
+                assert want == (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")

@@ -233,4 +233,6 @@ def test_rounded_releases_format_alike_with_and_without_the_loops(meta):
         fast = cls(True)._format_columns(rel)
         with compiled.numpy_only():
             arrow = cls(True)._format_columns(rel)
-        assert fast == arrow == cls(True)._format_rows(rel), cls.__name__
+        f = cls(True)
+        want = f._format_dict(rel) if hasattr(f, "_format_dict") else f._format_rows(rel)
+        assert fast == arrow == want == f._format_rows(rel), cls.__name__
