@@ -400,3 +400,36 @@ def test_meta_known_releases_do_not_depend_on_the_layout(oneshot):
     assert sum(len(items) for items, _ in compact) > 10
     with compiled.numpy_only():
         assert run() == compact
+
+
+def test_table_items_index_like_a_tuple():
+    """The view takes the indices a tuple takes (ints, NumPy ints, bools) and refuses
+    others (a float, a numeric string) with TypeError, as a tuple does; index() reads
+    negative bounds from the end; membership of an unhashable value is False; reversed
+    decodes in one pass."""
+    from dpstream.mechanisms.item_table import TableItems, domain_table
+
+    items = [f"w{i}" for i in range(3000)]
+    tup = tuple(items)
+    for layout in ("compact", "plain"):
+        if layout == "compact":
+            view = TableItems(domain_table(items))
+        else:
+            with compiled.numpy_only():
+                view = TableItems(domain_table(items))
+        for good in (np.int32(2), True, np.uint8(1)):
+            assert view[good] == tup[good]
+        for bad in (1.7, "2", np.float64(1.0), None):
+            with pytest.raises(TypeError):
+                tup[bad]
+            with pytest.raises(TypeError):
+                view[bad]
+        for args in (("w2998", -5), ("w5", 2, -1), ("w5", -3000, 6), ("w5", 0, 10**9)):
+            assert view.index(*args) == tup.index(*args)
+        for args in (("w2990", -5), ("w5", 0, -2995), ("w5", 6)):
+            with pytest.raises(ValueError):
+                tup.index(*args)
+            with pytest.raises(ValueError):
+                view.index(*args)
+        assert [1] not in view and {} not in view
+        assert list(reversed(view)) == items[::-1]

@@ -86,3 +86,30 @@ def test_replay_is_deterministic_and_time_order_is_checked():
         a(releases[3])
     with pytest.raises(TypeError, match="clamp"):
         ReadableCounts(clamp=1)
+
+
+def test_known_domain_view_takes_the_fast_path():
+    """A known domain's releases carry one read-only view of its table at every step
+    (not a tuple): --monotone keeps its running maxima as an array aligned with it,
+    not a dict of every item rebuilt from fresh str objects at every step; and a
+    snapshot of (mechanism, publisher) keeps the two pointing at one view."""
+    from dpstream.mechanisms.known import KnownDomainHistogram
+    from dpstream.noise import NoiseKey
+    from dpstream.snapshot import dump_snapshot, load_snapshot
+
+    domain = [f"d{j}" for j in range(1500)]
+    key = NoiseKey(bytes(32))
+    mech = KnownDomainHistogram(domain, 16, max_items=1, key=key, rho=0.01)
+    pp = ReadableCounts(clamp=False, monotone=True)
+    releases = [mech.step([domain[t]]) for t in range(1, 6)]
+    want = reference(releases, False, True, False)
+    for rel, w in zip(releases, want, strict=True):
+        got = pp(rel)
+        assert got.items is rel.items
+        assert dict(zip(got.items, got.values.tolist(), strict=True)) == w
+    assert pp._same_items is mech._release_items and not pp._last
+    mech2, pp2 = load_snapshot(dump_snapshot((mech, pp), key), key)
+    rel = mech2.step([domain[7]])
+    assert rel.items is pp2._same_items
+    got = pp2(rel)
+    assert np.all(got.values >= pp._same_last)

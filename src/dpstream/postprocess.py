@@ -49,6 +49,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from .mechanisms.base import Release, take_items
+from .mechanisms.item_table import TableItems
 
 __all__ = ["ReadableCounts"]
 
@@ -82,7 +83,7 @@ class ReadableCounts:
         self._last: dict[Hashable, float] = {}
         # fast path for a mechanism that releases the same item list every step
         # (KnownBase: its domain list): the last values as an array aligned with it
-        self._same_items: tuple[Hashable, ...] | None = None
+        self._same_items: tuple[Hashable, ...] | TableItems | None = None
         self._same_last: np.ndarray | None = None
         self._t = 0
 
@@ -135,8 +136,9 @@ class ReadableCounts:
         before = np.fromiter((last.get(it, -np.inf) for it in seq), dtype=np.float64,
                              count=len(seq))
         np.maximum(values, before, out=values)
-        # the same tuple next step is the same items (a list could have been changed)
-        if not last and len(seq) > 1000 and isinstance(items, tuple):
+        # the same tuple (or a known domain's read-only view) next step is the same
+        # items (a list could have been changed)
+        if not last and len(seq) > 1000 and isinstance(items, (tuple, TableItems)):
             self._same_items, self._same_last = items, values.copy()
         else:
             last.update(zip(seq, values.tolist(), strict=True))

@@ -29,6 +29,7 @@ compiler): the same positions, the same releases, the old memory and speed.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Hashable, Sequence
 from itertools import repeat
@@ -326,7 +327,7 @@ class TableItems(Sequence):  # type: ignore[type-arg]
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self.take(np.arange(self._n, dtype=np.int64)[index])
-        i = int(index)  # an int or a NumPy integer
+        i = operator.index(index)  # an int or a NumPy integer (a float: TypeError)
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
@@ -338,14 +339,25 @@ class TableItems(Sequence):  # type: ignore[type-arg]
             stop = min(start + self._CHUNK, self._n)
             yield from self._table.take(np.arange(start, stop, dtype=np.int64))
 
+    def __reversed__(self) -> Any:
+        for stop in range(self._n, 0, -self._CHUNK):
+            start = max(stop - self._CHUNK, 0)
+            yield from self._table.take(np.arange(stop - 1, start - 1, -1, dtype=np.int64))
+
     def __contains__(self, item: object) -> bool:
-        pos = self._table.get(item)  # type: ignore[arg-type]
-        return pos is not None and pos < self._n
+        return self._position(item) is not None
+
+    def _position(self, item: object) -> int | None:
+        try:
+            pos = self._table.get(item)  # type: ignore[arg-type]
+        except TypeError:  # unhashable (the plain layout's dict): in no table
+            return None
+        return pos if pos is not None and pos < self._n else None
 
     def index(self, item: Any, start: int = 0, stop: int | None = None) -> int:
-        pos = self._table.get(item)
-        end = self._n if stop is None else min(stop, self._n)
-        if pos is None or not start <= pos < end:
+        pos = self._position(item)
+        begin, end, _ = slice(start, stop).indices(self._n)  # negative: from the end
+        if pos is None or not begin <= pos < end:
             raise ValueError(f"{item!r} is not in the items")
         return pos
 
