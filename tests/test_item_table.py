@@ -8,6 +8,7 @@ checks that a slot is only trusted after the bytes compare equal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -369,6 +370,15 @@ def test_known_domain_releases_do_not_depend_on_the_layout():
 
     compact = run(True)
     assert all(items == domain for items, *_ in compact)
+    from dpstream.mechanisms.item_table import TableItems
+
+    for layout in (contextlib.nullcontext(), compiled.numpy_only()):
+        with layout:  # the same type of release items with and without the C loops
+            m = dps.KnownDomainHistogram(domain, 4, max_items=1, key=fixed_key("k"), rho=1.0)
+            items = m.step_batch([]).items
+            assert isinstance(items, TableItems) and items == domain
+    ints = dps.KnownDomainHistogram([3, 1], 4, max_items=1, key=fixed_key("k"), rho=1.0)
+    assert ints.step_batch([]).items == (3, 1)  # other types: a tuple
     assert run(False) == compact
     with compiled.numpy_only():
         assert run(True) == compact

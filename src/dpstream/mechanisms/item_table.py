@@ -125,6 +125,11 @@ class ItemTable:
         """Whether the items are held as UTF-8 bytes (all str, and the C loops on)."""
         return self._objects is None
 
+    @property
+    def all_str(self) -> bool:
+        """Whether every item is a ``str`` (in either layout)."""
+        return self._all_str
+
     def to_list(self) -> list[Hashable]:
         """All items, in order of addition (new Python objects in the compact form)."""
         if self._objects is not None:

@@ -261,10 +261,11 @@ class KnownDomainHistogram:
         self._index = domain_table(items)
         # the items of every release: the same object at every step (output
         # formatters encode its text once), read-only (nothing done to a published
-        # release can relabel the next one), and for a compact table a view of its
-        # bytes, so no str object per item outlives the constructor
+        # release can relabel the next one), and for str items a view of the table
+        # (in either layout, so its type does not depend on the install: in the
+        # compact one no str object per item outlives the constructor)
         self._release_items: Sequence[Hashable] = (
-            TableItems(self._index) if self._index.compact else tuple(items))
+            TableItems(self._index) if self._index.all_str else tuple(items))
         if self.strategy is not None:
             self.theorem = self.theorem_blt
         # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user

@@ -230,7 +230,7 @@ class MetaHistogram:
             # sequence: a view of the table, or a tuple (see KnownDomainHistogram)
             self._index = domain_table(items)
             self._domain_list: Sequence[Hashable] = (
-                TableItems(self._index) if self._index.compact else tuple(items))
+                TableItems(self._index) if self._index.all_str else tuple(items))
             if kbar is not None:
                 raise ValueError(f"kbar is for the unknown-domain variants, not {oneshot!r}")
             if threshold_delta is not None:
