@@ -443,3 +443,33 @@ def test_table_items_index_like_a_tuple():
                 view.index(*args)
         assert [1] not in view and {} not in view
         assert list(reversed(view)) == items[::-1]
+
+
+@pytest.mark.parametrize("n", [1, 12, 13, 25, 26, 200, 1000, 4097])
+def test_a_fixed_domain_fills_its_slots_to_four_fifths(n):
+    """A fixed table (a known domain) takes the smallest power of two of slots it fills
+    at most to 4/5 (a growing one: at most half); lookups of stored and absent items
+    against a dict at that fill, in both; pickling keeps the fill."""
+    from dpstream.mechanisms.item_table import domain_table
+
+    items = [f"f{i}" for i in range(n)]
+    queries = items[::-1] + [f"g{i}" for i in range(n)] + [""]
+    for table, num, den in ((domain_table(items), 4, 5), (ItemTable.of(items), 1, 2)):
+        size = table._slots.size
+        want = 16
+        while want * num < n * den:
+            want *= 2
+        assert size == want and n * den <= size * num
+        check_against(table, items, queries)
+        again = pickle.loads(pickle.dumps(table))
+        assert again._slots.size == size
+        check_against(again, items, queries)
+
+
+def test_the_c_insert_refuses_more_than_four_fifths():
+    t = ItemTable.of([f"a{i}" for i in range(20)], fixed=True)  # 20 <= 4/5 of 32
+    assert t._slots.size == 32
+    full = np.zeros(16, dtype=np.uint64)  # 20 items would fill 16 slots past 4/5
+    with pytest.raises(ValueError, match="full"):
+        _loops.item_insert(t._key, t._data[: t._size], t._offsets[: 21], full, 0, 20)
+    _loops.item_insert(t._key, t._data[: t._size], t._offsets[: 21], full, 0, 12)  # 12/16
