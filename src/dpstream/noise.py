@@ -271,6 +271,8 @@ def encode_item(item: object) -> bytes:
     almost always a parsing mistake, and ``1 == True`` would make two items
     share an identity.
     """
+    if type(item) is str:  # the common case first, without the isinstance chain
+        return b"s" + item.encode("utf-8", "surrogatepass")
     if isinstance(item, (bool, np.bool_)):
         raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
     if isinstance(item, str):
@@ -367,8 +369,7 @@ class NoiseSource:
 
         def digest(item: object) -> bytes:
             h = keyed.copy()
-            h.update(b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
-                     else encode_item(item))
+            h.update(encode_item(item))
             return h.digest()
 
         digests = b"".join(map(digest, items))

@@ -120,8 +120,7 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
 
     def fingerprint(item: Hashable) -> bytes:
         h = prefixed.copy()
-        h.update(b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
-                 else encode_item(item))
+        h.update(encode_item(item))
         return h.digest()[:16]
 
     digests = b"".join(map(fingerprint, domain))
