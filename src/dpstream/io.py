@@ -102,6 +102,7 @@ import numpy as np
 from . import compiled
 from .clock import StepClock, parse_timestamp
 from .mechanisms.base import Release, keyed_subset
+from .mechanisms.item_table import utf8_and_lengths
 from .noise import NoiseSource
 
 __all__ = [
@@ -851,50 +852,60 @@ def _int_rows(text: _ItemText, release: Release, head: bytes, mid: bytes, tail: 
     by ``sep`` in one C pass (the items' text from ``text``, encoded once for a known
     domain); None without the C loops or when a value is not finite (the callers'
     other paths decide). The same bytes as Arrow's kernels: integers in decimal."""
-    loops = compiled.loops()
-    if loops is None:
-        return None
-    values = np.asarray(release.values, dtype=np.float64)
-    if not np.isfinite(values).all():
-        return None
-    data, offsets = text.raw(release.items)
-    return loops.join_rows(data, offsets, np.rint(values).astype(np.int64), head, mid, tail,
-                           sep)
+    return _join_int_rows(release.values, lambda: text.raw(release.items), head, mid, tail,
+                          sep)
 
 
 def _plain_int_rows(items: Sequence[Any], values: np.ndarray, special: Any, head: bytes,
                     mid: bytes, tail: bytes, sep: bytes) -> bytes | None:
     """:func:`_int_rows` for fresh ``str`` items that need no escaping (``special``, a
-    compiled pattern, finds none in them), their text being the items themselves:
-    one join, one encode and one C pass, no Arrow array. None otherwise."""
+    compiled bytes pattern, finds none in their UTF-8), their text being the items
+    themselves: one encode and one C pass, no Arrow array. None otherwise."""
+    def text() -> tuple[bytes, np.ndarray] | None:
+        if not _STR_ONLY.issuperset(map(type, items)):
+            return None
+        encoded = utf8_and_lengths(items)  # None for a lone surrogate: json.dumps decides
+        if encoded is None or special.search(encoded[0]):
+            return None
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum(encoded[1], out=offsets[1:])
+        return encoded[0], offsets
+
+    return _join_int_rows(values, text, head, mid, tail, sep)
+
+
+def _join_int_rows(values: Any, text: Any, head: bytes, mid: bytes, tail: bytes,
+                   sep: bytes) -> bytes | None:
+    """The C joiner over ``text()`` (the items' UTF-8 and offsets, or None) and the
+    rounded values; None without the C loops, for a value that is not finite, or
+    when ``text()`` gives none."""
     loops = compiled.loops()
-    if loops is None or not _STR_ONLY.issuperset(map(type, items)):
+    values = np.asarray(values, dtype=np.float64)
+    if loops is None or not np.isfinite(values).all():
         return None
-    if not np.isfinite(values).all():
+    got = text()
+    if got is None:
         return None
-    joined = "".join(items)
-    if special.search(joined):
-        return None
-    try:
-        blob = joined.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: json.dumps decides
-        return None
-    lengths = np.fromiter(map(len, items), np.int64, len(items))
-    if len(blob) != len(joined):  # not all ASCII: lengths in bytes
-        lengths = np.fromiter((len(x.encode("utf-8")) for x in items), np.int64, len(items))
-    offsets = np.zeros(len(items) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return loops.join_rows(blob, offsets, np.rint(values).astype(np.int64), head, mid, tail,
+    return loops.join_rows(got[0], got[1], np.rint(values).astype(np.int64), head, mid, tail,
                            sep)
 
 
 _STR_ONLY = frozenset((str,))
 
 
+def _meta_text(release: Release) -> str:
+    """``, "meta": {...}`` of a release with meta (as ``json.dumps`` of the whole
+    release writes it), else empty."""
+    if not release.meta:
+        return ""
+    return ", \"meta\": " + json.dumps(dict(release.meta), ensure_ascii=False,
+                                        allow_nan=False, default=_json_default)
+
+
 #: Characters that make an item's JSON text more than the item in quotes
 #: (``json.dumps(..., ensure_ascii=False)`` escapes these and only these).
 _JSON_SPECIAL = '[\\x00-\\x1f"\\\\]'
-_JSON_SPECIAL_RE = re.compile(_JSON_SPECIAL)
+_JSON_SPECIAL_BYTES = re.compile(_JSON_SPECIAL.encode())
 #: Characters that make the csv module quote a field.
 _CSV_SPECIAL = '[,"\\r\\n]'
 
@@ -969,10 +980,7 @@ class JsonlFormatter(_Formatter):
         """The same bytes as :meth:`_format_rows`, built by Arrow's string kernels."""
         import pyarrow.compute as pc
 
-        tail = "}"
-        if release.meta:
-            tail += ", \"meta\": " + json.dumps(dict(release.meta), ensure_ascii=False,
-                                                 allow_nan=False, default=_json_default)
+        tail = "}" + _meta_text(release)
         head = f'{{"t": {int(release.t)}, "released": {{'
         body = (_int_rows(self._keys, release, b"", b": ", b"", b", ")
                 if self.round_counts else None)
@@ -986,16 +994,11 @@ class JsonlFormatter(_Formatter):
 
     def _format_rows(self, release: Release) -> bytes:
         if self.round_counts and len(release.values):
-            pairs = _plain_int_rows(release.items, np.asarray(release.values, np.float64),
-                                    _JSON_SPECIAL_RE, b'"', b'": ', b"", b", ")
+            pairs = _plain_int_rows(release.items, release.values, _JSON_SPECIAL_BYTES,
+                                    b'"', b'": ', b"", b", ")
             if pairs is not None:
-                tail = b"}"
-                if release.meta:
-                    tail += (", \"meta\": " + json.dumps(
-                        dict(release.meta), ensure_ascii=False, allow_nan=False,
-                        default=_json_default)).encode("utf-8")
-                return (f'{{"t": {int(release.t)}, "released": {{'.encode() + pairs + tail
-                        + b"}\n")
+                return (f'{{"t": {int(release.t)}, "released": {{'.encode() + pairs
+                        + ("}" + _meta_text(release) + "}\n").encode("utf-8"))
         return self._format_dict(release)
 
     def _format_dict(self, release: Release) -> bytes:
@@ -1012,13 +1015,7 @@ class JsonlFormatter(_Formatter):
             pairs = ", ".join(
                 f"{_json_key(k)}: {json.dumps(v, allow_nan=False)}"
                 for k, v in zip(release.items, values, strict=True))
-            head = json.dumps({"t": int(release.t)})[:-1]
-            text = f'{head}, "released": {{{pairs}}}'
-            if release.meta:
-                text += ", \"meta\": " + json.dumps(
-                    dict(release.meta), ensure_ascii=False, allow_nan=False,
-                    default=_json_default)
-            text += "}"
+            text = f'{{"t": {int(release.t)}, "released": {{{pairs}}}{_meta_text(release)}}}'
         return (text + "\n").encode("utf-8")
 
 

@@ -61,7 +61,7 @@ def _grown(arr: np.ndarray, need: int) -> np.ndarray:
     return out
 
 
-def _utf8(items: Sequence[str]) -> tuple[bytes, np.ndarray] | None:
+def utf8_and_lengths(items: Sequence[str]) -> tuple[bytes, np.ndarray] | None:
     """(UTF-8 bytes end to end, byte lengths) of ``items``, or None when one is not valid
     UTF-8 (a lone surrogate)."""
     try:
@@ -215,7 +215,7 @@ class ItemTable:
         if not m:
             return
         if self._objects is None:
-            encoded = _utf8(items) if _STR.issuperset(map(type, items)) else None
+            encoded = utf8_and_lengths(items) if _STR.issuperset(map(type, items)) else None
             if encoded is not None:
                 self._append(*encoded)
                 return
