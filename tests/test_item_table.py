@@ -256,6 +256,33 @@ def test_inconsistent_arrays_are_refused_not_followed():
         done.returncode, done.stdout, done.stderr[-2000:])
 
 
+def run_known_domain(m, domain: list, steps: list, events_mode: bool, summary) -> list:
+    """``summary`` of each release of a known-domain mechanism over ``steps``, in
+    event mode or in aggregate mode (a Mapping and two arrays in turn), after
+    checking ``domain``; then an item outside the domain, in each mode, raises."""
+    assert m.domain == domain
+    totals = dict.fromkeys(domain, 0)
+    out = []
+    for t, events in enumerate(steps, start=1):
+        for e in events:
+            for x in e:
+                totals[x] += 1
+        if events_mode:
+            rel = m.step_batch(events)
+        elif t % 2:
+            rel = m.release(t, dict(totals))
+        else:
+            rel = m.release(t, list(totals), list(totals.values()))
+        out.append(summary(rel))
+    after = len(steps) + 1
+    for bad in (lambda: m.step_batch([[domain[1], "nope"]]),
+                lambda: m.release(after, {"nope": 1}),
+                lambda: m.release(after, ["nope"], [1])):
+        with pytest.raises(dps.InvalidEventError, match="nope"):
+            bad()
+    return out
+
+
 def test_top_k_releases_do_not_depend_on_the_layout():
     """ContinualTopK (SparseGumb) over a str domain held in the compact table and in
     the plain one: the same releases in event mode and aggregate mode, the same
@@ -268,26 +295,8 @@ def test_top_k_releases_do_not_depend_on_the_layout():
     def run(events_mode: bool) -> list:
         m = dps.ContinualTopK(domain, 30, k=4, switches=3, eta=1.0,
                               key=fixed_key("table-topk"), rho=2.0, noise_version=2)
-        assert m.domain == domain
-        totals = dict.fromkeys(domain, 0)
-        out = []
-        for t, events in enumerate(steps, start=1):
-            for e in events:
-                for x in e:
-                    totals[x] += 1
-            if events_mode:
-                rel = m.step_batch(events)
-            elif t % 2:
-                rel = m.release(t, dict(totals))
-            else:
-                rel = m.release(t, list(totals), list(totals.values()))
-            out.append((rel.items, rel.values.tobytes()))
-        for bad in (lambda: m.step_batch([["d1", "nope"]]),
-                    lambda: m.release(26, {"nope": 1}),
-                    lambda: m.release(26, ["nope"], [1])):
-            with pytest.raises(dps.InvalidEventError, match="nope"):
-                bad()
-        return out
+        return run_known_domain(m, domain, steps, events_mode,
+                                lambda rel: (rel.items, rel.values.tobytes()))
 
     compact = run(True)
     assert sum(len(items) for items, _ in compact) > 20
@@ -346,27 +355,9 @@ def test_known_domain_releases_do_not_depend_on_the_layout():
     def run(events_mode: bool) -> list:
         m = dps.KnownDomainHistogram(domain, 24, max_items=2, key=fixed_key("table-known"),
                                      rho=2.0, noise_version=2)
-        assert m.domain == domain
-        totals = dict.fromkeys(domain, 0)
-        out = []
-        for t, events in enumerate(steps, start=1):
-            for e in events:
-                for x in e:
-                    totals[x] += 1
-            if events_mode:
-                rel = m.step_batch(events)
-            elif t % 2:
-                rel = m.release(t, dict(totals))
-            else:
-                rel = m.release(t, list(totals), list(totals.values()))
-            out.append((list(rel.items), rel.values.tobytes(), rel.top(3),
-                        rel.to_arrow().column("item").to_pylist()))
-        for bad in (lambda: m.step_batch([["k1", "nope"]]),
-                    lambda: m.release(21, {"nope": 1}),
-                    lambda: m.release(21, ["nope"], [1])):
-            with pytest.raises(dps.InvalidEventError, match="nope"):
-                bad()
-        return out
+        return run_known_domain(m, domain, steps, events_mode, lambda rel: (
+            list(rel.items), rel.values.tobytes(), rel.top(3),
+            rel.to_arrow().column("item").to_pylist()))
 
     compact = run(True)
     assert all(items == domain for items, *_ in compact)
