@@ -440,6 +440,46 @@ def test_vectorised_validator_matches_the_rules_record_by_record(policy, known):
     assert f"input line {first[0]}: {first[1]}" in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["known", "topk", "histogram_topk", "meta"])
+def test_validator_reads_the_mechanisms_domain_table(kind):
+    """``dpstream run --domain`` hands the validator the mechanism's own item table
+    (``domain_index``) instead of building a second one: the same object, and the
+    same events kept as with a table built from the list."""
+    from dpstream.io import KeyedTruncator, RawEvent
+    from dpstream.noise import NoiseSource
+    from dpstream.run_command import RunStats, _Validator
+
+    domain = [f"d{i}" for i in range(8)]
+    key = fixed_key("validator-shared")
+    if kind == "known":
+        mech = dps.KnownDomainHistogram(domain, T, max_items=3, key=key, rho=1.0)
+    elif kind == "topk":
+        mech = dps.ContinualTopK(domain, T, k=2, switches=2, eta=1.0, key=key, rho=1.0)
+    elif kind == "histogram_topk":
+        from dpstream.mechanisms.histogram_topk import HistogramTopK
+
+        mech = HistogramTopK(domain, T, k=2, max_items=3, key=key, rho=1.0)
+    else:
+        mech = dps.MetaHistogram(T, oneshot="gaussian", domain=domain, max_items=3,
+                                 key=key, rho=1.0)
+    table = mech.domain_index
+    assert table.lookup(domain + ["d9"]).tolist() == list(range(8)) + [-1]
+    rng = random.Random(7)
+    records = [RawEvent(line, 1, tuple(rng.choice([f"d{i}" for i in range(10)])
+                                       for _ in range(rng.randrange(0, 6))), None)
+               for line in range(1, 200)]
+    trunc = KeyedTruncator(NoiseSource(key, "v/truncate"), 3)
+    shared = _Validator(policy="skip", domain=domain, max_items=3, truncator=trunc,
+                        stats=RunStats(), domain_index=table)
+    own = _Validator(policy="skip", domain=domain, max_items=3, truncator=trunc,
+                     stats=RunStats())
+    assert shared.domain is table and own.domain is not table
+    assert shared.events(records).events() == own.events(records).events()
+    with pytest.raises(ValueError, match="does not match"):
+        _Validator(policy="skip", domain=domain[:5], max_items=3, truncator=trunc,
+                   stats=RunStats(), domain_index=table)
+
+
 def test_aggregate_frames_and_counts_refuse_what_they_cannot_release_exactly():
     """A pandas column of timestamps is not a column of items (a TypeError, as the
     Mapping form and event mode say), and uint64 counts past int64 are refused as

@@ -241,13 +241,22 @@ class _Validator:
 
     def __init__(self, *, policy: str, domain: Sequence[str] | None, max_items: int | None,
                  truncator: Any, stats: RunStats, verbose: bool = False,
-                 users: bool = False) -> None:
+                 users: bool = False, domain_index: Any = None) -> None:
         self.users = users  # events are (user, items) pairs (--user-field)
         self.policy = policy
         from .mechanisms.item_table import domain_table
 
-        # membership looked up for a step's items at once, in a compact table
-        self.domain = None if domain is None else domain_table(domain)
+        # membership looked up for a step's items at once, in a compact table: the
+        # mechanism's own table of the same --domain when it has one (``domain_index``),
+        # else one built here
+        if domain is None:
+            self.domain = None
+        elif domain_index is not None:
+            if len(domain_index) != len(domain):
+                raise ValueError("the mechanism's domain table does not match --domain")
+            self.domain = domain_index
+        else:
+            self.domain = domain_table(domain)
         self.max_items = max_items
         self.truncator = truncator
         self.stats = stats
@@ -565,8 +574,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     truncator = KeyedTruncator(NoiseSource(key, f"{stream}/truncate"), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
-                           users=opts["user_field"] is not None)
-    # the domain lives on in the mechanism's and the validator's compact tables; its
+                           users=opts["user_field"] is not None,
+                           domain_index=getattr(mech, "domain_index", None))
+    # the domain lives on in the mechanism's compact table (the validator reads it); its
     # list of str objects (~100 bytes an item) goes now
     domain_sha256 = _domain_sha256(domain)
     del domain

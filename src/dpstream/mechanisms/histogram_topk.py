@@ -22,6 +22,7 @@ from scipy.special import ndtri
 
 from ..noise import NoiseKey
 from .base import Release, take_items
+from .item_table import ItemTable
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK
 
@@ -96,6 +97,13 @@ class HistogramTopK:
     def domain(self) -> list[Hashable]:
         """The domain items, in release order (a new list: changing it changes nothing)."""
         return self.histogram.domain
+
+    @property
+    def domain_index(self) -> ItemTable:
+        """The domain's item table (:class:`~dpstream.mechanisms.item_table.ItemTable`),
+        for looking up many items' positions at once (``lookup``, ``get``, ``len``).
+        Shared, not copied: read it, never add to it."""
+        return self.histogram.domain_index
 
     @property
     def noise_std_worst(self) -> float:

@@ -55,7 +55,7 @@ from .columns import (
     is_frame,
 )
 from .counters import blt_purpose, blt_sigma, resolve_counter
-from .item_table import TableItems, domain_table
+from .item_table import ItemTable, TableItems, domain_table
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
@@ -309,6 +309,13 @@ class KnownDomainHistogram:
     def domain(self) -> list[Hashable]:
         """The domain items, in release order (a new list: changing it changes nothing)."""
         return list(self._release_items)
+
+    @property
+    def domain_index(self) -> ItemTable:
+        """The domain's item table (:class:`~dpstream.mechanisms.item_table.ItemTable`),
+        for looking up many items' positions at once (``lookup``, ``get``, ``len``).
+        Shared, not copied: read it, never add to it."""
+        return self._index
 
     # -- facts ---------------------------------------------------------------
     @property

@@ -45,7 +45,7 @@ from .base import (
     resolve_privacy,
     take_items,
 )
-from .item_table import TableItems, domain_table
+from .item_table import ItemTable, TableItems, domain_table
 
 __all__ = ["ONESHOTS", "MetaHistogram"]
 
@@ -360,6 +360,12 @@ class MetaHistogram:
         """The known domain's items, in release order (a new list), or None for the
         unknown-domain variants."""
         return list(self._domain_list) if self._known else None
+
+    @property
+    def domain_index(self) -> ItemTable | None:
+        """The known domain's item table (see ``KnownDomainHistogram.domain_index``), or
+        None for the unknown-domain variants. Shared, not copied: never add to it."""
+        return self._index if self._known else None
 
     @property
     def truncation(self) -> TruncationStats:

@@ -56,7 +56,7 @@ from .columns import (
     lookup_all,
 )
 from .counters import blt_sigma, resolve_counter
-from .item_table import domain_table
+from .item_table import ItemTable, domain_table
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, user_guarantee
 
@@ -564,6 +564,13 @@ class ContinualTopK:
     def domain(self) -> list[Hashable]:
         """The domain's items, in order (a new list)."""
         return self._index.to_list()
+
+    @property
+    def domain_index(self) -> ItemTable:
+        """The domain's item table (:class:`~dpstream.mechanisms.item_table.ItemTable`),
+        for looking up many items' positions at once (``lookup``, ``get``, ``len``).
+        Shared, not copied: read it, never add to it."""
+        return self._index
 
     @property
     def selected(self) -> list[Hashable]:
