@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import dpstream as dps
 from dpstream import compiled
-from dpstream.mechanisms.item_table import ItemTable
+from dpstream.mechanisms.item_table import ItemTable, TableItems
 
 from .conftest import fixed_key
 
@@ -56,7 +56,61 @@ def test_lookups_match_a_dict(batches, queries):
     assert table.compact
 
 
-def test_many_items_and_growth():
+@pytest.fixture(params=["uint32", "uint64"])
+def slot_width(request, monkeypatch):
+    """Run a test on each slot layout: uint32 slots (every table a test builds) and
+    uint64 slots (used past 2^26 slots, forced here by lowering that limit to 0)."""
+    from dpstream.mechanisms import item_table
+
+    if request.param == "uint64":
+        monkeypatch.setattr(item_table, "_NARROW_MAX_SLOTS", 0)
+    return np.dtype(request.param)
+
+
+@pytest.fixture(params=["uint32", "int64"])
+def offset_width(request, monkeypatch):
+    """Run a test on each offsets layout: uint32 (bytes below 2^32: every table a test
+    builds) and int64 (used from 2^32 bytes on, forced here by lowering that limit)."""
+    from dpstream.mechanisms import item_table
+
+    if request.param == "int64":
+        monkeypatch.setattr(item_table, "_NARROW_MAX_BYTES", 0)
+    return np.dtype(request.param)
+
+
+def slot_entry(h: int, pos: int, nslots: int, width: np.dtype) -> int:
+    """A slot's value by the layout's definition (the C module's comment): uint64:
+    the hash's high half, then pos + 1 in the low 32 bits; uint32 of 2^s slots: the
+    top 32 - s bits of the high half, then pos + 1 in the low s bits."""
+    high = h >> 32
+    if width == np.uint64:
+        return (high << 32) | (pos + 1)
+    s = nslots.bit_length() - 1
+    assert pos + 1 < nslots
+    return ((high >> s) << s) | (pos + 1)
+
+
+def test_slots_hold_the_tag_and_position_of_each_item(slot_width):
+    """Every stored item's slot, found by linear probing from its hash's low bits,
+    holds exactly the entry the layout defines, and nothing else is stored."""
+    items = [f"s{i}" for i in range(300)] + ["", "é", "日本語" * 5]
+    table = ItemTable.of(items)
+    slots = table._slots
+    assert slots.dtype == slot_width
+    key = table._key.tobytes()
+    n = slots.size
+    want = set()
+    for pos, x in enumerate(items):
+        entry = slot_entry(_loops.siphash13(key, x.encode()), pos, n, slot_width)
+        s = _loops.siphash13(key, x.encode()) % n
+        while int(slots[s]) != entry:
+            assert slots[s] != 0, f"{x!r} not found by probing"
+            s = (s + 1) % n
+        want.add(entry)
+    assert set(int(e) for e in slots if e) == want
+
+
+def test_many_items_and_growth(slot_width, offset_width):
     rng = random.Random(1)
     stored = [f"item{i}" for i in range(50_000)] + ["", "\x00", "a\x00b", "é", "日本語" * 9]
     rng.shuffle(stored)
@@ -74,22 +128,44 @@ def test_many_items_and_growth():
     # slots: the smallest power of two (>= 16) holding twice the items (at most half full)
     size = table._slots.size
     assert size >= 2 * len(stored) and (size // 2 < 2 * len(stored) or size == 16)
+    assert table._slots.dtype == slot_width
+    assert table._offsets.dtype == offset_width
+    view = TableItems(table)
+    assert view.to_arrow().to_pylist() == stored
+    picked = [len(stored) - 1, 0, 17, -2]
+    assert view.take(picked) == [stored[i] for i in picked]
+    assert table.starts(stored + ["more"]) and not table.starts(stored[1:] + ["x"] * 2)
+    back = pickle.loads(pickle.dumps(table))
+    check_against(back, stored, queries[:5000])
 
 
-def test_a_forged_collision_is_resolved_by_the_bytes():
-    """Put item b's slot where item a's hash leads, carrying a's hash half: the probe
-    for a must compare the bytes, reject b, and go on to a's own slot."""
+def test_offsets_turn_int64_past_their_limit(monkeypatch):
+    """A table whose bytes pass the uint32 limit (lowered here to 1,000 bytes) keeps
+    its items and positions across the switch, and keeps int64 offsets from then on."""
+    from dpstream.mechanisms import item_table
+
+    monkeypatch.setattr(item_table, "_NARROW_MAX_BYTES", 1000)
+    items = [f"word-{i:05d}" for i in range(300)]  # 10 bytes each: passes 1,000 at 101
+    table = ItemTable()
+    for lo in range(0, 300, 40):
+        table.extend(items[lo:lo + 40])
+        assert table._offsets.dtype == (np.uint32 if lo + 40 <= 100 else np.int64)
+        check_against(table, items[:lo + 40], items + ["word-x"])
+
+
+def test_a_forged_collision_is_resolved_by_the_bytes(slot_width):
+    """Put item b's slot where item a's hash leads, carrying a's tag: the probe for a
+    must compare the bytes, reject b, and go on to a's own slot."""
     table = ItemTable()
     table.extend(["a", "b"])
     slots = table._slots
-    mask = np.uint64(slots.size - 1)
+    n = slots.size
     key = table._key.tobytes()
     h_a = _loops.siphash13(key, b"a")
-    home = int(np.uint64(h_a) & mask)
+    home = h_a % n
     slots[:] = 0
-    high = (h_a >> 32) << 32
-    slots[home] = high | 2  # b (position 1 + 1) under a's hash half
-    slots[(home + 1) % slots.size] = high | 1  # a itself, one slot on
+    slots[home] = slot_entry(h_a, 1, n, slot_width)  # b (position 1) under a's tag
+    slots[(home + 1) % n] = slot_entry(h_a, 0, n, slot_width)  # a itself, one slot on
     assert table.lookup(["a", "b"]).tolist() == [0, -1]  # b's own slot is gone: absent
 
 
@@ -167,6 +243,9 @@ def test_the_c_loops_refuse_bad_arrays():
         _loops.item_lookup(["a", "b"], table._key, data, offsets, table._slots, out)
     with pytest.raises(ValueError):  # a table more than half full
         _loops.item_insert(table._key, data, offsets, np.zeros(1, np.uint64), 0, 1)
+    for dtype in (np.int32, np.uint16, np.int64, np.float64, ">u4"):  # not uint32/uint64
+        with pytest.raises(TypeError):
+            _loops.item_lookup(["a"], table._key, data, offsets, np.zeros(16, dtype), out)
     with pytest.raises(IndexError):
         _loops.item_strings(data, offsets, np.array([1], np.int64))
 
@@ -219,6 +298,10 @@ t = ItemTable()
 t.extend(["a", "bb", "ccc"])
 key, data, off, slots = t._key, t._data[:t._size], t._offsets[:4], t._slots
 far = np.array([0, 1, (1 << 40) - 3, 1 << 40], np.int64)  # past the data
+far32 = np.array([0, 1, (1 << 32) - 3, (1 << 32) - 1], np.uint32)
+h = _loops.siphash13(key.tobytes(), b"ccc")
+past = np.zeros(16, np.uint32)  # ccc's tag, naming position 10 of 3
+past[h % 16] = (((h >> 32) >> 4) << 4) | 11
 cases = {
     "slots past the offsets": lambda: _loops.item_lookup(
         ["ccc"], key, data, off[:2], slots, np.empty(1, np.int64)),
@@ -226,17 +309,31 @@ cases = {
         ["ccc"], key, data, far, slots, np.empty(1, np.int64)),
     "no empty slot (lookup)": lambda: _loops.item_lookup(
         ["zz"], key, data, off, np.full(4, 1, np.uint64), np.empty(1, np.int64)),
+    "no empty uint32 slot (lookup)": lambda: _loops.item_lookup(
+        ["zz"], key, data, off, np.full(4, 1, np.uint32), np.empty(1, np.int64)),
+    "uint32 slot past the offsets": lambda: _loops.item_lookup(
+        ["ccc"], key, data, off, past, np.empty(1, np.int64)),
+    "no empty uint32 slot (insert)": lambda: _loops.item_insert(
+        key, data, off, np.full(16, 1, np.uint32), 0, 3),
     "offsets going down (insert)": lambda: _loops.item_insert(
         key, data, np.array([0, 1 << 40, 3, 6], np.int64), np.zeros(16, np.uint64), 0, 2),
     "no empty slot (insert)": lambda: _loops.item_insert(
         key, data, off, np.full(16, 1, np.uint64), 0, 3),
     "byte-swapped offsets": lambda: _loops.item_lookup(
         ["ccc"], key, data, off.astype(">i8"), slots, np.empty(1, np.int64)),
+    "byte-swapped uint32 offsets": lambda: _loops.item_lookup(
+        ["ccc"], key, data, off.astype(">u4"), slots, np.empty(1, np.int64)),
+    "uint32 offsets past the data": lambda: _loops.item_lookup(
+        ["ccc"], key, data, far32, slots, np.empty(1, np.int64)),
+    "int32 offsets": lambda: _loops.item_strings(data, off.astype(np.int32),
+                                                 np.array([0], np.int64)),
+    "uint32 offsets going down (strings)": lambda: _loops.item_strings(
+        data, np.array([0, 5, 3, 6], np.uint32), np.array([1], np.int64)),
 }
 for name, call in cases.items():
     try:
         call()
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, IndexError):
         continue
     raise SystemExit(f"not refused: {name}")
 neg = np.array([-(1 << 40), -(1 << 40) + 1], np.int64)  # before the data
@@ -437,7 +534,7 @@ def test_table_items_index_like_a_tuple():
 
 
 @pytest.mark.parametrize("n", [1, 12, 13, 25, 26, 200, 1000, 4097])
-def test_a_fixed_domain_fills_its_slots_to_four_fifths(n):
+def test_a_fixed_domain_fills_its_slots_to_four_fifths(n, slot_width, offset_width):
     """A fixed table (a known domain) takes the smallest power of two of slots it fills
     at most to 4/5 (a growing one: at most half); lookups of stored and absent items
     against a dict at that fill, in both; pickling keeps the fill."""

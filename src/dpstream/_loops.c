@@ -29,12 +29,12 @@
 #error "dpstream._loops must not be compiled with fast-math"
 #endif
 
-/* a struct format of one native 8-byte item: 'Q' (uint64), 'd' (double), 'q' (int64),
- * with no byte order or one that is the machine's; NumPy writes longs as 'L'/'l' on
- * some platforms, and a byte-swapped array as '>Q' (refused: its values would be
- * read wrong) */
+/* a struct format of one native item of ``size`` bytes (format_is: 8): 'Q' (uint64),
+ * 'd' (double), 'q' (int64), 'I' (uint32), with no byte order or one that is the
+ * machine's; NumPy writes longs as 'L'/'l' on some platforms (the size tells which),
+ * and a byte-swapped array as '>Q' (refused: its values would be read wrong) */
 static int
-format_is(const Py_buffer *b, const char *accepted)
+format_is_size(const Py_buffer *b, const char *accepted, Py_ssize_t size)
 {
     const char *f = b->format ? b->format : "B";
     const unsigned int one = 1;
@@ -42,7 +42,13 @@ format_is(const Py_buffer *b, const char *accepted)
     if (f[0] == '@' || f[0] == '=' || f[0] == native || (f[0] == '!' && native == '>'))
         f++;
     return f[0] != '\0' && f[1] == '\0' && strchr(accepted, f[0]) != NULL &&
-           b->itemsize == 8;
+           b->itemsize == size;
+}
+
+static int
+format_is(const Py_buffer *b, const char *accepted)
+{
+    return format_is_size(b, accepted, 8);
 }
 
 static int
@@ -61,8 +67,35 @@ get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char 
 }
 
 #define U64 "QL"
+#define U32 "IL"
 #define F64 "d"
 #define I64 "ql"
+
+/* Offsets into an item table's bytes: int64, or uint32 while the bytes are fewer
+ * than 2^32 (4 bytes an item instead of 8). */
+typedef struct {
+    const void *p;
+    int wide;
+} offs;
+
+#define OFF(o, i) \
+    ((o).wide ? ((const int64_t *)(o).p)[i] : (int64_t)((const uint32_t *)(o).p)[i])
+
+static int
+get_offsets(PyObject *obj, Py_buffer *b, offs *o)
+{
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (!(format_is_size(b, I64, 8) || format_is_size(b, U32, 4))) {
+        PyErr_Format(PyExc_TypeError, "offsets: wrong item type (format %s)",
+                     b->format ? b->format : "B");
+        PyBuffer_Release(b);
+        return -1;
+    }
+    o->p = b->buf;
+    o->wide = b->itemsize == 8;
+    return 0;
+}
 
 /*
  * ziggurat(blocks, out, scaled, limit, bottom, rise, pending, close)
@@ -142,7 +175,9 @@ done:
 /* ---------------------------------------------------------------------------------
  * The item table (dpstream.mechanisms.item_table): str items kept as UTF-8 bytes end
  * to end (data, with int64 offsets), found through an open-addressing table of
- * uint64 slots, linear probing: a slot is 0 (empty) or (hash >> 32) << 32 | (pos + 1).
+ * slots, linear probing. A slot is 0 (empty) or a tag from the hash's high half and
+ * pos + 1 (see slot_entry): uint32 slots while there are at most 2^31 of them (the
+ * Python side uses them up to 2^26, so a tag keeps at least 6 bits), uint64 beyond.
  * The hash is SipHash-1-3 (Aumasson and Bernstein) of the UTF-8 bytes under the
  * table's random 128-bit key, so an input cannot be crafted to collide without it.
  * A probe that matches the hash's high half is confirmed by comparing the bytes:
@@ -208,8 +243,43 @@ str_utf8(PyObject *o, const char **p, Py_ssize_t *n)
 
 typedef struct {
     Py_buffer key, data, offsets, slots;
+    offs off;
     int got;
+    uint64_t nslots;  /* a power of 2 */
+    int wide;         /* uint64 slots (else uint32) */
+    int shift;        /* log2(nslots) */
 } table_args;
+
+/* The slots' layout. A uint64 slot is (hash >> 32) << 32 | (pos + 1). A uint32 slot
+ * of a table of 2^shift slots is tag << shift | (pos + 1), the tag being the top
+ * 32 - shift bits of the hash's high half: pos + 1 < 2^shift, since the table is
+ * never full, and the slot's index comes from the hash's low bits, so the tag adds
+ * bits the index does not already carry. */
+static inline uint64_t
+slot_at(const void *slots, int wide, uint64_t s)
+{
+    return wide ? ((const uint64_t *)slots)[s] : ((const uint32_t *)slots)[s];
+}
+
+static inline uint64_t
+slot_tag(uint64_t h, int wide, int shift)
+{
+    return wide ? h >> 32 : (h >> 32) >> shift;
+}
+
+/* the tag a stored slot carries */
+static inline uint64_t
+entry_tag(uint64_t e, int wide, int shift)
+{
+    return wide ? e >> 32 : e >> shift;
+}
+
+/* the position a stored slot names (-1 for an empty slot) */
+static inline int64_t
+entry_pos(uint64_t e, int wide, uint64_t mask)
+{
+    return (int64_t)(wide ? (e & 0xffffffffu) : (e & mask)) - 1;
+}
 
 static void
 release_table(table_args *t)
@@ -219,7 +289,8 @@ release_table(table_args *t)
         PyBuffer_Release(b[i]);
 }
 
-/* key (2 uint64), data (bytes), offsets (int64, n + 1), slots (uint64, a power of 2) */
+/* key (2 uint64), data (bytes), offsets (int64, n + 1), slots (uint32 or uint64, a
+ * power of 2; uint32 for at most 2^31 slots) */
 static int
 get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int writable,
           table_args *t)
@@ -231,17 +302,27 @@ get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int
     if (PyObject_GetBuffer(data, &t->data, PyBUF_C_CONTIGUOUS) < 0)
         goto fail;
     t->got++;
-    if (get(offsets, &t->offsets, 0, I64, "offsets") < 0)
+    if (get_offsets(offsets, &t->offsets, &t->off) < 0)
         goto fail;
     t->got++;
-    if (get(slots, &t->slots, writable, U64, "slots") < 0)
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(slots, &t->slots, flags) < 0)
         goto fail;
     t->got++;
-    Py_ssize_t nslots = t->slots.len / 8;
-    if (t->key.len != 16 || t->offsets.len < 8 || nslots < 1 || (nslots & (nslots - 1))) {
+    t->wide = t->slots.itemsize == 8;
+    if (!(t->wide ? format_is(&t->slots, U64) : format_is_size(&t->slots, U32, 4))) {
+        PyErr_Format(PyExc_TypeError, "slots: wrong item type (format %s)",
+                     t->slots.format ? t->slots.format : "B");
+        goto fail;
+    }
+    Py_ssize_t nslots = t->slots.len / t->slots.itemsize;
+    if (t->key.len != 16 || t->offsets.len < t->offsets.itemsize || nslots < 1 || (nslots & (nslots - 1)) ||
+        (!t->wide && (uint64_t)nslots > ((uint64_t)1 << 31))) {
         PyErr_SetString(PyExc_ValueError, "item table: bad key, offsets or slots");
         goto fail;
     }
+    t->nslots = (uint64_t)nslots;
+    t->shift = __builtin_ctzll((unsigned long long)nslots);
     return 0;
 fail:
     release_table(t);
@@ -251,29 +332,32 @@ fail:
 /* whether stored item pos (0 <= pos < count) lies inside the data: the arrays come
  * from Python, and a slot or offset that does not match them must not be followed */
 static inline int
-item_in_data(const int64_t *offsets, int64_t count, Py_ssize_t data_len, int64_t pos)
+item_in_data(offs offsets, int64_t count, Py_ssize_t data_len, int64_t pos)
 {
-    return pos >= 0 && pos < count && offsets[pos] >= 0 && offsets[pos] <= offsets[pos + 1] &&
-           offsets[pos + 1] <= data_len;
+    return pos >= 0 && pos < count && OFF(offsets, pos) >= 0 && OFF(offsets, pos) <= OFF(offsets, pos + 1) &&
+           OFF(offsets, pos + 1) <= data_len;
 }
 
 /* the position of the str bytes (p, n) with hash h, -1 if absent, or -2 when the
  * slots do not match the data (a slot past the items, no empty slot) */
 static inline int64_t
-probe(const uint64_t *slots, uint64_t mask, const unsigned char *data, Py_ssize_t data_len,
-      const int64_t *offsets, int64_t count, uint64_t h, const char *p, Py_ssize_t n)
+probe(const table_args *t, const unsigned char *data, Py_ssize_t data_len,
+      offs offsets, int64_t count, uint64_t h, const char *p, Py_ssize_t n)
 {
-    uint64_t s = h & mask, high = h >> 32;
+    const void *slots = t->slots.buf;
+    int wide = t->wide, shift = t->shift;
+    uint64_t mask = t->nslots - 1;
+    uint64_t s = h & mask, tag = slot_tag(h, wide, shift);
     for (uint64_t tries = 0; tries <= mask; tries++) {
-        uint64_t e = slots[s];
+        uint64_t e = slot_at(slots, wide, s);
         if (e == 0)
             return -1;
-        if ((e >> 32) == high) {
-            int64_t pos = (int64_t)(e & 0xffffffffu) - 1;
+        if (entry_tag(e, wide, shift) == tag) {
+            int64_t pos = entry_pos(e, wide, mask);
             if (!item_in_data(offsets, count, data_len, pos))
                 return -2;
-            int64_t a = offsets[pos];
-            if (offsets[pos + 1] - a == n && memcmp(data + a, p, (size_t)n) == 0)
+            int64_t a = OFF(offsets, pos);
+            if (OFF(offsets, pos + 1) - a == n && memcmp(data + a, p, (size_t)n) == 0)
                 return pos;
         }
         s = (s + 1) & mask;
@@ -311,11 +395,12 @@ item_lookup(PyObject *self, PyObject *args)
     }
     PyObject **objs = PySequence_Fast_ITEMS(seq);
     const uint64_t *kw = t.key.buf;
-    const uint64_t *sl = t.slots.buf;
-    uint64_t mask = (uint64_t)(t.slots.len / 8) - 1;
+    const void *sl = t.slots.buf;
+    int wide = t.wide;
+    uint64_t mask = t.nslots - 1;
     int64_t *res = out.buf;
-    int64_t count = (int64_t)(t.offsets.len / 8) - 1;
-    const int64_t *off = t.offsets.buf;
+    int64_t count = (int64_t)(t.offsets.len / t.offsets.itemsize) - 1;
+    offs off = t.off;
     const unsigned char *bytes = t.data.buf;
     /* A group at a time, in stages that only prefetch (the slot an item's hash leads
      * to, then its candidate's offsets, then its bytes), so that the cache misses of
@@ -330,24 +415,26 @@ item_lookup(PyObject *self, PyObject *args)
             gok[j] = str_utf8(objs[g + j], &gp[j], &gn[j]);
             if (gok[j]) {
                 gh[j] = siphash13(kw[0], kw[1], (const unsigned char *)gp[j], gn[j]);
-                __builtin_prefetch(&sl[gh[j] & mask]);
+                __builtin_prefetch(wide ? (const void *)((const uint64_t *)sl + (gh[j] & mask))
+                                        : (const void *)((const uint32_t *)sl + (gh[j] & mask)));
             }
         }
         for (int j = 0; j < m; j++) {
             if (!gok[j])
                 continue;
-            uint64_t e = sl[gh[j] & mask];
-            int64_t pos = (int64_t)(e & 0xffffffffu) - 1;
+            uint64_t e = slot_at(sl, wide, gh[j] & mask);
+            int64_t pos = entry_pos(e, wide, mask);
             if (e != 0 && pos < count)
-                __builtin_prefetch(&off[pos]);
+                __builtin_prefetch(off.wide ? (const void *)((const int64_t *)off.p + pos)
+                                            : (const void *)((const uint32_t *)off.p + pos));
         }
         for (int j = 0; j < m; j++) {
             if (!gok[j])
                 continue;
-            uint64_t e = sl[gh[j] & mask];
-            int64_t pos = (int64_t)(e & 0xffffffffu) - 1;
+            uint64_t e = slot_at(sl, wide, gh[j] & mask);
+            int64_t pos = entry_pos(e, wide, mask);
             if (e != 0 && pos < count && item_in_data(off, count, t.data.len, pos))
-                __builtin_prefetch(bytes + off[pos]);
+                __builtin_prefetch(bytes + OFF(off, pos));
         }
         for (int j = 0; j < m; j++) {
             Py_ssize_t i = g + j;
@@ -355,7 +442,7 @@ item_lookup(PyObject *self, PyObject *args)
                 res[i] = -1;
                 continue;
             }
-            res[i] = probe(sl, mask, bytes, t.data.len, off, count, gh[j], gp[j], gn[j]);
+            res[i] = probe(&t, bytes, t.data.len, off, count, gh[j], gp[j], gn[j]);
             if (res[i] == -2) {
                 PyErr_SetString(PyExc_ValueError,
                                 "item_lookup: the slots do not match the items");
@@ -384,9 +471,9 @@ item_insert(PyObject *self, PyObject *args)
     table_args t;
     if (get_table(key, data, offsets, slots, 1, &t) < 0)
         return NULL;
-    Py_ssize_t nslots = t.slots.len / 8;
-    const int64_t *off = t.offsets.buf;
-    int64_t count = (int64_t)(t.offsets.len / 8) - 1;
+    Py_ssize_t nslots = (Py_ssize_t)t.nslots;
+    offs off = t.off;
+    int64_t count = (int64_t)(t.offsets.len / t.offsets.itemsize) - 1;
     /* at most 4/5 full: a probe always meets an empty slot, and stays short */
     int ok = first >= 0 && last >= first && last <= count && last < 0xffffffffLL &&
              (int64_t)last * 5 <= (int64_t)nslots * 4;
@@ -398,19 +485,24 @@ item_insert(PyObject *self, PyObject *args)
         return NULL;
     }
     const uint64_t *kw = t.key.buf;
-    uint64_t *sl = t.slots.buf;
+    void *sl = t.slots.buf;
+    int wide = t.wide, shift = t.shift;
     const unsigned char *d = t.data.buf;
     uint64_t mask = (uint64_t)nslots - 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t pos = first; ok && pos < last; pos++) {
-        uint64_t h = siphash13(kw[0], kw[1], d + off[pos], off[pos + 1] - off[pos]);
+        uint64_t h = siphash13(kw[0], kw[1], d + OFF(off, pos), OFF(off, pos + 1) - OFF(off, pos));
         uint64_t s = h & mask, tries = 0;
-        while (sl[s] != 0 && tries++ < mask)
+        while (slot_at(sl, wide, s) != 0 && tries++ < mask)
             s = (s + 1) & mask;
-        if (sl[s] != 0)
+        /* pos + 1 <= last <= 4/5 of the slots: below 2^shift, and below 2^32 */
+        uint64_t tag = slot_tag(h, wide, shift);
+        if (slot_at(sl, wide, s) != 0)
             ok = 0;  /* no free slot: the slots were already full */
+        else if (wide)
+            ((uint64_t *)sl)[s] = (tag << 32) | (uint64_t)(pos + 1);
         else
-            sl[s] = ((h >> 32) << 32) | (uint64_t)(pos + 1);
+            ((uint32_t *)sl)[s] = (uint32_t)((tag << shift) | (uint64_t)(pos + 1));
     }
     Py_END_ALLOW_THREADS
     release_table(&t);
@@ -434,24 +526,24 @@ item_prefix_equals(PyObject *self, PyObject *args)
     if (seq == NULL)
         return NULL;
     Py_buffer d, o;
+    offs off;
     if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0) {
         Py_DECREF(seq);
         return NULL;
     }
-    if (get(offsets, &o, 0, I64, "offsets") < 0) {
+    if (get_offsets(offsets, &o, &off) < 0) {
         PyBuffer_Release(&d);
         Py_DECREF(seq);
         return NULL;
     }
-    int equal = n >= 0 && PySequence_Fast_GET_SIZE(seq) >= n && o.len / 8 >= n + 1;
+    int equal = n >= 0 && PySequence_Fast_GET_SIZE(seq) >= n && o.len / o.itemsize >= n + 1;
     PyObject **objs = PySequence_Fast_ITEMS(seq);
-    const int64_t *off = o.buf;
     const unsigned char *bytes = d.buf;
     for (Py_ssize_t i = 0; equal && i < n; i++) {
         const char *p;
         Py_ssize_t len;
-        equal = str_utf8(objs[i], &p, &len) && off[i] >= 0 && off[i + 1] - off[i] == len &&
-                off[i + 1] <= d.len && memcmp(bytes + off[i], p, (size_t)len) == 0;
+        equal = str_utf8(objs[i], &p, &len) && OFF(off, i) >= 0 && OFF(off, i + 1) - OFF(off, i) == len &&
+                OFF(off, i + 1) <= d.len && memcmp(bytes + OFF(off, i), p, (size_t)len) == 0;
     }
     PyBuffer_Release(&o);
     PyBuffer_Release(&d);
@@ -467,9 +559,10 @@ item_strings(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOO", &data, &offsets, &positions))
         return NULL;
     Py_buffer d, o, p;
+    offs off;
     if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
-    if (get(offsets, &o, 0, I64, "offsets") < 0) {
+    if (get_offsets(offsets, &o, &off) < 0) {
         PyBuffer_Release(&d);
         return NULL;
     }
@@ -478,17 +571,17 @@ item_strings(PyObject *self, PyObject *args)
         PyBuffer_Release(&d);
         return NULL;
     }
-    Py_ssize_t k = p.len / 8, n = o.len / 8 - 1;
-    const int64_t *pos = p.buf, *off = o.buf;
+    Py_ssize_t k = p.len / 8, n = o.len / o.itemsize - 1;
+    const int64_t *pos = p.buf;
     PyObject *list = PyList_New(k);
     for (Py_ssize_t i = 0; list != NULL && i < k; i++) {
         int64_t j = pos[i];
-        if (j < 0 || j >= n || off[j] < 0 || off[j + 1] < off[j] || off[j + 1] > d.len) {
+        if (j < 0 || j >= n || OFF(off, j) < 0 || OFF(off, j + 1) < OFF(off, j) || OFF(off, j + 1) > d.len) {
             PyErr_SetString(PyExc_IndexError, "item_strings: position out of range");
             Py_CLEAR(list);
             break;
         }
-        PyObject *s = PyUnicode_DecodeUTF8((const char *)d.buf + off[j], off[j + 1] - off[j],
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)d.buf + OFF(off, j), OFF(off, j + 1) - OFF(off, j),
                                            "strict");
         if (s == NULL) {
             Py_CLEAR(list);
@@ -528,7 +621,7 @@ py_siphash13(PyObject *self, PyObject *args)
 
 /* join_rows(data, offsets, values, head, mid, tail, sep): the bytes of n rows
  * head + item i + mid + values[i] in decimal + tail, separated by sep, where item i is
- * data[offsets[i]:offsets[i + 1]] (the release formatters' rows of integer counts,
+ * data[OFF(offsets, i):OFF(offsets, i + 1)] (the release formatters' rows of integer counts,
  * with the items' text encoded once) */
 static PyObject *
 join_rows(PyObject *self, PyObject *args)
@@ -540,35 +633,36 @@ join_rows(PyObject *self, PyObject *args)
         return NULL;
     PyObject *out = NULL;
     Py_buffer d, o, v;
+    offs off;
     int got = 0;
     if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
     got++;
-    if (get(offsets, &o, 0, I64, "offsets") < 0)
+    if (get_offsets(offsets, &o, &off) < 0)
         goto done;
     got++;
     if (get(values, &v, 0, I64, "values") < 0)
         goto done;
     got++;
     Py_ssize_t n = v.len / 8;
-    const int64_t *off = o.buf, *val = v.buf;
-    if (o.len / 8 != n + 1) {
+    const int64_t *val = v.buf;
+    if (o.len / o.itemsize != n + 1) {
         PyErr_SetString(PyExc_ValueError, "join_rows: offsets must hold one more than values");
         goto done;
     }
     /* the items' text must lie inside the data, in order */
-    if (off[0] < 0 || off[n] > d.len) {
+    if (OFF(off, 0) < 0 || OFF(off, n) > d.len) {
         PyErr_SetString(PyExc_ValueError, "join_rows: offsets outside the data");
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (off[i + 1] < off[i]) {
+        if (OFF(off, i + 1) < OFF(off, i)) {
             PyErr_SetString(PyExc_ValueError, "join_rows: offsets must not decrease");
             goto done;
         }
     }
     /* 20: the longest int64 in decimal, with its sign */
-    double need = (double)(off[n] - off[0]) +
+    double need = (double)(OFF(off, n) - OFF(off, 0)) +
                   (double)n * (double)(head.len + mid.len + tail.len + 20 + sep.len);
     if (need > (double)(PY_SSIZE_T_MAX / 2)) {
         PyErr_NoMemory();
@@ -587,8 +681,8 @@ join_rows(PyObject *self, PyObject *args)
         }
         memcpy(w, head.buf, head.len);
         w += head.len;
-        memcpy(w, src + off[i], off[i + 1] - off[i]);
-        w += off[i + 1] - off[i];
+        memcpy(w, src + OFF(off, i), OFF(off, i + 1) - OFF(off, i));
+        w += OFF(off, i + 1) - OFF(off, i);
         memcpy(w, mid.buf, mid.len);
         w += mid.len;
         char digits[20];

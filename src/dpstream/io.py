@@ -786,7 +786,8 @@ class _ItemText:
         return self._text
 
     def raw(self, items: Sequence[Any]) -> tuple[Any, np.ndarray]:
-        """The items' text as (UTF-8 bytes, int64 offsets), for the C row joiner."""
+        """The items' text as (UTF-8 bytes, offsets: int64, or uint32 for Arrow's int32
+        ones, which are never negative), for the C row joiner."""
         text = self(items)
         if self._raw is None:
             import pyarrow as pa
@@ -795,7 +796,7 @@ class _ItemText:
             _, offsets, data = text.buffers()
             off = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32,
                                 count=len(text) + 1, offset=text.offset * (8 if wide else 4))
-            self._raw = (b"" if data is None else data, off.astype(np.int64))
+            self._raw = (b"" if data is None else data, off if wide else off.view(np.uint32))
         return self._raw
 
     def _build(self, items: Sequence[Any]) -> Any:

@@ -7,12 +7,14 @@ the boxed positions, the dict's entries), and a lookup of a fresh string (as
 parsed from input) walks three or four cache misses once the table outgrows
 the cache. :class:`ItemTable` holds the same map in three arrays:
 
-* ``data``: the items' UTF-8 bytes end to end, ``offsets`` (int64) where each
-  starts (item i is ``data[offsets[i]:offsets[i + 1]]``);
-* ``slots``: an open-addressing table (linear probing) of uint64 entries, each
-  the high half of the item's hash and its position + 1; at most half full for
-  a table that grows (an open domain, whose lookups often miss), at most 4/5
-  full for a fixed domain (built once; its lookups mostly hit, which takes ~2
+* ``data``: the items' UTF-8 bytes end to end, ``offsets`` where each starts
+  (item i is ``data[offsets[i]:offsets[i + 1]]``): uint32 while the bytes are
+  fewer than 2^32, int64 from then on;
+* ``slots``: an open-addressing table (linear probing) of entries, each a tag
+  from the item's hash and its position + 1: uint32 entries up to 2^26 slots
+  (the tag is the bits the position leaves, 6 or more), uint64 beyond; at most
+  half full for a table that grows (an open domain, whose lookups often miss),
+  at most 4/5 full for a fixed domain (built once; its lookups mostly hit, which takes ~2
   probes at that fill, in the same cache line or the next).
 
 The loops that hash, probe, compare and decode are C (``dpstream._loops``, see
@@ -50,6 +52,16 @@ _MIN_SLOTS = 16
 #: The most filled share of the slots (the C insert refuses more than 4/5).
 _GROWING_FILL = (1, 2)
 _FIXED_FILL = (4, 5)
+#: The most slots held as uint32 (above: uint64, whose tags are 32 bits).
+_NARROW_MAX_SLOTS = 1 << 26
+
+
+#: The most bytes of items whose offsets are held as uint32 (above: int64).
+_NARROW_MAX_BYTES = (1 << 32) - 1
+
+
+def _empty_slots(size: int) -> np.ndarray:
+    return np.zeros(size, dtype=np.uint32 if size <= _NARROW_MAX_SLOTS else np.uint64)
 
 
 def _grown(arr: np.ndarray, need: int) -> np.ndarray:
@@ -96,8 +108,8 @@ class ItemTable:
         self._loops = compiled.loops()
         self._data = np.zeros(0, dtype=np.uint8)
         self._size = 0  # bytes used in _data
-        self._offsets = np.zeros(1, dtype=np.int64)
-        self._slots = np.zeros(_MIN_SLOTS, dtype=np.uint64)
+        self._offsets = np.zeros(1, dtype=np.uint32)
+        self._slots = _empty_slots(_MIN_SLOTS)
         self._key = np.frombuffer(os.urandom(16), dtype=np.uint64).copy()
         self._objects: list[Hashable] | None = None
         self._index: dict[Hashable, int] | None = None
@@ -235,9 +247,12 @@ class ItemTable:
         size = self._size + len(blob)
         self._data = _grown(self._data, size)
         self._data[self._size : size] = np.frombuffer(blob, dtype=np.uint8)
+        if size > _NARROW_MAX_BYTES and self._offsets.dtype != np.int64:
+            self._offsets = self._offsets.astype(np.int64)  # past uint32, for good
         self._offsets = _grown(self._offsets, n + m + 1)
-        np.cumsum(lengths, out=self._offsets[n + 1 : n + m + 1])
-        self._offsets[n + 1 : n + m + 1] += self._size
+        ends = np.cumsum(lengths, dtype=np.int64)
+        ends += self._size
+        self._offsets[n + 1 : n + m + 1] = ends  # each <= size: fits the offsets' type
         self._size = size
         self._n = n + m
         num, den = self._fill
@@ -257,7 +272,7 @@ class ItemTable:
         size = _MIN_SLOTS
         while size * num < self._n * den:
             size *= 2
-        self._slots = np.zeros(size, dtype=np.uint64)
+        self._slots = _empty_slots(size)
         self._insert(0, self._n)
 
     def _to_objects(self) -> None:
@@ -267,8 +282,8 @@ class ItemTable:
         self._index = dict(zip(objects, range(len(objects)), strict=True))
         self._data = np.zeros(0, dtype=np.uint8)
         self._size = 0
-        self._offsets = np.zeros(1, dtype=np.int64)
-        self._slots = np.zeros(_MIN_SLOTS, dtype=np.uint64)
+        self._offsets = np.zeros(1, dtype=np.uint32)
+        self._slots = _empty_slots(_MIN_SLOTS)
 
     def nbytes(self) -> int:
         """Bytes of the compact arrays (0 in the plain layout, whose cost is Python's)."""
@@ -281,8 +296,9 @@ class ItemTable:
         fixed = {"fixed": True} if self._fill == _FIXED_FILL else {}
         if self._objects is not None:
             return {"objects": list(self._objects), **fixed}
+        # int64 offsets whatever the layout in memory (the format of older snapshots)
         return {"data": self._data[: self._size].copy(),
-                "offsets": self._offsets[: self._n + 1].copy(), **fixed}
+                "offsets": self._offsets[: self._n + 1].astype(np.int64), **fixed}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         ItemTable.__init__(self, bool(state.get("fixed", False)))
@@ -396,10 +412,14 @@ class TableItems(Sequence):  # type: ignore[type-arg]
         t = self._table
         if not t.compact:
             return pa.array(self._table.take(np.arange(self._n, dtype=np.int64)), pa.string())
-        offsets = np.ascontiguousarray(t._offsets[: self._n + 1])
+        offsets = t._offsets[: self._n + 1]
         data = np.ascontiguousarray(t._data[: int(offsets[-1])])
-        arr = pa.LargeStringArray.from_buffers(self._n, pa.py_buffer(offsets),
+        if data.size < (1 << 31) and offsets.dtype == np.uint32:  # Arrow's int32 offsets
+            return pa.StringArray.from_buffers(self._n, pa.py_buffer(offsets.view(np.int32)),
                                                pa.py_buffer(data))
+        arr = pa.LargeStringArray.from_buffers(
+            self._n, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)),
+            pa.py_buffer(data))
         return arr.cast(pa.string()) if data.size < (1 << 31) else arr
 
     def __eq__(self, other: object) -> bool:
