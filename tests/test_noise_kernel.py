@@ -309,6 +309,40 @@ def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks
     assert same_bits(tn.noise(), reference_tree_noise(ref, ids, t + 9, horizon, base, std))
 
 
+@pytest.mark.parametrize("purpose", ["late", "/v2/late"])
+def test_items_joining_late_get_the_noise_of_items_there_from_the_start(purpose):
+    """Items that join at t are computed from scratch: a few at a time draw all the
+    cells of I_t in one kernel call (the batched path), many at a time cell by cell.
+    Either way each item's noise must be, bit for bit, that of the same item held
+    from t = 0 and stepped one draw at a time. Version 2 (the ziggurat) included:
+    with ~40,000 late draws its restarts and tail points (~0.6% and ~0.4%) occur."""
+    horizon, base, std = 400, 5, 1.3  # up to 4 cells a level: their order matters
+    src = NoiseSource(fixed_key("kernel-late"), purpose)
+    rng = random.Random(11)
+    everyone = random_ids(rng, 16000)
+    early = TreeNoise(src, horizon, base, std)
+    early.add_items(src.prepare_ids(as_words(everyone)))
+    late = TreeNoise(src, horizon, base, std)
+    joined = 0
+    batched = unbatched = 0
+    for t in range(1, 301):
+        early.advance(t)
+        late.advance(t)
+        big = t in (50, 121, 202, 263)  # many items at once: cell by cell
+        if big or rng.random() < 0.5:
+            m = 3000 if big else rng.choice([1, 2, 5, 17, 60])
+            new = everyone[joined : joined + m]
+            cells = sum(hi - lo + 1 for _, lo, hi in cells_by_level(t, base))
+            if 1 < cells and cells * len(new) <= noise_kernel.CHUNK_ITEMS:
+                batched += 1
+            else:
+                unbatched += 1
+            late.add_items(src.prepare_ids(as_words(new)))
+            joined += len(new)
+        assert same_bits(late.noise(), early.noise()[:joined]), t
+    assert batched > 100 and unbatched >= 4 and joined > 14000
+
+
 def test_tree_noise_threads_and_chunks_do_not_change_values(tiny_chunks, two_threads):
     key = fixed_key("kernel-tree-threads")
     src = NoiseSource(key, "tt")

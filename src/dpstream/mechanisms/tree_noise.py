@@ -236,12 +236,25 @@ class TreeNoise:
         ]
         source, std = self.source, self.cell_std
 
+        cells = [(row, tile) for row, tiles in draws for tile in tiles]
+
         def fill(chunk: _Chunk, ws: kernel.Workspace) -> None:
             seg, lo, hi, _ = chunk
             rows = seg.level_sum
             rows[:, lo:hi] = 0.0
-            for row, tiles in draws:
-                for tile in tiles:
+            m = hi - lo
+            if 1 < len(cells) and len(cells) * m <= ws.size:
+                # a few new items (most steps of an open domain): every cell's draws
+                # in one kernel call, whose fixed cost would otherwise be paid per
+                # cell; then added cell by cell in the same order, so the same bits
+                words = np.tile(seg.words[lo:hi], (len(cells), 1))
+                tiles = np.concatenate([tile[: 2 * m] for _, tile in cells])
+                z = np.empty(len(cells) * m)
+                source.noise_chunk(words, tiles, "gaussian", std, z, False, ws)
+                for k, (row, _) in enumerate(cells):
+                    np.add(rows[row, lo:hi], z[k * m : (k + 1) * m], out=rows[row, lo:hi])
+            else:
+                for row, tile in cells:
                     source.noise_chunk(seg.words[lo:hi], tile, "gaussian", std,
                                        rows[row, lo:hi], True, ws)
             self._suffix_chunk(seg, lo, hi, self.levels - 1, ws)
