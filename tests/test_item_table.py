@@ -101,8 +101,9 @@ def test_slots_hold_the_tag_and_position_of_each_item(slot_width):
     n = slots.size
     want = set()
     for pos, x in enumerate(items):
-        entry = slot_entry(_loops.siphash13(key, x.encode()), pos, n, slot_width)
-        s = _loops.siphash13(key, x.encode()) % n
+        h = _loops.siphash13(key, x.encode())
+        entry = slot_entry(h, pos, n, slot_width)
+        s = h % n
         while int(slots[s]) != entry:
             assert slots[s] != 0, f"{x!r} not found by probing"
             s = (s + 1) % n

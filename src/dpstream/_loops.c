@@ -174,14 +174,14 @@ done:
 
 /* ---------------------------------------------------------------------------------
  * The item table (dpstream.mechanisms.item_table): str items kept as UTF-8 bytes end
- * to end (data, with int64 offsets), found through an open-addressing table of
- * slots, linear probing. A slot is 0 (empty) or a tag from the hash's high half and
- * pos + 1 (see slot_entry): uint32 slots while there are at most 2^31 of them (the
- * Python side uses them up to 2^26, so a tag keeps at least 6 bits), uint64 beyond.
- * The hash is SipHash-1-3 (Aumasson and Bernstein) of the UTF-8 bytes under the
- * table's random 128-bit key, so an input cannot be crafted to collide without it.
- * A probe that matches the hash's high half is confirmed by comparing the bytes:
- * two items are never confused.
+ * to end (data, with uint32 or int64 offsets: see offs), found through an
+ * open-addressing table of slots, linear probing. A slot is 0 (empty) or a tag from
+ * the hash's high half and pos + 1 (see slot_entry): uint32 slots while there are at
+ * most 2^31 of them (the Python side uses them up to 2^26, so a tag keeps at least 6
+ * bits), uint64 beyond. The hash is SipHash-1-3 (Aumasson and Bernstein) of the UTF-8
+ * bytes under the table's random 128-bit key, so an input cannot be crafted to
+ * collide without it. A probe that matches the tag is confirmed by comparing the
+ * bytes: two items are never confused.
  */
 
 #define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
@@ -244,6 +244,7 @@ str_utf8(PyObject *o, const char **p, Py_ssize_t *n)
 typedef struct {
     Py_buffer key, data, offsets, slots;
     offs off;
+    int64_t count;    /* stored items: entries of offsets - 1 */
     int got;
     uint64_t nslots;  /* a power of 2 */
     int wide;         /* uint64 slots (else uint32) */
@@ -261,17 +262,25 @@ slot_at(const void *slots, int wide, uint64_t s)
     return wide ? ((const uint64_t *)slots)[s] : ((const uint32_t *)slots)[s];
 }
 
+/* the tag of hash h */
 static inline uint64_t
 slot_tag(uint64_t h, int wide, int shift)
 {
     return wide ? h >> 32 : (h >> 32) >> shift;
 }
 
+/* the slot of the item at pos with hash h */
+static inline uint64_t
+slot_entry(uint64_t h, int wide, int shift, int64_t pos)
+{
+    return (slot_tag(h, wide, shift) << (wide ? 32 : shift)) | (uint64_t)(pos + 1);
+}
+
 /* the tag a stored slot carries */
 static inline uint64_t
 entry_tag(uint64_t e, int wide, int shift)
 {
-    return wide ? e >> 32 : e >> shift;
+    return e >> (wide ? 32 : shift);
 }
 
 /* the position a stored slot names (-1 for an empty slot) */
@@ -289,8 +298,8 @@ release_table(table_args *t)
         PyBuffer_Release(b[i]);
 }
 
-/* key (2 uint64), data (bytes), offsets (int64, n + 1), slots (uint32 or uint64, a
- * power of 2; uint32 for at most 2^31 slots) */
+/* key (2 uint64), data (bytes), offsets (uint32 or int64, n + 1), slots (uint32 or
+ * uint64, a power of 2; uint32 for at most 2^31 slots) */
 static int
 get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int writable,
           table_args *t)
@@ -316,7 +325,8 @@ get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int
         goto fail;
     }
     Py_ssize_t nslots = t->slots.len / t->slots.itemsize;
-    if (t->key.len != 16 || t->offsets.len < t->offsets.itemsize || nslots < 1 || (nslots & (nslots - 1)) ||
+    t->count = (int64_t)(t->offsets.len / t->offsets.itemsize) - 1;
+    if (t->key.len != 16 || t->count < 0 || nslots < 1 || (nslots & (nslots - 1)) ||
         (!t->wide && (uint64_t)nslots > ((uint64_t)1 << 31))) {
         PyErr_SetString(PyExc_ValueError, "item table: bad key, offsets or slots");
         goto fail;
@@ -334,8 +344,10 @@ fail:
 static inline int
 item_in_data(offs offsets, int64_t count, Py_ssize_t data_len, int64_t pos)
 {
-    return pos >= 0 && pos < count && OFF(offsets, pos) >= 0 && OFF(offsets, pos) <= OFF(offsets, pos + 1) &&
-           OFF(offsets, pos + 1) <= data_len;
+    if (pos < 0 || pos >= count)
+        return 0;
+    int64_t a = OFF(offsets, pos), b = OFF(offsets, pos + 1);
+    return a >= 0 && a <= b && b <= data_len;
 }
 
 /* the position of the str bytes (p, n) with hash h, -1 if absent, or -2 when the
@@ -399,7 +411,7 @@ item_lookup(PyObject *self, PyObject *args)
     int wide = t.wide;
     uint64_t mask = t.nslots - 1;
     int64_t *res = out.buf;
-    int64_t count = (int64_t)(t.offsets.len / t.offsets.itemsize) - 1;
+    int64_t count = t.count;
     offs off = t.off;
     const unsigned char *bytes = t.data.buf;
     /* A group at a time, in stages that only prefetch (the slot an item's hash leads
@@ -415,8 +427,7 @@ item_lookup(PyObject *self, PyObject *args)
             gok[j] = str_utf8(objs[g + j], &gp[j], &gn[j]);
             if (gok[j]) {
                 gh[j] = siphash13(kw[0], kw[1], (const unsigned char *)gp[j], gn[j]);
-                __builtin_prefetch(wide ? (const void *)((const uint64_t *)sl + (gh[j] & mask))
-                                        : (const void *)((const uint32_t *)sl + (gh[j] & mask)));
+                __builtin_prefetch((const char *)sl + (gh[j] & mask) * t.slots.itemsize);
             }
         }
         for (int j = 0; j < m; j++) {
@@ -425,8 +436,7 @@ item_lookup(PyObject *self, PyObject *args)
             uint64_t e = slot_at(sl, wide, gh[j] & mask);
             int64_t pos = entry_pos(e, wide, mask);
             if (e != 0 && pos < count)
-                __builtin_prefetch(off.wide ? (const void *)((const int64_t *)off.p + pos)
-                                            : (const void *)((const uint32_t *)off.p + pos));
+                __builtin_prefetch((const char *)off.p + pos * t.offsets.itemsize);
         }
         for (int j = 0; j < m; j++) {
             if (!gok[j])
@@ -473,7 +483,7 @@ item_insert(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t nslots = (Py_ssize_t)t.nslots;
     offs off = t.off;
-    int64_t count = (int64_t)(t.offsets.len / t.offsets.itemsize) - 1;
+    int64_t count = t.count;
     /* at most 4/5 full: a probe always meets an empty slot, and stays short */
     int ok = first >= 0 && last >= first && last <= count && last < 0xffffffffLL &&
              (int64_t)last * 5 <= (int64_t)nslots * 4;
@@ -491,18 +501,18 @@ item_insert(PyObject *self, PyObject *args)
     uint64_t mask = (uint64_t)nslots - 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t pos = first; ok && pos < last; pos++) {
-        uint64_t h = siphash13(kw[0], kw[1], d + OFF(off, pos), OFF(off, pos + 1) - OFF(off, pos));
+        int64_t a = OFF(off, pos);
+        uint64_t h = siphash13(kw[0], kw[1], d + a, OFF(off, pos + 1) - a);
         uint64_t s = h & mask, tries = 0;
         while (slot_at(sl, wide, s) != 0 && tries++ < mask)
             s = (s + 1) & mask;
         /* pos + 1 <= last <= 4/5 of the slots: below 2^shift, and below 2^32 */
-        uint64_t tag = slot_tag(h, wide, shift);
         if (slot_at(sl, wide, s) != 0)
             ok = 0;  /* no free slot: the slots were already full */
         else if (wide)
-            ((uint64_t *)sl)[s] = (tag << 32) | (uint64_t)(pos + 1);
+            ((uint64_t *)sl)[s] = slot_entry(h, wide, shift, pos);
         else
-            ((uint32_t *)sl)[s] = (uint32_t)((tag << shift) | (uint64_t)(pos + 1));
+            ((uint32_t *)sl)[s] = (uint32_t)slot_entry(h, wide, shift, pos);
     }
     Py_END_ALLOW_THREADS
     release_table(&t);
@@ -542,8 +552,9 @@ item_prefix_equals(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; equal && i < n; i++) {
         const char *p;
         Py_ssize_t len;
-        equal = str_utf8(objs[i], &p, &len) && OFF(off, i) >= 0 && OFF(off, i + 1) - OFF(off, i) == len &&
-                OFF(off, i + 1) <= d.len && memcmp(bytes + OFF(off, i), p, (size_t)len) == 0;
+        int64_t a = OFF(off, i), b = OFF(off, i + 1);
+        equal = str_utf8(objs[i], &p, &len) && a >= 0 && b - a == len && b <= d.len &&
+                memcmp(bytes + a, p, (size_t)len) == 0;
     }
     PyBuffer_Release(&o);
     PyBuffer_Release(&d);
@@ -576,12 +587,13 @@ item_strings(PyObject *self, PyObject *args)
     PyObject *list = PyList_New(k);
     for (Py_ssize_t i = 0; list != NULL && i < k; i++) {
         int64_t j = pos[i];
-        if (j < 0 || j >= n || OFF(off, j) < 0 || OFF(off, j + 1) < OFF(off, j) || OFF(off, j + 1) > d.len) {
+        if (!item_in_data(off, n, d.len, j)) {
             PyErr_SetString(PyExc_IndexError, "item_strings: position out of range");
             Py_CLEAR(list);
             break;
         }
-        PyObject *s = PyUnicode_DecodeUTF8((const char *)d.buf + OFF(off, j), OFF(off, j + 1) - OFF(off, j),
+        int64_t a = OFF(off, j);
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)d.buf + a, OFF(off, j + 1) - a,
                                            "strict");
         if (s == NULL) {
             Py_CLEAR(list);
@@ -621,8 +633,8 @@ py_siphash13(PyObject *self, PyObject *args)
 
 /* join_rows(data, offsets, values, head, mid, tail, sep): the bytes of n rows
  * head + item i + mid + values[i] in decimal + tail, separated by sep, where item i is
- * data[OFF(offsets, i):OFF(offsets, i + 1)] (the release formatters' rows of integer counts,
- * with the items' text encoded once) */
+ * data[offsets[i]:offsets[i + 1]] (offsets uint32 or int64: the release formatters'
+ * rows of integer counts, with the items' text encoded once) */
 static PyObject *
 join_rows(PyObject *self, PyObject *args)
 {
@@ -681,8 +693,9 @@ join_rows(PyObject *self, PyObject *args)
         }
         memcpy(w, head.buf, head.len);
         w += head.len;
-        memcpy(w, src + OFF(off, i), OFF(off, i + 1) - OFF(off, i));
-        w += OFF(off, i + 1) - OFF(off, i);
+        int64_t a = OFF(off, i), len = OFF(off, i + 1) - a;
+        memcpy(w, src + a, (size_t)len);
+        w += len;
         memcpy(w, mid.buf, mid.len);
         w += mid.len;
         char digits[20];

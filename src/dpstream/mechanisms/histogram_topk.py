@@ -100,9 +100,8 @@ class HistogramTopK:
 
     @property
     def domain_index(self) -> ItemTable:
-        """The domain's item table (:class:`~dpstream.mechanisms.item_table.ItemTable`),
-        for looking up many items' positions at once (``lookup``, ``get``, ``len``).
-        Shared, not copied: read it, never add to it."""
+        """The domain's item table (see ``KnownDomainHistogram.domain_index``). Shared,
+        not copied: never add to it."""
         return self.histogram.domain_index
 
     @property

@@ -54,8 +54,6 @@ _GROWING_FILL = (1, 2)
 _FIXED_FILL = (4, 5)
 #: The most slots held as uint32 (above: uint64, whose tags are 32 bits).
 _NARROW_MAX_SLOTS = 1 << 26
-
-
 #: The most bytes of items whose offsets are held as uint32 (above: int64).
 _NARROW_MAX_BYTES = (1 << 32) - 1
 
