@@ -131,21 +131,151 @@ def test_bad_arrays_are_refused():
     t = TABLE
     with pytest.raises(TypeError):  # float blocks
         _loops.ziggurat(blocks.astype(float), np.empty(100), t.scaled, t.limit, t.bottom,
-                        t.rise, pending, pending.copy())
+                        t.rise, pending, pending.copy(), t.tail_probability)
     with pytest.raises(ValueError):  # out of another length
         _loops.ziggurat(blocks, np.empty(99), t.scaled, t.limit, t.bottom, t.rise, pending,
-                        pending.copy())
+                        pending.copy(), t.tail_probability)
     with pytest.raises(ValueError):  # a table of the wrong size
         _loops.ziggurat(blocks, np.empty(100), t.scaled[:256], t.limit, t.bottom, t.rise,
-                        pending, pending.copy())
+                        pending, pending.copy(), t.tail_probability)
     with pytest.raises((TypeError, ValueError, BufferError)):  # read-only output
         out = np.empty(100)
         out.flags.writeable = False
         _loops.ziggurat(blocks, out, t.scaled, t.limit, t.bottom, t.rise, pending,
-                        pending.copy())
+                        pending.copy(), t.tail_probability)
     with pytest.raises((TypeError, ValueError, BufferError)):  # not contiguous
         _loops.ziggurat(np.zeros((100, 4), np.uint64)[:, :2], np.empty(100), t.scaled,
-                        t.limit, t.bottom, t.rise, pending, pending.copy())
+                        t.limit, t.bottom, t.rise, pending, pending.copy(), t.tail_probability)
+
+
+def test_scipys_ndtri_runs_in_c_with_the_ufuncs_bits():
+    """The C loops draw the tail and the restarts with SciPy's ndtri, taken from
+    ``scipy.special.cython_special``; it must give the ufunc's bits on inputs the
+    start-up check never saw: uniforms of random words over the whole (0, 1), and
+    the same scaled into the tail's range (0, P(Z > r))."""
+    from dpstream import _loops
+
+    assert compiled.ndtri_enabled()  # CI's SciPy has the capsule and it passes the check
+    rng = np.random.default_rng(11)
+    w = rng.integers(0, np.iinfo(np.uint64).max, size=1 << 18, dtype=np.uint64, endpoint=True)
+    u = ((w >> np.uint64(11)).view(np.int64) + 0.5) * 2.0**-53
+    p = np.concatenate([u, u * TABLE.tail_probability])
+    got = np.empty_like(p)
+    _loops.ndtri_into(p, got)
+    from scipy.special import ndtri
+    assert same_bits(got, ndtri(p))
+    # the restarts' loop: out[pending[i]] = ndtri(uniform(words[i])), others untouched
+    out = np.full(10, 7.0)
+    assert compiled.ziggurat_restarts(w[:3], np.array([8, 0, 4]), out)
+    assert same_bits(out[[8, 0, 4]], ndtri(u[:3]))
+    assert (np.delete(out, [8, 0, 4]) == 7.0).all()
+
+
+@pytest.fixture
+def ndtri_off():
+    """The C loops without their ndtri (a SciPy without the capsule, or one whose
+    ndtri failed the check): tails and restarts go back to the NumPy code."""
+    from dpstream import _loops
+
+    compiled.enabled()
+    saved = compiled._state["ndtri"]
+    _loops.set_ndtri(None)
+    compiled._state["ndtri"] = False
+    try:
+        yield
+    finally:
+        compiled._state["ndtri"] = saved
+        if saved:
+            from scipy.special import cython_special
+            _loops.set_ndtri(cython_special.__pyx_capi__["ndtri"])
+
+
+def test_without_ndtri_the_c_loop_leaves_tails_to_numpy(ndtri_off):
+    assert compiled.enabled() and not compiled.ndtri_enabled()
+    rng = np.random.default_rng(12)
+    blocks = rng.integers(0, np.iinfo(np.uint64).max, size=(1 << 16, 2), dtype=np.uint64,
+                          endpoint=True)
+    t = TABLE
+    c = len(blocks)
+    pending, close = np.empty(c, np.int64), np.empty(c, np.int64)
+    n_restart, n_tail, n_close = compiled.ziggurat(blocks, np.empty(c), t, pending, close)
+    assert n_tail > 0  # handed back, not drawn (~16 expected: 65536 / 256 / 15)
+    fast, slow = both_paths(blocks)
+    assert same_bits(fast, slow)
+    assert not compiled.ziggurat_restarts(blocks[:2, 0], np.arange(2), np.empty(2))
+
+
+def test_the_ndtri_check_refuses_a_function_one_bit_off():
+    """_attach_ndtri keeps the C ndtri only if it matches the ufunc on every check point."""
+    from scipy.special import ndtri
+
+    class Loops:
+        def __init__(self, skew: int) -> None:
+            self.skew, self.fn = skew, "unset"
+
+        def set_ndtri(self, capsule):
+            self.fn = capsule
+
+        def ndtri_into(self, p, out):
+            out[:] = ndtri(p)
+            bits = out.view(np.int64)
+            bits[len(p) // 2] += self.skew  # one point, one ulp
+
+    good, bad = Loops(0), Loops(1)
+    assert compiled._attach_ndtri(good) and good.fn is not None
+    assert not compiled._attach_ndtri(bad) and bad.fn is None
+    points = compiled.ndtri_check_points()
+    assert ((points > 0) & (points <= 1)).all()
+    assert (points < TABLE.tail_probability).sum() > 8000  # the tail's inputs are covered
+
+
+def test_ziggurat_restarts_refuses_bad_arrays():
+    from dpstream import _loops
+
+    out = np.empty(5)
+    with pytest.raises(IndexError):
+        _loops.ziggurat_restarts(np.zeros(1, np.uint64), np.array([5]), out)
+    with pytest.raises(IndexError):
+        _loops.ziggurat_restarts(np.zeros(1, np.uint64), np.array([-1]), out)
+    with pytest.raises(ValueError):
+        _loops.ziggurat_restarts(np.zeros(2, np.uint64), np.array([1]), out)
+    with pytest.raises(TypeError):
+        _loops.ziggurat_restarts(np.zeros(1), np.array([1]), out)
+    with pytest.raises(ValueError):
+        _loops.ndtri_into(np.full(3, 0.5), np.empty(2))
+
+
+def test_flatten_events_in_c_matches_the_python_twin():
+    from dpstream.mechanisms.columns import flatten_events
+
+    class Text(str):
+        pass
+
+    cases = [
+        [], [[]], [["a", 1, b"x"], ("b",), []], (["a"], ["a", "a"]),
+        [["a", True]], [["a"], [Text("b")]], [["a"], {"b"}], [["a"], "ab"],
+        [["a", 1.5]], [["a", None]], [[("a",)]], [["é", 2**70, -3]],
+        "generator",
+    ]
+    for case in cases:
+        def events(case=case):
+            return (e for e in [["a"], ["b", "c"]]) if case == "generator" else case
+
+        got = flatten_events(events())
+        with compiled.numpy_only():
+            want = flatten_events(events())
+        if want is None:
+            assert got is None, case
+        else:
+            assert got is not None, case
+            assert got[0] == want[0] and [type(x) for x in got[0]] == [
+                type(x) for x in want[0]]
+            assert np.array_equal(got[1], want[1]) and got[1].dtype == np.int64
+    from dpstream import _loops
+    with pytest.raises(TypeError):
+        _loops.flatten_events(iter([["a"]]), np.empty(2, np.int64))
+    with pytest.raises(ValueError):
+        _loops.flatten_events([["a"]], np.empty(3, np.int64))
 
 
 def test_the_environment_switch(monkeypatch):

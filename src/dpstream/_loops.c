@@ -97,14 +97,133 @@ get_offsets(PyObject *obj, Py_buffer *b, offs *o)
     return 0;
 }
 
+/* SciPy's ndtri, the very function behind scipy.special.ndtri, taken from the C API
+ * that scipy.special.cython_special exports (a capsule of this signature). Set by
+ * set_ndtri only after dpstream.compiled has checked, on a grid of points, that it
+ * gives the bits of the ufunc; until then the ziggurat leaves its tail points and
+ * restarts to the caller, who uses the ufunc. */
+#define NDTRI_SIGNATURE "double (double, int __pyx_skip_dispatch)"
+static double (*ndtri_fn)(double, int) = NULL;
+
+/* set_ndtri(capsule or None): use this ndtri in the loops below (None: stop). */
+static PyObject *
+set_ndtri(PyObject *self, PyObject *capsule)
+{
+    if (capsule == Py_None) {
+        ndtri_fn = NULL;
+        Py_RETURN_NONE;
+    }
+    void *fn = PyCapsule_GetPointer(capsule, NDTRI_SIGNATURE);
+    if (fn == NULL)
+        return NULL;
+    ndtri_fn = (double (*)(double, int))fn;
+    Py_RETURN_NONE;
+}
+
+static int
+need_ndtri(void)
+{
+    if (ndtri_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ndtri is not set (see dpstream.compiled)");
+        return -1;
+    }
+    return 0;
+}
+
+/* ndtri_into(p, out): out[i] = ndtri(p[i]) through the function set_ndtri set (the
+ * check that it gives the ufunc's bits). */
+static PyObject *
+ndtri_into(PyObject *self, PyObject *args)
+{
+    PyObject *po, *oo;
+    Py_buffer p, o;
+    if (!PyArg_ParseTuple(args, "OO", &po, &oo) || need_ndtri() < 0)
+        return NULL;
+    if (get(po, &p, 0, F64, "p") < 0)
+        return NULL;
+    if (get(oo, &o, 1, F64, "out") < 0) {
+        PyBuffer_Release(&p);
+        return NULL;
+    }
+    if (p.len != o.len) {
+        PyErr_SetString(PyExc_ValueError, "ndtri_into: array sizes do not match");
+    } else {
+        const double *pv = p.buf;
+        double *ov = o.buf;
+        for (Py_ssize_t i = 0; i < p.len / 8; i++)
+            ov[i] = ndtri_fn(pv[i], 0);
+    }
+    PyBuffer_Release(&p);
+    PyBuffer_Release(&o);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The version 1 uniform of a 64-bit word: ((w >> 11) + 1/2) 2^-53, inside (0, 1). */
+static inline double
+uniform53(uint64_t w)
+{
+    return ((double)(int64_t)(w >> 11) + 0.5) * 0x1p-53;
+}
+
 /*
- * ziggurat(blocks, out, scaled, limit, bottom, rise, pending, close)
+ * ziggurat_restarts(words, pending, out): out[pending[i]] = ndtri(uniform(words[i]))
+ * for the k points above the curve, words[i] being the first word of the AES of
+ * point i's block under the retry key (see dpstream.ziggurat._restart).
+ */
+static PyObject *
+ziggurat_restarts(PyObject *self, PyObject *args)
+{
+    PyObject *wo, *po, *oo;
+    Py_buffer w, p, o;
+    if (!PyArg_ParseTuple(args, "OOO", &wo, &po, &oo) || need_ndtri() < 0)
+        return NULL;
+    if (get(wo, &w, 0, U64, "words") < 0)
+        return NULL;
+    if (get(po, &p, 0, I64, "pending") < 0) {
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    if (get(oo, &o, 1, F64, "out") < 0) {
+        PyBuffer_Release(&w);
+        PyBuffer_Release(&p);
+        return NULL;
+    }
+    Py_ssize_t k = p.len / 8, c = o.len / 8;
+    const uint64_t *words = w.buf;
+    const int64_t *pending = p.buf;
+    double *out = o.buf;
+    if (w.len != p.len) {
+        PyErr_SetString(PyExc_ValueError, "ziggurat_restarts: array sizes do not match");
+    } else {
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (pending[i] < 0 || pending[i] >= c) {
+                PyErr_SetString(PyExc_IndexError, "ziggurat_restarts: position out of range");
+                break;
+            }
+        if (!PyErr_Occurred())
+            for (Py_ssize_t i = 0; i < k; i++)
+                out[pending[i]] = ndtri_fn(uniform53(words[i]), 0);
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&p);
+    PyBuffer_Release(&o);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/*
+ * ziggurat(blocks, out, scaled, limit, bottom, rise, pending, close, tail_probability)
  *     -> (n_restart, n_tail, n_close)
  *
  * blocks: (c, 2) uint64; out: c float64; scaled, limit: 512 float64 (region and
  * sign); bottom, rise: 256 float64; pending, close: c int64. See
  * dpstream.ziggurat.normals_into for the method and dpstream.compiled.ziggurat
- * for what is left to the caller.
+ * for what is left to the caller. With ndtri set (set_ndtri), the tail points are
+ * drawn here, x = -ndtri(v P(Z > r)) with P(Z > r) = tail_probability, and
+ * n_tail is 0.
  */
 static PyObject *
 ziggurat(PyObject *self, PyObject *args)
@@ -117,9 +236,10 @@ ziggurat(PyObject *self, PyObject *args)
     static const int writable[8] = {0, 1, 0, 0, 0, 0, 1, 1};
     int got = 0;
     PyObject *result = NULL;
+    double tail_probability;
 
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOd", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &tail_probability))
         return NULL;
     for (; got < 8; got++)
         if (get(o[got], &b[got], writable[got], types[got], names[got]) < 0)
@@ -137,6 +257,7 @@ ziggurat(PyObject *self, PyObject *args)
                  *rise = b[5].buf;
     int64_t *pending = b[6].buf, *close = b[7].buf;
     Py_ssize_t n_restart = 0, n_tail = 0, n_close = 0;
+    double (*const tail_ndtri)(double, int) = ndtri_fn;
 
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t a = 0; a < c; a++) {
@@ -148,12 +269,15 @@ ziggurat(PyObject *self, PyObject *args)
         if (h < limit[j])
             continue;  /* fast path: under the curve */
         int64_t layer = j & 255;
-        if (layer == 0) {  /* the tail beyond r: drawn by the caller */
-            pending[c - 1 - n_tail++] = a;
+        double v = uniform53(blocks[2 * a + 1]);
+        if (layer == 0) {  /* the tail beyond r: a fresh draw from it, here or by the caller */
+            if (tail_ndtri != NULL)
+                out[a] = copysign(-tail_ndtri(v * tail_probability, 0), value);
+            else
+                pending[c - 1 - n_tail++] = a;
             continue;
         }
         double x = fabs(value);
-        double v = ((double)(int64_t)(blocks[2 * a + 1] >> 11) + 0.5) * 0x1p-53;
         double height = bottom[layer] + v * rise[layer];
         double q = -0.5 * (x * x);
         double e = exp(q);
@@ -631,6 +755,72 @@ py_siphash13(PyObject *self, PyObject *args)
     return r;
 }
 
+/* flatten_events(events, offsets) -> list | None: the items of a step's events, in
+ * order, as one list, with offsets[j] .. offsets[j + 1] the positions of event j
+ * (offsets: len(events) + 1 int64, written). ``events`` is a list or tuple. None
+ * (offsets then mean nothing) when an event is not exactly a list or tuple, or an
+ * item not exactly a str, int or bytes: the caller then takes its per-event path.
+ * The twin of dpstream.mechanisms.columns.flatten_events. No item is hashed,
+ * compared or converted; the one allocation could run a finalizer (a garbage
+ * collection) that changes an event, so the second pass checks every size again. */
+static PyObject *
+flatten_events(PyObject *self, PyObject *args)
+{
+    PyObject *events, *offsets_obj, *flat = NULL;
+    Py_buffer ob;
+    if (!PyArg_ParseTuple(args, "OO", &events, &offsets_obj))
+        return NULL;
+    if (!PyList_CheckExact(events) && !PyTuple_CheckExact(events)) {
+        PyErr_SetString(PyExc_TypeError, "flatten_events: events must be a list or tuple");
+        return NULL;
+    }
+    if (get(offsets_obj, &ob, 1, I64, "offsets") < 0)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(events);
+    if (ob.len != 8 * (n + 1)) {
+        PyErr_SetString(PyExc_ValueError, "flatten_events: offsets must hold len(events) + 1");
+        goto done;
+    }
+    int64_t *off = ob.buf;
+    int64_t total = 0;
+    off[0] = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *ev = PySequence_Fast_ITEMS(events)[j];
+        if (!PyList_CheckExact(ev) && !PyTuple_CheckExact(ev))
+            goto none;
+        total += PySequence_Fast_GET_SIZE(ev);
+        off[j + 1] = total;
+    }
+    flat = PyList_New((Py_ssize_t)total);
+    if (flat == NULL)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(events) != n)
+        goto none;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *ev = PySequence_Fast_ITEMS(events)[j];
+        if ((!PyList_CheckExact(ev) && !PyTuple_CheckExact(ev)) ||
+            PySequence_Fast_GET_SIZE(ev) != off[j + 1] - off[j])
+            goto none;
+        PyObject **items = PySequence_Fast_ITEMS(ev);
+        for (Py_ssize_t i = off[j + 1] - off[j]; i > 0; i--) {
+            PyObject *it = *items++;
+            if (!PyUnicode_CheckExact(it) && !PyLong_CheckExact(it) && !PyBytes_CheckExact(it))
+                goto none;
+            Py_INCREF(it);
+            PyList_SET_ITEM(flat, k++, it);
+        }
+    }
+    goto done;
+none:
+    Py_XDECREF(flat);  /* entries not filled are NULL: the list's dealloc skips them */
+    flat = Py_None;
+    Py_INCREF(flat);
+done:
+    PyBuffer_Release(&ob);
+    return flat;
+}
+
 /* join_rows(data, offsets, values, head, mid, tail, sep): the bytes of n rows
  * head + item i + mid + values[i] in decimal + tail, separated by sep, where item i is
  * data[offsets[i]:offsets[i + 1]] (offsets uint32 or int64: the release formatters'
@@ -738,6 +928,12 @@ static PyMethodDef methods[] = {
     {"item_strings", item_strings, METH_VARARGS, "Stored items at positions, as str."},
     {"join_rows", join_rows, METH_VARARGS,
      "Rows head + item + mid + integer + tail, joined by sep, as bytes."},
+    {"set_ndtri", set_ndtri, METH_O, "Use SciPy's ndtri (a cython_special capsule) in C."},
+    {"ndtri_into", ndtri_into, METH_VARARGS, "out[i] = ndtri(p[i]) through the ndtri set."},
+    {"ziggurat_restarts", ziggurat_restarts, METH_VARARGS,
+     "out[pending[i]] = ndtri(uniform(words[i])): the ziggurat's restarts."},
+    {"flatten_events", flatten_events, METH_VARARGS,
+     "The items of a list of events as one list, and the events' offsets."},
     {"siphash13", py_siphash13, METH_VARARGS, "SipHash-1-3 of bytes under a 16-byte key."},
     {NULL, NULL, 0, NULL},
 };

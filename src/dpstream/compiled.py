@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENV", "MIN_ITEMS", "enabled", "loops", "numpy_only", "ziggurat"]
+__all__ = ["ENV", "MIN_ITEMS", "enabled", "loops", "ndtri_check_points", "ndtri_enabled",
+           "numpy_only", "ziggurat", "ziggurat_restarts"]
 
 #: Environment variable: "0" turns the compiled loops off, "1" requires them.
 ENV = "DPSTREAM_COMPILED"
@@ -56,7 +57,52 @@ def _build() -> Any:
     """Import the compiled module; raises ImportError when it was not built."""
     from . import _loops as loops
 
+    _state["ndtri"] = _attach_ndtri(loops)
     return loops
+
+
+def ndtri_check_points() -> np.ndarray:
+    """Where the C loops' ndtri must give the ufunc's bits before they use it.
+
+    The uniforms ``((w >> 11) + 1/2) 2^-53`` of 8192 words spread over 64 bits
+    (the restarts' inputs), the same times the ziggurat's tail probability
+    (the tail's inputs, see :mod:`dpstream.ziggurat`), and the extremes.
+    """
+    w = np.arange(1, 8193, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    u = ((w >> np.uint64(11)).view(np.int64) + 0.5) * 2.0**-53
+    k = np.array([0, 1, 2**52 - 1, 2**52, 2**53 - 2, 2**53 - 1], dtype=np.int64)
+    edges = np.concatenate([(k + 0.5) * 2.0**-53, [1e-300, 1e-20, 0.975]])
+    return np.concatenate([u, u * _TAIL_PROBABILITY, edges])
+
+
+#: About P(Z > r) of the shipped ziggurat (data/ziggurat256.json), for the check
+#: points: only that they cover the tail's range matters, not the last digit.
+_TAIL_PROBABILITY = 1.29e-4
+
+
+def _attach_ndtri(loops: Any) -> bool:
+    """Hand SciPy's ndtri to the C loops if it gives the ufunc's bits; whether it did.
+
+    ``scipy.special.cython_special`` exports, as a capsule, the C function that
+    the ``scipy.special.ndtri`` ufunc runs. With it the ziggurat's rare points
+    (the tail, the restarts) are drawn in C instead of by a dozen NumPy calls
+    per chunk. It is checked on :func:`ndtri_check_points` first: any bit that
+    differs from the ufunc, or a SciPy without the capsule, and the C loops
+    leave those points to the NumPy code, as before (the same values).
+    """
+    try:
+        from scipy.special import cython_special, ndtri
+
+        loops.set_ndtri(cython_special.__pyx_capi__["ndtri"])
+        p = ndtri_check_points()
+        got = np.empty_like(p)
+        loops.ndtri_into(p, got)
+        if np.array_equal(got.view(np.int64), ndtri(p).view(np.int64)):
+            return True
+    except Exception:  # any failure: the NumPy code, as before
+        pass
+    loops.set_ndtri(None)
+    return False
 
 
 def _loops() -> Any:
@@ -90,6 +136,12 @@ def enabled() -> bool:
     return _loops() is not None
 
 
+def ndtri_enabled() -> bool:
+    """Whether the compiled loops draw the ziggurat's tail and restarts themselves
+    (SciPy's ndtri in C, checked against the ufunc: see :func:`_attach_ndtri`)."""
+    return _loops() is not None and bool(_state.get("ndtri"))
+
+
 @contextmanager
 def numpy_only() -> Iterator[None]:
     """Run the NumPy path inside the block, for tests and benchmarks that compare the two.
@@ -113,8 +165,9 @@ def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarra
     Writes every block's value into ``out`` (see :func:`dpstream.ziggurat.normals_into`)
     except for points it leaves to the caller with ``out = +-u x[i]``: points
     above the curve (to restart) at ``pending[:n_restart]``, points in the tail
-    region at ``pending[c - n_tail:]``, and points within a few ulps of the curve
-    (to decide exactly) at ``close[:n_close]``. Returns ``(n_restart, n_tail,
+    region at ``pending[c - n_tail:]`` (none when :func:`ndtri_enabled`: then
+    the C loop draws them), and points within a few ulps of the curve (to
+    decide exactly) at ``close[:n_close]``. Returns ``(n_restart, n_tail,
     n_close)``, or None (nothing written) when the chunk is small, the loops
     are off, or the blocks are not in the machine's byte order (the ``"<u8"``
     blocks of a big-endian machine: the C loop reads native words).
@@ -125,4 +178,15 @@ def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarra
     if loops is None:
         return None
     return loops.ziggurat(blocks, out, table.scaled, table.limit, table.bottom, table.rise,
-                          pending, close)
+                          pending, close, table.tail_probability)
+
+
+def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -> bool:
+    """``out[pending[i]] = ndtri(((words[i] >> 11) + 1/2) 2^-53)`` in C; False (nothing
+    written) when the loops or their ndtri are off."""
+    loops = _loops()
+    if loops is None or not _state.get("ndtri"):
+        return False
+    loops.ziggurat_restarts(np.ascontiguousarray(words, dtype=np.uint64),
+                            np.ascontiguousarray(pending, dtype=np.int64), out)
+    return True

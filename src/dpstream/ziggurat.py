@@ -198,7 +198,9 @@ def _slow_path(blocks: np.ndarray, out: np.ndarray, layer: np.ndarray, slow: np.
 def _restart(blocks: np.ndarray, out: np.ndarray, restart: np.ndarray,
              retry: Callable[[np.ndarray], np.ndarray]) -> None:
     """The points above the curve: a fresh normal each, from the retry key's block."""
-    out[restart] = ndtri(uniforms_from_words(retry(np.ascontiguousarray(blocks[restart]))))
+    words = retry(np.ascontiguousarray(blocks[restart]))
+    if not compiled.ziggurat_restarts(words, restart, out):  # the same, with the ufunc
+        out[restart] = ndtri(uniforms_from_words(words))
 
 
 #: exp over an array: NumPy's, which picks a SIMD implementation for the CPU at run

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import compiled
+
 __all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
            "domain_positions", "fast_events", "aggregate_items", "aggregate_raw",
            "domain_aggregate",
@@ -133,6 +135,11 @@ def flatten_events(events: Any) -> tuple[list[Hashable], np.ndarray] | None:
     plain ``str``/``int``/``bytes`` items; ``None`` otherwise (use the per-event path)."""
     if not isinstance(events, (list, tuple)):
         events = list(events)
+    loops = compiled.loops()
+    if loops is not None:  # the same answer, without a Python step per item
+        offsets = np.empty(len(events) + 1, dtype=np.int64)
+        flat = loops.flatten_events(events, offsets)
+        return None if flat is None else (flat, offsets)
     if not _EVENT_TYPES.issuperset(map(type, events)):
         return None
     flat = list(chain.from_iterable(events))

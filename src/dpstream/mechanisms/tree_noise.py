@@ -367,6 +367,16 @@ class TreeNoise:
         return tn
 
     # -- output ----------------------------------------------------------------
+    def plus_noise(self, counts: np.ndarray) -> np.ndarray:
+        """``counts + noise()`` as a new float64 array (one count per item, in item
+        order), added chunk by chunk while each chunk's noise is in cache: the same
+        bits as the two-step form, without a noise array of every item."""
+        if counts.shape != (self._n,):
+            raise ValueError(f"counts must have shape ({self._n},), got {counts.shape}")
+        values = np.empty(self._n)
+        self._run(self._chunks(), lambda chunk, ws: self._values_chunk(chunk, counts, values, ws))
+        return values
+
     def noise(self) -> np.ndarray:
         """The current noise of every item (a new array each call: not kept, so the
         state holds no per-item array beyond the level sums and suffix rows)."""

@@ -663,7 +663,7 @@ class UnknownDomainHistogram:
             self._n = n_old + m
         self.t = t
         n = self._n
-        values = self._counts[:n] + self._noise.noise()
+        values = self._noise.plus_noise(self._counts[:n])
         threshold = self.threshold_at(t)
         above = values > threshold
         if self.remember:

@@ -184,7 +184,7 @@ def release_step_batch(
         counts = _counts_array(pdf[count_col])
         noise = spec.tree_noise(source, items)
         noise.advance(t)
-        values = counts + noise.noise()
+        values = noise.plus_noise(counts)
         if spec.mechanism == UNKNOWN:
             released = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember and shown_col is not None:
@@ -374,7 +374,7 @@ def release_run_partition(
         lo, hi = bounds[i], bounds[i + 1]
         np.add.at(counts, owner[lo:hi], amount[lo:hi])
         advance_to(noise, t)
-        values = counts + noise.noise()
+        values = noise.plus_noise(counts)
         if spec.mechanism == UNKNOWN:
             keep = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember:
