@@ -281,9 +281,11 @@ def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks
     rng = random.Random(5)
     key = fixed_key("kernel-tree")
     ref, src = ReferencePRF(key, "tree"), NoiseSource(key, "tree")
-    stored = stored_suffix_rows(num_levels(horizon, base), base)
+    levels = num_levels(horizon, base)
+    stored = stored_suffix_rows(levels, base)
     assert stored == {0.0: 4, 0.25: 3, 1.0: 2, 1e9: 1}[budget]
-    tn = TreeNoise(src, horizon, base, std)
+    tn = TreeNoise(src, horizon, base, std, kept_levels=levels)  # every level kept
+    assert tn._stored == stored
     ids: list[bytes] = []
     t = 0
     checks = 0
@@ -301,12 +303,101 @@ def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks
         checks += 1
     assert len(tn._segments) > 3 and checks > 30
     # a restore from the level sums continues bit for bit
-    restored = TreeNoise.restore(src, horizon, base, std, tn.prepared, tn.t, tn.level_sums())
+    restored = TreeNoise.restore(src, horizon, base, std, tn.prepared, tn.t, tn.level_sums(),
+                                 kept_levels=levels)
     for step in (t + 1, t + 2, t + 9):
         tn.advance(step)
         restored.advance(step)
         assert same_bits(restored.noise(), tn.noise())
     assert same_bits(tn.noise(), reference_tree_noise(ref, ids, t + 9, horizon, base, std))
+
+
+@pytest.mark.parametrize("horizon,base", [(200, 3), (700, 5), (130, 2)])
+def test_folded_levels_give_the_bits_of_every_level_kept(tiny_chunks, monkeypatch, horizon,
+                                                          base):
+    """Keeping only the lowest A levels one by one (the others as their fold, drawn
+    again at the steps that change them) must give, at every step, the noise and
+    the level sums of the tree that keeps every level (which the test above holds
+    to the reference), for every A, with items joining, jumps, and a restore from
+    the exported level sums; and the default A must be the budget's choice."""
+    monkeypatch.setattr(tree_noise, "_GROW_ITEMS", 16)
+    levels = num_levels(horizon, base)
+    src = NoiseSource(fixed_key("kernel-fold"), f"fold/{base}")
+    rng = random.Random(horizon)
+    trees = {a: TreeNoise(src, horizon, base, 0.8, kept_levels=a)
+             for a in range(1, levels + 1)}
+    default = TreeNoise(src, horizon, base, 0.8)
+    want_kept = next((a for a in range(1, levels) if (levels - a) * (base - 1) / 2
+                      <= tree_noise._REDRAW_BUDGET * base**a), levels)
+    assert default.kept_levels == want_kept
+    assert 1 < want_kept < levels  # the default folds: this test covers it
+    full = trees[levels]
+    folds = t = 0
+    while t < horizon - 8:
+        if rng.random() < 0.3:
+            new = src.prepare_ids(as_words(random_ids(rng, rng.choice([1, 4, 25]))))
+            for tn in trees.values():
+                tn.add_items(new)
+        t += 1 if rng.random() < 0.85 else rng.randrange(2, 9)
+        counts = np.arange(len(full), dtype=np.int64)
+        want = full.advance(t, counts)
+        for a, tn in trees.items():
+            if tn is full:
+                continue
+            assert same_bits(tn.advance(t, counts), want), (a, t)
+            assert same_bits(tn.noise(), full.noise()), (a, t)
+        folds += t % base**want_kept == 0
+    for a, tn in trees.items():
+        assert same_bits(tn.level_sums(), full.level_sums()), a  # folded sums drawn again
+        back = TreeNoise.restore(src, horizon, base, 0.8, tn.prepared, t, tn.level_sums(),
+                                 kept_levels=a)
+        for step in (t + 1, t + 3, horizon):
+            back.advance(step)
+            tn.advance(step)
+            assert same_bits(back.noise(), tn.noise()), (a, step)
+        assert same_bits(tn.noise(), trees[1].noise()), a
+    assert len(full) > 100 and len(full._segments) > 3
+
+
+def test_kept_levels_and_their_storage():
+    """The default A per (T, r), the rows an item costs, and refusals."""
+    src = NoiseSource(fixed_key("kernel-kept"), "k")
+    for horizon, base, kept, stored, rows in [(1000, 5, 3, 1, 4), (10**6, 5, 4, 2, 5),
+                                             (1000, 2, 6, 3, 7), (10**6, 2, 8, 4, 9),
+                                             (20, 5, 2, 1, 2), (4, 5, 1, 0, 1)]:
+        tn = TreeNoise(src, horizon, base, 1.0)
+        assert (tn.kept_levels, tn._stored, tn._rows) == (kept, stored, rows), (horizon, base)
+        tn.add_items(src.prepare_ids(np.zeros((10, 2), "<u8")))
+        (seg,) = tn._segments
+        assert seg.level_sum.shape == (rows, 10) and seg.suffix.shape == (stored, 10)
+    for bad in (0, 6, 2.0, True, "3"):
+        with pytest.raises(ValueError, match="kept_levels"):
+            TreeNoise(src, 1000, 5, 1.0, kept_levels=bad)
+
+
+def test_a_tree_pickled_before_folding_keeps_every_level():
+    """A snapshot written by a version without folded levels has no ``_kept``: it is
+    read as keeping every level (its layout), and continues bit for bit."""
+    from dpstream.snapshot import dump_snapshot, load_snapshot
+
+    key = fixed_key("kernel-old")
+    src = NoiseSource(key, "old")
+    tn = TreeNoise(src, 1000, 5, 1.0, kept_levels=5)
+    tn.add_items(src.prepare_ids(as_words(random_ids(random.Random(1), 30))))
+    tn.advance(123)
+    state = dict(tn.__dict__)
+    del state["_kept"]
+    old = TreeNoise.__new__(TreeNoise)
+    old.__dict__.update(state)
+    back = load_snapshot(dump_snapshot(old, key), key)  # as the old version wrote it
+    assert "_kept" not in old.__dict__
+    assert back.kept_levels == 5
+    folded = TreeNoise(src, 1000, 5, 1.0)
+    folded.add_items(tn.prepared)
+    for t in (124, 125, 250, 626):
+        back.advance(t)
+        folded.advance(t)
+        assert same_bits(back.noise(), folded.noise()), t
 
 
 @pytest.mark.parametrize("purpose", ["late", "/v2/late"])
@@ -361,13 +452,16 @@ def test_tree_noise_threads_and_chunks_do_not_change_values(tiny_chunks, two_thr
 def test_known_domain_storage_is_exact():
     src = NoiseSource(fixed_key("kernel-mem"), "m")
     for n in (5, 70_000):
-        tn = TreeNoise(src, 10_000, 5, 1.0)
-        tn.add_items(src.prepare_ids(np.zeros((n, 2), "<u8")))
-        (seg,) = tn._segments
-        assert seg.capacity == n and seg.level_sum.shape == (6, n)
-        assert seg.suffix.shape == (stored_suffix_rows(6, 5), n) == (2, n)
-        per_item = (seg.words.nbytes + seg.level_sum.nbytes + seg.suffix.nbytes) / n
-        assert per_item == 80.0
+        for kept, per_item in [(6, 80.0), (3, 56.0)]:  # every level; the default (folded)
+            tn = TreeNoise(src, 10_000, 5, 1.0, kept_levels=None if kept < 6 else 6)
+            assert tn.kept_levels == kept
+            tn.add_items(src.prepare_ids(np.zeros((n, 2), "<u8")))
+            (seg,) = tn._segments
+            rows = kept + (kept < 6)
+            assert seg.capacity == n and seg.level_sum.shape == (rows, n)
+            assert seg.suffix.shape == (stored_suffix_rows(kept, 5), n)
+            got = (seg.words.nbytes + seg.level_sum.nbytes + seg.suffix.nbytes) / n
+            assert got == per_item
 
 
 def test_growing_storage_is_amortised_and_bounded(monkeypatch):

@@ -118,7 +118,9 @@ class ReleaseSpec:
             if self.strategy is not None:
                 noise = BLTNoise(source, self.strategy, self.cell_std)
             else:
-                noise = TreeNoise(source, self.horizon, self.base, self.cell_std)
+                # every level kept: its level sums are the state exported each step
+                noise = TreeNoise(source, self.horizon, self.base, self.cell_std,
+                                  kept_levels=self.levels)
             noise.add_items(prepared)
             return noise
         if self.strategy is not None:
@@ -126,7 +128,7 @@ class ReleaseSpec:
             return BLTNoise.restore(source, self.strategy, self.cell_std, prepared, t,
                                     state[:k], state[k])
         return TreeNoise.restore(source, self.horizon, self.base, self.cell_std, prepared, t,
-                                 state)
+                                 state, kept_levels=self.levels)
 
 
 def noise_state(noise: TreeNoise | BLTNoise) -> np.ndarray:
@@ -184,7 +186,7 @@ def release_step_batch(
         counts = _counts_array(pdf[count_col])
         noise = spec.tree_noise(source, items)
         noise.advance(t)
-        values = noise.plus_noise(counts)
+        values = counts + noise.noise()
         if spec.mechanism == UNKNOWN:
             released = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember and shown_col is not None:
@@ -374,7 +376,7 @@ def release_run_partition(
         lo, hi = bounds[i], bounds[i + 1]
         np.add.at(counts, owner[lo:hi], amount[lo:hi])
         advance_to(noise, t)
-        values = noise.plus_noise(counts)
+        values = counts + noise.noise()
         if spec.mechanism == UNKNOWN:
             keep = (counts > 0) & (values > spec.threshold_at(t))
             if spec.remember:
