@@ -140,6 +140,15 @@ class _Segment:
 _Chunk = tuple[_Segment, int, int, int]
 
 
+def _values_out(out: np.ndarray | None, n: int) -> np.ndarray:
+    """``out`` checked as the place for n release values, or a new array."""
+    if out is None:
+        return np.empty(n)
+    if out.shape != (n,) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float64 array of shape ({n},)")
+    return out
+
+
 class TreeNoise:
     """Per-item tree noise for a stream of horizon T in base r.
 
@@ -245,12 +254,13 @@ class TreeNoise:
         self._from_scratch(chunks)
 
     # -- time ----------------------------------------------------------------
-    def advance(self, t: int, counts: np.ndarray | None = None) -> np.ndarray | None:
+    def advance(self, t: int, counts: np.ndarray | None = None,
+                out: np.ndarray | None = None) -> np.ndarray | None:
         """Move to time t (> current t): one step incrementally, a jump from scratch.
 
         With ``counts`` (one count per item, in item order), also return
-        ``counts + noise()`` as a new float64 array, added while each chunk is
-        in cache (a histogram release in one pass).
+        ``counts + noise()`` as a float64 array, added while each chunk is in
+        cache (a histogram release in one pass): a new array, or ``out``.
         """
         if t <= self.t:
             raise ValueError(f"t must increase: at {self.t}, asked for {t}")
@@ -258,7 +268,7 @@ class TreeNoise:
             raise ValueError(f"t must be <= horizon ({self.horizon}), got {t}")
         if counts is not None and counts.shape != (self._n,):
             raise ValueError(f"counts must have shape ({self._n},), got {counts.shape}")
-        values = None if counts is None else np.empty(self._n)
+        values = None if counts is None else _values_out(out, self._n)
         changes = list(iter_level_changes(t, self.base)) if t == self.t + 1 else []
         top = changes[-1][0] - 1 if changes else 0  # the highest row that changes
         if t != self.t + 1 or top >= self._kept:
@@ -425,11 +435,15 @@ class TreeNoise:
         self._noise_chunk(seg, lo, hi, noise, ws)
         np.add(counts[at : at + hi - lo], noise, out=values[at : at + hi - lo])
 
-    def _chunks(self) -> list[_Chunk]:
+    def _chunks(self, start: int = 0) -> list[_Chunk]:
+        """The chunks of the items from ``start`` on; a chunk's index counts from start."""
         out: list[_Chunk] = []
         at = 0
         for seg in self._segments:
-            out.extend((seg, lo, hi, at + lo) for lo, hi in kernel.chunk_bounds(seg.n))
+            for lo, hi in kernel.chunk_bounds(seg.n):
+                if at + hi > start:
+                    lo = max(lo, start - at)
+                    out.append((seg, lo, hi, at + lo - start))
             at += seg.n
         return out
 
@@ -511,14 +525,20 @@ class TreeNoise:
         return tn
 
     # -- output ----------------------------------------------------------------
-    def plus_noise(self, counts: np.ndarray) -> np.ndarray:
-        """``counts + noise()`` as a new float64 array (one count per item, in item
-        order), added chunk by chunk while each chunk's noise is in cache: the same
-        bits as the two-step form, without a noise array of every item."""
-        if counts.shape != (self._n,):
-            raise ValueError(f"counts must have shape ({self._n},), got {counts.shape}")
-        values = np.empty(self._n)
-        self._run(self._chunks(), lambda chunk, ws: self._values_chunk(chunk, counts, values, ws))
+    def plus_noise(self, counts: np.ndarray, start: int = 0,
+                   out: np.ndarray | None = None) -> np.ndarray:
+        """``counts + noise()[start:]`` as a float64 array (a new one, or ``out``), for
+        the items from ``start`` on (one count each, in item order), added chunk by
+        chunk while each chunk's noise is in cache: the same bits as the two-step
+        form, without a noise array of every item."""
+        if not 0 <= start <= self._n:
+            raise ValueError(f"start must be in [0, {self._n}], got {start}")
+        m = self._n - start
+        if counts.shape != (m,):
+            raise ValueError(f"counts must have shape ({m},), got {counts.shape}")
+        values = _values_out(out, m)
+        self._run(self._chunks(start),
+                  lambda chunk, ws: self._values_chunk(chunk, counts, values, ws))
         return values
 
     def noise(self) -> np.ndarray:

@@ -649,21 +649,23 @@ class UnknownDomainHistogram:
             ids = self._source.item_ids(new_items)  # TypeError for a bad item type
             order = np.lexsort((ids[:, 1], ids[:, 0]))
             prepared = self._source.prepare_ids(ids[order])
-        self._noise.advance(t)
         n_old = self._n
+        n = n_old + len(new_items)
+        # counts + noise, added while each chunk's noise is in cache: the items seen
+        # as the tree steps, the new ones once their noise is computed from scratch
+        values = np.empty(n)
+        self._noise.advance(t, counts, out=values[:n_old])
         self._counts[:n_old] = counts
         if new_items:
-            m = len(new_items)
-            self._reserve(n_old + m)
+            self._reserve(n)
             ordered = [new_items[i] for i in order.tolist()]
             self._table.extend(ordered)
-            self._counts[n_old : n_old + m] = new_counts[order]
-            self._shown[n_old : n_old + m] = False
+            self._counts[n_old:n] = new_counts[order]
+            self._shown[n_old:n] = False
             self._noise.add_items(prepared)
-            self._n = n_old + m
+            self._n = n
+            self._noise.plus_noise(self._counts[n_old:n], start=n_old, out=values[n_old:])
         self.t = t
-        n = self._n
-        values = self._noise.plus_noise(self._counts[:n])
         threshold = self.threshold_at(t)
         above = values > threshold
         if self.remember:
