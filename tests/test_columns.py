@@ -553,3 +553,18 @@ def test_jsonl_plain_fresh_items_are_joined_as_json_dumps_writes_them(meta):
                 if meta:
                     obj["meta"] = meta
                 assert want == (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def test_a_steps_unique_codes_are_numpys():
+    """The step reader's unique-with-inverse against ``np.unique`` (the definition)."""
+    from dpstream.ingest import _unique_inverse
+
+    rng = np.random.default_rng(21)
+    cases = [np.array([5]), np.array([3, 3, 3]), np.arange(10)[::-1].copy()]
+    cases += [rng.integers(0, hi, size) for hi, size in [(2, 50), (100, 3000), (10**6, 5000)]]
+    for codes in cases:
+        codes = codes.astype(np.int64)
+        used, inverse = _unique_inverse(codes)
+        want_used, want_inverse = np.unique(codes, return_inverse=True)
+        assert np.array_equal(used, want_used) and np.array_equal(inverse, want_inverse)
+        assert inverse.dtype == np.int64 and np.array_equal(used[inverse], codes)

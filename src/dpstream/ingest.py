@@ -547,6 +547,20 @@ def step_steps(chunks: Iterable[Chunk], horizon: int, *, start: int = 0,
     yield from grouper.finish()
 
 
+def _unique_inverse(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(codes, return_inverse=True)`` for a non-empty int64 array, in half
+    the time for a step's few thousand codes (a stable sort, which NumPy runs as
+    a radix or merge sort for integers, and no generic bookkeeping)."""
+    order = np.argsort(codes, kind="stable")
+    ordered = codes[order]
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    inverse = np.empty(ordered.size, dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
+
+
 def _item_array(chunk: Chunk) -> np.ndarray:
     """The chunk's distinct items as a NumPy object array (made once per chunk), so a
     step takes its items with one fancy index rather than a Python loop."""
@@ -608,7 +622,7 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         raw = b"\n".join(r for r in raws)
     all_codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)
     if all_codes.size:  # only the items this step uses (a chunk holds many steps)
-        used, all_codes = np.unique(all_codes, return_inverse=True)
+        used, all_codes = _unique_inverse(all_codes)
         arrays = [_item_array(ch) for ch in chunks]
         src = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         items = src[used].tolist()
