@@ -246,16 +246,27 @@ def test_ziggurat_restarts_refuses_bad_arrays():
 
 
 def test_flatten_events_in_c_matches_the_python_twin():
+    from collections import namedtuple
+
     from dpstream.mechanisms.columns import flatten_events
 
     class Text(str):
         pass
 
+    class Events(list):
+        pass
+
+    class Steps(tuple):
+        pass
+
+    Pair = namedtuple("Pair", "first second")
+
     cases = [
         [], [[]], [["a", 1, b"x"], ("b",), []], (["a"], ["a", "a"]),
         [["a", True]], [["a"], [Text("b")]], [["a"], {"b"}], [["a"], "ab"],
         [["a", 1.5]], [["a", None]], [[("a",)]], [["é", 2**70, -3]],
-        "generator",
+        "generator", Events([["a", "b"], ("c",)]), Steps((["a"], ["b", 1])),
+        Pair(["a"], ["b"]), [Events(["a"])], Events([["a", True]]),
     ]
     for case in cases:
         def events(case=case):

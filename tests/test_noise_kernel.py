@@ -62,7 +62,7 @@ class ReferencePRF:
     @staticmethod
     def value(block: bytes, distribution: str, scale: float) -> float:
         k = int.from_bytes(block[:8], "little") >> 11  # top 53 bits of the first word
-        u = (float(k) + 0.5) * 2.0**-53
+        u = min((float(k) + 0.5) * 2.0**-53, math.nextafter(1.0, 0.0))  # never 1.0
         if distribution == "uniform":
             return u
         if distribution == "gaussian":
@@ -127,6 +127,46 @@ def test_reference_agrees_with_the_documented_item_hash():
     prepared = src.prepare(items)
     want = ref.values([ref.item_id(i) for i in items], (2, 5, 1), "gaussian", 1.0)
     assert same_bits(src.gaussian(prepared, 2, 5, 1), want)
+
+
+def test_the_top_word_gives_finite_noise_on_every_path():
+    """k = 2^53 - 1 (a word with its top 53 bits set) would make the uniform
+    (k + 1/2) 2^-53 round to 1.0, where ndtri, Laplace's and Gumbel's inverse CDFs
+    are infinite: a released count of +inf whatever the data. It must give the
+    largest double below 1 instead, in the whole-array definition, in the chunked
+    kernel (fed the blocks by a stand-in cipher) and in the C restarts."""
+    from dpstream import compiled
+    from dpstream.ziggurat import UNIFORM_MAX, uniforms_from_words
+
+    top = np.uint64(2**64 - 1)
+    assert UNIFORM_MAX == math.nextafter(1.0, 0.0)
+    assert uniforms_from_words(np.array([top, np.uint64(2**63)])).tolist() == [
+        UNIFORM_MAX, 0.5]  # k = 2^52: k + 1/2 rounds to 2^52 (even), exactly 1/2
+    blocks = np.array([[top, top], [top - np.uint64(2**11), 7]], dtype="<u8")
+    src = NoiseSource(fixed_key("top"), "top")
+    defs = {"uniform": src.to_uniform(blocks), "gaussian": src.to_gaussian(blocks, 2.0),
+            "laplace": src.to_laplace(blocks, 2.0), "gumbel": src.to_gumbel(blocks, 2.0)}
+    assert defs["uniform"].tolist() == [UNIFORM_MAX, 1.0 - 2.0**-52]  # 2^53 - 3/2: to even
+    assert all(np.isfinite(v).all() for v in defs.values())
+
+    class Fixed:  # a cipher that "encrypts" to the chosen blocks
+        def update_into(self, data, buf):
+            raw = blocks.tobytes()
+            buf[: len(raw)] = raw
+            return len(raw)
+
+    ws = noise_kernel.Workspace(4)
+    tile = noise_kernel.tweak_tile(0, 0, 2)
+    for dist, want in defs.items():
+        got = np.empty(2)
+        noise_kernel.noise_chunk(Fixed(), np.zeros((2, 2), "<u8"), tile, dist,
+                                 1.0 if dist == "uniform" else 2.0, got, False, ws)
+        assert same_bits(got, want), dist
+    assert compiled.ndtri_enabled() or not compiled.enabled()
+    if compiled.ndtri_enabled():
+        out = np.empty(1)
+        assert compiled.ziggurat_restarts(np.array([top]), np.array([0]), out)
+        assert np.isfinite(out).all() and same_bits(out, ndtri(np.array([UNIFORM_MAX])))
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 17, 45])
@@ -271,7 +311,7 @@ def reference_tree_noise(ref: ReferencePRF, ids: list[bytes], t: int, horizon: i
     return np.array(out)
 
 
-# refold budgets that store all 4 suffix rows above row 0, 3 (the default), 2, and 1
+# refold budgets that store all 4 suffix rows above row 0, 3, 2, and 1
 @pytest.mark.parametrize("budget", [0.0, 0.25, 1.0, 1e9])
 def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks, monkeypatch,
                                                                       budget):
@@ -373,16 +413,45 @@ def test_kept_levels_and_their_storage():
     for bad in (0, 6, 2.0, True, "3"):
         with pytest.raises(ValueError, match="kept_levels"):
             TreeNoise(src, 1000, 5, 1.0, kept_levels=bad)
+    assert TreeNoise(src, 1000, 5, 1.0, kept_levels=np.int64(2)).kept_levels == 2
 
 
-def test_a_tree_pickled_before_folding_keeps_every_level():
+def test_values_into_a_given_array_and_from_a_start():
+    """advance(t, counts, out=) and plus_noise(counts, start=, out=) write counts +
+    noise() (its slice from start) into the caller's array, and refuse a wrong one."""
+    src = NoiseSource(fixed_key("kernel-out"), "out")
+    tn = TreeNoise(src, 300, 3, 1.2)
+    tn.add_items(src.prepare_ids(as_words(random_ids(random.Random(3), 40))))
+    counts = np.arange(40, dtype=np.int64)
+    buf = np.full(45, -7.0)
+    got = tn.advance(1, counts, out=buf[:40])
+    assert np.shares_memory(got, buf) and same_bits(buf[:40], counts + tn.noise())
+    assert (buf[40:] == -7.0).all()
+    for start in (0, 1, 17, 39, 40):
+        part = np.empty(40 - start)
+        assert tn.plus_noise(counts[start:], start=start, out=part) is part
+        assert same_bits(part, counts[start:] + tn.noise()[start:]), start
+        assert same_bits(tn.plus_noise(counts[start:], start=start), part)
+    for bad in (np.empty(39), np.empty(40, np.float32), np.empty(80)[::2]):
+        with pytest.raises(ValueError, match="out"):
+            tn.advance(tn.t + 1, counts, out=bad)
+    with pytest.raises(ValueError, match="start"):
+        tn.plus_noise(counts, start=41)
+    with pytest.raises(ValueError, match="counts"):
+        tn.plus_noise(counts, start=1)
+
+
+def test_a_tree_pickled_before_folding_keeps_every_level(monkeypatch):
     """A snapshot written by a version without folded levels has no ``_kept``: it is
     read as keeping every level (its layout), and continues bit for bit."""
     from dpstream.snapshot import dump_snapshot, load_snapshot
 
     key = fixed_key("kernel-old")
     src = NoiseSource(key, "old")
+    monkeypatch.setattr(tree_noise, "_REFOLD_BUDGET", 0.25)  # that version's budget
     tn = TreeNoise(src, 1000, 5, 1.0, kept_levels=5)
+    monkeypatch.undo()
+    assert tn._stored == 2
     tn.add_items(src.prepare_ids(as_words(random_ids(random.Random(1), 30))))
     tn.advance(123)
     state = dict(tn.__dict__)

@@ -104,19 +104,23 @@ get_offsets(PyObject *obj, Py_buffer *b, offs *o)
  * restarts to the caller, who uses the ufunc. */
 #define NDTRI_SIGNATURE "double (double, int __pyx_skip_dispatch)"
 static double (*ndtri_fn)(double, int) = NULL;
+static PyObject *ndtri_capsule = NULL;  /* held while ndtri_fn points into its module */
 
 /* set_ndtri(capsule or None): use this ndtri in the loops below (None: stop). */
 static PyObject *
 set_ndtri(PyObject *self, PyObject *capsule)
 {
-    if (capsule == Py_None) {
-        ndtri_fn = NULL;
-        Py_RETURN_NONE;
+    void *fn = NULL;
+    if (capsule != Py_None) {
+        fn = PyCapsule_GetPointer(capsule, NDTRI_SIGNATURE);
+        if (fn == NULL)
+            return NULL;
+        Py_INCREF(capsule);
     }
-    void *fn = PyCapsule_GetPointer(capsule, NDTRI_SIGNATURE);
-    if (fn == NULL)
-        return NULL;
+    PyObject *old = ndtri_capsule;
     ndtri_fn = (double (*)(double, int))fn;
+    ndtri_capsule = capsule == Py_None ? NULL : capsule;
+    Py_XDECREF(old);
     Py_RETURN_NONE;
 }
 
@@ -160,11 +164,14 @@ ndtri_into(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* The version 1 uniform of a 64-bit word: ((w >> 11) + 1/2) 2^-53, inside (0, 1). */
+/* The version 1 uniform of a 64-bit word: min(((w >> 11) + 1/2) 2^-53, the largest
+ * double below 1), inside (0, 1): the top word would round to 1.0 (see
+ * dpstream.ziggurat.UNIFORM_MAX). */
 static inline double
 uniform53(uint64_t w)
 {
-    return ((double)(int64_t)(w >> 11) + 0.5) * 0x1p-53;
+    double u = ((double)(int64_t)(w >> 11) + 0.5) * 0x1p-53;
+    return u < 0x1.fffffffffffffp-1 ? u : 0x1.fffffffffffffp-1;
 }
 
 /*

@@ -182,7 +182,8 @@ def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarra
 
 
 def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -> bool:
-    """``out[pending[i]] = ndtri(((words[i] >> 11) + 1/2) 2^-53)`` in C; False (nothing
+    """``out[pending[i]] = ndtri(u(words[i]))`` in C, u the uniform of
+    :func:`dpstream.ziggurat.uniforms_from_words`; False (nothing
     written) when the loops or their ndtri are off."""
     loops = _loops()
     if loops is None or not _state.get("ndtri"):

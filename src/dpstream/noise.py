@@ -24,8 +24,10 @@ Construction
   n items costs one vectorised AES call over n blocks.
 * Noise that belongs to no item (a sparse-vector threshold, say) uses a separate
   per-purpose key on the single block tweak(cell, draw).
-* Uniforms take the top 53 bits of a 64-bit word, ``(k + 1/2) / 2**53``, so they
-  lie strictly inside (0, 1); Laplace and Gumbel come from their inverse CDFs.
+* Uniforms take the top 53 bits of a 64-bit word, ``(k + 1/2) / 2**53`` rounded
+  to a double, and the one word that rounds to 1.0 (k = 2**53 - 1) gives the
+  largest double below 1 instead, so they lie strictly inside (0, 1) and no
+  inverse CDF is infinite; Laplace and Gumbel come from their inverse CDFs.
 * Gaussians depend on the *noise version*, which the purpose carries:
 
   - version 1 (purposes as given): the inverse CDF of the uniform

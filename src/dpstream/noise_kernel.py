@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
-from .ziggurat import normals_into
+from .ziggurat import UNIFORM_MAX, normals_into
 
 __all__ = [
     "CHUNK_ITEMS",
@@ -155,7 +155,7 @@ def noise_chunk(
     ``accumulate`` has them added (``out += z``, as the tree's running sums).
     The operations per item are those of ``NoiseSource.to_<distribution>``:
 
-    * uniform: ``u = ((word0 >> 11) + 0.5) * 2**-53``
+    * uniform: ``u = min(((word0 >> 11) + 0.5) * 2**-53, UNIFORM_MAX)``
     * gaussian: ``ndtri(u)``, then ``* scale`` unless scale is 1
     * laplace: ``v = u - 0.5``; ``(-scale * sign(v)) * log1p(-2 |v|)``
     * gumbel: ``-scale * log(-log(u))``
@@ -182,6 +182,7 @@ def noise_chunk(
     # same values) it converts a little faster than as uint64
     np.add(u.view(np.int64), 0.5, out=f)
     np.multiply(f, _TWO_POW_MINUS_53, out=f)
+    np.minimum(f, UNIFORM_MAX, out=f)  # the top word's 1.0 (see dpstream.ziggurat)
     if distribution == "gaussian":
         ndtri(f, out=f)
         if scale != 1.0:

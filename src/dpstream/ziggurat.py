@@ -17,7 +17,9 @@ One value from one 128-bit block ``(w0, w1)``, whose bits are uniform and
 independent (they come from the PRF):
 
 * region ``i = w0 & 255``, sign from bit 8 of w0, and the 53-bit uniform
-  ``u = ((w0 >> 11) + 1/2) 2^-53`` (the version 1 uniform, bits 11..63);
+  ``u = ((w0 >> 11) + 1/2) 2^-53`` (the version 1 uniform, bits 11..63; the
+  top word's u rounds to 1, which is harmless here: a point on the region's
+  outer edge, decided by the tests below like any other);
 * ``x = u * X[i]``; if ``(w0 >> 11) + 1/2 < fast_limit[i]``, the largest
   double below ``2^53 X[i+1] / X[i]``, then ``x < X[i+1]`` exactly, the point
   is under the curve, and the value is ``+-x`` (fast path);
@@ -63,7 +65,7 @@ from scipy.special import ndtri
 
 from . import compiled
 
-__all__ = ["LAYERS", "Table", "TABLE", "normals_into", "uniforms_from_words"]
+__all__ = ["LAYERS", "Table", "TABLE", "UNIFORM_MAX", "normals_into", "uniforms_from_words"]
 
 LAYERS = 256
 _INDEX_BITS = np.uint64(2 * LAYERS - 1)  # region (8 bits) and sign (bit 8)
@@ -113,14 +115,22 @@ def _load() -> Table:
 TABLE = _load()
 
 
+#: The largest double below 1. ``k + 1/2`` needs 54 bits for k >= 2^52, so it is
+#: rounded (to even), and the top k = 2^53 - 1 would round to 2^53: u = 1.0,
+#: where the inverse CDFs are infinite. That one word gives this value instead.
+UNIFORM_MAX = 1.0 - 2.0**-53
+
+
 def uniforms_from_words(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``((w >> 11) + 1/2) 2^-53`` for 64-bit words: uniforms strictly inside (0, 1)."""
+    """``min(((w >> 11) + 1/2) 2^-53, UNIFORM_MAX)`` for 64-bit words: uniforms
+    strictly inside (0, 1)."""
     k = np.right_shift(words, _SHIFT)
     if out is None:
         out = np.empty(k.shape)
-    # < 2^53: exact as int64, then one rounding (the version 1 formula, op for op)
+    # < 2^53: exact as int64, then rounded (the version 1 formula, op for op)
     np.add(k.view(np.int64), 0.5, out=out)
     np.multiply(out, _TWO_POW_MINUS_53, out=out)
+    np.minimum(out, UNIFORM_MAX, out=out)
     return out
 
 

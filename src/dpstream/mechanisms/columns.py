@@ -133,7 +133,7 @@ def domain_positions(events: Any, index: Any, max_items: int | None
 def flatten_events(events: Any) -> tuple[list[Hashable], np.ndarray] | None:
     """(all items in order, event offsets) when every event is a list or tuple of
     plain ``str``/``int``/``bytes`` items; ``None`` otherwise (use the per-event path)."""
-    if not isinstance(events, (list, tuple)):
+    if type(events) not in (list, tuple):  # a subclass too: read through its __iter__
         events = list(events)
     loops = compiled.loops()
     if loops is not None:  # the same answer, without a Python step per item

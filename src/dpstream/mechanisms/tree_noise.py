@@ -48,6 +48,7 @@ noise to the counts, while the chunk is in cache.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -172,10 +173,14 @@ class TreeNoise:
         self.levels = num_levels(horizon, base)
         if kept_levels is None:
             kept_levels = globals()["kept_levels"](self.levels, base)
-        if isinstance(kept_levels, bool) or not isinstance(kept_levels, int) or not (
-                1 <= kept_levels <= self.levels):
+        try:
+            kept = None if isinstance(kept_levels, bool) else operator.index(kept_levels)
+        except TypeError:
+            kept = None
+        if kept is None or not 1 <= kept <= self.levels:
             raise ValueError(f"kept_levels must be an int in [1, {self.levels}], "
                              f"got {kept_levels!r}")
+        kept_levels = kept
         self.t = 0
         self._n = 0
         self._kept = kept_levels
