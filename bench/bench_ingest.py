@@ -134,10 +134,12 @@ def main() -> None:
             setattr(tree_noise.TreeNoise, name, fn)
 
     results: dict[str, float] = {}
+    rounds: dict[str, list[float]] = {}
     for _ in range(args.repeat):  # interleaved: a load spike hits every path alike
         for name, fn in (("read", read_lines), ("json", json_loads),
                          ("run", lambda: run(False)), ("run_state", lambda: run(True))):
-            results[name] = min(results.get(name, float("inf")), cpu(fn))
+            rounds.setdefault(name, []).append(cpu(fn))
+            results[name] = min(rounds[name])
 
     floor = results["json"]
     print(f"{n_events:,} events, {occurrences:,} item occurrences, {args.distinct:,} distinct "
@@ -149,6 +151,10 @@ def main() -> None:
         label = "dpstream run" + (" --state" if name == "run_state" else "")
         print(f"{label:<22} {results[name]:7.2f} s CPU  {n_events / results[name]:>12,.0f} "
               f"events/s  {results[name] / floor:5.2f}x json.loads (goal <= 2x)")
+        # the same ratio within each round (run and json.loads timed side by side):
+        # its spread shows how much of a difference this machine can resolve
+        ratios = [r / j for r, j in zip(rounds[name], rounds["json"], strict=True)]
+        print(f"{'':<22} per round: {min(ratios):.2f}x-{max(ratios):.2f}x")
 
     rest = results["run"] - noise_cpu[0]
     print(f"  of which keyed noise:  {noise_cpu[0]:7.2f} s CPU (TreeNoise, one run); the rest "
