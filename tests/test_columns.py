@@ -556,15 +556,48 @@ def test_jsonl_plain_fresh_items_are_joined_as_json_dumps_writes_them(meta):
 
 
 def test_a_steps_unique_codes_are_numpys():
-    """The step reader's unique-with-inverse against ``np.unique`` (the definition)."""
-    from dpstream.ingest import _unique_inverse
+    """The step reader's unique-with-inverse against ``np.unique`` (the definition):
+    the same values (sorted without the C loops; in order of first appearance
+    with them, the scratch map left clear for the next step), each code's index."""
+    from dpstream import compiled
+    from dpstream.ingest import _code_scratch, _unique_inverse
 
     rng = np.random.default_rng(21)
     cases = [np.array([5]), np.array([3, 3, 3]), np.arange(10)[::-1].copy()]
     cases += [rng.integers(0, hi, size) for hi, size in [(2, 50), (100, 3000), (10**6, 5000)]]
     for codes in cases:
         codes = codes.astype(np.int64)
-        used, inverse = _unique_inverse(codes)
+        size = int(codes.max()) + 1 + int(rng.integers(0, 3))
         want_used, want_inverse = np.unique(codes, return_inverse=True)
+        with compiled.numpy_only():
+            used, inverse = _unique_inverse(codes, size)
         assert np.array_equal(used, want_used) and np.array_equal(inverse, want_inverse)
+        used, inverse = _unique_inverse(codes, size)  # the C loop in CI
         assert inverse.dtype == np.int64 and np.array_equal(used[inverse], codes)
+        assert np.array_equal(np.sort(used), want_used)
+        if compiled.enabled():
+            first = sorted(range(len(want_used)),
+                           key=lambda j: int(np.flatnonzero(codes == want_used[j])[0]))
+            assert np.array_equal(used, want_used[first])  # order of first appearance
+            assert (_code_scratch.buf == -1).all()
+
+
+def test_unique_codes_refuses_what_it_cannot_map():
+    from dpstream import compiled
+
+    loops = compiled.loops()
+    if loops is None:
+        pytest.skip("the C loops are not built here (CI requires them)")
+    scratch = np.full(4, -1, dtype=np.int64)
+    used, inverse = np.empty(3, np.int64), np.empty(3, np.int64)
+    with pytest.raises(IndexError):
+        loops.unique_codes(np.array([0, 4, 1]), scratch, used, inverse)
+    with pytest.raises(IndexError):
+        loops.unique_codes(np.array([0, -1, 1]), scratch, used, inverse)
+    assert (scratch == -1).all()
+    scratch[2] = 0  # not clear: refused, and the entries this call wrote are undone
+    with pytest.raises(ValueError, match="scratch"):
+        loops.unique_codes(np.array([1, 2, 3]), scratch, used, inverse)
+    assert scratch.tolist() == [-1, -1, 0, -1]
+    with pytest.raises(ValueError):
+        loops.unique_codes(np.array([1, 2, 3]), np.full(4, -1), used, np.empty(2, np.int64))

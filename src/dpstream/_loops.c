@@ -828,6 +828,62 @@ done:
     return flat;
 }
 
+/* unique_codes(codes, scratch, used, inverse) -> k: the distinct values of codes (int64,
+ * each in [0, len(scratch))) in order of first appearance, used[:k], and inverse[i]
+ * with used[inverse[i]] == codes[i]. scratch (int64) must hold -1 everywhere; it is
+ * used as a map from a code to its slot in used, and left holding -1 again. Every
+ * code is checked before scratch is touched. O(len(codes)), unlike a sort. */
+static PyObject *
+unique_codes(PyObject *self, PyObject *args)
+{
+    PyObject *o[4];
+    Py_buffer b[4];
+    static const char *names[4] = {"codes", "scratch", "used", "inverse"};
+    static const int writable[4] = {0, 1, 1, 1};
+    int got = 0;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3]))
+        return NULL;
+    for (; got < 4; got++)
+        if (get(o[got], &b[got], writable[got], I64, names[got]) < 0)
+            goto done;
+    Py_ssize_t m = b[0].len / 8, d = b[1].len / 8;
+    if (b[2].len < 8 * m || b[3].len != 8 * m) {
+        PyErr_SetString(PyExc_ValueError, "unique_codes: array sizes do not match");
+        goto done;
+    }
+    const int64_t *codes = b[0].buf;
+    int64_t *scratch = b[1].buf, *used = b[2].buf, *inverse = b[3].buf;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (codes[i] < 0 || codes[i] >= d) {
+            PyErr_SetString(PyExc_IndexError, "unique_codes: a code is out of range");
+            goto done;
+        }
+    Py_ssize_t k = 0;
+    int dirty = 0;
+    for (Py_ssize_t i = 0; i < m && !dirty; i++) {
+        int64_t c = codes[i], slot = scratch[c];
+        if (slot < 0) {
+            slot = scratch[c] = k;
+            used[k++] = c;
+        } else if (slot >= k || used[slot] != c) {
+            dirty = 1;  /* a value this call did not write: the scratch was not clear */
+            break;
+        }
+        inverse[i] = slot;
+    }
+    for (Py_ssize_t j = 0; j < k; j++)
+        scratch[used[j]] = -1;
+    if (dirty)
+        PyErr_SetString(PyExc_ValueError, "unique_codes: the scratch must hold -1 everywhere");
+    else
+        result = PyLong_FromSsize_t(k);
+done:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&b[i]);
+    return result;
+}
+
 /* join_rows(data, offsets, values, head, mid, tail, sep): the bytes of n rows
  * head + item i + mid + values[i] in decimal + tail, separated by sep, where item i is
  * data[offsets[i]:offsets[i + 1]] (offsets uint32 or int64: the release formatters'
@@ -939,6 +995,8 @@ static PyMethodDef methods[] = {
     {"ndtri_into", ndtri_into, METH_VARARGS, "out[i] = ndtri(p[i]) through the ndtri set."},
     {"ziggurat_restarts", ziggurat_restarts, METH_VARARGS,
      "out[pending[i]] = ndtri(uniform(words[i])): the ziggurat's restarts."},
+    {"unique_codes", unique_codes, METH_VARARGS,
+     "Distinct codes in order of first appearance, and each code's index among them."},
     {"flatten_events", flatten_events, METH_VARARGS,
      "The items of a list of events as one list, and the events' offsets."},
     {"siphash13", py_siphash13, METH_VARARGS, "SipHash-1-3 of bytes under a 16-byte key."},

@@ -48,12 +48,14 @@ not from a re-encoding of the parsed records.
 from __future__ import annotations
 
 import io as _io
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import compiled
 from .io import RawEvent, parse_jsonl_line, raw_bytes
 
 __all__ = ["Chunk", "StepInput", "ChunkGrouper", "read_jsonl_chunks", "chunks_from_records",
@@ -547,10 +549,31 @@ def step_steps(chunks: Iterable[Chunk], horizon: int, *, start: int = 0,
     yield from grouper.finish()
 
 
-def _unique_inverse(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(codes, return_inverse=True)`` for a non-empty int64 array, in half
-    the time for a step's few thousand codes (a stable sort, which NumPy runs as
-    a radix or merge sort for integers, and no generic bookkeeping)."""
+_code_scratch = threading.local()
+
+
+def _unique_inverse(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``codes`` (a non-empty int64 array of values in
+    [0, size)) and each code's index among them: ``used[inverse] == codes``.
+
+    With the C loops, in one pass over a map from code to slot kept per thread
+    (``used`` in order of first appearance); else as ``np.unique(codes,
+    return_inverse=True)`` (sorted), by a stable sort. Either order serves: a
+    step's items are a set that its codes index, and nothing downstream depends
+    on their order (new items are ordered by their keyed ids).
+    """
+    loops = compiled.loops()
+    if loops is not None:
+        scratch = getattr(_code_scratch, "buf", None)
+        if scratch is None or scratch.size < size:
+            scratch = np.full(max(size, 2 * (0 if scratch is None else scratch.size)), -1,
+                              dtype=np.int64)
+            _code_scratch.buf = scratch
+        used = np.empty(codes.size, dtype=np.int64)
+        inverse = np.empty(codes.size, dtype=np.int64)
+        k = loops.unique_codes(np.ascontiguousarray(codes, dtype=np.int64), scratch, used,
+                               inverse)
+        return used[:k], inverse
     order = np.argsort(codes, kind="stable")
     ordered = codes[order]
     first = np.empty(ordered.size, dtype=bool)
@@ -622,7 +645,7 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         raw = b"\n".join(r for r in raws)
     all_codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)
     if all_codes.size:  # only the items this step uses (a chunk holds many steps)
-        used, all_codes = _unique_inverse(all_codes)
+        used, all_codes = _unique_inverse(all_codes, sum(len(ch.items) for ch in chunks))
         arrays = [_item_array(ch) for ch in chunks]
         src = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         items = src[used].tolist()
