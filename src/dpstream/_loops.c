@@ -71,6 +71,31 @@ get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char 
 #define F64 "d"
 #define I64 "ql"
 
+/* An array argument of a loop: its name, item types (see get) and whether it is written. */
+typedef struct {
+    const char *name, *types;
+    int writable;
+} array_spec;
+
+static void
+release_arrays(Py_buffer *b, int got)
+{
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&b[i]);
+}
+
+/* get() for objs[0..n-1] by spec[0..n-1]; on failure releases what it took, -1 */
+static int
+get_arrays(PyObject **objs, Py_buffer *b, const array_spec *spec, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (get(objs[i], &b[i], spec[i].writable, spec[i].types, spec[i].name) < 0) {
+            release_arrays(b, i);
+            return -1;
+        }
+    return 0;
+}
+
 /* Offsets into an item table's bytes: int64, or uint32 while the bytes are fewer
  * than 2^32 (4 bytes an item instead of 8). */
 typedef struct {
@@ -139,26 +164,21 @@ need_ndtri(void)
 static PyObject *
 ndtri_into(PyObject *self, PyObject *args)
 {
-    PyObject *po, *oo;
-    Py_buffer p, o;
-    if (!PyArg_ParseTuple(args, "OO", &po, &oo) || need_ndtri() < 0)
+    static const array_spec spec[2] = {{"p", F64, 0}, {"out", F64, 1}};
+    PyObject *o[2];
+    Py_buffer b[2];
+    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1]) || need_ndtri() < 0 ||
+        get_arrays(o, b, spec, 2) < 0)
         return NULL;
-    if (get(po, &p, 0, F64, "p") < 0)
-        return NULL;
-    if (get(oo, &o, 1, F64, "out") < 0) {
-        PyBuffer_Release(&p);
-        return NULL;
-    }
-    if (p.len != o.len) {
+    if (b[0].len != b[1].len) {
         PyErr_SetString(PyExc_ValueError, "ndtri_into: array sizes do not match");
     } else {
-        const double *pv = p.buf;
-        double *ov = o.buf;
-        for (Py_ssize_t i = 0; i < p.len / 8; i++)
+        const double *pv = b[0].buf;
+        double *ov = b[1].buf;
+        for (Py_ssize_t i = 0; i < b[0].len / 8; i++)
             ov[i] = ndtri_fn(pv[i], 0);
     }
-    PyBuffer_Release(&p);
-    PyBuffer_Release(&o);
+    release_arrays(b, 2);
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
@@ -182,26 +202,18 @@ uniform53(uint64_t w)
 static PyObject *
 ziggurat_restarts(PyObject *self, PyObject *args)
 {
-    PyObject *wo, *po, *oo;
-    Py_buffer w, p, o;
-    if (!PyArg_ParseTuple(args, "OOO", &wo, &po, &oo) || need_ndtri() < 0)
+    static const array_spec spec[3] = {{"words", U64, 0}, {"pending", I64, 0},
+                                       {"out", F64, 1}};
+    PyObject *o[3];
+    Py_buffer b[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2]) || need_ndtri() < 0 ||
+        get_arrays(o, b, spec, 3) < 0)
         return NULL;
-    if (get(wo, &w, 0, U64, "words") < 0)
-        return NULL;
-    if (get(po, &p, 0, I64, "pending") < 0) {
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    if (get(oo, &o, 1, F64, "out") < 0) {
-        PyBuffer_Release(&w);
-        PyBuffer_Release(&p);
-        return NULL;
-    }
-    Py_ssize_t k = p.len / 8, c = o.len / 8;
-    const uint64_t *words = w.buf;
-    const int64_t *pending = p.buf;
-    double *out = o.buf;
-    if (w.len != p.len) {
+    Py_ssize_t k = b[1].len / 8, c = b[2].len / 8;
+    const uint64_t *words = b[0].buf;
+    const int64_t *pending = b[1].buf;
+    double *out = b[2].buf;
+    if (b[0].len != b[1].len) {
         PyErr_SetString(PyExc_ValueError, "ziggurat_restarts: array sizes do not match");
     } else {
         for (Py_ssize_t i = 0; i < k; i++)
@@ -213,9 +225,7 @@ ziggurat_restarts(PyObject *self, PyObject *args)
             for (Py_ssize_t i = 0; i < k; i++)
                 out[pending[i]] = ndtri_fn(uniform53(words[i]), 0);
     }
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&p);
-    PyBuffer_Release(&o);
+    release_arrays(b, 3);
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
@@ -235,22 +245,18 @@ ziggurat_restarts(PyObject *self, PyObject *args)
 static PyObject *
 ziggurat(PyObject *self, PyObject *args)
 {
+    static const array_spec spec[8] = {
+        {"blocks", U64, 0}, {"out", F64, 1},     {"scaled", F64, 0},  {"limit", F64, 0},
+        {"bottom", F64, 0}, {"rise", F64, 0},    {"pending", I64, 1}, {"close", I64, 1}};
     PyObject *o[8];
     Py_buffer b[8];
-    static const char *names[8] = {"blocks", "out", "scaled", "limit",
-                                   "bottom", "rise", "pending", "close"};
-    static const char *types[8] = {U64, F64, F64, F64, F64, F64, I64, I64};
-    static const int writable[8] = {0, 1, 0, 0, 0, 0, 1, 1};
-    int got = 0;
     PyObject *result = NULL;
     double tail_probability;
 
     if (!PyArg_ParseTuple(args, "OOOOOOOOd", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &tail_probability))
+                          &o[6], &o[7], &tail_probability) ||
+        get_arrays(o, b, spec, 8) < 0)
         return NULL;
-    for (; got < 8; got++)
-        if (get(o[got], &b[got], writable[got], types[got], names[got]) < 0)
-            goto done;
 
     Py_ssize_t c = b[1].len / 8;
     if (b[0].len != 16 * c || b[6].len < 8 * c || b[7].len < 8 * c || b[2].len != 8 * 512 ||
@@ -298,8 +304,7 @@ ziggurat(PyObject *self, PyObject *args)
 
     result = Py_BuildValue("nnn", n_restart, n_tail, n_close);
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&b[i]);
+    release_arrays(b, 8);
     return result;
 }
 
@@ -836,17 +841,14 @@ done:
 static PyObject *
 unique_codes(PyObject *self, PyObject *args)
 {
+    static const array_spec spec[4] = {{"codes", I64, 0}, {"scratch", I64, 1},
+                                       {"used", I64, 1}, {"inverse", I64, 1}};
     PyObject *o[4];
     Py_buffer b[4];
-    static const char *names[4] = {"codes", "scratch", "used", "inverse"};
-    static const int writable[4] = {0, 1, 1, 1};
-    int got = 0;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3]))
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3]) ||
+        get_arrays(o, b, spec, 4) < 0)
         return NULL;
-    for (; got < 4; got++)
-        if (get(o[got], &b[got], writable[got], I64, names[got]) < 0)
-            goto done;
     Py_ssize_t m = b[0].len / 8, d = b[1].len / 8;
     if (b[2].len < 8 * m || b[3].len != 8 * m) {
         PyErr_SetString(PyExc_ValueError, "unique_codes: array sizes do not match");
@@ -879,8 +881,7 @@ unique_codes(PyObject *self, PyObject *args)
     else
         result = PyLong_FromSsize_t(k);
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&b[i]);
+    release_arrays(b, 4);
     return result;
 }
 
