@@ -185,9 +185,8 @@ def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -
     """``out[pending[i]] = ndtri(u(words[i]))`` in C, u the uniform of
     :func:`dpstream.ziggurat.uniforms_from_words`; False (nothing
     written) when the loops or their ndtri are off."""
-    loops = _loops()
-    if loops is None or not _state.get("ndtri"):
+    if not ndtri_enabled():
         return False
-    loops.ziggurat_restarts(np.ascontiguousarray(words, dtype=np.uint64),
+    _loops().ziggurat_restarts(np.ascontiguousarray(words, dtype=np.uint64),
                             np.ascontiguousarray(pending, dtype=np.int64), out)
     return True

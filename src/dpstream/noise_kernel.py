@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
-from .ziggurat import UNIFORM_MAX, normals_into
+from .ziggurat import normals_into, uniforms_from_words
 
 __all__ = [
     "CHUNK_ITEMS",
@@ -63,8 +63,6 @@ DISTRIBUTIONS = ("uniform", "gaussian", "laplace", "gumbel")
 #: :mod:`dpstream.ziggurat`); "gaussian" is version 1's inverse CDF.
 ZIGGURAT = "gaussian-v2"
 
-_SHIFT = np.uint64(11)
-_TWO_POW_MINUS_53 = 2.0**-53
 
 
 def chunk_bounds(n: int, chunk: int | None = None) -> list[tuple[int, int]]:
@@ -155,7 +153,7 @@ def noise_chunk(
     ``accumulate`` has them added (``out += z``, as the tree's running sums).
     The operations per item are those of ``NoiseSource.to_<distribution>``:
 
-    * uniform: ``u = min(((word0 >> 11) + 0.5) * 2**-53, UNIFORM_MAX)``
+    * uniform: ``u`` = :func:`dpstream.ziggurat.uniforms_from_words` of word0
     * gaussian: ``ndtri(u)``, then ``* scale`` unless scale is 1
     * laplace: ``v = u - 0.5``; ``(-scale * sign(v)) * log1p(-2 |v|)``
     * gumbel: ``-scale * log(-log(u))``
@@ -175,14 +173,8 @@ def noise_chunk(
         if accumulate:
             np.add(out, f, out=out)
         return
-    u = ws.u[:c]
-    np.right_shift(blocks[:, 0], _SHIFT, out=u)
     f = ws.f[:c] if accumulate else out
-    # exact integer -> float64 (< 2**53), then one rounding; read as int64 (the
-    # same values) it converts a little faster than as uint64
-    np.add(u.view(np.int64), 0.5, out=f)
-    np.multiply(f, _TWO_POW_MINUS_53, out=f)
-    np.minimum(f, UNIFORM_MAX, out=f)  # the top word's 1.0 (see dpstream.ziggurat)
+    uniforms_from_words(blocks[:, 0], out=f, shifted=ws.u[:c])
     if distribution == "gaussian":
         ndtri(f, out=f)
         if scale != 1.0:

@@ -121,13 +121,16 @@ TABLE = _load()
 UNIFORM_MAX = 1.0 - 2.0**-53
 
 
-def uniforms_from_words(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def uniforms_from_words(words: np.ndarray, out: np.ndarray | None = None,
+                        shifted: np.ndarray | None = None) -> np.ndarray:
     """``min(((w >> 11) + 1/2) 2^-53, UNIFORM_MAX)`` for 64-bit words: uniforms
-    strictly inside (0, 1)."""
-    k = np.right_shift(words, _SHIFT)
+    strictly inside (0, 1). The one definition of the uniform (the C loops' twin
+    is ``uniform53``). ``shifted``: optional uint64 scratch for ``w >> 11``."""
+    k = np.right_shift(words, _SHIFT, out=shifted)
     if out is None:
         out = np.empty(k.shape)
-    # < 2^53: exact as int64, then rounded (the version 1 formula, op for op)
+    # < 2^53: exact as int64 (which converts a little faster than uint64), then
+    # rounded
     np.add(k.view(np.int64), 0.5, out=out)
     np.multiply(out, _TWO_POW_MINUS_53, out=out)
     np.minimum(out, UNIFORM_MAX, out=out)
