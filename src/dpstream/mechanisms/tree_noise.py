@@ -26,7 +26,7 @@ Memory and speed: the noise itself (suffix row 0) is not stored. It is
 ``suffix[1] + level_sum[0]``, added where it is used: into the release values
 while a chunk is in cache (:meth:`TreeNoise.advance` with counts), or into a
 new array by :meth:`TreeNoise.noise`. Only the lowest A levels' sums are kept
-one by one (:func:`kept_levels`); the levels above them change together once
+one by one (:func:`default_kept_levels`); the levels above them change together once
 every r^A steps, so they are kept as one row, their fold ``suffix[A]``, and
 at the steps that change them (and at no other) that row is computed again
 from the keyed source, from scratch, as a jump would. Of the suffix rows
@@ -57,7 +57,7 @@ from .. import noise_kernel as kernel
 from ..noise import NoiseSource, PreparedItems
 from ..tree import cells_by_level, iter_level_changes, num_levels
 
-__all__ = ["TreeNoise", "kept_levels", "stored_suffix_rows"]
+__all__ = ["TreeNoise", "default_kept_levels", "stored_suffix_rows"]
 
 #: A segment with fewer items than this doubles to take new items; a full one
 #: this large is left as it is and new items start a new segment.
@@ -89,7 +89,7 @@ def stored_suffix_rows(chain: int, base: int) -> int:
     return max(chain - 1, 0)
 
 
-def kept_levels(levels: int, base: int) -> int:
+def default_kept_levels(levels: int, base: int) -> int:
     """How many of the lowest levels TreeNoise keeps one by one (A; L for all).
 
     The levels A+1..L change only at steps t that are multiples of r^A, and
@@ -159,7 +159,7 @@ class TreeNoise:
         base: r.
         cell_std: standard deviation of each cell's noise (sqrt(L_r) tau).
         kept_levels: how many of the lowest levels to keep one by one (A, 1..L);
-            the default is :func:`kept_levels`. Every choice gives the same
+            the default is :func:`default_kept_levels`. Every choice gives the same
             values, bit for bit; L keeps every level (no step redraws a cell),
             which a caller that exports :meth:`level_sums` at every step wants.
     """
@@ -172,7 +172,7 @@ class TreeNoise:
         self.cell_std = float(cell_std)
         self.levels = num_levels(horizon, base)
         if kept_levels is None:
-            kept_levels = globals()["kept_levels"](self.levels, base)
+            kept_levels = default_kept_levels(self.levels, base)
         try:
             kept = None if isinstance(kept_levels, bool) else operator.index(kept_levels)
         except TypeError:
@@ -180,11 +180,10 @@ class TreeNoise:
         if kept is None or not 1 <= kept <= self.levels:
             raise ValueError(f"kept_levels must be an int in [1, {self.levels}], "
                              f"got {kept_levels!r}")
-        kept_levels = kept
         self.t = 0
         self._n = 0
-        self._kept = kept_levels
-        self._stored = stored_suffix_rows(kept_levels, base)
+        self._kept = kept
+        self._stored = stored_suffix_rows(kept, base)
         self._segments: list[_Segment] = []
 
     def __setstate__(self, state: dict) -> None:
