@@ -75,7 +75,7 @@ class HistogramTopK:
                  key: NoiseKey, **histogram: Any) -> None:
         self.histogram = KnownDomainHistogram(domain, horizon, max_items=max_items, key=key,
                                               **histogram)
-        d = len(self.histogram._index)
+        d = len(self.histogram.domain_index)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if not 1 <= k <= d:
@@ -141,8 +141,8 @@ class HistogramTopK:
                        meta={"status": "selected"})
 
     def __repr__(self) -> str:
-        return (f"HistogramTopK(k={self.k}, d={len(self.histogram._index)}, T={self.horizon}, "
-                f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
+        return (f"HistogramTopK(k={self.k}, d={len(self.histogram.domain_index)}, "
+                f"T={self.horizon}, max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import numpy as np
 from .. import compiled
 from .columns import object_addresses
 
-__all__ = ["ItemTable", "TableItems", "domain_table"]
+__all__ = ["ItemTable", "TableItems", "domain_table", "release_items"]
 
 _STR = frozenset((str,))
 _MIN_SLOTS = 16
@@ -330,6 +330,15 @@ def domain_table(items: Sequence[Hashable]) -> ItemTable:
     if not np.array_equal(table.lookup(items), np.arange(len(items), dtype=np.int64)):
         raise ValueError("domain items must be distinct")
     return table
+
+
+def release_items(table: ItemTable, items: Sequence[Hashable]) -> Sequence[Hashable]:
+    """The items of every release of a known domain (``table`` = ``domain_table(items)``):
+    one object for every step (output formatters encode its text once), read-only
+    (nothing done to a published release can relabel the next one). For str items a
+    view of the table, in either layout (so its type does not depend on the install;
+    in the compact one no str object per item outlives the caller); else a tuple."""
+    return TableItems(table) if table.all_str else tuple(items)
 
 
 class TableItems(Sequence):  # type: ignore[type-arg]

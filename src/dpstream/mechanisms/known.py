@@ -55,7 +55,7 @@ from .columns import (
     is_frame,
 )
 from .counters import blt_purpose, blt_sigma, resolve_counter
-from .item_table import ItemTable, TableItems, domain_table
+from .item_table import ItemTable, domain_table, release_items
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
@@ -258,13 +258,7 @@ class KnownDomainHistogram:
         # the domain, numbered in release order: a compact table of str items (or a
         # list and a dict for other types), which finds a step's positions at once
         self._index = domain_table(items)
-        # the items of every release: the same object at every step (output
-        # formatters encode its text once), read-only (nothing done to a published
-        # release can relabel the next one), and for str items a view of the table
-        # (in either layout, so its type does not depend on the install: in the
-        # compact one no str object per item outlives the constructor)
-        self._release_items: Sequence[Hashable] = (
-            TableItems(self._index) if self._index.all_str else tuple(items))
+        self._release_items = release_items(self._index, items)
         if self.strategy is not None:
             self.theorem = self.theorem_blt
         # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user

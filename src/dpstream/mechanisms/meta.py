@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 
 import numpy as np
 from scipy.special import ndtri
@@ -45,7 +45,7 @@ from .base import (
     resolve_privacy,
     take_items,
 )
-from .item_table import ItemTable, TableItems, domain_table
+from .item_table import ItemTable, domain_table, release_items
 
 __all__ = ["ONESHOTS", "MetaHistogram"]
 
@@ -227,10 +227,9 @@ class MetaHistogram:
                 raise ValueError(f"oneshot={oneshot!r} needs domain= (the known domain)")
             items = domain_items(domain)
             # the domain in a compact table, and every release's items one read-only
-            # sequence: a view of the table, or a tuple (see KnownDomainHistogram)
+            # sequence (see release_items)
             self._index = domain_table(items)
-            self._domain_list: Sequence[Hashable] = (
-                TableItems(self._index) if self._index.all_str else tuple(items))
+            self._domain_list = release_items(self._index, items)
             if kbar is not None:
                 raise ValueError(f"kbar is for the unknown-domain variants, not {oneshot!r}")
             if threshold_delta is not None:
