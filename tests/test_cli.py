@@ -598,6 +598,48 @@ def test_run_known_blt_equals_library(files):
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
+def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_itself(
+        files, capsys):
+    """--blt-buffers K runs the K-buffer BLT of the shipped table: the releases of the
+    library mechanism given that strategy, a plan that says so, a state file that
+    refuses another K, and errors where a buffer count means nothing."""
+    from dpstream.factorization import blt_for_horizon
+
+    out, state = files.dir / "out.jsonl", files.dir / "s.sqlite"
+    cmd = ["-m", "known", "-T", "40", "--domain", files.domain, "--max-items", "3",
+           "--rho", "0.5", "--key-file", files.key_path, "-i", files.input]
+    assert _run(*cmd, "--blt-buffers", "1", "-o", str(out), "--state", str(state)) == 0
+    strategy = blt_for_horizon(40, 1)
+    mech = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key,
+                                noise_version=CLI_NOISE, rho=0.5, counter=strategy)
+    assert mech.strategy.buffers == 1 and mech._noise._buffers.shape[0] == 1
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
+    default = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key,
+                                   noise_version=CLI_NOISE, rho=0.5, counter="blt")
+    assert mech.tau == default.tau  # the same budget, the same tau; sigma is the strategy's
+    assert mech.sigma != default.sigma
+    capsys.readouterr()
+    assert _run(*cmd, "--blt-buffers", "2", "-o", str(out), "--state", str(state)) == 1
+    assert "other parameters" in capsys.readouterr().err
+    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
+                 "50", "--rho", "1", "--blt-buffers", "2")
+    assert info["buffers"] == 2
+    assert info["worst_case_variance"] == blt_for_horizon(1000, 2).worst_case_variance
+    for extra, message in (
+            (["--counter", "tree"], "--blt-buffers applies to the BLT counter only"),
+            (["--base", "3"], "--blt-buffers applies to the BLT counter only"),
+            (["--blt-buffers", "11"], "--blt-buffers must be 1 to 10, got 11")):
+        args = ["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
+                "--domain-size", "3", *extra]
+        if "--blt-buffers" not in extra:
+            args += ["--blt-buffers", "2"]
+        assert main(args) == 1
+        assert message in capsys.readouterr().err
+    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 1
+    assert "--blt-buffers does not apply to --mechanism unknown" in capsys.readouterr().err
+
+
 def test_plan_text(capsys):
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
                  "--delta", "1e-6"]) == 0

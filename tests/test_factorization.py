@@ -116,12 +116,40 @@ def test_default_blt_within_1_3x_of_the_lower_bound(T):
 def test_table_entries_load_and_their_numbers_are_recomputed():
     text = (fz.resources.files("dpstream") / "data" / "blt_table.json").read_text("utf-8")
     entries = json.loads(text)["entries"]
-    assert [e["horizon"] for e in entries] == fz.grid_horizons()
+    for k in (1, 2, 3, 4):  # every grid horizon, for each shipped buffer count
+        assert [e["horizon"] for e in entries if e["buffers"] == k] == fz.grid_horizons()
+    assert {e["buffers"] for e in entries} == {1, 2, 3, 4}
     for e in entries:
         s = fz.BLTStrategy(e["theta"], e["omega"], e["horizon"])  # validates
         # (the closed form: the O(T k) column of T = 2^40 would not fit in memory)
         v = s.max_variance_factor * s.sensitivity_squared_closed_form()
         assert v == pytest.approx(e["V"], rel=1e-9)
+
+
+def test_fewer_buffers_come_from_the_table_not_a_fit(monkeypatch):
+    """1 to 3 buffers are read from the shipped table (the same on every machine): with
+    fitting made impossible, every horizon still gets its strategy, and fewer buffers
+    never beat more (k buffers include every (k - 1)-buffer BLT, omega -> 0), all above the
+    lower bound that holds for any factorization."""
+    fz._strategy_for.cache_clear()
+    fz._fitted_parameters.cache_clear()
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted at run time")
+
+    monkeypatch.setattr(fz, "fit_blt", no_fit)
+    try:
+        for T in (2, 1000, 10**6, 2**40):
+            v = [fz.blt_for_horizon(T, k).worst_case_variance for k in (1, 2, 3, 4)]
+            assert all(a >= b * (1 - 1e-9) for a, b in zip(v, v[1:], strict=False))
+            if T <= 10**6:
+                assert v[-1] >= fz.lower_bound(T)
+        assert fz.blt_for_horizon(1000, 1).buffers == 1
+        with pytest.raises(AssertionError, match="fitted at run time"):
+            fz.blt_for_horizon(1000, 5)  # not shipped: fitted
+    finally:
+        fz._strategy_for.cache_clear()
+        fz._fitted_parameters.cache_clear()
 
 
 def test_grid_horizon():

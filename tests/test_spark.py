@@ -470,10 +470,12 @@ def test_run_cli_matches_local_step_batch(spark, tmp_path) -> None:
         assert {i: v for i, v in zip(g["item"], g["value"], strict=True)} == want
 
 
-@pytest.mark.parametrize("extra", [[], ["--monotone", "--no-clamp"], ["--monotone"]])
+@pytest.mark.parametrize("extra", [[], ["--monotone", "--no-clamp"], ["--monotone"],
+                                   ["--blt-buffers", "1"]])
 def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) -> None:
     """`dpstream run --engine spark` releases what `dpstream run` (local) releases,
-    with the readable-count post-processing (--clamp, the default, and --monotone)."""
+    with the readable-count post-processing (--clamp, the default, and --monotone) and
+    with a 1-buffer BLT (the local run's is checked against the library in test_cli)."""
     from dpstream import cli
 
     key_path = tmp_path / "k.key"

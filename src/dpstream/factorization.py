@@ -72,9 +72,9 @@ and approaches (1 + ln(T)/pi)^2 as T grows; Henzinger, Upadhyay and Upadhyay,
 SODA 2023, whose square-root factorization A^(1/2) A^(1/2) BLT approximates
 with few buffers). :func:`blt_for_horizon` reads fitted parameters from a table
 shipped with dpstream (``data/blt_table.json``, written by
-``bench/fit_blt_table.py``) at the grid horizon H >= T next to T, so the
-parameters never depend on the optimiser of the running process; the exact
-numbers are then computed for T itself.
+``bench/fit_blt_table.py``, for 1 to 4 buffers) at the grid horizon H >= T
+next to T, so the parameters never depend on the optimiser of the running
+process; the exact numbers are then computed for T itself.
 
 Example:
     >>> from dpstream.factorization import blt_for_horizon, lower_bound
@@ -87,6 +87,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -585,10 +586,11 @@ def _fitted_parameters(grid: int, buffers: int) -> tuple[tuple[float, ...], tupl
 def blt_for_horizon(horizon: int, buffers: int = DEFAULT_BUFFERS) -> BLTStrategy:
     """The BLT dpstream uses for horizon T: fitted at the grid horizon H >= T, stated for T.
 
-    The parameters come from the shipped table (every grid horizon, the
-    default 4 buffers), or, for another buffer count, from :func:`fit_blt` at
-    H, once per process. Using the fit for H >= T instead of T costs less than
-    0.5% of V; every number of the result is computed for T.
+    The parameters come from the shipped table (every grid horizon, 1 to 4
+    buffers), or, for 5 to 10 buffers, from :func:`fit_blt` at H, once per
+    process (and then from this machine's SciPy). Using the fit for H >= T
+    instead of T costs less than 0.5% of V; every number of the result is
+    computed for T.
     """
     T = check_int("horizon", horizon, 1)
     k = check_int("buffers", buffers, 1)
@@ -605,23 +607,36 @@ def _strategy_for(horizon: int, buffers: int) -> BLTStrategy:
     return BLTStrategy(theta, omega, horizon, fitted_horizon=grid)
 
 
-def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFERS) -> list[
-        dict[str, Any]]:
-    """Fit every horizon (warm-starting each from the previous fit) and write the table JSON."""
+def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFERS, *,
+                warm_start: bool = True) -> list[dict[str, Any]]:
+    """Fit every horizon for ``buffers`` buffers and write them into the table JSON at ``path``.
+
+    The file's entries for other buffer counts are kept as they are (so refitting one
+    count never moves another's noise). ``warm_start``: start each fit also from the
+    previous horizon's (how the default 4-buffer entries were made); without it each
+    entry is exactly what :func:`fit_blt` gives at run time, which is how the 1- to
+    3-buffer entries were made, so a process that fitted them before they were
+    shipped draws the same noise.
+    """
     entries: list[dict[str, Any]] = []
     previous: BLTStrategy | None = None
     for h in sorted(horizons):
         starts = []
-        if previous is not None:
+        if previous is not None and warm_start:
             starts.append(_pair_of(previous))
         s = fit_blt(h, buffers, starts=starts)
         previous = s
         entries.append({"horizon": h, "buffers": buffers, "theta": list(s.theta),
                         "omega": list(s.omega), "V": s.worst_case_variance})
+    kept: list[dict[str, Any]] = []
+    with contextlib.suppress(FileNotFoundError):
+        with open(path, encoding="utf-8") as fh:
+            kept = [e for e in json.load(fh)["entries"] if int(e["buffers"]) != buffers]
+    every = sorted(kept + entries, key=lambda e: (int(e["buffers"]), int(e["horizon"])))
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({"about": "BLT parameters fitted by dpstream.factorization.fit_blt; "
                             "regenerate with bench/fit_blt_table.py",
-                   "entries": entries}, fh, indent=1)
+                   "entries": every}, fh, indent=1)
         fh.write("\n")
     return entries
 

@@ -249,7 +249,8 @@ def format_plan(info: dict[str, Any]) -> str:
     """The plan in plain words (``explain`` gives the paper's labels)."""
     p = info["privacy"]
     if info.get("counter") == "blt":
-        counter = (f"counter       a BLT matrix factorization, {info['buffers']} buffers per "
+        k = info["buffers"]
+        counter = (f"counter       a BLT matrix factorization, {k} buffer{'s' * (k != 1)} per "
                    f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
                    f"{info['worst_case_variance']:.4g} times the noise scale squared")
     else:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import functools
 
-from ..factorization import MAX_BLT_HORIZON, BLTStrategy, blt_for_horizon
+from ..factorization import MAX_BLT_HORIZON, MAX_BUFFERS, BLTStrategy, blt_for_horizon
 from ..noise import DEFAULT_NOISE_VERSION, versioned_purpose
 from ..tree import optimal_base, worst_case_variance_factor
 from .base import check_base, config_tag
 
-__all__ = ["COUNTERS", "default_counter", "resolve_counter", "blt_sigma", "blt_purpose"]
+__all__ = ["COUNTERS", "default_counter", "resolve_counter", "blt_sigma", "blt_purpose",
+           "counter_with_buffers"]
 
 COUNTERS = ("tree", "blt")
 _SIGMA_ROUND_UP = 1.0 + 2.0**-40
@@ -70,6 +71,28 @@ def resolve_counter(counter: object, base: object, horizon: int
         raise ValueError(f"base applies to counter='tree' only, got base={base!r} "
                          "with counter='blt'")
     return "blt", None, strategy
+
+
+def counter_with_buffers(counter: str | None, base: int | None, buffers: int | None,
+                         horizon: int) -> str | BLTStrategy | None:
+    """The ``counter=`` value for a BLT with ``buffers`` buffers per item (the command
+    line's ``--blt-buffers``), or ``counter`` itself when ``buffers`` is None.
+
+    Fewer buffers keep fewer floats per item (k + 1 for k buffers) for a little
+    more noise; the fit is :func:`~dpstream.factorization.blt_for_horizon`'s for
+    (T, k), shipped for k = 1..4. Refused with the tree (``counter="tree"`` or a
+    ``base``), which has no buffers.
+    """
+    if buffers is None:
+        return counter
+    if counter == "tree" or base is not None:
+        raise ValueError("--blt-buffers applies to the BLT counter only, not with "
+                         "--counter tree or --base")
+    if not 1 <= buffers <= MAX_BUFFERS:
+        raise ValueError(f"--blt-buffers must be 1 to {MAX_BUFFERS}, got {buffers}")
+    if horizon > MAX_BLT_HORIZON:
+        raise ValueError(f"counter='blt' supports horizons up to 2**40, got {horizon}")
+    return blt_for_horizon(horizon, buffers)
 
 
 def blt_sigma(tau: float, strategy: BLTStrategy) -> float:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from ..errors import DPStreamError, InvalidEventError
 from ..io import read_domain, read_jsonl
+from ..mechanisms.counters import counter_with_buffers
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from .releases import SparkKnownBase, SparkUnknownBase
 
@@ -214,8 +215,9 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                   stream=scoped_stream({"stream": "default", "input": inp, **{
                       k: v for k, v in opts.items() if v is not None}}), **budget, **users,
                   noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION))
-    if opts.get("counter") is not None and name != "known":
-        raise ValueError(f"--counter does not apply to --mechanism {name}")
+    for flag, dest in (("--counter", "counter"), ("--blt-buffers", "blt_buffers")):
+        if opts.get(dest) is not None and name != "known":
+            raise ValueError(f"{flag} does not apply to --mechanism {name}")
     if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 
@@ -229,7 +231,9 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
         items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(
-            spark, horizon, domain=items, counter=opts.get("counter"), **common)
+            spark, horizon, domain=items, counter=counter_with_buffers(
+                opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon),
+            **common)
         domain_df = spark.createDataFrame([(it,) for it in items], "item string")
     else:
         if opts.get("domain") is not None:
