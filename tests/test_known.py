@@ -315,3 +315,64 @@ def test_domain_tag_is_the_sum_of_item_fingerprints():
     assert total >= 1 << 138  # the modulus matters
     assert domain_tag(items) == want == domain_tag(reversed(items))
     assert domain_tag([]) == f"0:{0:032x}"
+
+
+@pytest.mark.parametrize("counter", ["blt", "tree"])
+def test_counts_kept_as_int32_until_one_needs_more_with_the_same_releases(counter):
+    """Counts are kept in 4 bytes per item while every one fits, in 8 from then on; the
+    releases are those of a mechanism that jumped to the same counts directly (a skipped
+    step gives the same bits, test above), and ``counts`` is always int64 and exact."""
+    domain = ["a", "b", "c", "d"]
+    key = fixed_key("int32-counts")
+
+    def mech():
+        return dps.KnownDomainHistogram(domain, 50, max_items=2, key=key, rho=1.0,
+                                        counter=counter)
+
+    h = mech()
+    rng = np.random.default_rng(7)
+    steps = random_stream(rng, domain, 5, 2)
+    brute = np.zeros(4, dtype=np.int64)
+    for evs in steps:
+        rel = h.step_batch(evs)
+        for ev in evs:
+            for item in ev:
+                brute[domain.index(item)] += 1
+        assert h._counts.dtype == np.int32 and h.counts.dtype == np.int64
+        assert h.counts.tolist() == brute.tolist()
+    top = np.iinfo(np.int32).max
+    for t, counts in ((6, brute + [top - int(brute[0]), 0, 0, 0]),  # exactly 2^31 - 1: int32
+                      (8, brute + [top, 1, 0, 5]),                   # past it: int64
+                      (9, brute + [top, 1, 3, 5])):
+        rel = h.release(t, counts)
+        direct = mech().release(t, counts)
+        assert rel.values.tolist() == direct.values.tolist()
+        assert h.counts.tolist() == counts.tolist()
+        assert h._counts.dtype == (np.int32 if counts.max() <= top else np.int64)
+    rel = h.step_batch([["b"]])  # event mode on the wide counts
+    assert h.counts.tolist() == (brute + [top, 2, 3, 5]).tolist()
+    assert rel.values.tolist() == mech().release(10, brute + [top, 2, 3, 5]).values.tolist()
+
+
+def test_a_snapshot_from_before_the_int32_counts_continues_bit_for_bit():
+    """A pickled KnownBase of the previous layout (int64 counts, no bound on them) loads
+    and continues as the current one does."""
+    from dpstream.snapshot import dump_snapshot, load_snapshot
+
+    domain = [f"i{j}" for j in range(30)]
+    key = fixed_key("int32-snapshot")
+    rng = np.random.default_rng(3)
+    steps = random_stream(rng, domain, 12, 3)
+    h = dps.KnownDomainHistogram(domain, 40, max_items=3, key=key, rho=1.0)
+    for evs in steps[:6]:
+        h.step_batch(evs)
+    state = dict(h.__dict__)
+    state["_counts"] = state["_counts"].astype(np.int64)
+    del state["_count_bound"]
+    old = object.__new__(dps.KnownDomainHistogram)
+    old.__dict__.update(state)  # the previous layout, as its pickle held it
+    loaded = load_snapshot(dump_snapshot(old, key), key)
+    assert loaded._count_bound == int(h.counts.max())
+    for evs in steps[6:]:
+        assert loaded.step_batch(evs).values.tolist() == h.step_batch(evs).values.tolist()
+    assert loaded._counts.dtype == np.int32

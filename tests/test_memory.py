@@ -3,10 +3,10 @@ compact.
 
 Not a benchmark (``bench/bench_memory.py`` is): a guard against a change that
 brings back a Python object per item. Bound derivation, for 20,000 items named
-``"item-00000"``...: KnownBase (BLT, 4 buffers) keeps 64 bytes of NumPy state
-per item (16-byte prepared id, 4 buffers and a running total, the count) and
-its item table ~10 bytes of text, 8 of offset and 13 of slots (32,768 slots at
-most 4/5 full): ~95. SparseGumb: 16 + 8 + ~31 = ~55. A str object per item is
+``"item-00000"``...: KnownBase (BLT, 4 buffers) keeps 60 bytes of NumPy state
+per item (16-byte prepared id, 4 buffers and a running total, the int32 count)
+and its item table ~10 bytes of text, 8 of offset and 13 of slots (32,768 slots at
+most 4/5 full): ~91. SparseGumb: 16 + 8 + ~31 = ~55. A str object per item is
 ~59 bytes and a dict entry with its boxed position ~70 more, so the plain
 layout (a list and a dict, the NumPy-only fallback) lands near 180 and 140
 (measured: 184 and 144, against 95 and 56 compact): the bounds below (140 and

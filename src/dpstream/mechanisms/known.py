@@ -25,6 +25,7 @@ from ..noise import (
     NoiseKey,
     NoiseSource,
     check_noise_version,
+    digest_chunks,
     encode_item,
     versioned_purpose,
 )
@@ -114,8 +115,9 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
     sums (``dpstream.spark``).
     """
     # item_fingerprint for every item, from a copy of a SHA-256 state that took the
-    # prefix; the 128-bit big-endian halves summed as four 32-bit columns in NumPy
-    # (exact: each column sum stays below 2^64 up to 2^32 items)
+    # prefix; the 128-bit big-endian halves summed as four 32-bit columns in NumPy, a
+    # chunk of items at a time (exact: each column sum stays below 2^64 up to 2^32
+    # items; beyond, Python ints carry the chunks' sums)
     prefixed = hashlib.sha256(_ITEM_PREFIX)
 
     def fingerprint(item: Hashable) -> bytes:
@@ -123,11 +125,26 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
         h.update(encode_item(item))
         return h.digest()[:16]
 
-    digests = b"".join(map(fingerprint, domain))
-    words = np.frombuffer(digests, dtype=">u4").reshape(-1, 4).astype(np.uint64)
-    sums = words.sum(axis=0, dtype=np.uint64).tolist()  # most significant column first
-    total = sum(int(x) << (32 * (3 - i)) for i, x in enumerate(sums))
-    return combine_fingerprints(total, words.shape[0])
+    sums, count = [0, 0, 0, 0], 0  # most significant column first
+    for part in digest_chunks(fingerprint, domain):
+        words = np.frombuffer(part, dtype=">u4").reshape(-1, 4).astype(np.uint64)
+        sums = [a + int(b) for a, b in zip(sums, words.sum(axis=0, dtype=np.uint64).tolist(),
+                                          strict=True)]
+        count += words.shape[0]
+    total = sum(x << (32 * (3 - i)) for i, x in enumerate(sums))
+    return combine_fingerprints(total, count)
+
+
+#: The largest count the int32 form of the counts holds.
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _stored_counts(counts: np.ndarray, bound: int) -> np.ndarray:
+    """``counts`` (int64, each in [0, ``bound``]) as kept between steps: int32 while
+    ``bound`` fits in it, which leaves every value, and so every release, as it is."""
+    if bound <= _INT32_MAX:
+        return counts.astype(np.int32)
+    return counts
 
 
 class KnownDomainHistogram:
@@ -295,9 +312,17 @@ class KnownDomainHistogram:
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
         self._noise.add_items(source.prepare(items))
-        self._counts = np.zeros(len(items), dtype=np.int64)
+        # int32 while every count fits (4 bytes per item less), int64 from then on
+        self._counts = np.zeros(len(items), dtype=np.int32)
         del items
         self.t = 0
+        self._count_bound = 0  # no count is above it
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a snapshot from before the int32 counts: int64 counts and no bound on them
+        if "_count_bound" not in state:
+            state["_count_bound"] = int(state["_counts"].max(initial=0))
+        self.__dict__.update(state)
 
     @property
     def domain(self) -> list[Hashable]:
@@ -331,7 +356,7 @@ class KnownDomainHistogram:
     @property
     def counts(self) -> np.ndarray:
         """The true running counts (event mode), aligned with ``domain``. Not private."""
-        return self._counts.copy()
+        return self._counts.astype(np.int64)
 
     @property
     def truncation(self) -> TruncationStats:
@@ -376,9 +401,11 @@ class KnownDomainHistogram:
         events, pending = bound_user_events(self._users, events, self.max_items,
                                             partial(check_in_domain, index=self._index))
         idx, delta = self._event_indices(events)
-        new_counts = self._counts + np.bincount(idx, minlength=len(self._release_items))
+        added = np.bincount(idx, minlength=len(self._release_items))
+        new_counts = self._counts + added  # (int64: bincount's type)
         self._limit.commit(delta)
-        rel = self._release(t, new_counts)
+        # no count grew by more than the step's occurrences
+        rel = self._release(t, new_counts, self._count_bound + len(idx))
         if pending is not None:
             self._users.commit(pending)
         return rel
@@ -406,9 +433,14 @@ class KnownDomainHistogram:
             return domain_aggregate(counts, values, self._index, self._counts)
         return domain_counts(counts, self._index, self._counts)
 
-    def _release(self, t: int, new_counts: np.ndarray) -> Release:
+    def _release(self, t: int, new_counts: np.ndarray, bound: int | None = None) -> Release:
+        """Step to t with the int64 prefix counts ``new_counts``, at most ``bound`` each
+        (None: their maximum is taken)."""
         values = self._noise.advance(t, new_counts)  # new_counts + noise, in one pass
-        self._counts = new_counts
+        if bound is None:
+            bound = int(new_counts.max(initial=0))
+        self._counts = _stored_counts(new_counts, bound)
+        self._count_bound = bound
         self.t = t
         return Release(t=t, items=self._release_items, values=values)
 
