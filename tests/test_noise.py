@@ -167,3 +167,29 @@ def test_loading_a_key_that_others_can_read_warns(tmp_path):
     os.chmod(path, 0o644)
     with pytest.warns(UserWarning, match="chmod 600"):
         NoiseKey.load(path)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 16])
+def test_ids_and_domain_tag_hashed_in_chunks_are_the_per_item_values(monkeypatch, chunk):
+    """Item ids and the domain tag are computed a chunk of items at a time (bounded
+    memory); any chunk size gives, for a list and for a one-pass iterator, the values
+    of hashing each item alone (keyed BLAKE2b by hashlib directly, and the tag as the
+    sum of item_fingerprint mod 2^128)."""
+    import hashlib
+
+    from dpstream import noise
+    from dpstream.mechanisms.known import combine_fingerprints, domain_tag, item_fingerprint
+
+    monkeypatch.setattr(noise, "DIGEST_CHUNK", chunk)
+    src = NoiseSource(fixed_key("chunks"), "p")
+    items = [f"it{i}" for i in range(20)] + [5, b"\x00raw", "é"]
+    want = np.array([np.frombuffer(hashlib.blake2b(encode_item(x), key=src._item_hash_key,
+                                                   digest_size=16).digest(), dtype="<u8")
+                     for x in items])
+    assert np.array_equal(src.item_ids(items), want)
+    assert np.array_equal(src.item_ids(iter(items)), want)
+    assert src.item_ids([]).shape == (0, 2)
+    tag = combine_fingerprints(sum(item_fingerprint(x) for x in items), len(items))
+    assert domain_tag(items) == tag and domain_tag(iter(items)) == tag
+    with pytest.raises(TypeError, match="items must be str, int or bytes"):
+        src.item_ids(items[:5] + [1.5])
