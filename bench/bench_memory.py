@@ -9,12 +9,20 @@ references keep them: their bytes count). Reported per item:
 * tracemalloc: the bytes Python allocated and still holds;
 * RSS: the growth of the process's resident set (measured in a fresh
   subprocess per mechanism, after a warm-up, so earlier work does not blur it,
-  and after ``malloc_trim``, so memory freed but kept by the allocator does not
-  count);
+  and after ``malloc_trim``, so memory freed but kept by glibc does not
+  count). Python's own allocator keeps a 1 MiB arena as long as one object in it
+  lives, so the freed input leaves some of its memory resident (about 8 bytes per
+  item with no mechanism at all); "RSS, input made before" makes the names and
+  events before the first reading, so only what the mechanism adds to a
+  process that holds its input counts (a mechanism without the compact table,
+  ``DPSTREAM_COMPILED=0``, keeps the input's str objects, which that column
+  then misses);
 * the NumPy arrays of the state (noise sums, counts, prepared ids), from
   their ``nbytes``: the part that must exist.
 
 Goals (issue 16): <= 96 B/item UnkBase, <= 64 B/item SparseGumb and KnownBase.
+KnownBase is measured with its default 4-buffer BLT counter and with 2 and 1
+buffers (``--blt-buffers``: 8 bytes less state per buffer, a little more noise).
 """
 
 from __future__ import annotations
@@ -51,21 +59,38 @@ def _arrays_nbytes(obj: object, seen: set[int] | None = None, depth: int = 0) ->
     return total
 
 
-def build(kind: str, n: int, horizon: int) -> object:
+#: Items of the warm-up build: enough chunks that the noise kernel starts its worker
+#: threads and their scratch (a per-process cost, not a per-item one).
+WARM_UP_ITEMS = 100_000
+
+
+def make_input(n: int) -> tuple[list[str], list[list[str]]]:
+    """The item names and one-item events the mechanisms are fed."""
+    names = [f"item-{i:08d}" for i in range(n)]
+    return names, [[x] for x in names]
+
+
+def build(kind: str, n: int, horizon: int,
+          given: tuple[list[str], list[list[str]]] | None = None) -> object:
+    """Mechanism ``kind`` fed ``n`` items (from ``given``, or from input made and dropped here)."""
     import dpstream as dps
 
     key = dps.NoiseKey.from_bytes(bytes(32))
-    names = [f"item-{i:08d}" for i in range(n)]
+    names, events = make_input(n) if given is None else given
     if kind == "unknown":
         m = dps.UnknownDomainHistogram(horizon, max_items=1, key=key, epsilon=1.0, delta=1e-6)
-        m.step_batch([[x] for x in names])
+        m.step_batch(events)
     elif kind == "topk":
         m = dps.ContinualTopK(names, horizon, k=10, switches=5, eta=1.0, key=key, rho=1.0)
-        m.step_batch([[x] for x in names[:1000]])
-    else:
-        m = dps.KnownDomainHistogram(names, horizon, max_items=1, key=key, rho=1.0)
-        m.step_batch([[x] for x in names[:1000]])
-    del names
+        m.step_batch(events[:1000])
+    else:  # "known", or "known:K" for a K-buffer BLT counter
+        _, _, buffers = kind.partition(":")
+        counter = (dps.factorization.blt_for_horizon(horizon, int(buffers)) if buffers
+                   else None)
+        m = dps.KnownDomainHistogram(names, horizon, max_items=1, key=key, rho=1.0,
+                                     counter=counter)
+        m.step_batch(events[:1000])
+    del names, events
     return m
 
 
@@ -86,17 +111,26 @@ def trimmed_rss() -> int:
     return rss_bytes()
 
 
-def child(kind: str, n: int, horizon: int) -> None:
-    build(kind, 1000, horizon)  # warm-up: imports, caches, code paths
+def child(kind: str, n: int, horizon: int, input_before: bool) -> None:
+    build(kind, WARM_UP_ITEMS, horizon)  # warm-up: imports, caches, threads, code paths
+    given = make_input(n) if input_before else None
     before = trimmed_rss()
-    m = build(kind, n, horizon)
+    m = build(kind, n, horizon, given)
     after = trimmed_rss()
-    tracemalloc.start()
-    m2 = build(kind, n, horizon)
-    traced = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    print(json.dumps({"rss": (after - before) / n, "traced": traced / n,
-                      "arrays": _arrays_nbytes(m2) / n, "alive": m is not None}))
+    out = {"rss": (after - before) / n, "alive": m is not None}
+    if not input_before:
+        tracemalloc.start()
+        m2 = build(kind, n, horizon)
+        out["traced"] = tracemalloc.get_traced_memory()[0] / n
+        tracemalloc.stop()
+        out["arrays"] = _arrays_nbytes(m2) / n
+    print(json.dumps(out))
+
+
+def _run_child(kind: str, args: argparse.Namespace, input_before: bool) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--items", str(args.items),
+           "--horizon", str(args.horizon)] + (["--input-before"] if input_before else [])
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
 
 
 def main() -> None:
@@ -104,20 +138,22 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=200_000)
     ap.add_argument("--horizon", type=int, default=1000)
     ap.add_argument("--child", default=None)
+    ap.add_argument("--input-before", action="store_true")
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.items, args.horizon)
+        child(args.child, args.items, args.horizon, args.input_before)
         return
-    goals = {"unknown": 96, "topk": 64, "known": 64}
-    names = {"unknown": "UnkBase", "topk": "SparseGumb (top-k)", "known": "KnownBase"}
+    goals = {"unknown": 96, "topk": 64, "known": 64, "known:2": 64, "known:1": 64}
+    names = {"unknown": "UnkBase", "topk": "SparseGumb (top-k)", "known": "KnownBase",
+             "known:2": "KnownBase, 2 buffers", "known:1": "KnownBase, 1 buffer"}
     print(f"bytes per item, {args.items:,} items, T = {args.horizon:,}")
-    for kind in ("unknown", "topk", "known"):
-        out = subprocess.run([sys.executable, __file__, "--child", kind, "--items",
-                              str(args.items), "--horizon", str(args.horizon)],
-                             capture_output=True, text=True, check=True).stdout
-        r = json.loads(out)
-        print(f"  {names[kind]:<20} tracemalloc {r['traced']:6.0f}  RSS {r['rss']:6.0f}  "
-              f"NumPy state {r['arrays']:6.0f}  (goal <= {goals[kind]})")
+    print(f"  {'':<22} {'tracemalloc':>11} {'RSS':>6} {'RSS, input made before':>23} "
+          f"{'NumPy state':>12}")
+    for kind in names:
+        r = _run_child(kind, args, False)
+        pre = _run_child(kind, args, True)
+        print(f"  {names[kind]:<22} {r['traced']:>11.0f} {r['rss']:>6.0f} {pre['rss']:>23.0f} "
+              f"{r['arrays']:>12.0f}  (goal <= {goals[kind]})")
 
 
 if __name__ == "__main__":
