@@ -18,7 +18,9 @@ references keep them: their bytes count). Reported per item:
   ``DPSTREAM_COMPILED=0``, keeps the input's str objects, which that column
   then misses);
 * the NumPy arrays of the state (noise sums, counts, prepared ids), from
-  their ``nbytes``: the part that must exist.
+  their ``nbytes``: the part that must exist;
+* step peak: what one more step allocates on top of that, at its peak
+  (tracemalloc), per item: the arrays of the step's counts and values.
 
 Goals (issue 16): <= 96 B/item UnkBase, <= 64 B/item SparseGumb and KnownBase.
 KnownBase is measured with its default 4-buffer BLT counter and with 2 and 1
@@ -122,6 +124,12 @@ def child(kind: str, n: int, horizon: int, input_before: bool) -> None:
         tracemalloc.start()
         m2 = build(kind, n, horizon)
         out["traced"] = tracemalloc.get_traced_memory()[0] / n
+        # the transient peak of one more step (1,000 one-item events of items it has)
+        events = [[f"item-{i:08d}"] for i in range(min(n, 1000))]
+        tracemalloc.reset_peak()
+        held = tracemalloc.get_traced_memory()[0]
+        m2.step_batch(events)
+        out["step_peak"] = (tracemalloc.get_traced_memory()[1] - held) / n
         tracemalloc.stop()
         out["arrays"] = _arrays_nbytes(m2) / n
     print(json.dumps(out))
@@ -148,12 +156,12 @@ def main() -> None:
              "known:2": "KnownBase, 2 buffers", "known:1": "KnownBase, 1 buffer"}
     print(f"bytes per item, {args.items:,} items, T = {args.horizon:,}")
     print(f"  {'':<22} {'tracemalloc':>11} {'RSS':>6} {'RSS, input made before':>23} "
-          f"{'NumPy state':>12}")
+          f"{'NumPy state':>12} {'step peak':>10}")
     for kind in names:
         r = _run_child(kind, args, False)
         pre = _run_child(kind, args, True)
         print(f"  {names[kind]:<22} {r['traced']:>11.0f} {r['rss']:>6.0f} {pre['rss']:>23.0f} "
-              f"{r['arrays']:>12.0f}  (goal <= {goals[kind]})")
+              f"{r['arrays']:>12.0f} {r['step_peak']:>10.0f}  (goal <= {goals[kind]})")
 
 
 if __name__ == "__main__":

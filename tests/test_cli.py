@@ -209,6 +209,29 @@ def test_run_topk_with_max_items_takes_the_more_accurate_candidate(files):
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
 
 
+def test_run_topk_with_fewer_blt_buffers_equals_library(files):
+    """--blt-buffers reaches top-k's counters, SparseGumb's and KnownBase top-k's alike."""
+    from dpstream.factorization import blt_for_horizon
+    from dpstream.mechanisms.histogram_topk import HistogramTopK
+    from dpstream.mechanisms.topk import ContinualTopK
+
+    two = blt_for_horizon(40, 2)
+    common = ("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2", "--switches",
+              "3", "--rho", "1", "--key-file", files.key_path, "-i", files.input,
+              "--blt-buffers", "2")
+    out = files.dir / "sparse.jsonl"
+    assert _run(*common, "-o", str(out)) == 0
+    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key,
+                         noise_version=CLI_NOISE, rho=1.0, counter=two)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
+                 public_meta=("status", "switches_left", "switched", "selection"))
+    out = files.dir / "hist.jsonl"
+    assert _run(*common, "--max-items", "2", "-o", str(out)) == 0
+    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key,
+                         noise_version=CLI_NOISE, rho=1.0, counter=two)
+    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
+
+
 def test_run_topk_explicit_eta(files):
     from dpstream.mechanisms.topk import ContinualTopK
 

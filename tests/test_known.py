@@ -352,6 +352,30 @@ def test_counts_kept_as_int32_until_one_needs_more_with_the_same_releases(counte
     rel = h.step_batch([["b"]])  # event mode on the wide counts
     assert h.counts.tolist() == (brute + [top, 2, 3, 5]).tolist()
     assert rel.values.tolist() == mech().release(10, brute + [top, 2, 3, 5]).values.tolist()
+    mine = brute + [top, 2, 3, 6]
+    h.release(11, mine)
+    mine[3] += 1  # the caller's array changing later changes nothing kept
+    assert h.counts.tolist() == (brute + [top, 2, 3, 6]).tolist()
+
+
+def test_counts_switch_to_int64_on_the_largest_count_not_the_stream_volume(monkeypatch):
+    """The switch is decided by the largest count, not by how many occurrences the
+    stream has had: with the int32 limit lowered to 100, 40 steps of 3 items spread
+    over 50 items (120 occurrences, no count above 3) stay narrow, and the step whose
+    largest count passes 100 widens them."""
+    from dpstream.mechanisms import known
+
+    monkeypatch.setattr(known, "_INT32_MAX", 100)
+    domain = [f"i{j}" for j in range(50)]
+    h = dps.KnownDomainHistogram(domain, 200, max_items=3, key=fixed_key("volume"), rho=1.0)
+    for t in range(40):
+        h.step_batch([[domain[(3 * t + j) % 50] for j in range(3)]])
+    assert h._counts.dtype == np.int32 and h._max_count == int(h.counts.max()) <= 3
+    h.step_batch([["i0"]] * (100 - int(h.counts[0])))
+    assert h._counts.dtype == np.int32 and h._max_count == 100  # exactly the limit
+    h.step_batch([["i0"]])
+    assert h._counts.dtype == np.int64 and h._max_count == 101
+    assert h.counts[0] == 101 and h.counts[1:].max() <= 3
 
 
 def test_a_snapshot_from_before_the_int32_counts_continues_bit_for_bit():
@@ -368,11 +392,20 @@ def test_a_snapshot_from_before_the_int32_counts_continues_bit_for_bit():
         h.step_batch(evs)
     state = dict(h.__dict__)
     state["_counts"] = state["_counts"].astype(np.int64)
-    del state["_count_bound"]
+    del state["_max_count"]
     old = object.__new__(dps.KnownDomainHistogram)
     old.__dict__.update(state)  # the previous layout, as its pickle held it
     loaded = load_snapshot(dump_snapshot(old, key), key)
-    assert loaded._count_bound == int(h.counts.max())
+    assert loaded._max_count == int(h.counts.max()) and loaded._counts.dtype == np.int32
     for evs in steps[6:]:
         assert loaded.step_batch(evs).values.tolist() == h.step_batch(evs).values.tolist()
-    assert loaded._counts.dtype == np.int32
+    # an old snapshot whose counts no longer fit in int32 stays int64
+    big = h.counts + 2**40
+    h.release(20, big)
+    state = dict(h.__dict__)
+    del state["_max_count"]
+    old = object.__new__(dps.KnownDomainHistogram)
+    old.__dict__.update(state)
+    loaded = load_snapshot(dump_snapshot(old, key), key)
+    assert loaded._max_count == int(big.max()) and loaded._counts.dtype == np.int64
+    assert loaded.release(25, big + 1).values.tolist() == h.release(25, big + 1).values.tolist()

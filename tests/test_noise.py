@@ -193,3 +193,21 @@ def test_ids_and_domain_tag_hashed_in_chunks_are_the_per_item_values(monkeypatch
     assert domain_tag(items) == tag and domain_tag(iter(items)) == tag
     with pytest.raises(TypeError, match="items must be str, int or bytes"):
         src.item_ids(items[:5] + [1.5])
+    # a list that grows or shrinks while it is hashed (an item whose encoding edits it)
+    def editing(edit, victim):
+        class Editing(str):
+            def encode(self, *args, **kwargs):
+                edit(victim)
+                return str.encode(self, *args, **kwargs)
+
+        return Editing
+
+    for edit in (lambda xs: xs.append("more"), lambda xs: xs.pop()):
+        victim = [f"v{i}" for i in range(10)]
+        victim[2] = editing(edit, victim)("v2")
+        before = [str(x) for x in victim]
+        if chunk < 10:  # the edit lands in a chunk not read yet
+            with pytest.raises(ValueError, match="the items changed while their ids"):
+                src.item_ids(victim)
+        else:  # one chunk, taken before any item was hashed: the items of the call
+            assert np.array_equal(src.item_ids(victim), src.item_ids(before))

@@ -495,6 +495,10 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
     assert cli.main([*common, *extra, "--engine", "spark", "-o",
                      str(tmp_path / "spark_out")]) == 0
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
+    if "--blt-buffers" in extra:  # the flag changes the noise (so both engines read it)
+        assert cli.main([*common, "-o", str(tmp_path / "default.jsonl")]) == 0
+        default = (tmp_path / "default.jsonl").read_text().splitlines()
+        assert [json.loads(x)["released"] for x in default] != [r["released"] for r in local]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
     assert sorted(set(got["t"])) == [r["t"] for r in local]
     for rel in local:

@@ -611,8 +611,9 @@ def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFE
                 warm_start: bool = True) -> list[dict[str, Any]]:
     """Fit every horizon for ``buffers`` buffers and write them into the table JSON at ``path``.
 
-    The file's entries for other buffer counts are kept as they are (so refitting one
-    count never moves another's noise). ``warm_start``: start each fit also from the
+    The file's other entries (other buffer counts, and other horizons of this
+    one) are kept as they are, so refitting some entries never moves the noise of
+    the others. ``warm_start``: start each fit also from the
     previous horizon's (how the default 4-buffer entries were made); without it each
     entry is exactly what :func:`fit_blt` gives at run time, which is how the 1- to
     3-buffer entries were made, so a process that fitted them before they were
@@ -629,9 +630,11 @@ def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFE
         entries.append({"horizon": h, "buffers": buffers, "theta": list(s.theta),
                         "omega": list(s.omega), "V": s.worst_case_variance})
     kept: list[dict[str, Any]] = []
+    fitted = {(buffers, e["horizon"]) for e in entries}
     with contextlib.suppress(FileNotFoundError):
         with open(path, encoding="utf-8") as fh:
-            kept = [e for e in json.load(fh)["entries"] if int(e["buffers"]) != buffers]
+            kept = [e for e in json.load(fh)["entries"]
+                    if (int(e["buffers"]), int(e["horizon"])) not in fitted]
     every = sorted(kept + entries, key=lambda e: (int(e["buffers"]), int(e["horizon"])))
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({"about": "BLT parameters fitted by dpstream.factorization.fit_blt; "

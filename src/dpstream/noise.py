@@ -78,7 +78,7 @@ import os
 import secrets
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -301,11 +301,8 @@ def digest_chunks(digest: Callable[[Any], bytes], items: Iterable[Any]) -> Itera
     the allocator's arenas after they are freed.
     """
     it = iter(items)
-    while True:
-        part = b"".join(map(digest, islice(it, DIGEST_CHUNK)))
-        if not part:
-            return
-        yield part
+    while batch := list(islice(it, DIGEST_CHUNK)):
+        yield b"".join(map(digest, batch))
 
 
 class PreparedItems:
@@ -396,16 +393,19 @@ class NoiseSource:
             h.update(encode_item(item))
             return h.digest()
 
-        if isinstance(items, Sized):  # written in place: no per-item object outlives a chunk
+        if isinstance(items, (list, tuple)):  # in place: no object outlives its chunk
             out = np.empty((len(items), 2), dtype="<u8")
             flat = out.reshape(-1).view(np.uint8)
             pos = 0
             for part in digest_chunks(digest, items):
+                if pos + len(part) > flat.size:
+                    break
                 flat[pos:pos + len(part)] = np.frombuffer(part, dtype=np.uint8)
                 pos += len(part)
-            if pos != out.nbytes:
-                raise ValueError("items changed size while their ids were computed")
-            return out
+            else:
+                if pos == flat.size:
+                    return out
+            raise ValueError("the items changed while their ids were computed")
         digests = b"".join(digest_chunks(digest, items))
         return np.frombuffer(digests, dtype="<u8").reshape(-1, 2).copy()
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 
+from .._checks import check_int
 from ..factorization import MAX_BLT_HORIZON, MAX_BUFFERS, BLTStrategy, blt_for_horizon
 from ..noise import DEFAULT_NOISE_VERSION, versioned_purpose
 from ..tree import optimal_base, worst_case_variance_factor
@@ -85,10 +86,11 @@ def counter_with_buffers(counter: str | None, base: int | None, buffers: int | N
     """
     if buffers is None:
         return counter
-    if counter == "tree" or base is not None:
+    if counter not in (None, "blt") or base is not None:
         raise ValueError("--blt-buffers applies to the BLT counter only, not with "
-                         "--counter tree or --base")
-    if not 1 <= buffers <= MAX_BUFFERS:
+                         f"counter={counter!r} or --base")
+    buffers = check_int("--blt-buffers", buffers, 1)
+    if buffers > MAX_BUFFERS:
         raise ValueError(f"--blt-buffers must be 1 to {MAX_BUFFERS}, got {buffers}")
     if horizon > MAX_BLT_HORIZON:
         raise ValueError(f"counter='blt' supports horizons up to 2**40, got {horizon}")

@@ -136,15 +136,7 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
 
 
 #: The largest count the int32 form of the counts holds.
-_INT32_MAX = np.iinfo(np.int32).max
-
-
-def _stored_counts(counts: np.ndarray, bound: int) -> np.ndarray:
-    """``counts`` (int64, each in [0, ``bound``]) as kept between steps: int32 while
-    ``bound`` fits in it, which leaves every value, and so every release, as it is."""
-    if bound <= _INT32_MAX:
-        return counts.astype(np.int32)
-    return counts
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 class KnownDomainHistogram:
@@ -314,14 +306,17 @@ class KnownDomainHistogram:
         self._noise.add_items(source.prepare(items))
         # int32 while every count fits (4 bytes per item less), int64 from then on
         self._counts = np.zeros(len(items), dtype=np.int32)
+        self._max_count = 0
         del items
         self.t = 0
-        self._count_bound = 0  # no count is above it
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # a snapshot from before the int32 counts: int64 counts and no bound on them
-        if "_count_bound" not in state:
-            state["_count_bound"] = int(state["_counts"].max(initial=0))
+        # a snapshot from before the int32 counts: int64 counts, their maximum not kept
+        if "_max_count" not in state:
+            counts = state["_counts"]
+            state["_max_count"] = top = int(counts.max(initial=0))
+            if top <= _INT32_MAX:
+                state["_counts"] = counts.astype(np.int32)
         self.__dict__.update(state)
 
     @property
@@ -401,11 +396,11 @@ class KnownDomainHistogram:
         events, pending = bound_user_events(self._users, events, self.max_items,
                                             partial(check_in_domain, index=self._index))
         idx, delta = self._event_indices(events)
-        added = np.bincount(idx, minlength=len(self._release_items))
-        new_counts = self._counts + added  # (int64: bincount's type)
+        new_counts = self._counts + np.bincount(idx, minlength=len(self._release_items))
+        # the largest count: the last step's, or that of an item this step counted
+        top = max(self._max_count, int(new_counts[idx].max())) if idx.size else self._max_count
         self._limit.commit(delta)
-        # no count grew by more than the step's occurrences
-        rel = self._release(t, new_counts, self._count_bound + len(idx))
+        rel = self._release(t, new_counts, top)
         if pending is not None:
             self._users.commit(pending)
         return rel
@@ -433,14 +428,18 @@ class KnownDomainHistogram:
             return domain_aggregate(counts, values, self._index, self._counts)
         return domain_counts(counts, self._index, self._counts)
 
-    def _release(self, t: int, new_counts: np.ndarray, bound: int | None = None) -> Release:
-        """Step to t with the int64 prefix counts ``new_counts``, at most ``bound`` each
-        (None: their maximum is taken)."""
+    def _release(self, t: int, new_counts: np.ndarray, top: int | None = None) -> Release:
+        """Step to t with the int64 prefix counts ``new_counts``, whose largest is ``top``
+        (None: taken from them)."""
         values = self._noise.advance(t, new_counts)  # new_counts + noise, in one pass
-        if bound is None:
-            bound = int(new_counts.max(initial=0))
-        self._counts = _stored_counts(new_counts, bound)
-        self._count_bound = bound
+        if top is None:
+            top = int(new_counts.max(initial=0))
+        # into the mechanism's own array (never the caller's): int32 while the largest
+        # count fits, which keeps every value; int64 from the first step it does not
+        if top > _INT32_MAX and self._counts.dtype != np.int64:
+            self._counts = np.empty(new_counts.size, dtype=np.int64)
+        np.copyto(self._counts, new_counts, casting="unsafe")
+        self._max_count = top
         self.t = t
         return Release(t=t, items=self._release_items, values=values)
 
