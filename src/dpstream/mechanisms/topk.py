@@ -649,20 +649,21 @@ class ContinualTopK:
             out[i] = noise[n][col]
         return out
 
-    def _item_ids(self) -> np.ndarray:
-        """The keyed identifiers of the domain's items, in domain order."""
+    def _item_ids(self, which: slice | np.ndarray) -> np.ndarray:
+        """The keyed identifiers of the domain items ``which`` (a slice or positions)."""
         if self._ids is not None:
-            return self._ids
+            return self._ids[which]
         assert self._svt_prepared is not None
-        return self._svt.item_ids_of(self._svt_prepared)
+        return self._svt.item_ids_of(self._svt_prepared.subset(which))
 
     def _select(self, t: int, counts: np.ndarray) -> None:
         """Selection number n = self._selections at step t: KnownGumb_k(h_t; tau_2), no counts."""
         n = self._selections
         source = NoiseSource(self.key, f"{self.noise_scope}/select-{n}")
-        ids = self._item_ids()
-        sel = gumbel_select_kernel(source, source.prepare_ids(ids), counts, self.k,
-                                   self.tau_2)
+        # the ids a chunk at a time: a large domain's are never all decrypted at once
+        sel = gumbel_select_kernel(
+            source, lambda lo, hi: source.prepare_ids(self._item_ids(slice(lo, hi))), counts,
+            self.k, self.tau_2)
         keep = set(sel.tolist())
         # drop the counters of items leaving the selection
         for pos in list(self._where):
@@ -678,7 +679,7 @@ class ContinualTopK:
             csrc = NoiseSource(self.key, f"{self.noise_scope}/counter-{n}")
             tn = (BLTNoise(csrc, self.strategy, self.counter_std) if self.strategy
                   else TreeNoise(csrc, self.horizon, self.base, self.counter_std))
-            tn.add_items(csrc.prepare_ids(ids[new]))
+            tn.add_items(csrc.prepare_ids(self._item_ids(np.asarray(new, dtype=np.int64))))
             tn.advance(t)
             self._gens[n] = (tn, new)
             for col, pos in enumerate(new):

@@ -12,7 +12,7 @@ default, because two calls with one key and purpose share their noise).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -68,23 +68,48 @@ def gaussian_kernel(source: NoiseSource, prepared: PreparedItems, counts: np.nda
     return counts + source.gaussian(prepared, 0, 0, GAUSSIAN_DRAW, scale=tau)
 
 
-def gumbel_select_kernel(source: NoiseSource, prepared: PreparedItems, counts: np.ndarray,
-                         k: int, tau: float) -> np.ndarray:
+#: Items whose Gumbel scores are drawn at once by :func:`gumbel_select_kernel`; a larger
+#: domain is scored a chunk at a time, keeping the k best of each.
+SELECT_CHUNK = 1 << 16
+
+
+def gumbel_select_kernel(source: NoiseSource,
+                         prepared: PreparedItems | Callable[[int, int], PreparedItems],
+                         counts: np.ndarray, k: int, tau: float) -> np.ndarray:
     """The selection of KnownGumb: positions of the k largest counts + Gumbel(tau/2).
 
     Returns the positions in selection order (largest noisy count first).
     Adding Gumbel(b) noise and keeping the k largest is the exponential
     mechanism with weights exp(h_u / b) applied k times without replacement
     (peeling); with b = tau/2 that is exp(2 h_u / tau).
+
+    ``prepared``: the items' prepared ids, or a function ``(lo, hi) ->`` those of
+    items lo..hi-1. Over more than :data:`SELECT_CHUNK` items the scores are
+    drawn a chunk at a time and only each chunk's k best are kept (the k largest
+    of the domain are among them, as the Spark engine merges its batches), so
+    the memory a selection needs does not grow with the domain beyond the
+    counts; each item's score is the same value either way.
     """
-    scores = counts + source.gumbel(prepared, 0, 0, GUMBEL_DRAW, scale=tau / 2.0)
-    n = scores.shape[0]
-    if k < n:
-        idx = np.argpartition(-scores, k - 1)[:k]
-    else:
-        idx = np.arange(n)
-    # descending score; ties (probability ~0) broken by position, for determinism
-    return idx[np.lexsort((idx, -scores[idx]))]
+    part = prepared if callable(prepared) else (
+        lambda lo, hi: prepared.subset(slice(lo, hi)))
+    n = counts.shape[0]
+    if n <= SELECT_CHUNK:
+        scores = counts + source.gumbel(part(0, n), 0, 0, GUMBEL_DRAW, scale=tau / 2.0)
+        idx = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        # descending score; ties (probability ~0) broken by position, for determinism
+        return idx[np.lexsort((idx, -scores[idx]))]
+    best = np.zeros(0, dtype=np.int64)
+    best_scores = np.zeros(0)
+    for lo in range(0, n, SELECT_CHUNK):
+        hi = min(n, lo + SELECT_CHUNK)
+        scores = counts[lo:hi] + source.gumbel(part(lo, hi), 0, 0, GUMBEL_DRAW, scale=tau / 2.0)
+        top = np.argpartition(-scores, k - 1)[:k] if k < hi - lo else np.arange(hi - lo)
+        best = np.concatenate([best, top + lo])
+        best_scores = np.concatenate([best_scores, scores[top]])
+        if best.size > k:
+            keep = np.lexsort((best, -best_scores))[:k]
+            best, best_scores = best[keep], best_scores[keep]
+    return best[np.lexsort((best, -best_scores))]
 
 
 # --------------------------------------------------------------------------- public
