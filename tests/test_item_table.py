@@ -80,22 +80,35 @@ def offset_width(request, monkeypatch):
 
 def slot_entry(h: int, pos: int, nslots: int, width: np.dtype) -> int:
     """A slot's value by the layout's definition (the C module's comment): uint64:
-    the hash's high half, then pos + 1 in the low 32 bits; uint32 of 2^s slots: the
-    top 32 - s bits of the high half, then pos + 1 in the low s bits."""
+    the hash's high half, then pos + 1 in the low 32 bits; uint32 of n slots, s the
+    bit length of n - 1: the top 32 - s bits of the high half, then pos + 1 in the low
+    s bits."""
     high = h >> 32
     if width == np.uint64:
         return (high << 32) | (pos + 1)
-    s = nslots.bit_length() - 1
+    s = (nslots - 1).bit_length()
     assert pos + 1 < nslots
     return ((high >> s) << s) | (pos + 1)
 
 
-def test_slots_hold_the_tag_and_position_of_each_item(slot_width):
-    """Every stored item's slot, found by linear probing from its hash's low bits,
-    holds exactly the entry the layout defines, and nothing else is stored."""
+def first_slot(h: int, nslots: int, width: np.dtype) -> int:
+    """The first slot probed for hash h: the low bits (uint64 slots, a power of 2 of
+    them); the low 32 bits scaled to [0, n) by a multiply-shift (uint32, any n)."""
+    if width == np.uint64:
+        return h % nslots
+    return ((h & 0xFFFFFFFF) * nslots) >> 32
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_slots_hold_the_tag_and_position_of_each_item(slot_width, fixed):
+    """Every stored item's slot, found by linear probing from its first slot, holds
+    exactly the entry the layout defines, and nothing else is stored: in a growing
+    table (1024 slots) and a fixed one (379 uint32 slots, not a power of two; 512
+    uint64 ones)."""
     items = [f"s{i}" for i in range(300)] + ["", "é", "日本語" * 5]
-    table = ItemTable.of(items)
+    table = ItemTable.of(items, fixed=fixed)
     slots = table._slots
+    assert slots.size == ((379 if slot_width == np.uint32 else 512) if fixed else 1024)
     assert slots.dtype == slot_width
     key = table._key.tobytes()
     n = slots.size
@@ -103,7 +116,7 @@ def test_slots_hold_the_tag_and_position_of_each_item(slot_width):
     for pos, x in enumerate(items):
         h = _loops.siphash13(key, x.encode())
         entry = slot_entry(h, pos, n, slot_width)
-        s = h % n
+        s = first_slot(h, n, slot_width)
         while int(slots[s]) != entry:
             assert slots[s] != 0, f"{x!r} not found by probing"
             s = (s + 1) % n
@@ -163,7 +176,7 @@ def test_a_forged_collision_is_resolved_by_the_bytes(slot_width):
     n = slots.size
     key = table._key.tobytes()
     h_a = _loops.siphash13(key, b"a")
-    home = h_a % n
+    home = first_slot(h_a, n, slot_width)
     slots[:] = 0
     slots[home] = slot_entry(h_a, 1, n, slot_width)  # b (position 1) under a's tag
     slots[(home + 1) % n] = slot_entry(h_a, 0, n, slot_width)  # a itself, one slot on
@@ -302,7 +315,7 @@ far = np.array([0, 1, (1 << 40) - 3, 1 << 40], np.int64)  # past the data
 far32 = np.array([0, 1, (1 << 32) - 3, (1 << 32) - 1], np.uint32)
 h = _loops.siphash13(key.tobytes(), b"ccc")
 past = np.zeros(16, np.uint32)  # ccc's tag, naming position 10 of 3
-past[h % 16] = (((h >> 32) >> 4) << 4) | 11
+past[((h & 0xFFFFFFFF) * 16) >> 32] = (((h >> 32) >> 4) << 4) | 11
 cases = {
     "slots past the offsets": lambda: _loops.item_lookup(
         ["ccc"], key, data, off[:2], slots, np.empty(1, np.int64)),
@@ -536,18 +549,19 @@ def test_table_items_index_like_a_tuple():
 
 @pytest.mark.parametrize("n", [1, 12, 13, 25, 26, 200, 1000, 4097])
 def test_a_fixed_domain_fills_its_slots_to_four_fifths(n, slot_width, offset_width):
-    """A fixed table (a known domain) takes the smallest power of two of slots it fills
-    at most to 4/5 (a growing one: at most half); lookups of stored and absent items
-    against a dict at that fill, in both; pickling keeps the fill."""
+    """A fixed table (a known domain) takes the fewest uint32 slots it fills at most to
+    4/5, at least 16 (uint64 slots, past 2^26 of them: the smallest power of two); a
+    growing one the smallest power of two it fills at most half of; lookups of stored
+    and absent items against a dict at that fill, in both; pickling keeps the fill."""
     from dpstream.mechanisms.item_table import domain_table
 
     items = [f"f{i}" for i in range(n)]
     queries = items[::-1] + [f"g{i}" for i in range(n)] + [""]
     for table, num, den in ((domain_table(items), 4, 5), (ItemTable.of(items), 1, 2)):
         size = table._slots.size
-        want = 16
-        while want * num < n * den:
-            want *= 2
+        want = max(16, -(-n * den // num))  # ceil(n den / num)
+        if num == 1 or slot_width == np.uint64:
+            want = 1 << (want - 1).bit_length()
         assert size == want and n * den <= size * num
         check_against(table, items, queries)
         again = pickle.loads(pickle.dumps(table))
@@ -556,8 +570,8 @@ def test_a_fixed_domain_fills_its_slots_to_four_fifths(n, slot_width, offset_wid
 
 
 def test_the_c_insert_refuses_more_than_four_fifths():
-    t = ItemTable.of([f"a{i}" for i in range(20)], fixed=True)  # 20 <= 4/5 of 32
-    assert t._slots.size == 32
+    t = ItemTable.of([f"a{i}" for i in range(20)], fixed=True)  # 20 = 4/5 of 25
+    assert t._slots.size == 25
     full = np.zeros(16, dtype=np.uint64)  # 20 items would fill 16 slots past 4/5
     with pytest.raises(ValueError, match="full"):
         _loops.item_insert(t._key, t._data[: t._size], t._offsets[: 21], full, 0, 20)

@@ -314,7 +314,9 @@ done:
  * open-addressing table of slots, linear probing. A slot is 0 (empty) or a tag from
  * the hash's high half and pos + 1 (see slot_entry): uint32 slots while there are at
  * most 2^31 of them (the Python side uses them up to 2^26, so a tag keeps at least 6
- * bits), uint64 beyond. The hash is SipHash-1-3 (Aumasson and Bernstein) of the UTF-8
+ * bits), any number of them, the first probed one taken from the hash's low 32 bits by
+ * a multiply-shift; uint64 slots beyond, a power of 2 of them, the first probed one
+ * the hash's low bits. The hash is SipHash-1-3 (Aumasson and Bernstein) of the UTF-8
  * bytes under the table's random 128-bit key, so an input cannot be crafted to
  * collide without it. A probe that matches the tag is confirmed by comparing the
  * bytes: two items are never confused.
@@ -382,20 +384,35 @@ typedef struct {
     offs off;
     int64_t count;    /* stored items: entries of offsets - 1 */
     int got;
-    uint64_t nslots;  /* a power of 2 */
+    uint64_t nslots;  /* any number >= 1 of uint32 slots; a power of 2 of uint64 ones */
     int wide;         /* uint64 slots (else uint32) */
-    int shift;        /* log2(nslots) */
+    int shift;        /* uint32 slots: the bits that hold pos + 1 (< nslots) */
+    uint64_t posmask; /* the bits of a slot that hold pos + 1 */
 } table_args;
 
 /* The slots' layout. A uint64 slot is (hash >> 32) << 32 | (pos + 1). A uint32 slot
- * of a table of 2^shift slots is tag << shift | (pos + 1), the tag being the top
- * 32 - shift bits of the hash's high half: pos + 1 < 2^shift, since the table is
- * never full, and the slot's index comes from the hash's low bits, so the tag adds
- * bits the index does not already carry. */
+ * of a table of n slots is tag << shift | (pos + 1), shift the bit length of n - 1 and
+ * the tag the top 32 - shift bits of the hash's high half: pos + 1 < n <= 2^shift,
+ * since the table is never full, and the slot's index comes from the hash's low half,
+ * so the tag adds bits the index does not already carry. */
 static inline uint64_t
 slot_at(const void *slots, int wide, uint64_t s)
 {
     return wide ? ((const uint64_t *)slots)[s] : ((const uint32_t *)slots)[s];
+}
+
+/* the first slot probed for hash h */
+static inline uint64_t
+slot_index(const table_args *t, uint64_t h)
+{
+    return t->wide ? h & (t->nslots - 1) : ((h & 0xffffffffu) * t->nslots) >> 32;
+}
+
+/* the slot probed after s */
+static inline uint64_t
+slot_next(const table_args *t, uint64_t s)
+{
+    return s + 1 == t->nslots ? 0 : s + 1;
 }
 
 /* the tag of hash h */
@@ -421,9 +438,9 @@ entry_tag(uint64_t e, int wide, int shift)
 
 /* the position a stored slot names (-1 for an empty slot) */
 static inline int64_t
-entry_pos(uint64_t e, int wide, uint64_t mask)
+entry_pos(uint64_t e, uint64_t posmask)
 {
-    return (int64_t)(wide ? (e & 0xffffffffu) : (e & mask)) - 1;
+    return (int64_t)(e & posmask) - 1;
 }
 
 static void
@@ -434,8 +451,8 @@ release_table(table_args *t)
         PyBuffer_Release(b[i]);
 }
 
-/* key (2 uint64), data (bytes), offsets (uint32 or int64, n + 1), slots (uint32 or
- * uint64, a power of 2; uint32 for at most 2^31 slots) */
+/* key (2 uint64), data (bytes), offsets (uint32 or int64, n + 1), slots (uint32, at
+ * most 2^31 of them, or uint64, a power of 2 of them) */
 static int
 get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int writable,
           table_args *t)
@@ -462,13 +479,18 @@ get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int
     }
     Py_ssize_t nslots = t->slots.len / t->slots.itemsize;
     t->count = (int64_t)(t->offsets.len / t->offsets.itemsize) - 1;
-    if (t->key.len != 16 || t->count < 0 || nslots < 1 || (nslots & (nslots - 1)) ||
-        (!t->wide && (uint64_t)nslots > ((uint64_t)1 << 31))) {
+    if (t->key.len != 16 || t->count < 0 || nslots < 1 ||
+        (t->wide ? (nslots & (nslots - 1)) != 0 : (uint64_t)nslots > ((uint64_t)1 << 31))) {
         PyErr_SetString(PyExc_ValueError, "item table: bad key, offsets or slots");
         goto fail;
     }
     t->nslots = (uint64_t)nslots;
-    t->shift = __builtin_ctzll((unsigned long long)nslots);
+    /* uint32: the bit length of nslots - 1 (log2 of a power of 2), so pos + 1 < nslots
+     * fits in the low shift bits; uint64: 32 */
+    t->shift = t->wide || nslots == 1
+                   ? (t->wide ? 32 : 0)
+                   : 64 - __builtin_clzll((unsigned long long)(nslots - 1));
+    t->posmask = t->wide ? 0xffffffffu : (((uint64_t)1 << t->shift) - 1);
     return 0;
 fail:
     release_table(t);
@@ -494,21 +516,20 @@ probe(const table_args *t, const unsigned char *data, Py_ssize_t data_len,
 {
     const void *slots = t->slots.buf;
     int wide = t->wide, shift = t->shift;
-    uint64_t mask = t->nslots - 1;
-    uint64_t s = h & mask, tag = slot_tag(h, wide, shift);
-    for (uint64_t tries = 0; tries <= mask; tries++) {
+    uint64_t s = slot_index(t, h), tag = slot_tag(h, wide, shift);
+    for (uint64_t tries = 0; tries < t->nslots; tries++) {
         uint64_t e = slot_at(slots, wide, s);
         if (e == 0)
             return -1;
         if (entry_tag(e, wide, shift) == tag) {
-            int64_t pos = entry_pos(e, wide, mask);
+            int64_t pos = entry_pos(e, t->posmask);
             if (!item_in_data(offsets, count, data_len, pos))
                 return -2;
             int64_t a = OFF(offsets, pos);
             if (OFF(offsets, pos + 1) - a == n && memcmp(data + a, p, (size_t)n) == 0)
                 return pos;
         }
-        s = (s + 1) & mask;
+        s = slot_next(t, s);
     }
     return -2;
 }
@@ -545,7 +566,7 @@ item_lookup(PyObject *self, PyObject *args)
     const uint64_t *kw = t.key.buf;
     const void *sl = t.slots.buf;
     int wide = t.wide;
-    uint64_t mask = t.nslots - 1;
+    uint64_t posmask = t.posmask;
     int64_t *res = out.buf;
     int64_t count = t.count;
     offs off = t.off;
@@ -563,22 +584,22 @@ item_lookup(PyObject *self, PyObject *args)
             gok[j] = str_utf8(objs[g + j], &gp[j], &gn[j]);
             if (gok[j]) {
                 gh[j] = siphash13(kw[0], kw[1], (const unsigned char *)gp[j], gn[j]);
-                __builtin_prefetch((const char *)sl + (gh[j] & mask) * t.slots.itemsize);
+                __builtin_prefetch((const char *)sl + slot_index(&t, gh[j]) * t.slots.itemsize);
             }
         }
         for (int j = 0; j < m; j++) {
             if (!gok[j])
                 continue;
-            uint64_t e = slot_at(sl, wide, gh[j] & mask);
-            int64_t pos = entry_pos(e, wide, mask);
+            uint64_t e = slot_at(sl, wide, slot_index(&t, gh[j]));
+            int64_t pos = entry_pos(e, posmask);
             if (e != 0 && pos < count)
                 __builtin_prefetch((const char *)off.p + pos * t.offsets.itemsize);
         }
         for (int j = 0; j < m; j++) {
             if (!gok[j])
                 continue;
-            uint64_t e = slot_at(sl, wide, gh[j] & mask);
-            int64_t pos = entry_pos(e, wide, mask);
+            uint64_t e = slot_at(sl, wide, slot_index(&t, gh[j]));
+            int64_t pos = entry_pos(e, posmask);
             if (e != 0 && pos < count && item_in_data(off, count, t.data.len, pos))
                 __builtin_prefetch(bytes + OFF(off, pos));
         }
@@ -634,15 +655,14 @@ item_insert(PyObject *self, PyObject *args)
     void *sl = t.slots.buf;
     int wide = t.wide, shift = t.shift;
     const unsigned char *d = t.data.buf;
-    uint64_t mask = (uint64_t)nslots - 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t pos = first; ok && pos < last; pos++) {
         int64_t a = OFF(off, pos);
         uint64_t h = siphash13(kw[0], kw[1], d + a, OFF(off, pos + 1) - a);
-        uint64_t s = h & mask, tries = 0;
-        while (slot_at(sl, wide, s) != 0 && tries++ < mask)
-            s = (s + 1) & mask;
-        /* pos + 1 <= last <= 4/5 of the slots: below 2^shift, and below 2^32 */
+        uint64_t s = slot_index(&t, h), tries = 0;
+        while (slot_at(sl, wide, s) != 0 && ++tries < t.nslots)
+            s = slot_next(&t, s);
+        /* pos + 1 <= last <= 4/5 of the slots: below nslots <= 2^shift, and below 2^32 */
         if (slot_at(sl, wide, s) != 0)
             ok = 0;  /* no free slot: the slots were already full */
         else if (wide)
