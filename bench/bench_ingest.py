@@ -12,6 +12,8 @@ process, repeated ``--repeat`` times (the best of each):
   command is held to: the goal is ``run`` <= 2x ``json.loads``);
 * ``dpstream run -m unknown --state`` (write-ahead state, keyed digests) and
   without ``--state``, in events/s;
+* a json.loads script and ``dpstream run`` as whole processes (interpreter start
+  and imports included);
 * library ingest: ``UnknownDomainHistogram.step_batch`` on the same events
   (pre-parsed), in item occurrences/s (goal >= 2M/s per core), against a dict
   lookup + ``bincount`` of the same occurrences.
@@ -24,6 +26,9 @@ import contextlib
 import io
 import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +61,14 @@ def cpu(fn) -> float:
     start = time.process_time()
     fn()
     return time.process_time() - start
+
+
+def child_cpu(argv: list[str]) -> float:
+    """User + system CPU of one child process, start to exit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def best(fn, repeat: int) -> float:
@@ -159,6 +172,22 @@ def main() -> None:
     rest = results["run"] - noise_cpu[0]
     print(f"  of which keyed noise:  {noise_cpu[0]:7.2f} s CPU (TreeNoise, one run); the rest "
           f"{rest:.2f} s = {rest / floor:.2f}x json.loads")
+    # whole processes, as a user runs them: the interpreter's start and every import
+    # count, on both sides (a script that only json.loads the lines is the floor)
+    loads_script = ("import json, sys\nloads = json.loads\n"
+                    "with open(sys.argv[1], encoding='utf-8') as fh:\n"
+                    "    for line in fh:\n        loads(line)\n")
+    cli = [sys.executable, "-m", "dpstream", "run", "--quiet", "-m", "unknown", "-T",
+           str(args.steps), "--max-items", "5", "--epsilon", "1", "--delta", "1e-6",
+           "--key-file", str(key_path), "-i", str(data), "-o", str(work / "out.jsonl"),
+           "--force", "--no-fsync"]
+    proc: dict[str, list[float]] = {"json": [], "run": []}
+    for _ in range(args.repeat):
+        proc["json"].append(child_cpu([sys.executable, "-c", loads_script, str(data)]))
+        proc["run"].append(child_cpu(cli))
+    pj, pr = min(proc["json"]), min(proc["run"])
+    print(f"as processes:  json.loads script {pj:5.2f} s CPU, dpstream run {pr:5.2f} s CPU "
+          f"({n_events / pr:,.0f} events/s): {pr / pj:.2f}x")
     if args.no_library:
         return
     # library ingest on the same events, parsed and grouped beforehand

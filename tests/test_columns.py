@@ -601,3 +601,57 @@ def test_unique_codes_refuses_what_it_cannot_map():
     assert scratch.tolist() == [-1, -1, 0, -1]
     with pytest.raises(ValueError):
         loops.unique_codes(np.array([1, 2, 3]), np.full(4, -1), used, np.empty(2, np.int64))
+
+
+def test_arrow_buffer_readers_match_to_numpy():
+    """The ingest's buffer readers against pyarrow's own conversion, on arrays with
+    nulls, slices at every bit offset (the validity bitmap is bit-packed) and each
+    signed width; and a float array is refused rather than read as integers."""
+    pa = pytest.importorskip("pyarrow")
+    from dpstream.ingest import _arrow_ints, _arrow_valid
+
+    rng = random.Random(3)
+    values = [None if rng.random() < 0.3 else rng.randrange(-50, 50) for _ in range(70)]
+    for typ in (pa.int8(), pa.int16(), pa.int32(), pa.int64()):
+        whole = pa.array(values, typ)
+        for lo in range(0, 17):
+            for hi in (lo, lo + 1, lo + 9, 70):
+                arr = whole.slice(lo, hi - lo)
+                valid = _arrow_valid(arr)
+                assert valid.tolist() == [v is not None for v in values[lo:hi]]
+                got = _arrow_ints(arr)
+                assert got.dtype == np.int64
+                assert [g for g, ok in zip(got.tolist(), valid, strict=True) if ok] == \
+                    [v for v in values[lo:hi] if v is not None]
+    no_nulls = pa.array([4, 5, 6], pa.int32()).slice(1)
+    assert _arrow_valid(no_nulls).tolist() == [True, True]
+    assert _arrow_ints(no_nulls).tolist() == [5, 6]
+    with pytest.raises(TypeError, match="signed-integer"):
+        _arrow_ints(pa.array([1.5]))
+
+
+def test_an_unknown_domain_run_does_not_import_pandas(tmp_path):
+    """pyarrow's to_numpy imports pandas on its first call (~0.3 s of a command's
+    start); the JSON Lines ingest reads Arrow buffers instead. A fresh process, so
+    that nothing else imported pandas first."""
+    pytest.importorskip("pyarrow")
+    import subprocess
+    import sys
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(f'{{"t": {1 + i // 50}, "items": ["a{i % 7}", "b"]}}\n'
+                              for i in range(500)))
+    key = tmp_path / "key"
+    code = (
+        "import sys\n"
+        "from dpstream.cli import main\n"
+        f"assert main(['keygen', {str(key)!r}]) == 0\n"
+        f"assert main(['run', '--quiet', '-m', 'unknown', '-T', '10', '--max-items', '2',"
+        f" '--epsilon', '1', '--delta', '1e-6', '--key-file', {str(key)!r},"
+        f" '-i', {str(events)!r}, '-o', {str(tmp_path / 'out.jsonl')!r}]) == 0\n"
+        "import dpstream.ingest\n"
+        "print('pandas' in sys.modules, 'pyarrow' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[-2:] == ["False", "True"]  # pyarrow read the lines, pandas never loaded

@@ -96,7 +96,6 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq, minimize
 
 from ._checks import check_int
 
@@ -173,6 +172,8 @@ def _inverse_complements(u: np.ndarray, omega: np.ndarray) -> np.ndarray:
     def g(x: float) -> float:
         return float(np.sum(om / (x - us))) - 1.0
 
+    from scipy import optimize  # on first use: ~0.2 s of a command's start
+
     roots = []
     for p in range(len(us)):
         lo = math.nextafter(float(us[p]), math.inf)
@@ -182,7 +183,7 @@ def _inverse_complements(u: np.ndarray, omega: np.ndarray) -> np.ndarray:
             hi = float(us[p]) + float(np.sum(om)) + 1.0  # g(hi) < 0 there
         while g(lo) <= 0.0:  # pragma: no cover - only for a pole closer than an ulp
             lo = math.nextafter(lo, math.inf)
-        roots.append(brentq(g, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps,
+        roots.append(optimize.brentq(g, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps,
                             maxiter=500))
     return np.array(roots[::-1], dtype=np.float64)  # descending v: ascending lambda
 
@@ -524,15 +525,17 @@ def fit_blt(horizon: int, buffers: int = DEFAULT_BUFFERS, *,
         raise ValueError(f"buffers must be <= {MAX_BUFFERS}, got {k}")
     if T > MAX_BLT_HORIZON:
         raise ValueError(f"horizon must be <= 2**40 for a BLT counter, got {T}")
+    from scipy import optimize  # on first use: ~0.2 s of a command's start
+
     candidates = _default_starts(T, k) + [np.asarray(c, dtype=np.float64) for c in starts or ()]
     best_x, best_f = None, math.inf
     for comps in candidates:
         x0 = _params_from_pair(comps)
         if _penalised(x0, T) >= 1e30:
             continue
-        r = minimize(_penalised, x0, args=(T,), method="Nelder-Mead",
+        r = optimize.minimize(_penalised, x0, args=(T,), method="Nelder-Mead",
                      options={"maxiter": 400 * k, "xatol": 1e-10, "fatol": 1e-14})
-        r2 = minimize(_penalised, r.x, args=(T,), method="BFGS")
+        r2 = optimize.minimize(_penalised, r.x, args=(T,), method="BFGS")
         for x, f in ((r.x, r.fun), (r2.x, r2.fun)):
             if f < best_f:
                 best_x, best_f = x, f

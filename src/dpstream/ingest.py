@@ -313,17 +313,47 @@ def _arrow_rows(buf: bytes, starts: np.ndarray, ends: np.ndarray, fast: np.ndarr
         return None
     tcol = table.column("t").combine_chunks()
     icol = table.column("items").combine_chunks()
-    t_given = ~np.asarray(tcol.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    t = np.asarray(tcol.fill_null(0).to_numpy(), dtype=np.int64)
-    usable = ~np.asarray(icol.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    offsets = np.asarray(icol.offsets.to_numpy(), dtype=np.int64)
+    t_given = _arrow_valid(tcol)
+    t = np.where(t_given, _arrow_ints(tcol), 0)
+    usable = _arrow_valid(icol)
+    offsets = _arrow_ints(icol.offsets)
     values = icol.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     offsets = offsets - offsets[0]
     if values.null_count:
-        null_at = np.flatnonzero(np.asarray(values.is_null().to_numpy(zero_copy_only=False)))
+        null_at = np.flatnonzero(~_arrow_valid(values))
         usable[np.searchsorted(offsets, null_at, side="right") - 1] = False
     usable &= t_given & (t >= 1)  # no "t", a null or a bad one: the per-line parser words it
     return t, t_given, usable, offsets, values
+
+
+def _arrow_ints(arr: Any) -> np.ndarray:
+    """The value slots of a signed-integer Arrow array as int64 (a null's slot holds
+    anything), read from its data buffer.
+
+    ``to_numpy`` would do, but its first call in a process imports pandas when it
+    is installed (~0.3 s of every command's start); reading the buffer does not.
+    """
+    import pyarrow as pa
+
+    if not pa.types.is_signed_integer(arr.type):
+        raise TypeError(f"expected a signed-integer Arrow array, got {arr.type}")
+    n = len(arr)
+    data = arr.buffers()[1]
+    if n == 0 or data is None:
+        return np.zeros(n, dtype=np.int64)
+    dtype = np.dtype(f"<i{arr.type.bit_width // 8}")
+    return np.frombuffer(data, dtype=dtype, count=arr.offset + n)[arr.offset:].astype(np.int64)
+
+
+def _arrow_valid(arr: Any) -> np.ndarray:
+    """Which entries of an Arrow array are not null, as a bool array (its validity
+    bitmap unpacked; see :func:`_arrow_ints` for why not ``is_null().to_numpy()``)."""
+    n = len(arr)
+    bitmap = arr.buffers()[0]
+    if arr.null_count == 0 or bitmap is None:
+        return np.ones(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[arr.offset:arr.offset + n].astype(bool)
 
 
 def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends: np.ndarray,
@@ -352,8 +382,7 @@ def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends
         vals = values if keep_occ.all() else values.filter(keep_occ)
         if len(vals):
             enc = pc.dictionary_encode(vals)
-            arrow_codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False),
-                                     dtype=np.int64)
+            arrow_codes = _arrow_ints(enc.indices)
             arrow_items = enc.dictionary.to_pylist()
         slow[fast_idx[~usable]] = True
     slow_idx = np.flatnonzero(slow)

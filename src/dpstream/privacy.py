@@ -45,7 +45,6 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from dpstream.errors import BudgetExhaustedError
@@ -92,6 +91,14 @@ _MAX_NUDGES = 200
 
 
 # --------------------------------------------------------------------------- validation
+
+
+def _brentq(f: Any, a: float, b: float, **kw: Any) -> float:
+    """SciPy's Brent root finder, imported on first use: ``scipy.optimize`` is ~0.2 s
+    of a command's start, and only calibration needs it."""
+    from scipy.optimize import brentq
+
+    return brentq(f, a, b, **kw)
 
 
 def _check_real(name: str, value: Any) -> float:
@@ -359,7 +366,7 @@ def _cks_epsilon(rho: float, delta: float) -> float:
     if slope(lo) >= 0.0:  # only for extreme inputs; the minimum is at alpha ~ 1
         alpha = lo
     else:
-        alpha = brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
+        alpha = _brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
     return _cks_epsilon_at(alpha, rho, log_inv_delta)
 
 
@@ -408,7 +415,7 @@ def _cks_log_delta(rho: float, epsilon: float) -> float:
     lo = 1.0 + 1e-12
     if slope(lo) >= 0.0:
         return log_delta(lo)
-    alpha = brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
+    alpha = _brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
     return log_delta(alpha)
 
 
@@ -504,7 +511,7 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
     hi = max(1.0, mu * mu)
     while _gaussian_delta(hi, mu) > delta:
         hi *= 2.0
-    eps = brentq(lambda e: _gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-15, rtol=1e-15)
+    eps = _brentq(lambda e: _gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-15, rtol=1e-15)
 
     def ok(e: float) -> bool:
         return _gaussian_delta(e, mu) <= delta
@@ -601,7 +608,7 @@ def rho_for_epsilon_delta(
         lo, hi = hi, 2.0 * hi
     if epsilon_cks(lo, delta) == epsilon:
         return lo
-    rho = brentq(lambda r: epsilon_cks(r, delta) - epsilon, lo, hi, xtol=1e-300, rtol=1e-15)
+    rho = _brentq(lambda r: epsilon_cks(r, delta) - epsilon, lo, hi, xtol=1e-300, rtol=1e-15)
     return _nudge(rho, -1, lambda r: epsilon_cks(r, delta) <= epsilon, "rho_for_epsilon_delta")
 
 
@@ -627,7 +634,7 @@ def mu_for_gaussian(epsilon: float, delta: float) -> float:
         lo /= 2.0
     while _gaussian_delta(epsilon, hi) <= delta:
         hi *= 2.0
-    mu = brentq(lambda m: _gaussian_delta(epsilon, m) - delta, lo, hi, xtol=1e-300, rtol=1e-15)
+    mu = _brentq(lambda m: _gaussian_delta(epsilon, m) - delta, lo, hi, xtol=1e-300, rtol=1e-15)
     return _nudge(mu, -1, lambda m: _gaussian_delta(epsilon, m) <= delta, "mu_for_gaussian")
 
 

@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr
 
 from ..bounding import resolve_user_bounds
@@ -175,6 +174,8 @@ def noise_eta(*, tau_1: float, variance: float = 0.0, level: float) -> float:
     hi = 4.0 * tau_1 + math.sqrt(max(variance, 0.0))
     while excess(hi) > 0:
         hi *= 2.0
+    from scipy.optimize import brentq  # on first use: ~0.2 s of a command's start
+
     x = brentq(excess, 0.0, hi, xtol=1e-12 * hi, rtol=1e-14)
     step = 2.0**-52
     while excess(x) > 0:  # never below the quantile: move up by growing relative steps

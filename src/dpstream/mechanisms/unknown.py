@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
 from .. import privacy
@@ -215,6 +214,8 @@ def calibrate_unknown_domain(
     lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, grid.size - 1)])
     best_x, best_v = float(grid[i]), values[i]
     if hi > lo:
+        from scipy.optimize import minimize_scalar  # on first use (import ~0.2 s)
+
         res = minimize_scalar(objective, bounds=(lo, hi), method="bounded",
                               options={"xatol": 1e-4})
         if res.fun < best_v:
