@@ -363,9 +363,9 @@ def test_counts_switch_to_int64_on_the_largest_count_not_the_stream_volume(monke
     stream has had: with the int32 limit lowered to 100, 40 steps of 3 items spread
     over 50 items (120 occurrences, no count above 3) stay narrow, and the step whose
     largest count passes 100 widens them."""
-    from dpstream.mechanisms import known
+    from dpstream.mechanisms import narrow_counts
 
-    monkeypatch.setattr(known, "_INT32_MAX", 100)
+    monkeypatch.setattr(narrow_counts, "INT32_MAX", 100)
     domain = [f"i{j}" for j in range(50)]
     h = dps.KnownDomainHistogram(domain, 200, max_items=3, key=fixed_key("volume"), rho=1.0)
     for t in range(40):

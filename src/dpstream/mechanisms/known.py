@@ -30,6 +30,7 @@ from ..noise import (
     versioned_purpose,
 )
 from ..tree import num_levels, worst_case_variance_factor
+from . import narrow_counts
 from .base import (
     EventLimit,
     Release,
@@ -133,10 +134,6 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
         count += words.shape[0]
     total = sum(x << (32 * (3 - i)) for i, x in enumerate(sums))
     return combine_fingerprints(total, count)
-
-
-#: The largest count the int32 form of the counts holds.
-_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 class KnownDomainHistogram:
@@ -311,12 +308,7 @@ class KnownDomainHistogram:
         self.t = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # a snapshot from before the int32 counts: int64 counts, their maximum not kept
-        if "_max_count" not in state:
-            counts = state["_counts"]
-            state["_max_count"] = top = int(counts.max(initial=0))
-            if top <= _INT32_MAX:
-                state["_counts"] = counts.astype(np.int32)
+        narrow_counts.narrow_state(state)  # a snapshot from before the int32 counts
         self.__dict__.update(state)
 
     @property
@@ -436,9 +428,7 @@ class KnownDomainHistogram:
             top = int(new_counts.max(initial=0))
         # into the mechanism's own array (never the caller's): int32 while the largest
         # count fits, which keeps every value; int64 from the first step it does not
-        if top > _INT32_MAX and self._counts.dtype != np.int64:
-            self._counts = np.empty(new_counts.size, dtype=np.int64)
-        np.copyto(self._counts, new_counts, casting="unsafe")
+        self._counts = narrow_counts.store(self._counts, new_counts, top)
         self._max_count = top
         self.t = t
         return Release(t=t, items=self._release_items, values=values)

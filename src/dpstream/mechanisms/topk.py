@@ -31,6 +31,7 @@ from ..noise import (
 )
 from ..oneshot.known import gumbel_select_kernel
 from ..tree import digits, num_levels, worst_case_variance_factor
+from . import narrow_counts
 from .base import (
     Release,
     check_horizon,
@@ -484,7 +485,9 @@ class ContinualTopK:
         if self.wait:  # the waiting round's threshold noise, drawn once
             self._threshold_noise_start = self._svt.scalar("laplace", 1, 0, 0,
                                                            scale=2 * self.tau_1)
-        self._counts = np.zeros(d, dtype=np.int64)
+        # int32 while every count fits (4 bytes per item less), int64 from then on
+        self._counts = np.zeros(d, dtype=np.int32)
+        self._max_count = 0
         self.t = 0
         self.switches_left = self.switches
         self._selections = 0  # selections made so far (n of the next one)
@@ -555,11 +558,15 @@ class ContinualTopK:
             return self.counter_std * math.sqrt(self.strategy.max_variance_factor)
         return self.tau_2 * math.sqrt(worst_case_variance_factor(self.horizon, self.base))
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        narrow_counts.narrow_state(state)  # a snapshot from before the int32 counts
+        self.__dict__.update(state)
+
     # -- facts ---------------------------------------------------------------------
     @property
     def counts(self) -> np.ndarray:
         """The true running counts (aligned with ``domain``). Not private."""
-        return self._counts.copy()
+        return self._counts.astype(np.int64)
 
     @property
     def domain(self) -> list[Hashable]:
@@ -602,8 +609,11 @@ class ContinualTopK:
                                             partial(check_in_domain, index=self._index))
         events = as_events(events)
         fast = domain_positions(events, self._index, None)
+        top = None
         if fast is not None:
             new_counts = self._counts + np.bincount(fast, minlength=len(self._index))
+            # the largest count: the last step's, or that of an item this step counted
+            top = max(self._max_count, int(new_counts[fast].max(initial=0)))
         else:
             events = fast_events(events)  # the per-event path raises the precise error
             parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
@@ -616,7 +626,7 @@ class ContinualTopK:
                 parts.append(pos)
             new_counts = self._counts + np.bincount(np.concatenate(parts),
                                                     minlength=len(self._index))
-        rel = self._release(t, new_counts)
+        rel = self._release(t, new_counts, top)
         if pending is not None:
             self._users.commit(pending)
         return rel
@@ -698,8 +708,12 @@ class ContinualTopK:
         query = kth + self._svt.scalar("laplace", 1, t, 1, scale=4 * self.tau_1)
         return bool(query > self.start_eta_at(t) + self._threshold_noise_start)
 
-    def _release(self, t: int, counts: np.ndarray) -> Release:
+    def _release(self, t: int, counts: np.ndarray, top: int | None = None) -> Release:
+        """Step to t with the int64 prefix counts ``counts``, whose largest is ``top``
+        (None: taken from them)."""
         # everything that can fail on user input happens before any state changes
+        if top is None:
+            top = int(counts.max(initial=0))
         if self._selected is None:
             eta_t = self.start_eta_at(t) if self.wait else 0.0
         else:
@@ -722,7 +736,9 @@ class ContinualTopK:
                 self.switches_left -= 1
                 switched = True
                 self._select(t, counts)
-        self._counts = counts
+        # into the mechanism's own array (never the caller's): int32 while it holds top
+        self._counts = narrow_counts.store(self._counts, counts, top)
+        self._max_count = top
         self.t = t
         meta = {"status": "not yet" if self._selected is None else "selected",
                 "switches_left": self.switches_left, "switched": switched,

@@ -22,6 +22,7 @@ from .. import privacy
 from ..bounding import resolve_user_bounds
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
 from ..tree import digits, num_levels, worst_case_variance_factor
+from . import narrow_counts
 from .base import (
     EventLimit,
     Release,
@@ -431,10 +432,17 @@ class UnknownDomainHistogram:
         self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         cap = 16
         self._table = ItemTable()  # the items seen, numbered in order of addition
-        self._counts = np.zeros(cap, dtype=np.int64)
+        # int32 while every count fits (4 bytes per item less), int64 from then on
+        self._counts = np.zeros(cap, dtype=np.int32)
+        self._max_count = 0
         self._shown = np.zeros(cap, dtype=bool)
         self._n = 0
         self.t = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a snapshot from before the int32 counts (only the first _n are counts)
+        narrow_counts.narrow_state(state, used=state["_n"])
+        self.__dict__.update(state)
 
     def _calibrate(
         self, threshold_delta: float | None
@@ -513,7 +521,7 @@ class UnknownDomainHistogram:
     @property
     def counts(self) -> np.ndarray:
         """True running counts aligned with ``items_seen``. Not private."""
-        return self._counts[: self._n].copy()
+        return self._counts[: self._n].astype(np.int64)
 
     def __len__(self) -> int:
         """The number of items seen so far. Not private."""
@@ -551,7 +559,11 @@ class UnknownDomainHistogram:
                 if new_counts.size and not new_counts.all():  # listed, but in no event
                     seen = np.flatnonzero(new_counts)
                     new_items, new_counts = [new_items[i] for i in seen], new_counts[seen]
-                rel = self._commit(t, self._counts[:n] + total[:n], new_items, new_counts)
+                counts = np.add(self._counts[:n], total[:n], out=total[:n])  # int64
+                # the largest count: the last step's, or that of an item this step counted
+                top = max(self._max_count, int(new_counts.max(initial=0)),
+                          int(counts[cols[cols < n]].max(initial=0)))
+                rel = self._commit(t, counts, new_items, new_counts, top)
                 self._limit.commit(TruncationStats(events=len(offsets) - 1))
                 if pending is not None:
                     self._users.commit(pending)
@@ -637,15 +649,20 @@ class UnknownDomainHistogram:
         if n <= cap:
             return
         cap = max(n, cap + cap // 4)  # a quarter more: at most 25% idle (2 bytes an item)
-        counts = np.zeros(cap, dtype=np.int64)
+        counts = np.zeros(cap, dtype=self._counts.dtype)
         counts[: self._n] = self._counts[: self._n]
         shown = np.zeros(cap, dtype=bool)
         shown[: self._n] = self._shown[: self._n]
         self._counts, self._shown = counts, shown
 
     def _commit(self, t: int, counts: np.ndarray, new_items: list[Hashable],
-                new_counts: np.ndarray) -> Release:
+                new_counts: np.ndarray, top: int | None = None) -> Release:
+        """Step to t with the int64 counts of the items seen and those of the new
+        items; ``top`` is the largest of all (None: taken from them)."""
         # Everything that can fail runs before the first mutation.
+        if top is None:
+            top = max(self._max_count, int(counts.max(initial=0)),
+                      int(new_counts.max(initial=0)))
         if new_items:
             ids = self._source.item_ids(new_items)  # TypeError for a bad item type
             order = np.lexsort((ids[:, 1], ids[:, 0]))
@@ -656,6 +673,9 @@ class UnknownDomainHistogram:
         # as the tree steps, the new ones once their noise is computed from scratch
         values = np.empty(n)
         self._noise.advance(t, counts, out=values[:n_old])
+        # int32 while the largest count fits; widened before a value that needs it
+        self._counts = narrow_counts.widened(self._counts, top)
+        self._max_count = top
         self._counts[:n_old] = counts
         if new_items:
             self._reserve(n)

@@ -1,0 +1,212 @@
+"""UnkBase and SparseGumb keep their true counts as int32 while the largest fits.
+
+(KnownBase's tests of the same rule are in test_known.py.) Each test compares
+against an independent brute-force count of the stream and against releases of
+a mechanism that kept int64 counts, or jumped to the same counts directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dpstream as dps
+from dpstream.mechanisms import narrow_counts
+from dpstream.snapshot import dump_snapshot, load_snapshot
+
+from .conftest import fixed_key
+
+INT32_TOP = int(np.iinfo(np.int32).max)
+
+
+def _unknown(key_label: str) -> dps.UnknownDomainHistogram:
+    # a small tau and a generous threshold delta: most items are shown, so the
+    # releases compared below hold many values
+    return dps.UnknownDomainHistogram(300, max_items=3, key=fixed_key(key_label), tau=0.3,
+                                      threshold_delta=0.3)
+
+
+def _topk(key_label: str, domain: list[str]) -> dps.ContinualTopK:
+    return dps.ContinualTopK(domain, 300, k=3, switches=3, eta=1.0, key=fixed_key(key_label),
+                             rho=2.0)
+
+
+def _stream(seed: int, steps: int, items: int) -> list[list[list[str]]]:
+    """Steps of 1-4 events, each of 1-3 distinct items; item 0 is in most events, so
+    its count grows fastest (simulation data)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        events = []
+        for _ in range(int(rng.integers(1, 5))):
+            picks = {"i0"} if rng.random() < 0.8 else set()
+            picks |= {f"i{int(j)}" for j in rng.integers(1, items, int(rng.integers(0, 3)))}
+            events.append(sorted(picks) or ["i1"])
+        out.append(events)
+    return out
+
+
+def _brute(steps: list[list[list[str]]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for events in steps:
+        for event in events:
+            for item in event:
+                counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def test_unknown_domain_counts_widen_on_the_largest_count_with_the_same_releases(monkeypatch):
+    """With the int32 limit lowered to 40, item i0 (in ~80% of events) passes it
+    while the others stay far below: the counts stay int32 up to the step whose
+    largest count passes 40, exactly, and are int64 after; every release equals
+    that of a mechanism that never widened (the real limit), and ``counts`` is
+    int64 and equals a brute-force count throughout."""
+    steps = _stream(1, 60, 30)
+    reference = _unknown("narrow-unknown")
+    expected = [reference.step_batch(events) for events in steps]
+    assert reference._counts.dtype == np.int32  # never near 2^31 - 1
+
+    monkeypatch.setattr(narrow_counts, "INT32_MAX", 40)
+    u = _unknown("narrow-unknown")
+    seen: list[list[list[str]]] = []
+    widened_at = None
+    for events, want in zip(steps, expected, strict=True):
+        got = u.step_batch(events)
+        seen.append(events)
+        brute = _brute(seen)
+        assert list(got.items) == list(want.items)
+        assert got.values.tolist() == want.values.tolist()
+        assert u.counts.dtype == np.int64
+        assert dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == brute
+        top = max(brute.values())
+        assert u._max_count == top
+        assert u._counts.dtype == (np.int32 if top <= 40 else np.int64)
+        if top > 40 and widened_at is None:
+            widened_at = len(seen)
+    assert widened_at is not None and widened_at < len(steps)  # both layouts ran
+    assert sum(len(r) for r in expected) > 200
+
+
+def test_unknown_domain_a_new_item_counted_past_the_limit_widens(monkeypatch):
+    """The largest count may belong to an item first seen in this step (counted in
+    the new items' counts, not in those of the items seen before)."""
+    monkeypatch.setattr(narrow_counts, "INT32_MAX", 10)
+    u = _unknown("narrow-new")
+    u.step_batch([["a"], ["b"]])
+    assert u._counts.dtype == np.int32
+    u.step_batch([["fresh"]] * 10)  # exactly the limit
+    assert u._counts.dtype == np.int32 and u._max_count == 10
+    u.step_batch([["later"]] * 11)
+    assert u._counts.dtype == np.int64 and u._max_count == 11
+    assert dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == {
+        "a": 1, "b": 1, "fresh": 10, "later": 11}
+
+
+def test_unknown_domain_counts_past_int32_in_aggregate_mode_are_exact():
+    """Past the real limit (2^31 - 1) in aggregate mode, then event mode on the wide
+    counts: exact counts and the releases of a mechanism that jumped to them."""
+    u = _unknown("wide-unknown")
+    u.step_batch([["a", "b"], ["c"]])
+    for t, prefix in ((3, {"a": INT32_TOP, "b": 1, "c": 1}),       # exactly: int32
+                      (5, {"a": INT32_TOP + 7, "b": 2, "c": 1}),   # past: int64
+                      (6, {"a": INT32_TOP + 7, "b": 2, "c": 1, "d": 2**40})):
+        got = u.release(t, prefix)
+        direct = _unknown("wide-unknown").release(t, prefix)
+        assert list(got.items) == list(direct.items)
+        assert got.values.tolist() == direct.values.tolist()
+        assert dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == prefix
+        assert u._counts.dtype == (np.int32 if max(prefix.values()) <= INT32_TOP else np.int64)
+    got = u.step_batch([["b"]])
+    want = {"a": INT32_TOP + 7, "b": 3, "c": 1, "d": 2**40}
+    assert dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == want
+    assert got.values.tolist() == _unknown("wide-unknown").release(7, want).values.tolist()
+
+
+def test_an_unknown_domain_snapshot_from_before_the_int32_counts_continues():
+    """A snapshot of the previous layout (int64 counts with spare capacity, no
+    largest count) loads narrowed and continues bit for bit."""
+    steps = _stream(2, 40, 25)
+    key = fixed_key("narrow-unknown-snap")
+    u = _unknown("narrow-unknown-snap")
+    for events in steps[:20]:
+        u.step_batch(events)
+    state = dict(u.__dict__)
+    state["_counts"] = state["_counts"].astype(np.int64)
+    state["_counts"][u._n:] = 0
+    del state["_max_count"]
+    old = object.__new__(dps.UnknownDomainHistogram)
+    old.__dict__.update(state)
+    loaded = load_snapshot(dump_snapshot(old, key), key)
+    assert loaded._counts.dtype == np.int32 and loaded._max_count == int(u.counts.max())
+    for events in steps[20:]:
+        a, b = loaded.step_batch(events), u.step_batch(events)
+        assert list(a.items) == list(b.items) and a.values.tolist() == b.values.tolist()
+
+
+def test_topk_counts_widen_on_the_largest_count_with_the_same_releases(monkeypatch):
+    """SparseGumb: the same rule and checks as UnkBase's test above."""
+    domain = [f"i{j}" for j in range(30)]
+    steps = _stream(3, 80, 30)
+    reference = _topk("narrow-topk", domain)
+    expected = [reference.step_batch(events) for events in steps]
+    assert reference._counts.dtype == np.int32
+
+    monkeypatch.setattr(narrow_counts, "INT32_MAX", 40)
+    m = _topk("narrow-topk", domain)
+    seen: list[list[list[str]]] = []
+    widened = False
+    for events, want in zip(steps, expected, strict=True):
+        got = m.step_batch(events)
+        seen.append(events)
+        brute = _brute(seen)
+        assert list(got.items) == list(want.items) and got.meta == want.meta
+        assert got.values.tolist() == want.values.tolist()
+        assert m.counts.dtype == np.int64
+        assert m.counts.tolist() == [brute.get(x, 0) for x in domain]
+        top = max(brute.values())
+        assert m._max_count == top
+        assert m._counts.dtype == (np.int32 if top <= 40 else np.int64)
+        widened |= top > 40
+    assert widened and sum(len(r) for r in expected) > 100
+
+
+def test_topk_counts_past_int32_in_aggregate_mode_and_an_old_snapshot():
+    domain = ["a", "b", "c", "d", "e"]
+    m = _topk("wide-topk", domain)
+    m.step_batch([["a"], ["b", "c"]])
+    prefix = np.array([INT32_TOP + 3, 2, 1, 0, 9], dtype=np.int64)
+    caller = prefix.copy()
+    m.release(4, caller)
+    caller[0] = 0  # the caller's array changing later changes nothing kept
+    assert m.counts.tolist() == prefix.tolist() and m._counts.dtype == np.int64
+    # the previous layout: int64 counts, no largest count kept; narrowed when it fits
+    key = fixed_key("wide-topk")
+    small = _topk("wide-topk", domain)
+    small.step_batch([["a"], ["b", "c"]])
+    state = dict(small.__dict__)
+    state["_counts"] = state["_counts"].astype(np.int64)
+    del state["_max_count"]
+    old = object.__new__(dps.ContinualTopK)
+    old.__dict__.update(state)
+    loaded = load_snapshot(dump_snapshot(old, key), key)
+    assert loaded._counts.dtype == np.int32 and loaded._max_count == 1
+    for t, events in enumerate(_stream(4, 30, 5), start=2):
+        events = [[f"{'abcde'[int(x[1:]) % 5]}" for x in ev] for ev in events]
+        events = [sorted(set(ev)) for ev in events]
+        a, b = loaded.step_batch(events), small.step_batch(events)
+        assert list(a.items) == list(b.items) and a.values.tolist() == b.values.tolist()
+        assert a.meta == b.meta and t == a.t
+
+
+@pytest.mark.parametrize("top, wide", [(INT32_TOP, False), (INT32_TOP + 1, True)])
+def test_store_keeps_every_value(top, wide):
+    """The helper itself: a new int64 array exactly when a value needs it, never the
+    caller's array, every value kept."""
+    dest = np.zeros(3, dtype=np.int32)
+    counts = np.array([0, 5, top], dtype=np.int64)
+    out = narrow_counts.store(dest, counts, top)
+    assert (out is dest) is not wide and out is not counts
+    assert out.dtype == (np.int64 if wide else np.int32)
+    assert out.tolist() == counts.tolist()
+    grown = narrow_counts.widened(np.array([1, 2], dtype=np.int32), top)
+    assert grown.dtype == (np.int64 if wide else np.int32) and grown.tolist() == [1, 2]
