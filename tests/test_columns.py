@@ -626,6 +626,7 @@ def test_arrow_buffer_readers_match_to_numpy():
     no_nulls = pa.array([4, 5, 6], pa.int32()).slice(1)
     assert _arrow_valid(no_nulls).tolist() == [True, True]
     assert _arrow_ints(no_nulls).tolist() == [5, 6]
+    assert _arrow_valid(pa.nulls(3)).tolist() == [False] * 3
     with pytest.raises(TypeError, match="signed-integer"):
         _arrow_ints(pa.array([1.5]))
 

@@ -341,14 +341,18 @@ def _arrow_ints(arr: Any) -> np.ndarray:
     data = arr.buffers()[1]
     if n == 0 or data is None:
         return np.zeros(n, dtype=np.int64)
-    dtype = np.dtype(f"<i{arr.type.bit_width // 8}")
+    dtype = np.dtype(f"=i{arr.type.bit_width // 8}")  # Arrow's memory: the machine's order
     return np.frombuffer(data, dtype=dtype, count=arr.offset + n)[arr.offset:].astype(np.int64)
 
 
 def _arrow_valid(arr: Any) -> np.ndarray:
     """Which entries of an Arrow array are not null, as a bool array (its validity
     bitmap unpacked; see :func:`_arrow_ints` for why not ``is_null().to_numpy()``)."""
+    import pyarrow as pa
+
     n = len(arr)
+    if pa.types.is_null(arr.type):  # no buffers: every entry is null
+        return np.zeros(n, dtype=bool)
     bitmap = arr.buffers()[0]
     if arr.null_count == 0 or bitmap is None:
         return np.ones(n, dtype=bool)
