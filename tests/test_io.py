@@ -86,13 +86,29 @@ def test_group_steps_malformed_does_not_advance_time_and_order_is_checked():
     bad_items = RawEvent(6, 3, None, "bad items")  # its time is readable: it stays in step 3
     recs = [_ev(1, 1), bad, _ev(3, 2), _ev(4, 1), bad_items, _ev(5, 9)]
     steps = list(group_steps(recs, horizon=3))
-    assert [t for t, _ in steps] == [1, 2, 3, 9]  # no gap step past the horizon
+    # no gap step past the horizon; the record past it comes out at once, alone
+    assert [t for t, _ in steps] == [1, 2, 9, 3]
     assert [r.line for r in steps[0][1]] == [1, 2]
     assert [r.line for r in steps[1][1]] == [3, 4] and "time order" in steps[1][1][1].error
-    assert steps[2][1] == [bad_items]
+    assert steps[3][1] == [bad_items]
     trailing = list(group_steps([_ev(1, 1), _ev(2, 2), bad], horizon=3))
     assert trailing[-1] == (2, [_ev(2, 2), bad])
     assert list(group_steps([bad], horizon=3)) == [(None, [bad])]
+
+
+def test_a_record_past_the_limit_does_not_move_time():
+    """A record of a step past the limit (--until, or the horizon) is rejected by the
+    caller; it must act as if it were not there. It used to close every step before
+    it, so the in-range records after it were late: one record changed the counts of
+    every event that followed it. Consecutive ones of one step come out together."""
+    recs = [_ev(1, 1), _ev(2, 7), _ev(3, 7), _ev(4, 8), _ev(5, 1), _ev(6, 2), _ev(7, 50)]
+    steps = [(t, [(r.line, r.error) for r in rs])
+             for t, rs in group_steps(recs, horizon=10, limit=5)]
+    assert steps == [(7, [(2, None), (3, None)]), (8, [(4, None)]),
+                     (1, [(1, None), (5, None)]), (50, [(7, None)]), (2, [(6, None)])]
+    without = [(t, [(r.line, r.error) for r in rs])
+               for t, rs in group_steps([recs[0], recs[4], recs[5]], horizon=10, limit=5)]
+    assert [s for s in steps if s[0] <= 5] == without  # the same steps, the same records
 
 
 def test_read_domain_lines_and_json(tmp_path):

@@ -123,3 +123,36 @@ def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
     assert out.read_bytes() == ref.read_bytes()  # as one uninterrupted run
     assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(tmp_path / "x.jsonl"),
                  "--until", "41"]) == 1
+
+
+@pytest.mark.parametrize("mode", ["unknown", "known", "top-k"])
+@pytest.mark.parametrize("extra, far", [((), 41), (("--until", "20"), 25),
+                                        (("--until", "20"), 41)])
+def test_a_record_past_the_end_changes_no_other_event(tmp_path, mode, extra, far):
+    """A record of a step past --until (or past the horizon) is dropped, and must act
+    as if it were not there. It used to close every step before it, so every in-range
+    event after it was late and dropped: one record decided the counts of all the
+    events that followed it. Neighbours (with it, without it) now give the same bytes."""
+    key_path = tmp_path / "k.key"
+    fixed_key("clock-past").save(key_path)
+    domain = tmp_path / "domain.txt"
+    domain.write_text("a\nb\nc\n")
+    lines = [json.dumps({"t": 1 + i // 6, "items": ["abc"[i % 3]]}) for i in range(90)]
+    outs = []
+    for name, body in (("with", lines[:30] + [json.dumps({"t": far, "items": ["c"]})]
+                        + lines[30:]), ("without", lines)):
+        src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
+        src.write_text("".join(line + "\n" for line in body))
+        args = ["run", "-q", "-m", mode, "-T", "40", "--max-items", "1", "--key-file",
+                str(key_path), "-i", str(src), "-o", str(out), *extra]
+        if mode == "unknown":
+            args += ["--rho", "50", "--threshold-delta", "0.3"]
+        elif mode == "known":
+            args += ["--rho", "50", "--domain", str(domain)]
+        else:
+            args += ["--rho", "50", "--domain", str(domain), "--k", "1", "--switches", "2"]
+        assert main(args) == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    last = json.loads(outs[0].splitlines()[14])  # step 15: events after the far record
+    assert last["t"] == 15

@@ -489,16 +489,22 @@ class ChunkGrouper:
     ``late_message``); ``late_message`` None: no such earlier run. A record with
     a step (valid or not) belongs to it; one without belongs to the open step,
     or else to the next one. Not for ``--implicit-time`` (a step per line).
+    A record of a step past ``limit`` (``--until``; the horizon by default) is
+    yielded at once, consecutive ones of one step together, and never moves
+    time on (see :func:`dpstream.io.group_steps`).
     """
 
-    def __init__(self, horizon: int, *, start: int = 0, late_message: str | None = None
-                 ) -> None:
+    def __init__(self, horizon: int, *, start: int = 0, late_message: str | None = None,
+                 limit: int | None = None) -> None:
         self.horizon = horizon
+        self.limit = horizon if limit is None else limit
         self.start = start
         self.late_message = late_message
         self.cur = start
         self.open: list[_Part] | None = None  # the open step `cur` (explicit t)
         self.bad: list[_Part] = []  # invalid records waiting for the next step
+        self.past: list[_Part] = []  # consecutive records of one step past the limit
+        self.past_t = 0
 
     def feed(self, chunk: Chunk) -> Iterator[StepInput]:
         """The steps that this chunk completes."""
@@ -520,6 +526,8 @@ class ChunkGrouper:
     def _feed_explicit(self, chunk: Chunk, valid: np.ndarray, late: dict[int, str]
                        ) -> Iterator[StepInput]:
         m = len(chunk)
+        beyond = valid & (chunk.t > self.limit)  # past the limit: no clock, no step's lines
+        valid = valid & ~beyond
         vidx = np.flatnonzero(valid)
         tv = chunk.t[vidx]
         if vidx.size:
@@ -539,11 +547,23 @@ class ChunkGrouper:
         step_of = np.maximum.accumulate(np.maximum(marks, init)) if m else marks
         if init < 0:
             step_of[step_of == 0] = -1
-        bounds = np.flatnonzero(np.diff(step_of)) + 1
+        change = step_of[1:] != step_of[:-1]
+        if beyond.any():  # a range of its own for each run of one step past the limit
+            tt = chunk.t
+            change |= (beyond[1:] != beyond[:-1]) | (beyond[1:] & (tt[1:] != tt[:-1]))
+        bounds = np.flatnonzero(change) + 1
         cuts = [0, *bounds.tolist(), m]
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             s = int(step_of[a])
             part = _Part(chunk, a, b, {i: msg for i, msg in late.items() if a <= i < b})
+            if beyond[a]:
+                t_past = int(chunk.t[a])
+                if self.past and self.past_t != t_past:
+                    yield from self._flush_past()
+                self.past.append(part)
+                self.past_t = t_past
+                continue
+            yield from self._flush_past()
             if s < 0:
                 self.bad.append(part)
             elif self.open is not None and s == self.cur:
@@ -553,6 +573,12 @@ class ChunkGrouper:
                 self.open = self.bad + [part]
                 self.bad = []
                 self.cur = s
+
+    def _flush_past(self) -> Iterator[StepInput]:
+        """The waiting records of one step past the limit, as that step (rejected)."""
+        if self.past:
+            yield _step_input(self.past_t, self.past)
+            self.past = []
 
     def _advance(self, t: int) -> Iterator[StepInput]:
         """Close the open step and yield the gap steps before step t."""
@@ -565,6 +591,7 @@ class ChunkGrouper:
 
     def finish(self) -> Iterator[StepInput]:
         """The open step, then invalid records after the last step (as step None)."""
+        yield from self._flush_past()
         if self.open is not None:
             yield _step_input(self.cur, self.open)
             self.open = None
@@ -574,9 +601,10 @@ class ChunkGrouper:
 
 
 def step_steps(chunks: Iterable[Chunk], horizon: int, *, start: int = 0,
-               late_message: str | None = None) -> Iterator[StepInput]:
+               late_message: str | None = None, limit: int | None = None
+               ) -> Iterator[StepInput]:
     """Group chunks into steps (see :class:`ChunkGrouper`)."""
-    grouper = ChunkGrouper(horizon, start=start, late_message=late_message)
+    grouper = ChunkGrouper(horizon, start=start, late_message=late_message, limit=limit)
     for chunk in chunks:
         yield from grouper.feed(chunk)
     yield from grouper.finish()

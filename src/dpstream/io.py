@@ -626,31 +626,48 @@ def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = Non
 
 
 def group_steps(
-    records: Iterable[RawEvent], horizon: int, *, start: int = 0, implicit: bool = False
+    records: Iterable[RawEvent], horizon: int, *, start: int = 0, implicit: bool = False,
+    limit: int | None = None,
 ) -> Iterator[tuple[int | None, list[RawEvent]]]:
     """Group records into time steps, in order, one step in memory at a time.
 
     Yields ``(t, records)`` for t = start+1, start+2, ... up to the last step
-    the input reaches, including empty steps in gaps (but no gap step past
-    ``horizon``; steps past it are yielded as they come, for the caller to
-    reject). With ``implicit``, every record (valid or not) is a step of its
-    own. Otherwise a record with a time belongs to that step, valid or not (an
-    invalid one is the caller's to drop); a record without a time belongs to
-    no step: it is yielded with the step that is open, or else with the next
-    one, or, at the end of the input, as ``(None, records)``; it never
-    advances time. A record whose time is not after an already closed step
-    becomes a malformed record (the input must be in time order).
-    ``start``: the steps up to it are already complete (a stream that goes on
-    from an earlier run).
+    the input reaches, including empty steps in gaps. With ``implicit``, every
+    record (valid or not) is a step of its own. Otherwise a record with a time
+    belongs to that step, valid or not (an invalid one is the caller's to
+    drop); a record without a time belongs to no step: it is yielded with the
+    step that is open, or else with the next one, or, at the end of the input,
+    as ``(None, records)``; it never advances time. A record whose time is not
+    after an already closed step becomes a malformed record (the input must be
+    in time order). ``start``: the steps up to it are already complete (a
+    stream that goes on from an earlier run).
+
+    A record whose time is past ``limit`` (``--until``; the horizon by
+    default) is yielded at once as ``(t, records)`` with t > limit, for the
+    caller to reject, consecutive ones of the same time together. It never
+    advances time: the caller drops it, so it must act as if it were not
+    there (one such record used to close every step before it and make the
+    in-range events after it late: its presence changed other events' counts).
     """
+    limit = horizon if limit is None else limit
     current = start
     step: list[RawEvent] | None = None  # the open step `current` (started by an explicit t)
     bad: list[RawEvent] = []  # malformed records waiting for the next step
+    past: list[RawEvent] = []  # consecutive records of one time past ``limit``
     for rec in records:
         if implicit:
             current += 1
             yield current, [rec]
             continue
+        if rec.t is not None and rec.t > limit:
+            if past and past[0].t != rec.t:
+                yield past[0].t, past
+                past = []
+            past.append(rec)
+            continue
+        if past:
+            yield past[0].t, past
+            past = []
         if rec.t is None:
             (step if step is not None else bad).append(rec)
             continue
@@ -672,6 +689,8 @@ def group_steps(
             bad = []
         current = t
         step, bad = bad + [rec], []
+    if past:
+        yield past[0].t, past
     if step is not None:
         yield current, step
     if bad:

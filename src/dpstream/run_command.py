@@ -845,8 +845,9 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                         map(note, _input_records(infile, opts, input_format)), horizon,
                         start=start_t, implicit=True))
             else:
+                # a record past --until is rejected without moving the clock (limit)
                 steps = step_steps(counted(_input_chunks(infile, opts, input_format)),
-                                   horizon, start=start_t, late_message=late)
+                                   horizon, start=start_t, late_message=late, limit=until)
             for step in steps:
                 if step.t is None:  # malformed records after the last step
                     validator.events(step)
