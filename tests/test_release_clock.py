@@ -156,3 +156,20 @@ def test_a_record_past_the_end_changes_no_other_event(tmp_path, mode, extra, far
     assert outs[0] == outs[1]
     last = json.loads(outs[0].splitlines()[14])  # step 15: events after the far record
     assert last["t"] == 15
+
+
+def test_a_batch_run_out_of_time_order_warns_not_to_publish(tmp_path, capsys):
+    """On input out of time order the event that began a later step decides that the
+    events after it are late (docs/privacy.md, rule 6): the run says so, with the count;
+    on the same events in order it says nothing."""
+    key_path = tmp_path / "k.key"
+    fixed_key("clock-order").save(key_path)
+    ordered = [json.dumps({"t": t, "items": ["a"]}) for t in (1, 1, 2, 3, 3, 4)]
+    shuffled = [ordered[0], ordered[3], ordered[1], ordered[2], ordered[4], ordered[5]]
+    capsys.readouterr()
+    _run(tmp_path, key_path, ordered, "ordered")
+    assert "time order" not in capsys.readouterr().err
+    _run(tmp_path, key_path, shuffled, "shuffled")
+    err = capsys.readouterr().err
+    # a t = 3 began step 3 before the second t = 1 and the t = 2: 2 late events
+    assert "2 events came after a later step had begun" in err and "sort the input" in err
