@@ -81,19 +81,41 @@ def test_group_steps_shared_t_gaps():
     assert steps == [(5, []), (6, [1])]
 
 
-def test_group_steps_malformed_does_not_advance_time_and_order_is_checked():
+def test_group_steps_a_record_counts_in_its_own_step_wherever_it_stands():
     bad = RawEvent(2, None, None, "broken")
     bad_items = RawEvent(6, 3, None, "bad items")  # its time is readable: it stays in step 3
     recs = [_ev(1, 1), bad, _ev(3, 2), _ev(4, 1), bad_items, _ev(5, 9)]
     steps = list(group_steps(recs, horizon=3))
-    # no gap step past the horizon; the record past it comes out at once, alone
-    assert [t for t, _ in steps] == [1, 2, 9, 3]
-    assert [r.line for r in steps[0][1]] == [1, 2]
-    assert [r.line for r in steps[1][1]] == [3, 4] and "time order" in steps[1][1][1].error
+    # the record past the horizon comes out at once, alone; then steps 1..3 in order
+    assert [t for t, _ in steps] == [9, 1, 2, 3]
+    # line 4 (step 1) after a step-2 record is not late: it counts in step 1; the
+    # broken record without a time stays with the step of the record before it
+    assert [r.line for r in steps[1][1]] == [1, 2, 4]
+    assert all(r.error is None for r in steps[1][1] if r.line != 2)
+    assert [r.line for r in steps[2][1]] == [3]
     assert steps[3][1] == [bad_items]
     trailing = list(group_steps([_ev(1, 1), _ev(2, 2), bad], horizon=3))
     assert trailing[-1] == (2, [_ev(2, 2), bad])
     assert list(group_steps([bad], horizon=3)) == [(None, [bad])]
+    leading = list(group_steps([bad, _ev(3, 3)], horizon=5))
+    assert leading == [(1, [bad]), (2, []), (3, [_ev(3, 3)])]
+    again = list(group_steps([_ev(1, 2), _ev(2, 4)], horizon=5, start=2))
+    assert [t for t, _ in again] == [3, 4] and "time order" in again[0][1][0].error
+
+
+def test_group_steps_order_of_the_input_changes_no_step():
+    """Neighbours: the same records in any order give each step the same records (in
+    input order within the step), so one record cannot make others late."""
+    rng = np.random.default_rng(5)  # simulation data only
+    recs = [_ev(i, int(t)) for i, t in enumerate(rng.integers(1, 8, 60), start=1)]
+    ordered = sorted(recs, key=lambda r: r.t)
+    shuffled = [recs[i] for i in rng.permutation(len(recs))]
+
+    def by_step(rs):
+        return {t: sorted(r.line for r in group) for t, group in group_steps(rs, horizon=10)}
+    assert by_step(shuffled) == by_step(ordered) == by_step(recs)
+    assert all(r.error is None for _, group in group_steps(shuffled, horizon=10)
+               for r in group)
 
 
 def test_a_record_past_the_limit_does_not_move_time():
@@ -104,8 +126,8 @@ def test_a_record_past_the_limit_does_not_move_time():
     recs = [_ev(1, 1), _ev(2, 7), _ev(3, 7), _ev(4, 8), _ev(5, 1), _ev(6, 2), _ev(7, 50)]
     steps = [(t, [(r.line, r.error) for r in rs])
              for t, rs in group_steps(recs, horizon=10, limit=5)]
-    assert steps == [(7, [(2, None), (3, None)]), (8, [(4, None)]),
-                     (1, [(1, None), (5, None)]), (50, [(7, None)]), (2, [(6, None)])]
+    assert steps == [(7, [(2, None), (3, None)]), (8, [(4, None)]), (50, [(7, None)]),
+                     (1, [(1, None), (5, None)]), (2, [(6, None)])]
     without = [(t, [(r.line, r.error) for r in rs])
                for t, rs in group_steps([recs[0], recs[4], recs[5]], horizon=10, limit=5)]
     assert [s for s in steps if s[0] <= 5] == without  # the same steps, the same records

@@ -70,9 +70,6 @@ CHUNK_LINES = 1 << 15
 
 _INT64_MAX = (1 << 63) - 1
 
-_LATE_TEMPLATE = ("time step {t} is not after step {cur}, which is already complete (events "
-                  "must be in time order)")
-
 
 @dataclass
 class Chunk:
@@ -156,8 +153,7 @@ def read_jsonl_chunks(stream: Any, name: str = "input", *, chunk_bytes: int = 1 
     """The records of a JSON Lines text stream, a chunk at a time.
 
     A stream over bytes (a file, a ``.gz``, stdin) is read as bytes, as much as is
-    there at each read (so a step is released as soon as a later event arrives on
-    a pipe); other text streams a chunk of lines at a time.
+    there at each read; other text streams a chunk of lines at a time.
     """
     binary = getattr(stream, "buffer", None)
     if binary is not None and hasattr(binary, "read1"):
@@ -485,13 +481,19 @@ class _Part:
 class ChunkGrouper:
     """:func:`dpstream.io.group_steps` over chunks: the same steps, the same records.
 
+    Every record with an in-range step counts in that step, wherever it stands
+    in the input: the steps are released once the input has been read (a batch
+    run's public clock is the end of its input, or ``--until``). Closing a step
+    when a record of a later one arrives let that record decide that the records
+    after it were late: its presence changed other records' counts.
+
     ``start``: the steps up to it are complete (records of them are late, with
     ``late_message``); ``late_message`` None: no such earlier run. A record with
-    a step (valid or not) belongs to it; one without belongs to the open step,
-    or else to the next one. Not for ``--implicit-time`` (a step per line).
-    A record of a step past ``limit`` (``--until``; the horizon by default) is
-    yielded at once, consecutive ones of one step together, and never moves
-    time on (see :func:`dpstream.io.group_steps`).
+    a step (valid or not) belongs to it; one without belongs to the step of the
+    last record before it that has one, or else to the first step. Not for
+    ``--implicit-time`` (a step per line). A record of a step past ``limit``
+    (``--until``; the horizon by default) is yielded at once, consecutive ones
+    of one step together, for the caller to reject.
     """
 
     def __init__(self, horizon: int, *, start: int = 0, late_message: str | None = None,
@@ -500,19 +502,19 @@ class ChunkGrouper:
         self.limit = horizon if limit is None else limit
         self.start = start
         self.late_message = late_message
-        self.cur = start
-        self.open: list[_Part] | None = None  # the open step `cur` (explicit t)
-        self.bad: list[_Part] = []  # invalid records waiting for the next step
+        self.steps: dict[int, list[_Part]] = {}  # every step's records, in input order
+        self.last: int | None = None  # the step of the last record that had one
+        self.lead: list[_Part] = []  # records without a step before any with one
         self.past: list[_Part] = []  # consecutive records of one step past the limit
         self.past_t = 0
 
     def feed(self, chunk: Chunk) -> Iterator[StepInput]:
-        """The steps that this chunk completes."""
+        """Take a chunk; yields only the records of steps past the limit."""
         m = len(chunk)
         if m == 0:
             return
         late: dict[int, str] = {}
-        if self.cur > _INT64_MAX and chunk.t.dtype != object:
+        if max(self.limit, self.start) > _INT64_MAX and chunk.t.dtype != object:
             chunk.t = chunk.t.astype(object)  # compared with a step past int64
         t = chunk.t
         valid = t > 0  # a record with a step goes to it, valid or not
@@ -521,58 +523,35 @@ class ChunkGrouper:
             for i in old.tolist():
                 late[i] = self.late_message.format(t=int(t[i]))
             valid[old] = False
-        yield from self._feed_explicit(chunk, valid, late)
-
-    def _feed_explicit(self, chunk: Chunk, valid: np.ndarray, late: dict[int, str]
-                       ) -> Iterator[StepInput]:
-        m = len(chunk)
-        beyond = valid & (chunk.t > self.limit)  # past the limit: no clock, no step's lines
-        valid = valid & ~beyond
-        vidx = np.flatnonzero(valid)
-        tv = chunk.t[vidx]
-        if vidx.size:
-            run = np.maximum.accumulate(tv)
-            before = np.empty_like(run)
-            before[0] = self.cur
-            before[1:] = np.maximum(run[:-1], self.cur)
-            is_late = (tv < before) | ((tv == before) & (before == self.cur)
-                                       & (self.open is None))
-            for k in np.flatnonzero(is_late).tolist():
-                late[int(vidx[k])] = _LATE_TEMPLATE.format(t=int(tv[k]), cur=int(before[k]))
-            vidx, tv = vidx[~is_late], tv[~is_late]
-        # the step of every record: the last step opened at or before it (-1: none yet)
-        marks = np.zeros(m, dtype=chunk.t.dtype)
-        marks[vidx] = tv
-        init = self.cur if self.open is not None else -1
-        step_of = np.maximum.accumulate(np.maximum(marks, init)) if m else marks
-        if init < 0:
-            step_of[step_of == 0] = -1
+        beyond = valid & (t > self.limit)  # past the limit: rejected where they stand
+        valid &= ~beyond
+        # the step of every record: its own, or that of the last record before it
+        # that had one (-1: none yet)
+        at = np.where(valid, np.arange(m), -1)
+        np.maximum.accumulate(at, out=at)
+        carry = -1 if self.last is None else self.last
+        step_of = np.where(at >= 0, t[np.maximum(at, 0)], carry)
+        if at[-1] >= 0:
+            self.last = int(t[at[-1]])
         change = step_of[1:] != step_of[:-1]
         if beyond.any():  # a range of its own for each run of one step past the limit
-            tt = chunk.t
-            change |= (beyond[1:] != beyond[:-1]) | (beyond[1:] & (tt[1:] != tt[:-1]))
-        bounds = np.flatnonzero(change) + 1
-        cuts = [0, *bounds.tolist(), m]
+            change |= (beyond[1:] != beyond[:-1]) | (beyond[1:] & (t[1:] != t[:-1]))
+        cuts = [0, *(np.flatnonzero(change) + 1).tolist(), m]
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            s = int(step_of[a])
             part = _Part(chunk, a, b, {i: msg for i, msg in late.items() if a <= i < b})
             if beyond[a]:
-                t_past = int(chunk.t[a])
+                t_past = int(t[a])
                 if self.past and self.past_t != t_past:
                     yield from self._flush_past()
                 self.past.append(part)
                 self.past_t = t_past
                 continue
             yield from self._flush_past()
+            s = int(step_of[a])
             if s < 0:
-                self.bad.append(part)
-            elif self.open is not None and s == self.cur:
-                self.open.append(part)
+                self.lead.append(part)
             else:
-                yield from self._advance(s)
-                self.open = self.bad + [part]
-                self.bad = []
-                self.cur = s
+                self.steps.setdefault(s, []).append(part)
 
     def _flush_past(self) -> Iterator[StepInput]:
         """The waiting records of one step past the limit, as that step (rejected)."""
@@ -580,24 +559,21 @@ class ChunkGrouper:
             yield _step_input(self.past_t, self.past)
             self.past = []
 
-    def _advance(self, t: int) -> Iterator[StepInput]:
-        """Close the open step and yield the gap steps before step t."""
-        if self.open is not None:
-            yield _step_input(self.cur, self.open)
-            self.open = None
-        for gap in range(self.cur + 1, min(t, self.horizon + 1)):
-            yield _step_input(gap, self.bad)
-            self.bad = []
-
     def finish(self) -> Iterator[StepInput]:
-        """The open step, then invalid records after the last step (as step None)."""
+        """Every step from start + 1 to the last one with a record, in order (records
+        without a step before any with one in the first), or, when no record had a
+        step, those records as step None."""
         yield from self._flush_past()
-        if self.open is not None:
-            yield _step_input(self.cur, self.open)
-            self.open = None
-        if self.bad:
-            yield _step_input(None, self.bad)
-            self.bad = []
+        if not self.steps:
+            if self.lead:
+                yield _step_input(None, self.lead)
+                self.lead = []
+            return
+        top = max(self.steps)
+        lead, self.lead = self.lead, []
+        for s in range(self.start + 1, top + 1):
+            yield _step_input(s, lead + self.steps.pop(s, []))
+            lead = []
 
 
 def step_steps(chunks: Iterable[Chunk], horizon: int, *, start: int = 0,

@@ -629,36 +629,40 @@ def group_steps(
     records: Iterable[RawEvent], horizon: int, *, start: int = 0, implicit: bool = False,
     limit: int | None = None,
 ) -> Iterator[tuple[int | None, list[RawEvent]]]:
-    """Group records into time steps, in order, one step in memory at a time.
+    """Group records into time steps.
 
-    Yields ``(t, records)`` for t = start+1, start+2, ... up to the last step
-    the input reaches, including empty steps in gaps. With ``implicit``, every
-    record (valid or not) is a step of its own. Otherwise a record with a time
-    belongs to that step, valid or not (an invalid one is the caller's to
-    drop); a record without a time belongs to no step: it is yielded with the
-    step that is open, or else with the next one, or, at the end of the input,
-    as ``(None, records)``; it never advances time. A record whose time is not
-    after an already closed step becomes a malformed record (the input must be
-    in time order). ``start``: the steps up to it are already complete (a
-    stream that goes on from an earlier run).
+    With ``implicit``, every record (valid or not) is a step of its own, one
+    at a time. Otherwise the input is read to its end first, and then
+    ``(t, records)`` is yielded for t = start+1, start+2, ... up to the last
+    step a record has, including empty steps in gaps: a record with a time
+    belongs to that step wherever it stands in the input, valid or not (an
+    invalid one is the caller's to drop); a record without a time belongs to
+    the step of the last record before it that has one, or else to the first
+    step, or, when no record has a time, all such records are yielded as
+    ``(None, records)``. A record of a step up to ``start`` (a stream that
+    goes on from an earlier run) is a malformed record in the step it stands.
+
+    The steps wait for the end of the input because closing one when a record
+    of a later step arrived let that record decide that the records after it
+    were late: its presence changed other records' counts, which the privacy
+    guarantee does not cover.
 
     A record whose time is past ``limit`` (``--until``; the horizon by
     default) is yielded at once as ``(t, records)`` with t > limit, for the
-    caller to reject, consecutive ones of the same time together. It never
-    advances time: the caller drops it, so it must act as if it were not
-    there (one such record used to close every step before it and make the
-    in-range events after it late: its presence changed other events' counts).
+    caller to reject, consecutive ones of the same time together.
     """
     limit = horizon if limit is None else limit
-    current = start
-    step: list[RawEvent] | None = None  # the open step `current` (started by an explicit t)
-    bad: list[RawEvent] = []  # malformed records waiting for the next step
-    past: list[RawEvent] = []  # consecutive records of one time past ``limit``
-    for rec in records:
-        if implicit:
+    if implicit:
+        current = start
+        for rec in records:
             current += 1
             yield current, [rec]
-            continue
+        return
+    steps: dict[int, list[RawEvent]] = {}
+    last: int | None = None  # the step of the last record that had one
+    lead: list[RawEvent] = []  # records without a step before any with one
+    past: list[RawEvent] = []  # consecutive records of one time past ``limit``
+    for rec in records:
         if rec.t is not None and rec.t > limit:
             if past and past[0].t != rec.t:
                 yield past[0].t, past
@@ -668,33 +672,24 @@ def group_steps(
         if past:
             yield past[0].t, past
             past = []
+        if rec.t is not None and rec.t <= start:
+            rec = RawEvent(rec.line, None, None,
+                           f"time step {rec.t} is not after step {start}, which is already "
+                           "complete (events must be in time order)", raw=rec.raw)
         if rec.t is None:
-            (step if step is not None else bad).append(rec)
+            (lead if last is None else steps[last]).append(rec)
             continue
-        t = rec.t
-        if step is not None and t == current:
-            step.append(rec)
-            continue
-        if t <= current:
-            late = RawEvent(rec.line, None, None,
-                            f"time step {t} is not after step {current}, which is already "
-                            "complete (events must be in time order)", raw=rec.raw)
-            (step if step is not None else bad).append(late)
-            continue
-        if step is not None:
-            yield current, step
-            step = None
-        for gap in range(current + 1, min(t, horizon + 1)):
-            yield gap, bad
-            bad = []
-        current = t
-        step, bad = bad + [rec], []
+        last = rec.t
+        steps.setdefault(last, []).append(rec)
     if past:
         yield past[0].t, past
-    if step is not None:
-        yield current, step
-    if bad:
-        yield None, bad
+    if not steps:
+        if lead:
+            yield None, lead
+        return
+    for t in range(start + 1, max(steps) + 1):
+        yield t, lead + steps.pop(t, [])
+        lead = []
 
 
 def read_domain(path: str) -> list[str]:

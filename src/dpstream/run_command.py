@@ -46,7 +46,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from .cli import (
@@ -848,13 +848,21 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 # a record past --until is rejected without moving the clock (limit)
                 steps = step_steps(counted(_input_chunks(infile, opts, input_format)),
                                    horizon, start=start_t, late_message=late, limit=until)
+            # records past the end come out as they are read; they are rejected after
+            # the steps are released, where they stand in an input in time order
+            # (their lines and errors only: the rest is freed)
+            beyond: list[Any] = []
             for step in steps:
                 if step.t is None:  # malformed records after the last step
                     validator.events(step)
                 elif step.t > until:
-                    validator.events(step, past=past(step.t))
+                    beyond.append(replace(step, items=[], codes=step.codes[:0],
+                                          offsets=step.offsets[:1] * 0, raw=b"",
+                                          lines=step.lines[:0], lengths=step.lengths[:0]))
                 else:
                     release(step.t, step)
+            for step in beyond:
+                validator.events(step, past=past(step.t))
         for t in range(mech.t + 1, until + 1):  # the public clock: every step up to the end
             release(t, [])
     out.flush()

@@ -43,14 +43,6 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
         occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
         items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
         output=opts["output"], state=opts["state"]))
-    out_of_order = stats.reasons.get("time order", 0)
-    if out_of_order:
-        _log.warning(
-            f"{out_of_order} events came after a later step had begun (the input is not "
-            "in time order) and were dropped as late. The event that began that step "
-            "decided their fate, which the privacy guarantee does not cover: sort the "
-            "input by its time step and run again before publishing (docs/privacy.md, "
-            "rule 6)", extra=log_fields(out_of_order=out_of_order))
 
 
 def _bounding_summary(mech: Any) -> list[str]:
