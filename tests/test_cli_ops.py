@@ -205,3 +205,37 @@ def test_a_key_file_others_can_read_is_refused_unless_allowed(tmp_path, key_path
     assert not (tmp_path / "a.jsonl").exists()  # refused before anything was written
     with pytest.warns(UserWarning, match="chmod 600"):
         assert main([*args, "-o", str(tmp_path / "b.jsonl"), "--allow-readable-key"]) == 0
+
+
+def test_follow_reads_a_backlog_to_its_end_before_it_releases(tmp_path, key_path):
+    """A due step used to close as soon as an event of a later step was read, so one
+    event put first in a backlog made the events after it late: its presence changed
+    other events' counts. The backlog is now read to its end: the same events in time
+    order and with a step-3 event first give the same bytes, and none is late."""
+    import datetime as dt
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=30)
+    at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
+    ordered = [json.dumps({"ts": at(0.1 + k / 50), "items": ["a"]}) for k in range(40)]
+    ordered += [json.dumps({"ts": at(1.5), "items": ["b"]}),
+                json.dumps({"ts": at(2.5), "items": ["c"]})]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    outs = []
+    for name, lines in (("ordered", ordered), ("early", [ordered[-1], *ordered[:-1]])):
+        src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
+        src.write_text("".join(line + "\n" for line in lines))
+        done = subprocess.run(
+            [sys.executable, "-m", "dpstream", *UNK, "-T", "10", "--key-file", key_path,
+             "-i", str(src), "-o", str(out), "--state", str(tmp_path / f"{name}.sqlite"),
+             "--time-field", "ts", "--step", "1s", "--start", start.isoformat(), "--follow",
+             "--no-round", "--until", "3"], env=env, capture_output=True, text=True,
+            timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "late" not in done.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert [json.loads(x)["t"] for x in outs[0].splitlines()] == [1, 2, 3]

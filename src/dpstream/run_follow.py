@@ -32,13 +32,15 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
     """``--follow``: read a growing input and release each step when the clock says.
 
     Step t is released once it is due on the public clock (its window has
-    ended, plus ``--lateness``) and the reader has caught up with the input
-    or read an event of a later step: a backlog is read in order first, so
-    which events make a step does not depend on how fast they were read. An
-    event that arrives after its step was released is late and goes to
-    ``--on-invalid``. A resumed run closes the steps on record at the input
-    line each one closed at the first time (kept in the state), so late
-    events stay late and the replay is exact.
+    ended, plus ``--lateness``) and the reader has caught up with the input:
+    a backlog is read to its end first, so which events make a step does not
+    depend on how fast they were read, nor on the order of the backlog. (A
+    step used to close too when an event of a later step was read: one event
+    put early in a backlog then made the events after it late, so its presence
+    changed other events' counts.) An event that arrives after its step was
+    released is late and goes to ``--on-invalid``. A resumed run closes the
+    steps on record at the input line each one closed at the first time (kept
+    in the state), so late events stay late and the replay is exact.
     """
     import datetime as _dt
     import queue
@@ -85,7 +87,6 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
     thread.start()
     pending: dict[int, list[Any]] = {}
     caught_up = ended = False
-    newest = 0  # the latest step an event was read for
     latest_line = 0  # the latest input line read
     # steps on record close where they closed the first time
     mask = StateDigests(key).mask if key is not None else (lambda t: 0)
@@ -103,7 +104,7 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
                 ready = ended or latest_line > boundary[t] or (caught_up and latest_line
                                                                 == boundary[t])
             else:
-                ready = clock.due(now) >= t and (caught_up or ended or newest > t)
+                ready = clock.due(now) >= t and (caught_up or ended)
             if ready:
                 recs = pending.pop(t, [])
                 cut = boundary.get(t, latest_line)
@@ -135,7 +136,6 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
                     validator.events([rec], past=past(rec.t))
                 else:
                     pending.setdefault(rec.t, []).append(rec)
-                    newest = max(newest, rec.t)
     finally:
         stop.set()
 
