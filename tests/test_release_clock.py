@@ -189,3 +189,24 @@ def test_a_batch_run_counts_every_event_in_its_own_step_whatever_the_order(tmp_p
         assert main(args) == 0
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_interleaved_csv_events_warn_not_to_publish(tmp_path, capsys):
+    """A CSV row between two rows of another event makes that event's later rows
+    come back, and they are dropped: the row in between decided it (docs/privacy.md,
+    rule 7). The run says so, with the count; the same rows grouped say nothing."""
+    key_path = tmp_path / "k.key"
+    fixed_key("clock-csv").save(key_path)
+    domain = tmp_path / "domain.txt"
+    domain.write_text("a\nb\nc\n")
+    outs = {}
+    for name, rows in (("split", ["X,1,a", "Y,1,b", "X,1,c"]),
+                       ("grouped", ["X,1,a", "X,1,c", "Y,1,b"])):
+        src, out = tmp_path / f"{name}.csv", tmp_path / f"{name}.out.jsonl"
+        src.write_text("event,t,item\n" + "".join(r + "\n" for r in rows))
+        assert main(["run", "-q", "-m", "known", "--domain", str(domain), "-T", "2",
+                     "--max-items", "3", "--rho", "1", "--key-file", str(key_path), "-i",
+                     str(src), "-o", str(out), "--time-column", "t"]) == 0
+        outs[name] = capsys.readouterr().err
+    assert "1 CSV row came back after another event's row" in outs["split"]
+    assert "came back" not in outs["grouped"]
