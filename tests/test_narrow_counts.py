@@ -55,6 +55,37 @@ def _brute(steps: list[list[list[str]]]) -> dict[str, int]:
     return counts
 
 
+def _replay_with_a_lowered_limit(monkeypatch, make, steps, counts_match):
+    """Run ``steps`` through ``make()`` with the real int32 limit (the reference: it
+    never widens), then again with the limit lowered to 40, checking at every step
+    that the releases are the same bits, that ``counts`` is int64 and equals a
+    brute-force count (``counts_match(mech, brute)``), and that the counts are int32
+    exactly while the largest is at most 40. Returns the reference's releases and
+    the first step whose largest count passed 40 (None: none did)."""
+    reference = make()
+    expected = [reference.step_batch(events) for events in steps]
+    assert reference._counts.dtype == np.int32  # never near 2^31 - 1
+
+    monkeypatch.setattr(narrow_counts, "INT32_MAX", 40)
+    mech = make()
+    seen: list[list[list[str]]] = []
+    widened_at = None
+    for events, want in zip(steps, expected, strict=True):
+        got = mech.step_batch(events)
+        seen.append(events)
+        brute = _brute(seen)
+        assert list(got.items) == list(want.items) and got.meta == want.meta
+        assert got.values.tolist() == want.values.tolist()
+        assert mech.counts.dtype == np.int64
+        assert counts_match(mech, brute)
+        top = max(brute.values())
+        assert mech._max_count == top
+        assert mech._counts.dtype == (np.int32 if top <= 40 else np.int64)
+        if top > 40 and widened_at is None:
+            widened_at = len(seen)
+    return expected, widened_at
+
+
 def test_unknown_domain_counts_widen_on_the_largest_count_with_the_same_releases(monkeypatch):
     """With the int32 limit lowered to 40, item i0 (in ~80% of events) passes it
     while the others stay far below: the counts stay int32 up to the step whose
@@ -62,27 +93,9 @@ def test_unknown_domain_counts_widen_on_the_largest_count_with_the_same_releases
     that of a mechanism that never widened (the real limit), and ``counts`` is
     int64 and equals a brute-force count throughout."""
     steps = _stream(1, 60, 30)
-    reference = _unknown("narrow-unknown")
-    expected = [reference.step_batch(events) for events in steps]
-    assert reference._counts.dtype == np.int32  # never near 2^31 - 1
-
-    monkeypatch.setattr(narrow_counts, "INT32_MAX", 40)
-    u = _unknown("narrow-unknown")
-    seen: list[list[list[str]]] = []
-    widened_at = None
-    for events, want in zip(steps, expected, strict=True):
-        got = u.step_batch(events)
-        seen.append(events)
-        brute = _brute(seen)
-        assert list(got.items) == list(want.items)
-        assert got.values.tolist() == want.values.tolist()
-        assert u.counts.dtype == np.int64
-        assert dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == brute
-        top = max(brute.values())
-        assert u._max_count == top
-        assert u._counts.dtype == (np.int32 if top <= 40 else np.int64)
-        if top > 40 and widened_at is None:
-            widened_at = len(seen)
+    expected, widened_at = _replay_with_a_lowered_limit(
+        monkeypatch, lambda: _unknown("narrow-unknown"), steps,
+        lambda u, brute: dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == brute)
     assert widened_at is not None and widened_at < len(steps)  # both layouts ran
     assert sum(len(r) for r in expected) > 200
 
@@ -146,28 +159,10 @@ def test_an_unknown_domain_snapshot_from_before_the_int32_counts_continues():
 def test_topk_counts_widen_on_the_largest_count_with_the_same_releases(monkeypatch):
     """SparseGumb: the same rule and checks as UnkBase's test above."""
     domain = [f"i{j}" for j in range(30)]
-    steps = _stream(3, 80, 30)
-    reference = _topk("narrow-topk", domain)
-    expected = [reference.step_batch(events) for events in steps]
-    assert reference._counts.dtype == np.int32
-
-    monkeypatch.setattr(narrow_counts, "INT32_MAX", 40)
-    m = _topk("narrow-topk", domain)
-    seen: list[list[list[str]]] = []
-    widened = False
-    for events, want in zip(steps, expected, strict=True):
-        got = m.step_batch(events)
-        seen.append(events)
-        brute = _brute(seen)
-        assert list(got.items) == list(want.items) and got.meta == want.meta
-        assert got.values.tolist() == want.values.tolist()
-        assert m.counts.dtype == np.int64
-        assert m.counts.tolist() == [brute.get(x, 0) for x in domain]
-        top = max(brute.values())
-        assert m._max_count == top
-        assert m._counts.dtype == (np.int32 if top <= 40 else np.int64)
-        widened |= top > 40
-    assert widened and sum(len(r) for r in expected) > 100
+    expected, widened_at = _replay_with_a_lowered_limit(
+        monkeypatch, lambda: _topk("narrow-topk", domain), _stream(3, 80, 30),
+        lambda m, brute: m.counts.tolist() == [brute.get(x, 0) for x in domain])
+    assert widened_at is not None and sum(len(r) for r in expected) > 100
 
 
 def test_topk_counts_past_int32_in_aggregate_mode_and_an_old_snapshot():
