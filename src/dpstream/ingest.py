@@ -498,7 +498,6 @@ class ChunkGrouper:
 
     def __init__(self, horizon: int, *, start: int = 0, late_message: str | None = None,
                  limit: int | None = None) -> None:
-        self.horizon = horizon
         self.limit = horizon if limit is None else limit
         self.start = start
         self.late_message = late_message

@@ -857,7 +857,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                     validator.events(step)
                 elif step.t > until:
                     beyond.append(replace(step, items=[], codes=step.codes[:0],
-                                          offsets=step.offsets[:1] * 0, raw=b"",
+                                          offsets=step.offsets[:1], raw=b"",
                                           lines=step.lines[:0], lengths=step.lengths[:0]))
                 else:
                     release(step.t, step)
