@@ -143,38 +143,67 @@ def test_timestamp_problems_are_invalid_records(tmp_path, key_path, capsys):
     assert "--start" in capsys.readouterr().err
 
 
-def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, key_path):
-    """--follow: steps close on the wall clock (quiet ones too); an event for a released
-    step is late; a later run with the state replays the steps where they closed."""
-    import datetime as dt
-    import os
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, key_path,
+                                                                     monkeypatch, capsys):
+    """--follow: steps close on the clock (quiet ones too); an event for a released
+    step is late; a later run with the state replays the steps where they closed.
 
-    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=2)
+    The follower's wall clock is driven by the test, in step with what the follower
+    has read, so the outcome never depends on how fast this machine runs: the clock
+    stands at 2.5 s (steps 1 and 2 due) until the follower has taken in the two
+    events appended after step 2 was released, then jumps past the horizon."""
+    import datetime as dt
+    import threading
+    import time
+
+    import dpstream.run_command as run_command
+    import dpstream.run_follow as run_follow
+
+    start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
     at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
     src = tmp_path / "live.jsonl"
     src.write_text(json.dumps({"ts": at(0.2), "items": ["a"]}) + "\n"
                    + json.dumps({"ts": at(1.5), "items": ["b"]}) + "\n")
     out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
-    cmd = [sys.executable, "-m", "dpstream", *UNK, "-T", "10", "--key-file", key_path,
-           "-i", str(src), "-o", str(out), "--state", str(state), "--time-field", "ts",
-           "--step", "1s", "--start", start.isoformat(), "--follow", "--no-round",
-           "--progress-every", "1000"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    proc = subprocess.Popen([*cmd, "--until", "6"], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not out.exists() or out.read_text().count("\n") < 2:  # steps 1 and 2 are due
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    with open(src, "a") as fh:  # a late event (step 1) and one for step 5, not yet due
-        fh.write(json.dumps({"ts": at(0.5), "items": ["a"]}) + "\n")
-        fh.write(json.dumps({"ts": at(4.5), "items": ["c"]}) + "\n")
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert "1 skipped" in err and "late" in err
+    cmd = [*UNK, "-T", "10", "--key-file", key_path, "-i", str(src), "-o", str(out),
+           "--state", str(state), "--time-field", "ts", "--step", "1s", "--start",
+           start.isoformat(), "--follow", "--no-round", "--progress-every", "1000"]
+
+    noted = [0]  # records the run loop has taken in
+    give_up = time.monotonic() + 60  # a broken follower fails the asserts, never hangs
+
+    def fake_now() -> dt.datetime:
+        if noted[0] >= 4 or time.monotonic() > give_up:
+            return start + dt.timedelta(seconds=20)
+        return start + dt.timedelta(seconds=2.5)
+
+    real_follow = run_follow.follow
+
+    def counting_follow(infile, opts, input_format, note, release, **kw):
+        def counted(rec):
+            noted[0] += 1
+            return note(rec)
+
+        return real_follow(infile, opts, input_format, counted, release, **kw)
+
+    monkeypatch.setattr(run_follow, "_utcnow", fake_now)
+    monkeypatch.setattr(run_command, "follow", counting_follow)
+
+    def append_when_two_steps_are_out() -> None:
+        while time.monotonic() < give_up:
+            if out.exists() and out.read_text().count("\n") >= 2:
+                break
+            time.sleep(0.02)
+        with open(src, "a") as fh:  # a late event (step 1) and one for step 5, not yet due
+            fh.write(json.dumps({"ts": at(0.5), "items": ["a"]}) + "\n"
+                     + json.dumps({"ts": at(4.5), "items": ["c"]}) + "\n")
+
+    appender = threading.Thread(target=append_when_two_steps_are_out, daemon=True)
+    appender.start()
+    assert main([*cmd, "--until", "6"]) == 0
+    appender.join(timeout=5)
+    err = capsys.readouterr().err
+    assert "1 skipped" in err and "late" in err, err
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["t"] for x in lines] == [1, 2, 3, 4, 5, 6]  # 3, 4 and 6 are quiet
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
@@ -186,10 +215,8 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, 
         want = mech.step_batch(steps.get(t, [])).counts
         assert line["released"] == {k: max(v, 0.0) for k, v in want.items()}  # --clamp
     # a later run replays steps 1..6 where they closed (the late event stays late), then
-    # releases 7 and 8 as they fall due
-    done = subprocess.run([*cmd, "--until", "8"], env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, done.stderr
+    # releases 7 and 8, due on the clock
+    assert main([*cmd, "--until", "8"]) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["t"] for x in lines] == list(range(1, 9))
 
@@ -218,7 +245,7 @@ def test_follow_reads_a_backlog_to_its_end_before_it_releases(tmp_path, key_path
     import sys
     from pathlib import Path
 
-    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=30)
+    start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)  # long past: every step is due
     at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
     ordered = [json.dumps({"ts": at(0.1 + k / 50), "items": ["a"]}) for k in range(40)]
     ordered += [json.dumps({"ts": at(1.5), "items": ["b"]}),

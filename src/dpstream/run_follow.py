@@ -22,6 +22,13 @@ def _clock(opts: dict[str, Any]) -> Any:
     return clock(opts)
 
 
+def _utcnow() -> Any:
+    """The wall clock the follower reads (one seam, so tests can drive time)."""
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
 _IDLE = object()  # the follower has read everything there is for now
 _EOF = object()  # the input has ended (stdin closed)
 
@@ -42,7 +49,6 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
     steps on record at the input line each one closed at the first time (kept
     in the state), so late events stay late and the replay is exact.
     """
-    import datetime as _dt
     import queue
     import threading
 
@@ -95,7 +101,7 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
     try:
         while mech.t < until:
             t = mech.t + 1
-            now = _dt.datetime.now(_dt.timezone.utc)
+            now = _utcnow()
             if t in boundary:
                 if caught_up and latest_line < boundary[t]:
                     raise StateError(f"the input ends at line {latest_line}, but step {t} "

@@ -17,7 +17,9 @@ Spark itself needs a Java runtime). See docs/spark.md.
 
 from __future__ import annotations
 
-from .releases import SparkKnownBase, SparkUnknownBase, increments, update_counts
+# Every name is imported on first use: the executor-side kernels
+# (``dpstream.spark.kernels``) are pure NumPy/pandas and import without PySpark,
+# while the classes below need it and raise a clear ImportError without it.
 
 __all__ = [
     "SparkContinualTopK",
@@ -32,6 +34,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name in ("SparkKnownBase", "SparkUnknownBase", "increments", "update_counts"):
+        from . import releases
+
+        return getattr(releases, name)
     if name in ("start_stream", "StepClock"):
         from . import streaming
 
