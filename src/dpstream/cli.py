@@ -303,7 +303,8 @@ MECH_OPTS: tuple[Opt, ...] = (
         "unknown; optional for meta)",
         None, _positive_int, metavar="N"),
     Opt(("--user-field",), "user_field", "protect users, not events: the JSON field (or CSV "
-        "column) holding each event's user id; needs --max-items-per-user and "
+        "column) holding each event's user id, compared as an exact string (normalise "
+        "case, spaces and Unicode upstream); needs --max-items-per-user and "
         "--max-count-per-item (known, unknown, top-k)", None, str, metavar="NAME",
         default_text="none: per event"),
     Opt(("--max-items-per-user",), "max_items_per_user", "with --user-field: the most "
