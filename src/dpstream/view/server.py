@@ -164,7 +164,11 @@ class _RequestReader(io.RawIOBase):
 
 
 def _client_gone(sock: socket.socket) -> bool:
-    """Whether the peer of an idle event stream has closed its end (checked without blocking)."""
+    """Whether the peer of an idle event stream has closed its end (checked without blocking).
+
+    A client that only half-closes (shuts down its sending side) counts as gone:
+    a browser's event stream never does.
+    """
     timeout = sock.gettimeout()
     try:
         sock.settimeout(0)
