@@ -9,7 +9,7 @@ from typing import Any
 
 from .model import DEFAULT_TOP, MAX_SELECTED, ViewModel
 from .render import render_page
-from .server import DEFAULT_POLL, ViewServer
+from .server import DEFAULT_MAX_STREAMS, DEFAULT_POLL, ViewServer
 
 __all__ = ["add_view_parser", "cmd_view", "start_run_view", "export_html"]
 
@@ -73,6 +73,15 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argpars
                       help="the metadata file (default: RELEASES.jsonl.meta.json beside it)")
     view.add_argument("--poll", type=_seconds, default=DEFAULT_POLL, metavar="SECONDS",
                       help=f"how often to look for new releases (default: {DEFAULT_POLL})")
+    view.add_argument("--max-streams", type=_positive_int, default=DEFAULT_MAX_STREAMS,
+                      metavar="N",
+                      help="how many pages may follow the file at once (one update stream "
+                           "each); more are answered 503 and retry (default: "
+                           f"{DEFAULT_MAX_STREAMS})")
+    view.add_argument("--allow-host", action="append", default=None, metavar="NAME",
+                      help="a name the page may be reached by besides localhost and the "
+                           "address it listens on, e.g. this machine's name with --host "
+                           "0.0.0.0 (repeat; requests naming any other host get 403)")
     view.add_argument("--export", default=None, metavar="REPORT.html",
                       help="write the page of the file as it is now to REPORT.html (one "
                            "self-contained file, no script) and exit (default: serve)")
@@ -107,7 +116,8 @@ def cmd_view(args: argparse.Namespace) -> int:
         return 0
     model = ViewModel(args.releases, top=args.top, meta_path=args.meta)
     server = ViewServer(model, host=args.host, port=args.port, poll=args.poll,
-                        selected=args.select).start()
+                        selected=args.select, max_streams=args.max_streams,
+                        allow_hosts=args.allow_host or ()).start()
     try:
         print(f"{PROG} view: serving {args.releases} at {server.url} (Ctrl-C to stop)",
               flush=True)

@@ -13,14 +13,27 @@ file or the model beyond which histories it keeps in memory.
 A background thread polls the file every ``poll`` seconds
 (:meth:`ViewModel.refresh`); each event stream waits on the model's
 condition. Bound to 127.0.0.1 and a free port unless told otherwise.
+
+Limits, so that a page left open or a hostile client costs a bounded number
+of threads: a client has ``request_timeout`` seconds to send its request (a
+stalled or trickling one is dropped); at most ``max_streams`` event streams
+are open at once (more get 503 with ``Retry-After``); at most
+``max_connections`` connections are served at once (more get 503 and are
+closed at once). Against DNS rebinding, a request whose ``Host`` (or
+``Origin``) names something other than this machine gets 403 (see
+:func:`host_allowed`).
 """
 
 from __future__ import annotations
 
+import io
+import ipaddress
 import json
 import math
 import secrets
+import socket
 import threading
+import time
 from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,12 +43,23 @@ from urllib.parse import parse_qs, urlsplit
 from .model import MAX_SELECTED, Snapshot, ViewModel
 from .render import content_security_policy, render_fragments, render_page
 
-__all__ = ["ViewServer", "DEFAULT_POLL"]
+__all__ = ["ViewServer", "DEFAULT_POLL", "DEFAULT_MAX_STREAMS", "DEFAULT_REQUEST_TIMEOUT",
+           "RETRY_AFTER", "host_allowed"]
 
 #: Seconds between two looks at the releases file.
 DEFAULT_POLL = 0.25
+#: Seconds a client has to send its whole request (line and headers).
+DEFAULT_REQUEST_TIMEOUT = 10.0
+#: Event streams open at once (one per open page); more are answered 503.
+DEFAULT_MAX_STREAMS = 32
+#: Connections served at once beyond the event streams (pages, /api/state).
+_EXTRA_CONNECTIONS = 32
+#: Seconds a refused client is asked to wait (``Retry-After``).
+RETRY_AFTER = 5
 #: Seconds between keep-alive comments on an idle event stream.
 _KEEPALIVE = 15.0
+#: Seconds between two checks that an idle event stream's client is still there.
+_GONE_CHECK = 1.0
 #: The longest item name a query may ask for (characters).
 _MAX_NAME = 1000
 
@@ -55,6 +79,153 @@ def _selection(query: str) -> list[str] | None:
     if any(len(i) > _MAX_NAME for i in items):
         raise _BadRequestError(f"an item name is longer than {_MAX_NAME} characters")
     return [i for i in items if i]
+
+
+def _host_name(value: str) -> str | None:
+    """The name part of a ``Host`` value (``name``, ``name:port``, ``[v6]:port``), lower case.
+
+    ``None`` if the value is not of that form.
+    """
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[:end + 1], value[end + 1:]
+    else:
+        name, sep, port = value.partition(":")
+        rest = sep + port
+    port = rest[1:]
+    if rest and not (rest[0] == ":" and port.isascii() and port.isdigit() and len(port) <= 5):
+        return None
+    return name or None
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    literal = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        return ipaddress.ip_address(literal)
+    except ValueError:
+        return None
+
+
+def host_allowed(value: str, bound: str, names: frozenset[str] = frozenset()) -> bool:
+    """Whether a request's ``Host`` value may be answered by a server bound to ``bound``.
+
+    Accepted: ``localhost``, any loopback address (``127.0.0.1``, ``[::1]``), the
+    bound address, any IP address if bound to all of them (``0.0.0.0``, ``::``),
+    and ``names`` (lower case), each with or without a port; nothing else. A DNS
+    rebinding page reaches the server under a name its author controls, so its
+    requests carry that name and are refused. The port is not checked: an SSH
+    tunnel or a proxy may change it, and the name is what the attack needs.
+    """
+    name = _host_name(value)
+    if name is None:
+        return False
+    if name == "localhost" or name in names:
+        return True
+    ip = _ip(name)
+    if ip is None:
+        return False
+    if ip.is_loopback:
+        return True
+    here = _ip(bound)
+    return here is not None and (here.is_unspecified or here == ip)
+
+
+def _origin_allowed(value: str, bound: str, names: frozenset[str]) -> bool:
+    """Whether an ``Origin`` header names a page of this server (``null`` does not)."""
+    url = urlsplit(value.strip())
+    return url.scheme in ("http", "https") and not url.path and \
+        host_allowed(url.netloc, bound, names)
+
+
+class _RequestReader(io.RawIOBase):
+    """Reads a socket until a deadline: the client has that long for its whole request.
+
+    A per-read timeout alone keeps a thread for a client that sends one byte at
+    a time; this bounds the total.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request was not received in time")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+def _client_gone(sock: socket.socket) -> bool:
+    """Whether the peer of an idle event stream has closed its end (checked without blocking).
+
+    A client that only half-closes (shuts down its sending side) counts as gone:
+    a browser's event stream never does.
+    """
+    timeout = sock.gettimeout()
+    try:
+        sock.settimeout(0)
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        try:
+            sock.settimeout(timeout)
+        except OSError:
+            pass
+
+
+_BUSY_TEXT = b"too many connections, retry later\n"
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: %d\r\n"
+         b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+         b"Connection: close\r\n\r\n%s") % (RETRY_AFTER, len(_BUSY_TEXT), _BUSY_TEXT)
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server that serves at most ``max_connections`` connections at once.
+
+    One more is answered 503 from the accepting thread (without blocking: the
+    answer fits in the socket's buffer, or is dropped) and closed.
+    """
+
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        threading.current_thread().name = "dpstream-view-conn"
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -80,16 +251,45 @@ class ViewServer:
     """
 
     def __init__(self, model: ViewModel, *, host: str = "127.0.0.1", port: int = 0,
-                 poll: float = DEFAULT_POLL, selected: list[str] | None = None) -> None:
+                 poll: float = DEFAULT_POLL, selected: list[str] | None = None,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 max_streams: int = DEFAULT_MAX_STREAMS, max_connections: int | None = None,
+                 allow_hosts: list[str] | tuple[str, ...] = ()) -> None:
+        """``request_timeout``: seconds a client has to send its request; ``max_streams``:
+        event streams open at once; ``max_connections``: connections served at once
+        (default ``max_streams + 32``, so that pages load while the streams are full);
+        ``allow_hosts``: names besides this machine's that ``Host`` may carry.
+        """
         if not poll > 0:
             raise ValueError(f"--poll must be a positive number of seconds, got {poll!r}")
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be positive, got {request_timeout!r}")
+        if max_streams < 1:
+            raise ValueError(f"--max-streams must be at least 1, got {max_streams!r}")
+        if max_connections is None:
+            max_connections = max_streams + _EXTRA_CONNECTIONS
+        if max_connections <= max_streams:
+            raise ValueError(f"max_connections ({max_connections}) must exceed max_streams "
+                             f"({max_streams}): pages must load while the streams are full")
         self.model = model
         self.poll = float(poll)
         #: the items a page without a choice of its own shows (None: the top items)
         self.selected = None if selected is None else list(selected)[:MAX_SELECTED]
+        self.request_timeout = float(request_timeout)
+        self.max_streams = int(max_streams)
+        self.max_connections = int(max_connections)
+        names = set()
+        for given in allow_hosts:
+            name = _host_name(given)
+            if name is None:
+                raise ValueError(f"--allow-host: not a host name: {given!r}")
+            names.add(name)
+        if _ip(host.lower()) is None:
+            names.add(host.lower())  # the name it was told to listen on
+        self.allowed_names = frozenset(names)
+        self._streams = threading.BoundedSemaphore(self.max_streams)
         self._stop = threading.Event()
-        self._httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _BoundedHTTPServer((host, port), _handler(self), self.max_connections)
         self._threads: list[threading.Thread] = []
 
     @property
@@ -137,6 +337,17 @@ class ViewServer:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def allows(self, host: str | None, origin: str | None) -> bool:
+        """Whether a request with these ``Host`` and ``Origin`` headers may be answered.
+
+        No ``Host`` (an HTTP/1.0 client; browsers always send one) is allowed;
+        an ``Origin``, when present, must name this server too.
+        """
+        bound = str(self._httpd.server_address[0])
+        if host is not None and not host_allowed(host, bound, self.allowed_names):
+            return False
+        return origin is None or _origin_allowed(origin, bound, self.allowed_names)
+
 
 def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
     model = server.model
@@ -145,8 +356,16 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
         server_version = "dpstream-view"
         sys_version = ""
 
+        timeout = server.request_timeout  # also bounds each write to a client
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass  # quiet: a page polls; errors reach the page, not the terminal
+
+        def setup(self) -> None:
+            super().setup()
+            self.rfile.close()  # read the request through a reader with a deadline instead
+            deadline = time.monotonic() + server.request_timeout
+            self.rfile = io.BufferedReader(_RequestReader(self.connection, deadline))
 
         def _headers(self, status: int, ctype: str, length: int | None,
                      nonce: str | None = None) -> None:
@@ -168,7 +387,29 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
         def do_HEAD(self) -> None:  # noqa: N802
             self.do_GET()
 
+        def _refuse(self, status: int, text: str, retry_after: int | None = None) -> None:
+            body = f"{text}\n".encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            if retry_after is not None:
+                self.send_header("Retry-After", str(retry_after))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
         def do_GET(self) -> None:  # noqa: N802
+            self.connection.settimeout(server.request_timeout)  # the request is read
+            hosts = self.headers.get_all("Host") or []
+            origins = self.headers.get_all("Origin") or []
+            if len(hosts) > 1 or len(origins) > 1:
+                self._refuse(400, "more than one Host or Origin header")
+                return
+            if not server.allows(hosts[0] if hosts else None, origins[0] if origins else None):
+                self._refuse(403, "forbidden: this server answers only to this machine's "
+                                  "names (dpstream view --allow-host NAME adds one)")
+                return
             url = urlsplit(self.path)
             try:
                 selected = _selection(url.query)
@@ -194,23 +435,39 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                 self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
         def _events(self, selected: list[str] | None) -> None:
-            self._headers(200, "text/event-stream; charset=utf-8", None)
             if self.command == "HEAD":
+                self._headers(200, "text/event-stream; charset=utf-8", None)
                 return
+            if not server._streams.acquire(blocking=False):
+                self._refuse(503, f"too many open event streams (at most {server.max_streams})",
+                             RETRY_AFTER)
+                return
+            try:
+                self._headers(200, "text/event-stream; charset=utf-8", None)
+                self._stream(selected)
+            finally:
+                server._streams.release()
+
+        def _stream(self, selected: list[str] | None) -> None:
             last = -1
             try:
                 self.wfile.write(b"retry: 1000\n\n")
+                written = time.monotonic()
                 while not server.stopping:
                     with model.changed:
                         model.changed.wait_for(
                             lambda seen=last: model.version != seen or server.stopping,
-                            _KEEPALIVE)
+                            _GONE_CHECK)
                         fresh = model.version != last
                     if server.stopping:
                         break
                     if not fresh:
-                        self.wfile.write(b": keep-alive\n\n")
-                        self.wfile.flush()
+                        if _client_gone(self.connection):
+                            return  # frees the stream's slot now, not at the next write
+                        if time.monotonic() - written >= _KEEPALIVE:
+                            self.wfile.write(b": keep-alive\n\n")
+                            self.wfile.flush()
+                            written = time.monotonic()
                         continue
                     snap = model.snapshot(selected)
                     last = snap.version
@@ -224,6 +481,7 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                     data = json.dumps(msg, ensure_ascii=True, allow_nan=False)
                     self.wfile.write(f"data: {data}\n\n".encode())
                     self.wfile.flush()
+                    written = time.monotonic()
             except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
                 return
 

@@ -9,6 +9,8 @@
   let selected = state.selected;
   let auto = state.auto;
   let source = null;
+  let retry = null;
+  const RETRY_MS = 5000;  // the server's Retry-After when its streams are full (503)
   const conn = document.getElementById("dp-conn");
 
   function query() {
@@ -38,9 +40,15 @@
 
   function connect() {
     if (source) source.close();
-    source = new EventSource("events" + query());
+    clearTimeout(retry);
+    const es = new EventSource("events" + query());
+    source = es;
     source.onopen = function () { setConn(true); };
-    source.onerror = function () { setConn(false); };
+    source.onerror = function () {
+      setConn(false);
+      // a refusal (503: too many pages open) ends the stream for good; try again later
+      if (es.readyState === EventSource.CLOSED) retry = setTimeout(connect, RETRY_MS);
+    };
     source.onmessage = function (e) { setConn(true); apply(JSON.parse(e.data)); };
   }
 
