@@ -450,13 +450,13 @@ def test_keygen_mode_and_no_overwrite(tmp_path, capsys):
 
 def test_run_refuses_without_key(files, capsys):
     assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "-i", files.input) == 1
+                "-i", files.input) == 2  # a usage error
     assert "keygen" in capsys.readouterr().err
 
 
 def test_missing_mechanism_option_is_one_line(files, capsys):
-    assert _run("-m", "unknown", "-T", "40", "--rho", "1", "--key-file", files.key_path,
-                "-i", files.input) == 1
+    assert _run("-m", "unknown", "-T", "40", "--rho", "1", "--threshold-delta", "1e-6",
+                "--key-file", files.key_path, "-i", files.input) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
@@ -604,10 +604,10 @@ def test_plan_blt_prints_both_counters(capsys):
     assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 1
+                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 2
     assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
     assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 1
+                 "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 2
     assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
 
 
@@ -656,10 +656,10 @@ def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_its
                 "--domain-size", "3", *extra]
         if "--blt-buffers" not in extra:
             args += ["--blt-buffers", "2"]
-        assert main(args) == 1
+        assert main(args) == 2
         assert message in capsys.readouterr().err
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 1
+                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 2
     assert "--blt-buffers does not apply to --mechanism unknown" in capsys.readouterr().err
 
 

@@ -4,8 +4,10 @@ Layer 6 of dpstream. This module holds the options, the parser and the
 mechanism registry (each mechanism module is imported only when asked for);
 ``run`` itself is :mod:`dpstream.run_command`. Errors are one line on stderr
 with exit status 1 (``--debug`` shows the traceback); usage errors exit with
-status 2; a closed pipe on stdout (``dpstream run ... | head``) ends the run
-quietly with status 141.
+status 2, the problems of the settings all listed at once
+(:mod:`dpstream.settings_check`, shared by ``plan`` and ``run``); a closed
+pipe on stdout (``dpstream run ... | head``) ends the run quietly with status
+141.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import DPStreamError
+from .settings_check import SettingsError, check_settings, mechanism_settings
 
 __all__ = ["main", "build_parser", "MECHANISMS", "build_mechanism"]
 
@@ -167,10 +170,9 @@ def _counter_from_buffers(name: str, options: dict[str, Any], kwargs: dict[str, 
                                              buffers, int(horizon))
 
 
-def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
-    """User level needs both bounds (and, for a run, --user-field); one alone is an error:
-    a run must never fall back to event level without a word. ``plan`` needs the
-    bounds only (it reads no input)."""
+def check_user_options(options: dict[str, Any]) -> None:
+    """User level needs both bounds; one alone is an error (the command line's ``plan``
+    and ``run`` also need --user-field with them: :mod:`dpstream.settings_check`)."""
     per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
     if (per_user is None) != (per_item is None):
         missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
@@ -179,14 +181,6 @@ def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
     if options.get("user_field") is not None and options.get("mechanism") == "meta":
         raise ValueError("--user-field does not apply to --mechanism meta (known, unknown and "
                          "top-k protect users)")
-    if not run:
-        return
-    if options.get("user_field") is not None and per_user is None:
-        raise ValueError("--user-field needs --max-items-per-user and --max-count-per-item "
-                         "(how much of the stream one user may contribute)")
-    if options.get("user_field") is None and per_user is not None:
-        raise ValueError("--max-items-per-user/--max-count-per-item need --user-field (the "
-                         "field or column holding each event's user id)")
 
 
 def top_k_choice(name: str, options: dict[str, Any], key: Any,
@@ -691,6 +685,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except SettingsError as exc:  # every problem of the command line, one a line
+        if debug:
+            raise
+        print(exc.report(PROG, _user_words), file=sys.stderr)
+        return 2
     except BrokenPipeError:  # e.g. `dpstream run ... | head`: the reader left, quietly stop
         _silence_stdout()
         return 141  # 128 + SIGPIPE, what a shell reports for a pipeline cut short
@@ -787,6 +786,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + PLAN_OPTS, config, ignore=RUN_OPTS)
+    check_settings(opts)  # the same check as run's: a plan only for what a run accepts
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
@@ -795,24 +795,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     key = NoiseKey.generate()  # throw-away: the plan releases nothing
     target = opts["target_error"]
     if target is not None:
-        if any(opts[b] is not None for b in ("epsilon", "rho", "tau")):
-            raise ValueError("--target-error replaces the budget: drop --epsilon/--rho/--tau")
         fixed = {**opts, "delta": None}
         params = inspect.signature(mechanism_class(name)).parameters
         if "threshold_delta" in params and opts["threshold_delta"] is None:
             # the discovery threshold needs its delta; without --threshold-delta, half of
             # --delta (the mechanism pays --max-items times it)
-            if opts["delta"] is None:
-                raise ValueError(f"--mechanism {name} with --target-error needs --delta (or "
-                                 "--threshold-delta): the threshold that hides rare items "
-                                 "is set from it")
             fixed["threshold_delta"] = opts["delta"] / (2 * (opts["max_items"] or 1))
-        unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
+        with mechanism_settings():
+            unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
         tau = planning.tau_for_target(target, planning.noise_std_worst(unit))
         mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
     else:
-        _require_budget(opts)
-        mech = build_mechanism(name, opts, key, domain)
+        with mechanism_settings():
+            mech = build_mechanism(name, opts, key, domain)
     used = fixed if target is not None else opts  # the options the mechanism was built from
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
     choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
@@ -850,12 +845,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if opts["explain"]:
             print(planning.explain(info))
     return 0
-
-
-def _require_budget(opts: dict[str, Any]) -> None:
-    if all(opts[b] is None for b in ("epsilon", "rho", "tau")):
-        raise ValueError("give a privacy budget: --epsilon E --delta D, or --rho R "
-                         "(or --tau for the noise scale itself)")
 
 
 def _domain_option(opts: dict[str, Any]) -> list[str] | None:
