@@ -948,6 +948,33 @@ def test_help_texts(capsys):
     assert "8 ms per step" in helps["fsync"] and "--no-fsync" in helps["fsync"]
 
 
+def test_run_help_says_what_input_without_time_steps_does(files, capsys):
+    """CSV without a time column is refused and a JSON event without t is an invalid
+    record (each line is a step only with --implicit-time): the help says so."""
+    parser = build_parser()
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+               ).choices["run"]
+    text = " ".join(run.format_help().split())
+    assert "an event without t (or a bare array such as [\"a\", \"b\"]) is an invalid record" \
+        in text and "CSV input without --time-column (or --time-field) is refused" in text
+    assert "An event without t is a step of its own" not in text
+    assert "each event is a step of its own" not in text
+    assert "NA, null or None" in " ".join(run.epilog.split())
+    helps = {a.dest: " ".join(a.help.split()) for a in run._actions}
+    assert "NA, null or None as empty (NaN): prefer parquet" in helps["output_format"]
+    base = ["-T", "3", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+            "--key-file", files.key_path]
+    (files.dir / "ev.csv").write_text("event,item\n1,d0\n2,d1\n")
+    assert _run(*base, "-i", str(files.dir / "ev.csv"), "-o", str(files.dir / "c")) == 1
+    assert "CSV input needs its time steps" in capsys.readouterr().err
+    (files.dir / "untimed.jsonl").write_text('{"items": ["d0"]}\n["d1"]\n')
+    out = files.dir / "u.jsonl"
+    assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "3 steps (t = 1..3 of T = 3), 0 events" in err and "2 skipped" in err
+    assert len(out.read_text().splitlines()) == 3  # the public clock, not one step a line
+
+
 def test_plan_reads_a_config_written_for_run(files, capsys):
     cfg = files.dir / "run.toml"
     cfg.write_text(f'horizon = 40\nmechanism = "unknown"\nmax-items = 2\nrho = 1.0\n'

@@ -365,7 +365,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         "one event must be consecutive, an id that comes back later (within its time step, "
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
-        default_text="none: each event is a step of its own (see 'time steps' below)"),
+        default_text="none; CSV input needs it, or --time-field for timestamps"),
     Opt(("--implicit-time",), "implicit_time", "JSON Lines without time steps: every line "
         "is a step of its own, blank and broken lines too (then the guarantee hides what a "
         "line holds, not whether it exists; not for a stream that goes on over several runs)",
@@ -386,11 +386,15 @@ RUN_OPTS: tuple[Opt, ...] = (
         "may still arrive, e.g. 5m", None, str, metavar="DURATION", default_text="0s"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
-        "domain, config or state file)", "-", str, metavar="PATH"),
+        "domain, config or state file; for a table, prefer .parquet to .csv: see "
+        "--output-format)", "-", str, metavar="PATH"),
     Opt(("--output-format",), "output_format", "jsonl (one line per step), or a long "
         "table with one row per released item per step and the columns t, item, value, "
         "noise_std: csv, jsonl-long or parquet (needs pyarrow; not with --state); auto = by "
-        "the --output suffix (.csv, .parquet), else jsonl", "auto", str,
+        "the --output suffix (.csv, .parquet), else jsonl. In csv, a step that releases no "
+        "item is a row with an empty item, and pandas' read_csv also reads items named NA, "
+        "null or None as empty (NaN): prefer parquet, or read with keep_default_na=False, "
+        "na_values=['']", "auto", str,
         choices=("auto", "jsonl", "csv", "jsonl-long", "parquet")),
     Opt(("--top",), "top", "write only the N largest released counts of each step "
         "(post-processing of the release: free; e.g. for a large known domain)", None,
@@ -560,20 +564,26 @@ def _config_value(opt: Opt, value: Any) -> Any:
 # --------------------------------------------------------------------------- parser
 
 RUN_EPILOG = """\
-input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} or ["a", "b"].
-  CSV: one row per (event, item), see --event-column/--item-column.
-  Items are strings (JSON integers are read as text). *.gz is decompressed.
+input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3}.
+  CSV: one row per (event, item), see --event-column/--item-column and
+  --time-column (or --time-field). Items are strings (JSON integers are read
+  as text). *.gz is decompressed.
 users: with --user-field user, events carry {"user": "alice", ...} and the guarantee
   protects each user (all their events), whose contributions are bounded over the
   stream by --max-items-per-user and --max-count-per-item (first come, first kept).
-time steps: events sharing t form one step. An event without t is a step of its
-  own: then each line is one time step, and the guarantee hides what a line holds
-  (its items replaced by none), not whether the line exists; give t when events
-  happen at times of their own. Every step 1..--until (default --horizon) is
-  released, with events or without: which steps exist never depends on the data.
+time steps: events sharing t form one step; an event without t (or a bare
+  array such as ["a", "b"]) is an invalid record (see --on-invalid), and CSV
+  input without --time-column (or --time-field) is refused. With
+  --implicit-time every line is a step of its own ({"items": [...]} or
+  ["a", "b"], no t): then the guarantee hides what a line holds (its items
+  replaced by none), not whether the line exists. Every step 1..--until
+  (default --horizon) is released, with events or without: which steps exist
+  never depends on the data.
 output (JSON Lines): one line per step, {"t": 3, "released": {"a": 13, ...}}
   (+ "meta" for the mechanism's public extras, e.g. the threshold); floats are
-  rounded to integers (--no-round: exact floats). CSV: t,item,value.
+  rounded to integers (--no-round: exact floats). CSV: t,item,value,noise_std;
+  pandas' read_csv reads an item named NA, null or None as NaN, like a quiet
+  step's empty item: prefer -o FILE.parquet (or keep_default_na=False).
 state: with --state, a killed run resumes where it stopped when run again with
   the same command: nothing is written twice and the output equals an
   uninterrupted run's; a finished run is not released again; a step already
