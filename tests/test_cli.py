@@ -450,13 +450,13 @@ def test_keygen_mode_and_no_overwrite(tmp_path, capsys):
 
 def test_run_refuses_without_key(files, capsys):
     assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "-i", files.input) == 1
+                "-i", files.input) == 2  # a usage error
     assert "keygen" in capsys.readouterr().err
 
 
 def test_missing_mechanism_option_is_one_line(files, capsys):
-    assert _run("-m", "unknown", "-T", "40", "--rho", "1", "--key-file", files.key_path,
-                "-i", files.input) == 1
+    assert _run("-m", "unknown", "-T", "40", "--rho", "1", "--threshold-delta", "1e-6",
+                "--key-file", files.key_path, "-i", files.input) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
@@ -604,10 +604,10 @@ def test_plan_blt_prints_both_counters(capsys):
     assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 1
+                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 2
     assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
     assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 1
+                 "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 2
     assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
 
 
@@ -656,10 +656,10 @@ def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_its
                 "--domain-size", "3", *extra]
         if "--blt-buffers" not in extra:
             args += ["--blt-buffers", "2"]
-        assert main(args) == 1
+        assert main(args) == 2
         assert message in capsys.readouterr().err
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 1
+                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 2
     assert "--blt-buffers does not apply to --mechanism unknown" in capsys.readouterr().err
 
 
@@ -946,6 +946,33 @@ def test_help_texts(capsys):
     assert helps["time_column"].count("default") == 1
     assert "required for top-k" in helps["k"] and "required for top-k" in helps["switches"]
     assert "8 ms per step" in helps["fsync"] and "--no-fsync" in helps["fsync"]
+
+
+def test_run_help_says_what_input_without_time_steps_does(files, capsys):
+    """CSV without a time column is refused and a JSON event without t is an invalid
+    record (each line is a step only with --implicit-time): the help says so."""
+    parser = build_parser()
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+               ).choices["run"]
+    text = " ".join(run.format_help().split())
+    assert "an event without t (or a bare array such as [\"a\", \"b\"]) is an invalid record" \
+        in text and "CSV input without --time-column (or --time-field) is refused" in text
+    assert "An event without t is a step of its own" not in text
+    assert "each event is a step of its own" not in text
+    assert "NA, null or None" in " ".join(run.epilog.split())
+    helps = {a.dest: " ".join(a.help.split()) for a in run._actions}
+    assert "NA, null or None as empty (NaN): prefer parquet" in helps["output_format"]
+    base = ["-T", "3", "--domain", files.domain, "--max-items", "2", "--rho", "1",
+            "--key-file", files.key_path]
+    (files.dir / "ev.csv").write_text("event,item\n1,d0\n2,d1\n")
+    assert _run(*base, "-i", str(files.dir / "ev.csv"), "-o", str(files.dir / "c")) == 1
+    assert "CSV input needs its time steps" in capsys.readouterr().err
+    (files.dir / "untimed.jsonl").write_text('{"items": ["d0"]}\n["d1"]\n')
+    out = files.dir / "u.jsonl"
+    assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "3 steps (t = 1..3 of T = 3), 0 events" in err and "2 skipped" in err
+    assert len(out.read_text().splitlines()) == 3  # the public clock, not one step a line
 
 
 def test_plan_reads_a_config_written_for_run(files, capsys):

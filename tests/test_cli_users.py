@@ -102,8 +102,8 @@ def test_event_and_user_level_releases_differ(stream, tmp_path):
 
 def test_plan_states_the_user_unit(capsys):
     assert main(["plan", "-T", "100", "--domain-size", "10", "--epsilon", "1", "--delta",
-                 "1e-6", "--max-items-per-user", "4", "--max-count-per-item", "2",
-                 "--json"]) == 0
+                 "1e-6", "--user-field", "user", "--max-items-per-user", "4",
+                 "--max-count-per-item", "2", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["unit"] == info["privacy"]["unit"] == "user"
     # tau grows with sqrt(L0) Linf against the event level with Delta0 = 1
@@ -113,7 +113,8 @@ def test_plan_states_the_user_unit(capsys):
     assert event["unit"] == "event"
     assert info["tau"] == pytest.approx(event["tau"] * 2 * 2, rel=1e-9)
     assert main(["plan", "-T", "100", "--domain-size", "10", "--epsilon", "1", "--delta",
-                 "1e-6", "--max-items-per-user", "4", "--max-count-per-item", "2"]) == 0
+                 "1e-6", "--user-field", "user", "--max-items-per-user", "4",
+                 "--max-count-per-item", "2"]) == 0
     assert "per user" in capsys.readouterr().out
 
 
@@ -130,7 +131,7 @@ def test_user_options_go_together(stream, tmp_path, capsys, argv, message):
     code = main(["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"), "--rho", "1",
                  "--key-file", str(key_path), "-i", str(base / "ev.jsonl"), "-o", str(out),
                  *argv])
-    assert code == 1
+    assert code == 2  # a usage error
     assert message in capsys.readouterr().err
     assert not out.exists() or out.read_bytes() == b""
 

@@ -60,6 +60,23 @@ def test_tau_matches_the_theorem():
     assert m.tau <= math.sqrt(2.5 / rho_paper)
 
 
+def test_per_user_guarantee_is_the_event_theorem_at_tau_over_linf_and_the_docs_say_so():
+    """Per user, rho = Linf^2 (2k + 1) / (2 tau^2) (Linf^2 k / tau^2 with no sparse-vector
+    round), what .privacy states; docs/privacy.md's table gives the same coefficient."""
+    from pathlib import Path
+
+    for k, linf, switches, wait, coef in ((2, 3, 1, True, 2 * 2 + 1), (1, 2, 0, True, 3),
+                                          (3, 2, 0, False, 2 * 3)):
+        m = ContinualTopK(range(20), 100, k=k, switches=switches, key=fixed_key("p"),
+                          tau=1.5, wait=wait, max_items_per_user=4, max_count_per_item=linf)
+        assert m.privacy.unit == "user"
+        assert m.privacy.rho == pytest.approx(linf**2 * coef / (2 * 1.5**2), rel=1e-12)
+    assert "(2k+1)" in m.theorem_user
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text()
+    row = next(line for line in docs.splitlines() if line.startswith("| top-k (SparseGumb)"))
+    assert "Linf^2 (2k + 1) / (2 tau^2)-zCDP" in row
+
+
 @pytest.mark.parametrize("switches", [0, 1, 3])
 def test_never_more_than_s_reselections(switches, monkeypatch):
     """A stream whose leader rotates every 3 steps, eta = 0: the switch budget runs out.

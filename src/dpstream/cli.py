@@ -4,8 +4,10 @@ Layer 6 of dpstream. This module holds the options, the parser and the
 mechanism registry (each mechanism module is imported only when asked for);
 ``run`` itself is :mod:`dpstream.run_command`. Errors are one line on stderr
 with exit status 1 (``--debug`` shows the traceback); usage errors exit with
-status 2; a closed pipe on stdout (``dpstream run ... | head``) ends the run
-quietly with status 141.
+status 2, the problems of the settings all listed at once
+(:mod:`dpstream.settings_check`, shared by ``plan`` and ``run``); a closed
+pipe on stdout (``dpstream run ... | head``) ends the run quietly with status
+141.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import DPStreamError
+from .settings_check import SettingsError, check_settings, mechanism_settings
 
 __all__ = ["main", "build_parser", "MECHANISMS", "build_mechanism"]
 
@@ -167,10 +170,9 @@ def _counter_from_buffers(name: str, options: dict[str, Any], kwargs: dict[str, 
                                              buffers, int(horizon))
 
 
-def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
-    """User level needs both bounds (and, for a run, --user-field); one alone is an error:
-    a run must never fall back to event level without a word. ``plan`` needs the
-    bounds only (it reads no input)."""
+def check_user_options(options: dict[str, Any]) -> None:
+    """User level needs both bounds; one alone is an error (the command line's ``plan``
+    and ``run`` also need --user-field with them: :mod:`dpstream.settings_check`)."""
     per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
     if (per_user is None) != (per_item is None):
         missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
@@ -179,14 +181,6 @@ def check_user_options(options: dict[str, Any], *, run: bool = False) -> None:
     if options.get("user_field") is not None and options.get("mechanism") == "meta":
         raise ValueError("--user-field does not apply to --mechanism meta (known, unknown and "
                          "top-k protect users)")
-    if not run:
-        return
-    if options.get("user_field") is not None and per_user is None:
-        raise ValueError("--user-field needs --max-items-per-user and --max-count-per-item "
-                         "(how much of the stream one user may contribute)")
-    if options.get("user_field") is None and per_user is not None:
-        raise ValueError("--max-items-per-user/--max-count-per-item need --user-field (the "
-                         "field or column holding each event's user id)")
 
 
 def top_k_choice(name: str, options: dict[str, Any], key: Any,
@@ -372,7 +366,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         "one event must be consecutive, an id that comes back later (within its time step, "
         "or among the last 100,000 ids) is an invalid record", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
-        default_text="none: each event is a step of its own (see 'time steps' below)"),
+        default_text="none; CSV input needs it, or --time-field for timestamps"),
     Opt(("--implicit-time",), "implicit_time", "JSON Lines without time steps: every line "
         "is a step of its own, blank and broken lines too (then the guarantee hides what a "
         "line holds, not whether it exists; not for a stream that goes on over several runs)",
@@ -393,11 +387,15 @@ RUN_OPTS: tuple[Opt, ...] = (
         "may still arrive, e.g. 5m", None, str, metavar="DURATION", default_text="0s"),
     Opt(("--output", "-o"), "output", "where to write the releases, '-' for stdout "
         "(exactly-once with --state needs a file; not compressed, and not the input, key, "
-        "domain, config or state file)", "-", str, metavar="PATH"),
+        "domain, config or state file; for a table, prefer .parquet to .csv: see "
+        "--output-format)", "-", str, metavar="PATH"),
     Opt(("--output-format",), "output_format", "jsonl (one line per step), or a long "
         "table with one row per released item per step and the columns t, item, value, "
         "noise_std: csv, jsonl-long or parquet (needs pyarrow; not with --state); auto = by "
-        "the --output suffix (.csv, .parquet), else jsonl", "auto", str,
+        "the --output suffix (.csv, .parquet), else jsonl. In csv, a step that releases no "
+        "item is a row with an empty item, and pandas' read_csv also reads items named NA, "
+        "null or None as empty (NaN): prefer parquet, or read with keep_default_na=False, "
+        "na_values=['']", "auto", str,
         choices=("auto", "jsonl", "csv", "jsonl-long", "parquet")),
     Opt(("--top",), "top", "write only the N largest released counts of each step "
         "(post-processing of the release: free; e.g. for a large known domain)", None,
@@ -567,20 +565,26 @@ def _config_value(opt: Opt, value: Any) -> Any:
 # --------------------------------------------------------------------------- parser
 
 RUN_EPILOG = """\
-input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3} or ["a", "b"].
-  CSV: one row per (event, item), see --event-column/--item-column.
-  Items are strings (JSON integers are read as text). *.gz is decompressed.
+input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3}.
+  CSV: one row per (event, item), see --event-column/--item-column and
+  --time-column (or --time-field). Items are strings (JSON integers are read
+  as text). *.gz is decompressed.
 users: with --user-field user, events carry {"user": "alice", ...} and the guarantee
   protects each user (all their events), whose contributions are bounded over the
   stream by --max-items-per-user and --max-count-per-item (first come, first kept).
-time steps: events sharing t form one step. An event without t is a step of its
-  own: then each line is one time step, and the guarantee hides what a line holds
-  (its items replaced by none), not whether the line exists; give t when events
-  happen at times of their own. Every step 1..--until (default --horizon) is
-  released, with events or without: which steps exist never depends on the data.
+time steps: events sharing t form one step; an event without t (or a bare
+  array such as ["a", "b"]) is an invalid record (see --on-invalid), and CSV
+  input without --time-column (or --time-field) is refused. With
+  --implicit-time every line is a step of its own ({"items": [...]} or
+  ["a", "b"], no t): then the guarantee hides what a line holds (its items
+  replaced by none), not whether the line exists. Every step 1..--until
+  (default --horizon) is released, with events or without: which steps exist
+  never depends on the data.
 output (JSON Lines): one line per step, {"t": 3, "released": {"a": 13, ...}}
   (+ "meta" for the mechanism's public extras, e.g. the threshold); floats are
-  rounded to integers (--no-round: exact floats). CSV: t,item,value.
+  rounded to integers (--no-round: exact floats). CSV: t,item,value,noise_std;
+  pandas' read_csv reads an item named NA, null or None as NaN, like a quiet
+  step's empty item: prefer -o FILE.parquet (or keep_default_na=False).
 state: with --state, a killed run resumes where it stopped when run again with
   the same command: nothing is written twice and the output equals an
   uninterrupted run's; a finished run is not released again; a step already
@@ -692,6 +696,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except SettingsError as exc:  # every problem of the command line, one a line
+        if debug:
+            raise
+        print(exc.report(PROG, _user_words), file=sys.stderr)
+        return 2
     except BrokenPipeError:  # e.g. `dpstream run ... | head`: the reader left, quietly stop
         _silence_stdout()
         return 141  # 128 + SIGPIPE, what a shell reports for a pipeline cut short
@@ -788,6 +797,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + PLAN_OPTS, config, ignore=RUN_OPTS)
+    check_settings(opts)  # the same check as run's: a plan only for what a run accepts
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
@@ -796,24 +806,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     key = NoiseKey.generate()  # throw-away: the plan releases nothing
     target = opts["target_error"]
     if target is not None:
-        if any(opts[b] is not None for b in ("epsilon", "rho", "tau")):
-            raise ValueError("--target-error replaces the budget: drop --epsilon/--rho/--tau")
         fixed = {**opts, "delta": None}
         params = inspect.signature(mechanism_class(name)).parameters
         if "threshold_delta" in params and opts["threshold_delta"] is None:
             # the discovery threshold needs its delta; without --threshold-delta, half of
             # --delta (the mechanism pays --max-items times it)
-            if opts["delta"] is None:
-                raise ValueError(f"--mechanism {name} with --target-error needs --delta (or "
-                                 "--threshold-delta): the threshold that hides rare items "
-                                 "is set from it")
             fixed["threshold_delta"] = opts["delta"] / (2 * (opts["max_items"] or 1))
-        unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
+        with mechanism_settings():
+            unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
         tau = planning.tau_for_target(target, planning.noise_std_worst(unit))
         mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
     else:
-        _require_budget(opts)
-        mech = build_mechanism(name, opts, key, domain)
+        with mechanism_settings():
+            mech = build_mechanism(name, opts, key, domain)
     used = fixed if target is not None else opts  # the options the mechanism was built from
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
     choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
@@ -851,12 +856,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if opts["explain"]:
             print(planning.explain(info))
     return 0
-
-
-def _require_budget(opts: dict[str, Any]) -> None:
-    if all(opts[b] is None for b in ("epsilon", "rho", "tau")):
-        raise ValueError("give a privacy budget: --epsilon E --delta D, or --rho R "
-                         "(or --tau for the noise scale itself)")
 
 
 def _domain_option(opts: dict[str, Any]) -> list[str] | None:

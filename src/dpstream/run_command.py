@@ -56,9 +56,7 @@ from .cli import (
     RUN_OPTS,
     _domain_option,
     _load_config,
-    _require_budget,
     build_mechanism,
-    check_user_options,
     make_postprocessor,
     merge_options,
 )
@@ -75,6 +73,7 @@ from .run_output import (
     postprocess,
 )
 from .run_report import Progress, log_summary
+from .settings_check import check_settings, mechanism_settings
 
 __all__ = ["cmd_run", "load_key"]
 
@@ -525,17 +524,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + RUN_OPTS, config)
-    if opts["horizon"] is None:
-        raise ValueError("--horizon is required (T, the number of time steps)")
-    if opts["key_file"] is None:
-        raise ValueError("no key: pass --key-file PATH (create one with `dpstream keygen PATH`;"
-                         " keep it secret)")
+    check_settings(opts, extra=[] if opts["key_file"] is not None else [
+        "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)"])
     setup_logging(opts["log_format"], quiet=opts["quiet"])
-    check_user_options(opts, run=True)
     until = _until(opts)
     _check_time_mode(opts, until)
     check_paths(opts, args.config)
-    _require_budget(opts)
     key = load_key(opts)
     opts["noise_version"] = _noise_version(opts)
     if opts["engine"] == "spark":
@@ -546,7 +540,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
     stream = scoped_stream(opts)
-    mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
+    with mechanism_settings():
+        mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
     # readable counts (--clamp, --monotone): post-processing whose state (the values
     # published so far) is replayed with the steps, or saved with the mechanism
     publish = make_postprocessor(opts)

@@ -334,8 +334,9 @@ class ContinualTopK:
     sparse-vector parts of the theorem use, and changes each scaled counter's
     cell table by at most the event-level sensitivity (the worst placement of
     the user's Linf contributions is at one step, lemma in
-    :mod:`dpstream.bounding`). So the theorem holds per user with tau / Linf:
-    Linf^2 (2k + 4) / (2 tau^2)-zCDP (``.privacy.unit == "user"``). L0 does
+    :mod:`dpstream.bounding`). So the guarantee above holds per user with tau / Linf:
+    Linf^2 (2k + 1) / (2 tau^2)-zCDP, Linf^2 k / tau^2 with no sparse-vector round
+    (``.privacy.unit == "user"``). L0 does
     not enter: the analysis never uses how many counts one unit changes.
 
     Modes: ``step`` / ``step_batch`` take events (each a set of domain items, any

@@ -1,0 +1,204 @@
+"""The mechanism, budget and bounds settings of ``plan`` and ``run``, checked at once.
+
+Layer 6 of dpstream. ``dpstream plan`` and ``dpstream run`` check these
+settings with the same function, :func:`settings_problems`, so that a plan is
+only ever printed for settings a run accepts, and a run refuses exactly what a
+plan refuses. Every problem of a command line is found before anything is
+reported: the user fixes them all in one go instead of one per attempt.
+:class:`SettingsError` carries the list; the command prints one problem a line
+and exits with status 2, as for any other usage error.
+
+What is checked needs no file and no key: that --horizon and a budget are
+given (one budget, whole), what each ``--mechanism`` needs (``--max-items``,
+``--domain``, ``--k``...), the options that do not apply to it, and that the
+user-level options go together. Values the mechanism itself checks (a base out
+of range, ``--k`` larger than the domain) are reported when it is built, also
+with status 2 (:func:`mechanism_settings`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .errors import DPStreamError
+
+__all__ = ["SettingsError", "settings_problems", "check_settings", "mechanism_settings",
+           "USER_BOUNDS"]
+
+#: The two bounds of user-level privacy, as flags.
+USER_BOUNDS = ("--max-items-per-user", "--max-count-per-item")
+
+
+class SettingsError(DPStreamError, ValueError):
+    """The command line's settings have problems: ``problems`` lists each (plain words).
+
+    A ``ValueError`` too, so that code catching bad arguments catches it.
+    """
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def report(self, prog: str, words: Callable[[str], str] = str) -> str:
+        """What the command prints: one problem on a line, or a list of them (each
+        problem on one line, in the command line's ``words``)."""
+        problems = [" ".join(words(p).split()) for p in self.problems]
+        if len(problems) == 1:
+            return f"{prog}: error: {problems[0]}"
+        lines = [f"{prog}: error: {len(problems)} problems with the settings:"]
+        return "\n".join([*lines, *(f"  - {p}" for p in problems)])
+
+
+@contextmanager
+def mechanism_settings() -> Iterator[None]:
+    """A ``ValueError`` raised in this block (by a mechanism's constructor, which checks
+    the values this module does not: a base out of range, --k past the domain size) is
+    a problem of the settings too: :class:`SettingsError`, exit status 2."""
+    try:
+        yield
+    except SettingsError:
+        raise
+    except ValueError as exc:
+        raise SettingsError([str(exc)]) from exc
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _budget_problems(opts: Mapping[str, Any]) -> list[str]:
+    """A budget is one of --epsilon with --delta, --rho or --tau (or, for ``plan``,
+    --target-error, which replaces it)."""
+    problems = []
+    given = [d for d in ("epsilon", "rho", "tau") if opts.get(d) is not None]
+    delta = opts.get("delta")
+    if delta is not None and not delta < 1:
+        problems.append(f"--delta must be below 1 (a probability), got {delta}")
+    if opts.get("target_error") is not None:
+        if given:
+            problems.append("--target-error replaces the budget: drop "
+                            + " and ".join(_flag(d) for d in given))
+        return problems
+    forms = [f for f, present in (("rho", opts.get("rho") is not None),
+                                  ("epsilon", opts.get("epsilon") is not None
+                                   or delta is not None),
+                                  ("tau", opts.get("tau") is not None)) if present]
+    if not forms:
+        problems.append("give a privacy budget: --epsilon E --delta D, or --rho R (or --tau "
+                        "for the noise scale itself)")
+    elif len(forms) > 1:
+        flags = [_flag(d) for d in ("epsilon", "delta", "rho", "tau") if opts.get(d) is not None]
+        problems.append(f"give one privacy budget, not several (got {', '.join(flags)}): "
+                        "--epsilon E --delta D, or --rho R, or --tau")
+    elif opts.get("epsilon") is not None and delta is None:
+        problems.append("--epsilon needs --delta as well (the budget is the pair)")
+    elif opts.get("epsilon") is None and delta is not None:
+        problems.append("--delta needs --epsilon as well (the budget is the pair)")
+    return problems
+
+
+def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
+    """What ``--mechanism`` needs, and the options that do not apply to it."""
+    from .cli import _MECH_KWARGS, MECHANISMS, mechanism_class
+
+    name = opts.get("mechanism", "known")
+    spec = MECHANISMS[name]
+    params = inspect.signature(mechanism_class(name)).parameters
+    problems = []
+    has_domain = opts.get("domain") is not None or opts.get("domain_size") is not None
+    if spec.max_items == "required" and opts.get("max_items") is None \
+            and opts.get("max_items_per_user") is None:
+        problems.append(f"--mechanism {name} needs --max-items N (the most items an event "
+                        "holds)")
+    if spec.domain == "required" and not has_domain:
+        problems.append(f"--mechanism {name} needs --domain FILE (the known items; for "
+                        "`plan`, --domain-size N will do)")
+    if spec.domain == "none" and opts.get("domain") is not None:
+        problems.append(f"--domain does not apply to --mechanism {name}")
+    if name == "top-k":
+        if opts.get("k") is None:
+            problems.append("--mechanism top-k needs --k N (how many items it releases)")
+        if opts.get("switches") is None:
+            problems.append("--mechanism top-k needs --switches S (the most times the top-k "
+                            "may be chosen again)")
+    if name == "meta":
+        oneshot = opts.get("oneshot")
+        if oneshot is None:
+            problems.append("--mechanism meta needs --oneshot (the one-shot mechanism of "
+                            "every tree cell)")
+        elif not oneshot.startswith("unknown") and not has_domain:
+            problems.append(f"--oneshot {oneshot} needs --domain FILE (the known items; for "
+                            "`plan`, --domain-size N will do)")
+    for dest in _MECH_KWARGS:
+        value = opts.get(dest)
+        if value is None or dest == "remember" or (dest == "eta" and value == "auto"):
+            continue  # --remember is on by default and applies where it can
+        if dest == "max_items" and name == "top-k":
+            continue  # the more accurate of SparseGumb and KnownBase's top-k
+        if dest not in params:
+            problems.append(f"{_flag(dest)} does not apply to --mechanism {name}")
+    if opts.get("blt_buffers") is not None and "counter" not in params:
+        problems.append(f"--blt-buffers does not apply to --mechanism {name}")
+    if (name == "unknown" and opts.get("threshold_delta") is None
+            and opts.get("target_error") is None and opts.get("epsilon") is None
+            and opts.get("delta") is None):
+        for budget in ("rho", "tau"):
+            if opts.get(budget) is not None:
+                problems.append(f"--mechanism unknown with --{budget} needs --threshold-delta "
+                                "D (the delta of the threshold that hides rare items)")
+                break
+    if (opts.get("target_error") is not None and "threshold_delta" in params
+            and opts.get("threshold_delta") is None and opts.get("delta") is None):
+        problems.append(f"--mechanism {name} with --target-error needs --delta (or "
+                        "--threshold-delta): the threshold that hides rare items is set "
+                        "from it")
+    return problems
+
+
+def _user_problems(opts: Mapping[str, Any]) -> list[str]:
+    """User-level privacy needs --user-field and both bounds, never some of them: a run
+    must not fall back to event level without a word, nor a plan show such a run."""
+    problems = []
+    bounds = [opts.get("max_items_per_user"), opts.get("max_count_per_item")]
+    field = opts.get("user_field")
+    if (bounds[0] is None) != (bounds[1] is None):
+        missing = USER_BOUNDS[bounds.index(None)]
+        problems.append(f"user-level privacy needs {USER_BOUNDS[0]} and {USER_BOUNDS[1]} "
+                        f"together (missing {missing})")
+    elif field is not None and bounds[0] is None:
+        problems.append(f"--user-field needs {USER_BOUNDS[0]} and {USER_BOUNDS[1]} (how "
+                        "much of the stream one user may contribute)")
+    if field is None and any(b is not None for b in bounds):
+        problems.append(f"{'/'.join(USER_BOUNDS)} need --user-field (the field or column "
+                        "holding each event's user id)")
+    if field is not None and opts.get("mechanism") == "meta":
+        problems.append("--user-field does not apply to --mechanism meta (known, unknown and "
+                        "top-k protect users)")
+    return problems
+
+
+def settings_problems(opts: Mapping[str, Any]) -> list[str]:
+    """Every problem of the mechanism, budget and bounds settings in ``opts`` (the merged
+    options of ``plan`` or ``run``, ``dest -> value``), in plain words; [] when none.
+
+    ``plan``'s --domain-size stands for --domain and its --target-error for the budget;
+    ``run`` has neither, so the same function serves both commands.
+    """
+    problems = []
+    if opts.get("horizon") is None:
+        problems.append("--horizon is required (T, the number of time steps)")
+    problems += _budget_problems(opts)
+    problems += _mechanism_problems(opts)
+    problems += _user_problems(opts)
+    return problems
+
+
+def check_settings(opts: Mapping[str, Any], *, extra: Sequence[str] = ()) -> None:
+    """Raise :class:`SettingsError` listing every problem of ``opts`` (and the command's
+    own ``extra`` problems) when there is any."""
+    problems = [*settings_problems(opts), *extra]
+    if problems:
+        raise SettingsError(problems)
