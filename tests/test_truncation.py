@@ -257,3 +257,35 @@ def test_a_state_of_the_line_keyed_rule_is_refused(big_events, tmp_path, capsys)
     assert main([*args, "-i", str(base / "day02.jsonl"), "--until", "16"]) == 1
     assert "--on-invalid truncate by an older rule" in capsys.readouterr().err
     assert (tmp_path / "out.jsonl").read_bytes() == before
+
+
+def test_the_chunked_and_record_readers_cut_alike():
+    """The same JSON Lines read in chunks of 64 bytes (a step over many chunks, one item
+    under several codes), in one chunk, and record by record: the same kept items, the
+    hand-computed ones (the command reads the item 5 as "5": one item, listed twice)."""
+    import io
+
+    from dpstream.ingest import read_jsonl_chunks, records_step, step_steps
+    from dpstream.io import KeyedTruncator, group_steps, read_jsonl
+    from dpstream.run_command import RunStats, _Validator
+
+    key = fixed_key("readers")
+    rng = np.random.default_rng(9)  # simulated events
+    pool = [f"w{i}" for i in range(8)] + [5, "5", 7]
+    lines = [json.dumps({"t": t, "items": [pool[i] for i in rng.integers(0, 11, 6)]})
+             for t in range(1, 7) for _ in range(int(rng.integers(1, 12)))]
+    text = "\n".join(lines) + "\n"
+    trunc = KeyedTruncator(truncation_source(key, "r"), 3)
+
+    def kept(steps):
+        v = _Validator(policy="truncate", domain=None, max_items=3, truncator=trunc,
+                       stats=RunStats())
+        return [sorted(map(repr, e)) for step in steps for e in v.events(step).events()]
+
+    want = [sorted(map(repr, keep_by_hand(key, "r", [str(i) for i in json.loads(x)["items"]],
+                                          3, json.loads(x)["t"]))) for x in lines]
+    for chunk_bytes in (64, 1 << 20):
+        steps = step_steps(read_jsonl_chunks(io.StringIO(text), chunk_bytes=chunk_bytes), 6)
+        assert kept(steps) == want, chunk_bytes
+    records = group_steps(read_jsonl(io.StringIO(text)), 6)
+    assert kept(records_step(t, recs) for t, recs in records) == want
