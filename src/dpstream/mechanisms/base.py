@@ -475,7 +475,7 @@ class EventLimit:
         return self._source is not None
 
     def events(self, events: Iterable[object], index: Mapping[Hashable, int] | None = None,
-               *, t: int = 0) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
+               *, t: int) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
         """The events of step ``t``, checked and (if truncating) cut; the step's stats delta.
 
         Nothing is recorded here: the caller adds the delta to :attr:`stats`
