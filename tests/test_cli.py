@@ -19,7 +19,8 @@ from dpstream import privacy
 from dpstream.cli import build_parser, main
 from dpstream.io import KeyedTruncator
 from dpstream.mechanisms.known import KnownDomainHistogram
-from dpstream.noise import NoiseKey, NoiseSource
+from dpstream.mechanisms.truncation import truncation_source
+from dpstream.noise import NoiseKey
 from dpstream.run_command import scoped_stream
 from dpstream.tree import max_cells, num_levels, optimal_base
 
@@ -426,13 +427,18 @@ def test_on_invalid_truncate_uses_keyed_prf(files, capsys):
     rc, lines, err = _policy_run(files, "truncate", capsys)
     assert rc == 0
     stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "truncate"})
-    cut = KeyedTruncator(NoiseSource(files.key, f"{stream}/truncate"), 2)(
-        ("d0", "d1", "d2", "d3"), 2)
+    cut = KeyedTruncator(truncation_source(files.key, stream), 2)(
+        ("d0", "d1", "d2", "d3"), 2)  # the event of step 2
     assert len(cut) == 2
     mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
                                 noise_version=CLI_NOISE, rho=1.0, stream=stream)
     _assert_same(lines, mech, [[["d0", "d1"]], [list(cut), ["d4"]], [["d5"]], [], []])
     assert "2 truncated, 2 skipped" in err
+    # the library's on_invalid="truncate" cuts the same events the same way
+    lib = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, noise_version=CLI_NOISE,
+                               rho=1.0, stream=stream, on_invalid="truncate")
+    _assert_same(lines, lib, [[["d0", "d1"]], [["d0", "d1", "d2", "d3"], ["d4", "zzz"]],
+                              [["d5"]], [], []])
 
 
 # --------------------------------------------------------------------------- keys, errors

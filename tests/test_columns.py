@@ -402,7 +402,7 @@ def _validate_by_hand(records, policy, domain, max_items, truncator):
                 bad.append((rec.line, f"event has {len(items)} distinct items, more than "
                                       f"--max-items {max_items}"))
                 continue
-            items = truncator(items, rec.line)
+            items = truncator(items, rec.t)
             changed = True
         cut += changed
         out.append(list(items))

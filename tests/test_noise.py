@@ -211,3 +211,21 @@ def test_ids_and_domain_tag_hashed_in_chunks_are_the_per_item_values(monkeypatch
                 src.item_ids(victim)
         else:  # one chunk, taken before any item was hashed: the items of the call
             assert np.array_equal(src.item_ids(victim), src.item_ids(before))
+
+
+def test_blocks_at_gives_each_item_its_own_draw():
+    """Row r of blocks_at is item r's block at (level, index, draws[r]), as blocks gives it."""
+    from dpstream.noise import MAX_DRAW
+
+    src = NoiseSource(fixed_key("blocks-at"), "s/p")
+    prepared = src.prepare(["a", 5, b"c", "a"])
+    draws = np.array([0, 7, MAX_DRAW, 7], dtype=np.uint64)
+    got = src.blocks_at(prepared, 3, 2**64 - 1, draws)
+    for r in range(4):
+        want = src.blocks(prepared.subset([r]), 3, 2**64 - 1, int(draws[r]))[0]
+        assert got[r].tolist() == want.tolist()
+    assert got[0].tolist() != got[3].tolist()  # one item, two draws
+    with pytest.raises(ValueError, match="draw"):
+        src.blocks_at(prepared, 0, 1, draws + np.uint64(1))
+    with pytest.raises(ValueError, match="shape"):
+        src.blocks_at(prepared, 0, 1, draws[:2])

@@ -101,8 +101,9 @@ import numpy as np
 
 from . import compiled
 from .clock import StepClock, parse_timestamp
-from .mechanisms.base import Release, keyed_subset
+from .mechanisms.base import Release
 from .mechanisms.item_table import utf8_and_lengths
+from .mechanisms.truncation import keep_ranked, keyed_subset
 from .noise import NoiseSource
 
 __all__ = [
@@ -726,27 +727,27 @@ class KeyedTruncator:
     """Keeps ``max_items`` of an event's items, chosen by a keyed PRF (``--on-invalid truncate``).
 
     Taking "the first k items" would let the order in which a client lists
-    items decide what is counted; here every item of the event gets a keyed
-    uniform at the address (0, ordinal) under its own purpose, and the
-    ``max_items`` smallest are kept (in the event's order). The command passes
-    the event's input line number as ``ordinal``, so the choice depends on the
-    event's items, its line number and the key, and on no other event's
-    content. Line numbers are distinct, so under the secret key the choices of
-    different events are independent uniform draws. Removing one event shifts
-    the line numbers of the events after it, and so changes which of their
-    items are kept; but the choices are identically distributed, so pairing
-    each remaining event's choice in one stream with the same event's choice
-    in the other makes the truncated streams neighbours. The guarantee is
-    therefore unchanged, as an average over that pairing. The truncation noise
-    uses its own purpose, independent of the release noise.
+    items decide what is counted; here the kept items of an event of step t
+    are a keyed function of t and the event's own distinct items
+    (:mod:`dpstream.mechanisms.truncation`), never of its input line or of any
+    other event. So removing an event changes no other event's kept items,
+    the truncated streams of neighbouring inputs are neighbours, and a stream
+    fed in daily runs is cut exactly as one run over all the days.
     """
 
     def __init__(self, source: NoiseSource, max_items: int) -> None:
         self.source = source
         self.max_items = max_items
 
-    def __call__(self, items: Sequence[str], ordinal: int) -> tuple[str, ...]:
-        return keyed_subset(self.source, items, self.max_items, ordinal)  # type: ignore[return-value]
+    def __call__(self, items: Sequence[str], t: int) -> tuple[str, ...]:
+        """The kept items of one event of step ``t``, in the event's order."""
+        return keyed_subset(self.source, items, self.max_items, t)  # type: ignore[return-value]
+
+    def keep(self, t: int, items: Sequence[Any], codes: np.ndarray,
+             offsets: np.ndarray) -> np.ndarray:
+        """The kept occurrences of several events of step ``t`` (columns; see
+        :func:`~dpstream.mechanisms.truncation.keep_ranked`)."""
+        return keep_ranked(self.source, t, items, codes, offsets, self.max_items)
 
 
 # --------------------------------------------------------------------------- output

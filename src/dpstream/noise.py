@@ -505,6 +505,21 @@ class NoiseSource:
         _kernel.run_tasks(len(tiles) * len(bounds), task)
         return np.frombuffer(raw, dtype="<u8", count=len(tiles) * n * 2).reshape(-1, n, 2)
 
+    def blocks_at(self, prepared: PreparedItems, level: int, index: int,
+                  draws: np.ndarray) -> np.ndarray:
+        """The block of each item at its own draw: row r is item r's block at
+        (level, index, ``draws[r]``), the value :meth:`blocks` gives it there. Shape ``(n, 2)``."""
+        draws = np.asarray(draws, dtype=np.uint64)
+        n = len(prepared)
+        if draws.shape != (n,):
+            raise ValueError(f"draws must have shape ({n},), got {draws.shape}")
+        _, w1 = _tweak(level, index, int(draws.max()) if n else 0)  # checks the address
+        x = np.empty((n, 2), dtype="<u8")
+        np.bitwise_xor(prepared.words[:, 0], (draws << np.uint64(16)) | np.uint64(level),
+                       out=x[:, 0])
+        np.bitwise_xor(prepared.words[:, 1], np.uint64(w1), out=x[:, 1])
+        return self._encrypt(self._encryptor(), x)
+
     def scalar_blocks(self, addresses: Sequence[tuple[int, int, int]]) -> np.ndarray:
         """Blocks for noise that belongs to no item: shape ``(m, 2)``."""
         if not addresses:

@@ -201,6 +201,10 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
         clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
     )
+    if opts["on_invalid"] == "truncate":  # the rule that picks the kept items
+        from .mechanisms.truncation import METHOD
+
+        params["truncation"] = METHOD
     if input_format == "csv":
         params.update(item_column=opts["item_column"], event_column=opts["event_column"],
                       time_column=opts["time_column"])
@@ -277,11 +281,13 @@ class _Validator:
         them all as after the end step. Invalid records are reported in input order."""
         import numpy as np
 
-        from .ingest import records_step
+        from .ingest import _ranges, records_step
         from .mechanisms.columns import EventColumns, distinct_in_events
 
-        if not hasattr(step, "codes"):
-            step = records_step(None, list(step))
+        if not hasattr(step, "codes"):  # records of one step (or invalid records)
+            recs = list(step)
+            steps = {r.t for r in recs if r.error is None}
+            step = records_step(steps.pop() if len(steps) == 1 else None, recs)
         invalid = list(step.errors)
         items, codes, offsets = step.items, step.codes, step.offsets
         n_ev = offsets.size - 1
@@ -319,18 +325,21 @@ class _Validator:
                     distinct = np.bincount(event_of[keep], minlength=n_ev)
             if self.max_items is not None:
                 over = np.flatnonzero((distinct > self.max_items) & ~drop)
-                for e in over.tolist():
-                    if self.policy != "truncate":
+                if self.policy != "truncate":
+                    for e in over.tolist():
                         invalid.append((int(lines[e]), f"event has {int(distinct[e])} distinct "
                                         f"items, more than --max-items {self.max_items}"))
                         drop[e] = True
-                        continue
-                    occ = np.arange(offsets[e], offsets[e + 1])
+                elif over.size:  # every event's cut at once, keyed on (step, its items)
+                    if step.t is None:
+                        raise ValueError("events to truncate need their time step")
+                    occ = _ranges(offsets[over], offsets[over + 1])
                     occ = occ[keep[occ]]
-                    mine = [items[c] for c in codes[occ].tolist()]
-                    chosen = set(self.truncator(mine, int(lines[e])))
-                    keep[occ] = [x in chosen for x in mine]
-                    changed[e] = True
+                    sub = np.zeros(over.size + 1, dtype=np.int64)
+                    np.cumsum(distinct[over], out=sub[1:])
+                    assert int(sub[-1]) == occ.size
+                    keep[occ] = self.truncator.keep(int(step.t), items, codes[occ], sub)
+                    changed[over] = True
         invalid.sort(key=lambda pair: pair[0])
         for line, problem in invalid:
             self._invalid(line, problem)
@@ -518,7 +527,7 @@ def _run_on_spark(opts: dict, key: object) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .io import KeyedTruncator, make_formatter, open_input
-    from .noise import NoiseSource
+    from .mechanisms.truncation import truncation_source
     from .runmeta import NoiseStdFormatter, describe_run, write_run_meta
     from .state import Checkpoint, StateDigests
 
@@ -566,7 +575,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
-    truncator = KeyedTruncator(NoiseSource(key, f"{stream}/truncate"), max_items or 1)
+    truncator = KeyedTruncator(truncation_source(key, stream), max_items or 1)
     validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
                            truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
                            users=opts["user_field"] is not None,
@@ -914,10 +923,25 @@ def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain_sha256: str | N
     record = ckpt.load()
     if record is None or (record.steps == 0 and not record.finished):
         return None, ident
+    _check_truncation_rule(ckpt.path, record.params)
     if ckpt.snapshot() is not None:  # a stream that goes on: each run brings its own input
         ident = {**ident, "input": None}
     ckpt.verify(record, **ident)
     return record, None
+
+
+def _check_truncation_rule(path: str, recorded: str) -> None:
+    """Refuse a state whose run truncated by another rule (before ``truncation`` was
+    recorded, the kept items were keyed on input line numbers): its stream must not
+    switch rules half-way."""
+    params = json.loads(recorded)
+    if params.get("on_invalid") == "truncate" and "truncation" not in params:
+        raise StateError(
+            f"state file {path!r} belongs to a run with --on-invalid truncate by an older "
+            "rule (the kept items keyed on input line numbers, which made daily runs differ "
+            "from one run); this dpstream keys them on each event's step and items. Finish "
+            "that stream with the dpstream that began it, or begin a new one (a new --state "
+            "and --output)")
 
 
 def _public(release: Any, keys: tuple[str, ...]) -> Any:

@@ -19,9 +19,10 @@ import numpy as np
 from .. import privacy
 from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
-from ..noise import NoiseKey, NoiseSource, canonical_item
+from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
 from .columns import check_grows
+from .truncation import keep_ranked, keyed_subset, truncation_source
 
 __all__ = [
     "Release",
@@ -414,25 +415,6 @@ def resolve_privacy(
 # --------------------------------------------------------------------------- truncation
 
 
-def keyed_subset(source: NoiseSource, items: Sequence[Hashable], k: int,
-                 ordinal: int) -> tuple[Hashable, ...]:
-    """``k`` of the distinct ``items``, chosen by a keyed PRF, in the event's order.
-
-    Every item gets the keyed uniform at address (0, ``ordinal``) under
-    ``source``'s purpose and the k smallest are kept. The choice depends on the
-    event's items, its ordinal and the key only (never on another event), and
-    is the same in every process: ``dpstream run --on-invalid truncate``
-    (:class:`dpstream.io.KeyedTruncator`) and ``on_invalid="truncate"`` of the
-    mechanisms both use it. See :class:`EventLimit` for why privacy holds.
-    """
-    distinct = tuple(dict.fromkeys(items))
-    if len(distinct) <= k:
-        return distinct
-    u = NoiseSource.to_uniform(source.blocks(source.prepare(distinct), 0, ordinal))
-    keep = np.sort(np.argsort(u, kind="stable")[:k])
-    return tuple(distinct[i] for i in keep)
-
-
 @dataclass
 class TruncationStats:
     """What ``on_invalid="truncate"`` did so far (operator-facing; NOT private).
@@ -464,15 +446,15 @@ class EventLimit:
 
     * ``"error"`` (default): :class:`~dpstream.InvalidEventError`, nothing changes.
     * ``"truncate"``: keep ``max_items`` of the event's distinct items, chosen
-      by :func:`keyed_subset` under purpose ``f"{stream}/truncate"`` with the
-      event's ordinal in the stream (1, 2, ... over all events given to the
-      mechanism), and, for a known domain, drop the items outside it.
-      Truncation is a function of the event alone (its items, its ordinal and
-      the key), so one event still changes at most ``max_items`` counts by at
-      most 1 and the mechanism's guarantee holds as stated. (Replacing an event
-      by an empty one leaves every other event's ordinal in place; the
-      truncation noise is independent of the release noise.) Truncation biases
-      the counts of items that often share events with many others downwards:
+      by :func:`~dpstream.mechanisms.truncation.keep_ranked` (a keyed PRF of
+      the event's step and items, purpose ``f"{stream}/truncate/v2"``), and,
+      for a known domain, drop the items outside it. Truncation is a function
+      of the event alone (its step, its items and the key), never of its place
+      among the other events: removing an event changes no other event's kept
+      items, so one event still changes at most ``max_items`` counts by at
+      most 1 and the mechanism's guarantee holds as stated (the truncation
+      noise is independent of the release noise). Truncation biases the
+      counts of items that often share events with many others downwards:
       :attr:`stats` counts the item occurrences it dropped.
     """
 
@@ -484,7 +466,7 @@ class EventLimit:
             raise ValueError(f"on_invalid must be one of {self.POLICIES}, got {policy!r}")
         self.policy = str(policy)
         self.max_items = max_items
-        self._source = (NoiseSource(key, f"{stream}/truncate")
+        self._source = (truncation_source(key, stream)
                         if self.policy == "truncate" else None)
         self.stats = TruncationStats()
 
@@ -492,35 +474,45 @@ class EventLimit:
     def truncating(self) -> bool:
         return self._source is not None
 
-    def events(self, events: Iterable[object], index: Mapping[Hashable, int] | None = None
-               ) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
-        """The step's events, checked and (if truncating) cut; the step's stats delta.
+    def events(self, events: Iterable[object], index: Mapping[Hashable, int] | None = None,
+               *, t: int) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
+        """The events of step ``t``, checked and (if truncating) cut; the step's stats delta.
 
         Nothing is recorded here: the caller adds the delta to :attr:`stats`
         with :meth:`commit` once the whole step has been accepted.
         """
         out: list[tuple[Hashable, ...]] = []
         delta = TruncationStats()
-        ordinal = self.stats.events
+        over: list[int] = []  # the events to cut, all at once
         for event in events:
-            ordinal += 1
+            delta.events += 1
             if not self.truncating:
                 out.append(normalise_event(event, self.max_items))
-                delta.events += 1
                 continue
             items = normalise_event(event, None)
             kept = items
             if index is not None:
                 kept = tuple(i for i in kept if i in index)
-            if self.max_items is not None and len(kept) > self.max_items:
-                assert self._source is not None
-                kept = keyed_subset(self._source, kept, self.max_items, ordinal)
-            delta.events += 1
+            final = len(kept)
+            if self.max_items is not None and final > self.max_items:
+                over.append(len(out))
+                final = self.max_items
             delta.occurrences += len(items)
-            if len(kept) < len(items):
+            if final < len(items):
                 delta.truncated_events += 1
-                delta.dropped += len(items) - len(kept)
+                delta.dropped += len(items) - final
             out.append(kept)
+        if over:
+            assert self._source is not None and self.max_items is not None
+            table: dict[Hashable, int] = {}
+            codes = [table.setdefault(i, len(table)) for e in over for i in out[e]]
+            offsets = np.cumsum([0] + [len(out[e]) for e in over])
+            keep = keep_ranked(self._source, t, list(table), np.asarray(codes, np.int64),
+                               offsets, self.max_items).tolist()
+            for j, e in enumerate(over):
+                lo = int(offsets[j])
+                out[e] = tuple(i for i, k in zip(out[e], keep[lo:lo + len(out[e])], strict=True)
+                               if k)
         return out, delta
 
     def commit(self, delta: TruncationStats) -> None:

@@ -351,17 +351,17 @@ class KnownDomainHistogram:
         return self._limit.stats
 
     # -- event mode ----------------------------------------------------------
-    def _event_indices(self, events: Iterable[object] | EventColumns
+    def _event_indices(self, events: Iterable[object] | EventColumns, t: int
                        ) -> tuple[np.ndarray, TruncationStats]:
         events = as_events(events)
-        if not self._limit.truncating:  # (truncation keys on each event's ordinal)
+        if not self._limit.truncating:  # (truncation: the per-event path below)
             fast = domain_positions(events, self._index, self.max_items)
             if fast is not None:
                 return fast, TruncationStats(events=len(events))
         events = fast_events(events)  # the per-event path raises the precise error
         idx: list[int] = []
         index = self._index
-        checked, delta = self._limit.events(events, index)
+        checked, delta = self._limit.events(events, index, t=t)
         for items in checked:
             for item in items:
                 pos = index.get(item)
@@ -387,7 +387,7 @@ class KnownDomainHistogram:
         check_next_step(t, self.t, self.horizon)
         events, pending = bound_user_events(self._users, events, self.max_items,
                                             partial(check_in_domain, index=self._index))
-        idx, delta = self._event_indices(events)
+        idx, delta = self._event_indices(events, t)
         new_counts = self._counts + np.bincount(idx, minlength=len(self._release_items))
         # the largest count: the last step's, or that of an item this step counted
         top = max(self._max_count, int(new_counts[idx].max())) if idx.size else self._max_count

@@ -383,7 +383,7 @@ class MetaHistogram:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        checked, delta = self._limit.events(events, self._index if self._known else None)
+        checked, delta = self._limit.events(events, self._index if self._known else None, t=t)
         if self._known:
             idx: list[int] = []
             for items in checked:

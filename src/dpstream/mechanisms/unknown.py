@@ -546,7 +546,7 @@ class UnknownDomainHistogram:
         events, pending = bound_user_events(self._users, events, self.max_items)
         events = as_events(events)
         fast = None if self._limit.truncating else event_positions(events, self._table, self._n)
-        if fast is not None:  # (truncation keys on each event's ordinal: the loop below)
+        if fast is not None:  # (truncation: the per-event path below)
             cols, offsets, new_items = fast
             keep, distinct = distinct_in_events(cols, offsets)
             if not (self.max_items is not None and distinct.size
@@ -569,7 +569,7 @@ class UnknownDomainHistogram:
                     self._users.commit(pending)
                 return rel
         events = fast_events(events)  # the per-event path raises the precise error
-        checked, delta = self._limit.events(events)
+        checked, delta = self._limit.events(events, t=t)
         flat = [item for items in checked for item in items]
         cols = self._table.lookup(flat)
         new: dict[Hashable, int] = {}
