@@ -216,5 +216,10 @@ def test_the_same_command_after_its_batch_ended_has_nothing_to_do(tmp_path, caps
     other[other.index(str(tmp_path / "day2.jsonl"))] = str(tmp_path / "day1.jsonl")
     assert main(other) == 1
     assert "released every step up to --until 6 already" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")  # no digest (as stdin): cannot tell, refused
+    other[other.index(str(tmp_path / "day1.jsonl"))] = str(tmp_path / "empty.jsonl")
+    assert main(other) == 1
+    assert "that run had completed" in capsys.readouterr().err
+    assert stream.outcome() == done
     assert main(stream.cmd(3)) == 0
     assert main(stream.cmd(3)) == 0  # a finished stream: nothing to do, as before

@@ -689,13 +689,17 @@ def _check_until(ckpt: Any, record: Any, until: int, opts: dict[str, Any],
     if batches and batches[-1][4] is None and batches[-1][3] <= record.last_t:
         return False  # the open batch released steps: finish it (its input is checked)
     ended = [b for b in batches if b[4] is not None]
+    unsure = ""
     if ended and ended[-1][4] == until:
         mac = _input_mac(opts, digests)
         if mac is not None and ended[-1][2] == mac:
             return True
+        if mac is None:
+            unsure = (" (from stdin or an empty file the input cannot be told apart: if "
+                      "this repeats a run that was killed, that run had completed)")
     raise StateError(
         f"the run in {opts['state']} has released every step up to --until "
-        f"{until} already: give a later --until to release more steps")
+        f"{until} already{unsure}: give a later --until to release more steps")
 
 
 def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
