@@ -611,7 +611,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "released twice")
                 return 0
             if record is not None:
-                _check_until(record, until, opts)
+                if _check_until(ckpt, record, until, opts, digests):
+                    _log.info(f"the run in {opts['state']} has released every step up to "
+                              f"--until {until} from this input already; nothing to do: a "
+                              "step is never released twice")
+                    return 0
                 go_on = _go_on(ckpt, record, opts, key, digests)
                 if go_on is not None:
                     mech = formatter.mech = go_on.mechanism
@@ -666,17 +670,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_until(record: Any, until: int, opts: dict[str, Any]) -> None:
-    """Refuse an end step before the steps already released, or one that adds nothing."""
+def _check_until(ckpt: Any, record: Any, until: int, opts: dict[str, Any],
+                 digests: Any) -> bool:
+    """Refuse an end step before the steps already released, or one that adds nothing.
+
+    Returns True for the command of the batch that ended last run again (the same
+    ``--until``, the same input file): it has nothing to do. A batch still open whose
+    steps are all written (killed before its end was recorded: state 3 in
+    :mod:`dpstream.state`) is neither: this run finishes it.
+    """
     if until < record.last_t:
         raise StateError(f"--until {until} is before step {record.last_t}, which the run in "
                          f"{opts['state']} has already released")
-    if until == record.last_t and opts["output"] != "-":
-        with contextlib.suppress(OSError):
-            if os.path.getsize(opts["output"]) >= record.last_end:
-                raise StateError(
-                    f"the run in {opts['state']} has released every step up to --until "
-                    f"{until} already: give a later --until to release more steps")
+    if until != record.last_t or opts["output"] == "-":
+        return False
+    try:
+        if os.path.getsize(opts["output"]) < record.last_end:
+            return False
+    except OSError:
+        return False
+    batches = ckpt.batches()
+    if batches and batches[-1][4] is None and batches[-1][3] <= record.last_t:
+        return False  # the open batch released steps: finish it (its input is checked)
+    ended = [b for b in batches if b[4] is not None]
+    unsure = ""
+    if ended and ended[-1][4] == until:
+        mac = _input_mac(opts, digests)
+        if mac is not None and ended[-1][2] == mac:
+            return True
+        if mac is None:
+            unsure = (" (from stdin or an empty file the input cannot be told apart: if "
+                      "this repeats a run that was killed, that run had completed)")
+    raise StateError(
+        f"the run in {opts['state']} has released every step up to --until "
+        f"{until} already{unsure}: give a later --until to release more steps")
 
 
 def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
@@ -734,6 +761,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     its last release ends in the output. ``publish``: the readable-counts
     post-processing (:func:`dpstream.cli.make_postprocessor`), in the state that goes
     with ``mech``."""
+    from ._crashpoints import write as crash_write
     from .ingest import records_step, step_steps
     from .io import group_steps
     from .mechanisms.columns import EventColumns
@@ -748,7 +776,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     if resume is None and start_t == 0:
         head = formatter.header()
         if head:
-            out.write(head)
+            crash_write(out, head)
             offset += len(head)
     read = 0
     last_line = 0  # the last input line read so far
@@ -812,7 +840,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                             release_mac=digests.release(line), input_mac=input_mac,
                             input_line=(last_line ^ digests.mask(t)) if opts["follow"] else 0)
         try:
-            out.write(line)
+            crash_write(out, line)
             out.flush()
             if do_fsync:
                 os.fsync(out.fileno())
@@ -875,14 +903,13 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                    "truncated": stats.truncated, "skipped": stats.skipped,
                    "occurrences": stats.occurrences, "dropped_occurrences": stats.dropped,
                    "last_t": int(mech.t), "input_records": read}
-        if until == horizon:
-            ckpt.finish(summary)
-            if batch is not None:
-                ckpt.end_batch(batch, until, None)
-        else:
-            ckpt.set_summary(summary)
-            if batch is not None:
-                ckpt.end_batch(batch, until, _snapshot_or_none(mech, publish, key, ckpt))
+        # one transaction: every step written and "ready for the next batch" are one
+        # state (dpstream.state, "Kill points")
+        finished = until == horizon
+        ckpt.end_batch(batch, until,
+                       None if finished or batch is None
+                       else _snapshot_or_none(mech, publish, key, ckpt),
+                       summary=summary, finished=finished)
 
 
 def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:

@@ -33,6 +33,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ._crashpoints import write as crash_write
+
 __all__ = ["SIDECAR_SUFFIX", "FORMAT", "sidecar_path", "describe_run", "noise_std_at",
            "write_run_meta", "read_run_meta", "NoiseStdFormatter"]
 
@@ -111,7 +113,7 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+            crash_write(fh, text + "\n")
         with contextlib.suppress(OSError):  # readable by whoever may read the releases
             os.chmod(tmp, stat.S_IMODE(os.stat(output).st_mode))
         os.replace(tmp, path)

@@ -31,6 +31,32 @@ of the step before the last one on record, after checking the bytes of that
 step and that whatever follows is a prefix of the last step's release; the
 last step is then written again, byte for byte the same.
 
+Kill points: what the state means between any two statements
+-------------------------------------------------------------
+A run of a stream (a batch, ``--until``) goes through four states; a kill
+leaves one of them, and the same command again finishes it:
+
+1. *Nothing on record* (killed before ``begin_batch`` commits; the metadata
+   sidecar is replaced atomically, with the same bytes): the run starts anew.
+2. *Batch open, none of its steps on record*: it wrote nothing, so the next
+   run drops the open batch and starts anew, with any input.
+3. *Batch open, its steps first..k on record* (k <= ``--until``; step k's
+   release maybe missing, partial or whole): the batch is finished only with
+   the same input (its digest is on record), replayed from the snapshot
+   before ``first`` with every step's digests checked, step k rewritten byte
+   for byte. Every step written, the end record not yet committed, is this
+   state too: the batch is not over until its end record commits.
+4. *Batch ended*: its summary, its last step, the snapshot after it (or, at
+   the horizon, the run's end) committed in one transaction
+   (:meth:`Checkpoint.end_batch`), so no state lies between "every step
+   written" and "ready for the next batch". The same command again has nothing
+   to do; a later ``--until`` goes on from the snapshot.
+
+No state draws new noise for a released step or releases one from other
+data: a released step is only ever rewritten from a replay of its own input.
+``tests/test_kill_points.py`` kills a batch before each of its statements and
+at each of its writes (:mod:`dpstream._crashpoints`).
+
 What the file reveals
 ---------------------
 The state is as sensitive as the input and is treated so: it is created with
@@ -60,6 +86,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import _crashpoints as crashpoints
 from .errors import StateError
 from .noise import NoiseKey
 
@@ -257,6 +284,7 @@ class Checkpoint:
             if not os.path.exists(path):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self._db = sqlite3.connect(path, isolation_level=None, timeout=0.0)
+            crashpoints.watch(self._db)  # test-only; inert unless DPSTREAM_TEST_KILL_AT
             self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":  # e.g. a file system without shared memory
@@ -382,6 +410,7 @@ class Checkpoint:
                     raise StateError(f"state file {self.path!r} records {committed} released "
                                      "steps: its run cannot be replaced")
                 self._db.execute("DELETE FROM run")
+                self._db.execute("DELETE FROM batches WHERE until IS NULL")  # it wrote nothing
             self._db.execute(
                 "INSERT INTO run (id, schema_version, params, key_fingerprint, input, output, "
                 "created, run_id) VALUES (1, ?, ?, ?, ?, ?, ?, ?)",
@@ -420,11 +449,21 @@ class Checkpoint:
                 (input, input_mac, first_t))
             return int(cur.lastrowid)
 
-    def end_batch(self, n: int, until: int, snapshot: bytes | None) -> None:
-        """Record that run ``n`` of the stream released every step up to ``until``, with
-        the mechanism's state after it (one transaction: both or neither)."""
+    def end_batch(self, n: int | None, until: int, snapshot: bytes | None, *,
+                  summary: Mapping[str, Any] | None = None, finished: bool = False) -> None:
+        """Record that run ``n`` of the stream released every step up to ``until``: its
+        summary, the end of its batch, the mechanism's state after it and, with
+        ``finished``, the end of the stream, in one transaction (all or none: see
+        "Kill points" in the module docstring)."""
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
-            self._db.execute("UPDATE batches SET until = ? WHERE n = ?", (until, n))
+            if summary is not None:
+                self._db.execute("UPDATE run SET summary = ? WHERE id = 1",
+                                 (canonical_json(dict(summary)),))
+            if finished:
+                self._db.execute("UPDATE run SET finished = ? WHERE id = 1", (now,))
+            if n is not None:
+                self._db.execute("UPDATE batches SET until = ? WHERE n = ?", (until, n))
             if snapshot is not None:
                 self._db.execute("INSERT OR REPLACE INTO snapshot (id, t, data) "
                                  "VALUES (1, ?, ?)", (until, snapshot))

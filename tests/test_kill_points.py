@@ -1,0 +1,225 @@
+"""Kill harness: a daily stream killed at every point of a batch resumes to the same bytes.
+
+A 3-batch stream (``--state``, ``--until``; batch 3 ends at the horizon) is
+run once without a crash (the reference). Then, from the files the batches
+before it left, batch k runs in a forked child that SIGKILLs itself
+(:mod:`dpstream._crashpoints`) just before its N-th SQLite statement, for
+every N in turn; just before its N-th write of a published file (releases,
+metadata sidecar); and after half of its N-th write. The enumeration stops
+at the first N the run outlives, so every point is covered, none sampled.
+After each kill the same command must give the reference's output, sidecar
+and state, and the later batches the reference's bytes; the next batch's
+command run first instead must change nothing and say what to give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from dpstream._crashpoints import ENV
+from dpstream.cli import main
+
+from .conftest import fixed_key
+
+STEPS, BATCHES = 3, 3
+T = STEPS * BATCHES
+MECHS = {
+    "unknown": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta",
+                "1e-3", "--remember"],
+    "top-k": ["-m", "top-k", "--k", "2", "--switches", "3", "--rho", "1"],
+}
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="kills a forked child")
+
+
+def _events(batch: int) -> str:
+    """A few events per step over a small domain; the middle step of batch 2 is empty."""
+    lines = []
+    for t in range((batch - 1) * STEPS + 1, batch * STEPS + 1):
+        if t == STEPS + 2:
+            continue
+        for j in range(1 + t % 3):
+            items = [f"w{(t + j) % 5}", f"w{(t * j) % 6}"]
+            lines.append(json.dumps({"t": t, "items": sorted(set(items))}) + "\n")
+    return "".join(lines)
+
+
+class Stream:
+    """One stream's files in one directory (the state records the output's path)."""
+
+    def __init__(self, base: Path, mech: str) -> None:
+        self.dir = base / "work"
+        self.dir.mkdir()
+        key = base / "k.key"
+        fixed_key(f"kill-{mech}").save(key)
+        (base / "domain.txt").write_text("".join(f"w{i}\n" for i in range(6)))
+        domain = ["--domain", str(base / "domain.txt")] if mech != "unknown" else []
+        self.args = ["run", "-q", "-T", str(T), *MECHS[mech], *domain, "--key-file",
+                     str(key), "--no-fsync", "-o", str(self.dir / "out.jsonl"),
+                     "--state", str(self.dir / "s.sqlite")]
+        for b in range(1, BATCHES + 1):
+            (base / f"day{b}.jsonl").write_text(_events(b))
+        self.base = base
+
+    def cmd(self, batch: int) -> list[str]:
+        until = ["--until", str(batch * STEPS)] if batch < BATCHES else []
+        return [*self.args, "-i", str(self.base / f"day{batch}.jsonl"), *until]
+
+    def save(self, name: str) -> Path:
+        saved = self.base / name
+        shutil.copytree(self.dir, saved)
+        return saved
+
+    def restore(self, saved: Path) -> None:
+        shutil.rmtree(self.dir)
+        shutil.copytree(saved, self.dir)
+
+    def outcome(self) -> dict[str, object]:
+        """The output, the sidecar and everything the state records but its timestamps
+        (None for what does not exist yet: a run killed early in batch 1)."""
+        files = {name: (self.dir / name).read_bytes() if (self.dir / name).exists() else None
+                 for name in ("out.jsonl", "out.jsonl.meta.json")}
+        queries = {
+            "run": "SELECT params, key_fingerprint, input, output, summary, "
+                   "finished IS NOT NULL FROM run",
+            "run_id": "SELECT run_id FROM run",
+            "steps": "SELECT * FROM steps ORDER BY t",
+            "batches": "SELECT * FROM batches ORDER BY n",
+            "snapshot": "SELECT t, data FROM snapshot",
+        }
+        state: dict[str, object] = dict.fromkeys(queries)
+        if (self.dir / "s.sqlite").exists():  # (connecting would create it)
+            with closing(sqlite3.connect(self.dir / "s.sqlite")) as db:
+                for name, query in queries.items():
+                    try:
+                        state[name] = db.execute(query).fetchall()
+                    except sqlite3.OperationalError:  # no such table
+                        pass
+        return {**files, **state}
+
+
+def _run_killed(cmd: list[str], point: str) -> int | None:
+    """Run ``cmd`` in a forked child armed to SIGKILL itself at ``point``: None if it was
+    killed there, else its exit status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.environ[ENV] = point
+            code = main(cmd)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        return None
+    return os.WEXITSTATUS(status)
+
+
+def _same(got: dict, ref: dict, k: int) -> bool:
+    """Equal outcomes. A stream killed in batch 1 starts a new state, with a new random
+    run id, which the snapshot's authentication binds: those two differ (the snapshot's
+    content shows in the next batches' bytes)."""
+    if k == 1:
+        got, ref = ({n: v for n, v in d.items() if n not in ("run_id", "snapshot")}
+                    for d in (got, ref))
+    return got == ref
+
+
+def _stuck_after_kill(stream: Stream, k: int, refs: dict[int, dict], killed: Path,
+                      capsys: pytest.CaptureFixture[str]) -> str | None:
+    """What is wrong after batch ``k`` was killed (files as in ``killed``), or None.
+
+    The same command must finish batch k to the reference's output, sidecar and state,
+    and every later batch must then give the reference's. Run first instead, the next
+    batch's command must change nothing and say to give the same input, unless batch k
+    had released no step (then it goes on without it, as if batch k never ran).
+    """
+    if main(stream.cmd(k)) != 0:
+        return "the same command fails: " + capsys.readouterr().err.strip()[-200:]
+    if not _same(stream.outcome(), refs[k], k):
+        return "batch resumed to other bytes or state"
+    for b in range(k + 1, BATCHES + 1):
+        if main(stream.cmd(b)) != 0 or not _same(stream.outcome(), refs[b], k):
+            return f"batch {b} then fails or differs"
+    if k < BATCHES:
+        stream.restore(killed)
+        before = stream.outcome()
+        capsys.readouterr()
+        if main(stream.cmd(k + 1)) != 0:
+            err = capsys.readouterr().err  # batch 1 has no snapshot: its input path is bound
+            if not any(remedy in err for remedy in ("give it the same input",
+                                                     "belongs to a run reading")):
+                return "the next batch's command, run first, is refused: " + err.strip()[-300:]
+            if stream.outcome() != before:
+                return "the next batch's command, refused, changed files"
+        elif any(row[0] > (k - 1) * STEPS for row in before["steps"] or []):
+            return "the next batch's command went on past released steps"
+    return None
+
+
+@pytest.mark.parametrize("mech,k", [("unknown", 1), ("unknown", 2), ("unknown", 3), ("top-k", 2)])
+def test_a_batch_killed_at_every_statement_and_write_resumes_to_the_same_bytes(
+        tmp_path, mech, k, capsys):
+    """Batch k of 3 killed at each point; batch 3 ends at the horizon (finishes the run)."""
+    stream = Stream(tmp_path, mech)
+    refs: dict[int, dict] = {}
+    for b in range(1, BATCHES + 1):
+        if b == k:
+            start = stream.save("start")
+        assert main(stream.cmd(b)) == 0
+        refs[b] = stream.outcome()
+    assert refs[BATCHES]["out.jsonl"].count(b"\n") == T and refs[BATCHES]["run"][0][-1] == 1
+
+    stuck: list[str] = []
+    killed = {}
+    for kind in ("sql", "write", "torn"):
+        n = 0
+        while True:
+            n += 1
+            point = f"{kind}:{n}"
+            stream.restore(start)
+            status = _run_killed(stream.cmd(k), point)
+            if status is not None:  # the run outlived every point of this kind
+                assert status == 0, point
+                break
+            copy = stream.save(f"killed-{kind}-{n}")
+            problem = _stuck_after_kill(stream, k, refs, copy, capsys)
+            if problem is not None:
+                stuck.append(f"{point}: {problem}")
+            shutil.rmtree(copy)
+        killed[kind] = n - 1
+    # every statement of the batch (its own 3 commits and more); its releases and sidecar
+    assert killed["sql"] > 4 * STEPS and killed["write"] == killed["torn"] == STEPS + 1
+    assert not stuck, f"{len(stuck)} of {sum(killed.values())} kill points: {stuck}"
+
+
+def test_the_same_command_after_its_batch_ended_has_nothing_to_do(tmp_path, capsys):
+    """A kill just after a batch's end record commits looks to the operator like any other
+    kill: the same command again must succeed without writing anything. Another input
+    with the same --until is still refused (it would add nothing)."""
+    stream = Stream(tmp_path, "unknown")
+    for b in (1, 2):
+        assert main(stream.cmd(b)) == 0
+    done = stream.outcome()
+    capsys.readouterr()
+    assert main(stream.cmd(2)) == 0
+    assert stream.outcome() == done
+    other = [*stream.cmd(2)]
+    other[other.index(str(tmp_path / "day2.jsonl"))] = str(tmp_path / "day1.jsonl")
+    assert main(other) == 1
+    assert "released every step up to --until 6 already" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")  # no digest (as stdin): cannot tell, refused
+    other[other.index(str(tmp_path / "day1.jsonl"))] = str(tmp_path / "empty.jsonl")
+    assert main(other) == 1
+    assert "that run had completed" in capsys.readouterr().err
+    assert stream.outcome() == done
+    assert main(stream.cmd(3)) == 0
+    assert main(stream.cmd(3)) == 0  # a finished stream: nothing to do, as before
