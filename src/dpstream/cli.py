@@ -418,8 +418,9 @@ RUN_OPTS: tuple[Opt, ...] = (
         "domain, config or state file)", "-", str, metavar="PATH"),
     Opt(("--output-format",), "output_format", "jsonl (one line per step), or a long "
         "table with one row per released item per step and the columns t, item, value, "
-        "noise_std: csv, jsonl-long or parquet (needs pyarrow; not with --state); auto = by "
-        "the --output suffix (.csv, .parquet), else jsonl", "auto", str,
+        "noise_std (and step_start, ISO-8601, with --start/--step): csv, jsonl-long or "
+        "parquet (needs pyarrow; not with --state); auto = by the --output suffix (.csv, "
+        ".parquet), else jsonl", "auto", str,
         choices=("auto", "jsonl", "csv", "jsonl-long", "parquet")),
     Opt(("--top",), "top", "write only the N largest released counts of each step "
         "(post-processing of the release: free; e.g. for a large known domain)", None,

@@ -73,6 +73,7 @@ from .run_output import (
     check_new_output,
     check_paths,
     closing_quietly_on_error,
+    long_layout_without_step_start,
     open_output,
     postprocess,
 )
@@ -559,6 +560,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     output_format = _auto_format(opts["output"], opts["output_format"])
     clock = _clock(opts)
     step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
+    if (step_start is not None and opts["state"] and not opts["force"]
+            and long_layout_without_step_start(opts["output"], output_format)):
+        step_start = None  # a stream begun without the column goes on without it
     parquet = None
     if output_format == "parquet":
         if opts["output"] == "-" or opts["state"]:
