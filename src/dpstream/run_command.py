@@ -745,10 +745,10 @@ def _read_checked(infile: Any, opts: dict[str, Any], input_format: str, *, valid
     chunks = list(_input_chunks(infile, opts, input_format))
     tally = InvalidTally()
     implicit = bool(opts["implicit_time"])
+    seen = start_t  # --implicit-time: every record is a step of its own, in input order
     for chunk in chunks:
-        steps = None
-        if implicit:  # every record is a step of its own, in input order
-            steps = np.arange(tally.records + 1, tally.records + len(chunk) + 1) + start_t
+        steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
+        seen += len(chunk)
         tally.count_chunk(chunk, validator=validator, start=start_t, late=bool(start_t),
                           limit=until, horizon=int(opts["horizon"]), steps=steps)
     check_invalid_share(tally, opts, clock=clock)
