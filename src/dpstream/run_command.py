@@ -20,7 +20,11 @@ never been in the input, so they still follow the public clock. With
 ``--on-invalid error`` the run stops at the first invalid record: the steps
 written before it are complete and resumable, but publishing a halted run's
 output reveals where the bad record was. Messages never quote an item or a
-record's content unless ``--verbose-errors`` is given.
+record's content unless ``--verbose-errors`` is given. A batch run counts its
+invalid records before its first release, and when more than ``--max-invalid``
+of them are invalid (a typo in ``--time-field`` or ``--step``) it writes nothing
+(:mod:`dpstream.run_guard`): the operator's decision on the raw data, like
+``--on-invalid error``.
 
 State and resume
 ----------------
