@@ -336,7 +336,7 @@ def _policy_run(files, policy, capsys):
     out = files.dir / "out.jsonl"
     rc = main(["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
                "--key-file", files.key_path, "-i", str(bad), "-o", str(out),
-               "--on-invalid", policy])
+               "--on-invalid", policy, "--max-invalid", "1"])  # invalid on purpose
     return rc, _read_jsonl(out), capsys.readouterr().err
 
 
@@ -394,7 +394,8 @@ def test_error_messages_quote_no_item_without_verbose_errors(files, capsys):
     err = capsys.readouterr().err
     assert "input line 2: not valid JSON" in err and "secret" not in err
     # and the default policy (skip) reports only counts
-    assert main([*base[:-2], "-i", str(bad), "-o", str(files.dir / "o3")]) == 0
+    assert main([*base[:-2], "-i", str(bad), "-o", str(files.dir / "o3"),
+                 "--max-invalid", "1"]) == 0
     err = capsys.readouterr().err
     assert "1 skipped" in err and "secret" not in err
 
@@ -693,7 +694,8 @@ def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsy
     cmd = [*UNK_CSV, "--time-column", "t", "--key-file", files.key_path, "-i", str(src)]
     assert main(["run", *cmd, "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
-    assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force") == 0
+    assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force",
+                "--max-invalid", "1") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, noise_version=CLI_NOISE, rho=1.0,
                                   threshold_delta=1e-3, remember=True)  # on by default
     _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
@@ -802,7 +804,7 @@ def test_a_state_with_no_committed_step_accepts_new_parameters(files, capsys):
     src, out, state, cmd = _stopped_run(files, ["bad", '["a"]', '["b"]'])
     assert _run(*cmd) == 1
     assert "input line 1" in capsys.readouterr().err
-    assert _run(*cmd, "--on-invalid", "skip") == 0  # what the error suggests
+    assert _run(*cmd, "--on-invalid", "skip", "--max-invalid", "1") == 0  # as suggested
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
@@ -822,7 +824,7 @@ def test_a_new_run_refuses_an_output_that_holds_releases(files, capsys):
     state.unlink()
     assert _run(*cmd, "--stream", "other") == 1  # no state at all: the output still says
     assert "already holds releases" in capsys.readouterr().err
-    assert _run(*cmd, "--on-invalid", "skip", "--force") == 0
+    assert _run(*cmd, "--on-invalid", "skip", "--force", "--max-invalid", "1") == 0
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
@@ -915,7 +917,7 @@ def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, conten
     assert "input line 2: " in err and message in err and err.count("\n") == 1
     assert len(err) < 300  # no 4,000-digit number in the message
     assert _run(*args, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-                "--force") == 0  # the default: skip
+                "--force", "--max-invalid", "1") == 0  # the default: skip
     # every step 1..T is released, whatever the input holds
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
@@ -975,7 +977,12 @@ def test_run_help_says_what_input_without_time_steps_does(files, capsys):
     assert "CSV input needs its time steps" in capsys.readouterr().err
     (files.dir / "untimed.jsonl").write_text('{"items": ["d0"]}\n["d1"]\n')
     out = files.dir / "u.jsonl"
-    assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out)]) == 0
+    # every record invalid: refused by --max-invalid before anything is written ...
+    assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out)]) == 1
+    assert 'lack a time step "t"' in capsys.readouterr().err and not out.exists()
+    # ... and skipped when the operator allows it
+    assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out),
+                 "--max-invalid", "1"]) == 0
     err = capsys.readouterr().err
     assert "3 steps (t = 1..3 of T = 3), 0 events" in err and "2 skipped" in err
     assert len(out.read_text().splitlines()) == 3  # the public clock, not one step a line

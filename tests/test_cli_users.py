@@ -154,7 +154,7 @@ def test_bad_user_ids_are_invalid_records(stream, tmp_path, capsys):
            "--key-file", str(key_path), "--no-round"]
     common = [*run, "-i", str(src), "--log-format", "json"]
     out = tmp_path / "skip.jsonl"
-    assert main([*common, "-o", str(out)]) == 0
+    assert main([*common, "-o", str(out), "--max-invalid", "1"]) == 0
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert summary["skipped"] == len(BAD)
     assert summary["skipped_by_reason"] == {"user id": len(BAD)}
@@ -189,7 +189,7 @@ def test_csv_user_column(stream, tmp_path, capsys):
     assert main(["run", "-T", "3", "--domain", str(base / "domain.txt"), *USER, "--rho", "1",
                  "--key-file", str(key_path), "-i", str(src), "--time-column", "t",
                  "--no-round", "--no-clamp", "-o", str(out), "--log-format", "json",
-                 "--counter", "tree"]) == 0
+                 "--counter", "tree", "--max-invalid", "1"]) == 0
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert summary["skipped_by_reason"] == {"user id": 2}
     stream_name = scoped_stream({"stream": "default", "user_field": "user", "input": str(src),

@@ -61,7 +61,8 @@ def test_a_broken_line_is_a_step_like_its_empty_neighbour(tmp_path, bad):
         out = tmp_path / f"{name}.out.jsonl"
         assert main(["run", "-q", "-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "9",
                      "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), "--implicit-time", "--remember"]) == 0
+                     "-o", str(out), "--implicit-time", "--remember",
+                     "--max-invalid", "1"]) == 0  # a broken line on purpose
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert b'"a"' in outs[0]  # the runs do release items
@@ -80,7 +81,7 @@ def test_an_event_with_a_broken_item_keeps_its_step(tmp_path):
         out = tmp_path / f"{name}.out.jsonl"
         assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "9",
                      "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out)]) == 0
+                     "-o", str(out), "--max-invalid", "1"]) == 0
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
 
@@ -206,7 +207,8 @@ def test_interleaved_csv_events_warn_not_to_publish(tmp_path, capsys):
         src.write_text("event,t,item\n" + "".join(r + "\n" for r in rows))
         assert main(["run", "-q", "-m", "known", "--domain", str(domain), "-T", "2",
                      "--max-items", "3", "--rho", "1", "--key-file", str(key_path), "-i",
-                     str(src), "-o", str(out), "--time-column", "t"]) == 0
+                     str(src), "-o", str(out), "--time-column", "t",
+                     "--max-invalid", "1"]) == 0
         outs[name] = capsys.readouterr().err
     assert "1 CSV row came back after another event's row" in outs["split"]
     assert "came back" not in outs["grouped"]

@@ -271,6 +271,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _share(text: str) -> str:
+    """An argparse type: a share from 0 to 1, as a number or a percentage (kept as text,
+    read exactly by :func:`dpstream.run_guard.parse_share`)."""
+    from .run_guard import parse_share
+
+    try:
+        parse_share(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(text).strip()
+
+
 def _eta(text: str) -> float | str:
     if str(text) == "auto":
         return "auto"
@@ -349,6 +361,21 @@ MECH_OPTS: tuple[Opt, ...] = (
         None, _positive_float),
 )
 
+#: The public clock's settings, shared by ``run`` and ``plan`` (which reads --end).
+CLOCK_OPTS: tuple[Opt, ...] = (
+    Opt(("--step",), "step", "with --time-field: the width of a time step: s, m or min, h, "
+        "d, w (e.g. 1h, 15min, 2h30m, 1w), or mo for calendar months (1mo: step t begins on "
+        "--start's day and time, t - 1 months later; --start on day 1-28); 'M' is refused "
+        "(minutes or months?)", None, str, metavar="DURATION"),
+    Opt(("--start",), "start", "with --time-field: when step 1 begins (ISO-8601, e.g. "
+        "2026-03-01T00:00Z, or epoch seconds; its UTC offset is the clock's time zone); "
+        "public, never read from the data", None, str, metavar="TIMESTAMP"),
+    Opt(("--end",), "end", "with --start and --step: when the last step ends, instead of "
+        "--horizon (T is the number of steps from --start to --end; --end must fall where a "
+        "step ends; both given must agree)", None, str, metavar="TIMESTAMP",
+        default_text="none: --horizon"),
+)
+
 RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--key-file",), "key_file", "the secret noise key (create one with `dpstream "
         "keygen PATH`)", None, str, metavar="PATH", default_text="none, required"),
@@ -374,11 +401,7 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--time-field",), "time_field", "the JSON field (or CSV column) holding each "
         "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
         "clock --start/--step, not from \"t\"", None, str, metavar="NAME"),
-    Opt(("--step",), "step", "with --time-field: the width of a time step, e.g. 1h, 15m, 1d",
-        None, str, metavar="DURATION"),
-    Opt(("--start",), "start", "with --time-field: when step 1 begins (ISO-8601, e.g. "
-        "2026-03-01T00:00Z, or epoch seconds); public, never read from the data", None, str,
-        metavar="TIMESTAMP"),
+    *CLOCK_OPTS,
     Opt(("--follow",), "follow", "with --time-field: follow a growing --input (like tail -f; "
         "stdin until it closes) and release each step when the clock has passed its end "
         "(plus --lateness), with events or without; an event for a step already released "
@@ -391,11 +414,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         "--output-format)", "-", str, metavar="PATH"),
     Opt(("--output-format",), "output_format", "jsonl (one line per step), or a long "
         "table with one row per released item per step and the columns t, item, value, "
-        "noise_std: csv, jsonl-long or parquet (needs pyarrow; not with --state); auto = by "
-        "the --output suffix (.csv, .parquet), else jsonl. In csv, a step that releases no "
-        "item is a row with an empty item, and pandas' read_csv also reads items named NA, "
-        "null or None as empty (NaN): prefer parquet, or read with keep_default_na=False, "
-        "na_values=['']", "auto", str,
+        "noise_std (and step_start, ISO-8601, with --start/--step): csv, jsonl-long or "
+        "parquet (needs pyarrow; not with --state); auto = by the --output suffix (.csv, "
+        ".parquet), else jsonl. In csv, a step that releases no item is a row with an empty "
+        "item, and pandas' read_csv also reads items named NA, null or None as empty (NaN): "
+        "prefer parquet, or read with keep_default_na=False, na_values=['']", "auto", str,
         choices=("auto", "jsonl", "csv", "jsonl-long", "parquet")),
     Opt(("--top",), "top", "write only the N largest released counts of each step "
         "(post-processing of the release: free; e.g. for a large known domain)", None,
@@ -420,6 +443,12 @@ RUN_OPTS: tuple[Opt, ...] = (
         "cannot be truncated) or error (stop at it: the output then ends where the bad "
         "event was, which publishing it would reveal)", "skip", str,
         choices=("error", "truncate", "skip")),
+    Opt(("--max-invalid",), "max_invalid", "a batch run writes nothing and exits with an "
+        "error when more than this share of its input records are invalid (a missing time "
+        "field, a --step typo, a wrong --domain...), counted before the first release: a "
+        "share from 0 to 1 or a percentage (0.05 or 5%; 0: no invalid record, 1: no limit); "
+        "a decision on the raw data, for the operator (docs/privacy.md)", "0.05",
+        _share, metavar="SHARE"),
     Opt(("--verbose-errors",), "verbose_errors", "let error messages quote the offending "
         "record's content (items are private data: off by default)", False, kind="flag"),
     Opt(("--until",), "until", "the last time step this run releases (a public end step, "
@@ -459,6 +488,7 @@ RUN_OPTS: tuple[Opt, ...] = (
 )
 
 PLAN_OPTS: tuple[Opt, ...] = (
+    *CLOCK_OPTS,
     Opt(("--domain-size",), "domain_size", "size of the known domain when --domain is not "
         "given (placeholder items are used)", None, _positive_int, metavar="D"),
     Opt(("--target-error",), "target_error", "give the budget needed for this half-width "
@@ -797,6 +827,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + PLAN_OPTS, config, ignore=RUN_OPTS)
+    resolve_horizon(opts)  # --end gives T
     check_settings(opts)  # the same check as run's: a plan only for what a run accepts
     name = opts["mechanism"]
     spec = MECHANISMS[name]
@@ -856,6 +887,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if opts["explain"]:
             print(planning.explain(info))
     return 0
+
+
+def resolve_horizon(opts: dict[str, Any]) -> None:
+    """``--end``: set ``opts["horizon"]`` to the number of steps from --start to --end.
+
+    Refuses an --end without --start and --step, one that does not fall where a step
+    ends, and a --horizon that gives another T (``run`` and ``plan`` alike).
+    """
+    end = opts.get("end")
+    if end is None:
+        return
+    if opts.get("start") is None or opts.get("step") is None:
+        raise ValueError("--end needs --start and --step: T is the number of steps from "
+                         "--start to --end")
+    from .clock import StepClock, steps_until
+
+    try:
+        horizon = steps_until(StepClock.parse(str(opts["start"]), str(opts["step"])), end)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--start/--step/--end: {exc}") from None
+    if opts.get("horizon") is not None and int(opts["horizon"]) != horizon:
+        raise ValueError(f"--horizon {opts['horizon']} and --end {end} disagree: from --start "
+                         f"{opts['start']} in steps of --step {opts['step']}, --end gives "
+                         f"T = {horizon}; give one of them")
+    opts["horizon"] = horizon
 
 
 def _domain_option(opts: dict[str, Any]) -> list[str] | None:

@@ -1,4 +1,5 @@
-"""The public release clock: time steps of a fixed width from a public start.
+"""The public release clock: time steps of a fixed width, or of calendar months, from a
+public start.
 
 Layer 6 of dpstream (an edge; pure functions of its settings and of time).
 Step t covers the half-open window [start + (t-1) step, start + t step). A
@@ -8,8 +9,14 @@ of this reads the data: which steps exist and when they close are public.
 
 Timestamps are ISO-8601 (``2026-03-01T12:30:00Z``, ``2026-03-01 12:30+01:00``;
 without a zone they are read as UTC) or seconds since the Unix epoch (a JSON
-number, or digits in CSV). Durations are written like ``1h``, ``15m``,
-``1d``, ``2h30m``, ``90s`` or ``1w``.
+number, or digits in CSV). Durations are written like ``1h``, ``15m`` (or
+``15min``), ``1d``, ``2h30m``, ``90s`` or ``1w``. A step may also be calendar
+months, ``1mo`` or ``3mo``: step t then begins on the day of the month and at the
+time of ``--start``, t - 1 months later, in the UTC offset written in
+``--start`` (a fixed offset: no daylight-saving rules). A month step needs a
+start on day 1 to 28 (every month has those days), so that every step begins
+on the same day of its month. ``M`` is refused: it reads as minutes in some
+tools and as months in others (write ``1min`` or ``1mo``).
 """
 
 from __future__ import annotations
@@ -19,30 +26,56 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["StepClock", "parse_duration", "parse_timestamp"]
+__all__ = ["StepClock", "parse_duration", "parse_step", "parse_timestamp", "steps_until"]
 
 _UTC = _dt.timezone.utc
-_UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_UNITS = {"w": 604800, "d": 86400, "h": 3600, "min": 60, "m": 60, "s": 1}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(min|mo|[wdhms])")
+_MONTHS = re.compile(r"(\d+)mo")
+
+
+def _ambiguous(text: str) -> None:
+    """Refuse ``M`` (minutes or months?) with the two ways to say each."""
+    if re.search(r"\dM(?![oOiI])", str(text).replace(" ", "")):
+        raise ValueError(f"{text!r}: 'M' is ambiguous (minutes or months?): write 1min (or "
+                         "1m) for minutes, 1mo for calendar months")
 
 
 def parse_duration(text: str) -> _dt.timedelta:
-    """``"1h"``, ``"15m"``, ``"2h30m"``, ``"1d"``, ``"90s"``, ``"1w"`` as a timedelta (> 0)."""
+    """``"1h"``, ``"15m"``/``"15min"``, ``"2h30m"``, ``"1d"``, ``"90s"``, ``"1w"`` as a
+    timedelta (> 0). ``M`` (ambiguous) and months (not a fixed duration) are refused."""
+    _ambiguous(text)
     s = str(text).strip().lower().replace(" ", "")
     parts = _DURATION.findall(s)
     if not s or "".join(a + b for a, b in parts) != s:
-        raise ValueError(f"a duration is written like 1h, 15m, 2h30m, 1d or 90s, got {text!r}")
+        raise ValueError(f"a duration is written like 1h, 15m, 2h30m, 1d, 1w or 90s, got "
+                         f"{text!r}")
+    if any(u == "mo" for _, u in parts):
+        raise ValueError(f"a month is not a fixed duration: {text!r} is only allowed as a "
+                         "--step")
     seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if not seconds > 0:
         raise ValueError(f"a duration must be positive, got {text!r}")
     return _dt.timedelta(seconds=seconds)
 
 
-def parse_timestamp(value: object) -> _dt.datetime:
-    """An ISO-8601 string or epoch seconds (int, float or digits) as an aware UTC datetime.
+def parse_step(text: str) -> tuple[_dt.timedelta, int]:
+    """A step: ``(duration, 0)`` for a fixed width (:func:`parse_duration`), or
+    ``(timedelta(0), n)`` for ``"Nmo"``, n calendar months (a whole number > 0, alone)."""
+    _ambiguous(text)
+    s = str(text).strip().lower().replace(" ", "")
+    if "mo" in s:
+        m = _MONTHS.fullmatch(s)
+        if m is None or int(m.group(1)) < 1:
+            raise ValueError(f"a month step is a whole number of months alone, like 1mo or "
+                             f"3mo, got {text!r}")
+        return _dt.timedelta(0), int(m.group(1))
+    return parse_duration(text), 0
 
-    Raises ``ValueError`` (or ``TypeError`` for another type) with the reason.
-    """
+
+def _aware(value: object) -> _dt.datetime:
+    """An ISO-8601 string or epoch seconds as an aware datetime in its own offset (UTC for
+    epoch seconds and for text without a zone)."""
     if isinstance(value, bool):
         raise TypeError("a timestamp is an ISO-8601 string or a number of seconds, got a bool")
     if isinstance(value, (int, float)):
@@ -57,7 +90,7 @@ def parse_timestamp(value: object) -> _dt.datetime:
                         f"{type(value).__name__}")
     text = value.strip()
     if re.fullmatch(r"-?\d+(\.\d+)?", text):
-        return parse_timestamp(float(text))
+        return _aware(float(text))
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:
@@ -66,7 +99,21 @@ def parse_timestamp(value: object) -> _dt.datetime:
         raise ValueError("not an ISO-8601 timestamp or epoch seconds") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_UTC)
-    return when.astimezone(_UTC)
+    return when
+
+
+def parse_timestamp(value: object) -> _dt.datetime:
+    """An ISO-8601 string or epoch seconds (int, float or digits) as an aware UTC datetime.
+
+    Raises ``ValueError`` (or ``TypeError`` for another type) with the reason.
+    """
+    return _aware(value).astimezone(_UTC)
+
+
+def _add_months(when: _dt.datetime, months: int) -> _dt.datetime:
+    """``when`` moved by whole months (its day must be at most 28)."""
+    k = when.year * 12 + when.month - 1 + months
+    return when.replace(year=k // 12, month=k % 12 + 1)
 
 
 @dataclass(frozen=True)
@@ -75,37 +122,110 @@ class StepClock:
 
     Attributes:
         start: when step 1 begins (timezone-aware).
-        step: the width of a step (> 0).
+        step: the width of a step (> 0), or ``timedelta(0)`` with ``months``.
         lateness: how long after a step's window ends it is still open for
             late events (``due``).
+        months: calendar months per step (0: the steps are ``step`` wide).
+        zone: the UTC offset of ``--start``: month steps begin on the day and at
+            the time of the start in this offset.
     """
 
     start: _dt.datetime
     step: _dt.timedelta
     lateness: _dt.timedelta = _dt.timedelta(0)
+    months: int = 0
+    zone: _dt.tzinfo = _UTC
 
     def __post_init__(self) -> None:
         if self.start.tzinfo is None:
             raise ValueError("StepClock.start must be timezone-aware (e.g. UTC)")
-        if self.step <= _dt.timedelta(0) or self.lateness < _dt.timedelta(0):
+        if self.lateness < _dt.timedelta(0) or self.months < 0:
+            raise ValueError("StepClock.step must be > 0 and lateness >= 0")
+        if self.months:
+            if self.step != _dt.timedelta(0):
+                raise ValueError("StepClock: give step or months, not both")
+            local = self.start.astimezone(self.zone)
+            if local.day > 28:
+                raise ValueError(
+                    f"a month step needs --start on day 1 to 28 of its month, so that every "
+                    f"step begins on the same day (not every month has a day {local.day}); "
+                    "start on the 1st of the next month for steps of whole calendar months")
+        elif self.step <= _dt.timedelta(0):
             raise ValueError("StepClock.step must be > 0 and lateness >= 0")
 
     @classmethod
     def parse(cls, start: str, step: str, lateness: str | None = None) -> StepClock:
         """A clock from command-line text: ``--start``, ``--step`` and ``--lateness``."""
-        return cls(parse_timestamp(start), parse_duration(step),
-                   parse_duration(lateness) if lateness else _dt.timedelta(0))
+        begin = _aware(start)
+        width, months = parse_step(step)
+        return cls(begin.astimezone(_UTC), width,
+                   parse_duration(lateness) if lateness else _dt.timedelta(0),
+                   months=months, zone=begin.tzinfo or _UTC)
 
     def step_of(self, when: _dt.datetime) -> int:
         """The step an event at ``when`` belongs to (0: before the start)."""
         if when < self.start:
             return 0
-        return (when - self.start) // self.step + 1
+        if not self.months:
+            return (when - self.start) // self.step + 1
+        local, first = when.astimezone(self.zone), self.start.astimezone(self.zone)
+        k = ((local.year - first.year) * 12 + local.month - first.month) // self.months
+        while _add_months(first, k * self.months) > local:
+            k -= 1
+        return k + 1
 
     def due(self, now: _dt.datetime) -> int:
         """The last step whose window (plus the lateness) has ended at ``now`` (0 if none)."""
-        return max(0, (now - self.lateness - self.start) // self.step)
+        if not self.months:
+            return max(0, (now - self.lateness - self.start) // self.step)
+        return max(0, self.step_of(now - self.lateness) - 1)
 
     def end_of(self, t: int) -> _dt.datetime:
         """When step t's window ends."""
-        return self.start + t * self.step
+        if not self.months:
+            return self.start + t * self.step
+        return _add_months(self.start.astimezone(self.zone), t * self.months).astimezone(_UTC)
+
+    def start_of(self, t: int) -> _dt.datetime:
+        """When step t's window begins."""
+        return self.end_of(t - 1)
+
+    def step_text(self) -> str:
+        """The step as ``--step`` would give it (``1mo``, ``1h``, ``90s``...)."""
+        if self.months:
+            return f"{self.months}mo"
+        seconds = self.step.total_seconds()
+        for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("min", 60)):
+            if seconds % size == 0:
+                return f"{int(seconds // size)}{unit}"
+        return f"{seconds:g}s"
+
+    def zone_text(self) -> str:
+        """The UTC offset of ``--start``, like ``+01:00`` (``+00:00`` for UTC)."""
+        return self.start.astimezone(self.zone).isoformat()[-6:]
+
+    def iso(self, when: _dt.datetime) -> str:
+        """``when`` as ISO-8601 in the clock's zone (the offset of ``--start``)."""
+        return when.astimezone(self.zone).isoformat()
+
+    def describe(self, horizon: int) -> dict[str, object]:
+        """The clock for the run's sidecar: public settings only."""
+        return {"start": self.iso(self.start), "step": self.step_text(),
+                "time_zone": self.zone_text(), "end": self.iso(self.end_of(horizon)),
+                "lateness_seconds": self.lateness.total_seconds()}
+
+
+def steps_until(clock: StepClock, end: object) -> int:
+    """The number of steps from the clock's start to ``end`` (``--end``: when the last
+    step ends). ``end`` must fall on a step boundary after the start (ValueError names
+    the two nearest)."""
+    when = parse_timestamp(end)
+    if when <= clock.start:
+        raise ValueError(f"--end {end} is not after --start {clock.iso(clock.start)}")
+    t = clock.step_of(when) - 1  # the steps that end at or before `end`
+    if clock.end_of(t) != when:
+        raise ValueError(
+            f"--end {end} is not where a step ends (--step {clock.step_text()} from --start "
+            f"{clock.iso(clock.start)}): the nearest ends are {clock.iso(clock.end_of(t))} "
+            f"(--horizon {t}) and {clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})")
+    return t

@@ -59,7 +59,7 @@ from . import compiled
 from .io import RawEvent, parse_jsonl_line, raw_bytes
 
 __all__ = ["Chunk", "StepInput", "ChunkGrouper", "read_jsonl_chunks", "chunks_from_records",
-           "step_steps", "records_step", "FAST_LINE_BYTES", "CHUNK_LINES"]
+           "step_steps", "implicit_steps", "records_step", "FAST_LINE_BYTES", "CHUNK_LINES"]
 
 #: The longest line (in bytes) the Arrow reader is given; longer lines are parsed
 #: one at a time (where ``json.loads`` decides about deep nesting and huge integers).
@@ -707,6 +707,16 @@ def _steps_array(values: list[int]) -> np.ndarray:
         out[:] = values
         return out
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def implicit_steps(chunks: Iterable[Chunk], *, start: int = 0) -> Iterator[StepInput]:
+    """``--implicit-time``: every record (valid or not) a step of its own, from start + 1
+    (the steps of :func:`dpstream.io.group_steps` with ``implicit``)."""
+    t = start
+    for chunk in chunks:
+        for i in range(len(chunk)):
+            t += 1
+            yield _step_input(t, [_Part(chunk, i, i + 1)])
 
 
 def records_step(t: int | None, records: list[RawEvent]) -> StepInput:

@@ -92,7 +92,7 @@ import secrets
 import sys
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -1037,6 +1037,8 @@ class JsonlFormatter(_Formatter):
 
 #: The columns of every long ("tidy") output: one row per released item per step.
 LONG_COLUMNS = ("t", "item", "value", "noise_std")
+#: The column a run with a public clock (--start/--step) adds: when each step begins.
+STEP_START = "step_start"
 
 #: Releases of at least this many items are formatted by Arrow's string kernels when
 #: their items' text is cached (the same items as the step before) ...
@@ -1046,18 +1048,21 @@ _COLUMNAR_MIN = 64
 _COLUMNAR_FRESH_MIN = 4096
 
 
-def _long_rows(release: Release, round_counts: bool) -> list[tuple[Any, ...]]:
+def _long_rows(release: Release, round_counts: bool,
+               step_start: Callable[[int], str] | None = None) -> list[tuple[Any, ...]]:
     """The rows of one release in the long format; an empty step is one row with no item.
 
     ``noise_std`` comes from the release's meta (the run adds it: the standard
-    deviation of a count at that step, public); ``None`` when absent.
+    deviation of a count at that step, public); ``None`` when absent. With
+    ``step_start`` (a run's public clock), each row ends with ``step_start(t)``.
     """
     t = int(release.t)
     std = release.meta.get("noise_std") if release.meta else None
     values = _values(release, round_counts)
+    extra = () if step_start is None else (step_start(t),)
     if not values:
-        return [(t, None, None, std)]
-    return [(t, str(item), value, std)
+        return [(t, None, None, std, *extra)]
+    return [(t, str(item), value, std, *extra)
             for item, value in zip(release.items, values, strict=True)]
 
 
@@ -1076,12 +1081,15 @@ class CsvFormatter(_Formatter):
     _rows_per_item = True
     name = "csv"
 
-    def __init__(self, round_counts: bool = False) -> None:
+    def __init__(self, round_counts: bool = False,
+                 step_start: Callable[[int], str] | None = None) -> None:
         self.round_counts = round_counts
+        self.step_start = step_start  # a public clock: a step_start column (ISO-8601)
         self._cells = self._text = _ItemText(_csv_cell, _CSV_SPECIAL)
 
     def header(self) -> bytes:
-        return (",".join(LONG_COLUMNS) + "\n").encode()
+        extra = () if self.step_start is None else (STEP_START,)
+        return (",".join((*LONG_COLUMNS, *extra)) + "\n").encode()
 
 
     def _format_columns(self, release: Release) -> bytes | None:
@@ -1091,6 +1099,8 @@ class CsvFormatter(_Formatter):
 
         std = release.meta.get("noise_std") if release.meta else None
         std_text = "" if std is None else repr(std) if isinstance(std, float) else str(std)
+        if self.step_start is not None:  # ISO-8601 text: nothing a CSV writer quotes
+            std_text += "," + self.step_start(int(release.t))
         rows = (_int_rows(self._cells, release, f"{int(release.t)},".encode(), b",",
                           f",{std_text}".encode(), b"\n")
                 if self.round_counts else None)
@@ -1109,7 +1119,7 @@ class CsvFormatter(_Formatter):
     def _format_rows(self, release: Release) -> bytes:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        for row in _long_rows(release, self.round_counts):
+        for row in _long_rows(release, self.round_counts, self.step_start):
             writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
                              for v in row])
         return buf.getvalue().encode("utf-8")
@@ -1122,18 +1132,22 @@ class JsonlLongFormatter(_Formatter):
     _rows_per_item = True
     name = "jsonl-long"
 
-    def __init__(self, round_counts: bool = False) -> None:
+    def __init__(self, round_counts: bool = False,
+                 step_start: Callable[[int], str] | None = None) -> None:
         self.round_counts = round_counts
+        self.step_start = step_start  # a public clock: a "step_start" field (ISO-8601)
         self._keys = self._text = _ItemText(_json_key, _JSON_SPECIAL, '"')
+        self._columns = LONG_COLUMNS + (() if step_start is None else (STEP_START,))
 
     def header(self) -> bytes:
         return b""
 
     def _format_rows(self, release: Release) -> bytes:
         return "".join(
-            json.dumps(dict(zip(LONG_COLUMNS, row, strict=True)), ensure_ascii=False,
+            json.dumps(dict(zip(self._columns, row, strict=True)), ensure_ascii=False,
                        allow_nan=False) + "\n"
-            for row in _long_rows(release, self.round_counts)).encode("utf-8")
+            for row in _long_rows(release, self.round_counts, self.step_start)
+        ).encode("utf-8")
 
     def _format_columns(self, release: Release) -> bytes | None:
         """The same bytes as the row by row path, built by Arrow's string kernels."""
@@ -1144,7 +1158,9 @@ class JsonlLongFormatter(_Formatter):
         if isinstance(std, float) and not math.isfinite(std):
             return None
         head = f'{{"t": {int(release.t)}, "item": '
-        tail = f', "noise_std": {json.dumps(std)}}}'
+        start = ("" if self.step_start is None else
+                 f', "{STEP_START}": {json.dumps(self.step_start(int(release.t)))}')
+        tail = f', "noise_std": {json.dumps(std)}{start}}}'
         joined = (_int_rows(self._keys, release, head.encode(), b', "value": ',
                             tail.encode(), b"\n") if self.round_counts else None)
         if joined is not None:
@@ -1171,8 +1187,8 @@ class ParquetWriter:
 
     name = "parquet"
 
-    def __init__(self, path: str, round_counts: bool = False, *, rows_per_group: int = 65536
-                 ) -> None:
+    def __init__(self, path: str, round_counts: bool = False, *, rows_per_group: int = 65536,
+                 step_start: Callable[[int], str] | None = None) -> None:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -1181,9 +1197,11 @@ class ParquetWriter:
                              "'dpstream[parquet]'") from None
         self.round_counts = round_counts
         self._pa = pa
+        self.step_start = step_start  # a public clock: a step_start column (ISO-8601)
         self._schema = pa.schema([("t", pa.int64()), ("item", pa.string()),
                                   ("value", pa.int64() if round_counts else pa.float64()),
-                                  ("noise_std", pa.float64())])
+                                  ("noise_std", pa.float64()),
+                                  *([(STEP_START, pa.string())] if step_start else [])])
         self._writer = pq.ParquetWriter(path, self._schema)
         self._rows: list[tuple[Any, ...]] = []  # empty steps, row by row
         self._batches: list[Any] = []  # releases as tables, in order
@@ -1195,7 +1213,7 @@ class ParquetWriter:
         pa = self._pa
         n = len(release.values)
         if n == 0:  # an empty step is one row with no item and no value
-            self._rows.extend(_long_rows(release, self.round_counts))
+            self._rows.extend(_long_rows(release, self.round_counts, self.step_start))
         else:
             self._flush_rows()
             std = release.meta.get("noise_std") if release.meta else None
@@ -1206,7 +1224,10 @@ class ParquetWriter:
                 pa.array(np.full(n, int(release.t), dtype=np.int64)),
                 self._items(release.items), pa.array(values, type=self._schema[2].type),
                 pa.array(np.full(n, np.nan if std is None else float(std)),
-                         mask=np.full(n, std is None))], schema=self._schema))
+                         mask=np.full(n, std is None)),
+                *([pa.array([self.step_start(int(release.t))], pa.string()).take(
+                    pa.array(np.zeros(n, np.int64)))] if self.step_start else [])],
+                schema=self._schema))
             self._pending += n
         if self._pending + len(self._rows) >= self._rows_per_group:
             self._flush()
@@ -1232,16 +1253,19 @@ class ParquetWriter:
         self._writer.close()
 
 
-def make_formatter(fmt: str, round_counts: bool = False
+def make_formatter(fmt: str, round_counts: bool = False,
+                   step_start: Callable[[int], str] | None = None
                    ) -> JsonlFormatter | CsvFormatter | JsonlLongFormatter:
     """The release formatter for ``fmt``: ``"jsonl"`` (a line per step), ``"csv"`` or
-    ``"jsonl-long"`` (a row per released item per step)."""
+    ``"jsonl-long"`` (a row per released item per step). ``step_start`` (a run's public
+    clock: t to when step t begins, ISO-8601) adds a ``step_start`` column to the long
+    formats."""
     if fmt == "jsonl":
         return JsonlFormatter(round_counts)
     if fmt == "csv":
-        return CsvFormatter(round_counts)
+        return CsvFormatter(round_counts, step_start)
     if fmt == "jsonl-long":
-        return JsonlLongFormatter(round_counts)
+        return JsonlLongFormatter(round_counts, step_start)
     raise ValueError(f"output format must be 'jsonl', 'csv' or 'jsonl-long', got {fmt!r}")
 
 

@@ -20,7 +20,11 @@ never been in the input, so they still follow the public clock. With
 ``--on-invalid error`` the run stops at the first invalid record: the steps
 written before it are complete and resumable, but publishing a halted run's
 output reveals where the bad record was. Messages never quote an item or a
-record's content unless ``--verbose-errors`` is given.
+record's content unless ``--verbose-errors`` is given. A batch run counts its
+invalid records before its first release, and when more than ``--max-invalid``
+of them are invalid (a typo in ``--time-field`` or ``--step``) it writes nothing
+(:mod:`dpstream.run_guard`): the operator's decision on the raw data, like
+``--on-invalid error``.
 
 State and resume
 ----------------
@@ -59,16 +63,19 @@ from .cli import (
     build_mechanism,
     make_postprocessor,
     merge_options,
+    resolve_horizon,
 )
 from .errors import DPStreamError, InvalidEventError, StateError
 from .logs import log_fields, setup_logging
 from .run_follow import follow
+from .run_guard import InvalidTally, TooManyInvalidError, check_invalid_share
 from .run_output import (
     ParquetFormatter,
     Resume,
     check_new_output,
     check_paths,
     closing_quietly_on_error,
+    long_layout_without_step_start,
     open_output,
     postprocess,
 )
@@ -221,6 +228,8 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
                       step_seconds=clock.step.total_seconds(),
                       lateness_seconds=clock.lateness.total_seconds(),
                       follow=bool(opts["follow"]))
+        if clock.months:  # calendar months, in the offset of --start
+            params.update(step_months=clock.months, time_zone=clock.zone_text())
     return params
 
 
@@ -533,6 +542,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + RUN_OPTS, config)
+    resolve_horizon(opts)  # --end gives T
     check_settings(opts, extra=[] if opts["key_file"] is not None else [
         "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)"])
     setup_logging(opts["log_format"], quiet=opts["quiet"])
@@ -556,6 +566,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     publish = make_postprocessor(opts)
     input_format = _auto_format(opts["input"], opts["input_format"])
     output_format = _auto_format(opts["output"], opts["output_format"])
+    clock = _clock(opts)
+    step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
+    if (step_start is not None and opts["state"] and not opts["force"]
+            and long_layout_without_step_start(opts["output"], output_format)):
+        step_start = None  # a stream begun without the column goes on without it
     parquet = None
     if output_format == "parquet":
         if opts["output"] == "-" or opts["state"]:
@@ -566,10 +581,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                              "overwrite it")
         from .io import ParquetWriter
 
-        parquet = ParquetWriter(opts["output"], opts["round"])
+        parquet = ParquetWriter(opts["output"], opts["round"], step_start=step_start)
         base_formatter: Any = ParquetFormatter(parquet)
     else:
-        base_formatter = make_formatter(output_format, opts["round"])
+        base_formatter = make_formatter(output_format, opts["round"], step_start)
     formatter = NoiseStdFormatter(base_formatter, mech)
     if opts["view"] and (opts["output"] == "-" or output_format != "jsonl"):
         raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
@@ -588,6 +603,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     quiet = opts["quiet"]
     viewer = None
 
+    state_existed = bool(opts["state"]) and os.path.exists(opts["state"])
     with contextlib.ExitStack() as stack:
         infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
         if opts["input"] != "-":
@@ -629,10 +645,27 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "exactly-once output")
         if (new_run is not None or ckpt is None) and parquet is None:  # parquet: checked
             check_new_output(opts, formatter.header())
+        chunks = None
+        # a batch run that drops invalid records: its input, read and checked before a
+        # release (--on-invalid error stops at the first invalid record anyway)
+        if not opts["follow"] and opts["on_invalid"] != "error":
+            start_t = go_on.t if go_on is not None else 0
+            try:
+                chunks = _read_checked(infile, opts, input_format, validator=validator,
+                                       start_t=start_t, until=until, clock=clock)
+            except TooManyInvalidError:
+                if ckpt is not None and not state_existed:  # a state file made just now
+                    ckpt.close()
+                    with contextlib.suppress(OSError):
+                        os.unlink(opts["state"])
+                raise
         if opts["output"] != "-":  # the run's public metadata, before the output is touched
-            write_run_meta(opts["output"], {**describe_run(
-                mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]),
-                "clamped": bool(opts["clamp"]), "monotone": bool(opts["monotone"])})
+            info = {**describe_run(mech, name=name, base_given=opts["base"] is not None,
+                                   rounded=opts["round"]),
+                    "clamped": bool(opts["clamp"]), "monotone": bool(opts["monotone"])}
+            if clock is not None:
+                info["clock"] = clock.describe(int(opts["horizon"]))
+            write_run_meta(opts["output"], info)
         if parquet is not None:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
             stack.callback(parquet.close)
@@ -661,7 +694,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
                   start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
-                  batch=batch, key=key, publish=publish)
+                  batch=batch, key=key, publish=publish, chunks=chunks)
     log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
@@ -733,6 +766,38 @@ def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Itera
     return chunks_from_records(_input_records(infile, opts, input_format))
 
 
+def _read_checked(infile: Any, opts: dict[str, Any], input_format: str, *, validator: Any,
+                  start_t: int, until: int, clock: Any) -> list[Any]:
+    """A batch run's whole input in chunks, refused (:class:`TooManyInvalidError`, before
+    anything is written) when more than --max-invalid of its records are invalid.
+
+    The run reads its input to the end before its first release anyway (the steps wait
+    for it), so reading it here first costs no memory the run would not take (with
+    --implicit-time, whose steps used to go as they were read, the input is held too).
+    """
+    import numpy as np
+
+    chunks = list(_input_chunks(infile, opts, input_format))
+    tally = InvalidTally()
+    implicit = bool(opts["implicit_time"])
+    seen = start_t  # --implicit-time: every record is a step of its own, in input order
+    for chunk in chunks:
+        steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
+        seen += len(chunk)
+        tally.count_chunk(chunk, validator=validator, start=start_t, late=bool(start_t),
+                          limit=until, horizon=int(opts["horizon"]), steps=steps)
+    check_invalid_share(tally, opts, clock=clock)
+    return chunks
+
+
+def _drain(chunks: list[Any]) -> Iterator[Any]:
+    """The chunks in order, each let go of by the list as it is taken (so that a step's
+    chunks can be freed once the steps that use them are released)."""
+    chunks.reverse()
+    while chunks:
+        yield chunks.pop()
+
+
 def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format: str) -> None:
     """Refuse (exit status 1) a finished run whose input has grown since it finished.
 
@@ -755,15 +820,14 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
               resume: Resume | None, until: int, formatter: Any, validator: _Validator,
               digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
               quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
-              key: Any = None, publish: Any = None) -> None:
+              key: Any = None, publish: Any = None, chunks: list[Any] | None = None) -> None:
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
     its last release ends in the output. ``publish``: the readable-counts
     post-processing (:func:`dpstream.cli.make_postprocessor`), in the state that goes
-    with ``mech``."""
+    with ``mech``. ``chunks``: a batch run's input, already read (:func:`_read_checked`)."""
     from ._crashpoints import write as crash_write
-    from .ingest import records_step, step_steps
-    from .io import group_steps
+    from .ingest import implicit_steps, records_step, step_steps
     from .mechanisms.columns import EventColumns
 
     horizon = int(opts["horizon"])
@@ -871,15 +935,14 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         else:
             late = ("time step {t} was already released by an earlier run (a late event)"
                     if start_t else None)  # events of steps an earlier run released
+            source = (_input_chunks(infile, opts, input_format) if chunks is None
+                      else _drain(chunks))
             if opts["implicit_time"]:  # every line is a step: record by record
-                steps: Iterable[Any] = (
-                    records_step(t, recs) for t, recs in group_steps(
-                        map(note, _input_records(infile, opts, input_format)), horizon,
-                        start=start_t, implicit=True))
+                steps: Iterable[Any] = implicit_steps(counted(source), start=start_t)
             else:
                 # a record past --until is rejected without moving the clock (limit)
-                steps = step_steps(counted(_input_chunks(infile, opts, input_format)),
-                                   horizon, start=start_t, late_message=late, limit=until)
+                steps = step_steps(counted(source), horizon, start=start_t,
+                                   late_message=late, limit=until)
             # records past the end come out as they are read; they are rejected after
             # the steps are released, where they stand in an input in time order
             # (their lines and errors only: the rest is freed)

@@ -1,0 +1,185 @@
+"""The operator's guard of ``dpstream run``: refuse an input that is mostly invalid.
+
+Layer 6 of dpstream (an edge), used by :mod:`dpstream.run_command`. A typo in
+the options (``--time-field`` naming a field no event has, ``--step`` read in
+the wrong unit, another ``--domain``) makes nearly every record invalid; with
+``--on-invalid skip`` the run would drop them all and publish empty steps, spending
+the budget on nothing. A batch run reads its whole input before its first
+release, so it counts the invalid records first, by cause, and when more than
+``--max-invalid`` of them are invalid it writes nothing (no release, no sidecar,
+the state as it was) and says why.
+
+The counts are exactly those the run's summary reports as skipped (the same
+checks, applied to each record on its own): the records the readers refused,
+records of steps an earlier run released (late), of steps past ``--until`` or
+the horizon, and, unless ``--on-invalid truncate`` keeps what it can of them,
+events with an item outside ``--domain`` or more than ``--max-items`` items.
+
+The decision reads the raw data, as ``--on-invalid error`` does: whether a run
+wrote anything depends on its input, so it is for the operator, not something
+to publish (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .errors import DPStreamError
+
+_INT64_MAX = (1 << 63) - 1
+
+__all__ = ["InvalidTally", "TooManyInvalidError", "parse_share", "check_invalid_share"]
+
+
+class TooManyInvalidError(DPStreamError):
+    """More than ``--max-invalid`` of a run's input records are invalid: nothing written."""
+
+
+def parse_share(text: object) -> Fraction:
+    """``--max-invalid``: ``"0.05"`` or ``"5%"`` as an exact fraction in [0, 1]."""
+    s = str(text).strip()
+    try:
+        value = Fraction(s[:-1].strip()) / 100 if s.endswith("%") else Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"expected a share like 0.05 or 5%, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"expected a share from 0 to 1 (or 0% to 100%), got {text!r}; it "
+                         "is a share of the input records, not a count")
+    return value
+
+
+@dataclass
+class InvalidTally:
+    """Records read and, per cause, the invalid ones (with one message of each cause)."""
+
+    records: int = 0
+    causes: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    later: int = 0  # records of steps after --until: a later run's, not counted
+
+    def add(self, cause: str, message: str, count: int = 1) -> None:
+        if count:
+            self.causes[cause] += count
+            self.examples.setdefault(cause, message)
+
+    @property
+    def invalid(self) -> int:
+        return sum(self.causes.values())
+
+    def count_chunk(self, chunk: Any, *, validator: Any, start: int, late: bool,
+                    limit: int, horizon: int, steps: np.ndarray | None = None) -> None:
+        """Count one chunk's records (:class:`dpstream.ingest.Chunk`) as the run will:
+        ``start`` the step an earlier run released up to (its records are ``late``),
+        ``limit`` the last step this run releases (``--until``: the records of steps
+        after it, up to the horizon, are a later run's, counted apart in ``later``),
+        ``steps`` each record's step when it is not the record's own
+        (``--implicit-time``: its place in the input)."""
+        from .mechanisms.columns import distinct_in_events
+
+        n = len(chunk)
+        self.records += n
+        if n == 0:
+            return
+        t = chunk.t if steps is None else steps
+        if max(limit, start, horizon) > _INT64_MAX and t.dtype != object:
+            t = t.astype(object)  # compared with a step past int64
+        bad = np.zeros(n, dtype=bool)
+        if late:
+            old = (t > 0) & (t <= start)
+            bad |= old
+            self.add("late event", "", int(np.count_nonzero(old)))
+        for i, message in chunk.errors.items():
+            if not bad[i]:
+                bad[i] = True
+                cause = _cause(message)
+                self.add(cause, message)
+        past = (t > horizon) & ~bad
+        self.add("past", "", int(np.count_nonzero(past)))
+        bad |= past
+        later = (t > limit) & ~bad
+        if later.any():
+            self.later += int(np.count_nonzero(later))
+            self.records -= int(np.count_nonzero(later))
+            bad |= later
+        if validator.policy == "truncate" or (validator.domain is None
+                                              and validator.max_items is None):
+            return
+        sizes = np.diff(chunk.offsets)
+        event_of = np.repeat(np.arange(n), sizes)
+        if validator.domain is not None and chunk.items:
+            outside = validator.domain.lookup(chunk.items) < 0
+            hit = np.bincount(event_of[outside[chunk.codes]], minlength=n) > 0
+            hit &= ~bad
+            self.add("not in the domain", "", int(np.count_nonzero(hit)))
+            bad |= hit
+        if validator.max_items is not None:
+            _, distinct = distinct_in_events(chunk.codes, chunk.offsets)
+            over = (distinct > validator.max_items) & ~bad
+            self.add("more than --max-items", "", int(np.count_nonzero(over)))
+
+
+def _cause(message: str) -> str:
+    """The cause of a reader's message (a finer key than the summary's reasons)."""
+    from .run_command import _reason_key
+
+    if "(--time-field)" in message:
+        return "no time field"
+    if "needs a time step" in message:
+        return "no t"
+    return _reason_key(message)
+
+
+def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:
+    """What the records of ``cause`` have wrong, for the message."""
+    horizon = int(opts["horizon"])
+    if cause == "past":
+        where = f" (the clock ends at {clock.iso(clock.end_of(horizon))})" if clock else ""
+        return (f"are for steps past the horizon --horizon {horizon}{where}: check "
+                + ("--start, --step and --horizon (or --end)" if clock else "--horizon"))
+    return {
+        "no time field": f"lack the time field {opts.get('time_field')!r} (--time-field)",
+        "timestamp": "have a timestamp that is not ISO-8601 or epoch seconds",
+        "before --start": f"are before --start {opts.get('start')}",
+        "no t": 'lack a time step "t" (timestamps need --time-field, --start and --step)',
+        "late event": "are for steps an earlier run already released (late events)",
+        "not in the domain": "hold an item outside --domain",
+        "more than --max-items": f"hold more than --max-items {opts.get('max_items')} items",
+        "user id": f"lack a user id {opts.get('user_field')!r} (--user-field)",
+        "not valid JSON": "are not valid JSON",
+        "not valid UTF-8": "are not valid UTF-8",
+        "time order": "are out of time order",
+        "reappears": "repeat an event id after other rows",
+    }.get(cause, "are malformed")
+
+
+def check_invalid_share(tally: InvalidTally, opts: dict[str, Any], *, clock: Any = None
+                        ) -> None:
+    """Raise :class:`TooManyInvalidError`, with the count of each cause, when more than
+    ``--max-invalid`` of the records counted are invalid (the records of steps after
+    ``--until``, a later run's, are not counted)."""
+    share = parse_share(opts.get("max_invalid") or "0.05")
+    bad, total = tally.invalid, tally.records
+    if total == 0 or bad <= share * total:
+        return
+    causes = "; ".join(f"{n:,} of {total:,} records ({_percent(n, total)}) "
+                       f"{_phrase(cause, opts, clock)}"
+                       for cause, n in sorted(tally.causes.items(), key=lambda kv: -kv[1]))
+    later = (f" ({tally.later:,} more are for steps after --until {opts.get('until')}: a later "
+             "run's, not counted)" if tally.later else "")
+    raise TooManyInvalidError(
+        f"{bad:,} of {total:,} input records ({_percent(bad, total)}) are invalid, more than "
+        f"--max-invalid {opts.get('max_invalid')} allows{later}: {causes}. Nothing was written (no "
+        "release, no metadata file; the state is as it was): correct the options or the "
+        "input, or raise --max-invalid to release the valid events only")
+
+
+def _percent(part: int, whole: int) -> str:
+    share = 100 * part / whole
+    if part == whole:
+        return "100%"
+    return f"{share:.1f}%" if share >= 0.1 else f"{share:.2g}%"
