@@ -2,7 +2,8 @@
 
 Implements the mechanisms of Cardoso and Rogers, "Differentially Private
 Histograms under Continual Observation: Streaming Selection into the Unknown".
-See DESIGN.md for the layers; the public names are re-exported here.
+The layers are described in docs/architecture.md; the public names are
+re-exported here.
 """
 
 from . import factorization, noise, oneshot, privacy, tree

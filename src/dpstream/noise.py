@@ -1,6 +1,6 @@
 """Keyed noise: every noise value is a pure function of (key, purpose, item, cell, draw).
 
-Layer 2 of dpstream (see DESIGN.md). A release path never calls ``np.random``;
+Layer 2 of dpstream (docs/architecture.md). A release path never calls ``np.random``;
 it asks a :class:`NoiseSource` for the noise at an address, and the same address
 gives the same value in every process, after any restart, on the local engine
 and on Spark. That is what lets a mechanism be restarted, run next to any

@@ -24,7 +24,7 @@ from loosest to tightest:
   for a mechanism that *is* a Gaussian mechanism with ratio ``mu`` of l2
   sensitivity to noise standard deviation (then ``rho = mu**2 / 2``).
 
-Floating-point policy (STYLE.md): noise scales are rounded up and privacy
+Floating-point policy: noise scales are rounded up and privacy
 parameters down. Every calibration result is checked against the forward
 formula after it is computed and nudged in the safe direction until the check
 passes.

@@ -1,8 +1,7 @@
 """What every continual mechanism shares: the Release value and input checks.
 
 Layer 5 of dpstream. Checks run before any state changes, so a rejected event
-or step leaves the mechanism exactly as it was (STYLE.md: validate before
-mutating).
+or step leaves the mechanism exactly as it was (validate before mutating).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """KnownBase and UnkBase releases from Spark DataFrames of counts.
 
 The practical mechanisms need only the prefix histogram h_t, t and the key
-(DESIGN.md, "Aggregate mode"), so on Spark a release is one ``mapInPandas``
+(the aggregate mode, docs/architecture.md), so on Spark a release is one ``mapInPandas``
 over the (item, count) rows: every executor adds the keyed tree noise of its
 own items (``dpstream.spark.kernels``), and no item is ever collected to the
 driver. The releases are bit-identical to the local engine's
