@@ -81,7 +81,8 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argpars
     view.add_argument("--allow-host", action="append", default=None, metavar="NAME",
                       help="a name the page may be reached by besides localhost and the "
                            "address it listens on, e.g. this machine's name with --host "
-                           "0.0.0.0 (repeat; requests naming any other host get 403; default: none)")
+                           "0.0.0.0 (repeat; requests naming any other host get 403; "
+                           "default: none)")
     view.add_argument("--export", default=None, metavar="REPORT.html",
                       help="write the page of the file as it is now to REPORT.html (one "
                            "self-contained file, no script) and exit (default: serve)")
