@@ -227,29 +227,41 @@ def test_a_torn_ledger_line_after_a_kill_is_ignored_and_the_run_resumes(stream, 
         range(1, STEPS_PER_DAY + 1))
 
 
-@pytest.mark.parametrize("edit", ["digest", "removed", "tag"])
+def _flip(field: str) -> str:
+    return ("0" if field[0] != "0" else "1") + field[1:]
+
+
+@pytest.mark.parametrize("edit", ["digest", "tag", "removed", "ahead"])
 def test_an_edited_ledger_is_refused(stream, capsys, edit):
-    """A line changed without the key (a digest, its tag) or removed from the middle:
-    the ledger is not trusted, and nothing is written."""
+    """A line changed without the key (a digest, its tag) or removed from the middle is
+    refused, and nothing is written: the line of the state's last step (checked when
+    the run opens), a line removed anywhere (the run's steps must be 1..L), and, with a
+    state restored from a backup, a line of a step the state forgot (checked before it
+    is released again, even from the same input)."""
     tmp_path, key_path, days, out, state, cmd = stream
     assert main(_day(cmd, tmp_path / "day1.jsonl", 1)) == 0
     ledger = Path(f"{key_path}.ledger")
+    if edit == "ahead":
+        _backup([out, state], tmp_path / "after-day1")
+        assert main(_day(cmd, tmp_path / "day2.jsonl", 2)) == 0
+        _restore([out, state], tmp_path / "after-day1")
     lines = ledger.read_text().splitlines(keepends=True)
-    fields = lines[3].split(" ")
-    if edit == "digest":
-        fields[3] = ("0" if fields[3][0] != "0" else "1") + fields[3][1:]
-        lines[3] = " ".join(fields)
-    elif edit == "tag":
-        fields[5] = ("0" if fields[5][0] != "0" else "1") + fields[5][1:]
-        lines[3] = " ".join(fields)
+    at = {"digest": STEPS_PER_DAY - 1, "tag": STEPS_PER_DAY - 1, "removed": 3,
+          "ahead": STEPS_PER_DAY + 3}[edit]
+    fields = lines[at].split(" ")
+    if edit == "removed":
+        del lines[at]
     else:
-        del lines[3]
+        fields[3 if edit in ("digest", "ahead") else 5] = _flip(
+            fields[3 if edit in ("digest", "ahead") else 5])
+        lines[at] = " ".join(fields)
     ledger.write_text("".join(lines))
     before, tables = out.read_bytes(), _tables(state)
     capsys.readouterr()
     assert main(_day(cmd, tmp_path / "day2.jsonl", 2)) == 1
     err = capsys.readouterr().err
-    assert ("edited or forged" if edit != "removed" else "lacks step 4") in err
+    assert ("lacks step 4" if edit == "removed" else f"line {at + 1} ") in err, err
+    assert edit == "removed" or "edited or forged" in err
     assert out.read_bytes() == before and _tables(state) == tables
 
 
@@ -323,6 +335,7 @@ def test_two_copies_of_one_run_cannot_record_a_step_twice(tmp_path):
     assert Path(path).read_text().count("\n") == 1
     a.close()
     b.close()
-    with pytest.raises(LedgerError, match="not written with this key"):
-        ReleaseLedger(path, fixed_key("another"), run, fsync=False)
+    with ReleaseLedger(path, fixed_key("another"), run, fsync=False) as c:
+        with pytest.raises(LedgerError, match="not written with this key"):
+            c.record(1, "1" * 64, "2" * 64)
     ReleaseLedger(path, fixed_key("another"), "cd" * 16, fsync=False).close()  # other runs

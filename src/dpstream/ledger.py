@@ -27,9 +27,12 @@ A text file, one line per step of a run::
 The digests are the state's (:class:`dpstream.state.StateDigests`: keyed,
 bound to t) cut to 128 bits; the tag is an HMAC-SHA256 (cut to 128 bits) of
 the rest of the line under a subkey of the noise key, so a line cannot be
-written or edited without the key. Lines are not chained: several streams
-may share one key and one ledger and append at the same time (each append
-is one ``write`` under an exclusive ``flock``); instead a run's lines must
+written or edited without the key. A line's tag is checked when the run
+first relies on it (the state's last step when the run opens, and every
+step it releases again), so opening a long ledger costs a split per line.
+Lines are not chained: several streams may share one key and one ledger and
+append at the same time (each append is one ``write`` under an exclusive
+``flock``, after reading what others appended); instead a run's lines must
 hold its steps 1..L, each once, so a line removed from the middle is seen.
 A last line without its line feed (a kill or a power loss in the middle of
 an append) is ignored and cut off at the next append: its step was not
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import hmac
 import os
 import stat
@@ -97,8 +99,9 @@ def _append(fd: int, data: bytes) -> None:
 class ReleaseLedger:
     """The ledger at ``path``, open for the run ``run_id`` of a state.
 
-    Reads the run's lines (their tags checked) when opened; :meth:`record`
-    checks a step against them and appends the steps not yet on record.
+    Reads the run's lines when opened (their tags are checked when relied on);
+    :meth:`record` checks a step against them and appends the steps not yet on
+    record.
 
     Args:
         path: the ledger file (created with mode 0600 if missing; one that
@@ -118,7 +121,9 @@ class ReleaseLedger:
         self.run_id = run_id
         self._key = key.derive("release-ledger/v1")
         self._fsync = fsync
-        self._entries: dict[int, LedgerEntry] = {}
+        self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
+        self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
+        self._prefix = f"{_VERSION} {run_id} ".encode("ascii")
         self._size = 0  # the bytes read so far (complete lines)
         self._lines = 0  # the lines read so far
         self._max = 0  # the largest step of the run on record
@@ -130,63 +135,77 @@ class ReleaseLedger:
             raise
 
     # -- reading ---------------------------------------------------------------
-    def _tag(self, body: str) -> str:
-        return hmac.new(self._key, body.encode("ascii"), hashlib.sha256).hexdigest()[:_CUT]
+    def _tag(self, body: bytes) -> bytes:
+        return hmac.digest(self._key, body, "sha256").hex()[:_CUT].encode("ascii")
 
     def _load(self) -> None:
         with _locked(self._fd, fcntl.LOCK_SH):
             self._catch_up()
 
-    def _catch_up(self) -> None:
+    def _catch_up(self) -> int:
         """Read the lines appended since the last read (by this run or another one sharing
-        the ledger); the caller holds the lock."""
+        the ledger); the caller holds the lock. Returns the file's size."""
         size = os.fstat(self._fd).st_size
         if size < self._size:
             raise LedgerError(f"the release ledger {self.path!r} was cut short while this run "
                               "was using it: refusing to go on")
+        if size == self._size:
+            return size
         data = _read_range(self._fd, self._size, size)
         complete = data[:data.rfind(b"\n") + 1]  # what follows: a torn append, ignored
         self._size += len(complete)
-        prefix = f"{_VERSION} {self.run_id} ".encode("ascii")
+        prefix = self._prefix
+        at = len(prefix)
         for raw in complete.split(b"\n")[:-1]:
             self._lines += 1
-            if raw.startswith(prefix):  # another run's lines are checked by that run
-                self._take(raw)
-        self._check_contiguous()
-
-    def _take(self, raw: bytes) -> None:
-        fields = raw.decode("ascii", "replace").split(" ")
-        body, tag = " ".join(fields[:-1]), fields[-1]
-        if len(fields) != 6 or not hmac.compare_digest(self._tag(body), tag):
-            raise LedgerError(
-                f"line {self._lines} of the release ledger {self.path!r} was not written with "
-                "this key (edited or forged): refusing to trust the ledger")
-        t, entry = int(fields[2]), LedgerEntry(fields[3], fields[4])
-        self._max = max(self._max, t)
-        if self._entries.setdefault(t, entry) != entry:
-            raise LedgerError(f"the release ledger {self.path!r} holds step {t} of run "
-                              f"{self.run_id} twice, with different digests (line "
-                              f"{self._lines}): refusing to trust the ledger")
-
-    def _check_contiguous(self) -> None:
-        if len(self._entries) != self._max:
-            missing = min(set(range(1, self._max + 1)) - set(self._entries))
+            if not raw.startswith(prefix):
+                continue  # another run's line (that run checks it)
+            try:
+                t = int(raw[at:raw.index(b" ", at)])
+            except ValueError:
+                raise LedgerError(f"line {self._lines} of the release ledger {self.path!r} is "
+                                  "not a ledger entry (edited?): refusing to trust the "
+                                  "ledger") from None
+            self._max = max(self._max, t)
+            if self._raw.setdefault(t, (raw, self._lines))[0] != raw:
+                raise LedgerError(f"the release ledger {self.path!r} holds step {t} of run "
+                                  f"{self.run_id} twice, with different digests (line "
+                                  f"{self._lines}): refusing to trust the ledger")
+        if len(self._raw) != self._max:
+            missing = min(set(range(1, self._max + 1)) - set(self._raw))
             raise LedgerError(f"the release ledger {self.path!r} lacks step {missing} of run "
                               f"{self.run_id}, though it holds later steps: a line was "
                               "removed; refusing to trust the ledger")
+        return size
 
     @property
     def last_t(self) -> int:
         """The last step of the run on record (0: none)."""
-        return len(self._entries)
+        return len(self._raw)
 
     def entry(self, t: int) -> LedgerEntry | None:
-        """Step t of the run as recorded, or ``None``."""
-        return self._entries.get(t)
+        """Step t of the run as recorded (its tag checked), or ``None``.
+
+        A line's tag is checked when the line is first relied on (here), not when
+        the ledger is read: opening a ledger with a long history costs a split
+        per line, and a changed line is refused whenever it would matter.
+        """
+        entry = self._entries.get(t)
+        if entry is not None or t not in self._raw:
+            return entry
+        raw, number = self._raw[t]
+        body, _, tag = raw.rpartition(b" ")
+        fields = body.split(b" ")
+        if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
+            raise LedgerError(
+                f"line {number} of the release ledger {self.path!r} was not written with "
+                "this key (edited or forged): refusing to trust the ledger")
+        entry = self._entries[t] = LedgerEntry(fields[3].decode(), fields[4].decode())
+        return entry
 
     def same(self, t: int, input_mac: str) -> bool | None:
         """Whether step t is on record with this input digest (``None``: not on record)."""
-        entry = self._entries.get(t)
+        entry = self.entry(t)
         return None if entry is None else hmac.compare_digest(entry.input_mac,
                                                               input_mac[:_CUT])
 
@@ -199,13 +218,14 @@ class ReleaseLedger:
         from other input (or gave other bytes) and must not be released again.
         """
         entry = LedgerEntry(input_mac[:_CUT], release_mac[:_CUT])
-        if t in self._entries:
-            self._compare(t, entry)
-            return
-        self._write([(t, entry)])
+        if not self._on_record(t, entry):
+            self._write([(t, entry)])
 
-    def _compare(self, t: int, entry: LedgerEntry) -> None:
-        old = self._entries[t]
+    def _on_record(self, t: int, entry: LedgerEntry) -> bool:
+        """Whether step t is on record; if it is, refuse it unless it is ``entry``."""
+        old = self.entry(t)
+        if old is None:
+            return False
         if old.input_mac != entry.input_mac:
             raise LedgerError(
                 f"the release ledger {self.path!r} records step {t} of this run as released "
@@ -216,6 +236,7 @@ class ReleaseLedger:
                 f"step {t} gives another release than the one the release ledger "
                 f"{self.path!r} records (another dpstream or numeric library version?); "
                 "refusing to release it again")
+        return True
 
     def adopt(self, steps: Iterable[tuple[int, str, str]]) -> int:
         """Append ``(t, input_mac, release_mac)`` of steps a state holds and the ledger
@@ -231,7 +252,7 @@ class ReleaseLedger:
         the next one of the run; a step already on record by then is compared instead."""
         try:
             with _locked(self._fd, fcntl.LOCK_EX):
-                self._catch_up()
+                size = self._catch_up()
                 entries = [(t, e) for t, e in entries if not self._on_record(t, e)]
                 for n, (t, _) in enumerate(entries):
                     if t != self.last_t + 1 + n:
@@ -240,28 +261,26 @@ class ReleaseLedger:
                                           f"release ledger {self.path!r}")
                 if not entries:
                     return
-                text = []
+                lines = []
                 for t, e in entries:
-                    body = f"{_VERSION} {self.run_id} {t} {e.input_mac} {e.release_mac}"
-                    text.append(f"{body} {self._tag(body)}\n")
-                data = "".join(text).encode("ascii")
-                _cut_torn_tail(self._fd, self._size)
+                    body = b"%s%d %s %s" % (self._prefix, t, e.input_mac.encode("ascii"),
+                                            e.release_mac.encode("ascii"))
+                    lines.append(b"%s %s" % (body, self._tag(body)))
+                data = b"\n".join(lines) + b"\n"
+                if size > self._size:  # a torn append (a kill in the middle of its write)
+                    os.ftruncate(self._fd, self._size)
                 _append(self._fd, data)
                 if self._fsync:
                     os.fsync(self._fd)
                 self._size += len(data)
-                self._lines += len(entries)
+                for (t, e), raw in zip(entries, lines, strict=True):
+                    self._lines += 1
+                    self._raw[t] = (raw, self._lines)
+                    self._entries[t] = e
+                self._max = len(self._raw)
         except OSError as exc:
             raise LedgerError(f"cannot append to the release ledger {self.path!r}: "
                               f"{exc.strerror}; nothing of the step was written") from None
-        self._entries.update(entries)
-        self._max = len(self._entries)
-
-    def _on_record(self, t: int, entry: LedgerEntry) -> bool:
-        if t not in self._entries:
-            return False
-        self._compare(t, entry)
-        return True
 
     def close(self) -> None:
         os.close(self._fd)
@@ -319,13 +338,6 @@ def _read_range(fd: int, start: int, end: int) -> bytes:
         parts.append(block)
         start += len(block)
     return b"".join(parts)
-
-
-def _cut_torn_tail(fd: int, complete: int) -> None:
-    """Cut what follows the last complete line (an append that was interrupted: a kill
-    or a power loss in the middle of its write); ``complete`` is where that line ends."""
-    if os.fstat(fd).st_size > complete:
-        os.ftruncate(fd, complete)
 
 
 def _fsync_dir(path: str) -> None:
