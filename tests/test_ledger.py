@@ -339,3 +339,41 @@ def test_two_copies_of_one_run_cannot_record_a_step_twice(tmp_path):
         with pytest.raises(LedgerError, match="not written with this key"):
             c.record(1, "1" * 64, "2" * 64)
     ReleaseLedger(path, fixed_key("another"), "cd" * 16, fsync=False).close()  # other runs
+
+
+def test_a_follower_restored_from_a_backup_cannot_release_a_step_again(tmp_path, capsys):
+    """The same with --follow (steps on a public clock long past, so every step is due
+    at once): a follower's state and output restored to after its first four steps
+    cannot release step 5 again from input with one event less."""
+    import datetime as dt
+
+    key_path = tmp_path / "k.key"
+    fixed_key("ledger-follow").save(key_path)
+    start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+
+    def events(first, last, drop=False):
+        rows = [{"ts": (start + dt.timedelta(hours=h - 1, minutes=m)).isoformat(),
+                 "items": [WORDS[(h + m) % len(WORDS)]]}
+                for h in range(first, last + 1) for m in range(0, 60, 7)]
+        return "".join(json.dumps(r) + "\n" for r in rows[1 if drop else 0:])
+
+    (tmp_path / "a.jsonl").write_text(events(1, 4))
+    (tmp_path / "b.jsonl").write_text(events(5, 8))
+    (tmp_path / "b-cut.jsonl").write_text(events(5, 8, drop=True))
+    out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
+    cmd = ["run", "-q", "-m", "unknown", "--max-items", "1", "--rho", "1",
+           "--threshold-delta", "0.1", "-T", "24", "--key-file", str(key_path), "-o", str(out),
+           "--state", str(state), "--time-field", "ts", "--step", "1h", "--start",
+           start.isoformat(), "--follow", "--no-fsync"]
+    assert main([*cmd, "-i", str(tmp_path / "a.jsonl"), "--until", "4"]) == 0
+    _backup([out, state], tmp_path / "after-a")
+    assert main([*cmd, "-i", str(tmp_path / "b.jsonl"), "--until", "8"]) == 0
+    published = out.read_bytes()
+    _restore([out, state], tmp_path / "after-a")
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(tmp_path / "b-cut.jsonl"), "--until", "8"]) == 1
+    assert "step 5 of this run as released from other input" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main([*cmd, "-i", str(tmp_path / "b.jsonl"), "--until", "8"]) == 0
+    assert out.read_bytes() == published
