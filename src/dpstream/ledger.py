@@ -49,14 +49,18 @@ storage that is never rolled back (see docs/operations.md).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hmac
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import StateError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (two runs must not append to one ledger at once)
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .noise import NoiseKey
@@ -139,7 +143,7 @@ class ReleaseLedger:
         return hmac.digest(self._key, body, "sha256").hex()[:_CUT].encode("ascii")
 
     def _load(self) -> None:
-        with _locked(self._fd, fcntl.LOCK_SH):
+        with _locked(self._fd, exclusive=False):
             self._catch_up()
 
     def _catch_up(self) -> int:
@@ -251,7 +255,7 @@ class ReleaseLedger:
         """Append steps (under the lock, after reading what other runs appended), each
         the next one of the run; a step already on record by then is compared instead."""
         try:
-            with _locked(self._fd, fcntl.LOCK_EX):
+            with _locked(self._fd, exclusive=True):
                 size = self._catch_up()
                 entries = [(t, e) for t, e in entries if not self._on_record(t, e)]
                 for n, (t, _) in enumerate(entries):
@@ -321,8 +325,12 @@ def _open(path: str, *, fsync: bool) -> int:
 
 
 @contextlib.contextmanager
-def _locked(fd: int, how: int):  # type: ignore[no-untyped-def]
-    fcntl.flock(fd, how)
+def _locked(fd: int, *, exclusive: bool) -> Iterator[None]:
+    """``flock`` the ledger: appends exclusive, reads shared (no lock without fcntl)."""
+    if fcntl is None:
+        yield
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
     try:
         yield
     finally:
