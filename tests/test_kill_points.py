@@ -5,7 +5,7 @@ run once without a crash (the reference). Then, from the files the batches
 before it left, batch k runs in a forked child that SIGKILLs itself
 (:mod:`dpstream._crashpoints`) just before its N-th SQLite statement, for
 every N in turn; just before its N-th write of a published file (releases,
-metadata sidecar); and after half of its N-th write. The enumeration stops
+metadata sidecar, release ledger); and after half of its N-th write. The enumeration stops
 at the first N the run outlives, so every point is covered, none sampled.
 After each kill the same command must give the reference's output, sidecar
 and state, and the later batches the reference's bytes; the next batch's
@@ -63,6 +63,7 @@ class Stream:
         domain = ["--domain", str(base / "domain.txt")] if mech != "unknown" else []
         self.args = ["run", "-q", "-T", str(T), *MECHS[mech], *domain, "--key-file",
                      str(key), "--no-fsync", "-o", str(self.dir / "out.jsonl"),
+                     "--ledger", str(self.dir / "ledger"),
                      "--state", str(self.dir / "s.sqlite")]
         for b in range(1, BATCHES + 1):
             (base / f"day{b}.jsonl").write_text(_events(b))
@@ -85,7 +86,7 @@ class Stream:
         """The output, the sidecar and everything the state records but its timestamps
         (None for what does not exist yet: a run killed early in batch 1)."""
         files = {name: (self.dir / name).read_bytes() if (self.dir / name).exists() else None
-                 for name in ("out.jsonl", "out.jsonl.meta.json")}
+                 for name in ("out.jsonl", "out.jsonl.meta.json", "ledger")}
         queries = {
             "run": "SELECT params, key_fingerprint, input, output, summary, "
                    "finished IS NOT NULL FROM run",
@@ -125,10 +126,10 @@ def _run_killed(cmd: list[str], point: str) -> int | None:
 
 def _same(got: dict, ref: dict, k: int) -> bool:
     """Equal outcomes. A stream killed in batch 1 starts a new state, with a new random
-    run id, which the snapshot's authentication binds: those two differ (the snapshot's
-    content shows in the next batches' bytes)."""
+    run id, which the snapshot's authentication and the release ledger's lines bind:
+    those differ (the snapshot's content shows in the next batches' bytes)."""
     if k == 1:
-        got, ref = ({n: v for n, v in d.items() if n not in ("run_id", "snapshot")}
+        got, ref = ({n: v for n, v in d.items() if n not in ("run_id", "snapshot", "ledger")}
                     for d in (got, ref))
     return got == ref
 
@@ -155,11 +156,15 @@ def _stuck_after_kill(stream: Stream, k: int, refs: dict[int, dict], killed: Pat
         capsys.readouterr()
         if main(stream.cmd(k + 1)) != 0:
             err = capsys.readouterr().err  # batch 1 has no snapshot: its input path is bound
-            if not any(remedy in err for remedy in ("give it the same input",
-                                                     "belongs to a run reading")):
+            if not any(remedy in err for remedy in (
+                    "give it the same input", "belongs to a run reading",
+                    "Give this run the input those steps were released from")):
                 return "the next batch's command, run first, is refused: " + err.strip()[-300:]
-            if stream.outcome() != before:
-                return "the next batch's command, refused, changed files"
+            after = stream.outcome()
+            if after != before:
+                return ("the next batch's command, refused, changed "
+                        + ", ".join(f"{n}: {before[n]} -> {after[n]}" for n in after
+                                    if after[n] != before[n] and n != "snapshot"))
         elif any(row[0] > (k - 1) * STEPS for row in before["steps"] or []):
             return "the next batch's command went on past released steps"
     return None
@@ -196,8 +201,9 @@ def test_a_batch_killed_at_every_statement_and_write_resumes_to_the_same_bytes(
                 stuck.append(f"{point}: {problem}")
             shutil.rmtree(copy)
         killed[kind] = n - 1
-    # every statement of the batch (its own 3 commits and more); its releases and sidecar
-    assert killed["sql"] > 4 * STEPS and killed["write"] == killed["torn"] == STEPS + 1
+    # every statement of the batch (its own 3 commits and more); its releases, its
+    # ledger lines (one append a step, before the state records the step) and sidecar
+    assert killed["sql"] > 4 * STEPS and killed["write"] == killed["torn"] == 2 * STEPS + 1
     assert not stuck, f"{len(stuck)} of {sum(killed.values())} kill points: {stuck}"
 
 

@@ -7,7 +7,8 @@ process sends itself SIGKILL:
 * ``sql:N``: just before the N-th SQLite statement on a state file (every
   connection opened through :func:`watch`, counted in order);
 * ``write:N``: just before the N-th write of a file the run publishes (every
-  write made through :func:`write`: the releases, the metadata sidecar);
+  write made through :func:`write` or :func:`write_fd`: the releases, the
+  metadata sidecar, the release ledger);
 * ``torn:N``: after the first half of the N-th write has reached the file.
 
 Every file a run publishes is written through :func:`write`, so a write added
@@ -71,3 +72,18 @@ def write(fh: IO[Any], data: Any) -> None:
             fh.flush()
         _die()
     fh.write(data)
+
+
+def write_fd(fd: int, data: bytes) -> None:
+    """All of ``data`` to the file descriptor ``fd`` (``os.write`` until done), with
+    the same crash points as :func:`write` (the release ledger's appends)."""
+    view = memoryview(data)
+    target = _target()
+    if target is not None and target[0] in ("write", "torn") and _reached("write", target[1]):
+        if target[0] == "torn":
+            half = view[:len(view) // 2]
+            while half:
+                half = half[os.write(fd, half):]
+        _die()
+    while view:
+        view = view[os.write(fd, view):]

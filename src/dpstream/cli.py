@@ -466,6 +466,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         kind="flag"),
     Opt(("--state",), "state", "SQLite checkpoint: commit every step, resume after a crash, "
         "refuse another key or parameters", None, str, metavar="FILE.sqlite"),
+    Opt(("--ledger",), "ledger", "with --state, the release ledger: an append-only record of "
+        "every step each run released, checked and extended at every step, so that a state "
+        "restored from a backup cannot release a step again from other input; keep it on "
+        "storage that is never rolled back (docs/operations.md)", None, str, metavar="PATH",
+        default_text="KEY-FILE.ledger, beside --key-file"),
     Opt(("--fsync",), "fsync", "with --state, fsync the output and the state at every step: "
         "durable against power loss, but it costs about 8 ms per step on a typical disk "
         "(a 10,000-step run spends over a minute in fsync). --no-fsync is still safe "

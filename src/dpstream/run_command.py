@@ -33,8 +33,11 @@ With ``--state``, every step is recorded in the SQLite checkpoint
 its input and of its release. A killed run resumes where it stopped and writes
 exactly what an uninterrupted run writes; a resumed run whose input changed in
 any step already written is refused (the same noise on other data would
-publish the difference of the true counts). A new run refuses an output file
-that already holds releases (``--force`` overrides).
+publish the difference of the true counts). Every step also goes into the
+release ledger (:mod:`dpstream.ledger`) before the state records it, so a
+state restored from a backup cannot release a step again from other input. A
+new run refuses an output file that already holds releases (``--force``
+overrides).
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import IO, Any
 
 from .cli import (
@@ -66,6 +70,7 @@ from .cli import (
     resolve_horizon,
 )
 from .errors import DPStreamError, InvalidEventError, StateError
+from .ledger import LedgerError, ReleaseLedger, check_ledger_file, ledger_path
 from .logs import log_fields, setup_logging
 from .run_follow import follow
 from .run_guard import InvalidTally, TooManyInvalidError, check_invalid_share
@@ -434,9 +439,7 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
     # the last run finished its steps, or stopped before releasing one (kill -9 at its
     # start): either way this run goes on after step t, from its own input
     continues = t == record.last_t
-    if continues:
-        if open_batch is not None:
-            ckpt.drop_open_batches()
+    if continues:  # an open batch released nothing: begin_batch forgets it
         for n, _, seen, first, last in batches:
             if last is not None and mac is not None and seen == mac:
                 raise StateError(
@@ -611,6 +614,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif infile is not sys.stdin:  # a decoding wrapper: leave stdin itself open
             stack.callback(infile.detach)
         ckpt = None
+        ledger: ReleaseLedger | None = None
         new_run: dict[str, str] | None = None
         resume: Resume | None = None
         go_on: _GoOn | None = None
@@ -632,6 +636,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"--until {until} from this input already; nothing to do: a "
                               "step is never released twice")
                     return 0
+                ledger = _open_ledger(opts, key, ckpt, record)
+                stack.callback(ledger.close)
                 go_on = _go_on(ckpt, record, opts, key, digests)
                 if go_on is not None:
                     mech = formatter.mech = go_on.mechanism
@@ -639,6 +645,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if go_on is None or not go_on.continues:
                     resume = Resume(last_t=record.last_t, begin=record.last_begin)
                 stats.resumed_at = record.last_t
+            if new_run is not None:  # its ledger is opened once the run is recorded
+                check_ledger_file(ledger_path(opts), fsync=bool(opts["fsync"]))
             if opts["output"] == "-" and resume is not None:
                 _log.info(f"note: with --output - the release of step {resume.last_t} "
                           "is printed again on resume (the same bytes); write to a file for "
@@ -681,20 +689,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
+            ledger = _open_ledger(opts, key, ckpt, None)
+            stack.callback(ledger.close)
         batch = None
+        begin_batch = None
         if ckpt is not None:
             batches = ckpt.batches()
             if resume is not None and batches and batches[-1][4] is None:
                 batch = batches[-1][0]  # the run that stopped early: this one finishes it
-            else:
-                batch = ckpt.begin_batch(input=_resolved(opts["input"]),
-                                         input_mac=_input_mac(opts, digests),
-                                         first_t=mech.t + 1)
+            else:  # recorded by the loop, once the ledger has checked what it must
+                begin_batch = partial(ckpt.begin_batch, input=_resolved(opts["input"]),
+                                      input_mac=_input_mac(opts, digests),
+                                      first_t=mech.t + 1)
         _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
                   formatter=formatter, validator=validator, digests=digests, stats=stats,
                   public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
                   start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
-                  batch=batch, key=key, publish=publish, chunks=chunks)
+                  batch=batch, key=key, publish=publish, chunks=chunks, ledger=ledger,
+                  begin_batch=begin_batch)
     log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
@@ -820,12 +832,18 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
               resume: Resume | None, until: int, formatter: Any, validator: _Validator,
               digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
               quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
-              key: Any = None, publish: Any = None, chunks: list[Any] | None = None) -> None:
+              key: Any = None, publish: Any = None, chunks: list[Any] | None = None,
+              ledger: ReleaseLedger | None = None,
+              begin_batch: Callable[[], int] | None = None) -> None:
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
     its last release ends in the output. ``publish``: the readable-counts
     post-processing (:func:`dpstream.cli.make_postprocessor`), in the state that goes
-    with ``mech``. ``chunks``: a batch run's input, already read (:func:`_read_checked`)."""
+    with ``mech``. ``chunks``: a batch run's input, already read (:func:`_read_checked`).
+    ``ledger``: every step is checked against it and appended to it before the state
+    records it; when the state is behind it, a batch run checks the input of the steps it
+    holds before anything is written. ``begin_batch``: records this run in the state
+    (once the ledger has checked it)."""
     from ._crashpoints import write as crash_write
     from .ingest import implicit_steps, records_step, step_steps
     from .mechanisms.columns import EventColumns
@@ -875,6 +893,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         stats.last_items = len(rel.items)
         input_mac = (digests.step_input(t, step.lines, step.lengths, step.raw)
                      if ckpt is not None else None)
+        release_mac = digests.release(line) if ckpt is not None else None
         if t <= resume_t:
             stored = ckpt.step(t)
             if stored is None:
@@ -885,10 +904,12 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                     f"the input changed: step {t} (input line {first}) differs from the step "
                     f"recorded in {opts['state']}, which was already written; refusing to "
                     "release it again from other data")
-            if stored.release_mac != digests.release(line):
+            if stored.release_mac != release_mac:
                 raise StateError(
                     f"replaying step {t} gave a different release than the one recorded "
                     "(another dpstream or numeric library version?); refusing to resume")
+            if ledger is not None:  # on record there too (adopted from the state if not)
+                ledger.record(t, input_mac, release_mac)
             if t < resume_t:
                 progress.update(t, stats.events)
                 return
@@ -899,9 +920,11 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if opts["output"] != "-":
                 out.truncate(offset)  # the output is positioned at `offset`, where t begins
         else:
+            if ledger is not None:  # write-ahead: in the ledger before the state has it
+                ledger.record(t, input_mac, release_mac)
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
                 ckpt.commit(t, begin=offset, end=offset + len(line),
-                            release_mac=digests.release(line), input_mac=input_mac,
+                            release_mac=release_mac, input_mac=input_mac,
                             input_line=(last_line ^ digests.mask(t)) if opts["follow"] else 0)
         try:
             crash_write(out, line)
@@ -928,7 +951,9 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     progress = Progress(until, enabled=not quiet, every=opts["progress_every"],
                          start_t=resume_t)
     with progress:
-        if opts["follow"]:
+        if opts["follow"]:  # each step checked by the ledger as it is released
+            if begin_batch is not None:
+                batch = begin_batch()
             follow(infile, opts, input_format, note, release, mech=mech, until=until,
                     validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
                     start_t=start_t, key=key)
@@ -943,6 +968,12 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 # a record past --until is rejected without moving the clock (limit)
                 steps = step_steps(counted(source), horizon, start=start_t,
                                    late_message=late, limit=until)
+            if ledger is not None and ledger.last_t > max(resume_t, start_t):
+                steps = _ledger_precheck(steps, ledger, digests, opts,
+                                         after=max(resume_t, start_t),
+                                         through=min(ledger.last_t, until))
+            if begin_batch is not None:
+                batch = begin_batch()
             # records past the end come out as they are read; they are rejected after
             # the steps are released, where they stand in an input in time order
             # (their lines and errors only: the rest is freed)
@@ -991,6 +1022,90 @@ def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | N
     except TypeError as exc:
         _log.warning(f"{exc}; the next run must read the whole stream again")
         return None
+
+
+def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any) -> ReleaseLedger:
+    """The release ledger of the run in the state, checked against it.
+
+    The state's last step must be the ledger's; steps the state holds and the
+    ledger lacks (a state written before the ledger existed, or a ledger
+    restored from a backup) are appended. A state behind the ledger (restored
+    from a backup, or killed between the two) is let through with a warning:
+    the steps the ledger holds are then released again only from the same
+    input (:func:`_ledger_precheck`, and :meth:`ReleaseLedger.record`).
+    """
+    ledger = ReleaseLedger(ledger_path(opts), key, ckpt.run_id(), fsync=bool(opts["fsync"]))
+    try:
+        last = record.last_t if record is not None else 0
+        common = min(last, ledger.last_t)
+        if common:
+            ours, theirs = ckpt.step(common), ledger.entry(common)
+            if (theirs is None or not ours.input_mac.startswith(theirs.input_mac)
+                    or not ours.release_mac.startswith(theirs.release_mac)):
+                raise LedgerError(
+                    f"the release ledger {ledger.path!r} records step {common} of the run in "
+                    f"{opts['state']} otherwise than the state does: refusing to go on")
+        if ledger.last_t < last:
+            steps = ((t, s.input_mac, s.release_mac)
+                     for t, s in ((t, ckpt.step(t)) for t in range(ledger.last_t + 1, last + 1)))
+            had = ledger.last_t
+            ledger.adopt(steps)
+            if had:
+                _log.warning(f"the release ledger {ledger.path} ended at step {had} of the run "
+                             f"in {opts['state']}, which has released {last}: restored from a "
+                             "backup? the steps were added from the state; keep the ledger "
+                             "on storage that is never rolled back")
+        elif ledger.last_t > last:
+            _log.warning(f"the state {opts['state']} is behind the release ledger "
+                         f"{ledger.path}: steps {last + 1}..{ledger.last_t} were released "
+                         "after it was saved (restored from a backup, or a kill between the "
+                         "two); they are released again only from the same input")
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger
+
+
+def _ledger_precheck(steps: Iterable[Any], ledger: ReleaseLedger, digests: Any,
+                     opts: dict[str, Any], *, after: int, through: int) -> Iterator[Any]:
+    """``steps``, once the input of steps after+1..through (released by an earlier run,
+    which the state does not remember) was found the same as the ledger records.
+
+    A batch run reads its input to the end before it releases, so this costs no extra
+    read: it holds those steps (their input is held anyway) and refuses a changed one
+    before a byte is written or the state is touched.
+    """
+    import itertools
+
+    from .ingest import records_step
+
+    held: list[Any] = []
+    want = after + 1
+
+    def check(t: int, step: Any) -> None:
+        if not ledger.same(t, digests.step_input(t, step.lines, step.lengths, step.raw)):
+            raise LedgerError(
+                f"the state {opts['state']} is behind the release ledger {ledger.path}: step "
+                f"{t} was released (after the state was saved) from other input than this "
+                "run's; releasing it again from other data would publish the exact "
+                "difference of the true counts. Give this run the input those steps were "
+                f"released from (steps {after + 1}..{through}), or the state that recorded "
+                "them")
+
+    it = iter(steps)
+    for step in it:
+        held.append(step)
+        if step.t is None or step.t <= after or step.t > through:
+            continue
+        for t in range(want, step.t):  # steps without records (none in a batch run)
+            check(t, records_step(t, []))
+        check(step.t, step)
+        want = step.t + 1
+        if want > through:
+            break
+    for t in range(want, through + 1):  # the steps after the input's last record
+        check(t, records_step(t, []))
+    return itertools.chain(held, it)
 
 
 def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain_sha256: str | None, key: Any,

@@ -168,10 +168,10 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 def check_paths(opts: dict[str, Any], config: str | None) -> None:
-    """Refuse, before opening anything, an output or state file that is another file.
+    """Refuse, before opening anything, an output, state or ledger file that is another file.
 
-    Writing the releases over the input, the key, the domain, the config or
-    the state file would destroy it (and a key overwritten with releases is
+    Writing the releases over the input, the key, the domain, the config, the
+    state or the ledger file would destroy it (and a key overwritten with releases is
     lost for good).
     """
     output, state = opts["output"], opts["state"]
@@ -184,7 +184,10 @@ def check_paths(opts: dict[str, Any], config: str | None) -> None:
               ("--key-file", opts["key_file"]),
               ("--domain", domain if isinstance(domain, str) else None),
               ("--config", config)]
-    targets = [("--output", output if output != "-" else None), ("--state", state)]
+    from .ledger import ledger_path
+
+    targets = [("--output", output if output != "-" else None), ("--state", state),
+               ("--ledger", ledger_path(opts) if state else None)]
     for n, (name, path) in enumerate(targets):
         if path is None:
             continue

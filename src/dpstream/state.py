@@ -352,11 +352,6 @@ class Checkpoint:
         row = self._db.execute("SELECT run_id FROM run WHERE id = 1").fetchone()
         return "" if row is None else str(row[0])
 
-    def drop_open_batches(self) -> None:
-        """Forget runs of the stream that stopped before releasing any step."""
-        with self._transaction():
-            self._db.execute("DELETE FROM batches WHERE until IS NULL")
-
     def batches(self) -> list[tuple[int, str, str | None, int, int | None]]:
         """``(n, input, input_mac, first_t, until)`` of every run of the stream, in order
         (``until`` is None for a run that has not finished its steps)."""
@@ -442,8 +437,16 @@ class Checkpoint:
                              (now, canonical_json(dict(summary))))
 
     def begin_batch(self, *, input: str, input_mac: str | None, first_t: int) -> int:
-        """Record that a run of the stream starts at step ``first_t`` with this input."""
+        """Record that a run of the stream starts at step ``first_t`` with this input.
+
+        A run that stopped before releasing any step (its batch open, no step of it on
+        record) is forgotten in the same transaction: this one takes its place. It is
+        forgotten here, not when the new run starts, so that a run refused before its
+        first release (by the release ledger, say) leaves the state as it found it."""
         with self._transaction():
+            self._db.execute(
+                "DELETE FROM batches WHERE until IS NULL AND first_t > "
+                "(SELECT COALESCE(MAX(t), 0) FROM steps)")
             cur = self._db.execute(
                 "INSERT INTO batches (input, input_mac, first_t) VALUES (?, ?, ?)",
                 (input, input_mac, first_t))

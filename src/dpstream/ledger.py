@@ -1,0 +1,358 @@
+"""The release ledger: an append-only record, kept apart from the state, of every step released.
+
+Layer 6 of dpstream (the edges); stdlib only.
+
+Why a ledger beside the state
+-----------------------------
+The state file (:mod:`dpstream.state`) refuses to release a step twice from
+other input, but only the steps it remembers. Restored from a backup together
+with the output, a state forgets the steps released after the backup was
+taken; feeding those steps again with other events then releases them again
+under the same keyed noise, and the difference of the two releases is the
+exact difference of the true counts. The ledger is the anchor outside the
+state: every step a run (a state's random run id) releases is appended to it
+*before* the state records the step and before a byte of the release is
+written, with the state's keyed digests of the step's input and release. A
+run whose state is behind the ledger may release the steps the ledger holds
+only from the same input (a re-run after a restore, or the one step a kill
+left between the ledger and the state), which gives the same bytes; any
+other input is refused before anything is written.
+
+Format
+------
+A text file, one line per step of a run::
+
+    L1 <run id> <t> <input digest> <release digest> <tag>
+
+The digests are the state's (:class:`dpstream.state.StateDigests`: keyed,
+bound to t) cut to 128 bits; the tag is an HMAC-SHA256 (cut to 128 bits) of
+the rest of the line under a subkey of the noise key, so a line cannot be
+written or edited without the key. A line's tag is checked when the run
+first relies on it (the state's last step when the run opens, and every
+step it releases again), so opening a long ledger costs a split per line.
+Lines are not chained: several streams may share one key and one ledger and
+append at the same time (each append is one ``write`` under an exclusive
+``flock``, after reading what others appended); instead a run's lines must
+hold its steps 1..L, each once, so a line removed from the middle is seen.
+A last line without its line feed (a kill or a power loss in the middle of
+an append) is ignored and cut off at the next append: its step was not
+recorded in the state yet, so nothing of it was written.
+
+What it cannot see
+------------------
+Its own loss: the ledger's last lines removed (a ledger restored from a
+backup, deleted, or another ``--ledger`` path) together with the state and
+the output look like a run that never went further. Keep the ledger on
+storage that is never rolled back (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import os
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _crashpoints as crashpoints
+from .errors import StateError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (two runs must not append to one ledger at once)
+    fcntl = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from .noise import NoiseKey
+
+__all__ = ["LedgerEntry", "LedgerError", "ReleaseLedger", "check_ledger_file",
+           "default_ledger_path", "ledger_path"]
+
+_VERSION = "L1"
+_CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
+
+
+class LedgerError(StateError):
+    """The release ledger refuses a step, or cannot be read or written."""
+
+
+class LedgerEntry(NamedTuple):
+    """One step of a run on record: the digests of its input and of its release."""
+
+    input_mac: str
+    release_mac: str
+
+
+def default_ledger_path(key_file: str) -> str:
+    """Where the ledger of a key lives without ``--ledger``: beside the key file."""
+    return f"{key_file}.ledger"
+
+
+def ledger_path(opts: Mapping[str, Any]) -> str:
+    """The ledger of a run's options: ``--ledger``, else beside ``--key-file``."""
+    return str(opts.get("ledger") or default_ledger_path(str(opts["key_file"])))
+
+
+def _append(fd: int, data: bytes) -> None:
+    """The one write of an append (a line, or the lines adopted from a state at once);
+    a crash point of the kill harness (:mod:`dpstream._crashpoints`)."""
+    crashpoints.write_fd(fd, data)
+
+
+class ReleaseLedger:
+    """The ledger at ``path``, open for the run ``run_id`` of a state.
+
+    Reads the run's lines when opened (their tags are checked when relied on);
+    :meth:`record` checks a step against them and appends the steps not yet on
+    record.
+
+    Args:
+        path: the ledger file (created with mode 0600 if missing; one that
+            group or others may write is refused: whoever can write it can
+            roll it back).
+        key: the noise key (the lines' tags use a subkey of it).
+        run_id: the state's random run id (:meth:`dpstream.state.Checkpoint.run_id`).
+        fsync: fsync each append (and the directory when the file is created),
+            as the state does with ``--fsync``; without it an append survives a
+            killed process, not a power loss.
+    """
+
+    def __init__(self, path: str, key: NoiseKey, run_id: str, *, fsync: bool = True) -> None:
+        if not run_id:
+            raise LedgerError("the state has no run id: it cannot be kept in the release ledger")
+        self.path = path
+        self.run_id = run_id
+        self._key = key.derive("release-ledger/v1")
+        self._fsync = fsync
+        self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
+        self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
+        self._prefix = f"{_VERSION} {run_id} ".encode("ascii")
+        self._size = 0  # the bytes read so far (complete lines)
+        self._lines = 0  # the lines read so far
+        self._max = 0  # the largest step of the run on record
+        self._fd = _open(path, fsync=fsync)
+        try:
+            self._load()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    # -- reading ---------------------------------------------------------------
+    def _tag(self, body: bytes) -> bytes:
+        return hmac.digest(self._key, body, "sha256").hex()[:_CUT].encode("ascii")
+
+    def _load(self) -> None:
+        with _locked(self._fd, exclusive=False):
+            self._catch_up()
+
+    def _catch_up(self) -> int:
+        """Read the lines appended since the last read (by this run or another one sharing
+        the ledger); the caller holds the lock. Returns the file's size."""
+        size = os.fstat(self._fd).st_size
+        if size < self._size:
+            raise LedgerError(f"the release ledger {self.path!r} was cut short while this run "
+                              "was using it: refusing to go on")
+        if size == self._size:
+            return size
+        data = _read_range(self._fd, self._size, size)
+        complete = data[:data.rfind(b"\n") + 1]  # what follows: a torn append, ignored
+        self._size += len(complete)
+        prefix = self._prefix
+        at = len(prefix)
+        for raw in complete.split(b"\n")[:-1]:
+            self._lines += 1
+            if not raw.startswith(prefix):
+                continue  # another run's line (that run checks it)
+            try:
+                t = int(raw[at:raw.index(b" ", at)])
+            except ValueError:
+                raise LedgerError(f"line {self._lines} of the release ledger {self.path!r} is "
+                                  "not a ledger entry (edited?): refusing to trust the "
+                                  "ledger") from None
+            self._max = max(self._max, t)
+            if self._raw.setdefault(t, (raw, self._lines))[0] != raw:
+                raise LedgerError(f"the release ledger {self.path!r} holds step {t} of run "
+                                  f"{self.run_id} twice, with different digests (line "
+                                  f"{self._lines}): refusing to trust the ledger")
+        if len(self._raw) != self._max:
+            missing = min(set(range(1, self._max + 1)) - set(self._raw))
+            raise LedgerError(f"the release ledger {self.path!r} lacks step {missing} of run "
+                              f"{self.run_id}, though it holds later steps: a line was "
+                              "removed; refusing to trust the ledger")
+        return size
+
+    @property
+    def last_t(self) -> int:
+        """The last step of the run on record (0: none)."""
+        return len(self._raw)
+
+    def entry(self, t: int) -> LedgerEntry | None:
+        """Step t of the run as recorded (its tag checked), or ``None``.
+
+        A line's tag is checked when the line is first relied on (here), not when
+        the ledger is read: opening a ledger with a long history costs a split
+        per line, and a changed line is refused whenever it would matter.
+        """
+        entry = self._entries.get(t)
+        if entry is not None or t not in self._raw:
+            return entry
+        raw, number = self._raw[t]
+        body, _, tag = raw.rpartition(b" ")
+        fields = body.split(b" ")
+        if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
+            raise LedgerError(
+                f"line {number} of the release ledger {self.path!r} was not written with "
+                "this key (edited or forged): refusing to trust the ledger")
+        entry = self._entries[t] = LedgerEntry(fields[3].decode(), fields[4].decode())
+        return entry
+
+    def same(self, t: int, input_mac: str) -> bool | None:
+        """Whether step t is on record with this input digest (``None``: not on record)."""
+        entry = self.entry(t)
+        return None if entry is None else hmac.compare_digest(entry.input_mac,
+                                                              input_mac[:_CUT])
+
+    # -- writing ---------------------------------------------------------------
+    def record(self, t: int, input_mac: str, release_mac: str) -> None:
+        """Check step t against the ledger, and append it if it is not on record yet.
+
+        Call it before the state records the step (write-ahead). A step on
+        record with other digests raises :class:`LedgerError`: it was released
+        from other input (or gave other bytes) and must not be released again.
+        """
+        entry = LedgerEntry(input_mac[:_CUT], release_mac[:_CUT])
+        if not self._on_record(t, entry):
+            self._write([(t, entry)])
+
+    def _on_record(self, t: int, entry: LedgerEntry) -> bool:
+        """Whether step t is on record; if it is, refuse it unless it is ``entry``."""
+        old = self.entry(t)
+        if old is None:
+            return False
+        if old.input_mac != entry.input_mac:
+            raise LedgerError(
+                f"the release ledger {self.path!r} records step {t} of this run as released "
+                "from other input: the state is behind the ledger (restored from a backup?); "
+                "refusing to release it again from other data")
+        if old.release_mac != entry.release_mac:
+            raise LedgerError(
+                f"step {t} gives another release than the one the release ledger "
+                f"{self.path!r} records (another dpstream or numeric library version?); "
+                "refusing to release it again")
+        return True
+
+    def adopt(self, steps: Iterable[tuple[int, str, str]]) -> int:
+        """Append ``(t, input_mac, release_mac)`` of steps a state holds and the ledger
+        lacks (a state older than the ledger, or a ledger restored from a backup), in one
+        write; returns how many were appended."""
+        new = [(t, LedgerEntry(i[:_CUT], r[:_CUT])) for t, i, r in steps]
+        if new:
+            self._write(new)
+        return len(new)
+
+    def _write(self, entries: list[tuple[int, LedgerEntry]]) -> None:
+        """Append steps (under the lock, after reading what other runs appended), each
+        the next one of the run; a step already on record by then is compared instead."""
+        try:
+            with _locked(self._fd, exclusive=True):
+                size = self._catch_up()
+                entries = [(t, e) for t, e in entries if not self._on_record(t, e)]
+                for n, (t, _) in enumerate(entries):
+                    if t != self.last_t + 1 + n:
+                        raise LedgerError(f"step {t} of run {self.run_id} does not follow "
+                                          f"step {self.last_t + n}, the last one in the "
+                                          f"release ledger {self.path!r}")
+                if not entries:
+                    return
+                lines = []
+                for t, e in entries:
+                    body = b"%s%d %s %s" % (self._prefix, t, e.input_mac.encode("ascii"),
+                                            e.release_mac.encode("ascii"))
+                    lines.append(b"%s %s" % (body, self._tag(body)))
+                data = b"\n".join(lines) + b"\n"
+                if size > self._size:  # a torn append (a kill in the middle of its write)
+                    os.ftruncate(self._fd, self._size)
+                _append(self._fd, data)
+                if self._fsync:
+                    os.fsync(self._fd)
+                self._size += len(data)
+                for (t, e), raw in zip(entries, lines, strict=True):
+                    self._lines += 1
+                    self._raw[t] = (raw, self._lines)
+                    self._entries[t] = e
+                self._max = len(self._raw)
+        except OSError as exc:
+            raise LedgerError(f"cannot append to the release ledger {self.path!r}: "
+                              f"{exc.strerror}; nothing of the step was written") from None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> ReleaseLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_ledger_file(path: str, *, fsync: bool = True) -> None:
+    """Open (creating it if missing) and close the ledger at ``path``: refuse, before a
+    run touches anything, a ledger it could not write or that others may write."""
+    os.close(_open(path, fsync=fsync))
+
+
+def _open(path: str, *, fsync: bool) -> int:
+    """The ledger's descriptor for reading and appending; created 0600 if missing."""
+    created = not os.path.exists(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise LedgerError(
+            f"cannot open the release ledger {path!r}: {exc.strerror}; pass --ledger PATH "
+            "to keep it elsewhere (on storage that is never restored from a backup)"
+        ) from None
+    mode = os.fstat(fd).st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise PermissionError(
+            f"release ledger {path!r} can be written by other users (mode "
+            f"{stat.S_IMODE(mode):04o}): whoever can write it can roll it back; run "
+            f"`chmod 600 {path}`")
+    if created and fsync:
+        _fsync_dir(path)
+    return fd
+
+
+@contextlib.contextmanager
+def _locked(fd: int, *, exclusive: bool) -> Iterator[None]:
+    """``flock`` the ledger: appends exclusive, reads shared (no lock without fcntl)."""
+    if fcntl is None:
+        yield
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _read_range(fd: int, start: int, end: int) -> bytes:
+    parts = []
+    while start < end:
+        block = os.pread(fd, min(1 << 24, end - start), start)
+        if not block:
+            break
+        parts.append(block)
+        start += len(block)
+    return b"".join(parts)
+
+
+def _fsync_dir(path: str) -> None:
+    """Make the new ledger's directory entry durable."""
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
