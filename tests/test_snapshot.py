@@ -327,3 +327,51 @@ def test_every_registered_class_is_round_tripped_above():
     if not {"KnownDomainHistogram", "TreeCounter"} <= _SEEN:
         pytest.skip("run with the whole module")
     assert _SEEN == set(REGISTRY)
+
+
+# -- through dpstream run --state --------------------------------------------------------
+
+
+def _day(path, first, steps):
+    path.write_text("".join(json.dumps({"t": t, "items": [WORDS[t % 5]]}) + "\n"
+                            for t in range(first, first + steps)))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["pickle", "unregistered"])
+def test_a_state_whose_snapshot_would_run_code_is_refused_by_run(tmp_path, capsys, kind):
+    """The attack of the issue, end to end: the key's holder puts a correctly MAC'd
+    snapshot that runs code into a state file; the next run refuses it, runs nothing
+    and writes nothing."""
+    import sqlite3
+
+    from dpstream.cli import main
+
+    key_path, out, state = tmp_path / "k.key", tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+    KEY.save(key_path)
+    args = ["run", "-q", "-m", "unknown", "-T", "8", "--max-items", "1", "--rho", "1",
+            "--threshold-delta", "1e-3", "--key-file", str(key_path), "--no-fsync",
+            "-o", str(out), "--state", str(state)]
+    assert main([*args, "-i", _day(tmp_path / "d1.jsonl", 1, 4), "--until", "4"]) == 0
+    marker = tmp_path / "marker"
+    with sqlite3.connect(state) as db:
+        params, run_id = db.execute("SELECT params, run_id FROM run").fetchone()
+        t = db.execute("SELECT t FROM snapshot").fetchone()[0]
+        context = f"{params}\0{run_id}\0{t}".encode()
+        if kind == "pickle":
+            magic = b"dpstream-snapshot/1\0"
+            body = __version__.encode() + b"\0" + pickle.dumps(_RunsCode(marker), protocol=5)
+            blob = magic + _mac(KEY, magic, context, body) + body
+        else:
+            code = f"__import__('pathlib').Path({str(marker)!r}).write_text('ran')"
+            blob = _sealed({"arrays": [], "root": {"$": "obj", "id": 0, "cls": "builtins.eval",
+                                                   "args": {"$": "tuple", "v": [code]}}},
+                           context=context)
+        db.execute("UPDATE snapshot SET data = ?", (blob,))
+    db.close()
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main([*args, "-i", _day(tmp_path / "d2.jsonl", 5, 4)]) == 1
+    err = capsys.readouterr().err
+    assert ("older format" if kind == "pickle" else "may not hold 'builtins.eval'") in err
+    assert not marker.exists() and out.read_bytes() == before

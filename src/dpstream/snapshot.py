@@ -266,15 +266,18 @@ def dump_snapshot(mechanism: Any, key: NoiseKey, context: bytes = b"") -> bytes:
         raise TypeError(f"this mechanism cannot be saved for a later run: {exc}") from None
     table, parts, offset = [], [], 0
     for arr in enc.arrays:
-        data = np.ascontiguousarray(arr).tobytes()
-        table.append([arr.dtype.str, list(arr.shape), offset, len(data)])
+        # the array's own bytes (a copy only when it is not contiguous): copied once, below
+        data = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
+        table.append([arr.dtype.str, list(arr.shape), offset, data.nbytes])
         parts.append(data)
-        offset += len(data)
+        offset += data.nbytes
     header = json.dumps({"arrays": table, "root": root}, allow_nan=False,
                         separators=(",", ":")).encode("ascii")
-    body = b"".join([__version__.encode(), b"\0", len(header).to_bytes(8, "big"), header,
-                     *parts])
-    return _MAGIC + _mac(key, context, body) + body
+    body = [__version__.encode(), b"\0", len(header).to_bytes(8, "big"), header, *parts]
+    mac = hmac.new(_mac_key(key), _MAGIC + _framed(context), hashlib.sha256)
+    for part in body:
+        mac.update(part)
+    return b"".join([_MAGIC, mac.digest(), *body])
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -481,5 +484,6 @@ def load_snapshot(blob: bytes, key: NoiseKey, context: bytes = b"") -> Any:
         return _Decoder(arrays, key).node(header.get("root"))
     except (_Unreadable, ValueError, TypeError, KeyError, IndexError, OverflowError,
             AttributeError, RecursionError) as exc:
-        raise StateError(f"the state's snapshot cannot be read ({type(exc).__name__}: {exc}): "
-                         "refusing to load it") from None
+        why = str(exc) if isinstance(exc, _Unreadable) else f"{type(exc).__name__}: {exc}"
+        raise StateError(f"the state's snapshot cannot be read ({why}): refusing to load "
+                         "it") from None
