@@ -308,6 +308,22 @@ def test_a_loaded_mechanism_goes_on_bit_for_bit(name):
         assert dump_snapshot((loaded, publish2), KEY) == dump_snapshot((mech, publish), KEY)
 
 
+def test_an_item_table_of_other_items_goes_on_bit_for_bit():
+    """Int and bytes items, and a str JSON can carry but UTF-8 cannot (a lone
+    surrogate), put UnkBase's table in its plain layout: saved as the objects."""
+    mech = _built("unknown")
+    items = [3, -7, b"\x00b", "\ud800", "w1", 2**80]
+    events = [[items[(t + j) % len(items)] for j in range(2)] for t in range(12)]
+    for ev in events[:6]:
+        mech.step_batch([ev, ev, ev])
+    assert not mech._table.compact
+    loaded = load_snapshot(dump_snapshot(mech, KEY), KEY)
+    assert loaded._table.to_list() == mech._table.to_list()
+    for ev in events[6:]:
+        a, b = loaded.step_batch([ev, ev]), mech.step_batch([ev, ev])
+        assert list(a.items) == list(b.items) and _same(a.values, b.values)
+
+
 @pytest.mark.parametrize("cls", [TreeCounter, BLTCounter])
 def test_a_loaded_counter_goes_on_bit_for_bit(cls):
     counter = cls(12, key=KEY, rho=1.0)
