@@ -376,36 +376,3 @@ def test_counts_switch_to_int64_on_the_largest_count_not_the_stream_volume(monke
     h.step_batch([["i0"]])
     assert h._counts.dtype == np.int64 and h._max_count == 101
     assert h.counts[0] == 101 and h.counts[1:].max() <= 3
-
-
-def test_a_snapshot_from_before_the_int32_counts_continues_bit_for_bit():
-    """A pickled KnownBase of the previous layout (int64 counts, no bound on them) loads
-    and continues as the current one does."""
-    from dpstream.snapshot import dump_snapshot, load_snapshot
-
-    domain = [f"i{j}" for j in range(30)]
-    key = fixed_key("int32-snapshot")
-    rng = np.random.default_rng(3)
-    steps = random_stream(rng, domain, 12, 3)
-    h = dps.KnownDomainHistogram(domain, 40, max_items=3, key=key, rho=1.0)
-    for evs in steps[:6]:
-        h.step_batch(evs)
-    state = dict(h.__dict__)
-    state["_counts"] = state["_counts"].astype(np.int64)
-    del state["_max_count"]
-    old = object.__new__(dps.KnownDomainHistogram)
-    old.__dict__.update(state)  # the previous layout, as its pickle held it
-    loaded = load_snapshot(dump_snapshot(old, key), key)
-    assert loaded._max_count == int(h.counts.max()) and loaded._counts.dtype == np.int32
-    for evs in steps[6:]:
-        assert loaded.step_batch(evs).values.tolist() == h.step_batch(evs).values.tolist()
-    # an old snapshot whose counts no longer fit in int32 stays int64
-    big = h.counts + 2**40
-    h.release(20, big)
-    state = dict(h.__dict__)
-    del state["_max_count"]
-    old = object.__new__(dps.KnownDomainHistogram)
-    old.__dict__.update(state)
-    loaded = load_snapshot(dump_snapshot(old, key), key)
-    assert loaded._max_count == int(big.max()) and loaded._counts.dtype == np.int64
-    assert loaded.release(25, big + 1).values.tolist() == h.release(25, big + 1).values.tolist()

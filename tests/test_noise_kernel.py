@@ -441,34 +441,6 @@ def test_values_into_a_given_array_and_from_a_start():
         tn.plus_noise(counts, start=1)
 
 
-def test_a_tree_pickled_before_folding_keeps_every_level(monkeypatch):
-    """A snapshot written by a version without folded levels has no ``_kept``: it is
-    read as keeping every level (its layout), and continues bit for bit."""
-    from dpstream.snapshot import dump_snapshot, load_snapshot
-
-    key = fixed_key("kernel-old")
-    src = NoiseSource(key, "old")
-    monkeypatch.setattr(tree_noise, "_REFOLD_BUDGET", 0.25)  # that version's budget
-    tn = TreeNoise(src, 1000, 5, 1.0, kept_levels=5)
-    monkeypatch.undo()
-    assert tn._stored == 2
-    tn.add_items(src.prepare_ids(as_words(random_ids(random.Random(1), 30))))
-    tn.advance(123)
-    state = dict(tn.__dict__)
-    del state["_kept"]
-    old = TreeNoise.__new__(TreeNoise)
-    old.__dict__.update(state)
-    back = load_snapshot(dump_snapshot(old, key), key)  # as the old version wrote it
-    assert "_kept" not in old.__dict__
-    assert back.kept_levels == 5
-    folded = TreeNoise(src, 1000, 5, 1.0)
-    folded.add_items(tn.prepared)
-    for t in (124, 125, 250, 626):
-        back.advance(t)
-        folded.advance(t)
-        assert same_bits(back.noise(), folded.noise()), t
-
-
 @pytest.mark.parametrize("purpose", ["late", "/v2/late"])
 def test_items_joining_late_get_the_noise_of_items_there_from_the_start(purpose):
     """Items that join at t are computed from scratch: a few at a time draw all the

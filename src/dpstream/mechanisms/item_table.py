@@ -24,8 +24,8 @@ The loops that hash, probe, compare and decode are C (``dpstream._loops``, see
 random 128-bit key drawn for the table (``os.urandom``), so no input can be
 crafted to pile items into one run of slots without it; a slot whose hash half
 matches is confirmed by comparing the bytes, so two items are never confused.
-Neither the key nor the slots are pickled: a loaded table draws a new key and
-rebuilds its slots from the bytes.
+Neither the key nor the slots are saved (in a snapshot or a pickle): a loaded
+table draws a new key and rebuilds its slots from the bytes.
 
 Only ``str`` items are held this way. The first item of another type (an int,
 bytes) or a str that is not valid UTF-8 (a lone surrogate, which JSON can

@@ -307,10 +307,6 @@ class KnownDomainHistogram:
         del items
         self.t = 0
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        narrow_counts.narrow_state(state)  # a snapshot from before the int32 counts
-        self.__dict__.update(state)
-
     @property
     def domain(self) -> list[Hashable]:
         """The domain items, in release order (a new list: changing it changes nothing)."""

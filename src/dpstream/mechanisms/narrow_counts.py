@@ -11,11 +11,9 @@ of the same value convert to the same float64, so the releases are the same bits
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-__all__ = ["INT32_MAX", "widened", "store", "narrow_state"]
+__all__ = ["INT32_MAX", "widened", "store"]
 
 #: The largest count an int32 array of counts holds (a module global so that
 #: tests can lower it).
@@ -39,16 +37,3 @@ def store(dest: np.ndarray, counts: np.ndarray, top: int) -> np.ndarray:
     np.copyto(dest, counts, casting="unsafe")  # safe: every value is <= top
     return dest
 
-
-def narrow_state(state: dict[str, Any], counts: str = "_counts", used: int | None = None,
-                 top: str = "_max_count") -> None:
-    """Bring a snapshot from before int32 counts (int64 counts, no largest count
-    kept) to the current layout, in place: the largest count of the first ``used``
-    entries (all by default) recorded, the array narrowed to int32 if it fits."""
-    if top in state:
-        return
-    values = state[counts]
-    largest = int(values[:used].max(initial=0))
-    state[top] = largest
-    if largest <= INT32_MAX:
-        state[counts] = values.astype(np.int32)

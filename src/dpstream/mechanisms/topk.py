@@ -559,10 +559,6 @@ class ContinualTopK:
             return self.counter_std * math.sqrt(self.strategy.max_variance_factor)
         return self.tau_2 * math.sqrt(worst_case_variance_factor(self.horizon, self.base))
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        narrow_counts.narrow_state(state)  # a snapshot from before the int32 counts
-        self.__dict__.update(state)
-
     # -- facts ---------------------------------------------------------------------
     @property
     def counts(self) -> np.ndarray:

@@ -186,11 +186,6 @@ class TreeNoise:
         self._stored = stored_suffix_rows(kept, base)
         self._segments: list[_Segment] = []
 
-    def __setstate__(self, state: dict) -> None:
-        # a TreeNoise pickled before levels could be folded kept every level
-        state.setdefault("_kept", state["levels"])
-        self.__dict__.update(state)
-
     @property
     def kept_levels(self) -> int:
         """A: the levels whose sums are kept one by one (L: all of them)."""

@@ -439,11 +439,6 @@ class UnknownDomainHistogram:
         self._n = 0
         self.t = 0
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # a snapshot from before the int32 counts (only the first _n are counts)
-        narrow_counts.narrow_state(state, used=state["_n"])
-        self.__dict__.update(state)
-
     def _calibrate(
         self, threshold_delta: float | None
     ) -> tuple[float, float, PrivacySplit, float]:
