@@ -610,8 +610,9 @@ def test_plan_blt_prints_both_counters(capsys):
     assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 2
-    assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
+                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 0
+    out = capsys.readouterr().out  # unknown domains take the counter too
+    assert "BLT matrix factorization, 4 buffers" in out and "at the median step" in out
     assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
                  "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 2
     assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
@@ -664,16 +665,23 @@ def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_its
             args += ["--blt-buffers", "2"]
         assert main(args) == 2
         assert message in capsys.readouterr().err
-    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 2
-    assert "--blt-buffers does not apply to --mechanism unknown" in capsys.readouterr().err
+    info = _plan(capsys, "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--threshold-delta", "1e-6", "--blt-buffers", "2")
+    assert info["counter"] == "blt" and info["buffers"] == 2
+    assert main(["plan", "-m", "meta", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--oneshot", "unknown-gaussian", "--k", "2", "--blt-buffers", "2"]) == 2
+    assert "--blt-buffers does not apply to --mechanism meta" in capsys.readouterr().err
 
 
 def test_plan_text(capsys):
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
-                 "--delta", "1e-6"]) == 0
+                 "--delta", "1e-6", "--counter", "tree"]) == 0
     out = capsys.readouterr().out
     assert "items need about" in out and "95% interval" in out and "the least noise" in out
+    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
+                 "--delta", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "items need about" in out and "BLT matrix factorization" in out
 
 
 # --------------------------------------------------------------------------- hostile input
