@@ -584,7 +584,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tree_base = _recorded_tree_base(opts)
     if tree_base is not None:  # a tree stream goes on with the tree
         opts["base"] = tree_base
-        _log.info(f"--mechanism unknown: going on with the tree counter (base {tree_base}) "
+        _log.debug(f"--mechanism unknown: going on with the tree counter (base {tree_base}) "
                   "of the stream on record; pass --counter blt only for a new stream")
     name = opts["mechanism"]
     spec = MECHANISMS[name]
