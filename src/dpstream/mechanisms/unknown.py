@@ -714,7 +714,10 @@ class UnknownDomainHistogram:
         only grow; an item with count 0 has not appeared and is ignored).
         Gives the same releases as event mode for the same key, bit for bit;
         steps may be skipped (the noise of a jump is computed from scratch and
-        equals the incremental one). With ``remember=True`` an item stays shown
+        equals the incremental one; with a BLT counter an item first seen at a
+        skipped step joins at ``t``, with other, equally distributed, noise than
+        event mode gives it: release a stream on one schedule only). With
+        ``remember=True`` an item stays shown
         once it has cleared the threshold at a *released* step, so skipping
         steps can change which items are shown later (still private: it is a
         function of the releases made).
