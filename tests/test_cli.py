@@ -178,6 +178,34 @@ def test_run_unknown_equals_library(files):
     assert all("items_seen" not in line.get("meta", {}) for line in lines)  # not private
 
 
+def test_run_unknown_counters_and_blt_buffers_equal_library(files, capsys):
+    """-m unknown takes --counter and --blt-buffers (BLT by default): each run releases
+    what the library mechanism with that counter does, and a state refuses another."""
+    from dpstream.factorization import blt_for_horizon
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    cmd = ["-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "2",
+           "--threshold-delta", "1e-2", "--key-file", files.key_path, "-i", files.input]
+    outs = {}
+    for name, extra, counter in (("tree", ["--counter", "tree"], "tree"),
+                                 ("blt2", ["--blt-buffers", "2"], blt_for_horizon(40, 2))):
+        out, state = files.dir / f"{name}.jsonl", files.dir / f"{name}.sqlite"
+        assert _run(*cmd, *extra, "-o", str(out), "--state", str(state)) == 0
+        mech = UnknownDomainHistogram(40, max_items=2, key=files.key, noise_version=CLI_NOISE,
+                                      rho=2.0, threshold_delta=1e-2, remember=True,
+                                      counter=counter)
+        lines = _read_jsonl(out)
+        _assert_same(lines, mech, _by_step(files.events, 40),
+                     public_meta=("threshold", "remember"))
+        assert any(line["released"] for line in lines)
+        outs[name] = out.read_bytes()
+    assert outs["tree"] != outs["blt2"]
+    capsys.readouterr()
+    assert _run(*cmd, "--blt-buffers", "3", "-o", str(files.dir / "blt2.jsonl"), "--state",
+                str(files.dir / "blt2.sqlite")) == 1
+    assert "other parameters" in capsys.readouterr().err
+
+
 def test_run_topk_equals_library(files):
     from dpstream.mechanisms.topk import ContinualTopK
 
