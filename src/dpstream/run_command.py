@@ -199,7 +199,7 @@ def _recorded_tree_base(opts: dict[str, Any]) -> int | None:
         params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"])
         if params is not None:
             if params.get("mechanism") == "unknown" and "blt" not in params \
-                    and params.get("counter") in (None, "tree") and params.get("base"):
+                    and params.get("counter") is None and params.get("base"):
                 return int(params["base"])
             return None
     output = opts.get("output")
