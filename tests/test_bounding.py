@@ -179,7 +179,7 @@ def test_unknown_domain_threshold_hides_an_item_one_user_pushed_to_linf():
     horizon, l0, linf = 200, 3, 4
     u = dps.UnknownDomainHistogram(horizon, key=fixed_key("unk"), rho=0.5,
                                    threshold_delta=1e-6, max_items_per_user=l0,
-                                   max_count_per_item=linf)
+                                   max_count_per_item=linf, counter="tree")
     scale = u.tau * u.levels * math.sqrt(u.base - 1)  # worst std of a count (|I_t| max)
     bad = horizon * float(ndtr(-(u.threshold - linf) / scale))
     assert bad <= 1e-6 and bad >= 1e-6 * (1 - 1e-6)
@@ -219,7 +219,8 @@ def test_user_bounds_come_in_pairs_and_change_the_noise():
     c = dps.KnownDomainHistogram(["a"], 10, max_items=2, key=key, tau=1.0, counter="tree")
     assert len({a.noise_purpose, b.noise_purpose, c.noise_purpose}) == 3
     assert a.step_batch([]).counts["a"] != c.step_batch([]).counts["a"]  # other noise
-    unk = [dps.UnknownDomainHistogram(10, key=key, tau=1.0, threshold_delta=1e-3, **kw).tree_purpose
+    unk = [dps.UnknownDomainHistogram(10, key=key, tau=1.0, threshold_delta=1e-3,
+                                      **kw).noise_purpose
            for kw in ({"max_items": 2}, {"max_items_per_user": 2, "max_count_per_item": 1},
                       {"max_items_per_user": 2, "max_count_per_item": 2})]
     top = [dps.ContinualTopK(["a", "b"], 10, k=1, switches=1, eta=1.0, key=key, tau=1.0,

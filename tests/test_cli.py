@@ -178,6 +178,34 @@ def test_run_unknown_equals_library(files):
     assert all("items_seen" not in line.get("meta", {}) for line in lines)  # not private
 
 
+def test_run_unknown_counters_and_blt_buffers_equal_library(files, capsys):
+    """-m unknown takes --counter and --blt-buffers (BLT by default): each run releases
+    what the library mechanism with that counter does, and a state refuses another."""
+    from dpstream.factorization import blt_for_horizon
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    cmd = ["-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "2",
+           "--threshold-delta", "1e-2", "--key-file", files.key_path, "-i", files.input]
+    outs = {}
+    for name, extra, counter in (("tree", ["--counter", "tree"], "tree"),
+                                 ("blt2", ["--blt-buffers", "2"], blt_for_horizon(40, 2))):
+        out, state = files.dir / f"{name}.jsonl", files.dir / f"{name}.sqlite"
+        assert _run(*cmd, *extra, "-o", str(out), "--state", str(state)) == 0
+        mech = UnknownDomainHistogram(40, max_items=2, key=files.key, noise_version=CLI_NOISE,
+                                      rho=2.0, threshold_delta=1e-2, remember=True,
+                                      counter=counter)
+        lines = _read_jsonl(out)
+        _assert_same(lines, mech, _by_step(files.events, 40),
+                     public_meta=("threshold", "remember"))
+        assert any(line["released"] for line in lines)
+        outs[name] = out.read_bytes()
+    assert outs["tree"] != outs["blt2"]
+    capsys.readouterr()
+    assert _run(*cmd, "--blt-buffers", "3", "-o", str(files.dir / "blt2.jsonl"), "--state",
+                str(files.dir / "blt2.sqlite")) == 1
+    assert "other parameters" in capsys.readouterr().err
+
+
 def test_run_topk_equals_library(files):
     from dpstream.mechanisms.topk import ContinualTopK
 
@@ -611,8 +639,9 @@ def test_plan_blt_prints_both_counters(capsys):
     assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 2
-    assert "--counter does not apply to --mechanism unknown" in capsys.readouterr().err
+                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 0
+    out = capsys.readouterr().out  # unknown domains take the counter too
+    assert "BLT matrix factorization, 4 buffers" in out and "at the median step" in out
     assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
                  "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 2
     assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
@@ -665,16 +694,23 @@ def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_its
             args += ["--blt-buffers", "2"]
         assert main(args) == 2
         assert message in capsys.readouterr().err
-    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--blt-buffers", "2"]) == 2
-    assert "--blt-buffers does not apply to --mechanism unknown" in capsys.readouterr().err
+    info = _plan(capsys, "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--threshold-delta", "1e-6", "--blt-buffers", "2")
+    assert info["counter"] == "blt" and info["buffers"] == 2
+    assert main(["plan", "-m", "meta", "-T", "100", "--max-items", "1", "--rho", "1",
+                 "--oneshot", "unknown-gaussian", "--k", "2", "--blt-buffers", "2"]) == 2
+    assert "--blt-buffers does not apply to --mechanism meta" in capsys.readouterr().err
 
 
 def test_plan_text(capsys):
     assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
-                 "--delta", "1e-6"]) == 0
+                 "--delta", "1e-6", "--counter", "tree"]) == 0
     out = capsys.readouterr().out
     assert "items need about" in out and "95% interval" in out and "the least noise" in out
+    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
+                 "--delta", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "items need about" in out and "BLT matrix factorization" in out
 
 
 # --------------------------------------------------------------------------- hostile input

@@ -51,8 +51,11 @@ def stream(tmp_path_factory):
 
 
 MECHS = {
+    # BLT (the default): items joining on later days draw their noise state there
     "unknown": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta", "1e-3",
                 "--remember"],
+    "unknown-tree": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta",
+                     "1e-3", "--remember", "--counter", "tree"],
     "known": ["-m", "known", "--max-items", "2", "--rho", "1"],
     # --monotone: the running maxima of the published counts go on from the snapshot too
     # (without them the next day would restart the maxima and publish lower counts)
@@ -85,6 +88,39 @@ def test_thirty_daily_runs_equal_one_run_and_a_day_fed_twice_is_refused(stream, 
             assert "already fed" in capsys.readouterr().err
             assert out.read_bytes() == before
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_a_stream_begun_with_the_tree_default_goes_on_with_the_tree(stream, tmp_path, capsys):
+    """Before BLT became UnkBase's default, a state recorded no counter and the tree's
+    base (exactly what ``--base r*`` records): the next days, run without --base, go on
+    with the tree (the bytes of one tree run), never switching to BLT; asking for
+    --counter blt on that state is refused."""
+    from dpstream.state import recorded_params
+    from dpstream.tree import optimal_base
+
+    base, key_path = stream
+    args = _args(base, key_path, "unknown")
+    ref = tmp_path / "ref.jsonl"
+    assert main([*args, "--counter", "tree", "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+
+    def day(d, *extra):
+        until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
+        return main([*args, *extra, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out),
+                     "--state", str(state), *until])
+
+    assert day(1, "--base", str(optimal_base(T))) == 0
+    params = recorded_params(str(state))
+    assert params["counter"] is None and "blt" not in params and params["base"] > 1
+    capsys.readouterr()
+    assert day(2, "--counter", "blt") == 1
+    assert "other parameters" in capsys.readouterr().err
+    for d in range(2, DAYS + 1):
+        assert day(d) == 0, d
+    assert out.read_bytes() == ref.read_bytes()
+    blt = tmp_path / "blt.jsonl"
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(blt)]) == 0
+    assert blt.read_bytes() != ref.read_bytes()  # a new stream takes the BLT
 
 
 def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):

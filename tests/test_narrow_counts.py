@@ -20,9 +20,10 @@ INT32_TOP = int(np.iinfo(np.int32).max)
 
 def _unknown(key_label: str) -> dps.UnknownDomainHistogram:
     # a small tau and a generous threshold delta: most items are shown, so the
-    # releases compared below hold many values
+    # releases compared below hold many values; the tree, whose jumps equal its steps
+    # (a BLT item joins at the step it is first seen: test_unknown_blt)
     return dps.UnknownDomainHistogram(300, max_items=3, key=fixed_key(key_label), tau=0.3,
-                                      threshold_delta=0.3)
+                                      threshold_delta=0.3, counter="tree")
 
 
 def _topk(key_label: str, domain: list[str]) -> dps.ContinualTopK:

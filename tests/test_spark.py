@@ -230,7 +230,7 @@ def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
 
 def _unknown_reference(key, counts, steps, names=None, remember=False):
     local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5,
-                                   threshold_delta=1e-6, remember=remember)
+                                   threshold_delta=1e-6, remember=remember, counter="tree")
     out = {}
     for t in steps:
         c = counts[t - 1]
@@ -342,7 +342,8 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     # the snapshot of step 4 (reached by restored, one-step-advanced tree noise) holds
     # each item's prepared id and level sums exactly as a local TreeNoise jumped to 4
     snap = pd.read_parquet(ckpt / "dpstream-state" / "t=4")
-    local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6)
+    local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6,
+                                   counter="tree")
     source = NoiseSource(key, local.tree_purpose)
     fresh = TreeNoise(source, HORIZON, local.base, float(np.sqrt(local.levels) * local.tau))
     fresh.add_items(source.prepare(snap["item"].tolist()))
@@ -514,6 +515,22 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
     pd.testing.assert_frame_equal(have, want, check_dtype=False)
 
 
+def test_engine_spark_runs_unknown_with_the_tree_only(tmp_path) -> None:
+    """-m unknown on Spark needs --counter tree (the local default is BLT, which Spark
+    does not run): the same command line never gives different releases on the two
+    engines. Refused before any Spark session is built."""
+    opts = {"mechanism": "unknown", "horizon": 10, "max_items": 2, "rho": 1.0,
+            "threshold_delta": 0.1, "input": str(tmp_path / "in.jsonl"),
+            "output": str(tmp_path / "out"), "state": None}
+    for extra in ({}, {"counter": "blt"}, {"blt_buffers": 2},
+                  {"counter": "tree", "blt_buffers": 2}):
+        with pytest.raises(ValueError, match="pass --counter tree"):
+            run_cli({**opts, **extra}, spark=None, key=fixed_key("spark-tree-only"))
+    with pytest.raises(ValueError, match="tree counter only"):
+        SparkUnknownBase(None, 10, max_items=2, key=fixed_key("x"), tau=1.0,
+                         threshold_delta=0.1, counter="blt")
+
+
 def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None:
     """Review finding 1 on Spark: steps 1..last event made the number of steps tell
     whether an event alone in the last step (or, with implicit time, any line) was there."""
@@ -529,11 +546,12 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
         assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
                          "1", "--threshold-delta", "0.4", "--remember", "--key-file",
                          str(key_path), "-i", str(inp), "--engine", "spark", "-o",
-                         str(out)]) == 0
+                         str(out), "--counter", "tree"]) == 0
         local = tmp_path / f"{name}.local.jsonl"
         assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
                          "1", "--threshold-delta", "0.4", "--remember", "--key-file",
-                         str(key_path), "-i", str(inp), "-o", str(local)]) == 0
+                         str(key_path), "-i", str(inp), "-o", str(local),
+                         "--counter", "tree"]) == 0
         steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
         got = spark.read.json(str(out)).toPandas()
         assert sorted(set(got["t"])) == list(range(1, 7))  # empty steps have a row too

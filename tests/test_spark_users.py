@@ -121,7 +121,7 @@ def test_spark_known_base_user_level_is_bit_identical(spark, events, counter):
 def test_spark_unknown_base_user_level_is_bit_identical_and_needs_the_columns(spark, events):
     key = fixed_key("spark-users-unk")
     kw = dict(key=key, tau=0.3, threshold_delta=1e-3, max_items_per_user=4,
-              max_count_per_item=2, remember=True)
+              max_count_per_item=2, remember=True, counter="tree")
     local = dps.UnknownDomainHistogram(T, **kw)
     want = _local_releases(local, events)
     assert any(want.values())  # something is shown: the comparison is not vacuous

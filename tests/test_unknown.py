@@ -219,7 +219,7 @@ def test_released_counts_are_knownbase_counts(remember):
     stream = random_stream(rng, domain, 60, 3)
     key = fixed_key("same-noise")
     u = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
-                               remember=remember, stream="s1")
+                               remember=remember, stream="s1", counter="tree")
     kn = KnownDomainHistogram(domain, 60, max_items=3, key=key, tau=0.4, stream="s1",
                               counter="tree")
     assert u.base == kn.base and u.tree_purpose != kn.tree_purpose  # open vs known domain
@@ -246,22 +246,26 @@ def test_released_counts_are_knownbase_counts(remember):
     assert n_released > 20  # the test saw many discovered items (35 with this key)
     assert len(u) == len(seen)
     other = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
-                                   remember=remember, stream="s2")
+                                   remember=remember, stream="s2", counter="tree")
     ro = other.step_batch([["w1"]] * 30)
     ru = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
-                                stream="s1").step_batch([["w1"]] * 30)
+                                stream="s1", counter="tree").step_batch([["w1"]] * 30)
     assert ro.values[0] != ru.values[0]  # a different stream has different noise
 
 
 # --------------------------------------------------------------------------- modes
 
 
-def test_event_mode_equals_aggregate_mode():
+@pytest.mark.parametrize("counter", ["tree", "blt"])
+def test_event_mode_equals_aggregate_mode(counter):
+    """Event and aggregate mode release the same bits. With the tree, also an aggregate
+    release that skips steps; with BLT only when every step is released (an item first
+    seen at a skipped step joins later, with other noise: see BLTNoise.join_items)."""
     rng = np.random.default_rng(11)
     domain = [f"q{i}" for i in range(25)] + [5, 6, b"x"]
     stream = random_stream(rng, domain, 80, 2)
     key = fixed_key("modes")
-    kw = {"max_items": 2, "key": key, "tau": 0.2, "threshold_delta": 0.2}
+    kw = {"max_items": 2, "key": key, "tau": 0.2, "threshold_delta": 0.2, "counter": counter}
     ev, ev2 = UnknownDomainHistogram(80, **kw), UnknownDomainHistogram(80, **kw)
     agg, jumpy = UnknownDomainHistogram(80, **kw), UnknownDomainHistogram(80, **kw)
     other = UnknownDomainHistogram(80, max_items=2, key=fixed_key("other"), tau=0.2,
@@ -280,7 +284,7 @@ def test_event_mode_equals_aggregate_mode():
         if len(ra) and len(ro):
             assert not np.array_equal(ra.values, ro.values)
         assert list(ra.values) == sorted(ra.values, reverse=True)  # largest first
-        if t % 7 == 0:  # a jump gives the same release
+        if t % 7 == 0 and counter == "tree":  # a jump gives the same release
             rj = jumpy.release(t, prefix)
             assert rj.items == ra.items and np.array_equal(rj.values, ra.values)
         total += len(ra)

@@ -332,7 +332,8 @@ MECH_OPTS: tuple[Opt, ...] = (
         choices=("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")),
     Opt(("--kbar",), "kbar", "meta, unknown-domain one-shots: how many candidates each "
         "selection may consider (at least --k)", None, _positive_int, metavar="N"),
-    Opt(("--counter",), "counter", "the running counter of each item (known, top-k): tree "
+    Opt(("--counter",), "counter", "the running counter of each item (known, unknown, top-k; "
+        "--engine spark -m unknown: tree only): tree "
         "(the paper's r-ary tree) or blt (a buffered Toeplitz factorization: same privacy, "
         "about 3x less noise per count)", None, str, choices=("tree", "blt"),
         default_text="the one with less noise for T: blt, or tree for T = 1 or with --base"),

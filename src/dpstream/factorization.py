@@ -109,6 +109,7 @@ __all__ = [
     "grid_horizon",
     "lower_bound",
     "prefix_nuclear_norm",
+    "state_factor",
     "stream_step",
 ]
 
@@ -311,6 +312,14 @@ class BLTStrategy:
             out[1:] += om * np.power(lam, powers)
         return out
 
+    def noise_matrix(self, n: int | None = None) -> np.ndarray:
+        """B = A C^-1 restricted to steps 1..n (n defaults to T): the n x n lower-triangular
+        Toeplitz matrix of the column b_j = d_0 + ... + d_j. The noise released at steps
+        t and t' (held from step 1) has covariance sigma^2 (B B^T)[t-1, t'-1]."""
+        b = np.cumsum(self.noise_column(n))
+        lag = np.subtract.outer(np.arange(b.size), np.arange(b.size))
+        return np.where(lag >= 0, b[np.clip(lag, 0, None)], 0.0)
+
     def variance_factors(self, n: int | None = None) -> np.ndarray:
         """||row_t(B)||^2 for t = 1..n (n defaults to T), from the O(T k) noise column.
 
@@ -409,6 +418,96 @@ def stream_step(theta: Sequence[float], omega: Sequence[float], buffers: np.ndar
         buf *= th
         buf += u
         total[lo:hi] += u
+
+
+# ----------------------------------------------------------------------- state of a late item
+
+
+def state_factor(strategy: BLTStrategy, steps: int) -> tuple[tuple[float, ...], ...]:
+    """A lower-triangular (k + 1) x (k + 1) factor F of the streamed noise's state after
+    ``steps`` steps: F F^T = Sigma_n, the covariance of x_n = (buf_1, ..., buf_k, y_n)
+    when z_1..z_n are i.i.d. N(0, 1) (scale it by sigma for N(0, sigma^2) draws).
+
+    What it is for: an item that joins a stream at step s (an unknown domain's
+    item, first seen then) has had no count before s, so its state at s - 1 is
+    exactly x_(s-1), a centred Gaussian vector with covariance sigma^2
+    Sigma_(s-1); drawing it as sigma F w, w ~ N(0, I_(k+1)), and running the
+    steps s, s+1, ... from there gives noise with the joint law of an item held
+    from step 1 (:meth:`~dpstream.mechanisms.blt_noise.BLTNoise.join_items`), in
+    O(k^2) per item instead of s - 1 steps.
+
+    How: one step of :func:`stream_step` is the linear map x_t = M x_(t-1) + e z_t,
+    M = [[diag(theta) - 1 omega^T, 0], [-omega^T, 1]], e = (1, ..., 1), so
+    Sigma_n = sum_(j < n) M^j e e^T M^jT, with Sigma_(2n) = Sigma_n + M^n Sigma_n M^nT
+    and Sigma_(n+1) = M Sigma_n M^T + e e^T. The factor is carried through these
+    doublings in square-root form, never forming Sigma: each update writes the
+    new covariance as A A^T for A = [F, M^n F] or [M F, e] and re-triangularises A
+    by a Householder QR of A^T (F_new = R^T). That is O(k^3 log n), keeps F F^T
+    positive semi-definite by construction and needs no pivot: a state of rank
+    below k + 1 (n < k + 1 steps: n draws span at most n directions) simply gives
+    zero columns, where a Cholesky of a computed Sigma would meet tiny negative
+    pivots. Plain Python floats in a fixed order (no BLAS), so every process and
+    machine computes the same bits: the factor is part of the released noise.
+    Cached per (strategy parameters, n).
+    """
+    n = check_int("steps", steps, 0)
+    return _state_factor(strategy.theta, strategy.omega, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _state_factor(theta: tuple[float, ...], omega: tuple[float, ...], n: int
+                  ) -> tuple[tuple[float, ...], ...]:
+    k = len(theta)
+    d = k + 1
+    trans = [[(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0]
+             for i in range(k)]
+    trans.append([-w for w in omega] + [1.0])
+    ones = [[1.0] for _ in range(d)]
+    factor = [[0.0] * d for _ in range(d)]
+    power = [[1.0 if i == j else 0.0 for j in range(d)] for i in range(d)]
+    for bit in bin(n)[2:] if n else "":
+        # n -> 2n: Sigma + P Sigma P^T, P = M^n
+        factor = _triangular(_side_by_side(factor, _matmul(power, factor)))
+        power = _matmul(power, power)
+        if bit == "1":  # n -> n + 1: M Sigma M^T + e e^T
+            factor = _triangular(_side_by_side(_matmul(trans, factor), ones))
+            power = _matmul(trans, power)
+    return tuple(tuple(row) for row in factor)
+
+
+def _matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    cols = list(zip(*b, strict=True))
+    return [[math.fsum(x * y for x, y in zip(row, col, strict=True)) for col in cols]
+            for row in a]
+
+
+def _side_by_side(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    return [ra + rb for ra, rb in zip(a, b, strict=True)]
+
+
+def _triangular(a: list[list[float]]) -> list[list[float]]:
+    """A lower-triangular L (d x d, diagonal >= 0) with L L^T = A A^T, A of shape d x p
+    (p >= d), by Householder QR of A^T = Q R: A A^T = R^T R, L = R^T."""
+    d, p = len(a), len(a[0])
+    x = [list(col) for col in zip(*a, strict=True)]  # A^T, p x d
+    for j in range(d):
+        v = [x[i][j] for i in range(j, p)]
+        norm = math.sqrt(math.fsum(c * c for c in v))
+        if norm == 0.0:
+            continue
+        alpha = -math.copysign(norm, v[0])
+        v[0] -= alpha  # |v[0]| = |x_jj| + norm > 0: no cancellation
+        vv = math.fsum(c * c for c in v)
+        for c in range(j + 1, d):
+            f = 2.0 * math.fsum(v[i] * x[j + i][c] for i in range(len(v))) / vv
+            for i in range(len(v)):
+                x[j + i][c] -= f * v[i]
+        x[j][j] = alpha
+        for i in range(j + 1, p):
+            x[i][j] = 0.0
+    # R is the top d x d block of x; L = R^T, each column's sign flipped to a diagonal >= 0
+    sign = [-1.0 if x[j][j] < 0 else 1.0 for j in range(d)]
+    return [[sign[j] * x[j][i] if j <= i else 0.0 for j in range(d)] for i in range(d)]
 
 
 # ----------------------------------------------------------------------- lower bound

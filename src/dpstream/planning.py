@@ -101,7 +101,16 @@ def counter_comparison(mech: Any) -> dict[str, float] | None:
 def threshold_profile(mech: Any) -> dict[str, float]:
     """UnkBase's per-step threshold m_t: at the worst step and at the median step t <= T,
     with the noise std of a count at those steps."""
-    horizon, base = int(mech.horizon), int(mech.base)
+    horizon = int(mech.horizon)
+    if getattr(mech, "strategy", None) is not None:  # BLT: m_t grows with t
+        typical = (horizon - 1) // 2 + 1
+        return {
+            "threshold_worst": float(mech.threshold_at(horizon)),
+            "threshold_typical": float(mech.threshold_at(typical)),
+            "std_worst": float(mech.noise_std_at(horizon)),
+            "std_typical": float(mech.noise_std_at(typical)),
+        }
+    base = int(mech.base)
     if horizon <= 200_001:
         ts = range(1, horizon + 1)
     else:
@@ -131,7 +140,8 @@ def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
         seen.add(h)
         mech = build(h)
         prof = threshold_profile(mech)
-        out.append({"merge": c, "horizon": h, "base": int(mech.base),
+        out.append({"merge": c, "horizon": h,
+                    "base": None if mech.base is None else int(mech.base),
                     "threshold_typical": prof["threshold_typical"],
                     "threshold_worst": prof["threshold_worst"]})
     return out
@@ -234,7 +244,12 @@ def explain(info: dict[str, Any]) -> str:
         lines.append(f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
                      f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
                      "minimises (r - 1) L_r^2 (eq:opt_base)")
-    if "threshold" in info:
+    if "threshold" in info and info.get("counter") == "blt":
+        lines.append("threshold     per step m_t = 1 + sigma ||row_t(B)|| Phi^-1(1 - delta/T), "
+                     "the std of a count at t in place of the tree's (eq:threshold, "
+                     "lem:badOutcomes); items first seen at s draw their noise state at s-1 "
+                     "from its exact law")
+    elif "threshold" in info:
         lines.append("threshold     m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) "
                      "(eq:threshold, lem:badOutcomes); per step m_t with |I_t| cells in place "
                      "of (r - 1) L_r, never above m_delta")
@@ -298,9 +313,10 @@ def format_plan(info: dict[str, Any]) -> str:
         if row["merge"] == 1:
             lines.append("coarser steps the thresholds if c steps were merged into one (same "
                          "budget, --horizon divided by c):")
+        base = "" if row["base"] is None else f", --base {row['base']}"
         lines.append(
-            f"              c = {row['merge']:>2}: --horizon {row['horizon']}, --base "
-            f"{row['base']}: threshold {row['threshold_typical']:.4g} at the median step, "
+            f"              c = {row['merge']:>2}: --horizon {row['horizon']}{base}: "
+            f"threshold {row['threshold_typical']:.4g} at the median step, "
             f"{row['threshold_worst']:.4g} at the worst")
     if "switches" in info:
         lines.append(

@@ -190,6 +190,42 @@ def _noise_version(opts: dict[str, Any]) -> int:
     return NOISE_VERSION
 
 
+def _recorded_tree_base(opts: dict[str, Any]) -> int | None:
+    """The tree base of the unknown-domain stream this run goes on with, or None.
+
+    UnkBase's default counter became BLT; a stream that began with the tree (the
+    run on record in ``--state``, else the output's metadata sidecar when the
+    output exists) must not switch counters half-way (its releases would mix
+    independent noises of two counters). So ``-m unknown`` without ``--counter``,
+    ``--blt-buffers`` or ``--base`` takes the recorded tree base (``--base r``
+    records exactly what the old default recorded). An explicit flag that
+    differs from the record is refused by the parameter check as for any option.
+    """
+    from .runmeta import read_run_meta, sidecar_path
+    from .state import recorded_params
+
+    if opts.get("mechanism") != "unknown" or any(
+            opts.get(k) is not None for k in ("counter", "blt_buffers", "base")):
+        return None
+    if opts.get("state"):
+        params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"])
+        if params is not None:
+            if params.get("mechanism") == "unknown" and "blt" not in params \
+                    and params.get("counter") is None and params.get("base"):
+                return int(params["base"])
+            return None
+    output = opts.get("output")
+    if output and output != "-" and os.path.exists(output):
+        try:
+            meta = read_run_meta(sidecar_path(output))
+        except ValueError:
+            meta = None
+        if meta is not None and meta.get("mechanism") == "unknown" \
+                and meta.get("counter", "tree") == "tree" and meta.get("base"):
+            return int(meta["base"])
+    return None
+
+
 def _domain_sha256(domain: list[str] | None) -> str | None:
     """The fingerprint of ``--domain`` a resumed run must match (None without one)."""
     if domain is None:
@@ -558,6 +594,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if opts["view"]:
             raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)
+    tree_base = _recorded_tree_base(opts)
+    if tree_base is not None:  # a tree stream goes on with the tree
+        opts["base"] = tree_base
+        _log.debug(f"--mechanism unknown: going on with the tree counter (base {tree_base}) "
+                  "of the stream on record; pass --counter blt only for a new stream")
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)

@@ -18,8 +18,30 @@ the same values); an item added at t is replayed from step 1; restoring from
 performs, per item, the same IEEE operations in the same order, so event mode,
 aggregate mode (any skipped steps), a resumed run and a Spark executor all
 release the same bits. The price of a jump is one draw per item per skipped
-step (the tree needs only the cells of I_t); an item first seen at t costs t
+step (the tree needs only the cells of I_t); an item added at t costs t
 draws.
+
+Items that join late (:meth:`BLTNoise.join_items`, UnkBase's items, first seen
+at step s): instead of replaying steps 1..s-1, their state at s - 1 (the k
+buffers and the running sum) is drawn directly from its exact distribution,
+N(0, sigma^2 Sigma_(s-1)) (:func:`~dpstream.factorization.state_factor`), as
+sigma F w with k + 1 keyed standard normals
+
+    w_j = W(key, purpose + "/join", u, (0, s, j)),  j = 0..k,
+
+and step s then runs as for every item (its z_s above). O(k^2) per joining
+item at any s. Why that is exact: the state is the only thing a step carries
+over (each step adds a fresh, independent z_t), so given the state at s - 1
+the noise at s, s+1, ... is a fixed function of it and of z_s, z_(s+1), ...;
+an item held from step 1 has at s - 1 a state distributed as N(0, sigma^2
+Sigma_(s-1)), independent of z_s, z_(s+1), ...; the drawn state has that same
+law and is independent of them too (other addresses of the PRF). So the whole
+future noise sequence (y_s, y_(s+1), ...) has exactly the joint law it has for
+an item held from step 1. Only its values before s differ, and those are never
+used. A joined item's noise depends on s: event mode and aggregate mode agree
+bit for bit when they first see the item at the same step (and a resumed run
+goes on with the saved state), but an aggregate release that skips the steps
+where an item appeared joins it later, with other (equally distributed) noise.
 """
 
 from __future__ import annotations
@@ -27,13 +49,22 @@ from __future__ import annotations
 import numpy as np
 
 from .. import noise_kernel as kernel
-from ..factorization import BLTStrategy, stream_step
+from ..factorization import BLTStrategy, state_factor, stream_step
 from ..noise import NoiseSource, PreparedItems
 
-__all__ = ["BLTNoise", "BLT_LEVEL"]
+__all__ = ["BLTNoise", "BLT_LEVEL", "JOIN_LEVEL", "join_purpose"]
 
 #: The first address coordinate of a BLT draw: (BLT_LEVEL, step, 0).
 BLT_LEVEL = 0
+#: The first address coordinate of a joining item's state draws, under
+#: :func:`join_purpose`: (JOIN_LEVEL, step s, j) for j = 0..k.
+JOIN_LEVEL = 0
+
+
+def join_purpose(purpose: str) -> str:
+    """The purpose of the state draws of items joining a BLT stream of ``purpose``
+    (dedicated: no other noise is ever drawn under it; same noise version)."""
+    return purpose + "/join"
 #: A replay draws z for this many (item, step) pairs at once (bounds memory).
 _CHUNK = 1 << 20
 
@@ -45,9 +76,19 @@ class BLTNoise:
         source: the keyed noise source (its purpose names this stream's counter).
         strategy: the BLT (its horizon is T).
         sigma: the standard deviation of each keyed draw z.
+        join_source: the source of :meth:`join_items`' state draws (its purpose
+            :func:`join_purpose` of ``source``'s); ``None``: items are only added
+            with :meth:`add_items`.
     """
 
-    def __init__(self, source: NoiseSource, strategy: BLTStrategy, sigma: float) -> None:
+    #: (for noise states saved before join_source existed)
+    join_source: NoiseSource | None = None
+
+    def __init__(self, source: NoiseSource, strategy: BLTStrategy, sigma: float,
+                 join_source: NoiseSource | None = None) -> None:
+        if join_source is not None and join_source.purpose != join_purpose(source.purpose):
+            raise ValueError("join_source must draw under join_purpose(source.purpose)")
+        self.join_source = join_source
         self.source = source
         self.strategy = strategy
         self.horizon = strategy.horizon
@@ -99,6 +140,58 @@ class BLTNoise:
         self._total[cols] = total
         self._prepared.append(prepared)
         self._n += m
+
+    def join_items(self, prepared: PreparedItems, joined: PreparedItems) -> None:
+        """Append items first seen at the current step s = t >= 1: their state at s - 1
+        is drawn from its exact law (see the module doc), then step s runs for them.
+
+        ``prepared``: the items' ids prepared under ``source``; ``joined``: the same
+        items, in the same order, prepared under ``join_source``. Elementwise
+        arithmetic in a fixed order, so an item's values depend only on (key,
+        purpose, item, s), not on which items join with it.
+        """
+        m = len(prepared)
+        if len(joined) != m:
+            raise ValueError(f"joined must hold the same {m} items, got {len(joined)}")
+        if m == 0:
+            return
+        if self.join_source is None:
+            raise ValueError("this BLT noise has no join_source: use add_items")
+        s = self.t
+        if s < 1:
+            raise ValueError("join_items needs a step: advance to t >= 1 first")
+        k = self.strategy.buffers
+        buffers = np.zeros((k, m))
+        total = np.zeros(m)
+        if s > 1:
+            factor = self._join_factor(s - 1)
+            rows = [*buffers, total]
+            addresses = [(JOIN_LEVEL, s, j) for j in range(k + 1)]
+            per_chunk = max(1, _CHUNK // (k + 1))
+            for lo in range(0, m, per_chunk):
+                hi = min(m, lo + per_chunk)
+                blocks = self.join_source.blocks_many(joined.subset(slice(lo, hi)), addresses)
+                w = self.join_source.gaussian_values(blocks)  # (k + 1, items), N(0, 1)
+                for i, row in enumerate(rows):
+                    out = row[lo:hi]
+                    for j in range(i + 1):  # F is lower-triangular
+                        out += factor[i][j] * w[j]
+        self._run(prepared, buffers, total, s, s)  # step s: z_s, as for every item
+        self._reserve(self._n + m)
+        cols = slice(self._n, self._n + m)
+        self._buffers[:, cols] = buffers
+        self._total[cols] = total
+        self._prepared.append(prepared)
+        self._n += m
+
+    def _join_factor(self, steps: int) -> tuple[tuple[float, ...], ...]:
+        """sigma F, F = :func:`state_factor` (once per step: every item joining then shares it)."""
+        cached = getattr(self, "_join_cache", None)
+        if cached is None or cached[0] != steps:
+            factor = state_factor(self.strategy, steps)
+            cached = (steps, tuple(tuple(self.sigma * f for f in row) for row in factor))
+            self._join_cache = cached
+        return cached[1]
 
     # -- time ----------------------------------------------------------------
     def advance(self, t: int, counts: np.ndarray | None = None) -> np.ndarray | None:

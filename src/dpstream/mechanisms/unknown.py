@@ -1,11 +1,12 @@
 """UnkBase (Algorithm ``algo:UnkBase``): a running histogram over an unknown domain.
 
-Layer 5 of dpstream. KnownBase's tree noise, added only to the items that have
-appeared so far, and an item is shown only while its noisy count clears a
-threshold, so that an item one event brought in is almost never revealed
-(``lem:badOutcomes``). The threshold is sized from the exact noise variance of
-each step, m_t (:func:`step_threshold`), never above the paper's single m_delta
-(``eq:threshold``).
+Layer 5 of dpstream. KnownBase's counter noise (the r-ary tree, or a BLT
+factorization), added only to the items that have appeared so far, and an item
+is shown only while its noisy count clears a threshold, so that an item one
+event brought in is almost never revealed (``lem:badOutcomes``). The threshold
+is sized from the exact noise variance of each step, m_t
+(:func:`step_threshold`, or the BLT's own variance), never above the paper's
+single m_delta (``eq:threshold``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from scipy.special import ndtr, ndtri
 
 from .. import privacy
 from ..bounding import resolve_user_bounds
+from ..factorization import BLTStrategy
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
-from ..tree import digits, num_levels, worst_case_variance_factor
+from ..tree import digits, num_levels, optimal_base, worst_case_variance_factor
 from . import narrow_counts
 from .base import (
     EventLimit,
     Release,
     TruncationStats,
-    check_base,
     check_horizon,
     check_key,
     check_max_items,
@@ -35,6 +36,7 @@ from .base import (
     check_stream_name,
     mapping_counts,
 )
+from .blt_noise import BLTNoise, join_purpose
 from .columns import (
     EventColumns,
     aggregate_items,
@@ -46,6 +48,7 @@ from .columns import (
     fast_events,
     is_frame,
 )
+from .counters import blt_purpose, blt_sigma, resolve_counter
 from .item_table import ItemTable
 from .known import tree_purpose
 from .tree_noise import TreeNoise
@@ -62,6 +65,10 @@ __all__ = [
 _THEOREM = (
     "UnkBase theorem (after lem:badOutcomes): "
     "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')"
+)
+_THEOREM_BLT = (
+    "UnkBase with BLT counters (theorem after lem:badOutcomes, Gaussian mechanism on C x; "
+    "late items' states drawn exactly): (eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')"
 )
 
 
@@ -190,6 +197,11 @@ def calibrate_unknown_domain(
     Gaussian part has ratio sqrt(L0) Linf / tau (m_delta's offset Linf does
     not move the minimiser).
 
+    The counter's worst-step std (here the tree's, L_r sqrt(r - 1) tau) only
+    multiplies m_delta - 1 by a constant, so the split that minimises it is
+    the same for every counter: UnkBase with a BLT counter uses this one, for
+    the tree of the optimal base.
+
     Returns:
         (tau, threshold_delta).
     """
@@ -313,6 +325,59 @@ class UnknownDomainHistogram:
     only gets better). A shown item's count has the tree noise of KnownBase,
     variance |I_t(r)| L_r tau^2.
 
+    With a BLT counter (``counter="blt"``, the default for T >= 2; see
+    :mod:`~dpstream.mechanisms.counters`) each item's noise is KnownBase's BLT
+    noise y_t = (B z)_t, keyed draws z ~ N(0, sigma^2), sigma = tau max_j
+    ||C e_j||, and the threshold of step t is m_t = 1 + sigma ||row_t(B)||
+    Phi^-1(1 - delta/T) (the std of a count at t, which grows with t; m_delta
+    is m_T). An item first seen at step s does not replay steps 1..s-1: its
+    noise state at s - 1 (k buffers and the running sum) is drawn from its
+    exact Gaussian law (:meth:`~dpstream.mechanisms.blt_noise.BLTNoise.join_items`,
+    keyed under the purpose ``noise_purpose + "/join"``), then it steps on
+    like every item, so a step costs O(k^2) per new item at any t.
+
+    Why this is as private as the tree version (the argument, for the BLT):
+
+    1. Reference mechanism R: UnkBase with every item of the universe holding
+       BLT noise from step 1 (the paper's padded ``algo:UnkBaseTop``, whose
+       dummy slots hold noise from the start and hand it to new items). Its
+       proof goes through with the partial-sum table replaced by the strategy
+       vectors C x^u + z^u of all items (``lem:equalAMechanism``): one event
+       changes x^u by 1 at one step for at most Delta0 items, so on good
+       outcomes R is the Gaussian mechanism on C x with l2 sensitivity
+       sqrt(Delta0) max_j ||C e_j|| and noise sigma, ratio sqrt(Delta0)/tau,
+       followed by post-processing (B, the thresholds, dropping items that
+       have not appeared, ``lem:dummy2``). A bad outcome shows an item whose
+       count is 1 in one stream and 0 in the other; its noisy count at t is
+       1 + y_t, y_t ~ N(0, sigma^2 ||row_t(B)||^2) exactly, above m_t with
+       probability exactly delta/T; the union bound over t and the Delta0
+       items gives Delta0 delta (``lem:badOutcomes``). So R is
+       (eps_G(sqrt(Delta0)/tau, delta'), Delta0 delta + delta')-DP.
+    2. This mechanism has R's output distribution on every stream. What it
+       publishes at t is a function of the true counts and of the noise
+       values y_t^u of the items seen by t, and only at steps t >= s_u (an
+       item that has not appeared is never shown, in R either). Items' noises
+       are independent (distinct PRF inputs). For one item, the state at
+       s - 1 is all a step carries over (each step adds an independent fresh
+       z_t), so (y_s, y_(s+1), ...) is a fixed function of that state and of
+       z_s, z_(s+1), ...; in R the state is N(0, sigma^2 Sigma_(s-1))
+       (:func:`~dpstream.factorization.state_factor`) and independent of the
+       later z; here it is drawn from that same law, independently of them.
+       So every item's released noise sequence has R's joint law, for each s,
+       and s is a function of the stream alone: the two mechanisms' outputs
+       are equal in distribution stream by stream, and the guarantee of R is
+       this mechanism's. (The paper's closing step, "whether this noise was
+       drawn earlier for that cell or at the time that it is actually used,
+       both give the same distribution", with the state as the noise drawn
+       when used.)
+
+    A joined item's noise depends on its join step: event mode and aggregate
+    mode agree bit for bit when both first see it at the same step (the
+    command line releases every step), but an aggregate release that skips the
+    steps where an item first appeared joins it later, with other, equally
+    distributed, noise. User level: as above with sqrt(L0) Linf and Linf in
+    place of sqrt(Delta0) and 1 (the sensitivity lemma holds for any BLT).
+
     A :class:`~dpstream.Release` lists the shown items largest noisy count
     first (``meta["threshold"]`` is m_t). The mechanism's ``items_seen``,
     ``counts`` and ``len()`` are the true, non-private state.
@@ -325,6 +390,10 @@ class UnknownDomainHistogram:
         horizon: T.
         max_items: Delta0, the most distinct items one event may hold.
         key: the secret key.
+        counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`,
+            or ``None``: the tree if ``base`` is given, else the counter with the
+            smaller worst-case variance for T (BLT for every T >= 2), as for
+            :class:`~dpstream.KnownDomainHistogram`.
         base: the tree base r; ``None`` picks r* = argmin (r-1) L_r^2.
         remember: keep showing an item once it has cleared the threshold.
         rho: Gaussian part's zCDP target (needs ``threshold_delta``), or
@@ -366,6 +435,7 @@ class UnknownDomainHistogram:
         *,
         max_items: int | None = None,
         key: NoiseKey,
+        counter: str | BLTStrategy | None = None,
         base: int | None = None,
         remember: bool = False,
         rho: float | None = None,
@@ -381,7 +451,9 @@ class UnknownDomainHistogram:
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)
-        self.base = check_base(base, self.horizon)
+        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
+        if self.strategy is not None:
+            self.theorem = _THEOREM_BLT
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.max_items = None if max_items is None and self.user_bounds else \
             check_max_items(max_items)
@@ -394,7 +466,8 @@ class UnknownDomainHistogram:
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
-        self.levels = num_levels(self.horizon, self.base)
+        self.levels: int | None = (None if self.strategy is not None
+                                   else num_levels(self.horizon, self.base))
         self._coef = self._unit.coefficient
         self.budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         if threshold_delta is not None:
@@ -415,21 +488,39 @@ class UnknownDomainHistogram:
             target_epsilon=self.budget.epsilon,
         )
         self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
-        self.threshold = discovery_threshold(
-            tau=self.tau, horizon=self.horizon, base=self.base,
-            threshold_delta=self.threshold_delta, alone=self._unit.per_item,
-        )
-        self._thresholds: dict[int, float] = {}  # |I_t| -> m_t
+        self._thresholds: dict[int, float] = {}  # |I_t| -> m_t (tree)
         self.key = key
         self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
-        cell_std = math.sqrt(self.levels) * self.tau
-        self.tree_purpose = tree_purpose(self.stream, horizon=self.horizon, base=self.base,
-                                         cell_std=cell_std, max_items=self.max_items,
-                                         domain="open",
-                                         users=self.user_bounds and self.user_bounds.tag(),
-                                         noise_version=self.noise_version)
-        self._source = NoiseSource(key, self.tree_purpose)
-        self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
+        users = self.user_bounds and self.user_bounds.tag()
+        self._noise: TreeNoise | BLTNoise
+        if self.strategy is None:
+            self.threshold = discovery_threshold(
+                tau=self.tau, horizon=self.horizon, base=self.base,
+                threshold_delta=self.threshold_delta, alone=self._unit.per_item,
+            )
+            cell_std = math.sqrt(self.levels) * self.tau
+            self.sigma = cell_std
+            self.tree_purpose: str | None = tree_purpose(
+                self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
+                max_items=self.max_items, domain="open", users=users,
+                noise_version=self.noise_version)
+            self.noise_purpose = self.tree_purpose
+            self._source = NoiseSource(key, self.noise_purpose)
+            self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
+        else:
+            self.sigma = blt_sigma(self.tau, self.strategy)
+            self.threshold = _threshold(self.noise_std_worst, self.tau, self.horizon,
+                                        self.threshold_delta, self._unit.per_item)
+            self.tree_purpose = None
+            self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
+                                             sigma=self.sigma, max_items=self.max_items,
+                                             domain="open", users=users,
+                                             noise_version=self.noise_version)
+            self._source = NoiseSource(key, self.noise_purpose)
+            self._join_source = NoiseSource(key, join_purpose(self.noise_purpose))
+            self._noise = BLTNoise(self._source, self.strategy, self.sigma,
+                                   join_source=self._join_source)
+        self._last_threshold = (0, 0.0)  # (t, m_t) of the last BLT step asked for
         cap = 16
         self._table = ItemTable()  # the items seen, numbered in order of addition
         # int32 while every count fits (4 bytes per item less), int64 from then on
@@ -473,19 +564,35 @@ class UnknownDomainHistogram:
             tau = privacy.calibrate_tau(a=self._coef, epsilon=b.epsilon, delta=rest,
                                         gaussian_exact=True)
             return tau, threshold_delta, PrivacySplit(threshold_delta, part, rest, "user"), b.delta
+        # the split is the same for every counter (see calibrate_unknown_domain): a BLT
+        # takes the default tree's, so both counters get the same tau at one budget
+        base = self.base if self.base is not None else optimal_base(self.horizon)
         tau, thr = calibrate_unknown_domain(epsilon=b.epsilon, delta=b.delta, max_items=d0,
-                                            horizon=self.horizon, base=self.base,
+                                            horizon=self.horizon, base=base,
                                             max_count=self._unit.per_item)
         part, rest = _split(b.delta, d0, thr)
         return tau, thr, PrivacySplit(thr, part, rest, "min-threshold"), b.delta
 
     # -- facts ---------------------------------------------------------------
     def threshold_at(self, t: int) -> float:
-        """m_t, the threshold of step t (:func:`step_threshold` with |I_t| = digit sum of t)."""
-        return self.threshold_for_cells(sum(digits(t, self.base)))
+        """m_t, the threshold of step t: :func:`step_threshold` with |I_t| = digit sum
+        of t (tree); with a BLT, alone + sigma ||row_t(B)|| Phi^-1(1 - delta/T), rounded
+        up as :func:`step_threshold` does (an item whose count is ``alone`` is above it
+        with probability at most delta/T: its noise at t is exactly N(0, sigma^2
+        ||row_t(B)||^2))."""
+        if self.strategy is None:
+            return self.threshold_for_cells(sum(digits(t, self.base)))
+        last_t, m = self._last_threshold
+        if last_t != t:
+            m = _threshold(self.noise_std_at(t), self.tau, self.horizon, self.threshold_delta,
+                           self._unit.per_item)
+            self._last_threshold = (t, m)
+        return m
 
     def threshold_for_cells(self, cells: int) -> float:
-        """m_t for a step whose count sums ``cells`` = |I_t| tree cells."""
+        """m_t for a step whose count sums ``cells`` = |I_t| tree cells (tree counter)."""
+        if self.strategy is not None:
+            raise ValueError("a BLT counter has no tree cells: use threshold_at(t)")
         m = self._thresholds.get(cells)
         if m is None:
             m = step_threshold(cells, tau=self.tau, horizon=self.horizon, base=self.base,
@@ -497,10 +604,15 @@ class UnknownDomainHistogram:
     @property
     def noise_std_worst(self) -> float:
         """The largest standard deviation of a released count over t <= T."""
+        if self.strategy is not None:
+            return self.sigma * math.sqrt(self.strategy.max_variance_factor)
         return float(np.sqrt(worst_case_variance_factor(self.horizon, self.base)) * self.tau)
 
     def noise_std_at(self, t: int) -> float:
-        """The standard deviation of a count at t: tau sqrt(|I_t| L_r)."""
+        """The standard deviation of a count at t: tau sqrt(|I_t| L_r) for the tree,
+        sigma ||row_t(B)|| for BLT (the same for an item seen at any step)."""
+        if self.strategy is not None:
+            return self.sigma * math.sqrt(self.strategy.variance_factor(t))
         return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
 
     @property
@@ -593,7 +705,10 @@ class UnknownDomainHistogram:
         only grow; an item with count 0 has not appeared and is ignored).
         Gives the same releases as event mode for the same key, bit for bit;
         steps may be skipped (the noise of a jump is computed from scratch and
-        equals the incremental one). With ``remember=True`` an item stays shown
+        equals the incremental one; with a BLT counter an item first seen at a
+        skipped step joins at ``t``, with other, equally distributed, noise than
+        event mode gives it: release a stream on one schedule only). With
+        ``remember=True`` an item stays shown
         once it has cleared the threshold at a *released* step, so skipping
         steps can change which items are shown later (still private: it is a
         function of the releases made).
@@ -658,16 +773,22 @@ class UnknownDomainHistogram:
         if top is None:
             top = max(self._max_count, int(counts.max(initial=0)),
                       int(new_counts.max(initial=0)))
+        blt = self.strategy is not None
         if new_items:
             ids = self._source.item_ids(new_items)  # TypeError for a bad item type
             order = np.lexsort((ids[:, 1], ids[:, 0]))
             prepared = self._source.prepare_ids(ids[order])
+            if blt:
+                joined = self._join_source.prepare_ids(ids[order])
         n_old = self._n
         n = n_old + len(new_items)
         # counts + noise, added while each chunk's noise is in cache: the items seen
         # as the tree steps, the new ones once their noise is computed from scratch
         values = np.empty(n)
-        self._noise.advance(t, counts, out=values[:n_old])
+        if blt:
+            values[:n_old] = self._noise.advance(t, counts)
+        else:
+            self._noise.advance(t, counts, out=values[:n_old])
         # int32 while the largest count fits; widened before a value that needs it
         self._counts = narrow_counts.widened(self._counts, top)
         self._max_count = top
@@ -678,9 +799,14 @@ class UnknownDomainHistogram:
             self._table.extend(ordered)
             self._counts[n_old:n] = new_counts[order]
             self._shown[n_old:n] = False
-            self._noise.add_items(prepared)
+            if blt:  # their state at t - 1 drawn from its law, then step t
+                self._noise.join_items(prepared, joined)
+                np.add(self._counts[n_old:n], self._noise.noise()[n_old:], out=values[n_old:])
+            else:
+                self._noise.add_items(prepared)
+                self._noise.plus_noise(self._counts[n_old:n], start=n_old,
+                                       out=values[n_old:])
             self._n = n
-            self._noise.plus_noise(self._counts[n_old:n], start=n_old, out=values[n_old:])
         self.t = t
         threshold = self.threshold_at(t)
         above = values > threshold
@@ -705,7 +831,8 @@ class UnknownDomainHistogram:
         )
 
     def __repr__(self) -> str:
+        shape = f"r={self.base}" if self.strategy is None else f"blt={self.strategy.buffers}"
         return (
-            f"UnknownDomainHistogram(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+            f"UnknownDomainHistogram(T={self.horizon}, {shape}, max_items={self.max_items}, "
             f"tau={self.tau:.4g}, threshold={self.threshold:.4g}, t={self.t})"
         )

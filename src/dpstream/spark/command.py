@@ -215,9 +215,12 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                   stream=scoped_stream({"stream": "default", "input": inp, **{
                       k: v for k, v in opts.items() if v is not None}}), **budget, **users,
                   noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION))
-    for flag, dest in (("--counter", "counter"), ("--blt-buffers", "blt_buffers")):
-        if opts.get(dest) is not None and name != "known":
-            raise ValueError(f"{flag} does not apply to --mechanism {name}")
+    if name == "unknown" and (opts.get("counter") != "tree" or opts.get("blt_buffers")):
+        # the local default is BLT, whose items joining late Spark does not draw: the same
+        # command line must give the same releases on both engines, so the tree is asked for
+        raise ValueError("--engine spark runs --mechanism unknown with the tree counter only: "
+                         "pass --counter tree (the local engine's default for unknown domains "
+                         "is the BLT counter, which --engine spark does not run yet)")
     if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 

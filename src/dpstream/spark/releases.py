@@ -604,12 +604,18 @@ class SparkUnknownBase(_SparkRelease):
     Privacy (theorem after ``lem:badOutcomes``): (eps(Delta0/(2 tau^2), delta'),
     Delta0 delta + delta')-DP; ``.privacy`` states it.
 
+    The tree counter only (``counter="tree"``, the default here): releases equal
+    those of ``UnknownDomainHistogram(..., counter="tree")`` bit for bit. (The
+    local default, a BLT counter, draws the state of each item that joins late
+    at its join step; Spark does not run that yet.)
+
     Args:
         spark: the SparkSession.
         horizon, max_items, key, base, remember, rho | epsilon, delta | tau,
             threshold_delta, stream, max_items_per_user, max_count_per_item,
             noise_version: as for ``UnknownDomainHistogram`` (user level: see
             :class:`SparkKnownBase`).
+        counter: ``"tree"`` or ``None`` (the tree); anything else is refused.
         item_col, count_col: the column names of the counts DataFrames.
     """
 
@@ -633,11 +639,16 @@ class SparkUnknownBase(_SparkRelease):
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         noise_version: int = DEFAULT_NOISE_VERSION,
+        counter: str | None = None,
     ) -> None:
         from ..mechanisms.unknown import UnknownDomainHistogram
 
+        if counter not in (None, "tree"):
+            raise ValueError(f"SparkUnknownBase runs the tree counter only (counter='tree'), "
+                             f"got counter={counter!r}")
         self.mechanism = UnknownDomainHistogram(
-            horizon, max_items=max_items, key=key, base=base, remember=remember, rho=rho,
+            horizon, max_items=max_items, key=key, counter="tree", base=base,
+            remember=remember, rho=rho,
             epsilon=epsilon, delta=delta, tau=tau, threshold_delta=threshold_delta,
             stream=stream, max_items_per_user=max_items_per_user,
             max_count_per_item=max_count_per_item, noise_version=noise_version,
