@@ -324,7 +324,7 @@ def _sparse_eta_worst(mech: ContinualTopK) -> float:
         if mech.rounds == 0:
             return 0.0
         worst = mech.noise_std_worst ** 2
-        level = AUTO_ETA_BETA / mech.horizon
+        level = mech.beta / mech.horizon
         return max(noise_eta(tau_1=mech.tau_1, variance=worst, level=level),
                    mech.start_eta_at(1) if mech.wait else 0.0)
     if isinstance(eta, np.ndarray):
