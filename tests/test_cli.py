@@ -988,7 +988,7 @@ def test_help_texts(capsys):
                ).choices["run"]
     helps = {a.dest: a.help for a in run._actions}
     assert helps["time_column"].count("default") == 1
-    assert "required for top-k" in helps["k"] and "required for top-k" in helps["switches"]
+    assert "required for top-k" in helps["k"] and "8^S >= --horizon" in helps["switches"]
     assert "8 ms per step" in helps["fsync"] and "--no-fsync" in helps["fsync"]
 
 

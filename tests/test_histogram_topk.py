@@ -1,4 +1,5 @@
-"""HistogramTopK (top-k of KnownBase, post-processing) and choose_top_k."""
+"""HistogramTopK and UnknownTopK (top-k of KnownBase and UnkBase, post-processing) and
+choose_top_k."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from scipy.special import ndtri
 
 import dpstream as dps
 from dpstream import tree
-from dpstream.mechanisms.histogram_topk import HistogramTopK, choose_top_k
-from dpstream.mechanisms.topk import ContinualTopK
+from dpstream.mechanisms.histogram_topk import HistogramTopK, UnknownTopK, choose_top_k
+from dpstream.mechanisms.topk import ContinualTopK, default_switches, svt_noise_tail
 
 from .conftest import Z_TOL, fixed_key
 
@@ -81,11 +82,11 @@ def test_an_empty_stream_rarely_starts_a_list():
 
 
 @pytest.mark.parametrize("counter", ["tree", "blt"])
-def test_choose_top_k_compares_the_count_noise_of_the_candidates(counter):
-    """The errors compared are the worst-step std of a count with the run's counter:
+def test_choose_top_k_reports_the_count_noise_of_the_candidates(counter):
+    """The noise reported is the worst-step std of a count with the run's counter:
     tau_2 sqrt(max_t |I_t| L_r) (SparseGumb's counters) and KnownBase's tau sqrt(max_t
     |I_t| L_r) for the tree; for BLT, sigma max_t ||row_t(B)|| with sigma from tau_2 and
-    tau (dense matrices). The smaller one wins and is built."""
+    tau (dense matrices). The candidate of smallest error is built."""
     domain = [f"i{j}" for j in range(50)]
     horizon = 500
     r = tree.optimal_base(horizon)
@@ -103,10 +104,11 @@ def test_choose_top_k_compares_the_count_noise_of_the_candidates(counter):
             worst_known = _blt_stds(known.strategy, known.tau).max()
         else:
             worst_sparse, worst_known = sparse.tau_2 * factor, known.tau * factor
-        assert c.errors["SparseGumb"] == pytest.approx(worst_sparse, rel=1e-9)
-        assert c.errors["KnownBase top-k"] == pytest.approx(worst_known, rel=1e-9)
+        assert c.noise_std["SparseGumb"] == pytest.approx(worst_sparse, rel=1e-9)
+        assert c.noise_std["KnownBase top-k"] == pytest.approx(worst_known, rel=1e-9)
         assert c.mechanism.counter == counter
         assert c.name == want and c.name in c.reason
+        assert c.name == min(c.errors, key=c.errors.get)
         assert isinstance(c.mechanism, HistogramTopK if want == "KnownBase top-k"
                           else ContinualTopK)
         assert c.mechanism.privacy.epsilon <= 1.0
@@ -135,3 +137,128 @@ def test_plan_without_max_items_names_the_break_even_event_size(capsys):
     at = choose_top_k(domain, 400, max_items=n, **kw)
     above = choose_top_k(domain, 400, max_items=n + 1, **kw)
     assert n >= 2 and at.name == "KnownBase top-k" and above.name == "SparseGumb"
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+def _hand_errors(d: int, horizon: int, *, k: int, s: int, max_items: int, rho: float,
+                 threshold_delta: float) -> dict[str, float]:
+    """The three errors from public parameters, by the formulas (tree counters, the
+    optimal base): KnownBase top-k z sigma with z = Phi^-1(1 - 0.05/(d T)) and sigma =
+    tau sqrt(max_t |I_t| L_r), tau = sqrt(Delta0 / (2 rho)); UnkBase's threshold at the
+    worst step 1 + sigma Phi^-1(1 - threshold_delta/T), same sigma (rho alone sets its
+    noise); SparseGumb's eta at the worst step: the x with P(D > x) = 0.05/T (checked
+    through the closed-form tail, not computed here) with tau_1 = tau_2 = sqrt(s+1) tau,
+    tau = sqrt((k + 1/2) / rho)."""
+    r = tree.optimal_base(horizon)
+    cells = tree.max_cells(horizon, r) * tree.num_levels(horizon, r)
+    sigma = math.sqrt(max_items / (2 * rho)) * math.sqrt(cells)
+    return {"KnownBase top-k": -ndtri(0.05 / (d * horizon)) * sigma,
+            "UnkBase top-k": 1 + sigma * -ndtri(threshold_delta / horizon),
+            "tau_sparse": math.sqrt(s + 1) * math.sqrt((k + 0.5) / rho), "cells": cells}
+
+
+@pytest.mark.parametrize("max_items,threshold_delta,want", [
+    (2, 1e-9, "KnownBase top-k"),   # a small domain: z of 0.05/(d T) is the lower bar
+    (2, 1e-2, "UnkBase top-k"),     # a lax threshold: m_t is below z sigma
+    (40, 1e-9, "SparseGumb"),       # large events: both histograms' noise grows as Delta0
+])
+def test_choose_top_k_picks_the_smallest_error_computed_by_hand(max_items, threshold_delta,
+                                                                want):
+    """Each of the three candidates wins in one case, and the errors are those of the
+    formulas (public parameters only: d, T, k, s, Delta0, rho, threshold_delta)."""
+    d, horizon, k, s = 40, 100, 3, 2
+    domain = [f"i{j}" for j in range(d)]
+    c = choose_top_k(domain, horizon, k=k, switches=s, max_items=max_items,
+                     key=fixed_key("choice"), rho=1.0, counter="tree",
+                     threshold_delta=threshold_delta)
+    hand = _hand_errors(d, horizon, k=k, s=s, max_items=max_items, rho=1.0,
+                        threshold_delta=threshold_delta)
+    assert set(c.errors) == {"KnownBase top-k", "UnkBase top-k", "SparseGumb"}
+    for name in ("KnownBase top-k", "UnkBase top-k"):
+        assert c.errors[name] == pytest.approx(hand[name], rel=1e-9), name
+    # SparseGumb: eta at the worst step is the 1 - 0.05/T quantile of Lap(4 tau_1) -
+    # Lap(2 tau_1) - N(0, tau_2^2 max_t |I_t| L_r)
+    tau_1 = hand["tau_sparse"]
+    eta = c.errors["SparseGumb"]
+    assert svt_noise_tail(eta, tau_1=tau_1, variance=tau_1 ** 2 * hand["cells"]) \
+        == pytest.approx(0.05 / horizon, rel=1e-6)
+    assert c.name == want == min(c.errors, key=c.errors.get)
+    kind = {"KnownBase top-k": HistogramTopK, "UnkBase top-k": UnknownTopK,
+            "SparseGumb": ContinualTopK}[want]
+    assert isinstance(c.mechanism, kind) and c.switches == s and want in c.reason
+
+
+def test_choose_top_k_without_switches_uses_the_default():
+    c = choose_top_k([f"i{j}" for j in range(10)], 379, k=3, max_items=1000,
+                     key=fixed_key("dflt"), rho=1.0)
+    assert c.name == "SparseGumb" and c.switches == 3 == c.mechanism.switches
+
+
+def test_default_switches_is_the_smallest_s_with_8_to_the_s_at_least_the_horizon():
+    got = {T: default_switches(T) for T in (1, 2, 8, 9, 64, 65, 379, 512, 513, 1000, 10**6)}
+    assert got == {1: 0, 2: 1, 8: 1, 9: 2, 64: 2, 65: 3, 379: 3, 512: 3, 513: 4, 1000: 4,
+                   10**6: 7}
+
+
+def test_unknown_top_k_is_the_top_k_of_the_unkbase_release():
+    """Brute force against UnknownDomainHistogram on the same key and stream: at every
+    step the k largest of the items it shows, largest first (ties: release order);
+    "not yet" while it shows none. Its guarantee is UnkBase's."""
+    d, horizon, k = 40, 60, 5
+    rng = np.random.default_rng(7)
+    rates = 1.0 / (1.0 + np.arange(d)) ** 1.2  # a few items stand out, over time
+    key = fixed_key("utopk")
+    m = UnknownTopK([f"i{j}" for j in range(d)], horizon, k=k, max_items=3, key=key,
+                    epsilon=1.0, delta=1e-6)
+    ref = dps.UnknownDomainHistogram(horizon, max_items=3, key=key, epsilon=1.0, delta=1e-6)
+    assert m.privacy == ref.privacy and m.mechanism_name == "UnkBase top-k"
+    shown = 0
+    for _ in range(horizon):
+        events = []
+        for _ in range(rng.poisson(6)):
+            size = int(rng.integers(1, 4))
+            events.append(sorted({f"i{j}" for j in rng.choice(d, size, p=rates / rates.sum())}))
+        got, want = m.step_batch(events), ref.step_batch(events)
+        top = want.top(k)
+        assert list(got.items) == [i for i, _ in top]
+        assert got.values.tolist() == [v for _, v in top]
+        assert got.meta["status"] == ("selected" if top else "not yet")
+        shown += bool(top)
+    assert 0 < shown < horizon  # both "not yet" and lists were checked
+    with pytest.raises(dps.InvalidEventError):
+        m.step(["not-in-domain"])
+
+
+def test_cli_top_k_with_max_items_needs_no_switches(tmp_path, capsys):
+    """`-m top-k --k 10 --max-items 20` without --switches: plan names the chosen top-k,
+    run releases every step with it (the run's sidecar says which one)."""
+    import json
+
+    from dpstream.cli import main
+    from dpstream.runmeta import read_run_meta, sidecar_path
+
+    domain = [f"w{j}" for j in range(200)]
+    (tmp_path / "dom.txt").write_text("\n".join(domain) + "\n")
+    rng = np.random.default_rng(3)
+    with open(tmp_path / "ev.jsonl", "w") as fh:
+        for t in range(1, 31):
+            for _ in range(40):
+                items = sorted({domain[int(i) % 200] for i in rng.zipf(1.5, size=30)})
+                fh.write(json.dumps({"t": t, "items": items}) + "\n")
+    key = tmp_path / "k.key"
+    fixed_key("cli-topk").save(key)
+    opts = ["-m", "top-k", "--k", "10", "--max-items", "20", "--domain",
+            str(tmp_path / "dom.txt"), "-T", "30", "--epsilon", "1", "--delta", "1e-6"]
+    assert main(["plan", *opts, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["top_k"] == "KnownBase top-k" == plan["algorithm"]
+    assert plan["top_k"] == min(plan["candidates"], key=plan["candidates"].get)
+    out = tmp_path / "r.jsonl"
+    assert main(["run", "-q", *opts, "--on-invalid", "truncate", "--key-file", str(key),
+                 "-i", str(tmp_path / "ev.jsonl"), "-o", str(out)]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["t"] for r in lines] == list(range(1, 31))
+    assert read_run_meta(sidecar_path(out))["algorithm"] == "KnownBase top-k"
+    assert len(lines[-1]["released"]) == 10

@@ -47,7 +47,6 @@ def test_plan_reports_every_missing_option_at_once(capsys):
         "--epsilon needs --delta as well (the budget is the pair)",
         "--mechanism top-k needs --domain FILE (the known items; for `plan`, --domain-size N "
         "will do)",
-        "--mechanism top-k needs --switches S (the most times the top-k may be chosen again)",
         "--user-field needs --max-items-per-user and --max-count-per-item (how much of the "
         "stream one user may contribute)",
     ]
@@ -94,9 +93,14 @@ MATRIX = [
     ([*KNOWN, "--max-items", "2", "--rho", "1", "--counter", "blt", "--base", "3"], False),
     ([*KNOWN, "--max-items", "2", "--rho", "1", "--counter", "tree", "--base", "3"], True),
     ([*TOPK, "--switches", "2", "--rho", "1"], True),
-    ([*TOPK, "--rho", "1"], False),  # no --switches
+    ([*TOPK, "--rho", "1"], True),  # no --switches: SparseGumb's default s for T
     ([*TOPK, "--switches", "2", "--rho", "1", "--max-items", "2"], True),
-    ([*TOPK, "--max-items", "2", "--rho", "1"], False),
+    ([*TOPK, "--max-items", "2", "--rho", "1"], True),  # a histogram's top-k may be chosen
+    ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"], True),
+    ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--counter", "tree"],
+     True),
+    ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--threshold-delta",
+      "1e-7"], False),  # UnkBase's threshold is calibrated, not a top-k option
     ([*TOPK, "--switches", "2", "--epsilon", "1", "--delta", "1e-6", *USER, *BOUNDS], True),
     ([*TOPK, "--switches", "2", "--epsilon", "1", "--delta", "1e-6", *USER], False),
     ([*TOPK, "--switches", "2", "--rho", "1", "--k", "5"], False),  # k past the domain

@@ -449,6 +449,36 @@ def test_auto_eta_is_the_noise_quantile_not_the_union_bound():
     assert max(m.eta_at(t) for t in range(1, horizon + 1)) < worst / 2
 
 
+def test_beta_and_start_beta_set_the_quantiles_and_their_own_noise():
+    """beta / start_beta: eta_t and eta0 are the 1 - beta/T and 1 - start_beta/T
+    quantiles; the defaults keep the noise scope (releases replay), other values get
+    their own; a given eta refuses them."""
+    d, horizon = 50, 200
+    kw = dict(k=3, switches=2, key=fixed_key("beta"), rho=0.1, counter="tree")
+    base = ContinualTopK(range(d), horizon, **kw)
+    same = ContinualTopK(range(d), horizon, beta=0.05, start_beta=0.05, **kw)
+    lax = ContinualTopK(range(d), horizon, start_beta=0.2, **kw)
+    both = ContinualTopK(range(d), horizon, beta=0.3, **kw)
+    assert same.noise_scope == base.noise_scope
+    assert len({base.noise_scope, lax.noise_scope, both.noise_scope}) == 3
+    t = 77
+    var = sum(tree.digits(t, base.base)) * base.levels * base.tau_2**2
+    assert lax.eta_at(t) == base.eta_at(t)
+    assert svt_noise_tail(lax.start_eta_at(t), tau_1=lax.tau_1) == \
+        pytest.approx(0.2 / horizon, rel=1e-6)
+    assert lax.start_eta_at(t) < base.start_eta_at(t)
+    assert svt_noise_tail(both.eta_at(t), tau_1=both.tau_1, variance=var) == \
+        pytest.approx(0.3 / horizon, rel=1e-6)
+    assert svt_noise_tail(both.start_eta_at(t), tau_1=both.tau_1) == \
+        pytest.approx(0.3 / horizon, rel=1e-6)
+    assert lax.privacy == base.privacy == both.privacy
+    with pytest.raises(ValueError, match="eta='auto' only"):
+        ContinualTopK(range(d), horizon, eta=5.0, beta=0.2, **kw)
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match="beta"):
+            ContinualTopK(range(d), horizon, start_beta=bad, **kw)
+
+
 def test_auto_eta_uses_the_blt_counters_own_variance():
     """With BLT counters (the default for T >= 2) eta="auto" is the same quantile with the
     BLT count's variance at t, sigma^2 ||row_t(B)||^2, sigma = tau_2 max_j ||C e_j||: from

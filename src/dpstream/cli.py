@@ -71,7 +71,8 @@ MECHANISMS: dict[str, MechanismSpec] = {
         "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "optional",
         ("status", "switches_left", "switched", "selection"),
         "SparseGumb: continual top-k of a known domain, any number of items per event "
-        "(with --max-items: the more accurate of SparseGumb and KnownBase's top-k)"),
+        "(with --max-items: SparseGumb, KnownBase's or UnkBase's top-k, whichever lists "
+        "items soonest)"),
     "meta": MechanismSpec(
         "meta", "dpstream.mechanisms.meta", "MetaHistogram", "optional", False, "optional",
         ("status",), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
@@ -105,8 +106,9 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     Options that are ``None`` are left to the constructor's defaults; an
     option the mechanism does not take is an error naming the option. For
     top-k, ``eta = "auto"`` (or unset) is the noise-sized default of
-    ``ContinualTopK`` (``eta="auto"``); with ``--max-items`` top-k is the
-    more accurate of SparseGumb and KnownBase's top-k (:func:`top_k_choice`).
+    ``ContinualTopK`` (``eta="auto"``) and an absent ``--switches`` is
+    ``default_switches(T)``; with ``--max-items`` top-k is the best of SparseGumb,
+    KnownBase's and UnkBase's top-k (:func:`top_k_choice`).
     """
     choice = top_k_choice(name, options, key, domain)
     if choice is not None:
@@ -145,9 +147,12 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     if horizon is None:
         raise ValueError("--horizon is required (T, the number of time steps)")
     if name == "top-k":
-        for req in ("k", "switches"):
-            if req not in kwargs:
-                raise ValueError(f"--mechanism top-k needs --{req}")
+        if "k" not in kwargs:
+            raise ValueError("--mechanism top-k needs --k")
+        if "switches" not in kwargs:  # SparseGumb's default s for T (smallest s, 8^s >= T)
+            from .mechanisms.topk import default_switches
+
+            kwargs["switches"] = default_switches(int(horizon))
     if name == "meta" and "oneshot" not in kwargs:
         raise ValueError("--mechanism meta needs --oneshot")
     return cls(*args, horizon, key=key, **kwargs)
@@ -185,9 +190,10 @@ def check_user_options(options: dict[str, Any]) -> None:
 
 def top_k_choice(name: str, options: dict[str, Any], key: Any,
                  domain: Sequence[str] | None) -> Any:
-    """For ``-m top-k --max-items N``: SparseGumb or KnownBase's top-k, whichever is
-    more accurate for the budget (``dpstream.mechanisms.histogram_topk.choose_top_k``);
-    ``None`` otherwise."""
+    """For ``-m top-k --max-items N``: SparseGumb, KnownBase's or UnkBase's top-k, the
+    one an item needs the smallest count to be listed by, from public parameters
+    (``dpstream.mechanisms.histogram_topk.choose_top_k``); ``None`` otherwise. Without
+    --switches, SparseGumb is compared with its default s (``default_switches``)."""
     if name != "top-k" or options.get("max_items") is None:
         return None
     from .mechanisms.histogram_topk import choose_top_k
@@ -322,7 +328,8 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--k",), "k", "how many items top-k (and meta's top-k one-shots) release",
         None, _positive_int, default_text="none; required for top-k"),
     Opt(("--switches",), "switches", "top-k: the most re-selections of the top-k (s)",
-        None, _nonneg_int, metavar="S", default_text="none; required for top-k"),
+        None, _nonneg_int, metavar="S",
+        default_text="the smallest S with 8^S >= --horizon (3 for T = 379)"),
     Opt(("--eta",), "eta",
         "top-k: how far (in counts) an outside item must lead before a switch; 'auto' sizes "
         "it from the noise (a tie sets off a switch with probability 5% over the whole run)",
@@ -862,7 +869,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           else opts, key, domain)
     if choice is not None:
         info["choice"] = choice.reason
+        info["top_k"] = choice.name
         info["candidates"] = choice.errors
+        info["candidates_noise_std"] = choice.noise_std
+    if name == "top-k" and opts.get("switches") is None:
+        info["switches_default"] = True
     if hasattr(mech, "threshold_for_cells"):  # unknown domain: what coarser steps buy
         budget = {"tau": mech.tau, "delta": None} if target is not None else {}
         info["coarser_steps"] = planning.coarser_steps(
@@ -880,7 +891,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         def std_for(n: int) -> float:
             o = {**used, **budget, "max_items": n}
             if choice is not None:
-                return top_k_choice(name, o, key, domain).errors["KnownBase top-k"]
+                return top_k_choice(name, o, key, domain).noise_std["KnownBase top-k"]
             return planning.noise_std_worst(build_mechanism(name, o, key, domain))
 
         info["max_items_hint"] = planning.max_items_hint(std_for, opts["max_items"])

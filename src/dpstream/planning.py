@@ -320,7 +320,9 @@ def format_plan(info: dict[str, Any]) -> str:
             f"{row['threshold_worst']:.4g} at the worst")
     if "switches" in info:
         lines.append(
-            f"top-k         --k {info['k']}, at most {info['switches']} switches of the list; "
+            f"top-k         --k {info['k']}, at most {info['switches']} switches of the list"
+            + (" (the default for --horizon: the smallest s with 8^s >= T; give --switches "
+               "to change it)" if info.get("switches_default") else "") + "; "
             f"an item outside it must lead by --eta {info['eta']:.4g}; noise scale of the "
             f"selection {info['tau_2']:.4g}, of the switch test {info['tau_1']:.4g}"
         )
@@ -334,12 +336,13 @@ def format_plan(info: dict[str, Any]) -> str:
     if info.get("max_items_break_even", 0) >= 1:
         lines.append(
             f"top-k choice  if every event holds at most {info['max_items_break_even']} items, "
-            "KnownBase's top-k (free post-processing of the whole noisy histogram) has less "
-            "noise than SparseGumb for this budget: give --max-items to compare")
+            "KnownBase's top-k (free post-processing of the whole noisy histogram) lists an "
+            "item at a smaller count than SparseGumb needs for this budget: give --max-items "
+            "to compare")
     if "max_items_hint" in info:
         rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
                          for r in info["max_items_hint"])
-        sparse = info.get("candidates", {}).get("SparseGumb")
+        sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
         lines.append(
             "max items     every event may hold at most --max-items items; more are refused, "
             "or cut with --on-invalid truncate, which undercounts the items of large events "

@@ -11,8 +11,11 @@ and exits with status 2, as for any other usage error.
 What is checked needs no file and no key: that --horizon and a budget are
 given (one budget, whole), what each ``--mechanism`` needs (``--max-items``,
 ``--domain``, ``--k``...), the options that do not apply to it, and that the
-user-level options go together. Values the mechanism itself checks (a base out
-of range, ``--k`` larger than the domain) are reported when it is built, also
+user-level options go together. ``-m top-k`` needs --k only: --switches
+(SparseGumb's s) defaults to ``default_switches(T)`` when absent, whether or not
+--max-items lets a histogram's top-k be chosen instead. Values the mechanism
+itself checks (a base out of range, ``--k`` larger than the domain) are
+reported when it is built, also
 with status 2 (:func:`mechanism_settings`).
 """
 
@@ -121,9 +124,6 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
     if name == "top-k":
         if opts.get("k") is None:
             problems.append("--mechanism top-k needs --k N (how many items it releases)")
-        if opts.get("switches") is None:
-            problems.append("--mechanism top-k needs --switches S (the most times the top-k "
-                            "may be chosen again)")
     if name == "meta":
         oneshot = opts.get("oneshot")
         if oneshot is None:
@@ -137,7 +137,7 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
         if value is None or dest == "remember" or (dest == "eta" and value == "auto"):
             continue  # --remember is on by default and applies where it can
         if dest == "max_items" and name == "top-k":
-            continue  # the more accurate of SparseGumb and KnownBase's top-k
+            continue  # top-k picks SparseGumb, KnownBase's or UnkBase's top-k
         if dest not in params:
             problems.append(f"{_flag(dest)} does not apply to --mechanism {name}")
     if opts.get("blt_buffers") is not None and "counter" not in params:

@@ -1,18 +1,19 @@
-"""Top-k as post-processing of KnownBase, and the choice between it and SparseGumb.
+"""Top-k as post-processing of a histogram, and the choice between it and SparseGumb.
 
 Layer 5 of dpstream. When every event holds at most Delta0 items, KnownBase
 (``algo:KnownBase``) releases a noisy count of every domain item at every
-step; the k largest of those noisy counts are a top-k list at no further
-privacy cost (post-processing). SparseGumb (``algo:sparseGumb``) pays for k
-counters, s + 1 selections and the sparse vector, whatever the event size. So
-for a bounded event size the two are alternatives for one task, and
-:func:`choose_top_k` picks the one with the smaller expected error for the
-budget, from public parameters only.
+step, and UnkBase (``algo:UnkBase``) one of every item whose noisy count
+clears its threshold; the k largest of those noisy counts are a top-k list at
+no further privacy cost (post-processing). SparseGumb (``algo:sparseGumb``)
+pays for k counters, s + 1 selections and the sparse vector, whatever the
+event size. So for a bounded event size the three are alternatives for one
+task, and :func:`choose_top_k` picks the one an item needs the smallest count
+(or lead) to be listed by, computed from public parameters only.
 """
 
 from __future__ import annotations
 
-import math
+import inspect
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +22,12 @@ import numpy as np
 from scipy.special import ndtri
 
 from ..noise import NoiseKey
-from .base import Release, take_items
-from .item_table import ItemTable
+from .base import Release, check_in_domain, domain_items, take_items
+from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
-from .topk import AUTO_ETA_BETA, ContinualTopK
+from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
 
-__all__ = ["HistogramTopK", "TopKChoice", "choose_top_k"]
+__all__ = ["HistogramTopK", "TopKChoice", "UnknownTopK", "choose_top_k", "top_k_errors"]
 
 
 class HistogramTopK:
@@ -145,62 +146,262 @@ class HistogramTopK:
                 f"T={self.horizon}, max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
 
 
+class UnknownTopK:
+    """The top-k of UnkBase's noisy histogram at every step (post-processing).
+
+    Runs :class:`~dpstream.UnknownDomainHistogram` over the events (every
+    event must hold at most ``max_items`` = Delta0 items, all in ``domain``:
+    an item outside it is refused, as by every top-k) and releases, at each
+    step, the k items with the largest noisy counts among those UnkBase shows
+    (their noisy count cleared the step's threshold m_t), largest first. Fewer
+    than k items are released while fewer clear the threshold; none
+    (``meta["status"] == "not yet"``) while none does. The threshold plays
+    the role of KnownBase top-k's start test: an item that one event brought
+    in is shown at some step with probability at most ``threshold_delta``
+    (``lem:badOutcomes``), whatever the size of the domain, and only the
+    items that appeared get noise (memory grows with them, not with d).
+
+    Privacy: exactly UnkBase's (the UnkBase theorem: (eps(Delta0/(2 tau^2),
+    delta'), Delta0 delta + delta')); keeping the k largest of its release
+    and checking the domain (a public list) are post-processing.
+
+    Args:
+        domain: the known items (public).
+        horizon, max_items, key: as for ``UnknownDomainHistogram``.
+        k: how many items to release, 1 <= k <= d.
+        **histogram: every other keyword of ``UnknownDomainHistogram``.
+    """
+
+    mechanism_name = "UnkBase top-k"
+
+    def __init__(self, domain: Iterable[Hashable], horizon: int, *, k: int, max_items: int,
+                 key: NoiseKey, **histogram: Any) -> None:
+        from .unknown import UnknownDomainHistogram
+
+        self._index = domain_table(domain_items(domain))
+        d = len(self._index)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"k must be an int, got {type(k).__name__}")
+        if not 1 <= k <= d:
+            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
+        self.k = int(k)
+        self.histogram = UnknownDomainHistogram(horizon, max_items=max_items, key=key,
+                                                **histogram)
+        h = self.histogram
+        self.horizon, self.base, self.levels = h.horizon, h.base, h.levels
+        self.max_items, self.tau, self.budget = h.max_items, h.tau, h.budget
+        self.privacy, self.theorem = h.privacy, h.theorem
+        self.threshold, self.threshold_delta = h.threshold, h.threshold_delta
+        for attr in ("counter", "strategy", "noise_version", "user_bounds"):
+            if hasattr(h, attr):
+                setattr(self, attr, getattr(h, attr))
+
+    @property
+    def t(self) -> int:
+        return self.histogram.t
+
+    @property
+    def domain(self) -> list[Hashable]:
+        """The domain's items, in order (a new list)."""
+        return self._index.to_list()
+
+    @property
+    def domain_index(self) -> ItemTable:
+        """The domain's item table. Shared, not copied: never add to it."""
+        return self._index
+
+    @property
+    def noise_std_worst(self) -> float:
+        return self.histogram.noise_std_worst
+
+    def noise_std_at(self, t: int) -> float:
+        return self.histogram.noise_std_at(t)
+
+    def threshold_worst(self) -> float:
+        """The largest step threshold m_t over t <= T (a count shown half the time there)."""
+        from ..planning import threshold_profile
+
+        return threshold_profile(self.histogram)["threshold_worst"]
+
+    def _check(self, events: Iterable[Any]) -> list[Any]:
+        events = list(events)
+        for event in events:
+            items = event[1] if self.histogram.user_bounds is not None else event
+            check_in_domain([items] if isinstance(items, (str, bytes)) else items,
+                            self._index)
+        return events
+
+    def step(self, event: Iterable[Hashable]) -> Release:
+        """Take one event as the next time step and release the top-k."""
+        return self.step_batch([event])
+
+    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+        """Take all the events of the next time step and release the top-k."""
+        return self._top(self.histogram.step_batch(self._check(events)))
+
+    def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
+        """Aggregate mode, as ``UnknownDomainHistogram.release`` (a Mapping item -> count)."""
+        check_in_domain(counts, self._index)
+        return self._top(self.histogram.release(t, counts))
+
+    def _top(self, rel: Release) -> Release:
+        values = np.asarray(rel.values, dtype=np.float64)
+        n = values.shape[0]
+        if n == 0:
+            return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
+        k = min(self.k, n)
+        idx = np.argpartition(-values, k - 1)[:k] if k < n else np.arange(n)
+        idx = idx[np.lexsort((idx, -values[idx]))]
+        return Release(t=rel.t, items=take_items(rel.items, idx), values=values[idx],
+                       meta={"status": "selected"})
+
+    def __repr__(self) -> str:
+        return (f"UnknownTopK(k={self.k}, d={len(self._index)}, T={self.horizon}, "
+                f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
+
+
 @dataclass(frozen=True)
 class TopKChoice:
     """The outcome of :func:`choose_top_k`.
 
     Attributes:
         mechanism: the chosen mechanism (built, ready to run).
-        name: ``"KnownBase top-k"`` or ``"SparseGumb"``.
-        errors: candidate name -> noise standard deviation of a released count
-            at the worst step (the number compared).
+        name: ``"KnownBase top-k"``, ``"UnkBase top-k"`` or ``"SparseGumb"``.
+        errors: candidate name -> the count (or lead) an item needs to be
+            listed half the time at the worst step (the number compared; see
+            :func:`top_k_errors`).
+        noise_std: candidate name -> noise std of a released count at the
+            worst step.
+        switches: SparseGumb's s (given, or :func:`~dpstream.mechanisms.topk.
+            default_switches`).
         reason: the comparison in words.
     """
 
     mechanism: Any
     name: str
     errors: dict[str, float]
+    noise_std: dict[str, float]
+    switches: int
     reason: str
 
 
-def choose_top_k(domain: Iterable[Hashable], horizon: int, *, k: int, switches: int,
-                 max_items: int, key: NoiseKey, **kwargs: Any) -> TopKChoice:
-    """Build SparseGumb and KnownBase's top-k for the same budget; keep the more accurate.
+def top_k_errors(candidates: Mapping[str, Any]) -> dict[str, float]:
+    """For each built candidate, the count an item needs to be listed half the time at
+    the worst step t <= T: a function of public parameters only, never of the data.
 
-    Both are built with the same budget keywords; the comparison uses public
-    parameters only (never the data): the standard deviation of a released
-    count at the worst step with each one's counter (``noise_std_worst``: for
-    the tree tau_2 sqrt(max_t |I_t| L_r) for SparseGumb's counters and tau
-    sqrt(max_t |I_t| L_r) for KnownBase; for BLT counters sigma max_t
-    ||row_t(B)||, sigma from tau_2 and tau respectively). The same noise also
-    orders the items of KnownBase's list; SparseGumb's selections add Gumbel
-    noise of scale tau_2/2 and can only change the list when an outside item
-    leads by eta_t. KnownBase's list needs every event to hold at most
+    * KnownBase top-k: the list starts once the largest noisy count clears
+      z sigma_t (``HistogramTopK.start_threshold_at``), z = Phi^-1(1 - beta/(d T));
+      the error is z max_t sigma_t (a count of that size is above it half the
+      time at the worst step).
+    * UnkBase top-k: an item is shown once its noisy count clears m_t; the
+      error is max_t m_t (``UnknownTopK.threshold_worst``).
+    * SparseGumb: an item outside the list must lead the list's smallest
+      noisy count by eta_t to set off a re-selection (half the time when it
+      leads by exactly eta_t; and the first list waits for the k-th count to
+      clear eta0 <= eta_t); the error is max_t eta_t, i.e. with the automatic
+      eta the quantile at the worst counter variance (``noise_eta``), with a
+      given eta its largest value.
+
+    Once a list is out, KnownBase's and UnkBase's follow the noisy counts at
+    every step (an item that leads is listed half the time or more), so these
+    numbers are the price of a list's first showing and, for SparseGumb, of
+    every change of its list.
+    """
+    out: dict[str, float] = {}
+    for name, mech in candidates.items():
+        if isinstance(mech, HistogramTopK):
+            out[name] = mech.start_z * mech.noise_std_worst
+        elif isinstance(mech, UnknownTopK):
+            out[name] = mech.threshold_worst()
+        else:
+            out[name] = _sparse_eta_worst(mech)
+    return out
+
+
+def _sparse_eta_worst(mech: ContinualTopK) -> float:
+    eta = mech._eta
+    if isinstance(eta, str):  # "auto": the quantile grows with the counter variance
+        if mech.rounds == 0:
+            return 0.0
+        worst = mech.noise_std_worst ** 2
+        level = mech.beta / mech.horizon
+        return max(noise_eta(tau_1=mech.tau_1, variance=worst, level=level),
+                   mech.start_eta_at(1) if mech.wait else 0.0)
+    if isinstance(eta, np.ndarray):
+        return float(eta.max())
+    return float(eta)
+
+
+#: Preference on equal errors: the histograms' lists follow every step for free.
+_ORDER = ("KnownBase top-k", "UnkBase top-k", "SparseGumb")
+
+
+def choose_top_k(domain: Iterable[Hashable], horizon: int, *, k: int, max_items: int,
+                 key: NoiseKey, switches: int | None = None, **kwargs: Any) -> TopKChoice:
+    """Build SparseGumb, KnownBase's top-k and UnkBase's top-k for the same budget; keep
+    the one whose items need the smallest count to be listed (:func:`top_k_errors`).
+
+    All three are built with the same budget keywords and compared on public
+    parameters only (never the data). UnkBase's top-k is left out when it
+    cannot be built from the keywords (with ``rho=`` or ``tau=`` it needs
+    ``threshold_delta=``; a keyword it does not take, e.g. a counter it does
+    not have). The histograms' lists need every event to hold at most
     ``max_items`` items (more are refused, or truncated with ``on_invalid``);
-    its undercount of truncated events is not part of the comparison (it
+    their undercount of truncated events is not part of the comparison (it
     depends on the data).
 
     Args:
-        domain, horizon, k, switches, key: as for both mechanisms.
-        max_items: Delta0 for KnownBase.
-        **kwargs: the budget and other keywords; the ones only SparseGumb takes
-            (``eta``, ``wait``) go to it alone.
+        domain, horizon, k, key: as for the mechanisms.
+        max_items: Delta0 for KnownBase and UnkBase.
+        switches: SparseGumb's s; None: :func:`~dpstream.mechanisms.topk.default_switches`.
+        **kwargs: the budget and other keywords; ``eta`` and ``wait`` go to
+            SparseGumb alone, ``threshold_delta`` to UnkBase alone.
     """
     domain = list(domain)
-    sparse_only = {"eta", "wait"}
-    sparse = ContinualTopK(domain, horizon, k=k, switches=switches, key=key, **kwargs)
-    hist = HistogramTopK(domain, horizon, k=k, max_items=max_items, key=key,
-                         **{n: v for n, v in kwargs.items() if n not in sparse_only})
-    errors = {"SparseGumb": sparse.noise_std_worst, "KnownBase top-k": hist.noise_std_worst}
-    name = min(errors, key=lambda n: (errors[n], n != "KnownBase top-k"))
-    other = "SparseGumb" if name == "KnownBase top-k" else "KnownBase top-k"
-    ratio = errors[other] / errors[name] if errors[name] > 0 else math.inf
+    if switches is None:
+        switches = default_switches(horizon)
+    sparse_only, unknown_only = {"eta", "wait"}, {"threshold_delta"}
+    shared = {n: v for n, v in kwargs.items() if n not in sparse_only | unknown_only}
+    candidates: dict[str, Any] = {
+        "SparseGumb": ContinualTopK(domain, horizon, k=k, switches=switches, key=key,
+                                    **{n: v for n, v in kwargs.items()
+                                       if n not in unknown_only}),
+        "KnownBase top-k": HistogramTopK(domain, horizon, k=k, max_items=max_items, key=key,
+                                         **shared),
+    }
+    unknown = _unknown_candidate(domain, horizon, k=k, max_items=max_items, key=key,
+                                 **shared, **{n: v for n, v in kwargs.items()
+                                              if n in unknown_only})
+    if unknown is not None:
+        candidates["UnkBase top-k"] = unknown
+    errors = top_k_errors(candidates)
+    stds = {n: float(m.noise_std_worst) for n, m in candidates.items()}
+    name = min(errors, key=lambda n: (errors[n], _ORDER.index(n)))
+    others = ", ".join(f"{n} {errors[n]:.4g}" for n in _ORDER if n in errors and n != name)
     reason = (
-        f"{name}: its released counts have noise std {errors[name]:.4g} at the worst step, "
-        f"{ratio:.3g} times smaller than {other}'s {errors[other]:.4g} for this budget "
-        f"(KnownBase needs at most {max_items} items per event and pays for the whole "
-        f"histogram once; SparseGumb pays for {switches + 1} selections of {k} items and "
-        "the sparse vector, whatever the event size)"
+        f"{name}: an item needs a count (or, for SparseGumb, a lead over the list) of "
+        f"about {errors[name]:.4g} to be listed half the time at the worst step, against "
+        f"{others} (computed from the budget, --horizon, --k, --max-items, the domain size "
+        f"and s = {switches} switches; never from the data). Noise std of a released count "
+        f"at the worst step: {stds[name]:.4g}. KnownBase's and UnkBase's lists are the k "
+        f"largest counts of a histogram of every item (at most {max_items} per event), "
+        "re-read at every step for free; SparseGumb pays for "
+        f"{switches + 1} selections of {k} items and the sparse vector, whatever the event "
+        "size, and changes its list only when an item leads by eta."
     )
-    chosen = hist if name == "KnownBase top-k" else sparse
-    return TopKChoice(mechanism=chosen, name=name, errors=errors, reason=reason)
+    return TopKChoice(mechanism=candidates[name], name=name, errors=errors, noise_std=stds,
+                      switches=int(switches), reason=reason)
+
+
+def _unknown_candidate(domain: list[Hashable], horizon: int, **kwargs: Any) -> Any:
+    """UnknownTopK from ``kwargs``, or None when UnkBase cannot run with them."""
+    from .unknown import UnknownDomainHistogram
+
+    params = inspect.signature(UnknownDomainHistogram).parameters
+    if "counter" not in params and kwargs.get("counter") == "tree":
+        kwargs = {n: v for n, v in kwargs.items() if n != "counter"}  # its only counter
+    if any(n not in params for n in kwargs if n not in ("k", "max_items", "key")):
+        return None
+    if kwargs.get("epsilon") is None and kwargs.get("threshold_delta") is None:
+        return None  # rho= or tau= alone: UnkBase needs the delta of its threshold
+    return UnknownTopK(domain, horizon, **kwargs)

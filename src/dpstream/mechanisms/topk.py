@@ -71,7 +71,34 @@ def _eta_tag(eta: float | str | np.ndarray) -> float | str:
     return eta
 
 
-__all__ = ["AUTO_ETA_BETA", "ContinualTopK", "noise_eta", "svt_noise_tail", "utility_eta"]
+__all__ = ["AUTO_ETA_BETA", "ContinualTopK", "default_switches", "noise_eta", "svt_noise_tail",
+           "utility_eta"]
+
+#: default_switches allows one re-selection each time the stream grows this many times
+SWITCH_GROWTH = 8
+
+
+def default_switches(horizon: int) -> int:
+    """SparseGumb's s when none is given: the smallest s with 8^s >= T (0 for T = 1).
+
+    Why: every count a switch test compares grows with t, and a leader that
+    has taken over stays ahead more and more surely, so the top-k of a real
+    stream changes mostly early and ever more rarely; one re-selection per
+    eightfold growth of the stream (T = 379 -> 3, T = 1,000 -> 4, T = 100,000
+    -> 6) follows that, while every switch more costs noise: the counters'
+    scale tau_2 and the switch test's tau_1 are sqrt(s + 1) tau. Measured on
+    real streams (docs/utility.md): with s = 10 the first list of the Debian
+    changelog words (T = 379, monthly) waits until t ~ 255, with s = 3 until
+    t ~ 155-190, and recalls 9.1-9.3/10 of the top 10 over the second half
+    instead of 5.5-7.1. It depends on T alone (public).
+    Integer arithmetic, no logarithm.
+    """
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise ValueError(f"horizon must be an int >= 1, got {horizon!r}")
+    s, reach = 0, 1
+    while reach < horizon:
+        s, reach = s + 1, reach * SWITCH_GROWTH
+    return s
 
 
 def utility_eta(
@@ -215,7 +242,7 @@ class ContinualTopK:
     redrawn. The release at t is the (possibly new) selection with its counts.
 
     Choosing eta (``eta="auto"``, the default): eta_t is the (1 - beta/T)
-    quantile, beta = :data:`AUTO_ETA_BETA` = 0.05, of the noise D of one
+    quantile, beta = :data:`AUTO_ETA_BETA` = 0.05 by default, of the noise D of one
     comparison between an outside item u and the threshold when their true
     counts are equal, D = Lap(4 tau_1) - Lap(2 tau_1) - N(0, V_t) (query
     noise, threshold noise, noise of the selected item's count, whose
@@ -235,8 +262,13 @@ class ContinualTopK:
     made with probability at most beta. A number (or a callable t -> eta_t)
     replaces both.
 
-    Privacy: for any eta_t >= 0, (2k + 1) / (2 tau^2)-zCDP, and k / tau^2 when
-    no sparse-vector round runs (``switches=0, wait=False``). The paper's
+    Privacy: for any eta_t >= 0 (and eta0) fixed from public values,
+    (2k + 1) / (2 tau^2)-zCDP, and k / tau^2 when
+    no sparse-vector round runs (``switches=0, wait=False``). eta only shifts
+    the public part of each sparse-vector query (below): the paper's theorem
+    holds "for any {eta_t} with eta_t >= 0", and the automatic eta (any beta,
+    start_beta) is a function of tau_1, the counter's variance, T and beta,
+    never of the data, so its value changes utility only. The paper's
     SparseGumb theorem (after ``algo:sparseGumb``) states (2k + 4) / (2 tau^2);
     the accounting, term by term, with R sparse-vector rounds (R = s + 1 with
     ``wait``: the waiting round and the s switch rounds; R = s without, the
@@ -352,6 +384,14 @@ class ContinualTopK:
         switches: s >= 0, the most re-selections.
         eta: ``"auto"`` (the default, see "Choosing eta"), or eta_t >= 0 as a
             number or a callable t -> eta_t (e.g. the paper's :func:`utility_eta`).
+        beta, start_beta: with ``eta="auto"``, the chance that an item tied with
+            the list's smallest count sets off a switch test at some step
+            (``beta``), and that a stream whose counts are all 0 starts a list
+            (``start_beta``, the waiting round's eta0; default: ``beta``); both
+            0.05 by default. Larger values lower eta_t and eta0 (the list comes
+            and changes sooner) at the price of more switches spent on noise;
+            docs/utility.md measures them. They are public and never depend on
+            the data, so the guarantee is the same for every value (see Privacy).
         wait: make the first selection only once the k-th largest count clears
             the noise (see "Waiting for data"); ``False`` selects at the first
             release, as the paper does.
@@ -405,6 +445,8 @@ class ContinualTopK:
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         noise_version: int = DEFAULT_NOISE_VERSION,
+        beta: float = AUTO_ETA_BETA,
+        start_beta: float | None = None,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon = check_horizon(horizon)
@@ -446,6 +488,7 @@ class ContinualTopK:
                                   for t in range(1, self.horizon + 1)], dtype=np.float64)
         else:
             self._eta = self._check_eta(eta, "eta")
+        self.beta, self.start_beta = self._check_betas(beta, start_beta)
         self.key = key
         self.levels = None if self.strategy else num_levels(self.horizon, self.base)
         # rho = (k + 1/2) / tau^2, or k / tau^2 when no sparse-vector round runs
@@ -471,7 +514,7 @@ class ContinualTopK:
             blt["users"] = self.user_bounds.tag()
         self.noise_scope = versioned_purpose(f"{self.stream}/topk@" + config_tag(
             horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
-            switches=self.switches, eta=_eta_tag(self._eta), wait=self.wait, **blt,
+            switches=self.switches, eta=self._eta_scope_tag(), wait=self.wait, **blt,
         ), self.noise_version)
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
@@ -499,6 +542,31 @@ class ContinualTopK:
         self._where: dict[int, tuple[int, int]] = {}  # position -> (generation, column)
 
     # -- checks ------------------------------------------------------------------
+    def _check_betas(self, beta: object, start_beta: object) -> tuple[float, float]:
+        """beta and start_beta: floats with 0 < beta / T < 1/2, only with ``eta="auto"``."""
+        start_beta = beta if start_beta is None else start_beta
+        out = []
+        for name, value in (("beta", beta), ("start_beta", start_beta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                                 np.floating)):
+                raise TypeError(f"{name} must be a real number, got {value!r}")
+            value = float(value)
+            if not (0.0 < value < 1.0 and value / self.horizon < 0.5):
+                raise ValueError(f"{name} must be in (0, 1) (and below T/2), got {value!r}")
+            out.append(value)
+        if not isinstance(self._eta, str) and out != [AUTO_ETA_BETA, AUTO_ETA_BETA]:
+            raise ValueError("beta and start_beta size eta='auto' only: a given eta replaces "
+                             "them")
+        return out[0], out[1]
+
+    def _eta_scope_tag(self) -> float | str:
+        """The noise scope's record of eta: as before for the default levels (so releases
+        replay), with the levels when they differ (other thresholds, other noise)."""
+        tag = _eta_tag(self._eta)
+        if (self.beta, self.start_beta) != (AUTO_ETA_BETA, AUTO_ETA_BETA):
+            tag = f"{tag}:beta={self.beta.hex()}:start_beta={self.start_beta.hex()}"
+        return tag
+
     @staticmethod
     def _check_eta(value: object, name: str) -> float:
         if isinstance(value, bool) or not isinstance(
@@ -522,7 +590,7 @@ class ContinualTopK:
             eta = self._eta_cache.get(variance)
             if eta is None:
                 eta = noise_eta(tau_1=self.tau_1, variance=variance,
-                                level=AUTO_ETA_BETA / self.horizon)
+                                level=self.beta / self.horizon)
                 self._eta_cache[variance] = eta
             return eta
         if isinstance(self._eta, np.ndarray):
@@ -536,7 +604,7 @@ class ContinualTopK:
                 return 0.0
             eta = self._eta_cache.get(-1.0)  # (key -1: no counter term)
             if eta is None:
-                eta = noise_eta(tau_1=self.tau_1, level=AUTO_ETA_BETA / self.horizon)
+                eta = noise_eta(tau_1=self.tau_1, level=self.start_beta / self.horizon)
                 self._eta_cache[-1.0] = eta
             return eta
         return self.eta_at(t)
