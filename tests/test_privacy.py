@@ -3,15 +3,21 @@ calibration at its optimum, argument checking and the composition ledger."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
+import os
+import pathlib
+import subprocess
+import sys
 import warnings
 
 import numpy as np
 import pytest
 from scipy import integrate, optimize, stats
 
+import dpstream.privacy
 from dpstream.errors import BudgetExhaustedError, DPStreamError
 from dpstream.privacy import (
     DEFAULT_DELTA,
@@ -604,3 +610,52 @@ def test_exact_gaussian_calibration_meets_target_in_high_precision(epsilon, delt
     mu = mu_for_gaussian(epsilon, delta)
     assert _mp_gaussian_delta(epsilon, mu) <= delta
     assert gaussian_epsilon(delta, mu) >= 0
+
+
+# --------------------------------------------------------------------------- the package layout
+
+#: The modules of dpstream.privacy, in their import order: each may import only
+#: the ones before it (docs/architecture.md, layer 1).
+PACKAGE_ORDER = ["_checks", "_roots", "guarantees", "conversions", "calibration", "budgets"]
+
+
+def _package_imports(path: pathlib.Path) -> set[str]:
+    """The dpstream.privacy modules that ``path`` imports, anywhere in it (a
+    function-level import counts too: it would be a cycle all the same)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:  # from .x import y, from . import x
+                found.update([node.module.split(".")[0]] if node.module
+                             else [alias.name for alias in node.names])
+            elif node.level == 0 and (node.module or "").startswith("dpstream.privacy"):
+                rest = node.module.split(".")[2:]
+                found.update(rest[:1] or [alias.name for alias in node.names])
+            elif node.level == 2 and node.module in ("privacy", None):
+                found.add("__init__")  # from .. import privacy, from ..privacy import x
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("dpstream.privacy"):
+                    found.add((alias.name.split(".")[2:] or ["__init__"])[0])
+    return found
+
+
+def test_privacy_package_imports_point_one_way() -> None:
+    """Each module imports only modules before it in PACKAGE_ORDER: no cycle."""
+    package = pathlib.Path(dpstream.privacy.__file__).parent
+    modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    assert modules == sorted(PACKAGE_ORDER), "a new module must be placed in PACKAGE_ORDER"
+    for i, name in enumerate(PACKAGE_ORDER):
+        imported = _package_imports(package / f"{name}.py")
+        later = imported - set(PACKAGE_ORDER[:i])
+        assert not later, f"privacy/{name}.py imports {sorted(later)}, not before it"
+
+
+def test_importing_privacy_leaves_scipy_optimize_unloaded() -> None:
+    """``scipy.optimize`` costs ~0.2 s of a command's start: the package loads it
+    only when a calibration first runs Brent's method (``_roots._brentq``)."""
+    code = "import sys, dpstream.privacy; print('scipy.optimize' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,201 @@
+"""Calibration: the inverse curves, and the guarantee a noise scale gives.
+
+Layer 1 of dpstream (docs/architecture.md): pure functions. All mechanisms of
+dpstream are ``rho``-zCDP with ``rho(tau) = a / tau**2`` for a
+mechanism-specific coefficient ``a`` (KnownBase ``a = Delta0 / 2``, SparseGumb
+``a = k + 1/2``, or ``k`` with no sparse-vector round, MetaAlgo with Gumbel
+selection ``a = k``, BinMech ``a = 1 / 2``). This module finds the smallest tau
+for a rho (:func:`tau_for_rho`), the largest rho or Gaussian ``mu`` within an
+(epsilon, delta) target (:func:`rho_for_epsilon_delta`,
+:func:`mu_for_gaussian`), and states the guarantee at a given tau
+(:func:`guarantee_for_tau`), so that the number a mechanism reports and the
+number ``dpstream plan`` prints are computed by the same code.
+
+Floating-point policy: noise scales are rounded up and privacy
+parameters down. Every calibration result is checked against the forward
+formula after it is computed and nudged in the safe direction until the check
+passes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from ._checks import _check_half_open_unit, _check_open_unit, _check_positive
+from ._roots import _brentq, _nudge
+from .conversions import (
+    _cks_epsilon,
+    _gaussian_delta,
+    epsilon_bun_steinke,
+    epsilon_cks,
+    gaussian_epsilon,
+)
+from .guarantees import PrivacyGuarantee
+
+
+def tau_for_rho(rho: float, a: float) -> float:
+    """Smallest noise scale tau with ``a / tau**2 <= rho``.
+
+    Args:
+        rho: Target zCDP parameter, > 0.
+        a: The mechanism's coefficient in ``rho(tau) = a / tau**2``, > 0.
+
+    Returns:
+        ``sqrt(a / rho)`` rounded up in the last place (and further if needed),
+        so the achieved rho never exceeds the target in floating point.
+    """
+    rho = _check_positive("rho", rho)
+    a = _check_positive("a", a)
+    tau = math.nextafter(math.sqrt(a / rho), math.inf)
+    while a / (tau * tau) > rho:
+        tau = math.nextafter(tau, math.inf)
+    return tau
+
+
+def rho_for_epsilon_delta(
+    epsilon: float, delta: float, conversion: Literal["cks2020", "bun-steinke"] = "cks2020"
+) -> float:
+    """Largest rho whose (epsilon, delta) conversion stays within ``epsilon`` at ``delta``.
+
+    Args:
+        epsilon: Target epsilon, > 0.
+        delta: Target delta, in (0, 1).
+        conversion: ``"cks2020"`` (tightest for a general zCDP mechanism, the
+            default) or ``"bun-steinke"`` (the paper's eq:epsilon, closed form
+            ``rho = (sqrt(epsilon + ln(1/delta)) - sqrt(ln(1/delta)))**2``).
+            For ``"gaussian-exact"`` use :func:`mu_for_gaussian` instead: the
+            exact Gaussian curve is not a function of rho alone for other
+            mechanisms.
+
+    Returns:
+        rho > 0 with ``epsilon_<conversion>(rho, delta) <= epsilon``, rounded down.
+
+    Raises:
+        ValueError: For an unknown conversion or out-of-range targets.
+    """
+    epsilon = _check_positive("epsilon", epsilon)
+    delta = _check_open_unit("delta", delta)
+    log_inv_delta = -math.log(delta)
+    # Closed-form Bun-Steinke inverse, written without cancellation:
+    # sqrt(eps + L) - sqrt(L) = eps / (sqrt(eps + L) + sqrt(L)).
+    rho_bs = (epsilon / (math.sqrt(epsilon + log_inv_delta) + math.sqrt(log_inv_delta))) ** 2
+    if conversion == "bun-steinke":
+        return _nudge(
+            rho_bs, -1, lambda r: epsilon_bun_steinke(r, delta) <= epsilon, "rho_for_epsilon_delta"
+        )
+    if conversion != "cks2020":
+        raise ValueError(
+            f"conversion must be 'cks2020' or 'bun-steinke', got conversion={conversion!r}"
+        )
+    # epsilon_cks <= epsilon_bun_steinke, so rho_bs is (about) a lower bracket.
+    lo = _nudge(rho_bs, -1, lambda r: epsilon_cks(r, delta) <= epsilon, "rho_for_epsilon_delta")
+    hi = 2.0 * lo
+    while epsilon_cks(hi, delta) <= epsilon:
+        lo, hi = hi, 2.0 * hi
+    if epsilon_cks(lo, delta) == epsilon:
+        return lo
+    rho = _brentq(lambda r: epsilon_cks(r, delta) - epsilon, lo, hi, xtol=1e-300, rtol=1e-15)
+    return _nudge(rho, -1, lambda r: epsilon_cks(r, delta) <= epsilon, "rho_for_epsilon_delta")
+
+
+def mu_for_gaussian(epsilon: float, delta: float) -> float:
+    """Largest ``mu`` (sensitivity / noise std) at which a Gaussian mechanism is
+    (epsilon, delta)-DP by the exact curve of Balle & Wang 2018.
+
+    ``gaussian_delta(epsilon, mu)`` increases strictly in mu, so brentq finds the
+    root; the result is then moved down until ``gaussian_delta(epsilon, mu) <=
+    delta`` holds in floating point.
+
+    Args:
+        epsilon: Target epsilon, > 0.
+        delta: Target delta, in (0, 1).
+
+    Returns:
+        mu > 0.
+    """
+    epsilon = _check_positive("epsilon", epsilon)
+    delta = _check_open_unit("delta", delta)
+    lo, hi = 1.0, 1.0
+    while _gaussian_delta(epsilon, lo) > delta:
+        lo /= 2.0
+    while _gaussian_delta(epsilon, hi) <= delta:
+        hi *= 2.0
+    mu = _brentq(lambda m: _gaussian_delta(epsilon, m) - delta, lo, hi, xtol=1e-300, rtol=1e-15)
+    return _nudge(mu, -1, lambda m: _gaussian_delta(epsilon, m) <= delta, "mu_for_gaussian")
+
+
+def guarantee_for_tau(
+    *,
+    tau: float,
+    a: float,
+    delta: float,
+    mechanism: str,
+    theorem: str,
+    gaussian_exact: bool = False,
+    rho_delta: float = 0.0,
+    target_epsilon: float | None = None,
+) -> PrivacyGuarantee:
+    """The guarantee a mechanism gives at noise scale ``tau``.
+
+    ``rho = a / tau**2``; epsilon is computed at ``delta - rho_delta`` (the part of
+    delta left for the zCDP conversion) by the exact Gaussian curve with ``mu =
+    sqrt(2 a) / tau`` if ``gaussian_exact``, else by :func:`epsilon_cks`. The
+    ``conversion`` field names the analysis that actually gave the epsilon
+    (``"bun-steinke"`` in the rare regime where it beats CKS20).
+
+    Args:
+        tau: Noise scale, > 0.
+        a: Coefficient of the mechanism, > 0.
+        delta: Total delta of the claim, in (0, 1), > ``rho_delta``. Use
+            :data:`DEFAULT_DELTA` when the user calibrated with ``rho=`` or ``tau=``.
+        mechanism: Name of the mechanism.
+        theorem: The paper's label of the privacy theorem.
+        gaussian_exact: Whether the mechanism is exactly a Gaussian mechanism.
+        rho_delta: Delta paid outside the zCDP analysis, in [0, delta).
+        target_epsilon: the epsilon tau was calibrated for, if any. The inverse
+            curves are solved numerically, so the epsilon read back can exceed
+            the target by rounding noise although tau meets it; the target is
+            stated whenever the forward formula confirms it.
+
+    Returns:
+        The :class:`PrivacyGuarantee`.
+    """
+    tau = _check_positive("tau", tau)
+    a = _check_positive("a", a)
+    delta = _check_open_unit("delta", delta)
+    rho_delta = _check_half_open_unit("rho_delta", rho_delta)
+    if rho_delta >= delta:
+        raise ValueError(
+            f"delta must exceed rho_delta, got delta={delta!r} and rho_delta={rho_delta!r}"
+        )
+    if not isinstance(gaussian_exact, bool):
+        raise TypeError(f"gaussian_exact must be a bool, got {gaussian_exact!r}")
+    rho = a / (tau * tau)
+    # Remaining delta for the conversion, rounded down so the claim stays valid.
+    conv_delta = delta - rho_delta
+    if conv_delta + rho_delta > delta:
+        conv_delta = math.nextafter(conv_delta, 0.0)
+    if gaussian_exact:
+        mu = math.sqrt(2.0 * a) / tau
+        epsilon = gaussian_epsilon(conv_delta, mu)
+        conversion = "gaussian-exact"
+        if target_epsilon is not None and target_epsilon < epsilon:
+            if _gaussian_delta(_check_positive("target_epsilon", target_epsilon), mu) <= conv_delta:
+                epsilon = float(target_epsilon)
+    else:
+        bs = epsilon_bun_steinke(rho, conv_delta)
+        cks = max(0.0, _cks_epsilon(rho, conv_delta))
+        epsilon, conversion = (cks, "cks2020") if cks <= bs else (bs, "bun-steinke")
+        if target_epsilon is not None and target_epsilon < epsilon:
+            if epsilon_cks(rho, conv_delta) <= _check_positive("target_epsilon", target_epsilon):
+                epsilon = float(target_epsilon)
+    return PrivacyGuarantee(
+        rho=rho,
+        rho_delta=rho_delta,
+        epsilon=epsilon,
+        delta=delta,
+        conversion=conversion,
+        mechanism=mechanism,
+        theorem=theorem,
+    )
