@@ -721,15 +721,19 @@ UNK = ["-m", "unknown", "-T", "50", "--max-items", "1", "--rho", "1", "--thresho
 UNK_CSV = UNK[:-1]  # CSV gives each event's step in a column
 
 
-def test_csv_event_rows_apart_are_one_invalid_record_not_two_events(files, capsys):
+def test_csv_event_rows_apart_are_one_event_in_their_step(files, capsys):
+    """An event is every row of its id in its step, wherever they stand: e1's two rows
+    of step 2 are one event of two items, refused under --max-items 1 (read as two
+    events, they would get around the bound); e1 of step 1 is another event."""
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
     src = files.dir / "ev.csv"
-    src.write_text("event,item,t\ne1,a,1\ne2,b,2\ne1,c,2\n")
+    src.write_text("event,item,t\ne1,a,1\ne1,b,2\ne2,b,2\ne1,c,2\n")
     out = files.dir / "out.jsonl"
     cmd = [*UNK_CSV, "--time-column", "t", "--key-file", files.key_path, "-i", str(src)]
     assert main(["run", *cmd, "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
-    assert "input line 4: event 'e1' reappears" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "input line 3: event has 2 distinct items, more than --max-items 1" in err
     assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force",
                 "--max-invalid", "1") == 0
     mech = UnknownDomainHistogram(50, max_items=1, key=files.key, noise_version=CLI_NOISE, rho=1.0,

@@ -53,14 +53,15 @@ def test_read_jsonl_rejects_bad_t():
     assert all(r.error and '"t"' in r.error for r in recs)
 
 
-def test_read_csv_groups_consecutive_rows():
+def test_read_csv_groups_rows_by_event_and_step():
     text = "event,item,t\ne1,a,1\ne1,b,1\ne2,a,1\ne3,,2\ne4,c,x\ne5,a,3\ne5,b,4\n"
     recs = list(read_csv(io.StringIO(text), time_column="t"))
     assert recs[0] == RawEvent(2, 1, ("a", "b"), None)
     assert recs[1] == RawEvent(4, 1, ("a",), None)
     assert recs[2] == RawEvent(5, 2, (), None)
     assert recs[3].line == 6 and "integer" in recs[3].error
-    assert recs[4].line == 7 and "different time steps" in recs[4].error
+    # an id in two steps is two events (an event is an id in one step)
+    assert recs[4:] == [RawEvent(7, 3, ("a",), None), RawEvent(8, 4, ("b",), None)]
 
 
 def test_read_csv_missing_column_names_it():
@@ -189,37 +190,19 @@ def test_keyed_truncation_is_deterministic_and_not_first_k():
 # --------------------------------------------------------------------------- hostile input
 
 
-def test_read_csv_reappearing_event_is_invalid_not_a_second_event():
+def test_read_csv_an_id_that_comes_back_is_the_same_event_not_a_second_one():
     # e1's rows are not consecutive: read as two events, e1 would count 2 items under
-    # a bound of 1 item per event. The second block must be an invalid record.
+    # a bound of 1 item per event (review finding 8). They are one event, at its first
+    # row's line, which --max-items bounds as a whole.
     recs = list(read_csv(io.StringIO("event,item\ne1,a\ne2,b\ne1,c\n")))
-    assert recs[:2] == [RawEvent(2, None, ("a",), None), RawEvent(3, None, ("b",), None)]
-    assert recs[2].line == 4 and recs[2].items is None
-    assert "'e1' reappears" in recs[2].error and "line 2" in recs[2].error
-
-
-def test_read_csv_reappearance_is_caught_past_the_recent_window(monkeypatch):
-    import dpstream.io as dio
-
-    monkeypatch.setattr(dio, "RECENT_EVENT_IDS", 2)
-    # within a step (t = 1): every id is remembered, however many came between
-    step = "".join(f"e{i},a,1\n" for i in range(5))
-    recs = list(read_csv(io.StringIO("event,item,t\n" + step + "e0,b,1\n"), time_column="t"))
-    assert [r.error is None for r in recs] == [True] * 5 + [False]
-    # across steps: the last 2 ids of earlier steps with their lines, and every older
-    # one by its hash (review finding 8: an id back after the window was a new event,
-    # a way around --max-items)
-    caught = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne0,b,3\n"
-    late = "event,item,t\ne0,a,1\ne1,a,2\ne2,a,3\ne3,a,4\ne0,b,4\n"
-    assert "line 2)" in list(read_csv(io.StringIO(caught), time_column="t"))[-1].error
-    error = list(read_csv(io.StringIO(late), time_column="t"))[-1].error
-    assert "'e0' reappears" in error and "an earlier line" in error
-    far = "event,item\n" + "".join(f"e{i},a\n" for i in range(500)) + "e7,b\ne500,c\n"
-    recs = list(read_csv(io.StringIO(far)))
-    assert "reappears" in recs[-2].error and recs[-1].error is None
-    # without a time column every event is a step of its own
-    recs = list(read_csv(io.StringIO("event,item\ne0,a\ne1,a\ne0,b\n")))
-    assert "reappears" in recs[-1].error
+    assert recs == [RawEvent(2, None, ("a", "c"), None), RawEvent(3, None, ("b",), None)]
+    # however many rows came between, in its step (t = 1), and in a step out of order
+    step = "".join(f"e{i},a,1\n" for i in range(500))
+    text = "event,item,t\n" + step + "e0,b,2\ne0,c,1\n" + step
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    assert recs[0] == RawEvent(2, 1, ("a", "c", "a"), None)
+    assert recs[1:500] == [RawEvent(i + 2, 1, ("a", "a"), None) for i in range(1, 500)]
+    assert recs[500:] == [RawEvent(502, 2, ("b",), None)]  # e0 in step 2: another event
 
 
 def test_read_csv_unclosed_quote_is_invalid_and_names_the_line_it_started():

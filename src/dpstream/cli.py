@@ -397,9 +397,9 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--input-format",), "input_format", "jsonl or csv; auto = csv for *.csv[.gz], "
         "else jsonl", "auto", str, choices=("auto", "jsonl", "csv")),
     Opt(("--item-column",), "item_column", "CSV input: the item column", "item", str),
-    Opt(("--event-column",), "event_column", "CSV input: the event-id column; the rows of "
-        "one event must be consecutive, an id that comes back later (within its time step, "
-        "or among the last 100,000 ids) is an invalid record", "event", str),
+    Opt(("--event-column",), "event_column", "CSV input: the event-id column; an event is "
+        "every row of one id in one time step, wherever the rows stand in the input (an id "
+        "in two steps is two events)", "event", str),
     Opt(("--time-column",), "time_column", "CSV input: the time-step column", None, str,
         default_text="none; CSV input needs it, or --time-field for timestamps"),
     Opt(("--implicit-time",), "implicit_time", "JSON Lines without time steps: every line "

@@ -1,8 +1,8 @@
 """Reading events and writing releases: the file formats of the ``dpstream`` command.
 
-Layer 6 of dpstream (the edges). Everything here streams: a reader yields one
-event at a time and :func:`group_steps` holds the events of one time step only,
-so memory does not grow with the input file.
+Layer 6 of dpstream (the edges). The JSON Lines reader yields one event at a
+time; the CSV reader, which groups each event's rows, and :func:`group_steps`,
+which releases no step before the input's end, hold the input.
 
 Input formats
 -------------
@@ -20,16 +20,11 @@ on every row of an event); an event without one is an invalid record.
 CSV (``--input-format csv``): a header row, then one row per (event, item)
 with an event-id column and an item column (names chosen by ``--event-column``
 and ``--item-column``), and optionally a time-step column (``--time-column``).
-The rows of one event must be consecutive; an empty item cell gives an event
-with no item. An event id that comes back after other rows is an invalid
-record (``--on-invalid`` applies), never a second event: otherwise one event
-could contribute more than ``--max-items`` items. A reappearance is always
-detected within a time step (all ids of the open step are kept, as the step
-itself is), and across steps for every earlier id: the last
-:data:`RECENT_EVENT_IDS` (100,000) with their line numbers, older ones as
-64-bit hashes under a per-run random salt (about 70 bytes an event; a false
-match has probability about n^2 / 2^65 for n events, and only makes a record
-invalid). The CSV is parsed strictly
+An event is every row with one event id in one time step, wherever the rows
+stand in the input (they need not be consecutive; an id used in two steps is
+two events); an empty item cell adds no item. The reader holds the input's
+rows until its end (a batch run holds its input anyway), then yields the
+events in the order of their first rows. The CSV is parsed strictly
 (a quote must be closed, and followed by a delimiter or the end of the row),
 and a field holding a line break or an item longer than
 :data:`MAX_CSV_ITEM_CHARS` (1,000) characters is an invalid record: both are
@@ -83,15 +78,12 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
 import json
 import math
 import re
-import secrets
 import sys
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +101,6 @@ from .noise import NoiseSource
 __all__ = [
     "RawEvent",
     "MAX_CSV_ITEM_CHARS",
-    "RECENT_EVENT_IDS",
     "open_input",
     "guard_lines",
     "read_jsonl",
@@ -158,10 +149,6 @@ class RawEvent:
 #: The most characters a CSV item may have: a longer one is an invalid record
 #: (most likely an unclosed quote that swallowed the rows after it).
 MAX_CSV_ITEM_CHARS = 1000
-
-#: How many of the last event ids a CSV reader remembers to catch an event
-#: whose rows are not consecutive, across time steps (within a step, all).
-RECENT_EVENT_IDS = 100_000
 
 #: Text decoding of every input: UTF-8 with an optional byte-order mark; bytes
 #: that are not UTF-8 become lone surrogates, which the parsers reject per record.
@@ -428,14 +415,25 @@ def read_csv(
     delimiter: str = ",",
     user_column: str | None = None,
 ) -> Iterator[RawEvent]:
-    """Parse CSV rows (one per event and item) into events, grouping consecutive event ids.
+    """Parse CSV rows (one per event and item) into events: an event is every row
+    with one event id in one time step, wherever the rows stand in the input.
 
-    An event id that reappears after other rows becomes an invalid record (see
-    the module docstring for the memory this takes), as does a record with a
-    CSV syntax error (strict parsing), a field spanning lines, an item longer
-    than :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each
-    record's ``line`` is the line where it started. With ``user_column``,
-    every row of an event holds the same non-empty user id.
+    The input is read to its end before the first record is yielded (a later
+    row may belong to any event). The events come out in the order of their
+    first rows, each with that row's line, its items in the order of its rows
+    and its rows' bytes (joined by a line feed) as ``raw``; an id in two steps
+    is two events. So what happens to an event is a function of its own rows
+    and step, never of the rows between them (else another event's row could
+    cut it in two: one event's presence would change another's count). Without
+    a time column (and a clock), the id alone is the event.
+
+    A row whose step cannot be read (a time that is not an integer >= 1, a bad
+    timestamp) belongs to no event: it is an invalid record of its own, as is
+    a record with a CSV syntax error (strict parsing), too few fields, a field
+    spanning lines, an item longer than :data:`MAX_CSV_ITEM_CHARS` or text
+    that is not valid UTF-8. Each record's ``line`` is the line where it
+    started. With ``user_column``, every row of an event must hold the same
+    non-empty user id, else the event is an invalid record.
     """
     captured: list[str] = []  # the lines of the record being read (for its raw bytes)
 
@@ -470,61 +468,11 @@ def read_csv(
     i_user = cols[user_column] if user_column is not None else None
     width = max(i for i in (i_item, i_event, i_time, i_user) if i is not None) + 1
 
-    current: str | None = None
-    start = 0
-    items: list[str] = []
-    t_val: int | None = None
-    error: str | None = None
-    user: str | None = None
-    # Event ids seen before: all of the open time step (kept anyway, as the step
-    # is), a bounded FIFO of the most recent ones across steps (with their
-    # lines, for the message), and salted 64-bit hashes of all older ones.
-    step_ids: dict[str, int] = {}
-    step_t: int | None = None
-    recent: OrderedDict[str, int] = OrderedDict()
-    archive: set[int] = set()
-    salt = secrets.token_bytes(16)
-
-    def fingerprint(eid: str) -> int:
-        data = eid.encode("utf-8", "surrogateescape")
-        return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=salt).digest(), "big")
-
-    def evict() -> None:
-        while len(recent) > RECENT_EVENT_IDS:
-            archive.add(fingerprint(recent.popitem(last=False)[0]))
-
-    raws: list[bytes] = []  # the rows of the open event
-
-    def flush() -> RawEvent:
-        raw = b"\n".join(raws)
-        if error is not None:
-            return RawEvent(start, None, None, error, raw=raw)
-        return RawEvent(start, t_val, tuple(items), None, user, raw=raw)
-
-    def seen_at(eid: str) -> int | None:
-        """The line where ``eid`` started before (0: earlier, line forgotten), or None."""
-        line = step_ids.get(eid)
-        if line is None:
-            line = recent.get(eid)
-        if line is None and archive and fingerprint(eid) in archive:
-            return 0
-        return line
-
-    def remember(eid: str, line: int, t: int | None) -> None:
-        nonlocal step_t
-        if time_column is None or t != step_t:  # a new step: its ids join the recent ones
-            for old_id, old_line in step_ids.items():
-                recent[old_id] = old_line
-                recent.move_to_end(old_id)
-            step_ids.clear()
-            step_t = t
-            evict()
-        if time_column is None:
-            recent[eid] = line
-            recent.move_to_end(eid)
-            evict()
-        else:
-            step_ids.setdefault(eid, line)
+    # Every event of the input, by (step, id), in the order of its first row; the
+    # records of rows that belong to no event (no readable step) among them.
+    records: list[_CsvEvent | RawEvent] = []
+    events: dict[tuple[int | None, str], _CsvEvent] = {}
+    texts: dict[str, str] = {}  # one string per distinct item (the rows are held)
 
     captured.clear()  # the header's lines
     while True:
@@ -534,12 +482,9 @@ def read_csv(
         except StopIteration:
             break
         except csv.Error as exc:
-            row_raw = take_raw()
-            if current is not None:
-                yield flush()
-                current = None
             hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
-            yield RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})", raw=row_raw)
+            records.append(RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})",
+                                    raw=take_raw()))
             continue
         lineno = first_line
         row_raw = take_raw()
@@ -557,17 +502,10 @@ def read_csv(
         elif len(row[i_item]) > MAX_CSV_ITEM_CHARS:
             row_err = (f"item of {len(row[i_item])} characters, more than "
                        f"{MAX_CSV_ITEM_CHARS} (an unclosed quote?)")
-        if row_err is not None:
-            if current is not None:
-                yield flush()
-                current = None
-            yield RawEvent(lineno, None, None, row_err, raw=row_raw)
-            continue
-        eid = row[i_event]
         row_t: int | None = None
-        if i_time is not None and clock is not None:
+        if row_err is None and i_time is not None and clock is not None:
             row_t, row_err = _step_of(row[i_time], clock, "the row's timestamp")
-        elif i_time is not None:
+        elif row_err is None and i_time is not None:
             raw = row[i_time].strip()
             try:
                 row_t = int(raw)
@@ -575,33 +513,56 @@ def read_csv(
                     row_err = f"time step must be >= 1, got {_short(raw)!r}"
             except ValueError:
                 row_err = f"time step must be an integer, got {_short(raw)!r}"
-        row_user = None if i_user is None else row[i_user]
-        if row_user == "" and row_err is None:
-            row_err = f"the user id column {user_column!r} is empty"
-        if eid != current:
-            if current is not None:
-                yield flush()
-            current, start, items, t_val, error = eid, lineno, [], row_t, row_err
-            raws = []
-            user = row_user
-            before = seen_at(eid)
-            if before is not None and error is None:
-                where = f"line {before}" if before else "an earlier line"
-                error = (f"event {_short(eid)!r} reappears: its rows must be consecutive "
-                         f"(it started at {where})")
-            remember(eid, lineno, row_t if row_err is None else step_t)
-        elif error is None and row_err is not None:
-            error = row_err
-        elif error is None and row_t != t_val:
-            error = (f"event {_short(eid)!r} has rows with different time steps "
-                     f"({t_val} and {row_t})")
-        elif error is None and row_user != user:
-            error = f"event {_short(eid)!r} has rows with different user ids"
-        raws.append(row_raw)
-        if row[i_item] != "":
-            items.append(row[i_item])
-    if current is not None:
-        yield flush()
+        if row_err is not None:  # no event (step and id) to belong to: a record alone
+            records.append(RawEvent(lineno, None, None, row_err, raw=row_raw))
+            continue
+        eid = row[i_event]
+        event = events.get((row_t, eid))
+        if event is None:
+            event = events[(row_t, eid)] = _CsvEvent(lineno, row_t, eid)
+            records.append(event)
+        event.add(row[i_item], None if i_user is None else row[i_user], user_column, row_raw,
+                  texts)
+    events.clear()
+    texts.clear()
+    records.reverse()  # let go of each record as it is yielded
+    while records:
+        rec = records.pop()
+        yield rec.record() if isinstance(rec, _CsvEvent) else rec
+
+
+class _CsvEvent:
+    """The rows of one CSV event (one id in one step) read so far."""
+
+    __slots__ = ("line", "t", "eid", "items", "user", "error", "raws")
+
+    def __init__(self, line: int, t: int | None, eid: str) -> None:
+        self.line, self.t, self.eid = line, t, eid
+        self.items: list[str] = []
+        self.user: str | None = None
+        self.error: str | None = None
+        self.raws: list[bytes] = []
+
+    def add(self, item: str, user: str | None, user_column: str | None, raw: bytes,
+            texts: dict[str, str]) -> None:
+        """Take one more row (``user``: its user id cell, None at event level)."""
+        first = not self.raws
+        self.raws.append(raw)
+        if user is not None and self.error is None:
+            if user == "":
+                self.error = f"the user id column {user_column!r} is empty"
+            elif first:
+                self.user = user
+            elif user != self.user:
+                self.error = f"event {_short(self.eid)!r} has rows with different user ids"
+        if item != "" and self.error is None:
+            self.items.append(texts.setdefault(item, item))
+
+    def record(self) -> RawEvent:
+        raw = b"\n".join(self.raws)
+        if self.error is not None:
+            return RawEvent(self.line, None, None, self.error, raw=raw)
+        return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)
 
 
 def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = None,

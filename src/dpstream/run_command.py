@@ -279,8 +279,6 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
 _REDACTED = {
     "not in the domain": "an item is not in the --domain",
     "not valid JSON": "not valid JSON",
-    "reappears": "an event id comes back after other rows (the rows of an event must be "
-                 "consecutive)",
     "time order": "its time step is not after a step already complete (events must be in "
                   "time order)",
     "not valid UTF-8": "not valid UTF-8",
@@ -415,8 +413,7 @@ class _Validator:
 def _reason_key(problem: str) -> str:
     for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
                 "user id", "not in the domain", "more than --max-items", "not valid JSON",
-                "time order",
-                "reappears", "not valid UTF-8"):
+                "time order", "not valid UTF-8"):
         if key in problem:
             return key
     return "malformed"

@@ -153,7 +153,6 @@ def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:
         "not valid JSON": "are not valid JSON",
         "not valid UTF-8": "are not valid UTF-8",
         "time order": "are out of time order",
-        "reappears": "repeat an event id after other rows",
     }.get(cause, "are malformed")
 
 

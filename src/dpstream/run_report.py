@@ -43,15 +43,6 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
         occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
         items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
         output=opts["output"], state=opts["state"]))
-    split = stats.reasons.get("reappears", 0)
-    if split:
-        _log.warning(
-            f"{split} CSV row{'s' if split != 1 else ''} came back after another event's row "
-            "and were dropped. The "
-            "row in between decided that they were dropped, which the privacy guarantee "
-            "does not cover: group each event's rows together (sort the rows by time step, "
-            "then event id) and run again before publishing (docs/privacy.md, rule 7)",
-            extra=log_fields(split_events=split))
 
 
 def _bounding_summary(mech: Any) -> list[str]:

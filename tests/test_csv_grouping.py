@@ -1,0 +1,259 @@
+"""CSV input: an event is every row of one event id in one time step, wherever the rows
+stand (docs/privacy.md, rule 7).
+
+Rows of one event used to have to be consecutive: a row whose id came back after
+another event's row was dropped, so the row in between decided it, and one event's
+presence changed another's count (not covered by the guarantee). These tests run that
+attack: removing every row of one event changes the release by that event's items
+only, and the same rows in any order give the same bytes (with truncation and per
+user as well).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from dpstream.cli import main
+from dpstream.io import RawEvent, read_csv
+
+from .conftest import fixed_key
+
+DOMAIN = ["a", "b", "c", "d", "e"]
+
+#: (event, t, item) rows: events of several rows, interleaved with other events of
+#: their step and of other steps, an id used in two steps (two events), a repeated
+#: item, an empty item cell, and steps out of order.
+ROWS = [("A", 1, "a"), ("B", 1, "b"), ("A", 1, "c"), ("C", 2, "a"), ("B", 1, "d"),
+        ("A", 2, "b"), ("D", 1, "a"), ("C", 2, "c"), ("A", 1, "a"), ("D", 1, ""),
+        ("E", 2, "d"), ("B", 3, "e"), ("E", 2, "b"), ("B", 2, "c"), ("F", 1, "e"),
+        ("C", 2, "d"), ("F", 1, "b")]
+
+
+def _events(rows):
+    """The reference: each (step, id) is one event, its items the set of its rows'."""
+    events: dict[tuple[int, str], set[str]] = {}
+    for eid, t, item in rows:
+        got = events.setdefault((t, eid), set())
+        if item:
+            got.add(item)
+    return events
+
+
+def _prefix_counts(rows, horizon):
+    """The true histogram released at every step (counts up to that step)."""
+    counts = {x: 0 for x in DOMAIN}
+    per_step = {t: [] for t in range(1, horizon + 1)}
+    for (t, _), items in _events(rows).items():
+        per_step[t].append(items)
+    out = []
+    for t in range(1, horizon + 1):
+        for items in per_step[t]:
+            for x in items:
+                counts[x] += 1
+        out.append(dict(counts))
+    return out
+
+
+@pytest.fixture
+def runner(tmp_path):
+    key_path = tmp_path / "k.key"
+    fixed_key("csv-grouping").save(key_path)
+    domain = tmp_path / "domain.txt"
+    domain.write_text("\n".join(DOMAIN) + "\n")
+    made = iter(range(10**6))
+
+    def run(rows, *args, header="event,t,item"):
+        n = next(made)
+        src, out = tmp_path / f"in{n}.csv", tmp_path / f"out{n}.jsonl"
+        src.write_text(header + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+        assert main(["run", "-q", "--key-file", str(key_path), "-i", str(src), "-o",
+                     str(out), "--time-column", "t", "--max-invalid", "1", *args]) == 0
+        return out.read_bytes()
+
+    run.domain = str(domain)
+    return run
+
+
+def _released(data: bytes):
+    return [json.loads(line)["released"] for line in data.decode().splitlines()]
+
+
+def _known_exact(runner, rows, horizon=3):
+    """A known-domain run whose noise is negligible (tau 1e-9, exact floats)."""
+    return _released(runner(rows, "-m", "known", "--domain", runner.domain, "-T",
+                            str(horizon), "--max-items", "5", "--tau", "1e-9", "--no-round"))
+
+
+def _assert_counts(released, expected):
+    assert len(released) == len(expected)
+    for got, want in zip(released, expected, strict=True):
+        assert set(got) == set(want)
+        for x in want:
+            assert abs(got[x] - want[x]) < 1e-6, (got, want)
+
+
+def test_read_csv_groups_an_events_rows_wherever_they_stand_in_its_step():
+    text = "event,item,t\nX,a,1\nY,b,1\nX,c,1\nX,d,2\nY,e,1\n"
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    # X of step 1 at its first row's line, its items in row order, its rows as raw bytes
+    assert recs == [RawEvent(2, 1, ("a", "c"), None), RawEvent(3, 1, ("b", "e"), None),
+                    RawEvent(5, 2, ("d",), None)]  # X of step 2: another event
+    assert recs[0].raw == b"X,a,1\nX,c,1" and recs[1].raw == b"Y,b,1\nY,e,1"
+    # without a time column the id alone is the event (all rows are one step)
+    assert list(read_csv(io.StringIO("event,item\ne1,a\ne2,b\ne1,c\n"))) == [
+        RawEvent(2, None, ("a", "c"), None), RawEvent(3, None, ("b",), None)]
+
+
+def test_read_csv_a_row_without_a_step_is_a_record_of_its_own():
+    """A row whose step cannot be read belongs to no event: the event of the rows
+    that have the step keeps their items, whatever the broken row holds."""
+    text = "event,item,t\nX,a,1\nX,b,x\nY,c,1\nX,d,1\nX,e,0\n"
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    assert recs[0] == RawEvent(2, 1, ("a", "d"), None)
+    assert recs[1].line == 3 and "integer" in recs[1].error and recs[1].raw == b"X,b,x"
+    assert recs[2] == RawEvent(4, 1, ("c",), None)
+    assert recs[3].line == 6 and ">= 1" in recs[3].error
+    assert len(recs) == 4
+
+
+def test_read_csv_users_of_an_event_are_checked_over_all_its_rows():
+    text = "event,item,t,user\nX,a,1,u\nY,b,1,v\nX,c,1,w\nZ,d,1,\nZ,e,1,z\nW,f,2,u\n"
+    recs = list(read_csv(io.StringIO(text), time_column="t", user_column="user"))
+    assert recs[0].line == 2 and "different user ids" in recs[0].error
+    assert recs[1] == RawEvent(3, 1, ("b",), None, "v")
+    assert recs[2].line == 5 and "user id column" in recs[2].error
+    assert recs[3] == RawEvent(7, 2, ("f",), None, "u")
+
+
+def test_interleaved_rows_one_event_does_not_change_another(runner):
+    """The reproduction: X,1,a / Y,1,b / X,1,c released a=1, b=1, c=0, and without Y
+    a=1, c=1: Y's row decided that X's "c" was dropped. X's items are now released
+    the same with and without Y, and each run releases the true counts."""
+    with_y = _known_exact(runner, [("X", 1, "a"), ("Y", 1, "b"), ("X", 1, "c")], 1)
+    without_y = _known_exact(runner, [("X", 1, "a"), ("X", 1, "c")], 1)
+    _assert_counts(with_y, [{"a": 1, "b": 1, "c": 1, "d": 0, "e": 0}])
+    _assert_counts(without_y, [{"a": 1, "b": 0, "c": 1, "d": 0, "e": 0}])
+    assert with_y[0]["a"] == without_y[0]["a"] and with_y[0]["c"] == without_y[0]["c"]
+
+
+def test_removing_one_event_changes_only_that_events_contributions(runner):
+    """Brute force over every event (step, id) of an interleaved CSV: the run without
+    all of its rows releases the full run's counts minus exactly that event's items
+    (the true histograms, read from runs with negligible noise)."""
+    full = _known_exact(runner, ROWS)
+    _assert_counts(full, _prefix_counts(ROWS, 3))
+    for (t, eid), items in _events(ROWS).items():
+        rest = [r for r in ROWS if (r[1], r[0]) != (t, eid)]
+        without = _known_exact(runner, rest)
+        _assert_counts(without, _prefix_counts(rest, 3))
+        for step, (got, less) in enumerate(zip(full, without, strict=True), 1):
+            diff = {x: round(got[x] - less[x]) for x in DOMAIN}
+            assert diff == {x: int(step >= t and x in items) for x in DOMAIN}, (t, eid)
+
+
+def _shuffles(rows, n, seed):
+    rng = np.random.default_rng(seed)  # simulation data only (the order of the rows)
+    return [[rows[i] for i in rng.permutation(len(rows))] for _ in range(n)]
+
+
+def _grouped(rows, key=lambda r: (r[1], r[0])):
+    """The rows of each event together, at its first row's place (a stable sort)."""
+    first: dict = {}
+    for i, r in enumerate(rows):
+        first.setdefault(key(r), i)
+    return sorted(rows, key=lambda r: first[key(r)])
+
+
+@pytest.mark.parametrize("mode", ["known", "truncate", "unknown"])
+def test_the_same_rows_in_any_order_give_the_same_bytes(runner, mode):
+    """Every event's rows shuffled within its step and across the input: the same
+    bytes. With --on-invalid truncate and --max-items 1 each event of several items
+    keeps one of its own items, whatever the order of its rows."""
+    args = {"known": ["-m", "known", "--domain", runner.domain, "--max-items", "5"],
+            "truncate": ["-m", "known", "--domain", runner.domain, "--max-items", "1",
+                         "--on-invalid", "truncate"],
+            "unknown": ["-m", "unknown", "--max-items", "2", "--on-invalid", "truncate",
+                        "--threshold-delta", "1e-3"]}[mode]
+    # unknown: noise small enough for the threshold to let the items through
+    args += ["-T", "4", "--no-round", *(["--tau", "0.01"] if mode == "unknown"
+                                        else ["--rho", "1"])]
+    grouped = runner(sorted(ROWS, key=lambda r: (r[1], r[0])), *args)
+    assert len(_released(grouped)[-1]) == len(DOMAIN)  # every item released
+    assert runner(ROWS, *args) == grouped
+    for rows in _shuffles(ROWS, 3, seed=11):
+        assert runner(rows, *args) == grouped
+    # and within each step only (the steps in order, their rows shuffled)
+    by_step = [r for t in (1, 2, 3) for r in _shuffles([r for r in ROWS if r[1] == t], 1,
+                                                         seed=t)[0]]
+    assert runner(by_step, *args) == grouped
+
+
+def test_truncation_keeps_the_same_items_grouped_or_interleaved(runner):
+    """--max-items 1 with truncation: each event's kept item is released with
+    negligible noise, and equals the grouped input's whatever the interleaving."""
+    args = ["-m", "known", "--domain", runner.domain, "-T", "3", "--max-items", "1",
+            "--on-invalid", "truncate", "--tau", "1e-9", "--no-round"]
+    grouped = runner(_grouped(ROWS), *args)
+    released = _released(grouped)
+    # every event keeps exactly one item: the last step counts one per non-empty event
+    assert round(sum(released[-1].values())) == sum(1 for v in _events(ROWS).values() if v)
+    for rows in _shuffles(ROWS, 4, seed=3):
+        assert runner(rows, *args) == grouped
+
+
+USER_ROWS = [  # (event, t, user, item): users with more items than their bound
+    ("e1", 1, "u1", "a"), ("e2", 1, "u2", "b"), ("e1", 1, "u1", "b"), ("e3", 1, "u1", "c"),
+    ("e2", 1, "u2", "c"), ("e1", 1, "u1", "d"), ("e4", 2, "u1", "e"), ("e5", 2, "u2", "a"),
+    ("e4", 2, "u1", "a"), ("e6", 2, "u3", "a"), ("e5", 2, "u2", "d"), ("e6", 2, "u3", "b"),
+    ("e7", 3, "u2", "e"), ("e1", 3, "u3", "c"), ("e7", 3, "u2", "b"), ("e1", 3, "u3", "d"),
+]
+
+
+def test_user_level_bounding_is_the_same_grouped_or_interleaved(runner):
+    """Per user (first come, first kept): an event stands where its first row stands,
+    so an interleaved input keeps the contributions its grouped form keeps. The bound
+    (2 items per user) drops some of every user's contributions, so the order of each
+    user's events matters, and the release shows which were kept."""
+    args = ["-m", "known", "--domain", runner.domain, "-T", "3", "--user-field", "user",
+            "--max-items-per-user", "2", "--max-count-per-item", "1", "--tau", "1e-9",
+            "--no-round"]
+    header = "event,t,user,item"
+    interleaved = runner(USER_ROWS, *args, header=header)
+    grouped = runner(_grouped(USER_ROWS), *args, header=header)
+    assert interleaved == grouped
+    # brute force: first come, first kept, events by their first row, items in row order
+    kept: dict[str, list[str]] = {}
+    counts = {x: 0 for x in DOMAIN}
+    expected = []
+    events: dict[tuple[int, str], tuple[str, list[str]]] = {}
+    for eid, t, user, item in USER_ROWS:
+        events.setdefault((t, eid), (user, []))[1].append(item)
+    for t in (1, 2, 3):
+        for (s, _), (user, items) in events.items():
+            if s != t:
+                continue
+            mine = kept.setdefault(user, [])
+            for x in dict.fromkeys(items):
+                if x not in mine and len(mine) < 2:
+                    mine.append(x)
+                    counts[x] += 1
+        expected.append(dict(counts))
+    _assert_counts(_released(interleaved), expected)
+    for rows in _shuffles(USER_ROWS, 3, seed=5):  # any order keeping first rows in place
+        firsts = _grouped(rows)
+        assert runner(rows, *args, header=header) == runner(firsts, *args, header=header)
+
+
+def test_follow_does_not_read_csv(runner, tmp_path, capsys):
+    src = tmp_path / "f.csv"
+    src.write_text("event,ts,item\nX,2026-01-01T00:00:00Z,a\n")
+    code = main(["run", "-q", "-m", "known", "--domain", runner.domain, "-T", "3",
+                 "--max-items", "1", "--rho", "1", "--key-file", str(tmp_path / "k.key"),
+                 "-i", str(src), "--input-format", "csv", "-o", str(tmp_path / "f.jsonl"),
+                 "--time-field", "ts", "--start", "2026-01-01T00:00:00Z", "--step", "1h",
+                 "--follow"])
+    assert code != 0 and "--follow reads JSON Lines input" in capsys.readouterr().err
