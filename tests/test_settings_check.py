@@ -113,6 +113,11 @@ MATRIX = [
     (["-m", "meta", "--oneshot", "unknown-gumbel", "--k", "1", "--kbar", "2", "--epsilon",
       "1", "--delta", "1e-6"], True),
     (["-m", "meta", "--epsilon", "1", "--delta", "1e-6"], False),  # no --oneshot
+    # a "~" in a given name could spell another run's scoped name (name~tag of its input
+    # settings, e.g. --on-invalid truncate) and draw that run's noise on other counts
+    ([*KNOWN, "--max-items", "2", "--rho", "1", "--stream", "default~c51aa1342050d6b3"],
+     False),
+    ([*KNOWN, "--max-items", "2", "--rho", "1", "--stream", "daily-2026"], True),
     (["-m", "meta", "--oneshot", "unknown-gumbel", "--k", "1", "--kbar", "2", "--epsilon",
       "1", "--delta", "1e-6", *USER, *BOUNDS], False),
 ]

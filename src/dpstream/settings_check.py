@@ -193,6 +193,12 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     problems += _budget_problems(opts)
     problems += _mechanism_problems(opts)
     problems += _user_problems(opts)
+    stream = opts.get("stream")
+    if isinstance(stream, str) and "~" in stream:
+        # the run appends "~" and a tag of its input settings to the name (scoped_stream):
+        # a given name with "~" could spell another run's scoped name and share its noise
+        problems.append(f"--stream {stream!r}: a stream name may not contain '~' (the run "
+                        "adds it, with a tag of the input settings)")
     return problems
 
 

@@ -402,7 +402,8 @@ class UnknownDomainHistogram:
         threshold_delta: delta of the threshold (the paper's delta in
             ``eq:threshold``); optional with epsilon/delta.
         stream: separates this stream's noise from other streams under the key
-            (and shares it with KnownBase on the same stream, on purpose).
+            (an unknown domain's noise purpose is its own: it never shares noise
+            with KnownBase on the same stream).
         noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
             the default, which replays releases of earlier dpstream versions) or 2
             (the ziggurat: exact too, faster; for new streams). A stream must keep
