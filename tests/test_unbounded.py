@@ -223,6 +223,9 @@ def test_no_horizon_needs_an_end_step_and_known_or_unknown(stream, tmp_path, cap
         assert main([*args, *bad, "-i", str(base / "day01.jsonl"), "-o", str(out),
                      "--until", "4"]) == 2
         assert words in capsys.readouterr().err
+    assert main(["plan", "-m", "known", "--domain-size", "5", "--max-items", "1",
+                 "--target-error", "10"]) == 2
+    assert "--target-error needs --horizon" in capsys.readouterr().err
     assert main(["plan", "-m", "top-k", "--domain-size", "5", "--k", "2", "--rho", "1"]) == 2
     assert "top-k needs --horizon" in capsys.readouterr().err
     assert main(["plan", "-m", "meta", "--oneshot", "unknown-gaussian", "--rho", "1"]) == 2

@@ -430,11 +430,12 @@ def format_plan(info: dict[str, Any]) -> str:
         rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
                          for r in info["max_items_hint"])
         sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
+        worst = "step 2^40, the limit" if info.get("unbounded") else "the worst step"
         lines.append(
             "max items     every event may hold at most --max-items items; more are refused, "
             "or cut with --on-invalid truncate, which undercounts the items of large events "
             "(the run summary reports the share of item occurrences dropped). The noise grows "
-            f"with it (std at the worst step, --max-items: std): {rows}"
+            f"with it (std at {worst}, --max-items: std): {rows}"
             + (f" (SparseGumb, any event size: {sparse:.3g})" if sparse else "")
             + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes.")
     if "target_error" in info:

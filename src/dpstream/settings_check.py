@@ -203,6 +203,10 @@ def _horizon_problems(opts: Mapping[str, Any]) -> list[str]:
     if opts.get("blt_buffers") is not None:
         problems.append("without --horizon (no planned end) the counter is the 4-buffer "
                         "BLT fitted for every t: --blt-buffers needs --horizon")
+    if opts.get("target_error") is not None:
+        problems.append("--target-error needs --horizon (it sets the error at the worst "
+                        "step, and a stream with no planned end has none; plan shows the "
+                        "error at t = 10 .. 10^6 for a budget)")
     return problems
 
 

@@ -133,7 +133,10 @@ def step_delta_divisor(t: int, horizon: int, unbounded: bool) -> int:
     T at every step for a stream of horizon T (the union bound over T steps);
     t (t + 1) for a stream with no planned end, so that the shares sum to
     delta sum_(t >= 1) 1/(t (t + 1)) = delta (1 - 1/(n + 1)) < delta over any number
-    n of steps (telescoping: 1/(t (t + 1)) = 1/t - 1/(t + 1)).
+    n of steps (telescoping: 1/(t (t + 1)) = 1/t - 1/(t + 1)). In floating point
+    each step's bound holds to a relative 2^-52 (N_t rounded to a float past
+    2^53, the product of the check), and the slack delta/(n + 1) >= delta 2^-40 of
+    the sum (n <= 2^40 steps) covers that many times over.
     """
     return t * (t + 1) if unbounded else horizon
 
