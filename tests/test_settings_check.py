@@ -33,10 +33,9 @@ def files(tmp_path):
 
 
 def test_plan_reports_every_missing_option_at_once(capsys):
-    assert main(["plan", "-m", "unknown"]) == 2
+    assert main(["plan", "-m", "unknown"]) == 2  # (no --horizon: a stream with no end)
     err = capsys.readouterr().err
     assert _problems(err) == [
-        "--horizon is required (T, the number of time steps)",
         "give a privacy budget: --epsilon E --delta D, or --rho R (or --tau for the noise "
         "scale itself)",
         "--mechanism unknown needs --max-items N (the most items an event holds)",
@@ -56,7 +55,6 @@ def test_run_reports_every_problem_at_once_with_the_missing_key(files, capsys):
     assert main(["run", "-q", "-m", "known", "--rho", "1", "--epsilon", "1", "--delta",
                  "1e-6", "--max-items-per-user", "2", "-i", str(files / "ev.jsonl")]) == 2
     assert _problems(capsys.readouterr().err) == [
-        "--horizon is required (T, the number of time steps)",
         "give one privacy budget, not several (got --epsilon, --delta, --rho): --epsilon E "
         "--delta D, or --rho R, or --tau",
         "--mechanism known needs --domain FILE (the known items; for `plan`, --domain-size N "
@@ -65,6 +63,9 @@ def test_run_reports_every_problem_at_once_with_the_missing_key(files, capsys):
         "(missing --max-count-per-item)",
         "--max-items-per-user/--max-count-per-item need --user-field (the field or column "
         "holding each event's user id)",
+        "without --horizon (a stream with no planned end) a run needs --until N, the last "
+        "time step it releases (a public end step; run again with the same --state and a "
+        "later --until to go on), or --follow",
         "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)",
     ]
 

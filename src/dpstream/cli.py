@@ -143,9 +143,9 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
             args.append(list(domain))
         else:
             kwargs["domain"] = list(domain)
-    horizon = options.get("horizon")
-    if horizon is None:
-        raise ValueError("--horizon is required (T, the number of time steps)")
+    horizon = options.get("horizon")  # None: no planned end (-m known, -m unknown)
+    if horizon is None and name not in ("known", "unknown"):
+        raise ValueError(f"--mechanism {name} needs --horizon (T, the number of time steps)")
     if name == "top-k":
         if "k" not in kwargs:
             raise ValueError("--mechanism top-k needs --k")
@@ -305,8 +305,10 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(("--mechanism", "-m"), "mechanism",
         "the mechanism: " + "; ".join(f"{s.name} = {s.summary}" for s in MECHANISMS.values()),
         "known", choices=tuple(MECHANISMS)),
-    Opt(("--horizon", "-T"), "horizon", "T, the number of time steps", None, _positive_int,
-        metavar="T", default_text="none, required"),
+    Opt(("--horizon", "-T"), "horizon", "T, the number of time steps (leave it out for a "
+        "stream with no planned end: -m known and -m unknown, with --until or --follow; "
+        "docs/operations.md)", None, _positive_int,
+        metavar="T", default_text="none: no planned end (known, unknown); required otherwise"),
     Opt(("--domain",), "domain",
         "file of the known domain: one item per line, or a JSON array (known, top-k; "
         "optional for meta)", None, str, metavar="FILE"),
@@ -874,7 +876,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         info["candidates_noise_std"] = choice.noise_std
     if name == "top-k" and opts.get("switches") is None:
         info["switches_default"] = True
-    if hasattr(mech, "threshold_for_cells"):  # unknown domain: what coarser steps buy
+    if hasattr(mech, "threshold_for_cells") and not mech.unbounded:
+        # unknown domain: what coarser steps buy
         budget = {"tau": mech.tau, "delta": None} if target is not None else {}
         info["coarser_steps"] = planning.coarser_steps(
             lambda h: build_mechanism(name, {**used, **budget, "horizon": h}, key, domain),

@@ -208,10 +208,12 @@ class StepClock:
         """``when`` as ISO-8601 in the clock's zone (the offset of ``--start``)."""
         return when.astimezone(self.zone).isoformat()
 
-    def describe(self, horizon: int) -> dict[str, object]:
-        """The clock for the run's sidecar: public settings only."""
+    def describe(self, horizon: int | None) -> dict[str, object]:
+        """The clock for the run's sidecar: public settings only (``end`` is None for a
+        stream with no planned end, ``horizon`` None)."""
+        end = None if horizon is None else self.iso(self.end_of(horizon))
         return {"start": self.iso(self.start), "step": self.step_text(),
-                "time_zone": self.zone_text(), "end": self.iso(self.end_of(horizon)),
+                "time_zone": self.zone_text(), "end": end,
                 "lateness_seconds": self.lateness.total_seconds()}
 
 

@@ -105,6 +105,8 @@ __all__ = [
     "DEFAULT_BUFFERS",
     "MAX_BLT_HORIZON",
     "blt_for_horizon",
+    "blt_unbounded",
+    "unbounded_std_ratio",
     "fit_blt",
     "grid_horizon",
     "lower_bound",
@@ -220,6 +222,9 @@ class BLTStrategy:
         horizon: T, the number of steps the numbers below are stated for.
         fitted_horizon: the horizon the parameters were fitted for (information
             only; every number is computed for ``horizon``).
+        unbounded: state the sensitivity for every horizon (its limit, see
+            :meth:`sensitivity_squared_limit`) rather than for ``horizon``: a
+            stream with no planned end (:func:`blt_unbounded`).
 
     Attributes:
         theta, omega: the parameters (tuples of floats; they define C exactly).
@@ -230,12 +235,15 @@ class BLTStrategy:
     """
 
     __slots__ = ("theta", "omega", "horizon", "fitted_horizon", "inverse_theta",
-                 "inverse_omega", "_u", "_v", "_bias", "_a", "_sens2")
+                 "inverse_omega", "_unbounded", "_u", "_v", "_bias", "_a", "_sens2")
 
     def __init__(self, theta: Sequence[float], omega: Sequence[float], horizon: int, *,
-                 fitted_horizon: int | None = None) -> None:
+                 fitted_horizon: int | None = None, unbounded: bool = False) -> None:
         th, om = _check_parameters(theta, omega)
         self.horizon = check_int("horizon", horizon, 1)
+        if not isinstance(unbounded, bool):
+            raise TypeError(f"unbounded must be a bool, got {unbounded!r}")
+        self._unbounded = unbounded
         self.fitted_horizon = (self.horizon if fitted_horizon is None
                                else check_int("fitted_horizon", fitted_horizon, 1))
         self.theta = tuple(float(x) for x in th)
@@ -252,26 +260,38 @@ class BLTStrategy:
 
     # -- identity ------------------------------------------------------------------
     @property
+    def unbounded(self) -> bool:
+        """Whether the sensitivity is the limit over every horizon (a stream with no
+        planned end, :func:`blt_unbounded`) rather than the sum up to ``horizon``."""
+        return getattr(self, "_unbounded", False)  # (a snapshot from before the flag)
+
+    @property
     def buffers(self) -> int:
         """k, the number of buffers (floats of state per item besides the running sum)."""
         return len(self.theta)
 
     def fingerprint(self) -> str:
         """The parameters, exactly (``float.hex``): what a noise purpose must carry."""
-        return "blt:" + ",".join(x.hex() for x in self.theta + self.omega)
+        text = "blt:" + ",".join(x.hex() for x in self.theta + self.omega)
+        return text + ";unbounded" if self.unbounded else text
 
     def at_horizon(self, horizon: int) -> BLTStrategy:
-        """The same C (same parameters) stated for another horizon."""
-        return BLTStrategy(self.theta, self.omega, horizon, fitted_horizon=self.fitted_horizon)
+        """The same C (same parameters) stated for another horizon (an unbounded
+        strategy stays unbounded: its sensitivity is the limit whatever the horizon)."""
+        return BLTStrategy(self.theta, self.omega, horizon, fitted_horizon=self.fitted_horizon,
+                           unbounded=self.unbounded)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"theta": list(self.theta), "omega": list(self.omega), "horizon": self.horizon,
-                "fitted_horizon": self.fitted_horizon}
+        d = {"theta": list(self.theta), "omega": list(self.omega), "horizon": self.horizon,
+             "fitted_horizon": self.fitted_horizon}
+        if self.unbounded:
+            d["unbounded"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BLTStrategy:
         return cls(d["theta"], d["omega"], d["horizon"],
-                   fitted_horizon=d.get("fitted_horizon"))
+                   fitted_horizon=d.get("fitted_horizon"), unbounded=bool(d.get("unbounded")))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BLTStrategy):
@@ -337,12 +357,25 @@ class BLTStrategy:
         terms = (om[:, None] * om[None, :] * _geometric_sum(T - 1, e)).ravel()
         return math.fsum([1.0, *terms.tolist()])
 
+    def sensitivity_squared_limit(self) -> float:
+        """sup_T max_j ||C e_j||^2 = sum_(n >= 0) c_n^2 = 1 + sum_(i,j) omega_i omega_j /
+        (1 - theta_i theta_j): the closed form at T = infinity (all terms positive, so
+        it bounds the sum up to every finite T)."""
+        om = np.asarray(self.omega)
+        e = _one_minus_product(self._u, self._u)
+        terms = (om[:, None] * om[None, :] / e).ravel()
+        return math.fsum([1.0, *terms.tolist()])
+
     @property
     def sensitivity_squared(self) -> float:
         """max_j ||C e_j||^2 = sum_(n < T) c_n^2: from the strategy column for T <=
-        :data:`COLUMN_LIMIT` (math.fsum), from the closed form beyond."""
+        :data:`COLUMN_LIMIT` (math.fsum), from the closed form beyond. For an
+        ``unbounded`` strategy, the limit T -> infinity
+        (:meth:`sensitivity_squared_limit`): valid for a stream of any length."""
         if self._sens2 is None:
-            if self.horizon <= COLUMN_LIMIT:
+            if self.unbounded:
+                self._sens2 = self.sensitivity_squared_limit()
+            elif self.horizon <= COLUMN_LIMIT:
                 c = self.strategy_column()
                 self._sens2 = math.fsum((c * c).tolist())
             else:
@@ -707,6 +740,60 @@ def _strategy_for(horizon: int, buffers: int) -> BLTStrategy:
     grid = grid_horizon(horizon)
     theta, omega = _fitted_parameters(grid, buffers)
     return BLTStrategy(theta, omega, horizon, fitted_horizon=grid)
+
+
+#: The BLT for streams with no planned end (:func:`blt_unbounded`): 4 buffers fitted
+#: by ``bench/fit_blt_unbounded.py`` to keep the standard deviation at every t in
+#: [UNBOUNDED_FIT_RANGE] within the smallest factor of the std that the BLT fitted for
+#: horizon t (:func:`blt_for_horizon`) has at its own last step. Exact (``float.hex``).
+UNBOUNDED_THETA = ('0x1.f83edef764c15p-1', '0x1.fff8e3f477642p-1', '0x1.fffffdb78bb73p-1',
+                   '0x1.ffffffffb7aa3p-1')
+UNBOUNDED_OMEGA = ('0x1.9a87391d43692p-3', '0x1.23e72c8490b95p-7', '0x1.292cd9329dfdbp-12',
+                   '0x1.6d3b9e35fd588p-18')
+#: The steps the unbounded fit was made for (its worst ratio is reached at their ends).
+UNBOUNDED_FIT_RANGE = (96, MAX_BLT_HORIZON)
+
+
+def blt_unbounded() -> BLTStrategy:
+    """The BLT of a stream with no planned end: one C for every t, its sensitivity the
+    limit T -> infinity.
+
+    Why it is private for every t: the keyed draws are calibrated to
+    sup_T max_j ||C e_j||^2 = sum_(n >= 0) c_n^2
+    (:meth:`BLTStrategy.sensitivity_squared_limit`), which bounds the
+    sensitivity of the strategy over the first T steps for every T, so the
+    Gaussian mechanism on C x is the stated rho-zCDP at every step, whatever the
+    stream's length. Its horizon is :data:`MAX_BLT_HORIZON` = 2^40 (the step
+    counter's limit; the variance numbers are stated up to it).
+
+    Why these parameters: the fit for one horizon (even 2^40) puts its noise
+    where that horizon's last step needs it, and is 2.4x the std of the BLT
+    fitted for t = 100 at t = 100. These were fitted (``bench/fit_blt_unbounded.py``)
+    to minimise the largest ratio, over t in :data:`UNBOUNDED_FIT_RANGE`, of
+    the std of a count at t (sigma ||row_t(B)||, sigma from the limit
+    sensitivity) to the std of :func:`blt_for_horizon` (t) at its last step, at
+    the same tau: at most about 1.5 (table in docs/counters.md). Same state
+    as the default BLT: 4 buffers and the running sum per item.
+    """
+    return _unbounded_strategy()
+
+
+@functools.cache
+def _unbounded_strategy() -> BLTStrategy:
+    theta = tuple(float.fromhex(x) for x in UNBOUNDED_THETA)
+    omega = tuple(float.fromhex(x) for x in UNBOUNDED_OMEGA)
+    return BLTStrategy(theta, omega, MAX_BLT_HORIZON, fitted_horizon=MAX_BLT_HORIZON,
+                       unbounded=True)
+
+
+def unbounded_std_ratio(t: int) -> float:
+    """The std of a count at step t under :func:`blt_unbounded`, over the std of
+    :func:`blt_for_horizon` (t) at its last step t, at the same tau (the cost of not
+    knowing the end): sqrt(S_inf ||row_t(B)||^2 / V(t)), S_inf the limit sensitivity."""
+    t = check_int("t", t, 1)
+    s = blt_unbounded()
+    return math.sqrt(s.sensitivity_squared * s.variance_factor(t)
+                     / blt_for_horizon(t).worst_case_variance)
 
 
 def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFERS, *,

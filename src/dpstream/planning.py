@@ -81,9 +81,10 @@ def _base_reason(horizon: int, base: int, given: bool) -> str:
 def counter_comparison(mech: Any) -> dict[str, float] | None:
     """The worst-step std of a count with each counter at ``mech``'s budget (same tau).
 
-    ``None`` for a mechanism with no choice of counter (unknown domain, meta).
+    ``None`` for a mechanism with no choice of counter (unknown domain, meta, a
+    stream with no planned end).
     """
-    if not hasattr(mech, "counter"):
+    if not hasattr(mech, "counter") or getattr(mech, "unbounded", False):
         return None
     horizon = int(mech.horizon)
     tau = float(getattr(mech, "tau_2", mech.tau))
@@ -157,8 +158,30 @@ def max_items_hint(std_for: Any, given: int) -> list[dict[str, Any]]:
     return [{"max_items": n, "noise_std_worst": float(std_for(n))} for n in values]
 
 
+#: The steps at which ``plan`` shows the noise of a stream with no planned end.
+UNBOUNDED_STEPS = (10, 100, 1_000, 10_000, 100_000, 1_000_000)
+
+
+def unbounded_profile(mech: Any) -> dict[str, Any]:
+    """A stream with no planned end: the std of a count at the steps
+    :data:`UNBOUNDED_STEPS` (it grows with t), its ratio to the std the BLT fitted for
+    horizon t would have at t (same tau: what not knowing the end costs), and for
+    UnkBase the threshold m_t there."""
+    from .factorization import unbounded_std_ratio
+
+    out: dict[str, Any] = {
+        "noise_std_at": {str(t): float(mech.noise_std_at(t)) for t in UNBOUNDED_STEPS},
+        "std_ratio_to_fitted": {str(t): unbounded_std_ratio(t) for t in UNBOUNDED_STEPS},
+    }
+    if hasattr(mech, "threshold_at"):
+        out["threshold_at"] = {str(t): float(mech.threshold_at(t)) for t in UNBOUNDED_STEPS}
+    return out
+
+
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
+    if getattr(mech, "unbounded", False):
+        return _describe_unbounded(mech, name)
     horizon = int(mech.horizon)
     base = None if mech.base is None else int(mech.base)
     std = noise_std_worst(mech)
@@ -224,6 +247,56 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     return out
 
 
+def _describe_unbounded(mech: Any, name: str) -> dict[str, Any]:
+    """:func:`describe` for a stream with no planned end (``horizon`` is None, the
+    numbers are stated per step t; "worst" is at the step limit 2^40)."""
+    std = noise_std_worst(mech)
+    strategy = mech.strategy
+    out: dict[str, Any] = {
+        "mechanism": name,
+        "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
+        "horizon": None, "unbounded": True, "step_limit": int(mech.horizon),
+        "counter": "blt", "base": None, "tau": float(mech.tau),
+        "noise_std_worst": std, "ci95_half_width": Z95 * std,
+        "privacy": mech.privacy.to_dict(), "unit": mech.privacy.unit,
+        "buffers": strategy.buffers, "fitted_horizon": strategy.fitted_horizon,
+        **unbounded_profile(mech),
+    }
+    bounds = getattr(mech, "user_bounds", None)
+    if bounds is not None:
+        out.update(max_items_per_user=bounds.max_items_per_user,
+                   max_count_per_item=bounds.max_count_per_item,
+                   user_bounds=bounds.describe())
+    if hasattr(mech, "max_items"):
+        out["max_items"] = mech.max_items
+    if getattr(mech, "domain", None) is not None:
+        out["domain_size"] = len(mech.domain)
+    if hasattr(mech, "threshold_at"):
+        out["threshold"] = float(mech.threshold)
+        out["threshold_delta"] = float(mech.threshold_delta)
+    return out
+
+
+def _format_unbounded(info: dict[str, Any]) -> list[str]:
+    """The lines of ``plan`` that differ for a stream with no planned end."""
+    stds = ", ".join(f"{int(t):,}: {v:.4g}" for t, v in info["noise_std_at"].items())
+    ratios = ", ".join(f"{int(t):,}: {v:.2f}x" for t, v in info["std_ratio_to_fitted"].items())
+    lines = [
+        f"counter       a BLT matrix factorization, {info['buffers']} buffers per item, "
+        "fitted for streams with no planned end (its noise is calibrated for every t)",
+        f"count error   std of a count at step t (it grows with t): {stds}; "
+        f"{info['noise_std_worst']:.4g} at step 2^40, the limit",
+        f"vs. a horizon std at t over that of a run with --horizon t (same budget): {ratios}",
+    ]
+    if "threshold_at" in info:
+        ms = ", ".join(f"{int(t):,}: {v:.4g}" for t, v in info["threshold_at"].items())
+        lines.append(
+            f"threshold     an item is shown at step t once its noisy count passes m_t "
+            f"(--threshold-delta {info['threshold_delta']:.3g}, spent as delta/(t(t+1)) at "
+            f"step t so that it sums to at most delta over all t): {ms}")
+    return lines
+
+
 def explain(info: dict[str, Any]) -> str:
     """``dpstream plan --explain``: where each number comes from, with the paper's labels
     (Cardoso and Rogers, *Differentially Private Histograms under Continual Observation*)."""
@@ -244,6 +317,10 @@ def explain(info: dict[str, Any]) -> str:
         lines.append(f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
                      f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
                      "minimises (r - 1) L_r^2 (eq:opt_base)")
+    if info.get("unbounded"):
+        lines.append("no end        sigma from the limit sensitivity sum_(n >= 0) c_n^2, which "
+                     "bounds max_j ||C e_j|| for every horizon; the threshold of step t "
+                     "spends delta/(t(t+1)), and sum_t 1/(t(t+1)) = 1")
     if "threshold" in info and info.get("counter") == "blt":
         lines.append("threshold     per step m_t = 1 + sigma ||row_t(B)|| Phi^-1(1 - delta/T), "
                      "the std of a count at t in place of the tree's (eq:threshold, "
@@ -263,7 +340,9 @@ def explain(info: dict[str, Any]) -> str:
 def format_plan(info: dict[str, Any]) -> str:
     """The plan in plain words (``explain`` gives the paper's labels)."""
     p = info["privacy"]
-    if info.get("counter") == "blt":
+    if info.get("unbounded"):
+        counter = ""
+    elif info.get("counter") == "blt":
         k = info["buffers"]
         counter = (f"counter       a BLT matrix factorization, {k} buffer{'s' * (k != 1)} per "
                    f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
@@ -274,17 +353,25 @@ def format_plan(info: dict[str, Any]) -> str:
     unit = info.get("unit", "event")
     plain = (f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
              f"with rho = {p['rho']:.6g}; converted by {p['conversion']})")
+    if info.get("unbounded"):
+        plain += ", for all t"
+    horizon = ("no --horizon: a stream with no planned end (at most 2^40 steps)"
+               if info.get("unbounded") else f"--horizon {info['horizon']}")
     lines = [
-        f"mechanism     {info['mechanism']} ({info['algorithm']}), --horizon {info['horizon']}",
-        counter,
+        f"mechanism     {info['mechanism']} ({info['algorithm']}), {horizon}",
+        *([counter] if counter else []),
         f"noise scale   {info['tau']:.6g}",
         f"privacy       {plain}",
         *([f"unit          per user: {info['user_bounds']} over the whole stream (later "
             "contributions dropped); the guarantee hides all of one user's events"]
           if unit == "user" else []),
-        f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% interval "
-        f"is the released count +- {info['ci95_half_width']:.4g}",
     ]
+    if info.get("unbounded"):
+        lines += _format_unbounded(info)
+    else:
+        lines.append(
+            f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% "
+            f"interval is the released count +- {info['ci95_half_width']:.4g}")
     counters = info.get("counters_noise_std_worst")
     if counters and len(counters) > 1:
         lines.append(
@@ -302,7 +389,7 @@ def format_plan(info: dict[str, Any]) -> str:
             f"at the median step, {info['occurrences_to_show_half']} at the worst step, "
             f"{info['occurrences_to_show_95']} to be shown 95% of the time at any step"
         )
-    elif "threshold" in info:
+    elif "threshold" in info and not info.get("unbounded"):
         lines.append(
             f"threshold     {info['threshold']:.4g} (--threshold-delta "
             f"{info['threshold_delta']:.3g}): items need about {info['occurrences_to_show_half']} "
@@ -343,11 +430,12 @@ def format_plan(info: dict[str, Any]) -> str:
         rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
                          for r in info["max_items_hint"])
         sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
+        worst = "step 2^40, the limit" if info.get("unbounded") else "the worst step"
         lines.append(
             "max items     every event may hold at most --max-items items; more are refused, "
             "or cut with --on-invalid truncate, which undercounts the items of large events "
             "(the run summary reports the share of item occurrences dropped). The noise grows "
-            f"with it (std at the worst step, --max-items: std): {rows}"
+            f"with it (std at {worst}, --max-items: std): {rows}"
             + (f" (SparseGumb, any event size: {sparse:.3g})" if sparse else "")
             + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes.")
     if "target_error" in info:

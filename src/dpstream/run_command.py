@@ -242,13 +242,15 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
     if version not in (None, 1):
         params["noise_version"] = version
     params.update(
-        mechanism=opts["mechanism"], horizon=opts["horizon"],
+        mechanism=opts["mechanism"], horizon=opts["horizon"],  # None: no planned end
         base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
         domain_sha256=domain_sha256,
         input_format=input_format, output_format=output_format, round=bool(opts["round"]),
         clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
     )
+    if opts["horizon"] is None:  # recorded: a resume cannot switch to or from a horizon
+        params["unbounded"] = True
     if opts["on_invalid"] == "truncate":  # the rule that picks the kept items
         from .mechanisms.truncation import METHOD
 
@@ -501,11 +503,11 @@ def _check_time_mode(opts: dict[str, Any], until: int) -> None:
     if fmt == "csv" and clock is None and opts.get("time_column") is None:
         raise ValueError("CSV input needs its time steps: --time-column (integer steps) or "
                          "--time-field with --step and --start (timestamps)")
-    if opts["implicit_time"] and (until < int(opts["horizon"]) or opts["follow"]):
+    if opts["implicit_time"] and (until < _horizon(opts) or opts["follow"]):
         raise ValueError("--implicit-time numbers the steps by line, so a stream that goes "
                          "on over several runs could count a line twice: give each event "
                          "its step (\"t\" or --time-field) to use --until or --follow")
-    if opts["output"] == "-" and (until < int(opts["horizon"]) or opts["follow"]):
+    if opts["output"] == "-" and (until < _horizon(opts) or opts["follow"]):
         raise ValueError("a stream that goes on over several runs (--until, --follow) needs "
                          "--output FILE: the file is the record that stops a step from being "
                          "released twice")
@@ -542,10 +544,32 @@ def scoped_stream(opts: dict[str, Any]) -> str:
     return f"{opts['stream']}~{config_tag(**settings)}"
 
 
+def _horizon(opts: dict[str, Any]) -> int:
+    """T (--horizon), or the step limit 2^40 of a stream with no planned end (no
+    --horizon: -m known and -m unknown with the BLT fitted for every t)."""
+    from .factorization import MAX_BLT_HORIZON
+
+    return MAX_BLT_HORIZON if opts.get("horizon") is None else int(opts["horizon"])
+
+
+def _end_problems(opts: dict[str, Any]) -> list[str]:
+    """A run of a stream with no planned end (no --horizon) must end somewhere."""
+    if opts.get("horizon") is None and opts.get("until") is None and not opts.get("follow"):
+        return ["without --horizon (a stream with no planned end) a run needs --until N, the "
+                "last time step it releases (a public end step; run again with the same "
+                "--state and a later --until to go on), or --follow"]
+    return []
+
+
 def _until(opts: dict[str, Any]) -> int:
-    """The public end step of this run: ``--until``, or the horizon."""
-    horizon = int(opts["horizon"])
+    """The public end step of this run: ``--until``, or the horizon. A stream with no
+    planned end (no --horizon) has no default: --until, or --follow (which goes on
+    until stopped)."""
+    horizon = _horizon(opts)
     until = opts.get("until")
+    problems = _end_problems(opts)
+    if problems:
+        raise ValueError(problems[0])
     if until is None:
         return horizon
     if until > horizon:
@@ -579,8 +603,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + RUN_OPTS, config)
     resolve_horizon(opts)  # --end gives T
-    check_settings(opts, extra=[] if opts["key_file"] is not None else [
-        "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)"])
+    check_settings(opts, extra=[*_end_problems(opts), *([] if opts["key_file"] is not None else [
+        "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)"])])
     setup_logging(opts["log_format"], quiet=opts["quiet"])
     until = _until(opts)
     _check_time_mode(opts, until)
@@ -588,6 +612,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     key = load_key(opts)
     opts["noise_version"] = _noise_version(opts)
     if opts["engine"] == "spark":
+        if opts.get("horizon") is None:
+            raise ValueError("--engine spark needs --horizon (a stream with no planned end "
+                             "runs on the local engine)")
         if opts["view"]:
             raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)
@@ -710,7 +737,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    rounded=opts["round"]),
                     "clamped": bool(opts["clamp"]), "monotone": bool(opts["monotone"])}
             if clock is not None:
-                info["clock"] = clock.describe(int(opts["horizon"]))
+                info["clock"] = clock.describe(opts["horizon"])
             write_run_meta(opts["output"], info)
         if parquet is not None:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
@@ -835,7 +862,7 @@ def _read_checked(infile: Any, opts: dict[str, Any], input_format: str, *, valid
         steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
         seen += len(chunk)
         tally.count_chunk(chunk, validator=validator, start=start_t, late=bool(start_t),
-                          limit=until, horizon=int(opts["horizon"]), steps=steps)
+                          limit=until, horizon=_horizon(opts), steps=steps)
     check_invalid_share(tally, opts, clock=clock)
     return chunks
 
@@ -886,7 +913,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     from .ingest import implicit_steps, records_step, step_steps
     from .mechanisms.columns import EventColumns
 
-    horizon = int(opts["horizon"])
+    horizon = _horizon(opts)
     if publish is None:
         publish = make_postprocessor(opts)
     do_fsync = bool(ckpt is not None and opts["fsync"] and opts["output"] != "-")

@@ -136,7 +136,9 @@ def _cause(message: str) -> str:
 
 def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:
     """What the records of ``cause`` have wrong, for the message."""
-    horizon = int(opts["horizon"])
+    if cause == "past" and opts.get("horizon") is None:
+        return "are for steps past 2^40, the step limit of a stream with no planned end"
+    horizon = int(opts["horizon"]) if opts.get("horizon") is not None else 0
     if cause == "past":
         where = f" (the clock ends at {clock.iso(clock.end_of(horizon))})" if clock else ""
         return (f"are for steps past the horizon --horizon {horizon}{where}: check "

@@ -8,10 +8,11 @@ reported: the user fixes them all in one go instead of one per attempt.
 :class:`SettingsError` carries the list; the command prints one problem a line
 and exits with status 2, as for any other usage error.
 
-What is checked needs no file and no key: that --horizon and a budget are
-given (one budget, whole), what each ``--mechanism`` needs (``--max-items``,
-``--domain``, ``--k``...), the options that do not apply to it, and that the
-user-level options go together. ``-m top-k`` needs --k only: --switches
+What is checked needs no file and no key: that --horizon (or, for -m known
+and -m unknown, no planned end) and a budget are given (one budget, whole),
+what each ``--mechanism`` needs (``--max-items``, ``--domain``, ``--k``...),
+the options that do not apply to it, and that the user-level options go
+together. ``-m top-k`` needs --k only: --switches
 (SparseGumb's s) defaults to ``default_switches(T)`` when absent, whether or not
 --max-items lets a histogram's top-k be chosen instead. Values the mechanism
 itself checks (a base out of range, ``--k`` larger than the domain) are
@@ -180,6 +181,35 @@ def _user_problems(opts: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+#: The mechanisms that run without --horizon (a stream with no planned end).
+UNBOUNDED_MECHANISMS = ("known", "unknown")
+
+
+def _horizon_problems(opts: Mapping[str, Any]) -> list[str]:
+    """--horizon may be left out (a stream with no planned end) for -m known and -m
+    unknown only, and not with the options that size a counter for T (the tree, a
+    chosen buffer count). ``top-k`` (SparseGumb's switches and quantiles are spread
+    over T) and ``meta`` (a tree) need it."""
+    if opts.get("horizon") is not None:
+        return []
+    name = opts.get("mechanism", "known")
+    if name not in UNBOUNDED_MECHANISMS:
+        return [f"--mechanism {name} needs --horizon (T, the number of time steps); only "
+                f"{' and '.join(UNBOUNDED_MECHANISMS)} run with no planned end"]
+    problems = []
+    if opts.get("counter") == "tree" or opts.get("base") is not None:
+        problems.append("without --horizon (no planned end) the counter is the BLT: "
+                        "--counter tree and --base need --horizon")
+    if opts.get("blt_buffers") is not None:
+        problems.append("without --horizon (no planned end) the counter is the 4-buffer "
+                        "BLT fitted for every t: --blt-buffers needs --horizon")
+    if opts.get("target_error") is not None:
+        problems.append("--target-error needs --horizon (it sets the error at the worst "
+                        "step, and a stream with no planned end has none; plan shows the "
+                        "error at t = 10 .. 10^6 for a budget)")
+    return problems
+
+
 def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     """Every problem of the mechanism, budget and bounds settings in ``opts`` (the merged
     options of ``plan`` or ``run``, ``dest -> value``), in plain words; [] when none.
@@ -187,9 +217,7 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     ``plan``'s --domain-size stands for --domain and its --target-error for the budget;
     ``run`` has neither, so the same function serves both commands.
     """
-    problems = []
-    if opts.get("horizon") is None:
-        problems.append("--horizon is required (T, the number of time steps)")
+    problems = _horizon_problems(opts)
     problems += _budget_problems(opts)
     problems += _mechanism_problems(opts)
     problems += _user_problems(opts)

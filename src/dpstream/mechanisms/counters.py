@@ -21,16 +21,28 @@ standard deviation at T = 10^3 .. 10^6), the tree for T = 1 (a tie) and past
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 from .._checks import check_int
-from ..factorization import MAX_BLT_HORIZON, MAX_BUFFERS, BLTStrategy, blt_for_horizon
+from ..factorization import (
+    MAX_BLT_HORIZON,
+    MAX_BUFFERS,
+    BLTStrategy,
+    blt_for_horizon,
+    blt_unbounded,
+)
 from ..noise import DEFAULT_NOISE_VERSION, versioned_purpose
 from ..tree import optimal_base, worst_case_variance_factor
-from .base import check_base, config_tag
+from .base import check_base, check_horizon, config_tag
 
 __all__ = ["COUNTERS", "default_counter", "resolve_counter", "blt_sigma", "blt_purpose",
-           "counter_with_buffers"]
+           "counter_with_buffers", "stream_horizon", "for_all_t", "UNBOUNDED_THEOREM"]
+
+#: What a mechanism with no planned end adds to its theorem.
+UNBOUNDED_THEOREM = ("; no planned end: sigma from sup_T max_j ||C e_j||^2 = sum_(n >= 0) "
+                     "c_n^2, so the bound holds at every t")
 
 COUNTERS = ("tree", "blt")
 _SIGMA_ROUND_UP = 1.0 + 2.0**-40
@@ -47,14 +59,49 @@ def default_counter(horizon: int) -> str:
     return "blt" if blt_v < tree_v * (1 - 1e-9) else "tree"
 
 
-def resolve_counter(counter: object, base: object, horizon: int
+def stream_horizon(horizon: object) -> tuple[int, bool]:
+    """(T, unbounded) of a mechanism's ``horizon`` argument: ``None`` is a stream with no
+    planned end, run to at most :data:`~dpstream.factorization.MAX_BLT_HORIZON` steps
+    (2^40) with :func:`~dpstream.factorization.blt_unbounded`; an int is T itself."""
+    if horizon is None:
+        return MAX_BLT_HORIZON, True
+    return check_horizon(horizon), False
+
+
+def for_all_t(guarantee: Any, unbounded: bool) -> Any:
+    """A mechanism's :class:`~dpstream.privacy.PrivacyGuarantee`, marked as holding for
+    every t when the stream has no planned end (``unbounded``)."""
+    if not unbounded:
+        return guarantee
+    return dataclasses.replace(guarantee, for_all_t=True,
+                               theorem=guarantee.theorem + UNBOUNDED_THEOREM)
+
+
+def resolve_counter(counter: object, base: object, horizon: int, *, unbounded: bool = False
                     ) -> tuple[str, int | None, BLTStrategy | None]:
     """Check ``counter`` / ``base`` and return (counter name, tree base, BLT strategy).
 
     ``counter`` is ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`
     (stated anew for this horizon: its numbers are recomputed for T), or ``None``:
     the tree when a ``base`` is given, else :func:`default_counter`.
+    ``unbounded`` (a stream with no planned end, ``horizon=None``): ``None`` or
+    ``"blt"`` is :func:`~dpstream.factorization.blt_unbounded`, a strategy must be an
+    unbounded one, and the tree (whose noise is sized for T) is refused.
     """
+    if unbounded:
+        if counter == "tree" or base is not None:
+            raise ValueError("a stream with no planned end (no horizon) needs the BLT counter: "
+                             "the tree's noise is sized for T (give a horizon, or drop "
+                             "counter='tree' / base)")
+        if isinstance(counter, BLTStrategy) and not counter.unbounded:
+            raise ValueError("a stream with no planned end needs a BLT whose sensitivity "
+                             "holds for every t (blt_unbounded()), not one stated for a "
+                             "horizon")
+        if counter not in (None, "blt") and not isinstance(counter, BLTStrategy):
+            raise ValueError(f"counter must be 'tree', 'blt' or a BLTStrategy, got {counter!r}")
+        strategy = counter if isinstance(counter, BLTStrategy) else blt_unbounded()
+        return "blt", None, strategy.at_horizon(horizon) if strategy.horizon != horizon \
+            else strategy
     if counter is None:
         counter = "tree" if base is not None else default_counter(horizon)
     if isinstance(counter, BLTStrategy):

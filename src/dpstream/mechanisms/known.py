@@ -36,7 +36,6 @@ from .base import (
     Release,
     TruncationStats,
     check_count_value,
-    check_horizon,
     check_in_domain,
     check_key,
     check_max_items,
@@ -56,7 +55,7 @@ from .columns import (
     fast_events,
     is_frame,
 )
-from .counters import blt_purpose, blt_sigma, resolve_counter
+from .counters import blt_purpose, blt_sigma, for_all_t, resolve_counter, stream_horizon
 from .item_table import ItemTable, domain_table, release_items
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
@@ -188,7 +187,10 @@ class KnownDomainHistogram:
 
     Args:
         domain: the items, distinct (str, int or bytes).
-        horizon: T, the number of time steps.
+        horizon: T, the number of time steps; ``None``: a stream with no planned
+            end (the BLT :func:`~dpstream.factorization.blt_unbounded`, whose
+            sensitivity holds for every t; at most 2^40 steps; ``.privacy``
+            says ``for_all_t``).
         max_items: Delta0, the most distinct items an event may hold (required
             at event level; optional with the user bounds).
         counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`,
@@ -234,7 +236,7 @@ class KnownDomainHistogram:
     def __init__(
         self,
         domain: Iterable[Hashable],
-        horizon: int,
+        horizon: int | None,
         *,
         max_items: int | None = None,
         key: NoiseKey,
@@ -251,8 +253,9 @@ class KnownDomainHistogram:
         noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
-        self.horizon = check_horizon(horizon)
-        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
+        self.horizon, self.unbounded = stream_horizon(horizon)
+        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon,
+                                                                 unbounded=self.unbounded)
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.max_items = None if max_items is None and self.user_bounds else \
             check_max_items(max_items)
@@ -275,6 +278,7 @@ class KnownDomainHistogram:
         )
         if self.user_bounds is not None:
             self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
+        self.privacy = for_all_t(self.privacy, self.unbounded)
         self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
         users = None if self.user_bounds is None else self.user_bounds.tag()
         self.key = key

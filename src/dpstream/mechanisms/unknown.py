@@ -29,7 +29,6 @@ from .base import (
     EventLimit,
     Release,
     TruncationStats,
-    check_horizon,
     check_key,
     check_max_items,
     check_next_step,
@@ -48,7 +47,7 @@ from .columns import (
     fast_events,
     is_frame,
 )
-from .counters import blt_purpose, blt_sigma, resolve_counter
+from .counters import blt_purpose, blt_sigma, for_all_t, resolve_counter, stream_horizon
 from .item_table import ItemTable
 from .known import tree_purpose
 from .tree_noise import TreeNoise
@@ -56,6 +55,7 @@ from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
 __all__ = [
     "PrivacySplit",
+    "step_delta_divisor",
     "UnknownDomainHistogram",
     "calibrate_unknown_domain",
     "discovery_threshold",
@@ -64,6 +64,11 @@ __all__ = [
 
 _THEOREM = (
     "UnkBase theorem (after lem:badOutcomes): "
+    "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')"
+)
+_THEOREM_UNBOUNDED = (
+    "UnkBase with BLT counters and no planned end (theorem after lem:badOutcomes with the "
+    "threshold's delta/(t(t+1)) at step t, summing to at most delta over all t): "
     "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')"
 )
 _THEOREM_BLT = (
@@ -120,6 +125,20 @@ def step_threshold(cells: int, *, tau: float, horizon: int, base: int,
     levels = num_levels(horizon, base)
     return _threshold(tau * math.sqrt(int(cells) * levels), tau, horizon, threshold_delta,
                       alone)
+
+
+def step_delta_divisor(t: int, horizon: int, unbounded: bool) -> int:
+    """N_t, the threshold's per-step share of delta being delta / N_t.
+
+    T at every step for a stream of horizon T (the union bound over T steps);
+    t (t + 1) for a stream with no planned end, so that the shares sum to
+    delta sum_(t >= 1) 1/(t (t + 1)) = delta (1 - 1/(n + 1)) < delta over any number
+    n of steps (telescoping: 1/(t (t + 1)) = 1/t - 1/(t + 1)). In floating point
+    each step's bound holds to a relative 2^-52 (N_t rounded to a float past
+    2^53, the product of the check), and the slack delta/(n + 1) >= delta 2^-40 of
+    the sum (n <= 2^40 steps) covers that many times over.
+    """
+    return t * (t + 1) if unbounded else horizon
 
 
 def _threshold(scale: float, tau: float, horizon: int, threshold_delta: float,
@@ -386,8 +405,19 @@ class UnknownDomainHistogram:
     sums of :class:`~dpstream.mechanisms.tree_noise.TreeNoise`) plus a Python
     loop over the step's events; an item that has not appeared costs nothing.
 
+    No planned end (``horizon=None``): the BLT of
+    :func:`~dpstream.factorization.blt_unbounded` (sigma from its sensitivity
+    over every horizon), and the threshold of step t spends delta/(t (t + 1))
+    instead of delta/T, m_t = alone + sigma ||row_t(B)|| Phi^-1(1 - delta/(t (t +
+    1))): the bad outcomes of all steps t >= 1 together have probability at most
+    Delta0 delta sum_t 1/(t (t + 1)) <= Delta0 delta, whatever the stream's length
+    (:func:`step_delta_divisor`). The split of delta is the one that minimises
+    the threshold near t = 10^6 (as for T = 2^40). ``.threshold`` is m_t at t =
+    2^40, the step limit.
+
     Args:
-        horizon: T.
+        horizon: T; ``None``: a stream with no planned end (above; at most 2^40
+            steps; ``.privacy.for_all_t``).
         max_items: Delta0, the most distinct items one event may hold.
         key: the secret key.
         counter: ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`,
@@ -432,7 +462,7 @@ class UnknownDomainHistogram:
 
     def __init__(
         self,
-        horizon: int,
+        horizon: int | None,
         *,
         max_items: int | None = None,
         key: NoiseKey,
@@ -451,10 +481,13 @@ class UnknownDomainHistogram:
         noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
-        self.horizon = check_horizon(horizon)
-        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon)
+        self.horizon, self.unbounded = stream_horizon(horizon)
+        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon,
+                                                                 unbounded=self.unbounded)
         if self.strategy is not None:
             self.theorem = _THEOREM_BLT
+        if self.unbounded:
+            self.theorem = _THEOREM_UNBOUNDED
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.max_items = None if max_items is None and self.user_bounds else \
             check_max_items(max_items)
@@ -489,6 +522,7 @@ class UnknownDomainHistogram:
             target_epsilon=self.budget.epsilon,
         )
         self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
+        self.privacy = for_all_t(self.privacy, self.unbounded)
         self._thresholds: dict[int, float] = {}  # |I_t| -> m_t (tree)
         self.key = key
         self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
@@ -510,8 +544,10 @@ class UnknownDomainHistogram:
             self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
         else:
             self.sigma = blt_sigma(self.tau, self.strategy)
-            self.threshold = _threshold(self.noise_std_worst, self.tau, self.horizon,
-                                        self.threshold_delta, self._unit.per_item)
+            self.threshold = _threshold(
+                self.noise_std_worst, self.tau,
+                step_delta_divisor(self.horizon, self.horizon, self.unbounded),
+                self.threshold_delta, self._unit.per_item)
             self.tree_purpose = None
             self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
                                              sigma=self.sigma, max_items=self.max_items,
@@ -577,16 +613,18 @@ class UnknownDomainHistogram:
     # -- facts ---------------------------------------------------------------
     def threshold_at(self, t: int) -> float:
         """m_t, the threshold of step t: :func:`step_threshold` with |I_t| = digit sum
-        of t (tree); with a BLT, alone + sigma ||row_t(B)|| Phi^-1(1 - delta/T), rounded
+        of t (tree); with a BLT, alone + sigma ||row_t(B)|| Phi^-1(1 - delta/N_t), N_t
+        = T (or t (t + 1) with no planned end, :func:`step_delta_divisor`), rounded
         up as :func:`step_threshold` does (an item whose count is ``alone`` is above it
-        with probability at most delta/T: its noise at t is exactly N(0, sigma^2
+        with probability at most delta/N_t: its noise at t is exactly N(0, sigma^2
         ||row_t(B)||^2))."""
         if self.strategy is None:
             return self.threshold_for_cells(sum(digits(t, self.base)))
         last_t, m = self._last_threshold
         if last_t != t:
-            m = _threshold(self.noise_std_at(t), self.tau, self.horizon, self.threshold_delta,
-                           self._unit.per_item)
+            m = _threshold(self.noise_std_at(t), self.tau,
+                           step_delta_divisor(t, self.horizon, self.unbounded),
+                           self.threshold_delta, self._unit.per_item)
             self._last_threshold = (t, m)
         return m
 

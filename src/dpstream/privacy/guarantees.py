@@ -83,6 +83,10 @@ UNITS = {
 }
 
 
+#: How a guarantee for a stream with no planned end says so.
+_FOR_ALL_T = ", for all t (no planned end)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrivacyGuarantee:
     """What a mechanism reports as ``mechanism.privacy``: its zCDP cost and the
@@ -111,6 +115,9 @@ class PrivacyGuarantee:
             when one event's items are replaced by none, at the same time
             step, so the release clock is unchanged) or ``"user"`` (all of one
             user's bounded contributions). See :attr:`neighbours`.
+        for_all_t: The guarantee holds for a stream of any length, released at
+            every step t with no planned end (a mechanism built with
+            ``horizon=None``); ``False``: for the T steps of its horizon.
     """
 
     rho: float
@@ -121,6 +128,7 @@ class PrivacyGuarantee:
     mechanism: str
     theorem: str
     unit: str = "event"
+    for_all_t: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rho", _check_positive("rho", self.rho))
@@ -141,6 +149,8 @@ class PrivacyGuarantee:
         _check_str("theorem", self.theorem)
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {tuple(UNITS)}, got unit={self.unit!r}")
+        if not isinstance(self.for_all_t, bool):
+            raise TypeError(f"for_all_t must be a bool, got {self.for_all_t!r}")
 
     def plain(self) -> str:
         """The guarantee in plain words, for people (no paper labels): e.g.
@@ -149,7 +159,8 @@ class PrivacyGuarantee:
                 f"(rho-zCDP with rho = {self.rho:.6g}")
         if self.rho_delta > 0.0:
             text += f", plus {self.rho_delta:.3g} of delta for what the noise cannot hide"
-        return text + ")"
+        text += ")"
+        return text + _FOR_ALL_T if self.for_all_t else text
 
     @property
     def neighbours(self) -> str:
@@ -166,9 +177,13 @@ class PrivacyGuarantee:
         """The claimed (epsilon, delta)-DP guarantee."""
         return ApproxDP(self.epsilon, self.delta)
 
-    def to_dict(self) -> dict[str, float | str]:
-        """Return the guarantee as a JSON-serialisable dict (field name -> value)."""
-        return asdict(self)
+    def to_dict(self) -> dict[str, float | str | bool]:
+        """Return the guarantee as a JSON-serialisable dict (field name -> value;
+        ``for_all_t`` only when it is true)."""
+        d: dict[str, float | str | bool] = asdict(self)
+        if not self.for_all_t:
+            del d["for_all_t"]
+        return d
 
     def __str__(self) -> str:
         if self.rho_delta > 0.0:
@@ -178,7 +193,8 @@ class PrivacyGuarantee:
             )
         else:
             zcdp = f"rho-zCDP with rho={self.rho:.6g}"
-        return (
+        text = (
             f"{zcdp}; (epsilon={self.epsilon:.6g}, delta={self.delta:.3g})-DP via "
             f"{self.conversion}, per {self.unit} [{self.mechanism}, {self.theorem}]"
         )
+        return text + _FOR_ALL_T if self.for_all_t else text
