@@ -86,7 +86,7 @@ def add_demo_options(parser: argparse.ArgumentParser) -> None:
 
 def write_sample_events(path: str) -> int:
     """Write the bundled stream as JSON Lines to ``path`` (never over an existing file)."""
-    raw = gzip.decompress(resources.files("dpstream").joinpath("data", DATASET).read_bytes())
+    raw = gzip.decompress((resources.files("dpstream") / "data" / DATASET).read_bytes())
     with open(path, "xb") as fh:
         fh.write(raw)
     return raw.count(b"\n")
@@ -97,7 +97,7 @@ def write_sample_events(path: str) -> int:
 
 def load_birdstrikes() -> tuple[int, list[tuple[int, list[str]]]]:
     """The bundled real stream: (horizon, [(week, items), ...]) in time order."""
-    raw = resources.files("dpstream").joinpath("data", DATASET).read_bytes()
+    raw = (resources.files("dpstream") / "data" / DATASET).read_bytes()
     events = []
     for line in gzip.decompress(raw).decode("utf-8").splitlines():
         if line.strip():
@@ -163,11 +163,13 @@ def _trace(name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[lis
                     true[item] = np.zeros(horizon)
                     private[item] = np.full(horizon, np.nan)
         rel = publish(mech.step_batch(events))
-        for item, v in zip(rel.items, rel.values.tolist(), strict=True):
-            if item not in private:
-                true[item] = np.zeros(horizon)
-                private[item] = np.full(horizon, np.nan)
-            private[item][t - 1] = v
+        for shown, v in zip(rel.items, rel.values.tolist(), strict=True):
+            if not isinstance(shown, str):  # the events hold str items: so does a release
+                raise TypeError(f"the demo's releases hold str items, got {shown!r}")
+            if shown not in private:
+                true[shown] = np.zeros(horizon)
+                private[shown] = np.full(horizon, np.nan)
+            private[shown][t - 1] = v
         for item, c in true_now.items():
             true[item][t - 1] = c
     return Trace(name, horizon, true, private, mech, time.perf_counter() - start, n_events)

@@ -96,6 +96,7 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._checks import check_int
 
@@ -114,6 +115,9 @@ __all__ = [
     "state_factor",
     "stream_step",
 ]
+
+#: A vector of floats: a sequence, or a 1-d float array (what a fit produces).
+FloatVector = Sequence[float] | npt.NDArray[np.float64]
 
 #: Buffers per item of the default BLT.
 DEFAULT_BUFFERS = 4
@@ -191,7 +195,7 @@ def _inverse_complements(u: np.ndarray, omega: np.ndarray) -> np.ndarray:
     return np.array(roots[::-1], dtype=np.float64)  # descending v: ascending lambda
 
 
-def _check_parameters(theta: Sequence[float], omega: Sequence[float]
+def _check_parameters(theta: FloatVector, omega: FloatVector
                       ) -> tuple[np.ndarray, np.ndarray]:
     th = np.asarray(theta, dtype=np.float64)
     om = np.asarray(omega, dtype=np.float64)
@@ -237,7 +241,7 @@ class BLTStrategy:
     __slots__ = ("theta", "omega", "horizon", "fitted_horizon", "inverse_theta",
                  "inverse_omega", "_unbounded", "_u", "_v", "_bias", "_a", "_sens2")
 
-    def __init__(self, theta: Sequence[float], omega: Sequence[float], horizon: int, *,
+    def __init__(self, theta: FloatVector, omega: FloatVector, horizon: int, *,
                  fitted_horizon: int | None = None, unbounded: bool = False) -> None:
         th, om = _check_parameters(theta, omega)
         self.horizon = check_int("horizon", horizon, 1)
@@ -641,7 +645,7 @@ def _default_starts(horizon: int, buffers: int) -> list[np.ndarray]:
 
 
 def fit_blt(horizon: int, buffers: int = DEFAULT_BUFFERS, *,
-            starts: Sequence[Sequence[float]] | None = None) -> BLTStrategy:
+            starts: Sequence[FloatVector] | None = None) -> BLTStrategy:
     """Fit a BLT with ``buffers`` buffers minimising V(T) = max_t ||row_t(B)||^2 max_j ||C e_j||^2.
 
     Nelder-Mead then BFGS (SciPy) on the closed-form V over the interlaced
@@ -701,7 +705,7 @@ def grid_horizons(maximum: int = MAX_BLT_HORIZON) -> list[int]:
 @functools.cache
 def _table() -> dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]]]:
     try:
-        text = resources.files("dpstream").joinpath("data", _TABLE_FILE).read_text("utf-8")
+        text = (resources.files("dpstream") / "data" / _TABLE_FILE).read_text("utf-8")
     except FileNotFoundError:  # pragma: no cover - a broken install
         return {}
     data = json.loads(text)

@@ -427,7 +427,7 @@ class NoiseSource:
             return np.zeros(words.shape, dtype="<u8")
         dec = Cipher(algorithms.AES(self._item_key), modes.ECB()).decryptor()
         out = bytearray(words.nbytes + 15)
-        n = dec.update_into(memoryview(np.ascontiguousarray(words)).cast("B"), out)
+        n = dec.update_into(np.ascontiguousarray(words).data.cast("B"), out)
         return np.frombuffer(out, dtype="<u8", count=n // 8).reshape(words.shape).copy()
 
     # -- raw blocks -------------------------------------------------------
@@ -436,7 +436,7 @@ class NoiseSource:
         if words.size == 0:
             return np.zeros(words.shape, dtype="<u8")
         out = bytearray(words.nbytes + 15)
-        n = enc.update_into(memoryview(words).cast("B"), out)
+        n = enc.update_into(words.data.cast("B"), out)
         return np.frombuffer(out, dtype="<u8", count=n // 8).reshape(words.shape)
 
     def _encryptor(self) -> Any:
@@ -500,7 +500,7 @@ class NoiseSource:
                 x = ws.x[: 2 * (hi - lo)]
                 np.bitwise_xor(words[lo:hi].reshape(-1), tiles[a][: x.size], out=x)
                 start = (a * n + lo) * 16
-                enc.update_into(memoryview(x).cast("B"), out[start : start + x.nbytes + 15])
+                enc.update_into(x.data.cast("B"), out[start : start + x.nbytes + 15])
 
         _kernel.run_tasks(len(tiles) * len(bounds), task)
         return np.frombuffer(raw, dtype="<u8", count=len(tiles) * n * 2).reshape(-1, n, 2)

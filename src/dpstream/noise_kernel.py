@@ -123,7 +123,7 @@ def encrypt_chunk(enc: Any, words: np.ndarray, tile: np.ndarray, ws: Workspace) 
     c = words.shape[0]
     x = ws.x[: 2 * c]
     np.bitwise_xor(words.reshape(-1), tile[: 2 * c], out=x)
-    enc.update_into(memoryview(x).cast("B"), ws.raw)
+    enc.update_into(x.data.cast("B"), ws.raw)
     return ws.blocks[:c]
 
 
@@ -132,7 +132,7 @@ def retry_words(retry_enc: Any, rows: np.ndarray) -> np.ndarray:
     if retry_enc is None:
         raise ValueError("the ziggurat needs the purpose's retry encryptor")
     raw = bytearray(rows.nbytes + 15)
-    n = retry_enc.update_into(memoryview(np.ascontiguousarray(rows, "<u8")).cast("B"), raw)
+    n = retry_enc.update_into(np.ascontiguousarray(rows, "<u8").data.cast("B"), raw)
     return np.frombuffer(raw, dtype="<u8", count=n // 8)[0::2]
 
 

@@ -95,7 +95,7 @@ _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 #: says; a class may move or be renamed without changing it). Every type that
 #: ``dpstream run --state`` saves: the mechanisms of ``--mechanism`` with their
 #: noise, item tables, user-level bounds, and the readable-counts publisher.
-REGISTRY: dict[str, type] = {
+REGISTRY: dict[str, type[object]] = {
     "KnownDomainHistogram": KnownDomainHistogram,
     "UnknownDomainHistogram": UnknownDomainHistogram,
     "ContinualTopK": ContinualTopK,
@@ -191,8 +191,12 @@ class _Encoder:
             return {"$": "bytes", "v": base64.b64encode(obj).decode("ascii")}
         if isinstance(obj, np.generic):
             return self._scalar(obj)
-        if isinstance(obj, (NoiseKey, NoiseSource)):
-            return {"$": "key"} if t is NoiseKey else {"$": "source", "v": obj.purpose}
+        if isinstance(obj, NoiseSource):
+            return {"$": "source", "v": obj.purpose}
+        if isinstance(obj, NoiseKey):
+            if t is not NoiseKey:
+                raise TypeError(f"{t.__name__} (a subclass of NoiseKey) cannot be saved")
+            return {"$": "key"}
         ref, seen = self._seen(obj)
         if seen:
             return {"$": "ref", "id": ref}
@@ -264,16 +268,19 @@ def dump_snapshot(mechanism: Any, key: NoiseKey, context: bytes = b"") -> bytes:
         root = enc.node(mechanism)
     except (TypeError, AttributeError, RecursionError) as exc:
         raise TypeError(f"this mechanism cannot be saved for a later run: {exc}") from None
-    table, parts, offset = [], [], 0
+    table: list[list[Any]] = []
+    parts: list[memoryview] = []
+    offset = 0
     for arr in enc.arrays:
         # the array's own bytes (a copy only when it is not contiguous): copied once, below
-        data = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
+        data = np.ascontiguousarray(arr).reshape(-1).data.cast("B")
         table.append([arr.dtype.str, list(arr.shape), offset, data.nbytes])
         parts.append(data)
         offset += data.nbytes
     header = json.dumps({"arrays": table, "root": root}, allow_nan=False,
                         separators=(",", ":")).encode("ascii")
-    body = [__version__.encode(), b"\0", len(header).to_bytes(8, "big"), header, *parts]
+    body: list[bytes | memoryview] = [__version__.encode(), b"\0", len(header).to_bytes(8, "big"),
+                                      header, *parts]
     mac = hmac.new(_mac_key(key), _MAGIC + _framed(context), hashlib.sha256)
     for part in body:
         mac.update(part)
@@ -368,6 +375,7 @@ class _Decoder:
         cls = REGISTRY.get(name)
         if cls is None:
             raise _Unreadable(f"a snapshot may not hold {name!r} (not a dpstream state class)")
+        obj: Any  # an instance of cls: which methods it has is checked below (_custom)
         if "args" in n:
             if not _custom(cls, "__reduce__"):
                 raise _Unreadable(f"{name} is not built from arguments")

@@ -450,6 +450,8 @@ class Checkpoint:
             cur = self._db.execute(
                 "INSERT INTO batches (input, input_mac, first_t) VALUES (?, ?, ?)",
                 (input, input_mac, first_t))
+            if cur.lastrowid is None:  # pragma: no cover - an INSERT always sets it
+                raise RuntimeError("the state database gave no id for the new batch")
             return int(cur.lastrowid)
 
     def end_batch(self, n: int | None, until: int, snapshot: bytes | None, *,

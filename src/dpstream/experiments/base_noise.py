@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..tree import optimal_base, paper_variance_factor, worst_case_variance_factor
-from .common import Claim, Context, FigureResult, fmt, md_table
+from .common import Claim, Context, FigureResult, Verdict, fmt, md_table
 
 __all__ = ["run", "claims_from_ratios"]
 
@@ -106,7 +106,7 @@ def claims_from_ratios(horizons: np.ndarray, rstar: np.ndarray, rstar_bound: np.
     loss_all = np.asarray(rstar_10t) - 1.0
     worst, typical = float(loss.max()), float(np.median(loss))
     worst_t = int(horizons[practical][int(np.argmax(loss))])
-    verdict = "HOLDS" if worst < med else ("PARTLY" if typical < med else "DIFFERS")
+    verdict: Verdict = "HOLDS" if worst < med else ("PARTLY" if typical < med else "DIFFERS")
     claims.append(Claim(
         statement="\"the optimal choice of r is pretty stable, so that even if a gross upper "
                   "bound T is used ... the true optimal base will not change very much\"",

@@ -30,6 +30,7 @@ from .common import (
     Claim,
     Context,
     FigureResult,
+    Verdict,
     data_rng,
     fmt,
     md_table,
@@ -185,6 +186,7 @@ def judge(params: dict[str, Any], mean: dict[str, np.ndarray], trials: int,
     curves_arr = np.stack([mean[f"{lb}|err"] for lb in labels])
     lowest = curves_arr.argmin(axis=0) == labels.index(meta)
     frac = float(lowest.mean())
+    verdict: Verdict
     if avg[meta] < avg[best_other] and frac >= 0.9:
         verdict = "HOLDS"
     elif avg[meta] < avg[best_other]:

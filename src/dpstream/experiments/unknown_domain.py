@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,7 +162,7 @@ def one_trial(trial: int, seed: int, params: dict[str, Any], tau: float, thr: fl
     return out
 
 
-def _nanmean_rows(results: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
+def _nanmean_rows(results: Sequence[Mapping[str, np.ndarray]], key: str) -> np.ndarray:
     arr = np.stack([r[key] for r in results])
     with np.errstate(invalid="ignore"):
         n = np.sum(~np.isnan(arr), axis=0)
@@ -169,7 +170,7 @@ def _nanmean_rows(results: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
         return np.where(n > 0, s / np.maximum(n, 1), np.nan)
 
 
-def summarise(results: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def summarise(results: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Means over trials (NaN-aware for errors on discovered items); lemma clusters pooled."""
     out: dict[str, np.ndarray] = {}
     for k in results[0]:

@@ -198,7 +198,7 @@ def domain_items(domain: object) -> list[Hashable]:
     if not isinstance(domain, Iterable):
         raise TypeError(f"domain must be an iterable of items, got {type(domain).__name__}")
     try:
-        items = [canonical_item(item) for item in domain]
+        items: list[Hashable] = [canonical_item(item) for item in domain]
     except TypeError as exc:
         raise TypeError(f"domain: {exc}") from None
     if not items:
@@ -293,7 +293,7 @@ def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
     if not isinstance(counts, Mapping):
         raise TypeError(f"counts must be a Mapping item -> count, got {type(counts).__name__}")
     try:
-        items = [canonical_item(item) for item in counts]
+        items: list[Hashable] = [canonical_item(item) for item in counts]
     except TypeError as exc:
         raise TypeError(f"counts: {exc}") from None
     raw = list(counts.values())

@@ -40,7 +40,7 @@ import operator
 import os
 from collections.abc import Hashable, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -71,6 +71,11 @@ def _grown(arr: np.ndarray, need: int) -> np.ndarray:
     out = np.zeros(max(need, arr.size + arr.size // 2), dtype=arr.dtype)
     out[: arr.size] = arr
     return out
+
+
+def _exactly_str(items: Sequence[Hashable]) -> TypeGuard[Sequence[str]]:
+    """Whether every item is exactly a str (no subclass)."""
+    return _STR.issuperset(map(type, items))
 
 
 def utf8_and_lengths(items: Sequence[str]) -> tuple[bytes, np.ndarray] | None:
@@ -227,7 +232,7 @@ class ItemTable:
         if not m:
             return
         if self._objects is None:
-            encoded = utf8_and_lengths(items) if _STR.issuperset(map(type, items)) else None
+            encoded = utf8_and_lengths(items) if _exactly_str(items) else None
             if encoded is not None:
                 self._append(*encoded)
                 return

@@ -295,7 +295,7 @@ class TreeNoise:
                 source.noise_chunk(seg.words[lo:hi], tile, "gaussian", std, rows[row, lo:hi],
                                    True, ws)
             self._suffix_chunk(seg, lo, hi, top, ws)
-            if values is not None:
+            if counts is not None and values is not None:
                 self._values_chunk(chunk, counts, values, ws)
 
         self._run(self._chunks(), step)
@@ -372,6 +372,8 @@ class TreeNoise:
         Each level's cells are added in increasing index from 0.0, as the
         incremental path adds them one step at a time.
         """
+        if (counts is None) != (values is None):
+            raise ValueError("counts and values must be given together")
         if not chunks:
             return
         cells = self._cells(max(hi - lo for _, lo, hi, _ in chunks))
@@ -383,7 +385,7 @@ class TreeNoise:
             if self._folded:
                 self._fold(seg.level_sum[self._kept, lo:hi], upper)
             self._suffix_chunk(seg, lo, hi, self._chain, ws)
-            if values is not None:
+            if counts is not None and values is not None:
                 self._values_chunk(chunk, counts, values, ws)
 
         self._run(chunks, fill)

@@ -34,7 +34,7 @@ from ..errors import DPStreamError, InvalidEventError
 from ..io import read_domain, read_jsonl
 from ..mechanisms.counters import counter_with_buffers
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
-from .releases import SparkKnownBase, SparkUnknownBase
+from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -211,7 +211,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                          "together")
     from ..run_command import scoped_stream
 
-    common = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
+    common: dict[str, Any] = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
                   stream=scoped_stream({"stream": "default", "input": inp, **{
                       k: v for k, v in opts.items() if v is not None}}), **budget, **users,
                   noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION))
@@ -257,14 +257,14 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                                user_field=user_field).cache()
     checked = None
     try:
-        facts = parsed.agg(
+        facts = _first_row(parsed.agg(
             F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
             F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
-        ).first()
+        ))
         skipped = 0
         if facts["first_bad"] is not None:
             if policy == "error":
-                bad = parsed.where(F.col("pos") == facts["first_bad"]).first()
+                bad = _first_row(parsed.where(F.col("pos") == facts["first_bad"]))
                 why = bad["error"] if verbose else "not a valid event (--verbose-errors shows why)"
                 raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
             skipped += parsed.where(F.col("error") != "").count()
@@ -304,6 +304,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         per_user = ({"user_col": "user", "order_col": "pos"} if user_field is not None
                     else {})
         if isinstance(mech, SparkKnownBase):
+            if domain_df is None:  # pragma: no cover - made with the known mechanism above
+                raise RuntimeError("the known mechanism has no domain frame")
             released = mech.run(events, domain_df, steps=steps, **per_user)
         else:
             released = mech.run(events, steps=steps, **per_user)

@@ -52,6 +52,13 @@ KNOWN = "KnownBase"
 UNKNOWN = "UnkBase"
 
 
+def _tree_base(base: int | None) -> int:
+    """The tree base r of a stream's counters; ``None`` means BLT counters, which have none."""
+    if base is None:
+        raise ValueError("the counters are BLT counters: there is no tree base")
+    return base
+
+
 @dataclass(frozen=True)
 class ReleaseSpec:
     """The parameters an executor needs, fixed on the driver (no secret inside).
@@ -95,7 +102,7 @@ class ReleaseSpec:
 
     def threshold_at(self, t: int) -> float:
         """UnkBase's m_t: the threshold of step t."""
-        return self.thresholds[sum(digits(t, self.base))]
+        return self.thresholds[sum(digits(t, _tree_base(self.base)))]
 
     @property
     def levels(self) -> int:
@@ -103,7 +110,7 @@ class ReleaseSpec:
         buffers and the running sum of a BLT counter (k + 1)."""
         if self.strategy is not None:
             return self.strategy.buffers + 1
-        return num_levels(self.horizon, self.base)
+        return num_levels(self.horizon, _tree_base(self.base))
 
     def tree_noise(self, source: NoiseSource, items: Sequence[object]) -> TreeNoise | BLTNoise:
         """A fresh counter noise at t = 0 holding ``items`` (prepared under ``source``)."""
@@ -119,7 +126,7 @@ class ReleaseSpec:
                 noise = BLTNoise(source, self.strategy, self.cell_std)
             else:
                 # every level kept: its level sums are the state exported each step
-                noise = TreeNoise(source, self.horizon, self.base, self.cell_std,
+                noise = TreeNoise(source, self.horizon, _tree_base(self.base), self.cell_std,
                                   kept_levels=self.levels)
             noise.add_items(prepared)
             return noise
@@ -127,8 +134,8 @@ class ReleaseSpec:
             k = self.strategy.buffers
             return BLTNoise.restore(source, self.strategy, self.cell_std, prepared, t,
                                     state[:k], state[k])
-        return TreeNoise.restore(source, self.horizon, self.base, self.cell_std, prepared, t,
-                                 state, kept_levels=self.levels)
+        return TreeNoise.restore(source, self.horizon, _tree_base(self.base), self.cell_std,
+                                 prepared, t, state, kept_levels=self.levels)
 
 
 def noise_state(noise: TreeNoise | BLTNoise) -> np.ndarray:
@@ -454,7 +461,7 @@ def topk_counter_batch(
             if spec.strategy is not None:
                 noise = BLTNoise(source, spec.strategy, spec.counter_std)
             else:
-                noise = TreeNoise(source, spec.horizon, spec.base, spec.counter_std)
+                noise = TreeNoise(source, spec.horizon, _tree_base(spec.base), spec.counter_std)
             noise.add_items(source.prepare([items[i] for i in rows]))
             noise.advance(t)
             values[rows] = counts[rows] + noise.noise()

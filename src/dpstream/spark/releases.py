@@ -42,7 +42,7 @@ from .kernels import (
 )
 
 try:  # PySpark is the optional extra ``dpstream[spark]``
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
     from pyspark.sql import types as T  # noqa: N812
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -86,6 +86,14 @@ def _column_type(df: DataFrame, name: str) -> T.DataType:
         return df.schema[name].dataType
     except (KeyError, LookupError):
         raise ValueError(f"the DataFrame has no column {name!r} (columns: {df.columns})") from None
+
+
+def _first_row(df: DataFrame) -> Row:
+    """The first row of ``df``, which the caller knows has one (a global aggregate, say)."""
+    row = df.first()
+    if row is None:
+        raise RuntimeError("Spark gave no row where one is always expected")
+    return row
 
 
 def _fail(message: Column) -> Column:
@@ -575,8 +583,8 @@ def _timed_increments(events: DataFrame, horizon: int, max_items: int | None, t_
                  .otherwise(t))
     if users is None:
         timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
-        return increments(timed, max_items=max_items, items_col=items_col, item_col=item_col,
-                          group_cols=["t"])
+        return increments(timed, max_items=check_max_items(max_items), items_col=items_col,
+                          item_col=item_col, group_cols=["t"])
     from .bounding import bound_user_contributions
 
     bounds, user_col, order_col = users

@@ -48,6 +48,7 @@ from typing import Any
 
 from ..clock import StepClock
 from ..errors import StateError
+from ..mechanisms.base import check_max_items
 from .kernels import STATE_FLAG, STATE_IDS, state_noise_cols
 from .releases import SparkKnownBase, SparkUnknownBase, update_counts
 
@@ -200,7 +201,7 @@ class StreamRelease:
                 raise ValueError(f"column name {name!r} is used by the streaming state; "
                                  "choose another item_col / count_col")
         self.initial = None
-        if known:
+        if domain is not None:  # KnownBase's, and only KnownBase's (checked above)
             self.initial = (domain.select(item_col).distinct()
                             .select(item_col, F.lit(0).cast("long").alias(count_col),
                                     F.lit(False).alias("released")))
@@ -302,11 +303,11 @@ class StreamRelease:
                 raise StateError(f"the state of step {t - 1} is missing at "
                                  f"{self._snapshot(t - 1)!r}")
             previous, prev_t = spark.read.parquet(self._snapshot(t - 1)), t - 1
-        remember = (not self.known) and mech.remember
+        remember = isinstance(mech, SparkUnknownBase) and mech.remember
         with_state = previous is not None and set(self.state_cols) <= set(previous.columns)
         carry = (["released"] if remember and previous is not None else []) + (
             self.state_cols if with_state else [])
-        counts = update_counts(previous, batch, max_items=mech.max_items,
+        counts = update_counts(previous, batch, max_items=check_max_items(mech.max_items),
                                items_col=self.items_col, item_col=item_col,
                                count_col=count_col, closed=self.known, carry=carry)
         cols = [F.col(item_col), F.col(count_col)]
@@ -366,7 +367,8 @@ class StreamRelease:
         """Wait for the staging query (Spark's name, for a drop-in StreamingQuery)."""
         if self.query is None:
             raise RuntimeError("the stream was not started (use start_stream)")
-        return self.query.awaitTermination(timeout)
+        # PySpark annotates timeout as int but takes seconds as any positive number
+        return self.query.awaitTermination(timeout)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         """Stop the clock thread and the staging query."""

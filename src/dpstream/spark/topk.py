@@ -32,7 +32,7 @@ from ..mechanisms.base import Release, check_next_step
 from ..mechanisms.topk import ContinualTopK
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource
 from .kernels import TopKSpec, topk_counter_batch, topk_query_batch, topk_select_batch
-from .releases import _check_item_type, _column_type, _key_handle
+from .releases import _check_item_type, _column_type, _first_row, _key_handle
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -178,8 +178,8 @@ class SparkContinualTopK:
                                     epoch=epoch, threshold=threshold, item_col=item_col,
                                     count_col=count_col)
 
-        out = others.mapInPandas(run, "above boolean, top double").agg(
-            F.max(F.col("above").cast("int")).alias("any")).first()
+        out = _first_row(others.mapInPandas(run, "above boolean, top double").agg(
+            F.max(F.col("above").cast("int")).alias("any")))
         return bool(out["any"] or 0)
 
     def kth_count(self, counts: DataFrame) -> int:

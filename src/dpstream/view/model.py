@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..planning import Z95
 from ..runmeta import read_run_meta, sidecar_path
@@ -63,7 +63,7 @@ class ParsedRelease:
     meta: dict[str, Any]
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
 

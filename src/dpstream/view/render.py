@@ -119,13 +119,13 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     name = _meta_str(meta, "mechanism")
     base = _meta_num(meta, "base")
     if meta is not None:
-        sub = [esc(_DOMAIN_WORDS.get(name or "", name or ""))]
+        parts = [esc(_DOMAIN_WORDS.get(name or "", name or ""))]
         if base is not None:
-            sub.append(f"tree base r = {base:.0f}")
+            parts.append(f"tree base r = {base:.0f}")
         elif _meta_str(meta, "counter") == "blt":
             k = _meta_num(meta, "buffers")
-            sub.append("BLT counter" + (f", {k:.0f} buffers" if k is not None else ""))
-        tiles.append(_tile("mechanism", esc(algorithm or name or "?"), " · ".join(sub)))
+            parts.append("BLT counter" + (f", {k:.0f} buffers" if k is not None else ""))
+        tiles.append(_tile("mechanism", esc(algorithm or name or "?"), " · ".join(parts)))
     else:
         tiles.append(_tile("mechanism", "unknown", "no metadata file"))
 
@@ -367,7 +367,7 @@ def render_fragments(snap: Snapshot, *, static: bool = False) -> dict[str, str]:
 
 
 def _asset(name: str) -> str:
-    return resources.files("dpstream.view").joinpath("assets", name).read_text("utf-8")
+    return (resources.files("dpstream.view") / "assets" / name).read_text("utf-8")
 
 
 def render_page(snap: Snapshot, *, nonce: str | None) -> str:

@@ -295,7 +295,8 @@ class ViewServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else str(host)
+        name = str(host)
+        shown = f"[{name}]" if ":" in name else name
         if shown in ("0.0.0.0", "[::]"):
             shown = "127.0.0.1"
         return f"http://{shown}:{port}/"
@@ -454,10 +455,11 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"retry: 1000\n\n")
                 written = time.monotonic()
                 while not server.stopping:
+                    def moved(seen: int = last) -> bool:
+                        return model.version != seen or server.stopping
+
                     with model.changed:
-                        model.changed.wait_for(
-                            lambda seen=last: model.version != seen or server.stopping,
-                            _GONE_CHECK)
+                        model.changed.wait_for(moved, _GONE_CHECK)
                         fresh = model.version != last
                     if server.stopping:
                         break
