@@ -529,7 +529,7 @@ def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys
     for name, lines in (("a", ['["a"]', '["b"]']), ("b", ['["a"]'])):
         (tmp_path / f"{name}.jsonl").write_text("".join(x + "\n" for x in lines))
     common = ["run", "-q", "-m", "unknown", "-T", "4", "--max-items", "2", "--rho", "1",
-              "--threshold-delta", "0.4", "--key-file", str(key_path),
+              "--threshold-delta", "0.4", "--key-file", str(key_path), "--implicit-time",
               "--noise-version", "2"]
     assert cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "-o",
                      str(tmp_path / "local.jsonl")]) == 0
