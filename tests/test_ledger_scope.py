@@ -248,3 +248,28 @@ def test_a_stream_begun_before_scope_lines_gets_its_line_when_it_goes_on(stream,
     assert main(_day(base, tmp_path, "day1-cut", 1)) == 1
     assert "same key and settings" in capsys.readouterr().err
     assert _written(tmp_path) == []
+
+
+@pytest.mark.parametrize("mech", [
+    ["-m", "known", "--max-items", "1"],
+    ["-m", "unknown", "--max-items", "1", "--threshold-delta", "0.3"],
+    ["-m", "top-k", "--k", "1", "--switches", "2"],
+    ["-m", "top-k", "--k", "1", "--switches", "2", "--max-items", "1"],  # KnownBase top-k
+    ["-m", "meta", "--max-items", "1", "--oneshot", "gaussian"],
+])
+def test_every_mechanism_names_its_exact_noise_scope(tmp_path, mech, capsys):
+    """The scope is the mechanism's noise purpose, not just the stream name: the same
+    settings again are refused, while a setting that changes the noise (the budget) is
+    a new scope and goes on."""
+    key_path = tmp_path / "k.key"
+    fixed_key("scope-mech").save(key_path)
+    (tmp_path / "domain.txt").write_text("a\nb\nc\n")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n')
+    domain = [] if mech[1] == "unknown" else ["--domain", str(tmp_path / "domain.txt")]
+    cmd = ["run", "-q", "-T", "4", *mech, *domain, "--key-file", str(key_path), "-i",
+           str(tmp_path / "ev.jsonl"), "--no-fsync"]
+    assert main([*cmd, "--rho", "1", "-o", str(tmp_path / "a.jsonl")]) == 0
+    assert main([*cmd, "--rho", "2", "-o", str(tmp_path / "b.jsonl")]) == 0
+    capsys.readouterr()
+    assert main([*cmd, "--rho", "1", "-o", str(tmp_path / "c.jsonl")]) == 1
+    assert "same key and settings" in capsys.readouterr().err
