@@ -103,7 +103,8 @@ def test_a_stream_begun_with_the_tree_default_goes_on_with_the_tree(stream, tmp_
     base, key_path = stream
     args = _args(base, key_path, "unknown")
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "--counter", "tree", "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "--counter", "tree", "-i", str(base / "all.jsonl"), "-o", str(ref),
+                 *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
 
     def day(d, *extra):
@@ -121,7 +122,7 @@ def test_a_stream_begun_with_the_tree_default_goes_on_with_the_tree(stream, tmp_
         assert day(d) == 0, d
     assert out.read_bytes() == ref.read_bytes()
     blt = tmp_path / "blt.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(blt)]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(blt), *own_ledger(blt)]) == 0
     assert blt.read_bytes() != ref.read_bytes()  # a new stream takes the BLT
 
 
