@@ -7,6 +7,7 @@ re-exported here.
 """
 
 from . import factorization, noise, oneshot, privacy, tree
+from ._version import __version__ as __version__
 from .errors import (
     BudgetExhaustedError,
     DPStreamError,
@@ -27,8 +28,6 @@ from .mechanisms import (
 from .noise import NoiseKey, NoiseSource
 from .postprocess import ReadableCounts
 from .privacy import PrivacyGuarantee
-
-__version__ = "0.3.0.dev0"
 
 __all__ = [
     "BLTCounter",

@@ -1,4 +1,4 @@
-"""``python -m dpstream`` runs the command line."""
+"""``python -m dpstream`` runs the command line (layer 6 of dpstream)."""
 
 from .cli import main
 

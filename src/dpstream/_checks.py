@@ -1,4 +1,4 @@
-"""Argument checks shared by every layer (imports nothing from dpstream)."""
+"""Argument checks shared by every layer (layer 1 of dpstream: imports nothing from it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Test-only crash points: where the kill harness (``tests/test_kill_points.py``) kills a run.
 
+Layer 6 of dpstream (the edges: the state and the files a run publishes).
+
 Inert unless the environment variable ``DPSTREAM_TEST_KILL_AT`` is set (no
 user sets it; nothing here changes what a run writes). When it is, this
 process sends itself SIGKILL:

@@ -1,5 +1,7 @@
 """Exceptions raised by dpstream.
 
+Layer 1 of dpstream (imports nothing from it): every layer raises these.
+
 One base class, :class:`DPStreamError`, so that callers can catch everything the
 library raises on purpose, and a few subclasses for the failures a stream can
 meet at run time. Bad arguments raise the built-in ``TypeError`` or

@@ -29,7 +29,8 @@ import math
 from typing import Any
 
 from .factorization import MAX_BLT_HORIZON, blt_for_horizon
-from .tree import digits, max_cells, num_levels, optimal_base, paper_variance_factor
+from .mechanisms.unknown import threshold_profile
+from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 
 __all__ = ["explain", "Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
@@ -97,35 +98,6 @@ def counter_comparison(mech: Any) -> dict[str, float] | None:
         out["blt"] = tau * math.sqrt(strategy.worst_case_variance)
     out[mech.counter] = noise_std_worst(mech)  # the run's own number, exactly
     return out
-
-
-def threshold_profile(mech: Any) -> dict[str, float]:
-    """UnkBase's per-step threshold m_t: at the worst step and at the median step t <= T,
-    with the noise std of a count at those steps."""
-    horizon = int(mech.horizon)
-    if getattr(mech, "strategy", None) is not None:  # BLT: m_t grows with t
-        typical = (horizon - 1) // 2 + 1
-        return {
-            "threshold_worst": float(mech.threshold_at(horizon)),
-            "threshold_typical": float(mech.threshold_at(typical)),
-            "std_worst": float(mech.noise_std_at(horizon)),
-            "std_typical": float(mech.noise_std_at(typical)),
-        }
-    base = int(mech.base)
-    if horizon <= 200_001:
-        ts = range(1, horizon + 1)
-    else:
-        ts = sorted({1 + (horizon - 1) * i // 200_000 for i in range(200_001)})
-    cells = sorted(sum(digits(t, base)) for t in ts)
-    typical = cells[(len(cells) - 1) // 2]
-    worst = max_cells(horizon, base)
-    levels = num_levels(horizon, base)
-    return {
-        "threshold_worst": float(mech.threshold_for_cells(worst)),
-        "threshold_typical": float(mech.threshold_for_cells(typical)),
-        "std_worst": float(mech.tau) * math.sqrt(worst * levels),
-        "std_typical": float(mech.tau) * math.sqrt(typical * levels),
-    }
 
 
 def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:

@@ -63,21 +63,18 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import IO, Any
 
-from .cli import (
-    _MECH_KWARGS,
-    MECH_OPTS,
-    MECHANISMS,
-    RUN_OPTS,
-    _domain_option,
-    _load_config,
-    build_mechanism,
-    make_postprocessor,
-    merge_options,
-    resolve_horizon,
-)
 from .errors import DPStreamError, InvalidEventError, StateError
 from .ledger import LedgerError, ReleaseLedger, ledger_path, scope_refusal
 from .logs import log_fields, setup_logging
+from .options import (
+    MECH_OPTS,
+    RUN_OPTS,
+    _domain_option,
+    _load_config,
+    merge_options,
+    resolve_horizon,
+)
+from .registry import _MECH_KWARGS, MECHANISMS, build_mechanism, make_postprocessor
 from .run_follow import follow
 from .run_guard import InvalidTally, TooManyInvalidError, check_invalid_share
 from .run_output import (
@@ -91,6 +88,7 @@ from .run_output import (
     postprocess,
 )
 from .run_report import Progress, log_summary
+from .run_settings import auto_format, clock_from_options, reason_key, scoped_stream
 from .settings_check import check_settings, mechanism_settings
 
 __all__ = ["cmd_run", "load_key"]
@@ -114,14 +112,6 @@ class RunStats:
     started: float = field(default_factory=time.monotonic)
 
 
-def _auto_format(path: str, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    if path.endswith((".csv", ".csv.gz")):
-        return "csv"
-    return "parquet" if path.endswith(".parquet") else "jsonl"
-
-
 def load_key(opts: dict[str, Any]) -> Any:
     """The key of ``--key-file``, refused when other users may read it (unless overridden)."""
     from .noise import NoiseKey
@@ -133,23 +123,6 @@ def load_key(opts: dict[str, Any]) -> Any:
     return NoiseKey.load(path)
 
 
-def _clock(opts: dict[str, Any]) -> Any:
-    """The public clock of --time-field/--step/--start, or None (steps given as integers)."""
-    from .clock import StepClock
-
-    given = [opts.get(k) is not None for k in ("time_field", "step", "start")]
-    if not any(given):
-        return None
-    if not all(given):
-        raise ValueError("--time-field, --step and --start go together: the timestamps, "
-                         "the width of a step and when step 1 begins")
-    if opts.get("time_column") is not None:
-        raise ValueError("--time-column gives integer steps; --time-field gives timestamps: "
-                         "use one of them")
-    try:
-        return StepClock.parse(opts["start"], opts["step"], opts.get("lateness"))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"--start/--step/--lateness: {exc}") from None
 
 
 def _noise_version(opts: dict[str, Any]) -> int:
@@ -271,7 +244,7 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
     params["implicit_time"] = bool(opts["implicit_time"])
-    clock = _clock(opts)
+    clock = clock_from_options(opts)
     if clock is not None:
         params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
                       step_seconds=clock.step.total_seconds(),
@@ -322,7 +295,7 @@ class _Validator:
         self.verbose = verbose
 
     def _invalid(self, line: int, problem: str) -> None:
-        reason = _reason_key(problem)
+        reason = reason_key(problem)
         if self.policy == "error":
             if not self.verbose and reason in _REDACTED:
                 problem = (f"{_REDACTED[reason]} (--verbose-errors shows the record's "
@@ -418,15 +391,6 @@ class _Validator:
         return cols
 
 
-def _reason_key(problem: str) -> str:
-    for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
-                "user id", "not in the domain", "more than --max-items", "not valid JSON",
-                "time order", "not valid UTF-8"):
-        if key in problem:
-            return key
-    return "malformed"
-
-
 def _short_int(value: int) -> str:
     """An integer for a message (a time step may have thousands of digits)."""
     text = str(value)
@@ -502,8 +466,8 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
 
 def _check_time_mode(opts: dict[str, Any], until: int) -> None:
     """Refuse, before anything is opened, a time mode that would let the data move steps."""
-    clock = _clock(opts)
-    fmt = _auto_format(opts["input"], opts["input_format"])
+    clock = clock_from_options(opts)
+    fmt = auto_format(opts["input"], opts["input_format"])
     if opts["implicit_time"] and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     if fmt == "csv" and clock is None and opts.get("time_column") is None:
@@ -520,36 +484,6 @@ def _check_time_mode(opts: dict[str, Any], until: int) -> None:
 
 
 #: The settings that decide which events count, and where: with their defaults.
-_PROCESSING_DEFAULTS = {"on_invalid": "skip", "implicit_time": False, "time_field": None,
-                        "step": None, "start": None, "lateness": None, "follow": False,
-                        "user_field": None}
-
-
-def scoped_stream(opts: dict[str, Any]) -> str:
-    """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
-    input settings that change which events a release counts (``--on-invalid``, the time
-    mode and clock, the CSV columns, the user field) when they are not the defaults.
-
-    Two runs of one stream under one key that count different events (skipping against
-    truncating, hourly against half-hourly steps) must not share noise: the difference of
-    their releases would be the exact difference of their counts. Runs with the default
-    settings keep the plain name, so they equal the library's releases for that name
-    (built with the run's noise version: ``noise_version=2`` for a new stream).
-    """
-    from .mechanisms.base import config_tag
-
-    settings = {k: opts.get(k, d) for k, d in _PROCESSING_DEFAULTS.items()
-                if opts.get(k, d) != d}
-    if _auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
-        for name, default in (("item_column", "item"), ("event_column", "event"),
-                              ("time_column", None)):
-            if opts.get(name) != default:
-                settings[name] = opts.get(name)
-    if not settings:
-        return str(opts["stream"])
-    return f"{opts['stream']}~{config_tag(**settings)}"
-
-
 def _horizon(opts: dict[str, Any]) -> int:
     """T (--horizon), or the step limit 2^40 of a stream with no planned end (no
     --horizon: -m known and -m unknown with the BLT fitted for every t)."""
@@ -652,9 +586,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # readable counts (--clamp, --monotone): post-processing whose state (the values
     # published so far) is replayed with the steps, or saved with the mechanism
     publish = make_postprocessor(opts)
-    input_format = _auto_format(opts["input"], opts["input_format"])
-    output_format = _auto_format(opts["output"], opts["output_format"])
-    clock = _clock(opts)
+    input_format = auto_format(opts["input"], opts["input_format"])
+    output_format = auto_format(opts["output"], opts["output_format"])
+    clock = clock_from_options(opts)
     step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
     if (step_start is not None and opts["state"] and not opts["force"]
             and long_layout_without_step_start(opts["output"], output_format)):
@@ -858,7 +792,7 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
     if input_format == "csv":
         csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
                         time_column=opts["time_column"])
-    clock = _clock(opts)
+    clock = clock_from_options(opts)
     return read_events(guard_lines(infile, opts["input"]), input_format,
                        time_field=opts["time_field"] if clock else None, clock=clock,
                        implicit=bool(opts["implicit_time"]),
@@ -871,7 +805,7 @@ def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Itera
     one step per line, user ids) record by record."""
     from .ingest import chunks_from_records, read_jsonl_chunks
 
-    if (input_format == "jsonl" and _clock(opts) is None and not opts["implicit_time"]
+    if (input_format == "jsonl" and clock_from_options(opts) is None and not opts["implicit_time"]
             and opts.get("user_field") is None):
         return read_jsonl_chunks(infile, opts["input"])
     return chunks_from_records(_input_records(infile, opts, input_format))
@@ -937,7 +871,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
     its last release ends in the output. ``publish``: the readable-counts
-    post-processing (:func:`dpstream.cli.make_postprocessor`), in the state that goes
+    post-processing (:func:`dpstream.registry.make_postprocessor`), in the state that goes
     with ``mech``. ``chunks``: a batch run's input, already read (:func:`_read_checked`).
     ``ledger``: every step is checked against it and appended to it before the state
     records it; when the state is behind it, a batch run checks the input of the steps it

@@ -17,9 +17,9 @@ __all__ = ["follow", "input_records_from"]
 
 
 def _clock(opts: dict[str, Any]) -> Any:
-    from .run_command import _clock as clock
+    from .run_settings import clock_from_options
 
-    return clock(opts)
+    return clock_from_options(opts)
 
 
 def _utcnow() -> Any:

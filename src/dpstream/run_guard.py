@@ -125,13 +125,13 @@ class InvalidTally:
 
 def _cause(message: str) -> str:
     """The cause of a reader's message (a finer key than the summary's reasons)."""
-    from .run_command import _reason_key
+    from .run_settings import reason_key
 
     if "(--time-field)" in message:
         return "no time field"
     if "needs a time step" in message:
         return "no t"
-    return _reason_key(message)
+    return reason_key(message)
 
 
 def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:

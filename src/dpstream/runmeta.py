@@ -73,7 +73,7 @@ def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> di
     rounded, whether ``noise_std`` is per step, the 95% z-value and the
     dpstream version.
     """
-    from . import __version__
+    from ._version import __version__
     from .planning import Z95, describe
 
     info = describe(mech, name=name, base_given=base_given)

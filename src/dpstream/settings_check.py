@@ -106,7 +106,7 @@ def _budget_problems(opts: Mapping[str, Any]) -> list[str]:
 
 def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
     """What ``--mechanism`` needs, and the options that do not apply to it."""
-    from .cli import _MECH_KWARGS, MECHANISMS, mechanism_class
+    from .registry import _MECH_KWARGS, MECHANISMS, mechanism_class
 
     name = opts.get("mechanism", "known")
     spec = MECHANISMS[name]

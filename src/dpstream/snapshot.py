@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .bounding import BoundingStats, ContributionBounder, UnitBound, UserBounds, UserHasher
 from .errors import StateError
 from .factorization import BLTStrategy

@@ -63,7 +63,7 @@ def provenance() -> dict[str, str]:
         dirty = f"yes: {n} file(s) under src/ differ from the commit (modified or untracked)"
     else:
         dirty = "no (src/ is exactly the commit)"
-    from .. import __version__
+    from .._version import __version__
 
     return {
         "commit": commit,

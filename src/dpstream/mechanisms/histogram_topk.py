@@ -219,7 +219,7 @@ class UnknownTopK:
 
     def threshold_worst(self) -> float:
         """The largest step threshold m_t over t <= T (a count shown half the time there)."""
-        from ..planning import threshold_profile
+        from .unknown import threshold_profile
 
         return threshold_profile(self.histogram)["threshold_worst"]
 

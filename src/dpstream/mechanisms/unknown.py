@@ -23,7 +23,7 @@ from .. import privacy
 from ..bounding import resolve_user_bounds
 from ..factorization import BLTStrategy
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
-from ..tree import digits, num_levels, optimal_base, worst_case_variance_factor
+from ..tree import digits, max_cells, num_levels, optimal_base, worst_case_variance_factor
 from . import narrow_counts
 from .base import (
     EventLimit,
@@ -875,3 +875,33 @@ class UnknownDomainHistogram:
             f"UnknownDomainHistogram(T={self.horizon}, {shape}, max_items={self.max_items}, "
             f"tau={self.tau:.4g}, threshold={self.threshold:.4g}, t={self.t})"
         )
+
+
+def threshold_profile(mech: Any) -> dict[str, float]:
+    """UnkBase's per-step threshold m_t: at the worst step and at the median step t <= T,
+    with the noise std of a count at those steps (public parameters only: what ``plan``
+    prints and what top-k compares)."""
+    horizon = int(mech.horizon)
+    if getattr(mech, "strategy", None) is not None:  # BLT: m_t grows with t
+        typical = (horizon - 1) // 2 + 1
+        return {
+            "threshold_worst": float(mech.threshold_at(horizon)),
+            "threshold_typical": float(mech.threshold_at(typical)),
+            "std_worst": float(mech.noise_std_at(horizon)),
+            "std_typical": float(mech.noise_std_at(typical)),
+        }
+    base = int(mech.base)
+    if horizon <= 200_001:
+        ts = range(1, horizon + 1)
+    else:
+        ts = sorted({1 + (horizon - 1) * i // 200_000 for i in range(200_001)})
+    cells = sorted(sum(digits(t, base)) for t in ts)
+    typical = cells[(len(cells) - 1) // 2]
+    worst = max_cells(horizon, base)
+    levels = num_levels(horizon, base)
+    return {
+        "threshold_worst": float(mech.threshold_for_cells(worst)),
+        "threshold_typical": float(mech.threshold_for_cells(typical)),
+        "std_worst": float(mech.tau) * math.sqrt(worst * levels),
+        "std_typical": float(mech.tau) * math.sqrt(typical * levels),
+    }

@@ -1,7 +1,8 @@
 """dpstream on Apache Spark: the practical mechanisms from aggregated counts on a cluster.
 
 Optional extra: ``pip install 'dpstream[spark]'`` (PySpark, pandas, PyArrow;
-Spark itself needs a Java runtime). See docs/spark.md.
+Spark itself needs a Java runtime). See docs/spark.md. Layer 6 of dpstream (an
+edge): it imports the mechanisms and the run's settings, never the command line.
 
 * :class:`SparkKnownBase` / :class:`SparkUnknownBase`: a release at step t
   from a DataFrame of prefix counts (item, count), or all releases of a

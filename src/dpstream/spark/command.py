@@ -213,7 +213,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     if (user_field is None) != (not users):
         raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go "
                          "together")
-    from ..run_command import scoped_stream
+    from ..run_settings import scoped_stream
 
     common: dict[str, Any] = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
                   stream=scoped_stream({"stream": "default", "input": inp, **{

@@ -1,0 +1,82 @@
+"""What a run's options mean before anything is read: the input format, the public clock,
+the noise's stream name, and the cause of an invalid record.
+
+Layer 6 of dpstream (the run's settings), shared by the batch run
+(:mod:`dpstream.run_command`), ``--follow`` (:mod:`dpstream.run_follow`), the
+operator's guard (:mod:`dpstream.run_guard`) and Spark
+(:mod:`dpstream.spark.command`), none of which import each other for these
+(docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PROCESSING_DEFAULTS", "auto_format", "clock_from_options", "reason_key",
+           "scoped_stream"]
+
+
+def auto_format(path: str, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    if path.endswith((".csv", ".csv.gz")):
+        return "csv"
+    return "parquet" if path.endswith(".parquet") else "jsonl"
+
+
+def clock_from_options(opts: dict[str, Any]) -> Any:
+    """The public clock of --time-field/--step/--start, or None (steps given as integers)."""
+    from .clock import StepClock
+
+    given = [opts.get(k) is not None for k in ("time_field", "step", "start")]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--time-field, --step and --start go together: the timestamps, "
+                         "the width of a step and when step 1 begins")
+    if opts.get("time_column") is not None:
+        raise ValueError("--time-column gives integer steps; --time-field gives timestamps: "
+                         "use one of them")
+    try:
+        return StepClock.parse(opts["start"], opts["step"], opts.get("lateness"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--start/--step/--lateness: {exc}") from None
+
+
+def reason_key(problem: str) -> str:
+    for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
+                "user id", "not in the domain", "more than --max-items", "not valid JSON",
+                "time order", "not valid UTF-8"):
+        if key in problem:
+            return key
+    return "malformed"
+
+
+PROCESSING_DEFAULTS = {"on_invalid": "skip", "implicit_time": False, "time_field": None,
+                        "step": None, "start": None, "lateness": None, "follow": False,
+                        "user_field": None}
+
+
+def scoped_stream(opts: dict[str, Any]) -> str:
+    """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
+    input settings that change which events a release counts (``--on-invalid``, the time
+    mode and clock, the CSV columns, the user field) when they are not the defaults.
+
+    Two runs of one stream under one key that count different events (skipping against
+    truncating, hourly against half-hourly steps) must not share noise: the difference of
+    their releases would be the exact difference of their counts. Runs with the default
+    settings keep the plain name, so they equal the library's releases for that name
+    (built with the run's noise version: ``noise_version=2`` for a new stream).
+    """
+    from .mechanisms.base import config_tag
+
+    settings = {k: opts.get(k, d) for k, d in PROCESSING_DEFAULTS.items()
+                if opts.get(k, d) != d}
+    if auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
+        for name, default in (("item_column", "item"), ("event_column", "event"),
+                              ("time_column", None)):
+            if opts.get(name) != default:
+                settings[name] = opts.get(name)
+    if not settings:
+        return str(opts["stream"])
+    return f"{opts['stream']}~{config_tag(**settings)}"
