@@ -26,6 +26,7 @@ derived numbers are closed forms stated below.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from .factorization import MAX_BLT_HORIZON, blt_for_horizon
@@ -112,6 +113,7 @@ def threshold_profile(mech: Any) -> dict[str, float]:
             "std_typical": float(mech.noise_std_at(typical)),
         }
     base = int(mech.base)
+    ts: Sequence[int]
     if horizon <= 200_001:
         ts = range(1, horizon + 1)
     else:
