@@ -111,7 +111,9 @@ def main() -> None:
     def run(state: bool) -> None:
         out = work / "out.jsonl"
         st = work / "state.sqlite"
-        for p in (out, st, Path(str(st) + "-wal"), Path(str(st) + "-shm")):
+        # a throwaway key: each timed run starts its stream anew (the ledger too)
+        for p in (out, st, Path(str(st) + "-wal"), Path(str(st) + "-shm"),
+                  Path(f"{key_path}.ledger")):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
         argv = ["run", "--quiet", "-m", "unknown", "-T", str(args.steps), "--max-items", "5",
@@ -184,6 +186,8 @@ def main() -> None:
     proc: dict[str, list[float]] = {"json": [], "run": []}
     for _ in range(args.repeat):
         proc["json"].append(child_cpu([sys.executable, "-c", loads_script, str(data)]))
+        with contextlib.suppress(FileNotFoundError):  # the stream anew (a throwaway key)
+            os.remove(f"{key_path}.ledger")
         proc["run"].append(child_cpu(cli))
     pj, pr = min(proc["json"]), min(proc["run"])
     print(f"as processes:  json.loads script {pj:5.2f} s CPU, dpstream run {pr:5.2f} s CPU "

@@ -23,3 +23,11 @@ def fixed_key(label: str) -> NoiseKey:
 @pytest.fixture
 def key() -> NoiseKey:
     return fixed_key("default")
+
+
+def own_ledger(output: object) -> list[str]:
+    """``--ledger`` beside ``output``: a run a test compares with another run of the same
+    key and settings (neighbouring inputs, daily runs against one run, a crash against
+    an uninterrupted run) keeps its own release ledger. One ledger would rightly refuse
+    the second run: the same noise on other data publishes the difference."""
+    return ["--ledger", f"{output}.ledger"]

@@ -24,7 +24,7 @@ from dpstream.noise import NoiseKey
 from dpstream.run_command import scoped_stream
 from dpstream.tree import max_cells, num_levels, optimal_base
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 #: The noise version `dpstream run` draws for a new stream (the library's default is 1).
 CLI_NOISE = 2
@@ -425,15 +425,18 @@ def test_error_messages_quote_no_item_without_verbose_errors(files, capsys):
                    '{"t": 3, "items": ["secret-json\n')
     base = ["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
             "--key-file", files.key_path, "--on-invalid", "error"]
-    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o1")]) == 1
+    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o1"),
+                 *own_ledger(files.dir / "o1")]) == 1
     err = capsys.readouterr().err
     assert "input line 2: an item is not in the --domain" in err and "secret" not in err
     bad.write_text('{"t": 1, "items": ["d0"]}\n{"t": 3, "items": ["secret-json\n')
-    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o2")]) == 1
+    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o2"),
+                 *own_ledger(files.dir / "o2")]) == 1
     err = capsys.readouterr().err
     assert "input line 2: not valid JSON" in err and "secret" not in err
     # and the default policy (skip) reports only counts
     assert main([*base[:-2], "-i", str(bad), "-o", str(files.dir / "o3"),
+                 *own_ledger(files.dir / "o3"),
                  "--max-invalid", "1"]) == 0
     err = capsys.readouterr().err
     assert "1 skipped" in err and "secret" not in err

@@ -18,7 +18,7 @@ import pytest
 
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 T = 400
@@ -81,7 +81,8 @@ def test_kill_at_random_step_then_resume_gives_identical_output(setup, tmp_path,
     kill_at = random.Random(seed).randrange(1, T // 2)
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     src = "-" if use_stdin else str(base / "ev.jsonl")
-    cmd = [*args, "--key-file", str(key_path), "-i", src, "-o", str(out), "--state", str(state),
+    cmd = [*args, "--key-file", str(key_path), "-i", src, "-o", str(out),
+           *own_ledger(out), "--state", str(state),
            "--fsync" if fsync else "--no-fsync"]  # --no-fsync is still safe against kill -9
     with open(base / "ev.jsonl", "rb") as feed:
         proc = _spawn(cmd, stdin=feed if use_stdin else None)
@@ -106,7 +107,8 @@ def test_kill_at_random_step_then_resume_gives_identical_output(setup, tmp_path,
 def test_resume_refuses_another_key_and_finished_run_is_a_no_op(setup, tmp_path, capsys):
     base, args, key_path, other, ref = setup
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "-i", str(base / "ev.jsonl"), "-o", str(out), "--state", str(state)]
+    cmd = [*args, "-i", str(base / "ev.jsonl"), "-o", str(out),
+           *own_ledger(out), "--state", str(state)]
     proc = _spawn([*cmd, "--key-file", str(key_path)])
     assert _kill_after(proc, out, 20)
     before = out.read_bytes()
@@ -132,7 +134,7 @@ def test_resume_detects_a_changed_input(setup, tmp_path, capsys):
     src = tmp_path / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out),
+    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out),
            "--state", str(state)]
     proc = _spawn(cmd)
     assert _kill_after(proc, out, 50)
@@ -151,10 +153,10 @@ def test_kill_then_resume_with_counter_blt(setup, tmp_path, capsys):
     blt_args = [*args[:-2], "--counter", "blt"]
     ref = tmp_path / "ref.jsonl"
     assert main([*blt_args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"),
-                 "-o", str(ref)]) == 0
+                 "-o", str(ref), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     cmd = [*blt_args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"),
-           "-o", str(out), "--state", str(state), "--no-fsync"]
+           "-o", str(out), *own_ledger(out), "--state", str(state), "--no-fsync"]
     kill_at = random.Random(4).randrange(1, T // 2)
     proc = _spawn(cmd)
     assert _kill_after(proc, out, kill_at)
@@ -181,7 +183,7 @@ def test_a_step_written_before_a_crash_is_never_released_again_from_changed_inpu
     src = tmp_path / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out),
+    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out),
            "--state", str(state), "--no-fsync"]
     proc = _spawn(cmd)
     assert _kill_after(proc, out, random.Random(5).randrange(20, T // 2))
@@ -214,11 +216,11 @@ def test_monotone_counts_resume_from_the_published_releases(setup, tmp_path):
     base, args, key_path, _, ref = setup
     full = tmp_path / "full.jsonl"
     cmd = [*args, "--monotone", "--key-file", str(key_path), "-i", str(base / "ev.jsonl")]
-    assert main([*cmd, "-o", str(full)]) == 0
+    assert main([*cmd, "-o", str(full), *own_ledger(full)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    proc = _spawn([*cmd, "-o", str(out), "--state", str(state), "--no-fsync"])
+    proc = _spawn([*cmd, "-o", str(out), *own_ledger(out), "--state", str(state), "--no-fsync"])
     assert _kill_after(proc, out, 60)
-    proc = _spawn([*cmd, "-o", str(out), "--state", str(state), "--no-fsync"])
+    proc = _spawn([*cmd, "-o", str(out), *own_ledger(out), "--state", str(state), "--no-fsync"])
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert out.read_bytes() == full.read_bytes() != ref.read_bytes()

@@ -11,7 +11,7 @@ from dpstream.cli import main
 from dpstream.errors import StateError
 from dpstream.state import Checkpoint, canonical_json
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 UNK = ["run", "-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta", "1e-3"]
 
@@ -45,10 +45,11 @@ def test_quiet_prints_nothing_and_json_logs_are_one_object_per_line(tmp_path, ke
                                                                     capsys):
     src = _events(tmp_path, 20)
     assert main([*UNK, "-T", "20", "--key-file", key_path, "-i", src, "-o",
-                 str(tmp_path / "q.jsonl"), "-q"]) == 0
+                 str(tmp_path / "q.jsonl"), *own_ledger(tmp_path / "q.jsonl"), "-q"]) == 0
     assert capsys.readouterr().err == ""
     assert main([*UNK, "-T", "20", "--key-file", key_path, "-i", src, "-o",
-                 str(tmp_path / "j.jsonl"), "--log-format", "json", "--progress-every",
+                 str(tmp_path / "j.jsonl"), *own_ledger(tmp_path / "j.jsonl"),
+                 "--log-format", "json", "--progress-every",
                  "1e-9"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines()]
     assert {x["logger"] for x in lines} == {"dpstream.run"}
@@ -257,7 +258,8 @@ def test_follow_reads_a_backlog_to_its_end_before_it_releases(tmp_path, key_path
         src.write_text("".join(line + "\n" for line in lines))
         done = subprocess.run(
             [sys.executable, "-m", "dpstream", *UNK, "-T", "10", "--key-file", key_path,
-             "-i", str(src), "-o", str(out), "--state", str(tmp_path / f"{name}.sqlite"),
+             "-i", str(src), "-o", str(out),
+             *own_ledger(out), "--state", str(tmp_path / f"{name}.sqlite"),
              "--time-field", "ts", "--step", "1s", "--start", start.isoformat(), "--follow",
              "--no-round", "--until", "3"], env=env, capture_output=True, text=True,
             timeout=60)

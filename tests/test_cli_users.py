@@ -20,7 +20,7 @@ import dpstream as dps
 from dpstream.cli import main
 from dpstream.run_command import scoped_stream
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 T = 240
@@ -95,8 +95,10 @@ def test_event_and_user_level_releases_differ(stream, tmp_path):
     common = ["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"),
               "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key_path),
               "-i", str(base / "ev.jsonl"), "--counter", "tree"]
-    assert main([*common, *USER, "-o", str(tmp_path / "u.jsonl")]) == 0
-    assert main([*common, "--max-items", "3", "-o", str(tmp_path / "e.jsonl")]) == 0
+    assert main([*common, *USER, "-o", str(tmp_path / "u.jsonl"),
+                 *own_ledger(tmp_path / "u.jsonl")]) == 0
+    assert main([*common, "--max-items", "3", "-o", str(tmp_path / "e.jsonl"),
+                 *own_ledger(tmp_path / "e.jsonl")]) == 0
     assert (tmp_path / "u.jsonl").read_bytes() != (tmp_path / "e.jsonl").read_bytes()
 
 
@@ -154,7 +156,7 @@ def test_bad_user_ids_are_invalid_records(stream, tmp_path, capsys):
            "--key-file", str(key_path), "--no-round"]
     common = [*run, "-i", str(src), "--log-format", "json"]
     out = tmp_path / "skip.jsonl"
-    assert main([*common, "-o", str(out), "--max-invalid", "1"]) == 0
+    assert main([*common, "-o", str(out), *own_ledger(out), "--max-invalid", "1"]) == 0
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert summary["skipped"] == len(BAD)
     assert summary["skipped_by_reason"] == {"user id": len(BAD)}
@@ -162,10 +164,11 @@ def test_bad_user_ids_are_invalid_records(stream, tmp_path, capsys):
     clean = tmp_path / "clean.jsonl"
     clean.write_text("\n".join(good) + "\n")
     ref = tmp_path / "ref.jsonl"
-    assert main([*run, "-i", str(clean), "-o", str(ref), "-q"]) == 0
+    assert main([*run, "-i", str(clean), "-o", str(ref), *own_ledger(ref), "-q"]) == 0
     assert out.read_bytes() == ref.read_bytes()
     # --on-invalid error: a clear message naming the field, no content quoted
-    assert main([*common, "-o", str(tmp_path / "err.jsonl"), "--on-invalid", "error"]) == 1
+    assert main([*common, "-o", str(tmp_path / "err.jsonl"),
+                 *own_ledger(tmp_path / "err.jsonl"), "--on-invalid", "error"]) == 1
     err = capsys.readouterr().err
     assert "input line 2" in err and "user id" in err and "--user-field" in err
     # with --implicit-time a plain array is an event, but it has no user id
@@ -240,9 +243,9 @@ def test_kill_and_resume_with_user_bounds_is_byte_identical(stream, tmp_path, me
         args.remove("--counter")
         args.remove("tree")
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "-o", str(ref)]) == 0
+    assert main([*args, "-o", str(ref), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "-o", str(out), "--state", str(state), "--no-fsync"]
+    cmd = [*args, "-o", str(out), *own_ledger(out), "--state", str(state), "--no-fsync"]
     assert _kill_after(_spawn(cmd), out, T // 3), "the run ended before it was killed"
     with closing(sqlite3.connect(state)) as db:
         assert db.execute("SELECT MAX(t) FROM steps").fetchone()[0] < T
@@ -287,12 +290,12 @@ def test_daily_runs_carry_the_bounds_over_days(stream, tmp_path, mech):
     args = ["run", "-q", "-m", mech, "-T", str(T), *extra, *USER, *budget,
             "--key-file", str(key_path), "--no-fsync"]
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "-i", str(base / "ev.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "-i", str(base / "ev.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     assert json.loads(ref.read_text().splitlines()[-1])["released"]  # not vacuous
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         until = [] if d == DAYS else ["--until", str(d * PER_DAY)]
-        assert main([*args, "-i", str(base / f"day{d}.jsonl"), "-o", str(out),
+        assert main([*args, "-i", str(base / f"day{d}.jsonl"), "-o", str(out), *own_ledger(out),
                      "--state", str(state), *until]) == 0, d
     assert out.read_bytes() == ref.read_bytes()
     # and the bounds did bind across days: without carrying the bounder over, day 6 alone

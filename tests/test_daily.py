@@ -22,7 +22,7 @@ import pytest
 
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 DAYS, STEPS_PER_DAY = 30, 8
@@ -75,15 +75,17 @@ def test_thirty_daily_runs_equal_one_run_and_a_day_fed_twice_is_refused(stream, 
     base, key_path = stream
     args = _args(base, key_path, mech)
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
-        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out), "--state",
+        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out),
+                     *own_ledger(out), "--state",
                      str(state), *until]) == 0, d
         if d == 5:  # the same day again, with a later end step: refused, nothing written
             before = out.read_bytes()
-            assert main([*args, "-i", str(base / "day05.jsonl"), "-o", str(out), "--state",
+            assert main([*args, "-i", str(base / "day05.jsonl"), "-o", str(out),
+                         *own_ledger(out), "--state",
                          str(state), "--until", "48"]) == 1
             assert "already fed" in capsys.readouterr().err
             assert out.read_bytes() == before
@@ -101,7 +103,8 @@ def test_a_stream_begun_with_the_tree_default_goes_on_with_the_tree(stream, tmp_
     base, key_path = stream
     args = _args(base, key_path, "unknown")
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "--counter", "tree", "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "--counter", "tree", "-i", str(base / "all.jsonl"), "-o", str(ref),
+                 *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
 
     def day(d, *extra):
@@ -119,7 +122,7 @@ def test_a_stream_begun_with_the_tree_default_goes_on_with_the_tree(stream, tmp_
         assert day(d) == 0, d
     assert out.read_bytes() == ref.read_bytes()
     blt = tmp_path / "blt.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(blt)]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(blt), *own_ledger(blt)]) == 0
     assert blt.read_bytes() != ref.read_bytes()  # a new stream takes the BLT
 
 
@@ -130,12 +133,13 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
     base, key_path = stream
     args = _args(base, key_path, "unknown")
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
 
     def day_cmd(d, src=None):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
         return [*args, "-i", src or str(base / f"day{d:02d}.jsonl"), "-o", str(out),
+                *own_ledger(out),
                 "--state", str(state), *until]
 
     for d in range(1, 17):
@@ -172,8 +176,8 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
 def _two_days(tmp_path, key_path, name, stream="default"):
     out, state = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.sqlite"
     cmd = ["run", "-q", "-m", "unknown", "-T", "12", "--max-items", "2", "--rho", "4",
-           "--threshold-delta", "0.2", "--key-file", str(key_path), "-o", str(out), "--state",
-           str(state), "--stream", stream]
+           "--threshold-delta", "0.2", "--key-file", str(key_path), "-o", str(out),
+           *own_ledger(out), "--state", str(state), "--stream", stream]
     return out, state, cmd
 
 

@@ -19,7 +19,7 @@ import pytest
 from dpstream.cli import main
 from dpstream.clock import StepClock, parse_duration, parse_step
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 UTC = dt.timezone.utc
 WORDS = ["a", "b", "c"]
@@ -137,11 +137,11 @@ def test_max_invalid_just_under_passes_just_over_refuses(setup, capsys, share):
     tmp_path, key, domain = setup
     ok = tmp_path / "ok.jsonl"
     assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 5),
-                       "-o", str(ok), "--max-invalid", share)) == 0
+                       "-o", str(ok), *own_ledger(ok), "--max-invalid", share)) == 0
     assert len(ok.read_text().splitlines()) == 5
     over = tmp_path / "over.jsonl"
     assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 6),
-                       "-o", str(over), "--max-invalid", share)) == 1
+                       "-o", str(over), *own_ledger(over), "--max-invalid", share)) == 1
     assert "6 of 100 input records (6.0%) are invalid" in capsys.readouterr().err
     _nothing_written(tmp_path, over)
 

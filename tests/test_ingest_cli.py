@@ -19,7 +19,7 @@ import pytest
 
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 T = 30
 
@@ -36,7 +36,7 @@ def setup(tmp_path):
 
 
 def _run(args, src, out, *extra) -> int:
-    return main([*args, "-i", str(src), "-o", str(out), *extra])
+    return main([*args, "-i", str(src), "-o", str(out), *own_ledger(out), *extra])
 
 
 def test_line_endings_bom_and_gzip_give_the_same_release(setup):

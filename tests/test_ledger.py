@@ -147,12 +147,15 @@ def test_a_state_and_output_restored_from_a_backup_cannot_release_a_day_again(st
     (tmp_path / "all.jsonl").write_text("".join(days[1] + days[2] + days[3]))
     ref_cmd = [a for a in cmd if a not in (str(out), str(state))]
     ref_cmd = [a for a in ref_cmd if a not in ("-o", "--state")]
-    assert main([*ref_cmd, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*ref_cmd, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref),
+                 "--ledger", str(tmp_path / "ref.ledger")]) == 0
     assert out.read_bytes() == ref.read_bytes()
 
 
 def _ledger_lines(key_path: Path) -> list[str]:
-    return Path(f"{key_path}.ledger").read_text().splitlines()
+    """The step lines of the ledger beside the key (not the runs' scope lines)."""
+    return [line for line in Path(f"{key_path}.ledger").read_text().splitlines()
+            if line.startswith("L1 ")]
 
 
 def test_a_run_killed_between_the_ledger_and_the_state_resumes(stream, monkeypatch):
@@ -165,7 +168,7 @@ def test_a_run_killed_between_the_ledger_and_the_state_resumes(stream, monkeypat
     ref = tmp_path / "ref.jsonl"
     ref_cmd = [a for a in cmd if a not in (str(out), str(state), "-o", "--state")]
     assert main([*ref_cmd, "-i", str(tmp_path / "day1.jsonl"), "-o", str(ref),
-                 "--until", str(STEPS_PER_DAY)]) == 0
+                 "--until", str(STEPS_PER_DAY), "--ledger", str(tmp_path / "ref.ledger")]) == 0
     commit = Checkpoint.commit
 
     def killed_at_5(self, t, **kw):
@@ -202,7 +205,7 @@ def test_a_torn_ledger_line_after_a_kill_is_ignored_and_the_run_resumes(stream, 
     ref = tmp_path / "ref.jsonl"
     ref_cmd = [a for a in cmd if a not in (str(out), str(state), "-o", "--state")]
     assert main([*ref_cmd, "-i", str(tmp_path / "day1.jsonl"), "-o", str(ref),
-                 "--until", str(STEPS_PER_DAY)]) == 0
+                 "--until", str(STEPS_PER_DAY), "--ledger", str(tmp_path / "ref.ledger")]) == 0
     append, calls = dpstream.ledger._append, []
 
     def killed_in_the_6th_append(fd, data):
@@ -217,13 +220,15 @@ def test_a_torn_ledger_line_after_a_kill_is_ignored_and_the_run_resumes(stream, 
     monkeypatch.setattr(dpstream.ledger, "_append", append)
     ledger = Path(f"{key_path}.ledger")
     text = ledger.read_text()
-    assert text.count("\n") == 5 and not text.endswith("\n")  # a torn sixth line
+    # the run's scope line and 5 steps (the first append holds both), a torn sixth step
+    assert text.count("\n") == 6 and not text.endswith("\n")
     assert out.read_bytes().count(b"\n") == 5
     assert main(_day(cmd, tmp_path / "day1.jsonl", 1)) == 0
     assert out.read_bytes() == ref.read_bytes()
     text = ledger.read_text()
-    assert text.endswith("\n") and len(text.splitlines()) == STEPS_PER_DAY
-    assert [int(line.split(" ")[2]) for line in text.splitlines()] == list(
+    assert text.endswith("\n") and len(text.splitlines()) == STEPS_PER_DAY + 1
+    assert text.startswith("S1 ")
+    assert [int(line.split(" ")[2]) for line in text.splitlines()[1:]] == list(
         range(1, STEPS_PER_DAY + 1))
 
 
@@ -246,8 +251,10 @@ def test_an_edited_ledger_is_refused(stream, capsys, edit):
         assert main(_day(cmd, tmp_path / "day2.jsonl", 2)) == 0
         _restore([out, state], tmp_path / "after-day1")
     lines = ledger.read_text().splitlines(keepends=True)
-    at = {"digest": STEPS_PER_DAY - 1, "tag": STEPS_PER_DAY - 1, "removed": 3,
-          "ahead": STEPS_PER_DAY + 3}[edit]
+    # the line of a step (line 1 is the run's scope line): the state's last step, step 4
+    # and a step the restored state forgot
+    at = {"digest": STEPS_PER_DAY, "tag": STEPS_PER_DAY, "removed": 4,
+          "ahead": STEPS_PER_DAY + 4}[edit]
     fields = lines[at].split(" ")
     if edit == "removed":
         del lines[at]

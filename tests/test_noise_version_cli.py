@@ -16,7 +16,7 @@ import pytest
 from dpstream.cli import main
 from dpstream.state import Checkpoint
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 T = 24
 
@@ -63,13 +63,14 @@ def test_a_version_1_state_goes_on_with_version_1(setup):
     one version 1 run over everything."""
     base, args = setup
     ref = base / "ref.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref),
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref),
                  "--noise-version", "1"]) == 0
     out, state = base / "out.jsonl", base / "s.sqlite"
-    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out), "--state", str(state),
+    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out),
+                 *own_ledger(out), "--state", str(state),
                  "--until", str(T // 2), "--noise-version", "1"]) == 0
     assert "noise_version" not in _params(state)  # as states written before versions
-    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out),
+    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out), *own_ledger(out),
                  "--state", str(state)]) == 0
     assert out.read_bytes() == ref.read_bytes()
 
@@ -91,15 +92,16 @@ def test_writing_over_an_output_keeps_its_version(setup):
     no version) draws version 1 again: the same noise for the steps already published."""
     base, args = setup
     ref, out = base / "ref.jsonl", base / "out.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref),
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref),
                  "--noise-version", "1"]) == 0
-    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out),
+    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out), *own_ledger(out),
                  "--noise-version", "1"]) == 0
     meta = base / "out.jsonl.meta.json"
     info = json.loads(meta.read_text())
     del info["noise_version"]  # as dpstream 0.1 wrote it
     meta.write_text(json.dumps(info))
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(out), "--force"]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(out),
+                 *own_ledger(out), "--force"]) == 0
     assert out.read_bytes() == ref.read_bytes()
     assert json.loads(meta.read_text())["noise_version"] == 1
 
@@ -107,19 +109,21 @@ def test_writing_over_an_output_keeps_its_version(setup):
 def test_a_version_2_state_refuses_another_version(setup, capsys):
     base, args = setup
     out, state = base / "out.jsonl", base / "s.sqlite"
-    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out), "--state", str(state),
+    assert main([*args, "-i", str(base / "first.jsonl"), "-o", str(out),
+                 *own_ledger(out), "--state", str(state),
                  "--until", str(T // 2)]) == 0
     assert _params(state)["noise_version"] == 2
     before = out.read_bytes()
-    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out), "--state", str(state),
+    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out),
+                 *own_ledger(out), "--state", str(state),
                  "--noise-version", "1"]) == 1
     assert "error" in capsys.readouterr().err
     assert out.read_bytes() == before
     # without the flag it goes on with version 2
-    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out),
+    assert main([*args, "-i", str(base / "second.jsonl"), "-o", str(out), *own_ledger(out),
                  "--state", str(state)]) == 0
     ref = base / "ref.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     assert out.read_bytes() == ref.read_bytes()
 
 

@@ -13,7 +13,7 @@ import pytest
 from dpstream.cli import main
 from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 EVENTS = [(1, ["a", "b"]), (1, ["a"]), (2, ["a"]), (4, ["b", "c"]), (4, ["a", "b"])]
 
@@ -29,7 +29,7 @@ def run(tmp_path):
         out = tmp_path / name
         assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "4",
                      "--threshold-delta", "0.01", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), *extra]) == 0
+                     "-o", str(out), *own_ledger(out), *extra]) == 0
         return out
 
     return go

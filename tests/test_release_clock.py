@@ -16,7 +16,7 @@ import pytest
 
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 
 def _steps(path: Path) -> list[int]:
@@ -28,7 +28,7 @@ def _run(tmp_path, key_path, lines, name, *extra: str) -> list[int]:
     src.write_text("".join(line + "\n" for line in lines))
     assert main(["run", "-q", "-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "1",
                  "--threshold-delta", "1e-3", "--key-file", str(key_path), "-i", str(src),
-                 "-o", str(out), *extra]) == 0
+                 "-o", str(out), *own_ledger(out), *extra]) == 0
     return _steps(out)
 
 
@@ -61,7 +61,7 @@ def test_a_broken_line_is_a_step_like_its_empty_neighbour(tmp_path, bad):
         out = tmp_path / f"{name}.out.jsonl"
         assert main(["run", "-q", "-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "9",
                      "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), "--implicit-time", "--remember",
+                     "-o", str(out), *own_ledger(out), "--implicit-time", "--remember",
                      "--max-invalid", "1"]) == 0  # a broken line on purpose
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
@@ -81,7 +81,7 @@ def test_an_event_with_a_broken_item_keeps_its_step(tmp_path):
         out = tmp_path / f"{name}.out.jsonl"
         assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "9",
                      "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), "--max-invalid", "1"]) == 0
+                     "-o", str(out), *own_ledger(out), "--max-invalid", "1"]) == 0
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
 
@@ -111,7 +111,8 @@ def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
             "--threshold-delta", "1e-3", "--key-file", str(key_path)]
 
     def day(name, *extra):
-        return main([*base, "-i", str(tmp_path / f"{name}.jsonl"), "-o", str(out), "--state",
+        return main([*base, "-i", str(tmp_path / f"{name}.jsonl"), "-o", str(out),
+                     *own_ledger(out), "--state",
                      str(state), *extra])
 
     assert day("day1", "--until", "10") == 0
@@ -121,9 +122,10 @@ def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
     assert day("day1", "--until", "25") == 1  # the same input twice: refused
     assert day("day2", "--until", "25") == 0
     assert day("day3") == 0  # to the horizon
-    assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     assert out.read_bytes() == ref.read_bytes()  # as one uninterrupted run
     assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(tmp_path / "x.jsonl"),
+                 *own_ledger(tmp_path / "x.jsonl"),
                  "--until", "41"]) == 1
 
 
@@ -146,7 +148,7 @@ def test_a_record_past_the_end_changes_no_other_event(tmp_path, mode, extra, far
         src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
         src.write_text("".join(line + "\n" for line in body))
         args = ["run", "-q", "-m", mode, "-T", "40", "--max-items", "1", "--key-file",
-                str(key_path), "-i", str(src), "-o", str(out), *extra]
+                str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out), *extra]
         if mode == "unknown":
             args += ["--rho", "50", "--threshold-delta", "0.3"]
         elif mode == "known":
@@ -180,7 +182,7 @@ def test_a_batch_run_counts_every_event_in_its_own_step_whatever_the_order(tmp_p
         src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
         src.write_text("".join(line + "\n" for line in body))
         args = ["run", "-q", "-m", mode, "-T", "40", "--max-items", "1", "--key-file",
-                str(key_path), "-i", str(src), "-o", str(out), "--rho", "50"]
+                str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out), "--rho", "50"]
         if mode == "unknown":
             args += ["--threshold-delta", "0.3"]
         else:
@@ -208,7 +210,7 @@ def test_interleaved_csv_events_are_grouped_in_their_step(tmp_path, capsys):
         src.write_text("event,t,item\n" + "".join(r + "\n" for r in rows))
         assert main(["run", "-q", "-m", "known", "--domain", str(domain), "-T", "2",
                      "--max-items", "3", "--rho", "1", "--key-file", str(key_path), "-i",
-                     str(src), "-o", str(out), "--time-column", "t",
+                     str(src), "-o", str(out), *own_ledger(out), "--time-column", "t",
                      "--max-invalid", "1"]) == 0
         outs[name] = (out.read_bytes(), capsys.readouterr().err)
     assert outs["split"][0] == outs["grouped"][0]

@@ -26,7 +26,7 @@ from dpstream.mechanisms.tree_noise import TreeNoise
 from dpstream.mechanisms.unknown import UnknownDomainHistogram
 from dpstream.noise import NoiseSource
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 pytestmark = pytest.mark.spark
 
@@ -492,12 +492,14 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
               # a local run draws version 2 for a new stream, a Spark run version 1
               # unless told (it cannot see what an earlier run drew): say it to both
               "--noise-version", "2"]
-    assert cli.main([*common, *extra, "-o", str(tmp_path / "local.jsonl")]) == 0
+    assert cli.main([*common, *extra, "-o", str(tmp_path / "local.jsonl"),
+                     *own_ledger(tmp_path / "local.jsonl")]) == 0
     assert cli.main([*common, *extra, "--engine", "spark", "-o",
-                     str(tmp_path / "spark_out")]) == 0
+                     str(tmp_path / "spark_out"), *own_ledger(tmp_path / "spark_out")]) == 0
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     if "--blt-buffers" in extra:  # the flag changes the noise (so both engines read it)
-        assert cli.main([*common, "-o", str(tmp_path / "default.jsonl")]) == 0
+        assert cli.main([*common, "-o", str(tmp_path / "default.jsonl"),
+                         *own_ledger(tmp_path / "default.jsonl")]) == 0
         default = (tmp_path / "default.jsonl").read_text().splitlines()
         assert [json.loads(x)["released"] for x in default] != [r["released"] for r in local]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
@@ -507,8 +509,10 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
         assert set(rows["noise_std"]) == {rel["meta"]["noise_std"]}
     # the long CSV of both engines is one table
-    assert cli.main([*common, "-o", str(tmp_path / "local.csv")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark.csv")]) == 0
+    assert cli.main([*common, "-o", str(tmp_path / "local.csv"),
+                     *own_ledger(tmp_path / "local.csv")]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark.csv"),
+                     *own_ledger(tmp_path / "spark.csv")]) == 0
     want = pd.read_csv(tmp_path / "local.csv").sort_values(["t", "item"]).reset_index(drop=True)
     have = (pd.concat(pd.read_csv(p) for p in sorted((tmp_path / "spark.csv").glob("*.csv")))
             .sort_values(["t", "item"]).reset_index(drop=True))
@@ -531,6 +535,33 @@ def test_engine_spark_runs_unknown_with_the_tree_only(tmp_path) -> None:
                          threshold_delta=0.1, counter="blt")
 
 
+def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys) -> None:
+    """A Spark run draws the local engine's noise: after a local run of one key and
+    settings, a Spark run over other data is refused before it writes (and the other
+    way round); --force goes on, and another --stream is a new stream."""
+    from dpstream import cli
+
+    key_path = tmp_path / "k.key"
+    fixed_key("spark-scope").save(key_path)
+    for name, lines in (("a", ['["a"]', '["b"]']), ("b", ['["a"]'])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(x + "\n" for x in lines))
+    common = ["run", "-q", "-m", "unknown", "-T", "4", "--max-items", "2", "--rho", "1",
+              "--threshold-delta", "0.4", "--key-file", str(key_path), "--implicit-time",
+              "--noise-version", "2", "--counter", "tree"]
+    assert cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "-o",
+                     str(tmp_path / "local.jsonl")]) == 0
+    capsys.readouterr()
+    spark_b = [*common, "-i", str(tmp_path / "b.jsonl"), "--engine", "spark"]
+    assert cli.main([*spark_b, "-o", str(tmp_path / "b_out")]) == 1
+    assert "same key and settings" in capsys.readouterr().err
+    assert not (tmp_path / "b_out").exists()
+    assert cli.main([*spark_b, "-o", str(tmp_path / "s_out"), "--stream", "s"]) == 0
+    assert cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "--stream", "s", "-o",
+                     str(tmp_path / "local-s.jsonl")]) == 1  # the Spark run's scope
+    assert cli.main([*spark_b, "-o", str(tmp_path / "b_out"), "--force"]) == 0
+    assert "--force" in capsys.readouterr().err
+
+
 def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None:
     """Review finding 1 on Spark: steps 1..last event made the number of steps tell
     whether an event alone in the last step (or, with implicit time, any line) was there."""
@@ -548,12 +579,13 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
         assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
                          "1", "--threshold-delta", "0.4", "--remember", "--key-file",
                          str(key_path), "-i", str(inp), "--engine", "spark", "-o",
-                         str(out), "--counter", "tree"]) == 0
+                         str(out), "--counter", "tree", *own_ledger(out)]) == 0
         local = tmp_path / f"{name}.local.jsonl"
         assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
                          "1", "--threshold-delta", "0.4", "--remember", "--key-file",
                          str(key_path), "-i", str(inp), "-o", str(local),
-                         "--counter", "tree", "--noise-version", "1"]) == 0  # Spark's
+                         "--counter", "tree", "--noise-version", "1",  # Spark's
+                         *own_ledger(local)]) == 0
         steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
         got = spark.read.json(str(out)).toPandas()
         assert sorted(set(got["t"])) == list(range(1, 7))  # empty steps have a row too
@@ -579,8 +611,10 @@ def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark,
               "--noise-version", "2",  # the local default for a new stream; Spark's is 1
               "--key-file", str(key_path), "-i", str(inp), "--time-field", "ts", "--step",
               "1h", "--start", "2026-03-01T00:00:00Z"]
-    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out")]) == 0
+    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl"),
+                     *own_ledger(tmp_path / "local.jsonl")]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),
+                     *own_ledger(tmp_path / "spark_out")]) == 0
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
     assert [r["t"] for r in local] == sorted(set(got["t"])) == list(range(1, 9))

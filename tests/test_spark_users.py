@@ -20,7 +20,7 @@ import pytest
 import dpstream as dps
 from dpstream.bounding import UserBounds
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 pytestmark = pytest.mark.spark
 
@@ -155,8 +155,10 @@ def test_engine_spark_matches_engine_local_per_user(spark, events, tmp_path, mec
               "--user-field", "user", "--max-items-per-user", "3", "--max-count-per-item", "2",
               "--key-file", str(key_path), "-i", str(inp), "--no-round",
               "--noise-version", "2"]  # local's default for a new stream; Spark's is 1
-    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out")]) == 0
+    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl"),
+                     *own_ledger(tmp_path / "local.jsonl")]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),
+                     *own_ledger(tmp_path / "spark_out")]) == 0
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
     assert any(rel["released"] for rel in local)

@@ -14,7 +14,7 @@ from dpstream.io import KeyedTruncator
 from dpstream.mechanisms.truncation import keyed_subset, truncation_source
 from dpstream.noise import NoiseSource
 
-from .conftest import Z_TOL, fixed_key
+from .conftest import Z_TOL, fixed_key, own_ledger
 
 
 def keep_by_hand(key, stream, items, k, t):
@@ -189,11 +189,11 @@ def test_thirty_daily_truncating_runs_equal_one_run(big_events, tmp_path, mech):
             "--rho", "1", "--on-invalid", "truncate", "--key-file", str(key_path),
             "--no-fsync"]
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref)]) == 0
+    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
-        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out),
+        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out), *own_ledger(out),
                      "--state", str(state), *until]) == 0, d
     assert out.read_bytes() == ref.read_bytes()
 
@@ -243,7 +243,8 @@ def test_a_state_of_the_line_keyed_rule_is_refused(big_events, tmp_path, capsys)
     args = ["run", "-q", "-T", str(DAYS * STEPS_PER_DAY), "-m", "unknown",
             "--threshold-delta", "1e-3", "--max-items", "2", "--rho", "1",
             "--on-invalid", "truncate", "--key-file", str(key_path), "--no-fsync",
-            "-o", str(tmp_path / "out.jsonl"), "--state", str(tmp_path / "s.sqlite")]
+            "-o", str(tmp_path / "out.jsonl"),
+            *own_ledger(tmp_path / "out.jsonl"), "--state", str(tmp_path / "s.sqlite")]
     assert main([*args, "-i", str(base / "day01.jsonl"), "--until", "8"]) == 0
     db = sqlite3.connect(tmp_path / "s.sqlite")
     params = json.loads(db.execute("SELECT params FROM run").fetchone()[0])

@@ -28,7 +28,7 @@ from dpstream.factorization import (
 from dpstream.mechanisms.unknown import step_delta_divisor
 from dpstream.state import recorded_params
 
-from .conftest import fixed_key
+from .conftest import fixed_key, own_ledger
 
 # ----------------------------------------------------------------------- the counter
 
@@ -170,7 +170,7 @@ def test_thirty_daily_runs_with_no_horizon_equal_one_run(stream, tmp_path, mech)
     last = DAYS * STEPS_PER_DAY
     ref = tmp_path / "ref.jsonl"
     assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), "--until",
-                 str(last)]) == 0
+                 str(last), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out), "--state",
@@ -195,17 +195,15 @@ def test_thirty_daily_runs_with_no_horizon_equal_one_run(stream, tmp_path, mech)
 def test_a_resume_cannot_switch_between_a_horizon_and_none(stream, tmp_path, capsys):
     base, key_path = stream
     args = _args(base, key_path, "known")
-    for first, second in ((["--until", "4"], ["-T", "120", "--until", "8"]),
-                          (["-T", "120", "--until", "4"], ["--until", "8"])):
-        out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
-        for p in (out, state):
-            p.unlink(missing_ok=True)
+    for n, (first, second) in enumerate(((["--until", "4"], ["-T", "120", "--until", "8"]),
+                                         (["-T", "120", "--until", "4"], ["--until", "8"]))):
+        out, state = tmp_path / f"o{n}.jsonl", tmp_path / f"s{n}.sqlite"
         assert main([*args, *first, "-i", str(base / "day01.jsonl"), "-o", str(out),
-                     "--state", str(state)]) == 0
+                     "--state", str(state), *own_ledger(out)]) == 0
         capsys.readouterr()
         before = out.read_bytes()
         assert main([*args, *second, "-i", str(base / "day02.jsonl"), "-o", str(out),
-                     "--state", str(state)]) == 1
+                     "--state", str(state), *own_ledger(out)]) == 1
         err = capsys.readouterr().err
         assert "other parameters" in err and "horizon" in err
         assert out.read_bytes() == before

@@ -29,6 +29,8 @@ from dpstream.view.model import ViewModel, parse_release, top_items
 from dpstream.view.render import render_page
 from dpstream.view.server import ViewServer
 
+from .conftest import own_ledger
+
 #: Item names an attacker might publish as hashtags (user data, never markup).
 EVIL = [
     '<script>window.__pwned = 1</script>',
@@ -416,7 +418,7 @@ def test_run_writes_the_sidecar_plan_describes(tmp_path, capsys):
     opts = ["-m", "unknown", "-T", "60", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"]
     out = tmp_path / "r.jsonl"
     assert main(["run", "-q", *opts, "--key-file", str(key), "-i", str(tmp_path / "ev.jsonl"),
-                 "-o", str(out)]) == 0
+                 "-o", str(out), *own_ledger(out)]) == 0
     capsys.readouterr()
     assert main(["plan", *opts, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -433,7 +435,7 @@ def test_run_writes_the_sidecar_plan_describes(tmp_path, capsys):
     other = tmp_path / "o.jsonl"
     sidecar_path(other).write_text("precious")
     assert main(["run", "-q", *opts, "--key-file", str(key), "-i", str(tmp_path / "ev.jsonl"),
-                 "-o", str(other)]) == 1
+                 "-o", str(other), *own_ledger(other)]) == 1
     assert sidecar_path(other).read_text() == "precious"
     assert not other.exists()  # refused before the output was created
     assert "refusing to overwrite" in capsys.readouterr().err

@@ -467,8 +467,10 @@ RUN_OPTS: tuple[Opt, ...] = (
         "--until to go on); every step up to it is released, with events or without",
         None, _positive_int, metavar="N", default_text="--horizon"),
     Opt(("--force",), "force", "start a new run even though --output already holds "
-        "releases (overwriting them; what was published from it still counts against the "
-        "budget)", False, kind="flag"),
+        "releases (overwriting them), or the release ledger records a run of the same key "
+        "and settings: your statement that the earlier release was never published (the "
+        "same noise on other data publishes the difference; what was published still "
+        "counts against the budget)", False, kind="flag"),
     Opt(("--allow-readable-key",), "allow_readable_key", "use a --key-file that other users "
         "can read (refused by default: anyone who reads the key can remove the noise)",
         False, kind="flag"),
@@ -477,10 +479,11 @@ RUN_OPTS: tuple[Opt, ...] = (
         kind="flag"),
     Opt(("--state",), "state", "SQLite checkpoint: commit every step, resume after a crash, "
         "refuse another key or parameters", None, str, metavar="FILE.sqlite"),
-    Opt(("--ledger",), "ledger", "with --state, the release ledger: an append-only record of "
-        "every step each run released, checked and extended at every step, so that a state "
-        "restored from a backup cannot release a step again from other input; keep it on "
-        "storage that is never rolled back (docs/operations.md)", None, str, metavar="PATH",
+    Opt(("--ledger",), "ledger", "the release ledger: an append-only record of every run's "
+        "noise scope (a new run of the same key and settings is refused) and, with --state, "
+        "of every step each run released, checked and extended at every step, so that a "
+        "state restored from a backup cannot release a step again from other input; keep it "
+        "on storage that is never rolled back (docs/operations.md)", None, str, metavar="PATH",
         default_text="KEY-FILE.ledger, beside --key-file"),
     Opt(("--fsync",), "fsync", "with --state, fsync the output and the state at every step: "
         "durable against power loss, but it costs about 8 ms per step on a typical disk "

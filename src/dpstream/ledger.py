@@ -20,9 +20,11 @@ other input is refused before anything is written.
 
 Format
 ------
-A text file, one line per step of a run::
+A text file, one line per step of a run, and one line per run naming its
+noise scope::
 
     L1 <run id> <t> <input digest> <release digest> <tag>
+    S1 <scope digest> <run id> <tag>
 
 The digests are the state's (:class:`dpstream.state.StateDigests`: keyed,
 bound to t) cut to 128 bits; the tag is an HMAC-SHA256 (cut to 128 bits) of
@@ -38,12 +40,36 @@ A last line without its line feed (a kill or a power loss in the middle of
 an append) is ignored and cut off at the next append: its step was not
 recorded in the state yet, so nothing of it was written.
 
+The noise scope
+---------------
+A state and an output deleted (or restored from a backup taken before the
+first run) start a new run, with a new run id, under the *same* noise (the
+same key and settings): its steps would be released again from other data.
+So every run that releases a step also records, once, the keyed digest of
+its noise scope (the purpose the mechanism draws its noise under: the stream
+name and every setting that shapes the noise; never the name or the settings
+themselves), in the same append as its first step (a run without ``--state``,
+which cannot resume, appends that line alone before its first release; a run
+begun before the ledger kept scopes adds its line when it goes on). A
+new run whose scope another run already holds is refused before anything is
+written (:meth:`ReleaseLedger.others`, checked again under the lock when the
+line is appended); a resumed run (the same run id) is not. ``--force`` is the
+operator's statement that the earlier release was never published. A state
+whose recorded run released no step yet may carry a run id the ledger holds
+with its first step (a kill between the ledger and the state): that run is
+let through (:attr:`ReleaseLedger.allow`), not one with later steps (a state
+restored from a backup).
+
 What it cannot see
 ------------------
 Its own loss: the ledger's last lines removed (a ledger restored from a
 backup, deleted, or another ``--ledger`` path) together with the state and
-the output look like a run that never went further. Keep the ledger on
-storage that is never rolled back (see docs/operations.md).
+the output look like a run that never went further, or a stream that never
+ran. Nor can it tell a state restored to just before its run's first step
+was recorded from a kill between the ledger and the state at step 1, nor
+see releases made through the library (``dpstream`` in Python, ``dpstream
+demo``), which keep no ledger. Keep the ledger on storage that is never
+rolled back (see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -67,9 +93,10 @@ if TYPE_CHECKING:
     from .noise import NoiseKey
 
 __all__ = ["LedgerEntry", "LedgerError", "ReleaseLedger", "check_ledger_file",
-           "default_ledger_path", "ledger_path"]
+           "default_ledger_path", "ledger_path", "scope_refusal"]
 
 _VERSION = "L1"
+_SCOPE = b"S1 "  # the line naming a run's noise scope
 _CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
 
 
@@ -116,15 +143,29 @@ class ReleaseLedger:
         fsync: fsync each append (and the directory when the file is created),
             as the state does with ``--fsync``; without it an append survives a
             killed process, not a power loss.
+        scope: the run's noise scope (the mechanism's noise purpose); its keyed
+            digest is appended once, with the run's first append. ``None``: none.
+        check_scope: refuse (under the lock, when the scope line is appended) a
+            scope that another run already holds (:meth:`others`): a new run.
+            False for a resumed run, and with ``--force``.
+        allow: run ids whose scope lines this run may share (the run a kill left
+            in the state before it recorded its first step).
     """
 
-    def __init__(self, path: str, key: NoiseKey, run_id: str, *, fsync: bool = True) -> None:
+    def __init__(self, path: str, key: NoiseKey, run_id: str, *, fsync: bool = True,
+                 scope: str | None = None, check_scope: bool = False,
+                 allow: Iterable[str] = ()) -> None:
         if not run_id:
             raise LedgerError("the state has no run id: it cannot be kept in the release ledger")
         self.path = path
         self.run_id = run_id
         self._key = key.derive("release-ledger/v1")
         self._fsync = fsync
+        self._scope = (None if scope is None else
+                       self._tag(b"scope\0" + scope.encode("utf-8")))
+        self.check_scope = check_scope
+        self.allow = frozenset(allow)
+        self._scoped: dict[str, tuple[bytes, int]] = {}  # run id -> its scope line, number
         self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
         self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
         self._prefix = f"{_VERSION} {run_id} ".encode("ascii")
@@ -160,9 +201,15 @@ class ReleaseLedger:
         self._size += len(complete)
         prefix = self._prefix
         at = len(prefix)
+        scope = self._scope
         for raw in complete.split(b"\n")[:-1]:
             self._lines += 1
             if not raw.startswith(prefix):
+                if scope is not None and raw.startswith(_SCOPE):
+                    fields = raw.split(b" ")
+                    if len(fields) == 4 and fields[1] == scope:
+                        self._scoped.setdefault(fields[2].decode("ascii", "replace"),
+                                                (raw, self._lines))
                 continue  # another run's line (that run checks it)
             try:
                 t = int(raw[at:raw.index(b" ", at)])
@@ -206,6 +253,31 @@ class ReleaseLedger:
                 "this key (edited or forged): refusing to trust the ledger")
         entry = self._entries[t] = LedgerEntry(fields[3].decode(), fields[4].decode())
         return entry
+
+    def others(self) -> list[str]:
+        """The other runs that released under this run's noise scope (their lines'
+        tags checked), but the ones in :attr:`allow`."""
+        found = []
+        for run, (raw, number) in self._scoped.items():
+            if run == self.run_id or run in self.allow:
+                continue
+            body, _, tag = raw.rpartition(b" ")
+            if not hmac.compare_digest(self._tag(body), tag):
+                raise LedgerError(
+                    f"line {number} of the release ledger {self.path!r} was not written with "
+                    "this key (edited or forged): refusing to trust the ledger")
+            found.append(run)
+        return found
+
+    def in_scope(self, run_id: str) -> bool:
+        """Whether run ``run_id`` has this run's noise scope on record."""
+        return run_id in self._scoped
+
+    def claim_scope(self) -> None:
+        """Append the run's scope line if it is not on record yet (a run without a state,
+        right before its first release: its one line)."""
+        if self._scope is not None and self.run_id not in self._scoped:
+            self._write([])
 
     def same(self, t: int, input_mac: str) -> bool | None:
         """Whether step t is on record with this input digest (``None``: not on record)."""
@@ -263,9 +335,15 @@ class ReleaseLedger:
                         raise LedgerError(f"step {t} of run {self.run_id} does not follow "
                                           f"step {self.last_t + n}, the last one in the "
                                           f"release ledger {self.path!r}")
-                if not entries:
-                    return
                 lines = []
+                if self._scope is not None and self.run_id not in self._scoped:
+                    if self.check_scope and self.others():  # a run that began meanwhile
+                        raise LedgerError(scope_refusal(self.path, len(self.others())))
+                    body = b"%s%s %s" % (_SCOPE, self._scope, self.run_id.encode("ascii"))
+                    lines.append(b"%s %s" % (body, self._tag(body)))
+                if not entries and not lines:
+                    return
+                scoped = len(lines)
                 for t, e in entries:
                     body = b"%s%d %s %s" % (self._prefix, t, e.input_mac.encode("ascii"),
                                             e.release_mac.encode("ascii"))
@@ -277,7 +355,10 @@ class ReleaseLedger:
                 if self._fsync:
                     os.fsync(self._fd)
                 self._size += len(data)
-                for (t, e), raw in zip(entries, lines, strict=True):
+                if scoped:
+                    self._lines += 1
+                    self._scoped[self.run_id] = (lines[0], self._lines)
+                for (t, e), raw in zip(entries, lines[scoped:], strict=True):
                     self._lines += 1
                     self._raw[t] = (raw, self._lines)
                     self._entries[t] = e
@@ -289,11 +370,27 @@ class ReleaseLedger:
     def close(self) -> None:
         os.close(self._fd)
 
+    def reopen(self) -> None:
+        """Open the ledger again after :meth:`close`; what was read stays read (the next
+        read or append catches up with what others appended meanwhile)."""
+        self._fd = _open(self.path, fsync=self._fsync)
+
     def __enter__(self) -> ReleaseLedger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def scope_refusal(path: str, runs: int) -> str:
+    """Why a new run is refused when ``runs`` other runs released under its noise scope."""
+    return (f"the release ledger {path!r} records {runs} earlier run(s) that released steps "
+            "with the same key and settings (the same --stream name and every setting that "
+            "shapes the noise): this run would draw the same noise, and releasing those "
+            "steps again from other data publishes the exact difference of the true counts. "
+            "Use a new key or another --stream name for a new stream, or resume the existing "
+            "one with its --state; if the earlier release was never published, --force "
+            "says so and goes on")
 
 
 def check_ledger_file(path: str, *, fsync: bool = True) -> None:

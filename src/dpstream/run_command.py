@@ -35,9 +35,14 @@ exactly what an uninterrupted run writes; a resumed run whose input changed in
 any step already written is refused (the same noise on other data would
 publish the difference of the true counts). Every step also goes into the
 release ledger (:mod:`dpstream.ledger`) before the state records it, so a
-state restored from a backup cannot release a step again from other input. A
-new run refuses an output file that already holds releases (``--force``
-overrides).
+state restored from a backup cannot release a step again from other input.
+Every run, with a state or without, also records its noise scope in the
+ledger before its first release, and a new run (a new state, or none) whose
+scope another run already released under is refused before anything is
+written: it would draw the same noise from other data (a deleted state, or a
+second run without one). A new run refuses an output file that already holds
+releases (``--force`` overrides both: the operator's word that the earlier
+release was never published).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import io
 import json
 import logging
 import os
+import secrets
 import sys
 import time
 from collections import Counter
@@ -71,7 +77,7 @@ from .cli import (
     resolve_horizon,
 )
 from .errors import DPStreamError, InvalidEventError, StateError
-from .ledger import LedgerError, ReleaseLedger, check_ledger_file, ledger_path
+from .ledger import LedgerError, ReleaseLedger, ledger_path, scope_refusal
 from .logs import log_fields, setup_logging
 from .run_follow import follow
 from .run_guard import InvalidTally, TooManyInvalidError, check_invalid_share
@@ -579,13 +585,22 @@ def _until(opts: dict[str, Any]) -> int:
 
 
 def _run_on_spark(opts: dict, key: object) -> int:
-    """``run --engine spark``: the same releases, computed by Spark executors."""
+    """``run --engine spark``: the same releases, computed by Spark executors. The job
+    draws the local engine's noise, so it checks and records its noise scope in the
+    release ledger as a local run without a state does (before it writes anything)."""
     try:
         from .spark import run_cli
     except ImportError as exc:
         raise ValueError(f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
                          ) from None
-    summary = run_cli({**opts, "until": _until(opts)}, master=opts["master"], key=key)
+
+    def claim(mech: Any) -> None:
+        ledger, _ = _new_run_scope(opts, key, noise_scope(mech, str(opts["stream"])), own="")
+        with ledger:
+            ledger.claim_scope()
+
+    summary = run_cli({**opts, "until": _until(opts)}, master=opts["master"], key=key,
+                      before_release=claim)
     _log.info(f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
               f"{summary['events']} events ({summary['skipped']} invalid skipped), "
               f"{summary['rows']} rows -> {summary['output']}, "
@@ -630,6 +645,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     stream = scoped_stream(opts)
     with mechanism_settings():
         mech = build_mechanism(name, {**opts, "stream": stream}, key, domain)
+    scope = noise_scope(mech, stream)
+    free_ledger = None  # a run without a state: a new run, checked before anything (a
+    if not opts["state"]:  # Parquet file) is made; its one line comes before its release
+        free_ledger = _new_run_scope(opts, key, scope, own="")[0]
+        free_ledger.close()
     # readable counts (--clamp, --monotone): post-processing whose state (the values
     # published so far) is replayed with the steps, or saved with the mechanism
     publish = make_postprocessor(opts)
@@ -683,6 +703,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ckpt = None
         ledger: ReleaseLedger | None = None
         new_run: dict[str, str] | None = None
+        allow: frozenset[str] = frozenset()  # a run id a kill left in the state (see below)
         resume: Resume | None = None
         go_on: _GoOn | None = None
         if opts["state"]:
@@ -703,7 +724,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"--until {until} from this input already; nothing to do: a "
                               "step is never released twice")
                     return 0
-                ledger = _open_ledger(opts, key, ckpt, record)
+                ledger = _open_ledger(opts, key, ckpt, record, scope=scope)
                 stack.callback(ledger.close)
                 go_on = _go_on(ckpt, record, opts, key, digests)
                 if go_on is not None:
@@ -713,11 +734,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                     resume = Resume(last_t=record.last_t, begin=record.last_begin)
                 stats.resumed_at = record.last_t
             if new_run is not None:  # its ledger is opened once the run is recorded
-                check_ledger_file(ledger_path(opts), fsync=bool(opts["fsync"]))
+                try:
+                    first, allow = _new_run_scope(opts, key, scope, own=ckpt.run_id())
+                except LedgerError:
+                    if not state_existed:  # a state file made just now
+                        ckpt.close()
+                        with contextlib.suppress(OSError):
+                            os.unlink(opts["state"])
+                    raise
+                first.close()
             if opts["output"] == "-" and resume is not None:
                 _log.info(f"note: with --output - the release of step {resume.last_t} "
                           "is printed again on resume (the same bytes); write to a file for "
                           "exactly-once output")
+        if free_ledger is not None:  # checked again when its one line is appended
+            ledger = free_ledger
+            ledger.reopen()
+            stack.callback(ledger.close)
         if (new_run is not None or ckpt is None) and parquet is None:  # parquet: checked
             check_new_output(opts, formatter.header())
         chunks = None
@@ -757,7 +790,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
-            ledger = _open_ledger(opts, key, ckpt, None)
+            ledger = _open_ledger(opts, key, ckpt, None, scope=scope,
+                                  check_scope=not opts["force"], allow=allow)
             stack.callback(ledger.close)
         batch = None
         begin_batch = None
@@ -989,8 +1023,10 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if opts["output"] != "-":
                 out.truncate(offset)  # the output is positioned at `offset`, where t begins
         else:
-            if ledger is not None:  # write-ahead: in the ledger before the state has it
-                # (a ledger is kept only beside a state, so both digests were made)
+            if ledger is not None and ckpt is None:  # no state: its scope, once
+                ledger.claim_scope()
+            elif ledger is not None:  # write-ahead: in the ledger before the state has it
+                # (beside a state, so both digests were made)
                 assert input_mac is not None and release_mac is not None
                 ledger.record(t, input_mac, release_mac)
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
@@ -1095,7 +1131,57 @@ def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | N
         return None
 
 
-def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any) -> ReleaseLedger:
+def noise_scope(mech: Any, stream: str) -> str:
+    """The purpose a mechanism draws its noise under (its stream name, the input settings
+    of :func:`scoped_stream`, the noise version and every setting that shapes the noise):
+    two runs under one key draw the same noise exactly when these are equal. A mechanism
+    that names none gets its stream name, which is coarser (more runs share it)."""
+    for part in (mech, getattr(mech, "histogram", None)):  # top-k by KnownBase: its histogram
+        for attr in ("noise_scope", "noise_purpose", "tree_purpose"):
+            value = getattr(part, attr, None)
+            if isinstance(value, str):
+                return value
+    return stream
+
+
+def _new_run_scope(opts: dict[str, Any], key: Any, scope: str,
+                   own: str) -> tuple[ReleaseLedger, frozenset[str]]:
+    """Open the ledger for a new run (one that no state resumes) and refuse it
+    (:class:`LedgerError`, before anything is written) when another run released steps
+    under the same noise scope; with ``--force``, warn and go on.
+
+    ``own``: the run id a state left with no step on record (``""``: none). The ledger may
+    hold its scope and its first step (a kill between the ledger and the state): it is let
+    through, and returned to be allowed when the scope line of the new run is appended.
+    Returns the ledger (open under ``own`` or a fresh run id) and the run ids allowed.
+    """
+    ledger = ReleaseLedger(ledger_path(opts), key, own or secrets.token_hex(16),
+                           fsync=bool(opts["fsync"]), scope=scope,
+                           check_scope=not opts["force"])
+    try:
+        others = ledger.others()
+        allow: frozenset[str] = frozenset()
+        if own and ledger.in_scope(own):
+            if ledger.last_t > 1:  # the state forgot steps it released: not a kill
+                others.append(own)
+            else:
+                allow = frozenset([own])
+        if others and not opts["force"]:
+            raise LedgerError(scope_refusal(ledger.path, len(others)))
+        if others:
+            _log.warning(f"--force: the release ledger {ledger.path} records "
+                         f"{len(others)} earlier run(s) that released steps with the same "
+                         "key and settings; this run draws the same noise from its data, "
+                         "which is safe only if those releases were never published")
+        return ledger, allow
+    except BaseException:
+        ledger.close()
+        raise
+
+
+def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any, *,
+                 scope: str | None = None, check_scope: bool = False,
+                 allow: frozenset[str] = frozenset()) -> ReleaseLedger:
     """The release ledger of the run in the state, checked against it.
 
     The state's last step must be the ledger's; steps the state holds and the
@@ -1105,7 +1191,8 @@ def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any) -> Rele
     the steps the ledger holds are then released again only from the same
     input (:func:`_ledger_precheck`, and :meth:`ReleaseLedger.record`).
     """
-    ledger = ReleaseLedger(ledger_path(opts), key, ckpt.run_id(), fsync=bool(opts["fsync"]))
+    ledger = ReleaseLedger(ledger_path(opts), key, ckpt.run_id(), fsync=bool(opts["fsync"]),
+                           scope=scope, check_scope=check_scope, allow=allow)
     try:
         last = record.last_t if record is not None else 0
         common = min(last, ledger.last_t)
@@ -1131,6 +1218,8 @@ def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any) -> Rele
                          f"{ledger.path}: steps {last + 1}..{ledger.last_t} were released "
                          "after it was saved (restored from a backup, or a kill between the "
                          "two); they are released again only from the same input")
+        if last:  # a run released before the ledger kept scopes: its scope, now
+            ledger.claim_scope()
     except BaseException:
         ledger.close()
         raise

@@ -187,7 +187,7 @@ def check_paths(opts: dict[str, Any], config: str | None) -> None:
     from .ledger import ledger_path
 
     targets = [("--output", output if output != "-" else None), ("--state", state),
-               ("--ledger", ledger_path(opts) if state else None)]
+               ("--ledger", ledger_path(opts))]
     for n, (name, path) in enumerate(targets):
         if path is None:
             continue

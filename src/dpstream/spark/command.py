@@ -25,7 +25,7 @@ not fit a line.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -143,7 +143,8 @@ def readable_counts(released: DataFrame, *, clamp: bool, monotone: bool) -> Data
 
 
 def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
-            spark: SparkSession | None = None, key: NoiseKey | None = None) -> dict[str, Any]:
+            spark: SparkSession | None = None, key: NoiseKey | None = None,
+            before_release: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Run ``dpstream run`` on Spark; returns a summary for the command to print.
 
     Args:
@@ -155,6 +156,9 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         master: the Spark master when no session is running (``--master``).
         spark: a session to use instead of building one.
         key: the key, when the caller already loaded ``key_file``.
+        before_release: called with the (local) mechanism whose noise the job draws,
+            once the input is checked and before anything is written (``dpstream run``
+            checks and records its noise scope in the release ledger there).
 
     Returns:
         ``{"steps", "last_t", "events", "rows", "elapsed_s", "privacy",
@@ -300,6 +304,8 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         events = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
         last_t = until
         steps = list(range(1, until + 1))
+        if before_release is not None:
+            before_release(mech.mechanism)
         # user level: each user's first contributions in input order (the local engine's)
         per_user = ({"user_col": "user", "order_col": "pos"} if user_field is not None
                     else {})

@@ -1,0 +1,275 @@
+"""The release ledger anchors the noise scope: a new run cannot release a stream again.
+
+Noise is a pure function of (key, noise scope, item, cell, draw). A state and
+an output deleted (or restored from a backup taken before the first run) make
+the next run a new one, with a new run id but the same key and settings: fed
+other data, it released the same steps under the same noise, and the
+difference of the two releases was the exact difference of the true counts.
+The same with two runs without ``--state`` over different inputs. The ledger
+now records each run's keyed scope digest, and a new run whose scope another
+run released under is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpstream.cli import main
+
+from .conftest import fixed_key
+
+STEPS_PER_DAY = 6
+T = 3 * STEPS_PER_DAY
+WORDS = [f"w{i}" for i in range(8)]
+
+
+def _day_lines(day: int, seed: int = 11) -> list[str]:
+    rng = np.random.default_rng(seed + day)  # simulated events (test data, not a release)
+    lines = []
+    for t in range((day - 1) * STEPS_PER_DAY + 1, day * STEPS_PER_DAY + 1):
+        for _ in range(int(rng.integers(10, 25))):
+            items = rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False)
+            lines.append(json.dumps({"t": t, "items": items.tolist()}) + "\n")
+    return lines
+
+
+@pytest.fixture
+def stream(tmp_path):
+    key_path = tmp_path / "k.key"
+    fixed_key("scope").save(key_path)
+    (tmp_path / "domain.txt").write_text("\n".join(WORDS) + "\n")
+    days = {d: _day_lines(d) for d in (1, 2, 3)}
+    for d, lines in days.items():
+        (tmp_path / f"day{d}.jsonl").write_text("".join(lines))
+        (tmp_path / f"day{d}-cut.jsonl").write_text("".join(lines[5:]))  # 5 events fewer
+    base = ["run", "-q", "-m", "known", "--max-items", "2", "--rho", "1", "-T", str(T),
+            "--domain", str(tmp_path / "domain.txt"), "--no-round", "--no-fsync",
+            "--key-file", str(key_path)]
+    return tmp_path, key_path, base
+
+
+def _day(base, tmp_path, name, day, out="out.jsonl", state="s.sqlite"):
+    cmd = [*base, "-i", str(tmp_path / f"{name}.jsonl"), "--until", str(day * STEPS_PER_DAY),
+           "-o", str(tmp_path / out)]
+    return [*cmd, "--state", str(tmp_path / state)] if state else cmd
+
+
+def _releases(path: Path) -> dict[int, dict[str, float]]:
+    return {r["t"]: r["released"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def _written(tmp_path: Path, out="out.jsonl", state="s.sqlite") -> list[str]:
+    return [p.name for p in (tmp_path / out, tmp_path / f"{out}.meta.json", tmp_path / state)
+            if p.exists()]
+
+
+def _delete(tmp_path: Path, out="out.jsonl", state="s.sqlite") -> None:
+    for name in _written(tmp_path, out, state):
+        (tmp_path / name).unlink()
+
+
+def test_a_deleted_state_cannot_release_the_stream_again_from_other_data(stream, capsys):
+    """Days 1 and 2 released; the state and the output deleted; days 1..2 again with
+    other input (5 events fewer a day): refused, and nothing written (no output, no
+    sidecar, no state). Without the ledger's scope line (another ledger) the two
+    releases differ by exactly the true counts of the removed events: the attack."""
+    tmp_path, key_path, base = stream
+    for d in (1, 2):
+        assert main(_day(base, tmp_path, f"day{d}", d)) == 0
+    published = _releases(tmp_path / "out.jsonl")
+    ledger = Path(f"{key_path}.ledger").read_bytes()
+    _delete(tmp_path)
+
+    capsys.readouterr()
+    assert main(_day(base, tmp_path, "day1-cut", 1)) == 1
+    err = capsys.readouterr().err
+    assert "same key and settings" in err and "--stream" in err and "--force" in err
+    assert _written(tmp_path) == []
+    assert Path(f"{key_path}.ledger").read_bytes() == ledger
+
+    # the attack it stops: a fresh ledger lets the new state through, same noise
+    other = ["--ledger", str(tmp_path / "elsewhere.ledger")]
+    for d in (1, 2):
+        assert main([*_day(base, tmp_path, f"day{d}-cut", d), *other]) == 0
+    again = _releases(tmp_path / "out.jsonl")
+    removed = [json.loads(x) for d in (1, 2) for x in _day_lines(d)[:5]]
+    for t in range(1, 2 * STEPS_PER_DAY + 1):
+        truth = dict.fromkeys(WORDS, 0)
+        for rec in removed:
+            if rec["t"] <= t:
+                for item in rec["items"]:
+                    truth[item] += 1
+        for item in WORDS:
+            assert published[t][item] - again[t][item] == pytest.approx(truth[item],
+                                                                        abs=1e-6)
+
+
+def test_two_runs_without_state_of_one_key_and_settings(stream, capsys):
+    """No --state: the second run of one key and settings over other data (to another
+    output) is refused, nothing written; the first run's one ledger line is its
+    keyed scope digest (no stream name, no settings)."""
+    tmp_path, key_path, base = stream
+    base = [*base, "--stream", "clinic-visits"]
+    assert main(_day(base, tmp_path, "day1", 3, out="a.jsonl", state=None)) == 0
+    text = Path(f"{key_path}.ledger").read_text()
+    assert len(text.splitlines()) == 1 and text.startswith("S1 ")
+    assert "clinic" not in text and "rho" not in text and "known" not in text
+    capsys.readouterr()
+    assert main(_day(base, tmp_path, "day2", 3, out="b.jsonl", state=None)) == 1
+    assert "same key and settings" in capsys.readouterr().err
+    assert _written(tmp_path, out="b.jsonl") == []
+    assert Path(f"{key_path}.ledger").read_text() == text
+    # the first run's output deleted does not help either
+    (tmp_path / "a.jsonl").unlink()
+    assert main(_day(base, tmp_path, "day2", 3, out="a.jsonl", state=None)) == 1
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_force_lets_a_repeated_scope_through_with_a_warning(stream, capsys):
+    """--force is the operator's word that the earlier release was never published:
+    the run goes on, says so, and records its scope too (a third run is refused)."""
+    tmp_path, key_path, base = stream
+    assert main(_day(base, tmp_path, "day1", 1)) == 0
+    _delete(tmp_path)
+    capsys.readouterr()
+    assert main([*_day(base, tmp_path, "day1-cut", 1), "--force"]) == 0
+    err = capsys.readouterr().err
+    assert "--force" in err and "never published" in err
+    assert (tmp_path / "out.jsonl").read_text().count("\n") == STEPS_PER_DAY
+    scopes = [x for x in Path(f"{key_path}.ledger").read_text().splitlines()
+              if x.startswith("S1 ")]
+    assert len(scopes) == 2 and len({x.split(" ")[1] for x in scopes}) == 1
+    assert main(_day(base, tmp_path, "day2", 2)) == 0  # the forced run goes on
+    assert main([*_day(base, tmp_path, "day1", 3, out="c.jsonl", state=None)]) == 1
+    assert main([*_day(base, tmp_path, "day1", 3, out="c.jsonl", state=None), "--force"]) == 0
+
+
+def test_another_stream_name_or_key_is_a_new_stream(stream):
+    """The refusal is for the same noise only: another --stream name, another key (on
+    the same ledger) or another setting that shapes the noise is allowed."""
+    tmp_path, key_path, base = stream
+    ledger = ["--ledger", str(tmp_path / "shared.ledger")]
+    assert main([*_day(base, tmp_path, "day1", 1), *ledger]) == 0
+    _delete(tmp_path)
+    assert main([*_day(base, tmp_path, "day1-cut", 1), *ledger, "--stream", "other"]) == 0
+    _delete(tmp_path)
+    other_key = tmp_path / "k2.key"
+    fixed_key("scope-2").save(other_key)
+    with_key = [a if a != str(key_path) else str(other_key) for a in base]
+    assert main([*_day(with_key, tmp_path, "day1-cut", 1), *ledger]) == 0
+    _delete(tmp_path)
+    assert main([*_day([*base, "--rho", "0.5"], tmp_path, "day1-cut", 1), *ledger]) == 0
+    _delete(tmp_path)
+    assert main([*_day(base, tmp_path, "day1-cut", 1), *ledger]) == 1  # the first again
+
+
+def test_resuming_and_continuing_the_same_state_is_allowed(stream, monkeypatch):
+    """Daily batches go on with their state; a run killed right after its first ledger
+    append (the scope line and step 1, before the state recorded step 1) resumes with
+    the same command, to the bytes of an uninterrupted run."""
+    from dpstream.state import Checkpoint
+
+    tmp_path, key_path, base = stream
+    ref = ["--ledger", str(tmp_path / "ref.ledger")]
+    for d in (1, 2, 3):
+        assert main([*_day(base, tmp_path, f"day{d}", d, out="ref.jsonl", state="r.sqlite"),
+                     *ref]) == 0
+    commit = Checkpoint.commit
+
+    def killed_at_1(self, t, **kw):
+        if t == 1:
+            raise KeyboardInterrupt  # as a kill right after the ledger's first append
+        return commit(self, t, **kw)
+
+    monkeypatch.setattr(Checkpoint, "commit", killed_at_1)
+    assert main(_day(base, tmp_path, "day1", 1)) == 130
+    monkeypatch.setattr(Checkpoint, "commit", commit)
+    lines = Path(f"{key_path}.ledger").read_text().splitlines()
+    assert [x[:3] for x in lines] == ["S1 ", "L1 "]
+    with closing(sqlite3.connect(tmp_path / "s.sqlite")) as db:
+        assert db.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 0
+    for d in (1, 2, 3):
+        assert main(_day(base, tmp_path, f"day{d}", d)) == 0
+    assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "ref.jsonl").read_bytes()
+
+
+def test_a_state_restored_to_before_its_first_step_cannot_start_again(stream, monkeypatch,
+                                                                      capsys):
+    """A state saved after its run was recorded but before its first step (it looks
+    like a kill between the ledger and the state), restored once the run released day
+    1: the ledger holds more than that run's first step, so a new run from it is
+    refused."""
+    from dpstream.state import Checkpoint
+
+    tmp_path, key_path, base = stream
+    commit = Checkpoint.commit
+    saved = tmp_path / "saved.sqlite"
+
+    def backed_up_at_1(self, t, **kw):
+        if t == 1:
+            with closing(sqlite3.connect(saved)) as copy:
+                self._db.backup(copy)
+        return commit(self, t, **kw)
+
+    monkeypatch.setattr(Checkpoint, "commit", backed_up_at_1)
+    assert main(_day(base, tmp_path, "day1", 1)) == 0
+    monkeypatch.setattr(Checkpoint, "commit", commit)
+    _delete(tmp_path)
+    saved.chmod(0o600)
+    saved.rename(tmp_path / "s.sqlite")
+    with closing(sqlite3.connect(tmp_path / "s.sqlite")) as db:
+        assert db.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 0
+    before = (tmp_path / "s.sqlite").read_bytes()
+    capsys.readouterr()
+    assert main(_day(base, tmp_path, "day1-cut", 1)) == 1
+    assert "same key and settings" in capsys.readouterr().err
+    assert _written(tmp_path) == ["s.sqlite"]
+    assert (tmp_path / "s.sqlite").read_bytes() == before
+
+
+def test_a_stream_begun_before_scope_lines_gets_its_line_when_it_goes_on(stream, capsys):
+    """A ledger written before runs recorded their scope (its scope line removed here):
+    the stream's next batch records it, and a new state of that scope is then refused."""
+    tmp_path, key_path, base = stream
+    assert main(_day(base, tmp_path, "day1", 1)) == 0
+    ledger = Path(f"{key_path}.ledger")
+    ledger.write_text("".join(x for x in ledger.read_text().splitlines(keepends=True)
+                              if not x.startswith("S1 ")))
+    assert main(_day(base, tmp_path, "day2", 2)) == 0
+    assert sum(x.startswith("S1 ") for x in ledger.read_text().splitlines()) == 1
+    _delete(tmp_path)
+    capsys.readouterr()
+    assert main(_day(base, tmp_path, "day1-cut", 1)) == 1
+    assert "same key and settings" in capsys.readouterr().err
+    assert _written(tmp_path) == []
+
+
+@pytest.mark.parametrize("mech", [
+    ["-m", "known", "--max-items", "1"],
+    ["-m", "unknown", "--max-items", "1", "--threshold-delta", "0.3"],
+    ["-m", "top-k", "--k", "1", "--switches", "2"],
+    ["-m", "top-k", "--k", "1", "--switches", "2", "--max-items", "1"],  # KnownBase top-k
+    ["-m", "meta", "--max-items", "1", "--oneshot", "gaussian"],
+])
+def test_every_mechanism_names_its_exact_noise_scope(tmp_path, mech, capsys):
+    """The scope is the mechanism's noise purpose, not just the stream name: the same
+    settings again are refused, while a setting that changes the noise (the budget) is
+    a new scope and goes on."""
+    key_path = tmp_path / "k.key"
+    fixed_key("scope-mech").save(key_path)
+    (tmp_path / "domain.txt").write_text("a\nb\nc\n")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n')
+    domain = [] if mech[1] == "unknown" else ["--domain", str(tmp_path / "domain.txt")]
+    cmd = ["run", "-q", "-T", "4", *mech, *domain, "--key-file", str(key_path), "-i",
+           str(tmp_path / "ev.jsonl"), "--no-fsync"]
+    assert main([*cmd, "--rho", "1", "-o", str(tmp_path / "a.jsonl")]) == 0
+    assert main([*cmd, "--rho", "2", "-o", str(tmp_path / "b.jsonl")]) == 0
+    capsys.readouterr()
+    assert main([*cmd, "--rho", "1", "-o", str(tmp_path / "c.jsonl")]) == 1
+    assert "same key and settings" in capsys.readouterr().err
