@@ -351,3 +351,19 @@ def test_one_shot_guarantees_with_a_count_per_item_bound():
     assert privacy.gaussian_delta(h.epsilon, math.sqrt(5) * 2 / 2.0) <= h.delta
     with pytest.raises(ValueError):
         gaussian_histogram_privacy(tau=1.0, unit="person")
+
+
+@pytest.mark.parametrize("make", [
+    lambda **u: dps.KnownDomainHistogram(["a", "b"], 10, max_items=2, **u),
+    lambda **u: dps.UnknownDomainHistogram(10, max_items=2, threshold_delta=1e-6, **u),
+    lambda **u: dps.ContinualTopK(["a", "b"], 10, k=1, switches=2, **u),
+], ids=["known", "unknown", "topk"])
+def test_user_level_refuses_event_columns_which_hold_no_users(make):
+    from dpstream.mechanisms.columns import EventColumns
+
+    mech = make(key=fixed_key("cols"), rho=1.0, max_items_per_user=2, max_count_per_item=1)
+    cols = EventColumns(["a", "b"], np.array([0, 1]), np.array([0, 2]))
+    with pytest.raises(TypeError, match="not EventColumns"):
+        mech.step_batch(cols)
+    assert mech.t == 0  # nothing changed
+    assert mech.step_batch([("alice", ["a"])]).t == 1  # pairs are taken

@@ -335,6 +335,17 @@ def test_config_file_and_flag_override(files):
     assert _run("--config", str(cfg), "-i", files.input) == 1
 
 
+def test_config_value_outside_integer_choices_is_named(files, capsys):
+    # --noise-version's choices are integers: the error lists them (it was a TypeError
+    # from joining them as text, shown as "sequence item 0: expected str instance")
+    cfg = files.dir / "run.toml"
+    cfg.write_text(f'horizon = 40\ndomain = "{files.domain}"\nkey-file = "{files.key_path}"\n'
+                   "noise-version = 3\n")
+    assert _run("--config", str(cfg), "-i", files.input) == 1
+    err = capsys.readouterr().err
+    assert "--noise-version must be one of 1, 2, got 3" in err
+
+
 def test_stdin_to_stdout(files, monkeypatch, capsysbinary):
     monkeypatch.setattr(sys, "stdin", open(files.input))
     assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",

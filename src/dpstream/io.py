@@ -87,7 +87,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 import numpy as np
 
@@ -150,9 +150,17 @@ class RawEvent:
 #: (most likely an unclosed quote that swallowed the rows after it).
 MAX_CSV_ITEM_CHARS = 1000
 
+
+class _TextDecoding(TypedDict):
+    """The keyword arguments of :func:`open` that decode an input's text."""
+
+    encoding: str
+    errors: str
+
+
 #: Text decoding of every input: UTF-8 with an optional byte-order mark; bytes
 #: that are not UTF-8 become lone surrogates, which the parsers reject per record.
-_ENCODING = dict(encoding="utf-8-sig", errors="surrogateescape")
+_ENCODING: _TextDecoding = dict(encoding="utf-8-sig", errors="surrogateescape")
 
 
 def open_input(path: str) -> TextIO:
@@ -263,6 +271,7 @@ def raw_bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
+_fast_loads: Callable[[str], Any] | None
 try:  # a faster parser for the lines it agrees on (json.loads decides the others)
     from orjson import JSONDecodeError as _FastError
     from orjson import loads as _fast_loads
@@ -679,8 +688,10 @@ def read_domain(path: str) -> list[str]:
         raise ValueError(f"domain file {path!r} holds no item")
     if len(set(domain)) != len(domain):
         seen: set[str] = set()
-        dup = next(d for d in domain if d in seen or seen.add(d))
-        raise ValueError(f"domain file {path!r} lists {dup!r} twice")
+        for dup in domain:  # the first item seen a second time
+            if dup in seen:
+                raise ValueError(f"domain file {path!r} lists {dup!r} twice")
+            seen.add(dup)
     return domain
 
 

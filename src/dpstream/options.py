@@ -9,6 +9,7 @@ read (docs/architecture.md).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ class Opt:
     help: str
     default: Any = None
     type: Callable[[str], Any] | None = None
-    choices: tuple[str, ...] | None = None
+    choices: tuple[str, ...] | tuple[int, ...] | None = None
     kind: str = "value"  # "value", "flag" (store_true) or "bool" (--x/--no-x)
     metavar: str | None = None
     default_text: str | None = None  # what --help shows as the default
@@ -323,16 +324,17 @@ def add_options(parser: argparse.ArgumentParser, opts: Iterable[Opt]) -> None:
         elif opt.kind == "bool":
             parser.add_argument(*opt.flags, dest=opt.dest, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=text)
-        else:
-            parser.add_argument(*opt.flags, dest=opt.dest, type=opt.type, choices=opt.choices,
+        else:  # (no type: the text as given, as str leaves it)
+            parser.add_argument(*opt.flags, dest=opt.dest, choices=opt.choices,
+                                type=str if opt.type is None else opt.type,
                                 default=argparse.SUPPRESS, metavar=opt.metavar, help=text)
 
 
 def _load_config(path: str) -> dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:
+        import tomli as tomllib
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -388,8 +390,8 @@ def _config_value(opt: Opt, value: Any) -> Any:
         except argparse.ArgumentTypeError as exc:
             raise ValueError(f"config file: {name}: {exc}") from None
     if opt.choices is not None and value not in opt.choices:
-        raise ValueError(f"config file: {name} must be one of {', '.join(opt.choices)}, "
-                         f"got {value!r}")
+        allowed = ", ".join(map(str, opt.choices))
+        raise ValueError(f"config file: {name} must be one of {allowed}, got {value!r}")
     return value
 
 

@@ -136,6 +136,7 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
         if "switches" not in kwargs:  # SparseGumb's default s for T (smallest s, 8^s >= T)
             from .mechanisms.topk import default_switches
 
+            assert horizon is not None  # checked above: top-k needs --horizon
             kwargs["switches"] = default_switches(int(horizon))
     if name == "meta" and "oneshot" not in kwargs:
         raise ValueError("--mechanism meta needs --oneshot")

@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -630,7 +631,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         infile = open_input(opts["input"])  # before the output: a missing input truncates nothing
         if opts["input"] != "-":
             stack.callback(infile.close)
-        elif infile is not sys.stdin:  # a decoding wrapper: leave stdin itself open
+        elif infile is not sys.stdin and isinstance(infile, io.TextIOWrapper):
+            # a decoding wrapper (always, when it is not stdin): leave stdin itself open
             stack.callback(infile.detach)
         ckpt = None
         ledger: ReleaseLedger | None = None
@@ -706,6 +708,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if clock is not None:
                 info["clock"] = clock.describe(opts["horizon"])
             write_run_meta(opts["output"], info)
+        out: IO[bytes]
         if parquet is not None:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
             stack.callback(parquet.close)
@@ -946,6 +949,7 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if t < resume_t:
                 progress.update(t, stats.events)
                 return
+            assert resume is not None  # t <= resume_t > 0: this run resumes one
             if not line.startswith(resume.written):  # the last step, maybe partly written
                 raise StateError(f"output file {opts['output']!r} does not hold the release "
                                  f"of step {t} that {opts['state']!r} records as written: "
@@ -956,6 +960,8 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if ledger is not None and ckpt is None:  # no state: its scope, once
                 ledger.claim_scope()
             elif ledger is not None:  # write-ahead: in the ledger before the state has it
+                # (beside a state, so both digests were made)
+                assert input_mac is not None and release_mac is not None
                 ledger.record(t, input_mac, release_mac)
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
                 ckpt.commit(t, begin=offset, end=offset + len(line),
@@ -1088,7 +1094,7 @@ def _new_run_scope(opts: dict[str, Any], key: Any, scope: str,
                            check_scope=not opts["force"])
     try:
         others = ledger.others()
-        allow = frozenset()
+        allow: frozenset[str] = frozenset()
         if own and ledger.in_scope(own):
             if ledger.last_t > 1:  # the state forgot steps it released: not a kill
                 others.append(own)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
 from .columns import check_grows
 from .truncation import keep_ranked, keyed_subset, truncation_source
+
+if TYPE_CHECKING:
+    from .item_table import ItemTable
 
 __all__ = [
     "Release",
@@ -206,7 +209,7 @@ def domain_items(domain: object) -> list[Hashable]:
     return items
 
 
-def check_in_domain(items: Iterable[Hashable], index: Mapping[Hashable, int]) -> None:
+def check_in_domain(items: Iterable[Hashable], index: Container[Hashable]) -> None:
     """Raise :class:`InvalidEventError` for the first item outside a known domain."""
     for item in items:
         if item not in index:
@@ -307,7 +310,7 @@ def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
 
 
 def domain_counts(
-    counts: object, index: Mapping[Hashable, int], previous: np.ndarray
+    counts: object, index: Mapping[Hashable, int] | ItemTable, previous: np.ndarray
 ) -> np.ndarray:
     """Aggregate-mode counts over a known domain, as an int64 array aligned with it.
 
@@ -473,7 +476,7 @@ class EventLimit:
     def truncating(self) -> bool:
         return self._source is not None
 
-    def events(self, events: Iterable[object], index: Mapping[Hashable, int] | None = None,
+    def events(self, events: Iterable[object], index: Container[Hashable] | None = None,
                *, t: int) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
         """The events of step ``t``, checked and (if truncating) cut; the step's stats delta.
 

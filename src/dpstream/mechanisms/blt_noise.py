@@ -46,6 +46,8 @@ where an item appeared joins it later, with other (equally distributed) noise.
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 
 from .. import noise_kernel as kernel
@@ -194,6 +196,11 @@ class BLTNoise:
         return cached[1]
 
     # -- time ----------------------------------------------------------------
+    @overload
+    def advance(self, t: int, counts: None = None) -> None: ...
+    @overload
+    def advance(self, t: int, counts: np.ndarray) -> np.ndarray: ...
+
     def advance(self, t: int, counts: np.ndarray | None = None) -> np.ndarray | None:
         """Move to time t (> current t), running every step in between.
 
@@ -245,7 +252,7 @@ class BLTNoise:
                 z = ws.f[: hi - lo]  # (the kernel uses ws.f only to accumulate)
                 source.noise_chunk(words[lo:hi], tile, "gaussian", sigma, z, False, ws)
                 stream_step(theta, omega, buffers[:, lo:hi], total[lo:hi], z)
-                if values is not None:
+                if values is not None and counts is not None:  # (both or neither)
                     np.add(counts[lo:hi], total[lo:hi], out=values[lo:hi])
 
         kernel.run_tasks(len(bounds), task)

@@ -19,7 +19,7 @@ with the same message. The tests compare both paths on the same steps.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import chain, repeat
 from typing import Any
 
@@ -85,7 +85,7 @@ class EventColumns:
         return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def as_events(events: Any) -> Any:
+def as_events(events: Iterable[object] | EventColumns) -> Sequence[object] | EventColumns:
     """``events`` as something that can be read twice (the fast path, then maybe the
     per-event path): a list, a tuple or :class:`EventColumns` as they are."""
     if isinstance(events, (list, tuple, EventColumns)):
@@ -93,7 +93,7 @@ def as_events(events: Any) -> Any:
     return list(events)
 
 
-def fast_events(events: Any) -> Any:
+def fast_events(events: Iterable[object] | EventColumns) -> Iterable[object]:
     """The events for the per-event path (:class:`EventColumns` as lists)."""
     return events.events() if isinstance(events, EventColumns) else events
 

@@ -38,7 +38,8 @@ from ..tree import optimal_base, worst_case_variance_factor
 from .base import check_base, check_horizon, config_tag
 
 __all__ = ["COUNTERS", "default_counter", "resolve_counter", "blt_sigma", "blt_purpose",
-           "counter_with_buffers", "stream_horizon", "for_all_t", "UNBOUNDED_THEOREM"]
+           "counter_with_buffers", "stream_horizon", "for_all_t", "UNBOUNDED_THEOREM",
+           "tree_base", "tree_levels"]
 
 #: What a mechanism with no planned end adds to its theorem.
 UNBOUNDED_THEOREM = ("; no planned end: sigma from sup_T max_j ||C e_j||^2 = sum_(n >= 0) "
@@ -119,6 +120,22 @@ def resolve_counter(counter: object, base: object, horizon: int, *, unbounded: b
         raise ValueError(f"base applies to counter='tree' only, got base={base!r} "
                          "with counter='blt'")
     return "blt", None, strategy
+
+
+def tree_base(base: int | None) -> int:
+    """The tree base r of a mechanism that counts with the tree (:func:`resolve_counter`
+    gives ``None`` for a BLT counter, which has no base)."""
+    if base is None:
+        raise ValueError("a BLT counter has no tree base")
+    return base
+
+
+def tree_levels(levels: int | None) -> int:
+    """L_r, the levels of the tree of a mechanism that counts with the tree (``None``
+    for a BLT counter, which has no levels)."""
+    if levels is None:
+        raise ValueError("a BLT counter has no tree levels")
+    return levels
 
 
 def counter_with_buffers(counter: str | None, base: int | None, buffers: int | None,

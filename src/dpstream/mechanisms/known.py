@@ -55,7 +55,15 @@ from .columns import (
     fast_events,
     is_frame,
 )
-from .counters import blt_purpose, blt_sigma, for_all_t, resolve_counter, stream_horizon
+from .counters import (
+    blt_purpose,
+    blt_sigma,
+    for_all_t,
+    resolve_counter,
+    stream_horizon,
+    tree_base,
+    tree_levels,
+)
 from .item_table import ItemTable, domain_table, release_items
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
@@ -285,16 +293,17 @@ class KnownDomainHistogram:
         self._noise: TreeNoise | BLTNoise
         domain = domain_tag(items)
         if self.strategy is None:
-            self.levels: int | None = num_levels(self.horizon, self.base)
+            base = tree_base(self.base)
+            self.levels: int | None = num_levels(self.horizon, base)
             cell_std = math.sqrt(self.levels) * self.tau
             self.tree_purpose: str | None = tree_purpose(
-                self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
+                self.stream, horizon=self.horizon, base=base, cell_std=cell_std,
                 max_items=self.max_items, domain=domain, users=users,
                 noise_version=self.noise_version)
             self.sigma = cell_std
             self.noise_purpose = self.tree_purpose
             source = NoiseSource(key, self.tree_purpose)
-            self._noise = TreeNoise(source, self.horizon, self.base, cell_std)
+            self._noise = TreeNoise(source, self.horizon, base, cell_std)
         else:
             self.levels = self.tree_purpose = None
             self.sigma = blt_sigma(self.tau, self.strategy)
@@ -329,7 +338,8 @@ class KnownDomainHistogram:
         """The largest standard deviation of a released count over t <= T."""
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.max_variance_factor)
-        return float(np.sqrt(worst_case_variance_factor(self.horizon, self.base)) * self.tau)
+        return float(np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base)))
+                     * self.tau)
 
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of a released count at t: tau sqrt(|I_t| L_r) for
@@ -338,7 +348,8 @@ class KnownDomainHistogram:
 
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.variance_factor(t))
-        return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
+        cells = sum(digits(t, tree_base(self.base)))
+        return float(np.sqrt(cells * tree_levels(self.levels)) * self.tau)
 
     @property
     def counts(self) -> np.ndarray:
@@ -385,15 +396,16 @@ class KnownDomainHistogram:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        events, pending = bound_user_events(self._users, events, self.max_items,
-                                            partial(check_in_domain, index=self._index))
-        idx, delta = self._event_indices(events, t)
+        batch, pending = bound_user_events(self._users, events, self.max_items,
+                                           partial(check_in_domain, index=self._index))
+        idx, delta = self._event_indices(batch, t)
         new_counts = self._counts + np.bincount(idx, minlength=len(self._release_items))
         # the largest count: the last step's, or that of an item this step counted
         top = max(self._max_count, int(new_counts[idx].max())) if idx.size else self._max_count
         self._limit.commit(delta)
         rel = self._release(t, new_counts, top)
         if pending is not None:
+            assert self._users is not None  # (a pending change: user level)
             self._users.commit(pending)
         return rel
 

@@ -260,7 +260,7 @@ class MetaHistogram:
 
         # -- budget ------------------------------------------------------------------
         self.theorem = _THEOREMS[oneshot]
-        self._coef = self.k if gumbel else self.max_items / 2.0  # type: ignore[operator]
+        self._coef = self.k if gumbel else self._gaussian_max_items() / 2.0
         self.threshold_delta: float | None = None
         if known:
             self.budget, self.tau, self.privacy = resolve_privacy(
@@ -271,8 +271,8 @@ class MetaHistogram:
         else:
             self._resolve_unknown_budget(rho, epsilon, delta, tau, threshold_delta)
         self.cell_tau = math.sqrt(self.levels) * self.tau
-        self.cell_delta = (None if self.threshold_delta is None
-                           else self.threshold_delta / self.levels)
+        self.cell_delta: float | None = (None if self.threshold_delta is None
+                                         else self.threshold_delta / self.levels)
         # every cell purpose carries the noise-shaping settings (see base.config_tag)
         self.noise_scope = versioned_purpose(f"{self.stream}/meta-{oneshot}@" + config_tag(
             horizon=self.horizon, base=self.base, cell_tau=self.cell_tau,
@@ -298,13 +298,19 @@ class MetaHistogram:
         else:
             self._level_maps: list[dict[Hashable, float]] = [{} for _ in range(self.levels)]
 
+    def _gaussian_max_items(self) -> int:
+        """Delta0 of a Gaussian variant, which needs it (``__init__`` checks it is given)."""
+        if self.max_items is None:
+            raise ValueError(f"oneshot={self.oneshot!r} needs max_items= (Delta0)")
+        return self.max_items
+
     def _resolve_unknown_budget(self, rho: float | None, epsilon: float | None,
                                 delta: float | None, tau: float | None,
                                 threshold_delta: float | None) -> None:
         budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         self.budget = budget
         gauss = self.oneshot == "unknown-gaussian"
-        c = self.max_items if gauss else max(2 * self.k, self.kbar)  # delta multiplier
+        c = self._gaussian_max_items() if gauss else max(2 * self.k, self.kbar)  # delta multiplier
         if threshold_delta is not None:
             if isinstance(threshold_delta, bool) or not isinstance(
                 threshold_delta, (int, float, np.integer, np.floating)
@@ -452,6 +458,8 @@ class MetaHistogram:
         from ..oneshot import unknown  # lazy: the unknown-domain one-shots
 
         counts = dict(self._open_maps[row])
+        # (the unknown-domain variants always have a threshold_delta, so a cell_delta)
+        assert self.cell_delta is not None
         if self.oneshot == "unknown-gaussian":
             res = unknown.unknown_domain_gaussian(
                 counts, kbar=self.kbar, tau=self.cell_tau, delta=self.cell_delta,

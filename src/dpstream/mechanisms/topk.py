@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from scipy.special import log_ndtr, ndtr
 
 from ..bounding import resolve_user_bounds
@@ -55,7 +56,7 @@ from .columns import (
     is_frame,
     lookup_all,
 )
-from .counters import blt_sigma, resolve_counter
+from .counters import blt_sigma, resolve_counter, tree_base, tree_levels
 from .item_table import ItemTable, domain_table
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, user_guarantee
@@ -472,7 +473,7 @@ class ContinualTopK:
         if not isinstance(wait, bool):
             raise TypeError(f"wait must be a bool, got {wait!r}")
         self.wait = wait
-        self._eta: float | Callable[[int], float] | str
+        self._eta: float | npt.NDArray[np.float64] | str  # a schedule: eta_t for t = 1..T
         if isinstance(eta, str):
             if eta != "auto":
                 raise ValueError(f"eta must be 'auto', a number >= 0 or a callable, got {eta!r}")
@@ -490,7 +491,7 @@ class ContinualTopK:
             self._eta = self._check_eta(eta, "eta")
         self.beta, self.start_beta = self._check_betas(beta, start_beta)
         self.key = key
-        self.levels = None if self.strategy else num_levels(self.horizon, self.base)
+        self.levels = None if self.strategy else num_levels(self.horizon, tree_base(self.base))
         # rho = (k + 1/2) / tau^2, or k / tau^2 when no sparse-vector round runs
         self._coef = self.k + (0.5 if self.switches + int(self.wait) else 0.0)
         if self.user_bounds is not None:  # per user: the theorem at tau / Linf
@@ -507,7 +508,7 @@ class ContinualTopK:
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
         # the std of a counter's tree cell, or of a BLT counter's draws
         self.counter_std = (blt_sigma(self.tau_2, self.strategy) if self.strategy
-                            else math.sqrt(self.levels) * self.tau_2)
+                            else math.sqrt(tree_levels(self.levels)) * self.tau_2)
         # every purpose carries the noise-shaping settings (see base.config_tag)
         blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
         if self.user_bounds is not None:
@@ -618,14 +619,15 @@ class ContinualTopK:
         """
         if self.strategy is not None:
             return self.counter_std * self.counter_std * self.strategy.variance_factor(t)
-        return sum(digits(t, self.base)) * self.counter_std * self.counter_std
+        return sum(digits(t, tree_base(self.base))) * self.counter_std * self.counter_std
 
     @property
     def noise_std_worst(self) -> float:
         """The largest standard deviation of a released count over t <= T."""
         if self.strategy is not None:
             return self.counter_std * math.sqrt(self.strategy.max_variance_factor)
-        return self.tau_2 * math.sqrt(worst_case_variance_factor(self.horizon, self.base))
+        return self.tau_2 * math.sqrt(worst_case_variance_factor(self.horizon,
+                                                                 tree_base(self.base)))
 
     # -- facts ---------------------------------------------------------------------
     @property
@@ -670,19 +672,19 @@ class ContinualTopK:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        events, pending = bound_user_events(self._users, events, None,
-                                            partial(check_in_domain, index=self._index))
-        events = as_events(events)
-        fast = domain_positions(events, self._index, None)
+        batch, pending = bound_user_events(self._users, events, None,
+                                           partial(check_in_domain, index=self._index))
+        batch = as_events(batch)
+        fast = domain_positions(batch, self._index, None)
         top = None
         if fast is not None:
             new_counts = self._counts + np.bincount(fast, minlength=len(self._index))
             # the largest count: the last step's, or that of an item this step counted
             top = max(self._max_count, int(new_counts[fast].max(initial=0)))
         else:
-            events = fast_events(events)  # the per-event path raises the precise error
             parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-            for event in events:  # event by event: the first bad event's error
+            # event by event: the per-event path raises the first bad event's precise error
+            for event in fast_events(batch):
                 items = list(normalise_event(event, None))
                 pos = lookup_all(items, self._index)
                 if pos.size and pos.min() < 0:
@@ -693,6 +695,7 @@ class ContinualTopK:
                                                     minlength=len(self._index))
         rel = self._release(t, new_counts, top)
         if pending is not None:
+            assert self._users is not None  # (a pending change: user level)
             self._users.commit(pending)
         return rel
 
@@ -754,7 +757,7 @@ class ContinualTopK:
         if new:
             csrc = NoiseSource(self.key, f"{self.noise_scope}/counter-{n}")
             tn = (BLTNoise(csrc, self.strategy, self.counter_std) if self.strategy
-                  else TreeNoise(csrc, self.horizon, self.base, self.counter_std))
+                  else TreeNoise(csrc, self.horizon, tree_base(self.base), self.counter_std))
             tn.add_items(csrc.prepare_ids(self._item_ids(np.asarray(new, dtype=np.int64))))
             tn.advance(t)
             self._gens[n] = (tn, new)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import overload
 
 import numpy as np
 
@@ -253,6 +254,12 @@ class TreeNoise:
         self._from_scratch(chunks)
 
     # -- time ----------------------------------------------------------------
+    @overload
+    def advance(self, t: int, counts: None = None, out: None = None) -> None: ...
+    @overload
+    def advance(self, t: int, counts: np.ndarray, out: np.ndarray | None = None
+                ) -> np.ndarray: ...
+
     def advance(self, t: int, counts: np.ndarray | None = None,
                 out: np.ndarray | None = None) -> np.ndarray | None:
         """Move to time t (> current t): one step incrementally, a jump from scratch.

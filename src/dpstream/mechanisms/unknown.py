@@ -47,7 +47,15 @@ from .columns import (
     fast_events,
     is_frame,
 )
-from .counters import blt_purpose, blt_sigma, for_all_t, resolve_counter, stream_horizon
+from .counters import (
+    blt_purpose,
+    blt_sigma,
+    for_all_t,
+    resolve_counter,
+    stream_horizon,
+    tree_base,
+    tree_levels,
+)
 from .item_table import ItemTable
 from .known import tree_purpose
 from .tree_noise import TreeNoise
@@ -501,7 +509,7 @@ class UnknownDomainHistogram:
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
         self.levels: int | None = (None if self.strategy is not None
-                                   else num_levels(self.horizon, self.base))
+                                   else num_levels(self.horizon, tree_base(self.base)))
         self._coef = self._unit.coefficient
         self.budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         if threshold_delta is not None:
@@ -526,22 +534,23 @@ class UnknownDomainHistogram:
         self._thresholds: dict[int, float] = {}  # |I_t| -> m_t (tree)
         self.key = key
         self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
-        users = self.user_bounds and self.user_bounds.tag()
+        users = None if self.user_bounds is None else self.user_bounds.tag()
         self._noise: TreeNoise | BLTNoise
         if self.strategy is None:
+            base, levels = tree_base(self.base), tree_levels(self.levels)
             self.threshold = discovery_threshold(
-                tau=self.tau, horizon=self.horizon, base=self.base,
+                tau=self.tau, horizon=self.horizon, base=base,
                 threshold_delta=self.threshold_delta, alone=self._unit.per_item,
             )
-            cell_std = math.sqrt(self.levels) * self.tau
+            cell_std = math.sqrt(levels) * self.tau
             self.sigma = cell_std
             self.tree_purpose: str | None = tree_purpose(
-                self.stream, horizon=self.horizon, base=self.base, cell_std=cell_std,
+                self.stream, horizon=self.horizon, base=base, cell_std=cell_std,
                 max_items=self.max_items, domain="open", users=users,
                 noise_version=self.noise_version)
             self.noise_purpose = self.tree_purpose
             self._source = NoiseSource(key, self.noise_purpose)
-            self._noise = TreeNoise(self._source, self.horizon, self.base, cell_std)
+            self._noise = TreeNoise(self._source, self.horizon, base, cell_std)
         else:
             self.sigma = blt_sigma(self.tau, self.strategy)
             self.threshold = _threshold(
@@ -619,7 +628,7 @@ class UnknownDomainHistogram:
         with probability at most delta/N_t: its noise at t is exactly N(0, sigma^2
         ||row_t(B)||^2))."""
         if self.strategy is None:
-            return self.threshold_for_cells(sum(digits(t, self.base)))
+            return self.threshold_for_cells(sum(digits(t, tree_base(self.base))))
         last_t, m = self._last_threshold
         if last_t != t:
             m = _threshold(self.noise_std_at(t), self.tau,
@@ -634,7 +643,8 @@ class UnknownDomainHistogram:
             raise ValueError("a BLT counter has no tree cells: use threshold_at(t)")
         m = self._thresholds.get(cells)
         if m is None:
-            m = step_threshold(cells, tau=self.tau, horizon=self.horizon, base=self.base,
+            m = step_threshold(cells, tau=self.tau, horizon=self.horizon,
+                               base=tree_base(self.base),
                                threshold_delta=self.threshold_delta,
                                alone=self._unit.per_item)
             self._thresholds[cells] = m
@@ -645,14 +655,16 @@ class UnknownDomainHistogram:
         """The largest standard deviation of a released count over t <= T."""
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.max_variance_factor)
-        return float(np.sqrt(worst_case_variance_factor(self.horizon, self.base)) * self.tau)
+        return float(np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base)))
+                     * self.tau)
 
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of a count at t: tau sqrt(|I_t| L_r) for the tree,
         sigma ||row_t(B)|| for BLT (the same for an item seen at any step)."""
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.variance_factor(t))
-        return float(np.sqrt(sum(digits(t, self.base)) * self.levels) * self.tau)
+        cells = sum(digits(t, tree_base(self.base)))
+        return float(np.sqrt(cells * tree_levels(self.levels)) * self.tau)
 
     @property
     def truncation(self) -> TruncationStats:
@@ -689,9 +701,9 @@ class UnknownDomainHistogram:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        events, pending = bound_user_events(self._users, events, self.max_items)
-        events = as_events(events)
-        fast = None if self._limit.truncating else event_positions(events, self._table, self._n)
+        batch, pending = bound_user_events(self._users, events, self.max_items)
+        batch = as_events(batch)
+        fast = None if self._limit.truncating else event_positions(batch, self._table, self._n)
         if fast is not None:  # (truncation: the per-event path below)
             cols, offsets, new_items = fast
             keep, distinct = distinct_in_events(cols, offsets)
@@ -712,10 +724,11 @@ class UnknownDomainHistogram:
                 rel = self._commit(t, counts, new_items, new_counts, top)
                 self._limit.commit(TruncationStats(events=len(offsets) - 1))
                 if pending is not None:
+                    assert self._users is not None  # (a pending change: user level)
                     self._users.commit(pending)
                 return rel
-        events = fast_events(events)  # the per-event path raises the precise error
-        checked, delta = self._limit.events(events, t=t)
+        batch = fast_events(batch)  # the per-event path raises the precise error
+        checked, delta = self._limit.events(batch, t=t)
         flat = [item for items in checked for item in items]
         cols = self._table.lookup(flat)
         new: dict[Hashable, int] = {}
@@ -725,6 +738,7 @@ class UnknownDomainHistogram:
         rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
         self._limit.commit(delta)
         if pending is not None:
+            assert self._users is not None  # (a pending change: user level)
             self._users.commit(pending)
         return rel
 
@@ -824,10 +838,11 @@ class UnknownDomainHistogram:
         # counts + noise, added while each chunk's noise is in cache: the items seen
         # as the tree steps, the new ones once their noise is computed from scratch
         values = np.empty(n)
-        if blt:
-            values[:n_old] = self._noise.advance(t, counts)
+        noise = self._noise
+        if isinstance(noise, BLTNoise):
+            values[:n_old] = noise.advance(t, counts)
         else:
-            self._noise.advance(t, counts, out=values[:n_old])
+            noise.advance(t, counts, out=values[:n_old])
         # int32 while the largest count fits; widened before a value that needs it
         self._counts = narrow_counts.widened(self._counts, top)
         self._max_count = top
@@ -838,13 +853,12 @@ class UnknownDomainHistogram:
             self._table.extend(ordered)
             self._counts[n_old:n] = new_counts[order]
             self._shown[n_old:n] = False
-            if blt:  # their state at t - 1 drawn from its law, then step t
-                self._noise.join_items(prepared, joined)
-                np.add(self._counts[n_old:n], self._noise.noise()[n_old:], out=values[n_old:])
+            if isinstance(noise, BLTNoise):  # state at t - 1 drawn from its law, then step t
+                noise.join_items(prepared, joined)
+                np.add(self._counts[n_old:n], noise.noise()[n_old:], out=values[n_old:])
             else:
-                self._noise.add_items(prepared)
-                self._noise.plus_noise(self._counts[n_old:n], start=n_old,
-                                       out=values[n_old:])
+                noise.add_items(prepared)
+                noise.plus_noise(self._counts[n_old:n], start=n_old, out=values[n_old:])
             self._n = n
         self.t = t
         threshold = self.threshold_at(t)
@@ -891,6 +905,7 @@ def threshold_profile(mech: Any) -> dict[str, float]:
             "std_typical": float(mech.noise_std_at(typical)),
         }
     base = int(mech.base)
+    ts: Sequence[int]
     if horizon <= 200_001:
         ts = range(1, horizon + 1)
     else:

@@ -23,6 +23,7 @@ from ..errors import InvalidEventError
 from ..noise import NoiseKey
 from ..privacy import PrivacyGuarantee
 from .base import check_max_items, normalise_event
+from .columns import EventColumns
 
 __all__ = ["UserLevel", "unit_bound", "user_guarantee", "bound_user_events", "split_user_event"]
 
@@ -95,11 +96,15 @@ class UserLevel:
         return len(self.bounder)
 
 
-def bound_user_events(users: UserLevel | None, events: Iterable[object], max_items: int | None,
+def bound_user_events(users: UserLevel | None, events: Iterable[object] | EventColumns,
+                      max_items: int | None,
                       check: Callable[[tuple[Hashable, ...]], None] | None = None
-                      ) -> tuple[Iterable[object], Any]:
+                      ) -> tuple[Iterable[object] | EventColumns, Any]:
     """``(events, None)`` at event level; in user mode the bounded item events and the
     pending bounder change (commit it once the step is released)."""
     if users is None:
         return events, None
+    if isinstance(events, EventColumns):
+        raise TypeError("with max_items_per_user= every event is a (user, items) pair: give "
+                        "a list of pairs, not EventColumns (which hold no users)")
     return users.bound(events, max_items, check)
