@@ -26,7 +26,7 @@ from dpstream.tree import max_cells, num_levels, optimal_base
 
 from .conftest import fixed_key, own_ledger
 
-#: The noise version `dpstream run` draws for a new stream (the library's default is 1).
+#: The noise version `dpstream run` draws for a new stream (the library's default too).
 CLI_NOISE = 2
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -127,10 +127,10 @@ def test_a_version_2_state_refuses_another_version(setup, capsys):
     assert out.read_bytes() == ref.read_bytes()
 
 
-def test_an_output_without_sidecar_needs_the_version_and_spark_defaults_to_1(setup, capsys):
+def test_an_output_without_sidecar_needs_the_version_and_spark_defaults_to_2(setup, capsys):
     """Writing over an output whose version nothing records is refused without
-    --noise-version; a Spark run (which goes on by running again into a new
-    directory, so it cannot see its history) draws version 1 unless told."""
+    --noise-version; a Spark run draws version 2 unless told, as a new local run
+    does (the same command line gives the same releases on both engines)."""
     from dpstream.run_command import _noise_version
 
     base, args = setup
@@ -146,6 +146,6 @@ def test_an_output_without_sidecar_needs_the_version_and_spark_defaults_to_1(set
                  "--noise-version", "1"]) == 0
     opts = {"engine": "spark", "state": None, "output": str(base / "new-dir"),
             "allow_readable_state": False, "force": False}
-    assert _noise_version({**opts, "noise_version": None}) == 1
-    assert _noise_version({**opts, "noise_version": 2}) == 2
+    assert _noise_version({**opts, "noise_version": None}) == 2
+    assert _noise_version({**opts, "noise_version": 1}) == 1
     assert _noise_version({**opts, "engine": "local", "noise_version": None}) == 2

@@ -354,12 +354,22 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     assert np.array_equal(sums, fresh.level_sums())
     with pytest.raises(StateError, match="key_fingerprint"):
         run_stream(fixed_key("another key"), 4)
-    # a checkpoint of version 1 noise (it records none, as before versions) never goes
-    # on with version 2: that would publish independent noise for the same cells
+    # a checkpoint never goes on with noise of another version: that would publish
+    # independent noise for the same cells. This one drew version 2 (the default) ...
+    meta = ckpt / "dpstream-state" / "dpstream.json"
+    params = json.loads(meta.read_text())
+    assert params["noise_version"] == 2
     mech = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
-                            threshold_delta=1e-6, remember=True, noise_version=2)
-    with pytest.raises(StateError, match="noise_version"):
+                            threshold_delta=1e-6, remember=True, noise_version=1)
+    with pytest.raises(StateError, match="drew noise version 2: .* noise_version=2"):
         _stage(spark, mech, src, out, ckpt).release_through(4)
+    # ... and one of dpstream 0.2, whose Spark classes drew version 1 unless told,
+    # records no version: it goes on with noise_version=1 only
+    del params["noise_version"]
+    meta.write_text(json.dumps(params, sort_keys=True))
+    (meta.parent / ".dpstream.json.crc").unlink(missing_ok=True)  # Hadoop's checksum
+    with pytest.raises(StateError, match="drew noise version 1: .* noise_version=1"):
+        run_stream(key, 4)
 
 
 def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path) -> None:
@@ -488,10 +498,7 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
     domain = tmp_path / "domain.txt"
     domain.write_text("a\nb\nc\n")
     common = ["run", "-m", "known", "--horizon", "8", "--max-items", "2", "--domain",
-              str(domain), "--rho", "0.5", "--key-file", str(key_path), "-i", str(inp), "-q",
-              # a local run draws version 2 for a new stream, a Spark run version 1
-              # unless told (it cannot see what an earlier run drew): say it to both
-              "--noise-version", "2"]
+              str(domain), "--rho", "0.5", "--key-file", str(key_path), "-i", str(inp), "-q"]
     assert cli.main([*common, *extra, "-o", str(tmp_path / "local.jsonl"),
                      *own_ledger(tmp_path / "local.jsonl")]) == 0
     assert cli.main([*common, *extra, "--engine", "spark", "-o",
@@ -547,7 +554,7 @@ def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys
         (tmp_path / f"{name}.jsonl").write_text("".join(x + "\n" for x in lines))
     common = ["run", "-q", "-m", "unknown", "-T", "4", "--max-items", "2", "--rho", "1",
               "--threshold-delta", "0.4", "--key-file", str(key_path), "--implicit-time",
-              "--noise-version", "2", "--counter", "tree"]
+              "--counter", "tree"]
     assert cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "-o",
                      str(tmp_path / "local.jsonl")]) == 0
     capsys.readouterr()
@@ -560,6 +567,40 @@ def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys
                      str(tmp_path / "local-s.jsonl")]) == 1  # the Spark run's scope
     assert cli.main([*spark_b, "-o", str(tmp_path / "b_out"), "--force"]) == 0
     assert "--force" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mech", ["known", "unknown"])
+def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_path,
+                                                                   mech) -> None:
+    """Without --noise-version both engines draw version 2 for a new stream, so one
+    command line releases the same values, bit for bit, on the local engine and on
+    Spark (they once differed: Spark drew version 1 unless told)."""
+    from dpstream import cli
+
+    key_path = tmp_path / "k.key"
+    fixed_key("spark-one-version").save(key_path)
+    events = [{"t": 1, "items": ["a", "b"]}, {"t": 2, "items": ["c"]}, {"t": 2, "items": ["a"]},
+              {"t": 4, "items": ["b", "c"]}, {"t": 5, "items": ["a"]}]
+    inp = tmp_path / "events.jsonl"
+    inp.write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "domain.txt").write_text("a\nb\nc\n")
+    extra = (["--domain", str(tmp_path / "domain.txt")] if mech == "known"
+             else ["--counter", "tree", "--threshold-delta", "0.3", "--remember"])
+    common = ["run", "-q", "-m", mech, "-T", "6", "--max-items", "2", "--rho", "8",
+              "--no-round", "--key-file", str(key_path), "-i", str(inp), *extra]
+    local_out = tmp_path / "local.jsonl"
+    assert cli.main([*common, "-o", str(local_out), *own_ledger(local_out)]) == 0
+    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),
+                     *own_ledger(tmp_path / "spark_out")]) == 0
+    sidecar = json.loads((tmp_path / "local.jsonl.meta.json").read_text())
+    assert sidecar["noise_version"] == 2
+    local = [json.loads(x) for x in local_out.read_text().splitlines()]
+    assert any(rel["released"] for rel in local)
+    got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
+    assert sorted(set(got["t"])) == [rel["t"] for rel in local] == list(range(1, 7))
+    for rel in local:
+        rows = got[(got["t"] == rel["t"]) & got["item"].notna()]
+        assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
 
 
 def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None:
@@ -584,8 +625,7 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
         assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
                          "1", "--threshold-delta", "0.4", "--remember", "--key-file",
                          str(key_path), "-i", str(inp), "-o", str(local),
-                         "--counter", "tree", "--noise-version", "1",  # Spark's
-                         *own_ledger(local)]) == 0
+                         "--counter", "tree", *own_ledger(local)]) == 0
         steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
         got = spark.read.json(str(out)).toPandas()
         assert sorted(set(got["t"])) == list(range(1, 7))  # empty steps have a row too
@@ -608,7 +648,6 @@ def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark,
     domain = tmp_path / "domain.txt"
     domain.write_text("a\nb\nc\n")
     common = ["run", "-q", "-T", "8", "--domain", str(domain), "--max-items", "2", "--rho", "1",
-              "--noise-version", "2",  # the local default for a new stream; Spark's is 1
               "--key-file", str(key_path), "-i", str(inp), "--time-field", "ts", "--step",
               "1h", "--start", "2026-03-01T00:00:00Z"]
     assert cli.main([*common, "-o", str(tmp_path / "local.jsonl"),

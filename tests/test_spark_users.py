@@ -153,8 +153,7 @@ def test_engine_spark_matches_engine_local_per_user(spark, events, tmp_path, mec
              else ["--threshold-delta", "1e-3", "--remember"])
     common = ["run", "-q", "-m", mech, "-T", str(T), *extra, "--tau", "0.3",
               "--user-field", "user", "--max-items-per-user", "3", "--max-count-per-item", "2",
-              "--key-file", str(key_path), "-i", str(inp), "--no-round",
-              "--noise-version", "2"]  # local's default for a new stream; Spark's is 1
+              "--key-file", str(key_path), "-i", str(inp), "--no-round"]
     assert cli.main([*common, "-o", str(tmp_path / "local.jsonl"),
                      *own_ledger(tmp_path / "local.jsonl")]) == 0
     assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),

@@ -322,16 +322,23 @@ def test_default_counter_and_the_tree_kept_bit_for_bit():
     assert UnknownDomainHistogram(50, max_items=1, key=key, tau=1.0, threshold_delta=0.1,
                                   base=3).counter == "tree"
     pinned = NoiseKeyFrom("dpstream-test:tree-pin")
-    t = UnknownDomainHistogram(50, max_items=2, key=pinned, epsilon=2.0, delta=1e-3,
-                               counter="tree")
-    rng = np.random.default_rng(5)
-    h = hashlib.sha256()
-    for _ in range(50):
-        events = [[f"i{j}" for j in rng.choice(30, size=2, replace=False)]
-                  for _ in range(rng.integers(0, 12))]
-        r = t.step_batch(events)
-        h.update(repr((r.t, list(r.items), r.values.tobytes().hex(), r.meta)).encode())
-    assert h.hexdigest() == "164b4a0336919d4e7f53df74bd6a4d4f8af2c33bd6efc70d20c7ff3f7cbd3760"
+    # version 1: the digest computed with the code before BLT became the default (a
+    # stream begun then goes on with noise_version=1); version 2, the default now:
+    # pinned when it became the default
+    for version, digest in (
+            (1, "164b4a0336919d4e7f53df74bd6a4d4f8af2c33bd6efc70d20c7ff3f7cbd3760"),
+            (None, "3e6f4dc8fee529e1fe8bc12bbf55434b05c133b7c396aca2e375be0149cb1a54")):
+        extra = {} if version is None else {"noise_version": version}
+        t = UnknownDomainHistogram(50, max_items=2, key=pinned, epsilon=2.0, delta=1e-3,
+                                   counter="tree", **extra)
+        rng = np.random.default_rng(5)
+        h = hashlib.sha256()
+        for _ in range(50):
+            events = [[f"i{j}" for j in rng.choice(30, size=2, replace=False)]
+                      for _ in range(rng.integers(0, 12))]
+            r = t.step_batch(events)
+            h.update(repr((r.t, list(r.items), r.values.tobytes().hex(), r.meta)).encode())
+        assert h.hexdigest() == digest, version
 
 
 def NoiseKeyFrom(label: str):  # noqa: N802 - the key the digest above was computed with

@@ -359,17 +359,17 @@ def test_a_retry_that_reuses_the_block_is_detected():
 # -- mechanisms ---------------------------------------------------------------------------
 
 
-def test_mechanisms_draw_version_1_unless_told_and_version_1_is_the_inverse_cdf():
-    """Mechanisms default to version 1, so code that rebuilds one from the key after
-    an upgrade draws what it drew before; version 1 is the inverse-CDF noise: the
-    t = 1 tree release is count + sqrt(L) tau ndtri(u) of the leaf cell (1, 1)."""
+def test_mechanisms_draw_version_2_unless_told_and_version_1_is_the_inverse_cdf():
+    """Mechanisms draw version 2 (the ziggurat) unless told; ``noise_version=1`` (to go
+    on with a stream that began with it) is the inverse-CDF noise: the t = 1 tree
+    release is count + sqrt(L) tau ndtri(u) of the leaf cell (1, 1)."""
     key = fixed_key("zig-mech")
     domain = ["a", "b", "c"]
-    old = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree")
-    new = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree",
-                               noise_version=2)
-    assert old.noise_version == 1 and new.tree_purpose.startswith("/v2/")
-    assert old.tree_purpose == new.tree_purpose[len("/v2/"):]
+    old = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree",
+                               noise_version=1)
+    new = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree")
+    assert new.noise_version == 2 and new.tree_purpose.startswith("/v2/")
+    assert old.noise_version == 1 and old.tree_purpose == new.tree_purpose[len("/v2/"):]
     counts = np.array([3, 0, 7])
     r_old, r_new = old.release(1, counts), new.release(1, counts)
     src = NoiseSource(key, old.tree_purpose)

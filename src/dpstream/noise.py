@@ -37,11 +37,12 @@ Construction
     fast per draw; its rare restarts read the AES of the block under a third
     key of the purpose (``"gaussian-retry:"``).
 
-  Mechanisms draw version 1 unless given ``noise_version=2``
-  (:data:`DEFAULT_NOISE_VERSION`), so that code which rebuilds a mechanism
-  from the key draws what it drew before an upgrade; ``dpstream run`` draws
-  version 2 for a new stream and keeps the version of a stream it goes on
-  with. Because the version is part of the purpose, the two versions draw
+  Every new stream draws version 2: mechanisms, counters, the Spark classes and
+  ``dpstream run`` (both engines) alike (:data:`DEFAULT_NOISE_VERSION`).
+  Version 1 stays only to go on with a stream that began with it (dpstream 0.1,
+  or the library and Spark classes of 0.2, which drew it unless told):
+  ``noise_version=1``, or ``dpstream run`` on a state or sidecar that records
+  it. Because the version is part of the purpose, the two versions draw
   independent noise: a stream must keep its version.
 
 The whole-array transforms (:meth:`NoiseSource.to_uniform` and siblings, and
@@ -116,13 +117,14 @@ _DOMAIN = b"dpstream/noise/v1/"
 
 #: The noise versions this dpstream can draw (see the module doc).
 NOISE_VERSIONS = (1, 2)
-#: The newest version: what ``dpstream run`` draws for a new stream.
+#: The newest version: what every new stream draws.
 NOISE_VERSION = 2
-#: What a mechanism draws unless given ``noise_version``: version 1, so that code
-#: which rebuilds a mechanism from the key (aggregate mode, a restart by replay,
-#: a Spark job run again) draws the noise it drew before an upgrade. Pass
-#: ``noise_version=2`` for a new stream.
-DEFAULT_NOISE_VERSION = 1
+#: What a mechanism draws unless given ``noise_version``: the newest version.
+#: Pass ``noise_version=1`` only to go on with a stream that drew version 1
+#: (any stream of dpstream 0.1; one of the 0.2 library or Spark classes built
+#: without ``noise_version``): another version would publish independent noise
+#: for the steps it already released.
+DEFAULT_NOISE_VERSION = NOISE_VERSION
 #: Version 2 purposes start with this (mechanism purposes start with a stream
 #: name, which holds no "/", so no version 1 purpose of theirs can).
 _V2_PREFIX = "/v2/"

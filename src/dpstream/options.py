@@ -174,8 +174,9 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(("--key-file",), "key_file", "the secret noise key (create one with `dpstream "
         "keygen PATH`)", None, str, metavar="PATH", default_text="none, required"),
     Opt(("--noise-version",), "noise_version", "how Gaussian noise is drawn from the key: 2 "
-        "(the ziggurat method, about twice as fast) or 1 (the inverse CDF, as dpstream 0.1 "
-        "and older drew it); the two give independent noise of the same distribution",
+        "(the ziggurat method) or 1 (the inverse CDF), only to go on with a stream that "
+        "drew version 1 (dpstream 0.1; --engine spark of 0.2); the two give independent "
+        "noise of the same distribution",
         None, int, choices=(1, 2), metavar="V",
         default_text="2 for a new run; a resumed run keeps the version it began with"),
     Opt(("--input", "-i"), "input", "events to read, '-' for stdin; *.gz is decompressed",

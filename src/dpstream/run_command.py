@@ -131,9 +131,9 @@ def _noise_version(opts: dict[str, Any]) -> int:
     the stream this run goes on with or writes over, so that a stream never changes
     version (which would publish independent noise for steps already released):
 
-    * with ``--engine spark``: version 1 (a Spark stream goes on by running the job
-      again into a new directory, so a run cannot see what the first one drew; the
-      Spark classes draw version 1 unless told, as the library's do);
+    * with ``--engine spark``: the newest version, as for any new stream (a Spark
+      stream goes on by running the job again into a new directory, so a run cannot
+      see what the first one drew: one begun at version 1 passes ``--noise-version 1``);
     * the run on record in ``--state`` (one that released steps; a state without a
       version was written by dpstream 0.1: version 1);
     * else the output file's metadata sidecar, when the output exists (``--force``
@@ -148,7 +148,7 @@ def _noise_version(opts: dict[str, Any]) -> int:
     if opts.get("noise_version") is not None:
         return int(opts["noise_version"])
     if opts.get("engine", "local") != "local":
-        return 1
+        return NOISE_VERSION
     if opts.get("state"):
         params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"])
         if params is not None:

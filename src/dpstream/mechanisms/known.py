@@ -212,10 +212,11 @@ class KnownDomainHistogram:
         tau: the noise scale itself.
         stream: a name that separates this stream's noise from other streams
             released under the same key.
-        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
-            the default, which replays releases of earlier dpstream versions) or 2
-            (the ziggurat: exact too, faster; for new streams). A stream must keep
-            its version: the two draw independent noise (see ``dpstream.noise``).
+        noise_version: how Gaussians are drawn from the key: 2 (the default: the
+            ziggurat) or 1 (the inverse CDF), only to go on with a stream that
+            drew version 1 (dpstream 0.1, or 0.2 without ``noise_version``). A
+            stream must keep its version: the two draw independent noise (see
+            ``dpstream.noise``).
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither).
         on_invalid: ``"error"`` (default): an event over ``max_items`` items
@@ -518,10 +519,11 @@ class TreeCounter(_OneCount):
         key: the secret key.
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this counter's noise from other streams under the key.
-        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
-            the default, which replays releases of earlier dpstream versions) or 2
-            (the ziggurat: exact too, faster; for new streams). A stream must keep
-            its version: the two draw independent noise (see ``dpstream.noise``).
+        noise_version: how Gaussians are drawn from the key: 2 (the default: the
+            ziggurat) or 1 (the inverse CDF), only to go on with a stream that
+            drew version 1 (dpstream 0.1, or 0.2 without ``noise_version``). A
+            stream must keep its version: the two draw independent noise (see
+            ``dpstream.noise``).
 
     Example:
         >>> import dpstream as dps
@@ -583,10 +585,11 @@ class BLTCounter(_OneCount):
             or ``None`` for :func:`~dpstream.factorization.blt_for_horizon` (4 buffers).
         rho | epsilon, delta | tau: the budget, exactly one form.
         stream: separates this counter's noise from other streams under the key.
-        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
-            the default, which replays releases of earlier dpstream versions) or 2
-            (the ziggurat: exact too, faster; for new streams). A stream must keep
-            its version: the two draw independent noise (see ``dpstream.noise``).
+        noise_version: how Gaussians are drawn from the key: 2 (the default: the
+            ziggurat) or 1 (the inverse CDF), only to go on with a stream that
+            drew version 1 (dpstream 0.1, or 0.2 without ``noise_version``). A
+            stream must keep its version: the two draw independent noise (see
+            ``dpstream.noise``).
 
     Example:
         >>> import dpstream as dps

@@ -165,10 +165,11 @@ class MetaHistogram:
         rho | epsilon, delta | tau: the budget, exactly one form.
         threshold_delta: the unknown-domain delta (per cell: threshold_delta / L_r).
         stream: separates this stream's noise from other streams under the key.
-        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
-            the default, which replays releases of earlier dpstream versions) or 2
-            (the ziggurat: exact too, faster; for new streams). A stream must keep
-            its version: the two draw independent noise (see ``dpstream.noise``).
+        noise_version: how Gaussians are drawn from the key: 2 (the default: the
+            ziggurat) or 1 (the inverse CDF), only to go on with a stream that
+            drew version 1 (dpstream 0.1, or 0.2 without ``noise_version``). A
+            stream must keep its version: the two draw independent noise (see
+            ``dpstream.noise``).
         on_invalid: ``"error"`` (default) or ``"truncate"``: keep ``max_items``
             of an event's items chosen by a keyed PRF and drop items outside a
             known domain (:class:`~dpstream.mechanisms.base.EventLimit`;

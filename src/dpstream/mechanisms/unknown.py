@@ -442,10 +442,11 @@ class UnknownDomainHistogram:
         stream: separates this stream's noise from other streams under the key
             (an unknown domain's noise purpose is its own: it never shares noise
             with KnownBase on the same stream).
-        noise_version: how Gaussians are drawn from the key: 1 (the inverse CDF,
-            the default, which replays releases of earlier dpstream versions) or 2
-            (the ziggurat: exact too, faster; for new streams). A stream must keep
-            its version: the two draw independent noise (see ``dpstream.noise``).
+        noise_version: how Gaussians are drawn from the key: 2 (the default: the
+            ziggurat) or 1 (the inverse CDF), only to go on with a stream that
+            drew version 1 (dpstream 0.1, or 0.2 without ``noise_version``). A
+            stream must keep its version: the two draw independent noise (see
+            ``dpstream.noise``).
         max_items_per_user, max_count_per_item: L0 and Linf, for user-level
             privacy (both or neither; ``max_items`` is then optional).
         on_invalid: ``"error"`` (default): an event over ``max_items`` items

@@ -215,6 +215,12 @@ class StreamRelease:
             if stored != params:
                 diff = sorted(k for k in set(stored) | set(params)
                               if stored.get(k) != params.get(k))
+                if diff == ["noise_version"]:  # e.g. a checkpoint of 0.2, which drew version 1
+                    raise StateError(f"the state at {self.state!r} drew noise version "
+                                     f"{stored.get('noise_version', 1)}: build the mechanism "
+                                     f"with noise_version={stored.get('noise_version', 1)} to "
+                                     "go on with it (another version would release its steps "
+                                     "again with independent noise)")
                 raise StateError(f"the state at {self.state!r} was written with other "
                                  f"{', '.join(diff)}; resuming would release its steps again "
                                  "with other noise")
