@@ -39,15 +39,23 @@ def main() -> None:
     rng = np.random.default_rng(0)  # simulation data only
     names = [f"item{i}" for i in range(n)]
     first = [[x] for x in names]
-    batches = [[[names[j] for j in rng.integers(0, n, 3)] for _ in range(1000)]
-               for _ in range(steps)]
+    batches = [
+        [[names[j] for j in rng.integers(0, n, 3)] for _ in range(1000)] for _ in range(steps)
+    ]
 
     def make() -> dps.UnknownDomainHistogram:
-        return dps.UnknownDomainHistogram(steps + 1, max_items=3, key=key, epsilon=1.0,
-                                          delta=1e-6)
+        return dps.UnknownDomainHistogram(steps + 1, max_items=3, key=key, epsilon=1.0, delta=1e-6)
 
-    forms = ("event", "lists (items_seen order)", "arrays (items_seen order)",
-             "arrays (shuffled)", "pandas", "polars", "arrow", "Mapping")
+    forms = (
+        "event",
+        "lists (items_seen order)",
+        "arrays (items_seen order)",
+        "arrays (shuffled)",
+        "pandas",
+        "polars",
+        "arrow",
+        "Mapping",
+    )
     mechs = {f: make() for f in forms}
     for m in mechs.values():
         m.step_batch(first)
@@ -79,14 +87,17 @@ def main() -> None:
             cpu[f] += time.process_time() - start
         ref = releases["event"]
         for f, rel in releases.items():
-            assert list(rel.items) == list(ref.items) and rel.values.tobytes() == \
-                ref.values.tobytes(), f
+            assert (
+                list(rel.items) == list(ref.items) and rel.values.tobytes() == ref.values.tobytes()
+            ), f
     floor = cpu["event"] / steps
     print(f"UnkBase over {n:,} items, {steps} steps (CPU per step; same bits in every form)")
     for f in forms:
         per = cpu[f] / steps
-        print(f"  {f:<28} {per * 1e3:8.1f} ms  {per / floor:5.2f}x event mode"
-              + ("  (goal <= 1.5x)" if "order" in f else ""))
+        print(
+            f"  {f:<28} {per * 1e3:8.1f} ms  {per / floor:5.2f}x event mode"
+            + ("  (goal <= 1.5x)" if "order" in f else "")
+        )
 
 
 if __name__ == "__main__":

@@ -74,21 +74,31 @@ def main() -> None:
 
     blt_bytes = (blt._buffers[:, :n].nbytes + blt._total[:n].nbytes) / n
     tree_bytes = (tree._level_sum[:, :n].nbytes + tree._suffix[:, :n].nbytes) / n
-    print(f"items={n:,}  T={T}  BLT buffers={strategy.buffers}  tree base r*={r} "
-          f"(L={num_levels(T, r)})  steps={steps}")
+    print(
+        f"items={n:,}  T={T}  BLT buffers={strategy.buffers}  tree base r*={r} "
+        f"(L={num_levels(T, r)})  steps={steps}"
+    )
     print(f"keyed draw of {n:,} Gaussians: {draw_s * 1e3:8.1f} ms  (median; baseline = 1.00)")
-    print(f"BLT step (median):         {blt_s * 1e3:8.1f} ms  ratio {blt_s / draw_s:5.2f}x "
-          "(goal <= 1.5x)")
-    print(f"tree step (amortised):     {tree_s * 1e3:8.1f} ms  ratio {tree_s / draw_s:5.2f}x;"
-          f"  BLT / tree = {blt_s / tree_s:4.2f}")
-    print(f"state per item: BLT {blt_bytes:.0f} bytes ({strategy.buffers + 1} floats), "
-          f"tree {tree_bytes:.0f} bytes (2 x {num_levels(T, r)} floats); "
-          "both + 16 bytes of prepared id")
+    print(
+        f"BLT step (median):         {blt_s * 1e3:8.1f} ms  ratio {blt_s / draw_s:5.2f}x "
+        "(goal <= 1.5x)"
+    )
+    print(
+        f"tree step (amortised):     {tree_s * 1e3:8.1f} ms  ratio {tree_s / draw_s:5.2f}x;"
+        f"  BLT / tree = {blt_s / tree_s:4.2f}"
+    )
+    print(
+        f"state per item: BLT {blt_bytes:.0f} bytes ({strategy.buffers + 1} floats), "
+        f"tree {tree_bytes:.0f} bytes (2 x {num_levels(T, r)} floats); "
+        "both + 16 bytes of prepared id"
+    )
 
     m = args.new_items
     new = src.prepare(np.arange(n, n + m).tolist())
-    print(f"\na batch of {m:,} newly seen items at step t (BLT replays t steps, tree draws "
-          "the cells of I_t):")
+    print(
+        f"\na batch of {m:,} newly seen items at step t (BLT replays t steps, tree draws "
+        "the cells of I_t):"
+    )
     for t in (10, 100, 1000):
         b = BLTNoise(src, strategy, 1.3)
         b.advance(t)
@@ -96,17 +106,21 @@ def main() -> None:
         tr = TreeNoise(NoiseSource(key, "bench/tree"), T, r, 1.3)
         tr.advance(t)
         tree_new = best_of(lambda tr=tr: TreeNoise.add_items(tr, new), 1)
-        print(f"  t={t:>5}: BLT {blt_new:8.2f} s ({blt_new / (m / n * draw_s) / t:4.2f}x of "
-              f"t draws), tree {tree_new:6.3f} s; BLT / tree = {blt_new / tree_new:6.1f}")
+        print(
+            f"  t={t:>5}: BLT {blt_new:8.2f} s ({blt_new / (m / n * draw_s) / t:4.2f}x of "
+            f"t draws), tree {tree_new:6.3f} s; BLT / tree = {blt_new / tree_new:6.1f}"
+        )
 
     print("\nworst-case variance V (units of tau^2 = 1/(2 rho)) against the lower bound:")
     print(f"{'T':>9} {'tree r=2':>9} {'tree r*':>9} {'BLT':>7} {'bound':>7} {'BLT/bound':>9}")
     for h in (10**3, 10**4, 10**5, 10**6):
         s = blt_for_horizon(h)
         lb = lower_bound(h)
-        print(f"{h:>9} {worst_case_variance_factor(h, 2):>9} "
-              f"{worst_case_variance_factor(h, optimal_base(h)):>9} "
-              f"{s.worst_case_variance:>7.2f} {lb:>7.2f} {s.worst_case_variance / lb:>9.3f}")
+        print(
+            f"{h:>9} {worst_case_variance_factor(h, 2):>9} "
+            f"{worst_case_variance_factor(h, optimal_base(h)):>9} "
+            f"{s.worst_case_variance:>7.2f} {lb:>7.2f} {s.worst_case_variance / lb:>9.3f}"
+        )
 
 
 if __name__ == "__main__":

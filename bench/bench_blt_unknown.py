@@ -32,8 +32,9 @@ from dpstream.noise import NoiseSource
 
 def join_step(counter: str, t: int, items: list[str], key: dps.NoiseKey) -> float:
     """Seconds of the release at t where every item of ``items`` is first seen."""
-    u = UnknownDomainHistogram(2000, max_items=1, key=key, tau=1.0, threshold_delta=1e-6,
-                               counter=counter)
+    u = UnknownDomainHistogram(
+        2000, max_items=1, key=key, tau=1.0, threshold_delta=1e-6, counter=counter
+    )
     if t > 1:
         u.release(t - 1, {})  # no item yet: a jump over the empty steps
     counts = np.ones(len(items), dtype=np.int64)
@@ -56,16 +57,21 @@ def main() -> None:
             for t in (10, 1000):
                 dt = join_step(counter, t, items, key)
                 best[counter, t] = min(best.get((counter, t), float("inf")), dt)
-    print(f"{args.new_items} items first seen at step t (UnkBase release, aggregate mode, "
-          f"best of {args.repeat})")
+    print(
+        f"{args.new_items} items first seen at step t (UnkBase release, aggregate mode, "
+        f"best of {args.repeat})"
+    )
     for counter in ("blt", "tree"):
         a, b = best[counter, 10], best[counter, 1000]
-        print(f"  {counter:4s}: t = 10 {a * 1e3:8.1f} ms   t = 1,000 {b * 1e3:8.1f} ms   "
-              f"ratio {b / a:.2f}")
+        print(
+            f"  {counter:4s}: t = 10 {a * 1e3:8.1f} ms   t = 1,000 {b * 1e3:8.1f} ms   "
+            f"ratio {b / a:.2f}"
+        )
     ratio = best["blt", 1000] / best["blt", 10]
     print(f"  BLT t = 1,000 / t = 10: {ratio:.2f} (goal <= 2)")
-    u = UnknownDomainHistogram(2000, max_items=1, key=key, tau=1.0, threshold_delta=1e-6,
-                               counter="blt")
+    u = UnknownDomainHistogram(
+        2000, max_items=1, key=key, tau=1.0, threshold_delta=1e-6, counter="blt"
+    )
     source = NoiseSource(key, u.noise_purpose)
     prepared = source.prepare(items)
     replay = BLTNoise(source, u.strategy, u.sigma)
@@ -74,8 +80,10 @@ def main() -> None:
     start = time.perf_counter()
     replay.add_items(prepared)
     took = time.perf_counter() - start
-    print(f"  before (replaying steps 1..1,000 for each item): {took * 1e3:8.1f} ms, "
-          f"{took / best['blt', 1000]:.0f}x the joined step")
+    print(
+        f"  before (replaying steps 1..1,000 for each item): {took * 1e3:8.1f} ms, "
+        f"{took / best['blt', 1000]:.0f}x the joined step"
+    )
 
 
 if __name__ == "__main__":

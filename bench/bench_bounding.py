@@ -26,13 +26,15 @@ def memory_per_user(users: int, items: int) -> float:
     rng = np.random.default_rng(1)  # simulated ids and items (benchmark data)
     hasher = UserHasher(dps.NoiseKey.generate())
     names = [f"item-{i}" for i in range(10_000)]
-    batch = [(hasher(f"user-{u}"), tuple(names[j] for j in rng.integers(0, 10_000, items)))
-             for u in range(users)]
+    batch = [
+        (hasher(f"user-{u}"), tuple(names[j] for j in rng.integers(0, 10_000, items)))
+        for u in range(users)
+    ]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     bounder = ContributionBounder(UserBounds(max_items_per_user=10, max_count_per_item=5))
     for start in range(0, users, 10_000):
-        _, pending = bounder.bound(batch[start:start + 10_000])
+        _, pending = bounder.bound(batch[start : start + 10_000])
         bounder.commit(pending)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -47,8 +49,9 @@ def step_ratio(repeats: int = 20) -> float:
     events = [[domain[j] for j in rng.choice(1000, 3, replace=False)] for _ in range(1000)]
     users = [(f"u{rng.integers(0, 5000)}", e) for e in events]
     ev = dps.KnownDomainHistogram(domain, 10_000, max_items=3, key=key, rho=1.0)
-    us = dps.KnownDomainHistogram(domain, 10_000, key=key, rho=1.0, max_items_per_user=20,
-                                  max_count_per_item=1_000_000)
+    us = dps.KnownDomainHistogram(
+        domain, 10_000, key=key, rho=1.0, max_items_per_user=20, max_count_per_item=1_000_000
+    )
     times = {"event": 0.0, "user": 0.0}
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -39,8 +39,9 @@ def _write_days(base: Path, days: int, steps: int, events: int, items: int) -> N
             lines = []
             for t in range((d - 1) * steps + 1, d * steps + 1):
                 draws = rng.choice(items, size=(events, 2), p=p)
-                lines += [json.dumps({"t": t, "items": [f"w{a}", f"w{b}"]}) + "\n"
-                          for a, b in draws]
+                lines += [
+                    json.dumps({"t": t, "items": [f"w{a}", f"w{b}"]}) + "\n" for a, b in draws
+                ]
             text = "".join(lines)
             (base / f"day{d:02d}.jsonl").write_text(text)
             whole.write(text)
@@ -58,21 +59,55 @@ def main_bench() -> None:
         _write_days(base, args.days, args.steps, args.events, args.items)
         NoiseKey.generate().save(base / "k.key")
         horizon = args.days * args.steps
-        common = ["run", "-q", "-m", "unknown", "-T", str(horizon), "--max-items", "2",
-                  "--epsilon", "1", "--delta", "1e-6", "--key-file", str(base / "k.key"),
-                  "--no-fsync"]
+        common = [
+            "run",
+            "-q",
+            "-m",
+            "unknown",
+            "-T",
+            str(horizon),
+            "--max-items",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--key-file",
+            str(base / "k.key"),
+            "--no-fsync",
+        ]
         start = time.perf_counter()
         # the reference keeps its own release ledger: the daily runs draw the same noise
-        assert main([*common, "-i", str(base / "all.jsonl"), "-o", str(base / "ref.jsonl"),
-                     "--ledger", str(base / "ref.ledger")]) == 0
+        assert (
+            main(
+                [
+                    *common,
+                    "-i",
+                    str(base / "all.jsonl"),
+                    "-o",
+                    str(base / "ref.jsonl"),
+                    "--ledger",
+                    str(base / "ref.ledger"),
+                ]
+            )
+            == 0
+        )
         whole = time.perf_counter() - start
 
         out, state = base / "out.jsonl", base / "s.sqlite"
 
         def day_args(d: int) -> list[str]:
             until = [] if d == args.days else ["--until", str(d * args.steps)]
-            return [*common, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out),
-                    "--state", str(state), *until]
+            return [
+                *common,
+                "-i",
+                str(base / f"day{d:02d}.jsonl"),
+                "-o",
+                str(out),
+                "--state",
+                str(state),
+                *until,
+            ]
 
         daily = 0.0
         for d in range(1, 17):
@@ -95,12 +130,16 @@ def main_bench() -> None:
             assert main(day_args(d)) == 0
             daily += time.perf_counter() - start
         same = out.read_bytes() == (base / "ref.jsonl").read_bytes()
-        print(f"{args.days} days x {args.steps} steps x {args.events} events/step "
-              f"({args.days * args.steps * args.events:,} events), unknown domain")
+        print(
+            f"{args.days} days x {args.steps} steps x {args.events} events/step "
+            f"({args.days * args.steps * args.events:,} events), unknown domain"
+        )
         print(f"one run over all days      {whole:7.2f} s  1.00x")
         print(f"30 daily runs, summed      {daily:7.2f} s  {daily / whole:.2f}x")
-        print(f"resume of day 17 (killed)  {resume:7.2f} s  {resume / whole:.3f}x "
-              f"(one day is {1 / args.days:.3f} of the stream)")
+        print(
+            f"resume of day 17 (killed)  {resume:7.2f} s  {resume / whole:.3f}x "
+            f"(one day is {1 / args.days:.3f} of the stream)"
+        )
         print(f"daily output == one run's: {same}")
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -47,7 +47,7 @@ def make_stream(path: Path, events: int, steps: int, distinct: int, seed: int = 
         pos = 0
         buf = []
         for e, size in enumerate(sizes.tolist()):
-            items = [names[r] for r in ranks[pos:pos + size].tolist()]
+            items = [names[r] for r in ranks[pos : pos + size].tolist()]
             pos += size
             buf.append(json.dumps({"t": min(e // per_step + 1, steps), "items": items}))
             if len(buf) >= 10000:
@@ -112,13 +112,37 @@ def main() -> None:
         out = work / "out.jsonl"
         st = work / "state.sqlite"
         # a throwaway key: each timed run starts its stream anew (the ledger too)
-        for p in (out, st, Path(str(st) + "-wal"), Path(str(st) + "-shm"),
-                  Path(f"{key_path}.ledger")):
+        for p in (
+            out,
+            st,
+            Path(str(st) + "-wal"),
+            Path(str(st) + "-shm"),
+            Path(f"{key_path}.ledger"),
+        ):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
-        argv = ["run", "--quiet", "-m", "unknown", "-T", str(args.steps), "--max-items", "5",
-                "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key_path),
-                "-i", str(data), "-o", str(out), "--force", "--no-fsync"]
+        argv = [
+            "run",
+            "--quiet",
+            "-m",
+            "unknown",
+            "-T",
+            str(args.steps),
+            "--max-items",
+            "5",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--key-file",
+            str(key_path),
+            "-i",
+            str(data),
+            "-o",
+            str(out),
+            "--force",
+            "--no-fsync",
+        ]
         if state:
             argv += ["--state", str(st)]
         rc = cli_main(argv)
@@ -137,6 +161,7 @@ def main() -> None:
                 return fn(*a, **k)
             finally:
                 noise_cpu[0] += time.process_time() - start
+
         return wrapper
 
     originals = {name: getattr(tree_noise.TreeNoise, name) for name in ("advance", "add_items")}
@@ -151,38 +176,73 @@ def main() -> None:
     results: dict[str, float] = {}
     rounds: dict[str, list[float]] = {}
     for _ in range(args.repeat):  # interleaved: a load spike hits every path alike
-        for name, fn in (("read", read_lines), ("json", json_loads),
-                         ("run", lambda: run(False)), ("run_state", lambda: run(True))):
+        for name, fn in (
+            ("read", read_lines),
+            ("json", json_loads),
+            ("run", lambda: run(False)),
+            ("run_state", lambda: run(True)),
+        ):
             rounds.setdefault(name, []).append(cpu(fn))
             results[name] = min(rounds[name])
 
     floor = results["json"]
-    print(f"{n_events:,} events, {occurrences:,} item occurrences, {args.distinct:,} distinct "
-          f"items (Zipf), {args.steps:,} steps")
-    print(f"read lines:            {results['read']:7.2f} s CPU  "
-          f"{n_events / results['read']:>12,.0f} events/s")
+    print(
+        f"{n_events:,} events, {occurrences:,} item occurrences, {args.distinct:,} distinct "
+        f"items (Zipf), {args.steps:,} steps"
+    )
+    print(
+        f"read lines:            {results['read']:7.2f} s CPU  "
+        f"{n_events / results['read']:>12,.0f} events/s"
+    )
     print(f"json.loads (floor):    {floor:7.2f} s CPU  {n_events / floor:>12,.0f} events/s  1.00x")
     for name in ("run", "run_state"):
         label = "dpstream run" + (" --state" if name == "run_state" else "")
-        print(f"{label:<22} {results[name]:7.2f} s CPU  {n_events / results[name]:>12,.0f} "
-              f"events/s  {results[name] / floor:5.2f}x json.loads (goal <= 2x)")
+        print(
+            f"{label:<22} {results[name]:7.2f} s CPU  {n_events / results[name]:>12,.0f} "
+            f"events/s  {results[name] / floor:5.2f}x json.loads (goal <= 2x)"
+        )
         # the same ratio within each round (run and json.loads timed side by side):
         # its spread shows how much of a difference this machine can resolve
         ratios = [r / j for r, j in zip(rounds[name], rounds["json"], strict=True)]
         print(f"{'':<22} per round: {min(ratios):.2f}x-{max(ratios):.2f}x")
 
     rest = results["run"] - noise_cpu[0]
-    print(f"  of which keyed noise:  {noise_cpu[0]:7.2f} s CPU (TreeNoise, one run); the rest "
-          f"{rest:.2f} s = {rest / floor:.2f}x json.loads")
+    print(
+        f"  of which keyed noise:  {noise_cpu[0]:7.2f} s CPU (TreeNoise, one run); the rest "
+        f"{rest:.2f} s = {rest / floor:.2f}x json.loads"
+    )
     # whole processes, as a user runs them: the interpreter's start and every import
     # count, on both sides (a script that only json.loads the lines is the floor)
-    loads_script = ("import json, sys\nloads = json.loads\n"
-                    "with open(sys.argv[1], encoding='utf-8') as fh:\n"
-                    "    for line in fh:\n        loads(line)\n")
-    cli = [sys.executable, "-m", "dpstream", "run", "--quiet", "-m", "unknown", "-T",
-           str(args.steps), "--max-items", "5", "--epsilon", "1", "--delta", "1e-6",
-           "--key-file", str(key_path), "-i", str(data), "-o", str(work / "out.jsonl"),
-           "--force", "--no-fsync"]
+    loads_script = (
+        "import json, sys\nloads = json.loads\n"
+        "with open(sys.argv[1], encoding='utf-8') as fh:\n"
+        "    for line in fh:\n        loads(line)\n"
+    )
+    cli = [
+        sys.executable,
+        "-m",
+        "dpstream",
+        "run",
+        "--quiet",
+        "-m",
+        "unknown",
+        "-T",
+        str(args.steps),
+        "--max-items",
+        "5",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(data),
+        "-o",
+        str(work / "out.jsonl"),
+        "--force",
+        "--no-fsync",
+    ]
     proc: dict[str, list[float]] = {"json": [], "run": []}
     for _ in range(args.repeat):
         proc["json"].append(child_cpu([sys.executable, "-c", loads_script, str(data)]))
@@ -190,8 +250,10 @@ def main() -> None:
             os.remove(f"{key_path}.ledger")
         proc["run"].append(child_cpu(cli))
     pj, pr = min(proc["json"]), min(proc["run"])
-    print(f"as processes:  json.loads script {pj:5.2f} s CPU, dpstream run {pr:5.2f} s CPU "
-          f"({n_events / pr:,.0f} events/s): {pr / pj:.2f}x")
+    print(
+        f"as processes:  json.loads script {pj:5.2f} s CPU, dpstream run {pr:5.2f} s CPU "
+        f"({n_events / pr:,.0f} events/s): {pr / pj:.2f}x"
+    )
     if args.no_library:
         return
     # library ingest on the same events, parsed and grouped beforehand
@@ -203,8 +265,9 @@ def main() -> None:
     key = dps.NoiseKey.generate()
 
     def library() -> None:
-        u = dps.UnknownDomainHistogram(args.steps, max_items=5, key=key, epsilon=1.0,
-                                       delta=1e-6, noise_version=2)  # as run's new streams
+        u = dps.UnknownDomainHistogram(
+            args.steps, max_items=5, key=key, epsilon=1.0, delta=1e-6, noise_version=2
+        )  # as run's new streams
         for batch in batches:
             u.step_batch(batch)
 
@@ -226,12 +289,16 @@ def main() -> None:
     finally:
         for name, fn in originals.items():
             setattr(tree_noise.TreeNoise, name, fn)
-    print(f"library step_batch:    {lib:7.2f} s CPU  {occurrences / lib:>12,.0f} occurrences/s "
-          f"(goal >= 2M/s)  {lib / flo:5.2f}x dict lookup + bincount "
-          f"({occurrences / flo:,.0f}/s)")
+    print(
+        f"library step_batch:    {lib:7.2f} s CPU  {occurrences / lib:>12,.0f} occurrences/s "
+        f"(goal >= 2M/s)  {lib / flo:5.2f}x dict lookup + bincount "
+        f"({occurrences / flo:,.0f}/s)"
+    )
     rest = lib - noise_cpu[0]
-    print(f"  of which keyed noise:  {noise_cpu[0]:7.2f} s CPU; the rest {rest:.2f} s = "
-          f"{occurrences / rest:,.0f} occurrences/s, {rest / flo:.2f}x the floor")
+    print(
+        f"  of which keyed noise:  {noise_cpu[0]:7.2f} s CPU; the rest {rest:.2f} s = "
+        f"{occurrences / rest:,.0f} occurrences/s, {rest / flo:.2f}x the floor"
+    )
 
 
 if __name__ == "__main__":

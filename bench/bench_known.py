@@ -59,8 +59,7 @@ def main() -> None:
 
     # event ingest: 200 steps of 500 events with up to 3 items each
     h2 = dps.KnownDomainHistogram(range(10_000), 1000, max_items=3, key=key, rho=1.0)
-    events = [[list(rng.choice(10_000, 3, replace=False)) for _ in range(500)]
-              for _ in range(40)]
+    events = [[list(rng.choice(10_000, 3, replace=False)) for _ in range(500)] for _ in range(40)]
     occurrences = sum(len(e) for batch in events for e in batch)
     start = time.perf_counter()
     for batch in events:
@@ -70,10 +69,14 @@ def main() -> None:
     print(f"items={n:,}  base={h.base}  levels={h.levels}  steps={steps}")
     print(f"prepare ids (once):        {prep_s:8.3f} s   construct KnownBase: {build_s:.3f} s")
     print(f"keyed draw of {n:,}:  {draw_s * 1e3:8.1f} ms  (baseline = 1.00)")
-    print(f"KnownBase step, amortised: {step_s * 1e3:8.1f} ms  ratio {step_s / draw_s:5.2f}x"
-          "  (goal <= 3x)")
-    print(f"event ingest: {occurrences / ingest_s:,.0f} item-occurrences/s "
-          f"({occurrences:,} occurrences in {ingest_s:.2f} s, incl. release over 10^4 items)")
+    print(
+        f"KnownBase step, amortised: {step_s * 1e3:8.1f} ms  ratio {step_s / draw_s:5.2f}x"
+        "  (goal <= 3x)"
+    )
+    print(
+        f"event ingest: {occurrences / ingest_s:,.0f} item-occurrences/s "
+        f"({occurrences:,} occurrences in {ingest_s:.2f} s, incl. release over 10^4 items)"
+    )
 
 
 if __name__ == "__main__":

@@ -44,26 +44,51 @@ def main() -> None:
     with open(work / "ev.jsonl", "w") as fh:
         for t in range(1, args.steps + 1):
             for _ in range(1000):
-                fh.write(json.dumps({"t": t, "items": [names[j] for j in
-                                                        rng.integers(0, args.domain, 3)]})
-                         + "\n")
+                fh.write(
+                    json.dumps(
+                        {"t": t, "items": [names[j] for j in rng.integers(0, args.domain, 3)]}
+                    )
+                    + "\n"
+                )
     key = work / "k.key"
     with contextlib.redirect_stdout(io.StringIO()):
         cli_main(["keygen", str(key)])
-    base = ["run", "--quiet", "-m", "known", "-T", str(args.steps), "--domain",
-            str(work / "domain.txt"), "--max-items", "3", "--rho", "1", "--key-file", str(key),
-            "-i", str(work / "ev.jsonl"), "--force"]
-    print(f"-m known, {args.domain:,} domain items, {args.steps} steps of 1,000 events "
-          "(CPU per step)")
-    for fmt, ext in (("jsonl", "jsonl"), ("csv", "csv"), ("jsonl-long", "jsonl"),
-                     ("parquet", "parquet")):
+    base = [
+        "run",
+        "--quiet",
+        "-m",
+        "known",
+        "-T",
+        str(args.steps),
+        "--domain",
+        str(work / "domain.txt"),
+        "--max-items",
+        "3",
+        "--rho",
+        "1",
+        "--key-file",
+        str(key),
+        "-i",
+        str(work / "ev.jsonl"),
+        "--force",
+    ]
+    print(
+        f"-m known, {args.domain:,} domain items, {args.steps} steps of 1,000 events (CPU per step)"
+    )
+    for fmt, ext in (
+        ("jsonl", "jsonl"),
+        ("csv", "csv"),
+        ("jsonl-long", "jsonl"),
+        ("parquet", "parquet"),
+    ):
         out = work / f"out.{ext}"
         argv = [*base, "-o", str(out), "--output-format", fmt]
         per = cpu(lambda argv=argv: cli_main(argv)) / args.steps
         size = out.stat().st_size / args.steps / 1e6
         print(f"  run, {fmt:<11} {per * 1e3:8.1f} ms  ({size:.1f} MB per step)")
-    h = dps.KnownDomainHistogram(names, args.steps, max_items=3, key=dps.NoiseKey.generate(),
-                                 rho=1.0)
+    h = dps.KnownDomainHistogram(
+        names, args.steps, max_items=3, key=dps.NoiseKey.generate(), rho=1.0
+    )
     counts = np.zeros(args.domain, dtype=np.int64)
     rel = None
     release_s = 0.0

@@ -72,8 +72,9 @@ def make_input(n: int) -> tuple[list[str], list[list[str]]]:
     return names, [[x] for x in names]
 
 
-def build(kind: str, n: int, horizon: int,
-          given: tuple[list[str], list[list[str]]] | None = None) -> object:
+def build(
+    kind: str, n: int, horizon: int, given: tuple[list[str], list[list[str]]] | None = None
+) -> object:
     """Mechanism ``kind`` fed ``n`` items (from ``given``, or from input made and dropped here)."""
     import dpstream as dps
 
@@ -87,10 +88,8 @@ def build(kind: str, n: int, horizon: int,
         m.step_batch(events[:1000])
     else:  # "known", or "known:K" for a K-buffer BLT counter
         _, _, buffers = kind.partition(":")
-        counter = (dps.factorization.blt_for_horizon(horizon, int(buffers)) if buffers
-                   else None)
-        m = dps.KnownDomainHistogram(names, horizon, max_items=1, key=key, rho=1.0,
-                                     counter=counter)
+        counter = dps.factorization.blt_for_horizon(horizon, int(buffers)) if buffers else None
+        m = dps.KnownDomainHistogram(names, horizon, max_items=1, key=key, rho=1.0, counter=counter)
         m.step_batch(events[:1000])
     del names, events
     return m
@@ -136,8 +135,16 @@ def child(kind: str, n: int, horizon: int, input_before: bool) -> None:
 
 
 def _run_child(kind: str, args: argparse.Namespace, input_before: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--items", str(args.items),
-           "--horizon", str(args.horizon)] + (["--input-before"] if input_before else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--items",
+        str(args.items),
+        "--horizon",
+        str(args.horizon),
+    ] + (["--input-before"] if input_before else [])
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
 
 
@@ -152,16 +159,25 @@ def main() -> None:
         child(args.child, args.items, args.horizon, args.input_before)
         return
     goals = {"unknown": 96, "topk": 64, "known": 64, "known:2": 64, "known:1": 64}
-    names = {"unknown": "UnkBase", "topk": "SparseGumb (top-k)", "known": "KnownBase",
-             "known:2": "KnownBase, 2 buffers", "known:1": "KnownBase, 1 buffer"}
+    names = {
+        "unknown": "UnkBase",
+        "topk": "SparseGumb (top-k)",
+        "known": "KnownBase",
+        "known:2": "KnownBase, 2 buffers",
+        "known:1": "KnownBase, 1 buffer",
+    }
     print(f"bytes per item, {args.items:,} items, T = {args.horizon:,}")
-    print(f"  {'':<22} {'tracemalloc':>11} {'RSS':>6} {'RSS, input made before':>23} "
-          f"{'NumPy state':>12} {'step peak':>10}")
+    print(
+        f"  {'':<22} {'tracemalloc':>11} {'RSS':>6} {'RSS, input made before':>23} "
+        f"{'NumPy state':>12} {'step peak':>10}"
+    )
     for kind in names:
         r = _run_child(kind, args, False)
         pre = _run_child(kind, args, True)
-        print(f"  {names[kind]:<22} {r['traced']:>11.0f} {r['rss']:>6.0f} {pre['rss']:>23.0f} "
-              f"{r['arrays']:>12.0f} {r['step_peak']:>10.0f}  (goal <= {goals[kind]})")
+        print(
+            f"  {names[kind]:<22} {r['traced']:>11.0f} {r['rss']:>6.0f} {pre['rss']:>23.0f} "
+            f"{r['arrays']:>12.0f} {r['step_peak']:>10.0f}  (goal <= {goals[kind]})"
+        )
 
 
 if __name__ == "__main__":

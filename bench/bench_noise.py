@@ -64,8 +64,9 @@ def rss_bytes() -> int:
 def load_revision(rev: str, into: Path):
     """Import ``src/dpstream`` of git revision ``rev`` as package ``dpstream_before``."""
     root = Path(__file__).resolve().parent.parent
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "src/dpstream"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "src/dpstream"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     (into / "src" / "dpstream").rename(into / "dpstream_before")
     sys.path.insert(0, str(into))
@@ -86,19 +87,22 @@ class Contenders:
     ``counter``: KnownBase's counter ("tree", the paper's, or "blt").
     """
 
-    def __init__(self, pkg, n: int, key_bytes: bytes, version: int | None = None,
-                 counter: str = "tree") -> None:
+    def __init__(
+        self, pkg, n: int, key_bytes: bytes, version: int | None = None, counter: str = "tree"
+    ) -> None:
         key = pkg.NoiseKey.from_bytes(key_bytes)
         self.source = pkg.NoiseSource(key, "/v2/bench/draw" if version == 2 else "bench/draw")
         self.prepared = self.source.prepare_ids(ids_array(n))
         # KnownBase over a domain of n ints; prepare() hashes them once (slow at 10^7)
         extra = {} if version is None else {"noise_version": version}
         try:
-            self.hist = pkg.KnownDomainHistogram(range(n), HORIZON, max_items=1, key=key,
-                                                 rho=1.0, counter=counter, **extra)
+            self.hist = pkg.KnownDomainHistogram(
+                range(n), HORIZON, max_items=1, key=key, rho=1.0, counter=counter, **extra
+            )
         except TypeError:  # a revision from before the counter option: the tree
-            self.hist = pkg.KnownDomainHistogram(range(n), HORIZON, max_items=1, key=key,
-                                                 rho=1.0, **extra)
+            self.hist = pkg.KnownDomainHistogram(
+                range(n), HORIZON, max_items=1, key=key, rho=1.0, **extra
+            )
         self.t = 0
         self.j = 0
 
@@ -126,8 +130,9 @@ def timed(fn, *args) -> tuple[float, float]:
 
 def speed(args: argparse.Namespace) -> None:
     n, steps = args.items, args.steps
-    threads = [int(x) for x in args.threads.split(",")] if args.threads else [
-        noise_kernel.get_threads()]
+    threads = (
+        [int(x) for x in args.threads.split(",")] if args.threads else [noise_kernel.get_threads()]
+    )
     key_bytes = dps.NoiseKey.generate().to_bytes()
     rng = np.random.default_rng(0)  # the unkeyed baseline only
     counts = np.zeros(n, dtype=np.int64)
@@ -142,17 +147,21 @@ def speed(args: argparse.Namespace) -> None:
     sides = {v: Contenders(dps, n, key_bytes, v, args.counter) for v in versions}
     contenders: list[tuple[str, int | None, Contenders]] = [
         (f"v{v}, {th} thread{'s' if th > 1 else ''}", th, sides[v])
-        for v in versions for th in threads]
+        for v in versions
+        for th in threads
+    ]
     if args.before:
         tmp = tempfile.TemporaryDirectory()
         before = Contenders(load_revision(args.before, Path(tmp.name)), n, key_bytes)
         contenders.append((f"before {args.before}", None, before))
     if 2 + args.rounds * len(threads) * steps > HORIZON:  # (per version: each has its own)
         raise SystemExit("rounds * steps * thread settings must stay below the horizon")
-    print(f"items={n:,}  T={HORIZON}  counter={args.counter}  steps per round={steps}  "
-          f"rounds={args.rounds}  "
-          f"chunk={noise_kernel.CHUNK_ITEMS}  "
-          f"(setup {time.perf_counter() - t0:.1f} s)")
+    print(
+        f"items={n:,}  T={HORIZON}  counter={args.counter}  steps per round={steps}  "
+        f"rounds={args.rounds}  "
+        f"chunk={noise_kernel.CHUNK_ITEMS}  "
+        f"(setup {time.perf_counter() - t0:.1f} s)"
+    )
     before_warm = False
     for _, th, side in contenders:  # warm up: first steps, page faults, thread pool
         if th is not None:
@@ -185,16 +194,22 @@ def speed(args: argparse.Namespace) -> None:
         gc.collect()
     med_floor = statistics.median(floor_ms)
     width = max(len(k) for k in ratios) + 1
-    print(f"{'contender':<{width}} {'ms/step':>8} {'/ floor':>8} {'(min..max)':>12} "
-          f"{'CPU / floor':>12}")
-    print(f"{'floor: normals + add':<{width}} {med_floor:8.2f} {1.0:8.2f} "
-          f"{min(floor_ms):5.1f}..{max(floor_ms):<5.1f}ms {1.0:8.2f}")
+    print(
+        f"{'contender':<{width}} {'ms/step':>8} {'/ floor':>8} {'(min..max)':>12} "
+        f"{'CPU / floor':>12}"
+    )
+    print(
+        f"{'floor: normals + add':<{width}} {med_floor:8.2f} {1.0:8.2f} "
+        f"{min(floor_ms):5.1f}..{max(floor_ms):<5.1f}ms {1.0:8.2f}"
+    )
     for name, rs in ratios.items():
         wall = sorted(r[0] for r in rs)
         cpu = statistics.median(r[1] for r in rs)
         med = statistics.median(wall)
-        print(f"{name:<{width}} {med * med_floor:8.2f} {med:8.2f} {wall[0]:6.2f}..{wall[-1]:<5.2f} "
-              f"{cpu:8.2f}")
+        print(
+            f"{name:<{width}} {med * med_floor:8.2f} {med:8.2f} {wall[0]:6.2f}..{wall[-1]:<5.2f} "
+            f"{cpu:8.2f}"
+        )
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -228,13 +243,19 @@ def memory(args: argparse.Namespace) -> None:
         del values  # a release is handed on, not kept here
     traced_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    print(f"{'before ' + args.before if args.before else 'this code'}: tree state per item at "
-          f"{n:,} items (T={HORIZON}, base 5, {tree.levels} levels): prepared id, level and "
-          "suffix sums, int64 count")
-    print(f"  tracemalloc: {(traced1 - traced0) / n:6.1f} B at rest, "
-          f"{(traced_peak - traced0) / n:6.1f} B peak during a step (with its 8-byte output)")
-    print(f"  RSS:         {(rss1 - rss0) / n:6.1f} B at rest, "
-          f"{(rss2 - rss0) / n:6.1f} B after a step (with its output)")
+    print(
+        f"{'before ' + args.before if args.before else 'this code'}: tree state per item at "
+        f"{n:,} items (T={HORIZON}, base 5, {tree.levels} levels): prepared id, level and "
+        "suffix sums, int64 count"
+    )
+    print(
+        f"  tracemalloc: {(traced1 - traced0) / n:6.1f} B at rest, "
+        f"{(traced_peak - traced0) / n:6.1f} B peak during a step (with its 8-byte output)"
+    )
+    print(
+        f"  RSS:         {(rss1 - rss0) / n:6.1f} B at rest, "
+        f"{(rss2 - rss0) / n:6.1f} B after a step (with its output)"
+    )
 
 
 def main() -> None:
@@ -242,15 +263,26 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=64, help="steps per round and contender")
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--threads", default=None,
-                    help="kernel threads to time, e.g. 1,2 (default: the library's default)")
+    ap.add_argument(
+        "--threads",
+        default=None,
+        help="kernel threads to time, e.g. 1,2 (default: the library's default)",
+    )
     ap.add_argument("--chunk", type=int, default=None, help="items per kernel chunk")
-    ap.add_argument("--versions", default="1,2",
-                    help="noise versions to time (1: inverse CDF, 2: ziggurat)")
-    ap.add_argument("--counter", default="tree", choices=("tree", "blt"),
-                    help="KnownBase's counter (default: the paper's tree)")
-    ap.add_argument("--before", metavar="REV",
-                    help="also time git revision REV (with --memory: measure it instead)")
+    ap.add_argument(
+        "--versions", default="1,2", help="noise versions to time (1: inverse CDF, 2: ziggurat)"
+    )
+    ap.add_argument(
+        "--counter",
+        default="tree",
+        choices=("tree", "blt"),
+        help="KnownBase's counter (default: the paper's tree)",
+    )
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        help="also time git revision REV (with --memory: measure it instead)",
+    )
     ap.add_argument("--memory", action="store_true", help="measure memory per item instead")
     args = ap.parse_args()
     if args.chunk is not None:

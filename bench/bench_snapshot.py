@@ -38,19 +38,33 @@ def _states(items: int) -> dict[str, Any]:
     key = NoiseKey.generate()
     words = [f"item-{i}" for i in range(items)]
     rng = np.random.default_rng(3)  # simulated events: benchmark data, not a release
-    known = build_mechanism("known", {"horizon": 1000, "stream": "s", "rho": 1.0,
-                                      "max_items": 2}, key, words)
+    known = build_mechanism(
+        "known", {"horizon": 1000, "stream": "s", "rho": 1.0, "max_items": 2}, key, words
+    )
     pk = ReadableCounts(clamp=True, round_counts=True)
     for _ in range(10):
         pk(known.step_batch(rng.choice(words, size=(2000, 2)).tolist()))
-    unk = build_mechanism("unknown", {"horizon": 1000, "stream": "s", "rho": 1.0,
-                                      "max_items": 2, "threshold_delta": 1e-6,
-                                      "remember": True}, key, None)
+    unk = build_mechanism(
+        "unknown",
+        {
+            "horizon": 1000,
+            "stream": "s",
+            "rho": 1.0,
+            "max_items": 2,
+            "threshold_delta": 1e-6,
+            "remember": True,
+        },
+        key,
+        None,
+    )
     pu = ReadableCounts(clamp=True, round_counts=True, ranked=True)
     for _ in range(100):
         pu(unk.step_batch(rng.choice(words, size=(1000, 2)).tolist()))
-    return {"key": key, f"KnownBase, {items:,} items": (known, pk),
-            f"UnkBase after 100 steps, {len(unk._table):,} items": (unk, pu)}
+    return {
+        "key": key,
+        f"KnownBase, {items:,} items": (known, pk),
+        f"UnkBase after 100 steps, {len(unk._table):,} items": (unk, pu),
+    }
 
 
 def main() -> None:
@@ -74,8 +88,10 @@ def main() -> None:
                 mod.load_snapshot(blob, key, b"context")
                 times[label].append(time.perf_counter() - start)
                 size[label] = len(blob)
-        line = ", ".join(f"{label} {min(t) * 1e3:.1f} ms ({size[label] / 1e6:.2f} MB)"
-                         for label, t in times.items())
+        line = ", ".join(
+            f"{label} {min(t) * 1e3:.1f} ms ({size[label] / 1e6:.2f} MB)"
+            for label, t in times.items()
+        )
         if "old" in times:
             line += f"; new/old {min(times['new']) / min(times['old']):.2f}"
         print(f"{name}: dump+load {line}")

@@ -43,8 +43,12 @@ def main() -> None:
     ap.add_argument("--horizon", type=int, default=10_000)
     ap.add_argument("--events-per-step", type=int, default=20_000)
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--stream-items", type=int, default=None,
-                    help="domain size of the streaming case (default: --items)")
+    ap.add_argument(
+        "--stream-items",
+        type=int,
+        default=None,
+        help="domain size of the streaming case (default: --items)",
+    )
     ap.add_argument("--only-stream", action="store_true", help="skip the step and run cases")
     args = ap.parse_args()
     n, steps, T = args.items, args.steps, args.horizon
@@ -71,36 +75,51 @@ def main() -> None:
     local_amortised_s = local_step_s + build_s / steps
 
     # -- Spark ---------------------------------------------------------------------
-    spark = (SparkSession.builder.master(args.master).appName("dpstream bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("dpstream bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     if args.only_stream:
         stream_s = _stream_case(spark, key, T, args.stream_items or n, steps, increments)
         spark.stop()
         ns = args.stream_items or n
-        print(f"items={ns:,} steps={steps} T={T} local step + build/{steps}: "
-              f"{local_amortised_s * ns / n * 1e3:.1f} ms (scaled to {ns:,} items)")
-        print(f"spark stream per micro-batch: {stream_s * 1e3:.1f} ms  "
-              f"ratio {local_amortised_s * ns / n / stream_s:5.2f}x")
+        print(
+            f"items={ns:,} steps={steps} T={T} local step + build/{steps}: "
+            f"{local_amortised_s * ns / n * 1e3:.1f} ms (scaled to {ns:,} items)"
+        )
+        print(
+            f"spark stream per micro-batch: {stream_s * 1e3:.1f} ms  "
+            f"ratio {local_amortised_s * ns / n / stream_s:5.2f}x"
+        )
         return
     remote = SparkKnownBase(spark, T, max_items=1, key=key, rho=1.0, domain=range(n))
-    counts_df = spark.range(n).select(F.col("id").alias("item"),
-                                      (F.col("id") % 7).alias("count")).cache()
+    counts_df = (
+        spark.range(n).select(F.col("id").alias("item"), (F.col("id") % 7).alias("count")).cache()
+    )
     counts_df.count()
     remote.release(1, counts_df, assume_unique=True).write.format("noop").mode(
-        "overwrite").save()  # warm-up (Python workers, Arrow)
+        "overwrite"
+    ).save()  # warm-up (Python workers, Arrow)
     t0 = time.perf_counter()
     for t in range(2, steps + 2):
         remote.release(t, counts_df, assume_unique=True).write.format("noop").mode(
-            "overwrite").save()
+            "overwrite"
+        ).save()
     spark_step_s = (time.perf_counter() - t0) / steps
 
     import pandas as pd
 
-    ev = pd.DataFrame({"t": np.repeat(np.arange(1, steps + 1), args.events_per_step),
-                       "items": [[int(i)] for inc in increments for i in inc]})
+    ev = pd.DataFrame(
+        {
+            "t": np.repeat(np.arange(1, steps + 1), args.events_per_step),
+            "items": [[int(i)] for inc in increments for i in inc],
+        }
+    )
     events = spark.createDataFrame(ev, "t long, items array<long>").cache()
     events.count()
     domain = spark.range(n).select(F.col("id").alias("item")).cache()
@@ -108,7 +127,8 @@ def main() -> None:
     runner = SparkKnownBase(spark, T, max_items=1, key=key, rho=1.0, domain=domain)
     t0 = time.perf_counter()
     runner.run(events, domain, steps=range(1, steps + 1)).write.format("noop").mode(
-        "overwrite").save()
+        "overwrite"
+    ).save()
     spark_run_s = (time.perf_counter() - t0) / steps
     stream_s = _stream_case(spark, key, T, args.stream_items or n, steps, increments)
     spark.stop()
@@ -119,16 +139,24 @@ def main() -> None:
     print(f"items={n:,}  steps={steps}  T={T}  base={local.base}  master={args.master}")
     print(f"local construct (hash {n:,} items once): {build_s:7.2f} s")
     print(f"local step:             {local_step_s * 1e3:9.1f} ms  {rate(local_step_s)}")
-    print(f"local step + build/{steps}:  {local_amortised_s * 1e3:9.1f} ms  "
-          f"{rate(local_amortised_s)}  (baseline = 1.00)")
-    print(f"spark step (one job):   {spark_step_s * 1e3:9.1f} ms  {rate(spark_step_s)}  "
-          f"ratio {local_amortised_s / spark_step_s:5.2f}x")
-    print(f"spark run (all steps):  {spark_run_s * 1e3:9.1f} ms  {rate(spark_run_s)}  "
-          f"ratio {local_amortised_s / spark_run_s:5.2f}x")
+    print(
+        f"local step + build/{steps}:  {local_amortised_s * 1e3:9.1f} ms  "
+        f"{rate(local_amortised_s)}  (baseline = 1.00)"
+    )
+    print(
+        f"spark step (one job):   {spark_step_s * 1e3:9.1f} ms  {rate(spark_step_s)}  "
+        f"ratio {local_amortised_s / spark_step_s:5.2f}x"
+    )
+    print(
+        f"spark run (all steps):  {spark_run_s * 1e3:9.1f} ms  {rate(spark_run_s)}  "
+        f"ratio {local_amortised_s / spark_run_s:5.2f}x"
+    )
     ns = args.stream_items or n
-    print(f"spark stream ({ns:,} items, per micro-batch): {stream_s * 1e3:9.1f} ms  "
-          f"{ns / stream_s / 1e6:7.2f} M item-releases/s  "
-          f"ratio {local_amortised_s * ns / n / stream_s:5.2f}x")
+    print(
+        f"spark stream ({ns:,} items, per micro-batch): {stream_s * 1e3:9.1f} ms  "
+        f"{ns / stream_s / 1e6:7.2f} M item-releases/s  "
+        f"ratio {local_amortised_s * ns / n / stream_s:5.2f}x"
+    )
     print("ratio = local time / spark time (> 1: Spark is faster)")
 
 
@@ -150,18 +178,25 @@ def _stream_case(spark, key, horizon: int, n: int, steps: int, increments) -> fl
         for t, inc in enumerate(increments, start=1):
             path = os.path.join(src, f"step-{t:04d}.json")
             with open(path, "w") as f:
-                f.write("\n".join(json.dumps({"t": t, "items": [int(i) % n]}) for i in inc)
-                        + "\n")
+                f.write("\n".join(json.dumps({"t": t, "items": [int(i) % n]}) for i in inc) + "\n")
             os.utime(path, (1_700_000_000 + 60 * t, 1_700_000_000 + 60 * t))
         domain = spark.createDataFrame(pd.DataFrame({"item": np.arange(n, dtype=np.int64)}))
         domain = domain.select(F.col("item")).cache()
         domain.count()
         mech = SparkKnownBase(spark, horizon, max_items=1, key=key, rho=1.0, domain=domain)
-        events = (spark.readStream.schema("t long, items array<long>")
-                  .option("maxFilesPerTrigger", 1).json(src))
-        rel = start_stream(mech, events, output_path=os.path.join(tmp, "out"),
-                           checkpoint_location=os.path.join(tmp, "ckpt"), domain=domain,
-                           trigger={"availableNow": True})
+        events = (
+            spark.readStream.schema("t long, items array<long>")
+            .option("maxFilesPerTrigger", 1)
+            .json(src)
+        )
+        rel = start_stream(
+            mech,
+            events,
+            output_path=os.path.join(tmp, "out"),
+            checkpoint_location=os.path.join(tmp, "ckpt"),
+            domain=domain,
+            trigger={"availableNow": True},
+        )
         rel.awaitTermination()  # staging; then each step's release, timed
         times = []
         for t in range(1, len(increments) + 1):

@@ -35,8 +35,7 @@ from dpstream.bounding import ContributionBounder, UserBounds
 from dpstream.privacy import gaussian_epsilon
 
 
-def simulate(seed: int, users: int, items: int, horizon: int, events: int,
-             user_zipf: float):
+def simulate(seed: int, users: int, items: int, horizon: int, events: int, user_zipf: float):
     """(per-step events as (user, items) lists) for the simulated stream."""
     rng = np.random.default_rng(seed)  # simulation data, not a release
     user_w = 1.0 / np.arange(1, users + 1) ** user_zipf
@@ -88,13 +87,21 @@ def key_for(trial: int) -> dps.NoiseKey:
 def run(steps, config, key, items: int, horizon: int, eps: float, delta: float):
     domain = [f"item{i}" for i in range(items)]
     if config == "event":
-        mech = dps.KnownDomainHistogram(domain, horizon, max_items=3, key=key, epsilon=eps,
-                                        delta=delta)
+        mech = dps.KnownDomainHistogram(
+            domain, horizon, max_items=3, key=key, epsilon=eps, delta=delta
+        )
         kept = steps
     else:
         l0, linf = config
-        mech = dps.KnownDomainHistogram(domain, horizon, key=key, epsilon=eps, delta=delta,
-                                        max_items_per_user=l0, max_count_per_item=linf)
+        mech = dps.KnownDomainHistogram(
+            domain,
+            horizon,
+            key=key,
+            epsilon=eps,
+            delta=delta,
+            max_items_per_user=l0,
+            max_count_per_item=linf,
+        )
         bounder = ContributionBounder(UserBounds(l0, linf))  # bounded here: aggregate mode
         kept = []
         for evs in steps:
@@ -110,8 +117,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--users", type=int, default=20_000)
-    parser.add_argument("--user-zipf", type=float, default=0.8,
-                        help="Zipf exponent of the users' activity")
+    parser.add_argument(
+        "--user-zipf", type=float, default=0.8, help="Zipf exponent of the users' activity"
+    )
     parser.add_argument("--items", type=int, default=500)
     parser.add_argument("--horizon", type=int, default=1000)
     parser.add_argument("--events", type=int, default=100_000)
@@ -123,20 +131,25 @@ def main() -> None:
     truth = raw_counts(steps, args.items)
     top = np.argsort(-truth)[:20]
     configs = ["event", (1, 1), (3, 1), (3, 5), (10, 5), (10, 20)]
-    print(f"stream: {args.events} events of {args.users} users (Zipf {args.user_zipf:g}) over "
-          f"{args.items} "
-          f"items (Zipf 1.0), T = {args.horizon}; (epsilon, delta) = ({args.epsilon:g}, "
-          f"{args.delta:g}); errors at t = T, mean of {args.trials} keys")
-    header = (f"{'unit':<7}{'L0':>4}{'Linf':>5}{'tau':>8}{'noise std':>10}{'kept':>7}"
-              f"{'top-20 rel. err':>16}{'(noise only)':>13}{'top-20 found':>13}"
-              f"{'RMSE all':>10}")
+    print(
+        f"stream: {args.events} events of {args.users} users (Zipf {args.user_zipf:g}) over "
+        f"{args.items} "
+        f"items (Zipf 1.0), T = {args.horizon}; (epsilon, delta) = ({args.epsilon:g}, "
+        f"{args.delta:g}); errors at t = T, mean of {args.trials} keys"
+    )
+    header = (
+        f"{'unit':<7}{'L0':>4}{'Linf':>5}{'tau':>8}{'noise std':>10}{'kept':>7}"
+        f"{'top-20 rel. err':>16}{'(noise only)':>13}{'top-20 found':>13}"
+        f"{'RMSE all':>10}"
+    )
     print(header)
     rows = []
     for config in configs:
         rel_err, noise_err, found, rmse = [], [], [], []
         for trial in range(args.trials):
-            mech, kept, values = run(steps, config, key_for(trial), args.items, args.horizon,
-                                     args.epsilon, args.delta)
+            mech, kept, values = run(
+                steps, config, key_for(trial), args.items, args.horizon, args.epsilon, args.delta
+            )
             rel_err.append(float(np.mean(np.abs(values[top] - truth[top]) / truth[top])))
             ktop = np.argsort(-kept)[:20]
             noise_err.append(float(np.mean(np.abs(values[ktop] - kept[ktop]) / kept[ktop])))
@@ -146,21 +159,24 @@ def main() -> None:
         unit, l0, linf = ("event", "-", "-") if config == "event" else ("user", *config)
         frac = kept.sum() / truth.sum()
         rows.append((unit, l0, linf, mech.tau, std, frac, np.mean(rel_err), np.mean(found)))
-        print(f"{unit:<7}{l0!s:>4}{linf!s:>5}{mech.tau:>8.2f}{std:>10.1f}{frac:>7.0%}"
-              f"{np.mean(rel_err):>16.1%}{np.mean(noise_err):>13.1%}{np.mean(found):>13.0%}"
-              f"{np.mean(rmse):>10.1f}")
+        print(
+            f"{unit:<7}{l0!s:>4}{linf!s:>5}{mech.tau:>8.2f}{std:>10.1f}{frac:>7.0%}"
+            f"{np.mean(rel_err):>16.1%}{np.mean(noise_err):>13.1%}{np.mean(found):>13.0%}"
+            f"{np.mean(rmse):>10.1f}"
+        )
         if config == "event":
             n, eps_heavy = heaviest_user_epsilon(steps, args.items, mech.tau, args.delta)
-            print(f"{'':7}the event-level run protects its heaviest user ({n} events) only "
-                  f"at epsilon = {eps_heavy:.1f} (delta {args.delta:g})")
+            print(
+                f"{'':7}the event-level run protects its heaviest user ({n} events) only "
+                f"at epsilon = {eps_heavy:.1f} (delta {args.delta:g})"
+            )
     if args.plot:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        labels = ["per event" if r[0] == "event" else f"user L0={r[1]} Linf={r[2]}"
-                  for r in rows]
+        labels = ["per event" if r[0] == "event" else f"user L0={r[1]} Linf={r[2]}" for r in rows]
         fig, ax = plt.subplots(figsize=(7, 3.2))
         ax.bar(labels, [100 * r[7] for r in rows], color=["#888"] + ["#3a7"] * (len(rows) - 1))
         ax.set_ylabel("true top 20 found (%)")

@@ -46,13 +46,23 @@ def _lines(rng: np.random.Generator, names: list[str], steps: int, start_t: int 
     for t in range(start_t, start_t + steps):
         counts += rng.poisson(weights * 3)
         values = np.rint(counts + rng.normal(0, 5, size=len(names))).astype(int).tolist()
-        yield json.dumps({"t": t, "released": dict(zip(names, values, strict=True)),
-                          "meta": {"noise_std": 5.0}}) + "\n"
+        yield (
+            json.dumps(
+                {
+                    "t": t,
+                    "released": dict(zip(names, values, strict=True)),
+                    "meta": {"noise_std": 5.0},
+                }
+            )
+            + "\n"
+        )
 
 
 def bench_growth(releases: int, items: int, batch: int) -> None:
-    print(f"\n1. growth: {releases:,} releases of {items:,} items, a poll every {batch} "
-          "releases, 3 items' histories followed")
+    print(
+        f"\n1. growth: {releases:,} releases of {items:,} items, a poll every {batch} "
+        "releases, 3 items' histories followed"
+    )
     rng = np.random.default_rng(1)
     names = _names(items)
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,10 +80,11 @@ def bench_growth(releases: int, items: int, batch: int) -> None:
         written = 0
         start = time.perf_counter()
         gen = _lines(rng, names, releases)
-        print(f"   baseline: one parsed release holds {one_release / 1e6:.2f} MB of Python "
-              "objects")
-        print(f"   {'releases':>9} {'file MB':>9} {'model KB':>9} {'heap MB':>8} "
-              f"{'heap / release':>15} {'poll ms':>8}")
+        print(f"   baseline: one parsed release holds {one_release / 1e6:.2f} MB of Python objects")
+        print(
+            f"   {'releases':>9} {'file MB':>9} {'model KB':>9} {'heap MB':>8} "
+            f"{'heap / release':>15} {'poll ms':>8}"
+        )
         with open(path, "a") as fh:
             while written < releases:
                 for _ in range(min(batch, releases - written)):
@@ -85,17 +96,20 @@ def bench_growth(releases: int, items: int, batch: int) -> None:
                 poll_ms = 1e3 * (time.perf_counter() - t0)
                 if written in checkpoints:
                     heap = tracemalloc.get_traced_memory()[0] - base0
-                    print(f"   {written:>9,} {path.stat().st_size / 1e6:>9.1f} "
-                          f"{model.memory_bytes() / 1e3:>9.1f} {heap / 1e6:>8.2f} "
-                          f"{heap / one_release:>14.2f}x {poll_ms:>8.1f}")
+                    print(
+                        f"   {written:>9,} {path.stat().st_size / 1e6:>9.1f} "
+                        f"{model.memory_bytes() / 1e3:>9.1f} {heap / 1e6:>8.2f} "
+                        f"{heap / one_release:>14.2f}x {poll_ms:>8.1f}"
+                    )
         peak = tracemalloc.get_traced_memory()[1] - base0
         tracemalloc.stop()
         snap = model.snapshot(names[:3])
-        assert snap.t == releases and all(len(snap.history[n][0]) == releases
-                                          for n in names[:3])
-        print(f"   peak heap during the run: {peak / 1e6:.2f} MB "
-              f"({peak / one_release:.1f}x one parsed release); "
-              f"{time.perf_counter() - start:.1f} s in all")
+        assert snap.t == releases and all(len(snap.history[n][0]) == releases for n in names[:3])
+        print(
+            f"   peak heap during the run: {peak / 1e6:.2f} MB "
+            f"({peak / one_release:.1f}x one parsed release); "
+            f"{time.perf_counter() - start:.1f} s in all"
+        )
 
 
 def bench_wide(items: int, releases: int, top: int) -> dict:
@@ -118,18 +132,27 @@ def bench_wide(items: int, releases: int, top: int) -> dict:
     t_render = min(_timed(lambda: render_fragments(snap)) for _ in range(3))
     frags = render_fragments(snap)
     message = json.dumps({"html": frags, "selected": snap.selected, "t": snap.t})
-    print(f"   baseline: json.loads of one release line ({len(line) / 1e6:.1f} MB): "
-          f"{loads * 1e3:.0f} ms")
-    print(f"   open the file ({releases} releases, read to the end): {t_open * 1e3:.0f} ms "
-          f"({t_open / loads:.1f}x)")
-    print(f"   first page: fill the 3 default histories ({releases} lines): "
-          f"{t_first * 1e3:.0f} ms ({t_first / loads:.1f}x)")
-    print(f"   take in one new release (3 histories followed): {t_update * 1e3:.0f} ms "
-          f"({t_update / loads:.2f}x json.loads)")
-    print(f"   render the page's fragments: {t_render * 1e3:.1f} ms "
-          f"({t_render / loads:.3f}x)")
-    print(f"   one event-stream message: {len(message) / 1e3:.1f} KB, "
-          f"{len(message) / len(line):.4f}x the release line")
+    print(
+        f"   baseline: json.loads of one release line ({len(line) / 1e6:.1f} MB): "
+        f"{loads * 1e3:.0f} ms"
+    )
+    print(
+        f"   open the file ({releases} releases, read to the end): {t_open * 1e3:.0f} ms "
+        f"({t_open / loads:.1f}x)"
+    )
+    print(
+        f"   first page: fill the 3 default histories ({releases} lines): "
+        f"{t_first * 1e3:.0f} ms ({t_first / loads:.1f}x)"
+    )
+    print(
+        f"   take in one new release (3 histories followed): {t_update * 1e3:.0f} ms "
+        f"({t_update / loads:.2f}x json.loads)"
+    )
+    print(f"   render the page's fragments: {t_render * 1e3:.1f} ms ({t_render / loads:.3f}x)")
+    print(
+        f"   one event-stream message: {len(message) / 1e3:.1f} KB, "
+        f"{len(message) / len(line):.4f}x the release line"
+    )
     print(f"   model memory: {model.memory_bytes() / 1e3:.1f} KB")
     return {"path": path, "gen": gen, "releases": releases, "top": top}
 
@@ -142,8 +165,16 @@ def bench_browser(wide: dict) -> None:
     print("\n3. browser: append a wide release, wait for the page to show it (Chromium)")
     path = wide["path"]
     server = ViewServer(ViewModel(path, top=wide["top"]), poll=0.25).start()
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=args)
@@ -160,12 +191,15 @@ def bench_browser(wide: dict) -> None:
                     fh.write(line)
                 page.wait_for_function(
                     f"document.getElementById('dp-t').textContent.replace(/,/g, '') === '{t}'",
-                    timeout=20000)
+                    timeout=20000,
+                )
                 waits.append(time.perf_counter() - start)
             rows = page.locator("#dp-top li.row").count()
-            print(f"   append -> shown: median {np.median(waits) * 1e3:.0f} ms, max "
-                  f"{max(waits) * 1e3:.0f} ms over {len(waits)} releases (poll 250 ms); "
-                  f"{rows} rows in the DOM")
+            print(
+                f"   append -> shown: median {np.median(waits) * 1e3:.0f} ms, max "
+                f"{max(waits) * 1e3:.0f} ms over {len(waits)} releases (poll 250 ms); "
+                f"{rows} rows in the DOM"
+            )
             browser.close()
     finally:
         server.stop()

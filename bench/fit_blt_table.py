@@ -25,15 +25,20 @@ TABLE = Path(__file__).resolve().parent.parent / "src" / "dpstream" / "data" / "
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--buffers", type=int, nargs="+", default=[DEFAULT_BUFFERS])
-    ap.add_argument("--cold", action="store_true",
-                    help="fit each horizon from the default starts only (no warm start)")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="fit each horizon from the default starts only (no warm start)",
+    )
     ap.add_argument("--out", default=str(TABLE))
     args = ap.parse_args()
     for buffers in args.buffers:
         start = time.perf_counter()
         entries = write_table(args.out, grid_horizons(), buffers, warm_start=not args.cold)
-        print(f"{buffers} buffers: {len(entries)} horizons fitted in "
-              f"{time.perf_counter() - start:.1f} s -> {args.out}")
+        print(
+            f"{buffers} buffers: {len(entries)} horizons fitted in "
+            f"{time.perf_counter() - start:.1f} s -> {args.out}"
+        )
         print(f"{'T':>15} {'V':>9} {'ratio to lower bound':>22}")
         for e in entries:
             h = e["horizon"]

@@ -31,8 +31,12 @@ def _ratios(comps: np.ndarray, ts: list[int], ref: np.ndarray) -> np.ndarray:
     bias = 1.0 / (1.0 + float(np.sum(om / u)))
     a = -inv_om / v
     vv = fz._one_minus_product(v, v)
-    err = [t * bias * bias + 2 * bias * float(np.sum(a * fz._geometric_sum(t, v)))
-           + float(np.sum(a[:, None] * a[None, :] * fz._geometric_sum(t, vv))) for t in ts]
+    err = [
+        t * bias * bias
+        + 2 * bias * float(np.sum(a * fz._geometric_sum(t, v)))
+        + float(np.sum(a[:, None] * a[None, :] * fz._geometric_sum(t, vv)))
+        for t in ts
+    ]
     return sens * np.array(err) / ref
 
 
@@ -40,8 +44,14 @@ def fit(low: int, buffers: int = fz.DEFAULT_BUFFERS) -> fz.BLTStrategy:
     from scipy import optimize
 
     ts = [t for t in fz.grid_horizons() if t >= low]
-    ref = np.array([(lambda s: s.sensitivity_squared_closed_form() * s.max_variance_factor)(
-        fz.blt_for_horizon(t, buffers)) for t in ts])
+    ref = np.array(
+        [
+            (lambda s: s.sensitivity_squared_closed_form() * s.max_variance_factor)(
+                fz.blt_for_horizon(t, buffers)
+            )
+            for t in ts
+        ]
+    )
 
     def objective(p: np.ndarray) -> float:
         if not np.all(np.isfinite(p)):
@@ -58,8 +68,12 @@ def fit(low: int, buffers: int = fz.DEFAULT_BUFFERS) -> fz.BLTStrategy:
 
     x = fz._params_from_pair(fz._pair_of(fz.blt_for_horizon(1 << 20, buffers)))
     for _ in range(3):
-        x = optimize.minimize(objective, x, method="Nelder-Mead",
-                              options={"maxiter": 4000, "xatol": 1e-10, "fatol": 1e-14}).x
+        x = optimize.minimize(
+            objective,
+            x,
+            method="Nelder-Mead",
+            options={"maxiter": 4000, "xatol": 1e-10, "fatol": 1e-14},
+        ).x
     x = optimize.minimize(objective, x, method="Powell").x
     comps = fz._pair_from_params(x)
     return fz._strategy_from_pair(comps, fz.MAX_BLT_HORIZON, fz.MAX_BLT_HORIZON)
@@ -67,8 +81,12 @@ def fit(low: int, buffers: int = fz.DEFAULT_BUFFERS) -> fz.BLTStrategy:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--low", type=int, default=fz.UNBOUNDED_FIT_RANGE[0],
-                    help="the smallest step the fit cares for")
+    ap.add_argument(
+        "--low",
+        type=int,
+        default=fz.UNBOUNDED_FIT_RANGE[0],
+        help="the smallest step the fit cares for",
+    )
     ap.add_argument("--table", action="store_true", help="only print the shipped fit's table")
     args = ap.parse_args()
     if not args.table:
@@ -77,7 +95,7 @@ def main() -> None:
         print("UNBOUNDED_OMEGA =", tuple(x.hex() for x in s.omega))
     print(f"{'t':>12} {'std ratio':>10}   (blt_unbounded at t / blt_for_horizon(t) at t)")
     for e in range(1, 10):
-        print(f"{10 ** e:>12,} {fz.unbounded_std_ratio(10 ** e):>10.3f}")
+        print(f"{10**e:>12,} {fz.unbounded_std_ratio(10**e):>10.3f}")
 
 
 if __name__ == "__main__":

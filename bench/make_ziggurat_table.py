@@ -96,7 +96,7 @@ def main() -> None:
     x, v, r = solve()
     table = {
         "about": "ziggurat for exp(-x^2/2), 256 regions of equal area; "
-                 "made by bench/make_ziggurat_table.py; floats are float.hex",
+        "made by bench/make_ziggurat_table.py; floats are float.hex",
         "layers": LAYERS,
         "r": float(r).hex(),
         "area": float(v).hex(),
@@ -107,8 +107,10 @@ def main() -> None:
         "fast_limit": [fast_limit(float(x[i]), float(x[i + 1])).hex() for i in range(LAYERS)],
     }
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n", encoding="ascii")
-    print(f"r = {mpmath.nstr(r, 20)}, v = {mpmath.nstr(v, 20)}, "
-          f"top excess {mpmath.nstr(top_excess(r), 5)} -> {args.out}")
+    print(
+        f"r = {mpmath.nstr(r, 20)}, v = {mpmath.nstr(v, 20)}, "
+        f"top excess {mpmath.nstr(top_excess(r), 5)} -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -109,8 +109,7 @@ CHANGELOG_END = dt.datetime(2026, 1, 5, tzinfo=dt.timezone.utc)
 
 def changelog_stream() -> tuple[int, list[list[list[str]]]]:
     """Debian changelog entries on this machine as a weekly word stream."""
-    files = sorted({os.path.realpath(p)
-                    for p in glob.glob("/usr/share/doc/*/changelog.Debian.gz")})
+    files = sorted({os.path.realpath(p) for p in glob.glob("/usr/share/doc/*/changelog.Debian.gz")})
     if not files:
         raise SystemExit("no /usr/share/doc/*/changelog.Debian.gz on this machine")
     horizon = (CHANGELOG_END - CHANGELOG_START).days // 7
@@ -180,9 +179,20 @@ def git_stream() -> tuple[int, list[list[list[str]]]]:
         git_dir = os.environ.get(GIT_DIR_ENV)
         if not git_dir:
             raise SystemExit(f"set {GIT_DIR_ENV} to a git directory (e.g. a clone of git/git)")
-        log = subprocess.run(["git", "--git-dir", git_dir, "log", "--no-merges",
-                              "--reverse", "--name-only", "--format=%x00%ct"],
-                             check=True, capture_output=True).stdout.decode("utf-8", "replace")
+        log = subprocess.run(
+            [
+                "git",
+                "--git-dir",
+                git_dir,
+                "log",
+                "--no-merges",
+                "--reverse",
+                "--name-only",
+                "--format=%x00%ct",
+            ],
+            check=True,
+            capture_output=True,
+        ).stdout.decode("utf-8", "replace")
         OUT.mkdir(exist_ok=True)
         with open(cache, "w") as fh:
             for block in log.split("\0")[1:]:
@@ -204,8 +214,12 @@ def git_stream() -> tuple[int, list[list[list[str]]]]:
 
 
 #: stream name -> (loader, --max-items for the mechanisms that need it)
-STREAMS = {"faa": (faa_stream, 2), "changelog": (changelog_stream, 20),
-           "changelog-monthly": (changelog_monthly_stream, 20), "git": (git_stream, 7)}
+STREAMS = {
+    "faa": (faa_stream, 2),
+    "changelog": (changelog_stream, 20),
+    "changelog-monthly": (changelog_monthly_stream, 20),
+    "git": (git_stream, 7),
+}
 
 
 # --------------------------------------------------------------------------- mechanisms
@@ -216,8 +230,7 @@ def cli_defaults(cli: Any) -> dict[str, Any]:
     return {o.dest: o.default for o in cli.MECH_OPTS + cli.RUN_OPTS}
 
 
-def build(cli: Any, name: str, opts: dict[str, Any], key: Any,
-          domain: list[str] | None) -> Any:
+def build(cli: Any, name: str, opts: dict[str, Any], key: Any, domain: list[str] | None) -> Any:
     """``build_mechanism`` as ``dpstream run`` calls it; drop --max-items where refused,
     and ``--counter tree`` for a mechanism whose only counter is the tree."""
     if cli.MECHANISMS[name].domain == "none":
@@ -243,8 +256,14 @@ MECHANISMS = {
     "one-shot gaussian at T": ("oneshot", {}, True),
 }
 #: the rows run by default (meta is slow on long streams: ask for it with --mechanisms)
-DEFAULT_MECHANISMS = ("known", "unknown", "top-k", "top-k no --max-items",
-                      "top-k s=10 no --max-items", "one-shot gaussian at T")
+DEFAULT_MECHANISMS = (
+    "known",
+    "unknown",
+    "top-k",
+    "top-k no --max-items",
+    "top-k s=10 no --max-items",
+    "one-shot gaussian at T",
+)
 #: the true top items whose published counts the error column averages over
 ERR_TOP = 20
 
@@ -272,14 +291,19 @@ class Metrics:
     def positions(self, items: Sequence[str]) -> np.ndarray:
         if self._items_id == id(items) and self._pos is not None:
             return self._pos
-        pos = np.fromiter((self.index[str(i)] for i in items), dtype=np.int64,
-                          count=len(items))
+        pos = np.fromiter((self.index[str(i)] for i in items), dtype=np.int64, count=len(items))
         if len(items) > 1000:  # a whole domain, released every step: cache
             self._items_id, self._pos = id(items), pos
         return pos
 
-    def add(self, t: int, items: Sequence[str], values: np.ndarray, truth: np.ndarray,
-            selected_on_zero: bool) -> None:
+    def add(
+        self,
+        t: int,
+        items: Sequence[str],
+        values: np.ndarray,
+        truth: np.ndarray,
+        selected_on_zero: bool,
+    ) -> None:
         n = len(values)
         if n and self.first is None:
             self.first = t
@@ -329,9 +353,15 @@ class Metrics:
         }
 
 
-def run_one(name: str, stream: str, epsilon: float, key_label: str,
-            data: tuple[int, list[list[list[str]]]], max_items: int,
-            counter: str | None = None) -> dict[str, Any]:
+def run_one(
+    name: str,
+    stream: str,
+    epsilon: float,
+    key_label: str,
+    data: tuple[int, list[list[list[str]]]],
+    max_items: int,
+    counter: str | None = None,
+) -> dict[str, Any]:
     """One mechanism on one stream at one epsilon: the metrics and a few facts."""
     from dpstream import cli
     from dpstream.io import KeyedTruncator
@@ -344,8 +374,14 @@ def run_one(name: str, stream: str, epsilon: float, key_label: str,
     mech_name, extra, with_max = MECHANISMS[name]
     if mech_name == "oneshot":
         return oneshot_gaussian(name, stream, epsilon, key_label, data, max_items)
-    opts = {**cli_defaults(cli), "horizon": horizon, "epsilon": epsilon, "delta": 1e-6,
-            "max_items": max_items if with_max else None, **extra}
+    opts = {
+        **cli_defaults(cli),
+        "horizon": horizon,
+        "epsilon": epsilon,
+        "delta": 1e-6,
+        "max_items": max_items if with_max else None,
+        **extra,
+    }
     if counter is not None:
         opts["counter"] = counter
     mech = build(cli, mech_name, opts, key, domain)
@@ -376,27 +412,40 @@ def run_one(name: str, stream: str, epsilon: float, key_label: str,
         if selection is not None and len(rel.items) and selection != last_selection:
             last_selection = selection
             selection_zero = not truth.any()
-        elif selection is None and len(rel.items) and last_selection is None \
-                and mech_name in ("top-k", "meta"):
+        elif (
+            selection is None
+            and len(rel.items)
+            and last_selection is None
+            and mech_name in ("top-k", "meta")
+        ):
             last_selection = t
             selection_zero = not truth.any()
         items, values = publish(rel)
-        metrics.add(t, items, values, truth,
-                    selection_zero and mech_name in ("top-k", "meta"))
+        metrics.add(t, items, values, truth, selection_zero and mech_name in ("top-k", "meta"))
     out = metrics.summary()
-    out.update(mechanism=name, stream=stream, epsilon=epsilon, key=key_label,
-               algorithm=getattr(mech, "mechanism_name", type(mech).__name__),
-               counter=str(getattr(mech, "counter", "tree")),
-               switches=getattr(mech, "switches", None),
-               seconds=time.perf_counter() - start,
-               dropped_share=dropped / occurrences if occurrences else 0.0,
-               selects=mech_name in ("top-k", "meta"))
+    out.update(
+        mechanism=name,
+        stream=stream,
+        epsilon=epsilon,
+        key=key_label,
+        algorithm=getattr(mech, "mechanism_name", type(mech).__name__),
+        counter=str(getattr(mech, "counter", "tree")),
+        switches=getattr(mech, "switches", None),
+        seconds=time.perf_counter() - start,
+        dropped_share=dropped / occurrences if occurrences else 0.0,
+        selects=mech_name in ("top-k", "meta"),
+    )
     return out
 
 
-def oneshot_gaussian(name: str, stream: str, epsilon: float, key_label: str,
-                     data: tuple[int, list[list[list[str]]]], max_items: int
-                     ) -> dict[str, Any]:
+def oneshot_gaussian(
+    name: str,
+    stream: str,
+    epsilon: float,
+    key_label: str,
+    data: tuple[int, list[list[list[str]]]],
+    max_items: int,
+) -> dict[str, Any]:
     """A one-shot release of the final histogram only (t = T), for comparison.
 
     Gaussian noise calibrated to (epsilon, delta/2) by the exact curve (Balle
@@ -430,18 +479,27 @@ def oneshot_gaussian(name: str, stream: str, epsilon: float, key_label: str,
             counts[[index[i] for i in kept]] += 1
     sigma = math.sqrt(max_items) / mu_for_gaussian(epsilon, delta / 2)
     threshold = 1 + sigma * float(-ndtri(delta / 2 / max_items))
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(
-        f"oneshot/{key_label}".encode()).digest()[:8], "big"))
+    rng = np.random.default_rng(
+        int.from_bytes(hashlib.sha256(f"oneshot/{key_label}".encode()).digest()[:8], "big")
+    )
     noisy = np.where(counts > 0, counts + rng.normal(0.0, sigma, len(domain)), -np.inf)
     shown = np.flatnonzero(noisy > threshold)
     metrics = Metrics(horizon, index)
     items = [domain[i] for i in shown]
     metrics.add(horizon, items, np.rint(noisy[shown]), truth, False)
     out = metrics.summary()
-    out.update(mechanism=name, stream=stream, epsilon=epsilon, key=key_label,
-               algorithm=f"Gaussian + threshold at T (sigma {sigma:.1f}, m {threshold:.0f})",
-               counter="-", switches=None, seconds=0.0, selects=False,
-               dropped_share=float(1 - counts.sum() / truth.sum()))
+    out.update(
+        mechanism=name,
+        stream=stream,
+        epsilon=epsilon,
+        key=key_label,
+        algorithm=f"Gaussian + threshold at T (sigma {sigma:.1f}, m {threshold:.0f})",
+        counter="-",
+        switches=None,
+        seconds=0.0,
+        selects=False,
+        dropped_share=float(1 - counts.sum() / truth.sum()),
+    )
     out["recall_half"] = float("nan")  # one release, at T
     return out
 
@@ -461,8 +519,12 @@ def make_publisher(cli: Any, opts: dict[str, Any]) -> Any:
 
 # --------------------------------------------------------------------------- post-processing
 
-PP_OPTIONS = {"raw": (False, False), "clamp": (True, False), "monotone": (False, True),
-              "clamp+monotone": (True, True)}
+PP_OPTIONS = {
+    "raw": (False, False),
+    "clamp": (True, False),
+    "monotone": (False, True),
+    "clamp+monotone": (True, True),
+}
 PP_MECHANISMS = ("known", "unknown", "top-k", "top-k no --max-items")
 
 
@@ -476,8 +538,15 @@ class ErrorStats:
         self.abs_top: list[np.ndarray] = []
         self.n_neg = self.n_pairs = self.n_down = 0
 
-    def add(self, t: int, pos: np.ndarray, vals: np.ndarray, truth: np.ndarray,
-            top: np.ndarray, sample: bool) -> None:
+    def add(
+        self,
+        t: int,
+        pos: np.ndarray,
+        vals: np.ndarray,
+        truth: np.ndarray,
+        top: np.ndarray,
+        sample: bool,
+    ) -> None:
         err = vals - truth[pos]
         self.sum += float(err.sum())
         self.n += len(err)
@@ -500,17 +569,19 @@ class ErrorStats:
             x = np.concatenate(parts) if parts else np.zeros(0)
             return float(np.median(x)) if x.size else float("nan")
 
-        return {"bias": self.sum / self.n if self.n else float("nan"),
-                "median_abs": med(self.abs_all),
-                "bias_top": self.sum_top / self.n_top if self.n_top else float("nan"),
-                "median_abs_top": med(self.abs_top),
-                "negative": self.n_neg / self.n if self.n else 0.0,
-                "decreasing": self.n_down / self.n_pairs if self.n_pairs else 0.0}
+        return {
+            "bias": self.sum / self.n if self.n else float("nan"),
+            "median_abs": med(self.abs_all),
+            "bias_top": self.sum_top / self.n_top if self.n_top else float("nan"),
+            "median_abs_top": med(self.abs_top),
+            "negative": self.n_neg / self.n if self.n else 0.0,
+            "decreasing": self.n_down / self.n_pairs if self.n_pairs else 0.0,
+        }
 
 
-def run_postprocessing(name: str, stream: str, epsilon: float,
-                       data: tuple[int, list[list[list[str]]]], max_items: int
-                       ) -> list[dict[str, Any]]:
+def run_postprocessing(
+    name: str, stream: str, epsilon: float, data: tuple[int, list[list[list[str]]]], max_items: int
+) -> list[dict[str, Any]]:
     """One mechanism's releases under each post-processing option (same noise)."""
     from dpstream import cli
     from dpstream.io import KeyedTruncator
@@ -522,12 +593,20 @@ def run_postprocessing(name: str, stream: str, epsilon: float,
     index = {item: i for i, item in enumerate(domain)}
     key = NoiseKey.from_bytes(hashlib.sha256(b"bench-real-streams/pp").digest())
     mech_name, extra, with_max = MECHANISMS[name]
-    opts = {**cli_defaults(cli), "horizon": horizon, "epsilon": epsilon, "delta": 1e-6,
-            "max_items": max_items if with_max else None, **extra}
+    opts = {
+        **cli_defaults(cli),
+        "horizon": horizon,
+        "epsilon": epsilon,
+        "delta": 1e-6,
+        "max_items": max_items if with_max else None,
+        **extra,
+    }
     mech = build(cli, mech_name, opts, key, domain)
     ranked = mech_name != "known"
-    pps = {label: ReadableCounts(clamp=c, monotone=m, round_counts=True, ranked=ranked)
-           for label, (c, m) in PP_OPTIONS.items()}
+    pps = {
+        label: ReadableCounts(clamp=c, monotone=m, round_counts=True, ranked=ranked)
+        for label, (c, m) in PP_OPTIONS.items()
+    }
     stats = {label: ErrorStats(len(domain)) for label in PP_OPTIONS}
     limit = getattr(mech, "max_items", None)
     truncator = KeyedTruncator(NoiseSource(key, "bench/truncate"), limit or 1)
@@ -549,21 +628,39 @@ def run_postprocessing(name: str, stream: str, epsilon: float,
             if len(out.items) > 1000 and out.items == rel.items:
                 pos = cache.get(key_id)
                 if pos is None:
-                    pos = cache[key_id] = np.fromiter((index[str(i)] for i in rel.items),
-                                                      np.int64, len(rel.items))
+                    pos = cache[key_id] = np.fromiter(
+                        (index[str(i)] for i in rel.items), np.int64, len(rel.items)
+                    )
             else:
-                pos = np.fromiter((index[str(i)] for i in out.items), np.int64,
-                                  len(out.items))
-            stats[label].add(t, pos, np.asarray(out.values, dtype=np.float64), truth, top,
-                             t % stride == 0 or t == horizon)
-    return [{"stream": stream, "epsilon": epsilon, "mechanism": name,
-             "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
-             "option": label, **st.summary()} for label, st in stats.items()]
+                pos = np.fromiter((index[str(i)] for i in out.items), np.int64, len(out.items))
+            stats[label].add(
+                t,
+                pos,
+                np.asarray(out.values, dtype=np.float64),
+                truth,
+                top,
+                t % stride == 0 or t == horizon,
+            )
+    return [
+        {
+            "stream": stream,
+            "epsilon": epsilon,
+            "mechanism": name,
+            "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
+            "option": label,
+            **st.summary(),
+        }
+        for label, st in stats.items()
+    ]
 
 
 def pp_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| stream | eps | mechanism | option | bias | median abs err | bias, true top 10 "
-             "| median abs err, true top 10 | negative | decreasing |", "|" + "---|" * 10]
+    lines = [
+        "| stream | eps | mechanism | option | bias | median abs err | bias, true top 10 "
+        "| median abs err, true top 10 | negative | decreasing |",
+        "|" + "---|" * 10,
+    ]
+
     def num(x: float, fmt: str) -> str:
         return "-" if np.isnan(x) else format(x, fmt)
 
@@ -572,7 +669,8 @@ def pp_markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} ({r['algorithm']}) | "
             f"{r['option']} | {num(r['bias'], '+.1f')} | {num(r['median_abs'], '.0f')} | "
             f"{num(r['bias_top'], '+.1f')} | {num(r['median_abs_top'], '.0f')} | "
-            f"{r['negative']:.0%} | {r['decreasing']:.0%} |")
+            f"{r['negative']:.0%} | {r['decreasing']:.0%} |"
+        )
     return "\n".join(lines)
 
 
@@ -580,8 +678,9 @@ def pp_markdown(rows: list[dict[str, Any]]) -> str:
 
 #: (switches, beta, start_beta) of the gate study: the default levels, a laxer
 #: waiting round, and both laxer
-GATE_SETTINGS = [(s, b, sb) for s in (None, 10)
-                 for b, sb in ((0.05, 0.05), (0.05, 0.2), (0.05, 0.5), (0.5, 0.5))]
+GATE_SETTINGS = [
+    (s, b, sb) for s in (None, 10) for b, sb in ((0.05, 0.05), (0.05, 0.2), (0.05, 0.5), (0.5, 0.5))
+]
 
 
 def gate_study(stream: str, epsilon: float, keys: int) -> list[dict[str, Any]]:
@@ -599,8 +698,17 @@ def gate_study(stream: str, epsilon: float, keys: int) -> list[dict[str, Any]]:
         s = default_switches(horizon) if switches is None else switches
         for k in range(keys):
             key = NoiseKey.from_bytes(hashlib.sha256(f"bench-gate/{k}".encode()).digest())
-            mech = ContinualTopK(domain, horizon, k=TOP, switches=s, key=key,
-                                 epsilon=epsilon, delta=1e-6, beta=beta, start_beta=start_beta)
+            mech = ContinualTopK(
+                domain,
+                horizon,
+                k=TOP,
+                switches=s,
+                key=key,
+                epsilon=epsilon,
+                delta=1e-6,
+                beta=beta,
+                start_beta=start_beta,
+            )
             truth = np.zeros(len(domain), dtype=np.int64)
             metrics = Metrics(horizon, index)
             for t, events in enumerate(steps, start=1):
@@ -609,20 +717,31 @@ def gate_study(stream: str, epsilon: float, keys: int) -> list[dict[str, Any]]:
                 rel = mech.release(t, truth)
                 metrics.add(t, rel.items, np.rint(rel.values), truth, False)
             out = metrics.summary()
-            rows.append({"stream": stream, "switches": s, "beta": beta,
-                         "start_beta": start_beta, "key": k, "eta0": mech.start_eta_at(1),
-                         "switches_used": mech.switches_used, **out})
+            rows.append(
+                {
+                    "stream": stream,
+                    "switches": s,
+                    "beta": beta,
+                    "start_beta": start_beta,
+                    "key": k,
+                    "eta0": mech.start_eta_at(1),
+                    "switches_used": mech.switches_used,
+                    **out,
+                }
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
 def gate_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| stream | s | beta | start_beta | eta0 | top-10 at T | top-10 2nd half "
-             "| first release (median) | switches used (mean) |", "|" + "---|" * 9]
+    lines = [
+        "| stream | s | beta | start_beta | eta0 | top-10 at T | top-10 2nd half "
+        "| first release (median) | switches used (mean) |",
+        "|" + "---|" * 9,
+    ]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["stream"], r["switches"], r["beta"], r["start_beta"]),
-                          []).append(r)
+        groups.setdefault((r["stream"], r["switches"], r["beta"], r["start_beta"]), []).append(r)
     for (stream, s, beta, sb), rs in groups.items():
         firsts = [r["first_release"] for r in rs if r["first_release"] is not None]
         first = str(int(np.median(firsts))) if firsts else "never"
@@ -630,32 +749,41 @@ def gate_markdown(rows: list[dict[str, Any]]) -> str:
             f"| {stream} | {s} | {beta:g} | {sb:g} | {rs[0]['eta0']:.0f} | "
             f"{np.mean([r['recall_T'] for r in rs]) * TOP:.1f}/10 | "
             f"{np.mean([r['recall_half'] for r in rs]) * TOP:.1f}/10 | {first} | "
-            f"{np.mean([r['switches_used'] for r in rs]):.1f} |")
+            f"{np.mean([r['switches_used'] for r in rs]):.1f} |"
+        )
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- driver
 
 
-def run_all(streams: list[str], epsilons: list[float], mechanisms: list[str],
-            keys: int, label: str, counters: Sequence[str | None] = (None,)
-            ) -> list[dict[str, Any]]:
+def run_all(
+    streams: list[str],
+    epsilons: list[float],
+    mechanisms: list[str],
+    keys: int,
+    label: str,
+    counters: Sequence[str | None] = (None,),
+) -> list[dict[str, Any]]:
     rows = []
     for stream in streams:
         loader, max_items = STREAMS[stream]
         data = loader()
         for epsilon in epsilons:
             for name in mechanisms:
-                for counter in (None,) if MECHANISMS[name][0] in ("oneshot", "meta") \
-                        else counters:
+                for counter in (None,) if MECHANISMS[name][0] in ("oneshot", "meta") else counters:
                     for k in range(keys):
                         try:
-                            row = run_one(name, stream, epsilon, f"{k}", data, max_items,
-                                          counter)
+                            row = run_one(name, stream, epsilon, f"{k}", data, max_items, counter)
                         except Exception as exc:  # a mechanism the checkout lacks
-                            row = {"mechanism": name, "stream": stream, "epsilon": epsilon,
-                                   "key": f"{k}", "counter": counter or "default",
-                                   "error": f"{type(exc).__name__}: {exc}"}
+                            row = {
+                                "mechanism": name,
+                                "stream": stream,
+                                "epsilon": epsilon,
+                                "key": f"{k}",
+                                "counter": counter or "default",
+                                "error": f"{type(exc).__name__}: {exc}",
+                            }
                         row["version"] = label
                         row["counter_asked"] = counter or "default"
                         rows.append(row)
@@ -667,24 +795,40 @@ def average(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean over keys of each (version, stream, epsilon, mechanism)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["version"], r["stream"], r["epsilon"], r["mechanism"],
-                           r.get("counter_asked", "default")), []).append(r)
+        groups.setdefault(
+            (
+                r["version"],
+                r["stream"],
+                r["epsilon"],
+                r["mechanism"],
+                r.get("counter_asked", "default"),
+            ),
+            [],
+        ).append(r)
     out = []
     for (version, stream, eps, name, counter), rs in groups.items():
         ok = [r for r in rs if "error" not in r]
         if not ok:
             out.append({**rs[0]})
             continue
-        agg: dict[str, Any] = {"version": version, "stream": stream, "epsilon": eps,
-                               "mechanism": name, "algorithm": ok[0]["algorithm"],
-                               "counter": ok[0].get("counter", counter),
-                               "switches": ok[0].get("switches"),
-                               "keys": len(ok), "selects": ok[0]["selects"]}
-        for f in ("recall_T", "recall_half", "negative", "decreasing", "seconds",
-                  "dropped_share"):
+        agg: dict[str, Any] = {
+            "version": version,
+            "stream": stream,
+            "epsilon": eps,
+            "mechanism": name,
+            "algorithm": ok[0]["algorithm"],
+            "counter": ok[0].get("counter", counter),
+            "switches": ok[0].get("switches"),
+            "keys": len(ok),
+            "selects": ok[0]["selects"],
+        }
+        for f in ("recall_T", "recall_half", "negative", "decreasing", "seconds", "dropped_share"):
             agg[f] = float(np.mean([r.get(f, float("nan")) for r in ok]))
-        tops = [r["mean_abs_error_top20"] for r in ok
-                if not np.isnan(r.get("mean_abs_error_top20", float("nan")))]
+        tops = [
+            r["mean_abs_error_top20"]
+            for r in ok
+            if not np.isnan(r.get("mean_abs_error_top20", float("nan")))
+        ]
         agg["mean_abs_error_top20"] = float(np.mean(tops)) if tops else float("nan")
         errs = [r["median_abs_error"] for r in ok if not np.isnan(r["median_abs_error"])]
         agg["median_abs_error"] = float(np.mean(errs)) if errs else float("nan")
@@ -697,18 +841,27 @@ def average(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ("| stream | eps | mechanism | version | algorithm | counter | top-10 at T "
-            "| top-10 2nd half | median abs err | mean abs err, true top 20 | negative "
-            "| decreasing | first release | zero-sel |")
+    head = (
+        "| stream | eps | mechanism | version | algorithm | counter | top-10 at T "
+        "| top-10 2nd half | median abs err | mean abs err, true top 20 | negative "
+        "| decreasing | first release | zero-sel |"
+    )
     lines = [head, "|" + "---|" * 14]
     order = {"before": 0, "after": 1}
-    for r in sorted(rows, key=lambda r: (-len(r["stream"]), r["epsilon"],
-                                         list(MECHANISMS).index(r["mechanism"]),
-                                         order.get(r["version"], 2))):
+    for r in sorted(
+        rows,
+        key=lambda r: (
+            -len(r["stream"]),
+            r["epsilon"],
+            list(MECHANISMS).index(r["mechanism"]),
+            order.get(r["version"], 2),
+        ),
+    ):
         if "error" in r:
-            lines.append(f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} | "
-                         f"{r['version']} | n/a: {r['error'][:60]} | {r.get('counter')} |"
-                         + " |" * 8)
+            lines.append(
+                f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} | "
+                f"{r['version']} | n/a: {r['error'][:60]} | {r.get('counter')} |" + " |" * 8
+            )
             continue
         zero = ("yes" if r["zero_selection"] else "no") if r["selects"] else "-"
         first = "never" if r["first_release"] is None else str(r["first_release"])
@@ -718,22 +871,31 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         top = r.get("mean_abs_error_top20", float("nan"))
         top_err = "-" if np.isnan(top) else f"{top:.0f}"
         half = "-" if np.isnan(r["recall_half"]) else f"{r['recall_half'] * TOP:.1f}/10"
-        algo = r["algorithm"] + (f", s = {r['switches']}" if r.get("switches") is not None
-                                 and "SparseGumb" in r["algorithm"] else "")
+        algo = r["algorithm"] + (
+            f", s = {r['switches']}"
+            if r.get("switches") is not None and "SparseGumb" in r["algorithm"]
+            else ""
+        )
         lines.append(
             f"| {r['stream']} | {r['epsilon']:g} | {r['mechanism']} | {r['version']} | "
             f"{algo} | {r.get('counter', '-')} | {r['recall_T'] * TOP:.1f}/10 | {half} | "
             f"{err} | {top_err} | {r['negative']:.0%} | {r['decreasing']:.0%} | "
-            f"{first} | {zero} |")
+            f"{first} | {zero} |"
+        )
     return "\n".join(lines)
 
 
 def export_revision(rev: str, into: str) -> Path:
     """``git archive REV src`` into a directory; returns its src path."""
-    root = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--show-toplevel"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    archive = subprocess.run(["git", "-C", root, "archive", rev, "src"], check=True,
-                             capture_output=True).stdout
+    root = subprocess.run(
+        ["git", "-C", str(HERE), "rev-parse", "--show-toplevel"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "-C", root, "archive", rev, "src"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
     return Path(into) / "src"
 
@@ -743,23 +905,40 @@ def main() -> None:
     ap.add_argument("--streams", default="faa,changelog")
     ap.add_argument("--epsilons", default="1,4")
     ap.add_argument("--mechanisms", default=",".join(DEFAULT_MECHANISMS))
-    ap.add_argument("--counters", default="default",
-                    help="comma-separated --counter values (tree, blt; 'default': the "
-                         "command's); a mechanism without that counter gets an n/a row")
+    ap.add_argument(
+        "--counters",
+        default="default",
+        help="comma-separated --counter values (tree, blt; 'default': the "
+        "command's); a mechanism without that counter gets an n/a row",
+    )
     ap.add_argument("--keys", type=int, default=1, help="average over this many keys")
-    ap.add_argument("--before", metavar="REV", default=None,
-                    help="also run the code of git revision REV (labelled 'before')")
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        default=None,
+        help="also run the code of git revision REV (labelled 'before')",
+    )
     ap.add_argument("--label", default="after", help="version label of this checkout's rows")
     ap.add_argument("--src", default=None, help=argparse.SUPPRESS)  # for --before
     ap.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
-    ap.add_argument("--gate-study", action="store_true",
-                    help="instead: SparseGumb with other levels of its automatic eta "
-                         "(beta, start_beta), for the default s and s = 10")
-    ap.add_argument("--table", default=None, metavar="PATH",
-                    help="instead: print the table of rows written with --json")
-    ap.add_argument("--postprocess", action="store_true",
-                    help="instead: bias and error of each readable-count option (clamp, "
-                         "monotone) on the same releases")
+    ap.add_argument(
+        "--gate-study",
+        action="store_true",
+        help="instead: SparseGumb with other levels of its automatic eta "
+        "(beta, start_beta), for the default s and s = 10",
+    )
+    ap.add_argument(
+        "--table",
+        default=None,
+        metavar="PATH",
+        help="instead: print the table of rows written with --json",
+    )
+    ap.add_argument(
+        "--postprocess",
+        action="store_true",
+        help="instead: bias and error of each readable-count option (clamp, "
+        "monotone) on the same releases",
+    )
     args = ap.parse_args()
     if args.gate_study:
         gate_rows = []
@@ -792,10 +971,28 @@ def main() -> None:
             src = export_revision(args.before, tmp)
             out = Path(tmp) / "before.json"
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            subprocess.run([sys.executable, __file__, "--src", str(src), "--label", "before",
-                            "--streams", args.streams, "--epsilons", args.epsilons,
-                            "--mechanisms", args.mechanisms, "--keys", str(args.keys),
-                            "--json", str(out)], check=True, env=env)
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--src",
+                    str(src),
+                    "--label",
+                    "before",
+                    "--streams",
+                    args.streams,
+                    "--epsilons",
+                    args.epsilons,
+                    "--mechanisms",
+                    args.mechanisms,
+                    "--keys",
+                    str(args.keys),
+                    "--json",
+                    str(out),
+                ],
+                check=True,
+                env=env,
+            )
             rows += json.loads(out.read_text())
     counters = [None if c == "default" else c for c in args.counters.split(",")]
     rows += run_all(streams, epsilons, mechanisms, args.keys, args.label, counters)

@@ -69,8 +69,14 @@ def test_streamed_noise_has_covariance_sigma2_b_bt(horizon, buffers):
     paths = []
     zeros = np.zeros(n_items, dtype=np.int64)
     for k in range(n_keys):
-        h = dps.KnownDomainHistogram(range(n_items), horizon, max_items=1, counter=strategy,
-                                     key=fixed_key(f"cov{k}"), tau=tau)
+        h = dps.KnownDomainHistogram(
+            range(n_items),
+            horizon,
+            max_items=1,
+            counter=strategy,
+            key=fixed_key(f"cov{k}"),
+            tau=tau,
+        )
         y = np.empty((n_items, horizon))
         for t in range(1, horizon + 1):
             y[:, t - 1] = h.release(t, zeros).values
@@ -95,8 +101,12 @@ def test_releases_are_counts_plus_dense_b_times_keyed_draws():
     h = dps.KnownDomainHistogram(["a", "b", 7], T, max_items=2, key=key, rho=0.5, counter="blt")
     _, B = dense(h.strategy)
     src = NoiseSource(key, h.noise_purpose)
-    z = {u: np.array([src.gaussian(src.prepare([u]), 0, s, 0, scale=h.sigma)[0]
-                      for s in range(1, T + 1)]) for u in h.domain}
+    z = {
+        u: np.array(
+            [src.gaussian(src.prepare([u]), 0, s, 0, scale=h.sigma)[0] for s in range(1, T + 1)]
+        )
+        for u in h.domain
+    }
     rng = np.random.default_rng(0)
     for t in range(1, T + 1):
         pick = rng.choice(3, size=2, replace=False)
@@ -110,8 +120,9 @@ def test_releases_are_counts_plus_dense_b_times_keyed_draws():
 
 @pytest.mark.parametrize("horizon,max_items", [(7, 1), (100, 3), (512, 2), (5000, 1)])
 def test_privacy_is_delta0_times_sensitivity_over_two_sigma_squared(horizon, max_items):
-    h = dps.KnownDomainHistogram(range(4), horizon, max_items=max_items, key=fixed_key("p"),
-                                 rho=0.3, counter="blt")
+    h = dps.KnownDomainHistogram(
+        range(4), horizon, max_items=max_items, key=fixed_key("p"), rho=0.3, counter="blt"
+    )
     col = h.strategy.strategy_column()
     if horizon <= 512:
         C = np.tril(toeplitz(col))
@@ -127,19 +138,34 @@ def test_privacy_is_delta0_times_sensitivity_over_two_sigma_squared(horizon, max
 def exact_gaussian_delta(epsilon: float, mu: float) -> float:
     # Balle & Wang (2018), Theorem 8, written out independently of dpstream.privacy
     return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(
-        -epsilon / mu - mu / 2)
+        -epsilon / mu - mu / 2
+    )
 
 
 @pytest.mark.parametrize("epsilon,delta,max_items", [(1.0, 1e-6, 1), (0.5, 1e-8, 3)])
 def test_epsilon_delta_calibration_is_the_exact_gaussian_curve(epsilon, delta, max_items):
-    h = dps.KnownDomainHistogram(range(3), 1000, max_items=max_items, key=fixed_key("cal"),
-                                 epsilon=epsilon, delta=delta, counter="blt")
+    h = dps.KnownDomainHistogram(
+        range(3),
+        1000,
+        max_items=max_items,
+        key=fixed_key("cal"),
+        epsilon=epsilon,
+        delta=delta,
+        counter="blt",
+    )
     # l2 sensitivity of the stacked C x^u over the draw's std
     mu = math.sqrt(max_items) * h.strategy.sensitivity / h.sigma
     assert exact_gaussian_delta(epsilon, mu) <= delta * (1 + 1e-9)
     assert exact_gaussian_delta(epsilon, mu * 1.001) > delta  # the smallest such sigma
-    tree = dps.KnownDomainHistogram(range(3), 1000, max_items=max_items, key=fixed_key("cal"),
-                                    epsilon=epsilon, delta=delta, counter="tree")
+    tree = dps.KnownDomainHistogram(
+        range(3),
+        1000,
+        max_items=max_items,
+        key=fixed_key("cal"),
+        epsilon=epsilon,
+        delta=delta,
+        counter="tree",
+    )
     assert h.tau == tree.tau and h.privacy.epsilon == tree.privacy.epsilon
     # same budget, less noise: the worst-case std is 2.5x smaller at T = 1000
     assert h.noise_std_worst * 2.5 < tree.noise_std_worst
@@ -153,7 +179,8 @@ def test_noise_std_matches_dense_rows_of_b():
         assert c.noise_std_at(t) == pytest.approx(rows[t - 1], rel=1e-10)
     assert c.noise_std_worst == pytest.approx(rows.max(), rel=1e-10)
     assert c.noise_std_worst == pytest.approx(
-        1.3 * math.sqrt(c.strategy.worst_case_variance), rel=1e-10)
+        1.3 * math.sqrt(c.strategy.worst_case_variance), rel=1e-10
+    )
 
 
 # --------------------------------------------------------------------------- replay paths
@@ -198,8 +225,9 @@ def test_blt_noise_paths_agree_bit_for_bit():
 def test_blt_counter_agrees_with_one_item_histogram():
     key = fixed_key("ctr")
     c = dps.BLTCounter(100, key=key, tau=1.0, stream="s")
-    h = dps.KnownDomainHistogram(["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s",
-                                 counter="blt")
+    h = dps.KnownDomainHistogram(
+        ["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s", counter="blt"
+    )
     bits = np.random.default_rng(3).integers(0, 2, 100)
     for b in bits:
         assert c.step(int(b)) == h.step(["__counter__"] if b else []).values[0]
@@ -220,8 +248,10 @@ def test_default_counter_is_the_one_with_less_worst_case_noise():
         assert h.noise_std_worst < tree.noise_std_worst
     one = dps.KnownDomainHistogram(["a"], 1, max_items=1, key=key, rho=1.0)
     assert one.counter == "tree"  # T = 1: a tie, the paper's counter
-    assert dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=1.0,
-                                    base=3).counter == "tree"  # a base means the tree
+    assert (
+        dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=1.0, base=3).counter
+        == "tree"
+    )  # a base means the tree
 
 
 def test_counter_arguments():
@@ -244,8 +274,7 @@ def test_settings_shape_the_purpose():
     """Other BLT parameters, sigma or counter: independent noise (another purpose)."""
     key = fixed_key("purpose")
     a = dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=1.0, counter="blt")
-    b = dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=1.0,
-                                 counter=fit_blt(100, 3))
+    b = dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=1.0, counter=fit_blt(100, 3))
     c = dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=2.0, counter="blt")
     d = dps.KnownDomainHistogram(["a"], 100, max_items=1, key=key, rho=1.0, counter="tree")
     purposes = {m.noise_purpose for m in (a, b, c, d)}
@@ -267,8 +296,14 @@ def test_docs_counters_python_example_runs():
     env = {"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"}
     outputs = []
     for code in blocks:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=env, cwd=root, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=root,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         outputs.append(proc.stdout)
     assert len(outputs) == 2

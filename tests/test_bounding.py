@@ -42,7 +42,7 @@ def partial_sum_table(horizon: int, base: int) -> np.ndarray:
     while width <= horizon:  # levels i with r^(i-1) <= T: L_r = floor(log_r T) + 1 of them
         for j in range(1, horizon // width + 1):
             row = np.zeros(horizon)
-            row[(j - 1) * width: j * width] = 1.0
+            row[(j - 1) * width : j * width] = 1.0
             rows.append(row)
         width *= base
     return np.array(rows)
@@ -136,11 +136,21 @@ def _mechanism_mu(mech) -> float:
 @pytest.mark.parametrize("counter", ["tree-2", "tree-3", "blt"])
 def test_known_base_user_level_meets_its_target_exactly(counter):
     horizon, l0, linf, eps, delta = 7, 2, 3, 1.0, 1e-5
-    kwargs = ({"counter": "tree", "base": int(counter[-1])} if counter.startswith("tree")
-              else {"counter": "blt"})
-    mech = dps.KnownDomainHistogram(["a", "b", "c"], horizon, key=fixed_key("u"),
-                                    epsilon=eps, delta=delta, max_items_per_user=l0,
-                                    max_count_per_item=linf, **kwargs)
+    kwargs = (
+        {"counter": "tree", "base": int(counter[-1])}
+        if counter.startswith("tree")
+        else {"counter": "blt"}
+    )
+    mech = dps.KnownDomainHistogram(
+        ["a", "b", "c"],
+        horizon,
+        key=fixed_key("u"),
+        epsilon=eps,
+        delta=delta,
+        max_items_per_user=l0,
+        max_count_per_item=linf,
+        **kwargs,
+    )
     assert mech.privacy.unit == "user"
     if mech.strategy is None:
         c = partial_sum_table(horizon, mech.base)
@@ -159,14 +169,24 @@ def test_known_base_user_level_meets_its_target_exactly(counter):
 def test_user_level_coefficients():
     key = fixed_key("coef")
     for l0, linf in [(1, 1), (3, 2), (5, 4)]:
-        h = dps.KnownDomainHistogram(["a"], 50, key=key, rho=1.0, max_items_per_user=l0,
-                                     max_count_per_item=linf)
-        assert h._coef == gaussian_coefficient(l0, linf) == l0 * linf ** 2 / 2
-        assert h.privacy.rho == pytest.approx(l0 * linf ** 2 / (2 * h.tau ** 2))
-        m = dps.ContinualTopK(["a", "b"], 50, k=1, switches=2, eta=1.0, key=key, rho=1.0,
-                              max_items_per_user=l0, max_count_per_item=linf)
+        h = dps.KnownDomainHistogram(
+            ["a"], 50, key=key, rho=1.0, max_items_per_user=l0, max_count_per_item=linf
+        )
+        assert h._coef == gaussian_coefficient(l0, linf) == l0 * linf**2 / 2
+        assert h.privacy.rho == pytest.approx(l0 * linf**2 / (2 * h.tau**2))
+        m = dps.ContinualTopK(
+            ["a", "b"],
+            50,
+            k=1,
+            switches=2,
+            eta=1.0,
+            key=key,
+            rho=1.0,
+            max_items_per_user=l0,
+            max_count_per_item=linf,
+        )
         # (2k+1)/(2 tau^2) with a sparse-vector round (Lyu-Su-Li), times Linf^2 per user
-        assert m.privacy.rho == pytest.approx(linf ** 2 * (2 * 1 + 1) / (2 * m.tau ** 2))
+        assert m.privacy.rho == pytest.approx(linf**2 * (2 * 1 + 1) / (2 * m.tau**2))
         assert m.privacy.unit == "user"
     event = dps.KnownDomainHistogram(["a"], 50, max_items=3, key=key, rho=1.0)
     assert event.privacy.unit == "event" and event._coef == 1.5
@@ -177,26 +197,39 @@ def test_unknown_domain_threshold_hides_an_item_one_user_pushed_to_linf():
     from scipy.special import ndtr
 
     horizon, l0, linf = 200, 3, 4
-    u = dps.UnknownDomainHistogram(horizon, key=fixed_key("unk"), rho=0.5,
-                                   threshold_delta=1e-6, max_items_per_user=l0,
-                                   max_count_per_item=linf, counter="tree")
+    u = dps.UnknownDomainHistogram(
+        horizon,
+        key=fixed_key("unk"),
+        rho=0.5,
+        threshold_delta=1e-6,
+        max_items_per_user=l0,
+        max_count_per_item=linf,
+        counter="tree",
+    )
     scale = u.tau * u.levels * math.sqrt(u.base - 1)  # worst std of a count (|I_t| max)
     bad = horizon * float(ndtr(-(u.threshold - linf) / scale))
     assert bad <= 1e-6 and bad >= 1e-6 * (1 - 1e-6)
     # the event-level threshold (the + 1) would not hide it: a failure this test catches
-    event_m = dps.mechanisms.unknown.discovery_threshold(tau=u.tau, horizon=horizon, base=u.base,
-                                                         threshold_delta=1e-6)
+    event_m = dps.mechanisms.unknown.discovery_threshold(
+        tau=u.tau, horizon=horizon, base=u.base, threshold_delta=1e-6
+    )
     assert horizon * float(ndtr(-(event_m - linf) / scale)) > 1.2e-6  # over its delta
     # delta paid: L0 (not Delta0) bad items of delta_thr each
     assert u.privacy.rho_delta == pytest.approx(l0 * 1e-6)
     assert u.privacy.unit == "user"
-    assert u.privacy.rho == pytest.approx(l0 * linf ** 2 / (2 * u.tau ** 2))
+    assert u.privacy.rho == pytest.approx(l0 * linf**2 / (2 * u.tau**2))
 
 
 def test_unknown_domain_user_calibration_meets_the_target():
     eps, delta = 1.0, 1e-6
-    u = dps.UnknownDomainHistogram(300, key=fixed_key("unk2"), epsilon=eps, delta=delta,
-                                   max_items_per_user=2, max_count_per_item=3)
+    u = dps.UnknownDomainHistogram(
+        300,
+        key=fixed_key("unk2"),
+        epsilon=eps,
+        delta=delta,
+        max_items_per_user=2,
+        max_count_per_item=3,
+    )
     split = u.privacy_split
     assert split.threshold_part == pytest.approx(2 * split.threshold_delta)
     mu = math.sqrt(2) * 3 / u.tau  # sqrt(L0) Linf / tau
@@ -212,21 +245,33 @@ def test_user_bounds_come_in_pairs_and_change_the_noise():
         resolve_user_bounds(None, 3)
     with pytest.raises(TypeError):
         dps.KnownDomainHistogram(["a"], 10, key=key, rho=1)  # event level needs max_items
-    a = dps.KnownDomainHistogram(["a"], 10, key=key, tau=1.0, max_items_per_user=2,
-                                 max_count_per_item=1, counter="tree")
-    b = dps.KnownDomainHistogram(["a"], 10, key=key, tau=1.0, max_items_per_user=3,
-                                 max_count_per_item=1, counter="tree")
+    a = dps.KnownDomainHistogram(
+        ["a"], 10, key=key, tau=1.0, max_items_per_user=2, max_count_per_item=1, counter="tree"
+    )
+    b = dps.KnownDomainHistogram(
+        ["a"], 10, key=key, tau=1.0, max_items_per_user=3, max_count_per_item=1, counter="tree"
+    )
     c = dps.KnownDomainHistogram(["a"], 10, max_items=2, key=key, tau=1.0, counter="tree")
     assert len({a.noise_purpose, b.noise_purpose, c.noise_purpose}) == 3
     assert a.step_batch([]).counts["a"] != c.step_batch([]).counts["a"]  # other noise
-    unk = [dps.UnknownDomainHistogram(10, key=key, tau=1.0, threshold_delta=1e-3,
-                                      **kw).noise_purpose
-           for kw in ({"max_items": 2}, {"max_items_per_user": 2, "max_count_per_item": 1},
-                      {"max_items_per_user": 2, "max_count_per_item": 2})]
-    top = [dps.ContinualTopK(["a", "b"], 10, k=1, switches=1, eta=1.0, key=key, tau=1.0,
-                             **kw).noise_scope
-           for kw in ({}, {"max_items_per_user": 2, "max_count_per_item": 1},
-                      {"max_items_per_user": 3, "max_count_per_item": 1})]
+    unk = [
+        dps.UnknownDomainHistogram(10, key=key, tau=1.0, threshold_delta=1e-3, **kw).noise_purpose
+        for kw in (
+            {"max_items": 2},
+            {"max_items_per_user": 2, "max_count_per_item": 1},
+            {"max_items_per_user": 2, "max_count_per_item": 2},
+        )
+    ]
+    top = [
+        dps.ContinualTopK(
+            ["a", "b"], 10, k=1, switches=1, eta=1.0, key=key, tau=1.0, **kw
+        ).noise_scope
+        for kw in (
+            {},
+            {"max_items_per_user": 2, "max_count_per_item": 1},
+            {"max_items_per_user": 3, "max_count_per_item": 1},
+        )
+    ]
     assert len(set(unk)) == 3 and len(set(top)) == 3
 
 
@@ -237,8 +282,11 @@ def reference_kept(events, l0, linf):
     """Closed-form twin of first come, first kept, for one user's events in order: the
     kept items are the first L0 distinct ones by first occurrence, each kept at its first
     Linf occurrences (an event counts an item once)."""
-    occurrences = [(n, i, item) for n, items in enumerate(events)
-                   for i, item in enumerate(dict.fromkeys(items))]
+    occurrences = [
+        (n, i, item)
+        for n, items in enumerate(events)
+        for i, item in enumerate(dict.fromkeys(items))
+    ]
     first: dict = {}
     for n, i, item in occurrences:
         first.setdefault(item, (n, i))
@@ -265,7 +313,7 @@ def test_a_heavy_user_keeps_exactly_the_first_contributions_others_untouched():
         b = ContributionBounder(UserBounds(l0, linf))
         kept = []
         for start in range(0, len(stream), 37):  # in batches, as steps
-            batch = stream[start:start + 37]
+            batch = stream[start : start + 37]
             out, pending = b.bound([(hasher(u), e) for u, e in batch])
             b.commit(pending)
             kept += list(zip([u for u, _ in batch], out, strict=True))
@@ -302,8 +350,9 @@ def test_bounding_is_a_function_of_the_users_own_events():
 
 def test_a_rejected_batch_leaves_the_bounder_and_mechanism_unchanged():
     key = fixed_key("reject")
-    h = dps.KnownDomainHistogram(["a", "b"], 10, key=key, rho=1, max_items_per_user=1,
-                                 max_count_per_item=1)
+    h = dps.KnownDomainHistogram(
+        ["a", "b"], 10, key=key, rho=1, max_items_per_user=1, max_count_per_item=1
+    )
     h.step_batch([("u", ["a"])])
     with pytest.raises(dps.InvalidEventError):
         h.step_batch([("v", ["b"]), ("w", ["zzz"])])  # an item outside the domain
@@ -319,8 +368,9 @@ def test_a_rejected_batch_leaves_the_bounder_and_mechanism_unchanged():
 
 def test_user_ids_are_kept_only_as_keyed_hashes_and_the_snapshot_holds_no_key():
     key = fixed_key("snap")
-    u = dps.UnknownDomainHistogram(20, key=key, rho=1, threshold_delta=1e-6,
-                                   max_items_per_user=2, max_count_per_item=2)
+    u = dps.UnknownDomainHistogram(
+        20, key=key, rho=1, threshold_delta=1e-6, max_items_per_user=2, max_count_per_item=2
+    )
     u.step_batch([("alice@example.org", ["x"]), ("bob@example.org", ["y", "z"])])
     blob = dump_snapshot(u, key)
     assert b"alice@example.org" not in blob and b"bob@example.org" not in blob
@@ -353,11 +403,15 @@ def test_one_shot_guarantees_with_a_count_per_item_bound():
         gaussian_histogram_privacy(tau=1.0, unit="person")
 
 
-@pytest.mark.parametrize("make", [
-    lambda **u: dps.KnownDomainHistogram(["a", "b"], 10, max_items=2, **u),
-    lambda **u: dps.UnknownDomainHistogram(10, max_items=2, threshold_delta=1e-6, **u),
-    lambda **u: dps.ContinualTopK(["a", "b"], 10, k=1, switches=2, **u),
-], ids=["known", "unknown", "topk"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **u: dps.KnownDomainHistogram(["a", "b"], 10, max_items=2, **u),
+        lambda **u: dps.UnknownDomainHistogram(10, max_items=2, threshold_delta=1e-6, **u),
+        lambda **u: dps.ContinualTopK(["a", "b"], 10, k=1, switches=2, **u),
+    ],
+    ids=["known", "unknown", "topk"],
+)
 def test_user_level_refuses_event_columns_which_hold_no_users(make):
     from dpstream.mechanisms.columns import EventColumns
 

@@ -54,8 +54,14 @@ def files(tmp_path):
     with open(tmp_path / "ev.jsonl", "w") as fh:
         for t, items in events:
             fh.write(json.dumps({"t": t, "items": items}) + "\n")
-    return argparse.Namespace(dir=tmp_path, key=key, key_path=str(key_path), events=events,
-                              domain=str(tmp_path / "domain.txt"), input=str(tmp_path / "ev.jsonl"))
+    return argparse.Namespace(
+        dir=tmp_path,
+        key=key,
+        key_path=str(key_path),
+        events=events,
+        domain=str(tmp_path / "domain.txt"),
+        input=str(tmp_path / "ev.jsonl"),
+    )
 
 
 def _by_step(events, horizon):
@@ -144,22 +150,58 @@ def _digit_count(n: int, base: int) -> int:
 
 def test_run_known_equals_library(files):
     out = files.dir / "out.jsonl"
-    assert _run("--horizon", "40", "--domain", files.domain, "--max-items", "2",
-                "--epsilon", "1", "--delta", "1e-6", "--key-file", files.key_path,
-                "--input", files.input, "--output", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, epsilon=1.0,
-                                delta=1e-6)
+    assert (
+        _run(
+            "--horizon",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--key-file",
+            files.key_path,
+            "--input",
+            files.input,
+            "--output",
+            str(out),
+        )
+        == 0
+    )
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=2, key=files.key, noise_version=CLI_NOISE, epsilon=1.0, delta=1e-6
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
 def test_no_round_writes_the_exact_floats(files):
     out = files.dir / "out.jsonl"
-    assert _run("--horizon", "40", "--domain", files.domain, "--max-items", "2",
-                "--rho", "1", "--key-file", files.key_path, "--no-round",
-                "--input", files.input, "--output", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0)
+    assert (
+        _run(
+            "--horizon",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "--no-round",
+            "--input",
+            files.input,
+            "--output",
+            str(out),
+        )
+        == 0
+    )
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), rounded=False)
 
 
@@ -167,11 +209,36 @@ def test_run_unknown_equals_library(files):
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
     out = files.dir / "out.jsonl"
-    assert _run("-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "2",
-                "--threshold-delta", "1e-3", "--key-file", files.key_path, "-i", files.input,
-                "-o", str(out)) == 0
-    mech = UnknownDomainHistogram(40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=2.0,
-                                  threshold_delta=1e-3, remember=True)  # on by default
+    assert (
+        _run(
+            "-m",
+            "unknown",
+            "-T",
+            "40",
+            "--max-items",
+            "2",
+            "--rho",
+            "2",
+            "--threshold-delta",
+            "1e-3",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "-o",
+            str(out),
+        )
+        == 0
+    )
+    mech = UnknownDomainHistogram(
+        40,
+        max_items=2,
+        key=files.key,
+        noise_version=CLI_NOISE,
+        rho=2.0,
+        threshold_delta=1e-3,
+        remember=True,
+    )  # on by default
     lines = _read_jsonl(out)
     _assert_same(lines, mech, _by_step(files.events, 40), public_meta=("threshold", "remember"))
     assert any(line["released"] for line in lines)  # the test does see released items
@@ -184,25 +251,57 @@ def test_run_unknown_counters_and_blt_buffers_equal_library(files, capsys):
     from dpstream.factorization import blt_for_horizon
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
-    cmd = ["-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "2",
-           "--threshold-delta", "1e-2", "--key-file", files.key_path, "-i", files.input]
+    cmd = [
+        "-m",
+        "unknown",
+        "-T",
+        "40",
+        "--max-items",
+        "2",
+        "--rho",
+        "2",
+        "--threshold-delta",
+        "1e-2",
+        "--key-file",
+        files.key_path,
+        "-i",
+        files.input,
+    ]
     outs = {}
-    for name, extra, counter in (("tree", ["--counter", "tree"], "tree"),
-                                 ("blt2", ["--blt-buffers", "2"], blt_for_horizon(40, 2))):
+    for name, extra, counter in (
+        ("tree", ["--counter", "tree"], "tree"),
+        ("blt2", ["--blt-buffers", "2"], blt_for_horizon(40, 2)),
+    ):
         out, state = files.dir / f"{name}.jsonl", files.dir / f"{name}.sqlite"
         assert _run(*cmd, *extra, "-o", str(out), "--state", str(state)) == 0
-        mech = UnknownDomainHistogram(40, max_items=2, key=files.key, noise_version=CLI_NOISE,
-                                      rho=2.0, threshold_delta=1e-2, remember=True,
-                                      counter=counter)
+        mech = UnknownDomainHistogram(
+            40,
+            max_items=2,
+            key=files.key,
+            noise_version=CLI_NOISE,
+            rho=2.0,
+            threshold_delta=1e-2,
+            remember=True,
+            counter=counter,
+        )
         lines = _read_jsonl(out)
-        _assert_same(lines, mech, _by_step(files.events, 40),
-                     public_meta=("threshold", "remember"))
+        _assert_same(lines, mech, _by_step(files.events, 40), public_meta=("threshold", "remember"))
         assert any(line["released"] for line in lines)
         outs[name] = out.read_bytes()
     assert outs["tree"] != outs["blt2"]
     capsys.readouterr()
-    assert _run(*cmd, "--blt-buffers", "3", "-o", str(files.dir / "blt2.jsonl"), "--state",
-                str(files.dir / "blt2.sqlite")) == 1
+    assert (
+        _run(
+            *cmd,
+            "--blt-buffers",
+            "3",
+            "-o",
+            str(files.dir / "blt2.jsonl"),
+            "--state",
+            str(files.dir / "blt2.sqlite"),
+        )
+        == 1
+    )
     assert "other parameters" in capsys.readouterr().err
 
 
@@ -210,31 +309,80 @@ def test_run_topk_equals_library(files):
     from dpstream.mechanisms.topk import ContinualTopK
 
     out = files.dir / "out.jsonl"
-    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
-                "--switches", "3", "--rho", "1", "--key-file", files.key_path,
-                "-i", files.input, "-o", str(out)) == 0
+    assert (
+        _run(
+            "-m",
+            "top-k",
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--k",
+            "2",
+            "--switches",
+            "3",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "-o",
+            str(out),
+        )
+        == 0
+    )
     # --eta auto (the default) is the library's eta="auto", sized from the BLT counter's
     # noise (the default counter at T = 40; test_topk checks that quantile)
-    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key,
-                         noise_version=CLI_NOISE, rho=1.0)
+    mech = ContinualTopK(
+        DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     assert mech.counter == "blt"
-    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("status", "switches_left", "switched", "selection"))
+    _assert_same(
+        _read_jsonl(out),
+        mech,
+        _by_step(files.events, 40),
+        public_meta=("status", "switches_left", "switched", "selection"),
+    )
 
 
 def test_run_topk_with_max_items_takes_the_more_accurate_candidate(files):
     from dpstream.mechanisms.histogram_topk import HistogramTopK, choose_top_k
 
     out = files.dir / "out.jsonl"
-    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2",
-                "--switches", "3", "--max-items", "2", "--rho", "1", "--key-file",
-                files.key_path, "-i", files.input, "-o", str(out)) == 0
-    choice = choose_top_k(DOMAIN, 40, k=2, switches=3, max_items=2, key=files.key,
-                          noise_version=CLI_NOISE, rho=1.0)
+    assert (
+        _run(
+            "-m",
+            "top-k",
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--k",
+            "2",
+            "--switches",
+            "3",
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "-o",
+            str(out),
+        )
+        == 0
+    )
+    choice = choose_top_k(
+        DOMAIN, 40, k=2, switches=3, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     # at max_items = 2 KnownBase's noise is far below SparseGumb's (a = 1 against k + 2)
     assert choice.name == "KnownBase top-k"
-    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key,
-                         noise_version=CLI_NOISE, rho=1.0)
+    mech = HistogramTopK(
+        DOMAIN, 40, k=2, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
 
 
@@ -245,19 +393,50 @@ def test_run_topk_with_fewer_blt_buffers_equals_library(files):
     from dpstream.mechanisms.topk import ContinualTopK
 
     two = blt_for_horizon(40, 2)
-    common = ("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "2", "--switches",
-              "3", "--rho", "1", "--key-file", files.key_path, "-i", files.input,
-              "--blt-buffers", "2")
+    common = (
+        "-m",
+        "top-k",
+        "-T",
+        "40",
+        "--domain",
+        files.domain,
+        "--k",
+        "2",
+        "--switches",
+        "3",
+        "--rho",
+        "1",
+        "--key-file",
+        files.key_path,
+        "-i",
+        files.input,
+        "--blt-buffers",
+        "2",
+    )
     out = files.dir / "sparse.jsonl"
     assert _run(*common, "-o", str(out)) == 0
-    mech = ContinualTopK(DOMAIN, 40, k=2, switches=3, eta="auto", key=files.key,
-                         noise_version=CLI_NOISE, rho=1.0, counter=two)
-    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("status", "switches_left", "switched", "selection"))
+    mech = ContinualTopK(
+        DOMAIN,
+        40,
+        k=2,
+        switches=3,
+        eta="auto",
+        key=files.key,
+        noise_version=CLI_NOISE,
+        rho=1.0,
+        counter=two,
+    )
+    _assert_same(
+        _read_jsonl(out),
+        mech,
+        _by_step(files.events, 40),
+        public_meta=("status", "switches_left", "switched", "selection"),
+    )
     out = files.dir / "hist.jsonl"
     assert _run(*common, "--max-items", "2", "-o", str(out)) == 0
-    mech = HistogramTopK(DOMAIN, 40, k=2, max_items=2, key=files.key,
-                         noise_version=CLI_NOISE, rho=1.0, counter=two)
+    mech = HistogramTopK(
+        DOMAIN, 40, k=2, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0, counter=two
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40), public_meta=("status",))
 
 
@@ -265,32 +444,85 @@ def test_run_topk_explicit_eta(files):
     from dpstream.mechanisms.topk import ContinualTopK
 
     out = files.dir / "out.jsonl"
-    assert _run("-m", "top-k", "-T", "40", "--domain", files.domain, "--k", "1",
-                "--switches", "4", "--eta", "0.5", "--tau", "0.3", "--key-file",
-                files.key_path, "-i", files.input, "-o", str(out)) == 0
-    mech = ContinualTopK(DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key,
-                         noise_version=CLI_NOISE, tau=0.3)
-    _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40),
-                 public_meta=("status", "switches_left", "switched", "selection"))
+    assert (
+        _run(
+            "-m",
+            "top-k",
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--k",
+            "1",
+            "--switches",
+            "4",
+            "--eta",
+            "0.5",
+            "--tau",
+            "0.3",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "-o",
+            str(out),
+        )
+        == 0
+    )
+    mech = ContinualTopK(
+        DOMAIN, 40, k=1, switches=4, eta=0.5, key=files.key, noise_version=CLI_NOISE, tau=0.3
+    )
+    _assert_same(
+        _read_jsonl(out),
+        mech,
+        _by_step(files.events, 40),
+        public_meta=("status", "switches_left", "switched", "selection"),
+    )
 
 
-@pytest.mark.parametrize("oneshot,extra", [
-    ("gaussian", dict(domain=DOMAIN, max_items=2)),
-    ("unknown-gumbel", dict(k=2, kbar=4)),
-])
+@pytest.mark.parametrize(
+    "oneshot,extra",
+    [
+        ("gaussian", dict(domain=DOMAIN, max_items=2)),
+        ("unknown-gumbel", dict(k=2, kbar=4)),
+    ],
+)
 def test_run_meta_equals_library(files, oneshot, extra):
     from dpstream.mechanisms.meta import MetaHistogram
 
     out = files.dir / "out.jsonl"
-    args = ["-m", "meta", "--oneshot", oneshot, "-T", "40", "--epsilon", "2", "--delta",
-            "1e-5", "--key-file", files.key_path, "-i", files.input, "-o", str(out)]
+    args = [
+        "-m",
+        "meta",
+        "--oneshot",
+        oneshot,
+        "-T",
+        "40",
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-5",
+        "--key-file",
+        files.key_path,
+        "-i",
+        files.input,
+        "-o",
+        str(out),
+    ]
     if "domain" in extra:
         args += ["--domain", files.domain, "--max-items", "2"]
     else:
         args += ["--k", "2", "--kbar", "4"]
     assert _run(*args) == 0
-    mech = MetaHistogram(40, oneshot=oneshot, key=files.key,
-                         noise_version=CLI_NOISE, epsilon=2.0, delta=1e-5, **extra)
+    mech = MetaHistogram(
+        40,
+        oneshot=oneshot,
+        key=files.key,
+        noise_version=CLI_NOISE,
+        epsilon=2.0,
+        delta=1e-5,
+        **extra,
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
@@ -302,21 +534,53 @@ def test_csv_in_csv_out_rounded(files):
             for it in items:
                 fh.write(f"e{n},{it},{t}\n")
     out = files.dir / "out.csv"
-    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "--key-file", files.key_path, "-i", str(csv_in), "--item-column", "product",
-                "--event-column", "id", "--time-column", "step", "-o", str(out),
-                "--round") == 0
-    stream = scoped_stream({"stream": "default", "input": "x.csv", "item_column": "product",
-                            "event_column": "id", "time_column": "step"})
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0, stream=stream)
+    assert (
+        _run(
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            str(csv_in),
+            "--item-column",
+            "product",
+            "--event-column",
+            "id",
+            "--time-column",
+            "step",
+            "-o",
+            str(out),
+            "--round",
+        )
+        == 0
+    )
+    stream = scoped_stream(
+        {
+            "stream": "default",
+            "input": "x.csv",
+            "item_column": "product",
+            "event_column": "id",
+            "time_column": "step",
+        }
+    )
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0, stream=stream
+    )
     rows = Path(out).read_text().splitlines()
     assert rows[0] == "t,item,value,noise_std"
     expected, stds = [], []
     for t, events in enumerate(_by_step(files.events, 40), 1):
         rel = mech.step_batch(events)
-        expected += [f"{t},{i},{max(int(np.rint(v)), 0)}"  # --clamp is on by default
-                     for i, v in zip(rel.items, rel.values, strict=True)]
+        expected += [
+            f"{t},{i},{max(int(np.rint(v)), 0)}"  # --clamp is on by default
+            for i, v in zip(rel.items, rel.values, strict=True)
+        ]
         stds += [_noise_std(mech, t)] * len(rel.items)
     assert [r.rsplit(",", 1)[0] for r in rows[1:]] == expected
     assert [float(r.rsplit(",", 1)[1]) for r in rows[1:]] == pytest.approx(stds, rel=1e-12)
@@ -324,12 +588,15 @@ def test_csv_in_csv_out_rounded(files):
 
 def test_config_file_and_flag_override(files):
     cfg = files.dir / "run.toml"
-    cfg.write_text(f'horizon = 40\ndomain = "{files.domain}"\nmax-items = 2\nrho = 5.0\n'
-                   f'key-file = "{files.key_path}"\n')
+    cfg.write_text(
+        f'horizon = 40\ndomain = "{files.domain}"\nmax-items = 2\nrho = 5.0\n'
+        f'key-file = "{files.key_path}"\n'
+    )
     out = files.dir / "out.jsonl"
     assert _run("--config", str(cfg), "--rho", "1", "-i", files.input, "-o", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0)
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
     cfg.write_text("horizon = 40\nbogus = 1\n")
     assert _run("--config", str(cfg), "-i", files.input) == 1
@@ -339,8 +606,10 @@ def test_config_value_outside_integer_choices_is_named(files, capsys):
     # --noise-version's choices are integers: the error lists them (it was a TypeError
     # from joining them as text, shown as "sequence item 0: expected str instance")
     cfg = files.dir / "run.toml"
-    cfg.write_text(f'horizon = 40\ndomain = "{files.domain}"\nkey-file = "{files.key_path}"\n'
-                   "noise-version = 3\n")
+    cfg.write_text(
+        f'horizon = 40\ndomain = "{files.domain}"\nkey-file = "{files.key_path}"\n'
+        "noise-version = 3\n"
+    )
     assert _run("--config", str(cfg), "-i", files.input) == 1
     err = capsys.readouterr().err
     assert "--noise-version must be one of 1, 2, got 3" in err
@@ -348,11 +617,25 @@ def test_config_value_outside_integer_choices_is_named(files, capsys):
 
 def test_stdin_to_stdout(files, monkeypatch, capsysbinary):
     monkeypatch.setattr(sys, "stdin", open(files.input))
-    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "--key-file", files.key_path) == 0
+    assert (
+        _run(
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+        )
+        == 0
+    )
     lines = [json.loads(x) for x in capsysbinary.readouterr().out.decode().splitlines()]
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0)
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     _assert_same(lines, mech, _by_step(files.events, 40))
 
 
@@ -360,12 +643,14 @@ def test_stdin_to_stdout(files, monkeypatch, capsysbinary):
 
 
 def _bad_input(path):
-    lines = ['{"t": 1, "items": ["d0", "d1"]}',
-             '{"t": 2, "items": ["d0", "d1", "d2", "d3"]}',  # line 2: too many items
-             '{"t": 2, "items": ["d4", "zzz"]}',  # line 3: outside the domain
-             '{"t": 3, "items": [',  # line 4: malformed
-             '{"t": 3, "items": ["d5"]}',
-             '{"t": 9, "items": ["d5"]}']  # line 6: past the horizon T = 5
+    lines = [
+        '{"t": 1, "items": ["d0", "d1"]}',
+        '{"t": 2, "items": ["d0", "d1", "d2", "d3"]}',  # line 2: too many items
+        '{"t": 2, "items": ["d4", "zzz"]}',  # line 3: outside the domain
+        '{"t": 3, "items": [',  # line 4: malformed
+        '{"t": 3, "items": ["d5"]}',
+        '{"t": 9, "items": ["d5"]}',
+    ]  # line 6: past the horizon T = 5
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -373,9 +658,29 @@ def _policy_run(files, policy, capsys):
     bad = files.dir / "bad.jsonl"
     _bad_input(bad)
     out = files.dir / "out.jsonl"
-    rc = main(["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-               "--key-file", files.key_path, "-i", str(bad), "-o", str(out),
-               "--on-invalid", policy, "--max-invalid", "1"])  # invalid on purpose
+    rc = main(
+        [
+            "run",
+            "-T",
+            "5",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            str(bad),
+            "-o",
+            str(out),
+            "--on-invalid",
+            policy,
+            "--max-invalid",
+            "1",
+        ]
+    )  # invalid on purpose
     return rc, _read_jsonl(out), capsys.readouterr().err
 
 
@@ -384,19 +689,24 @@ def test_on_invalid_error_names_line_and_keeps_earlier_releases(files, capsys):
     assert rc == 1
     assert err.strip().splitlines() == [
         "dpstream: error: input line 2: event has 4 distinct items, more than --max-items 2 "
-        "(see --on-invalid)"]
+        "(see --on-invalid)"
+    ]
     stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "error"})
     assert stream.startswith("default~")  # another policy counts other events: other noise
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0, stream=stream)
+    mech = KnownDomainHistogram(
+        DOMAIN, 5, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0, stream=stream
+    )
     _assert_same(lines, mech, [[["d0", "d1"]]])
 
 
-@pytest.mark.parametrize("line,message", [
-    (3, "item 'zzz' is not in the domain"),
-    (4, "not valid JSON"),
-    (6, "past the horizon"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        (3, "item 'zzz' is not in the domain"),
+        (4, "not valid JSON"),
+        (6, "past the horizon"),
+    ],
+)
 def test_on_invalid_error_each_kind(files, capsys, line, message):
     bad = files.dir / "bad.jsonl"
     _bad_input(bad)
@@ -410,9 +720,28 @@ def test_on_invalid_error_each_kind(files, capsys, line, message):
     elif line == 3:
         line = 2
     bad.write_text("\n".join(keep) + "\n")
-    rc = main(["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-               "--key-file", files.key_path, "-i", str(bad), "-o", str(files.dir / "o"),
-               "--on-invalid", "error", "--verbose-errors"])
+    rc = main(
+        [
+            "run",
+            "-T",
+            "5",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            str(bad),
+            "-o",
+            str(files.dir / "o"),
+            "--on-invalid",
+            "error",
+            "--verbose-errors",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and f"input line {line}: " in err and message in err
     assert len(err.strip().splitlines()) == 1
@@ -421,23 +750,54 @@ def test_on_invalid_error_each_kind(files, capsys, line, message):
 def test_error_messages_quote_no_item_without_verbose_errors(files, capsys):
     """Items are private: an error names the line and the reason, not the content."""
     bad = files.dir / "bad.jsonl"
-    bad.write_text('{"t": 1, "items": ["d0"]}\n{"t": 2, "items": ["secret-item"]}\n'
-                   '{"t": 3, "items": ["secret-json\n')
-    base = ["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-            "--key-file", files.key_path, "--on-invalid", "error"]
-    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o1"),
-                 *own_ledger(files.dir / "o1")]) == 1
+    bad.write_text(
+        '{"t": 1, "items": ["d0"]}\n{"t": 2, "items": ["secret-item"]}\n'
+        '{"t": 3, "items": ["secret-json\n'
+    )
+    base = [
+        "run",
+        "-T",
+        "5",
+        "--domain",
+        files.domain,
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--key-file",
+        files.key_path,
+        "--on-invalid",
+        "error",
+    ]
+    assert (
+        main([*base, "-i", str(bad), "-o", str(files.dir / "o1"), *own_ledger(files.dir / "o1")])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "input line 2: an item is not in the --domain" in err and "secret" not in err
     bad.write_text('{"t": 1, "items": ["d0"]}\n{"t": 3, "items": ["secret-json\n')
-    assert main([*base, "-i", str(bad), "-o", str(files.dir / "o2"),
-                 *own_ledger(files.dir / "o2")]) == 1
+    assert (
+        main([*base, "-i", str(bad), "-o", str(files.dir / "o2"), *own_ledger(files.dir / "o2")])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "input line 2: not valid JSON" in err and "secret" not in err
     # and the default policy (skip) reports only counts
-    assert main([*base[:-2], "-i", str(bad), "-o", str(files.dir / "o3"),
-                 *own_ledger(files.dir / "o3"),
-                 "--max-invalid", "1"]) == 0
+    assert (
+        main(
+            [
+                *base[:-2],
+                "-i",
+                str(bad),
+                "-o",
+                str(files.dir / "o3"),
+                *own_ledger(files.dir / "o3"),
+                "--max-invalid",
+                "1",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "1 skipped" in err and "secret" not in err
 
@@ -445,8 +805,9 @@ def test_error_messages_quote_no_item_without_verbose_errors(files, capsys):
 def test_on_invalid_skip(files, capsys):
     rc, lines, err = _policy_run(files, "skip", capsys)
     assert rc == 0
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0)
+    mech = KnownDomainHistogram(
+        DOMAIN, 5, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     # steps 4 and 5 are released empty: the input jumps to t = 9, past T = 5
     _assert_same(lines, mech, [[["d0", "d1"]], [], [["d5"]], [], []])
     assert "0 truncated, 4 skipped" in err
@@ -471,17 +832,28 @@ def test_on_invalid_truncate_uses_keyed_prf(files, capsys):
     assert rc == 0
     stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "truncate"})
     cut = KeyedTruncator(truncation_source(files.key, stream), 2)(
-        ("d0", "d1", "d2", "d3"), 2)  # the event of step 2
+        ("d0", "d1", "d2", "d3"), 2
+    )  # the event of step 2
     assert len(cut) == 2
-    mech = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0, stream=stream)
+    mech = KnownDomainHistogram(
+        DOMAIN, 5, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0, stream=stream
+    )
     _assert_same(lines, mech, [[["d0", "d1"]], [list(cut), ["d4"]], [["d5"]], [], []])
     assert "2 truncated, 2 skipped" in err
     # the library's on_invalid="truncate" cuts the same events the same way
-    lib = KnownDomainHistogram(DOMAIN, 5, max_items=2, key=files.key, noise_version=CLI_NOISE,
-                               rho=1.0, stream=stream, on_invalid="truncate")
-    _assert_same(lines, lib, [[["d0", "d1"]], [["d0", "d1", "d2", "d3"], ["d4", "zzz"]],
-                              [["d5"]], [], []])
+    lib = KnownDomainHistogram(
+        DOMAIN,
+        5,
+        max_items=2,
+        key=files.key,
+        noise_version=CLI_NOISE,
+        rho=1.0,
+        stream=stream,
+        on_invalid="truncate",
+    )
+    _assert_same(
+        lines, lib, [[["d0", "d1"]], [["d0", "d1", "d2", "d3"], ["d4", "zzz"]], [["d5"]], [], []]
+    )
 
 
 # --------------------------------------------------------------------------- keys, errors
@@ -498,22 +870,68 @@ def test_keygen_mode_and_no_overwrite(tmp_path, capsys):
 
 
 def test_run_refuses_without_key(files, capsys):
-    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "-i", files.input) == 2  # a usage error
+    assert (
+        _run(
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "-i",
+            files.input,
+        )
+        == 2
+    )  # a usage error
     assert "keygen" in capsys.readouterr().err
 
 
 def test_missing_mechanism_option_is_one_line(files, capsys):
-    assert _run("-m", "unknown", "-T", "40", "--rho", "1", "--threshold-delta", "1e-6",
-                "--key-file", files.key_path, "-i", files.input) == 2
+    assert (
+        _run(
+            "-m",
+            "unknown",
+            "-T",
+            "40",
+            "--rho",
+            "1",
+            "--threshold-delta",
+            "1e-6",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+        )
+        == 2
+    )
     assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_error_is_one_line_without_traceback_in_a_subprocess(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.run([sys.executable, "-m", "dpstream", "run", "-T", "5", "--rho", "1",
-                           "--key-file", str(tmp_path / "missing.key"), "--domain", "x",
-                           "--max-items", "1"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpstream",
+            "run",
+            "-T",
+            "5",
+            "--rho",
+            "1",
+            "--key-file",
+            str(tmp_path / "missing.key"),
+            "--domain",
+            "x",
+            "--max-items",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "missing.key" in proc.stderr
@@ -521,8 +939,9 @@ def test_error_is_one_line_without_traceback_in_a_subprocess(tmp_path):
 
 def test_python_m_dpstream_help():
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.run([sys.executable, "-m", "dpstream", "--help"], capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpstream", "--help"], capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 0
     for cmd in ("run", "plan", "demo", "keygen"):
         assert cmd in proc.stdout
@@ -551,8 +970,23 @@ def _plan(capsys, *args) -> dict:
 
 
 def test_plan_known_against_formulas(capsys):
-    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
-                 "50", "--epsilon", "1", "--delta", "1e-6", "--counter", "tree")
+    info = _plan(
+        capsys,
+        "-m",
+        "known",
+        "-T",
+        "1000",
+        "--max-items",
+        "3",
+        "--domain-size",
+        "50",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--counter",
+        "tree",
+    )
     r = optimal_base(1000)
     tau = privacy.calibrate_tau(a=1.5, epsilon=1.0, delta=1e-6, gaussian_exact=True)
     std = tau * math.sqrt(max_cells(1000, r) * num_levels(1000, r))
@@ -564,8 +998,21 @@ def test_plan_known_against_formulas(capsys):
 
 
 def test_plan_unknown_threshold_against_eq_threshold(capsys):
-    info = _plan(capsys, "-m", "unknown", "-T", "500", "--max-items", "2", "--rho", "0.5",
-                 "--threshold-delta", "1e-8", "--base", "3")
+    info = _plan(
+        capsys,
+        "-m",
+        "unknown",
+        "-T",
+        "500",
+        "--max-items",
+        "2",
+        "--rho",
+        "0.5",
+        "--threshold-delta",
+        "1e-8",
+        "--base",
+        "3",
+    )
     tau = math.sqrt(1.0 / 0.5)  # rho = (Delta0 / 2) / tau^2 with Delta0 = 2
     levels = num_levels(500, 3)
     m = tau * levels * math.sqrt(3 - 1) * float(-ndtri(1e-8 / 500)) + 1
@@ -588,16 +1035,32 @@ def test_plan_unknown_threshold_against_eq_threshold(capsys):
         h, lv = row["horizon"], num_levels(row["horizon"], 3)
         cs = sorted(sum(int(c) for c in np.base_repr(t, 3)) for t in range(1, h + 1))
         zc = float(-ndtri(1e-8 / h))
-        assert row["threshold_worst"] == pytest.approx(1 + math.sqrt(cs[-1] * lv) * tau * zc,
-                                                       rel=1e-9)
+        assert row["threshold_worst"] == pytest.approx(
+            1 + math.sqrt(cs[-1] * lv) * tau * zc, rel=1e-9
+        )
     assert rows[-1]["threshold_worst"] < rows[0]["threshold_worst"]
 
 
 def test_plan_topk_against_formulas(capsys):
     from dpstream.mechanisms.topk import svt_noise_tail
 
-    info = _plan(capsys, "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
-                 "--switches", "4", "--rho", "1", "--counter", "tree")
+    info = _plan(
+        capsys,
+        "-m",
+        "top-k",
+        "-T",
+        "200",
+        "--domain-size",
+        "30",
+        "--k",
+        "3",
+        "--switches",
+        "4",
+        "--rho",
+        "1",
+        "--counter",
+        "tree",
+    )
     tau = math.sqrt((3 + 0.5) / 1.0)  # rho = (2k + 1) / (2 tau^2)
     r = optimal_base(200)
     levels = num_levels(200, r)
@@ -607,16 +1070,33 @@ def test_plan_topk_against_formulas(capsys):
     assert (info["k"], info["switches"]) == (3, 4)
     # eta at t = 1 (one tree cell): the 1 - 0.05/T quantile of the comparison noise
     # (svt_noise_tail is checked against simulation in test_topk)
-    assert svt_noise_tail(info["eta"], tau_1=tau_1, variance=levels * tau_2**2) == \
-        pytest.approx(0.05 / 200, rel=1e-6)
+    assert svt_noise_tail(info["eta"], tau_1=tau_1, variance=levels * tau_2**2) == pytest.approx(
+        0.05 / 200, rel=1e-6
+    )
     assert svt_noise_tail(info["start_eta"], tau_1=tau_1) == pytest.approx(0.05 / 200, rel=1e-6)
     assert info["noise_std_worst"] == pytest.approx(
-        math.sqrt(s + 1) * tau * math.sqrt(max_cells(200, r) * levels), rel=1e-12)
+        math.sqrt(s + 1) * tau * math.sqrt(max_cells(200, r) * levels), rel=1e-12
+    )
 
 
 def test_plan_target_error_inverse(capsys):
-    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "2", "--domain-size", "5",
-                 "--target-error", "25", "--delta", "1e-6", "--counter", "tree")
+    info = _plan(
+        capsys,
+        "-m",
+        "known",
+        "-T",
+        "1000",
+        "--max-items",
+        "2",
+        "--domain-size",
+        "5",
+        "--target-error",
+        "25",
+        "--delta",
+        "1e-6",
+        "--counter",
+        "tree",
+    )
     tau = 25 / (1.959963984540054 * math.sqrt(max_cells(1000, 4) * num_levels(1000, 4)))
     assert info["tau"] == pytest.approx(tau, rel=1e-12)
     assert info["ci95_half_width"] == pytest.approx(25, rel=1e-12)
@@ -636,8 +1116,21 @@ def dense_blt_worst_variance(T: int) -> float:
 
 def test_plan_blt_prints_both_counters(capsys):
     """Default counter for T = 1000 is BLT; the plan shows both counters at the budget."""
-    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
-                 "50", "--epsilon", "1", "--delta", "1e-6")
+    info = _plan(
+        capsys,
+        "-m",
+        "known",
+        "-T",
+        "1000",
+        "--max-items",
+        "3",
+        "--domain-size",
+        "50",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+    )
     tau = privacy.calibrate_tau(a=1.5, epsilon=1.0, delta=1e-6, gaussian_exact=True)
     assert info["counter"] == "blt" and info["base"] is None and info["buffers"] == 4
     assert info["tau"] == pytest.approx(tau, rel=1e-12)  # same budget, same tau
@@ -646,83 +1139,270 @@ def test_plan_blt_prints_both_counters(capsys):
     assert info["noise_std_worst"] == pytest.approx(std_blt, rel=1e-9)
     assert info["counters_noise_std_worst"]["blt"] == pytest.approx(std_blt, rel=1e-9)
     assert info["counters_noise_std_worst"]["tree"] == pytest.approx(std_tree, rel=1e-12)
-    assert main(["plan", "-m", "top-k", "-T", "200", "--domain-size", "30", "--k", "3",
-                 "--switches", "4", "--rho", "1", "--counter", "blt"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "top-k",
+                "-T",
+                "200",
+                "--domain-size",
+                "30",
+                "--k",
+                "3",
+                "--switches",
+                "4",
+                "--rho",
+                "1",
+                "--counter",
+                "blt",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     tau2 = math.sqrt(5) * math.sqrt(3.5)  # tau_2 = sqrt(s + 1) tau, tau = sqrt(k + 1/2)
     assert "BLT matrix factorization, 4 buffers" in out
     assert f"blt {tau2 * math.sqrt(dense_blt_worst_variance(200)):.4g}" in out
-    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--counter", "blt"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "unknown",
+                "-T",
+                "100",
+                "--max-items",
+                "1",
+                "--rho",
+                "1",
+                "--threshold-delta",
+                "1e-6",
+                "--counter",
+                "blt",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out  # unknown domains take the counter too
     assert "BLT matrix factorization, 4 buffers" in out and "at the median step" in out
-    assert main(["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--domain-size", "3", "--counter", "blt", "--base", "3"]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "known",
+                "-T",
+                "100",
+                "--max-items",
+                "1",
+                "--rho",
+                "1",
+                "--domain-size",
+                "3",
+                "--counter",
+                "blt",
+                "--base",
+                "3",
+            ]
+        )
+        == 2
+    )
     assert "applies to --counter tree only, got --base 3" in capsys.readouterr().err
 
 
 def test_run_known_blt_equals_library(files):
     out = files.dir / "out.jsonl"
-    assert _run("-m", "known", "-T", "40", "--domain", files.domain, "--max-items", "3",
-                "--counter", "blt", "--rho", "0.5", "--key-file", files.key_path,
-                "-i", files.input, "-o", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key,
-                                noise_version=CLI_NOISE, rho=0.5, counter="blt")
+    assert (
+        _run(
+            "-m",
+            "known",
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "3",
+            "--counter",
+            "blt",
+            "--rho",
+            "0.5",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "-o",
+            str(out),
+        )
+        == 0
+    )
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=3, key=files.key, noise_version=CLI_NOISE, rho=0.5, counter="blt"
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
-def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_itself(
-        files, capsys):
+def test_run_known_with_fewer_blt_buffers_equals_library_and_resumes_only_as_itself(files, capsys):
     """--blt-buffers K runs the K-buffer BLT of the shipped table: the releases of the
     library mechanism given that strategy, a plan that says so, a state file that
     refuses another K, and errors where a buffer count means nothing."""
     from dpstream.factorization import blt_for_horizon
 
     out, state = files.dir / "out.jsonl", files.dir / "s.sqlite"
-    cmd = ["-m", "known", "-T", "40", "--domain", files.domain, "--max-items", "3",
-           "--rho", "0.5", "--key-file", files.key_path, "-i", files.input]
+    cmd = [
+        "-m",
+        "known",
+        "-T",
+        "40",
+        "--domain",
+        files.domain,
+        "--max-items",
+        "3",
+        "--rho",
+        "0.5",
+        "--key-file",
+        files.key_path,
+        "-i",
+        files.input,
+    ]
     assert _run(*cmd, "--blt-buffers", "1", "-o", str(out), "--state", str(state)) == 0
     strategy = blt_for_horizon(40, 1)
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key,
-                                noise_version=CLI_NOISE, rho=0.5, counter=strategy)
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=3, key=files.key, noise_version=CLI_NOISE, rho=0.5, counter=strategy
+    )
     assert mech.strategy.buffers == 1 and mech._noise._buffers.shape[0] == 1
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
-    default = KnownDomainHistogram(DOMAIN, 40, max_items=3, key=files.key,
-                                   noise_version=CLI_NOISE, rho=0.5, counter="blt")
+    default = KnownDomainHistogram(
+        DOMAIN, 40, max_items=3, key=files.key, noise_version=CLI_NOISE, rho=0.5, counter="blt"
+    )
     assert mech.tau == default.tau  # the same budget, the same tau; sigma is the strategy's
     assert mech.sigma != default.sigma
     capsys.readouterr()
     assert _run(*cmd, "--blt-buffers", "2", "-o", str(out), "--state", str(state)) == 1
     assert "other parameters" in capsys.readouterr().err
-    info = _plan(capsys, "-m", "known", "-T", "1000", "--max-items", "3", "--domain-size",
-                 "50", "--rho", "1", "--blt-buffers", "2")
+    info = _plan(
+        capsys,
+        "-m",
+        "known",
+        "-T",
+        "1000",
+        "--max-items",
+        "3",
+        "--domain-size",
+        "50",
+        "--rho",
+        "1",
+        "--blt-buffers",
+        "2",
+    )
     assert info["buffers"] == 2
     assert info["worst_case_variance"] == blt_for_horizon(1000, 2).worst_case_variance
     for extra, message in (
-            (["--counter", "tree"], "--blt-buffers applies to the BLT counter only"),
-            (["--base", "3"], "--blt-buffers applies to the BLT counter only"),
-            (["--blt-buffers", "11"], "--blt-buffers must be 1 to 10, got 11")):
-        args = ["plan", "-m", "known", "-T", "100", "--max-items", "1", "--rho", "1",
-                "--domain-size", "3", *extra]
+        (["--counter", "tree"], "--blt-buffers applies to the BLT counter only"),
+        (["--base", "3"], "--blt-buffers applies to the BLT counter only"),
+        (["--blt-buffers", "11"], "--blt-buffers must be 1 to 10, got 11"),
+    ):
+        args = [
+            "plan",
+            "-m",
+            "known",
+            "-T",
+            "100",
+            "--max-items",
+            "1",
+            "--rho",
+            "1",
+            "--domain-size",
+            "3",
+            *extra,
+        ]
         if "--blt-buffers" not in extra:
             args += ["--blt-buffers", "2"]
         assert main(args) == 2
         assert message in capsys.readouterr().err
-    info = _plan(capsys, "-m", "unknown", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--threshold-delta", "1e-6", "--blt-buffers", "2")
+    info = _plan(
+        capsys,
+        "-m",
+        "unknown",
+        "-T",
+        "100",
+        "--max-items",
+        "1",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-6",
+        "--blt-buffers",
+        "2",
+    )
     assert info["counter"] == "blt" and info["buffers"] == 2
-    assert main(["plan", "-m", "meta", "-T", "100", "--max-items", "1", "--rho", "1",
-                 "--oneshot", "unknown-gaussian", "--k", "2", "--blt-buffers", "2"]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "meta",
+                "-T",
+                "100",
+                "--max-items",
+                "1",
+                "--rho",
+                "1",
+                "--oneshot",
+                "unknown-gaussian",
+                "--k",
+                "2",
+                "--blt-buffers",
+                "2",
+            ]
+        )
+        == 2
+    )
     assert "--blt-buffers does not apply to --mechanism meta" in capsys.readouterr().err
 
 
 def test_plan_text(capsys):
-    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
-                 "--delta", "1e-6", "--counter", "tree"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "unknown",
+                "-T",
+                "100",
+                "--max-items",
+                "1",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--counter",
+                "tree",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "items need about" in out and "95% interval" in out and "the least noise" in out
-    assert main(["plan", "-m", "unknown", "-T", "100", "--max-items", "1", "--epsilon", "1",
-                 "--delta", "1e-6"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "unknown",
+                "-T",
+                "100",
+                "--max-items",
+                "1",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "items need about" in out and "BLT matrix factorization" in out
 
@@ -730,8 +1410,20 @@ def test_plan_text(capsys):
 # --------------------------------------------------------------------------- hostile input
 
 
-UNK = ["-m", "unknown", "-T", "50", "--max-items", "1", "--rho", "1", "--threshold-delta",
-       "1e-3", "--no-round", "--implicit-time"]
+UNK = [
+    "-m",
+    "unknown",
+    "-T",
+    "50",
+    "--max-items",
+    "1",
+    "--rho",
+    "1",
+    "--threshold-delta",
+    "1e-3",
+    "--no-round",
+    "--implicit-time",
+]
 UNK_CSV = UNK[:-1]  # CSV gives each event's step in a column
 
 
@@ -748,29 +1440,56 @@ def test_csv_event_rows_apart_are_one_event_in_their_step(files, capsys):
     assert main(["run", *cmd, "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
     err = capsys.readouterr().err
     assert "input line 3: event has 2 distinct items, more than --max-items 1" in err
-    assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force",
-                "--max-invalid", "1") == 0
-    mech = UnknownDomainHistogram(50, max_items=1, key=files.key, noise_version=CLI_NOISE, rho=1.0,
-                                  threshold_delta=1e-3, remember=True)  # on by default
-    _assert_same(_read_jsonl(out), mech, [[["a"]], [["b"]]] + [[]] * 48,
-                 ("threshold", "remember"), rounded=False)
+    assert _run(*cmd, "-o", str(out), "--on-invalid", "skip", "--force", "--max-invalid", "1") == 0
+    mech = UnknownDomainHistogram(
+        50,
+        max_items=1,
+        key=files.key,
+        noise_version=CLI_NOISE,
+        rho=1.0,
+        threshold_delta=1e-3,
+        remember=True,
+    )  # on by default
+    _assert_same(
+        _read_jsonl(out),
+        mech,
+        [[["a"]], [["b"]]] + [[]] * 48,
+        ("threshold", "remember"),
+        rounded=False,
+    )
 
 
 def test_csv_unclosed_quote_is_an_error_naming_its_first_line(files, capsys):
     src = files.dir / "ev.csv"
     src.write_text('event,item,t\n0,"oops,1\n1,a,1\n2,a,1\n3,a,1\n')
-    assert main(["run", *UNK_CSV, "--time-column", "t", "--key-file", files.key_path,
-                 "-i", str(src),
-                 "-o", str(files.dir / "out.jsonl"), "--on-invalid", "error",
-                 "--verbose-errors"]) == 1
+    assert (
+        main(
+            [
+                "run",
+                *UNK_CSV,
+                "--time-column",
+                "t",
+                "--key-file",
+                files.key_path,
+                "-i",
+                str(src),
+                "-o",
+                str(files.dir / "out.jsonl"),
+                "--on-invalid",
+                "error",
+                "--verbose-errors",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "input line 2: " in err and "unclosed quote" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("role", ["input", "key", "state", "domain", "config", "symlink",
-                                  "hardlink"])
-def test_output_that_is_another_file_is_refused_before_anything_is_opened(files, role,
-                                                                         capsys):
+@pytest.mark.parametrize(
+    "role", ["input", "key", "state", "domain", "config", "symlink", "hardlink"]
+)
+def test_output_that_is_another_file_is_refused_before_anything_is_opened(files, role, capsys):
     cfg = files.dir / "run.toml"
     cfg.write_text("horizon = 40\n")
     state = files.dir / "s.sqlite"
@@ -780,13 +1499,37 @@ def test_output_that_is_another_file_is_refused_before_anything_is_opened(files,
         link.symlink_to(files.input)
     if role == "hardlink":
         os.link(files.input, link)
-    target = {"input": files.input, "key": files.key_path, "state": str(state),
-              "domain": files.domain, "config": str(cfg), "symlink": str(link),
-              "hardlink": str(link)}[role]
+    target = {
+        "input": files.input,
+        "key": files.key_path,
+        "state": str(state),
+        "domain": files.domain,
+        "config": str(cfg),
+        "symlink": str(link),
+        "hardlink": str(link),
+    }[role]
     before = {p: Path(p).read_bytes() for p in (files.input, files.key_path, files.domain, cfg)}
-    rc = main(["run", "--config", str(cfg), "--domain", files.domain, "--max-items", "2",
-               "--rho", "1", "--key-file", files.key_path, "-i", files.input,
-               "--state", str(state), "-o", target])
+    rc = main(
+        [
+            "run",
+            "--config",
+            str(cfg),
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "--state",
+            str(state),
+            "-o",
+            target,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "is the same file as" in err and err.count("\n") == 1
     assert {p: Path(p).read_bytes() for p in before} == before
@@ -794,17 +1537,51 @@ def test_output_that_is_another_file_is_refused_before_anything_is_opened(files,
 
 
 def test_state_that_is_another_file_is_refused(files, capsys):
-    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "--key-file", files.key_path, "-i", files.input, "--state",
-                files.key_path, "-o", str(files.dir / "out.jsonl")) == 1
+    assert (
+        _run(
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "--state",
+            files.key_path,
+            "-o",
+            str(files.dir / "out.jsonl"),
+        )
+        == 1
+    )
     assert "--state" in capsys.readouterr().err
     files.key.__class__.load(files.key_path)  # the key is intact
 
 
 def test_gz_output_is_refused(files, capsys):
-    assert _run("-T", "40", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-                "--key-file", files.key_path, "-i", files.input,
-                "-o", str(files.dir / "out.csv.gz")) == 1
+    assert (
+        _run(
+            "-T",
+            "40",
+            "--domain",
+            files.domain,
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            files.input,
+            "-o",
+            str(files.dir / "out.csv.gz"),
+        )
+        == 1
+    )
     assert "compressed output" in capsys.readouterr().err
     assert not (files.dir / "out.csv.gz").exists()
 
@@ -815,8 +1592,20 @@ def _stopped_run(files, lines, *extra):
     src = files.dir / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = files.dir / "out.jsonl", files.dir / "s.sqlite"
-    cmd = [*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-           "--state", str(state), "--on-invalid", "error", *extra]
+    cmd = [
+        *UNK,
+        "--key-file",
+        files.key_path,
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--state",
+        str(state),
+        "--on-invalid",
+        "error",
+        *extra,
+    ]
     return src, out, state, cmd
 
 
@@ -828,7 +1617,7 @@ def test_resume_checks_the_output_holds_the_releases_on_record(files, capsys):
     step1 = written[: written.index(b"\n") + 1]
     src.write_text('["a"]\n["b"]\n["c"]\n')
     # the same length, other bytes in step 1: another file
-    out.write_bytes(step1[:-5] + bytes([step1[-5] ^ 1]) + step1[-4:] + written[len(step1):])
+    out.write_bytes(step1[:-5] + bytes([step1[-5] ^ 1]) + step1[-4:] + written[len(step1) :])
     changed = out.read_bytes()
     assert _run(*cmd) == 1
     err = capsys.readouterr().err
@@ -900,10 +1689,15 @@ def test_readme_commands_run(tmp_path, monkeypatch):
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = text.split("## On the command line", 1)[1].split("```bash", 1)[1].split("```")[0]
-    commands = [shlex.split(c.split("#")[0]) for c in block.replace("\\\n", " ").splitlines()
-                if c.strip()]
-    assert [c[:2] for c in commands] == [["dpstream", "demo"], ["dpstream", "keygen"],
-                                         ["dpstream", "plan"], ["dpstream", "run"]]
+    commands = [
+        shlex.split(c.split("#")[0]) for c in block.replace("\\\n", " ").splitlines() if c.strip()
+    ]
+    assert [c[:2] for c in commands] == [
+        ["dpstream", "demo"],
+        ["dpstream", "keygen"],
+        ["dpstream", "plan"],
+        ["dpstream", "run"],
+    ]
     monkeypatch.chdir(tmp_path)
     for argv in commands:  # as written: the demo writes the sample events.jsonl
         assert main(argv[1:]) == 0, argv
@@ -921,10 +1715,28 @@ def test_byte_order_marks_in_config_domain_and_input(files):
     src = files.dir / "bom.jsonl"
     src.write_bytes(b"\xef\xbb\xbf" + Path(files.input).read_bytes())
     out = files.dir / "out.jsonl"
-    assert _run("--config", str(cfg), "--domain", str(dom), "--max-items", "2", "--rho", "1",
-                "--key-file", files.key_path, "-i", str(src), "-o", str(out)) == 0
-    mech = KnownDomainHistogram(DOMAIN, 40, max_items=2, key=files.key,
-                                noise_version=CLI_NOISE, rho=1.0)
+    assert (
+        _run(
+            "--config",
+            str(cfg),
+            "--domain",
+            str(dom),
+            "--max-items",
+            "2",
+            "--rho",
+            "1",
+            "--key-file",
+            files.key_path,
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+        )
+        == 0
+    )
+    mech = KnownDomainHistogram(
+        DOMAIN, 40, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0
+    )
     _assert_same(_read_jsonl(out), mech, _by_step(files.events, 40))
 
 
@@ -945,33 +1757,84 @@ def _gz(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "not-gzip"])
 def test_a_bad_gz_input_is_a_one_line_error(files, capsys, kind):
-    rc = _run("-m", "unknown", "-T", "5000", "--max-items", "1", "--rho", "1",
-              "--threshold-delta", "1e-3", "--key-file", files.key_path, "--on-invalid",
-              "skip", "-i", str(_gz(files.dir, kind)), "-o", str(files.dir / "out.jsonl"))
+    rc = _run(
+        "-m",
+        "unknown",
+        "-T",
+        "5000",
+        "--max-items",
+        "1",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--key-file",
+        files.key_path,
+        "--on-invalid",
+        "skip",
+        "-i",
+        str(_gz(files.dir, kind)),
+        "-o",
+        str(files.dir / "out.jsonl"),
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "truncated or corrupt" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("content,message", [
-    (b'["a"]\n["b\xff"]\n', "not valid UTF-8"),
-    (b'["a"]\n["\\udc80"]\n', "surrogate"),
-    (b'["a"]\n' + b"[" * 100_000 + b"\n", "nested too deeply"),
-    (b'["a"]\n{"t": ' + b"7" * 5000 + b', "items": ["a"]}\n', "too many digits"),
-    (b'{"t": 1, "items": ["a"]}\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n',
-     "past the horizon"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b'["a"]\n["b\xff"]\n', "not valid UTF-8"),
+        (b'["a"]\n["\\udc80"]\n', "surrogate"),
+        (b'["a"]\n' + b"[" * 100_000 + b"\n", "nested too deeply"),
+        (b'["a"]\n{"t": ' + b"7" * 5000 + b', "items": ["a"]}\n', "too many digits"),
+        (
+            b'{"t": 1, "items": ["a"]}\n{"t": ' + b"7" * 4000 + b', "items": ["a"]}\n',
+            "past the horizon",
+        ),
+    ],
+)
 def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, content, message):
     src = files.dir / "bad.jsonl"
     src.write_bytes(content)
     out = files.dir / "out.jsonl"
     args = UNK_CSV if "horizon" in message else UNK  # explicit steps, or one per line
-    assert main(["run", *args, "--key-file", files.key_path, "-i", str(src),
-                 "-o", str(out), "--on-invalid", "error", "--verbose-errors"]) == 1
+    assert (
+        main(
+            [
+                "run",
+                *args,
+                "--key-file",
+                files.key_path,
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--on-invalid",
+                "error",
+                "--verbose-errors",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "input line 2: " in err and message in err and err.count("\n") == 1
     assert len(err) < 300  # no 4,000-digit number in the message
-    assert _run(*args, "--key-file", files.key_path, "-i", str(src), "-o", str(out),
-                "--force", "--max-invalid", "1") == 0  # the default: skip
+    assert (
+        _run(
+            *args,
+            "--key-file",
+            files.key_path,
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            "--force",
+            "--max-invalid",
+            "1",
+        )
+        == 0
+    )  # the default: skip
     # every step 1..T is released, whatever the input holds
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
@@ -979,20 +1842,53 @@ def test_hostile_lines_are_invalid_records_naming_the_line(files, capsys, conten
 def test_untimed_event_past_the_horizon_says_which_step(files, capsys):
     src = files.dir / "ev.jsonl"
     src.write_text('["a"]\n["a"]\n')
-    assert main(["run", *UNK[:2], "-T", "1", *UNK[4:], "--key-file", files.key_path,
-                 "-i", str(src), "-o", str(files.dir / "o.jsonl"), "--on-invalid",
-                 "error"]) == 1
-    assert "input line 2: time step 2 is past the horizon --horizon 1" in \
-        capsys.readouterr().err
+    assert (
+        main(
+            [
+                "run",
+                *UNK[:2],
+                "-T",
+                "1",
+                *UNK[4:],
+                "--key-file",
+                files.key_path,
+                "-i",
+                str(src),
+                "-o",
+                str(files.dir / "o.jsonl"),
+                "--on-invalid",
+                "error",
+            ]
+        )
+        == 1
+    )
+    assert "input line 2: time step 2 is past the horizon --horizon 1" in capsys.readouterr().err
 
 
 def test_broken_pipe_exits_quietly(files, tmp_path):
     src = tmp_path / "many.jsonl"
     src.write_text('["a"]\n' * 5000)
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "dpstream", "run", "-q", *UNK[:2], "-T",
-                             "5000", *UNK[4:], "--key-file", files.key_path, "-i", str(src)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dpstream",
+            "run",
+            "-q",
+            *UNK[:2],
+            "-T",
+            "5000",
+            *UNK[4:],
+            "--key-file",
+            files.key_path,
+            "-i",
+            str(src),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout.readline().startswith(b'{"t": 1')
     proc.stdout.close()  # like `| head -1`
     err = proc.stderr.read().decode()
@@ -1002,8 +1898,9 @@ def test_broken_pipe_exits_quietly(files, tmp_path):
 
 def test_help_texts(capsys):
     parser = build_parser()
-    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-               ).choices["run"]
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "run"
+    ]
     helps = {a.dest: a.help for a in run._actions}
     assert helps["time_column"].count("default") == 1
     assert "required for top-k" in helps["k"] and "8^S >= --horizon" in helps["switches"]
@@ -1014,18 +1911,31 @@ def test_run_help_says_what_input_without_time_steps_does(files, capsys):
     """CSV without a time column is refused and a JSON event without t is an invalid
     record (each line is a step only with --implicit-time): the help says so."""
     parser = build_parser()
-    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-               ).choices["run"]
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "run"
+    ]
     text = " ".join(run.format_help().split())
-    assert "an event without t (or a bare array such as [\"a\", \"b\"]) is an invalid record" \
-        in text and "CSV input without --time-column (or --time-field) is refused" in text
+    assert (
+        'an event without t (or a bare array such as ["a", "b"]) is an invalid record' in text
+        and "CSV input without --time-column (or --time-field) is refused" in text
+    )
     assert "An event without t is a step of its own" not in text
     assert "each event is a step of its own" not in text
     assert "NA, null or None" in " ".join(run.epilog.split())
     helps = {a.dest: " ".join(a.help.split()) for a in run._actions}
     assert "NA, null or None as empty (NaN): prefer parquet" in helps["output_format"]
-    base = ["-T", "3", "--domain", files.domain, "--max-items", "2", "--rho", "1",
-            "--key-file", files.key_path]
+    base = [
+        "-T",
+        "3",
+        "--domain",
+        files.domain,
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--key-file",
+        files.key_path,
+    ]
     (files.dir / "ev.csv").write_text("event,item\n1,d0\n2,d1\n")
     assert _run(*base, "-i", str(files.dir / "ev.csv"), "-o", str(files.dir / "c")) == 1
     assert "CSV input needs its time steps" in capsys.readouterr().err
@@ -1035,8 +1945,21 @@ def test_run_help_says_what_input_without_time_steps_does(files, capsys):
     assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out)]) == 1
     assert 'lack a time step "t"' in capsys.readouterr().err and not out.exists()
     # ... and skipped when the operator allows it
-    assert main(["run", *base, "-i", str(files.dir / "untimed.jsonl"), "-o", str(out),
-                 "--max-invalid", "1"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                *base,
+                "-i",
+                str(files.dir / "untimed.jsonl"),
+                "-o",
+                str(out),
+                "--max-invalid",
+                "1",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "3 steps (t = 1..3 of T = 3), 0 events" in err and "2 skipped" in err
     assert len(out.read_text().splitlines()) == 3  # the public clock, not one step a line
@@ -1044,9 +1967,11 @@ def test_run_help_says_what_input_without_time_steps_does(files, capsys):
 
 def test_plan_reads_a_config_written_for_run(files, capsys):
     cfg = files.dir / "run.toml"
-    cfg.write_text(f'horizon = 40\nmechanism = "unknown"\nmax-items = 2\nrho = 1.0\n'
-                   f'threshold-delta = 1e-3\nkey-file = "{files.key_path}"\n'
-                   f'input = "{files.input}"\nstate = "s.sqlite"\nfsync = false\n')
+    cfg.write_text(
+        f'horizon = 40\nmechanism = "unknown"\nmax-items = 2\nrho = 1.0\n'
+        f'threshold-delta = 1e-3\nkey-file = "{files.key_path}"\n'
+        f'input = "{files.input}"\nstate = "s.sqlite"\nfsync = false\n'
+    )
     info = _plan(capsys, "--config", str(cfg))
     assert info["horizon"] == 40 and info["mechanism"] == "unknown"
     cfg.write_text("horizon = 40\nbogus = 1\n")

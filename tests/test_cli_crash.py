@@ -40,19 +40,40 @@ def setup(tmp_path_factory):
             for _ in range(int(rng.integers(0, 4))):
                 items = rng.choice(domain, size=int(rng.integers(1, 4)), replace=False)
                 fh.write(json.dumps({"t": t, "items": items.tolist()}) + "\n")
-    args = ["run", "--quiet", "-T", str(T), "--domain", str(base / "domain.txt"),
-            "--max-items", "3", "--epsilon", "1", "--delta", "1e-6", "--round",
-            "--counter", "tree"]
+    args = [
+        "run",
+        "--quiet",
+        "-T",
+        str(T),
+        "--domain",
+        str(base / "domain.txt"),
+        "--max-items",
+        "3",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--round",
+        "--counter",
+        "tree",
+    ]
     ref = base / "ref.jsonl"
-    assert main([*args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"),
-                 "-o", str(ref)]) == 0
+    assert (
+        main([*args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"), "-o", str(ref)])
+        == 0
+    )
     return base, args, key_path, other, ref
 
 
 def _spawn(args, stdin=None):
     env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.Popen([sys.executable, "-m", "dpstream", *args], env=env, stdin=stdin,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpstream", *args],
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _kill_after(proc, out: Path, lines: int, timeout: float = 60.0) -> bool:
@@ -73,17 +94,29 @@ def _kill_after(proc, out: Path, lines: int, timeout: float = 60.0) -> bool:
     return True
 
 
-@pytest.mark.parametrize("seed,use_stdin,fsync",
-                         [(1, False, True), (2, False, False), (3, True, False)])
-def test_kill_at_random_step_then_resume_gives_identical_output(setup, tmp_path, seed,
-                                                               use_stdin, fsync):
+@pytest.mark.parametrize(
+    "seed,use_stdin,fsync", [(1, False, True), (2, False, False), (3, True, False)]
+)
+def test_kill_at_random_step_then_resume_gives_identical_output(
+    setup, tmp_path, seed, use_stdin, fsync
+):
     base, args, key_path, _, ref = setup
     kill_at = random.Random(seed).randrange(1, T // 2)
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     src = "-" if use_stdin else str(base / "ev.jsonl")
-    cmd = [*args, "--key-file", str(key_path), "-i", src, "-o", str(out),
-           *own_ledger(out), "--state", str(state),
-           "--fsync" if fsync else "--no-fsync"]  # --no-fsync is still safe against kill -9
+    cmd = [
+        *args,
+        "--key-file",
+        str(key_path),
+        "-i",
+        src,
+        "-o",
+        str(out),
+        *own_ledger(out),
+        "--state",
+        str(state),
+        "--fsync" if fsync else "--no-fsync",
+    ]  # --no-fsync is still safe against kill -9
     with open(base / "ev.jsonl", "rb") as feed:
         proc = _spawn(cmd, stdin=feed if use_stdin else None)
         killed = _kill_after(proc, out, kill_at)
@@ -107,16 +140,26 @@ def test_kill_at_random_step_then_resume_gives_identical_output(setup, tmp_path,
 def test_resume_refuses_another_key_and_finished_run_is_a_no_op(setup, tmp_path, capsys):
     base, args, key_path, other, ref = setup
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "-i", str(base / "ev.jsonl"), "-o", str(out),
-           *own_ledger(out), "--state", str(state)]
+    cmd = [
+        *args,
+        "-i",
+        str(base / "ev.jsonl"),
+        "-o",
+        str(out),
+        *own_ledger(out),
+        "--state",
+        str(state),
+    ]
     proc = _spawn([*cmd, "--key-file", str(key_path)])
     assert _kill_after(proc, out, 20)
     before = out.read_bytes()
     assert main([*cmd, "--key-file", str(other)]) == 1
     err = capsys.readouterr().err
     assert "another key" in err and err.count("\n") == 1
-    assert main([*cmd[:-2], "--state", str(state), "--key-file", str(key_path),
-                 "--stream", "other"]) == 1
+    assert (
+        main([*cmd[:-2], "--state", str(state), "--key-file", str(key_path), "--stream", "other"])
+        == 1
+    )
     assert "other parameters" in capsys.readouterr().err
     assert out.read_bytes() == before  # refused before touching the output
     assert main([*cmd, "--key-file", str(key_path)]) == 0
@@ -134,8 +177,18 @@ def test_resume_detects_a_changed_input(setup, tmp_path, capsys):
     src = tmp_path / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out),
-           "--state", str(state)]
+    cmd = [
+        *args,
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        *own_ledger(out),
+        "--state",
+        str(state),
+    ]
     proc = _spawn(cmd)
     assert _kill_after(proc, out, 50)
     first = json.loads(lines[0])
@@ -152,17 +205,41 @@ def test_kill_then_resume_with_counter_blt(setup, tmp_path, capsys):
     base, args, key_path, _, _ = setup
     blt_args = [*args[:-2], "--counter", "blt"]
     ref = tmp_path / "ref.jsonl"
-    assert main([*blt_args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"),
-                 "-o", str(ref), *own_ledger(ref)]) == 0
+    assert (
+        main(
+            [
+                *blt_args,
+                "--key-file",
+                str(key_path),
+                "-i",
+                str(base / "ev.jsonl"),
+                "-o",
+                str(ref),
+                *own_ledger(ref),
+            ]
+        )
+        == 0
+    )
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*blt_args, "--key-file", str(key_path), "-i", str(base / "ev.jsonl"),
-           "-o", str(out), *own_ledger(out), "--state", str(state), "--no-fsync"]
+    cmd = [
+        *blt_args,
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(base / "ev.jsonl"),
+        "-o",
+        str(out),
+        *own_ledger(out),
+        "--state",
+        str(state),
+        "--no-fsync",
+    ]
     kill_at = random.Random(4).randrange(1, T // 2)
     proc = _spawn(cmd)
     assert _kill_after(proc, out, kill_at)
     with closing(sqlite3.connect(state)) as db:
         assert db.execute("SELECT MAX(t) FROM steps").fetchone()[0] < T
-    tree_cmd = [*args, *cmd[len(blt_args):]]
+    tree_cmd = [*args, *cmd[len(blt_args) :]]
     assert main(tree_cmd) == 1  # the other counter would release other noise
     assert "other parameters" in capsys.readouterr().err
     proc = _spawn(cmd)
@@ -173,7 +250,8 @@ def test_kill_then_resume_with_counter_blt(setup, tmp_path, capsys):
 
 
 def test_a_step_written_before_a_crash_is_never_released_again_from_changed_input(
-        setup, tmp_path, capsys):
+    setup, tmp_path, capsys
+):
     """Review finding 3: killed after step t was written but before it was committed, a
     resume after late events of step t were added printed step t twice, and with keyed
     noise the two releases differed by exactly the change in true counts. Now a step is
@@ -183,8 +261,19 @@ def test_a_step_written_before_a_crash_is_never_released_again_from_changed_inpu
     src = tmp_path / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = [*args, "--key-file", str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out),
-           "--state", str(state), "--no-fsync"]
+    cmd = [
+        *args,
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        *own_ledger(out),
+        "--state",
+        str(state),
+        "--no-fsync",
+    ]
     proc = _spawn(cmd)
     assert _kill_after(proc, out, random.Random(5).randrange(20, T // 2))
     with closing(sqlite3.connect(state)) as db:
@@ -200,9 +289,10 @@ def test_a_step_written_before_a_crash_is_never_released_again_from_changed_inpu
     # refused by the state's digest of step `last`, or, when the kill fell between the
     # release ledger's line for step last + 1 and the state's commit of it, by the ledger
     # first (the inserted line moves step last + 1's records, which its digest binds)
-    assert (f"the input changed: step {last}" in err
-            or f"step {last + 1} was released (after the state was saved) from other input"
-            in err), err
+    assert (
+        f"the input changed: step {last}" in err
+        or f"step {last + 1} was released (after the state was saved) from other input" in err
+    ), err
     assert out.read_bytes() == written  # nothing printed twice, nothing truncated
     src.write_text("\n".join(lines) + "\n")  # the input as it was: the run completes
     assert main(cmd) == 0

@@ -9,8 +9,10 @@ from dpstream.demo import load_birdstrikes, zipf_stream
 def test_bundled_dataset_shape():
     horizon, events = load_birdstrikes()
     assert horizon == 656 and len(events) == 10000
-    assert all(len(items) == 2 and items[0].startswith("species:")
-               and items[1].startswith("airport:") for _, items in events)
+    assert all(
+        len(items) == 2 and items[0].startswith("species:") and items[1].startswith("airport:")
+        for _, items in events
+    )
     assert [t for t, _ in events] == sorted(t for t, _ in events)
 
 
@@ -30,8 +32,10 @@ def test_zipf_stream_is_seeded_and_skewed():
 
 def test_demo_prints_tables_and_writes_plots(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--zipf-steps", "150", "--zipf-items", "80",
-                 "--top", "5"]) == 0
+    assert (
+        main(["demo", "--out", str(out), "--zipf-steps", "150", "--zipf-items", "80", "--top", "5"])
+        == 0
+    )
     text = capsys.readouterr().out
     assert "FAA wildlife strikes" in text and "simulated" in text and "fresh key" in text
     assert "private" in text and "true" in text
@@ -41,8 +45,23 @@ def test_demo_prints_tables_and_writes_plots(tmp_path, capsys):
 
 def test_demo_known_mechanism_with_key_file(tmp_path, capsys):
     assert main(["keygen", str(tmp_path / "k")]) == 0
-    assert main(["demo", "--mechanism", "known", "--key-file", str(tmp_path / "k"),
-                 "--no-plot", "--zipf-steps", "50", "--zipf-items", "40"]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--mechanism",
+                "known",
+                "--key-file",
+                str(tmp_path / "k"),
+                "--no-plot",
+                "--zipf-steps",
+                "50",
+                "--zipf-items",
+                "40",
+            ]
+        )
+        == 0
+    )
     assert "KnownBase" in capsys.readouterr().out
 
 
@@ -50,8 +69,9 @@ def test_demo_prints_rounded_private_counts(capsys):
     import re
 
     assert main(["demo", "--no-plot", "--zipf-steps", "50", "--zipf-items", "40"]) == 0
-    rows = [line.split("│") for line in capsys.readouterr().out.splitlines()
-            if line.count("│") == 5]
+    rows = [
+        line.split("│") for line in capsys.readouterr().out.splitlines() if line.count("│") == 5
+    ]
     private = [r[3].strip() for r in rows]  # item | true | private | private - true
     assert sum(bool(re.fullmatch(r"-?\d+", p)) for p in private) >= 5
     assert all(re.fullmatch(r"-?\d+|not shown|", p) for p in private), private

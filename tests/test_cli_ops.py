@@ -25,15 +25,32 @@ def key_path(tmp_path):
 
 def _events(tmp_path, n=200):
     src = tmp_path / "ev.jsonl"
-    src.write_text("".join(json.dumps({"t": t, "items": ["a", "b"]}) + "\n"
-                           for t in range(1, n + 1)))
+    src.write_text(
+        "".join(json.dumps({"t": t, "items": ["a", "b"]}) + "\n" for t in range(1, n + 1))
+    )
     return str(src)
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, key_path, capsys):
     src = _events(tmp_path)
-    assert main([*UNK, "-T", "200", "--key-file", key_path, "-i", src, "-o",
-                 str(tmp_path / "o.jsonl"), "--progress-every", "1e-9"]) == 0
+    assert (
+        main(
+            [
+                *UNK,
+                "-T",
+                "200",
+                "--key-file",
+                key_path,
+                "-i",
+                src,
+                "-o",
+                str(tmp_path / "o.jsonl"),
+                "--progress-every",
+                "1e-9",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err.splitlines()
     progress = [line for line in err if line.startswith("dpstream: step ")]
     assert len(progress) >= 100  # one per step at this interval
@@ -41,16 +58,48 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, key_path, capsys
     assert any(line.startswith("dpstream: 200 steps (t = 1..200") for line in err)
 
 
-def test_quiet_prints_nothing_and_json_logs_are_one_object_per_line(tmp_path, key_path,
-                                                                    capsys):
+def test_quiet_prints_nothing_and_json_logs_are_one_object_per_line(tmp_path, key_path, capsys):
     src = _events(tmp_path, 20)
-    assert main([*UNK, "-T", "20", "--key-file", key_path, "-i", src, "-o",
-                 str(tmp_path / "q.jsonl"), *own_ledger(tmp_path / "q.jsonl"), "-q"]) == 0
+    assert (
+        main(
+            [
+                *UNK,
+                "-T",
+                "20",
+                "--key-file",
+                key_path,
+                "-i",
+                src,
+                "-o",
+                str(tmp_path / "q.jsonl"),
+                *own_ledger(tmp_path / "q.jsonl"),
+                "-q",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().err == ""
-    assert main([*UNK, "-T", "20", "--key-file", key_path, "-i", src, "-o",
-                 str(tmp_path / "j.jsonl"), *own_ledger(tmp_path / "j.jsonl"),
-                 "--log-format", "json", "--progress-every",
-                 "1e-9"]) == 0
+    assert (
+        main(
+            [
+                *UNK,
+                "-T",
+                "20",
+                "--key-file",
+                key_path,
+                "-i",
+                src,
+                "-o",
+                str(tmp_path / "j.jsonl"),
+                *own_ledger(tmp_path / "j.jsonl"),
+                "--log-format",
+                "json",
+                "--progress-every",
+                "1e-9",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines()]
     assert {x["logger"] for x in lines} == {"dpstream.run"}
     progress = [x for x in lines if "eta_s" in x]
@@ -62,8 +111,7 @@ def test_quiet_prints_nothing_and_json_logs_are_one_object_per_line(tmp_path, ke
 
 def test_a_full_disk_under_the_output_is_a_plain_error(tmp_path, key_path, capsys):
     src = _events(tmp_path, 5)
-    rc = main([*UNK, "-T", "5", "--key-file", key_path, "-i", src, "-o", "/dev/full",
-               "--force"])
+    rc = main([*UNK, "-T", "5", "--key-file", key_path, "-i", src, "-o", "/dev/full", "--force"])
     err = capsys.readouterr().err
     assert rc == 1 and "is full" in err and "step 1" in err and err.count("\n") == 1
 
@@ -86,15 +134,17 @@ def test_a_full_disk_or_a_read_only_state_is_a_plain_error(tmp_path):
 
 # -- time-based steps ------------------------------------------------------------------
 
-TIMED = [("2026-03-01T00:10:00Z", ["a"]), ("2026-03-01T00:40:00+00:00", ["a", "b"]),
-         (1772326800 + 2 * 3600 + 300, ["b"]),  # epoch seconds: 03:05 UTC, step 4
-         ("2026-03-01 05:59:59", ["c"])]  # no zone: UTC, step 6
+TIMED = [
+    ("2026-03-01T00:10:00Z", ["a"]),
+    ("2026-03-01T00:40:00+00:00", ["a", "b"]),
+    (1772326800 + 2 * 3600 + 300, ["b"]),  # epoch seconds: 03:05 UTC, step 4
+    ("2026-03-01 05:59:59", ["c"]),
+]  # no zone: UTC, step 6
 
 
 def _timed_input(tmp_path):
     src = tmp_path / "timed.jsonl"
-    src.write_text("".join(json.dumps({"ts": ts, "items": items}) + "\n"
-                           for ts, items in TIMED))
+    src.write_text("".join(json.dumps({"ts": ts, "items": items}) + "\n" for ts, items in TIMED))
     (tmp_path / "dom.txt").write_text("a\nb\nc\n")
     return str(src)
 
@@ -106,18 +156,58 @@ def test_timestamps_map_to_hourly_steps_and_quiet_hours_are_released(tmp_path, k
     assert parse_timestamp(1772326800).isoformat() == "2026-03-01T01:00:00+00:00"
     src = _timed_input(tmp_path)
     out = tmp_path / "o.jsonl"
-    assert main(["run", "-q", "-T", "8", "--domain", str(tmp_path / "dom.txt"), "--max-items",
-                 "2", "--rho", "1", "--key-file", key_path, "-i", src, "-o", str(out),
-                 "--time-field", "ts", "--step", "1h", "--start",
-                 "2026-03-01T00:00:00Z", "--no-round"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                "-T",
+                "8",
+                "--domain",
+                str(tmp_path / "dom.txt"),
+                "--max-items",
+                "2",
+                "--rho",
+                "1",
+                "--key-file",
+                key_path,
+                "-i",
+                src,
+                "-o",
+                str(out),
+                "--time-field",
+                "ts",
+                "--step",
+                "1h",
+                "--start",
+                "2026-03-01T00:00:00Z",
+                "--no-round",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["t"] for x in lines] == list(range(1, 9))  # hours 2, 3, 5, 7, 8 are quiet
     from dpstream.run_command import scoped_stream
 
-    stream = scoped_stream({"stream": "default", "input": src, "time_field": "ts",
-                            "step": "1h", "start": "2026-03-01T00:00:00Z"})
-    mech = KnownDomainHistogram(["a", "b", "c"], 8, max_items=2, key=fixed_key("ops"), rho=1.0,
-                                stream=stream, noise_version=2)  # run's, for a new stream
+    stream = scoped_stream(
+        {
+            "stream": "default",
+            "input": src,
+            "time_field": "ts",
+            "step": "1h",
+            "start": "2026-03-01T00:00:00Z",
+        }
+    )
+    mech = KnownDomainHistogram(
+        ["a", "b", "c"],
+        8,
+        max_items=2,
+        key=fixed_key("ops"),
+        rho=1.0,
+        stream=stream,
+        noise_version=2,
+    )  # run's, for a new stream
     steps = {1: [["a"], ["a", "b"]], 4: [["b"]], 6: [["c"]]}
     for t, line in enumerate(lines, 1):
         want = mech.step_batch(steps.get(t, [])).counts
@@ -126,26 +216,58 @@ def test_timestamps_map_to_hourly_steps_and_quiet_hours_are_released(tmp_path, k
 
 def test_timestamp_problems_are_invalid_records(tmp_path, key_path, capsys):
     src = tmp_path / "bad.jsonl"
-    src.write_text('{"ts": "2026-02-28T23:59:00Z", "items": ["a"]}\n'  # before --start
-                   '{"items": ["a"]}\n'  # no timestamp
-                   '{"ts": "yesterday", "items": ["a"]}\n'
-                   '["a"]\n')
-    base = [*UNK, "-T", "4", "--key-file", key_path, "-i", str(src), "--time-field", "ts",
-            "--step", "1h", "--start", "2026-03-01T00:00:00Z"]
+    src.write_text(
+        '{"ts": "2026-02-28T23:59:00Z", "items": ["a"]}\n'  # before --start
+        '{"items": ["a"]}\n'  # no timestamp
+        '{"ts": "yesterday", "items": ["a"]}\n'
+        '["a"]\n'
+    )
+    base = [
+        *UNK,
+        "-T",
+        "4",
+        "--key-file",
+        key_path,
+        "-i",
+        str(src),
+        "--time-field",
+        "ts",
+        "--step",
+        "1h",
+        "--start",
+        "2026-03-01T00:00:00Z",
+    ]
     assert main([*base, "-o", str(tmp_path / "o.jsonl"), "--max-invalid", "1"]) == 0
     err = capsys.readouterr().err
     assert "4 skipped" in err
     assert main([*base, "-o", str(tmp_path / "o2.jsonl"), "--on-invalid", "error"]) == 1
     assert "input line 1: its timestamp is before --start" in capsys.readouterr().err
-    assert main([*UNK, "-T", "4", "--key-file", key_path, "-i", str(src), "--time-field",
-                 "ts", "-o", str(tmp_path / "o3.jsonl")]) == 1
+    assert (
+        main(
+            [
+                *UNK,
+                "-T",
+                "4",
+                "--key-file",
+                key_path,
+                "-i",
+                str(src),
+                "--time-field",
+                "ts",
+                "-o",
+                str(tmp_path / "o3.jsonl"),
+            ]
+        )
+        == 1
+    )
     assert "go together" in capsys.readouterr().err
     assert main([*base[:-2], "--start", "noon", "-o", str(tmp_path / "o4.jsonl")]) == 1
     assert "--start" in capsys.readouterr().err
 
 
-def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, key_path,
-                                                                     monkeypatch, capsys):
+def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(
+    tmp_path, key_path, monkeypatch, capsys
+):
     """--follow: steps close on the clock (quiet ones too); an event for a released
     step is late; a later run with the state replays the steps where they closed.
 
@@ -163,12 +285,36 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, 
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
     at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
     src = tmp_path / "live.jsonl"
-    src.write_text(json.dumps({"ts": at(0.2), "items": ["a"]}) + "\n"
-                   + json.dumps({"ts": at(1.5), "items": ["b"]}) + "\n")
+    src.write_text(
+        json.dumps({"ts": at(0.2), "items": ["a"]})
+        + "\n"
+        + json.dumps({"ts": at(1.5), "items": ["b"]})
+        + "\n"
+    )
     out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
-    cmd = [*UNK, "-T", "10", "--key-file", key_path, "-i", str(src), "-o", str(out),
-           "--state", str(state), "--time-field", "ts", "--step", "1s", "--start",
-           start.isoformat(), "--follow", "--no-round", "--progress-every", "1000"]
+    cmd = [
+        *UNK,
+        "-T",
+        "10",
+        "--key-file",
+        key_path,
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--state",
+        str(state),
+        "--time-field",
+        "ts",
+        "--step",
+        "1s",
+        "--start",
+        start.isoformat(),
+        "--follow",
+        "--no-round",
+        "--progress-every",
+        "1000",
+    ]
 
     noted = [0]  # records the run loop has taken in
     give_up = time.monotonic() + 60  # a broken follower fails the asserts, never hangs
@@ -196,8 +342,12 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, 
                 break
             time.sleep(0.02)
         with open(src, "a") as fh:  # a late event (step 1) and one for step 5, not yet due
-            fh.write(json.dumps({"ts": at(0.5), "items": ["a"]}) + "\n"
-                     + json.dumps({"ts": at(4.5), "items": ["c"]}) + "\n")
+            fh.write(
+                json.dumps({"ts": at(0.5), "items": ["a"]})
+                + "\n"
+                + json.dumps({"ts": at(4.5), "items": ["c"]})
+                + "\n"
+            )
 
     appender = threading.Thread(target=append_when_two_steps_are_out, daemon=True)
     appender.start()
@@ -209,8 +359,9 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(tmp_path, 
     assert [x["t"] for x in lines] == [1, 2, 3, 4, 5, 6]  # 3, 4 and 6 are quiet
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
-    mech = UnknownDomainHistogram(10, max_items=2, key=fixed_key("ops"), rho=1.0,
-                                  threshold_delta=1e-3, noise_version=2)
+    mech = UnknownDomainHistogram(
+        10, max_items=2, key=fixed_key("ops"), rho=1.0, threshold_delta=1e-3, noise_version=2
+    )
     steps = {1: [["a"]], 2: [["b"]], 5: [["c"]]}
     for t, line in enumerate(lines, 1):
         want = mech.step_batch(steps.get(t, [])).counts
@@ -249,20 +400,48 @@ def test_follow_reads_a_backlog_to_its_end_before_it_releases(tmp_path, key_path
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)  # long past: every step is due
     at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
     ordered = [json.dumps({"ts": at(0.1 + k / 50), "items": ["a"]}) for k in range(40)]
-    ordered += [json.dumps({"ts": at(1.5), "items": ["b"]}),
-                json.dumps({"ts": at(2.5), "items": ["c"]})]
+    ordered += [
+        json.dumps({"ts": at(1.5), "items": ["b"]}),
+        json.dumps({"ts": at(2.5), "items": ["c"]}),
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     outs = []
     for name, lines in (("ordered", ordered), ("early", [ordered[-1], *ordered[:-1]])):
         src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
         src.write_text("".join(line + "\n" for line in lines))
         done = subprocess.run(
-            [sys.executable, "-m", "dpstream", *UNK, "-T", "10", "--key-file", key_path,
-             "-i", str(src), "-o", str(out),
-             *own_ledger(out), "--state", str(tmp_path / f"{name}.sqlite"),
-             "--time-field", "ts", "--step", "1s", "--start", start.isoformat(), "--follow",
-             "--no-round", "--until", "3"], env=env, capture_output=True, text=True,
-            timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "dpstream",
+                *UNK,
+                "-T",
+                "10",
+                "--key-file",
+                key_path,
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                *own_ledger(out),
+                "--state",
+                str(tmp_path / f"{name}.sqlite"),
+                "--time-field",
+                "ts",
+                "--step",
+                "1s",
+                "--start",
+                start.isoformat(),
+                "--follow",
+                "--no-round",
+                "--until",
+                "3",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert "late" not in done.stderr
         outs.append(out.read_bytes())

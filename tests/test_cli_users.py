@@ -65,22 +65,55 @@ def _steps(path):
 def test_a_user_level_run_equals_the_library_and_states_its_unit(stream, tmp_path):
     base, key_path = stream
     out = tmp_path / "out.jsonl"
-    assert main(["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"), *USER,
-                 "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key_path),
-                 "-i", str(base / "ev.jsonl"), "-o", str(out), "--no-round", "--no-clamp",
-                 "--counter", "tree"]) == 0
-    mech = dps.KnownDomainHistogram(WORDS, T, key=dps.NoiseKey.load(key_path), epsilon=1,
-                                    delta=1e-6, max_items_per_user=3, max_count_per_item=2,
-                                    counter="tree", stream=STREAM,
-                                    noise_version=2)  # what run draws for a new stream
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                "-T",
+                str(T),
+                "--domain",
+                str(base / "domain.txt"),
+                *USER,
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--key-file",
+                str(key_path),
+                "-i",
+                str(base / "ev.jsonl"),
+                "-o",
+                str(out),
+                "--no-round",
+                "--no-clamp",
+                "--counter",
+                "tree",
+            ]
+        )
+        == 0
+    )
+    mech = dps.KnownDomainHistogram(
+        WORDS,
+        T,
+        key=dps.NoiseKey.load(key_path),
+        epsilon=1,
+        delta=1e-6,
+        max_items_per_user=3,
+        max_count_per_item=2,
+        counter="tree",
+        stream=STREAM,
+        noise_version=2,
+    )  # what run draws for a new stream
     assert STREAM != "default"
     by_t = _steps(base / "ev.jsonl")
     lines = out.read_text().splitlines()
     assert len(lines) == T
     for t, line in enumerate(lines, 1):
         rel = mech.step_batch(by_t.get(t, []))
-        assert json.loads(line)["released"] == dict(zip(rel.items, rel.values.tolist(),
-                                                        strict=True))
+        assert json.loads(line)["released"] == dict(
+            zip(rel.items, rel.values.tolist(), strict=True)
+        )
     # the heavy users were bounded: the true final counts are far below the raw ones
     raw = sum(len(items) for evs in by_t.values() for _, items in evs)
     assert int(mech.counts.sum()) < raw / 2
@@ -92,47 +125,163 @@ def test_a_user_level_run_equals_the_library_and_states_its_unit(stream, tmp_pat
 def test_event_and_user_level_releases_differ(stream, tmp_path):
     """Not a silent event-level run: the same input per event releases other counts."""
     base, key_path = stream
-    common = ["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"),
-              "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key_path),
-              "-i", str(base / "ev.jsonl"), "--counter", "tree"]
-    assert main([*common, *USER, "-o", str(tmp_path / "u.jsonl"),
-                 *own_ledger(tmp_path / "u.jsonl")]) == 0
-    assert main([*common, "--max-items", "3", "-o", str(tmp_path / "e.jsonl"),
-                 *own_ledger(tmp_path / "e.jsonl")]) == 0
+    common = [
+        "run",
+        "-q",
+        "-T",
+        str(T),
+        "--domain",
+        str(base / "domain.txt"),
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(base / "ev.jsonl"),
+        "--counter",
+        "tree",
+    ]
+    assert (
+        main([*common, *USER, "-o", str(tmp_path / "u.jsonl"), *own_ledger(tmp_path / "u.jsonl")])
+        == 0
+    )
+    assert (
+        main(
+            [
+                *common,
+                "--max-items",
+                "3",
+                "-o",
+                str(tmp_path / "e.jsonl"),
+                *own_ledger(tmp_path / "e.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "u.jsonl").read_bytes() != (tmp_path / "e.jsonl").read_bytes()
 
 
 def test_plan_states_the_user_unit(capsys):
-    assert main(["plan", "-T", "100", "--domain-size", "10", "--epsilon", "1", "--delta",
-                 "1e-6", "--user-field", "user", "--max-items-per-user", "4",
-                 "--max-count-per-item", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-T",
+                "100",
+                "--domain-size",
+                "10",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--user-field",
+                "user",
+                "--max-items-per-user",
+                "4",
+                "--max-count-per-item",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)
     assert info["unit"] == info["privacy"]["unit"] == "user"
     # tau grows with sqrt(L0) Linf against the event level with Delta0 = 1
-    assert main(["plan", "-T", "100", "--domain-size", "10", "--epsilon", "1", "--delta",
-                 "1e-6", "--max-items", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-T",
+                "100",
+                "--domain-size",
+                "10",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--max-items",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     event = json.loads(capsys.readouterr().out)
     assert event["unit"] == "event"
     assert info["tau"] == pytest.approx(event["tau"] * 2 * 2, rel=1e-9)
-    assert main(["plan", "-T", "100", "--domain-size", "10", "--epsilon", "1", "--delta",
-                 "1e-6", "--user-field", "user", "--max-items-per-user", "4",
-                 "--max-count-per-item", "2"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-T",
+                "100",
+                "--domain-size",
+                "10",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--user-field",
+                "user",
+                "--max-items-per-user",
+                "4",
+                "--max-count-per-item",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "per user" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--max-items-per-user", "3", "--max-count-per-item", "2"], "need --user-field"),
-    (["--user-field", "user", "--max-items-per-user", "3"], "--max-count-per-item"),
-    (["--user-field", "user"], "needs --max-items-per-user"),
-    (["--user-field", "user", "--max-items-per-user", "3", "--max-count-per-item", "2",
-      "-m", "meta", "--oneshot", "gaussian"], "does not apply to --mechanism meta"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--max-items-per-user", "3", "--max-count-per-item", "2"], "need --user-field"),
+        (["--user-field", "user", "--max-items-per-user", "3"], "--max-count-per-item"),
+        (["--user-field", "user"], "needs --max-items-per-user"),
+        (
+            [
+                "--user-field",
+                "user",
+                "--max-items-per-user",
+                "3",
+                "--max-count-per-item",
+                "2",
+                "-m",
+                "meta",
+                "--oneshot",
+                "gaussian",
+            ],
+            "does not apply to --mechanism meta",
+        ),
+    ],
+)
 def test_user_options_go_together(stream, tmp_path, capsys, argv, message):
     base, key_path = stream
     out = tmp_path / "o.jsonl"
-    code = main(["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"), "--rho", "1",
-                 "--key-file", str(key_path), "-i", str(base / "ev.jsonl"), "-o", str(out),
-                 *argv])
+    code = main(
+        [
+            "run",
+            "-q",
+            "-T",
+            str(T),
+            "--domain",
+            str(base / "domain.txt"),
+            "--rho",
+            "1",
+            "--key-file",
+            str(key_path),
+            "-i",
+            str(base / "ev.jsonl"),
+            "-o",
+            str(out),
+            *argv,
+        ]
+    )
     assert code == 2  # a usage error
     assert message in capsys.readouterr().err
     assert not out.exists() or out.read_bytes() == b""
@@ -152,8 +301,19 @@ def test_bad_user_ids_are_invalid_records(stream, tmp_path, capsys):
     src = tmp_path / "bad.jsonl"
     good = ['{"t": 1, "user": "a", "items": ["w1"]}', '{"t": 2, "user": "b", "items": ["w2"]}']
     src.write_text("\n".join(good[:1] + BAD + good[1:]) + "\n")
-    run = ["run", "-T", "3", "--domain", str(base / "domain.txt"), *USER, "--rho", "1",
-           "--key-file", str(key_path), "--no-round"]
+    run = [
+        "run",
+        "-T",
+        "3",
+        "--domain",
+        str(base / "domain.txt"),
+        *USER,
+        "--rho",
+        "1",
+        "--key-file",
+        str(key_path),
+        "--no-round",
+    ]
     common = [*run, "-i", str(src), "--log-format", "json"]
     out = tmp_path / "skip.jsonl"
     assert main([*common, "-o", str(out), *own_ledger(out), "--max-invalid", "1"]) == 0
@@ -167,8 +327,19 @@ def test_bad_user_ids_are_invalid_records(stream, tmp_path, capsys):
     assert main([*run, "-i", str(clean), "-o", str(ref), *own_ledger(ref), "-q"]) == 0
     assert out.read_bytes() == ref.read_bytes()
     # --on-invalid error: a clear message naming the field, no content quoted
-    assert main([*common, "-o", str(tmp_path / "err.jsonl"),
-                 *own_ledger(tmp_path / "err.jsonl"), "--on-invalid", "error"]) == 1
+    assert (
+        main(
+            [
+                *common,
+                "-o",
+                str(tmp_path / "err.jsonl"),
+                *own_ledger(tmp_path / "err.jsonl"),
+                "--on-invalid",
+                "error",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "input line 2" in err and "user id" in err and "--user-field" in err
     # with --implicit-time a plain array is an event, but it has no user id
@@ -184,36 +355,93 @@ def test_csv_user_column(stream, tmp_path, capsys):
     with open(src, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["t", "event", "user", "item"])
-        w.writerows([[1, "e1", "a", "w1"], [1, "e1", "a", "w2"], [1, "e2", "b", "w1"],
-                     [2, "e3", "a", "w3"], [2, "e3", "c", "w4"],  # two users in one event
-                     [2, "e4", "", "w5"],  # empty user
-                     [3, "e5", "a", "w4"], [3, "e5", "a", "w5"], [3, "e6", "a", "w1"]])
+        w.writerows(
+            [
+                [1, "e1", "a", "w1"],
+                [1, "e1", "a", "w2"],
+                [1, "e2", "b", "w1"],
+                [2, "e3", "a", "w3"],
+                [2, "e3", "c", "w4"],  # two users in one event
+                [2, "e4", "", "w5"],  # empty user
+                [3, "e5", "a", "w4"],
+                [3, "e5", "a", "w5"],
+                [3, "e6", "a", "w1"],
+            ]
+        )
     out = tmp_path / "out.jsonl"
-    assert main(["run", "-T", "3", "--domain", str(base / "domain.txt"), *USER, "--rho", "1",
-                 "--key-file", str(key_path), "-i", str(src), "--time-column", "t",
-                 "--no-round", "--no-clamp", "-o", str(out), "--log-format", "json",
-                 "--counter", "tree", "--max-invalid", "1"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-T",
+                "3",
+                "--domain",
+                str(base / "domain.txt"),
+                *USER,
+                "--rho",
+                "1",
+                "--key-file",
+                str(key_path),
+                "-i",
+                str(src),
+                "--time-column",
+                "t",
+                "--no-round",
+                "--no-clamp",
+                "-o",
+                str(out),
+                "--log-format",
+                "json",
+                "--counter",
+                "tree",
+                "--max-invalid",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert summary["skipped_by_reason"] == {"user id": 2}
-    stream_name = scoped_stream({"stream": "default", "user_field": "user", "input": str(src),
-                                 "time_column": "t", "item_column": "item",
-                                 "event_column": "event"})
-    mech = dps.KnownDomainHistogram(WORDS, 3, key=dps.NoiseKey.load(key_path), rho=1,
-                                    max_items_per_user=3, max_count_per_item=2,
-                                    counter="tree", stream=stream_name, noise_version=2)
+    stream_name = scoped_stream(
+        {
+            "stream": "default",
+            "user_field": "user",
+            "input": str(src),
+            "time_column": "t",
+            "item_column": "item",
+            "event_column": "event",
+        }
+    )
+    mech = dps.KnownDomainHistogram(
+        WORDS,
+        3,
+        key=dps.NoiseKey.load(key_path),
+        rho=1,
+        max_items_per_user=3,
+        max_count_per_item=2,
+        counter="tree",
+        stream=stream_name,
+        noise_version=2,
+    )
     steps = [[("a", ["w1", "w2"]), ("b", ["w1"])], [], [("a", ["w4", "w5"]), ("a", ["w1"])]]
     for line, events in zip(out.read_text().splitlines(), steps, strict=True):
         rel = mech.step_batch(events)
-        assert json.loads(line)["released"] == dict(zip(rel.items, rel.values.tolist(),
-                                                        strict=True))
+        assert json.loads(line)["released"] == dict(
+            zip(rel.items, rel.values.tolist(), strict=True)
+        )
     assert mech.counts[WORDS.index("w4")] == 1
     assert mech.counts[WORDS.index("w5")] == 0  # a's 4th item: past --max-items-per-user 3
 
 
 def _spawn(args, stdin=None):
     env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.Popen([sys.executable, "-m", "dpstream", *args], env=env, stdin=stdin,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpstream", *args],
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _kill_after(proc, out: Path, lines: int, timeout: float = 60.0) -> bool:
@@ -235,10 +463,27 @@ def _kill_after(proc, out: Path, lines: int, timeout: float = 60.0) -> bool:
 @pytest.mark.parametrize("mech", ["known", "unknown"])
 def test_kill_and_resume_with_user_bounds_is_byte_identical(stream, tmp_path, mech):
     base, key_path = stream
-    extra = (["--domain", str(base / "domain.txt")] if mech == "known"
-             else ["--threshold-delta", "1e-4"])
-    args = ["run", "--quiet", "-m", mech, "-T", str(T), *extra, *USER, "--rho", "2",
-            "--key-file", str(key_path), "-i", str(base / "ev.jsonl"), "--counter", "tree"]
+    extra = (
+        ["--domain", str(base / "domain.txt")] if mech == "known" else ["--threshold-delta", "1e-4"]
+    )
+    args = [
+        "run",
+        "--quiet",
+        "-m",
+        mech,
+        "-T",
+        str(T),
+        *extra,
+        *USER,
+        "--rho",
+        "2",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(base / "ev.jsonl"),
+        "--counter",
+        "tree",
+    ]
     if mech == "unknown":
         args.remove("--counter")
         args.remove("tree")
@@ -262,9 +507,26 @@ def test_resume_refuses_an_input_whose_user_ids_changed(stream, tmp_path, capsys
     src = tmp_path / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = ["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"), *USER,
-           "--rho", "1", "--key-file", str(key_path), "-i", str(src), "-o", str(out),
-           "--state", str(state), "--no-fsync"]
+    cmd = [
+        "run",
+        "-q",
+        "-T",
+        str(T),
+        "--domain",
+        str(base / "domain.txt"),
+        *USER,
+        "--rho",
+        "1",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--state",
+        str(state),
+        "--no-fsync",
+    ]
     assert _kill_after(_spawn(cmd), out, T // 2), "the run ended before it was killed"
     first = json.loads(lines[0])
     first["user"] = "somebody-else"  # same items, same step: only the user differs
@@ -281,22 +543,60 @@ def test_daily_runs_carry_the_bounds_over_days(stream, tmp_path, mech):
     a heavy user's budget spent on day 1 stays spent on day 6 (the bounder is in the
     snapshot)."""
     base, key_path = stream
-    extra = {"known": ["--domain", str(base / "domain.txt"), "--counter", "tree"],
-             "unknown": ["--threshold-delta", "1e-4", "--remember"],
-             "top-k": ["--domain", str(base / "domain.txt"), "--k", "3", "--switches", "4",
-                       "--counter", "blt", "--eta", "0"]}[mech]
+    extra = {
+        "known": ["--domain", str(base / "domain.txt"), "--counter", "tree"],
+        "unknown": ["--threshold-delta", "1e-4", "--remember"],
+        "top-k": [
+            "--domain",
+            str(base / "domain.txt"),
+            "--k",
+            "3",
+            "--switches",
+            "4",
+            "--counter",
+            "blt",
+            "--eta",
+            "0",
+        ],
+    }[mech]
     # budgets at which items get shown (top-k waits until a count clears its noise)
     budget = {"unknown": ["--tau", "0.2"], "top-k": ["--rho", "200"]}.get(mech, ["--rho", "2"])
-    args = ["run", "-q", "-m", mech, "-T", str(T), *extra, *USER, *budget,
-            "--key-file", str(key_path), "--no-fsync"]
+    args = [
+        "run",
+        "-q",
+        "-m",
+        mech,
+        "-T",
+        str(T),
+        *extra,
+        *USER,
+        *budget,
+        "--key-file",
+        str(key_path),
+        "--no-fsync",
+    ]
     ref = tmp_path / "ref.jsonl"
     assert main([*args, "-i", str(base / "ev.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     assert json.loads(ref.read_text().splitlines()[-1])["released"]  # not vacuous
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         until = [] if d == DAYS else ["--until", str(d * PER_DAY)]
-        assert main([*args, "-i", str(base / f"day{d}.jsonl"), "-o", str(out), *own_ledger(out),
-                     "--state", str(state), *until]) == 0, d
+        assert (
+            main(
+                [
+                    *args,
+                    "-i",
+                    str(base / f"day{d}.jsonl"),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    "--state",
+                    str(state),
+                    *until,
+                ]
+            )
+            == 0
+        ), d
     assert out.read_bytes() == ref.read_bytes()
     # and the bounds did bind across days: without carrying the bounder over, day 6 alone
     # would keep more of the heavy users' events than the whole-stream run does

@@ -72,8 +72,9 @@ def test_event_paths_and_aggregate_forms_release_the_same_bits(kind):
 
     def make():
         if kind == "unknown":
-            return dps.UnknownDomainHistogram(T, max_items=3, key=key, rho=1.0,
-                                              threshold_delta=1e-6, base=3)
+            return dps.UnknownDomainHistogram(
+                T, max_items=3, key=key, rho=1.0, threshold_delta=1e-6, base=3
+            )
         if kind == "known":
             return dps.KnownDomainHistogram(domain, T, max_items=3, key=key, rho=1.0)
         return dps.ContinualTopK(domain, T, k=4, switches=3, eta=1.0, key=key, rho=1.0)
@@ -114,19 +115,42 @@ def test_fast_path_errors_match_the_per_event_path():
 
 
 HOSTILE = [
-    '{"t": 1, "items": ["a", "b"]}', '{"t":1,"items":["a","a","c"]}', "", "   ",
-    '["x", "y"]', '{"t": 2.0, "items": ["a"]}', '{"t": "3", "items": []}',
-    '{"t": 0, "items": ["a"]}', '{"t": 2, "items": null}', '{"t": 2}', "{}",
-    '{"t": 2, "items": ["a", null]}', '{"t": 2, "items": [5, "a"]}', '{"t": 2, "items": [true]}',
-    '{"t": 2, "items": ["\\ud800"]}', '{"t": 2, "items": ["\\u00e9t\\u00e9"]}',
-    '{"t": 2, "items": ["caf\u00e9"]}', '\ufeff{"t": 2, "items": ["a"]}',
-    '{"t": 2, "items": ["a"], "x": NaN}', '{"t": 2, "items": ["a"], "t": 3}',
-    '{"t": 99999999999999999999999, "items": ["a"]}', '{"t": 1, "items": ["late"]}',
-    '{"t": 3, "items": ["a"]} {"t": 4, "items": ["b"]}', '{"t": 3,', '"items": []}',
-    '{"t": 4, "items": ["' + "w" * 1200 + '"]}', "[" * 3000 + "]" * 3000,
-    '{"t": 4, "items": [' + "1" * 5000 + "]}", '{"t": 4, "items": ["a"], "z": {"q": [1]}}',
-    '{"t": 4, "items": ["tab\there"]}', "not json", "5", '{"t": 6, "items": []}',
-    '{"items": ["no t"]}', '{"t": 9, "items": ["past"]}', '{"t": 7, "items": ["back"]}',
+    '{"t": 1, "items": ["a", "b"]}',
+    '{"t":1,"items":["a","a","c"]}',
+    "",
+    "   ",
+    '["x", "y"]',
+    '{"t": 2.0, "items": ["a"]}',
+    '{"t": "3", "items": []}',
+    '{"t": 0, "items": ["a"]}',
+    '{"t": 2, "items": null}',
+    '{"t": 2}',
+    "{}",
+    '{"t": 2, "items": ["a", null]}',
+    '{"t": 2, "items": [5, "a"]}',
+    '{"t": 2, "items": [true]}',
+    '{"t": 2, "items": ["\\ud800"]}',
+    '{"t": 2, "items": ["\\u00e9t\\u00e9"]}',
+    '{"t": 2, "items": ["caf\u00e9"]}',
+    '\ufeff{"t": 2, "items": ["a"]}',
+    '{"t": 2, "items": ["a"], "x": NaN}',
+    '{"t": 2, "items": ["a"], "t": 3}',
+    '{"t": 99999999999999999999999, "items": ["a"]}',
+    '{"t": 1, "items": ["late"]}',
+    '{"t": 3, "items": ["a"]} {"t": 4, "items": ["b"]}',
+    '{"t": 3,',
+    '"items": []}',
+    '{"t": 4, "items": ["' + "w" * 1200 + '"]}',
+    "[" * 3000 + "]" * 3000,
+    '{"t": 4, "items": [' + "1" * 5000 + "]}",
+    '{"t": 4, "items": ["a"], "z": {"q": [1]}}',
+    '{"t": 4, "items": ["tab\there"]}',
+    "not json",
+    "5",
+    '{"t": 6, "items": []}',
+    '{"items": ["no t"]}',
+    '{"t": 9, "items": ["past"]}',
+    '{"t": 7, "items": ["back"]}',
 ]
 
 
@@ -134,8 +158,12 @@ def _stream(text: str, binary: bool) -> io.TextIOBase:
     """The text as a file opens it (bytes, utf-8-sig), or as a plain text stream."""
     if binary:
         data = text.encode("utf-8", "surrogatepass")
-        return io.TextIOWrapper(io.BufferedReader(io.BytesIO(data)), encoding="utf-8-sig",
-                                errors="surrogateescape", newline="")
+        return io.TextIOWrapper(
+            io.BufferedReader(io.BytesIO(data)),
+            encoding="utf-8-sig",
+            errors="surrogateescape",
+            newline="",
+        )
     return io.StringIO(text, newline="")
 
 
@@ -143,8 +171,7 @@ def _reference(text: str, horizon: int, binary: bool) -> list[tuple]:
     records = read_jsonl(_stream(text, binary))
     out = []
     for t, recs in group_steps(records, horizon):
-        out.append((t, [(r.line, r.error, r.items) for r in recs],
-                    b"\n".join(r.raw for r in recs)))
+        out.append((t, [(r.line, r.error, r.items) for r in recs], b"\n".join(r.raw for r in recs)))
     return out
 
 
@@ -166,8 +193,11 @@ def _columnar(text: str, horizon: int, chunk_bytes: int, binary: bool) -> list[t
 def test_columnar_reader_matches_the_record_reader(seed):
     rng = random.Random(seed)
     lines = [rng.choice(HOSTILE) for _ in range(120)]
-    lines += [f'{{"t": {t}, "items": ["i{rng.randrange(9)}", "j"]}}' for t in range(1, 9)
-              for _ in range(rng.randrange(0, 25))]
+    lines += [
+        f'{{"t": {t}, "items": ["i{rng.randrange(9)}", "j"]}}'
+        for t in range(1, 9)
+        for _ in range(rng.randrange(0, 25))
+    ]
     rng.shuffle(lines)
     lines.sort(key=lambda s: (s.count('"t": ') and s[6:7].isdigit() and int(s[6])) or 0)
     ending = rng.choice(["\n", "\r\n"])
@@ -181,8 +211,10 @@ def test_columnar_reader_matches_the_record_reader(seed):
 def test_all_fast_lines_take_the_arrow_path_and_match():
     pytest.importorskip("pyarrow")
     rng = random.Random(5)
-    lines = [f'{{"t": {1 + i // 40}, "items": ["x{rng.randrange(50)}", "y{rng.randrange(5)}"]}}'
-             for i in range(400)]
+    lines = [
+        f'{{"t": {1 + i // 40}, "items": ["x{rng.randrange(50)}", "y{rng.randrange(5)}"]}}'
+        for i in range(400)
+    ]
     text = "\n".join(lines) + "\n"
     assert _columnar(text, 10, 1 << 20, True) == _reference(text, 10, True)
 
@@ -230,8 +262,11 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
     items += [f"i{k}" for k in range(200)]
     values = rng.normal(0, 1e3, len(items)) * rng.choice([1e-9, 1.0, 1e12], len(items))
     plain = [x for x in items if x not in ("a,b", 'q"uote', "new\nline")]  # no escapes
-    for meta, its in ((m, i) for m in ({"noise_std": 12.25, "threshold": 3.5}, {},
-                                       {"noise_std": None}) for i in (items, plain)):
+    for meta, its in (
+        (m, i)
+        for m in ({"noise_std": 12.25, "threshold": 3.5}, {}, {"noise_std": None})
+        for i in (items, plain)
+    ):
         vals = values[: len(its)]
         rel = dps.Release(t=42, items=its, values=vals, meta=meta)
         for cls in (JsonlFormatter, CsvFormatter, JsonlLongFormatter):
@@ -243,10 +278,21 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
     # jsonl-long: the fast path against json.dumps row by row
     rel = dps.Release(t=3, items=items, values=values, meta={"noise_std": 1.5})
     import json
+
     pairs = zip(items, values, strict=True)
-    want = "".join(json.dumps({"t": 3, "item": i, "value": (int(np.rint(v)) if round_counts
-                                                           else float(v)), "noise_std": 1.5},
-                              ensure_ascii=False) + "\n" for i, v in pairs)
+    want = "".join(
+        json.dumps(
+            {
+                "t": 3,
+                "item": i,
+                "value": (int(np.rint(v)) if round_counts else float(v)),
+                "noise_std": 1.5,
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+        for i, v in pairs
+    )
     assert JsonlLongFormatter(round_counts).format(rel) == want.encode("utf-8")
 
 
@@ -258,16 +304,22 @@ def test_jsonl_writes_items_of_one_text_alike_on_both_paths():
     from dpstream.io import JsonlFormatter
 
     items = [1, "1", "a"]
-    rel = dps.Release(t=5, items=items, values=np.array([2.0, 3.0, 4.0]),
-                      meta={"noise_std": 1.5})
+    rel = dps.Release(t=5, items=items, values=np.array([2.0, 3.0, 4.0]), meta={"noise_std": 1.5})
     for round_counts in (True, False):
         f = JsonlFormatter(round_counts)
         rows, cols = f._format_rows(rel), f._format_columns(rel)
         assert rows == cols == f._format_dict(rel)
         text = rows.decode()
         two, three, four = ("2", "3", "4") if round_counts else ("2.0", "3.0", "4.0")
-        want = ('{"t": 5, "released": {"1": ' + two + ', "1": ' + three + ', "a": '
-                + four + '}, "meta": {"noise_std": 1.5}}\n')
+        want = (
+            '{"t": 5, "released": {"1": '
+            + two
+            + ', "1": '
+            + three
+            + ', "a": '
+            + four
+            + '}, "meta": {"noise_std": 1.5}}\n'
+        )
         assert text == want
         assert json.loads(text)["t"] == 5  # still JSON (a reader keeps the last pair)
 
@@ -315,8 +367,9 @@ def _event_and_aggregate_steps(name: str, words: list[str], n_steps: int):
     steps = _steps(n_steps, words, 3)
 
     def make():
-        return dps.UnknownDomainHistogram(T, max_items=3, key=key, rho=1.0,
-                                          threshold_delta=1e-6, base=2)
+        return dps.UnknownDomainHistogram(
+            T, max_items=3, key=key, rho=1.0, threshold_delta=1e-6, base=2
+        )
 
     ev, agg = make(), make()
     counts: dict[str, int] = {}
@@ -331,7 +384,8 @@ def _event_and_aggregate_steps(name: str, words: list[str], n_steps: int):
 
 def test_aggregate_in_items_seen_order_takes_no_lookup_and_matches():
     for t, rel, agg, counts, order in _event_and_aggregate_steps(
-            "columns-aligned", [f"d{i}" for i in range(60)], 11):
+        "columns-aligned", [f"d{i}" for i in range(60)], 11
+    ):
         values = np.array([counts[x] for x in order], dtype=np.int64)
         assert agg._aligned(np.array(order, dtype=object)) == len(agg)
         _same(rel, agg.release(t, np.array(order, dtype=object), values))
@@ -350,7 +404,8 @@ def test_aligned_object_arrays_are_recognised_by_address_and_only_then():
 
     key = fixed_key("columns-addresses")
     for t, rel, agg, counts, order in _event_and_aggregate_steps(
-            "columns-addresses", [f"w{i}" for i in range(40)], 7):
+        "columns-addresses", [f"w{i}" for i in range(40)], 7
+    ):
         seen = agg.items_seen
         same = np.array(order, dtype=object)
         assert np.array_equal(object_addresses(same), [id(x) for x in order])
@@ -399,8 +454,12 @@ def _validate_by_hand(records, policy, domain, max_items, truncator):
                 changed = True
         if max_items is not None and len(items) > max_items:
             if policy != "truncate":
-                bad.append((rec.line, f"event has {len(items)} distinct items, more than "
-                                      f"--max-items {max_items}"))
+                bad.append(
+                    (
+                        rec.line,
+                        f"event has {len(items)} distinct items, more than --max-items {max_items}",
+                    )
+                )
                 continue
             items = truncator(items, rec.t)
             changed = True
@@ -423,8 +482,7 @@ def test_vectorised_validator_matches_the_rules_record_by_record(policy, known):
         if rng.random() < 0.1:
             records.append(RawEvent(line, 1, None, "not valid JSON (Expecting value)"))
             continue
-        items = tuple(rng.choice([f"d{i}" for i in range(10)])
-                      for _ in range(rng.randrange(0, 6)))
+        items = tuple(rng.choice([f"d{i}" for i in range(10)]) for _ in range(rng.randrange(0, 6)))
         records.append(RawEvent(line, 1, items, None))
     trunc = KeyedTruncator(NoiseSource(fixed_key("validator"), "v/truncate"), 3)
     stats = RunStats()
@@ -434,8 +492,14 @@ def test_vectorised_validator_matches_the_rules_record_by_record(policy, known):
     assert [sorted(e) for e in cols.events()] == [sorted(e) for e in want]
     assert stats.skipped == len(bad) and stats.truncated == cut
     with pytest.raises(InvalidEventError) as err:  # --on-invalid error: the first, in order
-        _Validator(policy="error", domain=domain, max_items=3, truncator=trunc,
-                   stats=RunStats(), verbose=True).events(records)
+        _Validator(
+            policy="error",
+            domain=domain,
+            max_items=3,
+            truncator=trunc,
+            stats=RunStats(),
+            verbose=True,
+        ).events(records)
     first = _validate_by_hand(records, "error", domain, 3, trunc)[1][0]
     assert f"input line {first[0]}: {first[1]}" in str(err.value)
 
@@ -460,24 +524,42 @@ def test_validator_reads_the_mechanisms_domain_table(kind):
 
         mech = HistogramTopK(domain, T, k=2, max_items=3, key=key, rho=1.0)
     else:
-        mech = dps.MetaHistogram(T, oneshot="gaussian", domain=domain, max_items=3,
-                                 key=key, rho=1.0)
+        mech = dps.MetaHistogram(
+            T, oneshot="gaussian", domain=domain, max_items=3, key=key, rho=1.0
+        )
     table = mech.domain_index
     assert table.lookup(domain + ["d9"]).tolist() == list(range(8)) + [-1]
     rng = random.Random(7)
-    records = [RawEvent(line, 1, tuple(rng.choice([f"d{i}" for i in range(10)])
-                                       for _ in range(rng.randrange(0, 6))), None)
-               for line in range(1, 200)]
+    records = [
+        RawEvent(
+            line,
+            1,
+            tuple(rng.choice([f"d{i}" for i in range(10)]) for _ in range(rng.randrange(0, 6))),
+            None,
+        )
+        for line in range(1, 200)
+    ]
     trunc = KeyedTruncator(NoiseSource(key, "v/truncate"), 3)
-    shared = _Validator(policy="skip", domain=domain, max_items=3, truncator=trunc,
-                        stats=RunStats(), domain_index=table)
-    own = _Validator(policy="skip", domain=domain, max_items=3, truncator=trunc,
-                     stats=RunStats())
+    shared = _Validator(
+        policy="skip",
+        domain=domain,
+        max_items=3,
+        truncator=trunc,
+        stats=RunStats(),
+        domain_index=table,
+    )
+    own = _Validator(policy="skip", domain=domain, max_items=3, truncator=trunc, stats=RunStats())
     assert shared.domain is table and own.domain is not table
     assert shared.events(records).events() == own.events(records).events()
     with pytest.raises(ValueError, match="does not match"):
-        _Validator(policy="skip", domain=domain[:5], max_items=3, truncator=trunc,
-                   stats=RunStats(), domain_index=table)
+        _Validator(
+            policy="skip",
+            domain=domain[:5],
+            max_items=3,
+            truncator=trunc,
+            stats=RunStats(),
+            domain_index=table,
+        )
 
 
 def test_aggregate_frames_and_counts_refuse_what_they_cannot_release_exactly():
@@ -485,14 +567,13 @@ def test_aggregate_frames_and_counts_refuse_what_they_cannot_release_exactly():
     Mapping form and event mode say), and uint64 counts past int64 are refused as
     such, not wrapped into negatives."""
     pd = pytest.importorskip("pandas")
-    m = dps.UnknownDomainHistogram(T, max_items=1, key=fixed_key("frames"), rho=1.0,
-                                   threshold_delta=1e-6)
-    stamps = pd.DataFrame({"item": pd.to_datetime(["2024-01-02", "2024-01-03"]),
-                           "count": [1, 2]})
+    m = dps.UnknownDomainHistogram(
+        T, max_items=1, key=fixed_key("frames"), rho=1.0, threshold_delta=1e-6
+    )
+    stamps = pd.DataFrame({"item": pd.to_datetime(["2024-01-02", "2024-01-03"]), "count": [1, 2]})
     with pytest.raises(TypeError):
         m.release(1, stamps)
-    k = dps.KnownDomainHistogram(["a", "b"], T, max_items=1, key=fixed_key("frames"),
-                                 rho=1.0)
+    k = dps.KnownDomainHistogram(["a", "b"], T, max_items=1, key=fixed_key("frames"), rho=1.0)
     with pytest.raises(ValueError, match="fit in int64"):
         k.release(1, np.array([1, 2**63], dtype=np.uint64))
 
@@ -530,9 +611,16 @@ def test_jsonl_plain_fresh_items_are_joined_as_json_dumps_writes_them(meta):
 
     from dpstream.io import JsonlFormatter
 
-    cases = [[f"w{i}" for i in range(50)], ["caf\u00e9", "\u65e5\u672c", "", "a b"],
-             ["q\"uote", "x"], ["back\\slash"], ["tab\there"], ["\ud800"], [1, "1"],
-             ["\u2028", "\x7f"]]
+    cases = [
+        [f"w{i}" for i in range(50)],
+        ["caf\u00e9", "\u65e5\u672c", "", "a b"],
+        ['q"uote', "x"],
+        ["back\\slash"],
+        ["tab\there"],
+        ["\ud800"],
+        [1, "1"],
+        ["\u2028", "\x7f"],
+    ]
     for items in cases:
         for vals in (np.arange(len(items)) * 7.4 - 3, np.full(len(items), np.nan)):
             rel = dps.Release(t=9, items=items, values=vals, meta=meta)
@@ -548,8 +636,10 @@ def test_jsonl_plain_fresh_items_are_joined_as_json_dumps_writes_them(meta):
             if not np.isfinite(vals).all():
                 continue  # (counts + noise is never NaN; the paths only have to agree)
             if all(type(x) is str for x in items):
-                obj = {"t": 9, "released": {x: int(np.rint(v)) for x, v in
-                                            zip(items, vals, strict=True)}}
+                obj = {
+                    "t": 9,
+                    "released": {x: int(np.rint(v)) for x, v in zip(items, vals, strict=True)},
+                }
                 if meta:
                     obj["meta"] = meta
                 assert want == (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
@@ -576,8 +666,9 @@ def test_a_steps_unique_codes_are_numpys():
         assert inverse.dtype == np.int64 and np.array_equal(used[inverse], codes)
         assert np.array_equal(np.sort(used), want_used)
         if compiled.enabled():
-            first = sorted(range(len(want_used)),
-                           key=lambda j: int(np.flatnonzero(codes == want_used[j])[0]))
+            first = sorted(
+                range(len(want_used)), key=lambda j: int(np.flatnonzero(codes == want_used[j])[0])
+            )
             assert np.array_equal(used, want_used[first])  # order of first appearance
             assert (_code_scratch.buf == -1).all()
 
@@ -621,8 +712,9 @@ def test_arrow_buffer_readers_match_to_numpy():
                 assert valid.tolist() == [v is not None for v in values[lo:hi]]
                 got = _arrow_ints(arr)
                 assert got.dtype == np.int64
-                assert [g for g, ok in zip(got.tolist(), valid, strict=True) if ok] == \
-                    [v for v in values[lo:hi] if v is not None]
+                assert [g for g, ok in zip(got.tolist(), valid, strict=True) if ok] == [
+                    v for v in values[lo:hi] if v is not None
+                ]
     no_nulls = pa.array([4, 5, 6], pa.int32()).slice(1)
     assert _arrow_valid(no_nulls).tolist() == [True, True]
     assert _arrow_ints(no_nulls).tolist() == [5, 6]
@@ -640,8 +732,9 @@ def test_an_unknown_domain_run_does_not_import_pandas(tmp_path):
     import sys
 
     events = tmp_path / "events.jsonl"
-    events.write_text("".join(f'{{"t": {1 + i // 50}, "items": ["a{i % 7}", "b"]}}\n'
-                              for i in range(500)))
+    events.write_text(
+        "".join(f'{{"t": {1 + i // 50}, "items": ["a{i % 7}", "b"]}}\n' for i in range(500))
+    )
     key = tmp_path / "key"
     code = (
         "import sys\n"
@@ -653,6 +746,7 @@ def test_an_unknown_domain_run_does_not_import_pandas(tmp_path):
         "import dpstream.ingest\n"
         "print('pandas' in sys.modules, 'pyarrow' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[-2:] == ["False", "True"]  # pyarrow read the lines, pandas never loaded

@@ -56,8 +56,9 @@ def test_random_blocks_give_the_numpy_values():
     # part); every branch but the close calls, many times. The counts are
     # binomial: the bounds below are more than 7 standard deviations under them.
     rng = np.random.default_rng(3)
-    blocks = rng.integers(0, np.iinfo(np.uint64).max, size=(1 << 20, 2), dtype=np.uint64,
-                          endpoint=True)
+    blocks = rng.integers(
+        0, np.iinfo(np.uint64).max, size=(1 << 20, 2), dtype=np.uint64, endpoint=True
+    )
     fast, slow = both_paths(blocks)
     assert same_bits(fast, slow)
     w0 = blocks[:, 0]
@@ -81,14 +82,15 @@ def test_points_at_the_curve_are_decided_exactly():
     rng = np.random.default_rng(5)
     region = 200
     ks = [int(LIMIT[region]) + d for d in (5, 1000, 123_456)]
-    near = np.concatenate([_wedge_block(region, k, nudge) for k in ks
-                           for nudge in range(-510, 511, 170)])
+    near = np.concatenate(
+        [_wedge_block(region, k, nudge) for k in ks for nudge in range(-510, 511, 170)]
+    )
     pad = rng.integers(0, np.iinfo(np.uint64).max, size=(500, 2), dtype=np.uint64)
     blocks = np.ascontiguousarray(np.concatenate([pad, near, pad]))
     fast, slow = both_paths(blocks)
     assert same_bits(fast, slow)
     restarted = set()
-    for (w0, w1), z in zip(near.tolist(), fast[500:500 + len(near)].tolist(), strict=True):
+    for (w0, w1), z in zip(near.tolist(), fast[500 : 500 + len(near)].tolist(), strict=True):
         k = w0 >> 11
         x = ((k + 0.5) * 2.0**-53) * X[region]
         v = ((w1 >> 11) + 0.5) * 2.0**-53
@@ -111,10 +113,12 @@ def test_keyed_draws_and_accumulation_give_the_numpy_values():
     base = np.linspace(-3.0, 3.0, n)
 
     def draws() -> tuple[np.ndarray, ...]:
-        return (src.gaussian(prepared, *address),
-                src.gaussian(prepared, *address, scale=0.37),
-                src.draw_into(prepared, *address, scale=3.0, out=base.copy(), accumulate=True),
-                src.gaussian_values(src.blocks(prepared, *address), 2.5))
+        return (
+            src.gaussian(prepared, *address),
+            src.gaussian(prepared, *address, scale=0.37),
+            src.draw_into(prepared, *address, scale=3.0, out=base.copy(), accumulate=True),
+            src.gaussian_values(src.blocks(prepared, *address), 2.5),
+        )
 
     got = draws()
     with compiled.numpy_only():
@@ -130,22 +134,67 @@ def test_bad_arrays_are_refused():
     pending = np.empty(100, np.int64)
     t = TABLE
     with pytest.raises(TypeError):  # float blocks
-        _loops.ziggurat(blocks.astype(float), np.empty(100), t.scaled, t.limit, t.bottom,
-                        t.rise, pending, pending.copy(), t.tail_probability)
+        _loops.ziggurat(
+            blocks.astype(float),
+            np.empty(100),
+            t.scaled,
+            t.limit,
+            t.bottom,
+            t.rise,
+            pending,
+            pending.copy(),
+            t.tail_probability,
+        )
     with pytest.raises(ValueError):  # out of another length
-        _loops.ziggurat(blocks, np.empty(99), t.scaled, t.limit, t.bottom, t.rise, pending,
-                        pending.copy(), t.tail_probability)
+        _loops.ziggurat(
+            blocks,
+            np.empty(99),
+            t.scaled,
+            t.limit,
+            t.bottom,
+            t.rise,
+            pending,
+            pending.copy(),
+            t.tail_probability,
+        )
     with pytest.raises(ValueError):  # a table of the wrong size
-        _loops.ziggurat(blocks, np.empty(100), t.scaled[:256], t.limit, t.bottom, t.rise,
-                        pending, pending.copy(), t.tail_probability)
+        _loops.ziggurat(
+            blocks,
+            np.empty(100),
+            t.scaled[:256],
+            t.limit,
+            t.bottom,
+            t.rise,
+            pending,
+            pending.copy(),
+            t.tail_probability,
+        )
     with pytest.raises((TypeError, ValueError, BufferError)):  # read-only output
         out = np.empty(100)
         out.flags.writeable = False
-        _loops.ziggurat(blocks, out, t.scaled, t.limit, t.bottom, t.rise, pending,
-                        pending.copy(), t.tail_probability)
+        _loops.ziggurat(
+            blocks,
+            out,
+            t.scaled,
+            t.limit,
+            t.bottom,
+            t.rise,
+            pending,
+            pending.copy(),
+            t.tail_probability,
+        )
     with pytest.raises((TypeError, ValueError, BufferError)):  # not contiguous
-        _loops.ziggurat(np.zeros((100, 4), np.uint64)[:, :2], np.empty(100), t.scaled,
-                        t.limit, t.bottom, t.rise, pending, pending.copy(), t.tail_probability)
+        _loops.ziggurat(
+            np.zeros((100, 4), np.uint64)[:, :2],
+            np.empty(100),
+            t.scaled,
+            t.limit,
+            t.bottom,
+            t.rise,
+            pending,
+            pending.copy(),
+            t.tail_probability,
+        )
 
 
 def test_scipys_ndtri_runs_in_c_with_the_ufuncs_bits():
@@ -163,6 +212,7 @@ def test_scipys_ndtri_runs_in_c_with_the_ufuncs_bits():
     got = np.empty_like(p)
     _loops.ndtri_into(p, got)
     from scipy.special import ndtri
+
     assert same_bits(got, ndtri(p))
     # the restarts' loop: out[pending[i]] = ndtri(uniform(words[i])), others untouched
     out = np.full(10, 7.0)
@@ -187,14 +237,16 @@ def ndtri_off():
         compiled._state["ndtri"] = saved
         if saved:
             from scipy.special import cython_special
+
             _loops.set_ndtri(cython_special.__pyx_capi__["ndtri"])
 
 
 def test_without_ndtri_the_c_loop_leaves_tails_to_numpy(ndtri_off):
     assert compiled.enabled() and not compiled.ndtri_enabled()
     rng = np.random.default_rng(12)
-    blocks = rng.integers(0, np.iinfo(np.uint64).max, size=(1 << 16, 2), dtype=np.uint64,
-                          endpoint=True)
+    blocks = rng.integers(
+        0, np.iinfo(np.uint64).max, size=(1 << 16, 2), dtype=np.uint64, endpoint=True
+    )
     t = TABLE
     c = len(blocks)
     pending, close = np.empty(c, np.int64), np.empty(c, np.int64)
@@ -262,13 +314,27 @@ def test_flatten_events_in_c_matches_the_python_twin():
     Pair = namedtuple("Pair", "first second")
 
     cases = [
-        [], [[]], [["a", 1, b"x"], ("b",), []], (["a"], ["a", "a"]),
-        [["a", True]], [["a"], [Text("b")]], [["a"], {"b"}], [["a"], "ab"],
-        [["a", 1.5]], [["a", None]], [[("a",)]], [["é", 2**70, -3]],
-        "generator", Events([["a", "b"], ("c",)]), Steps((["a"], ["b", 1])),
-        Pair(["a"], ["b"]), [Events(["a"])], Events([["a", True]]),
+        [],
+        [[]],
+        [["a", 1, b"x"], ("b",), []],
+        (["a"], ["a", "a"]),
+        [["a", True]],
+        [["a"], [Text("b")]],
+        [["a"], {"b"}],
+        [["a"], "ab"],
+        [["a", 1.5]],
+        [["a", None]],
+        [[("a",)]],
+        [["é", 2**70, -3]],
+        "generator",
+        Events([["a", "b"], ("c",)]),
+        Steps((["a"], ["b", 1])),
+        Pair(["a"], ["b"]),
+        [Events(["a"])],
+        Events([["a", True]]),
     ]
     for case in cases:
+
         def events(case=case):
             return (e for e in [["a"], ["b", "c"]]) if case == "generator" else case
 
@@ -279,10 +345,10 @@ def test_flatten_events_in_c_matches_the_python_twin():
             assert got is None, case
         else:
             assert got is not None, case
-            assert got[0] == want[0] and [type(x) for x in got[0]] == [
-                type(x) for x in want[0]]
+            assert got[0] == want[0] and [type(x) for x in got[0]] == [type(x) for x in want[0]]
             assert np.array_equal(got[1], want[1]) and got[1].dtype == np.int64
     from dpstream import _loops
+
     with pytest.raises(TypeError):
         _loops.flatten_events(iter([["a"]]), np.empty(2, np.int64))
     with pytest.raises(ValueError):
@@ -316,8 +382,9 @@ def test_blocks_in_the_other_byte_order_give_the_numpy_values():
     machine; ``">u8"`` here) must be read as their values, not as native words: the
     C loop reads native words, so such a chunk stays on the NumPy path."""
     rng = np.random.default_rng(7)
-    native = rng.integers(0, np.iinfo(np.uint64).max, size=(4096, 2), dtype=np.uint64,
-                          endpoint=True)
+    native = rng.integers(
+        0, np.iinfo(np.uint64).max, size=(4096, 2), dtype=np.uint64, endpoint=True
+    )
     swapped = native.astype(native.dtype.newbyteorder())
     assert not swapped.dtype.isnative and np.array_equal(swapped, native)
     got = np.empty(len(native))
@@ -339,19 +406,30 @@ def test_join_rows_against_python():
     blobs = [x.encode() for x in items]
     data = b"".join(blobs)
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
-    values = np.array([0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-10**9, 10**9)
-                                                      for _ in range(500)], np.int64)
-    for head, mid, tail, sep in ((b"", b": ", b"", b", "), (b"7,", b",", b",1.5", b"\n"),
-                                 (b"{", b"", b"}", b"")):
-        want = sep.join(head + b + mid + str(int(v)).encode() + tail
-                        for b, v in zip(blobs, values.tolist(), strict=True))
+    values = np.array(
+        [0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(10**9), 10**9) for _ in range(500)],
+        np.int64,
+    )
+    for head, mid, tail, sep in (
+        (b"", b": ", b"", b", "),
+        (b"7,", b",", b",1.5", b"\n"),
+        (b"{", b"", b"}", b""),
+    ):
+        want = sep.join(
+            head + b + mid + str(int(v)).encode() + tail
+            for b, v in zip(blobs, values.tolist(), strict=True)
+        )
         assert _loops.join_rows(data, offsets, values, head, mid, tail, sep) == want
-    assert _loops.join_rows(b"", np.zeros(1, np.int64), np.zeros(0, np.int64),
-                            b"h", b"m", b"t", b",") == b""
-    bad = [(offsets[:-1], values),  # one offset short
-           (np.array([0, 5, 3], np.int64), values[:2]),  # decreasing
-           (np.array([0, len(data) + 1], np.int64), values[:1]),  # past the data
-           (np.array([-1, 0], np.int64), values[:1])]  # before the data
+    assert (
+        _loops.join_rows(b"", np.zeros(1, np.int64), np.zeros(0, np.int64), b"h", b"m", b"t", b",")
+        == b""
+    )
+    bad = [
+        (offsets[:-1], values),  # one offset short
+        (np.array([0, 5, 3], np.int64), values[:2]),  # decreasing
+        (np.array([0, len(data) + 1], np.int64), values[:1]),  # past the data
+        (np.array([-1, 0], np.int64), values[:1]),
+    ]  # before the data
     for off, val in bad:
         with pytest.raises(ValueError):
             _loops.join_rows(data, off, val, b"", b"", b"", b"")

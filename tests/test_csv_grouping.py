@@ -27,10 +27,25 @@ DOMAIN = ["a", "b", "c", "d", "e"]
 #: (event, t, item) rows: events of several rows, interleaved with other events of
 #: their step and of other steps, an id used in two steps (two events), a repeated
 #: item, an empty item cell, and steps out of order.
-ROWS = [("A", 1, "a"), ("B", 1, "b"), ("A", 1, "c"), ("C", 2, "a"), ("B", 1, "d"),
-        ("A", 2, "b"), ("D", 1, "a"), ("C", 2, "c"), ("A", 1, "a"), ("D", 1, ""),
-        ("E", 2, "d"), ("B", 3, "e"), ("E", 2, "b"), ("B", 2, "c"), ("F", 1, "e"),
-        ("C", 2, "d"), ("F", 1, "b")]
+ROWS = [
+    ("A", 1, "a"),
+    ("B", 1, "b"),
+    ("A", 1, "c"),
+    ("C", 2, "a"),
+    ("B", 1, "d"),
+    ("A", 2, "b"),
+    ("D", 1, "a"),
+    ("C", 2, "c"),
+    ("A", 1, "a"),
+    ("D", 1, ""),
+    ("E", 2, "d"),
+    ("B", 3, "e"),
+    ("E", 2, "b"),
+    ("B", 2, "c"),
+    ("F", 1, "e"),
+    ("C", 2, "d"),
+    ("F", 1, "b"),
+]
 
 
 def _events(rows):
@@ -70,9 +85,27 @@ def runner(tmp_path):
         n = next(made)
         src, out = tmp_path / f"in{n}.csv", tmp_path / f"out{n}.jsonl"
         src.write_text(header + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
-        assert main(["run", "-q", "--key-file", str(key_path), "-i", str(src), "-o",
-                     str(out), "--time-column", "t", "--max-invalid", "1", *own_ledger(out),
-                     *args]) == 0  # each run compared with others: a ledger of its own
+        assert (
+            main(
+                [
+                    "run",
+                    "-q",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(src),
+                    "-o",
+                    str(out),
+                    "--time-column",
+                    "t",
+                    "--max-invalid",
+                    "1",
+                    *own_ledger(out),
+                    *args,
+                ]
+            )
+            == 0
+        )  # each run compared with others: a ledger of its own
         return out.read_bytes()
 
     run.domain = str(domain)
@@ -85,8 +118,22 @@ def _released(data: bytes):
 
 def _known_exact(runner, rows, horizon=3):
     """A known-domain run whose noise is negligible (tau 1e-9, exact floats)."""
-    return _released(runner(rows, "-m", "known", "--domain", runner.domain, "-T",
-                            str(horizon), "--max-items", "5", "--tau", "1e-9", "--no-round"))
+    return _released(
+        runner(
+            rows,
+            "-m",
+            "known",
+            "--domain",
+            runner.domain,
+            "-T",
+            str(horizon),
+            "--max-items",
+            "5",
+            "--tau",
+            "1e-9",
+            "--no-round",
+        )
+    )
 
 
 def _assert_counts(released, expected):
@@ -101,12 +148,17 @@ def test_read_csv_groups_an_events_rows_wherever_they_stand_in_its_step():
     text = "event,item,t\nX,a,1\nY,b,1\nX,c,1\nX,d,2\nY,e,1\n"
     recs = list(read_csv(io.StringIO(text), time_column="t"))
     # X of step 1 at its first row's line, its items in row order, its rows as raw bytes
-    assert recs == [RawEvent(2, 1, ("a", "c"), None), RawEvent(3, 1, ("b", "e"), None),
-                    RawEvent(5, 2, ("d",), None)]  # X of step 2: another event
+    assert recs == [
+        RawEvent(2, 1, ("a", "c"), None),
+        RawEvent(3, 1, ("b", "e"), None),
+        RawEvent(5, 2, ("d",), None),
+    ]  # X of step 2: another event
     assert recs[0].raw == b"X,a,1\nX,c,1" and recs[1].raw == b"Y,b,1\nY,e,1"
     # without a time column the id alone is the event (all rows are one step)
     assert list(read_csv(io.StringIO("event,item\ne1,a\ne2,b\ne1,c\n"))) == [
-        RawEvent(2, None, ("a", "c"), None), RawEvent(3, None, ("b",), None)]
+        RawEvent(2, None, ("a", "c"), None),
+        RawEvent(3, None, ("b",), None),
+    ]
 
 
 def test_read_csv_a_row_without_a_step_is_a_record_of_its_own():
@@ -174,30 +226,61 @@ def test_the_same_rows_in_any_order_give_the_same_bytes(runner, mode):
     """Every event's rows shuffled within its step and across the input: the same
     bytes. With --on-invalid truncate and --max-items 1 each event of several items
     keeps one of its own items, whatever the order of its rows."""
-    args = {"known": ["-m", "known", "--domain", runner.domain, "--max-items", "5"],
-            "truncate": ["-m", "known", "--domain", runner.domain, "--max-items", "1",
-                         "--on-invalid", "truncate"],
-            "unknown": ["-m", "unknown", "--max-items", "2", "--on-invalid", "truncate",
-                        "--threshold-delta", "1e-3"]}[mode]
+    args = {
+        "known": ["-m", "known", "--domain", runner.domain, "--max-items", "5"],
+        "truncate": [
+            "-m",
+            "known",
+            "--domain",
+            runner.domain,
+            "--max-items",
+            "1",
+            "--on-invalid",
+            "truncate",
+        ],
+        "unknown": [
+            "-m",
+            "unknown",
+            "--max-items",
+            "2",
+            "--on-invalid",
+            "truncate",
+            "--threshold-delta",
+            "1e-3",
+        ],
+    }[mode]
     # unknown: noise small enough for the threshold to let the items through
-    args += ["-T", "4", "--no-round", *(["--tau", "0.01"] if mode == "unknown"
-                                        else ["--rho", "1"])]
+    args += ["-T", "4", "--no-round", *(["--tau", "0.01"] if mode == "unknown" else ["--rho", "1"])]
     grouped = runner(sorted(ROWS, key=lambda r: (r[1], r[0])), *args)
     assert len(_released(grouped)[-1]) == len(DOMAIN)  # every item released
     assert runner(ROWS, *args) == grouped
     for rows in _shuffles(ROWS, 3, seed=11):
         assert runner(rows, *args) == grouped
     # and within each step only (the steps in order, their rows shuffled)
-    by_step = [r for t in (1, 2, 3) for r in _shuffles([r for r in ROWS if r[1] == t], 1,
-                                                         seed=t)[0]]
+    by_step = [
+        r for t in (1, 2, 3) for r in _shuffles([r for r in ROWS if r[1] == t], 1, seed=t)[0]
+    ]
     assert runner(by_step, *args) == grouped
 
 
 def test_truncation_keeps_the_same_items_grouped_or_interleaved(runner):
     """--max-items 1 with truncation: each event's kept item is released with
     negligible noise, and equals the grouped input's whatever the interleaving."""
-    args = ["-m", "known", "--domain", runner.domain, "-T", "3", "--max-items", "1",
-            "--on-invalid", "truncate", "--tau", "1e-9", "--no-round"]
+    args = [
+        "-m",
+        "known",
+        "--domain",
+        runner.domain,
+        "-T",
+        "3",
+        "--max-items",
+        "1",
+        "--on-invalid",
+        "truncate",
+        "--tau",
+        "1e-9",
+        "--no-round",
+    ]
     grouped = runner(_grouped(ROWS), *args)
     released = _released(grouped)
     # every event keeps exactly one item: the last step counts one per non-empty event
@@ -207,10 +290,22 @@ def test_truncation_keeps_the_same_items_grouped_or_interleaved(runner):
 
 
 USER_ROWS = [  # (event, t, user, item): users with more items than their bound
-    ("e1", 1, "u1", "a"), ("e2", 1, "u2", "b"), ("e1", 1, "u1", "b"), ("e3", 1, "u1", "c"),
-    ("e2", 1, "u2", "c"), ("e1", 1, "u1", "d"), ("e4", 2, "u1", "e"), ("e5", 2, "u2", "a"),
-    ("e4", 2, "u1", "a"), ("e6", 2, "u3", "a"), ("e5", 2, "u2", "d"), ("e6", 2, "u3", "b"),
-    ("e7", 3, "u2", "e"), ("e1", 3, "u3", "c"), ("e7", 3, "u2", "b"), ("e1", 3, "u3", "d"),
+    ("e1", 1, "u1", "a"),
+    ("e2", 1, "u2", "b"),
+    ("e1", 1, "u1", "b"),
+    ("e3", 1, "u1", "c"),
+    ("e2", 1, "u2", "c"),
+    ("e1", 1, "u1", "d"),
+    ("e4", 2, "u1", "e"),
+    ("e5", 2, "u2", "a"),
+    ("e4", 2, "u1", "a"),
+    ("e6", 2, "u3", "a"),
+    ("e5", 2, "u2", "d"),
+    ("e6", 2, "u3", "b"),
+    ("e7", 3, "u2", "e"),
+    ("e1", 3, "u3", "c"),
+    ("e7", 3, "u2", "b"),
+    ("e1", 3, "u3", "d"),
 ]
 
 
@@ -219,9 +314,23 @@ def test_user_level_bounding_is_the_same_grouped_or_interleaved(runner):
     so an interleaved input keeps the contributions its grouped form keeps. The bound
     (2 items per user) drops some of every user's contributions, so the order of each
     user's events matters, and the release shows which were kept."""
-    args = ["-m", "known", "--domain", runner.domain, "-T", "3", "--user-field", "user",
-            "--max-items-per-user", "2", "--max-count-per-item", "1", "--tau", "1e-9",
-            "--no-round"]
+    args = [
+        "-m",
+        "known",
+        "--domain",
+        runner.domain,
+        "-T",
+        "3",
+        "--user-field",
+        "user",
+        "--max-items-per-user",
+        "2",
+        "--max-count-per-item",
+        "1",
+        "--tau",
+        "1e-9",
+        "--no-round",
+    ]
     header = "event,t,user,item"
     interleaved = runner(USER_ROWS, *args, header=header)
     grouped = runner(_grouped(USER_ROWS), *args, header=header)
@@ -252,9 +361,35 @@ def test_user_level_bounding_is_the_same_grouped_or_interleaved(runner):
 def test_follow_does_not_read_csv(runner, tmp_path, capsys):
     src = tmp_path / "f.csv"
     src.write_text("event,ts,item\nX,2026-01-01T00:00:00Z,a\n")
-    code = main(["run", "-q", "-m", "known", "--domain", runner.domain, "-T", "3",
-                 "--max-items", "1", "--rho", "1", "--key-file", str(tmp_path / "k.key"),
-                 "-i", str(src), "--input-format", "csv", "-o", str(tmp_path / "f.jsonl"),
-                 "--time-field", "ts", "--start", "2026-01-01T00:00:00Z", "--step", "1h",
-                 "--follow"])
+    code = main(
+        [
+            "run",
+            "-q",
+            "-m",
+            "known",
+            "--domain",
+            runner.domain,
+            "-T",
+            "3",
+            "--max-items",
+            "1",
+            "--rho",
+            "1",
+            "--key-file",
+            str(tmp_path / "k.key"),
+            "-i",
+            str(src),
+            "--input-format",
+            "csv",
+            "-o",
+            str(tmp_path / "f.jsonl"),
+            "--time-field",
+            "ts",
+            "--start",
+            "2026-01-01T00:00:00Z",
+            "--step",
+            "1h",
+            "--follow",
+        ]
+    )
     assert code != 0 and "--follow reads JSON Lines input" in capsys.readouterr().err

@@ -52,10 +52,30 @@ def stream(tmp_path_factory):
 
 MECHS = {
     # BLT (the default): items joining on later days draw their noise state there
-    "unknown": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta", "1e-3",
-                "--remember"],
-    "unknown-tree": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta",
-                     "1e-3", "--remember", "--counter", "tree"],
+    "unknown": [
+        "-m",
+        "unknown",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--remember",
+    ],
+    "unknown-tree": [
+        "-m",
+        "unknown",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--remember",
+        "--counter",
+        "tree",
+    ],
     "known": ["-m", "known", "--max-items", "2", "--rho", "1"],
     # --monotone: the running maxima of the published counts go on from the snapshot too
     # (without them the next day would restart the maxima and publish lower counts)
@@ -65,13 +85,23 @@ MECHS = {
 
 def _args(base, key_path, mech):
     extra = ["--domain", str(base / "domain.txt")] if mech.startswith("known") else []
-    return ["run", "-q", "-T", str(T), *MECHS[mech], *extra, "--key-file", str(key_path),
-            "--no-fsync"]
+    return [
+        "run",
+        "-q",
+        "-T",
+        str(T),
+        *MECHS[mech],
+        *extra,
+        "--key-file",
+        str(key_path),
+        "--no-fsync",
+    ]
 
 
 @pytest.mark.parametrize("mech", sorted(MECHS))
-def test_thirty_daily_runs_equal_one_run_and_a_day_fed_twice_is_refused(stream, tmp_path,
-                                                                         mech, capsys):
+def test_thirty_daily_runs_equal_one_run_and_a_day_fed_twice_is_refused(
+    stream, tmp_path, mech, capsys
+):
     base, key_path = stream
     args = _args(base, key_path, mech)
     ref = tmp_path / "ref.jsonl"
@@ -79,14 +109,41 @@ def test_thirty_daily_runs_equal_one_run_and_a_day_fed_twice_is_refused(stream, 
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
-        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out),
-                     *own_ledger(out), "--state",
-                     str(state), *until]) == 0, d
+        assert (
+            main(
+                [
+                    *args,
+                    "-i",
+                    str(base / f"day{d:02d}.jsonl"),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    "--state",
+                    str(state),
+                    *until,
+                ]
+            )
+            == 0
+        ), d
         if d == 5:  # the same day again, with a later end step: refused, nothing written
             before = out.read_bytes()
-            assert main([*args, "-i", str(base / "day05.jsonl"), "-o", str(out),
-                         *own_ledger(out), "--state",
-                         str(state), "--until", "48"]) == 1
+            assert (
+                main(
+                    [
+                        *args,
+                        "-i",
+                        str(base / "day05.jsonl"),
+                        "-o",
+                        str(out),
+                        *own_ledger(out),
+                        "--state",
+                        str(state),
+                        "--until",
+                        "48",
+                    ]
+                )
+                == 1
+            )
             assert "already fed" in capsys.readouterr().err
             assert out.read_bytes() == before
     assert out.read_bytes() == ref.read_bytes()
@@ -103,14 +160,38 @@ def test_a_stream_begun_with_the_tree_default_goes_on_with_the_tree(stream, tmp_
     base, key_path = stream
     args = _args(base, key_path, "unknown")
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "--counter", "tree", "-i", str(base / "all.jsonl"), "-o", str(ref),
-                 *own_ledger(ref)]) == 0
+    assert (
+        main(
+            [
+                *args,
+                "--counter",
+                "tree",
+                "-i",
+                str(base / "all.jsonl"),
+                "-o",
+                str(ref),
+                *own_ledger(ref),
+            ]
+        )
+        == 0
+    )
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
 
     def day(d, *extra):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
-        return main([*args, *extra, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out),
-                     "--state", str(state), *until])
+        return main(
+            [
+                *args,
+                *extra,
+                "-i",
+                str(base / f"day{d:02d}.jsonl"),
+                "-o",
+                str(out),
+                "--state",
+                str(state),
+                *until,
+            ]
+        )
 
     assert day(1, "--base", str(optimal_base(T))) == 0
     params = recorded_params(str(state))
@@ -138,9 +219,17 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
 
     def day_cmd(d, src=None):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
-        return [*args, "-i", src or str(base / f"day{d:02d}.jsonl"), "-o", str(out),
-                *own_ledger(out),
-                "--state", str(state), *until]
+        return [
+            *args,
+            "-i",
+            src or str(base / f"day{d:02d}.jsonl"),
+            "-o",
+            str(out),
+            *own_ledger(out),
+            "--state",
+            str(state),
+            *until,
+        ]
 
     for d in range(1, 17):
         assert main(day_cmd(d)) == 0
@@ -148,9 +237,13 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
     written = out.read_bytes()
     lines = (base / "day17.jsonl").read_text().splitlines(keepends=True)
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "dpstream", *day_cmd(17, "-")], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpstream", *day_cmd(17, "-")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     half = random.Random(17).randrange(1, len(lines) - 1)
     for line in lines[:half]:
         proc.stdin.write(line.encode())
@@ -161,9 +254,14 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
     proc.wait()
     assert out.read_bytes() == written  # no step of day 17 went out before its input ended
     loud = [a for a in day_cmd(17, "-") if a != "-q"]
-    resumed = subprocess.run([sys.executable, "-m", "dpstream", *loud, "--log-format", "json"],
-                             env=env, input="".join(lines), capture_output=True, text=True,
-                             timeout=120)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "dpstream", *loud, "--log-format", "json"],
+        env=env,
+        input="".join(lines),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stderr.strip().splitlines()[-1])
     assert summary["last_t"] == done + STEPS_PER_DAY
@@ -175,9 +273,29 @@ def test_a_crash_inside_day_17_resumes_from_that_day_only(stream, tmp_path):
 
 def _two_days(tmp_path, key_path, name, stream="default"):
     out, state = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.sqlite"
-    cmd = ["run", "-q", "-m", "unknown", "-T", "12", "--max-items", "2", "--rho", "4",
-           "--threshold-delta", "0.2", "--key-file", str(key_path), "-o", str(out),
-           *own_ledger(out), "--state", str(state), "--stream", stream]
+    cmd = [
+        "run",
+        "-q",
+        "-m",
+        "unknown",
+        "-T",
+        "12",
+        "--max-items",
+        "2",
+        "--rho",
+        "4",
+        "--threshold-delta",
+        "0.2",
+        "--key-file",
+        str(key_path),
+        "-o",
+        str(out),
+        *own_ledger(out),
+        "--state",
+        str(state),
+        "--stream",
+        stream,
+    ]
     return out, state, cmd
 
 
@@ -199,8 +317,20 @@ def test_a_run_killed_before_its_first_step_goes_on_after_the_last_one(tmp_path)
         db.execute("INSERT INTO batches (input, input_mac, first_t) VALUES ('x', 'm', 5)")
     assert main([*cmd, "-i", str(day2), "--until", "8"]) == 0
     ref, _, ref_cmd = _two_days(tmp_path, key_path, "ref")
-    assert main([*ref_cmd[:-4], "-i", str(tmp_path / "all.jsonl"), "--until", "8",
-                 "--state", str(tmp_path / "ref.sqlite")]) == 0
+    assert (
+        main(
+            [
+                *ref_cmd[:-4],
+                "-i",
+                str(tmp_path / "all.jsonl"),
+                "--until",
+                "8",
+                "--state",
+                str(tmp_path / "ref.sqlite"),
+            ]
+        )
+        == 0
+    )
     assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == list(range(1, 9))
     assert out.read_bytes() == ref.read_bytes()
 

@@ -190,8 +190,13 @@ def test_write_table_refits_only_what_it_is_asked(tmp_path):
     fz.write_table(str(path), [2, 3], 2)
     again = fz.write_table(str(path), [3], 1, warm_start=False)
     entries = json.loads(path.read_text())["entries"]
-    assert [(e["buffers"], e["horizon"]) for e in entries] == [(1, 2), (1, 3), (1, 4),
-                                                               (2, 2), (2, 3)]
+    assert [(e["buffers"], e["horizon"]) for e in entries] == [
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (2, 2),
+        (2, 3),
+    ]
     assert entries[:3] == [first[0], again[0], first[2]]
     for e in entries:  # each entry is its own fit's parameters
         s = fz.BLTStrategy(e["theta"], e["omega"], e["horizon"])

@@ -52,8 +52,15 @@ def test_raw_floats_leak_counts_and_rounded_releases_do_not(counter, version):
     n = 20_000
     rng = np.random.default_rng(0)  # the secret data (simulated)
     truth = rng.integers(0, 2, n)
-    h = KnownDomainHistogram(range(n), 1000, max_items=n, key=fixed_key("fp"), rho=0.5 * n,
-                             counter=counter, noise_version=version)
+    h = KnownDomainHistogram(
+        range(n),
+        1000,
+        max_items=n,
+        key=fixed_key("fp"),
+        rho=0.5 * n,
+        counter=counter,
+        noise_version=version,
+    )
     grid = on_grid if version == 1 else on_grid_v2
     # public: the noise scale of one draw (a tree cell, or a BLT step: at t = 1 the
     # BLT noise is the first draw itself)

@@ -36,8 +36,20 @@ def setup(tmp_path):
 
 def _known(key, domain, *extra):
     # --tau tiny: the rounded releases are the exact running counts (a brute-force check)
-    return ["run", "-m", "known", "--domain", domain, "--max-items", "3", "--tau", "1e-9",
-            "--key-file", key, *extra]
+    return [
+        "run",
+        "-m",
+        "known",
+        "--domain",
+        domain,
+        "--max-items",
+        "3",
+        "--tau",
+        "1e-9",
+        "--key-file",
+        key,
+        *extra,
+    ]
 
 
 def _write(path, events):
@@ -48,8 +60,13 @@ def _write(path, events):
 def _timed(n=3806, field="ts", seed=1):
     rng = random.Random(seed)
     start = dt.datetime(2026, 1, 1, tzinfo=UTC)
-    return [{field: (start + dt.timedelta(seconds=rng.randrange(0, 35 * 86400))).isoformat(),
-             "items": [rng.choice(WORDS)]} for _ in range(n)]
+    return [
+        {
+            field: (start + dt.timedelta(seconds=rng.randrange(0, 35 * 86400))).isoformat(),
+            "items": [rng.choice(WORDS)],
+        }
+        for _ in range(n)
+    ]
 
 
 def _nothing_written(tmp_path, out, state=None):
@@ -66,9 +83,26 @@ def test_a_time_field_no_event_has_writes_nothing(setup, capsys):
     tmp_path, key, domain = setup
     src = _write(tmp_path / "ev.jsonl", _timed())
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    rc = main(_known(key, domain, "-i", src, "-o", str(out), "--state", str(state),
-                     "--time-field", "timestamp", "--start", "2026-01-01T00:00Z",
-                     "--step", "1h", "-T", "836"))
+    rc = main(
+        _known(
+            key,
+            domain,
+            "-i",
+            src,
+            "-o",
+            str(out),
+            "--state",
+            str(state),
+            "--time-field",
+            "timestamp",
+            "--start",
+            "2026-01-01T00:00Z",
+            "--step",
+            "1h",
+            "-T",
+            "836",
+        )
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "3,806 of 3,806 records (100%) lack the time field 'timestamp'" in err
@@ -80,9 +114,26 @@ def test_step_capital_m_is_refused_and_writes_nothing(setup, capsys):
     tmp_path, key, domain = setup
     src = _write(tmp_path / "ev.jsonl", _timed())
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    rc = main(_known(key, domain, "-i", src, "-o", str(out), "--state", str(state),
-                     "--time-field", "ts", "--start", "2026-01-01T00:00Z", "--step", "1M",
-                     "-T", "12"))
+    rc = main(
+        _known(
+            key,
+            domain,
+            "-i",
+            src,
+            "-o",
+            str(out),
+            "--state",
+            str(state),
+            "--time-field",
+            "ts",
+            "--start",
+            "2026-01-01T00:00Z",
+            "--step",
+            "1M",
+            "-T",
+            "12",
+        )
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "ambiguous" in err and "1mo" in err and "1min" in err
     _nothing_written(tmp_path, out, state)
@@ -93,12 +144,30 @@ def test_steps_past_the_horizon_are_refused_naming_the_clock(setup, capsys):
     tmp_path, key, domain = setup
     src = _write(tmp_path / "ev.jsonl", _timed(200))
     out = tmp_path / "out.csv"
-    rc = main(_known(key, domain, "-i", src, "-o", str(out), "--time-field", "ts",
-                     "--start", "2026-01-01T00:00Z", "--step", "1m", "-T", "12"))
+    rc = main(
+        _known(
+            key,
+            domain,
+            "-i",
+            src,
+            "-o",
+            str(out),
+            "--time-field",
+            "ts",
+            "--start",
+            "2026-01-01T00:00Z",
+            "--step",
+            "1m",
+            "-T",
+            "12",
+        )
+    )
     err = capsys.readouterr().err
     assert rc == 1
-    assert "records (100%) are for steps past the horizon --horizon 12 (the clock ends at " \
-           "2026-01-01T00:12:00+00:00)" in err
+    assert (
+        "records (100%) are for steps past the horizon --horizon 12 (the clock ends at "
+        "2026-01-01T00:12:00+00:00)" in err
+    )
     _nothing_written(tmp_path, out)
 
 
@@ -108,15 +177,51 @@ def test_a_refused_day_leaves_the_state_and_outputs_as_they_were(setup, capsys):
     tmp_path, key, domain = setup
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     clock = ["--time-field", "ts", "--start", "2026-01-01T00:00Z", "--step", "1d", "-T", "4"]
-    day1 = _write(tmp_path / "d1.jsonl", [{"ts": "2026-01-01T05:00Z", "items": ["a"]},
-                                          {"ts": "2026-01-02T05:00Z", "items": ["b"]}])
-    assert main(_known(key, domain, "-q", "-i", day1, "-o", str(out), "--state", str(state),
-                       "--until", "2", *clock)) == 0
+    day1 = _write(
+        tmp_path / "d1.jsonl",
+        [{"ts": "2026-01-01T05:00Z", "items": ["a"]}, {"ts": "2026-01-02T05:00Z", "items": ["b"]}],
+    )
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-i",
+                day1,
+                "-o",
+                str(out),
+                "--state",
+                str(state),
+                "--until",
+                "2",
+                *clock,
+            )
+        )
+        == 0
+    )
     before = {p: p.read_bytes() for p in (out, state, tmp_path / "out.jsonl.meta.json")}
-    day2 = _write(tmp_path / "d2.jsonl", [{"time": "2026-01-03T05:00Z", "items": ["c"]}] * 30
-                  + [{"ts": "2026-01-03T06:00Z", "items": ["a"]}])
-    rc = main(_known(key, domain, "-q", "-i", day2, "-o", str(out), "--state", str(state),
-                     "--until", "4", *clock))
+    day2 = _write(
+        tmp_path / "d2.jsonl",
+        [{"time": "2026-01-03T05:00Z", "items": ["c"]}] * 30
+        + [{"ts": "2026-01-03T06:00Z", "items": ["a"]}],
+    )
+    rc = main(
+        _known(
+            key,
+            domain,
+            "-q",
+            "-i",
+            day2,
+            "-o",
+            str(out),
+            "--state",
+            str(state),
+            "--until",
+            "4",
+            *clock,
+        )
+    )
     assert rc == 1
     assert "30 of 31 records (96.8%) lack the time field 'ts'" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before
@@ -136,24 +241,102 @@ def _share_input(tmp_path, bad):
 def test_max_invalid_just_under_passes_just_over_refuses(setup, capsys, share):
     tmp_path, key, domain = setup
     ok = tmp_path / "ok.jsonl"
-    assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 5),
-                       "-o", str(ok), *own_ledger(ok), "--max-invalid", share)) == 0
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-T",
+                "5",
+                "-i",
+                _share_input(tmp_path, 5),
+                "-o",
+                str(ok),
+                *own_ledger(ok),
+                "--max-invalid",
+                share,
+            )
+        )
+        == 0
+    )
     assert len(ok.read_text().splitlines()) == 5
     over = tmp_path / "over.jsonl"
-    assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 6),
-                       "-o", str(over), *own_ledger(over), "--max-invalid", share)) == 1
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-T",
+                "5",
+                "-i",
+                _share_input(tmp_path, 6),
+                "-o",
+                str(over),
+                *own_ledger(over),
+                "--max-invalid",
+                share,
+            )
+        )
+        == 1
+    )
     assert "6 of 100 input records (6.0%) are invalid" in capsys.readouterr().err
     _nothing_written(tmp_path, over)
 
 
 def test_the_default_is_five_percent_and_zero_refuses_any(setup, capsys):
     tmp_path, key, domain = setup
-    assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 5),
-                       "-o", str(tmp_path / "a.jsonl"))) == 0
-    assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 6),
-                       "-o", str(tmp_path / "b.jsonl"))) == 1
-    assert main(_known(key, domain, "-q", "-T", "5", "-i", _share_input(tmp_path, 1),
-                       "-o", str(tmp_path / "c.jsonl"), "--max-invalid", "0")) == 1
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-T",
+                "5",
+                "-i",
+                _share_input(tmp_path, 5),
+                "-o",
+                str(tmp_path / "a.jsonl"),
+            )
+        )
+        == 0
+    )
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-T",
+                "5",
+                "-i",
+                _share_input(tmp_path, 6),
+                "-o",
+                str(tmp_path / "b.jsonl"),
+            )
+        )
+        == 1
+    )
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-T",
+                "5",
+                "-i",
+                _share_input(tmp_path, 1),
+                "-o",
+                str(tmp_path / "c.jsonl"),
+                "--max-invalid",
+                "0",
+            )
+        )
+        == 1
+    )
     capsys.readouterr()
     for bad in ("20", "-0.1", "1.5", "x"):  # a share, never a count
         with pytest.raises(SystemExit):
@@ -173,7 +356,8 @@ def _bad_mix(path):
         '{"t": 9, "items": ["b"]}\n'  # past the horizon
         '{"items": ["c"]}\n'  # no step
         '{"t": 2, "items": "a"}\n'  # malformed
-        '{"t": 4, "items": ["c"]}\n')
+        '{"t": 4, "items": ["c"]}\n'
+    )
     return str(path)
 
 
@@ -184,9 +368,28 @@ def test_the_guard_counts_what_the_run_skips(setup, capsys, policy, until):
     (after the last), for every kind of invalid record."""
     tmp_path, key, domain = setup
     src = _bad_mix(tmp_path / "bad.jsonl")
-    base = ["run", "-m", "known", "--domain", domain, "--max-items", "2", "--rho", "1",
-            "--key-file", key, "-T", "5", "-i", src, "--on-invalid", policy,
-            "--log-format", "json", *(["--until", until] if until else [])]
+    base = [
+        "run",
+        "-m",
+        "known",
+        "--domain",
+        domain,
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--key-file",
+        key,
+        "-T",
+        "5",
+        "-i",
+        src,
+        "--on-invalid",
+        policy,
+        "--log-format",
+        "json",
+        *(["--until", until] if until else []),
+    ]
     assert main([*base, "-o", str(tmp_path / "a.jsonl"), "--max-invalid", "0"]) == 1
     refused = capsys.readouterr().err
     assert main([*base, "-o", str(tmp_path / "b.jsonl"), "--max-invalid", "1"]) == 0
@@ -206,13 +409,23 @@ def test_implicit_time_lines_past_the_horizon_are_counted(setup, capsys):
     src = tmp_path / "ev.jsonl"
     src.write_text('["a"]\n' * 10)
     out = tmp_path / "o.jsonl"
-    assert main(_known(key, domain, "-q", "-T", "4", "-i", str(src), "-o", str(out),
-                       "--implicit-time")) == 1
-    assert "6 of 10 records (60.0%) are for steps past the horizon --horizon 4" in \
-        capsys.readouterr().err
+    assert (
+        main(
+            _known(key, domain, "-q", "-T", "4", "-i", str(src), "-o", str(out), "--implicit-time")
+        )
+        == 1
+    )
+    assert (
+        "6 of 10 records (60.0%) are for steps past the horizon --horizon 4"
+        in capsys.readouterr().err
+    )
     _nothing_written(tmp_path, out)
-    assert main(_known(key, domain, "-q", "-T", "10", "-i", str(src), "-o", str(out),
-                       "--implicit-time")) == 0
+    assert (
+        main(
+            _known(key, domain, "-q", "-T", "10", "-i", str(src), "-o", str(out), "--implicit-time")
+        )
+        == 0
+    )
 
 
 # --------------------------------------------------------------------------- the clock
@@ -277,21 +490,25 @@ def _steps_of_output(path, n_steps):
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["t"] for x in lines] == list(range(1, n_steps + 1))
     running = [[x["released"].get(w, 0) for w in WORDS] for x in lines]
-    return [[c - p for c, p in zip(cur, prev, strict=True)]
-            for cur, prev in zip(running, [[0, 0, 0], *running[:-1]], strict=True)]
+    return [
+        [c - p for c, p in zip(cur, prev, strict=True)]
+        for cur, prev in zip(running, [[0, 0, 0], *running[:-1]], strict=True)
+    ]
 
 
 @pytest.mark.parametrize("step,months,weeks", [("1mo", 1, 0), ("1w", 0, 1)])
-def test_month_and_week_steps_count_each_event_in_its_calendar_step(setup, capsys, step,
-                                                                    months, weeks):
+def test_month_and_week_steps_count_each_event_in_its_calendar_step(
+    setup, capsys, step, months, weeks
+):
     tmp_path, key, domain = setup
     zone = dt.timezone(dt.timedelta(hours=2))
     start = dt.datetime(2026, 1, 15, 6, 0, tzinfo=zone)
     rng = random.Random(3)
     events, true = [], [[0, 0, 0] for _ in range(12)]
     for _ in range(400):
-        when = start + dt.timedelta(seconds=rng.randrange(0, 330 * 86400 if months else
-                                                           12 * 7 * 86400))
+        when = start + dt.timedelta(
+            seconds=rng.randrange(0, 330 * 86400 if months else 12 * 7 * 86400)
+        )
         if months:
             t = _brute_month_step(when, start, 1)
         else:
@@ -301,44 +518,164 @@ def test_month_and_week_steps_count_each_event_in_its_calendar_step(setup, capsy
         events.append({"ts": when.astimezone(UTC).isoformat(), "items": [WORDS[word]]})
     src = _write(tmp_path / "ev.jsonl", events)
     out = tmp_path / "out.jsonl"
-    assert main(_known(key, domain, "-q", "-i", src, "-o", str(out), "--time-field", "ts",
-                       "--start", start.isoformat(), "--step", step, "-T", "12")) == 0
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-i",
+                src,
+                "-o",
+                str(out),
+                "--time-field",
+                "ts",
+                "--start",
+                start.isoformat(),
+                "--step",
+                step,
+                "-T",
+                "12",
+            )
+        )
+        == 0
+    )
     assert _steps_of_output(out, 12) == true
     meta = json.loads((tmp_path / "out.jsonl.meta.json").read_text())
     assert meta["clock"] == {
-        "start": "2026-01-15T06:00:00+02:00", "step": step, "time_zone": "+02:00",
+        "start": "2026-01-15T06:00:00+02:00",
+        "step": step,
+        "time_zone": "+02:00",
         "end": ("2027-01-15T06:00:00+02:00" if months else "2026-04-09T06:00:00+02:00"),
-        "lateness_seconds": 0.0}
+        "lateness_seconds": 0.0,
+    }
 
 
 def test_end_gives_the_horizon(setup, capsys):
     tmp_path, key, domain = setup
     src = _write(tmp_path / "ev.jsonl", [{"ts": "2026-01-01T03:00Z", "items": ["a"]}])
     clock = ["--time-field", "ts", "--start", "2026-01-01T00:00Z"]
-    for step, end, horizon in (("1mo", "2027-01-01T00:00Z", 12), ("1d", "2026-04-01", 90),
-                               ("1w", "2026-01-29T00:00:00+00:00", 4),
-                               ("6h", "2026-01-02T07:00+01:00", 5)):
+    for step, end, horizon in (
+        ("1mo", "2027-01-01T00:00Z", 12),
+        ("1d", "2026-04-01", 90),
+        ("1w", "2026-01-29T00:00:00+00:00", 4),
+        ("6h", "2026-01-02T07:00+01:00", 5),
+    ):
         out = tmp_path / f"o{horizon}.jsonl"
-        assert main(_known(key, domain, "-q", "-i", src, "-o", str(out), *clock,
-                           "--step", step, "--end", end)) == 0
+        assert (
+            main(
+                _known(
+                    key,
+                    domain,
+                    "-q",
+                    "-i",
+                    src,
+                    "-o",
+                    str(out),
+                    *clock,
+                    "--step",
+                    step,
+                    "--end",
+                    end,
+                )
+            )
+            == 0
+        )
         assert len(out.read_text().splitlines()) == horizon
         assert json.loads((tmp_path / f"{out.name}.meta.json").read_text())["horizon"] == horizon
         # the same T given both ways is accepted; another is refused
-        assert main(_known(key, domain, "-q", "-i", src, "-o", str(out), *clock, "--step",
-                           step, "--end", end, "-T", str(horizon), "--force")) == 0
-        assert main(_known(key, domain, "-q", "-i", src, "-o", str(out), *clock, "--step",
-                           step, "--end", end, "-T", str(horizon + 1), "--force")) == 1
+        assert (
+            main(
+                _known(
+                    key,
+                    domain,
+                    "-q",
+                    "-i",
+                    src,
+                    "-o",
+                    str(out),
+                    *clock,
+                    "--step",
+                    step,
+                    "--end",
+                    end,
+                    "-T",
+                    str(horizon),
+                    "--force",
+                )
+            )
+            == 0
+        )
+        assert (
+            main(
+                _known(
+                    key,
+                    domain,
+                    "-q",
+                    "-i",
+                    src,
+                    "-o",
+                    str(out),
+                    *clock,
+                    "--step",
+                    step,
+                    "--end",
+                    end,
+                    "-T",
+                    str(horizon + 1),
+                    "--force",
+                )
+            )
+            == 1
+        )
         assert f"--end gives T = {horizon}" in capsys.readouterr().err
     # an end between two step ends is refused, naming them
-    assert main(_known(key, domain, "-q", "-i", src, "-o", str(tmp_path / "x.jsonl"), *clock,
-                       "--step", "1mo", "--end", "2026-03-10")) == 1
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-i",
+                src,
+                "-o",
+                str(tmp_path / "x.jsonl"),
+                *clock,
+                "--step",
+                "1mo",
+                "--end",
+                "2026-03-10",
+            )
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "2026-03-01T00:00:00+00:00 (--horizon 2)" in err
     assert "2026-04-01T00:00:00+00:00 (--horizon 3)" in err
     # plan reads --end too
-    assert main(["plan", "--json", "-m", "known", "--domain-size", "10", "--max-items", "1",
-                 "--rho", "1", "--start", "2026-01-01", "--step", "1mo",
-                 "--end", "2028-01-01"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--json",
+                "-m",
+                "known",
+                "--domain-size",
+                "10",
+                "--max-items",
+                "1",
+                "--rho",
+                "1",
+                "--start",
+                "2026-01-01",
+                "--step",
+                "1mo",
+                "--end",
+                "2028-01-01",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["horizon"] == 24
 
 
@@ -350,13 +687,36 @@ def test_long_outputs_carry_each_steps_start(setup, fmt):
     tmp_path, key, domain = setup
     if fmt == "parquet":
         pytest.importorskip("pyarrow")
-    events = [{"ts": "2026-01-10T00:00Z", "items": ["a", "b"]},
-              {"ts": "2026-03-02T00:00Z", "items": ["c"]}]
+    events = [
+        {"ts": "2026-01-10T00:00Z", "items": ["a", "b"]},
+        {"ts": "2026-03-02T00:00Z", "items": ["c"]},
+    ]
     src = _write(tmp_path / "ev.jsonl", events)
-    out = tmp_path / f"out.{ {'csv': 'csv', 'jsonl-long': 'jsonl', 'parquet': 'parquet'}[fmt]}"
-    assert main(_known(key, domain, "-q", "-i", src, "-o", str(out), "--output-format", fmt,
-                       "--time-field", "ts", "--start", "2026-01-01T00:00-05:00",
-                       "--step", "1mo", "-T", "4")) == 0
+    out = tmp_path / f"out.{ {'csv': 'csv', 'jsonl-long': 'jsonl', 'parquet': 'parquet'}[fmt] }"
+    assert (
+        main(
+            _known(
+                key,
+                domain,
+                "-q",
+                "-i",
+                src,
+                "-o",
+                str(out),
+                "--output-format",
+                fmt,
+                "--time-field",
+                "ts",
+                "--start",
+                "2026-01-01T00:00-05:00",
+                "--step",
+                "1mo",
+                "-T",
+                "4",
+            )
+        )
+        == 0
+    )
     if fmt == "csv":
         with open(out, newline="") as fh:
             rows = list(csv.DictReader(fh))

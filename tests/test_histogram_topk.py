@@ -40,8 +40,9 @@ def test_the_list_is_the_top_k_of_knownbase_once_started(counter):
     rates = rng.uniform(0, 3, size=d)
     key = fixed_key("htopk")
     m = HistogramTopK(range(d), horizon, k=k, max_items=2, key=key, tau=0.7, counter=counter)
-    ref = dps.KnownDomainHistogram(range(d), horizon, max_items=2, key=key, tau=0.7,
-                                   counter=counter)
+    ref = dps.KnownDomainHistogram(
+        range(d), horizon, max_items=2, key=key, tau=0.7, counter=counter
+    )
     stds = _blt_stds(ref.strategy, 0.7) if counter == "blt" else None
     z = float(-ndtri(0.05 / (d * horizon)))
     counts = np.zeros(d, dtype=np.int64)
@@ -51,8 +52,11 @@ def test_the_list_is_the_top_k_of_knownbase_once_started(counter):
             counts = counts + rng.poisson(rates)
         rel, full = m.release(t, counts), ref.release(t, counts)
         order = np.argsort(-full.values, kind="stable")[:k]
-        sigma = (stds[t - 1] if stds is not None
-                 else 0.7 * math.sqrt(sum(tree.digits(t, m.base)) * m.levels))
+        sigma = (
+            stds[t - 1]
+            if stds is not None
+            else 0.7 * math.sqrt(sum(tree.digits(t, m.base)) * m.levels)
+        )
         started = started or full.values[order[0]] > z * sigma
         if not started:
             assert rel.items == [] and rel.meta == {"status": "not yet"}
@@ -72,8 +76,7 @@ def test_an_empty_stream_rarely_starts_a_list():
     zeros = np.zeros(d, dtype=np.int64)
     started = 0
     for rep in range(n):
-        m = HistogramTopK(range(d), horizon, k=3, max_items=1, key=fixed_key(f"e{rep}"),
-                          rho=1.0)
+        m = HistogramTopK(range(d), horizon, k=3, max_items=1, key=fixed_key(f"e{rep}"), rho=1.0)
         started += any(m.release(t, zeros).items for t in range(1, horizon + 1))
     assert started / n <= 0.05 + Z_TOL * math.sqrt(0.05 * 0.95 / n)
     m = HistogramTopK(range(d), horizon, k=3, max_items=1, key=fixed_key("e0"), rho=1.0)
@@ -92,13 +95,36 @@ def test_choose_top_k_reports_the_count_noise_of_the_candidates(counter):
     r = tree.optimal_base(horizon)
     factor = math.sqrt(tree.max_cells(horizon, r) * tree.num_levels(horizon, r))
     for max_items, want in ((2, "KnownBase top-k"), (400, "SparseGumb")):
-        c = choose_top_k(domain, horizon, k=5, switches=3, max_items=max_items,
-                         key=fixed_key("c"), epsilon=1.0, delta=1e-6, counter=counter)
-        sparse = ContinualTopK(domain, horizon, k=5, switches=3, key=fixed_key("c"),
-                               epsilon=1.0, delta=1e-6, counter=counter)
-        known = dps.KnownDomainHistogram(domain, horizon, max_items=max_items,
-                                         key=fixed_key("c"), epsilon=1.0, delta=1e-6,
-                                         counter=counter)
+        c = choose_top_k(
+            domain,
+            horizon,
+            k=5,
+            switches=3,
+            max_items=max_items,
+            key=fixed_key("c"),
+            epsilon=1.0,
+            delta=1e-6,
+            counter=counter,
+        )
+        sparse = ContinualTopK(
+            domain,
+            horizon,
+            k=5,
+            switches=3,
+            key=fixed_key("c"),
+            epsilon=1.0,
+            delta=1e-6,
+            counter=counter,
+        )
+        known = dps.KnownDomainHistogram(
+            domain,
+            horizon,
+            max_items=max_items,
+            key=fixed_key("c"),
+            epsilon=1.0,
+            delta=1e-6,
+            counter=counter,
+        )
         if counter == "blt":
             worst_sparse = _blt_stds(sparse.strategy, sparse.tau_2).max()
             worst_known = _blt_stds(known.strategy, known.tau).max()
@@ -109,8 +135,9 @@ def test_choose_top_k_reports_the_count_noise_of_the_candidates(counter):
         assert c.mechanism.counter == counter
         assert c.name == want and c.name in c.reason
         assert c.name == min(c.errors, key=c.errors.get)
-        assert isinstance(c.mechanism, HistogramTopK if want == "KnownBase top-k"
-                          else ContinualTopK)
+        assert isinstance(
+            c.mechanism, HistogramTopK if want == "KnownBase top-k" else ContinualTopK
+        )
         assert c.mechanism.privacy.epsilon <= 1.0
 
 
@@ -129,8 +156,29 @@ def test_plan_without_max_items_names_the_break_even_event_size(capsys):
 
     from dpstream.cli import main
 
-    assert main(["plan", "-m", "top-k", "-T", "400", "--domain-size", "30", "--k", "3",
-                 "--switches", "2", "--epsilon", "1", "--delta", "1e-6", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "top-k",
+                "-T",
+                "400",
+                "--domain-size",
+                "30",
+                "--k",
+                "3",
+                "--switches",
+                "2",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--json",
+            ]
+        )
+        == 0
+    )
     n = json.loads(capsys.readouterr().out)["max_items_break_even"]
     domain = [f"item-{i}" for i in range(30)]
     kw = dict(k=3, switches=2, key=fixed_key("be"), epsilon=1.0, delta=1e-6)
@@ -142,8 +190,9 @@ def test_plan_without_max_items_names_the_break_even_event_size(capsys):
 # --------------------------------------------------------------------------- the choice
 
 
-def _hand_errors(d: int, horizon: int, *, k: int, s: int, max_items: int, rho: float,
-                 threshold_delta: float) -> dict[str, float]:
+def _hand_errors(
+    d: int, horizon: int, *, k: int, s: int, max_items: int, rho: float, threshold_delta: float
+) -> dict[str, float]:
     """The three errors from public parameters, by the formulas (tree counters, the
     optimal base): KnownBase top-k z sigma with z = Phi^-1(1 - 0.05/(d T)) and sigma =
     tau sqrt(max_t |I_t| L_r), tau = sqrt(Delta0 / (2 rho)); UnkBase's threshold at the
@@ -154,27 +203,41 @@ def _hand_errors(d: int, horizon: int, *, k: int, s: int, max_items: int, rho: f
     r = tree.optimal_base(horizon)
     cells = tree.max_cells(horizon, r) * tree.num_levels(horizon, r)
     sigma = math.sqrt(max_items / (2 * rho)) * math.sqrt(cells)
-    return {"KnownBase top-k": -ndtri(0.05 / (d * horizon)) * sigma,
-            "UnkBase top-k": 1 + sigma * -ndtri(threshold_delta / horizon),
-            "tau_sparse": math.sqrt(s + 1) * math.sqrt((k + 0.5) / rho), "cells": cells}
+    return {
+        "KnownBase top-k": -ndtri(0.05 / (d * horizon)) * sigma,
+        "UnkBase top-k": 1 + sigma * -ndtri(threshold_delta / horizon),
+        "tau_sparse": math.sqrt(s + 1) * math.sqrt((k + 0.5) / rho),
+        "cells": cells,
+    }
 
 
-@pytest.mark.parametrize("max_items,threshold_delta,want", [
-    (2, 1e-9, "KnownBase top-k"),   # a small domain: z of 0.05/(d T) is the lower bar
-    (2, 1e-2, "UnkBase top-k"),     # a lax threshold: m_t is below z sigma
-    (40, 1e-9, "SparseGumb"),       # large events: both histograms' noise grows as Delta0
-])
-def test_choose_top_k_picks_the_smallest_error_computed_by_hand(max_items, threshold_delta,
-                                                                want):
+@pytest.mark.parametrize(
+    "max_items,threshold_delta,want",
+    [
+        (2, 1e-9, "KnownBase top-k"),  # a small domain: z of 0.05/(d T) is the lower bar
+        (2, 1e-2, "UnkBase top-k"),  # a lax threshold: m_t is below z sigma
+        (40, 1e-9, "SparseGumb"),  # large events: both histograms' noise grows as Delta0
+    ],
+)
+def test_choose_top_k_picks_the_smallest_error_computed_by_hand(max_items, threshold_delta, want):
     """Each of the three candidates wins in one case, and the errors are those of the
     formulas (public parameters only: d, T, k, s, Delta0, rho, threshold_delta)."""
     d, horizon, k, s = 40, 100, 3, 2
     domain = [f"i{j}" for j in range(d)]
-    c = choose_top_k(domain, horizon, k=k, switches=s, max_items=max_items,
-                     key=fixed_key("choice"), rho=1.0, counter="tree",
-                     threshold_delta=threshold_delta)
-    hand = _hand_errors(d, horizon, k=k, s=s, max_items=max_items, rho=1.0,
-                        threshold_delta=threshold_delta)
+    c = choose_top_k(
+        domain,
+        horizon,
+        k=k,
+        switches=s,
+        max_items=max_items,
+        key=fixed_key("choice"),
+        rho=1.0,
+        counter="tree",
+        threshold_delta=threshold_delta,
+    )
+    hand = _hand_errors(
+        d, horizon, k=k, s=s, max_items=max_items, rho=1.0, threshold_delta=threshold_delta
+    )
     assert set(c.errors) == {"KnownBase top-k", "UnkBase top-k", "SparseGumb"}
     for name in ("KnownBase top-k", "UnkBase top-k"):
         assert c.errors[name] == pytest.approx(hand[name], rel=1e-9), name
@@ -182,24 +245,28 @@ def test_choose_top_k_picks_the_smallest_error_computed_by_hand(max_items, thres
     # Lap(2 tau_1) - N(0, tau_2^2 max_t |I_t| L_r)
     tau_1 = hand["tau_sparse"]
     eta = c.errors["SparseGumb"]
-    assert svt_noise_tail(eta, tau_1=tau_1, variance=tau_1 ** 2 * hand["cells"]) \
-        == pytest.approx(0.05 / horizon, rel=1e-6)
+    assert svt_noise_tail(eta, tau_1=tau_1, variance=tau_1**2 * hand["cells"]) == pytest.approx(
+        0.05 / horizon, rel=1e-6
+    )
     assert c.name == want == min(c.errors, key=c.errors.get)
-    kind = {"KnownBase top-k": HistogramTopK, "UnkBase top-k": UnknownTopK,
-            "SparseGumb": ContinualTopK}[want]
+    kind = {
+        "KnownBase top-k": HistogramTopK,
+        "UnkBase top-k": UnknownTopK,
+        "SparseGumb": ContinualTopK,
+    }[want]
     assert isinstance(c.mechanism, kind) and c.switches == s and want in c.reason
 
 
 def test_choose_top_k_without_switches_uses_the_default():
-    c = choose_top_k([f"i{j}" for j in range(10)], 379, k=3, max_items=1000,
-                     key=fixed_key("dflt"), rho=1.0)
+    c = choose_top_k(
+        [f"i{j}" for j in range(10)], 379, k=3, max_items=1000, key=fixed_key("dflt"), rho=1.0
+    )
     assert c.name == "SparseGumb" and c.switches == 3 == c.mechanism.switches
 
 
 def test_default_switches_is_the_smallest_s_with_8_to_the_s_at_least_the_horizon():
     got = {T: default_switches(T) for T in (1, 2, 8, 9, 64, 65, 379, 512, 513, 1000, 10**6)}
-    assert got == {1: 0, 2: 1, 8: 1, 9: 2, 64: 2, 65: 3, 379: 3, 512: 3, 513: 4, 1000: 4,
-                   10**6: 7}
+    assert got == {1: 0, 2: 1, 8: 1, 9: 2, 64: 2, 65: 3, 379: 3, 512: 3, 513: 4, 1000: 4, 10**6: 7}
 
 
 def test_unknown_top_k_is_the_top_k_of_the_unkbase_release():
@@ -210,8 +277,9 @@ def test_unknown_top_k_is_the_top_k_of_the_unkbase_release():
     rng = np.random.default_rng(7)
     rates = 1.0 / (1.0 + np.arange(d)) ** 1.2  # a few items stand out, over time
     key = fixed_key("utopk")
-    m = UnknownTopK([f"i{j}" for j in range(d)], horizon, k=k, max_items=3, key=key,
-                    epsilon=1.0, delta=1e-6)
+    m = UnknownTopK(
+        [f"i{j}" for j in range(d)], horizon, k=k, max_items=3, key=key, epsilon=1.0, delta=1e-6
+    )
     ref = dps.UnknownDomainHistogram(horizon, max_items=3, key=key, epsilon=1.0, delta=1e-6)
     assert m.privacy == ref.privacy and m.mechanism_name == "UnkBase top-k"
     shown = 0
@@ -249,15 +317,45 @@ def test_cli_top_k_with_max_items_needs_no_switches(tmp_path, capsys):
                 fh.write(json.dumps({"t": t, "items": items}) + "\n")
     key = tmp_path / "k.key"
     fixed_key("cli-topk").save(key)
-    opts = ["-m", "top-k", "--k", "10", "--max-items", "20", "--domain",
-            str(tmp_path / "dom.txt"), "-T", "30", "--epsilon", "1", "--delta", "1e-6"]
+    opts = [
+        "-m",
+        "top-k",
+        "--k",
+        "10",
+        "--max-items",
+        "20",
+        "--domain",
+        str(tmp_path / "dom.txt"),
+        "-T",
+        "30",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+    ]
     assert main(["plan", *opts, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["top_k"] == "KnownBase top-k" == plan["algorithm"]
     assert plan["top_k"] == min(plan["candidates"], key=plan["candidates"].get)
     out = tmp_path / "r.jsonl"
-    assert main(["run", "-q", *opts, "--on-invalid", "truncate", "--key-file", str(key),
-                 "-i", str(tmp_path / "ev.jsonl"), "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                *opts,
+                "--on-invalid",
+                "truncate",
+                "--key-file",
+                str(key),
+                "-i",
+                str(tmp_path / "ev.jsonl"),
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["t"] for r in lines] == list(range(1, 31))
     assert read_run_meta(sidecar_path(out))["algorithm"] == "KnownBase top-k"

@@ -38,12 +38,16 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1]
-                                + ([node.module] if node.module else []))
+                base = ".".join(
+                    parts[: len(parts) - node.level + 1] + ([node.module] if node.module else [])
+                )
             else:
                 base = node.module or ""
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                       for a in node.names if a.name != "_loops"]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                for a in node.names
+                if a.name != "_loops"
+            ]
         else:
             continue
         for target in targets:

@@ -28,10 +28,26 @@ T = 30
 def setup(tmp_path):
     key = tmp_path / "k.key"
     fixed_key("ingest-cli").save(key)
-    lines = [json.dumps({"t": 1 + i // 7, "items": [f"x{i % 5}", f"y{i % 3}"]})
-             for i in range(T * 7)]
-    args = ["run", "--quiet", "-m", "unknown", "-T", str(T), "--max-items", "2", "--rho", "1",
-            "--threshold-delta", "1e-6", "--no-round", "--key-file", str(key)]
+    lines = [
+        json.dumps({"t": 1 + i // 7, "items": [f"x{i % 5}", f"y{i % 3}"]}) for i in range(T * 7)
+    ]
+    args = [
+        "run",
+        "--quiet",
+        "-m",
+        "unknown",
+        "-T",
+        str(T),
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-6",
+        "--no-round",
+        "--key-file",
+        str(key),
+    ]
     return tmp_path, lines, args
 
 

@@ -48,8 +48,9 @@ def test_read_jsonl_implicit_time_makes_every_line_a_step():
 
 
 def test_read_jsonl_rejects_bad_t():
-    recs = list(read_jsonl(['{"t": 0, "items": []}', '{"t": "3", "items": []}',
-                            '{"t": true, "items": []}']))
+    recs = list(
+        read_jsonl(['{"t": 0, "items": []}', '{"t": "3", "items": []}', '{"t": true, "items": []}'])
+    )
     assert all(r.error and '"t"' in r.error for r in recs)
 
 
@@ -114,9 +115,9 @@ def test_group_steps_order_of_the_input_changes_no_step():
 
     def by_step(rs):
         return {t: sorted(r.line for r in group) for t, group in group_steps(rs, horizon=10)}
+
     assert by_step(shuffled) == by_step(ordered) == by_step(recs)
-    assert all(r.error is None for _, group in group_steps(shuffled, horizon=10)
-               for r in group)
+    assert all(r.error is None for _, group in group_steps(shuffled, horizon=10) for r in group)
 
 
 def test_a_record_past_the_limit_does_not_move_time():
@@ -125,12 +126,20 @@ def test_a_record_past_the_limit_does_not_move_time():
     it, so the in-range records after it were late: one record changed the counts of
     every event that followed it. Consecutive ones of one step come out together."""
     recs = [_ev(1, 1), _ev(2, 7), _ev(3, 7), _ev(4, 8), _ev(5, 1), _ev(6, 2), _ev(7, 50)]
-    steps = [(t, [(r.line, r.error) for r in rs])
-             for t, rs in group_steps(recs, horizon=10, limit=5)]
-    assert steps == [(7, [(2, None), (3, None)]), (8, [(4, None)]), (50, [(7, None)]),
-                     (1, [(1, None), (5, None)]), (2, [(6, None)])]
-    without = [(t, [(r.line, r.error) for r in rs])
-               for t, rs in group_steps([recs[0], recs[4], recs[5]], horizon=10, limit=5)]
+    steps = [
+        (t, [(r.line, r.error) for r in rs]) for t, rs in group_steps(recs, horizon=10, limit=5)
+    ]
+    assert steps == [
+        (7, [(2, None), (3, None)]),
+        (8, [(4, None)]),
+        (50, [(7, None)]),
+        (1, [(1, None), (5, None)]),
+        (2, [(6, None)]),
+    ]
+    without = [
+        (t, [(r.line, r.error) for r in rs])
+        for t, rs in group_steps([recs[0], recs[4], recs[5]], horizon=10, limit=5)
+    ]
     assert [s for s in steps if s[0] <= 5] == without  # the same steps, the same records
 
 
@@ -151,12 +160,14 @@ def test_jsonl_formatter_round_trips_floats_exactly():
     assert obj["t"] == 3 and obj["meta"] == {"threshold": 2.5}
     assert np.array_equal(np.array(list(obj["released"].values())), values)
     assert json.loads(JsonlFormatter(round_counts=True).format(rel))["released"] == {
-        "a": 0, "b": 0, "c": 12346}
+        "a": 0,
+        "b": 0,
+        "c": 12346,
+    }
 
 
 def test_csv_formatter():
-    rel = Release(t=2, items=["x,y", "b"], values=np.array([1.5, -2.25]),
-                  meta={"noise_std": 0.75})
+    rel = Release(t=2, items=["x,y", "b"], values=np.array([1.5, -2.25]), meta={"noise_std": 0.75})
     f = CsvFormatter()
     assert f.header() == b"t,item,value,noise_std\n"
     assert f.format(rel) == b'2,"x,y",1.5,0.75\n2,b,-2.25,0.75\n'
@@ -222,8 +233,14 @@ def test_bad_text_is_an_invalid_record_with_its_line(tmp_path):
     from dpstream.io import open_input
 
     path = tmp_path / "e.jsonl"
-    path.write_bytes(b'["a"]\n["b\xff"]\n["\\ud800"]\n' + b"[" * 50_000 + b"\n"
-                     + b'{"t": ' + b"9" * 5000 + b', "items": []}\n["c"]\n')
+    path.write_bytes(
+        b'["a"]\n["b\xff"]\n["\\ud800"]\n'
+        + b"[" * 50_000
+        + b"\n"
+        + b'{"t": '
+        + b"9" * 5000
+        + b', "items": []}\n["c"]\n'
+    )
     with open_input(str(path)) as fh:
         recs = list(read_jsonl(fh, implicit=True))
     assert [r.line for r in recs] == [1, 2, 3, 4, 5, 6]

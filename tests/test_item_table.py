@@ -132,7 +132,7 @@ def test_many_items_and_growth(slot_width, offset_width):
     at = 0
     while at < len(stored):  # steps of varying size, crossing many slot rebuilds
         m = rng.randint(1, 3000)
-        table.extend(stored[at:at + m])
+        table.extend(stored[at : at + m])
         at += m
     absent = [f"item{i}" for i in range(50_000, 52_000)] + ["x", "a\x00", "\x00\x00", "日本"]
     queries = stored + absent
@@ -162,9 +162,9 @@ def test_offsets_turn_int64_past_their_limit(monkeypatch):
     items = [f"word-{i:05d}" for i in range(300)]  # 10 bytes each: passes 1,000 at 101
     table = ItemTable()
     for lo in range(0, 300, 40):
-        table.extend(items[lo:lo + 40])
+        table.extend(items[lo : lo + 40])
         assert table._offsets.dtype == (np.uint32 if lo + 40 <= 100 else np.int64)
-        check_against(table, items[:lo + 40], items + ["word-x"])
+        check_against(table, items[: lo + 40], items + ["word-x"])
 
 
 def test_a_forged_collision_is_resolved_by_the_bytes(slot_width):
@@ -186,9 +186,15 @@ def test_a_forged_collision_is_resolved_by_the_bytes(slot_width):
 def test_siphash13_reference_vectors():
     # SipHash-1-3 of bytes 0..n-1 under the key 00..0f (the reference vectors)
     key = bytes(range(16))
-    want = {0: 0xabac0158050fc4dc, 1: 0xc9f49bf37d57ca93, 2: 0x82cb9b024dc7d44d,
-            3: 0x8bf80ab8e7ddf7fb, 6: 0xc50d2b50c59f22a7, 8: 0x369095118d299a8e,
-            9: 0x25a48eb36c063de4}
+    want = {
+        0: 0xABAC0158050FC4DC,
+        1: 0xC9F49BF37D57CA93,
+        2: 0x82CB9B024DC7D44D,
+        3: 0x8BF80AB8E7DDF7FB,
+        6: 0xC50D2B50C59F22A7,
+        8: 0x369095118D299A8E,
+        9: 0x25A48EB36C063DE4,
+    }
     for n, value in want.items():
         assert _loops.siphash13(key, bytes(range(n))) == value, n
 
@@ -232,8 +238,9 @@ def test_pickle_round_trip_draws_a_new_key():
 def test_a_bad_state_is_refused():
     table = ItemTable()
     with pytest.raises(ValueError):
-        table.__setstate__({"data": np.frombuffer(b"abc", np.uint8),
-                            "offsets": np.array([0, 2, 5], np.int64)})
+        table.__setstate__(
+            {"data": np.frombuffer(b"abc", np.uint8), "offsets": np.array([0, 2, 5], np.int64)}
+        )
 
 
 def test_without_the_c_loops_the_table_is_a_dict():
@@ -269,12 +276,14 @@ def test_unknown_domain_releases_do_not_depend_on_the_layout():
     releases, bit for bit, in event mode and aggregate mode, with unicode items."""
     rng = random.Random(2)
     words = [f"w{i}" for i in range(40)] + ["é", "日本", "", "x\x00y"]
-    steps = [[rng.sample(words, rng.randint(1, 3)) for _ in range(rng.randint(0, 40))]
-             for _ in range(30)]
+    steps = [
+        [rng.sample(words, rng.randint(1, 3)) for _ in range(rng.randint(0, 40))] for _ in range(30)
+    ]
 
     def run(events_mode: bool) -> list:
-        u = dps.UnknownDomainHistogram(30, max_items=3, key=fixed_key("table"), epsilon=8.0,
-                                       delta=1e-3, noise_version=2)
+        u = dps.UnknownDomainHistogram(
+            30, max_items=3, key=fixed_key("table"), epsilon=8.0, delta=1e-3, noise_version=2
+        )
         totals: dict[str, int] = {}
         out = []
         for t, events in enumerate(steps, start=1):
@@ -361,10 +370,14 @@ def test_inconsistent_arrays_are_refused_not_followed():
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", _INCONSISTENT], capture_output=True,
-                          text=True, timeout=30, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", _INCONSISTENT], capture_output=True, text=True, timeout=30, env=env
+    )
     assert done.returncode == 0 and done.stdout.strip() == "refused", (
-        done.returncode, done.stdout, done.stderr[-2000:])
+        done.returncode,
+        done.stdout,
+        done.stderr[-2000:],
+    )
 
 
 def run_known_domain(m, domain: list, steps: list, events_mode: bool, summary) -> list:
@@ -386,9 +399,11 @@ def run_known_domain(m, domain: list, steps: list, events_mode: bool, summary) -
             rel = m.release(t, list(totals), list(totals.values()))
         out.append(summary(rel))
     after = len(steps) + 1
-    for bad in (lambda: m.step_batch([[domain[1], "nope"]]),
-                lambda: m.release(after, {"nope": 1}),
-                lambda: m.release(after, ["nope"], [1])):
+    for bad in (
+        lambda: m.step_batch([[domain[1], "nope"]]),
+        lambda: m.release(after, {"nope": 1}),
+        lambda: m.release(after, ["nope"], [1]),
+    ):
         with pytest.raises(dps.InvalidEventError, match="nope"):
             bad()
     return out
@@ -400,14 +415,28 @@ def test_top_k_releases_do_not_depend_on_the_layout():
     errors for an item outside the domain, and ``domain`` the items given."""
     rng = random.Random(3)
     domain = [f"d{i}" for i in range(60)] + ["é", "日本", "", "x\x00y"]
-    steps = [[rng.sample(domain[:20] if rng.random() < 0.7 else domain, 2)
-              for _ in range(rng.randint(0, 30))] for _ in range(25)]
+    steps = [
+        [
+            rng.sample(domain[:20] if rng.random() < 0.7 else domain, 2)
+            for _ in range(rng.randint(0, 30))
+        ]
+        for _ in range(25)
+    ]
 
     def run(events_mode: bool) -> list:
-        m = dps.ContinualTopK(domain, 30, k=4, switches=3, eta=1.0,
-                              key=fixed_key("table-topk"), rho=2.0, noise_version=2)
-        return run_known_domain(m, domain, steps, events_mode,
-                                lambda rel: (rel.items, rel.values.tobytes()))
+        m = dps.ContinualTopK(
+            domain,
+            30,
+            k=4,
+            switches=3,
+            eta=1.0,
+            key=fixed_key("table-topk"),
+            rho=2.0,
+            noise_version=2,
+        )
+        return run_known_domain(
+            m, domain, steps, events_mode, lambda rel: (rel.items, rel.values.tobytes())
+        )
 
     compact = run(True)
     assert sum(len(items) for items, _ in compact) > 20
@@ -464,11 +493,21 @@ def test_known_domain_releases_do_not_depend_on_the_layout():
     steps = [[rng.sample(domain, 2) for _ in range(rng.randint(0, 20))] for _ in range(20)]
 
     def run(events_mode: bool) -> list:
-        m = dps.KnownDomainHistogram(domain, 24, max_items=2, key=fixed_key("table-known"),
-                                     rho=2.0, noise_version=2)
-        return run_known_domain(m, domain, steps, events_mode, lambda rel: (
-            list(rel.items), rel.values.tobytes(), rel.top(3),
-            rel.to_arrow().column("item").to_pylist()))
+        m = dps.KnownDomainHistogram(
+            domain, 24, max_items=2, key=fixed_key("table-known"), rho=2.0, noise_version=2
+        )
+        return run_known_domain(
+            m,
+            domain,
+            steps,
+            events_mode,
+            lambda rel: (
+                list(rel.items),
+                rel.values.tobytes(),
+                rel.top(3),
+                rel.to_arrow().column("item").to_pylist(),
+            ),
+        )
 
     compact = run(True)
     assert all(items == domain for items, *_ in compact)
@@ -495,13 +534,26 @@ def test_meta_known_releases_do_not_depend_on_the_layout(oneshot):
 
     rng = random.Random(9)
     domain = [f"m{i}" for i in range(40)] + ["é", "日本", ""]
-    steps = [[rng.sample(domain[:12] if rng.random() < 0.8 else domain, 1)
-              for _ in range(rng.randint(0, 12))] for _ in range(20)]
+    steps = [
+        [
+            rng.sample(domain[:12] if rng.random() < 0.8 else domain, 1)
+            for _ in range(rng.randint(0, 12))
+        ]
+        for _ in range(20)
+    ]
     kw = dict(max_items=1) if oneshot == "gaussian" else dict(k=3)
 
     def run() -> list:
-        m = MetaHistogram(32, oneshot=oneshot, domain=domain, key=fixed_key("table-meta"),
-                          rho=4.0, base=2, noise_version=2, **kw)
+        m = MetaHistogram(
+            32,
+            oneshot=oneshot,
+            domain=domain,
+            key=fixed_key("table-meta"),
+            rho=4.0,
+            base=2,
+            noise_version=2,
+            **kw,
+        )
         assert m.domain == domain
         out = [(list(r.items), r.values.tobytes()) for r in map(m.step_batch, steps)]
         with pytest.raises(dps.InvalidEventError, match="nope"):
@@ -574,5 +626,5 @@ def test_the_c_insert_refuses_more_than_four_fifths():
     assert t._slots.size == 25
     full = np.zeros(16, dtype=np.uint64)  # 20 items would fill 16 slots past 4/5
     with pytest.raises(ValueError, match="full"):
-        _loops.item_insert(t._key, t._data[: t._size], t._offsets[: 21], full, 0, 20)
-    _loops.item_insert(t._key, t._data[: t._size], t._offsets[: 21], full, 0, 12)  # 12/16
+        _loops.item_insert(t._key, t._data[: t._size], t._offsets[:21], full, 0, 20)
+    _loops.item_insert(t._key, t._data[: t._size], t._offsets[:21], full, 0, 12)  # 12/16

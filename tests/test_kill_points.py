@@ -32,8 +32,17 @@ from .conftest import fixed_key
 STEPS, BATCHES = 3, 3
 T = STEPS * BATCHES
 MECHS = {
-    "unknown": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta",
-                "1e-3", "--remember"],
+    "unknown": [
+        "-m",
+        "unknown",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--remember",
+    ],
     "top-k": ["-m", "top-k", "--k", "2", "--switches", "3", "--rho", "1"],
 }
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="kills a forked child")
@@ -61,10 +70,23 @@ class Stream:
         fixed_key(f"kill-{mech}").save(key)
         (base / "domain.txt").write_text("".join(f"w{i}\n" for i in range(6)))
         domain = ["--domain", str(base / "domain.txt")] if mech != "unknown" else []
-        self.args = ["run", "-q", "-T", str(T), *MECHS[mech], *domain, "--key-file",
-                     str(key), "--no-fsync", "-o", str(self.dir / "out.jsonl"),
-                     "--ledger", str(self.dir / "ledger"),
-                     "--state", str(self.dir / "s.sqlite")]
+        self.args = [
+            "run",
+            "-q",
+            "-T",
+            str(T),
+            *MECHS[mech],
+            *domain,
+            "--key-file",
+            str(key),
+            "--no-fsync",
+            "-o",
+            str(self.dir / "out.jsonl"),
+            "--ledger",
+            str(self.dir / "ledger"),
+            "--state",
+            str(self.dir / "s.sqlite"),
+        ]
         for b in range(1, BATCHES + 1):
             (base / f"day{b}.jsonl").write_text(_events(b))
         self.base = base
@@ -85,11 +107,13 @@ class Stream:
     def outcome(self) -> dict[str, object]:
         """The output, the sidecar and everything the state records but its timestamps
         (None for what does not exist yet: a run killed early in batch 1)."""
-        files = {name: (self.dir / name).read_bytes() if (self.dir / name).exists() else None
-                 for name in ("out.jsonl", "out.jsonl.meta.json", "ledger")}
+        files = {
+            name: (self.dir / name).read_bytes() if (self.dir / name).exists() else None
+            for name in ("out.jsonl", "out.jsonl.meta.json", "ledger")
+        }
         queries = {
             "run": "SELECT params, key_fingerprint, input, output, summary, "
-                   "finished IS NOT NULL FROM run",
+            "finished IS NOT NULL FROM run",
             "run_id": "SELECT run_id FROM run",
             "steps": "SELECT * FROM steps ORDER BY t",
             "batches": "SELECT * FROM batches ORDER BY n",
@@ -129,13 +153,16 @@ def _same(got: dict, ref: dict, k: int) -> bool:
     run id, which the snapshot's authentication and the release ledger's lines bind:
     those differ (the snapshot's content shows in the next batches' bytes)."""
     if k == 1:
-        got, ref = ({n: v for n, v in d.items() if n not in ("run_id", "snapshot", "ledger")}
-                    for d in (got, ref))
+        got, ref = (
+            {n: v for n, v in d.items() if n not in ("run_id", "snapshot", "ledger")}
+            for d in (got, ref)
+        )
     return got == ref
 
 
-def _stuck_after_kill(stream: Stream, k: int, refs: dict[int, dict], killed: Path,
-                      capsys: pytest.CaptureFixture[str]) -> str | None:
+def _stuck_after_kill(
+    stream: Stream, k: int, refs: dict[int, dict], killed: Path, capsys: pytest.CaptureFixture[str]
+) -> str | None:
     """What is wrong after batch ``k`` was killed (files as in ``killed``), or None.
 
     The same command must finish batch k to the reference's output, sidecar and state,
@@ -156,15 +183,22 @@ def _stuck_after_kill(stream: Stream, k: int, refs: dict[int, dict], killed: Pat
         capsys.readouterr()
         if main(stream.cmd(k + 1)) != 0:
             err = capsys.readouterr().err  # batch 1 has no snapshot: its input path is bound
-            if not any(remedy in err for remedy in (
-                    "give it the same input", "belongs to a run reading",
-                    "Give this run the input those steps were released from")):
+            if not any(
+                remedy in err
+                for remedy in (
+                    "give it the same input",
+                    "belongs to a run reading",
+                    "Give this run the input those steps were released from",
+                )
+            ):
                 return "the next batch's command, run first, is refused: " + err.strip()[-300:]
             after = stream.outcome()
             if after != before:
-                return ("the next batch's command, refused, changed "
-                        + ", ".join(f"{n}: {before[n]} -> {after[n]}" for n in after
-                                    if after[n] != before[n] and n != "snapshot"))
+                return "the next batch's command, refused, changed " + ", ".join(
+                    f"{n}: {before[n]} -> {after[n]}"
+                    for n in after
+                    if after[n] != before[n] and n != "snapshot"
+                )
         elif any(row[0] > (k - 1) * STEPS for row in before["steps"] or []):
             return "the next batch's command went on past released steps"
     return None
@@ -172,7 +206,8 @@ def _stuck_after_kill(stream: Stream, k: int, refs: dict[int, dict], killed: Pat
 
 @pytest.mark.parametrize("mech,k", [("unknown", 1), ("unknown", 2), ("unknown", 3), ("top-k", 2)])
 def test_a_batch_killed_at_every_statement_and_write_resumes_to_the_same_bytes(
-        tmp_path, mech, k, capsys):
+    tmp_path, mech, k, capsys
+):
     """Batch k of 3 killed at each point; batch 3 ends at the horizon (finishes the run)."""
     stream = Stream(tmp_path, mech)
     refs: dict[int, dict] = {}

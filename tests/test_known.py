@@ -18,8 +18,10 @@ from .conftest import Z_TOL, fixed_key
 
 def random_stream(rng, domain, steps, max_items, max_events=3):
     return [
-        [list(rng.choice(domain, size=rng.integers(0, max_items + 1), replace=False))
-         for _ in range(rng.integers(0, max_events + 1))]
+        [
+            list(rng.choice(domain, size=rng.integers(0, max_items + 1), replace=False))
+            for _ in range(rng.integers(0, max_events + 1))
+        ]
         for _ in range(steps)
     ]
 
@@ -41,8 +43,15 @@ def test_noisy_counts_unbiased_with_tree_variance(base):
     domain = list(range(n_items))
     samples = {t: [] for t in check_at}
     for k in range(n_keys):
-        h = dps.KnownDomainHistogram(domain, horizon, max_items=1, counter="tree", base=base,
-                                     key=fixed_key(f"var{k}"), tau=tau)
+        h = dps.KnownDomainHistogram(
+            domain,
+            horizon,
+            max_items=1,
+            counter="tree",
+            base=base,
+            key=fixed_key(f"var{k}"),
+            tau=tau,
+        )
         for t in range(1, horizon + 1):
             rel = h.step_batch([[t % n_items]])
             if t in samples:
@@ -130,8 +139,9 @@ def paper_tau(epsilon, delta, a):
     "epsilon,delta,max_items", [(1.0, 1e-6, 1), (0.5, 1e-8, 3), (4.0, 1e-5, 2)]
 )
 def test_calibration_meets_exact_gaussian_delta_and_beats_paper(epsilon, delta, max_items):
-    h = dps.KnownDomainHistogram(range(3), 1000, max_items=max_items, key=fixed_key("cal"),
-                                 epsilon=epsilon, delta=delta)
+    h = dps.KnownDomainHistogram(
+        range(3), 1000, max_items=max_items, key=fixed_key("cal"), epsilon=epsilon, delta=delta
+    )
     mu = math.sqrt(max_items) / h.tau  # l2 sensitivity sqrt(Delta0 L) over noise sqrt(L) tau
     assert exact_gaussian_delta(epsilon, mu) <= delta * (1 + 1e-9)
     # the smallest tau: 0.1% less noise breaks the target
@@ -208,8 +218,9 @@ def test_constructor_errors():
 def test_tree_counter_counts_and_agrees_with_one_item_histogram():
     key = fixed_key("ctr")
     c = dps.TreeCounter(100, key=key, tau=1.0, stream="s")
-    h = dps.KnownDomainHistogram(["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s",
-                                 counter="tree")
+    h = dps.KnownDomainHistogram(
+        ["__counter__"], 100, max_items=1, key=key, tau=1.0, stream="s", counter="tree"
+    )
     bits = np.random.default_rng(3).integers(0, 2, 100)
     for b in bits:
         assert c.step(int(b)) == h.step(["__counter__"] if b else []).values[0]
@@ -244,9 +255,11 @@ def test_every_setting_that_changes_the_release_changes_the_noise():
     base = dict(key=key, tau=1.0, base=3)
     ref = dps.KnownDomainHistogram(["a", "b"], 50, max_items=2, **base)
     same = dps.KnownDomainHistogram(["a", "b"], 50, max_items=2, **base)
-    others = [dps.KnownDomainHistogram(["a", "b"], 50, max_items=3, **base),
-              dps.KnownDomainHistogram(["a", "b", "c"], 50, max_items=2, **base),
-              dps.KnownDomainHistogram(["a", "c"], 50, max_items=2, **base)]
+    others = [
+        dps.KnownDomainHistogram(["a", "b"], 50, max_items=3, **base),
+        dps.KnownDomainHistogram(["a", "b", "c"], 50, max_items=2, **base),
+        dps.KnownDomainHistogram(["a", "c"], 50, max_items=2, **base),
+    ]
     r0 = ref.step([]).counts
     assert same.step([]).counts == r0  # identical settings replay identically
     # the order of the domain changes no release, and no noise (the tag is of the set)
@@ -281,8 +294,14 @@ def test_a_failed_blt_step_leaves_no_half_stepped_state(monkeypatch):
     noise refuse to go on, rather than step those columns twice on a retry."""
     from dpstream.mechanisms import blt_noise
 
-    h = dps.KnownDomainHistogram([f"i{j}" for j in range(50)], 16, max_items=1,
-                             key=fixed_key("blt-fail"), rho=1.0, counter="blt")
+    h = dps.KnownDomainHistogram(
+        [f"i{j}" for j in range(50)],
+        16,
+        max_items=1,
+        key=fixed_key("blt-fail"),
+        rho=1.0,
+        counter="blt",
+    )
     h.release(1, np.zeros(50, dtype=np.int64))
     calls = []
 
@@ -309,8 +328,12 @@ def test_domain_tag_is_the_sum_of_item_fingerprints():
     from dpstream.noise import encode_item
 
     items = [f"it{i}" for i in range(3000)] + [7, b"raw", "\u00e9", "\ud800", ""]
-    total = sum(int.from_bytes(hashlib.sha256(b"dpstream/domain-item\0" + encode_item(x))
-                               .digest()[:16], "big") for x in items)
+    total = sum(
+        int.from_bytes(
+            hashlib.sha256(b"dpstream/domain-item\0" + encode_item(x)).digest()[:16], "big"
+        )
+        for x in items
+    )
     want = f"{len(items)}:{total % (1 << 128):032x}"
     assert total >= 1 << 138  # the modulus matters
     assert domain_tag(items) == want == domain_tag(reversed(items))
@@ -326,8 +349,7 @@ def test_counts_kept_as_int32_until_one_needs_more_with_the_same_releases(counte
     key = fixed_key("int32-counts")
 
     def mech():
-        return dps.KnownDomainHistogram(domain, 50, max_items=2, key=key, rho=1.0,
-                                        counter=counter)
+        return dps.KnownDomainHistogram(domain, 50, max_items=2, key=key, rho=1.0, counter=counter)
 
     h = mech()
     rng = np.random.default_rng(7)
@@ -341,9 +363,11 @@ def test_counts_kept_as_int32_until_one_needs_more_with_the_same_releases(counte
         assert h._counts.dtype == np.int32 and h.counts.dtype == np.int64
         assert h.counts.tolist() == brute.tolist()
     top = np.iinfo(np.int32).max
-    for t, counts in ((6, brute + [top - int(brute[0]), 0, 0, 0]),  # exactly 2^31 - 1: int32
-                      (8, brute + [top, 1, 0, 5]),                   # past it: int64
-                      (9, brute + [top, 1, 3, 5])):
+    for t, counts in (
+        (6, brute + [top - int(brute[0]), 0, 0, 0]),  # exactly 2^31 - 1: int32
+        (8, brute + [top, 1, 0, 5]),  # past it: int64
+        (9, brute + [top, 1, 3, 5]),
+    ):
         rel = h.release(t, counts)
         direct = mech().release(t, counts)
         assert rel.values.tolist() == direct.values.tolist()

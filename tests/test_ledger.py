@@ -49,9 +49,28 @@ def stream(tmp_path):
     for d, lines in days.items():
         (tmp_path / f"day{d}.jsonl").write_text("".join(lines))
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
-    cmd = ["run", "-q", "-m", "known", "--max-items", "2", "--rho", "1", "-T", str(T),
-           "--domain", str(tmp_path / "domain.txt"), "--no-round", "--no-fsync",
-           "--key-file", str(key_path), "-o", str(out), "--state", str(state)]
+    cmd = [
+        "run",
+        "-q",
+        "-m",
+        "known",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "-T",
+        str(T),
+        "--domain",
+        str(tmp_path / "domain.txt"),
+        "--no-round",
+        "--no-fsync",
+        "--key-file",
+        str(key_path),
+        "-o",
+        str(out),
+        "--state",
+        str(state),
+    ]
     return tmp_path, key_path, days, out, state, cmd
 
 
@@ -97,8 +116,7 @@ def _removed_counts(day2: list[str], kept: list[str]) -> dict[int, dict[str, int
     return per_step
 
 
-def test_a_state_and_output_restored_from_a_backup_cannot_release_a_day_again(stream,
-                                                                             capsys):
+def test_a_state_and_output_restored_from_a_backup_cannot_release_a_day_again(stream, capsys):
     tmp_path, key_path, days, out, state, cmd = stream
     assert main(_day(cmd, tmp_path / "day1.jsonl", 1)) == 0
     files = [out, state, out.with_name(out.name + ".meta.json")]
@@ -125,8 +143,7 @@ def test_a_state_and_output_restored_from_a_backup_cannot_release_a_day_again(st
     truth = _removed_counts(days[2], kept)
     for t in range(STEPS_PER_DAY + 1, 2 * STEPS_PER_DAY + 1):
         for item in WORDS:
-            assert first[t][item] - second[t][item] == pytest.approx(truth[t][item],
-                                                                     abs=1e-6)
+            assert first[t][item] - second[t][item] == pytest.approx(truth[t][item], abs=1e-6)
     assert sum(truth[2 * STEPS_PER_DAY].values()) > 0
 
     # with the ledger beside the key (the default): refused, nothing written
@@ -147,15 +164,30 @@ def test_a_state_and_output_restored_from_a_backup_cannot_release_a_day_again(st
     (tmp_path / "all.jsonl").write_text("".join(days[1] + days[2] + days[3]))
     ref_cmd = [a for a in cmd if a not in (str(out), str(state))]
     ref_cmd = [a for a in ref_cmd if a not in ("-o", "--state")]
-    assert main([*ref_cmd, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref),
-                 "--ledger", str(tmp_path / "ref.ledger")]) == 0
+    assert (
+        main(
+            [
+                *ref_cmd,
+                "-i",
+                str(tmp_path / "all.jsonl"),
+                "-o",
+                str(ref),
+                "--ledger",
+                str(tmp_path / "ref.ledger"),
+            ]
+        )
+        == 0
+    )
     assert out.read_bytes() == ref.read_bytes()
 
 
 def _ledger_lines(key_path: Path) -> list[str]:
     """The step lines of the ledger beside the key (not the runs' scope lines)."""
-    return [line for line in Path(f"{key_path}.ledger").read_text().splitlines()
-            if line.startswith("L1 ")]
+    return [
+        line
+        for line in Path(f"{key_path}.ledger").read_text().splitlines()
+        if line.startswith("L1 ")
+    ]
 
 
 def test_a_run_killed_between_the_ledger_and_the_state_resumes(stream, monkeypatch):
@@ -167,8 +199,22 @@ def test_a_run_killed_between_the_ledger_and_the_state_resumes(stream, monkeypat
     tmp_path, key_path, days, out, state, cmd = stream
     ref = tmp_path / "ref.jsonl"
     ref_cmd = [a for a in cmd if a not in (str(out), str(state), "-o", "--state")]
-    assert main([*ref_cmd, "-i", str(tmp_path / "day1.jsonl"), "-o", str(ref),
-                 "--until", str(STEPS_PER_DAY), "--ledger", str(tmp_path / "ref.ledger")]) == 0
+    assert (
+        main(
+            [
+                *ref_cmd,
+                "-i",
+                str(tmp_path / "day1.jsonl"),
+                "-o",
+                str(ref),
+                "--until",
+                str(STEPS_PER_DAY),
+                "--ledger",
+                str(tmp_path / "ref.ledger"),
+            ]
+        )
+        == 0
+    )
     commit = Checkpoint.commit
 
     def killed_at_5(self, t, **kw):
@@ -204,14 +250,28 @@ def test_a_torn_ledger_line_after_a_kill_is_ignored_and_the_run_resumes(stream, 
     tmp_path, key_path, days, out, state, cmd = stream
     ref = tmp_path / "ref.jsonl"
     ref_cmd = [a for a in cmd if a not in (str(out), str(state), "-o", "--state")]
-    assert main([*ref_cmd, "-i", str(tmp_path / "day1.jsonl"), "-o", str(ref),
-                 "--until", str(STEPS_PER_DAY), "--ledger", str(tmp_path / "ref.ledger")]) == 0
+    assert (
+        main(
+            [
+                *ref_cmd,
+                "-i",
+                str(tmp_path / "day1.jsonl"),
+                "-o",
+                str(ref),
+                "--until",
+                str(STEPS_PER_DAY),
+                "--ledger",
+                str(tmp_path / "ref.ledger"),
+            ]
+        )
+        == 0
+    )
     append, calls = dpstream.ledger._append, []
 
     def killed_in_the_6th_append(fd, data):
         calls.append(data)
         if len(calls) == 6:
-            append(fd, data[:len(data) // 2])
+            append(fd, data[: len(data) // 2])
             raise KeyboardInterrupt  # as a kill in the middle of the write
         append(fd, data)
 
@@ -229,7 +289,8 @@ def test_a_torn_ledger_line_after_a_kill_is_ignored_and_the_run_resumes(stream, 
     assert text.endswith("\n") and len(text.splitlines()) == STEPS_PER_DAY + 1
     assert text.startswith("S1 ")
     assert [int(line.split(" ")[2]) for line in text.splitlines()[1:]] == list(
-        range(1, STEPS_PER_DAY + 1))
+        range(1, STEPS_PER_DAY + 1)
+    )
 
 
 def _flip(field: str) -> str:
@@ -253,14 +314,16 @@ def test_an_edited_ledger_is_refused(stream, capsys, edit):
     lines = ledger.read_text().splitlines(keepends=True)
     # the line of a step (line 1 is the run's scope line): the state's last step, step 4
     # and a step the restored state forgot
-    at = {"digest": STEPS_PER_DAY, "tag": STEPS_PER_DAY, "removed": 4,
-          "ahead": STEPS_PER_DAY + 4}[edit]
+    at = {"digest": STEPS_PER_DAY, "tag": STEPS_PER_DAY, "removed": 4, "ahead": STEPS_PER_DAY + 4}[
+        edit
+    ]
     fields = lines[at].split(" ")
     if edit == "removed":
         del lines[at]
     else:
         fields[3 if edit in ("digest", "ahead") else 5] = _flip(
-            fields[3 if edit in ("digest", "ahead") else 5])
+            fields[3 if edit in ("digest", "ahead") else 5]
+        )
         lines[at] = " ".join(fields)
     ledger.write_text("".join(lines))
     before, tables = out.read_bytes(), _tables(state)
@@ -276,8 +339,12 @@ def test_streams_sharing_a_key_share_its_ledger(stream):
     """Two streams under one key (two states, two outputs, other stream names): each
     has its own lines in the one ledger, and both go on."""
     tmp_path, key_path, days, out, state, cmd = stream
-    other_cmd = [a.replace(str(out), str(tmp_path / "b.jsonl"))
-                 .replace(str(state), str(tmp_path / "b.sqlite")) for a in cmd]
+    other_cmd = [
+        a.replace(str(out), str(tmp_path / "b.jsonl")).replace(
+            str(state), str(tmp_path / "b.sqlite")
+        )
+        for a in cmd
+    ]
     other_cmd += ["--stream", "b"]
     for d in (1, 2):
         assert main(_day(cmd, tmp_path / f"day{d}.jsonl", d)) == 0
@@ -359,19 +426,48 @@ def test_a_follower_restored_from_a_backup_cannot_release_a_step_again(tmp_path,
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
 
     def events(first, last, drop=False):
-        rows = [{"ts": (start + dt.timedelta(hours=h - 1, minutes=m)).isoformat(),
-                 "items": [WORDS[(h + m) % len(WORDS)]]}
-                for h in range(first, last + 1) for m in range(0, 60, 7)]
-        return "".join(json.dumps(r) + "\n" for r in rows[1 if drop else 0:])
+        rows = [
+            {
+                "ts": (start + dt.timedelta(hours=h - 1, minutes=m)).isoformat(),
+                "items": [WORDS[(h + m) % len(WORDS)]],
+            }
+            for h in range(first, last + 1)
+            for m in range(0, 60, 7)
+        ]
+        return "".join(json.dumps(r) + "\n" for r in rows[1 if drop else 0 :])
 
     (tmp_path / "a.jsonl").write_text(events(1, 4))
     (tmp_path / "b.jsonl").write_text(events(5, 8))
     (tmp_path / "b-cut.jsonl").write_text(events(5, 8, drop=True))
     out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
-    cmd = ["run", "-q", "-m", "unknown", "--max-items", "1", "--rho", "1",
-           "--threshold-delta", "0.1", "-T", "24", "--key-file", str(key_path), "-o", str(out),
-           "--state", str(state), "--time-field", "ts", "--step", "1h", "--start",
-           start.isoformat(), "--follow", "--no-fsync"]
+    cmd = [
+        "run",
+        "-q",
+        "-m",
+        "unknown",
+        "--max-items",
+        "1",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "0.1",
+        "-T",
+        "24",
+        "--key-file",
+        str(key_path),
+        "-o",
+        str(out),
+        "--state",
+        str(state),
+        "--time-field",
+        "ts",
+        "--step",
+        "1h",
+        "--start",
+        start.isoformat(),
+        "--follow",
+        "--no-fsync",
+    ]
     assert main([*cmd, "-i", str(tmp_path / "a.jsonl"), "--until", "4"]) == 0
     _backup([out, state], tmp_path / "after-a")
     assert main([*cmd, "-i", str(tmp_path / "b.jsonl"), "--until", "8"]) == 0

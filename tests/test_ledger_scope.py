@@ -48,15 +48,37 @@ def stream(tmp_path):
     for d, lines in days.items():
         (tmp_path / f"day{d}.jsonl").write_text("".join(lines))
         (tmp_path / f"day{d}-cut.jsonl").write_text("".join(lines[5:]))  # 5 events fewer
-    base = ["run", "-q", "-m", "known", "--max-items", "2", "--rho", "1", "-T", str(T),
-            "--domain", str(tmp_path / "domain.txt"), "--no-round", "--no-fsync",
-            "--key-file", str(key_path)]
+    base = [
+        "run",
+        "-q",
+        "-m",
+        "known",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "-T",
+        str(T),
+        "--domain",
+        str(tmp_path / "domain.txt"),
+        "--no-round",
+        "--no-fsync",
+        "--key-file",
+        str(key_path),
+    ]
     return tmp_path, key_path, base
 
 
 def _day(base, tmp_path, name, day, out="out.jsonl", state="s.sqlite"):
-    cmd = [*base, "-i", str(tmp_path / f"{name}.jsonl"), "--until", str(day * STEPS_PER_DAY),
-           "-o", str(tmp_path / out)]
+    cmd = [
+        *base,
+        "-i",
+        str(tmp_path / f"{name}.jsonl"),
+        "--until",
+        str(day * STEPS_PER_DAY),
+        "-o",
+        str(tmp_path / out),
+    ]
     return [*cmd, "--state", str(tmp_path / state)] if state else cmd
 
 
@@ -65,8 +87,11 @@ def _releases(path: Path) -> dict[int, dict[str, float]]:
 
 
 def _written(tmp_path: Path, out="out.jsonl", state="s.sqlite") -> list[str]:
-    return [p.name for p in (tmp_path / out, tmp_path / f"{out}.meta.json", tmp_path / state)
-            if p.exists()]
+    return [
+        p.name
+        for p in (tmp_path / out, tmp_path / f"{out}.meta.json", tmp_path / state)
+        if p.exists()
+    ]
 
 
 def _delete(tmp_path: Path, out="out.jsonl", state="s.sqlite") -> None:
@@ -106,8 +131,7 @@ def test_a_deleted_state_cannot_release_the_stream_again_from_other_data(stream,
                 for item in rec["items"]:
                     truth[item] += 1
         for item in WORDS:
-            assert published[t][item] - again[t][item] == pytest.approx(truth[item],
-                                                                        abs=1e-6)
+            assert published[t][item] - again[t][item] == pytest.approx(truth[item], abs=1e-6)
 
 
 def test_two_runs_without_state_of_one_key_and_settings(stream, capsys):
@@ -142,8 +166,7 @@ def test_force_lets_a_repeated_scope_through_with_a_warning(stream, capsys):
     err = capsys.readouterr().err
     assert "--force" in err and "never published" in err
     assert (tmp_path / "out.jsonl").read_text().count("\n") == STEPS_PER_DAY
-    scopes = [x for x in Path(f"{key_path}.ledger").read_text().splitlines()
-              if x.startswith("S1 ")]
+    scopes = [x for x in Path(f"{key_path}.ledger").read_text().splitlines() if x.startswith("S1 ")]
     assert len(scopes) == 2 and len({x.split(" ")[1] for x in scopes}) == 1
     assert main(_day(base, tmp_path, "day2", 2)) == 0  # the forced run goes on
     assert main([*_day(base, tmp_path, "day1", 3, out="c.jsonl", state=None)]) == 1
@@ -178,8 +201,10 @@ def test_resuming_and_continuing_the_same_state_is_allowed(stream, monkeypatch):
     tmp_path, key_path, base = stream
     ref = ["--ledger", str(tmp_path / "ref.ledger")]
     for d in (1, 2, 3):
-        assert main([*_day(base, tmp_path, f"day{d}", d, out="ref.jsonl", state="r.sqlite"),
-                     *ref]) == 0
+        assert (
+            main([*_day(base, tmp_path, f"day{d}", d, out="ref.jsonl", state="r.sqlite"), *ref])
+            == 0
+        )
     commit = Checkpoint.commit
 
     def killed_at_1(self, t, **kw):
@@ -199,8 +224,7 @@ def test_resuming_and_continuing_the_same_state_is_allowed(stream, monkeypatch):
     assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "ref.jsonl").read_bytes()
 
 
-def test_a_state_restored_to_before_its_first_step_cannot_start_again(stream, monkeypatch,
-                                                                      capsys):
+def test_a_state_restored_to_before_its_first_step_cannot_start_again(stream, monkeypatch, capsys):
     """A state saved after its run was recorded but before its first step (it looks
     like a kill between the ledger and the state), restored once the run released day
     1: the ledger holds more than that run's first step, so a new run from it is
@@ -239,8 +263,9 @@ def test_a_stream_begun_before_scope_lines_gets_its_line_when_it_goes_on(stream,
     tmp_path, key_path, base = stream
     assert main(_day(base, tmp_path, "day1", 1)) == 0
     ledger = Path(f"{key_path}.ledger")
-    ledger.write_text("".join(x for x in ledger.read_text().splitlines(keepends=True)
-                              if not x.startswith("S1 ")))
+    ledger.write_text(
+        "".join(x for x in ledger.read_text().splitlines(keepends=True) if not x.startswith("S1 "))
+    )
     assert main(_day(base, tmp_path, "day2", 2)) == 0
     assert sum(x.startswith("S1 ") for x in ledger.read_text().splitlines()) == 1
     _delete(tmp_path)
@@ -250,13 +275,16 @@ def test_a_stream_begun_before_scope_lines_gets_its_line_when_it_goes_on(stream,
     assert _written(tmp_path) == []
 
 
-@pytest.mark.parametrize("mech", [
-    ["-m", "known", "--max-items", "1"],
-    ["-m", "unknown", "--max-items", "1", "--threshold-delta", "0.3"],
-    ["-m", "top-k", "--k", "1", "--switches", "2"],
-    ["-m", "top-k", "--k", "1", "--switches", "2", "--max-items", "1"],  # KnownBase top-k
-    ["-m", "meta", "--max-items", "1", "--oneshot", "gaussian"],
-])
+@pytest.mark.parametrize(
+    "mech",
+    [
+        ["-m", "known", "--max-items", "1"],
+        ["-m", "unknown", "--max-items", "1", "--threshold-delta", "0.3"],
+        ["-m", "top-k", "--k", "1", "--switches", "2"],
+        ["-m", "top-k", "--k", "1", "--switches", "2", "--max-items", "1"],  # KnownBase top-k
+        ["-m", "meta", "--max-items", "1", "--oneshot", "gaussian"],
+    ],
+)
 def test_every_mechanism_names_its_exact_noise_scope(tmp_path, mech, capsys):
     """The scope is the mechanism's noise purpose, not just the stream name: the same
     settings again are refused, while a setting that changes the noise (the budget) is
@@ -266,8 +294,19 @@ def test_every_mechanism_names_its_exact_noise_scope(tmp_path, mech, capsys):
     (tmp_path / "domain.txt").write_text("a\nb\nc\n")
     (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n')
     domain = [] if mech[1] == "unknown" else ["--domain", str(tmp_path / "domain.txt")]
-    cmd = ["run", "-q", "-T", "4", *mech, *domain, "--key-file", str(key_path), "-i",
-           str(tmp_path / "ev.jsonl"), "--no-fsync"]
+    cmd = [
+        "run",
+        "-q",
+        "-T",
+        "4",
+        *mech,
+        *domain,
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(tmp_path / "ev.jsonl"),
+        "--no-fsync",
+    ]
     assert main([*cmd, "--rho", "1", "-o", str(tmp_path / "a.jsonl")]) == 0
     assert main([*cmd, "--rho", "2", "-o", str(tmp_path / "b.jsonl")]) == 0
     capsys.readouterr()

@@ -44,15 +44,23 @@ def per_item(build) -> float:
 
 
 def known():
-    m = dps.KnownDomainHistogram([f"item-{i:05d}" for i in range(N)], 1000, max_items=1,
-                                 key=fixed_key("mem"), rho=1.0)
+    m = dps.KnownDomainHistogram(
+        [f"item-{i:05d}" for i in range(N)], 1000, max_items=1, key=fixed_key("mem"), rho=1.0
+    )
     m.step_batch([["item-00001"]])
     return m
 
 
 def topk():
-    m = dps.ContinualTopK([f"item-{i:05d}" for i in range(N)], 1000, k=10, switches=5,
-                          eta=1.0, key=fixed_key("mem"), rho=1.0)
+    m = dps.ContinualTopK(
+        [f"item-{i:05d}" for i in range(N)],
+        1000,
+        k=10,
+        switches=5,
+        eta=1.0,
+        key=fixed_key("mem"),
+        rho=1.0,
+    )
     m.step_batch([["item-00001"]])
     return m
 

@@ -30,9 +30,13 @@ VARIANTS = {
 
 def random_stream(rng, steps, n_items=12, max_items=3, max_events=3):
     return [
-        [[f"i{u}" for u in rng.choice(n_items, size=rng.integers(0, max_items + 1),
-                                      replace=False)]
-         for _ in range(rng.integers(0, max_events + 1))]
+        [
+            [
+                f"i{u}"
+                for u in rng.choice(n_items, size=rng.integers(0, max_items + 1), replace=False)
+            ]
+            for _ in range(rng.integers(0, max_events + 1))
+        ]
         for _ in range(steps)
     ]
 
@@ -41,7 +45,7 @@ def block_histogram(stream, level, j, base):
     """Brute force: the histogram of the events at the steps of cell (level, j)."""
     lo, hi = tree.cell_span(level, j, base)
     c = Counter()
-    for events in stream[lo - 1: hi]:
+    for events in stream[lo - 1 : hi]:
         for event in events:
             c.update(set(event))
     return c
@@ -55,19 +59,32 @@ def brute_force_release(m, stream, t):
         hist = block_histogram(stream, level, j, m.base)
         purpose = f"{m.noise_scope}/cell-{level}-{j}"
         if m.oneshot == "gaussian":
-            out = gaussian_histogram({u: hist.get(u, 0) for u in m.domain}, tau=tau, key=m.key,
-                                     purpose=purpose)
+            out = gaussian_histogram(
+                {u: hist.get(u, 0) for u in m.domain}, tau=tau, key=m.key, purpose=purpose
+            )
         elif m.oneshot == "gumbel":
-            out = gumbel_top_k({u: hist.get(u, 0) for u in m.domain}, k=m.k, tau=tau, key=m.key,
-                               purpose=purpose)
+            out = gumbel_top_k(
+                {u: hist.get(u, 0) for u in m.domain}, k=m.k, tau=tau, key=m.key, purpose=purpose
+            )
         elif m.oneshot == "unknown-gaussian":
-            out = unknown.unknown_domain_gaussian(dict(hist), kbar=m.kbar, tau=tau,
-                                                  delta=m.threshold_delta / m.levels,
-                                                  key=m.key, purpose=purpose)
+            out = unknown.unknown_domain_gaussian(
+                dict(hist),
+                kbar=m.kbar,
+                tau=tau,
+                delta=m.threshold_delta / m.levels,
+                key=m.key,
+                purpose=purpose,
+            )
         else:
-            out = unknown.unknown_domain_gumbel(dict(hist), k=m.k, kbar=m.kbar, tau=tau,
-                                                delta=m.threshold_delta / m.levels,
-                                                key=m.key, purpose=purpose)
+            out = unknown.unknown_domain_gumbel(
+                dict(hist),
+                k=m.k,
+                kbar=m.kbar,
+                tau=tau,
+                delta=m.threshold_delta / m.levels,
+                key=m.key,
+                purpose=purpose,
+            )
         for u, v in out.counts.items():  # an item a cell did not release contributes 0
             total[u] = total.get(u, 0.0) + v
     return total
@@ -80,12 +97,22 @@ def test_release_is_the_sum_of_one_shot_cells(oneshot, base):
     horizon = 40
     stream = random_stream(rng, horizon)
     # skew the stream so the unknown-domain thresholds are crossed: i0 and i1 are frequent
-    stream = [events + [["i0", f"i{1 + (t // 6) % 11}"]] * 3 + [["i0"]] * 2
-              for t, events in enumerate(stream)]
+    stream = [
+        events + [["i0", f"i{1 + (t // 6) % 11}"]] * 3 + [["i0"]] * 2
+        for t, events in enumerate(stream)
+    ]
     stream = [[], []] + stream[:-2]  # two empty steps first: "gumbel" must wait
     extra = {"threshold_delta": 0.05} if oneshot.startswith("unknown") else {}
-    m = MetaHistogram(horizon, oneshot=oneshot, key=fixed_key(f"bf-{oneshot}"), base=base,
-                      tau=0.7, stream="bf", **VARIANTS[oneshot], **extra)
+    m = MetaHistogram(
+        horizon,
+        oneshot=oneshot,
+        key=fixed_key(f"bf-{oneshot}"),
+        base=base,
+        tau=0.7,
+        stream="bf",
+        **VARIANTS[oneshot],
+        **extra,
+    )
     released = waited = 0
     started = False
     for t, events in enumerate(stream, start=1):
@@ -133,8 +160,9 @@ def test_every_cell_is_processed_exactly_once_when_it_closes(oneshot, monkeypatc
     monkeypatch.setattr(MetaHistogram, "_noisy_cell", spy)
     horizon, base = 100, 3
     rng = np.random.default_rng(1)
-    m = MetaHistogram(horizon, oneshot=oneshot, key=fixed_key("calls"), base=base, rho=1.0,
-                      **VARIANTS[oneshot])
+    m = MetaHistogram(
+        horizon, oneshot=oneshot, key=fixed_key("calls"), base=base, rho=1.0, **VARIANTS[oneshot]
+    )
     for events in random_stream(rng, horizon):
         m.step_batch(events)
     cells = [(lv, j) for lv, j, _ in calls]
@@ -159,8 +187,15 @@ def test_gaussian_variant_has_knownbase_distribution(base):
     domain = list(range(d))
     samples = {t: [] for t in check_at}
     for rep in range(40):
-        m = MetaHistogram(horizon, oneshot="gaussian", domain=domain, max_items=1, base=base,
-                          key=fixed_key(f"mg{rep}"), tau=tau)
+        m = MetaHistogram(
+            horizon,
+            oneshot="gaussian",
+            domain=domain,
+            max_items=1,
+            base=base,
+            key=fixed_key(f"mg{rep}"),
+            tau=tau,
+        )
         true = np.zeros(d)
         for t in range(1, horizon + 1):
             rel = m.step([t % d])
@@ -189,8 +224,9 @@ def test_privacy_of_each_variant_matches_the_theorem():
     assert 4 / m.tau**2 == pytest.approx(0.5, rel=1e-12) and 4 / m.tau**2 <= 0.5
 
     # unknown-gaussian: (eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')
-    m = MetaHistogram(100, oneshot="unknown-gaussian", kbar=5, max_items=3, key=key, tau=tau,
-                      threshold_delta=1e-8)
+    m = MetaHistogram(
+        100, oneshot="unknown-gaussian", kbar=5, max_items=3, key=key, tau=tau, threshold_delta=1e-8
+    )
     assert m.privacy.rho == pytest.approx(3 / (2 * tau**2), rel=1e-12)
     assert m.privacy.rho_delta == pytest.approx(3e-8, rel=1e-12)
     assert m.privacy.delta == pytest.approx(3e-8 + DEFAULT_DELTA, rel=1e-12)
@@ -201,8 +237,9 @@ def test_privacy_of_each_variant_matches_the_theorem():
 
     # unknown-gumbel: (eps(k/tau^2, delta'), 2k delta + delta') with the CKS20 conversion,
     # tighter than eq:epsilon
-    m = MetaHistogram(100, oneshot="unknown-gumbel", kbar=5, k=3, key=key, tau=tau,
-                      threshold_delta=1e-8)
+    m = MetaHistogram(
+        100, oneshot="unknown-gumbel", kbar=5, k=3, key=key, tau=tau, threshold_delta=1e-8
+    )
     rho = 3 / tau**2
     assert m.privacy.rho == pytest.approx(rho, rel=1e-12)
     assert m.privacy.rho_delta == pytest.approx(6e-8, rel=1e-12)  # 2k delta, kbar <= 2k
@@ -210,8 +247,9 @@ def test_privacy_of_each_variant_matches_the_theorem():
     assert m.privacy.epsilon == pytest.approx(cks_epsilon(rho, DEFAULT_DELTA), rel=1e-7)
     assert m.privacy.epsilon < rho + 2 * math.sqrt(rho * math.log(1 / DEFAULT_DELTA))
     # with kbar > 2k the UnkGumb theorem's kbar delta is the larger charge
-    m = MetaHistogram(100, oneshot="unknown-gumbel", kbar=20, k=3, key=key, tau=tau,
-                      threshold_delta=1e-8)
+    m = MetaHistogram(
+        100, oneshot="unknown-gumbel", kbar=20, k=3, key=key, tau=tau, threshold_delta=1e-8
+    )
     assert m.privacy.rho_delta == pytest.approx(20e-8, rel=1e-12)
 
 
@@ -220,19 +258,18 @@ def cks_epsilon(rho: float, delta: float) -> float:
     from scipy.optimize import minimize_scalar
 
     def f(a: float) -> float:
-        return a * rho + (math.log(1 / delta) + (a - 1) * math.log(1 - 1 / a)
-                          - math.log(a)) / (a - 1)
+        return a * rho + (math.log(1 / delta) + (a - 1) * math.log(1 - 1 / a) - math.log(a)) / (
+            a - 1
+        )
 
-    res = minimize_scalar(f, bounds=(1 + 1e-9, 1e4), method="bounded",
-                          options={"xatol": 1e-12})
+    res = minimize_scalar(f, bounds=(1 + 1e-9, 1e4), method="bounded", options={"xatol": 1e-12})
     return min(float(res.fun), rho + 2 * math.sqrt(rho * math.log(1 / delta)))
 
 
 @pytest.mark.parametrize("oneshot", ["unknown-gaussian", "unknown-gumbel"])
 def test_unknown_variants_split_an_epsilon_delta_budget(oneshot):
     kw = VARIANTS[oneshot]
-    m = MetaHistogram(100, oneshot=oneshot, key=fixed_key("split"), epsilon=1.0, delta=1e-6,
-                      **kw)
+    m = MetaHistogram(100, oneshot=oneshot, key=fixed_key("split"), epsilon=1.0, delta=1e-6, **kw)
     c = kw["max_items"] if oneshot == "unknown-gaussian" else max(2 * kw["k"], kw["kbar"])
     assert m.privacy.delta == 1e-6
     assert m.threshold_delta == pytest.approx(1e-6 / (2 * c), rel=1e-12)
@@ -244,8 +281,15 @@ def test_unknown_variants_split_an_epsilon_delta_budget(oneshot):
         # the noise is below what eq:epsilon would need for the same claim
         assert epsilon_bun_steinke(rho, 1e-6 - m.privacy.rho_delta) > 1.0
     with pytest.raises(ValueError, match="threshold"):
-        MetaHistogram(100, oneshot=oneshot, key=fixed_key("split"), epsilon=1.0, delta=1e-6,
-                      threshold_delta=1e-6, **kw)
+        MetaHistogram(
+            100,
+            oneshot=oneshot,
+            key=fixed_key("split"),
+            epsilon=1.0,
+            delta=1e-6,
+            threshold_delta=1e-6,
+            **kw,
+        )
 
 
 def test_same_key_same_releases_and_in_a_fresh_process():
@@ -265,8 +309,10 @@ print(";".join(out))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     here = []
-    for oneshot, kw in [("gumbel", {"domain": list(range(9)), "k": 2}),
-                        ("unknown-gumbel", {"kbar": 4, "k": 2})]:
+    for oneshot, kw in [
+        ("gumbel", {"domain": list(range(9)), "k": 2}),
+        ("unknown-gumbel", {"kbar": 4, "k": 2}),
+    ]:
         m = MetaHistogram(30, oneshot=oneshot, key=key, rho=2.0, **kw)
         for t in range(30):
             r = m.step([t % 9, (t // 4) % 9, 3])
@@ -281,10 +327,19 @@ print(";".join(out))
 def test_memory_stays_bounded_by_the_cells_alive():
     """Noisy cells kept: <= r - 1 per level, each with <= k items; open blocks: one per level."""
     horizon, base, k = 2000, 2, 3
-    m = MetaHistogram(horizon, oneshot="gumbel", domain=range(50), k=k, base=base,
-                      key=fixed_key("mem"), rho=1.0)
-    u = MetaHistogram(horizon, oneshot="unknown-gumbel", kbar=6, k=k, base=base,
-                      key=fixed_key("mem"), rho=1.0, threshold_delta=0.1)
+    m = MetaHistogram(
+        horizon, oneshot="gumbel", domain=range(50), k=k, base=base, key=fixed_key("mem"), rho=1.0
+    )
+    u = MetaHistogram(
+        horizon,
+        oneshot="unknown-gumbel",
+        kbar=6,
+        k=k,
+        base=base,
+        key=fixed_key("mem"),
+        rho=1.0,
+        threshold_delta=0.1,
+    )
     rng = np.random.default_rng(0)
     for _ in range(horizon):
         events = [list(rng.integers(0, 50, size=3)) + [0] for _ in range(3)]
@@ -342,11 +397,13 @@ def test_gumbel_waits_while_every_count_is_zero():
     n, horizon = 150, 30
     started = 0
     for rep in range(n):
-        m = MetaHistogram(horizon, oneshot="gumbel", domain=range(20), k=3,
-                          key=fixed_key(f"mz{rep}"), rho=1.0)
+        m = MetaHistogram(
+            horizon, oneshot="gumbel", domain=range(20), k=3, key=fixed_key(f"mz{rep}"), rho=1.0
+        )
         started += any(m.step([]).items for _ in range(horizon))
     assert started / n <= 0.05 + Z_TOL * math.sqrt(0.05 * 0.95 / n)
-    m = MetaHistogram(horizon, oneshot="gumbel", domain=range(20), k=3, key=fixed_key("mz"),
-                      rho=1.0)
+    m = MetaHistogram(
+        horizon, oneshot="gumbel", domain=range(20), k=3, key=fixed_key("mz"), rho=1.0
+    )
     m.start_z = 0.0
     assert len(m.step([]).items) == 3

@@ -22,13 +22,15 @@ def _unknown(key_label: str) -> dps.UnknownDomainHistogram:
     # a small tau and a generous threshold delta: most items are shown, so the
     # releases compared below hold many values; the tree, whose jumps equal its steps
     # (a BLT item joins at the step it is first seen: test_unknown_blt)
-    return dps.UnknownDomainHistogram(300, max_items=3, key=fixed_key(key_label), tau=0.3,
-                                      threshold_delta=0.3, counter="tree")
+    return dps.UnknownDomainHistogram(
+        300, max_items=3, key=fixed_key(key_label), tau=0.3, threshold_delta=0.3, counter="tree"
+    )
 
 
 def _topk(key_label: str, domain: list[str]) -> dps.ContinualTopK:
-    return dps.ContinualTopK(domain, 300, k=3, switches=3, eta=1.0, key=fixed_key(key_label),
-                             rho=2.0)
+    return dps.ContinualTopK(
+        domain, 300, k=3, switches=3, eta=1.0, key=fixed_key(key_label), rho=2.0
+    )
 
 
 def _stream(seed: int, steps: int, items: int) -> list[list[list[str]]]:
@@ -94,8 +96,11 @@ def test_unknown_domain_counts_widen_on_the_largest_count_with_the_same_releases
     int64 and equals a brute-force count throughout."""
     steps = _stream(1, 60, 30)
     expected, widened_at = _replay_with_a_lowered_limit(
-        monkeypatch, lambda: _unknown("narrow-unknown"), steps,
-        lambda u, brute: dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == brute)
+        monkeypatch,
+        lambda: _unknown("narrow-unknown"),
+        steps,
+        lambda u, brute: dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == brute,
+    )
     assert widened_at is not None and widened_at < len(steps)  # both layouts ran
     assert sum(len(r) for r in expected) > 200
 
@@ -112,7 +117,11 @@ def test_unknown_domain_a_new_item_counted_past_the_limit_widens(monkeypatch):
     u.step_batch([["later"]] * 11)
     assert u._counts.dtype == np.int64 and u._max_count == 11
     assert dict(zip(u.items_seen, u.counts.tolist(), strict=True)) == {
-        "a": 1, "b": 1, "fresh": 10, "later": 11}
+        "a": 1,
+        "b": 1,
+        "fresh": 10,
+        "later": 11,
+    }
 
 
 def test_unknown_domain_counts_past_int32_in_aggregate_mode_are_exact():
@@ -120,9 +129,11 @@ def test_unknown_domain_counts_past_int32_in_aggregate_mode_are_exact():
     counts: exact counts and the releases of a mechanism that jumped to them."""
     u = _unknown("wide-unknown")
     u.step_batch([["a", "b"], ["c"]])
-    for t, prefix in ((3, {"a": INT32_TOP, "b": 1, "c": 1}),       # exactly: int32
-                      (5, {"a": INT32_TOP + 7, "b": 2, "c": 1}),   # past: int64
-                      (6, {"a": INT32_TOP + 7, "b": 2, "c": 1, "d": 2**40})):
+    for t, prefix in (
+        (3, {"a": INT32_TOP, "b": 1, "c": 1}),  # exactly: int32
+        (5, {"a": INT32_TOP + 7, "b": 2, "c": 1}),  # past: int64
+        (6, {"a": INT32_TOP + 7, "b": 2, "c": 1, "d": 2**40}),
+    ):
         got = u.release(t, prefix)
         direct = _unknown("wide-unknown").release(t, prefix)
         assert list(got.items) == list(direct.items)
@@ -139,8 +150,11 @@ def test_topk_counts_widen_on_the_largest_count_with_the_same_releases(monkeypat
     """SparseGumb: the same rule and checks as UnkBase's test above."""
     domain = [f"i{j}" for j in range(30)]
     expected, widened_at = _replay_with_a_lowered_limit(
-        monkeypatch, lambda: _topk("narrow-topk", domain), _stream(3, 80, 30),
-        lambda m, brute: m.counts.tolist() == [brute.get(x, 0) for x in domain])
+        monkeypatch,
+        lambda: _topk("narrow-topk", domain),
+        _stream(3, 80, 30),
+        lambda m, brute: m.counts.tolist() == [brute.get(x, 0) for x in domain],
+    )
     assert widened_at is not None and sum(len(r) for r in expected) > 100
 
 

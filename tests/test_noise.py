@@ -183,9 +183,15 @@ def test_ids_and_domain_tag_hashed_in_chunks_are_the_per_item_values(monkeypatch
     monkeypatch.setattr(noise, "DIGEST_CHUNK", chunk)
     src = NoiseSource(fixed_key("chunks"), "p")
     items = [f"it{i}" for i in range(20)] + [5, b"\x00raw", "é"]
-    want = np.array([np.frombuffer(hashlib.blake2b(encode_item(x), key=src._item_hash_key,
-                                                   digest_size=16).digest(), dtype="<u8")
-                     for x in items])
+    want = np.array(
+        [
+            np.frombuffer(
+                hashlib.blake2b(encode_item(x), key=src._item_hash_key, digest_size=16).digest(),
+                dtype="<u8",
+            )
+            for x in items
+        ]
+    )
     assert np.array_equal(src.item_ids(items), want)
     assert np.array_equal(src.item_ids(iter(items)), want)
     assert src.item_ids([]).shape == (0, 2)
@@ -193,6 +199,7 @@ def test_ids_and_domain_tag_hashed_in_chunks_are_the_per_item_values(monkeypatch
     assert domain_tag(items) == tag and domain_tag(iter(items)) == tag
     with pytest.raises(TypeError, match="items must be str, int or bytes"):
         src.item_ids(items[:5] + [1.5])
+
     # a list that grows or shrinks while it is hashed (an item whose encoding edits it)
     def editing(edit, victim):
         class Editing(str):

@@ -73,12 +73,14 @@ class ReferencePRF:
         if distribution == "laplace":
             v = u - 0.5
             return (-scale * math.copysign(1.0, v) if v else 0.0) * float(
-                np.log1p(np.float64(-2.0 * abs(v))))
+                np.log1p(np.float64(-2.0 * abs(v)))
+            )
         assert distribution == "gumbel"
         return -scale * float(np.log(np.float64(-float(np.log(np.float64(u))))))
 
-    def values(self, ids: list[bytes], address: tuple[int, int, int], distribution: str,
-               scale: float) -> np.ndarray:
+    def values(
+        self, ids: list[bytes], address: tuple[int, int, int], distribution: str, scale: float
+    ) -> np.ndarray:
         blocks = [self.block(i, *address) for i in ids]
         return np.array([self.value(b, distribution, scale) for b in blocks])
 
@@ -92,9 +94,11 @@ def as_words(ids: list[bytes]) -> np.ndarray:
 
 
 def random_address(rng: random.Random) -> tuple[int, int, int]:
-    return (rng.choice([0, 1, rng.randrange(MAX_LEVEL + 1), MAX_LEVEL]),
-            rng.choice([0, 1, rng.getrandbits(64), 2**64 - 1]),
-            rng.choice([0, 1, rng.randrange(MAX_DRAW + 1), MAX_DRAW]))
+    return (
+        rng.choice([0, 1, rng.randrange(MAX_LEVEL + 1), MAX_LEVEL]),
+        rng.choice([0, 1, rng.getrandbits(64), 2**64 - 1]),
+        rng.choice([0, 1, rng.randrange(MAX_DRAW + 1), MAX_DRAW]),
+    )
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -141,11 +145,17 @@ def test_the_top_word_gives_finite_noise_on_every_path():
     top = np.uint64(2**64 - 1)
     assert UNIFORM_MAX == math.nextafter(1.0, 0.0)
     assert uniforms_from_words(np.array([top, np.uint64(2**63)])).tolist() == [
-        UNIFORM_MAX, 0.5]  # k = 2^52: k + 1/2 rounds to 2^52 (even), exactly 1/2
+        UNIFORM_MAX,
+        0.5,
+    ]  # k = 2^52: k + 1/2 rounds to 2^52 (even), exactly 1/2
     blocks = np.array([[top, top], [top - np.uint64(2**11), 7]], dtype="<u8")
     src = NoiseSource(fixed_key("top"), "top")
-    defs = {"uniform": src.to_uniform(blocks), "gaussian": src.to_gaussian(blocks, 2.0),
-            "laplace": src.to_laplace(blocks, 2.0), "gumbel": src.to_gumbel(blocks, 2.0)}
+    defs = {
+        "uniform": src.to_uniform(blocks),
+        "gaussian": src.to_gaussian(blocks, 2.0),
+        "laplace": src.to_laplace(blocks, 2.0),
+        "gumbel": src.to_gumbel(blocks, 2.0),
+    }
     assert defs["uniform"].tolist() == [UNIFORM_MAX, 1.0 - 2.0**-52]  # 2^53 - 3/2: to even
     assert all(np.isfinite(v).all() for v in defs.values())
 
@@ -159,8 +169,16 @@ def test_the_top_word_gives_finite_noise_on_every_path():
     tile = noise_kernel.tweak_tile(0, 0, 2)
     for dist, want in defs.items():
         got = np.empty(2)
-        noise_kernel.noise_chunk(Fixed(), np.zeros((2, 2), "<u8"), tile, dist,
-                                 1.0 if dist == "uniform" else 2.0, got, False, ws)
+        noise_kernel.noise_chunk(
+            Fixed(),
+            np.zeros((2, 2), "<u8"),
+            tile,
+            dist,
+            1.0 if dist == "uniform" else 2.0,
+            got,
+            False,
+            ws,
+        )
         assert same_bits(got, want), dist
     assert compiled.ndtri_enabled() or not compiled.enabled()
     if compiled.ndtri_enabled():
@@ -186,8 +204,14 @@ def test_draws_match_reference_across_tiny_chunk_boundaries(tiny_chunks, n):
             assert same_bits(getattr(src, distribution)(prepared, *address, scale=scale), want)
         # accumulate adds the same values to what is there (as the tree's sums do)
         base = np.linspace(-3.0, 3.0, n)
-        got = src.draw_into(prepared, *address, distribution=distribution, scale=scale,
-                            out=base.copy(), accumulate=True)
+        got = src.draw_into(
+            prepared,
+            *address,
+            distribution=distribution,
+            scale=scale,
+            out=base.copy(),
+            accumulate=True,
+        )
         assert same_bits(got, base + want)
 
 
@@ -212,8 +236,10 @@ def test_threads_give_the_same_values(tiny_chunks, two_threads):
     prepared = src.prepare_ids(as_words(ids))
     for distribution in DISTRIBUTIONS:
         address = random_address(rng)
-        assert same_bits(src.draw_into(prepared, *address, distribution=distribution),
-                         ref.values(ids, address, distribution, 1.0))
+        assert same_bits(
+            src.draw_into(prepared, *address, distribution=distribution),
+            ref.values(ids, address, distribution, 1.0),
+        )
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -293,8 +319,9 @@ def test_run_tasks_inside_a_task_does_not_wait_on_its_own_pool(two_threads):
 # -- tree sums --------------------------------------------------------------------------
 
 
-def reference_tree_noise(ref: ReferencePRF, ids: list[bytes], t: int, horizon: int, base: int,
-                         cell_std: float) -> np.ndarray:
+def reference_tree_noise(
+    ref: ReferencePRF, ids: list[bytes], t: int, horizon: int, base: int, cell_std: float
+) -> np.ndarray:
     """Per item: each level's cells added in increasing index from 0.0, then the levels
     added from the top level down (the definition in tree_noise's docstring)."""
     levels = num_levels(horizon, base)
@@ -313,8 +340,9 @@ def reference_tree_noise(ref: ReferencePRF, ids: list[bytes], t: int, horizon: i
 
 # refold budgets that store all 4 suffix rows above row 0, 3, 2, and 1
 @pytest.mark.parametrize("budget", [0.0, 0.25, 1.0, 1e9])
-def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks, monkeypatch,
-                                                                      budget):
+def test_tree_noise_matches_reference_over_chunks_segments_and_steps(
+    tiny_chunks, monkeypatch, budget
+):
     monkeypatch.setattr(tree_noise, "_REFOLD_BUDGET", budget)
     monkeypatch.setattr(tree_noise, "_GROW_ITEMS", 16)  # many segments
     horizon, base, std = 200, 3, 1.7
@@ -343,8 +371,9 @@ def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks
         checks += 1
     assert len(tn._segments) > 3 and checks > 30
     # a restore from the level sums continues bit for bit
-    restored = TreeNoise.restore(src, horizon, base, std, tn.prepared, tn.t, tn.level_sums(),
-                                 kept_levels=levels)
+    restored = TreeNoise.restore(
+        src, horizon, base, std, tn.prepared, tn.t, tn.level_sums(), kept_levels=levels
+    )
     for step in (t + 1, t + 2, t + 9):
         tn.advance(step)
         restored.advance(step)
@@ -353,8 +382,7 @@ def test_tree_noise_matches_reference_over_chunks_segments_and_steps(tiny_chunks
 
 
 @pytest.mark.parametrize("horizon,base", [(200, 3), (700, 5), (130, 2)])
-def test_folded_levels_give_the_bits_of_every_level_kept(tiny_chunks, monkeypatch, horizon,
-                                                          base):
+def test_folded_levels_give_the_bits_of_every_level_kept(tiny_chunks, monkeypatch, horizon, base):
     """Keeping only the lowest A levels one by one (the others as their fold, drawn
     again at the steps that change them) must give, at every step, the noise and
     the level sums of the tree that keeps every level (which the test above holds
@@ -364,11 +392,16 @@ def test_folded_levels_give_the_bits_of_every_level_kept(tiny_chunks, monkeypatc
     levels = num_levels(horizon, base)
     src = NoiseSource(fixed_key("kernel-fold"), f"fold/{base}")
     rng = random.Random(horizon)
-    trees = {a: TreeNoise(src, horizon, base, 0.8, kept_levels=a)
-             for a in range(1, levels + 1)}
+    trees = {a: TreeNoise(src, horizon, base, 0.8, kept_levels=a) for a in range(1, levels + 1)}
     default = TreeNoise(src, horizon, base, 0.8)
-    want_kept = next((a for a in range(1, levels) if (levels - a) * (base - 1) / 2
-                      <= tree_noise._REDRAW_BUDGET * base**a), levels)
+    want_kept = next(
+        (
+            a
+            for a in range(1, levels)
+            if (levels - a) * (base - 1) / 2 <= tree_noise._REDRAW_BUDGET * base**a
+        ),
+        levels,
+    )
     assert default.kept_levels == want_kept
     assert 1 < want_kept < levels  # the default folds: this test covers it
     full = trees[levels]
@@ -389,8 +422,9 @@ def test_folded_levels_give_the_bits_of_every_level_kept(tiny_chunks, monkeypatc
         folds += t % base**want_kept == 0
     for a, tn in trees.items():
         assert same_bits(tn.level_sums(), full.level_sums()), a  # folded sums drawn again
-        back = TreeNoise.restore(src, horizon, base, 0.8, tn.prepared, t, tn.level_sums(),
-                                 kept_levels=a)
+        back = TreeNoise.restore(
+            src, horizon, base, 0.8, tn.prepared, t, tn.level_sums(), kept_levels=a
+        )
         for step in (t + 1, t + 3, horizon):
             back.advance(step)
             tn.advance(step)
@@ -402,9 +436,14 @@ def test_folded_levels_give_the_bits_of_every_level_kept(tiny_chunks, monkeypatc
 def test_kept_levels_and_their_storage():
     """The default A per (T, r), the rows an item costs, and refusals."""
     src = NoiseSource(fixed_key("kernel-kept"), "k")
-    for horizon, base, kept, stored, rows in [(1000, 5, 3, 1, 4), (10**6, 5, 4, 2, 5),
-                                             (1000, 2, 6, 3, 7), (10**6, 2, 8, 4, 9),
-                                             (20, 5, 2, 1, 2), (4, 5, 1, 0, 1)]:
+    for horizon, base, kept, stored, rows in [
+        (1000, 5, 3, 1, 4),
+        (10**6, 5, 4, 2, 5),
+        (1000, 2, 6, 3, 7),
+        (10**6, 2, 8, 4, 9),
+        (20, 5, 2, 1, 2),
+        (4, 5, 1, 0, 1),
+    ]:
         tn = TreeNoise(src, horizon, base, 1.0)
         assert (tn.kept_levels, tn._stored, tn._rows) == (kept, stored, rows), (horizon, base)
         tn.add_items(src.prepare_ids(np.zeros((10, 2), "<u8")))

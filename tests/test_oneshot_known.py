@@ -104,8 +104,9 @@ def test_gaussian_histogram_noise_is_n0_tau2():
     true = np.arange(n_items) % 7
     diffs = []
     for i in range(100):
-        out = gaussian_histogram(true, items=domain, tau=tau, key=fixed_key(f"kg{i}"),
-                                 purpose="test/kgauss")
+        out = gaussian_histogram(
+            true, items=domain, tau=tau, key=fixed_key(f"kg{i}"), purpose="test/kgauss"
+        )
         assert out.items == tuple(domain)
         diffs.append(out.values - true)
     x = np.concatenate(diffs)
@@ -152,8 +153,9 @@ def test_deterministic_and_purposes_independent():
     assert a.items == b.items and np.array_equal(a.values, b.values)
     assert not np.array_equal(a.values, c.values)
     # the array form with items= gives the same release as the Mapping form
-    arr = gumbel_top_k(np.array(list(hist.values())), items=list(hist), k=5, tau=1.0, key=key,
-                       purpose="p1")
+    arr = gumbel_top_k(
+        np.array(list(hist.values())), items=list(hist), k=5, tau=1.0, key=key, purpose="p1"
+    )
     assert arr.items == a.items and np.array_equal(arr.values, a.values)
     # selection-only gives the same selection
     sel = gumbel_top_k(hist, k=5, tau=1.0, key=key, purpose="p1", with_counts=False)
@@ -185,8 +187,10 @@ def test_input_errors():
     # NumPy integer labels come back as Python ints (a label never shows its origin)
     sel = gumbel_top_k({np.int64(3): 5, 4: 1}, k=1, tau=0.01, key=key, purpose="e")
     assert sel.items == (3,) and type(sel.items[0]) is int
-    assert gaussian_histogram({"a": 2}, tau=1.0, key=key, purpose="e").rounded().values.dtype \
+    assert (
+        gaussian_histogram({"a": 2}, tau=1.0, key=key, purpose="e").rounded().values.dtype
         == np.int64
+    )
     with pytest.raises(ValueError, match=">= 0"):
         gaussian_histogram({"a": -1}, tau=1.0, key=key, purpose="e")
     with pytest.raises(TypeError, match="integers"):

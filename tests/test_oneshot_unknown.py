@@ -38,8 +38,9 @@ def test_unkgauss_returns_only_top_kbar_positive_items_sorted():
     counts = {"a": 50, "b": 49, "c": 48, "d": 47, "e": 46, "f": 45}
     returned = dict.fromkeys(counts, 0)
     for i in range(300):
-        res = unknown_domain_gaussian(counts, kbar=3, tau=3.0, delta=0.4, key=key,
-                                      purpose=f"top-{i}")
+        res = unknown_domain_gaussian(
+            counts, kbar=3, tau=3.0, delta=0.4, key=key, purpose=f"top-{i}"
+        )
         assert set(res.items) <= {"a", "b", "c"}
         assert list(res.values) == sorted(res.values, reverse=True)
         assert res.hit_threshold
@@ -48,8 +49,9 @@ def test_unkgauss_returns_only_top_kbar_positive_items_sorted():
     assert returned["c"] > 50  # c (count 48, one above d) is often returned: d would be too
     # zero counts never get noise, even with a threshold far below 0 (delta = 0.99)
     for i in range(200):
-        res = unknown_domain_gaussian({"x": 0, "y": 0, "z": 2}, kbar=5, tau=1.0, delta=0.99,
-                                      key=key, purpose=f"zero-{i}")
+        res = unknown_domain_gaussian(
+            {"x": 0, "y": 0, "z": 2}, kbar=5, tau=1.0, delta=0.99, key=key, purpose=f"zero-{i}"
+        )
         assert set(res.items) <= {"z"}
 
 
@@ -58,8 +60,9 @@ def test_unkgauss_ties_broken_by_a_fixed_order():
     key = fixed_key("ties")
     seen = set()
     for i in range(100):
-        res = unknown_domain_gaussian({"p": 100, "q": 100, "r": 1}, kbar=1, tau=1.0,
-                                      delta=0.5, key=key, purpose=f"tie-{i}")
+        res = unknown_domain_gaussian(
+            {"p": 100, "q": 100, "r": 1}, kbar=1, tau=1.0, delta=0.5, key=key, purpose=f"tie-{i}"
+        )
         seen |= set(res.items)
     assert len(seen) == 1
 
@@ -80,10 +83,12 @@ def test_unkgauss_delta_bound_is_exact_at_h_next_plus_one():
     tau, delta, n = 1.0, 0.2, 4000
     hit_plus_one = hit_equal = 0
     for i in range(n):
-        r1 = unknown_domain_gaussian({"u": 11, "w": 10}, kbar=1, tau=tau, delta=delta,
-                                     key=key, purpose=f"db-{i}")
-        r2 = unknown_domain_gaussian((["v", "w"], [10, 10]), kbar=1, tau=tau,
-                                     delta=delta, key=key, purpose=f"db2-{i}")
+        r1 = unknown_domain_gaussian(
+            {"u": 11, "w": 10}, kbar=1, tau=tau, delta=delta, key=key, purpose=f"db-{i}"
+        )
+        r2 = unknown_domain_gaussian(
+            (["v", "w"], [10, 10]), kbar=1, tau=tau, delta=delta, key=key, purpose=f"db2-{i}"
+        )
         hit_plus_one += len(r1)
         hit_equal += len(r2)
     assert within(hit_plus_one / n, delta, n)
@@ -106,8 +111,9 @@ def test_unkgauss_counts_are_true_plus_gaussian():
     counts["low"] = 1
     z = []
     for i in range(n_calls):
-        res = unknown_domain_gaussian(counts, kbar=5, tau=tau, delta=1e-9, key=key,
-                                      purpose=f"n-{i}")
+        res = unknown_domain_gaussian(
+            counts, kbar=5, tau=tau, delta=1e-9, key=key, purpose=f"n-{i}"
+        )
         assert len(res) == 5
         z.extend(v - counts[it] for it, v in res.counts.items())
     z = np.asarray(z)
@@ -124,8 +130,9 @@ def test_oneshot_determinism_and_purposes():
     assert r1.items == r2.items and np.array_equal(r1.values, r2.values)
     assert not np.array_equal(r1.values, r3.values)
     # parallel sequences give the same as the Mapping
-    r4 = unknown_domain_gaussian((list(counts), list(counts.values())), kbar=3, tau=1.0,
-                                 delta=1e-3, key=key, purpose="p")
+    r4 = unknown_domain_gaussian(
+        (list(counts), list(counts.values())), kbar=3, tau=1.0, delta=1e-3, key=key, purpose="p"
+    )
     assert r4.items == r1.items and np.array_equal(r4.values, r1.values)
     g1 = unknown_domain_gumbel(counts, k=2, kbar=3, tau=1.0, delta=1e-3, key=key, purpose="p")
     g2 = unknown_domain_gumbel(counts, k=2, kbar=3, tau=1.0, delta=1e-3, key=key, purpose="p")
@@ -170,19 +177,23 @@ def exact_gaussian_delta(epsilon, mu):
     )
 
 
-@pytest.mark.parametrize("tau,delta,max_items,delta_prime",
-                         [(1.0, 1e-7, 1, 1e-6), (3.0, 1e-9, 4, 1e-5), (0.5, 1e-3, 2, 1e-2)])
+@pytest.mark.parametrize(
+    "tau,delta,max_items,delta_prime",
+    [(1.0, 1e-7, 1, 1e-6), (3.0, 1e-9, 4, 1e-5), (0.5, 1e-3, 2, 1e-2)],
+)
 def test_unkgauss_guarantee(tau, delta, max_items, delta_prime):
-    g = unknown_domain_gaussian_privacy(tau=tau, delta=delta, max_items=max_items,
-                                        delta_prime=delta_prime)
+    g = unknown_domain_gaussian_privacy(
+        tau=tau, delta=delta, max_items=max_items, delta_prime=delta_prime
+    )
     assert g.rho == pytest.approx(max_items / (2 * tau**2), rel=1e-12)
     assert g.rho_delta == pytest.approx(max_items * delta, rel=1e-15)
     assert g.delta == pytest.approx(max_items * delta + delta_prime, rel=1e-15)
     mu = math.sqrt(max_items) / tau
     assert exact_gaussian_delta(g.epsilon, mu) == pytest.approx(delta_prime, rel=1e-6)
     paper = g.rho + 2 * math.sqrt(g.rho * math.log(1 / delta_prime))  # eq:epsilon
-    cks = unknown_domain_gaussian_privacy(tau=tau, delta=delta, max_items=max_items,
-                                          delta_prime=delta_prime, gaussian_exact=False)
+    cks = unknown_domain_gaussian_privacy(
+        tau=tau, delta=delta, max_items=max_items, delta_prime=delta_prime, gaussian_exact=False
+    )
     assert g.epsilon <= cks.epsilon <= paper * (1 + 1e-12)
     with pytest.raises(ValueError, match="< 1"):
         unknown_domain_gaussian_privacy(tau=1.0, delta=0.5, max_items=2, delta_prime=0.1)
@@ -206,8 +217,15 @@ def test_unkgumb_threshold_probability_closed_form():
     tau, delta, n = 1.5, 0.5, 4000
     hits = 0
     for i in range(n):
-        res = unknown_domain_gumbel({"a": 11, "b": 10, "c": 10}, k=1, kbar=2, tau=tau,
-                                    delta=delta, key=key, purpose=f"g-{i}")
+        res = unknown_domain_gumbel(
+            {"a": 11, "b": 10, "c": 10},
+            k=1,
+            kbar=2,
+            tau=tau,
+            delta=delta,
+            key=key,
+            purpose=f"g-{i}",
+        )
         assert set(res.items) <= {"a"}
         assert res.hit_threshold == (len(res) == 0)
         hits += len(res)
@@ -226,8 +244,15 @@ def test_unkgumb_selection_is_gumbel_with_scale_tau_over_two():
     tau, n = 2.0, 6000
     wins = 0
     for i in range(n):
-        res = unknown_domain_gumbel({"hi": 100, "lo": 99, "x": 1, "y": 1}, k=1, kbar=3, tau=tau,
-                                    delta=1e-6, key=key, purpose=f"s-{i}")
+        res = unknown_domain_gumbel(
+            {"hi": 100, "lo": 99, "x": 1, "y": 1},
+            k=1,
+            kbar=3,
+            tau=tau,
+            delta=1e-6,
+            key=key,
+            purpose=f"s-{i}",
+        )
         assert len(res) == 1 and not res.hit_threshold
         wins += res.items[0] == "hi"
     assert within(wins / n, 1 / (1 + math.exp(-2 / tau)), n)
@@ -248,8 +273,9 @@ def test_unkgumb_returns_k_items_with_gaussian_counts():
 def test_unkgumb_guarantee_is_the_theorem():
     tau, delta, k, kbar, dp = 2.0, 1e-8, 3, 10, 1e-6
     g = unknown_domain_gumbel_privacy(tau=tau, delta=delta, k=k, kbar=kbar, delta_prime=dp)
-    assert g.epsilon == pytest.approx(k / tau**2 + 2 / tau * math.sqrt(k * math.log(1 / dp)),
-                                      rel=1e-12)
+    assert g.epsilon == pytest.approx(
+        k / tau**2 + 2 / tau * math.sqrt(k * math.log(1 / dp)), rel=1e-12
+    )
     assert g.delta == pytest.approx(kbar * delta + dp, rel=1e-15)
     assert g.rho_delta == pytest.approx(kbar * delta, rel=1e-15)
     assert g.conversion == "bun-steinke"

@@ -27,9 +27,33 @@ def run(tmp_path):
 
     def go(name: str, *extra: str):
         out = tmp_path / name
-        assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "4",
-                     "--threshold-delta", "0.01", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), *own_ledger(out), *extra]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "-q",
+                    "-m",
+                    "unknown",
+                    "-T",
+                    "6",
+                    "--max-items",
+                    "2",
+                    "--rho",
+                    "4",
+                    "--threshold-delta",
+                    "0.01",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(src),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    *extra,
+                ]
+            )
+            == 0
+        )
         return out
 
     return go
@@ -39,15 +63,22 @@ def _expected() -> pd.DataFrame:
     """The releases from the library, in the long format, by hand: rounded, below 0 as 0
     (--clamp), an item kept once shown (--remember), as `run` publishes by default. With
     this key and threshold delta step 1 shows nothing and later steps show "a"."""
-    mech = UnknownDomainHistogram(6, max_items=2, key=fixed_key("outputs"), rho=4.0,
-                                  threshold_delta=0.01, remember=True,
-                                  noise_version=2)  # what run draws for a new stream
+    mech = UnknownDomainHistogram(
+        6,
+        max_items=2,
+        key=fixed_key("outputs"),
+        rho=4.0,
+        threshold_delta=0.01,
+        remember=True,
+        noise_version=2,
+    )  # what run draws for a new stream
     rows = []
     for t in range(1, 7):
         rel = mech.step_batch([it for tt, it in EVENTS if tt == t]).rounded()
         std = mech.noise_std_at(t)
-        rows += [(t, str(i), max(int(v), 0), std)
-                 for i, v in zip(rel.items, rel.values, strict=True)]
+        rows += [
+            (t, str(i), max(int(v), 0), std) for i, v in zip(rel.items, rel.values, strict=True)
+        ]
         if not len(rel):
             rows.append((t, None, None, std))
     return pd.DataFrame(rows, columns=["t", "item", "value", "noise_std"])
@@ -64,8 +95,11 @@ def _normal(df) -> pd.DataFrame:
 def test_every_long_format_reads_back_as_the_same_table(run):
     want = _normal(_expected())
     assert want["item"].isna().any() and want["item"].notna().any()  # empty and full steps
-    csv, rows, parquet = run("o.csv"), run("o.jsonl-long", "--output-format", "jsonl-long"), \
-        run("o.parquet")
+    csv, rows, parquet = (
+        run("o.csv"),
+        run("o.jsonl-long", "--output-format", "jsonl-long"),
+        run("o.parquet"),
+    )
     tables = {
         "pandas csv": pd.read_csv(csv),
         "polars csv": pl.read_csv(csv),
@@ -87,14 +121,16 @@ def test_top_and_min_value_are_post_processing_of_each_step(run):
     for t, group in full.dropna(subset=["item"]).groupby("t"):
         best = group.sort_values("value", ascending=False, kind="stable").head(1)
         assert top[top["t"] == t]["item"].tolist() == best["item"].tolist()
-        assert floor[floor["t"] == t]["item"].tolist() == group[group["value"] >= 2][
-            "item"].tolist()
+        assert (
+            floor[floor["t"] == t]["item"].tolist() == group[group["value"] >= 2]["item"].tolist()
+        )
     assert sorted(set(top["t"])) == list(range(1, 7))  # steps left empty stay in the table
 
 
 def test_release_to_pandas_and_arrow():
-    mech = UnknownDomainHistogram(6, max_items=2, key=fixed_key("outputs"), rho=4.0,
-                                  threshold_delta=0.2)
+    mech = UnknownDomainHistogram(
+        6, max_items=2, key=fixed_key("outputs"), rho=4.0, threshold_delta=0.2
+    )
     rel = mech.step_batch([["a", "b"], ["a"], ["a", "b"]]).rounded()
     df, table = rel.to_pandas(), rel.to_arrow()
     assert df["item"].tolist() == list(rel.items) == table.column("item").to_pylist()

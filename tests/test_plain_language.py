@@ -20,10 +20,12 @@ from dpstream.cli import build_parser, main
 from .conftest import fixed_key
 
 #: What must not appear: the paper's labels and symbols, and Python keyword phrasing.
-PAPER = re.compile(r"\b(lem|eq|thm|algo|defn|sec|cor|prop|app):\w|Delta0|rho_delta|"
-                   r"\btau_[12]\b|\bm_delta\b|\bm_t\b|\bL_r\b|\bI_t\b|(?<!-)\bkbar\b|\bSec\. \d|"
-                   r"\b(rho|epsilon|delta|tau|threshold_delta|max_items|k|base|counter)="
-                   r"(?=[\s,;)'\"]|$)|\b(max_items|threshold_delta)\b")
+PAPER = re.compile(
+    r"\b(lem|eq|thm|algo|defn|sec|cor|prop|app):\w|Delta0|rho_delta|"
+    r"\btau_[12]\b|\bm_delta\b|\bm_t\b|\bL_r\b|\bI_t\b|(?<!-)\bkbar\b|\bSec\. \d|"
+    r"\b(rho|epsilon|delta|tau|threshold_delta|max_items|k|base|counter)="
+    r"(?=[\s,;)'\"]|$)|\b(max_items|threshold_delta)\b"
+)
 
 
 def _run(argv: list[str]) -> str:
@@ -39,8 +41,10 @@ def _run(argv: list[str]) -> str:
 def _helps() -> dict[str, str]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {"dpstream --help": parser.format_help(),
-            **{f"dpstream {n} --help": p.format_help() for n, p in sub.choices.items()}}
+    return {
+        "dpstream --help": parser.format_help(),
+        **{f"dpstream {n} --help": p.format_help() for n, p in sub.choices.items()},
+    }
 
 
 MECHS = {
@@ -63,45 +67,103 @@ def outputs(tmp_path):
         extra = [x.format(dom=dom) for x in extra]
         budget = ["--epsilon", "1", "--delta", "1e-6"]
         texts[f"plan {mech}"] = _run(["plan", "-m", mech, "-T", "100", *budget, *extra])
-        texts[f"plan {mech} target"] = _run(["plan", "-m", mech, "-T", "100", "--target-error",
-                                             "20", "--delta", "1e-6", *extra])
-        texts[f"run {mech}"] = _run(["run", "-m", mech, "-T", "10", *budget, *extra,
-                                     "--key-file", str(key), "-i", str(events), "-o",
-                                     str(tmp_path / f"{mech}.jsonl")])
+        texts[f"plan {mech} target"] = _run(
+            ["plan", "-m", mech, "-T", "100", "--target-error", "20", "--delta", "1e-6", *extra]
+        )
+        texts[f"run {mech}"] = _run(
+            [
+                "run",
+                "-m",
+                mech,
+                "-T",
+                "10",
+                *budget,
+                *extra,
+                "--key-file",
+                str(key),
+                "-i",
+                str(events),
+                "-o",
+                str(tmp_path / f"{mech}.jsonl"),
+            ]
+        )
     dom_args = ["--domain", str(dom), "--max-items", "2"]
     for name, argv in {
         "no budget": ["run", "-T", "10", *dom_args, "--key-file", str(key), "-i", str(events)],
         "two budgets": ["plan", "-T", "10", *dom_args, "--rho", "1", "--epsilon", "1"],
         "epsilon alone": ["plan", "-T", "10", *dom_args, "--epsilon", "1"],
         "no max-items": ["plan", "-T", "10", "--domain", str(dom), "--rho", "1"],
-        "unknown with rho": ["plan", "-m", "unknown", "-T", "10", "--max-items", "2", "--rho",
-                             "1"],
-        "invalid, error policy": ["run", "-T", "10", *dom_args, "--rho", "1", "--key-file",
-                                  str(key), "-i", str(events), "-o", str(tmp_path / "x"),
-                                  "--on-invalid", "error"],
-        "blt with base": ["plan", "-T", "10", *dom_args, "--rho", "1", "--counter", "blt",
-                          "--base", "3"],
+        "unknown with rho": ["plan", "-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "1"],
+        "invalid, error policy": [
+            "run",
+            "-T",
+            "10",
+            *dom_args,
+            "--rho",
+            "1",
+            "--key-file",
+            str(key),
+            "-i",
+            str(events),
+            "-o",
+            str(tmp_path / "x"),
+            "--on-invalid",
+            "error",
+        ],
+        "blt with base": [
+            "plan",
+            "-T",
+            "10",
+            *dom_args,
+            "--rho",
+            "1",
+            "--counter",
+            "blt",
+            "--base",
+            "3",
+        ],
     }.items():
         texts[name] = _run(argv)
     return texts
 
 
 def test_no_paper_label_in_any_help_error_or_summary(outputs):
-    found = {name: sorted({m.group(0) for m in PAPER.finditer(text)})
-             for name, text in outputs.items()}
+    found = {
+        name: sorted({m.group(0) for m in PAPER.finditer(text)}) for name, text in outputs.items()
+    }
     assert {name: labels for name, labels in found.items() if labels} == {}
     assert all(text.strip() for text in outputs.values())  # every command said something
 
 
 def test_the_checker_catches_what_it_looks_for():
-    for bad in ("see lem:badOutcomes", "Delta0 items", "give rho= or tau=", "m_delta = 3",
-                "r* by eq:opt_base", "max_items * threshold_delta"):
+    for bad in (
+        "see lem:badOutcomes",
+        "Delta0 items",
+        "give rho= or tau=",
+        "m_delta = 3",
+        "r* by eq:opt_base",
+        "max_items * threshold_delta",
+    ):
         assert PAPER.search(bad), bad
     for fine in ("epsilon = 1, delta = 1e-06 per event", "--max-items 2", "--rho 0.5"):
         assert not PAPER.search(fine), fine
 
 
 def test_plan_explain_keeps_the_paper_references(tmp_path):
-    text = _run(["plan", "-m", "unknown", "-T", "100", "--max-items", "2", "--epsilon", "1",
-                 "--delta", "1e-6", "--explain"])
+    text = _run(
+        [
+            "plan",
+            "-m",
+            "unknown",
+            "-T",
+            "100",
+            "--max-items",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--explain",
+        ]
+    )
     assert "UnkBase" in text and "Cardoso" in text

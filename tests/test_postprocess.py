@@ -49,8 +49,7 @@ def test_against_brute_force(clamp, monotone, round_counts):
     releases = random_releases(rng, 12, 60, ranked=True)
     pp = ReadableCounts(clamp=clamp, monotone=monotone, round_counts=round_counts, ranked=True)
     changed = 0
-    for rel, want in zip(releases, reference(releases, clamp, monotone, round_counts),
-                         strict=True):
+    for rel, want in zip(releases, reference(releases, clamp, monotone, round_counts), strict=True):
         got = pp(rel)
         assert dict(zip(got.items, got.values.tolist(), strict=True)) == want
         assert list(got.values) == sorted(got.values, reverse=True)  # still a ranked list

@@ -422,8 +422,9 @@ def test_guarantee_str_and_dict() -> None:
         theorem="lem: KnownBase (Delta0/(2 tau^2)-zCDP)",
     )
     text = str(g)
-    assert text.startswith("rho-zCDP with rho=0.5; (epsilon=5.2215, delta=1e-06)-DP via cks2020"
-                           ", per event")
+    assert text.startswith(
+        "rho-zCDP with rho=0.5; (epsilon=5.2215, delta=1e-06)-DP via cks2020, per event"
+    )
     assert "KnownBase" in text
     assert g.unit == "event" and "same time step" in g.neighbours
     d = g.to_dict()
@@ -588,8 +589,18 @@ def _mp_gaussian_delta(epsilon: float, mu: float):
 
 @pytest.mark.parametrize(
     "epsilon,mu",
-    [(0.01, 0.001), (0.01, 0.0015), (1e-4, 1e-5), (0.1, 0.02), (1.0, 0.3), (1.0, 1.0),
-     (5.0, 1.0), (20.0, 2.0), (0.5, 3.0), (50.0, 8.0)],
+    [
+        (0.01, 0.001),
+        (0.01, 0.0015),
+        (1e-4, 1e-5),
+        (0.1, 0.02),
+        (1.0, 0.3),
+        (1.0, 1.0),
+        (5.0, 1.0),
+        (20.0, 2.0),
+        (0.5, 3.0),
+        (50.0, 8.0),
+    ],
 )
 def test_gaussian_delta_is_an_upper_bound_of_the_exact_value(epsilon, mu):
     """Against 60-digit mpmath: never below the exact delta, and within 1e-4 of it.
@@ -626,8 +637,11 @@ def _package_imports(path: pathlib.Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.ImportFrom):
             if node.level == 1:  # from .x import y, from . import x
-                found.update([node.module.split(".")[0]] if node.module
-                             else [alias.name for alias in node.names])
+                found.update(
+                    [node.module.split(".")[0]]
+                    if node.module
+                    else [alias.name for alias in node.names]
+                )
             elif node.level == 0 and (node.module or "").startswith("dpstream.privacy"):
                 rest = node.module.split(".")[2:]
                 found.update(rest[:1] or [alias.name for alias in node.names])

@@ -17,7 +17,13 @@ def test_readme_python_example_runs():
     assert blocks, "the README has a Python example"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     for code in blocks:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=env, cwd=ROOT, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "zCDP" in proc.stdout  # it printed the guarantee

@@ -26,9 +26,33 @@ def _steps(path: Path) -> list[int]:
 def _run(tmp_path, key_path, lines, name, *extra: str) -> list[int]:
     src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
     src.write_text("".join(line + "\n" for line in lines))
-    assert main(["run", "-q", "-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "1",
-                 "--threshold-delta", "1e-3", "--key-file", str(key_path), "-i", str(src),
-                 "-o", str(out), *own_ledger(out), *extra]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                "-m",
+                "unknown",
+                "-T",
+                "40",
+                "--max-items",
+                "2",
+                "--rho",
+                "1",
+                "--threshold-delta",
+                "1e-3",
+                "--key-file",
+                str(key_path),
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                *own_ledger(out),
+                *extra,
+            ]
+        )
+        == 0
+    )
     return _steps(out)
 
 
@@ -39,8 +63,13 @@ def test_implicit_time_neighbours_release_the_same_steps(tmp_path, seed):
     fixed_key(f"clock-{seed}").save(key_path)
     lines = ['["a", "b"]'] * 30
     full = _run(tmp_path, key_path, lines, "full", "--implicit-time")
-    neighbour = _run(tmp_path, key_path, lines[:seed] + ["[]"] + lines[seed + 1:],
-                     "neighbour", "--implicit-time")
+    neighbour = _run(
+        tmp_path,
+        key_path,
+        lines[:seed] + ["[]"] + lines[seed + 1 :],
+        "neighbour",
+        "--implicit-time",
+    )
     assert full == neighbour == list(range(1, 41))
 
 
@@ -56,13 +85,42 @@ def test_a_broken_line_is_a_step_like_its_empty_neighbour(tmp_path, bad):
     outs = []
     for name, middle in (("broken", bad), ("empty", "[]")):
         src = tmp_path / f"{name}.jsonl"
-        src.write_bytes("".join(x + "\n" for x in [*lines[:2], middle, *lines[3:]]).encode(
-            "utf-8", "surrogateescape"))
+        src.write_bytes(
+            "".join(x + "\n" for x in [*lines[:2], middle, *lines[3:]]).encode(
+                "utf-8", "surrogateescape"
+            )
+        )
         out = tmp_path / f"{name}.out.jsonl"
-        assert main(["run", "-q", "-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "9",
-                     "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), *own_ledger(out), "--implicit-time", "--remember",
-                     "--max-invalid", "1"]) == 0  # a broken line on purpose
+        assert (
+            main(
+                [
+                    "run",
+                    "-q",
+                    "-m",
+                    "unknown",
+                    "-T",
+                    "10",
+                    "--max-items",
+                    "2",
+                    "--rho",
+                    "9",
+                    "--threshold-delta",
+                    "0.3",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(src),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    "--implicit-time",
+                    "--remember",
+                    "--max-invalid",
+                    "1",
+                ]
+            )
+            == 0
+        )  # a broken line on purpose
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert b'"a"' in outs[0]  # the runs do release items
@@ -76,12 +134,42 @@ def test_an_event_with_a_broken_item_keeps_its_step(tmp_path):
     outs = []
     for name, items in (("broken", "[1.5]"), ("empty", "[]")):
         src = tmp_path / f"{name}.jsonl"
-        src.write_text('{"t": 1, "items": ["a"]}\n' + '{"t": 2, "items": ' + items + "}\n"
-                       + '{"t": 1, "items": ["b"]}\n{"t": 2, "items": ["a", "b"]}\n')
+        src.write_text(
+            '{"t": 1, "items": ["a"]}\n'
+            + '{"t": 2, "items": '
+            + items
+            + "}\n"
+            + '{"t": 1, "items": ["b"]}\n{"t": 2, "items": ["a", "b"]}\n'
+        )
         out = tmp_path / f"{name}.out.jsonl"
-        assert main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho", "9",
-                     "--threshold-delta", "0.3", "--key-file", str(key_path), "-i", str(src),
-                     "-o", str(out), *own_ledger(out), "--max-invalid", "1"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "-q",
+                    "-m",
+                    "unknown",
+                    "-T",
+                    "6",
+                    "--max-items",
+                    "2",
+                    "--rho",
+                    "9",
+                    "--threshold-delta",
+                    "0.3",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(src),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    "--max-invalid",
+                    "1",
+                ]
+            )
+            == 0
+        )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
 
@@ -103,17 +191,43 @@ def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
     days = {"day1": (1, 3), "day2": (12,), "day3": ()}
     for name, steps in days.items():
         (tmp_path / f"{name}.jsonl").write_text(
-            "".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in steps))
-    (tmp_path / "all.jsonl").write_text("".join(
-        (tmp_path / f"{n}.jsonl").read_text() for n in days))
+            "".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in steps)
+        )
+    (tmp_path / "all.jsonl").write_text(
+        "".join((tmp_path / f"{n}.jsonl").read_text() for n in days)
+    )
     out, state, ref = tmp_path / "out.jsonl", tmp_path / "s.sqlite", tmp_path / "ref.jsonl"
-    base = ["run", "-q", "-m", "unknown", "-T", "40", "--max-items", "2", "--rho", "1",
-            "--threshold-delta", "1e-3", "--key-file", str(key_path)]
+    base = [
+        "run",
+        "-q",
+        "-m",
+        "unknown",
+        "-T",
+        "40",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--key-file",
+        str(key_path),
+    ]
 
     def day(name, *extra):
-        return main([*base, "-i", str(tmp_path / f"{name}.jsonl"), "-o", str(out),
-                     *own_ledger(out), "--state",
-                     str(state), *extra])
+        return main(
+            [
+                *base,
+                "-i",
+                str(tmp_path / f"{name}.jsonl"),
+                "-o",
+                str(out),
+                *own_ledger(out),
+                "--state",
+                str(state),
+                *extra,
+            ]
+        )
 
     assert day("day1", "--until", "10") == 0
     assert _steps(out) == list(range(1, 11))
@@ -124,14 +238,25 @@ def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
     assert day("day3") == 0  # to the horizon
     assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     assert out.read_bytes() == ref.read_bytes()  # as one uninterrupted run
-    assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(tmp_path / "x.jsonl"),
-                 *own_ledger(tmp_path / "x.jsonl"),
-                 "--until", "41"]) == 1
+    assert (
+        main(
+            [
+                *base,
+                "-i",
+                str(tmp_path / "all.jsonl"),
+                "-o",
+                str(tmp_path / "x.jsonl"),
+                *own_ledger(tmp_path / "x.jsonl"),
+                "--until",
+                "41",
+            ]
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize("mode", ["unknown", "known", "top-k"])
-@pytest.mark.parametrize("extra, far", [((), 41), (("--until", "20"), 25),
-                                        (("--until", "20"), 41)])
+@pytest.mark.parametrize("extra, far", [((), 41), (("--until", "20"), 25), (("--until", "20"), 41)])
 def test_a_record_past_the_end_changes_no_other_event(tmp_path, mode, extra, far):
     """A record of a step past --until (or past the horizon) is dropped, and must act
     as if it were not there. It used to close every step before it, so every in-range
@@ -143,12 +268,30 @@ def test_a_record_past_the_end_changes_no_other_event(tmp_path, mode, extra, far
     domain.write_text("a\nb\nc\n")
     lines = [json.dumps({"t": 1 + i // 6, "items": ["abc"[i % 3]]}) for i in range(90)]
     outs = []
-    for name, body in (("with", lines[:30] + [json.dumps({"t": far, "items": ["c"]})]
-                        + lines[30:]), ("without", lines)):
+    for name, body in (
+        ("with", lines[:30] + [json.dumps({"t": far, "items": ["c"]})] + lines[30:]),
+        ("without", lines),
+    ):
         src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
         src.write_text("".join(line + "\n" for line in body))
-        args = ["run", "-q", "-m", mode, "-T", "40", "--max-items", "1", "--key-file",
-                str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out), *extra]
+        args = [
+            "run",
+            "-q",
+            "-m",
+            mode,
+            "-T",
+            "40",
+            "--max-items",
+            "1",
+            "--key-file",
+            str(key_path),
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            *own_ledger(out),
+            *extra,
+        ]
         if mode == "unknown":
             args += ["--rho", "50", "--threshold-delta", "0.3"]
         elif mode == "known":
@@ -181,8 +324,25 @@ def test_a_batch_run_counts_every_event_in_its_own_step_whatever_the_order(tmp_p
     for name, body in (("ordered", ordered), ("early", early), ("shuffled", shuffled)):
         src, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
         src.write_text("".join(line + "\n" for line in body))
-        args = ["run", "-q", "-m", mode, "-T", "40", "--max-items", "1", "--key-file",
-                str(key_path), "-i", str(src), "-o", str(out), *own_ledger(out), "--rho", "50"]
+        args = [
+            "run",
+            "-q",
+            "-m",
+            mode,
+            "-T",
+            "40",
+            "--max-items",
+            "1",
+            "--key-file",
+            str(key_path),
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            *own_ledger(out),
+            "--rho",
+            "50",
+        ]
         if mode == "unknown":
             args += ["--threshold-delta", "0.3"]
         else:
@@ -204,14 +364,42 @@ def test_interleaved_csv_events_are_grouped_in_their_step(tmp_path, capsys):
     domain = tmp_path / "domain.txt"
     domain.write_text("a\nb\nc\n")
     outs = {}
-    for name, rows in (("split", ["X,1,a", "Y,1,b", "X,1,c"]),
-                       ("grouped", ["X,1,a", "X,1,c", "Y,1,b"])):
+    for name, rows in (
+        ("split", ["X,1,a", "Y,1,b", "X,1,c"]),
+        ("grouped", ["X,1,a", "X,1,c", "Y,1,b"]),
+    ):
         src, out = tmp_path / f"{name}.csv", tmp_path / f"{name}.out.jsonl"
         src.write_text("event,t,item\n" + "".join(r + "\n" for r in rows))
-        assert main(["run", "-q", "-m", "known", "--domain", str(domain), "-T", "2",
-                     "--max-items", "3", "--rho", "1", "--key-file", str(key_path), "-i",
-                     str(src), "-o", str(out), *own_ledger(out), "--time-column", "t",
-                     "--max-invalid", "1"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "-q",
+                    "-m",
+                    "known",
+                    "--domain",
+                    str(domain),
+                    "-T",
+                    "2",
+                    "--max-items",
+                    "3",
+                    "--rho",
+                    "1",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(src),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    "--time-column",
+                    "t",
+                    "--max-invalid",
+                    "1",
+                ]
+            )
+            == 0
+        )
         outs[name] = (out.read_bytes(), capsys.readouterr().err)
     assert outs["split"][0] == outs["grouped"][0]
     assert outs["split"][1] == outs["grouped"][1] == ""  # -q: nothing to warn about

@@ -12,8 +12,13 @@ from dpstream.experiments import topk_zipf, unknown_domain
 from dpstream.experiments.base_noise import claims_from_ratios
 from dpstream.experiments.common import data_rng, trial_key
 
-FIGURES = ("fig1_base_noise.png", "fig2_sparsegumb_zipf.png", "fig3_unknown_domain.png",
-           "fig4_error_vs_epsilon.png", "fig5_counters.png")
+FIGURES = (
+    "fig1_base_noise.png",
+    "fig2_sparsegumb_zipf.png",
+    "fig3_unknown_domain.png",
+    "fig4_error_vs_epsilon.png",
+    "fig5_counters.png",
+)
 CLAIM_LINE = re.compile(r"^- \*\*(HOLDS|DIFFERS|PARTLY|NOT TESTED)\*\*: ", re.M)
 
 

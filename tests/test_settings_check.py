@@ -19,7 +19,7 @@ def _problems(err: str) -> list[str]:
         assert all(line.startswith("  - ") for line in lines[1:])
         return [line[4:] for line in lines[1:]]
     assert len(lines) == 1 and lines[0].startswith("dpstream: error: "), err
-    return [lines[0][len("dpstream: error: "):]]
+    return [lines[0][len("dpstream: error: ") :]]
 
 
 @pytest.fixture
@@ -27,8 +27,9 @@ def files(tmp_path):
     key = tmp_path / "k.key"
     fixed_key("settings").save(key)
     (tmp_path / "dom.txt").write_text("a\nb\nc\n")
-    (tmp_path / "ev.jsonl").write_text('{"t": 1, "user": "u1", "items": ["a", "b"]}\n'
-                                       '{"t": 3, "user": "u2", "items": ["c"]}\n')
+    (tmp_path / "ev.jsonl").write_text(
+        '{"t": 1, "user": "u1", "items": ["a", "b"]}\n{"t": 3, "user": "u2", "items": ["c"]}\n'
+    )
     return tmp_path
 
 
@@ -40,8 +41,24 @@ def test_plan_reports_every_missing_option_at_once(capsys):
         "scale itself)",
         "--mechanism unknown needs --max-items N (the most items an event holds)",
     ]
-    assert main(["plan", "-m", "top-k", "-T", "10", "--epsilon", "1", "--k", "2",
-                 "--user-field", "user"]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "top-k",
+                "-T",
+                "10",
+                "--epsilon",
+                "1",
+                "--k",
+                "2",
+                "--user-field",
+                "user",
+            ]
+        )
+        == 2
+    )
     assert _problems(capsys.readouterr().err) == [
         "--epsilon needs --delta as well (the budget is the pair)",
         "--mechanism top-k needs --domain FILE (the known items; for `plan`, --domain-size N "
@@ -52,8 +69,27 @@ def test_plan_reports_every_missing_option_at_once(capsys):
 
 
 def test_run_reports_every_problem_at_once_with_the_missing_key(files, capsys):
-    assert main(["run", "-q", "-m", "known", "--rho", "1", "--epsilon", "1", "--delta",
-                 "1e-6", "--max-items-per-user", "2", "-i", str(files / "ev.jsonl")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                "-m",
+                "known",
+                "--rho",
+                "1",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--max-items-per-user",
+                "2",
+                "-i",
+                str(files / "ev.jsonl"),
+            ]
+        )
+        == 2
+    )
     assert _problems(capsys.readouterr().err) == [
         "give one privacy budget, not several (got --epsilon, --delta, --rho): --epsilon E "
         "--delta D, or --rho R, or --tau",
@@ -98,10 +134,21 @@ MATRIX = [
     ([*TOPK, "--switches", "2", "--rho", "1", "--max-items", "2"], True),
     ([*TOPK, "--max-items", "2", "--rho", "1"], True),  # a histogram's top-k may be chosen
     ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"], True),
-    ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--counter", "tree"],
-     True),
-    ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--threshold-delta",
-      "1e-7"], False),  # UnkBase's threshold is calibrated, not a top-k option
+    ([*TOPK, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--counter", "tree"], True),
+    (
+        [
+            *TOPK,
+            "--max-items",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--threshold-delta",
+            "1e-7",
+        ],
+        False,
+    ),  # UnkBase's threshold is calibrated, not a top-k option
     ([*TOPK, "--switches", "2", "--epsilon", "1", "--delta", "1e-6", *USER, *BOUNDS], True),
     ([*TOPK, "--switches", "2", "--epsilon", "1", "--delta", "1e-6", *USER], False),
     ([*TOPK, "--switches", "2", "--rho", "1", "--k", "5"], False),  # k past the domain
@@ -111,28 +158,73 @@ MATRIX = [
     (["-m", "unknown", "--domain", "{dom}", "--max-items", "2", "--rho", "1"], False),
     (["-m", "unknown", "--max-items", "2", "--rho", "1", "--counter", "blt"], False),
     (["-m", "unknown", "--rho", "1", "--threshold-delta", "1e-6", *USER, *BOUNDS], True),
-    (["-m", "meta", "--oneshot", "unknown-gumbel", "--k", "1", "--kbar", "2", "--epsilon",
-      "1", "--delta", "1e-6"], True),
+    (
+        [
+            "-m",
+            "meta",
+            "--oneshot",
+            "unknown-gumbel",
+            "--k",
+            "1",
+            "--kbar",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+        ],
+        True,
+    ),
     (["-m", "meta", "--epsilon", "1", "--delta", "1e-6"], False),  # no --oneshot
     # a "~" in a given name could spell another run's scoped name (name~tag of its input
     # settings, e.g. --on-invalid truncate) and draw that run's noise on other counts
-    ([*KNOWN, "--max-items", "2", "--rho", "1", "--stream", "default~c51aa1342050d6b3"],
-     False),
+    ([*KNOWN, "--max-items", "2", "--rho", "1", "--stream", "default~c51aa1342050d6b3"], False),
     ([*KNOWN, "--max-items", "2", "--rho", "1", "--stream", "daily-2026"], True),
-    (["-m", "meta", "--oneshot", "unknown-gumbel", "--k", "1", "--kbar", "2", "--epsilon",
-      "1", "--delta", "1e-6", *USER, *BOUNDS], False),
+    (
+        [
+            "-m",
+            "meta",
+            "--oneshot",
+            "unknown-gumbel",
+            "--k",
+            "1",
+            "--kbar",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            *USER,
+            *BOUNDS,
+        ],
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize("settings,accepted", MATRIX,
-                         ids=[" ".join(s).replace("{dom}", "D") for s, _ in MATRIX])
+@pytest.mark.parametrize(
+    "settings,accepted", MATRIX, ids=[" ".join(s).replace("{dom}", "D") for s, _ in MATRIX]
+)
 def test_plan_and_run_accept_and_refuse_the_same_settings(files, capsys, settings, accepted):
     settings = [s.format(dom=files / "dom.txt") for s in settings]
     plan = main(["plan", "-T", "4", *settings])
     plan_err = capsys.readouterr().err
     out = files / "out.jsonl"
-    run = main(["run", "-q", "-T", "4", *settings, "--key-file", str(files / "k.key"),
-                "-i", str(files / "ev.jsonl"), "-o", str(out)])
+    run = main(
+        [
+            "run",
+            "-q",
+            "-T",
+            "4",
+            *settings,
+            "--key-file",
+            str(files / "k.key"),
+            "-i",
+            str(files / "ev.jsonl"),
+            "-o",
+            str(out),
+        ]
+    )
     run_err = capsys.readouterr().err
     assert (plan, run) == ((0, 0) if accepted else (2, 2)), (plan_err, run_err)
     if accepted:

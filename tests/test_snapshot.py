@@ -31,16 +31,19 @@ WORDS = [f"w{i}" for i in range(30)]
 
 
 def _mac(key, magic, context, body):
-    return hmac.new(key.derive("snapshot/v1"), magic + len(context).to_bytes(8, "big")
-                    + context + body, hashlib.sha256).digest()
+    return hmac.new(
+        key.derive("snapshot/v1"),
+        magic + len(context).to_bytes(8, "big") + context + body,
+        hashlib.sha256,
+    ).digest()
 
 
 def _parts(blob):
     """(header as a dict, the arrays' bytes) of a new-format snapshot."""
-    body = blob[len(MAGIC) + 32:]
-    rest = body[len(__version__) + 1:]
+    body = blob[len(MAGIC) + 32 :]
+    rest = body[len(__version__) + 1 :]
     size = int.from_bytes(rest[:8], "big")
-    return json.loads(rest[8:8 + size]), rest[8 + size:]
+    return json.loads(rest[8 : 8 + size]), rest[8 + size :]
 
 
 def _sealed(header, arrays=b"", key=KEY, context=CONTEXT):
@@ -76,35 +79,51 @@ def test_a_pickle_snapshot_with_a_correct_mac_is_refused_and_runs_nothing(tmp_pa
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("name", ["builtins.eval", "os.system", "eval", "posix.system",
-                                  "pickle.loads", "NoiseKey", "Release"])
+@pytest.mark.parametrize(
+    "name",
+    ["builtins.eval", "os.system", "eval", "posix.system", "pickle.loads", "NoiseKey", "Release"],
+)
 def test_a_header_naming_an_unregistered_class_is_refused(tmp_path, name):
     marker = tmp_path / "marker"
     code = f"__import__('pathlib').Path({str(marker)!r}).write_text('ran')"
-    for root in ({"$": "obj", "id": 0, "cls": name, "args": {"$": "tuple", "v": [code]}},
-                 {"$": "obj", "id": 0, "cls": name, "dict": {"$": "dict", "k": [], "v": []}}):
+    for root in (
+        {"$": "obj", "id": 0, "cls": name, "args": {"$": "tuple", "v": [code]}},
+        {"$": "obj", "id": 0, "cls": name, "dict": {"$": "dict", "k": [], "v": []}},
+    ):
         with pytest.raises(StateError, match="may not hold"):
             load_snapshot(_sealed({"arrays": [], "root": root}), KEY, CONTEXT)
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("header", [
-    {"arrays": [["|O", [1], 0, 8]], "root": {"$": "array", "id": 0, "v": 0}},
-    {"arrays": [[[["a", "<f8"]], [1], 0, 8]], "root": None},
-    {"arrays": [["V8", [1], 0, 8]], "root": {"$": "array", "id": 0, "v": 0}},
-    {"arrays": [["<f8", [2], 0, 8]], "root": None},  # more items than bytes
-    {"arrays": [], "root": {"$": "np", "dtype": "|O", "v": 1}},
-    {"arrays": [], "root": {"$": "module", "id": 0, "v": "os"}},
-    {"arrays": [], "root": {"$": "ref", "id": 7}},
-    {"arrays": [], "root": {"$": "float", "v": "1e400"}},
-    {"arrays": [], "root": ["a", "list", "is", "not", "a", "node"]},
-    # a registered class given constructor arguments it does not take, or an attribute
-    # that is not among its slots
-    {"arrays": [], "root": {"$": "obj", "id": 0, "cls": "ItemTable",
-                            "args": {"$": "tuple", "v": []}}},
-    {"arrays": [], "root": {"$": "obj", "id": 0, "cls": "PreparedItems",
-                            "slots": {"$": "dict", "k": ["__class__"], "v": [None]}}},
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"arrays": [["|O", [1], 0, 8]], "root": {"$": "array", "id": 0, "v": 0}},
+        {"arrays": [[[["a", "<f8"]], [1], 0, 8]], "root": None},
+        {"arrays": [["V8", [1], 0, 8]], "root": {"$": "array", "id": 0, "v": 0}},
+        {"arrays": [["<f8", [2], 0, 8]], "root": None},  # more items than bytes
+        {"arrays": [], "root": {"$": "np", "dtype": "|O", "v": 1}},
+        {"arrays": [], "root": {"$": "module", "id": 0, "v": "os"}},
+        {"arrays": [], "root": {"$": "ref", "id": 7}},
+        {"arrays": [], "root": {"$": "float", "v": "1e400"}},
+        {"arrays": [], "root": ["a", "list", "is", "not", "a", "node"]},
+        # a registered class given constructor arguments it does not take, or an attribute
+        # that is not among its slots
+        {
+            "arrays": [],
+            "root": {"$": "obj", "id": 0, "cls": "ItemTable", "args": {"$": "tuple", "v": []}},
+        },
+        {
+            "arrays": [],
+            "root": {
+                "$": "obj",
+                "id": 0,
+                "cls": "PreparedItems",
+                "slots": {"$": "dict", "k": ["__class__"], "v": [None]},
+            },
+        },
+    ],
+)
 def test_a_header_describing_anything_else_is_refused(header):
     with pytest.raises(StateError, match="cannot be read"):
         load_snapshot(_sealed(header, bytes(8)), KEY, CONTEXT)
@@ -135,8 +154,9 @@ def test_the_header_is_json_and_names_only_registered_classes():
 
 
 def test_every_flipped_byte_a_wrong_key_and_another_context_are_refused():
-    mech = build_mechanism("known", {"horizon": 8, "stream": "s", "rho": 1.0, "max_items": 1},
-                           KEY, WORDS[:3])
+    mech = build_mechanism(
+        "known", {"horizon": 8, "stream": "s", "rho": 1.0, "max_items": 1}, KEY, WORDS[:3]
+    )
     mech.step_batch([["w0"], ["w1"]])
     blob = dump_snapshot(mech, KEY, CONTEXT)
     assert load_snapshot(blob, KEY, CONTEXT).counts.tolist() == [1, 1, 0]
@@ -171,24 +191,59 @@ def test_plain_values_round_trip_with_their_types_and_shared_objects():
     arr = np.arange(6, dtype=np.int32).reshape(2, 3)[:, ::2]  # not contiguous
     value = {
         "floats": [0.1, -0.0, math.inf, -math.inf, 1e308, 5e-324],
-        "nan": math.nan, "big": 2**70, "neg": -3, "flag": True, "none": None,
-        "text": "é\ud800x", "bytes": b"\x00\xff", "tuple": (1, "a", (b"b",)),
-        (1, "k"): "a tuple key", 7: "an int key", b"u": "a bytes key",
-        "set": {1, "a"}, "frozen": frozenset({2}), "counter": Counter(a=2),
-        "np": [np.float64(0.5), np.int32(-4), np.uint64(2**64 - 1), np.bool_(True),
-               np.float32(math.nan)],
-        "arrays": [arr, np.zeros((0, 2), dtype="<u8"), np.array(["ab", "c"]),
-                   np.array([1 + 2j]), np.array(3.5)],
-        "shared": [shared, shared], "same_array": [arr, arr],
-        "source": NoiseSource(KEY, "purpose/x"), "key": KEY,
+        "nan": math.nan,
+        "big": 2**70,
+        "neg": -3,
+        "flag": True,
+        "none": None,
+        "text": "é\ud800x",
+        "bytes": b"\x00\xff",
+        "tuple": (1, "a", (b"b",)),
+        (1, "k"): "a tuple key",
+        7: "an int key",
+        b"u": "a bytes key",
+        "set": {1, "a"},
+        "frozen": frozenset({2}),
+        "counter": Counter(a=2),
+        "np": [
+            np.float64(0.5),
+            np.int32(-4),
+            np.uint64(2**64 - 1),
+            np.bool_(True),
+            np.float32(math.nan),
+        ],
+        "arrays": [
+            arr,
+            np.zeros((0, 2), dtype="<u8"),
+            np.array(["ab", "c"]),
+            np.array([1 + 2j]),
+            np.array(3.5),
+        ],
+        "shared": [shared, shared],
+        "same_array": [arr, arr],
+        "source": NoiseSource(KEY, "purpose/x"),
+        "key": KEY,
     }
     back = load_snapshot(dump_snapshot(value, KEY), KEY)
     assert back.keys() == value.keys()
     assert [type(k) for k in back] == [type(k) for k in value]
     assert back["floats"] == value["floats"] and math.copysign(1, back["floats"][1]) == -1
     assert math.isnan(back["nan"])
-    for k in ("big", "neg", "flag", "none", "text", "bytes", "tuple", (1, "k"), 7, b"u",
-              "set", "frozen", "counter"):
+    for k in (
+        "big",
+        "neg",
+        "flag",
+        "none",
+        "text",
+        "bytes",
+        "tuple",
+        (1, "k"),
+        7,
+        b"u",
+        "set",
+        "frozen",
+        "counter",
+    ):
         assert back[k] == value[k] and type(back[k]) is type(value[k]), k
     for got, want in zip(back["np"], value["np"], strict=True):
         assert type(got) is type(want) and got.tobytes() == want.tobytes()
@@ -200,8 +255,19 @@ def test_plain_values_round_trip_with_their_types_and_shared_objects():
     assert back["key"] is KEY and back["source"].purpose == "purpose/x"
 
 
-@pytest.mark.parametrize("bad", [lambda: 1, np.array([object()]), object(), print,
-                                 np.dtype("f8"), range(3), os, {"nested": [type]}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: 1,
+        np.array([object()]),
+        object(),
+        print,
+        np.dtype("f8"),
+        range(3),
+        os,
+        {"nested": [type]},
+    ],
+)
 def test_anything_else_cannot_be_written(bad):
     with pytest.raises(TypeError, match="cannot be saved"):
         dump_snapshot({"x": bad}, KEY)
@@ -217,19 +283,27 @@ CONFIGS = {
     "known-users": ("known", {"max_items_per_user": 2, "max_count_per_item": 2}),
     "unknown": ("unknown", {"max_items": 2, "threshold_delta": 1e-3, "remember": True}),
     "unknown-forgets": ("unknown", {"max_items": 2, "threshold_delta": 1e-3}),
-    "unknown-users": ("unknown", {"max_items_per_user": 2, "max_count_per_item": 2,
-                                  "threshold_delta": 1e-3}),
+    "unknown-users": (
+        "unknown",
+        {"max_items_per_user": 2, "max_count_per_item": 2, "threshold_delta": 1e-3},
+    ),
     "top-k": ("top-k", {"k": 3, "switches": 4}),
     "top-k-tree": ("top-k", {"k": 3, "switches": 4, "counter": "tree"}),
     "top-k-histogram": ("top-k", {"k": 3, "switches": 4, "max_items": 2}),
-    "top-k-users": ("top-k", {"k": 3, "switches": 4, "max_items_per_user": 2,
-                              "max_count_per_item": 2}),
+    "top-k-users": (
+        "top-k",
+        {"k": 3, "switches": 4, "max_items_per_user": 2, "max_count_per_item": 2},
+    ),
     "meta-gaussian": ("meta", {"oneshot": "gaussian", "max_items": 2}),
     "meta-gumbel": ("meta", {"oneshot": "gumbel", "k": 3}),
-    "meta-unknown-gaussian": ("meta", {"oneshot": "unknown-gaussian", "max_items": 2,
-                                       "kbar": 3, "epsilon": 1.0, "delta": 1e-6}),
-    "meta-unknown-gumbel": ("meta", {"oneshot": "unknown-gumbel", "k": 3, "kbar": 3,
-                                     "epsilon": 1.0, "delta": 1e-6}),
+    "meta-unknown-gaussian": (
+        "meta",
+        {"oneshot": "unknown-gaussian", "max_items": 2, "kbar": 3, "epsilon": 1.0, "delta": 1e-6},
+    ),
+    "meta-unknown-gumbel": (
+        "meta",
+        {"oneshot": "unknown-gumbel", "k": 3, "kbar": 3, "epsilon": 1.0, "delta": 1e-6},
+    ),
 }
 
 
@@ -238,8 +312,7 @@ def _built(name):
     options = {**_BASE, **opts}
     if "delta" in opts:
         del options["rho"]
-    domain = None if mech == "unknown" or opts.get("oneshot", "").startswith("unknown") \
-        else WORDS
+    domain = None if mech == "unknown" or opts.get("oneshot", "").startswith("unknown") else WORDS
     return build_mechanism(mech, options, KEY, domain)
 
 
@@ -247,8 +320,10 @@ def _run(mech, steps, rng, users=False, publish=None):
     """``steps`` steps of random events (the same for the same rng state): the releases."""
     out = []
     for _ in range(steps):
-        events = [rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False).tolist()
-                  for _ in range(int(rng.integers(0, 8)))]
+        events = [
+            rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False).tolist()
+            for _ in range(int(rng.integers(0, 8)))
+        ]
         if users:
             events = [(f"u{int(rng.integers(0, 6))}", e) for e in events]
         rel = mech.step_batch(events)
@@ -259,7 +334,7 @@ def _run(mech, steps, rng, users=False, publish=None):
 def _same(a, b):
     """Equal, arrays bit for bit (a release's values and meta)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -349,8 +424,12 @@ def test_every_registered_class_is_round_tripped_above():
 
 
 def _day(path, first, steps):
-    path.write_text("".join(json.dumps({"t": t, "items": [WORDS[t % 5]]}) + "\n"
-                            for t in range(first, first + steps)))
+    path.write_text(
+        "".join(
+            json.dumps({"t": t, "items": [WORDS[t % 5]]}) + "\n"
+            for t in range(first, first + steps)
+        )
+    )
     return str(path)
 
 
@@ -365,9 +444,27 @@ def test_a_state_whose_snapshot_would_run_code_is_refused_by_run(tmp_path, capsy
 
     key_path, out, state = tmp_path / "k.key", tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     KEY.save(key_path)
-    args = ["run", "-q", "-m", "unknown", "-T", "8", "--max-items", "1", "--rho", "1",
-            "--threshold-delta", "1e-3", "--key-file", str(key_path), "--no-fsync",
-            "-o", str(out), "--state", str(state)]
+    args = [
+        "run",
+        "-q",
+        "-m",
+        "unknown",
+        "-T",
+        "8",
+        "--max-items",
+        "1",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--key-file",
+        str(key_path),
+        "--no-fsync",
+        "-o",
+        str(out),
+        "--state",
+        str(state),
+    ]
     assert main([*args, "-i", _day(tmp_path / "d1.jsonl", 1, 4), "--until", "4"]) == 0
     marker = tmp_path / "marker"
     with sqlite3.connect(state) as db:
@@ -380,9 +477,18 @@ def test_a_state_whose_snapshot_would_run_code_is_refused_by_run(tmp_path, capsy
             blob = magic + _mac(KEY, magic, context, body) + body
         else:
             code = f"__import__('pathlib').Path({str(marker)!r}).write_text('ran')"
-            blob = _sealed({"arrays": [], "root": {"$": "obj", "id": 0, "cls": "builtins.eval",
-                                                   "args": {"$": "tuple", "v": [code]}}},
-                           context=context)
+            blob = _sealed(
+                {
+                    "arrays": [],
+                    "root": {
+                        "$": "obj",
+                        "id": 0,
+                        "cls": "builtins.eval",
+                        "args": {"$": "tuple", "v": [code]},
+                    },
+                },
+                context=context,
+            )
         db.execute("UPDATE snapshot SET data = ?", (blob,))
     db.close()
     before = out.read_bytes()

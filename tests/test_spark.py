@@ -51,8 +51,10 @@ except ImportError:
 if _java() is None:
     if _REQUIRED:
         raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
-    pytest.skip("no Java runtime (java not on PATH, JAVA_HOME unset): Spark cannot start",
-                allow_module_level=True)
+    pytest.skip(
+        "no Java runtime (java not on PATH, JAVA_HOME unset): Spark cannot start",
+        allow_module_level=True,
+    )
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402, N812
@@ -67,7 +69,8 @@ HORIZON = 200
 @pytest.fixture(scope="module")
 def spark():
     session = (
-        SparkSession.builder.master("local[2]").appName("dpstream-tests")
+        SparkSession.builder.master("local[2]")
+        .appName("dpstream-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -132,18 +135,34 @@ def _aligned(pdf, items_index, n):
 # ------------------------------------------------------------------ KnownBase
 
 
-@pytest.mark.parametrize(("counter", "version"), [("tree", 1), ("blt", 1), ("tree", 2),
-                                                   ("blt", 2)])
+@pytest.mark.parametrize(("counter", "version"), [("tree", 1), ("blt", 1), ("tree", 2), ("blt", 2)])
 def test_known_per_step_release_is_bit_identical(spark, stream, counter, version) -> None:
     _, counts = stream
     key = fixed_key("spark-known-step")
     names = [f"item-{i}" for i in range(N_ITEMS)]
     index = {name: i for i, name in enumerate(names)}
-    local = KnownDomainHistogram(names, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
-                                 counter=counter, noise_version=version)
+    local = KnownDomainHistogram(
+        names,
+        HORIZON,
+        max_items=3,
+        key=key,
+        epsilon=1.0,
+        delta=1e-6,
+        counter=counter,
+        noise_version=version,
+    )
     domain = spark.createDataFrame(pd.DataFrame({"item": names}))
-    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
-                            domain=domain, counter=counter, noise_version=version)
+    remote = SparkKnownBase(
+        spark,
+        HORIZON,
+        max_items=3,
+        key=key,
+        epsilon=1.0,
+        delta=1e-6,
+        domain=domain,
+        counter=counter,
+        noise_version=version,
+    )
     assert remote.mechanism.noise_purpose.startswith("/v2/") == (version == 2)
     assert remote.tau == local.tau and remote.base == local.base
     assert remote.counter == counter
@@ -154,8 +173,7 @@ def test_known_per_step_release_is_bit_identical(spark, stream, counter, version
     for t in (1, 2, 3, 8, 24):  # consecutive steps and jumps
         c = counts[t - 1]
         nz = np.flatnonzero(c)  # the counts frame lists only items that occurred
-        df = spark.createDataFrame(pd.DataFrame({"item": [names[i] for i in nz],
-                                                 "count": c[nz]}))
+        df = spark.createDataFrame(pd.DataFrame({"item": [names[i] for i in nz], "count": c[nz]}))
         got = remote.release(t, df, domain=domain).toPandas()
         assert (got["t"] == t).all() and len(got) == N_ITEMS
         assert np.array_equal(_aligned(got, index, N_ITEMS), local.release(t, c).values)
@@ -166,11 +184,13 @@ def test_known_run_over_all_steps_is_bit_identical(spark, stream, counter) -> No
     events, counts = stream
     key = fixed_key("spark-known-run")
     steps = counts.shape[0]
-    local = KnownDomainHistogram(range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2,
-                                 counter=counter)
+    local = KnownDomainHistogram(
+        range(N_ITEMS), HORIZON, max_items=3, key=key, rho=0.2, counter=counter
+    )
     domain = spark.range(N_ITEMS).withColumnRenamed("id", "item")
-    remote = SparkKnownBase(spark, HORIZON, max_items=3, key=key, rho=0.2, domain=domain,
-                            counter=counter)
+    remote = SparkKnownBase(
+        spark, HORIZON, max_items=3, key=key, rho=0.2, domain=domain, counter=counter
+    )
     got = remote.run(_events_df(spark, events), domain, steps=range(1, steps + 1)).toPandas()
     assert len(got) == steps * N_ITEMS
     got = got.sort_values(["t", "item"])
@@ -185,12 +205,12 @@ def test_known_update_counts_then_release(spark) -> None:
     events, counts = _simulate(5, 500, 300, seed=3)
     local = KnownDomainHistogram(range(500), 50, max_items=3, key=key, tau=0.7)
     remote = SparkKnownBase(spark, 50, max_items=3, key=key, tau=0.7, domain=range(500))
-    state = spark.range(500).select(F.col("id").alias("item"),
-                                    F.lit(0).cast("long").alias("count"))
+    state = spark.range(500).select(F.col("id").alias("item"), F.lit(0).cast("long").alias("count"))
     for t in range(1, 6):
         step = [e for e in events if e[0] == t]
-        state = update_counts(state, _events_df(spark, step).select("items"), max_items=3,
-                              closed=True).localCheckpoint()
+        state = update_counts(
+            state, _events_df(spark, step).select("items"), max_items=3, closed=True
+        ).localCheckpoint()
         got = remote.release(t, state, assume_unique=True).toPandas().sort_values("item")
         assert np.array_equal(got["value"].to_numpy(), local.release(t, counts[t - 1]).values)
 
@@ -207,11 +227,13 @@ def test_known_rejects_what_local_rejects(spark) -> None:
     big = spark.createDataFrame([(2, ["a", "b", "c"])], "t long, items array<string>")
     with pytest.raises(Exception, match="more than max_items=2"):
         SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
-            big, domain, steps=[2]).collect()
+            big, domain, steps=[2]
+        ).collect()
     late = spark.createDataFrame([(11, ["a"])], "t long, items array<string>")
     with pytest.raises(Exception, match="past the horizon"):
         SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
-            late, domain, steps=[3]).collect()
+            late, domain, steps=[3]
+        ).collect()
 
 
 def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
@@ -229,8 +251,15 @@ def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
 
 
 def _unknown_reference(key, counts, steps, names=None, remember=False):
-    local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5,
-                                   threshold_delta=1e-6, remember=remember, counter="tree")
+    local = UnknownDomainHistogram(
+        HORIZON,
+        max_items=3,
+        key=key,
+        tau=0.5,
+        threshold_delta=1e-6,
+        remember=remember,
+        counter="tree",
+    )
     out = {}
     for t in steps:
         c = counts[t - 1]
@@ -247,8 +276,9 @@ def test_unknown_run_over_all_steps_is_bit_identical(spark, stream) -> None:
     key = fixed_key("spark-unknown-run")
     steps = list(range(1, counts.shape[0] + 1))
     local, want = _unknown_reference(key, counts, steps, remember=remember)
-    remote = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
-                              threshold_delta=1e-6, remember=remember)
+    remote = SparkUnknownBase(
+        spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6, remember=remember
+    )
     assert remote.threshold == local.threshold and remote.privacy == local.privacy
     got = remote.run(_events_df(spark, events), steps=steps).toPandas()
     shown = 0
@@ -267,8 +297,7 @@ def test_unknown_per_step_release_is_bit_identical(spark, stream) -> None:
     names = [f"w{i}" for i in range(N_ITEMS)]
     steps = (1, 2, 5, 12)
     _, want = _unknown_reference(key, counts, steps, names=names, remember=False)
-    remote = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
-                              threshold_delta=1e-6)
+    remote = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6)
     for t in steps:
         c = counts[t - 1]
         nz = np.flatnonzero(c)
@@ -276,8 +305,7 @@ def test_unknown_per_step_release_is_bit_identical(spark, stream) -> None:
         rel = remote.release(t, spark.createDataFrame(pdf)).toPandas()
         assert (rel["t"] == t).all()
         assert set(rel["item"]) == set(want[t])
-        assert np.array_equal(rel["value"].to_numpy(),
-                              np.array([want[t][i] for i in rel["item"]]))
+        assert np.array_equal(rel["value"].to_numpy(), np.array([want[t][i] for i in rel["item"]]))
 
 
 # ------------------------------------------------------------------ streaming
@@ -286,8 +314,9 @@ def test_unknown_per_step_release_is_bit_identical(spark, stream) -> None:
 def _write_step_files(folder: Path, events, steps, *, name: str = "step") -> None:
     """One file per step, each event with its step ``t`` (the public clock's step)."""
     for t in steps:
-        lines = [json.dumps({"t": t, "items": [f"s{i}" for i in ev]})
-                 for tt, ev in events if tt == t]
+        lines = [
+            json.dumps({"t": t, "items": [f"s{i}" for i in ev]}) for tt, ev in events if tt == t
+        ]
         path = folder / f"{name}-{t:03d}.json"
         path.write_text("\n".join(lines) + "\n")
         os.utime(path, (1_700_000_000 + 60 * t, 1_700_000_000 + 60 * t))
@@ -304,8 +333,14 @@ def _stage(spark, mech, src, out, ckpt, **kw):
     """Stage what ``src`` holds (one availableNow run); returns the StreamRelease. Exact
     floats (round_counts=False) unless asked: the tests compare them bit for bit."""
     ev = spark.readStream.schema(_STREAM_SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
-    rel = start_stream(mech, ev, output_path=str(out), checkpoint_location=str(ckpt),
-                       trigger={"availableNow": True}, **{"round_counts": False, **kw})
+    rel = start_stream(
+        mech,
+        ev,
+        output_path=str(out),
+        checkpoint_location=str(ckpt),
+        trigger={"availableNow": True},
+        **{"round_counts": False, **kw},
+    )
     rel.awaitTermination()
     return rel
 
@@ -319,8 +354,9 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     src.mkdir()
 
     def run_stream(k, until):
-        mech = SparkUnknownBase(spark, HORIZON, max_items=3, key=k, tau=0.5,
-                                threshold_delta=1e-6, remember=True)
+        mech = SparkUnknownBase(
+            spark, HORIZON, max_items=3, key=k, tau=0.5, threshold_delta=1e-6, remember=True
+        )
         return _stage(spark, mech, src, out, ckpt).release_through(until)
 
     _write_step_files(src, events, [1, 2])
@@ -342,8 +378,9 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     # the snapshot of step 4 (reached by restored, one-step-advanced tree noise) holds
     # each item's prepared id and level sums exactly as a local TreeNoise jumped to 4
     snap = pd.read_parquet(ckpt / "dpstream-state" / "t=4")
-    local = UnknownDomainHistogram(HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6,
-                                   counter="tree")
+    local = UnknownDomainHistogram(
+        HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6, counter="tree"
+    )
     source = NoiseSource(key, local.tree_purpose)
     fresh = TreeNoise(source, HORIZON, local.base, float(np.sqrt(local.levels) * local.tau))
     fresh.add_items(source.prepare(snap["item"].tolist()))
@@ -359,8 +396,16 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     meta = ckpt / "dpstream-state" / "dpstream.json"
     params = json.loads(meta.read_text())
     assert params["noise_version"] == 2
-    mech = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5,
-                            threshold_delta=1e-6, remember=True, noise_version=1)
+    mech = SparkUnknownBase(
+        spark,
+        HORIZON,
+        max_items=3,
+        key=key,
+        tau=0.5,
+        threshold_delta=1e-6,
+        remember=True,
+        noise_version=1,
+    )
     with pytest.raises(StateError, match="drew noise version 2: .* noise_version=2"):
         _stage(spark, mech, src, out, ckpt).release_through(4)
     # ... and one of dpstream 0.2, whose Spark classes drew version 1 unless told,
@@ -395,8 +440,7 @@ def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path)
         assert rel.dropped == {"late (its step was already released)": 1}
         assert rel.release_through(6) == [6]
         got = _read_stream_output(spark, out, 6).set_index("item")["value"]
-        local = KnownDomainHistogram([f"s{i}" for i in range(8)], 10, max_items=3, key=key,
-                                     rho=1.0)
+        local = KnownDomainHistogram([f"s{i}" for i in range(8)], 10, max_items=3, key=key, rho=1.0)
         counts = np.zeros(8, dtype=np.int64)
         for _, ev in events + [(6, [3])]:
             counts[ev] += 1
@@ -410,13 +454,13 @@ def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path)
     _stage(spark, mech, src, out, ckpt, domain=domain, round_counts=True).release_through(3)
     got = _read_stream_output(spark, out, 3).set_index("item")["value"]
     assert str(got.dtype) == "int64"
-    local = KnownDomainHistogram([f"s{i}" for i in range(8)], 10, max_items=3, key=key,
-                                 rho=1.0)
+    local = KnownDomainHistogram([f"s{i}" for i in range(8)], 10, max_items=3, key=key, rho=1.0)
     counts = np.zeros(8, dtype=np.int64)
     for _, ev in lone:
         counts[ev] += 1
-    assert np.array_equal(got.loc[local.domain].to_numpy(),
-                          local.release(3, counts).rounded().values)
+    assert np.array_equal(
+        got.loc[local.domain].to_numpy(), local.release(3, counts).rounded().values
+    )
 
 
 def test_step_clock_is_a_function_of_the_wall_clock_only() -> None:
@@ -442,8 +486,7 @@ def test_stream_known_domain(spark, tmp_path, counter) -> None:
     key = fixed_key("spark-stream-known")
     names = [f"s{i}" for i in range(300)]
     local = KnownDomainHistogram(names, 20, max_items=3, key=key, rho=1.0, counter=counter)
-    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, domain=names,
-                          counter=counter)
+    mech = SparkKnownBase(spark, 20, max_items=3, key=key, rho=1.0, domain=names, counter=counter)
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     src.mkdir()
     _write_step_files(src, events, [1, 2, 3])
@@ -460,29 +503,50 @@ def test_stream_known_domain(spark, tmp_path, counter) -> None:
 
 def test_run_cli_matches_local_step_batch(spark, tmp_path) -> None:
     key = fixed_key("spark-cli")
-    lines = [{"t": 1, "items": ["a", 5]}, {"t": 1, "items": ["b"]}, {"t": 3, "items": ["a"]},
-             {"t": 4, "items": ["5", "c", "a"]}]
+    lines = [
+        {"t": 1, "items": ["a", 5]},
+        {"t": 1, "items": ["b"]},
+        {"t": 3, "items": ["a"]},
+        {"t": 4, "items": ["5", "c", "a"]},
+    ]
     inp = tmp_path / "events.jsonl"
     inp.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     out = tmp_path / "out"
-    opts = {"mechanism": "known", "horizon": 10, "max_items": 3, "domain": ["a", "b", "c", "5"],
-            "rho": 1.0, "input": str(inp), "output": str(out), "output_format": "jsonl",
-            "round": False, "on_invalid": "skip", "state": None, "stream": "default"}
+    opts = {
+        "mechanism": "known",
+        "horizon": 10,
+        "max_items": 3,
+        "domain": ["a", "b", "c", "5"],
+        "rho": 1.0,
+        "input": str(inp),
+        "output": str(out),
+        "output_format": "jsonl",
+        "round": False,
+        "on_invalid": "skip",
+        "state": None,
+        "stream": "default",
+    }
     summary = run_cli(opts, spark=spark, key=key)
     # every step of the public clock 1..T = 10 (steps 2 and 5..10 have no event)
     assert summary["steps"] == 10 and summary["events"] == 4 and summary["rows"] == 40
     local = KnownDomainHistogram(["a", "b", "c", "5"], 10, max_items=3, key=key, rho=1.0)
     got = spark.read.json(str(out)).toPandas()
-    per_step = {1: [["a", "5"], ["b"]], 2: [], 3: [["a"]], 4: [["5", "c", "a"]],
-                **{t: [] for t in range(5, 11)}}
+    per_step = {
+        1: [["a", "5"], ["b"]],
+        2: [],
+        3: [["a"]],
+        4: [["5", "c", "a"]],
+        **{t: [] for t in range(5, 11)},
+    }
     for t, evs in per_step.items():
         want = local.step_batch(evs).counts
         g = got[got["t"] == t]
         assert {i: v for i, v in zip(g["item"], g["value"], strict=True)} == want
 
 
-@pytest.mark.parametrize("extra", [[], ["--monotone", "--no-clamp"], ["--monotone"],
-                                   ["--blt-buffers", "1"]])
+@pytest.mark.parametrize(
+    "extra", [[], ["--monotone", "--no-clamp"], ["--monotone"], ["--blt-buffers", "1"]]
+)
 def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) -> None:
     """`dpstream run --engine spark` releases what `dpstream run` (local) releases,
     with the readable-count post-processing (--clamp, the default, and --monotone) and
@@ -491,22 +555,73 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
 
     key_path = tmp_path / "k.key"
     fixed_key("spark-cmd").save(key_path)
-    events = [{"t": 1, "items": ["a", "b"]}, {"t": 2, "items": ["c"]}, {"t": 2, "items": ["a"]},
-              {"t": 5, "items": ["b", "c"]}]
+    events = [
+        {"t": 1, "items": ["a", "b"]},
+        {"t": 2, "items": ["c"]},
+        {"t": 2, "items": ["a"]},
+        {"t": 5, "items": ["b", "c"]},
+    ]
     inp = tmp_path / "events.jsonl"
     inp.write_text("".join(json.dumps(e) + "\n" for e in events))
     domain = tmp_path / "domain.txt"
     domain.write_text("a\nb\nc\n")
-    common = ["run", "-m", "known", "--horizon", "8", "--max-items", "2", "--domain",
-              str(domain), "--rho", "0.5", "--key-file", str(key_path), "-i", str(inp), "-q"]
-    assert cli.main([*common, *extra, "-o", str(tmp_path / "local.jsonl"),
-                     *own_ledger(tmp_path / "local.jsonl")]) == 0
-    assert cli.main([*common, *extra, "--engine", "spark", "-o",
-                     str(tmp_path / "spark_out"), *own_ledger(tmp_path / "spark_out")]) == 0
+    common = [
+        "run",
+        "-m",
+        "known",
+        "--horizon",
+        "8",
+        "--max-items",
+        "2",
+        "--domain",
+        str(domain),
+        "--rho",
+        "0.5",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(inp),
+        "-q",
+    ]
+    assert (
+        cli.main(
+            [
+                *common,
+                *extra,
+                "-o",
+                str(tmp_path / "local.jsonl"),
+                *own_ledger(tmp_path / "local.jsonl"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            [
+                *common,
+                *extra,
+                "--engine",
+                "spark",
+                "-o",
+                str(tmp_path / "spark_out"),
+                *own_ledger(tmp_path / "spark_out"),
+            ]
+        )
+        == 0
+    )
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     if "--blt-buffers" in extra:  # the flag changes the noise (so both engines read it)
-        assert cli.main([*common, "-o", str(tmp_path / "default.jsonl"),
-                         *own_ledger(tmp_path / "default.jsonl")]) == 0
+        assert (
+            cli.main(
+                [
+                    *common,
+                    "-o",
+                    str(tmp_path / "default.jsonl"),
+                    *own_ledger(tmp_path / "default.jsonl"),
+                ]
+            )
+            == 0
+        )
         default = (tmp_path / "default.jsonl").read_text().splitlines()
         assert [json.loads(x)["released"] for x in default] != [r["released"] for r in local]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
@@ -516,13 +631,29 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
         assert set(rows["noise_std"]) == {rel["meta"]["noise_std"]}
     # the long CSV of both engines is one table
-    assert cli.main([*common, "-o", str(tmp_path / "local.csv"),
-                     *own_ledger(tmp_path / "local.csv")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark.csv"),
-                     *own_ledger(tmp_path / "spark.csv")]) == 0
+    assert (
+        cli.main([*common, "-o", str(tmp_path / "local.csv"), *own_ledger(tmp_path / "local.csv")])
+        == 0
+    )
+    assert (
+        cli.main(
+            [
+                *common,
+                "--engine",
+                "spark",
+                "-o",
+                str(tmp_path / "spark.csv"),
+                *own_ledger(tmp_path / "spark.csv"),
+            ]
+        )
+        == 0
+    )
     want = pd.read_csv(tmp_path / "local.csv").sort_values(["t", "item"]).reset_index(drop=True)
-    have = (pd.concat(pd.read_csv(p) for p in sorted((tmp_path / "spark.csv").glob("*.csv")))
-            .sort_values(["t", "item"]).reset_index(drop=True))
+    have = (
+        pd.concat(pd.read_csv(p) for p in sorted((tmp_path / "spark.csv").glob("*.csv")))
+        .sort_values(["t", "item"])
+        .reset_index(drop=True)
+    )
     pd.testing.assert_frame_equal(have, want, check_dtype=False)
 
 
@@ -530,16 +661,28 @@ def test_engine_spark_runs_unknown_with_the_tree_only(tmp_path) -> None:
     """-m unknown on Spark needs --counter tree (the local default is BLT, which Spark
     does not run): the same command line never gives different releases on the two
     engines. Refused before any Spark session is built."""
-    opts = {"mechanism": "unknown", "horizon": 10, "max_items": 2, "rho": 1.0,
-            "threshold_delta": 0.1, "input": str(tmp_path / "in.jsonl"),
-            "output": str(tmp_path / "out"), "state": None}
-    for extra in ({}, {"counter": "blt"}, {"blt_buffers": 2},
-                  {"counter": "tree", "blt_buffers": 2}):
+    opts = {
+        "mechanism": "unknown",
+        "horizon": 10,
+        "max_items": 2,
+        "rho": 1.0,
+        "threshold_delta": 0.1,
+        "input": str(tmp_path / "in.jsonl"),
+        "output": str(tmp_path / "out"),
+        "state": None,
+    }
+    for extra in (
+        {},
+        {"counter": "blt"},
+        {"blt_buffers": 2},
+        {"counter": "tree", "blt_buffers": 2},
+    ):
         with pytest.raises(ValueError, match="pass --counter tree"):
             run_cli({**opts, **extra}, spark=None, key=fixed_key("spark-tree-only"))
     with pytest.raises(ValueError, match="tree counter only"):
-        SparkUnknownBase(None, 10, max_items=2, key=fixed_key("x"), tau=1.0,
-                         threshold_delta=0.1, counter="blt")
+        SparkUnknownBase(
+            None, 10, max_items=2, key=fixed_key("x"), tau=1.0, threshold_delta=0.1, counter="blt"
+        )
 
 
 def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys) -> None:
@@ -552,26 +695,55 @@ def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys
     fixed_key("spark-scope").save(key_path)
     for name, lines in (("a", ['["a"]', '["b"]']), ("b", ['["a"]'])):
         (tmp_path / f"{name}.jsonl").write_text("".join(x + "\n" for x in lines))
-    common = ["run", "-q", "-m", "unknown", "-T", "4", "--max-items", "2", "--rho", "1",
-              "--threshold-delta", "0.4", "--key-file", str(key_path), "--implicit-time",
-              "--counter", "tree"]
-    assert cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "-o",
-                     str(tmp_path / "local.jsonl")]) == 0
+    common = [
+        "run",
+        "-q",
+        "-m",
+        "unknown",
+        "-T",
+        "4",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "0.4",
+        "--key-file",
+        str(key_path),
+        "--implicit-time",
+        "--counter",
+        "tree",
+    ]
+    assert (
+        cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "-o", str(tmp_path / "local.jsonl")])
+        == 0
+    )
     capsys.readouterr()
     spark_b = [*common, "-i", str(tmp_path / "b.jsonl"), "--engine", "spark"]
     assert cli.main([*spark_b, "-o", str(tmp_path / "b_out")]) == 1
     assert "same key and settings" in capsys.readouterr().err
     assert not (tmp_path / "b_out").exists()
     assert cli.main([*spark_b, "-o", str(tmp_path / "s_out"), "--stream", "s"]) == 0
-    assert cli.main([*common, "-i", str(tmp_path / "a.jsonl"), "--stream", "s", "-o",
-                     str(tmp_path / "local-s.jsonl")]) == 1  # the Spark run's scope
+    assert (
+        cli.main(
+            [
+                *common,
+                "-i",
+                str(tmp_path / "a.jsonl"),
+                "--stream",
+                "s",
+                "-o",
+                str(tmp_path / "local-s.jsonl"),
+            ]
+        )
+        == 1
+    )  # the Spark run's scope
     assert cli.main([*spark_b, "-o", str(tmp_path / "b_out"), "--force"]) == 0
     assert "--force" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mech", ["known", "unknown"])
-def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_path,
-                                                                   mech) -> None:
+def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_path, mech) -> None:
     """Without --noise-version both engines draw version 2 for a new stream, so one
     command line releases the same values, bit for bit, on the local engine and on
     Spark (they once differed: Spark drew version 1 unless told)."""
@@ -579,19 +751,54 @@ def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_pat
 
     key_path = tmp_path / "k.key"
     fixed_key("spark-one-version").save(key_path)
-    events = [{"t": 1, "items": ["a", "b"]}, {"t": 2, "items": ["c"]}, {"t": 2, "items": ["a"]},
-              {"t": 4, "items": ["b", "c"]}, {"t": 5, "items": ["a"]}]
+    events = [
+        {"t": 1, "items": ["a", "b"]},
+        {"t": 2, "items": ["c"]},
+        {"t": 2, "items": ["a"]},
+        {"t": 4, "items": ["b", "c"]},
+        {"t": 5, "items": ["a"]},
+    ]
     inp = tmp_path / "events.jsonl"
     inp.write_text("".join(json.dumps(e) + "\n" for e in events))
     (tmp_path / "domain.txt").write_text("a\nb\nc\n")
-    extra = (["--domain", str(tmp_path / "domain.txt")] if mech == "known"
-             else ["--counter", "tree", "--threshold-delta", "0.3", "--remember"])
-    common = ["run", "-q", "-m", mech, "-T", "6", "--max-items", "2", "--rho", "8",
-              "--no-round", "--key-file", str(key_path), "-i", str(inp), *extra]
+    extra = (
+        ["--domain", str(tmp_path / "domain.txt")]
+        if mech == "known"
+        else ["--counter", "tree", "--threshold-delta", "0.3", "--remember"]
+    )
+    common = [
+        "run",
+        "-q",
+        "-m",
+        mech,
+        "-T",
+        "6",
+        "--max-items",
+        "2",
+        "--rho",
+        "8",
+        "--no-round",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(inp),
+        *extra,
+    ]
     local_out = tmp_path / "local.jsonl"
     assert cli.main([*common, "-o", str(local_out), *own_ledger(local_out)]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),
-                     *own_ledger(tmp_path / "spark_out")]) == 0
+    assert (
+        cli.main(
+            [
+                *common,
+                "--engine",
+                "spark",
+                "-o",
+                str(tmp_path / "spark_out"),
+                *own_ledger(tmp_path / "spark_out"),
+            ]
+        )
+        == 0
+    )
     sidecar = json.loads((tmp_path / "local.jsonl.meta.json").read_text())
     assert sidecar["noise_version"] == 2
     local = [json.loads(x) for x in local_out.read_text().splitlines()]
@@ -611,21 +818,76 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
     key_path = tmp_path / "k.key"
     fixed_key("spark-clock").save(key_path)
     steps = {}
-    full = ['{"t": 1, "items": ["a"]}', '{"t": 2, "items": ["b"]}',
-            '{"t": 3, "items": ["a", "b"]}']  # the last event alone in its step
+    full = [
+        '{"t": 1, "items": ["a"]}',
+        '{"t": 2, "items": ["b"]}',
+        '{"t": 3, "items": ["a", "b"]}',
+    ]  # the last event alone in its step
     for name, lines in (("full", full), ("neighbour", full[:1])):
         inp = tmp_path / f"{name}.jsonl"
         inp.write_text("".join(x + "\n" for x in lines))
         out = tmp_path / f"{name}_out"
-        assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
-                         "1", "--threshold-delta", "0.4", "--remember", "--key-file",
-                         str(key_path), "-i", str(inp), "--engine", "spark", "-o",
-                         str(out), "--counter", "tree", *own_ledger(out)]) == 0
+        assert (
+            cli.main(
+                [
+                    "run",
+                    "-q",
+                    "-m",
+                    "unknown",
+                    "-T",
+                    "6",
+                    "--max-items",
+                    "2",
+                    "--rho",
+                    "1",
+                    "--threshold-delta",
+                    "0.4",
+                    "--remember",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(inp),
+                    "--engine",
+                    "spark",
+                    "-o",
+                    str(out),
+                    "--counter",
+                    "tree",
+                    *own_ledger(out),
+                ]
+            )
+            == 0
+        )
         local = tmp_path / f"{name}.local.jsonl"
-        assert cli.main(["run", "-q", "-m", "unknown", "-T", "6", "--max-items", "2", "--rho",
-                         "1", "--threshold-delta", "0.4", "--remember", "--key-file",
-                         str(key_path), "-i", str(inp), "-o", str(local),
-                         "--counter", "tree", *own_ledger(local)]) == 0
+        assert (
+            cli.main(
+                [
+                    "run",
+                    "-q",
+                    "-m",
+                    "unknown",
+                    "-T",
+                    "6",
+                    "--max-items",
+                    "2",
+                    "--rho",
+                    "1",
+                    "--threshold-delta",
+                    "0.4",
+                    "--remember",
+                    "--key-file",
+                    str(key_path),
+                    "-i",
+                    str(inp),
+                    "-o",
+                    str(local),
+                    "--counter",
+                    "tree",
+                    *own_ledger(local),
+                ]
+            )
+            == 0
+        )
         steps[name] = [json.loads(x)["t"] for x in local.read_text().splitlines()]
         got = spark.read.json(str(out)).toPandas()
         assert sorted(set(got["t"])) == list(range(1, 7))  # empty steps have a row too
@@ -635,25 +897,62 @@ def test_engine_spark_neighbours_release_the_same_steps(spark, tmp_path) -> None
     assert steps["full"] == steps["neighbour"] == [1, 2, 3, 4, 5, 6]
 
 
-def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark,
-                                                                        tmp_path) -> None:
+def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark, tmp_path) -> None:
     from dpstream import cli
 
     key_path = tmp_path / "k.key"
     fixed_key("spark-timed").save(key_path)
-    events = [("2026-03-01T00:10:00Z", ["a"]), ("2026-03-01T00:40:00Z", ["a", "b"]),
-              ("2026-03-01T03:05:00Z", ["b"]), (1772341199, ["c"])]  # 05:59:59 UTC
+    events = [
+        ("2026-03-01T00:10:00Z", ["a"]),
+        ("2026-03-01T00:40:00Z", ["a", "b"]),
+        ("2026-03-01T03:05:00Z", ["b"]),
+        (1772341199, ["c"]),
+    ]  # 05:59:59 UTC
     inp = tmp_path / "timed.jsonl"
     inp.write_text("".join(json.dumps({"ts": ts, "items": it}) + "\n" for ts, it in events))
     domain = tmp_path / "domain.txt"
     domain.write_text("a\nb\nc\n")
-    common = ["run", "-q", "-T", "8", "--domain", str(domain), "--max-items", "2", "--rho", "1",
-              "--key-file", str(key_path), "-i", str(inp), "--time-field", "ts", "--step",
-              "1h", "--start", "2026-03-01T00:00:00Z"]
-    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl"),
-                     *own_ledger(tmp_path / "local.jsonl")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),
-                     *own_ledger(tmp_path / "spark_out")]) == 0
+    common = [
+        "run",
+        "-q",
+        "-T",
+        "8",
+        "--domain",
+        str(domain),
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(inp),
+        "--time-field",
+        "ts",
+        "--step",
+        "1h",
+        "--start",
+        "2026-03-01T00:00:00Z",
+    ]
+    assert (
+        cli.main(
+            [*common, "-o", str(tmp_path / "local.jsonl"), *own_ledger(tmp_path / "local.jsonl")]
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            [
+                *common,
+                "--engine",
+                "spark",
+                "-o",
+                str(tmp_path / "spark_out"),
+                *own_ledger(tmp_path / "spark_out"),
+            ]
+        )
+        == 0
+    )
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
     assert [r["t"] for r in local] == sorted(set(got["t"])) == list(range(1, 9))
@@ -711,8 +1010,9 @@ def test_topk_matches_local_sparse_gumb_through_reselections(spark, counter) -> 
     epoch = local.switches - local.switches_left
     svt = NoiseSource(key, f"{local.noise_scope}/svt")
     others = np.setdiff1d(np.arange(d), np.array(local.selected))
-    query = counts[-1][others] + svt.laplace(svt.prepare(others.tolist()), 0, steps, epoch,
-                                             scale=4 * local.tau_1)
+    query = counts[-1][others] + svt.laplace(
+        svt.prepare(others.tolist()), 0, steps, epoch, scale=4 * local.tau_1
+    )
     top = float(query.max())
     assert remote.query_above(steps, df, np.nextafter(top, -np.inf), epoch)
     assert not remote.query_above(steps, df, top, epoch)

@@ -20,12 +20,21 @@ kernels = pytest.importorskip("dpstream.spark.kernels")
 
 def _spec(m: KnownDomainHistogram) -> object:
     if m.strategy is not None:
-        return kernels.ReleaseSpec(mechanism="KnownBase", horizon=m.horizon, base=None,
-                                   cell_std=m.sigma, purpose=m.noise_purpose,
-                                   strategy=m.strategy)
-    return kernels.ReleaseSpec(mechanism="KnownBase", horizon=m.horizon, base=m.base,
-                               cell_std=float(np.sqrt(m.levels) * m.tau),
-                               purpose=m.tree_purpose)
+        return kernels.ReleaseSpec(
+            mechanism="KnownBase",
+            horizon=m.horizon,
+            base=None,
+            cell_std=m.sigma,
+            purpose=m.noise_purpose,
+            strategy=m.strategy,
+        )
+    return kernels.ReleaseSpec(
+        mechanism="KnownBase",
+        horizon=m.horizon,
+        base=m.base,
+        cell_std=float(np.sqrt(m.levels) * m.tau),
+        purpose=m.tree_purpose,
+    )
 
 
 @pytest.mark.parametrize("counter", ["tree", "blt"])
@@ -33,8 +42,14 @@ def test_step_kernel_matches_local_release_across_batches(counter) -> None:
     key = fixed_key("spark-kernel")
     n, T = 3000, 200
     items = [f"u{i}" for i in range(n)]
-    local = KnownDomainHistogram(items, T, max_items=2, key=key, rho=0.3,
-                                 **({"base": 3} if counter == "tree" else {"counter": "blt"}))
+    local = KnownDomainHistogram(
+        items,
+        T,
+        max_items=2,
+        key=key,
+        rho=0.3,
+        **({"base": 3} if counter == "tree" else {"counter": "blt"}),
+    )
     spec = _spec(local)
     rng = np.random.default_rng(1)  # simulated data
     counts = np.zeros(n, dtype=np.int64)
@@ -44,9 +59,16 @@ def test_step_kernel_matches_local_release_across_batches(counter) -> None:
         pdf = pd.DataFrame({"item": items, "count": counts})
         # three uneven batches, as Arrow would cut a partition
         parts = [pdf.iloc[:7], pdf.iloc[7:1500], pdf.iloc[1500:]]
-        out = pd.concat(kernels.release_step_batch(
-            iter(parts), spec=spec, key_bytes=key.to_bytes(), t=t, item_col="item",
-            count_col="count"))
+        out = pd.concat(
+            kernels.release_step_batch(
+                iter(parts),
+                spec=spec,
+                key_bytes=key.to_bytes(),
+                t=t,
+                item_col="item",
+                count_col="count",
+            )
+        )
         assert out["item"].tolist() == items
         assert out["released"].all()
         assert np.array_equal(out["value"].to_numpy(), want)
@@ -59,12 +81,20 @@ def test_run_kernel_counts_increments_from_first_release_step_on() -> None:
     spec = _spec(local)
     # flat rows: domain rows (t = 0) and increments; item 1 grows at steps 2, 5 and 41
     # (41 is after the last release step), item 2 at 4, item 3 never; split in two batches
-    flat = pd.DataFrame({"item": [2, 1, 3, 1, 1, 2, 1], "t": [0, 2, 0, 5, 0, 4, 41],
-                         "n": [0, 1, 0, 3, 0, 2, 7]})
+    flat = pd.DataFrame(
+        {"item": [2, 1, 3, 1, 1, 2, 1], "t": [0, 2, 0, 5, 0, 4, 41], "n": [0, 1, 0, 3, 0, 2, 7]}
+    )
     steps = [3, 5, 6, 7, 40]  # gaps shorter and longer than |I_t|: both advance paths
-    out = pd.concat(kernels.release_run_partition(
-        iter([flat.iloc[:3], flat.iloc[3:]]), spec=spec, key_bytes=key.to_bytes(), steps=steps,
-        item_col="item", closed=True))
+    out = pd.concat(
+        kernels.release_run_partition(
+            iter([flat.iloc[:3], flat.iloc[3:]]),
+            spec=spec,
+            key_bytes=key.to_bytes(),
+            steps=steps,
+            item_col="item",
+            closed=True,
+        )
+    )
     # brute force prefix counts at each release step
     expected_counts = {3: [1, 0, 0], 5: [4, 2, 0], 6: [4, 2, 0], 7: [4, 2, 0], 40: [4, 2, 0]}
     assert sorted(set(out["t"])) == steps
@@ -80,8 +110,16 @@ def test_run_kernel_refuses_an_item_outside_the_domain() -> None:
     spec = _spec(KnownDomainHistogram(["a"], 10, max_items=1, key=key, tau=1.0))
     flat = pd.DataFrame({"item": ["a", "z"], "t": [0, 1], "n": [0, 1]})
     with pytest.raises(ValueError, match="item z is not in the domain"):
-        list(kernels.release_run_partition(iter([flat]), spec=spec, key_bytes=key.to_bytes(),
-                                           steps=[1], item_col="item", closed=True))
+        list(
+            kernels.release_run_partition(
+                iter([flat]),
+                spec=spec,
+                key_bytes=key.to_bytes(),
+                steps=[1],
+                item_col="item",
+                closed=True,
+            )
+        )
 
 
 def test_kernel_refuses_null_and_negative_counts() -> None:
@@ -91,8 +129,16 @@ def test_kernel_refuses_null_and_negative_counts() -> None:
     for bad in ([-1], [None]):
         pdf = pd.DataFrame({"item": ["a"], "count": pd.array(bad, dtype="Int64")})
         with pytest.raises(ValueError, match="count"):
-            list(kernels.release_step_batch(iter([pdf]), spec=spec, key_bytes=key.to_bytes(),
-                                            t=1, item_col="item", count_col="count"))
+            list(
+                kernels.release_step_batch(
+                    iter([pdf]),
+                    spec=spec,
+                    key_bytes=key.to_bytes(),
+                    t=1,
+                    item_col="item",
+                    count_col="count",
+                )
+            )
 
 
 def _stream_steps(spec, key, items_at, counts_at, steps, *, drop_state_at=(), batch_cut=5):
@@ -111,8 +157,9 @@ def _stream_steps(spec, key, items_at, counts_at, steps, *, drop_state_at=(), ba
         with_state = state is not None and t not in drop_state_at
         if with_state:
             # nullable ints: a float64 column would round the 64-bit id words
-            rows = rows.merge(state.astype({c: "Int64" for c in kernels.STATE_IDS}),
-                              on="item", how="left")
+            rows = rows.merge(
+                state.astype({c: "Int64" for c in kernels.STATE_IDS}), on="item", how="left"
+            )
             has = rows["dp_id0"].notna()
             rows[kernels.STATE_FLAG] = has
             for c in kernels.STATE_IDS:  # the runner fills nulls in Spark, before Arrow
@@ -128,10 +175,18 @@ def _stream_steps(spec, key, items_at, counts_at, steps, *, drop_state_at=(), ba
         kernels.NoiseSource.prepare = counting_prepare
         try:
             parts = [rows.iloc[:batch_cut], rows.iloc[batch_cut:]]
-            out = pd.concat(kernels.release_stream_batch(
-                iter(parts), spec=spec, key_bytes=key.to_bytes(), t=t,
-                prev_t=prev_t if with_state else 0, item_col="item", count_col="count",
-                with_state=with_state))
+            out = pd.concat(
+                kernels.release_stream_batch(
+                    iter(parts),
+                    spec=spec,
+                    key_bytes=key.to_bytes(),
+                    t=t,
+                    prev_t=prev_t if with_state else 0,
+                    item_col="item",
+                    count_col="count",
+                    with_state=with_state,
+                )
+            )
         finally:
             kernels.NoiseSource.prepare = real_prepare
         prepared_at[t] = seen
@@ -149,8 +204,14 @@ def test_stream_kernel_continues_from_its_state_bit_for_bit(counter) -> None:
     key = fixed_key("spark-kernel-stream")
     universe = [f"u{i}" for i in range(40)]
     T = 100
-    local = KnownDomainHistogram(universe, T, max_items=2, key=key, rho=0.3,
-                                 **({"base": 3} if counter == "tree" else {"counter": "blt"}))
+    local = KnownDomainHistogram(
+        universe,
+        T,
+        max_items=2,
+        key=key,
+        rho=0.3,
+        **({"base": 3} if counter == "tree" else {"counter": "blt"}),
+    )
     assert local.counter == counter
     spec = _spec(local)
     rng = np.random.default_rng(7)  # simulated data
@@ -162,12 +223,12 @@ def test_stream_kernel_continues_from_its_state_bit_for_bit(counter) -> None:
         counts[:live] += rng.integers(0, 3, live)
         items_at[t] = universe[:live]
         counts_at[t] = dict(zip(universe, counts.tolist(), strict=True))
-    got, prepared_at = _stream_steps(spec, key, items_at, counts_at, steps,
-                                     drop_state_at=(9,))
+    got, prepared_at = _stream_steps(spec, key, items_at, counts_at, steps, drop_state_at=(9,))
     for t in steps:
         want = local.release(t, np.array([counts_at[t][u] for u in universe])).values
-        assert np.array_equal(np.array([got[t][u] for u in items_at[t]]),
-                              want[: len(items_at[t])]), t
+        assert np.array_equal(
+            np.array([got[t][u] for u in items_at[t]]), want[: len(items_at[t])]
+        ), t
     # only new items are prepared; a step without state (9) prepares everything again
     for i, t in enumerate(steps):
         before = set(items_at[steps[i - 1]]) if i and t != 9 else set()

@@ -32,8 +32,9 @@ except ImportError:
     if _REQUIRED:
         raise
     pytest.skip("PySpark is not installed", allow_module_level=True)
-if shutil.which("java") is None and not (os.environ.get("JAVA_HOME") and Path(
-        os.environ["JAVA_HOME"], "bin", "java").exists()):
+if shutil.which("java") is None and not (
+    os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"], "bin", "java").exists()
+):
     if _REQUIRED:
         raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
     pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
@@ -51,7 +52,8 @@ WORDS = [f"w{i}" for i in range(12)]
 @pytest.fixture(scope="module")
 def spark():
     session = (
-        SparkSession.builder.master("local[2]").appName("dpstream-user-tests")
+        SparkSession.builder.master("local[2]")
+        .appName("dpstream-user-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "3")
@@ -78,8 +80,10 @@ def events():
 
 
 def _shuffled(spark, events):
-    df = spark.createDataFrame([(t, pos, u, items) for t, pos, u, items in events],
-                               "t long, pos long, user string, items array<string>")
+    df = spark.createDataFrame(
+        [(t, pos, u, items) for t, pos, u, items in events],
+        "t long, pos long, user string, items array<string>",
+    )
     return df.repartition(3, F.rand(seed=5))  # a user's events in any partition
 
 
@@ -89,8 +93,9 @@ def test_spark_bounder_keeps_what_the_local_bounder_keeps(spark, events, l0, lin
     local = dps.bounding.ContributionBounder(bounds)
     kept, pending = local.bound([(u.encode(), items) for _, _, u, items in events])
     want = sorted((t, item) for (t, _, _, _), k in zip(events, kept, strict=True) for item in k)
-    got = bound_user_contributions(_shuffled(spark, events), bounds, user_col="user",
-                                   order_col="pos").collect()
+    got = bound_user_contributions(
+        _shuffled(spark, events), bounds, user_col="user", order_col="pos"
+    ).collect()
     assert sorted((r["t"], r["item"]) for r in got) == want
     assert len(want) < sum(len(e[3]) for e in events)  # the bounds did drop something
 
@@ -111,8 +116,9 @@ def test_spark_known_base_user_level_is_bit_identical(spark, events, counter):
     mech = SparkKnownBase(spark, T, domain=WORDS, **kw)
     assert mech.privacy == local.privacy and mech.privacy.unit == "user"
     domain = spark.createDataFrame([(w,) for w in WORDS], "item string")
-    got = mech.run(_shuffled(spark, events), domain, steps=range(1, T + 1), user_col="user",
-                   order_col="pos").toPandas()
+    got = mech.run(
+        _shuffled(spark, events), domain, steps=range(1, T + 1), user_col="user", order_col="pos"
+    ).toPandas()
     for t, counts in want.items():
         rows = got[got["t"] == t]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == counts
@@ -120,16 +126,24 @@ def test_spark_known_base_user_level_is_bit_identical(spark, events, counter):
 
 def test_spark_unknown_base_user_level_is_bit_identical_and_needs_the_columns(spark, events):
     key = fixed_key("spark-users-unk")
-    kw = dict(key=key, tau=0.3, threshold_delta=1e-3, max_items_per_user=4,
-              max_count_per_item=2, remember=True, counter="tree")
+    kw = dict(
+        key=key,
+        tau=0.3,
+        threshold_delta=1e-3,
+        max_items_per_user=4,
+        max_count_per_item=2,
+        remember=True,
+        counter="tree",
+    )
     local = dps.UnknownDomainHistogram(T, **kw)
     want = _local_releases(local, events)
     assert any(want.values())  # something is shown: the comparison is not vacuous
     mech = SparkUnknownBase(spark, T, **kw)
     with pytest.raises(ValueError, match="user_col"):
         mech.run(_shuffled(spark, events), steps=range(1, T + 1))
-    got = mech.run(_shuffled(spark, events), steps=range(1, T + 1), user_col="user",
-                   order_col="pos").toPandas()
+    got = mech.run(
+        _shuffled(spark, events), steps=range(1, T + 1), user_col="user", order_col="pos"
+    ).toPandas()
     for t, counts in want.items():
         rows = got[got["t"] == t]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == counts
@@ -149,15 +163,52 @@ def test_engine_spark_matches_engine_local_per_user(spark, events, tmp_path, mec
     inp = tmp_path / "ev.jsonl"
     inp.write_text("\n".join(lines) + "\n")
     (tmp_path / "domain.txt").write_text("\n".join(WORDS) + "\n")
-    extra = (["--domain", str(tmp_path / "domain.txt"), "--counter", "tree"] if mech == "known"
-             else ["--threshold-delta", "1e-3", "--remember"])
-    common = ["run", "-q", "-m", mech, "-T", str(T), *extra, "--tau", "0.3",
-              "--user-field", "user", "--max-items-per-user", "3", "--max-count-per-item", "2",
-              "--key-file", str(key_path), "-i", str(inp), "--no-round"]
-    assert cli.main([*common, "-o", str(tmp_path / "local.jsonl"),
-                     *own_ledger(tmp_path / "local.jsonl")]) == 0
-    assert cli.main([*common, "--engine", "spark", "-o", str(tmp_path / "spark_out"),
-                     *own_ledger(tmp_path / "spark_out")]) == 0
+    extra = (
+        ["--domain", str(tmp_path / "domain.txt"), "--counter", "tree"]
+        if mech == "known"
+        else ["--threshold-delta", "1e-3", "--remember"]
+    )
+    common = [
+        "run",
+        "-q",
+        "-m",
+        mech,
+        "-T",
+        str(T),
+        *extra,
+        "--tau",
+        "0.3",
+        "--user-field",
+        "user",
+        "--max-items-per-user",
+        "3",
+        "--max-count-per-item",
+        "2",
+        "--key-file",
+        str(key_path),
+        "-i",
+        str(inp),
+        "--no-round",
+    ]
+    assert (
+        cli.main(
+            [*common, "-o", str(tmp_path / "local.jsonl"), *own_ledger(tmp_path / "local.jsonl")]
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            [
+                *common,
+                "--engine",
+                "spark",
+                "-o",
+                str(tmp_path / "spark_out"),
+                *own_ledger(tmp_path / "spark_out"),
+            ]
+        )
+        == 0
+    )
     local = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()
     assert any(rel["released"] for rel in local)

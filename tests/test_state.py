@@ -13,8 +13,12 @@ from dpstream.state import Checkpoint, StateDigests, StepRecord, canonical_json
 
 from .conftest import fixed_key
 
-IDENT = dict(params=canonical_json({"b": 1, "a": [1, 2]}), key_fingerprint="f" * 16,
-             input="/in", output="/out")
+IDENT = dict(
+    params=canonical_json({"b": 1, "a": [1, 2]}),
+    key_fingerprint="f" * 16,
+    input="/in",
+    output="/out",
+)
 
 
 def test_new_state_then_commit_and_reload(tmp_path):
@@ -44,12 +48,15 @@ def test_a_step_is_committed_once(tmp_path):
         assert ck.load().last_end == 10  # the failed transaction was rolled back
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("key_fingerprint", "0" * 16, "another key"),
-    ("params", canonical_json({"b": 2, "a": [1, 2]}), "differs in: b"),
-    ("input", "/other", "reading"),
-    ("output", "/other", "writing"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("key_fingerprint", "0" * 16, "another key"),
+        ("params", canonical_json({"b": 2, "a": [1, 2]}), "differs in: b"),
+        ("input", "/other", "reading"),
+        ("output", "/other", "writing"),
+    ],
+)
 def test_verify_refuses_other_runs(tmp_path, field, value, message):
     with Checkpoint(str(tmp_path / "s.sqlite")) as ck:
         ck.start(**IDENT)

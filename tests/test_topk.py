@@ -36,8 +36,7 @@ def test_tau_matches_the_theorem():
         m = ContinualTopK(range(20), 100, k=k, switches=4, eta=1.0, key=fixed_key("p"), rho=0.5)
         assert (2 * k + 1) / (2 * m.tau**2) == pytest.approx(0.5, rel=1e-12)
         assert (2 * k + 1) / (2 * m.tau**2) <= 0.5  # rounded towards more noise
-        m0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5,
-                           wait=False)
+        m0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5, wait=False)
         assert k / m0.tau**2 == pytest.approx(0.5, rel=1e-12) and m0.rounds == 0
         w0 = ContinualTopK(range(20), 100, k=k, switches=0, key=fixed_key("p"), rho=0.5)
         assert (2 * k + 1) / (2 * w0.tau**2) == pytest.approx(0.5, rel=1e-12)  # the wait
@@ -45,14 +44,16 @@ def test_tau_matches_the_theorem():
         # R = s + 1 sparse-vector rounds with the waiting round, s without
         assert m.rounds == 5 and m.tau_1 == pytest.approx(math.sqrt(5) * m.tau)
         assert m.tau_2 == pytest.approx(math.sqrt(5) * m.tau)
-        m = ContinualTopK(range(20), 100, k=k, switches=4, eta=1.0, key=fixed_key("p"), rho=0.5,
-                          wait=False)
+        m = ContinualTopK(
+            range(20), 100, k=k, switches=4, eta=1.0, key=fixed_key("p"), rho=0.5, wait=False
+        )
         assert m.rounds == 4 and m.tau_1 == pytest.approx(2 * m.tau)
         assert m.tau_2 == pytest.approx(math.sqrt(5) * m.tau)
     m = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"), tau=3.0)
     assert m.privacy.rho == pytest.approx(5 / (2 * 9.0), rel=1e-12)
-    m = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"),
-                      epsilon=1.0, delta=1e-6)
+    m = ContinualTopK(
+        range(20), 100, k=2, switches=1, eta=1.0, key=fixed_key("p"), epsilon=1.0, delta=1e-6
+    )
     assert m.privacy.epsilon <= 1.0 and m.privacy.conversion != "gaussian-exact"
     # the paper's conversion would need more noise than ours (CKS20 is tighter)
     lg = math.log(1e6)
@@ -65,10 +66,22 @@ def test_per_user_guarantee_is_the_event_theorem_at_tau_over_linf_and_the_docs_s
     round), what .privacy states; docs/privacy.md's table gives the same coefficient."""
     from pathlib import Path
 
-    for k, linf, switches, wait, coef in ((2, 3, 1, True, 2 * 2 + 1), (1, 2, 0, True, 3),
-                                          (3, 2, 0, False, 2 * 3)):
-        m = ContinualTopK(range(20), 100, k=k, switches=switches, key=fixed_key("p"),
-                          tau=1.5, wait=wait, max_items_per_user=4, max_count_per_item=linf)
+    for k, linf, switches, wait, coef in (
+        (2, 3, 1, True, 2 * 2 + 1),
+        (1, 2, 0, True, 3),
+        (3, 2, 0, False, 2 * 3),
+    ):
+        m = ContinualTopK(
+            range(20),
+            100,
+            k=k,
+            switches=switches,
+            key=fixed_key("p"),
+            tau=1.5,
+            wait=wait,
+            max_items_per_user=4,
+            max_count_per_item=linf,
+        )
         assert m.privacy.unit == "user"
         assert m.privacy.rho == pytest.approx(linf**2 * coef / (2 * 1.5**2), rel=1e-12)
     assert "(2k+1)" in m.theorem_user
@@ -97,8 +110,16 @@ def test_never_more_than_s_reselections(switches, monkeypatch):
     prefixes = rotating_prefixes(d, horizon, rng)
     for rep in range(5):
         calls.clear()
-        m = ContinualTopK(range(d), horizon, k=2, switches=switches, eta=0.0,
-                          key=fixed_key(f"sw{rep}"), rho=2.0, wait=False)
+        m = ContinualTopK(
+            range(d),
+            horizon,
+            k=2,
+            switches=switches,
+            eta=0.0,
+            key=fixed_key(f"sw{rep}"),
+            rho=2.0,
+            wait=False,
+        )
         sets, left = [], []
         for t, h in enumerate(prefixes, start=1):
             rel = m.release(t, h)
@@ -132,12 +153,31 @@ def test_switches_to_the_new_leader_with_eta_from_the_utility_lemma():
     prefixes = np.cumsum(steps, axis=0)
     a_item, b_item = 0, 1
     for rep in range(10):
-        m = ContinualTopK(range(d), horizon, k=1, switches=s, eta=1.0, key=fixed_key(f"lead{rep}"),
-                          rho=1.0, counter="tree", wait=False)
-        eta = utility_eta(tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base,
-                          beta=0.01)
-        m = ContinualTopK(range(d), horizon, k=1, switches=s, eta=eta, key=fixed_key(f"lead{rep}"),
-                          rho=1.0, counter="tree", wait=False)
+        m = ContinualTopK(
+            range(d),
+            horizon,
+            k=1,
+            switches=s,
+            eta=1.0,
+            key=fixed_key(f"lead{rep}"),
+            rho=1.0,
+            counter="tree",
+            wait=False,
+        )
+        eta = utility_eta(
+            tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base, beta=0.01
+        )
+        m = ContinualTopK(
+            range(d),
+            horizon,
+            k=1,
+            switches=s,
+            eta=eta,
+            key=fixed_key(f"lead{rep}"),
+            rho=1.0,
+            counter="tree",
+            wait=False,
+        )
         levels = tree.num_levels(horizon, m.base)
         alpha_bm = m.tau * levels * math.sqrt(2 * 2 * (m.base - 1) * math.log(6 * horizon / 0.01))
         alpha_at = 8 * m.tau * math.log(6 * d * horizon / 0.01)
@@ -153,18 +193,28 @@ def test_switches_to_the_new_leader_with_eta_from_the_utility_lemma():
         t_switch = picks.index(b_item) + 1
         assert gap[t_switch - 1] > 0, "switched while A was still ahead"
         assert t_switch <= t_clear
-        assert all(p == b_item for p in picks[t_switch - 1:])
+        assert all(p == b_item for p in picks[t_switch - 1 :])
         assert m.switches_left == 0
-        print(f"rep {rep}: eta={eta:.0f} switch at t={t_switch} (B ahead from "
-              f"t={int(np.argmax(gap > 0)) + 1}, clear at t={t_clear})")
+        print(
+            f"rep {rep}: eta={eta:.0f} switch at t={t_switch} (B ahead from "
+            f"t={int(np.argmax(gap > 0)) + 1}, clear at t={t_clear})"
+        )
 
 
 def test_switches_zero_never_reselects():
     d, horizon = 10, 60
     prefixes = rotating_prefixes(d, horizon, np.random.default_rng(2))
     for rep in range(5):
-        m = ContinualTopK(range(d), horizon, k=1, switches=0, eta=0.0, key=fixed_key(f"z{rep}"),
-                          rho=5.0, wait=False)
+        m = ContinualTopK(
+            range(d),
+            horizon,
+            k=1,
+            switches=0,
+            eta=0.0,
+            key=fixed_key(f"z{rep}"),
+            rho=5.0,
+            wait=False,
+        )
         items = {m.release(t, h).items[0] for t, h in enumerate(prefixes, start=1)}
         assert len(items) == 1 and m.switches_left == 0
 
@@ -172,8 +222,10 @@ def test_switches_zero_never_reselects():
 def random_events(rng, domain, steps):
     """Events of any size (unrestricted l0), up to the whole domain."""
     return [
-        [list(rng.choice(domain, size=rng.integers(0, len(domain) + 1), replace=False))
-         for _ in range(rng.integers(0, 3))]
+        [
+            list(rng.choice(domain, size=rng.integers(0, len(domain) + 1), replace=False))
+            for _ in range(rng.integers(0, 3))
+        ]
         for _ in range(steps)
     ]
 
@@ -187,8 +239,16 @@ def test_event_mode_equals_aggregate_mode_bit_for_bit(counter):
     key = fixed_key("modes")
 
     def make(k):
-        return ContinualTopK(domain, horizon, k=3, switches=6, eta=lambda t: 0.05 * t, key=k,
-                             rho=0.3, counter=counter)
+        return ContinualTopK(
+            domain,
+            horizon,
+            k=3,
+            switches=6,
+            eta=lambda t: 0.05 * t,
+            key=k,
+            rho=0.3,
+            counter=counter,
+        )
 
     ev, agg, other = make(key), make(key), make(fixed_key("modes-other"))
     prefix = dict.fromkeys(domain, 0)
@@ -240,11 +300,19 @@ def test_first_selection_is_known_gumbel_with_tau2():
     counts = (np.arange(d) * 7) % 13
     for rep in range(5):
         key = fixed_key(f"first{rep}")
-        m = ContinualTopK(range(d), 50, k=4, switches=2, eta=1.0, key=key, tau=2.0, stream="s",
-                          wait=False)
+        m = ContinualTopK(
+            range(d), 50, k=4, switches=2, eta=1.0, key=key, tau=2.0, stream="s", wait=False
+        )
         rel = m.release(5, counts)
-        ref = gumbel_top_k(counts, items=list(range(d)), k=4, tau=math.sqrt(3) * 2.0, key=key,
-                           purpose=f"{m.noise_scope}/select-0", with_counts=False)
+        ref = gumbel_top_k(
+            counts,
+            items=list(range(d)),
+            k=4,
+            tau=math.sqrt(3) * 2.0,
+            key=key,
+            purpose=f"{m.noise_scope}/select-0",
+            with_counts=False,
+        )
         assert tuple(rel.items) == ref.items
 
 
@@ -257,8 +325,18 @@ def test_counters_are_keyed_tree_counters_and_survive_reselection():
     d, horizon = 10, 60
     prefixes = rotating_prefixes(d, horizon, np.random.default_rng(8))
     key = fixed_key("brute")
-    m = ContinualTopK(range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf",
-                      counter="tree", wait=False)
+    m = ContinualTopK(
+        range(d),
+        horizon,
+        k=3,
+        switches=8,
+        eta=0.0,
+        key=key,
+        tau=0.8,
+        stream="bf",
+        counter="tree",
+        wait=False,
+    )
     levels = tree.num_levels(horizon, m.base)
     cell_std = math.sqrt(levels) * m.tau_2
     generation: dict[int, int] = {}
@@ -294,8 +372,9 @@ def test_counters_are_keyed_blt_counters_and_survive_reselection():
     d, horizon = 10, 60
     prefixes = rotating_prefixes(d, horizon, np.random.default_rng(8))
     key = fixed_key("brute")
-    m = ContinualTopK(range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf",
-                      counter="blt")
+    m = ContinualTopK(
+        range(d), horizon, k=3, switches=8, eta=0.0, key=key, tau=0.8, stream="bf", counter="blt"
+    )
     C = np.tril(toeplitz(m.strategy.strategy_column()))
     B = np.tril(np.ones((horizon, horizon))) @ np.linalg.inv(C)
     sigma = m.tau_2 * math.sqrt(np.sum(C * C, axis=0).max())
@@ -333,8 +412,17 @@ def test_counter_noise_has_tau2_tree_variance():
     samples = {t: [] for t in check_at}
     counts = np.arange(d, dtype=np.int64)
     for rep in range(100):
-        m = ContinualTopK(range(d), horizon, k=d, switches=s, eta=1e9, key=fixed_key(f"v{rep}"),
-                          tau=tau, counter="tree", wait=False)
+        m = ContinualTopK(
+            range(d),
+            horizon,
+            k=d,
+            switches=s,
+            eta=1e9,
+            key=fixed_key(f"v{rep}"),
+            tau=tau,
+            counter="tree",
+            wait=False,
+        )
         for t in check_at:
             rel = m.release(t, counts + t)
             samples[t].append(rel.values - (np.asarray(rel.items) + t))
@@ -347,11 +435,9 @@ def test_counter_noise_has_tau2_tree_variance():
 
 def test_release_meta_and_errors_leave_state_unchanged():
     key = fixed_key("bad")
-    m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
-                      rho=1.0)
+    m = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key, rho=1.0)
     # the same schedule as values: the noise scope fingerprints eta's values
-    ref = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key,
-                        rho=1.0)
+    ref = ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, eta=lambda t: 1.0, key=key, rho=1.0)
     with pytest.raises(dps.InvalidEventError, match="not in the domain"):
         m.step(["zz"])
     with pytest.raises(TypeError, match="str"):
@@ -361,8 +447,15 @@ def test_release_meta_and_errors_leave_state_unchanged():
     assert np.array_equal(r1.values, q1.values)
     # a schedule is checked at every step up front: a bad value at t = 4 fails now
     with pytest.raises(ValueError, match=r"eta\(4\)"):
-        ContinualTopK(["a", "b", "c"], 5, k=1, switches=1, key=key, rho=1.0,
-                      eta=lambda t: -1.0 if t == 4 else 1.0)
+        ContinualTopK(
+            ["a", "b", "c"],
+            5,
+            k=1,
+            switches=1,
+            key=key,
+            rho=1.0,
+            eta=lambda t: -1.0 if t == 4 else 1.0,
+        )
     assert m.t == 1 and m.counts.tolist() == [1, 1, 1]
     assert np.array_equal(m.step(["a"]).values, ref.step(["a"]).values)
     with pytest.raises(ValueError, match="decrease"):
@@ -420,8 +513,11 @@ def test_svt_noise_tail_against_simulation(tau_1, variance):
     """
     rng = np.random.default_rng(20)
     n = 2_000_000
-    d = (rng.laplace(0, 4 * tau_1, n) - rng.laplace(0, 2 * tau_1, n)
-         + rng.normal(0, math.sqrt(variance), n))
+    d = (
+        rng.laplace(0, 4 * tau_1, n)
+        - rng.laplace(0, 2 * tau_1, n)
+        + rng.normal(0, math.sqrt(variance), n)
+    )
     for x in (-5.0, 0.0, 5.0, 20.0, 40.0):
         p = svt_noise_tail(x, tau_1=tau_1, variance=variance)
         se = math.sqrt(p * (1 - p) / n)
@@ -435,17 +531,21 @@ def test_auto_eta_is_the_noise_quantile_not_the_union_bound():
     """eta="auto": the 1 - 0.05/T quantile of one comparison's noise, counter variance
     |I_t| L_r tau_2^2 at t; the waiting round's eta0 has no counter term."""
     d, horizon, s = 500, 1000, 3
-    m = ContinualTopK(range(d), horizon, k=5, switches=s, key=fixed_key("auto"), rho=0.1,
-                      counter="tree")
+    m = ContinualTopK(
+        range(d), horizon, k=5, switches=s, key=fixed_key("auto"), rho=0.1, counter="tree"
+    )
     for t in (1, 7, 500, 999, 1000):
         var = sum(tree.digits(t, m.base)) * m.levels * m.tau_2**2
-        assert svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=var) == \
-            pytest.approx(0.05 / horizon, rel=1e-6)
-    assert svt_noise_tail(m.start_eta_at(3), tau_1=m.tau_1) == pytest.approx(0.05 / horizon,
-                                                                                rel=1e-6)
+        assert svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=var) == pytest.approx(
+            0.05 / horizon, rel=1e-6
+        )
+    assert svt_noise_tail(m.start_eta_at(3), tau_1=m.tau_1) == pytest.approx(
+        0.05 / horizon, rel=1e-6
+    )
     # far below the paper's worst-case utility eta (union bounds over d and T, 3 terms)
-    worst = utility_eta(tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base,
-                        beta=0.05)
+    worst = utility_eta(
+        tau=m.tau, switches=s, domain_size=d, horizon=horizon, base=m.base, beta=0.05
+    )
     assert max(m.eta_at(t) for t in range(1, horizon + 1)) < worst / 2
 
 
@@ -464,13 +564,16 @@ def test_beta_and_start_beta_set_the_quantiles_and_their_own_noise():
     t = 77
     var = sum(tree.digits(t, base.base)) * base.levels * base.tau_2**2
     assert lax.eta_at(t) == base.eta_at(t)
-    assert svt_noise_tail(lax.start_eta_at(t), tau_1=lax.tau_1) == \
-        pytest.approx(0.2 / horizon, rel=1e-6)
+    assert svt_noise_tail(lax.start_eta_at(t), tau_1=lax.tau_1) == pytest.approx(
+        0.2 / horizon, rel=1e-6
+    )
     assert lax.start_eta_at(t) < base.start_eta_at(t)
-    assert svt_noise_tail(both.eta_at(t), tau_1=both.tau_1, variance=var) == \
-        pytest.approx(0.3 / horizon, rel=1e-6)
-    assert svt_noise_tail(both.start_eta_at(t), tau_1=both.tau_1) == \
-        pytest.approx(0.3 / horizon, rel=1e-6)
+    assert svt_noise_tail(both.eta_at(t), tau_1=both.tau_1, variance=var) == pytest.approx(
+        0.3 / horizon, rel=1e-6
+    )
+    assert svt_noise_tail(both.start_eta_at(t), tau_1=both.tau_1) == pytest.approx(
+        0.3 / horizon, rel=1e-6
+    )
     assert lax.privacy == base.privacy == both.privacy
     with pytest.raises(ValueError, match="eta='auto' only"):
         ContinualTopK(range(d), horizon, eta=5.0, beta=0.2, **kw)
@@ -497,12 +600,15 @@ def test_auto_eta_uses_the_blt_counters_own_variance():
     r = tree.optimal_base(horizon)
     for t in (1, 2, 50, 299, 300):
         var = sigma**2 * rows[t - 1]
-        assert svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=var) == \
-            pytest.approx(0.05 / horizon, rel=1e-6)
+        assert svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=var) == pytest.approx(
+            0.05 / horizon, rel=1e-6
+        )
         tree_var = sum(tree.digits(t, r)) * tree.num_levels(horizon, r) * m.tau_2**2
         if t >= 50:  # the tree's variance would fail the check above
-            assert abs(svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=tree_var)
-                       - 0.05 / horizon) > 1e-4 * 0.05 / horizon
+            assert (
+                abs(svt_noise_tail(m.eta_at(t), tau_1=m.tau_1, variance=tree_var) - 0.05 / horizon)
+                > 1e-4 * 0.05 / horizon
+            )
     assert m.noise_std_worst == pytest.approx(sigma * math.sqrt(rows.max()), rel=1e-9)
 
 
@@ -519,8 +625,9 @@ def test_waiting_round_rarely_selects_on_an_empty_stream():
     def selected_rate(**kw):
         hits = 0
         for rep in range(n):
-            m = ContinualTopK(range(d), horizon, k=3, switches=2, key=fixed_key(f"empty{rep}"),
-                              rho=1.0, **kw)
+            m = ContinualTopK(
+                range(d), horizon, k=3, switches=2, key=fixed_key(f"empty{rep}"), rho=1.0, **kw
+            )
             for t in range(1, horizon + 1):
                 rel = m.release(t, zeros)
                 if rel.items:
@@ -543,8 +650,7 @@ def test_waiting_round_selects_once_the_kth_count_is_clear():
     and the list is then released with status "selected" and no switch spent."""
     d, horizon = 12, 100
     for rep in range(30):
-        m = ContinualTopK(range(d), horizon, k=3, switches=2, key=fixed_key(f"clear{rep}"),
-                          rho=1.0)
+        m = ContinualTopK(range(d), horizon, k=3, switches=2, key=fixed_key(f"clear{rep}"), rho=1.0)
         counts = np.zeros(d, dtype=np.int64)
         counts[[2, 5, 7]] = int(m.start_eta_at(1) + 40 * m.tau_1)
         rel = m.release(1, counts)
@@ -567,8 +673,9 @@ def test_selection_over_chunks_equals_selection_in_one_pass(monkeypatch, switche
 
     def run(chunk, seed):
         monkeypatch.setattr(oneshot_known, "SELECT_CHUNK", chunk)
-        m = ContinualTopK(domain, 30, k=3, switches=switches, eta=0.0, key=fixed_key(f"c{seed}"),
-                          rho=2.0)
+        m = ContinualTopK(
+            domain, 30, k=3, switches=switches, eta=0.0, key=fixed_key(f"c{seed}"), rho=2.0
+        )
         steps = np.random.default_rng(seed).choice(50, size=(30, 40), p=weights)
         out = []
         for row in steps:

@@ -52,8 +52,9 @@ def reference_sparse_gumb(m, key, domain, steps, eta, wait=False):
     def counter(u: int, t: int) -> float:
         src = NoiseSource(key, f"{scope}/counter-{generation[u]}")
         prepared = src.prepare([domain[u]])
-        return sum(src.gaussian(prepared, lv, j, 0, scale=cell_std)[0]
-                   for lv, j in tree.cells_at(t, base))
+        return sum(
+            src.gaussian(prepared, lv, j, 0, scale=cell_std)[0] for lv, j in tree.cells_at(t, base)
+        )
 
     def select(h: np.ndarray) -> None:
         nonlocal selected, n_selections, z
@@ -77,8 +78,10 @@ def reference_sparse_gumb(m, key, domain, steps, eta, wait=False):
         switched = False
         if selected is None:
             kth = sorted(h.tolist(), reverse=True)[k - 1]
-            if not wait or (kth + svt.scalar("laplace", 1, t, 1, scale=4 * tau1)
-                            > eta + svt.scalar("laplace", 1, 0, 0, scale=2 * tau1)):
+            if not wait or (
+                kth + svt.scalar("laplace", 1, t, 1, scale=4 * tau1)
+                > eta + svt.scalar("laplace", 1, 0, 0, scale=2 * tau1)
+            ):
                 select(h)
             if selected is None:
                 out.append(([], [], False, left))
@@ -119,10 +122,21 @@ def test_continual_top_k_equals_the_papers_algorithm(base, skip_steps, wait):
     key = fixed_key(f"bf-topk-{base}")
     switches_seen = waited = 0
     for k, s in ((1, 3), (3, 5), (2, 0), (d, 2)):
-        steps = [(t, prefixes[t - 1]) for t in range(1, horizon + 1)
-                 if not (skip_steps and t % 3 == 0)]
-        m = ContinualTopK(domain, horizon, k=k, switches=s, eta=eta, key=key, tau=1.0,
-                          base=base, stream="bf", wait=wait)
+        steps = [
+            (t, prefixes[t - 1]) for t in range(1, horizon + 1) if not (skip_steps and t % 3 == 0)
+        ]
+        m = ContinualTopK(
+            domain,
+            horizon,
+            k=k,
+            switches=s,
+            eta=eta,
+            key=key,
+            tau=1.0,
+            base=base,
+            stream="bf",
+            wait=wait,
+        )
         got = [m.release(t, h) for t, h in steps]
         want = reference_sparse_gumb(m, key, domain, steps, eta, wait)
         for rel, (items, values, switched, left) in zip(got, want, strict=True):
@@ -160,8 +174,6 @@ def test_other_settings_draw_independent_noise():
     t1 = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=key, tau=1.0)
     t2 = ContinualTopK(range(20), 100, k=2, switches=1, eta=1.0, key=key, tau=2.0)
     assert t1.noise_scope != t2.noise_scope
-    m1 = dps.MetaHistogram(100, oneshot="gaussian", domain=range(20), key=key, tau=1.0,
-                           max_items=1)
-    m2 = dps.MetaHistogram(100, oneshot="gaussian", domain=range(20), key=key, tau=2.0,
-                           max_items=1)
+    m1 = dps.MetaHistogram(100, oneshot="gaussian", domain=range(20), key=key, tau=1.0, max_items=1)
+    m2 = dps.MetaHistogram(100, oneshot="gaussian", domain=range(20), key=key, tau=2.0, max_items=1)
     assert m1.cell_purpose(1, 1) != m2.cell_purpose(1, 1)

@@ -27,8 +27,9 @@ from .conftest import fixed_key
 
 
 def laplace_cdf(x: np.ndarray, b: float) -> np.ndarray:
-    return np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0) / b),
-                    1 - 0.5 * np.exp(-np.maximum(x, 0) / b))
+    return np.where(
+        x < 0, 0.5 * np.exp(np.minimum(x, 0) / b), 1 - 0.5 * np.exp(-np.maximum(x, 0) / b)
+    )
 
 
 def round_outcomes(queries: np.ndarray, b_threshold: float, b_query: float) -> np.ndarray:
@@ -89,8 +90,15 @@ def test_no_round_draws_no_sparse_vector_noise_and_pays_k_over_tau_squared(monke
     """switches = 0, wait=False: nothing under the sparse-vector purpose is ever drawn, and
     rho = k/tau^2 = k/(2 tau^2) (selection) + k/(2 tau^2) (counters)."""
     purposes = []
-    for name in ("laplace", "scalar", "gumbel", "gaussian", "draw_into", "noise_chunk",
-                 "gaussian_values"):
+    for name in (
+        "laplace",
+        "scalar",
+        "gumbel",
+        "gaussian",
+        "draw_into",
+        "noise_chunk",
+        "gaussian_values",
+    ):
         original = getattr(NoiseSource, name)
 
         def spy(self, *a, _original=original, **kw):
@@ -110,8 +118,9 @@ def test_no_round_draws_no_sparse_vector_noise_and_pays_k_over_tau_squared(monke
     assert m.privacy.rho == pytest.approx(k / tau**2, rel=1e-12)
     # the issue's example: calibrated for epsilon = 1 at k = 1, the paper's (2k + 4)
     # accounting would claim far more than the epsilon that holds
-    m1 = ContinualTopK(range(10), 50, k=1, switches=0, wait=False, key=fixed_key("s1"),
-                       epsilon=1.0, delta=1e-6)
+    m1 = ContinualTopK(
+        range(10), 50, k=1, switches=0, wait=False, key=fixed_key("s1"), epsilon=1.0, delta=1e-6
+    )
     assert m1.privacy.epsilon <= 1.0
     assert epsilon_cks(3 / m1.tau**2, 1e-6) > 1.5
 

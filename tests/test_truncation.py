@@ -28,8 +28,7 @@ def keep_by_hand(key, stream, items, k, t):
     d = 0
     for it in distinct:
         d ^= int(src.blocks(src.prepare([it]), 1, 0)[0, 0]) >> 16
-    rank = {it: tuple(int(w) for w in src.blocks(src.prepare([it]), 0, t, d)[0])
-            for it in distinct}
+    rank = {it: tuple(int(w) for w in src.blocks(src.prepare([it]), 0, t, d)[0]) for it in distinct}
     smallest = sorted(distinct, key=rank.__getitem__)[:k]
     return [it for it in distinct if it in smallest]
 
@@ -38,11 +37,15 @@ def test_known_truncates_like_the_hand_computation_and_counts_the_drop():
     key = fixed_key("trunc")
     domain = [f"w{i}" for i in range(30)]
     rng = np.random.default_rng(1)  # simulated events
-    steps = [[list(rng.choice(domain, size=int(rng.integers(0, 9)), replace=False))
-              + (["outside"] if rng.random() < 0.2 else [])
-              for _ in range(int(rng.integers(0, 4)))] for _ in range(40)]
-    m = dps.KnownDomainHistogram(domain, 40, max_items=3, key=key, rho=1.0,
-                                 on_invalid="truncate")
+    steps = [
+        [
+            list(rng.choice(domain, size=int(rng.integers(0, 9)), replace=False))
+            + (["outside"] if rng.random() < 0.2 else [])
+            for _ in range(int(rng.integers(0, 4)))
+        ]
+        for _ in range(40)
+    ]
+    m = dps.KnownDomainHistogram(domain, 40, max_items=3, key=key, rho=1.0, on_invalid="truncate")
     ref = dps.KnownDomainHistogram(domain, 40, max_items=3, key=key, rho=1.0)
     ordinal = occurrences = dropped = cut = 0
     for t, events in enumerate(steps, 1):
@@ -59,14 +62,19 @@ def test_known_truncates_like_the_hand_computation_and_counts_the_drop():
         assert np.array_equal(a.values, b.values)
     st = m.truncation
     assert (st.events, st.truncated_events, st.occurrences, st.dropped) == (
-        ordinal, cut, occurrences, dropped)
+        ordinal,
+        cut,
+        occurrences,
+        dropped,
+    )
     assert st.dropped_share == pytest.approx(dropped / occurrences) and dropped > 20
 
 
 def test_unknown_and_meta_truncate_too_and_errors_change_nothing():
     key = fixed_key("trunc-u")
-    u = dps.UnknownDomainHistogram(20, max_items=2, key=key, tau=1.0, threshold_delta=0.1,
-                                   on_invalid="truncate")
+    u = dps.UnknownDomainHistogram(
+        20, max_items=2, key=key, tau=1.0, threshold_delta=0.1, on_invalid="truncate"
+    )
     ref = dps.UnknownDomainHistogram(20, max_items=2, key=key, tau=1.0, threshold_delta=0.1)
     big = ["a", "b", "c", "d", "e"]
     a = u.step_batch([big, ["a"]])
@@ -76,8 +84,9 @@ def test_unknown_and_meta_truncate_too_and_errors_change_nothing():
     with pytest.raises(dps.InvalidItemError):
         u.step_batch([big, [2.5]])  # a bad item after a truncated event: nothing recorded
     assert u.t == 1 and (u.truncation.events, u.truncation.dropped) == (2, 3)
-    m = dps.MetaHistogram(20, oneshot="gaussian", domain=big, max_items=2, key=key, rho=1.0,
-                          on_invalid="truncate")
+    m = dps.MetaHistogram(
+        20, oneshot="gaussian", domain=big, max_items=2, key=key, rho=1.0, on_invalid="truncate"
+    )
     m.step_batch([big + ["zz"]])
     assert (m.truncation.occurrences, m.truncation.dropped) == (6, 4)
     with pytest.raises(dps.InvalidEventError):
@@ -121,10 +130,33 @@ def test_run_summary_reports_the_dropped_share(tmp_path, capsys):
     key_path = tmp_path / "k.key"
     fixed_key("summary").save(key_path)
     (tmp_path / "ev.jsonl").write_text('["a","b","c","d"]\n["a"]\n["b","c","d","e","f"]\n')
-    assert main(["run", "-m", "unknown", "-T", "5", "--max-items", "2", "--rho", "1",
-                 "--threshold-delta", "1e-3", "--key-file", str(key_path), "-i",
-                 str(tmp_path / "ev.jsonl"), "-o", str(tmp_path / "out.jsonl"),
-                 "--on-invalid", "truncate", "--implicit-time"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-m",
+                "unknown",
+                "-T",
+                "5",
+                "--max-items",
+                "2",
+                "--rho",
+                "1",
+                "--threshold-delta",
+                "1e-3",
+                "--key-file",
+                str(key_path),
+                "-i",
+                str(tmp_path / "ev.jsonl"),
+                "-o",
+                str(tmp_path / "out.jsonl"),
+                "--on-invalid",
+                "truncate",
+                "--implicit-time",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     # 10 occurrences, 2 + 3 dropped
     assert "truncation dropped 5 of 10 item occurrences (50.0%" in err
@@ -137,8 +169,29 @@ def test_plan_max_items_hint_against_the_gaussian_calibration(capsys):
     from dpstream.privacy import calibrate_tau
     from dpstream.tree import max_cells, num_levels, optimal_base
 
-    assert main(["plan", "-m", "known", "-T", "300", "--domain-size", "10", "--max-items", "3",
-                 "--epsilon", "1", "--delta", "1e-6", "--counter", "tree", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "known",
+                "-T",
+                "300",
+                "--domain-size",
+                "10",
+                "--max-items",
+                "3",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--counter",
+                "tree",
+                "--json",
+            ]
+        )
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)
     r = optimal_base(300)
     factor = math.sqrt(max_cells(300, r) * num_levels(300, r))
@@ -147,8 +200,9 @@ def test_plan_max_items_hint_against_the_gaussian_calibration(capsys):
     for x in rows:  # tau = sqrt(Delta0) / mu(epsilon, delta): exact Gaussian calibration
         tau = calibrate_tau(a=x["max_items"] / 2, epsilon=1.0, delta=1e-6, gaussian_exact=True)
         assert x["noise_std_worst"] == pytest.approx(tau * factor, rel=1e-12)
-    assert rows[-1]["noise_std_worst"] == pytest.approx(10 * rows[0]["noise_std_worst"],
-                                                        rel=1e-9)  # grows as sqrt(Delta0)
+    assert rows[-1]["noise_std_worst"] == pytest.approx(
+        10 * rows[0]["noise_std_worst"], rel=1e-9
+    )  # grows as sqrt(Delta0)
 
 
 DAYS, STEPS_PER_DAY = 30, 8
@@ -183,18 +237,48 @@ def test_thirty_daily_truncating_runs_equal_one_run(big_events, tmp_path, mech):
     in every file, so a day's events were cut unlike the same events in one run over the
     concatenation. Now the cut is keyed on each event's step and items: the same bytes."""
     base, key_path = big_events
-    extra = (["-m", "known", "--domain", str(base / "domain.txt")] if mech == "known" else
-             ["-m", "unknown", "--threshold-delta", "1e-3"])
-    args = ["run", "-q", "-T", str(DAYS * STEPS_PER_DAY), *extra, "--max-items", "2",
-            "--rho", "1", "--on-invalid", "truncate", "--key-file", str(key_path),
-            "--no-fsync"]
+    extra = (
+        ["-m", "known", "--domain", str(base / "domain.txt")]
+        if mech == "known"
+        else ["-m", "unknown", "--threshold-delta", "1e-3"]
+    )
+    args = [
+        "run",
+        "-q",
+        "-T",
+        str(DAYS * STEPS_PER_DAY),
+        *extra,
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--on-invalid",
+        "truncate",
+        "--key-file",
+        str(key_path),
+        "--no-fsync",
+    ]
     ref = tmp_path / "ref.jsonl"
     assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
         until = [] if d == DAYS else ["--until", str(d * STEPS_PER_DAY)]
-        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out), *own_ledger(out),
-                     "--state", str(state), *until]) == 0, d
+        assert (
+            main(
+                [
+                    *args,
+                    "-i",
+                    str(base / f"day{d:02d}.jsonl"),
+                    "-o",
+                    str(out),
+                    *own_ledger(out),
+                    "--state",
+                    str(state),
+                    *until,
+                ]
+            )
+            == 0
+        ), d
     assert out.read_bytes() == ref.read_bytes()
 
 
@@ -211,13 +295,17 @@ def test_removing_an_event_changes_no_other_events_kept_items(known):
     rng = np.random.default_rng(5)  # simulated events
     words = [f"w{i}" for i in range(12)]
     domain = words[:9] if known else None
-    events = [(t, tuple(rng.choice(words, size=int(rng.integers(1, 8)))))
-              for t in range(1, 11) for _ in range(int(rng.integers(0, 9)))]
+    events = [
+        (t, tuple(rng.choice(words, size=int(rng.integers(1, 8)))))
+        for t in range(1, 11)
+        for _ in range(int(rng.integers(0, 9)))
+    ]
     trunc = KeyedTruncator(truncation_source(key, "s"), 2)
 
     def cut(evs):
-        v = _Validator(policy="truncate", domain=domain, max_items=2, truncator=trunc,
-                       stats=RunStats())
+        v = _Validator(
+            policy="truncate", domain=domain, max_items=2, truncator=trunc, stats=RunStats()
+        )
         recs = [RawEvent(line, t, items, None) for line, (t, items) in enumerate(evs, 1)]
         out = []
         for t in range(1, 11):
@@ -230,7 +318,7 @@ def test_removing_an_event_changes_no_other_events_kept_items(known):
         assert kept == sorted(keep_by_hand(key, "s", inside, 2, t))
     assert sum(len(set(items)) > 2 for _, items in events) >= 30  # many events are cut
     for j in range(len(events)):
-        assert cut(events[:j] + events[j + 1:]) == full[:j] + full[j + 1:], j
+        assert cut(events[:j] + events[j + 1 :]) == full[:j] + full[j + 1 :], j
 
 
 def test_a_state_of_the_line_keyed_rule_is_refused(big_events, tmp_path, capsys):
@@ -240,17 +328,37 @@ def test_a_state_of_the_line_keyed_rule_is_refused(big_events, tmp_path, capsys)
     import sqlite3
 
     base, key_path = big_events
-    args = ["run", "-q", "-T", str(DAYS * STEPS_PER_DAY), "-m", "unknown",
-            "--threshold-delta", "1e-3", "--max-items", "2", "--rho", "1",
-            "--on-invalid", "truncate", "--key-file", str(key_path), "--no-fsync",
-            "-o", str(tmp_path / "out.jsonl"),
-            *own_ledger(tmp_path / "out.jsonl"), "--state", str(tmp_path / "s.sqlite")]
+    args = [
+        "run",
+        "-q",
+        "-T",
+        str(DAYS * STEPS_PER_DAY),
+        "-m",
+        "unknown",
+        "--threshold-delta",
+        "1e-3",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--on-invalid",
+        "truncate",
+        "--key-file",
+        str(key_path),
+        "--no-fsync",
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        *own_ledger(tmp_path / "out.jsonl"),
+        "--state",
+        str(tmp_path / "s.sqlite"),
+    ]
     assert main([*args, "-i", str(base / "day01.jsonl"), "--until", "8"]) == 0
     db = sqlite3.connect(tmp_path / "s.sqlite")
     params = json.loads(db.execute("SELECT params FROM run").fetchone()[0])
     assert params.pop("truncation") == "step-items/1"
-    db.execute("UPDATE run SET params = ?",
-               (json.dumps(params, sort_keys=True, separators=(",", ":")),))
+    db.execute(
+        "UPDATE run SET params = ?", (json.dumps(params, sort_keys=True, separators=(",", ":")),)
+    )
     db.commit()
     db.close()
     before = (tmp_path / "out.jsonl").read_bytes()
@@ -273,18 +381,31 @@ def test_the_chunked_and_record_readers_cut_alike():
     key = fixed_key("readers")
     rng = np.random.default_rng(9)  # simulated events
     pool = [f"w{i}" for i in range(8)] + [5, "5", 7]
-    lines = [json.dumps({"t": t, "items": [pool[i] for i in rng.integers(0, 11, 6)]})
-             for t in range(1, 7) for _ in range(int(rng.integers(1, 12)))]
+    lines = [
+        json.dumps({"t": t, "items": [pool[i] for i in rng.integers(0, 11, 6)]})
+        for t in range(1, 7)
+        for _ in range(int(rng.integers(1, 12)))
+    ]
     text = "\n".join(lines) + "\n"
     trunc = KeyedTruncator(truncation_source(key, "r"), 3)
 
     def kept(steps):
-        v = _Validator(policy="truncate", domain=None, max_items=3, truncator=trunc,
-                       stats=RunStats())
+        v = _Validator(
+            policy="truncate", domain=None, max_items=3, truncator=trunc, stats=RunStats()
+        )
         return [sorted(map(repr, e)) for step in steps for e in v.events(step).events()]
 
-    want = [sorted(map(repr, keep_by_hand(key, "r", [str(i) for i in json.loads(x)["items"]],
-                                          3, json.loads(x)["t"]))) for x in lines]
+    want = [
+        sorted(
+            map(
+                repr,
+                keep_by_hand(
+                    key, "r", [str(i) for i in json.loads(x)["items"]], 3, json.loads(x)["t"]
+                ),
+            )
+        )
+        for x in lines
+    ]
     for chunk_bytes in (64, 1 << 20):
         steps = step_steps(read_jsonl_chunks(io.StringIO(text), chunk_bytes=chunk_bytes), 6)
         assert kept(steps) == want, chunk_bytes

@@ -112,19 +112,22 @@ def test_no_horizon_in_the_library():
     assert "for all t" not in bounded.privacy.plain()
     # same tau: the sigma is calibrated to the limit sensitivity
     assert h.tau == bounded.tau
-    assert h.sigma == pytest.approx(h.tau * math.sqrt(blt_unbounded().sensitivity_squared),
-                                    rel=1e-9)
+    assert h.sigma == pytest.approx(
+        h.tau * math.sqrt(blt_unbounded().sensitivity_squared), rel=1e-9
+    )
     for t in range(1, 4):
         rel = h.step(["a"])
         assert rel.t == t
     with pytest.raises(ValueError, match="BLT counter"):
         dps.KnownDomainHistogram(["a"], None, max_items=1, key=key, rho=1.0, counter="tree")
     with pytest.raises(ValueError, match="BLT counter"):
-        dps.UnknownDomainHistogram(None, max_items=1, key=key, rho=1.0, base=4,
-                                   threshold_delta=1e-6)
+        dps.UnknownDomainHistogram(
+            None, max_items=1, key=key, rho=1.0, base=4, threshold_delta=1e-6
+        )
     with pytest.raises(ValueError, match="every t"):
-        dps.KnownDomainHistogram(["a"], None, max_items=1, key=key, rho=1.0,
-                                 counter=blt_for_horizon(1000))
+        dps.KnownDomainHistogram(
+            ["a"], None, max_items=1, key=key, rho=1.0, counter=blt_for_horizon(1000)
+        )
 
 
 # ----------------------------------------------------------------------- the command line
@@ -132,8 +135,17 @@ def test_no_horizon_in_the_library():
 DAYS, STEPS_PER_DAY = 30, 4
 MECHS = {
     "known": ["-m", "known", "--max-items", "2", "--rho", "1"],
-    "unknown": ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta",
-                "1e-3", "--remember"],
+    "unknown": [
+        "-m",
+        "unknown",
+        "--max-items",
+        "2",
+        "--rho",
+        "1",
+        "--threshold-delta",
+        "1e-3",
+        "--remember",
+    ],
 }
 
 
@@ -169,12 +181,39 @@ def test_thirty_daily_runs_with_no_horizon_equal_one_run(stream, tmp_path, mech)
     args = _args(base, key_path, mech)
     last = DAYS * STEPS_PER_DAY
     ref = tmp_path / "ref.jsonl"
-    assert main([*args, "-i", str(base / "all.jsonl"), "-o", str(ref), "--until",
-                 str(last), *own_ledger(ref)]) == 0
+    assert (
+        main(
+            [
+                *args,
+                "-i",
+                str(base / "all.jsonl"),
+                "-o",
+                str(ref),
+                "--until",
+                str(last),
+                *own_ledger(ref),
+            ]
+        )
+        == 0
+    )
     out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
     for d in range(1, DAYS + 1):
-        assert main([*args, "-i", str(base / f"day{d:02d}.jsonl"), "-o", str(out), "--state",
-                     str(state), "--until", str(d * STEPS_PER_DAY)]) == 0, d
+        assert (
+            main(
+                [
+                    *args,
+                    "-i",
+                    str(base / f"day{d:02d}.jsonl"),
+                    "-o",
+                    str(out),
+                    "--state",
+                    str(state),
+                    "--until",
+                    str(d * STEPS_PER_DAY),
+                ]
+            )
+            == 0
+        ), d
     assert out.read_bytes() == ref.read_bytes()
     releases = [json.loads(line) for line in ref.read_text().splitlines()]
     assert [r["t"] for r in releases] == list(range(1, last + 1))
@@ -186,8 +225,22 @@ def test_thirty_daily_runs_with_no_horizon_equal_one_run(stream, tmp_path, mech)
     # the stream goes on past the last day (no horizon to reach): a quiet day later
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert main([*args, "-i", str(empty), "-o", str(out), "--state", str(state), "--until",
-                 str(last + 3)]) == 0
+    assert (
+        main(
+            [
+                *args,
+                "-i",
+                str(empty),
+                "-o",
+                str(out),
+                "--state",
+                str(state),
+                "--until",
+                str(last + 3),
+            ]
+        )
+        == 0
+    )
     more = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["t"] for r in more] == list(range(1, last + 4))
 
@@ -195,15 +248,47 @@ def test_thirty_daily_runs_with_no_horizon_equal_one_run(stream, tmp_path, mech)
 def test_a_resume_cannot_switch_between_a_horizon_and_none(stream, tmp_path, capsys):
     base, key_path = stream
     args = _args(base, key_path, "known")
-    for n, (first, second) in enumerate(((["--until", "4"], ["-T", "120", "--until", "8"]),
-                                         (["-T", "120", "--until", "4"], ["--until", "8"]))):
+    for n, (first, second) in enumerate(
+        (
+            (["--until", "4"], ["-T", "120", "--until", "8"]),
+            (["-T", "120", "--until", "4"], ["--until", "8"]),
+        )
+    ):
         out, state = tmp_path / f"o{n}.jsonl", tmp_path / f"s{n}.sqlite"
-        assert main([*args, *first, "-i", str(base / "day01.jsonl"), "-o", str(out),
-                     "--state", str(state), *own_ledger(out)]) == 0
+        assert (
+            main(
+                [
+                    *args,
+                    *first,
+                    "-i",
+                    str(base / "day01.jsonl"),
+                    "-o",
+                    str(out),
+                    "--state",
+                    str(state),
+                    *own_ledger(out),
+                ]
+            )
+            == 0
+        )
         capsys.readouterr()
         before = out.read_bytes()
-        assert main([*args, *second, "-i", str(base / "day02.jsonl"), "-o", str(out),
-                     "--state", str(state), *own_ledger(out)]) == 1
+        assert (
+            main(
+                [
+                    *args,
+                    *second,
+                    "-i",
+                    str(base / "day02.jsonl"),
+                    "-o",
+                    str(out),
+                    "--state",
+                    str(state),
+                    *own_ledger(out),
+                ]
+            )
+            == 1
+        )
         err = capsys.readouterr().err
         assert "other parameters" in err and "horizon" in err
         assert out.read_bytes() == before
@@ -216,13 +301,31 @@ def test_no_horizon_needs_an_end_step_and_known_or_unknown(stream, tmp_path, cap
     assert main([*args, "-i", str(base / "day01.jsonl"), "-o", str(out)]) == 2
     assert "--until" in capsys.readouterr().err
     assert not out.exists()
-    for bad, words in ((["--counter", "tree"], "--counter tree"),
-                       (["--blt-buffers", "2"], "--blt-buffers needs --horizon")):
-        assert main([*args, *bad, "-i", str(base / "day01.jsonl"), "-o", str(out),
-                     "--until", "4"]) == 2
+    for bad, words in (
+        (["--counter", "tree"], "--counter tree"),
+        (["--blt-buffers", "2"], "--blt-buffers needs --horizon"),
+    ):
+        assert (
+            main([*args, *bad, "-i", str(base / "day01.jsonl"), "-o", str(out), "--until", "4"])
+            == 2
+        )
         assert words in capsys.readouterr().err
-    assert main(["plan", "-m", "known", "--domain-size", "5", "--max-items", "1",
-                 "--target-error", "10"]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "known",
+                "--domain-size",
+                "5",
+                "--max-items",
+                "1",
+                "--target-error",
+                "10",
+            ]
+        )
+        == 2
+    )
     assert "--target-error needs --horizon" in capsys.readouterr().err
     assert main(["plan", "-m", "top-k", "--domain-size", "5", "--k", "2", "--rho", "1"]) == 2
     assert "top-k needs --horizon" in capsys.readouterr().err
@@ -231,15 +334,33 @@ def test_no_horizon_needs_an_end_step_and_known_or_unknown(stream, tmp_path, cap
 
 
 def test_plan_without_a_horizon_shows_the_std_at_several_steps(capsys):
-    assert main(["plan", "-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta",
-                 "1e-6"]) == 0
+    assert (
+        main(["plan", "-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"])
+        == 0
+    )
     text = capsys.readouterr().out
     assert "no planned end" in text and "1,000,000:" in text and "for all t" in text
-    assert main(["plan", "-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta",
-                 "1e-6", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "unknown",
+                "--max-items",
+                "2",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--json",
+            ]
+        )
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)
-    mech = dps.UnknownDomainHistogram(None, max_items=2, key=fixed_key("x"), epsilon=1.0,
-                                      delta=1e-6)
+    mech = dps.UnknownDomainHistogram(
+        None, max_items=2, key=fixed_key("x"), epsilon=1.0, delta=1e-6
+    )
     assert info["unbounded"] is True and info["horizon"] is None
     assert sorted(int(t) for t in info["noise_std_at"]) == [10**e for e in range(1, 7)]
     for t, std in info["noise_std_at"].items():

@@ -39,9 +39,13 @@ def cells_brute(t: int, r: int, L: int) -> list[tuple[int, int]]:
 
 def random_stream(rng, domain, steps, max_items, max_events=3):
     return [
-        [[domain[i] for i in rng.choice(len(domain), size=rng.integers(0, max_items + 1),
-                                        replace=False)]
-         for _ in range(rng.integers(0, max_events + 1))]
+        [
+            [
+                domain[i]
+                for i in rng.choice(len(domain), size=rng.integers(0, max_items + 1), replace=False)
+            ]
+            for _ in range(rng.integers(0, max_events + 1))
+        ]
         for _ in range(steps)
     ]
 
@@ -49,12 +53,20 @@ def random_stream(rng, domain, steps, max_items, max_events=3):
 # --------------------------------------------------------------------------- threshold
 
 
-@pytest.mark.parametrize("tau,T,r,delta", [(1.0, 100, 2, 1e-6), (0.3, 1000, 4, 1e-3),
-                                           (5.0, 7, 3, 0.5), (2.0, 1, 2, 1e-9),
-                                           (1.7, 65536, 16, 1e-12)])
+@pytest.mark.parametrize(
+    "tau,T,r,delta",
+    [
+        (1.0, 100, 2, 1e-6),
+        (0.3, 1000, 4, 1e-3),
+        (5.0, 7, 3, 0.5),
+        (2.0, 1, 2, 1e-9),
+        (1.7, 65536, 16, 1e-12),
+    ],
+)
 def test_threshold_is_eq_threshold(tau, T, r, delta):
-    u = UnknownDomainHistogram(T, max_items=1, key=fixed_key("thr"), base=r, tau=tau,
-                               threshold_delta=delta)
+    u = UnknownDomainHistogram(
+        T, max_items=1, key=fixed_key("thr"), base=r, tau=tau, threshold_delta=delta
+    )
     L = levels_of(T, r)
     expected = tau * L * math.sqrt(r - 1) * stats.norm.isf(delta / T) + 1
     assert u.threshold == pytest.approx(expected, rel=1e-12)
@@ -62,7 +74,8 @@ def test_threshold_is_eq_threshold(tau, T, r, delta):
     assert T * stats.norm.sf((u.threshold - 1) / (tau * L * math.sqrt(r - 1))) <= delta
     # the release at t = 1 (one tree cell) uses m_1, not m_delta
     assert u.step([]).meta["threshold"] == pytest.approx(
-        tau * math.sqrt(L) * stats.norm.isf(delta / T) + 1, rel=1e-12)
+        tau * math.sqrt(L) * stats.norm.isf(delta / T) + 1, rel=1e-12
+    )
 
 
 def per_step_threshold(t, T, r, tau, delta):
@@ -71,15 +84,23 @@ def per_step_threshold(t, T, r, tau, delta):
     return 1 + math.sqrt(len(cells_brute(t, r, L)) * L) * tau * stats.norm.isf(delta / T)
 
 
-@pytest.mark.parametrize("tau,T,r,delta", [(1.0, 100, 2, 1e-6), (0.3, 1000, 4, 1e-3),
-                                           (5.0, 7, 3, 0.5), (2.0, 1, 2, 1e-9),
-                                           (1.7, 300, 16, 1e-12)])
+@pytest.mark.parametrize(
+    "tau,T,r,delta",
+    [
+        (1.0, 100, 2, 1e-6),
+        (0.3, 1000, 4, 1e-3),
+        (5.0, 7, 3, 0.5),
+        (2.0, 1, 2, 1e-9),
+        (1.7, 300, 16, 1e-12),
+    ],
+)
 def test_per_step_threshold_never_exceeds_m_delta(tau, T, r, delta):
     """m_t at every t <= T: the closed form, conservative in floating point (T (1 -
     Phi((m_t - 1)/s_t)) <= delta, s_t = sqrt(|I_t| L) tau), at most m_delta, and below
     it wherever I_t has fewer than (r - 1) L_r cells."""
-    u = UnknownDomainHistogram(T, max_items=1, key=fixed_key("thr"), base=r, tau=tau,
-                               threshold_delta=delta)
+    u = UnknownDomainHistogram(
+        T, max_items=1, key=fixed_key("thr"), base=r, tau=tau, threshold_delta=delta
+    )
     L = levels_of(T, r)
     below = 0
     for t in range(1, T + 1):
@@ -139,8 +160,9 @@ def test_item_seen_once_is_rarely_released():
     n_items, n_keys = 4000, 4
     ever = []
     for k in range(n_keys):
-        u = UnknownDomainHistogram(T, max_items=1, key=fixed_key(f"bad{k}"), base=r, tau=tau,
-                                   threshold_delta=delta)
+        u = UnknownDomainHistogram(
+            T, max_items=1, key=fixed_key(f"bad{k}"), base=r, tau=tau, threshold_delta=delta
+        )
         shown = set()
         for t in range(1, T + 1):
             events = [[f"it{i}"] for i in range(n_items) if i % T == t - 1]
@@ -153,14 +175,19 @@ def test_item_seen_once_is_rarely_released():
     assert p_hat <= delta + Z_TOL * math.sqrt(delta * (1 - delta) / n)
     n_mc = 160_000
     p_mc = brute_force_ever_released(
-        T, r, tau, lambda t: per_step_threshold(t, T, r, tau, delta), n_mc,
-        np.random.default_rng(7))
+        T, r, tau, lambda t: per_step_threshold(t, T, r, tau, delta), n_mc, np.random.default_rng(7)
+    )
     se = math.sqrt(p_mc * (1 - p_mc) * (1 / n + 1 / n_mc))
     print(f"P(ever released) = {p_hat:.4f}, simulated {p_mc:.4f}, bound {delta}")
     assert abs(p_hat - p_mc) <= Z_TOL * se
     p_wrong = brute_force_ever_released(
-        T, r, tau, lambda t: per_step_threshold(t, T, r, tau, delta * T), 16_000,
-        np.random.default_rng(8))
+        T,
+        r,
+        tau,
+        lambda t: per_step_threshold(t, T, r, tau, delta * T),
+        16_000,
+        np.random.default_rng(8),
+    )
     assert p_wrong > delta + 10 * math.sqrt(delta * (1 - delta) / 16_000)
 
 
@@ -185,8 +212,9 @@ def test_discovery_probability_lemma():
     L = levels_of(T, r)
     shown = {80: 0, 81: 0, 100: 0}
     for k in range(n_keys):
-        u = UnknownDomainHistogram(T, max_items=1, key=fixed_key(f"disc{k}"), base=r, tau=tau,
-                                   threshold_delta=thr_delta)
+        u = UnknownDomainHistogram(
+            T, max_items=1, key=fixed_key(f"disc{k}"), base=r, tau=tau, threshold_delta=thr_delta
+        )
         h = math.ceil(u.threshold + 3 * tau)
         counts = {i: h for i in range(n_items)}
         for t in shown:
@@ -218,10 +246,19 @@ def test_released_counts_are_knownbase_counts(remember):
     domain = [f"w{i}" for i in range(40)] + list(range(10))
     stream = random_stream(rng, domain, 60, 3)
     key = fixed_key("same-noise")
-    u = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
-                               remember=remember, stream="s1", counter="tree")
-    kn = KnownDomainHistogram(domain, 60, max_items=3, key=key, tau=0.4, stream="s1",
-                              counter="tree")
+    u = UnknownDomainHistogram(
+        60,
+        max_items=3,
+        key=key,
+        tau=0.4,
+        threshold_delta=0.3,
+        remember=remember,
+        stream="s1",
+        counter="tree",
+    )
+    kn = KnownDomainHistogram(
+        domain, 60, max_items=3, key=key, tau=0.4, stream="s1", counter="tree"
+    )
     assert u.base == kn.base and u.tree_purpose != kn.tree_purpose  # open vs known domain
     source = NoiseSource(key, u.tree_purpose)
     tree = TreeNoise(source, 60, u.base, math.sqrt(u.levels) * u.tau)
@@ -245,11 +282,20 @@ def test_released_counts_are_knownbase_counts(remember):
         n_released += len(ru)
     assert n_released > 20  # the test saw many discovered items (35 with this key)
     assert len(u) == len(seen)
-    other = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
-                                   remember=remember, stream="s2", counter="tree")
+    other = UnknownDomainHistogram(
+        60,
+        max_items=3,
+        key=key,
+        tau=0.4,
+        threshold_delta=0.3,
+        remember=remember,
+        stream="s2",
+        counter="tree",
+    )
     ro = other.step_batch([["w1"]] * 30)
-    ru = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=0.3,
-                                stream="s1", counter="tree").step_batch([["w1"]] * 30)
+    ru = UnknownDomainHistogram(
+        60, max_items=3, key=key, tau=0.4, threshold_delta=0.3, stream="s1", counter="tree"
+    ).step_batch([["w1"]] * 30)
     assert ro.values[0] != ru.values[0]  # a different stream has different noise
 
 
@@ -268,8 +314,9 @@ def test_event_mode_equals_aggregate_mode(counter):
     kw = {"max_items": 2, "key": key, "tau": 0.2, "threshold_delta": 0.2, "counter": counter}
     ev, ev2 = UnknownDomainHistogram(80, **kw), UnknownDomainHistogram(80, **kw)
     agg, jumpy = UnknownDomainHistogram(80, **kw), UnknownDomainHistogram(80, **kw)
-    other = UnknownDomainHistogram(80, max_items=2, key=fixed_key("other"), tau=0.2,
-                                   threshold_delta=0.2)
+    other = UnknownDomainHistogram(
+        80, max_items=2, key=fixed_key("other"), tau=0.2, threshold_delta=0.2
+    )
     prefix: dict = {"never": 0}  # a zero count has not appeared: ignored
     total = 0
     for t, events in enumerate(stream, start=1):
@@ -324,8 +371,9 @@ def exact_gaussian_delta(epsilon, mu):
     )
 
 
-@pytest.mark.parametrize("epsilon,delta,max_items,T", [(1.0, 1e-6, 1, 1000), (0.5, 1e-8, 3, 100),
-                                                       (4.0, 1e-5, 2, 50000)])
+@pytest.mark.parametrize(
+    "epsilon,delta,max_items,T", [(1.0, 1e-6, 1, 1000), (0.5, 1e-8, 3, 100), (4.0, 1e-5, 2, 50000)]
+)
 def test_calibration_splits_delta_to_minimise_the_threshold(epsilon, delta, max_items, T):
     key = fixed_key("cal")
     u = UnknownDomainHistogram(T, max_items=max_items, key=key, epsilon=epsilon, delta=delta)
@@ -340,8 +388,14 @@ def test_calibration_splits_delta_to_minimise_the_threshold(epsilon, delta, max_
     assert g.rho == pytest.approx(max_items / (2 * u.tau**2), rel=1e-12)
     # brute force over other splits: none gives a smaller threshold
     for f in np.linspace(0.02, 0.98, 25):
-        v = UnknownDomainHistogram(T, max_items=max_items, key=key, epsilon=epsilon,
-                                   delta=delta, threshold_delta=f * delta / max_items)
+        v = UnknownDomainHistogram(
+            T,
+            max_items=max_items,
+            key=key,
+            epsilon=epsilon,
+            delta=delta,
+            threshold_delta=f * delta / max_items,
+        )
         assert v.privacy_split.chosen_by == "user"
         assert v.privacy.epsilon <= epsilon
         assert u.threshold <= v.threshold * (1 + 1e-6)
@@ -359,15 +413,15 @@ def test_rho_and_tau_forms_need_threshold_delta():
     assert u.privacy.delta == pytest.approx(2e-7 + dps.privacy.DEFAULT_DELTA, rel=1e-12)
     assert u.privacy_split.chosen_by == "reporting"
     with pytest.raises(ValueError, match="< delta"):
-        UnknownDomainHistogram(10, max_items=2, key=key, epsilon=1.0, delta=1e-6,
-                               threshold_delta=5e-7)
+        UnknownDomainHistogram(
+            10, max_items=2, key=key, epsilon=1.0, delta=1e-6, threshold_delta=5e-7
+        )
     with pytest.raises(ValueError, match="threshold_delta"):
         UnknownDomainHistogram(10, max_items=1, key=key, tau=1.0, threshold_delta=1.0)
     with pytest.raises(ValueError, match="exactly one"):
         UnknownDomainHistogram(10, max_items=1, key=key, rho=1.0, tau=1.0, threshold_delta=0.1)
     with pytest.raises(TypeError, match="remember"):
-        UnknownDomainHistogram(10, max_items=1, key=key, tau=1.0, threshold_delta=0.1,
-                               remember=1)
+        UnknownDomainHistogram(10, max_items=1, key=key, tau=1.0, threshold_delta=0.1, remember=1)
     with pytest.raises(TypeError, match="key"):
         UnknownDomainHistogram(10, max_items=1, key=b"k" * 32, tau=1.0, threshold_delta=0.1)
     with pytest.raises(ValueError, match="max_items"):
@@ -401,8 +455,7 @@ def test_invalid_input_leaves_state_unchanged():
 
 
 def test_aggregate_mode_checks():
-    u = UnknownDomainHistogram(10, max_items=1, key=fixed_key("agg"), tau=1.0,
-                               threshold_delta=0.1)
+    u = UnknownDomainHistogram(10, max_items=1, key=fixed_key("agg"), tau=1.0, threshold_delta=0.1)
     u.release(2, {"a": 2, "b": 1})
     with pytest.raises(ValueError, match="greater than the last"):
         u.release(2, {"a": 2, "b": 1})

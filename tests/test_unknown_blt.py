@@ -78,8 +78,9 @@ BIG = 1 << 20  # every joined item's count: far above every threshold, so all ar
 def released_noise() -> tuple[dict[int, np.ndarray], UnknownDomainHistogram]:
     """The released noise (value - count) of PER_GROUP items joining at each s in
     STARTS, at every step t >= s: {s: array (PER_GROUP, T + 1), column t}."""
-    u = UnknownDomainHistogram(T, max_items=1, key=fixed_key("blt-join-law"), tau=0.7,
-                               threshold_delta=0.5, counter="blt")
+    u = UnknownDomainHistogram(
+        T, max_items=1, key=fixed_key("blt-join-law"), tau=0.7, threshold_delta=0.5, counter="blt"
+    )
     noise = {s: np.full((PER_GROUP, T + 1), np.nan) for s in STARTS}
     items: list[int] = []
     for t in range(1, T + 1):
@@ -91,7 +92,7 @@ def released_noise() -> tuple[dict[int, np.ndarray], UnknownDomainHistogram]:
         flat = np.full(len(STARTS) * PER_GROUP, np.nan)
         flat[np.asarray(rel.items)] = rel.values - BIG
         for g, s in enumerate(STARTS):
-            noise[s][:, t] = flat[g * PER_GROUP:(g + 1) * PER_GROUP]
+            noise[s][:, t] = flat[g * PER_GROUP : (g + 1) * PER_GROUP]
     return noise, u
 
 
@@ -147,11 +148,14 @@ def test_the_law_check_catches_a_wrong_state(monkeypatch, defect):
     power to see the difference."""
     honest = state_factor
     if defect == "zero state":
+
         def planted(strategy, steps):
             return tuple((0.0,) * (strategy.buffers + 1) for _ in range(strategy.buffers + 1))
     else:
+
         def planted(strategy, steps):
             return honest(strategy, steps + 5)
+
     monkeypatch.setattr(blt_noise, "state_factor", planted)
     noise, u = released_noise()
     bad = law_violations(noise, u)
@@ -191,8 +195,13 @@ def test_released_values_are_counts_plus_the_joined_noise():
     rng = np.random.default_rng(4)
     u = UnknownDomainHistogram(30, max_items=2, key=key, tau=0.3, threshold_delta=0.4)
     assert u.counter == "blt"
-    stream = [[[f"w{j}" for j in rng.choice(40, size=2, replace=False)]
-               for _ in range(rng.integers(1, 6))] for _ in range(30)]
+    stream = [
+        [
+            [f"w{j}" for j in rng.choice(40, size=2, replace=False)]
+            for _ in range(rng.integers(1, 6))
+        ]
+        for _ in range(30)
+    ]
     first: dict[int, list] = {}
     seen: set = set()
     for t, events in enumerate(stream, 1):
@@ -229,8 +238,10 @@ def test_event_mode_and_aggregate_mode_join_alike():
     first: dict = {}
     noise_at: dict = {}
     for t in range(1, 26):
-        events = [[f"x{j}" for j in rng.choice(60, size=3, replace=False)]
-                  for _ in range(rng.integers(0, 5))]
+        events = [
+            [f"x{j}" for j in rng.choice(60, size=3, replace=False)]
+            for _ in range(rng.integers(0, 5))
+        ]
         ra = ev.step_batch(events)
         for e in events:
             for it in e:
@@ -258,8 +269,13 @@ def test_resume_from_a_snapshot_gives_the_same_bytes():
     kw = dict(max_items=2, key=key, tau=0.3, threshold_delta=0.3, remember=True)
     a = UnknownDomainHistogram(40, **kw)
     rng = np.random.default_rng(9)
-    stream = [[[f"y{j}" for j in rng.choice(50, size=2, replace=False)]
-               for _ in range(rng.integers(0, 6))] for _ in range(40)]
+    stream = [
+        [
+            [f"y{j}" for j in rng.choice(50, size=2, replace=False)]
+            for _ in range(rng.integers(0, 6))
+        ]
+        for _ in range(40)
+    ]
     for events in stream[:17]:
         a.step_batch(events)
     b = load_snapshot(dump_snapshot(a, key), key)
@@ -273,8 +289,9 @@ def test_resume_from_a_snapshot_gives_the_same_bytes():
 # --------------------------------------------------------------------------- thresholds
 
 
-@pytest.mark.parametrize("T,tau,delta,alone", [(100, 1.0, 1e-6, 1), (1000, 0.4, 1e-3, 3),
-                                               (7, 5.0, 0.5, 1)])
+@pytest.mark.parametrize(
+    "T,tau,delta,alone", [(100, 1.0, 1e-6, 1), (1000, 0.4, 1e-3, 3), (7, 5.0, 0.5, 1)]
+)
 def test_blt_threshold_is_the_steps_own_quantile(T, tau, delta, alone):
     """m_t = alone + sigma ||row_t(B)|| Phi^-1(1 - delta/T) (rounded up so that an item
     whose count is ``alone`` clears it with probability <= delta/T at t), increasing in
@@ -311,31 +328,42 @@ def test_default_counter_and_the_tree_kept_bit_for_bit():
     (a digest of a run computed with the code before this change)."""
     key = fixed_key("default-counter")
     u = UnknownDomainHistogram(500, max_items=2, key=key, epsilon=1.0, delta=1e-6)
-    tree = UnknownDomainHistogram(500, max_items=2, key=key, epsilon=1.0, delta=1e-6,
-                                  counter="tree")
+    tree = UnknownDomainHistogram(
+        500, max_items=2, key=key, epsilon=1.0, delta=1e-6, counter="tree"
+    )
     assert u.counter == "blt" and tree.counter == "tree"
     assert u.tau == tree.tau and u.privacy.epsilon == tree.privacy.epsilon
     assert u.noise_std_worst < tree.noise_std_worst / 2.5
     assert u.threshold < tree.threshold
-    assert UnknownDomainHistogram(1, max_items=1, key=key, tau=1.0,
-                                  threshold_delta=0.1).counter == "tree"
-    assert UnknownDomainHistogram(50, max_items=1, key=key, tau=1.0, threshold_delta=0.1,
-                                  base=3).counter == "tree"
+    assert (
+        UnknownDomainHistogram(1, max_items=1, key=key, tau=1.0, threshold_delta=0.1).counter
+        == "tree"
+    )
+    assert (
+        UnknownDomainHistogram(
+            50, max_items=1, key=key, tau=1.0, threshold_delta=0.1, base=3
+        ).counter
+        == "tree"
+    )
     pinned = NoiseKeyFrom("dpstream-test:tree-pin")
     # version 1: the digest computed with the code before BLT became the default (a
     # stream begun then goes on with noise_version=1); version 2, the default now:
     # pinned when it became the default
     for version, digest in (
-            (1, "164b4a0336919d4e7f53df74bd6a4d4f8af2c33bd6efc70d20c7ff3f7cbd3760"),
-            (None, "3e6f4dc8fee529e1fe8bc12bbf55434b05c133b7c396aca2e375be0149cb1a54")):
+        (1, "164b4a0336919d4e7f53df74bd6a4d4f8af2c33bd6efc70d20c7ff3f7cbd3760"),
+        (None, "3e6f4dc8fee529e1fe8bc12bbf55434b05c133b7c396aca2e375be0149cb1a54"),
+    ):
         extra = {} if version is None else {"noise_version": version}
-        t = UnknownDomainHistogram(50, max_items=2, key=pinned, epsilon=2.0, delta=1e-3,
-                                   counter="tree", **extra)
+        t = UnknownDomainHistogram(
+            50, max_items=2, key=pinned, epsilon=2.0, delta=1e-3, counter="tree", **extra
+        )
         rng = np.random.default_rng(5)
         h = hashlib.sha256()
         for _ in range(50):
-            events = [[f"i{j}" for j in rng.choice(30, size=2, replace=False)]
-                      for _ in range(rng.integers(0, 12))]
+            events = [
+                [f"i{j}" for j in rng.choice(30, size=2, replace=False)]
+                for _ in range(rng.integers(0, 12))
+            ]
             r = t.step_batch(events)
             h.update(repr((r.t, list(r.items), r.values.tobytes().hex(), r.meta)).encode())
         assert h.hexdigest() == digest, version

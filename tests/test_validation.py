@@ -80,8 +80,7 @@ def test_optimal_base_is_fast_for_huge_horizons(monkeypatch):
     # number of levels, 2 .. bit_length + 1, and one for base 2.
     calls = []
     real = tree.paper_variance_factor
-    monkeypatch.setattr(tree, "paper_variance_factor",
-                        lambda T, r: calls.append(r) or real(T, r))
+    monkeypatch.setattr(tree, "paper_variance_factor", lambda T, r: calls.append(r) or real(T, r))
     r = tree.optimal_base(2**63)
     assert len(calls) <= (2**63).bit_length() + 1
     monkeypatch.undo()
@@ -92,8 +91,20 @@ def test_optimal_base_is_fast_for_huge_horizons(monkeypatch):
         assert (r - 1) * levels**2 <= tree.paper_variance_factor(2**63, max(cand, 2))
 
 
-@pytest.mark.parametrize("n,k", [(0, 3), (1, 5), (26, 3), (27, 3), (28, 3), (2**64 - 1, 2),
-                                 (10**30, 7), (3**40, 40), (3**40 - 1, 40)])
+@pytest.mark.parametrize(
+    "n,k",
+    [
+        (0, 3),
+        (1, 5),
+        (26, 3),
+        (27, 3),
+        (28, 3),
+        (2**64 - 1, 2),
+        (10**30, 7),
+        (3**40, 40),
+        (3**40 - 1, 40),
+    ],
+)
 def test_integer_root_exact(n, k):
     x = tree.integer_root(n, k)
     assert x**k <= n < (x + 1) ** k
@@ -106,10 +117,18 @@ def test_reported_epsilon_never_exceeds_the_calibration_target(epsilon, delta):
         dps.KnownDomainHistogram(["a"], 1000, max_items=2, key=KEY, epsilon=epsilon, delta=delta),
         dps.UnknownDomainHistogram(1000, max_items=2, key=KEY, epsilon=epsilon, delta=delta),
         dps.TreeCounter(1000, key=KEY, epsilon=epsilon, delta=delta),
-        dps.MetaHistogram(1000, oneshot="unknown-gaussian", max_items=2, kbar=5, key=KEY,
-                          epsilon=epsilon, delta=delta),
-        dps.ContinualTopK(["a", "b"], 1000, k=1, switches=2, eta=1.0, key=KEY, epsilon=epsilon,
-                          delta=delta),
+        dps.MetaHistogram(
+            1000,
+            oneshot="unknown-gaussian",
+            max_items=2,
+            kbar=5,
+            key=KEY,
+            epsilon=epsilon,
+            delta=delta,
+        ),
+        dps.ContinualTopK(
+            ["a", "b"], 1000, k=1, switches=2, eta=1.0, key=KEY, epsilon=epsilon, delta=delta
+        ),
     ]
     for m in mechanisms:
         assert m.privacy.epsilon <= epsilon and m.privacy.delta <= delta, type(m).__name__

@@ -33,10 +33,10 @@ from .conftest import own_ledger
 
 #: Item names an attacker might publish as hashtags (user data, never markup).
 EVIL = [
-    '<script>window.__pwned = 1</script>',
+    "<script>window.__pwned = 1</script>",
     '<img src=x onerror="window.__pwned = 2">',
     '"><svg onload=alert(1)>',
-    "it's & \"quoted\" \\ back\\slash",
+    'it\'s & "quoted" \\ back\\slash',
     "</script><script>window.__pwned = 3</script>",
     "emoji 🐦 ünïcödé",
 ]
@@ -60,8 +60,9 @@ def _stream(rng: np.random.Generator, steps: int, names: list[str]) -> list[dict
     for _ in range(steps):
         counts += rng.integers(0, 4, size=len(names))
         shown = rng.random(len(names)) < 0.7
-        out.append({names[i]: int(counts[i] + rng.integers(-3, 4))
-                    for i in range(len(names)) if shown[i]})
+        out.append(
+            {names[i]: int(counts[i] + rng.integers(-3, 4)) for i in range(len(names)) if shown[i]}
+        )
     return out
 
 
@@ -126,14 +127,23 @@ def test_top_items_equals_a_full_sort_with_ties():
 
 def test_parse_release_rejects_what_is_not_a_release():
     assert parse_release(b'{"t": 2, "released": {"a": 1.5}, "meta": {"x": 1}}').t == 2
-    for bad in (b"[1]", b'{"t": 0, "released": {}}', b'{"t": true, "released": {}}',
-                b'{"t": 1, "released": {"a": "1"}}', b'{"t": 1, "released": {"a": NaN}}',
-                b'{"t": 1}', b'{"t": 1, "released": {}, "meta": 3}', b"{", b"\xff\n",
-                b'{"t": 1, "released": {"a": true}}', b'{"t": 1, "released": {"a": null}}',
-                b'{"t": 1, "released": {"a": 1.5, "b": Infinity}}',
-                b'{"t": 1, "released": {"a": 1.5, "b": 1' + b"0" * 400 + b"}}",
-                b'{"t": 1, "released": {"a": 1' + b"0" * 400 + b"}}",
-                b"[" * 100000):
+    for bad in (
+        b"[1]",
+        b'{"t": 0, "released": {}}',
+        b'{"t": true, "released": {}}',
+        b'{"t": 1, "released": {"a": "1"}}',
+        b'{"t": 1, "released": {"a": NaN}}',
+        b'{"t": 1}',
+        b'{"t": 1, "released": {}, "meta": 3}',
+        b"{",
+        b"\xff\n",
+        b'{"t": 1, "released": {"a": true}}',
+        b'{"t": 1, "released": {"a": null}}',
+        b'{"t": 1, "released": {"a": 1.5, "b": Infinity}}',
+        b'{"t": 1, "released": {"a": 1.5, "b": 1' + b"0" * 400 + b"}}",
+        b'{"t": 1, "released": {"a": 1' + b"0" * 400 + b"}}",
+        b"[" * 100000,
+    ):
         with pytest.raises(ValueError):
             parse_release(bad)
 
@@ -225,8 +235,7 @@ def test_history_filled_while_the_file_grows_misses_no_release(tmp_path, monkeyp
         calls.append((start, end))
         if len(calls) == 1:
             with open(path, "a") as fh:
-                fh.write("".join(_line(t, r, noise_std=1.0)
-                                 for t, r in enumerate(rels[30:45], 31)))
+                fh.write("".join(_line(t, r, noise_std=1.0) for t, r in enumerate(rels[30:45], 31)))
             assert model.refresh()  # a poll in the middle of the pass
         return scan(self, items, tokens, start, end)
 
@@ -242,8 +251,7 @@ def test_history_filled_while_the_file_grows_misses_no_release(tmp_path, monkeyp
         calls.append((start, end))
         if len(calls) == 1:
             tmp = tmp_path / "new"
-            tmp.write_text("".join(_line(t, r, noise_std=2.0)
-                                   for t, r in enumerate(rels[:10], 1)))
+            tmp.write_text("".join(_line(t, r, noise_std=2.0) for t, r in enumerate(rels[:10], 1)))
             os.replace(tmp, path)
             assert model.refresh()
         return scan(self, items, tokens, start, end)
@@ -288,8 +296,9 @@ class _Collect(html.parser.HTMLParser):
 def _evil_file(tmp_path: Path) -> Path:
     path = tmp_path / "evil.jsonl"
     released = {name: 100 - i for i, name in enumerate(EVIL)}
-    path.write_text(_line(1, {"x": 1}, noise_std=1.0) + _line(2, released, noise_std=1.5),
-                    encoding="utf-8")
+    path.write_text(
+        _line(1, {"x": 1}, noise_std=1.0) + _line(2, released, noise_std=1.5), encoding="utf-8"
+    )
     return path
 
 
@@ -309,8 +318,12 @@ def test_page_escapes_every_item_name(tmp_path, live):
             assert attrs == {"nonce": "abc"}
     # each name is a data-item attribute and a text node, exactly as written
     rows = [a["data-item"] for t, a in parser.tags if t == "li" and "data-value" in a]
-    assert rows == [name for name, _ in _brute_top(json.loads(
-        (tmp_path / "evil.jsonl").read_text().splitlines()[1])["released"], 20)]
+    assert rows == [
+        name
+        for name, _ in _brute_top(
+            json.loads((tmp_path / "evil.jsonl").read_text().splitlines()[1])["released"], 20
+        )
+    ]
     text = "".join(parser.text)
     for name in EVIL:
         assert name in text
@@ -318,9 +331,17 @@ def test_page_escapes_every_item_name(tmp_path, live):
 
 def test_export_is_one_self_contained_file(tmp_path, capsys):
     path = _evil_file(tmp_path)
-    write_run_meta(path, {"format": FORMAT, "horizon": 2, "mechanism": "unknown",
-                          "algorithm": "UnkBase", "privacy": {"epsilon": 1.0, "delta": 1e-6,
-                                                              "rho": 0.02}, "unit": "event"})
+    write_run_meta(
+        path,
+        {
+            "format": FORMAT,
+            "horizon": 2,
+            "mechanism": "unknown",
+            "algorithm": "UnkBase",
+            "privacy": {"epsilon": 1.0, "delta": 1e-6, "rho": 0.02},
+            "unit": "event",
+        },
+    )
     out = tmp_path / "report.html"
     assert main(["view", str(path), "--export", str(out), "--top", "3"]) == 0
     page = out.read_text(encoding="utf-8")
@@ -375,8 +396,9 @@ def test_server_serves_read_only_and_pushes_updates(tmp_path):
         assert status == 200 and "script-src 'nonce-" in headers["Content-Security-Policy"]
         status, _, body = _get(server.url + "api/state?manual=1&sel=n1")
         state = json.loads(body)
-        assert [[e["item"], e["value"]] for e in state["top"]] == \
-            [list(kv) for kv in _brute_top(rels[4], 4)]
+        assert [[e["item"], e["value"]] for e in state["top"]] == [
+            list(kv) for kv in _brute_top(rels[4], 4)
+        ]
         assert state["history"]["n1"]["t"] == _brute_history(path, "n1")[0]
         assert _get(server.url + "nothing")[0] == 404
         assert _get(server.url + "api/state?manual=1" + "&sel=x" * 9)[0] == 400
@@ -417,8 +439,23 @@ def test_run_writes_the_sidecar_plan_describes(tmp_path, capsys):
     _events(tmp_path / "ev.jsonl", 50)
     opts = ["-m", "unknown", "-T", "60", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"]
     out = tmp_path / "r.jsonl"
-    assert main(["run", "-q", *opts, "--key-file", str(key), "-i", str(tmp_path / "ev.jsonl"),
-                 "-o", str(out), *own_ledger(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                *opts,
+                "--key-file",
+                str(key),
+                "-i",
+                str(tmp_path / "ev.jsonl"),
+                "-o",
+                str(out),
+                *own_ledger(out),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["plan", *opts, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -428,14 +465,30 @@ def test_run_writes_the_sidecar_plan_describes(tmp_path, capsys):
     advice = {"coarser_steps", "choice", "candidates", "max_items_break_even", "max_items_hint"}
     assert "coarser_steps" in plan
     assert {k: meta[k] for k in plan if k not in advice} == {
-        k: v for k, v in plan.items() if k not in advice}
+        k: v for k, v in plan.items() if k not in advice
+    }
     assert meta["unit"] == "event" and meta["format"] == FORMAT and meta["rounded"] is True
     assert oct(sidecar_path(out).stat().st_mode & 0o777) == oct(out.stat().st_mode & 0o777)
     # a file that is not a sidecar is never overwritten
     other = tmp_path / "o.jsonl"
     sidecar_path(other).write_text("precious")
-    assert main(["run", "-q", *opts, "--key-file", str(key), "-i", str(tmp_path / "ev.jsonl"),
-                 "-o", str(other), *own_ledger(other)]) == 1
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                *opts,
+                "--key-file",
+                str(key),
+                "-i",
+                str(tmp_path / "ev.jsonl"),
+                "-o",
+                str(other),
+                *own_ledger(other),
+            ]
+        )
+        == 1
+    )
     assert sidecar_path(other).read_text() == "precious"
     assert not other.exists()  # refused before the output was created
     assert "refusing to overwrite" in capsys.readouterr().err
@@ -448,10 +501,34 @@ def test_run_view_serves_the_run_then_stops_on_ctrl_c(tmp_path):
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dpstream", "run", "-q", "-m", "unknown", "-T", "40",
-         "--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key),
-         "-i", str(tmp_path / "ev.jsonl"), "-o", str(out), "--view"],
-        stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "dpstream",
+            "run",
+            "-q",
+            "-m",
+            "unknown",
+            "-T",
+            "40",
+            "--max-items",
+            "2",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--key-file",
+            str(key),
+            "-i",
+            str(tmp_path / "ev.jsonl"),
+            "-o",
+            str(out),
+            "--view",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         url = None
         for line in proc.stderr:
@@ -475,8 +552,25 @@ def test_run_view_needs_a_jsonl_file(tmp_path, capsys):
     key = tmp_path / "k.key"
     assert main(["keygen", str(key)]) == 0
     _events(tmp_path / "ev.jsonl", 5)
-    base = ["run", "-q", "-m", "unknown", "-T", "5", "--max-items", "2", "--epsilon", "1",
-            "--delta", "1e-6", "--key-file", str(key), "-i", str(tmp_path / "ev.jsonl"), "--view"]
+    base = [
+        "run",
+        "-q",
+        "-m",
+        "unknown",
+        "-T",
+        "5",
+        "--max-items",
+        "2",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--key-file",
+        str(key),
+        "-i",
+        str(tmp_path / "ev.jsonl"),
+        "--view",
+    ]
     assert main(base) == 1
     assert main([*base, "-o", str(tmp_path / "r.csv")]) == 1
     assert "--view needs --output FILE" in capsys.readouterr().err

@@ -30,14 +30,25 @@ pytestmark = pytest.mark.browser
 _REQUIRED = os.environ.get("DPSTREAM_REQUIRE_BROWSER") == "1"
 
 #: Flags for a headless Chromium that never talks to the network on its own.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _chromium() -> str | None:
-    for name in (os.environ.get("DPSTREAM_CHROMIUM"), "/usr/bin/chromium", "chromium",
-                 "chromium-browser"):
+    for name in (
+        os.environ.get("DPSTREAM_CHROMIUM"),
+        "/usr/bin/chromium",
+        "chromium",
+        "chromium-browser",
+    ):
         if name and (found := shutil.which(name)):
             return found
     return None
@@ -53,8 +64,9 @@ except ImportError:
 CHROMIUM = _chromium()
 if CHROMIUM is None:
     if _REQUIRED:
-        raise RuntimeError("DPSTREAM_REQUIRE_BROWSER=1 but no chromium on PATH "
-                           "(apt-get install chromium)")
+        raise RuntimeError(
+            "DPSTREAM_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install chromium)"
+        )
     pytest.skip("no Chromium (apt-get install chromium)", allow_module_level=True)
 
 EVIL_SCRIPT = "<script>window.__pwned = 1</script>"
@@ -62,8 +74,10 @@ EVIL_IMG = '<img src=x onerror="window.__pwned = 2">'
 
 
 def _line(t: int, released: dict, std: float) -> str:
-    return json.dumps({"t": t, "released": released, "meta": {"noise_std": std}},
-                      ensure_ascii=False) + "\n"
+    return (
+        json.dumps({"t": t, "released": released, "meta": {"noise_std": std}}, ensure_ascii=False)
+        + "\n"
+    )
 
 
 def _release(t: int) -> dict:
@@ -83,7 +97,8 @@ def _rows(page) -> list[tuple[str, float, str]]:
     return page.eval_on_selector_all(
         "#dp-top li.row",
         "els => els.map(e => [e.querySelector('.name').textContent, "
-        "Number(e.dataset.value), e.querySelector('.value').textContent])")
+        "Number(e.dataset.value), e.querySelector('.value').textContent])",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +111,21 @@ def browser():
 
 def test_page_follows_the_file_and_shows_names_as_text(browser, tmp_path):
     path = tmp_path / "releases.jsonl"
-    path.write_text("".join(_line(t, _release(t), 1.5 + t / 100) for t in range(1, 31)),
-                    encoding="utf-8")
-    write_run_meta(path, {"format": FORMAT, "horizon": 100, "mechanism": "known",
-                          "algorithm": "KnownBase", "base": 4, "unit": "event",
-                          "privacy": {"rho": 0.02, "epsilon": 1.0, "delta": 1e-6}})
+    path.write_text(
+        "".join(_line(t, _release(t), 1.5 + t / 100) for t in range(1, 31)), encoding="utf-8"
+    )
+    write_run_meta(
+        path,
+        {
+            "format": FORMAT,
+            "horizon": 100,
+            "mechanism": "known",
+            "algorithm": "KnownBase",
+            "base": 4,
+            "unit": "event",
+            "privacy": {"rho": 0.02, "epsilon": 1.0, "delta": 1e-6},
+        },
+    )
     server = ViewServer(ViewModel(path, top=10), poll=0.1).start()
     # bypass_csp: the page's Content-Security-Policy would block a planted script even if
     # a name were not escaped; without it, this test checks the escaping itself (and lets
@@ -133,8 +158,9 @@ def test_page_follows_the_file_and_shows_names_as_text(browser, tmp_path):
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(_line(31, _release(31), 1.81))
             fh.write(_line(32, _release(32), 1.82))
-        page.wait_for_function("document.getElementById('dp-t').textContent === '32'",
-                               timeout=30_000)
+        page.wait_for_function(
+            "document.getElementById('dp-t').textContent === '32'", timeout=30_000
+        )
         assert [(n, v) for n, v, _ in _rows(page)] == _expected_top(_release(32), 10)
 
         # clicking an item shows its history (every step, from a parse of the whole file)
@@ -170,8 +196,7 @@ def test_page_says_the_file_is_missing(browser, tmp_path):
         page.goto(server.url)
         assert "does not exist" in page.inner_text("#dp-header")
         Path(tmp_path / "later.jsonl").write_text(_line(1, {"a": 3}, 1.0))
-        page.wait_for_function("document.querySelector('#dp-top li.row') !== null",
-                               timeout=2000)
+        page.wait_for_function("document.querySelector('#dp-top li.row') !== null", timeout=2000)
         assert _rows(page) == [["a", 3, "3"]]
     finally:
         page.close()

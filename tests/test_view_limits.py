@@ -28,8 +28,9 @@ SECRET = "secret-item"
 
 def _server(tmp_path, **kwargs) -> ViewServer:
     path = tmp_path / "r.jsonl"
-    path.write_text(json.dumps({"t": 1, "released": {SECRET: 7, "other": 3},
-                                "meta": {"noise_std": 1.0}}) + "\n")
+    path.write_text(
+        json.dumps({"t": 1, "released": {SECRET: 7, "other": 3}, "meta": {"noise_std": 1.0}}) + "\n"
+    )
     return ViewServer(ViewModel(path), poll=0.05, **kwargs).start()
 
 
@@ -149,8 +150,9 @@ def test_stalled_and_trickling_clients_are_dropped_and_their_threads_end(tmp_pat
             sock.sendall([b"", b"GET /api/st", b"GET /api/state HTTP/1.1\r\nHost: x\r\n"][i % 3])
             socks.append(sock)
         _wait_all_closed(socks)
-        _wait_for(lambda: not _new_threads(before),
-                  "back to the threads before the stalled clients")
+        _wait_for(
+            lambda: not _new_threads(before), "back to the threads before the stalled clients"
+        )
         # one byte every 50 ms never times out a single read: the deadline is on the whole
         trickle = socket.create_connection(_address(server), timeout=DEADLINE)
         socks.append(trickle)
@@ -230,8 +232,10 @@ def test_connections_beyond_the_cap_get_503_and_threads_stay_bounded(tmp_path):
             extra = socket.create_connection(_address(server), timeout=DEADLINE)
             socks.append(extra)
             answer = _rest(extra, b"")
-            assert answer.startswith(b"HTTP/1.0 503 ") and \
-                f"Retry-After: {RETRY_AFTER}".encode() in answer
+            assert (
+                answer.startswith(b"HTTP/1.0 503 ")
+                and f"Retry-After: {RETRY_AFTER}".encode() in answer
+            )
             assert len(_new_threads(before)) <= 4
         socks[0].close()  # one leaves: a request is served again
         _wait_for(lambda: _status(server, "/api/state") == 200, "a connection slot freed")
@@ -250,8 +254,13 @@ def test_a_foreign_host_or_origin_gets_403_and_no_data(tmp_path):
     host, port = _address(server)
     try:
         for path in ("/api/state", "/", "/events"):  # a DNS-rebinding page's requests
-            for name in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}",
-                         f"localhost.evil.example:{port}", "box.lan.evil"):
+            for name in (
+                "evil.example",
+                f"evil.example:{port}",
+                f"127.0.0.1.evil.example:{port}",
+                f"localhost.evil.example:{port}",
+                "box.lan.evil",
+            ):
                 status, _, body = _get(server, path, Host=name)
                 assert status == 403, (path, name)
                 assert SECRET.encode() not in body and b"released" not in body
@@ -259,13 +268,20 @@ def test_a_foreign_host_or_origin_gets_403_and_no_data(tmp_path):
             status, _, body = _get(server, "/api/state", Host=f"{host}:{port}", Origin=origin)
             assert status == 403 and SECRET.encode() not in body, origin
         assert _get(server, "/api/state", Host=f"{host}:{port}")[0] == 200
-        for name in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost", "LOCALHOST:1234",
-                     f"[::1]:{port}", f"box.lan:{port}"):
+        for name in (
+            f"localhost:{port}",
+            f"127.0.0.1:{port}",
+            "localhost",
+            "LOCALHOST:1234",
+            f"[::1]:{port}",
+            f"box.lan:{port}",
+        ):
             status, _, body = _get(server, "/api/state", Host=name)
             assert status == 200, name
             assert [e["item"] for e in json.loads(body)["top"]] == [SECRET, "other"]
-        status, _, _ = _get(server, "/api/state", Host=f"localhost:{port}",
-                            Origin=f"http://localhost:{port}")
+        status, _, _ = _get(
+            server, "/api/state", Host=f"localhost:{port}", Origin=f"http://localhost:{port}"
+        )
         assert status == 200
         # no stream was opened for a refused /events: none is left holding a thread
         _wait_for(lambda: not _new_threads(before), "every request's thread gone")
@@ -277,8 +293,9 @@ def test_two_host_headers_are_a_bad_request(tmp_path):
     server = _server(tmp_path)
     try:
         with socket.create_connection(_address(server), timeout=DEADLINE) as sock:
-            sock.sendall(b"GET /api/state HTTP/1.1\r\n"
-                         b"Host: localhost\r\nHost: evil.example\r\n\r\n")
+            sock.sendall(
+                b"GET /api/state HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n"
+            )
             head, rest = _head(sock)
             assert head.startswith(b"HTTP/1.0 400 ")
             assert SECRET.encode() not in _rest(sock, rest)
@@ -286,17 +303,30 @@ def test_two_host_headers_are_a_bad_request(tmp_path):
         server.stop()
 
 
-@pytest.mark.parametrize(("value", "bound", "ok"), [
-    ("localhost", "127.0.0.1", True), ("localhost:8000", "127.0.0.1", True),
-    ("127.0.0.1:8000", "127.0.0.1", True), ("[::1]:8000", "::1", True),
-    ("127.0.0.1", "0.0.0.0", True), ("192.0.2.7:8000", "0.0.0.0", True),
-    ("192.0.2.7:8000", "192.0.2.7", True), ("192.0.2.8:8000", "192.0.2.7", False),
-    ("192.0.2.7:8000", "127.0.0.1", False), ("[2001:db8::1]:80", "::", True),
-    ("evil.example", "0.0.0.0", False), ("localhost.", "127.0.0.1", False),
-    ("localhost:80:80", "127.0.0.1", False), ("localhost:", "127.0.0.1", False),
-    ("[::1", "127.0.0.1", False), ("::1", "127.0.0.1", False), ("", "127.0.0.1", False),
-    ("localhost:８０", "127.0.0.1", False), ("localhost evil.example", "127.0.0.1", False),
-])
+@pytest.mark.parametrize(
+    ("value", "bound", "ok"),
+    [
+        ("localhost", "127.0.0.1", True),
+        ("localhost:8000", "127.0.0.1", True),
+        ("127.0.0.1:8000", "127.0.0.1", True),
+        ("[::1]:8000", "::1", True),
+        ("127.0.0.1", "0.0.0.0", True),
+        ("192.0.2.7:8000", "0.0.0.0", True),
+        ("192.0.2.7:8000", "192.0.2.7", True),
+        ("192.0.2.8:8000", "192.0.2.7", False),
+        ("192.0.2.7:8000", "127.0.0.1", False),
+        ("[2001:db8::1]:80", "::", True),
+        ("evil.example", "0.0.0.0", False),
+        ("localhost.", "127.0.0.1", False),
+        ("localhost:80:80", "127.0.0.1", False),
+        ("localhost:", "127.0.0.1", False),
+        ("[::1", "127.0.0.1", False),
+        ("::1", "127.0.0.1", False),
+        ("", "127.0.0.1", False),
+        ("localhost:８０", "127.0.0.1", False),
+        ("localhost evil.example", "127.0.0.1", False),
+    ],
+)
 def test_host_allowed_accepts_this_machine_only(value, bound, ok):
     assert host_allowed(value, bound) is ok
 

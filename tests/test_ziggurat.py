@@ -63,8 +63,7 @@ def test_table_is_the_equal_area_ziggurat():
         # f at the edges: F was rounded from f(x) at the exact edge, x from the same
         # edge; exp(-x^2/2) moves by x^2 times x's relative rounding (<= 1.1e-16),
         # plus an ulp or so of each rounding and of libm
-        assert math.isclose(F[i], math.exp(-0.5 * X[i] ** 2),
-                            rel_tol=(X[i] ** 2 + 4) * 1.2e-16), i
+        assert math.isclose(F[i], math.exp(-0.5 * X[i] ** 2), rel_tol=(X[i] ** 2 + 4) * 1.2e-16), i
     base = R * math.exp(-0.5 * R * R) + math.sqrt(math.pi / 2) * math.erfc(R / math.sqrt(2))
     assert math.isclose(base, AREA, rel_tol=1e-15)
     assert math.isclose(X[0], AREA / F[1], rel_tol=1e-15)
@@ -179,8 +178,9 @@ def test_every_branch_matches_the_reference(tiny_chunks):
     address = random_address(rng)
     blocks = [ref.block(i, *address) for i in ids]
     want = [ref.normal(b) for b in blocks]
-    branches = {name: sum(1 for _, b in want if b == name) for name in
-                ("fast", "tail", "wedge", "restart")}
+    branches = {
+        name: sum(1 for _, b in want if b == name) for name in ("fast", "tail", "wedge", "restart")
+    }
     # 30,000 draws: ~98.5% fast, ~0.15% tail (~45), ~1% wedge, restarts ~0.3%:
     # every branch is exercised
     assert all(count > 0 for count in branches.values()), branches
@@ -283,8 +283,10 @@ def region_cdf(i: int, x: np.ndarray) -> np.ndarray:
         t = np.minimum(t, xi)
         below = np.minimum(t, xn) / xi
         band = np.maximum(t, xn)
-        wedge = (math.sqrt(math.pi / 2) * (erf(band / math.sqrt(2)) - erf(xn / math.sqrt(2)))
-                 - fi * (band - xn)) / (xi * df)
+        wedge = (
+            math.sqrt(math.pi / 2) * (erf(band / math.sqrt(2)) - erf(xn / math.sqrt(2)))
+            - fi * (band - xn)
+        ) / (xi * df)
         return below + wedge
 
     rejected = 1 - float(accepted(np.array(xi)))
@@ -333,8 +335,10 @@ def test_the_tail_is_the_normal_tail_and_an_approximate_one_is_rejected():
     # P(tail | region 0) = tail area / region area = 2 P(Z > r) * sqrt(pi / 2) / v
     share = TAIL * math.sqrt(2 * math.pi) / AREA
     assert abs(m / n - share) < 6 * math.sqrt(share / n)
+
     def cdf(x):
         return 1 - ndtr(-x) / TAIL
+
     bound = math.sqrt(math.log(2 / 1e-6) / (2 * m))
     assert stats.kstest(tail, cdf).statistic < bound
     approx = R + rng.exponential(1 / R, m)
@@ -365,11 +369,12 @@ def test_mechanisms_draw_version_2_unless_told_and_version_1_is_the_inverse_cdf(
     release is count + sqrt(L) tau ndtri(u) of the leaf cell (1, 1)."""
     key = fixed_key("zig-mech")
     domain = ["a", "b", "c"]
-    old = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree",
-                               noise_version=1)
+    old = KnownDomainHistogram(
+        domain, 64, max_items=1, key=key, rho=1.0, counter="tree", noise_version=1
+    )
     new = KnownDomainHistogram(domain, 64, max_items=1, key=key, rho=1.0, counter="tree")
     assert new.noise_version == 2 and new.tree_purpose.startswith("/v2/")
-    assert old.noise_version == 1 and old.tree_purpose == new.tree_purpose[len("/v2/"):]
+    assert old.noise_version == 1 and old.tree_purpose == new.tree_purpose[len("/v2/") :]
     counts = np.array([3, 0, 7])
     r_old, r_new = old.release(1, counts), new.release(1, counts)
     src = NoiseSource(key, old.tree_purpose)
@@ -403,10 +408,13 @@ def test_a_close_wedge_test_is_decided_the_same_whatever_the_last_bit_of_exp(mon
     ks = [int(limit) + d for d in (5, 1000, 123_456)]  # just past the fast path
     # one 2^-53 step of v moves the height by (f_i+1 - f_i) 2^-53, ~1/170 of an ulp
     # of f here: steps of 170 put heights about -3..+3 ulps around f(x)
-    blocks = np.concatenate([_wedge_block(region, k, nudge) for k in ks
-                             for nudge in range(-510, 511, 170)])
+    blocks = np.concatenate(
+        [_wedge_block(region, k, nudge) for k in ks for nudge in range(-510, 511, 170)]
+    )
+
     def restart(rows):
         return np.full(len(rows), 7 << 11, dtype=np.uint64)
+
     results = []
     for shift in (None, np.inf, -np.inf):
         if shift is not None:

@@ -70,7 +70,7 @@ def write(fh: IO[Any], data: Any) -> None:
     target = _target()
     if target is not None and target[0] in ("write", "torn") and _reached("write", target[1]):
         if target[0] == "torn":
-            fh.write(data[:len(data) // 2])
+            fh.write(data[: len(data) // 2])
             fh.flush()
         _die()
     fh.write(data)
@@ -83,9 +83,9 @@ def write_fd(fd: int, data: bytes) -> None:
     target = _target()
     if target is not None and target[0] in ("write", "torn") and _reached("write", target[1]):
         if target[0] == "torn":
-            half = view[:len(view) // 2]
+            half = view[: len(view) // 2]
             while half:
-                half = half[os.write(fd, half):]
+                half = half[os.write(fd, half) :]
         _die()
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

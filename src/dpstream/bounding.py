@@ -104,16 +104,19 @@ class UserBounds:
     max_count_per_item: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "max_items_per_user",
-                           check_int("max_items_per_user", self.max_items_per_user, 1))
-        object.__setattr__(self, "max_count_per_item",
-                           check_int("max_count_per_item", self.max_count_per_item, 1))
+        object.__setattr__(
+            self, "max_items_per_user", check_int("max_items_per_user", self.max_items_per_user, 1)
+        )
+        object.__setattr__(
+            self, "max_count_per_item", check_int("max_count_per_item", self.max_count_per_item, 1)
+        )
 
     @property
     def unit(self) -> UnitBound:
         """The user as a :class:`UnitBound` (L0 items, Linf per item)."""
-        return UnitBound(items=self.max_items_per_user, per_item=self.max_count_per_item,
-                         unit="user")
+        return UnitBound(
+            items=self.max_items_per_user, per_item=self.max_count_per_item, unit="user"
+        )
 
     def tag(self) -> str:
         """A short text for noise purposes and run parameters (``"user:L0xLinf"``)."""
@@ -126,8 +129,9 @@ class UserBounds:
         return f"each user counted for at most {n} item{'s' if n > 1 else ''}, at most {times} each"
 
 
-def resolve_user_bounds(max_items_per_user: object, max_count_per_item: object
-                        ) -> UserBounds | None:
+def resolve_user_bounds(
+    max_items_per_user: object, max_count_per_item: object
+) -> UserBounds | None:
     """The :class:`UserBounds` of a mechanism's keyword arguments, or None (event level).
 
     Both are given (user level) or neither (event level): one alone is an error,
@@ -138,8 +142,10 @@ def resolve_user_bounds(max_items_per_user: object, max_count_per_item: object
         return None
     if max_items_per_user is None or max_count_per_item is None:
         missing = "max_items_per_user" if max_items_per_user is None else "max_count_per_item"
-        raise ValueError(f"user-level privacy needs max_items_per_user= and "
-                         f"max_count_per_item= together (missing {missing}=)")
+        raise ValueError(
+            f"user-level privacy needs max_items_per_user= and "
+            f"max_count_per_item= together (missing {missing}=)"
+        )
     return UserBounds(max_items_per_user, max_count_per_item)  # type: ignore[arg-type]
 
 
@@ -183,8 +189,11 @@ def unit_sensitivity(max_column_norm: float, items: int, per_item: int = 1) -> f
     """
     if not (math.isfinite(max_column_norm) and max_column_norm >= 0):
         raise ValueError(f"max_column_norm must be finite and >= 0, got {max_column_norm!r}")
-    return math.sqrt(check_int("items", items, 1)) * check_int("per_item", per_item, 1) \
+    return (
+        math.sqrt(check_int("items", items, 1))
+        * check_int("per_item", per_item, 1)
         * float(max_column_norm)
+    )
 
 
 class UserHasher:
@@ -209,8 +218,9 @@ class UserHasher:
         try:
             data = encode_item(user)
         except TypeError:
-            raise TypeError(f"a user id must be a str, int or bytes, got "
-                            f"{type(user).__name__}") from None
+            raise TypeError(
+                f"a user id must be a str, int or bytes, got {type(user).__name__}"
+            ) from None
         return hashlib.blake2b(data, key=self._hash_key, digest_size=16).digest()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -284,8 +294,9 @@ class ContributionBounder:
         """A copy of the kept counts of one user (item -> count). Not private."""
         return dict(self._users.get(user_hash, {}))
 
-    def bound(self, events: Iterable[tuple[bytes, Sequence[Hashable]]]
-              ) -> tuple[list[tuple[Hashable, ...]], _Pending]:
+    def bound(
+        self, events: Iterable[tuple[bytes, Sequence[Hashable]]]
+    ) -> tuple[list[tuple[Hashable, ...]], _Pending]:
         """The kept items of each event, in order, and the pending state change.
 
         Args:
@@ -343,5 +354,7 @@ class ContributionBounder:
 
     def __repr__(self) -> str:
         b = self.bounds
-        return (f"ContributionBounder(max_items_per_user={b.max_items_per_user}, "
-                f"max_count_per_item={b.max_count_per_item}, users={len(self)})")
+        return (
+            f"ContributionBounder(max_items_per_user={b.max_items_per_user}, "
+            f"max_count_per_item={b.max_count_per_item}, users={len(self)})"
+        )

@@ -83,45 +83,66 @@ state: with --state, a killed run resumes where it stopped when run again with
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpstream`` argument parser (every option's help states its default)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback on an error (default: off)")
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the full traceback on an error (default: off)",
+    )
     parser = argparse.ArgumentParser(
-        prog=PROG, parents=[common],
+        prog=PROG,
+        parents=[common],
         description="Differentially private histograms and top-k lists under continual "
-                    "observation: a private release at every time step of an event stream.",
+        "observation: a private release at every time step of an event stream.",
         epilog="Start with `dpstream demo`. Each command's --help lists its options.",
     )
-    parser.add_argument("--version", action="store_true",
-                        help="print the version and exit (default: off)")
+    parser.add_argument(
+        "--version", action="store_true", help="print the version and exit (default: off)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser(
-        "run", parents=[common], help="release a private histogram at every step of a stream",
+        "run",
+        parents=[common],
+        help="release a private histogram at every step of a stream",
         description="Read events, release at every time step, write the releases. Options may "
-                    "also come from a TOML file (--config); flags override it.",
-        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "also come from a TOML file (--config); flags override it.",
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--config", metavar="FILE.toml", default=None,
-                     help="TOML file with any of these options, named as the long flags "
-                          "(e.g. horizon = 1000, max-items = 3) (default: none)")
+    run.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="TOML file with any of these options, named as the long flags "
+        "(e.g. horizon = 1000, max-items = 3) (default: none)",
+    )
     add_options(run, MECH_OPTS + RUN_OPTS)
 
     plan = sub.add_parser(
-        "plan", parents=[common], help="show what a budget buys before spending it",
+        "plan",
+        parents=[common],
+        help="show what a budget buys before spending it",
         description="Print tau, the tree base and why, the noise at the worst step, the "
-                    "95% interval of a count, the discovery threshold (unknown domain), "
-                    "top-k's switches and eta; or, with --target-error, the budget needed.",
+        "95% interval of a count, the discovery threshold (unknown domain), "
+        "top-k's switches and eta; or, with --target-error, the budget needed.",
     )
-    plan.add_argument("--config", metavar="FILE.toml", default=None,
-                      help="TOML file with the mechanism options; a file written for `run` "
-                           "works, its run-only options are ignored (default: none)")
+    plan.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="TOML file with the mechanism options; a file written for `run` "
+        "works, its run-only options are ignored (default: none)",
+    )
     add_options(plan, MECH_OPTS + PLAN_OPTS)
 
     demo = sub.add_parser(
-        "demo", parents=[common], help="run on a bundled real dataset and a synthetic stream",
+        "demo",
+        parents=[common],
+        help="run on a bundled real dataset and a synthetic stream",
         description="Run a mechanism on the bundled FAA wildlife-strike reports and on a "
-                    "simulated Zipf stream; print the top items, true against private, and "
-                    "plot them over time.",
+        "simulated Zipf stream; print the top items, true against private, and "
+        "plot them over time.",
     )
     from .demo import add_demo_options
 
@@ -131,28 +152,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_view_parser(sub, parents=[common])
 
-    keygen = sub.add_parser("keygen", parents=[common], help="write a new secret noise key",
-                            description="Write a new 32-byte key from the OS CSPRNG to PATH "
-                                        "(mode 0600; never overwrites).")
+    keygen = sub.add_parser(
+        "keygen",
+        parents=[common],
+        help="write a new secret noise key",
+        description="Write a new 32-byte key from the OS CSPRNG to PATH "
+        "(mode 0600; never overwrites).",
+    )
     keygen.add_argument("path", metavar="PATH", help="where to write the key (required)")
 
     reproduce = sub.add_parser(
-        "reproduce", parents=[common], help="regenerate the paper's figures and a report",
+        "reproduce",
+        parents=[common],
+        help="regenerate the paper's figures and a report",
         description="Run the paper's experiments (base of the tree, continual top-1 on a Zipf "
-                    "stream, unknown domain, error against epsilon) and write PNG figures and "
-                    "REPORT.md, whose claim checks are computed from the run. Simulation mode: "
-                    "per-trial keys derived from a documented seed.",
+        "stream, unknown domain, error against epsilon) and write PNG figures and "
+        "REPORT.md, whose claim checks are computed from the run. Simulation mode: "
+        "per-trial keys derived from a documented seed.",
     )
-    reproduce.add_argument("--out", metavar="DIR", default="reproduction",
-                           help="directory for the figures and REPORT.md (default: reproduction)")
-    reproduce.add_argument("--trials", metavar="N", type=int, default=None,
-                           help="trials of every simulated figure (default: the paper's, e.g. "
-                                "1000 for the top-1 figure; fewer with --quick)")
-    reproduce.add_argument("--quick", action="store_true",
-                           help="few trials, under two minutes (default: off, the full run "
-                                "takes about ten minutes on 2 cores)")
-    reproduce.add_argument("--quiet", "-q", action="store_true",
-                           help="no progress on stderr (default: show progress)")
+    reproduce.add_argument(
+        "--out",
+        metavar="DIR",
+        default="reproduction",
+        help="directory for the figures and REPORT.md (default: reproduction)",
+    )
+    reproduce.add_argument(
+        "--trials",
+        metavar="N",
+        type=int,
+        default=None,
+        help="trials of every simulated figure (default: the paper's, e.g. "
+        "1000 for the top-1 figure; fewer with --quick)",
+    )
+    reproduce.add_argument(
+        "--quick",
+        action="store_true",
+        help="few trials, under two minutes (default: off, the full run "
+        "takes about ten minutes on 2 cores)",
+    )
+    reproduce.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress on stderr (default: show progress)"
+    )
     return parser
 
 
@@ -174,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stdout)
             return 0
-        handler = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo,
-                   "keygen": cmd_keygen, "reproduce": cmd_reproduce,
-                   "view": cmd_view}[args.command]
+        handler = {
+            "run": cmd_run,
+            "plan": cmd_plan,
+            "demo": cmd_demo,
+            "keygen": cmd_keygen,
+            "reproduce": cmd_reproduce,
+            "view": cmd_view,
+        }[args.command]
         return handler(args)
     except KeyboardInterrupt:
         if debug:
@@ -202,12 +247,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Library words in messages, and the command-line words a user typed instead.
-_FLAG_WORDS = {"rho": "--rho", "epsilon": "--epsilon", "delta": "--delta", "tau": "--tau",
-               "threshold_delta": "--threshold-delta", "max_items": "--max-items",
-               "horizon": "--horizon", "base": "--base", "k": "--k", "kbar": "--kbar",
-               "switches": "--switches", "eta": "--eta", "stream": "--stream",
-               "counter": "--counter", "max_items_per_user": "--max-items-per-user",
-               "max_count_per_item": "--max-count-per-item"}
+_FLAG_WORDS = {
+    "rho": "--rho",
+    "epsilon": "--epsilon",
+    "delta": "--delta",
+    "tau": "--tau",
+    "threshold_delta": "--threshold-delta",
+    "max_items": "--max-items",
+    "horizon": "--horizon",
+    "base": "--base",
+    "k": "--k",
+    "kbar": "--kbar",
+    "switches": "--switches",
+    "eta": "--eta",
+    "stream": "--stream",
+    "counter": "--counter",
+    "max_items_per_user": "--max-items-per-user",
+    "max_count_per_item": "--max-count-per-item",
+}
 
 
 def _user_words(msg: str) -> str:
@@ -243,8 +300,11 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
     key = NoiseKey.generate()
     key.save(args.path)
-    print(f"wrote a new key to {args.path} (mode 0600, fingerprint {key.fingerprint()}); "
-          "keep it secret: it decrypts the noise", file=sys.stderr)
+    print(
+        f"wrote a new key to {args.path} (mode 0600, fingerprint {key.fingerprint()}); "
+        "keep it secret: it decrypts the noise",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -254,8 +314,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.trials is not None and args.trials < 1:
         raise ValueError(f"--trials must be >= 1, got {args.trials}")
     try:
-        path = reproduce(args.out, trials=args.trials, quick=args.quick,
-                         progress=not args.quiet)
+        path = reproduce(args.out, trials=args.trials, quick=args.quick, progress=not args.quiet)
     except RuntimeError as exc:  # an experiment failed; REPORT.md still says which
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
@@ -309,8 +368,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             mech = build_mechanism(name, opts, key, domain)
     used = fixed if target is not None else opts  # the options the mechanism was built from
     info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
-    choice = top_k_choice(name, {**opts, "tau": mech.tau, "delta": None} if target is not None
-                          else opts, key, domain)
+    choice = top_k_choice(
+        name, {**opts, "tau": mech.tau, "delta": None} if target is not None else opts, key, domain
+    )
     if choice is not None:
         info["choice"] = choice.reason
         info["top_k"] = choice.name
@@ -323,7 +383,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         budget = {"tau": mech.tau, "delta": None} if target is not None else {}
         info["coarser_steps"] = planning.coarser_steps(
             lambda h: build_mechanism(name, {**used, **budget, "horizon": h}, key, domain),
-            int(mech.horizon))
+            int(mech.horizon),
+        )
     if name == "top-k" and choice is None and opts.get("tau") is None and target is None:
         # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
         # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho

@@ -37,8 +37,10 @@ _MONTHS = re.compile(r"(\d+)mo")
 def _ambiguous(text: str) -> None:
     """Refuse ``M`` (minutes or months?) with the two ways to say each."""
     if re.search(r"\dM(?![oOiI])", str(text).replace(" ", "")):
-        raise ValueError(f"{text!r}: 'M' is ambiguous (minutes or months?): write 1min (or "
-                         "1m) for minutes, 1mo for calendar months")
+        raise ValueError(
+            f"{text!r}: 'M' is ambiguous (minutes or months?): write 1min (or "
+            "1m) for minutes, 1mo for calendar months"
+        )
 
 
 def parse_duration(text: str) -> _dt.timedelta:
@@ -48,11 +50,9 @@ def parse_duration(text: str) -> _dt.timedelta:
     s = str(text).strip().lower().replace(" ", "")
     parts = _DURATION.findall(s)
     if not s or "".join(a + b for a, b in parts) != s:
-        raise ValueError(f"a duration is written like 1h, 15m, 2h30m, 1d, 1w or 90s, got "
-                         f"{text!r}")
+        raise ValueError(f"a duration is written like 1h, 15m, 2h30m, 1d, 1w or 90s, got {text!r}")
     if any(u == "mo" for _, u in parts):
-        raise ValueError(f"a month is not a fixed duration: {text!r} is only allowed as a "
-                         "--step")
+        raise ValueError(f"a month is not a fixed duration: {text!r} is only allowed as a --step")
     seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if not seconds > 0:
         raise ValueError(f"a duration must be positive, got {text!r}")
@@ -67,8 +67,9 @@ def parse_step(text: str) -> tuple[_dt.timedelta, int]:
     if "mo" in s:
         m = _MONTHS.fullmatch(s)
         if m is None or int(m.group(1)) < 1:
-            raise ValueError(f"a month step is a whole number of months alone, like 1mo or "
-                             f"3mo, got {text!r}")
+            raise ValueError(
+                f"a month step is a whole number of months alone, like 1mo or 3mo, got {text!r}"
+            )
         return _dt.timedelta(0), int(m.group(1))
     return parse_duration(text), 0
 
@@ -86,8 +87,9 @@ def _aware(value: object) -> _dt.datetime:
         except (OverflowError, OSError, ValueError):
             raise ValueError("the epoch timestamp is out of range") from None
     if not isinstance(value, str):
-        raise TypeError(f"a timestamp is an ISO-8601 string or a number of seconds, got "
-                        f"{type(value).__name__}")
+        raise TypeError(
+            f"a timestamp is an ISO-8601 string or a number of seconds, got {type(value).__name__}"
+        )
     text = value.strip()
     if re.fullmatch(r"-?\d+(\.\d+)?", text):
         return _aware(float(text))
@@ -149,7 +151,8 @@ class StepClock:
                 raise ValueError(
                     f"a month step needs --start on day 1 to 28 of its month, so that every "
                     f"step begins on the same day (not every month has a day {local.day}); "
-                    "start on the 1st of the next month for steps of whole calendar months")
+                    "start on the 1st of the next month for steps of whole calendar months"
+                )
         elif self.step <= _dt.timedelta(0):
             raise ValueError("StepClock.step must be > 0 and lateness >= 0")
 
@@ -158,9 +161,13 @@ class StepClock:
         """A clock from command-line text: ``--start``, ``--step`` and ``--lateness``."""
         begin = _aware(start)
         width, months = parse_step(step)
-        return cls(begin.astimezone(_UTC), width,
-                   parse_duration(lateness) if lateness else _dt.timedelta(0),
-                   months=months, zone=begin.tzinfo or _UTC)
+        return cls(
+            begin.astimezone(_UTC),
+            width,
+            parse_duration(lateness) if lateness else _dt.timedelta(0),
+            months=months,
+            zone=begin.tzinfo or _UTC,
+        )
 
     def step_of(self, when: _dt.datetime) -> int:
         """The step an event at ``when`` belongs to (0: before the start)."""
@@ -212,9 +219,13 @@ class StepClock:
         """The clock for the run's sidecar: public settings only (``end`` is None for a
         stream with no planned end, ``horizon`` None)."""
         end = None if horizon is None else self.iso(self.end_of(horizon))
-        return {"start": self.iso(self.start), "step": self.step_text(),
-                "time_zone": self.zone_text(), "end": end,
-                "lateness_seconds": self.lateness.total_seconds()}
+        return {
+            "start": self.iso(self.start),
+            "step": self.step_text(),
+            "time_zone": self.zone_text(),
+            "end": end,
+            "lateness_seconds": self.lateness.total_seconds(),
+        }
 
 
 def steps_until(clock: StepClock, end: object) -> int:
@@ -229,5 +240,6 @@ def steps_until(clock: StepClock, end: object) -> int:
         raise ValueError(
             f"--end {end} is not where a step ends (--step {clock.step_text()} from --start "
             f"{clock.iso(clock.start)}): the nearest ends are {clock.iso(clock.end_of(t))} "
-            f"(--horizon {t}) and {clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})")
+            f"(--horizon {t}) and {clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})"
+        )
     return t

@@ -34,8 +34,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENV", "MIN_ITEMS", "enabled", "loops", "ndtri_check_points", "ndtri_enabled",
-           "numpy_only", "ziggurat", "ziggurat_restarts"]
+__all__ = [
+    "ENV",
+    "MIN_ITEMS",
+    "enabled",
+    "loops",
+    "ndtri_check_points",
+    "ndtri_enabled",
+    "numpy_only",
+    "ziggurat",
+    "ziggurat_restarts",
+]
 
 #: Environment variable: "0" turns the compiled loops off, "1" requires them.
 ENV = "DPSTREAM_COMPILED"
@@ -158,8 +167,9 @@ def numpy_only() -> Iterator[None]:
         _state["loops"] = saved
 
 
-def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarray,
-             close: np.ndarray) -> tuple[int, int, int] | None:
+def ziggurat(
+    blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarray, close: np.ndarray
+) -> tuple[int, int, int] | None:
     """The ziggurat over a chunk, compiled, but for three rare kinds of points.
 
     Writes every block's value into ``out`` (see :func:`dpstream.ziggurat.normals_into`)
@@ -177,8 +187,17 @@ def ziggurat(blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarra
     loops = _loops()
     if loops is None:
         return None
-    return loops.ziggurat(blocks, out, table.scaled, table.limit, table.bottom, table.rise,
-                          pending, close, table.tail_probability)
+    return loops.ziggurat(
+        blocks,
+        out,
+        table.scaled,
+        table.limit,
+        table.bottom,
+        table.rise,
+        pending,
+        close,
+        table.tail_probability,
+    )
 
 
 def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -> bool:
@@ -187,6 +206,9 @@ def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -
     written) when the loops or their ndtri are off."""
     if not ndtri_enabled():
         return False
-    _loops().ziggurat_restarts(np.ascontiguousarray(words, dtype=np.uint64),
-                            np.ascontiguousarray(pending, dtype=np.int64), out)
+    _loops().ziggurat_restarts(
+        np.ascontiguousarray(words, dtype=np.uint64),
+        np.ascontiguousarray(pending, dtype=np.int64),
+        out,
+    )
     return True

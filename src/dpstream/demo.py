@@ -48,40 +48,81 @@ DATASET = "birdstrikes.jsonl.gz"
 
 def add_demo_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``dpstream demo`` (each help states its default)."""
-    parser.add_argument("--out", default="dpstream-demo", metavar="DIR",
-                        help="directory for the PNG plots (default: ./dpstream-demo)")
-    parser.add_argument("--mechanism", choices=("unknown", "known"), default="unknown",
-                        help="mechanism for the real stream: unknown (UnkBase, items not listed "
-                             "in advance) or known (KnownBase over the dataset's item list) "
-                             "(default: unknown)")
-    parser.add_argument("--epsilon", type=float, default=1.0,
-                        help="privacy budget epsilon of each stream (default: 1.0)")
-    parser.add_argument("--delta", type=float, default=1e-6,
-                        help="privacy budget delta of each stream (default: 1e-06)")
-    parser.add_argument("--key-file", default=None, metavar="PATH",
-                        help="use this key instead of a fresh one (default: a new key per run, "
-                             "never written)")
-    parser.add_argument("--top", type=int, default=8,
-                        help="how many top items to show and plot (default: 8)")
-    parser.add_argument("--zipf-items", type=int, default=1000,
-                        help="domain size of the simulated Zipf stream (default: 1000)")
-    parser.add_argument("--zipf-steps", type=int, default=1000,
-                        help="time steps of the simulated stream (default: 1000)")
-    parser.add_argument("--zipf-events", type=int, default=20,
-                        help="events per step of the simulated stream (default: 20)")
-    parser.add_argument("--zipf-exponent", type=float, default=1.1,
-                        help="Zipf exponent s, item i drawn with probability ~ i^-s "
-                             "(default: 1.1)")
-    parser.add_argument("--seed", type=int, default=2024,
-                        help="seed of the NumPy generator of the simulated data only "
-                             "(default: 2024)")
-    parser.add_argument("--no-plot", action="store_true",
-                        help="skip the PNG plots (default: off)")
-    parser.add_argument("--write-events", default=None, metavar="PATH",
-                        help="write the bundled real stream (FAA wildlife strike reports, "
-                             "one JSON line per report, t = the week, horizon 656, at most 2 "
-                             "items per event) to PATH as sample input for `dpstream run`, "
-                             "and stop (default: off)")
+    parser.add_argument(
+        "--out",
+        default="dpstream-demo",
+        metavar="DIR",
+        help="directory for the PNG plots (default: ./dpstream-demo)",
+    )
+    parser.add_argument(
+        "--mechanism",
+        choices=("unknown", "known"),
+        default="unknown",
+        help="mechanism for the real stream: unknown (UnkBase, items not listed "
+        "in advance) or known (KnownBase over the dataset's item list) "
+        "(default: unknown)",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=1.0,
+        help="privacy budget epsilon of each stream (default: 1.0)",
+    )
+    parser.add_argument(
+        "--delta",
+        type=float,
+        default=1e-6,
+        help="privacy budget delta of each stream (default: 1e-06)",
+    )
+    parser.add_argument(
+        "--key-file",
+        default=None,
+        metavar="PATH",
+        help="use this key instead of a fresh one (default: a new key per run, never written)",
+    )
+    parser.add_argument(
+        "--top", type=int, default=8, help="how many top items to show and plot (default: 8)"
+    )
+    parser.add_argument(
+        "--zipf-items",
+        type=int,
+        default=1000,
+        help="domain size of the simulated Zipf stream (default: 1000)",
+    )
+    parser.add_argument(
+        "--zipf-steps",
+        type=int,
+        default=1000,
+        help="time steps of the simulated stream (default: 1000)",
+    )
+    parser.add_argument(
+        "--zipf-events",
+        type=int,
+        default=20,
+        help="events per step of the simulated stream (default: 20)",
+    )
+    parser.add_argument(
+        "--zipf-exponent",
+        type=float,
+        default=1.1,
+        help="Zipf exponent s, item i drawn with probability ~ i^-s (default: 1.1)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=2024,
+        help="seed of the NumPy generator of the simulated data only (default: 2024)",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots (default: off)")
+    parser.add_argument(
+        "--write-events",
+        default=None,
+        metavar="PATH",
+        help="write the bundled real stream (FAA wildlife strike reports, "
+        "one JSON line per report, t = the week, horizon 656, at most 2 "
+        "items per event) to PATH as sample input for `dpstream run`, "
+        "and stop (default: off)",
+    )
 
 
 def write_sample_events(path: str) -> int:
@@ -106,8 +147,9 @@ def load_birdstrikes() -> tuple[int, list[tuple[int, list[str]]]]:
     return max(t for t, _ in events), events
 
 
-def zipf_stream(*, items: int, steps: int, events_per_step: int, exponent: float,
-                seed: int) -> Iterator[list[list[str]]]:
+def zipf_stream(
+    *, items: int, steps: int, events_per_step: int, exponent: float, seed: int
+) -> Iterator[list[list[str]]]:
     """Simulated steps: each event holds 1-3 distinct items drawn from a Zipf law.
 
     Simulation only (seeded NumPy generator); the release noise is keyed.
@@ -121,7 +163,7 @@ def zipf_stream(*, items: int, steps: int, events_per_step: int, exponent: float
         draws = rng.choice(items, size=int(sizes.sum()), p=p)
         step, pos = [], 0
         for n in sizes:
-            step.append([names[j] for j in dict.fromkeys(draws[pos:pos + n].tolist())])
+            step.append([names[j] for j in dict.fromkeys(draws[pos : pos + n].tolist())])
             pos += n
         yield step
 
@@ -142,8 +184,9 @@ class Trace:
     events: int
 
 
-def _trace(name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[list[list[str]]],
-           horizon: int) -> Trace:
+def _trace(
+    name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[list[list[str]]], horizon: int
+) -> Trace:
     true_now: dict[str, int] = {}
     true: dict[str, np.ndarray] = {}
     private: dict[str, np.ndarray] = {}
@@ -151,8 +194,9 @@ def _trace(name: str, mech: Any, steps: Sequence[list[list[str]]] | Iterator[lis
     from .postprocess import ReadableCounts
 
     # what `dpstream run` publishes by default: rounded, clamped at 0
-    publish = ReadableCounts(round_counts=True, clamp=True,
-                             ranked=not isinstance(getattr(mech, "domain", None), list))
+    publish = ReadableCounts(
+        round_counts=True, clamp=True, ranked=not isinstance(getattr(mech, "domain", None), list)
+    )
     start = time.perf_counter()
     for t, events in enumerate(steps, 1):
         n_events += len(events)
@@ -183,16 +227,30 @@ def _real_trace(mechanism: str, key: Any, epsilon: float, delta: float) -> Trace
     if mechanism == "unknown":
         from .mechanisms.unknown import UnknownDomainHistogram
 
-        mech: Any = UnknownDomainHistogram(horizon, max_items=2, key=key, epsilon=epsilon,
-                                           delta=delta, stream="demo-birdstrikes",
-                                           remember=True, noise_version=NOISE_VERSION)
+        mech: Any = UnknownDomainHistogram(
+            horizon,
+            max_items=2,
+            key=key,
+            epsilon=epsilon,
+            delta=delta,
+            stream="demo-birdstrikes",
+            remember=True,
+            noise_version=NOISE_VERSION,
+        )
     else:
         from .mechanisms.known import KnownDomainHistogram
 
         domain = sorted({i for _, items in events for i in items})
-        mech = KnownDomainHistogram(domain, horizon, max_items=2, key=key, epsilon=epsilon,
-                                    delta=delta, stream="demo-birdstrikes",
-                                    noise_version=NOISE_VERSION)
+        mech = KnownDomainHistogram(
+            domain,
+            horizon,
+            max_items=2,
+            key=key,
+            epsilon=epsilon,
+            delta=delta,
+            stream="demo-birdstrikes",
+            noise_version=NOISE_VERSION,
+        )
     return _trace("FAA wildlife strikes, 1990-2002 (real, weekly steps)", mech, by_step, horizon)
 
 
@@ -200,14 +258,29 @@ def _zipf_trace(args: argparse.Namespace, key: Any) -> Trace:
     from .mechanisms.known import KnownDomainHistogram
 
     domain = [f"item-{i:04d}" for i in range(args.zipf_items)]
-    mech = KnownDomainHistogram(domain, args.zipf_steps, max_items=3, key=key,
-                                epsilon=args.epsilon, delta=args.delta, stream="demo-zipf",
-                                noise_version=NOISE_VERSION)
-    steps = zipf_stream(items=args.zipf_items, steps=args.zipf_steps,
-                        events_per_step=args.zipf_events, exponent=args.zipf_exponent,
-                        seed=args.seed)
-    return _trace(f"Zipf(s={args.zipf_exponent}) over {args.zipf_items} items (simulated)",
-                  mech, steps, args.zipf_steps)
+    mech = KnownDomainHistogram(
+        domain,
+        args.zipf_steps,
+        max_items=3,
+        key=key,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        stream="demo-zipf",
+        noise_version=NOISE_VERSION,
+    )
+    steps = zipf_stream(
+        items=args.zipf_items,
+        steps=args.zipf_steps,
+        events_per_step=args.zipf_events,
+        exponent=args.zipf_exponent,
+        seed=args.seed,
+    )
+    return _trace(
+        f"Zipf(s={args.zipf_exponent}) over {args.zipf_items} items (simulated)",
+        mech,
+        steps,
+        args.zipf_steps,
+    )
 
 
 def _top(trace: Trace, n: int) -> list[str]:
@@ -219,8 +292,9 @@ def _table(trace: Trace, top: list[str]) -> Any:
     from rich.table import Table
 
     mech = trace.mech
-    table = Table(title=f"{trace.name}: top {len(top)} at t = {trace.horizon}",
-                  caption=f"{mech.privacy}")
+    table = Table(
+        title=f"{trace.name}: top {len(top)} at t = {trace.horizon}", caption=f"{mech.privacy}"
+    )
     table.add_column("item")
     table.add_column("true", justify="right")
     table.add_column("private", justify="right")
@@ -256,8 +330,11 @@ def _plot(trace: Trace, top: list[str], path: Path) -> None:
     if isinstance(thr, float):
         ax.axhline(thr, color="grey", lw=0.8, ls=":")
         extra = f"; dotted: threshold m_delta = {thr:.0f}"
-    ax.set_title(f"{trace.name}\nsolid: true, dashed: private ({trace.mech.mechanism_name}, "
-                 f"epsilon = {trace.mech.privacy.epsilon:.3g}){extra}", fontsize=10)
+    ax.set_title(
+        f"{trace.name}\nsolid: true, dashed: private ({trace.mech.mechanism_name}, "
+        f"epsilon = {trace.mech.privacy.epsilon:.3g}){extra}",
+        fontsize=10,
+    )
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -273,9 +350,11 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     if args.write_events:
         lines = write_sample_events(args.write_events)
-        console.print(f"wrote {lines:,} events to {args.write_events} (horizon 656 weeks, at "
-                      "most 2 items per event); try: dpstream run -m unknown --horizon 656 "
-                      "--max-items 2 ...")
+        console.print(
+            f"wrote {lines:,} events to {args.write_events} (horizon 656 weeks, at "
+            "most 2 items per event); try: dpstream run -m unknown --horizon 656 "
+            "--max-items 2 ..."
+        )
         return 0
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
@@ -284,8 +363,10 @@ def run_demo(args: argparse.Namespace) -> int:
         console.print(f"key: {args.key_file} (fingerprint {key.fingerprint()})")
     else:
         key = NoiseKey.generate()
-        console.print(f"key: a fresh key for this run only (fingerprint {key.fingerprint()}), "
-                      "never written; pass --key-file to use yours")
+        console.print(
+            f"key: a fresh key for this run only (fingerprint {key.fingerprint()}), "
+            "never written; pass --key-file to use yours"
+        )
     out = Path(args.out)
     if not args.no_plot:
         out.mkdir(parents=True, exist_ok=True)
@@ -293,8 +374,10 @@ def run_demo(args: argparse.Namespace) -> int:
         if not ignore.exists():
             ignore.write_text("# written by `dpstream demo`\n*\n")
     start = time.perf_counter()
-    for trace in (_real_trace(args.mechanism, key, args.epsilon, args.delta),
-                  _zipf_trace(args, key)):
+    for trace in (
+        _real_trace(args.mechanism, key, args.epsilon, args.delta),
+        _zipf_trace(args, key),
+    ):
         top = _top(trace, args.top)
         console.print(_table(trace, top))
         console.print(f"{trace.events} events, {trace.horizon} steps in {trace.seconds:.1f} s")
@@ -303,8 +386,10 @@ def run_demo(args: argparse.Namespace) -> int:
             path = out / f"{slug}.png"
             _plot(trace, top, path)
             console.print(f"plot: {path}")
-    console.print(f"demo done in {time.perf_counter() - start:.1f} s. Data: FAA Wildlife Strike "
-                  "Database via the vega-datasets package (U.S. Government work); see "
-                  "dpstream/data/README.md")
+    console.print(
+        f"demo done in {time.perf_counter() - start:.1f} s. Data: FAA Wildlife Strike "
+        "Database via the vega-datasets package (U.S. Government work); see "
+        "dpstream/data/README.md"
+    )
     sys.stdout.flush()
     return 0

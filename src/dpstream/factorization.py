@@ -190,18 +190,20 @@ def _inverse_complements(u: np.ndarray, omega: np.ndarray) -> np.ndarray:
             hi = float(us[p]) + float(np.sum(om)) + 1.0  # g(hi) < 0 there
         while g(lo) <= 0.0:  # pragma: no cover - only for a pole closer than an ulp
             lo = math.nextafter(lo, math.inf)
-        roots.append(optimize.brentq(g, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps,
-                            maxiter=500))
+        roots.append(
+            optimize.brentq(g, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
+        )
     return np.array(roots[::-1], dtype=np.float64)  # descending v: ascending lambda
 
 
-def _check_parameters(theta: FloatVector, omega: FloatVector
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def _check_parameters(theta: FloatVector, omega: FloatVector) -> tuple[np.ndarray, np.ndarray]:
     th = np.asarray(theta, dtype=np.float64)
     om = np.asarray(omega, dtype=np.float64)
     if th.ndim != 1 or om.ndim != 1 or th.shape != om.shape or not 1 <= th.size <= MAX_BUFFERS:
-        raise ValueError(f"theta and omega must be two sequences of the same length "
-                         f"1..{MAX_BUFFERS}, got {th.shape} and {om.shape}")
+        raise ValueError(
+            f"theta and omega must be two sequences of the same length "
+            f"1..{MAX_BUFFERS}, got {th.shape} and {om.shape}"
+        )
     if not (np.all(np.isfinite(th)) and np.all(th > 0) and np.all(th < 1)):
         raise ValueError(f"theta (buffer decays) must lie in (0, 1), got {th.tolist()}")
     if th.size > 1 and not np.all(np.diff(th) > 0):
@@ -238,18 +240,40 @@ class BLTStrategy:
     Nothing here is random; :func:`stream_step` turns Gaussians into B z.
     """
 
-    __slots__ = ("theta", "omega", "horizon", "fitted_horizon", "inverse_theta",
-                 "inverse_omega", "_unbounded", "_u", "_v", "_bias", "_a", "_sens2")
+    __slots__ = (
+        "theta",
+        "omega",
+        "horizon",
+        "fitted_horizon",
+        "inverse_theta",
+        "inverse_omega",
+        "_unbounded",
+        "_u",
+        "_v",
+        "_bias",
+        "_a",
+        "_sens2",
+    )
 
-    def __init__(self, theta: FloatVector, omega: FloatVector, horizon: int, *,
-                 fitted_horizon: int | None = None, unbounded: bool = False) -> None:
+    def __init__(
+        self,
+        theta: FloatVector,
+        omega: FloatVector,
+        horizon: int,
+        *,
+        fitted_horizon: int | None = None,
+        unbounded: bool = False,
+    ) -> None:
         th, om = _check_parameters(theta, omega)
         self.horizon = check_int("horizon", horizon, 1)
         if not isinstance(unbounded, bool):
             raise TypeError(f"unbounded must be a bool, got {unbounded!r}")
         self._unbounded = unbounded
-        self.fitted_horizon = (self.horizon if fitted_horizon is None
-                               else check_int("fitted_horizon", fitted_horizon, 1))
+        self.fitted_horizon = (
+            self.horizon
+            if fitted_horizon is None
+            else check_int("fitted_horizon", fitted_horizon, 1)
+        )
         self.theta = tuple(float(x) for x in th)
         self.omega = tuple(float(x) for x in om)
         self._u = 1.0 - th  # exact for theta >= 1/2 (Sterbenz)
@@ -282,33 +306,48 @@ class BLTStrategy:
     def at_horizon(self, horizon: int) -> BLTStrategy:
         """The same C (same parameters) stated for another horizon (an unbounded
         strategy stays unbounded: its sensitivity is the limit whatever the horizon)."""
-        return BLTStrategy(self.theta, self.omega, horizon, fitted_horizon=self.fitted_horizon,
-                           unbounded=self.unbounded)
+        return BLTStrategy(
+            self.theta,
+            self.omega,
+            horizon,
+            fitted_horizon=self.fitted_horizon,
+            unbounded=self.unbounded,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"theta": list(self.theta), "omega": list(self.omega), "horizon": self.horizon,
-             "fitted_horizon": self.fitted_horizon}
+        d = {
+            "theta": list(self.theta),
+            "omega": list(self.omega),
+            "horizon": self.horizon,
+            "fitted_horizon": self.fitted_horizon,
+        }
         if self.unbounded:
             d["unbounded"] = True
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BLTStrategy:
-        return cls(d["theta"], d["omega"], d["horizon"],
-                   fitted_horizon=d.get("fitted_horizon"), unbounded=bool(d.get("unbounded")))
+        return cls(
+            d["theta"],
+            d["omega"],
+            d["horizon"],
+            fitted_horizon=d.get("fitted_horizon"),
+            unbounded=bool(d.get("unbounded")),
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BLTStrategy):
             return NotImplemented
-        return (self.theta, self.omega, self.horizon) == (other.theta, other.omega,
-                                                          other.horizon)
+        return (self.theta, self.omega, self.horizon) == (other.theta, other.omega, other.horizon)
 
     def __hash__(self) -> int:
         return hash((self.theta, self.omega, self.horizon))
 
     def __repr__(self) -> str:
-        return (f"BLTStrategy(buffers={self.buffers}, horizon={self.horizon}, "
-                f"fitted_horizon={self.fitted_horizon}, V={self.worst_case_variance:.4g})")
+        return (
+            f"BLTStrategy(buffers={self.buffers}, horizon={self.horizon}, "
+            f"fitted_horizon={self.fitted_horizon}, V={self.worst_case_variance:.4g})"
+        )
 
     # -- columns (O(T k)) ------------------------------------------------------------
     def _length(self, n: int | None) -> int:
@@ -420,8 +459,13 @@ class BLTStrategy:
 _STEP_BLOCK = 1 << 14
 
 
-def stream_step(theta: Sequence[float], omega: Sequence[float], buffers: np.ndarray,
-                total: np.ndarray, z: np.ndarray) -> None:
+def stream_step(
+    theta: Sequence[float],
+    omega: Sequence[float],
+    buffers: np.ndarray,
+    total: np.ndarray,
+    z: np.ndarray,
+) -> None:
     """One step of the streamed noise B z for many items, in place.
 
     ``buffers`` has shape (k, n), ``total`` and ``z`` shape (n,) (``z`` is
@@ -492,12 +536,12 @@ def state_factor(strategy: BLTStrategy, steps: int) -> tuple[tuple[float, ...], 
 
 
 @functools.lru_cache(maxsize=16)
-def _state_factor(theta: tuple[float, ...], omega: tuple[float, ...], n: int
-                  ) -> tuple[tuple[float, ...], ...]:
+def _state_factor(
+    theta: tuple[float, ...], omega: tuple[float, ...], n: int
+) -> tuple[tuple[float, ...], ...]:
     k = len(theta)
     d = k + 1
-    trans = [[(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0]
-             for i in range(k)]
+    trans = [[(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0] for i in range(k)]
     trans.append([-w for w in omega] + [1.0])
     ones = [[1.0] for _ in range(d)]
     factor = [[0.0] * d for _ in range(d)]
@@ -514,8 +558,7 @@ def _state_factor(theta: tuple[float, ...], omega: tuple[float, ...], n: int
 
 def _matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
     cols = list(zip(*b, strict=True))
-    return [[math.fsum(x * y for x, y in zip(row, col, strict=True)) for col in cols]
-            for row in a]
+    return [[math.fsum(x * y for x, y in zip(row, col, strict=True)) for col in cols] for row in a]
 
 
 def _side_by_side(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
@@ -602,13 +645,16 @@ def _objective_from_pair(comps: np.ndarray, horizon: int) -> float:
     u = comps[1::2]
     om = _scales_from_pair(u, v)
     inv_om = _scales_from_pair(v, u)
-    sens2 = 1.0 + float(np.sum(om[:, None] * om[None, :]
-                               * _geometric_sum(horizon - 1, _one_minus_product(u, u))))
+    sens2 = 1.0 + float(
+        np.sum(om[:, None] * om[None, :] * _geometric_sum(horizon - 1, _one_minus_product(u, u)))
+    )
     bias = 1.0 / (1.0 + float(np.sum(om / u)))
     a = -inv_om / v
-    err = (horizon * bias * bias + 2.0 * bias * float(np.sum(a * _geometric_sum(horizon, v)))
-           + float(np.sum(a[:, None] * a[None, :]
-                          * _geometric_sum(horizon, _one_minus_product(v, v)))))
+    err = (
+        horizon * bias * bias
+        + 2.0 * bias * float(np.sum(a * _geometric_sum(horizon, v)))
+        + float(np.sum(a[:, None] * a[None, :] * _geometric_sum(horizon, _one_minus_product(v, v))))
+    )
     return sens2 * err
 
 
@@ -638,14 +684,17 @@ def _strategy_from_pair(comps: np.ndarray, horizon: int, fitted: int) -> BLTStra
 
 
 def _default_starts(horizon: int, buffers: int) -> list[np.ndarray]:
-    starts = [np.geomspace(0.5, 0.5 / horizon, 2 * buffers),
-              np.geomspace(0.8, 0.05 / horizon, 2 * buffers),
-              np.geomspace(0.3, 2.0 / horizon, 2 * buffers)]
+    starts = [
+        np.geomspace(0.5, 0.5 / horizon, 2 * buffers),
+        np.geomspace(0.8, 0.05 / horizon, 2 * buffers),
+        np.geomspace(0.3, 2.0 / horizon, 2 * buffers),
+    ]
     return [c for c in starts if np.all(np.diff(np.log(c)) < -_MIN_LOG_GAP)]
 
 
-def fit_blt(horizon: int, buffers: int = DEFAULT_BUFFERS, *,
-            starts: Sequence[FloatVector] | None = None) -> BLTStrategy:
+def fit_blt(
+    horizon: int, buffers: int = DEFAULT_BUFFERS, *, starts: Sequence[FloatVector] | None = None
+) -> BLTStrategy:
     """Fit a BLT with ``buffers`` buffers minimising V(T) = max_t ||row_t(B)||^2 max_j ||C e_j||^2.
 
     Nelder-Mead then BFGS (SciPy) on the closed-form V over the interlaced
@@ -669,8 +718,13 @@ def fit_blt(horizon: int, buffers: int = DEFAULT_BUFFERS, *,
         x0 = _params_from_pair(comps)
         if _penalised(x0, T) >= 1e30:
             continue
-        r = optimize.minimize(_penalised, x0, args=(T,), method="Nelder-Mead",
-                     options={"maxiter": 400 * k, "xatol": 1e-10, "fatol": 1e-14})
+        r = optimize.minimize(
+            _penalised,
+            x0,
+            args=(T,),
+            method="Nelder-Mead",
+            options={"maxiter": 400 * k, "xatol": 1e-10, "fatol": 1e-14},
+        )
         r2 = optimize.minimize(_penalised, r.x, args=(T,), method="BFGS")
         for x, f in ((r.x, r.fun), (r2.x, r2.fun)):
             if f < best_f:
@@ -709,8 +763,10 @@ def _table() -> dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]
     except FileNotFoundError:  # pragma: no cover - a broken install
         return {}
     data = json.loads(text)
-    return {(int(e["horizon"]), int(e["buffers"])): (tuple(e["theta"]), tuple(e["omega"]))
-            for e in data["entries"]}
+    return {
+        (int(e["horizon"]), int(e["buffers"])): (tuple(e["theta"]), tuple(e["omega"]))
+        for e in data["entries"]
+    }
 
 
 @functools.lru_cache(maxsize=256)
@@ -750,10 +806,18 @@ def _strategy_for(horizon: int, buffers: int) -> BLTStrategy:
 #: by ``bench/fit_blt_unbounded.py`` to keep the standard deviation at every t in
 #: [UNBOUNDED_FIT_RANGE] within the smallest factor of the std that the BLT fitted for
 #: horizon t (:func:`blt_for_horizon`) has at its own last step. Exact (``float.hex``).
-UNBOUNDED_THETA = ('0x1.f83edef764c15p-1', '0x1.fff8e3f477642p-1', '0x1.fffffdb78bb73p-1',
-                   '0x1.ffffffffb7aa3p-1')
-UNBOUNDED_OMEGA = ('0x1.9a87391d43692p-3', '0x1.23e72c8490b95p-7', '0x1.292cd9329dfdbp-12',
-                   '0x1.6d3b9e35fd588p-18')
+UNBOUNDED_THETA = (
+    "0x1.f83edef764c15p-1",
+    "0x1.fff8e3f477642p-1",
+    "0x1.fffffdb78bb73p-1",
+    "0x1.ffffffffb7aa3p-1",
+)
+UNBOUNDED_OMEGA = (
+    "0x1.9a87391d43692p-3",
+    "0x1.23e72c8490b95p-7",
+    "0x1.292cd9329dfdbp-12",
+    "0x1.6d3b9e35fd588p-18",
+)
 #: The steps the unbounded fit was made for (its worst ratio is reached at their ends).
 UNBOUNDED_FIT_RANGE = (96, MAX_BLT_HORIZON)
 
@@ -786,8 +850,9 @@ def blt_unbounded() -> BLTStrategy:
 def _unbounded_strategy() -> BLTStrategy:
     theta = tuple(float.fromhex(x) for x in UNBOUNDED_THETA)
     omega = tuple(float.fromhex(x) for x in UNBOUNDED_OMEGA)
-    return BLTStrategy(theta, omega, MAX_BLT_HORIZON, fitted_horizon=MAX_BLT_HORIZON,
-                       unbounded=True)
+    return BLTStrategy(
+        theta, omega, MAX_BLT_HORIZON, fitted_horizon=MAX_BLT_HORIZON, unbounded=True
+    )
 
 
 def unbounded_std_ratio(t: int) -> float:
@@ -796,12 +861,14 @@ def unbounded_std_ratio(t: int) -> float:
     knowing the end): sqrt(S_inf ||row_t(B)||^2 / V(t)), S_inf the limit sensitivity."""
     t = check_int("t", t, 1)
     s = blt_unbounded()
-    return math.sqrt(s.sensitivity_squared * s.variance_factor(t)
-                     / blt_for_horizon(t).worst_case_variance)
+    return math.sqrt(
+        s.sensitivity_squared * s.variance_factor(t) / blt_for_horizon(t).worst_case_variance
+    )
 
 
-def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFERS, *,
-                warm_start: bool = True) -> list[dict[str, Any]]:
+def write_table(
+    path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFERS, *, warm_start: bool = True
+) -> list[dict[str, Any]]:
     """Fit every horizon for ``buffers`` buffers and write them into the table JSON at ``path``.
 
     The file's other entries (other buffer counts, and other horizons of this
@@ -820,19 +887,35 @@ def write_table(path: str, horizons: Sequence[int], buffers: int = DEFAULT_BUFFE
             starts.append(_pair_of(previous))
         s = fit_blt(h, buffers, starts=starts)
         previous = s
-        entries.append({"horizon": h, "buffers": buffers, "theta": list(s.theta),
-                        "omega": list(s.omega), "V": s.worst_case_variance})
+        entries.append(
+            {
+                "horizon": h,
+                "buffers": buffers,
+                "theta": list(s.theta),
+                "omega": list(s.omega),
+                "V": s.worst_case_variance,
+            }
+        )
     kept: list[dict[str, Any]] = []
     fitted = {(buffers, e["horizon"]) for e in entries}
     with contextlib.suppress(FileNotFoundError):
         with open(path, encoding="utf-8") as fh:
-            kept = [e for e in json.load(fh)["entries"]
-                    if (int(e["buffers"]), int(e["horizon"])) not in fitted]
+            kept = [
+                e
+                for e in json.load(fh)["entries"]
+                if (int(e["buffers"]), int(e["horizon"])) not in fitted
+            ]
     every = sorted(kept + entries, key=lambda e: (int(e["buffers"]), int(e["horizon"])))
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"about": "BLT parameters fitted by dpstream.factorization.fit_blt; "
-                            "regenerate with bench/fit_blt_table.py",
-                   "entries": every}, fh, indent=1)
+        json.dump(
+            {
+                "about": "BLT parameters fitted by dpstream.factorization.fit_blt; "
+                "regenerate with bench/fit_blt_table.py",
+                "entries": every,
+            },
+            fh,
+            indent=1,
+        )
         fh.write("\n")
     return entries
 

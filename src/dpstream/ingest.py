@@ -58,8 +58,18 @@ import numpy as np
 from . import compiled
 from .io import RawEvent, parse_jsonl_line, raw_bytes
 
-__all__ = ["Chunk", "StepInput", "ChunkGrouper", "read_jsonl_chunks", "chunks_from_records",
-           "step_steps", "implicit_steps", "records_step", "FAST_LINE_BYTES", "CHUNK_LINES"]
+__all__ = [
+    "Chunk",
+    "StepInput",
+    "ChunkGrouper",
+    "read_jsonl_chunks",
+    "chunks_from_records",
+    "step_steps",
+    "implicit_steps",
+    "records_step",
+    "FAST_LINE_BYTES",
+    "CHUNK_LINES",
+]
 
 #: The longest line (in bytes) the Arrow reader is given; longer lines are parsed
 #: one at a time (where ``json.loads`` decides about deep nesting and huge integers).
@@ -144,12 +154,14 @@ def _read_lines(stream: Any, name: str, hint: int, done: int) -> list[str]:
                 break
         return out
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise ValueError(f"input {name!r}: the compressed file is truncated or corrupt "
-                         f"after line {done} ({exc})") from None
+        raise ValueError(
+            f"input {name!r}: the compressed file is truncated or corrupt after line {done} ({exc})"
+        ) from None
 
 
-def read_jsonl_chunks(stream: Any, name: str = "input", *, chunk_bytes: int = 1 << 21
-                      ) -> Iterator[Chunk]:
+def read_jsonl_chunks(
+    stream: Any, name: str = "input", *, chunk_bytes: int = 1 << 21
+) -> Iterator[Chunk]:
     """The records of a JSON Lines text stream, a chunk at a time.
 
     A stream over bytes (a file, a ``.gz``, stdin) is read as bytes, as much as is
@@ -182,8 +194,10 @@ def _binary_chunks(binary: Any, name: str, chunk_bytes: int) -> Iterator[Chunk]:
         try:
             data = binary.read1(chunk_bytes)
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise ValueError(f"input {name!r}: the compressed file is truncated or corrupt "
-                             f"after line {done} ({exc})") from None
+            raise ValueError(
+                f"input {name!r}: the compressed file is truncated or corrupt "
+                f"after line {done} ({exc})"
+            ) from None
         buf = tail + data if tail else data
         if at_start and (len(buf) >= 3 or not data):
             at_start = False
@@ -200,8 +214,8 @@ def _binary_chunks(binary: Any, name: str, chunk_bytes: int) -> Iterator[Chunk]:
         if cut < 0:
             tail = buf
             continue
-        tail = buf[cut + 1:]
-        chunk = _bytes_chunk(buf[:cut + 1], done)
+        tail = buf[cut + 1 :]
+        chunk = _bytes_chunk(buf[: cut + 1], done)
         done += chunk.nlines
         yield chunk
 
@@ -237,10 +251,9 @@ def _bytes_chunk(buf: bytes, done: int) -> Chunk:
             pass
 
     def text(i: int) -> str:
-        return buf[int(starts[i]):int(ends[i])].decode("utf-8", "surrogateescape")
+        return buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
 
-    return _jsonl_chunk(buf, starts.astype(np.int64), ends.astype(np.int64), strict, text,
-                        done)
+    return _jsonl_chunk(buf, starts.astype(np.int64), ends.astype(np.int64), strict, text, done)
 
 
 def _text_chunk(lines: list[str], done: int) -> Chunk:
@@ -258,13 +271,19 @@ def _text_chunk(lines: list[str], done: int) -> Chunk:
     return chunk
 
 
-def _jsonl_chunk(buf: bytes, starts: np.ndarray, ends: np.ndarray, strict: bool,
-                 text: Any, done: int) -> Chunk:
+def _jsonl_chunk(
+    buf: bytes, starts: np.ndarray, ends: np.ndarray, strict: bool, text: Any, done: int
+) -> Chunk:
     n = starts.size
     arr = np.frombuffer(buf, np.uint8)
     fast = np.zeros(n, dtype=bool)
-    if strict and b"\\u" not in buf and _BOM not in buf and b"\r" not in buf \
-            and np.count_nonzero(arr < 32) == np.count_nonzero(arr == 10):
+    if (
+        strict
+        and b"\\u" not in buf
+        and _BOM not in buf
+        and b"\r" not in buf
+        and np.count_nonzero(arr < 32) == np.count_nonzero(arr == 10)
+    ):
         nonempty = ends > starts
         lengths = ends - starts
         first = np.zeros(n, dtype=np.uint8)
@@ -280,8 +299,9 @@ def _jsonl_chunk(buf: bytes, starts: np.ndarray, ends: np.ndarray, strict: bool,
     return chunk
 
 
-def _arrow_rows(buf: bytes, starts: np.ndarray, ends: np.ndarray, fast: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any] | None:
+def _arrow_rows(
+    buf: bytes, starts: np.ndarray, ends: np.ndarray, fast: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any] | None:
     """Parse the fast lines with Arrow: (t, t given, items usable, offsets, values),
     or None (no pyarrow, or the reader refused the chunk: parse it line by line)."""
     try:
@@ -294,15 +314,18 @@ def _arrow_rows(buf: bytes, starts: np.ndarray, ends: np.ndarray, fast: np.ndarr
         data = buf
     else:
         mv = memoryview(buf)
-        data = b"\n".join(mv[a:b] for a, b in zip(starts[idx].tolist(), ends[idx].tolist(),
-                                                    strict=True))
+        data = b"\n".join(
+            mv[a:b] for a, b in zip(starts[idx].tolist(), ends[idx].tolist(), strict=True)
+        )
     schema = pa.schema([("t", pa.int64()), ("items", pa.list_(pa.string()))])
     try:
         table = pj.read_json(
             _io.BytesIO(data),
             read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 64),
-            parse_options=pj.ParseOptions(explicit_schema=schema,
-                                          unexpected_field_behavior="ignore"))
+            parse_options=pj.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            ),
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
     if table.num_rows != idx.size:
@@ -338,7 +361,7 @@ def _arrow_ints(arr: Any) -> np.ndarray:
     if n == 0 or data is None:
         return np.zeros(n, dtype=np.int64)
     dtype = np.dtype(f"=i{arr.type.bit_width // 8}")  # Arrow's memory: the machine's order
-    return np.frombuffer(data, dtype=dtype, count=arr.offset + n)[arr.offset:].astype(np.int64)
+    return np.frombuffer(data, dtype=dtype, count=arr.offset + n)[arr.offset :].astype(np.int64)
 
 
 def _arrow_valid(arr: Any) -> np.ndarray:
@@ -353,11 +376,19 @@ def _arrow_valid(arr: Any) -> np.ndarray:
     if arr.null_count == 0 or bitmap is None:
         return np.ones(n, dtype=bool)
     bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-    return bits[arr.offset:arr.offset + n].astype(bool)
+    return bits[arr.offset : arr.offset + n].astype(bool)
 
 
-def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends: np.ndarray,
-              fast: np.ndarray, rows: Any) -> Chunk:
+def _assemble(
+    text: Any,
+    n: int,
+    done: int,
+    buf: bytes,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    fast: np.ndarray,
+    rows: Any,
+) -> Chunk:
     """The chunk's records: Arrow's rows where usable, the per-line parser elsewhere."""
     rec_t = np.zeros(n, dtype=np.int64)
     is_rec = np.zeros(n, dtype=bool)
@@ -412,7 +443,7 @@ def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends
             codes[_ranges(pos[arrow_rows], pos[arrow_rows + 1])] = arrow_codes
         base = len(items)
         for i, its in slow_items.items():
-            codes[pos[i]:pos[i + 1]] = [base + table.setdefault(x, len(table)) for x in its]
+            codes[pos[i] : pos[i + 1]] = [base + table.setdefault(x, len(table)) for x in its]
         items = items + list(table)
     else:
         codes = arrow_codes if arrow_codes is not None else np.zeros(0, np.int64)
@@ -420,10 +451,17 @@ def _assemble(text: Any, n: int, done: int, buf: bytes, starts: np.ndarray, ends
     offsets = np.zeros(idx.size + 1, dtype=np.int64)
     np.cumsum(rec_sizes, out=offsets[1:])
     where = {int(i): k for k, i in enumerate(idx.tolist())} if errors_by_line else {}
-    return Chunk(lines=idx + (done + 1), t=rec_t[idx],
-                 errors={where[i]: msg for i, msg in errors_by_line.items()},
-                 offsets=offsets, codes=codes, items=items, buf=buf,
-                 starts=starts[idx], ends=ends[idx])
+    return Chunk(
+        lines=idx + (done + 1),
+        t=rec_t[idx],
+        errors={where[i]: msg for i, msg in errors_by_line.items()},
+        offsets=offsets,
+        codes=codes,
+        items=items,
+        buf=buf,
+        starts=starts[idx],
+        ends=ends[idx],
+    )
 
 
 def chunks_from_records(records: Iterable[RawEvent], size: int = 4096) -> Iterator[Chunk]:
@@ -458,11 +496,18 @@ def _chunk_of(recs: list[RawEvent]) -> Chunk:
     offsets = np.zeros(len(recs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     users = [r.user for r in recs] if any(r.user is not None for r in recs) else None
-    return Chunk(users=users, lines=np.fromiter((r.line for r in recs), np.int64, len(recs)),
-                 t=_steps_array([r.t or 0 for r in recs]),
-                 errors=errors, offsets=offsets, codes=np.asarray(codes, dtype=np.int64),
-                 items=list(table), buf=b"\n".join(raws) + b"\n", starts=ends - lens,
-                 ends=ends)
+    return Chunk(
+        users=users,
+        lines=np.fromiter((r.line for r in recs), np.int64, len(recs)),
+        t=_steps_array([r.t or 0 for r in recs]),
+        errors=errors,
+        offsets=offsets,
+        codes=np.asarray(codes, dtype=np.int64),
+        items=list(table),
+        buf=b"\n".join(raws) + b"\n",
+        starts=ends - lens,
+        ends=ends,
+    )
 
 
 # --------------------------------------------------------------------------- grouping
@@ -496,8 +541,14 @@ class ChunkGrouper:
     of one step together, for the caller to reject.
     """
 
-    def __init__(self, horizon: int, *, start: int = 0, late_message: str | None = None,
-                 limit: int | None = None) -> None:
+    def __init__(
+        self,
+        horizon: int,
+        *,
+        start: int = 0,
+        late_message: str | None = None,
+        limit: int | None = None,
+    ) -> None:
         self.limit = horizon if limit is None else limit
         self.start = start
         self.late_message = late_message
@@ -575,9 +626,14 @@ class ChunkGrouper:
             lead = []
 
 
-def step_steps(chunks: Iterable[Chunk], horizon: int, *, start: int = 0,
-               late_message: str | None = None, limit: int | None = None
-               ) -> Iterator[StepInput]:
+def step_steps(
+    chunks: Iterable[Chunk],
+    horizon: int,
+    *,
+    start: int = 0,
+    late_message: str | None = None,
+    limit: int | None = None,
+) -> Iterator[StepInput]:
     """Group chunks into steps (see :class:`ChunkGrouper`)."""
     grouper = ChunkGrouper(horizon, start=start, late_message=late_message, limit=limit)
     for chunk in chunks:
@@ -602,13 +658,13 @@ def _unique_inverse(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
     if loops is not None:
         scratch = getattr(_code_scratch, "buf", None)
         if scratch is None or scratch.size < size:
-            scratch = np.full(max(size, 2 * (0 if scratch is None else scratch.size)), -1,
-                              dtype=np.int64)
+            scratch = np.full(
+                max(size, 2 * (0 if scratch is None else scratch.size)), -1, dtype=np.int64
+            )
             _code_scratch.buf = scratch
         used = np.empty(codes.size, dtype=np.int64)
         inverse = np.empty(codes.size, dtype=np.int64)
-        k = loops.unique_codes(np.ascontiguousarray(codes, dtype=np.int64), scratch, used,
-                               inverse)
+        k = loops.unique_codes(np.ascontiguousarray(codes, dtype=np.int64), scratch, used, inverse)
         return used[:k], inverse
     order = np.argsort(codes, kind="stable")
     ordered = codes[order]
@@ -647,14 +703,18 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         lines.append(ch.lines[a:b])
         starts, ends = ch.starts[a:b], ch.ends[a:b]
         lengths.append(ends - starts)
-        if b - a == 1 or (ch.starts[a + 1:b] == ch.ends[a:b - 1] + 1).all():
-            raws.append(ch.buf[int(starts[0]):int(ends[-1])])
+        if b - a == 1 or (ch.starts[a + 1 : b] == ch.ends[a : b - 1] + 1).all():
+            raws.append(ch.buf[int(starts[0]) : int(ends[-1])])
         else:
             mv = memoryview(ch.buf)
-            raws.append(b"\n".join(mv[s:e] for s, e in zip(starts.tolist(), ends.tolist(),
-                                                           strict=True)))
-        bad = [i for i in range(a, b) if i in ch.errors or i in part.late] \
-            if (ch.errors or part.late) else []
+            raws.append(
+                b"\n".join(mv[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True))
+            )
+        bad = (
+            [i for i in range(a, b) if i in ch.errors or i in part.late]
+            if (ch.errors or part.late)
+            else []
+        )
         for i in bad:
             errors.append((int(ch.lines[i]), part.late.get(i) or ch.errors[i]))
         good = np.arange(a, b)
@@ -672,7 +732,7 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
         lo, hi = ch.offsets[good], ch.offsets[good + 1]
         sizes.append(hi - lo)
         if good.size == b - a and not bad:
-            codes.append(ch.codes[int(ch.offsets[a]):int(ch.offsets[b])] + base)
+            codes.append(ch.codes[int(ch.offsets[a]) : int(ch.offsets[b])] + base)
         else:
             codes.append(ch.codes[_ranges(lo, hi)] + base)
     if len(parts) == 1 and raws:
@@ -692,12 +752,17 @@ def _step_input(t: int | None, parts: list[_Part]) -> StepInput:
     np.cumsum(size_arr, out=offsets[1:])
     errors.sort()
     return StepInput(
-        t=t, event_lines=np.concatenate(ev_lines) if ev_lines else np.zeros(0, np.int64),
-        items=items, codes=all_codes.astype(np.int64, copy=False).reshape(-1),
-        offsets=offsets, errors=errors,
+        t=t,
+        event_lines=np.concatenate(ev_lines) if ev_lines else np.zeros(0, np.int64),
+        items=items,
+        codes=all_codes.astype(np.int64, copy=False).reshape(-1),
+        offsets=offsets,
+        errors=errors,
         lines=np.concatenate(lines) if lines else np.zeros(0, np.int64),
-        lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64), raw=raw,
-        users=users if any(p.chunk.users is not None for p in parts) else None)
+        lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+        raw=raw,
+        users=users if any(p.chunk.users is not None for p in parts) else None,
+    )
 
 
 def _steps_array(values: list[int]) -> np.ndarray:

@@ -195,8 +195,10 @@ def guard_lines(stream: Iterable[str], name: str) -> Iterator[str]:
         except StopIteration:
             return
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise ValueError(f"input {name!r}: the compressed file is truncated or corrupt "
-                             f"after line {lineno} ({exc})") from None
+            raise ValueError(
+                f"input {name!r}: the compressed file is truncated or corrupt "
+                f"after line {lineno} ({exc})"
+            ) from None
         lineno += 1
         yield line
 
@@ -233,8 +235,9 @@ def _parse_items(values: object) -> tuple[tuple[str, ...] | None, str | None]:
     for v in values:
         item = _item(v)
         if item is None:
-            return None, ("an item must be a string or an integer, got "
-                          f"{_short(json.dumps(v, default=str))}")
+            return None, (
+                f"an item must be a string or an integer, got {_short(json.dumps(v, default=str))}"
+            )
         if not _valid_text(item):
             return None, "an item is not valid UTF-8 text (it holds a lone surrogate)"
         out.append(item)
@@ -297,9 +300,15 @@ def _loads(text: str) -> tuple[Any, str | None]:
         return None, f"not valid JSON ({_short(why, 80)})"
 
 
-def parse_jsonl_line(line: str, lineno: int, *, time_field: str | None = None,
-                     clock: StepClock | None = None, implicit: bool = False,
-                     user_field: str | None = None) -> RawEvent | None:
+def parse_jsonl_line(
+    line: str,
+    lineno: int,
+    *,
+    time_field: str | None = None,
+    clock: StepClock | None = None,
+    implicit: bool = False,
+    user_field: str | None = None,
+) -> RawEvent | None:
     """One JSON Lines record (see :func:`read_jsonl`), or None for a blank line that is
     no record (a blank line is a record of its own step with ``implicit``)."""
     text = line.strip()
@@ -310,11 +319,15 @@ def parse_jsonl_line(line: str, lineno: int, *, time_field: str | None = None,
         return None
     if not _valid_text(text):
         return RawEvent(lineno, None, None, "the line is not valid UTF-8", raw=raw)
-    if (_fast_loads is not None and len(text) <= _FAST_MAX_CHARS
-            and text.count("[") + text.count("{") <= _FAST_MAX_BRACKETS):
+    if (
+        _fast_loads is not None
+        and len(text) <= _FAST_MAX_CHARS
+        and text.count("[") + text.count("{") <= _FAST_MAX_BRACKETS
+    ):
         try:
-            rec = _record(_fast_loads(text), text, lineno, time_field, clock, implicit,
-                          user_field, raw)
+            rec = _record(
+                _fast_loads(text), text, lineno, time_field, clock, implicit, user_field, raw
+            )
         except _FastError:
             rec = None
         if rec is not None and rec.error is None:
@@ -327,35 +340,66 @@ def parse_jsonl_line(line: str, lineno: int, *, time_field: str | None = None,
     return _record(obj, text, lineno, time_field, clock, implicit, user_field, raw)
 
 
-def _record(obj: Any, text: str, lineno: int, time_field: str | None,
-            clock: StepClock | None, implicit: bool, user_field: str | None,
-            raw: bytes) -> RawEvent:
+def _record(
+    obj: Any,
+    text: str,
+    lineno: int,
+    time_field: str | None,
+    clock: StepClock | None,
+    implicit: bool,
+    user_field: str | None,
+    raw: bytes,
+) -> RawEvent:
     if isinstance(obj, list):
         if not implicit:
-            where = (f'a "{time_field}" timestamp' if clock is not None
-                     else 'a time step "t" (or --implicit-time: each line is a step)')
-            return RawEvent(lineno, None, None, f"an event needs {where}: write it as an "
-                                                '{"items": [...], ...} object', raw=raw)
+            where = (
+                f'a "{time_field}" timestamp'
+                if clock is not None
+                else 'a time step "t" (or --implicit-time: each line is a step)'
+            )
+            return RawEvent(
+                lineno,
+                None,
+                None,
+                f'an event needs {where}: write it as an {{"items": [...], ...}} object',
+                raw=raw,
+            )
         if user_field is not None:
-            return RawEvent(lineno, None, None, f'an event needs a "{user_field}" user id '
-                                                "(--user-field): write it as an object",
-                            raw=raw)
+            return RawEvent(
+                lineno,
+                None,
+                None,
+                f'an event needs a "{user_field}" user id (--user-field): write it as an object',
+                raw=raw,
+            )
         items, err = _parse_items(obj)
         return RawEvent(lineno, None, items, err, raw=raw)
     if isinstance(obj, dict):
         t: int | None = None
         if implicit:
-            err = ('a line gives "t", but --implicit-time makes each line a step'
-                   if "t" in obj else None)
+            err = (
+                'a line gives "t", but --implicit-time makes each line a step'
+                if "t" in obj
+                else None
+            )
         elif clock is not None:
             if time_field not in obj:
-                return RawEvent(lineno, None, None, f'an event needs a "{time_field}" '
-                                                    "timestamp (--time-field)", raw=raw)
+                return RawEvent(
+                    lineno,
+                    None,
+                    None,
+                    f'an event needs a "{time_field}" timestamp (--time-field)',
+                    raw=raw,
+                )
             t, err = _step_of(obj[time_field], clock, "its timestamp")
         elif "t" not in obj:
-            return RawEvent(lineno, None, None, 'an event needs a time step "t" (or '
-                                                "--implicit-time: each line is a step)",
-                            raw=raw)
+            return RawEvent(
+                lineno,
+                None,
+                None,
+                'an event needs a time step "t" (or --implicit-time: each line is a step)',
+                raw=raw,
+            )
         else:
             t, err = _parse_t(obj.get("t"))
         if err is None and "items" not in obj:
@@ -369,9 +413,12 @@ def _record(obj: Any, text: str, lineno: int, time_field: str | None,
         ok = err is None
         return RawEvent(lineno, t, items if ok else None, err, user if ok else None, raw=raw)
     return RawEvent(
-        lineno, None, None,
+        lineno,
+        None,
+        None,
         f'an event must be a JSON array or an object with "items", got {text[:40]!r}',
-        raw=raw)
+        raw=raw,
+    )
 
 
 def _parse_user(obj: dict, user_field: str) -> tuple[str | None, str | None]:
@@ -380,16 +427,23 @@ def _parse_user(obj: dict, user_field: str) -> tuple[str | None, str | None]:
         return None, f'an event needs a "{user_field}" user id (--user-field)'
     value = obj[user_field]
     if not isinstance(value, str) or not value:
-        return None, (f'the user id "{user_field}" must be a non-empty string, got '
-                      f"{_short(json.dumps(value, default=str))}")
+        return None, (
+            f'the user id "{user_field}" must be a non-empty string, got '
+            f"{_short(json.dumps(value, default=str))}"
+        )
     if not _valid_text(value):
         return None, "the user id is not valid UTF-8 text (it holds a lone surrogate)"
     return value, None
 
 
-def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
-               clock: StepClock | None = None, implicit: bool = False,
-               user_field: str | None = None) -> Iterator[RawEvent]:
+def read_jsonl(
+    lines: Iterable[str],
+    *,
+    time_field: str | None = None,
+    clock: StepClock | None = None,
+    implicit: bool = False,
+    user_field: str | None = None,
+) -> Iterator[RawEvent]:
     """Parse JSON Lines events (see the module docstring).
 
     Steps come from the public time mode, never from the data: an event's
@@ -408,8 +462,14 @@ def read_jsonl(lines: Iterable[str], *, time_field: str | None = None,
     if implicit and clock is not None:
         raise ValueError("implicit time and a clock do not go together")
     for lineno, line in enumerate(lines, 1):
-        rec = parse_jsonl_line(line, lineno, time_field=time_field, clock=clock,
-                               implicit=implicit, user_field=user_field)
+        rec = parse_jsonl_line(
+            line,
+            lineno,
+            time_field=time_field,
+            clock=clock,
+            implicit=implicit,
+            user_field=user_field,
+        )
         if rec is not None:
             yield rec
 
@@ -465,8 +525,12 @@ def read_csv(
     except csv.Error as exc:
         raise ValueError(f"input line 1: bad CSV header ({exc})") from None
     cols = {name.strip(): i for i, name in enumerate(header)}
-    for role, name in (("--item-column", item_column), ("--event-column", event_column),
-                       ("--time-column", time_column), ("--user-field", user_column)):
+    for role, name in (
+        ("--item-column", item_column),
+        ("--event-column", event_column),
+        ("--time-column", time_column),
+        ("--user-field", user_column),
+    ):
         if name is not None and name not in cols:
             raise ValueError(
                 f"input line 1: the CSV header has no column {name!r} ({role}); "
@@ -492,8 +556,9 @@ def read_csv(
             break
         except csv.Error as exc:
             hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
-            records.append(RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})",
-                                    raw=take_raw()))
+            records.append(
+                RawEvent(first_line, None, None, f"bad CSV record ({exc}{hint})", raw=take_raw())
+            )
             continue
         lineno = first_line
         row_raw = take_raw()
@@ -502,15 +567,21 @@ def read_csv(
         row_err: str | None = None
         if len(row) < width:
             row_err = f"CSV row has {len(row)} fields, expected at least {width}"
-        elif any("\n" in row[i] or "\r" in row[i] for i in (i_item, i_event, i_time, i_user)
-                 if i is not None):
-            row_err = ("a field spans lines (lines "
-                       f"{first_line}-{reader.line_num}: an unclosed quote?)")
+        elif any(
+            "\n" in row[i] or "\r" in row[i]
+            for i in (i_item, i_event, i_time, i_user)
+            if i is not None
+        ):
+            row_err = (
+                f"a field spans lines (lines {first_line}-{reader.line_num}: an unclosed quote?)"
+            )
         elif not all(_valid_text(c) for c in row):
             row_err = "the row is not valid UTF-8"
         elif len(row[i_item]) > MAX_CSV_ITEM_CHARS:
-            row_err = (f"item of {len(row[i_item])} characters, more than "
-                       f"{MAX_CSV_ITEM_CHARS} (an unclosed quote?)")
+            row_err = (
+                f"item of {len(row[i_item])} characters, more than "
+                f"{MAX_CSV_ITEM_CHARS} (an unclosed quote?)"
+            )
         row_t: int | None = None
         if row_err is None and i_time is not None and clock is not None:
             row_t, row_err = _step_of(row[i_time], clock, "the row's timestamp")
@@ -530,8 +601,7 @@ def read_csv(
         if event is None:
             event = events[(row_t, eid)] = _CsvEvent(lineno, row_t, eid)
             records.append(event)
-        event.add(row[i_item], None if i_user is None else row[i_user], user_column, row_raw,
-                  texts)
+        event.add(row[i_item], None if i_user is None else row[i_user], user_column, row_raw, texts)
     events.clear()
     texts.clear()
     records.reverse()  # let go of each record as it is yielded
@@ -552,8 +622,14 @@ class _CsvEvent:
         self.error: str | None = None
         self.raws: list[bytes] = []
 
-    def add(self, item: str, user: str | None, user_column: str | None, raw: bytes,
-            texts: dict[str, str]) -> None:
+    def add(
+        self,
+        item: str,
+        user: str | None,
+        user_column: str | None,
+        raw: bytes,
+        texts: dict[str, str],
+    ) -> None:
         """Take one more row (``user``: its user id cell, None at event level)."""
         first = not self.raws
         self.raws.append(raw)
@@ -574,19 +650,29 @@ class _CsvEvent:
         return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)
 
 
-def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = None,
-                clock: StepClock | None = None, implicit: bool = False,
-                user_field: str | None = None, **csv_options: Any) -> Iterator[RawEvent]:
+def read_events(
+    stream: Iterable[str],
+    fmt: str,
+    *,
+    time_field: str | None = None,
+    clock: StepClock | None = None,
+    implicit: bool = False,
+    user_field: str | None = None,
+    **csv_options: Any,
+) -> Iterator[RawEvent]:
     """Dispatch on ``fmt`` (``"jsonl"`` or ``"csv"``); ``time_field`` with ``clock``:
     steps from timestamps (a JSON field, or the CSV column of that name);
     ``implicit``: every JSON line is a step (CSV needs a time column);
     ``user_field``: each event's user id (a JSON field, or the CSV column)."""
     if fmt == "jsonl":
-        return read_jsonl(stream, time_field=time_field, clock=clock, implicit=implicit,
-                          user_field=user_field)
+        return read_jsonl(
+            stream, time_field=time_field, clock=clock, implicit=implicit, user_field=user_field
+        )
     if implicit:
-        raise ValueError("--implicit-time is for JSON Lines: the rows of a CSV event are not "
-                         "a step each; give --time-column or --time-field")
+        raise ValueError(
+            "--implicit-time is for JSON Lines: the rows of a CSV event are not "
+            "a step each; give --time-column or --time-field"
+        )
     if user_field is not None:
         csv_options = {**csv_options, "user_column": user_field}
     if clock is not None:
@@ -597,7 +683,11 @@ def read_events(stream: Iterable[str], fmt: str, *, time_field: str | None = Non
 
 
 def group_steps(
-    records: Iterable[RawEvent], horizon: int, *, start: int = 0, implicit: bool = False,
+    records: Iterable[RawEvent],
+    horizon: int,
+    *,
+    start: int = 0,
+    implicit: bool = False,
     limit: int | None = None,
 ) -> Iterator[tuple[int | None, list[RawEvent]]]:
     """Group records into time steps.
@@ -644,9 +734,14 @@ def group_steps(
             yield past[0].t, past
             past = []
         if rec.t is not None and rec.t <= start:
-            rec = RawEvent(rec.line, None, None,
-                           f"time step {rec.t} is not after step {start}, which is already "
-                           "complete (events must be in time order)", raw=rec.raw)
+            rec = RawEvent(
+                rec.line,
+                None,
+                None,
+                f"time step {rec.t} is not after step {start}, which is already "
+                "complete (events must be in time order)",
+                raw=rec.raw,
+            )
         if rec.t is None:
             (lead if last is None else steps[last]).append(rec)
             continue
@@ -676,8 +771,10 @@ def read_domain(path: str) -> list[str]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"domain file {path!r}: not a valid JSON array ({exc.msg})") from None
         except (RecursionError, ValueError) as exc:
-            raise ValueError(f"domain file {path!r}: not a valid JSON array "
-                             f"({_short(str(exc) or 'nested too deeply', 80)})") from None
+            raise ValueError(
+                f"domain file {path!r}: not a valid JSON array "
+                f"({_short(str(exc) or 'nested too deeply', 80)})"
+            ) from None
         items, err = _parse_items(values)
         if err:
             raise ValueError(f"domain file {path!r}: {err}")
@@ -715,8 +812,9 @@ class KeyedTruncator:
         """The kept items of one event of step ``t``, in the event's order."""
         return keyed_subset(self.source, items, self.max_items, t)  # type: ignore[return-value]
 
-    def keep(self, t: int, items: Sequence[Any], codes: np.ndarray,
-             offsets: np.ndarray) -> np.ndarray:
+    def keep(
+        self, t: int, items: Sequence[Any], codes: np.ndarray, offsets: np.ndarray
+    ) -> np.ndarray:
         """The kept occurrences of several events of step ``t`` (columns; see
         :func:`~dpstream.mechanisms.truncation.keep_ranked`)."""
         return keep_ranked(self.source, t, items, codes, offsets, self.max_items)
@@ -781,8 +879,12 @@ class _ItemText:
 
             wide = pa.types.is_large_string(text.type)
             _, offsets, data = text.buffers()
-            off = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32,
-                                count=len(text) + 1, offset=text.offset * (8 if wide else 4))
+            off = np.frombuffer(
+                offsets,
+                dtype=np.int64 if wide else np.int32,
+                count=len(text) + 1,
+                offset=text.offset * (8 if wide else 4),
+            )
             self._raw = (b"" if data is None else data, off if wide else off.view(np.uint32))
         return self._raw
 
@@ -793,14 +895,12 @@ class _ItemText:
         as_arrow = getattr(items, "to_arrow", None)  # a known domain's view: its bytes
         if as_arrow is not None and self._encode is str:
             return as_arrow()
-        if self._plain is not None and (as_arrow is not None
-                                        or all(type(x) is str for x in items)):
+        if self._plain is not None and (as_arrow is not None or all(type(x) is str for x in items)):
             try:
                 arr = as_arrow() if as_arrow is not None else pa.array(items, pa.string())
             except (pa.ArrowException, UnicodeEncodeError):
                 arr = None  # a lone surrogate: the slow path decides
-            if arr is not None and not pc.any(pc.match_substring_regex(
-                    arr, self._plain)).as_py():
+            if arr is not None and not pc.any(pc.match_substring_regex(arr, self._plain)).as_py():
                 if not self._quote:
                     return arr
                 q = pa.scalar(self._quote, pa.string())
@@ -834,21 +934,29 @@ def _join(pieces: Any, sep: str) -> str:
     return pc.binary_join(one, sep)[0].as_py()
 
 
-def _int_rows(text: _ItemText, release: Release, head: bytes, mid: bytes, tail: bytes,
-              sep: bytes) -> bytes | None:
+def _int_rows(
+    text: _ItemText, release: Release, head: bytes, mid: bytes, tail: bytes, sep: bytes
+) -> bytes | None:
     """The rows ``head + item text + mid + rounded value + tail`` of a release, joined
     by ``sep`` in one C pass (the items' text from ``text``, encoded once for a known
     domain); None without the C loops or when a value is not finite (the callers'
     other paths decide). The same bytes as Arrow's kernels: integers in decimal."""
-    return _join_int_rows(release.values, lambda: text.raw(release.items), head, mid, tail,
-                          sep)
+    return _join_int_rows(release.values, lambda: text.raw(release.items), head, mid, tail, sep)
 
 
-def _plain_int_rows(items: Sequence[Any], values: np.ndarray, special: Any, head: bytes,
-                    mid: bytes, tail: bytes, sep: bytes) -> bytes | None:
+def _plain_int_rows(
+    items: Sequence[Any],
+    values: np.ndarray,
+    special: Any,
+    head: bytes,
+    mid: bytes,
+    tail: bytes,
+    sep: bytes,
+) -> bytes | None:
     """:func:`_int_rows` for fresh ``str`` items that need no escaping (``special``, a
     compiled bytes pattern, finds none in their UTF-8), their text being the items
     themselves: one encode and one C pass, no Arrow array. None otherwise."""
+
     def text() -> tuple[bytes, np.ndarray] | None:
         if not _STR_ONLY.issuperset(map(type, items)):
             return None
@@ -862,8 +970,9 @@ def _plain_int_rows(items: Sequence[Any], values: np.ndarray, special: Any, head
     return _join_int_rows(values, text, head, mid, tail, sep)
 
 
-def _join_int_rows(values: Any, text: Any, head: bytes, mid: bytes, tail: bytes,
-                   sep: bytes) -> bytes | None:
+def _join_int_rows(
+    values: Any, text: Any, head: bytes, mid: bytes, tail: bytes, sep: bytes
+) -> bytes | None:
     """The C joiner over ``text()`` (the items' UTF-8 and offsets, or None) and the
     rounded values; None without the C loops, for a value that is not finite, or
     when ``text()`` gives none."""
@@ -874,8 +983,7 @@ def _join_int_rows(values: Any, text: Any, head: bytes, mid: bytes, tail: bytes,
     got = text()
     if got is None:
         return None
-    return loops.join_rows(got[0], got[1], np.rint(values).astype(np.int64), head, mid, tail,
-                           sep)
+    return loops.join_rows(got[0], got[1], np.rint(values).astype(np.int64), head, mid, tail, sep)
 
 
 _STR_ONLY = frozenset((str,))
@@ -886,8 +994,9 @@ def _meta_text(release: Release) -> str:
     release writes it), else empty."""
     if not release.meta:
         return ""
-    return ", \"meta\": " + json.dumps(dict(release.meta), ensure_ascii=False,
-                                        allow_nan=False, default=_json_default)
+    return ', "meta": ' + json.dumps(
+        dict(release.meta), ensure_ascii=False, allow_nan=False, default=_json_default
+    )
 
 
 #: Characters that make an item's JSON text more than the item in quotes
@@ -926,13 +1035,20 @@ class _Formatter:
         repeated, self._last_items = release.items is self._last_items, release.items
         if n >= _COLUMNAR_FRESH_MIN:
             return True
-        if (n >= _COLUMNAR_MIN and self._rows_per_item and getattr(self, "round_counts", False)
-                and compiled.loops() is not None):
+        if (
+            n >= _COLUMNAR_MIN
+            and self._rows_per_item
+            and getattr(self, "round_counts", False)
+            and compiled.loops() is not None
+        ):
             return True
         # the same items as the step before (a known domain's one tuple): encode them
         # once, for this step and the next ones
-        return n >= _COLUMNAR_MIN and self._text is not None and (
-            repeated or self._text.holds(release.items))
+        return (
+            n >= _COLUMNAR_MIN
+            and self._text is not None
+            and (repeated or self._text.holds(release.items))
+        )
 
     def format(self, release: Release) -> bytes:
         if self._columnar(release):
@@ -963,15 +1079,13 @@ class JsonlFormatter(_Formatter):
     def header(self) -> bytes:
         return b""
 
-
     def _format_columns(self, release: Release) -> bytes | None:
         """The same bytes as :meth:`_format_rows`, built by Arrow's string kernels."""
         import pyarrow.compute as pc
 
         tail = "}" + _meta_text(release)
         head = f'{{"t": {int(release.t)}, "released": {{'
-        body = (_int_rows(self._keys, release, b"", b": ", b"", b", ")
-                if self.round_counts else None)
+        body = _int_rows(self._keys, release, b"", b": ", b"", b", ") if self.round_counts else None
         if body is not None:
             return head.encode() + body + (tail + "}\n").encode("utf-8")
         vals = _value_text(release, self.round_counts)
@@ -982,11 +1096,15 @@ class JsonlFormatter(_Formatter):
 
     def _format_rows(self, release: Release) -> bytes:
         if self.round_counts and len(release.values):
-            pairs = _plain_int_rows(release.items, release.values, _JSON_SPECIAL_BYTES,
-                                    b'"', b'": ', b"", b", ")
+            pairs = _plain_int_rows(
+                release.items, release.values, _JSON_SPECIAL_BYTES, b'"', b'": ', b"", b", "
+            )
             if pairs is not None:
-                return (f'{{"t": {int(release.t)}, "released": {{'.encode() + pairs
-                        + ("}" + _meta_text(release) + "}\n").encode("utf-8"))
+                return (
+                    f'{{"t": {int(release.t)}, "released": {{'.encode()
+                    + pairs
+                    + ("}" + _meta_text(release) + "}\n").encode("utf-8")
+                )
         return self._format_dict(release)
 
     def _format_dict(self, release: Release) -> bytes:
@@ -1002,7 +1120,8 @@ class JsonlFormatter(_Formatter):
             # pair; write one pair per item, as the columnar path does
             pairs = ", ".join(
                 f"{_json_key(k)}: {json.dumps(v, allow_nan=False)}"
-                for k, v in zip(release.items, values, strict=True))
+                for k, v in zip(release.items, values, strict=True)
+            )
             text = f'{{"t": {int(release.t)}, "released": {{{pairs}}}{_meta_text(release)}}}'
         return (text + "\n").encode("utf-8")
 
@@ -1020,8 +1139,9 @@ _COLUMNAR_MIN = 64
 _COLUMNAR_FRESH_MIN = 4096
 
 
-def _long_rows(release: Release, round_counts: bool,
-               step_start: Callable[[int], str] | None = None) -> list[tuple[Any, ...]]:
+def _long_rows(
+    release: Release, round_counts: bool, step_start: Callable[[int], str] | None = None
+) -> list[tuple[Any, ...]]:
     """The rows of one release in the long format; an empty step is one row with no item.
 
     ``noise_std`` comes from the release's meta (the run adds it: the standard
@@ -1034,8 +1154,10 @@ def _long_rows(release: Release, round_counts: bool,
     extra = () if step_start is None else (step_start(t),)
     if not values:
         return [(t, None, None, std, *extra)]
-    return [(t, str(item), value, std, *extra)
-            for item, value in zip(release.items, values, strict=True)]
+    return [
+        (t, str(item), value, std, *extra)
+        for item, value in zip(release.items, values, strict=True)
+    ]
 
 
 def _csv_cell(item: Any) -> str:
@@ -1053,8 +1175,9 @@ class CsvFormatter(_Formatter):
     _rows_per_item = True
     name = "csv"
 
-    def __init__(self, round_counts: bool = False,
-                 step_start: Callable[[int], str] | None = None) -> None:
+    def __init__(
+        self, round_counts: bool = False, step_start: Callable[[int], str] | None = None
+    ) -> None:
         self.round_counts = round_counts
         self.step_start = step_start  # a public clock: a step_start column (ISO-8601)
         self._cells = self._text = _ItemText(_csv_cell, _CSV_SPECIAL)
@@ -1062,7 +1185,6 @@ class CsvFormatter(_Formatter):
     def header(self) -> bytes:
         extra = () if self.step_start is None else (STEP_START,)
         return (",".join((*LONG_COLUMNS, *extra)) + "\n").encode()
-
 
     def _format_columns(self, release: Release) -> bytes | None:
         """The same bytes as :meth:`_format_rows`, built by Arrow's string kernels."""
@@ -1073,9 +1195,18 @@ class CsvFormatter(_Formatter):
         std_text = "" if std is None else repr(std) if isinstance(std, float) else str(std)
         if self.step_start is not None:  # ISO-8601 text: nothing a CSV writer quotes
             std_text += "," + self.step_start(int(release.t))
-        rows = (_int_rows(self._cells, release, f"{int(release.t)},".encode(), b",",
-                          f",{std_text}".encode(), b"\n")
-                if self.round_counts else None)
+        rows = (
+            _int_rows(
+                self._cells,
+                release,
+                f"{int(release.t)},".encode(),
+                b",",
+                f",{std_text}".encode(),
+                b"\n",
+            )
+            if self.round_counts
+            else None
+        )
         if rows is not None:
             return rows + b"\n"
         vals = _value_text(release, self.round_counts)
@@ -1084,16 +1215,20 @@ class CsvFormatter(_Formatter):
         n = len(vals)
         rows = pc.binary_join_element_wise(
             pa.array([str(int(release.t))] * 1, pa.string()).take(pa.array(np.zeros(n, np.int64))),
-            self._cells(release.items), vals,
-            pa.array([std_text], pa.string()).take(pa.array(np.zeros(n, np.int64))), ",")
+            self._cells(release.items),
+            vals,
+            pa.array([std_text], pa.string()).take(pa.array(np.zeros(n, np.int64))),
+            ",",
+        )
         return (_join(rows, "\n") + "\n").encode("utf-8")
 
     def _format_rows(self, release: Release) -> bytes:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         for row in _long_rows(release, self.round_counts, self.step_start):
-            writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
-                             for v in row])
+            writer.writerow(
+                ["" if v is None else repr(v) if isinstance(v, float) else v for v in row]
+            )
         return buf.getvalue().encode("utf-8")
 
 
@@ -1104,8 +1239,9 @@ class JsonlLongFormatter(_Formatter):
     _rows_per_item = True
     name = "jsonl-long"
 
-    def __init__(self, round_counts: bool = False,
-                 step_start: Callable[[int], str] | None = None) -> None:
+    def __init__(
+        self, round_counts: bool = False, step_start: Callable[[int], str] | None = None
+    ) -> None:
         self.round_counts = round_counts
         self.step_start = step_start  # a public clock: a "step_start" field (ISO-8601)
         self._keys = self._text = _ItemText(_json_key, _JSON_SPECIAL, '"')
@@ -1116,8 +1252,10 @@ class JsonlLongFormatter(_Formatter):
 
     def _format_rows(self, release: Release) -> bytes:
         return "".join(
-            json.dumps(dict(zip(self._columns, row, strict=True)), ensure_ascii=False,
-                       allow_nan=False) + "\n"
+            json.dumps(
+                dict(zip(self._columns, row, strict=True)), ensure_ascii=False, allow_nan=False
+            )
+            + "\n"
             for row in _long_rows(release, self.round_counts, self.step_start)
         ).encode("utf-8")
 
@@ -1130,11 +1268,17 @@ class JsonlLongFormatter(_Formatter):
         if isinstance(std, float) and not math.isfinite(std):
             return None
         head = f'{{"t": {int(release.t)}, "item": '
-        start = ("" if self.step_start is None else
-                 f', "{STEP_START}": {json.dumps(self.step_start(int(release.t)))}')
+        start = (
+            ""
+            if self.step_start is None
+            else f', "{STEP_START}": {json.dumps(self.step_start(int(release.t)))}'
+        )
         tail = f', "noise_std": {json.dumps(std)}{start}}}'
-        joined = (_int_rows(self._keys, release, head.encode(), b', "value": ',
-                            tail.encode(), b"\n") if self.round_counts else None)
+        joined = (
+            _int_rows(self._keys, release, head.encode(), b', "value": ', tail.encode(), b"\n")
+            if self.round_counts
+            else None
+        )
         if joined is not None:
             return joined + b"\n"
         vals = _value_text(release, self.round_counts)
@@ -1143,9 +1287,13 @@ class JsonlLongFormatter(_Formatter):
         n = len(vals)
         const = pa.array([head, ', "value": ', tail], pa.string())
         rows = pc.binary_join_element_wise(
-            const.take(pa.array(np.zeros(n, np.int64))), self._keys(release.items),
-            const.take(pa.array(np.ones(n, np.int64))), vals,
-            const.take(pa.array(np.full(n, 2, np.int64))), "")
+            const.take(pa.array(np.zeros(n, np.int64))),
+            self._keys(release.items),
+            const.take(pa.array(np.ones(n, np.int64))),
+            vals,
+            const.take(pa.array(np.full(n, 2, np.int64))),
+            "",
+        )
         return (_join(rows, "\n") + "\n").encode("utf-8")
 
 
@@ -1159,21 +1307,33 @@ class ParquetWriter:
 
     name = "parquet"
 
-    def __init__(self, path: str, round_counts: bool = False, *, rows_per_group: int = 65536,
-                 step_start: Callable[[int], str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        round_counts: bool = False,
+        *,
+        rows_per_group: int = 65536,
+        step_start: Callable[[int], str] | None = None,
+    ) -> None:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            raise ValueError("--output-format parquet needs pyarrow: pip install "
-                             "'dpstream[parquet]'") from None
+            raise ValueError(
+                "--output-format parquet needs pyarrow: pip install 'dpstream[parquet]'"
+            ) from None
         self.round_counts = round_counts
         self._pa = pa
         self.step_start = step_start  # a public clock: a step_start column (ISO-8601)
-        self._schema = pa.schema([("t", pa.int64()), ("item", pa.string()),
-                                  ("value", pa.int64() if round_counts else pa.float64()),
-                                  ("noise_std", pa.float64()),
-                                  *([(STEP_START, pa.string())] if step_start else [])])
+        self._schema = pa.schema(
+            [
+                ("t", pa.int64()),
+                ("item", pa.string()),
+                ("value", pa.int64() if round_counts else pa.float64()),
+                ("noise_std", pa.float64()),
+                *([(STEP_START, pa.string())] if step_start else []),
+            ]
+        )
         self._writer = pq.ParquetWriter(path, self._schema)
         self._rows: list[tuple[Any, ...]] = []  # empty steps, row by row
         self._batches: list[Any] = []  # releases as tables, in order
@@ -1192,14 +1352,29 @@ class ParquetWriter:
             values = np.asarray(release.values, dtype=np.float64)
             if self.round_counts:
                 values = np.rint(values).astype(np.int64)
-            self._batches.append(pa.table([
-                pa.array(np.full(n, int(release.t), dtype=np.int64)),
-                self._items(release.items), pa.array(values, type=self._schema[2].type),
-                pa.array(np.full(n, np.nan if std is None else float(std)),
-                         mask=np.full(n, std is None)),
-                *([pa.array([self.step_start(int(release.t))], pa.string()).take(
-                    pa.array(np.zeros(n, np.int64)))] if self.step_start else [])],
-                schema=self._schema))
+            self._batches.append(
+                pa.table(
+                    [
+                        pa.array(np.full(n, int(release.t), dtype=np.int64)),
+                        self._items(release.items),
+                        pa.array(values, type=self._schema[2].type),
+                        pa.array(
+                            np.full(n, np.nan if std is None else float(std)),
+                            mask=np.full(n, std is None),
+                        ),
+                        *(
+                            [
+                                pa.array([self.step_start(int(release.t))], pa.string()).take(
+                                    pa.array(np.zeros(n, np.int64))
+                                )
+                            ]
+                            if self.step_start
+                            else []
+                        ),
+                    ],
+                    schema=self._schema,
+                )
+            )
             self._pending += n
         if self._pending + len(self._rows) >= self._rows_per_group:
             self._flush()
@@ -1207,10 +1382,15 @@ class ParquetWriter:
     def _flush_rows(self) -> None:
         if self._rows:
             cols = list(zip(*self._rows, strict=True))
-            self._batches.append(self._pa.table(
-                [self._pa.array(c, type=f.type) for c, f in zip(cols, self._schema,
-                                                                strict=True)],
-                schema=self._schema))
+            self._batches.append(
+                self._pa.table(
+                    [
+                        self._pa.array(c, type=f.type)
+                        for c, f in zip(cols, self._schema, strict=True)
+                    ],
+                    schema=self._schema,
+                )
+            )
             self._pending += len(self._rows)
             self._rows = []
 
@@ -1225,9 +1405,9 @@ class ParquetWriter:
         self._writer.close()
 
 
-def make_formatter(fmt: str, round_counts: bool = False,
-                   step_start: Callable[[int], str] | None = None
-                   ) -> JsonlFormatter | CsvFormatter | JsonlLongFormatter:
+def make_formatter(
+    fmt: str, round_counts: bool = False, step_start: Callable[[int], str] | None = None
+) -> JsonlFormatter | CsvFormatter | JsonlLongFormatter:
     """The release formatter for ``fmt``: ``"jsonl"`` (a line per step), ``"csv"`` or
     ``"jsonl-long"`` (a row per released item per step). ``step_start`` (a run's public
     clock: t to when step t begins, ISO-8601) adds a ``step_start`` column to the long

@@ -92,8 +92,15 @@ except ImportError:  # Windows: no flock (two runs must not append to one ledger
 if TYPE_CHECKING:
     from .noise import NoiseKey
 
-__all__ = ["LedgerEntry", "LedgerError", "ReleaseLedger", "check_ledger_file",
-           "default_ledger_path", "ledger_path", "scope_refusal"]
+__all__ = [
+    "LedgerEntry",
+    "LedgerError",
+    "ReleaseLedger",
+    "check_ledger_file",
+    "default_ledger_path",
+    "ledger_path",
+    "scope_refusal",
+]
 
 _VERSION = "L1"
 _SCOPE = b"S1 "  # the line naming a run's noise scope
@@ -152,17 +159,24 @@ class ReleaseLedger:
             in the state before it recorded its first step).
     """
 
-    def __init__(self, path: str, key: NoiseKey, run_id: str, *, fsync: bool = True,
-                 scope: str | None = None, check_scope: bool = False,
-                 allow: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        path: str,
+        key: NoiseKey,
+        run_id: str,
+        *,
+        fsync: bool = True,
+        scope: str | None = None,
+        check_scope: bool = False,
+        allow: Iterable[str] = (),
+    ) -> None:
         if not run_id:
             raise LedgerError("the state has no run id: it cannot be kept in the release ledger")
         self.path = path
         self.run_id = run_id
         self._key = key.derive("release-ledger/v1")
         self._fsync = fsync
-        self._scope = (None if scope is None else
-                       self._tag(b"scope\0" + scope.encode("utf-8")))
+        self._scope = None if scope is None else self._tag(b"scope\0" + scope.encode("utf-8"))
         self.check_scope = check_scope
         self.allow = frozenset(allow)
         self._scoped: dict[str, tuple[bytes, int]] = {}  # run id -> its scope line, number
@@ -192,12 +206,14 @@ class ReleaseLedger:
         the ledger); the caller holds the lock. Returns the file's size."""
         size = os.fstat(self._fd).st_size
         if size < self._size:
-            raise LedgerError(f"the release ledger {self.path!r} was cut short while this run "
-                              "was using it: refusing to go on")
+            raise LedgerError(
+                f"the release ledger {self.path!r} was cut short while this run "
+                "was using it: refusing to go on"
+            )
         if size == self._size:
             return size
         data = _read_range(self._fd, self._size, size)
-        complete = data[:data.rfind(b"\n") + 1]  # what follows: a torn append, ignored
+        complete = data[: data.rfind(b"\n") + 1]  # what follows: a torn append, ignored
         self._size += len(complete)
         prefix = self._prefix
         at = len(prefix)
@@ -208,25 +224,32 @@ class ReleaseLedger:
                 if scope is not None and raw.startswith(_SCOPE):
                     fields = raw.split(b" ")
                     if len(fields) == 4 and fields[1] == scope:
-                        self._scoped.setdefault(fields[2].decode("ascii", "replace"),
-                                                (raw, self._lines))
+                        self._scoped.setdefault(
+                            fields[2].decode("ascii", "replace"), (raw, self._lines)
+                        )
                 continue  # another run's line (that run checks it)
             try:
-                t = int(raw[at:raw.index(b" ", at)])
+                t = int(raw[at : raw.index(b" ", at)])
             except ValueError:
-                raise LedgerError(f"line {self._lines} of the release ledger {self.path!r} is "
-                                  "not a ledger entry (edited?): refusing to trust the "
-                                  "ledger") from None
+                raise LedgerError(
+                    f"line {self._lines} of the release ledger {self.path!r} is "
+                    "not a ledger entry (edited?): refusing to trust the "
+                    "ledger"
+                ) from None
             self._max = max(self._max, t)
             if self._raw.setdefault(t, (raw, self._lines))[0] != raw:
-                raise LedgerError(f"the release ledger {self.path!r} holds step {t} of run "
-                                  f"{self.run_id} twice, with different digests (line "
-                                  f"{self._lines}): refusing to trust the ledger")
+                raise LedgerError(
+                    f"the release ledger {self.path!r} holds step {t} of run "
+                    f"{self.run_id} twice, with different digests (line "
+                    f"{self._lines}): refusing to trust the ledger"
+                )
         if len(self._raw) != self._max:
             missing = min(set(range(1, self._max + 1)) - set(self._raw))
-            raise LedgerError(f"the release ledger {self.path!r} lacks step {missing} of run "
-                              f"{self.run_id}, though it holds later steps: a line was "
-                              "removed; refusing to trust the ledger")
+            raise LedgerError(
+                f"the release ledger {self.path!r} lacks step {missing} of run "
+                f"{self.run_id}, though it holds later steps: a line was "
+                "removed; refusing to trust the ledger"
+            )
         return size
 
     @property
@@ -250,7 +273,8 @@ class ReleaseLedger:
         if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
             raise LedgerError(
                 f"line {number} of the release ledger {self.path!r} was not written with "
-                "this key (edited or forged): refusing to trust the ledger")
+                "this key (edited or forged): refusing to trust the ledger"
+            )
         entry = self._entries[t] = LedgerEntry(fields[3].decode(), fields[4].decode())
         return entry
 
@@ -265,7 +289,8 @@ class ReleaseLedger:
             if not hmac.compare_digest(self._tag(body), tag):
                 raise LedgerError(
                     f"line {number} of the release ledger {self.path!r} was not written with "
-                    "this key (edited or forged): refusing to trust the ledger")
+                    "this key (edited or forged): refusing to trust the ledger"
+                )
             found.append(run)
         return found
 
@@ -282,8 +307,7 @@ class ReleaseLedger:
     def same(self, t: int, input_mac: str) -> bool | None:
         """Whether step t is on record with this input digest (``None``: not on record)."""
         entry = self.entry(t)
-        return None if entry is None else hmac.compare_digest(entry.input_mac,
-                                                              input_mac[:_CUT])
+        return None if entry is None else hmac.compare_digest(entry.input_mac, input_mac[:_CUT])
 
     # -- writing ---------------------------------------------------------------
     def record(self, t: int, input_mac: str, release_mac: str) -> None:
@@ -306,12 +330,14 @@ class ReleaseLedger:
             raise LedgerError(
                 f"the release ledger {self.path!r} records step {t} of this run as released "
                 "from other input: the state is behind the ledger (restored from a backup?); "
-                "refusing to release it again from other data")
+                "refusing to release it again from other data"
+            )
         if old.release_mac != entry.release_mac:
             raise LedgerError(
                 f"step {t} gives another release than the one the release ledger "
                 f"{self.path!r} records (another dpstream or numeric library version?); "
-                "refusing to release it again")
+                "refusing to release it again"
+            )
         return True
 
     def adopt(self, steps: Iterable[tuple[int, str, str]]) -> int:
@@ -332,9 +358,11 @@ class ReleaseLedger:
                 entries = [(t, e) for t, e in entries if not self._on_record(t, e)]
                 for n, (t, _) in enumerate(entries):
                     if t != self.last_t + 1 + n:
-                        raise LedgerError(f"step {t} of run {self.run_id} does not follow "
-                                          f"step {self.last_t + n}, the last one in the "
-                                          f"release ledger {self.path!r}")
+                        raise LedgerError(
+                            f"step {t} of run {self.run_id} does not follow "
+                            f"step {self.last_t + n}, the last one in the "
+                            f"release ledger {self.path!r}"
+                        )
                 lines = []
                 if self._scope is not None and self.run_id not in self._scoped:
                     if self.check_scope and self.others():  # a run that began meanwhile
@@ -345,8 +373,12 @@ class ReleaseLedger:
                     return
                 scoped = len(lines)
                 for t, e in entries:
-                    body = b"%s%d %s %s" % (self._prefix, t, e.input_mac.encode("ascii"),
-                                            e.release_mac.encode("ascii"))
+                    body = b"%s%d %s %s" % (
+                        self._prefix,
+                        t,
+                        e.input_mac.encode("ascii"),
+                        e.release_mac.encode("ascii"),
+                    )
                     lines.append(b"%s %s" % (body, self._tag(body)))
                 data = b"\n".join(lines) + b"\n"
                 if size > self._size:  # a torn append (a kill in the middle of its write)
@@ -364,8 +396,10 @@ class ReleaseLedger:
                     self._entries[t] = e
                 self._max = len(self._raw)
         except OSError as exc:
-            raise LedgerError(f"cannot append to the release ledger {self.path!r}: "
-                              f"{exc.strerror}; nothing of the step was written") from None
+            raise LedgerError(
+                f"cannot append to the release ledger {self.path!r}: "
+                f"{exc.strerror}; nothing of the step was written"
+            ) from None
 
     def close(self) -> None:
         os.close(self._fd)
@@ -384,13 +418,15 @@ class ReleaseLedger:
 
 def scope_refusal(path: str, runs: int) -> str:
     """Why a new run is refused when ``runs`` other runs released under its noise scope."""
-    return (f"the release ledger {path!r} records {runs} earlier run(s) that released steps "
-            "with the same key and settings (the same --stream name and every setting that "
-            "shapes the noise): this run would draw the same noise, and releasing those "
-            "steps again from other data publishes the exact difference of the true counts. "
-            "Use a new key or another --stream name for a new stream, or resume the existing "
-            "one with its --state; if the earlier release was never published, --force "
-            "says so and goes on")
+    return (
+        f"the release ledger {path!r} records {runs} earlier run(s) that released steps "
+        "with the same key and settings (the same --stream name and every setting that "
+        "shapes the noise): this run would draw the same noise, and releasing those "
+        "steps again from other data publishes the exact difference of the true counts. "
+        "Use a new key or another --stream name for a new stream, or resume the existing "
+        "one with its --state; if the earlier release was never published, --force "
+        "says so and goes on"
+    )
 
 
 def check_ledger_file(path: str, *, fsync: bool = True) -> None:
@@ -415,7 +451,8 @@ def _open(path: str, *, fsync: bool) -> int:
         raise PermissionError(
             f"release ledger {path!r} can be written by other users (mode "
             f"{stat.S_IMODE(mode):04o}): whoever can write it can roll it back; run "
-            f"`chmod 600 {path}`")
+            f"`chmod 600 {path}`"
+        )
     if created and fsync:
         _fsync_dir(path)
     return fd

@@ -39,7 +39,8 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {
             "time": _dt.datetime.fromtimestamp(record.created, _dt.timezone.utc).isoformat(
-                timespec="milliseconds"),
+                timespec="milliseconds"
+            ),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -76,8 +77,9 @@ def setup_logging(fmt: str = "text", *, quiet: bool = False) -> logging.Logger:
         if isinstance(handler, _StderrHandler):
             logger.removeHandler(handler)
     handler = _StderrHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json"
-                         else logging.Formatter(f"{LOGGER}: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter(f"{LOGGER}: %(message)s")
+    )
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False

@@ -215,8 +215,11 @@ class NoiseKey:
         """
         mode = os.stat(path).st_mode
         if mode & 0o077:
-            warnings.warn(f"key file {str(path)!r} can be read or written by other users "
-                          f"(mode {mode & 0o777:04o}): run `chmod 600` on it", stacklevel=2)
+            warnings.warn(
+                f"key file {str(path)!r} can be read or written by other users "
+                f"(mode {mode & 0o777:04o}): run `chmod 600` on it",
+                stacklevel=2,
+            )
         text = Path(path).read_text(encoding="ascii").strip()
         try:
             secret = bytes.fromhex(text)
@@ -402,7 +405,7 @@ class NoiseSource:
             for part in digest_chunks(digest, items):
                 if pos + len(part) > flat.size:
                     break
-                flat[pos:pos + len(part)] = np.frombuffer(part, dtype=np.uint8)
+                flat[pos : pos + len(part)] = np.frombuffer(part, dtype=np.uint8)
                 pos += len(part)
             else:
                 if pos == flat.size:
@@ -466,15 +469,32 @@ class NoiseSource:
         """The checked tweak of (level, index, draw), tiled for ``items`` items (kernel input)."""
         return _kernel.tweak_tile(*_tweak(level, index, draw), min(items, _kernel.CHUNK_ITEMS))
 
-    def noise_chunk(self, words: np.ndarray, tile: np.ndarray, distribution: str, scale: float,
-                    out: np.ndarray, accumulate: bool, ws: _kernel.Workspace) -> None:
+    def noise_chunk(
+        self,
+        words: np.ndarray,
+        tile: np.ndarray,
+        distribution: str,
+        scale: float,
+        out: np.ndarray,
+        accumulate: bool,
+        ws: _kernel.Workspace,
+    ) -> None:
         """Kernel entry for callers that fuse more work per chunk (the tree sums).
 
         ``words`` is a chunk of prepared ids (at most the tile's length and
         ``ws.size`` items); see :func:`dpstream.noise_kernel.noise_chunk`.
         """
-        _kernel.noise_chunk(self._encryptor(), words, tile, self._kernel_distribution(distribution),
-                            scale, out, accumulate, ws, self._retry_encryptor())
+        _kernel.noise_chunk(
+            self._encryptor(),
+            words,
+            tile,
+            self._kernel_distribution(distribution),
+            scale,
+            out,
+            accumulate,
+            ws,
+            self._retry_encryptor(),
+        )
 
     def blocks(self, prepared: PreparedItems, level: int, index: int, draw: int = 0) -> np.ndarray:
         """The pseudorandom 128-bit blocks of (item, (level, index), draw) for every item."""
@@ -507,8 +527,9 @@ class NoiseSource:
         _kernel.run_tasks(len(tiles) * len(bounds), task)
         return np.frombuffer(raw, dtype="<u8", count=len(tiles) * n * 2).reshape(-1, n, 2)
 
-    def blocks_at(self, prepared: PreparedItems, level: int, index: int,
-                  draws: np.ndarray) -> np.ndarray:
+    def blocks_at(
+        self, prepared: PreparedItems, level: int, index: int, draws: np.ndarray
+    ) -> np.ndarray:
         """The block of each item at its own draw: row r is item r's block at
         (level, index, ``draws[r]``), the value :meth:`blocks` gives it there. Shape ``(n, 2)``."""
         draws = np.asarray(draws, dtype=np.uint64)
@@ -517,8 +538,9 @@ class NoiseSource:
             raise ValueError(f"draws must have shape ({n},), got {draws.shape}")
         _, w1 = _tweak(level, index, int(draws.max()) if n else 0)  # checks the address
         x = np.empty((n, 2), dtype="<u8")
-        np.bitwise_xor(prepared.words[:, 0], (draws << np.uint64(16)) | np.uint64(level),
-                       out=x[:, 0])
+        np.bitwise_xor(
+            prepared.words[:, 0], (draws << np.uint64(16)) | np.uint64(level), out=x[:, 0]
+        )
         np.bitwise_xor(prepared.words[:, 1], np.uint64(w1), out=x[:, 1])
         return self._encrypt(self._encryptor(), x)
 
@@ -595,13 +617,19 @@ class NoiseSource:
         bit, computed a cache-sized chunk at a time.
         """
         if distribution not in _kernel.DISTRIBUTIONS:
-            raise ValueError(f"distribution must be one of {_kernel.DISTRIBUTIONS}, "
-                             f"got {distribution!r}")
+            raise ValueError(
+                f"distribution must be one of {_kernel.DISTRIBUTIONS}, got {distribution!r}"
+            )
         n = len(prepared)
         if out is None:
             out = np.zeros(n) if accumulate else np.empty(n)
-        elif (not isinstance(out, np.ndarray) or out.shape != (n,) or out.dtype != np.float64
-              or not out.flags.c_contiguous or not out.flags.writeable):
+        elif (
+            not isinstance(out, np.ndarray)
+            or out.shape != (n,)
+            or out.dtype != np.float64
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
             raise ValueError(f"out must be a writeable contiguous float64 array of shape ({n},)")
         tile = self.tweak_tile(level, index, draw, n)
         words = prepared.words
@@ -613,8 +641,9 @@ class NoiseSource:
             enc, retry = self._encryptor(), self._retry_encryptor()
             ws = _kernel.workspace(_kernel.CHUNK_ITEMS)
             for lo, hi in bounds[first:stop]:
-                _kernel.noise_chunk(enc, words[lo:hi], tile, kind, scale, out[lo:hi],
-                                    accumulate, ws, retry)
+                _kernel.noise_chunk(
+                    enc, words[lo:hi], tile, kind, scale, out[lo:hi], accumulate, ws, retry
+                )
 
         _kernel.run_tasks(len(bounds), task)
         return out
@@ -637,13 +666,18 @@ class NoiseSource:
         """Gumbel(0, scale) noise of every prepared item at (level, index, draw)."""
         return self.draw_into(prepared, level, index, draw, distribution="gumbel", scale=scale)
 
-    def scalar(self, distribution: str, level: int, index: int, draw: int = 0,
-               scale: float = 1.0) -> float:
+    def scalar(
+        self, distribution: str, level: int, index: int, draw: int = 0, scale: float = 1.0
+    ) -> float:
         """One noise value that belongs to no item ("gaussian", "laplace", "gumbel")."""
         b = self.scalar_blocks([(level, index, draw)])
-        conv = {"gaussian": self.gaussian_values, "laplace": self.to_laplace,
-                "gumbel": self.to_gumbel}.get(distribution)
+        conv = {
+            "gaussian": self.gaussian_values,
+            "laplace": self.to_laplace,
+            "gumbel": self.to_gumbel,
+        }.get(distribution)
         if conv is None:
-            raise ValueError(f"distribution must be gaussian, laplace or gumbel, "
-                             f"got {distribution!r}")
+            raise ValueError(
+                f"distribution must be gaussian, laplace or gumbel, got {distribution!r}"
+            )
         return float(conv(b, scale)[0])

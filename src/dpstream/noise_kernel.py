@@ -64,7 +64,6 @@ DISTRIBUTIONS = ("uniform", "gaussian", "laplace", "gumbel")
 ZIGGURAT = "gaussian-v2"
 
 
-
 def chunk_bounds(n: int, chunk: int | None = None) -> list[tuple[int, int]]:
     """``[(lo, hi), ...]`` covering ``range(n)`` in chunks of ``chunk`` items."""
     size = CHUNK_ITEMS if chunk is None else chunk
@@ -285,9 +284,11 @@ def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=_threads - 1,
-                                       thread_name_prefix="dpstream-noise",
-                                       initializer=_mark_pool_thread)
+            _pool = ThreadPoolExecutor(
+                max_workers=_threads - 1,
+                thread_name_prefix="dpstream-noise",
+                initializer=_mark_pool_thread,
+            )
         return _pool
 
 

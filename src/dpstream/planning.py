@@ -33,9 +33,21 @@ from .mechanisms.unknown import threshold_profile
 from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 
-__all__ = ["explain", "Z95", "Z95_ONE_SIDED", "counter_comparison", "noise_std_worst", "describe",
-           "format_plan", "tau_for_target", "threshold_profile", "coarser_steps", "COARSER",
-           "max_items_hint", "MAX_ITEMS_CHOICES"]
+__all__ = [
+    "explain",
+    "Z95",
+    "Z95_ONE_SIDED",
+    "counter_comparison",
+    "noise_std_worst",
+    "describe",
+    "format_plan",
+    "tau_for_target",
+    "threshold_profile",
+    "coarser_steps",
+    "COARSER",
+    "max_items_hint",
+    "MAX_ITEMS_CHOICES",
+]
 
 #: The --max-items values ``plan`` compares (with the one given).
 MAX_ITEMS_CHOICES = (1, 2, 5, 10, 20, 50, 100)
@@ -74,8 +86,10 @@ def _base_reason(horizon: int, base: int, given: bool) -> str:
         return f"base {base}, as given by --base"
     star = optimal_base(horizon)
     if base == star:
-        return (f"base {base}, the one with the least noise at the worst step for "
-                f"--horizon {horizon} (worst-case factor {paper_variance_factor(horizon, base)})")
+        return (
+            f"base {base}, the one with the least noise at the worst step for "
+            f"--horizon {horizon} (worst-case factor {paper_variance_factor(horizon, base)})"
+        )
     return f"base {base}, chosen by the mechanism"
 
 
@@ -113,10 +127,15 @@ def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
         seen.add(h)
         mech = build(h)
         prof = threshold_profile(mech)
-        out.append({"merge": c, "horizon": h,
-                    "base": None if mech.base is None else int(mech.base),
-                    "threshold_typical": prof["threshold_typical"],
-                    "threshold_worst": prof["threshold_worst"]})
+        out.append(
+            {
+                "merge": c,
+                "horizon": h,
+                "base": None if mech.base is None else int(mech.base),
+                "threshold_typical": prof["threshold_typical"],
+                "threshold_worst": prof["threshold_worst"],
+            }
+        )
     return out
 
 
@@ -175,12 +194,17 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     }
     bounds = getattr(mech, "user_bounds", None)
     if bounds is not None:
-        out.update(max_items_per_user=bounds.max_items_per_user,
-                   max_count_per_item=bounds.max_count_per_item,
-                   user_bounds=bounds.describe())
+        out.update(
+            max_items_per_user=bounds.max_items_per_user,
+            max_count_per_item=bounds.max_count_per_item,
+            user_bounds=bounds.describe(),
+        )
     if strategy is not None:
-        out.update(buffers=strategy.buffers, fitted_horizon=strategy.fitted_horizon,
-                   worst_case_variance=strategy.worst_case_variance)
+        out.update(
+            buffers=strategy.buffers,
+            fitted_horizon=strategy.fitted_horizon,
+            worst_case_variance=strategy.worst_case_variance,
+        )
     counters = counter_comparison(mech)
     if counters is not None:
         out["counters_noise_std_worst"] = counters
@@ -196,8 +220,9 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
             prof = threshold_profile(mech)
             out.update(prof)
             out["occurrences_to_show_half"] = math.ceil(prof["threshold_worst"])
-            out["occurrences_to_show_95"] = math.ceil(prof["threshold_worst"]
-                                                      + Z95_ONE_SIDED * prof["std_worst"])
+            out["occurrences_to_show_95"] = math.ceil(
+                prof["threshold_worst"] + Z95_ONE_SIDED * prof["std_worst"]
+            )
             out["occurrences_to_show_half_typical"] = math.ceil(prof["threshold_typical"])
         else:
             out["occurrences_to_show_half"] = math.ceil(threshold)
@@ -214,8 +239,11 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         out["k"] = int(mech.k)
     for attr in ("oneshot", "kbar"):
         if getattr(mech, attr, None) is not None:
-            out[attr] = getattr(mech, attr) if isinstance(getattr(mech, attr), (str, int)) \
+            out[attr] = (
+                getattr(mech, attr)
+                if isinstance(getattr(mech, attr), (str, int))
                 else str(getattr(mech, attr))
+            )
     return out
 
 
@@ -227,18 +255,27 @@ def _describe_unbounded(mech: Any, name: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "mechanism": name,
         "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
-        "horizon": None, "unbounded": True, "step_limit": int(mech.horizon),
-        "counter": "blt", "base": None, "tau": float(mech.tau),
-        "noise_std_worst": std, "ci95_half_width": Z95 * std,
-        "privacy": mech.privacy.to_dict(), "unit": mech.privacy.unit,
-        "buffers": strategy.buffers, "fitted_horizon": strategy.fitted_horizon,
+        "horizon": None,
+        "unbounded": True,
+        "step_limit": int(mech.horizon),
+        "counter": "blt",
+        "base": None,
+        "tau": float(mech.tau),
+        "noise_std_worst": std,
+        "ci95_half_width": Z95 * std,
+        "privacy": mech.privacy.to_dict(),
+        "unit": mech.privacy.unit,
+        "buffers": strategy.buffers,
+        "fitted_horizon": strategy.fitted_horizon,
         **unbounded_profile(mech),
     }
     bounds = getattr(mech, "user_bounds", None)
     if bounds is not None:
-        out.update(max_items_per_user=bounds.max_items_per_user,
-                   max_count_per_item=bounds.max_count_per_item,
-                   user_bounds=bounds.describe())
+        out.update(
+            max_items_per_user=bounds.max_items_per_user,
+            max_count_per_item=bounds.max_count_per_item,
+            user_bounds=bounds.describe(),
+        )
     if hasattr(mech, "max_items"):
         out["max_items"] = mech.max_items
     if getattr(mech, "domain", None) is not None:
@@ -265,7 +302,8 @@ def _format_unbounded(info: dict[str, Any]) -> list[str]:
         lines.append(
             f"threshold     an item is shown at step t once its noisy count passes m_t "
             f"(--threshold-delta {info['threshold_delta']:.3g}, spent as delta/(t(t+1)) at "
-            f"step t so that it sums to at most delta over all t): {ms}")
+            f"step t so that it sums to at most delta over all t): {ms}"
+        )
     return lines
 
 
@@ -282,30 +320,42 @@ def explain(info: dict[str, Any]) -> str:
         "Steinke 2016)",
     ]
     if info.get("counter") == "blt":
-        lines.append("counter       buffered linear Toeplitz factorization A = B C (Dvijotham, "
-                     "McMahan, Pillutla, Steinke and Thakurta 2024): one Gaussian per item and "
-                     "step; sensitivity max_j ||C e_j||, variance at t sigma^2 ||row_t(B)||^2")
+        lines.append(
+            "counter       buffered linear Toeplitz factorization A = B C (Dvijotham, "
+            "McMahan, Pillutla, Steinke and Thakurta 2024): one Gaussian per item and "
+            "step; sensitivity max_j ||C e_j||, variance at t sigma^2 ||row_t(B)||^2"
+        )
     else:
-        lines.append(f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
-                     f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
-                     "minimises (r - 1) L_r^2 (eq:opt_base)")
+        lines.append(
+            f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
+            f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
+            "minimises (r - 1) L_r^2 (eq:opt_base)"
+        )
     if info.get("unbounded"):
-        lines.append("no end        sigma from the limit sensitivity sum_(n >= 0) c_n^2, which "
-                     "bounds max_j ||C e_j|| for every horizon; the threshold of step t "
-                     "spends delta/(t(t+1)), and sum_t 1/(t(t+1)) = 1")
+        lines.append(
+            "no end        sigma from the limit sensitivity sum_(n >= 0) c_n^2, which "
+            "bounds max_j ||C e_j|| for every horizon; the threshold of step t "
+            "spends delta/(t(t+1)), and sum_t 1/(t(t+1)) = 1"
+        )
     if "threshold" in info and info.get("counter") == "blt":
-        lines.append("threshold     per step m_t = 1 + sigma ||row_t(B)|| Phi^-1(1 - delta/T), "
-                     "the std of a count at t in place of the tree's (eq:threshold, "
-                     "lem:badOutcomes); items first seen at s draw their noise state at s-1 "
-                     "from its exact law")
+        lines.append(
+            "threshold     per step m_t = 1 + sigma ||row_t(B)|| Phi^-1(1 - delta/T), "
+            "the std of a count at t in place of the tree's (eq:threshold, "
+            "lem:badOutcomes); items first seen at s draw their noise state at s-1 "
+            "from its exact law"
+        )
     elif "threshold" in info:
-        lines.append("threshold     m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) "
-                     "(eq:threshold, lem:badOutcomes); per step m_t with |I_t| cells in place "
-                     "of (r - 1) L_r, never above m_delta")
+        lines.append(
+            "threshold     m_delta = 1 + tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) "
+            "(eq:threshold, lem:badOutcomes); per step m_t with |I_t| cells in place "
+            "of (r - 1) L_r, never above m_delta"
+        )
     if "switches" in info:
-        lines.append("top-k         SparseGumb (algo:sparseGumb): Gumbel selections with noise "
-                     "tau_2, a sparse-vector switch test with noise tau_1 (Lyu, Su and Li 2017, "
-                     "Alg. 1)")
+        lines.append(
+            "top-k         SparseGumb (algo:sparseGumb): Gumbel selections with noise "
+            "tau_2, a sparse-vector switch test with noise tau_1 (Lyu, Su and Li 2017, "
+            "Alg. 1)"
+        )
     return "\n".join(lines)
 
 
@@ -316,34 +366,49 @@ def format_plan(info: dict[str, Any]) -> str:
         counter = ""
     elif info.get("counter") == "blt":
         k = info["buffers"]
-        counter = (f"counter       a BLT matrix factorization, {k} buffer{'s' * (k != 1)} per "
-                   f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
-                   f"{info['worst_case_variance']:.4g} times the noise scale squared")
+        counter = (
+            f"counter       a BLT matrix factorization, {k} buffer{'s' * (k != 1)} per "
+            f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
+            f"{info['worst_case_variance']:.4g} times the noise scale squared"
+        )
     else:
-        counter = (f"counter       a tree of {info['base_reason']}; {info['levels']} levels, "
-                   f"at most {info['max_cells']} noisy cells per count")
+        counter = (
+            f"counter       a tree of {info['base_reason']}; {info['levels']} levels, "
+            f"at most {info['max_cells']} noisy cells per count"
+        )
     unit = info.get("unit", "event")
-    plain = (f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
-             f"with rho = {p['rho']:.6g}; converted by {p['conversion']})")
+    plain = (
+        f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
+        f"with rho = {p['rho']:.6g}; converted by {p['conversion']})"
+    )
     if info.get("unbounded"):
         plain += ", for all t"
-    horizon = ("no --horizon: a stream with no planned end (at most 2^40 steps)"
-               if info.get("unbounded") else f"--horizon {info['horizon']}")
+    horizon = (
+        "no --horizon: a stream with no planned end (at most 2^40 steps)"
+        if info.get("unbounded")
+        else f"--horizon {info['horizon']}"
+    )
     lines = [
         f"mechanism     {info['mechanism']} ({info['algorithm']}), {horizon}",
         *([counter] if counter else []),
         f"noise scale   {info['tau']:.6g}",
         f"privacy       {plain}",
-        *([f"unit          per user: {info['user_bounds']} over the whole stream (later "
-            "contributions dropped); the guarantee hides all of one user's events"]
-          if unit == "user" else []),
+        *(
+            [
+                f"unit          per user: {info['user_bounds']} over the whole stream (later "
+                "contributions dropped); the guarantee hides all of one user's events"
+            ]
+            if unit == "user"
+            else []
+        ),
     ]
     if info.get("unbounded"):
         lines += _format_unbounded(info)
     else:
         lines.append(
             f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% "
-            f"interval is the released count +- {info['ci95_half_width']:.4g}")
+            f"interval is the released count +- {info['ci95_half_width']:.4g}"
+        )
     counters = info.get("counters_noise_std_worst")
     if counters and len(counters) > 1:
         lines.append(
@@ -370,18 +435,26 @@ def format_plan(info: dict[str, Any]) -> str:
         )
     for row in info.get("coarser_steps", []):
         if row["merge"] == 1:
-            lines.append("coarser steps the thresholds if c steps were merged into one (same "
-                         "budget, --horizon divided by c):")
+            lines.append(
+                "coarser steps the thresholds if c steps were merged into one (same "
+                "budget, --horizon divided by c):"
+            )
         base = "" if row["base"] is None else f", --base {row['base']}"
         lines.append(
             f"              c = {row['merge']:>2}: --horizon {row['horizon']}{base}: "
             f"threshold {row['threshold_typical']:.4g} at the median step, "
-            f"{row['threshold_worst']:.4g} at the worst")
+            f"{row['threshold_worst']:.4g} at the worst"
+        )
     if "switches" in info:
         lines.append(
             f"top-k         --k {info['k']}, at most {info['switches']} switches of the list"
-            + (" (the default for --horizon: the smallest s with 8^s >= T; give --switches "
-               "to change it)" if info.get("switches_default") else "") + "; "
+            + (
+                " (the default for --horizon: the smallest s with 8^s >= T; give --switches "
+                "to change it)"
+                if info.get("switches_default")
+                else ""
+            )
+            + "; "
             f"an item outside it must lead by --eta {info['eta']:.4g}; noise scale of the "
             f"selection {info['tau_2']:.4g}, of the switch test {info['tau_1']:.4g}"
         )
@@ -397,10 +470,12 @@ def format_plan(info: dict[str, Any]) -> str:
             f"top-k choice  if every event holds at most {info['max_items_break_even']} items, "
             "KnownBase's top-k (free post-processing of the whole noisy histogram) lists an "
             "item at a smaller count than SparseGumb needs for this budget: give --max-items "
-            "to compare")
+            "to compare"
+        )
     if "max_items_hint" in info:
-        rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}"
-                         for r in info["max_items_hint"])
+        rows = ", ".join(
+            f"{r['max_items']}: {r['noise_std_worst']:.3g}" for r in info["max_items_hint"]
+        )
         sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
         worst = "step 2^40, the limit" if info.get("unbounded") else "the worst step"
         lines.append(
@@ -409,7 +484,8 @@ def format_plan(info: dict[str, Any]) -> str:
             "(the run summary reports the share of item occurrences dropped). The noise grows "
             f"with it (std at {worst}, --max-items: std): {rows}"
             + (f" (SparseGumb, any event size: {sparse:.3g})" if sparse else "")
-            + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes.")
+            + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes."
+        )
     if "target_error" in info:
         lines.append(
             f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "

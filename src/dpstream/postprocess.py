@@ -70,10 +70,20 @@ class ReadableCounts:
     dict), so memory grows with the number of distinct items published.
     """
 
-    def __init__(self, *, clamp: bool = True, monotone: bool = False,
-                 round_counts: bool = False, ranked: bool = False) -> None:
-        for name, value in (("clamp", clamp), ("monotone", monotone),
-                            ("round_counts", round_counts), ("ranked", ranked)):
+    def __init__(
+        self,
+        *,
+        clamp: bool = True,
+        monotone: bool = False,
+        round_counts: bool = False,
+        ranked: bool = False,
+    ) -> None:
+        for name, value in (
+            ("clamp", clamp),
+            ("monotone", monotone),
+            ("round_counts", round_counts),
+            ("ranked", ranked),
+        ):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         self.clamp = clamp
@@ -95,8 +105,9 @@ class ReadableCounts:
     def __call__(self, release: Release) -> Release:
         """The published form of ``release`` (the next step's)."""
         if release.t <= self._t:
-            raise ValueError(f"releases must come in time order: got t={release.t} after "
-                             f"t={self._t}")
+            raise ValueError(
+                f"releases must come in time order: got t={release.t} after t={self._t}"
+            )
         values = np.asarray(release.values, dtype=np.float64)
         if self.round_counts:
             values = np.rint(values)
@@ -133,8 +144,9 @@ class ReadableCounts:
             self._same_items = self._same_last = None
         seq = list(items)  # type: ignore[call-overload]
         last = self._last
-        before = np.fromiter((last.get(it, -np.inf) for it in seq), dtype=np.float64,
-                             count=len(seq))
+        before = np.fromiter(
+            (last.get(it, -np.inf) for it in seq), dtype=np.float64, count=len(seq)
+        )
         np.maximum(values, before, out=values)
         # the same tuple (or a known domain's read-only view) next step is the same
         # items (a list could have been changed)
@@ -144,5 +156,7 @@ class ReadableCounts:
             last.update(zip(seq, values.tolist(), strict=True))
 
     def __repr__(self) -> str:
-        return (f"ReadableCounts(clamp={self.clamp}, monotone={self.monotone}, "
-                f"round_counts={self.round_counts}, t={self._t})")
+        return (
+            f"ReadableCounts(clamp={self.clamp}, monotone={self.monotone}, "
+            f"round_counts={self.round_counts}, t={self._t})"
+        )

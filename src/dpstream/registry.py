@@ -45,27 +45,70 @@ class MechanismSpec:
 
 MECHANISMS: dict[str, MechanismSpec] = {
     "known": MechanismSpec(
-        "known", "dpstream.mechanisms.known", "KnownDomainHistogram", "required", True,
-        "required", (), "KnownBase: running histogram of a known domain, <= max-items per event"),
+        "known",
+        "dpstream.mechanisms.known",
+        "KnownDomainHistogram",
+        "required",
+        True,
+        "required",
+        (),
+        "KnownBase: running histogram of a known domain, <= max-items per event",
+    ),
     "unknown": MechanismSpec(
-        "unknown", "dpstream.mechanisms.unknown", "UnknownDomainHistogram", "none", False,
-        "required", ("threshold", "remember"),
-        "UnkBase: running histogram of items never listed in advance, <= max-items per event"),
+        "unknown",
+        "dpstream.mechanisms.unknown",
+        "UnknownDomainHistogram",
+        "none",
+        False,
+        "required",
+        ("threshold", "remember"),
+        "UnkBase: running histogram of items never listed in advance, <= max-items per event",
+    ),
     "top-k": MechanismSpec(
-        "top-k", "dpstream.mechanisms.topk", "ContinualTopK", "required", True, "optional",
+        "top-k",
+        "dpstream.mechanisms.topk",
+        "ContinualTopK",
+        "required",
+        True,
+        "optional",
         ("status", "switches_left", "switched", "selection"),
         "SparseGumb: continual top-k of a known domain, any number of items per event "
         "(with --max-items: SparseGumb, KnownBase's or UnkBase's top-k, whichever lists "
-        "items soonest)"),
+        "items soonest)",
+    ),
     "meta": MechanismSpec(
-        "meta", "dpstream.mechanisms.meta", "MetaHistogram", "optional", False, "optional",
-        ("status",), "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)"),
+        "meta",
+        "dpstream.mechanisms.meta",
+        "MetaHistogram",
+        "optional",
+        False,
+        "optional",
+        ("status",),
+        "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)",
+    ),
 }
 
 #: Options passed to the mechanism's constructor when set (CLI dest = keyword).
-_MECH_KWARGS = ("max_items", "k", "switches", "eta", "oneshot", "kbar", "counter", "base",
-                "remember", "threshold_delta", "stream", "rho", "epsilon", "delta", "tau",
-                "max_items_per_user", "max_count_per_item", "noise_version")
+_MECH_KWARGS = (
+    "max_items",
+    "k",
+    "switches",
+    "eta",
+    "oneshot",
+    "kbar",
+    "counter",
+    "base",
+    "remember",
+    "threshold_delta",
+    "stream",
+    "rho",
+    "epsilon",
+    "delta",
+    "tau",
+    "max_items_per_user",
+    "max_count_per_item",
+    "noise_version",
+)
 
 
 def mechanism_class(name: str) -> type:
@@ -83,8 +126,9 @@ def mechanism_class(name: str) -> type:
     return getattr(module, spec.cls)
 
 
-def build_mechanism(name: str, options: dict[str, Any], key: Any,
-                    domain: Sequence[str] | None) -> Any:
+def build_mechanism(
+    name: str, options: dict[str, Any], key: Any, domain: Sequence[str] | None
+) -> Any:
     """Build mechanism ``name`` from command-line options (``dest -> value``).
 
     Options that are ``None`` are left to the constructor's defaults; an
@@ -114,8 +158,11 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
         kwargs[dest] = value
     _counter_from_buffers(name, options, kwargs, "counter" in params)
     check_user_options(options)
-    if spec.max_items == "required" and "max_items" not in kwargs \
-            and "max_items_per_user" not in kwargs:
+    if (
+        spec.max_items == "required"
+        and "max_items" not in kwargs
+        and "max_items_per_user" not in kwargs
+    ):
         raise ValueError(f"--mechanism {name} needs --max-items (the most items an event holds)")
     args: list[Any] = []
     if spec.domain == "required" and domain is None:
@@ -143,8 +190,9 @@ def build_mechanism(name: str, options: dict[str, Any], key: Any,
     return cls(*args, horizon, key=key, **kwargs)
 
 
-def _counter_from_buffers(name: str, options: dict[str, Any], kwargs: dict[str, Any],
-                          takes_counter: bool) -> None:
+def _counter_from_buffers(
+    name: str, options: dict[str, Any], kwargs: dict[str, Any], takes_counter: bool
+) -> None:
     """``--blt-buffers K``: ``kwargs["counter"]`` becomes the K-buffer BLT for --horizon."""
     buffers = options.get("blt_buffers")
     if buffers is None:
@@ -156,8 +204,9 @@ def _counter_from_buffers(name: str, options: dict[str, Any], kwargs: dict[str, 
     horizon = options.get("horizon")
     if horizon is None:
         raise ValueError("--horizon is required (T, the number of time steps)")
-    kwargs["counter"] = counter_with_buffers(options.get("counter"), options.get("base"),
-                                             buffers, int(horizon))
+    kwargs["counter"] = counter_with_buffers(
+        options.get("counter"), options.get("base"), buffers, int(horizon)
+    )
 
 
 def check_user_options(options: dict[str, Any]) -> None:
@@ -166,15 +215,18 @@ def check_user_options(options: dict[str, Any]) -> None:
     per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
     if (per_user is None) != (per_item is None):
         missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
-        raise ValueError(f"user-level privacy needs --max-items-per-user and "
-                         f"--max-count-per-item together (missing {missing})")
+        raise ValueError(
+            f"user-level privacy needs --max-items-per-user and "
+            f"--max-count-per-item together (missing {missing})"
+        )
     if options.get("user_field") is not None and options.get("mechanism") == "meta":
-        raise ValueError("--user-field does not apply to --mechanism meta (known, unknown and "
-                         "top-k protect users)")
+        raise ValueError(
+            "--user-field does not apply to --mechanism meta (known, unknown and "
+            "top-k protect users)"
+        )
 
 
-def top_k_choice(name: str, options: dict[str, Any], key: Any,
-                 domain: Sequence[str] | None) -> Any:
+def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[str] | None) -> Any:
     """For ``-m top-k --max-items N``: SparseGumb, KnownBase's or UnkBase's top-k, the
     one an item needs the smallest count to be listed by, from public parameters
     (``dpstream.mechanisms.histogram_topk.choose_top_k``); ``None`` otherwise. Without
@@ -184,14 +236,25 @@ def top_k_choice(name: str, options: dict[str, Any], key: Any,
     from .mechanisms.histogram_topk import choose_top_k
 
     probe = build_mechanism(name, {**options, "max_items": None}, key, domain)  # checks
-    kwargs = {d: options[d] for d in _MECH_KWARGS
-              if options.get(d) is not None and d not in ("max_items", "k", "switches", "eta")
-              and d != "remember"}
+    kwargs = {
+        d: options[d]
+        for d in _MECH_KWARGS
+        if options.get(d) is not None
+        and d not in ("max_items", "k", "switches", "eta")
+        and d != "remember"
+    }
     if options.get("eta") not in (None, "auto"):
         kwargs["eta"] = options["eta"]
     _counter_from_buffers(name, options, kwargs, True)
-    return choose_top_k(probe.domain, probe.horizon, k=probe.k, switches=probe.switches,
-                        max_items=options["max_items"], key=key, **kwargs)
+    return choose_top_k(
+        probe.domain,
+        probe.horizon,
+        k=probe.k,
+        switches=probe.switches,
+        max_items=options["max_items"],
+        key=key,
+        **kwargs,
+    )
 
 
 # --------------------------------------------------------------------------- options
@@ -211,10 +274,10 @@ def make_postprocessor(opts: dict[str, Any]) -> Any:
     from .postprocess import ReadableCounts
 
     name = opts.get("mechanism", "known")
-    ranked = name in ("unknown", "top-k") or (name == "meta"
-                                             and opts.get("oneshot") != "gaussian")
-    return ReadableCounts(clamp=bool(opts.get("clamp", CLAMP_DEFAULT)),
-                          monotone=bool(opts.get("monotone", MONOTONE_DEFAULT)),
-                          round_counts=bool(opts.get("round", True)), ranked=ranked)
-
-
+    ranked = name in ("unknown", "top-k") or (name == "meta" and opts.get("oneshot") != "gaussian")
+    return ReadableCounts(
+        clamp=bool(opts.get("clamp", CLAMP_DEFAULT)),
+        monotone=bool(opts.get("monotone", MONOTONE_DEFAULT)),
+        round_counts=bool(opts.get("round", True)),
+        ranked=ranked,
+    )

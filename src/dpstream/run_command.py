@@ -124,8 +124,6 @@ def load_key(opts: dict[str, Any]) -> Any:
     return NoiseKey.load(path)
 
 
-
-
 def _noise_version(opts: dict[str, Any]) -> int:
     """The noise version of this run: ``--noise-version`` if given; else the version of
     the stream this run goes on with or writes over, so that a stream never changes
@@ -162,11 +160,13 @@ def _noise_version(opts: dict[str, Any]) -> int:
         if meta is not None:
             return int(meta.get("noise_version", 1))
         if opts.get("force") and os.path.getsize(output) > 0:
-            raise ValueError(f"output file {output!r} holds releases but no metadata sidecar "
-                             "says which noise version drew them: pass --noise-version (1 for "
-                             "releases of dpstream 0.1, or the version of the run that wrote "
-                             "it); another version would publish independent noise for the "
-                             "same steps")
+            raise ValueError(
+                f"output file {output!r} holds releases but no metadata sidecar "
+                "says which noise version drew them: pass --noise-version (1 for "
+                "releases of dpstream 0.1, or the version of the run that wrote "
+                "it); another version would publish independent noise for the "
+                "same steps"
+            )
     return NOISE_VERSION
 
 
@@ -185,13 +185,18 @@ def _recorded_tree_base(opts: dict[str, Any]) -> int | None:
     from .state import recorded_params
 
     if opts.get("mechanism") != "unknown" or any(
-            opts.get(k) is not None for k in ("counter", "blt_buffers", "base")):
+        opts.get(k) is not None for k in ("counter", "blt_buffers", "base")
+    ):
         return None
     if opts.get("state"):
         params = recorded_params(opts["state"], allow_readable=opts["allow_readable_state"])
         if params is not None:
-            if params.get("mechanism") == "unknown" and "blt" not in params \
-                    and params.get("counter") is None and params.get("base"):
+            if (
+                params.get("mechanism") == "unknown"
+                and "blt" not in params
+                and params.get("counter") is None
+                and params.get("base")
+            ):
                 return int(params["base"])
             return None
     output = opts.get("output")
@@ -200,8 +205,12 @@ def _recorded_tree_base(opts: dict[str, Any]) -> int | None:
             meta = read_run_meta(sidecar_path(output))
         except ValueError:
             meta = None
-        if meta is not None and meta.get("mechanism") == "unknown" \
-                and meta.get("counter", "tree") == "tree" and meta.get("base"):
+        if (
+            meta is not None
+            and meta.get("mechanism") == "unknown"
+            and meta.get("counter", "tree") == "tree"
+            and meta.get("base")
+        ):
             return int(meta["base"])
     return None
 
@@ -213,8 +222,13 @@ def _domain_sha256(domain: list[str] | None) -> str | None:
     return hashlib.sha256(json.dumps(domain, ensure_ascii=True).encode()).hexdigest()
 
 
-def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
-                input_format: str, output_format: str) -> dict[str, Any]:
+def _run_params(
+    opts: dict[str, Any],
+    mech: Any,
+    domain_sha256: str | None,
+    input_format: str,
+    output_format: str,
+) -> dict[str, Any]:
     """The parameters a resumed run must share (canonical JSON in the state)."""
     params = {k: opts[k] for k in _MECH_KWARGS if k in opts}
     # noise version 1 is not recorded, so that states written before versions existed resume
@@ -222,11 +236,16 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
     if version not in (None, 1):
         params["noise_version"] = version
     params.update(
-        mechanism=opts["mechanism"], horizon=opts["horizon"],  # None: no planned end
-        base=None if mech.base is None else int(mech.base), tau=float(mech.tau),
+        mechanism=opts["mechanism"],
+        horizon=opts["horizon"],  # None: no planned end
+        base=None if mech.base is None else int(mech.base),
+        tau=float(mech.tau),
         domain_sha256=domain_sha256,
-        input_format=input_format, output_format=output_format, round=bool(opts["round"]),
-        clamp=bool(opts["clamp"]), monotone=bool(opts["monotone"]),
+        input_format=input_format,
+        output_format=output_format,
+        round=bool(opts["round"]),
+        clamp=bool(opts["clamp"]),
+        monotone=bool(opts["monotone"]),
         on_invalid=opts["on_invalid"],
     )
     if opts["horizon"] is None:  # recorded: a resume cannot switch to or from a horizon
@@ -236,8 +255,11 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
 
         params["truncation"] = METHOD
     if input_format == "csv":
-        params.update(item_column=opts["item_column"], event_column=opts["event_column"],
-                      time_column=opts["time_column"])
+        params.update(
+            item_column=opts["item_column"],
+            event_column=opts["event_column"],
+            time_column=opts["time_column"],
+        )
     if opts.get("user_field") is not None:
         params.update(user_field=opts["user_field"])
     if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
@@ -247,10 +269,13 @@ def _run_params(opts: dict[str, Any], mech: Any, domain_sha256: str | None,
     params["implicit_time"] = bool(opts["implicit_time"])
     clock = clock_from_options(opts)
     if clock is not None:
-        params.update(time_field=opts["time_field"], start=clock.start.isoformat(),
-                      step_seconds=clock.step.total_seconds(),
-                      lateness_seconds=clock.lateness.total_seconds(),
-                      follow=bool(opts["follow"]))
+        params.update(
+            time_field=opts["time_field"],
+            start=clock.start.isoformat(),
+            step_seconds=clock.step.total_seconds(),
+            lateness_seconds=clock.lateness.total_seconds(),
+            follow=bool(opts["follow"]),
+        )
         if clock.months:  # calendar months, in the offset of --start
             params.update(step_months=clock.months, time_zone=clock.zone_text())
     return params
@@ -262,7 +287,7 @@ _REDACTED = {
     "not in the domain": "an item is not in the --domain",
     "not valid JSON": "not valid JSON",
     "time order": "its time step is not after a step already complete (events must be in "
-                  "time order)",
+    "time order)",
     "not valid UTF-8": "not valid UTF-8",
     "user id": "its user id (--user-field) is missing, empty or not a string",
     "malformed": "not a valid event",
@@ -272,9 +297,18 @@ _REDACTED = {
 class _Validator:
     """Applies --on-invalid to each record of a step, counting what it dropped or cut."""
 
-    def __init__(self, *, policy: str, domain: Sequence[str] | None, max_items: int | None,
-                 truncator: Any, stats: RunStats, verbose: bool = False,
-                 users: bool = False, domain_index: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        policy: str,
+        domain: Sequence[str] | None,
+        max_items: int | None,
+        truncator: Any,
+        stats: RunStats,
+        verbose: bool = False,
+        users: bool = False,
+        domain_index: Any = None,
+    ) -> None:
         self.users = users  # events are (user, items) pairs (--user-field)
         self.policy = policy
         from .mechanisms.item_table import domain_table
@@ -299,8 +333,7 @@ class _Validator:
         reason = reason_key(problem)
         if self.policy == "error":
             if not self.verbose and reason in _REDACTED:
-                problem = (f"{_REDACTED[reason]} (--verbose-errors shows the record's "
-                           "content)")
+                problem = f"{_REDACTED[reason]} (--verbose-errors shows the record's content)"
             raise InvalidEventError(f"input line {line}: {problem} (see --on-invalid)")
         self.stats.skipped += 1
         self.stats.reasons[reason] += 1
@@ -342,12 +375,12 @@ class _Validator:
                     bad = np.flatnonzero(np.bincount(event_of[out_occ], minlength=n_ev))
                     if self.policy != "truncate":
                         first = np.flatnonzero(out_occ)
-                        first_of = dict(zip(event_of[first][::-1].tolist(),
-                                            first[::-1].tolist(), strict=True))
+                        first_of = dict(
+                            zip(event_of[first][::-1].tolist(), first[::-1].tolist(), strict=True)
+                        )
                         for e in bad.tolist():
                             item = items[int(codes[first_of[e]])]
-                            invalid.append((int(lines[e]),
-                                            f"item {item!r} is not in the domain"))
+                            invalid.append((int(lines[e]), f"item {item!r} is not in the domain"))
                         drop[bad] = True
                     else:
                         keep &= ~out_occ
@@ -357,8 +390,13 @@ class _Validator:
                 over = np.flatnonzero((distinct > self.max_items) & ~drop)
                 if self.policy != "truncate":
                     for e in over.tolist():
-                        invalid.append((int(lines[e]), f"event has {int(distinct[e])} distinct "
-                                        f"items, more than --max-items {self.max_items}"))
+                        invalid.append(
+                            (
+                                int(lines[e]),
+                                f"event has {int(distinct[e])} distinct "
+                                f"items, more than --max-items {self.max_items}",
+                            )
+                        )
                         drop[e] = True
                 elif over.size:  # every event's cut at once, keyed on (step, its items)
                     if step.t is None:
@@ -430,8 +468,7 @@ def _input_mac(opts: dict[str, Any], digests: Any) -> str | None:
     return digests.file(opts["input"])
 
 
-def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
-           digests: Any) -> _GoOn | None:
+def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any, digests: Any) -> _GoOn | None:
     """How this run goes on from the state's snapshot, or None (no snapshot: replay all)."""
     from .snapshot import load_snapshot
 
@@ -450,19 +487,30 @@ def _go_on(ckpt: Any, record: Any, opts: dict[str, Any], key: Any,
             if last is not None and mac is not None and seen == mac:
                 raise StateError(
                     f"this input was already fed to the stream in {opts['state']} (run {n}, "
-                    f"steps {first}..{last}): refusing to release its events twice")
+                    f"steps {first}..{last}): refusing to release its events twice"
+                )
     elif open_batch is not None and mac is not None and open_batch[2] not in (None, mac):
-        raise StateError(f"the run in {opts['state']} stopped at step {record.last_t} while "
-                         f"reading another input ({open_batch[1]!r}): give it the same input "
-                         "to finish its steps")
+        raise StateError(
+            f"the run in {opts['state']} stopped at step {record.last_t} while "
+            f"reading another input ({open_batch[1]!r}): give it the same input "
+            "to finish its steps"
+        )
     saved = load_snapshot(blob, key, _snapshot_context(ckpt, record.params, t))
     if not (isinstance(saved, tuple) and len(saved) == 2):
-        raise StateError(f"the state's snapshot in {opts['state']} holds no post-processing "
-                         "state (--clamp/--monotone): go on with the version that wrote it")
+        raise StateError(
+            f"the state's snapshot in {opts['state']} holds no post-processing "
+            "state (--clamp/--monotone): go on with the version that wrote it"
+        )
     mechanism, publish = saved
     offset = ckpt.step(t).end
-    return _GoOn(mechanism=mechanism, publish=publish, t=t, offset=offset, continues=continues,
-                 batch=None if continues or open_batch is None else open_batch[0])
+    return _GoOn(
+        mechanism=mechanism,
+        publish=publish,
+        t=t,
+        offset=offset,
+        continues=continues,
+        batch=None if continues or open_batch is None else open_batch[0],
+    )
 
 
 def _check_time_mode(opts: dict[str, Any], until: int) -> None:
@@ -472,16 +520,22 @@ def _check_time_mode(opts: dict[str, Any], until: int) -> None:
     if opts["implicit_time"] and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     if fmt == "csv" and clock is None and opts.get("time_column") is None:
-        raise ValueError("CSV input needs its time steps: --time-column (integer steps) or "
-                         "--time-field with --step and --start (timestamps)")
+        raise ValueError(
+            "CSV input needs its time steps: --time-column (integer steps) or "
+            "--time-field with --step and --start (timestamps)"
+        )
     if opts["implicit_time"] and (until < _horizon(opts) or opts["follow"]):
-        raise ValueError("--implicit-time numbers the steps by line, so a stream that goes "
-                         "on over several runs could count a line twice: give each event "
-                         "its step (\"t\" or --time-field) to use --until or --follow")
+        raise ValueError(
+            "--implicit-time numbers the steps by line, so a stream that goes "
+            "on over several runs could count a line twice: give each event "
+            'its step ("t" or --time-field) to use --until or --follow'
+        )
     if opts["output"] == "-" and (until < _horizon(opts) or opts["follow"]):
-        raise ValueError("a stream that goes on over several runs (--until, --follow) needs "
-                         "--output FILE: the file is the record that stops a step from being "
-                         "released twice")
+        raise ValueError(
+            "a stream that goes on over several runs (--until, --follow) needs "
+            "--output FILE: the file is the record that stops a step from being "
+            "released twice"
+        )
 
 
 #: The settings that decide which events count, and where: with their defaults.
@@ -496,9 +550,11 @@ def _horizon(opts: dict[str, Any]) -> int:
 def _end_problems(opts: dict[str, Any]) -> list[str]:
     """A run of a stream with no planned end (no --horizon) must end somewhere."""
     if opts.get("horizon") is None and opts.get("until") is None and not opts.get("follow"):
-        return ["without --horizon (a stream with no planned end) a run needs --until N, the "
-                "last time step it releases (a public end step; run again with the same "
-                "--state and a later --until to go on), or --follow"]
+        return [
+            "without --horizon (a stream with no planned end) a run needs --until N, the "
+            "last time step it releases (a public end step; run again with the same "
+            "--state and a later --until to go on), or --follow"
+        ]
     return []
 
 
@@ -525,22 +581,28 @@ def _run_on_spark(opts: dict, key: object) -> int:
     try:
         from .spark import run_cli
     except ImportError as exc:
-        raise ValueError(f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
-                         ) from None
+        raise ValueError(
+            f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
+        ) from None
 
     def claim(mech: Any) -> None:
         ledger, _ = _new_run_scope(opts, key, noise_scope(mech, str(opts["stream"])), own="")
         with ledger:
             ledger.claim_scope()
 
-    summary = run_cli({**opts, "until": _until(opts)}, master=opts["master"], key=key,
-                      before_release=claim)
-    _log.info(f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
-              f"{summary['events']} events ({summary['skipped']} invalid skipped), "
-              f"{summary['rows']} rows -> {summary['output']}, "
-              f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy'].plain()}",
-              extra=log_fields(**{k: v for k, v in summary.items() if k != "privacy"},
-                               privacy=summary["privacy"].to_dict()))
+    summary = run_cli(
+        {**opts, "until": _until(opts)}, master=opts["master"], key=key, before_release=claim
+    )
+    _log.info(
+        f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
+        f"{summary['events']} events ({summary['skipped']} invalid skipped), "
+        f"{summary['rows']} rows -> {summary['output']}, "
+        f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy'].plain()}",
+        extra=log_fields(
+            **{k: v for k, v in summary.items() if k != "privacy"},
+            privacy=summary["privacy"].to_dict(),
+        ),
+    )
     return 0
 
 
@@ -553,8 +615,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load_config(args.config) if args.config else None
     opts = merge_options(args, MECH_OPTS + RUN_OPTS, config)
     resolve_horizon(opts)  # --end gives T
-    check_settings(opts, extra=[*_end_problems(opts), *([] if opts["key_file"] is not None else [
-        "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)"])])
+    check_settings(
+        opts,
+        extra=[
+            *_end_problems(opts),
+            *(
+                []
+                if opts["key_file"] is not None
+                else [
+                    "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; "
+                    "keep it secret)"
+                ]
+            ),
+        ],
+    )
     setup_logging(opts["log_format"], quiet=opts["quiet"])
     until = _until(opts)
     _check_time_mode(opts, until)
@@ -563,16 +637,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts["noise_version"] = _noise_version(opts)
     if opts["engine"] == "spark":
         if opts.get("horizon") is None:
-            raise ValueError("--engine spark needs --horizon (a stream with no planned end "
-                             "runs on the local engine)")
+            raise ValueError(
+                "--engine spark needs --horizon (a stream with no planned end "
+                "runs on the local engine)"
+            )
         if opts["view"]:
             raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)
     tree_base = _recorded_tree_base(opts)
     if tree_base is not None:  # a tree stream goes on with the tree
         opts["base"] = tree_base
-        _log.debug(f"--mechanism unknown: going on with the tree counter (base {tree_base}) "
-                  "of the stream on record; pass --counter blt only for a new stream")
+        _log.debug(
+            f"--mechanism unknown: going on with the tree counter (base {tree_base}) "
+            "of the stream on record; pass --counter blt only for a new stream"
+        )
     name = opts["mechanism"]
     spec = MECHANISMS[name]
     domain = _domain_option(opts)
@@ -591,17 +669,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     output_format = auto_format(opts["output"], opts["output_format"])
     clock = clock_from_options(opts)
     step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
-    if (step_start is not None and opts["state"] and not opts["force"]
-            and long_layout_without_step_start(opts["output"], output_format)):
+    if (
+        step_start is not None
+        and opts["state"]
+        and not opts["force"]
+        and long_layout_without_step_start(opts["output"], output_format)
+    ):
         step_start = None  # a stream begun without the column goes on without it
     parquet = None
     if output_format == "parquet":
         if opts["output"] == "-" or opts["state"]:
-            raise ValueError("--output-format parquet needs --output FILE and no --state (a "
-                             "Parquet file cannot be resumed): write jsonl or csv with --state")
+            raise ValueError(
+                "--output-format parquet needs --output FILE and no --state (a "
+                "Parquet file cannot be resumed): write jsonl or csv with --state"
+            )
         if not opts["force"] and os.path.exists(opts["output"]):
-            raise StateError(f"output file {opts['output']!r} exists: pass --force to "
-                             "overwrite it")
+            raise StateError(f"output file {opts['output']!r} exists: pass --force to overwrite it")
         from .io import ParquetWriter
 
         parquet = ParquetWriter(opts["output"], opts["round"], step_start=step_start)
@@ -614,10 +697,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = RunStats()
     max_items = getattr(mech, "max_items", None) if spec.max_items != "none" else None
     truncator = KeyedTruncator(truncation_source(key, stream), max_items or 1)
-    validator = _Validator(policy=opts["on_invalid"], domain=domain, max_items=max_items,
-                           truncator=truncator, stats=stats, verbose=opts["verbose_errors"],
-                           users=opts["user_field"] is not None,
-                           domain_index=getattr(mech, "domain_index", None))
+    validator = _Validator(
+        policy=opts["on_invalid"],
+        domain=domain,
+        max_items=max_items,
+        truncator=truncator,
+        stats=stats,
+        verbose=opts["verbose_errors"],
+        users=opts["user_field"] is not None,
+        domain_index=getattr(mech, "domain_index", None),
+    )
     # the domain lives on in the mechanism's compact table (the validator reads it); its
     # list of str objects (~100 bytes an item) goes now
     domain_sha256 = _domain_sha256(domain)
@@ -641,22 +730,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume: Resume | None = None
         go_on: _GoOn | None = None
         if opts["state"]:
-            ckpt = Checkpoint(opts["state"], fsync=opts["fsync"],
-                              allow_readable=opts["allow_readable_state"])
+            ckpt = Checkpoint(
+                opts["state"], fsync=opts["fsync"], allow_readable=opts["allow_readable_state"]
+            )
             stack.callback(ckpt.close)
-            record, new_run = _open_run(ckpt, opts, mech, domain_sha256, key, input_format,
-                                        output_format, formatter.header())
+            record, new_run = _open_run(
+                ckpt,
+                opts,
+                mech,
+                domain_sha256,
+                key,
+                input_format,
+                output_format,
+                formatter.header(),
+            )
             if record is not None and record.finished:
                 _check_finished(record, infile, opts, input_format)
-                _log.info(f"the run in {opts['state']} finished at {record.finished} "
-                          f"({record.steps} steps released); nothing to do: a step is never "
-                          "released twice")
+                _log.info(
+                    f"the run in {opts['state']} finished at {record.finished} "
+                    f"({record.steps} steps released); nothing to do: a step is never "
+                    "released twice"
+                )
                 return 0
             if record is not None:
                 if _check_until(ckpt, record, until, opts, digests):
-                    _log.info(f"the run in {opts['state']} has released every step up to "
-                              f"--until {until} from this input already; nothing to do: a "
-                              "step is never released twice")
+                    _log.info(
+                        f"the run in {opts['state']} has released every step up to "
+                        f"--until {until} from this input already; nothing to do: a "
+                        "step is never released twice"
+                    )
                     return 0
                 ledger = _open_ledger(opts, key, ckpt, record, scope=scope)
                 stack.callback(ledger.close)
@@ -678,9 +780,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise
                 first.close()
             if opts["output"] == "-" and resume is not None:
-                _log.info(f"note: with --output - the release of step {resume.last_t} "
-                          "is printed again on resume (the same bytes); write to a file for "
-                          "exactly-once output")
+                _log.info(
+                    f"note: with --output - the release of step {resume.last_t} "
+                    "is printed again on resume (the same bytes); write to a file for "
+                    "exactly-once output"
+                )
         if free_ledger is not None:  # checked again when its one line is appended
             ledger = free_ledger
             ledger.reopen()
@@ -693,8 +797,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not opts["follow"] and opts["on_invalid"] != "error":
             start_t = go_on.t if go_on is not None else 0
             try:
-                chunks = _read_checked(infile, opts, input_format, validator=validator,
-                                       start_t=start_t, until=until, clock=clock)
+                chunks = _read_checked(
+                    infile,
+                    opts,
+                    input_format,
+                    validator=validator,
+                    start_t=start_t,
+                    until=until,
+                    clock=clock,
+                )
             except TooManyInvalidError:
                 if ckpt is not None and not state_existed:  # a state file made just now
                     ckpt.close()
@@ -702,9 +813,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                         os.unlink(opts["state"])
                 raise
         if opts["output"] != "-":  # the run's public metadata, before the output is touched
-            info = {**describe_run(mech, name=name, base_given=opts["base"] is not None,
-                                   rounded=opts["round"]),
-                    "clamped": bool(opts["clamp"]), "monotone": bool(opts["monotone"])}
+            info = {
+                **describe_run(
+                    mech, name=name, base_given=opts["base"] is not None, rounded=opts["round"]
+                ),
+                "clamped": bool(opts["clamp"]),
+                "monotone": bool(opts["monotone"]),
+            }
             if clock is not None:
                 info["clock"] = clock.describe(opts["horizon"])
             write_run_meta(opts["output"], info)
@@ -713,8 +828,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
             stack.callback(parquet.close)
         else:
-            out = open_output(opts["output"], resume, ckpt=ckpt, digests=digests,
-                               header=formatter.header(), go_on=go_on)
+            out = open_output(
+                opts["output"],
+                resume,
+                ckpt=ckpt,
+                digests=digests,
+                header=formatter.header(),
+                go_on=go_on,
+            )
         if opts["output"] != "-":
             stack.push(closing_quietly_on_error(out))
         if opts["view"]:
@@ -724,8 +845,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             stack.push(viewer.stop_on_error)
         if ckpt is not None and new_run is not None:  # recorded once the output is open
             ckpt.start(**new_run, replace=True)
-            ledger = _open_ledger(opts, key, ckpt, None, scope=scope,
-                                  check_scope=not opts["force"], allow=allow)
+            ledger = _open_ledger(
+                opts, key, ckpt, None, scope=scope, check_scope=not opts["force"], allow=allow
+            )
             stack.callback(ledger.close)
         batch = None
         begin_batch = None
@@ -734,15 +856,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             if resume is not None and batches and batches[-1][4] is None:
                 batch = batches[-1][0]  # the run that stopped early: this one finishes it
             else:  # recorded by the loop, once the ledger has checked what it must
-                begin_batch = partial(ckpt.begin_batch, input=_resolved(opts["input"]),
-                                      input_mac=_input_mac(opts, digests),
-                                      first_t=mech.t + 1)
-        _run_loop(mech, infile, out, opts, ckpt=ckpt, resume=resume, until=until,
-                  formatter=formatter, validator=validator, digests=digests, stats=stats,
-                  public_meta=spec.public_meta, input_format=input_format, quiet=quiet,
-                  start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
-                  batch=batch, key=key, publish=publish, chunks=chunks, ledger=ledger,
-                  begin_batch=begin_batch)
+                begin_batch = partial(
+                    ckpt.begin_batch,
+                    input=_resolved(opts["input"]),
+                    input_mac=_input_mac(opts, digests),
+                    first_t=mech.t + 1,
+                )
+        _run_loop(
+            mech,
+            infile,
+            out,
+            opts,
+            ckpt=ckpt,
+            resume=resume,
+            until=until,
+            formatter=formatter,
+            validator=validator,
+            digests=digests,
+            stats=stats,
+            public_meta=spec.public_meta,
+            input_format=input_format,
+            quiet=quiet,
+            start=(go_on.t, go_on.offset) if go_on is not None else (0, 0),
+            batch=batch,
+            key=key,
+            publish=publish,
+            chunks=chunks,
+            ledger=ledger,
+            begin_batch=begin_batch,
+        )
     log_summary(stats, mech, opts)
     if viewer is not None:
         from .view.command import after_run
@@ -751,8 +893,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_until(ckpt: Any, record: Any, until: int, opts: dict[str, Any],
-                 digests: Any) -> bool:
+def _check_until(ckpt: Any, record: Any, until: int, opts: dict[str, Any], digests: Any) -> bool:
     """Refuse an end step before the steps already released, or one that adds nothing.
 
     Returns True for the command of the batch that ended last run again (the same
@@ -761,8 +902,10 @@ def _check_until(ckpt: Any, record: Any, until: int, opts: dict[str, Any],
     :mod:`dpstream.state`) is neither: this run finishes it.
     """
     if until < record.last_t:
-        raise StateError(f"--until {until} is before step {record.last_t}, which the run in "
-                         f"{opts['state']} has already released")
+        raise StateError(
+            f"--until {until} is before step {record.last_t}, which the run in "
+            f"{opts['state']} has already released"
+        )
     if until != record.last_t or opts["output"] == "-":
         return False
     try:
@@ -780,11 +923,14 @@ def _check_until(ckpt: Any, record: Any, until: int, opts: dict[str, Any],
         if mac is not None and ended[-1][2] == mac:
             return True
         if mac is None:
-            unsure = (" (from stdin or an empty file the input cannot be told apart: if "
-                      "this repeats a run that was killed, that run had completed)")
+            unsure = (
+                " (from stdin or an empty file the input cannot be told apart: if "
+                "this repeats a run that was killed, that run had completed)"
+            )
     raise StateError(
         f"the run in {opts['state']} has released every step up to --until "
-        f"{until} already{unsure}: give a later --until to release more steps")
+        f"{until} already{unsure}: give a later --until to release more steps"
+    )
 
 
 def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
@@ -793,13 +939,21 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
 
     csv_opts = {}
     if input_format == "csv":
-        csv_opts = dict(item_column=opts["item_column"], event_column=opts["event_column"],
-                        time_column=opts["time_column"])
+        csv_opts = dict(
+            item_column=opts["item_column"],
+            event_column=opts["event_column"],
+            time_column=opts["time_column"],
+        )
     clock = clock_from_options(opts)
-    return read_events(guard_lines(infile, opts["input"]), input_format,
-                       time_field=opts["time_field"] if clock else None, clock=clock,
-                       implicit=bool(opts["implicit_time"]),
-                       user_field=opts.get("user_field"), **csv_opts)
+    return read_events(
+        guard_lines(infile, opts["input"]),
+        input_format,
+        time_field=opts["time_field"] if clock else None,
+        clock=clock,
+        implicit=bool(opts["implicit_time"]),
+        user_field=opts.get("user_field"),
+        **csv_opts,
+    )
 
 
 def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
@@ -808,14 +962,26 @@ def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Itera
     one step per line, user ids) record by record."""
     from .ingest import chunks_from_records, read_jsonl_chunks
 
-    if (input_format == "jsonl" and clock_from_options(opts) is None and not opts["implicit_time"]
-            and opts.get("user_field") is None):
+    if (
+        input_format == "jsonl"
+        and clock_from_options(opts) is None
+        and not opts["implicit_time"]
+        and opts.get("user_field") is None
+    ):
         return read_jsonl_chunks(infile, opts["input"])
     return chunks_from_records(_input_records(infile, opts, input_format))
 
 
-def _read_checked(infile: Any, opts: dict[str, Any], input_format: str, *, validator: Any,
-                  start_t: int, until: int, clock: Any) -> list[Any]:
+def _read_checked(
+    infile: Any,
+    opts: dict[str, Any],
+    input_format: str,
+    *,
+    validator: Any,
+    start_t: int,
+    until: int,
+    clock: Any,
+) -> list[Any]:
     """A batch run's whole input in chunks, refused (:class:`TooManyInvalidError`, before
     anything is written) when more than --max-invalid of its records are invalid.
 
@@ -832,8 +998,15 @@ def _read_checked(infile: Any, opts: dict[str, Any], input_format: str, *, valid
     for chunk in chunks:
         steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
         seen += len(chunk)
-        tally.count_chunk(chunk, validator=validator, start=start_t, late=bool(start_t),
-                          limit=until, horizon=_horizon(opts), steps=steps)
+        tally.count_chunk(
+            chunk,
+            validator=validator,
+            start=start_t,
+            late=bool(start_t),
+            limit=until,
+            horizon=_horizon(opts),
+            steps=steps,
+        )
     check_invalid_share(tally, opts, clock=clock)
     return chunks
 
@@ -861,16 +1034,34 @@ def _check_finished(record: Any, infile: Any, opts: dict[str, Any], input_format
                 f"the run in {opts['state']} finished after step {record.last_t}, but the "
                 f"input has records after the ones it read (from input line {rec.line}): a "
                 "finished run never releases again; release new events as a new stream "
-                "(a new key and a new state file)")
+                "(a new key and a new state file)"
+            )
 
 
-def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, ckpt: Any,
-              resume: Resume | None, until: int, formatter: Any, validator: _Validator,
-              digests: Any, stats: RunStats, public_meta: tuple[str, ...], input_format: str,
-              quiet: bool, start: tuple[int, int] = (0, 0), batch: int | None = None,
-              key: Any = None, publish: Any = None, chunks: list[Any] | None = None,
-              ledger: ReleaseLedger | None = None,
-              begin_batch: Callable[[], int] | None = None) -> None:
+def _run_loop(
+    mech: Any,
+    infile: Any,
+    out: IO[bytes],
+    opts: dict[str, Any],
+    *,
+    ckpt: Any,
+    resume: Resume | None,
+    until: int,
+    formatter: Any,
+    validator: _Validator,
+    digests: Any,
+    stats: RunStats,
+    public_meta: tuple[str, ...],
+    input_format: str,
+    quiet: bool,
+    start: tuple[int, int] = (0, 0),
+    batch: int | None = None,
+    key: Any = None,
+    publish: Any = None,
+    chunks: list[Any] | None = None,
+    ledger: ReleaseLedger | None = None,
+    begin_batch: Callable[[], int] | None = None,
+) -> None:
     """Release every step start+1..until; replay (with digest checks) the steps already
     on record. ``start``: the step an earlier run's saved mechanism stopped at, and where
     its last release ends in the output. ``publish``: the readable-counts
@@ -920,15 +1111,19 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
         if not hasattr(step, "codes"):  # records read one at a time (--follow)
             step = records_step(t, list(step))
         events = validator.events(step)
-        batch = (events.events() if isinstance(events, EventColumns)
-                 and not getattr(mech, "accepts_columns", False) else events)
+        batch = (
+            events.events()
+            if isinstance(events, EventColumns) and not getattr(mech, "accepts_columns", False)
+            else events
+        )
         rel = postprocess(publish(_public(mech.step_batch(batch), public_meta)), opts)
         line = formatter.format(rel)
         stats.steps += 1
         stats.events += len(events)
         stats.last_items = len(rel.items)
-        input_mac = (digests.step_input(t, step.lines, step.lengths, step.raw)
-                     if ckpt is not None else None)
+        input_mac = (
+            digests.step_input(t, step.lines, step.lengths, step.raw) if ckpt is not None else None
+        )
         release_mac = digests.release(line) if ckpt is not None else None
         if t <= resume_t:
             stored = ckpt.step(t)
@@ -939,11 +1134,13 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 raise StateError(
                     f"the input changed: step {t} (input line {first}) differs from the step "
                     f"recorded in {opts['state']}, which was already written; refusing to "
-                    "release it again from other data")
+                    "release it again from other data"
+                )
             if stored.release_mac != release_mac:
                 raise StateError(
                     f"replaying step {t} gave a different release than the one recorded "
-                    "(another dpstream or numeric library version?); refusing to resume")
+                    "(another dpstream or numeric library version?); refusing to resume"
+                )
             if ledger is not None:  # on record there too (adopted from the state if not)
                 ledger.record(t, input_mac, release_mac)
             if t < resume_t:
@@ -951,9 +1148,11 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 return
             assert resume is not None  # t <= resume_t > 0: this run resumes one
             if not line.startswith(resume.written):  # the last step, maybe partly written
-                raise StateError(f"output file {opts['output']!r} does not hold the release "
-                                 f"of step {t} that {opts['state']!r} records as written: "
-                                 "refusing to resume")
+                raise StateError(
+                    f"output file {opts['output']!r} does not hold the release "
+                    f"of step {t} that {opts['state']!r} records as written: "
+                    "refusing to resume"
+                )
             if opts["output"] != "-":
                 out.truncate(offset)  # the output is positioned at `offset`, where t begins
         else:
@@ -964,9 +1163,14 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 assert input_mac is not None and release_mac is not None
                 ledger.record(t, input_mac, release_mac)
             if ckpt is not None:  # write-ahead: on record before a byte of it is written
-                ckpt.commit(t, begin=offset, end=offset + len(line),
-                            release_mac=release_mac, input_mac=input_mac,
-                            input_line=(last_line ^ digests.mask(t)) if opts["follow"] else 0)
+                ckpt.commit(
+                    t,
+                    begin=offset,
+                    end=offset + len(line),
+                    release_mac=release_mac,
+                    input_mac=input_mac,
+                    input_line=(last_line ^ digests.mask(t)) if opts["follow"] else 0,
+                )
         try:
             crash_write(out, line)
             out.flush()
@@ -976,10 +1180,15 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             if exc.errno != errno.ENOSPC:
                 raise
             where = "stdout" if opts["output"] == "-" else repr(opts["output"])
-            again = ("run the same command again: it resumes at this step" if ckpt is not None
-                     else "run again with --force (or use --state to be able to resume)")
-            raise DPStreamError(f"the disk holding the output {where} is full: the run "
-                                f"stopped at step {t}; free some space and {again}") from None
+            again = (
+                "run the same command again: it resumes at this step"
+                if ckpt is not None
+                else "run again with --force (or use --state to be able to resume)"
+            )
+            raise DPStreamError(
+                f"the disk holding the output {where} is full: the run "
+                f"stopped at step {t}; free some space and {again}"
+            ) from None
         offset += len(line)
         progress.update(t, stats.events)
 
@@ -989,30 +1198,49 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             return f"{where} is after --until {until}"
         return f"{where} is past the horizon --horizon {horizon}"
 
-    progress = Progress(until, enabled=not quiet, every=opts["progress_every"],
-                         start_t=resume_t)
+    progress = Progress(until, enabled=not quiet, every=opts["progress_every"], start_t=resume_t)
     with progress:
         if opts["follow"]:  # each step checked by the ledger as it is released
             if begin_batch is not None:
                 batch = begin_batch()
-            follow(infile, opts, input_format, note, release, mech=mech, until=until,
-                    validator=validator, past=past, resume_t=resume_t, ckpt=ckpt,
-                    start_t=start_t, key=key)
+            follow(
+                infile,
+                opts,
+                input_format,
+                note,
+                release,
+                mech=mech,
+                until=until,
+                validator=validator,
+                past=past,
+                resume_t=resume_t,
+                ckpt=ckpt,
+                start_t=start_t,
+                key=key,
+            )
         else:
-            late = ("time step {t} was already released by an earlier run (a late event)"
-                    if start_t else None)  # events of steps an earlier run released
-            source = (_input_chunks(infile, opts, input_format) if chunks is None
-                      else _drain(chunks))
+            late = (
+                "time step {t} was already released by an earlier run (a late event)"
+                if start_t
+                else None
+            )  # events of steps an earlier run released
+            source = _input_chunks(infile, opts, input_format) if chunks is None else _drain(chunks)
             if opts["implicit_time"]:  # every line is a step: record by record
                 steps: Iterable[Any] = implicit_steps(counted(source), start=start_t)
             else:
                 # a record past --until is rejected without moving the clock (limit)
-                steps = step_steps(counted(source), horizon, start=start_t,
-                                   late_message=late, limit=until)
+                steps = step_steps(
+                    counted(source), horizon, start=start_t, late_message=late, limit=until
+                )
             if ledger is not None and ledger.last_t > max(resume_t, start_t):
-                steps = _ledger_precheck(steps, ledger, digests, opts,
-                                         after=max(resume_t, start_t),
-                                         through=min(ledger.last_t, until))
+                steps = _ledger_precheck(
+                    steps,
+                    ledger,
+                    digests,
+                    opts,
+                    after=max(resume_t, start_t),
+                    through=min(ledger.last_t, until),
+                )
             if begin_batch is not None:
                 batch = begin_batch()
             # records past the end come out as they are read; they are rejected after
@@ -1023,9 +1251,17 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
                 if step.t is None:  # malformed records after the last step
                     validator.events(step)
                 elif step.t > until:
-                    beyond.append(replace(step, items=[], codes=step.codes[:0],
-                                          offsets=step.offsets[:1], raw=b"",
-                                          lines=step.lines[:0], lengths=step.lengths[:0]))
+                    beyond.append(
+                        replace(
+                            step,
+                            items=[],
+                            codes=step.codes[:0],
+                            offsets=step.offsets[:1],
+                            raw=b"",
+                            lines=step.lines[:0],
+                            lengths=step.lengths[:0],
+                        )
+                    )
                 else:
                     release(step.t, step)
             for step in beyond:
@@ -1034,17 +1270,26 @@ def _run_loop(mech: Any, infile: Any, out: IO[bytes], opts: dict[str, Any], *, c
             release(t, [])
     out.flush()
     if ckpt is not None:
-        summary = {"steps": stats.steps, "events": stats.events,
-                   "truncated": stats.truncated, "skipped": stats.skipped,
-                   "occurrences": stats.occurrences, "dropped_occurrences": stats.dropped,
-                   "last_t": int(mech.t), "input_records": read}
+        summary = {
+            "steps": stats.steps,
+            "events": stats.events,
+            "truncated": stats.truncated,
+            "skipped": stats.skipped,
+            "occurrences": stats.occurrences,
+            "dropped_occurrences": stats.dropped,
+            "last_t": int(mech.t),
+            "input_records": read,
+        }
         # one transaction: every step written and "ready for the next batch" are one
         # state (dpstream.state, "Kill points")
         finished = until == horizon
-        ckpt.end_batch(batch, until,
-                       None if finished or batch is None
-                       else _snapshot_or_none(mech, publish, key, ckpt),
-                       summary=summary, finished=finished)
+        ckpt.end_batch(
+            batch,
+            until,
+            None if finished or batch is None else _snapshot_or_none(mech, publish, key, ckpt),
+            summary=summary,
+            finished=finished,
+        )
 
 
 def _snapshot_context(ckpt: Any, params: str, t: int) -> bytes:
@@ -1058,8 +1303,9 @@ def _snapshot_or_none(mech: Any, publish: Any, key: Any, ckpt: Any) -> bytes | N
     from .snapshot import dump_snapshot
 
     try:
-        return dump_snapshot((mech, publish), key,
-                             _snapshot_context(ckpt, ckpt.load().params, mech.t))
+        return dump_snapshot(
+            (mech, publish), key, _snapshot_context(ckpt, ckpt.load().params, mech.t)
+        )
     except TypeError as exc:
         _log.warning(f"{exc}; the next run must read the whole stream again")
         return None
@@ -1078,8 +1324,9 @@ def noise_scope(mech: Any, stream: str) -> str:
     return stream
 
 
-def _new_run_scope(opts: dict[str, Any], key: Any, scope: str,
-                   own: str) -> tuple[ReleaseLedger, frozenset[str]]:
+def _new_run_scope(
+    opts: dict[str, Any], key: Any, scope: str, own: str
+) -> tuple[ReleaseLedger, frozenset[str]]:
     """Open the ledger for a new run (one that no state resumes) and refuse it
     (:class:`LedgerError`, before anything is written) when another run released steps
     under the same noise scope; with ``--force``, warn and go on.
@@ -1089,9 +1336,14 @@ def _new_run_scope(opts: dict[str, Any], key: Any, scope: str,
     through, and returned to be allowed when the scope line of the new run is appended.
     Returns the ledger (open under ``own`` or a fresh run id) and the run ids allowed.
     """
-    ledger = ReleaseLedger(ledger_path(opts), key, own or secrets.token_hex(16),
-                           fsync=bool(opts["fsync"]), scope=scope,
-                           check_scope=not opts["force"])
+    ledger = ReleaseLedger(
+        ledger_path(opts),
+        key,
+        own or secrets.token_hex(16),
+        fsync=bool(opts["fsync"]),
+        scope=scope,
+        check_scope=not opts["force"],
+    )
     try:
         others = ledger.others()
         allow: frozenset[str] = frozenset()
@@ -1103,19 +1355,28 @@ def _new_run_scope(opts: dict[str, Any], key: Any, scope: str,
         if others and not opts["force"]:
             raise LedgerError(scope_refusal(ledger.path, len(others)))
         if others:
-            _log.warning(f"--force: the release ledger {ledger.path} records "
-                         f"{len(others)} earlier run(s) that released steps with the same "
-                         "key and settings; this run draws the same noise from its data, "
-                         "which is safe only if those releases were never published")
+            _log.warning(
+                f"--force: the release ledger {ledger.path} records "
+                f"{len(others)} earlier run(s) that released steps with the same "
+                "key and settings; this run draws the same noise from its data, "
+                "which is safe only if those releases were never published"
+            )
         return ledger, allow
     except BaseException:
         ledger.close()
         raise
 
 
-def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any, *,
-                 scope: str | None = None, check_scope: bool = False,
-                 allow: frozenset[str] = frozenset()) -> ReleaseLedger:
+def _open_ledger(
+    opts: dict[str, Any],
+    key: Any,
+    ckpt: Any,
+    record: Any,
+    *,
+    scope: str | None = None,
+    check_scope: bool = False,
+    allow: frozenset[str] = frozenset(),
+) -> ReleaseLedger:
     """The release ledger of the run in the state, checked against it.
 
     The state's last step must be the ledger's; steps the state holds and the
@@ -1125,33 +1386,50 @@ def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any, *,
     the steps the ledger holds are then released again only from the same
     input (:func:`_ledger_precheck`, and :meth:`ReleaseLedger.record`).
     """
-    ledger = ReleaseLedger(ledger_path(opts), key, ckpt.run_id(), fsync=bool(opts["fsync"]),
-                           scope=scope, check_scope=check_scope, allow=allow)
+    ledger = ReleaseLedger(
+        ledger_path(opts),
+        key,
+        ckpt.run_id(),
+        fsync=bool(opts["fsync"]),
+        scope=scope,
+        check_scope=check_scope,
+        allow=allow,
+    )
     try:
         last = record.last_t if record is not None else 0
         common = min(last, ledger.last_t)
         if common:
             ours, theirs = ckpt.step(common), ledger.entry(common)
-            if (theirs is None or not ours.input_mac.startswith(theirs.input_mac)
-                    or not ours.release_mac.startswith(theirs.release_mac)):
+            if (
+                theirs is None
+                or not ours.input_mac.startswith(theirs.input_mac)
+                or not ours.release_mac.startswith(theirs.release_mac)
+            ):
                 raise LedgerError(
                     f"the release ledger {ledger.path!r} records step {common} of the run in "
-                    f"{opts['state']} otherwise than the state does: refusing to go on")
+                    f"{opts['state']} otherwise than the state does: refusing to go on"
+                )
         if ledger.last_t < last:
-            steps = ((t, s.input_mac, s.release_mac)
-                     for t, s in ((t, ckpt.step(t)) for t in range(ledger.last_t + 1, last + 1)))
+            steps = (
+                (t, s.input_mac, s.release_mac)
+                for t, s in ((t, ckpt.step(t)) for t in range(ledger.last_t + 1, last + 1))
+            )
             had = ledger.last_t
             ledger.adopt(steps)
             if had:
-                _log.warning(f"the release ledger {ledger.path} ended at step {had} of the run "
-                             f"in {opts['state']}, which has released {last}: restored from a "
-                             "backup? the steps were added from the state; keep the ledger "
-                             "on storage that is never rolled back")
+                _log.warning(
+                    f"the release ledger {ledger.path} ended at step {had} of the run "
+                    f"in {opts['state']}, which has released {last}: restored from a "
+                    "backup? the steps were added from the state; keep the ledger "
+                    "on storage that is never rolled back"
+                )
         elif ledger.last_t > last:
-            _log.warning(f"the state {opts['state']} is behind the release ledger "
-                         f"{ledger.path}: steps {last + 1}..{ledger.last_t} were released "
-                         "after it was saved (restored from a backup, or a kill between the "
-                         "two); they are released again only from the same input")
+            _log.warning(
+                f"the state {opts['state']} is behind the release ledger "
+                f"{ledger.path}: steps {last + 1}..{ledger.last_t} were released "
+                "after it was saved (restored from a backup, or a kill between the "
+                "two); they are released again only from the same input"
+            )
         if last:  # a run released before the ledger kept scopes: its scope, now
             ledger.claim_scope()
     except BaseException:
@@ -1160,8 +1438,15 @@ def _open_ledger(opts: dict[str, Any], key: Any, ckpt: Any, record: Any, *,
     return ledger
 
 
-def _ledger_precheck(steps: Iterable[Any], ledger: ReleaseLedger, digests: Any,
-                     opts: dict[str, Any], *, after: int, through: int) -> Iterator[Any]:
+def _ledger_precheck(
+    steps: Iterable[Any],
+    ledger: ReleaseLedger,
+    digests: Any,
+    opts: dict[str, Any],
+    *,
+    after: int,
+    through: int,
+) -> Iterator[Any]:
     """``steps``, once the input of steps after+1..through (released by an earlier run,
     which the state does not remember) was found the same as the ledger records.
 
@@ -1184,7 +1469,8 @@ def _ledger_precheck(steps: Iterable[Any], ledger: ReleaseLedger, digests: Any,
                 "run's; releasing it again from other data would publish the exact "
                 "difference of the true counts. Give this run the input those steps were "
                 f"released from (steps {after + 1}..{through}), or the state that recorded "
-                "them")
+                "them"
+            )
 
     it = iter(steps)
     for step in it:
@@ -1202,9 +1488,16 @@ def _ledger_precheck(steps: Iterable[Any], ledger: ReleaseLedger, digests: Any,
     return itertools.chain(held, it)
 
 
-def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain_sha256: str | None, key: Any,
-              input_format: str, output_format: str,
-              header: bytes) -> tuple[Any, dict[str, str] | None]:
+def _open_run(
+    ckpt: Any,
+    opts: dict[str, Any],
+    mech: Any,
+    domain_sha256: str | None,
+    key: Any,
+    input_format: str,
+    output_format: str,
+    header: bytes,
+) -> tuple[Any, dict[str, str] | None]:
     """Check that this run continues the one recorded in the state file.
 
     Returns ``(record, None)`` to resume the recorded run, or ``(None, ident)``
@@ -1217,8 +1510,12 @@ def _open_run(ckpt: Any, opts: dict[str, Any], mech: Any, domain_sha256: str | N
     from .state import canonical_json
 
     params = canonical_json(_run_params(opts, mech, domain_sha256, input_format, output_format))
-    ident = dict(params=params, key_fingerprint=key.fingerprint(),
-                 input=resolve_path(opts["input"]), output=resolve_path(opts["output"]))
+    ident = dict(
+        params=params,
+        key_fingerprint=key.fingerprint(),
+        input=resolve_path(opts["input"]),
+        output=resolve_path(opts["output"]),
+    )
     record = ckpt.load()
     if record is None or (record.steps == 0 and not record.finished):
         return None, ident
@@ -1240,7 +1537,8 @@ def _check_truncation_rule(path: str, recorded: str) -> None:
             "rule (the kept items keyed on input line numbers, which made daily runs differ "
             "from one run); this dpstream keys them on each event's step and items. Finish "
             "that stream with the dpstream that began it, or begin a new one (a new --state "
-            "and --output)")
+            "and --output)"
+        )
 
 
 def _public(release: Any, keys: tuple[str, ...]) -> Any:

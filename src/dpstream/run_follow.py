@@ -33,9 +33,22 @@ _IDLE = object()  # the follower has read everything there is for now
 _EOF = object()  # the input has ended (stdin closed)
 
 
-def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, release: Any,
-            *, mech: Any, until: int, validator: Any, past: Any, resume_t: int,
-            ckpt: Any, start_t: int = 0, key: Any = None) -> None:
+def follow(
+    infile: Any,
+    opts: dict[str, Any],
+    input_format: str,
+    note: Any,
+    release: Any,
+    *,
+    mech: Any,
+    until: int,
+    validator: Any,
+    past: Any,
+    resume_t: int,
+    ckpt: Any,
+    start_t: int = 0,
+    key: Any = None,
+) -> None:
     """``--follow``: read a growing input and release each step when the clock says.
 
     Step t is released once it is due on the public clock (its window has
@@ -82,8 +95,7 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
 
     def reader() -> None:
         try:
-            for rec in input_records_from(guard_lines(lines(), opts["input"]), opts,
-                                           input_format):
+            for rec in input_records_from(guard_lines(lines(), opts["input"]), opts, input_format):
                 q.put(rec)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             errors.append(exc)
@@ -104,11 +116,14 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
             now = _utcnow()
             if t in boundary:
                 if caught_up and latest_line < boundary[t]:
-                    raise StateError(f"the input ends at line {latest_line}, but step {t} "
-                                     f"closed after line {boundary[t]} the first time: is it "
-                                     "the same input?")
-                ready = ended or latest_line > boundary[t] or (caught_up and latest_line
-                                                                == boundary[t])
+                    raise StateError(
+                        f"the input ends at line {latest_line}, but step {t} "
+                        f"closed after line {boundary[t]} the first time: is it "
+                        "the same input?"
+                    )
+                ready = (
+                    ended or latest_line > boundary[t] or (caught_up and latest_line == boundary[t])
+                )
             else:
                 ready = clock.due(now) >= t and (caught_up or ended)
             if ready:
@@ -146,10 +161,16 @@ def follow(infile: Any, opts: dict[str, Any], input_format: str, note: Any, rele
         stop.set()
 
 
-def input_records_from(lines: Iterable[str], opts: dict[str, Any],
-                        input_format: str) -> Iterator[Any]:
+def input_records_from(
+    lines: Iterable[str], opts: dict[str, Any], input_format: str
+) -> Iterator[Any]:
     from .io import read_events
 
     clock = _clock(opts)
-    return read_events(lines, input_format, time_field=opts["time_field"], clock=clock,
-                       user_field=opts.get("user_field"))
+    return read_events(
+        lines,
+        input_format,
+        time_field=opts["time_field"],
+        clock=clock,
+        user_field=opts.get("user_field"),
+    )

@@ -48,8 +48,10 @@ def parse_share(text: object) -> Fraction:
     except (ValueError, ZeroDivisionError):
         raise ValueError(f"expected a share like 0.05 or 5%, got {text!r}") from None
     if not 0 <= value <= 1:
-        raise ValueError(f"expected a share from 0 to 1 (or 0% to 100%), got {text!r}; it "
-                         "is a share of the input records, not a count")
+        raise ValueError(
+            f"expected a share from 0 to 1 (or 0% to 100%), got {text!r}; it "
+            "is a share of the input records, not a count"
+        )
     return value
 
 
@@ -71,8 +73,17 @@ class InvalidTally:
     def invalid(self) -> int:
         return sum(self.causes.values())
 
-    def count_chunk(self, chunk: Any, *, validator: Any, start: int, late: bool,
-                    limit: int, horizon: int, steps: np.ndarray | None = None) -> None:
+    def count_chunk(
+        self,
+        chunk: Any,
+        *,
+        validator: Any,
+        start: int,
+        late: bool,
+        limit: int,
+        horizon: int,
+        steps: np.ndarray | None = None,
+    ) -> None:
         """Count one chunk's records (:class:`dpstream.ingest.Chunk`) as the run will:
         ``start`` the step an earlier run released up to (its records are ``late``),
         ``limit`` the last step this run releases (``--until``: the records of steps
@@ -106,8 +117,9 @@ class InvalidTally:
             self.later += int(np.count_nonzero(later))
             self.records -= int(np.count_nonzero(later))
             bad |= later
-        if validator.policy == "truncate" or (validator.domain is None
-                                              and validator.max_items is None):
+        if validator.policy == "truncate" or (
+            validator.domain is None and validator.max_items is None
+        ):
             return
         sizes = np.diff(chunk.offsets)
         event_of = np.repeat(np.arange(n), sizes)
@@ -141,8 +153,9 @@ def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:
     horizon = int(opts["horizon"]) if opts.get("horizon") is not None else 0
     if cause == "past":
         where = f" (the clock ends at {clock.iso(clock.end_of(horizon))})" if clock else ""
-        return (f"are for steps past the horizon --horizon {horizon}{where}: check "
-                + ("--start, --step and --horizon (or --end)" if clock else "--horizon"))
+        return f"are for steps past the horizon --horizon {horizon}{where}: check " + (
+            "--start, --step and --horizon (or --end)" if clock else "--horizon"
+        )
     return {
         "no time field": f"lack the time field {opts.get('time_field')!r} (--time-field)",
         "timestamp": "have a timestamp that is not ISO-8601 or epoch seconds",
@@ -158,8 +171,7 @@ def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:
     }.get(cause, "are malformed")
 
 
-def check_invalid_share(tally: InvalidTally, opts: dict[str, Any], *, clock: Any = None
-                        ) -> None:
+def check_invalid_share(tally: InvalidTally, opts: dict[str, Any], *, clock: Any = None) -> None:
     """Raise :class:`TooManyInvalidError`, with the count of each cause, when more than
     ``--max-invalid`` of the records counted are invalid (the records of steps after
     ``--until``, a later run's, are not counted)."""
@@ -167,16 +179,22 @@ def check_invalid_share(tally: InvalidTally, opts: dict[str, Any], *, clock: Any
     bad, total = tally.invalid, tally.records
     if total == 0 or bad <= share * total:
         return
-    causes = "; ".join(f"{n:,} of {total:,} records ({_percent(n, total)}) "
-                       f"{_phrase(cause, opts, clock)}"
-                       for cause, n in sorted(tally.causes.items(), key=lambda kv: -kv[1]))
-    later = (f" ({tally.later:,} more are for steps after --until {opts.get('until')}: a later "
-             "run's, not counted)" if tally.later else "")
+    causes = "; ".join(
+        f"{n:,} of {total:,} records ({_percent(n, total)}) {_phrase(cause, opts, clock)}"
+        for cause, n in sorted(tally.causes.items(), key=lambda kv: -kv[1])
+    )
+    later = (
+        f" ({tally.later:,} more are for steps after --until {opts.get('until')}: a later "
+        "run's, not counted)"
+        if tally.later
+        else ""
+    )
     raise TooManyInvalidError(
         f"{bad:,} of {total:,} input records ({_percent(bad, total)}) are invalid, more than "
         f"--max-invalid {opts.get('max_invalid')} allows{later}: {causes}. Nothing was written (no "
         "release, no metadata file; the state is as it was): correct the options or the "
-        "input, or raise --max-invalid to release the valid events only")
+        "input, or raise --max-invalid to release the valid events only"
+    )
 
 
 def _percent(part: int, whole: int) -> str:

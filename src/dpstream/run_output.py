@@ -18,9 +18,18 @@ from typing import IO, Any
 from .errors import StateError
 from .mechanisms.base import take_items
 
-__all__ = ["Resume", "ParquetFormatter", "check_new_output", "check_paths",
-           "closing_quietly_on_error", "holds_release", "long_layout_without_step_start",
-           "open_output", "postprocess", "same_file"]
+__all__ = [
+    "Resume",
+    "ParquetFormatter",
+    "check_new_output",
+    "check_paths",
+    "closing_quietly_on_error",
+    "holds_release",
+    "long_layout_without_step_start",
+    "open_output",
+    "postprocess",
+    "same_file",
+]
 
 
 def postprocess(release: Any, opts: dict[str, Any]) -> Any:
@@ -38,8 +47,10 @@ def postprocess(release: Any, opts: dict[str, Any]) -> Any:
     if top is not None and len(idx) > top:
         order = np.lexsort((idx, -values[idx]))  # largest first; ties in release order
         idx = np.sort(idx[order[:top]])
-    return Release(t=release.t, items=take_items(release.items, idx), values=values[idx],
-                   meta=release.meta)
+    return Release(
+        t=release.t, items=take_items(release.items, idx), values=values[idx], meta=release.meta
+    )
+
 
 class ParquetFormatter:
     """Hands each release to a Parquet writer; the byte output is unused."""
@@ -55,6 +66,7 @@ class ParquetFormatter:
     def format(self, release: Any) -> bytes:
         self.writer.write(release)
         return b""
+
 
 def long_layout_without_step_start(path: str, fmt: str) -> bool:
     """Whether ``path`` is a long output (``csv``, ``jsonl-long``) begun without the
@@ -88,8 +100,10 @@ class Resume:
     begin: int = 0  # where the last step's release starts in the output
     written: bytes = b""  # the bytes of it already in the output (maybe partial)
 
-def open_output(path: str, resume: Resume | None, *, ckpt: Any, digests: Any,
-                 header: bytes, go_on: Any = None) -> IO[bytes]:
+
+def open_output(
+    path: str, resume: Resume | None, *, ckpt: Any, digests: Any, header: bytes, go_on: Any = None
+) -> IO[bytes]:
     """The output as binary; on resume, checked and positioned where the last step starts.
 
     Before anything is changed, the header and the release of the step before
@@ -108,8 +122,10 @@ def open_output(path: str, resume: Resume | None, *, ckpt: Any, digests: Any,
         fh = open_output(path, resume, ckpt=ckpt, digests=digests, header=header)
         if len(resume.written) != go_on.offset - resume.begin:
             fh.close()
-            raise StateError(f"output file {path!r} does not hold all of step {go_on.t}, "
-                             f"which {ckpt.path!r} records as written: refusing to go on")
+            raise StateError(
+                f"output file {path!r} does not hold all of step {go_on.t}, "
+                f"which {ckpt.path!r} records as written: refusing to go on"
+            )
         fh.seek(go_on.offset)
         return fh
     if resume is None:
@@ -117,8 +133,10 @@ def open_output(path: str, resume: Resume | None, *, ckpt: Any, digests: Any,
     try:
         fh = open(path, "r+b")  # noqa: SIM115
     except FileNotFoundError:
-        raise StateError(f"output file {path!r} is missing, but the state records "
-                         f"releases written to it (up to step {resume.last_t})") from None
+        raise StateError(
+            f"output file {path!r} is missing, but the state records "
+            f"releases written to it (up to step {resume.last_t})"
+        ) from None
     try:
         size = os.fstat(fh.fileno()).st_size
         last = ckpt.step(resume.last_t)
@@ -131,8 +149,10 @@ def open_output(path: str, resume: Resume | None, *, ckpt: Any, digests: Any,
         elif resume.last_t > 1:
             before = ckpt.step(resume.last_t - 1)
             fh.seek(before.begin)
-            if before.end != resume.begin or digests.release(
-                    fh.read(before.end - before.begin)) != before.release_mac:
+            if (
+                before.end != resume.begin
+                or digests.release(fh.read(before.end - before.begin)) != before.release_mac
+            ):
                 bad = f"the release of step {resume.last_t - 1}"
         if bad is None:
             fh.seek(resume.begin)
@@ -142,12 +162,14 @@ def open_output(path: str, resume: Resume | None, *, ckpt: Any, digests: Any,
         if bad is not None:
             raise StateError(
                 f"output file {path!r} does not hold {bad} that {ckpt.path!r} records as "
-                "written: was it changed or replaced? refusing to resume")
+                "written: was it changed or replaced? refusing to resume"
+            )
         fh.seek(resume.begin)
     except BaseException:
         fh.close()
         raise
     return fh
+
 
 def holds_release(path: str, header: bytes) -> bool:
     """Whether output file ``path`` holds anything beyond the formatter's header."""
@@ -158,6 +180,7 @@ def holds_release(path: str, header: bytes) -> bool:
         return False
     return not (len(data) <= len(header) and header.startswith(data))
 
+
 def same_file(a: str, b: str) -> bool:
     """Whether paths ``a`` and ``b`` name one file (also through links)."""
     if Path(a).resolve() == Path(b).resolve():
@@ -166,6 +189,7 @@ def same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet)
         return False
+
 
 def check_paths(opts: dict[str, Any], config: str | None) -> None:
     """Refuse, before opening anything, an output, state or ledger file that is another file.
@@ -176,25 +200,35 @@ def check_paths(opts: dict[str, Any], config: str | None) -> None:
     """
     output, state = opts["output"], opts["state"]
     if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
-        raise ValueError(f"--output {output!r}: compressed output is not supported (a resumed "
-                         "run truncates the output to its last committed step); write an "
-                         "uncompressed file and compress it once the run has finished")
+        raise ValueError(
+            f"--output {output!r}: compressed output is not supported (a resumed "
+            "run truncates the output to its last committed step); write an "
+            "uncompressed file and compress it once the run has finished"
+        )
     domain = opts.get("domain")
-    others = [("--input", opts["input"] if opts["input"] != "-" else None),
-              ("--key-file", opts["key_file"]),
-              ("--domain", domain if isinstance(domain, str) else None),
-              ("--config", config)]
+    others = [
+        ("--input", opts["input"] if opts["input"] != "-" else None),
+        ("--key-file", opts["key_file"]),
+        ("--domain", domain if isinstance(domain, str) else None),
+        ("--config", config),
+    ]
     from .ledger import ledger_path
 
-    targets = [("--output", output if output != "-" else None), ("--state", state),
-               ("--ledger", ledger_path(opts))]
+    targets = [
+        ("--output", output if output != "-" else None),
+        ("--state", state),
+        ("--ledger", ledger_path(opts)),
+    ]
     for n, (name, path) in enumerate(targets):
         if path is None:
             continue
         for other_name, other in others + targets[:n]:
             if other is not None and same_file(path, other):
-                raise ValueError(f"{name} {path!r} is the same file as {other_name} "
-                                 f"{other!r}: refusing to overwrite it")
+                raise ValueError(
+                    f"{name} {path!r} is the same file as {other_name} "
+                    f"{other!r}: refusing to overwrite it"
+                )
+
 
 def closing_quietly_on_error(fh: IO[bytes]) -> Any:
     """An exit callback closing ``fh``; a failed close (say, a full disk flushing the
@@ -210,6 +244,7 @@ def closing_quietly_on_error(fh: IO[bytes]) -> Any:
 
     return exit_
 
+
 def check_new_output(opts: dict[str, Any], header: bytes) -> None:
     """Refuse to start a new run over an output that already holds releases (unless --force).
 
@@ -220,6 +255,8 @@ def check_new_output(opts: dict[str, Any], header: bytes) -> None:
     path = opts["output"]
     if path == "-" or opts["force"] or not holds_release(path, header):
         return
-    hint = ("resume it with its --state file, or pass --force to overwrite it (a release "
-            "already published from it still counts against the budget)")
+    hint = (
+        "resume it with its --state file, or pass --force to overwrite it (a release "
+        "already published from it still counts against the budget)"
+    )
     raise StateError(f"output file {path!r} already holds releases: {hint}")

@@ -25,12 +25,19 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
     resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
     lines = [
         f"{stats.steps} steps (t = 1..{mech.t} of "
-        + ("a stream with no planned end" if getattr(mech, "unbounded", False)
-           else f"T = {mech.horizon}") + "), "
+        + (
+            "a stream with no planned end"
+            if getattr(mech, "unbounded", False)
+            else f"T = {mech.horizon}"
+        )
+        + "), "
         f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
         f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"
-        + (" (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
-           if stats.reasons else ""),
+        + (
+            " (" + ", ".join(f"{n} {r}" for r, n in stats.reasons.most_common()) + ")"
+            if stats.reasons
+            else ""
+        ),
         f"  items released at the last step: {stats.last_items}",
         *_bounding_summary(mech),
         *_truncation_lines(stats, opts),
@@ -38,13 +45,26 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
         f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
         + (f"; state: {opts['state']}" if opts["state"] else ""),
     ]
-    _log.info("\n".join(lines), extra=log_fields(
-        steps=stats.steps, last_t=int(mech.t), horizon=int(mech.horizon), events=stats.events,
-        resumed_at=stats.resumed_at, elapsed_s=round(elapsed, 3), truncated=stats.truncated,
-        skipped=stats.skipped, skipped_by_reason=dict(stats.reasons),
-        occurrences=stats.occurrences, dropped_occurrences=stats.dropped,
-        items_released_last=stats.last_items, privacy=mech.privacy.to_dict(),
-        output=opts["output"], state=opts["state"]))
+    _log.info(
+        "\n".join(lines),
+        extra=log_fields(
+            steps=stats.steps,
+            last_t=int(mech.t),
+            horizon=int(mech.horizon),
+            events=stats.events,
+            resumed_at=stats.resumed_at,
+            elapsed_s=round(elapsed, 3),
+            truncated=stats.truncated,
+            skipped=stats.skipped,
+            skipped_by_reason=dict(stats.reasons),
+            occurrences=stats.occurrences,
+            dropped_occurrences=stats.dropped,
+            items_released_last=stats.last_items,
+            privacy=mech.privacy.to_dict(),
+            output=opts["output"],
+            state=opts["state"],
+        ),
+    )
 
 
 def _bounding_summary(mech: Any) -> list[str]:
@@ -53,9 +73,11 @@ def _bounding_summary(mech: Any) -> list[str]:
     if users is None:
         return []
     st = users.bounder.stats
-    return [f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
-            f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
-            f"{st.dropped_count} past --max-count-per-item); {users.users} users"]
+    return [
+        f"  user bounds ({users.bounds.describe()}): {st.kept} contributions kept, "
+        f"{st.dropped} dropped ({st.dropped_new_item} past --max-items-per-user, "
+        f"{st.dropped_count} past --max-count-per-item); {users.users} users"
+    ]
 
 
 def _truncation_lines(stats: Any, opts: dict[str, Any]) -> list[str]:
@@ -63,11 +85,15 @@ def _truncation_lines(stats: Any, opts: dict[str, Any]) -> list[str]:
     if not stats.occurrences or opts.get("on_invalid") != "truncate":
         return []
     share = stats.dropped / stats.occurrences
-    line = (f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
-            f"({share:.1%}; not part of the release)")
+    line = (
+        f"  truncation dropped {stats.dropped:,} of {stats.occurrences:,} item occurrences "
+        f"({share:.1%}; not part of the release)"
+    )
     if share >= 0.05:
-        line += (": counts of items that come in large events are low by up to that share; "
-                 "a larger --max-items keeps more (see `dpstream plan` for its noise)")
+        line += (
+            ": counts of items that come in large events are low by up to that share; "
+            "a larger --max-items keeps more (see `dpstream plan` for its noise)"
+        )
     return [line]
 
 
@@ -78,8 +104,7 @@ class Progress:
     step, the events so far, the rate and an estimate of the time left.
     """
 
-    def __init__(self, total: int, *, enabled: bool, every: float = 10.0,
-                 start_t: int = 0) -> None:
+    def __init__(self, total: int, *, enabled: bool, every: float = 10.0, start_t: int = 0) -> None:
         self.total = total
         self.bar_mode = enabled and sys.stderr.isatty()
         self.log_mode = enabled and not self.bar_mode
@@ -101,10 +126,16 @@ class Progress:
                 TimeRemainingColumn,
             )
 
-            self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                                 TimeRemainingColumn(), console=Console(stderr=True),
-                                 transient=True)
+            self._bar = Progress(
+                TextColumn("steps"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._bar.__enter__()
             self._task = self._bar.add_task("run", total=self.total, rate="")
         return self
@@ -118,11 +149,17 @@ class Progress:
             self._last_log = now
             done = max(t - self._start_t, 1)
             eta = (self.total - t) * elapsed / done
-            _log.info(f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
-                      f"events, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
-                      extra=log_fields(step=t, total=self.total, events=events,
-                                       events_per_s=round(events / elapsed, 1),
-                                       eta_s=round(eta, 1)))
+            _log.info(
+                f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
+                f"events, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
+                extra=log_fields(
+                    step=t,
+                    total=self.total,
+                    events=events,
+                    events_per_s=round(events / elapsed, 1),
+                    eta_s=round(eta, 1),
+                ),
+            )
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROCESSING_DEFAULTS", "auto_format", "clock_from_options", "reason_key",
-           "scoped_stream"]
+__all__ = [
+    "PROCESSING_DEFAULTS",
+    "auto_format",
+    "clock_from_options",
+    "reason_key",
+    "scoped_stream",
+]
 
 
 def auto_format(path: str, fmt: str) -> str:
@@ -32,11 +37,14 @@ def clock_from_options(opts: dict[str, Any]) -> Any:
     if not any(given):
         return None
     if not all(given):
-        raise ValueError("--time-field, --step and --start go together: the timestamps, "
-                         "the width of a step and when step 1 begins")
+        raise ValueError(
+            "--time-field, --step and --start go together: the timestamps, "
+            "the width of a step and when step 1 begins"
+        )
     if opts.get("time_column") is not None:
-        raise ValueError("--time-column gives integer steps; --time-field gives timestamps: "
-                         "use one of them")
+        raise ValueError(
+            "--time-column gives integer steps; --time-field gives timestamps: use one of them"
+        )
     try:
         return StepClock.parse(opts["start"], opts["step"], opts.get("lateness"))
     except (TypeError, ValueError) as exc:
@@ -44,17 +52,34 @@ def clock_from_options(opts: dict[str, Any]) -> Any:
 
 
 def reason_key(problem: str) -> str:
-    for key in ("late event", "past the horizon", "after --until", "before --start", "timestamp",
-                "user id", "not in the domain", "more than --max-items", "not valid JSON",
-                "time order", "not valid UTF-8"):
+    for key in (
+        "late event",
+        "past the horizon",
+        "after --until",
+        "before --start",
+        "timestamp",
+        "user id",
+        "not in the domain",
+        "more than --max-items",
+        "not valid JSON",
+        "time order",
+        "not valid UTF-8",
+    ):
         if key in problem:
             return key
     return "malformed"
 
 
-PROCESSING_DEFAULTS = {"on_invalid": "skip", "implicit_time": False, "time_field": None,
-                        "step": None, "start": None, "lateness": None, "follow": False,
-                        "user_field": None}
+PROCESSING_DEFAULTS = {
+    "on_invalid": "skip",
+    "implicit_time": False,
+    "time_field": None,
+    "step": None,
+    "start": None,
+    "lateness": None,
+    "follow": False,
+    "user_field": None,
+}
 
 
 def scoped_stream(opts: dict[str, Any]) -> str:
@@ -70,11 +95,13 @@ def scoped_stream(opts: dict[str, Any]) -> str:
     """
     from .mechanisms.base import config_tag
 
-    settings = {k: opts.get(k, d) for k, d in PROCESSING_DEFAULTS.items()
-                if opts.get(k, d) != d}
+    settings = {k: opts.get(k, d) for k, d in PROCESSING_DEFAULTS.items() if opts.get(k, d) != d}
     if auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
-        for name, default in (("item_column", "item"), ("event_column", "event"),
-                              ("time_column", None)):
+        for name, default in (
+            ("item_column", "item"),
+            ("event_column", "event"),
+            ("time_column", None),
+        ):
             if opts.get(name) != default:
                 settings[name] = opts.get(name)
     if not settings:

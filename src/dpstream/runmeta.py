@@ -35,8 +35,16 @@ from typing import Any
 
 from ._crashpoints import write as crash_write
 
-__all__ = ["SIDECAR_SUFFIX", "FORMAT", "sidecar_path", "describe_run", "noise_std_at",
-           "write_run_meta", "read_run_meta", "NoiseStdFormatter"]
+__all__ = [
+    "SIDECAR_SUFFIX",
+    "FORMAT",
+    "sidecar_path",
+    "describe_run",
+    "noise_std_at",
+    "write_run_meta",
+    "read_run_meta",
+    "NoiseStdFormatter",
+]
 
 #: ``OUTPUT`` + this suffix is the sidecar of output file ``OUTPUT``.
 SIDECAR_SUFFIX = ".meta.json"
@@ -106,8 +114,10 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
         except (OSError, ValueError):
             old = None
         if not (isinstance(old, dict) and old.get("format") == FORMAT):
-            raise ValueError(f"{path} exists and is not a dpstream metadata file: refusing to "
-                             "overwrite it (move it, or write the releases elsewhere)")
+            raise ValueError(
+                f"{path} exists and is not a dpstream metadata file: refusing to "
+                "overwrite it (move it, or write the releases elsewhere)"
+            )
     text = json.dumps(info, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
@@ -142,8 +152,9 @@ def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except ValueError as exc:
         raise ValueError(f"metadata file {path}: not valid JSON ({exc})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise ValueError(f"metadata file {path}: not a dpstream metadata file "
-                         f"(expected \"format\": \"{FORMAT}\")")
+        raise ValueError(
+            f'metadata file {path}: not a dpstream metadata file (expected "format": "{FORMAT}")'
+        )
     return info
 
 
@@ -171,5 +182,5 @@ class NoiseStdFormatter:
             return self.formatter.format(release)
         meta = {**dict(release.meta), "noise_std": std}
         return self.formatter.format(
-            Release(t=release.t, items=release.items, values=release.values, meta=meta))
-
+            Release(t=release.t, items=release.items, values=release.values, meta=meta)
+        )

@@ -29,8 +29,13 @@ from typing import Any
 
 from .errors import DPStreamError
 
-__all__ = ["SettingsError", "settings_problems", "check_settings", "mechanism_settings",
-           "USER_BOUNDS"]
+__all__ = [
+    "SettingsError",
+    "settings_problems",
+    "check_settings",
+    "mechanism_settings",
+    "USER_BOUNDS",
+]
 
 #: The two bounds of user-level privacy, as flags.
 USER_BOUNDS = ("--max-items-per-user", "--max-count-per-item")
@@ -83,20 +88,30 @@ def _budget_problems(opts: Mapping[str, Any]) -> list[str]:
         problems.append(f"--delta must be below 1 (a probability), got {delta}")
     if opts.get("target_error") is not None:
         if given:
-            problems.append("--target-error replaces the budget: drop "
-                            + " and ".join(_flag(d) for d in given))
+            problems.append(
+                "--target-error replaces the budget: drop " + " and ".join(_flag(d) for d in given)
+            )
         return problems
-    forms = [f for f, present in (("rho", opts.get("rho") is not None),
-                                  ("epsilon", opts.get("epsilon") is not None
-                                   or delta is not None),
-                                  ("tau", opts.get("tau") is not None)) if present]
+    forms = [
+        f
+        for f, present in (
+            ("rho", opts.get("rho") is not None),
+            ("epsilon", opts.get("epsilon") is not None or delta is not None),
+            ("tau", opts.get("tau") is not None),
+        )
+        if present
+    ]
     if not forms:
-        problems.append("give a privacy budget: --epsilon E --delta D, or --rho R (or --tau "
-                        "for the noise scale itself)")
+        problems.append(
+            "give a privacy budget: --epsilon E --delta D, or --rho R (or --tau "
+            "for the noise scale itself)"
+        )
     elif len(forms) > 1:
         flags = [_flag(d) for d in ("epsilon", "delta", "rho", "tau") if opts.get(d) is not None]
-        problems.append(f"give one privacy budget, not several (got {', '.join(flags)}): "
-                        "--epsilon E --delta D, or --rho R, or --tau")
+        problems.append(
+            f"give one privacy budget, not several (got {', '.join(flags)}): "
+            "--epsilon E --delta D, or --rho R, or --tau"
+        )
     elif opts.get("epsilon") is not None and delta is None:
         problems.append("--epsilon needs --delta as well (the budget is the pair)")
     elif opts.get("epsilon") is None and delta is not None:
@@ -113,13 +128,17 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
     params = inspect.signature(mechanism_class(name)).parameters
     problems = []
     has_domain = opts.get("domain") is not None or opts.get("domain_size") is not None
-    if spec.max_items == "required" and opts.get("max_items") is None \
-            and opts.get("max_items_per_user") is None:
-        problems.append(f"--mechanism {name} needs --max-items N (the most items an event "
-                        "holds)")
+    if (
+        spec.max_items == "required"
+        and opts.get("max_items") is None
+        and opts.get("max_items_per_user") is None
+    ):
+        problems.append(f"--mechanism {name} needs --max-items N (the most items an event holds)")
     if spec.domain == "required" and not has_domain:
-        problems.append(f"--mechanism {name} needs --domain FILE (the known items; for "
-                        "`plan`, --domain-size N will do)")
+        problems.append(
+            f"--mechanism {name} needs --domain FILE (the known items; for "
+            "`plan`, --domain-size N will do)"
+        )
     if spec.domain == "none" and opts.get("domain") is not None:
         problems.append(f"--domain does not apply to --mechanism {name}")
     if name == "top-k":
@@ -128,11 +147,14 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
     if name == "meta":
         oneshot = opts.get("oneshot")
         if oneshot is None:
-            problems.append("--mechanism meta needs --oneshot (the one-shot mechanism of "
-                            "every tree cell)")
+            problems.append(
+                "--mechanism meta needs --oneshot (the one-shot mechanism of every tree cell)"
+            )
         elif not oneshot.startswith("unknown") and not has_domain:
-            problems.append(f"--oneshot {oneshot} needs --domain FILE (the known items; for "
-                            "`plan`, --domain-size N will do)")
+            problems.append(
+                f"--oneshot {oneshot} needs --domain FILE (the known items; for "
+                "`plan`, --domain-size N will do)"
+            )
     for dest in _MECH_KWARGS:
         value = opts.get(dest)
         if value is None or dest == "remember" or (dest == "eta" and value == "auto"):
@@ -143,19 +165,31 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
             problems.append(f"{_flag(dest)} does not apply to --mechanism {name}")
     if opts.get("blt_buffers") is not None and "counter" not in params:
         problems.append(f"--blt-buffers does not apply to --mechanism {name}")
-    if (name == "unknown" and opts.get("threshold_delta") is None
-            and opts.get("target_error") is None and opts.get("epsilon") is None
-            and opts.get("delta") is None):
+    if (
+        name == "unknown"
+        and opts.get("threshold_delta") is None
+        and opts.get("target_error") is None
+        and opts.get("epsilon") is None
+        and opts.get("delta") is None
+    ):
         for budget in ("rho", "tau"):
             if opts.get(budget) is not None:
-                problems.append(f"--mechanism unknown with --{budget} needs --threshold-delta "
-                                "D (the delta of the threshold that hides rare items)")
+                problems.append(
+                    f"--mechanism unknown with --{budget} needs --threshold-delta "
+                    "D (the delta of the threshold that hides rare items)"
+                )
                 break
-    if (opts.get("target_error") is not None and "threshold_delta" in params
-            and opts.get("threshold_delta") is None and opts.get("delta") is None):
-        problems.append(f"--mechanism {name} with --target-error needs --delta (or "
-                        "--threshold-delta): the threshold that hides rare items is set "
-                        "from it")
+    if (
+        opts.get("target_error") is not None
+        and "threshold_delta" in params
+        and opts.get("threshold_delta") is None
+        and opts.get("delta") is None
+    ):
+        problems.append(
+            f"--mechanism {name} with --target-error needs --delta (or "
+            "--threshold-delta): the threshold that hides rare items is set "
+            "from it"
+        )
     return problems
 
 
@@ -167,17 +201,25 @@ def _user_problems(opts: Mapping[str, Any]) -> list[str]:
     field = opts.get("user_field")
     if (bounds[0] is None) != (bounds[1] is None):
         missing = USER_BOUNDS[bounds.index(None)]
-        problems.append(f"user-level privacy needs {USER_BOUNDS[0]} and {USER_BOUNDS[1]} "
-                        f"together (missing {missing})")
+        problems.append(
+            f"user-level privacy needs {USER_BOUNDS[0]} and {USER_BOUNDS[1]} "
+            f"together (missing {missing})"
+        )
     elif field is not None and bounds[0] is None:
-        problems.append(f"--user-field needs {USER_BOUNDS[0]} and {USER_BOUNDS[1]} (how "
-                        "much of the stream one user may contribute)")
+        problems.append(
+            f"--user-field needs {USER_BOUNDS[0]} and {USER_BOUNDS[1]} (how "
+            "much of the stream one user may contribute)"
+        )
     if field is None and any(b is not None for b in bounds):
-        problems.append(f"{'/'.join(USER_BOUNDS)} need --user-field (the field or column "
-                        "holding each event's user id)")
+        problems.append(
+            f"{'/'.join(USER_BOUNDS)} need --user-field (the field or column "
+            "holding each event's user id)"
+        )
     if field is not None and opts.get("mechanism") == "meta":
-        problems.append("--user-field does not apply to --mechanism meta (known, unknown and "
-                        "top-k protect users)")
+        problems.append(
+            "--user-field does not apply to --mechanism meta (known, unknown and "
+            "top-k protect users)"
+        )
     return problems
 
 
@@ -194,19 +236,27 @@ def _horizon_problems(opts: Mapping[str, Any]) -> list[str]:
         return []
     name = opts.get("mechanism", "known")
     if name not in UNBOUNDED_MECHANISMS:
-        return [f"--mechanism {name} needs --horizon (T, the number of time steps); only "
-                f"{' and '.join(UNBOUNDED_MECHANISMS)} run with no planned end"]
+        return [
+            f"--mechanism {name} needs --horizon (T, the number of time steps); only "
+            f"{' and '.join(UNBOUNDED_MECHANISMS)} run with no planned end"
+        ]
     problems = []
     if opts.get("counter") == "tree" or opts.get("base") is not None:
-        problems.append("without --horizon (no planned end) the counter is the BLT: "
-                        "--counter tree and --base need --horizon")
+        problems.append(
+            "without --horizon (no planned end) the counter is the BLT: "
+            "--counter tree and --base need --horizon"
+        )
     if opts.get("blt_buffers") is not None:
-        problems.append("without --horizon (no planned end) the counter is the 4-buffer "
-                        "BLT fitted for every t: --blt-buffers needs --horizon")
+        problems.append(
+            "without --horizon (no planned end) the counter is the 4-buffer "
+            "BLT fitted for every t: --blt-buffers needs --horizon"
+        )
     if opts.get("target_error") is not None:
-        problems.append("--target-error needs --horizon (it sets the error at the worst "
-                        "step, and a stream with no planned end has none; plan shows the "
-                        "error at t = 10 .. 10^6 for a budget)")
+        problems.append(
+            "--target-error needs --horizon (it sets the error at the worst "
+            "step, and a stream with no planned end has none; plan shows the "
+            "error at t = 10 .. 10^6 for a budget)"
+        )
     return problems
 
 
@@ -225,8 +275,10 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     if isinstance(stream, str) and "~" in stream:
         # the run appends "~" and a tag of its input settings to the name (scoped_stream):
         # a given name with "~" could spell another run's scoped name and share its noise
-        problems.append(f"--stream {stream!r}: a stream name may not contain '~' (the run "
-                        "adds it, with a tag of the input settings)")
+        problems.append(
+            f"--stream {stream!r}: a stream name may not contain '~' (the run "
+            "adds it, with a tag of the input settings)"
+        )
     return problems
 
 

@@ -183,8 +183,7 @@ class _Encoder:
         if t is float:
             if math.isfinite(obj):
                 return obj
-            return {"$": "float", "v": "nan" if math.isnan(obj) else
-                    ("inf" if obj > 0 else "-inf")}
+            return {"$": "float", "v": "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")}
         if t is tuple:
             return {"$": "tuple", "v": [self.node(x) for x in obj]}
         if t is bytes:
@@ -203,8 +202,12 @@ class _Encoder:
         if t is list:
             return {"$": "list", "id": ref, "v": [self.node(x) for x in obj]}
         if t is dict or t is Counter:
-            return {"$": "dict" if t is dict else "counter", "id": ref,
-                    "k": [self.node(k) for k in obj], "v": [self.node(v) for v in obj.values()]}
+            return {
+                "$": "dict" if t is dict else "counter",
+                "id": ref,
+                "k": [self.node(k) for k in obj],
+                "v": [self.node(v) for v in obj.values()],
+            }
         if t is set or t is frozenset:
             return {"$": t.__name__, "id": ref, "v": [self.node(x) for x in obj]}
         if t is np.ndarray:
@@ -234,20 +237,28 @@ class _Encoder:
             # the key, never its derived hash key)
             made = obj.__reduce__()
             if not (isinstance(made, tuple) and len(made) == 2 and made[0] is cls):
-                raise TypeError(f"a snapshot cannot hold a {cls.__qualname__} "
-                                "(it does not rebuild from its own class)")
+                raise TypeError(
+                    f"a snapshot cannot hold a {cls.__qualname__} "
+                    "(it does not rebuild from its own class)"
+                )
             return {"args": self.node(tuple(made[1]))}
         if _custom(cls, "__getstate__"):  # ItemTable: its bytes and offsets, not its slots
             return {"state": self.node(obj.__getstate__())}
         out: dict[str, Any] = {}
         attrs = getattr(obj, "__dict__", None)
         if attrs is not None:
-            out["dict"] = {"$": "dict", "k": list(attrs),
-                           "v": [self.node(v) for v in attrs.values()]}
+            out["dict"] = {
+                "$": "dict",
+                "k": list(attrs),
+                "v": [self.node(v) for v in attrs.values()],
+            }
         slots = {name: getattr(obj, name) for name in _slot_names(cls) if hasattr(obj, name)}
         if slots:
-            out["slots"] = {"$": "dict", "k": list(slots),
-                            "v": [self.node(v) for v in slots.values()]}
+            out["slots"] = {
+                "$": "dict",
+                "k": list(slots),
+                "v": [self.node(v) for v in slots.values()],
+            }
         return out
 
 
@@ -277,10 +288,16 @@ def dump_snapshot(mechanism: Any, key: NoiseKey, context: bytes = b"") -> bytes:
         table.append([arr.dtype.str, list(arr.shape), offset, data.nbytes])
         parts.append(data)
         offset += data.nbytes
-    header = json.dumps({"arrays": table, "root": root}, allow_nan=False,
-                        separators=(",", ":")).encode("ascii")
-    body: list[bytes | memoryview] = [__version__.encode(), b"\0", len(header).to_bytes(8, "big"),
-                                      header, *parts]
+    header = json.dumps(
+        {"arrays": table, "root": root}, allow_nan=False, separators=(",", ":")
+    ).encode("ascii")
+    body: list[bytes | memoryview] = [
+        __version__.encode(),
+        b"\0",
+        len(header).to_bytes(8, "big"),
+        header,
+        *parts,
+    ]
     mac = hmac.new(_mac_key(key), _MAGIC + _framed(context), hashlib.sha256)
     for part in body:
         mac.update(part)
@@ -439,16 +456,23 @@ def _read_arrays(table: Any, data: memoryview) -> list[np.ndarray]:
         raise _Unreadable("no array table")
     arrays = []
     for entry in table:
-        if not (type(entry) is list and len(entry) == 4 and type(entry[0]) is str
-                and type(entry[1]) is list and all(type(d) is int and d >= 0 for d in entry[1])
-                and type(entry[2]) is int and type(entry[3]) is int):
+        if not (
+            type(entry) is list
+            and len(entry) == 4
+            and type(entry[0]) is str
+            and type(entry[1]) is list
+            and all(type(d) is int and d >= 0 for d in entry[1])
+            and type(entry[2]) is int
+            and type(entry[3]) is int
+        ):
             raise _Unreadable("a malformed array entry")
         dtype = _dtype(entry[0], _ARRAY_KINDS)
         shape, offset, nbytes = tuple(entry[1]), entry[2], entry[3]
         if offset < 0 or offset + nbytes > len(data) or nbytes != math.prod(shape) * dtype.itemsize:
             raise _Unreadable("an array that does not fit its bytes")
-        arrays.append(np.frombuffer(data[offset:offset + nbytes], dtype=dtype)
-                      .reshape(shape).copy())
+        arrays.append(
+            np.frombuffer(data[offset : offset + nbytes], dtype=dtype).reshape(shape).copy()
+        )
     return arrays
 
 
@@ -463,35 +487,50 @@ def load_snapshot(blob: bytes, key: NoiseKey, context: bytes = b"") -> Any:
             (pickle) format, or describes something a snapshot cannot hold.
     """
     if blob.startswith(_PICKLE_MAGIC):
-        raise StateError("the state's snapshot was written in an older format (pickle, "
-                         "dpstream 0.3.0.dev0 and before) that this version does not read: "
-                         "finish the stream with the version that wrote it, or start it again "
-                         "with a new --state file")
+        raise StateError(
+            "the state's snapshot was written in an older format (pickle, "
+            "dpstream 0.3.0.dev0 and before) that this version does not read: "
+            "finish the stream with the version that wrote it, or start it again "
+            "with a new --state file"
+        )
     if not blob.startswith(_MAGIC) or len(blob) < len(_MAGIC) + _MAC_LEN:
         raise StateError("the state's snapshot is not a dpstream snapshot")
     view = memoryview(blob)
-    mac, body = view[len(_MAGIC):len(_MAGIC) + _MAC_LEN], view[len(_MAGIC) + _MAC_LEN:]
+    mac, body = view[len(_MAGIC) : len(_MAGIC) + _MAC_LEN], view[len(_MAGIC) + _MAC_LEN :]
     if not hmac.compare_digest(bytes(mac), _mac(key, context, body)):
-        raise StateError("the state's snapshot was not written for this run (another key, "
-                         "another stream's state, another step) or was changed since: "
-                         "refusing to load it")
+        raise StateError(
+            "the state's snapshot was not written for this run (another key, "
+            "another stream's state, another step) or was changed since: "
+            "refusing to load it"
+        )
     end = bytes(body[:64]).find(b"\0")
-    version = bytes(body[:end if end >= 0 else 64]).decode(errors="replace")
+    version = bytes(body[: end if end >= 0 else 64]).decode(errors="replace")
     if end < 0 or version != __version__:
-        raise StateError(f"the state's snapshot was written by dpstream {version}, this is "
-                         f"{__version__}: go on with the version that wrote it")
-    rest = body[end + 1:]
+        raise StateError(
+            f"the state's snapshot was written by dpstream {version}, this is "
+            f"{__version__}: go on with the version that wrote it"
+        )
+    rest = body[end + 1 :]
     try:
         size = int.from_bytes(rest[:8], "big")
         if len(rest) < 8 + size:
             raise _Unreadable("a header longer than the snapshot")
-        header = json.loads(bytes(rest[8:8 + size]).decode("ascii"))
+        header = json.loads(bytes(rest[8 : 8 + size]).decode("ascii"))
         if type(header) is not dict:
             raise _Unreadable("a header that is not an object")
-        arrays = _read_arrays(header.get("arrays"), rest[8 + size:])
+        arrays = _read_arrays(header.get("arrays"), rest[8 + size :])
         return _Decoder(arrays, key).node(header.get("root"))
-    except (_Unreadable, ValueError, TypeError, KeyError, IndexError, OverflowError,
-            AttributeError, RecursionError) as exc:
+    except (
+        _Unreadable,
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        OverflowError,
+        AttributeError,
+        RecursionError,
+    ) as exc:
         why = str(exc) if isinstance(exc, _Unreadable) else f"{type(exc).__name__}: {exc}"
-        raise StateError(f"the state's snapshot cannot be read ({why}): refusing to load "
-                         "it") from None
+        raise StateError(
+            f"the state's snapshot cannot be read ({why}): refusing to load it"
+        ) from None

@@ -90,8 +90,15 @@ from . import _crashpoints as crashpoints
 from .errors import StateError
 from .noise import NoiseKey
 
-__all__ = ["Checkpoint", "RunRecord", "StepRecord", "StateDigests", "canonical_json",
-           "sha256_hex", "check_private_file"]
+__all__ = [
+    "Checkpoint",
+    "RunRecord",
+    "StepRecord",
+    "StateDigests",
+    "canonical_json",
+    "sha256_hex",
+    "check_private_file",
+]
 
 SCHEMA_VERSION = 3  # 3: step input digests over the raw bytes read
 
@@ -146,7 +153,8 @@ def check_private_file(path: str, what: str, *, flag: str | None = None) -> None
         raise PermissionError(
             f"{what} {path!r} can be read or written by other users (mode "
             f"{stat.S_IMODE(mode):04o}); it is as secret as the data: run `chmod 600 {path}`"
-            f"{override}")
+            f"{override}"
+        )
 
 
 class StateDigests:
@@ -204,8 +212,9 @@ class StateDigests:
 
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys and no spaces: equal parameters give equal text."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
 
 
 def sha256_hex(data: bytes) -> str:
@@ -295,8 +304,10 @@ class Checkpoint:
             if "locked" in str(exc):
                 raise StateError(f"state file {path!r} is in use by another run") from None
             if "readonly" in str(exc) or "read-only" in str(exc):
-                raise StateError(f"state file {path!r} is read-only: dpstream must write to "
-                                 "it to record each step") from None
+                raise StateError(
+                    f"state file {path!r} is read-only: dpstream must write to "
+                    "it to record each step"
+                ) from None
             raise StateError(f"cannot use state file {path!r}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state file {path!r} is not a dpstream state ({exc})") from None
@@ -322,25 +333,38 @@ class Checkpoint:
                 "the version that started it"
             )
         count, last_t = self._db.execute(
-            "SELECT COUNT(*), COALESCE(MAX(t), 0) FROM steps").fetchone()
+            "SELECT COUNT(*), COALESCE(MAX(t), 0) FROM steps"
+        ).fetchone()
         last = self.step(last_t) if last_t else None
         try:
             summary = json.loads(row[6]) if row[6] else None
         except ValueError:
             summary = None
-        return RunRecord(params=row[1], key_fingerprint=row[2], input=row[3], output=row[4],
-                         finished=row[5], last_t=int(last_t),
-                         last_begin=last.begin if last else 0, last_end=last.end if last else 0,
-                         steps=int(count),
-                         summary=summary if isinstance(summary, dict) else None)
+        return RunRecord(
+            params=row[1],
+            key_fingerprint=row[2],
+            input=row[3],
+            output=row[4],
+            finished=row[5],
+            last_t=int(last_t),
+            last_begin=last.begin if last else 0,
+            last_end=last.end if last else 0,
+            steps=int(count),
+            summary=summary if isinstance(summary, dict) else None,
+        )
 
     def step(self, t: int) -> StepRecord | None:
         """Step t as recorded, or ``None``."""
         row = self._db.execute(
             "SELECT begin_offset, end_offset, release_mac, input_mac, input_line FROM steps "
-            "WHERE t = ?", (t,)).fetchone()
-        return None if row is None else StepRecord(int(row[0]), int(row[1]), row[2], row[3],
-                                                   int(row[4]))
+            "WHERE t = ?",
+            (t,),
+        ).fetchone()
+        return (
+            None
+            if row is None
+            else StepRecord(int(row[0]), int(row[1]), row[2], row[3], int(row[4]))
+        )
 
     def snapshot(self) -> tuple[int, bytes] | None:
         """``(t, data)`` of the mechanism saved after step t, or None."""
@@ -355,12 +379,22 @@ class Checkpoint:
     def batches(self) -> list[tuple[int, str, str | None, int, int | None]]:
         """``(n, input, input_mac, first_t, until)`` of every run of the stream, in order
         (``until`` is None for a run that has not finished its steps)."""
-        return [(int(r[0]), r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]))
-                for r in self._db.execute(
-                    "SELECT n, input, input_mac, first_t, until FROM batches ORDER BY n")]
+        return [
+            (int(r[0]), r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]))
+            for r in self._db.execute(
+                "SELECT n, input, input_mac, first_t, until FROM batches ORDER BY n"
+            )
+        ]
 
-    def verify(self, record: RunRecord, *, params: str, key_fingerprint: str,
-               input: str | None, output: str) -> None:
+    def verify(
+        self,
+        record: RunRecord,
+        *,
+        params: str,
+        key_fingerprint: str,
+        input: str | None,
+        output: str,
+    ) -> None:
         """Refuse (:class:`StateError`) to resume a run with another key or parameters."""
         if record.key_fingerprint != key_fingerprint:
             raise StateError(
@@ -377,8 +411,7 @@ class Checkpoint:
             )
         if input is not None and record.input != input:
             raise StateError(
-                f"state file {self.path!r} belongs to a run reading {record.input!r}, "
-                f"not {input!r}"
+                f"state file {self.path!r} belongs to a run reading {record.input!r}, not {input!r}"
             )
         if record.output != output:
             raise StateError(
@@ -387,8 +420,9 @@ class Checkpoint:
             )
 
     # -- writing ---------------------------------------------------------------
-    def start(self, *, params: str, key_fingerprint: str, input: str, output: str,
-              replace: bool = False) -> None:
+    def start(
+        self, *, params: str, key_fingerprint: str, input: str, output: str, replace: bool = False
+    ) -> None:
         """Record a new run (one transaction).
 
         Args:
@@ -402,19 +436,29 @@ class Checkpoint:
             if replace:
                 committed = self._db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
                 if committed:
-                    raise StateError(f"state file {self.path!r} records {committed} released "
-                                     "steps: its run cannot be replaced")
+                    raise StateError(
+                        f"state file {self.path!r} records {committed} released "
+                        "steps: its run cannot be replaced"
+                    )
                 self._db.execute("DELETE FROM run")
                 self._db.execute("DELETE FROM batches WHERE until IS NULL")  # it wrote nothing
             self._db.execute(
                 "INSERT INTO run (id, schema_version, params, key_fingerprint, input, output, "
                 "created, run_id) VALUES (1, ?, ?, ?, ?, ?, ?, ?)",
-                (SCHEMA_VERSION, params, key_fingerprint, input, output, now,
-                 secrets.token_hex(16)),
+                (
+                    SCHEMA_VERSION,
+                    params,
+                    key_fingerprint,
+                    input,
+                    output,
+                    now,
+                    secrets.token_hex(16),
+                ),
             )
 
-    def commit(self, t: int, *, begin: int, end: int, release_mac: str, input_mac: str,
-               input_line: int = 0) -> None:
+    def commit(
+        self, t: int, *, begin: int, end: int, release_mac: str, input_mac: str, input_line: int = 0
+    ) -> None:
         """Record step t (one transaction, durable when this returns).
 
         Call it *before* writing the step's release to the output (see the
@@ -433,8 +477,10 @@ class Checkpoint:
         """Mark the run finished: running it again releases nothing."""
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
-            self._db.execute("UPDATE run SET finished = ?, summary = ? WHERE id = 1",
-                             (now, canonical_json(dict(summary))))
+            self._db.execute(
+                "UPDATE run SET finished = ?, summary = ? WHERE id = 1",
+                (now, canonical_json(dict(summary))),
+            )
 
     def begin_batch(self, *, input: str, input_mac: str | None, first_t: int) -> int:
         """Record that a run of the stream starts at step ``first_t`` with this input.
@@ -446,16 +492,25 @@ class Checkpoint:
         with self._transaction():
             self._db.execute(
                 "DELETE FROM batches WHERE until IS NULL AND first_t > "
-                "(SELECT COALESCE(MAX(t), 0) FROM steps)")
+                "(SELECT COALESCE(MAX(t), 0) FROM steps)"
+            )
             cur = self._db.execute(
                 "INSERT INTO batches (input, input_mac, first_t) VALUES (?, ?, ?)",
-                (input, input_mac, first_t))
+                (input, input_mac, first_t),
+            )
             if cur.lastrowid is None:  # pragma: no cover - an INSERT always sets it
                 raise RuntimeError("the state database gave no id for the new batch")
             return int(cur.lastrowid)
 
-    def end_batch(self, n: int | None, until: int, snapshot: bytes | None, *,
-                  summary: Mapping[str, Any] | None = None, finished: bool = False) -> None:
+    def end_batch(
+        self,
+        n: int | None,
+        until: int,
+        snapshot: bytes | None,
+        *,
+        summary: Mapping[str, Any] | None = None,
+        finished: bool = False,
+    ) -> None:
         """Record that run ``n`` of the stream released every step up to ``until``: its
         summary, the end of its batch, the mechanism's state after it and, with
         ``finished``, the end of the stream, in one transaction (all or none: see
@@ -463,21 +518,25 @@ class Checkpoint:
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
             if summary is not None:
-                self._db.execute("UPDATE run SET summary = ? WHERE id = 1",
-                                 (canonical_json(dict(summary)),))
+                self._db.execute(
+                    "UPDATE run SET summary = ? WHERE id = 1", (canonical_json(dict(summary)),)
+                )
             if finished:
                 self._db.execute("UPDATE run SET finished = ? WHERE id = 1", (now,))
             if n is not None:
                 self._db.execute("UPDATE batches SET until = ? WHERE n = ?", (until, n))
             if snapshot is not None:
-                self._db.execute("INSERT OR REPLACE INTO snapshot (id, t, data) "
-                                 "VALUES (1, ?, ?)", (until, snapshot))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO snapshot (id, t, data) VALUES (1, ?, ?)",
+                    (until, snapshot),
+                )
 
     def set_summary(self, summary: Mapping[str, Any]) -> None:
         """Record the summary of a run that stopped at a public end step (``--until``)."""
         with self._transaction():
-            self._db.execute("UPDATE run SET summary = ? WHERE id = 1",
-                             (canonical_json(dict(summary)),))
+            self._db.execute(
+                "UPDATE run SET summary = ? WHERE id = 1", (canonical_json(dict(summary)),)
+            )
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db, self.path)
@@ -525,10 +584,14 @@ def _plain_error(exc: sqlite3.OperationalError, path: str) -> Exception:
     """A full disk or a read-only state file, in the user's words."""
     text = str(exc).lower()
     if "full" in text:
-        return StateError(f"the disk holding the state file {path!r} is full: nothing of the "
-                          "step in progress was written; free some space and run the same "
-                          "command again to resume")
+        return StateError(
+            f"the disk holding the state file {path!r} is full: nothing of the "
+            "step in progress was written; free some space and run the same "
+            "command again to resume"
+        )
     if "readonly" in text or "read-only" in text:
-        return StateError(f"state file {path!r} is read-only: dpstream must write to it to "
-                          "record each step (check its permissions and its directory's)")
+        return StateError(
+            f"state file {path!r} is read-only: dpstream must write to it to "
+            "record each step (check its permissions and its directory's)"
+        )
     return StateError(f"state file {path!r}: {exc}")

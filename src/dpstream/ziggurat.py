@@ -84,8 +84,18 @@ class Table:
     scaling by a power of two is exact) and ``limit[j] = fast_limit[j & 255]``.
     """
 
-    __slots__ = ("x", "f", "fast_limit", "r", "area", "tail_probability", "scaled", "limit",
-                 "bottom", "rise")
+    __slots__ = (
+        "x",
+        "f",
+        "fast_limit",
+        "r",
+        "area",
+        "tail_probability",
+        "scaled",
+        "limit",
+        "bottom",
+        "rise",
+    )
 
     def __init__(self, data: dict) -> None:
         if data.get("layers") != LAYERS:
@@ -121,8 +131,9 @@ TABLE = _load()
 UNIFORM_MAX = 1.0 - 2.0**-53
 
 
-def uniforms_from_words(words: np.ndarray, out: np.ndarray | None = None,
-                        shifted: np.ndarray | None = None) -> np.ndarray:
+def uniforms_from_words(
+    words: np.ndarray, out: np.ndarray | None = None, shifted: np.ndarray | None = None
+) -> np.ndarray:
     """``min(((w >> 11) + 1/2) 2^-53, UNIFORM_MAX)`` for 64-bit words: uniforms
     strictly inside (0, 1). The one definition of the uniform (the C loops' twin
     is ``uniform53``). ``shifted``: optional uint64 scratch for ``w >> 11``."""
@@ -137,9 +148,12 @@ def uniforms_from_words(words: np.ndarray, out: np.ndarray | None = None,
     return out
 
 
-def normals_into(blocks: np.ndarray, out: np.ndarray,
-                 retry: Callable[[np.ndarray], np.ndarray],
-                 scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+def normals_into(
+    blocks: np.ndarray,
+    out: np.ndarray,
+    retry: Callable[[np.ndarray], np.ndarray],
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> None:
     """Write one N(0, 1) value per 128-bit block into ``out`` (see the module doc).
 
     ``blocks``: (c, 2) uint64; ``out``: c contiguous float64. ``retry(rows)``
@@ -159,7 +173,7 @@ def normals_into(blocks: np.ndarray, out: np.ndarray,
         if counts is not None:
             n_restart, n_tail, n_close = counts
             if n_tail:
-                tail = pending[c - n_tail:]
+                tail = pending[c - n_tail :]
                 v = uniforms_from_words(blocks[tail, 1])
                 out[tail] = np.copysign(-ndtri(v * t.tail_probability), out[tail])
             if n_close:
@@ -187,8 +201,13 @@ def normals_into(blocks: np.ndarray, out: np.ndarray,
         _slow_path(blocks, out, j_buf[slow] & (LAYERS - 1), slow, retry)
 
 
-def _slow_path(blocks: np.ndarray, out: np.ndarray, layer: np.ndarray, slow: np.ndarray,
-               retry: Callable[[np.ndarray], np.ndarray]) -> None:
+def _slow_path(
+    blocks: np.ndarray,
+    out: np.ndarray,
+    layer: np.ndarray,
+    slow: np.ndarray,
+    retry: Callable[[np.ndarray], np.ndarray],
+) -> None:
     """The points outside the fast part of their region: tail, wedge test, restart.
 
     ``out[slow]`` holds their ``+-u x[i]``, ``layer`` their regions.
@@ -208,8 +227,12 @@ def _slow_path(blocks: np.ndarray, out: np.ndarray, layer: np.ndarray, slow: np.
         _restart(blocks, out, slow[~under], retry)
 
 
-def _restart(blocks: np.ndarray, out: np.ndarray, restart: np.ndarray,
-             retry: Callable[[np.ndarray], np.ndarray]) -> None:
+def _restart(
+    blocks: np.ndarray,
+    out: np.ndarray,
+    restart: np.ndarray,
+    retry: Callable[[np.ndarray], np.ndarray],
+) -> None:
     """The points above the curve: a fresh normal each, from the retry key's block."""
     words = retry(np.ascontiguousarray(blocks[restart]))
     if not compiled.ziggurat_restarts(words, restart, out):  # the same, with the ufunc
@@ -244,6 +267,5 @@ def _below_density(height: np.ndarray, x: np.ndarray) -> np.ndarray:
         with decimal.localcontext() as ctx:
             ctx.prec = _DECIMAL_DIGITS
             for i in close.tolist():
-                below[i] = decimal.Decimal(float(height[i])) < decimal.Decimal(
-                    float(q[i])).exp()
+                below[i] = decimal.Decimal(float(height[i])) < decimal.Decimal(float(q[i])).exp()
     return below

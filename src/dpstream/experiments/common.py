@@ -87,9 +87,11 @@ class Claim:
     verdict: Verdict
 
     def markdown(self) -> str:
-        return (f"- **{self.verdict}**: {self.statement}\n"
-                f"  - measured: {self.measured}\n"
-                f"  - criterion: {self.criterion}")
+        return (
+            f"- **{self.verdict}**: {self.statement}\n"
+            f"  - measured: {self.measured}\n"
+            f"  - criterion: {self.criterion}"
+        )
 
 
 @dataclass
@@ -127,8 +129,7 @@ class Context:
 
     def log(self, message: str) -> None:
         if self.progress:
-            print(f"[reproduce {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
-                  flush=True)
+            print(f"[reproduce {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def default_workers() -> int:

@@ -52,8 +52,9 @@ def compute(horizons: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def claims_from_variances(horizons: np.ndarray, rstar: np.ndarray, blt: np.ndarray,
-                          bound: np.ndarray) -> list[Claim]:
+def claims_from_variances(
+    horizons: np.ndarray, rstar: np.ndarray, blt: np.ndarray, bound: np.ndarray
+) -> list[Claim]:
     """The claims of issue 11 about the BLT counter, judged from the computed V."""
     horizons = np.asarray(horizons)
     rstar, blt, bound = np.asarray(rstar), np.asarray(blt), np.asarray(bound)
@@ -61,38 +62,52 @@ def claims_from_variances(horizons: np.ndarray, rstar: np.ndarray, blt: np.ndarr
     ratio = blt / bound
     worst = float(ratio[sel].max())
     worst_t = int(horizons[sel][int(np.argmax(ratio[sel]))])
-    at = ", ".join(f"T=10^{int(round(np.log10(T)))}: {float(ratio[horizons == T][0]):.3f}"
-                   for T in REFERENCE_T if (horizons == T).any())
-    claims = [Claim(
-        statement=f"the BLT counter's worst-case variance V is within {WITHIN}x of the lower "
-                  "bound (||A||_*/T)^2 for T = 10^3 .. 10^6",
-        measured=(f"V_BLT / bound: at most {worst:.3f} (at T={worst_t}) over "
-                  f"{int(sel.sum())} grid points in 10^3..10^6; {at}"),
-        criterion=f"HOLDS if V_BLT <= {WITHIN} x bound at every grid point in 10^3..10^6",
-        verdict="HOLDS" if worst <= WITHIN else "DIFFERS",
-    )]
+    at = ", ".join(
+        f"T=10^{int(round(np.log10(T)))}: {float(ratio[horizons == T][0]):.3f}"
+        for T in REFERENCE_T
+        if (horizons == T).any()
+    )
+    claims = [
+        Claim(
+            statement=f"the BLT counter's worst-case variance V is within {WITHIN}x of the lower "
+            "bound (||A||_*/T)^2 for T = 10^3 .. 10^6",
+            measured=(
+                f"V_BLT / bound: at most {worst:.3f} (at T={worst_t}) over "
+                f"{int(sel.sum())} grid points in 10^3..10^6; {at}"
+            ),
+            criterion=f"HOLDS if V_BLT <= {WITHIN} x bound at every grid point in 10^3..10^6",
+            verdict="HOLDS" if worst <= WITHIN else "DIFFERS",
+        )
+    ]
     std_ratio = np.sqrt(rstar / blt)
     lo, hi = float(std_ratio[sel].min()), float(std_ratio[sel].max())
     ok = STD_RATIO[0] <= lo and hi <= STD_RATIO[1]
-    claims.append(Claim(
-        statement="\"every dpstream release today carries about 2.6-3x the noise standard "
-                  "deviation it needs\" (tree at r* against BLT, same rho)",
-        measured=(f"sqrt(V_tree(r*) / V_BLT) ranges over {lo:.2f}..{hi:.2f} for T in "
-                  f"10^3..10^6"),
-        criterion=f"HOLDS if the ratio stays within {STD_RATIO[0]}..{STD_RATIO[1]} there",
-        verdict="HOLDS" if ok else "DIFFERS",
-    ))
+    claims.append(
+        Claim(
+            statement='"every dpstream release today carries about 2.6-3x the noise standard '
+            'deviation it needs" (tree at r* against BLT, same rho)',
+            measured=(
+                f"sqrt(V_tree(r*) / V_BLT) ranges over {lo:.2f}..{hi:.2f} for T in 10^3..10^6"
+            ),
+            criterion=f"HOLDS if the ratio stays within {STD_RATIO[0]}..{STD_RATIO[1]} there",
+            verdict="HOLDS" if ok else "DIFFERS",
+        )
+    )
     better = blt < rstar
     valid = bool(np.all(blt >= bound * (1 - 1e-12)) and np.all(rstar >= bound * (1 - 1e-12)))
-    claims.append(Claim(
-        statement="the BLT counter has the lower worst-case noise for every horizon T >= 2 "
-                  "(so dpstream makes it the default), and no counter beats the lower bound",
-        measured=(f"V_BLT < V_tree(r*) at {int(better.sum())} of {len(horizons)} grid points "
-                  f"(T in {int(horizons.min())}..{int(horizons.max())}); both >= the bound "
-                  f"everywhere: {valid}"),
-        criterion="HOLDS if V_BLT < V_tree(r*) at every grid point and both respect the bound",
-        verdict="HOLDS" if bool(better.all()) and valid else "DIFFERS",
-    ))
+    claims.append(
+        Claim(
+            statement="the BLT counter has the lower worst-case noise for every horizon T >= 2 "
+            "(so dpstream makes it the default), and no counter beats the lower bound",
+            measured=(
+                f"V_BLT < V_tree(r*) at {int(better.sum())} of {len(horizons)} grid points "
+                f"(T in {int(horizons.min())}..{int(horizons.max())}); both >= the bound "
+                f"everywhere: {valid}"
+            ),
+            criterion="HOLDS if V_BLT < V_tree(r*) at every grid point and both respect the bound",
+            verdict="HOLDS" if bool(better.all()) and valid else "DIFFERS",
+        )
+    )
     return claims
 
 
@@ -104,10 +119,12 @@ def plot(data: dict[str, np.ndarray], path) -> None:
 
     T = data["T"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    series = (("base2", "tree, r = 2 (binary mechanism)", "tab:gray", "-"),
-              ("rstar", "tree, r* (paper)", "black", "-"),
-              ("blt", "BLT, 4 buffers (dpstream default)", "tab:blue", "-"),
-              ("bound", "lower bound (||A||_*/T)^2", "tab:red", "--"))
+    series = (
+        ("base2", "tree, r = 2 (binary mechanism)", "tab:gray", "-"),
+        ("rstar", "tree, r* (paper)", "black", "-"),
+        ("blt", "BLT, 4 buffers (dpstream default)", "tab:blue", "-"),
+        ("bound", "lower bound (||A||_*/T)^2", "tab:red", "--"),
+    )
     for key, label, color, ls in series:
         axes[0].plot(T, data[key], ls, color=color, lw=1.8, label=label)
         if key != "bound":
@@ -141,26 +158,45 @@ def run(ctx: Context) -> FigureResult:
     rows = []
     for T in REFERENCE_T:
         i = int(np.nonzero(data["T"] == T)[0][0])
-        rows.append([f"10^{int(round(np.log10(T)))}", fmt(data["base2"][i]),
-                     fmt(data["rstar"][i]), fmt(data["blt"][i]), fmt(data["bound"][i]),
-                     fmt(data["blt"][i] / data["bound"][i]),
-                     fmt(np.sqrt(data["rstar"][i] / data["blt"][i]))])
-    table = md_table(["T", "V tree r=2", "V tree r*", "V BLT", "lower bound", "BLT / bound",
-                      "std ratio r* / BLT"], rows)
+        rows.append(
+            [
+                f"10^{int(round(np.log10(T)))}",
+                fmt(data["base2"][i]),
+                fmt(data["rstar"][i]),
+                fmt(data["blt"][i]),
+                fmt(data["bound"][i]),
+                fmt(data["blt"][i] / data["bound"][i]),
+                fmt(np.sqrt(data["rstar"][i] / data["blt"][i])),
+            ]
+        )
+    table = md_table(
+        [
+            "T",
+            "V tree r=2",
+            "V tree r*",
+            "V BLT",
+            "lower bound",
+            "BLT / bound",
+            "std ratio r* / BLT",
+        ],
+        rows,
+    )
     return FigureResult(
         key="counters",
         title="Figure 5 (counters): the tree against a BLT factorization",
         figure=FIGURE,
-        caption=("Largest variance of a released count over t <= T, in units of tau^2 = "
-                 "1/(2 rho) (one item per event, same zCDP), for the binary tree, the tree "
-                 "at the paper's r*, the BLT factorization dpstream uses by default, and the "
-                 "lower bound (||A||_*/T)^2 that holds for every factorization of the "
-                 "prefix-sum matrix A. Right: each divided by the bound."),
+        caption=(
+            "Largest variance of a released count over t <= T, in units of tau^2 = "
+            "1/(2 rho) (one item per event, same zCDP), for the binary tree, the tree "
+            "at the paper's r*, the BLT factorization dpstream uses by default, and the "
+            "lower bound (||A||_*/T)^2 that holds for every factorization of the "
+            "prefix-sum matrix A. Right: each divided by the bound."
+        ),
         parameters={
             "horizons": f"{len(data['T'])} distinct integers log-spaced over 10..10^6 "
-                        "(plus the powers of 10)",
+            "(plus the powers of 10)",
             "BLT": "dpstream.factorization.blt_for_horizon(T): 4 buffers, fitted at the "
-                   "grid horizon >= T, V computed exactly for T",
+            "grid horizon >= T, V computed exactly for T",
             "noise": "none (exact arithmetic on the factorizations; tau cancels)",
         },
         claims=claims,

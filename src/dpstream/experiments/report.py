@@ -41,8 +41,9 @@ def _run_experiment(module: str, ctx: Context) -> FigureResult:
 def _git(args: Sequence[str]) -> str | None:
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True,
-                             timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()
@@ -71,9 +72,8 @@ def provenance() -> dict[str, str]:
         "dpstream": __version__,
         "python": platform.python_version(),
         "numpy / scipy / matplotlib": f"{numpy.__version__} / {scipy.__version__} / "
-                                      f"{matplotlib.__version__}",
-        "machine": f"{platform.system()} {platform.machine()}, "
-                   f"{os.cpu_count()} CPUs visible",
+        f"{matplotlib.__version__}",
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs visible",
     }
 
 
@@ -86,8 +86,14 @@ def command_line(out_dir: Path, trials: int | None, quick: bool) -> str:
     return " ".join(parts)
 
 
-def write_report(ctx: Context, results: list[FigureResult], failures: list[tuple[str, str]],
-                 total_seconds: float, command: str, prov: dict[str, str] | None = None) -> Path:
+def write_report(
+    ctx: Context,
+    results: list[FigureResult],
+    failures: list[tuple[str, str]],
+    total_seconds: float,
+    command: str,
+    prov: dict[str, str] | None = None,
+) -> Path:
     """Write ``REPORT.md`` into ``ctx.out_dir`` and return its path.
 
     ``prov`` is the provenance taken when the run started (default: now).
@@ -102,26 +108,35 @@ def write_report(ctx: Context, results: list[FigureResult], failures: list[tuple
         "",
         "## How this report was made",
         "",
-        md_table(["", ""], [
-            ["command", f"`{command}`"],
-            ["mode", "quick (few trials, for CI)" if ctx.quick else "full"],
-            ["trials override (--trials)", "none" if ctx.trials is None else ctx.trials],
-            ["experiment seed", ctx.seed],
-            ["worker processes", ctx.workers],
-            ["total time", f"{total_seconds:.1f} s"],
-            *[[k, f"`{v}`" if k == "commit" else v] for k, v in prov.items()],
-        ]),
+        md_table(
+            ["", ""],
+            [
+                ["command", f"`{command}`"],
+                ["mode", "quick (few trials, for CI)" if ctx.quick else "full"],
+                ["trials override (--trials)", "none" if ctx.trials is None else ctx.trials],
+                ["experiment seed", ctx.seed],
+                ["worker processes", ctx.workers],
+                ["total time", f"{total_seconds:.1f} s"],
+                *[[k, f"`{v}`" if k == "commit" else v] for k, v in prov.items()],
+            ],
+        ),
         "",
-        *([f"**Not bit-reproducible from the recorded commit**: when the run started, "
-            f"{prov['local changes at run time'].removeprefix('yes: ')}.", ""]
-          if prov["local changes at run time"].startswith("yes") else []),
+        *(
+            [
+                f"**Not bit-reproducible from the recorded commit**: when the run started, "
+                f"{prov['local changes at run time'].removeprefix('yes: ')}.",
+                "",
+            ]
+            if prov["local changes at run time"].startswith("yes")
+            else []
+        ),
         "**Simulation mode.** Each trial of each curve draws its noise from its own "
         "`NoiseKey`, derived from the experiment seed as "
-        "`NoiseKey.from_bytes(sha256(f\"dpstream-reproduce:{seed}:{experiment}:{curve}:{trial}\"))`"
+        '`NoiseKey.from_bytes(sha256(f"dpstream-reproduce:{seed}:{experiment}:{curve}:{trial}"))`'
         ", so trials are independent and the whole report is reproducible bit for bit. These "
         "keys are public: nothing computed with them is private; a real release uses "
         "`NoiseKey.generate()`. The simulated event streams come from a NumPy `Generator` "
-        "seeded with `sha256(f\"dpstream-reproduce-data:{seed}:{experiment}:{trial}\")` "
+        'seeded with `sha256(f"dpstream-reproduce-data:{seed}:{experiment}:{trial}")` '
         "(data only); all curves of one trial see the same stream. The mechanisms are the "
         "library's own classes, driven through their public API.",
         "",
@@ -129,9 +144,12 @@ def write_report(ctx: Context, results: list[FigureResult], failures: list[tuple
         "",
     ]
     if ctx.quick:
-        lines += ["*Quick mode: every figure ran with only a few trials, so the verdicts below "
-                  "are noisy. They show that the checks are computed; the committed full "
-                  "report (docs/reproduction/REPORT.md) is the one to read.*", ""]
+        lines += [
+            "*Quick mode: every figure ran with only a few trials, so the verdicts below "
+            "are noisy. They show that the checks are computed; the committed full "
+            "report (docs/reproduction/REPORT.md) is the one to read.*",
+            "",
+        ]
     rows = []
     for res in results:
         for claim in res.claims:
@@ -143,8 +161,7 @@ def write_report(ctx: Context, results: list[FigureResult], failures: list[tuple
         lines += [f"## {res.title}", "", f"![{res.title}]({res.figure})", "", res.caption, ""]
         trials = "" if res.trials is None else f", {res.trials} trials"
         lines += [f"*Computed in {res.seconds:.1f} s{trials}.*", "", "### Parameters", ""]
-        lines += [md_table(["parameter", "value"],
-                           [[k, v] for k, v in res.parameters.items()]), ""]
+        lines += [md_table(["parameter", "value"], [[k, v] for k, v in res.parameters.items()]), ""]
         if res.tables:
             lines += ["### Numbers", ""]
             for table in res.tables:
@@ -200,9 +217,14 @@ def reproduce(
         raise ValueError(f"trials must be a positive int, got {trials!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(out_dir=out, seed=int(seed), trials=None if trials is None else int(trials),
-                  quick=bool(quick), progress=progress,
-                  workers=default_workers() if workers is None else max(1, int(workers)))
+    ctx = Context(
+        out_dir=out,
+        seed=int(seed),
+        trials=None if trials is None else int(trials),
+        quick=bool(quick),
+        progress=progress,
+        workers=default_workers() if workers is None else max(1, int(workers)),
+    )
     prov = provenance()  # the code as it was when the run started
     prov["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     start = time.perf_counter()
@@ -218,13 +240,13 @@ def reproduce(
             failures.append((name, traceback.format_exc()))
             ctx.log(f"{name} FAILED:\n{failures[-1][1]}")
     total = time.perf_counter() - start
-    path = write_report(ctx, results, failures, total,
-                        command or command_line(out, trials, quick), prov)
+    path = write_report(
+        ctx, results, failures, total, command or command_line(out, trials, quick), prov
+    )
     ctx.log(f"report written to {path} ({total:.1f} s)")
     if failures:
         raise RuntimeError(
-            f"{len(failures)} experiment(s) failed: {', '.join(n for n, _ in failures)}; "
-            f"see {path}"
+            f"{len(failures)} experiment(s) failed: {', '.join(n for n, _ in failures)}; see {path}"
         )
     return path
 

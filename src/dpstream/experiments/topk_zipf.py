@@ -68,8 +68,15 @@ def curves(params: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     for eta in params["etas"]:
         for s in params["switches"]:
-            out.append({"label": f"SparseGumb s={s} eta={eta:g}", "kind": "sparse", "s": s,
-                        "eta": eta, "tau": tau * math.sqrt(6.0)})
+            out.append(
+                {
+                    "label": f"SparseGumb s={s} eta={eta:g}",
+                    "kind": "sparse",
+                    "s": s,
+                    "eta": eta,
+                    "tau": tau * math.sqrt(6.0),
+                }
+            )
     return out
 
 
@@ -79,24 +86,37 @@ def _build(cfg: dict[str, Any], params: dict[str, Any], key):
     if cfg["kind"] == "known":
         from ..mechanisms.known import KnownDomainHistogram
 
-        return KnownDomainHistogram(domain, T, max_items=d, key=key, counter="tree",
-                                    base=params["base"], tau=cfg["tau"])
+        return KnownDomainHistogram(
+            domain, T, max_items=d, key=key, counter="tree", base=params["base"], tau=cfg["tau"]
+        )
     if cfg["kind"] == "meta":
         from ..mechanisms.meta import MetaHistogram
 
-        return MetaHistogram(T, oneshot="gumbel", key=key, base=params["base"], domain=domain,
-                             k=1, tau=cfg["tau"])
+        return MetaHistogram(
+            T, oneshot="gumbel", key=key, base=params["base"], domain=domain, k=1, tau=cfg["tau"]
+        )
     from ..mechanisms.topk import ContinualTopK
 
     # wait=False: the paper's algorithm (first selection at t = 1)
-    return ContinualTopK(domain, T, k=1, switches=cfg["s"], eta=cfg["eta"], key=key,
-                         counter="tree", base=params["base"], tau=cfg["tau"], wait=False)
+    return ContinualTopK(
+        domain,
+        T,
+        k=1,
+        switches=cfg["s"],
+        eta=cfg["eta"],
+        key=key,
+        counter="tree",
+        base=params["base"],
+        tau=cfg["tau"],
+        wait=False,
+    )
 
 
 def simulate_stream(params: dict[str, Any], rng: np.random.Generator) -> np.ndarray:
     """T events, each one item index drawn from Zipf's law over 0..d-1 (rank - 1)."""
-    return rng.choice(params["d"], size=params["T"], p=zipf_pmf(params["d"],
-                                                                 params["zipf_exponent"]))
+    return rng.choice(
+        params["d"], size=params["T"], p=zipf_pmf(params["d"], params["zipf_exponent"])
+    )
 
 
 def one_trial(trial: int, seed: int, params: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -153,12 +173,13 @@ def _linear_growth(curve: np.ndarray, T: int) -> tuple[float, float, float, floa
     slope, icpt = np.polyfit(x, y, 1)
     resid = y - (slope * x + icpt)
     ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 0.0
+    r2 = 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else 0.0
     return float(slope), r2, float(curve[T // 4 - 1]), float(curve[T - 1])
 
 
-def judge(params: dict[str, Any], mean: dict[str, np.ndarray], trials: int,
-          rhos: dict[str, float]) -> tuple[list[Claim], list[list[Any]]]:
+def judge(
+    params: dict[str, Any], mean: dict[str, np.ndarray], trials: int, rhos: dict[str, float]
+) -> tuple[list[Claim], list[list[Any]]]:
     """The paper's statements about fig:sparseGumb, judged from the mean curves."""
     T = params["T"]
     labels = [c["label"] for c in curves(params)]
@@ -169,15 +190,17 @@ def judge(params: dict[str, Any], mean: dict[str, np.ndarray], trials: int,
 
     # 0. the privacy levels really are equal
     spread = max(rhos.values()) - min(rhos.values())
-    claims.append(Claim(
-        statement="all mechanisms are set to the same zCDP level (tau sqrt(d) for KnownBase, "
-                  "tau sqrt(2) for MetaAlgo, tau sqrt(6) for SparseGumb)",
-        measured=f"rho reported by the mechanisms' .privacy: "
-                 f"{', '.join(sorted({fmt(r, 6) for r in rhos.values()}))} "
-                 f"(spread {spread:.2g}) for the common tau = {params['tau']}",
-        criterion="HOLDS if every mechanism reports the same rho to 1e-9 relative",
-        verdict="HOLDS" if spread <= 1e-9 * max(rhos.values()) else "DIFFERS",
-    ))
+    claims.append(
+        Claim(
+            statement="all mechanisms are set to the same zCDP level (tau sqrt(d) for KnownBase, "
+            "tau sqrt(2) for MetaAlgo, tau sqrt(6) for SparseGumb)",
+            measured=f"rho reported by the mechanisms' .privacy: "
+            f"{', '.join(sorted({fmt(r, 6) for r in rhos.values()}))} "
+            f"(spread {spread:.2g}) for the common tau = {params['tau']}",
+            criterion="HOLDS if every mechanism reports the same rho to 1e-9 relative",
+            verdict="HOLDS" if spread <= 1e-9 * max(rhos.values()) else "DIFFERS",
+        )
+    )
 
     # 1. MetaAlgo has the lowest error
     meta = "metaKnownGumbel"
@@ -193,15 +216,21 @@ def judge(params: dict[str, Any], mean: dict[str, np.ndarray], trials: int,
         verdict = "PARTLY"
     else:
         verdict = "DIFFERS"
-    claims.append(Claim(
-        statement="\"As expected MetaAlgo outperforms the other algorithms\"",
-        measured=(f"error averaged over t: metaKnownGumbel {fmt(avg[meta])}, best other "
-                  f"{best_other} {fmt(avg[best_other])}; metaKnownGumbel has the lowest mean "
-                  f"error at {100 * frac:.1f}% of the {T} steps"),
-        criterion="HOLDS if MetaAlgo has the lowest time-averaged error and is lowest at >= 90% "
-                  "of the steps; PARTLY if only the first",
-        verdict=verdict,
-    ))
+    claims.append(
+        Claim(
+            statement='"As expected MetaAlgo outperforms the other algorithms"',
+            measured=(
+                f"error averaged over t: metaKnownGumbel {fmt(avg[meta])}, best other "
+                f"{best_other} {fmt(avg[best_other])}; metaKnownGumbel has the lowest mean "
+                f"error at {100 * frac:.1f}% of the {T} steps"
+            ),
+            criterion=(
+                "HOLDS if MetaAlgo has the lowest time-averaged error and is lowest at >= 90% "
+                "of the steps; PARTLY if only the first"
+            ),
+            verdict=verdict,
+        )
+    )
 
     # 2. s = 1 runs out of switches and its error then grows linearly
     parts, votes = [], []
@@ -220,17 +249,20 @@ def judge(params: dict[str, Any], mean: dict[str, np.ndarray], trials: int,
             f"eta={c['eta']:g}: {100 * exhausted:.0f}% of trials used all switches by T"
             + (f" (half of them by t={half})" if half else "")
             + f", wrong top item at T in {100 * wrong:.0f}%; error {fmt(e_q)} at t=T/4 -> "
-              f"{fmt(e_T)} at t=T, slope {fmt(slope)}/step, R^2 {r2:.2f} on [T/4, T]")
+            f"{fmt(e_T)} at t=T, slope {fmt(slope)}/step, R^2 {r2:.2f} on [T/4, T]"
+        )
     n_yes = sum(votes)
-    claims.append(Claim(
-        statement="with s = 1 SparseGumb \"runs out of switches before the maximum element is "
-                  "learned and thus the error seems to increase linearly\"",
-        measured="; ".join(parts),
-        criterion="per eta: at least half of the trials exhausted their switch and the mean "
-                  "error grows linearly on [T/4, T] (slope > 0, R^2 >= 0.9, error(T) >= 1.5 "
-                  "error(T/4)); HOLDS if so for every eta, PARTLY for some, DIFFERS for none",
-        verdict="HOLDS" if n_yes == len(votes) else ("PARTLY" if n_yes else "DIFFERS"),
-    ))
+    claims.append(
+        Claim(
+            statement='with s = 1 SparseGumb "runs out of switches before the maximum element is '
+            'learned and thus the error seems to increase linearly"',
+            measured="; ".join(parts),
+            criterion="per eta: at least half of the trials exhausted their switch and the mean "
+            "error grows linearly on [T/4, T] (slope > 0, R^2 >= 0.9, error(T) >= 1.5 "
+            "error(T/4)); HOLDS if so for every eta, PARTLY for some, DIFFERS for none",
+            verdict="HOLDS" if n_yes == len(votes) else ("PARTLY" if n_yes else "DIFFERS"),
+        )
+    )
 
     # 3. more switches: (a) they do not run out quickly, (b) noise grows like sqrt(s)
     s_small, s_big = min(params["switches"]), sorted(params["switches"])[1:]
@@ -243,78 +275,101 @@ def judge(params: dict[str, Any], mean: dict[str, np.ndarray], trials: int,
             n_cases += 1
             n_keep += ex_half < 0.5
             parts.append(f"eta={eta:g} s={c['s']}: {100 * ex_half:.0f}% out of switches by T/2")
-    claims.append(Claim(
-        statement=f"with more switches (s > {s_small}) SparseGumb \"does not run out of switches "
-                  "very quickly\"",
-        measured="; ".join(parts),
-        criterion="per (eta, s > 1): fewer than half of the trials have used all switches by "
-                  "t = T/2; HOLDS if so for every pair, PARTLY for some, DIFFERS for none",
-        verdict="HOLDS" if n_keep == n_cases else ("PARTLY" if n_keep else "DIFFERS"),
-    ))
+    claims.append(
+        Claim(
+            statement=(
+                f'with more switches (s > {s_small}) SparseGumb "does not run out of '
+                'switches very quickly"'
+            ),
+            measured="; ".join(parts),
+            criterion="per (eta, s > 1): fewer than half of the trials have used all switches by "
+            "t = T/2; HOLDS if so for every pair, PARTLY for some, DIFFERS for none",
+            verdict="HOLDS" if n_keep == n_cases else ("PARTLY" if n_keep else "DIFFERS"),
+        )
+    )
     parts, votes = [], []
     for eta in params["etas"]:
         errs = {c["s"]: avg[c["label"]] for c in sparse if c["eta"] == eta}
         if len(s_big) >= 2:
             a, b = s_big[0], s_big[-1]
             votes.append(errs[b] > errs[a])
-            parts.append(f"eta={eta:g}: mean error " + ", ".join(
-                f"s={s} {fmt(errs[s])}" for s in sorted(errs))
+            parts.append(
+                f"eta={eta:g}: mean error "
+                + ", ".join(f"s={s} {fmt(errs[s])}" for s in sorted(errs))
                 + f"; s={b}/s={a} = {fmt(errs[b] / errs[a])} (sqrt ratio "
-                  f"{fmt(math.sqrt(b / a))})")
+                f"{fmt(math.sqrt(b / a))})"
+            )
     n_yes = sum(votes)
-    claims.append(Claim(
-        statement="with more switches \"the magnitude of the noise scales with sqrt(s) thus "
-                  "hurting accuracy\"",
-        measured="; ".join(parts),
-        criterion=f"per eta: the time-averaged error with s={s_big[-1]} exceeds that with "
-                  f"s={s_big[0]}; HOLDS for every eta, PARTLY for some, DIFFERS for none. The "
-                  "counters' noise is sqrt(s+1) tau by construction; whether the error follows "
-                  "also depends on when the switches are spent (claim above)",
-        verdict="HOLDS" if n_yes == len(votes) else ("PARTLY" if n_yes else "DIFFERS"),
-    ))
+    claims.append(
+        Claim(
+            statement='with more switches "the magnitude of the noise scales with sqrt(s) thus '
+            'hurting accuracy"',
+            measured="; ".join(parts),
+            criterion=f"per eta: the time-averaged error with s={s_big[-1]} exceeds that with "
+            f"s={s_big[0]}; HOLDS for every eta, PARTLY for some, DIFFERS for none. The "
+            "counters' noise is sqrt(s+1) tau by construction; whether the error follows "
+            "also depends on when the switches are spent (claim above)",
+            verdict="HOLDS" if n_yes == len(votes) else ("PARTLY" if n_yes else "DIFFERS"),
+        )
+    )
 
     # 4. the practical SparseGumb closely matches MetaAlgo (intro)
     best_sparse = min((c["label"] for c in sparse), key=lambda lb: avg[lb])
     ratio = avg[best_sparse] / avg[meta]
-    claims.append(Claim(
-        statement="(introduction) the practical known-domain top-k algorithm (SparseGumb) "
-                  "\"can closely match the error\" of the one that sees the full event stream "
-                  "(MetaAlgo)",
-        measured=f"best SparseGumb curve ({best_sparse}) time-averaged error "
-                 f"{fmt(avg[best_sparse])} = {fmt(ratio)} x metaKnownGumbel's {fmt(avg[meta])}",
-        criterion="HOLDS if the best SparseGumb configuration is within 1.25x of MetaAlgo's "
-                  "time-averaged error; PARTLY within 2x; else DIFFERS",
-        verdict="HOLDS" if ratio <= 1.25 else ("PARTLY" if ratio <= 2.0 else "DIFFERS"),
-    ))
+    claims.append(
+        Claim(
+            statement="(introduction) the practical known-domain top-k algorithm (SparseGumb) "
+            '"can closely match the error" of the one that sees the full event stream '
+            "(MetaAlgo)",
+            measured=f"best SparseGumb curve ({best_sparse}) time-averaged error "
+            f"{fmt(avg[best_sparse])} = {fmt(ratio)} x metaKnownGumbel's {fmt(avg[meta])}",
+            criterion="HOLDS if the best SparseGumb configuration is within 1.25x of MetaAlgo's "
+            "time-averaged error; PARTLY within 2x; else DIFFERS",
+            verdict="HOLDS" if ratio <= 1.25 else ("PARTLY" if ratio <= 2.0 else "DIFFERS"),
+        )
+    )
 
     # 5. where KnownBase lands
     kb = "KnownBase (Delta0=d)"
     rank = sorted(labels, key=lambda lb: avg[lb]).index(kb) + 1
     n_beat = sum(avg[c["label"]] < avg[kb] for c in sparse)
-    claims.append(Claim(
-        statement="(Sections 5 and 8) KnownBase needs noise that grows with d (tau sqrt(d) "
-                  "here), so SparseGumb, whose noise does not depend on d, should do better",
-        measured=f"KnownBase time-averaged error {fmt(avg[kb])}, rank {rank} of {len(labels)} "
-                 f"curves; {n_beat} of {len(sparse)} SparseGumb configurations are below it "
-                 f"(best {fmt(avg[best_sparse])}, worst "
-                 f"{fmt(max(avg[c['label']] for c in sparse))})",
-        criterion="HOLDS if every SparseGumb configuration beats KnownBase on time-averaged "
-                  "error; PARTLY if some do; DIFFERS if none",
-        verdict="HOLDS" if n_beat == len(sparse) else ("PARTLY" if n_beat else "DIFFERS"),
-    ))
+    claims.append(
+        Claim(
+            statement="(Sections 5 and 8) KnownBase needs noise that grows with d (tau sqrt(d) "
+            "here), so SparseGumb, whose noise does not depend on d, should do better",
+            measured=f"KnownBase time-averaged error {fmt(avg[kb])}, rank {rank} of {len(labels)} "
+            f"curves; {n_beat} of {len(sparse)} SparseGumb configurations are below it "
+            f"(best {fmt(avg[best_sparse])}, worst "
+            f"{fmt(max(avg[c['label']] for c in sparse))})",
+            criterion="HOLDS if every SparseGumb configuration beats KnownBase on time-averaged "
+            "error; PARTLY if some do; DIFFERS if none",
+            verdict="HOLDS" if n_beat == len(sparse) else ("PARTLY" if n_beat else "DIFFERS"),
+        )
+    )
 
     rows = []
     for lb in sorted(labels, key=lambda lb: avg[lb]):
         ex = mean.get(f"{lb}|exhausted")
-        rows.append([lb, fmt(avg[lb]), fmt(final[lb]),
-                     f"{100 * float(mean[f'{lb}|hit'][-1]):.0f}%",
-                     "-" if ex is None else f"{100 * float(ex[-1]):.0f}%",
-                     "-" if ex is None else fmt(float(mean[f'{lb}|used'][-1]))])
+        rows.append(
+            [
+                lb,
+                fmt(avg[lb]),
+                fmt(final[lb]),
+                f"{100 * float(mean[f'{lb}|hit'][-1]):.0f}%",
+                "-" if ex is None else f"{100 * float(ex[-1]):.0f}%",
+                "-" if ex is None else fmt(float(mean[f"{lb}|used"][-1])),
+            ]
+        )
     return claims, rows
 
 
-def plot(params: dict[str, Any], mean: dict[str, np.ndarray], se: dict[str, np.ndarray],
-         path, trials: int) -> None:
+def plot(
+    params: dict[str, Any],
+    mean: dict[str, np.ndarray],
+    se: dict[str, np.ndarray],
+    path,
+    trials: int,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -329,8 +384,9 @@ def plot(params: dict[str, Any], mean: dict[str, np.ndarray], se: dict[str, np.n
     axes[0].set_yscale("log")
     axes[0].set_xlabel("item rank")
     axes[0].set_ylabel("probability")
-    axes[0].set_title(f"Zipf's law, d={params['d']}, exponent {params['zipf_exponent']:g}",
-                      fontsize=10)
+    axes[0].set_title(
+        f"Zipf's law, d={params['d']}, exponent {params['zipf_exponent']:g}", fontsize=10
+    )
     palette = ("tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
     colors = {s: palette[i % len(palette)] for i, s in enumerate(params["switches"])}
     ymax = max(float(mean[f"{c['label']}|err"].max()) for c in curves(params)) * 1.05
@@ -347,16 +403,24 @@ def plot(params: dict[str, Any], mean: dict[str, np.ndarray], se: dict[str, np.n
             else:
                 style = {"color": colors[cfg["s"]], "lw": 1.3, "label": f"SparseGumb s={cfg['s']}"}
             ax.plot(t, y, **style)
-            ax.fill_between(t, y - 2 * se[f"{lb}|err"], y + 2 * se[f"{lb}|err"],
-                            color=style["color"], alpha=0.15, lw=0)
+            ax.fill_between(
+                t,
+                y - 2 * se[f"{lb}|err"],
+                y + 2 * se[f"{lb}|err"],
+                color=style["color"],
+                alpha=0.15,
+                lw=0,
+            )
         ax.set_xlabel("t")
         ax.set_ylabel("mean |noisy count of selected - true max|")
         ax.set_title(f"eta = {eta:g} (mean over {trials} trials, band = 2 s.e.)", fontsize=10)
         ax.set_ylim(0, ymax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Figure 2 (fig:sparseGumb): continual top-1, all mechanisms at "
-                 f"rho = {1 / (2 * params['tau'] ** 2):g}-zCDP (tau = {params['tau']:g})")
+    fig.suptitle(
+        f"Figure 2 (fig:sparseGumb): continual top-1, all mechanisms at "
+        f"rho = {1 / (2 * params['tau'] ** 2):g}-zCDP (tau = {params['tau']:g})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -371,44 +435,69 @@ def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
     ctx.log(f"figure 2: {len(curves(params))} curves x {trials} trials x T={params['T']}")
     results = run_trials(ctx, "figure 2", one_trial, trials, (ctx.seed, params))
     mean = mean_over_trials(results)
-    se = {k: (stack_trials(results, k).std(axis=0, ddof=1) / math.sqrt(trials)
-              if trials > 1 else np.zeros_like(v)) for k, v in mean.items()}
+    se = {
+        k: (
+            stack_trials(results, k).std(axis=0, ddof=1) / math.sqrt(trials)
+            if trials > 1
+            else np.zeros_like(v)
+        )
+        for k, v in mean.items()
+    }
     plot(params, mean, se, ctx.out_dir / FIGURE, trials)
     claims, rows = judge(params, mean, trials, rhos)
     from ..mechanisms.topk import utility_eta
     from ..tree import optimal_base
 
     base = params["base"] or optimal_base(params["T"])
-    theory = {s: utility_eta(tau=params["tau"] * math.sqrt(6), switches=s, domain_size=params["d"],
-                             horizon=params["T"], base=base, beta=0.05)
-              for s in params["switches"]}
-    table = md_table(["curve", "mean error over t", "mean error at T", "top item right at T",
-                      "trials out of switches at T", "switches used by T (mean)"], rows)
+    theory = {
+        s: utility_eta(
+            tau=params["tau"] * math.sqrt(6),
+            switches=s,
+            domain_size=params["d"],
+            horizon=params["T"],
+            base=base,
+            beta=0.05,
+        )
+        for s in params["switches"]
+    }
+    table = md_table(
+        [
+            "curve",
+            "mean error over t",
+            "mean error at T",
+            "top item right at T",
+            "trials out of switches at T",
+            "switches used by T (mean)",
+        ],
+        rows,
+    )
     tau = params["tau"]
     return FigureResult(
         key="topk_zipf",
         title="Figure 2 (fig:sparseGumb): continual top-1 on a Zipf stream",
         figure=FIGURE,
-        caption=("Left: the Zipf distribution the events are drawn from. Other panels, one per "
-                 "eta: mean over trials of |noisy count of the released top-1 item - true count "
-                 "of the true top item| at each t, for SparseGumb_{s,1}, KnownBase with "
-                 "Delta0 = d (top-1 = largest noisy count) and MetaAlgo with KnownGumb_1 "
-                 "(metaKnownGumbel); KnownBase and MetaAlgo are repeated in each panel."),
+        caption=(
+            "Left: the Zipf distribution the events are drawn from. Other panels, one per "
+            "eta: mean over trials of |noisy count of the released top-1 item - true count "
+            "of the true top item| at each t, for SparseGumb_{s,1}, KnownBase with "
+            "Delta0 = d (top-1 = largest noisy count) and MetaAlgo with KnownGumb_1 "
+            "(metaKnownGumbel); KnownBase and MetaAlgo are repeated in each panel."
+        ),
         parameters={
             "d (items)": params["d"],
             "T": params["T"],
             "events": f"one item per event, i.i.d. Zipf: p_i proportional to "
-                      f"i^-{params['zipf_exponent']:g}, i = 1..d",
-            "common tau": f"{tau:g} (each curve {1 / (2 * tau ** 2):g}-zCDP; the paper does not "
-                          "state its tau)",
+            f"i^-{params['zipf_exponent']:g}, i = 1..d",
+            "common tau": f"{tau:g} (each curve {1 / (2 * tau**2):g}-zCDP; the paper does not "
+            "state its tau)",
             "KnownBase": f"tau sqrt(d) = {tau * math.sqrt(params['d']):.4g}, Delta0 = d, "
-                         "aggregate mode release(t, h_t), top-1 = argmax of noisy counts",
+            "aggregate mode release(t, h_t), top-1 = argmax of noisy counts",
             "metaKnownGumbel": f"MetaHistogram(oneshot='gumbel', k=1), tau sqrt(2) = "
-                               f"{tau * math.sqrt(2):.4g}, event mode",
+            f"{tau * math.sqrt(2):.4g}, event mode",
             "SparseGumb": f"ContinualTopK(k=1), tau sqrt(6) = {tau * math.sqrt(6):.4g}, "
-                          f"s in {list(params['switches'])}, eta in "
-                          f"{[float(e) for e in params['etas']]} (constant eta_t; the paper "
-                          "does not state its values), aggregate mode",
+            f"s in {list(params['switches'])}, eta in "
+            f"{[float(e) for e in params['etas']]} (constant eta_t; the paper "
+            "does not state its values), aggregate mode",
             "tree base": f"{base} (r* for T = {params['T']})",
             "trials": f"{trials}" + (" (quick mode)" if ctx.quick else ""),
             "noise": "simulation mode: one key per (curve, trial), see the top of the report",
@@ -419,10 +508,11 @@ def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
             "Error when a mechanism releases nothing at t: the true maximum (released count "
             "taken as 0). 'top item right' counts ties with the true maximum as right.",
             "For scale: eta from the paper's utility analysis (utility_eta, beta = 0.05) would "
-            "be " + ", ".join(f"{fmt(v)} for s={s}" for s, v in theory.items())
+            "be "
+            + ", ".join(f"{fmt(v)} for s={s}" for s, v in theory.items())
             + f", above the largest true count ({params['T']} events, top item probability "
-              f"{fmt(float(zipf_pmf(params['d'], params['zipf_exponent'])[0]))}): with it no "
-              "switch would ever fire on this stream.",
+            f"{fmt(float(zipf_pmf(params['d'], params['zipf_exponent'])[0]))}): with it no "
+            "switch would ever fire on this stream.",
         ],
         seconds=time.perf_counter() - start,
         trials=trials,

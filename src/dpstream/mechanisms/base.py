@@ -47,8 +47,7 @@ __all__ = [
 ]
 
 
-def take_items(items: Sequence[Hashable], positions: Sequence[int] | np.ndarray
-               ) -> list[Hashable]:
+def take_items(items: Sequence[Hashable], positions: Sequence[int] | np.ndarray) -> list[Hashable]:
     """``[items[i] for i in positions]``, in one call when ``items`` can (a known
     domain's release items are a view that decodes them from bytes)."""
     take = getattr(items, "take", None)
@@ -95,7 +94,9 @@ class Release:
         negligible distance between the grid and a true Gaussian).
         """
         return Release(
-            t=self.t, items=self.items, values=np.rint(self.values).astype(np.int64),
+            t=self.t,
+            items=self.items,
+            values=np.rint(self.values).astype(np.int64),
             meta=self.meta,
         )
 
@@ -106,8 +107,13 @@ class Release:
         """
         import pandas as pd
 
-        return pd.DataFrame({"t": np.full(len(self.values), int(self.t), dtype=np.int64),
-                             "item": list(self.items), "value": np.asarray(self.values)})
+        return pd.DataFrame(
+            {
+                "t": np.full(len(self.values), int(self.t), dtype=np.int64),
+                "item": list(self.items),
+                "value": np.asarray(self.values),
+            }
+        )
 
     def to_arrow(self) -> Any:
         """This release as a pyarrow Table in the long format (t, item, value).
@@ -124,8 +130,13 @@ class Release:
                 items = pa.array(list(self.items))
             except (pa.ArrowInvalid, pa.ArrowTypeError):  # str and int items: as text
                 items = pa.array([str(i) for i in self.items])
-        return pa.table({"t": pa.array(np.full(len(self.values), int(self.t), dtype=np.int64)),
-                         "item": items, "value": pa.array(np.asarray(self.values))})
+        return pa.table(
+            {
+                "t": pa.array(np.full(len(self.values), int(self.t), dtype=np.int64)),
+                "item": items,
+                "value": pa.array(np.asarray(self.values)),
+            }
+        )
 
     def top(self, k: int) -> list[tuple[Hashable, float]]:
         """The k released items with the largest noisy counts, largest first."""
@@ -167,8 +178,9 @@ def check_base(base: object, horizon: int) -> int:
     if isinstance(base, bool) or not isinstance(base, (int, np.integer)):
         raise TypeError(f"base must be an int or None, got {type(base).__name__}")
     if not 2 <= base <= max(horizon, 2):
-        raise ValueError(f"base must be in [2, max(horizon, 2)] = [2, {max(horizon, 2)}], "
-                         f"got {base}")
+        raise ValueError(
+            f"base must be in [2, max(horizon, 2)] = [2, {max(horizon, 2)}], got {base}"
+        )
     return int(base)
 
 
@@ -260,8 +272,9 @@ def check_count_value(name: str, value: object) -> int:
     return int(value)
 
 
-def check_count_array(name: str, arr: object, length: int | None = None,
-                      at_least: np.ndarray | None = None) -> np.ndarray:
+def check_count_array(
+    name: str, arr: object, length: int | None = None, at_least: np.ndarray | None = None
+) -> np.ndarray:
     """Aggregate-mode counts as an int64 array (a copy): integer dtype, >= 0, right length.
 
     ``at_least``: counts it must not fall below (the last prefix histogram, itself
@@ -274,8 +287,12 @@ def check_count_array(name: str, arr: object, length: int | None = None,
         raise ValueError(
             f"{name} must have one entry per domain item ({length}), got shape {arr.shape}"
         )
-    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size \
-            and arr.max() > np.iinfo(np.int64).max:
+    if (
+        arr.dtype.kind == "u"
+        and arr.dtype.itemsize == 8
+        and arr.size
+        and arr.max() > np.iinfo(np.int64).max
+    ):
         raise ValueError(f"{name} must fit in int64")
     out = arr.astype(np.int64)
     if at_least is not None and not np.less(out, at_least).any():
@@ -325,8 +342,7 @@ def domain_counts(
         items, values = mapping_counts(counts)
         pos = lookup_all(items, index)
         if pos.size and pos.min() < 0:
-            raise InvalidEventError(
-                f"item {items[int(np.argmax(pos < 0))]!r} is not in the domain")
+            raise InvalidEventError(f"item {items[int(np.argmax(pos < 0))]!r} is not in the domain")
         arr = np.zeros(n, dtype=np.int64)
         arr[pos] = values
     else:
@@ -462,22 +478,23 @@ class EventLimit:
 
     POLICIES = ("error", "truncate")
 
-    def __init__(self, policy: object, *, key: NoiseKey, stream: str,
-                 max_items: int | None) -> None:
+    def __init__(
+        self, policy: object, *, key: NoiseKey, stream: str, max_items: int | None
+    ) -> None:
         if policy not in self.POLICIES:
             raise ValueError(f"on_invalid must be one of {self.POLICIES}, got {policy!r}")
         self.policy = str(policy)
         self.max_items = max_items
-        self._source = (truncation_source(key, stream)
-                        if self.policy == "truncate" else None)
+        self._source = truncation_source(key, stream) if self.policy == "truncate" else None
         self.stats = TruncationStats()
 
     @property
     def truncating(self) -> bool:
         return self._source is not None
 
-    def events(self, events: Iterable[object], index: Container[Hashable] | None = None,
-               *, t: int) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
+    def events(
+        self, events: Iterable[object], index: Container[Hashable] | None = None, *, t: int
+    ) -> tuple[list[tuple[Hashable, ...]], TruncationStats]:
         """The events of step ``t``, checked and (if truncating) cut; the step's stats delta.
 
         Nothing is recorded here: the caller adds the delta to :attr:`stats`
@@ -509,12 +526,14 @@ class EventLimit:
             table: dict[Hashable, int] = {}
             codes = [table.setdefault(i, len(table)) for e in over for i in out[e]]
             offsets = np.cumsum([0] + [len(out[e]) for e in over])
-            keep = keep_ranked(self._source, t, list(table), np.asarray(codes, np.int64),
-                               offsets, self.max_items).tolist()
+            keep = keep_ranked(
+                self._source, t, list(table), np.asarray(codes, np.int64), offsets, self.max_items
+            ).tolist()
             for j, e in enumerate(over):
                 lo = int(offsets[j])
-                out[e] = tuple(i for i, k in zip(out[e], keep[lo:lo + len(out[e])], strict=True)
-                               if k)
+                out[e] = tuple(
+                    i for i, k in zip(out[e], keep[lo : lo + len(out[e])], strict=True) if k
+                )
         return out, delta
 
     def commit(self, delta: TruncationStats) -> None:

@@ -67,6 +67,8 @@ def join_purpose(purpose: str) -> str:
     """The purpose of the state draws of items joining a BLT stream of ``purpose``
     (dedicated: no other noise is ever drawn under it; same noise version)."""
     return purpose + "/join"
+
+
 #: A replay draws z for this many (item, step) pairs at once (bounds memory).
 _CHUNK = 1 << 20
 
@@ -86,8 +88,13 @@ class BLTNoise:
     #: (for noise states saved before join_source existed)
     join_source: NoiseSource | None = None
 
-    def __init__(self, source: NoiseSource, strategy: BLTStrategy, sigma: float,
-                 join_source: NoiseSource | None = None) -> None:
+    def __init__(
+        self,
+        source: NoiseSource,
+        strategy: BLTStrategy,
+        sigma: float,
+        join_source: NoiseSource | None = None,
+    ) -> None:
         if join_source is not None and join_source.purpose != join_purpose(source.purpose):
             raise ValueError("join_source must draw under join_purpose(source.purpose)")
         self.join_source = join_source
@@ -215,8 +222,10 @@ class BLTNoise:
         if counts is not None and counts.shape != (n,):
             raise ValueError(f"counts must have shape ({n},), got {counts.shape}")
         if getattr(self, "_broken", False):
-            raise RuntimeError("this BLT noise state was left half-stepped by an error: "
-                               "rebuild the mechanism (or restore it from a snapshot)")
+            raise RuntimeError(
+                "this BLT noise state was left half-stepped by an error: "
+                "rebuild the mechanism (or restore it from a snapshot)"
+            )
         if n and t == self.t + 1:
             values = None if counts is None else np.empty(n)
             try:
@@ -257,8 +266,9 @@ class BLTNoise:
 
         kernel.run_tasks(len(bounds), task)
 
-    def _run(self, prepared: PreparedItems, buffers: np.ndarray, total: np.ndarray,
-             first: int, last: int) -> None:
+    def _run(
+        self, prepared: PreparedItems, buffers: np.ndarray, total: np.ndarray, first: int, last: int
+    ) -> None:
         """Steps first..last for ``prepared`` (views ``buffers``/``total``), in order."""
         m = len(prepared)
         if m == 0 or last < first:
@@ -268,8 +278,9 @@ class BLTNoise:
         while s <= last:
             stop = min(last, s + per_chunk - 1)
             addresses = [(BLT_LEVEL, step, 0) for step in range(s, stop + 1)]
-            z = self.source.gaussian_values(self.source.blocks_many(prepared, addresses),
-                                             self.sigma)
+            z = self.source.gaussian_values(
+                self.source.blocks_many(prepared, addresses), self.sigma
+            )
             for row in z:
                 stream_step(self._theta, self._omega, buffers, total, row)
             s = stop + 1
@@ -281,9 +292,16 @@ class BLTNoise:
         return self._buffers[:, : self._n].copy(), self._total[: self._n].copy()
 
     @classmethod
-    def restore(cls, source: NoiseSource, strategy: BLTStrategy, sigma: float,
-                prepared: PreparedItems, t: int, buffers: np.ndarray, total: np.ndarray
-                ) -> BLTNoise:
+    def restore(
+        cls,
+        source: NoiseSource,
+        strategy: BLTStrategy,
+        sigma: float,
+        prepared: PreparedItems,
+        t: int,
+        buffers: np.ndarray,
+        total: np.ndarray,
+    ) -> BLTNoise:
         """Rebuild a BLTNoise at time t from :meth:`state` and the prepared ids.
 
         The restored object continues bit for bit as the original would (no
@@ -294,8 +312,10 @@ class BLTNoise:
         buffers = np.asarray(buffers, dtype=np.float64)
         total = np.asarray(total, dtype=np.float64)
         if buffers.shape != (strategy.buffers, n) or total.shape != (n,):
-            raise ValueError(f"state must have shapes ({strategy.buffers}, {n}) and ({n},), "
-                             f"got {buffers.shape} and {total.shape}")
+            raise ValueError(
+                f"state must have shapes ({strategy.buffers}, {n}) and ({n},), "
+                f"got {buffers.shape} and {total.shape}"
+            )
         if not 0 <= t <= strategy.horizon:
             raise ValueError(f"t must be in [0, {strategy.horizon}], got {t}")
         bn._reserve(n)

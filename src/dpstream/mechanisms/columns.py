@@ -27,11 +27,23 @@ import numpy as np
 
 from .. import compiled
 
-__all__ = ["EventColumns", "as_events", "flatten_events", "positions", "event_positions",
-           "domain_positions", "fast_events", "aggregate_items", "aggregate_raw",
-           "domain_aggregate",
-           "is_frame", "distinct_in_events", "aggregate_columns", "object_addresses",
-           "check_grows"]
+__all__ = [
+    "EventColumns",
+    "as_events",
+    "flatten_events",
+    "positions",
+    "event_positions",
+    "domain_positions",
+    "fast_events",
+    "aggregate_items",
+    "aggregate_raw",
+    "domain_aggregate",
+    "is_frame",
+    "distinct_in_events",
+    "aggregate_columns",
+    "object_addresses",
+    "check_grows",
+]
 
 #: Item types that are already canonical (``canonical_item`` returns them unchanged).
 _PLAIN = frozenset((str, int, bytes))
@@ -58,8 +70,7 @@ class EventColumns:
 
     __slots__ = ("items", "codes", "offsets")
 
-    def __init__(self, items: Sequence[Hashable], codes: np.ndarray, offsets: np.ndarray
-                 ) -> None:
+    def __init__(self, items: Sequence[Hashable], codes: np.ndarray, offsets: np.ndarray) -> None:
         codes = np.asarray(codes)
         offsets = np.asarray(offsets)
         if codes.ndim != 1 or codes.dtype.kind not in "iu":
@@ -98,8 +109,9 @@ def fast_events(events: Iterable[object] | EventColumns) -> Iterable[object]:
     return events.events() if isinstance(events, EventColumns) else events
 
 
-def event_positions(events: Any, index: Any, n: int
-                    ) -> tuple[np.ndarray, np.ndarray, list[Hashable]] | None:
+def event_positions(
+    events: Any, index: Any, n: int
+) -> tuple[np.ndarray, np.ndarray, list[Hashable]] | None:
     """(per-occurrence columns, event offsets, new items) of a step's events (see
     :func:`positions`), or ``None`` when the per-event path must run."""
     if isinstance(events, EventColumns):
@@ -115,8 +127,7 @@ def event_positions(events: Any, index: Any, n: int
     return cols, flat[1], new
 
 
-def domain_positions(events: Any, index: Any, max_items: int | None
-                     ) -> np.ndarray | None:
+def domain_positions(events: Any, index: Any, max_items: int | None) -> np.ndarray | None:
     """The domain positions of a step's distinct (per event) item occurrences, or
     ``None`` when the per-event path must run (an item outside the domain, an event
     over ``max_items``, an unusual type)."""
@@ -159,8 +170,7 @@ def lookup_all(items: Sequence[Hashable], index: Any) -> np.ndarray:
     return index.lookup(items)
 
 
-def positions(items: Sequence[Hashable], index: Any, n: int
-              ) -> tuple[np.ndarray, list[Hashable]]:
+def positions(items: Sequence[Hashable], index: Any, n: int) -> tuple[np.ndarray, list[Hashable]]:
     """Each item's column: ``index[item]``, or ``n + k`` for the k-th new item (in
     order of first appearance). Returns (columns as int64, the new items).
 
@@ -176,8 +186,9 @@ def positions(items: Sequence[Hashable], index: Any, n: int
     return cols, list(new)
 
 
-def distinct_in_events(cols: np.ndarray, offsets: np.ndarray
-                       ) -> tuple[np.ndarray | None, np.ndarray]:
+def distinct_in_events(
+    cols: np.ndarray, offsets: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
     """Which occurrences are the first of their item in their event, and how many
     distinct items each event holds.
 
@@ -230,8 +241,9 @@ def aggregate_columns(items: Any, counts: Any = None) -> tuple[list[Hashable], n
     else:
         keys = items.tolist() if hasattr(items, "tolist") else list(items)
     if len(keys) != values.size:
-        raise ValueError(f"items and counts must have the same length, got {len(keys)} "
-                         f"and {values.size}")
+        raise ValueError(
+            f"items and counts must have the same length, got {len(keys)} and {values.size}"
+        )
     return keys, values
 
 
@@ -246,8 +258,9 @@ def aggregate_raw(items: Any, counts: Any = None) -> tuple[Any, np.ndarray]:
     if not isinstance(items, (np.ndarray, list)):
         items = list(items)
     if len(items) != values.size:
-        raise ValueError(f"items and counts must have the same length, got {len(items)} "
-                         f"and {values.size}")
+        raise ValueError(
+            f"items and counts must have the same length, got {len(items)} and {values.size}"
+        )
     return items, values
 
 
@@ -280,15 +293,19 @@ def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:
     elif hasattr(frame, "columns"):  # pandas or polars
         names = [str(c) for c in frame.columns]
     if names is None:
-        raise TypeError("counts must be a Mapping item -> count, arrays (items, counts) or a "
-                        f"data frame with columns item and count, got {type(frame).__name__}")
+        raise TypeError(
+            "counts must be a Mapping item -> count, arrays (items, counts) or a "
+            f"data frame with columns item and count, got {type(frame).__name__}"
+        )
     if "item" in names and "count" in names:
         item_col, count_col = "item", "count"
     elif len(names) == 2:
         item_col, count_col = names
     else:
-        raise ValueError(f"a frame of counts needs columns 'item' and 'count' (or exactly two "
-                         f"columns), got {names}")
+        raise ValueError(
+            f"a frame of counts needs columns 'item' and 'count' (or exactly two "
+            f"columns), got {names}"
+        )
     if hasattr(frame, "column_names"):
         return frame.column(item_col).to_pylist(), frame.column(count_col).to_numpy()
     items, counts = frame[item_col], frame[count_col]
@@ -327,7 +344,8 @@ def is_frame(obj: Any) -> bool:
     """Whether ``obj`` is a pandas/polars DataFrame or an Arrow table (not a Mapping,
     not an array)."""
     return not isinstance(obj, (Mapping, np.ndarray, list, tuple)) and (
-        hasattr(obj, "column_names") or (hasattr(obj, "columns") and hasattr(obj, "shape")))
+        hasattr(obj, "column_names") or (hasattr(obj, "columns") and hasattr(obj, "shape"))
+    )
 
 
 def aggregate_items(items: Any, counts: Any) -> tuple[list[Hashable], np.ndarray]:
@@ -344,8 +362,7 @@ def aggregate_items(items: Any, counts: Any) -> tuple[list[Hashable], np.ndarray
     return keys, values
 
 
-def domain_aggregate(items: Any, counts: Any, index: Any,
-                     previous: np.ndarray) -> np.ndarray:
+def domain_aggregate(items: Any, counts: Any, index: Any, previous: np.ndarray) -> np.ndarray:
     """Aggregate-mode counts given as (items, counts) or a frame, over a known domain:
     an int64 array aligned with the domain (missing items count 0)."""
     from ..errors import InvalidEventError

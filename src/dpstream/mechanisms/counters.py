@@ -37,13 +37,25 @@ from ..noise import DEFAULT_NOISE_VERSION, versioned_purpose
 from ..tree import optimal_base, worst_case_variance_factor
 from .base import check_base, check_horizon, config_tag
 
-__all__ = ["COUNTERS", "default_counter", "resolve_counter", "blt_sigma", "blt_purpose",
-           "counter_with_buffers", "stream_horizon", "for_all_t", "UNBOUNDED_THEOREM",
-           "tree_base", "tree_levels"]
+__all__ = [
+    "COUNTERS",
+    "default_counter",
+    "resolve_counter",
+    "blt_sigma",
+    "blt_purpose",
+    "counter_with_buffers",
+    "stream_horizon",
+    "for_all_t",
+    "UNBOUNDED_THEOREM",
+    "tree_base",
+    "tree_levels",
+]
 
 #: What a mechanism with no planned end adds to its theorem.
-UNBOUNDED_THEOREM = ("; no planned end: sigma from sup_T max_j ||C e_j||^2 = sum_(n >= 0) "
-                     "c_n^2, so the bound holds at every t")
+UNBOUNDED_THEOREM = (
+    "; no planned end: sigma from sup_T max_j ||C e_j||^2 = sum_(n >= 0) "
+    "c_n^2, so the bound holds at every t"
+)
 
 COUNTERS = ("tree", "blt")
 _SIGMA_ROUND_UP = 1.0 + 2.0**-40
@@ -74,12 +86,14 @@ def for_all_t(guarantee: Any, unbounded: bool) -> Any:
     every t when the stream has no planned end (``unbounded``)."""
     if not unbounded:
         return guarantee
-    return dataclasses.replace(guarantee, for_all_t=True,
-                               theorem=guarantee.theorem + UNBOUNDED_THEOREM)
+    return dataclasses.replace(
+        guarantee, for_all_t=True, theorem=guarantee.theorem + UNBOUNDED_THEOREM
+    )
 
 
-def resolve_counter(counter: object, base: object, horizon: int, *, unbounded: bool = False
-                    ) -> tuple[str, int | None, BLTStrategy | None]:
+def resolve_counter(
+    counter: object, base: object, horizon: int, *, unbounded: bool = False
+) -> tuple[str, int | None, BLTStrategy | None]:
     """Check ``counter`` / ``base`` and return (counter name, tree base, BLT strategy).
 
     ``counter`` is ``"tree"``, ``"blt"``, a :class:`~dpstream.factorization.BLTStrategy`
@@ -91,18 +105,25 @@ def resolve_counter(counter: object, base: object, horizon: int, *, unbounded: b
     """
     if unbounded:
         if counter == "tree" or base is not None:
-            raise ValueError("a stream with no planned end (no horizon) needs the BLT counter: "
-                             "the tree's noise is sized for T (give a horizon, or drop "
-                             "counter='tree' / base)")
+            raise ValueError(
+                "a stream with no planned end (no horizon) needs the BLT counter: "
+                "the tree's noise is sized for T (give a horizon, or drop "
+                "counter='tree' / base)"
+            )
         if isinstance(counter, BLTStrategy) and not counter.unbounded:
-            raise ValueError("a stream with no planned end needs a BLT whose sensitivity "
-                             "holds for every t (blt_unbounded()), not one stated for a "
-                             "horizon")
+            raise ValueError(
+                "a stream with no planned end needs a BLT whose sensitivity "
+                "holds for every t (blt_unbounded()), not one stated for a "
+                "horizon"
+            )
         if counter not in (None, "blt") and not isinstance(counter, BLTStrategy):
             raise ValueError(f"counter must be 'tree', 'blt' or a BLTStrategy, got {counter!r}")
         strategy = counter if isinstance(counter, BLTStrategy) else blt_unbounded()
-        return "blt", None, strategy.at_horizon(horizon) if strategy.horizon != horizon \
-            else strategy
+        return (
+            "blt",
+            None,
+            strategy.at_horizon(horizon) if strategy.horizon != horizon else strategy,
+        )
     if counter is None:
         counter = "tree" if base is not None else default_counter(horizon)
     if isinstance(counter, BLTStrategy):
@@ -117,8 +138,9 @@ def resolve_counter(counter: object, base: object, horizon: int, *, unbounded: b
     else:
         raise ValueError(f"counter must be 'tree', 'blt' or a BLTStrategy, got {counter!r}")
     if base is not None:
-        raise ValueError(f"base applies to counter='tree' only, got base={base!r} "
-                         "with counter='blt'")
+        raise ValueError(
+            f"base applies to counter='tree' only, got base={base!r} with counter='blt'"
+        )
     return "blt", None, strategy
 
 
@@ -138,8 +160,9 @@ def tree_levels(levels: int | None) -> int:
     return levels
 
 
-def counter_with_buffers(counter: str | None, base: int | None, buffers: int | None,
-                         horizon: int) -> str | BLTStrategy | None:
+def counter_with_buffers(
+    counter: str | None, base: int | None, buffers: int | None, horizon: int
+) -> str | BLTStrategy | None:
     """The ``counter=`` value for a BLT with ``buffers`` buffers per item (the command
     line's ``--blt-buffers``), or ``counter`` itself when ``buffers`` is None.
 
@@ -151,8 +174,9 @@ def counter_with_buffers(counter: str | None, base: int | None, buffers: int | N
     if buffers is None:
         return counter
     if counter not in (None, "blt") or base is not None:
-        raise ValueError("--blt-buffers applies to the BLT counter only, not with "
-                         f"counter={counter!r} or --base")
+        raise ValueError(
+            f"--blt-buffers applies to the BLT counter only, not with counter={counter!r} or --base"
+        )
     buffers = check_int("--blt-buffers", buffers, 1)
     if buffers > MAX_BUFFERS:
         raise ValueError(f"--blt-buffers must be 1 to {MAX_BUFFERS}, got {buffers}")
@@ -166,9 +190,16 @@ def blt_sigma(tau: float, strategy: BLTStrategy) -> float:
     return float(tau) * strategy.sensitivity * _SIGMA_ROUND_UP
 
 
-def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: int | None,
-                domain: str, users: str | None = None,
-                noise_version: int = DEFAULT_NOISE_VERSION) -> str:
+def blt_purpose(
+    stream: str,
+    *,
+    strategy: BLTStrategy,
+    sigma: float,
+    max_items: int | None,
+    domain: str,
+    users: str | None = None,
+    noise_version: int = DEFAULT_NOISE_VERSION,
+) -> str:
     """The noise purpose of the BLT counters of stream ``stream`` with these settings.
 
     It fingerprints T, sigma and the BLT parameters exactly, Delta0 and the
@@ -177,6 +208,12 @@ def blt_purpose(stream: str, *, strategy: BLTStrategy, sigma: float, max_items: 
     :func:`~dpstream.mechanisms.base.config_tag`).
     """
     extra = {} if users is None else {"users": users}
-    tag = config_tag(horizon=strategy.horizon, sigma=sigma, strategy=strategy.fingerprint(),
-                     max_items=max_items, domain=domain, **extra)
+    tag = config_tag(
+        horizon=strategy.horizon,
+        sigma=sigma,
+        strategy=strategy.fingerprint(),
+        max_items=max_items,
+        domain=domain,
+        **extra,
+    )
     return versioned_purpose(f"{stream}/blt@{tag}", noise_version)

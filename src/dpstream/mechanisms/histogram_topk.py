@@ -72,10 +72,19 @@ class HistogramTopK:
 
     mechanism_name = "KnownBase top-k"
 
-    def __init__(self, domain: Iterable[Hashable], horizon: int, *, k: int, max_items: int,
-                 key: NoiseKey, **histogram: Any) -> None:
-        self.histogram = KnownDomainHistogram(domain, horizon, max_items=max_items, key=key,
-                                              **histogram)
+    def __init__(
+        self,
+        domain: Iterable[Hashable],
+        horizon: int,
+        *,
+        k: int,
+        max_items: int,
+        key: NoiseKey,
+        **histogram: Any,
+    ) -> None:
+        self.histogram = KnownDomainHistogram(
+            domain, horizon, max_items=max_items, key=key, **histogram
+        )
         d = len(self.histogram.domain_index)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
@@ -124,8 +133,9 @@ class HistogramTopK:
         """Take all the events of the next time step and release the top-k."""
         return self._top(self.histogram.step_batch(events))
 
-    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
-                ) -> Release:
+    def release(
+        self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
+    ) -> Release:
         """Aggregate mode, as ``KnownDomainHistogram.release``."""
         return self._top(self.histogram.release(t, counts))
 
@@ -138,12 +148,18 @@ class HistogramTopK:
             self.started = True
         if not self.started:
             return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-        return Release(t=rel.t, items=take_items(rel.items, idx), values=values[idx],
-                       meta={"status": "selected"})
+        return Release(
+            t=rel.t,
+            items=take_items(rel.items, idx),
+            values=values[idx],
+            meta={"status": "selected"},
+        )
 
     def __repr__(self) -> str:
-        return (f"HistogramTopK(k={self.k}, d={len(self.histogram.domain_index)}, "
-                f"T={self.horizon}, max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
+        return (
+            f"HistogramTopK(k={self.k}, d={len(self.histogram.domain_index)}, "
+            f"T={self.horizon}, max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})"
+        )
 
 
 class UnknownTopK:
@@ -174,8 +190,16 @@ class UnknownTopK:
 
     mechanism_name = "UnkBase top-k"
 
-    def __init__(self, domain: Iterable[Hashable], horizon: int, *, k: int, max_items: int,
-                 key: NoiseKey, **histogram: Any) -> None:
+    def __init__(
+        self,
+        domain: Iterable[Hashable],
+        horizon: int,
+        *,
+        k: int,
+        max_items: int,
+        key: NoiseKey,
+        **histogram: Any,
+    ) -> None:
         from .unknown import UnknownDomainHistogram
 
         self._index = domain_table(domain_items(domain))
@@ -185,8 +209,7 @@ class UnknownTopK:
         if not 1 <= k <= d:
             raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
         self.k = int(k)
-        self.histogram = UnknownDomainHistogram(horizon, max_items=max_items, key=key,
-                                                **histogram)
+        self.histogram = UnknownDomainHistogram(horizon, max_items=max_items, key=key, **histogram)
         h = self.histogram
         self.horizon, self.base, self.levels = h.horizon, h.base, h.levels
         self.max_items, self.tau, self.budget = h.max_items, h.tau, h.budget
@@ -227,8 +250,7 @@ class UnknownTopK:
         events = list(events)
         for event in events:
             items = event[1] if self.histogram.user_bounds is not None else event
-            check_in_domain([items] if isinstance(items, (str, bytes)) else items,
-                            self._index)
+            check_in_domain([items] if isinstance(items, (str, bytes)) else items, self._index)
         return events
 
     def step(self, event: Iterable[Hashable]) -> Release:
@@ -252,12 +274,18 @@ class UnknownTopK:
         k = min(self.k, n)
         idx = np.argpartition(-values, k - 1)[:k] if k < n else np.arange(n)
         idx = idx[np.lexsort((idx, -values[idx]))]
-        return Release(t=rel.t, items=take_items(rel.items, idx), values=values[idx],
-                       meta={"status": "selected"})
+        return Release(
+            t=rel.t,
+            items=take_items(rel.items, idx),
+            values=values[idx],
+            meta={"status": "selected"},
+        )
 
     def __repr__(self) -> str:
-        return (f"UnknownTopK(k={self.k}, d={len(self._index)}, T={self.horizon}, "
-                f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})")
+        return (
+            f"UnknownTopK(k={self.k}, d={len(self._index)}, T={self.horizon}, "
+            f"max_items={self.max_items}, tau={self.tau:.4g}, t={self.t})"
+        )
 
 
 @dataclass(frozen=True)
@@ -323,10 +351,12 @@ def _sparse_eta_worst(mech: ContinualTopK) -> float:
     if isinstance(eta, str):  # "auto": the quantile grows with the counter variance
         if mech.rounds == 0:
             return 0.0
-        worst = mech.noise_std_worst ** 2
+        worst = mech.noise_std_worst**2
         level = mech.beta / mech.horizon
-        return max(noise_eta(tau_1=mech.tau_1, variance=worst, level=level),
-                   mech.start_eta_at(1) if mech.wait else 0.0)
+        return max(
+            noise_eta(tau_1=mech.tau_1, variance=worst, level=level),
+            mech.start_eta_at(1) if mech.wait else 0.0,
+        )
     if isinstance(eta, np.ndarray):
         return float(eta.max())
     return float(eta)
@@ -336,8 +366,16 @@ def _sparse_eta_worst(mech: ContinualTopK) -> float:
 _ORDER = ("KnownBase top-k", "UnkBase top-k", "SparseGumb")
 
 
-def choose_top_k(domain: Iterable[Hashable], horizon: int, *, k: int, max_items: int,
-                 key: NoiseKey, switches: int | None = None, **kwargs: Any) -> TopKChoice:
+def choose_top_k(
+    domain: Iterable[Hashable],
+    horizon: int,
+    *,
+    k: int,
+    max_items: int,
+    key: NoiseKey,
+    switches: int | None = None,
+    **kwargs: Any,
+) -> TopKChoice:
     """Build SparseGumb, KnownBase's top-k and UnkBase's top-k for the same budget; keep
     the one whose items need the smallest count to be listed (:func:`top_k_errors`).
 
@@ -363,15 +401,27 @@ def choose_top_k(domain: Iterable[Hashable], horizon: int, *, k: int, max_items:
     sparse_only, unknown_only = {"eta", "wait"}, {"threshold_delta"}
     shared = {n: v for n, v in kwargs.items() if n not in sparse_only | unknown_only}
     candidates: dict[str, Any] = {
-        "SparseGumb": ContinualTopK(domain, horizon, k=k, switches=switches, key=key,
-                                    **{n: v for n, v in kwargs.items()
-                                       if n not in unknown_only}),
-        "KnownBase top-k": HistogramTopK(domain, horizon, k=k, max_items=max_items, key=key,
-                                         **shared),
+        "SparseGumb": ContinualTopK(
+            domain,
+            horizon,
+            k=k,
+            switches=switches,
+            key=key,
+            **{n: v for n, v in kwargs.items() if n not in unknown_only},
+        ),
+        "KnownBase top-k": HistogramTopK(
+            domain, horizon, k=k, max_items=max_items, key=key, **shared
+        ),
     }
-    unknown = _unknown_candidate(domain, horizon, k=k, max_items=max_items, key=key,
-                                 **shared, **{n: v for n, v in kwargs.items()
-                                              if n in unknown_only})
+    unknown = _unknown_candidate(
+        domain,
+        horizon,
+        k=k,
+        max_items=max_items,
+        key=key,
+        **shared,
+        **{n: v for n, v in kwargs.items() if n in unknown_only},
+    )
     if unknown is not None:
         candidates["UnkBase top-k"] = unknown
     errors = top_k_errors(candidates)
@@ -389,8 +439,14 @@ def choose_top_k(domain: Iterable[Hashable], horizon: int, *, k: int, max_items:
         f"{switches + 1} selections of {k} items and the sparse vector, whatever the event "
         "size, and changes its list only when an item leads by eta."
     )
-    return TopKChoice(mechanism=candidates[name], name=name, errors=errors, noise_std=stds,
-                      switches=int(switches), reason=reason)
+    return TopKChoice(
+        mechanism=candidates[name],
+        name=name,
+        errors=errors,
+        noise_std=stds,
+        switches=int(switches),
+        reason=reason,
+    )
 
 
 def _unknown_candidate(domain: list[Hashable], horizon: int, **kwargs: Any) -> Any:

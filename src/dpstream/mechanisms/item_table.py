@@ -103,8 +103,20 @@ class ItemTable:
         ['b', 'a']
     """
 
-    __slots__ = ("_n", "_data", "_size", "_offsets", "_slots", "_key", "_loops", "_objects",
-                 "_index", "_addresses", "_all_str", "_fill")
+    __slots__ = (
+        "_n",
+        "_data",
+        "_size",
+        "_offsets",
+        "_slots",
+        "_key",
+        "_loops",
+        "_objects",
+        "_index",
+        "_addresses",
+        "_all_str",
+        "_fill",
+    )
 
     def __init__(self, fixed: bool = False) -> None:
         self._n = 0
@@ -168,8 +180,7 @@ class ItemTable:
         if self._objects is not None:
             objects = self._objects
             return [objects[i] for i in pos.tolist()]
-        return self._loops.item_strings(self._data[: self._size], self._offsets[: self._n + 1],
-                                        pos)
+        return self._loops.item_strings(self._data[: self._size], self._offsets[: self._n + 1], pos)
 
     def lookup(self, items: Sequence[Hashable]) -> np.ndarray:
         """Each item's position (int64), or -1 for an item not in the table."""
@@ -179,8 +190,14 @@ class ItemTable:
         out = np.empty(k, dtype=np.int64)
         if not isinstance(items, (list, tuple)):
             items = list(items)
-        self._loops.item_lookup(items, self._key, self._data[: self._size],
-                                self._offsets[: self._n + 1], self._slots, out)
+        self._loops.item_lookup(
+            items,
+            self._key,
+            self._data[: self._size],
+            self._offsets[: self._n + 1],
+            self._slots,
+            out,
+        )
         return out
 
     def starts(self, items: Any) -> bool:
@@ -207,8 +224,11 @@ class ItemTable:
             return list(head) == self._objects
         if isinstance(head, np.ndarray):
             head = head.tolist()
-        return bool(self._loops.item_prefix_equals(head, self._data[: self._size],
-                                                   self._offsets[: n + 1], n))
+        return bool(
+            self._loops.item_prefix_equals(
+                head, self._data[: self._size], self._offsets[: n + 1], n
+            )
+        )
 
     def _object_addresses(self) -> np.ndarray:
         """``id()`` of every stored object, in order, extended as items are added.
@@ -267,8 +287,14 @@ class ItemTable:
             self._insert(n, n + m)
 
     def _insert(self, first: int, last: int) -> None:
-        self._loops.item_insert(self._key, self._data[: self._size],
-                                self._offsets[: self._n + 1], self._slots, first, last)
+        self._loops.item_insert(
+            self._key,
+            self._data[: self._size],
+            self._offsets[: self._n + 1],
+            self._slots,
+            first,
+            last,
+        )
 
     def _rebuild(self) -> None:
         """Slots for the stored items: for a fixed domain, the fewest they fill at most
@@ -303,8 +329,11 @@ class ItemTable:
         if self._objects is not None:
             return {"objects": list(self._objects), **fixed}
         # int64 offsets whatever the layout in memory (the format of older snapshots)
-        return {"data": self._data[: self._size].copy(),
-                "offsets": self._offsets[: self._n + 1].astype(np.int64), **fixed}
+        return {
+            "data": self._data[: self._size].copy(),
+            "offsets": self._offsets[: self._n + 1].astype(np.int64),
+            **fixed,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         ItemTable.__init__(self, bool(state.get("fixed", False)))
@@ -313,15 +342,22 @@ class ItemTable:
         else:
             data = np.asarray(state["data"], dtype=np.uint8)
             offsets = np.asarray(state["offsets"], dtype=np.int64)
-            if (offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0
-                    or offsets[-1] != data.size or np.any(np.diff(offsets) < 0)):
+            if (
+                offsets.ndim != 1
+                or offsets.size < 1
+                or offsets[0] != 0
+                or offsets[-1] != data.size
+                or np.any(np.diff(offsets) < 0)
+            ):
                 raise ValueError("item table: the offsets do not match the stored bytes")
             if self._objects is None:
                 self._append(data.tobytes(), np.diff(offsets))
                 return
             blob = data.tobytes()
-            items = [blob[a:b].decode("utf-8") for a, b in
-                     zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+            items = [
+                blob[a:b].decode("utf-8")
+                for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+            ]
         if self._objects is None and not _STR.issuperset(map(type, items)):
             self._to_objects()
         self.extend(items)
@@ -430,11 +466,12 @@ class TableItems(Sequence):  # type: ignore[type-arg]
         offsets = t._offsets[: self._n + 1]
         data = np.ascontiguousarray(t._data[: int(offsets[-1])])
         if data.size < (1 << 31) and offsets.dtype == np.uint32:  # Arrow's int32 offsets
-            return pa.StringArray.from_buffers(self._n, pa.py_buffer(offsets.view(np.int32)),
-                                               pa.py_buffer(data))
+            return pa.StringArray.from_buffers(
+                self._n, pa.py_buffer(offsets.view(np.int32)), pa.py_buffer(data)
+            )
         arr = pa.LargeStringArray.from_buffers(
-            self._n, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)),
-            pa.py_buffer(data))
+            self._n, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)), pa.py_buffer(data)
+        )
         return arr.cast(pa.string()) if data.size < (1 << 31) else arr
 
     def __eq__(self, other: object) -> bool:

@@ -68,13 +68,28 @@ from .item_table import ItemTable, domain_table, release_items
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
-__all__ = ["BLTCounter", "KnownDomainHistogram", "TreeCounter", "tree_purpose", "domain_tag",
-           "item_fingerprint", "combine_fingerprints"]
+__all__ = [
+    "BLTCounter",
+    "KnownDomainHistogram",
+    "TreeCounter",
+    "tree_purpose",
+    "domain_tag",
+    "item_fingerprint",
+    "combine_fingerprints",
+]
 
 
-def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float,
-                 max_items: int | None, domain: str, users: str | None = None,
-                 noise_version: int = DEFAULT_NOISE_VERSION) -> str:
+def tree_purpose(
+    stream: str,
+    *,
+    horizon: int,
+    base: int,
+    cell_std: float,
+    max_items: int | None,
+    domain: str,
+    users: str | None = None,
+    noise_version: int = DEFAULT_NOISE_VERSION,
+) -> str:
     """The noise purpose of the tree cells of stream ``stream`` with these settings.
 
     Every setting that changes what is released is in it (see
@@ -92,8 +107,9 @@ def tree_purpose(stream: str, *, horizon: int, base: int, cell_std: float,
     ``noise_version``: see :func:`dpstream.noise.versioned_purpose`.
     """
     extra = {} if users is None else {"users": users}
-    tag = config_tag(horizon=horizon, base=base, cell_std=cell_std, max_items=max_items,
-                     domain=domain, **extra)
+    tag = config_tag(
+        horizon=horizon, base=base, cell_std=cell_std, max_items=max_items, domain=domain, **extra
+    )
     return versioned_purpose(f"{stream}/tree@{tag}", noise_version)
 
 
@@ -136,8 +152,10 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
     sums, count = [0, 0, 0, 0], 0  # most significant column first
     for part in digest_chunks(fingerprint, domain):
         words = np.frombuffer(part, dtype=">u4").reshape(-1, 4).astype(np.uint64)
-        sums = [a + int(b) for a, b in zip(sums, words.sum(axis=0, dtype=np.uint64).tolist(),
-                                          strict=True)]
+        sums = [
+            a + int(b)
+            for a, b in zip(sums, words.sum(axis=0, dtype=np.uint64).tolist(), strict=True)
+        ]
         count += words.shape[0]
     total = sum(x << (32 * (3 - i)) for i, x in enumerate(sums))
     return combine_fingerprints(total, count)
@@ -237,10 +255,14 @@ class KnownDomainHistogram:
     mechanism_name = "KnownBase"
     accepts_columns = True  # step_batch takes EventColumns
     theorem = "KnownBase lemma (Sec. 3): Delta0/(2 tau^2)-zCDP"
-    theorem_blt = ("KnownBase with BLT counters: Gaussian mechanism on C x, "
-                   "Delta0 max_j||C e_j||^2/(2 sigma^2) = Delta0/(2 tau^2)-zCDP")
-    theorem_user = ("KnownBase per user (dpstream.bounding lemma): Gaussian mechanism with "
-                    "sensitivity sqrt(L0) Linf max_j||C e_j||, L0 Linf^2/(2 tau^2)-zCDP")
+    theorem_blt = (
+        "KnownBase with BLT counters: Gaussian mechanism on C x, "
+        "Delta0 max_j||C e_j||^2/(2 sigma^2) = Delta0/(2 tau^2)-zCDP"
+    )
+    theorem_user = (
+        "KnownBase per user (dpstream.bounding lemma): Gaussian mechanism with "
+        "sensitivity sqrt(L0) Linf max_j||C e_j||, L0 Linf^2/(2 tau^2)-zCDP"
+    )
 
     def __init__(
         self,
@@ -263,15 +285,16 @@ class KnownDomainHistogram:
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon, self.unbounded = stream_horizon(horizon)
-        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon,
-                                                                 unbounded=self.unbounded)
+        self.counter, self.base, self.strategy = resolve_counter(
+            counter, base, self.horizon, unbounded=self.unbounded
+        )
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
-        self.max_items = None if max_items is None and self.user_bounds else \
-            check_max_items(max_items)
+        self.max_items = (
+            None if max_items is None and self.user_bounds else check_max_items(max_items)
+        )
         self.stream = check_stream_name(stream)
         check_key(key)
-        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
-                                 max_items=self.max_items)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream, max_items=self.max_items)
         items = domain_items(domain)
         # the domain, numbered in release order: a compact table of str items (or a
         # list and a dict for other types), which finds a step's positions at once
@@ -282,8 +305,14 @@ class KnownDomainHistogram:
         # rho = coef / tau^2: Delta0 / 2 per event, L0 Linf^2 / 2 per user
         self._coef = unit_bound(self.max_items, self.user_bounds).coefficient
         self.budget, self.tau, self.privacy = resolve_privacy(
-            rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
-            gaussian_exact=True, mechanism=self.mechanism_name, theorem=self.theorem,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            coefficient=self._coef,
+            gaussian_exact=True,
+            mechanism=self.mechanism_name,
+            theorem=self.theorem,
         )
         if self.user_bounds is not None:
             self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
@@ -298,9 +327,15 @@ class KnownDomainHistogram:
             self.levels: int | None = num_levels(self.horizon, base)
             cell_std = math.sqrt(self.levels) * self.tau
             self.tree_purpose: str | None = tree_purpose(
-                self.stream, horizon=self.horizon, base=base, cell_std=cell_std,
-                max_items=self.max_items, domain=domain, users=users,
-                noise_version=self.noise_version)
+                self.stream,
+                horizon=self.horizon,
+                base=base,
+                cell_std=cell_std,
+                max_items=self.max_items,
+                domain=domain,
+                users=users,
+                noise_version=self.noise_version,
+            )
             self.sigma = cell_std
             self.noise_purpose = self.tree_purpose
             source = NoiseSource(key, self.tree_purpose)
@@ -308,10 +343,15 @@ class KnownDomainHistogram:
         else:
             self.levels = self.tree_purpose = None
             self.sigma = blt_sigma(self.tau, self.strategy)
-            self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
-                                             sigma=self.sigma, max_items=self.max_items,
-                                             domain=domain, users=users,
-                                             noise_version=self.noise_version)
+            self.noise_purpose = blt_purpose(
+                self.stream,
+                strategy=self.strategy,
+                sigma=self.sigma,
+                max_items=self.max_items,
+                domain=domain,
+                users=users,
+                noise_version=self.noise_version,
+            )
             source = NoiseSource(key, self.noise_purpose)
             self._noise = BLTNoise(source, self.strategy, self.sigma)
         self._noise.add_items(source.prepare(items))
@@ -339,8 +379,9 @@ class KnownDomainHistogram:
         """The largest standard deviation of a released count over t <= T."""
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.max_variance_factor)
-        return float(np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base)))
-                     * self.tau)
+        return float(
+            np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base))) * self.tau
+        )
 
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of a released count at t: tau sqrt(|I_t| L_r) for
@@ -363,8 +404,9 @@ class KnownDomainHistogram:
         return self._limit.stats
 
     # -- event mode ----------------------------------------------------------
-    def _event_indices(self, events: Iterable[object] | EventColumns, t: int
-                       ) -> tuple[np.ndarray, TruncationStats]:
+    def _event_indices(
+        self, events: Iterable[object] | EventColumns, t: int
+    ) -> tuple[np.ndarray, TruncationStats]:
         events = as_events(events)
         if not self._limit.truncating:  # (truncation: the per-event path below)
             fast = domain_positions(events, self._index, self.max_items)
@@ -397,8 +439,9 @@ class KnownDomainHistogram:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        batch, pending = bound_user_events(self._users, events, self.max_items,
-                                           partial(check_in_domain, index=self._index))
+        batch, pending = bound_user_events(
+            self._users, events, self.max_items, partial(check_in_domain, index=self._index)
+        )
         idx, delta = self._event_indices(batch, t)
         new_counts = self._counts + np.bincount(idx, minlength=len(self._release_items))
         # the largest count: the last step's, or that of an item this step counted
@@ -410,10 +453,13 @@ class KnownDomainHistogram:
             self._users.commit(pending)
         return rel
 
-
     # -- aggregate mode --------------------------------------------------------
-    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
-                values: Sequence[int] | np.ndarray | None = None) -> Release:
+    def release(
+        self,
+        t: int,
+        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+        values: Sequence[int] | np.ndarray | None = None,
+    ) -> Release:
         """Release at step t from the true prefix histogram h_t (the practical setting).
 
         ``counts`` maps items to their counts over steps 1..t (missing items
@@ -427,8 +473,11 @@ class KnownDomainHistogram:
         new_counts = self._counts_array(counts, values)
         return self._release(int(t), new_counts)
 
-    def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
-                      values: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    def _counts_array(
+        self,
+        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+        values: Sequence[int] | np.ndarray | None = None,
+    ) -> np.ndarray:
         if values is not None or is_frame(counts):
             return domain_aggregate(counts, values, self._index, self._counts)
         return domain_counts(counts, self._index, self._counts)
@@ -467,9 +516,12 @@ class _OneCount:
         self.horizon = self._hist.horizon
         self.tau = self._hist.tau
         self.privacy = privacy.guarantee_for_tau(
-            tau=self.tau, a=0.5,
+            tau=self.tau,
+            a=0.5,
             delta=self._hist.privacy.delta,
-            mechanism=self.mechanism_name, theorem=self.theorem, gaussian_exact=True,
+            mechanism=self.mechanism_name,
+            theorem=self.theorem,
+            gaussian_exact=True,
             target_epsilon=self._hist.budget.epsilon,
         )
 
@@ -551,8 +603,17 @@ class TreeCounter(_OneCount):
         noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         self._hist = KnownDomainHistogram(
-            [self.item], horizon, max_items=1, key=key, counter="tree", base=base,
-            rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            [self.item],
+            horizon,
+            max_items=1,
+            key=key,
+            counter="tree",
+            base=base,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            stream=stream,
             noise_version=noise_version,
         )
         self._wrap()
@@ -600,8 +661,10 @@ class BLTCounter(_OneCount):
     """
 
     mechanism_name = "BLTCounter"
-    theorem = ("Gaussian mechanism on C x (BLT factorization A = B C): "
-               "max_j||C e_j||^2/(2 sigma^2) = 1/(2 tau^2)-zCDP")
+    theorem = (
+        "Gaussian mechanism on C x (BLT factorization A = B C): "
+        "max_j||C e_j||^2/(2 sigma^2) = 1/(2 tau^2)-zCDP"
+    )
     item = "__counter__"
 
     def __init__(
@@ -618,12 +681,20 @@ class BLTCounter(_OneCount):
         noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
         if strategy is not None and not isinstance(strategy, BLTStrategy):
-            raise TypeError(f"strategy must be a BLTStrategy or None, got "
-                            f"{type(strategy).__name__}")
+            raise TypeError(
+                f"strategy must be a BLTStrategy or None, got {type(strategy).__name__}"
+            )
         self._hist = KnownDomainHistogram(
-            [self.item], horizon, max_items=1, key=key,
+            [self.item],
+            horizon,
+            max_items=1,
+            key=key,
             counter="blt" if strategy is None else strategy,
-            rho=rho, epsilon=epsilon, delta=delta, tau=tau, stream=stream,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            stream=stream,
             noise_version=noise_version,
         )
         self._wrap()
@@ -640,5 +711,7 @@ class BLTCounter(_OneCount):
         return self._hist.noise_std_at(t)
 
     def __repr__(self) -> str:
-        return (f"BLTCounter(T={self.horizon}, buffers={self.strategy.buffers}, "
-                f"tau={self.tau:.4g}, t={self.t})")
+        return (
+            f"BLTCounter(T={self.horizon}, buffers={self.strategy.buffers}, "
+            f"tau={self.tau:.4g}, t={self.t})"
+        )

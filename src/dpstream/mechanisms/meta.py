@@ -54,14 +54,14 @@ ONESHOTS = ("gaussian", "gumbel", "unknown-gaussian", "unknown-gumbel")
 
 _THEOREMS = {
     "gaussian": "MetaAlgo theorem (Sec. 4), known domain, l0 sensitivity Delta0: "
-                "Delta0/(2 tau^2)-zCDP",
+    "Delta0/(2 tau^2)-zCDP",
     "gumbel": "MetaAlgo theorem (Sec. 4), known domain, unrestricted l0: k/tau^2-zCDP",
     "unknown-gaussian": "MetaAlgo theorem (Sec. 4), unknown domain, l0 sensitivity Delta0: "
-                        "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')-DP",
+    "(eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')-DP",
     "unknown-gumbel": "MetaAlgo theorem (Sec. 4), unknown domain, unrestricted l0: "
-                      "(eps(k/tau^2, delta'), 2k delta + delta')-DP "
-                      "[eps by the CKS20 conversion; delta charged as max(2k, kbar) delta, "
-                      "see docstring]",
+    "(eps(k/tau^2, delta'), 2k delta + delta')-DP "
+    "[eps by the CKS20 conversion; delta charged as max(2k, kbar) delta, "
+    "see docstring]",
 }
 
 
@@ -244,8 +244,9 @@ class MetaHistogram:
         if gumbel:
             self.k = check_int("k", k, 1)
             if known and self.k > len(self._index):
-                raise ValueError(f"k must be at most the domain size ({len(self._index)}), "
-                                 f"got {self.k}")
+                raise ValueError(
+                    f"k must be at most the domain size ({len(self._index)}), got {self.k}"
+                )
             if not known and self.k > self.kbar + 1:
                 raise ValueError(f"k must be <= kbar + 1, got k={self.k} and kbar={self.kbar}")
             self.max_items = None if max_items is None else check_max_items(max_items)
@@ -256,8 +257,7 @@ class MetaHistogram:
                 raise ValueError(f"oneshot={oneshot!r} needs max_items= (Delta0)")
             self.max_items = check_max_items(max_items)
 
-        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
-                                 max_items=self.max_items)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream, max_items=self.max_items)
 
         # -- budget ------------------------------------------------------------------
         self.theorem = _THEOREMS[oneshot]
@@ -265,27 +265,42 @@ class MetaHistogram:
         self.threshold_delta: float | None = None
         if known:
             self.budget, self.tau, self.privacy = resolve_privacy(
-                rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
-                gaussian_exact=not gumbel, mechanism=f"{self.mechanism_name}[{oneshot}]",
+                rho=rho,
+                epsilon=epsilon,
+                delta=delta,
+                tau=tau,
+                coefficient=self._coef,
+                gaussian_exact=not gumbel,
+                mechanism=f"{self.mechanism_name}[{oneshot}]",
                 theorem=self.theorem,
             )
         else:
             self._resolve_unknown_budget(rho, epsilon, delta, tau, threshold_delta)
         self.cell_tau = math.sqrt(self.levels) * self.tau
-        self.cell_delta: float | None = (None if self.threshold_delta is None
-                                         else self.threshold_delta / self.levels)
+        self.cell_delta: float | None = (
+            None if self.threshold_delta is None else self.threshold_delta / self.levels
+        )
         # every cell purpose carries the noise-shaping settings (see base.config_tag)
-        self.noise_scope = versioned_purpose(f"{self.stream}/meta-{oneshot}@" + config_tag(
-            horizon=self.horizon, base=self.base, cell_tau=self.cell_tau,
-            cell_delta=self.cell_delta, k=getattr(self, "k", None),
-            kbar=getattr(self, "kbar", None), max_items=self.max_items,
-        ), self.noise_version)
+        self.noise_scope = versioned_purpose(
+            f"{self.stream}/meta-{oneshot}@"
+            + config_tag(
+                horizon=self.horizon,
+                base=self.base,
+                cell_tau=self.cell_tau,
+                cell_delta=self.cell_delta,
+                k=getattr(self, "k", None),
+                kbar=getattr(self, "kbar", None),
+                max_items=self.max_items,
+            ),
+            self.noise_version,
+        )
 
         # -- state -----------------------------------------------------------------------
         self.t = 0
         self.started = oneshot != "gumbel"  # see "Not yet"
-        self.start_z = float(-ndtri(0.05 / (getattr(self, "k", 1) * (self.base - 1)
-                                            * self.levels * self.horizon)))
+        self.start_z = float(
+            -ndtri(0.05 / (getattr(self, "k", 1) * (self.base - 1) * self.levels * self.horizon))
+        )
         if known:
             d = len(self._index)
             # keyed item ids do not depend on the purpose: hash the domain once
@@ -305,9 +320,14 @@ class MetaHistogram:
             raise ValueError(f"oneshot={self.oneshot!r} needs max_items= (Delta0)")
         return self.max_items
 
-    def _resolve_unknown_budget(self, rho: float | None, epsilon: float | None,
-                                delta: float | None, tau: float | None,
-                                threshold_delta: float | None) -> None:
+    def _resolve_unknown_budget(
+        self,
+        rho: float | None,
+        epsilon: float | None,
+        delta: float | None,
+        tau: float | None,
+        threshold_delta: float | None,
+    ) -> None:
         budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         self.budget = budget
         gauss = self.oneshot == "unknown-gaussian"
@@ -316,8 +336,9 @@ class MetaHistogram:
             if isinstance(threshold_delta, bool) or not isinstance(
                 threshold_delta, (int, float, np.integer, np.floating)
             ):
-                raise TypeError("threshold_delta must be a real number, got "
-                                f"{type(threshold_delta).__name__}")
+                raise TypeError(
+                    f"threshold_delta must be a real number, got {type(threshold_delta).__name__}"
+                )
             if not 0.0 < threshold_delta < 1.0:
                 raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
         a = self._coef
@@ -333,16 +354,18 @@ class MetaHistogram:
                 )
             conv = total - rho_delta
             if gauss:
-                tau_value = privacy.calibrate_tau(a=a, epsilon=budget.epsilon, delta=conv,
-                                                  gaussian_exact=True)
+                tau_value = privacy.calibrate_tau(
+                    a=a, epsilon=budget.epsilon, delta=conv, gaussian_exact=True
+                )
             else:
                 tau_value = privacy.tau_for_rho(
                     privacy.rho_for_epsilon_delta(budget.epsilon, conv, "cks2020"), a
                 )
         else:
             tau_value = budget.calibrate(a)
-            thr = (float(threshold_delta) if threshold_delta is not None
-                   else privacy.DEFAULT_DELTA / c)
+            thr = (
+                float(threshold_delta) if threshold_delta is not None else privacy.DEFAULT_DELTA / c
+            )
             rho_delta = c * thr
             total = rho_delta + privacy.DEFAULT_DELTA
             if total >= 1.0:
@@ -352,13 +375,25 @@ class MetaHistogram:
         name = f"{self.mechanism_name}[{self.oneshot}]"
         if gauss:
             self.privacy = privacy.guarantee_for_tau(
-                tau=self.tau, a=a, delta=total, rho_delta=rho_delta, gaussian_exact=True,
-                mechanism=name, theorem=self.theorem, target_epsilon=budget.epsilon,
+                tau=self.tau,
+                a=a,
+                delta=total,
+                rho_delta=rho_delta,
+                gaussian_exact=True,
+                mechanism=name,
+                theorem=self.theorem,
+                target_epsilon=budget.epsilon,
             )
         else:
             self.privacy = privacy.guarantee_for_tau(
-                tau=self.tau, a=a, delta=total, rho_delta=rho_delta, gaussian_exact=False,
-                mechanism=name, theorem=self.theorem, target_epsilon=budget.epsilon,
+                tau=self.tau,
+                a=a,
+                delta=total,
+                rho_delta=rho_delta,
+                gaussian_exact=False,
+                mechanism=name,
+                theorem=self.theorem,
+                target_epsilon=budget.epsilon,
             )
 
     @property
@@ -463,13 +498,22 @@ class MetaHistogram:
         assert self.cell_delta is not None
         if self.oneshot == "unknown-gaussian":
             res = unknown.unknown_domain_gaussian(
-                counts, kbar=self.kbar, tau=self.cell_tau, delta=self.cell_delta,
-                key=self.key, purpose=purpose,
+                counts,
+                kbar=self.kbar,
+                tau=self.cell_tau,
+                delta=self.cell_delta,
+                key=self.key,
+                purpose=purpose,
             )
         else:
             res = unknown.unknown_domain_gumbel(
-                counts, k=self.k, kbar=self.kbar, tau=self.cell_tau, delta=self.cell_delta,
-                key=self.key, purpose=purpose,
+                counts,
+                k=self.k,
+                kbar=self.kbar,
+                tau=self.cell_tau,
+                delta=self.cell_delta,
+                key=self.key,
+                purpose=purpose,
             )
         return list(res.items), np.asarray(res.values, dtype=np.float64)
 
@@ -504,10 +548,16 @@ class MetaHistogram:
                 self.started = bool(values[order[0]] > self.start_z * sigma)
             if not self.started:
                 return Release(t=t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-            return Release(t=t, items=[items[i] for i in order], values=values[order],
-                           meta={"status": "selected"})
+            return Release(
+                t=t,
+                items=[items[i] for i in order],
+                values=values[order],
+                meta={"status": "selected"},
+            )
         return Release(t=t, items=[items[i] for i in order], values=values[order])
 
     def __repr__(self) -> str:
-        return (f"MetaHistogram(oneshot={self.oneshot!r}, T={self.horizon}, r={self.base}, "
-                f"tau={self.tau:.4g}, t={self.t})")
+        return (
+            f"MetaHistogram(oneshot={self.oneshot!r}, T={self.horizon}, r={self.base}, "
+            f"tau={self.tau:.4g}, t={self.t})"
+        )

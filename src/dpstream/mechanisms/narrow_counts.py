@@ -36,4 +36,3 @@ def store(dest: np.ndarray, counts: np.ndarray, top: int) -> np.ndarray:
         dest = np.empty(counts.shape, dtype=np.int64)
     np.copyto(dest, counts, casting="unsafe")  # safe: every value is <= top
     return dest
-

@@ -72,8 +72,14 @@ def _eta_tag(eta: float | str | np.ndarray) -> float | str:
     return eta
 
 
-__all__ = ["AUTO_ETA_BETA", "ContinualTopK", "default_switches", "noise_eta", "svt_noise_tail",
-           "utility_eta"]
+__all__ = [
+    "AUTO_ETA_BETA",
+    "ContinualTopK",
+    "default_switches",
+    "noise_eta",
+    "svt_noise_tail",
+    "utility_eta",
+]
 
 #: default_switches allows one re-selection each time the stream grows this many times
 SWITCH_GROWTH = 8
@@ -422,10 +428,14 @@ class ContinualTopK:
 
     mechanism_name = "SparseGumb"
     accepts_columns = True  # step_batch takes EventColumns
-    theorem = ("SparseGumb (algo:sparseGumb) with the sparse vector per Lyu-Su-Li 2017 "
-               "Alg. 1: (2k+1)/(2 tau^2)-zCDP; k/tau^2 with no sparse-vector round")
-    theorem_user = ("SparseGumb per user (scaling by Linf, dpstream.bounding lemma): "
-                    "Linf^2 (2k+1)/(2 tau^2)-zCDP")
+    theorem = (
+        "SparseGumb (algo:sparseGumb) with the sparse vector per Lyu-Su-Li 2017 "
+        "Alg. 1: (2k+1)/(2 tau^2)-zCDP; k/tau^2 with no sparse-vector round"
+    )
+    theorem_user = (
+        "SparseGumb per user (scaling by Linf, dpstream.bounding lemma): "
+        "Linf^2 (2k+1)/(2 tau^2)-zCDP"
+    )
 
     def __init__(
         self,
@@ -483,11 +493,15 @@ class ContinualTopK:
             # a schedule is evaluated (and checked) at every step now: the noise scope
             # fingerprints its values, and nothing is left to fail in the middle of a run
             if self.horizon > MAX_ETA_SCHEDULE:
-                raise TypeError(f"eta as a function needs horizon <= {MAX_ETA_SCHEDULE:,} "
-                                "(it is evaluated at every step up front); give a number or "
-                                "'auto'")
-            self._eta = np.array([self._check_eta(eta(t), f"eta({t})")
-                                  for t in range(1, self.horizon + 1)], dtype=np.float64)
+                raise TypeError(
+                    f"eta as a function needs horizon <= {MAX_ETA_SCHEDULE:,} "
+                    "(it is evaluated at every step up front); give a number or "
+                    "'auto'"
+                )
+            self._eta = np.array(
+                [self._check_eta(eta(t), f"eta({t})") for t in range(1, self.horizon + 1)],
+                dtype=np.float64,
+            )
         else:
             self._eta = self._check_eta(eta, "eta")
         self.beta, self.start_beta = self._check_betas(beta, start_beta)
@@ -496,10 +510,16 @@ class ContinualTopK:
         # rho = (k + 1/2) / tau^2, or k / tau^2 when no sparse-vector round runs
         self._coef = self.k + (0.5 if self.switches + int(self.wait) else 0.0)
         if self.user_bounds is not None:  # per user: the theorem at tau / Linf
-            self._coef *= self.user_bounds.max_count_per_item ** 2
+            self._coef *= self.user_bounds.max_count_per_item**2
         self.budget, self.tau, self.privacy = resolve_privacy(
-            rho=rho, epsilon=epsilon, delta=delta, tau=tau, coefficient=self._coef,
-            gaussian_exact=False, mechanism=self.mechanism_name, theorem=self.theorem,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            coefficient=self._coef,
+            gaussian_exact=False,
+            mechanism=self.mechanism_name,
+            theorem=self.theorem,
         )
         self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
         self._users = None if self.user_bounds is None else UserLevel(self.user_bounds, key)
@@ -508,16 +528,29 @@ class ContinualTopK:
         self.tau_1 = math.sqrt(self.rounds) * self.tau
         self.tau_2 = math.sqrt(self.switches + 1) * self.tau
         # the std of a counter's tree cell, or of a BLT counter's draws
-        self.counter_std = (blt_sigma(self.tau_2, self.strategy) if self.strategy
-                            else math.sqrt(tree_levels(self.levels)) * self.tau_2)
+        self.counter_std = (
+            blt_sigma(self.tau_2, self.strategy)
+            if self.strategy
+            else math.sqrt(tree_levels(self.levels)) * self.tau_2
+        )
         # every purpose carries the noise-shaping settings (see base.config_tag)
         blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
         if self.user_bounds is not None:
             blt["users"] = self.user_bounds.tag()
-        self.noise_scope = versioned_purpose(f"{self.stream}/topk@" + config_tag(
-            horizon=self.horizon, base=self.base, tau=self.tau, k=self.k,
-            switches=self.switches, eta=self._eta_scope_tag(), wait=self.wait, **blt,
-        ), self.noise_version)
+        self.noise_scope = versioned_purpose(
+            f"{self.stream}/topk@"
+            + config_tag(
+                horizon=self.horizon,
+                base=self.base,
+                tau=self.tau,
+                k=self.k,
+                switches=self.switches,
+                eta=self._eta_scope_tag(),
+                wait=self.wait,
+                **blt,
+            ),
+            self.noise_version,
+        )
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
         ids = self._svt.item_ids(items)
@@ -529,8 +562,7 @@ class ContinualTopK:
         del ids
         self._eta_cache: dict[float, float] = {}  # counter variance -> eta
         if self.wait:  # the waiting round's threshold noise, drawn once
-            self._threshold_noise_start = self._svt.scalar("laplace", 1, 0, 0,
-                                                           scale=2 * self.tau_1)
+            self._threshold_noise_start = self._svt.scalar("laplace", 1, 0, 0, scale=2 * self.tau_1)
         # int32 while every count fits (4 bytes per item less), int64 from then on
         self._counts = np.zeros(d, dtype=np.int32)
         self._max_count = 0
@@ -549,16 +581,16 @@ class ContinualTopK:
         start_beta = beta if start_beta is None else start_beta
         out = []
         for name, value in (("beta", beta), ("start_beta", start_beta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
-                                                                 np.floating)):
+            if isinstance(value, bool) or not isinstance(
+                value, (int, float, np.integer, np.floating)
+            ):
                 raise TypeError(f"{name} must be a real number, got {value!r}")
             value = float(value)
             if not (0.0 < value < 1.0 and value / self.horizon < 0.5):
                 raise ValueError(f"{name} must be in (0, 1) (and below T/2), got {value!r}")
             out.append(value)
         if not isinstance(self._eta, str) and out != [AUTO_ETA_BETA, AUTO_ETA_BETA]:
-            raise ValueError("beta and start_beta size eta='auto' only: a given eta replaces "
-                             "them")
+            raise ValueError("beta and start_beta size eta='auto' only: a given eta replaces them")
         return out[0], out[1]
 
     def _eta_scope_tag(self) -> float | str:
@@ -571,9 +603,7 @@ class ContinualTopK:
 
     @staticmethod
     def _check_eta(value: object, name: str) -> float:
-        if isinstance(value, bool) or not isinstance(
-            value, (int, float, np.integer, np.floating)
-        ):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
         try:
             value = float(value)
@@ -591,8 +621,7 @@ class ContinualTopK:
             variance = self.counter_variance_at(t)
             eta = self._eta_cache.get(variance)
             if eta is None:
-                eta = noise_eta(tau_1=self.tau_1, variance=variance,
-                                level=self.beta / self.horizon)
+                eta = noise_eta(tau_1=self.tau_1, variance=variance, level=self.beta / self.horizon)
                 self._eta_cache[variance] = eta
             return eta
         if isinstance(self._eta, np.ndarray):
@@ -627,8 +656,9 @@ class ContinualTopK:
         """The largest standard deviation of a released count over t <= T."""
         if self.strategy is not None:
             return self.counter_std * math.sqrt(self.strategy.max_variance_factor)
-        return self.tau_2 * math.sqrt(worst_case_variance_factor(self.horizon,
-                                                                 tree_base(self.base)))
+        return self.tau_2 * math.sqrt(
+            worst_case_variance_factor(self.horizon, tree_base(self.base))
+        )
 
     # -- facts ---------------------------------------------------------------------
     @property
@@ -673,8 +703,9 @@ class ContinualTopK:
         """
         t = self.t + 1
         check_next_step(t, self.t, self.horizon)
-        batch, pending = bound_user_events(self._users, events, None,
-                                           partial(check_in_domain, index=self._index))
+        batch, pending = bound_user_events(
+            self._users, events, None, partial(check_in_domain, index=self._index)
+        )
         batch = as_events(batch)
         fast = domain_positions(batch, self._index, None)
         top = None
@@ -690,20 +721,25 @@ class ContinualTopK:
                 pos = lookup_all(items, self._index)
                 if pos.size and pos.min() < 0:
                     raise InvalidEventError(
-                        f"item {items[int(np.argmax(pos < 0))]!r} is not in the domain")
+                        f"item {items[int(np.argmax(pos < 0))]!r} is not in the domain"
+                    )
                 parts.append(pos)
-            new_counts = self._counts + np.bincount(np.concatenate(parts),
-                                                    minlength=len(self._index))
+            new_counts = self._counts + np.bincount(
+                np.concatenate(parts), minlength=len(self._index)
+            )
         rel = self._release(t, new_counts, top)
         if pending is not None:
             assert self._users is not None  # (a pending change: user level)
             self._users.commit(pending)
         return rel
 
-
     # -- aggregate mode ----------------------------------------------------------------
-    def release(self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
-                values: Sequence[int] | np.ndarray | None = None) -> Release:
+    def release(
+        self,
+        t: int,
+        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+        values: Sequence[int] | np.ndarray | None = None,
+    ) -> Release:
         """Release at t from the true prefix histogram h_t (Mapping or array aligned with domain;
         or ``release(t, items, counts)`` from two arrays, or a pandas/polars/Arrow frame
         with columns ``item`` and ``count``).
@@ -714,8 +750,11 @@ class ContinualTopK:
         check_next_step(t, self.t, self.horizon)
         return self._release(int(t), self._counts_array(counts, values))
 
-    def _counts_array(self, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
-                      values: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    def _counts_array(
+        self,
+        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
+        values: Sequence[int] | np.ndarray | None = None,
+    ) -> np.ndarray:
         if values is not None or is_frame(counts):
             return domain_aggregate(counts, values, self._index, self._counts)
         return domain_counts(counts, self._index, self._counts)
@@ -742,8 +781,12 @@ class ContinualTopK:
         source = NoiseSource(self.key, f"{self.noise_scope}/select-{n}")
         # the ids a chunk at a time: a large domain's are never all decrypted at once
         sel = gumbel_select_kernel(
-            source, lambda lo, hi: source.prepare_ids(self._item_ids(slice(lo, hi))), counts,
-            self.k, self.tau_2)
+            source,
+            lambda lo, hi: source.prepare_ids(self._item_ids(slice(lo, hi))),
+            counts,
+            self.k,
+            self.tau_2,
+        )
         keep = set(sel.tolist())
         # drop the counters of items leaving the selection
         for pos in list(self._where):
@@ -757,8 +800,11 @@ class ContinualTopK:
         new = [pos for pos in sel.tolist() if pos not in self._where]
         if new:
             csrc = NoiseSource(self.key, f"{self.noise_scope}/counter-{n}")
-            tn = (BLTNoise(csrc, self.strategy, self.counter_std) if self.strategy
-                  else TreeNoise(csrc, self.horizon, tree_base(self.base), self.counter_std))
+            tn = (
+                BLTNoise(csrc, self.strategy, self.counter_std)
+                if self.strategy
+                else TreeNoise(csrc, self.horizon, tree_base(self.base), self.counter_std)
+            )
             tn.add_items(csrc.prepare_ids(self._item_ids(np.asarray(new, dtype=np.int64))))
             tn.advance(t)
             self._gens[n] = (tn, new)
@@ -798,8 +844,9 @@ class ContinualTopK:
             threshold = float(noisy_sel.min()) + eta_t + self._threshold_noise
             epoch = self.switches - self.switches_left
             assert self._svt_prepared is not None
-            query = counts + self._svt.laplace(self._svt_prepared, 0, t, epoch,
-                                               scale=4 * self.tau_1)
+            query = counts + self._svt.laplace(
+                self._svt_prepared, 0, t, epoch, scale=4 * self.tau_1
+            )
             query[self._selected] = -np.inf
             if bool((query > threshold).any()):
                 self.switches_left -= 1
@@ -809,9 +856,12 @@ class ContinualTopK:
         self._counts = narrow_counts.store(self._counts, counts, top)
         self._max_count = top
         self.t = t
-        meta = {"status": "not yet" if self._selected is None else "selected",
-                "switches_left": self.switches_left, "switched": switched,
-                "selection": self._selections - 1}
+        meta = {
+            "status": "not yet" if self._selected is None else "selected",
+            "switches_left": self.switches_left,
+            "switched": switched,
+            "selection": self._selections - 1,
+        }
         if self._selected is None:
             return Release(t=t, items=[], values=np.zeros(0), meta=meta)
         sel = self._selected

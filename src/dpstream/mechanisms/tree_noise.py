@@ -46,6 +46,7 @@ spare room of the last segment. A step runs the chunked kernel of
 cells' noise into the level sums, updates the stored suffix rows and adds the
 noise to the counts, while the chunk is in cache.
 """
+
 from __future__ import annotations
 
 import operator
@@ -129,8 +130,12 @@ class _Segment:
 
     def grown(self, capacity: int) -> _Segment:
         """A copy with room for ``capacity`` items."""
-        seg = _Segment(np.zeros((capacity, 2), dtype="<u8"), self.n, self.level_sum.shape[0],
-                       self.suffix.shape[0])
+        seg = _Segment(
+            np.zeros((capacity, 2), dtype="<u8"),
+            self.n,
+            self.level_sum.shape[0],
+            self.suffix.shape[0],
+        )
         n = self.n
         seg.words[:n] = self.words[:n]
         seg.level_sum[:, :n] = self.level_sum[:, :n]
@@ -165,8 +170,14 @@ class TreeNoise:
             which a caller that exports :meth:`level_sums` at every step wants.
     """
 
-    def __init__(self, source: NoiseSource, horizon: int, base: int, cell_std: float,
-                 kept_levels: int | None = None) -> None:
+    def __init__(
+        self,
+        source: NoiseSource,
+        horizon: int,
+        base: int,
+        cell_std: float,
+        kept_levels: int | None = None,
+    ) -> None:
         self.source = source
         self.horizon = horizon
         self.base = base
@@ -179,8 +190,9 @@ class TreeNoise:
         except TypeError:
             kept = None
         if kept is None or not 1 <= kept <= self.levels:
-            raise ValueError(f"kept_levels must be an int in [1, {self.levels}], "
-                             f"got {kept_levels!r}")
+            raise ValueError(
+                f"kept_levels must be an int in [1, {self.levels}], got {kept_levels!r}"
+            )
         self.t = 0
         self._n = 0
         self._kept = kept
@@ -257,11 +269,11 @@ class TreeNoise:
     @overload
     def advance(self, t: int, counts: None = None, out: None = None) -> None: ...
     @overload
-    def advance(self, t: int, counts: np.ndarray, out: np.ndarray | None = None
-                ) -> np.ndarray: ...
+    def advance(self, t: int, counts: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
-    def advance(self, t: int, counts: np.ndarray | None = None,
-                out: np.ndarray | None = None) -> np.ndarray | None:
+    def advance(
+        self, t: int, counts: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """Move to time t (> current t): one step incrementally, a jump from scratch.
 
         With ``counts`` (one count per item, in item order), also return
@@ -299,8 +311,9 @@ class TreeNoise:
             for row in resets:
                 rows[row, lo:hi] = 0.0
             for row, tile in draws:
-                source.noise_chunk(seg.words[lo:hi], tile, "gaussian", std, rows[row, lo:hi],
-                                   True, ws)
+                source.noise_chunk(
+                    seg.words[lo:hi], tile, "gaussian", std, rows[row, lo:hi], True, ws
+                )
             self._suffix_chunk(seg, lo, hi, top, ws)
             if counts is not None and values is not None:
                 self._values_chunk(chunk, counts, values, ws)
@@ -312,12 +325,21 @@ class TreeNoise:
         """I_t's cells as (level-sum row, tweak tile), by level, in increasing index."""
         if self.t == 0:
             return []
-        return [(lv - 1, self.source.tweak_tile(lv, j, 0, items))
-                for lv, lo, hi in cells_by_level(self.t, self.base) for j in range(lo, hi + 1)]
+        return [
+            (lv - 1, self.source.tweak_tile(lv, j, 0, items))
+            for lv, lo, hi in cells_by_level(self.t, self.base)
+            for j in range(lo, hi + 1)
+        ]
 
-    def _draw_sums(self, seg: _Segment, lo: int, hi: int,
-                   cells: list[tuple[int, np.ndarray]], dest: Callable[[int], np.ndarray],
-                   ws: kernel.Workspace) -> None:
+    def _draw_sums(
+        self,
+        seg: _Segment,
+        lo: int,
+        hi: int,
+        cells: list[tuple[int, np.ndarray]],
+        dest: Callable[[int], np.ndarray],
+        ws: kernel.Workspace,
+    ) -> None:
         """Add each cell's noise into ``dest(row)`` (zeroed by the caller), in the order
         of ``cells``: each level's cells in increasing index from 0.0, as the
         incremental path adds them one step at a time."""
@@ -338,8 +360,14 @@ class TreeNoise:
             for row, tile in cells:
                 source.noise_chunk(seg.words[lo:hi], tile, "gaussian", std, dest(row), True, ws)
 
-    def _draw_all(self, seg: _Segment, lo: int, hi: int, cells: list[tuple[int, np.ndarray]],
-                  ws: kernel.Workspace) -> dict[int, np.ndarray]:
+    def _draw_all(
+        self,
+        seg: _Segment,
+        lo: int,
+        hi: int,
+        cells: list[tuple[int, np.ndarray]],
+        ws: kernel.Workspace,
+    ) -> dict[int, np.ndarray]:
         """Draw the sums of ``cells`` on columns lo:hi: a kept level's into its row
         of ``level_sum`` (zeroed by the caller), a folded level's into a new array.
         Returns the folded levels' sums, row -> values (a level without cells in
@@ -371,8 +399,12 @@ class TreeNoise:
             else:
                 np.add(out, 0.0 if part is None else part, out=out)
 
-    def _from_scratch(self, chunks: list[_Chunk], counts: np.ndarray | None = None,
-                      values: np.ndarray | None = None) -> None:
+    def _from_scratch(
+        self,
+        chunks: list[_Chunk],
+        counts: np.ndarray | None = None,
+        values: np.ndarray | None = None,
+    ) -> None:
         """Level sums, their fold and stored suffix rows at self.t of ``chunks``,
         ignoring their old values.
 
@@ -397,8 +429,9 @@ class TreeNoise:
 
         self._run(chunks, fill)
 
-    def _suffix_chunk(self, seg: _Segment, lo: int, hi: int, top: int,
-                      ws: kernel.Workspace) -> None:
+    def _suffix_chunk(
+        self, seg: _Segment, lo: int, hi: int, top: int, ws: kernel.Workspace
+    ) -> None:
         """Recompute the stored suffix rows among top..1 on columns lo:hi.
 
         ``top`` is the highest row that changed (the chain's start when all
@@ -426,8 +459,9 @@ class TreeNoise:
             prev = out
             row -= 1
 
-    def _noise_chunk(self, seg: _Segment, lo: int, hi: int, out: np.ndarray,
-                     ws: kernel.Workspace) -> None:
+    def _noise_chunk(
+        self, seg: _Segment, lo: int, hi: int, out: np.ndarray, ws: kernel.Workspace
+    ) -> None:
         """The noise (suffix row 0) of columns lo:hi into ``out``."""
         if self._stored:  # suffix row 1 is always stored when there is one
             np.add(seg.suffix[0, lo:hi], seg.level_sum[0, lo:hi], out=out)
@@ -436,8 +470,9 @@ class TreeNoise:
         else:  # one level: the noise is its sum
             np.copyto(out, seg.level_sum[0, lo:hi])
 
-    def _values_chunk(self, chunk: _Chunk, counts: np.ndarray, values: np.ndarray,
-                      ws: kernel.Workspace) -> None:
+    def _values_chunk(
+        self, chunk: _Chunk, counts: np.ndarray, values: np.ndarray, ws: kernel.Workspace
+    ) -> None:
         seg, lo, hi, at = chunk
         noise = ws.f[: hi - lo]
         self._noise_chunk(seg, lo, hi, noise, ws)
@@ -513,8 +548,9 @@ class TreeNoise:
         tn = cls(source, horizon, base, cell_std, kept_levels)
         level_sums = np.asarray(level_sums, dtype=np.float64)
         if level_sums.shape != (tn.levels, len(prepared)):
-            raise ValueError(f"level_sums must have shape ({tn.levels}, {len(prepared)}), "
-                             f"got {level_sums.shape}")
+            raise ValueError(
+                f"level_sums must have shape ({tn.levels}, {len(prepared)}), got {level_sums.shape}"
+            )
         if not 0 <= t <= horizon:
             raise ValueError(f"t must be in [0, {horizon}], got {t}")
         n = len(prepared)
@@ -528,13 +564,13 @@ class TreeNoise:
                 tn._fold(seg.level_sum[kept], upper)
             tn._segments.append(seg)
             tn._n = n
-            tn._run(tn._chunks(),
-                    lambda chunk, ws: tn._suffix_chunk(*chunk[:3], tn._chain, ws))
+            tn._run(tn._chunks(), lambda chunk, ws: tn._suffix_chunk(*chunk[:3], tn._chain, ws))
         return tn
 
     # -- output ----------------------------------------------------------------
-    def plus_noise(self, counts: np.ndarray, start: int = 0,
-                   out: np.ndarray | None = None) -> np.ndarray:
+    def plus_noise(
+        self, counts: np.ndarray, start: int = 0, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """``counts + noise()[start:]`` as a float64 array (a new one, or ``out``), for
         the items from ``start`` on (one count each, in item order), added chunk by
         chunk while each chunk's noise is in cache: the same bits as the two-step
@@ -545,8 +581,9 @@ class TreeNoise:
         if counts.shape != (m,):
             raise ValueError(f"counts must have shape ({m},), got {counts.shape}")
         values = _values_out(out, m)
-        self._run(self._chunks(start),
-                  lambda chunk, ws: self._values_chunk(chunk, counts, values, ws))
+        self._run(
+            self._chunks(start), lambda chunk, ws: self._values_chunk(chunk, counts, values, ws)
+        )
         return values
 
     def noise(self) -> np.ndarray:

@@ -51,8 +51,14 @@ def truncation_source(key: NoiseKey, stream: str) -> NoiseSource:
     return NoiseSource(key, f"{stream}/{_PURPOSE}")
 
 
-def keep_ranked(source: NoiseSource, t: int, items: Sequence[Hashable], codes: np.ndarray,
-                offsets: np.ndarray, k: int) -> np.ndarray:
+def keep_ranked(
+    source: NoiseSource,
+    t: int,
+    items: Sequence[Hashable],
+    codes: np.ndarray,
+    offsets: np.ndarray,
+    k: int,
+) -> np.ndarray:
     """Which occurrences survive the cut of several events of step ``t`` (a boolean mask).
 
     Event j is ``items[c]`` for ``c`` in ``codes[offsets[j]:offsets[j + 1]]``, each
@@ -80,8 +86,9 @@ def keep_ranked(source: NoiseSource, t: int, items: Sequence[Hashable], codes: n
     return place - offsets[event] < k
 
 
-def keyed_subset(source: NoiseSource, items: Sequence[Hashable], k: int,
-                 t: int) -> tuple[Hashable, ...]:
+def keyed_subset(
+    source: NoiseSource, items: Sequence[Hashable], k: int, t: int
+) -> tuple[Hashable, ...]:
     """``k`` of the distinct ``items`` of one event of step ``t``, in the event's order
     (all of them when there are at most ``k``): :func:`keep_ranked` for one event."""
     distinct = tuple(dict.fromkeys(items))

@@ -85,8 +85,9 @@ _THEOREM_BLT = (
 )
 
 
-def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta: float,
-                        alone: int = 1) -> float:
+def discovery_threshold(
+    *, tau: float, horizon: int, base: int, threshold_delta: float, alone: int = 1
+) -> float:
     """m_delta = tau L_r sqrt(r - 1) Phi^-1(1 - delta/T) + 1 (``eq:threshold``).
 
     ``alone``: the largest count one privacy unit alone can give an item, the
@@ -106,12 +107,12 @@ def discovery_threshold(*, tau: float, horizon: int, base: int, threshold_delta:
     holds in floating point, so the threshold is never too low.
     """
     levels = num_levels(horizon, base)
-    return _threshold(tau * levels * math.sqrt(base - 1), tau, horizon, threshold_delta,
-                      alone)
+    return _threshold(tau * levels * math.sqrt(base - 1), tau, horizon, threshold_delta, alone)
 
 
-def step_threshold(cells: int, *, tau: float, horizon: int, base: int,
-                   threshold_delta: float, alone: int = 1) -> float:
+def step_threshold(
+    cells: int, *, tau: float, horizon: int, base: int, threshold_delta: float, alone: int = 1
+) -> float:
     """m_t = 1 + sqrt(|I_t| L_r) tau Phi^-1(1 - delta/T), for |I_t| = ``cells``.
 
     The threshold of a step whose count sums ``cells`` tree cells (``cells =
@@ -131,8 +132,7 @@ def step_threshold(cells: int, *, tau: float, horizon: int, base: int,
     if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)) or cells < 1:
         raise ValueError(f"cells must be an int >= 1 (|I_t|), got {cells!r}")
     levels = num_levels(horizon, base)
-    return _threshold(tau * math.sqrt(int(cells) * levels), tau, horizon, threshold_delta,
-                      alone)
+    return _threshold(tau * math.sqrt(int(cells) * levels), tau, horizon, threshold_delta, alone)
 
 
 def step_delta_divisor(t: int, horizon: int, unbounded: bool) -> int:
@@ -149,8 +149,9 @@ def step_delta_divisor(t: int, horizon: int, unbounded: bool) -> int:
     return t * (t + 1) if unbounded else horizon
 
 
-def _threshold(scale: float, tau: float, horizon: int, threshold_delta: float,
-               alone: float = 1.0) -> float:
+def _threshold(
+    scale: float, tau: float, horizon: int, threshold_delta: float, alone: float = 1.0
+) -> float:
     """alone + scale Phi^-1(1 - delta/T), nudged up until
     T (1 - Phi((m - alone)/scale)) <= delta."""
     if not (math.isfinite(tau) and tau > 0):
@@ -202,7 +203,12 @@ def _split(delta: float, max_items: int, threshold_delta: float) -> tuple[float,
 
 
 def calibrate_unknown_domain(
-    *, epsilon: float, delta: float, max_items: int, horizon: int, base: int,
+    *,
+    epsilon: float,
+    delta: float,
+    max_items: int,
+    horizon: int,
+    base: int,
     max_count: int = 1,
 ) -> tuple[float, float]:
     """The (tau, threshold_delta) meeting (epsilon, delta) with the smallest threshold m_delta.
@@ -256,8 +262,7 @@ def calibrate_unknown_domain(
     if hi > lo:
         from scipy.optimize import minimize_scalar  # on first use (import ~0.2 s)
 
-        res = minimize_scalar(objective, bounds=(lo, hi), method="bounded",
-                              options={"xatol": 1e-4})
+        res = minimize_scalar(objective, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
         if res.fun < best_v:
             best_x = float(res.x)
     thr = thr_for(best_x)
@@ -466,8 +471,10 @@ class UnknownDomainHistogram:
     mechanism_name = "UnkBase"
     accepts_columns = True  # step_batch takes EventColumns
     theorem = _THEOREM
-    theorem_user = ("UnkBase per user (theorem after lem:badOutcomes, dpstream.bounding lemma): "
-                    "(eps_G(sqrt(L0) Linf/tau, delta'), L0 delta + delta'), threshold + Linf")
+    theorem_user = (
+        "UnkBase per user (theorem after lem:badOutcomes, dpstream.bounding lemma): "
+        "(eps_G(sqrt(L0) Linf/tau, delta'), L0 delta + delta'), threshold + Linf"
+    )
 
     def __init__(
         self,
@@ -491,26 +498,28 @@ class UnknownDomainHistogram:
     ) -> None:
         self.noise_version = check_noise_version(noise_version)
         self.horizon, self.unbounded = stream_horizon(horizon)
-        self.counter, self.base, self.strategy = resolve_counter(counter, base, self.horizon,
-                                                                 unbounded=self.unbounded)
+        self.counter, self.base, self.strategy = resolve_counter(
+            counter, base, self.horizon, unbounded=self.unbounded
+        )
         if self.strategy is not None:
             self.theorem = _THEOREM_BLT
         if self.unbounded:
             self.theorem = _THEOREM_UNBOUNDED
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
-        self.max_items = None if max_items is None and self.user_bounds else \
-            check_max_items(max_items)
+        self.max_items = (
+            None if max_items is None and self.user_bounds else check_max_items(max_items)
+        )
         # one unit: Delta0 items, 1 each (an event), or L0 items, Linf each (a user)
         self._unit = unit_bound(self.max_items, self.user_bounds)
         self.stream = check_stream_name(stream)
         check_key(key)
-        self._limit = EventLimit(on_invalid, key=key, stream=self.stream,
-                                 max_items=self.max_items)
+        self._limit = EventLimit(on_invalid, key=key, stream=self.stream, max_items=self.max_items)
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember
-        self.levels: int | None = (None if self.strategy is not None
-                                   else num_levels(self.horizon, tree_base(self.base)))
+        self.levels: int | None = (
+            None if self.strategy is not None else num_levels(self.horizon, tree_base(self.base))
+        )
         self._coef = self._unit.coefficient
         self.budget = privacy.resolve_budget(rho=rho, epsilon=epsilon, delta=delta, tau=tau)
         if threshold_delta is not None:
@@ -521,13 +530,15 @@ class UnknownDomainHistogram:
             if not 0.0 < threshold_delta < 1.0:
                 raise ValueError(f"threshold_delta must be in (0, 1), got {threshold_delta!r}")
             threshold_delta = float(threshold_delta)
-        self.tau, self.threshold_delta, self.privacy_split, total = self._calibrate(
-            threshold_delta
-        )
+        self.tau, self.threshold_delta, self.privacy_split, total = self._calibrate(threshold_delta)
         self.privacy = privacy.guarantee_for_tau(
-            tau=self.tau, a=self._coef, delta=total,
-            rho_delta=self.privacy_split.threshold_part, gaussian_exact=True,
-            mechanism=self.mechanism_name, theorem=self.theorem,
+            tau=self.tau,
+            a=self._coef,
+            delta=total,
+            rho_delta=self.privacy_split.threshold_part,
+            gaussian_exact=True,
+            mechanism=self.mechanism_name,
+            theorem=self.theorem,
             target_epsilon=self.budget.epsilon,
         )
         self.privacy = user_guarantee(self.privacy, self.user_bounds, self.theorem_user)
@@ -540,33 +551,51 @@ class UnknownDomainHistogram:
         if self.strategy is None:
             base, levels = tree_base(self.base), tree_levels(self.levels)
             self.threshold = discovery_threshold(
-                tau=self.tau, horizon=self.horizon, base=base,
-                threshold_delta=self.threshold_delta, alone=self._unit.per_item,
+                tau=self.tau,
+                horizon=self.horizon,
+                base=base,
+                threshold_delta=self.threshold_delta,
+                alone=self._unit.per_item,
             )
             cell_std = math.sqrt(levels) * self.tau
             self.sigma = cell_std
             self.tree_purpose: str | None = tree_purpose(
-                self.stream, horizon=self.horizon, base=base, cell_std=cell_std,
-                max_items=self.max_items, domain="open", users=users,
-                noise_version=self.noise_version)
+                self.stream,
+                horizon=self.horizon,
+                base=base,
+                cell_std=cell_std,
+                max_items=self.max_items,
+                domain="open",
+                users=users,
+                noise_version=self.noise_version,
+            )
             self.noise_purpose = self.tree_purpose
             self._source = NoiseSource(key, self.noise_purpose)
             self._noise = TreeNoise(self._source, self.horizon, base, cell_std)
         else:
             self.sigma = blt_sigma(self.tau, self.strategy)
             self.threshold = _threshold(
-                self.noise_std_worst, self.tau,
+                self.noise_std_worst,
+                self.tau,
                 step_delta_divisor(self.horizon, self.horizon, self.unbounded),
-                self.threshold_delta, self._unit.per_item)
+                self.threshold_delta,
+                self._unit.per_item,
+            )
             self.tree_purpose = None
-            self.noise_purpose = blt_purpose(self.stream, strategy=self.strategy,
-                                             sigma=self.sigma, max_items=self.max_items,
-                                             domain="open", users=users,
-                                             noise_version=self.noise_version)
+            self.noise_purpose = blt_purpose(
+                self.stream,
+                strategy=self.strategy,
+                sigma=self.sigma,
+                max_items=self.max_items,
+                domain="open",
+                users=users,
+                noise_version=self.noise_version,
+            )
             self._source = NoiseSource(key, self.noise_purpose)
             self._join_source = NoiseSource(key, join_purpose(self.noise_purpose))
-            self._noise = BLTNoise(self._source, self.strategy, self.sigma,
-                                   join_source=self._join_source)
+            self._noise = BLTNoise(
+                self._source, self.strategy, self.sigma, join_source=self._join_source
+            )
         self._last_threshold = (0, 0.0)  # (t, m_t) of the last BLT step asked for
         cap = 16
         self._table = ItemTable()  # the items seen, numbered in order of addition
@@ -577,9 +606,7 @@ class UnknownDomainHistogram:
         self._n = 0
         self.t = 0
 
-    def _calibrate(
-        self, threshold_delta: float | None
-    ) -> tuple[float, float, PrivacySplit, float]:
+    def _calibrate(self, threshold_delta: float | None) -> tuple[float, float, PrivacySplit, float]:
         """(tau, threshold_delta, split, total delta of the claim)."""
         b = self.budget
         d0 = self._unit.items  # Delta0, or L0 per user: the items one unit may bring in
@@ -608,15 +635,21 @@ class UnknownDomainHistogram:
                     f"max_items * threshold_delta must be < delta, got {d0} * "
                     f"{threshold_delta!r} >= {b.delta!r}"
                 )
-            tau = privacy.calibrate_tau(a=self._coef, epsilon=b.epsilon, delta=rest,
-                                        gaussian_exact=True)
+            tau = privacy.calibrate_tau(
+                a=self._coef, epsilon=b.epsilon, delta=rest, gaussian_exact=True
+            )
             return tau, threshold_delta, PrivacySplit(threshold_delta, part, rest, "user"), b.delta
         # the split is the same for every counter (see calibrate_unknown_domain): a BLT
         # takes the default tree's, so both counters get the same tau at one budget
         base = self.base if self.base is not None else optimal_base(self.horizon)
-        tau, thr = calibrate_unknown_domain(epsilon=b.epsilon, delta=b.delta, max_items=d0,
-                                            horizon=self.horizon, base=base,
-                                            max_count=self._unit.per_item)
+        tau, thr = calibrate_unknown_domain(
+            epsilon=b.epsilon,
+            delta=b.delta,
+            max_items=d0,
+            horizon=self.horizon,
+            base=base,
+            max_count=self._unit.per_item,
+        )
         part, rest = _split(b.delta, d0, thr)
         return tau, thr, PrivacySplit(thr, part, rest, "min-threshold"), b.delta
 
@@ -632,9 +665,13 @@ class UnknownDomainHistogram:
             return self.threshold_for_cells(sum(digits(t, tree_base(self.base))))
         last_t, m = self._last_threshold
         if last_t != t:
-            m = _threshold(self.noise_std_at(t), self.tau,
-                           step_delta_divisor(t, self.horizon, self.unbounded),
-                           self.threshold_delta, self._unit.per_item)
+            m = _threshold(
+                self.noise_std_at(t),
+                self.tau,
+                step_delta_divisor(t, self.horizon, self.unbounded),
+                self.threshold_delta,
+                self._unit.per_item,
+            )
             self._last_threshold = (t, m)
         return m
 
@@ -644,10 +681,14 @@ class UnknownDomainHistogram:
             raise ValueError("a BLT counter has no tree cells: use threshold_at(t)")
         m = self._thresholds.get(cells)
         if m is None:
-            m = step_threshold(cells, tau=self.tau, horizon=self.horizon,
-                               base=tree_base(self.base),
-                               threshold_delta=self.threshold_delta,
-                               alone=self._unit.per_item)
+            m = step_threshold(
+                cells,
+                tau=self.tau,
+                horizon=self.horizon,
+                base=tree_base(self.base),
+                threshold_delta=self.threshold_delta,
+                alone=self._unit.per_item,
+            )
             self._thresholds[cells] = m
         return m
 
@@ -656,8 +697,9 @@ class UnknownDomainHistogram:
         """The largest standard deviation of a released count over t <= T."""
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.max_variance_factor)
-        return float(np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base)))
-                     * self.tau)
+        return float(
+            np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base))) * self.tau
+        )
 
     def noise_std_at(self, t: int) -> float:
         """The standard deviation of a count at t: tau sqrt(|I_t| L_r) for the tree,
@@ -708,8 +750,9 @@ class UnknownDomainHistogram:
         if fast is not None:  # (truncation: the per-event path below)
             cols, offsets, new_items = fast
             keep, distinct = distinct_in_events(cols, offsets)
-            if not (self.max_items is not None and distinct.size
-                    and distinct.max() > self.max_items):
+            if not (
+                self.max_items is not None and distinct.size and distinct.max() > self.max_items
+            ):
                 if keep is not None:
                     cols = cols[keep]
                 n = self._n
@@ -720,8 +763,11 @@ class UnknownDomainHistogram:
                     new_items, new_counts = [new_items[i] for i in seen], new_counts[seen]
                 counts = np.add(self._counts[:n], total[:n], out=total[:n])  # int64
                 # the largest count: the last step's, or that of an item this step counted
-                top = max(self._max_count, int(new_counts.max(initial=0)),
-                          int(counts[cols[cols < n]].max(initial=0)))
+                top = max(
+                    self._max_count,
+                    int(new_counts.max(initial=0)),
+                    int(counts[cols[cols < n]].max(initial=0)),
+                )
                 rel = self._commit(t, counts, new_items, new_counts, top)
                 self._limit.commit(TruncationStats(events=len(offsets) - 1))
                 if pending is not None:
@@ -744,8 +790,12 @@ class UnknownDomainHistogram:
         return rel
 
     # -- aggregate mode --------------------------------------------------------
-    def release(self, t: int, counts: Mapping[Hashable, int] | Any,
-                values: Sequence[int] | np.ndarray | None = None) -> Release:
+    def release(
+        self,
+        t: int,
+        counts: Mapping[Hashable, int] | Any,
+        values: Sequence[int] | np.ndarray | None = None,
+    ) -> Release:
         """Release at step t from the true prefix histogram h_t (the practical setting).
 
         ``counts`` is a Mapping item -> count; or give the items and their counts
@@ -776,9 +826,10 @@ class UnknownDomainHistogram:
             keys, _ = aggregate_items(items[head:] if head else items, vals[head:])
             tail = table.lookup(keys)
             new_at = np.flatnonzero(tail < 0)
-            if (tail[tail >= 0].size and (head or np.count_nonzero(
-                    np.bincount(tail[tail >= 0], minlength=n) > 1))) or len(
-                    set(keys[i] for i in new_at.tolist())) != new_at.size:
+            if (
+                tail[tail >= 0].size
+                and (head or np.count_nonzero(np.bincount(tail[tail >= 0], minlength=n) > 1))
+            ) or len(set(keys[i] for i in new_at.tolist())) != new_at.size:
                 raise ValueError("items must be distinct (one count per item)")
         else:
             keys, vals = mapping_counts(counts)
@@ -819,14 +870,19 @@ class UnknownDomainHistogram:
         shown[: self._n] = self._shown[: self._n]
         self._counts, self._shown = counts, shown
 
-    def _commit(self, t: int, counts: np.ndarray, new_items: list[Hashable],
-                new_counts: np.ndarray, top: int | None = None) -> Release:
+    def _commit(
+        self,
+        t: int,
+        counts: np.ndarray,
+        new_items: list[Hashable],
+        new_counts: np.ndarray,
+        top: int | None = None,
+    ) -> Release:
         """Step to t with the int64 counts of the items seen and those of the new
         items; ``top`` is the largest of all (None: taken from them)."""
         # Everything that can fail runs before the first mutation.
         if top is None:
-            top = max(self._max_count, int(counts.max(initial=0)),
-                      int(new_counts.max(initial=0)))
+            top = max(self._max_count, int(counts.max(initial=0)), int(new_counts.max(initial=0)))
         blt = self.strategy is not None
         if new_items:
             ids = self._source.item_ids(new_items)  # TypeError for a bad item type
@@ -878,7 +934,9 @@ class UnknownDomainHistogram:
             ids = self._source.item_ids(self._table.take(idx))
             idx = idx[np.lexsort((ids[:, 1], ids[:, 0], -vals))]
         return Release(
-            t=t, items=self._table.take(idx), values=values[idx],
+            t=t,
+            items=self._table.take(idx),
+            values=values[idx],
             # Only data-independent facts: the number of items seen is NOT private
             # (one event can add max_items of them), so it is never part of a release.
             meta={"threshold": threshold, "remember": self.remember},

@@ -35,23 +35,31 @@ def unit_bound(max_items: int | None, bounds: UserBounds | None) -> UnitBound:
     return UnitBound(items=check_max_items(max_items))
 
 
-def user_guarantee(guarantee: PrivacyGuarantee, bounds: UserBounds | None,
-                   theorem: str | None = None) -> PrivacyGuarantee:
+def user_guarantee(
+    guarantee: PrivacyGuarantee, bounds: UserBounds | None, theorem: str | None = None
+) -> PrivacyGuarantee:
     """``guarantee`` stated per user (unit and theorem), or unchanged at event level."""
     if bounds is None:
         return guarantee
     return dataclasses.replace(
-        guarantee, unit="user",
-        theorem=(theorem or guarantee.theorem) + f" [per user: {bounds.describe()}]")
+        guarantee,
+        unit="user",
+        theorem=(theorem or guarantee.theorem) + f" [per user: {bounds.describe()}]",
+    )
 
 
 def split_user_event(event: object) -> tuple[object, object]:
     """An event of user-level mode, ``(user, items)``: its user id and its items."""
-    if (isinstance(event, (str, bytes)) or not isinstance(event, Sequence) or len(event) != 2
-            or isinstance(event[1], (str, bytes))):
+    if (
+        isinstance(event, (str, bytes))
+        or not isinstance(event, Sequence)
+        or len(event) != 2
+        or isinstance(event[1], (str, bytes))
+    ):
         raise InvalidEventError(
             "with max_items_per_user= every event is a (user, items) pair, e.g. "
-            f"('alice', ['a', 'b']); got {type(event).__name__} of another shape")
+            f"('alice', ['a', 'b']); got {type(event).__name__} of another shape"
+        )
     return event[0], event[1]
 
 
@@ -67,9 +75,12 @@ class UserLevel:
         self.hasher = UserHasher(key)
         self.bounder = ContributionBounder(bounds)
 
-    def bound(self, events: Iterable[object], max_items: int | None,
-              check: Callable[[tuple[Hashable, ...]], None] | None = None
-              ) -> tuple[list[tuple[Hashable, ...]], Any]:
+    def bound(
+        self,
+        events: Iterable[object],
+        max_items: int | None,
+        check: Callable[[tuple[Hashable, ...]], None] | None = None,
+    ) -> tuple[list[tuple[Hashable, ...]], Any]:
         """Check every ``(user, items)`` event, then bound them; nothing changes yet.
 
         Each event's items are made distinct and checked (item types, at most
@@ -96,15 +107,19 @@ class UserLevel:
         return len(self.bounder)
 
 
-def bound_user_events(users: UserLevel | None, events: Iterable[object] | EventColumns,
-                      max_items: int | None,
-                      check: Callable[[tuple[Hashable, ...]], None] | None = None
-                      ) -> tuple[Iterable[object] | EventColumns, Any]:
+def bound_user_events(
+    users: UserLevel | None,
+    events: Iterable[object] | EventColumns,
+    max_items: int | None,
+    check: Callable[[tuple[Hashable, ...]], None] | None = None,
+) -> tuple[Iterable[object] | EventColumns, Any]:
     """``(events, None)`` at event level; in user mode the bounded item events and the
     pending bounder change (commit it once the step is released)."""
     if users is None:
         return events, None
     if isinstance(events, EventColumns):
-        raise TypeError("with max_items_per_user= every event is a (user, items) pair: give "
-                        "a list of pairs, not EventColumns (which hold no users)")
+        raise TypeError(
+            "with max_items_per_user= every event is a (user, items) pair: give "
+            "a list of pairs, not EventColumns (which hold no users)"
+        )
     return users.bound(events, max_items, check)

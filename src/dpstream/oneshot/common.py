@@ -115,8 +115,9 @@ def histogram_arrays(
             raise TypeError("counts as a pair must be (items, counts), two sequences")
         item_list, raw = list(counts[0]), list(counts[1])
         if len(item_list) != len(raw):
-            raise ValueError(f"items and counts must have the same length, got "
-                             f"{len(item_list)} and {len(raw)}")
+            raise ValueError(
+                f"items and counts must have the same length, got {len(item_list)} and {len(raw)}"
+            )
     elif items is not None:
         if isinstance(items, (str, bytes)):
             raise TypeError("items must be a collection of items, not a single string")

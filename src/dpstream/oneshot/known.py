@@ -39,9 +39,7 @@ __all__ = [
 
 KNOWN_GAUSS_THEOREM = "lem:kGaussPriv (Bun and Steinke 2016): Delta0/(2 tau^2)-zCDP"
 KNOWN_GUMB_THEOREM = "KnownGumb theorem after algo:kGumb (Cesar and Rogers 2021): k/tau^2-zCDP"
-KNOWN_GUMB_SELECT_THEOREM = (
-    "KnownGumb selection only, as in the SparseGumb proof: k/(2 tau^2)-zCDP"
-)
+KNOWN_GUMB_SELECT_THEOREM = "KnownGumb selection only, as in the SparseGumb proof: k/(2 tau^2)-zCDP"
 
 
 # --------------------------------------------------------------------------- input
@@ -60,8 +58,9 @@ def _check_k(k: object, n: int) -> int:
 # thin wrappers; both give bit-identical results for the same (key, purpose, items).
 
 
-def gaussian_kernel(source: NoiseSource, prepared: PreparedItems, counts: np.ndarray,
-                    tau: float) -> np.ndarray:
+def gaussian_kernel(
+    source: NoiseSource, prepared: PreparedItems, counts: np.ndarray, tau: float
+) -> np.ndarray:
     """KnownGauss on prepared items: counts + N(0, tau^2) at (0, 0, GAUSSIAN_DRAW)."""
     if len(prepared) == 0:
         return np.zeros(0)
@@ -73,9 +72,13 @@ def gaussian_kernel(source: NoiseSource, prepared: PreparedItems, counts: np.nda
 SELECT_CHUNK = 1 << 16
 
 
-def gumbel_select_kernel(source: NoiseSource,
-                         prepared: PreparedItems | Callable[[int, int], PreparedItems],
-                         counts: np.ndarray, k: int, tau: float) -> np.ndarray:
+def gumbel_select_kernel(
+    source: NoiseSource,
+    prepared: PreparedItems | Callable[[int, int], PreparedItems],
+    counts: np.ndarray,
+    k: int,
+    tau: float,
+) -> np.ndarray:
     """The selection of KnownGumb: positions of the k largest counts + Gumbel(tau/2).
 
     Returns the positions in selection order (largest noisy count first).
@@ -90,8 +93,7 @@ def gumbel_select_kernel(source: NoiseSource,
     the memory a selection needs does not grow with the domain beyond the
     counts; each item's score is the same value either way.
     """
-    part = prepared if callable(prepared) else (
-        lambda lo, hi: prepared.subset(slice(lo, hi)))
+    part = prepared if callable(prepared) else (lambda lo, hi: prepared.subset(slice(lo, hi)))
     n = counts.shape[0]
     if n <= SELECT_CHUNK:
         scores = counts + source.gumbel(part(0, n), 0, 0, GUMBEL_DRAW, scale=tau / 2.0)
@@ -211,8 +213,12 @@ def gumbel_top_k(
 
 
 def gaussian_histogram_privacy(
-    *, tau: float, max_items: int = 1, delta: float = privacy.DEFAULT_DELTA,
-    max_count_per_item: int = 1, unit: str = "event",
+    *,
+    tau: float,
+    max_items: int = 1,
+    delta: float = privacy.DEFAULT_DELTA,
+    max_count_per_item: int = 1,
+    unit: str = "event",
 ) -> privacy.PrivacyGuarantee:
     """The guarantee of :func:`gaussian_histogram` (``lem:kGaussPriv``).
 
@@ -228,15 +234,27 @@ def gaussian_histogram_privacy(
     if max_items < 1:
         raise ValueError(f"max_items must be >= 1, got {max_items}")
     linf = check_int("max_count_per_item", max_count_per_item, 1)
-    return dataclasses.replace(privacy.guarantee_for_tau(
-        tau=check_tau(tau), a=max_items * linf * linf / 2.0, delta=delta,
-        mechanism="KnownGauss", theorem=KNOWN_GAUSS_THEOREM, gaussian_exact=True,
-    ), unit=unit)
+    return dataclasses.replace(
+        privacy.guarantee_for_tau(
+            tau=check_tau(tau),
+            a=max_items * linf * linf / 2.0,
+            delta=delta,
+            mechanism="KnownGauss",
+            theorem=KNOWN_GAUSS_THEOREM,
+            gaussian_exact=True,
+        ),
+        unit=unit,
+    )
 
 
 def gumbel_top_k_privacy(
-    *, tau: float, k: int, with_counts: bool = True, delta: float = privacy.DEFAULT_DELTA,
-    max_count_per_item: int = 1, unit: str = "event",
+    *,
+    tau: float,
+    k: int,
+    with_counts: bool = True,
+    delta: float = privacy.DEFAULT_DELTA,
+    max_count_per_item: int = 1,
+    unit: str = "event",
 ) -> privacy.PrivacyGuarantee:
     """The guarantee of :func:`gumbel_top_k`: k/tau^2-zCDP, or k/(2 tau^2) for the selection.
 
@@ -249,7 +267,13 @@ def gumbel_top_k_privacy(
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     linf = check_int("max_count_per_item", max_count_per_item, 1)
     a = (float(k) if with_counts else k / 2.0) * linf * linf
-    return dataclasses.replace(privacy.guarantee_for_tau(
-        tau=check_tau(tau), a=a, delta=delta, mechanism="KnownGumb",
-        theorem=KNOWN_GUMB_THEOREM if with_counts else KNOWN_GUMB_SELECT_THEOREM,
-    ), unit=unit)
+    return dataclasses.replace(
+        privacy.guarantee_for_tau(
+            tau=check_tau(tau),
+            a=a,
+            delta=delta,
+            mechanism="KnownGumb",
+            theorem=KNOWN_GUMB_THEOREM if with_counts else KNOWN_GUMB_SELECT_THEOREM,
+        ),
+        unit=unit,
+    )

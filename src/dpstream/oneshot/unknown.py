@@ -92,8 +92,9 @@ def _top(
     return cand[order], ids[order]
 
 
-def _result(items: list[Hashable], pos: np.ndarray, values: np.ndarray, hit: bool
-            ) -> UnknownDomainResult:
+def _result(
+    items: list[Hashable], pos: np.ndarray, values: np.ndarray, hit: bool
+) -> UnknownDomainResult:
     values = np.array(values, dtype=np.float64)
     values.flags.writeable = False
     return OneShotRelease(items=tuple(items[i] for i in pos), values=values, hit_threshold=hit)
@@ -159,8 +160,12 @@ def unknown_domain_gaussian(
     top, top_ids = ranked[:kbar], ids[:kbar]
     positive = h[top] > 0
     top, top_ids = top[positive], top_ids[positive]
-    v_bot = (h_next + 1 + math.sqrt(2.0) * tau * float(-ndtri(delta))
-             + source.scalar("gaussian", 0, 0, GAUSSIAN_DRAW, scale=tau))
+    v_bot = (
+        h_next
+        + 1
+        + math.sqrt(2.0) * tau * float(-ndtri(delta))
+        + source.scalar("gaussian", 0, 0, GAUSSIAN_DRAW, scale=tau)
+    )
     if top.size == 0:
         return _result(items, top, np.zeros(0), True)
     v = h[top] + source.gaussian(source.prepare_ids(top_ids), 0, 0, GAUSSIAN_DRAW, scale=tau)
@@ -214,8 +219,12 @@ def unknown_domain_gaussian_privacy(
             f"{delta_prime!r}"
         )
     return privacy.guarantee_for_tau(
-        tau=tau, a=max_items / 2.0, delta=total, rho_delta=rho_delta,
-        gaussian_exact=gaussian_exact, mechanism="UnkGauss",
+        tau=tau,
+        a=max_items / 2.0,
+        delta=total,
+        rho_delta=rho_delta,
+        gaussian_exact=gaussian_exact,
+        mechanism="UnkGauss",
         theorem="thm:main_UnkGauss: (eps(Delta0/(2 tau^2), delta'), Delta0 delta + delta')",
     )
 
@@ -273,8 +282,12 @@ def unknown_domain_gumbel(
     top, top_ids = ranked[:kbar], ids[:kbar]
     eligible = h[top] > h_next
     top, top_ids = top[eligible], top_ids[eligible]
-    v_bot = (h_next + 1 + tau * math.log(1.0 / delta)
-             + source.scalar("gumbel", 0, 0, GUMBEL_DRAW, scale=tau / 2.0))
+    v_bot = (
+        h_next
+        + 1
+        + tau * math.log(1.0 / delta)
+        + source.scalar("gumbel", 0, 0, GUMBEL_DRAW, scale=tau / 2.0)
+    )
     if top.size == 0:
         return _result(items, top, np.zeros(0), True)
     prepared = source.prepare_ids(top_ids)
@@ -318,8 +331,12 @@ def unknown_domain_gumbel_privacy(
     conv = min(delta_prime, total - rho_delta)  # never more delta' than the total leaves
     rho = k / (tau * tau)
     return privacy.PrivacyGuarantee(
-        rho=rho, rho_delta=rho_delta, epsilon=privacy.epsilon_bun_steinke(rho, conv),
-        delta=total, conversion="bun-steinke", mechanism="UnkGumb",
+        rho=rho,
+        rho_delta=rho_delta,
+        epsilon=privacy.epsilon_bun_steinke(rho, conv),
+        delta=total,
+        conversion="bun-steinke",
+        mechanism="UnkGumb",
         theorem="thm:UnkGumbelPrivacy: (k/tau^2 + (2/tau) sqrt(k ln(1/delta')), "
-                "kbar delta + delta')",
+        "kbar delta + delta')",
     )

@@ -76,10 +76,10 @@ class ApproxDP:
 #: The privacy units, and the neighbour relation each guarantee is for.
 UNITS = {
     "event": "two streams are neighbours when one event's items are replaced by none, at "
-             "the same time step (the release clock, and so which steps are released, is "
-             "public and the same for both)",
+    "the same time step (the release clock, and so which steps are released, is "
+    "public and the same for both)",
     "user": "two streams are neighbours when all events of one user (within the "
-            "contribution bounds) are replaced by empty ones, at the same time steps",
+    "contribution bounds) are replaced by empty ones, at the same time steps",
 }
 
 
@@ -155,8 +155,10 @@ class PrivacyGuarantee:
     def plain(self) -> str:
         """The guarantee in plain words, for people (no paper labels): e.g.
         ``"epsilon = 1, delta = 1e-06 per event (rho-zCDP with rho = 0.028)"``."""
-        text = (f"epsilon = {self.epsilon:.6g}, delta = {self.delta:.3g} per {self.unit} "
-                f"(rho-zCDP with rho = {self.rho:.6g}")
+        text = (
+            f"epsilon = {self.epsilon:.6g}, delta = {self.delta:.3g} per {self.unit} "
+            f"(rho-zCDP with rho = {self.rho:.6g}"
+        )
         if self.rho_delta > 0.0:
             text += f", plus {self.rho_delta:.3g} of delta for what the noise cannot hide"
         text += ")"

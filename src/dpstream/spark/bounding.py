@@ -34,9 +34,16 @@ except ImportError as exc:  # pragma: no cover
 __all__ = ["bound_user_contributions"]
 
 
-def bound_user_contributions(events: DataFrame, bounds: UserBounds, *, user_col: str,
-                             order_col: str, t_col: str = "t", items_col: str = "items",
-                             item_col: str = "item") -> DataFrame:
+def bound_user_contributions(
+    events: DataFrame,
+    bounds: UserBounds,
+    *,
+    user_col: str,
+    order_col: str,
+    t_col: str = "t",
+    items_col: str = "items",
+    item_col: str = "item",
+) -> DataFrame:
     """The kept item occurrences of timed events with user ids: rows (t, item).
 
     Args:
@@ -53,19 +60,22 @@ def bound_user_contributions(events: DataFrame, bounds: UserBounds, *, user_col:
     if not isinstance(bounds, UserBounds):
         raise TypeError(f"bounds must be a UserBounds, got {type(bounds).__name__}")
     user = F.col(user_col)
-    checked = F.when(user.isNull(), F.raise_error(F.lit(
-        "dpstream: InvalidEventError: an event has no user id"))).otherwise(user)
+    checked = F.when(
+        user.isNull(), F.raise_error(F.lit("dpstream: InvalidEventError: an event has no user id"))
+    ).otherwise(user)
     exploded = events.select(
-        checked.alias("_user"), F.col(t_col).cast("long").alias("_t"),
+        checked.alias("_user"),
+        F.col(t_col).cast("long").alias("_t"),
         F.col(order_col).cast("long").alias("_order"),
-        F.posexplode(F.array_distinct(F.col(items_col))).alias("_pos", "_item"))
+        F.posexplode(F.array_distinct(F.col(items_col))).alias("_pos", "_item"),
+    )
     order = [F.col("_t"), F.col("_order"), F.col("_pos")]
     occ = Window.partitionBy("_user", "_item").orderBy(*order)
     ranked = exploded.withColumn("_occurrence", F.row_number().over(occ))
     firsts = ranked.where(F.col("_occurrence") == 1)
     by_first = Window.partitionBy("_user").orderBy(*order)
     ranks = firsts.select("_user", "_item", F.row_number().over(by_first).alias("_rank"))
-    kept = (ranked.where(F.col("_occurrence") <= bounds.max_count_per_item)
-            .join(ranks.where(F.col("_rank") <= bounds.max_items_per_user),
-                  on=["_user", "_item"], how="inner"))
+    kept = ranked.where(F.col("_occurrence") <= bounds.max_count_per_item).join(
+        ranks.where(F.col("_rank") <= bounds.max_items_per_user), on=["_user", "_item"], how="inner"
+    )
     return kept.select(F.col("_t").alias(t_col), F.col("_item").alias(item_col))

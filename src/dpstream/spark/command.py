@@ -46,13 +46,15 @@ except ImportError as exc:  # pragma: no cover
 __all__ = ["run_cli", "read_events_jsonl"]
 
 _BUDGET = ("rho", "epsilon", "delta", "tau")
-_EVENT_SCHEMA = T.StructType([
-    T.StructField("pos", T.LongType(), False),
-    T.StructField("t", T.LongType(), True),
-    T.StructField("items", T.ArrayType(T.StringType(), False), True),
-    T.StructField("error", T.StringType(), True),
-    T.StructField("user", T.StringType(), True),
-])
+_EVENT_SCHEMA = T.StructType(
+    [
+        T.StructField("pos", T.LongType(), False),
+        T.StructField("t", T.LongType(), True),
+        T.StructField("items", T.ArrayType(T.StringType(), False), True),
+        T.StructField("error", T.StringType(), True),
+        T.StructField("user", T.StringType(), True),
+    ]
+)
 
 
 def _parse_lines(batches, time_field=None, clock=None, implicit=False, user_field=None):
@@ -61,8 +63,15 @@ def _parse_lines(batches, time_field=None, clock=None, implicit=False, user_fiel
     for pdf in batches:
         ts, items, errors, users = [], [], [], []
         for line in pdf["value"].tolist():
-            recs = list(read_jsonl([line], time_field=time_field, clock=clock,
-                                   implicit=implicit, user_field=user_field))
+            recs = list(
+                read_jsonl(
+                    [line],
+                    time_field=time_field,
+                    clock=clock,
+                    implicit=implicit,
+                    user_field=user_field,
+                )
+            )
             if not recs:  # blank line
                 ts.append(None)
                 items.append(None)
@@ -74,13 +83,26 @@ def _parse_lines(batches, time_field=None, clock=None, implicit=False, user_fiel
             items.append(None if rec.items is None else list(rec.items))
             errors.append(rec.error)
             users.append(rec.user)
-        yield pd.DataFrame({"pos": pdf["pos"].to_numpy(), "t": pd.array(ts, dtype="Int64"),
-                            "items": items, "error": errors, "user": users})
+        yield pd.DataFrame(
+            {
+                "pos": pdf["pos"].to_numpy(),
+                "t": pd.array(ts, dtype="Int64"),
+                "items": items,
+                "error": errors,
+                "user": users,
+            }
+        )
 
 
-def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None = None,
-                      clock: Any = None, implicit: bool = False,
-                      user_field: str | None = None) -> DataFrame:
+def read_events_jsonl(
+    spark: SparkSession,
+    path: str,
+    *,
+    time_field: str | None = None,
+    clock: Any = None,
+    implicit: bool = False,
+    user_field: str | None = None,
+) -> DataFrame:
     """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
 
     Returns (pos, t, items, error, user): ``pos`` the line's place in the file,
@@ -96,24 +118,30 @@ def read_events_jsonl(spark: SparkSession, path: str, *, time_field: str | None 
     indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
     df = spark.createDataFrame(indexed, "pos long, value string")
     parsed = df.mapInPandas(
-        lambda b: _parse_lines(b, time_field, clock, implicit, user_field), _EVENT_SCHEMA)
+        lambda b: _parse_lines(b, time_field, clock, implicit, user_field), _EVENT_SCHEMA
+    )
     if implicit:
         parsed = parsed.withColumn("t", F.col("pos") + 1)
     return parsed
 
 
-def _long_format(spark: SparkSession, released: DataFrame, mech: Any,
-                 steps: list[int]) -> DataFrame:
+def _long_format(
+    spark: SparkSession, released: DataFrame, mech: Any, steps: list[int]
+) -> DataFrame:
     """The local engine's long table: (t, item, value, noise_std), a row with a null item
     and value for a step that released nothing, so every step of the clock is there."""
     from ..runmeta import noise_std_at
 
-    stds = spark.createDataFrame([(t, float(noise_std_at(mech.mechanism, t))) for t in steps],
-                                 "t long, noise_std double")
+    stds = spark.createDataFrame(
+        [(t, float(noise_std_at(mech.mechanism, t))) for t in steps], "t long, noise_std double"
+    )
     rows = released.join(F.broadcast(stds), "t")
     empty = stds.join(released.select("t").distinct(), "t", "left_anti").select(
-        "t", F.lit(None).cast(released.schema["item"].dataType).alias("item"),
-        F.lit(None).cast(released.schema["value"].dataType).alias("value"), "noise_std")
+        "t",
+        F.lit(None).cast(released.schema["item"].dataType).alias("item"),
+        F.lit(None).cast(released.schema["value"].dataType).alias("value"),
+        "noise_std",
+    )
     return rows.select("t", "item", "value", "noise_std").unionByName(empty)
 
 
@@ -132,19 +160,26 @@ def readable_counts(released: DataFrame, *, clamp: bool, monotone: bool) -> Data
     from pyspark.sql import Window
 
     if clamp:
-        zero = F.lit(0) if isinstance(released.schema["value"].dataType, T.LongType) \
-            else F.lit(0.0)
+        zero = F.lit(0) if isinstance(released.schema["value"].dataType, T.LongType) else F.lit(0.0)
         released = released.withColumn("value", F.greatest(F.col("value"), zero))
     if monotone:
-        window = Window.partitionBy("item").orderBy("t").rowsBetween(
-            Window.unboundedPreceding, Window.currentRow)
+        window = (
+            Window.partitionBy("item")
+            .orderBy("t")
+            .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        )
         released = released.withColumn("value", F.max("value").over(window))
     return released
 
 
-def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
-            spark: SparkSession | None = None, key: NoiseKey | None = None,
-            before_release: Callable[[Any], None] | None = None) -> dict[str, Any]:
+def run_cli(
+    opts: Mapping[str, Any],
+    *,
+    master: str = "local[*]",
+    spark: SparkSession | None = None,
+    key: NoiseKey | None = None,
+    before_release: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
     """Run ``dpstream run`` on Spark; returns a summary for the command to print.
 
     Args:
@@ -172,14 +207,17 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     started = time.monotonic()
     name = opts.get("mechanism", "known")
     if name not in ("known", "unknown"):
-        raise DPStreamError(f"--mechanism {name} is not available with --engine spark "
-                            "(known and unknown are)")
+        raise DPStreamError(
+            f"--mechanism {name} is not available with --engine spark (known and unknown are)"
+        )
     policy = _option(opts, "on_invalid", "skip")
     if policy not in ("skip", "error"):
         raise ValueError("--engine spark supports --on-invalid skip or error (not truncate)")
     if opts.get("state"):
-        raise ValueError("--state does not apply to --engine spark: re-running the job gives "
-                         "the same releases (use dpstream.spark.start_stream for a stream)")
+        raise ValueError(
+            "--state does not apply to --engine spark: re-running the job gives "
+            "the same releases (use dpstream.spark.start_stream for a stream)"
+        )
     if _option(opts, "input_format", "auto") not in ("auto", "jsonl"):
         raise ValueError("--engine spark reads JSON Lines input only")
     inp, out = opts.get("input"), opts.get("output")
@@ -189,8 +227,13 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         raise ValueError("--engine spark needs --output PATH (a directory it creates)")
     fmt = _option(opts, "output_format", "auto")
     if fmt == "auto":
-        fmt = ("csv" if str(out).endswith(".csv") else
-               "parquet" if str(out).endswith(".parquet") else "jsonl-long")
+        fmt = (
+            "csv"
+            if str(out).endswith(".csv")
+            else "parquet"
+            if str(out).endswith(".parquet")
+            else "jsonl-long"
+        )
     if fmt == "jsonl":  # one step of a large domain does not fit a line: rows instead
         fmt = "jsonl-long"
     if fmt not in ("jsonl-long", "csv", "parquet"):
@@ -208,29 +251,44 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     verbose = bool(opts.get("verbose_errors"))
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
     user_field = opts.get("user_field")
-    users = {k: opts.get(k) for k in ("max_items_per_user", "max_count_per_item")
-             if opts.get(k) is not None}
+    users = {
+        k: opts.get(k)
+        for k in ("max_items_per_user", "max_count_per_item")
+        if opts.get(k) is not None
+    }
     if (user_field is None) != (not users):
-        raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go "
-                         "together")
+        raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go together")
     from ..run_settings import scoped_stream
 
-    common: dict[str, Any] = dict(max_items=opts.get("max_items"), key=key, base=opts.get("base"),
-                  stream=scoped_stream({"stream": "default", "input": inp, **{
-                      k: v for k, v in opts.items() if v is not None}}), **budget, **users,
-                  noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION))
+    common: dict[str, Any] = dict(
+        max_items=opts.get("max_items"),
+        key=key,
+        base=opts.get("base"),
+        stream=scoped_stream(
+            {"stream": "default", "input": inp, **{k: v for k, v in opts.items() if v is not None}}
+        ),
+        **budget,
+        **users,
+        noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION),
+    )
     if name == "unknown" and (opts.get("counter") != "tree" or opts.get("blt_buffers")):
         # the local default is BLT, whose items joining late Spark does not draw: the same
         # command line must give the same releases on both engines, so the tree is asked for
-        raise ValueError("--engine spark runs --mechanism unknown with the tree counter only: "
-                         "pass --counter tree (the local engine's default for unknown domains "
-                         "is the BLT counter, which --engine spark does not run yet)")
+        raise ValueError(
+            "--engine spark runs --mechanism unknown with the tree counter only: "
+            "pass --counter tree (the local engine's default for unknown domains "
+            "is the BLT counter, which --engine spark does not run yet)"
+        )
     if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 
     if spark is None:
-        spark = (SparkSession.builder.master(master).appName("dpstream run")
-                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark = (
+            SparkSession.builder.master(master)
+            .appName("dpstream run")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
     domain_df = None
     if name == "known":
         domain = opts.get("domain")
@@ -238,15 +296,25 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
         items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(
-            spark, horizon, domain=items, counter=counter_with_buffers(
-                opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon),
-            **common)
+            spark,
+            horizon,
+            domain=items,
+            counter=counter_with_buffers(
+                opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon
+            ),
+            **common,
+        )
         domain_df = spark.createDataFrame([(it,) for it in items], "item string")
     else:
         if opts.get("domain") is not None:
             raise ValueError("--domain does not apply to --mechanism unknown")
-        mech = SparkUnknownBase(spark, horizon, remember=bool(opts.get("remember")),
-                                threshold_delta=opts.get("threshold_delta"), **common)
+        mech = SparkUnknownBase(
+            spark,
+            horizon,
+            remember=bool(opts.get("remember")),
+            threshold_delta=opts.get("threshold_delta"),
+            **common,
+        )
 
     clock = None
     if opts.get("time_field") is not None:
@@ -256,15 +324,22 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
     implicit = bool(opts.get("implicit_time"))
     if implicit and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
-    parsed = read_events_jsonl(spark, inp, time_field=opts.get("time_field"),
-                               clock=clock, implicit=implicit,
-                               user_field=user_field).cache()
+    parsed = read_events_jsonl(
+        spark,
+        inp,
+        time_field=opts.get("time_field"),
+        clock=clock,
+        implicit=implicit,
+        user_field=user_field,
+    ).cache()
     checked = None
     try:
-        facts = _first_row(parsed.agg(
-            F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
-            F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
-        ))
+        facts = _first_row(
+            parsed.agg(
+                F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
+                F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
+            )
+        )
         skipped = 0
         if facts["first_bad"] is not None:
             if policy == "error":
@@ -280,25 +355,38 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
                 invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
             invalid = invalid | F.exists("items", lambda x: x.isNull())
         if policy == "skip" and domain_df is not None:
-            in_domain = F.broadcast(domain_df.select(F.col("item").alias("_item"),
-                                                     F.lit(True).alias("_known")))
-            exploded = (events.withColumn("_id", F.monotonically_increasing_id())
-                        .withColumn("_item", F.explode_outer("items")))
-            flagged = exploded.join(in_domain, "_item", "left").groupBy("_id", "t").agg(
-                F.first("items").alias("items"), F.first("pos").alias("pos"),
-                F.first("user").alias("user"),
-                F.max(F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1)
-                      .otherwise(0)).alias("_outside"))
-            events = flagged.select("t", "items", "pos", "user",
-                                    (F.col("_outside") == 1).alias("_outside"))
+            in_domain = F.broadcast(
+                domain_df.select(F.col("item").alias("_item"), F.lit(True).alias("_known"))
+            )
+            exploded = events.withColumn("_id", F.monotonically_increasing_id()).withColumn(
+                "_item", F.explode_outer("items")
+            )
+            flagged = (
+                exploded.join(in_domain, "_item", "left")
+                .groupBy("_id", "t")
+                .agg(
+                    F.first("items").alias("items"),
+                    F.first("pos").alias("pos"),
+                    F.first("user").alias("user"),
+                    F.max(
+                        F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1).otherwise(
+                            0
+                        )
+                    ).alias("_outside"),
+                )
+            )
+            events = flagged.select(
+                "t", "items", "pos", "user", (F.col("_outside") == 1).alias("_outside")
+            )
             invalid = invalid | F.col("_outside")
         checked = events.withColumn("_invalid", invalid).cache()
         n_invalid = checked.where(F.col("_invalid")).count()
         if n_invalid and policy == "error":
-            raise InvalidEventError(f"the input has {n_invalid} events past the end step "
-                                    f"--until {until}" if until < horizon else
-                                    f"the input reaches a time step past the horizon "
-                                    f"T={mech.horizon}")
+            raise InvalidEventError(
+                f"the input has {n_invalid} events past the end step --until {until}"
+                if until < horizon
+                else f"the input reaches a time step past the horizon T={mech.horizon}"
+            )
         skipped += n_invalid
         n_events -= n_invalid
         events = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
@@ -307,8 +395,7 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
         if before_release is not None:
             before_release(mech.mechanism)
         # user level: each user's first contributions in input order (the local engine's)
-        per_user = ({"user_col": "user", "order_col": "pos"} if user_field is not None
-                    else {})
+        per_user = {"user_col": "user", "order_col": "pos"} if user_field is not None else {}
         if isinstance(mech, SparkKnownBase):
             if domain_df is None:  # pragma: no cover - made with the known mechanism above
                 raise RuntimeError("the known mechanism has no domain frame")
@@ -317,8 +404,9 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             released = mech.run(events, steps=steps, **per_user)
         if opts.get("round"):
             released = released.withColumn("value", F.bround("value", 0).cast("long"))
-        released = readable_counts(released, clamp=bool(opts.get("clamp")),
-                                   monotone=bool(opts.get("monotone")))
+        released = readable_counts(
+            released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
+        )
         released = _long_format(spark, released, mech, steps)
         writer = released.write.mode("errorifexists")
         if fmt == "jsonl-long":
@@ -327,13 +415,25 @@ def run_cli(opts: Mapping[str, Any], *, master: str = "local[*]",
             writer.option("header", True).csv(out)
         else:
             writer.parquet(out)
-        rows = spark.read.format("json" if fmt == "jsonl-long" else fmt).option(
-            "header", fmt == "csv").load(out).count()
+        rows = (
+            spark.read.format("json" if fmt == "jsonl-long" else fmt)
+            .option("header", fmt == "csv")
+            .load(out)
+            .count()
+        )
     finally:
         parsed.unpersist()
         if checked is not None:
             checked.unpersist()
         mech.close()
-    return {"mechanism": name, "steps": len(steps), "last_t": last_t, "events": n_events,
-            "skipped": skipped, "rows": rows, "elapsed_s": time.monotonic() - started,
-            "privacy": mech.privacy, "output": out}
+    return {
+        "mechanism": name,
+        "steps": len(steps),
+        "last_t": last_t,
+        "events": n_events,
+        "skipped": skipped,
+        "rows": rows,
+        "elapsed_s": time.monotonic() - started,
+        "privacy": mech.privacy,
+        "output": out,
+    }

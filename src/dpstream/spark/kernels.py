@@ -116,8 +116,9 @@ class ReleaseSpec:
         """A fresh counter noise at t = 0 holding ``items`` (prepared under ``source``)."""
         return self.restore(source, source.prepare(items), 0, None)
 
-    def restore(self, source: NoiseSource, prepared: PreparedItems, t: int,
-                state: np.ndarray | None) -> TreeNoise | BLTNoise:
+    def restore(
+        self, source: NoiseSource, prepared: PreparedItems, t: int, state: np.ndarray | None
+    ) -> TreeNoise | BLTNoise:
         """The counter noise of ``prepared`` at t from its state (``noise_state``);
         ``state=None`` at t = 0 is the fresh counter."""
         if state is None:
@@ -126,16 +127,30 @@ class ReleaseSpec:
                 noise = BLTNoise(source, self.strategy, self.cell_std)
             else:
                 # every level kept: its level sums are the state exported each step
-                noise = TreeNoise(source, self.horizon, _tree_base(self.base), self.cell_std,
-                                  kept_levels=self.levels)
+                noise = TreeNoise(
+                    source,
+                    self.horizon,
+                    _tree_base(self.base),
+                    self.cell_std,
+                    kept_levels=self.levels,
+                )
             noise.add_items(prepared)
             return noise
         if self.strategy is not None:
             k = self.strategy.buffers
-            return BLTNoise.restore(source, self.strategy, self.cell_std, prepared, t,
-                                    state[:k], state[k])
-        return TreeNoise.restore(source, self.horizon, _tree_base(self.base), self.cell_std,
-                                 prepared, t, state, kept_levels=self.levels)
+            return BLTNoise.restore(
+                source, self.strategy, self.cell_std, prepared, t, state[:k], state[k]
+            )
+        return TreeNoise.restore(
+            source,
+            self.horizon,
+            _tree_base(self.base),
+            self.cell_std,
+            prepared,
+            t,
+            state,
+            kept_levels=self.levels,
+        )
 
 
 def noise_state(noise: TreeNoise | BLTNoise) -> np.ndarray:
@@ -200,8 +215,14 @@ def release_step_batch(
                 released |= pdf[shown_col].fillna(False).to_numpy(dtype=bool)
         else:
             released = np.ones(len(pdf), dtype=bool)
-        yield pd.DataFrame({item_col: pdf[item_col].reset_index(drop=True), count_col: counts,
-                            "released": released, "value": values})
+        yield pd.DataFrame(
+            {
+                item_col: pdf[item_col].reset_index(drop=True),
+                count_col: counts,
+                "released": released,
+                "value": values,
+            }
+        )
 
 
 #: Streaming state columns: the item's prepared id (two 64-bit words, stored as
@@ -286,9 +307,14 @@ def release_stream_batch(
         else:
             released = np.ones(n, dtype=bool)
         signed = words.view(np.int64)
-        out = {item_col: pdf[item_col].reset_index(drop=True), count_col: counts,
-               "released": released, "value": values,
-               STATE_IDS[0]: signed[:, 0], STATE_IDS[1]: signed[:, 1]}
+        out = {
+            item_col: pdf[item_col].reset_index(drop=True),
+            count_col: counts,
+            "released": released,
+            "value": values,
+            STATE_IDS[0]: signed[:, 0],
+            STATE_IDS[1]: signed[:, 1],
+        }
         for row, name in enumerate(noise_cols):
             out[name] = sums[row]
         yield pd.DataFrame(out)
@@ -395,9 +421,13 @@ def release_run_partition(
             out_items, out_values = items, values
         for a in range(0, len(out_values), chunk_rows):
             b = a + chunk_rows
-            yield pd.DataFrame({"t": np.full(len(out_values[a:b]), t, dtype=np.int64),
-                                item_col: out_items.iloc[a:b].reset_index(drop=True),
-                                "value": out_values[a:b]})
+            yield pd.DataFrame(
+                {
+                    "t": np.full(len(out_values[a:b]), t, dtype=np.int64),
+                    item_col: out_items.iloc[a:b].reset_index(drop=True),
+                    "value": out_values[a:b],
+                }
+            )
 
 
 # ------------------------------------------------------------------ SparseGumb parts
@@ -465,8 +495,9 @@ def topk_counter_batch(
             noise.add_items(source.prepare([items[i] for i in rows]))
             noise.advance(t)
             values[rows] = counts[rows] + noise.noise()
-        yield pd.DataFrame({item_col: pdf[item_col].reset_index(drop=True), gen_col: gens,
-                            "value": values})
+        yield pd.DataFrame(
+            {item_col: pdf[item_col].reset_index(drop=True), gen_col: gens, "value": values}
+        )
 
 
 def topk_query_batch(
@@ -494,8 +525,9 @@ def topk_query_batch(
         counts = _counts_array(pdf[count_col])
         prepared = source.prepare(_items_list(pdf[item_col]))
         query = counts + source.laplace(prepared, 0, t, epoch, scale=spec.query_scale)
-        yield pd.DataFrame({"above": [bool((query > threshold).any())],
-                            "top": [float(query.max())]})
+        yield pd.DataFrame(
+            {"above": [bool((query > threshold).any())], "top": [float(query.max())]}
+        )
 
 
 def topk_select_batch(
@@ -523,5 +555,6 @@ def topk_select_batch(
         prepared = source.prepare(_items_list(pdf[item_col]))
         scores = counts + source.gumbel(prepared, 0, 0, GUMBEL_DRAW, scale=spec.select_scale)
         idx = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-        yield pd.DataFrame({item_col: pdf[item_col].iloc[idx].reset_index(drop=True),
-                            "score": scores[idx]})
+        yield pd.DataFrame(
+            {item_col: pdf[item_col].iloc[idx].reset_index(drop=True), "score": scores[idx]}
+        )

@@ -46,9 +46,7 @@ try:  # PySpark is the optional extra ``dpstream[spark]``
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
     from pyspark.sql import types as T  # noqa: N812
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "dpstream.spark needs PySpark: pip install 'dpstream[spark]'"
-    ) from exc
+    raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
 __all__ = ["SparkKnownBase", "SparkUnknownBase", "update_counts", "increments"]
 
@@ -69,6 +67,7 @@ def _check_same_item_kind(domain_type: T.DataType, event_type: T.DataType) -> No
     A union would coerce one to the other, and ``"5"`` would meet ``5``: they
     are different items in dpstream.
     """
+
     def kind(dtype: T.DataType) -> str:
         if isinstance(dtype, T.StringType):
             return "string"
@@ -77,8 +76,10 @@ def _check_same_item_kind(domain_type: T.DataType, event_type: T.DataType) -> No
         return "integer"
 
     if kind(domain_type) != kind(event_type):
-        raise TypeError(f"the domain holds {kind(domain_type)} items but the events hold "
-                        f"{kind(event_type)} items")
+        raise TypeError(
+            f"the domain holds {kind(domain_type)} items but the events hold "
+            f"{kind(event_type)} items"
+        )
 
 
 def _column_type(df: DataFrame, name: str) -> T.DataType:
@@ -123,19 +124,32 @@ def _checked_items(events: DataFrame, items_col: str, max_items: int | None) -> 
         raise TypeError(f"{items_col!r} must be an array of items, got {items_type.simpleString()}")
     _check_item_type(items_type.elementType, f"the elements of {items_col!r}")
     distinct = F.array_distinct(F.col(items_col))
-    checked = F.when(F.exists(distinct, lambda x: x.isNull()),
-                     _fail(F.lit("InvalidEventError: an event holds a null item")))
+    checked = F.when(
+        F.exists(distinct, lambda x: x.isNull()),
+        _fail(F.lit("InvalidEventError: an event holds a null item")),
+    )
     if max_items is not None:
         checked = checked.when(
             F.size(distinct) > max_items,
-            _fail(F.concat(F.lit("InvalidEventError: an event has "),
-                           F.size(distinct).cast("string"),
-                           F.lit(f" distinct items, more than max_items={max_items}"))))
+            _fail(
+                F.concat(
+                    F.lit("InvalidEventError: an event has "),
+                    F.size(distinct).cast("string"),
+                    F.lit(f" distinct items, more than max_items={max_items}"),
+                )
+            ),
+        )
     return checked.otherwise(distinct)
 
 
-def increments(events: DataFrame, *, max_items: int, items_col: str = "items",
-               item_col: str = "item", group_cols: Sequence[str] = ()) -> DataFrame:
+def increments(
+    events: DataFrame,
+    *,
+    max_items: int,
+    items_col: str = "items",
+    item_col: str = "item",
+    group_cols: Sequence[str] = (),
+) -> DataFrame:
     """Per-item count increments of a DataFrame of events (one row per event).
 
     An event is the set of its items (duplicates in one event count once), as
@@ -185,10 +199,16 @@ def update_counts(
     joined = prev.join(inc, on=item_col, how="full")
     new = F.coalesce(F.col("_prev"), F.lit(0)) + F.coalesce(F.col("n"), F.lit(0))
     if closed:
-        new = F.when(F.col("_prev").isNull(),
-                     _fail(F.concat(F.lit("InvalidEventError: item "),
-                                    F.col(item_col).cast("string"),
-                                    F.lit(" is not in the domain")))).otherwise(new)
+        new = F.when(
+            F.col("_prev").isNull(),
+            _fail(
+                F.concat(
+                    F.lit("InvalidEventError: item "),
+                    F.col(item_col).cast("string"),
+                    F.lit(" is not in the domain"),
+                )
+            ),
+        ).otherwise(new)
     return joined.select(item_col, new.cast("long").alias(count_col), *carry)
 
 
@@ -198,8 +218,7 @@ class _SparkRelease:
     spec: ReleaseSpec
     mechanism: Any
 
-    def __init__(self, spark: SparkSession, key: NoiseKey, item_col: str, count_col: str
-                 ) -> None:
+    def __init__(self, spark: SparkSession, key: NoiseKey, item_col: str, count_col: str) -> None:
         if not isinstance(key, NoiseKey):
             raise TypeError(f"key must be a dpstream.NoiseKey, got {type(key).__name__}")
         self.spark = spark
@@ -248,12 +267,16 @@ class _SparkRelease:
         """(bounds, user column, order column) at user level, else None; checked."""
         if self.user_bounds is None:
             if user_col is not None:
-                raise ValueError("user_col applies to user-level privacy: build the mechanism "
-                                 "with max_items_per_user= and max_count_per_item=")
+                raise ValueError(
+                    "user_col applies to user-level privacy: build the mechanism "
+                    "with max_items_per_user= and max_count_per_item="
+                )
             return None
         if user_col is None or order_col is None:
-            raise ValueError("a user-level run needs user_col (each event's user id) and "
-                             "order_col (its arrival order, e.g. the input line)")
+            raise ValueError(
+                "a user-level run needs user_col (each event's user id) and "
+                "order_col (its arrival order, e.g. the input line)"
+            )
         return self.user_bounds, user_col, order_col
 
     # -- one step ----------------------------------------------------------------
@@ -270,34 +293,49 @@ class _SparkRelease:
             counts = counts.groupBy(item_col).agg(F.sum(count_col).cast("long").alias(count_col))
         return counts
 
-    def _full_frame(self, t: int, counts: DataFrame, shown_col: str | None = None
-                    ) -> DataFrame:
+    def _full_frame(self, t: int, counts: DataFrame, shown_col: str | None = None) -> DataFrame:
         """Step t for unique (item, count[, shown]) rows: (t, item, count, released, value).
 
         No ordering check: the callers check (or, replaying a streaming step,
         recompute the very same release).
         """
         item_col, count_col = self.item_col, self.count_col
-        schema = T.StructType([
-            T.StructField(item_col, counts.schema[item_col].dataType, False),
-            T.StructField(count_col, T.LongType(), False),
-            T.StructField("released", T.BooleanType(), False),
-            T.StructField("value", T.DoubleType(), False),
-        ])
+        schema = T.StructType(
+            [
+                T.StructField(item_col, counts.schema[item_col].dataType, False),
+                T.StructField(count_col, T.LongType(), False),
+                T.StructField("released", T.BooleanType(), False),
+                T.StructField("value", T.DoubleType(), False),
+            ]
+        )
         spec, key_bytes = self.spec, self._key_bytes
 
         def run(batches):
-            return release_step_batch(batches, spec=spec, key_bytes=key_bytes(), t=t,
-                                      item_col=item_col, count_col=count_col,
-                                      shown_col=shown_col)
+            return release_step_batch(
+                batches,
+                spec=spec,
+                key_bytes=key_bytes(),
+                t=t,
+                item_col=item_col,
+                count_col=count_col,
+                shown_col=shown_col,
+            )
 
         cols = [item_col, count_col] + ([shown_col] if shown_col else [])
         out = counts.select(*cols).mapInPandas(run, schema)
-        return out.select(F.lit(t).cast("long").alias("t"), item_col, count_col, "released",
-                          "value")
+        return out.select(
+            F.lit(t).cast("long").alias("t"), item_col, count_col, "released", "value"
+        )
 
-    def _stream_frame(self, t: int, prev_t: int, rows: DataFrame, *,
-                      shown_col: str | None = None, with_state: bool = True) -> DataFrame:
+    def _stream_frame(
+        self,
+        t: int,
+        prev_t: int,
+        rows: DataFrame,
+        *,
+        shown_col: str | None = None,
+        with_state: bool = True,
+    ) -> DataFrame:
         """Streaming step t from unique rows carrying each item's noise state at prev_t.
 
         ``rows``: item, count (h_t), [``shown_col``,] and with ``with_state`` the
@@ -309,18 +347,29 @@ class _SparkRelease:
         item_col, count_col = self.item_col, self.count_col
         noise_cols = state_noise_cols(self.spec.levels)
         schema = T.StructType(
-            [T.StructField(item_col, rows.schema[item_col].dataType, False),
-             T.StructField(count_col, T.LongType(), False),
-             T.StructField("released", T.BooleanType(), False),
-             T.StructField("value", T.DoubleType(), False)]
+            [
+                T.StructField(item_col, rows.schema[item_col].dataType, False),
+                T.StructField(count_col, T.LongType(), False),
+                T.StructField("released", T.BooleanType(), False),
+                T.StructField("value", T.DoubleType(), False),
+            ]
             + [T.StructField(c, T.LongType(), False) for c in STATE_IDS]
-            + [T.StructField(c, T.DoubleType(), False) for c in noise_cols])
+            + [T.StructField(c, T.DoubleType(), False) for c in noise_cols]
+        )
         spec, key_bytes = self.spec, self._key_bytes
 
         def run(batches):
-            return release_stream_batch(batches, spec=spec, key_bytes=key_bytes(), t=t,
-                                        prev_t=prev_t, item_col=item_col, count_col=count_col,
-                                        shown_col=shown_col, with_state=with_state)
+            return release_stream_batch(
+                batches,
+                spec=spec,
+                key_bytes=key_bytes(),
+                t=t,
+                prev_t=prev_t,
+                item_col=item_col,
+                count_col=count_col,
+                shown_col=shown_col,
+                with_state=with_state,
+            )
 
         cols = [item_col, count_col] + ([shown_col] if shown_col else [])
         if with_state:
@@ -359,16 +408,24 @@ class _SparkRelease:
         (``kernels.release_run_partition``). No list column, no join.
         """
         item_col = self.item_col
-        schema = T.StructType([
-            T.StructField("t", T.LongType(), False),
-            T.StructField(item_col, flat.schema[item_col].dataType, False),
-            T.StructField("value", T.DoubleType(), False),
-        ])
+        schema = T.StructType(
+            [
+                T.StructField("t", T.LongType(), False),
+                T.StructField(item_col, flat.schema[item_col].dataType, False),
+                T.StructField("value", T.DoubleType(), False),
+            ]
+        )
         spec, key_bytes = self.spec, self._key_bytes
 
         def run(batches):
-            return release_run_partition(batches, spec=spec, key_bytes=key_bytes(), steps=steps,
-                                         item_col=item_col, closed=closed)
+            return release_run_partition(
+                batches,
+                spec=spec,
+                key_bytes=key_bytes(),
+                steps=steps,
+                item_col=item_col,
+                closed=closed,
+            )
 
         flat = flat.where(F.col("t") <= steps[-1]).repartition(item_col)
         return flat.mapInPandas(run, schema)
@@ -398,8 +455,7 @@ def spark_domain_tag(domain: DataFrame, item_col: str = "item") -> str:
             total = sum(item_fingerprint(canonical_item(v)) for v in values) % (1 << 128)
             yield pd.DataFrame({"sum": [str(total)], "n": [len(values)]})
 
-    rows = (domain.select(item_col).distinct()
-            .mapInPandas(partial, "sum string, n long").collect())
+    rows = domain.select(item_col).distinct().mapInPandas(partial, "sum string, n long").collect()
     return combine_fingerprints(sum(int(r["sum"]) for r in rows), sum(int(r["n"]) for r in rows))
 
 
@@ -462,10 +518,20 @@ class SparkKnownBase(_SparkRelease):
         # The local class fixes every parameter; its one-item domain is a placeholder,
         # and the noise purpose is the local one for the real domain's fingerprint.
         self.mechanism = KnownDomainHistogram(
-            ["dpstream.spark:parameters"], horizon, max_items=max_items, key=key,
-            counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
-            stream=stream, max_items_per_user=max_items_per_user,
-            max_count_per_item=max_count_per_item, noise_version=noise_version,
+            ["dpstream.spark:parameters"],
+            horizon,
+            max_items=max_items,
+            key=key,
+            counter=counter,
+            base=base,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            stream=stream,
+            max_items_per_user=max_items_per_user,
+            max_count_per_item=max_count_per_item,
+            noise_version=noise_version,
         )
         m = self.mechanism
         users = None if m.user_bounds is None else m.user_bounds.tag()
@@ -475,19 +541,36 @@ class SparkKnownBase(_SparkRelease):
             self.domain_tag = domain_tag(check_domain(domain)[0])
         if m.strategy is None:
             cell_std = float(np.sqrt(m.levels) * m.tau)
-            m.tree_purpose = tree_purpose(m.stream, horizon=m.horizon, base=m.base,
-                                          cell_std=cell_std, max_items=m.max_items,
-                                          domain=self.domain_tag, users=users,
-                                          noise_version=m.noise_version)
+            m.tree_purpose = tree_purpose(
+                m.stream,
+                horizon=m.horizon,
+                base=m.base,
+                cell_std=cell_std,
+                max_items=m.max_items,
+                domain=self.domain_tag,
+                users=users,
+                noise_version=m.noise_version,
+            )
             m.noise_purpose = m.tree_purpose
         else:  # a BLT counter: its draws' sigma, and the purpose for the real domain
             cell_std = float(m.sigma)
-            m.noise_purpose = blt_purpose(m.stream, strategy=m.strategy, sigma=m.sigma,
-                                          max_items=m.max_items, domain=self.domain_tag,
-                                          users=users, noise_version=m.noise_version)
-        self.spec = ReleaseSpec(mechanism=KNOWN, horizon=m.horizon, base=m.base,
-                                cell_std=cell_std, purpose=m.noise_purpose,
-                                strategy=m.strategy)
+            m.noise_purpose = blt_purpose(
+                m.stream,
+                strategy=m.strategy,
+                sigma=m.sigma,
+                max_items=m.max_items,
+                domain=self.domain_tag,
+                users=users,
+                noise_version=m.noise_version,
+            )
+        self.spec = ReleaseSpec(
+            mechanism=KNOWN,
+            horizon=m.horizon,
+            base=m.base,
+            cell_std=cell_std,
+            purpose=m.noise_purpose,
+            strategy=m.strategy,
+        )
         super().__init__(spark, key, item_col, count_col)
 
     def counts_with_domain(self, counts: DataFrame, domain: DataFrame) -> DataFrame:
@@ -495,15 +578,26 @@ class SparkKnownBase(_SparkRelease):
         item_col, count_col = self.item_col, self.count_col
         dom = domain.select(item_col).distinct().withColumn("_in", F.lit(True))
         joined = dom.join(counts, on=item_col, how="full")
-        count = F.when(F.col("_in").isNull(),
-                       _fail(F.concat(F.lit("InvalidEventError: item "),
-                                      F.col(item_col).cast("string"),
-                                      F.lit(" is not in the domain")))
-                       ).otherwise(F.coalesce(F.col(count_col), F.lit(0)))
+        count = F.when(
+            F.col("_in").isNull(),
+            _fail(
+                F.concat(
+                    F.lit("InvalidEventError: item "),
+                    F.col(item_col).cast("string"),
+                    F.lit(" is not in the domain"),
+                )
+            ),
+        ).otherwise(F.coalesce(F.col(count_col), F.lit(0)))
         return joined.select(item_col, count.cast("long").alias(count_col))
 
-    def release(self, t: int, counts: DataFrame, *, domain: DataFrame | None = None,
-                assume_unique: bool = False) -> DataFrame:
+    def release(
+        self,
+        t: int,
+        counts: DataFrame,
+        *,
+        domain: DataFrame | None = None,
+        assume_unique: bool = False,
+    ) -> DataFrame:
         """The release at step t from the prefix counts h_t, as a DataFrame (t, item, value).
 
         Args:
@@ -526,9 +620,17 @@ class SparkKnownBase(_SparkRelease):
             counts = self.counts_with_domain(counts, domain)
         return self._released(self._full_frame(int(t), counts), self.item_col)
 
-    def run(self, events: DataFrame, domain: DataFrame, *, steps: Sequence[int],
-            t_col: str = "t", items_col: str = "items", user_col: str | None = None,
-            order_col: str | None = None) -> DataFrame:
+    def run(
+        self,
+        events: DataFrame,
+        domain: DataFrame,
+        *,
+        steps: Sequence[int],
+        t_col: str = "t",
+        items_col: str = "items",
+        user_col: str | None = None,
+        order_col: str | None = None,
+    ) -> DataFrame:
         """Every release at ``steps`` from a DataFrame of timed events, in one Spark job.
 
         ``events`` has one row per event: its time step (``t_col``) and its items
@@ -541,62 +643,119 @@ class SparkKnownBase(_SparkRelease):
         """
         item_type = _column_type(domain, self.item_col)
         _check_item_type(item_type, "the domain's item column")
-        inc = self._timed_increments(events, t_col, items_col, user_col, order_col,
-                                     last=max(steps) if steps else None)
+        inc = self._timed_increments(
+            events, t_col, items_col, user_col, order_col, last=max(steps) if steps else None
+        )
         _check_same_item_kind(item_type, inc.schema[self.item_col].dataType)
         steps = self._claim_steps(steps)
-        dom = domain.select(F.col(self.item_col), F.lit(0).cast("long").alias("t"),
-                            F.lit(0).cast("long").alias("n"))
-        flat = dom.unionByName(inc.select(self.item_col, F.col("t").cast("long").alias("t"),
-                                          F.col("n").cast("long").alias("n")))
+        dom = domain.select(
+            F.col(self.item_col), F.lit(0).cast("long").alias("t"), F.lit(0).cast("long").alias("n")
+        )
+        flat = dom.unionByName(
+            inc.select(
+                self.item_col,
+                F.col("t").cast("long").alias("t"),
+                F.col("n").cast("long").alias("n"),
+            )
+        )
         return self._run_flat(flat, steps, closed=True)
 
-    def _timed_increments(self, events: DataFrame, t_col: str, items_col: str,
-                          user_col: str | None = None, order_col: str | None = None,
-                          last: int | None = None) -> DataFrame:
-        return _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
-                                 self.item_col, users=self._users(user_col, order_col),
-                                 last=last)
+    def _timed_increments(
+        self,
+        events: DataFrame,
+        t_col: str,
+        items_col: str,
+        user_col: str | None = None,
+        order_col: str | None = None,
+        last: int | None = None,
+    ) -> DataFrame:
+        return _timed_increments(
+            events,
+            self.horizon,
+            self.max_items,
+            t_col,
+            items_col,
+            self.item_col,
+            users=self._users(user_col, order_col),
+            last=last,
+        )
 
     def __repr__(self) -> str:
-        return (f"SparkKnownBase(T={self.horizon}, counter={self.counter}, r={self.base}, "
-                f"max_items={self.max_items}, "
-                f"tau={self.tau:.4g}, t={self.t})")
+        return (
+            f"SparkKnownBase(T={self.horizon}, counter={self.counter}, r={self.base}, "
+            f"max_items={self.max_items}, "
+            f"tau={self.tau:.4g}, t={self.t})"
+        )
 
 
-def _timed_increments(events: DataFrame, horizon: int, max_items: int | None, t_col: str,
-                      items_col: str, item_col: str, *, users: tuple | None = None,
-                      last: int | None = None) -> DataFrame:
+def _timed_increments(
+    events: DataFrame,
+    horizon: int,
+    max_items: int | None,
+    t_col: str,
+    items_col: str,
+    item_col: str,
+    *,
+    users: tuple | None = None,
+    last: int | None = None,
+) -> DataFrame:
     """(t, item, n) increments of timed events; at user level (``users`` = (bounds,
     user column, order column)) of the contributions kept within the bounds, among
     the events up to step ``last``."""
     ttype = _column_type(events, t_col)
     if not isinstance(ttype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
-        raise TypeError(f"column {t_col!r} must hold integer time steps, got "
-                        f"{ttype.simpleString()}")
+        raise TypeError(
+            f"column {t_col!r} must hold integer time steps, got {ttype.simpleString()}"
+        )
     t = F.col(t_col)
-    checked_t = (F.when(t.isNull() | (t < 1), _fail(F.lit("ValueError: an event has a time step "
-                                                           "that is null or < 1")))
-                 .when(t > horizon, _fail(F.concat(
-                     F.lit("HorizonExceededError: an event at time step "), t.cast("string"),
-                     F.lit(f" is past the horizon T={horizon}"))))
-                 .otherwise(t))
+    checked_t = (
+        F.when(
+            t.isNull() | (t < 1),
+            _fail(F.lit("ValueError: an event has a time step that is null or < 1")),
+        )
+        .when(
+            t > horizon,
+            _fail(
+                F.concat(
+                    F.lit("HorizonExceededError: an event at time step "),
+                    t.cast("string"),
+                    F.lit(f" is past the horizon T={horizon}"),
+                )
+            ),
+        )
+        .otherwise(t)
+    )
     if users is None:
         timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
-        return increments(timed, max_items=check_max_items(max_items), items_col=items_col,
-                          item_col=item_col, group_cols=["t"])
+        return increments(
+            timed,
+            max_items=check_max_items(max_items),
+            items_col=items_col,
+            item_col=item_col,
+            group_cols=["t"],
+        )
     from .bounding import bound_user_contributions
 
     bounds, user_col, order_col = users
     _column_type(events, user_col)
     _column_type(events, order_col)
-    timed = events.select(checked_t.cast("long").alias("t"),
-                          _checked_items(events, items_col, max_items).alias(items_col),
-                          F.col(user_col), F.col(order_col))
+    timed = events.select(
+        checked_t.cast("long").alias("t"),
+        _checked_items(events, items_col, max_items).alias(items_col),
+        F.col(user_col),
+        F.col(order_col),
+    )
     if last is not None:  # later events are not released: they spend no user's budget
         timed = timed.where(F.col("t") <= last)
-    kept = bound_user_contributions(timed, bounds, user_col=user_col, order_col=order_col,
-                                    t_col="t", items_col=items_col, item_col=item_col)
+    kept = bound_user_contributions(
+        timed,
+        bounds,
+        user_col=user_col,
+        order_col=order_col,
+        t_col="t",
+        items_col=items_col,
+        item_col=item_col,
+    )
     return kept.groupBy("t", item_col).agg(F.count(F.lit(1)).alias("n"))
 
 
@@ -652,23 +811,42 @@ class SparkUnknownBase(_SparkRelease):
         from ..mechanisms.unknown import UnknownDomainHistogram
 
         if counter not in (None, "tree"):
-            raise ValueError(f"SparkUnknownBase runs the tree counter only (counter='tree'), "
-                             f"got counter={counter!r}")
+            raise ValueError(
+                f"SparkUnknownBase runs the tree counter only (counter='tree'), "
+                f"got counter={counter!r}"
+            )
         self.mechanism = UnknownDomainHistogram(
-            horizon, max_items=max_items, key=key, counter="tree", base=base,
-            remember=remember, rho=rho,
-            epsilon=epsilon, delta=delta, tau=tau, threshold_delta=threshold_delta,
-            stream=stream, max_items_per_user=max_items_per_user,
-            max_count_per_item=max_count_per_item, noise_version=noise_version,
+            horizon,
+            max_items=max_items,
+            key=key,
+            counter="tree",
+            base=base,
+            remember=remember,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            threshold_delta=threshold_delta,
+            stream=stream,
+            max_items_per_user=max_items_per_user,
+            max_count_per_item=max_count_per_item,
+            noise_version=noise_version,
         )
         m = self.mechanism
         # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers
         thresholds = (float(m.threshold),) + tuple(
-            m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1))
-        self.spec = ReleaseSpec(mechanism=UNKNOWN, horizon=m.horizon, base=m.base,
-                                cell_std=float(np.sqrt(m.levels) * m.tau),
-                                purpose=m.tree_purpose, threshold=float(m.threshold),
-                                remember=m.remember, thresholds=thresholds)
+            m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1)
+        )
+        self.spec = ReleaseSpec(
+            mechanism=UNKNOWN,
+            horizon=m.horizon,
+            base=m.base,
+            cell_std=float(np.sqrt(m.levels) * m.tau),
+            purpose=m.tree_purpose,
+            threshold=float(m.threshold),
+            remember=m.remember,
+            thresholds=thresholds,
+        )
         super().__init__(spark, key, item_col, count_col)
 
     @property
@@ -684,8 +862,14 @@ class SparkUnknownBase(_SparkRelease):
     def remember(self) -> bool:
         return self.mechanism.remember
 
-    def release(self, t: int, counts: DataFrame, *, shown_col: str | None = None,
-                assume_unique: bool = False) -> DataFrame:
+    def release(
+        self,
+        t: int,
+        counts: DataFrame,
+        *,
+        shown_col: str | None = None,
+        assume_unique: bool = False,
+    ) -> DataFrame:
         """The release at step t from the prefix counts h_t: (t, item, value) of shown items.
 
         Args:
@@ -698,11 +882,19 @@ class SparkUnknownBase(_SparkRelease):
             assume_unique: skip summing rows of the same item (see
                 :meth:`SparkKnownBase.release`).
         """
-        return self._released(self.release_full(t, counts, shown_col=shown_col,
-                                                 assume_unique=assume_unique), self.item_col)
+        return self._released(
+            self.release_full(t, counts, shown_col=shown_col, assume_unique=assume_unique),
+            self.item_col,
+        )
 
-    def release_full(self, t: int, counts: DataFrame, *, shown_col: str | None = None,
-                     assume_unique: bool = False) -> DataFrame:
+    def release_full(
+        self,
+        t: int,
+        counts: DataFrame,
+        *,
+        shown_col: str | None = None,
+        assume_unique: bool = False,
+    ) -> DataFrame:
         """Step t for every row: (t, item, count, released, value), the state of the next step.
 
         ``value`` is the noisy count of every item, released or not: keep this
@@ -710,16 +902,17 @@ class SparkUnknownBase(_SparkRelease):
         ``where(released)`` only.
         """
         if self.remember and shown_col is None:
-            raise ValueError("remember=True needs shown_col, the released flags of the last "
-                             "step (the 'released' column of release_full)")
+            raise ValueError(
+                "remember=True needs shown_col, the released flags of the last "
+                "step (the 'released' column of release_full)"
+            )
         if shown_col is not None and not self.remember:
             raise ValueError("shown_col is only for remember=True")
         check_next_step(t, self.t, self.horizon)
         if shown_col is not None:
             stype = _column_type(counts, shown_col)
             if not isinstance(stype, T.BooleanType):
-                raise TypeError(f"column {shown_col!r} must be boolean, got "
-                                f"{stype.simpleString()}")
+                raise TypeError(f"column {shown_col!r} must be boolean, got {stype.simpleString()}")
             flags = counts.select(self.item_col, F.col(shown_col).alias("_shown"))
             prepared = self._prepare_counts(counts, assume_unique)
             if not assume_unique:
@@ -732,23 +925,40 @@ class SparkUnknownBase(_SparkRelease):
         self._next_step(t)
         return self._full_frame(int(t), prepared, shown)
 
-    def run(self, events: DataFrame, *, steps: Sequence[int], t_col: str = "t",
-            items_col: str = "items", user_col: str | None = None,
-            order_col: str | None = None) -> DataFrame:
+    def run(
+        self,
+        events: DataFrame,
+        *,
+        steps: Sequence[int],
+        t_col: str = "t",
+        items_col: str = "items",
+        user_col: str | None = None,
+        order_col: str | None = None,
+    ) -> DataFrame:
         """Every release at ``steps`` from a DataFrame of timed events, in one Spark job.
 
         As the local engine releasing at exactly those steps: (t, item, value)
         of the items shown at each step. Events after the last step are ignored.
         User level: ``user_col`` and ``order_col`` as for :meth:`SparkKnownBase.run`.
         """
-        inc = _timed_increments(events, self.horizon, self.max_items, t_col, items_col,
-                                self.item_col, users=self._users(user_col, order_col),
-                                last=max(steps) if steps else None)
+        inc = _timed_increments(
+            events,
+            self.horizon,
+            self.max_items,
+            t_col,
+            items_col,
+            self.item_col,
+            users=self._users(user_col, order_col),
+            last=max(steps) if steps else None,
+        )
         steps = self._claim_steps(steps)
-        flat = inc.select(self.item_col, F.col("t").cast("long").alias("t"),
-                          F.col("n").cast("long").alias("n"))
+        flat = inc.select(
+            self.item_col, F.col("t").cast("long").alias("t"), F.col("n").cast("long").alias("n")
+        )
         return self._run_flat(flat, steps, closed=False)
 
     def __repr__(self) -> str:
-        return (f"SparkUnknownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
-                f"tau={self.tau:.4g}, threshold={self.threshold:.4g}, t={self.t})")
+        return (
+            f"SparkUnknownBase(T={self.horizon}, r={self.base}, max_items={self.max_items}, "
+            f"tau={self.tau:.4g}, threshold={self.threshold:.4g}, t={self.t})"
+        )

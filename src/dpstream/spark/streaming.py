@@ -92,7 +92,8 @@ class _FileSystem:
         stream = fs.open(p)
         try:
             reader = self._jvm.java.io.BufferedReader(
-                self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+                self._jvm.java.io.InputStreamReader(stream, "UTF-8")
+            )
             lines = []
             line = reader.readLine()
             while line is not None:
@@ -155,18 +156,32 @@ class StreamRelease:
     calls it from a background thread as steps fall due.
     """
 
-    def __init__(self, mechanism: SparkKnownBase | SparkUnknownBase, events: DataFrame, *,
-                 output_path: str, checkpoint_location: str, domain: DataFrame | None,
-                 state_path: str | None, items_col: str, step_col: str, output_format: str,
-                 round_counts: bool = True) -> None:
+    def __init__(
+        self,
+        mechanism: SparkKnownBase | SparkUnknownBase,
+        events: DataFrame,
+        *,
+        output_path: str,
+        checkpoint_location: str,
+        domain: DataFrame | None,
+        state_path: str | None,
+        items_col: str,
+        step_col: str,
+        output_format: str,
+        round_counts: bool = True,
+    ) -> None:
         known = isinstance(mechanism, SparkKnownBase)
         if not known and not isinstance(mechanism, SparkUnknownBase):
-            raise TypeError("mechanism must be a SparkKnownBase or SparkUnknownBase, got "
-                            f"{type(mechanism).__name__}")
+            raise TypeError(
+                "mechanism must be a SparkKnownBase or SparkUnknownBase, got "
+                f"{type(mechanism).__name__}"
+            )
         if getattr(mechanism, "user_bounds", None) is not None:
-            raise ValueError("user-level privacy (max_items_per_user=) is not available for "
-                             "streaming releases yet: use SparkKnownBase/SparkUnknownBase.run "
-                             "or `dpstream run --state` (whose snapshots carry the bounds)")
+            raise ValueError(
+                "user-level privacy (max_items_per_user=) is not available for "
+                "streaming releases yet: use SparkKnownBase/SparkUnknownBase.run "
+                "or `dpstream run --state` (whose snapshots carry the bounds)"
+            )
         if known and domain is None:
             raise ValueError("KnownBase needs domain=, a DataFrame listing the domain's items")
         if not known and domain is not None:
@@ -174,9 +189,11 @@ class StreamRelease:
         if not events.isStreaming:
             raise ValueError("events must be a streaming DataFrame (spark.readStream...)")
         if step_col not in events.columns:
-            raise ValueError(f"events have no step column {step_col!r}: every event needs its "
-                             "time step (the public clock), e.g. from its timestamp with "
-                             "StepClock.step_of")
+            raise ValueError(
+                f"events have no step column {step_col!r}: every event needs its "
+                "time step (the public clock), e.g. from its timestamp with "
+                "StepClock.step_of"
+            )
         self.mechanism, self.known = mechanism, known
         self.spark = events.sparkSession
         self.fs = _FileSystem(self.spark)
@@ -198,13 +215,19 @@ class StreamRelease:
         reserved = {"released", "value", "_shown", STATE_FLAG, *self.state_cols}
         for name in (item_col, count_col):
             if name in reserved:
-                raise ValueError(f"column name {name!r} is used by the streaming state; "
-                                 "choose another item_col / count_col")
+                raise ValueError(
+                    f"column name {name!r} is used by the streaming state; "
+                    "choose another item_col / count_col"
+                )
         self.initial = None
         if domain is not None:  # KnownBase's, and only KnownBase's (checked above)
-            self.initial = (domain.select(item_col).distinct()
-                            .select(item_col, F.lit(0).cast("long").alias(count_col),
-                                    F.lit(False).alias("released")))
+            self.initial = (
+                domain.select(item_col)
+                .distinct()
+                .select(
+                    item_col, F.lit(0).cast("long").alias(count_col), F.lit(False).alias("released")
+                )
+            )
 
     # -- state on disk ---------------------------------------------------------------
     def _check_meta(self) -> None:
@@ -213,17 +236,22 @@ class StreamRelease:
         if self.fs.exists(meta):
             stored = json.loads(self.fs.read_text(meta))
             if stored != params:
-                diff = sorted(k for k in set(stored) | set(params)
-                              if stored.get(k) != params.get(k))
+                diff = sorted(
+                    k for k in set(stored) | set(params) if stored.get(k) != params.get(k)
+                )
                 if diff == ["noise_version"]:  # e.g. a checkpoint of 0.2, which drew version 1
-                    raise StateError(f"the state at {self.state!r} drew noise version "
-                                     f"{stored.get('noise_version', 1)}: build the mechanism "
-                                     f"with noise_version={stored.get('noise_version', 1)} to "
-                                     "go on with it (another version would release its steps "
-                                     "again with independent noise)")
-                raise StateError(f"the state at {self.state!r} was written with other "
-                                 f"{', '.join(diff)}; resuming would release its steps again "
-                                 "with other noise")
+                    raise StateError(
+                        f"the state at {self.state!r} drew noise version "
+                        f"{stored.get('noise_version', 1)}: build the mechanism "
+                        f"with noise_version={stored.get('noise_version', 1)} to "
+                        "go on with it (another version would release its steps "
+                        "again with independent noise)"
+                    )
+                raise StateError(
+                    f"the state at {self.state!r} was written with other "
+                    f"{', '.join(diff)}; resuming would release its steps again "
+                    "with other noise"
+                )
         else:
             self.fs.write_text(meta, json.dumps(params, sort_keys=True))
 
@@ -232,8 +260,11 @@ class StreamRelease:
 
     def closing(self) -> int:
         """The last step whose release has started (its late events are dropped)."""
-        steps = [int(n[len("closing-"):]) for n in self.fs.names(_join(self.state, "clock"))
-                 if n.startswith("closing-") and n[len("closing-"):].isdigit()]
+        steps = [
+            int(n[len("closing-") :])
+            for n in self.fs.names(_join(self.state, "clock"))
+            if n.startswith("closing-") and n[len("closing-") :].isdigit()
+        ]
         return max(steps, default=0)
 
     def released(self) -> int:
@@ -252,18 +283,30 @@ class StreamRelease:
             closing, horizon = self.closing(), self.mechanism.horizon
             step = F.col(self.step_col).cast("long")
             rows = batch.select(step.alias("step"), F.col(self.items_col).alias("items"))
-            kind = (F.when(F.col("step").isNull() | (F.col("step") < 1), "no step")
-                    .when(F.col("step") > horizon, "past the horizon")
-                    .when(F.col("step") <= closing, "late (its step was already released)"))
+            kind = (
+                F.when(F.col("step").isNull() | (F.col("step") < 1), "no step")
+                .when(F.col("step") > horizon, "past the horizon")
+                .when(F.col("step") <= closing, "late (its step was already released)")
+            )
             rows = rows.withColumn("_drop", kind).cache()
             try:
-                for row in rows.where(F.col("_drop").isNotNull()).groupBy("_drop").count(
-                        ).collect():
+                for row in (
+                    rows.where(F.col("_drop").isNotNull()).groupBy("_drop").count().collect()
+                ):
                     self.dropped[row["_drop"]] += int(row["count"])
-                    _log.warning("dropped %d events of micro-batch %d: %s", row["count"],
-                                 batch_id, row["_drop"])
-                (rows.where(F.col("_drop").isNull()).select("step", "items")
-                 .write.mode("overwrite").partitionBy("step").parquet(target))
+                    _log.warning(
+                        "dropped %d events of micro-batch %d: %s",
+                        row["count"],
+                        batch_id,
+                        row["_drop"],
+                    )
+                (
+                    rows.where(F.col("_drop").isNull())
+                    .select("step", "items")
+                    .write.mode("overwrite")
+                    .partitionBy("step")
+                    .parquet(target)
+                )
             finally:
                 rows.unpersist()
 
@@ -285,16 +328,20 @@ class StreamRelease:
         return done
 
     def _step_events(self, t: int) -> DataFrame:
-        paths = [_join(_join(self.staged, b), f"step={t}") for b in self.fs.names(self.staged)
-                 if b.startswith("batch=")
-                 and self.fs.exists(_join(_join(self.staged, b), "_SUCCESS"))]
+        paths = [
+            _join(_join(self.staged, b), f"step={t}")
+            for b in self.fs.names(self.staged)
+            if b.startswith("batch=") and self.fs.exists(_join(_join(self.staged, b), "_SUCCESS"))
+        ]
         paths = [p for p in paths if self.fs.exists(p)]
         schema = T.StructType([T.StructField(self.items_col, self.items_type, True)])
         if not paths:
             return self.spark.createDataFrame([], schema)
-        return self.spark.read.schema(T.StructType([T.StructField(
-            "items", self.items_type, True)])).parquet(*paths).select(
-            F.col("items").alias(self.items_col))
+        return (
+            self.spark.read.schema(T.StructType([T.StructField("items", self.items_type, True)]))
+            .parquet(*paths)
+            .select(F.col("items").alias(self.items_col))
+        )
 
     def _release_step(self, t: int) -> None:
         mech, spark, fs = self.mechanism, self.spark, self.fs
@@ -306,16 +353,25 @@ class StreamRelease:
             previous, prev_t = self.initial, 0
         else:
             if not fs.exists(_join(self._snapshot(t - 1), "_SUCCESS")):
-                raise StateError(f"the state of step {t - 1} is missing at "
-                                 f"{self._snapshot(t - 1)!r}")
+                raise StateError(
+                    f"the state of step {t - 1} is missing at {self._snapshot(t - 1)!r}"
+                )
             previous, prev_t = spark.read.parquet(self._snapshot(t - 1)), t - 1
         remember = isinstance(mech, SparkUnknownBase) and mech.remember
         with_state = previous is not None and set(self.state_cols) <= set(previous.columns)
         carry = (["released"] if remember and previous is not None else []) + (
-            self.state_cols if with_state else [])
-        counts = update_counts(previous, batch, max_items=check_max_items(mech.max_items),
-                               items_col=self.items_col, item_col=item_col,
-                               count_col=count_col, closed=self.known, carry=carry)
+            self.state_cols if with_state else []
+        )
+        counts = update_counts(
+            previous,
+            batch,
+            max_items=check_max_items(mech.max_items),
+            items_col=self.items_col,
+            item_col=item_col,
+            count_col=count_col,
+            closed=self.known,
+            carry=carry,
+        )
         cols = [F.col(item_col), F.col(count_col)]
         shown = None
         if remember and previous is not None:
@@ -325,16 +381,21 @@ class StreamRelease:
             cols.append(F.col(STATE_IDS[0]).isNotNull().alias(STATE_FLAG))
             cols += [F.coalesce(F.col(c), F.lit(0).cast("long")).alias(c) for c in STATE_IDS]
             cols += [F.coalesce(F.col(c), F.lit(0.0)).alias(c) for c in self.noise_cols]
-        full = mech._stream_frame(t, prev_t, counts.select(*cols), shown_col=shown,
-                                  with_state=with_state)
+        full = mech._stream_frame(
+            t, prev_t, counts.select(*cols), shown_col=shown, with_state=with_state
+        )
         full.write.mode("overwrite").parquet(self._snapshot(t))
         written = spark.read.parquet(self._snapshot(t))
         value = F.col("value")
         if self.round_counts:  # the safe output: the low-order bits of a float leak
             value = F.bround(value, 0).cast("long")
-        (written.where(F.col("released")).select(item_col, value.alias("value"))
-         .write.mode("overwrite").format(self.output_format)
-         .save(_join(self.output_path, f"t={t}")))
+        (
+            written.where(F.col("released"))
+            .select(item_col, value.alias("value"))
+            .write.mode("overwrite")
+            .format(self.output_format)
+            .save(_join(self.output_path, f"t={t}"))
+        )
         if t >= 3:
             fs.delete(self._snapshot(t - 2))
         for b in fs.names(self.staged):  # events of released steps are not needed again
@@ -343,11 +404,19 @@ class StreamRelease:
         mech.t = max(mech.t, t)
 
     # -- running ---------------------------------------------------------------------
-    def start(self, *, trigger: dict[str, Any] | None, query_name: str | None,
-              checkpoint_location: str, events: DataFrame,
-              clock: StepClock | None, poll_seconds: float) -> StreamRelease:
+    def start(
+        self,
+        *,
+        trigger: dict[str, Any] | None,
+        query_name: str | None,
+        checkpoint_location: str,
+        events: DataFrame,
+        clock: StepClock | None,
+        poll_seconds: float,
+    ) -> StreamRelease:
         writer = events.writeStream.foreachBatch(self._stage).option(
-            "checkpointLocation", checkpoint_location)
+            "checkpointLocation", checkpoint_location
+        )
         if trigger:
             writer = writer.trigger(**trigger)
         if query_name:
@@ -364,8 +433,7 @@ class StreamRelease:
                     except Exception:  # noqa: BLE001 - logged; the next tick tries again
                         _log.exception("releasing up to step %d failed", due)
 
-            self._clock_thread = threading.Thread(target=tick, name="dpstream-clock",
-                                                  daemon=True)
+            self._clock_thread = threading.Thread(target=tick, name="dpstream-clock", daemon=True)
             self._clock_thread.start()
         return self
 
@@ -433,10 +501,23 @@ def start_stream(
     Raises:
         StateError: the state was written with another key or other parameters.
     """
-    release = StreamRelease(mechanism, events, output_path=output_path,
-                            checkpoint_location=checkpoint_location, domain=domain,
-                            state_path=state_path, items_col=items_col, step_col=step_col,
-                            output_format=output_format, round_counts=round_counts)
-    return release.start(trigger=trigger, query_name=query_name,
-                         checkpoint_location=checkpoint_location, events=events, clock=clock,
-                         poll_seconds=poll_seconds)
+    release = StreamRelease(
+        mechanism,
+        events,
+        output_path=output_path,
+        checkpoint_location=checkpoint_location,
+        domain=domain,
+        state_path=state_path,
+        items_col=items_col,
+        step_col=step_col,
+        output_format=output_format,
+        round_counts=round_counts,
+    )
+    return release.start(
+        trigger=trigger,
+        query_name=query_name,
+        checkpoint_location=checkpoint_location,
+        events=events,
+        clock=clock,
+        poll_seconds=poll_seconds,
+    )

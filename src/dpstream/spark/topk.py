@@ -91,17 +91,38 @@ class SparkContinualTopK:
         count_col: str = "count",
         noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
-        placeholder = [f"dpstream.spark:parameters-{i}" for i in range(k)] if (
-            isinstance(k, int) and not isinstance(k, bool) and k >= 1) else ["x"]
+        placeholder = (
+            [f"dpstream.spark:parameters-{i}" for i in range(k)]
+            if (isinstance(k, int) and not isinstance(k, bool) and k >= 1)
+            else ["x"]
+        )
         self.mechanism = ContinualTopK(
-            placeholder, horizon, k=k, switches=switches, eta=eta, key=key, wait=wait,
-            counter=counter, base=base, rho=rho, epsilon=epsilon, delta=delta, tau=tau,
-            stream=stream, noise_version=noise_version,
+            placeholder,
+            horizon,
+            k=k,
+            switches=switches,
+            eta=eta,
+            key=key,
+            wait=wait,
+            counter=counter,
+            base=base,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            tau=tau,
+            stream=stream,
+            noise_version=noise_version,
         )
         m = self.mechanism
-        self.spec = TopKSpec(noise_scope=m.noise_scope, horizon=m.horizon, base=m.base,
-                             counter_std=m.counter_std, select_scale=m.tau_2 / 2.0,
-                             query_scale=4 * m.tau_1, strategy=m.strategy)
+        self.spec = TopKSpec(
+            noise_scope=m.noise_scope,
+            horizon=m.horizon,
+            base=m.base,
+            counter_std=m.counter_std,
+            select_scale=m.tau_2 / 2.0,
+            query_scale=4 * m.tau_1,
+            strategy=m.strategy,
+        )
         self.spark = spark
         self.item_col = item_col
         self.count_col = count_col
@@ -137,49 +158,89 @@ class SparkContinualTopK:
         _check_item_type(_column_type(counts, self.item_col), f"column {self.item_col!r}")
         ctype = _column_type(counts, self.count_col)
         if not isinstance(ctype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
-            raise TypeError(f"column {self.count_col!r} must hold integers, got "
-                            f"{ctype.simpleString()}")
+            raise TypeError(
+                f"column {self.count_col!r} must hold integers, got {ctype.simpleString()}"
+            )
         return counts.groupBy(self.item_col).agg(
-            F.sum(self.count_col).cast("long").alias(self.count_col))
+            F.sum(self.count_col).cast("long").alias(self.count_col)
+        )
 
     def _selection_frame(self) -> DataFrame:
         item_type = self._item_type
         rows = [(item, self._generation[item]) for item in self._selected]
-        return self.spark.createDataFrame(rows, T.StructType([
-            T.StructField(self.item_col, item_type, False),
-            T.StructField(_GEN, T.LongType(), False)]))
+        return self.spark.createDataFrame(
+            rows,
+            T.StructType(
+                [
+                    T.StructField(self.item_col, item_type, False),
+                    T.StructField(_GEN, T.LongType(), False),
+                ]
+            ),
+        )
 
     def counter_values(self, t: int, counts: DataFrame) -> dict[object, float]:
         """The noisy counts at t of the current selection (executors; k rows back)."""
-        item_col, count_col, spec, key_bytes = (self.item_col, self.count_col, self.spec,
-                                                self._key_bytes)
-        sel = self._selection_frame().join(counts, on=item_col, how="left").select(
-            item_col, F.coalesce(F.col(count_col), F.lit(0)).cast("long").alias(count_col),
-            _GEN)
-        schema = T.StructType([T.StructField(item_col, sel.schema[item_col].dataType, False),
-                               T.StructField(_GEN, T.LongType(), False),
-                               T.StructField("value", T.DoubleType(), False)])
+        item_col, count_col, spec, key_bytes = (
+            self.item_col,
+            self.count_col,
+            self.spec,
+            self._key_bytes,
+        )
+        sel = (
+            self._selection_frame()
+            .join(counts, on=item_col, how="left")
+            .select(
+                item_col, F.coalesce(F.col(count_col), F.lit(0)).cast("long").alias(count_col), _GEN
+            )
+        )
+        schema = T.StructType(
+            [
+                T.StructField(item_col, sel.schema[item_col].dataType, False),
+                T.StructField(_GEN, T.LongType(), False),
+                T.StructField("value", T.DoubleType(), False),
+            ]
+        )
 
         def run(batches):
-            return topk_counter_batch(batches, spec=spec, key_bytes=key_bytes(), t=t,
-                                      item_col=item_col, count_col=count_col, gen_col=_GEN)
+            return topk_counter_batch(
+                batches,
+                spec=spec,
+                key_bytes=key_bytes(),
+                t=t,
+                item_col=item_col,
+                count_col=count_col,
+                gen_col=_GEN,
+            )
 
         return {r[item_col]: r["value"] for r in sel.mapInPandas(run, schema).collect()}
 
     def query_above(self, t: int, counts: DataFrame, threshold: float, epoch: int) -> bool:
         """Sparse vector at t: does some non-selected item have h_t^u + Lap > threshold?"""
-        item_col, count_col, spec, key_bytes = (self.item_col, self.count_col, self.spec,
-                                                self._key_bytes)
-        others = counts.join(self._selection_frame().select(item_col), on=item_col,
-                             how="left_anti")
+        item_col, count_col, spec, key_bytes = (
+            self.item_col,
+            self.count_col,
+            self.spec,
+            self._key_bytes,
+        )
+        others = counts.join(self._selection_frame().select(item_col), on=item_col, how="left_anti")
 
         def run(batches):
-            return topk_query_batch(batches, spec=spec, key_bytes=key_bytes(), t=t,
-                                    epoch=epoch, threshold=threshold, item_col=item_col,
-                                    count_col=count_col)
+            return topk_query_batch(
+                batches,
+                spec=spec,
+                key_bytes=key_bytes(),
+                t=t,
+                epoch=epoch,
+                threshold=threshold,
+                item_col=item_col,
+                count_col=count_col,
+            )
 
-        out = _first_row(others.mapInPandas(run, "above boolean, top double").agg(
-            F.max(F.col("above").cast("int")).alias("any")))
+        out = _first_row(
+            others.mapInPandas(run, "above boolean, top double").agg(
+                F.max(F.col("above").cast("int")).alias("any")
+            )
+        )
         return bool(out["any"] or 0)
 
     def kth_count(self, counts: DataFrame) -> int:
@@ -187,25 +248,45 @@ class SparkContinualTopK:
         rows = counts.select(self.count_col).orderBy(F.desc(self.count_col)).limit(self.k)
         values = [int(r[0]) for r in rows.collect()]
         if len(values) < self.k:
-            raise ValueError(f"the counts list {len(values)} items, fewer than k={self.k}: they "
-                             "must list the whole domain")
+            raise ValueError(
+                f"the counts list {len(values)} items, fewer than k={self.k}: they "
+                "must list the whole domain"
+            )
         return values[-1]
 
     def select(self, n: int, counts: DataFrame) -> list[object]:
         """Selection number n: the k largest h_t^u + Gumbel(tau_2 / 2), largest first."""
-        item_col, count_col, spec, key_bytes, k = (self.item_col, self.count_col, self.spec,
-                                                   self._key_bytes, self.k)
-        schema = T.StructType([T.StructField(item_col, counts.schema[item_col].dataType, False),
-                               T.StructField("score", T.DoubleType(), False)])
+        item_col, count_col, spec, key_bytes, k = (
+            self.item_col,
+            self.count_col,
+            self.spec,
+            self._key_bytes,
+            self.k,
+        )
+        schema = T.StructType(
+            [
+                T.StructField(item_col, counts.schema[item_col].dataType, False),
+                T.StructField("score", T.DoubleType(), False),
+            ]
+        )
 
         def run(batches):
-            return topk_select_batch(batches, spec=spec, key_bytes=key_bytes(), n=n, k=k,
-                                     item_col=item_col, count_col=count_col)
+            return topk_select_batch(
+                batches,
+                spec=spec,
+                key_bytes=key_bytes(),
+                n=n,
+                k=k,
+                item_col=item_col,
+                count_col=count_col,
+            )
 
         rows = counts.mapInPandas(run, schema).collect()
         if len(rows) < k:
-            raise ValueError(f"the counts list {len(rows)} items, fewer than k={k}: they must "
-                             "list the whole domain")
+            raise ValueError(
+                f"the counts list {len(rows)} items, fewer than k={k}: they must "
+                "list the whole domain"
+            )
         rows.sort(key=lambda r: (-r["score"], r[item_col]))
         return [r[item_col] for r in rows[:k]]
 
@@ -217,8 +298,9 @@ class SparkContinualTopK:
         self._selected = sel
         self._selections = n + 1
         if self.switches_left > 0:
-            self._threshold_noise = self._svt.scalar("laplace", 0, n, 0,
-                                                     scale=2 * self.mechanism.tau_1)
+            self._threshold_noise = self._svt.scalar(
+                "laplace", 0, n, 0, scale=2 * self.mechanism.tau_1
+            )
 
     def release(self, t: int, counts: DataFrame) -> Release:
         """The release at t from the prefix counts over the whole domain (item, count).
@@ -241,14 +323,17 @@ class SparkContinualTopK:
             switched = False
             if not self._selected:
                 if not m.wait or (
-                        self.kth_count(counts)
-                        + self._svt.scalar("laplace", 1, t, 1, scale=4 * m.tau_1)
-                        > eta_t + self._svt.scalar("laplace", 1, 0, 0, scale=2 * m.tau_1)):
+                    self.kth_count(counts) + self._svt.scalar("laplace", 1, t, 1, scale=4 * m.tau_1)
+                    > eta_t + self._svt.scalar("laplace", 1, 0, 0, scale=2 * m.tau_1)
+                ):
                     self._do_select(t, counts)
             elif self.switches_left > 0:
                 noisy = self.counter_values(t, counts)
-                threshold = float(np.min([noisy[u] for u in self._selected])) + eta_t + \
-                    self._threshold_noise
+                threshold = (
+                    float(np.min([noisy[u] for u in self._selected]))
+                    + eta_t
+                    + self._threshold_noise
+                )
                 epoch = m.switches - self.switches_left
                 if self.query_above(t, counts, threshold, epoch):
                     self.switches_left -= 1
@@ -259,11 +344,13 @@ class SparkContinualTopK:
             counts.unpersist()
         self.t = t
         sel = self._selected
-        meta = {"status": "selected" if sel else "not yet",
-                "switches_left": self.switches_left, "switched": switched,
-                "selection": self._selections - 1}
-        return Release(t=t, items=list(sel), values=np.array([values[u] for u in sel]),
-                       meta=meta)
+        meta = {
+            "status": "selected" if sel else "not yet",
+            "switches_left": self.switches_left,
+            "switched": switched,
+            "selection": self._selections - 1,
+        }
+        return Release(t=t, items=list(sel), values=np.array([values[u] for u in sel]), meta=meta)
 
     def close(self) -> None:
         """Forget the broadcast key on the executors."""
@@ -273,5 +360,7 @@ class SparkContinualTopK:
 
     def __repr__(self) -> str:
         m = self.mechanism
-        return (f"SparkContinualTopK(T={m.horizon}, k={m.k}, s={m.switches}, r={m.base}, "
-                f"tau={m.tau:.4g}, t={self.t}, switches_left={self.switches_left})")
+        return (
+            f"SparkContinualTopK(T={m.horizon}, k={m.k}, s={m.switches}, r={m.base}, "
+            f"tau={m.tau:.4g}, t={self.t}, switches_left={self.switches_left})"
+        )

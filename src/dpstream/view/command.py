@@ -49,48 +49,98 @@ def _seconds(text: str) -> float:
 def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add the ``view`` subcommand to ``sub`` (an argparse subparsers object)."""
     view = sub.add_parser(
-        "view", parents=parents, help="watch a releases file in a web page as it grows",
+        "view",
+        parents=parents,
+        help="watch a releases file in a web page as it grows",
         description="Serve a local web page of a releases file written by `dpstream run` (JSON "
-                    "Lines): the top items with 95% intervals, the history of chosen items, "
-                    "the mechanism, progress and guarantee from its metadata file "
-                    "(FILE.meta.json). The page updates as releases are appended. It reads only "
-                    "the published files, never the state, the key or the events. With "
-                    "--export, write the same page as one static HTML file instead.",
+        "Lines): the top items with 95% intervals, the history of chosen items, "
+        "the mechanism, progress and guarantee from its metadata file "
+        "(FILE.meta.json). The page updates as releases are appended. It reads only "
+        "the published files, never the state, the key or the events. With "
+        "--export, write the same page as one static HTML file instead.",
     )
-    view.add_argument("releases", metavar="RELEASES.jsonl",
-                      help="the releases file (dpstream run --output) (required)")
-    view.add_argument("--host", default="127.0.0.1",
-                      help="address to listen on; 0.0.0.0 shows the page to your network "
-                           "(default: 127.0.0.1, this machine only)")
-    view.add_argument("--port", type=_port, default=0,
-                      help="port to listen on; 0 picks a free one, printed on start (default: 0)")
-    view.add_argument("--top", type=_positive_int, default=DEFAULT_TOP, metavar="N",
-                      help=f"how many of the largest items to show (default: {DEFAULT_TOP})")
-    view.add_argument("--select", action="append", default=None, metavar="ITEM",
-                      help=f"an item whose history to show (repeat, up to {MAX_SELECTED}) "
-                           "(default: the current top 3)")
-    view.add_argument("--meta", default=None, metavar="FILE",
-                      help="the metadata file (default: RELEASES.jsonl.meta.json beside it)")
-    view.add_argument("--poll", type=_seconds, default=DEFAULT_POLL, metavar="SECONDS",
-                      help=f"how often to look for new releases (default: {DEFAULT_POLL})")
-    view.add_argument("--max-streams", type=_positive_int, default=DEFAULT_MAX_STREAMS,
-                      metavar="N",
-                      help="how many pages may follow the file at once (one update stream "
-                           "each); more are answered 503 and retry (default: "
-                           f"{DEFAULT_MAX_STREAMS})")
-    view.add_argument("--allow-host", action="append", default=None, metavar="NAME",
-                      help="a name the page may be reached by besides localhost and the "
-                           "address it listens on, e.g. this machine's name with --host "
-                           "0.0.0.0 (repeat; requests naming any other host get 403; "
-                           "default: none)")
-    view.add_argument("--export", default=None, metavar="REPORT.html",
-                      help="write the page of the file as it is now to REPORT.html (one "
-                           "self-contained file, no script) and exit (default: serve)")
+    view.add_argument(
+        "releases",
+        metavar="RELEASES.jsonl",
+        help="the releases file (dpstream run --output) (required)",
+    )
+    view.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 shows the page to your network "
+        "(default: 127.0.0.1, this machine only)",
+    )
+    view.add_argument(
+        "--port",
+        type=_port,
+        default=0,
+        help="port to listen on; 0 picks a free one, printed on start (default: 0)",
+    )
+    view.add_argument(
+        "--top",
+        type=_positive_int,
+        default=DEFAULT_TOP,
+        metavar="N",
+        help=f"how many of the largest items to show (default: {DEFAULT_TOP})",
+    )
+    view.add_argument(
+        "--select",
+        action="append",
+        default=None,
+        metavar="ITEM",
+        help=f"an item whose history to show (repeat, up to {MAX_SELECTED}) "
+        "(default: the current top 3)",
+    )
+    view.add_argument(
+        "--meta",
+        default=None,
+        metavar="FILE",
+        help="the metadata file (default: RELEASES.jsonl.meta.json beside it)",
+    )
+    view.add_argument(
+        "--poll",
+        type=_seconds,
+        default=DEFAULT_POLL,
+        metavar="SECONDS",
+        help=f"how often to look for new releases (default: {DEFAULT_POLL})",
+    )
+    view.add_argument(
+        "--max-streams",
+        type=_positive_int,
+        default=DEFAULT_MAX_STREAMS,
+        metavar="N",
+        help="how many pages may follow the file at once (one update stream "
+        "each); more are answered 503 and retry (default: "
+        f"{DEFAULT_MAX_STREAMS})",
+    )
+    view.add_argument(
+        "--allow-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a name the page may be reached by besides localhost and the "
+        "address it listens on, e.g. this machine's name with --host "
+        "0.0.0.0 (repeat; requests naming any other host get 403; "
+        "default: none)",
+    )
+    view.add_argument(
+        "--export",
+        default=None,
+        metavar="REPORT.html",
+        help="write the page of the file as it is now to REPORT.html (one "
+        "self-contained file, no script) and exit (default: serve)",
+    )
     return view
 
 
-def export_html(releases: str, out: str, *, top: int = DEFAULT_TOP,
-                select: list[str] | None = None, meta: str | None = None) -> Path:
+def export_html(
+    releases: str,
+    out: str,
+    *,
+    top: int = DEFAULT_TOP,
+    select: list[str] | None = None,
+    meta: str | None = None,
+) -> Path:
     """Write the static page of ``releases`` as it is now to ``out``; returns its path."""
     model = ViewModel(releases, top=top, meta_path=meta)
     model.refresh()
@@ -111,20 +161,29 @@ def cmd_view(args: argparse.Namespace) -> int:
     if args.select is not None and len(args.select) > MAX_SELECTED:
         raise ValueError(f"--select: at most {MAX_SELECTED} items, got {len(args.select)}")
     if args.export:
-        path = export_html(args.releases, args.export, top=args.top, select=args.select,
-                           meta=args.meta)
+        path = export_html(
+            args.releases, args.export, top=args.top, select=args.select, meta=args.meta
+        )
         print(f"{PROG}: wrote {path}", file=sys.stderr)
         return 0
     model = ViewModel(args.releases, top=args.top, meta_path=args.meta)
-    server = ViewServer(model, host=args.host, port=args.port, poll=args.poll,
-                        selected=args.select, max_streams=args.max_streams,
-                        allow_hosts=args.allow_host or ()).start()
+    server = ViewServer(
+        model,
+        host=args.host,
+        port=args.port,
+        poll=args.poll,
+        selected=args.select,
+        max_streams=args.max_streams,
+        allow_hosts=args.allow_host or (),
+    ).start()
     try:
-        print(f"{PROG} view: serving {args.releases} at {server.url} (Ctrl-C to stop)",
-              flush=True)
+        print(f"{PROG} view: serving {args.releases} at {server.url} (Ctrl-C to stop)", flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"{PROG} view: listening on {args.host}: the page is visible to other "
-                  "machines (it shows only the published releases)", file=sys.stderr)
+            print(
+                f"{PROG} view: listening on {args.host}: the page is visible to other "
+                "machines (it shows only the published releases)",
+                file=sys.stderr,
+            )
         server.wait()
     except KeyboardInterrupt:
         pass
@@ -147,8 +206,11 @@ def after_run(server: ViewServer) -> None:
     """Keep serving the finished run's view until Ctrl-C."""
     try:  # from here on, Ctrl-C is the way out, not an interruption
         server.model.refresh()  # the page shows the last release before the message says so
-        print(f"{PROG}: the run is finished; the view stays at {server.url} until Ctrl-C",
-              file=sys.stderr, flush=True)
+        print(
+            f"{PROG}: the run is finished; the view stays at {server.url} until Ctrl-C",
+            file=sys.stderr,
+            flush=True,
+        )
         server.wait()
     except KeyboardInterrupt:
         pass

@@ -38,8 +38,13 @@ class Line:
     end: int
 
 
-def iter_lines(fh: object, start: int, end: int | None, first_number: int = 1,
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Line]:
+def iter_lines(
+    fh: object,
+    start: int,
+    end: int | None,
+    first_number: int = 1,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Iterator[Line]:
     """The complete lines of binary file ``fh`` from byte ``start``, up to byte ``end``.
 
     A last line without a newline (before ``end`` or the end of the file) is
@@ -69,7 +74,7 @@ def iter_lines(fh: object, start: int, end: int | None, first_number: int = 1,
                         parts.append(rest)
                 pos += len(rest)
                 break
-            piece = block[i:j + 1]
+            piece = block[i : j + 1]
             pos += len(piece)
             if too_long or held + len(piece) > max_line_bytes:
                 yield Line(None, number, pos)
@@ -89,8 +94,9 @@ class FileFollower:
         lines: complete lines consumed.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES
+    ) -> None:
         self.path = Path(path)
         self.max_line_bytes = max_line_bytes
         self.offset = 0

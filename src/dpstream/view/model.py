@@ -39,8 +39,18 @@ from ..planning import Z95
 from ..runmeta import read_run_meta, sidecar_path
 from .follow import MAX_LINE_BYTES, FileFollower, iter_lines
 
-__all__ = ["ParsedRelease", "parse_release", "top_items", "Series", "Snapshot", "ViewModel",
-           "DEFAULT_TOP", "DEFAULT_SELECTED", "MAX_SELECTED", "MAX_TRACKED"]
+__all__ = [
+    "ParsedRelease",
+    "parse_release",
+    "top_items",
+    "Series",
+    "Snapshot",
+    "ViewModel",
+    "DEFAULT_TOP",
+    "DEFAULT_SELECTED",
+    "MAX_SELECTED",
+    "MAX_TRACKED",
+]
 
 #: Items shown in the bar chart by default (``--top``).
 DEFAULT_TOP = 20
@@ -64,8 +74,7 @@ class ParsedRelease:
 
 
 def _number(value: object) -> TypeGuard[int | float]:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_release(data: bytes) -> ParsedRelease:
@@ -91,13 +100,13 @@ def parse_release(data: bytes) -> ParsedRelease:
     values = released.values()
     kinds = set(map(type, values))  # C-speed checks: a release may hold 10^6 items
     if not kinds <= {int, float}:
-        raise ValueError('a released count is not a number')
+        raise ValueError("a released count is not a number")
     try:
         finite = all(map(math.isfinite, values))
     except OverflowError:  # an integer too large for a float
         finite = False
     if not finite:
-        raise ValueError('a released count is not a finite number')
+        raise ValueError("a released count is not a finite number")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError('"meta" is not an object')
@@ -178,9 +187,15 @@ class ViewModel:
     status), so a server can wait for it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, top: int = DEFAULT_TOP,
-                 meta_path: str | os.PathLike[str] | None = None,
-                 max_tracked: int = MAX_TRACKED, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        top: int = DEFAULT_TOP,
+        meta_path: str | os.PathLike[str] | None = None,
+        max_tracked: int = MAX_TRACKED,
+        max_line_bytes: int = MAX_LINE_BYTES,
+    ) -> None:
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise ValueError(f"--top must be an integer >= 1, got {top!r}")
         if max_tracked < MAX_SELECTED:
@@ -254,8 +269,10 @@ class ViewModel:
         state = self._follower.check()
         if state == "missing":
             self._status = "missing"
-            self._message = (f"{self.path} does not exist (yet): waiting for it. The view "
-                             "shows it as soon as a run writes it.")
+            self._message = (
+                f"{self.path} does not exist (yet): waiting for it. The view "
+                "shows it as soon as a run writes it."
+            )
             return False
         changed = state == "reset"
         if changed:
@@ -273,8 +290,10 @@ class ViewModel:
             if line.number == 1 and line.data.startswith(b"t,item,value"):
                 self._not_jsonl = True
                 self._status = "error"
-                self._message = (f"{self.path} is a CSV file; the view reads JSON Lines "
-                                 "releases (dpstream run --output-format jsonl)")
+                self._message = (
+                    f"{self.path} is a CSV file; the view reads JSON Lines "
+                    "releases (dpstream run --output-format jsonl)"
+                )
                 return True
             parsed: ParsedRelease | None | bool = False  # False: not parsed yet
             if tokens and any(tok in line.data for tok in tokens):
@@ -378,8 +397,7 @@ class ViewModel:
                 if self._follower.offset > end:  # appended during the scan: a short read
                     more = self._scan(items, tokens, end, self._follower.offset)
                     for item in items:
-                        for rec in zip(more[item].t, more[item].value, more[item].std,
-                                       strict=True):
+                        for rec in zip(more[item].t, more[item].value, more[item].std, strict=True):
                             found[item].add(*rec)
                 for item in items:
                     self._tracked[item] = found[item]
@@ -391,8 +409,9 @@ class ViewModel:
                 self.changed.notify_all()
                 return
 
-    def _scan(self, items: list[str], tokens: list[bytes], start: int,
-              end: int) -> dict[str, Series]:
+    def _scan(
+        self, items: list[str], tokens: list[bytes], start: int, end: int
+    ) -> dict[str, Series]:
         """The releases of ``items`` in bytes ``start..end`` of the file."""
         found = {item: Series() for item in items}
         if end <= start:
@@ -419,22 +438,27 @@ class ViewModel:
     def memory_bytes(self) -> int:
         """Bytes held in the histories and the last raw lines (for the benchmark)."""
         with self.changed:
-            return (sum(s.nbytes() for s in self._tracked.values())
-                    + sum(len(d) for _, d, _ in self._raw))
+            return sum(s.nbytes() for s in self._tracked.values()) + sum(
+                len(d) for _, d, _ in self._raw
+            )
 
     # -- what a page shows -----------------------------------------------------
     def snapshot(self, selected: Sequence[str] | None = None) -> Snapshot:
         """The state to render; ``selected=None`` shows the current top items' histories."""
         auto = selected is None
         with self.changed:
-            chosen = ([i for i, _ in self._top[:DEFAULT_SELECTED]] if selected is None
-                      else list(dict.fromkeys(selected))[:MAX_SELECTED])
+            chosen = (
+                [i for i, _ in self._top[:DEFAULT_SELECTED]]
+                if selected is None
+                else list(dict.fromkeys(selected))[:MAX_SELECTED]
+            )
         self.select(chosen)
         with self.changed:
             empty = Series()
             series = {i: self._tracked.get(i, empty) for i in chosen}
-            history = {i: (s.t.tolist(), s.value.tolist(), s.std.tolist())
-                       for i, s in series.items()}
+            history = {
+                i: (s.t.tolist(), s.value.tolist(), s.std.tolist()) for i, s in series.items()
+            }
             rel = self._release
             std, kind = self._std_of(rel) if rel is not None else (None, None)
             meta = self._meta
@@ -443,14 +467,26 @@ class ViewModel:
             if not _number(threshold) and meta:
                 threshold = meta.get("threshold")
             return Snapshot(
-                path=str(self.path), status=self._status, message=self._message,
-                meta=meta, meta_error=self._meta_error,
-                t=rel.t if rel else None, horizon=self._horizon(),
-                items_released=self._items_released, top=list(self._top), top_n=self.top_n,
-                noise_std=std, noise_std_kind=kind,
+                path=str(self.path),
+                status=self._status,
+                message=self._message,
+                meta=meta,
+                meta_error=self._meta_error,
+                t=rel.t if rel else None,
+                horizon=self._horizon(),
+                items_released=self._items_released,
+                top=list(self._top),
+                top_n=self.top_n,
+                noise_std=std,
+                noise_std_kind=kind,
                 z=float(z) if _number(z) and z > 0 else Z95,
                 threshold=float(threshold) if _number(threshold) else None,
-                lines_read=self._follower.lines, malformed=self._malformed,
-                last_problem=self._last_problem, history=history, selected=chosen, auto=auto,
-                version=self.version, updated_at=self._updated_at,
+                lines_read=self._follower.lines,
+                malformed=self._malformed,
+                last_problem=self._last_problem,
+                history=history,
+                selected=chosen,
+                auto=auto,
+                version=self.version,
+                updated_at=self._updated_at,
             )

@@ -22,8 +22,7 @@ from .model import MAX_SELECTED, Snapshot
 __all__ = ["esc", "render_fragments", "render_page", "PALETTE", "content_security_policy"]
 
 #: Series colours (Okabe-Ito, readable by colour-blind readers), by position in the selection.
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
-           "#8C564B")
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B")
 
 #: The most points drawn per history line (longer series are thinned evenly).
 MAX_POINTS = 800
@@ -37,8 +36,10 @@ def esc(text: object) -> str:
 def content_security_policy(nonce: str | None) -> str:
     """The page's CSP: nothing external, and only the page's own script (if any) runs."""
     script = f"'nonce-{nonce}'" if nonce else "'none'"
-    return ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-            f"script-src {script}; connect-src 'self'; base-uri 'none'; form-action 'none'")
+    return (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+        f"script-src {script}; connect-src 'self'; base-uri 'none'; form-action 'none'"
+    )
 
 
 # --------------------------------------------------------------------------- numbers
@@ -100,18 +101,25 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 # --------------------------------------------------------------------------- header
 
 
-_STATUS_TEXT = {"missing": "file missing", "waiting": "waiting", "live": "live",
-                "complete": "complete", "error": "error"}
+_STATUS_TEXT = {
+    "missing": "file missing",
+    "waiting": "waiting",
+    "live": "live",
+    "complete": "complete",
+    "error": "error",
+}
 
 
 def render_header(snap: Snapshot, *, static: bool) -> str:
     meta = snap.meta
     status = _STATUS_TEXT.get(snap.status, snap.status)
     pill = f'<span class="pill {esc(snap.status)}" id="dp-status">{esc(status)}</span>'
-    title = (f'<div class="title"><h1>dpstream <span class="thin">'
-             f'{"report" if static else "live view"}</span></h1>'
-             f'<span class="file" title="{esc(snap.path)}">{esc(Path(snap.path).name)}</span>'
-             f"{pill}</div>")
+    title = (
+        f'<div class="title"><h1>dpstream <span class="thin">'
+        f"{'report' if static else 'live view'}</span></h1>"
+        f'<span class="file" title="{esc(snap.path)}">{esc(Path(snap.path).name)}</span>'
+        f"{pill}</div>"
+    )
     tiles = []
 
     # mechanism
@@ -132,16 +140,27 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     # progress
     if snap.t is not None and snap.horizon:
         pct = min(100.0, 100.0 * snap.t / snap.horizon)
-        bar = (f'<div class="progress" role="progressbar" aria-valuenow="{snap.t}" '
-               f'aria-valuemax="{snap.horizon}"><span style="width:{pct:.2f}%"></span></div>')
-        tiles.append(_tile("time step", f'<span id="dp-t">{snap.t:,}</span>'
-                           f'<span class="of"> / {snap.horizon:,}</span>',
-                           f"{bar}horizon T = {snap.horizon:,} ({pct:.0f}%)"))
+        bar = (
+            f'<div class="progress" role="progressbar" aria-valuenow="{snap.t}" '
+            f'aria-valuemax="{snap.horizon}"><span style="width:{pct:.2f}%"></span></div>'
+        )
+        tiles.append(
+            _tile(
+                "time step",
+                f'<span id="dp-t">{snap.t:,}</span><span class="of"> / {snap.horizon:,}</span>',
+                f"{bar}horizon T = {snap.horizon:,} ({pct:.0f}%)",
+            )
+        )
     elif snap.t is not None:
         tiles.append(_tile("time step", f'<span id="dp-t">{snap.t:,}</span>', "horizon unknown"))
     else:
-        tiles.append(_tile("time step", "–", f"horizon T = {snap.horizon:,}" if snap.horizon
-                           else "no release yet"))
+        tiles.append(
+            _tile(
+                "time step",
+                "–",
+                f"horizon T = {snap.horizon:,}" if snap.horizon else "no release yet",
+            )
+        )
 
     # privacy
     eps = _meta_num(meta, "privacy", "epsilon")
@@ -184,23 +203,33 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     if snap.meta_error:
         notes.append(f'<p class="note warn">{esc(snap.meta_error)}</p>')
     elif meta is None and snap.status != "missing":
-        notes.append('<p class="note warn">No metadata file next to the releases '
-                     '(<code>FILE.meta.json</code>, written by <code>dpstream run</code>): '
-                     'the guarantee and horizon are unknown.</p>')
+        notes.append(
+            '<p class="note warn">No metadata file next to the releases '
+            "(<code>FILE.meta.json</code>, written by <code>dpstream run</code>): "
+            "the guarantee and horizon are unknown.</p>"
+        )
     if snap.malformed:
-        notes.append(f'<p class="note warn">{snap.malformed:,} malformed line(s) skipped; last: '
-                     f'{esc(snap.last_problem or "")}</p>')
+        notes.append(
+            f'<p class="note warn">{snap.malformed:,} malformed line(s) skipped; last: '
+            f"{esc(snap.last_problem or '')}</p>"
+        )
     return title + f'<div class="tiles">{"".join(tiles)}</div>' + "".join(notes)
 
 
-_DOMAIN_WORDS = {"known": "known domain", "unknown": "unknown domain", "top-k": "continual top-k",
-                 "meta": "one-shot per tree cell"}
+_DOMAIN_WORDS = {
+    "known": "known domain",
+    "unknown": "unknown domain",
+    "top-k": "continual top-k",
+    "meta": "one-shot per tree cell",
+}
 
 
 def _tile(label: str, main: str, sub: str) -> str:
     """A header tile; ``main`` and ``sub`` must already be escaped HTML."""
-    return (f'<div class="tile"><div class="label">{esc(label)}</div>'
-            f'<div class="main">{main}</div><div class="sub">{sub}</div></div>')
+    return (
+        f'<div class="tile"><div class="label">{esc(label)}</div>'
+        f'<div class="main">{main}</div><div class="sub">{sub}</div></div>'
+    )
 
 
 # --------------------------------------------------------------------------- top items
@@ -209,10 +238,12 @@ def _tile(label: str, main: str, sub: str) -> str:
 def render_top(snap: Snapshot) -> str:
     if snap.t is None:
         return '<p class="empty">No release yet.</p>'
-    head = (f'<h2>Top {min(snap.top_n, snap.items_released):,} at '
-            f't = <span class="tnum">{snap.t:,}</span></h2>'
-            '<p class="hint">Bar: the released (noisy) count; whisker: its 95% interval. '
-            'Click an item to show its history.</p>')
+    head = (
+        f"<h2>Top {min(snap.top_n, snap.items_released):,} at "
+        f't = <span class="tnum">{snap.t:,}</span></h2>'
+        '<p class="hint">Bar: the released (noisy) count; whisker: its 95% interval. '
+        "Click an item to show its history.</p>"
+    )
     if not snap.top:
         return head + '<p class="empty">This release holds no item.</p>'
     hw = snap.z * snap.noise_std if snap.noise_std is not None else 0.0
@@ -232,8 +263,11 @@ def render_top(snap: Snapshot) -> str:
         left, right = sorted((zero, pos(value)))
         ci_l, ci_r = pos(value - hw), pos(value + hw)
         sel = item in colour
-        swatch = (f'<span class="swatch" style="background:{colour[item]}"></span>' if sel
-                  else '<span class="swatch"></span>')
+        swatch = (
+            f'<span class="swatch" style="background:{colour[item]}"></span>'
+            if sel
+            else '<span class="swatch"></span>'
+        )
         pm = f'<span class="pm">± {fmt_pm(hw)}</span>' if snap.noise_std is not None else ""
         rows.append(
             f'<li class="row{" selected" if sel else ""}" data-item="{esc(item)}" '
@@ -246,7 +280,8 @@ def render_top(snap: Snapshot) -> str:
             f'<span class="ci" style="left:{ci_l:.3f}%;width:{ci_r - ci_l:.3f}%"></span>'
             + (f'<span class="zero" style="left:{zero:.3f}%"></span>' if lo < 0 else "")
             + f'</span><span class="num"><span class="value">{fmt_count(value)}</span>{pm}'
-            f"</span></li>")
+            f"</span></li>"
+        )
     return head + f'<ol class="bars">{"".join(rows)}</ol>'
 
 
@@ -272,8 +307,10 @@ def _segments(ts: list[int]) -> list[tuple[int, int]]:
 
 
 def render_history(snap: Snapshot) -> str:
-    head = ('<h2>History</h2><p class="hint">Released counts over time with their 95% '
-            f"interval band. Click an item to add or remove it (up to {MAX_SELECTED}).</p>")
+    head = (
+        '<h2>History</h2><p class="hint">Released counts over time with their 95% '
+        f"interval band. Click an item to add or remove it (up to {MAX_SELECTED}).</p>"
+    )
     if not snap.selected:
         return head + '<p class="empty">No item selected: click an item on the left.</p>'
     W, H, ML, MR, MT, MB = 760, 330, 62, 16, 14, 38
@@ -305,55 +342,75 @@ def render_history(snap: Snapshot) -> str:
     def y(v: float) -> float:
         return MT + (H - MT - MB) * (1 - (v - lo) / (hi - lo))
 
-    parts = [f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" '
-             'aria-label="released counts of the selected items over time">']
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" '
+        'aria-label="released counts of the selected items over time">'
+    ]
     for v in ticks_y:
-        parts.append(f'<line class="grid" x1="{ML}" x2="{W - MR}" y1="{y(v):.1f}" '
-                     f'y2="{y(v):.1f}"/><text class="tick" x="{ML - 6}" y="{y(v) + 4:.1f}" '
-                     f'text-anchor="end">{fmt_count(v)}</text>')
+        parts.append(
+            f'<line class="grid" x1="{ML}" x2="{W - MR}" y1="{y(v):.1f}" '
+            f'y2="{y(v):.1f}"/><text class="tick" x="{ML - 6}" y="{y(v) + 4:.1f}" '
+            f'text-anchor="end">{fmt_count(v)}</text>'
+        )
     for t in nice_ticks(t_lo, t_hi):
         if t_lo <= t <= t_hi and float(t).is_integer():
-            parts.append(f'<text class="tick" x="{x(t):.1f}" y="{H - MB + 16}" '
-                         f'text-anchor="middle">{int(t):,}</text>')
+            parts.append(
+                f'<text class="tick" x="{x(t):.1f}" y="{H - MB + 16}" '
+                f'text-anchor="middle">{int(t):,}</text>'
+            )
     parts.append(f'<line class="axis" x1="{ML}" x2="{W - MR}" y1="{y(lo):.1f}" y2="{y(lo):.1f}"/>')
-    parts.append(f'<text class="axis-label" x="{(ML + W - MR) / 2:.0f}" y="{H - 4}" '
-                 'text-anchor="middle">time step t</text>')
+    parts.append(
+        f'<text class="axis-label" x="{(ML + W - MR) / 2:.0f}" y="{H - 4}" '
+        'text-anchor="middle">time step t</text>'
+    )
     if snap.threshold is not None:
         ty = y(snap.threshold)
-        parts.append(f'<line class="threshold" x1="{ML}" x2="{W - MR}" y1="{ty:.1f}" '
-                     f'y2="{ty:.1f}"/><text class="threshold-label" x="{W - MR - 4}" '
-                     f'y="{ty - 5:.1f}" text-anchor="end">discovery threshold</text>')
+        parts.append(
+            f'<line class="threshold" x1="{ML}" x2="{W - MR}" y1="{ty:.1f}" '
+            f'y2="{ty:.1f}"/><text class="threshold-label" x="{W - MR - 4}" '
+            f'y="{ty - 5:.1f}" text-anchor="end">discovery threshold</text>'
+        )
     if snap.t is not None and snap.horizon and snap.t < snap.horizon:
-        parts.append(f'<line class="now" x1="{x(snap.t):.1f}" x2="{x(snap.t):.1f}" y1="{MT}" '
-                     f'y2="{H - MB}"/>')
+        parts.append(
+            f'<line class="now" x1="{x(snap.t):.1f}" x2="{x(snap.t):.1f}" y1="{MT}" y2="{H - MB}"/>'
+        )
     for item, colour, ts, vs, hw in series:
         parts.append(f'<g class="series" data-item="{esc(item)}">')
         for a, b in _segments(ts):
             upper = " ".join(f"{x(ts[i]):.1f},{y(vs[i] + hw[i]):.1f}" for i in range(a, b))
-            lower = " ".join(f"{x(ts[i]):.1f},{y(vs[i] - hw[i]):.1f}"
-                             for i in reversed(range(a, b)))
+            lower = " ".join(
+                f"{x(ts[i]):.1f},{y(vs[i] - hw[i]):.1f}" for i in reversed(range(a, b))
+            )
             line = " ".join(f"{x(ts[i]):.1f},{y(vs[i]):.1f}" for i in range(a, b))
             if b - a == 1:
-                parts.append(f'<circle cx="{x(ts[a]):.1f}" cy="{y(vs[a]):.1f}" r="2" '
-                             f'fill="{colour}"/>')
+                parts.append(
+                    f'<circle cx="{x(ts[a]):.1f}" cy="{y(vs[a]):.1f}" r="2" fill="{colour}"/>'
+                )
             else:
-                parts.append(f'<polygon class="band" points="{upper} {lower}" '
-                             f'fill="{colour}"/><polyline class="line" points="{line}" '
-                             f'stroke="{colour}"/>')
+                parts.append(
+                    f'<polygon class="band" points="{upper} {lower}" '
+                    f'fill="{colour}"/><polyline class="line" points="{line}" '
+                    f'stroke="{colour}"/>'
+                )
         parts.append("</g>")
     parts.append("</svg>")
 
     legend = []
     for item, colour, ts, vs, hw in series:
         if ts:
-            last = (f'<span class="last">t = {ts[-1]:,}: {fmt_count(vs[-1])}'
-                    + (f" ± {fmt_pm(hw[-1])}" if hw[-1] else "") + "</span>")
+            last = (
+                f'<span class="last">t = {ts[-1]:,}: {fmt_count(vs[-1])}'
+                + (f" ± {fmt_pm(hw[-1])}" if hw[-1] else "")
+                + "</span>"
+            )
         else:
             last = '<span class="last">not released yet</span>'
-        legend.append(f'<li data-item="{esc(item)}" role="button" tabindex="0" '
-                      f'title="click to remove"><span class="swatch" '
-                      f'style="background:{colour}"></span><span class="name">{esc(item)}'
-                      f'</span>{last}<span class="x" aria-hidden="true">×</span></li>')
+        legend.append(
+            f'<li data-item="{esc(item)}" role="button" tabindex="0" '
+            f'title="click to remove"><span class="swatch" '
+            f'style="background:{colour}"></span><span class="name">{esc(item)}'
+            f'</span>{last}<span class="x" aria-hidden="true">×</span></li>'
+        )
     return head + "".join(parts) + f'<ul class="legend">{"".join(legend)}</ul>'
 
 
@@ -362,8 +419,11 @@ def render_history(snap: Snapshot) -> str:
 
 def render_fragments(snap: Snapshot, *, static: bool = False) -> dict[str, str]:
     """The three parts of the page that change: header, top items, history."""
-    return {"header": render_header(snap, static=static), "top": render_top(snap),
-            "history": render_history(snap)}
+    return {
+        "header": render_header(snap, static=static),
+        "top": render_top(snap),
+        "history": render_history(snap),
+    }
 
 
 def _asset(name: str) -> str:
@@ -374,8 +434,9 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
     """The whole page; ``nonce=None`` gives the static export (no script, no live updates)."""
     static = nonce is None
     frag = render_fragments(snap, static=static)
-    state = json.dumps({"selected": snap.selected, "auto": snap.auto, "version": snap.version},
-                       ensure_ascii=True)
+    state = json.dumps(
+        {"selected": snap.selected, "auto": snap.auto, "version": snap.version}, ensure_ascii=True
+    )
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
     version = _meta_str(snap.meta, "dpstream_version")
     footer = ("Static report of " if static else "Live view of ") + f"{esc(snap.path)}"
@@ -383,15 +444,20 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
     footer += f" · {'exported' if static else 'opened'} {esc(when)}"
     if version:
         footer += f" · written by dpstream {esc(version)}"
-    add_form = "" if static else (
-        '<form id="dp-add" class="add" autocomplete="off"><input id="dp-add-name" '
-        'name="item" placeholder="show an item by name" maxlength="1000">'
-        '<button type="submit">add</button><button type="button" id="dp-auto">show the '
-        'current top 3</button></form>')
+    add_form = (
+        ""
+        if static
+        else (
+            '<form id="dp-add" class="add" autocomplete="off"><input id="dp-add-name" '
+            'name="item" placeholder="show an item by name" maxlength="1000">'
+            '<button type="submit">add</button><button type="button" id="dp-auto">show the '
+            "current top 3</button></form>"
+        )
+    )
     script = "" if static else f'<script nonce="{esc(nonce)}">{_asset("view.js")}</script>'
     conn = "" if static else '<span id="dp-conn" class="conn">connecting…</span>'
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta http-equiv="Content-Security-Policy" '
         f'content="{esc(content_security_policy(nonce))}">'
@@ -404,7 +470,7 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
         f'<section class="panel" id="dp-top">{frag["top"]}</section>'
         f'<section class="panel"><div id="dp-history">{frag["history"]}</div>{add_form}'
         "</section></div>"
-        f'<footer>{footer} {conn}<br>Every number here is read from the published releases '
+        f"<footer>{footer} {conn}<br>Every number here is read from the published releases "
         "and their metadata file; the page never sees the events, the state or the key."
         "</footer></main>"
         f"{script}</body></html>\n"

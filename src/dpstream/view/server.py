@@ -43,8 +43,14 @@ from urllib.parse import parse_qs, urlsplit
 from .model import MAX_SELECTED, Snapshot, ViewModel
 from .render import content_security_policy, render_fragments, render_page
 
-__all__ = ["ViewServer", "DEFAULT_POLL", "DEFAULT_MAX_STREAMS", "DEFAULT_REQUEST_TIMEOUT",
-           "RETRY_AFTER", "host_allowed"]
+__all__ = [
+    "ViewServer",
+    "DEFAULT_POLL",
+    "DEFAULT_MAX_STREAMS",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "RETRY_AFTER",
+    "host_allowed",
+]
 
 #: Seconds between two looks at the releases file.
 DEFAULT_POLL = 0.25
@@ -91,7 +97,7 @@ def _host_name(value: str) -> str | None:
         end = value.find("]")
         if end < 0:
             return None
-        name, rest = value[:end + 1], value[end + 1:]
+        name, rest = value[: end + 1], value[end + 1 :]
     else:
         name, sep, port = value.partition(":")
         rest = sep + port
@@ -136,8 +142,9 @@ def host_allowed(value: str, bound: str, names: frozenset[str] = frozenset()) ->
 def _origin_allowed(value: str, bound: str, names: frozenset[str]) -> bool:
     """Whether an ``Origin`` header names a page of this server (``null`` does not)."""
     url = urlsplit(value.strip())
-    return url.scheme in ("http", "https") and not url.path and \
-        host_allowed(url.netloc, bound, names)
+    return (
+        url.scheme in ("http", "https") and not url.path and host_allowed(url.netloc, bound, names)
+    )
 
 
 class _RequestReader(io.RawIOBase):
@@ -185,9 +192,11 @@ def _client_gone(sock: socket.socket) -> bool:
 
 
 _BUSY_TEXT = b"too many connections, retry later\n"
-_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: %d\r\n"
-         b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-         b"Connection: close\r\n\r\n%s") % (RETRY_AFTER, len(_BUSY_TEXT), _BUSY_TEXT)
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: %d\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s"
+) % (RETRY_AFTER, len(_BUSY_TEXT), _BUSY_TEXT)
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
@@ -200,8 +209,9 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
+    ) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
         super().__init__(address, handler)
 
@@ -231,12 +241,18 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     """A snapshot as JSON-ready data (the ``/api/state`` answer)."""
     out = asdict(snap)
-    out["top"] = [{"item": item, "value": value,
-                   "half_width": None if snap.noise_std is None else snap.z * snap.noise_std}
-                  for item, value in snap.top]
-    out["history"] = {item: {"t": ts, "value": vs,
-                             "noise_std": [None if math.isnan(s) else s for s in ss]}
-                      for item, (ts, vs, ss) in snap.history.items()}
+    out["top"] = [
+        {
+            "item": item,
+            "value": value,
+            "half_width": None if snap.noise_std is None else snap.z * snap.noise_std,
+        }
+        for item, value in snap.top
+    ]
+    out["history"] = {
+        item: {"t": ts, "value": vs, "noise_std": [None if math.isnan(s) else s for s in ss]}
+        for item, (ts, vs, ss) in snap.history.items()
+    }
     return out
 
 
@@ -250,11 +266,19 @@ class ViewServer:
         server.stop()
     """
 
-    def __init__(self, model: ViewModel, *, host: str = "127.0.0.1", port: int = 0,
-                 poll: float = DEFAULT_POLL, selected: list[str] | None = None,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_streams: int = DEFAULT_MAX_STREAMS, max_connections: int | None = None,
-                 allow_hosts: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        model: ViewModel,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        poll: float = DEFAULT_POLL,
+        selected: list[str] | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        max_connections: int | None = None,
+        allow_hosts: list[str] | tuple[str, ...] = (),
+    ) -> None:
         """``request_timeout``: seconds a client has to send its request; ``max_streams``:
         event streams open at once; ``max_connections``: connections served at once
         (default ``max_streams + 32``, so that pages load while the streams are full);
@@ -269,8 +293,10 @@ class ViewServer:
         if max_connections is None:
             max_connections = max_streams + _EXTRA_CONNECTIONS
         if max_connections <= max_streams:
-            raise ValueError(f"max_connections ({max_connections}) must exceed max_streams "
-                             f"({max_streams}): pages must load while the streams are full")
+            raise ValueError(
+                f"max_connections ({max_connections}) must exceed max_streams "
+                f"({max_streams}): pages must load while the streams are full"
+            )
         self.model = model
         self.poll = float(poll)
         #: the items a page without a choice of its own shows (None: the top items)
@@ -304,8 +330,10 @@ class ViewServer:
     def start(self) -> ViewServer:
         """Read the file once, then serve and poll in background threads; returns self."""
         self.model.refresh()
-        for target, name in ((self._httpd.serve_forever, "dpstream-view-http"),
-                             (self._watch, "dpstream-view-poll")):
+        for target, name in (
+            (self._httpd.serve_forever, "dpstream-view-http"),
+            (self._watch, "dpstream-view-poll"),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -368,8 +396,9 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
             deadline = time.monotonic() + server.request_timeout
             self.rfile = io.BufferedReader(_RequestReader(self.connection, deadline))
 
-        def _headers(self, status: int, ctype: str, length: int | None,
-                     nonce: str | None = None) -> None:
+        def _headers(
+            self, status: int, ctype: str, length: int | None, nonce: str | None = None
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             if length is not None:
@@ -408,8 +437,11 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                 self._refuse(400, "more than one Host or Origin header")
                 return
             if not server.allows(hosts[0] if hosts else None, origins[0] if origins else None):
-                self._refuse(403, "forbidden: this server answers only to this machine's "
-                                  "names (dpstream view --allow-host NAME adds one)")
+                self._refuse(
+                    403,
+                    "forbidden: this server answers only to this machine's "
+                    "names (dpstream view --allow-host NAME adds one)",
+                )
                 return
             url = urlsplit(self.path)
             try:
@@ -422,11 +454,9 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
             if url.path in ("/", "/index.html"):
                 nonce = secrets.token_urlsafe(16)
                 page = render_page(model.snapshot(selected), nonce=nonce)
-                self._send(200, "text/html; charset=utf-8",
-                           page.encode("utf-8", "replace"), nonce)
+                self._send(200, "text/html; charset=utf-8", page.encode("utf-8", "replace"), nonce)
             elif url.path == "/api/state":
-                body = json.dumps(snapshot_json(model.snapshot(selected)),
-                                  allow_nan=False).encode()
+                body = json.dumps(snapshot_json(model.snapshot(selected)), allow_nan=False).encode()
                 self._send(200, "application/json", body)
             elif url.path == "/events":
                 self._events(selected)
@@ -440,8 +470,9 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                 self._headers(200, "text/event-stream; charset=utf-8", None)
                 return
             if not server._streams.acquire(blocking=False):
-                self._refuse(503, f"too many open event streams (at most {server.max_streams})",
-                             RETRY_AFTER)
+                self._refuse(
+                    503, f"too many open event streams (at most {server.max_streams})", RETRY_AFTER
+                )
                 return
             try:
                 self._headers(200, "text/event-stream; charset=utf-8", None)
@@ -455,6 +486,7 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"retry: 1000\n\n")
                 written = time.monotonic()
                 while not server.stopping:
+
                     def moved(seen: int = last) -> bool:
                         return model.version != seen or server.stopping
 
@@ -477,9 +509,14 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                         # the page keeps the items it opened with: following whichever
                         # items are on top would re-read the file at every change of rank
                         selected = snap.selected
-                    msg = {"version": snap.version, "t": snap.t, "status": snap.status,
-                           "selected": snap.selected, "auto": snap.auto,
-                           "html": render_fragments(snap)}
+                    msg = {
+                        "version": snap.version,
+                        "t": snap.t,
+                        "status": snap.status,
+                        "selected": snap.selected,
+                        "auto": snap.auto,
+                        "html": render_fragments(snap),
+                    }
                     data = json.dumps(msg, ensure_ascii=True, allow_nan=False)
                     self.wfile.write(f"data: {data}\n\n".encode())
                     self.wfile.flush()
@@ -488,4 +525,3 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                 return
 
     return Handler
-
