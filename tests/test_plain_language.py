@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import io
 import re
 
 import pytest
 
 from dpstream.cli import build_parser, main
+from dpstream.view.model import ViewModel
+from dpstream.view.render import render_page
 
 from .conftest import fixed_key
 
@@ -36,6 +39,12 @@ def _run(argv: list[str]) -> str:
         except SystemExit:  # argparse's own usage errors
             pass
     return out.getvalue() + err.getvalue()
+
+
+def _page_text(page: str) -> str:
+    """The words a reader sees on a view page (no script, style or tag)."""
+    page = re.sub(r"<(script|style)\b.*?</\1>", " ", page, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
 
 
 def _helps() -> dict[str, str]:
@@ -70,6 +79,9 @@ def outputs(tmp_path):
         texts[f"plan {mech} target"] = _run(
             ["plan", "-m", mech, "-T", "100", "--target-error", "20", "--delta", "1e-6", *extra]
         )
+        texts[f"plan {mech} explain"] = _run(
+            ["plan", "-m", mech, "-T", "100", *budget, *extra, "--explain"]
+        )
         texts[f"run {mech}"] = _run(
             [
                 "run",
@@ -87,6 +99,9 @@ def outputs(tmp_path):
                 str(tmp_path / f"{mech}.jsonl"),
             ]
         )
+        model = ViewModel(tmp_path / f"{mech}.jsonl")
+        model.refresh()
+        texts[f"view card {mech}"] = _page_text(render_page(model.snapshot(), nonce=None))
     dom_args = ["--domain", str(dom), "--max-items", "2"]
     for name, argv in {
         "no budget": ["run", "-T", "10", *dom_args, "--key-file", str(key), "-i", str(events)],
@@ -110,6 +125,21 @@ def outputs(tmp_path):
             "--on-invalid",
             "error",
         ],
+        "meta, k above the candidate list size": [
+            "plan",
+            "-m",
+            "meta",
+            "-T",
+            "10",
+            "--rho",
+            "1",
+            "--oneshot",
+            "unknown-gumbel",
+            "--k",
+            "5",
+            "--kbar",
+            "2",
+        ],
         "blt with base": [
             "plan",
             "-T",
@@ -127,12 +157,64 @@ def outputs(tmp_path):
     return texts
 
 
+#: The paper's names of the mechanisms and their parameters. At the edge a mechanism is
+#: named by what it does ("unknown-domain histogram", "top-k with switches", "most items
+#: per event", "candidate list size"); only ``plan --explain`` may cite a paper name, and
+#: only inside parentheses, after the plain words (``_outside_parentheses``).
+PAPER_NAMES = re.compile(
+    r"KnownBase|UnkBase|SparseGumb|MetaAlgo|BinMech|(?<!-)\bkbar\b|Delta0|\blem:|"
+    r"tree base r\b"
+)
+
+
+def _outside_parentheses(text: str) -> str:
+    """``text`` with every parenthesised part (nesting included) blanked out."""
+    out, depth = [], 0
+    for ch in text:
+        depth += ch == "("
+        out.append(ch if depth == 0 else " ")
+        depth -= ch == ")" and depth > 0
+    return "".join(out)
+
+
 def test_no_paper_label_in_any_help_error_or_summary(outputs):
     found = {
-        name: sorted({m.group(0) for m in PAPER.finditer(text)}) for name, text in outputs.items()
+        name: sorted({m.group(0) for m in PAPER.finditer(text)})
+        for name, text in outputs.items()
+        if not name.endswith("explain")
     }
     assert {name: labels for name, labels in found.items() if labels} == {}
     assert all(text.strip() for text in outputs.values())  # every command said something
+
+
+def test_mechanisms_are_named_by_what_they_do(outputs):
+    """The paper's mechanism names nowhere at the edge; in ``plan --explain`` only in
+    parentheses, after the plain words."""
+    found = {
+        name: sorted(
+            {
+                m.group(0)
+                for m in PAPER_NAMES.finditer(
+                    _outside_parentheses(text) if name.endswith("explain") else text
+                )
+            }
+        )
+        for name, text in outputs.items()
+    }
+    assert {name: labels for name, labels in found.items() if labels} == {}
+    assert {"run --help", "plan --help", "view --help", "demo --help"} <= {
+        name.removeprefix("dpstream ") for name in outputs
+    }
+    assert {f"view card {m}" for m in MECHS} <= set(outputs)
+
+
+def test_the_name_checker_catches_what_it_looks_for():
+    for bad in ("UnkBase", "SparseGumb's s", "MetaAlgo[x]", "kbar = 3", "tree base r = 8"):
+        assert PAPER_NAMES.search(bad), bad
+    assert not PAPER_NAMES.search(_outside_parentheses("top-k with switches (SparseGumb)"))
+    assert PAPER_NAMES.search(_outside_parentheses("(a) UnkBase (b)"))
+    for fine in ("--kbar 2", "unknown-domain histogram", "tree counter with base 8"):
+        assert not PAPER_NAMES.search(fine), fine
 
 
 def test_the_checker_catches_what_it_looks_for():

@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         parents=[common],
         help="show what a budget buys before spending it",
-        description="Print tau, the tree base and why, the noise at the worst step, the "
+        description="Print tau, the tree counter's base and why, the noise at the worst step, the "
         "95% interval of a count, the discovery threshold (unknown domain), "
         "top-k's switches and eta; or, with --target-error, the budget needed.",
     )
@@ -269,8 +269,11 @@ _FLAG_WORDS = {
 
 def _user_words(msg: str) -> str:
     """A library message in the command line's words: ``rho=`` becomes ``--rho``,
-    ``max_items`` and Delta0 ``--max-items`` (the library names its keyword arguments)."""
+    ``max_items`` and Delta0 ``--max-items`` (the library names its keyword arguments),
+    a mechanism's paper name (UnkBase...) what it does (:mod:`dpstream.words`)."""
     import re
+
+    from .words import MECHANISM_WORDS
 
     def flag(m: re.Match[str]) -> str:
         name, value = m.group(1), m.group(2)
@@ -281,7 +284,10 @@ def _user_words(msg: str) -> str:
     # 'rho=' (a keyword), 'rho=0.5', "counter='tree'": the flag, then its value
     msg = re.sub(r"\b([a-z][a-z_]*)=('[^']*'|[\w.+-]+)?", flag, msg)
     msg = re.sub(r"\b(max_items|threshold_delta)\b", lambda m: _FLAG_WORDS[m.group(1)], msg)
+    msg = re.sub(r"(?<!-)\bkbar\b", "--kbar", msg)
     msg = msg.replace("m_delta", "the discovery threshold")
+    for paper in sorted(MECHANISM_WORDS, key=len, reverse=True):  # "KnownBase top-k" first
+        msg = re.sub(rf"\b(?:the )?{paper}\b", "the " + MECHANISM_WORDS[paper], msg)
     return msg.replace("Delta0", "--max-items")
 
 

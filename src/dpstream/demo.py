@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .noise import NOISE_VERSION
+from .words import plain_mechanism
 
 __all__ = ["add_demo_options", "run_demo", "load_birdstrikes", "zipf_stream"]
 
@@ -58,8 +59,9 @@ def add_demo_options(parser: argparse.ArgumentParser) -> None:
         "--mechanism",
         choices=("unknown", "known"),
         default="unknown",
-        help="mechanism for the real stream: unknown (UnkBase, items not listed "
-        "in advance) or known (KnownBase over the dataset's item list) "
+        help="mechanism for the real stream: unknown (the unknown-domain histogram, "
+        "items not listed in advance) or known (the known-domain histogram over the "
+        "dataset's item list) "
         "(default: unknown)",
     )
     parser.add_argument(
@@ -292,9 +294,12 @@ def _table(trace: Trace, top: list[str]) -> Any:
     from rich.table import Table
 
     mech = trace.mech
-    table = Table(
-        title=f"{trace.name}: top {len(top)} at t = {trace.horizon}", caption=f"{mech.privacy}"
+    p = mech.privacy
+    caption = (
+        f"{plain_mechanism(mech.mechanism_name)}: epsilon = {p.epsilon:.6g}, "
+        f"delta = {p.delta:.3g} per {p.unit} (rho-zCDP with rho = {p.rho:.6g})"
     )
+    table = Table(title=f"{trace.name}: top {len(top)} at t = {trace.horizon}", caption=caption)
     table.add_column("item")
     table.add_column("true", justify="right")
     table.add_column("private", justify="right")
@@ -329,9 +334,10 @@ def _plot(trace: Trace, top: list[str], path: Path) -> None:
     thr = getattr(trace.mech, "threshold", None)
     if isinstance(thr, float):
         ax.axhline(thr, color="grey", lw=0.8, ls=":")
-        extra = f"; dotted: threshold m_delta = {thr:.0f}"
+        extra = f"; dotted: threshold {thr:.0f}"
     ax.set_title(
-        f"{trace.name}\nsolid: true, dashed: private ({trace.mech.mechanism_name}, "
+        f"{trace.name}\nsolid: true, dashed: private "
+        f"({plain_mechanism(trace.mech.mechanism_name)}, "
         f"epsilon = {trace.mech.privacy.epsilon:.3g}){extra}",
         fontsize=10,
     )

@@ -222,7 +222,7 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(
         ("--base",),
         "base",
-        "the tree base r",
+        "the base of the tree counter (e.g. 8: a tree counter with base 8)",
         None,
         _positive_int,
         metavar="R",

@@ -32,6 +32,7 @@ from .factorization import MAX_BLT_HORIZON, blt_for_horizon
 from .mechanisms.unknown import threshold_profile
 from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
+from .words import plain_mechanism
 
 __all__ = [
     "explain",
@@ -314,7 +315,8 @@ def explain(info: dict[str, Any]) -> str:
     lines = [
         "paper         Cardoso and Rogers, Differentially Private Histograms under Continual "
         "Observation: Streaming Selection into the Unknown",
-        f"algorithm     {info['algorithm']}; guarantee: {p['theorem']}",
+        f"algorithm     {plain_mechanism(info['algorithm'])} ({info['algorithm']})",
+        f"guarantee     (the paper's result: {p['theorem']})",
         f"conversion    rho-zCDP to (epsilon, delta) by {p['conversion']} (gaussian-exact: "
         "Balle and Wang 2018; cks2020: Canonne, Kamath and Steinke; bun-steinke: Bun and "
         "Steinke 2016)",
@@ -327,7 +329,7 @@ def explain(info: dict[str, Any]) -> str:
         )
     else:
         lines.append(
-            f"counter       BinMech, the r-ary tree (Algorithm 1): L_r = "
+            f"counter       the tree counter with base r (BinMech, Algorithm 1): L_r = "
             f"{info['levels']} levels, noise N(0, L_r tau^2) per cell; the base r* "
             "minimises (r - 1) L_r^2 (eq:opt_base)"
         )
@@ -352,7 +354,8 @@ def explain(info: dict[str, Any]) -> str:
         )
     if "switches" in info:
         lines.append(
-            "top-k         SparseGumb (algo:sparseGumb): Gumbel selections with noise "
+            "top-k         top-k with switches (SparseGumb, algo:sparseGumb): Gumbel "
+            "selections with noise "
             "tau_2, a sparse-vector switch test with noise tau_1 (Lyu, Su and Li 2017, "
             "Alg. 1)"
         )
@@ -389,7 +392,7 @@ def format_plan(info: dict[str, Any]) -> str:
         else f"--horizon {info['horizon']}"
     )
     lines = [
-        f"mechanism     {info['mechanism']} ({info['algorithm']}), {horizon}",
+        f"mechanism     {info['mechanism']}: {plain_mechanism(info['algorithm'])}, {horizon}",
         *([counter] if counter else []),
         f"noise scale   {info['tau']:.6g}",
         f"privacy       {plain}",
@@ -468,8 +471,9 @@ def format_plan(info: dict[str, Any]) -> str:
     if info.get("max_items_break_even", 0) >= 1:
         lines.append(
             f"top-k choice  if every event holds at most {info['max_items_break_even']} items, "
-            "KnownBase's top-k (free post-processing of the whole noisy histogram) lists an "
-            "item at a smaller count than SparseGumb needs for this budget: give --max-items "
+            "the top-k from the known-domain histogram (free post-processing of the whole "
+            "noisy histogram) lists an item at a smaller count than top-k with switches needs "
+            "for this budget: give --max-items "
             "to compare"
         )
     if "max_items_hint" in info:
@@ -483,7 +487,7 @@ def format_plan(info: dict[str, Any]) -> str:
             "or cut with --on-invalid truncate, which undercounts the items of large events "
             "(the run summary reports the share of item occurrences dropped). The noise grows "
             f"with it (std at {worst}, --max-items: std): {rows}"
-            + (f" (SparseGumb, any event size: {sparse:.3g})" if sparse else "")
+            + (f" (top-k with switches, any event size: {sparse:.3g})" if sparse else "")
             + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes."
         )
     if "target_error" in info:

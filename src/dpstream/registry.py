@@ -52,7 +52,8 @@ MECHANISMS: dict[str, MechanismSpec] = {
         True,
         "required",
         (),
-        "KnownBase: running histogram of a known domain, <= max-items per event",
+        "known-domain histogram: a running count of every item of a listed domain, "
+        "<= max-items per event",
     ),
     "unknown": MechanismSpec(
         "unknown",
@@ -62,7 +63,8 @@ MECHANISMS: dict[str, MechanismSpec] = {
         False,
         "required",
         ("threshold", "remember"),
-        "UnkBase: running histogram of items never listed in advance, <= max-items per event",
+        "unknown-domain histogram: running counts of items never listed in advance, "
+        "<= max-items per event",
     ),
     "top-k": MechanismSpec(
         "top-k",
@@ -72,9 +74,9 @@ MECHANISMS: dict[str, MechanismSpec] = {
         True,
         "optional",
         ("status", "switches_left", "switched", "selection"),
-        "SparseGumb: continual top-k of a known domain, any number of items per event "
-        "(with --max-items: SparseGumb, KnownBase's or UnkBase's top-k, whichever lists "
-        "items soonest)",
+        "top-k with switches: a continual top-k of a known domain, any number of items "
+        "per event (with --max-items: top-k with switches or top-k from the known- or "
+        "unknown-domain histogram, whichever lists items soonest)",
     ),
     "meta": MechanismSpec(
         "meta",
@@ -84,7 +86,7 @@ MECHANISMS: dict[str, MechanismSpec] = {
         False,
         "optional",
         ("status",),
-        "MetaAlgo: a one-shot mechanism on every cell of the tree (event mode)",
+        "per-cell one-shot (meta): a one-shot mechanism on every cell of the tree (event mode)",
     ),
 }
 

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from ..noise import NoiseKey
+from ..words import plain_mechanism
 from .base import Release, check_in_domain, domain_items, take_items
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
@@ -427,15 +428,18 @@ def choose_top_k(
     errors = top_k_errors(candidates)
     stds = {n: float(m.noise_std_worst) for n, m in candidates.items()}
     name = min(errors, key=lambda n: (errors[n], _ORDER.index(n)))
-    others = ", ".join(f"{n} {errors[n]:.4g}" for n in _ORDER if n in errors and n != name)
+    others = ", ".join(
+        f"{plain_mechanism(n)} {errors[n]:.4g}" for n in _ORDER if n in errors and n != name
+    )
     reason = (
-        f"{name}: an item needs a count (or, for SparseGumb, a lead over the list) of "
+        f"{plain_mechanism(name)}: an item needs a count (or, for top-k with switches, a "
+        "lead over the list) of "
         f"about {errors[name]:.4g} to be listed half the time at the worst step, against "
         f"{others} (computed from the budget, --horizon, --k, --max-items, the domain size "
         f"and s = {switches} switches; never from the data). Noise std of a released count "
-        f"at the worst step: {stds[name]:.4g}. KnownBase's and UnkBase's lists are the k "
+        f"at the worst step: {stds[name]:.4g}. The histograms' lists are the k "
         f"largest counts of a histogram of every item (at most {max_items} per event), "
-        "re-read at every step for free; SparseGumb pays for "
+        "re-read at every step for free; top-k with switches pays for "
         f"{switches + 1} selections of {k} items and the sparse vector, whatever the event "
         "size, and changes its list only when an item leads by eta."
     )

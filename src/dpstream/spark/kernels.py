@@ -96,9 +96,9 @@ class ReleaseSpec:
         if self.mechanism not in (KNOWN, UNKNOWN):
             raise ValueError(f"mechanism must be {KNOWN!r} or {UNKNOWN!r}, got {self.mechanism!r}")
         if (self.mechanism == UNKNOWN) != (self.threshold is not None):
-            raise ValueError("threshold is set for UnkBase and only for UnkBase")
+            raise ValueError("threshold is set for the unknown-domain histogram and only for it")
         if (self.mechanism == UNKNOWN) != bool(self.thresholds):
-            raise ValueError("thresholds are set for UnkBase and only for UnkBase")
+            raise ValueError("thresholds are set for the unknown-domain histogram and only for it")
 
     def threshold_at(self, t: int) -> float:
         """UnkBase's m_t: the threshold of step t."""

@@ -183,9 +183,14 @@ class StreamRelease:
                 "or `dpstream run --state` (whose snapshots carry the bounds)"
             )
         if known and domain is None:
-            raise ValueError("KnownBase needs domain=, a DataFrame listing the domain's items")
+            raise ValueError(
+                "the known-domain histogram needs domain=, a DataFrame listing the domain's items"
+            )
         if not known and domain is not None:
-            raise ValueError("domain= is for KnownBase only (UnkBase discovers its items)")
+            raise ValueError(
+                "domain= is for the known-domain histogram only (the unknown-domain "
+                "histogram discovers its items)"
+            )
         if not events.isStreaming:
             raise ValueError("events must be a streaming DataFrame (spark.readStream...)")
         if step_col not in events.columns:

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..words import plain_mechanism
 from .model import MAX_SELECTED, Snapshot
 
 __all__ = ["esc", "render_fragments", "render_page", "PALETTE", "content_security_policy"]
@@ -129,11 +130,12 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     if meta is not None:
         parts = [esc(_DOMAIN_WORDS.get(name or "", name or ""))]
         if base is not None:
-            parts.append(f"tree base r = {base:.0f}")
+            parts.append(f"tree counter with base {base:.0f}")
         elif _meta_str(meta, "counter") == "blt":
             k = _meta_num(meta, "buffers")
             parts.append("BLT counter" + (f", {k:.0f} buffers" if k is not None else ""))
-        tiles.append(_tile("mechanism", esc(algorithm or name or "?"), " · ".join(parts)))
+        words = plain_mechanism(algorithm) if algorithm else name
+        tiles.append(_tile("mechanism", esc(words or "?"), " · ".join(parts)))
     else:
         tiles.append(_tile("mechanism", "unknown", "no metadata file"))
 
