@@ -31,3 +31,22 @@ def own_ledger(output: object) -> list[str]:
     an uninterrupted run) keeps its own release ledger. One ledger would rightly refuse
     the second run: the same noise on other data publishes the difference."""
     return ["--ledger", f"{output}.ledger"]
+
+
+def day_event_lines(
+    day: int, *, steps_per_day: int, words: list[str], events_per_step: tuple[int, int], seed: int
+) -> list[str]:
+    """JSON Lines events of one "day" of a daily stream: each step of the day gets a
+    random number of events (``events_per_step`` as [low, high)) of 1 or 2 of ``words``.
+    Simulated test data from a seeded generator, never a release."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed + day)
+    lines = []
+    for t in range((day - 1) * steps_per_day + 1, day * steps_per_day + 1):
+        for _ in range(int(rng.integers(*events_per_step))):
+            items = rng.choice(words, size=int(rng.integers(1, 3)), replace=False)
+            lines.append(json.dumps({"t": t, "items": items.tolist()}) + "\n")
+    return lines

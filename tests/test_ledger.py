@@ -18,12 +18,11 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import day_event_lines, fixed_key
 
 STEPS_PER_DAY = 8
 T = 3 * STEPS_PER_DAY
@@ -31,13 +30,9 @@ WORDS = [f"w{i}" for i in range(12)]
 
 
 def _day_lines(day: int, seed: int = 5) -> list[str]:
-    rng = np.random.default_rng(seed + day)  # simulated events (test data, not a release)
-    lines = []
-    for t in range((day - 1) * STEPS_PER_DAY + 1, day * STEPS_PER_DAY + 1):
-        for _ in range(int(rng.integers(20, 40))):
-            items = rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False)
-            lines.append(json.dumps({"t": t, "items": items.tolist()}) + "\n")
-    return lines
+    return day_event_lines(
+        day, steps_per_day=STEPS_PER_DAY, words=WORDS, events_per_step=(20, 40), seed=seed
+    )
 
 
 @pytest.fixture
