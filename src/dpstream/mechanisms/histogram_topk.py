@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import ndtri
@@ -26,6 +26,9 @@ from .base import Release, check_in_domain, domain_items, take_items
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
+
+if TYPE_CHECKING:
+    from ..bounding import UserBounds
 
 __all__ = ["HistogramTopK", "TopKChoice", "UnknownTopK", "choose_top_k", "top_k_errors"]
 
@@ -71,6 +74,10 @@ class HistogramTopK:
     """
 
     mechanism_name = "KnownBase top-k"
+    # ContinualMechanism: lists of events, needs a horizon, event level.
+    accepts_columns = False
+    unbounded = False
+    user_bounds: UserBounds | None = None
 
     def __init__(
         self,
@@ -189,6 +196,10 @@ class UnknownTopK:
     """
 
     mechanism_name = "UnkBase top-k"
+    # ContinualMechanism: lists of events, needs a horizon (counter, strategy and
+    # user_bounds are UnkBase's, copied in __init__).
+    accepts_columns = False
+    unbounded = False
 
     def __init__(
         self,
