@@ -3,6 +3,7 @@ attribute present and of the declared type (the edges read them without probing)
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -49,6 +50,7 @@ TYPES = {
     "unbounded": (bool,),
     "user_bounds": (UserBounds, type(None)),
     "noise_std_worst": (float,),
+    "noise_version": (int,),
 }
 
 
@@ -103,3 +105,35 @@ def test_an_object_missing_a_declared_attribute_is_not_a_continual_mechanism():
         step = step_batch = mech.step  # no accepts_columns
 
     assert not isinstance(Partial(), ContinualMechanism)
+
+
+def test_run_over_a_histogram_top_k_output_keeps_its_noise_version(tmp_path):
+    """``-m top-k --max-items`` picking KnownBase's top-k records the noise version that
+    drew it; a ``--force`` run over that output reads it back and so draws the same
+    noise, rather than publishing the same steps again with independent noise (the
+    sidecar used to say version 1 for a version-2 stream)."""
+    from dpstream.cli import main
+    from dpstream.runmeta import read_run_meta, sidecar_path
+
+    key_path = tmp_path / "k.key"
+    KEY.save(key_path)
+    domain = tmp_path / "domain.txt"
+    domain.write_text("\n".join(WORDS[:6]) + "\n")
+    events = tmp_path / "ev.jsonl"
+    events.write_text(
+        "".join(
+            json.dumps({"t": t, "items": [WORDS[t % 6], WORDS[(t + 1) % 6]]}) + "\n"
+            for t in range(1, 31)
+            for _ in range(3)
+        )
+    )
+    out = tmp_path / "out.jsonl"
+    args = ["run", "--quiet", "-m", "top-k", "-T", "40", "--domain", str(domain), "--k", "2"]
+    args += ["--max-items", "2", "--rho", "1", "--key-file", str(key_path), "-i", str(events)]
+    assert main([*args, "-o", str(out)]) == 0
+    meta = read_run_meta(sidecar_path(out))
+    assert meta["algorithm"] == "KnownBase top-k"
+    assert meta["noise_version"] == 2
+    first = out.read_text()
+    assert main([*args, "-o", str(out), "--force"]) == 0
+    assert out.read_text() == first

@@ -92,7 +92,7 @@ def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> di
         dpstream_version=__version__,
         unit=str(mech.privacy.unit),
         counter=str(mech.counter or "tree"),
-        noise_version=int(getattr(mech, "noise_version", 1)),
+        noise_version=int(mech.noise_version),
         rounded=bool(rounded),
         noise_std_per_step=callable(getattr(mech, "noise_std_at", None)),
         z95=Z95,

@@ -74,10 +74,9 @@ class HistogramTopK:
     """
 
     mechanism_name = "KnownBase top-k"
-    # ContinualMechanism: lists of events, needs a horizon, event level.
+    # ContinualMechanism: lists of events, needs a horizon.
     accepts_columns = False
     unbounded = False
-    user_bounds: UserBounds | None = None
 
     def __init__(
         self,
@@ -109,6 +108,16 @@ class HistogramTopK:
     @property
     def t(self) -> int:
         return self.histogram.t
+
+    @property
+    def noise_version(self) -> int:
+        """KnownBase's noise version (the one that draws this list's noise)."""
+        return self.histogram.noise_version
+
+    @property
+    def user_bounds(self) -> UserBounds | None:
+        """KnownBase's per-user bounds (user-level privacy), else None."""
+        return self.histogram.user_bounds
 
     @property
     def domain(self) -> list[Hashable]:

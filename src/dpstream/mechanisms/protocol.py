@@ -36,6 +36,8 @@ class ContinualMechanism(Protocol):
         unbounded: the stream has no planned end.
         user_bounds: the per-user bounds (user-level privacy), else ``None``.
         noise_std_worst: the largest std of a released count over t <= T.
+        noise_version: the version of :mod:`dpstream.noise` that draws the noise
+            (recorded, so that a stream never changes version).
 
     Optional capabilities, probed by the edges because only some mechanisms
     have them: ``noise_std_at(t)`` (the std at step t; absent where only the
@@ -57,6 +59,9 @@ class ContinualMechanism(Protocol):
 
     @property
     def noise_std_worst(self) -> float: ...
+
+    @property
+    def noise_version(self) -> int: ...
 
     def step(self, event: Iterable[Any]) -> Release: ...
 
