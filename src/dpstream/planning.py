@@ -26,13 +26,16 @@ derived numbers are closed forms stated below.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .factorization import MAX_BLT_HORIZON, blt_for_horizon
 from .mechanisms.unknown import threshold_profile
 from .tree import max_cells, num_levels, optimal_base, paper_variance_factor
 from .tree import worst_case_variance_factor as _wcvf
 from .words import plain_mechanism
+
+if TYPE_CHECKING:
+    from .mechanisms.protocol import ContinualMechanism
 
 __all__ = [
     "explain",
@@ -63,16 +66,9 @@ Z95 = 1.959963984540054
 Z95_ONE_SIDED = 1.6448536269514722
 
 
-def noise_std_worst(mech: Any) -> float:
+def noise_std_worst(mech: ContinualMechanism) -> float:
     """The largest std of a released count over t <= T, for any dpstream mechanism."""
-    std = getattr(mech, "noise_std_worst", None)
-    if isinstance(std, (int, float)):
-        return float(std)
-    strategy = getattr(mech, "strategy", None)
-    if strategy is not None:  # top-k's BLT counters: draws of std counter_std
-        return float(mech.counter_std) * math.sqrt(strategy.max_variance_factor)
-    tau = float(getattr(mech, "tau_2", mech.tau))
-    return tau * math.sqrt(_wcvf(mech.horizon, mech.base))
+    return float(mech.noise_std_worst)
 
 
 def tau_for_target(target_error: float, std_at_unit_tau: float) -> float:
@@ -100,7 +96,7 @@ def counter_comparison(mech: Any) -> dict[str, float] | None:
     ``None`` for a mechanism with no choice of counter (unknown domain, meta, a
     stream with no planned end).
     """
-    if not hasattr(mech, "counter") or getattr(mech, "unbounded", False):
+    if mech.counter is None or mech.unbounded:
         return None
     horizon = int(mech.horizon)
     tau = float(getattr(mech, "tau_2", mech.tau))
@@ -172,17 +168,17 @@ def unbounded_profile(mech: Any) -> dict[str, Any]:
 
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
-    if getattr(mech, "unbounded", False):
+    if mech.unbounded:
         return _describe_unbounded(mech, name)
     horizon = int(mech.horizon)
     base = None if mech.base is None else int(mech.base)
     std = noise_std_worst(mech)
-    strategy = getattr(mech, "strategy", None)
+    strategy = mech.strategy
     out: dict[str, Any] = {
         "mechanism": name,
         "algorithm": getattr(mech, "mechanism_name", type(mech).__name__),
         "horizon": horizon,
-        "counter": getattr(mech, "counter", "tree"),
+        "counter": mech.counter or "tree",
         "base": base,
         "base_reason": None if base is None else _base_reason(horizon, base, base_given),
         "levels": None if base is None else num_levels(horizon, base),
@@ -193,7 +189,7 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         "privacy": mech.privacy.to_dict(),
         "unit": mech.privacy.unit,
     }
-    bounds = getattr(mech, "user_bounds", None)
+    bounds = mech.user_bounds
     if bounds is not None:
         out.update(
             max_items_per_user=bounds.max_items_per_user,
@@ -270,7 +266,7 @@ def _describe_unbounded(mech: Any, name: str) -> dict[str, Any]:
         "fitted_horizon": strategy.fitted_horizon,
         **unbounded_profile(mech),
     }
-    bounds = getattr(mech, "user_bounds", None)
+    bounds = mech.user_bounds
     if bounds is not None:
         out.update(
             max_items_per_user=bounds.max_items_per_user,

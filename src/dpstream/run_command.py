@@ -262,7 +262,7 @@ def _run_params(
         )
     if opts.get("user_field") is not None:
         params.update(user_field=opts["user_field"])
-    if getattr(mech, "strategy", None) is not None:  # the BLT's exact parameters
+    if mech.strategy is not None:  # the BLT's exact parameters
         params.update(counter="blt", blt=mech.strategy.fingerprint())
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
@@ -1113,7 +1113,7 @@ def _run_loop(
         events = validator.events(step)
         batch = (
             events.events()
-            if isinstance(events, EventColumns) and not getattr(mech, "accepts_columns", False)
+            if isinstance(events, EventColumns) and not mech.accepts_columns
             else events
         )
         rel = postprocess(publish(_public(mech.step_batch(batch), public_meta)), opts)

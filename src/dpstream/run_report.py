@@ -25,11 +25,7 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
     resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
     lines = [
         f"{stats.steps} steps (t = 1..{mech.t} of "
-        + (
-            "a stream with no planned end"
-            if getattr(mech, "unbounded", False)
-            else f"T = {mech.horizon}"
-        )
+        + ("a stream with no planned end" if mech.unbounded else f"T = {mech.horizon}")
         + "), "
         f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",
         f"  invalid events: {stats.truncated} truncated, {stats.skipped} skipped"

@@ -31,9 +31,12 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._crashpoints import write as crash_write
+
+if TYPE_CHECKING:
+    from .mechanisms.protocol import ContinualMechanism
 
 __all__ = [
     "SIDECAR_SUFFIX",
@@ -58,18 +61,17 @@ def sidecar_path(output: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
-def noise_std_at(mech: Any, t: int) -> float:
+def noise_std_at(mech: ContinualMechanism, t: int) -> float:
     """The standard deviation of a count ``mech`` releases at step ``t`` (data-independent).
 
-    ``mech.noise_std_at(t)`` where the mechanism gives it; otherwise the
-    worst step's (:func:`dpstream.planning.noise_std_worst`), an upper bound.
+    ``mech.noise_std_at(t)`` where the mechanism gives it (an optional capability
+    of :class:`~dpstream.mechanisms.protocol.ContinualMechanism`); otherwise the
+    worst step's (``mech.noise_std_worst``), an upper bound.
     """
     per_step = getattr(mech, "noise_std_at", None)
     if callable(per_step):
         return float(per_step(t))
-    from .planning import noise_std_worst
-
-    return noise_std_worst(mech)
+    return float(mech.noise_std_worst)
 
 
 def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> dict[str, Any]:
@@ -89,8 +91,8 @@ def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> di
         format=FORMAT,
         dpstream_version=__version__,
         unit=str(mech.privacy.unit),
-        counter=str(getattr(mech, "counter", "tree")),
-        noise_version=int(getattr(mech, "noise_version", 1)),
+        counter=str(mech.counter or "tree"),
+        noise_version=int(mech.noise_version),
         rounded=bool(rounded),
         noise_std_per_step=callable(getattr(mech, "noise_std_at", None)),
         z95=Z95,

@@ -3,6 +3,7 @@
 from .base import Release
 from .known import BLTCounter, KnownDomainHistogram, TreeCounter
 from .meta import ONESHOTS, MetaHistogram
+from .protocol import ContinualMechanism
 from .topk import ContinualTopK, utility_eta
 from .unknown import (
     PrivacySplit,
@@ -14,6 +15,7 @@ from .unknown import (
 __all__ = [
     "ONESHOTS",
     "BLTCounter",
+    "ContinualMechanism",
     "ContinualTopK",
     "MetaHistogram",
     "utility_eta",

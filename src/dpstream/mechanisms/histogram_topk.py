@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import ndtri
@@ -27,6 +27,9 @@ from .base import Release, check_in_domain, domain_items, take_items
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
+
+if TYPE_CHECKING:
+    from ..bounding import UserBounds
 
 __all__ = ["HistogramTopK", "TopKChoice", "UnknownTopK", "choose_top_k", "top_k_errors"]
 
@@ -72,6 +75,9 @@ class HistogramTopK:
     """
 
     mechanism_name = "KnownBase top-k"
+    # ContinualMechanism: lists of events, needs a horizon.
+    accepts_columns = False
+    unbounded = False
 
     def __init__(
         self,
@@ -103,6 +109,16 @@ class HistogramTopK:
     @property
     def t(self) -> int:
         return self.histogram.t
+
+    @property
+    def noise_version(self) -> int:
+        """KnownBase's noise version (the one that draws this list's noise)."""
+        return self.histogram.noise_version
+
+    @property
+    def user_bounds(self) -> UserBounds | None:
+        """KnownBase's per-user bounds (user-level privacy), else None."""
+        return self.histogram.user_bounds
 
     @property
     def domain(self) -> list[Hashable]:
@@ -190,6 +206,10 @@ class UnknownTopK:
     """
 
     mechanism_name = "UnkBase top-k"
+    # ContinualMechanism: lists of events, needs a horizon (counter, strategy and
+    # user_bounds are UnkBase's, copied in __init__).
+    accepts_columns = False
+    unbounded = False
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.special import ndtri
@@ -29,7 +30,7 @@ from ..noise import (
     versioned_purpose,
 )
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
-from ..tree import cells_closing_at, digits, num_levels
+from ..tree import cells_closing_at, digits, num_levels, worst_case_variance_factor
 from .base import (
     EventLimit,
     Release,
@@ -46,6 +47,10 @@ from .base import (
     take_items,
 )
 from .item_table import ItemTable, domain_table, release_items
+
+if TYPE_CHECKING:
+    from ..bounding import UserBounds
+    from ..factorization import BLTStrategy
 
 __all__ = ["ONESHOTS", "MetaHistogram"]
 
@@ -187,6 +192,12 @@ class MetaHistogram:
     """
 
     mechanism_name = "MetaAlgo"
+    # ContinualMechanism: lists of events, a tree (no choice of counter), event level.
+    accepts_columns = False
+    counter: str | None = None
+    strategy: BLTStrategy | None = None
+    unbounded = False
+    user_bounds: UserBounds | None = None
 
     def __init__(
         self,
@@ -407,6 +418,12 @@ class MetaHistogram:
         """The known domain's item table (see ``KnownDomainHistogram.domain_index``), or
         None for the unknown-domain variants. Shared, not copied: never add to it."""
         return self._index if self._known else None
+
+    @property
+    def noise_std_worst(self) -> float:
+        """tau sqrt(worst-case variance factor of the tree): the worst-step std
+        ``plan`` and the run's sidecar state for MetaAlgo."""
+        return float(self.tau) * math.sqrt(worst_case_variance_factor(self.horizon, self.base))
 
     @property
     def truncation(self) -> TruncationStats:

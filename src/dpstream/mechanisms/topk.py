@@ -428,6 +428,7 @@ class ContinualTopK:
 
     mechanism_name = "SparseGumb"
     accepts_columns = True  # step_batch takes EventColumns
+    unbounded = False  # needs --horizon (ContinualMechanism)
     theorem = (
         "SparseGumb (algo:sparseGumb) with the sparse vector per Lyu-Su-Li 2017 "
         "Alg. 1: (2k+1)/(2 tau^2)-zCDP; k/tau^2 with no sparse-vector round"

@@ -955,7 +955,7 @@ def threshold_profile(mech: Any) -> dict[str, float]:
     with the noise std of a count at those steps (public parameters only: what ``plan``
     prints and what top-k compares)."""
     horizon = int(mech.horizon)
-    if getattr(mech, "strategy", None) is not None:  # BLT: m_t grows with t
+    if mech.strategy is not None:  # BLT: m_t grows with t
         typical = (horizon - 1) // 2 + 1
         return {
             "threshold_worst": float(mech.threshold_at(horizon)),

@@ -244,7 +244,7 @@ class _SparkRelease:
 
     @property
     def counter(self) -> str:
-        return getattr(self.mechanism, "counter", "tree")
+        return str(self.mechanism.counter)
 
     @property
     def levels(self) -> int:

@@ -176,7 +176,7 @@ class StreamRelease:
                 "mechanism must be a SparkKnownBase or SparkUnknownBase, got "
                 f"{type(mechanism).__name__}"
             )
-        if getattr(mechanism, "user_bounds", None) is not None:
+        if mechanism.user_bounds is not None:
             raise ValueError(
                 "user-level privacy (max_items_per_user=) is not available for "
                 "streaming releases yet: use SparkKnownBase/SparkUnknownBase.run "
