@@ -97,7 +97,7 @@ def _attach_ndtri(loops: Any) -> bool:
     (the tail, the restarts) are drawn in C instead of by a dozen NumPy calls
     per chunk. It is checked on :func:`ndtri_check_points` first: any bit that
     differs from the ufunc, or a SciPy without the capsule, and the C loops
-    leave those points to the NumPy code, as before (the same values).
+    leave those points to the NumPy code (the same values, more slowly).
     """
     try:
         from scipy.special import cython_special, ndtri

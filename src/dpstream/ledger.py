@@ -50,7 +50,8 @@ its noise scope (the purpose the mechanism draws its noise under: the stream
 name and every setting that shapes the noise; never the name or the settings
 themselves), in the same append as its first step (a run without ``--state``,
 which cannot resume, appends that line alone before its first release; a run
-begun before the ledger kept scopes adds its line when it goes on). A
+on record whose scope line is missing, begun by a dpstream whose ledger kept no
+scopes, adds its line when it goes on). A
 new run whose scope another run already holds is refused before anything is
 written (:meth:`ReleaseLedger.others`, checked again under the lock when the
 line is appended); a resumed run (the same run id) is not. ``--force`` is the

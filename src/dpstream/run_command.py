@@ -173,13 +173,13 @@ def _noise_version(opts: dict[str, Any]) -> int:
 def _recorded_tree_base(opts: dict[str, Any]) -> int | None:
     """The tree base of the unknown-domain stream this run goes on with, or None.
 
-    UnkBase's default counter became BLT; a stream that began with the tree (the
+    UnkBase's default counter is BLT; a stream that began with the tree (the
     run on record in ``--state``, else the output's metadata sidecar when the
     output exists) must not switch counters half-way (its releases would mix
     independent noises of two counters). So ``-m unknown`` without ``--counter``,
     ``--blt-buffers`` or ``--base`` takes the recorded tree base (``--base r``
-    records exactly what the old default recorded). An explicit flag that
-    differs from the record is refused by the parameter check as for any option.
+    records exactly what a stream begun with the tree by default recorded). An
+    explicit flag that differs from the record is refused by the parameter check as for any option.
     """
     from .runmeta import read_run_meta, sidecar_path
     from .state import recorded_params
@@ -987,7 +987,8 @@ def _read_checked(
 
     The run reads its input to the end before its first release anyway (the steps wait
     for it), so reading it here first costs no memory the run would not take (with
-    --implicit-time, whose steps used to go as they were read, the input is held too).
+    --implicit-time too: every batch run holds its input, so that too many invalid records
+    are refused before anything is written).
     """
     import numpy as np
 
@@ -1380,7 +1381,7 @@ def _open_ledger(
     """The release ledger of the run in the state, checked against it.
 
     The state's last step must be the ledger's; steps the state holds and the
-    ledger lacks (a state written before the ledger existed, or a ledger
+    ledger lacks (a state written by a dpstream without a ledger, or a ledger
     restored from a backup) are appended. A state behind the ledger (restored
     from a backup, or killed between the two) is let through with a warning:
     the steps the ledger holds are then released again only from the same
@@ -1527,9 +1528,9 @@ def _open_run(
 
 
 def _check_truncation_rule(path: str, recorded: str) -> None:
-    """Refuse a state whose run truncated by another rule (before ``truncation`` was
-    recorded, the kept items were keyed on input line numbers): its stream must not
-    switch rules half-way."""
+    """Refuse a state whose run truncated by another rule (a state without ``truncation``
+    on record keyed the kept items on input line numbers): its stream must not switch
+    rules half-way."""
     params = json.loads(recorded)
     if params.get("on_invalid") == "truncate" and "truncation" not in params:
         raise StateError(

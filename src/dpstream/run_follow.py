@@ -55,12 +55,12 @@ def follow(
     ended, plus ``--lateness``) and the reader has caught up with the input:
     a backlog is read to its end first, so which events make a step does not
     depend on how fast they were read, nor on the order of the backlog. (A
-    step used to close too when an event of a later step was read: one event
-    put early in a backlog then made the events after it late, so its presence
-    changed other events' counts.) An event that arrives after its step was
-    released is late and goes to ``--on-invalid``. A resumed run closes the
-    steps on record at the input line each one closed at the first time (kept
-    in the state), so late events stay late and the replay is exact.
+    step does not close when an event of a later step is read: one event put
+    early in a backlog would then make the events after it late, so its
+    presence would change other events' counts.) An event that arrives after
+    its step was released is late and goes to ``--on-invalid``. A resumed run
+    closes the steps on record at the input line each one closed at the first
+    time (kept in the state), so late events stay late and the replay is exact.
     """
     import queue
     import threading

@@ -70,7 +70,7 @@ class ParquetFormatter:
 
 def long_layout_without_step_start(path: str, fmt: str) -> bool:
     """Whether ``path`` is a long output (``csv``, ``jsonl-long``) begun without the
-    ``step_start`` column (by a dpstream before it): a stream that goes on keeps its
+    ``step_start`` column (by a dpstream that did not write it): a stream that goes on keeps its
     file's layout, so the bytes the state vouches for stay the same."""
     if path == "-" or fmt not in ("csv", "jsonl-long"):
         return False

@@ -45,7 +45,8 @@ only parsed after that check passes, so a state file written by someone
 without the key is refused before any of it is read. A snapshot is tied to the
 dpstream version that wrote it (its classes): another version refuses it with a
 clear message, and so does this version for a snapshot of the first format
-(pickle, dpstream 0.3.0.dev0 and before), which it no longer reads.
+(pickle, written by dpstream 0.3.0.dev0 and earlier), which it does not read
+because unpickling can run code.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ Only ``str`` items are held this way. The first item of another type (an int,
 bytes) or a str that is not valid UTF-8 (a lone surrogate, which JSON can
 carry) turns the table into a plain list + dict for good, and so does the
 absence of the C module (``DPSTREAM_COMPILED=0``, or an install without a
-compiler): the same positions, the same releases, the old memory and speed.
+compiler): the same positions, the same releases, the memory and speed of a
+plain list + dict.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class MetaHistogram:
     L_r T)), beta = 0.05: with every count 0 each of the at most k (r-1) L_r
     candidates exceeds it with probability at most beta / (k (r-1) L_r T), so a
     list is started on pure noise with probability at most beta (union bound
-    over candidates and steps). Before, the release is empty with
+    over candidates and steps). Until then the release is empty with
     ``meta["status"] == "not yet"``, then ``"selected"``. This is
     post-processing of the released values and public parameters: no privacy
     cost. (The unknown-domain variants release only items that appeared.)

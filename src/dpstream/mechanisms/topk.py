@@ -595,8 +595,9 @@ class ContinualTopK:
         return out[0], out[1]
 
     def _eta_scope_tag(self) -> float | str:
-        """The noise scope's record of eta: as before for the default levels (so releases
-        replay), with the levels when they differ (other thresholds, other noise)."""
+        """The noise scope's record of eta: eta alone for the default levels (the record of
+        every stream that keeps them, so its releases replay), with the levels when they
+        differ (other thresholds, other noise)."""
         tag = _eta_tag(self._eta)
         if (self.beta, self.start_beta) != (AUTO_ETA_BETA, AUTO_ETA_BETA):
             tag = f"{tag}:beta={self.beta.hex()}:start_beta={self.start_beta.hex()}"

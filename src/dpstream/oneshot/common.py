@@ -83,7 +83,8 @@ class OneShotRelease:
         return f"OneShotRelease({{{body}{more}}}{tail})"
 
 
-#: The result of the unknown-domain mechanisms (the same type; the old name stays).
+#: The result of the unknown-domain mechanisms: the same type under a second name, so that
+#: code that imports this name keeps working.
 UnknownDomainResult = OneShotRelease
 
 

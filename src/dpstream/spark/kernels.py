@@ -258,7 +258,7 @@ def release_stream_batch(
     ``ReleaseSpec.restore`` and advanced to t
     (``advance_to``: one incremental step after prev_t = t - 1), without
     preparing its id again; a row without state (a new item, or a snapshot
-    written before the state columns existed) is prepared and jumped to t from
+    without the state columns) is prepared and jumped to t from
     scratch. Both paths give the local engine's noise bit for bit.
 
     Output: item, count, ``released``, ``value`` (as ``release_step_batch``),
