@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..factorization import BLTStrategy
 from ..mechanisms.blt_noise import BLTNoise
+from ..mechanisms.counters import tree_base
 from ..mechanisms.tree_noise import TreeNoise
 from ..noise import NoiseKey, NoiseSource, PreparedItems
 from ..oneshot.common import GUMBEL_DRAW
@@ -50,13 +51,6 @@ __all__ = [
 #: Mechanism names a spec may carry.
 KNOWN = "KnownBase"
 UNKNOWN = "UnkBase"
-
-
-def _tree_base(base: int | None) -> int:
-    """The tree base r of a stream's counters; ``None`` means BLT counters, which have none."""
-    if base is None:
-        raise ValueError("the counters are BLT counters: there is no tree base")
-    return base
 
 
 @dataclass(frozen=True)
@@ -102,7 +96,7 @@ class ReleaseSpec:
 
     def threshold_at(self, t: int) -> float:
         """UnkBase's m_t: the threshold of step t."""
-        return self.thresholds[sum(digits(t, _tree_base(self.base)))]
+        return self.thresholds[sum(digits(t, tree_base(self.base)))]
 
     @property
     def levels(self) -> int:
@@ -110,7 +104,7 @@ class ReleaseSpec:
         buffers and the running sum of a BLT counter (k + 1)."""
         if self.strategy is not None:
             return self.strategy.buffers + 1
-        return num_levels(self.horizon, _tree_base(self.base))
+        return num_levels(self.horizon, tree_base(self.base))
 
     def tree_noise(self, source: NoiseSource, items: Sequence[object]) -> TreeNoise | BLTNoise:
         """A fresh counter noise at t = 0 holding ``items`` (prepared under ``source``)."""
@@ -130,7 +124,7 @@ class ReleaseSpec:
                 noise = TreeNoise(
                     source,
                     self.horizon,
-                    _tree_base(self.base),
+                    tree_base(self.base),
                     self.cell_std,
                     kept_levels=self.levels,
                 )
@@ -144,7 +138,7 @@ class ReleaseSpec:
         return TreeNoise.restore(
             source,
             self.horizon,
-            _tree_base(self.base),
+            tree_base(self.base),
             self.cell_std,
             prepared,
             t,
@@ -491,7 +485,7 @@ def topk_counter_batch(
             if spec.strategy is not None:
                 noise = BLTNoise(source, spec.strategy, spec.counter_std)
             else:
-                noise = TreeNoise(source, spec.horizon, _tree_base(spec.base), spec.counter_std)
+                noise = TreeNoise(source, spec.horizon, tree_base(spec.base), spec.counter_std)
             noise.add_items(source.prepare([items[i] for i in rows]))
             noise.advance(t)
             values[rows] = counts[rows] + noise.noise()
