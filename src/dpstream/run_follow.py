@@ -12,14 +12,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .errors import StateError
+from .run_settings import clock_from_options
 
 __all__ = ["follow", "input_records_from"]
-
-
-def _clock(opts: dict[str, Any]) -> Any:
-    from .run_settings import clock_from_options
-
-    return clock_from_options(opts)
 
 
 def _utcnow() -> Any:
@@ -68,7 +63,7 @@ def follow(
     from .io import guard_lines
     from .state import StateDigests
 
-    clock = _clock(opts)
+    clock = clock_from_options(opts)
     if clock is None:
         raise ValueError("--follow needs the public clock: --time-field, --step and --start")
     if input_format != "jsonl":
@@ -166,7 +161,7 @@ def input_records_from(
 ) -> Iterator[Any]:
     from .io import read_events
 
-    clock = _clock(opts)
+    clock = clock_from_options(opts)
     return read_events(
         lines,
         input_format,
