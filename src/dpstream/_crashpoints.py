@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+from collections.abc import Callable
 from typing import IO, Any
 
 ENV = "DPSTREAM_TEST_KILL_AT"
@@ -65,27 +66,35 @@ def watch(db: sqlite3.Connection) -> None:
     db.set_trace_callback(before)
 
 
-def write(fh: IO[Any], data: Any) -> None:
-    """``fh.write(data)``, with the crash points ``write:N`` and ``torn:N``."""
+def _crash_point(write_half: Callable[[], None]) -> None:
+    """The ``write:N`` and ``torn:N`` points of one write: kill before it, or after
+    ``write_half()`` has put its first half in the file; nothing when unset."""
     target = _target()
     if target is not None and target[0] in ("write", "torn") and _reached("write", target[1]):
         if target[0] == "torn":
-            fh.write(data[: len(data) // 2])
-            fh.flush()
+            write_half()
         _die()
+
+
+def write(fh: IO[Any], data: Any) -> None:
+    """``fh.write(data)``, with the crash points ``write:N`` and ``torn:N``."""
+
+    def half() -> None:
+        fh.write(data[: len(data) // 2])
+        fh.flush()
+
+    _crash_point(half)
     fh.write(data)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def write_fd(fd: int, data: bytes) -> None:
     """All of ``data`` to the file descriptor ``fd`` (``os.write`` until done), with
     the same crash points as :func:`write` (the release ledger's appends)."""
-    view = memoryview(data)
-    target = _target()
-    if target is not None and target[0] in ("write", "torn") and _reached("write", target[1]):
-        if target[0] == "torn":
-            half = view[: len(view) // 2]
-            while half:
-                half = half[os.write(fd, half) :]
-        _die()
-    while view:
-        view = view[os.write(fd, view) :]
+    _crash_point(lambda: _write_all(fd, memoryview(data)[: len(data) // 2]))
+    _write_all(fd, data)
