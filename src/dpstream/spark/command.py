@@ -35,6 +35,7 @@ from ..io import read_domain, read_jsonl
 from ..mechanisms.counters import counter_with_buffers
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
+from .session import start_session
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -283,12 +284,7 @@ def run_cli(
         raise ValueError(f"--mechanism {name} needs --max-items")
 
     if spark is None:
-        spark = (
-            SparkSession.builder.master(master)
-            .appName("dpstream run")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
-        )
+        spark = start_session(master)
     domain_df = None
     if name == "known":
         domain = opts.get("domain")
