@@ -93,6 +93,7 @@ def check_workers(spark: SparkSession, master: str, chosen: str | None = None) -
                 master,
                 f"its Python workers ({python}) import dpstream {version}, "
                 f"the driver runs dpstream {__version__}",
+                chosen,
             )
         )
 
