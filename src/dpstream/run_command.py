@@ -344,7 +344,8 @@ class _Validator:
         them all as after the end step. Invalid records are reported in input order."""
         import numpy as np
 
-        from .ingest import _ranges, records_step
+        from .io.chunks import concat_ranges as _ranges
+        from .io.chunks import records_step
         from .mechanisms.columns import EventColumns, distinct_in_events
 
         if not hasattr(step, "codes"):  # records of one step (or invalid records)
@@ -960,7 +961,8 @@ def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Itera
     """The input's records in chunks (``dpstream.ingest.Chunk``), in order: JSON Lines
     with integer steps through the columnar reader, the other inputs (timestamps, CSV,
     one step per line, user ids) record by record."""
-    from .ingest import chunks_from_records, read_jsonl_chunks
+    from .io.chunks import chunks_from_records
+    from .io.jsonl import read_jsonl_chunks
 
     if (
         input_format == "jsonl"
@@ -1073,7 +1075,8 @@ def _run_loop(
     holds before anything is written. ``begin_batch``: records this run in the state
     (once the ledger has checked it)."""
     from ._crashpoints import write as crash_write
-    from .ingest import implicit_steps, records_step, step_steps
+    from .io.chunks import records_step
+    from .io.grouping import implicit_steps, step_steps
     from .mechanisms.columns import EventColumns
 
     horizon = _horizon(opts)
@@ -1457,7 +1460,7 @@ def _ledger_precheck(
     """
     import itertools
 
-    from .ingest import records_step
+    from .io.chunks import records_step
 
     held: list[Any] = []
     want = after + 1
