@@ -7,7 +7,9 @@ collected to the driver except the domain file, which the driver reads as the
 local engine does.
 
 The release clock is public, as on the local engine: every step 1..``--until``
-(default: the horizon) is released, whether or not an event happened in it.
+(default: the horizon; required with no ``--horizon``, a stream with no planned
+end) is released, whether or not an event happened in it. ``-m unknown`` runs the
+local engine's counter (the BLT by default) with its releases.
 
 Differences from the local engine (all refused with a clear error, or listed
 here): the input is a JSON Lines file or directory (not stdin, not CSV); every
