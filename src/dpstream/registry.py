@@ -177,8 +177,19 @@ def build_mechanism(
         else:
             kwargs["domain"] = list(domain)
     horizon = options.get("horizon")  # None: no planned end (-m known, -m unknown)
+    if horizon is None and name == "top-k":
+        raise ValueError(
+            "--mechanism top-k without --horizon needs --max-items: with any number of "
+            "items per event top-k runs with switches, which spreads them over T "
+            "(--horizon); with at most --max-items items per event it is read off the "
+            "known- or unknown-domain histogram, whose noise holds for every t"
+        )
     if horizon is None and name not in ("known", "unknown"):
-        raise ValueError(f"--mechanism {name} needs --horizon (T, the number of time steps)")
+        raise ValueError(
+            f"--mechanism {name} needs --horizon (T, the number of time steps): its "
+            "tree is sized for T; only known, unknown and top-k with --max-items run "
+            "with no planned end"
+        )
     if name == "top-k":
         if "k" not in kwargs:
             raise ValueError("--mechanism top-k needs --k")
@@ -237,6 +248,8 @@ def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[
         return None
     from .mechanisms.histogram_topk import choose_top_k
 
+    if options.get("horizon") is None:  # no planned end: the histograms' top-k only
+        return _top_k_unbounded(options, key, domain)
     probe = build_mechanism(name, {**options, "max_items": None}, key, domain)  # checks
     kwargs = {
         d: options[d]
@@ -253,6 +266,34 @@ def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[
         probe.horizon,
         k=probe.k,
         switches=probe.switches,
+        max_items=options["max_items"],
+        key=key,
+        **kwargs,
+    )
+
+
+def _top_k_unbounded(options: dict[str, Any], key: Any, domain: Sequence[str] | None) -> Any:
+    """:func:`top_k_choice` with no --horizon: KnownBase's or UnkBase's top-k on the BLT
+    for every t (``choose_top_k(horizon=None)``, which refuses SparseGumb's settings)."""
+    from .mechanisms.histogram_topk import choose_top_k
+
+    if domain is None:
+        raise ValueError("--mechanism top-k needs --domain FILE (the known items)")
+    if options.get("k") is None:
+        raise ValueError("--mechanism top-k needs --k")
+    check_user_options(options)
+    kwargs = {
+        d: options[d]
+        for d in _MECH_KWARGS
+        if options.get(d) is not None and d not in ("max_items", "k", "switches", "remember")
+    }
+    if options.get("blt_buffers") is not None:
+        raise ValueError("--blt-buffers needs --horizon (T, the number of time steps)")
+    return choose_top_k(
+        list(domain),
+        None,
+        k=options["k"],
+        switches=options.get("switches"),
         max_items=options["max_items"],
         key=key,
         **kwargs,

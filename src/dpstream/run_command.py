@@ -637,11 +637,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     key = load_key(opts)
     opts["noise_version"] = _noise_version(opts)
     if opts["engine"] == "spark":
-        if opts.get("horizon") is None:
-            raise ValueError(
-                "--engine spark needs --horizon (a stream with no planned end "
-                "runs on the local engine)"
-            )
         if opts["view"]:
             raise ValueError("--view works with --engine local only (for now)")
         return _run_on_spark(opts, key)

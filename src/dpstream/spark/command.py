@@ -7,7 +7,9 @@ collected to the driver except the domain file, which the driver reads as the
 local engine does.
 
 The release clock is public, as on the local engine: every step 1..``--until``
-(default: the horizon) is released, whether or not an event happened in it.
+(default: the horizon; required with no ``--horizon``, a stream with no planned
+end) is released, whether or not an event happened in it. ``-m unknown`` runs the
+local engine's counter (the BLT by default) with its releases.
 
 Differences from the local engine (all refused with a clear error, or listed
 here): the input is a JSON Lines file or directory (not stdin, not CSV); every
@@ -31,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import DPStreamError, InvalidEventError
+from ..factorization import MAX_BLT_HORIZON
 from ..io import read_domain, read_jsonl
 from ..mechanisms.counters import counter_with_buffers
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
@@ -243,11 +246,14 @@ def run_cli(
         if not opts.get("key_file"):
             raise ValueError("no key: pass --key-file PATH")
         key = NoiseKey.load(opts["key_file"])
-    horizon = opts.get("horizon")
-    if horizon is None:
-        raise ValueError("--horizon is required (T, the number of time steps)")
+    horizon = opts.get("horizon")  # None: no planned end (-m unknown and -m known)
+    if horizon is None and opts.get("until") is None:
+        raise ValueError(
+            "without --horizon (a stream with no planned end) a run needs --until N, "
+            "the last step to release"
+        )
     until = int(_option(opts, "until", horizon))
-    if not 1 <= until <= horizon:
+    if not 1 <= until <= (MAX_BLT_HORIZON if horizon is None else horizon):
         raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
     verbose = bool(opts.get("verbose_errors"))
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
@@ -272,14 +278,15 @@ def run_cli(
         **users,
         noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION),
     )
-    if name == "unknown" and (opts.get("counter") != "tree" or opts.get("blt_buffers")):
-        # the local default is BLT, whose items joining late Spark does not draw: the same
-        # command line must give the same releases on both engines, so the tree is asked for
-        raise ValueError(
-            "--engine spark runs --mechanism unknown with the tree counter only: "
-            "pass --counter tree (the local engine's default for unknown domains "
-            "is the BLT counter, which --engine spark does not run yet)"
+    if opts.get("blt_buffers") is not None and horizon is None:
+        raise ValueError("--blt-buffers needs --horizon (T, the number of time steps)")
+    counter = (
+        opts.get("counter")
+        if horizon is None
+        else counter_with_buffers(
+            opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon
         )
+    )
     if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
 
@@ -295,9 +302,7 @@ def run_cli(
             spark,
             horizon,
             domain=items,
-            counter=counter_with_buffers(
-                opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon
-            ),
+            counter=counter,
             **common,
         )
         domain_df = spark.createDataFrame([(it,) for it in items], "item string")
@@ -309,6 +314,7 @@ def run_cli(
             horizon,
             remember=bool(opts.get("remember")),
             threshold_delta=opts.get("threshold_delta"),
+            counter=counter,
             **common,
         )
 
@@ -380,7 +386,7 @@ def run_cli(
         if n_invalid and policy == "error":
             raise InvalidEventError(
                 f"the input has {n_invalid} events past the end step --until {until}"
-                if until < horizon
+                if until < mech.horizon
                 else f"the input reaches a time step past the horizon T={mech.horizon}"
             )
         skipped += n_invalid
