@@ -306,7 +306,7 @@ def test_cli_top_k_with_max_items_needs_no_switches(tmp_path, capsys):
     import json
 
     from dpstream.cli import main
-    from dpstream.runmeta import read_run_meta, sidecar_path
+    from dpstream.run.meta import read_run_meta, sidecar_path
 
     domain = [f"w{j}" for j in range(200)]
     (tmp_path / "dom.txt").write_text("\n".join(domain) + "\n")

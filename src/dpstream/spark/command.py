@@ -130,7 +130,7 @@ def _long_format(
 ) -> DataFrame:
     """The local engine's long table: (t, item, value, noise_std), a row with a null item
     and value for a step that released nothing, so every step of the clock is there."""
-    from ..runmeta import noise_std_at
+    from ..run.meta import noise_std_at
 
     stds = spark.createDataFrame(
         [(t, float(noise_std_at(mech.mechanism, t))) for t in steps], "t long, noise_std double"

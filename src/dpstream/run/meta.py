@@ -33,10 +33,10 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._crashpoints import write as crash_write
+from .._crashpoints import write as crash_write
 
 if TYPE_CHECKING:
-    from .mechanisms.protocol import ContinualMechanism
+    from ..mechanisms.protocol import ContinualMechanism
 
 __all__ = [
     "SIDECAR_SUFFIX",
@@ -83,8 +83,8 @@ def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> di
     rounded, whether ``noise_std`` is per step, the 95% z-value and the
     dpstream version.
     """
-    from ._version import __version__
-    from .planning import Z95, describe
+    from .._version import __version__
+    from ..planning import Z95, describe
 
     info = describe(mech, name=name, base_given=base_given)
     info.update(
@@ -177,7 +177,7 @@ class NoiseStdFormatter:
         return self.formatter.header()
 
     def format(self, release: Any) -> bytes:
-        from .mechanisms.base import Release
+        from ..mechanisms.base import Release
 
         std = noise_std_at(self.mech, int(release.t))
         if not math.isfinite(std):
