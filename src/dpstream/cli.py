@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from .errors import DPStreamError
 from .registry import MECHANISMS, build_mechanism, make_postprocessor
@@ -81,7 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="store_true", help="print the version and exit (default: off)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(sub, common)
+    _add_plan(sub, common)
+    _add_demo(sub, common)
+    from .view.command import add_view_parser
 
+    add_view_parser(sub, parents=[common])
+    _add_keygen(sub, common)
+    _add_reproduce(sub, common)
+    return parser
+
+
+def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     run = sub.add_parser(
         "run",
         parents=[common],
@@ -100,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(run, MECH_OPTS + RUN_OPTS)
 
+
+def _add_plan(sub: Any, common: argparse.ArgumentParser) -> None:
     plan = sub.add_parser(
         "plan",
         parents=[common],
@@ -117,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(plan, MECH_OPTS + PLAN_OPTS)
 
+
+def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
     demo = sub.add_parser(
         "demo",
         parents=[common],
@@ -129,10 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_options(demo)
 
-    from .view.command import add_view_parser
 
-    add_view_parser(sub, parents=[common])
-
+def _add_keygen(sub: Any, common: argparse.ArgumentParser) -> None:
     keygen = sub.add_parser(
         "keygen",
         parents=[common],
@@ -142,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("path", metavar="PATH", help="where to write the key (required)")
 
+
+def _add_reproduce(sub: Any, common: argparse.ArgumentParser) -> None:
     reproduce = sub.add_parser(
         "reproduce",
         parents=[common],
@@ -174,7 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument(
         "--quiet", "-q", action="store_true", help="no progress on stderr (default: show progress)"
     )
-    return parser
 
 
 # --------------------------------------------------------------------------- main

@@ -59,7 +59,6 @@ import sys
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from ..errors import StateError
 from ..ledger import LedgerError, ReleaseLedger
 from ..logs import setup_logging
 from ..registry import MECHANISMS, make_postprocessor
@@ -69,13 +68,12 @@ from .mechanism import build_run_mechanism, make_validator
 from .on_spark import run_on_spark
 from .options import domain_option
 from .output import (
-    ParquetFormatter,
     Resume,
     check_new_output,
     check_paths,
     closing_quietly_on_error,
-    long_layout_without_step_start,
     open_output,
+    release_formatter,
 )
 from .pipeline import Stages, run_steps
 from .record import (
@@ -194,7 +192,7 @@ def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
     # readable counts (--clamp, --monotone): post-processing whose state (the values
     # published so far) is replayed with the steps, or saved with the mechanism
     publish = make_postprocessor(cfg.options())
-    formatter, parquet = _formatter(cfg, mech)
+    formatter, parquet = release_formatter(cfg, mech)
     if cfg.view and (cfg.output == "-" or cfg.output_kind != "jsonl"):
         raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
     stats = RunStats()
@@ -214,40 +212,6 @@ def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
         domain_sha256=fingerprint,
         free_ledger=free_ledger,
     )
-
-
-def _formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, Any]:
-    """The release formatter (each release's meta with its step's ``noise_std``), and the
-    Parquet writer behind it (``--output-format parquet``) or None."""
-    from ..io import make_formatter
-    from .meta import NoiseStdFormatter
-
-    output_format = cfg.output_kind
-    clock = cfg.clock
-    step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
-    if (
-        step_start is not None
-        and cfg.state
-        and not cfg.force
-        and long_layout_without_step_start(cfg.output, output_format)
-    ):
-        step_start = None  # a stream begun without the column goes on without it
-    parquet = None
-    if output_format == "parquet":
-        if cfg.output == "-" or cfg.state:
-            raise ValueError(
-                "--output-format parquet needs --output FILE and no --state (a "
-                "Parquet file cannot be resumed): write jsonl or csv with --state"
-            )
-        if not cfg.force and os.path.exists(cfg.output):
-            raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
-        from ..io import ParquetWriter
-
-        parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start)
-        base_formatter: Any = ParquetFormatter(parquet)
-    else:
-        base_formatter = make_formatter(output_format, cfg.round, step_start)
-    return NoiseStdFormatter(base_formatter, mech), parquet
 
 
 def _open_input(cfg: RunConfig, stack: contextlib.ExitStack) -> Any:

@@ -35,6 +35,7 @@ def _utcnow() -> Any:
 _IDLE = object()  # the follower has read everything there is for now
 _EOF = object()  # the input has ended (stdin closed)
 _POLL = 0.2  # seconds between reads of an input that has no new line
+_LATE = "time step {} was already released (a late event)"
 
 
 def follow(
@@ -75,30 +76,15 @@ def follow(
     thread.start()
     pending: dict[int, list[Any]] = {}
     caught_up = ended = False
-    late = "time step {} was already released (a late event)"
     t = first_t
     try:
         while t <= until:
             now = _utcnow()
-            if t in boundary:
-                if caught_up and count.last_line < boundary[t]:
-                    raise StateError(
-                        f"the input ends at line {count.last_line}, but step {t} "
-                        f"closed after line {boundary[t]} the first time: is it "
-                        "the same input?"
-                    )
-                ready = (
-                    ended
-                    or count.last_line > boundary[t]
-                    or (caught_up and count.last_line == boundary[t])
-                )
-            else:
-                ready = clock.due(now) >= t and (caught_up or ended)
-            if ready:
+            if _ready(t, now, clock, boundary, count.last_line, caught_up, ended):
                 recs = pending.pop(t, [])
                 cut = boundary.get(t, count.last_line)
                 yield Due(t, [r for r in recs if r.line <= cut])
-                yield Rejected([r for r in recs if r.line > cut], late.format(t))
+                yield Rejected([r for r in recs if r.line > cut], _LATE.format(t))
                 t += 1
                 continue
             wait = (clock.end_of(t) + clock.lateness - now).total_seconds()
@@ -118,16 +104,48 @@ def follow(
             else:
                 rec = count.take(item)
                 caught_up = False
-                if rec.error is not None or rec.t is None:
-                    yield Rejected([rec], None)
-                elif rec.t < t:
-                    yield Rejected([rec], late.format(rec.t))
-                elif rec.t > until:
-                    yield Rejected([rec], past_message(rec.t, until, cfg.horizon_limit))
-                else:
-                    pending.setdefault(rec.t, []).append(rec)
+                rejected = _held(rec, t, until, cfg.horizon_limit, pending)
+                if rejected is not None:
+                    yield rejected
     finally:
         stop.set()
+
+
+def _ready(
+    t: int,
+    now: Any,
+    clock: Any,
+    boundary: dict[int, int],
+    last_line: int,
+    caught_up: bool,
+    ended: bool,
+) -> bool:
+    """Whether step ``t`` closes now: a step on record where it closed the first time,
+    another when it is due on the clock and the reader has caught up."""
+    if t not in boundary:
+        return bool(clock.due(now) >= t and (caught_up or ended))
+    if caught_up and last_line < boundary[t]:
+        raise StateError(
+            f"the input ends at line {last_line}, but step {t} "
+            f"closed after line {boundary[t]} the first time: is it "
+            "the same input?"
+        )
+    return ended or last_line > boundary[t] or (caught_up and last_line == boundary[t])
+
+
+def _held(
+    rec: Any, t: int, until: int, horizon: int, pending: dict[int, list[Any]]
+) -> Rejected | None:
+    """A record read while step ``t`` is open: held for its step, or rejected (invalid,
+    late, or past the end step)."""
+    if rec.error is not None or rec.t is None:
+        return Rejected([rec], None)
+    if rec.t < t:
+        return Rejected([rec], _LATE.format(rec.t))
+    if rec.t > until:
+        return Rejected([rec], past_message(rec.t, until, horizon))
+    pending.setdefault(rec.t, []).append(rec)
+    return None
 
 
 def _reader(

@@ -3,7 +3,8 @@
 Layer 6 of dpstream (the output of the sink stage, :mod:`dpstream.run.sink`):
 refusing an output that is another file or already holds releases, positioning a
 resumed output where its last step on record begins (after checking every
-byte the state vouches for), and closing it without hiding an error.
+byte the state vouches for), closing it without hiding an error, and the formatter
+of its releases (:func:`release_formatter`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ..errors import StateError
 
 if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
     from .config import RunConfig
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "holds_release",
     "long_layout_without_step_start",
     "open_output",
+    "release_formatter",
     "same_file",
 ]
 
@@ -240,3 +243,37 @@ def check_new_output(cfg: RunConfig, header: bytes) -> None:
         "already published from it still counts against the budget)"
     )
     raise StateError(f"output file {path!r} already holds releases: {hint}")
+
+
+def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, Any]:
+    """The release formatter (each release's meta with its step's ``noise_std``), and the
+    Parquet writer behind it (``--output-format parquet``) or None."""
+    from ..io import make_formatter
+    from .meta import NoiseStdFormatter
+
+    output_format = cfg.output_kind
+    clock = cfg.clock
+    step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
+    if (
+        step_start is not None
+        and cfg.state
+        and not cfg.force
+        and long_layout_without_step_start(cfg.output, output_format)
+    ):
+        step_start = None  # a stream begun without the column goes on without it
+    parquet = None
+    if output_format == "parquet":
+        if cfg.output == "-" or cfg.state:
+            raise ValueError(
+                "--output-format parquet needs --output FILE and no --state (a "
+                "Parquet file cannot be resumed): write jsonl or csv with --state"
+            )
+        if not cfg.force and os.path.exists(cfg.output):
+            raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
+        from ..io import ParquetWriter
+
+        parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start)
+        base_formatter: Any = ParquetFormatter(parquet)
+    else:
+        base_formatter = make_formatter(output_format, cfg.round, step_start)
+    return NoiseStdFormatter(base_formatter, mech), parquet
