@@ -74,7 +74,9 @@ def noise_std_at(mech: ContinualMechanism, t: int) -> float:
     return float(mech.noise_std_worst)
 
 
-def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> dict[str, Any]:
+def describe_run(
+    mech: ContinualMechanism, *, name: str, base_given: bool, rounded: bool
+) -> dict[str, Any]:
     """The sidecar's content for a run of ``mech`` (``--mechanism name``).
 
     The fields of :func:`dpstream.planning.describe` (mechanism, algorithm,
@@ -168,7 +170,7 @@ class NoiseStdFormatter:
     drop it, as they drop the rest of the meta.
     """
 
-    def __init__(self, formatter: Any, mech: Any) -> None:
+    def __init__(self, formatter: Any, mech: ContinualMechanism) -> None:
         self.formatter = formatter
         self.mech = mech
         self.name = formatter.name

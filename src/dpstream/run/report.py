@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..logs import log_fields
 
 if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
     from .config import RunConfig
 
 __all__ = ["Progress", "RunStats", "log_summary"]
@@ -40,7 +41,7 @@ class RunStats:
     started: float = field(default_factory=time.monotonic)
 
 
-def log_summary(stats: RunStats, mech: Any, cfg: RunConfig) -> None:
+def log_summary(stats: RunStats, mech: ContinualMechanism, cfg: RunConfig) -> None:
     """The run's summary: steps, events, what was invalid, the privacy spent."""
     elapsed = time.monotonic() - stats.started
     rate = stats.events / elapsed if elapsed > 0 else float("inf")
@@ -85,7 +86,7 @@ def log_summary(stats: RunStats, mech: Any, cfg: RunConfig) -> None:
     )
 
 
-def _bounding_summary(mech: Any) -> list[str]:
+def _bounding_summary(mech: ContinualMechanism) -> list[str]:
     """The user bounds' effect, for the operator (not private: it counts users)."""
     users = getattr(mech, "_users", None)
     if users is None:

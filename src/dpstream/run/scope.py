@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..ledger import LedgerError, ReleaseLedger, ledger_path, scope_refusal
 
 if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
     from ..noise import NoiseKey
     from ..state import Checkpoint, RunRecord, StateDigests
     from .config import RunConfig
@@ -29,7 +30,7 @@ __all__ = ["ledger_precheck", "new_run_scope", "noise_scope", "open_ledger"]
 _log = logging.getLogger("dpstream.run")
 
 
-def noise_scope(mech: Any, stream: str) -> str:
+def noise_scope(mech: ContinualMechanism, stream: str) -> str:
     """The purpose a mechanism draws its noise under (its stream name, the input settings
     of :func:`~dpstream.run.settings.scoped_stream`, the noise version and every setting
     that shapes the noise): two runs under one key draw the same noise exactly when these

@@ -24,6 +24,7 @@ from .record import snapshot_context
 
 if TYPE_CHECKING:
     from ..ledger import ReleaseLedger
+    from ..mechanisms.protocol import ContinualMechanism
     from ..noise import NoiseKey
     from ..state import Checkpoint, StateDigests
     from .config import RunConfig
@@ -196,7 +197,14 @@ class Sink:
         self.offset += len(line)
 
     def end_batch(
-        self, *, until: int, horizon: int, mech: Any, publish: Any, key: NoiseKey, summary: dict
+        self,
+        *,
+        until: int,
+        horizon: int,
+        mech: ContinualMechanism,
+        publish: Any,
+        key: NoiseKey,
+        summary: dict,
     ) -> None:
         """The end of this run's batch: its summary, its end step and the snapshot for the
         next run, in one transaction (every step written and "ready for the next batch"
@@ -212,7 +220,9 @@ class Sink:
         self.ckpt.end_batch(self.batch, until, snapshot, summary=summary, finished=finished)
 
 
-def _snapshot_or_none(ckpt: Checkpoint, mech: Any, publish: Any, key: NoiseKey) -> bytes | None:
+def _snapshot_or_none(
+    ckpt: Checkpoint, mech: ContinualMechanism, publish: Any, key: NoiseKey
+) -> bytes | None:
     """The snapshot for the next run (the mechanism and its readable-counts
     post-processing), or None (logged) if it cannot be saved."""
     from ..snapshot import dump_snapshot
