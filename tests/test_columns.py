@@ -24,8 +24,8 @@ import pytest
 
 import dpstream as dps
 from dpstream.errors import InvalidEventError
-from dpstream.ingest import read_jsonl_chunks, step_steps
-from dpstream.io import group_steps, read_jsonl
+from dpstream.io.grouping import group_steps, step_steps
+from dpstream.io.jsonl import read_jsonl, read_jsonl_chunks
 from dpstream.mechanisms.columns import EventColumns
 
 from .conftest import fixed_key
@@ -326,13 +326,8 @@ def test_jsonl_writes_items_of_one_text_alike_on_both_paths():
 
 def test_formatters_choose_the_columnar_path_by_size_and_cached_text():
     from dpstream import compiled
-    from dpstream.io import (
-        _COLUMNAR_FRESH_MIN,
-        _COLUMNAR_MIN,
-        CsvFormatter,
-        JsonlFormatter,
-        JsonlLongFormatter,
-    )
+    from dpstream.io import CsvFormatter, JsonlFormatter, JsonlLongFormatter
+    from dpstream.io.text import _COLUMNAR_FRESH_MIN, _COLUMNAR_MIN
 
     small = [f"s{i}" for i in range(_COLUMNAR_MIN)]
     fresh = dps.Release(t=1, items=small, values=np.ones(len(small)))
@@ -652,7 +647,7 @@ def test_a_steps_unique_codes_are_numpys():
     the same values (sorted without the C loops; in order of first appearance
     with them, the scratch map left clear for the next step), each code's index."""
     from dpstream import compiled
-    from dpstream.ingest import _code_scratch, _unique_inverse
+    from dpstream.io.chunks import _code_scratch, _unique_inverse
 
     rng = np.random.default_rng(21)
     cases = [np.array([5]), np.array([3, 3, 3]), np.arange(10)[::-1].copy()]
@@ -701,7 +696,8 @@ def test_arrow_buffer_readers_match_to_numpy():
     nulls, slices at every bit offset (the validity bitmap is bit-packed) and each
     signed width; and a float array is refused rather than read as integers."""
     pa = pytest.importorskip("pyarrow")
-    from dpstream.ingest import _arrow_ints, _arrow_valid
+    from dpstream.io.arrow import arrow_ints as _arrow_ints
+    from dpstream.io.arrow import arrow_valid as _arrow_valid
 
     rng = random.Random(3)
     values = [None if rng.random() < 0.3 else rng.randrange(-50, 50) for _ in range(70)]
@@ -745,7 +741,7 @@ def test_an_unknown_domain_run_does_not_import_pandas(tmp_path):
         f"assert main(['run', '--quiet', '-m', 'unknown', '-T', '10', '--max-items', '2',"
         f" '--epsilon', '1', '--delta', '1e-6', '--key-file', {str(key)!r},"
         f" '-i', {str(events)!r}, '-o', {str(tmp_path / 'out.jsonl')!r}]) == 0\n"
-        "import dpstream.ingest\n"
+        "import dpstream.io.jsonl\n"
         "print('pandas' in sys.modules, 'pyarrow' in sys.modules)\n"
     )
     out = subprocess.run(

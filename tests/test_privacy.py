@@ -627,7 +627,15 @@ def test_exact_gaussian_calibration_meets_target_in_high_precision(epsilon, delt
 
 #: The modules of dpstream.privacy, in their import order: each may import only
 #: the ones before it (docs/architecture.md, layer 1).
-PACKAGE_ORDER = ["_checks", "_roots", "guarantees", "conversions", "calibration", "budgets"]
+PACKAGE_ORDER = [
+    "_checks",
+    "_roots",
+    "guarantees",
+    "conversions",
+    "calibration",
+    "budgets",
+    "composition",
+]
 
 
 def _package_imports(path: pathlib.Path) -> set[str]:

@@ -375,8 +375,10 @@ def test_the_chunked_and_record_readers_cut_alike():
     hand-computed ones (the command reads the item 5 as "5": one item, listed twice)."""
     import io
 
-    from dpstream.ingest import read_jsonl_chunks, records_step, step_steps
-    from dpstream.io import KeyedTruncator, group_steps, read_jsonl
+    from dpstream.io import KeyedTruncator
+    from dpstream.io.chunks import records_step
+    from dpstream.io.grouping import group_steps, step_steps
+    from dpstream.io.jsonl import read_jsonl, read_jsonl_chunks
     from dpstream.run.validate import RunStats
     from dpstream.run.validate import Validator as _Validator
 

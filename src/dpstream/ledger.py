@@ -25,6 +25,10 @@ noise scope::
 
     L1 <run id> <t> <input digest> <release digest> <tag>
     S1 <scope digest> <run id> <tag>
+    B1 <scope digest> <run id> <budget payload> <tag>
+
+A ``B1`` line follows a run's ``S1`` line in the same append: the run's
+dataset and its cost (:mod:`dpstream.budget`, one budget per dataset).
 
 The digests are the state's (:class:`dpstream.state.StateDigests`: keyed,
 bound to t) cut to 128 bits; the tag is an HMAC-SHA256 (cut to 128 bits) of
@@ -83,7 +87,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _crashpoints as crashpoints
+from .budget import BUDGET_LINE, DatasetSpend, budget_refusal
 from .errors import StateError
+from .privacy import BudgetCap, compose
 
 try:
     import fcntl
@@ -94,6 +100,7 @@ if TYPE_CHECKING:
     from .noise import NoiseKey
 
 __all__ = [
+    "BudgetCapError",
     "LedgerEntry",
     "LedgerError",
     "ReleaseLedger",
@@ -110,6 +117,10 @@ _CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
 
 class LedgerError(StateError):
     """The release ledger refuses a step, or cannot be read or written."""
+
+
+class BudgetCapError(LedgerError):
+    """The run would take its dataset past ``--budget-cap``; nothing was released."""
 
 
 class LedgerEntry(NamedTuple):
@@ -158,6 +169,10 @@ class ReleaseLedger:
             False for a resumed run, and with ``--force``.
         allow: run ids whose scope lines this run may share (the run a kill left
             in the state before it recorded its first step).
+        budget: the run's dataset and cost, appended as a budget line with its
+            scope line (``None``: no budget line).
+        cap: the most its dataset may spend in all; checked when the scope line
+            is appended (and by :meth:`budget_problem` before the run starts).
     """
 
     def __init__(
@@ -170,6 +185,8 @@ class ReleaseLedger:
         scope: str | None = None,
         check_scope: bool = False,
         allow: Iterable[str] = (),
+        budget: DatasetSpend | None = None,
+        cap: BudgetCap | None = None,
     ) -> None:
         if not run_id:
             raise LedgerError("the state has no run id: it cannot be kept in the release ledger")
@@ -180,6 +197,9 @@ class ReleaseLedger:
         self._scope = None if scope is None else self._tag(b"scope\0" + scope.encode("utf-8"))
         self.check_scope = check_scope
         self.allow = frozenset(allow)
+        self.budget = budget
+        self.cap = cap
+        self._budget_lines: list[tuple[bytes, int]] = []  # every budget line, and its number
         self._scoped: dict[str, tuple[bytes, int]] = {}  # run id -> its scope line, number
         self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
         self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
@@ -222,7 +242,9 @@ class ReleaseLedger:
         for raw in complete.split(b"\n")[:-1]:
             self._lines += 1
             if not raw.startswith(prefix):
-                if scope is not None and raw.startswith(_SCOPE):
+                if raw.startswith(BUDGET_LINE):
+                    self._budget_lines.append((raw, self._lines))
+                elif scope is not None and raw.startswith(_SCOPE):
                     fields = raw.split(b" ")
                     if len(fields) == 4 and fields[1] == scope:
                         self._scoped.setdefault(
@@ -294,6 +316,44 @@ class ReleaseLedger:
                 )
             found.append(run)
         return found
+
+    def spends(self) -> list[tuple[bytes, DatasetSpend]]:
+        """Every run's budget line on record, as (scope digest, cost), their tags checked;
+        a scope repeated (a run repeated with ``--force``) counts once, as first recorded."""
+        seen: dict[bytes, DatasetSpend] = {}
+        for raw, number in self._budget_lines:
+            body, _, tag = raw.rpartition(b" ")
+            fields = body.split(b" ")
+            if len(fields) != 4 or not hmac.compare_digest(self._tag(body), tag):
+                raise LedgerError(
+                    f"line {number} of the release ledger {self.path!r} was not written with "
+                    "this key (edited or forged): refusing to trust the ledger"
+                )
+            try:
+                line = DatasetSpend.decode(fields[3])
+            except ValueError:
+                raise LedgerError(
+                    f"line {number} of the release ledger {self.path!r} is not a budget "
+                    "line: refusing to trust the ledger"
+                ) from None
+            seen.setdefault(fields[1], line)
+        return list(seen.items())
+
+    def budget_problem(self) -> str | None:
+        """Why this run may not start under ``cap`` (``None``: it may): its budget line
+        would take its dataset past the cap. A run whose scope is on record already
+        (resumed, or repeated with ``--force``) adds nothing."""
+        if self.budget is None or self.cap is None or self._scope is None:
+            return None
+        lines = self.spends()
+        if any(scope == self._scope for scope, _ in lines):
+            return None
+        name = self.budget.dataset
+        mine = [line.spend for _, line in lines if line.dataset == name]
+        before, after = compose(mine), compose([*mine, self.budget.spend])
+        if after.within(self.cap):
+            return None
+        return budget_refusal(name, before, after, self.cap)
 
     def in_scope(self, run_id: str) -> bool:
         """Whether run ``run_id`` has this run's noise scope on record."""
@@ -370,6 +430,7 @@ class ReleaseLedger:
                         raise LedgerError(scope_refusal(self.path, len(self.others())))
                     body = b"%s%s %s" % (_SCOPE, self._scope, self.run_id.encode("ascii"))
                     lines.append(b"%s %s" % (body, self._tag(body)))
+                    lines += self._budget_line()
                 if not entries and not lines:
                     return
                 scoped = len(lines)
@@ -391,6 +452,9 @@ class ReleaseLedger:
                 if scoped:
                     self._lines += 1
                     self._scoped[self.run_id] = (lines[0], self._lines)
+                    for raw in lines[1:scoped]:
+                        self._lines += 1
+                        self._budget_lines.append((raw, self._lines))
                 for (t, e), raw in zip(entries, lines[scoped:], strict=True):
                     self._lines += 1
                     self._raw[t] = (raw, self._lines)
@@ -401,6 +465,25 @@ class ReleaseLedger:
                 f"cannot append to the release ledger {self.path!r}: "
                 f"{exc.strerror}; nothing of the step was written"
             ) from None
+
+    def _budget_line(self) -> list[bytes]:
+        """The run's budget line (none without a budget, or when its scope has one);
+        refuses (:class:`BudgetCapError`) a run its dataset's cap does not allow.
+        The caller holds the lock, after reading what others appended."""
+        if self.budget is None or self._scope is None:
+            return []
+        problem = self.budget_problem()
+        if problem is not None:
+            raise BudgetCapError(problem)
+        if any(scope == self._scope for scope, _ in self.spends()):
+            return []
+        body = b"%s%s %s %s" % (
+            BUDGET_LINE,
+            self._scope,
+            self.run_id.encode("ascii"),
+            self.budget.encode(),
+        )
+        return [b"%s %s" % (body, self._tag(body))]
 
     def close(self) -> None:
         os.close(self._fd)

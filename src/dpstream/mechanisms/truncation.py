@@ -33,12 +33,13 @@ that a stream never changes rule half-way.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..noise import NoiseKey, NoiseSource
 
-__all__ = ["METHOD", "truncation_source", "keep_ranked", "keyed_subset"]
+__all__ = ["METHOD", "truncation_source", "keep_ranked", "keyed_subset", "KeyedTruncator"]
 
 #: The truncation rule (recorded by ``dpstream run --state``): keyed on (step, item set, item).
 METHOD = "step-items/1"
@@ -97,3 +98,31 @@ def keyed_subset(
     n = len(distinct)
     keep = keep_ranked(source, t, distinct, np.arange(n), np.array([0, n]), k)
     return tuple(distinct[i] for i in np.flatnonzero(keep).tolist())
+
+
+class KeyedTruncator:
+    """Keeps ``max_items`` of an event's items, chosen by a keyed PRF (``--on-invalid truncate``).
+
+    Taking "the first k items" would let the order in which a client lists
+    items decide what is counted; here the kept items of an event of step t
+    are a keyed function of t and the event's own distinct items
+    (:func:`keyed_subset`, :func:`keep_ranked`), never of its input line or of
+    any other event. So removing an event changes no other event's kept items,
+    the truncated streams of neighbouring inputs are neighbours, and a stream
+    fed in daily runs is cut exactly as one run over all the days.
+    """
+
+    def __init__(self, source: NoiseSource, max_items: int) -> None:
+        self.source = source
+        self.max_items = max_items
+
+    def __call__(self, items: Sequence[str], t: int) -> tuple[str, ...]:
+        """The kept items of one event of step ``t``, in the event's order."""
+        return keyed_subset(self.source, items, self.max_items, t)  # type: ignore[return-value]
+
+    def keep(
+        self, t: int, items: Sequence[Any], codes: np.ndarray, offsets: np.ndarray
+    ) -> np.ndarray:
+        """The kept occurrences of several events of step ``t`` (columns; see
+        :func:`keep_ranked`)."""
+        return keep_ranked(self.source, t, items, codes, offsets, self.max_items)

@@ -23,6 +23,8 @@ One module per concept, each importing only the ones above it in this list:
 * :mod:`~dpstream.privacy.budgets`: a mechanism's privacy argument
   (:func:`resolve_budget`, :class:`Budget`), the tau it asks for
   (:func:`calibrate_tau`), and composition (:class:`PrivacyLedger`).
+* :mod:`~dpstream.privacy.composition`: the total of a dataset's releases
+  (:func:`compose`) and a cap on it (:class:`BudgetCap`).
 
 Two private helpers sit below them: ``_checks`` (argument checks) and
 ``_roots`` (Brent's method, imported on first use, and the nudge to the safe
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 from .budgets import Budget, PrivacyLedger, calibrate_tau, resolve_budget
 from .calibration import guarantee_for_tau, mu_for_gaussian, rho_for_epsilon_delta, tau_for_rho
+from .composition import BudgetCap, Composed, Spend, compose
 from .conversions import (
     delta_bun_steinke,
     delta_cks,
@@ -53,6 +56,10 @@ from .conversions import (
 from .guarantees import CONVERSIONS, DEFAULT_DELTA, ZCDP, ApproxDP, PrivacyGuarantee
 
 __all__ = [
+    "BudgetCap",
+    "Composed",
+    "Spend",
+    "compose",
     "CONVERSIONS",
     "DEFAULT_DELTA",
     "ApproxDP",

@@ -202,7 +202,8 @@ class PrivacyLedger:
     and a spend is refused, before anything is recorded, if it would push the
     total past the budget.
 
-    Not used in dpstream yet: kept to compose the runs on one dataset under one budget.
+    :func:`dpstream.privacy.compose` uses it for the zCDP total of a dataset's
+    releases (the budget of ``dpstream budget``).
 
     Args:
         rho_budget: The total rho allowed, positive and finite; ``None`` records

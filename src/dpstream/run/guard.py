@@ -73,7 +73,7 @@ class InvalidTally:
         horizon: int,
         steps: np.ndarray | None = None,
     ) -> None:
-        """Count one chunk's records (:class:`dpstream.ingest.Chunk`) as the run will:
+        """Count one chunk's records (:class:`dpstream.io.chunks.Chunk`) as the run will:
         ``start`` the step an earlier run released up to (its records are ``late``),
         ``limit`` the last step this run releases (``--until``: the records of steps
         after it, up to the horizon, are a later run's, counted apart in ``later``),

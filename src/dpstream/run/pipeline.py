@@ -54,7 +54,7 @@ class Stages:
 
     def release(self, t: int, records: Any, cfg: RunConfig, count: ReadCount) -> None:
         """Step ``t`` through every stage after the source."""
-        from ..ingest import records_step
+        from ..io.chunks import records_step
         from ..mechanisms.columns import EventColumns
 
         step = records if hasattr(records, "codes") else records_step(t, list(records))

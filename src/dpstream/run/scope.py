@@ -185,7 +185,7 @@ def ledger_precheck(
     read: it holds those steps (their input is held anyway) and refuses a changed one
     before a byte is written or the state is touched.
     """
-    from ..ingest import records_step
+    from ..io.chunks import records_step
 
     held: list[Any] = []
     want = after + 1

@@ -2,7 +2,7 @@
 
 Layer 6 of dpstream (a stage of :mod:`dpstream.run.pipeline`). A batch run reads its
 input in chunks (JSON Lines with integer steps through the columnar reader of
-:mod:`dpstream.ingest`, the other inputs record by record), counts its invalid records
+:mod:`dpstream.io.jsonl`, the other inputs record by record), counts its invalid records
 before the first release (:mod:`dpstream.run.guard`), and yields each step in order:
 :class:`Due` (a step to release) or :class:`Rejected` (records for the validate stage
 to count: malformed, or past the end step). ``--follow`` has its own source,
@@ -117,10 +117,11 @@ def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
 
 
 def input_chunks(infile: Any, cfg: RunConfig) -> Iterator[Any]:
-    """The input's records in chunks (``dpstream.ingest.Chunk``), in order: JSON Lines
+    """The input's records in chunks (``dpstream.io.chunks.Chunk``), in order: JSON Lines
     with integer steps through the columnar reader, the other inputs (timestamps, CSV,
     one step per line, user ids) record by record."""
-    from ..ingest import chunks_from_records, read_jsonl_chunks
+    from ..io.chunks import chunks_from_records
+    from ..io.jsonl import read_jsonl_chunks
 
     if (
         cfg.input_kind == "jsonl"
@@ -182,10 +183,10 @@ def batch_steps(
     start_t: int,
     until: int,
 ) -> Iterator[Any]:
-    """A batch run's steps (``dpstream.ingest.StepInput``), read lazily: ``chunks`` (the
+    """A batch run's steps (``dpstream.io.chunks.StepInput``), read lazily: ``chunks`` (the
     input already read by :func:`read_checked`) or the input itself. ``start_t``: the
     step an earlier run released up to (an event of a step up to it is late)."""
-    from ..ingest import implicit_steps, step_steps
+    from ..io.grouping import implicit_steps, step_steps
 
     late = (
         "time step {t} was already released by an earlier run (a late event)" if start_t else None

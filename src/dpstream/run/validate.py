@@ -1,7 +1,7 @@
 """The validate-and-bound stage of a run: ``--on-invalid`` applied to each step's records.
 
 Layer 6 of dpstream (a stage of :mod:`dpstream.run.pipeline`). A step's records
-(columns of :class:`dpstream.ingest.StepInput`) come in; its valid events come out as
+(columns of :class:`dpstream.io.chunks.StepInput`) come in; its valid events come out as
 :class:`~dpstream.mechanisms.columns.EventColumns` (or ``(user, items)`` pairs with
 ``--user-field``, bounded per user by the mechanism). An invalid record (an item outside
 ``--domain``, more than ``--max-items`` items, a malformed line, a step past the end)
@@ -93,7 +93,7 @@ class Validator:
         self.stats.reasons[reason] += 1
 
     def events(self, step: Any, *, past: str | None = None) -> Any:
-        """The valid events of a step (:class:`dpstream.ingest.StepInput`, or a list of
+        """The valid events of a step (:class:`dpstream.io.chunks.StepInput`, or a list of
         records), as :class:`~dpstream.mechanisms.columns.EventColumns`; ``past`` marks
         them all as after the end step. Invalid records are reported in input order."""
         from ..mechanisms.columns import EventColumns, distinct_in_events
@@ -161,7 +161,7 @@ class Validator:
     def _check_size(self, step: Any, cut: _Cut, distinct: np.ndarray) -> None:
         """Events of more than --max-items distinct items: dropped (reported), or cut by
         the keyed truncation rule (``truncate``), every event's cut at once."""
-        from ..ingest import _ranges
+        from ..io.chunks import concat_ranges as _ranges
 
         max_items = self.max_items
         assert max_items is not None
@@ -212,8 +212,8 @@ class Validator:
 
 def _as_step(step: Any) -> Any:
     """A step's records as columns: a list of records (``--follow``, or invalid records)
-    becomes the :class:`~dpstream.ingest.StepInput` of their one step."""
-    from ..ingest import records_step
+    becomes the :class:`~dpstream.io.chunks.StepInput` of their one step."""
+    from ..io.chunks import records_step
 
     if hasattr(step, "codes"):
         return step

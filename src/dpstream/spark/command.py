@@ -36,6 +36,7 @@ from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from .events import read_events_jsonl
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
+from .session import start_session
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -151,12 +152,7 @@ def run_cli(
         opts = opts.options()
     job = _job(opts, key)
     if spark is None:
-        spark = (
-            SparkSession.builder.master(master)
-            .appName("dpstream run")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
-        )
+        spark = start_session(master)
     mech, domain_df = _mechanism(spark, opts, job)
     parsed = _parsed(spark, opts, job)
     checked = None

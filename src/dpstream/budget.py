@@ -1,0 +1,153 @@
+"""One budget per dataset: what every run on a dataset spent, read from the release ledger.
+
+Layer 6 of dpstream (the edges); see docs/architecture.md.
+
+Releases of one dataset spend privacy on the same people, whatever stream or
+mechanism they use. Every run names its dataset (``--dataset``, by default
+the input's file name) and, in the same append of the release ledger
+(:mod:`dpstream.ledger`) that records its noise scope, before its first
+release, a budget line with its cost: its guarantee for the whole stream
+(every step to its horizon, or every step for a stream with no planned end).
+A resumed run or a later batch of a daily stream goes on under the scope on
+record and adds nothing; a run repeated with ``--force`` (the operator's word
+that the earlier release was never published) is counted once with it.
+
+The total of a dataset is :func:`dpstream.privacy.compose` of its lines. A
+cap (``--budget-cap EPSILON`` with ``--budget-cap-delta``) refuses, before
+anything is released, a run that would take the dataset's total past it:
+checked when the run opens, and again under the ledger's lock when its
+line is appended, so two runs started together cannot both pass.
+``dpstream budget`` prints the totals. The lines are tagged with a subkey of
+the noise key: nobody without the key can add, edit or forge one (removing
+lines is what the release ledger's own rules guard against: keep it on storage
+that is never rolled back).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .privacy import BudgetCap, Composed, Spend, compose
+
+__all__ = [
+    "DatasetSpend",
+    "budget_refusal",
+    "dataset_name",
+    "format_budget",
+    "totals",
+]
+
+BUDGET_LINE = b"B1 "  # a budget line of the release ledger
+
+
+@dataclass(frozen=True)
+class DatasetSpend:
+    """A run's cost on its dataset, as its budget line records it.
+
+    Attributes:
+        dataset: the dataset's name.
+        stream: the run's ``--stream`` name.
+        mechanism: what the run released, in plain words.
+        spend: its cost.
+        at: when it was recorded (UTC, ISO 8601, seconds).
+    """
+
+    dataset: str
+    stream: str
+    mechanism: str
+    spend: Spend
+    at: str
+
+    def encode(self) -> bytes:
+        """The line's payload: URL-safe base64 of canonical JSON (no spaces)."""
+        s = self.spend
+        doc = {
+            "dataset": self.dataset,
+            "stream": self.stream,
+            "mechanism": self.mechanism,
+            "rho": s.rho,
+            "rho_delta": s.rho_delta,
+            "epsilon": s.epsilon,
+            "delta": s.delta,
+            "unit": s.unit,
+            "at": self.at,
+        }
+        raw = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return base64.urlsafe_b64encode(raw)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> DatasetSpend:
+        """The inverse of :meth:`encode` (``ValueError`` on anything else)."""
+        try:
+            doc = json.loads(base64.urlsafe_b64decode(payload))
+            label = f"{doc['stream']}: {doc['mechanism']}"
+            spend = Spend(
+                rho=float(doc["rho"]),
+                rho_delta=float(doc["rho_delta"]),
+                epsilon=float(doc["epsilon"]),
+                delta=float(doc["delta"]),
+                unit=str(doc["unit"]),
+                label=label,
+            )
+            return cls(
+                dataset=str(doc["dataset"]),
+                stream=str(doc["stream"]),
+                mechanism=str(doc["mechanism"]),
+                spend=spend,
+                at=str(doc["at"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a budget line ({exc})") from None
+
+
+def dataset_name(opts: Mapping[str, Any]) -> str:
+    """``--dataset``, else the input's file (or directory) name; ``stdin`` for ``-``."""
+    given = opts.get("dataset")
+    if given:
+        return str(given)
+    source = opts.get("input") or "-"
+    if source == "-":
+        return "stdin"
+    return os.path.basename(os.path.normpath(str(source))) or str(source)
+
+
+def totals(spends: Iterable[DatasetSpend]) -> dict[str, Composed]:
+    """The composed total of each dataset, by name."""
+    by: dict[str, list[Spend]] = {}
+    for line in spends:
+        by.setdefault(line.dataset, []).append(line.spend)
+    return {name: compose(items) for name, items in sorted(by.items())}
+
+
+def budget_refusal(dataset: str, before: Composed, after: Composed, cap: BudgetCap) -> str:
+    """Why a run is refused when it would take ``dataset`` past ``cap``."""
+    return (
+        f"dataset {dataset!r} would pass its budget cap (epsilon = {cap.epsilon:.6g}, "
+        f"delta = {cap.delta:.3g}): it has spent {before.plain(cap.delta)}, and this run "
+        f"would bring it to {after.plain(cap.delta)}. Nothing was released; see "
+        "`dpstream budget`"
+    )
+
+
+def format_budget(spends: list[DatasetSpend], delta: float, dataset: str | None = None) -> str:
+    """``dpstream budget``: each dataset's runs and its total at ``delta``."""
+    chosen = [s for s in spends if dataset is None or s.dataset == dataset]
+    if not chosen:
+        where = f"dataset {dataset!r}" if dataset else "any dataset"
+        return f"no run on record for {where}"
+    out = []
+    for name, total in totals(chosen).items():
+        out.append(f"dataset {name}: {total.plain(delta)}")
+        for s in chosen:
+            if s.dataset == name:
+                c = s.spend
+                out.append(
+                    f"  {s.at}  stream {s.stream}: {s.mechanism}, epsilon = {c.epsilon:.6g}, "
+                    f"delta = {c.delta:.3g} per {c.unit} (rho = {c.rho:.6g})"
+                )
+    return "\n".join(out)

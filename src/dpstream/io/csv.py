@@ -1,0 +1,269 @@
+"""CSV input: events grouped from their rows, as records or as chunks.
+
+Layer 6 of dpstream (an edge). ``--input-format csv``: a header row, then one
+row per (event, item) with an event-id column and an item column (names chosen
+by ``--event-column`` and ``--item-column``), and optionally a time-step column
+(``--time-column``). An event is every row with one event id in one time step,
+wherever the rows stand in the input (they need not be consecutive; an id used
+in two steps is two events); an empty item cell adds no item. The reader holds
+the input's rows until its end (a batch run holds its input anyway), then
+yields the events in the order of their first rows. The CSV is parsed strictly
+(a quote must be closed, and followed by a delimiter or the end of the row),
+and a field holding a line break or an item longer than
+:data:`MAX_CSV_ITEM_CHARS` (1,000) characters is an invalid record: both are
+the mark of an unclosed quote that swallowed the rows after it. Errors name the
+line where the record started. With ``--user-field NAME`` the column NAME holds
+each event's user id, equal on every row of the event.
+
+:func:`read_csv` yields the events one record at a time;
+:func:`read_csv_chunks` yields the same records as
+:class:`~dpstream.io.chunks.Chunk` columns, for the run loop.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from ..clock import StepClock
+from .chunks import Chunk, chunks_from_records
+from .records import RawEvent, raw_bytes, shorten, timestamp_step, valid_text
+
+__all__ = ["MAX_CSV_ITEM_CHARS", "read_csv", "read_csv_chunks"]
+
+#: The most characters a CSV item may have: a longer one is an invalid record
+#: (most likely an unclosed quote that swallowed the rows after it).
+MAX_CSV_ITEM_CHARS = 1000
+
+
+def read_csv(
+    stream: Iterable[str],
+    *,
+    item_column: str = "item",
+    event_column: str = "event",
+    time_column: str | None = None,
+    clock: StepClock | None = None,
+    delimiter: str = ",",
+    user_column: str | None = None,
+) -> Iterator[RawEvent]:
+    """Parse CSV rows (one per event and item) into events: an event is every row
+    with one event id in one time step, wherever the rows stand in the input.
+
+    The input is read to its end before the first record is yielded (a later
+    row may belong to any event). The events come out in the order of their
+    first rows, each with that row's line, its items in the order of its rows
+    and its rows' bytes (joined by a line feed) as ``raw``; an id in two steps
+    is two events. So what happens to an event is a function of its own rows
+    and step, never of the rows between them (else another event's row could
+    cut it in two: one event's presence would change another's count). Without
+    a time column (and a clock), the id alone is the event.
+
+    A row whose step cannot be read (a time that is not an integer >= 1, a bad
+    timestamp) belongs to no event: it is an invalid record of its own, as is
+    a record with a CSV syntax error (strict parsing), too few fields, a field
+    spanning lines, an item longer than :data:`MAX_CSV_ITEM_CHARS` or text
+    that is not valid UTF-8. Each record's ``line`` is the line where it
+    started. With ``user_column``, every row of an event must hold the same
+    non-empty user id, else the event is an invalid record.
+    """
+    source = _Captured(stream)
+    reader = csv.reader(source.lines(), delimiter=delimiter, strict=True)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    except csv.Error as exc:
+        raise ValueError(f"input line 1: bad CSV header ({exc})") from None
+    cols = _Columns.of(header, item_column, event_column, time_column, user_column)
+    source.captured.clear()  # the header's lines
+    records = _read_rows(reader, source, cols, clock, user_column)
+    records.reverse()  # let go of each record as it is yielded
+    while records:
+        rec = records.pop()
+        yield rec.record() if isinstance(rec, _CsvEvent) else rec
+
+
+def read_csv_chunks(stream: Iterable[str], size: int = 4096, **options: Any) -> Iterator[Chunk]:
+    """The records of :func:`read_csv` (with its ``options``) as chunks of ``size``
+    records: the columns the run loop takes."""
+    return chunks_from_records(read_csv(stream, **options), size)
+
+
+class _Captured:
+    """A stream's lines, kept from the start of the record being read (its raw bytes)."""
+
+    def __init__(self, stream: Iterable[str]) -> None:
+        self.stream = stream
+        self.captured: list[str] = []
+
+    def lines(self) -> Iterator[str]:
+        for text in self.stream:
+            self.captured.append(text)
+            yield text
+
+    def take_raw(self) -> bytes:
+        """The bytes of the lines read since the last call, without the last terminator."""
+        text = "".join(self.captured)
+        self.captured.clear()
+        cut = 2 if text.endswith("\r\n") else 1 if text.endswith(("\n", "\r")) else 0
+        return raw_bytes(text[: len(text) - cut])
+
+
+class _Columns(NamedTuple):
+    """Where a CSV's columns are (``time``, ``user``: None when not read), and how many
+    fields a row needs."""
+
+    item: int
+    event: int
+    time: int | None
+    user: int | None
+    width: int
+
+    @classmethod
+    def of(
+        cls,
+        header: list[str],
+        item_column: str,
+        event_column: str,
+        time_column: str | None,
+        user_column: str | None,
+    ) -> _Columns:
+        """The columns named in the header (an error names a missing one)."""
+        cols = {name.strip(): i for i, name in enumerate(header)}
+        for role, name in (
+            ("--item-column", item_column),
+            ("--event-column", event_column),
+            ("--time-column", time_column),
+            ("--user-field", user_column),
+        ):
+            if name is not None and name not in cols:
+                raise ValueError(
+                    f"input line 1: the CSV header has no column {name!r} ({role}); "
+                    f"columns: {', '.join(shorten(c) for c in cols)}"
+                )
+        i_item, i_event = cols[item_column], cols[event_column]
+        i_time = cols[time_column] if time_column is not None else None
+        i_user = cols[user_column] if user_column is not None else None
+        width = max(i for i in (i_item, i_event, i_time, i_user) if i is not None) + 1
+        return cls(i_item, i_event, i_time, i_user, width)
+
+
+def _read_rows(
+    reader: Any,
+    source: _Captured,
+    cols: _Columns,
+    clock: StepClock | None,
+    user_column: str | None,
+) -> list[_CsvEvent | RawEvent]:
+    """Every event of the input, by (step, id), in the order of its first row; the
+    records of rows that belong to no event (no readable step) among them."""
+    records: list[_CsvEvent | RawEvent] = []
+    events: dict[tuple[int | None, str], _CsvEvent] = {}
+    texts: dict[str, str] = {}  # one string per distinct item (the rows are held)
+    while True:
+        first_line = reader.line_num + 1  # where the next record starts
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
+            records.append(
+                RawEvent(
+                    first_line, None, None, f"bad CSV record ({exc}{hint})", raw=source.take_raw()
+                )
+            )
+            continue
+        row_raw = source.take_raw()
+        if not row or all(not c.strip() for c in row):
+            continue
+        row_err = _row_error(row, cols, first_line, reader.line_num)
+        row_t: int | None = None
+        if row_err is None and cols.time is not None:
+            row_t, row_err = _row_step(row[cols.time], clock)
+        if row_err is not None:  # no event (step and id) to belong to: a record alone
+            records.append(RawEvent(first_line, None, None, row_err, raw=row_raw))
+            continue
+        eid = row[cols.event]
+        event = events.get((row_t, eid))
+        if event is None:
+            event = events[(row_t, eid)] = _CsvEvent(first_line, row_t, eid)
+            records.append(event)
+        user = None if cols.user is None else row[cols.user]
+        event.add(row[cols.item], user, user_column, row_raw, texts)
+    return records
+
+
+def _row_error(row: list[str], cols: _Columns, first_line: int, last_line: int) -> str | None:
+    """Why a row (of lines ``first_line``-``last_line``) is no part of an event, or None."""
+    if len(row) < cols.width:
+        return f"CSV row has {len(row)} fields, expected at least {cols.width}"
+    if any(
+        "\n" in row[i] or "\r" in row[i]
+        for i in (cols.item, cols.event, cols.time, cols.user)
+        if i is not None
+    ):
+        return f"a field spans lines (lines {first_line}-{last_line}: an unclosed quote?)"
+    if not all(valid_text(c) for c in row):
+        return "the row is not valid UTF-8"
+    if len(row[cols.item]) > MAX_CSV_ITEM_CHARS:
+        return (
+            f"item of {len(row[cols.item])} characters, more than "
+            f"{MAX_CSV_ITEM_CHARS} (an unclosed quote?)"
+        )
+    return None
+
+
+def _row_step(cell: str, clock: StepClock | None) -> tuple[int | None, str | None]:
+    """The step of a row's time cell: a timestamp on ``clock``, else an integer >= 1."""
+    if clock is not None:
+        return timestamp_step(cell, clock, "the row's timestamp")
+    raw = cell.strip()
+    try:
+        row_t = int(raw)
+    except ValueError:
+        return None, f"time step must be an integer, got {shorten(raw)!r}"
+    if row_t < 1:
+        return row_t, f"time step must be >= 1, got {shorten(raw)!r}"
+    return row_t, None
+
+
+class _CsvEvent:
+    """The rows of one CSV event (one id in one step) read so far."""
+
+    __slots__ = ("line", "t", "eid", "items", "user", "error", "raws")
+
+    def __init__(self, line: int, t: int | None, eid: str) -> None:
+        self.line, self.t, self.eid = line, t, eid
+        self.items: list[str] = []
+        self.user: str | None = None
+        self.error: str | None = None
+        self.raws: list[bytes] = []
+
+    def add(
+        self,
+        item: str,
+        user: str | None,
+        user_column: str | None,
+        raw: bytes,
+        texts: dict[str, str],
+    ) -> None:
+        """Take one more row (``user``: its user id cell, None at event level)."""
+        first = not self.raws
+        self.raws.append(raw)
+        if user is not None and self.error is None:
+            if user == "":
+                self.error = f"the user id column {user_column!r} is empty"
+            elif first:
+                self.user = user
+            elif user != self.user:
+                self.error = f"event {shorten(self.eid)!r} has rows with different user ids"
+        if item != "" and self.error is None:
+            self.items.append(texts.setdefault(item, item))
+
+    def record(self) -> RawEvent:
+        raw = b"\n".join(self.raws)
+        if self.error is not None:
+            return RawEvent(self.line, None, None, self.error, raw=raw)
+        return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)

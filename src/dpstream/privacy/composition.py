@@ -1,0 +1,148 @@
+"""Composition: the total cost of several releases of one dataset, and a cap on it.
+
+Layer 1 of dpstream (docs/architecture.md): pure values and functions.
+
+Every release of a dataset spends privacy on the same people, whatever stream
+or mechanism it uses, so the costs add up. Two analyses bound the total, and
+both are valid, so the smaller epsilon at a given delta is reported:
+
+* zCDP composition (paper, lem:zCDP_Comp): delta-approximate rho-zCDP
+  guarantees compose by adding ``rho`` and adding ``rho_delta``; the total is
+  then converted to (epsilon, delta) by CKS20 at ``delta - sum(rho_delta)``.
+* Basic composition of the claims themselves: (epsilon_i, delta_i)-DP
+  releases together are (sum epsilon_i, sum delta_i)-DP. For one release this
+  is its own claim, which may be tighter than the zCDP conversion (a claim
+  from the exact Gaussian curve, say).
+
+Units: a user-level guarantee is also an event-level one with the same
+numbers (two inputs that differ in one event differ, after bounding, only in
+that user's kept contributions), so the total of releases at both units is an
+event-level total; it is a user-level total only when every release is
+user-level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ._checks import _check_open_unit, _check_positive
+from .budgets import PrivacyLedger
+from .conversions import epsilon_cks
+from .guarantees import UNITS, PrivacyGuarantee
+
+__all__ = ["BudgetCap", "Composed", "Spend", "compose"]
+
+
+@dataclass(frozen=True)
+class Spend:
+    """One release's cost on a dataset (from its :class:`PrivacyGuarantee`).
+
+    Attributes:
+        rho, rho_delta: its zCDP cost (``rho_delta``: the delta paid outside zCDP).
+        epsilon, delta: its (epsilon, delta)-DP claim.
+        unit: ``"event"`` or ``"user"``.
+        label: what it was (shown in reports), e.g. the stream and the mechanism.
+    """
+
+    rho: float
+    rho_delta: float
+    epsilon: float
+    delta: float
+    unit: str
+    label: str
+
+    def __post_init__(self) -> None:
+        _check_positive("rho", self.rho)
+        if not 0.0 <= self.rho_delta < self.delta < 1.0 or not math.isfinite(self.epsilon):
+            raise ValueError(f"not a valid privacy cost: {self!r}")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {tuple(UNITS)}, got {self.unit!r}")
+
+    @classmethod
+    def of(cls, guarantee: PrivacyGuarantee, label: str) -> Spend:
+        """The cost of a release whose mechanism reports ``guarantee``."""
+        return cls(
+            rho=guarantee.rho,
+            rho_delta=guarantee.rho_delta,
+            epsilon=guarantee.epsilon,
+            delta=guarantee.delta,
+            unit=guarantee.unit,
+            label=label,
+        )
+
+
+@dataclass(frozen=True)
+class BudgetCap:
+    """The most a dataset may spend: (epsilon, delta)-DP in all."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+        _check_open_unit("delta", self.delta)
+
+
+@dataclass(frozen=True)
+class Composed:
+    """The total of several releases of one dataset (see the module docstring).
+
+    Attributes:
+        releases: how many releases it adds up.
+        rho, rho_delta: the zCDP total.
+        epsilon_sum, delta_sum: the basic-composition total of the claims.
+        unit: ``"user"`` when every release is user-level, else ``"event"``.
+    """
+
+    releases: int
+    rho: float
+    rho_delta: float
+    epsilon_sum: float
+    delta_sum: float
+    unit: str
+
+    def epsilon_at(self, delta: float) -> float:
+        """The smallest epsilon either analysis proves at ``delta`` (``inf``: none does)."""
+        if self.releases == 0:
+            return 0.0
+        best = math.inf
+        if self.rho_delta < delta < 1.0:
+            best = epsilon_cks(self.rho, delta - self.rho_delta)
+        if self.delta_sum <= delta:
+            best = min(best, self.epsilon_sum)
+        return best
+
+    def within(self, cap: BudgetCap) -> bool:
+        """Whether the total is (cap.epsilon, cap.delta)-DP by either analysis."""
+        return self.epsilon_at(cap.delta) <= cap.epsilon
+
+    def plain(self, delta: float) -> str:
+        """The total in plain words at ``delta``."""
+        if self.releases == 0:
+            return "nothing spent yet"
+        eps = self.epsilon_at(delta)
+        eps_text = f"{eps:.6g}" if math.isfinite(eps) else "unbounded"
+        return (
+            f"epsilon = {eps_text}, delta = {delta:.3g} per {self.unit} over "
+            f"{self.releases} release(s) (rho-zCDP with rho = {self.rho:.6g}"
+            + (f", plus {self.rho_delta:.3g} of delta" if self.rho_delta else "")
+            + ")"
+        )
+
+
+def compose(spends: Iterable[Spend]) -> Composed:
+    """The total of ``spends`` (order does not matter; sums are exactly rounded)."""
+    items = list(spends)
+    zcdp = PrivacyLedger()
+    for s in items:
+        zcdp.spend(s.rho, s.label)
+    return Composed(
+        releases=len(items),
+        rho=zcdp.spent,
+        rho_delta=math.fsum(s.rho_delta for s in items),
+        epsilon_sum=math.fsum(s.epsilon for s in items),
+        delta_sum=math.fsum(s.delta for s in items),
+        unit="user" if items and all(s.unit == "user" for s in items) else "event",
+    )

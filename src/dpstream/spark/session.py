@@ -1,0 +1,129 @@
+"""Start the Spark session of ``dpstream run --engine spark`` with Python workers that run dpstream.
+
+Layer 6 of dpstream (an edge); see docs/architecture.md.
+
+Spark starts its Python workers with ``PYSPARK_PYTHON``, or else the first
+``python3`` on the ``PATH``. A cron job that calls a virtual environment's
+``dpstream`` without activating it therefore gets workers from the system's
+interpreter, which has no dpstream: every task fails with
+``ModuleNotFoundError`` deep inside a Java stack trace.
+
+* For a local master (``local``, ``local[N]``, ``local-cluster[...]``) the
+  workers run on this machine, so they use the driver's own interpreter
+  (``spark.pyspark.python``), unless the operator set one.
+* For any master, one one-task job checks before anything is read that a
+  worker imports the same dpstream version as the driver (the keyed noise is
+  computed in the workers: another version could draw other noise than the
+  local engine) and says what to set when it does not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DPStreamError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+__all__ = ["WorkerPythonError", "check_workers", "is_local_master", "start_session"]
+
+
+class WorkerPythonError(DPStreamError):
+    """Spark's Python workers cannot run this dpstream."""
+
+
+def is_local_master(master: str) -> bool:
+    """True when every Spark worker of ``master`` runs on this machine."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
+    """A session on ``master`` whose Python workers are checked to run this dpstream."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    chosen = os.environ.get("PYSPARK_PYTHON")
+    if is_local_master(master) and not chosen:
+        # PySpark reads the workers' interpreter from the environment when its context
+        # starts (not from spark.pyspark.python): set it for that moment only
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        try:
+            spark = builder.getOrCreate()
+        finally:
+            del os.environ["PYSPARK_PYTHON"]
+    else:
+        spark = builder.getOrCreate()
+    check_workers(spark, master, chosen)
+    return spark
+
+
+def _worker_version(_: Any) -> tuple[str, str]:
+    """Run in a worker: the dpstream version it imports and its interpreter."""
+    import sys as worker_sys
+
+    import dpstream
+
+    return dpstream.__version__, worker_sys.executable
+
+
+def check_workers(spark: SparkSession, master: str, chosen: str | None = None) -> None:
+    """Raise :class:`WorkerPythonError` unless a worker imports this dpstream version.
+
+    One task on one partition: a worker that cannot import dpstream fails, and
+    a worker with another version is refused, before the run reads its input.
+    ``chosen`` is the operator's ``PYSPARK_PYTHON``, if any (for the advice).
+    """
+    from dpstream import __version__
+
+    try:
+        got = spark.sparkContext.parallelize([0], 1).map(_worker_version).collect()
+    except Exception as exc:  # Py4JJavaError or PythonException: both carry the cause as text
+        raise WorkerPythonError(_advice(master, _cause(exc), chosen)) from None
+    version, python = got[0]
+    if version != __version__:
+        raise WorkerPythonError(
+            _advice(
+                master,
+                f"its Python workers ({python}) import dpstream {version}, "
+                f"the driver runs dpstream {__version__}",
+                chosen,
+            )
+        )
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc)
+    if "No module named 'dpstream'" in text or 'No module named "dpstream"' in text:
+        return "its Python workers cannot import dpstream"
+    last = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = last[-1][:200] if last else type(exc).__name__
+    return f"a test task failed in its Python workers ({detail})"
+
+
+def _advice(master: str, cause: str, chosen: str | None) -> str:
+    if is_local_master(master) and chosen:
+        where = (
+            f"PYSPARK_PYTHON={chosen} has no dpstream {_version()}: unset it (the "
+            f"driver's own interpreter is then used) or point it to {sys.executable}"
+        )
+    elif is_local_master(master):
+        where = f"the driver's interpreter is {sys.executable}"
+    else:
+        where = (
+            f"install dpstream {_version()} on every worker and set PYSPARK_PYTHON (or "
+            "spark.pyspark.python) to that interpreter; see docs/spark.md"
+        )
+    return f"Spark master {master}: {cause}. {where}."
+
+
+def _version() -> str:
+    from dpstream import __version__
+
+    return __version__

@@ -1,0 +1,171 @@
+"""One budget per dataset: composition of the runs on a dataset, and a cap that refuses a run.
+
+Composition is checked against closed forms (the sums, and CKS20 at the total
+rho computed by ``epsilon_cks`` directly); the ledger's budget lines against
+what the runs appended, byte for byte where a refused run must change nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpstream.budget import DatasetSpend, dataset_name, format_budget, totals
+from dpstream.ledger import BudgetCapError, LedgerError, ReleaseLedger
+from dpstream.privacy import BudgetCap, Spend, compose, epsilon_cks
+
+from .conftest import fixed_key
+
+KEY = fixed_key("budget")
+
+
+def _spend(rho: float, epsilon: float, delta: float = 1e-6, unit: str = "event") -> Spend:
+    return Spend(rho=rho, rho_delta=0.0, epsilon=epsilon, delta=delta, unit=unit, label="x")
+
+
+def _line(dataset: str, rho: float, epsilon: float, stream: str = "s") -> DatasetSpend:
+    return DatasetSpend(dataset, stream, "known-domain histogram", _spend(rho, epsilon), "T")
+
+
+# ------------------------------------------------------------------ composition
+
+
+def test_compose_adds_rho_and_takes_the_better_analysis() -> None:
+    a, b = _spend(0.1, 1.9), _spend(0.2, 2.9)
+    total = compose([a, b])
+    assert total.releases == 2 and total.rho == pytest.approx(0.3, rel=1e-15)
+    assert total.epsilon_sum == pytest.approx(4.8) and total.delta_sum == pytest.approx(2e-6)
+    # at delta = 1e-6 basic composition (delta 2e-6) does not apply: CKS20 at rho 0.3
+    assert total.epsilon_at(1e-6) == epsilon_cks(total.rho, 1e-6)
+    # at delta = 2e-6 both apply; the smaller wins (CKS20 at rho = 0.3 is about 3.8 < 4.8)
+    assert total.epsilon_at(2e-6) == epsilon_cks(total.rho, 2e-6) < 4.8
+
+
+def test_one_release_keeps_its_own_claim() -> None:
+    # a claim from the exact Gaussian curve is tighter than CKS20 at the same rho:
+    # the total of one release must not be worse than that release's own claim
+    one = _spend(0.5, 1.0)
+    assert epsilon_cks(0.5, 1e-6) > 1.0
+    assert compose([one]).epsilon_at(1e-6) == 1.0
+    assert compose([one]).within(BudgetCap(1.0, 1e-6))
+
+
+def test_rho_delta_is_paid_out_of_the_delta() -> None:
+    s = Spend(rho=0.1, rho_delta=4e-7, epsilon=2.0, delta=1e-6, unit="event", label="u")
+    total = compose([s, s])
+    assert total.rho_delta == pytest.approx(8e-7)
+    assert total.epsilon_at(1e-6) == epsilon_cks(0.2, 1e-6 - 8e-7)
+    assert total.epsilon_at(8e-7) == math.inf  # no delta left for the zCDP part
+
+
+def test_units_compose_at_the_weaker_one() -> None:
+    user, event = _spend(0.1, 1.0, unit="user"), _spend(0.1, 1.0)
+    assert compose([user, user]).unit == "user"
+    assert compose([user, event]).unit == "event"
+    assert compose([]).epsilon_at(1e-6) == 0.0
+
+
+def test_dataset_name_defaults_to_the_input_name() -> None:
+    assert dataset_name({"dataset": "sales", "input": "/x/a.jsonl"}) == "sales"
+    assert dataset_name({"input": "/data/lake/events/"}) == "events"
+    assert dataset_name({"input": "/data/day1.jsonl.gz"}) == "day1.jsonl.gz"
+    assert dataset_name({"input": "-"}) == "stdin"
+
+
+def test_budget_line_round_trips() -> None:
+    line = _line("päivä data", 0.25, 1.5, stream="a b")
+    assert b" " not in line.encode()
+    back = DatasetSpend.decode(line.encode())
+    assert back.dataset == "päivä data" and back.spend.rho == 0.25 and back.spend.epsilon == 1.5
+    with pytest.raises(ValueError):
+        DatasetSpend.decode(b"bm90IGpzb24")
+
+
+# ------------------------------------------------------------------ the ledger's budget lines
+
+
+def _open(path, run: str, scope: str, line: DatasetSpend | None, cap=None, **kw):
+    return ReleaseLedger(
+        str(path), KEY, run, fsync=False, scope=scope, check_scope=True, budget=line, cap=cap, **kw
+    )
+
+
+def test_runs_on_a_dataset_add_up_and_a_cap_refuses_before_anything(tmp_path) -> None:
+    path = tmp_path / "k.ledger"
+    cap = BudgetCap(epsilon=3.0, delta=2e-6)  # basic composition of two runs: (3, 2e-6)
+    with _open(path, "a" * 32, "unknown:s1", _line("sales", 0.1, 1.5), cap) as led:
+        assert led.budget_problem() is None
+        led.claim_scope()
+    with _open(path, "b" * 32, "top-k:s1", _line("sales", 0.1, 1.5), cap) as led:
+        led.record(1, "1" * 64, "2" * 64)  # the scope and budget lines go with step 1
+    with _open(path, "c" * 32, "x:s9", _line("other", 5.0, 20.0)) as led:  # no cap
+        led.claim_scope()
+    with _open(path, "d" * 32, "z", None) as led:
+        got = led.spends()
+    by = totals(line for _, line in got)
+    assert set(by) == {"sales", "other"} and by["sales"].releases == 2
+    assert by["sales"].rho == pytest.approx(0.2) and by["sales"].epsilon_sum == 3.0
+    # a third run on "sales" would take it past epsilon 3 at delta 2e-6 by both analyses
+    before = path.read_bytes()
+    third = _line("sales", 0.1, 1.5)
+    assert epsilon_cks(0.3, 2e-6) > 3.0
+    with _open(path, "e" * 32, "meta:s1", third, cap) as led:
+        problem = led.budget_problem()
+        assert problem is not None and "'sales'" in problem and "epsilon = 3" in problem
+        with pytest.raises(BudgetCapError):
+            led.record(1, "1" * 64, "2" * 64)
+    assert path.read_bytes() == before
+    # the same run on another dataset is within its (absent) cap
+    with _open(path, "e" * 32, "meta:s1", _line("fresh", 0.1, 1.5), cap) as led:
+        assert led.budget_problem() is None
+    text = format_budget([line for _, line in got], 2e-6, "sales")
+    assert (
+        text.startswith("dataset sales: epsilon = 3, delta = 2e-06 per event over 2 release")
+        and text.count("stream s:") == 2
+    )
+
+
+def test_a_resumed_or_forced_run_adds_nothing(tmp_path) -> None:
+    path = tmp_path / "k.ledger"
+    cap = BudgetCap(epsilon=1.5, delta=1e-6)  # room for exactly one such run
+    with _open(path, "a" * 32, "s", _line("d", 0.1, 1.5), cap) as led:
+        led.record(1, "1" * 64, "2" * 64)
+    with _open(path, "a" * 32, "s", _line("d", 0.1, 1.5), cap) as led:  # resumed: same run
+        assert led.budget_problem() is None
+        led.record(2, "3" * 64, "4" * 64)
+    # --force: a new run under the same scope (check_scope off), the earlier one unpublished
+    forced = ReleaseLedger(
+        str(path), KEY, "f" * 32, fsync=False, scope="s", budget=_line("d", 0.1, 1.5), cap=cap
+    )
+    with forced as led:
+        assert led.budget_problem() is None
+        led.claim_scope()
+        assert len(led.spends()) == 1
+    assert path.read_bytes().count(b"\nB1 ") + path.read_bytes().startswith(b"B1 ") == 1
+
+
+def test_two_runs_started_together_cannot_both_pass_the_cap(tmp_path) -> None:
+    path = tmp_path / "k.ledger"
+    cap = BudgetCap(epsilon=1.5, delta=1e-6)
+    first = _open(path, "a" * 32, "s1", _line("d", 0.1, 1.5), cap)
+    second = _open(path, "b" * 32, "s2", _line("d", 0.1, 1.5), cap)
+    assert first.budget_problem() is None and second.budget_problem() is None
+    first.claim_scope()
+    with pytest.raises(BudgetCapError):  # checked again under the lock, after catching up
+        second.claim_scope()
+    first.close()
+    second.close()
+
+
+def test_a_forged_budget_line_is_refused(tmp_path) -> None:
+    path = tmp_path / "k.ledger"
+    with _open(path, "a" * 32, "s", _line("d", 0.5, 4.0)) as led:
+        led.claim_scope()
+    raw = path.read_bytes()
+    payload = _line("d", 0.5, 4.0).encode()
+    cheaper = _line("d", 0.001, 0.01).encode()
+    path.write_bytes(raw.replace(payload, cheaper))  # a smaller cost, the old tag
+    with _open(path, "b" * 32, "t", _line("d", 0.1, 1.0), BudgetCap(5.0, 1e-6)) as led:
+        with pytest.raises(LedgerError, match="not written with this key"):
+            led.budget_problem()

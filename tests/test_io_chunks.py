@@ -1,0 +1,92 @@
+"""Each input format's one parser gives the same records as chunks and one at a time.
+
+:func:`dpstream.io.reading.read_chunks` (what a batch run reads) against
+:func:`dpstream.io.reading.read_events` (the record-at-a-time readers), in every
+time mode and format: the same records, lines, steps, items, user ids, messages
+and raw bytes. The integer-step JSON Lines case goes through the chunked parser
+(Arrow where it applies), the others through the record fallback inside each
+format's module.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+
+import pytest
+
+from dpstream.clock import StepClock
+from dpstream.io.reading import read_chunks, read_events
+
+CLOCK = StepClock(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.timedelta(hours=1))
+
+JSONL = "\n".join(
+    [
+        '{"t": 1, "items": ["a", "b"], "ts": "2026-01-01T00:10:00Z", "u": "x"}',
+        '{"t": 2, "items": ["a", 5], "ts": "2026-01-01T01:10:00Z", "u": "y"}',
+        "",
+        '["c"]',
+        '{"t": 0, "items": ["a"], "ts": "2025-12-31T23:00:00Z", "u": ""}',
+        "not json",
+        '{"t": 3, "items": ["\\ud800"], "ts": "2026-01-01T02:00:00Z", "u": "x"}',
+        '{"items": ["d"], "ts": "soon", "u": 7}',
+        '{"t": 3, "items": ["e", "e"], "ts": "2026-01-01T02:59:59Z", "u": "z"}',
+    ]
+    + [f'{{"t": {4 + i // 3}, "items": ["k{i % 5}"], "u": "w{i}"}}' for i in range(40)]
+)
+
+CSV = "\n".join(
+    [
+        "event,item,time,ts,u",
+        "e1,a,1,2026-01-01T00:10:00Z,x",
+        "e2,b,2,2026-01-01T01:10:00Z,y",
+        "e1,c,1,2026-01-01T00:20:00Z,x",
+        "e3,d,0,2025-12-31T23:00:00Z,y",
+        "e5,e,3,2026-01-01T02:00:00Z,z",
+        "e5,f,3,2026-01-01T02:30:00Z,q",
+        "e6,,x,2026-01-01T02:00:00Z,z",
+        "e7,g,4",
+        'e4,"broken,3,2026-01-01T02:00:00Z,z',
+    ]
+)
+
+CASES = [
+    ("jsonl", JSONL, {}),
+    ("jsonl", JSONL, {"implicit": True}),
+    ("jsonl", JSONL, {"user_field": "u"}),
+    ("jsonl", JSONL, {"time_field": "ts", "clock": CLOCK}),
+    ("csv", CSV, {"time_column": "time"}),
+    ("csv", CSV, {"time_column": "time", "user_field": "u"}),
+    ("csv", CSV, {"time_field": "ts", "clock": CLOCK}),
+]
+
+
+def _from_chunks(chunks) -> list[tuple]:
+    out = []
+    for ch in chunks:
+        for i in range(len(ch)):
+            a, b = int(ch.offsets[i]), int(ch.offsets[i + 1])
+            items = None if i in ch.errors else tuple(ch.items[c] for c in ch.codes[a:b])
+            user = None if ch.users is None else ch.users[i]
+            raw = ch.buf[int(ch.starts[i]) : int(ch.ends[i])]
+            out.append((int(ch.lines[i]), int(ch.t[i]), items, ch.errors.get(i), user, raw))
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "text", "options"), CASES)
+def test_chunks_hold_the_records_of_the_record_readers(fmt, text, options):
+    want = [
+        (r.line, r.t or 0, r.items, r.error, r.user, r.raw)
+        for r in read_events(io.StringIO(text, newline=""), fmt, **options)
+    ]
+    assert len(want) >= 5 and any(w[3] for w in want) and any(w[3] is None for w in want)
+    got = _from_chunks(read_chunks(io.StringIO(text, newline=""), fmt, **options))
+    assert got == want
+
+
+def test_read_chunks_refuses_what_read_events_refuses():
+    for reader in (read_events, read_chunks):
+        with pytest.raises(ValueError, match="implicit-time is for JSON Lines"):
+            list(reader(io.StringIO(CSV), "csv", implicit=True))
+        with pytest.raises(ValueError, match="input format must be"):
+            list(reader(io.StringIO(CSV), "xml"))

@@ -1,0 +1,166 @@
+"""`dpstream run --engine spark` from a virtual environment that is not activated (a cron job).
+
+Spark starts its Python workers with ``PYSPARK_PYTHON`` or the first ``python3``
+on the ``PATH``. Here the ``PATH`` holds only the base interpreter of this
+test's virtual environment, which has no dpstream, as a crontab's ``PATH`` would:
+a local master must still run (the workers use the driver's interpreter), and a
+worker interpreter without dpstream is refused with a clear message before
+anything is written.
+
+Skips as tests/test_spark.py does (no PySpark, no Java); CI sets
+``DPSTREAM_REQUIRE_SPARK=1``, which turns a skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpstream import cli
+from dpstream.spark.session import is_local_master
+
+from .conftest import fixed_key, own_ledger
+
+_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
+
+try:
+    import pyspark  # noqa: F401
+except ImportError:
+    if _REQUIRED:
+        raise
+    pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
+
+_JAVA = shutil.which("java") or (
+    str(Path(os.environ["JAVA_HOME"], "bin", "java")) if os.environ.get("JAVA_HOME") else None
+)
+if _JAVA is None:
+    if _REQUIRED:
+        raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
+    pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
+
+pytestmark = pytest.mark.spark
+
+_BASE_PYTHON = Path(sys.base_prefix, "bin", "python3")
+
+
+def _cron_env() -> dict[str, str]:
+    """The environment of a cron job: no venv on the PATH, no PYSPARK_PYTHON."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")
+    }
+    java_dir = str(Path(_JAVA).resolve().parent)  # type: ignore[arg-type]
+    env["PATH"] = os.pathsep.join([str(_BASE_PYTHON.parent), java_dir, "/usr/bin", "/bin"])
+    return env
+
+
+def _base_has_no_dpstream() -> bool:
+    probe = subprocess.run(
+        [str(_BASE_PYTHON), "-c", "import dpstream"], capture_output=True, env=_cron_env()
+    )
+    return probe.returncode != 0
+
+
+@pytest.fixture
+def run_args(tmp_path: Path) -> list[str]:
+    if sys.prefix == sys.base_prefix or not _BASE_PYTHON.exists():
+        pytest.skip("needs a virtual environment whose base interpreter has no dpstream")
+    if not _base_has_no_dpstream():
+        pytest.skip("the base interpreter imports dpstream: the failure cannot be shown here")
+    fixed_key("spark-session").save(tmp_path / "k.key")
+    events = [{"t": 1, "items": ["a", "b"]}, {"t": 2, "items": ["b"]}, {"t": 4, "items": ["a"]}]
+    (tmp_path / "domain.txt").write_text("a\nb\n")
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return [
+        "run",
+        "-m",
+        "known",
+        "--domain",
+        str(tmp_path / "domain.txt"),
+        "--horizon",
+        "4",
+        "--max-items",
+        "2",
+        "--rho",
+        "0.5",
+        "--key-file",
+        str(tmp_path / "k.key"),
+        "-i",
+        str(tmp_path / "events.jsonl"),
+        "-q",
+    ]
+
+
+def _spark_rows(out: Path) -> list[dict]:
+    rows = []
+    for part in sorted(out.glob("part-*")):
+        rows += [json.loads(line) for line in part.read_text().splitlines() if line]
+    return rows
+
+
+def test_local_master_uses_the_driver_interpreter(run_args: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "spark_out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dpstream", *run_args, "--engine", "spark"]
+        + ["--master", "local[1]", "-o", str(out), *own_ledger(out)],
+        capture_output=True,
+        text=True,
+        env=_cron_env(),
+        timeout=600,
+    )
+    # before the fix, every task failed: "ModuleNotFoundError: No module named 'dpstream'"
+    assert done.returncode == 0, done.stderr[-3000:]
+    local = tmp_path / "local.jsonl"
+    assert cli.main([*run_args, "-o", str(local), *own_ledger(local)]) == 0
+    want = [json.loads(line) for line in local.read_text().splitlines()]
+    got = _spark_rows(out)
+    assert sorted({r["t"] for r in got}) == [r["t"] for r in want] == [1, 2, 3, 4]
+    for rel in want:
+        rows = {r["item"]: r["value"] for r in got if r["t"] == rel["t"]}
+        assert rows == rel["released"] and set(rows) == {"a", "b"}
+
+
+def test_worker_without_dpstream_is_refused_before_writing(
+    run_args: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "spark_out"
+    env = {**_cron_env(), "PYSPARK_PYTHON": str(_BASE_PYTHON)}
+    done = subprocess.run(
+        [sys.executable, "-m", "dpstream", *run_args, "--engine", "spark"]
+        + ["--master", "local[1]", "-o", str(out), *own_ledger(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 1
+    assert "Python workers cannot import dpstream" in done.stderr
+    assert "PYSPARK_PYTHON" in done.stderr
+    # the last word is dpstream's one line (Spark's own log above it is Spark's)
+    assert done.stderr.strip().splitlines()[-1].startswith("dpstream: error: Spark master")
+    assert not out.exists()
+    assert not Path(f"{out}.ledger").exists()  # the check runs before the noise scope
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [
+        ("local", True),
+        ("local[2]", True),
+        ("local[*]", True),
+        ("local-cluster[2,1,1024]", True),
+        ("spark://host:7077", False),
+        ("yarn", False),
+        ("k8s://https://host:443", False),
+        ("localhost", False),
+    ],
+)
+def test_is_local_master(master: str, local: bool) -> None:
+    assert is_local_master(master) is local
