@@ -306,7 +306,7 @@ def test_cli_top_k_with_max_items_needs_no_switches(tmp_path, capsys):
     import json
 
     from dpstream.cli import main
-    from dpstream.runmeta import read_run_meta, sidecar_path
+    from dpstream.run.meta import read_run_meta, sidecar_path
 
     domain = [f"w{j}" for j in range(200)]
     (tmp_path / "dom.txt").write_text("\n".join(domain) + "\n")
@@ -425,7 +425,7 @@ def test_no_horizon_top_k_choice_and_its_refusals():
     SparseGumb (which needs T); --switches or --eta then are refused in plain words, and
     so is -m top-k without --max-items or -m meta with no --horizon."""
     from dpstream.registry import build_mechanism
-    from dpstream.settings_check import settings_problems
+    from dpstream.run.checks import settings_problems
 
     domain = [f"i{j}" for j in range(40)]
     key = fixed_key("noend-choice")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +129,7 @@ def mechanism_class(name: str) -> type:
 
 
 def build_mechanism(
-    name: str, options: dict[str, Any], key: Any, domain: Sequence[str] | None
+    name: str, options: Mapping[str, Any], key: Any, domain: Sequence[str] | None
 ) -> Any:
     """Build mechanism ``name`` from command-line options (``dest -> value``).
 
@@ -204,7 +204,7 @@ def build_mechanism(
 
 
 def _counter_from_buffers(
-    name: str, options: dict[str, Any], kwargs: dict[str, Any], takes_counter: bool
+    name: str, options: Mapping[str, Any], kwargs: dict[str, Any], takes_counter: bool
 ) -> None:
     """``--blt-buffers K``: ``kwargs["counter"]`` becomes the K-buffer BLT for --horizon."""
     buffers = options.get("blt_buffers")
@@ -222,9 +222,9 @@ def _counter_from_buffers(
     )
 
 
-def check_user_options(options: dict[str, Any]) -> None:
+def check_user_options(options: Mapping[str, Any]) -> None:
     """User level needs both bounds; one alone is an error (the command line's ``plan``
-    and ``run`` also need --user-field with them: :mod:`dpstream.settings_check`)."""
+    and ``run`` also need --user-field with them: :mod:`dpstream.run.checks`)."""
     per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
     if (per_user is None) != (per_item is None):
         missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
@@ -239,7 +239,9 @@ def check_user_options(options: dict[str, Any]) -> None:
         )
 
 
-def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[str] | None) -> Any:
+def top_k_choice(
+    name: str, options: Mapping[str, Any], key: Any, domain: Sequence[str] | None
+) -> Any:
     """For ``-m top-k --max-items N``: SparseGumb, KnownBase's or UnkBase's top-k, the
     one an item needs the smallest count to be listed by, from public parameters
     (``dpstream.mechanisms.histogram_topk.choose_top_k``); ``None`` otherwise. Without
@@ -308,7 +310,7 @@ CLAMP_DEFAULT = True
 MONOTONE_DEFAULT = False
 
 
-def make_postprocessor(opts: dict[str, Any]) -> Any:
+def make_postprocessor(opts: Mapping[str, Any]) -> Any:
     """The post-processing ``run`` applies to each release before writing it.
 
     ``dpstream.postprocess.ReadableCounts`` with --clamp/--monotone/--round;

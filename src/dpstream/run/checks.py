@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import DPStreamError
+from ..errors import DPStreamError
 
 __all__ = [
     "SettingsError",
@@ -121,7 +121,7 @@ def _budget_problems(opts: Mapping[str, Any]) -> list[str]:
 
 def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
     """What ``--mechanism`` needs, and the options that do not apply to it."""
-    from .registry import _MECH_KWARGS, MECHANISMS, mechanism_class
+    from ..registry import _MECH_KWARGS, MECHANISMS, mechanism_class
 
     name = opts.get("mechanism", "known")
     spec = MECHANISMS[name]
