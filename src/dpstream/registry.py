@@ -274,9 +274,7 @@ def top_k_choice(
     )
 
 
-def _top_k_unbounded(
-    options: Mapping[str, Any], key: Any, domain: Sequence[str] | None
-) -> Any:
+def _top_k_unbounded(options: Mapping[str, Any], key: Any, domain: Sequence[str] | None) -> Any:
     """:func:`top_k_choice` with no --horizon: KnownBase's or UnkBase's top-k on the BLT
     for every t (``choose_top_k(horizon=None)``, which refuses SparseGumb's settings)."""
     from .mechanisms.histogram_topk import choose_top_k
