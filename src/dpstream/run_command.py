@@ -425,9 +425,11 @@ class _Validator:
         new_offsets = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum(sizes, out=new_offsets[1:])
         cols = EventColumns(items, codes if keep.all() else codes[keep], new_offsets)
-        if self.users:  # (user, items) pairs, bounded per user by the mechanism
-            users = [u for u, d in zip(step.users, drop.tolist(), strict=True) if not d]
-            return [(u, tuple(e)) for u, e in zip(users, cols.events(), strict=True)]
+        if self.users:  # (user, items) pairs as columns, bounded per user by the mechanism
+            from .mechanisms.users import UserEventColumns
+
+            user_of = step.user_codes[~drop] if drop.any() else step.user_codes
+            return UserEventColumns(step.user_ids, user_of, cols)
         return cols
 
 
@@ -959,18 +961,13 @@ def _input_records(infile: Any, opts: dict[str, Any], input_format: str) -> Iter
 
 def _input_chunks(infile: Any, opts: dict[str, Any], input_format: str) -> Iterator[Any]:
     """The input's records in chunks (``dpstream.ingest.Chunk``), in order: JSON Lines
-    with integer steps through the columnar reader, the other inputs (timestamps, CSV,
-    one step per line, user ids) record by record."""
+    with integer steps (with or without user ids) through the columnar reader, the
+    other inputs (timestamps, CSV, one step per line) record by record."""
     from .io.chunks import chunks_from_records
     from .io.jsonl import read_jsonl_chunks
 
-    if (
-        input_format == "jsonl"
-        and clock_from_options(opts) is None
-        and not opts["implicit_time"]
-        and opts.get("user_field") is None
-    ):
-        return read_jsonl_chunks(infile, opts["input"])
+    if input_format == "jsonl" and clock_from_options(opts) is None and not opts["implicit_time"]:
+        return read_jsonl_chunks(infile, opts["input"], user_field=opts.get("user_field"))
     return chunks_from_records(_input_records(infile, opts, input_format))
 
 

@@ -1,0 +1,326 @@
+"""First come, first kept, over a whole batch of events at once (NumPy).
+
+Layer 5 of dpstream (the state of :class:`~dpstream.mechanisms.users.UserLevel`).
+Pure code: no noise, no I/O. :class:`ColumnBounder` keeps each user within :class:`UserBounds` by the
+rule of :class:`~dpstream.bounding.ContributionBounder` (which stays as the
+event-at-a-time statement of the rule, and the brute-force twin the tests hold
+this one against): events in arrival order (time step, then input order within
+a step); an item occurrence of user v is kept iff v already holds the item
+with fewer than ``max_count_per_item`` kept occurrences, or v holds fewer than
+``max_items_per_user`` items (the item then becomes one of them).
+
+Why a batch can be bounded without a loop over its events
+---------------------------------------------------------
+Group a batch's occurrences by (user, item), each event's items made distinct.
+Held items never leave a user and counts never go down, so, with c0 the
+pair's count before the batch (0: not held) and h0 the user's held items:
+
+* the occurrence of rank r (0-based, in arrival order) of a held pair is kept
+  iff c0 + r < Linf (every earlier one was kept while under the bound);
+* a pair not held before is admitted iff fewer than L0 - h0 of the user's new
+  pairs come before it by first occurrence (each first occurrence of a new
+  item is admitted while the user has room, and nothing else fills it); an
+  admitted pair then keeps its ranks r < Linf, a refused one keeps nothing
+  (the user stays full, so each later occurrence is refused too).
+
+So one stable sort by (user, item) gives every decision. The state is a table
+of the users' keyed hashes (dense indices), the number of items each holds,
+the kept items once each, and the counts of the held (user, item) pairs in
+sorted int64 keys ``user << 32 | item`` (a main array and a small recent one
+merged into it now and then, so a batch costs about its own size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..bounding import BoundingStats, ContributionBounder, UserBounds
+from .columns import distinct_in_events
+
+__all__ = ["ColumnBounder", "ColumnPending"]
+
+_SHIFT = 32
+_LOW = (1 << _SHIFT) - 1
+#: The recent pairs are merged into the main array past max(this, main / 8).
+_MERGE_MIN = 1 << 14
+
+
+@dataclass
+class ColumnPending:
+    """The change one batch makes to a :class:`ColumnBounder`, applied by ``commit``:
+    the batch's users (hashes), the held items each user then has, and per
+    touched (user, item) pair its new count."""
+
+    users: list[bytes] = field(default_factory=list)
+    held: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_user: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_item: list[Hashable] = field(default_factory=list)
+    pair_count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    stats: BoundingStats = field(default_factory=BoundingStats)
+
+
+class ColumnBounder:
+    """:class:`~dpstream.bounding.ContributionBounder`'s rule over columns: the same
+    decisions, the same statistics, the state in arrays.
+
+    A batch is bounded in two phases, :meth:`bound_columns` (or :meth:`bound`,
+    the event-list form) then :meth:`commit`, so a mechanism that rejects a batch
+    leaves the bounder unchanged. Holds only the users' keyed hashes, the kept
+    items and their counts (no id in clear). Picklable and snapshot-safe
+    (dicts, lists and integer arrays).
+
+    Example:
+        >>> b = ColumnBounder(UserBounds(max_items_per_user=1, max_count_per_item=2))
+        >>> kept, pending = b.bound([(b"u1", ("a", "b")), (b"u1", ("a",)), (b"u1", ("a",))])
+        >>> kept
+        [('a',), ('a',), ()]
+        >>> b.commit(pending)
+    """
+
+    def __init__(self, bounds: UserBounds) -> None:
+        if not isinstance(bounds, UserBounds):
+            raise TypeError(f"bounds must be a UserBounds, got {type(bounds).__name__}")
+        self.bounds = bounds
+        self.stats = BoundingStats()
+        self._users: dict[bytes, int] = {}  # user hash -> dense index
+        self._held = np.zeros(0, dtype=np.int64)  # per user: items held
+        self._items: list[Hashable] = []  # kept items, each once
+        self._item_index: dict[Hashable, int] = {}
+        self._keys = np.zeros(0, dtype=np.int64)  # sorted pair keys (user << 32 | item)
+        self._counts = np.zeros(0, dtype=np.int64)
+        self._new_keys = np.zeros(0, dtype=np.int64)  # recent pairs, sorted, apart
+        self._new_counts = np.zeros(0, dtype=np.int64)
+
+    @classmethod
+    def from_bounder(cls, old: ContributionBounder) -> ColumnBounder:
+        """The state of an event-at-a-time bounder, as columns (same decisions after)."""
+        new = cls(old.bounds)
+        new.stats = BoundingStats(**vars(old.stats))
+        pend = ColumnPending()
+        users, counts, pu = [], [], []
+        for u, (user, held) in enumerate(old._users.items()):
+            users.append(user)
+            for item, count in held.items():
+                pu.append(u)
+                pend.pair_item.append(item)
+                counts.append(count)
+        pend.users = users
+        pend.held = np.asarray([len(h) for h in old._users.values()], dtype=np.int64)
+        pend.pair_user = np.asarray(pu, dtype=np.int64)
+        pend.pair_count = np.asarray(counts, dtype=np.int64)
+        new.commit(pend)
+        new.stats = BoundingStats(**vars(old.stats))
+        return new
+
+    def __len__(self) -> int:
+        """The number of users tracked (who kept at least one contribution). Not private."""
+        return len(self._users)
+
+    def kept_of(self, user_hash: bytes) -> dict[Hashable, int]:
+        """A copy of the kept counts of one user (item -> count). Not private."""
+        u = self._users.get(user_hash)
+        if u is None:
+            return {}
+        out: dict[Hashable, int] = {}
+        lo, hi = u << _SHIFT, (u + 1) << _SHIFT
+        for keys, counts in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
+            a, b = np.searchsorted(keys, [lo, hi])
+            for k, c in zip(keys[a:b].tolist(), counts[a:b].tolist(), strict=True):
+                out[self._items[k & _LOW]] = c
+        return out
+
+    # -- the pair table ------------------------------------------------------------------
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The counts of pair keys (0 for a pair not held)."""
+        out = np.zeros(keys.size, dtype=np.int64)
+        for table, counts in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
+            if table.size and keys.size:
+                pos = np.minimum(np.searchsorted(table, keys), table.size - 1)
+                hit = table[pos] == keys
+                out[hit] = counts[pos[hit]]
+        return out
+
+    def _store(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Set the counts of distinct pair keys (held ones updated, the others added)."""
+        fresh = np.ones(keys.size, dtype=bool)
+        for table, values in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
+            if table.size and keys.size:
+                pos = np.minimum(np.searchsorted(table, keys), table.size - 1)
+                hit = table[pos] == keys
+                values[pos[hit]] = counts[hit]
+                fresh &= ~hit
+        if not fresh.any():
+            return
+        keys, counts = keys[fresh], counts[fresh]
+        merged = np.concatenate([self._new_keys, keys])
+        order = np.argsort(merged, kind="stable")
+        self._new_keys = merged[order]
+        self._new_counts = np.concatenate([self._new_counts, counts])[order]
+        if self._new_keys.size > max(_MERGE_MIN, self._keys.size // 8):
+            merged = np.concatenate([self._keys, self._new_keys])
+            order = np.argsort(merged, kind="stable")
+            self._keys = merged[order]
+            self._counts = np.concatenate([self._counts, self._new_counts])[order]
+            self._new_keys = np.zeros(0, dtype=np.int64)
+            self._new_counts = np.zeros(0, dtype=np.int64)
+
+    # -- bounding ------------------------------------------------------------------------
+    def bound_columns(
+        self,
+        users: Sequence[bytes],
+        user_of: np.ndarray,
+        items: Sequence[Hashable],
+        codes: np.ndarray,
+        offsets: np.ndarray,
+    ) -> tuple[np.ndarray, ColumnPending]:
+        """Which occurrences of a batch are kept, and the pending state change.
+
+        Args:
+            users: the batch's distinct user hashes (16 bytes each, any order).
+            user_of: per event, the index of its user in ``users``.
+            items: the batch's distinct items.
+            codes, offsets: event j holds the items ``items[codes[offsets[j]:
+                offsets[j + 1]]]``, events in arrival order; an item repeated
+                within an event is taken once (its first occurrence).
+
+        Returns:
+            ``(keep, pending)``: ``keep`` a bool mask over ``codes``; pass
+            ``pending`` to :meth:`commit` once the batch is accepted.
+        """
+        codes = np.asarray(codes, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        user_of = np.asarray(user_of, dtype=np.int64)
+        n_ev = offsets.size - 1
+        if user_of.shape != (n_ev,):
+            raise ValueError("user_of must give one user per event")
+        pending = ColumnPending(users=list(users))
+        keep = np.zeros(codes.size, dtype=bool)
+        pending.held = np.zeros(len(users), dtype=np.int64)
+        if not codes.size:
+            return keep, pending
+        l0 = self.bounds.max_items_per_user
+        linf = self.bounds.max_count_per_item
+        # the users' and items' indices in the state (-1: not there yet)
+        known_u = np.fromiter((self._users.get(h, -1) for h in users), np.int64, len(users))
+        known_i = np.fromiter((self._item_index.get(x, -1) for x in items), np.int64, len(items))
+        held0 = np.zeros(len(users), dtype=np.int64)
+        held0[known_u >= 0] = self._held[known_u[known_u >= 0]]
+        pending.held = held0.copy()
+        first, _ = distinct_in_events(codes, offsets)
+        occ = np.flatnonzero(first) if first is not None else np.arange(codes.size)
+        ev = np.repeat(np.arange(n_ev), np.diff(offsets))[occ]
+        u, c = user_of[ev], codes[occ]
+        order = np.argsort(u * len(items) + c, kind="stable")  # by pair, arrival order
+        su, sc = u[order], c[order]
+        start = np.ones(order.size, dtype=bool)
+        start[1:] = (su[1:] != su[:-1]) | (sc[1:] != sc[:-1])
+        g_start = np.flatnonzero(start)  # each pair's first place in ``order``
+        g_of = np.cumsum(start) - 1
+        rank = np.arange(order.size) - g_start[g_of]
+        g_user, g_code = su[g_start], sc[g_start]
+        g_size = np.diff(np.append(g_start, order.size))
+        g_first = order[g_start]  # the pair's first occurrence in arrival order
+        gu, gi = known_u[g_user], known_i[g_code]
+        old = (gu >= 0) & (gi >= 0)
+        c0 = np.zeros(g_start.size, dtype=np.int64)
+        if old.any():
+            c0[old] = self._lookup((gu[old] << _SHIFT) | gi[old])
+        new = np.flatnonzero(c0 == 0)
+        admit = np.zeros(g_start.size, dtype=bool)
+        if new.size:  # a user's new pairs by first occurrence: the first L0 - h0 get in
+            by = new[np.lexsort((g_first[new], g_user[new]))]
+            nu = g_user[by]
+            lead = np.ones(by.size, dtype=bool)
+            lead[1:] = nu[1:] != nu[:-1]
+            lead_at = np.flatnonzero(lead)
+            nth = np.arange(by.size) - lead_at[np.cumsum(lead) - 1]
+            admit[by] = nth < l0 - held0[nu]
+            np.add.at(pending.held, g_user[by[admit[by]]], 1)
+        room = np.where((c0 > 0) | admit, linf - c0, 0)
+        kept_occ = rank < room[g_of]
+        keep[occ[order[kept_occ]]] = True
+        g_kept = np.minimum(g_size, room)
+        touched = np.flatnonzero(g_kept > 0)
+        pending.pair_user = g_user[touched]
+        pending.pair_item = [items[i] for i in g_code[touched].tolist()]
+        pending.pair_count = c0[touched] + g_kept[touched]
+        st = pending.stats
+        st.kept = int(g_kept.sum())
+        refused = (c0 == 0) & ~admit
+        st.dropped_new_item = int(g_size[refused].sum())
+        st.dropped_count = int((g_size - g_kept)[~refused].sum())
+        st.dropped = st.dropped_new_item + st.dropped_count
+        return keep, pending
+
+    def bound(
+        self, events: Iterable[tuple[bytes, Sequence[Hashable]]]
+    ) -> tuple[list[tuple[Hashable, ...]], ColumnPending]:
+        """:meth:`ContributionBounder.bound`'s form: ``(user hash, items)`` in arrival
+        order in, the kept items of each event out (and the pending change)."""
+        users: dict[bytes, int] = {}
+        table: dict[Hashable, int] = {}
+        user_of: list[int] = []
+        codes: list[int] = []
+        sizes: list[int] = []
+        for user, items in events:
+            if not isinstance(user, bytes):
+                raise TypeError(f"a user hash must be bytes, got {type(user).__name__}")
+            user_of.append(users.setdefault(user, len(users)))
+            its = dict.fromkeys(items)
+            codes.extend(table.setdefault(x, len(table)) for x in its)
+            sizes.append(len(its))
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        names = list(table)
+        keep, pending = self.bound_columns(
+            list(users), np.asarray(user_of, dtype=np.int64), names,
+            np.asarray(codes, dtype=np.int64), offsets,
+        )  # fmt: skip
+        flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
+        bounds = offsets.tolist()
+        kept = [
+            tuple(x for x in flat[a:b] if x is not None)
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        return kept, pending
+
+    def _item_id(self, item: Hashable) -> int:
+        """The state's index of a kept item (a new one is added)."""
+        i = self._item_index.get(item)
+        if i is None:
+            i = self._item_index[item] = len(self._items)
+            self._items.append(item)
+        return i
+
+    def commit(self, pending: ColumnPending) -> None:
+        """Apply the state change of an accepted batch (from :meth:`bound_columns`)."""
+        grows = np.flatnonzero(pending.held > 0)
+        if grows.size:
+            index = np.empty(len(pending.users), dtype=np.int64)
+            for j in grows.tolist():
+                index[j] = self._users.setdefault(pending.users[j], len(self._users))
+            if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
+                raise OverflowError("more than 2^31 users or 2^32 items held")
+            if len(self._users) > self._held.size:
+                more = max(len(self._users), 2 * self._held.size) - self._held.size
+                self._held = np.concatenate([self._held, np.zeros(more, np.int64)])
+            self._held[index[grows]] = pending.held[grows]
+            if pending.pair_user.size:
+                items = np.fromiter(map(self._item_id, pending.pair_item), np.int64)
+                self._store((index[pending.pair_user] << _SHIFT) | items, pending.pair_count)
+        s, p = self.stats, pending.stats
+        s.kept += p.kept
+        s.dropped += p.dropped
+        s.dropped_new_item += p.dropped_new_item
+        s.dropped_count += p.dropped_count
+
+    def __repr__(self) -> str:
+        b = self.bounds
+        return (
+            f"ColumnBounder(max_items_per_user={b.max_items_per_user}, "
+            f"max_count_per_item={b.max_count_per_item}, users={len(self)})"
+        )
