@@ -1,7 +1,8 @@
 """First come, first kept, over a whole batch of events at once (NumPy).
 
 Layer 5 of dpstream (the state of :class:`~dpstream.mechanisms.users.UserLevel`).
-Pure code: no noise, no I/O. :class:`ColumnBounder` keeps each user within :class:`UserBounds` by the
+Pure code: no noise, no I/O. :class:`ColumnBounder` keeps each user within
+:class:`UserBounds` by the
 rule of :class:`~dpstream.bounding.ContributionBounder` (which stays as the
 event-at-a-time statement of the rule, and the brute-force twin the tests hold
 this one against): events in arrival order (time step, then input order within
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
