@@ -23,7 +23,7 @@ from dpstream.errors import InvalidEventError
 from dpstream.mechanisms import user_bounder
 from dpstream.mechanisms.columns import EventColumns
 from dpstream.mechanisms.user_bounder import ColumnBounder
-from dpstream.mechanisms.users import UserEventColumns
+from dpstream.mechanisms.users import UserEventColumns, UserLevel
 from dpstream.snapshot import dump_snapshot, load_snapshot
 
 from .conftest import fixed_key
@@ -208,3 +208,11 @@ def test_user_columns_at_event_level_are_refused():
     mech = dps.UnknownDomainHistogram(5, max_items=2, key=KEY, epsilon=1.0, delta=1e-6)
     with pytest.raises(TypeError, match="max_items_per_user"):
         mech.step_batch(_as_columns([("x", ["a"])]))
+
+
+def test_the_hasher_hashes_many_ids_as_it_hashes_one():
+    hasher = UserLevel(UserBounds(1, 1), KEY).hasher
+    ids = ["alice", "ålice", "", 7, -(2**70), b"\x00x"]
+    assert hasher.many(ids) == [hasher(u) for u in ids]
+    with pytest.raises(TypeError, match="a user id must be a str, int or bytes"):
+        hasher.many(["a", 1.5])

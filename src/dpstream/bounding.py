@@ -223,6 +223,23 @@ class UserHasher:
             ) from None
         return hashlib.blake2b(data, key=self._hash_key, digest_size=16).digest()
 
+    def many(self, users: Iterable[object]) -> list[bytes]:
+        """The hashes of many user ids (each as :meth:`__call__` gives it; the keyed
+        state is set up once and copied per id)."""
+        base = hashlib.blake2b(key=self._hash_key, digest_size=16)
+        out = []
+        for user in users:
+            try:
+                data = encode_item(user)
+            except TypeError:
+                raise TypeError(
+                    f"a user id must be a str, int or bytes, got {type(user).__name__}"
+                ) from None
+            h = base.copy()
+            h.update(data)
+            out.append(h.digest())
+        return out
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (UserHasher, (self._key,))
 

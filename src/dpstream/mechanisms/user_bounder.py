@@ -56,6 +56,7 @@ class ColumnPending:
     touched (user, item) pair its new count."""
 
     users: list[bytes] = field(default_factory=list)
+    known: np.ndarray | None = None  # per user, its index in the state then (-1: none)
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_user: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_item: list[Hashable] = field(default_factory=list)
@@ -206,7 +207,7 @@ class ColumnBounder:
         linf = self.bounds.max_count_per_item
         # the users' and items' indices in the state (-1: not there yet)
         known_u = np.fromiter((self._users.get(h, -1) for h in users), np.int64, len(users))
-        known_i = np.fromiter((self._item_index.get(x, -1) for x in items), np.int64, len(items))
+        pending.known = known_u
         held0 = np.zeros(len(users), dtype=np.int64)
         held0[known_u >= 0] = self._held[known_u[known_u >= 0]]
         pending.held = held0.copy()
@@ -224,11 +225,19 @@ class ColumnBounder:
         g_user, g_code = su[g_start], sc[g_start]
         g_size = np.diff(np.append(g_start, order.size))
         g_first = order[g_start]  # the pair's first occurrence in arrival order
-        gu, gi = known_u[g_user], known_i[g_code]
-        old = (gu >= 0) & (gi >= 0)
+        gu = known_u[g_user]
         c0 = np.zeros(g_start.size, dtype=np.int64)
-        if old.any():
-            c0[old] = self._lookup((gu[old] << _SHIFT) | gi[old])
+        if (gu >= 0).any():  # the items of the users seen before: their counts
+            known_i = np.full(len(items), -1, dtype=np.int64)
+            wanted = np.unique(g_code[gu >= 0])
+            get = self._item_index.get
+            known_i[wanted] = np.fromiter(
+                (get(items[i], -1) for i in wanted.tolist()), np.int64, wanted.size
+            )
+            gi = known_i[g_code]
+            old = (gu >= 0) & (gi >= 0)
+            if old.any():
+                c0[old] = self._lookup((gu[old] << _SHIFT) | gi[old])
         new = np.flatnonzero(c0 == 0)
         admit = np.zeros(g_start.size, dtype=bool)
         if new.size:  # a user's new pairs by first occurrence: the first L0 - h0 get in
@@ -300,8 +309,13 @@ class ColumnBounder:
         """Apply the state change of an accepted batch (from :meth:`bound_columns`)."""
         grows = np.flatnonzero(pending.held > 0)
         if grows.size:
-            index = np.empty(len(pending.users), dtype=np.int64)
-            for j in grows.tolist():
+            index = (
+                pending.known.copy()
+                if pending.known is not None
+                else np.full(len(pending.users), -1, dtype=np.int64)
+            )
+            for j in np.flatnonzero(index[grows] < 0).tolist():  # users new to the state
+                j = int(grows[j])
                 index[j] = self._users.setdefault(pending.users[j], len(self._users))
             if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
                 raise OverflowError("more than 2^31 users or 2^32 items held")

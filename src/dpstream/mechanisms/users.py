@@ -179,11 +179,12 @@ class UserLevel:
                 hashes = None
         if hashes is None:
             return self.bound(events.pairs(), max_items, check)
-        table: dict[bytes, int] = {}
-        remap = np.fromiter((table.setdefault(h, len(table)) for h in hashes), np.int64)
-        keep, pending = self.bounder.bound_columns(
-            list(table), remap[events.user_of], items, codes, offsets
-        )
+        user_of = events.user_of
+        if len(set(hashes)) < len(hashes):  # one user given twice: one index
+            table: dict[bytes, int] = {}
+            remap = np.fromiter((table.setdefault(h, len(table)) for h in hashes), np.int64)
+            hashes, user_of = list(table), remap[user_of]
+        keep, pending = self.bounder.bound_columns(hashes, user_of, items, codes, offsets)
         first, _ = distinct_in_events(codes, offsets)
         if first is not None:
             keep &= first
@@ -196,7 +197,7 @@ class UserLevel:
         """The keyed hashes of user ids, or None when one is not a str, int or bytes."""
         if not _PLAIN.issuperset(map(type, users)):
             return None
-        return [self.hasher(u) for u in users]
+        return self.hasher.many(users)
 
     def commit(self, pending: Any) -> None:
         self.bounder.commit(pending)
