@@ -394,7 +394,8 @@ def test_a_snapshot_with_the_event_at_a_time_bounder_goes_on_with_the_same_decis
     _run(mech, 9, rng, users=True)
     users = mech._users
     twin = ContributionBounder(users.bounds)  # the same stream, bounded one event at a time
-    twin._users = {u: users.bounder.kept_of(u) for u in users.bounder._users}
+    hashes = [bytes.fromhex(h) for h in users.bounder._users.to_list()]
+    twin._users = {u: users.bounder.kept_of(u) for u in hashes}
     twin.stats = type(twin.stats)(**vars(users.bounder.stats))
     users.bounder = twin
     blob = dump_snapshot(mech, KEY)

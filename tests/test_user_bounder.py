@@ -101,7 +101,8 @@ def test_bound_columns_takes_repeats_in_an_event_once_and_users_in_any_order():
     # event 0: w a a b c; event 1: v c; event 2: w a; event 3: w a
     codes = np.array([0, 0, 1, 2, 2, 0, 0])
     offsets = np.array([0, 4, 5, 6, 7])
-    keep, pend = col.bound_columns(users, np.array([1, 0, 1, 1]), ["a", "b", "c"], codes, offsets)
+    hexes = [u.hex() for u in users]
+    keep, pend = col.bound_columns(hexes, np.array([1, 0, 1, 1]), ["a", "b", "c"], codes, offsets)
     kept_py, pend_py = py.bound([(b"w", "aabc"), (b"v", "c"), (b"w", "a"), (b"w", "a")])
     assert kept_py == [("a", "b"), ("c",), ("a",), ()]
     assert keep.tolist() == [True, False, True, False, True, True, False]

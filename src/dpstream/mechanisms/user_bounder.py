@@ -35,11 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..bounding import BoundingStats, ContributionBounder, UserBounds
 from .columns import distinct_in_events
+from .item_table import ItemTable
 
 __all__ = ["ColumnBounder", "ColumnPending"]
 
@@ -49,17 +51,37 @@ _LOW = (1 << _SHIFT) - 1
 _MERGE_MIN = 1 << 14
 
 
+def _search(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(table, keys)``, the keys searched in order (each search
+    starts where the last one ended: far fewer cache misses in a large table)."""
+    order = np.argsort(keys)
+    pos = np.empty(keys.size, dtype=np.int64)
+    pos[order] = np.searchsorted(table, keys[order])
+    return pos
+
+
+def _add(table: ItemTable, keys: list[Any]) -> np.ndarray:
+    """The positions of ``keys`` in ``table``, the missing ones added (in order)."""
+    pos = table.lookup(keys)
+    if (pos < 0).any():
+        table.extend(list(dict.fromkeys(k for k, p in zip(keys, pos.tolist()) if p < 0)))
+        pos = table.lookup(keys)
+    return pos
+
+
 @dataclass
 class ColumnPending:
     """The change one batch makes to a :class:`ColumnBounder`, applied by ``commit``:
-    the batch's users (hashes), the held items each user then has, and per
-    touched (user, item) pair its new count."""
+    the batch's users (hex hashes) with their indices in the state then (-1: not
+    there) and the held items each then has, and per touched (user, item) pair
+    its new count (and the item's index in the state then, -1: not there)."""
 
-    users: list[bytes] = field(default_factory=list)
-    known: np.ndarray | None = None  # per user, its index in the state then (-1: none)
+    users: list[str] = field(default_factory=list)
+    known: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_user: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_item: list[Hashable] = field(default_factory=list)
+    pair_known: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     stats: BoundingStats = field(default_factory=BoundingStats)
 
@@ -70,9 +92,10 @@ class ColumnBounder:
 
     A batch is bounded in two phases, :meth:`bound_columns` (or :meth:`bound`,
     the event-list form) then :meth:`commit`, so a mechanism that rejects a batch
-    leaves the bounder unchanged. Holds only the users' keyed hashes, the kept
-    items and their counts (no id in clear). Picklable and snapshot-safe
-    (dicts, lists and integer arrays).
+    leaves the bounder unchanged. Holds only the users' keyed hashes (as hex
+    text, in an :class:`~dpstream.mechanisms.item_table.ItemTable`), the kept
+    items (another one) and their counts: no id in clear. Picklable and
+    snapshot-safe.
 
     Example:
         >>> b = ColumnBounder(UserBounds(max_items_per_user=1, max_count_per_item=2))
@@ -87,10 +110,9 @@ class ColumnBounder:
             raise TypeError(f"bounds must be a UserBounds, got {type(bounds).__name__}")
         self.bounds = bounds
         self.stats = BoundingStats()
-        self._users: dict[bytes, int] = {}  # user hash -> dense index
+        self._users = ItemTable()  # user hashes (hex) -> dense index, by first kept item
         self._held = np.zeros(0, dtype=np.int64)  # per user: items held
-        self._items: list[Hashable] = []  # kept items, each once
-        self._item_index: dict[Hashable, int] = {}
+        self._items = ItemTable()  # the kept items, each once
         self._keys = np.zeros(0, dtype=np.int64)  # sorted pair keys (user << 32 | item)
         self._counts = np.zeros(0, dtype=np.int64)
         self._new_keys = np.zeros(0, dtype=np.int64)  # recent pairs, sorted, apart
@@ -100,18 +122,18 @@ class ColumnBounder:
     def from_bounder(cls, old: ContributionBounder) -> ColumnBounder:
         """The state of an event-at-a-time bounder, as columns (same decisions after)."""
         new = cls(old.bounds)
-        new.stats = BoundingStats(**vars(old.stats))
         pend = ColumnPending()
-        users, counts, pu = [], [], []
-        for u, (user, held) in enumerate(old._users.items()):
-            users.append(user)
+        counts, pu = [], []
+        for u, held in enumerate(old._users.values()):
             for item, count in held.items():
                 pu.append(u)
                 pend.pair_item.append(item)
                 counts.append(count)
-        pend.users = users
+        pend.users = [user.hex() for user in old._users]
+        pend.known = np.full(len(pend.users), -1, dtype=np.int64)
         pend.held = np.asarray([len(h) for h in old._users.values()], dtype=np.int64)
         pend.pair_user = np.asarray(pu, dtype=np.int64)
+        pend.pair_known = np.full(len(pu), -1, dtype=np.int64)
         pend.pair_count = np.asarray(counts, dtype=np.int64)
         new.commit(pend)
         new.stats = BoundingStats(**vars(old.stats))
@@ -123,15 +145,15 @@ class ColumnBounder:
 
     def kept_of(self, user_hash: bytes) -> dict[Hashable, int]:
         """A copy of the kept counts of one user (item -> count). Not private."""
-        u = self._users.get(user_hash)
+        u = self._users.get(user_hash.hex())
         if u is None:
             return {}
         out: dict[Hashable, int] = {}
         lo, hi = u << _SHIFT, (u + 1) << _SHIFT
         for keys, counts in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
             a, b = np.searchsorted(keys, [lo, hi])
-            for k, c in zip(keys[a:b].tolist(), counts[a:b].tolist(), strict=True):
-                out[self._items[k & _LOW]] = c
+            items = self._items.take(keys[a:b] & _LOW)
+            out.update(zip(items, counts[a:b].tolist(), strict=True))
         return out
 
     # -- the pair table ------------------------------------------------------------------
@@ -140,7 +162,7 @@ class ColumnBounder:
         out = np.zeros(keys.size, dtype=np.int64)
         for table, counts in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
             if table.size and keys.size:
-                pos = np.minimum(np.searchsorted(table, keys), table.size - 1)
+                pos = np.minimum(_search(table, keys), table.size - 1)
                 hit = table[pos] == keys
                 out[hit] = counts[pos[hit]]
         return out
@@ -150,7 +172,7 @@ class ColumnBounder:
         fresh = np.ones(keys.size, dtype=bool)
         for table, values in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
             if table.size and keys.size:
-                pos = np.minimum(np.searchsorted(table, keys), table.size - 1)
+                pos = np.minimum(_search(table, keys), table.size - 1)
                 hit = table[pos] == keys
                 values[pos[hit]] = counts[hit]
                 fresh &= ~hit
@@ -172,7 +194,7 @@ class ColumnBounder:
     # -- bounding ------------------------------------------------------------------------
     def bound_columns(
         self,
-        users: Sequence[bytes],
+        users: Sequence[str],
         user_of: np.ndarray,
         items: Sequence[Hashable],
         codes: np.ndarray,
@@ -181,7 +203,8 @@ class ColumnBounder:
         """Which occurrences of a batch are kept, and the pending state change.
 
         Args:
-            users: the batch's distinct user hashes (16 bytes each, any order).
+            users: the batch's distinct user hashes as hex text (any order;
+                :meth:`~dpstream.bounding.UserHasher.many` with ``hex=True``).
             user_of: per event, the index of its user in ``users``.
             items: the batch's distinct items.
             codes, offsets: event j holds the items ``items[codes[offsets[j]:
@@ -198,16 +221,17 @@ class ColumnBounder:
         n_ev = offsets.size - 1
         if user_of.shape != (n_ev,):
             raise ValueError("user_of must give one user per event")
-        pending = ColumnPending(users=list(users))
+        users = list(users)
+        pending = ColumnPending(users=users)
         keep = np.zeros(codes.size, dtype=bool)
+        pending.known = np.full(len(users), -1, dtype=np.int64)
         pending.held = np.zeros(len(users), dtype=np.int64)
         if not codes.size:
             return keep, pending
         l0 = self.bounds.max_items_per_user
         linf = self.bounds.max_count_per_item
         # the users' and items' indices in the state (-1: not there yet)
-        known_u = np.fromiter((self._users.get(h, -1) for h in users), np.int64, len(users))
-        pending.known = known_u
+        known_u = pending.known = self._users.lookup(users)
         held0 = np.zeros(len(users), dtype=np.int64)
         held0[known_u >= 0] = self._held[known_u[known_u >= 0]]
         pending.held = held0.copy()
@@ -227,13 +251,11 @@ class ColumnBounder:
         g_first = order[g_start]  # the pair's first occurrence in arrival order
         gu = known_u[g_user]
         c0 = np.zeros(g_start.size, dtype=np.int64)
+        gi = np.full(g_start.size, -1, dtype=np.int64)
         if (gu >= 0).any():  # the items of the users seen before: their counts
             known_i = np.full(len(items), -1, dtype=np.int64)
             wanted = np.unique(g_code[gu >= 0])
-            get = self._item_index.get
-            known_i[wanted] = np.fromiter(
-                (get(items[i], -1) for i in wanted.tolist()), np.int64, wanted.size
-            )
+            known_i[wanted] = self._items.lookup([items[i] for i in wanted.tolist()])
             gi = known_i[g_code]
             old = (gu >= 0) & (gi >= 0)
             if old.any():
@@ -256,6 +278,7 @@ class ColumnBounder:
         touched = np.flatnonzero(g_kept > 0)
         pending.pair_user = g_user[touched]
         pending.pair_item = [items[i] for i in g_code[touched].tolist()]
+        pending.pair_known = gi[touched]
         pending.pair_count = c0[touched] + g_kept[touched]
         st = pending.stats
         st.kept = int(g_kept.sum())
@@ -286,7 +309,7 @@ class ColumnBounder:
         np.cumsum(sizes, out=offsets[1:])
         names = list(table)
         keep, pending = self.bound_columns(
-            list(users), np.asarray(user_of, dtype=np.int64), names,
+            [u.hex() for u in users], np.asarray(user_of, dtype=np.int64), names,
             np.asarray(codes, dtype=np.int64), offsets,
         )  # fmt: skip
         flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
@@ -297,34 +320,25 @@ class ColumnBounder:
         ]
         return kept, pending
 
-    def _item_id(self, item: Hashable) -> int:
-        """The state's index of a kept item (a new one is added)."""
-        i = self._item_index.get(item)
-        if i is None:
-            i = self._item_index[item] = len(self._items)
-            self._items.append(item)
-        return i
-
     def commit(self, pending: ColumnPending) -> None:
         """Apply the state change of an accepted batch (from :meth:`bound_columns`)."""
         grows = np.flatnonzero(pending.held > 0)
         if grows.size:
-            index = (
-                pending.known.copy()
-                if pending.known is not None
-                else np.full(len(pending.users), -1, dtype=np.int64)
-            )
-            for j in np.flatnonzero(index[grows] < 0).tolist():  # users new to the state
-                j = int(grows[j])
-                index[j] = self._users.setdefault(pending.users[j], len(self._users))
-            if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
-                raise OverflowError("more than 2^31 users or 2^32 items held")
+            index = pending.known.copy()
+            new = grows[index[grows] < 0]
+            if new.size:  # users new to the state (or added since the batch was bounded)
+                index[new] = _add(self._users, [pending.users[j] for j in new.tolist()])
             if len(self._users) > self._held.size:
                 more = max(len(self._users), 2 * self._held.size) - self._held.size
                 self._held = np.concatenate([self._held, np.zeros(more, np.int64)])
             self._held[index[grows]] = pending.held[grows]
             if pending.pair_user.size:
-                items = np.fromiter(map(self._item_id, pending.pair_item), np.int64)
+                items = pending.pair_known.copy()
+                miss = np.flatnonzero(items < 0)
+                if miss.size:
+                    items[miss] = _add(self._items, [pending.pair_item[i] for i in miss.tolist()])
+                if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
+                    raise OverflowError("more than 2^31 users or 2^32 items held")
                 self._store((index[pending.pair_user] << _SHIFT) | items, pending.pair_count)
         s, p = self.stats, pending.stats
         s.kept += p.kept

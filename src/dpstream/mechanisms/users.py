@@ -181,7 +181,7 @@ class UserLevel:
             return self.bound(events.pairs(), max_items, check)
         user_of = events.user_of
         if len(set(hashes)) < len(hashes):  # one user given twice: one index
-            table: dict[bytes, int] = {}
+            table: dict[str, int] = {}
             remap = np.fromiter((table.setdefault(h, len(table)) for h in hashes), np.int64)
             hashes, user_of = list(table), remap[user_of]
         keep, pending = self.bounder.bound_columns(hashes, user_of, items, codes, offsets)
@@ -193,11 +193,12 @@ class UserLevel:
         np.cumsum(np.bincount(event_of[keep], minlength=len(cols)), out=new_offsets[1:])
         return EventColumns(items, codes[keep], new_offsets), pending
 
-    def _hashes(self, users: Sequence[object]) -> list[bytes] | None:
-        """The keyed hashes of user ids, or None when one is not a str, int or bytes."""
+    def _hashes(self, users: Sequence[object]) -> list[str] | None:
+        """The keyed hashes of user ids as hex text, or None when one is not a str, int
+        or bytes."""
         if not _PLAIN.issuperset(map(type, users)):
             return None
-        return self.hasher.many(users)
+        return self.hasher.many(users, hex=True)
 
     def commit(self, pending: Any) -> None:
         self.bounder.commit(pending)
