@@ -22,6 +22,7 @@ from dpstream.bounding import ContributionBounder, UserBounds
 from dpstream.errors import InvalidEventError
 from dpstream.mechanisms import user_bounder
 from dpstream.mechanisms.columns import EventColumns
+from dpstream.mechanisms.histogram_topk import HistogramTopK
 from dpstream.mechanisms.user_bounder import ColumnBounder
 from dpstream.mechanisms.users import UserEventColumns, UserLevel
 from dpstream.snapshot import dump_snapshot, load_snapshot
@@ -165,7 +166,7 @@ def _as_columns(events) -> UserEventColumns:
     return UserEventColumns(list(users), np.asarray(user_of, np.int64), cols)
 
 
-@pytest.mark.parametrize("mech", ["known", "unknown", "topk"])
+@pytest.mark.parametrize("mech", ["known", "unknown", "topk", "histogram-topk"])
 def test_a_mechanism_given_user_columns_releases_what_it_releases_for_pairs(mech):
     words, steps = _user_steps(3, 30)
     common = dict(key=KEY, epsilon=1.0, delta=1e-6, max_items_per_user=2, max_count_per_item=2)
@@ -175,14 +176,19 @@ def test_a_mechanism_given_user_columns_releases_what_it_releases_for_pairs(mech
             return dps.KnownDomainHistogram(words, 30, **common)
         if mech == "unknown":
             return dps.UnknownDomainHistogram(30, max_items=3, **common)
-        return dps.ContinualTopK(words, 30, k=3, switches=4, **common)
+        if mech == "topk":
+            return dps.ContinualTopK(words, 30, k=3, switches=4, **common)
+        return HistogramTopK(words, 30, k=3, max_items=3, **common)
 
     a, b = build(), build()
     for events in steps:
         ra, rb = a.step_batch(events), b.step_batch(_as_columns(events))
         assert list(ra.items) == list(rb.items)
         assert np.asarray(ra.values).tobytes() == np.asarray(rb.values).tobytes()
-    assert a._users.bounder.stats == b._users.bounder.stats
+    users = (a.histogram if mech == "histogram-topk" else a)._users
+    assert (
+        users.bounder.stats == (b.histogram if mech == "histogram-topk" else b)._users.bounder.stats
+    )
     assert dump_snapshot(a, KEY) == dump_snapshot(b, KEY)
 
 
@@ -193,16 +199,21 @@ def test_user_columns_with_a_bad_event_raise_what_pairs_raise():
         [("x", ["a"]), ("y", ["a", "zz"])],  # an item outside the domain
         [("x", ["a", "b", "c", "a"])],  # over max_items (3 distinct > 2)
         [("x", ["a"]), (1.5, ["b"])],  # a user id of another type
+        [("x", ["a", "b", "c"]), ("y", ["zz"])],  # over max_items, then outside the domain
     ]
     for events in cases:
-        errors = []
-        for given in (events, _as_columns(events)):
-            mech = dps.KnownDomainHistogram(words, 5, max_items=2, **common)
-            with pytest.raises((InvalidEventError, TypeError)) as exc:
-                mech.step_batch(given)
-            errors.append((type(exc.value), str(exc.value)))
-            assert mech.t == 0 and mech._users.bounder.stats.kept == 0
-        assert errors[0] == errors[1], events
+        for make in (
+            lambda: dps.KnownDomainHistogram(words, 5, max_items=2, **common),
+            lambda: HistogramTopK(words, 5, k=2, max_items=2, **common),
+        ):
+            errors = []
+            for given in (events, _as_columns(events)):
+                mech = make()
+                with pytest.raises((InvalidEventError, TypeError)) as exc:
+                    mech.step_batch(given)
+                errors.append((type(exc.value), str(exc.value)))
+                assert mech.t == 0
+            assert errors[0] == errors[1], events
 
 
 def test_user_columns_at_event_level_are_refused():

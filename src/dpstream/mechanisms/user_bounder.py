@@ -64,7 +64,8 @@ def _add(table: ItemTable, keys: list[Any]) -> np.ndarray:
     """The positions of ``keys`` in ``table``, the missing ones added (in order)."""
     pos = table.lookup(keys)
     if (pos < 0).any():
-        table.extend(list(dict.fromkeys(k for k, p in zip(keys, pos.tolist()) if p < 0)))
+        missing = (k for k, p in zip(keys, pos.tolist(), strict=True) if p < 0)
+        table.extend(list(dict.fromkeys(missing)))
         pos = table.lookup(keys)
     return pos
 
