@@ -234,8 +234,12 @@ class UserHasher:
         base = hashlib.blake2b(key=self._hash_key, digest_size=16)
         out = []
         for user in users:
-            try:
-                data = encode_item(user)
+            try:  # a str as encode_item gives it, without its checks (the common case)
+                data = (
+                    b"s" + user.encode("utf-8", "surrogatepass")
+                    if type(user) is str
+                    else encode_item(user)
+                )
             except TypeError:
                 raise TypeError(
                     f"a user id must be a str, int or bytes, got {type(user).__name__}"

@@ -238,11 +238,18 @@ def _unique_inverse(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
 def _item_array(chunk: Chunk) -> np.ndarray:
     """The chunk's distinct items as a NumPy object array (made once per chunk), so a
     step takes its items with one fancy index rather than a Python loop."""
-    arr = chunk.__dict__.get("_item_array")
+    return _object_array(chunk, "items")
+
+
+def _object_array(chunk: Chunk, name: str) -> np.ndarray:
+    """A list attribute of a chunk (its items, its user ids) as a NumPy object array,
+    made once per chunk."""
+    arr = chunk.__dict__.get("_array_" + name)
     if arr is None:
-        arr = np.empty(len(chunk.items), dtype=object)
-        arr[:] = chunk.items
-        chunk.__dict__["_item_array"] = arr
+        values = getattr(chunk, name) or []
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        chunk.__dict__["_array_" + name] = arr
     return arr
 
 
@@ -341,11 +348,9 @@ def _step_users(chunks: list[Chunk], parts: list[np.ndarray]) -> tuple[list[Any]
     if (codes < 0).any():
         raise ValueError("a valid record without a user id")
     used, inverse = _unique_inverse(codes, sum(len(ch.user_ids or ()) for ch in chunks))
-    ids = (
-        [u for ch in chunks for u in (ch.user_ids or ())] if len(chunks) > 1 else chunks[0].user_ids
-    )
-    assert ids is not None
-    return [ids[i] for i in used.tolist()], inverse
+    arrays = [_object_array(ch, "user_ids") for ch in chunks]
+    ids = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    return ids[used].tolist(), inverse
 
 
 def records_step(t: int | None, records: list[RawEvent]) -> StepInput:

@@ -63,10 +63,12 @@ def _search(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def _add(table: ItemTable, keys: list[Any]) -> np.ndarray:
     """The positions of ``keys`` in ``table``, the missing ones added (in order)."""
     pos = table.lookup(keys)
-    if (pos < 0).any():
-        missing = (k for k, p in zip(keys, pos.tolist(), strict=True) if p < 0)
-        table.extend(list(dict.fromkeys(missing)))
-        pos = table.lookup(keys)
+    miss = np.flatnonzero(pos < 0)
+    if miss.size:
+        new: dict[Any, int] = {}
+        n = len(table)
+        pos[miss] = [n + new.setdefault(keys[i], len(new)) for i in miss.tolist()]
+        table.extend(list(new))
     return pos
 
 
@@ -200,6 +202,7 @@ class ColumnBounder:
         items: Sequence[Hashable],
         codes: np.ndarray,
         offsets: np.ndarray,
+        first: np.ndarray | None | bool = False,
     ) -> tuple[np.ndarray, ColumnPending]:
         """Which occurrences of a batch are kept, and the pending state change.
 
@@ -211,6 +214,8 @@ class ColumnBounder:
             codes, offsets: event j holds the items ``items[codes[offsets[j]:
                 offsets[j + 1]]]``, events in arrival order; an item repeated
                 within an event is taken once (its first occurrence).
+            first: which occurrences are the first of their item in their event
+                (``distinct_in_events``'s mask, None: all), when the caller has it.
 
         Returns:
             ``(keep, pending)``: ``keep`` a bool mask over ``codes``; pass
@@ -236,7 +241,8 @@ class ColumnBounder:
         held0 = np.zeros(len(users), dtype=np.int64)
         held0[known_u >= 0] = self._held[known_u[known_u >= 0]]
         pending.held = held0.copy()
-        first, _ = distinct_in_events(codes, offsets)
+        if first is False:
+            first, _ = distinct_in_events(codes, offsets)
         occ = np.flatnonzero(first) if first is not None else np.arange(codes.size)
         ev = np.repeat(np.arange(n_ev), np.diff(offsets))[occ]
         u, c = user_of[ev], codes[occ]

@@ -168,10 +168,9 @@ class UserLevel:
         cols = events.events
         items, codes, offsets = cols.items, cols.codes, cols.offsets
         hashes = self._hashes(events.users) if _PLAIN.issuperset(map(type, items)) else None
-        if hashes is not None:
-            _, distinct = distinct_in_events(codes, offsets)
-            if max_items is not None and distinct.size and int(distinct.max()) > max_items:
-                hashes = None
+        first, distinct = distinct_in_events(codes, offsets)
+        if max_items is not None and distinct.size and int(distinct.max()) > max_items:
+            hashes = None
         if hashes is not None and check is not None and codes.size:
             try:
                 check(tuple(items[i] for i in np.unique(codes).tolist()))
@@ -184,10 +183,7 @@ class UserLevel:
             table: dict[str, int] = {}
             remap = np.fromiter((table.setdefault(h, len(table)) for h in hashes), np.int64)
             hashes, user_of = list(table), remap[user_of]
-        keep, pending = self.bounder.bound_columns(hashes, user_of, items, codes, offsets)
-        first, _ = distinct_in_events(codes, offsets)
-        if first is not None:
-            keep &= first
+        keep, pending = self.bounder.bound_columns(hashes, user_of, items, codes, offsets, first)
         event_of = np.repeat(np.arange(len(cols)), np.diff(offsets))
         new_offsets = np.zeros(offsets.size, dtype=np.int64)
         np.cumsum(np.bincount(event_of[keep], minlength=len(cols)), out=new_offsets[1:])
