@@ -2,7 +2,7 @@
 
 :class:`dpstream.bounding.ContributionBounder` states first come, first kept one
 event at a time; :class:`dpstream.mechanisms.user_bounder.ColumnBounder` applies
-it to a whole batch with sorts. Both are fed the same random streams (many
+it to a whole batch with sorts and a hash table. Both are fed the same random streams (many
 seeds, both bounds, batches committed or rejected, state carried across batches
 and through a snapshot) and must keep the same occurrences, hold the same
 counts and report the same statistics; a user-level mechanism given the step as
@@ -49,12 +49,12 @@ def _same_state(py: ContributionBounder, col: ColumnBounder, users) -> None:
         assert col.kept_of(u) == py.kept_of(u)
 
 
-@pytest.mark.parametrize("merge_min", [0, 3, 1 << 14])
-def test_the_column_bounder_keeps_what_the_event_bounder_keeps(monkeypatch, merge_min):
+@pytest.mark.parametrize("slots", [2, 4, 64])
+def test_the_column_bounder_keeps_what_the_event_bounder_keeps(monkeypatch, slots):
     """Random batches, bounds from (1, 1) to (4, 3), a fifth of the batches rejected
-    (bounded, never committed); the pair table merged at every batch, now and then,
-    or never."""
-    monkeypatch.setattr(user_bounder, "_MERGE_MIN", merge_min)
+    (bounded, never committed); the pair table starting with 2 slots (rehashed at
+    almost every batch, long probe runs), 4 or 64."""
+    monkeypatch.setattr(user_bounder, "_MIN_SLOTS", slots)
     for seed in range(150):
         rng = random.Random(seed)
         bounds = UserBounds(rng.randint(1, 4), rng.randint(1, 3))
@@ -228,3 +228,24 @@ def test_the_hasher_hashes_many_ids_as_it_hashes_one():
     assert hasher.many(ids) == [hasher(u) for u in ids]
     with pytest.raises(TypeError, match="a user id must be a str, int or bytes"):
         hasher.many(["a", 1.5])
+
+
+def test_the_pair_table_holds_what_a_dict_holds(monkeypatch):
+    """The open-addressing table under many keys (and keys that share a home slot),
+    stored in batches of updates and new keys, against a dict."""
+    monkeypatch.setattr(user_bounder, "_MIN_SLOTS", 2)
+    rng = np.random.default_rng(11)  # test data
+    b = ColumnBounder(UserBounds(1, 1))
+    want: dict[int, int] = {}
+    home = user_bounder._slots_of(np.arange(1 << 12, dtype=np.int64), 1 << 12)
+    crowd = np.flatnonzero(home == home[0])  # keys that share one home slot
+    for _ in range(40):
+        fresh = rng.integers(0, 1 << 40, int(rng.integers(0, 300)))
+        old = rng.choice(list(want), size=min(len(want), 50), replace=False) if want else []
+        keys = np.unique(np.concatenate([fresh, np.asarray(old, np.int64), crowd]))
+        counts = rng.integers(1, 9, keys.size)
+        b._store(keys, counts)
+        want.update(zip(keys.tolist(), counts.tolist(), strict=True))
+        probe = np.concatenate([keys, rng.integers(0, 1 << 40, 100)])
+        assert b._lookup(probe).tolist() == [want.get(k, 0) for k in probe.tolist()]
+    assert b._pairs == len(want) and b._keys.size >= 2 * len(want)

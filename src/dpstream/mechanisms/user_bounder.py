@@ -26,9 +26,10 @@ pair's count before the batch (0: not held) and h0 the user's held items:
 
 So one stable sort by (user, item) gives every decision. The state is a table
 of the users' keyed hashes (dense indices), the number of items each holds,
-the kept items once each, and the counts of the held (user, item) pairs in
-sorted int64 keys ``user << 32 | item`` (a main array and a small recent one
-merged into it now and then, so a batch costs about its own size).
+the kept items once each, and the counts of the held (user, item) pairs in an
+open-addressing hash table of int64 keys ``user << 32 | item`` (linear
+probing, at most half full, probed for a whole batch at once: a batch costs
+about its own size, whatever the state holds).
 """
 
 from __future__ import annotations
@@ -47,17 +48,53 @@ __all__ = ["ColumnBounder", "ColumnPending"]
 
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1
-#: The recent pairs are merged into the main array past max(this, main / 8).
-_MERGE_MIN = 1 << 14
+#: The pair table's least number of slots, and its fullest share (then it doubles).
+_MIN_SLOTS = 64
+_MAX_FILL = (1, 2)
+#: Fibonacci hashing's multiplier (2^64 / the golden ratio, odd).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_EMPTY = -1
 
 
-def _search(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(table, keys)``, the keys searched in order (each search
-    starts where the last one ended: far fewer cache misses in a large table)."""
-    order = np.argsort(keys)
-    pos = np.empty(keys.size, dtype=np.int64)
-    pos[order] = np.searchsorted(table, keys[order])
-    return pos
+def _slots_of(keys: np.ndarray, size: int) -> np.ndarray:
+    """Each key's home slot in a table of ``size`` (a power of two) slots."""
+    bits = size.bit_length() - 1
+    with np.errstate(over="ignore"):
+        h = keys.astype(np.uint64) * _GOLDEN
+    return (h >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def _probe(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each key's slot in an open-addressing ``table`` (linear probing), or -1."""
+    size = table.size
+    mask = size - 1
+    pos = _slots_of(keys, size)
+    out = np.full(keys.size, -1, dtype=np.int64)
+    active = np.arange(keys.size)
+    while active.size:  # each round: one probe for every key still looking
+        cand = table[pos[active]]
+        hit = cand == keys[active]
+        out[active[hit]] = pos[active[hit]]
+        active = active[~hit & (cand != _EMPTY)]
+        pos[active] = (pos[active] + 1) & mask
+    return out
+
+
+def _insert(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Put distinct keys absent from ``table`` into empty slots: their slots."""
+    mask = table.size - 1
+    pos = _slots_of(keys, table.size)
+    out = np.empty(keys.size, dtype=np.int64)
+    active = np.arange(keys.size)
+    while active.size:  # each round: the keys at an empty slot claim it, one per slot
+        at = pos[active]
+        free = table[at] == _EMPTY
+        table[at[free]] = keys[active[free]]  # two keys at one slot: one of them wins
+        won = table[at] == keys[active]
+        out[active[won]] = at[won]
+        active = active[~won]
+        pos[active] = (pos[active] + 1) & mask
+    return out
 
 
 def _add(table: ItemTable, keys: list[Any]) -> np.ndarray:
@@ -116,10 +153,10 @@ class ColumnBounder:
         self._users = ItemTable()  # user hashes (hex) -> dense index, by first kept item
         self._held = np.zeros(0, dtype=np.int64)  # per user: items held
         self._items = ItemTable()  # the kept items, each once
-        self._keys = np.zeros(0, dtype=np.int64)  # sorted pair keys (user << 32 | item)
-        self._counts = np.zeros(0, dtype=np.int64)
-        self._new_keys = np.zeros(0, dtype=np.int64)  # recent pairs, sorted, apart
-        self._new_counts = np.zeros(0, dtype=np.int64)
+        # the held pairs' counts: an open-addressing table of keys user << 32 | item
+        self._keys = np.full(_MIN_SLOTS, _EMPTY, dtype=np.int64)
+        self._counts = np.zeros(_MIN_SLOTS, dtype=np.int64)
+        self._pairs = 0
 
     @classmethod
     def from_bounder(cls, old: ContributionBounder) -> ColumnBounder:
@@ -152,47 +189,37 @@ class ColumnBounder:
         if u is None:
             return {}
         out: dict[Hashable, int] = {}
-        lo, hi = u << _SHIFT, (u + 1) << _SHIFT
-        for keys, counts in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
-            a, b = np.searchsorted(keys, [lo, hi])
-            items = self._items.take(keys[a:b] & _LOW)
-            out.update(zip(items, counts[a:b].tolist(), strict=True))
+        at = np.flatnonzero((self._keys >> _SHIFT) == u)  # (an empty slot is -1 >> 32 = -1)
+        at = at[np.argsort(self._keys[at])]
+        items = self._items.take(self._keys[at] & _LOW)
+        out.update(zip(items, self._counts[at].tolist(), strict=True))
         return out
 
     # -- the pair table ------------------------------------------------------------------
     def _lookup(self, keys: np.ndarray) -> np.ndarray:
         """The counts of pair keys (0 for a pair not held)."""
-        out = np.zeros(keys.size, dtype=np.int64)
-        for table, counts in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
-            if table.size and keys.size:
-                pos = np.minimum(_search(table, keys), table.size - 1)
-                hit = table[pos] == keys
-                out[hit] = counts[pos[hit]]
-        return out
+        at = _probe(self._keys, keys)
+        return np.where(at >= 0, self._counts[np.maximum(at, 0)], 0)
 
     def _store(self, keys: np.ndarray, counts: np.ndarray) -> None:
         """Set the counts of distinct pair keys (held ones updated, the others added)."""
-        fresh = np.ones(keys.size, dtype=bool)
-        for table, values in ((self._keys, self._counts), (self._new_keys, self._new_counts)):
-            if table.size and keys.size:
-                pos = np.minimum(_search(table, keys), table.size - 1)
-                hit = table[pos] == keys
-                values[pos[hit]] = counts[hit]
-                fresh &= ~hit
-        if not fresh.any():
-            return
-        keys, counts = keys[fresh], counts[fresh]
-        merged = np.concatenate([self._new_keys, keys])
-        order = np.argsort(merged, kind="stable")
-        self._new_keys = merged[order]
-        self._new_counts = np.concatenate([self._new_counts, counts])[order]
-        if self._new_keys.size > max(_MERGE_MIN, self._keys.size // 8):
-            merged = np.concatenate([self._keys, self._new_keys])
-            order = np.argsort(merged, kind="stable")
-            self._keys = merged[order]
-            self._counts = np.concatenate([self._counts, self._new_counts])[order]
-            self._new_keys = np.zeros(0, dtype=np.int64)
-            self._new_counts = np.zeros(0, dtype=np.int64)
+        at = _probe(self._keys, keys)
+        new = at < 0
+        if new.any():
+            need = self._pairs + int(np.count_nonzero(new))
+            size = self._keys.size
+            while need * _MAX_FILL[1] > size * _MAX_FILL[0]:
+                size *= 2
+            if size > self._keys.size:  # rehash into a table twice (or more) the size
+                held = self._keys != _EMPTY
+                old_keys, old_counts = self._keys[held], self._counts[held]
+                self._keys = np.full(size, _EMPTY, dtype=np.int64)
+                self._counts = np.zeros(size, dtype=np.int64)
+                self._counts[_insert(self._keys, old_keys)] = old_counts
+                at = _probe(self._keys, keys)
+            at[new] = _insert(self._keys, keys[new])
+            self._pairs = need
+        self._counts[at] = counts
 
     # -- bounding ------------------------------------------------------------------------
     def bound_columns(
@@ -261,7 +288,9 @@ class ColumnBounder:
         gi = np.full(g_start.size, -1, dtype=np.int64)
         if (gu >= 0).any():  # the items of the users seen before: their counts
             known_i = np.full(len(items), -1, dtype=np.int64)
-            wanted = np.unique(g_code[gu >= 0])
+            seen = np.zeros(len(items), dtype=bool)
+            seen[g_code[gu >= 0]] = True
+            wanted = np.flatnonzero(seen)
             known_i[wanted] = self._items.lookup([items[i] for i in wanted.tolist()])
             gi = known_i[g_code]
             old = (gu >= 0) & (gi >= 0)
