@@ -249,3 +249,30 @@ def test_the_pair_table_holds_what_a_dict_holds(monkeypatch):
         probe = np.concatenate([keys, rng.integers(0, 1 << 40, 100)])
         assert b._lookup(probe).tolist() == [want.get(k, 0) for k in probe.tolist()]
     assert b._pairs == len(want) and b._keys.size >= 2 * len(want)
+
+
+def test_user_ids_equal_as_ids_are_one_user_in_a_list_of_pairs():
+    """1 and NumPy's 1 (the same id to the keyed hash) in one step are one user, as the
+    event-at-a-time bounder has them."""
+    common = dict(key=KEY, epsilon=1.0, delta=1e-6, max_items_per_user=1, max_count_per_item=1)
+    mech = dps.KnownDomainHistogram(["a", "b"], 4, **common)
+    mech.step_batch([(1, ["a"]), (np.int64(1), ["b"]), ("1", ["b"])])
+    assert mech._users.bounder.stats.kept == 2  # user 1 keeps "a" only; user "1" keeps "b"
+    assert mech._users.bounder.stats.dropped_new_item == 1
+    twin = ContributionBounder(UserBounds(1, 1))
+    hasher = mech._users.hasher
+    kept, _ = twin.bound(
+        [(hasher(1), ("a",)), (hasher(np.int64(1)), ("b",)), (hasher("1"), ("b",))]
+    )
+    assert kept == [("a",), (), ("b",)]
+
+
+def test_a_count_bound_past_int32_keeps_exact_counts():
+    bounds = UserBounds(2, 2**40)
+    py, col = ContributionBounder(bounds), ColumnBounder(bounds)
+    batch = [(b"u", ("a", "b", "c"))] * 5
+    for b in (py, col):
+        b.commit(b.bound(batch)[1])
+    assert col._counts.dtype == np.int64
+    _same_state(py, col, [b"u"])
+    assert col.kept_of(b"u") == {"a": 5, "b": 5}

@@ -155,7 +155,9 @@ class ColumnBounder:
         self._items = ItemTable()  # the kept items, each once
         # the held pairs' counts: an open-addressing table of keys user << 32 | item
         self._keys = np.full(_MIN_SLOTS, _EMPTY, dtype=np.int64)
-        self._counts = np.zeros(_MIN_SLOTS, dtype=np.int64)
+        # int32 counts (a count never passes Linf) unless Linf does not fit
+        wide = bounds.max_count_per_item >= 2**31
+        self._counts = np.zeros(_MIN_SLOTS, dtype=np.int64 if wide else np.int32)
         self._pairs = 0
 
     @classmethod
@@ -199,7 +201,7 @@ class ColumnBounder:
     def _lookup(self, keys: np.ndarray) -> np.ndarray:
         """The counts of pair keys (0 for a pair not held)."""
         at = _probe(self._keys, keys)
-        return np.where(at >= 0, self._counts[np.maximum(at, 0)], 0)
+        return np.where(at >= 0, self._counts[np.maximum(at, 0)], 0).astype(np.int64)
 
     def _store(self, keys: np.ndarray, counts: np.ndarray) -> None:
         """Set the counts of distinct pair keys (held ones updated, the others added)."""
@@ -214,7 +216,7 @@ class ColumnBounder:
                 held = self._keys != _EMPTY
                 old_keys, old_counts = self._keys[held], self._counts[held]
                 self._keys = np.full(size, _EMPTY, dtype=np.int64)
-                self._counts = np.zeros(size, dtype=np.int64)
+                self._counts = np.zeros(size, dtype=self._counts.dtype)
                 self._counts[_insert(self._keys, old_keys)] = old_counts
                 at = _probe(self._keys, keys)
             at[new] = _insert(self._keys, keys[new])

@@ -144,14 +144,42 @@ class UserLevel:
         is over the bounds. Returns the kept items per event and the pending
         change for :meth:`commit`.
         """
-        pairs = []
+        ids: dict[Any, int] = {}  # each distinct user id (by type and value) once
+        table: dict[Hashable, int] = {}
+        user_of: list[int] = []
+        codes: list[int] = []
+        sizes: list[int] = []
         for event in events:
             user, items = split_user_event(event)
             norm = normalise_event(items, max_items)
             if check is not None:
                 check(norm)
-            pairs.append((self.hasher(user), norm))
-        return self.bounder.bound(pairs)
+            if type(user) not in _PLAIN:
+                self.hasher(user)  # raises for an id of another type, before the next event
+            user_of.append(ids.setdefault((type(user), user), len(ids)))
+            codes.extend(table.setdefault(x, len(table)) for x in norm)
+            sizes.append(len(norm))
+        hashes = self.hasher.many([u for _, u in ids], hex=True)
+        users: dict[str, int] = {}  # equal hashes (1 and numpy's 1): one user
+        remap = [users.setdefault(h, len(users)) for h in hashes]
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        names = list(table)
+        keep, pending = self.bounder.bound_columns(
+            list(users),
+            np.asarray(remap, dtype=np.int64)[np.asarray(user_of, dtype=np.int64)],
+            names,
+            np.asarray(codes, dtype=np.int64),
+            offsets,
+            None,  # (each event's items made distinct above)
+        )
+        flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
+        bounds = offsets.tolist()
+        kept = [
+            tuple(x for x in flat[a:b] if x is not None)
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        return kept, pending
 
     def bound_columns(
         self,
