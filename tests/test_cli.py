@@ -21,7 +21,7 @@ from dpstream.io import KeyedTruncator
 from dpstream.mechanisms.known import KnownDomainHistogram
 from dpstream.mechanisms.truncation import truncation_source
 from dpstream.noise import NoiseKey
-from dpstream.run_command import scoped_stream
+from dpstream.run.settings import scoped_stream
 from dpstream.tree import max_cells, num_levels, optimal_base
 
 from .conftest import fixed_key, own_ledger

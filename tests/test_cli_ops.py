@@ -188,7 +188,7 @@ def test_timestamps_map_to_hourly_steps_and_quiet_hours_are_released(tmp_path, k
     )
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["t"] for x in lines] == list(range(1, 9))  # hours 2, 3, 5, 7, 8 are quiet
-    from dpstream.run_command import scoped_stream
+    from dpstream.run.settings import scoped_stream
 
     stream = scoped_stream(
         {
@@ -279,8 +279,8 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(
     import threading
     import time
 
-    import dpstream.run_command as run_command
-    import dpstream.run_follow as run_follow
+    import dpstream.run.follow as run_follow
+    import dpstream.run.pipeline as run_pipeline
 
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
     at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
@@ -326,15 +326,18 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(
 
     real_follow = run_follow.follow
 
-    def counting_follow(infile, opts, input_format, note, release, **kw):
+    def counting_follow(infile, cfg, count, **kw):
+        take = count.take
+
         def counted(rec):
             noted[0] += 1
-            return note(rec)
+            return take(rec)
 
-        return real_follow(infile, opts, input_format, counted, release, **kw)
+        count.take = counted
+        return real_follow(infile, cfg, count, **kw)
 
     monkeypatch.setattr(run_follow, "_utcnow", fake_now)
-    monkeypatch.setattr(run_command, "follow", counting_follow)
+    monkeypatch.setattr(run_pipeline, "follow", counting_follow)
 
     def append_when_two_steps_are_out() -> None:
         while time.monotonic() < give_up:

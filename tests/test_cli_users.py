@@ -18,7 +18,7 @@ import pytest
 
 import dpstream as dps
 from dpstream.cli import main
-from dpstream.run_command import scoped_stream
+from dpstream.run.settings import scoped_stream
 
 from .conftest import fixed_key, own_ledger
 

@@ -468,7 +468,8 @@ def _validate_by_hand(records, policy, domain, max_items, truncator):
 def test_vectorised_validator_matches_the_rules_record_by_record(policy, known):
     from dpstream.io import KeyedTruncator, RawEvent
     from dpstream.noise import NoiseSource
-    from dpstream.run_command import RunStats, _Validator
+    from dpstream.run.validate import RunStats
+    from dpstream.run.validate import Validator as _Validator
 
     rng = random.Random(hash((policy, known)) % 1000)
     domain = frozenset(f"d{i}" for i in range(8)) if known else None
@@ -506,7 +507,8 @@ def test_validator_reads_the_mechanisms_domain_table(kind):
     same events kept as with a table built from the list."""
     from dpstream.io import KeyedTruncator, RawEvent
     from dpstream.noise import NoiseSource
-    from dpstream.run_command import RunStats, _Validator
+    from dpstream.run.validate import RunStats
+    from dpstream.run.validate import Validator as _Validator
 
     domain = [f"d{i}" for i in range(8)]
     key = fixed_key("validator-shared")

@@ -306,7 +306,7 @@ def test_cli_top_k_with_max_items_needs_no_switches(tmp_path, capsys):
     import json
 
     from dpstream.cli import main
-    from dpstream.runmeta import read_run_meta, sidecar_path
+    from dpstream.run.meta import read_run_meta, sidecar_path
 
     domain = [f"w{j}" for j in range(200)]
     (tmp_path / "dom.txt").write_text("\n".join(domain) + "\n")
@@ -361,3 +361,95 @@ def test_cli_top_k_with_max_items_needs_no_switches(tmp_path, capsys):
     assert [r["t"] for r in lines] == list(range(1, 31))
     assert read_run_meta(sidecar_path(out))["algorithm"] == "KnownBase top-k"
     assert len(lines[-1]["released"]) == 10
+
+
+# ------------------------------------------------------------------ no planned end
+
+
+def _noend_stream(d: int, steps: int, seed: int) -> list[list[list[str]]]:
+    """Simulated steps of events (<= 2 items each, skewed): test data, not a release."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, d + 1)
+    weights /= weights.sum()
+    return [
+        [
+            [f"i{j}" for j in rng.choice(d, size=int(rng.integers(1, 3)), replace=False, p=weights)]
+            for _ in range(int(rng.integers(0, 12)))
+        ]
+        for _ in range(steps)
+    ]
+
+
+@pytest.mark.parametrize("which", ["known", "unknown"])
+def test_no_horizon_top_k_is_the_top_k_of_the_no_horizon_histogram(which):
+    """With no planned end, the histograms' top-k is post-processing of the no-horizon
+    histogram: its guarantee is that histogram's (for all t), and its list at every
+    step is the k largest values of the same keyed histogram run separately, largest
+    first, with the same values bit for bit (KnownBase's list from its start test z_t
+    sigma_t on, z_t = Phi^-1(1 - 0.05/(d t (t + 1))))."""
+    d, k, steps = 25, 3, 60
+    domain = [f"i{j}" for j in range(d)]
+    key = fixed_key(f"noend-topk-{which}")
+    budget = dict(rho=0.5) if which == "known" else dict(rho=0.5, threshold_delta=1e-3)
+    if which == "known":
+        top = HistogramTopK(domain, None, k=k, max_items=2, key=key, **budget)
+        hist = dps.KnownDomainHistogram(domain, None, max_items=2, key=key, **budget)
+    else:
+        top = UnknownTopK(domain, None, k=k, max_items=2, key=key, **budget)
+        hist = dps.UnknownDomainHistogram(None, max_items=2, key=key, **budget)
+    assert top.unbounded and hist.unbounded and top.privacy == hist.privacy
+    assert top.privacy.for_all_t
+    listed = 0
+    started = False
+    for t, events in enumerate(_noend_stream(d, steps, seed=2), start=1):
+        got, ref = top.step_batch(events), hist.step_batch(events)
+        vals = np.asarray(ref.values, dtype=np.float64)
+        order = np.lexsort((np.arange(vals.size), -vals))[:k]
+        if which == "known":
+            z = float(-ndtri(0.05 / (d * t * (t + 1))))
+            started = started or vals.max() > z * hist.noise_std_at(t)
+            assert top.start_threshold_at(t) == z * hist.noise_std_at(t)
+        else:
+            started = vals.size > 0
+        if not started:
+            assert got.items == [] and got.meta["status"] == "not yet", t
+            continue
+        assert got.items == [ref.items[i] for i in order], t
+        assert np.array_equal(got.values, vals[order]), t
+        listed += 1
+    assert 10 < listed  # lists are released (and the comparison is not empty)
+
+
+def test_no_horizon_top_k_choice_and_its_refusals():
+    """choose_top_k with no horizon compares the histograms' top-k at step 10^6 and never
+    SparseGumb (which needs T); --switches or --eta then are refused in plain words, and
+    so is -m top-k without --max-items or -m meta with no --horizon."""
+    from dpstream.registry import build_mechanism
+    from dpstream.run.checks import settings_problems
+
+    domain = [f"i{j}" for j in range(40)]
+    key = fixed_key("noend-choice")
+    choice = choose_top_k(domain, None, k=5, max_items=2, key=key, epsilon=1.0, delta=1e-6)
+    assert set(choice.errors) == {"KnownBase top-k", "UnkBase top-k"}
+    known = choice.errors["KnownBase top-k"]
+    hist = dps.KnownDomainHistogram(domain, None, max_items=2, key=key, epsilon=1.0, delta=1e-6)
+    z = float(-ndtri(0.05 / (40 * 10**6 * (10**6 + 1))))
+    assert known == pytest.approx(z * hist.noise_std_at(10**6), rel=1e-12)
+    unk = dps.UnknownDomainHistogram(None, max_items=2, key=key, epsilon=1.0, delta=1e-6)
+    assert choice.errors["UnkBase top-k"] == unk.threshold_at(10**6)
+    assert choice.name == min(choice.errors, key=choice.errors.__getitem__)
+    assert choice.mechanism.unbounded and "no planned end" in choice.reason
+    with pytest.raises(ValueError, match="--switches: a setting of top-k with switches"):
+        choose_top_k(domain, None, k=5, max_items=2, key=key, switches=3, rho=1.0)
+    opts = dict(mechanism="top-k", k=5, rho=1.0, horizon=None, domain_size=40)
+    with pytest.raises(ValueError, match="without --horizon needs --max-items"):
+        build_mechanism("top-k", opts, key, domain)
+    assert "without --horizon needs --max-items" in settings_problems(opts)[0]
+    assert settings_problems({**opts, "max_items": 2}) == []
+    assert "--switches" in settings_problems({**opts, "max_items": 2, "switches": 3})[0]
+    built = build_mechanism("top-k", {**opts, "max_items": 2}, key, domain)
+    assert isinstance(built, HistogramTopK) and built.unbounded  # rho alone: no UnkBase
+    meta = dict(mechanism="meta", oneshot="gaussian", rho=1.0, horizon=None)
+    assert "meta needs --horizon" in settings_problems(meta)[0]
+    with pytest.raises(ValueError, match="meta needs --horizon .* tree is sized for T"):
+        build_mechanism("meta", meta, key, domain)

@@ -289,7 +289,7 @@ def test_an_output_without_sidecar_needs_the_version_and_spark_defaults_to_2(set
     """Writing over an output whose version nothing records is refused without
     --noise-version; a Spark run draws version 2 unless told, as a new local run
     does (the same command line gives the same releases on both engines)."""
-    from dpstream.run_command import _noise_version
+    from dpstream.run.record import noise_version_of as _noise_version
 
     base, args = setup
     out = base / "out.jsonl"

@@ -113,7 +113,7 @@ def test_run_over_a_histogram_top_k_output_keeps_its_noise_version(tmp_path):
     noise, rather than publishing the same steps again with independent noise (the
     sidecar used to say version 1 for a version-2 stream)."""
     from dpstream.cli import main
-    from dpstream.runmeta import read_run_meta, sidecar_path
+    from dpstream.run.meta import read_run_meta, sidecar_path
 
     key_path = tmp_path / "k.key"
     KEY.save(key_path)

@@ -250,7 +250,7 @@ def test_duplicate_rows_are_summed_not_noised_twice(spark) -> None:
 # ------------------------------------------------------------------ UnkBase
 
 
-def _unknown_reference(key, counts, steps, names=None, remember=False):
+def _unknown_reference(key, counts, steps, names=None, remember=False, counter="tree"):
     local = UnknownDomainHistogram(
         HORIZON,
         max_items=3,
@@ -258,7 +258,7 @@ def _unknown_reference(key, counts, steps, names=None, remember=False):
         tau=0.5,
         threshold_delta=1e-6,
         remember=remember,
-        counter="tree",
+        counter=counter,
     )
     out = {}
     for t in steps:
@@ -270,15 +270,29 @@ def _unknown_reference(key, counts, steps, names=None, remember=False):
     return local, out
 
 
-def test_unknown_run_over_all_steps_is_bit_identical(spark, stream) -> None:
+@pytest.mark.parametrize("counter", ["tree", None])
+def test_unknown_run_over_all_steps_is_bit_identical(spark, stream, counter) -> None:
+    """Both counters; None is the local default, the BLT, whose items join at the first
+    release step where they have a count (steps skipped here: an item first seen in a
+    skipped step joins at the next release, as in the local aggregate mode)."""
     events, counts = stream
     remember = True
     key = fixed_key("spark-unknown-run")
     steps = list(range(1, counts.shape[0] + 1))
-    local, want = _unknown_reference(key, counts, steps, remember=remember)
+    if counter is None:
+        steps = [*range(1, 11), 14, 20, 24]
+    local, want = _unknown_reference(key, counts, steps, remember=remember, counter=counter)
     remote = SparkUnknownBase(
-        spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6, remember=remember
+        spark,
+        HORIZON,
+        max_items=3,
+        key=key,
+        tau=0.5,
+        threshold_delta=1e-6,
+        remember=remember,
+        counter=counter,
     )
+    assert remote.counter == local.counter == (counter or "blt")
     assert remote.threshold == local.threshold and remote.privacy == local.privacy
     got = remote.run(_events_df(spark, events), steps=steps).toPandas()
     shown = 0
@@ -297,7 +311,9 @@ def test_unknown_per_step_release_is_bit_identical(spark, stream) -> None:
     names = [f"w{i}" for i in range(N_ITEMS)]
     steps = (1, 2, 5, 12)
     _, want = _unknown_reference(key, counts, steps, names=names, remember=False)
-    remote = SparkUnknownBase(spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6)
+    remote = SparkUnknownBase(
+        spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6, counter="tree"
+    )
     for t in steps:
         c = counts[t - 1]
         nz = np.flatnonzero(c)
@@ -355,7 +371,14 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
 
     def run_stream(k, until):
         mech = SparkUnknownBase(
-            spark, HORIZON, max_items=3, key=k, tau=0.5, threshold_delta=1e-6, remember=True
+            spark,
+            HORIZON,
+            max_items=3,
+            key=k,
+            tau=0.5,
+            threshold_delta=1e-6,
+            remember=True,
+            counter="tree",
         )
         return _stage(spark, mech, src, out, ckpt).release_through(until)
 
@@ -405,6 +428,7 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
         threshold_delta=1e-6,
         remember=True,
         noise_version=1,
+        counter="tree",
     )
     with pytest.raises(StateError, match="drew noise version 2: .* noise_version=2"):
         _stage(spark, mech, src, out, ckpt).release_through(4)
@@ -415,6 +439,36 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
     (meta.parent / ".dpstream.json.crc").unlink(missing_ok=True)  # Hadoop's checksum
     with pytest.raises(StateError, match="drew noise version 1: .* noise_version=1"):
         run_stream(key, 4)
+
+
+def test_stream_blt_unknown_restarts_and_matches_local_event_mode(spark, tmp_path) -> None:
+    """The default counter (BLT) in a streaming release: each step goes on from the
+    saved buffers and new items join at their step, across a restart; the releases are
+    the local engine's at every step, bit for bit, and a checkpoint of the BLT is not
+    resumed with the tree (other noise for the same steps)."""
+    events, counts = _simulate(4, 2000, 3000, seed=13)
+    key = fixed_key("spark-stream-blt")
+    names = [f"s{i}" for i in range(2000)]
+    _, want = _unknown_reference(key, counts, range(1, 5), names=names, counter="blt")
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    src.mkdir()
+
+    def run_stream(until, counter=None):
+        mech = SparkUnknownBase(
+            spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6, counter=counter
+        )
+        return _stage(spark, mech, src, out, ckpt).release_through(until)
+
+    _write_step_files(src, events, [1, 2])
+    assert run_stream(2) == [1, 2]
+    _write_step_files(src, events, [3, 4])
+    assert run_stream(4) == [3, 4]
+    for t in range(1, 5):
+        g = _read_stream_output(spark, out, t)
+        assert len(g) and set(g["item"]) == set(want[t]), t
+        assert np.array_equal(g["value"].to_numpy(), np.array([want[t][i] for i in g["item"]]))
+    with pytest.raises(StateError, match="counter"):
+        run_stream(4, counter="tree")
 
 
 def test_stream_clock_is_public_an_empty_window_is_still_a_step(spark, tmp_path) -> None:
@@ -657,32 +711,20 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
     pd.testing.assert_frame_equal(have, want, check_dtype=False)
 
 
-def test_engine_spark_runs_unknown_with_the_tree_only(tmp_path) -> None:
-    """-m unknown on Spark needs --counter tree (the local default is BLT, which Spark
-    does not run): the same command line never gives different releases on the two
-    engines. Refused before any Spark session is built."""
-    opts = {
-        "mechanism": "unknown",
-        "horizon": 10,
-        "max_items": 2,
-        "rho": 1.0,
-        "threshold_delta": 0.1,
-        "input": str(tmp_path / "in.jsonl"),
-        "output": str(tmp_path / "out"),
-        "state": None,
-    }
-    for extra in (
-        {},
-        {"counter": "blt"},
-        {"blt_buffers": 2},
-        {"counter": "tree", "blt_buffers": 2},
-    ):
-        with pytest.raises(ValueError, match="pass --counter tree"):
-            run_cli({**opts, **extra}, spark=None, key=fixed_key("spark-tree-only"))
-    with pytest.raises(ValueError, match="tree counter only"):
-        SparkUnknownBase(
-            None, 10, max_items=2, key=fixed_key("x"), tau=1.0, threshold_delta=0.1, counter="blt"
-        )
+def test_spark_unknown_default_counter_is_the_local_default(tmp_path) -> None:
+    """SparkUnknownBase takes the local default counter (the BLT for T >= 2 and for no
+    horizon); its one-step release from prefix counts, which cannot know when each item
+    joined, is refused with the BLT and says what to use. No Spark job runs here."""
+    key = fixed_key("spark-default-counter")
+    kw = dict(max_items=2, key=key, tau=1.0, threshold_delta=0.1)
+    for horizon in (10, None):
+        local = UnknownDomainHistogram(horizon, **kw)
+        remote = SparkUnknownBase(None, horizon, **kw)
+        assert remote.counter == local.counter == "blt"
+        assert remote.spec.strategy == local.strategy and remote.privacy == local.privacy
+        with pytest.raises(ValueError, match="tree counter only .* run\\(\\)"):
+            remote.release_full(1, None)
+    assert SparkUnknownBase(None, 10, counter="tree", **kw).counter == "tree"
 
 
 def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys) -> None:
@@ -742,11 +784,13 @@ def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys
     assert "--force" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mech", ["known", "unknown"])
+@pytest.mark.parametrize("mech", ["known", "unknown", "unknown-blt", "unknown-no-horizon"])
 def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_path, mech) -> None:
     """Without --noise-version both engines draw version 2 for a new stream, so one
     command line releases the same values, bit for bit, on the local engine and on
-    Spark (they once differed: Spark drew version 1 unless told)."""
+    Spark (they once differed: Spark drew version 1 unless told). -m unknown with the
+    tree, with its default counter (the BLT, items joining at their first step) and
+    with no --horizon (the BLT for every t, --until ends the run)."""
     from dpstream import cli
 
     key_path = tmp_path / "k.key"
@@ -765,18 +809,21 @@ def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_pat
         ["--domain", str(tmp_path / "domain.txt")]
         if mech == "known"
         else ["--counter", "tree", "--threshold-delta", "0.3", "--remember"]
+        if mech == "unknown"
+        else ["--threshold-delta", "0.3", "--remember"]
     )
+    end = ["--until", "6"] if mech == "unknown-no-horizon" else ["-T", "6"]
+    rho = "64" if mech == "unknown-no-horizon" else "8"  # its m_t spends delta/(t(t+1))
     common = [
         "run",
         "-q",
         "-m",
-        mech,
-        "-T",
-        "6",
+        mech.split("-")[0],
+        *end,
         "--max-items",
         "2",
         "--rho",
-        "8",
+        rho,
         "--no-round",
         "--key-file",
         str(key_path),
@@ -801,6 +848,8 @@ def test_one_command_line_gives_the_same_releases_on_both_engines(spark, tmp_pat
     )
     sidecar = json.loads((tmp_path / "local.jsonl.meta.json").read_text())
     assert sidecar["noise_version"] == 2
+    if mech != "known":
+        assert sidecar["counter"] == ("tree" if mech == "unknown" else "blt")
     local = [json.loads(x) for x in local_out.read_text().splitlines()]
     assert any(rel["released"] for rel in local)
     got = spark.read.json(str(tmp_path / "spark_out")).toPandas()

@@ -233,3 +233,99 @@ def test_stream_kernel_continues_from_its_state_bit_for_bit(counter) -> None:
     for i, t in enumerate(steps):
         before = set(items_at[steps[i - 1]]) if i and t != 9 else set()
         assert prepared_at[t] == [u for u in items_at[t] if u not in before], t
+
+
+# ------------------------------------------------------------------ UnkBase with a BLT counter
+
+
+def _unknown_blt_spec(m) -> object:
+    """SparkUnknownBase's spec for a local BLT UnkBase (its m_t for steps 1..T)."""
+    return kernels.ReleaseSpec(
+        mechanism="UnkBase",
+        horizon=m.horizon,
+        base=None,
+        cell_std=m.sigma,
+        purpose=m.noise_purpose,
+        threshold=m.threshold,
+        remember=m.remember,
+        strategy=m.strategy,
+        thresholds=(m.threshold,),
+        step_thresholds={t: m.threshold_at(t) for t in range(1, 61)},
+    )
+
+
+def _unknown_blt_stream(n_items: int, steps: int, seed: int):
+    """Simulated (t, item, n) increments: items appear at different steps (data only)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(1, steps + 1):
+        live = min(n_items, 5 + 40 * t)
+        hits = rng.integers(0, live, 60 + 5 * t)
+        for u, c in zip(*np.unique(hits, return_counts=True), strict=True):
+            rows.append((f"w{u}", t, int(c)))
+    return rows
+
+
+@pytest.mark.parametrize(("horizon", "remember"), [(60, False), (None, True)])
+def test_unknown_blt_run_kernel_joins_items_as_the_local_engine(horizon, remember) -> None:
+    """UnkBase with a BLT counter: an item's noise starts at the first release step at
+    which it has a count (its state drawn there); the run kernel gives the local
+    aggregate mode's releases at exactly the same steps, bit for bit, skipped steps
+    included (an item first seen in a skipped step joins at the next release)."""
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    key = fixed_key("spark-kernel-unknown-blt")
+    kw = dict(max_items=3, key=key, tau=0.4, threshold_delta=1e-3, remember=remember)
+    local = UnknownDomainHistogram(horizon, **kw)
+    assert local.counter == "blt" and local.unbounded == (horizon is None)
+    spec = _unknown_blt_spec(local)
+    rows = _unknown_blt_stream(800, 40, seed=3)
+    steps = [*range(1, 13), 15, 16, 22, 23, 24, 31, 40]
+    flat = pd.DataFrame(rows, columns=["item", "t", "n"])
+    cut = len(flat) // 3  # batches as Arrow would cut a partition
+    out = pd.concat(
+        kernels.release_run_partition(
+            iter([flat.iloc[:cut], flat.iloc[cut:]]),
+            spec=spec,
+            key_bytes=key.to_bytes(),
+            steps=steps,
+            item_col="item",
+        )
+    )
+    counts: dict[str, int] = {}
+    shown = 0
+    for t in steps:
+        for u, tt, n in rows:
+            if t >= tt > (steps[steps.index(t) - 1] if steps.index(t) else 0):
+                counts[u] = counts.get(u, 0) + n
+        rel = local.release(t, dict(counts))
+        got = out[out["t"] == t]
+        assert sorted(got["item"]) == sorted(rel.items), t
+        want = dict(zip(rel.items, rel.values.tolist(), strict=True))
+        assert np.array_equal(got["value"].to_numpy(), [want[u] for u in got["item"]]), t
+        shown += len(got)
+    assert 50 < shown < sum(len(local.items_seen) for _ in steps)  # shows and hides
+
+
+def test_unknown_blt_stream_kernel_joins_new_items_at_their_step() -> None:
+    """The streaming kernel (each step from the last step's state): new items join at
+    their step, old ones step on from their saved buffers; local event mode's bits."""
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    key = fixed_key("spark-kernel-unknown-blt-stream")
+    local = UnknownDomainHistogram(60, max_items=3, key=key, tau=0.4, threshold_delta=1e-3)
+    spec = _unknown_blt_spec(local)
+    rows = _unknown_blt_stream(300, 14, seed=5)
+    steps = list(range(1, 15))
+    items_at, counts_at, counts = {}, {}, {}
+    for t in steps:
+        for u, tt, n in rows:
+            if tt == t:
+                counts[u] = counts.get(u, 0) + n
+        items_at[t], counts_at[t] = list(counts), dict(counts)
+    got, _ = _stream_steps(spec, key, items_at, counts_at, steps)
+    for t in steps:
+        rel = local.release(t, counts_at[t])
+        want = dict(zip(rel.items, rel.values.tolist(), strict=True))
+        assert want and all(got[t][u] == v for u, v in want.items()), t
+        assert all(got[t][u] <= rel.meta["threshold"] for u in set(got[t]) - set(want)), t

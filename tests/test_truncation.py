@@ -289,7 +289,8 @@ def test_removing_an_event_changes_no_other_events_kept_items(known):
     by event; the lines are renumbered as in the file without that line (the old rule
     keyed the cut on them, so removing one event re-cut the events after it)."""
     from dpstream.io import KeyedTruncator, RawEvent
-    from dpstream.run_command import RunStats, _Validator
+    from dpstream.run.validate import RunStats
+    from dpstream.run.validate import Validator as _Validator
 
     key = fixed_key("neighbour")
     rng = np.random.default_rng(5)  # simulated events
@@ -378,7 +379,8 @@ def test_the_chunked_and_record_readers_cut_alike():
     from dpstream.io.chunks import records_step
     from dpstream.io.grouping import group_steps, step_steps
     from dpstream.io.jsonl import read_jsonl, read_jsonl_chunks
-    from dpstream.run_command import RunStats, _Validator
+    from dpstream.run.validate import RunStats
+    from dpstream.run.validate import Validator as _Validator
 
     key = fixed_key("readers")
     rng = np.random.default_rng(9)  # simulated events

@@ -146,6 +146,8 @@ MECHS = {
         "1e-3",
         "--remember",
     ],
+    # the top-k of the known-domain histogram (rho alone: no unknown-domain candidate)
+    "top-k": ["-m", "top-k", "--k", "3", "--max-items", "2", "--rho", "1", "--stream", "tk"],
 }
 
 
@@ -171,7 +173,7 @@ def stream(tmp_path_factory):
 
 
 def _args(base, key_path, mech):
-    extra = ["--domain", str(base / "domain.txt")] if mech == "known" else []
+    extra = ["--domain", str(base / "domain.txt")] if mech in ("known", "top-k") else []
     return ["run", "-q", *MECHS[mech], *extra, "--key-file", str(key_path), "--no-fsync"]
 
 
@@ -328,7 +330,7 @@ def test_no_horizon_needs_an_end_step_and_known_or_unknown(stream, tmp_path, cap
     )
     assert "--target-error needs --horizon" in capsys.readouterr().err
     assert main(["plan", "-m", "top-k", "--domain-size", "5", "--k", "2", "--rho", "1"]) == 2
-    assert "top-k needs --horizon" in capsys.readouterr().err
+    assert "top-k without --horizon needs --max-items" in capsys.readouterr().err
     assert main(["plan", "-m", "meta", "--oneshot", "unknown-gaussian", "--rho", "1"]) == 2
     assert "meta needs --horizon" in capsys.readouterr().err
 

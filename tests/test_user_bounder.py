@@ -22,7 +22,7 @@ from dpstream.bounding import ContributionBounder, UserBounds
 from dpstream.errors import InvalidEventError
 from dpstream.mechanisms import user_bounder
 from dpstream.mechanisms.columns import EventColumns
-from dpstream.mechanisms.histogram_topk import HistogramTopK
+from dpstream.mechanisms.histogram_topk import HistogramTopK, UnknownTopK
 from dpstream.mechanisms.user_bounder import ColumnBounder
 from dpstream.mechanisms.users import UserEventColumns, UserLevel
 from dpstream.snapshot import dump_snapshot, load_snapshot
@@ -166,7 +166,7 @@ def _as_columns(events) -> UserEventColumns:
     return UserEventColumns(list(users), np.asarray(user_of, np.int64), cols)
 
 
-@pytest.mark.parametrize("mech", ["known", "unknown", "topk", "histogram-topk"])
+@pytest.mark.parametrize("mech", ["known", "unknown", "topk", "histogram-topk", "unknown-topk"])
 def test_a_mechanism_given_user_columns_releases_what_it_releases_for_pairs(mech):
     words, steps = _user_steps(3, 30)
     common = dict(key=KEY, epsilon=1.0, delta=1e-6, max_items_per_user=2, max_count_per_item=2)
@@ -178,6 +178,8 @@ def test_a_mechanism_given_user_columns_releases_what_it_releases_for_pairs(mech
             return dps.UnknownDomainHistogram(30, max_items=3, **common)
         if mech == "topk":
             return dps.ContinualTopK(words, 30, k=3, switches=4, **common)
+        if mech == "unknown-topk":
+            return UnknownTopK(words, 30, k=3, max_items=3, **common)
         return HistogramTopK(words, 30, k=3, max_items=3, **common)
 
     a, b = build(), build()
@@ -185,10 +187,10 @@ def test_a_mechanism_given_user_columns_releases_what_it_releases_for_pairs(mech
         ra, rb = a.step_batch(events), b.step_batch(_as_columns(events))
         assert list(ra.items) == list(rb.items)
         assert np.asarray(ra.values).tobytes() == np.asarray(rb.values).tobytes()
-    users = (a.histogram if mech == "histogram-topk" else a)._users
-    assert (
-        users.bounder.stats == (b.histogram if mech == "histogram-topk" else b)._users.bounder.stats
-    )
+    wrapped = mech in ("histogram-topk", "unknown-topk")
+    stats = [(m.histogram if wrapped else m)._users.bounder.stats for m in (a, b)]
+    assert stats[0] == stats[1] and stats[0].kept > 0 and stats[0].dropped > 0
+    a, b = (a.histogram, b.histogram) if wrapped else (a, b)
     assert dump_snapshot(a, KEY) == dump_snapshot(b, KEY)
 
 
@@ -205,6 +207,7 @@ def test_user_columns_with_a_bad_event_raise_what_pairs_raise():
         for make in (
             lambda: dps.KnownDomainHistogram(words, 5, max_items=2, **common),
             lambda: HistogramTopK(words, 5, k=2, max_items=2, **common),
+            lambda: UnknownTopK(words, 5, k=2, max_items=2, **common),
         ):
             errors = []
             for given in (events, _as_columns(events)):

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from dpstream.cli import main
-from dpstream.runmeta import FORMAT, read_run_meta, sidecar_path, write_run_meta
+from dpstream.run.meta import FORMAT, read_run_meta, sidecar_path, write_run_meta
 from dpstream.view.follow import FileFollower
 from dpstream.view.model import ViewModel, parse_release, top_items
 from dpstream.view.render import render_page

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.runmeta import FORMAT, write_run_meta
+from dpstream.run.meta import FORMAT, write_run_meta
 from dpstream.view.model import ViewModel
 from dpstream.view.server import ViewServer
 

@@ -1,12 +1,12 @@
 """The ``dpstream`` command: ``run``, ``plan``, ``demo``, ``keygen`` and ``reproduce``.
 
 Layer 6 of dpstream: parsing and dispatch. The options are
-:mod:`dpstream.options`, the mechanisms :mod:`dpstream.registry`; ``run``
-itself is :mod:`dpstream.run_command` (imported when run is asked for, and it
-never imports this module). Errors are one line on stderr
-with exit status 1 (``--debug`` shows the traceback); usage errors exit with
+:mod:`dpstream.run.options`, the mechanisms :mod:`dpstream.registry`; ``run``
+and ``plan`` are :mod:`dpstream.run.command` and :mod:`dpstream.run.plan`
+(imported when asked for; they never import this module). Errors are one line on
+stderr with exit status 1 (``--debug`` shows the traceback); usage errors exit with
 status 2, the problems of the settings all listed at once
-(:mod:`dpstream.settings_check`, shared by ``plan`` and ``run``); a closed
+(:class:`dpstream.run.config.RunConfig`, shared by ``plan`` and ``run``); a closed
 pipe on stdout (``dpstream run ... | head``) ends the run quietly with status
 141.
 """
@@ -14,32 +14,14 @@ pipe on stdout (``dpstream run ... | head``) ends the run quietly with status
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
 import sys
+from typing import Any
 
 from .errors import DPStreamError
-from .options import (
-    CLOCK_OPTS,
-    MECH_OPTS,
-    PLAN_OPTS,
-    RUN_OPTS,
-    Opt,
-    _domain_option,
-    _load_config,
-    add_options,
-    merge_options,
-    resolve_horizon,
-)
-from .registry import (
-    MECHANISMS,
-    build_mechanism,
-    make_postprocessor,
-    mechanism_class,
-    top_k_choice,
-)
-from .settings_check import SettingsError, check_settings, mechanism_settings
+from .registry import MECHANISMS, build_mechanism, make_postprocessor
+from .run.checks import SettingsError
+from .run.options import CLOCK_OPTS, MECH_OPTS, PLAN_OPTS, RUN_OPTS, Opt, add_options
 
 __all__ = ["main", "build_parser", "MECHANISMS", "build_mechanism"]
 
@@ -100,7 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="store_true", help="print the version and exit (default: off)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(sub, common)
+    _add_plan(sub, common)
+    _add_demo(sub, common)
+    from .view.command import add_view_parser
 
+    add_view_parser(sub, parents=[common])
+    _add_keygen(sub, common)
+    _add_reproduce(sub, common)
+    return parser
+
+
+def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     run = sub.add_parser(
         "run",
         parents=[common],
@@ -119,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(run, MECH_OPTS + RUN_OPTS)
 
+
+def _add_plan(sub: Any, common: argparse.ArgumentParser) -> None:
     plan = sub.add_parser(
         "plan",
         parents=[common],
@@ -136,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(plan, MECH_OPTS + PLAN_OPTS)
 
+
+def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
     demo = sub.add_parser(
         "demo",
         parents=[common],
@@ -148,10 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_options(demo)
 
-    from .view.command import add_view_parser
 
-    add_view_parser(sub, parents=[common])
-
+def _add_keygen(sub: Any, common: argparse.ArgumentParser) -> None:
     keygen = sub.add_parser(
         "keygen",
         parents=[common],
@@ -161,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("path", metavar="PATH", help="where to write the key (required)")
 
+
+def _add_reproduce(sub: Any, common: argparse.ArgumentParser) -> None:
     reproduce = sub.add_parser(
         "reproduce",
         parents=[common],
@@ -193,7 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument(
         "--quiet", "-q", action="store_true", help="no progress on stderr (default: show progress)"
     )
-    return parser
 
 
 # --------------------------------------------------------------------------- main
@@ -340,89 +336,18 @@ def cmd_view(args: argparse.Namespace) -> int:
     return view(args)
 
 
-# --------------------------------------------------------------------------- plan
+# --------------------------------------------------------------------------- run, plan
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from . import planning
-    from .noise import NoiseKey
+    """``dpstream plan`` (in :mod:`dpstream.run.plan`)."""
+    from .run.plan import cmd_plan as plan
 
-    config = _load_config(args.config) if args.config else None
-    opts = merge_options(args, MECH_OPTS + PLAN_OPTS, config, ignore=RUN_OPTS)
-    resolve_horizon(opts)  # --end gives T
-    check_settings(opts)  # the same check as run's: a plan only for what a run accepts
-    name = opts["mechanism"]
-    spec = MECHANISMS[name]
-    domain = _domain_option(opts)
-    if domain is None and opts["domain_size"] is not None and spec.domain != "none":
-        domain = [f"item-{i}" for i in range(opts["domain_size"])]
-    key = NoiseKey.generate()  # throw-away: the plan releases nothing
-    target = opts["target_error"]
-    if target is not None:
-        fixed = {**opts, "delta": None}
-        params = inspect.signature(mechanism_class(name)).parameters
-        if "threshold_delta" in params and opts["threshold_delta"] is None:
-            # the discovery threshold needs its delta; without --threshold-delta, half of
-            # --delta (the mechanism pays --max-items times it)
-            fixed["threshold_delta"] = opts["delta"] / (2 * (opts["max_items"] or 1))
-        with mechanism_settings():
-            unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
-        tau = planning.tau_for_target(target, planning.noise_std_worst(unit))
-        mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
-    else:
-        with mechanism_settings():
-            mech = build_mechanism(name, opts, key, domain)
-    used = fixed if target is not None else opts  # the options the mechanism was built from
-    info = planning.describe(mech, name=name, base_given=opts["base"] is not None)
-    choice = top_k_choice(
-        name, {**opts, "tau": mech.tau, "delta": None} if target is not None else opts, key, domain
-    )
-    if choice is not None:
-        info["choice"] = choice.reason
-        info["top_k"] = choice.name
-        info["candidates"] = choice.errors
-        info["candidates_noise_std"] = choice.noise_std
-    if name == "top-k" and opts.get("switches") is None:
-        info["switches_default"] = True
-    if hasattr(mech, "threshold_for_cells") and not mech.unbounded:
-        # unknown domain: what coarser steps buy
-        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
-        info["coarser_steps"] = planning.coarser_steps(
-            lambda h: build_mechanism(name, {**used, **budget, "horizon": h}, key, domain),
-            int(mech.horizon),
-        )
-    if name == "top-k" and choice is None and opts.get("tau") is None and target is None:
-        # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
-        # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho
-        one = top_k_choice(name, {**opts, "max_items": 1}, key, domain)
-        ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
-        info["max_items_break_even"] = int(ratio * ratio)
-    if spec.max_items != "none" and opts.get("max_items") is not None:
-        budget = {"tau": mech.tau, "delta": None} if target is not None else {}
-
-        def std_for(n: int) -> float:
-            o = {**used, **budget, "max_items": n}
-            if choice is not None:
-                return top_k_choice(name, o, key, domain).noise_std["KnownBase top-k"]
-            return planning.noise_std_worst(build_mechanism(name, o, key, domain))
-
-        info["max_items_hint"] = planning.max_items_hint(std_for, opts["max_items"])
-    if target is not None:
-        info["target_error"] = target
-    if opts["json"]:
-        print(json.dumps(info, indent=2, sort_keys=True))
-    else:
-        print(planning.format_plan(info))
-        if opts["explain"]:
-            print(planning.explain(info))
-    return 0
-
-
-# --------------------------------------------------------------------------- run
+    return plan(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``dpstream run`` (in :mod:`dpstream.run_command`)."""
-    from .run_command import cmd_run as run
+    """``dpstream run`` (in :mod:`dpstream.run.command`)."""
+    from .run.command import cmd_run as run
 
     return run(args)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +129,7 @@ def mechanism_class(name: str) -> type:
 
 
 def build_mechanism(
-    name: str, options: dict[str, Any], key: Any, domain: Sequence[str] | None
+    name: str, options: Mapping[str, Any], key: Any, domain: Sequence[str] | None
 ) -> Any:
     """Build mechanism ``name`` from command-line options (``dest -> value``).
 
@@ -177,8 +177,19 @@ def build_mechanism(
         else:
             kwargs["domain"] = list(domain)
     horizon = options.get("horizon")  # None: no planned end (-m known, -m unknown)
+    if horizon is None and name == "top-k":
+        raise ValueError(
+            "--mechanism top-k without --horizon needs --max-items: with any number of "
+            "items per event top-k runs with switches, which spreads them over T "
+            "(--horizon); with at most --max-items items per event it is read off the "
+            "known- or unknown-domain histogram, whose noise holds for every t"
+        )
     if horizon is None and name not in ("known", "unknown"):
-        raise ValueError(f"--mechanism {name} needs --horizon (T, the number of time steps)")
+        raise ValueError(
+            f"--mechanism {name} needs --horizon (T, the number of time steps): its "
+            "tree is sized for T; only known, unknown and top-k with --max-items run "
+            "with no planned end"
+        )
     if name == "top-k":
         if "k" not in kwargs:
             raise ValueError("--mechanism top-k needs --k")
@@ -193,7 +204,7 @@ def build_mechanism(
 
 
 def _counter_from_buffers(
-    name: str, options: dict[str, Any], kwargs: dict[str, Any], takes_counter: bool
+    name: str, options: Mapping[str, Any], kwargs: dict[str, Any], takes_counter: bool
 ) -> None:
     """``--blt-buffers K``: ``kwargs["counter"]`` becomes the K-buffer BLT for --horizon."""
     buffers = options.get("blt_buffers")
@@ -211,9 +222,9 @@ def _counter_from_buffers(
     )
 
 
-def check_user_options(options: dict[str, Any]) -> None:
+def check_user_options(options: Mapping[str, Any]) -> None:
     """User level needs both bounds; one alone is an error (the command line's ``plan``
-    and ``run`` also need --user-field with them: :mod:`dpstream.settings_check`)."""
+    and ``run`` also need --user-field with them: :mod:`dpstream.run.checks`)."""
     per_user, per_item = options.get("max_items_per_user"), options.get("max_count_per_item")
     if (per_user is None) != (per_item is None):
         missing = "--max-count-per-item" if per_item is None else "--max-items-per-user"
@@ -228,7 +239,9 @@ def check_user_options(options: dict[str, Any]) -> None:
         )
 
 
-def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[str] | None) -> Any:
+def top_k_choice(
+    name: str, options: Mapping[str, Any], key: Any, domain: Sequence[str] | None
+) -> Any:
     """For ``-m top-k --max-items N``: SparseGumb, KnownBase's or UnkBase's top-k, the
     one an item needs the smallest count to be listed by, from public parameters
     (``dpstream.mechanisms.histogram_topk.choose_top_k``); ``None`` otherwise. Without
@@ -237,6 +250,8 @@ def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[
         return None
     from .mechanisms.histogram_topk import choose_top_k
 
+    if options.get("horizon") is None:  # no planned end: the histograms' top-k only
+        return _top_k_unbounded(options, key, domain)
     probe = build_mechanism(name, {**options, "max_items": None}, key, domain)  # checks
     kwargs = {
         d: options[d]
@@ -259,6 +274,36 @@ def top_k_choice(name: str, options: dict[str, Any], key: Any, domain: Sequence[
     )
 
 
+def _top_k_unbounded(
+    options: Mapping[str, Any], key: Any, domain: Sequence[str] | None
+) -> Any:
+    """:func:`top_k_choice` with no --horizon: KnownBase's or UnkBase's top-k on the BLT
+    for every t (``choose_top_k(horizon=None)``, which refuses SparseGumb's settings)."""
+    from .mechanisms.histogram_topk import choose_top_k
+
+    if domain is None:
+        raise ValueError("--mechanism top-k needs --domain FILE (the known items)")
+    if options.get("k") is None:
+        raise ValueError("--mechanism top-k needs --k")
+    check_user_options(options)
+    kwargs = {
+        d: options[d]
+        for d in _MECH_KWARGS
+        if options.get(d) is not None and d not in ("max_items", "k", "switches", "remember")
+    }
+    if options.get("blt_buffers") is not None:
+        raise ValueError("--blt-buffers needs --horizon (T, the number of time steps)")
+    return choose_top_k(
+        list(domain),
+        None,
+        k=options["k"],
+        switches=options.get("switches"),
+        max_items=options["max_items"],
+        key=key,
+        **kwargs,
+    )
+
+
 # --------------------------------------------------------------------------- options
 
 #: Defaults of the readable-count post-processing, chosen by the measurements
@@ -267,7 +312,7 @@ CLAMP_DEFAULT = True
 MONOTONE_DEFAULT = False
 
 
-def make_postprocessor(opts: dict[str, Any]) -> Any:
+def make_postprocessor(opts: Mapping[str, Any]) -> Any:
     """The post-processing ``run`` applies to each release before writing it.
 
     ``dpstream.postprocess.ReadableCounts`` with --clamp/--monotone/--round;

@@ -27,6 +27,7 @@ from .base import Release, check_in_domain, domain_items, take_items
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
+from .unknown import step_delta_divisor
 from .users import UserEventColumns
 
 if TYPE_CHECKING:
@@ -56,12 +57,17 @@ class HistogramTopK:
     ``meta["status"] == "not yet"``. The decision is a function of the
     released noisy counts only.
 
+    No planned end (``horizon=None``: KnownBase with the BLT fitted for every
+    t): z_t = Phi^-1(1 - beta/(d t (t + 1))) at step t, so that the union
+    bound over all t >= 1 is still beta (sum_t 1/(t (t + 1)) = 1).
+
     Privacy: exactly KnownBase's (the KnownBase lemma: Delta0/(2 tau^2)-zCDP,
-    exact Gaussian curve for (epsilon, delta)); selecting, ordering and
-    waiting are post-processing of its output.
+    exact Gaussian curve for (epsilon, delta); for every t with no planned
+    end); selecting, ordering and waiting are post-processing of its output.
 
     Args:
-        domain, horizon, max_items, key: as for ``KnownDomainHistogram``.
+        domain, horizon, max_items, key: as for ``KnownDomainHistogram``
+            (``horizon=None``: no planned end).
         k: how many items to release, 1 <= k <= d.
         **histogram: every other keyword of ``KnownDomainHistogram`` (base,
             budget, stream, ...).
@@ -76,14 +82,14 @@ class HistogramTopK:
     """
 
     mechanism_name = "KnownBase top-k"
-    # ContinualMechanism: lists of events, needs a horizon.
+    # ContinualMechanism: lists of events.
     accepts_columns = False
-    unbounded = False
+    unbounded = False  # (set per instance; the default for states saved before)
 
     def __init__(
         self,
         domain: Iterable[Hashable],
-        horizon: int,
+        horizon: int | None,
         *,
         k: int,
         max_items: int,
@@ -104,6 +110,8 @@ class HistogramTopK:
         self.counter, self.strategy, self.sigma = h.counter, h.strategy, h.sigma
         self.max_items, self.tau, self.budget = h.max_items, h.tau, h.budget
         self.privacy, self.theorem = h.privacy, h.theorem
+        self.unbounded = bool(h.unbounded)
+        self._d = d
         self.start_z = float(-ndtri(AUTO_ETA_BETA / (d * self.horizon)))
         self.started = False
 
@@ -140,7 +148,11 @@ class HistogramTopK:
         return self.histogram.noise_std_at(t)
 
     def start_threshold_at(self, t: int) -> float:
-        """z sigma_t: the largest noisy count must exceed it before the first list."""
+        """z sigma_t: the largest noisy count must exceed it before the first list
+        (z_t with no planned end, see the class doc)."""
+        if self.unbounded:
+            z = float(-ndtri(AUTO_ETA_BETA / (self._d * step_delta_divisor(t, t, True))))
+            return z * self.noise_std_at(t)
         return self.start_z * self.noise_std_at(t)
 
     def step(self, event: Iterable[Hashable]) -> Release:
@@ -196,26 +208,28 @@ class UnknownTopK:
     items that appeared get noise (memory grows with them, not with d).
 
     Privacy: exactly UnkBase's (the UnkBase theorem: (eps(Delta0/(2 tau^2),
-    delta'), Delta0 delta + delta')); keeping the k largest of its release
-    and checking the domain (a public list) are post-processing.
+    delta'), Delta0 delta + delta'); for every t with no planned end); keeping
+    the k largest of its release and checking the domain (a public list) are
+    post-processing.
 
     Args:
         domain: the known items (public).
-        horizon, max_items, key: as for ``UnknownDomainHistogram``.
+        horizon, max_items, key: as for ``UnknownDomainHistogram`` (``horizon=None``:
+            no planned end).
         k: how many items to release, 1 <= k <= d.
         **histogram: every other keyword of ``UnknownDomainHistogram``.
     """
 
     mechanism_name = "UnkBase top-k"
-    # ContinualMechanism: lists of events, needs a horizon (counter, strategy and
-    # user_bounds are UnkBase's, copied in __init__).
+    # ContinualMechanism: lists of events (counter, strategy and user_bounds are
+    # UnkBase's, copied in __init__).
     accepts_columns = False
-    unbounded = False
+    unbounded = False  # (set per instance)
 
     def __init__(
         self,
         domain: Iterable[Hashable],
-        horizon: int,
+        horizon: int | None,
         *,
         k: int,
         max_items: int,
@@ -237,6 +251,7 @@ class UnknownTopK:
         self.max_items, self.tau, self.budget = h.max_items, h.tau, h.budget
         self.privacy, self.theorem = h.privacy, h.theorem
         self.threshold, self.threshold_delta = h.threshold, h.threshold_delta
+        self.unbounded = bool(h.unbounded)
         for attr in ("counter", "strategy", "noise_version", "user_bounds"):
             if hasattr(h, attr):
                 setattr(self, attr, getattr(h, attr))
@@ -267,6 +282,10 @@ class UnknownTopK:
         from .unknown import threshold_profile
 
         return threshold_profile(self.histogram)["threshold_worst"]
+
+    def threshold_at(self, t: int) -> float:
+        """UnkBase's m_t: an item is listed at t only once its noisy count passes it."""
+        return self.histogram.threshold_at(t)
 
     def _check(self, events: Iterable[Any]) -> Any:
         if isinstance(events, UserEventColumns):
@@ -362,16 +381,29 @@ def top_k_errors(candidates: Mapping[str, Any]) -> dict[str, float]:
     every step (an item that leads is listed half the time or more), so these
     numbers are the price of a list's first showing and, for SparseGumb, of
     every change of its list.
+
+    With no planned end (``unbounded`` candidates, the histograms' top-k only)
+    there is no worst step: both numbers are taken at step
+    :data:`UNBOUNDED_REFERENCE_STEP` (10^6, where UnkBase's delta split is
+    tuned too).
     """
     out: dict[str, float] = {}
     for name, mech in candidates.items():
+        ref = UNBOUNDED_REFERENCE_STEP if getattr(mech, "unbounded", False) else None
         if isinstance(mech, HistogramTopK):
-            out[name] = mech.start_z * mech.noise_std_worst
+            out[name] = (
+                mech.start_z * mech.noise_std_worst if ref is None else mech.start_threshold_at(ref)
+            )
         elif isinstance(mech, UnknownTopK):
-            out[name] = mech.threshold_worst()
+            out[name] = mech.threshold_worst() if ref is None else mech.threshold_at(ref)
         else:
             out[name] = _sparse_eta_worst(mech)
     return out
+
+
+#: The step at which :func:`top_k_errors` compares the histograms' top-k of a stream
+#: with no planned end.
+UNBOUNDED_REFERENCE_STEP = 1_000_000
 
 
 def _sparse_eta_worst(mech: ContinualTopK) -> float:
@@ -396,7 +428,7 @@ _ORDER = ("KnownBase top-k", "UnkBase top-k", "SparseGumb")
 
 def choose_top_k(
     domain: Iterable[Hashable],
-    horizon: int,
+    horizon: int | None,
     *,
     k: int,
     max_items: int,
@@ -416,6 +448,9 @@ def choose_top_k(
     their undercount of truncated events is not part of the comparison (it
     depends on the data).
 
+    No planned end (``horizon=None``): only the histograms' top-k, on the BLT
+    fitted for every t (:func:`_choose_unbounded`); SparseGumb needs T.
+
     Args:
         domain, horizon, k, key: as for the mechanisms.
         max_items: Delta0 for KnownBase and UnkBase.
@@ -424,9 +459,13 @@ def choose_top_k(
             SparseGumb alone, ``threshold_delta`` to UnkBase alone.
     """
     domain = list(domain)
+    sparse_only, unknown_only = {"eta", "wait"}, {"threshold_delta"}
+    if horizon is None:
+        return _choose_unbounded(
+            domain, k=k, max_items=max_items, key=key, switches=switches, **kwargs
+        )
     if switches is None:
         switches = default_switches(horizon)
-    sparse_only, unknown_only = {"eta", "wait"}, {"threshold_delta"}
     shared = {n: v for n, v in kwargs.items() if n not in sparse_only | unknown_only}
     candidates: dict[str, Any] = {
         "SparseGumb": ContinualTopK(
@@ -480,7 +519,62 @@ def choose_top_k(
     )
 
 
-def _unknown_candidate(domain: list[Hashable], horizon: int, **kwargs: Any) -> Any:
+def _choose_unbounded(
+    domain: list[Hashable],
+    *,
+    k: int,
+    max_items: int,
+    key: NoiseKey,
+    switches: int | None,
+    **kwargs: Any,
+) -> TopKChoice:
+    """:func:`choose_top_k` for a stream with no planned end: KnownBase's or UnkBase's
+    top-k on the BLT fitted for every t. SparseGumb spreads its switches and the
+    quantiles of its gap over T, so it is no candidate; its own settings are refused."""
+    sparse = sorted(n for n in ("eta", "wait") if kwargs.get(n) not in (None, "auto"))
+    if switches is not None or sparse:
+        given = ["switches"] * (switches is not None) + sparse
+        raise ValueError(
+            f"{', '.join('--' + n for n in given)}: a setting of top-k with switches, "
+            "which needs --horizon; without --horizon the top-k is read off the "
+            "known- or unknown-domain histogram, which has no switches"
+        )
+    kwargs = {n: v for n, v in kwargs.items() if n not in ("eta", "wait")}
+    shared = {n: v for n, v in kwargs.items() if n != "threshold_delta"}
+    candidates: dict[str, Any] = {
+        "KnownBase top-k": HistogramTopK(domain, None, k=k, max_items=max_items, key=key, **shared)
+    }
+    unknown = _unknown_candidate(domain, None, k=k, max_items=max_items, key=key, **kwargs)
+    if unknown is not None:
+        candidates["UnkBase top-k"] = unknown
+    errors = top_k_errors(candidates)
+    at = UNBOUNDED_REFERENCE_STEP
+    stds = {n: float(m.noise_std_worst) for n, m in candidates.items()}  # at 2^40
+    name = min(errors, key=lambda n: (errors[n], _ORDER.index(n)))
+    others = ", ".join(
+        f"{plain_mechanism(n)} {errors[n]:.4g}" for n in _ORDER if n in errors and n != name
+    )
+    reason = (
+        f"{plain_mechanism(name)}: with no --horizon (a stream with no planned end) the "
+        "top-k is read off a histogram whose noise holds for every t; an item needs a "
+        f"count of about {errors[name]:.4g} to be listed half the time at step {at:,}"
+        + (f", against {others}" if others else "")
+        + " (computed from the budget, --k, --max-items and the domain size; never from "
+        f"the data). Noise std of a released count at step {at:,}: "
+        f"{candidates[name].noise_std_at(at):.4g}. "
+        "Top-k with switches needs --horizon (its switches are spread over T)."
+    )
+    return TopKChoice(
+        mechanism=candidates[name],
+        name=name,
+        errors=errors,
+        noise_std=stds,
+        switches=0,
+        reason=reason,
+    )
+
+
+def _unknown_candidate(domain: list[Hashable], horizon: int | None, **kwargs: Any) -> Any:
     """UnknownTopK from ``kwargs``, or None when UnkBase cannot run with them."""
     from .unknown import UnknownDomainHistogram
 

@@ -26,6 +26,8 @@ class ContinualMechanism(Protocol):
 
     Attributes:
         horizon: T, the number of steps (the step limit when ``unbounded``).
+        tau: the noise scale.
+        base: the tree counter's base (``None`` where the mechanism has no tree).
         t: the last step released (0 before the first).
         privacy: the guarantee of the whole stream.
         accepts_columns: ``step_batch`` takes :class:`~dpstream.mechanisms.columns.EventColumns`
@@ -47,6 +49,8 @@ class ContinualMechanism(Protocol):
     """
 
     horizon: int
+    tau: float
+    base: int | None
     privacy: PrivacyGuarantee
     accepts_columns: bool
     counter: str | None

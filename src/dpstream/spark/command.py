@@ -7,7 +7,9 @@ collected to the driver except the domain file, which the driver reads as the
 local engine does.
 
 The release clock is public, as on the local engine: every step 1..``--until``
-(default: the horizon) is released, whether or not an event happened in it.
+(default: the horizon; required with no ``--horizon``, a stream with no planned
+end) is released, whether or not an event happened in it. ``-m unknown`` runs the
+local engine's counter (the BLT by default) with its releases.
 
 Differences from the local engine (all refused with a clear error, or listed
 here): the input is a JSON Lines file or directory (not stdin, not CSV); every
@@ -26,14 +28,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 from ..errors import DPStreamError, InvalidEventError
-from ..io import read_domain, read_jsonl
+from ..factorization import MAX_BLT_HORIZON
+from ..io import read_domain
 from ..mechanisms.counters import counter_with_buffers
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
+from ..run.config import RunConfig
+from .events import read_events_jsonl
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
 
@@ -47,83 +51,6 @@ except ImportError as exc:  # pragma: no cover
 __all__ = ["run_cli", "read_events_jsonl"]
 
 _BUDGET = ("rho", "epsilon", "delta", "tau")
-_EVENT_SCHEMA = T.StructType(
-    [
-        T.StructField("pos", T.LongType(), False),
-        T.StructField("t", T.LongType(), True),
-        T.StructField("items", T.ArrayType(T.StringType(), False), True),
-        T.StructField("error", T.StringType(), True),
-        T.StructField("user", T.StringType(), True),
-    ]
-)
-
-
-def _parse_lines(batches, time_field=None, clock=None, implicit=False, user_field=None):
-    """Each text line through the local engine's own JSON Lines parser (with implicit
-    time, a line's step is its place in the file, set by the caller)."""
-    for pdf in batches:
-        ts, items, errors, users = [], [], [], []
-        for line in pdf["value"].tolist():
-            recs = list(
-                read_jsonl(
-                    [line],
-                    time_field=time_field,
-                    clock=clock,
-                    implicit=implicit,
-                    user_field=user_field,
-                )
-            )
-            if not recs:  # blank line
-                ts.append(None)
-                items.append(None)
-                errors.append("")
-                users.append(None)
-                continue
-            rec = recs[0]
-            ts.append(rec.t)
-            items.append(None if rec.items is None else list(rec.items))
-            errors.append(rec.error)
-            users.append(rec.user)
-        yield pd.DataFrame(
-            {
-                "pos": pdf["pos"].to_numpy(),
-                "t": pd.array(ts, dtype="Int64"),
-                "items": items,
-                "error": errors,
-                "user": users,
-            }
-        )
-
-
-def read_events_jsonl(
-    spark: SparkSession,
-    path: str,
-    *,
-    time_field: str | None = None,
-    clock: Any = None,
-    implicit: bool = False,
-    user_field: str | None = None,
-) -> DataFrame:
-    """Parse a JSON Lines events file (``*.gz`` too) as the local engine does.
-
-    Returns (pos, t, items, error, user): ``pos`` the line's place in the file,
-    ``error`` the parse problem (``""`` for a blank line, null for an event).
-    With ``time_field`` and ``clock`` (a :class:`dpstream.clock.StepClock`),
-    ``t`` is the step of the event's timestamp on that public clock; with
-    ``implicit``, every line is a step: ``t`` is its line number (blank and
-    broken lines too, as invalid records of their steps). With ``user_field``,
-    ``user`` is each event's user id (an event without a valid one is an error
-    row).
-    """
-    lines = spark.read.text(path)
-    indexed = lines.rdd.zipWithIndex().map(lambda row: (row[1], row[0][0]))
-    df = spark.createDataFrame(indexed, "pos long, value string")
-    parsed = df.mapInPandas(
-        lambda b: _parse_lines(b, time_field, clock, implicit, user_field), _EVENT_SCHEMA
-    )
-    if implicit:
-        parsed = parsed.withColumn("t", F.col("pos") + 1)
-    return parsed
 
 
 def _long_format(
@@ -131,7 +58,7 @@ def _long_format(
 ) -> DataFrame:
     """The local engine's long table: (t, item, value, noise_std), a row with a null item
     and value for a step that released nothing, so every step of the clock is there."""
-    from ..runmeta import noise_std_at
+    from ..run.meta import noise_std_at
 
     stds = spark.createDataFrame(
         [(t, float(noise_std_at(mech.mechanism, t))) for t in steps], "t long, noise_std double"
@@ -173,8 +100,25 @@ def readable_counts(released: DataFrame, *, clamp: bool, monotone: bool) -> Data
     return released
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A Spark run's settings, checked: what the job reads, releases and writes."""
+
+    name: str
+    policy: str
+    inp: str
+    out: str
+    fmt: str
+    key: NoiseKey
+    horizon: int | None  # None: no planned end (-m known and -m unknown)
+    until: int
+    verbose: bool
+    user_field: str | None
+    common: dict[str, Any]
+
+
 def run_cli(
-    opts: Mapping[str, Any],
+    opts: RunConfig | Mapping[str, Any],
     *,
     master: str = "local[*]",
     spark: SparkSession | None = None,
@@ -184,11 +128,12 @@ def run_cli(
     """Run ``dpstream run`` on Spark; returns a summary for the command to print.
 
     Args:
-        opts: the merged run options of the command line, by their ``dest``
-            names: mechanism ("known" or "unknown"), horizon, max_items,
-            domain (a path or a list), counter, base, remember, threshold_delta, stream,
-            rho / epsilon / delta / tau, key_file, input, input_format, output,
-            output_format, round, clamp, monotone, on_invalid, state.
+        opts: the run's config (:class:`dpstream.run.config.RunConfig`, as ``dpstream
+            run`` builds it), or its options by their ``dest`` names: mechanism
+            ("known" or "unknown"), horizon, max_items, domain (a path or a list),
+            counter, base, remember, threshold_delta, stream, rho / epsilon / delta /
+            tau, key_file, input, input_format, output, output_format, round, clamp,
+            monotone, on_invalid, state.
         master: the Spark master when no session is running (``--master``).
         spark: a session to use instead of building one.
         key: the key, when the caller already loaded ``key_file``.
@@ -206,6 +151,61 @@ def run_cli(
             the domain or a step past the horizon (the job stops).
     """
     started = time.monotonic()
+    if isinstance(opts, RunConfig):
+        opts = opts.options()
+    job = _job(opts, key)
+    if spark is None:
+        spark = start_session(master)
+    mech, domain_df = _mechanism(spark, opts, job)
+    parsed = _parsed(spark, opts, job)
+    checked = None
+    try:
+        events, checked, n_events, skipped = _valid_events(parsed, job, domain_df, mech)
+        steps = list(range(1, job.until + 1))
+        if before_release is not None:
+            before_release(mech.mechanism)
+        released = _released(spark, events, job, mech, domain_df, steps, opts)
+        rows = _write(spark, released, job)
+    finally:
+        parsed.unpersist()
+        if checked is not None:
+            checked.unpersist()
+        mech.close()
+    return {
+        "mechanism": job.name,
+        "steps": len(steps),
+        "last_t": job.until,
+        "events": n_events,
+        "skipped": skipped,
+        "rows": rows,
+        "elapsed_s": time.monotonic() - started,
+        "privacy": mech.privacy,
+        "output": job.out,
+    }
+
+
+def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFrame:
+    """The input's lines parsed as the local engine parses them (cached)."""
+    clock = None
+    if opts.get("time_field") is not None:
+        from ..clock import StepClock
+
+        clock = StepClock.parse(opts["start"], opts["step"])
+    implicit = bool(opts.get("implicit_time"))
+    if implicit and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    return read_events_jsonl(
+        spark,
+        job.inp,
+        time_field=opts.get("time_field"),
+        clock=clock,
+        implicit=implicit,
+        user_field=job.user_field,
+    ).cache()
+
+
+def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
+    """The Spark run's settings, each refused when the Spark engine does not run it."""
     name = opts.get("mechanism", "known")
     if name not in ("known", "unknown"):
         raise DPStreamError(
@@ -226,30 +226,57 @@ def run_cli(
         raise ValueError("--engine spark needs --input PATH (a file or directory, not stdin)")
     if not out or out == "-":
         raise ValueError("--engine spark needs --output PATH (a directory it creates)")
-    fmt = _option(opts, "output_format", "auto")
+    fmt = _output_format(_option(opts, "output_format", "auto"), str(out))
+    if key is None:
+        if not opts.get("key_file"):
+            raise ValueError("no key: pass --key-file PATH")
+        key = NoiseKey.load(opts["key_file"])
+    horizon = opts.get("horizon")  # None: no planned end (-m unknown and -m known)
+    if horizon is None and opts.get("until") is None:
+        raise ValueError(
+            "without --horizon (a stream with no planned end) a run needs --until N, "
+            "the last step to release"
+        )
+    until = int(_option(opts, "until", horizon))
+    if not 1 <= until <= (MAX_BLT_HORIZON if horizon is None else horizon):
+        raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
+    return _Job(
+        name=name,
+        policy=policy,
+        inp=str(inp),
+        out=str(out),
+        fmt=fmt,
+        key=key,
+        horizon=None if horizon is None else int(horizon),
+        until=until,
+        verbose=bool(opts.get("verbose_errors")),
+        user_field=opts.get("user_field"),
+        common=_common(opts, name, key, str(inp)),
+    )
+
+
+def _output_format(fmt: str, out: str) -> str:
+    """``--output-format`` on Spark: a long table (jsonl-long, csv or parquet)."""
     if fmt == "auto":
         fmt = (
             "csv"
-            if str(out).endswith(".csv")
+            if out.endswith(".csv")
             else "parquet"
-            if str(out).endswith(".parquet")
+            if out.endswith(".parquet")
             else "jsonl-long"
         )
     if fmt == "jsonl":  # one step of a large domain does not fit a line: rows instead
         fmt = "jsonl-long"
     if fmt not in ("jsonl-long", "csv", "parquet"):
         raise ValueError(f"--output-format must be jsonl-long, csv or parquet, got {fmt!r}")
-    if key is None:
-        if not opts.get("key_file"):
-            raise ValueError("no key: pass --key-file PATH")
-        key = NoiseKey.load(opts["key_file"])
-    horizon = opts.get("horizon")
-    if horizon is None:
-        raise ValueError("--horizon is required (T, the number of time steps)")
-    until = int(_option(opts, "until", horizon))
-    if not 1 <= until <= horizon:
-        raise ValueError(f"--until must be in 1..--horizon {horizon}, got {until}")
-    verbose = bool(opts.get("verbose_errors"))
+    return fmt
+
+
+def _common(opts: Mapping[str, Any], name: str, key: NoiseKey, inp: str) -> dict[str, Any]:
+    """The constructor arguments both Spark mechanisms take: the budget, the bounds, the
+    key, and the stream name scoped by the input settings (as the local engine's)."""
+    from ..run.settings import scoped_stream
+
     budget = {b: opts.get(b) for b in _BUDGET if opts.get(b) is not None}
     user_field = opts.get("user_field")
     users = {
@@ -259,8 +286,6 @@ def run_cli(
     }
     if (user_field is None) != (not users):
         raise ValueError("--user-field, --max-items-per-user and --max-count-per-item go together")
-    from ..run_settings import scoped_stream
-
     common: dict[str, Any] = dict(
         max_items=opts.get("max_items"),
         key=key,
@@ -272,21 +297,26 @@ def run_cli(
         **users,
         noise_version=int(opts.get("noise_version") or DEFAULT_NOISE_VERSION),
     )
-    if name == "unknown" and (opts.get("counter") != "tree" or opts.get("blt_buffers")):
-        # the local default is BLT, whose items joining late Spark does not draw: the same
-        # command line must give the same releases on both engines, so the tree is asked for
-        raise ValueError(
-            "--engine spark runs --mechanism unknown with the tree counter only: "
-            "pass --counter tree (the local engine's default for unknown domains "
-            "is the BLT counter, which --engine spark does not run yet)"
-        )
+    if opts.get("blt_buffers") is not None and opts.get("horizon") is None:
+        raise ValueError("--blt-buffers needs --horizon (T, the number of time steps)")
     if common["max_items"] is None and user_field is None:
         raise ValueError(f"--mechanism {name} needs --max-items")
+    return common
 
-    if spark is None:
-        spark = start_session(master)
-    domain_df = None
-    if name == "known":
+
+def _mechanism(
+    spark: SparkSession, opts: Mapping[str, Any], job: _Job
+) -> tuple[SparkKnownBase | SparkUnknownBase, DataFrame | None]:
+    """The Spark mechanism of the run, and the known domain as a frame (or None)."""
+    horizon = job.horizon
+    counter = (
+        opts.get("counter")
+        if horizon is None
+        else counter_with_buffers(
+            opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon
+        )
+    )
+    if job.name == "known":
         domain = opts.get("domain")
         if domain is None:
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
@@ -295,141 +325,134 @@ def run_cli(
             spark,
             horizon,
             domain=items,
-            counter=counter_with_buffers(
-                opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon
-            ),
-            **common,
+            counter=counter,
+            **job.common,
         )
-        domain_df = spark.createDataFrame([(it,) for it in items], "item string")
-    else:
-        if opts.get("domain") is not None:
-            raise ValueError("--domain does not apply to --mechanism unknown")
-        mech = SparkUnknownBase(
-            spark,
-            horizon,
-            remember=bool(opts.get("remember")),
-            threshold_delta=opts.get("threshold_delta"),
-            **common,
-        )
-
-    clock = None
-    if opts.get("time_field") is not None:
-        from ..clock import StepClock
-
-        clock = StepClock.parse(opts["start"], opts["step"])
-    implicit = bool(opts.get("implicit_time"))
-    if implicit and clock is not None:
-        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
-    parsed = read_events_jsonl(
+        return mech, spark.createDataFrame([(it,) for it in items], "item string")
+    if opts.get("domain") is not None:
+        raise ValueError("--domain does not apply to --mechanism unknown")
+    mech = SparkUnknownBase(
         spark,
-        inp,
-        time_field=opts.get("time_field"),
-        clock=clock,
-        implicit=implicit,
-        user_field=user_field,
-    ).cache()
-    checked = None
-    try:
-        facts = _first_row(
-            parsed.agg(
-                F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
-                F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
+        horizon,
+        remember=bool(opts.get("remember")),
+        threshold_delta=opts.get("threshold_delta"),
+        counter=counter,
+        **job.common,
+    )
+    return mech, None
+
+
+def _valid_events(
+    parsed: DataFrame, job: _Job, domain_df: DataFrame | None, mech: Any
+) -> tuple[DataFrame, DataFrame, int, int]:
+    """The valid events (t, items, pos, user), the cached frame they come from, and the
+    counts of events and of invalid records skipped; with ``--on-invalid error``, the
+    first invalid record stops the job before anything is written."""
+    facts = _first_row(
+        parsed.agg(
+            F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
+            F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
+        )
+    )
+    skipped = 0
+    if facts["first_bad"] is not None:
+        if job.policy == "error":
+            bad = _first_row(parsed.where(F.col("pos") == facts["first_bad"]))
+            why = bad["error"] if job.verbose else "not a valid event (--verbose-errors shows why)"
+            raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
+        skipped += parsed.where(F.col("error") != "").count()
+    n_events = int(facts["events"])
+    events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
+    events, invalid = _invalid_rule(events, job, domain_df)
+    checked = events.withColumn("_invalid", invalid).cache()
+    n_invalid = checked.where(F.col("_invalid")).count()
+    if n_invalid and job.policy == "error":
+        checked.unpersist()
+        raise InvalidEventError(
+            f"the input has {n_invalid} events past the end step --until {job.until}"
+            if job.until < mech.horizon
+            else f"the input reaches a time step past the horizon T={mech.horizon}"
+        )
+    skipped += n_invalid
+    n_events -= n_invalid
+    valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
+    return valid, checked, n_events, skipped
+
+
+def _invalid_rule(events: DataFrame, job: _Job, domain_df: DataFrame | None) -> tuple[Any, Any]:
+    """The events (flagged ``_outside`` when an item is outside the known domain) and the
+    column that marks an invalid one: the local engine's checks, as a filter."""
+    invalid = F.col("t") > job.until
+    max_items = job.common["max_items"]
+    if job.policy == "skip":  # the local engine's checks, as a filter instead of a failure
+        if max_items is not None:
+            invalid = invalid | (F.size(F.array_distinct("items")) > max_items)
+        invalid = invalid | F.exists("items", lambda x: x.isNull())
+    if job.policy == "skip" and domain_df is not None:
+        in_domain = F.broadcast(
+            domain_df.select(F.col("item").alias("_item"), F.lit(True).alias("_known"))
+        )
+        exploded = events.withColumn("_id", F.monotonically_increasing_id()).withColumn(
+            "_item", F.explode_outer("items")
+        )
+        flagged = (
+            exploded.join(in_domain, "_item", "left")
+            .groupBy("_id", "t")
+            .agg(
+                F.first("items").alias("items"),
+                F.first("pos").alias("pos"),
+                F.first("user").alias("user"),
+                F.max(
+                    F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1).otherwise(0)
+                ).alias("_outside"),
             )
         )
-        skipped = 0
-        if facts["first_bad"] is not None:
-            if policy == "error":
-                bad = _first_row(parsed.where(F.col("pos") == facts["first_bad"]))
-                why = bad["error"] if verbose else "not a valid event (--verbose-errors shows why)"
-                raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
-            skipped += parsed.where(F.col("error") != "").count()
-        n_events = int(facts["events"])
-        events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
-        invalid = F.col("t") > until
-        if policy == "skip":  # the local engine's checks, as a filter instead of a failure
-            if common["max_items"] is not None:
-                invalid = invalid | (F.size(F.array_distinct("items")) > common["max_items"])
-            invalid = invalid | F.exists("items", lambda x: x.isNull())
-        if policy == "skip" and domain_df is not None:
-            in_domain = F.broadcast(
-                domain_df.select(F.col("item").alias("_item"), F.lit(True).alias("_known"))
-            )
-            exploded = events.withColumn("_id", F.monotonically_increasing_id()).withColumn(
-                "_item", F.explode_outer("items")
-            )
-            flagged = (
-                exploded.join(in_domain, "_item", "left")
-                .groupBy("_id", "t")
-                .agg(
-                    F.first("items").alias("items"),
-                    F.first("pos").alias("pos"),
-                    F.first("user").alias("user"),
-                    F.max(
-                        F.when(F.col("_item").isNotNull() & F.col("_known").isNull(), 1).otherwise(
-                            0
-                        )
-                    ).alias("_outside"),
-                )
-            )
-            events = flagged.select(
-                "t", "items", "pos", "user", (F.col("_outside") == 1).alias("_outside")
-            )
-            invalid = invalid | F.col("_outside")
-        checked = events.withColumn("_invalid", invalid).cache()
-        n_invalid = checked.where(F.col("_invalid")).count()
-        if n_invalid and policy == "error":
-            raise InvalidEventError(
-                f"the input has {n_invalid} events past the end step --until {until}"
-                if until < horizon
-                else f"the input reaches a time step past the horizon T={mech.horizon}"
-            )
-        skipped += n_invalid
-        n_events -= n_invalid
-        events = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
-        last_t = until
-        steps = list(range(1, until + 1))
-        if before_release is not None:
-            before_release(mech.mechanism)
-        # user level: each user's first contributions in input order (the local engine's)
-        per_user = {"user_col": "user", "order_col": "pos"} if user_field is not None else {}
-        if isinstance(mech, SparkKnownBase):
-            if domain_df is None:  # pragma: no cover - made with the known mechanism above
-                raise RuntimeError("the known mechanism has no domain frame")
-            released = mech.run(events, domain_df, steps=steps, **per_user)
-        else:
-            released = mech.run(events, steps=steps, **per_user)
-        if opts.get("round"):
-            released = released.withColumn("value", F.bround("value", 0).cast("long"))
-        released = readable_counts(
-            released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
+        events = flagged.select(
+            "t", "items", "pos", "user", (F.col("_outside") == 1).alias("_outside")
         )
-        released = _long_format(spark, released, mech, steps)
-        writer = released.write.mode("errorifexists")
-        if fmt == "jsonl-long":
-            writer.option("ignoreNullFields", False).json(out)
-        elif fmt == "csv":
-            writer.option("header", True).csv(out)
-        else:
-            writer.parquet(out)
-        rows = (
-            spark.read.format("json" if fmt == "jsonl-long" else fmt)
-            .option("header", fmt == "csv")
-            .load(out)
-            .count()
-        )
-    finally:
-        parsed.unpersist()
-        if checked is not None:
-            checked.unpersist()
-        mech.close()
-    return {
-        "mechanism": name,
-        "steps": len(steps),
-        "last_t": last_t,
-        "events": n_events,
-        "skipped": skipped,
-        "rows": rows,
-        "elapsed_s": time.monotonic() - started,
-        "privacy": mech.privacy,
-        "output": out,
-    }
+        invalid = invalid | F.col("_outside")
+    return events, invalid
+
+
+def _released(
+    spark: SparkSession,
+    events: DataFrame,
+    job: _Job,
+    mech: SparkKnownBase | SparkUnknownBase,
+    domain_df: DataFrame | None,
+    steps: list[int],
+    opts: Mapping[str, Any],
+) -> DataFrame:
+    """Every step's release as the local engine's long table, post-processed."""
+    # user level: each user's first contributions in input order (the local engine's)
+    per_user = {"user_col": "user", "order_col": "pos"} if job.user_field is not None else {}
+    if isinstance(mech, SparkKnownBase):
+        if domain_df is None:  # pragma: no cover - made with the known mechanism above
+            raise RuntimeError("the known mechanism has no domain frame")
+        released = mech.run(events, domain_df, steps=steps, **per_user)
+    else:
+        released = mech.run(events, steps=steps, **per_user)
+    if opts.get("round"):
+        released = released.withColumn("value", F.bround("value", 0).cast("long"))
+    released = readable_counts(
+        released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
+    )
+    return _long_format(spark, released, mech, steps)
+
+
+def _write(spark: SparkSession, released: DataFrame, job: _Job) -> int:
+    """Write the releases (a directory of part files); returns the rows written."""
+    fmt, out = job.fmt, job.out
+    writer = released.write.mode("errorifexists")
+    if fmt == "jsonl-long":
+        writer.option("ignoreNullFields", False).json(out)
+    elif fmt == "csv":
+        writer.option("header", True).csv(out)
+    else:
+        writer.parquet(out)
+    return int(
+        spark.read.format("json" if fmt == "jsonl-long" else fmt)
+        .option("header", fmt == "csv")
+        .load(out)
+        .count()
+    )

@@ -20,13 +20,13 @@ int64 + float64 addition.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from ..factorization import BLTStrategy
-from ..mechanisms.blt_noise import BLTNoise
+from ..mechanisms.blt_noise import BLTNoise, join_purpose
 from ..mechanisms.counters import tree_base
 from ..mechanisms.tree_noise import TreeNoise
 from ..noise import NoiseKey, NoiseSource, PreparedItems
@@ -74,6 +74,10 @@ class ReleaseSpec:
             noisy count is above ``threshold_at(t)``, the local engine's
             ``UnknownDomainHistogram.threshold_at(t)``.
         remember: UnkBase only: an item released once stays released.
+        strategy: the BLT counter's factorization (``None``: the tree).
+        step_thresholds: UnkBase with a BLT counter: m_t by step t, for the steps
+            this spec releases (the BLT's m_t depends on t itself, not on a digit
+            sum; the local engine's ``threshold_at(t)``, computed on the driver).
     """
 
     mechanism: str
@@ -85,6 +89,7 @@ class ReleaseSpec:
     remember: bool = False
     strategy: BLTStrategy | None = None  # the BLT counter's factorization, if any
     thresholds: tuple[float, ...] = ()
+    step_thresholds: dict[int, float] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.mechanism not in (KNOWN, UNKNOWN):
@@ -96,7 +101,36 @@ class ReleaseSpec:
 
     def threshold_at(self, t: int) -> float:
         """UnkBase's m_t: the threshold of step t."""
+        if self.strategy is not None:
+            try:
+                return self.step_thresholds[t]
+            except KeyError:
+                raise ValueError(f"this spec has no threshold for step {t}") from None
         return self.thresholds[sum(digits(t, tree_base(self.base)))]
+
+    @property
+    def joins(self) -> bool:
+        """UnkBase with a BLT counter: an item's noise starts at the step it first has a
+        count (its state there drawn from its exact law, ``BLTNoise.join_items``)."""
+        return self.mechanism == UNKNOWN and self.strategy is not None
+
+    def joining_noise(self, source: NoiseSource, t: int) -> BLTNoise:
+        """An empty BLT noise at step t that items join (``joins``), as UnkBase's."""
+        if self.strategy is None:
+            raise ValueError("only a BLT counter has items that join")
+        join_source = NoiseSource(source.key, join_purpose(source.purpose))
+        noise = BLTNoise(source, self.strategy, self.cell_std, join_source=join_source)
+        if t:
+            noise.advance(t)
+        return noise
+
+    def join(self, noise: BLTNoise, items: Sequence[object]) -> None:
+        """Items first seen at ``noise.t`` join it (UnkBase's ``_commit``)."""
+        source, join_source = noise.source, noise.join_source
+        if join_source is None:  # pragma: no cover - made by joining_noise
+            raise ValueError("this BLT noise has no join source")
+        ids = source.item_ids(list(items))
+        noise.join_items(source.prepare_ids(ids), join_source.prepare_ids(ids))
 
     @property
     def levels(self) -> int:
@@ -287,7 +321,18 @@ def release_stream_batch(
             sums[:, rows] = noise_state(tn)
             noise[rows] = tn.noise()
         rows = np.flatnonzero(~old)
-        if len(rows):
+        if len(rows) and spec.joins:  # UnkBase's new items (count > 0) join at t
+            if with_state is False and prev_t > 0:
+                raise ValueError(
+                    "a BLT unknown-domain step needs the noise state of the last step "
+                    "(an item's noise depends on the step it joined)"
+                )
+            tn = spec.joining_noise(source, t)
+            spec.join(tn, pdf[item_col].iloc[rows].tolist())
+            words[rows] = tn.prepared.words
+            sums[:, rows] = noise_state(tn)
+            noise[rows] = tn.noise()
+        elif len(rows):
             tn = spec.tree_noise(source, pdf[item_col].iloc[rows].tolist())
             tn.advance(t)
             words[rows] = tn.prepared.words
@@ -396,6 +441,9 @@ def release_run_partition(
 
     source = NoiseSource(NoiseKey.from_bytes(key_bytes), spec.purpose)
     items = pd.Series(uniques, name=item_col)
+    if spec.joins:
+        yield from _joined_run(spec, source, items, steps_arr, owner, amount, bounds, chunk_rows)
+        return
     noise = spec.tree_noise(source, items.tolist())
     counts = np.zeros(n_items, dtype=np.int64)
     shown = np.zeros(n_items, dtype=bool)
@@ -419,6 +467,59 @@ def release_run_partition(
                 {
                     "t": np.full(len(out_values[a:b]), t, dtype=np.int64),
                     item_col: out_items.iloc[a:b].reset_index(drop=True),
+                    "value": out_values[a:b],
+                }
+            )
+
+
+def _joined_run(
+    spec: ReleaseSpec,
+    source: NoiseSource,
+    items: pd.Series,
+    steps: np.ndarray,
+    owner: np.ndarray,
+    amount: np.ndarray,
+    bounds: np.ndarray,
+    chunk_rows: int,
+) -> Iterator[pd.DataFrame]:
+    """``release_run_partition`` for UnkBase with a BLT counter: an item joins the
+    noise at the first release step at which it has a count (its increments are
+    sorted by release step, ``bounds`` delimiting each step's), as in the local
+    engine's ``UnknownDomainHistogram.release`` at exactly those steps: the steps
+    run for the items already in, then the new ones join (their state at t - 1
+    drawn from its law, then step t). Noise column j holds item ``order[j]``."""
+    n_items = len(items)
+    counts = np.zeros(n_items, dtype=np.int64)
+    joined = np.zeros(n_items, dtype=bool)
+    order = np.empty(n_items, dtype=np.int64)
+    shown = np.zeros(n_items, dtype=bool)
+    n = 0
+    noise = spec.joining_noise(source, 0)
+    for i, t in enumerate(steps.tolist()):
+        lo, hi = bounds[i], bounds[i + 1]
+        np.add.at(counts, owner[lo:hi], amount[lo:hi])
+        noise.advance(t)
+        fresh = np.unique(owner[lo:hi][amount[lo:hi] > 0])
+        fresh = fresh[~joined[fresh]]
+        if fresh.size:
+            spec.join(noise, items.iloc[fresh].tolist())
+            joined[fresh] = True
+            order[n : n + fresh.size] = fresh
+            n += fresh.size
+        cols = order[:n]
+        values = counts[cols] + noise.noise()
+        keep = values > spec.threshold_at(t)
+        if spec.remember:
+            shown[:n] |= keep
+            keep = shown[:n].copy()
+        idx = cols[keep]
+        out_items, out_values = items.iloc[idx].reset_index(drop=True), values[keep]
+        for a in range(0, len(out_values), chunk_rows):
+            b = a + chunk_rows
+            yield pd.DataFrame(
+                {
+                    "t": np.full(len(out_values[a:b]), t, dtype=np.int64),
+                    items.name: out_items.iloc[a:b].reset_index(drop=True),
                     "value": out_values[a:b],
                 }
             )

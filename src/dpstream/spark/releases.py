@@ -13,6 +13,7 @@ The key reaches the executors as a Spark broadcast of its 32 secret bytes
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -279,6 +280,10 @@ class _SparkRelease:
             )
         return self.user_bounds, user_col, order_col
 
+    def _spec_for(self, steps: Sequence[int]) -> ReleaseSpec:
+        """The executors' spec for releases at ``steps``."""
+        return self.spec
+
     # -- one step ----------------------------------------------------------------
     def _prepare_counts(self, counts: DataFrame, assume_unique: bool) -> DataFrame:
         item_col, count_col = self.item_col, self.count_col
@@ -356,7 +361,7 @@ class _SparkRelease:
             + [T.StructField(c, T.LongType(), False) for c in STATE_IDS]
             + [T.StructField(c, T.DoubleType(), False) for c in noise_cols]
         )
-        spec, key_bytes = self.spec, self._key_bytes
+        spec, key_bytes = self._spec_for([t]), self._key_bytes
 
         def run(batches):
             return release_stream_batch(
@@ -415,7 +420,7 @@ class _SparkRelease:
                 T.StructField("value", T.DoubleType(), False),
             ]
         )
-        spec, key_bytes = self.spec, self._key_bytes
+        spec, key_bytes = self._spec_for(steps), self._key_bytes
 
         def run(batches):
             return release_run_partition(
@@ -497,7 +502,7 @@ class SparkKnownBase(_SparkRelease):
     def __init__(
         self,
         spark: SparkSession,
-        horizon: int,
+        horizon: int | None,
         *,
         max_items: int | None = None,
         key: NoiseKey,
@@ -771,25 +776,32 @@ class SparkUnknownBase(_SparkRelease):
     Privacy (theorem after ``lem:badOutcomes``): (eps(Delta0/(2 tau^2), delta'),
     Delta0 delta + delta')-DP; ``.privacy`` states it.
 
-    The tree counter only (``counter="tree"``, the default here): releases equal
-    those of ``UnknownDomainHistogram(..., counter="tree")`` bit for bit. (The
-    local default, a BLT counter, draws the state of each item that joins late
-    at its join step; Spark does not run that yet.)
+    Counters as locally (``counter=None``: the local default, the BLT counter
+    for T >= 2 and for ``horizon=None``; ``"tree"``; ``"blt"``; a strategy):
+    releases equal those of ``UnknownDomainHistogram`` with the same arguments
+    bit for bit. With a BLT counter an item's noise starts at the first
+    release step at which it has a count: its state there is drawn from its
+    exact law under the local join purpose, keyed by (item, step), as the
+    local :meth:`~dpstream.mechanisms.blt_noise.BLTNoise.join_items` does (the
+    privacy argument is in :class:`~dpstream.UnknownDomainHistogram`). So
+    :meth:`run` equals the local engine releasing at exactly ``steps``, and a
+    streaming release the local engine releasing every step. A one-step
+    :meth:`release` from prefix counts alone cannot know when each item
+    joined, so it runs with the tree counter only.
 
     Args:
         spark: the SparkSession.
-        horizon, max_items, key, base, remember, rho | epsilon, delta | tau,
+        horizon, max_items, key, counter, base, remember, rho | epsilon, delta | tau,
             threshold_delta, stream, max_items_per_user, max_count_per_item,
-            noise_version: as for ``UnknownDomainHistogram`` (user level: see
-            :class:`SparkKnownBase`).
-        counter: ``"tree"`` or ``None`` (the tree); anything else is refused.
+            noise_version: as for ``UnknownDomainHistogram`` (``horizon=None``: no
+            planned end; user level: see :class:`SparkKnownBase`).
         item_col, count_col: the column names of the counts DataFrames.
     """
 
     def __init__(
         self,
         spark: SparkSession,
-        horizon: int,
+        horizon: int | None,
         *,
         max_items: int | None = None,
         key: NoiseKey,
@@ -806,20 +818,15 @@ class SparkUnknownBase(_SparkRelease):
         max_items_per_user: int | None = None,
         max_count_per_item: int | None = None,
         noise_version: int = DEFAULT_NOISE_VERSION,
-        counter: str | None = None,
+        counter: str | BLTStrategy | None = None,
     ) -> None:
         from ..mechanisms.unknown import UnknownDomainHistogram
 
-        if counter not in (None, "tree"):
-            raise ValueError(
-                f"SparkUnknownBase runs the tree counter only (counter='tree'), "
-                f"got counter={counter!r}"
-            )
         self.mechanism = UnknownDomainHistogram(
             horizon,
             max_items=max_items,
             key=key,
-            counter="tree",
+            counter=counter,
             base=base,
             remember=remember,
             rho=rho,
@@ -833,21 +840,35 @@ class SparkUnknownBase(_SparkRelease):
             noise_version=noise_version,
         )
         m = self.mechanism
-        # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers
-        thresholds = (float(m.threshold),) + tuple(
-            m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1)
-        )
+        if m.strategy is None:
+            # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers
+            thresholds = (float(m.threshold),) + tuple(
+                m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1)
+            )
+            cell_std = float(np.sqrt(m.levels) * m.tau)
+        else:  # a BLT: m_t by step, for the steps asked (_spec_for)
+            thresholds, cell_std = (float(m.threshold),), float(m.sigma)
         self.spec = ReleaseSpec(
             mechanism=UNKNOWN,
             horizon=m.horizon,
             base=m.base,
-            cell_std=float(np.sqrt(m.levels) * m.tau),
-            purpose=m.tree_purpose,
+            cell_std=cell_std,
+            purpose=m.noise_purpose,
             threshold=float(m.threshold),
             remember=m.remember,
+            strategy=m.strategy,
             thresholds=thresholds,
         )
         super().__init__(spark, key, item_col, count_col)
+
+    def _spec_for(self, steps: Sequence[int]) -> ReleaseSpec:
+        """The spec, with a BLT's m_t for ``steps`` (the local ``threshold_at``)."""
+        if self.spec.strategy is None:
+            return self.spec
+        m = self.mechanism
+        return dataclasses.replace(
+            self.spec, step_thresholds={int(t): float(m.threshold_at(int(t))) for t in steps}
+        )
 
     @property
     def threshold(self) -> float:
@@ -908,6 +929,13 @@ class SparkUnknownBase(_SparkRelease):
             )
         if shown_col is not None and not self.remember:
             raise ValueError("shown_col is only for remember=True")
+        if self.spec.joins:
+            raise ValueError(
+                "a one-step release from prefix counts runs the tree counter only "
+                "(counter='tree'): with the BLT counter an item's noise depends on "
+                "the step at which it first had a count, which the counts do not "
+                "say; use run() or dpstream.spark.start_stream"
+            )
         check_next_step(t, self.t, self.horizon)
         if shown_col is not None:
             stype = _column_type(counts, shown_col)

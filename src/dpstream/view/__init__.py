@@ -2,7 +2,7 @@
 
 Layer 6 of dpstream (an edge). It reads only what a run publishes: the JSON
 Lines releases file as it grows, and its metadata sidecar
-(``RELEASES.jsonl.meta.json``, :mod:`dpstream.runmeta`). It never opens the
+(``RELEASES.jsonl.meta.json``, :mod:`dpstream.run.meta`). It never opens the
 state, the key or the raw events, and imports nothing of the mechanisms.
 
 * :mod:`.follow` reads the complete lines appended to a file;

@@ -17,7 +17,7 @@ writes them). A complete line that is not a valid release is skipped and
 counted, never fatal.
 
 Everything here comes from the published files only: the releases file and
-its metadata sidecar (``dpstream.runmeta``), never the state, key or events.
+its metadata sidecar (``dpstream.run.meta``), never the state, key or events.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ..planning import Z95
-from ..runmeta import read_run_meta, sidecar_path
+from ..run.meta import read_run_meta, sidecar_path
 from .follow import MAX_LINE_BYTES, FileFollower, iter_lines
 
 __all__ = [

@@ -1,21 +1,24 @@
 """What a run's options mean before anything is read: the input format, the public clock,
 the noise's stream name, and the cause of an invalid record.
 
-Layer 6 of dpstream (the run's settings), shared by the batch run
-(:mod:`dpstream.run_command`), ``--follow`` (:mod:`dpstream.run_follow`), the
-operator's guard (:mod:`dpstream.run_guard`) and Spark
+Layer 6 of dpstream (the run's settings), shared by the run's config
+(:mod:`dpstream.run.config`), its stages (:mod:`dpstream.run.source`,
+:mod:`dpstream.run.follow`, :mod:`dpstream.run.validate`) and Spark
 (:mod:`dpstream.spark.command`), none of which import each other for these
 (docs/architecture.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 __all__ = [
     "PROCESSING_DEFAULTS",
     "auto_format",
     "clock_from_options",
+    "parse_share",
     "reason_key",
     "scoped_stream",
 ]
@@ -29,9 +32,9 @@ def auto_format(path: str, fmt: str) -> str:
     return "parquet" if path.endswith(".parquet") else "jsonl"
 
 
-def clock_from_options(opts: dict[str, Any]) -> Any:
+def clock_from_options(opts: Mapping[str, Any]) -> Any:
     """The public clock of --time-field/--step/--start, or None (steps given as integers)."""
-    from .clock import StepClock
+    from ..clock import StepClock
 
     given = [opts.get(k) is not None for k in ("time_field", "step", "start")]
     if not any(given):
@@ -82,7 +85,7 @@ PROCESSING_DEFAULTS = {
 }
 
 
-def scoped_stream(opts: dict[str, Any]) -> str:
+def scoped_stream(opts: Mapping[str, Any]) -> str:
     """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
     input settings that change which events a release counts (``--on-invalid``, the time
     mode and clock, the CSV columns, the user field) when they are not the defaults.
@@ -93,7 +96,7 @@ def scoped_stream(opts: dict[str, Any]) -> str:
     settings keep the plain name, so they equal the library's releases for that name
     (built with the run's noise version: ``noise_version=2`` for a new stream).
     """
-    from .mechanisms.base import config_tag
+    from ..mechanisms.base import config_tag
 
     settings = {k: opts.get(k, d) for k, d in PROCESSING_DEFAULTS.items() if opts.get(k, d) != d}
     if auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
@@ -107,3 +110,18 @@ def scoped_stream(opts: dict[str, Any]) -> str:
     if not settings:
         return str(opts["stream"])
     return f"{opts['stream']}~{config_tag(**settings)}"
+
+
+def parse_share(text: object) -> Fraction:
+    """``--max-invalid``: ``"0.05"`` or ``"5%"`` as an exact fraction in [0, 1]."""
+    s = str(text).strip()
+    try:
+        value = Fraction(s[:-1].strip()) / 100 if s.endswith("%") else Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"expected a share like 0.05 or 5%, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise ValueError(
+            f"expected a share from 0 to 1 (or 0% to 100%), got {text!r}; it "
+            "is a share of the input records, not a count"
+        )
+    return value

@@ -1,10 +1,10 @@
 """Where ``dpstream run`` writes: the output file, checked, resumed and never overwritten.
 
-Layer 6 of dpstream (an edge), used by :mod:`dpstream.run_command`: refusing
-an output that is another file or already holds releases, positioning a
+Layer 6 of dpstream (the output of the sink stage, :mod:`dpstream.run.sink`):
+refusing an output that is another file or already holds releases, positioning a
 resumed output where its last step on record begins (after checking every
-byte the state vouches for), closing it without hiding an error, and the
-free post-processing of what is written (``--top``, ``--min-value``).
+byte the state vouches for), closing it without hiding an error, and the formatter
+of its releases (:func:`release_formatter`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from .errors import StateError
-from .mechanisms.base import take_items
+from ..errors import StateError
+
+if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
+    from .config import RunConfig
 
 __all__ = [
     "Resume",
@@ -27,29 +30,9 @@ __all__ = [
     "holds_release",
     "long_layout_without_step_start",
     "open_output",
-    "postprocess",
+    "release_formatter",
     "same_file",
 ]
-
-
-def postprocess(release: Any, opts: dict[str, Any]) -> Any:
-    """``--top N`` and ``--min-value V``: keep part of a release (post-processing: free)."""
-    import numpy as np
-
-    from .mechanisms.base import Release
-
-    top, floor = opts.get("top"), opts.get("min_value")
-    if top is None and floor is None:
-        return release
-    values = np.asarray(release.values)
-    keep = np.ones(len(values), dtype=bool) if floor is None else values >= floor
-    idx = np.flatnonzero(keep)
-    if top is not None and len(idx) > top:
-        order = np.lexsort((idx, -values[idx]))  # largest first; ties in release order
-        idx = np.sort(idx[order[:top]])
-    return Release(
-        t=release.t, items=take_items(release.items, idx), values=values[idx], meta=release.meta
-    )
 
 
 class ParquetFormatter:
@@ -191,33 +174,33 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_paths(opts: dict[str, Any], config: str | None) -> None:
+def check_paths(cfg: RunConfig) -> None:
     """Refuse, before opening anything, an output, state or ledger file that is another file.
 
     Writing the releases over the input, the key, the domain, the config, the
     state or the ledger file would destroy it (and a key overwritten with releases is
     lost for good).
     """
-    output, state = opts["output"], opts["state"]
-    if opts["engine"] == "local" and output != "-" and str(output).endswith(".gz"):
+    output, state = cfg.output, cfg.state
+    if cfg.engine == "local" and output != "-" and str(output).endswith(".gz"):
         raise ValueError(
             f"--output {output!r}: compressed output is not supported (a resumed "
             "run truncates the output to its last committed step); write an "
             "uncompressed file and compress it once the run has finished"
         )
-    domain = opts.get("domain")
+    domain = cfg.domain
     others = [
-        ("--input", opts["input"] if opts["input"] != "-" else None),
-        ("--key-file", opts["key_file"]),
+        ("--input", cfg.input if cfg.input != "-" else None),
+        ("--key-file", cfg.key_file),
         ("--domain", domain if isinstance(domain, str) else None),
-        ("--config", config),
+        ("--config", cfg.config_file),
     ]
-    from .ledger import ledger_path
+    from ..ledger import ledger_path
 
     targets = [
         ("--output", output if output != "-" else None),
         ("--state", state),
-        ("--ledger", ledger_path(opts)),
+        ("--ledger", ledger_path(cfg.options())),
     ]
     for n, (name, path) in enumerate(targets):
         if path is None:
@@ -245,18 +228,52 @@ def closing_quietly_on_error(fh: IO[bytes]) -> Any:
     return exit_
 
 
-def check_new_output(opts: dict[str, Any], header: bytes) -> None:
+def check_new_output(cfg: RunConfig, header: bytes) -> None:
     """Refuse to start a new run over an output that already holds releases (unless --force).
 
     Such a file is most likely the output of an earlier run of the same
     stream: starting again (with another stream name, say) would publish its
     steps a second time with fresh noise.
     """
-    path = opts["output"]
-    if path == "-" or opts["force"] or not holds_release(path, header):
+    path = cfg.output
+    if path == "-" or cfg.force or not holds_release(path, header):
         return
     hint = (
         "resume it with its --state file, or pass --force to overwrite it (a release "
         "already published from it still counts against the budget)"
     )
     raise StateError(f"output file {path!r} already holds releases: {hint}")
+
+
+def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, Any]:
+    """The release formatter (each release's meta with its step's ``noise_std``), and the
+    Parquet writer behind it (``--output-format parquet``) or None."""
+    from ..io import make_formatter
+    from .meta import NoiseStdFormatter
+
+    output_format = cfg.output_kind
+    clock = cfg.clock
+    step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
+    if (
+        step_start is not None
+        and cfg.state
+        and not cfg.force
+        and long_layout_without_step_start(cfg.output, output_format)
+    ):
+        step_start = None  # a stream begun without the column goes on without it
+    parquet = None
+    if output_format == "parquet":
+        if cfg.output == "-" or cfg.state:
+            raise ValueError(
+                "--output-format parquet needs --output FILE and no --state (a "
+                "Parquet file cannot be resumed): write jsonl or csv with --state"
+            )
+        if not cfg.force and os.path.exists(cfg.output):
+            raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
+        from ..io import ParquetWriter
+
+        parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start)
+        base_formatter: Any = ParquetFormatter(parquet)
+    else:
+        base_formatter = make_formatter(output_format, cfg.round, step_start)
+    return NoiseStdFormatter(base_formatter, mech), parquet

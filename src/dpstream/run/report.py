@@ -1,6 +1,6 @@
 """What a run tells its operator: a progress bar or log lines, and the summary.
 
-Layer 6 of dpstream (an edge), used by :mod:`dpstream.run_command`. Everything
+Layer 6 of dpstream (the report stage of :mod:`dpstream.run.pipeline`). Everything
 here goes to stderr through the ``dpstream.run`` logger (:mod:`dpstream.logs`)
 and counts raw events: as private as the input (never an item or a record).
 """
@@ -10,16 +10,39 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from .logs import log_fields
+from ..logs import log_fields
 
-__all__ = ["Progress", "log_summary"]
+if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
+    from .config import RunConfig
+
+__all__ = ["Progress", "RunStats", "log_summary"]
 
 _log = logging.getLogger("dpstream.run")
 
 
-def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
+@dataclass
+class RunStats:
+    """What a run did, for the summary."""
+
+    steps: int = 0
+    events: int = 0
+    truncated: int = 0
+    skipped: int = 0
+    occurrences: int = 0  # distinct items of the valid events, before truncation
+    dropped: int = 0  # of those, removed by --on-invalid truncate
+    reasons: Counter = field(default_factory=Counter)
+    last_items: int = 0
+    resumed_at: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def log_summary(stats: RunStats, mech: ContinualMechanism, cfg: RunConfig) -> None:
+    """The run's summary: steps, events, what was invalid, the privacy spent."""
     elapsed = time.monotonic() - stats.started
     rate = stats.events / elapsed if elapsed > 0 else float("inf")
     resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
@@ -36,10 +59,10 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
         ),
         f"  items released at the last step: {stats.last_items}",
         *_bounding_summary(mech),
-        *_truncation_lines(stats, opts),
+        *_truncation_lines(stats, cfg.on_invalid),
         f"  privacy spent: {mech.privacy.plain()}",
-        f"  output: {opts['output'] if opts['output'] != '-' else 'stdout'}"
-        + (f"; state: {opts['state']}" if opts["state"] else ""),
+        f"  output: {cfg.output if cfg.output != '-' else 'stdout'}"
+        + (f"; state: {cfg.state}" if cfg.state else ""),
     ]
     _log.info(
         "\n".join(lines),
@@ -57,13 +80,13 @@ def log_summary(stats: Any, mech: Any, opts: dict[str, Any]) -> None:
             dropped_occurrences=stats.dropped,
             items_released_last=stats.last_items,
             privacy=mech.privacy.to_dict(),
-            output=opts["output"],
-            state=opts["state"],
+            output=cfg.output,
+            state=cfg.state,
         ),
     )
 
 
-def _bounding_summary(mech: Any) -> list[str]:
+def _bounding_summary(mech: ContinualMechanism) -> list[str]:
     """The user bounds' effect, for the operator (not private: it counts users)."""
     users = getattr(mech, "_users", None)
     if users is None:
@@ -76,9 +99,9 @@ def _bounding_summary(mech: Any) -> list[str]:
     ]
 
 
-def _truncation_lines(stats: Any, opts: dict[str, Any]) -> list[str]:
+def _truncation_lines(stats: RunStats, on_invalid: str) -> list[str]:
     """The share of item occurrences truncation dropped (for the operator, never published)."""
-    if not stats.occurrences or opts.get("on_invalid") != "truncate":
+    if not stats.occurrences or on_invalid != "truncate":
         return []
     share = stats.dropped / stats.occurrences
     line = (

@@ -1,6 +1,7 @@
 """The operator's guard of ``dpstream run``: refuse an input that is mostly invalid.
 
-Layer 6 of dpstream (an edge), used by :mod:`dpstream.run_command`. A typo in
+Layer 6 of dpstream (part of the validate-and-bound stage of a run, called by
+the source stage, :mod:`dpstream.run.source`). A typo in
 the options (``--time-field`` naming a field no event has, ``--step`` read in
 the wrong unit, another ``--domain``) makes nearly every record invalid; with
 ``--on-invalid skip`` the run would drop them all and publish empty steps, spending
@@ -24,35 +25,23 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import DPStreamError
+from ..errors import DPStreamError
+from .settings import parse_share, reason_key
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 _INT64_MAX = (1 << 63) - 1
 
-__all__ = ["InvalidTally", "TooManyInvalidError", "parse_share", "check_invalid_share"]
+__all__ = ["InvalidTally", "TooManyInvalidError", "check_invalid_share"]
 
 
 class TooManyInvalidError(DPStreamError):
     """More than ``--max-invalid`` of a run's input records are invalid: nothing written."""
-
-
-def parse_share(text: object) -> Fraction:
-    """``--max-invalid``: ``"0.05"`` or ``"5%"`` as an exact fraction in [0, 1]."""
-    s = str(text).strip()
-    try:
-        value = Fraction(s[:-1].strip()) / 100 if s.endswith("%") else Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"expected a share like 0.05 or 5%, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise ValueError(
-            f"expected a share from 0 to 1 (or 0% to 100%), got {text!r}; it "
-            "is a share of the input records, not a count"
-        )
-    return value
 
 
 @dataclass
@@ -84,13 +73,13 @@ class InvalidTally:
         horizon: int,
         steps: np.ndarray | None = None,
     ) -> None:
-        """Count one chunk's records (:class:`dpstream.ingest.Chunk`) as the run will:
+        """Count one chunk's records (:class:`dpstream.io.chunks.Chunk`) as the run will:
         ``start`` the step an earlier run released up to (its records are ``late``),
         ``limit`` the last step this run releases (``--until``: the records of steps
         after it, up to the horizon, are a later run's, counted apart in ``later``),
         ``steps`` each record's step when it is not the record's own
         (``--implicit-time``: its place in the input)."""
-        from .mechanisms.columns import distinct_in_events
+        from ..mechanisms.columns import distinct_in_events
 
         n = len(chunk)
         self.records += n
@@ -137,8 +126,6 @@ class InvalidTally:
 
 def _cause(message: str) -> str:
     """The cause of a reader's message (a finer key than the summary's reasons)."""
-    from .run_settings import reason_key
-
     if "(--time-field)" in message:
         return "no time field"
     if "needs a time step" in message:
@@ -146,52 +133,53 @@ def _cause(message: str) -> str:
     return reason_key(message)
 
 
-def _phrase(cause: str, opts: dict[str, Any], clock: Any) -> str:
+def _phrase(cause: str, cfg: RunConfig) -> str:
     """What the records of ``cause`` have wrong, for the message."""
-    if cause == "past" and opts.get("horizon") is None:
+    clock = cfg.clock
+    if cause == "past" and cfg.horizon is None:
         return "are for steps past 2^40, the step limit of a stream with no planned end"
-    horizon = int(opts["horizon"]) if opts.get("horizon") is not None else 0
+    horizon = int(cfg.horizon) if cfg.horizon is not None else 0
     if cause == "past":
         where = f" (the clock ends at {clock.iso(clock.end_of(horizon))})" if clock else ""
         return f"are for steps past the horizon --horizon {horizon}{where}: check " + (
             "--start, --step and --horizon (or --end)" if clock else "--horizon"
         )
     return {
-        "no time field": f"lack the time field {opts.get('time_field')!r} (--time-field)",
+        "no time field": f"lack the time field {cfg.time_field!r} (--time-field)",
         "timestamp": "have a timestamp that is not ISO-8601 or epoch seconds",
-        "before --start": f"are before --start {opts.get('start')}",
+        "before --start": f"are before --start {cfg.start}",
         "no t": 'lack a time step "t" (timestamps need --time-field, --start and --step)',
         "late event": "are for steps an earlier run already released (late events)",
         "not in the domain": "hold an item outside --domain",
-        "more than --max-items": f"hold more than --max-items {opts.get('max_items')} items",
-        "user id": f"lack a user id {opts.get('user_field')!r} (--user-field)",
+        "more than --max-items": f"hold more than --max-items {cfg.max_items} items",
+        "user id": f"lack a user id {cfg.user_field!r} (--user-field)",
         "not valid JSON": "are not valid JSON",
         "not valid UTF-8": "are not valid UTF-8",
         "time order": "are out of time order",
     }.get(cause, "are malformed")
 
 
-def check_invalid_share(tally: InvalidTally, opts: dict[str, Any], *, clock: Any = None) -> None:
+def check_invalid_share(tally: InvalidTally, cfg: RunConfig) -> None:
     """Raise :class:`TooManyInvalidError`, with the count of each cause, when more than
     ``--max-invalid`` of the records counted are invalid (the records of steps after
     ``--until``, a later run's, are not counted)."""
-    share = parse_share(opts.get("max_invalid") or "0.05")
+    share = parse_share(cfg.max_invalid or "0.05")
     bad, total = tally.invalid, tally.records
     if total == 0 or bad <= share * total:
         return
     causes = "; ".join(
-        f"{n:,} of {total:,} records ({_percent(n, total)}) {_phrase(cause, opts, clock)}"
+        f"{n:,} of {total:,} records ({_percent(n, total)}) {_phrase(cause, cfg)}"
         for cause, n in sorted(tally.causes.items(), key=lambda kv: -kv[1])
     )
     later = (
-        f" ({tally.later:,} more are for steps after --until {opts.get('until')}: a later "
+        f" ({tally.later:,} more are for steps after --until {cfg.until}: a later "
         "run's, not counted)"
         if tally.later
         else ""
     )
     raise TooManyInvalidError(
         f"{bad:,} of {total:,} input records ({_percent(bad, total)}) are invalid, more than "
-        f"--max-invalid {opts.get('max_invalid')} allows{later}: {causes}. Nothing was written (no "
+        f"--max-invalid {cfg.max_invalid} allows{later}: {causes}. Nothing was written (no "
         "release, no metadata file; the state is as it was): correct the options or the "
         "input, or raise --max-invalid to release the valid events only"
     )

@@ -33,10 +33,10 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._crashpoints import write as crash_write
+from .._crashpoints import write as crash_write
 
 if TYPE_CHECKING:
-    from .mechanisms.protocol import ContinualMechanism
+    from ..mechanisms.protocol import ContinualMechanism
 
 __all__ = [
     "SIDECAR_SUFFIX",
@@ -74,7 +74,9 @@ def noise_std_at(mech: ContinualMechanism, t: int) -> float:
     return float(mech.noise_std_worst)
 
 
-def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> dict[str, Any]:
+def describe_run(
+    mech: ContinualMechanism, *, name: str, base_given: bool, rounded: bool
+) -> dict[str, Any]:
     """The sidecar's content for a run of ``mech`` (``--mechanism name``).
 
     The fields of :func:`dpstream.planning.describe` (mechanism, algorithm,
@@ -83,8 +85,8 @@ def describe_run(mech: Any, *, name: str, base_given: bool, rounded: bool) -> di
     rounded, whether ``noise_std`` is per step, the 95% z-value and the
     dpstream version.
     """
-    from ._version import __version__
-    from .planning import Z95, describe
+    from .._version import __version__
+    from ..planning import Z95, describe
 
     info = describe(mech, name=name, base_given=base_given)
     info.update(
@@ -168,7 +170,7 @@ class NoiseStdFormatter:
     drop it, as they drop the rest of the meta.
     """
 
-    def __init__(self, formatter: Any, mech: Any) -> None:
+    def __init__(self, formatter: Any, mech: ContinualMechanism) -> None:
         self.formatter = formatter
         self.mech = mech
         self.name = formatter.name
@@ -177,7 +179,7 @@ class NoiseStdFormatter:
         return self.formatter.header()
 
     def format(self, release: Any) -> bytes:
-        from .mechanisms.base import Release
+        from ..mechanisms.base import Release
 
         std = noise_std_at(self.mech, int(release.t))
         if not math.isfinite(std):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import DPStreamError
+from ..errors import DPStreamError
 
 __all__ = [
     "SettingsError",
@@ -121,7 +121,7 @@ def _budget_problems(opts: Mapping[str, Any]) -> list[str]:
 
 def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
     """What ``--mechanism`` needs, and the options that do not apply to it."""
-    from .registry import _MECH_KWARGS, MECHANISMS, mechanism_class
+    from ..registry import _MECH_KWARGS, MECHANISMS, mechanism_class
 
     name = opts.get("mechanism", "known")
     spec = MECHANISMS[name]
@@ -228,19 +228,36 @@ UNBOUNDED_MECHANISMS = ("known", "unknown")
 
 
 def _horizon_problems(opts: Mapping[str, Any]) -> list[str]:
-    """--horizon may be left out (a stream with no planned end) for -m known and -m
-    unknown only, and not with the options that size a counter for T (the tree, a
-    chosen buffer count). ``top-k`` (SparseGumb's switches and quantiles are spread
-    over T) and ``meta`` (a tree) need it."""
+    """--horizon may be left out (a stream with no planned end) for -m known, -m
+    unknown and -m top-k with --max-items (the top-k of those histograms), and not
+    with the options that size a counter for T (the tree, a chosen buffer count).
+    SparseGumb (top-k with any number of items per event: its switches and
+    quantiles are spread over T) and ``meta`` (a tree) need it."""
     if opts.get("horizon") is not None:
         return []
     name = opts.get("mechanism", "known")
-    if name not in UNBOUNDED_MECHANISMS:
-        return [
-            f"--mechanism {name} needs --horizon (T, the number of time steps); only "
-            f"{' and '.join(UNBOUNDED_MECHANISMS)} run with no planned end"
-        ]
     problems = []
+    if name == "top-k":
+        if opts.get("max_items") is None:
+            return [
+                "--mechanism top-k without --horizon needs --max-items: with any number "
+                "of items per event top-k runs with switches, which spreads them over T "
+                "(--horizon); with at most --max-items items per event it is read off "
+                "the known- or unknown-domain histogram, whose noise holds for every t"
+            ]
+        given = [f"--{n}" for n in ("switches", "eta") if opts.get(n) not in (None, "auto")]
+        if given:
+            problems.append(
+                f"{' and '.join(given)}: settings of top-k with switches, which needs "
+                "--horizon; without --horizon the top-k is read off the known- or "
+                "unknown-domain histogram, which has no switches"
+            )
+    elif name not in UNBOUNDED_MECHANISMS:
+        return [
+            f"--mechanism {name} needs --horizon (T, the number of time steps): its "
+            f"tree is sized for T; only {', '.join(UNBOUNDED_MECHANISMS)} and top-k with "
+            "--max-items run with no planned end"
+        ]
     if opts.get("counter") == "tree" or opts.get("base") is not None:
         problems.append(
             "without --horizon (no planned end) the counter is the BLT: "

@@ -1,0 +1,463 @@
+"""``dpstream run``: read events, release every step of a public clock, checkpoint each step.
+
+Layer 6 of dpstream (the run command). :func:`cmd_run` builds the run's
+:class:`~dpstream.run.config.RunConfig`, resolves what the stream on record decides
+(:mod:`dpstream.run.record`), builds the mechanism and the stages, opens the input,
+the state, the release ledger and the output in the order that keeps every kill
+resumable, and hands them to :mod:`dpstream.run.pipeline` (docs/architecture.md).
+
+The release clock is public
+---------------------------
+Which steps a run releases never depends on the data: a run releases every
+step 1..T (``--horizon``), or 1..N with ``--until N`` (a public end step, for a
+stream that is still going: a later run with the same ``--state`` and a later
+``--until`` continues it). Steps in which no event happened are released like
+any other, including every step after the last event. Otherwise the number of
+output lines, or whether a last step exists, would tell whether one event was
+there (a neighbouring input would release one step fewer).
+
+With ``--on-invalid skip`` (the default) an invalid record (an oversized
+event, an item outside ``--domain``, a malformed line, a step past the end) is
+dropped and counted for the operator; the releases are the same as if it had
+never been in the input, so they still follow the public clock. With
+``--on-invalid error`` the run stops at the first invalid record: the steps
+written before it are complete and resumable, but publishing a halted run's
+output reveals where the bad record was. Messages never quote an item or a
+record's content unless ``--verbose-errors`` is given. A batch run counts its
+invalid records before its first release, and when more than ``--max-invalid``
+of them are invalid (a typo in ``--time-field`` or ``--step``) it writes nothing
+(:mod:`dpstream.run.guard`): the operator's decision on the raw data, like
+``--on-invalid error``.
+
+State and resume
+----------------
+With ``--state``, every step is recorded in the SQLite checkpoint
+(:mod:`dpstream.state`) *before* its release is written, with keyed digests of
+its input and of its release. A killed run resumes where it stopped and writes
+exactly what an uninterrupted run writes; a resumed run whose input changed in
+any step already written is refused (the same noise on other data would
+publish the difference of the true counts). Every step also goes into the
+release ledger (:mod:`dpstream.ledger`) before the state records it, so a
+state restored from a backup cannot release a step again from other input.
+Every run, with a state or without, also records its noise scope in the
+ledger before its first release, and a new run (a new state, or none) whose
+scope another run already released under is refused before anything is
+written: it would draw the same noise from other data (a deleted state, or a
+second run without one). A new run refuses an output file that already holds
+releases (``--force`` overrides both: the operator's word that the earlier
+release was never published).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+
+from ..ledger import LedgerError, ReleaseLedger
+from ..logs import setup_logging
+from ..registry import MECHANISMS, make_postprocessor
+from .config import RunConfig
+from .guard import TooManyInvalidError
+from .mechanism import build_run_mechanism, make_validator
+from .on_spark import run_on_spark
+from .options import domain_option
+from .output import (
+    Resume,
+    check_new_output,
+    check_paths,
+    closing_quietly_on_error,
+    open_output,
+    release_formatter,
+)
+from .pipeline import Stages, run_steps
+from .record import (
+    GoOn,
+    check_until,
+    domain_sha256,
+    go_on,
+    input_mac,
+    noise_version_of,
+    open_run,
+    recorded_tree_base,
+)
+from .report import RunStats, log_summary
+from .scope import new_run_scope, noise_scope, open_ledger
+from .sink import BatchStart, Sink
+from .source import check_finished, read_checked
+
+if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
+    from ..noise import NoiseKey
+    from ..state import Checkpoint, RunRecord, StateDigests
+    from .validate import Validator
+
+__all__ = ["cmd_run", "load_key"]
+
+_log = logging.getLogger("dpstream.run")
+
+
+def load_key(cfg: RunConfig) -> NoiseKey:
+    """The key of ``--key-file``, refused when other users may read it (unless overridden)."""
+    from ..noise import NoiseKey
+    from ..state import check_private_file
+
+    path = str(cfg.key_file)
+    if not cfg.allow_readable_key:
+        check_private_file(path, "key file", flag="--allow-readable-key")
+    return NoiseKey.load(path)
+
+
+@dataclass
+class _Built:
+    """What a run builds before it opens a file: the mechanism and the stages around it."""
+
+    mech: ContinualMechanism
+    publish: Any
+    formatter: Any
+    parquet: Any
+    validator: Validator
+    stats: RunStats
+    scope: str
+    domain_sha256: str | None
+    free_ledger: ReleaseLedger | None
+
+
+@dataclass
+class _Opened:
+    """The state of a run and what it says: the record resumed or the new run to record,
+    the release ledger, and where the stream goes on from."""
+
+    ckpt: Checkpoint | None = None
+    ledger: ReleaseLedger | None = None
+    new_run: dict[str, str] | None = None
+    allow: frozenset[str] = frozenset()  # a run id a kill left in the state
+    resume: Resume | None = None
+    go_on: GoOn | None = None
+    done: bool = False  # nothing to do: every step asked for is released already
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``dpstream run``: returns the exit status."""
+    cfg = RunConfig.from_args(args)
+    setup_logging(cfg.log_format, quiet=cfg.quiet)
+    until = cfg.last_step
+    check_paths(cfg)
+    key = load_key(cfg)
+    cfg = cfg.with_options(noise_version=noise_version_of(cfg.options()))
+    if cfg.engine == "spark":
+        return run_on_spark(cfg, key)
+    tree_base = recorded_tree_base(cfg)
+    if tree_base is not None:  # a tree stream goes on with the tree
+        cfg = cfg.with_options(base=tree_base)
+        _log.debug(
+            f"--mechanism unknown: going on with the tree counter (base {tree_base}) "
+            "of the stream on record; pass --counter blt only for a new stream"
+        )
+    built = _build(cfg, key)
+    from ..state import StateDigests
+
+    digests = StateDigests(key)
+    viewer = None
+    state_existed = bool(cfg.state) and os.path.exists(str(cfg.state))
+    with contextlib.ExitStack() as stack:
+        infile = _open_input(cfg, stack)  # before the output: a missing input truncates nothing
+        opened = _open_state(cfg, key, built, infile, until, digests, stack, state_existed)
+        if opened.done:
+            return 0
+        viewer = _release(cfg, key, built, opened, infile, until, digests, stack, state_existed)
+    log_summary(built.stats, built.mech, cfg)
+    if viewer is not None:
+        from ..view.command import after_run
+
+        after_run(viewer)
+    return 0
+
+
+def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
+    """The mechanism, its noise scope (checked in the ledger now when the run has no
+    state), the formatter and the validator: nothing opened yet but a Parquet file."""
+    domain = domain_option(cfg.options())
+    mech, stream = build_run_mechanism(cfg, key, domain)
+    scope = noise_scope(mech, stream)
+    free_ledger = None  # a run without a state: a new run, checked before anything (a
+    if not cfg.state:  # Parquet file) is made; its one line comes before its release
+        free_ledger = new_run_scope(cfg, key, scope, own="")[0]
+        free_ledger.close()
+    # readable counts (--clamp, --monotone): post-processing whose state (the values
+    # published so far) is replayed with the steps, or saved with the mechanism
+    publish = make_postprocessor(cfg.options())
+    formatter, parquet = release_formatter(cfg, mech)
+    if cfg.view and (cfg.output == "-" or cfg.output_kind != "jsonl"):
+        raise ValueError("--view needs --output FILE in JSON Lines (the page follows the file)")
+    stats = RunStats()
+    validator = make_validator(cfg, mech, domain, key, stream, stats)
+    # the domain lives on in the mechanism's compact table (the validator reads it); its
+    # list of str objects (~100 bytes an item) goes now
+    fingerprint = domain_sha256(domain)
+    del domain
+    return _Built(
+        mech=mech,
+        publish=publish,
+        formatter=formatter,
+        parquet=parquet,
+        validator=validator,
+        stats=stats,
+        scope=scope,
+        domain_sha256=fingerprint,
+        free_ledger=free_ledger,
+    )
+
+
+def _open_input(cfg: RunConfig, stack: contextlib.ExitStack) -> Any:
+    """The input, closed with the run (stdin itself is left open)."""
+    from ..io import open_input
+
+    infile = open_input(cfg.input)
+    if cfg.input != "-":
+        stack.callback(infile.close)
+    elif infile is not sys.stdin and isinstance(infile, io.TextIOWrapper):
+        # a decoding wrapper (always, when it is not stdin): leave stdin itself open
+        stack.callback(infile.detach)
+    return infile
+
+
+def _forget_new_state(cfg: RunConfig, ckpt: Checkpoint, state_existed: bool) -> None:
+    """Remove a state file this run made just now, when it is refused before a release."""
+    if not state_existed:
+        ckpt.close()
+        with contextlib.suppress(OSError):
+            os.unlink(str(cfg.state))
+
+
+def _open_state(
+    cfg: RunConfig,
+    key: NoiseKey,
+    built: _Built,
+    infile: Any,
+    until: int,
+    digests: StateDigests,
+    stack: contextlib.ExitStack,
+    state_existed: bool,
+) -> _Opened:
+    """Open ``--state`` and check this run against the run on record (and the ledger):
+    resume it, go on from its snapshot, or record a new run once the output is open."""
+    from ..state import Checkpoint
+
+    opened = _Opened()
+    if not cfg.state:
+        return opened
+    ckpt = opened.ckpt = Checkpoint(
+        cfg.state, fsync=cfg.fsync, allow_readable=cfg.allow_readable_state
+    )
+    stack.callback(ckpt.close)
+    record, opened.new_run = open_run(ckpt, cfg, built.mech, built.domain_sha256, key)
+    if record is not None and _nothing_to_do(cfg, ckpt, record, infile, until, digests):
+        opened.done = True
+        return opened
+    if record is not None:
+        opened.ledger = open_ledger(cfg, key, ckpt, record, scope=built.scope)
+        stack.callback(opened.ledger.close)
+        opened.go_on = go_on(ckpt, record, cfg, key, digests)
+        if opened.go_on is not None:
+            built.mech = built.formatter.mech = opened.go_on.mechanism
+            built.publish = opened.go_on.publish
+        if opened.go_on is None or not opened.go_on.continues:
+            opened.resume = Resume(last_t=record.last_t, begin=record.last_begin)
+        built.stats.resumed_at = record.last_t
+    if opened.new_run is not None:  # its ledger is opened once the run is recorded
+        try:
+            first, opened.allow = new_run_scope(cfg, key, built.scope, own=ckpt.run_id())
+        except LedgerError:
+            _forget_new_state(cfg, ckpt, state_existed)
+            raise
+        first.close()
+    if cfg.output == "-" and opened.resume is not None:
+        _log.info(
+            f"note: with --output - the release of step {opened.resume.last_t} "
+            "is printed again on resume (the same bytes); write to a file for "
+            "exactly-once output"
+        )
+    return opened
+
+
+def _nothing_to_do(
+    cfg: RunConfig,
+    ckpt: Checkpoint,
+    record: RunRecord,
+    infile: Any,
+    until: int,
+    digests: StateDigests,
+) -> bool:
+    """Whether the run on record has released every step this run asks for (logged)."""
+    if record.finished:
+        check_finished(record, infile, cfg)
+        _log.info(
+            f"the run in {cfg.state} finished at {record.finished} "
+            f"({record.steps} steps released); nothing to do: a step is never "
+            "released twice"
+        )
+        return True
+    if check_until(ckpt, record, until, cfg, digests):
+        _log.info(
+            f"the run in {cfg.state} has released every step up to "
+            f"--until {until} from this input already; nothing to do: a "
+            "step is never released twice"
+        )
+        return True
+    return False
+
+
+def _release(
+    cfg: RunConfig,
+    key: NoiseKey,
+    built: _Built,
+    opened: _Opened,
+    infile: Any,
+    until: int,
+    digests: StateDigests,
+    stack: contextlib.ExitStack,
+    state_existed: bool,
+) -> Any:
+    """Check the input and the output, write the sidecar, open the output, record a new
+    run, and run the pipeline. Returns the live view, or None."""
+    ckpt = opened.ckpt
+    if built.free_ledger is not None:  # checked again when its one line is appended
+        opened.ledger = built.free_ledger
+        opened.ledger.reopen()
+        stack.callback(opened.ledger.close)
+    if (opened.new_run is not None or ckpt is None) and built.parquet is None:
+        check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
+    chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if cfg.output != "-":  # the run's public metadata, before the output is touched
+        _write_sidecar(cfg, built.mech)
+    out = _open_out(cfg, built, opened, digests, stack)
+    viewer = None
+    if cfg.view:
+        from ..view.command import start_run_view
+
+        viewer = start_run_view(cfg.output)
+        stack.push(viewer.stop_on_error)
+    if ckpt is not None and opened.new_run is not None:  # recorded once the output is open
+        ckpt.start(**opened.new_run, replace=True)
+        opened.ledger = open_ledger(
+            cfg, key, ckpt, None, scope=built.scope, check_scope=not cfg.force, allow=opened.allow
+        )
+        stack.callback(opened.ledger.close)
+    start_t, start_offset = (
+        (opened.go_on.t, opened.go_on.offset) if opened.go_on is not None else (0, 0)
+    )
+    resume = opened.resume
+    sink = Sink(
+        out,
+        cfg,
+        ckpt=ckpt,
+        ledger=opened.ledger,
+        digests=digests,
+        resume=resume,
+        offset=resume.begin if resume is not None else start_offset,
+        **_batch(cfg, ckpt, resume, built.mech, digests),
+    )
+    stages = Stages(
+        mech=built.mech,
+        publish=built.publish,
+        formatter=built.formatter,
+        validator=built.validator,
+        sink=sink,
+        stats=built.stats,
+        public_meta=MECHANISMS[cfg.mechanism].public_meta,
+    )
+    run_steps(
+        infile, cfg, stages, until=until, start_t=start_t, chunks=chunks,
+        ledger=opened.ledger, digests=digests, key=key,
+    )  # fmt: skip
+    return viewer
+
+
+def _read_input(
+    cfg: RunConfig, built: _Built, opened: _Opened, infile: Any, until: int, state_existed: bool
+) -> list[Any] | None:
+    """A batch run that drops invalid records: its input, read and checked before a
+    release (--on-invalid error stops at the first invalid record anyway); else None."""
+    if cfg.follow or cfg.on_invalid == "error":
+        return None
+    start_t = opened.go_on.t if opened.go_on is not None else 0
+    try:
+        return read_checked(infile, cfg, validator=built.validator, start_t=start_t, until=until)
+    except TooManyInvalidError:
+        if opened.ckpt is not None:  # a state file made just now goes
+            _forget_new_state(cfg, opened.ckpt, state_existed)
+        raise
+
+
+def _write_sidecar(cfg: RunConfig, mech: ContinualMechanism) -> None:
+    """The run's public metadata beside its output (:mod:`dpstream.run.meta`)."""
+    from .meta import describe_run, write_run_meta
+
+    info = {
+        **describe_run(
+            mech, name=cfg.mechanism, base_given=cfg.base is not None, rounded=cfg.round
+        ),
+        "clamped": bool(cfg.clamp),
+        "monotone": bool(cfg.monotone),
+    }
+    if cfg.clock is not None:
+        info["clock"] = cfg.clock.describe(cfg.horizon)
+    write_run_meta(cfg.output, info)
+
+
+def _open_out(
+    cfg: RunConfig,
+    built: _Built,
+    opened: _Opened,
+    digests: StateDigests,
+    stack: contextlib.ExitStack,
+) -> IO[bytes]:
+    """The output, checked and positioned for a resumed run (Parquet: its writer, and a
+    byte sink that discards)."""
+    out: IO[bytes]
+    if built.parquet is not None:
+        out = open(os.devnull, "wb")  # noqa: SIM115 - closed below
+        stack.callback(built.parquet.close)
+    else:
+        out = open_output(
+            cfg.output,
+            opened.resume,
+            ckpt=opened.ckpt,
+            digests=digests,
+            header=built.formatter.header(),
+            go_on=opened.go_on,
+        )
+    if cfg.output != "-":
+        stack.push(closing_quietly_on_error(out))
+    return out
+
+
+def _batch(
+    cfg: RunConfig,
+    ckpt: Checkpoint | None,
+    resume: Resume | None,
+    mech: ContinualMechanism,
+    digests: StateDigests,
+) -> dict[str, Any]:
+    """This run's batch in the state: the run that stopped early (this one finishes it),
+    or a new one to record once the ledger has checked what it must."""
+    if ckpt is None:
+        return {}
+    batches = ckpt.batches()
+    if resume is not None and batches and batches[-1][4] is None:
+        return {"batch": batches[-1][0]}
+    from ..io import resolve_path
+
+    return {
+        "batch_start": BatchStart(
+            input=resolve_path(cfg.input),
+            input_mac=input_mac(cfg, digests),
+            first_t=mech.t + 1,
+        )
+    }

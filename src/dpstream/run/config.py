@@ -1,0 +1,259 @@
+"""The settings of one ``dpstream run`` (or ``plan``): a frozen :class:`RunConfig`, built
+and checked in one place from the flags, the TOML config file and the defaults.
+
+Layer 6 of dpstream (the run's configuration). :meth:`RunConfig.from_args` merges
+the three sources (:mod:`dpstream.run.options`), lets ``--end`` give the horizon,
+and checks every setting of the mechanism, the budget and the bounds at once
+(:mod:`dpstream.run.checks`: one :class:`~dpstream.run.checks.SettingsError` lists
+every problem, exit status 2), then, for ``run``, the public end step and the time
+mode (one ``ValueError``, exit status 1). ``run``, ``plan`` and the Spark command
+read the same object; the stages of a run (docs/architecture.md) take it instead of
+an options dict. What the stream on record decides (its noise version, its tree
+base) is resolved later, from the state and the output, into a copy
+(:func:`dataclasses.replace`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from .checks import check_settings
+from .options import (
+    MECH_OPTS,
+    PLAN_OPTS,
+    RUN_OPTS,
+    load_config,
+    merge_options,
+    resolve_horizon,
+)
+from .settings import auto_format, clock_from_options
+
+if TYPE_CHECKING:
+    from ..clock import StepClock
+
+__all__ = ["RunConfig", "end_problems", "horizon_limit", "last_step"]
+
+#: What a run without --key-file is told (a problem of the settings, listed with the rest).
+_NO_KEY = "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of ``dpstream run`` or ``plan``, by its option's ``dest`` name.
+
+    The fields are the options of :mod:`dpstream.run.options` (their defaults are the
+    table's, applied by :meth:`from_args`); ``command`` says which command's options
+    were merged (``plan`` has no run options, ``run`` no ``plan`` ones), ``config_file``
+    is ``--config``, and ``clock`` the public clock of --time-field/--step/--start
+    (``None``: integer steps), parsed once when a run's config is built.
+    """
+
+    command: str = "run"
+    config_file: str | None = None
+    # the mechanism and its budget
+    mechanism: str = "known"
+    horizon: int | None = None
+    domain: str | list[str] | None = None
+    max_items: int | None = None
+    user_field: str | None = None
+    max_items_per_user: int | None = None
+    max_count_per_item: int | None = None
+    k: int | None = None
+    switches: int | None = None
+    eta: float | str = "auto"
+    oneshot: str | None = None
+    kbar: int | None = None
+    counter: str | None = None
+    blt_buffers: int | None = None
+    base: int | None = None
+    remember: bool = True
+    threshold_delta: float | None = None
+    stream: str = "default"
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    tau: float | None = None
+    # the public clock
+    step: str | None = None
+    start: str | None = None
+    end: str | None = None
+    # input
+    key_file: str | None = None
+    noise_version: int | None = None
+    input: str = "-"
+    input_format: str = "auto"
+    item_column: str = "item"
+    event_column: str = "event"
+    time_column: str | None = None
+    implicit_time: bool = False
+    time_field: str | None = None
+    follow: bool = False
+    lateness: str | None = None
+    # output and its post-processing
+    output: str = "-"
+    output_format: str = "auto"
+    top: int | None = None
+    min_value: float | None = None
+    round: bool = True
+    clamp: bool = True
+    monotone: bool = False
+    # invalid records, the end step, state
+    on_invalid: str = "skip"
+    max_invalid: str = "0.05"
+    verbose_errors: bool = False
+    until: int | None = None
+    force: bool = False
+    allow_readable_key: bool = False
+    allow_readable_state: bool = False
+    state: str | None = None
+    ledger: str | None = None
+    fsync: bool = True
+    # reporting and engine
+    quiet: bool = False
+    log_format: str = "text"
+    progress_every: float = 10.0
+    engine: str = "local"
+    master: str = "local[*]"
+    view: bool = False
+    # plan only
+    domain_size: int | None = None
+    target_error: float | None = None
+    json: bool = False
+    explain: bool = False
+    # resolved when a run's config is built
+    clock: StepClock | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, command: str = "run") -> RunConfig:
+        """The config of ``dpstream run`` (or ``plan``) from its parsed flags: flags over
+        the ``--config`` TOML file over the defaults, every setting checked.
+
+        Raises:
+            SettingsError: every problem of the mechanism, budget and bounds settings
+                (and, for ``run``, a missing end step or key), listed at once.
+            ValueError: a bad config file; for ``run``, an end step past the horizon
+                or a time mode that would let the data move steps.
+        """
+        path = getattr(args, "config", None)
+        toml = load_config(path) if path else None
+        if command == "plan":  # a config written for `run` works: its run options are ignored
+            opts = merge_options(args, MECH_OPTS + PLAN_OPTS, toml, ignore=RUN_OPTS)
+        else:
+            opts = merge_options(args, MECH_OPTS + RUN_OPTS, toml)
+        resolve_horizon(opts)  # --end gives T
+        if command == "plan":
+            check_settings(opts)  # the same check as run's: a plan only for what a run accepts
+            return cls(command=command, config_file=path, **opts)
+        no_key = [] if opts["key_file"] is not None else [_NO_KEY]
+        check_settings(opts, extra=[*end_problems(opts), *no_key])
+        _check_time_mode(opts, last_step(opts))
+        return cls(command=command, config_file=path, clock=clock_from_options(opts), **opts)
+
+    @cached_property
+    def _options(self) -> Mapping[str, Any]:
+        dests = MECH_OPTS + (PLAN_OPTS if self.command == "plan" else RUN_OPTS)
+        return MappingProxyType({o.dest: getattr(self, o.dest) for o in dests})
+
+    def options(self) -> Mapping[str, Any]:
+        """The merged options as a read-only ``dest -> value`` mapping (the command's own
+        options only), for the functions that read options by name: the mechanism
+        registry, the settings check, the noise scope, the ledger's path."""
+        return self._options
+
+    def with_options(self, **changes: Any) -> RunConfig:
+        """A copy with some settings replaced (what the stream on record decides)."""
+        return replace(self, **changes)
+
+    @property
+    def last_step(self) -> int:
+        """The public end step of this run: ``--until``, or the horizon."""
+        return last_step(self.options())
+
+    @property
+    def horizon_limit(self) -> int:
+        """T, or the step limit 2^40 of a stream with no planned end."""
+        return horizon_limit(self.options())
+
+    @property
+    def input_kind(self) -> str:
+        """The input's format: ``jsonl`` or ``csv`` (``--input-format auto`` resolved)."""
+        return auto_format(self.input, self.input_format)
+
+    @property
+    def output_kind(self) -> str:
+        """The output's format (``--output-format auto`` resolved by the path's suffix)."""
+        return auto_format(self.output, self.output_format)
+
+    @property
+    def users(self) -> bool:
+        """Events carry user ids (user-level privacy)."""
+        return self.user_field is not None
+
+    def field_names(self) -> tuple[str, ...]:
+        """Every field, in order (for tests and tools)."""
+        return tuple(f.name for f in fields(self))
+
+
+def horizon_limit(opts: Mapping[str, Any]) -> int:
+    """T (--horizon), or the step limit 2^40 of a stream with no planned end (no
+    --horizon: -m known and -m unknown with the BLT fitted for every t)."""
+    from ..factorization import MAX_BLT_HORIZON
+
+    return MAX_BLT_HORIZON if opts.get("horizon") is None else int(opts["horizon"])
+
+
+def end_problems(opts: Mapping[str, Any]) -> list[str]:
+    """A run of a stream with no planned end (no --horizon) must end somewhere."""
+    if opts.get("horizon") is None and opts.get("until") is None and not opts.get("follow"):
+        return [
+            "without --horizon (a stream with no planned end) a run needs --until N, the "
+            "last time step it releases (a public end step; run again with the same "
+            "--state and a later --until to go on), or --follow"
+        ]
+    return []
+
+
+def last_step(opts: Mapping[str, Any]) -> int:
+    """The public end step of this run: ``--until``, or the horizon. A stream with no
+    planned end (no --horizon) has no default: --until, or --follow (which goes on
+    until stopped)."""
+    horizon = horizon_limit(opts)
+    until = opts.get("until")
+    problems = end_problems(opts)
+    if problems:
+        raise ValueError(problems[0])
+    if until is None:
+        return horizon
+    if until > horizon:
+        raise ValueError(f"--until {until} is past the horizon --horizon {horizon}")
+    return int(until)
+
+
+def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
+    """Refuse, before anything is opened, a time mode that would let the data move steps."""
+    clock = clock_from_options(opts)
+    fmt = auto_format(opts["input"], opts["input_format"])
+    if opts["implicit_time"] and clock is not None:
+        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    if fmt == "csv" and clock is None and opts.get("time_column") is None:
+        raise ValueError(
+            "CSV input needs its time steps: --time-column (integer steps) or "
+            "--time-field with --step and --start (timestamps)"
+        )
+    if opts["implicit_time"] and (until < horizon_limit(opts) or opts["follow"]):
+        raise ValueError(
+            "--implicit-time numbers the steps by line, so a stream that goes "
+            "on over several runs could count a line twice: give each event "
+            'its step ("t" or --time-field) to use --until or --follow'
+        )
+    if opts["output"] == "-" and (until < horizon_limit(opts) or opts["follow"]):
+        raise ValueError(
+            "a stream that goes on over several runs (--until, --follow) needs "
+            "--output FILE: the file is the record that stops a step from being "
+            "released twice"
+        )

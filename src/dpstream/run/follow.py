@@ -1,0 +1,191 @@
+"""``dpstream run --follow``: the source stage for a growing input, steps closed by the
+public clock.
+
+Layer 6 of dpstream (a stage of :mod:`dpstream.run.pipeline`). :func:`follow` yields
+what the pipeline does next, in order: a :class:`~dpstream.run.source.Due` step to
+release, or :class:`~dpstream.run.source.Rejected` records (invalid, late or past the
+end) for the validate stage to count. It decides *when* each step is released (the
+clock, and the reader having caught up), never what it holds; it counts what it reads
+in a :class:`~dpstream.run.source.ReadCount`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Generator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StateError
+from .source import Due, ReadCount, Rejected, SourceItem, past_message
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+
+__all__ = ["follow", "input_records_from"]
+
+
+def _utcnow() -> Any:
+    """The wall clock the follower reads (one seam, so tests can drive time)."""
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+_IDLE = object()  # the follower has read everything there is for now
+_EOF = object()  # the input has ended (stdin closed)
+_POLL = 0.2  # seconds between reads of an input that has no new line
+_LATE = "time step {} was already released (a late event)"
+
+
+def follow(
+    infile: Any,
+    cfg: RunConfig,
+    count: ReadCount,
+    *,
+    first_t: int,
+    until: int,
+    boundary: dict[int, int],
+) -> Generator[SourceItem, None, None]:
+    """``--follow``: read a growing input and yield each step when the clock says.
+
+    Step t is released once it is due on the public clock (its window has
+    ended, plus ``--lateness``) and the reader has caught up with the input:
+    a backlog is read to its end first, so which events make a step does not
+    depend on how fast they were read, nor on the order of the backlog. (A
+    step does not close when an event of a later step is read: one event put
+    early in a backlog would then make the events after it late, so its
+    presence would change other events' counts.) An event that arrives after
+    its step was released is late and goes to ``--on-invalid``. A resumed run
+    closes the steps on record at the input line each one closed at the first
+    time (``boundary``, from the state), so late events stay late and the replay
+    is exact. ``first_t``: the first step to release (the consumer releases every
+    :class:`Due` step before asking for the next item).
+    """
+    clock = cfg.clock
+    if clock is None:
+        raise ValueError("--follow needs the public clock: --time-field, --step and --start")
+    if cfg.input_kind != "jsonl":
+        raise ValueError("--follow reads JSON Lines input")
+    q: queue.Queue = queue.Queue(maxsize=10_000)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    thread = threading.Thread(
+        target=_reader, args=(infile, cfg, q, stop, errors), name="dpstream-follow", daemon=True
+    )
+    thread.start()
+    pending: dict[int, list[Any]] = {}
+    caught_up = ended = False
+    t = first_t
+    try:
+        while t <= until:
+            now = _utcnow()
+            if _ready(t, now, clock, boundary, count.last_line, caught_up, ended):
+                recs = pending.pop(t, [])
+                cut = boundary.get(t, count.last_line)
+                yield Due(t, [r for r in recs if r.line <= cut])
+                yield Rejected([r for r in recs if r.line > cut], _LATE.format(t))
+                t += 1
+                continue
+            wait = (clock.end_of(t) + clock.lateness - now).total_seconds()
+            if ended:
+                stop.wait(max(min(wait, 1.0), 0.01))
+                continue
+            try:
+                item = q.get(timeout=max(min(wait, _POLL), 0.01))
+            except queue.Empty:
+                continue
+            if item is _IDLE:
+                caught_up = True
+            elif item is _EOF:
+                ended = True
+                if errors:
+                    raise errors[0]
+            else:
+                rec = count.take(item)
+                caught_up = False
+                rejected = _held(rec, t, until, cfg.horizon_limit, pending)
+                if rejected is not None:
+                    yield rejected
+    finally:
+        stop.set()
+
+
+def _ready(
+    t: int,
+    now: Any,
+    clock: Any,
+    boundary: dict[int, int],
+    last_line: int,
+    caught_up: bool,
+    ended: bool,
+) -> bool:
+    """Whether step ``t`` closes now: a step on record where it closed the first time,
+    another when it is due on the clock and the reader has caught up."""
+    if t not in boundary:
+        return bool(clock.due(now) >= t and (caught_up or ended))
+    if caught_up and last_line < boundary[t]:
+        raise StateError(
+            f"the input ends at line {last_line}, but step {t} "
+            f"closed after line {boundary[t]} the first time: is it "
+            "the same input?"
+        )
+    return ended or last_line > boundary[t] or (caught_up and last_line == boundary[t])
+
+
+def _held(
+    rec: Any, t: int, until: int, horizon: int, pending: dict[int, list[Any]]
+) -> Rejected | None:
+    """A record read while step ``t`` is open: held for its step, or rejected (invalid,
+    late, or past the end step)."""
+    if rec.error is not None or rec.t is None:
+        return Rejected([rec], None)
+    if rec.t < t:
+        return Rejected([rec], _LATE.format(rec.t))
+    if rec.t > until:
+        return Rejected([rec], past_message(rec.t, until, horizon))
+    pending.setdefault(rec.t, []).append(rec)
+    return None
+
+
+def _reader(
+    infile: Any, cfg: RunConfig, q: queue.Queue, stop: threading.Event, errors: list
+) -> None:
+    """The reader thread: every record of the growing input onto ``q``, ``_IDLE`` when
+    it has read all there is for now, ``_EOF`` at the end (an error goes to ``errors``)."""
+    from ..io import guard_lines
+
+    def lines() -> Iterator[str]:
+        partial = ""
+        while not stop.is_set():
+            line = infile.readline()
+            if line == "":
+                if cfg.input == "-":
+                    return
+                q.put(_IDLE)
+                stop.wait(_POLL)
+                continue
+            partial += line
+            if partial.endswith("\n"):
+                yield partial
+                partial = ""
+
+    try:
+        for rec in input_records_from(guard_lines(lines(), cfg.input), cfg):
+            q.put(rec)
+    except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        errors.append(exc)
+    q.put(_EOF)
+
+
+def input_records_from(lines: Iterable[str], cfg: RunConfig) -> Iterator[Any]:
+    """The records of ``lines`` (JSON Lines), their steps from the public clock."""
+    from ..io import read_events
+
+    return read_events(
+        lines,
+        cfg.input_kind,
+        time_field=cfg.time_field,
+        clock=cfg.clock,
+        user_field=cfg.user_field,
+    )

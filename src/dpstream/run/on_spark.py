@@ -1,0 +1,54 @@
+"""``dpstream run --engine spark``: the run's config handed to the Spark command.
+
+Layer 6 of dpstream (an engine of a run). The job draws the local engine's noise, so
+it checks and records its noise scope in the release ledger as a local run without a
+state does, before it writes anything (:mod:`dpstream.run.scope`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..logs import log_fields
+from .scope import new_run_scope, noise_scope
+
+if TYPE_CHECKING:
+    from ..noise import NoiseKey
+    from .config import RunConfig
+
+__all__ = ["run_on_spark"]
+
+_log = logging.getLogger("dpstream.run")
+
+
+def run_on_spark(cfg: RunConfig, key: NoiseKey) -> int:
+    """Run ``cfg`` on Spark executors (the same releases) and log the summary."""
+    if cfg.view:
+        raise ValueError("--view works with --engine local only (for now)")
+    try:
+        from ..spark import run_cli
+    except ImportError as exc:
+        raise ValueError(
+            f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
+        ) from None
+
+    def claim(mech: Any) -> None:
+        ledger, _ = new_run_scope(cfg, key, noise_scope(mech, str(cfg.stream)), own="")
+        with ledger:
+            ledger.claim_scope()
+
+    summary = run_cli(
+        cfg.with_options(until=cfg.last_step), master=cfg.master, key=key, before_release=claim
+    )
+    _log.info(
+        f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
+        f"{summary['events']} events ({summary['skipped']} invalid skipped), "
+        f"{summary['rows']} rows -> {summary['output']}, "
+        f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy'].plain()}",
+        extra=log_fields(
+            **{k: v for k, v in summary.items() if k != "privacy"},
+            privacy=summary["privacy"].to_dict(),
+        ),
+    )
+    return 0

@@ -1,0 +1,188 @@
+"""The stages of ``dpstream run``, run in order for every step of the public clock.
+
+Layer 6 of dpstream (the run's pipeline). :func:`run_steps` takes the stages the
+command opened (:class:`Stages`) and, for each item of the source stage
+(:mod:`dpstream.run.source`, or :mod:`dpstream.run.follow`), runs them in order::
+
+    source -> validate and bound (validate) -> mechanism (step_batch)
+           -> post-process (publish) -> format -> sink (ledger, state, output)
+           -> report (progress)
+
+then releases every step left up to the end step (the release clock is public: a
+step with no event is released like any other) and ends the batch in the state.
+No stage calls back into another: each returns what the next one takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .follow import follow
+from .publish import public_release
+from .report import Progress, RunStats
+from .scope import ledger_precheck
+from .sink import Sink
+from .source import Due, ReadCount, SourceItem, batch_items, batch_steps
+
+if TYPE_CHECKING:
+    from ..ledger import ReleaseLedger
+    from ..mechanisms.protocol import ContinualMechanism
+    from ..noise import NoiseKey
+    from ..state import Checkpoint, StateDigests
+    from .config import RunConfig
+    from .validate import Validator
+
+__all__ = ["Stages", "run_steps"]
+
+
+@dataclass
+class Stages:
+    """What the command opened for the pipeline: the mechanism (and its readable-counts
+    post-processing ``publish``, in the state that goes with it), the formatter, the
+    validator, the sink, and the summary's counts."""
+
+    mech: ContinualMechanism
+    publish: Any
+    formatter: Any
+    validator: Validator
+    sink: Sink
+    stats: RunStats
+    public_meta: tuple[str, ...]
+
+    def release(self, t: int, records: Any, cfg: RunConfig, count: ReadCount) -> None:
+        """Step ``t`` through every stage after the source."""
+        from ..io.chunks import records_step
+        from ..mechanisms.columns import EventColumns
+
+        step = records if hasattr(records, "codes") else records_step(t, list(records))
+        events = self.validator.events(step)
+        mech = self.mech
+        batch = (
+            events.events()
+            if isinstance(events, EventColumns) and not mech.accepts_columns
+            else events
+        )
+        rel = public_release(mech.step_batch(batch), self.public_meta, self.publish, cfg)
+        line = self.formatter.format(rel)
+        self.stats.steps += 1
+        self.stats.events += len(events)
+        self.stats.last_items = len(rel.items)
+        self.sink.write(t, step, line, last_line=count.last_line)
+
+
+def run_steps(
+    infile: Any,
+    cfg: RunConfig,
+    stages: Stages,
+    *,
+    until: int,
+    start_t: int,
+    chunks: list[Any] | None,
+    ledger: ReleaseLedger | None,
+    digests: StateDigests,
+    key: NoiseKey,
+) -> None:
+    """Release every step start_t+1..until; replay (with digest checks) the steps already
+    on record. ``start_t``: the step an earlier run's saved mechanism stopped at.
+    ``chunks``: a batch run's input, already read (:func:`~dpstream.run.source.read_checked`).
+    ``ledger``: every step is checked against it and appended to it before the state
+    records it; when the state is behind it, a batch run checks the input of the steps it
+    holds before anything is written."""
+    sink, count = stages.sink, ReadCount()
+    if sink.resume is None and start_t == 0:
+        sink.write_header(stages.formatter.header())
+    resume_t = sink.resume_t
+    progress = Progress(until, enabled=not cfg.quiet, every=cfg.progress_every, start_t=resume_t)
+    with progress:
+        source = _open_source(
+            infile, cfg, stages, count, until=until, start_t=start_t, chunks=chunks,
+            ledger=ledger, digests=digests,
+        )  # fmt: skip
+        with contextlib.closing(source):
+            for item in source:
+                if isinstance(item, Due):
+                    stages.release(item.t, item.records, cfg, count)
+                    progress.update(item.t, stages.stats.events)
+                else:
+                    stages.validator.events(item.records, past=item.past)
+        for t in range(stages.mech.t + 1, until + 1):  # the public clock: every step to the end
+            stages.release(t, [], cfg, count)
+            progress.update(t, stages.stats.events)
+    stats = stages.stats
+    summary = {
+        "steps": stats.steps,
+        "events": stats.events,
+        "truncated": stats.truncated,
+        "skipped": stats.skipped,
+        "occurrences": stats.occurrences,
+        "dropped_occurrences": stats.dropped,
+        "last_t": int(stages.mech.t),
+        "input_records": count.records,
+    }
+    sink.end_batch(
+        until=until,
+        horizon=cfg.horizon_limit,
+        mech=stages.mech,
+        publish=stages.publish,
+        key=key,
+        summary=summary,
+    )
+
+
+def _open_source(
+    infile: Any,
+    cfg: RunConfig,
+    stages: Stages,
+    count: ReadCount,
+    *,
+    until: int,
+    start_t: int,
+    chunks: list[Any] | None,
+    ledger: ReleaseLedger | None,
+    digests: StateDigests,
+) -> Generator[SourceItem, None, None]:
+    """The source stage, and this run's batch recorded in the state once the ledger has
+    checked what it must (a batch run whose state is behind the ledger checks the input
+    of the steps the ledger holds first, before anything is written)."""
+    sink = stages.sink
+    resume_t = sink.resume_t
+    if cfg.follow:  # each step checked by the ledger as it is released
+        sink.begin_batch()
+        return follow(
+            infile,
+            cfg,
+            count,
+            first_t=stages.mech.t + 1,
+            until=until,
+            boundary=_boundaries(sink.ckpt, digests, start_t, resume_t),
+        )
+    steps = batch_steps(infile, cfg, count, chunks=chunks, start_t=start_t, until=until)
+    if ledger is not None and ledger.last_t > max(resume_t, start_t):
+        steps = ledger_precheck(
+            steps,
+            ledger,
+            digests,
+            cfg,
+            after=max(resume_t, start_t),
+            through=min(ledger.last_t, until),
+        )
+    sink.begin_batch()
+    return batch_items(steps, until=until, horizon=cfg.horizon_limit)
+
+
+def _boundaries(
+    ckpt: Checkpoint | None, digests: StateDigests, start_t: int, resume_t: int
+) -> dict[int, int]:
+    """The input line each step on record closed at (``--follow``: a resumed run closes
+    them there again)."""
+    if ckpt is None:
+        return {}
+    boundary = {}
+    for t in range(start_t + 1, resume_t + 1):
+        step = ckpt.step(t)
+        assert step is not None  # every step up to the last on record is on record
+        boundary[t] = step.input_line ^ digests.mask(t)
+    return boundary

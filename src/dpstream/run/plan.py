@@ -1,0 +1,138 @@
+"""``dpstream plan``: what a run of the same settings would release, before it spends a
+budget.
+
+Layer 6 of dpstream (the plan command). The settings are a
+:class:`~dpstream.run.config.RunConfig` built exactly as ``run`` builds its own (the
+same merge and the same check), so a plan is only printed for settings a run accepts;
+the numbers come from :mod:`dpstream.planning`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..registry import MECHANISMS, build_mechanism, mechanism_class, top_k_choice
+from .checks import mechanism_settings
+from .config import RunConfig
+from .options import domain_option
+
+__all__ = ["cmd_plan"]
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``dpstream plan``: print the plan (text, or JSON with ``--json``)."""
+    from .. import planning
+
+    cfg = RunConfig.from_args(args, command="plan")
+    info = plan_info(cfg)
+    if cfg.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(planning.format_plan(info))
+        if cfg.explain:
+            print(planning.explain(info))
+    return 0
+
+
+def _plan_domain(cfg: RunConfig) -> list[str] | None:
+    """``--domain``, or ``--domain-size`` placeholder items for a mechanism that takes one."""
+    domain = domain_option(cfg.options())
+    if (
+        domain is None
+        and cfg.domain_size is not None
+        and MECHANISMS[cfg.mechanism].domain != "none"
+    ):
+        domain = [f"item-{i}" for i in range(cfg.domain_size)]
+    return domain
+
+
+def _for_target(cfg: RunConfig, key: Any, domain: list[str] | None) -> tuple[Any, dict[str, Any]]:
+    """The mechanism whose worst-step 95% half-width is ``--target-error``, and the
+    options it was built from (tau found from the mechanism at tau = 1)."""
+    from .. import planning
+
+    opts, name = cfg.options(), cfg.mechanism
+    fixed = {**opts, "delta": None}
+    params = inspect.signature(mechanism_class(name)).parameters
+    if "threshold_delta" in params and opts["threshold_delta"] is None:
+        # the discovery threshold needs its delta; without --threshold-delta, half of
+        # --delta (the mechanism pays --max-items times it)
+        fixed["threshold_delta"] = opts["delta"] / (2 * (opts["max_items"] or 1))
+    with mechanism_settings():
+        unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
+    assert cfg.target_error is not None  # called for --target-error only
+    tau = planning.tau_for_target(cfg.target_error, planning.noise_std_worst(unit))
+    return build_mechanism(name, {**fixed, "tau": tau}, key, domain), fixed
+
+
+def plan_info(cfg: RunConfig) -> dict[str, Any]:
+    """What ``plan`` prints for ``cfg``: :func:`dpstream.planning.describe` of the
+    mechanism, with the top-k choice, what coarser steps buy and the --max-items hint."""
+    from .. import planning
+    from ..noise import NoiseKey
+
+    opts: Mapping[str, Any] = cfg.options()
+    name, domain = cfg.mechanism, _plan_domain(cfg)
+    key = NoiseKey.generate()  # throw-away: the plan releases nothing
+    target = cfg.target_error
+    if target is not None:
+        mech, used = _for_target(cfg, key, domain)
+    else:
+        with mechanism_settings():
+            mech = build_mechanism(name, opts, key, domain)
+        used = dict(opts)  # the options the mechanism was built from
+    budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+    info = planning.describe(mech, name=name, base_given=cfg.base is not None)
+    choice = top_k_choice(name, {**opts, **budget} if budget else opts, key, domain)
+    if choice is not None:
+        info["choice"] = choice.reason
+        info["top_k"] = choice.name
+        info["candidates"] = choice.errors
+        info["candidates_noise_std"] = choice.noise_std
+    if name == "top-k" and opts.get("switches") is None:
+        info["switches_default"] = True
+    if hasattr(mech, "threshold_for_cells") and not mech.unbounded:
+        # unknown domain: what coarser steps buy
+        info["coarser_steps"] = planning.coarser_steps(
+            lambda h: build_mechanism(name, {**used, **budget, "horizon": h}, key, domain),
+            int(mech.horizon),
+        )
+    _hints(info, cfg, key, domain, used, budget, choice)
+    if target is not None:
+        info["target_error"] = target
+    return info
+
+
+def _hints(
+    info: dict[str, Any],
+    cfg: RunConfig,
+    key: Any,
+    domain: list[str] | None,
+    used: dict[str, Any],
+    budget: dict[str, Any],
+    choice: Any,
+) -> None:
+    """The --max-items hints: where a histogram's top-k would beat top-k with switches,
+    and what another --max-items costs in noise."""
+    from .. import planning
+
+    opts, name = cfg.options(), cfg.mechanism
+    if name == "top-k" and choice is None and cfg.tau is None and cfg.target_error is None:
+        # would KnownBase's top-k beat SparseGumb if events had a size bound? Its noise
+        # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho
+        one = top_k_choice(name, {**opts, "max_items": 1}, key, domain)
+        ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
+        info["max_items_break_even"] = int(ratio * ratio)
+    if MECHANISMS[name].max_items != "none" and cfg.max_items is not None:
+
+        def std_for(n: int) -> float:
+            o = {**used, **budget, "max_items": n}
+            if choice is not None:
+                return top_k_choice(name, o, key, domain).noise_std["KnownBase top-k"]
+            return planning.noise_std_worst(build_mechanism(name, o, key, domain))
+
+        info["max_items_hint"] = planning.max_items_hint(std_for, cfg.max_items)

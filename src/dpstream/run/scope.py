@@ -1,0 +1,217 @@
+"""The release ledger at a run's start: the noise scope a run draws under, refused when
+another run released under it, and the ledger checked against the state.
+
+Layer 6 of dpstream (a run's setup). Every run, with a state or without, records its
+noise scope in the release ledger (:mod:`dpstream.ledger`) before its first release;
+a new run whose scope another run already released under is refused before anything
+is written (``--force`` overrides: the operator's word that the earlier release was
+never published). A state behind its ledger releases the steps the ledger holds only
+from the same input (:func:`ledger_precheck`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..ledger import LedgerError, ReleaseLedger, ledger_path, scope_refusal
+
+if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
+    from ..noise import NoiseKey
+    from ..state import Checkpoint, RunRecord, StateDigests
+    from .config import RunConfig
+
+__all__ = ["ledger_precheck", "new_run_scope", "noise_scope", "open_ledger"]
+
+_log = logging.getLogger("dpstream.run")
+
+
+def noise_scope(mech: ContinualMechanism, stream: str) -> str:
+    """The purpose a mechanism draws its noise under (its stream name, the input settings
+    of :func:`~dpstream.run.settings.scoped_stream`, the noise version and every setting
+    that shapes the noise): two runs under one key draw the same noise exactly when these
+    are equal. A mechanism that names none gets its stream name, which is coarser (more
+    runs share it)."""
+    for part in (mech, getattr(mech, "histogram", None)):  # top-k by KnownBase: its histogram
+        for attr in ("noise_scope", "noise_purpose", "tree_purpose"):
+            value = getattr(part, attr, None)
+            if isinstance(value, str):
+                return value
+    return stream
+
+
+def new_run_scope(
+    cfg: RunConfig, key: NoiseKey, scope: str, own: str
+) -> tuple[ReleaseLedger, frozenset[str]]:
+    """Open the ledger for a new run (one that no state resumes) and refuse it
+    (:class:`LedgerError`, before anything is written) when another run released steps
+    under the same noise scope; with ``--force``, warn and go on.
+
+    ``own``: the run id a state left with no step on record (``""``: none). The ledger may
+    hold its scope and its first step (a kill between the ledger and the state): it is let
+    through, and returned to be allowed when the scope line of the new run is appended.
+    Returns the ledger (open under ``own`` or a fresh run id) and the run ids allowed.
+    """
+    ledger = ReleaseLedger(
+        ledger_path(cfg.options()),
+        key,
+        own or secrets.token_hex(16),
+        fsync=bool(cfg.fsync),
+        scope=scope,
+        check_scope=not cfg.force,
+    )
+    try:
+        others = ledger.others()
+        allow: frozenset[str] = frozenset()
+        if own and ledger.in_scope(own):
+            if ledger.last_t > 1:  # the state forgot steps it released: not a kill
+                others.append(own)
+            else:
+                allow = frozenset([own])
+        if others and not cfg.force:
+            raise LedgerError(scope_refusal(ledger.path, len(others)))
+        if others:
+            _log.warning(
+                f"--force: the release ledger {ledger.path} records "
+                f"{len(others)} earlier run(s) that released steps with the same "
+                "key and settings; this run draws the same noise from its data, "
+                "which is safe only if those releases were never published"
+            )
+        return ledger, allow
+    except BaseException:
+        ledger.close()
+        raise
+
+
+def open_ledger(
+    cfg: RunConfig,
+    key: NoiseKey,
+    ckpt: Checkpoint,
+    record: RunRecord | None,
+    *,
+    scope: str | None = None,
+    check_scope: bool = False,
+    allow: frozenset[str] = frozenset(),
+) -> ReleaseLedger:
+    """The release ledger of the run in the state, checked against it.
+
+    The state's last step must be the ledger's; steps the state holds and the
+    ledger lacks (a state written by a dpstream without a ledger, or a ledger
+    restored from a backup) are appended. A state behind the ledger (restored
+    from a backup, or killed between the two) is let through with a warning:
+    the steps the ledger holds are then released again only from the same
+    input (:func:`ledger_precheck`, and :meth:`ReleaseLedger.record`).
+    """
+    ledger = ReleaseLedger(
+        ledger_path(cfg.options()),
+        key,
+        ckpt.run_id(),
+        fsync=bool(cfg.fsync),
+        scope=scope,
+        check_scope=check_scope,
+        allow=allow,
+    )
+    try:
+        last = record.last_t if record is not None else 0
+        _check_common_step(cfg, ckpt, ledger, last)
+        _catch_up(cfg, ckpt, ledger, last)
+        if last:  # a run released before the ledger kept scopes: its scope, now
+            ledger.claim_scope()
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger
+
+
+def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> None:
+    """The last step both the state and the ledger hold must be the same in both."""
+    common = min(last, ledger.last_t)
+    if common:
+        ours, theirs = ckpt.step(common), ledger.entry(common)
+        if (
+            theirs is None
+            or not ours.input_mac.startswith(theirs.input_mac)
+            or not ours.release_mac.startswith(theirs.release_mac)
+        ):
+            raise LedgerError(
+                f"the release ledger {ledger.path!r} records step {common} of the run in "
+                f"{cfg.state} otherwise than the state does: refusing to go on"
+            )
+
+
+def _catch_up(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> None:
+    """Append to the ledger the steps the state holds and it lacks; warn when the state
+    is behind it."""
+    if ledger.last_t < last:
+        steps = (
+            (t, s.input_mac, s.release_mac)
+            for t, s in ((t, ckpt.step(t)) for t in range(ledger.last_t + 1, last + 1))
+        )
+        had = ledger.last_t
+        ledger.adopt(steps)
+        if had:
+            _log.warning(
+                f"the release ledger {ledger.path} ended at step {had} of the run "
+                f"in {cfg.state}, which has released {last}: restored from a "
+                "backup? the steps were added from the state; keep the ledger "
+                "on storage that is never rolled back"
+            )
+    elif ledger.last_t > last:
+        _log.warning(
+            f"the state {cfg.state} is behind the release ledger "
+            f"{ledger.path}: steps {last + 1}..{ledger.last_t} were released "
+            "after it was saved (restored from a backup, or a kill between the "
+            "two); they are released again only from the same input"
+        )
+
+
+def ledger_precheck(
+    steps: Iterable[Any],
+    ledger: ReleaseLedger,
+    digests: StateDigests,
+    cfg: RunConfig,
+    *,
+    after: int,
+    through: int,
+) -> Iterator[Any]:
+    """``steps``, once the input of steps after+1..through (released by an earlier run,
+    which the state does not remember) was found the same as the ledger records.
+
+    A batch run reads its input to the end before it releases, so this costs no extra
+    read: it holds those steps (their input is held anyway) and refuses a changed one
+    before a byte is written or the state is touched.
+    """
+    from ..io.chunks import records_step
+
+    held: list[Any] = []
+    want = after + 1
+
+    def check(t: int, step: Any) -> None:
+        if not ledger.same(t, digests.step_input(t, step.lines, step.lengths, step.raw)):
+            raise LedgerError(
+                f"the state {cfg.state} is behind the release ledger {ledger.path}: step "
+                f"{t} was released (after the state was saved) from other input than this "
+                "run's; releasing it again from other data would publish the exact "
+                "difference of the true counts. Give this run the input those steps were "
+                f"released from (steps {after + 1}..{through}), or the state that recorded "
+                "them"
+            )
+
+    it = iter(steps)
+    for step in it:
+        held.append(step)
+        if step.t is None or step.t <= after or step.t > through:
+            continue
+        for t in range(want, step.t):  # steps without records (none in a batch run)
+            check(t, records_step(t, []))
+        check(step.t, step)
+        want = step.t + 1
+        if want > through:
+            break
+    for t in range(want, through + 1):  # the steps after the input's last record
+        check(t, records_step(t, []))
+    return itertools.chain(held, it)

@@ -1,0 +1,243 @@
+"""The source stage of a run: the input's records, grouped into the steps to release.
+
+Layer 6 of dpstream (a stage of :mod:`dpstream.run.pipeline`). A batch run reads its
+input in chunks (JSON Lines with integer steps through the columnar reader of
+:mod:`dpstream.io.jsonl`, the other inputs record by record), counts its invalid records
+before the first release (:mod:`dpstream.run.guard`), and yields each step in order:
+:class:`Due` (a step to release) or :class:`Rejected` (records for the validate stage
+to count: malformed, or past the end step). ``--follow`` has its own source,
+:mod:`dpstream.run.follow`. What was read is counted in a :class:`ReadCount`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StateError
+from .guard import InvalidTally, check_invalid_share
+
+if TYPE_CHECKING:
+    from ..state import RunRecord
+    from .config import RunConfig
+    from .validate import Validator
+
+__all__ = [
+    "Due",
+    "ReadCount",
+    "Rejected",
+    "SourceItem",
+    "batch_items",
+    "batch_steps",
+    "check_finished",
+    "input_chunks",
+    "input_records",
+    "past_message",
+    "read_checked",
+]
+
+
+@dataclass(frozen=True)
+class Due:
+    """Step ``t`` is to be released with these records (a ``StepInput`` or a list)."""
+
+    t: int
+    records: Any
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Records the validate stage only counts (or stops at, with ``--on-invalid error``);
+    ``past``: the message for records after the end step (or late), else None."""
+
+    records: Any
+    past: str | None
+
+
+SourceItem = Due | Rejected
+
+
+@dataclass
+class ReadCount:
+    """The input records read so far, and the input line of the latest one."""
+
+    records: int = 0
+    last_line: int = 0
+
+    def take(self, rec: Any) -> Any:
+        """Count one record (``--follow``)."""
+        self.records += 1
+        self.last_line = rec.line
+        return rec
+
+    def take_chunk(self, chunk: Any) -> Any:
+        """Count one chunk of records (a batch run)."""
+        self.records += len(chunk)
+        if len(chunk):
+            self.last_line = int(chunk.lines[-1])
+        return chunk
+
+
+def _short_int(value: int) -> str:
+    """An integer for a message (a time step may have thousands of digits)."""
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
+
+
+def past_message(t: int, until: int, horizon: int) -> str:
+    """Why a record of step ``t`` is not released by a run that ends at ``until``."""
+    where = f"time step {_short_int(t)}"
+    if until < horizon:
+        return f"{where} is after --until {until}"
+    return f"{where} is past the horizon --horizon {horizon}"
+
+
+def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
+    """The input's records (``dpstream.io.RawEvent``), in order."""
+    from ..io import guard_lines, read_events
+
+    csv_opts = {}
+    if cfg.input_kind == "csv":
+        csv_opts = dict(
+            item_column=cfg.item_column,
+            event_column=cfg.event_column,
+            time_column=cfg.time_column,
+        )
+    clock = cfg.clock
+    return read_events(
+        guard_lines(infile, cfg.input),
+        cfg.input_kind,
+        time_field=cfg.time_field if clock else None,
+        clock=clock,
+        implicit=bool(cfg.implicit_time),
+        user_field=cfg.user_field,
+        **csv_opts,
+    )
+
+
+def input_chunks(infile: Any, cfg: RunConfig) -> Iterator[Any]:
+    """The input's records in chunks (``dpstream.io.chunks.Chunk``), in order: JSON Lines
+    with integer steps (with or without user ids) through the columnar reader, the other
+    inputs (timestamps, CSV, one step per line) record by record."""
+    from ..io.chunks import chunks_from_records
+    from ..io.jsonl import read_jsonl_chunks
+
+    if cfg.input_kind == "jsonl" and cfg.clock is None and not cfg.implicit_time:
+        return read_jsonl_chunks(infile, cfg.input, user_field=cfg.user_field)
+    return chunks_from_records(input_records(infile, cfg))
+
+
+def read_checked(
+    infile: Any, cfg: RunConfig, *, validator: Validator, start_t: int, until: int
+) -> list[Any]:
+    """A batch run's whole input in chunks, refused (:class:`TooManyInvalidError`, before
+    anything is written) when more than --max-invalid of its records are invalid.
+
+    The run reads its input to the end before its first release anyway (the steps wait
+    for it), so reading it here first costs no memory the run would not take (with
+    --implicit-time too: every batch run holds its input, so that too many invalid records
+    are refused before anything is written).
+    """
+    import numpy as np
+
+    chunks = list(input_chunks(infile, cfg))
+    tally = InvalidTally()
+    implicit = bool(cfg.implicit_time)
+    seen = start_t  # --implicit-time: every record is a step of its own, in input order
+    for chunk in chunks:
+        steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
+        seen += len(chunk)
+        tally.count_chunk(
+            chunk,
+            validator=validator,
+            start=start_t,
+            late=bool(start_t),
+            limit=until,
+            horizon=cfg.horizon_limit,
+            steps=steps,
+        )
+    check_invalid_share(tally, cfg)
+    return chunks
+
+
+def _drain(chunks: list[Any]) -> Iterator[Any]:
+    """The chunks in order, each let go of by the list as it is taken (so that a step's
+    chunks can be freed once the steps that use them are released)."""
+    chunks.reverse()
+    while chunks:
+        yield chunks.pop()
+
+
+def batch_steps(
+    infile: Any,
+    cfg: RunConfig,
+    count: ReadCount,
+    *,
+    chunks: list[Any] | None,
+    start_t: int,
+    until: int,
+) -> Iterator[Any]:
+    """A batch run's steps (``dpstream.io.chunks.StepInput``), read lazily: ``chunks`` (the
+    input already read by :func:`read_checked`) or the input itself. ``start_t``: the
+    step an earlier run released up to (an event of a step up to it is late)."""
+    from ..io.grouping import implicit_steps, step_steps
+
+    late = (
+        "time step {t} was already released by an earlier run (a late event)" if start_t else None
+    )  # events of steps an earlier run released
+    source = input_chunks(infile, cfg) if chunks is None else _drain(chunks)
+    counted = map(count.take_chunk, source)
+    if cfg.implicit_time:  # every line is a step: record by record
+        return implicit_steps(counted, start=start_t)
+    # a record past --until is rejected without moving the clock (limit)
+    return step_steps(counted, cfg.horizon_limit, start=start_t, late_message=late, limit=until)
+
+
+def batch_items(
+    steps: Iterable[Any], *, until: int, horizon: int
+) -> Generator[SourceItem, None, None]:
+    """The batch run's steps in order, as :class:`Due` and :class:`Rejected` items.
+
+    Records past the end come out as they are read; they are rejected after the steps
+    are released, where they stand in an input in time order (their lines and errors
+    only: the rest is freed)."""
+    beyond: list[Any] = []
+    for step in steps:
+        if step.t is None:  # malformed records after the last step
+            yield Rejected(step, None)
+        elif step.t > until:
+            beyond.append(
+                replace(
+                    step,
+                    items=[],
+                    codes=step.codes[:0],
+                    offsets=step.offsets[:1],
+                    raw=b"",
+                    lines=step.lines[:0],
+                    lengths=step.lengths[:0],
+                )
+            )
+        else:
+            yield Due(step.t, step)
+    for step in beyond:
+        yield Rejected(step, past_message(step.t, until, horizon))
+
+
+def check_finished(record: RunRecord, infile: Any, cfg: RunConfig) -> None:
+    """Refuse (exit status 1) a finished run whose input has grown since it finished.
+
+    A finished run never releases again, so events appended to its input
+    later would otherwise be ignored without a word.
+    """
+    read = (record.summary or {}).get("input_records")
+    if not isinstance(read, int):  # a state written before the count was recorded
+        return
+    for count, rec in enumerate(input_records(infile, cfg), 1):
+        if count > read:
+            raise StateError(
+                f"the run in {cfg.state} finished after step {record.last_t}, but the "
+                f"input has records after the ones it read (from input line {rec.line}): a "
+                "finished run never releases again; release new events as a new stream "
+                "(a new key and a new state file)"
+            )

@@ -1,0 +1,109 @@
+"""The run's config: one frozen object built from the flags, the TOML file and the
+defaults, every problem of the settings reported at once, shared by ``run`` and
+``plan``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dpstream.cli import build_parser
+from dpstream.run.checks import SettingsError
+from dpstream.run.config import RunConfig
+from dpstream.run.options import MECH_OPTS, PLAN_OPTS, RUN_OPTS
+
+
+def _config(argv: list[str], command: str = "run") -> RunConfig:
+    return RunConfig.from_args(build_parser().parse_args([command, *argv]), command=command)
+
+
+def test_every_problem_of_the_flags_and_the_toml_file_is_reported_at_once(tmp_path):
+    """Problems that come from the TOML file (a mechanism that needs --max-items, a
+    stream name with '~') and from the flags (no budget, no key) are one error."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('mechanism = "unknown"\nstream = "a~b"\nhorizon = 5\n')
+    with pytest.raises(SettingsError) as err:
+        _config(["--config", str(toml), "-T", "10", "--user-field", "user"])
+    assert err.value.problems == [
+        "give a privacy budget: --epsilon E --delta D, or --rho R (or --tau for the noise "
+        "scale itself)",
+        "--mechanism unknown needs --max-items N (the most items an event holds)",
+        "--user-field needs --max-items-per-user and --max-count-per-item (how much of the "
+        "stream one user may contribute)",
+        "--stream 'a~b': a stream name may not contain '~' (the run adds it, with a tag of "
+        "the input settings)",
+        "no key: pass --key-file PATH (create one with `dpstream keygen PATH`; keep it secret)",
+    ]
+
+
+def test_flags_override_the_toml_file_which_overrides_the_defaults(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        'horizon = 5\nmax-items = 3\nthreshold-delta = 1e-6\n[run]\nrho = 0.5\nkey-file = "k.key"\n'
+    )
+    cfg = _config(["--config", str(toml), "-m", "unknown", "-T", "10"])
+    assert (cfg.horizon, cfg.max_items, cfg.rho, cfg.key_file) == (10, 3, 0.5, "k.key")
+    assert cfg.threshold_delta == 1e-6
+    assert (cfg.mechanism, cfg.stream, cfg.on_invalid, cfg.clamp) == (
+        "unknown",
+        "default",
+        "skip",
+        True,
+    )
+    assert cfg.config_file == str(toml) and cfg.last_step == 10 and cfg.clock is None
+    # every option of the table is a field, with the table's default when nothing sets it
+    for opt in MECH_OPTS + RUN_OPTS:
+        assert opt.dest in cfg.options()
+        if opt.dest not in (
+            "horizon",
+            "max_items",
+            "rho",
+            "key_file",
+            "mechanism",
+            "threshold_delta",
+        ):
+            assert cfg.options()[opt.dest] == opt.default, opt.dest
+    assert set(cfg.options()) == {o.dest for o in MECH_OPTS + RUN_OPTS}
+
+
+def test_the_config_is_frozen_and_changes_make_a_copy(tmp_path):
+    cfg = _config(["-m", "unknown", "-T", "10", "--max-items", "2", "--epsilon", "1",
+                   "--delta", "1e-6", "--key-file", "k.key"])  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.horizon = 20  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.options()["horizon"] = 20  # type: ignore[index]
+    later = cfg.with_options(noise_version=2, base=8)
+    assert (cfg.noise_version, cfg.base) == (None, None)
+    assert (later.noise_version, later.base, later.horizon) == (2, 8, 10)
+    assert later.options()["base"] == 8
+
+
+def test_plan_builds_the_same_object_from_a_config_written_for_run(tmp_path):
+    """``plan`` reads a TOML file written for ``run`` (its run options ignored) into the
+    same RunConfig, with the plan's options instead of the run's."""
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        'mechanism = "unknown"\nmax-items = 2\nthreshold-delta = 1e-6\nkey-file = "k"\nuntil = 3\n'
+    )
+    cfg = _config(["--config", str(toml), "-T", "10", "--rho", "1", "--json"], "plan")
+    assert isinstance(cfg, RunConfig) and cfg.command == "plan"
+    assert (cfg.mechanism, cfg.max_items, cfg.json, cfg.key_file, cfg.until) == (
+        "unknown", 2, True, None, None,
+    )  # fmt: skip
+    assert set(cfg.options()) == {o.dest for o in MECH_OPTS + PLAN_OPTS}
+    with pytest.raises(SettingsError) as err:  # the same check as run's
+        _config(["-m", "unknown", "-T", "10", "--rho", "1"], "plan")
+    assert err.value.problems == [
+        "--mechanism unknown needs --max-items N (the most items an event holds)",
+        "--mechanism unknown with --rho needs --threshold-delta D (the delta of the "
+        "threshold that hides rare items)",
+    ]
+
+
+def test_a_time_mode_that_lets_the_data_move_steps_is_refused_when_built():
+    with pytest.raises(ValueError, match="two ways to give steps"):
+        _config(["-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "1",
+                 "--threshold-delta", "1e-6", "--key-file", "k", "--implicit-time",
+                 "--time-field", "ts", "--step", "1h", "--start", "2026-01-01T00:00Z"])  # fmt: skip
