@@ -29,7 +29,8 @@ of the users' keyed hashes (dense indices), the number of items each holds,
 the kept items once each, and the counts of the held (user, item) pairs in an
 open-addressing hash table of int64 keys ``user << 32 | item`` (linear
 probing, at most half full, probed for a whole batch at once: a batch costs
-about its own size, whatever the state holds).
+about its own size, whatever the state holds). About 160, 260 and 450 bytes
+per user holding 1, 3 and 10 items (``bench/bench_bounding.py``).
 """
 
 from __future__ import annotations
