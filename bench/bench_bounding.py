@@ -5,7 +5,9 @@ Run by hand: ``python bench/bench_bounding.py [--users 200000]``.
 * memory per tracked user: ``tracemalloc`` around feeding ``--users`` users,
   each contributing to ``items`` distinct items (1, 3, 10), divided by the
   number of users (the bounder's state: the 16-byte keyed hash, the kept items
-  and their counts);
+  and their counts), for the columnar bounder that mechanisms hold
+  (``mechanisms.user_bounder.ColumnBounder``) and its event-at-a-time twin
+  (``bounding.ContributionBounder``);
 * speed: a KnownBase step of 1,000 events at user level against the same
   events at event level, in the same process (a ratio, not a time).
 """
@@ -20,9 +22,10 @@ import numpy as np
 
 import dpstream as dps
 from dpstream.bounding import ContributionBounder, UserBounds, UserHasher
+from dpstream.mechanisms.user_bounder import ColumnBounder
 
 
-def memory_per_user(users: int, items: int) -> float:
+def memory_per_user(users: int, items: int, cls: type = ColumnBounder) -> float:
     rng = np.random.default_rng(1)  # simulated ids and items (benchmark data)
     hasher = UserHasher(dps.NoiseKey.generate())
     names = [f"item-{i}" for i in range(10_000)]
@@ -32,7 +35,7 @@ def memory_per_user(users: int, items: int) -> float:
     ]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    bounder = ContributionBounder(UserBounds(max_items_per_user=10, max_count_per_item=5))
+    bounder = cls(UserBounds(max_items_per_user=10, max_count_per_item=5))
     for start in range(0, users, 10_000):
         _, pending = bounder.bound(batch[start : start + 10_000])
         bounder.commit(pending)
@@ -68,9 +71,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=200_000)
     args = parser.parse_args()
-    print(f"{'items per user':>15} {'bytes per tracked user':>24}")
+    print(f"{'items per user':>15} {'bytes per tracked user (columnar, event-at-a-time)':>52}")
     for items in (1, 3, 10):
-        print(f"{items:>15} {memory_per_user(args.users, items):>24.0f}")
+        col = memory_per_user(args.users, items)
+        one = memory_per_user(args.users, items, ContributionBounder)
+        print(f"{items:>15} {col:>40.0f} {one:>11.0f}")
     print(f"KnownBase step of 1,000 events: user level / event level time = {step_ratio():.2f}")
 
 

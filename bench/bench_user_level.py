@@ -1,6 +1,8 @@
 """Utility of user-level releases against event-level ones, at the same epsilon and delta.
 
-Run by hand: ``python bench/bench_user_level.py [--trials 5] [--plot FILE.png]``.
+Run by hand: ``python bench/bench_user_level.py [--trials 5] [--plot FILE.png]``;
+``--speed`` measures instead the CPU cost of ``dpstream run --user-field user`` against
+``json.loads`` of its input (see :func:`speed`).
 
 A simulated stream with heavy users: U users whose activity is Zipf (a few
 users make many events), each event holding 1..3 items drawn from a Zipf
@@ -113,20 +115,129 @@ def run(steps, config, key, items: int, horizon: int, eps: float, delta: float):
     return mech, counts, np.asarray(rel.values)
 
 
+def write_user_stream(path, events: int, steps: int, distinct: int, users: int) -> None:
+    """The speed stream: ``{"t", "user", "items"}`` lines, 1..5 items (Zipf 1.1 over
+    ``distinct`` items), users Zipf 0.8 over ``users`` (simulation data, seed 0)."""
+    import json
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 6, events)
+    ranks = rng.zipf(1.1, int(sizes.sum())) % distinct
+    user_w = 1.0 / np.arange(1, users + 1) ** 0.8
+    who = rng.choice(users, size=events, p=user_w / user_w.sum()).tolist()
+    per_step = max(1, events // steps)
+    with open(path, "w", encoding="utf-8") as fh:
+        pos, buf = 0, []
+        for e, size in enumerate(sizes.tolist()):
+            items = [f"item{r}" for r in ranks[pos : pos + size].tolist()]
+            pos += size
+            t = min(e // per_step + 1, steps)
+            buf.append(json.dumps({"t": t, "user": f"user{who[e]}", "items": items}))
+            if len(buf) >= 10000:
+                fh.write("\n".join(buf) + "\n")
+                buf = []
+        if buf:
+            fh.write("\n".join(buf) + "\n")
+
+
+def speed(args) -> None:
+    """CPU of ``dpstream run -m unknown --user-field user`` against ``json.loads`` of every
+    line, timed side by side in this process (``--rounds`` rounds, interleaved: a load
+    spike hits both); prints the median ratio and its spread over the rounds, and the
+    same run at event level (what the user ids and their bounds add)."""
+    import contextlib
+    import io
+    import json
+    import os
+    import statistics
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from dpstream.cli import main as cli_main
+
+    work = Path(tempfile.mkdtemp(prefix="dps-bench-users-"))
+    data = work / "events.jsonl"
+    write_user_stream(data, args.events, args.horizon, args.items, args.users)
+    key_path = work / "key"
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli_main(["keygen", str(key_path)])
+
+    def loads() -> None:
+        f = json.loads
+        with open(data, encoding="utf-8") as fh:
+            for line in fh:
+                f(line)
+
+    def run(users: bool = True) -> None:
+        with contextlib.suppress(FileNotFoundError):  # the stream anew (a throwaway key)
+            os.remove(f"{key_path}.ledger")
+        argv = ["run", "--quiet", "-m", "unknown", "-T", str(args.horizon), "--max-items", "5"]
+        if users:
+            argv += ["--user-field", "user", "--max-items-per-user", "5"]
+            argv += ["--max-count-per-item", "2"]
+        argv += ["--epsilon", "1", "--delta", "1e-6"]
+        argv += ["--key-file", str(key_path), "-i", str(data), "-o", str(work / "out.jsonl")]
+        assert cli_main([*argv, "--force", "--no-fsync"]) == 0
+
+    ratios, runs, floors, events = [], [], [], []
+    for _ in range(args.rounds):
+        a = time.process_time()
+        loads()
+        b = time.process_time()
+        run()
+        c = time.process_time()
+        run(users=False)
+        d = time.process_time()
+        floors.append(b - a)
+        runs.append(c - b)
+        events.append((d - c) / (b - a))
+        ratios.append((c - b) / (b - a))
+    med = statistics.median(runs)
+    print(
+        f"{args.events:,} events of {args.users:,} users over {args.items:,} items, "
+        f"T = {args.horizon}; {args.rounds} rounds"
+    )
+    print(f"json.loads:     {statistics.median(floors):6.2f} s CPU (median)")
+    print(
+        f"run --user-field: {med:6.2f} s CPU (median), {args.events / med:,.0f} events/s: "
+        f"{statistics.median(ratios):.2f}x json.loads (rounds {min(ratios):.2f}x-"
+        f"{max(ratios):.2f}x; goal <= 3x)"
+    )
+    print(
+        f"the same run at event level (no --user-field): {statistics.median(events):.2f}x "
+        f"json.loads (rounds {min(events):.2f}x-{max(events):.2f}x)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--speed",
+        action="store_true",
+        help="time `dpstream run --user-field` against json.loads instead (defaults "
+        "then: 10^6 events, 10^5 items, 10^5 users, T = 1000)",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="--speed: rounds")
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--users", type=int, default=None, help="20,000 (--speed: 10^5)")
     parser.add_argument(
         "--user-zipf", type=float, default=0.8, help="Zipf exponent of the users' activity"
     )
-    parser.add_argument("--items", type=int, default=500)
+    parser.add_argument("--items", type=int, default=None, help="500 (--speed: 10^5)")
     parser.add_argument("--horizon", type=int, default=1000)
-    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=None, help="10^5 (--speed: 10^6)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=1e-6)
     parser.add_argument("--plot", default=None, help="write a bar chart to this PNG")
     args = parser.parse_args()
+    big = args.speed
+    args.users = args.users or (100_000 if big else 20_000)
+    args.items = args.items or (100_000 if big else 500)
+    args.events = args.events or (1_000_000 if big else 100_000)
+    if big:
+        speed(args)
+        return
     steps = simulate(1, args.users, args.items, args.horizon, args.events, args.user_zipf)
     truth = raw_counts(steps, args.items)
     top = np.argsort(-truth)[:20]

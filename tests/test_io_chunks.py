@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 
+import numpy as np
 import pytest
 
 from dpstream.clock import StepClock
@@ -90,3 +92,89 @@ def test_read_chunks_refuses_what_read_events_refuses():
             list(reader(io.StringIO(CSV), "csv", implicit=True))
         with pytest.raises(ValueError, match="input format must be"):
             list(reader(io.StringIO(CSV), "xml"))
+
+
+# -- user ids through the chunked JSON Lines reader (Arrow where it applies) -------------
+
+GOOD_USER_LINES = [
+    '{"t": 1, "user": "alice", "items": ["a", "b"]}',
+    '{"user": "bob", "t": 1, "items": ["a"], "x": {"user": 3}}',
+    '{"t": 2, "items": ["c", "c"], "user": "ålice 用户"}',
+    '{"t": 2, "items": [], "user": "alice"}',
+    '{"t": 3, "items": ["d", 7], "user": "9"}',
+]
+
+#: Lines that give another record, or another message, than a plain user id.
+ADVERSARIAL_USER_LINES = [
+    '{"t": 2, "items": ["a"]}',  # no user id
+    '{"t": 2, "items": ["a"], "user": null}',
+    '{"t": 2, "items": ["a"], "user": ""}',
+    '{"t": 2, "items": ["a"], "user": true}',
+    '{"t": 2, "items": ["a"], "user": 1.5}',
+    '{"t": 2, "items": ["a"], "user": 42}',
+    '{"t": 2, "items": ["a"], "user": 123456789012345678901234567890}',
+    '{"t": 2, "items": ["a"], "user": ["alice"]}',
+    '{"t": 2, "items": ["a"], "user": {"id": "alice"}}',
+    '{"t": 2, "items": ["a"], "user": "alice", "user": "bob"}',  # json.loads: the last
+    '{"t": 2, "items": ["a"], "user": "\\u00e9ve"}',
+    '{"t": 2, "items": ["a"], "user": "\\ud800"}',
+    '{"t": 0, "items": ["a"], "user": "alice"}',
+    '{"t": 2, "items": [null], "user": "alice"}',
+    '{"t": 2, "user": "alice"}',
+    '["a"]',
+    '{"t": 2, "items": ["a"], "User": "alice"}',
+]
+
+
+def _user_records(text: str, *, binary: bool, chunk_bytes: int = 1 << 21) -> list[tuple]:
+    from dpstream.io.jsonl import read_jsonl_chunks
+
+    stream = (
+        io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8", newline="")
+        if binary
+        else io.StringIO(text, newline="")
+    )
+    return _from_chunks(read_jsonl_chunks(stream, user_field="user", chunk_bytes=chunk_bytes))
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("bad", ADVERSARIAL_USER_LINES)
+def test_user_ids_read_in_chunks_are_the_record_readers(bad, binary):
+    text = "\n".join([*GOOD_USER_LINES, bad, *GOOD_USER_LINES]) + "\n"
+    want = [
+        (r.line, r.t or 0, r.items, r.error, r.user, r.raw)
+        for r in read_events(io.StringIO(text, newline=""), "jsonl", user_field="user")
+    ]
+    assert _user_records(text, binary=binary) == want
+    assert _user_records(text, binary=binary, chunk_bytes=64) == want
+
+
+def test_plain_user_ids_go_through_arrow_and_give_the_record_readers_records(monkeypatch):
+    """Chunks of plain lines never reach the per-line parser (Arrow reads the users),
+    and give what the record readers give, in chunks that cut the input anywhere."""
+    pytest.importorskip("pyarrow")
+    from dpstream.io import jsonl
+
+    rng = np.random.default_rng(4)  # simulated input data
+    lines = [
+        json.dumps(
+            {
+                "t": 1 + i // 7,
+                "user": f"u{int(rng.integers(0, 9))}é",
+                "items": [f"i{int(x)}" for x in rng.integers(0, 6, int(rng.integers(0, 4)))],
+            },
+            ensure_ascii=False,
+        )
+        for i in range(300)
+    ]
+    text = "\n".join(lines) + "\n"
+    want = [
+        (r.line, r.t or 0, r.items, r.error, r.user, r.raw)
+        for r in read_events(io.StringIO(text, newline=""), "jsonl", user_field="user")
+    ]
+    calls = []
+    real = jsonl.parse_jsonl_line
+    monkeypatch.setattr(jsonl, "parse_jsonl_line", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for chunk_bytes in (1 << 21, 700, 97):
+        assert _user_records(text, binary=True, chunk_bytes=chunk_bytes) == want
+    assert calls == []

@@ -147,7 +147,7 @@ def test_the_header_is_json_and_names_only_registered_classes():
 
     walk(header["root"])
     assert names and names <= set(REGISTRY)
-    assert {"KnownDomainHistogram", "UserHasher", "ContributionBounder"} <= names
+    assert {"KnownDomainHistogram", "UserHasher", "ColumnBounder"} <= names
 
 
 # -- authentication ---------------------------------------------------------------------
@@ -381,6 +381,39 @@ def test_a_loaded_mechanism_goes_on_bit_for_bit(name):
             assert _same(g.values, w.values) and _same(g.meta, w.meta), (name, split, w.t)
         # the loaded mechanism's snapshot is the same bytes as the uninterrupted one's
         assert dump_snapshot((loaded, publish2), KEY) == dump_snapshot((mech, publish), KEY)
+
+
+def test_a_snapshot_with_the_event_at_a_time_bounder_goes_on_with_the_same_decisions():
+    """A state saved while UserLevel held a ContributionBounder (dpstream 0.3.0.dev0
+    before the columnar bounder) loads as a ColumnBounder with the same kept counts,
+    and the stream goes on as the uninterrupted one (test_user_bounder.py holds the
+    two bounders against each other after such a conversion)."""
+    from dpstream.bounding import ContributionBounder
+    from dpstream.mechanisms.user_bounder import ColumnBounder
+
+    mech, rng = _built("known-users"), np.random.default_rng(8)
+    _run(mech, 9, rng, users=True)
+    users = mech._users
+    twin = ContributionBounder(users.bounds)  # the same stream, bounded one event at a time
+    hashes = [bytes.fromhex(h) for h in users.bounder._users.to_list()]
+    twin._users = {u: users.bounder.kept_of(u) for u in hashes}
+    twin.stats = type(twin.stats)(**vars(users.bounder.stats))
+    users.bounder, columnar = twin, users.bounder
+    blob = dump_snapshot(mech, KEY)
+    users.bounder = columnar  # the stream goes on with the state it saved
+    _SEEN.update(_classes(_parts(blob)[0]))
+    assert "ContributionBounder" in _classes(_parts(blob)[0])
+    loaded = load_snapshot(blob, KEY)
+    assert isinstance(loaded._users.bounder, ColumnBounder)
+    assert loaded._users.bounder.stats == twin.stats == columnar.stats
+    for u in twin._users:
+        assert loaded._users.bounder.kept_of(u) == twin.kept_of(u)
+    rng2 = np.random.default_rng()
+    rng2.bit_generator.state = rng.bit_generator.state
+    want, got = _run(mech, 12, rng, users=True), _run(loaded, 12, rng2, users=True)
+    for w, g in zip(want, got, strict=True):
+        assert list(g.items) == list(w.items) and _same(g.values, w.values)
+    assert loaded._users.bounder.stats == columnar.stats
 
 
 def test_an_item_table_of_other_items_goes_on_bit_for_bit():

@@ -70,7 +70,7 @@ import hashlib
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 from ._checks import check_int
 from .noise import NoiseKey, encode_item
@@ -222,6 +222,32 @@ class UserHasher:
                 f"a user id must be a str, int or bytes, got {type(user).__name__}"
             ) from None
         return hashlib.blake2b(data, key=self._hash_key, digest_size=16).digest()
+
+    @overload
+    def many(self, users: Iterable[object]) -> list[bytes]: ...
+    @overload
+    def many(self, users: Iterable[object], hex: Literal[True]) -> list[str]: ...
+
+    def many(self, users: Iterable[object], hex: bool = False) -> list[bytes] | list[str]:
+        """The hashes of many user ids (each as :meth:`__call__` gives it; the keyed
+        state is set up once and copied per id); with ``hex``, as hex text."""
+        base = hashlib.blake2b(key=self._hash_key, digest_size=16)
+        out = []
+        for user in users:
+            try:  # a str as encode_item gives it, without its checks (the common case)
+                data = (
+                    b"s" + user.encode("utf-8", "surrogatepass")
+                    if type(user) is str
+                    else encode_item(user)
+                )
+            except TypeError:
+                raise TypeError(
+                    f"a user id must be a str, int or bytes, got {type(user).__name__}"
+                ) from None
+            h = base.copy()
+            h.update(data)
+            out.append(h.hexdigest() if hex else h.digest())
+        return out  # type: ignore[return-value]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (UserHasher, (self._key,))

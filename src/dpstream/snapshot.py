@@ -74,6 +74,7 @@ from .mechanisms.meta import MetaHistogram
 from .mechanisms.topk import ContinualTopK
 from .mechanisms.tree_noise import TreeNoise, _Segment
 from .mechanisms.unknown import PrivacySplit, UnknownDomainHistogram
+from .mechanisms.user_bounder import ColumnBounder
 from .mechanisms.users import UserLevel
 from .noise import NoiseKey, NoiseSource, PreparedItems
 from .postprocess import ReadableCounts
@@ -119,6 +120,7 @@ REGISTRY: dict[str, type[object]] = {
     "UnitBound": UnitBound,
     "UserHasher": UserHasher,
     "ContributionBounder": ContributionBounder,
+    "ColumnBounder": ColumnBounder,
     "BoundingStats": BoundingStats,
     "ReadableCounts": ReadableCounts,
     "Budget": Budget,

@@ -2,7 +2,8 @@
 
 Layer 6 of dpstream (an edge). :mod:`dpstream.io.jsonl` gives :func:`arrow_rows`
 only the lines that passed its screen (see its docstring); Arrow parses them
-with the schema ``t: int64, items: list<string>`` in one call. The buffer
+with the schema ``t: int64, items: list<string>`` (and the ``--user-field``
+as a string) in one call. The buffer
 readers :func:`arrow_ints` and :func:`arrow_valid` read Arrow's memory directly
 (``to_numpy`` imports pandas on its first call when it is installed).
 """
@@ -18,10 +19,18 @@ __all__ = ["arrow_rows", "arrow_ints", "arrow_valid"]
 
 
 def arrow_rows(
-    buf: bytes, starts: np.ndarray, ends: np.ndarray, fast: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any] | None:
-    """Parse the fast lines with Arrow: (t, t given, items usable, offsets, values),
-    or None (no pyarrow, or the reader refused the chunk: parse it line by line)."""
+    buf: bytes,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    fast: np.ndarray,
+    user_field: str | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, Any] | None:
+    """Parse the fast lines with Arrow: (t, t given, items usable, offsets, values,
+    users), or None (no pyarrow, or the reader refused the chunk: parse it line by
+    line). With ``user_field`` the schema also reads that field as a string (any
+    other type makes the reader refuse the chunk), ``users`` is the column, and a
+    row without a non-empty user id is not usable (the per-line parser words it);
+    else ``users`` is None."""
     try:
         import pyarrow as pa
         import pyarrow.json as pj
@@ -35,7 +44,10 @@ def arrow_rows(
         data = b"\n".join(
             mv[a:b] for a, b in zip(starts[idx].tolist(), ends[idx].tolist(), strict=True)
         )
-    schema = pa.schema([("t", pa.int64()), ("items", pa.list_(pa.string()))])
+    fields = [("t", pa.int64()), ("items", pa.list_(pa.string()))]
+    if user_field is not None:
+        fields.append((user_field, pa.string()))
+    schema = pa.schema(fields)
     try:
         table = pj.read_json(
             _io.BytesIO(data),
@@ -60,7 +72,14 @@ def arrow_rows(
         null_at = np.flatnonzero(~arrow_valid(values))
         usable[np.searchsorted(offsets, null_at, side="right") - 1] = False
     usable &= t_given & (t >= 1)  # no "t", a null or a bad one: the per-line parser words it
-    return t, t_given, usable, offsets, values
+    users = None
+    if user_field is not None:
+        users = table.column(user_field).combine_chunks()
+        # no user id, a null or an empty one: the per-line parser words it
+        import pyarrow.compute as pc
+
+        usable &= arrow_valid(users) & (arrow_ints(pc.binary_length(users)) > 0)
+    return t, t_given, usable, offsets, values, users
 
 
 def arrow_ints(arr: Any) -> np.ndarray:

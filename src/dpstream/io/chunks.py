@@ -66,10 +66,24 @@ class Chunk:
     starts: np.ndarray
     ends: np.ndarray
     nlines: int = 0  # input lines the chunk covers (blank ones too)
-    users: list[Any] | None = None  # each record's user id (--user-field), or None
+    #: --user-field: the chunk's distinct user ids, and per record the index of its
+    #: user among them (-1: an invalid record, no user); None at event level
+    user_ids: list[Any] | None = None
+    user_codes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.lines.size)
+
+    @property
+    def users(self) -> list[Any] | None:
+        """Each record's user id (None for an invalid record), or None at event level."""
+        return _user_list(self.user_ids, self.user_codes)
+
+
+def _user_list(ids: list[Any] | None, codes: np.ndarray | None) -> list[Any] | None:
+    if ids is None or codes is None:
+        return None
+    return [ids[c] if c >= 0 else None for c in codes.tolist()]
 
 
 @dataclass
@@ -91,7 +105,15 @@ class StepInput:
     lines: np.ndarray
     lengths: np.ndarray
     raw: bytes
-    users: list[Any] | None = None  # each valid event's user id (--user-field)
+    #: --user-field: the step's distinct user ids, and per valid event the index of
+    #: its user among them; None at event level
+    user_ids: list[Any] | None = None
+    user_codes: np.ndarray | None = None
+
+    @property
+    def users(self) -> list[Any] | None:
+        """Each valid event's user id, or None at event level."""
+        return _user_list(self.user_ids, self.user_codes)
 
     @property
     def records(self) -> int:
@@ -134,9 +156,19 @@ def _chunk_of(recs: list[RawEvent]) -> Chunk:
     ends = np.cumsum(lens + 1) - 1
     offsets = np.zeros(len(recs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    users = [r.user for r in recs] if any(r.user is not None for r in recs) else None
+    user_ids: list[Any] | None = None
+    user_codes: np.ndarray | None = None
+    if any(r.user is not None for r in recs):
+        ids: dict[Any, int] = {}
+        user_codes = np.fromiter(
+            (-1 if r.user is None else ids.setdefault(r.user, len(ids)) for r in recs),
+            np.int64,
+            len(recs),
+        )
+        user_ids = list(ids)
     return Chunk(
-        users=users,
+        user_ids=user_ids,
+        user_codes=user_codes,
         lines=np.fromiter((r.line for r in recs), np.int64, len(recs)),
         t=_steps_array([r.t or 0 for r in recs]),
         errors=errors,
@@ -206,11 +238,18 @@ def _unique_inverse(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
 def _item_array(chunk: Chunk) -> np.ndarray:
     """The chunk's distinct items as a NumPy object array (made once per chunk), so a
     step takes its items with one fancy index rather than a Python loop."""
-    arr = chunk.__dict__.get("_item_array")
+    return _object_array(chunk, "items")
+
+
+def _object_array(chunk: Chunk, name: str) -> np.ndarray:
+    """A list attribute of a chunk (its items, its user ids) as a NumPy object array,
+    made once per chunk."""
+    arr = chunk.__dict__.get("_array_" + name)
     if arr is None:
-        arr = np.empty(len(chunk.items), dtype=object)
-        arr[:] = chunk.items
-        chunk.__dict__["_item_array"] = arr
+        values = getattr(chunk, name) or []
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        chunk.__dict__["_array_" + name] = arr
     return arr
 
 
@@ -224,7 +263,9 @@ def step_input(t: int | None, parts: list[StepPart]) -> StepInput:
     raws: list[bytes] = []
     seen_chunks: dict[int, int] = {}
     chunks: list[Chunk] = []  # the chunks whose items this step uses
-    users: list[Any] = []
+    user_parts: list[np.ndarray] = []  # per valid event, its user's code + the chunk's base
+    user_chunks: list[Chunk] = []
+    user_base: dict[int, int] = {}
     for part in parts:
         ch, a, b = part.chunk, part.a, part.b
         lines.append(ch.lines[a:b])
@@ -250,8 +291,12 @@ def step_input(t: int | None, parts: list[StepPart]) -> StepInput:
         if good.size == 0:
             continue
         ev_lines.append(ch.lines[good])
-        if ch.users is not None:
-            users.extend(ch.users[i] for i in good.tolist())
+        if ch.user_codes is not None and ch.user_ids is not None:
+            ubase = user_base.get(id(ch))
+            if ubase is None:
+                ubase = user_base[id(ch)] = sum(len(x.user_ids or ()) for x in user_chunks)
+                user_chunks.append(ch)
+            user_parts.append(ch.user_codes[good] + ubase)
         base = seen_chunks.get(id(ch))
         if base is None:  # the chunks' items, one after the other (not copied)
             base = seen_chunks[id(ch)] = sum(len(x.items) for x in chunks)
@@ -278,6 +323,7 @@ def step_input(t: int | None, parts: list[StepPart]) -> StepInput:
     offsets = np.zeros(size_arr.size + 1, dtype=np.int64)
     np.cumsum(size_arr, out=offsets[1:])
     errors.sort()
+    user_ids, user_codes = _step_users(user_chunks, user_parts)
     return StepInput(
         t=t,
         event_lines=np.concatenate(ev_lines) if ev_lines else np.zeros(0, np.int64),
@@ -288,8 +334,23 @@ def step_input(t: int | None, parts: list[StepPart]) -> StepInput:
         lines=np.concatenate(lines) if lines else np.zeros(0, np.int64),
         lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
         raw=raw,
-        users=users if any(p.chunk.users is not None for p in parts) else None,
+        user_ids=user_ids if any(p.chunk.user_ids is not None for p in parts) else None,
+        user_codes=user_codes if any(p.chunk.user_ids is not None for p in parts) else None,
     )
+
+
+def _step_users(chunks: list[Chunk], parts: list[np.ndarray]) -> tuple[list[Any], np.ndarray]:
+    """A step's distinct user ids (only those its valid events use) and per valid event
+    the index of its user among them, from the chunks' user columns."""
+    codes = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if not codes.size:
+        return [], codes
+    if (codes < 0).any():
+        raise ValueError("a valid record without a user id")
+    used, inverse = _unique_inverse(codes, sum(len(ch.user_ids or ()) for ch in chunks))
+    arrays = [_object_array(ch, "user_ids") for ch in chunks]
+    ids = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    return ids[used].tolist(), inverse
 
 
 def records_step(t: int | None, records: list[RawEvent]) -> StepInput:

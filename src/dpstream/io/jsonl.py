@@ -304,13 +304,14 @@ def read_jsonl_chunks(
 ) -> Iterator[Chunk]:
     """The records of a JSON Lines text stream, a chunk at a time.
 
-    With integer steps ``"t"`` (no ``clock``, not ``implicit``, no ``user_field``)
-    the chunks are parsed as the module docstring says: a stream over bytes (a
-    file, a ``.gz``, stdin) is read as bytes, as much as is there at each read;
-    other text streams a chunk of lines at a time. In the other time modes, and
-    with user ids, the records of :func:`read_jsonl` are gathered into chunks.
+    With integer steps ``"t"`` (no ``clock``, not ``implicit``), with or without
+    user ids, the chunks are parsed as the module docstring says: a stream over
+    bytes (a file, a ``.gz``, stdin) is read as bytes, as much as is there at each
+    read; other text streams a chunk of lines at a time. In the other time modes
+    (and for a user field named ``t`` or ``items``) the records of
+    :func:`read_jsonl` are gathered into chunks.
     """
-    if clock is not None or implicit or user_field is not None:
+    if clock is not None or implicit or user_field in ("", "t", "items"):
         records = read_jsonl(
             guard_lines(stream, name),
             time_field=time_field,
@@ -321,10 +322,10 @@ def read_jsonl_chunks(
         yield from chunks_from_records(records)
         return
     for block in line_blocks(stream, name, chunk_bytes):
-        yield _jsonl_chunk(block)
+        yield _jsonl_chunk(block, user_field)
 
 
-def _jsonl_chunk(block: LineBlock) -> Chunk:
+def _jsonl_chunk(block: LineBlock, user_field: str | None = None) -> Chunk:
     """The records of a block of lines: the lines that pass the screen of the module
     docstring go to Arrow, the others to :func:`parse_jsonl_line`."""
     buf, starts, ends = block.buf, block.starts, block.ends
@@ -345,10 +346,10 @@ def _jsonl_chunk(block: LineBlock) -> Chunk:
         first[nonempty] = arr[starts[nonempty]]
         last[nonempty] = arr[ends[nonempty] - 1]
         fast = nonempty & (first == ord("{")) & (last == ord("}")) & (lengths <= FAST_LINE_BYTES)
-    rows = arrow_rows(buf, starts, ends, fast) if fast.any() else None
+    rows = arrow_rows(buf, starts, ends, fast, user_field) if fast.any() else None
     if rows is None:
         fast[:] = False
-    chunk = _assemble(block.text, n, block.done, buf, starts, ends, fast, rows)
+    chunk = _assemble(block.text, n, block.done, buf, starts, ends, fast, rows, user_field)
     chunk.nlines = n
     return chunk
 
@@ -362,6 +363,7 @@ def _assemble(
     ends: np.ndarray,
     fast: np.ndarray,
     rows: Any,
+    user_field: str | None = None,
 ) -> Chunk:
     """The chunk's records: Arrow's rows where usable, the per-line parser elsewhere."""
     rec_t = np.zeros(n, dtype=np.int64)
@@ -370,9 +372,20 @@ def _assemble(
     slow = ~fast
     arrow_codes: np.ndarray | None = None
     arrow_items: list[Any] = []
+    user_codes = np.full(n, -1, dtype=np.int64) if user_field is not None else None
+    user_ids: list[Any] = []
     if rows is not None:
         arrow_codes, arrow_items = _take_arrow_rows(rows, fast, slow, is_rec, rec_t, sizes)
-    rec_t, errors_by_line, slow_items = _parse_slow_lines(text, done, slow, is_rec, rec_t, sizes)
+        if user_codes is not None:
+            user_ids = _take_arrow_users(rows, fast, user_codes)
+    rec_t, errors_by_line, slow_items, slow_users = _parse_slow_lines(
+        text, done, slow, is_rec, rec_t, sizes, user_field
+    )
+    if user_codes is not None and slow_users:
+        table = {u: k for k, u in enumerate(user_ids)}
+        for i, u in slow_users.items():
+            user_codes[i] = table.setdefault(u, len(table))
+        user_ids = list(table)
     idx = np.flatnonzero(is_rec)
     items, codes = _merge_codes(arrow_items, arrow_codes, slow_items, sizes, is_rec & fast & ~slow)
     rec_sizes = sizes[idx]
@@ -389,7 +402,23 @@ def _assemble(
         buf=buf,
         starts=starts[idx],
         ends=ends[idx],
+        user_ids=user_ids if user_codes is not None else None,
+        user_codes=user_codes[idx] if user_codes is not None else None,
     )
+
+
+def _take_arrow_users(rows: Any, fast: np.ndarray, user_codes: np.ndarray) -> list[Any]:
+    """Set the user code of each usable Arrow row (the users dictionary-encoded, each
+    distinct id once) and give the distinct ids."""
+    import pyarrow.compute as pc
+
+    _, _, usable, _, _, users = rows
+    if not usable.any():
+        return []
+    vals = users.filter(usable) if not usable.all() else users
+    enc = pc.dictionary_encode(vals)
+    user_codes[np.flatnonzero(fast)[usable]] = arrow_ints(enc.indices)
+    return list(enc.dictionary.to_pylist())
 
 
 def _take_arrow_rows(
@@ -406,7 +435,7 @@ def _take_arrow_rows(
     import pyarrow.compute as pc
 
     fast_idx = np.flatnonzero(fast)
-    t, t_given, usable, offsets, values = rows
+    t, t_given, usable, offsets, values, _ = rows
     good = fast_idx[usable]
     is_rec[good] = True
     rec_t[good] = t[usable]
@@ -431,13 +460,16 @@ def _parse_slow_lines(
     is_rec: np.ndarray,
     rec_t: np.ndarray,
     sizes: np.ndarray,
-) -> tuple[np.ndarray, dict[int, str], dict[int, tuple[str, ...]]]:
+    user_field: str | None = None,
+) -> tuple[np.ndarray, dict[int, str], dict[int, tuple[str, ...]], dict[int, str]]:
     """Parse the ``slow`` lines one at a time (:func:`parse_jsonl_line`): the steps (an
-    object array once a step is past int64), the errors and the items by line index."""
+    object array once a step is past int64), the errors, the items and the user ids
+    (``user_field``) by line index."""
     errors_by_line: dict[int, str] = {}
     slow_items: dict[int, tuple[str, ...]] = {}
+    slow_users: dict[int, str] = {}
     for i in np.flatnonzero(slow).tolist():
-        rec = parse_jsonl_line(text(i), done + i + 1)
+        rec = parse_jsonl_line(text(i), done + i + 1, user_field=user_field)
         if rec is None:
             continue
         is_rec[i] = True
@@ -449,7 +481,9 @@ def _parse_slow_lines(
         else:
             slow_items[i] = rec.items  # type: ignore[assignment]
             sizes[i] = len(rec.items)  # type: ignore[arg-type]
-    return rec_t, errors_by_line, slow_items
+            if rec.user is not None:
+                slow_users[i] = rec.user
+    return rec_t, errors_by_line, slow_items, slow_users
 
 
 def _merge_codes(

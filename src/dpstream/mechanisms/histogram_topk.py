@@ -28,6 +28,7 @@ from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
 from .unknown import step_delta_divisor
+from .users import UserEventColumns
 
 if TYPE_CHECKING:
     from ..bounding import UserBounds
@@ -286,7 +287,13 @@ class UnknownTopK:
         """UnkBase's m_t: an item is listed at t only once its noisy count passes it."""
         return self.histogram.threshold_at(t)
 
-    def _check(self, events: Iterable[Any]) -> list[Any]:
+    def _check(self, events: Iterable[Any]) -> Any:
+        if isinstance(events, UserEventColumns):
+            cols = events.events
+            used = [cols.items[i] for i in np.unique(cols.codes).tolist()]
+            if all(item in self._index for item in used):
+                return events
+            events = events.pairs()  # the loop below raises the first event's error
         events = list(events)
         for event in events:
             items = event[1] if self.histogram.user_bounds is not None else event

@@ -118,18 +118,13 @@ def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
 
 def input_chunks(infile: Any, cfg: RunConfig) -> Iterator[Any]:
     """The input's records in chunks (``dpstream.io.chunks.Chunk``), in order: JSON Lines
-    with integer steps through the columnar reader, the other inputs (timestamps, CSV,
-    one step per line, user ids) record by record."""
+    with integer steps (with or without user ids) through the columnar reader, the other
+    inputs (timestamps, CSV, one step per line) record by record."""
     from ..io.chunks import chunks_from_records
     from ..io.jsonl import read_jsonl_chunks
 
-    if (
-        cfg.input_kind == "jsonl"
-        and cfg.clock is None
-        and not cfg.implicit_time
-        and cfg.user_field is None
-    ):
-        return read_jsonl_chunks(infile, cfg.input)
+    if cfg.input_kind == "jsonl" and cfg.clock is None and not cfg.implicit_time:
+        return read_jsonl_chunks(infile, cfg.input, user_field=cfg.user_field)
     return chunks_from_records(input_records(infile, cfg))
 
 

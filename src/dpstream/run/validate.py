@@ -2,11 +2,12 @@
 
 Layer 6 of dpstream (a stage of :mod:`dpstream.run.pipeline`). A step's records
 (columns of :class:`dpstream.io.chunks.StepInput`) come in; its valid events come out as
-:class:`~dpstream.mechanisms.columns.EventColumns` (or ``(user, items)`` pairs with
-``--user-field``, bounded per user by the mechanism). An invalid record (an item outside
-``--domain``, more than ``--max-items`` items, a malformed line, a step past the end)
-is dropped and counted (``skip``), cut to ``--max-items`` items by the keyed rule of
-:mod:`dpstream.mechanisms.truncation` (``truncate``), or stops the run (``error``).
+:class:`~dpstream.mechanisms.columns.EventColumns` (with ``--user-field``, with their
+users as :class:`~dpstream.mechanisms.users.UserEventColumns`, bounded per user by the
+mechanism). An invalid record (an item outside ``--domain``, more than ``--max-items``
+items, a malformed line, a step past the end) is dropped and counted (``skip``), cut
+to ``--max-items`` items by the keyed rule of :mod:`dpstream.mechanisms.truncation`
+(``truncate``), or stops the run (``error``).
 Messages never quote a record's content unless ``--verbose-errors`` is given. The
 operator's guard against a mostly invalid input is :mod:`dpstream.run.guard`.
 """
@@ -63,7 +64,7 @@ class Validator:
         users: bool = False,
         domain_index: Any = None,
     ) -> None:
-        self.users = users  # events are (user, items) pairs (--user-field)
+        self.users = users  # events carry user ids (--user-field)
         self.policy = policy
         from ..mechanisms.item_table import domain_table
 
@@ -189,7 +190,8 @@ class Validator:
             cut.changed[over] = True
 
     def _kept(self, step: Any, cut: _Cut, event_of: np.ndarray, before: np.ndarray) -> Any:
-        """The events the checks kept, as columns (or ``(user, items)`` pairs)."""
+        """The events the checks kept, as columns (with ``--user-field``, with their users:
+        :class:`~dpstream.mechanisms.users.UserEventColumns`)."""
         from ..mechanisms.columns import EventColumns
 
         drop, keep = cut.drop, cut.keep
@@ -204,9 +206,11 @@ class Validator:
         np.cumsum(sizes, out=new_offsets[1:])
         codes = step.codes
         cols = EventColumns(step.items, codes if keep.all() else codes[keep], new_offsets)
-        if self.users:  # (user, items) pairs, bounded per user by the mechanism
-            users = [u for u, d in zip(step.users, drop.tolist(), strict=True) if not d]
-            return [(u, tuple(e)) for u, e in zip(users, cols.events(), strict=True)]
+        if self.users:  # the events with their users, bounded per user by the mechanism
+            from ..mechanisms.users import UserEventColumns
+
+            user_of = step.user_codes[~drop] if drop.any() else step.user_codes
+            return UserEventColumns(step.user_ids, user_of, cols)
         return cols
 
 
