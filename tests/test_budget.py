@@ -73,13 +73,20 @@ def test_dataset_name_defaults_to_the_input_name() -> None:
     assert dataset_name({"input": "-"}) == "stdin"
 
 
-def test_budget_line_round_trips() -> None:
+def test_budget_line_round_trips_sealed() -> None:
+    import base64
+
+    k1, k2 = KEY.derive("budget-line/v1"), fixed_key("other").derive("budget-line/v1")
     line = _line("päivä data", 0.25, 1.5, stream="a b")
-    assert b" " not in line.encode()
-    back = DatasetSpend.decode(line.encode())
+    payload = line.encode(k1)
+    assert b" " not in payload and b"data" not in base64.urlsafe_b64decode(payload)
+    back = DatasetSpend.decode(payload, k1)
     assert back.dataset == "päivä data" and back.spend.rho == 0.25 and back.spend.epsilon == 1.5
-    with pytest.raises(ValueError):
-        DatasetSpend.decode(b"bm90IGpzb24")
+    for bad in (b"bm90IGpzb24", payload[:-4] + b"AAAA"):
+        with pytest.raises(ValueError):
+            DatasetSpend.decode(bad, k1)
+    with pytest.raises(ValueError):  # another key cannot read it
+        DatasetSpend.decode(payload, k2)
 
 
 # ------------------------------------------------------------------ the ledger's budget lines
@@ -163,9 +170,90 @@ def test_a_forged_budget_line_is_refused(tmp_path) -> None:
     with _open(path, "a" * 32, "s", _line("d", 0.5, 4.0)) as led:
         led.claim_scope()
     raw = path.read_bytes()
-    payload = _line("d", 0.5, 4.0).encode()
-    cheaper = _line("d", 0.001, 0.01).encode()
-    path.write_bytes(raw.replace(payload, cheaper))  # a smaller cost, the old tag
+    (line,) = [x for x in raw.split(b"\n") if x.startswith(b"B1 ")]
+    fields = line.split(b" ")
+    fields[4] = _line("d", 0.001, 0.01).encode(KEY.derive("budget-line/v1"))  # sealed right
+    path.write_bytes(raw.replace(line, b" ".join(fields)))  # a smaller cost, the old tag
     with _open(path, "b" * 32, "t", _line("d", 0.1, 1.0), BudgetCap(5.0, 1e-6)) as led:
         with pytest.raises(LedgerError, match="not written with this key"):
             led.budget_problem()
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def _events(path) -> None:
+    import json
+
+    rows = [{"t": 1 + i % 6, "items": [f"w{i % 5}", f"w{(i * 7) % 11}"]} for i in range(300)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_runs_on_one_dataset_compose_and_a_run_past_the_cap_writes_nothing(
+    tmp_path, capsys
+) -> None:
+    import json
+
+    from dpstream.cli import main
+
+    key = tmp_path / "k.key"
+    fixed_key("budget-cli").save(key)
+    _events(tmp_path / "sales.jsonl")
+    (tmp_path / "domain.txt").write_text("".join(f"w{i}\n" for i in range(11)))
+    common = ["run", "-q", "--key-file", str(key), "-i", str(tmp_path / "sales.jsonl")]
+    common += ["-T", "6", "--max-items", "2", "--budget-cap", "2.5", "--budget-cap-delta", "3e-6"]
+    unknown = [*common, "-m", "unknown", "--epsilon", "1", "--delta", "1e-6"]
+    topk = [*common, "-m", "top-k", "--k", "3", "--domain", str(tmp_path / "domain.txt")]
+    topk += ["--epsilon", "1", "--delta", "1e-6"]
+    assert main([*unknown, "-o", str(tmp_path / "u.jsonl")]) == 0
+    assert main([*topk, "-o", str(tmp_path / "k.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["budget", "--key-file", str(key), "--json", "--delta", "3e-6"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["sales.jsonl"]  # the input's name is the default dataset
+    total = doc["sales.jsonl"]
+    assert total["releases"] == 2 and [r["stream"] for r in total["runs"]] == ["default"] * 2
+    # each run is (1, 1e-6)-DP: basic composition gives (2, 2e-6), within the cap
+    assert total["epsilon"] <= 2.0 and sum(r["epsilon"] for r in total["runs"]) <= 2.0
+    rhos = [r["rho"] for r in total["runs"]]
+    assert total["rho"] == pytest.approx(sum(rhos), rel=1e-12)
+    # a third run (epsilon 2 more) passes the cap (2.5) by both analyses (basic: 4; zCDP:
+    # CKS20 at rho >= 0.024 + 0.024 + 0.088, the smallest rho of those claims, is 2.64):
+    # refused, and nothing of it is written (no output, no sidecar, the ledger unchanged)
+    ledger = tmp_path / "k.key.ledger"
+    before = ledger.read_bytes()
+    known = [*common, "-m", "known", "--domain", str(tmp_path / "domain.txt")]
+    known += ["--epsilon", "2", "--delta", "1e-6", "-o", str(tmp_path / "third.jsonl")]
+    assert main(known) == 1
+    err = capsys.readouterr().err
+    assert "dataset 'sales.jsonl' would pass its budget cap" in err and "Nothing was" in err
+    assert ledger.read_bytes() == before
+    assert not list(tmp_path.glob("third.jsonl*"))
+    # on another dataset the same run goes through; the text report names both
+    assert main([*known[:-2], "--dataset", "other", "-o", str(tmp_path / "o.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["budget", "--key-file", str(key)]) == 0
+    text = capsys.readouterr().out
+    assert "dataset other: epsilon = 2" in text and "dataset sales.jsonl: epsilon =" in text
+    assert text.count("stream default:") == 3
+    # a resumed or repeated run adds nothing: the same unknown run again is refused by
+    # the ledger's noise scope (not counted twice); with --force it is counted once
+    assert main([*unknown, "-o", str(tmp_path / "u2.jsonl"), "--force"]) == 0
+    capsys.readouterr()
+    assert main(["budget", "--key-file", str(key), "--json", "--dataset", "sales.jsonl"]) == 0
+    assert json.loads(capsys.readouterr().out)["sales.jsonl"]["releases"] == 2
+
+
+def test_a_shared_ledger_keeps_each_keys_budget_apart(tmp_path) -> None:
+    path = tmp_path / "shared.ledger"
+    with _open(path, "a" * 32, "s", _line("d", 0.5, 4.0)) as led:
+        led.claim_scope()
+    other = fixed_key("budget-other")
+    with ReleaseLedger(
+        str(path), other, "b" * 32, fsync=False, scope="s", budget=_line("d", 0.1, 1.0)
+    ) as led:
+        assert led.spends() == []  # the first key's line is not this key's budget
+        led.claim_scope()
+        assert [x.spend.epsilon for _, x in led.spends()] == [1.0]
+    with _open(path, "c" * 32, "t", None) as led:
+        assert [x.spend.epsilon for _, x in led.spends()] == [4.0]

@@ -275,15 +275,16 @@ def test_a_torn_ledger_line_after_a_kill_is_ignored_and_the_run_resumes(stream, 
     monkeypatch.setattr(dpstream.ledger, "_append", append)
     ledger = Path(f"{key_path}.ledger")
     text = ledger.read_text()
-    # the run's scope line and 5 steps (the first append holds both), a torn sixth step
-    assert text.count("\n") == 6 and not text.endswith("\n")
+    # the run's scope and budget lines and 5 steps (the first append holds all three), a
+    # torn sixth step
+    assert text.count("\n") == 7 and not text.endswith("\n")
     assert out.read_bytes().count(b"\n") == 5
     assert main(_day(cmd, tmp_path / "day1.jsonl", 1)) == 0
     assert out.read_bytes() == ref.read_bytes()
     text = ledger.read_text()
-    assert text.endswith("\n") and len(text.splitlines()) == STEPS_PER_DAY + 1
-    assert text.startswith("S1 ")
-    assert [int(line.split(" ")[2]) for line in text.splitlines()[1:]] == list(
+    assert text.endswith("\n") and len(text.splitlines()) == STEPS_PER_DAY + 2
+    assert [x[:3] for x in text.splitlines()[:3]] == ["S1 ", "B1 ", "L1 "]
+    assert [int(line.split(" ")[2]) for line in text.splitlines()[2:]] == list(
         range(1, STEPS_PER_DAY + 1)
     )
 
@@ -307,11 +308,11 @@ def test_an_edited_ledger_is_refused(stream, capsys, edit):
         assert main(_day(cmd, tmp_path / "day2.jsonl", 2)) == 0
         _restore([out, state], tmp_path / "after-day1")
     lines = ledger.read_text().splitlines(keepends=True)
-    # the line of a step (line 1 is the run's scope line): the state's last step, step 4
-    # and a step the restored state forgot
-    at = {"digest": STEPS_PER_DAY, "tag": STEPS_PER_DAY, "removed": 4, "ahead": STEPS_PER_DAY + 4}[
-        edit
-    ]
+    # the line of a step (lines 1-2 are the run's scope and budget lines): the state's
+    # last step, step 4 and a step the restored state forgot
+    at = 1 + {"digest": STEPS_PER_DAY, "tag": STEPS_PER_DAY, "removed": 4}.get(
+        edit, STEPS_PER_DAY + 4
+    )
     fields = lines[at].split(" ")
     if edit == "removed":
         del lines[at]

@@ -12,6 +12,7 @@ run released under is refused before anything is written.
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 from contextlib import closing
@@ -131,14 +132,16 @@ def test_a_deleted_state_cannot_release_the_stream_again_from_other_data(stream,
 
 def test_two_runs_without_state_of_one_key_and_settings(stream, capsys):
     """No --state: the second run of one key and settings over other data (to another
-    output) is refused, nothing written; the first run's one ledger line is its
-    keyed scope digest (no stream name, no settings)."""
+    output) is refused, nothing written; the first run's ledger lines are its keyed
+    scope digest and its budget line, sealed (no stream name, no settings in clear)."""
     tmp_path, key_path, base = stream
     base = [*base, "--stream", "clinic-visits"]
     assert main(_day(base, tmp_path, "day1", 3, out="a.jsonl", state=None)) == 0
     text = Path(f"{key_path}.ledger").read_text()
-    assert len(text.splitlines()) == 1 and text.startswith("S1 ")
+    assert [x[:3] for x in text.splitlines()] == ["S1 ", "B1 "]
     assert "clinic" not in text and "rho" not in text and "known" not in text
+    payload = base64.urlsafe_b64decode(text.splitlines()[1].split(" ")[4])
+    assert b"clinic" not in payload and b"rho" not in payload
     capsys.readouterr()
     assert main(_day(base, tmp_path, "day2", 3, out="b.jsonl", state=None)) == 1
     assert "same key and settings" in capsys.readouterr().err
@@ -211,7 +214,7 @@ def test_resuming_and_continuing_the_same_state_is_allowed(stream, monkeypatch):
     assert main(_day(base, tmp_path, "day1", 1)) == 130
     monkeypatch.setattr(Checkpoint, "commit", commit)
     lines = Path(f"{key_path}.ledger").read_text().splitlines()
-    assert [x[:3] for x in lines] == ["S1 ", "L1 "]
+    assert [x[:3] for x in lines] == ["S1 ", "B1 ", "L1 "]
     with closing(sqlite3.connect(tmp_path / "s.sqlite")) as db:
         assert db.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 0
     for d in (1, 2, 3):

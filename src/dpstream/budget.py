@@ -17,8 +17,10 @@ cap (``--budget-cap EPSILON`` with ``--budget-cap-delta``) refuses, before
 anything is released, a run that would take the dataset's total past it:
 checked when the run opens, and again under the ledger's lock when its
 line is appended, so two runs started together cannot both pass.
-``dpstream budget`` prints the totals. The lines are tagged with a subkey of
-the noise key: nobody without the key can add, edit or forge one (removing
+``dpstream budget`` prints the totals. A line's content (the dataset and stream
+names, the mechanism and its cost) is encrypted (AES-GCM) under a subkey of the
+noise key, as the ledger's other lines name no setting, and each line is tagged
+as they are: nobody without the key can read, add, edit or forge one (removing
 lines is what the release ledger's own rules guard against: keep it on storage
 that is never rolled back).
 """
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 BUDGET_LINE = b"B1 "  # a budget line of the release ledger
+BUDGET_KEY_LABEL = "budget-line/v1"  # the subkey (NoiseKey.derive) its content is sealed by
+_AAD = b"dpstream budget line 1"
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,9 @@ class DatasetSpend:
     spend: Spend
     at: str
 
-    def encode(self) -> bytes:
-        """The line's payload: URL-safe base64 of canonical JSON (no spaces)."""
+    def encode(self, key: bytes) -> bytes:
+        """The line's payload: URL-safe base64 (no spaces) of a random nonce and the
+        AES-GCM encryption under ``key`` (a 32-byte subkey) of canonical JSON."""
         s = self.spend
         doc = {
             "dataset": self.dataset,
@@ -78,13 +83,20 @@ class DatasetSpend:
             "at": self.at,
         }
         raw = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        return base64.urlsafe_b64encode(raw)
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        nonce = os.urandom(12)
+        return base64.urlsafe_b64encode(nonce + AESGCM(key).encrypt(nonce, raw, _AAD))
 
     @classmethod
-    def decode(cls, payload: bytes) -> DatasetSpend:
+    def decode(cls, payload: bytes, key: bytes) -> DatasetSpend:
         """The inverse of :meth:`encode` (``ValueError`` on anything else)."""
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         try:
-            doc = json.loads(base64.urlsafe_b64decode(payload))
+            data = base64.urlsafe_b64decode(payload)
+            doc = json.loads(AESGCM(key).decrypt(data[:12], data[12:], _AAD))
             label = f"{doc['stream']}: {doc['mechanism']}"
             spend = Spend(
                 rho=float(doc["rho"]),
@@ -101,7 +113,7 @@ class DatasetSpend:
                 spend=spend,
                 at=str(doc["at"]),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, InvalidTag) as exc:
             raise ValueError(f"not a budget line ({exc})") from None
 
 

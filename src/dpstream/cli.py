@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_view_parser(sub, parents=[common])
     _add_keygen(sub, common)
     _add_reproduce(sub, common)
+    from .run.budget import add_budget_parser
+
+    add_budget_parser(sub, parents=[common])
     return parser
 
 
@@ -217,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             "keygen": cmd_keygen,
             "reproduce": cmd_reproduce,
             "view": cmd_view,
+            "budget": cmd_budget,
         }[args.command]
         return handler(args)
     except KeyboardInterrupt:
@@ -328,6 +332,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    """``dpstream budget``: what every run spent on each dataset."""
+    from .run.budget import cmd_budget as run
+
+    return run(args)
 
 
 def cmd_view(args: argparse.Namespace) -> int:

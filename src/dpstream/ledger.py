@@ -25,10 +25,13 @@ noise scope::
 
     L1 <run id> <t> <input digest> <release digest> <tag>
     S1 <scope digest> <run id> <tag>
-    B1 <scope digest> <run id> <budget payload> <tag>
+    B1 <scope digest> <run id> <key id> <budget payload> <tag>
 
 A ``B1`` line follows a run's ``S1`` line in the same append: the run's
-dataset and its cost (:mod:`dpstream.budget`, one budget per dataset).
+dataset and its cost (:mod:`dpstream.budget`, one budget per dataset), sealed
+under the key. The key id (a keyed digest of a constant) tells this key's
+budget lines from another key's in a shared ledger; another key's lines are
+another budget, and are not read.
 
 The digests are the state's (:class:`dpstream.state.StateDigests`: keyed,
 bound to t) cut to 128 bits; the tag is an HMAC-SHA256 (cut to 128 bits) of
@@ -87,7 +90,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _crashpoints as crashpoints
-from .budget import BUDGET_LINE, DatasetSpend, budget_refusal
+from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend, budget_refusal
 from .errors import StateError
 from .privacy import BudgetCap, compose
 
@@ -193,6 +196,8 @@ class ReleaseLedger:
         self.path = path
         self.run_id = run_id
         self._key = key.derive("release-ledger/v1")
+        self._budget_key = key.derive(BUDGET_KEY_LABEL)
+        self._key_id = self._tag(b"budget key id")
         self._fsync = fsync
         self._scope = None if scope is None else self._tag(b"scope\0" + scope.encode("utf-8"))
         self.check_scope = check_scope
@@ -324,13 +329,15 @@ class ReleaseLedger:
         for raw, number in self._budget_lines:
             body, _, tag = raw.rpartition(b" ")
             fields = body.split(b" ")
-            if len(fields) != 4 or not hmac.compare_digest(self._tag(body), tag):
+            if len(fields) == 5 and fields[3] != self._key_id:
+                continue  # another key's budget
+            if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
                 raise LedgerError(
                     f"line {number} of the release ledger {self.path!r} was not written with "
                     "this key (edited or forged): refusing to trust the ledger"
                 )
             try:
-                line = DatasetSpend.decode(fields[3])
+                line = DatasetSpend.decode(fields[4], self._budget_key)
             except ValueError:
                 raise LedgerError(
                     f"line {number} of the release ledger {self.path!r} is not a budget "
@@ -477,11 +484,12 @@ class ReleaseLedger:
             raise BudgetCapError(problem)
         if any(scope == self._scope for scope, _ in self.spends()):
             return []
-        body = b"%s%s %s %s" % (
+        body = b"%s%s %s %s %s" % (
             BUDGET_LINE,
             self._scope,
             self.run_id.encode("ascii"),
-            self.budget.encode(),
+            self._key_id,
+            self.budget.encode(self._budget_key),
         )
         return [b"%s %s" % (body, self._tag(body))]
 

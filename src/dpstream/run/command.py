@@ -62,6 +62,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ..ledger import LedgerError, ReleaseLedger
 from ..logs import setup_logging
 from ..registry import MECHANISMS, make_postprocessor
+from .budget import run_cap, run_spend
 from .config import RunConfig
 from .guard import TooManyInvalidError
 from .mechanism import build_run_mechanism, make_validator
@@ -92,8 +93,10 @@ from .sink import BatchStart, Sink
 from .source import check_finished, read_checked
 
 if TYPE_CHECKING:
+    from ..budget import DatasetSpend
     from ..mechanisms.protocol import ContinualMechanism
     from ..noise import NoiseKey
+    from ..privacy import BudgetCap
     from ..state import Checkpoint, RunRecord, StateDigests
     from .validate import Validator
 
@@ -126,6 +129,8 @@ class _Built:
     scope: str
     domain_sha256: str | None
     free_ledger: ReleaseLedger | None
+    spend: DatasetSpend
+    cap: BudgetCap | None
 
 
 @dataclass
@@ -185,9 +190,10 @@ def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
     domain = domain_option(cfg.options())
     mech, stream = build_run_mechanism(cfg, key, domain)
     scope = noise_scope(mech, stream)
+    spend, cap = run_spend(cfg, mech), run_cap(cfg)  # its cost on its dataset, and the cap
     free_ledger = None  # a run without a state: a new run, checked before anything (a
     if not cfg.state:  # Parquet file) is made; its one line comes before its release
-        free_ledger = new_run_scope(cfg, key, scope, own="")[0]
+        free_ledger = new_run_scope(cfg, key, scope, own="", budget=spend, cap=cap)[0]
         free_ledger.close()
     # readable counts (--clamp, --monotone): post-processing whose state (the values
     # published so far) is replayed with the steps, or saved with the mechanism
@@ -211,6 +217,8 @@ def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
         scope=scope,
         domain_sha256=fingerprint,
         free_ledger=free_ledger,
+        spend=spend,
+        cap=cap,
     )
 
 
@@ -261,7 +269,9 @@ def _open_state(
         opened.done = True
         return opened
     if record is not None:
-        opened.ledger = open_ledger(cfg, key, ckpt, record, scope=built.scope)
+        opened.ledger = open_ledger(
+            cfg, key, ckpt, record, scope=built.scope, budget=built.spend, cap=built.cap
+        )
         stack.callback(opened.ledger.close)
         opened.go_on = go_on(ckpt, record, cfg, key, digests)
         if opened.go_on is not None:
@@ -272,7 +282,9 @@ def _open_state(
         built.stats.resumed_at = record.last_t
     if opened.new_run is not None:  # its ledger is opened once the run is recorded
         try:
-            first, opened.allow = new_run_scope(cfg, key, built.scope, own=ckpt.run_id())
+            first, opened.allow = new_run_scope(
+                cfg, key, built.scope, own=ckpt.run_id(), budget=built.spend, cap=built.cap
+            )
         except LedgerError:
             _forget_new_state(cfg, ckpt, state_existed)
             raise
@@ -346,7 +358,15 @@ def _release(
     if ckpt is not None and opened.new_run is not None:  # recorded once the output is open
         ckpt.start(**opened.new_run, replace=True)
         opened.ledger = open_ledger(
-            cfg, key, ckpt, None, scope=built.scope, check_scope=not cfg.force, allow=opened.allow
+            cfg,
+            key,
+            ckpt,
+            None,
+            scope=built.scope,
+            check_scope=not cfg.force,
+            allow=opened.allow,
+            budget=built.spend,
+            cap=built.cap,
         )
         stack.callback(opened.ledger.close)
     start_t, start_offset = (

@@ -112,6 +112,9 @@ class RunConfig:
     allow_readable_state: bool = False
     state: str | None = None
     ledger: str | None = None
+    dataset: str | None = None
+    budget_cap: float | None = None
+    budget_cap_delta: float = 1e-6
     fsync: bool = True
     # reporting and engine
     quiet: bool = False

@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..logs import log_fields
+from .budget import run_cap, run_spend
 from .scope import new_run_scope, noise_scope
 
 if TYPE_CHECKING:
@@ -34,7 +35,14 @@ def run_on_spark(cfg: RunConfig, key: NoiseKey) -> int:
         ) from None
 
     def claim(mech: Any) -> None:
-        ledger, _ = new_run_scope(cfg, key, noise_scope(mech, str(cfg.stream)), own="")
+        ledger, _ = new_run_scope(
+            cfg,
+            key,
+            noise_scope(mech, str(cfg.stream)),
+            own="",
+            budget=run_spend(cfg, mech),
+            cap=run_cap(cfg),
+        )
         with ledger:
             ledger.claim_scope()
 

@@ -17,11 +17,13 @@ import secrets
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..ledger import LedgerError, ReleaseLedger, ledger_path, scope_refusal
+from ..ledger import BudgetCapError, LedgerError, ReleaseLedger, ledger_path, scope_refusal
 
 if TYPE_CHECKING:
+    from ..budget import DatasetSpend
     from ..mechanisms.protocol import ContinualMechanism
     from ..noise import NoiseKey
+    from ..privacy import BudgetCap
     from ..state import Checkpoint, RunRecord, StateDigests
     from .config import RunConfig
 
@@ -45,7 +47,13 @@ def noise_scope(mech: ContinualMechanism, stream: str) -> str:
 
 
 def new_run_scope(
-    cfg: RunConfig, key: NoiseKey, scope: str, own: str
+    cfg: RunConfig,
+    key: NoiseKey,
+    scope: str,
+    own: str,
+    *,
+    budget: DatasetSpend | None = None,
+    cap: BudgetCap | None = None,
 ) -> tuple[ReleaseLedger, frozenset[str]]:
     """Open the ledger for a new run (one that no state resumes) and refuse it
     (:class:`LedgerError`, before anything is written) when another run released steps
@@ -55,6 +63,8 @@ def new_run_scope(
     hold its scope and its first step (a kill between the ledger and the state): it is let
     through, and returned to be allowed when the scope line of the new run is appended.
     Returns the ledger (open under ``own`` or a fresh run id) and the run ids allowed.
+    ``budget`` and ``cap``: the run's cost on its dataset and the dataset's cap; a run the
+    cap does not allow is refused here (:class:`BudgetCapError`), before anything.
     """
     ledger = ReleaseLedger(
         ledger_path(cfg.options()),
@@ -63,8 +73,13 @@ def new_run_scope(
         fsync=bool(cfg.fsync),
         scope=scope,
         check_scope=not cfg.force,
+        budget=budget,
+        cap=cap,
     )
     try:
+        problem = ledger.budget_problem()
+        if problem is not None:
+            raise BudgetCapError(problem)
         others = ledger.others()
         allow: frozenset[str] = frozenset()
         if own and ledger.in_scope(own):
@@ -96,6 +111,8 @@ def open_ledger(
     scope: str | None = None,
     check_scope: bool = False,
     allow: frozenset[str] = frozenset(),
+    budget: DatasetSpend | None = None,
+    cap: BudgetCap | None = None,
 ) -> ReleaseLedger:
     """The release ledger of the run in the state, checked against it.
 
@@ -114,6 +131,8 @@ def open_ledger(
         scope=scope,
         check_scope=check_scope,
         allow=allow,
+        budget=budget,
+        cap=cap,
     )
     try:
         last = record.last_t if record is not None else 0

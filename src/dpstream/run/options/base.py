@@ -56,6 +56,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _unit_float(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (a delta)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text}")
+    return value
+
+
 def _share(text: str) -> str:
     """An argparse type: a share from 0 to 1, as a number or a percentage (kept as text,
     read exactly by :func:`dpstream.run.settings.parse_share`)."""

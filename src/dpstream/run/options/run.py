@@ -7,7 +7,7 @@ Layer 6 of dpstream (the command line's options, :mod:`dpstream.run.options`).
 from __future__ import annotations
 
 from ...registry import CLAMP_DEFAULT, MONOTONE_DEFAULT
-from .base import Opt, _positive_float, _positive_int, _share
+from .base import Opt, _positive_float, _positive_int, _share, _unit_float
 
 CLOCK_OPTS: tuple[Opt, ...] = (
     Opt(
@@ -302,6 +302,36 @@ RUN_OPTS: tuple[Opt, ...] = (
         str,
         metavar="PATH",
         default_text="KEY-FILE.ledger, beside --key-file",
+    ),
+    Opt(
+        ("--dataset",),
+        "dataset",
+        "the name of the data this run releases from: every run on one dataset (any "
+        "stream, any mechanism) adds to one privacy budget, recorded in the release "
+        "ledger before the first release; `dpstream budget` prints the totals",
+        None,
+        str,
+        metavar="NAME",
+        default_text="the input's file or directory name",
+    ),
+    Opt(
+        ("--budget-cap",),
+        "budget_cap",
+        "the most epsilon the dataset may spend in all (at --budget-cap-delta): a run "
+        "that would take the dataset's total past it is refused before anything is "
+        "released",
+        None,
+        _positive_float,
+        metavar="EPSILON",
+        default_text="no cap",
+    ),
+    Opt(
+        ("--budget-cap-delta",),
+        "budget_cap_delta",
+        "the delta of --budget-cap",
+        1e-6,
+        _unit_float,
+        metavar="DELTA",
     ),
     Opt(
         ("--fsync",),

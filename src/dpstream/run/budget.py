@@ -1,0 +1,124 @@
+"""A run's cost on its dataset (``--dataset``, ``--budget-cap``) and ``dpstream budget``.
+
+Layer 6 of dpstream (a run's setup, and the budget command). The rules are in
+:mod:`dpstream.budget`; this module turns a run's settings and mechanism into its
+budget line and its cap, and reads the ledger for ``dpstream budget``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+from ..budget import DatasetSpend, dataset_name, format_budget, totals
+from ..privacy import BudgetCap, Spend
+from ..words import plain_mechanism
+
+if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
+    from .config import RunConfig
+
+__all__ = ["cmd_budget", "run_cap", "run_spend"]
+
+
+def run_spend(cfg: RunConfig, mech: ContinualMechanism) -> DatasetSpend:
+    """The budget line of a run of ``cfg`` with ``mech``: its guarantee for the whole
+    stream, on the dataset ``--dataset`` (default: the input's name)."""
+    guarantee = mech.privacy
+    words = plain_mechanism(guarantee.mechanism)
+    return DatasetSpend(
+        dataset=dataset_name(cfg.options()),
+        stream=str(cfg.stream),
+        mechanism=words,
+        spend=Spend.of(guarantee, f"{cfg.stream}: {words}"),
+        at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def run_cap(cfg: RunConfig) -> BudgetCap | None:
+    """``--budget-cap`` at ``--budget-cap-delta``, or None."""
+    if cfg.budget_cap is None:
+        return None
+    return BudgetCap(epsilon=float(cfg.budget_cap), delta=float(cfg.budget_cap_delta))
+
+
+def add_budget_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """The ``budget`` subcommand's options."""
+    p = sub.add_parser(
+        "budget",
+        parents=parents,
+        help="print what every run spent on each dataset (from the release ledger)",
+        description="Print, for each dataset, the runs recorded in the release ledger of a "
+        "key and their composed privacy cost (zCDP composition, or the sum of the runs' "
+        "own (epsilon, delta) claims when smaller).",
+    )
+    p.add_argument(
+        "--key-file", required=True, metavar="PATH", help="the noise key (default: none, required)"
+    )
+    p.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="the release ledger (default: KEY-FILE.ledger, beside --key-file)",
+    )
+    p.add_argument("--dataset", metavar="NAME", help="only this dataset (default: all)")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=1e-6,
+        metavar="DELTA",
+        help="the delta at which totals are stated (default: 1e-06)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of text (default: off)")
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    """``dpstream budget``: the totals of the datasets in a key's release ledger."""
+    from ..ledger import ReleaseLedger, default_ledger_path
+    from ..noise import NoiseKey
+
+    if not 0.0 < args.delta < 1.0:
+        raise ValueError(f"--delta must be in (0, 1), got {args.delta}")
+    path = args.ledger or default_ledger_path(args.key_file)
+    if not os.path.exists(path):
+        raise ValueError(f"no release ledger at {path!r}: no run with this key is on record")
+    key = NoiseKey.load(args.key_file)
+    with ReleaseLedger(path, key, "budget-reader", fsync=False) as ledger:
+        lines = [line for _, line in ledger.spends()]
+    if args.json:
+        chosen = [s for s in lines if args.dataset is None or s.dataset == args.dataset]
+        doc = {
+            name: {
+                "releases": total.releases,
+                "rho": total.rho,
+                "rho_delta": total.rho_delta,
+                "epsilon": _finite(total.epsilon_at(args.delta)),
+                "delta": args.delta,
+                "unit": total.unit,
+                "runs": [
+                    {
+                        "stream": s.stream,
+                        "mechanism": s.mechanism,
+                        "epsilon": s.spend.epsilon,
+                        "delta": s.spend.delta,
+                        "rho": s.spend.rho,
+                        "unit": s.spend.unit,
+                        "at": s.at,
+                    }
+                    for s in chosen
+                    if s.dataset == name
+                ],
+            }
+            for name, total in totals(chosen).items()
+        }
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(format_budget(lines, args.delta, args.dataset))
+    return 0
