@@ -539,21 +539,41 @@ def state_factor(strategy: BLTStrategy, steps: int) -> tuple[tuple[float, ...], 
 def _state_factor(
     theta: tuple[float, ...], omega: tuple[float, ...], n: int
 ) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(row) for row in _doubling_state(theta, omega, n)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _doubling_state(
+    theta: tuple[float, ...], omega: tuple[float, ...], n: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """(F, M^n) after the doublings of ``bin(n)``, from those of ``bin(n >> 1)``.
+
+    The doublings read the bits of n from the most significant: the state after
+    the leading bits of n is that of ``n >> 1``, followed by one doubling (and
+    one step when n is odd). Taking it from a cache of recent n therefore runs
+    the very operations of the whole loop, in the same order (the same bits),
+    with one doubling per new n instead of log2 n: an unknown domain's items
+    join at consecutive steps. Read-only results (shared by the cache).
+    """
     k = len(theta)
     d = k + 1
-    trans = [[(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0] for i in range(k)]
-    trans.append([-w for w in omega] + [1.0])
-    ones = [[1.0] for _ in range(d)]
-    factor = [[0.0] * d for _ in range(d)]
-    power = [[1.0 if i == j else 0.0 for j in range(d)] for i in range(d)]
-    for bit in bin(n)[2:] if n else "":
-        # n -> 2n: Sigma + P Sigma P^T, P = M^n
-        factor = _triangular(_side_by_side(factor, _matmul(power, factor)))
-        power = _matmul(power, power)
-        if bit == "1":  # n -> n + 1: M Sigma M^T + e e^T
-            factor = _triangular(_side_by_side(_matmul(trans, factor), ones))
-            power = _matmul(trans, power)
-    return tuple(tuple(row) for row in factor)
+    if n == 0:
+        return [[0.0] * d for _ in range(d)], [
+            [1.0 if i == j else 0.0 for j in range(d)] for i in range(d)
+        ]
+    factor, power = _doubling_state(theta, omega, n >> 1)
+    # n -> 2n: Sigma + P Sigma P^T, P = M^n
+    factor = _triangular(_side_by_side(factor, _matmul(power, factor)))
+    power = _matmul(power, power)
+    if n & 1:  # n -> n + 1: M Sigma M^T + e e^T
+        trans = [
+            [(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0] for i in range(k)
+        ]
+        trans.append([-w for w in omega] + [1.0])
+        ones = [[1.0] for _ in range(d)]
+        factor = _triangular(_side_by_side(_matmul(trans, factor), ones))
+        power = _matmul(trans, power)
+    return factor, power
 
 
 def _matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
