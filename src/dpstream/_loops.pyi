@@ -6,7 +6,7 @@ arrays are filled in place. ``data``, ``offsets`` and ``slots`` are an item tabl
 or uint64.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,3 +58,10 @@ def flatten_events(
     events: Sequence[Sequence[object]], offsets: _I64, /
 ) -> list[str | int | bytes] | None: ...
 def siphash13(key: Buffer, data: Buffer, /) -> int: ...
+def sha256_sum(
+    items: Sequence[object], prefix: Buffer, encode: Callable[[Any], bytes], /
+) -> tuple[int, int]: ...
+def blake2b_ids(
+    items: Sequence[object], key: Buffer, encode: Callable[[Any], bytes], out: _U64, /
+) -> None: ...
+def sha256_portable(flag: bool, /) -> bool: ...
