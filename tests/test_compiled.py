@@ -599,3 +599,53 @@ def test_item_hashes_in_c_refuse_what_encode_item_refuses():
         loops.blake2b_ids(["a"], b"k", encode_item, np.empty((1, 2), dtype=np.float64))
     with pytest.raises(TypeError, match="non-empty bytes"):
         loops.sha256_sum([1.5], _ITEM_PREFIX, lambda x: "s")
+
+
+# --------------------------------------------------------------------------- BLT step
+
+
+def test_blt_step_in_c_gives_the_numpy_bits():
+    """stream_step through the C loop and through NumPy, from the same state: the same
+    bits in z, the buffers and the running sums, for 0 to 6 buffers, on contiguous
+    arrays and on column slices of wider ones (as BLTNoise steps a chunk), over
+    many steps (errors would compound) and values of every magnitude."""
+    from dpstream.factorization import blt_for_horizon, stream_step
+
+    rng = np.random.default_rng(11)
+    for k in range(7):
+        if k:
+            s = blt_for_horizon(1000, k)
+            theta, omega = s.theta, s.omega
+        else:
+            theta, omega = (), ()
+        for n, lo in ((1, 0), (7, 3), (1000, 0), (5000, 123)):
+            wide = rng.standard_normal((k, n + lo + 9)) * 10.0 ** rng.integers(-8, 9, (k, 1))
+            total = rng.standard_normal(n + lo) * 1e3
+            states = []
+            for use_c in (True, False):
+                b, tot = wide.copy(), total.copy()
+                zs = []
+                for step in range(20):
+                    z = np.random.default_rng(step).standard_normal(n) * 3.0
+                    if use_c:
+                        assert compiled.blt_step(theta, omega, b[:, lo : lo + n], tot[lo:], z)
+                    else:
+                        with compiled.numpy_only():
+                            stream_step(theta, omega, b[:, lo : lo + n], tot[lo:], z)
+                    zs.append(z)
+                states.append((b, tot, np.array(zs)))
+            for got, want in zip(states[0], states[1], strict=True):
+                assert np.array_equal(got.view(np.int64), want.view(np.int64)), (k, n)
+
+
+def test_blt_step_in_c_leaves_other_layouts_to_numpy():
+    """Arrays the C loop does not read (another dtype, a strided running sum,
+    buffers whose rows are not contiguous) go to the NumPy path, untouched."""
+    theta, omega = (0.9, 0.5), (0.1, 0.2)
+    buffers, total, z = np.zeros((2, 8)), np.zeros(8), np.ones(8)
+    assert not compiled.blt_step(theta, omega, buffers.astype(np.float32), total, z)
+    assert not compiled.blt_step(theta, omega, buffers, np.zeros(16)[::2], z)
+    assert not compiled.blt_step(theta, omega, np.zeros((8, 2)).T, total, z)
+    assert not total.any() and np.array_equal(z, np.ones(8))
+    with pytest.raises(ValueError, match="shapes"):
+        compiled.loops().blt_step(np.array(theta), np.array(omega), buffers, total, np.ones(7))

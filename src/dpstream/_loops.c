@@ -1480,6 +1480,82 @@ sha256_portable(PyObject *self, PyObject *arg)
     return PyBool_FromLong(before);
 }
 
+/* blt_step(theta, omega, buffers, total, z): one step of the streamed BLT noise over
+ * many items, in place, the operations of factorization.stream_step per item and in
+ * its order: acc = omega_0 buf_0; acc += omega_i buf_i (i = 1..k-1); u = z - acc;
+ * z = u; buf_i = theta_i buf_i; buf_i += u; total += u. ``buffers``: float64 of shape
+ * (k, n), each row contiguous (rows may be spaced: a column slice of a wider array);
+ * total and z: contiguous float64 of n. */
+static PyObject *
+blt_step(PyObject *self, PyObject *args)
+{
+    PyObject *tobj, *oobj, *bobj, *sobj, *zobj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &tobj, &oobj, &bobj, &sobj, &zobj))
+        return NULL;
+    Py_buffer th, om, buf, tot, z;
+    if (get(tobj, &th, 0, F64, "theta") < 0)
+        return NULL;
+    PyObject *res = NULL;
+    int got = 1;
+    if (get(oobj, &om, 0, F64, "omega") < 0)
+        goto done;
+    got = 2;
+    if (PyObject_GetBuffer(bobj, &buf, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 3;
+    if (!format_is(&buf, F64) || buf.ndim != 2 ||
+        (buf.shape[0] > 0 && (buf.strides[1] != 8 || buf.strides[0] % 8))) {
+        PyErr_SetString(PyExc_TypeError, "buffers: float64 rows, each contiguous");
+        goto done;
+    }
+    if (get(sobj, &tot, 1, F64, "total") < 0)
+        goto done;
+    got = 4;
+    if (get(zobj, &z, 1, F64, "z") < 0)
+        goto done;
+    got = 5;
+    Py_ssize_t k = th.len / 8, n = z.len / 8;
+    if (om.len / 8 != k || buf.shape[0] != k || buf.shape[1] != n || tot.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "blt_step: shapes do not agree");
+        goto done;
+    }
+    const double *t = th.buf, *o = om.buf;
+    double *b = buf.buf, *s = tot.buf, *u = z.buf;
+    Py_ssize_t row = buf.strides[0] / 8;
+    if (k == 0) {
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] += u[j];
+    } else {
+        for (Py_ssize_t j = 0; j < n; j++) {
+            double acc = b[j] * o[0];
+            for (Py_ssize_t i = 1; i < k; i++) {
+                double p = b[i * row + j] * o[i];
+                acc += p;
+            }
+            double v = u[j] - acc;
+            u[j] = v;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                double w = b[i * row + j] * t[i];
+                b[i * row + j] = w + v;
+            }
+            s[j] += v;
+        }
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    if (got > 4)
+        PyBuffer_Release(&z);
+    if (got > 3)
+        PyBuffer_Release(&tot);
+    if (got > 2)
+        PyBuffer_Release(&buf);
+    if (got > 1)
+        PyBuffer_Release(&om);
+    PyBuffer_Release(&th);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"ziggurat", ziggurat, METH_VARARGS,
      "The ziggurat's fast path and wedge test over a chunk (see dpstream.compiled)."},
@@ -1503,6 +1579,8 @@ static PyMethodDef methods[] = {
      "Sum mod 2^128 of the items' SHA-256 fingerprints (prefix + canonical bytes)."},
     {"blake2b_ids", blake2b_ids, METH_VARARGS,
      "Keyed BLAKE2b-128 of the items' canonical bytes, into out."},
+    {"blt_step", blt_step, METH_VARARGS,
+     "One step of the streamed BLT noise over many items, in place (stream_step's twin)."},
     {"sha256_portable", sha256_portable, METH_O,
      "SHA-256 without the x86 SHA extensions (True) or with them where there (False)."},
     {NULL, NULL, 0, NULL},

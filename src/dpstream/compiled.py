@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,6 +39,7 @@ import numpy as np
 
 __all__ = [
     "ENV",
+    "blt_step",
     "MIN_ITEMS",
     "enabled",
     "fingerprint_sum",
@@ -250,4 +251,34 @@ def item_digests_into(
     if loops is None or sys.byteorder != "little":
         return False
     loops.blake2b_ids(items, key, encode, out)
+    return True
+
+
+def blt_step(
+    theta: Sequence[float],
+    omega: Sequence[float],
+    buffers: np.ndarray,
+    total: np.ndarray,
+    z: np.ndarray,
+) -> bool:
+    """:func:`dpstream.factorization.stream_step` in C (one pass over each item's
+    state instead of 4k + 1 NumPy passes; the same operations, so the same bits), or
+    False (nothing changed) when the loops are off or an array is not native
+    float64 in the layout the loop reads (rows of ``buffers`` contiguous; ``total``
+    and ``z`` contiguous)."""
+    loops = _loops()
+    if loops is None:
+        return False
+    for a in (buffers, total, z):
+        if a.dtype != np.float64 or not a.dtype.isnative:
+            return False
+    if buffers.ndim != 2:
+        return False
+    if buffers.shape[0] and (buffers.strides[1] != 8 or buffers.strides[0] % 8):
+        return False  # (no buffers, none read: any strides)
+    if not (total.flags.c_contiguous and z.flags.c_contiguous):
+        return False
+    loops.blt_step(
+        np.asarray(theta, dtype=np.float64), np.asarray(omega, dtype=np.float64), buffers, total, z
+    )
     return True

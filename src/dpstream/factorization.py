@@ -98,6 +98,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import compiled
 from ._checks import check_int
 
 __all__ = [
@@ -476,6 +477,8 @@ def stream_step(
     the blocking): a step over many items, over one, or replayed from scratch
     give the same bits.
     """
+    if compiled.blt_step(theta, omega, buffers, total, z):
+        return  # (the same operations in C, one pass per item)
     k = len(theta)
     n = z.shape[0]
     if k == 0:
