@@ -91,6 +91,21 @@ def test_state_factor_memoised_doublings_keep_the_bits(horizon, buffers):
         assert np.array_equal(got.view(np.int64), ref.view(np.int64)), n
 
 
+def test_state_factor_bits_are_pinned():
+    """The factor is part of the released noise of every item that joins a BLT stream
+    late: its bits over many n and three strategies, pinned when the doublings were
+    memoised (the digest of the code before, which computed each n from scratch)."""
+    from dpstream.factorization import _state_factor
+
+    h = hashlib.sha256()
+    for horizon, buffers in [(1000, 4), (10**6, 3), (200, 1)]:
+        s = blt_for_horizon(horizon, buffers)
+        for n in [*range(0, 300), 511, 512, 513, 999, 4095, 65535, 65536, 999_998]:
+            if n < horizon:
+                h.update(np.array(_state_factor(s.theta, s.omega, n), dtype="<f8").tobytes())
+    assert h.hexdigest() == "45818e3e21a5c2cbea3d4679b5f6e49471f8852cb9b0e0523e98a2a5f1adb45b"
+
+
 def test_noise_matrix_is_b():
     """B's entries from the noise column: (B B^T)[t, t] = ||row_t(B)||^2."""
     s = blt_for_horizon(50)

@@ -91,6 +91,7 @@ import contextlib
 import functools
 import json
 import math
+import operator
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -580,8 +581,11 @@ def _doubling_state(
 
 
 def _matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    # (fsum is correctly rounded: map(mul) feeds it the very products the generator did)
     cols = list(zip(*b, strict=True))
-    return [[math.fsum(x * y for x, y in zip(row, col, strict=True)) for col in cols] for row in a]
+    if any(len(row) != len(b) for row in a):
+        raise ValueError("_matmul: the inner dimensions differ")
+    return [[math.fsum(map(operator.mul, row, col)) for col in cols] for row in a]
 
 
 def _side_by_side(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
@@ -595,14 +599,14 @@ def _triangular(a: list[list[float]]) -> list[list[float]]:
     x = [list(col) for col in zip(*a, strict=True)]  # A^T, p x d
     for j in range(d):
         v = [x[i][j] for i in range(j, p)]
-        norm = math.sqrt(math.fsum(c * c for c in v))
+        norm = math.sqrt(math.fsum(map(operator.mul, v, v)))
         if norm == 0.0:
             continue
         alpha = -math.copysign(norm, v[0])
         v[0] -= alpha  # |v[0]| = |x_jj| + norm > 0: no cancellation
-        vv = math.fsum(c * c for c in v)
+        vv = math.fsum(map(operator.mul, v, v))
         for c in range(j + 1, d):
-            f = 2.0 * math.fsum(v[i] * x[j + i][c] for i in range(len(v))) / vv
+            f = 2.0 * math.fsum(map(operator.mul, v, [row[c] for row in x[j:]])) / vv
             for i in range(len(v)):
                 x[j + i][c] -= f * v[i]
         x[j][j] = alpha
