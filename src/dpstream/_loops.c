@@ -1257,7 +1257,7 @@ item_bytes(PyObject *item, PyObject *encode, char *tag, const char **data, Py_ss
     *hold = NULL;
     if (PyUnicode_CheckExact(item)) {
         *tag = 's';
-        if (PyUnicode_IS_ASCII(item)) {
+        if (PyUnicode_IS_COMPACT_ASCII(item)) {
             *data = (const char *)PyUnicode_DATA(item);
             *len = PyUnicode_GET_LENGTH(item);
             return 0;
