@@ -649,3 +649,20 @@ def test_blt_step_in_c_leaves_other_layouts_to_numpy():
     assert not total.any() and np.array_equal(z, np.ones(8))
     with pytest.raises(ValueError, match="shapes"):
         compiled.loops().blt_step(np.array(theta), np.array(omega), buffers, total, np.ones(7))
+
+
+def test_event_duplicates_refuses_inconsistent_arrays():
+    """Offsets that do not cover the columns, run backwards or make an event wider
+    than 64: an error, nothing read out of bounds."""
+    loops = compiled.loops()
+    cols = np.arange(100, dtype=np.int64)
+    keep, distinct = np.empty(100, dtype=bool), np.empty(2, dtype=np.int64)
+    for offsets in ([0, 50, 99], [0, 60, 50], [0, 30, 100]):
+        off = np.array(offsets, dtype=np.int64)
+        with pytest.raises(ValueError):
+            loops.event_duplicates(cols, off, keep, distinct)
+    off = np.array([0, 50, 100], dtype=np.int64)
+    assert loops.event_duplicates(cols, off, keep, distinct) == 0
+    assert keep.all() and distinct.tolist() == [50, 50]
+    with pytest.raises(ValueError, match="do not agree"):
+        loops.event_duplicates(cols, off, np.empty(99, dtype=bool), distinct)

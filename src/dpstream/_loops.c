@@ -1556,6 +1556,74 @@ done:
     return res;
 }
 
+/* event_duplicates(cols, offsets, keep, distinct): keep[i] = 0 when occurrence i
+ * repeats an earlier occurrence of its event (same column), else 1; distinct[e] =
+ * the kept occurrences of event e; returns the number not kept. The twin of the
+ * NumPy path of columns.distinct_in_events, for events of at most 64 items (each
+ * occurrence is compared with the earlier ones of its event: O(width^2)); the
+ * caller checks the width. cols, offsets, distinct: int64; keep: one byte each. */
+static PyObject *
+event_duplicates(PyObject *self, PyObject *args)
+{
+    PyObject *cobj, *oobj, *kobj, *dobj;
+    if (!PyArg_ParseTuple(args, "OOOO", &cobj, &oobj, &kobj, &dobj))
+        return NULL;
+    Py_buffer c, o, k, d;
+    if (get(cobj, &c, 0, I64, "cols") < 0)
+        return NULL;
+    PyObject *res = NULL;
+    int got = 1;
+    if (get(oobj, &o, 0, I64, "offsets") < 0)
+        goto done;
+    got = 2;
+    if (PyObject_GetBuffer(kobj, &k, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 3;
+    if (get(dobj, &d, 1, I64, "distinct") < 0)
+        goto done;
+    got = 4;
+    Py_ssize_t n = c.len / 8, ne = o.len / 8 - 1;
+    const int64_t *col = c.buf, *off = o.buf;
+    if (ne < 0 || k.len != n || d.len / 8 != ne || off[0] != 0 || off[ne] != n) {
+        PyErr_SetString(PyExc_ValueError, "event_duplicates: the arrays do not agree");
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < ne; e++) {
+        if (off[e + 1] < off[e] || off[e + 1] - off[e] > 64) {
+            PyErr_SetString(PyExc_ValueError,
+                            "event_duplicates: offsets out of order or wider than 64");
+            goto done;
+        }
+    }
+    unsigned char *keep = k.buf;
+    int64_t *dist = d.buf, dups = 0;
+    for (Py_ssize_t e = 0; e < ne; e++) {
+        int64_t kept = 0;
+        for (int64_t i = off[e]; i < off[e + 1]; i++) {
+            int seen = 0;
+            for (int64_t j = off[e]; j < i; j++)
+                if (col[j] == col[i]) {
+                    seen = 1;
+                    break;
+                }
+            keep[i] = (unsigned char)!seen;
+            kept += !seen;
+        }
+        dist[e] = kept;
+        dups += (off[e + 1] - off[e]) - kept;
+    }
+    res = PyLong_FromLongLong((long long)dups);
+done:
+    if (got > 3)
+        PyBuffer_Release(&d);
+    if (got > 2)
+        PyBuffer_Release(&k);
+    if (got > 1)
+        PyBuffer_Release(&o);
+    PyBuffer_Release(&c);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"ziggurat", ziggurat, METH_VARARGS,
      "The ziggurat's fast path and wedge test over a chunk (see dpstream.compiled)."},
@@ -1579,6 +1647,8 @@ static PyMethodDef methods[] = {
      "Sum mod 2^128 of the items' SHA-256 fingerprints (prefix + canonical bytes)."},
     {"blake2b_ids", blake2b_ids, METH_VARARGS,
      "Keyed BLAKE2b-128 of the items' canonical bytes, into out."},
+    {"event_duplicates", event_duplicates, METH_VARARGS,
+     "Which occurrences repeat an earlier one of their event, and each event's distinct."},
     {"blt_step", blt_step, METH_VARARGS,
      "One step of the streamed BLT noise over many items, in place (stream_step's twin)."},
     {"sha256_portable", sha256_portable, METH_O,
