@@ -1522,6 +1522,8 @@ blt_step(PyObject *self, PyObject *args)
     const double *t = th.buf, *o = om.buf;
     double *b = buf.buf, *s = tot.buf, *u = z.buf;
     Py_ssize_t row = buf.strides[0] / 8;
+    /* (no Python object is touched: the noise kernel's threads step other chunks) */
+    Py_BEGIN_ALLOW_THREADS
     if (k == 0) {
         for (Py_ssize_t j = 0; j < n; j++)
             s[j] += u[j];
@@ -1541,6 +1543,7 @@ blt_step(PyObject *self, PyObject *args)
             s[j] += v;
         }
     }
+    Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     res = Py_None;
 done:
