@@ -233,15 +233,28 @@ def test_arrow_chunks_with_unusable_rows_match(seed):
     assert _columnar(text, 9, 1 << 20, True) == _reference(text, 9, True)
 
 
-@pytest.mark.parametrize("width", [1, 3, 16, 40])
-def test_distinct_in_events_against_brute_force(width):
+@pytest.mark.parametrize("use_c", [True, False])
+@pytest.mark.parametrize("width,values", [(1, 12), (3, 12), (16, 12), (40, 12), (64, 40)])
+@pytest.mark.parametrize("width_extra", [0, 1, 50])
+def test_distinct_in_events_against_brute_force(width, values, width_extra, use_c):
+    """The C loop (events up to 64 wide) and the NumPy paths (shifted copies up to
+    16, a sort beyond) against sets, with and without repeats."""
+    from dpstream import compiled
     from dpstream.mechanisms.columns import distinct_in_events
 
-    rng = np.random.default_rng(width)  # simulation data only
-    sizes = rng.integers(0, width + 1, 200)
+    if use_c and not compiled.enabled():
+        pytest.skip("the C loops are not built here")
+    rng = np.random.default_rng(width + width_extra)  # simulation data only
+    sizes = rng.integers(0, width + width_extra + 1, 200)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    cols = rng.integers(0, 12, int(offsets[-1]))
-    keep, distinct = distinct_in_events(cols, offsets)
+    cols = rng.integers(0, values, int(offsets[-1]))
+    if width_extra == 1:  # no repeats at all
+        cols = np.arange(int(offsets[-1]), dtype=np.int64)
+    if use_c:
+        keep, distinct = distinct_in_events(cols, offsets)
+    else:
+        with compiled.numpy_only():
+            keep, distinct = distinct_in_events(cols, offsets)
     want_keep, want_distinct = [], []
     for a, b in zip(offsets[:-1], offsets[1:], strict=True):
         seen: set[int] = set()

@@ -455,3 +455,214 @@ def test_rounded_releases_format_alike_with_and_without_the_loops(meta):
         f = cls(True)
         want = f._format_dict(rel) if hasattr(f, "_format_dict") else f._format_rows(rel)
         assert fast == arrow == want == f._format_rows(rel), cls.__name__
+
+
+# --------------------------------------------------------------------------- item hashes
+
+
+def random_items(rng: random.Random, n: int) -> list[object]:
+    """Items of every kind encode_item takes, at lengths around the hashes' block
+    boundaries (SHA-256: 64 bytes with 9 of padding; BLAKE2b: 128): ASCII and
+    non-ASCII str (2-, 3- and 4-byte UTF-8, lone surrogates), empty str and bytes,
+    ints of any size and sign, bytes, bytearray, NumPy integers and str, and str and
+    int subclasses (hashed through encode_item itself)."""
+
+    class Label(str):
+        pass
+
+    class Number(int):
+        pass
+
+    lengths = [0, 1, 2, 21, 31, 32, 33, 41, 42, 43, 54, 55, 56, 63, 64, 65, 100]
+    lengths += [126, 127, 128, 129, 200, 255, 256, 257, 1000, 5000]
+    wide = [0xE9, 0x3B1, 0x20AC, 0x4E2D, 0xD800, 0xDFFF, 0x1F600, 0x10FFFF, 0x7F, 0x80]
+    out: list[object] = []
+    for _ in range(n):
+        size = rng.choice(lengths)
+        kind = rng.randrange(10)
+        if kind == 0:
+            out.append("".join(chr(rng.randrange(32, 127)) for _ in range(size)))
+        elif kind == 1:
+            out.append("".join(chr(rng.choice(wide)) for _ in range(size)))
+        elif kind == 2:
+            out.append(rng.randrange(-(10 ** min(size, 1000)), 10 ** min(size, 1000) + 1))
+        elif kind == 3:
+            out.append(bytes(rng.randrange(256) for _ in range(size)))
+        elif kind == 4:
+            out.append(bytearray(rng.randrange(256) for _ in range(size)))
+        elif kind == 5:
+            out.append(np.int64(rng.randrange(-(2**63), 2**63)))
+        elif kind == 6:
+            out.append(np.str_("n" * size))
+        elif kind == 7:
+            out.append(Label("x" * size))
+        elif kind == 8:
+            out.append(Number(rng.randrange(-(2**70), 2**70)))
+        else:
+            out.append(rng.randrange(-3, 4))
+    return out
+
+
+def hashlib_ids(key: bytes, items: list[object]) -> np.ndarray:
+    import hashlib
+
+    from dpstream.noise import encode_item
+
+    return np.array(
+        [
+            np.frombuffer(
+                hashlib.blake2b(encode_item(x), key=key, digest_size=16).digest(), dtype="<u8"
+            )
+            for x in items
+        ]
+    ).reshape(-1, 2)
+
+
+@pytest.fixture(params=["sha-extensions", "portable"])
+def sha_path(request):
+    """Run SHA-256 with the x86 SHA extensions where the CPU has them, then with the
+    portable rounds (on a CPU without them, both are the portable rounds)."""
+    loops = compiled.loops()
+    loops.sha256_portable(request.param == "portable")
+    yield request.param
+    loops.sha256_portable(False)
+
+
+def test_domain_fingerprints_in_c_are_hashlibs(sha_path):
+    """The C sum of SHA-256 fingerprints is hashlib's, on every kind of item, for
+    every prefix length across a block, and the domain tag is the Python path's."""
+    import hashlib
+
+    from dpstream.mechanisms.known import _ITEM_PREFIX, domain_tag, item_fingerprint
+    from dpstream.noise import encode_item
+
+    rng = random.Random(7)
+    items = random_items(rng, 3000)
+    want = sum(item_fingerprint(x) for x in items) % (1 << 128)
+    assert compiled.fingerprint_sum(items, _ITEM_PREFIX, encode_item) == want
+    for x in items[:600]:  # one at a time: each item's own digest, not only the sum
+        assert compiled.fingerprint_sum([x], _ITEM_PREFIX, encode_item) == item_fingerprint(x)
+    for size in range(0, 130):  # prefixes that push the message over block edges
+        prefix = bytes(rng.randrange(256) for _ in range(size))
+        part = items[size * 10 : size * 10 + 10]
+        expect = sum(
+            int.from_bytes(hashlib.sha256(prefix + encode_item(x)).digest()[:16], "big")
+            for x in part
+        )
+        assert compiled.fingerprint_sum(part, prefix, encode_item) == expect % (1 << 128)
+    tag = domain_tag(items)
+    with compiled.numpy_only():
+        assert domain_tag(items) == tag
+    assert domain_tag(iter(items)) == tag and domain_tag(tuple(items)) == tag
+
+
+def test_item_ids_in_c_are_hashlibs():
+    """Keyed BLAKE2b-128 in C gives hashlib's digests on every kind of item, for
+    keys of 1 to 64 bytes, and NoiseSource.item_ids the Python path's ids."""
+    rng = random.Random(8)
+    items = random_items(rng, 3000)
+    from dpstream.noise import encode_item
+
+    for size in (1, 7, 16, 32, 33, 63, 64):
+        key = bytes(rng.randrange(256) for _ in range(size))
+        out = np.empty((len(items), 2), dtype="<u8")
+        assert compiled.item_digests_into(items, key, encode_item, out)
+        assert np.array_equal(out, hashlib_ids(key, items)), size
+    src = NoiseSource(fixed_key("ids"), "p")
+    ids = src.item_ids(items)
+    with compiled.numpy_only():
+        assert np.array_equal(src.item_ids(items), ids)
+        assert np.array_equal(src.item_ids(iter(items)), ids)
+    assert np.array_equal(src.item_ids(iter(items)), ids)
+    assert np.array_equal(src.item_ids(tuple(items)), ids)
+
+
+def test_item_hashes_in_c_refuse_what_encode_item_refuses():
+    """A bool, a float or another object among str items: the TypeError of
+    encode_item, from the C loops as from the Python path; bad arguments refused."""
+    from dpstream.mechanisms.known import _ITEM_PREFIX, domain_tag
+    from dpstream.noise import encode_item
+
+    src = NoiseSource(fixed_key("ids"), "p")
+    for bad in (True, np.bool_(False), 1.5, None, ("a",)):
+        items = [f"a{i}" for i in range(100)] + [bad]
+        with pytest.raises(TypeError, match="items must be str, int or bytes"):
+            src.item_ids(items)
+        with pytest.raises(TypeError, match="items must be str, int or bytes"):
+            domain_tag(items)
+    loops = compiled.loops()
+    with pytest.raises(ValueError, match="two words per item"):
+        loops.blake2b_ids(["a", "b"], b"k", encode_item, np.empty((1, 2), dtype="<u8"))
+    with pytest.raises(ValueError, match="1 to 64 bytes"):
+        loops.blake2b_ids(["a"], b"k" * 65, encode_item, np.empty((1, 2), dtype="<u8"))
+    with pytest.raises(TypeError):
+        loops.blake2b_ids(["a"], b"k", encode_item, np.empty((1, 2), dtype=np.float64))
+    with pytest.raises(TypeError, match="non-empty bytes"):
+        loops.sha256_sum([1.5], _ITEM_PREFIX, lambda x: "s")
+
+
+# --------------------------------------------------------------------------- BLT step
+
+
+def test_blt_step_in_c_gives_the_numpy_bits():
+    """stream_step through the C loop and through NumPy, from the same state: the same
+    bits in z, the buffers and the running sums, for 0 to 6 buffers, on contiguous
+    arrays and on column slices of wider ones (as BLTNoise steps a chunk), over
+    many steps (errors would compound) and values of every magnitude."""
+    from dpstream.factorization import blt_for_horizon, stream_step
+
+    rng = np.random.default_rng(11)
+    for k in range(7):
+        if k:
+            s = blt_for_horizon(1000, k)
+            theta, omega = s.theta, s.omega
+        else:
+            theta, omega = (), ()
+        for n, lo in ((1, 0), (7, 3), (1000, 0), (5000, 123)):
+            wide = rng.standard_normal((k, n + lo + 9)) * 10.0 ** rng.integers(-8, 9, (k, 1))
+            total = rng.standard_normal(n + lo) * 1e3
+            states = []
+            for use_c in (True, False):
+                b, tot = wide.copy(), total.copy()
+                zs = []
+                for step in range(20):
+                    z = np.random.default_rng(step).standard_normal(n) * 3.0
+                    if use_c:
+                        assert compiled.blt_step(theta, omega, b[:, lo : lo + n], tot[lo:], z)
+                    else:
+                        with compiled.numpy_only():
+                            stream_step(theta, omega, b[:, lo : lo + n], tot[lo:], z)
+                    zs.append(z)
+                states.append((b, tot, np.array(zs)))
+            for got, want in zip(states[0], states[1], strict=True):
+                assert np.array_equal(got.view(np.int64), want.view(np.int64)), (k, n)
+
+
+def test_blt_step_in_c_leaves_other_layouts_to_numpy():
+    """Arrays the C loop does not read (another dtype, a strided running sum,
+    buffers whose rows are not contiguous) go to the NumPy path, untouched."""
+    theta, omega = (0.9, 0.5), (0.1, 0.2)
+    buffers, total, z = np.zeros((2, 8)), np.zeros(8), np.ones(8)
+    assert not compiled.blt_step(theta, omega, buffers.astype(np.float32), total, z)
+    assert not compiled.blt_step(theta, omega, buffers, np.zeros(16)[::2], z)
+    assert not compiled.blt_step(theta, omega, np.zeros((8, 2)).T, total, z)
+    assert not total.any() and np.array_equal(z, np.ones(8))
+    with pytest.raises(ValueError, match="shapes"):
+        compiled.loops().blt_step(np.array(theta), np.array(omega), buffers, total, np.ones(7))
+
+
+def test_event_duplicates_refuses_inconsistent_arrays():
+    """Offsets that do not cover the columns, run backwards or make an event wider
+    than 64: an error, nothing read out of bounds."""
+    loops = compiled.loops()
+    cols = np.arange(100, dtype=np.int64)
+    keep, distinct = np.empty(100, dtype=bool), np.empty(2, dtype=np.int64)
+    for offsets in ([0, 50, 99], [0, 60, 50], [0, 30, 100]):
+        off = np.array(offsets, dtype=np.int64)
+        with pytest.raises(ValueError):
+            loops.event_duplicates(cols, off, keep, distinct)
+    off = np.array([0, 50, 100], dtype=np.int64)
+    assert loops.event_duplicates(cols, off, keep, distinct) == 0
+    assert keep.all() and distinct.tolist() == [50, 50]
+    with pytest.raises(ValueError, match="do not agree"):
+        loops.event_duplicates(cols, off, np.empty(99, dtype=bool), distinct)

@@ -56,6 +56,56 @@ def test_state_factor_is_the_state_covariance(horizon, buffers):
     assert (f @ f.T)[k, k] == pytest.approx(s.variance_factor(horizon - 1), rel=1e-10)
 
 
+def _factor_by_the_whole_loop(theta, omega, n):
+    """The doublings of bin(n) from n = 0, in one loop (state_factor before it took each
+    n's doubling state from that of n >> 1): the reference for its bits."""
+    from dpstream.factorization import _matmul, _side_by_side, _triangular
+
+    k = len(theta)
+    d = k + 1
+    trans = [[(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0] for i in range(k)]
+    trans.append([-w for w in omega] + [1.0])
+    ones = [[1.0] for _ in range(d)]
+    factor = [[0.0] * d for _ in range(d)]
+    power = [[1.0 if i == j else 0.0 for j in range(d)] for i in range(d)]
+    for bit in bin(n)[2:] if n else "":
+        factor = _triangular(_side_by_side(factor, _matmul(power, factor)))
+        power = _matmul(power, power)
+        if bit == "1":
+            factor = _triangular(_side_by_side(_matmul(trans, factor), ones))
+            power = _matmul(trans, power)
+    return tuple(tuple(row) for row in factor)
+
+
+@pytest.mark.parametrize("horizon,buffers", [(1000, 4), (10**6, 3), (200, 1)])
+def test_state_factor_memoised_doublings_keep_the_bits(horizon, buffers):
+    """The memoised doublings give the very bits of the whole loop, at consecutive n (as
+    items join an unknown domain), scattered n and n near powers of two."""
+    s = blt_for_horizon(horizon, buffers)
+    rng = np.random.default_rng(3)  # test inputs only
+    ns = [*range(0, 200), *rng.integers(0, horizon, 50).tolist()]
+    ns += [2**j + o for j in range(1, 20) for o in (-1, 0, 1) if 2**j + o < horizon]
+    for n in ns:
+        got = np.array(state_factor(s, n), dtype=np.float64)
+        ref = np.array(_factor_by_the_whole_loop(s.theta, s.omega, n), dtype=np.float64)
+        assert np.array_equal(got.view(np.int64), ref.view(np.int64)), n
+
+
+def test_state_factor_bits_are_pinned():
+    """The factor is part of the released noise of every item that joins a BLT stream
+    late: its bits over many n and three strategies, pinned when the doublings were
+    memoised (the digest of the code before, which computed each n from scratch)."""
+    from dpstream.factorization import _state_factor
+
+    h = hashlib.sha256()
+    for horizon, buffers in [(1000, 4), (10**6, 3), (200, 1)]:
+        s = blt_for_horizon(horizon, buffers)
+        for n in [*range(0, 300), 511, 512, 513, 999, 4095, 65535, 65536, 999_998]:
+            if n < horizon:
+                h.update(np.array(_state_factor(s.theta, s.omega, n), dtype="<f8").tobytes())
+    assert h.hexdigest() == "45818e3e21a5c2cbea3d4679b5f6e49471f8852cb9b0e0523e98a2a5f1adb45b"
+
+
 def test_noise_matrix_is_b():
     """B's entries from the noise column: (B B^T)[t, t] = ||row_t(B)||^2."""
     s = blt_for_horizon(50)

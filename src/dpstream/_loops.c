@@ -1002,6 +1002,631 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ item hashes
+ * SHA-256 (the domain fingerprint, mechanisms/known.py) and keyed BLAKE2b-128 (the
+ * item ids, noise.py) of the canonical bytes of many items, the bytes hashlib gives
+ * for the same messages (FIPS 180-4, RFC 7693). An item's canonical bytes are those
+ * of dpstream.noise.encode_item: b"s" + UTF-8 for a str, b"i" + decimal for an int,
+ * b"b" + bytes for bytes; anything else (NumPy scalars, subclasses, bools, which it
+ * refuses) is encoded by that Python function itself, passed in as ``encode``. */
+
+static const uint32_t sha256_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+    0xc67178f2};
+
+static const uint32_t sha256_iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                      0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+
+static inline uint32_t
+ror32(uint32_t x, int n)
+{
+    return (x >> n) | (x << (32 - n));
+}
+
+static inline uint32_t
+load_be32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static void
+sha256_blocks_portable(uint32_t st[8], const uint8_t *p, size_t nblocks)
+{
+    uint32_t w[64];
+    for (; nblocks; nblocks--, p += 64) {
+        for (int i = 0; i < 16; i++)
+            w[i] = load_be32(p + 4 * i);
+        for (int i = 16; i < 64; i++) {
+            uint32_t s0 = ror32(w[i - 15], 7) ^ ror32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+            uint32_t s1 = ror32(w[i - 2], 17) ^ ror32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+        }
+        uint32_t a = st[0], b = st[1], c = st[2], d = st[3];
+        uint32_t e = st[4], f = st[5], g = st[6], h = st[7];
+        for (int i = 0; i < 64; i++) {
+            uint32_t t1 = h + (ror32(e, 6) ^ ror32(e, 11) ^ ror32(e, 25)) + ((e & f) ^ (~e & g)) +
+                          sha256_k[i] + w[i];
+            uint32_t t2 = (ror32(a, 2) ^ ror32(a, 13) ^ ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+            h = g;
+            g = f;
+            f = e;
+            e = d + t1;
+            d = c;
+            c = b;
+            b = a;
+            a = t1 + t2;
+        }
+        st[0] += a;
+        st[1] += b;
+        st[2] += c;
+        st[3] += d;
+        st[4] += e;
+        st[5] += f;
+        st[6] += g;
+        st[7] += h;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define DPS_SHA_NI 1
+
+/* The same compression with the x86 SHA extensions (4 rounds per pair of sha256rnds2). */
+__attribute__((target("sha,sse4.1,ssse3"))) static void
+sha256_blocks_shani(uint32_t st[8], const uint8_t *p, size_t nblocks)
+{
+    const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i tmp = _mm_loadu_si128((const __m128i *)&st[0]);
+    __m128i s1 = _mm_loadu_si128((const __m128i *)&st[4]);
+    tmp = _mm_shuffle_epi32(tmp, 0xB1);        /* CDAB */
+    s1 = _mm_shuffle_epi32(s1, 0x1B);          /* EFGH */
+    __m128i s0 = _mm_alignr_epi8(tmp, s1, 8);  /* ABEF */
+    s1 = _mm_blend_epi16(s1, tmp, 0xF0);       /* CDGH */
+    for (; nblocks; nblocks--, p += 64) {
+        __m128i abef = s0, cdgh = s1, w[4];
+        for (int i = 0; i < 16; i++) {
+            __m128i m;
+            if (i < 4) {
+                m = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), mask);
+            } else {
+                m = _mm_sha256msg1_epu32(w[i & 3], w[(i + 1) & 3]);
+                m = _mm_add_epi32(m, _mm_alignr_epi8(w[(i + 3) & 3], w[(i + 2) & 3], 4));
+                m = _mm_sha256msg2_epu32(m, w[(i + 3) & 3]);
+            }
+            w[i & 3] = m;
+            __m128i msg = _mm_add_epi32(m, _mm_loadu_si128((const __m128i *)&sha256_k[4 * i]));
+            s1 = _mm_sha256rnds2_epu32(s1, s0, msg);
+            msg = _mm_shuffle_epi32(msg, 0x0E);
+            s0 = _mm_sha256rnds2_epu32(s0, s1, msg);
+        }
+        s0 = _mm_add_epi32(s0, abef);
+        s1 = _mm_add_epi32(s1, cdgh);
+    }
+    tmp = _mm_shuffle_epi32(s0, 0x1B);        /* FEBA */
+    s1 = _mm_shuffle_epi32(s1, 0xB1);         /* DCHG */
+    s0 = _mm_blend_epi16(tmp, s1, 0xF0);      /* DCBA */
+    s1 = _mm_alignr_epi8(s1, tmp, 8);         /* ABEF */
+    _mm_storeu_si128((__m128i *)&st[0], s0);
+    _mm_storeu_si128((__m128i *)&st[4], s1);
+}
+
+static int
+cpu_has_sha(void)
+{
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 19)) || !(c & (1u << 9)))
+        return 0; /* SSE4.1, SSSE3 */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    return (b >> 29) & 1;
+}
+#endif
+
+/* -1: not decided yet; 0: the portable rounds; 1: the SHA extensions */
+static int sha_mode = -1;
+
+static void
+sha256_blocks(uint32_t st[8], const uint8_t *p, size_t nblocks)
+{
+#ifdef DPS_SHA_NI
+    if (sha_mode < 0)
+        sha_mode = cpu_has_sha();
+    if (sha_mode == 1) {
+        sha256_blocks_shani(st, p, nblocks);
+        return;
+    }
+#endif
+    sha256_blocks_portable(st, p, nblocks);
+}
+
+static const uint64_t blake2b_iv[8] = {
+    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
+    0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+
+static const uint8_t blake2b_sigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+static inline uint64_t
+ror64(uint64_t x, int n)
+{
+    return (x >> n) | (x << (64 - n));
+}
+
+static inline uint64_t
+load_le64(const uint8_t *p)
+{
+    uint64_t x = 0;
+    for (int i = 7; i >= 0; i--)
+        x = (x << 8) | p[i];
+    return x;
+}
+
+#define B2G(a, b, c, d, x, y)      \
+    do {                           \
+        a = a + b + (x);           \
+        d = ror64(d ^ a, 32);      \
+        c = c + d;                 \
+        b = ror64(b ^ c, 24);      \
+        a = a + b + (y);           \
+        d = ror64(d ^ a, 16);      \
+        c = c + d;                 \
+        b = ror64(b ^ c, 63);      \
+    } while (0)
+
+/* One BLAKE2b compression of the 128-byte block p, t the bytes counted so far. */
+static void
+blake2b_compress(uint64_t h[8], const uint8_t *p, uint64_t t, int last)
+{
+    uint64_t m[16], v[16];
+    for (int i = 0; i < 16; i++)
+        m[i] = load_le64(p + 8 * i);
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = blake2b_iv[i];
+    }
+    v[12] ^= t; /* (messages below 2^64 bytes: the counter's high word stays 0) */
+    if (last)
+        v[14] = ~v[14];
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 12
+#endif
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = blake2b_sigma[r];
+        B2G(v[0], v[4], v[8], v[12], m[s[0]], m[s[1]]);
+        B2G(v[1], v[5], v[9], v[13], m[s[2]], m[s[3]]);
+        B2G(v[2], v[6], v[10], v[14], m[s[4]], m[s[5]]);
+        B2G(v[3], v[7], v[11], v[15], m[s[6]], m[s[7]]);
+        B2G(v[0], v[5], v[10], v[15], m[s[8]], m[s[9]]);
+        B2G(v[1], v[6], v[11], v[12], m[s[10]], m[s[11]]);
+        B2G(v[2], v[7], v[8], v[13], m[s[12]], m[s[13]]);
+        B2G(v[3], v[4], v[9], v[14], m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++)
+        h[i] ^= v[i] ^ v[i + 8];
+}
+
+/* A growable scratch buffer for one message. */
+typedef struct {
+    uint8_t *p;
+    size_t cap;
+} scratch;
+
+static int
+scratch_fit(scratch *s, size_t n)
+{
+    if (n <= s->cap)
+        return 0;
+    size_t cap = n < 256 ? 256 : n + n / 2;
+    uint8_t *q = PyMem_Realloc(s->p, cap);
+    if (!q) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->p = q;
+    s->cap = cap;
+    return 0;
+}
+
+/* The canonical bytes of ``item`` after its type tag: *tag, *data, *len; *hold is a
+ * new reference that keeps *data alive (release it after use) or NULL. The common
+ * types here, the others (and the errors) through encode_item (``encode``). */
+static int
+item_bytes(PyObject *item, PyObject *encode, char *tag, const char **data, Py_ssize_t *len,
+           PyObject **hold)
+{
+    *hold = NULL;
+    if (PyUnicode_CheckExact(item)) {
+        *tag = 's';
+        if (PyUnicode_IS_COMPACT_ASCII(item)) {
+            *data = (const char *)PyUnicode_DATA(item);
+            *len = PyUnicode_GET_LENGTH(item);
+            return 0;
+        }
+        /* (a new bytes object: AsUTF8 would cache a copy in the str, and refuses
+         * lone surrogates, which encode_item keeps with "surrogatepass") */
+        *hold = PyUnicode_AsEncodedString(item, "utf-8", "surrogatepass");
+    } else if (PyLong_CheckExact(item)) {
+        *tag = 'i';
+        *hold = PyObject_Str(item); /* str(int(item)): ASCII digits */
+        if (!*hold)
+            return -1;
+        *data = (const char *)PyUnicode_DATA(*hold);
+        *len = PyUnicode_GET_LENGTH(*hold);
+        return 0;
+    } else if (PyBytes_CheckExact(item)) {
+        *tag = 'b';
+        *data = PyBytes_AS_STRING(item);
+        *len = PyBytes_GET_SIZE(item);
+        return 0;
+    } else {
+        PyObject *enc = PyObject_CallOneArg(encode, item);
+        if (!enc)
+            return -1;
+        if (!PyBytes_Check(enc) || PyBytes_GET_SIZE(enc) < 1) {
+            Py_DECREF(enc);
+            PyErr_SetString(PyExc_TypeError, "encode must return non-empty bytes");
+            return -1;
+        }
+        *tag = PyBytes_AS_STRING(enc)[0];
+        *data = PyBytes_AS_STRING(enc) + 1;
+        *len = PyBytes_GET_SIZE(enc) - 1;
+        *hold = enc;
+        return 0;
+    }
+    if (!*hold)
+        return -1;
+    *data = PyBytes_AS_STRING(*hold);
+    *len = PyBytes_GET_SIZE(*hold);
+    return 0;
+}
+
+/* The message prefix + tag + data in s, padded for SHA-256; returns its block count. */
+static Py_ssize_t
+sha256_message(scratch *s, const uint8_t *prefix, size_t plen, char tag, const char *data,
+               size_t len)
+{
+    size_t total = plen + 1 + len;
+    size_t nblocks = (total + 8) / 64 + 1;
+    if (scratch_fit(s, nblocks * 64) < 0)
+        return -1;
+    uint8_t *p = s->p;
+    memcpy(p, prefix, plen);
+    p[plen] = (uint8_t)tag;
+    memcpy(p + plen + 1, data, len);
+    memset(p + total, 0, nblocks * 64 - total);
+    p[total] = 0x80;
+    uint64_t bits = (uint64_t)total * 8;
+    for (int i = 0; i < 8; i++)
+        p[nblocks * 64 - 1 - i] = (uint8_t)(bits >> (8 * i));
+    return (Py_ssize_t)nblocks;
+}
+
+/* sha256_sum(items, prefix, encode): the sum modulo 2^128 of the first 16 bytes
+ * (big-endian) of sha256(prefix + encode_item(item)) over a list or tuple of items,
+ * as (high 64 bits, low 64 bits). */
+static PyObject *
+sha256_sum(PyObject *self, PyObject *args)
+{
+    PyObject *items, *encode;
+    Py_buffer prefix;
+    if (!PyArg_ParseTuple(args, "Oy*O", &items, &prefix, &encode))
+        return NULL;
+    PyObject *seq = PySequence_Fast(items, "items must be a list or a tuple");
+    if (!seq) {
+        PyBuffer_Release(&prefix);
+        return NULL;
+    }
+    scratch s = {NULL, 0};
+    uint64_t hi = 0, lo = 0;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i), *hold;
+        Py_INCREF(item);
+        char tag;
+        const char *data;
+        Py_ssize_t len;
+        int r = item_bytes(item, encode, &tag, &data, &len, &hold);
+        Py_ssize_t nb = r < 0 ? -1
+                              : sha256_message(&s, prefix.buf, (size_t)prefix.len, tag, data,
+                                               (size_t)len);
+        Py_XDECREF(hold);
+        Py_DECREF(item);
+        if (nb < 0) {
+            ok = 0;
+            break;
+        }
+        uint32_t st[8];
+        memcpy(st, sha256_iv, sizeof st);
+        sha256_blocks(st, s.p, (size_t)nb);
+        uint64_t h = ((uint64_t)st[0] << 32) | st[1], l = ((uint64_t)st[2] << 32) | st[3];
+        lo += l;
+        hi += h + (lo < l);
+    }
+    PyMem_Free(s.p);
+    Py_DECREF(seq);
+    PyBuffer_Release(&prefix);
+    if (!ok)
+        return NULL;
+    return Py_BuildValue("(KK)", (unsigned long long)hi, (unsigned long long)lo);
+}
+
+/* blake2b_ids(items, key, encode, out): out[i] = the 16-byte digest of
+ * blake2b(encode_item(items[i]), key=key, digest_size=16), as two little-endian
+ * uint64 words per item (out: uint64, 2 len(items) words). */
+static PyObject *
+blake2b_ids(PyObject *self, PyObject *args)
+{
+    PyObject *items, *encode, *outobj;
+    Py_buffer key, out;
+    if (!PyArg_ParseTuple(args, "Oy*OO", &items, &key, &encode, &outobj))
+        return NULL;
+    if (key.len < 1 || key.len > 64) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "key must hold 1 to 64 bytes");
+        return NULL;
+    }
+    if (get(outobj, &out, 1, U64, "out") < 0) {
+        PyBuffer_Release(&key);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(items, "items must be a list or a tuple");
+    if (!seq) {
+        PyBuffer_Release(&key);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int ok = 1;
+    if (out.len != n * 16) {
+        PyErr_SetString(PyExc_ValueError, "out must hold two words per item");
+        ok = 0;
+    }
+    /* the state after the key block (the message is never empty: the key block is
+     * not the last), parameters: digest length 16, key length, fanout 1, depth 1 */
+    uint64_t h0[8];
+    uint8_t block[128];
+    memcpy(h0, blake2b_iv, sizeof h0);
+    h0[0] ^= 0x01010000ULL ^ ((uint64_t)key.len << 8) ^ 16u;
+    memset(block, 0, sizeof block);
+    memcpy(block, key.buf, (size_t)key.len);
+    blake2b_compress(h0, block, 128, 0);
+    uint64_t *o = out.buf;
+    scratch s = {NULL, 0};
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        if (PySequence_Fast_GET_SIZE(seq) != n) {
+            PyErr_SetString(PyExc_ValueError, "the items changed while their ids were computed");
+            ok = 0;
+            break;
+        }
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i), *hold;
+        Py_INCREF(item);
+        char tag;
+        const char *data;
+        Py_ssize_t len;
+        int r = item_bytes(item, encode, &tag, &data, &len, &hold);
+        size_t total = (size_t)len + 1, padded = (total + 127) / 128 * 128;
+        if (r == 0 && scratch_fit(&s, padded) < 0)
+            r = -1;
+        if (r == 0) {
+            s.p[0] = (uint8_t)tag;
+            memcpy(s.p + 1, data, (size_t)len);
+            memset(s.p + total, 0, padded - total);
+        }
+        Py_XDECREF(hold);
+        Py_DECREF(item);
+        if (r < 0) {
+            ok = 0;
+            break;
+        }
+        uint64_t h[8];
+        memcpy(h, h0, sizeof h);
+        uint64_t t = 128;
+        size_t pos = 0;
+        for (; total - pos > 128; pos += 128) {
+            t += 128;
+            blake2b_compress(h, s.p + pos, t, 0);
+        }
+        blake2b_compress(h, s.p + pos, t + (total - pos), 1);
+        /* the digest's bytes are h[0], h[1] little-endian: as "<u8" words, those values */
+        uint8_t *dst = (uint8_t *)(o + 2 * i);
+        for (int j = 0; j < 16; j++)
+            dst[j] = (uint8_t)(h[j / 8] >> (8 * (j % 8)));
+    }
+    PyMem_Free(s.p);
+    Py_DECREF(seq);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* sha256_portable(flag): with True, SHA-256 uses the portable rounds even where the
+ * SHA extensions are there (for the tests, which check both paths); returns whether
+ * the extensions were in use before. */
+static PyObject *
+sha256_portable(PyObject *self, PyObject *arg)
+{
+    int force = PyObject_IsTrue(arg);
+    if (force < 0)
+        return NULL;
+    int before = 0;
+#ifdef DPS_SHA_NI
+    if (sha_mode < 0)
+        sha_mode = cpu_has_sha();
+    before = sha_mode;
+    sha_mode = force ? 0 : cpu_has_sha();
+#endif
+    return PyBool_FromLong(before);
+}
+
+/* blt_step(theta, omega, buffers, total, z): one step of the streamed BLT noise over
+ * many items, in place, the operations of factorization.stream_step per item and in
+ * its order: acc = omega_0 buf_0; acc += omega_i buf_i (i = 1..k-1); u = z - acc;
+ * z = u; buf_i = theta_i buf_i; buf_i += u; total += u. ``buffers``: float64 of shape
+ * (k, n), each row contiguous (rows may be spaced: a column slice of a wider array);
+ * total and z: contiguous float64 of n. */
+static PyObject *
+blt_step(PyObject *self, PyObject *args)
+{
+    PyObject *tobj, *oobj, *bobj, *sobj, *zobj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &tobj, &oobj, &bobj, &sobj, &zobj))
+        return NULL;
+    Py_buffer th, om, buf, tot, z;
+    if (get(tobj, &th, 0, F64, "theta") < 0)
+        return NULL;
+    PyObject *res = NULL;
+    int got = 1;
+    if (get(oobj, &om, 0, F64, "omega") < 0)
+        goto done;
+    got = 2;
+    if (PyObject_GetBuffer(bobj, &buf, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 3;
+    if (!format_is(&buf, F64) || buf.ndim != 2 ||
+        (buf.shape[0] > 0 && (buf.strides[1] != 8 || buf.strides[0] % 8))) {
+        PyErr_SetString(PyExc_TypeError, "buffers: float64 rows, each contiguous");
+        goto done;
+    }
+    if (get(sobj, &tot, 1, F64, "total") < 0)
+        goto done;
+    got = 4;
+    if (get(zobj, &z, 1, F64, "z") < 0)
+        goto done;
+    got = 5;
+    Py_ssize_t k = th.len / 8, n = z.len / 8;
+    if (om.len / 8 != k || buf.shape[0] != k || buf.shape[1] != n || tot.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "blt_step: shapes do not agree");
+        goto done;
+    }
+    const double *t = th.buf, *o = om.buf;
+    double *b = buf.buf, *s = tot.buf, *u = z.buf;
+    Py_ssize_t row = buf.strides[0] / 8;
+    /* (no Python object is touched: the noise kernel's threads step other chunks) */
+    Py_BEGIN_ALLOW_THREADS
+    if (k == 0) {
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] += u[j];
+    } else {
+        for (Py_ssize_t j = 0; j < n; j++) {
+            double acc = b[j] * o[0];
+            for (Py_ssize_t i = 1; i < k; i++) {
+                double p = b[i * row + j] * o[i];
+                acc += p;
+            }
+            double v = u[j] - acc;
+            u[j] = v;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                double w = b[i * row + j] * t[i];
+                b[i * row + j] = w + v;
+            }
+            s[j] += v;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    if (got > 4)
+        PyBuffer_Release(&z);
+    if (got > 3)
+        PyBuffer_Release(&tot);
+    if (got > 2)
+        PyBuffer_Release(&buf);
+    if (got > 1)
+        PyBuffer_Release(&om);
+    PyBuffer_Release(&th);
+    return res;
+}
+
+/* event_duplicates(cols, offsets, keep, distinct): keep[i] = 0 when occurrence i
+ * repeats an earlier occurrence of its event (same column), else 1; distinct[e] =
+ * the kept occurrences of event e; returns the number not kept. The twin of the
+ * NumPy path of columns.distinct_in_events, for events of at most 64 items (each
+ * occurrence is compared with the earlier ones of its event: O(width^2)); the
+ * caller checks the width. cols, offsets, distinct: int64; keep: one byte each. */
+static PyObject *
+event_duplicates(PyObject *self, PyObject *args)
+{
+    PyObject *cobj, *oobj, *kobj, *dobj;
+    if (!PyArg_ParseTuple(args, "OOOO", &cobj, &oobj, &kobj, &dobj))
+        return NULL;
+    Py_buffer c, o, k, d;
+    if (get(cobj, &c, 0, I64, "cols") < 0)
+        return NULL;
+    PyObject *res = NULL;
+    int got = 1;
+    if (get(oobj, &o, 0, I64, "offsets") < 0)
+        goto done;
+    got = 2;
+    if (PyObject_GetBuffer(kobj, &k, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 3;
+    if (get(dobj, &d, 1, I64, "distinct") < 0)
+        goto done;
+    got = 4;
+    Py_ssize_t n = c.len / 8, ne = o.len / 8 - 1;
+    const int64_t *col = c.buf, *off = o.buf;
+    if (ne < 0 || k.len != n || d.len / 8 != ne || off[0] != 0 || off[ne] != n) {
+        PyErr_SetString(PyExc_ValueError, "event_duplicates: the arrays do not agree");
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < ne; e++) {
+        if (off[e + 1] < off[e] || off[e + 1] - off[e] > 64) {
+            PyErr_SetString(PyExc_ValueError,
+                            "event_duplicates: offsets out of order or wider than 64");
+            goto done;
+        }
+    }
+    unsigned char *keep = k.buf;
+    int64_t *dist = d.buf, dups = 0;
+    for (Py_ssize_t e = 0; e < ne; e++) {
+        int64_t kept = 0;
+        for (int64_t i = off[e]; i < off[e + 1]; i++) {
+            int seen = 0;
+            for (int64_t j = off[e]; j < i; j++)
+                if (col[j] == col[i]) {
+                    seen = 1;
+                    break;
+                }
+            keep[i] = (unsigned char)!seen;
+            kept += !seen;
+        }
+        dist[e] = kept;
+        dups += (off[e + 1] - off[e]) - kept;
+    }
+    res = PyLong_FromLongLong((long long)dups);
+done:
+    if (got > 3)
+        PyBuffer_Release(&d);
+    if (got > 2)
+        PyBuffer_Release(&k);
+    if (got > 1)
+        PyBuffer_Release(&o);
+    PyBuffer_Release(&c);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"ziggurat", ziggurat, METH_VARARGS,
      "The ziggurat's fast path and wedge test over a chunk (see dpstream.compiled)."},
@@ -1021,6 +1646,16 @@ static PyMethodDef methods[] = {
     {"flatten_events", flatten_events, METH_VARARGS,
      "The items of a list of events as one list, and the events' offsets."},
     {"siphash13", py_siphash13, METH_VARARGS, "SipHash-1-3 of bytes under a 16-byte key."},
+    {"sha256_sum", sha256_sum, METH_VARARGS,
+     "Sum mod 2^128 of the items' SHA-256 fingerprints (prefix + canonical bytes)."},
+    {"blake2b_ids", blake2b_ids, METH_VARARGS,
+     "Keyed BLAKE2b-128 of the items' canonical bytes, into out."},
+    {"event_duplicates", event_duplicates, METH_VARARGS,
+     "Which occurrences repeat an earlier one of their event, and each event's distinct."},
+    {"blt_step", blt_step, METH_VARARGS,
+     "One step of the streamed BLT noise over many items, in place (stream_step's twin)."},
+    {"sha256_portable", sha256_portable, METH_O,
+     "SHA-256 without the x86 SHA extensions (True) or with them where there (False)."},
     {NULL, NULL, 0, NULL},
 };
 

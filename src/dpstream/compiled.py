@@ -4,7 +4,9 @@ Layer 1: NumPy and the C module; nothing else of dpstream. A few hot loops of
 the noise are a sequence of short NumPy passes over a chunk: the ziggurat's
 fast path is eight of them for what is, per value, one table look-up, one
 comparison and one multiplication. In C, such a loop reads each block once.
-The module also holds the item table's hash, probe and compare loops
+The module also hashes items (SHA-256 and keyed BLAKE2b, the bytes of
+:mod:`hashlib`, with the x86 SHA extensions where the CPU has them) and holds
+the item table's hash, probe and compare loops
 (:mod:`dpstream.mechanisms.item_table`), which find items among the stored
 UTF-8 bytes without a Python object per stored item.
 Each C loop performs, per element, the IEEE double operations of its NumPy
@@ -27,8 +29,9 @@ memory and ~0.2 s to load to every process that draws a large batch.
 from __future__ import annotations
 
 import os
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,8 +39,11 @@ import numpy as np
 
 __all__ = [
     "ENV",
+    "blt_step",
     "MIN_ITEMS",
     "enabled",
+    "fingerprint_sum",
+    "item_digests_into",
     "loops",
     "ndtri_check_points",
     "ndtri_enabled",
@@ -210,5 +216,69 @@ def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -
         np.ascontiguousarray(words, dtype=np.uint64),
         np.ascontiguousarray(pending, dtype=np.int64),
         out,
+    )
+    return True
+
+
+def fingerprint_sum(
+    items: list[Any] | tuple[Any, ...], prefix: bytes, encode: Callable[[Any], bytes]
+) -> int | None:
+    """``sum(int.from_bytes(sha256(prefix + encode(x)).digest()[:16], "big"))`` mod
+    2^128 over ``items`` in C, or None (nothing computed) when the loops are off.
+
+    ``encode`` must be :func:`dpstream.noise.encode_item`: the C loop encodes str,
+    int and bytes items by its rules itself and calls ``encode`` for the others.
+    """
+    loops = _loops()
+    if loops is None:
+        return None
+    hi, lo = loops.sha256_sum(items, prefix, encode)
+    return (int(hi) << 64) | int(lo)
+
+
+def item_digests_into(
+    items: list[Any] | tuple[Any, ...],
+    key: bytes,
+    encode: Callable[[Any], bytes],
+    out: np.ndarray,
+) -> bool:
+    """``blake2b(encode(x), key=key, digest_size=16)`` of every item in C, into the
+    ``(len(items), 2)`` ``"<u8"`` rows ``out`` (the digests' bytes); False (nothing
+    written) when the loops are off or the machine is big-endian. ``encode``: as
+    :func:`fingerprint_sum`.
+    """
+    loops = _loops()
+    if loops is None or sys.byteorder != "little":
+        return False
+    loops.blake2b_ids(items, key, encode, out)
+    return True
+
+
+def blt_step(
+    theta: Sequence[float],
+    omega: Sequence[float],
+    buffers: np.ndarray,
+    total: np.ndarray,
+    z: np.ndarray,
+) -> bool:
+    """:func:`dpstream.factorization.stream_step` in C (one pass over each item's
+    state instead of 4k + 1 NumPy passes; the same operations, so the same bits), or
+    False (nothing changed) when the loops are off or an array is not native
+    float64 in the layout the loop reads (rows of ``buffers`` contiguous; ``total``
+    and ``z`` contiguous)."""
+    loops = _loops()
+    if loops is None:
+        return False
+    for a in (buffers, total, z):
+        if a.dtype != np.float64 or not a.dtype.isnative:
+            return False
+    if buffers.ndim != 2:
+        return False
+    if buffers.shape[0] and (buffers.strides[1] != 8 or buffers.strides[0] % 8):
+        return False  # (no buffers, none read: any strides)
+    if not (total.flags.c_contiguous and z.flags.c_contiguous):
+        return False
+    loops.blt_step(
+        np.asarray(theta, dtype=np.float64), np.asarray(omega, dtype=np.float64), buffers, total, z
     )
     return True

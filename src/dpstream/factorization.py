@@ -91,6 +91,7 @@ import contextlib
 import functools
 import json
 import math
+import operator
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -98,6 +99,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import compiled
 from ._checks import check_int
 
 __all__ = [
@@ -476,6 +478,8 @@ def stream_step(
     the blocking): a step over many items, over one, or replayed from scratch
     give the same bits.
     """
+    if compiled.blt_step(theta, omega, buffers, total, z):
+        return  # (the same operations in C, one pass per item)
     k = len(theta)
     n = z.shape[0]
     if k == 0:
@@ -539,26 +543,49 @@ def state_factor(strategy: BLTStrategy, steps: int) -> tuple[tuple[float, ...], 
 def _state_factor(
     theta: tuple[float, ...], omega: tuple[float, ...], n: int
 ) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(row) for row in _doubling_state(theta, omega, n)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _doubling_state(
+    theta: tuple[float, ...], omega: tuple[float, ...], n: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """(F, M^n) after the doublings of ``bin(n)``, from those of ``bin(n >> 1)``.
+
+    The doublings read the bits of n from the most significant: the state after
+    the leading bits of n is that of ``n >> 1``, followed by one doubling (and
+    one step when n is odd). Taking it from a cache of recent n therefore runs
+    the very operations of the whole loop, in the same order (the same bits),
+    with one doubling per new n instead of log2 n: an unknown domain's items
+    join at consecutive steps. Read-only results (shared by the cache).
+    """
     k = len(theta)
     d = k + 1
-    trans = [[(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0] for i in range(k)]
-    trans.append([-w for w in omega] + [1.0])
-    ones = [[1.0] for _ in range(d)]
-    factor = [[0.0] * d for _ in range(d)]
-    power = [[1.0 if i == j else 0.0 for j in range(d)] for i in range(d)]
-    for bit in bin(n)[2:] if n else "":
-        # n -> 2n: Sigma + P Sigma P^T, P = M^n
-        factor = _triangular(_side_by_side(factor, _matmul(power, factor)))
-        power = _matmul(power, power)
-        if bit == "1":  # n -> n + 1: M Sigma M^T + e e^T
-            factor = _triangular(_side_by_side(_matmul(trans, factor), ones))
-            power = _matmul(trans, power)
-    return tuple(tuple(row) for row in factor)
+    if n == 0:
+        return [[0.0] * d for _ in range(d)], [
+            [1.0 if i == j else 0.0 for j in range(d)] for i in range(d)
+        ]
+    factor, power = _doubling_state(theta, omega, n >> 1)
+    # n -> 2n: Sigma + P Sigma P^T, P = M^n
+    factor = _triangular(_side_by_side(factor, _matmul(power, factor)))
+    power = _matmul(power, power)
+    if n & 1:  # n -> n + 1: M Sigma M^T + e e^T
+        trans = [
+            [(theta[i] if i == j else 0.0) - omega[j] for j in range(k)] + [0.0] for i in range(k)
+        ]
+        trans.append([-w for w in omega] + [1.0])
+        ones = [[1.0] for _ in range(d)]
+        factor = _triangular(_side_by_side(_matmul(trans, factor), ones))
+        power = _matmul(trans, power)
+    return factor, power
 
 
 def _matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    # (fsum is correctly rounded: map(mul) feeds it the very products the generator did)
     cols = list(zip(*b, strict=True))
-    return [[math.fsum(x * y for x, y in zip(row, col, strict=True)) for col in cols] for row in a]
+    if any(len(row) != len(b) for row in a):
+        raise ValueError("_matmul: the inner dimensions differ")
+    return [[math.fsum(map(operator.mul, row, col)) for col in cols] for row in a]
 
 
 def _side_by_side(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
@@ -572,14 +599,14 @@ def _triangular(a: list[list[float]]) -> list[list[float]]:
     x = [list(col) for col in zip(*a, strict=True)]  # A^T, p x d
     for j in range(d):
         v = [x[i][j] for i in range(j, p)]
-        norm = math.sqrt(math.fsum(c * c for c in v))
+        norm = math.sqrt(math.fsum(map(operator.mul, v, v)))
         if norm == 0.0:
             continue
         alpha = -math.copysign(norm, v[0])
         v[0] -= alpha  # |v[0]| = |x_jj| + norm > 0: no cancellation
-        vv = math.fsum(c * c for c in v)
+        vv = math.fsum(map(operator.mul, v, v))
         for c in range(j + 1, d):
-            f = 2.0 * math.fsum(v[i] * x[j + i][c] for i in range(len(v))) / vv
+            f = 2.0 * math.fsum(map(operator.mul, v, [row[c] for row in x[j:]])) / vv
             for i in range(len(v)):
                 x[j + i][c] -= f * v[i]
         x[j][j] = alpha

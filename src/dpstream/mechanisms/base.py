@@ -205,6 +205,10 @@ def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
     return items, index
 
 
+#: The item types that :func:`~dpstream.noise.canonical_item` returns unchanged.
+_CANONICAL_TYPES = frozenset({str, int, bytes})
+
+
 def domain_items(domain: object) -> list[Hashable]:
     """A known domain's items, canonical, in order (not checked for distinctness:
     :func:`check_domain` or :func:`~dpstream.mechanisms.item_table.domain_table` does)."""
@@ -212,8 +216,12 @@ def domain_items(domain: object) -> list[Hashable]:
         raise TypeError("domain must be a collection of items, not a single string")
     if not isinstance(domain, Iterable):
         raise TypeError(f"domain must be an iterable of items, got {type(domain).__name__}")
+    # exact str, int and bytes items are their own canonical form (canonical_item
+    # returns the same object): one pass over their types instead of a call per item
     try:
-        items: list[Hashable] = [canonical_item(item) for item in domain]
+        items: list[Hashable] = list(domain)
+        if not set(map(type, items)) <= _CANONICAL_TYPES:
+            items = [canonical_item(item) for item in items]
     except TypeError as exc:
         raise TypeError(f"domain: {exc}") from None
     if not items:

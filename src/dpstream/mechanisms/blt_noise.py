@@ -106,11 +106,12 @@ class BLTNoise:
         self._omega = strategy.omega
         self.t = 0
         self._n = 0
-        self._prepared: list[PreparedItems] = []
-        self._prepared_all: PreparedItems | None = None
         cap = 16
         self._buffers = np.zeros((strategy.buffers, cap))
         self._total = np.zeros(cap)
+        # the prepared ids, rows 0..n-1 of a growing array (an item's join appends in
+        # place: concatenating them all at every join step cost O(n) each time)
+        self._words = np.zeros((cap, 2), dtype="<u8")
 
     # -- items -------------------------------------------------------------
     def __len__(self) -> int:
@@ -118,11 +119,9 @@ class BLTNoise:
 
     @property
     def prepared(self) -> PreparedItems:
-        """All items' prepared identifiers, in the order they were added."""
-        if self._prepared_all is None or len(self._prepared_all) != self._n:
-            self._prepared_all = PreparedItems.concat(self._prepared)
-            self._prepared = [self._prepared_all]
-        return self._prepared_all
+        """All items' prepared identifiers, in the order they were added (a view of
+        the noise's own array: read it, never write to it)."""
+        return PreparedItems(self._words[: self._n])
 
     def _reserve(self, n: int) -> None:
         cap = self._total.shape[0]
@@ -133,7 +132,9 @@ class BLTNoise:
         buffers[:, : self._n] = self._buffers[:, : self._n]
         total = np.zeros(cap)
         total[: self._n] = self._total[: self._n]
-        self._buffers, self._total = buffers, total
+        words = np.zeros((cap, 2), dtype="<u8")
+        words[: self._n] = self._words[: self._n]
+        self._buffers, self._total, self._words = buffers, total, words
 
     def add_items(self, prepared: PreparedItems) -> None:
         """Append items; their noise at the current t is replayed from step 1."""
@@ -147,7 +148,7 @@ class BLTNoise:
         self._run(prepared, buffers, total, 1, self.t)
         self._buffers[:, cols] = buffers
         self._total[cols] = total
-        self._prepared.append(prepared)
+        self._words[self._n : self._n + m] = prepared.words
         self._n += m
 
     def join_items(self, prepared: PreparedItems, joined: PreparedItems) -> None:
@@ -190,7 +191,7 @@ class BLTNoise:
         cols = slice(self._n, self._n + m)
         self._buffers[:, cols] = buffers
         self._total[cols] = total
-        self._prepared.append(prepared)
+        self._words[self._n : self._n + m] = prepared.words
         self._n += m
 
     def _join_factor(self, steps: int) -> tuple[tuple[float, ...], ...]:
@@ -321,7 +322,7 @@ class BLTNoise:
         bn._reserve(n)
         bn._buffers[:, :n] = buffers
         bn._total[:n] = total
-        bn._prepared = [prepared]
+        bn._words[:n] = prepared.words
         bn._n = n
         bn.t = int(t)
         return bn

@@ -51,6 +51,9 @@ _PLAIN = frozenset((str, int, bytes))
 _EVENT_TYPES = frozenset((list, tuple))
 #: The widest event for which duplicates are found by comparing shifted copies.
 _NARROW = 16
+#: Events up to this wide are checked for repeated items in C (each occurrence
+#: against the earlier ones of its event), wider ones by the NumPy paths.
+_C_WIDTH = 64
 
 
 class EventColumns:
@@ -202,6 +205,15 @@ def distinct_in_events(
     width = int(sizes.max())
     if width <= 1:
         return None, sizes
+    loops = compiled.loops() if width <= _C_WIDTH and cols.size >= compiled.MIN_ITEMS else None
+    if loops is not None:  # one pass in C, the same mask and counts
+        keep = np.empty(cols.size, dtype=bool)
+        distinct = np.empty(n_events, dtype=np.int64)
+        cols64 = np.ascontiguousarray(cols, dtype=np.int64)
+        offsets64 = np.ascontiguousarray(offsets, dtype=np.int64)
+        if loops.event_duplicates(cols64, offsets64, keep, distinct) == 0:
+            return None, sizes
+        return keep, distinct
     event = np.repeat(np.arange(n_events), sizes)
     if width <= _NARROW:
         # an occurrence repeats an earlier one of its event at most width - 1 places back

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import privacy
+from .. import compiled, privacy
 from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
 from ..factorization import BLTStrategy
@@ -27,6 +27,7 @@ from ..noise import (
     check_noise_version,
     digest_chunks,
     encode_item,
+    item_chunks,
     versioned_purpose,
 )
 from ..tree import num_levels, worst_case_variance_factor
@@ -130,6 +131,29 @@ def combine_fingerprints(total: int, count: int) -> str:
     return f"{count}:{total % _DOMAIN_MOD:032x}"
 
 
+def _fingerprint_sum_py(items: list[Hashable]) -> int:
+    """The sum of the items' :func:`item_fingerprint` (not reduced), by :mod:`hashlib`
+    (the compiled loops' twin)."""
+    # from a copy of a SHA-256 state that took the prefix; the 128-bit big-endian
+    # halves summed as four 32-bit columns in NumPy (exact: each column sum stays
+    # below 2^64 up to 2^32 items)
+    prefixed = hashlib.sha256(_ITEM_PREFIX)
+
+    def fingerprint(item: Hashable) -> bytes:
+        h = prefixed.copy()
+        h.update(encode_item(item))
+        return h.digest()[:16]
+
+    sums = [0, 0, 0, 0]  # most significant column first
+    for part in digest_chunks(fingerprint, items):
+        words = np.frombuffer(part, dtype=">u4").reshape(-1, 4).astype(np.uint64)
+        sums = [
+            a + int(b)
+            for a, b in zip(sums, words.sum(axis=0, dtype=np.uint64).tolist(), strict=True)
+        ]
+    return sum(x << (32 * (3 - i)) for i, x in enumerate(sums))
+
+
 def domain_tag(domain: Iterable[Hashable]) -> str:
     """A fingerprint of a known domain as a set (for :func:`tree_purpose`).
 
@@ -138,26 +162,13 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
     change the tag either, and a Spark job can compute it by adding partial
     sums (``dpstream.spark``).
     """
-    # item_fingerprint for every item, from a copy of a SHA-256 state that took the
-    # prefix; the 128-bit big-endian halves summed as four 32-bit columns in NumPy, a
-    # chunk of items at a time (exact: each column sum stays below 2^64 up to 2^32
-    # items; beyond, Python ints carry the chunks' sums)
-    prefixed = hashlib.sha256(_ITEM_PREFIX)
-
-    def fingerprint(item: Hashable) -> bytes:
-        h = prefixed.copy()
-        h.update(encode_item(item))
-        return h.digest()[:16]
-
-    sums, count = [0, 0, 0, 0], 0  # most significant column first
-    for part in digest_chunks(fingerprint, domain):
-        words = np.frombuffer(part, dtype=">u4").reshape(-1, 4).astype(np.uint64)
-        sums = [
-            a + int(b)
-            for a, b in zip(sums, words.sum(axis=0, dtype=np.uint64).tolist(), strict=True)
-        ]
-        count += words.shape[0]
-    total = sum(x << (32 * (3 - i)) for i, x in enumerate(sums))
+    # in C when the compiled loops are on (the same sum), else by hashlib; a chunk
+    # of items at a time
+    total, count = 0, 0
+    for chunk in item_chunks(domain):
+        part = compiled.fingerprint_sum(chunk, _ITEM_PREFIX, encode_item)
+        total += _fingerprint_sum_py(chunk) if part is None else part
+        count += len(chunk)
     return combine_fingerprints(total, count)
 
 
