@@ -229,6 +229,17 @@ def test_runs_on_one_dataset_compose_and_a_run_past_the_cap_writes_nothing(
     assert "dataset 'sales.jsonl' would pass its budget cap" in err and "Nothing was" in err
     assert ledger.read_bytes() == before
     assert not list(tmp_path.glob("third.jsonl*"))
+    # plan says so beforehand, from the same ledger (and nothing is written)
+    plan = ["plan", "-m", "known", "--domain", str(tmp_path / "domain.txt"), "-T", "6"]
+    plan += ["--max-items", "2", "--epsilon", "2", "--delta", "1e-6", "--key-file", str(key)]
+    plan += ["--budget-cap", "2.5", "--budget-cap-delta", "3e-6", "--json"]
+    assert main([*plan, "--dataset", "sales.jsonl"]) == 0
+    said = json.loads(capsys.readouterr().out)["budget"]
+    assert said["releases_before"] == 2 and said["allowed"] is False
+    assert main([*plan, "--dataset", "fresh"]) == 0
+    said = json.loads(capsys.readouterr().out)["budget"]
+    assert said["releases_before"] == 0 and said["allowed"] is True
+    assert ledger.read_bytes() == before
     # on another dataset the same run goes through; the text report names both
     assert main([*known[:-2], "--dataset", "other", "-o", str(tmp_path / "o.jsonl")]) == 0
     capsys.readouterr()

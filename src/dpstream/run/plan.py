@@ -33,9 +33,53 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
         print(planning.format_plan(info))
+        if "budget" in info:
+            print(info["budget"]["text"])
         if cfg.explain:
             print(planning.explain(info))
     return 0
+
+
+def _dataset_budget(cfg: RunConfig, mech: Any) -> dict[str, Any] | None:
+    """With --key-file and --dataset: what the dataset has spent (the key's release
+    ledger), what this run would bring it to, and whether --budget-cap allows it."""
+    import math
+    import os
+
+    from ..ledger import ReleaseLedger, ledger_path
+    from ..noise import NoiseKey
+    from ..privacy import Spend, compose
+    from .budget import run_cap
+
+    if not cfg.key_file or not cfg.dataset:
+        return None
+    path = ledger_path(cfg.options())
+    lines = []
+    if os.path.exists(path):
+        with ReleaseLedger(path, NoiseKey.load(cfg.key_file), "plan-reader", fsync=False) as led:
+            lines = [x.spend for _, x in led.spends() if x.dataset == cfg.dataset]
+    before = compose(lines)
+    after = compose([*lines, Spend.of(mech.privacy, "this run")])
+    cap = run_cap(cfg)
+    delta = cap.delta if cap is not None else float(cfg.budget_cap_delta)
+    allowed = cap is None or after.within(cap)
+    text = (
+        f"budget        dataset {cfg.dataset}: {before.plain(delta)} so far; with this "
+        f"run {after.plain(delta)}"
+    )
+    if cap is not None:
+        text += f"; cap epsilon = {cap.epsilon:.6g}: " + (
+            "within it" if allowed else "a run would be REFUSED"
+        )
+    eps = after.epsilon_at(delta)
+    return {
+        "dataset": cfg.dataset,
+        "releases_before": before.releases,
+        "epsilon_after": eps if math.isfinite(eps) else None,
+        "delta": delta,
+        "allowed": allowed,
+        "text": text,
+    }
 
 
 def _plan_domain(cfg: RunConfig) -> list[str] | None:
@@ -104,6 +148,9 @@ def plan_info(cfg: RunConfig) -> dict[str, Any]:
     _hints(info, cfg, key, domain, used, budget, choice)
     if target is not None:
         info["target_error"] = target
+    spent = _dataset_budget(cfg, mech)
+    if spent is not None:
+        info["budget"] = spent
     return info
 
 

@@ -392,6 +392,16 @@ RUN_OPTS: tuple[Opt, ...] = (
 PLAN_OPTS: tuple[Opt, ...] = (
     *CLOCK_OPTS,
     Opt(
+        ("--key-file",),
+        "key_file",
+        "with --dataset: the noise key whose release ledger says what the dataset has "
+        "spent (the plan shows its total with this run, against --budget-cap)",
+        None,
+        str,
+        metavar="PATH",
+    ),
+    *(o for o in RUN_OPTS if o.dest in ("ledger", "dataset", "budget_cap", "budget_cap_delta")),
+    Opt(
         ("--domain-size",),
         "domain_size",
         "size of the known domain when --domain is not given (placeholder items are used)",
