@@ -1065,3 +1065,26 @@ def test_topk_matches_local_sparse_gumb_through_reselections(spark, counter) -> 
     top = float(query.max())
     assert remote.query_above(steps, df, np.nextafter(top, -np.inf), epoch)
     assert not remote.query_above(steps, df, top, epoch)
+
+
+def test_spark_classes_are_built_from_the_local_params(spark) -> None:
+    """One frozen settings value builds both engines: the Spark twin of a local mechanism
+    built from the same value has its settings, its noise purpose and its guarantee."""
+    from dpstream.mechanisms.params import HistogramParams, TopKParams, UnknownParams
+    from dpstream.spark import SparkContinualTopK
+
+    key = fixed_key("spark-params")
+    domain = ["a", "b", "c"]
+    known = HistogramParams(horizon=16, max_items=2, epsilon=1.0, delta=1e-6)
+    sk = SparkKnownBase.from_params(spark, known, key=key, domain=domain)
+    lk = KnownDomainHistogram.from_params(domain, known, key=key)
+    assert sk.params == known
+    assert sk.mechanism.noise_purpose == lk.noise_purpose and sk.privacy == lk.privacy
+    unknown = UnknownParams(horizon=None, max_items=2, rho=0.5, threshold_delta=1e-6)
+    su = SparkUnknownBase.from_params(spark, unknown, key=key)
+    lu = UnknownDomainHistogram.from_params(unknown, key=key)
+    assert su.params == unknown
+    assert su.mechanism.noise_purpose == lu.noise_purpose and su.privacy == lu.privacy
+    topk = TopKParams(horizon=16, k=2, switches=2, rho=0.5)
+    st = SparkContinualTopK.from_params(spark, topk, key=key)
+    assert st.params == topk and st.privacy == st.mechanism.privacy

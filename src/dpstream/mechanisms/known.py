@@ -66,6 +66,7 @@ from .counters import (
     tree_levels,
 )
 from .item_table import ItemTable, domain_table, release_items
+from .params import HistogramParams
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
@@ -371,6 +372,19 @@ class KnownDomainHistogram:
         self._max_count = 0
         del items
         self.t = 0
+
+    @classmethod
+    def from_params(
+        cls,
+        domain: Iterable[Hashable],
+        params: HistogramParams,
+        *,
+        key: NoiseKey,
+        on_invalid: str = "error",
+    ) -> KnownDomainHistogram:
+        """The histogram of ``params`` (the value :class:`dpstream.spark.SparkKnownBase`
+        is built from too) over ``domain``."""
+        return cls(domain, params.horizon, key=key, on_invalid=on_invalid, **params.kwargs())
 
     @property
     def domain(self) -> list[Hashable]:

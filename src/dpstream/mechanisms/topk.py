@@ -58,6 +58,7 @@ from .columns import (
 )
 from .counters import blt_sigma, resolve_counter, tree_base, tree_levels
 from .item_table import ItemTable, domain_table
+from .params import TopKParams
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, user_guarantee
 
@@ -577,6 +578,15 @@ class ContinualTopK:
         self._where: dict[int, tuple[int, int]] = {}  # position -> (generation, column)
 
     # -- checks ------------------------------------------------------------------
+
+    @classmethod
+    def from_params(
+        cls, domain: Iterable[Hashable], params: TopKParams, *, key: NoiseKey
+    ) -> ContinualTopK:
+        """Top-k of ``params`` (the value :class:`dpstream.spark.SparkContinualTopK` is
+        built from too) over ``domain``."""
+        return cls(domain, params.horizon, key=key, **params.kwargs())
+
     def _check_betas(self, beta: object, start_beta: object) -> tuple[float, float]:
         """beta and start_beta: floats with 0 < beta / T < 1/2, only with ``eta="auto"``."""
         start_beta = beta if start_beta is None else start_beta

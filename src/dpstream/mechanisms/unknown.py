@@ -58,6 +58,7 @@ from .counters import (
 )
 from .item_table import ItemTable
 from .known import tree_purpose
+from .params import UnknownParams
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
 
@@ -605,6 +606,14 @@ class UnknownDomainHistogram:
         self._shown = np.zeros(cap, dtype=bool)
         self._n = 0
         self.t = 0
+
+    @classmethod
+    def from_params(
+        cls, params: UnknownParams, *, key: NoiseKey, on_invalid: str = "error"
+    ) -> UnknownDomainHistogram:
+        """The histogram of ``params`` (the value :class:`dpstream.spark.SparkUnknownBase`
+        is built from too)."""
+        return cls(params.horizon, key=key, on_invalid=on_invalid, **params.kwargs())
 
     def _calibrate(self, threshold_delta: float | None) -> tuple[float, float, PrivacySplit, float]:
         """(tau, threshold_delta, split, total delta of the claim)."""

@@ -35,6 +35,7 @@ from ..errors import DPStreamError, InvalidEventError
 from ..factorization import MAX_BLT_HORIZON
 from ..io import read_domain
 from ..mechanisms.counters import counter_with_buffers
+from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from .events import read_events_jsonl
@@ -316,30 +317,27 @@ def _mechanism(
             opts.get("counter"), opts.get("base"), opts.get("blt_buffers"), horizon
         )
     )
+    settings = {k: v for k, v in job.common.items() if k != "key"}
     if job.name == "known":
         domain = opts.get("domain")
         if domain is None:
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
         items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
-        mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase(
-            spark,
-            horizon,
-            domain=items,
-            counter=counter,
-            **job.common,
+        params = HistogramParams(horizon=horizon, counter=counter, **settings)
+        mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase.from_params(
+            spark, params, key=job.key, domain=items
         )
         return mech, spark.createDataFrame([(it,) for it in items], "item string")
     if opts.get("domain") is not None:
         raise ValueError("--domain does not apply to --mechanism unknown")
-    mech = SparkUnknownBase(
-        spark,
-        horizon,
+    unknown = UnknownParams(
+        horizon=horizon,
         remember=bool(opts.get("remember")),
         threshold_delta=opts.get("threshold_delta"),
         counter=counter,
-        **job.common,
+        **settings,
     )
-    return mech, None
+    return SparkUnknownBase.from_params(spark, unknown, key=job.key), None
 
 
 def _valid_events(

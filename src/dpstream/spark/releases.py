@@ -29,6 +29,7 @@ from ..mechanisms.known import (
     item_fingerprint,
     tree_purpose,
 )
+from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, canonical_item
 from .kernels import (
     KNOWN,
@@ -520,13 +521,10 @@ class SparkKnownBase(_SparkRelease):
         max_count_per_item: int | None = None,
         noise_version: int = DEFAULT_NOISE_VERSION,
     ) -> None:
-        # The local class fixes every parameter; its one-item domain is a placeholder,
-        # and the noise purpose is the local one for the real domain's fingerprint.
-        self.mechanism = KnownDomainHistogram(
-            ["dpstream.spark:parameters"],
-            horizon,
+        #: the settings, one frozen value (:meth:`from_params` takes one)
+        self.params = HistogramParams(
+            horizon=horizon,
             max_items=max_items,
-            key=key,
             counter=counter,
             base=base,
             rho=rho,
@@ -537,6 +535,11 @@ class SparkKnownBase(_SparkRelease):
             max_items_per_user=max_items_per_user,
             max_count_per_item=max_count_per_item,
             noise_version=noise_version,
+        )
+        # The local class fixes every parameter; its one-item domain is a placeholder,
+        # and the noise purpose is the local one for the real domain's fingerprint.
+        self.mechanism = KnownDomainHistogram.from_params(
+            ["dpstream.spark:parameters"], self.params, key=key
         )
         m = self.mechanism
         users = None if m.user_bounds is None else m.user_bounds.tag()
@@ -577,6 +580,28 @@ class SparkKnownBase(_SparkRelease):
             strategy=m.strategy,
         )
         super().__init__(spark, key, item_col, count_col)
+
+    @classmethod
+    def from_params(
+        cls,
+        spark: SparkSession,
+        params: HistogramParams,
+        *,
+        key: NoiseKey,
+        domain: DataFrame | Sequence[Any],
+        item_col: str = "item",
+        count_col: str = "count",
+    ) -> SparkKnownBase:
+        """The Spark twin of ``KnownDomainHistogram.from_params(domain, params, key=key)``."""
+        return cls(
+            spark,
+            params.horizon,
+            key=key,
+            domain=domain,
+            item_col=item_col,
+            count_col=count_col,
+            **params.kwargs(),
+        )
 
     def counts_with_domain(self, counts: DataFrame, domain: DataFrame) -> DataFrame:
         """(item, count) over the whole domain: missing items count 0; an item outside fails."""
@@ -822,10 +847,10 @@ class SparkUnknownBase(_SparkRelease):
     ) -> None:
         from ..mechanisms.unknown import UnknownDomainHistogram
 
-        self.mechanism = UnknownDomainHistogram(
-            horizon,
+        #: the settings, one frozen value (:meth:`from_params` takes one)
+        self.params = UnknownParams(
+            horizon=horizon,
             max_items=max_items,
-            key=key,
             counter=counter,
             base=base,
             remember=remember,
@@ -839,6 +864,7 @@ class SparkUnknownBase(_SparkRelease):
             max_count_per_item=max_count_per_item,
             noise_version=noise_version,
         )
+        self.mechanism = UnknownDomainHistogram.from_params(self.params, key=key)
         m = self.mechanism
         if m.strategy is None:
             # m_t by |I_t| = 1 .. (r - 1) L_r (index 0 unused), the local engine's numbers
@@ -860,6 +886,26 @@ class SparkUnknownBase(_SparkRelease):
             thresholds=thresholds,
         )
         super().__init__(spark, key, item_col, count_col)
+
+    @classmethod
+    def from_params(
+        cls,
+        spark: SparkSession,
+        params: UnknownParams,
+        *,
+        key: NoiseKey,
+        item_col: str = "item",
+        count_col: str = "count",
+    ) -> SparkUnknownBase:
+        """The Spark twin of ``UnknownDomainHistogram.from_params(params, key=key)``."""
+        return cls(
+            spark,
+            params.horizon,
+            key=key,
+            item_col=item_col,
+            count_col=count_col,
+            **params.kwargs(),
+        )
 
     def _spec_for(self, steps: Sequence[int]) -> ReleaseSpec:
         """The spec, with a BLT's m_t for ``steps`` (the local ``threshold_at``)."""

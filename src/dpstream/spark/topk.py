@@ -29,6 +29,7 @@ import numpy as np
 
 from ..factorization import BLTStrategy
 from ..mechanisms.base import Release, check_next_step
+from ..mechanisms.params import TopKParams
 from ..mechanisms.topk import ContinualTopK
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource
 from .kernels import TopKSpec, topk_counter_batch, topk_query_batch, topk_select_batch
@@ -96,13 +97,12 @@ class SparkContinualTopK:
             if (isinstance(k, int) and not isinstance(k, bool) and k >= 1)
             else ["x"]
         )
-        self.mechanism = ContinualTopK(
-            placeholder,
-            horizon,
+        #: the settings, one frozen value (:meth:`from_params` takes one)
+        self.params = TopKParams(
+            horizon=horizon,
             k=k,
             switches=switches,
             eta=eta,
-            key=key,
             wait=wait,
             counter=counter,
             base=base,
@@ -113,6 +113,7 @@ class SparkContinualTopK:
             stream=stream,
             noise_version=noise_version,
         )
+        self.mechanism = ContinualTopK.from_params(placeholder, self.params, key=key)
         m = self.mechanism
         self.spec = TopKSpec(
             noise_scope=m.noise_scope,
@@ -136,6 +137,28 @@ class SparkContinualTopK:
         self._threshold_noise = 0.0
 
     # -- facts --------------------------------------------------------------------
+
+    @classmethod
+    def from_params(
+        cls,
+        spark: SparkSession,
+        params: TopKParams,
+        *,
+        key: NoiseKey,
+        item_col: str = "item",
+        count_col: str = "count",
+    ) -> SparkContinualTopK:
+        """The Spark twin of ``ContinualTopK.from_params(domain, params, key=key)`` (its
+        domain: the items of the counts it is given)."""
+        return cls(
+            spark,
+            params.horizon,
+            key=key,
+            item_col=item_col,
+            count_col=count_col,
+            **params.kwargs(),
+        )
+
     @property
     def privacy(self):
         return self.mechanism.privacy
