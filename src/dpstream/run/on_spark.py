@@ -8,13 +8,14 @@ state does, before it writes anything (:mod:`dpstream.run.scope`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..logs import log_fields
 from .budget import run_cap, run_spend
 from .scope import new_run_scope, noise_scope
 
 if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
     from ..noise import NoiseKey
     from .config import RunConfig
 
@@ -34,7 +35,7 @@ def run_on_spark(cfg: RunConfig, key: NoiseKey) -> int:
             f"--engine spark needs PySpark: pip install 'dpstream[spark]' ({exc})"
         ) from None
 
-    def claim(mech: Any) -> None:
+    def claim(mech: ContinualMechanism) -> None:
         ledger, _ = new_run_scope(
             cfg,
             key,

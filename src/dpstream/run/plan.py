@@ -13,12 +13,15 @@ import argparse
 import inspect
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..registry import MECHANISMS, build_mechanism, mechanism_class, top_k_choice
 from .checks import mechanism_settings
 from .config import RunConfig
 from .options import domain_option
+
+if TYPE_CHECKING:
+    from ..mechanisms.protocol import ContinualMechanism
 
 __all__ = ["cmd_plan"]
 
@@ -40,7 +43,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dataset_budget(cfg: RunConfig, mech: Any) -> dict[str, Any] | None:
+def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] | None:
     """With --key-file and --dataset: what the dataset has spent (the key's release
     ledger), what this run would bring it to, and whether --budget-cap allows it."""
     import math
