@@ -26,6 +26,18 @@ __all__ = ["HistogramParams", "TopKParams", "UnknownParams"]
 
 @dataclass(frozen=True, kw_only=True)
 class _Params:
+    """What every mechanism's settings hold: the counter, the budget (one of ``rho``,
+    ``epsilon`` with ``delta``, or ``tau``), the stream name and the noise version."""
+
+    counter: str | BLTStrategy | None = None
+    base: int | None = None
+    rho: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    tau: float | None = None
+    stream: str = "default"
+    noise_version: int = DEFAULT_NOISE_VERSION
+
     def kwargs(self) -> dict[str, Any]:
         """The settings as the classes' keyword arguments (all but the horizon)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "horizon"}
@@ -37,22 +49,13 @@ class HistogramParams(_Params):
 
     Every field means what the class's argument of the same name means
     (:class:`dpstream.KnownDomainHistogram`); ``horizon=None`` is a stream with
-    no planned end. Give one budget: ``rho``, ``epsilon`` with ``delta``, or
-    ``tau``.
+    no planned end.
     """
 
     horizon: int | None
     max_items: int | None = None
-    counter: str | BLTStrategy | None = None
-    base: int | None = None
-    rho: float | None = None
-    epsilon: float | None = None
-    delta: float | None = None
-    tau: float | None = None
-    stream: str = "default"
     max_items_per_user: int | None = None
     max_count_per_item: int | None = None
-    noise_version: int = DEFAULT_NOISE_VERSION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,11 +77,3 @@ class TopKParams(_Params):
     switches: int
     eta: float | Callable[[int], float] | str = "auto"
     wait: bool = True
-    counter: str | BLTStrategy | None = None
-    base: int | None = None
-    rho: float | None = None
-    epsilon: float | None = None
-    delta: float | None = None
-    tau: float | None = None
-    stream: str = "default"
-    noise_version: int = DEFAULT_NOISE_VERSION
