@@ -243,3 +243,23 @@ def test_every_path_of_the_long_formatters_writes_the_same_clock_columns(round_c
         text = CsvFormatter(round_counts, begins, ends).format(rel).decode()
         got = list(csv.reader(text.splitlines(keepends=True)))
         assert [r[4:] for r in got] == [[begins(7), ends(7)]] * len(its)
+
+
+def test_a_refused_parquet_run_writes_nothing(keyed):
+    """A run refused before its first release (here: most events after --end) leaves no
+    Parquet file; it used to leave an empty one, which then made the corrected run
+    fail ("holds releases but no metadata sidecar")."""
+    tmp_path, key = keyed
+    pytest.importorskip("pyarrow")
+    src = tmp_path / "ev.jsonl"
+    src.write_text(
+        "".join(json.dumps({"ts": f"2026-{m:02d}-10", "items": ["a"]}) + "\n" for m in (1, 5, 6))
+    )
+    out = tmp_path / "out.parquet"
+    clock = ["--time-field", "ts", "--start", "2026-01-01", "--step", "1mo"]
+    assert _run(key, src, out, "parquet", *clock, "--end", "2026-02-01") == 1
+    assert not out.exists() and not out.with_name(out.name + ".meta.json").exists()
+    assert _run(key, src, out, "parquet", *clock, "--end", "2026-07-01") == 0
+    assert [r["step_end"][:7] for r in _rows(out, "parquet")] == [
+        f"2026-{m:02d}" for m in range(2, 8)
+    ]

@@ -20,9 +20,9 @@ __all__ = ["ParquetWriter"]
 class ParquetWriter:
     """The long format as Parquet (needs pyarrow: ``pip install 'dpstream[parquet]'``).
 
-    One row group per batch of steps; the file is complete when closed. It
-    cannot be truncated and resumed like a text output, so a run with
-    ``--state`` writes JSON Lines or CSV (convert afterwards).
+    One row group per batch of steps; the file is created with the first rows and
+    complete when closed. It cannot be truncated and resumed like a text output,
+    so a run with ``--state`` writes JSON Lines or CSV (convert afterwards).
     """
 
     name = "parquet"
@@ -56,7 +56,10 @@ class ParquetWriter:
                 *((name, pa.string()) for name in clock_columns(step_start, step_end)),
             ]
         )
-        self._writer = pq.ParquetWriter(path, self._schema)
+        self._path = path
+        self._pq = pq
+        self._writer: Any = None  # opened with the first rows: a run refused before any
+        # release leaves no file behind (and no empty file in the way of the next run)
         self._rows: list[tuple[Any, ...]] = []  # empty steps, row by row
         self._batches: list[Any] = []  # releases as tables, in order
         self._pending = 0
@@ -117,9 +120,13 @@ class ParquetWriter:
     def _flush(self) -> None:
         self._flush_rows()
         if self._batches:
+            if self._writer is None:
+                self._writer = self._pq.ParquetWriter(self._path, self._schema)
             self._writer.write_table(self._pa.concat_tables(self._batches))
             self._batches, self._pending = [], 0
 
     def close(self) -> None:
+        """Write the rows held and complete the file (none if no row was ever given)."""
         self._flush()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
