@@ -130,3 +130,23 @@ def test_a_run_without_a_clock_keeps_step_numbers(tmp_path):
     page = report.read_text()
     assert "time step t" in page and 'class="tick date"' not in page
     assert 'id="dp-window"' not in page and 'class="when"' not in page
+
+
+def test_dates_past_the_calendar_fall_back_to_steps(tmp_path):
+    """The view reads files it did not write: a clock whose steps end after year 9999 (or
+    a release far past the horizon) shows step numbers, never breaks the page."""
+    from dpstream.run.meta import FORMAT, write_run_meta
+    from dpstream.view.model import ViewModel
+    from dpstream.view.render import render_page
+
+    out = tmp_path / "out.jsonl"
+    lines = [{"t": t, "released": {"a": t}} for t in (1, 2, 3, 10**12)]
+    out.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    clock = {"start": "9999-06-01T00:00:00+00:00", "step": "1mo"}
+    write_run_meta(out, {"format": FORMAT, "horizon": 10, "clock": clock})
+    model = ViewModel(out)
+    model.refresh()
+    page = render_page(model.snapshot(["a"]), nonce=None)
+    assert "time step t" in page and 'id="dp-window"' not in page
+    assert date_ticks(StepClock.parse(clock["start"], "1mo"), 1, 10) == []
+    assert window_text(StepClock.parse(clock["start"], "1mo"), 10**6) is None

@@ -103,12 +103,24 @@ def _label(unit: str, when: _dt.datetime) -> str:
     return f"{_MONTH_NAMES[when.month - 1]} {when.day} {when:%H:%M}"
 
 
+#: What date arithmetic raises past the calendar's ends (years 1 to 9999).
+_OUT_OF_RANGE = (OverflowError, ValueError, OSError)
+
+
 def date_ticks(
     clock: StepClock, t_lo: int, t_hi: int, count: int = 8
 ) -> list[tuple[float, str, str]]:
     """Ticks of round dates from the end of step ``t_lo`` to the end of step ``t_hi``:
-    ``(step position, label, ISO-8601 date)``, at most ``count`` (empty when no round
-    date falls there: steps of seconds, say)."""
+    ``(step position, label, ISO-8601 date)``, at most ``count``; empty when no round
+    date falls there (steps of seconds, say) or the steps end past the calendar (a
+    sidecar or a release line may hold anything: the axis then shows steps)."""
+    try:
+        return _date_ticks(clock, t_lo, t_hi, count)
+    except _OUT_OF_RANGE:
+        return []
+
+
+def _date_ticks(clock: StepClock, t_lo: int, t_hi: int, count: int) -> list[tuple[float, str, str]]:
     first = clock.end_of(t_lo).astimezone(clock.zone)
     last = clock.end_of(t_hi).astimezone(clock.zone)
     span = (last - first).total_seconds()
@@ -127,11 +139,14 @@ def _when(when: _dt.datetime, *, date: bool = True) -> str:
     return f"{when:%Y-%m-%d} {clock_time}" if date else clock_time
 
 
-def window_text(clock: StepClock, t: int) -> str:
+def window_text(clock: StepClock, t: int) -> str | None:
     """Step t's window in words, at the step's precision: ``2002-12-01 – 2003-01-01``,
-    ``2026-03-01 06:00 – 07:00``."""
-    start = clock.start_of(t).astimezone(clock.zone)
-    end = clock.end_of(t).astimezone(clock.zone)
+    ``2026-03-01 06:00 – 07:00``; None past the calendar's ends."""
+    try:
+        start = clock.start_of(t).astimezone(clock.zone)
+        end = clock.end_of(t).astimezone(clock.zone)
+    except _OUT_OF_RANGE:
+        return None
     if all(w.time() == _dt.time(0) for w in (start, end)):
         return f"{start:%Y-%m-%d} – {end:%Y-%m-%d}"
     return f"{_when(start)} – {_when(end, date=end.date() != start.date())}"

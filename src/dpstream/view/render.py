@@ -228,17 +228,15 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
 def _dates(snap: Snapshot) -> str:
     """The window of the step shown, for a run with a clock (escaped HTML), else empty."""
     clock = clock_of(snap.meta)
-    if clock is None or snap.t is None:
-        return ""
-    return f'<span id="dp-window">{esc(window_text(clock, snap.t))}</span><br>'
+    text = None if clock is None or snap.t is None else window_text(clock, snap.t)
+    return "" if text is None else f'<span id="dp-window">{esc(text)}</span><br>'
 
 
 def _when_shown(snap: Snapshot) -> str:
     """`` · 2002-12-01 – 2003-01-01``: the window of the step shown, with a clock."""
     clock = clock_of(snap.meta)
-    if clock is None or snap.t is None:
-        return ""
-    return f'<span class="when"> · {esc(window_text(clock, snap.t))}</span>'
+    text = None if clock is None or snap.t is None else window_text(clock, snap.t)
+    return "" if text is None else f'<span class="when"> · {esc(text)}</span>'
 
 
 _DOMAIN_WORDS = {
