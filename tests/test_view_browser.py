@@ -270,6 +270,7 @@ def test_a_clocked_run_shows_dates_on_the_axis(browser, tmp_path):
         # (the page keeps its Content-Security-Policy here: Playwright's own expect, no eval)
         expect(page.locator("#dp-t")).to_have_text("156", timeout=30_000)
         assert page.inner_text("#dp-window") == "2002-12-01 – 2003-01-01"
+        assert "t = 156, as of 2003-01-01: " in page.inner_text("#dp-history ul.legend")
         ticks, xs = axis()
         assert len(xs) == 156
         for label, _, x, _, _ in ticks:

@@ -17,7 +17,7 @@ import pytest
 
 from dpstream.cli import main
 from dpstream.clock import StepClock
-from dpstream.view.dates import clock_of, date_ticks, window_text
+from dpstream.view.dates import clock_of, date_ticks, end_text, window_text
 
 from .conftest import fixed_key, own_ledger
 
@@ -66,6 +66,10 @@ def test_window_text_says_when_a_step_begins_and_ends():
     hours = StepClock.parse("2026-03-01T06:00+01:00", "1h")
     assert window_text(hours, 18) == "2026-03-01 23:00 – 2026-03-02 00:00"
     assert window_text(hours, 2) == "2026-03-01 07:00 – 08:00"
+    assert end_text(months, 156) == "2003-01-01"
+    assert end_text(hours, 18) == "2026-03-02 00:00"
+    assert end_text(StepClock.parse("2026-01-01T00:00-05:00", "1w"), 2) == "2026-01-15"
+    assert end_text(StepClock.parse("2026-01-01T00:00Z", "90s"), 3) == "2026-01-01 00:04:30"
     assert clock_of({"clock": {"start": "2026-01-01", "step": "1d"}}) is not None
     for meta in (None, {}, {"clock": None}, {"clock": {"start": "x", "step": "1d"}}):
         assert clock_of(meta) is None
@@ -108,6 +112,7 @@ def test_export_of_a_clocked_run_has_dates_on_the_axis(monthly_run):
     assert [iso[:4] for _, iso in ticks] == ["1992", "1994", "1996", "1998", "2000", "2002"]
     assert "end of each step (UTC+00:00)" in page and "time step t" not in page
     assert "2002-12-01 – 2003-01-01" in page  # the window of the step shown
+    assert "t = 156, as of 2003-01-01: " in page  # the legend: what the last count covers
     # the tick of 1 January of year Y sits on the release of step 12 (Y - 1990): the one
     # whose step ends then (the item is released at every step here)
     points = _svg_points(page, "a")

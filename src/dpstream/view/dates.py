@@ -21,7 +21,7 @@ from typing import Any
 
 from ..clock import StepClock
 
-__all__ = ["clock_of", "position", "date_ticks", "window_text"]
+__all__ = ["clock_of", "position", "date_ticks", "window_text", "end_text"]
 
 _MONTH_NAMES = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
 
@@ -150,3 +150,17 @@ def window_text(clock: StepClock, t: int) -> str | None:
     if all(w.time() == _dt.time(0) for w in (start, end)):
         return f"{start:%Y-%m-%d} – {end:%Y-%m-%d}"
     return f"{_when(start)} – {_when(end, date=end.date() != start.date())}"
+
+
+def end_text(clock: StepClock, t: int) -> str | None:
+    """When step t ends (what its release counts up to): ``2003-01-01``, or with the time
+    of day for steps that do not end at midnight; None past the calendar's ends."""
+    try:
+        end = clock.end_of(t).astimezone(clock.zone)
+        begin = clock.start.astimezone(clock.zone)
+    except _OUT_OF_RANGE:
+        return None
+    whole_days = begin.time() == _dt.time(0) and (
+        clock.months or clock.step.total_seconds() % 86400 == 0
+    )
+    return f"{end:%Y-%m-%d}" if whole_days else _when(end)

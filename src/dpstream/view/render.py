@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..words import plain_mechanism
-from .dates import clock_of, date_ticks, window_text
+from .dates import clock_of, date_ticks, end_text, window_text
 from .model import MAX_SELECTED, Snapshot
 
 __all__ = ["esc", "render_fragments", "render_page", "PALETTE", "content_security_policy"]
@@ -433,8 +433,10 @@ def render_history(snap: Snapshot) -> str:
     legend = []
     for item, colour, ts, vs, hw in series:
         if ts:
+            until = None if clock is None else end_text(clock, ts[-1])
+            as_of = "" if until is None else f", as of {esc(until)}"
             last = (
-                f'<span class="last">t = {ts[-1]:,}: {fmt_count(vs[-1])}'
+                f'<span class="last">t = {ts[-1]:,}{as_of}: {fmt_count(vs[-1])}'
                 + (f" ± {fmt_pm(hw[-1])}" if hw[-1] else "")
                 + "</span>"
             )
