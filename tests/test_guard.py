@@ -683,7 +683,7 @@ def test_end_gives_the_horizon(setup, capsys):
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl-long", "parquet"])
-def test_long_outputs_carry_each_steps_start(setup, fmt):
+def test_long_outputs_carry_each_steps_start_and_end(setup, fmt):
     tmp_path, key, domain = setup
     if fmt == "parquet":
         pytest.importorskip("pyarrow")
@@ -726,11 +726,12 @@ def test_long_outputs_carry_each_steps_start(setup, fmt):
         import pyarrow.parquet as pq
 
         rows = pq.read_table(out).to_pylist()
-    assert list(rows[0]) == ["t", "item", "value", "noise_std", "step_start"]
+    assert list(rows[0]) == ["t", "item", "value", "noise_std", "step_start", "step_end"]
     zone = dt.timezone(dt.timedelta(hours=-5))
     for row in rows:
         t = int(row["t"])
         assert row["step_start"] == dt.datetime(2026, t, 1, tzinfo=zone).isoformat()
+        assert row["step_end"] == dt.datetime(2026, t + 1, 1, tzinfo=zone).isoformat()
     assert {int(r["t"]) for r in rows} == {1, 2, 3, 4}
 
 

@@ -249,3 +249,42 @@ def test_plan_explain_keeps_the_paper_references(tmp_path):
         ]
     )
     assert "UnkBase" in text and "Cardoso" in text
+
+
+def _tile_text(page: str, label: str) -> str:
+    """The words of the header tile ``label`` of a view page."""
+    found = re.search(
+        rf'<div class="tile[^"]*"><div class="label">{label}</div>(.*?)</div></div>', page, re.S
+    )
+    assert found is not None, label
+    return " ".join(_page_text(found.group(1)).split())
+
+
+def test_the_views_mechanism_card_is_in_plain_words(tmp_path):
+    """The card names the mechanism and its counter as a user would (not UnkBase,
+    KnownBase or "tree base r = 8"), for a run with a clock too."""
+    key = tmp_path / "k.key"
+    fixed_key("plain-card").save(key)
+    events, dom = tmp_path / "ev.jsonl", tmp_path / "dom.txt"
+    events.write_text('{"ts":"2026-01-02","items":["a","b"]}\n{"ts":"2026-02-03","items":["a"]}\n')
+    dom.write_text("a\nb\nc\n")
+    clock = ["--time-field", "ts", "--start", "2026-01-01", "--step", "1mo", "-T", "12"]
+    runs = {
+        "known": (["-m", "known", "--domain", str(dom), "--counter", "tree", "--base", "8"]),
+        "unknown": (["-m", "unknown", "--blt-buffers", "3"]),
+    }
+    cards = {}
+    for name, extra in runs.items():
+        out = tmp_path / f"{name}.jsonl"
+        argv = ["run", "-q", *extra, "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"]
+        assert main([*argv, *clock, "--key-file", str(key), "-i", str(events), "-o", str(out)]) == 0
+        model = ViewModel(out)
+        model.refresh()
+        page = render_page(model.snapshot(), nonce=None)
+        cards[name] = _tile_text(page, "mechanism")
+        assert not PAPER_NAMES.search(_page_text(page)), name
+        assert "2026-12-01 – 2027-01-01" in _page_text(page)  # the step shown, in dates
+    assert cards == {
+        "known": "known-domain histogram tree counter (base 8)",
+        "unknown": "unknown-domain histogram BLT counter (3 buffers)",
+    }

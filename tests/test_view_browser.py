@@ -201,3 +201,81 @@ def test_page_says_the_file_is_missing(browser, tmp_path):
     finally:
         page.close()
         server.stop()
+
+
+def test_a_clocked_run_shows_dates_on_the_axis(browser, tmp_path):
+    """A real run with a monthly clock (1990 to 2002), half released, then the rest: the
+    page's time axis has round dates, each on the release of the step that ends then
+    (12 (Y - 1990) for 1 January of year Y, worked out here), readable (no two labels
+    overlap), and the step's window follows the file."""
+    from playwright.sync_api import expect
+
+    from dpstream.cli import main
+
+    from .conftest import fixed_key, own_ledger
+
+    key = tmp_path / "k.key"
+    fixed_key("browser-dates").save(key)
+    burst = [json.dumps({"date": "1990-01-02", "items": ["a"]})] * 100  # "a" shown from step 1
+    events = burst + [
+        json.dumps({"date": f"{1990 + i // 12}-{i % 12 + 1:02d}-{3 + i % 20:02d}", "items": ["a"]})
+        for i in range(156)
+    ]
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+
+    def run(lines: list[str], *extra: str) -> None:
+        src = tmp_path / "ev.jsonl"
+        src.write_text("".join(x + "\n" for x in lines))
+        argv = ["run", "-q", "-m", "unknown", "--max-items", "1", "--rho", "1"]
+        argv += ["--threshold-delta", "1e-3", "--key-file", str(key), "-i", str(src)]
+        argv += ["-o", str(out), *own_ledger(out), "--state", str(state)]
+        argv += ["--time-field", "date", "--start", "1990-01-01", "--step", "1mo"]
+        assert main([*argv, "--end", "2003-01-01", *extra]) == 0
+
+    run(events[:160], "--until", "60")
+    server = ViewServer(ViewModel(out, top=5), poll=0.1).start()
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(5000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        assert page.inner_text("#dp-t") == "60"
+        assert page.inner_text("#dp-window") == "1994-12-01 – 1995-01-01"
+
+        def axis():
+            ticks = page.eval_on_selector_all(
+                "#dp-history svg text.tick.date",
+                "els => els.map(e => { const b = e.getBBox(); return [e.textContent, "
+                "e.dataset.date, Number(e.getAttribute('x')), b.x, b.width]; })",
+            )
+            points = page.get_attribute('#dp-history g.series[data-item="a"] polyline', "points")
+            return ticks, [float(p.split(",")[0]) for p in points.split()]
+
+        ticks, xs = axis()
+        assert [label for label, *_ in ticks] == ["1992", "1994", "1996", "1998", "2000", "2002"]
+        assert len(xs) == 60  # steps 1..60 released so far, drawn on the axis of T = 156
+        for label, iso, x, _, width in ticks:
+            assert iso == f"{label}-01-01T00:00:00+00:00" and width > 0
+            t = 12 * (int(label) - 1990)
+            if t <= 60:
+                assert x == pytest.approx(xs[t - 1], abs=0.11)
+        for a, b in zip(ticks, ticks[1:], strict=False):
+            assert a[3] + a[4] < b[3]  # the labels do not overlap
+        assert "end of each step (UTC+00:00)" in page.inner_text("#dp-history")
+        assert "time step t" not in page.inner_text("#dp-history")
+
+        run(events[160:])  # the rest of the stream
+        # (the page keeps its Content-Security-Policy here: Playwright's own expect, no eval)
+        expect(page.locator("#dp-t")).to_have_text("156", timeout=30_000)
+        assert page.inner_text("#dp-window") == "2002-12-01 – 2003-01-01"
+        assert "t = 156, as of 2003-01-01: " in page.inner_text("#dp-history ul.legend")
+        ticks, xs = axis()
+        assert len(xs) == 156
+        for label, _, x, _, _ in ticks:
+            assert x == pytest.approx(xs[12 * (int(label) - 1990) - 1], abs=0.11)
+        assert errors == []
+    finally:
+        page.close()
+        server.stop()

@@ -37,7 +37,7 @@ from .output import make_formatter, output_path_kind, resolve_path
 from .parquet_out import ParquetWriter
 from .reading import read_events
 from .records import RawEvent, guard_lines, open_input, raw_bytes
-from .text import LONG_COLUMNS, STEP_START
+from .text import LONG_COLUMNS, STEP_END, STEP_START
 
 __all__ = [
     "RawEvent",
@@ -58,6 +58,7 @@ __all__ = [
     "ParquetWriter",
     "LONG_COLUMNS",
     "STEP_START",
+    "STEP_END",
     "make_formatter",
     "output_path_kind",
     "resolve_path",

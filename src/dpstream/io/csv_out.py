@@ -17,9 +17,10 @@ from ..mechanisms.base import Release
 from .text import (
     CSV_SPECIAL,
     LONG_COLUMNS,
-    STEP_START,
     Formatter,
     ItemText,
+    clock_columns,
+    clock_values,
     int_rows,
     join_text,
     long_rows,
@@ -38,21 +39,26 @@ def _csv_cell(item: Any) -> str:
 
 class CsvFormatter(Formatter):
     """The long format as CSV: a ``t,item,value,noise_std`` header, then one row per
-    released item per step; a step that releases no item writes one row with empty
-    ``item`` and ``value``, so every step of the clock is in the file."""
+    released item per step (and ``step_start,step_end`` with a public clock); a step
+    that releases no item writes one row with empty ``item`` and ``value``, so every
+    step of the clock is in the file."""
 
     _rows_per_item = True
     name = "csv"
 
     def __init__(
-        self, round_counts: bool = False, step_start: Callable[[int], str] | None = None
+        self,
+        round_counts: bool = False,
+        step_start: Callable[[int], str] | None = None,
+        step_end: Callable[[int], str] | None = None,
     ) -> None:
         self.round_counts = round_counts
-        self.step_start = step_start  # a public clock: a step_start column (ISO-8601)
+        # a public clock: step_start and step_end columns (ISO-8601)
+        self.step_start, self.step_end = step_start, step_end
         self._cells = self._text = ItemText(_csv_cell, CSV_SPECIAL)
 
     def header(self) -> bytes:
-        extra = () if self.step_start is None else (STEP_START,)
+        extra = clock_columns(self.step_start, self.step_end)
         return (",".join((*LONG_COLUMNS, *extra)) + "\n").encode()
 
     def _format_columns(self, release: Release) -> bytes | None:
@@ -62,8 +68,8 @@ class CsvFormatter(Formatter):
 
         std = release.meta.get("noise_std") if release.meta else None
         std_text = "" if std is None else repr(std) if isinstance(std, float) else str(std)
-        if self.step_start is not None:  # ISO-8601 text: nothing a CSV writer quotes
-            std_text += "," + self.step_start(int(release.t))
+        for when in clock_values(int(release.t), self.step_start, self.step_end):
+            std_text += "," + when  # ISO-8601 text: nothing a CSV writer quotes
         rows = (
             int_rows(
                 self._cells,
@@ -94,7 +100,7 @@ class CsvFormatter(Formatter):
     def _format_rows(self, release: Release) -> bytes:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        for row in long_rows(release, self.round_counts, self.step_start):
+        for row in long_rows(release, self.round_counts, self.step_start, self.step_end):
             writer.writerow(
                 ["" if v is None else repr(v) if isinstance(v, float) else v for v in row]
             )

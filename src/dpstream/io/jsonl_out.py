@@ -18,9 +18,10 @@ from .text import (
     JSON_SPECIAL,
     JSON_SPECIAL_BYTES,
     LONG_COLUMNS,
-    STEP_START,
     Formatter,
     ItemText,
+    clock_columns,
+    clock_values,
     int_rows,
     join_text,
     json_default,
@@ -96,18 +97,24 @@ class JsonlFormatter(Formatter):
 
 class JsonlLongFormatter(Formatter):
     """The long format as JSON Lines: ``{"t", "item", "value", "noise_std"}`` per row
-    (``item`` and ``value`` null for a step that releases no item)."""
+    (``item`` and ``value`` null for a step that releases no item), and with a public
+    clock ``"step_start"`` and ``"step_end"``."""
 
     _rows_per_item = True
     name = "jsonl-long"
 
     def __init__(
-        self, round_counts: bool = False, step_start: Callable[[int], str] | None = None
+        self,
+        round_counts: bool = False,
+        step_start: Callable[[int], str] | None = None,
+        step_end: Callable[[int], str] | None = None,
     ) -> None:
         self.round_counts = round_counts
-        self.step_start = step_start  # a public clock: a "step_start" field (ISO-8601)
+        # a public clock: "step_start" and "step_end" fields (ISO-8601)
+        self.step_start, self.step_end = step_start, step_end
         self._keys = self._text = ItemText(json_key, JSON_SPECIAL, '"')
-        self._columns = LONG_COLUMNS + (() if step_start is None else (STEP_START,))
+        self._clock = clock_columns(step_start, step_end)
+        self._columns = LONG_COLUMNS + self._clock
 
     def header(self) -> bytes:
         return b""
@@ -118,7 +125,7 @@ class JsonlLongFormatter(Formatter):
                 dict(zip(self._columns, row, strict=True)), ensure_ascii=False, allow_nan=False
             )
             + "\n"
-            for row in long_rows(release, self.round_counts, self.step_start)
+            for row in long_rows(release, self.round_counts, self.step_start, self.step_end)
         ).encode("utf-8")
 
     def _format_columns(self, release: Release) -> bytes | None:
@@ -130,12 +137,15 @@ class JsonlLongFormatter(Formatter):
         if isinstance(std, float) and not math.isfinite(std):
             return None
         head = f'{{"t": {int(release.t)}, "item": '
-        start = (
-            ""
-            if self.step_start is None
-            else f', "{STEP_START}": {json.dumps(self.step_start(int(release.t)))}'
+        clock = "".join(
+            f', "{name}": {json.dumps(value)}'
+            for name, value in zip(
+                self._clock,
+                clock_values(int(release.t), self.step_start, self.step_end),
+                strict=True,
+            )
         )
-        tail = f', "noise_std": {json.dumps(std)}{start}}}'
+        tail = f', "noise_std": {json.dumps(std)}{clock}}}'
         joined = (
             int_rows(self._keys, release, head.encode(), b', "value": ', tail.encode(), b"\n")
             if self.round_counts

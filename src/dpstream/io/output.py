@@ -15,18 +15,21 @@ __all__ = ["make_formatter", "output_path_kind", "resolve_path"]
 
 
 def make_formatter(
-    fmt: str, round_counts: bool = False, step_start: Callable[[int], str] | None = None
+    fmt: str,
+    round_counts: bool = False,
+    step_start: Callable[[int], str] | None = None,
+    step_end: Callable[[int], str] | None = None,
 ) -> JsonlFormatter | CsvFormatter | JsonlLongFormatter:
     """The release formatter for ``fmt``: ``"jsonl"`` (a line per step), ``"csv"`` or
-    ``"jsonl-long"`` (a row per released item per step). ``step_start`` (a run's public
-    clock: t to when step t begins, ISO-8601) adds a ``step_start`` column to the long
-    formats."""
+    ``"jsonl-long"`` (a row per released item per step). ``step_start`` and ``step_end``
+    (a run's public clock: t to when step t begins and ends, ISO-8601) add
+    ``step_start`` and ``step_end`` columns to the long formats."""
     if fmt == "jsonl":
         return JsonlFormatter(round_counts)
     if fmt == "csv":
-        return CsvFormatter(round_counts, step_start)
+        return CsvFormatter(round_counts, step_start, step_end)
     if fmt == "jsonl-long":
-        return JsonlLongFormatter(round_counts, step_start)
+        return JsonlLongFormatter(round_counts, step_start, step_end)
     raise ValueError(f"output format must be 'jsonl', 'csv' or 'jsonl-long', got {fmt!r}")
 
 

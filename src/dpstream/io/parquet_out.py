@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..mechanisms.base import Release
-from .text import STEP_START, ItemText, long_rows
+from .text import ItemText, clock_columns, clock_values, long_rows
 
 __all__ = ["ParquetWriter"]
 
@@ -20,9 +20,9 @@ __all__ = ["ParquetWriter"]
 class ParquetWriter:
     """The long format as Parquet (needs pyarrow: ``pip install 'dpstream[parquet]'``).
 
-    One row group per batch of steps; the file is complete when closed. It
-    cannot be truncated and resumed like a text output, so a run with
-    ``--state`` writes JSON Lines or CSV (convert afterwards).
+    One row group per batch of steps; the file is created with the first rows and
+    complete when closed. It cannot be truncated and resumed like a text output,
+    so a run with ``--state`` writes JSON Lines or CSV (convert afterwards).
     """
 
     name = "parquet"
@@ -34,6 +34,7 @@ class ParquetWriter:
         *,
         rows_per_group: int = 65536,
         step_start: Callable[[int], str] | None = None,
+        step_end: Callable[[int], str] | None = None,
     ) -> None:
         try:
             import pyarrow as pa
@@ -44,17 +45,21 @@ class ParquetWriter:
             ) from None
         self.round_counts = round_counts
         self._pa = pa
-        self.step_start = step_start  # a public clock: a step_start column (ISO-8601)
+        # a public clock: step_start and step_end columns (ISO-8601)
+        self.step_start, self.step_end = step_start, step_end
         self._schema = pa.schema(
             [
                 ("t", pa.int64()),
                 ("item", pa.string()),
                 ("value", pa.int64() if round_counts else pa.float64()),
                 ("noise_std", pa.float64()),
-                *([(STEP_START, pa.string())] if step_start else []),
+                *((name, pa.string()) for name in clock_columns(step_start, step_end)),
             ]
         )
-        self._writer = pq.ParquetWriter(path, self._schema)
+        self._path = path
+        self._pq = pq
+        self._writer: Any = None  # opened with the first rows: a run refused before any
+        # release leaves no file behind (and no empty file in the way of the next run)
         self._rows: list[tuple[Any, ...]] = []  # empty steps, row by row
         self._batches: list[Any] = []  # releases as tables, in order
         self._pending = 0
@@ -64,7 +69,7 @@ class ParquetWriter:
     def write(self, release: Release) -> None:
         """Add one release's rows (written out a row group at a time)."""
         if len(release.values) == 0:  # an empty step is one row with no item and no value
-            self._rows.extend(long_rows(release, self.round_counts, self.step_start))
+            self._rows.extend(long_rows(release, self.round_counts, self.step_start, self.step_end))
         else:
             self._flush_rows()
             self._batches.append(self._table(release))
@@ -80,15 +85,10 @@ class ParquetWriter:
         values = np.asarray(release.values, dtype=np.float64)
         if self.round_counts:
             values = np.rint(values).astype(np.int64)
-        start = (
-            [
-                pa.array([self.step_start(int(release.t))], pa.string()).take(
-                    pa.array(np.zeros(n, np.int64))
-                )
-            ]
-            if self.step_start
-            else []
-        )
+        clock = [
+            pa.array([when], pa.string()).take(pa.array(np.zeros(n, np.int64)))
+            for when in clock_values(int(release.t), self.step_start, self.step_end)
+        ]
         return pa.table(
             [
                 pa.array(np.full(n, int(release.t), dtype=np.int64)),
@@ -97,7 +97,7 @@ class ParquetWriter:
                 pa.array(
                     np.full(n, np.nan if std is None else float(std)), mask=np.full(n, std is None)
                 ),
-                *start,
+                *clock,
             ],
             schema=self._schema,
         )
@@ -120,9 +120,13 @@ class ParquetWriter:
     def _flush(self) -> None:
         self._flush_rows()
         if self._batches:
+            if self._writer is None:
+                self._writer = self._pq.ParquetWriter(self._path, self._schema)
             self._writer.write_table(self._pa.concat_tables(self._batches))
             self._batches, self._pending = [], 0
 
     def close(self) -> None:
+        """Write the rows held and complete the file (none if no row was ever given)."""
         self._flush()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()

@@ -12,7 +12,9 @@ the file holds exactly the library's values.
 
 The long ("tidy") formats have one row per released item per step, with the
 columns ``t, item, value, noise_std`` (the standard deviation of a count at
-that step: a 95% interval is value +- 1.96 noise_std); a step that releases no
+that step: a 95% interval is value +- 1.96 noise_std), and with a public clock
+(``--start``/``--step``) ``step_start, step_end``: the step's window
+[step_start, step_end), ISO-8601 in the clock's offset; a step that releases no
 item is one row with an empty item and value, so every step is there. They
 load into pandas and polars with their default readers: CSV
 (``--output-format csv``, with a header), JSON Lines rows (``jsonl-long``)
@@ -51,10 +53,13 @@ __all__ = [
     "ItemText",
     "LONG_COLUMNS",
     "STEP_START",
+    "STEP_END",
     "JSON_SPECIAL",
     "JSON_SPECIAL_BYTES",
     "CSV_SPECIAL",
     "long_rows",
+    "clock_columns",
+    "clock_values",
     "release_values",
     "value_text",
     "meta_text",
@@ -312,8 +317,10 @@ class Formatter:
 
 #: The columns of every long ("tidy") output: one row per released item per step.
 LONG_COLUMNS = ("t", "item", "value", "noise_std")
-#: The column a run with a public clock (--start/--step) adds: when each step begins.
+#: The columns a run with a public clock (--start/--step) adds: when each step begins
+#: and when it ends (the step covers [step_start, step_end)).
 STEP_START = "step_start"
+STEP_END = "step_end"
 
 #: Releases of at least this many items are formatted by Arrow's string kernels when
 #: their items' text is cached (the same items as the step before) ...
@@ -323,19 +330,37 @@ _COLUMNAR_MIN = 64
 _COLUMNAR_FRESH_MIN = 4096
 
 
+def clock_columns(
+    step_start: Callable[[int], str] | None, step_end: Callable[[int], str] | None
+) -> tuple[str, ...]:
+    """The names of the clock's columns a long output has (those given, in this order)."""
+    return tuple(n for n, f in ((STEP_START, step_start), (STEP_END, step_end)) if f is not None)
+
+
+def clock_values(
+    t: int, step_start: Callable[[int], str] | None, step_end: Callable[[int], str] | None
+) -> tuple[str, ...]:
+    """Step t's values of the :func:`clock_columns` (when it begins and ends, as given)."""
+    return tuple(f(t) for f in (step_start, step_end) if f is not None)
+
+
 def long_rows(
-    release: Release, round_counts: bool, step_start: Callable[[int], str] | None = None
+    release: Release,
+    round_counts: bool,
+    step_start: Callable[[int], str] | None = None,
+    step_end: Callable[[int], str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """The rows of one release in the long format; an empty step is one row with no item.
 
     ``noise_std`` comes from the release's meta (the run adds it: the standard
     deviation of a count at that step, public); ``None`` when absent. With
-    ``step_start`` (a run's public clock), each row ends with ``step_start(t)``.
+    ``step_start`` and ``step_end`` (a run's public clock), each row ends with
+    ``step_start(t)`` and ``step_end(t)`` (those given: :func:`clock_columns`).
     """
     t = int(release.t)
     std = release.meta.get("noise_std") if release.meta else None
     values = release_values(release, round_counts)
-    extra = () if step_start is None else (step_start(t),)
+    extra = clock_values(t, step_start, step_end)
     if not values:
         return [(t, None, None, std, *extra)]
     return [

@@ -28,7 +28,7 @@ __all__ = [
     "check_paths",
     "closing_quietly_on_error",
     "holds_release",
-    "long_layout_without_step_start",
+    "long_layout_clock",
     "open_output",
     "release_formatter",
     "same_file",
@@ -51,28 +51,34 @@ class ParquetFormatter:
         return b""
 
 
-def long_layout_without_step_start(path: str, fmt: str) -> bool:
-    """Whether ``path`` is a long output (``csv``, ``jsonl-long``) begun without the
-    ``step_start`` column (by a dpstream that did not write it): a stream that goes on keeps its
-    file's layout, so the bytes the state vouches for stay the same."""
+def long_layout_clock(path: str, fmt: str) -> tuple[str, ...] | None:
+    """The clock's columns (``step_start``, ``step_end``) of the long output (``csv``,
+    ``jsonl-long``) at ``path`` that a stream began, or None when there is none to go
+    on with (no such file, an empty one, another format). A stream that goes on keeps
+    its file's layout, begun by a dpstream that wrote fewer of these columns, so the
+    bytes the state vouches for stay the same."""
     if path == "-" or fmt not in ("csv", "jsonl-long"):
-        return False
+        return None
     try:
         with open(path, "rb") as fh:
             first = fh.readline(1 << 16).rstrip(b"\r\n")
     except OSError:
-        return False
+        return None
     if not first:
-        return False
+        return None
     if fmt == "csv":
-        return first == b"t,item,value,noise_std"
-    import json
+        names = tuple(first.decode("utf-8", "replace").split(","))
+    else:
+        import json
 
-    try:
-        row = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(row, dict) and "noise_std" in row and "step_start" not in row
+        try:
+            row = json.loads(first)
+        except ValueError:
+            return None
+        names = tuple(row) if isinstance(row, dict) else ()
+    if "noise_std" not in names:
+        return None
+    return tuple(n for n in ("step_start", "step_end") if n in names)
 
 
 @dataclass
@@ -254,13 +260,12 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
     output_format = cfg.output_kind
     clock = cfg.clock
     step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
-    if (
-        step_start is not None
-        and cfg.state
-        and not cfg.force
-        and long_layout_without_step_start(cfg.output, output_format)
-    ):
-        step_start = None  # a stream begun without the column goes on without it
+    step_end = None if clock is None else (lambda t: clock.iso(clock.end_of(t)))
+    if clock is not None and cfg.state and not cfg.force:
+        begun = long_layout_clock(cfg.output, output_format)
+        if begun is not None:  # a stream goes on with the clock's columns its file has
+            step_start = step_start if "step_start" in begun else None
+            step_end = step_end if "step_end" in begun and step_start else None
     parquet = None
     if output_format == "parquet":
         if cfg.output == "-" or cfg.state:
@@ -272,8 +277,8 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
             raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
         from ..io import ParquetWriter
 
-        parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start)
+        parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start, step_end=step_end)
         base_formatter: Any = ParquetFormatter(parquet)
     else:
-        base_formatter = make_formatter(output_format, cfg.round, step_start)
+        base_formatter = make_formatter(output_format, cfg.round, step_start, step_end)
     return NoiseStdFormatter(base_formatter, mech), parquet

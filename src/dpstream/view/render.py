@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..words import plain_mechanism
+from .dates import clock_of, date_ticks, end_text, window_text
 from .model import MAX_SELECTED, Snapshot
 
 __all__ = ["esc", "render_fragments", "render_page", "PALETTE", "content_security_policy"]
@@ -128,14 +129,16 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     name = _meta_str(meta, "mechanism")
     base = _meta_num(meta, "base")
     if meta is not None:
-        parts = [esc(_DOMAIN_WORDS.get(name or "", name or ""))]
+        words = plain_mechanism(algorithm) if algorithm else name
+        domain = _DOMAIN_WORDS.get(name or "", name or "")
+        # the domain in words, unless the mechanism's words say it ("unknown-domain ...")
+        parts = [] if domain.replace(" ", "-") in (words or "") else [esc(domain)]
         if base is not None:
-            parts.append(f"tree counter with base {base:.0f}")
+            parts.append(f"tree counter (base {base:.0f})")
         elif _meta_str(meta, "counter") == "blt":
             k = _meta_num(meta, "buffers")
-            parts.append("BLT counter" + (f", {k:.0f} buffers" if k is not None else ""))
-        words = plain_mechanism(algorithm) if algorithm else name
-        tiles.append(_tile("mechanism", esc(words or "?"), " · ".join(parts)))
+            parts.append("BLT counter" + (f" ({k:.0f} buffers)" if k is not None else ""))
+        tiles.append(_tile("mechanism", esc(words or "?"), " · ".join(parts), wrap=True))
     else:
         tiles.append(_tile("mechanism", "unknown", "no metadata file"))
 
@@ -150,11 +153,15 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
             _tile(
                 "time step",
                 f'<span id="dp-t">{snap.t:,}</span><span class="of"> / {snap.horizon:,}</span>',
-                f"{bar}horizon T = {snap.horizon:,} ({pct:.0f}%)",
+                f"{bar}{_dates(snap)}horizon T = {snap.horizon:,} ({pct:.0f}%)",
             )
         )
     elif snap.t is not None:
-        tiles.append(_tile("time step", f'<span id="dp-t">{snap.t:,}</span>', "horizon unknown"))
+        tiles.append(
+            _tile(
+                "time step", f'<span id="dp-t">{snap.t:,}</span>', f"{_dates(snap)}horizon unknown"
+            )
+        )
     else:
         tiles.append(
             _tile(
@@ -218,6 +225,20 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     return title + f'<div class="tiles">{"".join(tiles)}</div>' + "".join(notes)
 
 
+def _dates(snap: Snapshot) -> str:
+    """The window of the step shown, for a run with a clock (escaped HTML), else empty."""
+    clock = clock_of(snap.meta)
+    text = None if clock is None or snap.t is None else window_text(clock, snap.t)
+    return "" if text is None else f'<span id="dp-window">{esc(text)}</span><br>'
+
+
+def _when_shown(snap: Snapshot) -> str:
+    """`` · 2002-12-01 – 2003-01-01``: the window of the step shown, with a clock."""
+    clock = clock_of(snap.meta)
+    text = None if clock is None or snap.t is None else window_text(clock, snap.t)
+    return "" if text is None else f'<span class="when"> · {esc(text)}</span>'
+
+
 _DOMAIN_WORDS = {
     "known": "known domain",
     "unknown": "unknown domain",
@@ -226,10 +247,11 @@ _DOMAIN_WORDS = {
 }
 
 
-def _tile(label: str, main: str, sub: str) -> str:
-    """A header tile; ``main`` and ``sub`` must already be escaped HTML."""
+def _tile(label: str, main: str, sub: str, *, wrap: bool = False) -> str:
+    """A header tile; ``main`` and ``sub`` must already be escaped HTML. ``wrap``: ``main``
+    is words (a mechanism's name), set smaller and wrapped rather than cut short."""
     return (
-        f'<div class="tile"><div class="label">{esc(label)}</div>'
+        f'<div class="tile{" words" if wrap else ""}"><div class="label">{esc(label)}</div>'
         f'<div class="main">{main}</div><div class="sub">{sub}</div></div>'
     )
 
@@ -242,7 +264,7 @@ def render_top(snap: Snapshot) -> str:
         return '<p class="empty">No release yet.</p>'
     head = (
         f"<h2>Top {min(snap.top_n, snap.items_released):,} at "
-        f't = <span class="tnum">{snap.t:,}</span></h2>'
+        f't = <span class="tnum">{snap.t:,}</span>{_when_shown(snap)}</h2>'
         '<p class="hint">Bar: the released (noisy) count; whisker: its 95% interval. '
         "Click an item to show its history.</p>"
     )
@@ -354,16 +376,27 @@ def render_history(snap: Snapshot) -> str:
             f'y2="{y(v):.1f}"/><text class="tick" x="{ML - 6}" y="{y(v) + 4:.1f}" '
             f'text-anchor="end">{fmt_count(v)}</text>'
         )
-    for t in nice_ticks(t_lo, t_hi):
-        if t_lo <= t <= t_hi and float(t).is_integer():
+    clock = clock_of(snap.meta)
+    dated = date_ticks(clock, t_lo, t_hi) if clock is not None else []
+    if dated and clock is not None:  # a run with a clock: dates on the time axis
+        for u, label, iso in dated:
             parts.append(
-                f'<text class="tick" x="{x(t):.1f}" y="{H - MB + 16}" '
-                f'text-anchor="middle">{int(t):,}</text>'
+                f'<text class="tick date" x="{x(u):.1f}" y="{H - MB + 16}" '
+                f'data-date="{esc(iso)}" text-anchor="middle">{esc(label)}</text>'
             )
+        axis_label = f"end of each step (UTC{clock.zone_text()})"
+    else:
+        for t in nice_ticks(t_lo, t_hi):
+            if t_lo <= t <= t_hi and float(t).is_integer():
+                parts.append(
+                    f'<text class="tick" x="{x(t):.1f}" y="{H - MB + 16}" '
+                    f'text-anchor="middle">{int(t):,}</text>'
+                )
+        axis_label = "time step t"
     parts.append(f'<line class="axis" x1="{ML}" x2="{W - MR}" y1="{y(lo):.1f}" y2="{y(lo):.1f}"/>')
     parts.append(
         f'<text class="axis-label" x="{(ML + W - MR) / 2:.0f}" y="{H - 4}" '
-        'text-anchor="middle">time step t</text>'
+        f'text-anchor="middle">{esc(axis_label)}</text>'
     )
     if snap.threshold is not None:
         ty = y(snap.threshold)
@@ -400,8 +433,10 @@ def render_history(snap: Snapshot) -> str:
     legend = []
     for item, colour, ts, vs, hw in series:
         if ts:
+            until = None if clock is None else end_text(clock, ts[-1])
+            as_of = "" if until is None else f", as of {esc(until)}"
             last = (
-                f'<span class="last">t = {ts[-1]:,}: {fmt_count(vs[-1])}'
+                f'<span class="last">t = {ts[-1]:,}{as_of}: {fmt_count(vs[-1])}'
                 + (f" ± {fmt_pm(hw[-1])}" if hw[-1] else "")
                 + "</span>"
             )

@@ -156,7 +156,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         "output_format",
         "jsonl (one line per step), or a long "
         "table with one row per released item per step and the columns t, item, value, "
-        "noise_std (and step_start, ISO-8601, with --start/--step): csv, jsonl-long or "
+        "noise_std (and step_start, step_end, ISO-8601, with --start/--step): csv, jsonl-long or "
         "parquet (needs pyarrow; not with --state); auto = by the --output suffix (.csv, "
         ".parquet), else jsonl. In csv, a step that releases no item is a row with an empty "
         "item, and pandas' read_csv also reads items named NA, null or None as empty (NaN): "
