@@ -148,8 +148,62 @@ def test_a_resumed_or_forced_run_adds_nothing(tmp_path) -> None:
     with forced as led:
         assert led.budget_problem() is None
         led.claim_scope()
-        assert len(led.spends()) == 1
-    assert path.read_bytes().count(b"\nB1 ") + path.read_bytes().startswith(b"B1 ") == 1
+        assert len(led.spends()) == 1  # counted once: the same scope on the same dataset
+    # each run keeps a line of its own (its later batches find their dataset by it)
+    assert path.read_bytes().count(b"\nB1 ") == 2
+    # --force on ANOTHER dataset is a new cost there: checked against its cap, recorded
+    # (found by review: one line per scope let it pass a cap and go unrecorded)
+    other = ReleaseLedger(
+        str(path),
+        KEY,
+        "e" * 32,
+        fsync=False,
+        scope="s",
+        budget=_line("B", 0.1, 1.5),
+        cap=BudgetCap(0.5, 1e-6),
+    )
+    with other as led:
+        assert led.budget_problem() is not None
+        with pytest.raises(BudgetCapError):
+            led.claim_scope()
+    with ReleaseLedger(
+        str(path), KEY, "e" * 32, fsync=False, scope="s", budget=_line("B", 0.1, 1.5)
+    ) as led:
+        led.claim_scope()
+        assert sorted(x.dataset for _, x in led.spends()) == ["B", "d"]
+
+
+def test_a_run_on_record_without_a_budget_line_gets_one_and_its_cap_checked(tmp_path) -> None:
+    """A stream begun by a dpstream that kept scope lines but no budget lines: when it
+    goes on, its cost is recorded (and a cap it would pass refuses it) before its next
+    step (found by review: it used to go on unrecorded past the cap)."""
+    path = tmp_path / "k.ledger"
+    with ReleaseLedger(str(path), KEY, "a" * 32, fsync=False, scope="old") as led:
+        led.record(1, "1" * 64, "2" * 64)  # no budget: as an older dpstream wrote it
+    assert b"B1 " not in path.read_bytes()
+    with _open(path, "b" * 32, "u", _line("C", 0.1, 1.0)) as led:
+        led.claim_scope()  # another stream on C: (1, 1e-6)
+    before = path.read_bytes()
+    capped = ReleaseLedger(
+        str(path),
+        KEY,
+        "a" * 32,
+        fsync=False,
+        scope="old",
+        budget=_line("C", 0.1, 1.0),
+        cap=BudgetCap(1.5, 1e-6),
+    )
+    with capped as led:
+        with pytest.raises(BudgetCapError):
+            led.claim_scope()
+    assert path.read_bytes() == before
+    with ReleaseLedger(
+        str(path), KEY, "a" * 32, fsync=False, scope="old", budget=_line("C", 0.1, 1.0)
+    ) as led:
+        led.claim_scope()
+        assert not led.needs_budget_line()
+        led.record(2, "3" * 64, "4" * 64)
+    assert path.read_bytes().count(b"\nB1 ") == 2
 
 
 def test_two_runs_started_together_cannot_both_pass_the_cap(tmp_path) -> None:
@@ -253,6 +307,16 @@ def test_runs_on_one_dataset_compose_and_a_run_past_the_cap_writes_nothing(
     capsys.readouterr()
     assert main(["budget", "--key-file", str(key), "--json", "--dataset", "sales.jsonl"]) == 0
     assert json.loads(capsys.readouterr().out)["sales.jsonl"]["releases"] == 2
+    # the sidecar states the dataset's total with the run (no other run's stream names),
+    # and the view shows it
+    side = json.loads((tmp_path / "k.jsonl.meta.json").read_text())["budget"]
+    assert side["dataset"] == "sales.jsonl" and side["releases"] == 2
+    assert side["cap_epsilon"] == 2.5 and side["delta"] == 3e-6 and side["epsilon"] <= 2.0
+    page = tmp_path / "page.html"
+    assert main(["view", str(tmp_path / "k.jsonl"), "--export", str(page)]) == 0
+    html = page.read_text()
+    assert "dataset budget spent" in html and "dataset sales.jsonl" in html
+    assert "2 releases in all" in html and "cap ε = 2.5" in html
 
 
 def test_a_shared_ledger_keeps_each_keys_budget_apart(tmp_path) -> None:

@@ -423,3 +423,30 @@ def NoiseKeyFrom(label: str):  # noqa: N802 - the key the digest above was compu
     from dpstream import NoiseKey
 
     return NoiseKey.from_bytes(hashlib.sha256(label.encode()).digest())
+
+
+def test_a_snapshot_of_the_old_blt_noise_layout_goes_on_the_same() -> None:
+    """A BLTNoise snapshotted before its prepared ids moved into one array (a list
+    ``_prepared``) is restored to the same ids and goes on with the same noise (found by
+    review: it failed with AttributeError '_words' on resume)."""
+    from dpstream.noise import NoiseKey, NoiseSource, PreparedItems
+
+    source = NoiseSource(NoiseKey.from_bytes(b"s" * 32), "old-layout")
+    noise = BLTNoise(source, blt_for_horizon(64), 1.5)
+    noise.add_items(source.prepare(["a", "b"]))
+    noise.advance(3)
+    noise.add_items(source.prepare(["c"]))
+    noise.advance(5)
+    state = dict(noise.__dict__)
+    n = state["_n"]
+    old = {k: v for k, v in state.items() if k != "_words"}
+    words = state["_words"][:n]
+    old["_prepared"] = [PreparedItems(words[:2]), PreparedItems(words[2:n])]
+    old["_prepared_all"] = None
+    back = BLTNoise.__new__(BLTNoise)
+    back.__setstate__(old)
+    assert np.array_equal(back.prepared.words, noise.prepared.words)
+    for t in (6, 9, 20):
+        noise.advance(t)
+        back.advance(t)
+        assert np.array_equal(back.noise(), noise.noise())

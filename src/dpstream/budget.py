@@ -10,7 +10,8 @@ release, a budget line with its cost: its guarantee for the whole stream
 (every step to its horizon, or every step for a stream with no planned end).
 A resumed run or a later batch of a daily stream goes on under the scope on
 record and adds nothing; a run repeated with ``--force`` (the operator's word
-that the earlier release was never published) is counted once with it.
+that the earlier release was never published) is counted once with it on the
+same dataset, and as a new cost on another.
 
 The total of a dataset is :func:`dpstream.privacy.compose` of its lines. A
 cap (``--budget-cap EPSILON`` with ``--budget-cap-delta``) refuses, before
@@ -20,9 +21,11 @@ line is appended, so two runs started together cannot both pass.
 ``dpstream budget`` prints the totals. A line's content (the dataset and stream
 names, the mechanism and its cost) is encrypted (AES-GCM) under a subkey of the
 noise key, as the ledger's other lines name no setting, and each line is tagged
-as they are: nobody without the key can read, add, edit or forge one (removing
-lines is what the release ledger's own rules guard against: keep it on storage
-that is never rolled back).
+as they are: nobody without the key can read one, add one or change what one
+says. A line removed, or made unreadable (it then looks like another key's line
+in a shared ledger), cannot be seen by any local check: the budget forgets that
+cost, as the ledger forgets a rolled-back step; keep the ledger on storage that
+is never rolled back.
 """
 
 from __future__ import annotations

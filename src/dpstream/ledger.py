@@ -92,7 +92,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import _crashpoints as crashpoints
 from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend, budget_refusal
 from .errors import StateError
-from .privacy import BudgetCap, compose
+from .privacy import BudgetCap, Composed, compose
 
 try:
     import fcntl
@@ -322,10 +322,10 @@ class ReleaseLedger:
             found.append(run)
         return found
 
-    def spends(self) -> list[tuple[bytes, DatasetSpend]]:
-        """Every run's budget line on record, as (scope digest, cost), their tags checked;
-        a scope repeated (a run repeated with ``--force``) counts once, as first recorded."""
-        seen: dict[bytes, DatasetSpend] = {}
+    def budget_entries(self) -> list[tuple[bytes, str, DatasetSpend]]:
+        """This key's budget lines on record, as (scope digest, run id, cost), in order,
+        their tags checked (another key's lines in a shared ledger are not read)."""
+        found = []
         for raw, number in self._budget_lines:
             body, _, tag = raw.rpartition(b" ")
             fields = body.split(b" ")
@@ -343,24 +343,68 @@ class ReleaseLedger:
                     f"line {number} of the release ledger {self.path!r} is not a budget "
                     "line: refusing to trust the ledger"
                 ) from None
-            seen.setdefault(fields[1], line)
-        return list(seen.items())
+            found.append((fields[1], fields[2].decode("ascii", "replace"), line))
+        return found
+
+    def spends(self) -> list[tuple[bytes, DatasetSpend]]:
+        """The costs that count, as (scope digest, cost): one per noise scope and dataset
+        (the runs of a scope repeated with ``--force`` on one dataset count once, as first
+        recorded; on another dataset, once there too)."""
+        seen: dict[tuple[bytes, str], DatasetSpend] = {}
+        for scope, _, line in self.budget_entries():
+            seen.setdefault((scope, line.dataset), line)
+        return [(scope, line) for (scope, _), line in seen.items()]
+
+    def _own_budget(self) -> DatasetSpend | None:
+        """This run's own budget line (the run, or one it may share: a kill left it
+        before the state recorded it), or ``None``."""
+        runs = {self.run_id, *self.allow}
+        for scope, run, line in self.budget_entries():
+            if scope == self._scope and run in runs:
+                return line
+        return None
+
+    def dataset_name(self) -> str | None:
+        """The dataset this run's cost is counted on: the one its own budget line was
+        recorded under (a daily stream's later batches read files of other names), else
+        its budget's (``None``: no budget)."""
+        if self.budget is None:
+            return None
+        own = self._own_budget()
+        return own.dataset if own is not None else self.budget.dataset
+
+    def dataset_totals(self) -> tuple[Composed, Composed] | None:
+        """The run's dataset's total without this run and with it (the same when its
+        cost is counted already: its own line, or its scope's on that dataset); ``None``
+        without a budget or a scope."""
+        if self.budget is None or self._scope is None:
+            return None
+        name = self.dataset_name()
+        lines = self.spends()
+        mine = [line.spend for _, line in lines if line.dataset == name]
+        if any(scope == self._scope and line.dataset == name for scope, line in lines):
+            total = compose(mine)
+            return total, total
+        return compose(mine), compose([*mine, self.budget.spend])
 
     def budget_problem(self) -> str | None:
-        """Why this run may not start under ``cap`` (``None``: it may): its budget line
-        would take its dataset past the cap. A run whose scope is on record already
-        (resumed, or repeated with ``--force``) adds nothing."""
-        if self.budget is None or self.cap is None or self._scope is None:
+        """Why this run may not go on under ``cap`` (``None``: it may): its cost would
+        take its dataset past the cap. A cost counted already adds nothing."""
+        if self.cap is None or self.budget is None:
             return None
-        lines = self.spends()
-        if any(scope == self._scope for scope, _ in lines):
+        totals = self.dataset_totals()
+        if totals is None:
             return None
-        name = self.budget.dataset
-        mine = [line.spend for _, line in lines if line.dataset == name]
-        before, after = compose(mine), compose([*mine, self.budget.spend])
-        if after.within(self.cap):
+        before, after = totals
+        if before == after or after.within(self.cap):
             return None
+        name = self.dataset_name() or self.budget.dataset
         return budget_refusal(name, before, after, self.cap)
+
+    def needs_budget_line(self) -> bool:
+        """Whether this run has a budget and no budget line of its own yet (a new run, or
+        one begun by a dpstream that kept none)."""
+        return self.budget is not None and self._scope is not None and self._own_budget() is None
 
     def in_scope(self, run_id: str) -> bool:
         """Whether run ``run_id`` has this run's noise scope on record."""
@@ -369,7 +413,9 @@ class ReleaseLedger:
     def claim_scope(self) -> None:
         """Append the run's scope line if it is not on record yet (a run without a state,
         right before its first release: its one line)."""
-        if self._scope is not None and self.run_id not in self._scoped:
+        if self._scope is not None and (
+            self.run_id not in self._scoped or self.needs_budget_line()
+        ):
             self._write([])
 
     def same(self, t: int, input_mac: str) -> bool | None:
@@ -432,12 +478,14 @@ class ReleaseLedger:
                             f"release ledger {self.path!r}"
                         )
                 lines = []
-                if self._scope is not None and self.run_id not in self._scoped:
+                new_scope = self._scope is not None and self.run_id not in self._scoped
+                if new_scope:
                     if self.check_scope and self.others():  # a run that began meanwhile
                         raise LedgerError(scope_refusal(self.path, len(self.others())))
                     body = b"%s%s %s" % (_SCOPE, self._scope, self.run_id.encode("ascii"))
                     lines.append(b"%s %s" % (body, self._tag(body)))
-                    lines += self._budget_line()
+                budget = self._budget_line()  # with the scope line, or the first since
+                lines += budget
                 if not entries and not lines:
                     return
                 scoped = len(lines)
@@ -456,12 +504,12 @@ class ReleaseLedger:
                 if self._fsync:
                     os.fsync(self._fd)
                 self._size += len(data)
-                if scoped:
+                if new_scope:
                     self._lines += 1
                     self._scoped[self.run_id] = (lines[0], self._lines)
-                    for raw in lines[1:scoped]:
-                        self._lines += 1
-                        self._budget_lines.append((raw, self._lines))
+                for raw in budget:
+                    self._lines += 1
+                    self._budget_lines.append((raw, self._lines))
                 for (t, e), raw in zip(entries, lines[scoped:], strict=True):
                     self._lines += 1
                     self._raw[t] = (raw, self._lines)
@@ -474,16 +522,17 @@ class ReleaseLedger:
             ) from None
 
     def _budget_line(self) -> list[bytes]:
-        """The run's budget line (none without a budget, or when its scope has one);
-        refuses (:class:`BudgetCapError`) a run its dataset's cap does not allow.
-        The caller holds the lock, after reading what others appended."""
-        if self.budget is None or self._scope is None:
+        """The run's budget line (none without a budget, or when the run has its own);
+        refuses (:class:`BudgetCapError`) a run its dataset's cap does not allow. Every
+        run keeps a line of its own (so that its later batches find their dataset); the
+        totals count a scope once per dataset (:meth:`spends`). The caller holds the
+        lock, after reading what others appended."""
+        if not self.needs_budget_line():
             return []
         problem = self.budget_problem()
         if problem is not None:
             raise BudgetCapError(problem)
-        if any(scope == self._scope for scope, _ in self.spends()):
-            return []
+        assert self.budget is not None and self._scope is not None  # needs_budget_line
         body = b"%s%s %s %s %s" % (
             BUDGET_LINE,
             self._scope,

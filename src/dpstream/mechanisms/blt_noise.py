@@ -46,7 +46,7 @@ where an item appeared joins it later, with other (equally distributed) noise.
 
 from __future__ import annotations
 
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -112,6 +112,21 @@ class BLTNoise:
         # the prepared ids, rows 0..n-1 of a growing array (an item's join appends in
         # place: concatenating them all at every join step cost O(n) each time)
         self._words = np.zeros((cap, 2), dtype="<u8")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore from a snapshot. One written before the prepared ids were kept in one
+        growing array (a list ``_prepared``, dpstream 0.3.0.dev0 before 2026-11-26) is
+        brought to the current layout: the same ids in the same order."""
+        state = dict(state)
+        if "_words" not in state:
+            parts = state.pop("_prepared", None) or []
+            state.pop("_prepared_all", None)
+            words = np.zeros((state["_total"].shape[0], 2), dtype="<u8")
+            if parts:
+                joined = PreparedItems.concat(parts).words
+                words[: joined.shape[0]] = joined
+            state["_words"] = words
+        self.__dict__.update(state)
 
     # -- items -------------------------------------------------------------
     def __len__(self) -> int:

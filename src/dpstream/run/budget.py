@@ -20,9 +20,10 @@ from ..words import plain_mechanism
 
 if TYPE_CHECKING:
     from ..mechanisms.protocol import ContinualMechanism
+    from ..noise import NoiseKey
     from .config import RunConfig
 
-__all__ = ["cmd_budget", "run_cap", "run_spend"]
+__all__ = ["cmd_budget", "run_cap", "run_spend", "sidecar_budget"]
 
 
 def run_spend(cfg: RunConfig, mech: ContinualMechanism) -> DatasetSpend:
@@ -44,6 +45,51 @@ def run_cap(cfg: RunConfig) -> BudgetCap | None:
     if cfg.budget_cap is None:
         return None
     return BudgetCap(epsilon=float(cfg.budget_cap), delta=float(cfg.budget_cap_delta))
+
+
+def sidecar_budget(
+    cfg: RunConfig,
+    key: NoiseKey,
+    scope: str,
+    spend: DatasetSpend,
+    run_id: str = "sidecar-reader",
+    allow: frozenset[str] = frozenset(),
+) -> dict[str, Any] | None:
+    """What the sidecar says of the dataset's budget: its total with this run, at the
+    cap's delta (or the sum of the runs' deltas, where the runs' own claims add up),
+    and the number of releases; no stream names of other runs (the ledger keeps them
+    sealed). Checks the cap once more first (:class:`~dpstream.ledger.BudgetCapError`),
+    right before the run writes its first file. ``run_id`` (and ``allow``): the run's,
+    whose own budget line names the dataset of a stream that goes on."""
+    from ..ledger import BudgetCapError, ReleaseLedger, ledger_path
+
+    path = ledger_path(cfg.options())
+    if not os.path.exists(path):
+        return None
+    cap = run_cap(cfg)
+    with ReleaseLedger(
+        path, key, run_id, fsync=False, scope=scope, budget=spend, allow=allow, cap=cap
+    ) as led:
+        problem = led.budget_problem()  # again: a run on the dataset may have begun since
+        if problem is not None:
+            raise BudgetCapError(problem)
+        totals = led.dataset_totals()
+        name = led.dataset_name()
+    if totals is None:
+        return None
+    total = totals[1]
+    delta = cap.delta if cap is not None else total.delta_sum
+    out: dict[str, Any] = {
+        "dataset": name,
+        "releases": total.releases,
+        "epsilon": _finite(total.epsilon_at(delta)),
+        "delta": delta,
+        "rho": total.rho,
+        "unit": total.unit,
+    }
+    if cap is not None:
+        out["cap_epsilon"] = cap.epsilon
+    return out
 
 
 def add_budget_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

@@ -59,10 +59,10 @@ import sys
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from ..ledger import LedgerError, ReleaseLedger
+from ..ledger import BudgetCapError, LedgerError, ReleaseLedger
 from ..logs import setup_logging
 from ..registry import MECHANISMS, make_postprocessor
-from .budget import run_cap, run_spend
+from .budget import run_cap, run_spend, sidecar_budget
 from .config import RunConfig
 from .guard import TooManyInvalidError
 from .mechanism import build_run_mechanism, make_validator
@@ -347,7 +347,18 @@ def _release(
         check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
     if cfg.output != "-":  # the run's public metadata, before the output is touched
-        _write_sidecar(cfg, built.mech)
+        run_id = (  # the run's own, whose budget line names a going stream's dataset
+            opened.ledger.run_id
+            if opened.ledger is not None
+            else (ckpt.run_id() if ckpt is not None else "") or "sidecar-reader"
+        )
+        try:
+            budget = sidecar_budget(cfg, key, built.scope, built.spend, run_id, opened.allow)
+        except BudgetCapError:
+            if ckpt is not None and opened.new_run is not None:
+                _forget_new_state(cfg, ckpt, state_existed)
+            raise
+        _write_sidecar(cfg, built.mech, budget)
     out = _open_out(cfg, built, opened, digests, stack)
     viewer = None
     if cfg.view:
@@ -415,8 +426,9 @@ def _read_input(
         raise
 
 
-def _write_sidecar(cfg: RunConfig, mech: ContinualMechanism) -> None:
-    """The run's public metadata beside its output (:mod:`dpstream.run.meta`)."""
+def _write_sidecar(cfg: RunConfig, mech: ContinualMechanism, budget: Any = None) -> None:
+    """The run's public metadata beside its output (:mod:`dpstream.run.meta`), with its
+    dataset's budget (:func:`~dpstream.run.budget.sidecar_budget`) when there is one."""
     from .meta import describe_run, write_run_meta
 
     info = {
@@ -428,6 +440,8 @@ def _write_sidecar(cfg: RunConfig, mech: ContinualMechanism) -> None:
     }
     if cfg.clock is not None:
         info["clock"] = cfg.clock.describe(cfg.horizon)
+    if budget is not None:
+        info["budget"] = budget
     write_run_meta(cfg.output, info)
 
 

@@ -182,6 +182,9 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
         tiles.append(_tile("privacy guarantee", main, sub))
     else:
         tiles.append(_tile("privacy guarantee", "unknown", "no metadata file"))
+    budget = _budget_tile(meta)
+    if budget is not None:
+        tiles.append(budget)
 
     # items
     if snap.t is not None:
@@ -245,6 +248,23 @@ _DOMAIN_WORDS = {
     "top-k": "continual top-k",
     "meta": "one-shot per tree cell",
 }
+
+
+def _budget_tile(meta: dict[str, Any] | None) -> str | None:
+    """The dataset's budget, as the run's sidecar states it (all its runs, this one in)."""
+    eps = _meta_num(meta, "budget", "epsilon")
+    delta = _meta_num(meta, "budget", "delta")
+    releases = _meta_num(meta, "budget", "releases")
+    budget = (meta or {}).get("budget")
+    if not isinstance(budget, dict) or delta is None or releases is None:
+        return None
+    name = budget.get("dataset")
+    main = f"ε = {fmt_num(eps)}, δ = {fmt_num(delta)}" if eps is not None else "unbounded"
+    sub = f"dataset {esc(str(name))} · {releases:,.0f} release{'s' * (releases != 1)} in all"
+    cap = _meta_num(meta, "budget", "cap_epsilon")
+    if cap is not None:
+        sub += f" · cap ε = {fmt_num(cap)}"
+    return _tile("dataset budget spent", main, sub)
 
 
 def _tile(label: str, main: str, sub: str, *, wrap: bool = False) -> str:
