@@ -359,22 +359,43 @@ def explain(info: dict[str, Any]) -> str:
 
 
 def format_plan(info: dict[str, Any]) -> str:
-    """The plan in plain words (``explain`` gives the paper's labels)."""
-    p = info["privacy"]
+    """The plan in plain words (``explain`` gives the paper's labels): one line per part,
+    each part stated by its own function below, in this order."""
+    lines = [
+        *_plan_head(info),
+        *_plan_error(info),
+        *_plan_threshold(info),
+        *_plan_top_k(info),
+        *_plan_max_items(info),
+    ]
+    if "target_error" in info:
+        lines.append(
+            f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "
+            f"{info['tau']:.6g}, i.e. the budget above"
+        )
+    return "\n".join(lines)
+
+
+def _plan_counter(info: dict[str, Any]) -> list[str]:
+    """The counter line: the BLT factorization or the tree (none for an unbounded stream)."""
     if info.get("unbounded"):
-        counter = ""
-    elif info.get("counter") == "blt":
+        return []
+    if info.get("counter") == "blt":
         k = info["buffers"]
-        counter = (
+        return [
             f"counter       a BLT matrix factorization, {k} buffer{'s' * (k != 1)} per "
             f"item (fitted for --horizon {info['fitted_horizon']}): worst-case variance "
             f"{info['worst_case_variance']:.4g} times the noise scale squared"
-        )
-    else:
-        counter = (
-            f"counter       a tree of {info['base_reason']}; {info['levels']} levels, "
-            f"at most {info['max_cells']} noisy cells per count"
-        )
+        ]
+    return [
+        f"counter       a tree of {info['base_reason']}; {info['levels']} levels, "
+        f"at most {info['max_cells']} noisy cells per count"
+    ]
+
+
+def _plan_head(info: dict[str, Any]) -> list[str]:
+    """The mechanism, its counter, the noise scale, the guarantee and its unit."""
+    p = info["privacy"]
     unit = info.get("unit", "event")
     plain = (
         f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
@@ -387,9 +408,9 @@ def format_plan(info: dict[str, Any]) -> str:
         if info.get("unbounded")
         else f"--horizon {info['horizon']}"
     )
-    lines = [
+    return [
         f"mechanism     {info['mechanism']}: {plain_mechanism(info['algorithm'])}, {horizon}",
-        *([counter] if counter else []),
+        *_plan_counter(info),
         f"noise scale   {info['tau']:.6g}",
         f"privacy       {plain}",
         *(
@@ -401,19 +422,29 @@ def format_plan(info: dict[str, Any]) -> str:
             else []
         ),
     ]
+
+
+def _plan_error(info: dict[str, Any]) -> list[str]:
+    """The error of a count (or the unbounded stream's profile) and the counters compared."""
     if info.get("unbounded"):
-        lines += _format_unbounded(info)
+        lines = _format_unbounded(info)
     else:
-        lines.append(
+        lines = [
             f"count error   std {info['noise_std_worst']:.4g} at the worst step; a 95% "
             f"interval is the released count +- {info['ci95_half_width']:.4g}"
-        )
+        ]
     counters = info.get("counters_noise_std_worst")
     if counters and len(counters) > 1:
         lines.append(
             f"counters      at this budget, std at the worst step: tree {counters['tree']:.4g}, "
             f"blt {counters['blt']:.4g} (this run: --counter {info['counter']})"
         )
+    return lines
+
+
+def _plan_threshold(info: dict[str, Any]) -> list[str]:
+    """The discovery threshold of an unknown domain, and with coarser steps."""
+    lines = []
     if "threshold_worst" in info:
         lines.append(
             f"threshold     an item is shown at a step once its noisy count passes that "
@@ -444,6 +475,12 @@ def format_plan(info: dict[str, Any]) -> str:
             f"threshold {row['threshold_typical']:.4g} at the median step, "
             f"{row['threshold_worst']:.4g} at the worst"
         )
+    return lines
+
+
+def _plan_top_k(info: dict[str, Any]) -> list[str]:
+    """Top-k's switches, eta and first list, and the choice between the top-k mechanisms."""
+    lines = []
     if "switches" in info:
         lines.append(
             f"top-k         --k {info['k']}, at most {info['switches']} switches of the list"
@@ -472,23 +509,23 @@ def format_plan(info: dict[str, Any]) -> str:
             "for this budget: give --max-items "
             "to compare"
         )
-    if "max_items_hint" in info:
-        rows = ", ".join(
-            f"{r['max_items']}: {r['noise_std_worst']:.3g}" for r in info["max_items_hint"]
-        )
-        sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
-        worst = "step 2^40, the limit" if info.get("unbounded") else "the worst step"
-        lines.append(
-            "max items     every event may hold at most --max-items items; more are refused, "
-            "or cut with --on-invalid truncate, which undercounts the items of large events "
-            "(the run summary reports the share of item occurrences dropped). The noise grows "
-            f"with it (std at {worst}, --max-items: std): {rows}"
-            + (f" (top-k with switches, any event size: {sparse:.3g})" if sparse else "")
-            + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes."
-        )
-    if "target_error" in info:
-        lines.append(
-            f"target        a 95% half-width of {info['target_error']:.4g} needs tau = "
-            f"{info['tau']:.6g}, i.e. the budget above"
-        )
-    return "\n".join(lines)
+    return lines
+
+
+def _plan_max_items(info: dict[str, Any]) -> list[str]:
+    """How the noise grows with --max-items, and how to pick it."""
+    if "max_items_hint" not in info:
+        return []
+    rows = ", ".join(
+        f"{r['max_items']}: {r['noise_std_worst']:.3g}" for r in info["max_items_hint"]
+    )
+    sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
+    worst = "step 2^40, the limit" if info.get("unbounded") else "the worst step"
+    return [
+        "max items     every event may hold at most --max-items items; more are refused, "
+        "or cut with --on-invalid truncate, which undercounts the items of large events "
+        "(the run summary reports the share of item occurrences dropped). The noise grows "
+        f"with it (std at {worst}, --max-items: std): {rows}"
+        + (f" (top-k with switches, any event size: {sparse:.3g})" if sparse else "")
+        + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes."
+    ]
