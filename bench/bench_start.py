@@ -36,6 +36,10 @@ PLAN = [
 ]
 COMMANDS = {
     "python -c pass (floor)": ["-c", "pass"],
+    "numpy + scipy imports plan needs": [
+        "-c",
+        "import numpy, scipy.special, scipy.optimize, cryptography.hazmat.primitives.ciphers",
+    ],
     "dpstream --version": ["-m", "dpstream", "--version"],
     "dpstream --help": ["-m", "dpstream", "--help"],
     "dpstream run --help": ["-m", "dpstream", "run", "--help"],

@@ -105,3 +105,14 @@ def test_view_names_load_lazily():
     assert view.ViewModel is ViewModel
     assert view.ViewServer is ViewServer
     assert set(view.__all__) <= set(dir(view))
+
+
+def test_the_views_z95_is_the_plans():
+    """The view states the 95% quantile itself (it imports no mechanism): the same number."""
+    from statistics import NormalDist
+
+    from dpstream.planning import Z95
+    from dpstream.view.model import Z95 as VIEW_Z95
+
+    assert VIEW_Z95 == Z95
+    assert abs(Z95 - NormalDist().inv_cdf(0.975)) < 1e-15
