@@ -97,6 +97,8 @@ def __getattr__(name: str) -> Any:
     """Load a public name (or any submodule, ``dpstream.bounding``) on first use."""
     where = _WHERE.get(name)
     if where is None:
+        if name.startswith("__"):  # a probe for a dunder (copy, pickle, doctest): no such module
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         try:  # a submodule not imported yet, as an eager package would have done
             return importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:
