@@ -35,12 +35,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .noise import NOISE_VERSION
 from .words import plain_mechanism
+
+if TYPE_CHECKING:  # NumPy and the noise are imported by the runs, not by `--help`
+    import numpy as np
 
 __all__ = ["add_demo_options", "run_demo", "load_birdstrikes", "zipf_stream"]
 
@@ -156,6 +156,8 @@ def zipf_stream(
 
     Simulation only (seeded NumPy generator); the release noise is keyed.
     """
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     p = np.arange(1, items + 1, dtype=float) ** -exponent
     p /= p.sum()
@@ -193,6 +195,8 @@ def _trace(
     true: dict[str, np.ndarray] = {}
     private: dict[str, np.ndarray] = {}
     n_events = 0
+    import numpy as np
+
     from .postprocess import ReadableCounts
 
     # what `dpstream run` publishes by default: rounded, clamped at 0
@@ -222,6 +226,8 @@ def _trace(
 
 
 def _real_trace(mechanism: str, key: Any, epsilon: float, delta: float) -> Trace:
+    from .noise import NOISE_VERSION
+
     horizon, events = load_birdstrikes()
     by_step: list[list[list[str]]] = [[] for _ in range(horizon)]
     for t, items in events:
@@ -258,6 +264,7 @@ def _real_trace(mechanism: str, key: Any, epsilon: float, delta: float) -> Trace
 
 def _zipf_trace(args: argparse.Namespace, key: Any) -> Trace:
     from .mechanisms.known import KnownDomainHistogram
+    from .noise import NOISE_VERSION
 
     domain = [f"item-{i:04d}" for i in range(args.zipf_items)]
     mech = KnownDomainHistogram(
@@ -316,6 +323,7 @@ def _table(trace: Trace, top: list[str]) -> Any:
 
 def _plot(trace: Trace, top: list[str], path: Path) -> None:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -4,7 +4,7 @@ budget.
 Layer 6 of dpstream (the plan command). The settings are a
 :class:`~dpstream.run.config.RunConfig` built exactly as ``run`` builds its own (the
 same merge and the same check), so a plan is only printed for settings a run accepts;
-the numbers come from :mod:`dpstream.planning`.
+the numbers come from :mod:`dpstream.planning`, their words from :mod:`dpstream.plan_text`.
 """
 
 from __future__ import annotations
@@ -28,18 +28,18 @@ __all__ = ["cmd_plan"]
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``dpstream plan``: print the plan (text, or JSON with ``--json``)."""
-    from .. import planning
+    from .. import plan_text
 
     cfg = RunConfig.from_args(args, command="plan")
     info = plan_info(cfg)
     if cfg.json:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
-        print(planning.format_plan(info))
+        print(plan_text.format_plan(info))
         if "budget" in info:
             print(info["budget"]["text"])
         if cfg.explain:
-            print(planning.explain(info))
+            print(plan_text.explain(info))
     return 0
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .model import DEFAULT_TOP, MAX_SELECTED, ViewModel
-from .render import render_page
-from .server import DEFAULT_MAX_STREAMS, DEFAULT_POLL, ViewServer
+# the parser's defaults only: the model, page and server are imported when a view starts
+from .model import DEFAULT_MAX_STREAMS, DEFAULT_POLL, DEFAULT_TOP, MAX_SELECTED
+
+if TYPE_CHECKING:
+    from .server import ViewServer
 
 __all__ = ["add_view_parser", "cmd_view", "start_run_view", "export_html"]
 
@@ -142,6 +144,9 @@ def export_html(
     meta: str | None = None,
 ) -> Path:
     """Write the static page of ``releases`` as it is now to ``out``; returns its path."""
+    from .model import ViewModel
+    from .render import render_page
+
     model = ViewModel(releases, top=top, meta_path=meta)
     model.refresh()
     snap = model.snapshot(select)
@@ -166,6 +171,9 @@ def cmd_view(args: argparse.Namespace) -> int:
         )
         print(f"{PROG}: wrote {path}", file=sys.stderr)
         return 0
+    from .model import ViewModel
+    from .server import ViewServer
+
     model = ViewModel(args.releases, top=args.top, meta_path=args.meta)
     server = ViewServer(
         model,
@@ -197,6 +205,9 @@ def start_run_view(output: str) -> ViewServer:
 
     Prints the address on stderr (even with --quiet: it is what was asked for).
     """
+    from .model import ViewModel
+    from .server import ViewServer
+
     server = ViewServer(ViewModel(output)).start()
     print(f"{PROG}: live view of {output} at {server.url}", file=sys.stderr, flush=True)
     return server

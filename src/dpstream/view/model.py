@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from ..planning import Z95
 from ..run.meta import read_run_meta, sidecar_path
 from .follow import MAX_LINE_BYTES, FileFollower, iter_lines
 
@@ -50,6 +49,8 @@ __all__ = [
     "DEFAULT_SELECTED",
     "MAX_SELECTED",
     "MAX_TRACKED",
+    "DEFAULT_POLL",
+    "DEFAULT_MAX_STREAMS",
 ]
 
 #: Items shown in the bar chart by default (``--top``).
@@ -60,8 +61,15 @@ DEFAULT_SELECTED = 3
 MAX_SELECTED = 8
 #: The most items whose history the server keeps (least recently asked dropped).
 MAX_TRACKED = 32
+#: Seconds between two looks at the releases file (:class:`~dpstream.view.server.ViewServer`).
+DEFAULT_POLL = 0.25
+#: Event streams open at once (one per open page); more are answered 503 (the server's).
+DEFAULT_MAX_STREAMS = 32
 #: Raw lines kept to step back over a malformed last line.
 _KEEP_RAW = 4
+#: The normal 97.5% quantile, for a 95% interval when the sidecar states no ``z95``
+#: (:data:`dpstream.planning.Z95`; stated here, so that the view imports no mechanism).
+Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)

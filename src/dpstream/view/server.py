@@ -40,7 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .model import MAX_SELECTED, Snapshot, ViewModel
+from .model import DEFAULT_MAX_STREAMS, DEFAULT_POLL, MAX_SELECTED, Snapshot, ViewModel
 from .render import content_security_policy, render_fragments, render_page
 
 __all__ = [
@@ -52,12 +52,8 @@ __all__ = [
     "host_allowed",
 ]
 
-#: Seconds between two looks at the releases file.
-DEFAULT_POLL = 0.25
 #: Seconds a client has to send its whole request (line and headers).
 DEFAULT_REQUEST_TIMEOUT = 10.0
-#: Event streams open at once (one per open page); more are answered 503.
-DEFAULT_MAX_STREAMS = 32
 #: Connections served at once beyond the event streams (pages, /api/state).
 _EXTRA_CONNECTIONS = 32
 #: Seconds a refused client is asked to wait (``Retry-After``).

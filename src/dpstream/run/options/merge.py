@@ -110,11 +110,11 @@ def resolve_horizon(opts: dict[str, Any]) -> None:
 
 
 def domain_option(opts: Mapping[str, Any]) -> list[str] | None:
-    from ...io import read_domain
-
     value = opts.get("domain")
     if value is None:
         return None
     if isinstance(value, list):
         return [str(v) for v in value]
+    from ...io import read_domain  # only for a domain file: `plan` without one skips io
+
     return read_domain(value)

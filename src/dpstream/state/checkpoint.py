@@ -1,104 +1,27 @@
-"""The crash-safe checkpoint of ``dpstream run --state FILE.sqlite``.
+"""The SQLite store of a run's checkpoint: the run, its steps, batches and snapshot.
 
-Layer 6 of dpstream (the edges); stdlib ``sqlite3`` only.
-
-Why a replay log and not a pickled mechanism
---------------------------------------------
-Every mechanism is a deterministic function of the key and the stream: all its
-noise is keyed (``dpstream.noise``), so feeding the same events again rebuilds
-exactly the same state and the same releases. The checkpoint therefore stores
-no mechanism internals (which would tie the file to one version's classes);
-it stores what is needed to *prove* that a resumed run continues the same run:
-
-* ``run``: the run's parameters as canonical JSON (mechanism, horizon, budget,
-  options, a digest of the domain, formats), the key's public fingerprint
-  (:meth:`dpstream.NoiseKey.fingerprint`), the input's and output's paths, and
-  whether the run finished (with a summary, including how many input records
-  it read, so that a finished run can tell when its input has grown);
-* ``steps``: per time step t, where its release starts and ends in the output
-  file, a keyed digest of the release's bytes and a keyed digest of the
-  step's input records.
-
-Write-ahead: a step is committed *before* its release is written
-----------------------------------------------------------------
-A step's row is committed (one transaction) before the first byte of its
-release reaches the output. So every byte ever written belongs to a committed
-step whose input digest is on record, and a resumed run that replays that
-step refuses an input that changed: a step is never released twice from
-different data (which, with the same keyed noise, would publish the exact
-difference of the true counts). On resume the output is truncated to the end
-of the step before the last one on record, after checking the bytes of that
-step and that whatever follows is a prefix of the last step's release; the
-last step is then written again, byte for byte the same.
-
-Kill points: what the state means between any two statements
--------------------------------------------------------------
-A run of a stream (a batch, ``--until``) goes through four states; a kill
-leaves one of them, and the same command again finishes it:
-
-1. *Nothing on record* (killed before ``begin_batch`` commits; the metadata
-   sidecar is replaced atomically, with the same bytes): the run starts anew.
-2. *Batch open, none of its steps on record*: it wrote nothing, so the next
-   run drops the open batch and starts anew, with any input.
-3. *Batch open, its steps first..k on record* (k <= ``--until``; step k's
-   release maybe missing, partial or whole): the batch is finished only with
-   the same input (its digest is on record), replayed from the snapshot
-   before ``first`` with every step's digests checked, step k rewritten byte
-   for byte. Every step written, the end record not yet committed, is this
-   state too: the batch is not over until its end record commits.
-4. *Batch ended*: its summary, its last step, the snapshot after it (or, at
-   the horizon, the run's end) committed in one transaction
-   (:meth:`Checkpoint.end_batch`), so no state lies between "every step
-   written" and "ready for the next batch". The same command again has nothing
-   to do; a later ``--until`` goes on from the snapshot.
-
-No state draws new noise for a released step or releases one from other
-data: a released step is only ever rewritten from a replay of its own input.
-``tests/test_kill_points.py`` kills a batch before each of its statements and
-at each of its writes (:mod:`dpstream._crashpoints`).
-
-What the file reveals
----------------------
-The state is as sensitive as the input and is treated so: it is created with
-mode 0600, a group- or world-readable state file is refused, and every digest
-is an HMAC-SHA256 under a subkey of the noise key (:class:`StateDigests`), so
-a reader without the key cannot test guesses of the input against it (an
-unkeyed digest of a step's records can be matched by brute force over a small
-domain). No per-step event count is stored.
-
-The database uses WAL journaling with ``synchronous=FULL`` (or ``NORMAL``
-with ``fsync=False``: still safe against a killed process, not against a
-power loss) and an exclusive lock, so two runs cannot share one state file.
+Layer 6 of dpstream (the edges; stdlib ``sqlite3`` only). :mod:`dpstream.state` says
+what a state file holds, in which order it is written (write-ahead) and what it
+means between any two statements (the kill points).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
-import hmac
 import json
 import os
 import secrets
 import sqlite3
-import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import _crashpoints as crashpoints
-from .errors import StateError
-from .noise import NoiseKey
+from .. import _crashpoints as crashpoints
+from ..errors import StateError
+from .digests import canonical_json, check_private_file
 
-__all__ = [
-    "Checkpoint",
-    "RunRecord",
-    "StepRecord",
-    "StateDigests",
-    "canonical_json",
-    "sha256_hex",
-    "check_private_file",
-]
+__all__ = ["SCHEMA_VERSION", "Checkpoint", "RunRecord", "StepRecord", "recorded_params"]
 
 SCHEMA_VERSION = 3  # 3: step input digests over the raw bytes read
 
@@ -136,89 +59,6 @@ CREATE TABLE IF NOT EXISTS batches (
     until INTEGER
 );
 """
-
-
-def check_private_file(path: str, what: str, *, flag: str | None = None) -> None:
-    """Refuse (:class:`PermissionError`) a file that group or others may read or write.
-
-    ``what`` names the file in the message ("state file", "key file");
-    ``flag`` is the command-line option that overrides the check, if any.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        override = f", or pass {flag} to use it anyway" if flag else ""
-        raise PermissionError(
-            f"{what} {path!r} can be read or written by other users (mode "
-            f"{stat.S_IMODE(mode):04o}); it is as secret as the data: run `chmod 600 {path}`"
-            f"{override}"
-        )
-
-
-class StateDigests:
-    """Keyed digests (HMAC-SHA256 under a subkey of the noise key) for the state file.
-
-    Without the key, a digest of a step's input cannot be matched against
-    guesses of that input; with it, a resumed run proves its input unchanged.
-    """
-
-    def file(self, path: str) -> str:
-        """The digest of a whole input file's bytes (to refuse an input fed twice)."""
-        h = hmac.new(self._key, b"file\0", hashlib.sha256)
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-
-    def __init__(self, key: NoiseKey) -> None:
-        self._key = key.derive("state-digest/v2")
-
-    def mask(self, t: int) -> int:
-        """A keyed 62-bit mask for step t: a position stored XOR this reveals nothing."""
-        digest = hmac.new(self._key, b"mask\0" + t.to_bytes(16, "big"), hashlib.sha256)
-        return int.from_bytes(digest.digest()[:8], "big") >> 2
-
-    def release(self, data: bytes) -> str:
-        """The digest of a release's bytes."""
-        return hmac.new(self._key, b"release\0" + data, hashlib.sha256).hexdigest()
-
-    def step_input(self, t: int, lines: Any, lengths: Any, raw: bytes) -> str:
-        """The digest of step t's input records as read: their line numbers, their
-        byte lengths (int64 arrays) and their raw bytes joined by line feeds (each
-        record's line or lines without the terminator). The lengths make the
-        encoding unambiguous; nothing is parsed or re-encoded. t is bound in, so
-        equal digests do not tell which steps had the same input (e.g. none)."""
-        import numpy as np
-
-        h = hmac.new(self._key, b"input/v3\0" + t.to_bytes(16, "big"), hashlib.sha256)
-        lines = np.ascontiguousarray(lines, dtype="<i8")
-        h.update(len(lines).to_bytes(8, "big"))
-        h.update(lines.tobytes())
-        h.update(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
-        h.update(raw)
-        return h.hexdigest()
-
-    def records(self, parts: Iterable[bytes], t: int = 0) -> str:
-        """The digest of step t's input records, each given as bytes (t is bound in, so
-        equal digests do not tell which steps had the same input, e.g. none)."""
-        h = hmac.new(self._key, b"input\0" + t.to_bytes(16, "big"), hashlib.sha256)
-        for part in parts:
-            h.update(len(part).to_bytes(8, "big"))
-            h.update(part)
-        return h.hexdigest()
-
-
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no spaces: equal parameters give equal text."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    )
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
