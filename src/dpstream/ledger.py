@@ -87,6 +87,7 @@ import hmac
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _crashpoints as crashpoints
@@ -355,10 +356,10 @@ class ReleaseLedger:
             seen.setdefault((scope, line.dataset), line)
         return [(scope, line) for (scope, _), line in seen.items()]
 
-    def _own_budget(self) -> DatasetSpend | None:
-        """This run's own budget line (the run, or one it may share: a kill left it
-        before the state recorded it), or ``None``."""
-        runs = {self.run_id, *self.allow}
+    def _own_budget(self, *, strict: bool = False) -> DatasetSpend | None:
+        """This run's own budget line (``strict=False``: or that of a run it may share, a
+        run a kill left before the state recorded it), or ``None``."""
+        runs = {self.run_id} if strict else {self.run_id, *self.allow}
         for scope, run, line in self.budget_entries():
             if scope == self._scope and run in runs:
                 return line
@@ -404,7 +405,11 @@ class ReleaseLedger:
     def needs_budget_line(self) -> bool:
         """Whether this run has a budget and no budget line of its own yet (a new run, or
         one begun by a dpstream that kept none)."""
-        return self.budget is not None and self._scope is not None and self._own_budget() is None
+        return (
+            self.budget is not None
+            and self._scope is not None
+            and self._own_budget(strict=True) is None
+        )
 
     def in_scope(self, run_id: str) -> bool:
         """Whether run ``run_id`` has this run's noise scope on record."""
@@ -533,12 +538,14 @@ class ReleaseLedger:
         if problem is not None:
             raise BudgetCapError(problem)
         assert self.budget is not None and self._scope is not None  # needs_budget_line
+        # under the dataset its stream is counted on (a line of a run it took over)
+        mine = replace(self.budget, dataset=self.dataset_name() or self.budget.dataset)
         body = b"%s%s %s %s %s" % (
             BUDGET_LINE,
             self._scope,
             self.run_id.encode("ascii"),
             self._key_id,
-            self.budget.encode(self._budget_key),
+            mine.encode(self._budget_key),
         )
         return [b"%s %s" % (body, self._tag(body))]
 

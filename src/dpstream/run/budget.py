@@ -14,13 +14,12 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..budget import DatasetSpend, dataset_name, format_budget, totals
-from ..privacy import BudgetCap, Spend
-from ..words import plain_mechanism
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (imported where used: `dpstream --help` builds this parser, and
+    # the privacy formulas would pull in SciPy)
+    from ..budget import DatasetSpend
     from ..mechanisms.protocol import ContinualMechanism
     from ..noise import NoiseKey
+    from ..privacy import BudgetCap
     from .config import RunConfig
 
 __all__ = ["cmd_budget", "run_cap", "run_spend", "sidecar_budget"]
@@ -29,6 +28,10 @@ __all__ = ["cmd_budget", "run_cap", "run_spend", "sidecar_budget"]
 def run_spend(cfg: RunConfig, mech: ContinualMechanism) -> DatasetSpend:
     """The budget line of a run of ``cfg`` with ``mech``: its guarantee for the whole
     stream, on the dataset ``--dataset`` (default: the input's name)."""
+    from ..budget import DatasetSpend, dataset_name
+    from ..privacy import Spend
+    from ..words import plain_mechanism
+
     guarantee = mech.privacy
     words = plain_mechanism(guarantee.mechanism)
     return DatasetSpend(
@@ -42,6 +45,8 @@ def run_spend(cfg: RunConfig, mech: ContinualMechanism) -> DatasetSpend:
 
 def run_cap(cfg: RunConfig) -> BudgetCap | None:
     """``--budget-cap`` at ``--budget-cap-delta``, or None."""
+    from ..privacy import BudgetCap
+
     if cfg.budget_cap is None:
         return None
     return BudgetCap(epsilon=float(cfg.budget_cap), delta=float(cfg.budget_cap_delta))
@@ -127,6 +132,7 @@ def _finite(x: float) -> float | None:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     """``dpstream budget``: the totals of the datasets in a key's release ledger."""
+    from ..budget import format_budget, totals
     from ..ledger import ReleaseLedger, default_ledger_path
     from ..noise import NoiseKey
 
