@@ -215,8 +215,15 @@ def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
 
 
 def _open_input(cfg: RunConfig, stack: contextlib.ExitStack) -> Any:
-    """The input, closed with the run (stdin itself is left open)."""
+    """The input, closed with the run (stdin itself is left open); a Parquet input is its
+    path (a file or a directory, read in record batches by the source stage)."""
     from ..io import open_input
+
+    if cfg.input_kind == "parquet":
+        from ..io.parquet import parquet_files
+
+        parquet_files(cfg.input)  # a missing input (or an empty directory) truncates nothing
+        return cfg.input
 
     infile = open_input(cfg.input)
     if cfg.input != "-":

@@ -168,7 +168,7 @@ def run_params(
         from ..mechanisms.truncation import METHOD
 
         params["truncation"] = METHOD
-    if cfg.input_kind == "csv":
+    if cfg.input_kind in ("csv", "parquet"):
         params.update(
             item_column=cfg.item_column,
             event_column=cfg.event_column,

@@ -219,8 +219,16 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
             "--state does not apply to --engine spark: re-running the job gives "
             "the same releases (use dpstream.spark.start_stream for a stream)"
         )
-    if _option(opts, "input_format", "auto") not in ("auto", "jsonl"):
-        raise ValueError("--engine spark reads JSON Lines input only")
+    from ..run.settings import input_format
+
+    if (
+        input_format(str(opts.get("input") or "-"), _option(opts, "input_format", "auto"))
+        != "jsonl"
+    ):
+        raise ValueError(
+            "--engine spark reads JSON Lines input only (Parquet and CSV input run on the "
+            "local engine: drop --engine spark)"
+        )
     inp, out = opts.get("input"), opts.get("output")
     if not inp or inp == "-":
         raise ValueError("--engine spark needs --input PATH (a file or directory, not stdin)")
