@@ -49,7 +49,18 @@ __all__ = [
     "UnknownDomainHistogram",
     "factorization",
     "noise",
+    "release_frame",
     "oneshot",
     "privacy",
     "tree",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``release_frame`` is imported on first use (it brings the command's modules;
+    importing dpstream imports neither them nor pandas or polars)."""
+    if name == "release_frame":
+        from .frames import release_frame
+
+        return release_frame
+    raise AttributeError(f"module 'dpstream' has no attribute {name!r}")

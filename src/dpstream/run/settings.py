@@ -37,11 +37,19 @@ def auto_format(path: str, fmt: str) -> str:
 
 
 def input_format(path: str, fmt: str) -> str:
-    """The input's format: :func:`auto_format`, and ``parquet`` for a directory (a data
-    lake's partitions) with ``auto``."""
-    if fmt == "auto" and path != "-" and os.path.isdir(path):
+    """The input's format: :func:`auto_format`, and with ``auto`` ``parquet`` for a
+    directory that holds ``*.parquet`` files (a data lake's partitions; Spark reads a
+    directory of JSON Lines files)."""
+    if fmt == "auto" and path != "-" and os.path.isdir(path) and _holds_parquet(path):
         return "parquet"
     return auto_format(path, fmt)
+
+
+def _holds_parquet(path: str) -> bool:
+    for _, _, files in os.walk(path):
+        if any(name.endswith(".parquet") for name in files):
+            return True
+    return False
 
 
 def clock_from_options(opts: Mapping[str, Any]) -> Any:
