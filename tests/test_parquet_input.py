@@ -149,19 +149,41 @@ def test_integer_items_are_their_decimal_text(tmp_path):
 
 @pytest.mark.parametrize(
     "extra",
-    [UNKNOWN, ["-m", "unknown", "--counter", "tree", *UNKNOWN[2:]], ["-m", "top-k", "--k", "3",
-     "--domain", "DOMAIN", "--max-items", "3", "--epsilon", "1", "--delta", "1e-6"], [*UNKNOWN, *USERS]],
+    [
+        UNKNOWN,
+        ["-m", "unknown", "--counter", "tree", *UNKNOWN[2:]],
+        [
+            "-m",
+            "top-k",
+            "--k",
+            "3",
+            "--domain",
+            "DOMAIN",
+            "--max-items",
+            "3",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+        ],
+        [*UNKNOWN, *USERS],
+    ],
     ids=["unknown", "tree", "top-k", "users"],
-)  # fmt: skip
+)
 def test_file_and_partitions_release_the_bytes_of_json_lines(tmp_path, key_path, extra):
     rows = _events(2)
     _jsonl(rows, tmp_path / "e.jsonl")
     table = _table(rows)
     pq.write_table(table, tmp_path / "e.parquet", row_group_size=128)
     _partitions(table, tmp_path / "lake", [400, 401, 1100])
-    assert [os.path.basename(os.path.dirname(p)) for p in parquet_files(str(tmp_path / "lake"))] == [
-        "part=00", "part=01", "part=02", "part=03",
-    ]  # fmt: skip
+    assert [
+        os.path.basename(os.path.dirname(p)) for p in parquet_files(str(tmp_path / "lake"))
+    ] == [
+        "part=00",
+        "part=01",
+        "part=02",
+        "part=03",
+    ]
     (tmp_path / "domain.txt").write_text("\n".join(WORDS) + "\n")
     extra = [str(tmp_path / "domain.txt") if a == "DOMAIN" else a for a in extra]
     outs = {}
@@ -268,16 +290,28 @@ def test_daily_parquet_runs_equal_one_run(tmp_path, key_path):
     "table, extra, message",
     [
         (pa.table({"t": [1], "things": [["a"]]}), [], "no column 'items' (a list of items"),
-        (pa.table({"t": [1], "tags": [["a"]]}), ["--item-column", "items"], "no column 'items' (--item-column)"),
+        (
+            pa.table({"t": [1], "tags": [["a"]]}),
+            ["--item-column", "items"],
+            "no column 'items' (--item-column)",
+        ),
         (pa.table({"step": [1], "items": [["a"]]}), [], "no column 't' (--time-column)"),
         (pa.table({"t": [1], "items": [["a"]]}), USERS, "no column 'user' (--user-field)"),
-        (pa.table({"t": [1.5], "items": [["a"]]}), [], "column 't' (--time-column) is double, expected integer"),
+        (
+            pa.table({"t": [1.5], "items": [["a"]]}),
+            [],
+            "column 't' (--time-column) is double, expected integer",
+        ),
         (pa.table({"t": ["1"], "items": [["a"]]}), [], "column 't' (--time-column) is string"),
         (pa.table({"t": [1], "items": [[1.5]]}), [], "column 'items' (--item-column) is list<"),
-        (pa.table({"t": [1], "items": [["a"]], "user": [3]}), USERS, "column 'user' (--user-field) is int64"),
+        (
+            pa.table({"t": [1], "items": [["a"]], "user": [3]}),
+            USERS,
+            "column 'user' (--user-field) is int64",
+        ),
         (pa.table({"t": [1], "item": ["a"]}), [], "no column 'event' (--event-column)"),
     ],
-)  # fmt: skip
+)
 def test_a_missing_or_mistyped_column_is_refused_before_any_release(
     tmp_path, key_path, capsys, table, extra, message
 ):

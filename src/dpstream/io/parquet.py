@@ -275,11 +275,11 @@ def _event_chunk(layout: _Layout, batch: Any, done: int) -> Chunk:
     data, starts, ends = _row_bytes(batch, layout)
     n = batch.num_rows
     if layout.clock is not None:
-        texts = _json_rows(batch, layout)
+        lines = _json_rows(batch, layout)
         recs = []
         for i in range(n):
             rec = parse_jsonl_line(
-                texts[i],
+                lines[i],
                 done + i + 1,
                 time_field=layout.time,
                 clock=layout.clock,
