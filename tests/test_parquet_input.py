@@ -388,3 +388,23 @@ def _chunks_of(table: pa.Table, user_field):
         path = os.path.join(tmp, "e.parquet")
         pq.write_table(table, path)
         yield from read_parquet_chunks(path, user_field=user_field)
+
+
+def test_categorical_columns_are_read_as_their_values(tmp_path):
+    """A pandas categorical (a dictionary-encoded column) of items and users reads as
+    the plain strings."""
+    import pandas as pd
+
+    rows = [
+        {"t": 1 + i % 4, "event": f"e{i // 2}", "item": f"w{i % 5}", "user": f"u{i % 3}"}
+        for i in range(40)
+    ]
+    frame = pd.DataFrame(rows)
+    plain = tmp_path / "plain.parquet"
+    frame.to_parquet(plain, index=False)
+    cat = tmp_path / "cat.parquet"
+    frame.astype({"item": "category", "user": "category"}).to_parquet(cat, index=False)
+    assert pa.types.is_dictionary(pq.read_schema(cat).field("item").type)
+    want = _flat(read_parquet_chunks(str(plain), user_field="user"))
+    assert _flat(read_parquet_chunks(str(cat), user_field="user")) == want
+    assert len(want) == 20

@@ -131,7 +131,7 @@ def _layout(
         if name not in names:
             listed = ", ".join(shorten(n) for n in names) or "none"
             raise ValueError(f"{where}: no column {name!r} ({flag}); its columns: {listed}")
-        return schema.field(name).type
+        return _value_type(schema.field(name).type)
 
     def wrong(name: str, flag: str, typ: Any, expected: str) -> ValueError:
         return ValueError(f"{where}: column {name!r} ({flag}) is {typ}, expected {expected}")
@@ -189,9 +189,17 @@ def _layout(
     return _Layout(time, items, event, user_field, clock)
 
 
+def _value_type(typ: Any) -> Any:
+    """A column's type, a dictionary-encoded one (a pandas categorical) as its values'."""
+    import pyarrow as pa
+
+    return typ.value_type if pa.types.is_dictionary(typ) else typ
+
+
 def _is_item_type(typ: Any) -> bool:
     import pyarrow as pa
 
+    typ = _value_type(typ)
     return bool(
         pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
     )
@@ -210,7 +218,19 @@ def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any
         layout = _layout(pfile.schema_arrow, f"the Parquet input {name!r}", **settings)
         for batch in pfile.iter_batches(batch_size=BATCH_ROWS, columns=layout.columns()):
             if batch.num_rows:
-                yield layout, batch
+                yield layout, _decoded(batch)
+
+
+def _decoded(batch: Any) -> Any:
+    """A batch with its dictionary-encoded columns (pandas categoricals) decoded."""
+    import pyarrow as pa
+
+    if not any(pa.types.is_dictionary(f.type) for f in batch.schema):
+        return batch
+    columns = [
+        c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in batch.columns
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def read_parquet_chunks(
