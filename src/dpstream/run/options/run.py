@@ -123,7 +123,7 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(
         ("--time-field",),
         "time_field",
-        "the JSON field (or CSV column) holding each "
+        "the JSON field (or CSV or Parquet column) holding each "
         "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
         'clock --start/--step, not from "t"',
         None,
