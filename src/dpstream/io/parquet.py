@@ -38,8 +38,12 @@ and parsed by :func:`~dpstream.io.jsonl.parse_jsonl_line`, which words their
 messages. The other layouts are read row by row into records.
 
 The bytes of a record (for the keyed digest of a step's input) are its values
-encoded without loss: the columns read, each as text (a list as its length and
-its elements), joined by bytes that UTF-8 text never holds. They differ from the
+encoded without loss, so that a resumed run refuses a changed step: with integer
+steps and a list column, a fixed head (which values are null, the step, the item
+count) then each item followed by 0xff (0xfd: a null item) then the user id
+(:func:`_list_row_bytes`, NumPy over Arrow's buffers); in the other layouts
+(read row by row) the row as JSON text: the event's JSON Lines object with a
+clock, ``[time, event id, item, user id]`` for one row per item. They differ from the
 bytes of the same event in JSON Lines, so a state's input digests are those of
 its format (a run resumes only on the format it began with).
 """
@@ -65,11 +69,6 @@ __all__ = ["parquet_files", "read_parquet_chunks", "read_parquet_records", "BATC
 
 #: Rows per record batch read from a Parquet file (a chunk of the run loop).
 BATCH_ROWS = 1 << 16
-
-# Bytes that UTF-8 text never holds: they separate a record's values in its digest bytes.
-_SEP_COLUMN = b"\xfe"
-_SEP_ITEM = b"\xff"
-_NULL = b"\xfd"
 
 
 def parquet_files(path: str) -> list[str]:
@@ -183,6 +182,10 @@ def _layout(
                 "integer time steps (or --time-field with --step and --start for timestamps)",
             )  # fmt: skip
     if user_field is not None:
+        if user_field in (time, items, event):
+            raise ValueError(
+                f"{where}: --user-field {user_field!r} is the time, item or event column"
+            )
         utype = need(user_field, "--user-field")
         if not (pa.types.is_string(utype) or pa.types.is_large_string(utype)):
             raise wrong(user_field, "--user-field", utype, "strings (user ids)")
@@ -294,10 +297,9 @@ def _event_chunk(layout: _Layout, batch: Any, done: int) -> Chunk:
     """A batch of one row per event: by columns with integer steps, else row by row."""
     n = batch.num_rows
     if layout.clock is not None:
-        data, starts, ends = _row_bytes(batch, layout)
         lines = _json_rows(batch, layout)
         recs = []
-        for i in range(n):
+        for i in range(n):  # each row's JSON object, its raw bytes too
             rec = parse_jsonl_line(
                 lines[i],
                 done + i + 1,
@@ -306,11 +308,7 @@ def _event_chunk(layout: _Layout, batch: Any, done: int) -> Chunk:
                 user_field=layout.user,
             )
             assert rec is not None
-            recs.append(
-                RawEvent(
-                    rec.line, rec.t, rec.items, rec.error, rec.user, raw=data[starts[i] : ends[i]]
-                )
-            )
+            recs.append(rec)
         return next(chunks_from_records(recs, size=n))
     rows = _event_rows(batch, layout)
     data, starts, ends = _list_row_bytes(batch, layout, rows)
@@ -396,39 +394,6 @@ def _json_rows(batch: Any, layout: _Layout) -> list[str]:
     return out
 
 
-def _row_bytes(batch: Any, layout: _Layout) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """Each row's bytes for the input digest (see the module docstring): the buffer, and
-    where each row's bytes start and end in it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    parts = []
-    for name in layout.columns():
-        col = batch.column(name)
-        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            values = _as_binary(col.values)
-            values = pc.fill_null(values, pa.scalar(_NULL, pa.binary()))
-            lists = type(col).from_arrays(col.offsets, values, mask=col.is_null())
-            joined = pc.binary_join(lists, pa.scalar(_SEP_ITEM, pa.binary()))
-            count = _as_binary(pc.list_value_length(col))
-            parts.append(
-                pc.binary_join_element_wise(count, joined, pa.scalar(_SEP_ITEM, pa.binary()))
-            )
-        else:
-            parts.append(_as_binary(col))
-    parts = [pc.fill_null(p, pa.scalar(_NULL, pa.binary())) for p in parts]
-    joined = pc.binary_join_element_wise(*parts, pa.scalar(_SEP_COLUMN, pa.binary()))
-    if not isinstance(joined, pa.Array):
-        joined = joined.combine_chunks()
-    joined = joined.cast(pa.large_binary())
-    offs = np.frombuffer(joined.buffers()[1], dtype=np.int64)[
-        joined.offset : joined.offset + len(joined) + 1
-    ]
-    data = joined.buffers()[2]
-    buf = b"" if data is None else data.to_pybytes()
-    return buf, offs[:-1].astype(np.int64), offs[1:].astype(np.int64)
-
-
 #: The fixed head of a row's digest bytes (one row per event, integer steps): which of
 #: step, items and user id are null (bits 0-2), the step (int64) and the item count
 #: (int32), little-endian.
@@ -440,8 +405,7 @@ def _list_row_bytes(
 ) -> tuple[bytes, np.ndarray, np.ndarray]:
     """Each row's digest bytes (one row per event, integer steps), built with NumPy from
     Arrow's buffers: :data:`_HEAD`, each item's bytes followed by 0xff (0xfd for a null
-    item), then the user id's bytes; rows apart by a line feed. The same content as
-    :func:`_row_bytes` in fewer passes (this is the path of a large input)."""
+    item), then the user id's bytes; rows apart by a line feed."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -516,19 +480,6 @@ def _scatter(
     out[np.arange(total, dtype=np.int64) + shift] = data[lo : lo + total]
 
 
-def _as_binary(col: Any) -> Any:
-    """A column's values as binary text: strings as their bytes, numbers and timestamps
-    as their decimal text (a timestamp in its unit since the epoch)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
-        col = pc.cast(col, pa.int64() if pa.types.is_timestamp(col.type) else pa.int32())
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        col = pc.cast(col, pa.string())
-    return pc.cast(col, pa.binary())
-
-
 def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEvent]:
     """The events of an input of one row per item (see the module docstring), in the
     order of their first rows; a row without a step or an event id is a record alone."""
@@ -538,7 +489,6 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
     for layout, batch in batches:
         if not layout.per_item:
             raise ValueError("the input's files mix one row per event and one row per item")
-        data, starts, ends = _row_bytes(batch, layout)
         times = _time_values(batch.column(layout.time))
         assert layout.event is not None
         eids = batch.column(layout.event).to_pylist()
@@ -546,7 +496,8 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
         users = batch.column(layout.user).to_pylist() if layout.user is not None else None
         for i in range(batch.num_rows):
             row += 1
-            raw = data[starts[i] : ends[i]]
+            cells = [times[i], eids[i], items[i], None if users is None else users[i]]
+            raw = json.dumps(cells, ensure_ascii=False).encode("utf-8")
             t, err = _row_step(times[i], layout)
             if err is None and eids[i] is None:
                 err = f"the event id column {layout.event!r} is null"
