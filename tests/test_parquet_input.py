@@ -347,14 +347,15 @@ def test_a_file_of_no_rows_releases_every_step_empty(tmp_path, key_path):
     _same_files(a, b)
 
 
-def test_spark_and_follow_refuse_parquet_input(tmp_path, key_path, capsys):
+def test_follow_and_stdin_refuse_parquet_input(tmp_path, key_path, capsys):
     pq.write_table(_table(_events(7, n=100)), tmp_path / "e.parquet")
-    out = tmp_path / "out"
-    assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN, "--engine", "spark") == 1
-    assert "--engine spark reads JSON Lines input only" in capsys.readouterr().err
+    out = tmp_path / "out.jsonl"
     clock = ["--time-field", "t", "--step", "1h", "--start", "2026-03-01T00:00Z", "--follow"]
     assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN, *clock) == 1
     assert "not --follow" in capsys.readouterr().err
+    assert _run(key_path, "-", out, *UNKNOWN, "--input-format", "parquet") == 1
+    assert "not stdin" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_digest_bytes_tell_apart_what_json_lines_would():

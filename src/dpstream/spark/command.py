@@ -37,7 +37,7 @@ from ..io import read_domain
 from ..mechanisms.counters import counter_with_buffers
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
-from .events import read_events_jsonl
+from .events import read_events_jsonl, read_events_parquet
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
 
@@ -115,6 +115,7 @@ class _Job:
     verbose: bool
     user_field: str | None
     common: dict[str, Any]
+    parquet: bool = False  # the input is Parquet (a file or a directory)
 
 
 def run_cli(
@@ -194,6 +195,20 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFram
     implicit = bool(opts.get("implicit_time"))
     if implicit and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    if job.parquet:
+        if clock is not None:
+            raise ValueError(
+                "--engine spark reads Parquet with integer steps (a time column); "
+                "timestamps (--time-field) in Parquet run on the local engine"
+            )
+        return read_events_parquet(
+            spark,
+            job.inp,
+            time_column=opts.get("time_column"),
+            item_column=opts.get("item_column") or "item",
+            event_column=opts.get("event_column") or "event",
+            user_field=job.user_field,
+        ).cache()
     return read_events_jsonl(
         spark,
         job.inp,
@@ -221,12 +236,10 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
         )
     from ..run.settings import input_format
 
-    if (
-        input_format(str(opts.get("input") or "-"), _option(opts, "input_format", "auto"))
-        != "jsonl"
-    ):
+    in_fmt = input_format(str(opts.get("input") or "-"), _option(opts, "input_format", "auto"))
+    if in_fmt not in ("jsonl", "parquet"):
         raise ValueError(
-            "--engine spark reads JSON Lines input only (Parquet and CSV input run on the "
+            "--engine spark reads JSON Lines or Parquet input (CSV input runs on the "
             "local engine: drop --engine spark)"
         )
     inp, out = opts.get("input"), opts.get("output")
@@ -260,6 +273,7 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
         verbose=bool(opts.get("verbose_errors")),
         user_field=opts.get("user_field"),
         common=_common(opts, name, key, str(inp)),
+        parquet=in_fmt == "parquet",
     )
 
 
