@@ -1,10 +1,11 @@
-"""The input formats by name: records, or chunks, from JSON Lines or CSV.
+"""The input formats by name: records, or chunks, from JSON Lines, CSV or Parquet.
 
 Layer 6 of dpstream (an edge). :func:`read_events` yields records
 (:class:`~dpstream.io.records.RawEvent`) and :func:`read_chunks` chunks
 (:class:`~dpstream.io.chunks.Chunk`) of the format named by
 ``--input-format``, read by that format's one parser
-(:mod:`dpstream.io.jsonl`, :mod:`dpstream.io.csv`).
+(:mod:`dpstream.io.jsonl`, :mod:`dpstream.io.csv`, :mod:`dpstream.io.parquet`:
+chunks only, from a path).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..clock import StepClock
 from .chunks import Chunk
 from .csv import read_csv, read_csv_chunks
 from .jsonl import read_jsonl, read_jsonl_chunks
+from .parquet import read_parquet_chunks
 from .records import RawEvent, guard_lines
 
 __all__ = ["read_events", "read_chunks"]
@@ -68,10 +70,20 @@ def read_chunks(
             implicit=implicit,
             user_field=user_field,
         )
+    if fmt == "parquet":  # ``stream``: the path of a file or a directory
+        if implicit:
+            raise ValueError(
+                "--implicit-time is for JSON Lines: give each Parquet row its step "
+                "(a time column, or --time-field for timestamps)"
+            )
+        columns = {k: v for k, v in csv_options.items() if k != "delimiter"}
+        return read_parquet_chunks(
+            stream, time_field=time_field, clock=clock, user_field=user_field, **columns
+        )
     options = _csv_options(time_field, clock, implicit, user_field, csv_options)
     if fmt == "csv":
         return read_csv_chunks(guard_lines(stream, name), **options)
-    raise ValueError(f"input format must be 'jsonl' or 'csv', got {fmt!r}")
+    raise ValueError(f"input format must be 'jsonl', 'csv' or 'parquet', got {fmt!r}")
 
 
 def _csv_options(

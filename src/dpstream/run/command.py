@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from ..state import Checkpoint, RunRecord, StateDigests
     from .validate import Validator
 
-__all__ = ["cmd_run", "load_key"]
+__all__ = ["cmd_run", "load_key", "run_config"]
 
 _log = logging.getLogger("dpstream.run")
 
@@ -151,9 +151,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``dpstream run``: returns the exit status."""
     cfg = RunConfig.from_args(args)
     setup_logging(cfg.log_format, quiet=cfg.quiet)
-    until = cfg.last_step
+    cfg.last_step  # noqa: B018 (a stream without an end step is refused first)
     check_paths(cfg)
-    key = load_key(cfg)
+    return run_config(cfg, load_key(cfg))
+
+
+def run_config(cfg: RunConfig, key: NoiseKey) -> int:
+    """Run the stream of ``cfg`` (checked, its paths too) with its ``key``: the body of
+    ``dpstream run`` after the flags are read, shared by :func:`dpstream.release_frame`
+    so that a frame gives the command's releases. Returns the exit status."""
+    until = cfg.last_step
     cfg = cfg.with_options(noise_version=noise_version_of(cfg.options()))
     if cfg.engine == "spark":
         return run_on_spark(cfg, key)
@@ -223,8 +230,15 @@ def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
 
 
 def _open_input(cfg: RunConfig, stack: contextlib.ExitStack) -> Any:
-    """The input, closed with the run (stdin itself is left open)."""
+    """The input, closed with the run (stdin itself is left open); a Parquet input is its
+    path (a file or a directory, read in record batches by the source stage)."""
     from ..io import open_input
+
+    if cfg.input_kind == "parquet":
+        from ..io.parquet import parquet_files
+
+        parquet_files(cfg.input)  # a missing input (or an empty directory) truncates nothing
+        return cfg.input
 
     infile = open_input(cfg.input)
     if cfg.input != "-":

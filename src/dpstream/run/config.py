@@ -31,7 +31,7 @@ from .options import (
     merge_options,
     resolve_horizon,
 )
-from .settings import auto_format, clock_from_options
+from .settings import auto_format, clock_from_options, input_format
 
 if TYPE_CHECKING:
     from ..clock import StepClock
@@ -184,8 +184,9 @@ class RunConfig:
 
     @property
     def input_kind(self) -> str:
-        """The input's format: ``jsonl`` or ``csv`` (``--input-format auto`` resolved)."""
-        return auto_format(self.input, self.input_format)
+        """The input's format: ``jsonl``, ``csv`` or ``parquet`` (``--input-format auto``
+        resolved: by the suffix, and a directory is Parquet)."""
+        return input_format(self.input, self.input_format)
 
     @property
     def output_kind(self) -> str:
@@ -240,13 +241,23 @@ def last_step(opts: Mapping[str, Any]) -> int:
 def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
     """Refuse, before anything is opened, a time mode that would let the data move steps."""
     clock = clock_from_options(opts)
-    fmt = auto_format(opts["input"], opts["input_format"])
+    fmt = input_format(opts["input"], opts["input_format"])
     if opts["implicit_time"] and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     if fmt == "csv" and clock is None and opts.get("time_column") is None:
         raise ValueError(
             "CSV input needs its time steps: --time-column (integer steps) or "
             "--time-field with --step and --start (timestamps)"
+        )
+    if fmt == "parquet" and opts["implicit_time"]:
+        raise ValueError(
+            "--implicit-time is for JSON Lines: give each Parquet row its step "
+            "(a time column, or --time-field for timestamps)"
+        )
+    if fmt == "parquet" and (opts["input"] == "-" or opts["follow"]):
+        raise ValueError(
+            "Parquet input is read from a file or a directory (--input PATH), in a batch "
+            "run (not stdin, not --follow)"
         )
     if opts["implicit_time"] and (until < horizon_limit(opts) or opts["follow"]):
         raise ValueError(

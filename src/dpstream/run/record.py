@@ -168,7 +168,7 @@ def run_params(
         from ..mechanisms.truncation import METHOD
 
         params["truncation"] = METHOD
-    if cfg.input_kind == "csv":
+    if cfg.input_kind in ("csv", "parquet"):
         params.update(
             item_column=cfg.item_column,
             event_column=cfg.event_column,
@@ -271,7 +271,12 @@ class GoOn:
 
 def input_mac(cfg: RunConfig, digests: StateDigests) -> str | None:
     """A keyed digest of the whole input file (None for stdin and for an empty file: two
-    quiet days may well bring the same empty input)."""
+    quiet days may well bring the same empty input); a directory of Parquet files: a
+    digest of its files' paths and bytes."""
+    if cfg.input != "-" and os.path.isdir(cfg.input):
+        from ..io.parquet import parquet_files
+
+        return digests.files(cfg.input, parquet_files(cfg.input))
     if cfg.input == "-" or os.path.getsize(cfg.input) == 0:
         return None
     return digests.file(cfg.input)

@@ -10,6 +10,7 @@ Layer 6 of dpstream (the run's settings), shared by the run's config
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 __all__ = [
     "PROCESSING_DEFAULTS",
     "auto_format",
+    "input_format",
     "clock_from_options",
     "parse_share",
     "reason_key",
@@ -25,11 +27,29 @@ __all__ = [
 
 
 def auto_format(path: str, fmt: str) -> str:
+    """A file's format from ``--input-format``/``--output-format`` (``auto``: by the
+    path's suffix, else JSON Lines)."""
     if fmt != "auto":
         return fmt
     if path.endswith((".csv", ".csv.gz")):
         return "csv"
     return "parquet" if path.endswith(".parquet") else "jsonl"
+
+
+def input_format(path: str, fmt: str) -> str:
+    """The input's format: :func:`auto_format`, and with ``auto`` ``parquet`` for a
+    directory that holds ``*.parquet`` files (a data lake's partitions; Spark reads a
+    directory of JSON Lines files)."""
+    if fmt == "auto" and path != "-" and os.path.isdir(path) and _holds_parquet(path):
+        return "parquet"
+    return auto_format(path, fmt)
+
+
+def _holds_parquet(path: str) -> bool:
+    for _, _, files in os.walk(path):
+        if any(name.endswith(".parquet") for name in files):
+            return True
+    return False
 
 
 def clock_from_options(opts: Mapping[str, Any]) -> Any:
@@ -99,7 +119,8 @@ def scoped_stream(opts: Mapping[str, Any]) -> str:
     from ..mechanisms.base import config_tag
 
     settings = {k: opts.get(k, d) for k, d in PROCESSING_DEFAULTS.items() if opts.get(k, d) != d}
-    if auto_format(str(opts.get("input", "-")), opts.get("input_format") or "auto") == "csv":
+    fmt = input_format(str(opts.get("input", "-")), opts.get("input_format") or "auto")
+    if fmt in ("csv", "parquet"):  # Parquet's defaults read JSON Lines' t and items
         for name, default in (
             ("item_column", "item"),
             ("event_column", "event"),

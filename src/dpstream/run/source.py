@@ -3,7 +3,8 @@
 Layer 6 of dpstream (a stage of :mod:`dpstream.run.pipeline`). A batch run reads its
 input in chunks (JSON Lines with integer steps through the columnar reader of
 :mod:`dpstream.io.jsonl`, the other inputs record by record), counts its invalid records
-before the first release (:mod:`dpstream.run.guard`), and yields each step in order:
+before the first release (:mod:`dpstream.run.guard`; Parquet in record batches,
+:mod:`dpstream.io.parquet`), and yields each step in order:
 :class:`Due` (a step to release) or :class:`Rejected` (records for the validate stage
 to count: malformed, or past the end step). ``--follow`` has its own source,
 :mod:`dpstream.run.follow`. What was read is counted in a :class:`ReadCount`.
@@ -97,6 +98,11 @@ def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
     """The input's records (``dpstream.io.RawEvent``), in order."""
     from ..io import guard_lines, read_events
 
+    if cfg.input_kind == "parquet":
+        from ..io.parquet import read_parquet_records
+
+        return read_parquet_records(infile, **_parquet_options(cfg))
+
     csv_opts = {}
     if cfg.input_kind == "csv":
         csv_opts = dict(
@@ -125,7 +131,23 @@ def input_chunks(infile: Any, cfg: RunConfig) -> Iterator[Any]:
 
     if cfg.input_kind == "jsonl" and cfg.clock is None and not cfg.implicit_time:
         return read_jsonl_chunks(infile, cfg.input, user_field=cfg.user_field)
+    if cfg.input_kind == "parquet":  # ``infile``: the input's path (a file or a directory)
+        from ..io.parquet import read_parquet_chunks
+
+        return read_parquet_chunks(infile, **_parquet_options(cfg))
     return chunks_from_records(input_records(infile, cfg))
+
+
+def _parquet_options(cfg: RunConfig) -> dict[str, Any]:
+    """The columns and time mode of a Parquet input (:mod:`dpstream.io.parquet`)."""
+    return dict(
+        time_column=cfg.time_column,
+        item_column=cfg.item_column,
+        event_column=cfg.event_column,
+        time_field=cfg.time_field if cfg.clock is not None else None,
+        clock=cfg.clock,
+        user_field=cfg.user_field,
+    )
 
 
 def read_checked(

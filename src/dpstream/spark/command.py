@@ -38,7 +38,7 @@ from ..mechanisms.counters import counter_with_buffers
 from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
-from .events import read_events_jsonl
+from .events import read_events_jsonl, read_events_parquet
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
 
@@ -116,6 +116,7 @@ class _Job:
     verbose: bool
     user_field: str | None
     common: dict[str, Any]
+    parquet: bool = False  # the input is Parquet (a file or a directory)
 
 
 def run_cli(
@@ -195,6 +196,20 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFram
     implicit = bool(opts.get("implicit_time"))
     if implicit and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    if job.parquet:
+        if clock is not None:
+            raise ValueError(
+                "--engine spark reads Parquet with integer steps (a time column); "
+                "timestamps (--time-field) in Parquet run on the local engine"
+            )
+        return read_events_parquet(
+            spark,
+            job.inp,
+            time_column=opts.get("time_column"),
+            item_column=opts.get("item_column") or "item",
+            event_column=opts.get("event_column") or "event",
+            user_field=job.user_field,
+        ).cache()
     return read_events_jsonl(
         spark,
         job.inp,
@@ -220,8 +235,14 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
             "--state does not apply to --engine spark: re-running the job gives "
             "the same releases (use dpstream.spark.start_stream for a stream)"
         )
-    if _option(opts, "input_format", "auto") not in ("auto", "jsonl"):
-        raise ValueError("--engine spark reads JSON Lines input only")
+    from ..run.settings import input_format
+
+    in_fmt = input_format(str(opts.get("input") or "-"), _option(opts, "input_format", "auto"))
+    if in_fmt not in ("jsonl", "parquet"):
+        raise ValueError(
+            "--engine spark reads JSON Lines or Parquet input (CSV input runs on the "
+            "local engine: drop --engine spark)"
+        )
     inp, out = opts.get("input"), opts.get("output")
     if not inp or inp == "-":
         raise ValueError("--engine spark needs --input PATH (a file or directory, not stdin)")
@@ -253,6 +274,7 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
         verbose=bool(opts.get("verbose_errors")),
         user_field=opts.get("user_field"),
         common=_common(opts, name, key, str(inp)),
+        parquet=in_fmt == "parquet",
     )
 
 

@@ -78,16 +78,26 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(
         ("--input-format",),
         "input_format",
-        "jsonl or csv; auto = csv for *.csv[.gz], else jsonl",
+        "jsonl, csv or parquet (a file or a directory of *.parquet files, read in "
+        "sorted order; see docs/operations.md); auto = csv for *.csv[.gz], parquet for "
+        "*.parquet and a directory, else jsonl",
         "auto",
         str,
-        choices=("auto", "jsonl", "csv"),
+        choices=("auto", "jsonl", "csv", "parquet"),
     ),
-    Opt(("--item-column",), "item_column", "CSV input: the item column", "item", str),
+    Opt(
+        ("--item-column",),
+        "item_column",
+        "CSV input: the item column; Parquet: a list column of items (one row per event), "
+        "or an item column (one row per item, with --event-column)",
+        "item",
+        str,
+        default_text="item (Parquet: items, else item)",
+    ),
     Opt(
         ("--event-column",),
         "event_column",
-        "CSV input: the event-id column; an event is "
+        "CSV (or Parquet, one row per item) input: the event-id column; an event is "
         "every row of one id in one time step, wherever the rows stand in the input (an id "
         "in two steps is two events)",
         "event",
@@ -96,10 +106,10 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(
         ("--time-column",),
         "time_column",
-        "CSV input: the time-step column",
+        "CSV or Parquet input: the time-step column (integers)",
         None,
         str,
-        default_text="none; CSV input needs it, or --time-field for timestamps",
+        default_text="none; CSV input needs it, or --time-field for timestamps; Parquet: t",
     ),
     Opt(
         ("--implicit-time",),
@@ -113,7 +123,7 @@ RUN_OPTS: tuple[Opt, ...] = (
     Opt(
         ("--time-field",),
         "time_field",
-        "the JSON field (or CSV column) holding each "
+        "the JSON field (or CSV or Parquet column) holding each "
         "event's timestamp, ISO-8601 or epoch seconds: steps then come from the public "
         'clock --start/--step, not from "t"',
         None,

@@ -1,0 +1,147 @@
+"""Releases of a data frame of timed events, as a data frame: :func:`release_frame`.
+
+Layer 6 of dpstream (an edge, beside the command line). A pandas or polars
+frame, an Arrow table, or a Parquet file or directory of events goes through
+``dpstream run`` itself: the frame is written to a private temporary Parquet
+file, read by the Parquet reader of :mod:`dpstream.io.parquet`, and released by
+the run's pipeline (:func:`dpstream.run.command.run_config`: the same config,
+checks, validation, mechanism, post-processing and release ledger) into a
+Parquet long table, which comes back as the caller's kind of frame. So a frame
+and ``dpstream run -i events.parquet`` give the same releases for the same key,
+stream and settings (tests/test_frames.py compares them). pandas and polars are
+imported only when a frame of theirs is given or asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from typing import Any
+
+__all__ = ["release_frame"]
+
+#: The settings a frame run always has (the releases go to a Parquet long table).
+_FIXED = ("input", "output", "output_format", "key_file", "mechanism", "state", "follow", "view")
+
+
+def release_frame(
+    events: Any,
+    mechanism: str,
+    *,
+    key: str | os.PathLike[str],
+    time: str = "t",
+    items: str | None = None,
+    event: str | None = None,
+    user: str | None = None,
+    **settings: Any,
+) -> Any:
+    """Release every step of a frame of timed events, as ``dpstream run`` would.
+
+    Args:
+        events: a pandas or polars DataFrame, a ``pyarrow.Table``, or the path of
+            a Parquet file or directory; one row per event (a list column of
+            items) or one row per item with an event-id column (``event``), as
+            ``dpstream run`` reads Parquet (docs/frames.md).
+        mechanism: ``--mechanism``: ``known``, ``unknown``, ``top-k``, ...
+        key: the path of the secret key file (``dpstream keygen PATH``); the
+            release ledger beside it records this run like any other, so a second
+            release of the same stream under the same key is refused (``force=True``
+            says it was never published).
+        time: the time column: integer steps, or with ``step`` and ``start`` the
+            timestamps on that public clock (``--time-field``).
+        items: the item column (``--item-column``; default: ``items``, a list
+            column, else ``item``, one row per item).
+        event: the event-id column of one row per item (``--event-column``).
+        user: the user-id column (``--user-field``: user-level privacy).
+        **settings: any other option of ``dpstream run`` by its name with ``_``
+            for ``-`` (``horizon=10``, ``epsilon=1.0``, ``delta=1e-6``,
+            ``max_items=3``, ``domain=[...]``, ``step="1d"``, ``start=...``,
+            ``stream=...``, ``quiet=False``, ...). Their defaults are the command's.
+
+    Returns:
+        The long release table (``t``, ``item``, ``value``, ``noise_std``, and
+        ``step_start`` when the run has a clock) as the kind of ``events``: a
+        pandas or polars DataFrame, else a ``pyarrow.Table``.
+
+    Raises:
+        ValueError: a setting the command refuses, a missing column or one of the
+            wrong type (before any release); the errors of ``dpstream run``.
+    """
+    from .run.command import load_key, run_config
+    from .run.config import RunConfig
+    from .run.output import check_paths
+
+    fixed = sorted(set(settings) & set(_FIXED))
+    if fixed:
+        raise ValueError(
+            f"release_frame sets {', '.join(fixed)} itself (the frame in, a frame out)"
+        )
+    kind = _frame_kind(events)
+    opts: dict[str, Any] = {"mechanism": mechanism, "key_file": os.fspath(key), "quiet": True}
+    clocked = settings.get("step") is not None or settings.get("start") is not None
+    if clocked:
+        opts["time_field"] = time
+    elif time != "t":
+        opts["time_column"] = time
+    for name, value in (("item_column", items), ("event_column", event), ("user_field", user)):
+        if value is not None:
+            opts[name] = value
+    opts.update(settings)
+    with tempfile.TemporaryDirectory(prefix="dpstream-frame-") as tmp:  # mode 0700
+        if kind == "path":
+            opts["input"], opts["input_format"] = os.fspath(events), "parquet"
+        else:
+            opts["input"], opts["input_format"] = _write_events(events, kind, tmp), "parquet"
+        out = os.path.join(tmp, "releases.parquet")
+        opts.update(output=out, output_format="parquet")
+        cfg = RunConfig.from_args(argparse.Namespace(**opts))
+        check_paths(cfg)
+        run_config(cfg, load_key(cfg))
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(out)
+    return _as_kind(table, kind)
+
+
+def _frame_kind(events: Any) -> str:
+    """``pandas``, ``polars``, ``arrow`` or ``path`` (by the type's module: nothing is
+    imported to ask)."""
+    if isinstance(events, (str, os.PathLike)):
+        return "path"
+    module = type(events).__module__.split(".")[0]
+    if module in ("pandas", "polars") and type(events).__name__ == "DataFrame":
+        return module
+    if module == "pyarrow" and type(events).__name__ in ("Table", "RecordBatch"):
+        return "arrow"
+    raise TypeError(
+        "events must be a pandas or polars DataFrame, a pyarrow Table or the path of a "
+        f"Parquet file or directory, got {type(events).__name__}"
+    )
+
+
+def _write_events(events: Any, kind: str, tmp: str) -> str:
+    """The frame as a Parquet file in ``tmp`` (private), for the run's reader."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if kind == "pandas":
+        table = pa.Table.from_pandas(events, preserve_index=False)
+    elif kind == "polars":
+        table = events.to_arrow()
+    else:
+        table = pa.Table.from_batches([events]) if isinstance(events, pa.RecordBatch) else events
+    path = os.path.join(tmp, "events.parquet")
+    pq.write_table(table, path)
+    return path
+
+
+def _as_kind(table: Any, kind: str) -> Any:
+    """The release table as the caller's kind of frame."""
+    if kind == "pandas":
+        return table.to_pandas()
+    if kind == "polars":
+        import polars as pl
+
+        return pl.from_arrow(table)
+    return table

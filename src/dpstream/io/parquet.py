@@ -1,0 +1,560 @@
+"""Parquet input: events read in record batches, as the chunks of the JSON Lines reader.
+
+Layer 6 of dpstream (an edge). ``--input-format parquet`` (auto for ``*.parquet``
+and for a directory): one Parquet file, or a directory of them (a data lake's
+partitions: every ``*.parquet`` file under it, in the sorted order of their
+paths, so the order never depends on the file system). The columns are named by
+the run's flags, with JSON Lines' names as defaults:
+
+* one row per event: ``items``, a list of strings (or integers, read as their
+  decimal text), and ``t``, the integer time step (``--time-column`` names
+  another column); or
+* one row per item, as CSV: a string (or integer) item column (``item``, or
+  ``--item-column``) and an event-id column (``event``, ``--event-column``); an
+  event is every row of one id in one step, wherever its rows stand; a null
+  item adds no item (an empty event is one row with a null item);
+* with ``--time-field NAME --step --start`` the column NAME holds timestamps on
+  the public clock: a Parquet timestamp or date (one without a time zone is
+  UTC), epoch seconds (integers or floats) or ISO-8601 strings;
+* with ``--user-field NAME`` the string column NAME holds each event's user id.
+
+A row is a record (its number, from 1 over the files in order, stands where
+JSON Lines gives a line number). Every record goes through the rules of JSON
+Lines (:mod:`dpstream.io.records`): a row whose step, items or user id JSON
+Lines would refuse is an invalid record with JSON Lines' message, so a Parquet
+file and a JSON Lines file of the same events give the same records, steps and
+releases. A missing column or a column of another type is an error before
+anything is read (``ValueError``, naming the column, its flag and the types it
+may have), as is a file that is not Parquet (an empty one).
+
+How a batch is read
+-------------------
+With integer steps and a list column (the common case) a batch is read by
+columns, as Arrow's rows of a JSON Lines chunk are
+(:func:`dpstream.io.jsonl` ``_assemble``): the steps from the integer column's
+buffer, the items dictionary-encoded, and only the rows that are not plainly
+valid (a null, a step below 1, an empty user id) are written as a JSON object
+and parsed by :func:`~dpstream.io.jsonl.parse_jsonl_line`, which words their
+messages. The other layouts are read row by row into records.
+
+The bytes of a record (for the keyed digest of a step's input) are its values
+encoded without loss, so that a resumed run refuses a changed step: with integer
+steps and a list column, a fixed head (which values are null, the step, the item
+count) then each item followed by 0xff (0xfd: a null item) then the user id
+(:func:`_list_row_bytes`, NumPy over Arrow's buffers); in the other layouts
+(read row by row) the row as JSON text: the event's JSON Lines object with a
+clock, ``[time, event id, item, user id]`` for one row per item. They differ from the
+bytes of the same event in JSON Lines, so a state's input digests are those of
+its format (a run resumes only on the format it began with).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..clock import StepClock
+from .arrow import arrow_ints, arrow_valid
+from .chunks import Chunk, chunks_from_records
+from .jsonl import _assemble, parse_jsonl_line
+from .records import RawEvent, parse_t, shorten, timestamp_step, valid_text
+
+__all__ = ["parquet_files", "read_parquet_chunks", "read_parquet_records", "BATCH_ROWS"]
+
+#: Rows per record batch read from a Parquet file (a chunk of the run loop).
+BATCH_ROWS = 1 << 16
+
+
+def parquet_files(path: str) -> list[str]:
+    """The Parquet files of ``path``: the file itself, or every ``*.parquet`` file under
+    a directory (hidden ones and those starting with ``_`` left out, as Spark and Hive
+    leave their markers), sorted by their paths relative to it."""
+    if not os.path.isdir(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--input {path!r}: no such file or directory")
+        return [path]
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in files:
+            if name.endswith(".parquet") and not name.startswith((".", "_")):
+                found.append(os.path.join(root, name))
+    if not found:
+        raise ValueError(f"--input {path!r}: the directory holds no *.parquet file")
+    return sorted(found, key=lambda p: os.path.relpath(p, path).split(os.sep))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which columns a run reads, and how: ``per_item`` (one row per item, grouped by
+    ``event``) or one row per event (``items`` a list column)."""
+
+    time: str
+    items: str
+    event: str | None
+    user: str | None
+    clock: StepClock | None
+
+    @property
+    def per_item(self) -> bool:
+        return self.event is not None
+
+    def columns(self) -> list[str]:
+        cols = [self.time, self.items, self.event, self.user]
+        return list(dict.fromkeys(c for c in cols if c is not None))
+
+
+def _layout(
+    schema: Any,
+    where: str,
+    *,
+    time_column: str | None,
+    item_column: str,
+    event_column: str,
+    time_field: str | None,
+    clock: StepClock | None,
+    user_field: str | None,
+) -> _Layout:
+    """The columns of a file's ``schema`` the run reads, each checked for its type."""
+    import pyarrow as pa
+
+    names = schema.names
+
+    def need(name: str, flag: str) -> Any:
+        if name not in names:
+            listed = ", ".join(shorten(n) for n in names) or "none"
+            raise ValueError(f"{where}: no column {name!r} ({flag}); its columns: {listed}")
+        return _value_type(schema.field(name).type)
+
+    def wrong(name: str, flag: str, typ: Any, expected: str) -> ValueError:
+        return ValueError(f"{where}: column {name!r} ({flag}) is {typ}, expected {expected}")
+
+    items = item_column
+    if item_column == "item" and "item" not in names and "items" in names:
+        items = "items"  # the JSON Lines layout, by default
+    elif item_column == "item" and "item" not in names:
+        listed = ", ".join(shorten(n) for n in names) or "none"
+        raise ValueError(
+            f"{where}: no column 'items' (a list of items per event) or 'item' (one row per "
+            f"item, with an event id column; --item-column names another); its columns: {listed}"
+        )
+    itype = need(items, "--item-column")
+    event = None
+    if pa.types.is_list(itype) or pa.types.is_large_list(itype):
+        if not _is_item_type(itype.value_type):
+            raise wrong(items, "--item-column", itype, "a list of strings or integers")
+    elif _is_item_type(itype):
+        event = event_column
+        etype = need(event, "--event-column")
+        if not _is_item_type(etype):
+            raise wrong(event, "--event-column", etype, "strings or integers")
+    else:
+        raise wrong(
+            items, "--item-column", itype,
+            "a list of strings or integers (one row per event) or strings or integers "
+            "(one row per item, with --event-column)",
+        )  # fmt: skip
+    if clock is not None:
+        assert time_field is not None
+        time, flag = time_field, "--time-field"
+        ttype = need(time, flag)
+        if not (
+            pa.types.is_timestamp(ttype)
+            or pa.types.is_date(ttype)
+            or pa.types.is_integer(ttype)
+            or pa.types.is_floating(ttype)
+            or pa.types.is_string(ttype)
+            or pa.types.is_large_string(ttype)
+        ):
+            raise wrong(time, flag, ttype, "timestamps, dates, epoch seconds or ISO-8601 strings")
+    else:
+        time, flag = time_column or "t", "--time-column"
+        ttype = need(time, flag)
+        if not pa.types.is_integer(ttype):
+            raise wrong(
+                time, flag, ttype,
+                "integer time steps (or --time-field with --step and --start for timestamps)",
+            )  # fmt: skip
+    if user_field is not None:
+        if user_field in (time, items, event):
+            raise ValueError(
+                f"{where}: --user-field {user_field!r} is the time, item or event column"
+            )
+        utype = need(user_field, "--user-field")
+        if not (pa.types.is_string(utype) or pa.types.is_large_string(utype)):
+            raise wrong(user_field, "--user-field", utype, "strings (user ids)")
+    return _Layout(time, items, event, user_field, clock)
+
+
+def _value_type(typ: Any) -> Any:
+    """A column's type, a dictionary-encoded one (a pandas categorical) as its values'."""
+    import pyarrow as pa
+
+    return typ.value_type if pa.types.is_dictionary(typ) else typ
+
+
+def _is_item_type(typ: Any) -> bool:
+    import pyarrow as pa
+
+    typ = _value_type(typ)
+    return bool(
+        pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
+    )
+
+
+def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any]]:
+    """Every record batch of the input's files in order, with the layout of its file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in parquet_files(path):
+        try:
+            pfile = pq.ParquetFile(name)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ValueError(f"{name!r} is not a Parquet file ({exc})") from None
+        layout = _layout(pfile.schema_arrow, f"the Parquet input {name!r}", **settings)
+        for batch in pfile.iter_batches(batch_size=BATCH_ROWS, columns=layout.columns()):
+            if batch.num_rows:
+                yield layout, _decoded(batch)
+
+
+def _decoded(batch: Any) -> Any:
+    """A batch with its dictionary-encoded columns (pandas categoricals) decoded."""
+    import pyarrow as pa
+
+    if not any(pa.types.is_dictionary(f.type) for f in batch.schema):
+        return batch
+    columns = [
+        c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in batch.columns
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+def read_parquet_chunks(
+    path: str,
+    *,
+    time_column: str | None = None,
+    item_column: str = "item",
+    event_column: str = "event",
+    time_field: str | None = None,
+    clock: StepClock | None = None,
+    user_field: str | None = None,
+) -> Iterator[Chunk]:
+    """The records of a Parquet file or directory (see the module docstring) as chunks,
+    each batch of a file a chunk (one row per event), or all the events of the input in
+    chunks (one row per item: an event's rows may stand anywhere)."""
+    if (time_field is None) != (clock is None):
+        raise ValueError("time_field and clock go together")
+    settings = dict(
+        time_column=time_column,
+        item_column=item_column,
+        event_column=event_column,
+        time_field=time_field,
+        clock=clock,
+        user_field=user_field,
+    )
+    batches = _batches(path, settings)
+    first = next(batches, None)
+    if first is None:
+        return
+    if first[0].per_item:
+        yield from chunks_from_records(_per_item_records(_chain(first, batches)))
+        return
+    done = 0
+    for layout, batch in _chain(first, batches):
+        if layout.per_item:
+            raise ValueError(
+                f"--input {path!r}: its files mix one row per event and one row per item"
+            )
+        yield _event_chunk(layout, batch, done)
+        done += batch.num_rows
+
+
+def read_parquet_records(path: str, **settings: Any) -> Iterator[RawEvent]:
+    """The records of :func:`read_parquet_chunks` one at a time (to count them)."""
+    for chunk in read_parquet_chunks(path, **settings):
+        users = chunk.users
+        for k in range(len(chunk)):
+            err = chunk.errors.get(k)
+            lo, hi = int(chunk.offsets[k]), int(chunk.offsets[k + 1])
+            items = None if err else tuple(chunk.items[c] for c in chunk.codes[lo:hi].tolist())
+            user = users[k] if users is not None else None
+            yield RawEvent(int(chunk.lines[k]), int(chunk.t[k]) or None, items, err, user)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _event_chunk(layout: _Layout, batch: Any, done: int) -> Chunk:
+    """A batch of one row per event: by columns with integer steps, else row by row."""
+    n = batch.num_rows
+    if layout.clock is not None:
+        lines = _json_rows(batch, layout)
+        recs = []
+        for i in range(n):  # each row's JSON object, its raw bytes too
+            rec = parse_jsonl_line(
+                lines[i],
+                done + i + 1,
+                time_field=layout.time,
+                clock=layout.clock,
+                user_field=layout.user,
+            )
+            assert rec is not None
+            recs.append(rec)
+        return next(chunks_from_records(recs, size=n))
+    rows = _event_rows(batch, layout)
+    data, starts, ends = _list_row_bytes(batch, layout, rows)
+    fast = np.ones(n, dtype=bool)
+    texts: list[str] | None = None
+
+    def text(i: int) -> str:  # an unusable row as JSON, for the per-line parser
+        nonlocal texts
+        if texts is None:
+            texts = _json_rows(batch, layout)
+        return texts[i]
+
+    chunk = _assemble(text, n, done, data, starts, ends, fast, rows, layout.user)
+    chunk.nlines = n
+    return chunk
+
+
+def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
+    """A batch's columns as the Arrow rows of :func:`dpstream.io.arrow.arrow_rows`: (t, t
+    given, usable, offsets, values, users); a row is usable when JSON Lines' rules plainly
+    take it (the others go to the per-line parser)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    tcol = batch.column(layout.time)
+    if tcol.type != pa.int64():
+        tcol = pc.cast(tcol, pa.int64())  # an unsigned step past int64 is refused here
+    t_given = arrow_valid(tcol)
+    t = np.where(t_given, arrow_ints(tcol), 0)
+    icol = batch.column(layout.items)
+    if not pa.types.is_list(icol.type):
+        icol = pc.cast(icol, pa.list_(icol.type.value_type))
+    if not (pa.types.is_string(icol.type.value_type)):
+        icol = pc.cast(icol, pa.list_(pa.string()))  # integer items: their decimal text
+    usable = arrow_valid(icol)
+    offsets = arrow_ints(icol.offsets)
+    values = icol.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
+    if values.null_count:
+        null_at = np.flatnonzero(~arrow_valid(values))
+        usable[np.searchsorted(offsets, null_at, side="right") - 1] = False
+    usable &= t_given & (t >= 1)
+    users = None
+    if layout.user is not None:
+        users = batch.column(layout.user)
+        if users.type != pa.string():
+            users = pc.cast(users, pa.string())
+        usable &= arrow_valid(users) & (arrow_ints(pc.binary_length(users)) > 0)
+    return t, t_given, usable, offsets, values, users
+
+
+def _python_value(value: Any) -> Any:
+    """A value as JSON Lines would hold it (a timestamp or date as ISO-8601 text)."""
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    return value
+
+
+def _time_values(col: Any) -> list[Any]:
+    """A time column's values in Python (timestamps to microseconds, as ``datetime``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_timestamp(col.type) and col.type.unit == "ns":
+        col = pc.cast(col, pa.timestamp("us", col.type.tz), safe=False)
+    return [_python_value(v) for v in col.to_pylist()]
+
+
+def _json_rows(batch: Any, layout: _Layout) -> list[str]:
+    """Each row of a batch (one row per event) as the JSON Lines object of its event (a
+    null is a missing field, as JSON Lines would miss it)."""
+    tkey = layout.time if layout.clock is not None else "t"
+    cols: list[tuple[str, list[Any]]] = [
+        (tkey, _time_values(batch.column(layout.time))),
+        ("items", batch.column(layout.items).to_pylist()),
+    ]
+    if layout.user is not None:
+        cols.append((layout.user, batch.column(layout.user).to_pylist()))
+    out = []
+    for row in zip(*(values for _, values in cols), strict=True):
+        obj = {k: v for (k, _), v in zip(cols, row, strict=True) if v is not None}
+        out.append(json.dumps(obj, ensure_ascii=False))
+    return out
+
+
+#: The fixed head of a row's digest bytes (one row per event, integer steps): which of
+#: step, items and user id are null (bits 0-2), the step (int64) and the item count
+#: (int32), little-endian.
+_HEAD = np.dtype([("nulls", "u1"), ("t", "<i8"), ("n", "<i4")])
+
+
+def _list_row_bytes(
+    batch: Any, layout: _Layout, rows: tuple[Any, ...]
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Each row's digest bytes (one row per event, integer steps), built with NumPy from
+    Arrow's buffers: :data:`_HEAD`, each item's bytes followed by 0xff (0xfd for a null
+    item), then the user id's bytes; rows apart by a line feed."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t, t_given, _, offsets, values, users = rows
+    n = batch.num_rows
+    icol = batch.column(layout.items)
+    list_valid = arrow_valid(icol)
+    counts = np.diff(offsets)
+    if not (pa.types.is_string(values.type)):
+        values = pc.cast(values, pa.string())
+    item_valid = arrow_valid(values)
+    voff = _offsets(values)
+    item_len = np.diff(voff)
+    vdata = _data(values)
+    nitems = int(counts.sum())
+    per_item = np.zeros(nitems + 1, dtype=np.int64)  # bytes before each item (in its input)
+    np.cumsum(item_len + 1, out=per_item[1:])
+    row_items = per_item[offsets[1:]] - per_item[offsets[:-1]]
+    if users is not None:
+        uoff = _offsets(users)
+        user_len = np.diff(uoff)
+        user_valid = arrow_valid(users)
+    else:
+        user_len = np.zeros(n, dtype=np.int64)
+        user_valid = np.ones(n, dtype=bool)
+    size = _HEAD.itemsize
+    lengths = size + row_items + user_len
+    # a line feed between rows, as between the lines of JSON Lines: a step's rows are
+    # then one slice of the buffer (what step_input joins them into)
+    ends = np.cumsum(lengths + 1) - 1
+    starts = ends - lengths
+    out = np.full(int(ends[-1]) if n else 0, 10, dtype=np.uint8)
+    head = np.zeros(n, dtype=_HEAD)
+    head["nulls"] = (~t_given) | ((~list_valid) << 1) | ((~user_valid) << 2)
+    head["t"] = t
+    head["n"] = counts
+    out[(starts[:, None] + np.arange(size)).ravel()] = head.view(np.uint8)
+    if nitems:
+        row_of = np.repeat(np.arange(n), counts)
+        at = starts[row_of] + size + per_item[:-1] - per_item[offsets[:-1]][row_of]
+        _scatter(out, at, vdata, voff, item_len)
+        out[at + item_len] = np.where(item_valid, 0xFF, 0xFD).astype(np.uint8)
+    if users is not None and user_len.any():
+        _scatter(out, starts + size + row_items, _data(users), uoff, user_len)
+    return out.tobytes(), starts, ends
+
+
+def _offsets(arr: Any) -> np.ndarray:
+    """The value offsets of a string array (int32), as int64."""
+    buf = arr.buffers()[1]
+    if buf is None:
+        return np.zeros(len(arr) + 1, dtype=np.int64)
+    raw = np.frombuffer(buf, dtype=np.int32)
+    return raw[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
+
+
+def _data(arr: Any) -> np.ndarray:
+    """The data buffer of a string array, as bytes."""
+    buf = arr.buffers()[2]
+    return np.zeros(0, np.uint8) if buf is None else np.frombuffer(buf, dtype=np.uint8)
+
+
+def _scatter(
+    out: np.ndarray, at: np.ndarray, data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
+) -> None:
+    """Copy ``data[offsets[k]:offsets[k] + lengths[k]]`` to ``out[at[k]:]`` for every k."""
+    total = int(lengths.sum())
+    if not total:
+        return
+    lo = int(offsets[0])
+    shift = np.repeat(at - (offsets[:-1] - lo), lengths)
+    out[np.arange(total, dtype=np.int64) + shift] = data[lo : lo + total]
+
+
+def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEvent]:
+    """The events of an input of one row per item (see the module docstring), in the
+    order of their first rows; a row without a step or an event id is a record alone."""
+    events: dict[tuple[int, Any], _ItemEvent] = {}
+    records: list[_ItemEvent | RawEvent] = []
+    row = 0
+    for layout, batch in batches:
+        if not layout.per_item:
+            raise ValueError("the input's files mix one row per event and one row per item")
+        times = _time_values(batch.column(layout.time))
+        assert layout.event is not None
+        eids = batch.column(layout.event).to_pylist()
+        items = batch.column(layout.items).to_pylist()
+        users = batch.column(layout.user).to_pylist() if layout.user is not None else None
+        for i in range(batch.num_rows):
+            row += 1
+            cells = [times[i], eids[i], items[i], None if users is None else users[i]]
+            raw = json.dumps(cells, ensure_ascii=False).encode("utf-8")
+            t, err = _row_step(times[i], layout)
+            if err is None and eids[i] is None:
+                err = f"the event id column {layout.event!r} is null"
+            if err is not None:
+                records.append(RawEvent(row, None, None, err, raw=raw))
+                continue
+            assert t is not None
+            event = events.get((t, eids[i]))
+            if event is None:
+                event = events[(t, eids[i])] = _ItemEvent(row, t, eids[i])
+                records.append(event)
+            event.add(items[i], None if users is None else users[i], layout.user, raw)
+    for rec in records:
+        yield rec.record() if isinstance(rec, _ItemEvent) else rec
+
+
+def _row_step(value: Any, layout: _Layout) -> tuple[int | None, str | None]:
+    """The step of a row's time value, or why it has none (JSON Lines' messages)."""
+    if layout.clock is not None:
+        if value is None:
+            return None, f'an event needs a "{layout.time}" timestamp (--time-field)'
+        return timestamp_step(value, layout.clock, "its timestamp")
+    if value is None:
+        return None, 'an event needs a time step "t"'
+    return parse_t(value)
+
+
+class _ItemEvent:
+    """The rows of one event (one id in one step) of an input of one row per item."""
+
+    __slots__ = ("line", "t", "eid", "items", "user", "error", "raws")
+
+    def __init__(self, line: int, t: int, eid: Any) -> None:
+        self.line, self.t, self.eid = line, t, eid
+        self.items: list[str] = []
+        self.user: str | None = None
+        self.error: str | None = None
+        self.raws: list[bytes] = []
+
+    def add(self, item: Any, user: Any, user_field: str | None, raw: bytes) -> None:
+        first = not self.raws
+        self.raws.append(raw)
+        if user_field is not None and self.error is None:
+            if not isinstance(user, str) or not user or not valid_text(user):
+                self.error = (
+                    f'the user id "{user_field}" must be a non-empty string, got '
+                    f"{shorten(json.dumps(user))}"
+                )
+            elif first:
+                self.user = user
+            elif user != self.user:
+                self.error = f"event {shorten(str(self.eid))!r} has rows with different user ids"
+        if item is not None and self.error is None:
+            self.items.append(str(item))
+
+    def record(self) -> RawEvent:
+        raw = b"\n".join(self.raws)
+        if self.error is not None:
+            return RawEvent(self.line, None, None, self.error, raw=raw)
+        return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)

@@ -1,0 +1,219 @@
+"""``dpstream.release_frame``: a data frame of events released as ``dpstream run`` does.
+
+* pandas and polars frames (and an Arrow table) give the values of the command line
+  on a Parquet file of the same events, key and settings (value for value, with
+  integer steps, a clock, user ids, one row per item);
+* the frame comes back as the kind given; importing dpstream imports neither pandas
+  nor polars; the settings the function owns are refused;
+* docs/frames.md's examples run as a doctest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import doctest
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dpstream
+from dpstream.cli import main
+
+from .conftest import fixed_key
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 8
+WORDS = [f"w{i}" for i in range(12)]
+BASE = {"horizon": T, "max_items": 3, "rho": 1.0, "threshold_delta": 1e-6}
+CLI = ["-T", str(T), "--max-items", "3", "--rho", "1", "--threshold-delta", "1e-6"]
+
+
+def _events(seed: int = 0, n: int = 600) -> pa.Table:
+    """Simulated events (a seeded generator; never a release), with user ids."""
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.integers(1, T + 1, n))
+    items = [[str(x) for x in rng.choice(WORDS, size=int(rng.integers(0, 4)))] for _ in range(n)]
+    users = [f"u{int(u)}" for u in rng.integers(0, 30, n)]
+    return pa.table({"t": pa.array(t, pa.int64()), "items": items, "user": users})
+
+
+@pytest.fixture
+def key_path(tmp_path):
+    path = tmp_path / "k.key"
+    fixed_key("frames").save(path)
+    return path
+
+
+def _cli(key_path, src, out, *extra) -> pa.Table:
+    args = ["run", "--quiet", "--key-file", str(key_path), "-i", str(src), "-o", str(out)]
+    assert main([*args, "--ledger", f"{out}.ledger", *extra]) == 0
+    return pq.read_table(out)
+
+
+def _same(frame, want: pa.Table) -> None:
+    """The frame's values equal the command's table, column by column."""
+    got = (
+        frame
+        if isinstance(frame, pa.Table)
+        else pa.Table.from_pandas(frame)
+        if isinstance(frame, pd.DataFrame)
+        else frame.to_arrow()
+    )
+    assert got.column_names == want.column_names
+    for name in want.column_names:
+        assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
+    assert len(want) >= T
+
+
+def _kinds(table: pa.Table) -> dict:
+    return {"pandas": table.to_pandas(), "polars": pl.from_arrow(table), "arrow": table}
+
+
+@pytest.mark.parametrize("kind", ["pandas", "polars", "arrow"])
+def test_a_frame_releases_the_values_of_the_command_line(tmp_path, key_path, kind):
+    table = _events(1)
+    pq.write_table(table, tmp_path / "e.parquet")
+    want = _cli(key_path, tmp_path / "e.parquet", tmp_path / "cli.parquet", "-m", "unknown", *CLI)
+    got = dpstream.release_frame(
+        _kinds(table)[kind], "unknown", key=key_path, ledger=str(tmp_path / "f.ledger"), **BASE
+    )
+    assert type(got).__module__.split(".")[0] == {"arrow": "pyarrow"}.get(kind, kind)
+    _same(got, want)
+
+
+@pytest.mark.parametrize("kind", ["pandas", "polars"])
+def test_users_and_renamed_columns_match_the_command_line(tmp_path, key_path, kind):
+    table = _events(2).rename_columns(["step", "basket", "who"])
+    pq.write_table(table, tmp_path / "e.parquet")
+    cols = ["--time-column", "step", "--item-column", "basket", "--user-field", "who"]
+    bound = ["--max-items-per-user", "3", "--max-count-per-item", "2"]
+    want = _cli(
+        key_path,
+        tmp_path / "e.parquet",
+        tmp_path / "cli.parquet",
+        "-m",
+        "unknown",
+        *CLI,
+        *cols,
+        *bound,
+    )
+    got = dpstream.release_frame(
+        _kinds(table)[kind],
+        "unknown",
+        key=key_path,
+        time="step",
+        items="basket",
+        user="who",
+        max_items_per_user=3,
+        max_count_per_item=2,
+        ledger=str(tmp_path / "f.ledger"),
+        **BASE,
+    )
+    _same(got, want)
+
+
+@pytest.mark.parametrize("kind", ["pandas", "polars"])
+def test_a_clocked_frame_matches_the_command_line(tmp_path, key_path, kind):
+    rng = np.random.default_rng(3)
+    start = dt.datetime(2026, 3, 1)
+    whens = [start + dt.timedelta(minutes=int(m)) for m in np.sort(rng.integers(0, T * 60, 400))]
+    table = pa.table(
+        {
+            "ts": pa.array(whens, pa.timestamp("us")),
+            "items": [[str(x) for x in rng.choice(WORDS, size=2)] for _ in whens],
+        }
+    )
+    pq.write_table(table, tmp_path / "e.parquet")
+    clock = ["--time-field", "ts", "--step", "1h", "--start", "2026-03-01T00:00Z"]
+    want = _cli(
+        key_path, tmp_path / "e.parquet", tmp_path / "cli.parquet", "-m", "unknown", *CLI, *clock
+    )
+    assert "step_start" in want.column_names
+    got = dpstream.release_frame(
+        _kinds(table)[kind],
+        "unknown",
+        key=key_path,
+        time="ts",
+        step="1h",
+        start="2026-03-01T00:00Z",
+        ledger=str(tmp_path / "f.ledger"),
+        **BASE,
+    )
+    _same(got, want)
+
+
+def test_one_row_per_item_and_a_parquet_path(tmp_path, key_path):
+    rows = pd.DataFrame(
+        {
+            "t": [1, 1, 1, 2, 3, 3],
+            "event": ["a", "a", "b", "c", "d", "d"],
+            "item": ["w1", "w2", "w1", None, "w3", "w3"],
+        }
+    )
+    rows.to_parquet(tmp_path / "rows.parquet", index=False)
+    want = _cli(
+        key_path, tmp_path / "rows.parquet", tmp_path / "cli.parquet", "-m", "unknown", *CLI
+    )
+    got = dpstream.release_frame(
+        rows, "unknown", key=key_path, ledger=str(tmp_path / "f.ledger"), **BASE
+    )
+    _same(got, want)
+    from_path = dpstream.release_frame(
+        tmp_path / "rows.parquet",
+        "unknown",
+        key=key_path,
+        ledger=str(tmp_path / "g.ledger"),
+        **BASE,
+    )
+    assert isinstance(from_path, pa.Table)
+    _same(from_path, want)
+
+
+def test_the_ledger_refuses_a_second_release_of_the_same_stream(tmp_path, key_path):
+    frame = _events(4).to_pandas()
+    ledger = str(tmp_path / "f.ledger")
+    dpstream.release_frame(frame, "unknown", key=key_path, ledger=ledger, **BASE)
+    with pytest.raises(Exception, match="release ledger"):
+        dpstream.release_frame(frame, "unknown", key=key_path, ledger=ledger, **BASE)
+
+
+def test_refusals(tmp_path, key_path):
+    frame = _events(5).to_pandas()
+    with pytest.raises(ValueError, match="sets output itself"):
+        dpstream.release_frame(frame, "unknown", key=key_path, output="x.parquet", **BASE)
+    with pytest.raises(TypeError, match="pandas or polars DataFrame"):
+        dpstream.release_frame([{"t": 1}], "unknown", key=key_path, **BASE)
+    with pytest.raises(ValueError, match="no column 'basket'"):
+        dpstream.release_frame(frame, "unknown", key=key_path, items="basket", **BASE)
+
+
+def test_importing_dpstream_imports_no_frame_library():
+    code = (
+        "import sys, dpstream; assert callable(dpstream.release_frame); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'polars')))"
+    )
+    env_path = str(ROOT / "src")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_docs_example_runs_as_a_doctest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the example writes its key file where it runs
+    result = doctest.testfile(
+        str(ROOT / "docs" / "frames.md"), module_relative=False, optionflags=doctest.ELLIPSIS
+    )
+    assert result.attempted >= 10
+    assert result.failed == 0

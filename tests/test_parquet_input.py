@@ -1,0 +1,416 @@
+"""Parquet input (``-i FILE.parquet``, ``-i DIR``) against JSON Lines of the same events.
+
+* the Parquet reader gives JSON Lines' records: the same lines (row numbers), steps,
+  items, user ids and messages, invalid rows included;
+* a run over a Parquet file, a directory of partitions (several files, several row
+  groups) or one row per item writes the same bytes (releases and sidecar) as a run
+  over the JSON Lines file, with integer steps, a clock and user ids;
+* a resumed run over Parquet equals one run;
+* a missing column, a column of the wrong type and an empty file are refused before
+  anything is written; ``--engine spark`` refuses Parquet input.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dpstream.cli import main
+from dpstream.io import open_input
+from dpstream.io.jsonl import read_jsonl_chunks
+from dpstream.io.parquet import parquet_files, read_parquet_chunks
+
+from .conftest import fixed_key, own_ledger
+
+T = 12
+WORDS = [f"w{i}" for i in range(25)]
+START = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+
+UNKNOWN = ["-m", "unknown", "--max-items", "3", "--rho", "1", "--threshold-delta", "1e-6"]
+USERS = ["--user-field", "user", "--max-items-per-user", "3", "--max-count-per-item", "2"]
+
+
+def _events(seed: int, n: int = 1500, *, invalid: bool = True) -> list[dict]:
+    """Simulated events (a seeded generator; never a release): dicts whose None values
+    are missing JSON fields and Parquet nulls, some of them invalid records."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        t = 1 + i * T // n
+        items = [str(x) for x in rng.choice(WORDS, size=int(rng.integers(0, 4)))]
+        rows.append({"t": t, "items": items, "user": f"u{int(rng.integers(0, 40))}"})
+    if invalid:  # what JSON Lines refuses, written as both formats can hold it
+        rows[3]["t"] = 0
+        rows[10]["t"] = None
+        rows[20]["items"] = None
+        rows[30]["items"] = ["w1", None]
+        rows[40]["t"] = -4
+        rows[50]["user"] = ""
+        rows[60]["user"] = None
+        rows[70]["t"] = T + 5  # past the horizon
+    return rows
+
+
+def _jsonl(rows: list[dict], path, time_key: str = "t") -> None:
+    with open(path, "w") as fh:
+        for row in rows:
+            obj = {("t" if k == "t" else k): v for k, v in row.items() if v is not None}
+            if time_key != "t" and "t" in obj:
+                obj[time_key] = obj.pop("t")
+            fh.write(json.dumps(obj) + "\n")
+
+
+SCHEMA = pa.schema([("t", pa.int64()), ("items", pa.list_(pa.string())), ("user", pa.string())])
+
+
+def _table(rows: list[dict], schema: pa.Schema = SCHEMA) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _partitions(table: pa.Table, root, cuts: list[int]) -> None:
+    """The table as a data lake: files under partition directories, in the sorted order
+    of their paths (written out of order, each in small row groups)."""
+    bounds = [0, *cuts, table.num_rows]
+    parts = list(range(len(bounds) - 1))
+    for k in reversed(parts):  # written last to first: the order is the paths'
+        where = root / f"part={k:02d}"
+        where.mkdir(parents=True)
+        pq.write_table(
+            table.slice(bounds[k], bounds[k + 1] - bounds[k]), where / "data.parquet",
+            row_group_size=97,
+        )  # fmt: skip
+    (root / "_SUCCESS").write_text("")
+
+
+@pytest.fixture
+def key_path(tmp_path):
+    path = tmp_path / "k.key"
+    fixed_key("parquet-input").save(path)
+    return path
+
+
+def _run(key_path, src, out, *extra) -> int:
+    return main(
+        [
+            "run", "--quiet", "-T", str(T), "--key-file", str(key_path),
+            "-i", str(src), "-o", str(out), *own_ledger(out), *extra,
+        ]
+    )  # fmt: skip
+
+
+def _same_files(a, b) -> None:
+    assert a.read_bytes() == b.read_bytes()
+    meta_a, meta_b = (p.with_name(p.name + ".meta.json") for p in (a, b))
+    assert meta_a.exists() and meta_a.read_bytes() == meta_b.read_bytes()
+
+
+def _flat(chunks) -> list[tuple]:
+    """Every record of some chunks: (line, step, error, items, user)."""
+    out = []
+    for ch in chunks:
+        users = ch.users
+        for k in range(len(ch)):
+            lo, hi = int(ch.offsets[k]), int(ch.offsets[k + 1])
+            items = tuple(ch.items[c] for c in ch.codes[lo:hi].tolist())
+            user = None if users is None else users[k]
+            out.append((int(ch.lines[k]), int(ch.t[k]), ch.errors.get(k), items, user))
+    return out
+
+
+@pytest.mark.parametrize("users", [False, True])
+def test_the_reader_gives_json_lines_records_and_messages(tmp_path, users):
+    rows = _events(1)
+    _jsonl(rows, tmp_path / "e.jsonl")
+    pq.write_table(_table(rows), tmp_path / "e.parquet", row_group_size=200)
+    user = "user" if users else None
+    with open_input(str(tmp_path / "e.jsonl")) as fh:
+        want = _flat(read_jsonl_chunks(fh, user_field=user))
+    got = _flat(read_parquet_chunks(str(tmp_path / "e.parquet"), user_field=user))
+    assert len(got) == len(rows)
+    assert got == want
+    assert sum(e is not None for _, _, e, _, _ in got) >= (6 if users else 4)
+
+
+def test_integer_items_are_their_decimal_text(tmp_path):
+    rows = [{"t": 1 + i % 3, "items": [i % 7, 10**12 + i]} for i in range(50)]
+    _jsonl(rows, tmp_path / "e.jsonl")
+    schema = pa.schema([("t", pa.int32()), ("items", pa.list_(pa.int64()))])
+    pq.write_table(_table(rows, schema), tmp_path / "e.parquet")
+    with open_input(str(tmp_path / "e.jsonl")) as fh:
+        want = _flat(read_jsonl_chunks(fh))
+    assert _flat(read_parquet_chunks(str(tmp_path / "e.parquet"))) == want
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        UNKNOWN,
+        ["-m", "unknown", "--counter", "tree", *UNKNOWN[2:]],
+        [
+            "-m",
+            "top-k",
+            "--k",
+            "3",
+            "--domain",
+            "DOMAIN",
+            "--max-items",
+            "3",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+        ],
+        [*UNKNOWN, *USERS],
+    ],
+    ids=["unknown", "tree", "top-k", "users"],
+)
+def test_file_and_partitions_release_the_bytes_of_json_lines(tmp_path, key_path, extra):
+    rows = _events(2)
+    _jsonl(rows, tmp_path / "e.jsonl")
+    table = _table(rows)
+    pq.write_table(table, tmp_path / "e.parquet", row_group_size=128)
+    _partitions(table, tmp_path / "lake", [400, 401, 1100])
+    assert [
+        os.path.basename(os.path.dirname(p)) for p in parquet_files(str(tmp_path / "lake"))
+    ] == [
+        "part=00",
+        "part=01",
+        "part=02",
+        "part=03",
+    ]
+    (tmp_path / "domain.txt").write_text("\n".join(WORDS) + "\n")
+    extra = [str(tmp_path / "domain.txt") if a == "DOMAIN" else a for a in extra]
+    outs = {}
+    for name in ("e.jsonl", "e.parquet", "lake"):
+        outs[name] = tmp_path / f"out-{name}.jsonl"
+        assert _run(key_path, tmp_path / name, outs[name], *extra) == 0
+    _same_files(outs["e.jsonl"], outs["e.parquet"])
+    _same_files(outs["e.jsonl"], outs["lake"])
+    assert len(outs["e.jsonl"].read_text().splitlines()) == T
+
+
+def test_parquet_output_of_parquet_input_is_the_bytes_of_json_lines(tmp_path, key_path):
+    rows = _events(3)
+    _jsonl(rows, tmp_path / "e.jsonl")
+    pq.write_table(_table(rows), tmp_path / "e.parquet")
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN) == 0
+    assert _run(key_path, tmp_path / "e.parquet", b, *UNKNOWN) == 0
+    assert pq.read_table(a).equals(pq.read_table(b))
+
+
+@pytest.mark.parametrize("kind", ["timestamp", "iso", "epoch", "timestamp-ns"])
+def test_timestamps_on_the_clock_release_the_bytes_of_json_lines(tmp_path, key_path, kind):
+    rng = np.random.default_rng(4)
+    rows = _events(4, invalid=False)
+    whens = [
+        START + dt.timedelta(seconds=int(s))
+        for s in np.sort(rng.integers(-600, T * 3600, len(rows)))
+    ]
+    for row, when in zip(rows, whens, strict=True):
+        row["t"] = when.isoformat().replace("+00:00", "Z")
+    _jsonl(rows, tmp_path / "e.jsonl", time_key="ts")
+    if kind == "iso":
+        ts, typ = [r["t"] for r in rows], pa.string()
+    elif kind == "epoch":
+        ts, typ = [int(w.timestamp()) for w in whens], pa.int64()
+    else:
+        unit = "ns" if kind == "timestamp-ns" else "us"
+        ts, typ = whens, pa.timestamp(unit, tz="UTC")
+    table = pa.table(
+        {
+            "ts": pa.array(ts, typ),
+            "items": pa.array([r["items"] for r in rows], pa.list_(pa.string())),
+        }
+    )
+    pq.write_table(table, tmp_path / "e.parquet")
+    clock = ["--time-field", "ts", "--step", "1h", "--start", "2026-03-01T00:00Z"]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN, *clock) == 0
+    assert _run(key_path, tmp_path / "e.parquet", b, *UNKNOWN, *clock) == 0
+    _same_files(a, b)
+
+
+def test_one_row_per_item_releases_the_bytes_of_json_lines(tmp_path, key_path):
+    rows = _events(5, invalid=False)
+    _jsonl(rows, tmp_path / "e.jsonl")
+    flat = []
+    for i, row in enumerate(rows):  # an empty event is one row with a null item
+        for item in row["items"] or [None]:
+            flat.append({"event": f"e{i}", "t": row["t"], "item": item, "user": row["user"]})
+    rng = np.random.default_rng(5)
+    rng.shuffle(flat)  # an event's rows may stand anywhere
+    flat.sort(key=lambda r: r["t"])
+    first = {}
+    for k, r in enumerate(flat):
+        first.setdefault(r["event"], k)
+    # the events come out in the order of their first rows: the JSON Lines file too
+    order = sorted(range(len(rows)), key=lambda i: first[f"e{i}"])
+    _jsonl([rows[i] for i in order], tmp_path / "e.jsonl")
+    pq.write_table(pa.Table.from_pylist(flat), tmp_path / "items.parquet", row_group_size=300)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN, *USERS) == 0
+    assert _run(key_path, tmp_path / "items.parquet", b, *UNKNOWN, *USERS) == 0
+    _same_files(a, b)
+
+
+def test_daily_parquet_runs_equal_one_run(tmp_path, key_path):
+    """Two runs with --state (steps 1..5 from one partition, then 6..T from the next)
+    write the bytes of one run over both; a changed partition of released steps is
+    refused, as a changed JSON Lines file is."""
+    rows = [r for r in _events(6) if r["t"] is not None and 1 <= r["t"] <= T]
+    table = _table(rows)
+    cut = next(i for i, r in enumerate(rows) if r["t"] > 5)
+    _partitions(table, tmp_path / "all", [cut])
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert _run(key_path, tmp_path / "all", one, *UNKNOWN) == 0
+    state = ["--state", str(tmp_path / "s.db")]
+    day1, day2 = tmp_path / "all" / "part=00", tmp_path / "all" / "part=01"
+    assert _run(key_path, day1, two, *UNKNOWN, *state, "--until", "5") == 0
+    assert _run(key_path, day2, two, *UNKNOWN, *state) == 0
+    assert one.read_bytes() == two.read_bytes()
+    # a resumed run re-reads the steps it released: their input must be unchanged
+    three = tmp_path / "three.jsonl"
+    state3 = ["--state", str(tmp_path / "s3.db")]
+    assert _run(key_path, tmp_path / "all", three, *UNKNOWN, *state3, "--until", "5") == 0
+    changed = [dict(r) for r in rows]
+    changed[0]["items"] = ["changed"]
+    (tmp_path / "all" / "part=00" / "data.parquet").unlink()
+    pq.write_table(_table(changed).slice(0, cut), tmp_path / "all" / "part=00" / "data.parquet")
+    assert _run(key_path, tmp_path / "all", three, *UNKNOWN, *state3) == 1
+
+
+@pytest.mark.parametrize(
+    "table, extra, message",
+    [
+        (pa.table({"t": [1], "things": [["a"]]}), [], "no column 'items' (a list of items"),
+        (
+            pa.table({"t": [1], "tags": [["a"]]}),
+            ["--item-column", "items"],
+            "no column 'items' (--item-column)",
+        ),
+        (pa.table({"step": [1], "items": [["a"]]}), [], "no column 't' (--time-column)"),
+        (pa.table({"t": [1], "items": [["a"]]}), USERS, "no column 'user' (--user-field)"),
+        (
+            pa.table({"t": [1.5], "items": [["a"]]}),
+            [],
+            "column 't' (--time-column) is double, expected integer",
+        ),
+        (pa.table({"t": ["1"], "items": [["a"]]}), [], "column 't' (--time-column) is string"),
+        (pa.table({"t": [1], "items": [[1.5]]}), [], "column 'items' (--item-column) is list<"),
+        (
+            pa.table({"t": [1], "items": [["a"]], "user": [3]}),
+            USERS,
+            "column 'user' (--user-field) is int64",
+        ),
+        (pa.table({"t": [1], "item": ["a"]}), [], "no column 'event' (--event-column)"),
+    ],
+)
+def test_a_missing_or_mistyped_column_is_refused_before_any_release(
+    tmp_path, key_path, capsys, table, extra, message
+):
+    pq.write_table(table, tmp_path / "e.parquet")
+    out = tmp_path / "out.jsonl"
+    assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN, *extra) == 1
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_empty_file_or_directory_is_refused(tmp_path, key_path, capsys):
+    (tmp_path / "e.parquet").write_bytes(b"")
+    out = tmp_path / "out.jsonl"
+    assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN) == 1
+    assert "is not a Parquet file" in capsys.readouterr().err
+    assert not out.exists()
+    (tmp_path / "lake").mkdir()
+    (tmp_path / "lake" / "x.parquet").write_bytes(b"not parquet")
+    assert _run(key_path, tmp_path / "lake", out, *UNKNOWN) == 1
+    assert "is not a Parquet file" in capsys.readouterr().err
+    assert not out.exists()
+    (tmp_path / "none").mkdir()
+    assert _run(key_path, tmp_path / "none", out, *UNKNOWN, "--input-format", "parquet") == 1
+    assert "holds no *.parquet file" in capsys.readouterr().err
+
+
+def test_a_file_of_no_rows_releases_every_step_empty(tmp_path, key_path):
+    pq.write_table(_table([]), tmp_path / "e.parquet")
+    (tmp_path / "e.jsonl").write_text("")
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN) == 0
+    assert _run(key_path, tmp_path / "e.parquet", b, *UNKNOWN) == 0
+    _same_files(a, b)
+
+
+def test_follow_and_stdin_refuse_parquet_input(tmp_path, key_path, capsys):
+    pq.write_table(_table(_events(7, n=100)), tmp_path / "e.parquet")
+    out = tmp_path / "out.jsonl"
+    clock = ["--time-field", "t", "--step", "1h", "--start", "2026-03-01T00:00Z", "--follow"]
+    assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN, *clock) == 1
+    assert "not --follow" in capsys.readouterr().err
+    assert _run(key_path, "-", out, *UNKNOWN, "--input-format", "parquet") == 1
+    assert "not stdin" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_digest_bytes_tell_apart_what_json_lines_would():
+    """Rows that differ only in where an item ends, in a null, or in the user id have
+    different digest bytes (a resumed run refuses a changed step)."""
+    lists = [["ab", "c"], ["a", "bc"], ["abc"], [], [""], None, [None], ["", ""]]
+    users = ["u", "u", "u", "u", "u", "u", "u", "u"]
+    rows = [{"t": 1, "items": x, "user": u} for x, u in zip(lists, users, strict=True)]
+    rows += [
+        {"t": 1, "items": ["ab", "c"], "user": "v"},
+        {"t": 1, "items": ["ab", "c"], "user": None},
+    ]
+    rows += [
+        {"t": 2, "items": ["ab", "c"], "user": "u"},
+        {"t": None, "items": ["ab", "c"], "user": "u"},
+    ]
+    for user_field in (None, "user"):
+        chunks = list(_chunks_of(_table(rows), user_field))
+        (chunk,) = chunks
+        raws = [
+            chunk.buf[s:e] for s, e in zip(chunk.starts.tolist(), chunk.ends.tolist(), strict=True)
+        ]
+        distinct = len(set(raws))
+        assert distinct == len(rows) - (2 if user_field is None else 0), raws  # 0, 8, 9 alike
+
+
+def _chunks_of(table: pa.Table, user_field):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "e.parquet")
+        pq.write_table(table, path)
+        yield from read_parquet_chunks(path, user_field=user_field)
+
+
+def test_categorical_columns_are_read_as_their_values(tmp_path):
+    """A pandas categorical (a dictionary-encoded column) of items and users reads as
+    the plain strings."""
+    import pandas as pd
+
+    rows = [
+        {
+            "t": 1 + (i // 2) % 4,
+            "event": f"e{i // 2}",
+            "item": f"w{i % 5}",
+            "user": f"u{(i // 2) % 3}",
+        }
+        for i in range(40)
+    ]
+    frame = pd.DataFrame(rows)
+    plain = tmp_path / "plain.parquet"
+    frame.to_parquet(plain, index=False)
+    cat = tmp_path / "cat.parquet"
+    frame.astype({"item": "category", "user": "category"}).to_parquet(cat, index=False)
+    assert pa.types.is_dictionary(pq.read_schema(cat).field("item").type)
+    want = _flat(read_parquet_chunks(str(plain), user_field="user"))
+    assert _flat(read_parquet_chunks(str(cat), user_field="user")) == want
+    assert len(want) == 20 and all(e is None for _, _, e, _, _ in want)
