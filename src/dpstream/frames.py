@@ -61,7 +61,7 @@ def release_frame(
 
     Returns:
         The long release table (``t``, ``item``, ``value``, ``noise_std``, and
-        ``step_start`` when the run has a clock) as the kind of ``events``: a
+        ``step_start`` and ``step_end`` when the run has a clock) as the kind of ``events``: a
         pandas or polars DataFrame, else a ``pyarrow.Table``.
 
     Raises:
