@@ -96,13 +96,14 @@ def key_path(tmp_path):
 
 
 def _run(key_path, src, out, *extra) -> int:
+    # one --dataset for both formats: the sidecar names it, and the files' names differ
     return main(
         [
             "run", "--quiet", "-T", str(T), "--key-file", str(key_path),
             "-i", str(src), "-o", str(out), *own_ledger(out), "--dataset", "events",
             *extra,
         ]
-    )  # fmt: skip  (one --dataset: the sidecar names it, and the files' names differ)
+    )  # fmt: skip
 
 
 def _same_files(a, b) -> None:
