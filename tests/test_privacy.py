@@ -681,3 +681,15 @@ def test_importing_privacy_leaves_scipy_optimize_unloaded() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_cks_epsilon_never_fails_at_extreme_rho() -> None:
+    """At rho ~ 1e18 (tau = 1e-9, used by tests for exact counts; the total of several
+    such runs on a dataset) the optimal alpha - 1 ~ 1e-9 is rounded away and the root
+    bracket lost its sign change: a ValueError from brentq. Any alpha > 1 is a valid
+    CKS20 bound, so the result must be finite and never above Bun-Steinke's."""
+    for rho in np.logspace(8, 19, 45):
+        for delta in (1e-9, 1e-6, 2e-6, 3e-6, 1e-3):
+            eps = epsilon_cks(float(rho), delta)
+            assert math.isfinite(eps) and eps <= epsilon_bun_steinke(float(rho), delta)
+            assert eps >= float(rho)  # epsilon >= rho for every alpha > 1 at delta < 1

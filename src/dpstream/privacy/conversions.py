@@ -88,6 +88,8 @@ def _cks_epsilon(rho: float, delta: float) -> float:
     lo = 1.0 + 1e-12 * (hi - 1.0)
     if slope(lo) >= 0.0:  # only for extreme inputs; the minimum is at alpha ~ 1
         alpha = lo
+    elif slope(hi) <= 0.0:  # rounding at an extreme rho (~1e18): alpha - 1 ~ 1e-9 is lost
+        alpha = hi  # in 1 + ...; any alpha > 1 gives a valid bound, and this one is ~optimal
     else:
         alpha = _brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
     return _cks_epsilon_at(alpha, rho, log_inv_delta)
