@@ -334,6 +334,8 @@ def _release(
     if (opened.new_run is not None or ckpt is None) and built.parquet is None:
         check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
+        stack.callback(chunks.close)
     if cfg.output != "-":  # the run's public metadata, before the output is touched
         _write_sidecar(cfg, built.mech)
     out = _open_out(cfg, built, opened, digests, stack)
@@ -381,9 +383,10 @@ def _release(
 
 def _read_input(
     cfg: RunConfig, built: _Built, opened: _Opened, infile: Any, until: int, state_existed: bool
-) -> list[Any] | None:
-    """A batch run that drops invalid records: its input, read and checked before a
-    release (--on-invalid error stops at the first invalid record anyway); else None."""
+) -> Any:
+    """A batch run that drops invalid records: its input, read, checked and folded into
+    its steps' counts before a release (--on-invalid error stops at the first invalid
+    record anyway); else None."""
     if cfg.follow or cfg.on_invalid == "error":
         return None
     start_t = opened.go_on.t if opened.go_on is not None else 0
