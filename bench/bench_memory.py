@@ -30,7 +30,8 @@ buffers (``--blt-buffers``: 8 bytes less state per buffer, a little more noise).
 with ``--state``) over the stream of ``bench/bench_ingest.py`` (``--events`` JSON
 Lines events, 1 to 5 items each from ``--distinct`` Zipf(1.1) items, ``--steps``
 steps; 10^6 events make 55 MB), and over the same stream with 2x and 4x the events
-over the same items and steps (``--scales``). Each run is a fresh process; its
+over the same items and steps (``--scales``); first over 1,000 events (the floor:
+what the libraries and the mechanism take whatever the input). Each run is a fresh process; its
 peak is the kernel's ``ru_maxrss`` of that child. Goal (issue 31): <= 150 MB at
 1x, and doubling the events adds <= 20%.
 """
@@ -186,9 +187,11 @@ def run_rss(args: argparse.Namespace) -> None:
           f"{args.distinct:,} items; events x {args.events:,}")  # fmt: skip
     print(f"  {'events':>10} {'input MB':>9} {'no --state':>11} {'--state':>9}")
     base: dict[bool, float] = {}
-    for scale in scales:
+    # the floor: the same command over 1,000 events (the interpreter, NumPy, SciPy,
+    # Arrow and the mechanism's fixed costs: what no input adds)
+    for scale in [0, *scales]:
         data = work / f"events-{scale}.jsonl"
-        make_stream(data, args.events * scale, args.steps, args.distinct)
+        make_stream(data, args.events * scale or 1000, args.steps, args.distinct)
         row = []
         for state in (False, True):
             best = []
@@ -211,10 +214,11 @@ def run_rss(args: argparse.Namespace) -> None:
                     argv += ["--memory", args.memory]
                 best.append(peak_rss_mb(argv))
             peak = min(best)
-            base.setdefault(state, peak)
+            if scale:
+                base.setdefault(state, peak)
             row.append(f"{peak:7.0f}" + (f" ({peak / base[state] - 1:+.0%})" if scale > 1 else ""))
         size = data.stat().st_size / 1e6
-        print(f"  {args.events * scale:>10,} {size:>9.0f} {row[0]:>11} {row[1]:>9}")
+        print(f"  {args.events * scale or 1000:>10,} {size:>9.1f} {row[0]:>11} {row[1]:>9}")
         data.unlink()
 
 
