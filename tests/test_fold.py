@@ -261,3 +261,59 @@ def test_a_step_read_from_two_chunks_lists_each_item_once():
     keep, _ = bounder.bound_columns(["u"], np.zeros(2, np.int64), cols.items, cols.codes,
                                     cols.offsets)  # fmt: skip
     assert keep.tolist() == [True, True, False, False]  # each item once (Linf = 1)
+
+
+def _error_input(path: Path, bad: str) -> None:
+    """Valid events in steps 1..T (shuffled within reach), and one invalid record."""
+    rng = np.random.default_rng(9)
+    lines = []
+    for k in range(600):
+        t = min(T, k // 10 + 1 + int(rng.integers(0, 3)))
+        lines.append(json.dumps({"t": t, "items": rng.choice(WORDS[:36], 2).tolist()}))
+    at = {"middle": 300, "past": 500, "lead": 0, "late-step": 250}[bad]
+    record = {
+        "middle": '{"t": 31, "items": ["w39"]}',  # outside the domain
+        "past": '{"t": 58, "items": ["w1"]}',  # after --until 55
+        "lead": "not json",  # before any step: in step 1
+        "late-step": '{"t": 20, "items": ["w1", "w2", "w3", "w4"]}',  # > --max-items
+    }[bad]
+    lines.insert(at, record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("bad", ["middle", "past", "lead", "late-step"])
+def test_on_invalid_error_stops_where_the_run_that_holds_its_chunks_stops(
+    tmp_path, monkeypatch, capsys, bad
+):
+    """--on-invalid error over a folded input: the same releases before the step that
+    holds the first invalid record (in the order the run releases), the same message."""
+    from dpstream.io import jsonl, lines
+    from dpstream.run import source
+
+    monkeypatch.setattr(jsonl, "line_blocks", lambda s, n, _: lines.line_blocks(s, n, 1500))
+    key = tmp_path / "k.key"
+    fixed_key("fold").save(key)
+    domain = tmp_path / "domain.txt"
+    domain.write_text("\n".join(WORDS[:36]) + "\n")
+    data = tmp_path / "events.jsonl"
+    _error_input(data, bad)
+    results = []
+    for name in ("folded", "chunks"):
+        if name == "chunks":
+            monkeypatch.setattr(source, "_folded", lambda *a: None)
+        out = tmp_path / f"{name}.jsonl"
+        argv = [
+            "run", "--quiet", *KNOWN[:-1], str(domain), "-T", str(T), "--until", str(T - 5),
+            "--key-file", str(key), "-i", str(data), "-o", str(out), "--state",
+            str(tmp_path / f"{name}.state"), "--no-fsync", "--on-invalid", "error",
+            *own_ledger(out),
+        ]  # fmt: skip
+        code = main(argv)
+        err = capsys.readouterr().err
+        with closing(sqlite3.connect(tmp_path / f"{name}.state")) as db:
+            macs = db.execute("SELECT t, input_mac FROM steps ORDER BY t").fetchall()
+        results.append((code, err, out.read_bytes() if out.exists() else None, macs))
+    assert results[0] == results[1]
+    assert results[0][0] != 0 and "input line" in results[0][1]
+    released = {"middle": 30, "past": T - 5, "lead": 0, "late-step": 19}[bad]
+    assert len(results[0][3]) == released

@@ -384,10 +384,10 @@ def _release(
 def _read_input(
     cfg: RunConfig, built: _Built, opened: _Opened, infile: Any, until: int, state_existed: bool
 ) -> Any:
-    """A batch run that drops invalid records: its input, read, checked and folded into
-    its steps' counts before a release (--on-invalid error stops at the first invalid
-    record anyway); else None."""
-    if cfg.follow or cfg.on_invalid == "error":
+    """A batch run: its input, read, checked (--max-invalid; --on-invalid error stops at
+    the first invalid record instead) and folded into its steps' counts before a release;
+    None for --follow (and --implicit-time with --on-invalid error: read as released)."""
+    if cfg.follow or (cfg.on_invalid == "error" and cfg.implicit_time):
         return None
     start_t = opened.go_on.t if opened.go_on is not None else 0
     try:

@@ -24,9 +24,9 @@ file as they are read (never held in memory), and are read back one step at a ti
 Past ``--memory`` bytes of counts held, they are written to that temporary file too
 (a daily input larger than memory still runs). The file lives in a private directory
 (0700, files 0600) under the system's temporary directory, named
-``dpstream-spill-<pid>-*``, removed when the run ends, on error too; a run killed
-outright (SIGKILL) leaves it, and the next run removes any such directory whose
-process is gone.
+``dpstream-spill-<pid>-*``, made only when needed and removed when the run ends, on
+error too; a run killed outright (SIGKILL) leaves it, and the next run that makes one
+first removes every such directory of this user whose process is gone.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class FoldedStep:
     Read by :meth:`dpstream.run.pipeline.Stages.release` and the sink (the digest
     material: ``lines``, ``lengths``, ``raw``, read from the file when asked)."""
 
-    __slots__ = ("t", "events", "segments", "digest_refs", "first_line", "_owner")
+    __slots__ = ("t", "events", "segments", "digest_refs", "first_line", "error", "_owner")
 
     def __init__(self, owner: FoldedInput, t: int) -> None:
         self._owner = owner
@@ -185,6 +185,7 @@ class FoldedStep:
         self.segments: list[Segment] = []
         self.digest_refs: list[tuple[int, int, int]] = []  # (offset, records, raw bytes)
         self.first_line: int | None = None
+        self.error: Exception | None = None  # --on-invalid error: raised at its release
 
     # -- the digest material (as dpstream.io.chunks.StepInput has it) -----------------
     def _digest_parts(self) -> list[tuple[np.ndarray, np.ndarray, bytes]]:
@@ -259,6 +260,9 @@ class FoldedInput:
         self.spill = SpillDir(spill_root)
         self.records = 0
         self.last_line = 0
+        #: --on-invalid error: what the first invalid record past the end step raises
+        #: (after the steps are released, as the run rejects such records then)
+        self.after: Exception | None = None
 
     # -- reading -------------------------------------------------------------------------
     def feed(self, chunk: Any) -> None:
@@ -270,7 +274,8 @@ class FoldedInput:
             self.last_line = int(chunk.lines[-1])
         for s, part, beyond in self.grouper.parts(chunk):
             if beyond:  # counted now, as the run counts them after its releases
-                self.validator.events(step_input(s, [part]), past=self.past(s))
+                if self.after is None:  # (--on-invalid error: the first, raised then)
+                    self.after = self._checked(step_input(s, [part]), past=self.past(s))[1]
             elif s < 0:  # its step is known at the end: start + 1, or none
                 self.lead.append(step_input(None, [part]))
             else:
@@ -298,7 +303,12 @@ class FoldedInput:
                 step.digest_refs.insert(0, ref)
             else:
                 step.digest_refs.append(ref)
-        valid = self.validator.events(part)
+        if step.error is not None and not front:  # --on-invalid error: it stops the run
+            return  # (records before any step come first: they are checked still)
+        valid, error = self._checked(part)
+        if error is not None:
+            step.error = error
+            return
         if not len(valid):
             return
         step.events += len(valid)
@@ -314,6 +324,17 @@ class FoldedInput:
             step.segments.append(seg)
         if not self.users and sum(map(_in_memory, step.segments)) > _MERGE_AT:
             self._merge_step(step)
+
+    def _checked(self, part: Any, past: str | None = None) -> tuple[Any, Exception | None]:
+        """The validate stage on a run of records: its valid events, or (--on-invalid
+        error) the error its first invalid record raises, kept to be raised where the
+        run releases that record's step."""
+        from ..errors import InvalidEventError
+
+        try:
+            return self.validator.events(part, past=past), None
+        except InvalidEventError as exc:
+            return [], exc
 
     def _user_segment(self, valid: Any) -> tuple[np.ndarray, ...]:
         cols = valid.events
@@ -366,10 +387,14 @@ class FoldedInput:
         if not self.steps_by_t:
             yield from self.lead
             self.lead = []
+            if self.after is not None:
+                raise self.after
             return
         for t in range(self.start + 1, max(self.steps_by_t) + 1):
             step = self.steps_by_t.pop(t, None)
             yield step_input(t, []) if step is None else step
+        if self.after is not None:
+            raise self.after
 
     def _load(self, seg: Segment) -> tuple[np.ndarray, ...]:
         if _in_memory(seg):
@@ -389,6 +414,8 @@ class FoldedInput:
         none) at user level."""
         from ..mechanisms.columns import EventColumns
 
+        if step.error is not None:
+            raise step.error
         segs = [self._load(s) for s in step.segments]
         if self.users:
             if not step.events:

@@ -138,6 +138,8 @@ def read_checked(
     for it). Each chunk is folded into what its steps count as it is read
     (:class:`~dpstream.run.fold.FoldedInput`, to close once the run ends); with
     --implicit-time (a step per record) the chunks are held and returned as a list.
+    With --on-invalid error nothing is refused here: the run stops at the first invalid
+    record in the order it releases (the fold keeps it for the step it is in).
     """
     import numpy as np
 
@@ -163,7 +165,8 @@ def read_checked(
                 chunks.append(chunk)
             else:  # folded into what its steps count; the chunk goes
                 folded.feed(chunk)
-        check_invalid_share(tally, cfg)
+        if cfg.on_invalid != "error":  # (which stops at the first invalid record)
+            check_invalid_share(tally, cfg)
         if folded is not None:
             folded.finish()
     except BaseException:
