@@ -51,6 +51,10 @@ UNKNOWN = ["-m", "unknown", "--max-items", "3", "--epsilon", "1", "--delta", "1e
 #: a domain of 36 of the 40 words: events with another item are invalid (or cut)
 KNOWN = ["-m", "known", "--max-items", "3", "--rho", "1", "--domain", "@DOMAIN"]
 TOPK = ["-m", "top-k", "--domain", "@DOMAIN", "--k", "2", "--switches", "3", "--rho", "1"]
+META = ["-m", "meta", "--oneshot", "unknown-gumbel", "--k", "2", "--kbar", "4", "--epsilon", "2",
+        "--delta", "1e-5"]  # fmt: skip
+META_KNOWN = ["-m", "meta", "--oneshot", "gaussian", "--max-items", "3", "--epsilon", "2",
+              "--delta", "1e-5", "--domain", "@DOMAIN"]  # fmt: skip
 
 
 def _run(
@@ -91,6 +95,8 @@ def _run(
         (True, "skip", KNOWN),
         (False, "skip", TOPK),
         (True, "truncate", TOPK),
+        (False, "skip", META),
+        (False, "truncate", META_KNOWN),
     ],
 )
 def test_spilled_counts_give_the_same_bytes(tmp_path, monkeypatch, users, policy, mech):
