@@ -25,6 +25,15 @@ references keep them: their bytes count). Reported per item:
 Goals (issue 16): <= 96 B/item UnkBase, <= 64 B/item SparseGumb and KnownBase.
 KnownBase is measured with its default 4-buffer BLT counter and with 2 and 1
 buffers (``--blt-buffers``: 8 bytes less state per buffer, a little more noise).
+
+``--run``: the peak RSS of a whole batch ``dpstream run -m unknown`` (without and
+with ``--state``) over the stream of ``bench/bench_ingest.py`` (``--events`` JSON
+Lines events, 1 to 5 items each from ``--distinct`` Zipf(1.1) items, ``--steps``
+steps; 10^6 events make 55 MB), and over the same stream with 2x and 4x the events
+over the same items and steps (``--scales``); first over 1,000 events (the floor:
+what the libraries and the mechanism take whatever the input). Each run is a fresh process; its
+peak is the kernel's ``ru_maxrss`` of that child. Goal (issue 31): <= 150 MB at
+1x, and doubling the events adds <= 20%.
 """
 
 from __future__ import annotations
@@ -148,13 +157,88 @@ def _run_child(kind: str, args: argparse.Namespace, input_before: bool) -> dict:
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
 
 
+def peak_rss_mb(argv: list[str]) -> float:
+    """The peak resident set of one child process running ``argv``, in MB (10^6 B)."""
+    import os
+
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[3:5]} exited with status {proc.returncode}")
+    return usage.ru_maxrss * 1024 / 1e6  # ru_maxrss is in KiB on Linux
+
+
+def run_rss(args: argparse.Namespace) -> None:
+    """The peak RSS of batch runs over 1x, 2x, 4x the events (see the module doc)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_ingest import make_stream
+
+    work = Path(tempfile.mkdtemp(prefix="dps-bench-mem-"))
+    key = work / "key"
+    subprocess.run([sys.executable, "-m", "dpstream", "keygen", str(key)], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    scales = [int(x) for x in args.scales.split(",")]
+    print(f"peak RSS (MB) of `dpstream run -m unknown`, {args.steps:,} steps, "
+          f"{args.distinct:,} items; events x {args.events:,}")  # fmt: skip
+    print(f"  {'events':>10} {'input MB':>9} {'no --state':>11} {'--state':>9}")
+    base: dict[bool, float] = {}
+    # the floor: the same command over 1,000 events (the interpreter, NumPy, SciPy,
+    # Arrow and the mechanism's fixed costs: what no input adds)
+    for scale in [0, *scales]:
+        data = work / f"events-{scale}.jsonl"
+        make_stream(data, args.events * scale or 1000, args.steps, args.distinct)
+        row = []
+        for state in (False, True):
+            best = []
+            for _ in range(args.repeat):
+                for p in work.glob("out*"):
+                    p.unlink()
+                for p in work.glob("key.ledger*"):
+                    p.unlink()
+                for p in work.glob("state*"):
+                    p.unlink()
+                argv = [
+                    sys.executable, "-m", "dpstream", "run", "--quiet", "-m", "unknown",
+                    "-T", str(args.steps), "--max-items", "5", "--epsilon", "1",
+                    "--delta", "1e-6", "--key-file", str(key), "-i", str(data),
+                    "-o", str(work / "out.jsonl"), "--force", "--no-fsync",
+                ]  # fmt: skip
+                if state:
+                    argv += ["--state", str(work / "state.sqlite")]
+                if args.memory:
+                    argv += ["--memory", args.memory]
+                best.append(peak_rss_mb(argv))
+            peak = min(best)
+            if scale:
+                base.setdefault(state, peak)
+            row.append(f"{peak:7.0f}" + (f" ({peak / base[state] - 1:+.0%})" if scale > 1 else ""))
+        size = data.stat().st_size / 1e6
+        print(f"  {args.events * scale or 1000:>10,} {size:>9.1f} {row[0]:>11} {row[1]:>9}")
+        data.unlink()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", action="store_true", help="peak RSS of batch runs (issue 31)")
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--distinct", type=int, default=100_000)
+    ap.add_argument("--scales", default="1,2,4")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--memory", default=None, help="--memory SIZE for the runs")
     ap.add_argument("--items", type=int, default=200_000)
     ap.add_argument("--horizon", type=int, default=1000)
     ap.add_argument("--child", default=None)
     ap.add_argument("--input-before", action="store_true")
     args = ap.parse_args()
+    if args.run:
+        run_rss(args)
+        return
     if args.child:
         child(args.child, args.items, args.horizon, args.input_before)
         return

@@ -317,6 +317,8 @@ def step_input(t: int | None, parts: list[StepPart]) -> StepInput:
         arrays = [_item_array(ch) for ch in chunks]
         src = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         items = src[used].tolist()
+        if len(chunks) > 1:  # an item of two chunks is one item of the step (one code)
+            items, all_codes = _distinct_items(items, all_codes)
     else:
         items = []
     size_arr = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
@@ -337,6 +339,17 @@ def step_input(t: int | None, parts: list[StepPart]) -> StepInput:
         user_ids=user_ids if any(p.chunk.user_ids is not None for p in parts) else None,
         user_codes=user_codes if any(p.chunk.user_ids is not None for p in parts) else None,
     )
+
+
+def _distinct_items(items: list[Any], codes: np.ndarray) -> tuple[list[Any], np.ndarray]:
+    """``items`` each once (the first of equal ones) and ``codes`` pointing at them: a
+    step's items taken from several chunks repeat an item each chunk has, and one item
+    under two codes would be two items to the per-user bound (two pairs of a user)."""
+    table: dict[Any, int] = {}
+    remap = np.fromiter((table.setdefault(x, len(table)) for x in items), np.int64, len(items))
+    if len(table) == len(items):
+        return items, codes
+    return list(table), remap[codes]
 
 
 def _step_users(chunks: list[Chunk], parts: list[np.ndarray]) -> tuple[list[Any], np.ndarray]:

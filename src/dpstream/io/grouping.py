@@ -137,24 +137,32 @@ class ChunkGrouper:
 
     def feed(self, chunk: Chunk) -> Iterator[StepInput]:
         """Take a chunk; yields only the records of steps past the limit."""
+        for s, part, beyond in self.parts(chunk):
+            if beyond:
+                if self.past and self.past_t != s:
+                    yield from self._flush_past()
+                self.past.append(part)
+                self.past_t = s
+                continue
+            yield from self._flush_past()
+            if s < 0:
+                self.lead.append(part)
+            else:
+                self.steps.setdefault(s, []).append(part)
+
+    def parts(self, chunk: Chunk) -> Iterator[tuple[int, StepPart, bool]]:
+        """A chunk's runs of one step, in input order, without holding them: ``(step,
+        part, beyond)``, step -1 for records without a step before any with one, and
+        ``beyond`` for a run of one step past the limit (step: that step)."""
         if len(chunk) == 0:
             return
         t, step_of, beyond, late, cuts = self._cut(chunk)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             part = StepPart(chunk, a, b, {i: msg for i, msg in late.items() if a <= i < b})
             if beyond[a]:
-                t_past = int(t[a])
-                if self.past and self.past_t != t_past:
-                    yield from self._flush_past()
-                self.past.append(part)
-                self.past_t = t_past
-                continue
-            yield from self._flush_past()
-            s = int(step_of[a])
-            if s < 0:
-                self.lead.append(part)
+                yield int(t[a]), part, True
             else:
-                self.steps.setdefault(s, []).append(part)
+                yield int(step_of[a]), part, False
 
     def _cut(
         self, chunk: Chunk

@@ -360,6 +360,8 @@ def _release(
     if (opened.new_run is not None or ckpt is None) and built.parquet is None:
         check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
+        stack.callback(chunks.close)
     if cfg.output != "-":  # the run's public metadata, before the output is touched
         run_id = (  # the run's own, whose budget line names a going stream's dataset
             opened.ledger.run_id
@@ -426,10 +428,11 @@ def _release(
 
 def _read_input(
     cfg: RunConfig, built: _Built, opened: _Opened, infile: Any, until: int, state_existed: bool
-) -> list[Any] | None:
-    """A batch run that drops invalid records: its input, read and checked before a
-    release (--on-invalid error stops at the first invalid record anyway); else None."""
-    if cfg.follow or cfg.on_invalid == "error":
+) -> Any:
+    """A batch run: its input, read, checked (--max-invalid; --on-invalid error stops at
+    the first invalid record instead) and folded into its steps' counts before a release;
+    None for --follow (and --implicit-time with --on-invalid error: read as released)."""
+    if cfg.follow or (cfg.on_invalid == "error" and cfg.implicit_time):
         return None
     start_t = opened.go_on.t if opened.go_on is not None else 0
     try:

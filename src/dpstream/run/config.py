@@ -120,6 +120,7 @@ class RunConfig:
     quiet: bool = False
     log_format: str = "text"
     progress_every: float = 10.0
+    memory: str | None = None
     engine: str = "local"
     master: str = "local[*]"
     view: bool = False

@@ -56,9 +56,14 @@ class Stages:
         """Step ``t`` through every stage after the source."""
         from ..io.chunks import records_step
         from ..mechanisms.columns import EventColumns
+        from .fold import FoldedStep
 
-        step = records if hasattr(records, "codes") else records_step(t, list(records))
-        events = self.validator.events(step)
+        step: Any
+        if isinstance(records, FoldedStep):  # checked as it was read (run.fold)
+            step, events = records, records.valid_events()
+        else:
+            step = records if hasattr(records, "codes") else records_step(t, list(records))
+            events = self.validator.events(step)
         mech = self.mech
         batch = (
             events.events()
@@ -80,14 +85,15 @@ def run_steps(
     *,
     until: int,
     start_t: int,
-    chunks: list[Any] | None,
+    chunks: Any,
     ledger: ReleaseLedger | None,
     digests: StateDigests,
     key: NoiseKey,
 ) -> None:
     """Release every step start_t+1..until; replay (with digest checks) the steps already
     on record. ``start_t``: the step an earlier run's saved mechanism stopped at.
-    ``chunks``: a batch run's input, already read (:func:`~dpstream.run.source.read_checked`).
+    ``chunks``: a batch run's input, already read (:func:`~dpstream.run.source.read_checked`:
+    folded, or chunks).
     ``ledger``: every step is checked against it and appended to it before the state
     records it; when the state is behind it, a batch run checks the input of the steps it
     holds before anything is written."""
@@ -140,7 +146,7 @@ def _open_source(
     *,
     until: int,
     start_t: int,
-    chunks: list[Any] | None,
+    chunks: Any,
     ledger: ReleaseLedger | None,
     digests: StateDigests,
 ) -> Generator[SourceItem, None, None]:

@@ -21,6 +21,7 @@ __all__ = [
     "input_format",
     "clock_from_options",
     "parse_share",
+    "parse_size",
     "reason_key",
     "scoped_stream",
 ]
@@ -146,3 +147,16 @@ def parse_share(text: object) -> Fraction:
             "is a share of the input records, not a count"
         )
     return value
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: object) -> int:
+    """A size in bytes from ``512M``, ``2G``, ``100k``, ``1048576`` (powers of 1024)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)[bB]?\s*", str(text))
+    if m is None:
+        raise ValueError(f"expected a size such as 512M or 2G, got {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]

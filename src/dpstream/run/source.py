@@ -152,35 +152,68 @@ def _parquet_options(cfg: RunConfig) -> dict[str, Any]:
 
 def read_checked(
     infile: Any, cfg: RunConfig, *, validator: Validator, start_t: int, until: int
-) -> list[Any]:
-    """A batch run's whole input in chunks, refused (:class:`TooManyInvalidError`, before
-    anything is written) when more than --max-invalid of its records are invalid.
+) -> Any:
+    """A batch run's whole input, refused (:class:`TooManyInvalidError`, before anything
+    is written) when more than --max-invalid of its records are invalid.
 
     The run reads its input to the end before its first release anyway (the steps wait
-    for it), so reading it here first costs no memory the run would not take (with
-    --implicit-time too: every batch run holds its input, so that too many invalid records
-    are refused before anything is written).
+    for it). Each chunk is folded into what its steps count as it is read
+    (:class:`~dpstream.run.fold.FoldedInput`, to close once the run ends); with
+    --implicit-time (a step per record) the chunks are held and returned as a list.
+    With --on-invalid error nothing is refused here: the run stops at the first invalid
+    record in the order it releases (the fold keeps it for the step it is in).
     """
     import numpy as np
 
-    chunks = list(input_chunks(infile, cfg))
+    folded = None if cfg.implicit_time else _folded(cfg, validator, start_t, until)
+    chunks: list[Any] = []
     tally = InvalidTally()
     implicit = bool(cfg.implicit_time)
     seen = start_t  # --implicit-time: every record is a step of its own, in input order
-    for chunk in chunks:
-        steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
-        seen += len(chunk)
-        tally.count_chunk(
-            chunk,
-            validator=validator,
-            start=start_t,
-            late=bool(start_t),
-            limit=until,
-            horizon=cfg.horizon_limit,
-            steps=steps,
-        )
-    check_invalid_share(tally, cfg)
-    return chunks
+    try:
+        for chunk in input_chunks(infile, cfg):
+            steps = np.arange(seen + 1, seen + len(chunk) + 1) if implicit else None
+            seen += len(chunk)
+            tally.count_chunk(
+                chunk,
+                validator=validator,
+                start=start_t,
+                late=bool(start_t),
+                limit=until,
+                horizon=cfg.horizon_limit,
+                steps=steps,
+            )
+            if folded is None:
+                chunks.append(chunk)
+            else:  # folded into what its steps count; the chunk goes
+                folded.feed(chunk)
+        if cfg.on_invalid != "error":  # (which stops at the first invalid record)
+            check_invalid_share(tally, cfg)
+        if folded is not None:
+            folded.finish()
+    except BaseException:
+        if folded is not None:
+            folded.close()
+        raise
+    return chunks if folded is None else folded
+
+
+def _folded(cfg: RunConfig, validator: Validator, start_t: int, until: int) -> Any:
+    """The fold of a batch run's input (:mod:`dpstream.run.fold`): its steps' counts
+    (with ``--state``, the bytes the input digests hash in a temporary file)."""
+    from .fold import DEFAULT_MEMORY, FoldedInput, parse_size
+
+    horizon = cfg.horizon_limit
+    return FoldedInput(
+        validator,
+        horizon=horizon,
+        start=start_t,
+        until=until,
+        past=lambda t: past_message(t, until, horizon),
+        digests=bool(cfg.state),
+        budget=parse_size(cfg.memory or DEFAULT_MEMORY),
+        users=cfg.user_field is not None,
+    )
 
 
 def _drain(chunks: list[Any]) -> Iterator[Any]:
@@ -196,18 +229,22 @@ def batch_steps(
     cfg: RunConfig,
     count: ReadCount,
     *,
-    chunks: list[Any] | None,
+    chunks: Any,
     start_t: int,
     until: int,
 ) -> Iterator[Any]:
-    """A batch run's steps (``dpstream.io.chunks.StepInput``), read lazily: ``chunks`` (the
-    input already read by :func:`read_checked`) or the input itself. ``start_t``: the
+    """A batch run's steps (``dpstream.io.chunks.StepInput``, or a folded input's
+    :class:`~dpstream.run.fold.FoldedStep`), read lazily: ``chunks`` (the input already
+    read by :func:`read_checked`) or the input itself. ``start_t``: the
     step an earlier run released up to (an event of a step up to it is late)."""
     from ..io.grouping import implicit_steps, step_steps
 
     late = (
         "time step {t} was already released by an earlier run (a late event)" if start_t else None
     )  # events of steps an earlier run released
+    if chunks is not None and not isinstance(chunks, list):  # folded as it was read
+        count.records, count.last_line = chunks.records, chunks.last_line
+        return chunks.steps()  # type: ignore[no-any-return]
     source = input_chunks(infile, cfg) if chunks is None else _drain(chunks)
     counted = map(count.take_chunk, source)
     if cfg.implicit_time:  # every line is a step: record by record

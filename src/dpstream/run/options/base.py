@@ -67,6 +67,19 @@ def _unit_float(text: str) -> float:
     return value
 
 
+def _size(text: str) -> str:
+    """An argparse type: a size in bytes such as 512M or 2G (kept as text, read by
+    :func:`dpstream.run.settings.parse_size`)."""
+    from ..settings import parse_size
+
+    try:
+        if parse_size(text) <= 0:
+            raise ValueError(f"expected a size above 0, got {text!r}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(text).strip()
+
+
 def _share(text: str) -> str:
     """An argparse type: a share from 0 to 1, as a number or a percentage (kept as text,
     read exactly by :func:`dpstream.run.settings.parse_share`)."""

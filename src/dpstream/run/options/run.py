@@ -7,7 +7,7 @@ Layer 6 of dpstream (the command line's options, :mod:`dpstream.run.options`).
 from __future__ import annotations
 
 from ...registry import CLAMP_DEFAULT, MONOTONE_DEFAULT
-from .base import Opt, _positive_float, _positive_int, _share, _unit_float
+from .base import Opt, _positive_float, _positive_int, _share, _size, _unit_float
 
 CLOCK_OPTS: tuple[Opt, ...] = (
     Opt(
@@ -377,6 +377,18 @@ RUN_OPTS: tuple[Opt, ...] = (
         10.0,
         _positive_float,
         metavar="SECONDS",
+    ),
+    Opt(
+        ("--memory",),
+        "memory",
+        "a batch run folds its input into each step's counts as it reads it; past this "
+        "many bytes of counts (e.g. 512M, 2G) it writes them to a temporary file (in a "
+        "private directory under TMPDIR, removed when the run ends), so an input larger "
+        "than memory still runs",
+        None,
+        _size,
+        metavar="SIZE",
+        default_text="512M",
     ),
     Opt(
         ("--engine",),

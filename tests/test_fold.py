@@ -1,0 +1,325 @@
+"""A batch run folds its input into per-step counts as it reads it (dpstream.run.fold):
+the same releases and input digests whether its counts stay in memory or are spilled to
+a temporary file (``--memory``), and the temporary file never outlives the run (a run
+killed outright leaves it in a private directory that the next run removes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpstream.cli import main
+from dpstream.run.fold import parse_size, spread
+
+from .conftest import fixed_key, own_ledger
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+WORDS = [f"w{i}" for i in range(40)]
+T = 60
+
+
+def _input(path: Path, *, users: bool) -> None:
+    """Simulated events (a seeded generator): out of time order, records without a
+    step (they count in the step before), invalid lines, oversized events, a record
+    before any step, records past --until."""
+    rng = np.random.default_rng(5)
+    lines = ['{"items": ["w1"]}', "not json"]  # before any step: counted in step 1
+    for _ in range(900):
+        t = int(rng.integers(1, T + 1))
+        ev: dict = {"t": t, "items": rng.choice(WORDS, int(rng.integers(1, 5))).tolist()}
+        if users:
+            ev["user"] = f"u{int(rng.zipf(1.5)) % 30}"
+        if rng.random() < 0.05:
+            del ev["t"]
+        lines.append(json.dumps(ev))
+        if rng.random() < 0.01:
+            lines.append("{broken")
+    path.write_text("\n".join(lines) + "\n")
+
+
+UNKNOWN = ["-m", "unknown", "--max-items", "3", "--epsilon", "1", "--delta", "1e-6"]
+#: a domain of 36 of the 40 words: events with another item are invalid (or cut)
+KNOWN = ["-m", "known", "--max-items", "3", "--rho", "1", "--domain", "@DOMAIN"]
+TOPK = ["-m", "top-k", "--domain", "@DOMAIN", "--k", "2", "--switches", "3", "--rho", "1"]
+META = ["-m", "meta", "--oneshot", "unknown-gumbel", "--k", "2", "--kbar", "4", "--epsilon", "2",
+        "--delta", "1e-5"]  # fmt: skip
+META_KNOWN = ["-m", "meta", "--oneshot", "gaussian", "--max-items", "3", "--epsilon", "2",
+              "--delta", "1e-5", "--domain", "@DOMAIN"]  # fmt: skip
+
+
+def _run(
+    tmp: Path, name: str, extra: list[str], *, users: bool = False, mech: list[str] = UNKNOWN
+) -> tuple[bytes, list]:
+    domain = tmp / "domain.txt"
+    domain.write_text("\n".join(WORDS[:36]) + "\n")
+    mech = [str(domain) if a == "@DOMAIN" else a for a in mech]
+    key = tmp / "k.key"
+    if not key.exists():
+        fixed_key("fold").save(key)
+    data = tmp / ("users.jsonl" if users else "events.jsonl")
+    if not data.exists():
+        _input(data, users=users)
+    out, state = tmp / f"{name}.jsonl", tmp / f"{name}.state"
+    argv = [
+        "run", "--quiet", *mech, "-T", str(T), "--until", str(T - 5), "--key-file", str(key),
+        "-i", str(data), "-o", str(out), "--state", str(state), "--no-fsync",
+        "--max-invalid", "1", *own_ledger(out), *extra,
+    ]  # fmt: skip
+    if users:
+        argv += ["--user-field", "user", "--max-items-per-user", "2", "--max-count-per-item", "2"]
+    assert main(argv) == 0
+    with closing(sqlite3.connect(state)) as db:
+        macs = db.execute("SELECT t, input_mac FROM steps ORDER BY t").fetchall()
+    return out.read_bytes(), macs
+
+
+@pytest.mark.parametrize(
+    ("users", "policy", "mech"),
+    [
+        (False, "skip", UNKNOWN),
+        (False, "truncate", UNKNOWN),
+        (True, "skip", UNKNOWN),
+        (True, "truncate", UNKNOWN),
+        (False, "skip", KNOWN),
+        (False, "truncate", KNOWN),
+        (True, "skip", KNOWN),
+        (False, "skip", TOPK),
+        (True, "truncate", TOPK),
+        (False, "skip", META),
+        (False, "truncate", META_KNOWN),
+    ],
+)
+def test_spilled_counts_give_the_same_bytes(tmp_path, monkeypatch, users, policy, mech):
+    """A run whose counts are all written to the temporary file (--memory 1k) releases
+    the same bytes, and records the same input digests, as one that holds them, and as
+    the run that holds every chunk of its input until the end."""
+    spill_root = tmp_path / "tmp"
+    spill_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
+    seen = []
+    from dpstream.run import fold
+
+    real = fold.FoldedInput._spill_all
+
+    def spy(self):
+        seen.append(1)
+        return real(self)
+
+    monkeypatch.setattr(fold.FoldedInput, "_spill_all", spy)
+    from dpstream.io import jsonl, lines
+
+    # small chunks: a step's records come in many chunks, out of order
+    monkeypatch.setattr(jsonl, "line_blocks", lambda s, n, _: lines.line_blocks(s, n, 1500))
+    held = _run(tmp_path, "held", ["--on-invalid", policy], users=users, mech=mech)
+    assert not seen  # the default budget holds this input's counts
+    spilled = _run(
+        tmp_path, "spilled", ["--on-invalid", policy, "--memory", "1k"], users=users, mech=mech
+    )
+    assert seen  # and 1k does not
+    assert held[0] == spilled[0] and held[0].count(b"\n") >= T - 5
+    assert held[1] == spilled[1] and len(held[1]) == T - 5
+    assert os.listdir(spill_root) == []
+    # the run that holds the input's chunks to the end (its steps grouped from them)
+    from dpstream.run import source
+
+    monkeypatch.setattr(source, "_folded", lambda *a: None)
+    chunks = _run(tmp_path, "chunks", ["--on-invalid", policy], users=users, mech=mech)
+    assert chunks == held
+
+
+def test_spread_keeps_each_count_in_distinct_events():
+    """spread() against brute force: every item in exactly its count of events, never
+    twice in one, no event over ceil(total / events)."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        events = int(rng.integers(1, 30))
+        k = int(rng.integers(0, 12))
+        counts = rng.integers(0, events + 1, k)
+        codes, offsets = spread(np.arange(k), counts, events)
+        assert offsets.size == events + 1 and offsets[-1] == counts.sum()
+        per_event = [codes[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        assert all(len(set(e)) == len(e) for e in per_event)
+        cap = -(-int(counts.sum()) // events)
+        assert max(map(len, per_event)) <= cap
+        assert np.array_equal(np.bincount(codes, minlength=k), counts)
+
+
+def test_parse_size():
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("2g") == 2 << 30
+    assert parse_size("100k") == 102400
+    assert parse_size("4096") == 4096
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def _spill_dirs(root: Path) -> list[Path]:
+    return [p for p in root.iterdir() if p.name.startswith("dpstream-spill-")]
+
+
+def test_temporary_file_is_private_and_removed_after_success_and_error(tmp_path, monkeypatch):
+    """During the run the counts and the digests' bytes are in a 0700 directory (its
+    file 0600); it is gone once the run ends, and when the run fails mid-release."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    from dpstream.run import pipeline
+
+    real = pipeline.public_release
+    during = []
+
+    def look(*args, **kwargs):
+        if not during:
+            dirs = _spill_dirs(root)
+            assert len(dirs) == 1
+            files = list(dirs[0].iterdir())
+            during.append(
+                (
+                    stat.S_IMODE(dirs[0].stat().st_mode),
+                    [stat.S_IMODE(f.stat().st_mode) for f in files],
+                    sum(f.stat().st_size for f in files),
+                )
+            )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "public_release", look)
+    _run(tmp_path, "ok", [])
+    mode, file_modes, size = during[0]
+    assert mode == 0o700 and file_modes == [0o600] and size > 0
+    assert list(root.iterdir()) == []
+
+    def fail(*args, **kwargs):
+        look(*args, **kwargs)
+        raise RuntimeError("a failure in the middle of the releases")
+
+    during.clear()
+    monkeypatch.setattr(pipeline, "public_release", fail)
+    with pytest.raises(RuntimeError):
+        _run(tmp_path, "failed", [])
+    assert during and list(root.iterdir()) == []
+
+
+def test_a_killed_run_leaves_a_private_directory_the_next_run_removes(tmp_path):
+    """SIGKILL mid-release: the temporary file stays, only inside its private directory
+    (named after the killed process); the next run removes it (its process is gone)."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    key = tmp_path / "k.key"
+    fixed_key("fold").save(key)
+    data = tmp_path / "events.jsonl"
+    _input(data, users=False)
+
+    def run(out: str, kill: str | None) -> int:
+        env = {**os.environ, "PYTHONPATH": SRC, "TMPDIR": str(root)}
+        env.pop("DPSTREAM_TEST_KILL_AT", None)
+        if kill:
+            env["DPSTREAM_TEST_KILL_AT"] = kill
+        argv = [
+            sys.executable, "-m", "dpstream", "run", "--quiet", "-m", "unknown", "-T",
+            str(T), "--max-items", "3", "--epsilon", "1", "--delta", "1e-6", "--key-file",
+            str(key), "-i", str(data), "-o", str(tmp_path / out), "--state",
+            str(tmp_path / f"{out}.state"), "--no-fsync", "--max-invalid", "0.5",
+            *own_ledger(tmp_path / out),
+        ]  # fmt: skip
+        return subprocess.run(argv, env=env, capture_output=True).returncode
+
+    assert run("a.jsonl", "write:6") == -9
+    left = _spill_dirs(root)
+    assert len(left) == 1 and list(root.iterdir()) == left
+    assert stat.S_IMODE(left[0].stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in left[0].iterdir())
+    assert run("b.jsonl", None) == 0
+    assert list(root.iterdir()) == []
+
+
+def test_a_step_read_from_two_chunks_lists_each_item_once():
+    """A step whose records straddle two chunks: an item both chunks hold is one item of
+    the step, so a user's occurrences of it are one (user, item) pair to the per-user
+    bound (with two codes, Linf was applied to each half: more kept than the bound)."""
+    from dpstream.io.chunks import StepPart, chunks_from_records, step_input
+    from dpstream.io.records import RawEvent
+
+    def chunk(line: int, items: tuple[str, ...]):
+        rec = RawEvent(line, 1, items, None, user="u", raw=b"r")
+        return next(chunks_from_records([rec]))
+
+    a, b = chunk(1, ("x", "y")), chunk(2, ("y", "x"))
+    step = step_input(1, [StepPart(a, 0, 1), StepPart(b, 0, 1)])
+    assert sorted(step.items) == ["x", "y"]
+    assert [step.items[c] for c in step.codes.tolist()] == ["x", "y", "y", "x"]
+
+    from dpstream.bounding import UserBounds
+    from dpstream.mechanisms.columns import EventColumns
+    from dpstream.mechanisms.user_bounder import ColumnBounder
+
+    cols = EventColumns(step.items, step.codes, step.offsets)
+    bounder = ColumnBounder(UserBounds(max_items_per_user=2, max_count_per_item=1))
+    keep, _ = bounder.bound_columns(["u"], np.zeros(2, np.int64), cols.items, cols.codes,
+                                    cols.offsets)  # fmt: skip
+    assert keep.tolist() == [True, True, False, False]  # each item once (Linf = 1)
+
+
+def _error_input(path: Path, bad: str) -> None:
+    """Valid events in steps 1..T (shuffled within reach), and one invalid record."""
+    rng = np.random.default_rng(9)
+    lines = []
+    for k in range(600):
+        t = min(T, k // 10 + 1 + int(rng.integers(0, 3)))
+        lines.append(json.dumps({"t": t, "items": rng.choice(WORDS[:36], 2).tolist()}))
+    at = {"middle": 300, "past": 500, "lead": 0, "late-step": 250}[bad]
+    record = {
+        "middle": '{"t": 31, "items": ["w39"]}',  # outside the domain
+        "past": '{"t": 58, "items": ["w1"]}',  # after --until 55
+        "lead": "not json",  # before any step: in step 1
+        "late-step": '{"t": 20, "items": ["w1", "w2", "w3", "w4"]}',  # > --max-items
+    }[bad]
+    lines.insert(at, record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("bad", ["middle", "past", "lead", "late-step"])
+def test_on_invalid_error_stops_where_the_run_that_holds_its_chunks_stops(
+    tmp_path, monkeypatch, capsys, bad
+):
+    """--on-invalid error over a folded input: the same releases before the step that
+    holds the first invalid record (in the order the run releases), the same message."""
+    from dpstream.io import jsonl, lines
+    from dpstream.run import source
+
+    monkeypatch.setattr(jsonl, "line_blocks", lambda s, n, _: lines.line_blocks(s, n, 1500))
+    key = tmp_path / "k.key"
+    fixed_key("fold").save(key)
+    domain = tmp_path / "domain.txt"
+    domain.write_text("\n".join(WORDS[:36]) + "\n")
+    data = tmp_path / "events.jsonl"
+    _error_input(data, bad)
+    results = []
+    for name in ("folded", "chunks"):
+        if name == "chunks":
+            monkeypatch.setattr(source, "_folded", lambda *a: None)
+        out = tmp_path / f"{name}.jsonl"
+        argv = [
+            "run", "--quiet", *KNOWN[:-1], str(domain), "-T", str(T), "--until", str(T - 5),
+            "--key-file", str(key), "-i", str(data), "-o", str(out), "--state",
+            str(tmp_path / f"{name}.state"), "--no-fsync", "--on-invalid", "error",
+            *own_ledger(out),
+        ]  # fmt: skip
+        code = main(argv)
+        err = capsys.readouterr().err
+        with closing(sqlite3.connect(tmp_path / f"{name}.state")) as db:
+            macs = db.execute("SELECT t, input_mac FROM steps ORDER BY t").fetchall()
+        results.append((code, err, out.read_bytes() if out.exists() else None, macs))
+    assert results[0] == results[1]
+    assert results[0][0] != 0 and "input line" in results[0][1]
+    released = {"middle": 30, "past": T - 5, "lead": 0, "late-step": 19}[bad]
+    assert len(results[0][3]) == released
