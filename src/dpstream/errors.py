@@ -42,3 +42,11 @@ class BudgetExhaustedError(DPStreamError):
 
 class StateError(DPStreamError):
     """A checkpoint cannot be used: wrong key, other parameters, or corrupt."""
+
+
+class LedgerError(StateError):
+    """The release ledger refuses a step, or cannot be read or written."""
+
+
+class BudgetCapError(LedgerError):
+    """The run would take its dataset past ``--budget-cap``; nothing was released."""

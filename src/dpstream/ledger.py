@@ -82,23 +82,17 @@ rolled back (see docs/operations.md).
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import os
-import stat
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _crashpoints as crashpoints
-from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend, budget_refusal
-from .errors import StateError
-from .privacy import BudgetCap, Composed, compose
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock (two runs must not append to one ledger at once)
-    fcntl = None  # type: ignore[assignment]
+from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend
+from .errors import BudgetCapError, LedgerError
+from .ledger_budget import BudgetLines
+from .ledger_file import check_ledger_file, locked, open_ledger_file, read_range
+from .privacy import BudgetCap
 
 if TYPE_CHECKING:
     from .noise import NoiseKey
@@ -117,14 +111,6 @@ __all__ = [
 _VERSION = "L1"
 _SCOPE = b"S1 "  # the line naming a run's noise scope
 _CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
-
-
-class LedgerError(StateError):
-    """The release ledger refuses a step, or cannot be read or written."""
-
-
-class BudgetCapError(LedgerError):
-    """The run would take its dataset past ``--budget-cap``; nothing was released."""
 
 
 class LedgerEntry(NamedTuple):
@@ -150,7 +136,7 @@ def _append(fd: int, data: bytes) -> None:
     crashpoints.write_fd(fd, data)
 
 
-class ReleaseLedger:
+class ReleaseLedger(BudgetLines):
     """The ledger at ``path``, open for the run ``run_id`` of a state.
 
     Reads the run's lines when opened (their tags are checked when relied on);
@@ -213,7 +199,7 @@ class ReleaseLedger:
         self._size = 0  # the bytes read so far (complete lines)
         self._lines = 0  # the lines read so far
         self._max = 0  # the largest step of the run on record
-        self._fd = _open(path, fsync=fsync)
+        self._fd = open_ledger_file(path, fsync=fsync)
         try:
             self._load()
         except BaseException:
@@ -225,7 +211,7 @@ class ReleaseLedger:
         return hmac.digest(self._key, body, "sha256").hex()[:_CUT].encode("ascii")
 
     def _load(self) -> None:
-        with _locked(self._fd, exclusive=False):
+        with locked(self._fd, exclusive=False):
             self._catch_up()
 
     def _catch_up(self) -> int:
@@ -239,7 +225,7 @@ class ReleaseLedger:
             )
         if size == self._size:
             return size
-        data = _read_range(self._fd, self._size, size)
+        data = read_range(self._fd, self._size, size)
         complete = data[: data.rfind(b"\n") + 1]  # what follows: a torn append, ignored
         self._size += len(complete)
         prefix = self._prefix
@@ -323,94 +309,6 @@ class ReleaseLedger:
             found.append(run)
         return found
 
-    def budget_entries(self) -> list[tuple[bytes, str, DatasetSpend]]:
-        """This key's budget lines on record, as (scope digest, run id, cost), in order,
-        their tags checked (another key's lines in a shared ledger are not read)."""
-        found = []
-        for raw, number in self._budget_lines:
-            body, _, tag = raw.rpartition(b" ")
-            fields = body.split(b" ")
-            if len(fields) == 5 and fields[3] != self._key_id:
-                continue  # another key's budget
-            if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
-                raise LedgerError(
-                    f"line {number} of the release ledger {self.path!r} was not written with "
-                    "this key (edited or forged): refusing to trust the ledger"
-                )
-            try:
-                line = DatasetSpend.decode(fields[4], self._budget_key)
-            except ValueError:
-                raise LedgerError(
-                    f"line {number} of the release ledger {self.path!r} is not a budget "
-                    "line: refusing to trust the ledger"
-                ) from None
-            found.append((fields[1], fields[2].decode("ascii", "replace"), line))
-        return found
-
-    def spends(self) -> list[tuple[bytes, DatasetSpend]]:
-        """The costs that count, as (scope digest, cost): one per noise scope and dataset
-        (the runs of a scope repeated with ``--force`` on one dataset count once, as first
-        recorded; on another dataset, once there too)."""
-        seen: dict[tuple[bytes, str], DatasetSpend] = {}
-        for scope, _, line in self.budget_entries():
-            seen.setdefault((scope, line.dataset), line)
-        return [(scope, line) for (scope, _), line in seen.items()]
-
-    def _own_budget(self, *, strict: bool = False) -> DatasetSpend | None:
-        """This run's own budget line (``strict=False``: or that of a run it may share, a
-        run a kill left before the state recorded it), or ``None``."""
-        runs = {self.run_id} if strict else {self.run_id, *self.allow}
-        for scope, run, line in self.budget_entries():
-            if scope == self._scope and run in runs:
-                return line
-        return None
-
-    def dataset_name(self) -> str | None:
-        """The dataset this run's cost is counted on: the one its own budget line was
-        recorded under (a daily stream's later batches read files of other names), else
-        its budget's (``None``: no budget)."""
-        if self.budget is None:
-            return None
-        own = self._own_budget()
-        return own.dataset if own is not None else self.budget.dataset
-
-    def dataset_totals(self) -> tuple[Composed, Composed] | None:
-        """The run's dataset's total without this run and with it (the same when its
-        cost is counted already: its own line, or its scope's on that dataset); ``None``
-        without a budget or a scope."""
-        if self.budget is None or self._scope is None:
-            return None
-        name = self.dataset_name()
-        lines = self.spends()
-        mine = [line.spend for _, line in lines if line.dataset == name]
-        if any(scope == self._scope and line.dataset == name for scope, line in lines):
-            total = compose(mine)
-            return total, total
-        return compose(mine), compose([*mine, self.budget.spend])
-
-    def budget_problem(self) -> str | None:
-        """Why this run may not go on under ``cap`` (``None``: it may): its cost would
-        take its dataset past the cap. A cost counted already adds nothing."""
-        if self.cap is None or self.budget is None:
-            return None
-        totals = self.dataset_totals()
-        if totals is None:
-            return None
-        before, after = totals
-        if before == after or after.within(self.cap):
-            return None
-        name = self.dataset_name() or self.budget.dataset
-        return budget_refusal(name, before, after, self.cap)
-
-    def needs_budget_line(self) -> bool:
-        """Whether this run has a budget and no budget line of its own yet (a new run, or
-        one begun by a dpstream that kept none)."""
-        return (
-            self.budget is not None
-            and self._scope is not None
-            and self._own_budget(strict=True) is None
-        )
-
     def in_scope(self, run_id: str) -> bool:
         """Whether run ``run_id`` has this run's noise scope on record."""
         return run_id in self._scoped
@@ -472,7 +370,7 @@ class ReleaseLedger:
         """Append steps (under the lock, after reading what other runs appended), each
         the next one of the run; a step already on record by then is compared instead."""
         try:
-            with _locked(self._fd, exclusive=True):
+            with locked(self._fd, exclusive=True):
                 size = self._catch_up()
                 entries = [(t, e) for t, e in entries if not self._on_record(t, e)]
                 for n, (t, _) in enumerate(entries):
@@ -526,36 +424,13 @@ class ReleaseLedger:
                 f"{exc.strerror}; nothing of the step was written"
             ) from None
 
-    def _budget_line(self) -> list[bytes]:
-        """The run's budget line (none without a budget, or when the run has its own);
-        refuses (:class:`BudgetCapError`) a run its dataset's cap does not allow. Every
-        run keeps a line of its own (so that its later batches find their dataset); the
-        totals count a scope once per dataset (:meth:`spends`). The caller holds the
-        lock, after reading what others appended."""
-        if not self.needs_budget_line():
-            return []
-        problem = self.budget_problem()
-        if problem is not None:
-            raise BudgetCapError(problem)
-        assert self.budget is not None and self._scope is not None  # needs_budget_line
-        # under the dataset its stream is counted on (a line of a run it took over)
-        mine = replace(self.budget, dataset=self.dataset_name() or self.budget.dataset)
-        body = b"%s%s %s %s %s" % (
-            BUDGET_LINE,
-            self._scope,
-            self.run_id.encode("ascii"),
-            self._key_id,
-            mine.encode(self._budget_key),
-        )
-        return [b"%s %s" % (body, self._tag(body))]
-
     def close(self) -> None:
         os.close(self._fd)
 
     def reopen(self) -> None:
         """Open the ledger again after :meth:`close`; what was read stays read (the next
         read or append catches up with what others appended meanwhile)."""
-        self._fd = _open(self.path, fsync=self._fsync)
+        self._fd = open_ledger_file(self.path, fsync=self._fsync)
 
     def __enter__(self) -> ReleaseLedger:
         return self
@@ -575,66 +450,3 @@ def scope_refusal(path: str, runs: int) -> str:
         "one with its --state; if the earlier release was never published, --force "
         "says so and goes on"
     )
-
-
-def check_ledger_file(path: str, *, fsync: bool = True) -> None:
-    """Open (creating it if missing) and close the ledger at ``path``: refuse, before a
-    run touches anything, a ledger it could not write or that others may write."""
-    os.close(_open(path, fsync=fsync))
-
-
-def _open(path: str, *, fsync: bool) -> int:
-    """The ledger's descriptor for reading and appending; created 0600 if missing."""
-    created = not os.path.exists(path)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise LedgerError(
-            f"cannot open the release ledger {path!r}: {exc.strerror}; pass --ledger PATH "
-            "to keep it elsewhere (on storage that is never restored from a backup)"
-        ) from None
-    mode = os.fstat(fd).st_mode
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        os.close(fd)
-        raise PermissionError(
-            f"release ledger {path!r} can be written by other users (mode "
-            f"{stat.S_IMODE(mode):04o}): whoever can write it can roll it back; run "
-            f"`chmod 600 {path}`"
-        )
-    if created and fsync:
-        _fsync_dir(path)
-    return fd
-
-
-@contextlib.contextmanager
-def _locked(fd: int, *, exclusive: bool) -> Iterator[None]:
-    """``flock`` the ledger: appends exclusive, reads shared (no lock without fcntl)."""
-    if fcntl is None:
-        yield
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-    try:
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def _read_range(fd: int, start: int, end: int) -> bytes:
-    parts = []
-    while start < end:
-        block = os.pread(fd, min(1 << 24, end - start), start)
-        if not block:
-            break
-        parts.append(block)
-        start += len(block)
-    return b"".join(parts)
-
-
-def _fsync_dir(path: str) -> None:
-    """Make the new ledger's directory entry durable."""
-    with contextlib.suppress(OSError):
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -362,18 +362,8 @@ def _release(
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
+    budget = _dataset_budget(cfg, key, built, opened, state_existed)  # the cap, again
     if cfg.output != "-":  # the run's public metadata, before the output is touched
-        run_id = (  # the run's own, whose budget line names a going stream's dataset
-            opened.ledger.run_id
-            if opened.ledger is not None
-            else (ckpt.run_id() if ckpt is not None else "") or "sidecar-reader"
-        )
-        try:
-            budget = sidecar_budget(cfg, key, built.scope, built.spend, run_id, opened.allow)
-        except BudgetCapError:
-            if ckpt is not None and opened.new_run is not None:
-                _forget_new_state(cfg, ckpt, state_existed)
-            raise
         _write_sidecar(cfg, built.mech, budget)
     out = _open_out(cfg, built, opened, digests, stack)
     viewer = None
@@ -440,6 +430,25 @@ def _read_input(
     except TooManyInvalidError:
         if opened.ckpt is not None:  # a state file made just now goes
             _forget_new_state(cfg, opened.ckpt, state_existed)
+        raise
+
+
+def _dataset_budget(
+    cfg: RunConfig, key: NoiseKey, built: _Built, opened: _Opened, state_existed: bool
+) -> dict[str, Any] | None:
+    """The dataset's budget for the sidecar, its cap checked once more right before the
+    first file is written (a new state made now is removed when the cap refuses)."""
+    ckpt = opened.ckpt
+    run_id = (  # the run's own, whose budget line names a going stream's dataset
+        opened.ledger.run_id
+        if opened.ledger is not None
+        else (ckpt.run_id() if ckpt is not None else "") or "sidecar-reader"
+    )
+    try:
+        return sidecar_budget(cfg, key, built.scope, built.spend, run_id, opened.allow)
+    except BudgetCapError:
+        if ckpt is not None and opened.new_run is not None:
+            _forget_new_state(cfg, ckpt, state_existed)
         raise
 
 
