@@ -57,9 +57,11 @@ _MERGE_AT = 8
 
 
 class SpillDir:
-    """A private temporary directory with one append-only file in it, made on first use
-    and removed by :meth:`close` (a stale one of a process that is gone is removed when
-    the next one is made)."""
+    """One append-only temporary file, made on first use in a private (0700) directory
+    as a 0600 file and unlinked at once with its directory: it has no name on disk
+    while the run holds it, so no kill leaves the input's bytes behind. Where an open
+    file cannot be removed, :meth:`close` removes both (and a stale directory of a
+    process that is gone is removed when the next one is made)."""
 
     def __init__(self, root: str | None = None) -> None:
         self.root = root
@@ -72,8 +74,14 @@ class SpillDir:
             root = self.root or tempfile.gettempdir()
             remove_stale(root)
             self.path = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)  # 0700
-            fd, _ = tempfile.mkstemp(dir=self.path, suffix=".bin")  # 0600
+            fd, name = tempfile.mkstemp(dir=self.path, suffix=".bin")  # 0600
             self._fd = fd
+            try:  # no name on disk from now on: a kill of any kind (SIGKILL, SIGTERM, a
+                os.unlink(name)  # power loss) leaves nothing of the input behind; the open
+                os.rmdir(self.path)  # descriptor keeps the file until it is closed
+                self.path = None
+            except OSError:  # (where an open file cannot be removed: close() removes it)
+                pass
         return self._fd
 
     def write(self, data: bytes | memoryview) -> int:
@@ -94,7 +102,7 @@ class SpillDir:
         while len(out) < n:
             block = os.pread(self._fd, n - len(out), at + len(out))
             if not block:
-                raise OSError(f"the temporary file {self.path} is shorter than written")
+                raise OSError("dpstream's temporary file is shorter than written")
             out += block
         return bytes(out)
 
