@@ -22,7 +22,14 @@ if TYPE_CHECKING:  # (imported where used: `dpstream --help` builds this parser,
     from ..privacy import BudgetCap
     from .config import RunConfig
 
-__all__ = ["cmd_budget", "run_cap", "run_spend", "sidecar_budget"]
+__all__ = [
+    "cmd_budget",
+    "finite_or_none",
+    "read_spends",
+    "run_cap",
+    "run_spend",
+    "sidecar_budget",
+]
 
 
 def run_spend(cfg: RunConfig, mech: ContinualMechanism) -> DatasetSpend:
@@ -87,7 +94,7 @@ def sidecar_budget(
     out: dict[str, Any] = {
         "dataset": name,
         "releases": total.releases,
-        "epsilon": _finite(total.epsilon_at(delta)),
+        "epsilon": finite_or_none(total.epsilon_at(delta)),
         "delta": delta,
         "rho": total.rho,
         "unit": total.unit,
@@ -126,14 +133,26 @@ def add_budget_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text (default: off)")
 
 
-def _finite(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
+    """``x``, or ``None`` for an unbounded epsilon (JSON has no infinity)."""
     return x if math.isfinite(x) else None
+
+
+def read_spends(path: str, key: NoiseKey) -> list[DatasetSpend]:
+    """The costs a key's release ledger at ``path`` counts (``[]`` without a ledger),
+    read without writing: for ``dpstream budget`` and ``plan``."""
+    from ..ledger import ReleaseLedger
+
+    if not os.path.exists(path):
+        return []
+    with ReleaseLedger(path, key, "budget-reader", fsync=False) as ledger:
+        return [line for _, line in ledger.spends()]
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
     """``dpstream budget``: the totals of the datasets in a key's release ledger."""
     from ..budget import format_budget, totals
-    from ..ledger import ReleaseLedger, default_ledger_path
+    from ..ledger import default_ledger_path
     from ..noise import NoiseKey
 
     if not 0.0 < args.delta < 1.0:
@@ -141,9 +160,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     path = args.ledger or default_ledger_path(args.key_file)
     if not os.path.exists(path):
         raise ValueError(f"no release ledger at {path!r}: no run with this key is on record")
-    key = NoiseKey.load(args.key_file)
-    with ReleaseLedger(path, key, "budget-reader", fsync=False) as ledger:
-        lines = [line for _, line in ledger.spends()]
+    lines = read_spends(path, NoiseKey.load(args.key_file))
     if args.json:
         chosen = [s for s in lines if args.dataset is None or s.dataset == args.dataset]
         doc = {
@@ -151,7 +168,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
                 "releases": total.releases,
                 "rho": total.rho,
                 "rho_delta": total.rho_delta,
-                "epsilon": _finite(total.epsilon_at(args.delta)),
+                "epsilon": finite_or_none(total.epsilon_at(args.delta)),
                 "delta": args.delta,
                 "unit": total.unit,
                 "runs": [

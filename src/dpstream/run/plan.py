@@ -46,21 +46,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] | None:
     """With --key-file and --dataset: what the dataset has spent (the key's release
     ledger), what this run would bring it to, and whether --budget-cap allows it."""
-    import math
-    import os
-
-    from ..ledger import ReleaseLedger, ledger_path
+    from ..ledger import ledger_path
     from ..noise import NoiseKey
     from ..privacy import Spend, compose
-    from .budget import run_cap
+    from .budget import finite_or_none, read_spends, run_cap
 
     if not cfg.key_file or not cfg.dataset:
         return None
-    path = ledger_path(cfg.options())
-    lines = []
-    if os.path.exists(path):
-        with ReleaseLedger(path, NoiseKey.load(cfg.key_file), "plan-reader", fsync=False) as led:
-            lines = [x.spend for _, x in led.spends() if x.dataset == cfg.dataset]
+    spends = read_spends(ledger_path(cfg.options()), NoiseKey.load(cfg.key_file))
+    lines = [x.spend for x in spends if x.dataset == cfg.dataset]
     before = compose(lines)
     after = compose([*lines, Spend.of(mech.privacy, "this run")])
     cap = run_cap(cfg)
@@ -74,11 +68,10 @@ def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] 
         text += f"; cap epsilon = {cap.epsilon:.6g}: " + (
             "within it" if allowed else "a run would be REFUSED"
         )
-    eps = after.epsilon_at(delta)
     return {
         "dataset": cfg.dataset,
         "releases_before": before.releases,
-        "epsilon_after": eps if math.isfinite(eps) else None,
+        "epsilon_after": finite_or_none(after.epsilon_at(delta)),
         "delta": delta,
         "allowed": allowed,
         "text": text,
