@@ -666,3 +666,40 @@ def test_event_duplicates_refuses_inconsistent_arrays():
     assert keep.all() and distinct.tolist() == [50, 50]
     with pytest.raises(ValueError, match="do not agree"):
         loops.event_duplicates(cols, off, np.empty(99, dtype=bool), distinct)
+
+
+def _top_k_brute(values: np.ndarray, k: int) -> list[int]:
+    """The rule by its definition: sort every index by (value descending, index)."""
+    return sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
+
+
+def test_top_k_in_c_and_its_twin_follow_the_rule():
+    # Values drawn from few integers so that ties (also at the k-th place) are common:
+    # the rule "larger value first, then smaller index" decides them, in C and NumPy.
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        pool = int(rng.integers(1, 8)) if trial % 2 else 10**9
+        values = rng.integers(-3, pool, n).astype(np.float64)
+        if trial % 5 == 0:
+            values[rng.integers(0, n, 3)] = [np.inf, -np.inf, -0.0]
+        for k in (0, 1, int(rng.integers(1, n + 1)), n):
+            want = _top_k_brute(values, k)
+            assert compiled.top_k(values, k).tolist() == want
+            assert compiled._top_k_numpy(values, k).tolist() == want
+            with compiled.numpy_only():
+                assert compiled.top_k(values, k).tolist() == want
+
+
+def test_top_k_with_nan_leaves_the_choice_to_numpy():
+    # No release holds a NaN; if one did, the C loop declines and NumPy's order holds
+    # (NaN below every number), so the two paths cannot disagree.
+    values = np.array([1.0, np.nan, 3.0, 2.0, np.nan])
+    assert not compiled.loops().top_k(values, np.empty(2, dtype=np.int64))
+    assert compiled.top_k(values, 2).tolist() == [2, 3]
+    assert compiled.top_k(values, 4).tolist()[:3] == [2, 3, 0]
+
+
+def test_top_k_refuses_more_indices_than_values():
+    with pytest.raises(ValueError, match="more indices"):
+        compiled.loops().top_k(np.zeros(2), np.empty(3, dtype=np.int64))

@@ -1627,6 +1627,85 @@ done:
     return res;
 }
 
+/* "a ranks below b" in the order of top_k: larger value first, then smaller index. */
+static inline int
+ranks_below(const double *v, int64_t a, int64_t b)
+{
+    return v[a] < v[b] || (v[a] == v[b] && a > b);
+}
+
+/* Restore the heap (its root the lowest ranked of the kept indices) below slot i. */
+static void
+sift_down(int64_t *heap, Py_ssize_t k, Py_ssize_t i, const double *v)
+{
+    for (;;) {
+        Py_ssize_t low = i, l = 2 * i + 1, r = l + 1;
+        if (l < k && ranks_below(v, heap[l], heap[low]))
+            low = l;
+        if (r < k && ranks_below(v, heap[r], heap[low]))
+            low = r;
+        if (low == i)
+            return;
+        int64_t tmp = heap[i];
+        heap[i] = heap[low];
+        heap[low] = tmp;
+        i = low;
+    }
+}
+
+/*
+ * top_k(values, out): the len(out) indices of the largest values, largest first and,
+ * among equal values, the smaller index first (one pass with a heap of len(out)
+ * indices: O(n log k) against argpartition's O(n) with a large constant and a copy).
+ * Returns False (out unspecified) when a value is NaN: the caller's NumPy twin decides.
+ */
+static PyObject *
+top_k(PyObject *self, PyObject *args)
+{
+    static const array_spec spec[2] = {{"values", F64, 0}, {"out", I64, 1}};
+    PyObject *o[2];
+    Py_buffer b[2];
+    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1]) || get_arrays(o, b, spec, 2) < 0)
+        return NULL;
+    const double *v = b[0].buf;
+    int64_t *heap = b[1].buf;
+    Py_ssize_t n = b[0].len / 8, k = b[1].len / 8, size = 0;
+    int ok = 1;
+    if (k > n) {
+        PyErr_SetString(PyExc_ValueError, "top_k: more indices asked than values");
+        release_arrays(b, 2);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        if (v[i] != v[i]) {
+            ok = 0;
+        } else if (size < k) {  /* grow the heap: sift the new index up */
+            Py_ssize_t j = size++;
+            heap[j] = i;
+            while (j > 0 && ranks_below(v, heap[j], heap[(j - 1) / 2])) {
+                int64_t tmp = heap[j];
+                heap[j] = heap[(j - 1) / 2];
+                heap[(j - 1) / 2] = tmp;
+                j = (j - 1) / 2;
+            }
+        } else if (k > 0 && ranks_below(v, heap[0], i)) {
+            heap[0] = i;
+            sift_down(heap, k, 0, v);
+        }
+    }
+    if (ok)  /* heap sort in place: the lowest ranked goes to the end, each in turn */
+        for (Py_ssize_t end = k - 1; end > 0; end--) {
+            int64_t tmp = heap[0];
+            heap[0] = heap[end];
+            heap[end] = tmp;
+            sift_down(heap, end, 0, v);
+        }
+    Py_END_ALLOW_THREADS
+    release_arrays(b, 2);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"ziggurat", ziggurat, METH_VARARGS,
      "The ziggurat's fast path and wedge test over a chunk (see dpstream.compiled)."},
@@ -1656,6 +1735,8 @@ static PyMethodDef methods[] = {
      "One step of the streamed BLT noise over many items, in place (stream_step's twin)."},
     {"sha256_portable", sha256_portable, METH_O,
      "SHA-256 without the x86 SHA extensions (True) or with them where there (False)."},
+    {"top_k", top_k, METH_VARARGS,
+     "Indices of the largest values, largest first, ties by smaller index (or False: NaN)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -282,3 +282,42 @@ def blt_step(
         np.asarray(theta, dtype=np.float64), np.asarray(omega, dtype=np.float64), buffers, total, z
     )
     return True
+
+
+def top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the ``k`` largest ``values``, largest first; among equal values
+    the smaller index first (so the choice is a function of the values alone).
+
+    ``values``: float64. A NaN (no release has one) ranks below every number,
+    and the NaNs' order is NumPy's: the compiled loop leaves such a call to the
+    NumPy twin. The compiled loop keeps a heap of k indices in one pass (O(n log k)); the NumPy
+    twin is ``argpartition`` at the k-th value, then the tied values at the
+    boundary taken by smaller index.
+    """
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    n = values.shape[0]
+    k = max(0, min(int(k), n))
+    loops = _loops()
+    if loops is not None and values.dtype.isnative:
+        out = np.empty(k, dtype=np.int64)
+        if loops.top_k(values, out):
+            return out
+    return _top_k_numpy(values, k)
+
+
+def _top_k_numpy(values: np.ndarray, k: int) -> np.ndarray:
+    """:func:`top_k` with NumPy only (its twin, the same indices)."""
+    n = values.shape[0]
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    if k < n and np.isnan(values).any():
+        idx = np.argpartition(-values, k - 1)[:k]  # NaN sorts last, as below
+    elif k < n:
+        neg = -values
+        kth = neg[np.argpartition(neg, k - 1)[k - 1]]  # the k-th largest value, negated
+        above = np.flatnonzero(neg < kth)
+        tied = np.flatnonzero(neg == kth)[: k - above.shape[0]]
+        idx = np.concatenate([above, tied])
+    else:
+        idx = np.arange(n)
+    return idx[np.lexsort((idx, -values[idx]))].astype(np.int64, copy=False)

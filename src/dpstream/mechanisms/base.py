@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import privacy
+from .. import compiled, privacy
 from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, canonical_item
@@ -143,8 +143,7 @@ class Release:
         if k <= 0 or len(self.values) == 0:
             return []
         k = min(k, len(self.values))
-        idx = np.argpartition(-self.values, k - 1)[:k]
-        idx = idx[np.lexsort((idx, -self.values[idx]))]
+        idx = compiled.top_k(np.asarray(self.values, dtype=np.float64), k)
         values = self.values[idx].astype(np.float64).tolist()
         return list(zip(take_items(self.items, idx), values, strict=True))
 

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.special import ndtri
 
+from .. import compiled
 from ..noise import NoiseKey
 from ..words import plain_mechanism
 from .base import Release, check_in_domain, domain_items, take_items
+from .columns import EventColumns
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
@@ -82,8 +84,9 @@ class HistogramTopK:
     """
 
     mechanism_name = "KnownBase top-k"
-    # ContinualMechanism: lists of events.
-    accepts_columns = False
+    # ContinualMechanism: step_batch hands its events to KnownBase, which takes
+    # EventColumns (and a user level's columns) as they are.
+    accepts_columns = True
     unbounded = False  # (set per instance; the default for states saved before)
 
     def __init__(
@@ -159,7 +162,7 @@ class HistogramTopK:
         """Take one event as the next time step and release the top-k."""
         return self._top(self.histogram.step(event))
 
-    def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
+    def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all the events of the next time step and release the top-k."""
         return self._top(self.histogram.step_batch(events))
 
@@ -171,9 +174,7 @@ class HistogramTopK:
 
     def _top(self, rel: Release) -> Release:
         values = rel.values
-        d = values.shape[0]
-        idx = np.argpartition(-values, self.k - 1)[: self.k] if self.k < d else np.arange(d)
-        idx = idx[np.lexsort((idx, -values[idx]))]
+        idx = compiled.top_k(values, self.k)
         if not self.started and values[idx[0]] > self.start_threshold_at(rel.t):
             self.started = True
         if not self.started:
@@ -319,8 +320,7 @@ class UnknownTopK:
         if n == 0:
             return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
         k = min(self.k, n)
-        idx = np.argpartition(-values, k - 1)[:k] if k < n else np.arange(n)
-        idx = idx[np.lexsort((idx, -values[idx]))]
+        idx = compiled.top_k(values, k)
         return Release(
             t=rel.t,
             items=take_items(rel.items, idx),
