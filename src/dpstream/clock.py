@@ -17,6 +17,17 @@ time of ``--start``, t - 1 months later, in the UTC offset written in
 start on day 1 to 28 (every month has those days), so that every step begins
 on the same day of its month. ``M`` is refused: it reads as minutes in some
 tools and as months in others (write ``1min`` or ``1mo``).
+
+Named time zones: ``--start 2026-03-01T00:00[Europe/Paris]`` (the IANA name in
+brackets, as RFC 9557 writes it; an offset before it must be the zone's at that
+time) makes the clock follow the zone's daylight-saving rules. Steps of whole
+days or weeks (``1d``, ``7d``, ``1w``) and calendar months then begin at the
+wall-clock time of ``--start`` on their day in that zone, so a day step is 23
+or 25 hours long on the days the clocks change; steps of hours, minutes or
+seconds stay fixed durations. Where the wall-clock time of ``--start`` does not
+exist on a day (the clocks jump over it), the step begins at the same time an
+hour later; where it happens twice, at the first of the two. Event timestamps
+without an offset are still read as UTC.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+import zoneinfo
 from dataclasses import dataclass
 
 __all__ = ["StepClock", "parse_duration", "parse_step", "parse_timestamp", "steps_until"]
@@ -104,6 +116,55 @@ def _aware(value: object) -> _dt.datetime:
     return when
 
 
+_ZONE_SUFFIX = re.compile(r"^(.*?)\[([^\[\]]+)\]$")
+
+
+def named_zone(name: str) -> zoneinfo.ZoneInfo:
+    """The IANA time zone ``name`` (``Europe/Paris``), or ValueError saying why not."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except zoneinfo.ZoneInfoNotFoundError:
+        raise ValueError(
+            f"unknown time zone {name!r}: give an IANA name like Europe/Paris or "
+            "America/New_York (the system's zone database, or `pip install tzdata`)"
+        ) from None
+    except ValueError:
+        raise ValueError(f"{name!r} is not a time zone name (like Europe/Paris)") from None
+
+
+def _start_in_zone(text: str) -> tuple[_dt.datetime, _dt.tzinfo]:
+    """``--start`` text as (an aware datetime, the clock's zone): a named zone from a
+    ``[Area/City]`` suffix (the wall time read in that zone), else the text's offset."""
+    m = _ZONE_SUFFIX.match(text.strip())
+    if m is None:
+        begin = _aware(text)
+        return begin, begin.tzinfo or _UTC
+    zone = named_zone(m.group(2).strip())
+    wall = m.group(1).strip()
+    if re.fullmatch(r"-?\d+(\.\d+)?", wall):
+        raise ValueError("a named time zone goes after an ISO-8601 time, not epoch seconds")
+    try:
+        given = _dt.datetime.fromisoformat(
+            wall[:-1] + "+00:00" if wall.endswith(("Z", "z")) else wall
+        )
+    except ValueError:
+        raise ValueError(f"{wall!r} is not an ISO-8601 time") from None
+    if given.tzinfo is None:  # a wall-clock time in the zone
+        local = given.replace(tzinfo=zone)
+        if local.astimezone(_UTC).astimezone(zone).replace(tzinfo=None) != given:
+            raise ValueError(
+                f"{wall} does not exist in {zone.key} (the clocks jump over it): "
+                "give a --start that does"
+            )
+        return local, zone
+    if given.utcoffset() != given.astimezone(zone).utcoffset():
+        raise ValueError(
+            f"{wall}'s UTC offset is not {zone.key}'s at that time "
+            f"({given.astimezone(zone).isoformat()[-6:]})"
+        )
+    return given, zone
+
+
 def parse_timestamp(value: object) -> _dt.datetime:
     """An ISO-8601 string or epoch seconds (int, float or digits) as an aware UTC datetime.
 
@@ -128,8 +189,9 @@ class StepClock:
         lateness: how long after a step's window ends it is still open for
             late events (``due``).
         months: calendar months per step (0: the steps are ``step`` wide).
-        zone: the UTC offset of ``--start``: month steps begin on the day and at
-            the time of the start in this offset.
+        zone: the UTC offset of ``--start``, or a named zone (a
+            ``zoneinfo.ZoneInfo``): month steps, and with a named zone steps of
+            whole days, begin on their day at the wall-clock time of the start there.
     """
 
     start: _dt.datetime
@@ -158,21 +220,51 @@ class StepClock:
 
     @classmethod
     def parse(cls, start: str, step: str, lateness: str | None = None) -> StepClock:
-        """A clock from command-line text: ``--start``, ``--step`` and ``--lateness``."""
-        begin = _aware(start)
+        """A clock from command-line text: ``--start`` (``[Area/City]`` at its end for a
+        named time zone), ``--step`` and ``--lateness``."""
+        begin, zone = _start_in_zone(str(start))
         width, months = parse_step(step)
         return cls(
             begin.astimezone(_UTC),
             width,
             parse_duration(lateness) if lateness else _dt.timedelta(0),
             months=months,
-            zone=begin.tzinfo or _UTC,
+            zone=zone,
         )
+
+    @property
+    def named_zone(self) -> str | None:
+        """The IANA name of the clock's zone (None: a fixed UTC offset)."""
+        return self.zone.key if isinstance(self.zone, zoneinfo.ZoneInfo) else None
+
+    @property
+    def calendar_days(self) -> int:
+        """Days per step when steps follow a named zone's calendar (whole days or
+        weeks with a named zone), else 0 (fixed-width steps, or months)."""
+        if self.months or self.named_zone is None:
+            return 0
+        seconds = self.step.total_seconds()
+        return int(seconds // 86400) if seconds % 86400 == 0 else 0
+
+    def _day_boundary(self, k: int) -> _dt.datetime:
+        """Where step k + 1 begins with calendar days: the start's wall-clock time,
+        k steps of days later, in the zone (first of two, or the hour after a gap)."""
+        wall = self.start.astimezone(self.zone).replace(tzinfo=None)
+        local = (wall + _dt.timedelta(days=k * self.calendar_days)).replace(tzinfo=self.zone)
+        return local.astimezone(_UTC)
 
     def step_of(self, when: _dt.datetime) -> int:
         """The step an event at ``when`` belongs to (0: before the start)."""
         if when < self.start:
             return 0
+        days = self.calendar_days
+        if days:
+            k = (when - self.start) // _dt.timedelta(days=days)  # within one step
+            while self._day_boundary(k) > when:
+                k -= 1
+            while self._day_boundary(k + 1) <= when:
+                k += 1
+            return k + 1
         if not self.months:
             return (when - self.start) // self.step + 1
         local, first = when.astimezone(self.zone), self.start.astimezone(self.zone)
@@ -183,12 +275,14 @@ class StepClock:
 
     def due(self, now: _dt.datetime) -> int:
         """The last step whose window (plus the lateness) has ended at ``now`` (0 if none)."""
-        if not self.months:
+        if not self.months and not self.calendar_days:
             return max(0, (now - self.lateness - self.start) // self.step)
         return max(0, self.step_of(now - self.lateness) - 1)
 
     def end_of(self, t: int) -> _dt.datetime:
         """When step t's window ends."""
+        if self.calendar_days:
+            return self._day_boundary(t)
         if not self.months:
             return self.start + t * self.step
         return _add_months(self.start.astimezone(self.zone), t * self.months).astimezone(_UTC)
@@ -208,11 +302,15 @@ class StepClock:
         return f"{seconds:g}s"
 
     def zone_text(self) -> str:
-        """The UTC offset of ``--start``, like ``+01:00`` (``+00:00`` for UTC)."""
+        """The zone's name (``Europe/Paris``), or the UTC offset of ``--start``, like
+        ``+01:00`` (``+00:00`` for UTC)."""
+        if self.named_zone is not None:
+            return self.named_zone
         return self.start.astimezone(self.zone).isoformat()[-6:]
 
     def iso(self, when: _dt.datetime) -> str:
-        """``when`` as ISO-8601 in the clock's zone (the offset of ``--start``)."""
+        """``when`` as ISO-8601 in the clock's zone (the offset of ``--start``, or the
+        named zone's offset at that time)."""
         return when.astimezone(self.zone).isoformat()
 
     def describe(self, horizon: int | None) -> dict[str, object]:

@@ -190,8 +190,10 @@ def run_params(
             lateness_seconds=clock.lateness.total_seconds(),
             follow=bool(cfg.follow),
         )
-        if clock.months:  # calendar months, in the offset of --start
+        if clock.months:  # calendar months, in the offset (or named zone) of --start
             params.update(step_months=clock.months, time_zone=clock.zone_text())
+        elif clock.named_zone is not None:  # days follow the zone's daylight saving
+            params.update(time_zone=clock.zone_text())
     return params
 
 

@@ -9,7 +9,7 @@ events up to the end of its window, so it is drawn where that window ends: a dat
 inside each step (a calendar month is as wide as its step, whatever its days).
 
 Ticks fall on round dates of the clock's time zone (the UTC offset of
-``--start``): the first of a year, of a month, a day, a round hour or minute,
+``--start``, or its named zone): the first of a year, of a month, a day, a round hour or minute,
 whichever gives a handful over the steps drawn.
 """
 
@@ -44,6 +44,9 @@ def clock_of(meta: dict[str, Any] | None) -> StepClock | None:
     start, step = info.get("start"), info.get("step")
     if not isinstance(start, str) or not isinstance(step, str):
         return None
+    zone = info.get("time_zone")
+    if isinstance(zone, str) and zone[:1] not in "+-":  # a named zone, not an offset
+        start = f"{start}[{zone}]"
     try:
         return StepClock.parse(start, step)
     except (ValueError, TypeError, OverflowError):

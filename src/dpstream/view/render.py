@@ -404,7 +404,8 @@ def render_history(snap: Snapshot) -> str:
                 f'<text class="tick date" x="{x(u):.1f}" y="{H - MB + 16}" '
                 f'data-date="{esc(iso)}" text-anchor="middle">{esc(label)}</text>'
             )
-        axis_label = f"end of each step (UTC{clock.zone_text()})"
+        zone = clock.zone_text()
+        axis_label = f"end of each step ({zone if clock.named_zone else 'UTC' + zone})"
     else:
         for t in nice_ticks(t_lo, t_hi):
             if t_lo <= t <= t_hi and float(t).is_integer():

@@ -25,8 +25,9 @@ CLOCK_OPTS: tuple[Opt, ...] = (
         ("--start",),
         "start",
         "with --time-field: when step 1 begins (ISO-8601, e.g. "
-        "2026-03-01T00:00Z, or epoch seconds; its UTC offset is the clock's time zone); "
-        "public, never read from the data",
+        "2026-03-01T00:00Z, or epoch seconds; its UTC offset is the clock's time zone, or "
+        "a named zone with daylight saving: 2026-03-01T00:00[Europe/Paris], where day, "
+        "week and month steps begin at that wall-clock time); public, never read from the data",
         None,
         str,
         metavar="TIMESTAMP",
