@@ -149,6 +149,42 @@ def test_worker_without_dpstream_is_refused_before_writing(
     assert not Path(f"{out}.ledger").exists()  # the check runs before the noise scope
 
 
+def test_worker_with_dpstream_but_no_pandas_is_refused_in_one_line(
+    run_args: list[str], tmp_path: Path
+) -> None:
+    """A worker interpreter that imports dpstream but not pandas (here the base
+    interpreter with dpstream's sources on PYTHONPATH, as ``spark.submit.pyFiles``
+    would ship them) is refused by the check, in one line, before anything is written.
+    ``import dpstream`` is lazy: the version alone passed, and the run failed later
+    with a worker traceback (seen on a standalone cluster)."""
+    import dpstream
+
+    src = str(Path(dpstream.__file__).resolve().parents[1])
+    env = {**_cron_env(), "PYTHONPATH": src}
+    probe = subprocess.run(
+        [str(_BASE_PYTHON), "-c", "import dpstream, pandas"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if "No module named 'pandas'" not in probe.stderr:
+        pytest.skip("the base interpreter imports pandas: the failure cannot be shown here")
+    out = tmp_path / "spark_out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dpstream", *run_args, "--engine", "spark"]
+        + ["--master", "local[1]", "-o", str(out), *own_ledger(out)],
+        capture_output=True,
+        text=True,
+        env={**env, "PYSPARK_PYTHON": str(_BASE_PYTHON)},
+        timeout=600,
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("dpstream: error: Spark master local[1]"), done.stderr[-3000:]
+    assert "No module named 'pandas'" in last
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("master", "local"),
     [

@@ -65,8 +65,16 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
 
 
 def _worker_version(_: Any) -> tuple[str, str]:
-    """Run in a worker: the dpstream version it imports and its interpreter."""
+    """Run in a worker: the dpstream version it imports and its interpreter.
+
+    It imports what the run's tasks import too (NumPy, pandas, PyArrow): a worker
+    that has dpstream but not these (``import dpstream`` loads them lazily) fails
+    here, with one line, rather than in the middle of the run."""
     import sys as worker_sys
+
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import pyarrow  # noqa: F401
 
     import dpstream
 
@@ -117,8 +125,9 @@ def _advice(master: str, cause: str, chosen: str | None) -> str:
         where = f"the driver's interpreter is {sys.executable}"
     else:
         where = (
-            f"install dpstream {_version()} on every worker and set PYSPARK_PYTHON (or "
-            "spark.pyspark.python) to that interpreter; see docs/spark.md"
+            f"install dpstream {_version()} with its spark extra on every worker and set "
+            "PYSPARK_PYTHON, in this command's environment, to that interpreter's path; "
+            "see docs/spark.md"
         )
     return f"Spark master {master}: {cause}. {where}."
 
