@@ -442,6 +442,7 @@ class FoldedInput:
     def _user_events(self, segs: list[tuple[np.ndarray, ...]]) -> Any:
         from ..io.chunks import _unique_inverse
         from ..mechanisms.columns import EventColumns
+        from ..mechanisms.item_table import TakenItems
         from ..mechanisms.users import UserEventColumns
 
         assert self.user_ids is not None
@@ -454,10 +455,12 @@ class FoldedInput:
             used, codes = _unique_inverse(codes, len(self.items))
             items = self.items.take(used)
         else:
-            items = []
+            used, items = np.zeros(0, np.int64), []
         uused, user_of = _unique_inverse(users, len(self.user_ids))
         cols = EventColumns(items, codes, offsets)
-        return UserEventColumns(self.user_ids.take(uused), user_of, cols)
+        # the run-wide ids too: the bounder maps each user and item to its state once
+        ids = (self.user_ids, uused, used)
+        return UserEventColumns(TakenItems(self.user_ids, uused), user_of, cols, ids)
 
     def close(self) -> None:
         """Remove the temporary file (idempotent)."""
