@@ -48,7 +48,14 @@ import numpy as np
 from .. import compiled
 from .columns import object_addresses
 
-__all__ = ["ItemTable", "TableItems", "TakenItems", "domain_table", "release_items"]
+__all__ = [
+    "ItemTable",
+    "TableItems",
+    "TakenItems",
+    "domain_table",
+    "release_items",
+    "take_at",
+]
 
 _STR = frozenset((str,))
 _MIN_SLOTS = 16
@@ -514,6 +521,18 @@ class TakenItems(Sequence):  # type: ignore[type-arg]
     def __iter__(self) -> Any:
         return iter(self._table.take(self._positions))
 
+    @property
+    def all_str(self) -> bool:
+        """Whether every item is a ``str`` (so none of another type: not read to know)."""
+        return self._table.all_str
+
     def take(self, at: Sequence[int] | np.ndarray) -> list[Hashable]:
         """The items at the places ``at`` of this sequence (one call)."""
         return self._table.take(self._positions[np.asarray(at, dtype=np.int64)])
+
+
+def take_at(seq: Sequence[Any], at: np.ndarray) -> list[Any]:
+    """``seq``'s entries at the positions ``at`` (one call for a :class:`TakenItems`)."""
+    if isinstance(seq, TakenItems):
+        return seq.take(at)
+    return [seq[j] for j in at.tolist()]

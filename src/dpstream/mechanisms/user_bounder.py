@@ -51,7 +51,7 @@ import numpy as np
 from .. import compiled
 from ..bounding import BoundingStats, ContributionBounder, UserBounds
 from .columns import distinct_in_events
-from .item_table import ItemTable
+from .item_table import ItemTable, take_at
 
 __all__ = ["ColumnBounder", "ColumnPending"]
 
@@ -346,7 +346,7 @@ class ColumnBounder:
         out = np.array(index, dtype=np.int64)
         miss = np.flatnonzero(out < 0)
         if miss.size and len(table):
-            out[miss] = table.lookup([keys[i] for i in miss.tolist()])
+            out[miss] = table.lookup(take_at(keys, miss))
         return out
 
     def _bound_compiled(
@@ -429,7 +429,7 @@ class ColumnBounder:
                 pending.item_known = np.array(item_known, dtype=np.int64)
                 wanted &= pending.item_known < 0
             at = np.flatnonzero(wanted)
-            pending.item_known[at] = self._items.lookup([items[i] for i in at.tolist()])
+            pending.item_known[at] = self._items.lookup(take_at(items, at))
             gi = pending.item_known[g_code]
             old = (gu >= 0) & (gi >= 0)
             if old.any():
@@ -514,7 +514,7 @@ class ColumnBounder:
                 if miss.size:
                     its = pending.items
                     absent = pending.items_looked_up and pending.sizes[1] == len(self._items)
-                    item_at[miss] = _add(self._items, [its[i] for i in miss.tolist()], absent)
+                    item_at[miss] = _add(self._items, take_at(its, miss), absent)
                 if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
                     raise OverflowError("more than 2^31 users or 2^32 items held")
                 keys = (index[pending.pair_user] << _SHIFT) | item_at[codes]

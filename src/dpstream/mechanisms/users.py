@@ -26,7 +26,7 @@ from ..noise import NoiseKey
 from ..privacy import PrivacyGuarantee
 from .base import check_max_items, normalise_event
 from .columns import _PLAIN, EventColumns, distinct_in_events
-from .item_table import TakenItems
+from .item_table import TakenItems, take_at
 from .user_bounder import ColumnBounder
 
 __all__ = [
@@ -129,10 +129,9 @@ class UserEventColumns:
     def pairs(self) -> list[tuple[object, list[Hashable]]]:
         """The events as ``(user, items)`` pairs (the per-event path, and for tests)."""
         users = list(self.users)
-        return [
-            (users[u], ev)
-            for u, ev in zip(self.user_of.tolist(), self.events.events(), strict=True)
-        ]
+        cols = self.events
+        events = EventColumns(list(cols.items), cols.codes, cols.offsets).events()
+        return [(users[u], ev) for u, ev in zip(self.user_of.tolist(), events, strict=True)]
 
 
 class _RunIndex:
@@ -286,13 +285,15 @@ class UserLevel:
         raises the same error as for a list of pairs."""
         cols = events.events
         items, codes, offsets = cols.items, cols.codes, cols.offsets
-        plain = _PLAIN.issuperset(map(type, items))
+        plain = (isinstance(items, TakenItems) and items.all_str) or _PLAIN.issuperset(
+            map(type, items)
+        )
         first, distinct = distinct_in_events(codes, offsets)
         if max_items is not None and distinct.size and int(distinct.max()) > max_items:
             plain = False
         if plain and check is not None and codes.size:
             try:
-                check(tuple(items[i] for i in np.unique(codes).tolist()))
+                check(tuple(take_at(items, np.unique(codes))))
             except InvalidEventError:
                 plain = False
         users = self._users_of(events) if plain else None
@@ -320,7 +321,9 @@ class UserLevel:
         if not present.all():
             used = np.flatnonzero(present)
             kept = (np.cumsum(present) - 1)[kept]
-            items = [items[i] for i in used.tolist()]
+            items = take_at(items, used)
+        elif not isinstance(items, list):
+            items = list(items)
         return EventColumns(items, kept, new_offsets), pending
 
     def _users_of(self, events: UserEventColumns) -> tuple[Any, ...] | None:
@@ -335,7 +338,7 @@ class UserLevel:
                 index = self._run_index = _RunIndex(source, self.bounder)
             known, item_known = index.of(uids, iids)
             miss = np.flatnonzero(known < 0)
-            ids = _pick(events.users, miss)
+            ids = take_at(events.users, miss)
             if _PLAIN.issuperset(map(type, ids)):
                 fresh = self.hasher.many(ids, hex=True)
                 found = self.bounder.user_index(fresh)
@@ -386,13 +389,6 @@ class UserLevel:
     def users(self) -> int:
         """Users tracked so far (not private)."""
         return len(self.bounder)
-
-
-def _pick(seq: Sequence[Any], at: np.ndarray) -> list[Any]:
-    """``seq``'s entries at the positions ``at`` (one call for an item table's view)."""
-    if isinstance(seq, TakenItems):
-        return seq.take(at)
-    return [seq[j] for j in at.tolist()]
 
 
 def bound_user_events(
