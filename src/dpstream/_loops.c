@@ -1664,6 +1664,11 @@ get_counts(PyObject *obj, Py_buffer *b, int writable)
     return 0;
 }
 
+/* a (user, item) pair of user_bound's batch: its key, its place in pair_*, its count */
+typedef struct {
+    int64_t key, pair, count;
+} pair_slot;
+
 #define COUNT_AT(b, i) \
     ((b).itemsize == 8 ? ((const int64_t *)(b).buf)[i] : (int64_t)((const int32_t *)(b).buf)[i])
 
@@ -1676,10 +1681,10 @@ get_counts(PyObject *obj, Py_buffer *b, int writable)
  * (one byte per occurrence, or None: all) marks the occurrences to bound, the others
  * are not kept. held (per user of the batch, int64) holds each user's items held on
  * entry and on return. keep (one byte per occurrence, zeroed) gets 1 per kept
- * occurrence. Per (user, item) pair the batch has, in order of first occurrence:
- * the user's place in uidx, the item's code, its count after the batch and before it
- * (0: not held), into pair_* (int64, room for one pair per occurrence). Returns
- * (pairs, kept, dropped_new_item, dropped_count). */
+ * occurrence. Per (user, item) pair of the batch that keeps an occurrence, in order
+ * of first occurrence: the user's place in uidx, the item's code, its count after the
+ * batch and before it (0: not held), into pair_* (int64, room for one pair per
+ * occurrence). Returns (those pairs, kept, dropped_new_item, dropped_count). */
 static PyObject *
 user_bound(PyObject *self, PyObject *args)
 {
@@ -1703,7 +1708,8 @@ user_bound(PyObject *self, PyObject *args)
         return NULL;
     PyObject *res = NULL;
     int got = 0;
-    int64_t *local = NULL, *occ = NULL;
+    pair_slot *local = NULL;
+    int64_t *occ = NULL;
     if (get_counts(cobj, &cb, 0) < 0)
         goto done;
     got = 1;
@@ -1752,18 +1758,19 @@ user_bound(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "user_bound: an item index out of range");
             goto done;
         }
-    /* the batch's pairs: a local table of their places in pair_* */
+    /* the batch's pairs: a local table of their keys, places in pair_* and counts so
+     * far (one slot read per occurrence); the counts go to pair_count at the end */
     int lbits = 4;
     while (((Py_ssize_t)1 << lbits) < 2 * n)
         lbits++;
     Py_ssize_t lsize = (Py_ssize_t)1 << lbits, lmask = lsize - 1, mask = size - 1;
-    local = PyMem_Malloc(lsize * sizeof(int64_t));
+    local = PyMem_Malloc(lsize * sizeof(pair_slot));
     if (local == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t s = 0; s < lsize; s++)
-        local[s] = -1;
+        local[s].pair = -1;
     /* each occurrence's user and home slot in the state's table (-1: not looked up
      * there), so that the slot of an occurrence a few ahead is fetched from memory
      * while this one is decided (the table is large, its slots read at random) */
@@ -1792,47 +1799,56 @@ user_bound(PyObject *self, PyObject *args)
         }
         if (first != NULL && !first[o])
             continue;
-        int64_t j = occ_user[o], u = uidx[j];
-        {
-            int64_t code = codes[o], i = iidx[code], key = (u << 32) | i;
-            Py_ssize_t s = pair_home(key, lbits);
-            int64_t p;
-            for (;;) {
-                p = local[s];
-                if (p < 0 || (pu[p] == j && pc[p] == code))
-                    break;
-                s = (s + 1) & lmask;
+        int64_t j = occ_user[o], code = codes[o], key = (uidx[j] << 32) | iidx[code];
+        Py_ssize_t s = pair_home(key, lbits);
+        while (local[s].pair >= 0 && local[s].key != key)
+            s = (s + 1) & lmask;
+        pair_slot *slot = &local[s];
+        if (slot->pair < 0) { /* the pair's first occurrence in the batch: its count before */
+            int64_t c0 = 0;
+            if (occ_home[o] >= 0) {
+                Py_ssize_t g = occ_home[o];
+                while (keys[g] != PAIR_EMPTY && keys[g] != key)
+                    g = (g + 1) & mask;
+                if (keys[g] == key)
+                    c0 = COUNT_AT(cb, g);
             }
-            if (p < 0) { /* the pair's first occurrence in the batch: its count before */
-                int64_t c0 = 0;
-                if (occ_home[o] >= 0) {
-                    Py_ssize_t g = occ_home[o];
-                    while (keys[g] != PAIR_EMPTY && keys[g] != key)
-                        g = (g + 1) & mask;
-                    if (keys[g] == key)
-                        c0 = COUNT_AT(cb, g);
-                }
-                p = local[s] = pairs++;
-                pu[p] = j;
-                pc[p] = code;
-                pn[p] = pb[p] = c0;
-            }
-            if (pn[p] > 0) { /* held: kept while under Linf */
-                if (pn[p] < linf) {
-                    pn[p]++;
-                    keep[o] = 1;
-                    kept++;
-                } else
-                    dropped_count++;
-            } else if (held[j] < l0 && linf > 0) { /* a new item, while the user has room */
-                held[j]++;
-                pn[p] = 1;
+            slot->key = key;
+            slot->pair = pairs;
+            slot->count = c0;
+            pu[pairs] = j;
+            pc[pairs] = code;
+            pb[pairs] = c0;
+            pairs++;
+        }
+        if (slot->count > 0) { /* held: kept while under Linf */
+            if (slot->count < linf) {
+                slot->count++;
                 keep[o] = 1;
                 kept++;
             } else
-                dropped_new++;
-        }
+                dropped_count++;
+        } else if (held[j] < l0 && linf > 0) { /* a new item, while the user has room */
+            held[j]++;
+            slot->count = 1;
+            keep[o] = 1;
+            kept++;
+        } else
+            dropped_new++;
     }
+    for (Py_ssize_t s = 0; s < lsize; s++)
+        if (local[s].pair >= 0)
+            pn[local[s].pair] = local[s].count;
+    int64_t touched = 0; /* the pairs that keep an occurrence, in order, first */
+    for (int64_t p = 0; p < pairs; p++)
+        if (pn[p] > pb[p]) {
+            pu[touched] = pu[p];
+            pc[touched] = pc[p];
+            pn[touched] = pn[p];
+            pb[touched] = pb[p];
+            touched++;
+        }
+    pairs = touched;
     res = Py_BuildValue("LLLL", (long long)pairs, (long long)kept, (long long)dropped_new,
                         (long long)dropped_count);
 done:

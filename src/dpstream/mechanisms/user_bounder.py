@@ -32,12 +32,12 @@ which it does not change), and ``_loops.pair_store`` writes the counts at
 commit: the same decisions, the same state (the tests run both against the
 event-at-a-time bounder, and one after the other on one state).
 
-The state is a table of the users' keyed hashes (dense indices), the number of items each holds,
-the kept items once each, and the counts of the held (user, item) pairs in an
-open-addressing hash table of int64 keys ``user << 32 | item`` (linear
-probing, at most half full, probed for a whole batch at once: a batch costs
-about its own size, whatever the state holds). About 160, 260 and 450 bytes
-per user holding 1, 3 and 10 items (``bench/bench_bounding.py``).
+The state is a table of the users' keyed hashes (dense indices), the number of
+items each holds, the kept items once each, and the counts of the held (user,
+item) pairs in an open-addressing hash table of int64 keys ``user << 32 | item``
+(linear probing, at most half full: a batch costs about its own size, whatever
+the state holds). About 160, 260 and 450
+bytes per user holding 1, 3 and 10 items (``bench/bench_bounding.py``).
 """
 
 from __future__ import annotations
@@ -378,11 +378,10 @@ class ColumnBounder:
             self.bounds.max_items_per_user, self.bounds.max_count_per_item,
             pending.held, keep.view(np.uint8), out[0], out[1], out[2], out[3],
         )  # fmt: skip
-        touched = np.flatnonzero(out[2, :pairs] > out[3, :pairs])
-        pending.pair_user = out[0, touched]
-        pending.pair_code = out[1, touched]
-        pending.pair_count = out[2, touched]
-        pending.pair_before = out[3, touched]
+        pending.pair_user = out[0, :pairs]  # (the pairs that keep an occurrence)
+        pending.pair_code = out[1, :pairs]
+        pending.pair_count = out[2, :pairs]
+        pending.pair_before = out[3, :pairs]
         st = pending.stats
         st.kept = kept
         st.dropped_new_item = new_dropped
@@ -510,7 +509,9 @@ class ColumnBounder:
             if pending.pair_user.size:
                 item_at = pending.item_known
                 codes = pending.pair_code
-                miss = np.unique(codes[item_at[codes] < 0])
+                need = np.zeros(len(item_at), dtype=bool)  # (each item once, in order)
+                need[codes[item_at[codes] < 0]] = True
+                miss = np.flatnonzero(need)
                 if miss.size:
                     its = pending.items
                     absent = pending.items_looked_up and pending.sizes[1] == len(self._items)
