@@ -12,12 +12,14 @@ given the list of pairs.
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
 import pytest
 
 import dpstream as dps
+from dpstream import compiled
 from dpstream.bounding import ContributionBounder, UserBounds
 from dpstream.errors import InvalidEventError
 from dpstream.mechanisms import user_bounder
@@ -49,12 +51,25 @@ def _same_state(py: ContributionBounder, col: ColumnBounder, users) -> None:
         assert col.kept_of(u) == py.kept_of(u)
 
 
+def _loops(kind: str) -> contextlib.AbstractContextManager[None]:
+    """The C loops (the batch bounded event by event in C) or the NumPy path (sorts)."""
+    if kind == "c" and not compiled.enabled():
+        pytest.skip("the C loops are not built")
+    return compiled.numpy_only() if kind == "numpy" else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("loops", ["c", "numpy"])
 @pytest.mark.parametrize("slots", [2, 4, 64])
-def test_the_column_bounder_keeps_what_the_event_bounder_keeps(monkeypatch, slots):
+def test_the_column_bounder_keeps_what_the_event_bounder_keeps(monkeypatch, slots, loops):
     """Random batches, bounds from (1, 1) to (4, 3), a fifth of the batches rejected
     (bounded, never committed); the pair table starting with 2 slots (rehashed at
-    almost every batch, long probe runs), 4 or 64."""
+    almost every batch, long probe runs), 4 or 64; in C and with NumPy."""
     monkeypatch.setattr(user_bounder, "_MIN_SLOTS", slots)
+    with _loops(loops):
+        _random_batches()
+
+
+def _random_batches() -> None:
     for seed in range(150):
         rng = random.Random(seed)
         bounds = UserBounds(rng.randint(1, 4), rng.randint(1, 3))
@@ -69,6 +84,27 @@ def test_the_column_bounder_keeps_what_the_event_bounder_keeps(monkeypatch, slot
             if rng.random() < 0.8:
                 py.commit(pend_py)
                 col.commit(pend_col)
+            _same_state(py, col, users)
+
+
+def test_the_c_and_numpy_paths_share_one_state():
+    """Batches bounded in turn by the C loop and by NumPy's sorts (a state made by one
+    read and grown by the other: the same table layout, the same hash of a slot)."""
+    if not compiled.enabled():
+        pytest.skip("the C loops are not built")
+    for seed in range(40):
+        rng = random.Random(500 + seed)
+        bounds = UserBounds(rng.randint(1, 4), rng.randint(1, 3))
+        py, col = ContributionBounder(bounds), ColumnBounder(bounds)
+        users = [f"u{i}".encode() for i in range(7)]
+        for n in range(10):
+            batch = _batch(rng, len(users), "abcdefgh")
+            kept_py, pend_py = py.bound(batch)
+            with compiled.numpy_only() if n % 2 else contextlib.nullcontext():
+                kept_col, pend_col = col.bound(batch)
+                col.commit(pend_col)
+            py.commit(pend_py)
+            assert kept_col == kept_py, (seed, batch)
             _same_state(py, col, users)
 
 
@@ -233,10 +269,16 @@ def test_the_hasher_hashes_many_ids_as_it_hashes_one():
         hasher.many(["a", 1.5])
 
 
-def test_the_pair_table_holds_what_a_dict_holds(monkeypatch):
+@pytest.mark.parametrize("loops", ["c", "numpy"])
+def test_the_pair_table_holds_what_a_dict_holds(monkeypatch, loops):
     """The open-addressing table under many keys (and keys that share a home slot),
     stored in batches of updates and new keys, against a dict."""
     monkeypatch.setattr(user_bounder, "_MIN_SLOTS", 2)
+    with _loops(loops):
+        _pair_table_batches()
+
+
+def _pair_table_batches() -> None:
     rng = np.random.default_rng(11)  # test data
     b = ColumnBounder(UserBounds(1, 1))
     want: dict[int, int] = {}

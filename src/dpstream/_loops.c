@@ -1706,6 +1706,313 @@ top_k(PyObject *self, PyObject *args)
     return PyBool_FromLong(ok);
 }
 
+/* The pair table of mechanisms.user_bounder.ColumnBounder: open addressing over int64
+ * keys user << 32 | item (-1: an empty slot), linear probing from the key's home slot
+ * (Fibonacci hashing, the top bits of key * 2^64 / phi: _slots_of's), a power-of-two
+ * number of slots; the counts beside it, int32 or int64. */
+#define PAIR_EMPTY (-1)
+
+static inline Py_ssize_t
+pair_home(int64_t key, int bits)
+{
+    return (Py_ssize_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+}
+
+static int
+table_bits(Py_ssize_t size)
+{
+    int bits = 0;
+    while (((Py_ssize_t)1 << bits) < size)
+        bits++;
+    return ((Py_ssize_t)1 << bits) == size && bits > 0 ? bits : -1;
+}
+
+/* counts: int32 or int64, writable or not */
+static int
+get_counts(PyObject *obj, Py_buffer *b, int writable)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, b, flags) < 0)
+        return -1;
+    if (!(format_is_size(b, I64, 8) || format_is_size(b, "il", 4))) {
+        PyErr_Format(PyExc_TypeError, "counts: wrong item type (format %s)",
+                     b->format ? b->format : "B");
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* a (user, item) pair of user_bound's batch: its key, its place in pair_*, its count */
+typedef struct {
+    int64_t key, pair, count;
+} pair_slot;
+
+#define COUNT_AT(b, i) \
+    ((b).itemsize == 8 ? ((const int64_t *)(b).buf)[i] : (int64_t)((const int32_t *)(b).buf)[i])
+
+/* user_bound(keys, counts, n_users, n_items, uidx, user_of, iidx, codes, offsets, first,
+ * l0, linf, held, keep, pair_user, pair_code, pair_count, pair_before): first come,
+ * first kept over one batch, event by event (ContributionBounder's rule), reading the
+ * state's pair table and changing nothing of it. Event e is user uidx[user_of[e]]'s
+ * (an index of the state when below n_users, else a user new to it) and holds the
+ * items iidx[codes[offsets[e]..offsets[e + 1]]] (the same, against n_items); first
+ * (one byte per occurrence, or None: all) marks the occurrences to bound, the others
+ * are not kept. held (per user of the batch, int64) holds each user's items held on
+ * entry and on return. keep (one byte per occurrence, zeroed) gets 1 per kept
+ * occurrence. Per (user, item) pair of the batch that keeps an occurrence, in order
+ * of first occurrence: the user's place in uidx, the item's code, its count after the
+ * batch and before it (0: not held), into pair_* (int64, room for one pair per
+ * occurrence). Returns (those pairs, kept, dropped_new_item, dropped_count). */
+static PyObject *
+user_bound(PyObject *self, PyObject *args)
+{
+    PyObject *kobj, *cobj, *uobj, *ofobj, *iobj, *codobj, *offobj, *fobj, *hobj, *keepobj;
+    PyObject *puobj, *pcobj, *pnobj, *pbobj;
+    long long n_users, n_items, l0, linf;
+    if (!PyArg_ParseTuple(args, "OOLLOOOOOOLLOOOOOO", &kobj, &cobj, &n_users, &n_items,
+                          &uobj, &ofobj, &iobj, &codobj, &offobj, &fobj, &l0, &linf, &hobj,
+                          &keepobj, &puobj, &pcobj, &pnobj, &pbobj))
+        return NULL;
+    enum { KEYS, UIDX, USER_OF, IIDX, CODES, OFFSETS, HELD, PU, PC, PN, PB, NA };
+    PyObject *objs[NA] = {kobj, uobj, ofobj, iobj, codobj, offobj, hobj,
+                          puobj, pcobj, pnobj, pbobj};
+    static const array_spec spec[NA] = {
+        {"keys", I64, 0}, {"uidx", I64, 0}, {"user_of", I64, 0}, {"iidx", I64, 0},
+        {"codes", I64, 0}, {"offsets", I64, 0}, {"held", I64, 1}, {"pair_user", I64, 1},
+        {"pair_code", I64, 1}, {"pair_count", I64, 1}, {"pair_before", I64, 1},
+    };
+    Py_buffer b[NA], cb, kb, fb;
+    if (get_arrays(objs, b, spec, NA) < 0)
+        return NULL;
+    PyObject *res = NULL;
+    int got = 0;
+    pair_slot *local = NULL;
+    int64_t *occ = NULL;
+    if (get_counts(cobj, &cb, 0) < 0)
+        goto done;
+    got = 1;
+    if (PyObject_GetBuffer(keepobj, &kb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 2;
+    int has_first = fobj != Py_None;
+    if (has_first) {
+        if (PyObject_GetBuffer(fobj, &fb, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        got = 3;
+    }
+    const int64_t *keys = b[KEYS].buf, *uidx = b[UIDX].buf, *user_of = b[USER_OF].buf;
+    const int64_t *iidx = b[IIDX].buf, *codes = b[CODES].buf, *off = b[OFFSETS].buf;
+    int64_t *held = b[HELD].buf, *pu = b[PU].buf, *pc = b[PC].buf, *pn = b[PN].buf;
+    int64_t *pb = b[PB].buf;
+    unsigned char *keep = kb.buf;
+    const unsigned char *first = has_first ? fb.buf : NULL;
+    Py_ssize_t size = b[KEYS].len / 8, nu = b[UIDX].len / 8, ne = b[USER_OF].len / 8;
+    Py_ssize_t ni = b[IIDX].len / 8, n = b[CODES].len / 8;
+    int bits = table_bits(size);
+    if (bits < 0 || cb.len / cb.itemsize != size || b[OFFSETS].len / 8 != ne + 1 ||
+        b[HELD].len / 8 != nu || kb.len != n || (has_first && fb.len != n) ||
+        b[PU].len / 8 < n || b[PC].len / 8 < n || b[PN].len / 8 < n || b[PB].len / 8 < n ||
+        off[0] != 0 || off[ne] != n) {
+        PyErr_SetString(PyExc_ValueError, "user_bound: the arrays do not agree");
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < ne; e++)
+        if (off[e + 1] < off[e] || user_of[e] < 0 || user_of[e] >= nu) {
+            PyErr_SetString(PyExc_ValueError, "user_bound: offsets or users out of range");
+            goto done;
+        }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (codes[i] < 0 || codes[i] >= ni) {
+            PyErr_SetString(PyExc_ValueError, "user_bound: an item code out of range");
+            goto done;
+        }
+    for (Py_ssize_t j = 0; j < nu; j++)
+        if (uidx[j] < 0 || uidx[j] >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError, "user_bound: a user index out of range");
+            goto done;
+        }
+    for (Py_ssize_t j = 0; j < ni; j++)
+        if (iidx[j] < 0 || iidx[j] >= ((int64_t)1 << 32)) {
+            PyErr_SetString(PyExc_ValueError, "user_bound: an item index out of range");
+            goto done;
+        }
+    /* the batch's pairs: a local table of their keys, places in pair_* and counts so
+     * far (one slot read per occurrence); the counts go to pair_count at the end */
+    int lbits = 4;
+    while (((Py_ssize_t)1 << lbits) < 2 * n)
+        lbits++;
+    Py_ssize_t lsize = (Py_ssize_t)1 << lbits, lmask = lsize - 1, mask = size - 1;
+    local = PyMem_Malloc(lsize * sizeof(pair_slot));
+    if (local == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < lsize; s++)
+        local[s].pair = -1;
+    /* each occurrence's user and home slot in the state's table (-1: not looked up
+     * there), so that the slot of an occurrence a few ahead is fetched from memory
+     * while this one is decided (the table is large, its slots read at random) */
+    occ = PyMem_Malloc(2 * (n > 0 ? n : 1) * sizeof(int64_t));
+    if (occ == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *occ_user = occ, *occ_home = occ + n;
+    for (Py_ssize_t e = 0; e < ne; e++) {
+        int64_t j = user_of[e], u = uidx[j];
+        for (int64_t o = off[e]; o < off[e + 1]; o++) {
+            int64_t i = iidx[codes[o]];
+            occ_user[o] = j;
+            occ_home[o] = (u < n_users && i < n_items && (first == NULL || first[o]))
+                              ? (int64_t)pair_home((u << 32) | i, bits)
+                              : -1;
+        }
+    }
+    int64_t pairs = 0, kept = 0, dropped_new = 0, dropped_count = 0;
+    const Py_ssize_t ahead = 16;
+    for (Py_ssize_t o = 0; o < n; o++) {
+        if (o + ahead < n && occ_home[o + ahead] >= 0) {
+            __builtin_prefetch(&keys[occ_home[o + ahead]]);
+            __builtin_prefetch((const char *)cb.buf + occ_home[o + ahead] * cb.itemsize);
+        }
+        if (first != NULL && !first[o])
+            continue;
+        int64_t j = occ_user[o], code = codes[o], key = (uidx[j] << 32) | iidx[code];
+        Py_ssize_t s = pair_home(key, lbits);
+        while (local[s].pair >= 0 && local[s].key != key)
+            s = (s + 1) & lmask;
+        pair_slot *slot = &local[s];
+        if (slot->pair < 0) { /* the pair's first occurrence in the batch: its count before */
+            int64_t c0 = 0;
+            if (occ_home[o] >= 0) {
+                Py_ssize_t g = occ_home[o];
+                while (keys[g] != PAIR_EMPTY && keys[g] != key)
+                    g = (g + 1) & mask;
+                if (keys[g] == key)
+                    c0 = COUNT_AT(cb, g);
+            }
+            slot->key = key;
+            slot->pair = pairs;
+            slot->count = c0;
+            pu[pairs] = j;
+            pc[pairs] = code;
+            pb[pairs] = c0;
+            pairs++;
+        }
+        if (slot->count > 0) { /* held: kept while under Linf */
+            if (slot->count < linf) {
+                slot->count++;
+                keep[o] = 1;
+                kept++;
+            } else
+                dropped_count++;
+        } else if (held[j] < l0 && linf > 0) { /* a new item, while the user has room */
+            held[j]++;
+            slot->count = 1;
+            keep[o] = 1;
+            kept++;
+        } else
+            dropped_new++;
+    }
+    for (Py_ssize_t s = 0; s < lsize; s++)
+        if (local[s].pair >= 0)
+            pn[local[s].pair] = local[s].count;
+    int64_t touched = 0; /* the pairs that keep an occurrence, in order, first */
+    for (int64_t p = 0; p < pairs; p++)
+        if (pn[p] > pb[p]) {
+            pu[touched] = pu[p];
+            pc[touched] = pc[p];
+            pn[touched] = pn[p];
+            pb[touched] = pb[p];
+            touched++;
+        }
+    pairs = touched;
+    res = Py_BuildValue("LLLL", (long long)pairs, (long long)kept, (long long)dropped_new,
+                        (long long)dropped_count);
+done:
+    PyMem_Free(local);
+    PyMem_Free(occ);
+    if (got > 2)
+        PyBuffer_Release(&fb);
+    if (got > 1)
+        PyBuffer_Release(&kb);
+    if (got > 0)
+        PyBuffer_Release(&cb);
+    release_arrays(b, NA);
+    return res;
+}
+
+/* pair_store(keys, counts, new_keys, new_counts, filled): set the counts of distinct keys
+ * in the pair table, which holds ``filled`` keys, adding the keys it does not hold (the
+ * caller leaves room: the table is at most half full after). Returns the number of
+ * keys added. */
+static PyObject *
+pair_store(PyObject *self, PyObject *args)
+{
+    PyObject *kobj, *cobj, *nkobj, *ncobj;
+    Py_ssize_t filled;
+    if (!PyArg_ParseTuple(args, "OOOOn", &kobj, &cobj, &nkobj, &ncobj, &filled))
+        return NULL;
+    Py_buffer k, c, nk, nc;
+    if (get(kobj, &k, 1, I64, "keys") < 0)
+        return NULL;
+    PyObject *res = NULL;
+    int got = 1;
+    if (get_counts(cobj, &c, 1) < 0)
+        goto done;
+    got = 2;
+    if (get(nkobj, &nk, 0, I64, "new_keys") < 0)
+        goto done;
+    got = 3;
+    if (get(ncobj, &nc, 0, I64, "new_counts") < 0)
+        goto done;
+    got = 4;
+    Py_ssize_t size = k.len / 8, n = nk.len / 8;
+    int bits = table_bits(size);
+    if (bits < 0 || c.len / c.itemsize != size || nc.len / 8 != n || filled < 0 ||
+        filled >= size) {
+        PyErr_SetString(PyExc_ValueError, "pair_store: the arrays do not agree");
+        goto done;
+    }
+    int64_t *keys = k.buf;
+    const int64_t *add = nk.buf, *val = nc.buf;
+    Py_ssize_t mask = size - 1, free_slots = size - filled, added = 0;
+    for (Py_ssize_t x = 0; x < n; x++) {
+        int64_t key = add[x];
+        if (key == PAIR_EMPTY) {
+            PyErr_SetString(PyExc_ValueError, "pair_store: the key -1 marks an empty slot");
+            goto done;
+        }
+        Py_ssize_t s = pair_home(key, bits);
+        while (keys[s] != PAIR_EMPTY && keys[s] != key)
+            s = (s + 1) & mask;
+        if (keys[s] == PAIR_EMPTY) {
+            if (free_slots <= 1) { /* one empty slot always stays: a probe ends */
+                PyErr_SetString(PyExc_ValueError, "pair_store: the table is full");
+                goto done;
+            }
+            keys[s] = key;
+            free_slots--;
+            added++;
+        }
+        if (c.itemsize == 8)
+            ((int64_t *)c.buf)[s] = val[x];
+        else
+            ((int32_t *)c.buf)[s] = (int32_t)val[x];
+    }
+    res = PyLong_FromSsize_t(added);
+done:
+    if (got > 3)
+        PyBuffer_Release(&nc);
+    if (got > 2)
+        PyBuffer_Release(&nk);
+    if (got > 1)
+        PyBuffer_Release(&c);
+    PyBuffer_Release(&k);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"ziggurat", ziggurat, METH_VARARGS,
      "The ziggurat's fast path and wedge test over a chunk (see dpstream.compiled)."},
@@ -1737,6 +2044,9 @@ static PyMethodDef methods[] = {
      "SHA-256 without the x86 SHA extensions (True) or with them where there (False)."},
     {"top_k", top_k, METH_VARARGS,
      "Indices of the largest values, largest first, ties by smaller index (or False: NaN)."},
+    {"user_bound", user_bound, METH_VARARGS,
+     "First come, first kept over a batch, against the user bounder's pair table."},
+    {"pair_store", pair_store, METH_VARARGS, "Set counts in the user bounder's pair table."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,3 +68,27 @@ def sha256_portable(flag: bool, /) -> bool: ...
 def blt_step(theta: _F64, omega: _F64, buffers: _F64, total: _F64, z: _F64, /) -> None: ...
 def event_duplicates(cols: _I64, offsets: _I64, keep: _Array, distinct: _I64, /) -> int: ...
 def top_k(values: _F64, out: _I64, /) -> bool: ...
+def user_bound(
+    keys: _I64,
+    counts: _Array,
+    n_users: int,
+    n_items: int,
+    uidx: _I64,
+    user_of: _I64,
+    iidx: _I64,
+    codes: _I64,
+    offsets: _I64,
+    first: _Array | None,
+    l0: int,
+    linf: int,
+    held: _I64,
+    keep: _Array,
+    pair_user: _I64,
+    pair_code: _I64,
+    pair_count: _I64,
+    pair_before: _I64,
+    /,
+) -> tuple[int, int, int, int]: ...
+def pair_store(
+    keys: _I64, counts: _Array, new_keys: _I64, new_counts: _I64, filled: int, /
+) -> int: ...

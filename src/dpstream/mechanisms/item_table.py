@@ -48,7 +48,14 @@ import numpy as np
 from .. import compiled
 from .columns import object_addresses
 
-__all__ = ["ItemTable", "TableItems", "domain_table", "release_items"]
+__all__ = [
+    "ItemTable",
+    "TableItems",
+    "TakenItems",
+    "domain_table",
+    "release_items",
+    "take_at",
+]
 
 _STR = frozenset((str,))
 _MIN_SLOTS = 16
@@ -490,3 +497,42 @@ class TableItems(Sequence):  # type: ignore[type-arg]
         head = ", ".join(map(repr, self.take(np.arange(min(self._n, 5), dtype=np.int64))))
         more = ", ..." if self._n > 5 else ""
         return f"TableItems([{head}{more}], n={self._n})"
+
+
+class TakenItems(Sequence):  # type: ignore[type-arg]
+    """The items of an :class:`ItemTable` at some positions, as a read-only sequence made
+    into Python objects only when read: a step's users handed on by their run-wide
+    ids, of whom the bounder reads only those it has not met (:meth:`take`)."""
+
+    __slots__ = ("_table", "_positions")
+
+    def __init__(self, table: ItemTable, positions: np.ndarray) -> None:
+        self._table = table
+        self._positions = np.asarray(positions, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._positions.size)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self._table.take(self._positions[index])
+        return self._table.take(self._positions[[operator.index(index)]])[0]
+
+    def __iter__(self) -> Any:
+        return iter(self._table.take(self._positions))
+
+    @property
+    def all_str(self) -> bool:
+        """Whether every item is a ``str`` (so none of another type: not read to know)."""
+        return self._table.all_str
+
+    def take(self, at: Sequence[int] | np.ndarray) -> list[Hashable]:
+        """The items at the places ``at`` of this sequence (one call)."""
+        return self._table.take(self._positions[np.asarray(at, dtype=np.int64)])
+
+
+def take_at(seq: Sequence[Any], at: np.ndarray) -> list[Any]:
+    """``seq``'s entries at the positions ``at`` (one call for a :class:`TakenItems`)."""
+    if isinstance(seq, TakenItems):
+        return seq.take(at)
+    return [seq[j] for j in at.tolist()]

@@ -1,4 +1,4 @@
-"""First come, first kept, over a whole batch of events at once (NumPy).
+"""First come, first kept, over a whole batch of events at once (NumPy, or C).
 
 Layer 5 of dpstream (the state of :class:`~dpstream.mechanisms.users.UserLevel`).
 Pure code: no noise, no I/O. :class:`ColumnBounder` keeps each user within
@@ -24,13 +24,20 @@ pair's count before the batch (0: not held) and h0 the user's held items:
   admitted pair then keeps its ranks r < Linf, a refused one keeps nothing
   (the user stays full, so each later occurrence is refused too).
 
-So one stable sort by (user, item) gives every decision. The state is a table
-of the users' keyed hashes (dense indices), the number of items each holds,
-the kept items once each, and the counts of the held (user, item) pairs in an
-open-addressing hash table of int64 keys ``user << 32 | item`` (linear
-probing, at most half full, probed for a whole batch at once: a batch costs
-about its own size, whatever the state holds). About 160, 260 and 450 bytes
-per user holding 1, 3 and 10 items (``bench/bench_bounding.py``).
+So one stable sort by (user, item) gives every decision: that is the NumPy
+path. With the compiled loops (:mod:`dpstream.compiled`), ``_loops.user_bound``
+applies the rule event by event in one pass instead, against a small table of
+the batch's pairs (their counts before the batch read from the state's table,
+which it does not change), and ``_loops.pair_store`` writes the counts at
+commit: the same decisions, the same state (the tests run both against the
+event-at-a-time bounder, and one after the other on one state).
+
+The state is a table of the users' keyed hashes (dense indices), the number of
+items each holds, the kept items once each, and the counts of the held (user,
+item) pairs in an open-addressing hash table of int64 keys ``user << 32 | item``
+(linear probing, at most half full: a batch costs about its own size, whatever
+the state holds). About 160, 260 and 450
+bytes per user holding 1, 3 and 10 items (``bench/bench_bounding.py``).
 """
 
 from __future__ import annotations
@@ -41,9 +48,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import compiled
 from ..bounding import BoundingStats, ContributionBounder, UserBounds
 from .columns import distinct_in_events
-from .item_table import ItemTable
+from .item_table import ItemTable, take_at
 
 __all__ = ["ColumnBounder", "ColumnPending"]
 
@@ -98,8 +106,13 @@ def _insert(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def _add(table: ItemTable, keys: list[Any]) -> np.ndarray:
-    """The positions of ``keys`` in ``table``, the missing ones added (in order)."""
+def _add(table: ItemTable, keys: list[Any], absent: bool = False) -> np.ndarray:
+    """The positions of ``keys`` in ``table``, the missing ones added (in order);
+    ``absent``: none of them is there (no look-up)."""
+    if absent and len(set(keys)) == len(keys):
+        n = len(table)
+        table.extend(keys)
+        return np.arange(n, n + len(keys), dtype=np.int64)
     pos = table.lookup(keys)
     miss = np.flatnonzero(pos < 0)
     if miss.size:
@@ -114,17 +127,26 @@ def _add(table: ItemTable, keys: list[Any]) -> np.ndarray:
 class ColumnPending:
     """The change one batch makes to a :class:`ColumnBounder`, applied by ``commit``:
     the batch's users (hex hashes) with their indices in the state then (-1: not
-    there) and the held items each then has, and per touched (user, item) pair
-    its new count (and the item's index in the state then, -1: not there)."""
+    there) and the held items each then has; the batch's items with their indices
+    in the state (-1: not there, or not looked up); and per touched (user, item)
+    pair (places in ``users`` and ``items``) its count before and after. ``commit``
+    writes the indices of the users and items it adds into ``known`` and
+    ``item_known`` (what a caller that maps its own ids to the state's reads)."""
 
-    users: list[str] = field(default_factory=list)
+    users: Sequence[str] = field(default_factory=list)
     known: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    items: Sequence[Hashable] = field(default_factory=list)
+    item_known: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_user: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    pair_item: list[Hashable] = field(default_factory=list)
-    pair_known: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_before: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pair_count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     stats: BoundingStats = field(default_factory=BoundingStats)
+    #: the state's numbers of users and items when bounded, and whether every item
+    #: was looked up (then, the state unchanged since, -1 means "not there")
+    sizes: tuple[int, int] = (-1, -1)
+    items_looked_up: bool = False
 
 
 class ColumnBounder:
@@ -166,17 +188,20 @@ class ColumnBounder:
         """The state of an event-at-a-time bounder, as columns (same decisions after)."""
         new = cls(old.bounds)
         pend = ColumnPending()
-        counts, pu = [], []
+        counts, pu, items = [], [], []
         for u, held in enumerate(old._users.values()):
             for item, count in held.items():
                 pu.append(u)
-                pend.pair_item.append(item)
+                items.append(item)
                 counts.append(count)
         pend.users = [user.hex() for user in old._users]
         pend.known = np.full(len(pend.users), -1, dtype=np.int64)
         pend.held = np.asarray([len(h) for h in old._users.values()], dtype=np.int64)
+        pend.items = items
+        pend.item_known = np.full(len(items), -1, dtype=np.int64)
         pend.pair_user = np.asarray(pu, dtype=np.int64)
-        pend.pair_known = np.full(len(pu), -1, dtype=np.int64)
+        pend.pair_code = np.arange(len(items), dtype=np.int64)
+        pend.pair_before = np.zeros(len(items), dtype=np.int64)
         pend.pair_count = np.asarray(counts, dtype=np.int64)
         new.commit(pend)
         new.stats = BoundingStats(**vars(old.stats))
@@ -185,6 +210,17 @@ class ColumnBounder:
     def __len__(self) -> int:
         """The number of users tracked (who kept at least one contribution). Not private."""
         return len(self._users)
+
+    @property
+    def items_held(self) -> int:
+        """The number of distinct items the state holds (of any user). Not private."""
+        return len(self._items)
+
+    def user_index(self, hashes: Sequence[str]) -> np.ndarray:
+        """The state's indices of users by their hex hashes (-1: not held)."""
+        if not len(self._users) or not len(hashes):
+            return np.full(len(hashes), -1, dtype=np.int64)
+        return self._users.lookup(list(hashes))
 
     def kept_of(self, user_hash: bytes) -> dict[Hashable, int]:
         """A copy of the kept counts of one user (item -> count). Not private."""
@@ -204,24 +240,32 @@ class ColumnBounder:
         at = _probe(self._keys, keys)
         return np.where(at >= 0, self._counts[np.maximum(at, 0)], 0).astype(np.int64)
 
-    def _store(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Set the counts of distinct pair keys (held ones updated, the others added)."""
+    def _store(self, keys: np.ndarray, counts: np.ndarray, fresh: int | None = None) -> None:
+        """Set the counts of distinct pair keys (held ones updated, the others added);
+        at most ``fresh`` of them (None: any) are not held yet."""
+        counts = np.asarray(counts, dtype=np.int64)
+        need = self._pairs + (keys.size if fresh is None else fresh)
+        size = self._keys.size
+        while need * _MAX_FILL[1] > size * _MAX_FILL[0]:
+            size *= 2
+        loops = compiled.loops()
+        if size > self._keys.size:  # rehash into a table twice (or more) the size
+            held = self._keys != _EMPTY
+            old_keys, old_counts = self._keys[held], self._counts[held]
+            self._keys = np.full(size, _EMPTY, dtype=np.int64)
+            self._counts = np.zeros(size, dtype=self._counts.dtype)
+            if loops is not None:
+                loops.pair_store(self._keys, self._counts, old_keys, old_counts.astype(np.int64), 0)
+            else:
+                self._counts[_insert(self._keys, old_keys)] = old_counts
+        if loops is not None:
+            self._pairs += loops.pair_store(self._keys, self._counts, keys, counts, self._pairs)
+            return
         at = _probe(self._keys, keys)
         new = at < 0
         if new.any():
-            need = self._pairs + int(np.count_nonzero(new))
-            size = self._keys.size
-            while need * _MAX_FILL[1] > size * _MAX_FILL[0]:
-                size *= 2
-            if size > self._keys.size:  # rehash into a table twice (or more) the size
-                held = self._keys != _EMPTY
-                old_keys, old_counts = self._keys[held], self._counts[held]
-                self._keys = np.full(size, _EMPTY, dtype=np.int64)
-                self._counts = np.zeros(size, dtype=self._counts.dtype)
-                self._counts[_insert(self._keys, old_keys)] = old_counts
-                at = _probe(self._keys, keys)
             at[new] = _insert(self._keys, keys[new])
-            self._pairs = need
+            self._pairs += int(np.count_nonzero(new))
         self._counts[at] = counts
 
     # -- bounding ------------------------------------------------------------------------
@@ -233,6 +277,10 @@ class ColumnBounder:
         codes: np.ndarray,
         offsets: np.ndarray,
         first: np.ndarray | None | bool = False,
+        *,
+        known: np.ndarray | None = None,
+        item_known: np.ndarray | None = None,
+        items_complete: bool = False,
     ) -> tuple[np.ndarray, ColumnPending]:
         """Which occurrences of a batch are kept, and the pending state change.
 
@@ -246,6 +294,13 @@ class ColumnBounder:
                 within an event is taken once (its first occurrence).
             first: which occurrences are the first of their item in their event
                 (``distinct_in_events``'s mask, None: all), when the caller has it.
+            known, item_known: the users' and the items' indices in the state
+                (-1: not there, or not known), when the caller keeps them (from
+                an earlier pending's, after its commit); the users and items
+                marked -1 are looked up. ``users[j]`` is read only where
+                ``known[j]`` ends up -1.
+            items_complete: ``item_known``'s -1 all mean "not there" (the caller
+                knows every item of the state): none is looked up.
 
         Returns:
             ``(keep, pending)``: ``keep`` a bool mask over ``codes``; pass
@@ -257,22 +312,97 @@ class ColumnBounder:
         n_ev = offsets.size - 1
         if user_of.shape != (n_ev,):
             raise ValueError("user_of must give one user per event")
-        users = list(users)
-        pending = ColumnPending(users=users)
+        pending = ColumnPending(users=users, items=items)
+        pending.sizes = (len(self._users), len(self._items))
         keep = np.zeros(codes.size, dtype=bool)
         pending.known = np.full(len(users), -1, dtype=np.int64)
         pending.held = np.zeros(len(users), dtype=np.int64)
+        pending.item_known = np.full(len(items), -1, dtype=np.int64)
         if not codes.size:
             return keep, pending
-        l0 = self.bounds.max_items_per_user
-        linf = self.bounds.max_count_per_item
-        # the users' and items' indices in the state (-1: not there yet)
-        known_u = pending.known = self._users.lookup(users)
+        # the users' indices in the state (-1: not there yet)
+        known_u = pending.known = self._resolve(self._users, users, known)
         held0 = np.zeros(len(users), dtype=np.int64)
         held0[known_u >= 0] = self._held[known_u[known_u >= 0]]
         pending.held = held0.copy()
-        if first is False:
-            first, _ = distinct_in_events(codes, offsets)
+        mask = distinct_in_events(codes, offsets)[0] if first is False else first
+        assert not isinstance(mask, bool)  # (False: made here; True is no mask)
+        if item_known is not None and items_complete:
+            pending.item_known = np.array(item_known, dtype=np.int64)
+            pending.items_looked_up = True
+        loops = compiled.loops()
+        if loops is not None:
+            self._bound_compiled(loops, pending, keep, user_of, codes, offsets, mask, item_known)
+        else:
+            self._bound_numpy(pending, keep, user_of, codes, offsets, mask, item_known)
+        return keep, pending
+
+    @staticmethod
+    def _resolve(table: ItemTable, keys: Sequence[Any], index: np.ndarray | None) -> np.ndarray:
+        """The indices of ``keys`` in ``table`` (-1: not there), given or looked up where
+        ``index`` has -1."""
+        if index is None:
+            return table.lookup(list(keys))
+        out = np.array(index, dtype=np.int64)
+        miss = np.flatnonzero(out < 0)
+        if miss.size and len(table):
+            out[miss] = table.lookup(take_at(keys, miss))
+        return out
+
+    def _bound_compiled(
+        self,
+        loops: Any,
+        pending: ColumnPending,
+        keep: np.ndarray,
+        user_of: np.ndarray,
+        codes: np.ndarray,
+        offsets: np.ndarray,
+        first: np.ndarray | None,
+        item_known: np.ndarray | None,
+    ) -> None:
+        """:meth:`bound_columns` by the C loop (event by event, the state read only)."""
+        n_users, n_items = len(self._users), len(self._items)
+        known_u, items = pending.known, pending.items
+        if not pending.items_looked_up:
+            pending.item_known = self._resolve(self._items, items, item_known)
+            pending.items_looked_up = True
+        known_i = pending.item_known
+        # a user or item new to the state: an index past the state's, its own
+        uidx = np.where(known_u >= 0, known_u, n_users + np.arange(known_u.size))
+        iidx = np.where(known_i >= 0, known_i, n_items + np.arange(known_i.size))
+        n = codes.size
+        out = np.empty((4, n), dtype=np.int64)
+        pairs, kept, new_dropped, count_dropped = loops.user_bound(
+            self._keys, self._counts, n_users, n_items, uidx, user_of, iidx, codes, offsets,
+            None if first is None else first.view(np.uint8),
+            self.bounds.max_items_per_user, self.bounds.max_count_per_item,
+            pending.held, keep.view(np.uint8), out[0], out[1], out[2], out[3],
+        )  # fmt: skip
+        pending.pair_user = out[0, :pairs]  # (the pairs that keep an occurrence)
+        pending.pair_code = out[1, :pairs]
+        pending.pair_count = out[2, :pairs]
+        pending.pair_before = out[3, :pairs]
+        st = pending.stats
+        st.kept = kept
+        st.dropped_new_item = new_dropped
+        st.dropped_count = count_dropped
+        st.dropped = new_dropped + count_dropped
+
+    def _bound_numpy(
+        self,
+        pending: ColumnPending,
+        keep: np.ndarray,
+        user_of: np.ndarray,
+        codes: np.ndarray,
+        offsets: np.ndarray,
+        first: np.ndarray | None,
+        item_known: np.ndarray | None,
+    ) -> None:
+        """:meth:`bound_columns` by sorts (see the module doc)."""
+        l0 = self.bounds.max_items_per_user
+        linf = self.bounds.max_count_per_item
+        known_u, items, held0 = pending.known, pending.items, pending.held.copy()
+        n_ev = offsets.size - 1
         occ = np.flatnonzero(first) if first is not None else np.arange(codes.size)
         ev = np.repeat(np.arange(n_ev), np.diff(offsets))[occ]
         u, c = user_of[ev], codes[occ]
@@ -290,12 +420,16 @@ class ColumnBounder:
         c0 = np.zeros(g_start.size, dtype=np.int64)
         gi = np.full(g_start.size, -1, dtype=np.int64)
         if (gu >= 0).any():  # the items of the users seen before: their counts
-            known_i = np.full(len(items), -1, dtype=np.int64)
-            seen = np.zeros(len(items), dtype=bool)
-            seen[g_code[gu >= 0]] = True
-            wanted = np.flatnonzero(seen)
-            known_i[wanted] = self._items.lookup([items[i] for i in wanted.tolist()])
-            gi = known_i[g_code]
+            wanted = np.zeros(len(items), dtype=bool)
+            wanted[g_code[gu >= 0]] = True
+            if pending.items_looked_up:
+                wanted[:] = False
+            elif item_known is not None:
+                pending.item_known = np.array(item_known, dtype=np.int64)
+                wanted &= pending.item_known < 0
+            at = np.flatnonzero(wanted)
+            pending.item_known[at] = self._items.lookup(take_at(items, at))
+            gi = pending.item_known[g_code]
             old = (gu >= 0) & (gi >= 0)
             if old.any():
                 c0[old] = self._lookup((gu[old] << _SHIFT) | gi[old])
@@ -316,8 +450,8 @@ class ColumnBounder:
         g_kept = np.minimum(g_size, room)
         touched = np.flatnonzero(g_kept > 0)
         pending.pair_user = g_user[touched]
-        pending.pair_item = [items[i] for i in g_code[touched].tolist()]
-        pending.pair_known = gi[touched]
+        pending.pair_code = g_code[touched]
+        pending.pair_before = c0[touched]
         pending.pair_count = c0[touched] + g_kept[touched]
         st = pending.stats
         st.kept = int(g_kept.sum())
@@ -325,7 +459,6 @@ class ColumnBounder:
         st.dropped_new_item = int(g_size[refused].sum())
         st.dropped_count = int((g_size - g_kept)[~refused].sum())
         st.dropped = st.dropped_new_item + st.dropped_count
-        return keep, pending
 
     def bound(
         self, events: Iterable[tuple[bytes, Sequence[Hashable]]]
@@ -363,22 +496,31 @@ class ColumnBounder:
         """Apply the state change of an accepted batch (from :meth:`bound_columns`)."""
         grows = np.flatnonzero(pending.held > 0)
         if grows.size:
-            index = pending.known.copy()
+            index = pending.known
             new = grows[index[grows] < 0]
             if new.size:  # users new to the state (or added since the batch was bounded)
-                index[new] = _add(self._users, [pending.users[j] for j in new.tolist()])
+                absent = pending.sizes[0] == len(self._users)  # (-1: not there)
+                hexes = [pending.users[j] for j in new.tolist()]
+                index[new] = _add(self._users, hexes, absent)
             if len(self._users) > self._held.size:
                 more = max(len(self._users), 2 * self._held.size) - self._held.size
                 self._held = np.concatenate([self._held, np.zeros(more, np.int64)])
             self._held[index[grows]] = pending.held[grows]
             if pending.pair_user.size:
-                items = pending.pair_known.copy()
-                miss = np.flatnonzero(items < 0)
+                item_at = pending.item_known
+                codes = pending.pair_code
+                need = np.zeros(len(item_at), dtype=bool)  # (each item once, in order)
+                need[codes[item_at[codes] < 0]] = True
+                miss = np.flatnonzero(need)
                 if miss.size:
-                    items[miss] = _add(self._items, [pending.pair_item[i] for i in miss.tolist()])
+                    its = pending.items
+                    absent = pending.items_looked_up and pending.sizes[1] == len(self._items)
+                    item_at[miss] = _add(self._items, take_at(its, miss), absent)
                 if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
                     raise OverflowError("more than 2^31 users or 2^32 items held")
-                self._store((index[pending.pair_user] << _SHIFT) | items, pending.pair_count)
+                keys = (index[pending.pair_user] << _SHIFT) | item_at[codes]
+                fresh = int(np.count_nonzero(pending.pair_before == 0))
+                self._store(keys, pending.pair_count, fresh)
         s, p = self.stats, pending.stats
         s.kept += p.kept
         s.dropped += p.dropped

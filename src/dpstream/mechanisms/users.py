@@ -26,6 +26,7 @@ from ..noise import NoiseKey
 from ..privacy import PrivacyGuarantee
 from .base import check_max_items, normalise_event
 from .columns import _PLAIN, EventColumns, distinct_in_events
+from .item_table import TakenItems, take_at
 from .user_bounder import ColumnBounder
 
 __all__ = [
@@ -79,15 +80,28 @@ class UserEventColumns:
     mechanism's ``step_batch`` instead of a list of pairs (the same release,
     bounded without a Python loop over events).
 
+    ``ids``, when the caller numbers users and items over a whole run (as the
+    batch run's folded input does): ``(source, user_ids, item_ids)``, the run-wide
+    ids of ``users`` and of ``events.items``, valid for every step given with the
+    same ``source`` object (an id is one user or one item in all of them). The
+    mechanism then maps each id to its bounder's state once per run instead of
+    hashing each step's users and looking up its items (the same release).
+
     Example:
         >>> cols = EventColumns(["a", "b"], np.array([0, 1, 1]), np.array([0, 2, 3]))
         >>> UserEventColumns(["alice", "bob"], np.array([1, 0]), cols).pairs()
         [('bob', ['a', 'b']), ('alice', ['b'])]
     """
 
-    __slots__ = ("users", "user_of", "events")
+    __slots__ = ("users", "user_of", "events", "ids")
 
-    def __init__(self, users: Sequence[object], user_of: np.ndarray, events: EventColumns) -> None:
+    def __init__(
+        self,
+        users: Sequence[object],
+        user_of: np.ndarray,
+        events: EventColumns,
+        ids: tuple[object, np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         user_of = np.asarray(user_of)
         if not isinstance(events, EventColumns):
             raise TypeError(f"events must be EventColumns, got {type(events).__name__}")
@@ -95,20 +109,89 @@ class UserEventColumns:
             raise TypeError("user_of must be a 1-D integer array with one entry per event")
         if user_of.size and (user_of.min() < 0 or user_of.max() >= len(users)):
             raise ValueError("user_of must index users")
+        if ids is not None:
+            source, uids, iids = ids
+            uids = np.asarray(uids, dtype=np.int64)
+            iids = np.asarray(iids, dtype=np.int64)
+            if uids.shape != (len(users),) or iids.shape != (len(events.items),):
+                raise ValueError("ids must give one run-wide id per user and per item")
+            if (uids.size and uids.min() < 0) or (iids.size and iids.min() < 0):
+                raise ValueError("run-wide ids must not be negative")
+            ids = (source, uids, iids)
         self.users = users
         self.user_of = user_of.astype(np.int64, copy=False)
         self.events = events
+        self.ids = ids
 
     def __len__(self) -> int:
         return len(self.events)
 
     def pairs(self) -> list[tuple[object, list[Hashable]]]:
         """The events as ``(user, items)`` pairs (the per-event path, and for tests)."""
-        users = self.users
-        return [
-            (users[u], ev)
-            for u, ev in zip(self.user_of.tolist(), self.events.events(), strict=True)
-        ]
+        users = list(self.users)
+        cols = self.events
+        events = EventColumns(list(cols.items), cols.codes, cols.offsets).events()
+        return [(users[u], ev) for u, ev in zip(self.user_of.tolist(), events, strict=True)]
+
+
+class _RunIndex:
+    """The bounder state's index of each run-wide id of one ``source`` (-1: not known
+    yet), users and items (see :class:`UserEventColumns`). Filled as ids are found
+    in the state or added to it; never saved (a snapshot holds the state only)."""
+
+    def __init__(self, source: object, bounder: ColumnBounder) -> None:
+        self.source = source
+        self.bounder = bounder
+        self.users = np.zeros(0, dtype=np.int64)
+        self.items = np.zeros(0, dtype=np.int64)
+        #: the state's number of items when every one of them was known here (-1: not
+        #: so); while the state holds that many, an item not known is not there
+        self.items_synced = 0 if not bounder.items_held else -1
+
+    def items_complete(self) -> bool:
+        """Whether every item of the state is known here."""
+        return self.items_synced == self.bounder.items_held
+
+    @staticmethod
+    def _grown(index: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        top = int(ids.max(initial=-1)) + 1
+        if top <= index.size:
+            return index
+        more = np.full(max(top, 2 * index.size) - index.size, -1, dtype=np.int64)
+        return np.concatenate([index, more])
+
+    def of(self, user_ids: np.ndarray, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The state's indices of these users and items (-1: not known yet)."""
+        self.users = self._grown(self.users, user_ids)
+        self.items = self._grown(self.items, item_ids)
+        return self.users[user_ids], self.items[item_ids]
+
+    def learn(self, user_ids: np.ndarray, users: np.ndarray) -> None:
+        """Remember the state's indices of these users (those >= 0; the ids were given
+        to :meth:`of` before)."""
+        found = users >= 0
+        self.users[user_ids[found]] = users[found]
+
+    def learn_items(self, item_ids: np.ndarray, items: np.ndarray) -> None:
+        """:meth:`learn` for items."""
+        found = items >= 0
+        self.items[item_ids[found]] = items[found]
+
+
+class _Pending:
+    """A step's pending bounder change, with the run-wide ids it did not know (at the
+    places ``users`` and ``items`` of the step): their indices are learnt at its commit."""
+
+    __slots__ = ("change", "index", "user_ids", "users", "item_ids", "items")
+
+    def __init__(
+        self, change: Any, index: _RunIndex, ids: tuple[Any, np.ndarray, np.ndarray],
+        users: np.ndarray, items: np.ndarray,
+    ) -> None:  # fmt: skip
+        self.change = change
+        self.index = index
+        self.users, self.user_ids = users, ids[1][users]
+        self.items, self.item_ids = items, ids[2][items]
 
 
 class UserLevel:
@@ -116,19 +199,26 @@ class UserLevel:
     (:class:`~dpstream.mechanisms.user_bounder.ColumnBounder`).
 
     Picklable without key material (the hasher keeps the key object, which a
-    snapshot stores as a reference).
+    snapshot stores as a reference). The index of a run's ids into the bounder's
+    state (see :class:`UserEventColumns`) is not part of the state: it is rebuilt,
+    from the state, by the run that gives ids.
     """
 
     def __init__(self, bounds: UserBounds, key: NoiseKey) -> None:
         self.bounds = bounds
         self.hasher = UserHasher(key)
         self.bounder = ColumnBounder(bounds)
+        self._run_index: _RunIndex | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_run_index"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a state saved with the event-at-a-time bounder goes on with the same counts
         if isinstance(state.get("bounder"), ContributionBounder):
             state = {**state, "bounder": ColumnBounder.from_bounder(state["bounder"])}
         self.__dict__.update(state)
+        self._run_index = None
 
     def bound(
         self,
@@ -195,27 +285,84 @@ class UserLevel:
         raises the same error as for a list of pairs."""
         cols = events.events
         items, codes, offsets = cols.items, cols.codes, cols.offsets
-        hashes = self._hashes(events.users) if _PLAIN.issuperset(map(type, items)) else None
+        plain = (isinstance(items, TakenItems) and items.all_str) or _PLAIN.issuperset(
+            map(type, items)
+        )
         first, distinct = distinct_in_events(codes, offsets)
         if max_items is not None and distinct.size and int(distinct.max()) > max_items:
-            hashes = None
-        if hashes is not None and check is not None and codes.size:
+            plain = False
+        if plain and check is not None and codes.size:
             try:
-                check(tuple(items[i] for i in np.unique(codes).tolist()))
+                check(tuple(take_at(items, np.unique(codes))))
             except InvalidEventError:
-                hashes = None
-        if hashes is None:
+                plain = False
+        users = self._users_of(events) if plain else None
+        if users is None:
             return self.bound(events.pairs(), max_items, check)
+        hashes, user_of, known, item_known, index = users
+        keep, change = self.bounder.bound_columns(
+            hashes, user_of, items, codes, offsets, first, known=known, item_known=item_known,
+            items_complete=index is not None and index.items_complete(),
+        )  # fmt: skip
+        pending: Any = change
+        if index is not None:
+            assert events.ids is not None and known is not None and item_known is not None
+            pending = _Pending(
+                change, index, events.ids, np.flatnonzero(known < 0), np.flatnonzero(item_known < 0)
+            )
+        event_of = np.repeat(np.arange(len(cols)), np.diff(offsets))
+        new_offsets = np.zeros(offsets.size, dtype=np.int64)
+        np.cumsum(np.bincount(event_of[keep], minlength=len(cols)), out=new_offsets[1:])
+        kept = codes[keep]
+        # only the items kept somewhere (the mechanism looks up each item it is given,
+        # and an item every user was refused would stay new to it at every step)
+        present = np.zeros(len(items), dtype=bool)
+        present[kept] = True
+        if not present.all():
+            used = np.flatnonzero(present)
+            kept = (np.cumsum(present) - 1)[kept]
+            items = take_at(items, used)
+        elif not isinstance(items, list):
+            items = list(items)
+        return EventColumns(items, kept, new_offsets), pending
+
+    def _users_of(self, events: UserEventColumns) -> tuple[Any, ...] | None:
+        """The step's users for the bounder: ``(hashes, user_of, known, item_known,
+        index)``, or None when a user id is not a str, int or bytes. With run-wide ids,
+        only the users the state has not been seen to hold are hashed (``hashes`` is
+        "" for the others) and ``known``/``item_known`` are the state's indices."""
+        if events.ids is not None:
+            source, uids, iids = events.ids
+            index = self._run_index
+            if index is None or index.source is not source or index.bounder is not self.bounder:
+                index = self._run_index = _RunIndex(source, self.bounder)
+            known, item_known = index.of(uids, iids)
+            miss = np.flatnonzero(known < 0)
+            ids = take_at(events.users, miss)
+            if _PLAIN.issuperset(map(type, ids)):
+                fresh = self.hasher.many(ids, hex=True)
+                found = self.bounder.user_index(fresh)
+                known[miss] = found
+                # two ids, one user (equal hashes): the path without ids, which merges them
+                one = len(set(fresh)) == len(fresh)
+                if one and (found >= 0).any():  # held by the state, not learnt yet
+                    held = known[known >= 0]
+                    one = np.unique(held).size == held.size
+                if one:
+                    index.learn(uids[miss], found)
+                    given = [""] * len(known)
+                    for j, h in zip(miss.tolist(), fresh, strict=True):
+                        given[j] = h
+                    return given, events.user_of, known, item_known, index
+        hashes = self._hashes(events.users)
+        if hashes is None:
+            return None
         user_of = events.user_of
         if len(set(hashes)) < len(hashes):  # one user given twice: one index
             table: dict[str, int] = {}
             remap = np.fromiter((table.setdefault(h, len(table)) for h in hashes), np.int64)
             hashes, user_of = list(table), remap[user_of]
-        keep, pending = self.bounder.bound_columns(hashes, user_of, items, codes, offsets, first)
-        event_of = np.repeat(np.arange(len(cols)), np.diff(offsets))
-        new_offsets = np.zeros(offsets.size, dtype=np.int64)
-        np.cumsum(np.bincount(event_of[keep], minlength=len(cols)), out=new_offsets[1:])
-        return EventColumns(items, codes[keep], new_offsets), pending
+        return hashes, user_of, None, None, None
 
     def _hashes(self, users: Sequence[object]) -> list[str] | None:
         """The keyed hashes of user ids as hex text, or None when one is not a str, int
@@ -225,6 +372,17 @@ class UserLevel:
         return self.hasher.many(users, hex=True)
 
     def commit(self, pending: Any) -> None:
+        """Apply a step's pending change (from :meth:`bound` or :meth:`bound_columns`)."""
+        if isinstance(pending, _Pending):
+            change, index = pending.change, pending.index
+            complete = index.items_complete()
+            self.bounder.commit(change)
+            if index is self._run_index:  # the ids of the users and items found
+                index.learn(pending.user_ids, change.known[pending.users])
+                index.learn_items(pending.item_ids, change.item_known[pending.items])
+                # (every item added has an id of this step, learnt just now)
+                index.items_synced = self.bounder.items_held if complete else -1
+            return
         self.bounder.commit(pending)
 
     @property

@@ -442,6 +442,7 @@ class FoldedInput:
     def _user_events(self, segs: list[tuple[np.ndarray, ...]]) -> Any:
         from ..io.chunks import _unique_inverse
         from ..mechanisms.columns import EventColumns
+        from ..mechanisms.item_table import TakenItems
         from ..mechanisms.users import UserEventColumns
 
         assert self.user_ids is not None
@@ -450,14 +451,15 @@ class FoldedInput:
         users = np.concatenate([s[2] for s in segs]).astype(np.int64)
         offsets = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        if codes.size:
+        if codes.size:  # (the items read only where needed: most are kept by no user)
             used, codes = _unique_inverse(codes, len(self.items))
-            items = self.items.take(used)
         else:
-            items = []
+            used = np.zeros(0, np.int64)
         uused, user_of = _unique_inverse(users, len(self.user_ids))
-        cols = EventColumns(items, codes, offsets)
-        return UserEventColumns(self.user_ids.take(uused), user_of, cols)
+        cols = EventColumns(TakenItems(self.items, used), codes, offsets)
+        # the run-wide ids too: the bounder maps each user and item to its state once
+        ids = (self.user_ids, uused, used)
+        return UserEventColumns(TakenItems(self.user_ids, uused), user_of, cols, ids)
 
     def close(self) -> None:
         """Remove the temporary file (idempotent)."""
