@@ -220,3 +220,63 @@ def test_the_hasher_gives_hex_digests_in_c_as_hashlib_does():
         assert hasher.many(ids, hex=True) == want
     with pytest.raises(TypeError, match="a user id must be a str, int or bytes"):
         hasher.many(["a", 1.5], hex=True)
+
+
+@pytest.mark.parametrize("loops", ["c", "numpy"])
+def test_two_ids_both_learnt_for_one_user_stay_one_user(loops):
+    """Review finding: ids 0 and 5 both learnt for alice in earlier steps, then given
+    together (nothing hashed in that step) must not give her L0 = 2 items per id. The
+    twin takes the same steps as pairs (the bounder's reference behaviour)."""
+    words = [f"w{i}" for i in range(6)]
+    twin, mech = _build("known", words, 4), _build("known", words, 4)
+    source = object()
+
+    def step(users, ids, events):
+        codes = [words.index(x) for _, its in events for x in its]
+        offsets = np.cumsum([0] + [len(its) for _, its in events])
+        cols = EventColumns(words, np.asarray(codes, np.int64), offsets)
+        user_of = np.asarray([u for u, _ in events], np.int64)
+        return UserEventColumns(users, user_of, cols, (source, np.asarray(ids), np.arange(6)))
+
+    pairs = [
+        [("alice", ["w0"])],
+        [("alice", ["w0"])],
+        [("alice", ["w1", "w2"]), ("alice", ["w3", "w4"])],
+    ]
+    given = [
+        step(["alice"], [0], [(0, ["w0"])]),  # id 0 learnt
+        step(["alice"], [5], [(0, ["w0"])]),  # id 5 learnt, the same user in the state
+        step(["alice", "alice"], [0, 5], [(0, ["w1", "w2"]), (1, ["w3", "w4"])]),
+    ]
+    with contextlib.nullcontext() if loops == "c" else compiled.numpy_only():
+        for events, cols in zip(pairs, given, strict=True):
+            want, got = twin.step_batch(events), mech.step_batch(cols)
+            assert np.asarray(got.values).tobytes() == np.asarray(want.values).tobytes()
+    assert _users_of(mech).bounder.stats == _users_of(twin).bounder.stats
+    assert int((mech.counts > 0).sum()) == 2  # alice holds L0 = 2 items: w0 and w1
+
+
+@pytest.mark.parametrize("ids", [False, True])
+def test_one_item_under_two_codes_is_counted_once_per_user(ids):
+    """Review finding: columns whose item list names "a" twice (codes 0 and 1) count as
+    one item for the bounds (Linf = 1 here), with or without run-wide ids."""
+    mech = dps.KnownDomainHistogram(
+        ["a", "b"], 5, key=KEY, epsilon=1.0, delta=1e-6, max_items_per_user=2,
+        max_count_per_item=1,
+    )  # fmt: skip
+    cols = EventColumns(["a", "a"], np.array([0, 1], np.int64), np.array([0, 1, 2], np.int64))
+    run = (object(), np.array([0]), np.array([0, 1])) if ids else None
+    mech.step_batch(UserEventColumns(["alice"], np.array([0, 0]), cols, run))
+    assert mech.counts.tolist() == [1, 0]
+
+
+def test_a_pair_table_with_no_empty_slot_is_refused_not_probed_forever():
+    """Hardening: a table with no empty slot (only a corrupt state could give one) makes
+    the C loops raise instead of probing forever."""
+    loops = compiled.loops()
+    if loops is None:
+        pytest.skip("the compiled loops are not built")
+    keys = np.arange(16, dtype=np.int64) + 100  # every slot taken
+    with pytest.raises(ValueError, match="full"):
+        loops.pair_store(keys, np.zeros(16, np.int64), np.array([7], np.int64),
+                         np.array([1], np.int64), 3)  # fmt: skip

@@ -1886,9 +1886,13 @@ user_bound(PyObject *self, PyObject *args)
         if (slot->pair < 0) { /* the pair's first occurrence in the batch: its count before */
             int64_t c0 = 0;
             if (occ_home[o] >= 0) {
-                Py_ssize_t g = occ_home[o];
-                while (keys[g] != PAIR_EMPTY && keys[g] != key)
+                Py_ssize_t g = occ_home[o], probes = 0;
+                while (keys[g] != PAIR_EMPTY && keys[g] != key && ++probes < size)
                     g = (g + 1) & mask;
+                if (keys[g] != PAIR_EMPTY && keys[g] != key) { /* no empty slot at all */
+                    PyErr_SetString(PyExc_ValueError, "user_bound: the pair table is full");
+                    goto done;
+                }
                 if (keys[g] == key)
                     c0 = COUNT_AT(cb, g);
             }
@@ -1984,9 +1988,13 @@ pair_store(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "pair_store: the key -1 marks an empty slot");
             goto done;
         }
-        Py_ssize_t s = pair_home(key, bits);
-        while (keys[s] != PAIR_EMPTY && keys[s] != key)
+        Py_ssize_t s = pair_home(key, bits), probes = 0;
+        while (keys[s] != PAIR_EMPTY && keys[s] != key && ++probes < size)
             s = (s + 1) & mask;
+        if (keys[s] != PAIR_EMPTY && keys[s] != key) { /* `filled` understated the table */
+            PyErr_SetString(PyExc_ValueError, "pair_store: the table is full");
+            goto done;
+        }
         if (keys[s] == PAIR_EMPTY) {
             if (free_slots <= 1) { /* one empty slot always stays: a probe ends */
                 PyErr_SetString(PyExc_ValueError, "pair_store: the table is full");

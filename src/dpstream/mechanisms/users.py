@@ -288,6 +288,8 @@ class UserLevel:
         plain = (isinstance(items, TakenItems) and items.all_str) or _PLAIN.issuperset(
             map(type, items)
         )
+        if plain and not isinstance(items, TakenItems) and len(set(items)) < len(items):
+            plain = False  # one item under two codes: the per-event path counts it once
         first, distinct = distinct_in_events(codes, offsets)
         if max_items is not None and distinct.size and int(distinct.max()) > max_items:
             plain = False
@@ -343,9 +345,10 @@ class UserLevel:
                 fresh = self.hasher.many(ids, hex=True)
                 found = self.bounder.user_index(fresh)
                 known[miss] = found
-                # two ids, one user (equal hashes): the path without ids, which merges them
+                # two ids, one user (equal hashes, or two ids the index learnt for one
+                # user of the state): the path without ids, which merges them
                 one = len(set(fresh)) == len(fresh)
-                if one and (found >= 0).any():  # held by the state, not learnt yet
+                if one:
                     held = known[known >= 0]
                     one = np.unique(held).size == held.size
                 if one:
