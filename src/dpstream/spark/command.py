@@ -210,14 +210,14 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFram
             event_column=opts.get("event_column") or "event",
             user_field=job.user_field,
         ).cache()
-    return read_events_jsonl(
+    return read_events_jsonl(  # cached by the reader
         spark,
         job.inp,
         time_field=opts.get("time_field"),
         clock=clock,
         implicit=implicit,
         user_field=job.user_field,
-    ).cache()
+    )
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:

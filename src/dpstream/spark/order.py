@@ -15,13 +15,15 @@ Each line's place is found from what Spark knows of it, all in the JVM:
   its place in the split (the partition index, the high bits, is left out: it
   need not be the same in two jobs of one plan, the row index is).
 
-A first job counts the lines of each split and finds its first row index (a
-row per split, collected to the driver); the splits are put in order (files
-by their paths relative to the input, as the Parquet reader sorts a
-directory's files, then by offset) and their counts prefix-summed into each
-split's first line number, joined back as a broadcast table: ``pos``, from 0,
-is then exact over the whole input. Both jobs read the files the same way
-(as ``zipWithIndex`` relies on too): the same splits in the same partitions.
+The lines are marked with their split and row as they are read, and parsed
+and cached with their marks; a job over the cache counts the lines of each
+split and finds its first row index (a row per split, collected to the
+driver); the splits are put in order (files by their paths relative to the
+input, as the Parquet reader sorts a directory's files, then by offset) and
+their counts prefix-summed into each split's first line number, joined back
+as a broadcast table: ``pos``, from 0, is then exact over the whole input.
+Both the count and the numbers are read from the one cached pass, so they
+cannot disagree.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["numbered_lines"]
+__all__ = ["split_marks", "numbered"]
 
 #: The low bits of ``monotonically_increasing_id()``: the row's index in its partition.
 _ROW_BITS = (1 << 33) - 1
@@ -49,15 +51,21 @@ def _path_key(uri: str, root: str) -> list[str]:
     return rel.split(os.sep)
 
 
-def numbered_lines(spark: SparkSession, lines: DataFrame, root: str) -> DataFrame:
-    """``lines`` (a text scan of ``root``, with its ``value``) with ``pos``, each line's
-    place in the input from 0 (see the module docstring)."""
-    marked = lines.select(
+def split_marks(lines: DataFrame) -> DataFrame:
+    """``lines`` (a text scan: ``value``) with each line's split and row in it (``_file``,
+    ``_block``, ``_row``), for :func:`numbered` once the lines are parsed (and cached)."""
+    return lines.select(
         "value",
         F.col("_metadata.file_path").alias("_file"),
         F.col("_metadata.file_block_start").alias("_block"),
         F.monotonically_increasing_id().bitwiseAND(F.lit(_ROW_BITS)).alias("_row"),
     )
+
+
+def numbered(spark: SparkSession, marked: DataFrame, root: str) -> DataFrame:
+    """``marked`` (rows of :func:`split_marks`, best cached: it is read twice) with
+    ``pos``, each line's place in the input from 0, instead of its marks (see the
+    module docstring)."""
     splits = (
         marked.groupBy("_file", "_block")
         .agg(F.count(F.lit(1)).alias("n"), F.min("_row").alias("first"))
@@ -71,6 +79,7 @@ def numbered_lines(spark: SparkSession, lines: DataFrame, root: str) -> DataFram
         table.append((s["_file"], int(s["_block"]), base - int(s["first"])))
         base += int(s["n"])
     shifts = spark.createDataFrame(table, "_file string, _block long, _shift long")
+    rest = [c for c in marked.columns if c not in ("_file", "_block", "_row")]
     return marked.join(F.broadcast(shifts), ["_file", "_block"]).select(
-        "value", (F.col("_row") + F.col("_shift")).alias("pos")
+        (F.col("_row") + F.col("_shift")).alias("pos"), *rest
     )

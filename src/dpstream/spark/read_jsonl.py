@@ -30,7 +30,9 @@ A line is taken by Spark SQL when all of these hold (integer steps ``"t"`` or
 
 Everything else (blank lines, plain arrays, escapes, floats, integer items,
 nested values, null items, a step below 1, invalid UTF-8...) takes the local
-parser, in ``mapInPandas`` batches of those lines only, from the line's bytes
+parser, as a pandas UDF over the bytes of those lines only (a null for every
+line the fast path took: one pass over the input, nothing else crosses to
+Python), from the line's bytes
 (decoded as the local reader decodes them: UTF-8 with ``surrogateescape``).
 Spark's text reader drops a byte-order mark at the start of a file, as the
 local reader does.
@@ -39,14 +41,13 @@ local reader does.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
 
 from ..io.chunks import INT64_MAX
 from ..io.jsonl import parse_jsonl_line
-from .order import numbered_lines
+from .order import numbered, split_marks
 
 try:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -122,7 +123,7 @@ def read_events_jsonl(
     user_field: str | None = None,
 ) -> DataFrame:
     """Parse a JSON Lines events file or directory (``*.gz`` too) as the local engine
-    does (see the module docstring).
+    does (see the module docstring); the frame is cached (the caller unpersists it).
 
     Returns (pos, t, items, error, user): ``pos`` the line's place in the input
     (from 0; a directory's files in the order of their paths), ``error`` the parse
@@ -132,85 +133,110 @@ def read_events_jsonl(
     step: ``t`` is its line number (blank and broken lines too, as invalid records
     of their steps). With ``user_field``, ``user`` is each event's user id (an
     event without a valid one is an error row).
+
+    One pass reads, parses and caches the lines with their splits
+    (:mod:`dpstream.spark.order`); the line numbers are then found from that cache.
     """
-    lines = numbered_lines(spark, spark.read.text(path), path)
+    lines = split_marks(spark.read.text(path))
+    marks = ["_file", "_block", "_row"]
+    slow_parse = _slow_udf(time_field, clock, implicit, user_field)
+    raw = F.col("value").cast("binary")
     if (
         clock is None
         and user_field not in ("", "t", "items")
         and (user_field is None or _fast_key(user_field))
     ):
         ok, parsed = _fast_rule(implicit, user_field)
-        lines = lines.select("pos", "value", F.when(ok, parsed).alias("_j"))
+        staged = lines.select(*marks, "value", F.when(ok, parsed).alias("_j"))
         usable = F.col("_j.items").isNotNull()
         if not implicit:
             usable = usable & (F.col("_j.t") >= 1)
         if user_field is not None:
             uid = F.col("_j").getField(user_field)
             usable = usable & uid.isNotNull() & (F.length(uid) > 0)
-        usable = F.coalesce(usable, F.lit(False))
-        fast = lines.where(usable).select(
-            "pos",
-            F.col("_j.t").alias("t"),
-            F.col("_j.items").alias("items"),
-            F.lit(None).cast("string").alias("error"),
-            (F.col("_j").getField(user_field) if user_field else F.lit(None).cast("string")).alias(
-                "user"
-            ),
+        staged = staged.withColumn("_fast", F.coalesce(usable, F.lit(False)))
+        staged = staged.select(
+            *marks, "_fast", "_j", slow_parse(F.when(~F.col("_fast"), raw)).alias("_s")
         )
-        slow_lines = lines.where(~usable)
+
+        def pick(name: str, fast: Any) -> Any:
+            return F.when(F.col("_fast"), fast).otherwise(F.col(f"_s.{name}")).alias(name)
+
+        user = F.col("_j").getField(user_field) if user_field else F.lit(None).cast("string")
+        rows = staged.select(
+            *marks,
+            pick("t", F.col("_j.t")),
+            pick("items", F.col("_j.items")),
+            pick("error", F.lit(None).cast("string")),
+            pick("user", user),
+        )
     else:
-        fast = None
-        slow_lines = lines
-    slow = slow_lines.select("pos", F.col("value").cast("binary").alias("raw")).mapInPandas(
-        lambda b: _parse_lines(b, time_field, clock, implicit, user_field), EVENT_SCHEMA
-    )
-    parsed_all = slow if fast is None else fast.unionByName(slow)
-    if implicit:
-        parsed_all = parsed_all.withColumn("t", F.col("pos") + 1)
-    return parsed_all
+        rows = lines.select(*marks, slow_parse(raw).alias("_s")).select(*marks, "_s.*")
+    rows = rows.persist()
+    try:
+        out = numbered(spark, rows, path)
+        if implicit:
+            out = out.withColumn("t", F.col("pos") + 1)
+        out = out.select("pos", "t", "items", "error", "user").cache()
+        out.count()
+    finally:
+        rows.unpersist()
+    return out
+
+
+def _slow_udf(time_field: str | None, clock: Any, implicit: bool, user_field: str | None) -> Any:
+    """A pandas UDF: each line's bytes (null: a line the fast path took) through the
+    local engine's one-line parser, as (t, items, error, user)."""
+    from pyspark.sql.functions import pandas_udf
+
+    out_type = T.StructType([f for f in EVENT_SCHEMA.fields if f.name != "pos"])
+
+    def parse(raw: pd.Series) -> pd.DataFrame:
+        return _parse_lines(raw, time_field, clock, implicit, user_field)
+
+    return pandas_udf(parse, out_type)  # type: ignore[call-overload]
 
 
 def _parse_lines(
-    batches: Iterator[pd.DataFrame],
+    raws: pd.Series,
     time_field: str | None,
     clock: Any,
     implicit: bool,
     user_field: str | None,
-) -> Iterator[pd.DataFrame]:
-    """Each line (its bytes) through the local engine's one-line parser (with implicit
-    time, a line's step is its place in the input, set by the caller)."""
-    for pdf in batches:
-        ts: list[Any] = []
-        items: list[Any] = []
-        errors: list[Any] = []
-        users: list[Any] = []
-        for pos, raw in zip(pdf["pos"].tolist(), pdf["raw"].tolist(), strict=True):
-            line = bytes(raw).decode("utf-8", "surrogateescape")
-            rec = parse_jsonl_line(
-                line,
-                pos + 1,
-                time_field=time_field,
-                clock=clock,
-                implicit=implicit,
-                user_field=user_field,
-            )
-            if rec is None:  # a blank line
-                ts.append(None)
-                items.append(None)
-                errors.append("")
-                users.append(None)
-                continue
-            # a step past int64 is past any horizon: kept as the largest (still invalid)
-            ts.append(None if rec.t is None else min(rec.t, INT64_MAX))
-            items.append(None if rec.items is None else list(rec.items))
-            errors.append(rec.error)
-            users.append(rec.user)
-        yield pd.DataFrame(
-            {
-                "pos": pdf["pos"].to_numpy(),
-                "t": pd.array(ts, dtype="Int64"),
-                "items": items,
-                "error": errors,
-                "user": users,
-            }
+) -> pd.DataFrame:
+    """Each line (its bytes; None: not this parser's) through the local engine's
+    one-line parser (with implicit time, a line's step is its place in the input, set
+    by the caller; the line number of a record is not used here)."""
+    n = len(raws)
+    ts: list[Any] = [None] * n
+    items: list[Any] = [None] * n
+    errors: list[Any] = [None] * n
+    users: list[Any] = [None] * n
+    for i, raw in enumerate(raws.tolist()):
+        if raw is None:
+            continue
+        line = bytes(raw).decode("utf-8", "surrogateescape")
+        rec = parse_jsonl_line(
+            line,
+            1,
+            time_field=time_field,
+            clock=clock,
+            implicit=implicit,
+            user_field=user_field,
         )
+        if rec is None:  # a blank line
+            errors[i] = ""
+            continue
+        # a step past int64 is past any horizon: kept as the largest (still invalid)
+        ts[i] = None if rec.t is None else min(rec.t, INT64_MAX)
+        items[i] = None if rec.items is None else list(rec.items)
+        errors[i] = rec.error
+        users[i] = rec.user
+    return pd.DataFrame(
+        {
+            "t": pd.array(ts, dtype="Int64"),
+            "items": items,
+            "error": errors,
+            "user": users,
+        }
+    )
