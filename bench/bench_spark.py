@@ -30,7 +30,9 @@ against ``dpstream run --engine spark --master local[2]`` on the same JSON Lines
 file of N events (``-m unknown``, 1 to 3 of 1,000 items per event, steps of
 10,000 events, 5% tricky lines that take the slow path), each a fresh process,
 ``--rounds`` times alternating: events/s of each and the ratio spark/local,
-median over the rounds with its range.
+median over the rounds with its range. With ``--read-only`` the readers alone
+on that file: the local chunked reader against ``read_events_jsonl`` cached and
+counted, in one session.
 """
 
 from __future__ import annotations
@@ -61,9 +63,15 @@ def main() -> None:
         "--run-events", type=int, default=None, help="time the whole command on N events instead"
     )
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--read-only",
+        action="store_true",
+        help="with --run-events: time the input readers alone (Spark's read, cached and "
+        "counted, against the local chunked reader), in one session",
+    )
     args = ap.parse_args()
     if args.run_events:
-        _run_case(args.run_events, args.rounds, args.master)
+        _run_case(args.run_events, args.rounds, args.master, args.read_only)
         return
     n, steps, T = args.items, args.steps, args.horizon
 
@@ -221,8 +229,9 @@ def _stream_case(spark, key, horizon: int, n: int, steps: int, increments) -> fl
     return float(np.median(times))
 
 
-def _run_case(n: int, rounds: int, master: str) -> None:
-    """Events/s of ``dpstream run`` on each engine over one file of ``n`` events."""
+def _run_case(n: int, rounds: int, master: str, read_only: bool = False) -> None:
+    """Events/s of ``dpstream run`` on each engine over one file of ``n`` events (or of
+    the readers alone)."""
     import json
     import os
     import subprocess
@@ -244,6 +253,9 @@ def _run_case(n: int, rounds: int, master: str) -> None:
                 if tricky[i]:  # an escape (json.dumps writes \u00e9), an integer item: slow
                     its[0] = its[0] + "\u00e9" if i % 2 else int(items[at - 1])
                 f.write(json.dumps({"t": t, "items": its}) + "\n")
+        if read_only:
+            _read_case(inp, n, rounds, master)
+            return
         key = os.path.join(tmp, "k.key")
         subprocess.run([sys.executable, "-m", "dpstream", "keygen", key], check=True)
         horizon = n // 10_000 + 1
@@ -270,6 +282,42 @@ def _run_case(n: int, rounds: int, master: str) -> None:
             f"ratio spark/local: median {np.median(ratios):.3f} "
             f"(range {min(ratios):.3f}-{max(ratios):.3f})"
         )
+
+
+def _read_case(inp: str, n: int, rounds: int, master: str) -> None:
+    """Events/s of the readers alone: the local chunked reader, and Spark's
+    ``read_events_jsonl`` cached and counted (one session, warmed up by a first read)."""
+    from dpstream.io import open_input
+    from dpstream.io.reading import read_chunks
+    from dpstream.spark.events import read_events_jsonl
+    from dpstream.spark.session import start_session
+
+    spark = start_session(master)
+    spark.sparkContext.setLogLevel("ERROR")
+    read_events_jsonl(spark, inp).cache().unpersist()  # warm-up (JVM, Python workers)
+    rates: dict[str, list[float]] = {"local": [], "spark": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        with open_input(inp) as f:
+            got = sum(len(c) for c in read_chunks(f, "jsonl"))
+        rates["local"].append(got / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        df = read_events_jsonl(spark, inp).cache()
+        got = df.count()
+        rates["spark"].append(got / (time.perf_counter() - t0))
+        df.unpersist()
+    spark.stop()
+    ratios = [s / loc for s, loc in zip(rates["spark"], rates["local"], strict=True)]
+    print(f"readers alone, {n:,} lines, {rounds} rounds, spark --master {master}")
+    for name, vals in rates.items():
+        print(
+            f"{name:>5}: median {np.median(vals) / 1e3:8.1f} k lines/s "
+            f"(range {min(vals) / 1e3:.1f}-{max(vals) / 1e3:.1f})"
+        )
+    print(
+        f"ratio spark/local: median {np.median(ratios):.3f} "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+    )
 
 
 if __name__ == "__main__":
