@@ -24,6 +24,15 @@ Throughput is item-releases per second (items x steps / wall time), for:
 
 Ratios are against the local engine's amortised step, measured in the same
 process (machines are noisy; ratios travel better than seconds).
+
+``--run-events N`` measures the whole command instead: ``dpstream run`` (local)
+against ``dpstream run --engine spark --master local[2]`` on the same JSON Lines
+file of N events (``-m unknown``, 1 to 3 of 1,000 items per event, steps of
+10,000 events, 5% tricky lines that take the slow path), each a fresh process,
+``--rounds`` times alternating: events/s of each and the ratio spark/local,
+median over the rounds with its range. With ``--read-only`` the readers alone
+on that file: the local chunked reader against ``read_events_jsonl`` cached and
+counted, in one session.
 """
 
 from __future__ import annotations
@@ -50,7 +59,20 @@ def main() -> None:
         help="domain size of the streaming case (default: --items)",
     )
     ap.add_argument("--only-stream", action="store_true", help="skip the step and run cases")
+    ap.add_argument(
+        "--run-events", type=int, default=None, help="time the whole command on N events instead"
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--read-only",
+        action="store_true",
+        help="with --run-events: time the input readers alone (Spark's read, cached and "
+        "counted, against the local chunked reader), in one session",
+    )
     args = ap.parse_args()
+    if args.run_events:
+        _run_case(args.run_events, args.rounds, args.master, args.read_only)
+        return
     n, steps, T = args.items, args.steps, args.horizon
 
     from pyspark.sql import SparkSession
@@ -205,6 +227,97 @@ def _stream_case(spark, key, horizon: int, n: int, steps: int, increments) -> fl
             if t >= 2:
                 times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def _run_case(n: int, rounds: int, master: str, read_only: bool = False) -> None:
+    """Events/s of ``dpstream run`` on each engine over one file of ``n`` events (or of
+    the readers alone)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    rng = np.random.default_rng(1)  # simulated data only
+    with tempfile.TemporaryDirectory(prefix="dpstream-bench-run-") as tmp:
+        inp = os.path.join(tmp, "events.jsonl")
+        sizes = rng.integers(1, 4, n)
+        items = rng.integers(0, 1000, int(sizes.sum()))
+        tricky = rng.random(n) < 0.05
+        with open(inp, "w") as f:
+            at = 0
+            for i in range(n):
+                its = [f"item-{k}" for k in items[at : at + sizes[i]].tolist()]
+                at += int(sizes[i])
+                t = i // 10_000 + 1
+                if tricky[i]:  # an escape (json.dumps writes \u00e9), an integer item: slow
+                    its[0] = its[0] + "\u00e9" if i % 2 else int(items[at - 1])
+                f.write(json.dumps({"t": t, "items": its}) + "\n")
+        if read_only:
+            _read_case(inp, n, rounds, master)
+            return
+        key = os.path.join(tmp, "k.key")
+        subprocess.run([sys.executable, "-m", "dpstream", "keygen", key], check=True)
+        horizon = n // 10_000 + 1
+        base = [sys.executable, "-m", "dpstream", "run", "-q", "-m", "unknown", "-T"]
+        base += [str(horizon), "--max-items", "3", "--rho", "1", "--threshold-delta", "1e-6"]
+        base += ["--key-file", key, "-i", inp]
+        rates: dict[str, list[float]] = {"local": [], "spark": []}
+        for r in range(rounds):
+            for name in ("local", "spark"):
+                out = os.path.join(tmp, f"{name}-{r}" + (".csv" if name == "local" else ""))
+                extra = ["--engine", "spark", "--master", master] if name == "spark" else []
+                argv = [*base, *extra, "-o", out, "--ledger", out + ".ledger"]
+                t0 = time.perf_counter()
+                subprocess.run(argv, check=True)
+                rates[name].append(n / (time.perf_counter() - t0))
+        ratios = [s / loc for s, loc in zip(rates["spark"], rates["local"], strict=True)]
+        print(f"dpstream run, {n:,} events, {rounds} rounds, spark --master {master}")
+        for name, vals in rates.items():
+            print(
+                f"{name:>5}: median {np.median(vals) / 1e3:8.1f} k events/s "
+                f"(range {min(vals) / 1e3:.1f}-{max(vals) / 1e3:.1f})"
+            )
+        print(
+            f"ratio spark/local: median {np.median(ratios):.3f} "
+            f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+        )
+
+
+def _read_case(inp: str, n: int, rounds: int, master: str) -> None:
+    """Events/s of the readers alone: the local chunked reader, and Spark's
+    ``read_events_jsonl`` cached and counted (one session, warmed up by a first read)."""
+    from dpstream.io import open_input
+    from dpstream.io.reading import read_chunks
+    from dpstream.spark.events import read_events_jsonl
+    from dpstream.spark.session import start_session
+
+    spark = start_session(master)
+    spark.sparkContext.setLogLevel("ERROR")
+    read_events_jsonl(spark, inp).cache().unpersist()  # warm-up (JVM, Python workers)
+    rates: dict[str, list[float]] = {"local": [], "spark": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        with open_input(inp) as f:
+            got = sum(len(c) for c in read_chunks(f, "jsonl"))
+        rates["local"].append(got / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        df = read_events_jsonl(spark, inp).cache()
+        got = df.count()
+        rates["spark"].append(got / (time.perf_counter() - t0))
+        df.unpersist()
+    spark.stop()
+    ratios = [s / loc for s, loc in zip(rates["spark"], rates["local"], strict=True)]
+    print(f"readers alone, {n:,} lines, {rounds} rounds, spark --master {master}")
+    for name, vals in rates.items():
+        print(
+            f"{name:>5}: median {np.median(vals) / 1e3:8.1f} k lines/s "
+            f"(range {min(vals) / 1e3:.1f}-{max(vals) / 1e3:.1f})"
+        )
+    print(
+        f"ratio spark/local: median {np.median(ratios):.3f} "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+    )
 
 
 if __name__ == "__main__":

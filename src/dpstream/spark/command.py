@@ -210,14 +210,14 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFram
             event_column=opts.get("event_column") or "event",
             user_field=job.user_field,
         ).cache()
-    return read_events_jsonl(
+    return read_events_jsonl(  # cached by the reader
         spark,
         job.inp,
         time_field=opts.get("time_field"),
         clock=clock,
         implicit=implicit,
         user_field=job.user_field,
-    ).cache()
+    )
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
@@ -377,7 +377,7 @@ def _valid_events(
     skipped = 0
     if facts["first_bad"] is not None:
         if job.policy == "error":
-            bad = _first_row(parsed.where(F.col("pos") == facts["first_bad"]))
+            bad = _first_row(parsed.where(F.col("pos") == _first_bad(parsed, job.until)))
             why = bad["error"] if job.verbose else "not a valid event (--verbose-errors shows why)"
             raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
         skipped += parsed.where(F.col("error") != "").count()
@@ -397,6 +397,27 @@ def _valid_events(
     n_events -= n_invalid
     valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
     return valid, checked, n_events, skipped
+
+
+def _first_bad(parsed: DataFrame, until: int) -> int:
+    """The line (pos) of the invalid record the local engine stops at with ``--on-invalid
+    error``: it raises where it releases the record's step, so the first invalid record
+    of the earliest step; a record without a step counts in the step of the last record
+    before it with one in 1..``until`` (else the first step), one past ``until`` after
+    every step (:class:`dpstream.io.grouping.ChunkGrouper`). One sorted pass, run only
+    when the job stops."""
+    from pyspark.sql import Window
+
+    in_range = F.col("t").between(1, until)
+    before = Window.orderBy("pos").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    step = (
+        F.when(F.col("t") > until, F.lit(until + 1))
+        .when(in_range, F.col("t"))
+        .otherwise(F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1)))
+    )
+    records = parsed.where(F.col("error").isNull() | (F.col("error") != ""))
+    bad = records.select("pos", "error", step.alias("_step")).where(F.col("error").isNotNull())
+    return int(_first_row(bad.orderBy("_step", "pos").limit(1))["pos"])
 
 
 def _invalid_rule(events: DataFrame, job: _Job, domain_df: DataFrame | None) -> tuple[Any, Any]:

@@ -1,0 +1,158 @@
+"""Parquet events read by Spark with the local engine's decisions.
+
+Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.events`. The local
+Parquet reader (:mod:`dpstream.io.parquet`) takes a row by its columns when
+JSON Lines' rules plainly take it (a step >= 1, a list of items none of them
+null, a non-empty user id) and writes every other row as its JSON Lines object
+for the one-line parser, which decides it and words its message. Here the same:
+the plain rows are selected with a SQL filter over the typed columns, the
+others (few: the invalid ones) go through
+:func:`dpstream.io.jsonl.parse_jsonl_line` in ``mapInPandas`` batches, as the
+same JSON object.
+
+A row's number is its file's first row number (the rows of the files before
+it, in the sorted order of :func:`dpstream.io.parquet.parquet_files`, counted
+from the files' footers on the driver) plus its index in its file, Spark's
+``_metadata.row_index``: no Python RDD, no shuffle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+
+from ..io.jsonl import parse_jsonl_line
+from .read_jsonl import EVENT_SCHEMA
+
+try:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
+
+__all__ = ["read_events_parquet"]
+
+
+def read_events_parquet(
+    spark: SparkSession,
+    path: str,
+    *,
+    time_column: str | None = None,
+    item_column: str = "item",
+    event_column: str = "event",
+    user_field: str | None = None,
+) -> DataFrame:
+    """Parse a Parquet file or directory (integer steps, a list column of items) as the
+    local engine does: (pos, t, items, error, user) as
+    :func:`dpstream.spark.read_jsonl.read_events_jsonl` gives, ``pos`` a row's place
+    over the files in sorted order (see the module docstring).
+
+    Columns are checked on the driver (the local reader's errors); one row per item and
+    timestamps are refused (they run on the local engine).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..io.parquet import _layout, parquet_files
+
+    frames = []
+    offset = 0
+    for name in parquet_files(path):
+        try:
+            meta = pq.ParquetFile(name)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ValueError(f"{name!r} is not a Parquet file ({exc})") from None
+        layout = _layout(
+            meta.schema_arrow,
+            f"the Parquet input {name!r}",
+            time_column=time_column,
+            item_column=item_column,
+            event_column=event_column,
+            time_field=None,
+            clock=None,
+            user_field=user_field,
+        )
+        if layout.per_item:
+            raise ValueError(
+                "--engine spark reads Parquet of one row per event (a list column of "
+                "items); one row per item runs on the local engine"
+            )
+        user = (
+            F.col(user_field).cast("string")
+            if user_field is not None
+            else F.lit(None).cast("string")
+        )
+        frames.append(
+            spark.read.parquet(name).select(
+                (F.col("_metadata.row_index") + F.lit(offset)).alias("pos"),
+                F.col(layout.time).cast("long").alias("t"),
+                F.col(layout.items).cast("array<string>").alias("items"),
+                user.alias("user"),
+            )
+        )
+        offset += meta.metadata.num_rows
+    rows = frames[0]
+    for frame in frames[1:]:
+        rows = rows.unionByName(frame)
+    plain = (
+        F.col("t").isNotNull()
+        & (F.col("t") >= 1)
+        & F.col("items").isNotNull()
+        & ~F.exists("items", lambda x: x.isNull())
+    )
+    if user_field is not None:
+        plain = plain & F.col("user").isNotNull() & (F.length("user") > 0)
+    plain = F.coalesce(plain, F.lit(False))
+    fast = rows.where(plain).select(
+        "pos", "t", "items", F.lit(None).cast("string").alias("error"), "user"
+    )
+    slow = (
+        rows.where(~plain)
+        .withColumn("t", F.col("t").cast("string"))
+        .mapInPandas(lambda b: _parse_rows(b, user_field), EVENT_SCHEMA)
+    )
+    return fast.unionByName(slow)
+
+
+def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iterator[pd.DataFrame]:
+    """Each row (pos, t as text, items, user) as its event's JSON Lines object (a null is a
+    missing field, as the local Parquet reader writes it) through the one-line parser."""
+    for pdf in batches:
+        ts: list[Any] = []
+        items: list[Any] = []
+        errors: list[Any] = []
+        users: list[Any] = []
+        cols = zip(
+            pdf["pos"].tolist(),
+            pdf["t"].tolist(),
+            pdf["items"].tolist(),
+            pdf["user"].tolist(),
+            strict=True,
+        )
+        for pos, t, its, uid in cols:
+            obj: dict[str, Any] = {}
+            if t is not None:  # the step as text: exact whatever its size
+                obj["t"] = int(t)
+            if its is not None:
+                obj["items"] = [None if x is None else str(x) for x in list(its)]
+            if user_field is not None and uid is not None:
+                obj[user_field] = uid
+            line = json.dumps(obj, ensure_ascii=False)
+            rec = parse_jsonl_line(line, pos + 1, user_field=user_field)
+            assert rec is not None
+            ts.append(rec.t)
+            items.append(None if rec.items is None else list(rec.items))
+            errors.append(rec.error)
+            users.append(rec.user)
+        yield pd.DataFrame(
+            {
+                "pos": pdf["pos"].to_numpy(),
+                "t": pd.array(ts, dtype="Int64"),
+                "items": items,
+                "error": errors,
+                "user": users,
+            }
+        )

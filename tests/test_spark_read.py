@@ -1,0 +1,304 @@
+"""Spark's own JSON Lines reader makes the local parser's decisions, line for line.
+
+The Spark engine parses the lines it can prove plain in Spark SQL (``from_json``
+behind a strict regex) and the others with the local one-line parser; a corpus
+of tricky lines (escapes, unicode, numbers as items, ``01``, ``1e2``, huge
+integers, duplicate keys, missing fields, null items, byte-order marks, blank
+lines, arrays, nested fields, steps below 1, invalid UTF-8, users of each type)
+must give the records, steps, items, user ids and messages of the local reader,
+in every time mode, and the same releases, invalid counts and first bad line on
+the command line. Line numbers must be exact over many splits and the files of
+a directory. Skips like tests/test_spark.py (no PySpark or no Java).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpstream.io.chunks import INT64_MAX
+from dpstream.io.jsonl import read_jsonl
+from dpstream.io.records import guard_lines, open_input
+
+from .conftest import fixed_key, own_ledger
+
+pytestmark = pytest.mark.spark
+
+if os.environ.get("DPSTREAM_REQUIRE_SPARK") != "1":
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
+
+import pandas as pd  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402, N812
+
+from dpstream.clock import StepClock  # noqa: E402
+from dpstream.spark.read_jsonl import FAST_LINE, read_events_jsonl  # noqa: E402
+
+#: Lines (bytes, without their line feed) each engine must decide the same way.
+TRICKY: list[bytes] = [
+    b'{"t": 1, "items": ["a", "b"]}',
+    b'{"t":2,"items":["a"],"user":"u1"}',
+    b'{ "t" : 2 , "items" : [ "sp" , "aces" ] , "user" : "u2" }',
+    b'{"t": 3, "items": ["caf\\u00e9"], "user": "u1"}',
+    '{"t": 3, "items": ["café", "ａ", "😀"], "user": "ü"}'.encode(),
+    b'{"t": 3, "items": ["a\\"b", "c\\\\d", "\\/"], "user": "u1"}',
+    b'{"t": 4, "items": [5, "a"], "user": "u1"}',
+    b'{"t": 4, "items": [123456789012345678901234567890], "user": "u1"}',
+    b'{"t": 4, "items": [1.5], "user": "u1"}',
+    b'{"t": 4, "items": [1e2], "user": "u1"}',
+    b'{"t": 4, "items": [true], "user": "u1"}',
+    b'{"t": 4, "items": [{"a": 1}], "user": "u1"}',
+    b'{"t": 4, "items": ["a", null], "user": "u1"}',
+    b'{"t": 4, "items": null, "user": "u1"}',
+    b'{"t": 4, "items": "a", "user": "u1"}',
+    b'{"t": 4, "items": [], "user": "u3"}',
+    b'{"t": 01, "items": ["a"], "user": "u1"}',
+    b'{"t": 1e2, "items": ["a"], "user": "u1"}',
+    b'{"t": 1.0, "items": ["a"], "user": "u1"}',
+    b'{"t": -0, "items": ["a"], "user": "u1"}',
+    b'{"t": 0, "items": ["a"], "user": "u1"}',
+    b'{"t": -3, "items": ["a"], "user": "u1"}',
+    b'{"t": "6", "items": ["a"], "user": "u1"}',
+    b'{"t": true, "items": ["a"], "user": "u1"}',
+    b'{"t": null, "items": ["a"], "user": "u1"}',
+    b'{"t": 999999999999999999, "items": ["a"], "user": "u1"}',
+    b'{"t": 1234567890123456789, "items": ["a"], "user": "u1"}',
+    b'{"t": 123456789012345678901234567890, "items": ["a"], "user": "u1"}',
+    b'{"t": 5, "t": 6, "items": ["a"], "user": "u1"}',
+    b'{"t": 5, "items": ["a"], "items": ["b"], "user": "u1"}',
+    b'{"t": 5, "items": ["a"], "user": "u1", "user": "u2"}',
+    b'{"T": 5, "t": 6, "Items": ["x"], "items": ["b"], "User": "v", "user": "u1"}',
+    b'{"items": ["a"], "user": "u1"}',
+    b'{"t": 5, "user": "u1"}',
+    b'{"t": 5, "items": ["a"]}',
+    b'{"t": 5, "items": ["a"], "user": ""}',
+    b'{"t": 5, "items": ["a"], "user": 5}',
+    b'{"t": 5, "items": ["a"], "user": null}',
+    b'{"t": 5, "items": ["a"], "user": ["u1"]}',
+    b'{"t": 5, "items": ["a"], "user": {"id": "u1"}}',
+    b'{"t": 5, "items": ["a"], "user": "u\\u00e9"}',
+    b'{"t": 5, "items": ["\\ud800"], "user": "u1"}',
+    b'{"t": 5, "items": ["a"], "user": "\\udc00"}',
+    b'{"t": 5, "items": ["a\\u0000b"], "user": "u1"}',
+    b'{"t": 5, "items": ["a\tb"], "user": "u1"}',
+    b'{"t": 5, "items": ["a\xffb"], "user": "u1"}',
+    b'{"t": 5, "items": ["a\xef\xbf\xbdb"], "user": "u1"}',
+    b'{"t": 5, "items": ["\xe2\x80\xa8"], "user": "u1"}',
+    b'\xef\xbb\xbf{"t": 5, "items": ["bom"], "user": "u1"}',
+    b"",
+    b"   ",
+    b"\t",
+    b'  {"t": 6, "items": ["padded"], "user": "u1"}  ',
+    b'{"t": 6, "items": ["crlf"], "user": "u1"}\r',
+    b'{"t": 6, "items": ["a"], "user": "u1", "meta": {"x": [1, {"y": 2.5}]}, "n": 00}',
+    b'{"t": 6, "items": ["a"], "user": "u1", "meta": {"x": [1, {"y": 2.5}]}}',
+    b'{"t": 6, "items": ["a"], "user": "u1", "n": 12, "ok": true, "no": null, "s": ["x"]}',
+    b'{"t": 6, "items": ["a"], "user": "u1",}',
+    b'{"t": 6 "items": ["a"], "user": "u1"}',
+    b'{"t": 6, "items": ["a"], "user": "u1"} trailing',
+    b'{"t": 6, "items": ["a"], "user": "u1"}{"t": 7}',
+    b"{'t': 6, 'items': ['a'], 'user': 'u1'}",
+    b'{"t": NaN, "items": ["a"], "user": "u1"}',
+    b'{"t": 6, "items": ["a"], "user": "u1", "x": Infinity}',
+    b'{"t": 6, "items": ["a"], "user": "u1" /* c */}',
+    b'{t: 6, "items": ["a"], "user": "u1"}',
+    b'{"t": 6, "items": ["a","b","c","d","e","f"], "user": "u4"}',
+    b'{"t": 7, "items": ["' + b"long" * 300 + b'"], "user": "u1"}',
+    b'{"t": 7, "items": ["a"], "user": "u1", "deep": ' + b"[" * 300 + b"]" * 300 + b"}",
+    b'["a", "b"]',
+    b'["a", 5, null]',
+    b"[]",
+    b'"just a string"',
+    b"42",
+    b"null",
+    b"{}",
+    b"{",
+    b'{"t": 8, "items": ["a"], "user": "u1"}',
+    b'{"ts": "2026-03-01T01:30:00Z", "t": 2, "items": ["clock"], "user": "u1"}',
+    b'{"ts": 1772328600, "items": ["epoch"], "user": "u1"}',
+    b'{"ts": "2026-03-01 02:00+01:00", "items": ["offset"], "user": "u1"}',
+    b'{"ts": "2026-02-28T23:00:00Z", "items": ["early"], "user": "u1"}',
+    b'{"ts": "yesterday", "items": ["bad"], "user": "u1"}',
+    b'{"ts": true, "items": ["bad"], "user": "u1"}',
+]
+
+CLOCK = ("ts", "2026-03-01T00:00:00Z", "1h")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("dpstream-read-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _write(path: Path, lines: list[bytes], *, bom: bool = False) -> None:
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + b"".join(x + b"\n" for x in lines))
+
+
+def _local(paths: list[Path], **mode) -> dict[int, tuple]:
+    """The local reader's records by line number over ``paths`` in order: (t, items,
+    error, user); a line that is no record is absent."""
+    out: dict[int, tuple] = {}
+    done = 0
+    for path in paths:
+        with open_input(str(path)) as f:
+            lines = list(guard_lines(f, str(path)))
+        for rec in read_jsonl(lines, **mode):
+            t = None if mode.get("implicit") else rec.t
+            t = None if t is None else min(t, INT64_MAX)
+            out[done + rec.line] = (t, rec.items, rec.error, rec.user)
+        done += len(lines)
+    return out
+
+
+def _spark(spark, path: Path, **mode) -> dict[int, tuple]:
+    """Spark's rows as :func:`_local` gives records (a row with error "" is no record)."""
+    rows = read_events_jsonl(spark, str(path), **mode).collect()
+    assert len({row.pos for row in rows}) == len(rows)
+    out: dict[int, tuple] = {}
+    for row in rows:
+        if row.error == "":
+            continue
+        t = None if mode.get("implicit") else row.t
+        items = None if row["items"] is None else tuple(row["items"])
+        out[row.pos + 1] = (t, items, row.error, row.user)
+    return out
+
+
+MODES = {
+    "steps": {},
+    "users": {"user_field": "user"},
+    "implicit": {"implicit": True},
+    "implicit-users": {"implicit": True, "user_field": "user"},
+    "clock-users": {
+        "time_field": CLOCK[0],
+        "clock": StepClock.parse(CLOCK[1], CLOCK[2]),
+        "user_field": "user",
+    },
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_tricky_lines_get_the_local_decisions(spark, tmp_path, mode) -> None:
+    """Every line of the corpus: the same record (or none), step, items, user id and
+    message on Spark as on the local reader, in each time mode; the plain lines
+    are numerous enough that the fast path is used (many records in it)."""
+    lines = [*TRICKY, *TRICKY[::-1]]
+    path = tmp_path / "tricky.jsonl"
+    _write(path, lines, bom=True)
+    want = _local([path], **MODES[mode])
+    got = _spark(spark, path, **MODES[mode])
+    assert sum(v[2] is None for v in want.values()) >= 6  # events, not only errors
+    assert sum(v[2] is not None for v in want.values()) >= 10
+    plain = spark.read.text(str(path)).where(F.col("value").rlike(FAST_LINE)).count()
+    assert plain >= 40  # lines the fast path may take (all but the clock's)
+    for line in sorted(set(want) | set(got)):
+        assert got.get(line) == want.get(line), (line, lines[(line - 1) % len(lines)])
+
+
+def test_line_numbers_are_exact_over_splits_and_files(spark, tmp_path) -> None:
+    """A directory of files of different sizes, read in splits of ~1 KB (Spark packs
+    them into partitions by size, not by name): each line's number is its place over
+    the files in the order of their paths, and an invalid line says which it is."""
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    names = ["a.jsonl", "b-x.jsonl", "b.jsonl", "c.jsonl"]
+    sizes = [40, 400, 5, 130]
+    paths = []
+    k = 0
+    for name, size in zip(names, sizes, strict=True):
+        lines = []
+        for _ in range(size):
+            k += 1
+            line = {"t": k, "items": [f"i{k}"]}
+            lines.append(json.dumps(line).encode() if k % 37 else b'{"t": 0, "items": []}')
+        paths.append(folder / name)
+        _write(paths[-1], lines)
+    conf = {"spark.sql.files.maxPartitionBytes": "1024", "spark.sql.files.openCostInBytes": "1"}
+    old = {name: spark.conf.get(name) for name in conf}
+    for name, value in conf.items():
+        spark.conf.set(name, value)
+    try:
+        got = _spark(spark, folder)
+        text = spark.read.text(str(folder))
+        splits = text.select("_metadata.file_path", "_metadata.file_block_start").distinct()
+        assert splits.count() > text.rdd.getNumPartitions() > 8  # splits packed together
+    finally:
+        for name, value in old.items():
+            spark.conf.set(name, value)
+    assert got == _local(paths)
+    assert len(got) == sum(sizes)
+    assert sorted(line for line, rec in got.items() if rec[2] is None) == [
+        line for line in range(1, k + 1) if line % 37
+    ]
+
+
+@pytest.mark.parametrize("users", [False, True])
+def test_command_line_on_the_corpus_matches_the_local_engine(
+    spark, tmp_path, capsys, users
+) -> None:
+    """The whole run on the corpus: the same releases and skipped count on both engines,
+    and with ``--on-invalid error`` the same first bad line."""
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-read").save(key)
+    lines = [*TRICKY, *TRICKY]
+    inp = tmp_path / "in.jsonl"
+    _write(inp, lines)
+    common = ["run", "-m", "unknown", "-T", "10", "--rho", "2", "--threshold-delta", "1e-3"]
+    common += ["--key-file", str(key), "-i", str(inp), "--no-clamp"]
+    if users:
+        common += ["--user-field", "user", "--max-items-per-user", "3"]
+        common += ["--max-count-per-item", "1"]
+    else:
+        common += ["--max-items", "3"]
+
+    def run(out: Path, *extra: str) -> int:
+        return cli.main([*common, *extra, "-o", str(out), *own_ledger(out)])
+
+    on_spark = ["--engine", "spark", "--master", "local[2]"]
+    skip = ["--on-invalid", "skip", "--max-invalid", "100%"]
+    capsys.readouterr()
+    assert run(tmp_path / "local.csv", *skip) == 0
+    local_skipped = re.findall(
+        r"invalid events: 0 truncated, (\d+) skipped", capsys.readouterr().err
+    )
+    spark_out = tmp_path / "spark.csv"
+    assert run(spark_out, *skip, *on_spark) == 0
+    spark_skipped = re.findall(r"\((\d+) invalid skipped\)", capsys.readouterr().err)
+    assert len(local_skipped) == 1
+    assert int(local_skipped[0]) > 40
+    assert spark_skipped == local_skipped
+    first_bad = []
+    for name, engine in (("local-error.csv", []), ("spark-error", on_spark)):
+        assert run(tmp_path / name, "--on-invalid", "error", *engine) != 0
+        first_bad.append(re.findall(r"input line (\d+)", capsys.readouterr().err))
+    assert not (tmp_path / "spark-error").exists()  # stopped before anything is written
+    assert len(first_bad[0]) == 1
+    assert first_bad[1] == first_bad[0]
+    want = pd.read_csv(tmp_path / "local.csv").sort_values(["t", "item"]).reset_index(drop=True)
+    have = (
+        pd.concat(pd.read_csv(p) for p in sorted(spark_out.glob("*.csv")))
+        .sort_values(["t", "item"])
+        .reset_index(drop=True)
+    )
+    assert want["item"].notna().any()
+    pd.testing.assert_frame_equal(have, want, check_dtype=False)
