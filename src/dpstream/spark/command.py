@@ -55,23 +55,33 @@ _BUDGET = ("rho", "epsilon", "delta", "tau")
 
 
 def _long_format(
-    spark: SparkSession, released: DataFrame, mech: Any, steps: list[int]
+    spark: SparkSession, released: DataFrame, mech: Any, steps: list[int], clock: Any = None
 ) -> DataFrame:
     """The local engine's long table: (t, item, value, noise_std), a row with a null item
-    and value for a step that released nothing, so every step of the clock is there."""
+    and value for a step that released nothing, so every step of the clock is there; with
+    a clock (``--time-field``), each step's window ``step_start``, ``step_end`` as the
+    local engine writes them (ISO-8601 in the clock's zone)."""
     from ..run.meta import noise_std_at
 
-    stds = spark.createDataFrame(
-        [(t, float(noise_std_at(mech.mechanism, t))) for t in steps], "t long, noise_std double"
-    )
+    per_step: list[tuple[Any, ...]] = [(t, float(noise_std_at(mech.mechanism, t))) for t in steps]
+    schema = "t long, noise_std double"
+    dated: tuple[str, ...] = ("noise_std",)
+    if clock is not None:
+        per_step = [
+            (*row, clock.iso(clock.start_of(t)), clock.iso(clock.end_of(t)))
+            for row, t in zip(per_step, steps, strict=True)
+        ]
+        schema += ", step_start string, step_end string"
+        dated = ("noise_std", "step_start", "step_end")
+    stds = spark.createDataFrame(per_step, schema)
     rows = released.join(F.broadcast(stds), "t")
     empty = stds.join(released.select("t").distinct(), "t", "left_anti").select(
         "t",
         F.lit(None).cast(released.schema["item"].dataType).alias("item"),
         F.lit(None).cast(released.schema["value"].dataType).alias("value"),
-        "noise_std",
+        *dated,
     )
-    return rows.select("t", "item", "value", "noise_std").unionByName(empty)
+    return rows.select("t", "item", "value", *dated).unionByName(empty)
 
 
 def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -186,13 +196,18 @@ def run_cli(
     }
 
 
+def _clock(opts: Mapping[str, Any]) -> Any:
+    """The run's public clock (``--time-field``, ``--start``, ``--step``), or None."""
+    if opts.get("time_field") is None:
+        return None
+    from ..clock import StepClock
+
+    return StepClock.parse(opts["start"], opts["step"])
+
+
 def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFrame:
     """The input's lines parsed as the local engine parses them (cached)."""
-    clock = None
-    if opts.get("time_field") is not None:
-        from ..clock import StepClock
-
-        clock = StepClock.parse(opts["start"], opts["step"])
+    clock = _clock(opts)
     implicit = bool(opts.get("implicit_time"))
     if implicit and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
@@ -478,7 +493,7 @@ def _released(
     released = readable_counts(
         released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
     )
-    return _long_format(spark, released, mech, steps)
+    return _long_format(spark, released, mech, steps, _clock(opts))
 
 
 def _write(spark: SparkSession, released: DataFrame, job: _Job) -> int:
