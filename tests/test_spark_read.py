@@ -302,3 +302,48 @@ def test_command_line_on_the_corpus_matches_the_local_engine(
     )
     assert want["item"].notna().any()
     pd.testing.assert_frame_equal(have, want, check_dtype=False)
+
+
+@pytest.mark.parametrize("name", ["_events.jsonl", ".events.jsonl"])
+def test_an_input_spark_would_skip_is_refused_not_read_as_empty(spark, tmp_path, name) -> None:
+    """Review finding: Spark skips files named "_x" or ".x" even when given by name, so
+    the run released noise over no events; now it is refused (the local engine reads
+    such a file)."""
+    path = tmp_path / name
+    _write(path, [b'{"t": 1, "items": ["a"]}'])
+    assert len(_local([path])) == 1
+    with pytest.raises(ValueError, match="finds no file"):
+        read_events_jsonl(spark, str(path))
+    folder = tmp_path / "only-subfolders"
+    (folder / "sub").mkdir(parents=True)
+    _write(folder / "sub" / "e.jsonl", [b'{"t": 1, "items": ["a"]}'])
+    with pytest.raises(ValueError, match="finds no file"):
+        read_events_jsonl(spark, str(folder))
+
+
+def test_a_compression_the_local_engine_does_not_inflate_is_refused(spark, tmp_path) -> None:
+    """Review finding: Spark inflates .bz2 while the local engine reads its bytes as they
+    are (invalid lines): the two engines would see different events."""
+    import bz2
+
+    path = tmp_path / "events.jsonl.bz2"
+    path.write_bytes(bz2.compress(b'{"t": 1, "items": ["a"]}\n'))
+    with pytest.raises(ValueError, match="compressed otherwise"):
+        read_events_jsonl(spark, str(path))
+
+
+@pytest.mark.parametrize("field", ["T", "Items", "ITEMS"])
+def test_a_user_field_named_like_t_or_items_in_another_case(spark, tmp_path, field) -> None:
+    """Review finding: Spark matches field names ignoring case, so a user field "T" beside
+    "t" was ambiguous in the fast path and the job failed; the local parser decides."""
+    path = tmp_path / "case.jsonl"
+    _write(
+        path,
+        [
+            json.dumps({"t": 1, "items": ["a"], field: "alice"}).encode(),
+            json.dumps({"t": 2, "items": ["b"]}).encode(),
+        ],
+    )
+    want = _local([path], user_field=field)
+    assert _spark(spark, path, user_field=field) == want
+    assert want[1][3] == "alice" and want[2][2] is not None  # an event, then an error

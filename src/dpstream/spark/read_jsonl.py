@@ -113,6 +113,30 @@ def _fast_rule(implicit: bool, user_field: str | None) -> tuple[Column, Column]:
     return ok, parsed
 
 
+#: Compressed files Spark's text reader inflates but the local engine reads as they are
+#: (it inflates ``.gz`` only): refused, so that both engines read the same lines.
+_OTHER_CODECS = (".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate", ".br")
+
+
+def _check_files(path: str, files: list[str]) -> None:
+    """Refuse an input Spark would read differently from the local engine: no file at
+    all (Spark skips names that begin with ``_`` or ``.`` even when given by name, and
+    subfolders that are not ``key=value`` partitions), or a compression the local
+    engine does not inflate."""
+    if not files:
+        raise ValueError(
+            f"--engine spark finds no file to read in {path!r}: Spark skips files whose "
+            "names begin with '_' or '.' and subfolders that are not key=value "
+            "partitions; rename the input or run it on the local engine"
+        )
+    other = [f for f in files if f.lower().endswith(_OTHER_CODECS)]
+    if other:
+        raise ValueError(
+            f"--engine spark reads plain or .gz JSON Lines, as the local engine does; "
+            f"{other[0]!r} is compressed otherwise: decompress it (or use gzip)"
+        )
+
+
 def read_events_jsonl(
     spark: SparkSession,
     path: str,
@@ -137,14 +161,17 @@ def read_events_jsonl(
     One pass reads, parses and caches the lines with their splits
     (:mod:`dpstream.spark.order`); the line numbers are then found from that cache.
     """
-    lines = split_marks(spark.read.text(path))
+    text = spark.read.text(path)
+    _check_files(path, text.inputFiles())
+    lines = split_marks(text)
     marks = ["_file", "_block", "_row"]
     slow_parse = _slow_udf(time_field, clock, implicit, user_field)
     raw = F.col("value").cast("binary")
-    if (
-        clock is None
-        and user_field not in ("", "t", "items")
-        and (user_field is None or _fast_key(user_field))
+    # Spark resolves field names ignoring case: a user field "T" or "Items" would be
+    # ambiguous beside "t" and "items" in the fast path's schema (the parser decides)
+    if clock is None and (
+        user_field is None
+        or (user_field.lower() not in ("", "t", "items") and _fast_key(user_field))
     ):
         ok, parsed = _fast_rule(implicit, user_field)
         staged = lines.select(*marks, "value", F.when(ok, parsed).alias("_j"))

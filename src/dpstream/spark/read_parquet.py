@@ -85,8 +85,14 @@ def read_events_parquet(
             if user_field is not None
             else F.lit(None).cast("string")
         )
+        table = spark.read.parquet(name)
+        if not table.inputFiles():  # Spark skips "_x" and ".x" even given by name
+            raise ValueError(
+                f"--engine spark cannot read {name!r}: Spark skips files whose names "
+                "begin with '_' or '.'; rename it or run it on the local engine"
+            )
         frames.append(
-            spark.read.parquet(name).select(
+            table.select(
                 (F.col("_metadata.row_index") + F.lit(offset)).alias("pos"),
                 F.col(layout.time).cast("long").alias("t"),
                 F.col(layout.items).cast("array<string>").alias("items"),
