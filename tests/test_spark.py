@@ -683,13 +683,6 @@ def test_command_line_engine_spark_matches_engine_local(spark, tmp_path, extra) 
     for rel in local:
         rows = got[got["t"] == rel["t"]]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
-    # each row carries its step's window, as the local long output does (from --start
-    # plus t - 1 hours, worked out here)
-    import datetime as dt
-
-    for t, begin, end in zip(got["t"], got["step_start"], got["step_end"], strict=True):
-        want = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc) + (t - 1) * dt.timedelta(hours=1)
-        assert (begin, end) == (want.isoformat(), (want + dt.timedelta(hours=1)).isoformat())
         assert set(rows["noise_std"]) == {rel["meta"]["noise_std"]}
     # the long CSV of both engines is one table
     assert (
@@ -1015,6 +1008,13 @@ def test_engine_spark_timestamped_steps_match_local_quiet_hours_included(spark, 
     for rel in local:
         rows = got[got["t"] == rel["t"]]
         assert dict(zip(rows["item"], rows["value"], strict=True)) == rel["released"]
+    # each row carries its step's window, as the local long output does (from --start
+    # plus t - 1 hours, worked out here)
+    import datetime as dt
+
+    for t, begin, end in zip(got["t"], got["step_start"], got["step_end"], strict=True):
+        want = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc) + (t - 1) * dt.timedelta(hours=1)
+        assert (begin, end) == (want.isoformat(), (want + dt.timedelta(hours=1)).isoformat())
 
 
 # ------------------------------------------------------------------ SparseGumb
