@@ -254,6 +254,23 @@ class ItemTable:
         return buf[:n]
 
     # -- writing -------------------------------------------------------------------
+    def positions(self, items: Sequence[Hashable], absent: bool = False) -> np.ndarray:
+        """The positions of ``items`` (canonical), the missing ones added in order of
+        first appearance; ``absent``: none of them is stored yet (no look-up when they
+        are also distinct)."""
+        if absent and len(set(items)) == len(items):
+            n = self._n
+            self.extend(items)
+            return np.arange(n, n + len(items), dtype=np.int64)
+        pos = self.lookup(items)
+        miss = np.flatnonzero(pos < 0)
+        if miss.size:
+            new: dict[Hashable, int] = {}
+            n = self._n
+            pos[miss] = [n + new.setdefault(items[i], len(new)) for i in miss.tolist()]
+            self.extend(list(new))
+        return pos
+
     def extend(self, items: Sequence[Hashable]) -> None:
         """Add ``items`` (distinct, canonical, none of them stored yet) at the next positions."""
         m = len(items)

@@ -106,23 +106,6 @@ def _insert(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def _add(table: ItemTable, keys: list[Any], absent: bool = False) -> np.ndarray:
-    """The positions of ``keys`` in ``table``, the missing ones added (in order);
-    ``absent``: none of them is there (no look-up)."""
-    if absent and len(set(keys)) == len(keys):
-        n = len(table)
-        table.extend(keys)
-        return np.arange(n, n + len(keys), dtype=np.int64)
-    pos = table.lookup(keys)
-    miss = np.flatnonzero(pos < 0)
-    if miss.size:
-        new: dict[Any, int] = {}
-        n = len(table)
-        pos[miss] = [n + new.setdefault(keys[i], len(new)) for i in miss.tolist()]
-        table.extend(list(new))
-    return pos
-
-
 @dataclass
 class ColumnPending:
     """The change one batch makes to a :class:`ColumnBounder`, applied by ``commit``:
@@ -501,7 +484,7 @@ class ColumnBounder:
             if new.size:  # users new to the state (or added since the batch was bounded)
                 absent = pending.sizes[0] == len(self._users)  # (-1: not there)
                 hexes = [pending.users[j] for j in new.tolist()]
-                index[new] = _add(self._users, hexes, absent)
+                index[new] = self._users.positions(hexes, absent)
             if len(self._users) > self._held.size:
                 more = max(len(self._users), 2 * self._held.size) - self._held.size
                 self._held = np.concatenate([self._held, np.zeros(more, np.int64)])
@@ -515,7 +498,7 @@ class ColumnBounder:
                 if miss.size:
                     its = pending.items
                     absent = pending.items_looked_up and pending.sizes[1] == len(self._items)
-                    item_at[miss] = _add(self._items, take_at(its, miss), absent)
+                    item_at[miss] = self._items.positions(take_at(its, miss), absent)
                 if len(self._users) > _LOW >> 1 or len(self._items) > _LOW:
                     raise OverflowError("more than 2^31 users or 2^32 items held")
                 keys = (index[pending.pair_user] << _SHIFT) | item_at[codes]

@@ -349,12 +349,12 @@ class FoldedInput:
         codes = self.items_of(cols.items)[cols.codes].astype(np.int32)
         sizes = np.diff(cols.offsets).astype(np.int32)
         assert self.user_ids is not None
-        users = _positions(self.user_ids, list(valid.users))[valid.user_of].astype(np.int32)
+        users = self.user_ids.positions(list(valid.users))[valid.user_of].astype(np.int32)
         return codes, sizes, users
 
     def items_of(self, items: list[Any]) -> np.ndarray:
         """The run-wide ids of ``items`` (new ones added)."""
-        return _positions(self.items, items)
+        return self.items.positions(items)
 
     def _merge_step(self, step: FoldedStep) -> None:
         """Merge a step's segments held in memory into one (event level)."""
@@ -469,15 +469,3 @@ class FoldedInput:
 
 def _in_memory(seg: Segment) -> bool:
     return bool(seg) and isinstance(seg[0], np.ndarray)
-
-
-def _positions(table: Any, keys: list[Any]) -> np.ndarray:
-    """The positions of ``keys`` in ``table`` (an ItemTable), the missing ones added."""
-    pos = table.lookup(keys)
-    miss = np.flatnonzero(pos < 0)
-    if miss.size:
-        new: dict[Any, int] = {}
-        n = len(table)
-        pos[miss] = [n + new.setdefault(keys[i], len(new)) for i in miss.tolist()]
-        table.extend(list(new))
-    return pos
