@@ -628,3 +628,30 @@ def test_the_c_insert_refuses_more_than_four_fifths():
     with pytest.raises(ValueError, match="full"):
         _loops.item_insert(t._key, t._data[: t._size], t._offsets[:21], full, 0, 20)
     _loops.item_insert(t._key, t._data[: t._size], t._offsets[:21], full, 0, 12)  # 12/16
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from("abcdefghij"), max_size=6), min_size=1, max_size=8),
+    st.lists(st.lists(st.sampled_from("abcdefghijklmn"), max_size=10), min_size=1, max_size=8),
+    st.booleans(),
+)
+def test_lookup_rows_is_lookup_of_the_rows_items(grows, steps, fixed):
+    """``lookup_rows`` (a cache of each run-wide row's position) answers exactly as
+    ``lookup`` of the rows' items, the brute force below, step after step: while
+    this table grows (a row absent at one step is found at the next), while the run
+    table grows, and when another run table is asked about (the cache is dropped)."""
+    mine, twin = ItemTable(fixed), ItemTable(fixed)  # twin: asked about other tables too
+    run = ItemTable()
+    for i, step in enumerate(steps):
+        run.positions(step)  # the run-wide table learns the step's items
+        rows = run.lookup(step)
+        new = [x for x in dict.fromkeys(grows[i % len(grows)]) if x not in mine]
+        mine.extend(new)
+        twin.extend(new)
+        want = [mine.get(x, -1) for x in step]  # brute force: a dict-like get per item
+        assert mine.lookup_rows(run, rows).tolist() == want
+        assert mine.lookup_rows(run, rows).tolist() == want  # from the cache
+        assert twin.lookup_rows(run, rows).tolist() == want
+        other = ItemTable.of(list(dict.fromkeys(reversed(step))))
+        assert twin.lookup_rows(other, other.lookup(step)).tolist() == want

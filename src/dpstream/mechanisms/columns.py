@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import chain, repeat
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 
@@ -93,8 +93,7 @@ class EventColumns:
 
     def events(self) -> list[list[Hashable]]:
         """The events as lists of items (the slow path, and for tests)."""
-        items = self.items
-        flat = [items[c] for c in self.codes.tolist()]
+        flat = _take(self.items, self.codes.tolist())
         bounds = self.offsets.tolist()
         return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
@@ -119,7 +118,7 @@ def event_positions(
     :func:`positions`), or ``None`` when the per-event path must run."""
     if isinstance(events, EventColumns):
         items = events.items
-        if not _PLAIN.issuperset(map(type, items)):
+        if not (_table_rows(items) and items.all_str) and not _PLAIN.issuperset(map(type, items)):
             return None
         ucols, new = positions(items, index, n)
         return ucols[events.codes], events.offsets, new
@@ -170,7 +169,34 @@ def lookup_all(items: Sequence[Hashable], index: Any) -> np.ndarray:
     :class:`~dpstream.mechanisms.item_table.ItemTable`)."""
     if isinstance(index, Mapping):
         return np.fromiter(map(index.get, items, repeat(-1, len(items))), np.int64, len(items))
+    if _table_rows(items) and hasattr(index, "lookup_rows"):
+        return items.positions_in(index)  # each run-wide row looked up once per run
     return index.lookup(items)
+
+
+class _TableRows(Protocol):
+    """What :class:`~dpstream.mechanisms.item_table.TakenItems` offers here (that module
+    imports this one)."""
+
+    @property
+    def all_str(self) -> bool: ...
+
+    def positions_in(self, index: Any) -> np.ndarray: ...
+
+    def take(self, at: Sequence[int] | np.ndarray) -> list[Hashable]: ...
+
+
+def _table_rows(items: Any) -> TypeGuard[_TableRows]:
+    """Whether ``items`` are rows of an item table that can be looked up without being
+    read (a :class:`~dpstream.mechanisms.item_table.TakenItems`)."""
+    return hasattr(items, "positions_in")
+
+
+def _take(items: Sequence[Hashable], at: list[int]) -> list[Hashable]:
+    """``items`` at the places ``at``, in one call for table rows."""
+    if _table_rows(items):
+        return items.take(at)
+    return [items[i] for i in at]
 
 
 def positions(items: Sequence[Hashable], index: Any, n: int) -> tuple[np.ndarray, list[Hashable]]:
@@ -184,8 +210,9 @@ def positions(items: Sequence[Hashable], index: Any, n: int) -> tuple[np.ndarray
     missing = np.flatnonzero(cols < 0)
     new: dict[Hashable, int] = {}
     if missing.size:
-        for i in missing.tolist():
-            cols[i] = n + new.setdefault(items[i], len(new))
+        at = missing.tolist()
+        for i, item in zip(at, _take(items, at), strict=True):
+            cols[i] = n + new.setdefault(item, len(new))
     return cols, list(new)
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import operator
 import os
+import weakref
 from collections.abc import Hashable, Sequence
 from itertools import repeat
 from typing import Any, TypeGuard
@@ -124,6 +125,8 @@ class ItemTable:
         "_addresses",
         "_all_str",
         "_fill",
+        "_rows_of",
+        "__weakref__",
     )
 
     def __init__(self, fixed: bool = False) -> None:
@@ -140,6 +143,8 @@ class ItemTable:
         self._index: dict[Hashable, int] | None = None
         self._addresses: tuple[np.ndarray, int] | None = None
         self._all_str = True  # every item is a str (always so in the compact form)
+        # (another table, its rows' positions here (-2: not looked up yet), our size then)
+        self._rows_of: tuple[weakref.ref[ItemTable], np.ndarray, int] | None = None
         if self._loops is None:
             self._objects, self._index = [], {}
 
@@ -206,6 +211,40 @@ class ItemTable:
             self._slots,
             out,
         )
+        return out
+
+    def lookup_rows(self, table: ItemTable, rows: np.ndarray) -> np.ndarray:
+        """:meth:`lookup` of ``table``'s items at ``rows`` (int64), each row's item read
+        and hashed once for as long as ``table`` is the one asked about.
+
+        A run hands every step its items as rows of one run-wide table
+        (:class:`TakenItems`); a mechanism's table maps them to its positions.
+        Both tables only ever grow, and a stored item keeps its position, so a
+        row's position here, once found, holds for good; a row found absent is
+        looked up again once this table has grown. The answer is exactly
+        :meth:`lookup` of ``table.take(rows)``: the map is a cache (never
+        pickled), keyed on the other table's identity.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        held = self._rows_of
+        size = len(table)
+        if held is None or held[0]() is not table:
+            known = np.full(max(size, 16), -2, dtype=np.int64)
+        else:
+            known = held[1]
+            if held[2] != self._n:  # grown since: an item absent then may be here now
+                known[known == -1] = -2
+            if known.size < size:
+                grown = np.full(max(size, 2 * known.size), -2, dtype=np.int64)
+                grown[: known.size] = known
+                known = grown
+        self._rows_of = (weakref.ref(table), known, self._n)
+        out = known[rows]
+        todo = out == -2
+        if todo.any():
+            fresh = np.unique(rows[todo])
+            known[fresh] = self.lookup(table.take(fresh))
+            out = known[rows]
         return out
 
     def starts(self, items: Any) -> bool:
@@ -546,6 +585,12 @@ class TakenItems(Sequence):  # type: ignore[type-arg]
     def take(self, at: Sequence[int] | np.ndarray) -> list[Hashable]:
         """The items at the places ``at`` of this sequence (one call)."""
         return self._table.take(self._positions[np.asarray(at, dtype=np.int64)])
+
+    def positions_in(self, index: ItemTable) -> np.ndarray:
+        """Each item's position in ``index`` (int64), -1 for an item it lacks: ``index``'s
+        ``lookup`` of these items, which reads each run-wide row once per run
+        (:meth:`ItemTable.lookup_rows`)."""
+        return index.lookup_rows(self._table, self._positions)
 
 
 def take_at(seq: Sequence[Any], at: np.ndarray) -> list[Any]:

@@ -421,6 +421,7 @@ class FoldedInput:
         level, the counts spread over the step's events), UserEventColumns (or [] for
         none) at user level."""
         from ..mechanisms.columns import EventColumns
+        from ..mechanisms.item_table import TakenItems
 
         if step.error is not None:
             raise step.error
@@ -435,9 +436,10 @@ class FoldedInput:
             )
         else:
             ids, counts = np.zeros(0, np.int32), np.zeros(0, np.int64)
-        items = self.items.take(ids)
+        # the items as rows of the run-wide table: a mechanism's table maps each row
+        # to its position once per run, without making strings of them every step
         codes, offsets = spread(np.arange(ids.size), counts, step.events)
-        return EventColumns(items, codes, offsets)
+        return EventColumns(TakenItems(self.items, ids), codes, offsets)
 
     def _user_events(self, segs: list[tuple[np.ndarray, ...]]) -> Any:
         from ..io.chunks import _unique_inverse
