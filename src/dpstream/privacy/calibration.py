@@ -115,9 +115,7 @@ def mu_for_gaussian(epsilon: float, delta: float) -> float:
     Returns:
         mu > 0.
     """
-    return _mu_for_gaussian(
-        _check_positive("epsilon", epsilon), _check_open_unit("delta", delta)
-    )
+    return _mu_for_gaussian(_check_positive("epsilon", epsilon), _check_open_unit("delta", delta))
 
 
 @functools.lru_cache(maxsize=4096)
