@@ -121,13 +121,15 @@ def plan_info(cfg: RunConfig) -> dict[str, Any]:
     target = cfg.target_error
     if target is not None:
         mech, used = _for_target(cfg, key, domain)
+        budget = {"tau": mech.tau, "delta": None}
+        choice = top_k_choice(name, {**opts, **budget}, key, domain)
     else:
-        with mechanism_settings():
-            mech = build_mechanism(name, opts, key, domain)
+        with mechanism_settings():  # (build_mechanism's own choice, made once)
+            choice = top_k_choice(name, opts, key, domain)
+            mech = choice.mechanism if choice else build_mechanism(name, opts, key, domain)
         used = dict(opts)  # the options the mechanism was built from
-    budget = {"tau": mech.tau, "delta": None} if target is not None else {}
+        budget = {}
     info = planning.describe(mech, name=name, base_given=cfg.base is not None)
-    choice = top_k_choice(name, {**opts, **budget} if budget else opts, key, domain)
     if choice is not None:
         info["choice"] = choice.reason
         info["top_k"] = choice.name
@@ -171,11 +173,26 @@ def _hints(
         ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
         info["max_items_break_even"] = int(ratio * ratio)
     if MECHANISMS[name].max_items != "none" and cfg.max_items is not None:
+        # KnownBase's noise does not depend on how many items the domain holds (each
+        # item has a counter of its own, with the same tau): its hints are worked out
+        # over the domain's first k items, not by hashing all of them once more per value
+        few = _domain_head(name, domain, used)
 
         def std_for(n: int) -> float:
             o = {**used, **budget, "max_items": n}
             if choice is not None:
-                return top_k_choice(name, o, key, domain).noise_std["KnownBase top-k"]
-            return planning.noise_std_worst(build_mechanism(name, o, key, domain))
+                return top_k_choice(name, o, key, few).noise_std["KnownBase top-k"]
+            return planning.noise_std_worst(build_mechanism(name, o, key, few))
 
         info["max_items_hint"] = planning.max_items_hint(std_for, cfg.max_items)
+
+
+def _domain_head(
+    name: str, domain: list[str] | None, options: Mapping[str, Any]
+) -> list[str] | None:
+    """The domain a --max-items hint of ``name`` is worked out over: for KnownBase and
+    its top-k, whose noise std is the same for any domain size, the first k items
+    (one for ``known``); the whole domain for any other mechanism."""
+    if domain is None or name not in ("known", "top-k"):
+        return domain
+    return domain[: max(1, int(options.get("k") or 1))]

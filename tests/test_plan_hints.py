@@ -1,0 +1,44 @@
+"""``plan``'s --max-items hints for KnownBase and its top-k are worked out over the
+domain's first k items (the noise of a count does not depend on the domain's size);
+here they are held against the mechanisms built over the whole domain."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpstream import planning
+from dpstream.cli import main
+from dpstream.mechanisms.histogram_topk import HistogramTopK
+from dpstream.mechanisms.known import KnownDomainHistogram
+
+from .conftest import fixed_key
+
+DOMAIN = [f"item-{i}" for i in range(300)]  # the names plan gives --domain-size 300
+
+
+def _plan(capsys, *args: str) -> dict:
+    assert main(["plan", "-T", "100", "--domain-size", "300", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("budget", [["--epsilon", "1", "--delta", "1e-6"], ["--rho", "0.1"]])
+def test_known_hints_match_the_whole_domain(capsys, budget):
+    info = _plan(capsys, "-m", "known", "--max-items", "2", *budget)
+    kw = {"epsilon": 1.0, "delta": 1e-6} if budget[0] == "--epsilon" else {"rho": 0.1}
+    for hint in info["max_items_hint"]:
+        whole = KnownDomainHistogram(
+            DOMAIN, 100, max_items=hint["max_items"], key=fixed_key("hint"), **kw
+        )
+        assert hint["noise_std_worst"] == planning.noise_std_worst(whole)
+
+
+def test_top_k_hints_match_the_whole_domain(capsys):
+    info = _plan(capsys, "-m", "top-k", "--k", "5", "--max-items", "2", "--rho", "0.1")
+    assert len(info["max_items_hint"]) >= 5
+    for hint in info["max_items_hint"]:
+        whole = HistogramTopK(
+            DOMAIN, 100, k=5, max_items=hint["max_items"], key=fixed_key("hint"), rho=0.1
+        )
+        assert hint["noise_std_worst"] == float(whole.noise_std_worst)
