@@ -4,7 +4,8 @@ Run by hand: ``python bench/bench_start.py [--rounds 15] [--src DIR ...]``.
 Each command runs as a fresh process (``python -m dpstream ...``) ``--rounds``
 times, interleaved so that a busy moment of a shared machine falls on every
 command alike; the figure is the median wall time, with the spread (min-max),
-and the ratio to the floor ``python -c pass`` measured in the same rounds. With
+and the ratio to the floor ``python -c pass`` measured in the same rounds, after one
+untimed round that caches the modules' bytecode (as pip does at install). With
 several ``--src`` (e.g. the sources before and after a change), each is put
 first on ``PYTHONPATH`` in turn, in the same rounds. It also lists the heavy
 modules each command imports (``sys.modules`` at exit).
@@ -57,6 +58,9 @@ PROBE = (
 
 def _env(src: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # as an installed package starts: with its modules' bytecode cached (pip compiles it
+    # at install; PYTHONDONTWRITEBYTECODE would recompile every module at every start)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
@@ -80,6 +84,9 @@ def main() -> None:
     args = parser.parse_args()
     srcs = args.src or [Path(__file__).resolve().parents[1] / "src"]
     times: dict[tuple[int, str], list[float]] = {}
+    for src in srcs:  # a round untimed: writes the bytecode caches
+        for argv in COMMANDS.values():
+            _once(args.python, argv, _env(src))
     for _ in range(args.rounds):
         for i, src in enumerate(srcs):
             env = _env(src)
