@@ -18,7 +18,7 @@ import zoneinfo
 import pytest
 
 from dpstream.cli import main
-from dpstream.clock import StepClock, parse_timestamp
+from dpstream.clock import StepClock, parse_timestamp, steps_until
 
 from .conftest import fixed_key, own_ledger
 
@@ -206,3 +206,33 @@ def test_a_fixed_offset_in_seconds_is_recorded_whole():
     for sign in "+-":
         clock = StepClock.parse(f"1900-01-01T00:00{sign}00:09:21", "1mo")
         assert clock.zone_text() == f"{sign}00:09:21"
+
+
+def test_end_may_name_the_zone_of_start():
+    clock = StepClock.parse("2026-03-01T00:00[Europe/Paris]", "1mo")
+    assert steps_until(clock, "2027-01-01T00:00[Europe/Paris]") == 10
+    assert steps_until(clock, "2027-01-01T00:00+01:00") == 10
+    with pytest.raises(ValueError, match="not in the time zone of --start"):
+        steps_until(clock, "2026-12-31T18:00[America/New_York]")  # the same instant
+    with pytest.raises(ValueError, match="not in the time zone of --start"):
+        steps_until(StepClock.parse("2026-03-01T00:00+01:00", "1mo"), "2027-01-01T00:00[UTC]")
+
+
+@pytest.mark.parametrize("start", ["9999-12-01T00:00Z", "9999-12-01T00:00[Europe/Paris]"])
+@pytest.mark.parametrize("steps", [("-T", "40"), ("--until", "40")])
+def test_a_last_step_past_the_calendar_is_refused_before_the_run(tmp_path, capsys, start, steps):
+    # step 31 would end in the year 10000: refused before anything is written (with
+    # --until, steps 1 to 30 were released, then the run failed on step 31's dates)
+    src = tmp_path / "ev.jsonl"
+    src.write_text(json.dumps({"ts": "9999-12-02T10:00:00Z", "items": ["a"]}) + "\n")
+    out = tmp_path / "out.csv"
+    assert _run(tmp_path, src, out, start, "1d", *steps) != 0
+    assert "past the year 9999" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_end_near_the_calendars_end_names_the_nearest_step():
+    clock = StepClock.parse("2026-03-01T00:00Z", "1d")
+    with pytest.raises(ValueError, match=r"9999-12-31T00:00:00\+00:00 \(--horizon 2912383\)"):
+        steps_until(clock, "9999-12-31T12:00Z")
+    assert steps_until(clock, "9999-12-31T00:00Z") == 2912383

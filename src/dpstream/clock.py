@@ -373,15 +373,28 @@ class StepClock:
 def steps_until(clock: StepClock, end: object) -> int:
     """The number of steps from the clock's start to ``end`` (``--end``: when the last
     step ends). ``end`` must fall on a step boundary after the start (ValueError names
-    the two nearest)."""
-    when = parse_timestamp(end)
+    the two nearest). ``end`` may name the clock's zone as ``--start`` does
+    (``2027-01-01T00:00[Europe/Paris]``: a wall time there), not another one."""
+    if isinstance(end, str) and end.strip().endswith("]"):
+        given, zone = _start_in_zone(end)
+        if getattr(zone, "key", None) != clock.named_zone:
+            raise ValueError(
+                f"--end {end} is not in the time zone of --start ({clock.zone_text()})"
+            )
+        when = given.astimezone(_UTC)
+    else:
+        when = parse_timestamp(end)
     if when <= clock.start:
         raise ValueError(f"--end {end} is not after --start {clock.iso(clock.start)}")
     t = clock.step_of(when) - 1  # the steps that end at or before `end`
     if clock.end_of(t) != when:
+        try:
+            after = f"{clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})"
+        except (OverflowError, ValueError):
+            after = f"step {t + 1}'s, past the year 9999"
         raise ValueError(
             f"--end {end} is not where a step ends (--step {clock.step_text()} from --start "
             f"{clock.iso(clock.start)}): the nearest ends are {clock.iso(clock.end_of(t))} "
-            f"(--horizon {t}) and {clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})"
+            f"(--horizon {t}) and {after}"
         )
     return t
