@@ -25,8 +25,9 @@ days or weeks (``1d``, ``7d``, ``1w``) and calendar months then begin at the
 wall-clock time of ``--start`` on their day in that zone, so a day step is 23
 or 25 hours long on the days the clocks change; steps of hours, minutes or
 seconds stay fixed durations. Where the wall-clock time of ``--start`` does not
-exist on a day (the clocks jump over it), the step begins at the same time an
-hour later; where it happens twice, at the first of the two. Event timestamps
+exist on a day (the clocks jump over it), the step begins later by the length of
+the jump (an hour in most zones); where it happens twice, at the first of the two.
+Steps are compared with events as instants (UTC), never as wall times. Event timestamps
 without an offset are still read as UTC.
 """
 
@@ -120,7 +121,17 @@ _ZONE_SUFFIX = re.compile(r"^(.*?)\[([^\[\]]+)\]$")
 
 
 def named_zone(name: str) -> zoneinfo.ZoneInfo:
-    """The IANA time zone ``name`` (``Europe/Paris``), or ValueError saying why not."""
+    """The IANA time zone ``name`` (``Europe/Paris``), or ValueError saying why not.
+
+    ``localtime`` and ``posixrules`` are refused: they name whatever zone a machine is
+    set to, so two runs (or a Spark driver and its workers) could read them as two
+    clocks; so are the ``right/`` zones, whose transitions ``zoneinfo`` reads off by
+    the leap seconds."""
+    if name in ("localtime", "posixrules") or name.startswith("right/"):
+        raise ValueError(
+            f"{name!r} is not a fixed time zone (it is a machine's setting, or a clock "
+            "with leap seconds): give an IANA name like Europe/Paris"
+        )
     try:
         return zoneinfo.ZoneInfo(name)
     except zoneinfo.ZoneInfoNotFoundError:
@@ -128,7 +139,7 @@ def named_zone(name: str) -> zoneinfo.ZoneInfo:
             f"unknown time zone {name!r}: give an IANA name like Europe/Paris or "
             "America/New_York (the system's zone database, or `pip install tzdata`)"
         ) from None
-    except ValueError:
+    except (ValueError, OSError):  # a bad key, a folder (``Europe``), a file not TZif
         raise ValueError(f"{name!r} is not a time zone name (like Europe/Paris)") from None
 
 
@@ -139,8 +150,13 @@ def _start_in_zone(text: str) -> tuple[_dt.datetime, _dt.tzinfo]:
     if m is None:
         begin = _aware(text)
         return begin, begin.tzinfo or _UTC
-    zone = named_zone(m.group(2).strip())
     wall = m.group(1).strip()
+    if "[" in wall or "=" in m.group(2):
+        raise ValueError(
+            f"{text!r}: one time zone in brackets at the end, like "
+            "2026-03-01T00:00[Europe/Paris] (no other RFC 9557 tags)"
+        )
+    zone = named_zone(m.group(2).strip().removeprefix("!"))  # "!": RFC 9557's critical flag
     if re.fullmatch(r"-?\d+(\.\d+)?", wall):
         raise ValueError("a named time zone goes after an ISO-8601 time, not epoch seconds")
     try:
@@ -160,9 +176,15 @@ def _start_in_zone(text: str) -> tuple[_dt.datetime, _dt.tzinfo]:
     if given.utcoffset() != given.astimezone(zone).utcoffset():
         raise ValueError(
             f"{wall}'s UTC offset is not {zone.key}'s at that time "
-            f"({given.astimezone(zone).isoformat()[-6:]})"
+            f"({_offset_text(given.astimezone(zone))})"
         )
     return given, zone
+
+
+def _offset_text(when: _dt.datetime) -> str:
+    """The UTC offset at the end of ``when``'s ISO-8601 text: ``+01:00``, ``+00:09:21``."""
+    iso = when.isoformat()
+    return iso[max(iso.rfind("+"), iso.rfind("-")) :]
 
 
 def parse_timestamp(value: object) -> _dt.datetime:
@@ -170,7 +192,11 @@ def parse_timestamp(value: object) -> _dt.datetime:
 
     Raises ``ValueError`` (or ``TypeError`` for another type) with the reason.
     """
-    return _aware(value).astimezone(_UTC)
+    when = _aware(value)
+    try:
+        return when.astimezone(_UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00: before year 1 in UTC (or after 9999)
+        raise ValueError("the timestamp is out of range (years 1 to 9999 in UTC)") from None
 
 
 def _add_months(when: _dt.datetime, months: int) -> _dt.datetime:
@@ -248,15 +274,25 @@ class StepClock:
 
     def _day_boundary(self, k: int) -> _dt.datetime:
         """Where step k + 1 begins with calendar days: the start's wall-clock time,
-        k steps of days later, in the zone (first of two, or the hour after a gap)."""
+        k steps of days later, in the zone (first of two, or the hour after a gap). Step 1
+        begins at the start itself, which may be the second of two (its offset says so)."""
+        if k == 0:
+            return self.start
         wall = self.start.astimezone(self.zone).replace(tzinfo=None)
         local = (wall + _dt.timedelta(days=k * self.calendar_days)).replace(tzinfo=self.zone)
         return local.astimezone(_UTC)
 
     def step_of(self, when: _dt.datetime) -> int:
-        """The step an event at ``when`` belongs to (0: before the start)."""
+        """The step an event at ``when`` belongs to (0: before the start). ValueError for
+        an instant whose step would end past the calendar (year 9999)."""
         if when < self.start:
             return 0
+        try:
+            return self._step_of(when)
+        except OverflowError:
+            raise ValueError("the timestamp is past the last step this clock can date") from None
+
+    def _step_of(self, when: _dt.datetime) -> int:
         days = self.calendar_days
         if days:
             k = (when - self.start) // _dt.timedelta(days=days)  # within one step
@@ -267,10 +303,14 @@ class StepClock:
             return k + 1
         if not self.months:
             return (when - self.start) // self.step + 1
+        # compared as instants (end_of), not as wall times: in a named zone a wall time
+        # may happen twice, and two datetimes of one zone compare by their wall times
         local, first = when.astimezone(self.zone), self.start.astimezone(self.zone)
         k = ((local.year - first.year) * 12 + local.month - first.month) // self.months
-        while _add_months(first, k * self.months) > local:
+        while self.end_of(k) > when:
             k -= 1
+        while self.end_of(k + 1) <= when:
+            k += 1
         return k + 1
 
     def due(self, now: _dt.datetime) -> int:
@@ -285,7 +325,11 @@ class StepClock:
             return self._day_boundary(t)
         if not self.months:
             return self.start + t * self.step
-        return _add_months(self.start.astimezone(self.zone), t * self.months).astimezone(_UTC)
+        if t == 0:  # the start itself (perhaps the second of a repeated time)
+            return self.start
+        # fold 0 on the later steps: the first of a repeated time, after a gap its length on
+        local = _add_months(self.start.astimezone(self.zone), t * self.months).replace(fold=0)
+        return local.astimezone(_UTC)
 
     def start_of(self, t: int) -> _dt.datetime:
         """When step t's window begins."""
@@ -306,7 +350,7 @@ class StepClock:
         ``+01:00`` (``+00:00`` for UTC)."""
         if self.named_zone is not None:
             return self.named_zone
-        return self.start.astimezone(self.zone).isoformat()[-6:]
+        return _offset_text(self.start.astimezone(self.zone))
 
     def iso(self, when: _dt.datetime) -> str:
         """``when`` as ISO-8601 in the clock's zone (the offset of ``--start``, or the
@@ -329,15 +373,28 @@ class StepClock:
 def steps_until(clock: StepClock, end: object) -> int:
     """The number of steps from the clock's start to ``end`` (``--end``: when the last
     step ends). ``end`` must fall on a step boundary after the start (ValueError names
-    the two nearest)."""
-    when = parse_timestamp(end)
+    the two nearest). ``end`` may name the clock's zone as ``--start`` does
+    (``2027-01-01T00:00[Europe/Paris]``: a wall time there), not another one."""
+    if isinstance(end, str) and end.strip().endswith("]"):
+        given, zone = _start_in_zone(end)
+        if getattr(zone, "key", None) != clock.named_zone:
+            raise ValueError(
+                f"--end {end} is not in the time zone of --start ({clock.zone_text()})"
+            )
+        when = given.astimezone(_UTC)
+    else:
+        when = parse_timestamp(end)
     if when <= clock.start:
         raise ValueError(f"--end {end} is not after --start {clock.iso(clock.start)}")
     t = clock.step_of(when) - 1  # the steps that end at or before `end`
     if clock.end_of(t) != when:
+        try:
+            after = f"{clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})"
+        except (OverflowError, ValueError):
+            after = f"step {t + 1}'s, past the year 9999"
         raise ValueError(
             f"--end {end} is not where a step ends (--step {clock.step_text()} from --start "
             f"{clock.iso(clock.start)}): the nearest ends are {clock.iso(clock.end_of(t))} "
-            f"(--horizon {t}) and {clock.iso(clock.end_of(t + 1))} (--horizon {t + 1})"
+            f"(--horizon {t}) and {after}"
         )
     return t

@@ -245,6 +245,16 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
     fmt = input_format(opts["input"], opts["input_format"])
     if opts["implicit_time"] and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+    last = opts.get("horizon") or until  # the last step whose end is written (sidecar, rows)
+    if clock is not None and last is not None:
+        try:
+            clock.end_of(int(last))
+        except (OverflowError, ValueError):
+            raise ValueError(
+                f"step {last} of --step {clock.step_text()} from --start "
+                f"{clock.iso(clock.start)} would end past the year 9999: a smaller "
+                "--horizon (or --until)"
+            ) from None
     if fmt == "csv" and clock is None and opts.get("time_column") is None:
         raise ValueError(
             "CSV input needs its time steps: --time-column (integer steps) or "
