@@ -110,7 +110,8 @@ def test_later_month_steps_take_the_first_of_a_repeated_time_and_move_past_a_gap
 
 def _run(tmp_path, src, out, start, step, *more):
     key = tmp_path / "k.key"
-    fixed_key("zones-attack").save(key)
+    if not key.exists():  # (one key for the runs of one stream)
+        fixed_key("zones-attack").save(key)
     return main(
         [
             "run",
@@ -236,3 +237,58 @@ def test_an_end_near_the_calendars_end_names_the_nearest_step():
     with pytest.raises(ValueError, match=r"9999-12-31T00:00:00\+00:00 \(--horizon 2912383\)"):
         steps_until(clock, "9999-12-31T12:00Z")
     assert steps_until(clock, "9999-12-31T00:00Z") == 2912383
+
+
+@pytest.fixture
+def paris_as_lagos(tmp_path, monkeypatch):
+    """A time zone database in which Europe/Paris has Lagos's rules (+01 all year, no
+    daylight saving): what a run finds on a machine whose zone data differ."""
+    from importlib import resources
+
+    data = resources.files("tzdata.zoneinfo.Africa").joinpath("Lagos").read_bytes()
+    (tmp_path / "tz" / "Europe").mkdir(parents=True)
+    (tmp_path / "tz" / "Europe" / "Paris").write_bytes(data)
+
+    def use(path):
+        zoneinfo.reset_tzpath(to=path)
+        zoneinfo.ZoneInfo.clear_cache()
+
+    yield lambda: use([str(tmp_path / "tz")])
+    use(None)  # (the default search path again)
+
+
+def test_a_resume_under_other_zone_rules_is_refused(tmp_path, capsys, paris_as_lagos):
+    """Day steps in Paris, three daily runs. The second finds the same zone rules and
+    goes on; the third finds a database where Paris keeps +01 past Mar 29, which moves
+    the released steps 29 to 40 by an hour: refused, before anything is written."""
+
+    def events(name, days):
+        path = tmp_path / name
+        path.write_text(
+            "".join(json.dumps({"ts": f"{d}T12:00:00Z", "items": ["x"]}) + "\n" for d in days)
+        )
+        return path
+
+    march = [f"2026-03-{d:02d}" for d in range(1, 32)]
+    out = tmp_path / "out.csv"
+    start = "2026-03-01T00:00[Europe/Paris]"
+    common = ("-T", "60", "--state", str(tmp_path / "st.sqlite"))
+    assert (
+        _run(tmp_path, events("a.jsonl", march[:3]), out, start, "1d", *common, "--until", "3") == 0
+    )
+    assert (
+        _run(tmp_path, events("b.jsonl", march[3:]), out, start, "1d", *common, "--until", "40")
+        == 0
+    )
+    written = out.read_bytes()
+    capsys.readouterr()
+    paris_as_lagos()
+    assert (
+        _run(
+            tmp_path, events("c.jsonl", ["2026-04-12"]), out, start, "1d", *common, "--until", "45"
+        )
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert "Europe/Paris" in err and "1 to 40" in err and "time zone database" in err
+    assert out.read_bytes() == written

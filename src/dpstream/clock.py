@@ -34,6 +34,7 @@ without an offset are still read as UTC.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import math
 import re
 import zoneinfo
@@ -330,6 +331,24 @@ class StepClock:
         # fold 0 on the later steps: the first of a repeated time, after a gap its length on
         local = _add_months(self.start.astimezone(self.zone), t * self.months).replace(fold=0)
         return local.astimezone(_UTC)
+
+    def zone_rules_digest(self, through: int) -> str | None:
+        """A digest of where steps 1..``through`` begin and end (their UTC instants), for
+        a clock whose steps follow a named zone's rules (days, weeks or months there);
+        None for any other clock (its steps are fixed durations from ``--start``).
+
+        The zone's rules come from the machine's time zone database. A run records this
+        digest, and a later run of the stream must find the same one: if the database
+        changed the rules of a time already released (or a run goes on on a machine
+        with another database), released steps would move, and an event near a
+        boundary would be counted twice or dropped as late.
+        """
+        if self.named_zone is None or not (self.months or self.calendar_days):
+            return None
+        h = hashlib.sha256(f"{self.named_zone} {through}".encode())
+        for t in range(through + 1):
+            h.update(self.end_of(t).astimezone(_UTC).isoformat().encode() + b",")
+        return h.hexdigest()[:32]
 
     def start_of(self, t: int) -> _dt.datetime:
         """When step t's window begins."""

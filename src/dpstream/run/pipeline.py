@@ -118,7 +118,7 @@ def run_steps(
             stages.release(t, [], cfg, count)
             progress.update(t, stages.stats.events)
     stats = stages.stats
-    summary = {
+    summary: dict[str, Any] = {
         "steps": stats.steps,
         "events": stats.events,
         "truncated": stats.truncated,
@@ -128,6 +128,9 @@ def run_steps(
         "last_t": int(stages.mech.t),
         "input_records": count.records,
     }
+    rules = None if cfg.clock is None else cfg.clock.zone_rules_digest(until)
+    if rules is not None:  # the next run checks that these steps stay where they were
+        summary["zone_rules"] = {"through": until, "digest": rules}
     sink.end_batch(
         until=until,
         horizon=cfg.horizon_limit,

@@ -230,7 +230,28 @@ def open_run(
     if ckpt.snapshot() is not None:  # a stream that goes on: each run brings its own input
         ident_check["input"] = None
     ckpt.verify(record, **ident_check)
+    _check_zone_rules(ckpt.path, record, cfg)
     return record, None
+
+
+def _check_zone_rules(path: str, record: RunRecord, cfg: RunConfig) -> None:
+    """Refuse to go on when the named zone's rules moved a step already released (a new
+    time zone database, or another machine's): the same boundaries, or no run."""
+    held = (record.summary or {}).get("zone_rules")
+    if not isinstance(held, dict) or cfg.clock is None:
+        return
+    through = held.get("through")
+    if not isinstance(through, int) or through < 0:
+        return
+    if cfg.clock.zone_rules_digest(through) != held.get("digest"):
+        raise StateError(
+            f"the time zone {cfg.clock.named_zone}'s rules on this machine put the steps "
+            f"already released (1 to {through}, in {path}) at other times than the run "
+            "that released them did: its time zone database changed (or this is another "
+            "machine's). Going on would move released steps (events near a boundary "
+            "counted twice, or dropped as late). Run it where the zone database matches, "
+            "e.g. with the same `tzdata` package and PYTHONTZPATH"
+        )
 
 
 def _check_truncation_rule(path: str, recorded: str) -> None:
