@@ -35,6 +35,7 @@ PLAN = [
     "--delta",
     "1e-6",
 ]
+KNOWN = [*PLAN[:2], "known", *PLAN[3:], "--domain-size", "100000"]
 COMMANDS = {
     "python -c pass (floor)": ["-c", "pass"],
     "numpy + scipy imports plan needs": [
@@ -45,6 +46,9 @@ COMMANDS = {
     "dpstream --help": ["-m", "dpstream", "--help"],
     "dpstream run --help": ["-m", "dpstream", "run", "--help"],
     "dpstream plan -m unknown ...": ["-m", "dpstream", *PLAN],
+    # a known domain of 10^5 placeholder items (--domain-size): hashed and tabled once
+    "dpstream plan -m known ...": ["-m", "dpstream", *KNOWN],
+    "dpstream plan -m top-k ...": ["-m", "dpstream", *KNOWN[:2], "top-k", *KNOWN[3:], "--k", "10"],
 }
 #: Print the heavy modules a command imported, at exit (the command's own output is dropped).
 PROBE = (
