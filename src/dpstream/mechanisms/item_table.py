@@ -143,8 +143,9 @@ class ItemTable:
         self._index: dict[Hashable, int] | None = None
         self._addresses: tuple[np.ndarray, int] | None = None
         self._all_str = True  # every item is a str (always so in the compact form)
-        # (another table, its rows' positions here (-2: not looked up yet), our size then)
-        self._rows_of: tuple[weakref.ref[ItemTable], np.ndarray, int] | None = None
+        # (another table, its rows' positions here: -2 not looked up yet, -3 - n absent
+        # when this table held n items)
+        self._rows_of: tuple[weakref.ref[ItemTable], np.ndarray] | None = None
         if self._loops is None:
             self._objects, self._index = [], {}
 
@@ -221,7 +222,9 @@ class ItemTable:
         (:class:`TakenItems`); a mechanism's table maps them to its positions.
         Both tables only ever grow, and a stored item keeps its position, so a
         row's position here, once found, holds for good; a row found absent is
-        looked up again once this table has grown. The answer is exactly
+        marked with this table's size then, and looked up again once the table has
+        grown. The work is that of the rows asked for, never of the whole run-wide
+        table (an open domain grows at every step). The answer is exactly
         :meth:`lookup` of ``table.take(rows)``: the map is a cache (never
         pickled), keyed on the other table's identity.
         """
@@ -230,21 +233,23 @@ class ItemTable:
         size = len(table)
         if held is None or held[0]() is not table:
             known = np.full(max(size, 16), -2, dtype=np.int64)
+            self._rows_of = (weakref.ref(table), known)
         else:
             known = held[1]
-            if held[2] != self._n:  # grown since: an item absent then may be here now
-                known[known == -1] = -2
             if known.size < size:
                 grown = np.full(max(size, 2 * known.size), -2, dtype=np.int64)
                 grown[: known.size] = known
                 known = grown
-        self._rows_of = (weakref.ref(table), known, self._n)
+                self._rows_of = (held[0], known)
         out = known[rows]
-        todo = out == -2
+        absent = -3 - self._n  # the mark of a row absent at this size
+        todo = (out == -2) | ((out < -2) & (out != absent))
         if todo.any():
             fresh = np.unique(rows[todo])
-            known[fresh] = self.lookup(table.take(fresh))
+            found = self.lookup(table.take(fresh))
+            known[fresh] = np.where(found < 0, absent, found)
             out = known[rows]
+        out[out < 0] = -1
         return out
 
     def starts(self, items: Any) -> bool:
