@@ -56,11 +56,15 @@ _BUDGET = ("rho", "epsilon", "delta", "tau")
 
 def _long_format(
     spark: SparkSession, released: DataFrame, mech: Any, steps: list[int], clock: Any = None
-) -> DataFrame:
+) -> tuple[DataFrame, int]:
     """The local engine's long table: (t, item, value, noise_std), a row with a null item
     and value for a step that released nothing, so every step of the clock is there; with
     a clock (``--time-field``), each step's window ``step_start``, ``step_end`` as the
-    local engine writes them (ISO-8601 in the clock's zone)."""
+    local engine writes them (ISO-8601 in the clock's zone); and its number of rows.
+
+    ``released`` must be cached by the caller: one job counts its rows per step (a row
+    per step to the driver: what the output shows anyway), which finds the empty steps,
+    and the write then reads the cache (the releases are computed once)."""
     from ..run.meta import noise_std_at
 
     per_step: list[tuple[Any, ...]] = [(t, float(noise_std_at(mech.mechanism, t))) for t in steps]
@@ -73,15 +77,19 @@ def _long_format(
         ]
         schema += ", step_start string, step_end string"
         dated = ("noise_std", "step_start", "step_end")
+    counted = released.groupBy("t").agg(F.count(F.lit(1)).alias("n")).collect()
+    on_clock = set(steps)
+    shown = {int(r["t"]): int(r["n"]) for r in counted if int(r["t"]) in on_clock}
     stds = spark.createDataFrame(per_step, schema)
     rows = released.join(F.broadcast(stds), "t")
-    empty = stds.join(released.select("t").distinct(), "t", "left_anti").select(
+    empty = spark.createDataFrame([row for row in per_step if row[0] not in shown], schema).select(
         "t",
         F.lit(None).cast(released.schema["item"].dataType).alias("item"),
         F.lit(None).cast(released.schema["value"].dataType).alias("value"),
         *dated,
     )
-    return rows.select("t", "item", "value", *dated).unionByName(empty)
+    table = rows.select("t", "item", "value", *dated).unionByName(empty)
+    return table, sum(shown.values()) + len(steps) - len(shown)
 
 
 def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -170,18 +178,20 @@ def run_cli(
         spark = start_session(master)
     mech, domain_df = _mechanism(spark, opts, job)
     parsed = _parsed(spark, opts, job)
-    checked = None
+    checked = released = None
     try:
         events, checked, n_events, skipped = _valid_events(parsed, job, domain_df, mech)
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
-        released = _released(spark, events, job, mech, domain_df, steps, opts)
-        rows = _write(spark, released, job)
+        released = _released(events, job, mech, domain_df, steps, opts).persist()
+        table, rows = _long_format(spark, released, mech, steps, _clock(opts))
+        _write(table, job)
     finally:
         parsed.unpersist()
-        if checked is not None:
-            checked.unpersist()
+        for cached in (checked, released):
+            if cached is not None:
+                cached.unpersist()
         mech.close()
     return {
         "mechanism": job.name,
@@ -471,7 +481,6 @@ def _invalid_rule(events: DataFrame, job: _Job, domain_df: DataFrame | None) -> 
 
 
 def _released(
-    spark: SparkSession,
     events: DataFrame,
     job: _Job,
     mech: SparkKnownBase | SparkUnknownBase,
@@ -479,7 +488,7 @@ def _released(
     steps: list[int],
     opts: Mapping[str, Any],
 ) -> DataFrame:
-    """Every step's release as the local engine's long table, post-processed."""
+    """Every step's release, (t, item, value) post-processed (rounded, clamped, monotone)."""
     # user level: each user's first contributions in input order (the local engine's)
     per_user = {"user_col": "user", "order_col": "pos"} if job.user_field is not None else {}
     if isinstance(mech, SparkKnownBase):
@@ -490,25 +499,18 @@ def _released(
         released = mech.run(events, steps=steps, **per_user)
     if opts.get("round"):
         released = released.withColumn("value", F.bround("value", 0).cast("long"))
-    released = readable_counts(
+    return readable_counts(
         released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
     )
-    return _long_format(spark, released, mech, steps, _clock(opts))
 
 
-def _write(spark: SparkSession, released: DataFrame, job: _Job) -> int:
-    """Write the releases (a directory of part files); returns the rows written."""
+def _write(table: DataFrame, job: _Job) -> None:
+    """Write the releases (a directory of part files)."""
     fmt, out = job.fmt, job.out
-    writer = released.write.mode("errorifexists")
+    writer = table.write.mode("errorifexists")
     if fmt == "jsonl-long":
         writer.option("ignoreNullFields", False).json(out)
     elif fmt == "csv":
         writer.option("header", True).csv(out)
     else:
         writer.parquet(out)
-    return int(
-        spark.read.format("json" if fmt == "jsonl-long" else fmt)
-        .option("header", fmt == "csv")
-        .load(out)
-        .count()
-    )
