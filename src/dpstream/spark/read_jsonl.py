@@ -47,7 +47,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["EVENT_SCHEMA", "plain_event", "read_events_jsonl"]
+__all__ = ["EVENT_SCHEMA", "parsed_lines", "plain_event", "read_events_jsonl"]
 
 #: What a reader gives: a record per line (pos from 0; error "" for a blank line that
 #: is no record, null for an event).
@@ -109,13 +109,14 @@ def read_events_jsonl(
     One pass reads, parses and caches the lines with their splits
     (:mod:`dpstream.spark.order`); the line numbers are then found from that cache.
     """
-    text = spark.read.text(path)
-    _check_files(path, text.inputFiles())
-    lines = split_marks(text).select(
-        "_file", "_block", "_row", F.col("value").cast("binary").alias("value")
-    )
-    rows = lines.mapInArrow(_arrow_parser(time_field, clock, implicit, user_field), _MARKED)
-    rows = rows.persist()
+    rows = parsed_lines(
+        spark,
+        path,
+        time_field=time_field,
+        clock=clock,
+        implicit=implicit,
+        user_field=user_field,
+    ).persist()
     try:
         out = numbered(spark, rows, path)
         if implicit:
@@ -125,6 +126,26 @@ def read_events_jsonl(
     finally:
         rows.unpersist()
     return out
+
+
+def parsed_lines(
+    spark: SparkSession,
+    path: str,
+    *,
+    time_field: str | None = None,
+    clock: Any = None,
+    implicit: bool = False,
+    user_field: str | None = None,
+) -> DataFrame:
+    """The input's lines parsed (not cached), each with its marks instead of ``pos``
+    (``_file``, ``_block``, ``_row``: :func:`dpstream.spark.order.split_marks`), ``t``
+    null with ``implicit``; :func:`read_events_jsonl` numbers them."""
+    text = spark.read.text(path)
+    _check_files(path, text.inputFiles())
+    lines = split_marks(text).select(
+        "_file", "_block", "_row", F.col("value").cast("binary").alias("value")
+    )
+    return lines.mapInArrow(_arrow_parser(time_field, clock, implicit, user_field), _MARKED)
 
 
 #: The parsed lines with their marks (:func:`dpstream.spark.order.split_marks`).
@@ -149,7 +170,11 @@ def _arrow_parser(
 
         for batch in batches:
             ts, items, errors, users = parse_lines(
-                batch.column("value").to_pylist(), time_field, clock, implicit, user_field
+                batch.column("value").to_pylist(),
+                time_field,
+                clock,
+                implicit,
+                user_field,
             )
             yield pa.RecordBatch.from_arrays(
                 [
