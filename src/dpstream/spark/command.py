@@ -27,7 +27,8 @@ not fit a line.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,7 +187,8 @@ def run_cli(
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
-        released = _released(events, job, mech, domain_df, steps, opts).persist()
+        with _cached_plans_coalesced(spark):
+            released = _released(events, job, mech, domain_df, steps, opts).persist()
         table, rows = _long_format(spark, released, mech, steps, _clock(opts))
         _write(table, job)
     finally:
@@ -206,6 +208,26 @@ def run_cli(
         "privacy": mech.privacy,
         "output": job.out,
     }
+
+
+#: Whether a cached plan may have its shuffles' partitions coalesced (adaptive execution).
+_COALESCE_CACHED = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
+
+
+@contextmanager
+def _cached_plans_coalesced(spark: SparkSession) -> Iterator[None]:
+    """Plans cached in this block coalesce their small shuffle partitions, as uncached
+    ones do: the cached releases' shuffle by item is not 200 tasks (one Python stream
+    each) on a small input. The session's setting is restored after."""
+    old = spark.conf.get(_COALESCE_CACHED, None)
+    spark.conf.set(_COALESCE_CACHED, "true")
+    try:
+        yield
+    finally:
+        if old is None:
+            spark.conf.unset(_COALESCE_CACHED)
+        else:
+            spark.conf.set(_COALESCE_CACHED, old)
 
 
 def _clock(opts: Mapping[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DPStreamError
@@ -81,21 +82,54 @@ def _worker_version(_: Any) -> tuple[str, str]:
     return dpstream.__version__, worker_sys.executable
 
 
+def _worker_versions(batches: Iterator[Any]) -> Iterator[Any]:
+    """Run in a worker as an Arrow map (``mapInArrow``): :func:`_worker_version` as a
+    one-row batch."""
+    version, python = _worker_version(None)
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"version": [version], "python": [python]})
+
+
+def _warm_tasks(spark: SparkSession, master: str) -> int:
+    """How many tasks the check runs: one per core on a local master (each starts a
+    worker the run's tasks then reuse), one elsewhere."""
+    if not is_local_master(master):
+        return 1
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        return 1
+
+
 def check_workers(spark: SparkSession, master: str, chosen: str | None = None) -> None:
     """Raise :class:`WorkerPythonError` unless a worker imports this dpstream version.
 
-    One task on one partition: a worker that cannot import dpstream fails, and
-    a worker with another version is refused, before the run reads its input.
+    A worker that cannot import dpstream (or NumPy, pandas, PyArrow) fails, and a
+    worker with another version is refused, before the run reads its input.
     ``chosen`` is the operator's ``PYSPARK_PYTHON``, if any (for the advice).
+
+    The check is an Arrow map, as the run's own Python stages are: Spark keeps
+    those workers (their imports done) for the run's tasks, where a plain RDD
+    map would start workers of another kind. On a local master it runs one task
+    per core, so that every worker the run uses is started (and checked) here.
     """
     from dpstream import __version__
 
+    tasks = _warm_tasks(spark, master)
     try:
-        got = spark.sparkContext.parallelize([0], 1).map(_worker_version).collect()
+        got = (
+            spark.range(0, tasks, 1, tasks)
+            .mapInArrow(_worker_versions, "version string, python string")
+            .collect()
+        )
     except Exception as exc:  # Py4JJavaError or PythonException: both carry the cause as text
-        raise WorkerPythonError(_advice(master, _cause(exc), chosen)) from None
-    version, python = got[0]
-    if version != __version__:
+        raise WorkerPythonError(_advice(master, _plain_cause(spark, exc), chosen)) from None
+    for version, python in got:
+        if version == __version__:
+            continue
         raise WorkerPythonError(
             _advice(
                 master,
@@ -104,6 +138,17 @@ def check_workers(spark: SparkSession, master: str, chosen: str | None = None) -
                 chosen,
             )
         )
+
+
+def _plain_cause(spark: SparkSession, exc: BaseException) -> str:
+    """Why the check failed, worded from a plain one-task map when it fails too: PySpark
+    imports PyArrow for an Arrow map before the check's own imports run, and the first
+    module a worker lacks is the one to name."""
+    try:
+        spark.sparkContext.parallelize([0], 1).map(_worker_version).collect()
+    except Exception as plain:
+        return _cause(plain)
+    return _cause(exc)
 
 
 def _cause(exc: BaseException) -> str:
