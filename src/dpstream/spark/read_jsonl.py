@@ -195,10 +195,10 @@ def _arrow_parser(
 def plain_event(raw: bytes, user_field: str | None = None) -> tuple[int, list, Any] | None:
     """(t, items, user) of a plain event line (see the module docstring), which
     :func:`parse_jsonl_line` would give as that record; None: let it decide."""
-    if (
-        _orjson is None
-        or len(raw) > _FAST_MAX_CHARS
-        or raw.count(b"[") + raw.count(b"{") > _FAST_MAX_BRACKETS
+    size = len(raw)  # a line of at most _FAST_MAX_BRACKETS bytes has no more brackets
+    if _orjson is None or (
+        size > _FAST_MAX_BRACKETS
+        and (size > _FAST_MAX_CHARS or raw.count(b"[") + raw.count(b"{") > _FAST_MAX_BRACKETS)
     ):
         return None
     try:
@@ -220,7 +220,7 @@ def plain_event(raw: bytes, user_field: str | None = None) -> tuple[int, list, A
             return None
     if b"\\u" in raw and not all(valid_text(x) for x in (*items, user or "")):
         return None  # a lone surrogate escape: the parser words it
-    return min(t, INT64_MAX), items, user
+    return (t if t <= INT64_MAX else INT64_MAX), items, user
 
 
 def parse_lines(
