@@ -28,7 +28,8 @@ process (machines are noisy; ratios travel better than seconds).
 ``--run-events N`` measures the whole command instead: ``dpstream run`` (local)
 against ``dpstream run --engine spark --master local[2]`` on the same JSON Lines
 file of N events (``-m unknown``, 1 to 3 of 1,000 items per event, steps of
-10,000 events, 5% tricky lines that take the slow path), each a fresh process,
+10,000 events, 5% tricky lines: an escape or an integer item, which the local
+reader parses line by line), each a fresh process,
 ``--rounds`` times alternating: events/s of each and the ratio spark/local,
 median over the rounds with its range. With ``--read-only`` the readers alone
 on that file: the local chunked reader against ``read_events_jsonl`` cached and
@@ -250,7 +251,7 @@ def _run_case(n: int, rounds: int, master: str, read_only: bool = False) -> None
                 its = [f"item-{k}" for k in items[at : at + sizes[i]].tolist()]
                 at += int(sizes[i])
                 t = i // 10_000 + 1
-                if tricky[i]:  # an escape (json.dumps writes \u00e9), an integer item: slow
+                if tricky[i]:  # an escape (json.dumps writes \u00e9) or an integer item
                     its[0] = its[0] + "\u00e9" if i % 2 else int(items[at - 1])
                 f.write(json.dumps({"t": t, "items": its}) + "\n")
         if read_only:

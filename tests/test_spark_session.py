@@ -200,3 +200,30 @@ def test_worker_with_dpstream_but_no_pandas_is_refused_in_one_line(
 )
 def test_is_local_master(master: str, local: bool) -> None:
     assert is_local_master(master) is local
+
+
+@pytest.mark.parametrize(
+    ("line", "sets"),
+    [
+        ("spark.driver.defaultJavaOptions -XX:+UseG1GC\n", True),
+        ("spark.driver.defaultJavaOptions=-XX:+UseG1GC\n", True),
+        ("  spark.driver.defaultJavaOptions:\n", True),
+        ("spark.driver.defaultJavaOptionsX -Y\n", False),
+        ("# spark.driver.defaultJavaOptions -Y\nspark.ui.enabled false\n", False),
+    ],
+)
+def test_local_java_options_yield_to_the_operators(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, sets: bool
+) -> None:
+    """dpstream gives a local master's JVM its own default options only when the
+    operator's Spark configuration does not set them."""
+    from dpstream.spark.session import _operator_sets
+
+    key = "spark.driver.defaultJavaOptions"
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert not _operator_sets(key)  # no spark-defaults.conf
+    (tmp_path / "spark-defaults.conf").write_text(line)
+    assert _operator_sets(key) is sets
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--conf {key}=-Xss4m pyspark-shell")
+    assert _operator_sets(key)

@@ -27,7 +27,8 @@ not fit a line.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,13 @@ from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from .events import read_events_jsonl, read_events_parquet
+from .order import split_shifts, with_pos
+from .read_jsonl import parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
 
 try:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
     from pyspark.sql import types as T  # noqa: N812
 except ImportError as exc:  # pragma: no cover
@@ -56,11 +59,15 @@ _BUDGET = ("rho", "epsilon", "delta", "tau")
 
 def _long_format(
     spark: SparkSession, released: DataFrame, mech: Any, steps: list[int], clock: Any = None
-) -> DataFrame:
+) -> tuple[DataFrame, int]:
     """The local engine's long table: (t, item, value, noise_std), a row with a null item
     and value for a step that released nothing, so every step of the clock is there; with
     a clock (``--time-field``), each step's window ``step_start``, ``step_end`` as the
-    local engine writes them (ISO-8601 in the clock's zone)."""
+    local engine writes them (ISO-8601 in the clock's zone); and its number of rows.
+
+    ``released`` must be cached by the caller: one job counts its rows per step (a row
+    per step to the driver: what the output shows anyway), which finds the empty steps,
+    and the write then reads the cache (the releases are computed once)."""
     from ..run.meta import noise_std_at
 
     per_step: list[tuple[Any, ...]] = [(t, float(noise_std_at(mech.mechanism, t))) for t in steps]
@@ -73,15 +80,19 @@ def _long_format(
         ]
         schema += ", step_start string, step_end string"
         dated = ("noise_std", "step_start", "step_end")
+    counted = released.groupBy("t").agg(F.count(F.lit(1)).alias("n")).collect()
+    on_clock = set(steps)
+    shown = {int(r["t"]): int(r["n"]) for r in counted if int(r["t"]) in on_clock}
     stds = spark.createDataFrame(per_step, schema)
     rows = released.join(F.broadcast(stds), "t")
-    empty = stds.join(released.select("t").distinct(), "t", "left_anti").select(
+    empty = spark.createDataFrame([row for row in per_step if row[0] not in shown], schema).select(
         "t",
         F.lit(None).cast(released.schema["item"].dataType).alias("item"),
         F.lit(None).cast(released.schema["value"].dataType).alias("value"),
         *dated,
     )
-    return rows.select("t", "item", "value", *dated).unionByName(empty)
+    table = rows.select("t", "item", "value", *dated).unionByName(empty)
+    return table, sum(shown.values()) + len(steps) - len(shown)
 
 
 def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -169,19 +180,22 @@ def run_cli(
     if spark is None:
         spark = start_session(master)
     mech, domain_df = _mechanism(spark, opts, job)
-    parsed = _parsed(spark, opts, job)
-    checked = None
+    source = _parsed(spark, opts, job)
+    checked = released = None
     try:
-        events, checked, n_events, skipped = _valid_events(parsed, job, domain_df, mech)
+        events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech)
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
-        released = _released(spark, events, job, mech, domain_df, steps, opts)
-        rows = _write(spark, released, job)
+        with _cached_plans_coalesced(spark):
+            released = _released(events, job, mech, domain_df, steps, opts).persist()
+        table, rows = _long_format(spark, released, mech, steps, _clock(opts))
+        _write(table, job)
     finally:
-        parsed.unpersist()
-        if checked is not None:
-            checked.unpersist()
+        source.cache.unpersist()
+        for cached in (checked, released):
+            if cached is not None:
+                cached.unpersist()
         mech.close()
     return {
         "mechanism": job.name,
@@ -196,6 +210,26 @@ def run_cli(
     }
 
 
+#: Whether a cached plan may have its shuffles' partitions coalesced (adaptive execution).
+_COALESCE_CACHED = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
+
+
+@contextmanager
+def _cached_plans_coalesced(spark: SparkSession) -> Iterator[None]:
+    """Plans cached in this block coalesce their small shuffle partitions, as uncached
+    ones do: the cached releases' shuffle by item is not 200 tasks (one Python stream
+    each) on a small input. The session's setting is restored after."""
+    old = spark.conf.get(_COALESCE_CACHED, None)
+    spark.conf.set(_COALESCE_CACHED, "true")
+    try:
+        yield
+    finally:
+        if old is None:
+            spark.conf.unset(_COALESCE_CACHED)
+        else:
+            spark.conf.set(_COALESCE_CACHED, old)
+
+
 def _clock(opts: Mapping[str, Any]) -> Any:
     """The run's public clock (``--time-field``, ``--start``, ``--step``), or None."""
     if opts.get("time_field") is None:
@@ -205,8 +239,26 @@ def _clock(opts: Mapping[str, Any]) -> Any:
     return StepClock.parse(opts["start"], opts["step"])
 
 
-def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFrame:
-    """The input's lines parsed as the local engine parses them (cached)."""
+@dataclass(frozen=True)
+class _Input:
+    """The input's records (pos, t, items, error, user), read from ``cache`` (which the
+    caller unpersists); ``facts``: the counts :func:`_facts` gives, when the read's own
+    pass found them (else None)."""
+
+    records: DataFrame
+    cache: DataFrame
+    facts: dict[str, Any] | None = None
+
+
+def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
+    """The input's lines parsed as the local engine parses them.
+
+    JSON Lines with steps in the lines (or timestamps): one job parses and caches the
+    lines with their splits, and finds both the line numbers and the checks' counts
+    (:func:`_facts`, per split, summed here); the records are numbered as they are
+    read from that cache. Else (Parquet, ``--implicit-time``, whose steps are the
+    line numbers) the reader's numbered, cached frame, and the counts come later.
+    """
     clock = _clock(opts)
     implicit = bool(opts.get("implicit_time"))
     if implicit and clock is not None:
@@ -217,7 +269,7 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFram
                 "--engine spark reads Parquet with integer steps (a time column); "
                 "timestamps (--time-field) in Parquet run on the local engine"
             )
-        return read_events_parquet(
+        parquet = read_events_parquet(
             spark,
             job.inp,
             time_column=opts.get("time_column"),
@@ -225,14 +277,36 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> DataFram
             event_column=opts.get("event_column") or "event",
             user_field=job.user_field,
         ).cache()
-    return read_events_jsonl(  # cached by the reader
+        return _Input(parquet, parquet)
+    if implicit:
+        read = read_events_jsonl(  # cached by the reader
+            spark, job.inp, implicit=True, user_field=job.user_field
+        )
+        return _Input(read, read)
+    rows = parsed_lines(
         spark,
         job.inp,
         time_field=opts.get("time_field"),
         clock=clock,
-        implicit=implicit,
         user_field=job.user_field,
-    )
+    ).persist()
+    try:
+        table, splits = split_shifts(rows, job.inp, **_fact_columns(job, "_row"))
+    except BaseException:
+        rows.unpersist()
+        raise
+    shift = {(f, b): d for f, b, d in table}
+    firsts = [
+        int(s["first_bad"]) + shift[(s["_file"], int(s["_block"]))]
+        for s in splits
+        if s["first_bad"] is not None
+    ]
+    facts: dict[str, Any] = {
+        name: sum(int(s[name]) for s in splits) for name in ("events", "bad", "invalid")
+    }
+    facts["first_bad"] = min(firsts) if firsts else None
+    records = with_pos(spark, rows, table).select("pos", "t", "items", "error", "user")
+    return _Input(records, rows, facts)
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
@@ -377,32 +451,68 @@ def _mechanism(
     return SparkUnknownBase.from_params(spark, unknown, key=job.key), None
 
 
+def _plain_invalid(job: _Job) -> Column:
+    """The local engine's checks of an event that need no domain, as a column: its step
+    past ``--until``, and with ``--on-invalid skip`` too many items or a null item."""
+    invalid = F.col("t") > job.until
+    max_items = job.common["max_items"]
+    if job.policy == "skip":  # the local engine's checks, as a filter instead of a failure
+        if max_items is not None:
+            invalid = invalid | (F.size(F.array_distinct("items")) > max_items)
+        invalid = invalid | F.exists("items", lambda x: x.isNull())
+    return invalid
+
+
+def _fact_columns(job: _Job, order: str) -> dict[str, Column]:
+    """The counts the checks need, as aggregates over parsed records: ``events`` (no
+    parse error), ``bad`` (a parse error), ``first_bad`` (the least ``order`` of one)
+    and ``invalid`` (events :func:`_plain_invalid` flags)."""
+    event = F.col("error").isNull()
+    bad = F.col("error") != ""
+    return {
+        "events": F.count(F.when(event, 1)),
+        "bad": F.count(F.when(bad, 1)),
+        "first_bad": F.min(F.when(bad, F.col(order))),
+        "invalid": F.count(F.when(event & _plain_invalid(job), 1)),
+    }
+
+
+def _facts(parsed: DataFrame, job: _Job) -> dict[str, Any]:
+    """:func:`_fact_columns` over numbered records, in one job."""
+    row = _first_row(parsed.agg(*(c.alias(n) for n, c in _fact_columns(job, "pos").items())))
+    return row.asDict()
+
+
 def _valid_events(
-    parsed: DataFrame, job: _Job, domain_df: DataFrame | None, mech: Any
-) -> tuple[DataFrame, DataFrame, int, int]:
-    """The valid events (t, items, pos, user), the cached frame they come from, and the
-    counts of events and of invalid records skipped; with ``--on-invalid error``, the
-    first invalid record stops the job before anything is written."""
-    facts = _first_row(
-        parsed.agg(
-            F.count(F.when(F.col("error").isNull(), 1)).alias("events"),
-            F.min(F.when(F.col("error") != "", F.col("pos"))).alias("first_bad"),
-        )
-    )
+    source: _Input, job: _Job, domain_df: DataFrame | None, mech: Any
+) -> tuple[DataFrame, DataFrame | None, int, int]:
+    """The valid events (t, items, pos, user), the cached frame they come from (None:
+    the input's), and the counts of events and of invalid records skipped; with
+    ``--on-invalid error``, the first invalid record stops the job before anything is
+    written."""
+    parsed = source.records
+    facts = source.facts if source.facts is not None else _facts(parsed, job)
     skipped = 0
     if facts["first_bad"] is not None:
         if job.policy == "error":
             bad = _first_row(parsed.where(F.col("pos") == _first_bad(parsed, job.until)))
             why = bad["error"] if job.verbose else "not a valid event (--verbose-errors shows why)"
             raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
-        skipped += parsed.where(F.col("error") != "").count()
+        skipped += int(facts["bad"])
     n_events = int(facts["events"])
     events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
-    events, invalid = _invalid_rule(events, job, domain_df)
-    checked = events.withColumn("_invalid", invalid).cache()
-    n_invalid = checked.where(F.col("_invalid")).count()
+    checked = None
+    if domain_df is None or job.policy != "skip":
+        n_invalid = int(facts["invalid"])
+        valid = events.where(~_plain_invalid(job))
+    else:
+        events, invalid = _invalid_rule(events, job, domain_df)
+        checked = events.withColumn("_invalid", invalid).cache()
+        n_invalid = checked.where(F.col("_invalid")).count()
+        valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
     if n_invalid and job.policy == "error":
-        checked.unpersist()
+        if checked is not None:
+            checked.unpersist()
         raise InvalidEventError(
             f"the input has {n_invalid} events past the end step --until {job.until}"
             if job.until < mech.horizon
@@ -410,7 +520,6 @@ def _valid_events(
         )
     skipped += n_invalid
     n_events -= n_invalid
-    valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
     return valid, checked, n_events, skipped
 
 
@@ -438,12 +547,7 @@ def _first_bad(parsed: DataFrame, until: int) -> int:
 def _invalid_rule(events: DataFrame, job: _Job, domain_df: DataFrame | None) -> tuple[Any, Any]:
     """The events (flagged ``_outside`` when an item is outside the known domain) and the
     column that marks an invalid one: the local engine's checks, as a filter."""
-    invalid = F.col("t") > job.until
-    max_items = job.common["max_items"]
-    if job.policy == "skip":  # the local engine's checks, as a filter instead of a failure
-        if max_items is not None:
-            invalid = invalid | (F.size(F.array_distinct("items")) > max_items)
-        invalid = invalid | F.exists("items", lambda x: x.isNull())
+    invalid = _plain_invalid(job)
     if job.policy == "skip" and domain_df is not None:
         in_domain = F.broadcast(
             domain_df.select(F.col("item").alias("_item"), F.lit(True).alias("_known"))
@@ -471,7 +575,6 @@ def _invalid_rule(events: DataFrame, job: _Job, domain_df: DataFrame | None) -> 
 
 
 def _released(
-    spark: SparkSession,
     events: DataFrame,
     job: _Job,
     mech: SparkKnownBase | SparkUnknownBase,
@@ -479,7 +582,7 @@ def _released(
     steps: list[int],
     opts: Mapping[str, Any],
 ) -> DataFrame:
-    """Every step's release as the local engine's long table, post-processed."""
+    """Every step's release, (t, item, value) post-processed (rounded, clamped, monotone)."""
     # user level: each user's first contributions in input order (the local engine's)
     per_user = {"user_col": "user", "order_col": "pos"} if job.user_field is not None else {}
     if isinstance(mech, SparkKnownBase):
@@ -490,25 +593,18 @@ def _released(
         released = mech.run(events, steps=steps, **per_user)
     if opts.get("round"):
         released = released.withColumn("value", F.bround("value", 0).cast("long"))
-    released = readable_counts(
+    return readable_counts(
         released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
     )
-    return _long_format(spark, released, mech, steps, _clock(opts))
 
 
-def _write(spark: SparkSession, released: DataFrame, job: _Job) -> int:
-    """Write the releases (a directory of part files); returns the rows written."""
+def _write(table: DataFrame, job: _Job) -> None:
+    """Write the releases (a directory of part files)."""
     fmt, out = job.fmt, job.out
-    writer = released.write.mode("errorifexists")
+    writer = table.write.mode("errorifexists")
     if fmt == "jsonl-long":
         writer.option("ignoreNullFields", False).json(out)
     elif fmt == "csv":
         writer.option("header", True).csv(out)
     else:
         writer.parquet(out)
-    return int(
-        spark.read.format("json" if fmt == "jsonl-long" else fmt)
-        .option("header", fmt == "csv")
-        .load(out)
-        .count()
-    )

@@ -3,10 +3,9 @@ Spark with the local engine's decisions.
 
 Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.command`. Both readers
 give one row per record, (pos, t, items, error, user), ``pos`` the record's place
-in the input from 0 (its line, or its row over the files in sorted order). The
-rows the local rules plainly take are parsed and checked in Spark SQL; the
-others go, in batches of those rows only, through the local one-line parser,
-which decides them and words their messages:
+in the input from 0 (its line, or its row over the files in sorted order), each
+decided as the local engine decides it (plain records taken as they are, the
+others given to the local one-line parser, which words their messages):
 
 * :func:`~dpstream.spark.read_jsonl.read_events_jsonl`: JSON Lines (a file, a
   ``*.gz``, a directory), numbered by :mod:`dpstream.spark.order`;

@@ -38,7 +38,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["split_marks", "numbered"]
+__all__ = ["split_marks", "split_shifts", "with_pos", "numbered"]
 
 #: The low bits of ``monotonically_increasing_id()``: the row's index in its partition.
 _ROW_BITS = (1 << 33) - 1
@@ -62,24 +62,46 @@ def split_marks(lines: DataFrame) -> DataFrame:
     )
 
 
-def numbered(spark: SparkSession, marked: DataFrame, root: str) -> DataFrame:
-    """``marked`` (rows of :func:`split_marks`, best cached: it is read twice) with
-    ``pos``, each line's place in the input from 0, instead of its marks (see the
-    module docstring)."""
+def split_shifts(
+    marked: DataFrame, root: str, **aggs: Any
+) -> tuple[list[tuple[str, int, int]], list[Any]]:
+    """One job over ``marked`` (rows of :func:`split_marks`, best cached): each split's
+    (file, block, shift), its first line's number less its first row index, in input
+    order; and the split's row of counts with the aggregates ``aggs`` (name: column,
+    over its rows) as well, in the same order, for the caller to combine."""
     splits = (
         marked.groupBy("_file", "_block")
-        .agg(F.count(F.lit(1)).alias("n"), F.min("_row").alias("first"))
+        .agg(
+            F.count(F.lit(1)).alias("_n"),
+            F.min("_row").alias("_first"),
+            *(col.alias(name) for name, col in aggs.items()),
+        )
         .collect()
     )
     root = os.path.abspath(root)
     splits.sort(key=lambda s: (_path_key(s["_file"], root), s["_block"]))
-    table: list[tuple[Any, ...]] = []
+    table: list[tuple[str, int, int]] = []
     base = 0
     for s in splits:
-        table.append((s["_file"], int(s["_block"]), base - int(s["first"])))
-        base += int(s["n"])
+        table.append((s["_file"], int(s["_block"]), base - int(s["_first"])))
+        base += int(s["_n"])
+    return table, splits
+
+
+def with_pos(
+    spark: SparkSession, marked: DataFrame, table: list[tuple[str, int, int]]
+) -> DataFrame:
+    """``marked`` with ``pos``, each line's place in the input from 0 (the shifts of
+    :func:`split_shifts` joined as a broadcast table), instead of its marks."""
     shifts = spark.createDataFrame(table, "_file string, _block long, _shift long")
     rest = [c for c in marked.columns if c not in ("_file", "_block", "_row")]
     return marked.join(F.broadcast(shifts), ["_file", "_block"]).select(
         (F.col("_row") + F.col("_shift")).alias("pos"), *rest
     )
+
+
+def numbered(spark: SparkSession, marked: DataFrame, root: str) -> DataFrame:
+    """``marked`` (rows of :func:`split_marks`, best cached: it is read twice) with
+    ``pos``, each line's place in the input from 0, instead of its marks (see the
+    module docstring)."""
+    return with_pos(spark, marked, split_shifts(marked, root)[0])

@@ -1,62 +1,53 @@
 """JSON Lines events read by Spark with the local engine's decisions.
 
-Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.events`. As the local
-chunked reader (:mod:`dpstream.io.jsonl`) does with Arrow, a line is parsed in
-the JVM (Spark's ``from_json``, Jackson) only when it provably parses the same
-way there as in ``json.loads`` under the local rules; every other line goes, in
-batches of such lines only, through the local one-line parser
-:func:`dpstream.io.jsonl.parse_jsonl_line`, which decides it and words its
-message.
+Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.events`. Spark reads
+the lines (its text reader, in splits) and marks each with its split and row
+(:mod:`dpstream.spark.order`); one ``mapInArrow`` pass then gives each line's
+bytes, a batch at a time, to the local engine's own decisions, in the Python
+workers:
 
-The fast path
--------------
-A line is taken by Spark SQL when all of these hold (integer steps ``"t"`` or
-``--implicit-time``; with ``--time-field`` every line takes the local parser):
+* the local one-line parser :func:`dpstream.io.jsonl.parse_jsonl_line` decides
+  every line (and words its message), decoded as the local reader decodes it
+  (UTF-8 with ``surrogateescape``);
+* except a plain event, which is taken as it is: a line of at most
+  ``_FAST_MAX_CHARS`` bytes and ``_FAST_MAX_BRACKETS`` brackets that orjson
+  parses (valid UTF-8, JSON whitespace only around it) into an object whose
+  ``"t"`` is an integer >= 1 and whose ``"items"`` is an array of strings (and,
+  with ``--user-field``, whose user id is a non-empty string), every string
+  free of lone surrogates. ``parse_jsonl_line`` parses such a line with orjson
+  too (same text, same bounds) and gives that very record, so skipping it
+  changes nothing but the time (:func:`plain_event`).
 
-* the whole line matches :data:`FAST_LINE`: one object, written without white
-  space other than spaces, whose values are strings, integers of at most 18
-  digits without leading zeros (no fraction, no exponent), ``true``,
-  ``false``, ``null`` or arrays of strings; no string holds a backslash (no
-  escape), a control character or U+FFFD (which Spark reads for bytes that are
-  not UTF-8, and which the local reader refuses as such). That is a regular
-  subset of JSON on which Jackson and ``json.loads`` agree value for value
-  (no trailing text, no single quotes, no ``NaN``, no leading zeros);
-* no string holds a quote, so the keys are the matches of ``"KEY" *:``: the key
-  ``"t"`` is there once with an integer value (none with implicit time),
-  ``"items"`` once with an array value, the user field once with a non-empty
-  string value (duplicate keys would pick the last value in one parser and
-  maybe not in the other);
-* Jackson's row then holds a step >= 1, items and a user id.
-
-Everything else (blank lines, plain arrays, escapes, floats, integer items,
-nested values, null items, a step below 1, invalid UTF-8...) takes the local
-parser, as a pandas UDF over the bytes of those lines only (a null for every
-line the fast path took: one pass over the input, nothing else crosses to
-Python), from the line's bytes
-(decoded as the local reader decodes them: UTF-8 with ``surrogateescape``).
-Spark's text reader drops a byte-order mark at the start of a file, as the
-local reader does.
+With ``--time-field`` or ``--implicit-time`` every line takes the one-line
+parser. Spark's text reader drops a byte-order mark at the start of a file, as
+the local reader does. Nothing but the lines' bytes and the records cross
+between the JVM and Python (Arrow batches, no pandas).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from typing import Any
 
-import pandas as pd
-
 from ..io.chunks import INT64_MAX
-from ..io.jsonl import parse_jsonl_line
+from ..io.jsonl import _FAST_MAX_BRACKETS, _FAST_MAX_CHARS, parse_jsonl_line
+from ..io.records import valid_text
 from .order import numbered, split_marks
 
+_orjson: Any
+try:  # the parser the local engine tries first (a dependency)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None
+
 try:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
     from pyspark.sql import types as T  # noqa: N812
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["EVENT_SCHEMA", "FAST_LINE", "read_events_jsonl"]
+__all__ = ["EVENT_SCHEMA", "parsed_lines", "plain_event", "read_events_jsonl"]
 
 #: What a reader gives: a record per line (pos from 0; error "" for a blank line that
 #: is no record, null for an event).
@@ -69,49 +60,6 @@ EVENT_SCHEMA = T.StructType(
         T.StructField("user", T.StringType(), True),
     ]
 )
-
-_STRING = r'"[^"\\\x00-\x1f\x{fffd}]*+"'
-_INT = r"-?+(?:0|[1-9][0-9]{0,17}+)"
-_VALUE = rf"(?:{_STRING}|{_INT}|true|false|null|\[ *+(?:{_STRING}(?: *+, *+{_STRING})*+)?+ *+\])"
-_PAIR = rf"{_STRING} *+: *+{_VALUE}"
-#: A line the fast path may take (Java regex; see the module docstring).
-FAST_LINE = rf"^\{{ *+(?:{_PAIR}(?: *+, *+{_PAIR})*+)?+ *+\}}$"
-
-
-def _java_quote(text: str) -> str:
-    """``text`` as a literal in a Java regex (every non-alphanumeric character escaped)."""
-    return "".join(c if c.isalnum() and c.isascii() else f"\\x{{{ord(c):x}}}" for c in text)
-
-
-def _key_count(key: str, value: str = "") -> Column:
-    """How many times ``"key" :`` (followed by the regex ``value``) is in the line."""
-    return F.regexp_count(F.col("value"), F.lit(f'"{_java_quote(key)}" *+:' + value))
-
-
-def _fast_key(name: str | None) -> bool:
-    """Whether a key is written the same in JSON as in the text (no escape needed)."""
-    return name is not None and json.dumps(name, ensure_ascii=False)[1:-1] == name
-
-
-def _fast_rule(implicit: bool, user_field: str | None) -> tuple[Column, Column]:
-    """(the line may take the fast path, Jackson's row of it)."""
-    fields = [
-        T.StructField("t", T.LongType(), True),
-        T.StructField("items", T.ArrayType(T.StringType(), True), True),
-    ]
-    if user_field is not None:
-        fields.append(T.StructField(user_field, T.StringType(), True))
-    parsed = F.from_json(F.col("value"), T.StructType(fields))
-    ok = F.col("value").rlike(FAST_LINE)
-    ok = ok & (_key_count("items") == 1) & (_key_count("items", r" *+\[") == 1)
-    if implicit:
-        ok = ok & (_key_count("t") == 0)
-    else:
-        ok = ok & (_key_count("t") == 1) & (_key_count("t", " *+-?+[0-9]") == 1)
-    if user_field is not None:
-        ok = ok & (_key_count(user_field) == 1) & (_key_count(user_field, ' *+"[^"]') == 1)
-    return ok, parsed
-
 
 #: Compressed files Spark's text reader inflates but the local engine reads as they are
 #: (it inflates ``.gz`` only): refused, so that both engines read the same lines.
@@ -161,45 +109,14 @@ def read_events_jsonl(
     One pass reads, parses and caches the lines with their splits
     (:mod:`dpstream.spark.order`); the line numbers are then found from that cache.
     """
-    text = spark.read.text(path)
-    _check_files(path, text.inputFiles())
-    lines = split_marks(text)
-    marks = ["_file", "_block", "_row"]
-    slow_parse = _slow_udf(time_field, clock, implicit, user_field)
-    raw = F.col("value").cast("binary")
-    # Spark resolves field names ignoring case: a user field "T" or "Items" would be
-    # ambiguous beside "t" and "items" in the fast path's schema (the parser decides)
-    if clock is None and (
-        user_field is None
-        or (user_field.lower() not in ("", "t", "items") and _fast_key(user_field))
-    ):
-        ok, parsed = _fast_rule(implicit, user_field)
-        staged = lines.select(*marks, "value", F.when(ok, parsed).alias("_j"))
-        usable = F.col("_j.items").isNotNull()
-        if not implicit:
-            usable = usable & (F.col("_j.t") >= 1)
-        if user_field is not None:
-            uid = F.col("_j").getField(user_field)
-            usable = usable & uid.isNotNull() & (F.length(uid) > 0)
-        staged = staged.withColumn("_fast", F.coalesce(usable, F.lit(False)))
-        staged = staged.select(
-            *marks, "_fast", "_j", slow_parse(F.when(~F.col("_fast"), raw)).alias("_s")
-        )
-
-        def pick(name: str, fast: Any) -> Any:
-            return F.when(F.col("_fast"), fast).otherwise(F.col(f"_s.{name}")).alias(name)
-
-        user = F.col("_j").getField(user_field) if user_field else F.lit(None).cast("string")
-        rows = staged.select(
-            *marks,
-            pick("t", F.col("_j.t")),
-            pick("items", F.col("_j.items")),
-            pick("error", F.lit(None).cast("string")),
-            pick("user", user),
-        )
-    else:
-        rows = lines.select(*marks, slow_parse(raw).alias("_s")).select(*marks, "_s.*")
-    rows = rows.persist()
+    rows = parsed_lines(
+        spark,
+        path,
+        time_field=time_field,
+        clock=clock,
+        implicit=implicit,
+        user_field=user_field,
+    ).persist()
     try:
         out = numbered(spark, rows, path)
         if implicit:
@@ -211,38 +128,125 @@ def read_events_jsonl(
     return out
 
 
-def _slow_udf(time_field: str | None, clock: Any, implicit: bool, user_field: str | None) -> Any:
-    """A pandas UDF: each line's bytes (null: a line the fast path took) through the
-    local engine's one-line parser, as (t, items, error, user)."""
-    from pyspark.sql.functions import pandas_udf
+def parsed_lines(
+    spark: SparkSession,
+    path: str,
+    *,
+    time_field: str | None = None,
+    clock: Any = None,
+    implicit: bool = False,
+    user_field: str | None = None,
+) -> DataFrame:
+    """The input's lines parsed (not cached), each with its marks instead of ``pos``
+    (``_file``, ``_block``, ``_row``: :func:`dpstream.spark.order.split_marks`), ``t``
+    null with ``implicit``; :func:`read_events_jsonl` numbers them."""
+    text = spark.read.text(path)
+    _check_files(path, text.inputFiles())
+    lines = split_marks(text).select(
+        "_file", "_block", "_row", F.col("value").cast("binary").alias("value")
+    )
+    return lines.mapInArrow(_arrow_parser(time_field, clock, implicit, user_field), _MARKED)
 
-    out_type = T.StructType([f for f in EVENT_SCHEMA.fields if f.name != "pos"])
 
-    def parse(raw: pd.Series) -> pd.DataFrame:
-        return _parse_lines(raw, time_field, clock, implicit, user_field)
+#: The parsed lines with their marks (:func:`dpstream.spark.order.split_marks`).
+_MARKED = T.StructType(
+    [
+        T.StructField("_file", T.StringType(), True),
+        T.StructField("_block", T.LongType(), True),
+        T.StructField("_row", T.LongType(), True),
+        *(f for f in EVENT_SCHEMA.fields if f.name != "pos"),
+    ]
+)
 
-    return pandas_udf(parse, out_type)  # type: ignore[call-overload]
+
+def _arrow_parser(
+    time_field: str | None, clock: Any, implicit: bool, user_field: str | None
+) -> Any:
+    """The ``mapInArrow`` function: each batch's lines (``value``, their bytes) parsed
+    (:func:`parse_lines`), their marks passed through."""
+
+    def parse(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in batches:
+            ts, items, errors, users = parse_lines(
+                batch.column("value").to_pylist(),
+                time_field,
+                clock,
+                implicit,
+                user_field,
+            )
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column("_file"),
+                    batch.column("_block"),
+                    batch.column("_row"),
+                    pa.array(ts, pa.int64()),
+                    pa.array(items, pa.list_(pa.string())),
+                    pa.array(errors, pa.string()),
+                    pa.array(users, pa.string()),
+                ],
+                names=_MARKED.names,
+            )
+
+    return parse
 
 
-def _parse_lines(
-    raws: pd.Series,
+def plain_event(raw: bytes, user_field: str | None = None) -> tuple[int, list, Any] | None:
+    """(t, items, user) of a plain event line (see the module docstring), which
+    :func:`parse_jsonl_line` would give as that record; None: let it decide."""
+    size = len(raw)  # a line of at most _FAST_MAX_BRACKETS bytes has no more brackets
+    if _orjson is None or (
+        size > _FAST_MAX_BRACKETS
+        and (size > _FAST_MAX_CHARS or raw.count(b"[") + raw.count(b"{") > _FAST_MAX_BRACKETS)
+    ):
+        return None
+    try:
+        obj = _orjson.loads(raw)
+    except _orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    t, items = obj.get("t"), obj.get("items")
+    if type(t) is not int or t < 1 or type(items) is not list:
+        return None
+    for x in items:
+        if type(x) is not str:
+            return None
+    user = None
+    if user_field is not None:
+        user = obj.get(user_field)
+        if type(user) is not str or not user:
+            return None
+    if b"\\u" in raw and not all(valid_text(x) for x in (*items, user or "")):
+        return None  # a lone surrogate escape: the parser words it
+    return (t if t <= INT64_MAX else INT64_MAX), items, user
+
+
+def parse_lines(
+    raws: list[Any],
     time_field: str | None,
     clock: Any,
     implicit: bool,
     user_field: str | None,
-) -> pd.DataFrame:
-    """Each line (its bytes; None: not this parser's) through the local engine's
-    one-line parser (with implicit time, a line's step is its place in the input, set
-    by the caller; the line number of a record is not used here)."""
+) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """Each line (its bytes) as the local engine decides it: (t, items, error, user)
+    lists (error ``""`` for a blank line; with implicit time, a line's step is its
+    place in the input, set by the caller; the line number of a record is not used
+    here)."""
     n = len(raws)
     ts: list[Any] = [None] * n
     items: list[Any] = [None] * n
     errors: list[Any] = [None] * n
     users: list[Any] = [None] * n
-    for i, raw in enumerate(raws.tolist()):
-        if raw is None:
-            continue
-        line = bytes(raw).decode("utf-8", "surrogateescape")
+    plain = clock is None and not implicit
+    for i, raw in enumerate(raws):
+        if plain:
+            got = plain_event(raw, user_field)
+            if got is not None:
+                ts[i], items[i], users[i] = got
+                continue
+        line = raw.decode("utf-8", "surrogateescape")
         rec = parse_jsonl_line(
             line,
             1,
@@ -259,11 +263,4 @@ def _parse_lines(
         items[i] = None if rec.items is None else list(rec.items)
         errors[i] = rec.error
         users[i] = rec.user
-    return pd.DataFrame(
-        {
-            "t": pd.array(ts, dtype="Int64"),
-            "items": items,
-            "error": errors,
-            "user": users,
-        }
-    )
+    return ts, items, errors, users

@@ -11,8 +11,9 @@ interpreter, which has no dpstream: every task fails with
 * For a local master (``local``, ``local[N]``, ``local-cluster[...]``) the
   workers run on this machine, so they use the driver's own interpreter
   (``spark.pyspark.python``), unless the operator set one.
-* For any master, one one-task job checks before anything is read that a
-  worker imports the same dpstream version as the driver (the keyed noise is
+* For any master, one small job (one task per core on a local master, whose
+  workers the run reuses) checks before anything is read that a worker
+  imports the same dpstream version as the driver (the keyed noise is
   computed in the workers: another version could draw other noise than the
   local engine) and says what to set when it does not.
 """
@@ -20,7 +21,9 @@ interpreter, which has no dpstream: every task fails with
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DPStreamError
@@ -40,6 +43,31 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
+#: The driver JVM's default options on a local master, where that one JVM also runs
+#: the tasks: the client JIT compiler only. A run is short and its Python workers do
+#: most of the work; the optimizing compiler's threads compete with them for the
+#: cores while the JVM warms up (measured 15-25% of a run's wall time on 2 cores).
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+_JAVA_KEY = "spark.driver.defaultJavaOptions"
+
+
+def _operator_sets(key: str) -> bool:
+    """Whether the operator gives ``key`` to Spark (``spark-defaults.conf`` in
+    ``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``, or ``PYSPARK_SUBMIT_ARGS``): then
+    dpstream leaves it as it is."""
+    if key in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        return True
+    home = os.environ.get("SPARK_HOME")
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else None)
+    if conf_dir is None:
+        return False
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+            return any(re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] == key for line in f)
+    except OSError:
+        return False
+
+
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     """A session on ``master`` whose Python workers are checked to run this dpstream."""
     from pyspark.sql import SparkSession
@@ -49,6 +77,8 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
         .appName(app_name)
         .config("spark.ui.showConsoleProgress", "false")
     )
+    if is_local_master(master) and not _operator_sets(_JAVA_KEY):
+        builder = builder.config(_JAVA_KEY, LOCAL_JAVA_OPTIONS)
     chosen = os.environ.get("PYSPARK_PYTHON")
     if is_local_master(master) and not chosen:
         # PySpark reads the workers' interpreter from the environment when its context
@@ -81,21 +111,54 @@ def _worker_version(_: Any) -> tuple[str, str]:
     return dpstream.__version__, worker_sys.executable
 
 
+def _worker_versions(batches: Iterator[Any]) -> Iterator[Any]:
+    """Run in a worker as an Arrow map (``mapInArrow``): :func:`_worker_version` as a
+    one-row batch."""
+    version, python = _worker_version(None)
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"version": [version], "python": [python]})
+
+
+def _warm_tasks(spark: SparkSession, master: str) -> int:
+    """How many tasks the check runs: one per core on a local master (each starts a
+    worker the run's tasks then reuse), one elsewhere."""
+    if not is_local_master(master):
+        return 1
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        return 1
+
+
 def check_workers(spark: SparkSession, master: str, chosen: str | None = None) -> None:
     """Raise :class:`WorkerPythonError` unless a worker imports this dpstream version.
 
-    One task on one partition: a worker that cannot import dpstream fails, and
-    a worker with another version is refused, before the run reads its input.
+    A worker that cannot import dpstream (or NumPy, pandas, PyArrow) fails, and a
+    worker with another version is refused, before the run reads its input.
     ``chosen`` is the operator's ``PYSPARK_PYTHON``, if any (for the advice).
+
+    The check is an Arrow map, as the run's own Python stages are: Spark keeps
+    those workers (their imports done) for the run's tasks, where a plain RDD
+    map would start workers of another kind. On a local master it runs one task
+    per core, so that every worker the run uses is started (and checked) here.
     """
     from dpstream import __version__
 
+    tasks = _warm_tasks(spark, master)
     try:
-        got = spark.sparkContext.parallelize([0], 1).map(_worker_version).collect()
+        got = (
+            spark.range(0, tasks, 1, tasks)
+            .mapInArrow(_worker_versions, "version string, python string")
+            .collect()
+        )
     except Exception as exc:  # Py4JJavaError or PythonException: both carry the cause as text
-        raise WorkerPythonError(_advice(master, _cause(exc), chosen)) from None
-    version, python = got[0]
-    if version != __version__:
+        raise WorkerPythonError(_advice(master, _plain_cause(spark, exc), chosen)) from None
+    for version, python in got:
+        if version == __version__:
+            continue
         raise WorkerPythonError(
             _advice(
                 master,
@@ -104,6 +167,17 @@ def check_workers(spark: SparkSession, master: str, chosen: str | None = None) -
                 chosen,
             )
         )
+
+
+def _plain_cause(spark: SparkSession, exc: BaseException) -> str:
+    """Why the check failed, worded from a plain one-task map when it fails too: PySpark
+    imports PyArrow for an Arrow map before the check's own imports run, and the first
+    module a worker lacks is the one to name."""
+    try:
+        spark.sparkContext.parallelize([0], 1).map(_worker_version).collect()
+    except Exception as plain:
+        return _cause(plain)
+    return _cause(exc)
 
 
 def _cause(exc: BaseException) -> str:
