@@ -33,6 +33,42 @@ def own_ledger(output: object) -> list[str]:
     return ["--ledger", f"{output}.ledger"]
 
 
+#: UnkBase as the command-line tests run it: two items an event, rho = 1, and the delta
+#: of its discovery threshold.
+UNKNOWN_CLI = ["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta", "1e-3"]
+
+
+def run_unknown(key: object, src: object, out: object, *more: str) -> int:
+    """``dpstream run -q`` of :data:`UNKNOWN_CLI` over ``src`` into ``out`` with ``key``
+    (a path) and a ledger of its own (:func:`own_ledger`), then ``more``: the exit status."""
+    from dpstream.cli import main
+
+    return main(
+        [
+            "run",
+            "-q",
+            *UNKNOWN_CLI,
+            "--key-file",
+            str(key),
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            *own_ledger(out),
+            *more,
+        ]
+    )
+
+
+def run_on_clock(key: object, src: object, out: object, start: str, step: str, *more: str) -> int:
+    """:func:`run_unknown` of events timestamped in their ``ts`` field, on the clock of
+    ``--start start --step step``, written as CSV (with each step's dates)."""
+    return run_unknown(
+        key, src, out, "--output-format", "csv", "--time-field", "ts", "--step", step,
+        "--start", start, *more,
+    )  # fmt: skip
+
+
 def day_event_lines(
     day: int, *, steps_per_day: int, words: list[str], events_per_step: tuple[int, int], seed: int
 ) -> list[str]:

@@ -17,11 +17,10 @@ import zoneinfo
 
 import pytest
 
-from dpstream.cli import main
 from dpstream.clock import StepClock, parse_timestamp, steps_until
 from dpstream.view.dates import clock_of
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, run_on_clock
 
 UTC = dt.timezone.utc
 NY = zoneinfo.ZoneInfo("America/New_York")
@@ -126,36 +125,7 @@ def test_an_offset_that_matches_the_zone_is_accepted():
 
 
 def _run(tmp_path, key, src, out, start, *more):
-    return main(
-        [
-            "run",
-            "-q",
-            "-m",
-            "unknown",
-            "--max-items",
-            "2",
-            "--rho",
-            "1",
-            "--threshold-delta",
-            "1e-3",
-            "--key-file",
-            key,
-            "-i",
-            str(src),
-            "-o",
-            str(out),
-            *own_ledger(out),
-            "--output-format",
-            "csv",
-            "--time-field",
-            "ts",
-            "--step",
-            "1d",
-            "--start",
-            start,
-            *more,
-        ]
-    )
+    return run_on_clock(key, src, out, start, "1d", *more)
 
 
 def test_a_run_on_a_named_zone_bins_by_local_days(tmp_path, capsys):

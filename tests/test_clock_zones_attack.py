@@ -17,10 +17,9 @@ import zoneinfo
 
 import pytest
 
-from dpstream.cli import main
 from dpstream.clock import StepClock, parse_timestamp, steps_until
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, run_on_clock
 
 UTC = dt.timezone.utc
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
@@ -112,36 +111,7 @@ def _run(tmp_path, src, out, start, step, *more):
     key = tmp_path / "k.key"
     if not key.exists():  # (one key for the runs of one stream)
         fixed_key("zones-attack").save(key)
-    return main(
-        [
-            "run",
-            "-q",
-            "-m",
-            "unknown",
-            "--max-items",
-            "2",
-            "--rho",
-            "1",
-            "--threshold-delta",
-            "1e-3",
-            "--key-file",
-            str(key),
-            "-i",
-            str(src),
-            "-o",
-            str(out),
-            *own_ledger(out),
-            "--output-format",
-            "csv",
-            "--time-field",
-            "ts",
-            "--step",
-            step,
-            "--start",
-            start,
-            *more,
-        ]
-    )
+    return run_on_clock(key, src, out, start, step, *more)
 
 
 def test_a_month_run_counts_each_event_in_the_window_written_for_its_step(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 
 from dpstream.cli import main
 
-from .conftest import fixed_key, own_ledger
+from .conftest import UNKNOWN_CLI, fixed_key, own_ledger
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 DAYS, STEPS_PER_DAY = 30, 8
@@ -52,17 +52,7 @@ def stream(tmp_path_factory):
 
 MECHS = {
     # BLT (the default): items joining on later days draw their noise state there
-    "unknown": [
-        "-m",
-        "unknown",
-        "--max-items",
-        "2",
-        "--rho",
-        "1",
-        "--threshold-delta",
-        "1e-3",
-        "--remember",
-    ],
+    "unknown": [*UNKNOWN_CLI, "--remember"],
     "unknown-tree": [
         "-m",
         "unknown",

@@ -14,10 +14,9 @@ import json
 
 import pytest
 
-from dpstream.cli import main
 from dpstream.run.output import long_layout_clock
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, run_unknown
 
 FORMATS = {"csv": "csv", "jsonl-long": "jsonl", "parquet": "parquet"}
 
@@ -67,30 +66,7 @@ def keyed(tmp_path):
 
 
 def _run(key: str, src, out, fmt: str, *clock: str) -> int:
-    return main(
-        [
-            "run",
-            "-q",
-            "-m",
-            "unknown",
-            "--max-items",
-            "2",
-            "--rho",
-            "1",
-            "--threshold-delta",
-            "1e-3",
-            "--key-file",
-            key,
-            "-i",
-            str(src),
-            "-o",
-            str(out),
-            *own_ledger(out),
-            "--output-format",
-            fmt,
-            *clock,
-        ]
-    )
+    return run_unknown(key, src, out, "--output-format", fmt, *clock)
 
 
 def _rows(out, fmt: str) -> list[dict]:

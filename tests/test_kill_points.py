@@ -27,22 +27,12 @@ import pytest
 from dpstream._crashpoints import ENV
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import UNKNOWN_CLI, fixed_key
 
 STEPS, BATCHES = 3, 3
 T = STEPS * BATCHES
 MECHS = {
-    "unknown": [
-        "-m",
-        "unknown",
-        "--max-items",
-        "2",
-        "--rho",
-        "1",
-        "--threshold-delta",
-        "1e-3",
-        "--remember",
-    ],
+    "unknown": [*UNKNOWN_CLI, "--remember"],
     "top-k": ["-m", "top-k", "--k", "2", "--switches", "3", "--rho", "1"],
 }
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="kills a forked child")

@@ -28,7 +28,7 @@ from dpstream.factorization import (
 from dpstream.mechanisms.unknown import step_delta_divisor
 from dpstream.state import recorded_params
 
-from .conftest import fixed_key, own_ledger
+from .conftest import UNKNOWN_CLI, fixed_key, own_ledger
 
 # ----------------------------------------------------------------------- the counter
 
@@ -135,17 +135,7 @@ def test_no_horizon_in_the_library():
 DAYS, STEPS_PER_DAY = 30, 4
 MECHS = {
     "known": ["-m", "known", "--max-items", "2", "--rho", "1"],
-    "unknown": [
-        "-m",
-        "unknown",
-        "--max-items",
-        "2",
-        "--rho",
-        "1",
-        "--threshold-delta",
-        "1e-3",
-        "--remember",
-    ],
+    "unknown": [*UNKNOWN_CLI, "--remember"],
     # the top-k of the known-domain histogram (rho alone: no unknown-domain candidate)
     "top-k": ["-m", "top-k", "--k", "3", "--max-items", "2", "--rho", "1", "--stream", "tk"],
 }
