@@ -248,6 +248,9 @@ class _Input:
     records: DataFrame
     cache: DataFrame
     facts: dict[str, Any] | None = None
+    #: the records with a null ``pos``, when numbering them is a join of its own: for
+    #: the events of a run that reads no line number (no user-level bounding)
+    unnumbered: DataFrame | None = None
 
 
 def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
@@ -306,7 +309,8 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
     }
     facts["first_bad"] = min(firsts) if firsts else None
     records = with_pos(spark, rows, table).select("pos", "t", "items", "error", "user")
-    return _Input(records, rows, facts)
+    unnumbered = rows.select(F.lit(None).cast("long").alias("pos"), "t", "items", "error", "user")
+    return _Input(records, rows, facts, unnumbered)
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
@@ -486,10 +490,10 @@ def _facts(parsed: DataFrame, job: _Job) -> dict[str, Any]:
 def _valid_events(
     source: _Input, job: _Job, domain_df: DataFrame | None, mech: Any
 ) -> tuple[DataFrame, DataFrame | None, int, int]:
-    """The valid events (t, items, pos, user), the cached frame they come from (None:
-    the input's), and the counts of events and of invalid records skipped; with
-    ``--on-invalid error``, the first invalid record stops the job before anything is
-    written."""
+    """The valid events (t, items, pos, user; ``pos`` null when nothing reads it), the
+    cached frame they come from (None: the input's), and the counts of events and of
+    invalid records skipped; with ``--on-invalid error``, the first invalid record
+    stops the job before anything is written."""
     parsed = source.records
     facts = source.facts if source.facts is not None else _facts(parsed, job)
     skipped = 0
@@ -500,6 +504,8 @@ def _valid_events(
             raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
         skipped += int(facts["bad"])
     n_events = int(facts["events"])
+    if job.user_field is None and source.unnumbered is not None:
+        parsed = source.unnumbered  # only user-level bounding reads the line numbers
     events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
     checked = None
     if domain_df is None or job.policy != "skip":
