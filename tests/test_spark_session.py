@@ -227,3 +227,25 @@ def test_local_java_options_yield_to_the_operators(
     assert _operator_sets(key) is sets
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--conf {key}=-Xss4m pyspark-shell")
     assert _operator_sets(key)
+
+
+def test_a_commands_session_has_no_ui_unless_the_operator_sets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command's session runs without the Spark UI (one run, no one watching),
+    and keeps the operator's own setting when there is one."""
+    from dpstream.spark.session import session_defaults
+
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert session_defaults("local[2]") == {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+        "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
+    }
+    assert session_defaults("yarn") == {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+    }
+    (tmp_path / "spark-defaults.conf").write_text("spark.ui.enabled true\n")
+    assert "spark.ui.enabled" not in session_defaults("local[2]")

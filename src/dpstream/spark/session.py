@@ -68,17 +68,31 @@ def _operator_sets(key: str) -> bool:
         return False
 
 
+#: The Spark UI: off for a command's session (one run, no one watching it), which
+#: spares its web server and listeners (under a second of a short run, measured).
+_UI_KEY = "spark.ui.enabled"
+
+
+def session_defaults(master: str) -> dict[str, str]:
+    """The settings dpstream gives the session it starts on ``master``: no progress bar,
+    no UI, and on a local master the driver JVM's :data:`LOCAL_JAVA_OPTIONS`; the
+    last two only when the operator does not set them (:func:`_operator_sets`)."""
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    if not _operator_sets(_UI_KEY):
+        conf[_UI_KEY] = "false"
+    if is_local_master(master) and not _operator_sets(_JAVA_KEY):
+        conf[_JAVA_KEY] = LOCAL_JAVA_OPTIONS
+    return conf
+
+
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
-    """A session on ``master`` whose Python workers are checked to run this dpstream."""
+    """A session on ``master`` whose Python workers are checked to run this dpstream,
+    with :func:`session_defaults`."""
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.showConsoleProgress", "false")
-    )
-    if is_local_master(master) and not _operator_sets(_JAVA_KEY):
-        builder = builder.config(_JAVA_KEY, LOCAL_JAVA_OPTIONS)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in session_defaults(master).items():
+        builder = builder.config(key, value)
     chosen = os.environ.get("PYSPARK_PYTHON")
     if is_local_master(master) and not chosen:
         # PySpark reads the workers' interpreter from the environment when its context
