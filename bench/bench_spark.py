@@ -272,17 +272,7 @@ def _run_case(n: int, rounds: int, master: str, read_only: bool = False) -> None
                 t0 = time.perf_counter()
                 subprocess.run(argv, check=True)
                 rates[name].append(n / (time.perf_counter() - t0))
-        ratios = [s / loc for s, loc in zip(rates["spark"], rates["local"], strict=True)]
-        print(f"dpstream run, {n:,} events, {rounds} rounds, spark --master {master}")
-        for name, vals in rates.items():
-            print(
-                f"{name:>5}: median {np.median(vals) / 1e3:8.1f} k events/s "
-                f"(range {min(vals) / 1e3:.1f}-{max(vals) / 1e3:.1f})"
-            )
-        print(
-            f"ratio spark/local: median {np.median(ratios):.3f} "
-            f"(range {min(ratios):.3f}-{max(ratios):.3f})"
-        )
+        _report(f"dpstream run, {n:,} events", rounds, master, rates, "events")
 
 
 def _read_case(inp: str, n: int, rounds: int, master: str) -> None:
@@ -308,11 +298,17 @@ def _read_case(inp: str, n: int, rounds: int, master: str) -> None:
         rates["spark"].append(got / (time.perf_counter() - t0))
         df.unpersist()
     spark.stop()
+    _report(f"readers alone, {n:,} lines", rounds, master, rates, "lines")
+
+
+def _report(title: str, rounds: int, master: str, rates: dict[str, list[float]], unit: str) -> None:
+    """Each engine's median rate with its range, and the median ratio spark/local over
+    the rounds (each round's two runs side by side)."""
     ratios = [s / loc for s, loc in zip(rates["spark"], rates["local"], strict=True)]
-    print(f"readers alone, {n:,} lines, {rounds} rounds, spark --master {master}")
+    print(f"{title}, {rounds} rounds, spark --master {master}")
     for name, vals in rates.items():
         print(
-            f"{name:>5}: median {np.median(vals) / 1e3:8.1f} k lines/s "
+            f"{name:>5}: median {np.median(vals) / 1e3:8.1f} k {unit}/s "
             f"(range {min(vals) / 1e3:.1f}-{max(vals) / 1e3:.1f})"
         )
     print(
