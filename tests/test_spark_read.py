@@ -347,3 +347,73 @@ def test_a_user_field_named_like_t_or_items_in_another_case(spark, tmp_path, fie
     want = _local([path], user_field=field)
     assert _spark(spark, path, user_field=field) == want
     assert want[1][3] == "alice" and want[2][2] is not None  # an event, then an error
+
+
+#: Day steps in Paris: the clocks change on 2026-03-29, so steps 29.. begin an hour
+#: earlier in UTC than a zone without daylight saving (Lagos, +01 all year) puts them.
+PARIS_DAYS = StepClock.parse("2026-03-01T00:00[Europe/Paris]", "1d")
+
+
+def _days(path: Path) -> None:
+    """An event at 22:30Z on each day of March and early April: 23:30 in Paris before
+    the change, 00:30 of the next day after it (by Lagos's rules still 23:30)."""
+    days = [f"2026-03-{d:02d}" for d in range(1, 32)] + ["2026-04-01", "2026-04-02"]
+    path.write_text(
+        "".join(json.dumps({"ts": f"{d}T22:30:00Z", "items": [d]}) + "\n" for d in days)
+    )
+
+
+def test_workers_with_the_drivers_zone_rules_date_events_as_the_local_reader(
+    spark, tmp_path
+) -> None:
+    """A named-zone clock with ``through``: the workers check their zone database against
+    the driver's digest (the same here) and give every event the local reader's step."""
+    from dpstream.spark.read_jsonl import zone_rules
+
+    path = tmp_path / "days.jsonl"
+    _days(path)
+    assert zone_rules(PARIS_DAYS, 40) is not None  # the check runs
+    got = _spark(spark, path, time_field="ts", clock=PARIS_DAYS, through=40)
+    want = _local([path], time_field="ts", clock=PARIS_DAYS)
+    assert got == want
+    # from the change on, 22:30Z is 00:30 of the next day in Paris (step 29 gets none;
+    # by Lagos's rules each would be in its own day's step: 28, 29, 30, 31)
+    assert [want[n][0] for n in (28, 29, 30, 31)] == [28, 30, 31, 32]
+
+
+def test_a_worker_with_other_zone_rules_is_refused_before_writing(tmp_path) -> None:
+    """The workers (not the driver) find Europe/Paris with Lagos's rules, through
+    ``spark.executorEnv.PYTHONTZPATH``, as on a cluster whose workers hold another
+    ``tzdata``. Without the check they would put the events of Mar 29 to 31 in other
+    steps than the driver dates in the output; the run is refused, nothing written."""
+    import subprocess
+    import sys
+    from importlib import resources
+
+    tz = tmp_path / "tz" / "Europe"
+    tz.mkdir(parents=True)
+    lagos = resources.files("tzdata.zoneinfo.Africa").joinpath("Lagos").read_bytes()
+    (tz / "Paris").write_bytes(lagos)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(f"spark.executorEnv.PYTHONTZPATH {tmp_path / 'tz'}\n")
+    events = tmp_path / "days.jsonl"
+    _days(events)
+    fixed_key("zones").save(tmp_path / "k.key")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dpstream", "run", "-m", "unknown", "-T", "40"]
+        + ["--max-items", "1", "--epsilon", "1", "--delta", "1e-6"]
+        + ["--key-file", str(tmp_path / "k.key"), "-i", str(events), "-o", str(out)]
+        + ["--time-field", "ts", "--start", "2026-03-01T00:00[Europe/Paris]", "--step", "1d"]
+        + ["--engine", "spark", "--master", "local[1]", "-q", *own_ledger(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPARK_CONF_DIR": str(conf)},
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("dpstream: error: this Spark worker's time zone database"), last
+    assert "steps 1 to 40 of the time zone Europe/Paris" in last
+    assert not out.exists()

@@ -41,7 +41,7 @@ from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from .events import read_events_jsonl, read_events_parquet
 from .order import split_shifts, with_pos
-from .read_jsonl import parsed_lines
+from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
 
@@ -292,11 +292,13 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
         time_field=opts.get("time_field"),
         clock=clock,
         user_field=job.user_field,
+        through=job.until,
     ).persist()
     try:
         table, splits = split_shifts(rows, job.inp, **_fact_columns(job, "_row"))
-    except BaseException:
+    except BaseException as exc:
         rows.unpersist()
+        _refuse_zone_rules(exc)
         raise
     shift = {(f, b): d for f, b, d in table}
     firsts = [
@@ -311,6 +313,15 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
     records = with_pos(spark, rows, table).select("pos", "t", "items", "error", "user")
     unnumbered = rows.select(F.lit(None).cast("long").alias("pos"), "t", "items", "error", "user")
     return _Input(records, rows, facts, unnumbered)
+
+
+def _refuse_zone_rules(exc: BaseException) -> None:
+    """Say a worker's zone database refusal (:func:`dpstream.spark.read_jsonl.zone_rules`)
+    as a plain error, not as Spark's stack of traces."""
+    text = str(exc)
+    at = text.find(ZONE_RULES_MISMATCH)
+    if at >= 0:
+        raise DPStreamError(text[at:].splitlines()[0].strip()) from None
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:

@@ -47,7 +47,14 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["EVENT_SCHEMA", "parsed_lines", "plain_event", "read_events_jsonl"]
+__all__ = [
+    "EVENT_SCHEMA",
+    "ZONE_RULES_MISMATCH",
+    "parsed_lines",
+    "plain_event",
+    "read_events_jsonl",
+    "zone_rules",
+]
 
 #: What a reader gives: a record per line (pos from 0; error "" for a blank line that
 #: is no record, null for an event).
@@ -93,6 +100,7 @@ def read_events_jsonl(
     clock: Any = None,
     implicit: bool = False,
     user_field: str | None = None,
+    through: int | None = None,
 ) -> DataFrame:
     """Parse a JSON Lines events file or directory (``*.gz`` too) as the local engine
     does (see the module docstring); the frame is cached (the caller unpersists it).
@@ -104,7 +112,10 @@ def read_events_jsonl(
     event's timestamp on that public clock; with ``implicit``, every line is a
     step: ``t`` is its line number (blank and broken lines too, as invalid records
     of their steps). With ``user_field``, ``user`` is each event's user id (an
-    event without a valid one is an error row).
+    event without a valid one is an error row). With ``through`` (the last step the
+    run releases) and a clock whose steps follow a named zone's rules, every
+    worker's time zone database must date steps 1..``through`` as the driver's does
+    (:func:`zone_rules`), or the job fails.
 
     One pass reads, parses and caches the lines with their splits
     (:mod:`dpstream.spark.order`); the line numbers are then found from that cache.
@@ -116,6 +127,7 @@ def read_events_jsonl(
         clock=clock,
         implicit=implicit,
         user_field=user_field,
+        through=through,
     ).persist()
     try:
         out = numbered(spark, rows, path)
@@ -136,16 +148,19 @@ def parsed_lines(
     clock: Any = None,
     implicit: bool = False,
     user_field: str | None = None,
+    through: int | None = None,
 ) -> DataFrame:
     """The input's lines parsed (not cached), each with its marks instead of ``pos``
     (``_file``, ``_block``, ``_row``: :func:`dpstream.spark.order.split_marks`), ``t``
-    null with ``implicit``; :func:`read_events_jsonl` numbers them."""
+    null with ``implicit``; :func:`read_events_jsonl` numbers them (and says what
+    ``through`` checks)."""
+    rules = zone_rules(clock, through)
     text = spark.read.text(path)
     _check_files(path, text.inputFiles())
     lines = split_marks(text).select(
         "_file", "_block", "_row", F.col("value").cast("binary").alias("value")
     )
-    return lines.mapInArrow(_arrow_parser(time_field, clock, implicit, user_field), _MARKED)
+    return lines.mapInArrow(_arrow_parser(time_field, clock, implicit, user_field, rules), _MARKED)
 
 
 #: The parsed lines with their marks (:func:`dpstream.spark.order.split_marks`).
@@ -159,15 +174,64 @@ _MARKED = T.StructType(
 )
 
 
+#: The words that begin the error of a worker whose zone database disagrees with the
+#: driver's (the driver finds them in Spark's exception and says them as they are).
+ZONE_RULES_MISMATCH = "this Spark worker's time zone database"
+
+#: The (clock, through, digest) a worker process has checked (once per process).
+_zone_rules_checked: set[tuple[Any, int, str]] = set()
+
+
+def zone_rules(clock: Any, through: int | None) -> tuple[int, str] | None:
+    """On the driver: (through, digest of the instants where steps 1..through begin and
+    end, by the driver's zone database), for a clock whose steps follow a named zone's
+    rules (:meth:`dpstream.clock.StepClock.zone_rules_digest`); None otherwise.
+
+    Each worker dates events by its own time zone database. Where it holds other
+    rules than the driver's (another ``tzdata``, other system zone files), an event
+    near a boundary would be counted in one step while the output dates that step by
+    the driver's rules: the workers check this digest before they parse a line."""
+    if clock is None or through is None:
+        return None
+    digest = clock.zone_rules_digest(through)
+    return None if digest is None else (through, digest)
+
+
+def _check_zone_rules(clock: Any, rules: tuple[int, str] | None) -> None:
+    """In a worker: raise ValueError unless its zone database gives the driver's digest."""
+    if rules is None:
+        return
+    through, digest = rules
+    if (clock, through, digest) in _zone_rules_checked:
+        return
+    if clock.zone_rules_digest(through) != digest:
+        import socket
+
+        raise ValueError(
+            f"{ZONE_RULES_MISMATCH} (on {socket.gethostname()}) puts the steps 1 to "
+            f"{through} of the time zone {clock.named_zone} at other times than the "
+            "driver's does: events would be counted in other steps than the ones the "
+            "output dates. Give the driver and every worker the same time zone database "
+            "(the same `tzdata` package, or PYTHONTZPATH)."
+        )
+    _zone_rules_checked.add((clock, through, digest))
+
+
 def _arrow_parser(
-    time_field: str | None, clock: Any, implicit: bool, user_field: str | None
+    time_field: str | None,
+    clock: Any,
+    implicit: bool,
+    user_field: str | None,
+    rules: tuple[int, str] | None = None,
 ) -> Any:
     """The ``mapInArrow`` function: each batch's lines (``value``, their bytes) parsed
-    (:func:`parse_lines`), their marks passed through."""
+    (:func:`parse_lines`), their marks passed through; first, with ``rules``, the
+    worker's zone database checked (:func:`zone_rules`)."""
 
     def parse(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        _check_zone_rules(clock, rules)
         for batch in batches:
             ts, items, errors, users = parse_lines(
                 batch.column("value").to_pylist(),
