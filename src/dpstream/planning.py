@@ -164,6 +164,16 @@ def unbounded_profile(mech: Any) -> dict[str, Any]:
     return out
 
 
+def _domain_size(mech: Any) -> int | None:
+    """How many items ``mech``'s known domain holds (None: no known domain), from its
+    item table where it has one: ``domain`` makes a new list of every item."""
+    index = getattr(mech, "domain_index", None)
+    if index is not None:
+        return len(index)
+    domain = getattr(mech, "domain", None)
+    return None if domain is None else len(domain)
+
+
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
     if mech.unbounded:
@@ -205,8 +215,9 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         out["counters_noise_std_worst"] = counters
     if hasattr(mech, "max_items"):
         out["max_items"] = mech.max_items
-    if hasattr(mech, "domain") and mech.domain is not None:
-        out["domain_size"] = len(mech.domain)
+    size = _domain_size(mech)
+    if size is not None:
+        out["domain_size"] = size
     threshold = getattr(mech, "threshold", None)
     if isinstance(threshold, (int, float)):
         out["threshold"] = float(threshold)
@@ -273,8 +284,9 @@ def _describe_unbounded(mech: Any, name: str) -> dict[str, Any]:
         )
     if hasattr(mech, "max_items"):
         out["max_items"] = mech.max_items
-    if getattr(mech, "domain", None) is not None:
-        out["domain_size"] = len(mech.domain)
+    size = _domain_size(mech)
+    if size is not None:
+        out["domain_size"] = size
     if hasattr(mech, "threshold_at"):
         out["threshold"] = float(mech.threshold)
         out["threshold_delta"] = float(mech.threshold_delta)
