@@ -397,29 +397,41 @@ def test_blocks_in_the_other_byte_order_give_the_numpy_values():
 
 def test_join_rows_against_python():
     """The C row joiner against the same rows built in Python (str(int) per value),
-    including the extremes of int64, empty items and multi-byte text; bad offsets are
-    refused, not followed."""
+    including the extremes of int64, every width of a decimal (10^k - 1, 10^k and their
+    negatives), empty items, multi-byte text, items of 16 bytes and more, short items at
+    the very end of the data, pieces (head, mid, tail, separator) of 0 to 40 bytes, and
+    both kinds of offsets; bad offsets are refused, not followed. (Pieces and items of at
+    most 16 bytes are copied 16 bytes at a time into slack: the brute force holds those
+    copies to the exact bytes.)"""
     from dpstream import _loops
 
     rng = random.Random(11)
-    items = ["", "a", "é日本", "x" * 300] + [f"w{rng.randrange(10**6)}" for _ in range(500)]
+    widths = [s * (10**k + d) for k in range(19) for d in (-1, 0) for s in (1, -1)]
+    n = 500 + len(widths)
+    items = ["", "a", "é日本", "x" * 300, "y" * 15, "z" * 16, "q" * 17]
+    items += [f"w{rng.randrange(10**6)}" for _ in range(n - len(items) - 3)] + ["", "b", "cd"]
     blobs = [x.encode() for x in items]
     data = b"".join(blobs)
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
     values = np.array(
-        [0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(10**9), 10**9) for _ in range(500)],
+        [0, -1, 2**63 - 1, -(2**63), *widths]
+        + [rng.randrange(-(10**9), 10**9) for _ in range(n - 4 - len(widths))],
         np.int64,
     )
+    long = bytes(range(65, 65 + 40))
     for head, mid, tail, sep in (
         (b"", b": ", b"", b", "),
         (b"7,", b",", b",1.5", b"\n"),
         (b"{", b"", b"}", b""),
+        (long[:16], long[:17], long[:40], long[:15]),
+        (long[:17], b"=", long[:16], long[:33]),
     ):
         want = sep.join(
             head + b + mid + str(int(v)).encode() + tail
             for b, v in zip(blobs, values.tolist(), strict=True)
         )
-        assert _loops.join_rows(data, offsets, values, head, mid, tail, sep) == want
+        for off in (offsets, offsets.astype(np.uint32)):
+            assert _loops.join_rows(data, off, values, head, mid, tail, sep) == want
     assert (
         _loops.join_rows(b"", np.zeros(1, np.int64), np.zeros(0, np.int64), b"h", b"m", b"t", b",")
         == b""

@@ -905,6 +905,82 @@ done:
     return result;
 }
 
+/* the two-digit pairs "00".."99", for writing decimals two digits at a time */
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* how many decimal digits u has (1 for 0) */
+static inline int
+decimal_width(uint64_t u)
+{
+    int k = 1;
+    while (u >= 10000) {
+        u /= 10000;
+        k += 4;
+    }
+    return k + (u >= 10) + (u >= 100) + (u >= 1000);
+}
+
+/* u in decimal, its last digit at end[-1] (decimal_width(u) bytes before end) */
+static inline void
+put_decimal(char *end, uint64_t u)
+{
+    while (u >= 100) {
+        unsigned r = (unsigned)(u % 100);
+        u /= 100;
+        end -= 2;
+        memcpy(end, DIGIT_PAIRS + 2 * r, 2);
+    }
+    if (u >= 10) {
+        memcpy(end - 2, DIGIT_PAIRS + 2 * u, 2);
+    } else {
+        end[-1] = (char)('0' + u);
+    }
+}
+
+/* x in decimal, with its sign, at w; returns the end */
+static inline char *
+put_int64(char *w, int64_t x)
+{
+    uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+    if (x < 0)
+        *w++ = '-';
+    int k = decimal_width(u);
+    put_decimal(w + k, u);
+    return w + k;
+}
+
+/* A constant piece of every row (head, mid, tail, separator). One of at most 16 bytes is
+ * kept padded and copied 16 bytes at a time (a fixed-size copy: no call to memcpy),
+ * which needs 16 bytes of slack past the end of the output. */
+typedef struct {
+    const char *buf;
+    Py_ssize_t len;
+    char padded[16];
+} piece;
+
+static void
+piece_of(piece *p, const Py_buffer *b)
+{
+    p->buf = b->buf;
+    p->len = b->len;
+    memset(p->padded, 0, 16);
+    if (p->len <= 16)
+        memcpy(p->padded, p->buf, (size_t)p->len);
+}
+
+static inline char *
+put_piece(char *w, const piece *p)
+{
+    if (p->len <= 16)
+        memcpy(w, p->padded, 16);
+    else
+        memcpy(w, p->buf, (size_t)p->len);
+    return w + p->len;
+}
+
 /* join_rows(data, offsets, values, head, mid, tail, sep): the bytes of n rows
  * head + item i + mid + values[i] in decimal + tail, separated by sep, where item i is
  * data[offsets[i]:offsets[i + 1]] (offsets uint32 or int64: the release formatters'
@@ -947,45 +1023,36 @@ join_rows(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    /* 20: the longest int64 in decimal, with its sign */
+    /* 20: the longest int64 in decimal, with its sign; 16: the slack of 16-byte copies */
     double need = (double)(OFF(off, n) - OFF(off, 0)) +
-                  (double)n * (double)(head.len + mid.len + tail.len + 20 + sep.len);
+                  (double)n * (double)(head.len + mid.len + tail.len + 20 + sep.len) + 16.0;
     if (need > (double)(PY_SSIZE_T_MAX / 2)) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t cap = (Py_ssize_t)need;
-    out = PyBytes_FromStringAndSize(NULL, cap);
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)need);
     if (out == NULL)
         goto done;
     char *w = PyBytes_AS_STRING(out);
     const char *src = d.buf;
+    piece ph, pm, pt, ps;
+    piece_of(&ph, &head);
+    piece_of(&pm, &mid);
+    piece_of(&pt, &tail);
+    piece_of(&ps, &sep);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i) {
-            memcpy(w, sep.buf, sep.len);
-            w += sep.len;
-        }
-        memcpy(w, head.buf, head.len);
-        w += head.len;
+        if (i)
+            w = put_piece(w, &ps);
+        w = put_piece(w, &ph);
         int64_t a = OFF(off, i), len = OFF(off, i + 1) - a;
-        memcpy(w, src + a, (size_t)len);
+        if (len <= 16 && a + 16 <= d.len)
+            memcpy(w, src + a, 16); /* within the data; the bytes past len are overwritten */
+        else
+            memcpy(w, src + a, (size_t)len);
         w += len;
-        memcpy(w, mid.buf, mid.len);
-        w += mid.len;
-        char digits[20];
-        int k = 0;
-        int64_t x = val[i];
-        uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-        do {
-            digits[k++] = (char)('0' + (int)(u % 10));
-            u /= 10;
-        } while (u);
-        if (x < 0)
-            *w++ = '-';
-        while (k)
-            *w++ = digits[--k];
-        memcpy(w, tail.buf, tail.len);
-        w += tail.len;
+        w = put_piece(w, &pm);
+        w = put_int64(w, val[i]);
+        w = put_piece(w, &pt);
     }
     _PyBytes_Resize(&out, w - PyBytes_AS_STRING(out));
 done:
