@@ -432,10 +432,16 @@ def test_join_rows_against_python():
         )
         for off in (offsets, offsets.astype(np.uint32)):
             assert _loops.join_rows(data, off, values, head, mid, tail, sep) == want
+        # a release's own start and end, written around the rows
+        for first, last in ((b"{", b"}\n"), (long, b""), (b"", long[:3])):
+            got = _loops.join_rows(data, offsets, values, head, mid, tail, sep, first, last)
+            assert got == first + want + last
     assert (
         _loops.join_rows(b"", np.zeros(1, np.int64), np.zeros(0, np.int64), b"h", b"m", b"t", b",")
         == b""
     )
+    no_rows = (b"", np.zeros(1, np.int64), np.zeros(0, np.int64), b"h", b"m", b"t", b",")
+    assert _loops.join_rows(*no_rows, b"[", b"]") == b"[]"
     bad = [
         (offsets[:-1], values),  # one offset short
         (np.array([0, 5, 3], np.int64), values[:2]),  # decreasing

@@ -981,17 +981,18 @@ put_piece(char *w, const piece *p)
     return w + p->len;
 }
 
-/* join_rows(data, offsets, values, head, mid, tail, sep): the bytes of n rows
- * head + item i + mid + values[i] in decimal + tail, separated by sep, where item i is
- * data[offsets[i]:offsets[i + 1]] (offsets uint32 or int64: the release formatters'
- * rows of integer counts, with the items' text encoded once) */
+/* join_rows(data, offsets, values, head, mid, tail, sep[, first, last]): the bytes of
+ * first + the n rows head + item i + mid + values[i] in decimal + tail, separated by
+ * sep + last, where item i is data[offsets[i]:offsets[i + 1]] (offsets uint32 or int64:
+ * the release formatters' rows of integer counts, with the items' text encoded once;
+ * first and last, a release's own start and end, written in place: no copy of the rows) */
 static PyObject *
 join_rows(PyObject *self, PyObject *args)
 {
     PyObject *data, *offsets, *values;
-    Py_buffer head, mid, tail, sep;
-    if (!PyArg_ParseTuple(args, "OOOy*y*y*y*", &data, &offsets, &values, &head, &mid, &tail,
-                          &sep))
+    Py_buffer head, mid, tail, sep, first = {0}, last = {0};
+    if (!PyArg_ParseTuple(args, "OOOy*y*y*y*|y*y*", &data, &offsets, &values, &head, &mid,
+                          &tail, &sep, &first, &last))
         return NULL;
     PyObject *out = NULL;
     Py_buffer d, o, v;
@@ -1025,7 +1026,8 @@ join_rows(PyObject *self, PyObject *args)
     }
     /* 20: the longest int64 in decimal, with its sign; 16: the slack of 16-byte copies */
     double need = (double)(OFF(off, n) - OFF(off, 0)) +
-                  (double)n * (double)(head.len + mid.len + tail.len + 20 + sep.len) + 16.0;
+                  (double)n * (double)(head.len + mid.len + tail.len + 20 + sep.len) + 16.0 +
+                  (double)first.len + (double)last.len;
     if (need > (double)(PY_SSIZE_T_MAX / 2)) {
         PyErr_NoMemory();
         goto done;
@@ -1040,6 +1042,10 @@ join_rows(PyObject *self, PyObject *args)
     piece_of(&pm, &mid);
     piece_of(&pt, &tail);
     piece_of(&ps, &sep);
+    if (first.len) {
+        memcpy(w, first.buf, (size_t)first.len);
+        w += first.len;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i)
             w = put_piece(w, &ps);
@@ -1054,6 +1060,10 @@ join_rows(PyObject *self, PyObject *args)
         w = put_int64(w, val[i]);
         w = put_piece(w, &pt);
     }
+    if (last.len) {
+        memcpy(w, last.buf, (size_t)last.len);
+        w += last.len;
+    }
     _PyBytes_Resize(&out, w - PyBytes_AS_STRING(out));
 done:
     if (got > 2)
@@ -1066,6 +1076,10 @@ done:
     PyBuffer_Release(&mid);
     PyBuffer_Release(&tail);
     PyBuffer_Release(&sep);
+    if (first.obj != NULL)
+        PyBuffer_Release(&first);
+    if (last.obj != NULL)
+        PyBuffer_Release(&last);
     return out;
 }
 
@@ -2097,7 +2111,7 @@ static PyMethodDef methods[] = {
      "Whether a sequence starts with the table's items, in order."},
     {"item_strings", item_strings, METH_VARARGS, "Stored items at positions, as str."},
     {"join_rows", join_rows, METH_VARARGS,
-     "Rows head + item + mid + integer + tail, joined by sep, as bytes."},
+     "first + rows head + item + mid + integer + tail, joined by sep, + last, as bytes."},
     {"set_ndtri", set_ndtri, METH_O, "Use SciPy's ndtri (a cython_special capsule) in C."},
     {"ndtri_into", ndtri_into, METH_VARARGS, "out[i] = ndtri(p[i]) through the ndtri set."},
     {"ziggurat_restarts", ziggurat_restarts, METH_VARARGS,

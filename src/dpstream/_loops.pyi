@@ -48,6 +48,8 @@ def join_rows(
     mid: Buffer,
     tail: Buffer,
     sep: Buffer,
+    first: Buffer = ...,
+    last: Buffer = ...,
     /,
 ) -> bytes: ...
 def set_ndtri(capsule: object, /) -> None: ...

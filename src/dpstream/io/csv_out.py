@@ -78,12 +78,13 @@ class CsvFormatter(Formatter):
                 b",",
                 f",{std_text}".encode(),
                 b"\n",
+                last=b"\n",
             )
             if self.round_counts
             else None
         )
         if rows is not None:
-            return rows + b"\n"
+            return rows
         vals = value_text(release, self.round_counts)
         if vals is None:
             return None

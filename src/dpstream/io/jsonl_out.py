@@ -54,9 +54,19 @@ class JsonlFormatter(Formatter):
 
         tail = "}" + meta_text(release)
         head = f'{{"t": {int(release.t)}, "released": {{'
-        body = int_rows(self._keys, release, b"", b": ", b"", b", ") if self.round_counts else None
-        if body is not None:
-            return head.encode() + body + (tail + "}\n").encode("utf-8")
+        if self.round_counts:
+            whole = int_rows(
+                self._keys,
+                release,
+                b"",
+                b": ",
+                b"",
+                b", ",
+                first=head.encode(),
+                last=(tail + "}\n").encode("utf-8"),
+            )
+            if whole is not None:
+                return whole
         vals = value_text(release, self.round_counts)
         if vals is None:
             return None
@@ -65,15 +75,19 @@ class JsonlFormatter(Formatter):
 
     def _format_rows(self, release: Release) -> bytes:
         if self.round_counts and len(release.values):
-            pairs = plain_int_rows(
-                release.items, release.values, JSON_SPECIAL_BYTES, b'"', b'": ', b"", b", "
+            whole = plain_int_rows(
+                release.items,
+                release.values,
+                JSON_SPECIAL_BYTES,
+                b'"',
+                b'": ',
+                b"",
+                b", ",
+                first=f'{{"t": {int(release.t)}, "released": {{'.encode(),
+                last=("}" + meta_text(release) + "}\n").encode("utf-8"),
             )
-            if pairs is not None:
-                return (
-                    f'{{"t": {int(release.t)}, "released": {{'.encode()
-                    + pairs
-                    + ("}" + meta_text(release) + "}\n").encode("utf-8")
-                )
+            if whole is not None:
+                return whole
         return self._format_dict(release)
 
     def _format_dict(self, release: Release) -> bytes:
@@ -147,12 +161,20 @@ class JsonlLongFormatter(Formatter):
         )
         tail = f', "noise_std": {json.dumps(std)}{clock}}}'
         joined = (
-            int_rows(self._keys, release, head.encode(), b', "value": ', tail.encode(), b"\n")
+            int_rows(
+                self._keys,
+                release,
+                head.encode(),
+                b', "value": ',
+                tail.encode(),
+                b"\n",
+                last=b"\n",
+            )
             if self.round_counts
             else None
         )
         if joined is not None:
-            return joined + b"\n"
+            return joined
         vals = value_text(release, self.round_counts)
         if vals is None:
             return None

@@ -183,13 +183,25 @@ def join_text(pieces: Any, sep: str) -> str:
 
 
 def int_rows(
-    text: ItemText, release: Release, head: bytes, mid: bytes, tail: bytes, sep: bytes
+    text: ItemText,
+    release: Release,
+    head: bytes,
+    mid: bytes,
+    tail: bytes,
+    sep: bytes,
+    *,
+    first: bytes = b"",
+    last: bytes = b"",
 ) -> bytes | None:
-    """The rows ``head + item text + mid + rounded value + tail`` of a release, joined
-    by ``sep`` in one C pass (the items' text from ``text``, encoded once for a known
-    domain); None without the C loops or when a value is not finite (the callers'
-    other paths decide). The same bytes as Arrow's kernels: integers in decimal."""
-    return _join_int_rows(release.values, lambda: text.raw(release.items), head, mid, tail, sep)
+    """``first``, the rows ``head + item text + mid + rounded value + tail`` of a release
+    joined by ``sep``, and ``last``, in one C pass (the items' text from ``text``,
+    encoded once for a known domain; ``first`` and ``last`` written in place, so the
+    rows are not copied again to frame them); None without the C loops or when a value
+    is not finite (the callers' other paths decide). The same bytes as Arrow's kernels:
+    integers in decimal."""
+    return _join_int_rows(
+        release.values, lambda: text.raw(release.items), (head, mid, tail, sep, first, last)
+    )
 
 
 def plain_int_rows(
@@ -200,6 +212,9 @@ def plain_int_rows(
     mid: bytes,
     tail: bytes,
     sep: bytes,
+    *,
+    first: bytes = b"",
+    last: bytes = b"",
 ) -> bytes | None:
     """:func:`int_rows` for fresh ``str`` items that need no escaping (``special``, a
     compiled bytes pattern, finds none in their UTF-8), their text being the items
@@ -215,15 +230,13 @@ def plain_int_rows(
         np.cumsum(encoded[1], out=offsets[1:])
         return encoded[0], offsets
 
-    return _join_int_rows(values, text, head, mid, tail, sep)
+    return _join_int_rows(values, text, (head, mid, tail, sep, first, last))
 
 
-def _join_int_rows(
-    values: Any, text: Any, head: bytes, mid: bytes, tail: bytes, sep: bytes
-) -> bytes | None:
+def _join_int_rows(values: Any, text: Any, pieces: tuple[bytes, ...]) -> bytes | None:
     """The C joiner over ``text()`` (the items' UTF-8 and offsets, or None) and the
-    rounded values; None without the C loops, for a value that is not finite, or
-    when ``text()`` gives none."""
+    rounded values, with ``pieces`` (head, mid, tail, sep, first, last); None without
+    the C loops, for a value that is not finite, or when ``text()`` gives none."""
     loops = compiled.loops()
     values = np.asarray(values, dtype=np.float64)
     if loops is None or not np.isfinite(values).all():
@@ -231,7 +244,7 @@ def _join_int_rows(
     got = text()
     if got is None:
         return None
-    return loops.join_rows(got[0], got[1], np.rint(values).astype(np.int64), head, mid, tail, sep)
+    return loops.join_rows(got[0], got[1], np.rint(values).astype(np.int64), *pieces)
 
 
 _STR_ONLY = frozenset((str,))
