@@ -326,10 +326,12 @@ def test_a_compression_the_local_engine_does_not_inflate_is_refused(spark, tmp_p
     are (invalid lines): the two engines would see different events."""
     import bz2
 
-    path = tmp_path / "events.jsonl.bz2"
-    path.write_bytes(bz2.compress(b'{"t": 1, "items": ["a"]}\n'))
-    with pytest.raises(ValueError, match="compressed otherwise"):
-        read_events_jsonl(spark, str(path))
+    for name in ("events.jsonl.bz2", "events.jsonl.BZ2"):  # Hadoop's codecs ignore case
+        path = tmp_path / name
+        path.write_bytes(bz2.compress(b'{"t": 1, "items": ["a"]}\n'))
+        with pytest.raises(ValueError, match="compressed otherwise"):
+            read_events_jsonl(spark, str(path))
+        path.unlink()
 
 
 @pytest.mark.parametrize("field", ["T", "Items", "ITEMS"])
@@ -373,6 +375,8 @@ def test_workers_with_the_drivers_zone_rules_date_events_as_the_local_reader(
     path = tmp_path / "days.jsonl"
     _days(path)
     assert zone_rules(PARIS_DAYS, 40) is not None  # the check runs
+    with pytest.raises(ValueError, match="needs through="):  # it cannot be left out
+        read_events_jsonl(spark, str(path), time_field="ts", clock=PARIS_DAYS)
     got = _spark(spark, path, time_field="ts", clock=PARIS_DAYS, through=40)
     want = _local([path], time_field="ts", clock=PARIS_DAYS)
     assert got == want
@@ -417,3 +421,101 @@ def test_a_worker_with_other_zone_rules_is_refused_before_writing(tmp_path) -> N
     assert last.startswith("dpstream: error: this Spark worker's time zone database"), last
     assert "steps 1 to 40 of the time zone Europe/Paris" in last
     assert not out.exists()
+
+
+def test_glob_characters_in_an_input_name_are_the_names_own(spark, tmp_path) -> None:
+    """Review finding: Spark took ``--input day[1].jsonl`` as a Hadoop glob and read
+    ``day1.jsonl`` instead (and ``{a,b}`` as two folders); the local engine reads the
+    file it is named. Now the name is escaped: the same records on both engines."""
+    literal = tmp_path / "day[1].jsonl"
+    _write(literal, [b'{"t": 1, "items": ["named"]}'])
+    _write(tmp_path / "day1.jsonl", [b'{"t": 1, "items": ["other"]}'] * 2)
+    assert _spark(spark, literal) == _local([literal]) == {1: (1, ("named",), None, None)}
+    folder = tmp_path / "in{a,b}*"
+    folder.mkdir()
+    _write(folder / "x.jsonl", [b'{"t": 2, "items": ["d"]}'])
+    assert _spark(spark, folder) == _local([folder / "x.jsonl"])
+
+
+def test_an_upper_case_gz_is_inflated_by_both_engines(spark, tmp_path) -> None:
+    """Review finding: Hadoop inflates ``.GZ`` (its codecs ignore case) while the local
+    engine read its bytes as lines; both inflate it now."""
+    import gzip
+
+    path = tmp_path / "events.jsonl.GZ"
+    path.write_bytes(gzip.compress(b'{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n'))
+    want = {1: (1, ("a",), None, None), 2: (2, ("b",), None, None)}
+    assert _local([path]) == want
+    assert _spark(spark, path) == want
+
+
+def test_a_truncated_gz_stops_the_read_whatever_the_session_ignores(
+    spark, tmp_path, capsys
+) -> None:
+    """Review finding: with ``spark.sql.files.ignoreCorruptFiles`` on in the operator's
+    configuration, Spark released the events before the damage of a truncated ``.gz``,
+    which the local engine refuses. The engine's reads now fail on it in any case."""
+    import gzip
+
+    data = gzip.compress(b"".join(b'{"t": 1, "items": ["a%d"]}\n' % i for i in range(5000)))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        _local([path])
+    spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
+    try:
+        with pytest.raises(Exception, match="(?i)unexpected end|EOF|corrupt|FAILED_READ"):
+            read_events_jsonl(spark, str(path)).count()
+    finally:
+        spark.conf.unset("spark.sql.files.ignoreCorruptFiles")
+    # the command says so in one line (it was Spark's stack of traces)
+    from dpstream import cli
+
+    fixed_key("spark-cut").save(tmp_path / "k.key")
+    out = tmp_path / "out"
+    capsys.readouterr()
+    args = ["run", "-m", "unknown", "-T", "4", "--max-items", "1", "--rho", "1"]
+    args += ["--threshold-delta", "1e-3", "--key-file", str(tmp_path / "k.key")]
+    args += ["-i", str(path), "-o", str(out), "--engine", "spark", "--master", "local[2]"]
+    assert cli.main([*args, *own_ledger(out)]) != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("dpstream: error: input ") and "truncated or corrupt" in last, last
+    assert not out.exists()
+
+
+def test_too_many_invalid_records_are_refused_as_on_the_local_engine(
+    spark, tmp_path, capsys
+) -> None:
+    """Review finding: the Spark engine never applied ``--max-invalid`` (5% by default):
+    an input mostly past the horizon, say, was released with its few valid events.
+    Now it counts the invalid records by cause as the local engine does, and refuses
+    with the same message, before anything is written; a larger ``--max-invalid``
+    lets both release."""
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-guard").save(key)
+    inp = tmp_path / "in.jsonl"
+    lines = [b'{"t": 1, "items": ["a"]}', b'{"t": 2, "items": ["a", "b"]}', b"{"]
+    lines += [b'{"t": 50, "items": ["a"]}', b'{"t": 3, "items": ["a", "b", "c", "d"]}']
+    lines += [b'{"t": 12, "items": ["a"]}']  # after --until 10: a later run's, not counted
+    _write(inp, lines)
+    common = ["run", "-m", "unknown", "-T", "20", "--until", "10", "--max-items", "3"]
+    common += ["--rho", "2", "--threshold-delta", "1e-3", "--key-file", str(key), "-i", str(inp)]
+    on_spark = ["--engine", "spark", "--master", "local[2]"]
+
+    def refusal(out: Path, *extra: str) -> str:
+        capsys.readouterr()
+        assert cli.main([*common, *extra, "-o", str(out), *own_ledger(out)]) != 0
+        assert not out.exists()
+        return next(x for x in capsys.readouterr().err.splitlines() if "are invalid" in x)
+
+    local = refusal(tmp_path / "local.csv")
+    assert "3 of 5 input records (60.0%) are invalid" in local
+    assert "1 more are for steps after --until 10" in local
+    assert refusal(tmp_path / "spark", *on_spark) == local
+    for out, engine in ((tmp_path / "l2.csv", []), (tmp_path / "s2", on_spark)):
+        assert (
+            cli.main([*common, "--max-invalid", "60%", *engine, "-o", str(out), *own_ledger(out)])
+            == 0
+        )

@@ -81,7 +81,7 @@ _ENCODING: _TextDecoding = dict(encoding="utf-8-sig", errors="surrogateescape")
 
 
 def open_input(path: str) -> TextIO:
-    """A text stream for ``path``: ``-`` is stdin, ``*.gz`` is decompressed.
+    """A text stream for ``path``: ``-`` is stdin, ``*.gz`` (``.GZ``...) is decompressed.
 
     The text is UTF-8 with an optional byte-order mark; invalid bytes are kept
     as lone surrogates (``surrogateescape``) so that the parsers can reject
@@ -92,7 +92,7 @@ def open_input(path: str) -> TextIO:
         if buffer is None:
             return sys.stdin
         return io.TextIOWrapper(buffer, newline="", **_ENCODING)
-    if str(path).endswith(".gz"):
+    if str(path).lower().endswith(".gz"):  # any case, as Hadoop's codecs (--engine spark)
         return gzip.open(path, "rt", newline="", **_ENCODING)
     return open(path, newline="", **_ENCODING)  # noqa: SIM115 - caller closes
 

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import DPStreamError
-from .settings import parse_share, reason_key
+from .settings import REASON_KEYS, parse_share
 
 if TYPE_CHECKING:
     from .config import RunConfig
 
 _INT64_MAX = (1 << 63) - 1
 
-__all__ = ["InvalidTally", "TooManyInvalidError", "check_invalid_share"]
+__all__ = ["CAUSE_WORDS", "InvalidTally", "TooManyInvalidError", "check_invalid_share"]
 
 
 class TooManyInvalidError(DPStreamError):
@@ -124,13 +124,21 @@ class InvalidTally:
             self.add("more than --max-items", "", int(np.count_nonzero(over)))
 
 
+#: (words in a reader's message, the cause they name), tried in this order; a message
+#: with none of them is "malformed" (the Spark engine tallies its records by these too).
+CAUSE_WORDS: tuple[tuple[str, str], ...] = (
+    ("(--time-field)", "no time field"),
+    ("needs a time step", "no t"),
+    *((key, key) for key in REASON_KEYS),
+)
+
+
 def _cause(message: str) -> str:
     """The cause of a reader's message (a finer key than the summary's reasons)."""
-    if "(--time-field)" in message:
-        return "no time field"
-    if "needs a time step" in message:
-        return "no t"
-    return reason_key(message)
+    for words, cause in CAUSE_WORDS:
+        if words in message:
+            return cause
+    return "malformed"
 
 
 def _phrase(cause: str, cfg: RunConfig) -> str:

@@ -75,20 +75,24 @@ def clock_from_options(opts: Mapping[str, Any]) -> Any:
         raise ValueError(f"--start/--step/--lateness: {exc}") from None
 
 
+#: The words that name why a record is invalid, in the order a message is tried for them.
+REASON_KEYS = (
+    "late event",
+    "past the horizon",
+    "after --until",
+    "before --start",
+    "timestamp",
+    "user id",
+    "not in the domain",
+    "more than --max-items",
+    "not valid JSON",
+    "time order",
+    "not valid UTF-8",
+)
+
+
 def reason_key(problem: str) -> str:
-    for key in (
-        "late event",
-        "past the horizon",
-        "after --until",
-        "before --start",
-        "timestamp",
-        "user id",
-        "not in the domain",
-        "more than --max-items",
-        "not valid JSON",
-        "time order",
-        "not valid UTF-8",
-    ):
+    for key in REASON_KEYS:
         if key in problem:
             return key
     return "malformed"

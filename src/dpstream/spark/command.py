@@ -26,6 +26,7 @@ not fit a line.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from ..mechanisms.counters import counter_with_buffers
 from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
+from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share
 from .events import read_events_jsonl, read_events_parquet
 from .order import split_shifts, with_pos
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
@@ -174,8 +176,10 @@ def run_cli(
             the domain or a step past the horizon (the job stops).
     """
     started = time.monotonic()
-    if isinstance(opts, RunConfig):
-        opts = opts.options()
+    # the options by name as given (a mapping's missing options are None, as before);
+    # the config for the invalid-records guard
+    cfg = opts if isinstance(opts, RunConfig) else _config(opts)
+    opts = opts.options() if isinstance(opts, RunConfig) else opts
     job = _job(opts, key)
     if spark is None:
         spark = start_session(master)
@@ -183,7 +187,7 @@ def run_cli(
     source = _parsed(spark, opts, job)
     checked = released = None
     try:
-        events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech)
+        events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech, cfg)
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
@@ -228,6 +232,14 @@ def _cached_plans_coalesced(spark: SparkSession) -> Iterator[None]:
             spark.conf.unset(_COALESCE_CACHED)
         else:
             spark.conf.set(_COALESCE_CACHED, old)
+
+
+def _config(opts: Mapping[str, Any]) -> RunConfig:
+    """A run's config from its options by name (the API's form of :func:`run_cli`;
+    names that are not settings are left out, as the job reads none of them)."""
+    names = set(RunConfig().field_names())
+    given = {k: v for k, v in opts.items() if k in names and v is not None}
+    return RunConfig(**{**given, "clock": _clock(opts)})
 
 
 def _clock(opts: Mapping[str, Any]) -> Any:
@@ -298,7 +310,7 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
         table, splits = split_shifts(rows, job.inp, **_fact_columns(job, "_row"))
     except BaseException as exc:
         rows.unpersist()
-        _refuse_zone_rules(exc)
+        _refuse_plainly(exc, job.inp)
         raise
     shift = {(f, b): d for f, b, d in table}
     firsts = [
@@ -307,7 +319,9 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
         if s["first_bad"] is not None
     ]
     facts: dict[str, Any] = {
-        name: sum(int(s[name]) for s in splits) for name in ("events", "bad", "invalid")
+        name: sum(int(s[name]) for s in splits)
+        for name in _fact_columns(job, "_row")
+        if name != "first_bad"
     }
     facts["first_bad"] = min(firsts) if firsts else None
     records = with_pos(spark, rows, table).select("pos", "t", "items", "error", "user")
@@ -315,13 +329,24 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
     return _Input(records, rows, facts, unnumbered)
 
 
-def _refuse_zone_rules(exc: BaseException) -> None:
-    """Say a worker's zone database refusal (:func:`dpstream.spark.read_jsonl.zone_rules`)
-    as a plain error, not as Spark's stack of traces."""
+def _refuse_plainly(exc: BaseException, inp: str) -> None:
+    """Say, as one line and not as Spark's stack of traces, why the read failed when it
+    is the input's or a worker's doing: a worker's zone database refusal
+    (:func:`dpstream.spark.read_jsonl.zone_rules`), or a file Spark could not read
+    (a truncated or corrupt ``.gz``, which the local engine refuses too)."""
     text = str(exc)
     at = text.find(ZONE_RULES_MISMATCH)
     if at >= 0:
         raise DPStreamError(text[at:].splitlines()[0].strip()) from None
+    if "FAILED_READ_FILE" in text:
+        cause = re.search(r"Caused by: ([^\n]+)", text)
+        where = re.search(r"while reading file (\S+?)\.?\s", text)
+        raise DPStreamError(
+            f"input {inp!r}: Spark could not read "
+            f"{where.group(1) if where else 'a file of it'}, truncated or corrupt "
+            f"({cause.group(1).strip() if cause else 'no cause given'}); the local "
+            "engine refuses it too"
+        ) from None
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
@@ -481,15 +506,74 @@ def _plain_invalid(job: _Job) -> Column:
 def _fact_columns(job: _Job, order: str) -> dict[str, Column]:
     """The counts the checks need, as aggregates over parsed records: ``events`` (no
     parse error), ``bad`` (a parse error), ``first_bad`` (the least ``order`` of one)
-    and ``invalid`` (events :func:`_plain_invalid` flags)."""
+    and ``invalid`` (events :func:`_plain_invalid` flags); and for the guard
+    (:func:`_check_invalid_share`), as the local engine tallies them, each record
+    once: ``cause ...`` (the parse errors of each cause), ``past`` (events past the
+    horizon), ``later`` (events of steps after ``--until``, a later run's), ``null
+    item`` (events of the run with a null item) and ``over`` (the others with more
+    than ``--max-items`` items)."""
     event = F.col("error").isNull()
     bad = F.col("error") != ""
+    limit = MAX_BLT_HORIZON if job.horizon is None else job.horizon
+    in_run = event & (F.col("t") <= job.until)
+    null_item = F.exists("items", lambda x: x.isNull())  # a reader's error, locally
+    cause = _cause_column()
     return {
         "events": F.count(F.when(event, 1)),
         "bad": F.count(F.when(bad, 1)),
         "first_bad": F.min(F.when(bad, F.col(order))),
         "invalid": F.count(F.when(event & _plain_invalid(job), 1)),
+        **{
+            f"cause {name}": F.count(F.when(bad & (cause == name), 1))
+            for name in (*dict(CAUSE_WORDS).values(), "malformed")
+        },
+        "null item": F.count(F.when(in_run & null_item, 1)),
+        "past": F.count(F.when(event & (F.col("t") > limit), 1)),
+        "later": F.count(F.when(event & (F.col("t") > job.until) & (F.col("t") <= limit), 1)),
+        "over": F.count(F.when(in_run & ~null_item & _over(job), 1)),
     }
+
+
+def _over(job: _Job) -> Column:
+    """An event with more than ``--max-items`` distinct items (never, without a bound)."""
+    max_items = job.common["max_items"]
+    if max_items is None:
+        return F.lit(False)
+    return F.size(F.array_distinct("items")) > max_items
+
+
+def _cause_column() -> Column:
+    """A parse error's cause, as the local guard names it from the same message
+    (:data:`dpstream.run.guard.CAUSE_WORDS`: the first words found decide)."""
+    cause = F.lit("malformed")
+    for words, name in reversed(CAUSE_WORDS):
+        cause = F.when(F.col("error").contains(words), F.lit(name)).otherwise(cause)
+    return cause
+
+
+def _check_invalid_share(
+    facts: Mapping[str, Any],
+    cfg: RunConfig,
+    job: _Job,
+    outside: int | None = None,
+    over: int | None = None,
+) -> None:
+    """The local engine's guard (:func:`dpstream.run.guard.check_invalid_share`) over
+    the Spark run's counts: more than ``--max-invalid`` of the records invalid, and
+    nothing is written. With a domain check, ``outside`` counts the events of the run
+    with an item outside the domain and ``over`` the others with too many items (the
+    local engine counts the domain first); else ``facts["over"]``."""
+    tally = InvalidTally()
+    tally.records = int(facts["events"]) + int(facts["bad"]) - int(facts["later"])
+    tally.later = int(facts["later"])
+    for name in (*dict(CAUSE_WORDS).values(), "malformed"):
+        tally.add(name, "", int(facts[f"cause {name}"]))
+    tally.add("malformed", "", int(facts["null item"]))
+    tally.add("past", "", int(facts["past"]))
+    if outside is not None:
+        tally.add("not in the domain", "", outside)
+    tally.add("more than --max-items", "", int(facts["over"] if over is None else over))
+    check_invalid_share(tally, cfg.with_options(until=job.until))
 
 
 def _facts(parsed: DataFrame, job: _Job) -> dict[str, Any]:
@@ -499,12 +583,13 @@ def _facts(parsed: DataFrame, job: _Job) -> dict[str, Any]:
 
 
 def _valid_events(
-    source: _Input, job: _Job, domain_df: DataFrame | None, mech: Any
+    source: _Input, job: _Job, domain_df: DataFrame | None, mech: Any, cfg: RunConfig
 ) -> tuple[DataFrame, DataFrame | None, int, int]:
     """The valid events (t, items, pos, user; ``pos`` null when nothing reads it), the
     cached frame they come from (None: the input's), and the counts of events and of
     invalid records skipped; with ``--on-invalid error``, the first invalid record
-    stops the job before anything is written."""
+    stops the job before anything is written, and with ``--on-invalid skip`` more than
+    ``--max-invalid`` of the records invalid does (:func:`_check_invalid_share`)."""
     parsed = source.records
     facts = source.facts if source.facts is not None else _facts(parsed, job)
     skipped = 0
@@ -520,12 +605,28 @@ def _valid_events(
     events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
     checked = None
     if domain_df is None or job.policy != "skip":
+        if job.policy == "skip":
+            _check_invalid_share(facts, cfg, job)
         n_invalid = int(facts["invalid"])
         valid = events.where(~_plain_invalid(job))
     else:
         events, invalid = _invalid_rule(events, job, domain_df)
         checked = events.withColumn("_invalid", invalid).cache()
-        n_invalid = checked.where(F.col("_invalid")).count()
+        in_run = (F.col("t") <= job.until) & ~F.exists("items", lambda x: x.isNull())
+        counts = _first_row(
+            checked.agg(
+                F.count(F.when(F.col("_invalid"), 1)).alias("invalid"),
+                F.count(F.when(in_run & F.col("_outside"), 1)).alias("outside"),
+                F.count(F.when(in_run & ~F.col("_outside") & _over(job), 1)).alias("over"),
+            )
+        )
+        n_invalid = int(counts["invalid"])
+        if job.policy == "skip":
+            try:
+                _check_invalid_share(facts, cfg, job, int(counts["outside"]), int(counts["over"]))
+            except BaseException:
+                checked.unpersist()
+                raise
         valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
     if n_invalid and job.policy == "error":
         if checked is not None:

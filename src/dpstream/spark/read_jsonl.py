@@ -33,6 +33,7 @@ from ..io.chunks import INT64_MAX
 from ..io.jsonl import _FAST_MAX_BRACKETS, _FAST_MAX_CHARS, parse_jsonl_line
 from ..io.records import valid_text
 from .order import numbered, split_marks
+from .paths import literal_path, strict_reader
 
 _orjson: Any
 try:  # the parser the local engine tries first (a dependency)
@@ -69,11 +70,13 @@ EVENT_SCHEMA = T.StructType(
 )
 
 #: Compressed files Spark's text reader inflates but the local engine reads as they are
-#: (it inflates ``.gz`` only): refused, so that both engines read the same lines.
+#: (it inflates ``.gz`` only, in any case): refused, so that both engines read the same
+#: lines. Where Spark runs on a JVM, Hadoop's own codec lookup is asked instead, which
+#: also knows the codecs an operator registers (``io.compression.codecs``).
 _OTHER_CODECS = (".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate", ".br")
 
 
-def _check_files(path: str, files: list[str]) -> None:
+def _check_files(spark: SparkSession, path: str, files: list[str]) -> None:
     """Refuse an input Spark would read differently from the local engine: no file at
     all (Spark skips names that begin with ``_`` or ``.`` even when given by name, and
     subfolders that are not ``key=value`` partitions), or a compression the local
@@ -84,12 +87,31 @@ def _check_files(path: str, files: list[str]) -> None:
             "names begin with '_' or '.' and subfolders that are not key=value "
             "partitions; rename the input or run it on the local engine"
         )
-    other = [f for f in files if f.lower().endswith(_OTHER_CODECS)]
+    other = [f for f in files if _compressed_otherwise(spark, f)]
     if other:
         raise ValueError(
             f"--engine spark reads plain or .gz JSON Lines, as the local engine does; "
             f"{other[0]!r} is compressed otherwise: decompress it (or use gzip)"
         )
+
+
+def _compressed_otherwise(spark: SparkSession, uri: str) -> bool:
+    """Whether Spark would inflate ``uri`` with a codec other than gzip: by Hadoop's
+    codec lookup (its suffixes, in any case, and the codecs the configuration
+    registers), or by :data:`_OTHER_CODECS` where there is no JVM (Spark Connect)."""
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        factory = jvm.org.apache.hadoop.io.compress.CompressionCodecFactory(
+            spark.sparkContext._jsc.hadoopConfiguration()
+        )
+        codec = factory.getCodec(jvm.org.apache.hadoop.fs.Path(uri))
+    except Exception:  # no SparkContext (Spark Connect) or no JVM view
+        return uri.lower().endswith(_OTHER_CODECS)
+    return codec is not None and codec.getClass().getName() != _GZIP_CODEC
+
+
+#: Hadoop's gzip codec: the one compression both engines inflate.
+_GZIP_CODEC = "org.apache.hadoop.io.compress.GzipCodec"
 
 
 def read_events_jsonl(
@@ -115,7 +137,7 @@ def read_events_jsonl(
     event without a valid one is an error row). With ``through`` (the last step the
     run releases) and a clock whose steps follow a named zone's rules, every
     worker's time zone database must date steps 1..``through`` as the driver's does
-    (:func:`zone_rules`), or the job fails.
+    (:func:`zone_rules`), or the job fails; such a clock needs ``through``.
 
     One pass reads, parses and caches the lines with their splits
     (:mod:`dpstream.spark.order`); the line numbers are then found from that cache.
@@ -155,8 +177,8 @@ def parsed_lines(
     null with ``implicit``; :func:`read_events_jsonl` numbers them (and says what
     ``through`` checks)."""
     rules = zone_rules(clock, through)
-    text = spark.read.text(path)
-    _check_files(path, text.inputFiles())
+    text = strict_reader(spark).text(literal_path(path))
+    _check_files(spark, path, text.inputFiles())
     lines = split_marks(text).select(
         "_file", "_block", "_row", F.col("value").cast("binary").alias("value")
     )
@@ -191,10 +213,15 @@ def zone_rules(clock: Any, through: int | None) -> tuple[int, str] | None:
     rules than the driver's (another ``tzdata``, other system zone files), an event
     near a boundary would be counted in one step while the output dates that step by
     the driver's rules: the workers check this digest before they parse a line."""
-    if clock is None or through is None:
+    if clock is None or clock.zone_rules_digest(0) is None:
         return None
-    digest = clock.zone_rules_digest(through)
-    return None if digest is None else (through, digest)
+    if through is None:
+        raise ValueError(
+            f"a clock whose steps follow the time zone {clock.named_zone}'s rules needs "
+            "through= (the last step the run releases), so that the workers can check "
+            "their time zone database against the driver's"
+        )
+    return through, clock.zone_rules_digest(through)
 
 
 def _check_zone_rules(clock: Any, rules: tuple[int, str] | None) -> None:

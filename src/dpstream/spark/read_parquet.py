@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ..io.jsonl import parse_jsonl_line
+from .paths import literal_path, strict_reader
 from .read_jsonl import EVENT_SCHEMA
 
 try:
@@ -85,7 +86,7 @@ def read_events_parquet(
             if user_field is not None
             else F.lit(None).cast("string")
         )
-        table = spark.read.parquet(name)
+        table = strict_reader(spark).parquet(literal_path(name))
         if not table.inputFiles():  # Spark skips "_x" and ".x" even given by name
             raise ValueError(
                 f"--engine spark cannot read {name!r}: Spark skips files whose names "
