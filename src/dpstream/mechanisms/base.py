@@ -20,7 +20,7 @@ from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
-from .columns import check_grows
+from .columns import check_grows, domain_aggregate, is_frame
 from .truncation import keep_ranked, keyed_subset, truncation_source
 
 if TYPE_CHECKING:
@@ -334,14 +334,21 @@ def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
 
 
 def domain_counts(
-    counts: object, index: Mapping[Hashable, int] | ItemTable, previous: np.ndarray
+    counts: object,
+    index: Mapping[Hashable, int] | ItemTable,
+    previous: np.ndarray,
+    values: object = None,
 ) -> np.ndarray:
     """Aggregate-mode counts over a known domain, as an int64 array aligned with it.
 
     ``counts`` is a Mapping (missing items count 0) or an integer array aligned
-    with the domain; ``previous`` is the last prefix histogram, which may not
-    shrink.
+    with the domain; or the items, with their counts in ``values``, or a
+    pandas/polars/Arrow frame with columns ``item`` and ``count``
+    (:func:`~dpstream.mechanisms.columns.domain_aggregate`). ``previous`` is the
+    last prefix histogram, which may not shrink.
     """
+    if values is not None or is_frame(counts):
+        return domain_aggregate(counts, values, index, previous)
     n = len(previous)
     if isinstance(counts, Mapping):
         from .columns import lookup_all

@@ -35,6 +35,7 @@ __all__ = [
     "unit_bound",
     "user_guarantee",
     "bound_user_events",
+    "commit_user_events",
     "split_user_event",
 ]
 
@@ -417,3 +418,11 @@ def bound_user_events(
             "a list of pairs, not EventColumns (which hold no users)"
         )
     return users.bound(events, max_items, check)
+
+
+def commit_user_events(users: UserLevel | None, pending: Any) -> None:
+    """Commit the pending bounder change of :func:`bound_user_events` once the step is
+    released (``pending`` None: event level, nothing to commit)."""
+    if pending is not None:
+        assert users is not None  # (a pending change: user level)
+        users.commit(pending)
