@@ -504,11 +504,7 @@ class ColumnBounder:
                 keys = (index[pending.pair_user] << _SHIFT) | item_at[codes]
                 fresh = int(np.count_nonzero(pending.pair_before == 0))
                 self._store(keys, pending.pair_count, fresh)
-        s, p = self.stats, pending.stats
-        s.kept += p.kept
-        s.dropped += p.dropped
-        s.dropped_new_item += p.dropped_new_item
-        s.dropped_count += p.dropped_count
+        self.stats.add(pending.stats)
 
     def __repr__(self) -> str:
         b = self.bounds
