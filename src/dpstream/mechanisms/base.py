@@ -35,6 +35,7 @@ __all__ = [
     "config_tag",
     "check_key",
     "check_count_value",
+    "check_top_k",
     "check_count_array",
     "mapping_counts",
     "domain_counts",
@@ -186,6 +187,15 @@ def check_base(base: object, horizon: int) -> int:
 def check_max_items(max_items: object) -> int:
     """Delta0, the most items one event may hold."""
     return check_int("max_items", max_items, 1)
+
+
+def check_top_k(k: object, domain_size: int) -> int:
+    """k of a top-k over a domain of ``domain_size`` items: an int in 1..d."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 1 <= k <= domain_size:
+        raise ValueError(f"k must be in 1..{domain_size} (the domain size), got {k}")
+    return int(k)
 
 
 def check_key(key: object) -> NoiseKey:

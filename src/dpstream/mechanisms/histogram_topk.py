@@ -24,7 +24,7 @@ from scipy.special import ndtri
 from .. import compiled
 from ..noise import NoiseKey
 from ..words import plain_mechanism
-from .base import Release, check_in_domain, domain_items, take_items
+from .base import Release, check_in_domain, check_top_k, domain_items, take_items
 from .columns import EventColumns
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
@@ -103,11 +103,7 @@ class HistogramTopK:
             domain, horizon, max_items=max_items, key=key, **histogram
         )
         d = len(self.histogram.domain_index)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= d:
-            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
-        self.k = int(k)
+        self.k = check_top_k(k, d)
         h = self.histogram
         self.horizon, self.base, self.levels = h.horizon, h.base, h.levels
         self.counter, self.strategy, self.sigma = h.counter, h.strategy, h.sigma
@@ -241,11 +237,7 @@ class UnknownTopK:
 
         self._index = domain_table(domain_items(domain))
         d = len(self._index)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= d:
-            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
-        self.k = int(k)
+        self.k = check_top_k(k, d)
         self.histogram = UnknownDomainHistogram(horizon, max_items=max_items, key=key, **histogram)
         h = self.histogram
         self.horizon, self.base, self.levels = h.horizon, h.base, h.levels

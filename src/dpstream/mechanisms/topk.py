@@ -40,6 +40,7 @@ from .base import (
     check_key,
     check_next_step,
     check_stream_name,
+    check_top_k,
     config_tag,
     domain_counts,
     domain_items,
@@ -471,11 +472,7 @@ class ContinualTopK:
         # and a dict for other types), which finds a step's positions all at once
         self._index = domain_table(items)
         d = len(items)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= d:
-            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
-        self.k = int(k)
+        self.k = check_top_k(k, d)
         if isinstance(switches, bool) or not isinstance(switches, (int, np.integer)):
             raise TypeError(f"switches must be an int, got {type(switches).__name__}")
         if switches < 0:
