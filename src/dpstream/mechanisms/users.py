@@ -27,7 +27,7 @@ from ..privacy import PrivacyGuarantee
 from .base import check_max_items, normalise_event
 from .columns import _PLAIN, EventColumns, distinct_in_events
 from .item_table import TakenItems, take_at
-from .user_bounder import ColumnBounder
+from .user_bounder import ColumnBounder, kept_items
 
 __all__ = [
     "UserLevel",
@@ -264,13 +264,7 @@ class UserLevel:
             offsets,
             None,  # (each event's items made distinct above)
         )
-        flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
-        bounds = offsets.tolist()
-        kept = [
-            tuple(x for x in flat[a:b] if x is not None)
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
-        return kept, pending
+        return kept_items(names, codes, keep, offsets), pending
 
     def bound_columns(
         self,
