@@ -38,6 +38,16 @@ if TYPE_CHECKING:
 __all__ = ["HistogramTopK", "TopKChoice", "UnknownTopK", "choose_top_k", "top_k_errors"]
 
 
+def _top_release(rel: Release, values: np.ndarray, idx: np.ndarray | None) -> Release:
+    """A top-k list at step ``rel.t``: the items of ``rel`` at ``idx`` (largest first)
+    with their ``values``, or (``idx`` None) the empty list of status "not yet"."""
+    if idx is None:
+        return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
+    return Release(
+        t=rel.t, items=take_items(rel.items, idx), values=values[idx], meta={"status": "selected"}
+    )
+
+
 class HistogramTopK:
     """The top-k of KnownBase's noisy histogram at every step (post-processing).
 
@@ -173,14 +183,7 @@ class HistogramTopK:
         idx = compiled.top_k(values, self.k)
         if not self.started and values[idx[0]] > self.start_threshold_at(rel.t):
             self.started = True
-        if not self.started:
-            return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-        return Release(
-            t=rel.t,
-            items=take_items(rel.items, idx),
-            values=values[idx],
-            meta={"status": "selected"},
-        )
+        return _top_release(rel, values, idx if self.started else None)
 
     def __repr__(self) -> str:
         return (
@@ -309,16 +312,7 @@ class UnknownTopK:
     def _top(self, rel: Release) -> Release:
         values = np.asarray(rel.values, dtype=np.float64)
         n = values.shape[0]
-        if n == 0:
-            return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-        k = min(self.k, n)
-        idx = compiled.top_k(values, k)
-        return Release(
-            t=rel.t,
-            items=take_items(rel.items, idx),
-            values=values[idx],
-            meta={"status": "selected"},
-        )
+        return _top_release(rel, values, compiled.top_k(values, min(self.k, n)) if n else None)
 
     def __repr__(self) -> str:
         return (
