@@ -51,14 +51,30 @@ format_is(const Py_buffer *b, const char *accepted)
     return format_is_size(b, accepted, 8);
 }
 
+#define U64 "QL"
+#define U32 "IL"
+#define F64 "d"
+#define I64 "ql"
+
+/* An array argument of a loop: its name, whether it is written, and its item types:
+ * ``types`` (struct formats, see format_is_size) with 8-byte items, or ``narrow`` (if
+ * not NULL) with 4-byte items; ``types`` NULL: any contiguous buffer, read as bytes. */
+typedef struct {
+    const char *name, *types, *narrow;
+    int writable;
+} array_spec;
+
+/* a C-contiguous buffer of obj as spec says, or -1 (with an exception, nothing held) */
 static int
-get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char *name)
+get_spec(PyObject *obj, Py_buffer *b, const array_spec *spec)
 {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    int flags = PyBUF_C_CONTIGUOUS | (spec->types ? PyBUF_FORMAT : 0) |
+                (spec->writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, b, flags) < 0)
         return -1;
-    if (!format_is(b, accepted)) {
-        PyErr_Format(PyExc_TypeError, "%s: wrong item type (format %s)", name,
+    if (spec->types && !format_is(b, spec->types) &&
+        !(spec->narrow && format_is_size(b, spec->narrow, 4))) {
+        PyErr_Format(PyExc_TypeError, "%s: wrong item type (format %s)", spec->name,
                      b->format ? b->format : "B");
         PyBuffer_Release(b);
         return -1;
@@ -66,16 +82,13 @@ get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char 
     return 0;
 }
 
-#define U64 "QL"
-#define U32 "IL"
-#define F64 "d"
-#define I64 "ql"
-
-/* An array argument of a loop: its name, item types (see get) and whether it is written. */
-typedef struct {
-    const char *name, *types;
-    int writable;
-} array_spec;
+/* get_spec of an array of 8-byte items */
+static int
+get(PyObject *obj, Py_buffer *b, int writable, const char *accepted, const char *name)
+{
+    const array_spec spec = {name, accepted, NULL, writable};
+    return get_spec(obj, b, &spec);
+}
 
 static void
 release_arrays(Py_buffer *b, int got)
@@ -84,12 +97,12 @@ release_arrays(Py_buffer *b, int got)
         PyBuffer_Release(&b[i]);
 }
 
-/* get() for objs[0..n-1] by spec[0..n-1]; on failure releases what it took, -1 */
+/* get_spec for objs[0..n-1] by spec[0..n-1]; on failure releases what it took, -1 */
 static int
 get_arrays(PyObject **objs, Py_buffer *b, const array_spec *spec, int n)
 {
     for (int i = 0; i < n; i++)
-        if (get(objs[i], &b[i], spec[i].writable, spec[i].types, spec[i].name) < 0) {
+        if (get_spec(objs[i], &b[i], &spec[i]) < 0) {
             release_arrays(b, i);
             return -1;
         }
@@ -106,20 +119,14 @@ typedef struct {
 #define OFF(o, i) \
     ((o).wide ? ((const int64_t *)(o).p)[i] : (int64_t)((const uint32_t *)(o).p)[i])
 
-static int
-get_offsets(PyObject *obj, Py_buffer *b, offs *o)
+#define OFFSETS_SPEC {"offsets", I64, U32, 0}
+
+/* the offs of an offsets buffer (taken by OFFSETS_SPEC) */
+static offs
+offsets_of(const Py_buffer *b)
 {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return -1;
-    if (!(format_is_size(b, I64, 8) || format_is_size(b, U32, 4))) {
-        PyErr_Format(PyExc_TypeError, "offsets: wrong item type (format %s)",
-                     b->format ? b->format : "B");
-        PyBuffer_Release(b);
-        return -1;
-    }
-    o->p = b->buf;
-    o->wide = b->itemsize == 8;
-    return 0;
+    offs o = {b->buf, b->itemsize == 8};
+    return o;
 }
 
 /* SciPy's ndtri, the very function behind scipy.special.ndtri, taken from the C API
@@ -164,7 +171,7 @@ need_ndtri(void)
 static PyObject *
 ndtri_into(PyObject *self, PyObject *args)
 {
-    static const array_spec spec[2] = {{"p", F64, 0}, {"out", F64, 1}};
+    static const array_spec spec[2] = {{"p", F64, NULL, 0}, {"out", F64, NULL, 1}};
     PyObject *o[2];
     Py_buffer b[2];
     if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1]) || need_ndtri() < 0 ||
@@ -202,8 +209,8 @@ uniform53(uint64_t w)
 static PyObject *
 ziggurat_restarts(PyObject *self, PyObject *args)
 {
-    static const array_spec spec[3] = {{"words", U64, 0}, {"pending", I64, 0},
-                                       {"out", F64, 1}};
+    static const array_spec spec[3] = {
+        {"words", U64, NULL, 0}, {"pending", I64, NULL, 0}, {"out", F64, NULL, 1}};
     PyObject *o[3];
     Py_buffer b[3];
     if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2]) || need_ndtri() < 0 ||
@@ -246,8 +253,9 @@ static PyObject *
 ziggurat(PyObject *self, PyObject *args)
 {
     static const array_spec spec[8] = {
-        {"blocks", U64, 0}, {"out", F64, 1},     {"scaled", F64, 0},  {"limit", F64, 0},
-        {"bottom", F64, 0}, {"rise", F64, 0},    {"pending", I64, 1}, {"close", I64, 1}};
+        {"blocks", U64, NULL, 0},  {"out", F64, NULL, 1},    {"scaled", F64, NULL, 0},
+        {"limit", F64, NULL, 0},   {"bottom", F64, NULL, 0}, {"rise", F64, NULL, 0},
+        {"pending", I64, NULL, 1}, {"close", I64, NULL, 1}};
     PyObject *o[8];
     Py_buffer b[8];
     PyObject *result = NULL;
@@ -457,26 +465,15 @@ static int
 get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int writable,
           table_args *t)
 {
-    t->got = 0;
-    if (get(key, &t->key, 0, U64, "key") < 0)
-        return -1;
-    t->got++;
-    if (PyObject_GetBuffer(data, &t->data, PyBUF_C_CONTIGUOUS) < 0)
-        goto fail;
-    t->got++;
-    if (get_offsets(offsets, &t->offsets, &t->off) < 0)
-        goto fail;
-    t->got++;
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(slots, &t->slots, flags) < 0)
-        goto fail;
-    t->got++;
+    const array_spec spec[4] = {{"key", U64, NULL, 0}, {"data", NULL, NULL, 0}, OFFSETS_SPEC,
+                                {"slots", U64, U32, writable}};
+    PyObject *objs[4] = {key, data, offsets, slots};
+    Py_buffer *b[4] = {&t->key, &t->data, &t->offsets, &t->slots};
+    for (t->got = 0; t->got < 4; t->got++)
+        if (get_spec(objs[t->got], b[t->got], &spec[t->got]) < 0)
+            goto fail;
+    t->off = offsets_of(&t->offsets);
     t->wide = t->slots.itemsize == 8;
-    if (!(t->wide ? format_is(&t->slots, U64) : format_is_size(&t->slots, U32, 4))) {
-        PyErr_Format(PyExc_TypeError, "slots: wrong item type (format %s)",
-                     t->slots.format ? t->slots.format : "B");
-        goto fail;
-    }
     Py_ssize_t nslots = t->slots.len / t->slots.itemsize;
     t->count = (int64_t)(t->offsets.len / t->offsets.itemsize) - 1;
     if (t->key.len != 16 || t->count < 0 || nslots < 1 ||
@@ -691,29 +688,27 @@ item_prefix_equals(PyObject *self, PyObject *args)
     PyObject *seq = PySequence_Fast(items, "items must be a sequence");
     if (seq == NULL)
         return NULL;
-    Py_buffer d, o;
-    offs off;
-    if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0) {
+    static const array_spec spec[2] = {{"data", NULL, NULL, 0}, OFFSETS_SPEC};
+    PyObject *o[2] = {data, offsets};
+    Py_buffer b[2];
+    if (get_arrays(o, b, spec, 2) < 0) {
         Py_DECREF(seq);
         return NULL;
     }
-    if (get_offsets(offsets, &o, &off) < 0) {
-        PyBuffer_Release(&d);
-        Py_DECREF(seq);
-        return NULL;
-    }
-    int equal = n >= 0 && PySequence_Fast_GET_SIZE(seq) >= n && o.len / o.itemsize >= n + 1;
+    const Py_buffer *d = &b[0];
+    offs off = offsets_of(&b[1]);
+    int equal =
+        n >= 0 && PySequence_Fast_GET_SIZE(seq) >= n && b[1].len / b[1].itemsize >= n + 1;
     PyObject **objs = PySequence_Fast_ITEMS(seq);
-    const unsigned char *bytes = d.buf;
+    const unsigned char *bytes = d->buf;
     for (Py_ssize_t i = 0; equal && i < n; i++) {
         const char *p;
         Py_ssize_t len;
-        int64_t a = OFF(off, i), b = OFF(off, i + 1);
-        equal = str_utf8(objs[i], &p, &len) && a >= 0 && b - a == len && b <= d.len &&
+        int64_t a = OFF(off, i), z = OFF(off, i + 1);
+        equal = str_utf8(objs[i], &p, &len) && a >= 0 && z - a == len && z <= d->len &&
                 memcmp(bytes + a, p, (size_t)len) == 0;
     }
-    PyBuffer_Release(&o);
-    PyBuffer_Release(&d);
+    release_arrays(b, 2);
     Py_DECREF(seq);
     return PyBool_FromLong(equal);
 }
@@ -722,34 +717,26 @@ item_prefix_equals(PyObject *self, PyObject *args)
 static PyObject *
 item_strings(PyObject *self, PyObject *args)
 {
-    PyObject *data, *offsets, *positions;
-    if (!PyArg_ParseTuple(args, "OOO", &data, &offsets, &positions))
+    static const array_spec spec[3] = {
+        {"data", NULL, NULL, 0}, OFFSETS_SPEC, {"positions", I64, NULL, 0}};
+    PyObject *o[3];
+    Py_buffer b[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2]) || get_arrays(o, b, spec, 3) < 0)
         return NULL;
-    Py_buffer d, o, p;
-    offs off;
-    if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    if (get_offsets(offsets, &o, &off) < 0) {
-        PyBuffer_Release(&d);
-        return NULL;
-    }
-    if (get(positions, &p, 0, I64, "positions") < 0) {
-        PyBuffer_Release(&o);
-        PyBuffer_Release(&d);
-        return NULL;
-    }
-    Py_ssize_t k = p.len / 8, n = o.len / o.itemsize - 1;
-    const int64_t *pos = p.buf;
+    const Py_buffer *d = &b[0];
+    offs off = offsets_of(&b[1]);
+    Py_ssize_t k = b[2].len / 8, n = b[1].len / b[1].itemsize - 1;
+    const int64_t *pos = b[2].buf;
     PyObject *list = PyList_New(k);
     for (Py_ssize_t i = 0; list != NULL && i < k; i++) {
         int64_t j = pos[i];
-        if (!item_in_data(off, n, d.len, j)) {
+        if (!item_in_data(off, n, d->len, j)) {
             PyErr_SetString(PyExc_IndexError, "item_strings: position out of range");
             Py_CLEAR(list);
             break;
         }
         int64_t a = OFF(off, j);
-        PyObject *s = PyUnicode_DecodeUTF8((const char *)d.buf + a, OFF(off, j + 1) - a,
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)d->buf + a, OFF(off, j + 1) - a,
                                            "strict");
         if (s == NULL) {
             Py_CLEAR(list);
@@ -757,9 +744,7 @@ item_strings(PyObject *self, PyObject *args)
         }
         PyList_SET_ITEM(list, i, s);
     }
-    PyBuffer_Release(&p);
-    PyBuffer_Release(&o);
-    PyBuffer_Release(&d);
+    release_arrays(b, 3);
     return list;
 }
 
@@ -861,8 +846,8 @@ done:
 static PyObject *
 unique_codes(PyObject *self, PyObject *args)
 {
-    static const array_spec spec[4] = {{"codes", I64, 0}, {"scratch", I64, 1},
-                                       {"used", I64, 1}, {"inverse", I64, 1}};
+    static const array_spec spec[4] = {{"codes", I64, NULL, 0}, {"scratch", I64, NULL, 1},
+                                       {"used", I64, NULL, 1}, {"inverse", I64, NULL, 1}};
     PyObject *o[4];
     Py_buffer b[4];
     PyObject *result = NULL;
@@ -989,32 +974,29 @@ put_piece(char *w, const piece *p)
 static PyObject *
 join_rows(PyObject *self, PyObject *args)
 {
-    PyObject *data, *offsets, *values;
+    static const array_spec spec[3] = {
+        {"data", NULL, NULL, 0}, OFFSETS_SPEC, {"values", I64, NULL, 0}};
+    PyObject *o[3];
     Py_buffer head, mid, tail, sep, first = {0}, last = {0};
-    if (!PyArg_ParseTuple(args, "OOOy*y*y*y*|y*y*", &data, &offsets, &values, &head, &mid,
-                          &tail, &sep, &first, &last))
+    if (!PyArg_ParseTuple(args, "OOOy*y*y*y*|y*y*", &o[0], &o[1], &o[2], &head, &mid, &tail,
+                          &sep, &first, &last))
         return NULL;
     PyObject *out = NULL;
-    Py_buffer d, o, v;
-    offs off;
+    Py_buffer b[3];
     int got = 0;
-    if (PyObject_GetBuffer(data, &d, PyBUF_C_CONTIGUOUS) < 0)
+    if (get_arrays(o, b, spec, 3) < 0)
         goto done;
-    got++;
-    if (get_offsets(offsets, &o, &off) < 0)
-        goto done;
-    got++;
-    if (get(values, &v, 0, I64, "values") < 0)
-        goto done;
-    got++;
-    Py_ssize_t n = v.len / 8;
-    const int64_t *val = v.buf;
-    if (o.len / o.itemsize != n + 1) {
+    got = 3;
+    const Py_buffer *d = &b[0];
+    offs off = offsets_of(&b[1]);
+    Py_ssize_t n = b[2].len / 8;
+    const int64_t *val = b[2].buf;
+    if (b[1].len / b[1].itemsize != n + 1) {
         PyErr_SetString(PyExc_ValueError, "join_rows: offsets must hold one more than values");
         goto done;
     }
     /* the items' text must lie inside the data, in order */
-    if (OFF(off, 0) < 0 || OFF(off, n) > d.len) {
+    if (OFF(off, 0) < 0 || OFF(off, n) > d->len) {
         PyErr_SetString(PyExc_ValueError, "join_rows: offsets outside the data");
         goto done;
     }
@@ -1036,7 +1018,7 @@ join_rows(PyObject *self, PyObject *args)
     if (out == NULL)
         goto done;
     char *w = PyBytes_AS_STRING(out);
-    const char *src = d.buf;
+    const char *src = d->buf;
     piece ph, pm, pt, ps;
     piece_of(&ph, &head);
     piece_of(&pm, &mid);
@@ -1051,7 +1033,7 @@ join_rows(PyObject *self, PyObject *args)
             w = put_piece(w, &ps);
         w = put_piece(w, &ph);
         int64_t a = OFF(off, i), len = OFF(off, i + 1) - a;
-        if (len <= 16 && a + 16 <= d.len)
+        if (len <= 16 && a + 16 <= d->len)
             memcpy(w, src + a, 16); /* within the data; the bytes past len are overwritten */
         else
             memcpy(w, src + a, (size_t)len);
@@ -1066,12 +1048,7 @@ join_rows(PyObject *self, PyObject *args)
     }
     _PyBytes_Resize(&out, w - PyBytes_AS_STRING(out));
 done:
-    if (got > 2)
-        PyBuffer_Release(&v);
-    if (got > 1)
-        PyBuffer_Release(&o);
-    if (got > 0)
-        PyBuffer_Release(&d);
+    release_arrays(b, got);
     PyBuffer_Release(&head);
     PyBuffer_Release(&mid);
     PyBuffer_Release(&tail);
@@ -1570,38 +1547,32 @@ sha256_portable(PyObject *self, PyObject *arg)
 static PyObject *
 blt_step(PyObject *self, PyObject *args)
 {
-    PyObject *tobj, *oobj, *bobj, *sobj, *zobj;
-    if (!PyArg_ParseTuple(args, "OOOOO", &tobj, &oobj, &bobj, &sobj, &zobj))
+    static const array_spec spec[4] = {{"theta", F64, NULL, 0}, {"omega", F64, NULL, 0},
+                                       {"total", F64, NULL, 1}, {"z", F64, NULL, 1}};
+    PyObject *objs[4], *bobj;
+    Py_buffer a[4], buf;
+    if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &bobj, &objs[2], &objs[3]))
         return NULL;
-    Py_buffer th, om, buf, tot, z;
-    if (get(tobj, &th, 0, F64, "theta") < 0)
+    /* theta, omega, total, z first, then the buffers (strided: not a get_spec array) */
+    if (get_arrays(objs, a, spec, 4) < 0)
         return NULL;
     PyObject *res = NULL;
-    int got = 1;
-    if (get(oobj, &om, 0, F64, "omega") < 0)
-        goto done;
-    got = 2;
-    if (PyObject_GetBuffer(bobj, &buf, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        goto done;
-    got = 3;
+    if (PyObject_GetBuffer(bobj, &buf, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        release_arrays(a, 4);
+        return NULL;
+    }
     if (!format_is(&buf, F64) || buf.ndim != 2 ||
         (buf.shape[0] > 0 && (buf.strides[1] != 8 || buf.strides[0] % 8))) {
         PyErr_SetString(PyExc_TypeError, "buffers: float64 rows, each contiguous");
         goto done;
     }
-    if (get(sobj, &tot, 1, F64, "total") < 0)
-        goto done;
-    got = 4;
-    if (get(zobj, &z, 1, F64, "z") < 0)
-        goto done;
-    got = 5;
-    Py_ssize_t k = th.len / 8, n = z.len / 8;
-    if (om.len / 8 != k || buf.shape[0] != k || buf.shape[1] != n || tot.len / 8 != n) {
+    Py_ssize_t k = a[0].len / 8, n = a[3].len / 8;
+    if (a[1].len / 8 != k || buf.shape[0] != k || buf.shape[1] != n || a[2].len / 8 != n) {
         PyErr_SetString(PyExc_ValueError, "blt_step: shapes do not agree");
         goto done;
     }
-    const double *t = th.buf, *o = om.buf;
-    double *b = buf.buf, *s = tot.buf, *u = z.buf;
+    const double *t = a[0].buf, *o = a[1].buf;
+    double *b = buf.buf, *s = a[2].buf, *u = a[3].buf;
     Py_ssize_t row = buf.strides[0] / 8;
     /* (no Python object is touched: the noise kernel's threads step other chunks) */
     Py_BEGIN_ALLOW_THREADS
@@ -1628,15 +1599,8 @@ blt_step(PyObject *self, PyObject *args)
     Py_INCREF(Py_None);
     res = Py_None;
 done:
-    if (got > 4)
-        PyBuffer_Release(&z);
-    if (got > 3)
-        PyBuffer_Release(&tot);
-    if (got > 2)
-        PyBuffer_Release(&buf);
-    if (got > 1)
-        PyBuffer_Release(&om);
-    PyBuffer_Release(&th);
+    PyBuffer_Release(&buf);
+    release_arrays(a, 4);
     return res;
 }
 
@@ -1649,26 +1613,17 @@ done:
 static PyObject *
 event_duplicates(PyObject *self, PyObject *args)
 {
-    PyObject *cobj, *oobj, *kobj, *dobj;
-    if (!PyArg_ParseTuple(args, "OOOO", &cobj, &oobj, &kobj, &dobj))
-        return NULL;
-    Py_buffer c, o, k, d;
-    if (get(cobj, &c, 0, I64, "cols") < 0)
+    static const array_spec spec[4] = {{"cols", I64, NULL, 0}, {"offsets", I64, NULL, 0},
+                                       {"keep", NULL, NULL, 1}, {"distinct", I64, NULL, 1}};
+    PyObject *objs[4];
+    Py_buffer b[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3]) ||
+        get_arrays(objs, b, spec, 4) < 0)
         return NULL;
     PyObject *res = NULL;
-    int got = 1;
-    if (get(oobj, &o, 0, I64, "offsets") < 0)
-        goto done;
-    got = 2;
-    if (PyObject_GetBuffer(kobj, &k, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        goto done;
-    got = 3;
-    if (get(dobj, &d, 1, I64, "distinct") < 0)
-        goto done;
-    got = 4;
-    Py_ssize_t n = c.len / 8, ne = o.len / 8 - 1;
-    const int64_t *col = c.buf, *off = o.buf;
-    if (ne < 0 || k.len != n || d.len / 8 != ne || off[0] != 0 || off[ne] != n) {
+    Py_ssize_t n = b[0].len / 8, ne = b[1].len / 8 - 1;
+    const int64_t *col = b[0].buf, *off = b[1].buf;
+    if (ne < 0 || b[2].len != n || b[3].len / 8 != ne || off[0] != 0 || off[ne] != n) {
         PyErr_SetString(PyExc_ValueError, "event_duplicates: the arrays do not agree");
         goto done;
     }
@@ -1679,8 +1634,8 @@ event_duplicates(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    unsigned char *keep = k.buf;
-    int64_t *dist = d.buf, dups = 0;
+    unsigned char *keep = b[2].buf;
+    int64_t *dist = b[3].buf, dups = 0;
     for (Py_ssize_t e = 0; e < ne; e++) {
         int64_t kept = 0;
         for (int64_t i = off[e]; i < off[e + 1]; i++) {
@@ -1698,13 +1653,7 @@ event_duplicates(PyObject *self, PyObject *args)
     }
     res = PyLong_FromLongLong((long long)dups);
 done:
-    if (got > 3)
-        PyBuffer_Release(&d);
-    if (got > 2)
-        PyBuffer_Release(&k);
-    if (got > 1)
-        PyBuffer_Release(&o);
-    PyBuffer_Release(&c);
+    release_arrays(b, 4);
     return res;
 }
 
@@ -1743,7 +1692,7 @@ sift_down(int64_t *heap, Py_ssize_t k, Py_ssize_t i, const double *v)
 static PyObject *
 top_k(PyObject *self, PyObject *args)
 {
-    static const array_spec spec[2] = {{"values", F64, 0}, {"out", I64, 1}};
+    static const array_spec spec[2] = {{"values", F64, NULL, 0}, {"out", I64, NULL, 1}};
     PyObject *o[2];
     Py_buffer b[2];
     if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1]) || get_arrays(o, b, spec, 2) < 0)
@@ -1808,21 +1757,8 @@ table_bits(Py_ssize_t size)
     return ((Py_ssize_t)1 << bits) == size && bits > 0 ? bits : -1;
 }
 
-/* counts: int32 or int64, writable or not */
-static int
-get_counts(PyObject *obj, Py_buffer *b, int writable)
-{
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, b, flags) < 0)
-        return -1;
-    if (!(format_is_size(b, I64, 8) || format_is_size(b, "il", 4))) {
-        PyErr_Format(PyExc_TypeError, "counts: wrong item type (format %s)",
-                     b->format ? b->format : "B");
-        PyBuffer_Release(b);
-        return -1;
-    }
-    return 0;
-}
+/* the pair table's counts: int64 or int32 */
+#define COUNTS_SPEC(writable) {"counts", I64, "il", writable}
 
 /* a (user, item) pair of user_bound's batch: its key, its place in pair_*, its count */
 typedef struct {
@@ -1855,44 +1791,36 @@ user_bound(PyObject *self, PyObject *args)
                           &uobj, &ofobj, &iobj, &codobj, &offobj, &fobj, &l0, &linf, &hobj,
                           &keepobj, &puobj, &pcobj, &pnobj, &pbobj))
         return NULL;
-    enum { KEYS, UIDX, USER_OF, IIDX, CODES, OFFSETS, HELD, PU, PC, PN, PB, NA };
-    PyObject *objs[NA] = {kobj, uobj, ofobj, iobj, codobj, offobj, hobj,
-                          puobj, pcobj, pnobj, pbobj};
+    enum { KEYS, UIDX, USER_OF, IIDX, CODES, OFFSETS, HELD, PU, PC, PN, PB, COUNTS, KEEP,
+           FIRST, NA };
+    PyObject *objs[NA] = {kobj,  uobj,  ofobj, iobj,  codobj, offobj,  hobj,
+                          puobj, pcobj, pnobj, pbobj, cobj,   keepobj, fobj};
     static const array_spec spec[NA] = {
-        {"keys", I64, 0}, {"uidx", I64, 0}, {"user_of", I64, 0}, {"iidx", I64, 0},
-        {"codes", I64, 0}, {"offsets", I64, 0}, {"held", I64, 1}, {"pair_user", I64, 1},
-        {"pair_code", I64, 1}, {"pair_count", I64, 1}, {"pair_before", I64, 1},
+        {"keys", I64, NULL, 0},       {"uidx", I64, NULL, 0},      {"user_of", I64, NULL, 0},
+        {"iidx", I64, NULL, 0},       {"codes", I64, NULL, 0},     {"offsets", I64, NULL, 0},
+        {"held", I64, NULL, 1},       {"pair_user", I64, NULL, 1}, {"pair_code", I64, NULL, 1},
+        {"pair_count", I64, NULL, 1}, {"pair_before", I64, NULL, 1}, COUNTS_SPEC(0),
+        {"keep", NULL, NULL, 1},      {"first", NULL, NULL, 0},
     };
-    Py_buffer b[NA], cb, kb, fb;
-    if (get_arrays(objs, b, spec, NA) < 0)
+    Py_buffer b[NA];
+    int has_first = fobj != Py_None, got = has_first ? NA : FIRST; /* first: None or bytes */
+    if (get_arrays(objs, b, spec, got) < 0)
         return NULL;
+    const Py_buffer *cb = &b[COUNTS];
     PyObject *res = NULL;
-    int got = 0;
     pair_slot *local = NULL;
     int64_t *occ = NULL;
-    if (get_counts(cobj, &cb, 0) < 0)
-        goto done;
-    got = 1;
-    if (PyObject_GetBuffer(keepobj, &kb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        goto done;
-    got = 2;
-    int has_first = fobj != Py_None;
-    if (has_first) {
-        if (PyObject_GetBuffer(fobj, &fb, PyBUF_C_CONTIGUOUS) < 0)
-            goto done;
-        got = 3;
-    }
     const int64_t *keys = b[KEYS].buf, *uidx = b[UIDX].buf, *user_of = b[USER_OF].buf;
     const int64_t *iidx = b[IIDX].buf, *codes = b[CODES].buf, *off = b[OFFSETS].buf;
     int64_t *held = b[HELD].buf, *pu = b[PU].buf, *pc = b[PC].buf, *pn = b[PN].buf;
     int64_t *pb = b[PB].buf;
-    unsigned char *keep = kb.buf;
-    const unsigned char *first = has_first ? fb.buf : NULL;
+    unsigned char *keep = b[KEEP].buf;
+    const unsigned char *first = has_first ? b[FIRST].buf : NULL;
     Py_ssize_t size = b[KEYS].len / 8, nu = b[UIDX].len / 8, ne = b[USER_OF].len / 8;
     Py_ssize_t ni = b[IIDX].len / 8, n = b[CODES].len / 8;
     int bits = table_bits(size);
-    if (bits < 0 || cb.len / cb.itemsize != size || b[OFFSETS].len / 8 != ne + 1 ||
-        b[HELD].len / 8 != nu || kb.len != n || (has_first && fb.len != n) ||
+    if (bits < 0 || cb->len / cb->itemsize != size || b[OFFSETS].len / 8 != ne + 1 ||
+        b[HELD].len / 8 != nu || b[KEEP].len != n || (has_first && b[FIRST].len != n) ||
         b[PU].len / 8 < n || b[PC].len / 8 < n || b[PN].len / 8 < n || b[PB].len / 8 < n ||
         off[0] != 0 || off[ne] != n) {
         PyErr_SetString(PyExc_ValueError, "user_bound: the arrays do not agree");
@@ -1955,7 +1883,7 @@ user_bound(PyObject *self, PyObject *args)
     for (Py_ssize_t o = 0; o < n; o++) {
         if (o + ahead < n && occ_home[o + ahead] >= 0) {
             __builtin_prefetch(&keys[occ_home[o + ahead]]);
-            __builtin_prefetch((const char *)cb.buf + occ_home[o + ahead] * cb.itemsize);
+            __builtin_prefetch((const char *)cb->buf + occ_home[o + ahead] * cb->itemsize);
         }
         if (first != NULL && !first[o])
             continue;
@@ -1975,7 +1903,7 @@ user_bound(PyObject *self, PyObject *args)
                     goto done;
                 }
                 if (keys[g] == key)
-                    c0 = COUNT_AT(cb, g);
+                    c0 = COUNT_AT(*cb, g);
             }
             slot->key = key;
             slot->pair = pairs;
@@ -2018,13 +1946,7 @@ user_bound(PyObject *self, PyObject *args)
 done:
     PyMem_Free(local);
     PyMem_Free(occ);
-    if (got > 2)
-        PyBuffer_Release(&fb);
-    if (got > 1)
-        PyBuffer_Release(&kb);
-    if (got > 0)
-        PyBuffer_Release(&cb);
-    release_arrays(b, NA);
+    release_arrays(b, got);
     return res;
 }
 
@@ -2035,33 +1957,25 @@ done:
 static PyObject *
 pair_store(PyObject *self, PyObject *args)
 {
-    PyObject *kobj, *cobj, *nkobj, *ncobj;
+    static const array_spec spec[4] = {{"keys", I64, NULL, 1}, COUNTS_SPEC(1),
+                                       {"new_keys", I64, NULL, 0}, {"new_counts", I64, NULL, 0}};
+    PyObject *objs[4];
     Py_ssize_t filled;
-    if (!PyArg_ParseTuple(args, "OOOOn", &kobj, &cobj, &nkobj, &ncobj, &filled))
+    Py_buffer b[4];
+    if (!PyArg_ParseTuple(args, "OOOOn", &objs[0], &objs[1], &objs[2], &objs[3], &filled) ||
+        get_arrays(objs, b, spec, 4) < 0)
         return NULL;
-    Py_buffer k, c, nk, nc;
-    if (get(kobj, &k, 1, I64, "keys") < 0)
-        return NULL;
+    const Py_buffer *c = &b[1];
     PyObject *res = NULL;
-    int got = 1;
-    if (get_counts(cobj, &c, 1) < 0)
-        goto done;
-    got = 2;
-    if (get(nkobj, &nk, 0, I64, "new_keys") < 0)
-        goto done;
-    got = 3;
-    if (get(ncobj, &nc, 0, I64, "new_counts") < 0)
-        goto done;
-    got = 4;
-    Py_ssize_t size = k.len / 8, n = nk.len / 8;
+    Py_ssize_t size = b[0].len / 8, n = b[2].len / 8;
     int bits = table_bits(size);
-    if (bits < 0 || c.len / c.itemsize != size || nc.len / 8 != n || filled < 0 ||
+    if (bits < 0 || c->len / c->itemsize != size || b[3].len / 8 != n || filled < 0 ||
         filled >= size) {
         PyErr_SetString(PyExc_ValueError, "pair_store: the arrays do not agree");
         goto done;
     }
-    int64_t *keys = k.buf;
-    const int64_t *add = nk.buf, *val = nc.buf;
+    int64_t *keys = b[0].buf;
+    const int64_t *add = b[2].buf, *val = b[3].buf;
     Py_ssize_t mask = size - 1, free_slots = size - filled, added = 0;
     for (Py_ssize_t x = 0; x < n; x++) {
         int64_t key = add[x];
@@ -2085,20 +1999,14 @@ pair_store(PyObject *self, PyObject *args)
             free_slots--;
             added++;
         }
-        if (c.itemsize == 8)
-            ((int64_t *)c.buf)[s] = val[x];
+        if (c->itemsize == 8)
+            ((int64_t *)c->buf)[s] = val[x];
         else
-            ((int32_t *)c.buf)[s] = (int32_t)val[x];
+            ((int32_t *)c->buf)[s] = (int32_t)val[x];
     }
     res = PyLong_FromSsize_t(added);
 done:
-    if (got > 3)
-        PyBuffer_Release(&nc);
-    if (got > 2)
-        PyBuffer_Release(&nk);
-    if (got > 1)
-        PyBuffer_Release(&c);
-    PyBuffer_Release(&k);
+    release_arrays(b, 4);
     return res;
 }
 

@@ -279,6 +279,13 @@ class BoundingStats:
     dropped_new_item: int = 0  # ... of them, because the user had max_items_per_user items
     dropped_count: int = 0  # ... because the user had max_count_per_item of that item
 
+    def add(self, other: BoundingStats) -> None:
+        """Count in another batch's (a committed one's)."""
+        self.kept += other.kept
+        self.dropped += other.dropped
+        self.dropped_new_item += other.dropped_new_item
+        self.dropped_count += other.dropped_count
+
 
 @dataclass
 class _Pending:
@@ -386,11 +393,7 @@ class ContributionBounder:
         for user, held in pending.users.items():
             if held:
                 self._users[user] = held
-        s, p = self.stats, pending.stats
-        s.kept += p.kept
-        s.dropped += p.dropped
-        s.dropped_new_item += p.dropped_new_item
-        s.dropped_count += p.dropped_count
+        self.stats.add(pending.stats)
 
     def __repr__(self) -> str:
         b = self.bounds

@@ -355,27 +355,27 @@ class BLTStrategy:
     def _length(self, n: int | None) -> int:
         return self.horizon if n is None else check_int("n", n, 0)
 
-    def strategy_column(self, n: int | None = None) -> np.ndarray:
-        """c_0 .. c_(n-1), the first column of C (n defaults to T)."""
+    def _column(
+        self, n: int | None, rates: Sequence[float], weights: Sequence[float]
+    ) -> np.ndarray:
+        """x_0 .. x_(n-1) of a BLT matrix's first column (n defaults to T): x_0 = 1 and
+        x_j = sum_i weights_i rates_i^(j-1) for j >= 1, summed in the order of the buffers."""
         n = self._length(n)
         out = np.zeros(n)
         if n:
             out[0] = 1.0
         powers = np.arange(max(n - 1, 0), dtype=np.float64)
-        for th, om in zip(self.theta, self.omega, strict=True):
-            out[1:] += om * np.power(th, powers)
+        for rate, weight in zip(rates, weights, strict=True):
+            out[1:] += weight * np.power(rate, powers)
         return out
+
+    def strategy_column(self, n: int | None = None) -> np.ndarray:
+        """c_0 .. c_(n-1), the first column of C (n defaults to T)."""
+        return self._column(n, self.theta, self.omega)
 
     def noise_column(self, n: int | None = None) -> np.ndarray:
         """d_0 .. d_(n-1), the first column of C^-1 (n defaults to T)."""
-        n = self._length(n)
-        out = np.zeros(n)
-        if n:
-            out[0] = 1.0
-        powers = np.arange(max(n - 1, 0), dtype=np.float64)
-        for lam, om in zip(self.inverse_theta, self.inverse_omega, strict=True):
-            out[1:] += om * np.power(lam, powers)
-        return out
+        return self._column(n, self.inverse_theta, self.inverse_omega)
 
     def noise_matrix(self, n: int | None = None) -> np.ndarray:
         """B = A C^-1 restricted to steps 1..n (n defaults to T): the n x n lower-triangular

@@ -174,6 +174,18 @@ def _domain_size(mech: Any) -> int | None:
     return None if domain is None else len(domain)
 
 
+def _user_fields(mech: Any) -> dict[str, Any]:
+    """The user-level bounds of a description (none at event level)."""
+    bounds = mech.user_bounds
+    if bounds is None:
+        return {}
+    return {
+        "max_items_per_user": bounds.max_items_per_user,
+        "max_count_per_item": bounds.max_count_per_item,
+        "user_bounds": bounds.describe(),
+    }
+
+
 def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
     """A JSON-ready description of ``mech``'s costs and accuracy."""
     if mech.unbounded:
@@ -197,13 +209,7 @@ def describe(mech: Any, *, name: str, base_given: bool) -> dict[str, Any]:
         "privacy": mech.privacy.to_dict(),
         "unit": mech.privacy.unit,
     }
-    bounds = mech.user_bounds
-    if bounds is not None:
-        out.update(
-            max_items_per_user=bounds.max_items_per_user,
-            max_count_per_item=bounds.max_count_per_item,
-            user_bounds=bounds.describe(),
-        )
+    out.update(_user_fields(mech))
     if strategy is not None:
         out.update(
             buffers=strategy.buffers,
@@ -275,13 +281,7 @@ def _describe_unbounded(mech: Any, name: str) -> dict[str, Any]:
         "fitted_horizon": strategy.fitted_horizon,
         **unbounded_profile(mech),
     }
-    bounds = mech.user_bounds
-    if bounds is not None:
-        out.update(
-            max_items_per_user=bounds.max_items_per_user,
-            max_count_per_item=bounds.max_count_per_item,
-            user_bounds=bounds.describe(),
-        )
+    out.update(_user_fields(mech))
     if hasattr(mech, "max_items"):
         out["max_items"] = mech.max_items
     size = _domain_size(mech)

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..tree import optimal_base, paper_variance_factor, worst_case_variance_factor
-from .common import Claim, Context, FigureResult, Verdict, fmt, md_table
+from .common import Claim, Context, FigureResult, Verdict, fmt, md_table, pyplot, save_figure
 
 __all__ = ["run", "claims_from_ratios"]
 
@@ -148,10 +148,7 @@ def claims_from_ratios(
 
 
 def plot(data: dict[str, np.ndarray], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     T = data["T"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
@@ -191,9 +188,7 @@ def plot(data: dict[str, np.ndarray], path) -> None:
         "Figure 1 (fig:baseNoise): worst-case noise std of the r-ary tree vs base 2, "
         "same zCDP level"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(ctx: Context) -> FigureResult:

@@ -21,6 +21,7 @@ data stream, drawn from a NumPy ``Generator`` seeded from (seed, experiment, tri
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 import time
@@ -41,6 +42,9 @@ __all__ = [
     "FigureResult",
     "data_rng",
     "mean_over_trials",
+    "pyplot",
+    "save_figure",
+    "se_over_trials",
     "run_trials",
     "trial_key",
     "zipf_pmf",
@@ -186,6 +190,38 @@ def mean_over_trials(results: Iterable[Mapping[str, np.ndarray]]) -> dict[str, n
 def stack_trials(results: Sequence[Mapping[str, np.ndarray]], key: str) -> np.ndarray:
     """The per-trial arrays of one key stacked as rows."""
     return np.stack([np.asarray(r[key], dtype=float) for r in results])
+
+
+def se_over_trials(
+    results: Sequence[Mapping[str, np.ndarray]], mean: Mapping[str, np.ndarray], trials: int
+) -> dict[str, np.ndarray]:
+    """Per key of ``mean``, the standard error of the mean over the ``trials`` results
+    (sample std / sqrt(trials); zeros for a single trial)."""
+    return {
+        k: (
+            stack_trials(results, k).std(axis=0, ddof=1) / math.sqrt(trials)
+            if trials > 1
+            else np.zeros_like(v)
+        )
+        for k, v in mean.items()
+    }
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Any) -> None:
+    """Write a figure of the report (PNG at 110 dpi, laid out tight) and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
 
 
 def fmt(x: float, digits: int = 3) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..factorization import blt_for_horizon, lower_bound
 from ..tree import optimal_base, worst_case_variance_factor
-from .common import Claim, Context, FigureResult, fmt, md_table
+from .common import Claim, Context, FigureResult, fmt, md_table, pyplot, save_figure
 
 __all__ = ["run", "compute", "claims_from_variances"]
 
@@ -112,10 +112,7 @@ def claims_from_variances(
 
 
 def plot(data: dict[str, np.ndarray], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     T = data["T"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -142,9 +139,7 @@ def plot(data: dict[str, np.ndarray], path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle("Figure 5: continual counters, tree against BLT factorization (computed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(ctx: Context) -> FigureResult:

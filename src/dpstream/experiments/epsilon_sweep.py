@@ -12,7 +12,6 @@ item|, averaged over t and trials.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -26,8 +25,10 @@ from .common import (
     fmt,
     md_table,
     mean_over_trials,
+    pyplot,
     run_trials,
-    stack_trials,
+    save_figure,
+    se_over_trials,
     trial_key,
     zipf_pmf,
 )
@@ -199,10 +200,8 @@ def plot(
     path,
     trials: int,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    from matplotlib.ticker import NullLocator
 
     eps = np.asarray(params["epsilons"], dtype=float)
     colors = dict(
@@ -221,7 +220,7 @@ def plot(
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(eps, [f"{e:g}" for e in eps])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel(f"epsilon (delta = {params['delta']:g})")
     ax.set_ylabel("top-1 error, mean over t and trials")
     ax.set_title(
@@ -231,9 +230,7 @@ def plot(
     )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
@@ -247,14 +244,7 @@ def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
     )
     results = run_trials(ctx, "figure 4", one_trial, trials, (ctx.seed, params))
     mean = mean_over_trials(results)
-    se = {
-        k: (
-            stack_trials(results, k).std(axis=0, ddof=1) / math.sqrt(trials)
-            if trials > 1
-            else np.zeros_like(v)
-        )
-        for k, v in mean.items()
-    }
+    se = se_over_trials(results, mean, trials)
     plot(params, mean, se, ctx.out_dir / FIGURE, trials)
     claims = judge(params, mean)
     header = ["mechanism"] + [f"eps={e:g}: error (tau)" for e in params["epsilons"]]

@@ -35,8 +35,10 @@ from .common import (
     fmt,
     md_table,
     mean_over_trials,
+    pyplot,
     run_trials,
-    stack_trials,
+    save_figure,
+    se_over_trials,
     trial_key,
     zipf_pmf,
 )
@@ -370,10 +372,7 @@ def plot(
     path,
     trials: int,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     T = params["T"]
     t = np.arange(1, T + 1)
@@ -421,9 +420,7 @@ def plot(
         f"Figure 2 (fig:sparseGumb): continual top-1, all mechanisms at "
         f"rho = {1 / (2 * params['tau'] ** 2):g}-zCDP (tau = {params['tau']:g})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
@@ -435,14 +432,7 @@ def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
     ctx.log(f"figure 2: {len(curves(params))} curves x {trials} trials x T={params['T']}")
     results = run_trials(ctx, "figure 2", one_trial, trials, (ctx.seed, params))
     mean = mean_over_trials(results)
-    se = {
-        k: (
-            stack_trials(results, k).std(axis=0, ddof=1) / math.sqrt(trials)
-            if trials > 1
-            else np.zeros_like(v)
-        )
-        for k, v in mean.items()
-    }
+    se = se_over_trials(results, mean, trials)
     plot(params, mean, se, ctx.out_dir / FIGURE, trials)
     claims, rows = judge(params, mean, trials, rhos)
     from ..mechanisms.topk import utility_eta

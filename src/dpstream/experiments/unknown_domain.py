@@ -34,7 +34,9 @@ from .common import (
     data_rng,
     fmt,
     md_table,
+    pyplot,
     run_trials,
+    save_figure,
     trial_key,
     zipf_pmf,
 )
@@ -301,10 +303,7 @@ def judge(
 
 
 def plot(params: dict[str, Any], mean: dict[str, np.ndarray], path, trials: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     T = params["T"]
     t = np.arange(1, T + 1)
@@ -344,9 +343,7 @@ def plot(params: dict[str, Any], mean: dict[str, np.ndarray], path, trials: int)
         f"Figure 3: unknown domain, Delta0 = {params['max_items']}, "
         f"({params['epsilon']:g}, {params['delta']:g})-DP, mean over {trials} trials"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:

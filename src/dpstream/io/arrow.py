@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["arrow_rows", "arrow_ints", "arrow_valid"]
+__all__ = ["arrow_rows", "event_rows", "arrow_ints", "arrow_valid"]
 
 
 def arrow_rows(
@@ -60,8 +60,19 @@ def arrow_rows(
         return None
     if table.num_rows != idx.size:
         return None
-    tcol = table.column("t").combine_chunks()
-    icol = table.column("items").combine_chunks()
+    users = None if user_field is None else table.column(user_field).combine_chunks()
+    return event_rows(
+        table.column("t").combine_chunks(), table.column("items").combine_chunks(), users
+    )
+
+
+def event_rows(
+    tcol: Any, icol: Any, users: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, Any]:
+    """Events from their Arrow columns (int64 steps, lists of strings, string user ids or
+    None): (t, t given, items usable, offsets, values, users). A row is usable when it
+    has a step >= 1, a list of items none of them null and (with users) a non-empty user
+    id; why another is not, the per-line parser words."""
     t_given = arrow_valid(tcol)
     t = np.where(t_given, arrow_ints(tcol), 0)
     usable = arrow_valid(icol)
@@ -71,11 +82,8 @@ def arrow_rows(
     if values.null_count:
         null_at = np.flatnonzero(~arrow_valid(values))
         usable[np.searchsorted(offsets, null_at, side="right") - 1] = False
-    usable &= t_given & (t >= 1)  # no "t", a null or a bad one: the per-line parser words it
-    users = None
-    if user_field is not None:
-        users = table.column(user_field).combine_chunks()
-        # no user id, a null or an empty one: the per-line parser words it
+    usable &= t_given & (t >= 1)
+    if users is not None:
         import pyarrow.compute as pc
 
         usable &= arrow_valid(users) & (arrow_ints(pc.binary_length(users)) > 0)

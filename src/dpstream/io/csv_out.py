@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,9 +16,8 @@ from ..mechanisms.base import Release
 from .text import (
     CSV_SPECIAL,
     LONG_COLUMNS,
-    Formatter,
     ItemText,
-    clock_columns,
+    LongFormatter,
     clock_values,
     int_rows,
     join_text,
@@ -37,29 +35,19 @@ def _csv_cell(item: Any) -> str:
     return buf.getvalue()[:-2]
 
 
-class CsvFormatter(Formatter):
+class CsvFormatter(LongFormatter):
     """The long format as CSV: a ``t,item,value,noise_std`` header, then one row per
     released item per step (and ``step_start,step_end`` with a public clock); a step
     that releases no item writes one row with empty ``item`` and ``value``, so every
     step of the clock is in the file."""
 
-    _rows_per_item = True
     name = "csv"
 
-    def __init__(
-        self,
-        round_counts: bool = False,
-        step_start: Callable[[int], str] | None = None,
-        step_end: Callable[[int], str] | None = None,
-    ) -> None:
-        self.round_counts = round_counts
-        # a public clock: step_start and step_end columns (ISO-8601)
-        self.step_start, self.step_end = step_start, step_end
-        self._cells = self._text = ItemText(_csv_cell, CSV_SPECIAL)
+    def _new_cells(self) -> ItemText:
+        return ItemText(_csv_cell, CSV_SPECIAL)
 
     def header(self) -> bytes:
-        extra = clock_columns(self.step_start, self.step_end)
-        return (",".join((*LONG_COLUMNS, *extra)) + "\n").encode()
+        return (",".join((*LONG_COLUMNS, *self._clock)) + "\n").encode()
 
     def _format_columns(self, release: Release) -> bytes | None:
         """The same bytes as :meth:`_format_rows`, built by Arrow's string kernels."""

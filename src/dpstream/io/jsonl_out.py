@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from .text import (
     LONG_COLUMNS,
     Formatter,
     ItemText,
-    clock_columns,
+    LongFormatter,
     clock_values,
     int_rows,
     join_text,
@@ -109,35 +108,23 @@ class JsonlFormatter(Formatter):
         return (text + "\n").encode("utf-8")
 
 
-class JsonlLongFormatter(Formatter):
+class JsonlLongFormatter(LongFormatter):
     """The long format as JSON Lines: ``{"t", "item", "value", "noise_std"}`` per row
     (``item`` and ``value`` null for a step that releases no item), and with a public
     clock ``"step_start"`` and ``"step_end"``."""
 
-    _rows_per_item = True
     name = "jsonl-long"
 
-    def __init__(
-        self,
-        round_counts: bool = False,
-        step_start: Callable[[int], str] | None = None,
-        step_end: Callable[[int], str] | None = None,
-    ) -> None:
-        self.round_counts = round_counts
-        # a public clock: "step_start" and "step_end" fields (ISO-8601)
-        self.step_start, self.step_end = step_start, step_end
-        self._keys = self._text = ItemText(json_key, JSON_SPECIAL, '"')
-        self._clock = clock_columns(step_start, step_end)
-        self._columns = LONG_COLUMNS + self._clock
+    def _new_cells(self) -> ItemText:
+        return ItemText(json_key, JSON_SPECIAL, '"')
 
     def header(self) -> bytes:
         return b""
 
     def _format_rows(self, release: Release) -> bytes:
+        columns = LONG_COLUMNS + self._clock
         return "".join(
-            json.dumps(
-                dict(zip(self._columns, row, strict=True)), ensure_ascii=False, allow_nan=False
-            )
+            json.dumps(dict(zip(columns, row, strict=True)), ensure_ascii=False, allow_nan=False)
             + "\n"
             for row in long_rows(release, self.round_counts, self.step_start, self.step_end)
         ).encode("utf-8")
@@ -162,7 +149,7 @@ class JsonlLongFormatter(Formatter):
         tail = f', "noise_std": {json.dumps(std)}{clock}}}'
         joined = (
             int_rows(
-                self._keys,
+                self._cells,
                 release,
                 head.encode(),
                 b', "value": ',
@@ -182,7 +169,7 @@ class JsonlLongFormatter(Formatter):
         const = pa.array([head, ', "value": ', tail], pa.string())
         rows = pc.binary_join_element_wise(
             const.take(pa.array(np.zeros(n, np.int64))),
-            self._keys(release.items),
+            self._cells(release.items),
             const.take(pa.array(np.ones(n, np.int64))),
             vals,
             const.take(pa.array(np.full(n, 2, np.int64))),

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from ..clock import StepClock
-from .arrow import arrow_ints, arrow_valid
+from .arrow import arrow_valid, event_rows
 from .chunks import Chunk, chunks_from_records
 from .jsonl import _assemble, parse_jsonl_line
 from .parquet_layout import _Layout, _layout
@@ -218,28 +218,17 @@ def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
     tcol = batch.column(layout.time)
     if tcol.type != pa.int64():
         tcol = pc.cast(tcol, pa.int64())  # an unsigned step past int64 is refused here
-    t_given = arrow_valid(tcol)
-    t = np.where(t_given, arrow_ints(tcol), 0)
     icol = batch.column(layout.items)
     if not pa.types.is_list(icol.type):
         icol = pc.cast(icol, pa.list_(icol.type.value_type))
     if not (pa.types.is_string(icol.type.value_type)):
         icol = pc.cast(icol, pa.list_(pa.string()))  # integer items: their decimal text
-    usable = arrow_valid(icol)
-    offsets = arrow_ints(icol.offsets)
-    values = icol.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    offsets = offsets - offsets[0]
-    if values.null_count:
-        null_at = np.flatnonzero(~arrow_valid(values))
-        usable[np.searchsorted(offsets, null_at, side="right") - 1] = False
-    usable &= t_given & (t >= 1)
     users = None
     if layout.user is not None:
         users = batch.column(layout.user)
         if users.type != pa.string():
             users = pc.cast(users, pa.string())
-        usable &= arrow_valid(users) & (arrow_ints(pc.binary_length(users)) > 0)
-    return t, t_given, usable, offsets, values, users
+    return event_rows(tcol, icol, users)
 
 
 def _python_value(value: Any) -> Any:

@@ -50,6 +50,7 @@ from ..mechanisms.item_table import utf8_and_lengths
 
 __all__ = [
     "Formatter",
+    "LongFormatter",
     "ItemText",
     "LONG_COLUMNS",
     "STEP_START",
@@ -355,6 +356,29 @@ def clock_values(
 ) -> tuple[str, ...]:
     """Step t's values of the :func:`clock_columns` (when it begins and ends, as given)."""
     return tuple(f(t) for f in (step_start, step_end) if f is not None)
+
+
+class LongFormatter(Formatter):
+    """A long format: the :data:`LONG_COLUMNS` of a row per released item per step, and
+    with a public clock the :func:`clock_columns` (ISO-8601 text of the step's bounds).
+    A subclass gives the text of its items (:meth:`_new_cells`)."""
+
+    _rows_per_item = True
+    _cells: ItemText  # the items' text in the format (a cell or a JSON string)
+
+    def __init__(
+        self,
+        round_counts: bool = False,
+        step_start: Callable[[int], str] | None = None,
+        step_end: Callable[[int], str] | None = None,
+    ) -> None:
+        self.round_counts = round_counts
+        self.step_start, self.step_end = step_start, step_end
+        self._clock = clock_columns(step_start, step_end)
+        self._cells = self._text = self._new_cells()
+
+    def _new_cells(self) -> ItemText:  # pragma: no cover
+        raise NotImplementedError
 
 
 def long_rows(

@@ -20,7 +20,7 @@ from .._checks import check_int
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
-from .columns import check_grows
+from .columns import check_grows, domain_aggregate, is_frame
 from .truncation import keep_ranked, keyed_subset, truncation_source
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __all__ = [
     "config_tag",
     "check_key",
     "check_count_value",
+    "check_top_k",
     "check_count_array",
     "mapping_counts",
     "domain_counts",
@@ -188,6 +189,15 @@ def check_max_items(max_items: object) -> int:
     return check_int("max_items", max_items, 1)
 
 
+def check_top_k(k: object, domain_size: int) -> int:
+    """k of a top-k over a domain of ``domain_size`` items: an int in 1..d."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 1 <= k <= domain_size:
+        raise ValueError(f"k must be in 1..{domain_size} (the domain size), got {k}")
+    return int(k)
+
+
 def check_key(key: object) -> NoiseKey:
     """The secret key must be a :class:`~dpstream.NoiseKey` (never raw bytes or a seed)."""
     if not isinstance(key, NoiseKey):
@@ -334,14 +344,21 @@ def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
 
 
 def domain_counts(
-    counts: object, index: Mapping[Hashable, int] | ItemTable, previous: np.ndarray
+    counts: object,
+    index: Mapping[Hashable, int] | ItemTable,
+    previous: np.ndarray,
+    values: object = None,
 ) -> np.ndarray:
     """Aggregate-mode counts over a known domain, as an int64 array aligned with it.
 
     ``counts`` is a Mapping (missing items count 0) or an integer array aligned
-    with the domain; ``previous`` is the last prefix histogram, which may not
-    shrink.
+    with the domain; or the items, with their counts in ``values``, or a
+    pandas/polars/Arrow frame with columns ``item`` and ``count``
+    (:func:`~dpstream.mechanisms.columns.domain_aggregate`). ``previous`` is the
+    last prefix histogram, which may not shrink.
     """
+    if values is not None or is_frame(counts):
+        return domain_aggregate(counts, values, index, previous)
     n = len(previous)
     if isinstance(counts, Mapping):
         from .columns import lookup_all

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
+
+import numpy as np
 
 from .._checks import check_int
 from ..factorization import (
@@ -34,11 +37,12 @@ from ..factorization import (
     blt_unbounded,
 )
 from ..noise import DEFAULT_NOISE_VERSION, versioned_purpose
-from ..tree import optimal_base, worst_case_variance_factor
+from ..tree import digits, optimal_base, worst_case_variance_factor
 from .base import check_base, check_horizon, config_tag
 
 __all__ = [
     "COUNTERS",
+    "CounterStd",
     "default_counter",
     "resolve_counter",
     "blt_sigma",
@@ -158,6 +162,36 @@ def tree_levels(levels: int | None) -> int:
     if levels is None:
         raise ValueError("a BLT counter has no tree levels")
     return levels
+
+
+class CounterStd:
+    """``noise_std_worst`` and ``noise_std_at`` of a histogram whose every count is one
+    counter at noise scale ``tau``: the tree (``base``, ``levels``; ``strategy`` None)
+    or a BLT (``strategy``, its draws' std ``sigma``), over ``horizon`` steps."""
+
+    strategy: BLTStrategy | None
+    sigma: float
+    tau: float
+    horizon: int
+    base: int | None
+    levels: int | None
+
+    @property
+    def noise_std_worst(self) -> float:
+        """The largest standard deviation of a released count over t <= T."""
+        if self.strategy is not None:
+            return self.sigma * math.sqrt(self.strategy.max_variance_factor)
+        return float(
+            np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base))) * self.tau
+        )
+
+    def noise_std_at(self, t: int) -> float:
+        """The standard deviation of a count released at t: tau sqrt(|I_t| L_r) for the
+        tree, sigma ||row_t(B)|| for BLT (the same for an item first counted at any step)."""
+        if self.strategy is not None:
+            return self.sigma * math.sqrt(self.strategy.variance_factor(t))
+        cells = sum(digits(t, tree_base(self.base)))
+        return float(np.sqrt(cells * tree_levels(self.levels)) * self.tau)
 
 
 def counter_with_buffers(

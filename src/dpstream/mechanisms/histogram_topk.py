@@ -24,7 +24,7 @@ from scipy.special import ndtri
 from .. import compiled
 from ..noise import NoiseKey
 from ..words import plain_mechanism
-from .base import Release, check_in_domain, domain_items, take_items
+from .base import Release, check_in_domain, check_top_k, domain_items, take_items
 from .columns import EventColumns
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
@@ -36,6 +36,16 @@ if TYPE_CHECKING:
     from ..bounding import UserBounds
 
 __all__ = ["HistogramTopK", "TopKChoice", "UnknownTopK", "choose_top_k", "top_k_errors"]
+
+
+def _top_release(rel: Release, values: np.ndarray, idx: np.ndarray | None) -> Release:
+    """A top-k list at step ``rel.t``: the items of ``rel`` at ``idx`` (largest first)
+    with their ``values``, or (``idx`` None) the empty list of status "not yet"."""
+    if idx is None:
+        return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
+    return Release(
+        t=rel.t, items=take_items(rel.items, idx), values=values[idx], meta={"status": "selected"}
+    )
 
 
 class HistogramTopK:
@@ -103,11 +113,7 @@ class HistogramTopK:
             domain, horizon, max_items=max_items, key=key, **histogram
         )
         d = len(self.histogram.domain_index)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= d:
-            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
-        self.k = int(k)
+        self.k = check_top_k(k, d)
         h = self.histogram
         self.horizon, self.base, self.levels = h.horizon, h.base, h.levels
         self.counter, self.strategy, self.sigma = h.counter, h.strategy, h.sigma
@@ -177,14 +183,7 @@ class HistogramTopK:
         idx = compiled.top_k(values, self.k)
         if not self.started and values[idx[0]] > self.start_threshold_at(rel.t):
             self.started = True
-        if not self.started:
-            return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-        return Release(
-            t=rel.t,
-            items=take_items(rel.items, idx),
-            values=values[idx],
-            meta={"status": "selected"},
-        )
+        return _top_release(rel, values, idx if self.started else None)
 
     def __repr__(self) -> str:
         return (
@@ -241,11 +240,7 @@ class UnknownTopK:
 
         self._index = domain_table(domain_items(domain))
         d = len(self._index)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= d:
-            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
-        self.k = int(k)
+        self.k = check_top_k(k, d)
         self.histogram = UnknownDomainHistogram(horizon, max_items=max_items, key=key, **histogram)
         h = self.histogram
         self.horizon, self.base, self.levels = h.horizon, h.base, h.levels
@@ -317,16 +312,7 @@ class UnknownTopK:
     def _top(self, rel: Release) -> Release:
         values = np.asarray(rel.values, dtype=np.float64)
         n = values.shape[0]
-        if n == 0:
-            return Release(t=rel.t, items=[], values=np.zeros(0), meta={"status": "not yet"})
-        k = min(self.k, n)
-        idx = compiled.top_k(values, k)
-        return Release(
-            t=rel.t,
-            items=take_items(rel.items, idx),
-            values=values[idx],
-            meta={"status": "selected"},
-        )
+        return _top_release(rel, values, compiled.top_k(values, min(self.k, n)) if n else None)
 
     def __repr__(self) -> str:
         return (

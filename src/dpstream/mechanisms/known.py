@@ -30,7 +30,7 @@ from ..noise import (
     item_chunks,
     versioned_purpose,
 )
-from ..tree import num_levels, worst_case_variance_factor
+from ..tree import num_levels
 from . import narrow_counts
 from .base import (
     EventLimit,
@@ -51,24 +51,22 @@ from .blt_noise import BLTNoise
 from .columns import (
     EventColumns,
     as_events,
-    domain_aggregate,
     domain_positions,
     fast_events,
-    is_frame,
 )
 from .counters import (
+    CounterStd,
     blt_purpose,
     blt_sigma,
     for_all_t,
     resolve_counter,
     stream_horizon,
     tree_base,
-    tree_levels,
 )
 from .item_table import ItemTable, domain_table, release_items
 from .params import HistogramParams
 from .tree_noise import TreeNoise
-from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
+from .users import UserLevel, bound_user_events, commit_user_events, unit_bound, user_guarantee
 
 __all__ = [
     "BLTCounter",
@@ -173,7 +171,7 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
     return combine_fingerprints(total, count)
 
 
-class KnownDomainHistogram:
+class KnownDomainHistogram(CounterStd):
     """KnownBase (Algorithm 2, ``algo:KnownBase``): a running histogram over a known domain.
 
     Each domain item u gets its own r-ary tree counter (BinMech, Algorithm 1):
@@ -398,26 +396,7 @@ class KnownDomainHistogram:
         Shared, not copied: read it, never add to it."""
         return self._index
 
-    # -- facts ---------------------------------------------------------------
-    @property
-    def noise_std_worst(self) -> float:
-        """The largest standard deviation of a released count over t <= T."""
-        if self.strategy is not None:
-            return self.sigma * math.sqrt(self.strategy.max_variance_factor)
-        return float(
-            np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base))) * self.tau
-        )
-
-    def noise_std_at(self, t: int) -> float:
-        """The standard deviation of a released count at t: tau sqrt(|I_t| L_r) for
-        the tree, sigma ||row_t(B)|| for BLT."""
-        from ..tree import digits
-
-        if self.strategy is not None:
-            return self.sigma * math.sqrt(self.strategy.variance_factor(t))
-        cells = sum(digits(t, tree_base(self.base)))
-        return float(np.sqrt(cells * tree_levels(self.levels)) * self.tau)
-
+    # -- facts (noise_std_worst, noise_std_at: CounterStd) ---------------------
     @property
     def counts(self) -> np.ndarray:
         """The true running counts (event mode), aligned with ``domain``. Not private."""
@@ -473,9 +452,7 @@ class KnownDomainHistogram:
         top = max(self._max_count, int(new_counts[idx].max())) if idx.size else self._max_count
         self._limit.commit(delta)
         rel = self._release(t, new_counts, top)
-        if pending is not None:
-            assert self._users is not None  # (a pending change: user level)
-            self._users.commit(pending)
+        commit_user_events(self._users, pending)
         return rel
 
     # -- aggregate mode --------------------------------------------------------
@@ -495,17 +472,8 @@ class KnownDomainHistogram:
         increase; any step may be skipped.
         """
         check_next_step(t, self.t, self.horizon)
-        new_counts = self._counts_array(counts, values)
+        new_counts = domain_counts(counts, self._index, self._counts, values)
         return self._release(int(t), new_counts)
-
-    def _counts_array(
-        self,
-        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
-        values: Sequence[int] | np.ndarray | None = None,
-    ) -> np.ndarray:
-        if values is not None or is_frame(counts):
-            return domain_aggregate(counts, values, self._index, self._counts)
-        return domain_counts(counts, self._index, self._counts)
 
     def _release(self, t: int, new_counts: np.ndarray, top: int | None = None) -> Release:
         """Step to t with the int64 prefix counts ``new_counts``, whose largest is ``top``

@@ -384,28 +384,17 @@ class MetaHistogram:
         self.tau = float(tau_value)
         self.threshold_delta = thr
         name = f"{self.mechanism_name}[{self.oneshot}]"
-        if gauss:
-            self.privacy = privacy.guarantee_for_tau(
-                tau=self.tau,
-                a=a,
-                delta=total,
-                rho_delta=rho_delta,
-                gaussian_exact=True,
-                mechanism=name,
-                theorem=self.theorem,
-                target_epsilon=budget.epsilon,
-            )
-        else:
-            self.privacy = privacy.guarantee_for_tau(
-                tau=self.tau,
-                a=a,
-                delta=total,
-                rho_delta=rho_delta,
-                gaussian_exact=False,
-                mechanism=name,
-                theorem=self.theorem,
-                target_epsilon=budget.epsilon,
-            )
+        # (epsilon, delta): the exact Gaussian curve for UnkGauss, the CKS bound otherwise
+        self.privacy = privacy.guarantee_for_tau(
+            tau=self.tau,
+            a=a,
+            delta=total,
+            rho_delta=rho_delta,
+            gaussian_exact=gauss,
+            mechanism=name,
+            theorem=self.theorem,
+            target_epsilon=budget.epsilon,
+        )
 
     @property
     def domain(self) -> list[Hashable] | None:

@@ -40,6 +40,7 @@ from .base import (
     check_key,
     check_next_step,
     check_stream_name,
+    check_top_k,
     config_tag,
     domain_counts,
     domain_items,
@@ -50,17 +51,15 @@ from .blt_noise import BLTNoise
 from .columns import (
     EventColumns,
     as_events,
-    domain_aggregate,
     domain_positions,
     fast_events,
-    is_frame,
     lookup_all,
 )
 from .counters import blt_sigma, resolve_counter, tree_base, tree_levels
 from .item_table import ItemTable, domain_table
 from .params import TopKParams
 from .tree_noise import TreeNoise
-from .users import UserLevel, bound_user_events, user_guarantee
+from .users import UserLevel, bound_user_events, commit_user_events, user_guarantee
 
 #: The longest horizon for which eta may be a function (evaluated at every step up front).
 MAX_ETA_SCHEDULE = 10**6
@@ -473,11 +472,7 @@ class ContinualTopK:
         # and a dict for other types), which finds a step's positions all at once
         self._index = domain_table(items)
         d = len(items)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= d:
-            raise ValueError(f"k must be in 1..{d} (the domain size), got {k}")
-        self.k = int(k)
+        self.k = check_top_k(k, d)
         if isinstance(switches, bool) or not isinstance(switches, (int, np.integer)):
             raise TypeError(f"switches must be an int, got {type(switches).__name__}")
         if switches < 0:
@@ -740,9 +735,7 @@ class ContinualTopK:
                 np.concatenate(parts), minlength=len(self._index)
             )
         rel = self._release(t, new_counts, top)
-        if pending is not None:
-            assert self._users is not None  # (a pending change: user level)
-            self._users.commit(pending)
+        commit_user_events(self._users, pending)
         return rel
 
     # -- aggregate mode ----------------------------------------------------------------
@@ -760,16 +753,7 @@ class ContinualTopK:
         increase; a skipped step gets no sparse-vector check.
         """
         check_next_step(t, self.t, self.horizon)
-        return self._release(int(t), self._counts_array(counts, values))
-
-    def _counts_array(
-        self,
-        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
-        values: Sequence[int] | np.ndarray | None = None,
-    ) -> np.ndarray:
-        if values is not None or is_frame(counts):
-            return domain_aggregate(counts, values, self._index, self._counts)
-        return domain_counts(counts, self._index, self._counts)
+        return self._release(int(t), domain_counts(counts, self._index, self._counts, values))
 
     # -- the algorithm ------------------------------------------------------------------
     def _counter_noise(self, positions: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from .. import privacy
 from ..bounding import resolve_user_bounds
 from ..factorization import BLTStrategy
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
-from ..tree import digits, max_cells, num_levels, optimal_base, worst_case_variance_factor
+from ..tree import digits, max_cells, num_levels, optimal_base
 from . import narrow_counts
 from .base import (
     EventLimit,
@@ -48,6 +48,7 @@ from .columns import (
     is_frame,
 )
 from .counters import (
+    CounterStd,
     blt_purpose,
     blt_sigma,
     for_all_t,
@@ -60,7 +61,7 @@ from .item_table import ItemTable
 from .known import tree_purpose
 from .params import UnknownParams
 from .tree_noise import TreeNoise
-from .users import UserLevel, bound_user_events, unit_bound, user_guarantee
+from .users import UserLevel, bound_user_events, commit_user_events, unit_bound, user_guarantee
 
 __all__ = [
     "PrivacySplit",
@@ -270,7 +271,7 @@ def calibrate_unknown_domain(
     return tau_for(thr), thr
 
 
-class UnknownDomainHistogram:
+class UnknownDomainHistogram(CounterStd):
     """UnkBase (``algo:UnkBase``): a running histogram when nobody can list the items.
 
     Every item that has appeared gets KnownBase's tree noise: each cell of the
@@ -702,23 +703,6 @@ class UnknownDomainHistogram:
         return m
 
     @property
-    def noise_std_worst(self) -> float:
-        """The largest standard deviation of a released count over t <= T."""
-        if self.strategy is not None:
-            return self.sigma * math.sqrt(self.strategy.max_variance_factor)
-        return float(
-            np.sqrt(worst_case_variance_factor(self.horizon, tree_base(self.base))) * self.tau
-        )
-
-    def noise_std_at(self, t: int) -> float:
-        """The standard deviation of a count at t: tau sqrt(|I_t| L_r) for the tree,
-        sigma ||row_t(B)|| for BLT (the same for an item seen at any step)."""
-        if self.strategy is not None:
-            return self.sigma * math.sqrt(self.strategy.variance_factor(t))
-        cells = sum(digits(t, tree_base(self.base)))
-        return float(np.sqrt(cells * tree_levels(self.levels)) * self.tau)
-
-    @property
     def truncation(self) -> TruncationStats:
         """What ``on_invalid="truncate"`` dropped so far (event mode). Not private."""
         return self._limit.stats
@@ -779,9 +763,7 @@ class UnknownDomainHistogram:
                 )
                 rel = self._commit(t, counts, new_items, new_counts, top)
                 self._limit.commit(TruncationStats(events=len(offsets) - 1))
-                if pending is not None:
-                    assert self._users is not None  # (a pending change: user level)
-                    self._users.commit(pending)
+                commit_user_events(self._users, pending)
                 return rel
         batch = fast_events(batch)  # the per-event path raises the precise error
         checked, delta = self._limit.events(batch, t=t)
@@ -793,9 +775,7 @@ class UnknownDomainHistogram:
         counts = self._counts[: self._n] + np.bincount(cols[cols >= 0], minlength=self._n)
         rel = self._commit(t, counts, list(new), np.fromiter(new.values(), np.int64, len(new)))
         self._limit.commit(delta)
-        if pending is not None:
-            assert self._users is not None  # (a pending change: user level)
-            self._users.commit(pending)
+        commit_user_events(self._users, pending)
         return rel
 
     # -- aggregate mode --------------------------------------------------------

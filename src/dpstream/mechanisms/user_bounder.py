@@ -53,7 +53,7 @@ from ..bounding import BoundingStats, ContributionBounder, UserBounds
 from .columns import distinct_in_events
 from .item_table import ItemTable, take_at
 
-__all__ = ["ColumnBounder", "ColumnPending"]
+__all__ = ["ColumnBounder", "ColumnPending", "kept_items"]
 
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1
@@ -130,6 +130,19 @@ class ColumnPending:
     #: was looked up (then, the state unchanged since, -1 means "not there")
     sizes: tuple[int, int] = (-1, -1)
     items_looked_up: bool = False
+
+
+def kept_items(
+    names: Sequence[Hashable], codes: Sequence[int], keep: np.ndarray, offsets: np.ndarray
+) -> list[tuple[Hashable, ...]]:
+    """Each event's kept items, in order: ``names[codes[i]]`` for every occurrence i that
+    ``keep`` marks, event e holding occurrences ``offsets[e]`` .. ``offsets[e + 1] - 1``."""
+    flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
+    bounds = offsets.tolist()
+    return [
+        tuple(x for x in flat[a:b] if x is not None)
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
 
 
 class ColumnBounder:
@@ -467,13 +480,7 @@ class ColumnBounder:
             [u.hex() for u in users], np.asarray(user_of, dtype=np.int64), names,
             np.asarray(codes, dtype=np.int64), offsets,
         )  # fmt: skip
-        flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
-        bounds = offsets.tolist()
-        kept = [
-            tuple(x for x in flat[a:b] if x is not None)
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
-        return kept, pending
+        return kept_items(names, codes, keep, offsets), pending
 
     def commit(self, pending: ColumnPending) -> None:
         """Apply the state change of an accepted batch (from :meth:`bound_columns`)."""
@@ -504,11 +511,7 @@ class ColumnBounder:
                 keys = (index[pending.pair_user] << _SHIFT) | item_at[codes]
                 fresh = int(np.count_nonzero(pending.pair_before == 0))
                 self._store(keys, pending.pair_count, fresh)
-        s, p = self.stats, pending.stats
-        s.kept += p.kept
-        s.dropped += p.dropped
-        s.dropped_new_item += p.dropped_new_item
-        s.dropped_count += p.dropped_count
+        self.stats.add(pending.stats)
 
     def __repr__(self) -> str:
         b = self.bounds

@@ -27,7 +27,7 @@ from ..privacy import PrivacyGuarantee
 from .base import check_max_items, normalise_event
 from .columns import _PLAIN, EventColumns, distinct_in_events
 from .item_table import TakenItems, take_at
-from .user_bounder import ColumnBounder
+from .user_bounder import ColumnBounder, kept_items
 
 __all__ = [
     "UserLevel",
@@ -35,6 +35,7 @@ __all__ = [
     "unit_bound",
     "user_guarantee",
     "bound_user_events",
+    "commit_user_events",
     "split_user_event",
 ]
 
@@ -263,13 +264,7 @@ class UserLevel:
             offsets,
             None,  # (each event's items made distinct above)
         )
-        flat = [names[c] if k else None for c, k in zip(codes, keep.tolist(), strict=True)]
-        bounds = offsets.tolist()
-        kept = [
-            tuple(x for x in flat[a:b] if x is not None)
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
-        return kept, pending
+        return kept_items(names, codes, keep, offsets), pending
 
     def bound_columns(
         self,
@@ -417,3 +412,11 @@ def bound_user_events(
             "a list of pairs, not EventColumns (which hold no users)"
         )
     return users.bound(events, max_items, check)
+
+
+def commit_user_events(users: UserLevel | None, pending: Any) -> None:
+    """Commit the pending bounder change of :func:`bound_user_events` once the step is
+    released (``pending`` None: event level, nothing to commit)."""
+    if pending is not None:
+        assert users is not None  # (a pending change: user level)
+        users.commit(pending)

@@ -92,6 +92,17 @@ def _top(
     return cand[order], ids[order]
 
 
+def _candidates(
+    items: list[Hashable], counts: np.ndarray, kbar: int, source: NoiseSource
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The kbar candidates of an unknown-domain one-shot: the positions of the top kbar
+    counts in rank order (:func:`_top`) and their keyed ids, and h_(kbar+1), the next
+    count in that order (0 when there are no more items)."""
+    ranked, ids = _top(items, counts, kbar + 1, source)
+    h_next = int(counts[ranked[kbar]]) if ranked.size > kbar else 0
+    return ranked[:kbar], ids[:kbar], h_next
+
+
 def _result(
     items: list[Hashable], pos: np.ndarray, values: np.ndarray, hit: bool
 ) -> UnknownDomainResult:
@@ -155,9 +166,7 @@ def unknown_domain_gaussian(
     delta = _check_delta("delta", delta)
     items, h = histogram_arrays(counts)
     source = NoiseSource(key, purpose)
-    ranked, ids = _top(items, h, kbar + 1, source)
-    h_next = int(h[ranked[kbar]]) if ranked.size > kbar else 0
-    top, top_ids = ranked[:kbar], ids[:kbar]
+    top, top_ids, h_next = _candidates(items, h, kbar, source)
     positive = h[top] > 0
     top, top_ids = top[positive], top_ids[positive]
     v_bot = (
@@ -277,9 +286,7 @@ def unknown_domain_gumbel(
     delta = _check_delta("delta", delta)
     items, h = histogram_arrays(counts)
     source = NoiseSource(key, purpose)
-    ranked, ids = _top(items, h, kbar + 1, source)
-    h_next = int(h[ranked[kbar]]) if ranked.size > kbar else 0
-    top, top_ids = ranked[:kbar], ids[:kbar]
+    top, top_ids, h_next = _candidates(items, h, kbar, source)
     eligible = h[top] > h_next
     top, top_ids = top[eligible], top_ids[eligible]
     v_bot = (
