@@ -519,3 +519,49 @@ def test_too_many_invalid_records_are_refused_as_on_the_local_engine(
             cli.main([*common, "--max-invalid", "60%", *engine, "-o", str(out), *own_ledger(out)])
             == 0
         )
+
+
+@pytest.mark.parametrize(
+    "lines, mechanism",
+    [
+        # too many items first, a parse error after it
+        (
+            [b'{"t": 1, "items": ["a", "b", "c", "d"]}', b"{", b'{"t": 2, "items": ["a"]}'],
+            "unknown",
+        ),
+        # the only invalid record has too many items
+        ([b'{"t": 1, "items": ["a"]}', b'{"t": 2, "items": ["a", "b", "c", "d"]}'], "unknown"),
+        # a step past the horizon (after every step), then too many items
+        ([b'{"t": 50, "items": ["a"]}', b'{"t": 3, "items": ["a", "b", "c", "d"]}'], "unknown"),
+        # an item outside the domain, in an event that is also too large
+        ([b'{"t": 1, "items": ["a"]}', b'{"t": 2, "items": ["a", "z", "b", "c"]}'], "known"),
+    ],
+)
+def test_on_invalid_error_stops_at_the_local_engines_record_in_its_words(
+    spark, tmp_path, capsys, lines, mechanism
+) -> None:
+    """Review finding: with ``--on-invalid error`` Spark ordered only parse errors, so it
+    named another line than the local engine, and an event with too many items or an
+    item outside the domain failed in the workers with Spark's stack of traces. Now both
+    engines stop at the same record, with the same one-line message."""
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-error").save(key)
+    inp = tmp_path / "in.jsonl"
+    _write(inp, lines)
+    (tmp_path / "domain.txt").write_text("a\nb\nc\n")
+    args = ["run", "-m", mechanism, "-T", "10", "--max-items", "3", "--rho", "2"]
+    if mechanism == "known":
+        args += ["--domain", str(tmp_path / "domain.txt")]
+    else:
+        args += ["--threshold-delta", "1e-3"]
+    args += ["--key-file", str(key), "-i", str(inp), "--on-invalid", "error"]
+    said = []
+    for out, engine in ((tmp_path / "l.csv", []), (tmp_path / "s", ["--engine", "spark"])):
+        capsys.readouterr()
+        assert cli.main([*args, *engine, "-o", str(out), *own_ledger(out)]) != 0
+        said.append(capsys.readouterr().err.strip().splitlines()[-1])
+    assert not (tmp_path / "s").exists()  # (the local engine released the steps before)
+    assert said[0].startswith("dpstream: error: input line "), said
+    assert said[1] == said[0]

@@ -24,7 +24,7 @@ from ..errors import InvalidEventError
 from .report import RunStats
 from .settings import reason_key
 
-__all__ = ["RunStats", "Validator"]
+__all__ = ["RunStats", "Validator", "invalid_message"]
 
 #: What an invalid record's message says when it may quote the record (without
 #: --verbose-errors): the reason, never the content.
@@ -37,6 +37,16 @@ _REDACTED = {
     "user id": "its user id (--user-field) is missing, empty or not a string",
     "malformed": "not a valid event",
 }
+
+
+def invalid_message(line: int, problem: str, verbose: bool) -> str:
+    """What ``--on-invalid error`` says of the invalid record at input line ``line``: its
+    problem, or without ``--verbose-errors`` only the reason when the problem may quote
+    the record's content (both engines word it so)."""
+    reason = reason_key(problem)
+    if not verbose and reason in _REDACTED:
+        problem = f"{_REDACTED[reason]} (--verbose-errors shows the record's content)"
+    return f"input line {line}: {problem} (see --on-invalid)"
 
 
 @dataclass
@@ -87,9 +97,7 @@ class Validator:
     def _invalid(self, line: int, problem: str) -> None:
         reason = reason_key(problem)
         if self.policy == "error":
-            if not self.verbose and reason in _REDACTED:
-                problem = f"{_REDACTED[reason]} (--verbose-errors shows the record's content)"
-            raise InvalidEventError(f"input line {line}: {problem} (see --on-invalid)")
+            raise InvalidEventError(invalid_message(line, problem, self.verbose))
         self.stats.skipped += 1
         self.stats.reasons[reason] += 1
 

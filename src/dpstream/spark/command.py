@@ -41,6 +41,8 @@ from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share
+from ..run.source import past_message
+from ..run.validate import invalid_message
 from .events import read_events_jsonl, read_events_parquet
 from .order import split_shifts, with_pos
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
@@ -493,14 +495,8 @@ def _mechanism(
 
 def _plain_invalid(job: _Job) -> Column:
     """The local engine's checks of an event that need no domain, as a column: its step
-    past ``--until``, and with ``--on-invalid skip`` too many items or a null item."""
-    invalid = F.col("t") > job.until
-    max_items = job.common["max_items"]
-    if job.policy == "skip":  # the local engine's checks, as a filter instead of a failure
-        if max_items is not None:
-            invalid = invalid | (F.size(F.array_distinct("items")) > max_items)
-        invalid = invalid | F.exists("items", lambda x: x.isNull())
-    return invalid
+    past ``--until``, too many items or a null item."""
+    return (F.col("t") > job.until) | _over(job) | F.exists("items", lambda x: x.isNull())
 
 
 def _fact_columns(job: _Job, order: str) -> dict[str, Column]:
@@ -592,12 +588,10 @@ def _valid_events(
     ``--max-invalid`` of the records invalid does (:func:`_check_invalid_share`)."""
     parsed = source.records
     facts = source.facts if source.facts is not None else _facts(parsed, job)
+    if job.policy == "error" and (facts["bad"] or facts["invalid"] or domain_df is not None):
+        _stop_at_first_invalid(parsed, job, domain_df, mech)
     skipped = 0
     if facts["first_bad"] is not None:
-        if job.policy == "error":
-            bad = _first_row(parsed.where(F.col("pos") == _first_bad(parsed, job.until)))
-            why = bad["error"] if job.verbose else "not a valid event (--verbose-errors shows why)"
-            raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
         skipped += int(facts["bad"])
     n_events = int(facts["events"])
     if job.user_field is None and source.unnumbered is not None:
@@ -628,26 +622,60 @@ def _valid_events(
                 checked.unpersist()
                 raise
         valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
-    if n_invalid and job.policy == "error":
-        if checked is not None:
-            checked.unpersist()
-        raise InvalidEventError(
-            f"the input has {n_invalid} events past the end step --until {job.until}"
-            if job.until < mech.horizon
-            else f"the input reaches a time step past the horizon T={mech.horizon}"
-        )
     skipped += n_invalid
     n_events -= n_invalid
     return valid, checked, n_events, skipped
 
 
-def _first_bad(parsed: DataFrame, until: int) -> int:
-    """The line (pos) of the invalid record the local engine stops at with ``--on-invalid
-    error``: it raises where it releases the record's step, so the first invalid record
-    of the earliest step; a record without a step counts in the step of the last record
-    before it with one in 1..``until`` (else the first step), one past ``until`` after
-    every step (:class:`dpstream.io.grouping.ChunkGrouper`). One sorted pass, run only
-    when the job stops."""
+def _stop_at_first_invalid(
+    parsed: DataFrame, job: _Job, domain_df: DataFrame | None, mech: Any
+) -> None:
+    """With ``--on-invalid error``: raise :class:`InvalidEventError` for the record the
+    local engine stops at, in its words (:func:`dpstream.run.validate.invalid_message`),
+    if any record is invalid: a parse error, a step past ``--until``, a null item, an
+    item outside the domain (checked before the size, as locally) or too many items."""
+    records = parsed.where(F.col("error").isNull() | (F.col("error") != ""))
+    bad = F.col("error").isNotNull() | (F.col("error").isNull() & _plain_invalid(job))
+    if domain_df is not None:
+        events = records.where(F.col("error").isNull()).select("t", "items", "pos", "user")
+        flagged, _ = _invalid_rule(events, job, domain_df)
+        outside = flagged.where(F.col("_outside")).select("pos", F.lit(True).alias("_out"))
+        records = records.join(outside, "pos", "left")
+        bad = bad | F.col("_out").isNotNull()
+    first = _first_bad(records, bad, job.until)
+    if first is None:
+        return
+    line = int(first["pos"]) + 1
+    problem = first["error"] or _event_problem(first, job, mech)
+    raise InvalidEventError(invalid_message(line, problem, job.verbose))
+
+
+def _event_problem(row: Any, job: _Job, mech: Any) -> str:
+    """Why the local engine refuses a parsed event (``row``: its ``t`` and ``items``), in
+    its words: the first of its checks that fails."""
+    t, items = int(row["t"]), list(row["items"])
+    horizon = MAX_BLT_HORIZON if job.horizon is None else job.horizon
+    if t > job.until:
+        return past_message(t, job.until, horizon)
+    if any(x is None for x in items):
+        return "an item is null"
+    index = getattr(mech.mechanism, "domain_index", None)
+    if index is not None:
+        outside = [x for x, at in zip(items, index.lookup(items).tolist(), strict=True) if at < 0]
+        if outside:
+            return f"item {outside[0]!r} is not in the domain"
+    distinct = len(set(items))
+    return f"event has {distinct} distinct items, more than --max-items {job.common['max_items']}"
+
+
+def _first_bad(records: DataFrame, bad: Column, until: int) -> Any:
+    """The record (a row: pos, t, items, error) the local engine stops at with
+    ``--on-invalid error`` among ``records`` where ``bad`` holds, or None: it raises
+    where it releases the record's step, so the first invalid record of the earliest
+    step; a record without a step counts in the step of the last record before it with
+    one in 1..``until`` (else the first step), one past ``until`` after every step
+    (:class:`dpstream.io.grouping.ChunkGrouper`). One sorted pass, run only when some
+    record may be invalid."""
     from pyspark.sql import Window
 
     in_range = F.col("t").between(1, until)
@@ -657,16 +685,16 @@ def _first_bad(parsed: DataFrame, until: int) -> int:
         .when(in_range, F.col("t"))
         .otherwise(F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1)))
     )
-    records = parsed.where(F.col("error").isNull() | (F.col("error") != ""))
-    bad = records.select("pos", "error", step.alias("_step")).where(F.col("error").isNotNull())
-    return int(_first_row(bad.orderBy("_step", "pos").limit(1))["pos"])
+    flagged = records.select("pos", "t", "items", "error", step.alias("_step"), bad.alias("_bad"))
+    rows = flagged.where(F.col("_bad")).orderBy("_step", "pos").limit(1).collect()
+    return rows[0] if rows else None
 
 
 def _invalid_rule(events: DataFrame, job: _Job, domain_df: DataFrame | None) -> tuple[Any, Any]:
     """The events (flagged ``_outside`` when an item is outside the known domain) and the
     column that marks an invalid one: the local engine's checks, as a filter."""
     invalid = _plain_invalid(job)
-    if job.policy == "skip" and domain_df is not None:
+    if domain_df is not None:
         in_domain = F.broadcast(
             domain_df.select(F.col("item").alias("_item"), F.lit(True).alias("_known"))
         )
