@@ -18,6 +18,7 @@ from .text import (
     LONG_COLUMNS,
     ItemText,
     LongFormatter,
+    RowPieces,
     clock_values,
     int_rows,
     join_text,
@@ -62,11 +63,9 @@ class CsvFormatter(LongFormatter):
             int_rows(
                 self._cells,
                 release,
-                f"{int(release.t)},".encode(),
-                b",",
-                f",{std_text}".encode(),
-                b"\n",
-                last=b"\n",
+                RowPieces(
+                    f"{int(release.t)},".encode(), b",", f",{std_text}".encode(), b"\n", last=b"\n"
+                ),
             )
             if self.round_counts
             else None

@@ -20,6 +20,7 @@ from .text import (
     Formatter,
     ItemText,
     LongFormatter,
+    RowPieces,
     clock_values,
     int_rows,
     join_text,
@@ -54,16 +55,10 @@ class JsonlFormatter(Formatter):
         tail = "}" + meta_text(release)
         head = f'{{"t": {int(release.t)}, "released": {{'
         if self.round_counts:
-            whole = int_rows(
-                self._keys,
-                release,
-                b"",
-                b": ",
-                b"",
-                b", ",
-                first=head.encode(),
-                last=(tail + "}\n").encode("utf-8"),
+            pieces = RowPieces(
+                b"", b": ", b"", b", ", head.encode(), (tail + "}\n").encode("utf-8")
             )
+            whole = int_rows(self._keys, release, pieces)
             if whole is not None:
                 return whole
         vals = value_text(release, self.round_counts)
@@ -74,17 +69,15 @@ class JsonlFormatter(Formatter):
 
     def _format_rows(self, release: Release) -> bytes:
         if self.round_counts and len(release.values):
-            whole = plain_int_rows(
-                release.items,
-                release.values,
-                JSON_SPECIAL_BYTES,
+            pieces = RowPieces(
                 b'"',
                 b'": ',
                 b"",
                 b", ",
-                first=f'{{"t": {int(release.t)}, "released": {{'.encode(),
-                last=("}" + meta_text(release) + "}\n").encode("utf-8"),
+                f'{{"t": {int(release.t)}, "released": {{'.encode(),
+                ("}" + meta_text(release) + "}\n").encode("utf-8"),
             )
+            whole = plain_int_rows(release.items, release.values, JSON_SPECIAL_BYTES, pieces)
             if whole is not None:
                 return whole
         return self._format_dict(release)
@@ -151,11 +144,7 @@ class JsonlLongFormatter(LongFormatter):
             int_rows(
                 self._cells,
                 release,
-                head.encode(),
-                b', "value": ',
-                tail.encode(),
-                b"\n",
-                last=b"\n",
+                RowPieces(head.encode(), b', "value": ', tail.encode(), b"\n", last=b"\n"),
             )
             if self.round_counts
             else None

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,6 +67,7 @@ __all__ = [
     "json_key",
     "json_default",
     "join_text",
+    "RowPieces",
     "int_rows",
     "plain_int_rows",
 ]
@@ -183,39 +184,30 @@ def join_text(pieces: Any, sep: str) -> str:
     return pc.binary_join(one, sep)[0].as_py()
 
 
-def int_rows(
-    text: ItemText,
-    release: Release,
-    head: bytes,
-    mid: bytes,
-    tail: bytes,
-    sep: bytes,
-    *,
-    first: bytes = b"",
-    last: bytes = b"",
-) -> bytes | None:
-    """``first``, the rows ``head + item text + mid + rounded value + tail`` of a release
-    joined by ``sep``, and ``last``, in one C pass (the items' text from ``text``,
-    encoded once for a known domain; ``first`` and ``last`` written in place, so the
-    rows are not copied again to frame them); None without the C loops or when a value
-    is not finite (the callers' other paths decide). The same bytes as Arrow's kernels:
-    integers in decimal."""
-    return _join_int_rows(
-        release.values, lambda: text.raw(release.items), (head, mid, tail, sep, first, last)
-    )
+class RowPieces(NamedTuple):
+    """The constant bytes of a release's rows for the C row writer: each row is ``head +
+    item text + mid + rounded value + tail``, the rows joined by ``sep``, the whole
+    between ``first`` and ``last`` (a release's own start and end, written in place so
+    that the rows are not copied again to frame them)."""
+
+    head: bytes
+    mid: bytes
+    tail: bytes
+    sep: bytes
+    first: bytes = b""
+    last: bytes = b""
+
+
+def int_rows(text: ItemText, release: Release, pieces: RowPieces) -> bytes | None:
+    """A release's rows (:class:`RowPieces`) in one C pass, the items' text from
+    ``text`` (encoded once for a known domain); None without the C loops or when a
+    value is not finite (the callers' other paths decide). The same bytes as Arrow's
+    kernels: integers in decimal."""
+    return _join_int_rows(release.values, lambda: text.raw(release.items), pieces)
 
 
 def plain_int_rows(
-    items: Sequence[Any],
-    values: np.ndarray,
-    special: Any,
-    head: bytes,
-    mid: bytes,
-    tail: bytes,
-    sep: bytes,
-    *,
-    first: bytes = b"",
-    last: bytes = b"",
+    items: Sequence[Any], values: np.ndarray, special: Any, pieces: RowPieces
 ) -> bytes | None:
     """:func:`int_rows` for fresh ``str`` items that need no escaping (``special``, a
     compiled bytes pattern, finds none in their UTF-8), their text being the items
@@ -231,13 +223,13 @@ def plain_int_rows(
         np.cumsum(encoded[1], out=offsets[1:])
         return encoded[0], offsets
 
-    return _join_int_rows(values, text, (head, mid, tail, sep, first, last))
+    return _join_int_rows(values, text, pieces)
 
 
-def _join_int_rows(values: Any, text: Any, pieces: tuple[bytes, ...]) -> bytes | None:
+def _join_int_rows(values: Any, text: Any, pieces: RowPieces) -> bytes | None:
     """The C joiner over ``text()`` (the items' UTF-8 and offsets, or None) and the
-    rounded values, with ``pieces`` (head, mid, tail, sep, first, last); None without
-    the C loops, for a value that is not finite, or when ``text()`` gives none."""
+    rounded values, with ``pieces``; None without the C loops, for a value that is not
+    finite, or when ``text()`` gives none."""
     loops = compiled.loops()
     values = np.asarray(values, dtype=np.float64)
     if loops is None or not np.isfinite(values).all():
