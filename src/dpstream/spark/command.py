@@ -41,6 +41,7 @@ from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from .events import read_events_jsonl, read_events_parquet
 from .order import split_shifts, with_pos
+from .read_counts import counted_lines
 from .read_jsonl import parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
@@ -179,23 +180,33 @@ def run_cli(
     job = _job(opts, key)
     if spark is None:
         spark = start_session(master)
-    mech, domain_df = _mechanism(spark, opts, job)
-    source = _parsed(spark, opts, job)
+    mech, domain_df, domain = _mechanism(spark, opts, job)
+    counted = _counted(spark, opts, job, domain)
+    source = None if counted is not None else _parsed(spark, opts, job)
     checked = released = None
     try:
-        events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech)
+        if counted is not None:
+            events, n_events, skipped = _valid_counts(counted, job, mech)
+        else:
+            assert source is not None
+            events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech)
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
         with _cached_plans_coalesced(spark):
-            released = _released(events, job, mech, domain_df, steps, opts).persist()
+            released = _released(
+                events, job, mech, domain_df, steps, opts, counted=counted is not None
+            ).persist()
         table, rows = _long_format(spark, released, mech, steps, _clock(opts))
         _write(table, job)
     finally:
-        source.cache.unpersist()
-        for cached in (checked, released):
+        caches = [checked, released]
+        caches += [source.cache if source else None, counted.cache if counted else None]
+        for cached in caches:
             if cached is not None:
                 cached.unpersist()
+        if counted is not None and counted.shared is not None:
+            counted.shared.destroy()
         mech.close()
     return {
         "mechanism": job.name,
@@ -305,12 +316,106 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
         if s["first_bad"] is not None
     ]
     facts: dict[str, Any] = {
-        name: sum(int(s[name]) for s in splits) for name in ("events", "bad", "invalid")
+        name: sum(int(s[name]) for s in splits)
+        for name in ("events", "bad", "invalid", "unstepped")
     }
     facts["first_bad"] = min(firsts) if firsts else None
     records = with_pos(spark, rows, table).select("pos", "t", "items", "error", "user")
     unnumbered = rows.select(F.lit(None).cast("long").alias("pos"), "t", "items", "error", "user")
     return _Input(records, rows, facts, unnumbered)
+
+
+#: The largest known domain the counting workers check events against (each holds it).
+_DOMAIN_IN_WORKERS = 1 << 21
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """The input's valid events counted per (step, item) (``counts``: t, item, n, partial
+    counts to be added, read from ``cache``, which the caller unpersists) and the
+    totals of :mod:`dpstream.spark.read_counts` (events, bad, late, oversized,
+    outside, unstepped)."""
+
+    counts: DataFrame
+    cache: DataFrame
+    facts: dict[str, int]
+    #: the broadcast domain the workers read (destroyed by the caller), or None
+    shared: Any = None
+
+
+def _counted(
+    spark: SparkSession, opts: Mapping[str, Any], job: _Job, domain: list[str] | None
+) -> _Counted | None:
+    """The input counted as it is parsed (:mod:`dpstream.spark.read_counts`: only partial
+    counts cross from the Python workers to the JVM), when the run needs nothing of an
+    event but its step and items: an event-level run over JSON Lines whose steps are in
+    the lines (with KnownBase and ``--on-invalid skip`` the workers check each event's
+    items against the domain, a broadcast variable of up to ``_DOMAIN_IN_WORKERS``
+    items), unless the input has an event without a step (``"t": null``: its step is
+    that of the record before it) or, with ``--on-invalid error``, a bad line (whose
+    message names its line). None: the run reads the events (:func:`_parsed`)."""
+    if job.parquet or job.user_field is not None or opts.get("implicit_time"):
+        return None
+    known: Any = None
+    if job.name == "known" and job.policy == "skip":
+        if domain is None or len(domain) > _DOMAIN_IN_WORKERS:
+            return None
+        try:
+            known = spark.sparkContext.broadcast(frozenset(domain))
+        except Exception:  # Spark Connect has no SparkContext
+            return None
+    counted = counted_lines(
+        spark,
+        job.inp,
+        until=job.until,
+        max_items=int(job.common["max_items"]),
+        domain=None if known is None else lambda: known.value,
+        time_field=opts.get("time_field"),
+        clock=_clock(opts),
+    ).cache()
+    names = ("events", "bad", "late", "oversized", "outside", "unstepped")
+    row = None
+    try:
+        row = _first_row(counted.agg(*(F.sum(n).alias(n) for n in names)))
+        facts = {n: int(row[n] or 0) for n in names}
+        if facts["unstepped"] or (job.policy == "error" and facts["bad"]):
+            row = None
+    finally:
+        if row is None:
+            counted.unpersist()
+            if known is not None:
+                known.destroy()
+    if row is None:
+        return None
+    # the rows of totals have a null n: run_counts leaves them out
+    return _Counted(counted.select("t", "item", "n"), counted, facts, known)
+
+
+def _valid_counts(counted: _Counted, job: _Job, mech: Any) -> tuple[DataFrame, int, int]:
+    """The valid events' counts, and the numbers of events and of invalid records
+    skipped (as :func:`_valid_events` finds them); with ``--on-invalid error``, an
+    event past ``--until`` or over ``--max-items`` stops the job before anything is
+    written."""
+    facts = counted.facts
+    invalid = facts["late"] + facts["oversized"] + facts["outside"]
+    if job.policy == "error":
+        if facts["late"]:
+            _refuse_late(facts["late"], job, mech)
+        if facts["oversized"]:
+            raise InvalidEventError(
+                f"the input has {facts['oversized']} events with more than "
+                f"max_items={job.common['max_items']} distinct items"
+            )
+    return counted.counts, facts["events"] - invalid, facts["bad"] + invalid
+
+
+def _refuse_late(n_late: int, job: _Job, mech: Any) -> None:
+    """With ``--on-invalid error``: ``n_late`` events past ``--until`` stop the job."""
+    raise InvalidEventError(
+        f"the input has {n_late} events past the end step --until {job.until}"
+        if job.until < mech.horizon
+        else f"the input reaches a time step past the horizon T={mech.horizon}"
+    )
 
 
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
@@ -422,8 +527,9 @@ def _common(opts: Mapping[str, Any], name: str, key: NoiseKey, inp: str) -> dict
 
 def _mechanism(
     spark: SparkSession, opts: Mapping[str, Any], job: _Job
-) -> tuple[SparkKnownBase | SparkUnknownBase, DataFrame | None]:
-    """The Spark mechanism of the run, and the known domain as a frame (or None)."""
+) -> tuple[SparkKnownBase | SparkUnknownBase, DataFrame | None, list[str] | None]:
+    """The Spark mechanism of the run, and the known domain as a frame and as a list
+    (or None)."""
     horizon = job.horizon
     counter = (
         opts.get("counter")
@@ -442,7 +548,7 @@ def _mechanism(
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase.from_params(
             spark, params, key=job.key, domain=items
         )
-        return mech, spark.createDataFrame([(it,) for it in items], "item string")
+        return mech, spark.createDataFrame([(it,) for it in items], "item string"), items
     if opts.get("domain") is not None:
         raise ValueError("--domain does not apply to --mechanism unknown")
     unknown = UnknownParams(
@@ -452,7 +558,7 @@ def _mechanism(
         counter=counter,
         **settings,
     )
-    return SparkUnknownBase.from_params(spark, unknown, key=job.key), None
+    return SparkUnknownBase.from_params(spark, unknown, key=job.key), None, None
 
 
 def _plain_invalid(job: _Job) -> Column:
@@ -478,6 +584,7 @@ def _fact_columns(job: _Job, order: str) -> dict[str, Column]:
         "bad": F.count(F.when(bad, 1)),
         "first_bad": F.min(F.when(bad, F.col(order))),
         "invalid": F.count(F.when(event & _plain_invalid(job), 1)),
+        "unstepped": F.count(F.when(event & F.col("t").isNull(), 1)),
     }
 
 
@@ -503,9 +610,12 @@ def _valid_events(
             why = bad["error"] if job.verbose else "not a valid event (--verbose-errors shows why)"
             raise InvalidEventError(f"input line {bad['pos'] + 1}: {why}")
         skipped += int(facts["bad"])
-    n_events = int(facts["events"])
-    if job.user_field is None and source.unnumbered is not None:
+    if facts["unstepped"]:  # their steps come from the records before them
+        parsed = _stepped(parsed, job.until)
+        facts = _facts(parsed, job)
+    elif job.user_field is None and source.unnumbered is not None:
         parsed = source.unnumbered  # only user-level bounding reads the line numbers
+    n_events = int(facts["events"])
     events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
     checked = None
     if domain_df is None or job.policy != "skip":
@@ -519,14 +629,23 @@ def _valid_events(
     if n_invalid and job.policy == "error":
         if checked is not None:
             checked.unpersist()
-        raise InvalidEventError(
-            f"the input has {n_invalid} events past the end step --until {job.until}"
-            if job.until < mech.horizon
-            else f"the input reaches a time step past the horizon T={mech.horizon}"
-        )
+        _refuse_late(n_invalid, job, mech)
     skipped += n_invalid
     n_events -= n_invalid
     return valid, checked, n_events, skipped
+
+
+def _stepped(parsed: DataFrame, until: int) -> DataFrame:
+    """The numbered records, an event without a step (``"t": null``) in the step of the
+    last record before it with one in 1..``until`` (else the first step), as the local
+    engine groups them (:mod:`dpstream.io.grouping`). One sorted pass, run only when
+    the input has such an event."""
+    from pyspark.sql import Window
+
+    in_range = F.col("t").between(1, until)
+    before = Window.orderBy("pos").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    carried = F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1))
+    return parsed.withColumn("t", F.coalesce(F.col("t"), carried))
 
 
 def _first_bad(parsed: DataFrame, until: int) -> int:
@@ -587,14 +706,22 @@ def _released(
     domain_df: DataFrame | None,
     steps: list[int],
     opts: Mapping[str, Any],
+    *,
+    counted: bool = False,
 ) -> DataFrame:
-    """Every step's release, (t, item, value) post-processed (rounded, clamped, monotone)."""
+    """Every step's release, (t, item, value) post-processed (rounded, clamped, monotone),
+    from the valid events (one row each), or with ``counted`` from their counts."""
     # user level: each user's first contributions in input order (the local engine's)
     per_user = {"user_col": "user", "order_col": "pos"} if job.user_field is not None else {}
     if isinstance(mech, SparkKnownBase):
         if domain_df is None:  # pragma: no cover - made with the known mechanism above
             raise RuntimeError("the known mechanism has no domain frame")
-        released = mech.run(events, domain_df, steps=steps, **per_user)
+        if counted:
+            released = mech.run_counts(events, domain_df, steps=steps)
+        else:
+            released = mech.run(events, domain_df, steps=steps, **per_user)
+    elif counted:
+        released = mech.run_counts(events, steps=steps)
     else:
         released = mech.run(events, steps=steps, **per_user)
     if opts.get("round"):
