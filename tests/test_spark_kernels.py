@@ -105,6 +105,34 @@ def test_run_kernel_counts_increments_from_first_release_step_on() -> None:
         assert np.array_equal(got["value"].to_numpy(), want), t
 
 
+def test_run_kernel_keeps_items_that_differ_after_a_nul_apart() -> None:
+    """Items "a", "a\\x00b" and "a\\x00c" are three, each with its own count and noise
+    (``pd.factorize`` took them for one, its string table comparing C strings: their
+    counts were added, so one event holding two of them counted twice in one item)."""
+    key = fixed_key("spark-kernel-nul")
+    items = ["a", "a\x00b", "a\x00c"]
+    local = KnownDomainHistogram(items, 10, max_items=3, key=key, tau=1.0)
+    flat = pd.DataFrame(
+        {"item": [*items, *items], "t": [0, 0, 0, 1, 1, 2], "n": [0, 0, 0, 1, 2, 5]}
+    )
+    out = pd.concat(
+        kernels.release_run_partition(
+            iter([flat]),
+            spec=_spec(local),
+            key_bytes=key.to_bytes(),
+            steps=[1, 2],
+            item_col="item",
+            closed=True,
+        )
+    )
+    for t, counts in {1: [1, 2, 0], 2: [1, 2, 5]}.items():
+        got = out[out["t"] == t]
+        want = local.release(t, np.array(counts, dtype=np.int64)).values
+        assert dict(zip(got["item"], got["value"], strict=True)) == dict(
+            zip(items, want, strict=True)
+        )
+
+
 def test_run_kernel_refuses_an_item_outside_the_domain() -> None:
     key = fixed_key("spark-kernel-domain")
     spec = _spec(KnownDomainHistogram(["a"], 10, max_items=1, key=key, tau=1.0))

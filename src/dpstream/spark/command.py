@@ -41,10 +41,12 @@ from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share
+from ..run.settings import parse_share
 from ..run.source import past_message
 from ..run.validate import invalid_message
 from .events import read_events_jsonl, read_events_parquet
 from .order import split_shifts, with_pos
+from .read_counts import counted_lines
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
@@ -185,23 +187,33 @@ def run_cli(
     job = _job(opts, key)
     if spark is None:
         spark = start_session(master)
-    mech, domain_df = _mechanism(spark, opts, job)
-    source = _parsed(spark, opts, job)
+    mech, domain_df, domain = _mechanism(spark, opts, job)
+    counted = _counted(spark, opts, job, domain, cfg)
+    source = None if counted is not None else _parsed(spark, opts, job)
     checked = released = None
     try:
-        events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech, cfg)
+        if counted is not None:
+            events, n_events, skipped = _valid_counts(counted)
+        else:
+            assert source is not None
+            events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech, cfg)
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
         with _cached_plans_coalesced(spark):
-            released = _released(events, job, mech, domain_df, steps, opts).persist()
+            released = _released(
+                events, job, mech, domain_df, steps, opts, counted=counted is not None
+            ).persist()
         table, rows = _long_format(spark, released, mech, steps, _clock(opts))
         _write(table, job)
     finally:
-        source.cache.unpersist()
-        for cached in (checked, released):
+        caches = [checked, released]
+        caches += [source.cache if source else None, counted.cache if counted else None]
+        for cached in caches:
             if cached is not None:
                 cached.unpersist()
+        if counted is not None and counted.shared is not None:
+            counted.shared.destroy()
         mech.close()
     return {
         "mechanism": job.name,
@@ -351,6 +363,111 @@ def _refuse_plainly(exc: BaseException, inp: str) -> None:
         ) from None
 
 
+#: The largest known domain the counting workers check events against (each holds it).
+_DOMAIN_IN_WORKERS = 1 << 21
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """The input's valid events counted per (step, item) (``counts``: t, item, n, partial
+    counts to be added, read from ``cache``, which the caller unpersists) and the
+    totals of :mod:`dpstream.spark.read_counts` (events, bad, late, oversized,
+    outside, unstepped)."""
+
+    counts: DataFrame
+    cache: DataFrame
+    facts: dict[str, int]
+    #: the broadcast domain the workers read (destroyed by the caller), or None
+    shared: Any = None
+
+
+def _counted(
+    spark: SparkSession,
+    opts: Mapping[str, Any],
+    job: _Job,
+    domain: list[str] | None,
+    cfg: RunConfig,
+) -> _Counted | None:
+    """The input counted as it is parsed (:mod:`dpstream.spark.read_counts`: only partial
+    counts cross from the Python workers to the JVM), when the run needs nothing of an
+    event but its step and items: an event-level run over JSON Lines whose steps are in
+    the lines (with KnownBase and ``--on-invalid skip`` the workers check each event's
+    items against the domain, a broadcast variable of up to ``_DOMAIN_IN_WORKERS``
+    items), unless the input has an event without a step (``"t": null``: its step is
+    that of the record before it) or an input that may pass ``--max-invalid``
+    (:func:`_surely_within_share`), and not with ``--on-invalid error`` (whose message
+    names the record's line). None: the run reads the events (:func:`_parsed`), whose
+    checks are exact."""
+    if (
+        job.parquet
+        or job.user_field is not None
+        or opts.get("implicit_time")
+        or job.policy == "error"  # its message names the record's line, in the local words
+    ):
+        return None
+    known: Any = None
+    if job.name == "known" and job.policy == "skip":
+        if domain is None or len(domain) > _DOMAIN_IN_WORKERS:
+            return None
+        try:
+            known = spark.sparkContext.broadcast(frozenset(domain))
+        except Exception:  # Spark Connect has no SparkContext
+            return None
+    counted = counted_lines(
+        spark,
+        job.inp,
+        until=job.until,
+        max_items=int(job.common["max_items"]),
+        domain=None if known is None else lambda: known.value,
+        time_field=opts.get("time_field"),
+        clock=_clock(opts),
+    ).cache()
+    names = ("events", "bad", "late", "oversized", "outside", "unstepped")
+    row = None
+    try:
+        try:
+            row = _first_row(counted.agg(*(F.sum(n).alias(n) for n in names)))
+        except Exception as exc:
+            _refuse_plainly(exc, job.inp)
+            raise
+        facts = {n: int(row[n] or 0) for n in names}
+        if facts["unstepped"] or not _surely_within_share(facts, cfg, job):
+            row = None
+    finally:
+        if row is None:
+            counted.unpersist()
+            if known is not None:
+                known.destroy()
+    if row is None:
+        return None
+    # the rows of totals have a null n: run_counts leaves them out
+    return _Counted(counted.select("t", "item", "n"), counted, facts, known)
+
+
+def _surely_within_share(facts: Mapping[str, int], cfg: RunConfig, job: _Job) -> bool:
+    """Whether the counted input is within ``--max-invalid`` (the local guard,
+    :func:`_check_invalid_share`) however its events past ``--until`` divide: the
+    counting workers count them as one (``late``), where the guard counts those past
+    the horizon as invalid and those up to it (a later run's) as not read. When unsure
+    the run reads the records, whose exact tally the guard checks and words."""
+    share = parse_share(cfg.max_invalid or "0.05")
+    late = facts["late"]
+    invalid = facts["bad"] + facts["oversized"] + facts["outside"] + late
+    records = facts["events"] + facts["bad"]
+    limit = MAX_BLT_HORIZON if job.horizon is None else job.horizon
+    if job.until < limit:  # some late events may be a later run's: not read
+        records -= late
+    return invalid <= share * records
+
+
+def _valid_counts(counted: _Counted) -> tuple[DataFrame, int, int]:
+    """The valid events' counts, and the numbers of events and of invalid records
+    skipped (as :func:`_valid_events` finds them)."""
+    facts = counted.facts
+    invalid = facts["late"] + facts["oversized"] + facts["outside"]
+    return counted.counts, facts["events"] - invalid, facts["bad"] + invalid
+
+
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
     """The Spark run's settings, each refused when the Spark engine does not run it."""
     name = opts.get("mechanism", "known")
@@ -460,8 +577,9 @@ def _common(opts: Mapping[str, Any], name: str, key: NoiseKey, inp: str) -> dict
 
 def _mechanism(
     spark: SparkSession, opts: Mapping[str, Any], job: _Job
-) -> tuple[SparkKnownBase | SparkUnknownBase, DataFrame | None]:
-    """The Spark mechanism of the run, and the known domain as a frame (or None)."""
+) -> tuple[SparkKnownBase | SparkUnknownBase, DataFrame | None, list[str] | None]:
+    """The Spark mechanism of the run, and the known domain as a frame and as a list
+    (or None)."""
     horizon = job.horizon
     counter = (
         opts.get("counter")
@@ -480,7 +598,7 @@ def _mechanism(
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase.from_params(
             spark, params, key=job.key, domain=items
         )
-        return mech, spark.createDataFrame([(it,) for it in items], "item string")
+        return mech, spark.createDataFrame([(it,) for it in items], "item string"), items
     if opts.get("domain") is not None:
         raise ValueError("--domain does not apply to --mechanism unknown")
     unknown = UnknownParams(
@@ -490,7 +608,7 @@ def _mechanism(
         counter=counter,
         **settings,
     )
-    return SparkUnknownBase.from_params(spark, unknown, key=job.key), None
+    return SparkUnknownBase.from_params(spark, unknown, key=job.key), None, None
 
 
 def _plain_invalid(job: _Job) -> Column:
@@ -527,6 +645,7 @@ def _fact_columns(job: _Job, order: str) -> dict[str, Column]:
         "past": F.count(F.when(event & (F.col("t") > limit), 1)),
         "later": F.count(F.when(event & (F.col("t") > job.until) & (F.col("t") <= limit), 1)),
         "over": F.count(F.when(in_run & ~null_item & _over(job), 1)),
+        "unstepped": F.count(F.when(event & F.col("t").isNull(), 1)),
     }
 
 
@@ -588,14 +707,18 @@ def _valid_events(
     ``--max-invalid`` of the records invalid does (:func:`_check_invalid_share`)."""
     parsed = source.records
     facts = source.facts if source.facts is not None else _facts(parsed, job)
+    unstepped = bool(facts["unstepped"])
+    if unstepped:  # their steps come from the records before them
+        parsed = _stepped(parsed, job.until)
+        facts = _facts(parsed, job)
     if job.policy == "error" and (facts["bad"] or facts["invalid"] or domain_df is not None):
         _stop_at_first_invalid(parsed, job, domain_df, mech)
     skipped = 0
     if facts["first_bad"] is not None:
         skipped += int(facts["bad"])
-    n_events = int(facts["events"])
-    if job.user_field is None and source.unnumbered is not None:
+    if not unstepped and job.user_field is None and source.unnumbered is not None:
         parsed = source.unnumbered  # only user-level bounding reads the line numbers
+    n_events = int(facts["events"])
     events = parsed.where(F.col("error").isNull()).select("t", "items", "pos", "user")
     checked = None
     if domain_df is None or job.policy != "skip":
@@ -625,6 +748,19 @@ def _valid_events(
     skipped += n_invalid
     n_events -= n_invalid
     return valid, checked, n_events, skipped
+
+
+def _stepped(parsed: DataFrame, until: int) -> DataFrame:
+    """The numbered records, an event without a step (``"t": null``) in the step of the
+    last record before it with one in 1..``until`` (else the first step), as the local
+    engine groups them (:mod:`dpstream.io.grouping`). One sorted pass, run only when
+    the input has such an event."""
+    from pyspark.sql import Window
+
+    in_range = F.col("t").between(1, until)
+    before = Window.orderBy("pos").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    carried = F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1))
+    return parsed.withColumn("t", F.coalesce(F.col("t"), carried))
 
 
 def _stop_at_first_invalid(
@@ -727,14 +863,22 @@ def _released(
     domain_df: DataFrame | None,
     steps: list[int],
     opts: Mapping[str, Any],
+    *,
+    counted: bool = False,
 ) -> DataFrame:
-    """Every step's release, (t, item, value) post-processed (rounded, clamped, monotone)."""
+    """Every step's release, (t, item, value) post-processed (rounded, clamped, monotone),
+    from the valid events (one row each), or with ``counted`` from their counts."""
     # user level: each user's first contributions in input order (the local engine's)
     per_user = {"user_col": "user", "order_col": "pos"} if job.user_field is not None else {}
     if isinstance(mech, SparkKnownBase):
         if domain_df is None:  # pragma: no cover - made with the known mechanism above
             raise RuntimeError("the known mechanism has no domain frame")
-        released = mech.run(events, domain_df, steps=steps, **per_user)
+        if counted:
+            released = mech.run_counts(events, domain_df, steps=steps)
+        else:
+            released = mech.run(events, domain_df, steps=steps, **per_user)
+    elif counted:
+        released = mech.run_counts(events, steps=steps)
     else:
         released = mech.run(events, steps=steps, **per_user)
     if opts.get("round"):

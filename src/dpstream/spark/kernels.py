@@ -386,6 +386,18 @@ def _concat(batches: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
+def _factorize(values: pd.Series) -> tuple[np.ndarray, pd.Series]:
+    """(codes, uniques) of the items in order of first appearance, by value: Arrow's
+    dictionary encoding, not ``pd.factorize``, whose string table compares C strings
+    and so takes "a" and "a\\x00b" for one item (their counts would be added, one event
+    counting twice in it)."""
+    import pyarrow as pa
+
+    enc = pa.array(values, from_pandas=True).dictionary_encode()
+    codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return codes, pd.Series(enc.dictionary.to_pylist(), dtype=values.dtype)
+
+
 def release_run_partition(
     batches: Iterator[pd.DataFrame],
     *,
@@ -421,7 +433,7 @@ def release_run_partition(
     steps_arr = np.asarray(sorted(steps), dtype=np.int64)
     if pdf[item_col].isna().any():
         raise ValueError("the item column holds a null item")
-    codes, uniques = pd.factorize(pdf[item_col], sort=False)
+    codes, uniques = _factorize(pdf[item_col])
     n_items = len(uniques)
     ts = pdf[t_col].to_numpy(dtype=np.int64)
     if closed:

@@ -671,11 +671,21 @@ class SparkKnownBase(_SparkRelease):
         the local engine would releasing at exactly those steps. Events after
         the last step are ignored (and take no part in the bounds).
         """
-        item_type = _column_type(domain, self.item_col)
-        _check_item_type(item_type, "the domain's item column")
+        _check_item_type(_column_type(domain, self.item_col), "the domain's item column")
         inc = self._timed_increments(
             events, t_col, items_col, user_col, order_col, last=max(steps) if steps else None
         )
+        return self.run_counts(inc, domain, steps=steps)
+
+    def run_counts(
+        self, counts: DataFrame, domain: DataFrame, *, steps: Sequence[int]
+    ) -> DataFrame:
+        """:meth:`run` from the events' counts already made: rows (t, item, n), n of
+        the events at step t (1..horizon) that hold the item, the rows of one (t, item)
+        added (e.g. partial counts of several tasks), a row with a null n left out."""
+        item_type = _column_type(domain, self.item_col)
+        _check_item_type(item_type, "the domain's item column")
+        inc = _checked_counts(counts, self.horizon, self.item_col)
         _check_same_item_kind(item_type, inc.schema[self.item_col].dataType)
         steps = self._claim_steps(steps)
         dom = domain.select(
@@ -718,6 +728,44 @@ class SparkKnownBase(_SparkRelease):
         )
 
 
+def _checked_step(t: Column, horizon: int) -> Column:
+    """An event's step ``t``; a null one, one < 1 or one past ``horizon`` fails the job."""
+    return (
+        F.when(
+            t.isNull() | (t < 1),
+            _fail(F.lit("ValueError: an event has a time step that is null or < 1")),
+        )
+        .when(
+            t > horizon,
+            _fail(
+                F.concat(
+                    F.lit("HorizonExceededError: an event at time step "),
+                    t.cast("string"),
+                    F.lit(f" is past the horizon T={horizon}"),
+                )
+            ),
+        )
+        .otherwise(t)
+    )
+
+
+def _checked_counts(counts: DataFrame, horizon: int, item_col: str) -> DataFrame:
+    """(item, t, n) rows of counts (t, item, n): a row with a null n is left out (and
+    never checked, wherever Spark evaluates the filter), the step of any other row
+    checked as an event's (:func:`_checked_step`) and a negative n fails the job."""
+    for name in ("t", "n"):
+        ctype = _column_type(counts, name)
+        if not isinstance(ctype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
+            raise TypeError(f"column {name!r} must hold integers, got {ctype.simpleString()}")
+    _check_item_type(_column_type(counts, item_col), f"column {item_col!r}")
+    n, t = F.col("n"), F.col("t")
+    checked_n = F.when(n < 0, _fail(F.lit("ValueError: a count is < 0"))).otherwise(n)
+    checked_t = F.when(n.isNull(), t).otherwise(_checked_step(t, horizon))
+    return counts.where(n.isNotNull()).select(
+        item_col, checked_t.cast("long").alias("t"), checked_n.cast("long").alias("n")
+    )
+
+
 def _timed_increments(
     events: DataFrame,
     horizon: int,
@@ -737,24 +785,7 @@ def _timed_increments(
         raise TypeError(
             f"column {t_col!r} must hold integer time steps, got {ttype.simpleString()}"
         )
-    t = F.col(t_col)
-    checked_t = (
-        F.when(
-            t.isNull() | (t < 1),
-            _fail(F.lit("ValueError: an event has a time step that is null or < 1")),
-        )
-        .when(
-            t > horizon,
-            _fail(
-                F.concat(
-                    F.lit("HorizonExceededError: an event at time step "),
-                    t.cast("string"),
-                    F.lit(f" is past the horizon T={horizon}"),
-                )
-            ),
-        )
-        .otherwise(t)
-    )
+    checked_t = _checked_step(F.col(t_col), horizon)
     if users is None:
         timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
         return increments(
@@ -1025,11 +1056,14 @@ class SparkUnknownBase(_SparkRelease):
             users=self._users(user_col, order_col),
             last=max(steps) if steps else None,
         )
+        return self.run_counts(inc, steps=steps)
+
+    def run_counts(self, counts: DataFrame, *, steps: Sequence[int]) -> DataFrame:
+        """:meth:`run` from the events' counts already made: rows (t, item, n) as for
+        :meth:`SparkKnownBase.run_counts`."""
+        inc = _checked_counts(counts, self.horizon, self.item_col)
         steps = self._claim_steps(steps)
-        flat = inc.select(
-            self.item_col, F.col("t").cast("long").alias("t"), F.col("n").cast("long").alias("n")
-        )
-        return self._run_flat(flat, steps, closed=False)
+        return self._run_flat(inc, steps, closed=False)
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,225 @@
+"""JSON Lines events read by Spark straight into per-(step, item) counts.
+
+Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.command`. An
+event-level run (no ``--user-field``) releases from the counts of each step's
+items and reads nothing else of an event, so the Python workers that parse the
+lines (the local engine's decisions, :func:`dpstream.spark.read_jsonl.plain_event`
+and :func:`dpstream.io.jsonl.parse_jsonl_line`) also apply the local engine's
+per-event rules and count what is kept, instead of sending every event back to
+the JVM as a row with an array to be exploded and grouped there:
+
+* a line that is no record (blank) is passed over; a record with an error is
+  counted as ``bad``;
+* an event without a step (``"t": null``, which the local engine counts in the
+  step of the record before it) is counted in ``unstepped`` and nothing else
+  (the caller then reads the events, whose order that needs);
+* any other event is counted in ``events``; its items are made distinct in
+  their order (``dict.fromkeys``, as the local engine); it is ``late`` when its
+  step is past ``until``, else ``oversized`` when it has more than ``max_items``
+  distinct items (or a null item), else, given a known ``domain`` (KnownBase with
+  ``--on-invalid skip``), ``outside`` when an item is not in it, and counts
+  nothing (the caller skips these, or stops the run: :mod:`dpstream.spark.command`);
+* each distinct item of any other event adds 1 to its (step, item) count.
+
+Each task sends its partial counts (one row per (step, item) it saw, flushed
+every ``_FLUSH`` pairs so memory stays bounded) and one row of its totals;
+Spark adds the partial counts of an item where its releases are computed
+(:func:`dpstream.spark.kernels.release_run_partition` sums the rows of an item
+and step). The line numbers are not computed: a run that needs them (user-level
+bounding, or ``--on-invalid error`` with a bad line, whose message names it)
+reads the events themselves (:mod:`dpstream.spark.read_jsonl`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterator
+from typing import Any
+
+from ..io.chunks import INT64_MAX
+from ..io.jsonl import parse_jsonl_line
+from .paths import literal_path, strict_reader
+from .read_jsonl import _check_files, _check_zone_rules, plain_event, zone_rules
+
+try:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
+    from pyspark.sql import types as T  # noqa: N812
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
+
+__all__ = ["COUNTED_SCHEMA", "counted_lines", "count_lines"]
+
+#: A row of partial counts (t, item, n; the totals null) or of a task's totals
+#: (events, bad, late, oversized, outside, unstepped; t, item and n null).
+COUNTED_SCHEMA = T.StructType(
+    [
+        T.StructField("t", T.LongType(), True),
+        T.StructField("item", T.StringType(), True),
+        T.StructField("n", T.LongType(), True),
+        T.StructField("events", T.LongType(), True),
+        T.StructField("bad", T.LongType(), True),
+        T.StructField("late", T.LongType(), True),
+        T.StructField("oversized", T.LongType(), True),
+        T.StructField("outside", T.LongType(), True),
+        T.StructField("unstepped", T.LongType(), True),
+    ]
+)
+
+#: Distinct (step, item) pairs a task holds before it sends them on.
+_FLUSH = 1 << 20
+
+
+def counted_lines(
+    spark: SparkSession,
+    path: str,
+    *,
+    until: int,
+    max_items: int,
+    domain: Callable[[], Container[str]] | None = None,
+    time_field: str | None = None,
+    clock: Any = None,
+) -> DataFrame:
+    """The input's events counted (not cached): rows of :data:`COUNTED_SCHEMA`, partial
+    counts of the valid events' items and a row of totals per task (see the module
+    docstring); ``domain``, run in the workers, gives the known items (e.g. from a
+    broadcast variable); ``time_field`` and ``clock`` as for
+    :func:`dpstream.spark.read_jsonl.read_events_jsonl`."""
+    text = strict_reader(spark).text(literal_path(path))
+    _check_files(spark, path, text.inputFiles())
+    lines = text.select(F.col("value").cast("binary").alias("value"))
+    rules = zone_rules(clock, until)
+    return lines.mapInArrow(
+        _arrow_counter(until, max_items, domain, time_field, clock, rules), COUNTED_SCHEMA
+    )
+
+
+def _arrow_counter(
+    until: int,
+    max_items: int,
+    domain: Callable[[], Container[str]] | None,
+    time_field: str | None,
+    clock: Any,
+    rules: tuple[int, str] | None = None,
+) -> Any:
+    """The ``mapInArrow`` function: a task's lines counted (:func:`count_lines`); first,
+    with ``rules``, the worker's zone database checked
+    (:func:`dpstream.spark.read_jsonl.zone_rules`)."""
+
+    def count(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        _check_zone_rules(clock, rules)
+        counts: dict[tuple[int, str], int] = {}
+        totals = [0] * 6
+        known = None if domain is None else domain()
+        for batch in batches:
+            count_lines(
+                batch.column("value").to_pylist(),
+                counts,
+                totals,
+                until=until,
+                max_items=max_items,
+                domain=known,
+                time_field=time_field,
+                clock=clock,
+            )
+            if len(counts) >= _FLUSH:
+                yield _counts_batch(pa, counts)
+                counts = {}
+        if counts:
+            yield _counts_batch(pa, counts)
+        none = pa.nulls(1, pa.int64())
+        yield pa.RecordBatch.from_arrays(
+            [none, pa.nulls(1, pa.string()), none, *(pa.array([v], pa.int64()) for v in totals)],
+            names=COUNTED_SCHEMA.names,
+        )
+
+    return count
+
+
+def _counts_batch(pa: Any, counts: dict[tuple[int, str], int]) -> Any:
+    """Partial counts as a record batch of :data:`COUNTED_SCHEMA` (the totals null)."""
+    n = len(counts)
+    ts, items = zip(*counts, strict=True) if n else ((), ())
+    none = pa.nulls(n, pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(ts, pa.int64()),
+            pa.array(items, pa.string()),
+            pa.array(list(counts.values()), pa.int64()),
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,
+        ],
+        names=COUNTED_SCHEMA.names,
+    )
+
+
+def count_lines(
+    raws: list[Any],
+    counts: dict[tuple[int, str], int],
+    totals: list[int],
+    *,
+    until: int,
+    max_items: int,
+    domain: Container[str] | None = None,
+    time_field: str | None = None,
+    clock: Any = None,
+) -> None:
+    """Add the lines ``raws`` (their bytes) to ``counts`` ((t, item) -> n) and to
+    ``totals`` ([events, bad, late, oversized, outside, unstepped]), each line decided
+    as the local engine
+    decides it and each event by the rules of the module docstring.
+
+    Raises:
+        ValueError: an event with a step < 1 or without items (which the parser never
+            gives).
+    """
+    plain = clock is None
+    get = counts.get
+    events = bad = late = oversized = outside = unstepped = 0
+    t: int | None
+    items: Any
+    for raw in raws:
+        got = plain_event(raw) if plain else None
+        if got is not None:
+            t, items = got[0], got[1]
+        else:
+            rec = parse_jsonl_line(
+                raw.decode("utf-8", "surrogateescape"), 1, time_field=time_field, clock=clock
+            )
+            if rec is None:  # a blank line: no record
+                continue
+            if rec.error is not None:
+                bad += 1
+                continue
+            t = rec.t if rec.t is None else min(rec.t, INT64_MAX)
+            items = rec.items
+        if t is None:
+            unstepped += 1
+            continue
+        events += 1
+        if t < 1 or items is None:
+            raise ValueError("an event has a time step < 1 or no items")
+        distinct = dict.fromkeys(items)
+        if t > until:
+            late += 1
+            continue
+        if len(distinct) > max_items or None in distinct:
+            oversized += 1
+            continue
+        if domain is not None and not all(item in domain for item in distinct):
+            outside += 1
+            continue
+        for item in distinct:
+            key = (t, item)
+            counts[key] = get(key, 0) + 1
+    totals[0] += events
+    totals[1] += bad
+    totals[2] += late
+    totals[3] += oversized
+    totals[4] += outside
+    totals[5] += unstepped

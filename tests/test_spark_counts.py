@@ -1,0 +1,199 @@
+"""``dpstream run --engine spark`` at event level: the Python workers count the events
+as they parse them (:mod:`dpstream.spark.read_counts`), with the local engine's
+decisions, and only the counts reach the JVM."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dpstream.clock import StepClock
+from dpstream.io.jsonl import parse_jsonl_line
+
+from .conftest import fixed_key, own_ledger
+
+pytestmark = pytest.mark.spark
+
+if os.environ.get("DPSTREAM_REQUIRE_SPARK") != "1":
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
+
+import pandas as pd  # noqa: E402
+
+from dpstream.errors import InvalidEventError  # noqa: E402
+from dpstream.spark import command  # noqa: E402
+from dpstream.spark.read_counts import count_lines  # noqa: E402
+
+from .test_spark_read import CLOCK, TRICKY  # noqa: E402
+
+#: The corpus without its event of no step (``"t": null``), which the counting path
+#: leaves to the path that reads the events (its step is the record's before it).
+STEPPED = [line for line in TRICKY if b'"t": null' not in line]
+
+
+def _brute(lines: list[bytes], until: int, max_items: int, domain, **mode):
+    """(counts, totals) by the rules of docs/privacy.md, one parse per line: a bad
+    record is skipped, an event is skipped whole when its step is past ``until``, when
+    it has more than ``max_items`` distinct items or an item outside ``domain``, else
+    each distinct item counts once in its step."""
+    counts: Counter = Counter()
+    totals: Counter = Counter()
+    for raw in lines:
+        rec = parse_jsonl_line(raw.decode("utf-8", "surrogateescape"), 1, **mode)
+        if rec is None:
+            continue
+        if rec.error is not None:
+            totals["bad"] += 1
+        elif rec.t is None:
+            totals["unstepped"] += 1
+        else:
+            totals["events"] += 1
+            items = set(rec.items)
+            if rec.t > until:
+                totals["late"] += 1
+            elif len(items) > max_items:
+                totals["oversized"] += 1
+            elif domain is not None and not items <= domain:
+                totals["outside"] += 1
+            else:
+                counts.update((rec.t, item) for item in items)
+    names = ("events", "bad", "late", "oversized", "outside", "unstepped")
+    return dict(counts), [totals[n] for n in names]
+
+
+@pytest.mark.parametrize("clock", [False, True])
+@pytest.mark.parametrize("domain", [None, {"a", "b", "caf\u00e9", "padded", "clock"}])
+def test_count_lines_counts_what_the_local_rules_keep(clock, domain) -> None:
+    """The corpus (twice, in two calls, as two batches of a task) counted against the
+    brute force, with and without a known domain, on integer steps and on a clock."""
+    mode = {"time_field": CLOCK[0], "clock": StepClock.parse(CLOCK[1], CLOCK[2])} if clock else {}
+    counts: dict = {}
+    totals = [0] * 6
+    for _ in range(2):
+        count_lines(list(TRICKY), counts, totals, until=6, max_items=3, domain=domain, **mode)
+    want, want_totals = _brute(TRICKY * 2, 6, 3, domain, **mode)
+    assert counts == want
+    assert totals == want_totals
+    assert want and want_totals[0] and want_totals[1]  # events and bad lines are there
+    assert clock or (want_totals[2] and want_totals[3] and want_totals[5])  # late, oversized...
+    assert domain is None or want_totals[4]  # ... and outside the domain
+
+
+def _cli(tmp_path: Path, mech: str, *extra: str) -> list[str]:
+    key = tmp_path / "k.key"
+    if not key.exists():
+        fixed_key("spark-counts").save(key)
+    args = ["run", "-m", mech, "-T", "10", "--rho", "2", "--max-items", "3", "--no-clamp"]
+    if mech == "known":
+        domain = tmp_path / "domain.txt"
+        domain.write_text("a\nb\nc\\d\ncaf\u00e9\npadded\ncrlf\n5\n", encoding="utf-8")
+        args += ["--domain", str(domain)]
+    else:
+        args += ["--threshold-delta", "1e-3"]
+    return [*args, "--key-file", str(key), *extra]
+
+
+@pytest.mark.parametrize("mech", ["known", "unknown"])
+def test_counted_run_matches_the_local_engine(tmp_path, capsys, monkeypatch, mech) -> None:
+    """The corpus through the counting path (the path that reads the events is made to
+    fail): the same releases and the same number of skipped events as the local
+    engine, KnownBase skipping the events with an item outside its domain."""
+    from dpstream import cli
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(x + b"\n" for x in [*STEPPED, *STEPPED]))
+
+    def no_events(*args, **kwargs):
+        raise AssertionError("the run read the events instead of counting them")
+
+    monkeypatch.setattr(command, "_parsed", no_events)
+    skip = ["--on-invalid", "skip", "--max-invalid", "100%", "-i", str(inp)]
+    local, spark_out = tmp_path / "local.csv", tmp_path / "spark.csv"
+    capsys.readouterr()
+    assert cli.main([*_cli(tmp_path, mech, *skip), "-o", str(local), *own_ledger(local)]) == 0
+    local_skipped = re.findall(r"0 truncated, (\d+) skipped", capsys.readouterr().err)
+    on_spark = ["--engine", "spark", "--master", "local[2]", "-o", str(spark_out)]
+    assert cli.main([*_cli(tmp_path, mech, *skip), *on_spark, *own_ledger(spark_out)]) == 0
+    spark_skipped = re.findall(r"\((\d+) invalid skipped\)", capsys.readouterr().err)
+    assert len(local_skipped) == 1 and int(local_skipped[0]) > 40
+    assert spark_skipped == local_skipped
+    want = pd.read_csv(local).sort_values(["t", "item"]).reset_index(drop=True)
+    have = (
+        pd.concat(pd.read_csv(p) for p in sorted(spark_out.glob("*.csv")))
+        .sort_values(["t", "item"])
+        .reset_index(drop=True)
+    )
+    assert want["item"].notna().any()
+    pd.testing.assert_frame_equal(have, want, check_dtype=False)
+
+
+def test_an_oversized_event_stops_the_run_before_the_release(tmp_path) -> None:
+    """``--on-invalid error``: an event over ``--max-items`` stops the run with an
+    InvalidEventError before the noise scope is claimed and before anything is
+    written (it once failed inside the release job, after the claim)."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["a", "b", "c", "d"]}\n')
+    out = tmp_path / "out"
+    claimed: list[object] = []
+    opts = {
+        "mechanism": "unknown",
+        "horizon": 4,
+        "max_items": 3,
+        "rho": 1.0,
+        "threshold_delta": 1e-3,
+        "input": str(inp),
+        "output": str(out),
+        "on_invalid": "error",
+        "stream": "default",
+    }
+    with pytest.raises(
+        InvalidEventError,
+        match=r"^input line 2: event has 4 distinct items, more than --max-items 3 \(see",
+    ):
+        command.run_cli(
+            opts, master="local[1]", key=fixed_key("spark-counts"), before_release=claimed.append
+        )
+    assert claimed == [] and not out.exists()
+
+
+def test_an_event_without_a_step_counts_in_the_step_before_it(tmp_path) -> None:
+    """An event with ``"t": null`` counts in the step of the last record before it with
+    a step up to ``--until`` (a bad record with a step too; not one past ``--until``),
+    else in the first step, as on the local engine; the Spark engine once dropped it
+    (counted as an event, neither released nor skipped)."""
+    from dpstream import cli
+
+    lines = [
+        '{"t": null, "items": ["lead"]}',
+        '{"t": 1, "items": ["a"]}',
+        '{"t": null, "items": ["b"]}',
+        '{"t": 3, "items": [1.5]}',
+        '{"t": null, "items": ["c"]}',
+        '{"t": 9, "items": ["late"]}',
+        '{"t": null, "items": ["d"]}',
+        '{"t": 2, "items": ["e"]}',
+    ]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(x + "\n" for x in lines * 20))
+    outs = {"local": tmp_path / "local.csv", "spark": tmp_path / "spark.csv"}
+    base = ["run", "-q", "-m", "unknown", "-T", "4", "--max-items", "2", "--rho", "50"]
+    base += ["--threshold-delta", "0.1", "--counter", "tree", "--on-invalid", "skip"]
+    base += ["--max-invalid", "100%", "--key-file", str(tmp_path / "k.key"), "-i", str(inp)]
+    fixed_key("spark-unstepped").save(tmp_path / "k.key")
+    assert cli.main([*base, "-o", str(outs["local"]), *own_ledger(outs["local"])]) == 0
+    on_spark = ["--engine", "spark", "--master", "local[2]", "-o", str(outs["spark"])]
+    assert cli.main([*base, *on_spark, *own_ledger(outs["spark"])]) == 0
+    want = pd.read_csv(outs["local"]).sort_values(["t", "item"]).reset_index(drop=True)
+    have = (
+        pd.concat(pd.read_csv(p) for p in sorted(outs["spark"].glob("*.csv")))
+        .sort_values(["t", "item"])
+        .reset_index(drop=True)
+    )
+    assert {"lead", "b", "c", "d"} <= set(want["item"])  # each released, in some step
+    pd.testing.assert_frame_equal(have, want, check_dtype=False)
