@@ -86,3 +86,20 @@ def day_event_lines(
             items = rng.choice(words, size=int(rng.integers(1, 3)), replace=False)
             lines.append(json.dumps({"t": t, "items": items.tolist()}) + "\n")
     return lines
+
+
+def assert_spark_csv_matches(local_csv: object, spark_dir: object) -> None:
+    """The Spark engine's CSV part files in ``spark_dir`` hold the rows of the local
+    engine's ``local_csv`` (sorted by step and item), and some step released an item."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    want = pd.read_csv(str(local_csv)).sort_values(["t", "item"]).reset_index(drop=True)
+    have = (
+        pd.concat(pd.read_csv(p) for p in sorted(Path(str(spark_dir)).glob("*.csv")))
+        .sort_values(["t", "item"])
+        .reset_index(drop=True)
+    )
+    assert want["item"].notna().any()
+    pd.testing.assert_frame_equal(have, want, check_dtype=False)

@@ -25,7 +25,7 @@ from dpstream.io.chunks import INT64_MAX
 from dpstream.io.jsonl import read_jsonl
 from dpstream.io.records import guard_lines, open_input
 
-from .conftest import fixed_key, own_ledger
+from .conftest import assert_spark_csv_matches, fixed_key, own_ledger
 
 pytestmark = pytest.mark.spark
 
@@ -34,7 +34,6 @@ if os.environ.get("DPSTREAM_REQUIRE_SPARK") != "1":
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
 
-import pandas as pd  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from dpstream.clock import StepClock  # noqa: E402
@@ -294,14 +293,7 @@ def test_command_line_on_the_corpus_matches_the_local_engine(
     assert not (tmp_path / "spark-error").exists()  # stopped before anything is written
     assert len(first_bad[0]) == 1
     assert first_bad[1] == first_bad[0]
-    want = pd.read_csv(tmp_path / "local.csv").sort_values(["t", "item"]).reset_index(drop=True)
-    have = (
-        pd.concat(pd.read_csv(p) for p in sorted(spark_out.glob("*.csv")))
-        .sort_values(["t", "item"])
-        .reset_index(drop=True)
-    )
-    assert want["item"].notna().any()
-    pd.testing.assert_frame_equal(have, want, check_dtype=False)
+    assert_spark_csv_matches(tmp_path / "local.csv", spark_out)
 
 
 @pytest.mark.parametrize("name", ["_events.jsonl", ".events.jsonl"])
