@@ -145,6 +145,11 @@ class _Job:
     common: dict[str, Any]
     parquet: bool = False  # the input is Parquet (a file or a directory)
 
+    @property
+    def limit(self) -> int:
+        """T, or the step limit 2^40 of a stream with no planned end."""
+        return MAX_BLT_HORIZON if self.horizon is None else self.horizon
+
 
 def run_cli(
     opts: RunConfig | Mapping[str, Any],
@@ -454,8 +459,7 @@ def _surely_within_share(facts: Mapping[str, int], cfg: RunConfig, job: _Job) ->
     late = facts["late"]
     invalid = facts["bad"] + facts["oversized"] + facts["outside"] + late
     records = facts["events"] + facts["bad"]
-    limit = MAX_BLT_HORIZON if job.horizon is None else job.horizon
-    if job.until < limit:  # some late events may be a later run's: not read
+    if job.until < job.limit:  # some late events may be a later run's: not read
         records -= late
     return invalid <= share * records
 
@@ -628,7 +632,7 @@ def _fact_columns(job: _Job, order: str) -> dict[str, Column]:
     than ``--max-items`` items)."""
     event = F.col("error").isNull()
     bad = F.col("error") != ""
-    limit = MAX_BLT_HORIZON if job.horizon is None else job.horizon
+    limit = job.limit
     in_run = event & (F.col("t") <= job.until)
     null_item = F.exists("items", lambda x: x.isNull())  # a reader's error, locally
     cause = _cause_column()
@@ -755,12 +759,19 @@ def _stepped(parsed: DataFrame, until: int) -> DataFrame:
     last record before it with one in 1..``until`` (else the first step), as the local
     engine groups them (:mod:`dpstream.io.grouping`). One sorted pass, run only when
     the input has such an event."""
+    return parsed.withColumn("t", F.coalesce(F.col("t"), _carried_step(until)))
+
+
+def _carried_step(until: int) -> Column:
+    """The step of the last record at or before this one (by ``pos``) with a step in
+    1..``until``, else the first step: where the local engine counts a record without
+    a step of its own (:class:`dpstream.io.grouping.ChunkGrouper`). A window over the
+    whole input in order: one sorted pass."""
     from pyspark.sql import Window
 
     in_range = F.col("t").between(1, until)
     before = Window.orderBy("pos").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    carried = F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1))
-    return parsed.withColumn("t", F.coalesce(F.col("t"), carried))
+    return F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1))
 
 
 def _stop_at_first_invalid(
@@ -790,9 +801,8 @@ def _event_problem(row: Any, job: _Job, mech: Any) -> str:
     """Why the local engine refuses a parsed event (``row``: its ``t`` and ``items``), in
     its words: the first of its checks that fails."""
     t, items = int(row["t"]), list(row["items"])
-    horizon = MAX_BLT_HORIZON if job.horizon is None else job.horizon
     if t > job.until:
-        return past_message(t, job.until, horizon)
+        return past_message(t, job.until, job.limit)
     if any(x is None for x in items):
         return "an item is null"
     index = getattr(mech.mechanism, "domain_index", None)
@@ -812,14 +822,10 @@ def _first_bad(records: DataFrame, bad: Column, until: int) -> Any:
     one in 1..``until`` (else the first step), one past ``until`` after every step
     (:class:`dpstream.io.grouping.ChunkGrouper`). One sorted pass, run only when some
     record may be invalid."""
-    from pyspark.sql import Window
-
-    in_range = F.col("t").between(1, until)
-    before = Window.orderBy("pos").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     step = (
         F.when(F.col("t") > until, F.lit(until + 1))
-        .when(in_range, F.col("t"))
-        .otherwise(F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1)))
+        .when(F.col("t").between(1, until), F.col("t"))
+        .otherwise(_carried_step(until))
     )
     flagged = records.select("pos", "t", "items", "error", step.alias("_step"), bad.alias("_bad"))
     rows = flagged.where(F.col("_bad")).orderBy("_step", "pos").limit(1).collect()

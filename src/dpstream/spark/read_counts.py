@@ -37,8 +37,7 @@ from typing import Any
 
 from ..io.chunks import INT64_MAX
 from ..io.jsonl import parse_jsonl_line
-from .paths import literal_path, strict_reader
-from .read_jsonl import _check_files, _check_zone_rules, plain_event, zone_rules
+from .read_jsonl import _check_zone_rules, input_text, plain_event, zone_rules
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -84,9 +83,7 @@ def counted_lines(
     docstring); ``domain``, run in the workers, gives the known items (e.g. from a
     broadcast variable); ``time_field`` and ``clock`` as for
     :func:`dpstream.spark.read_jsonl.read_events_jsonl`."""
-    text = strict_reader(spark).text(literal_path(path))
-    _check_files(spark, path, text.inputFiles())
-    lines = text.select(F.col("value").cast("binary").alias("value"))
+    lines = input_text(spark, path).select(F.col("value").cast("binary").alias("value"))
     rules = zone_rules(clock, until)
     return lines.mapInArrow(
         _arrow_counter(until, max_items, domain, time_field, clock, rules), COUNTED_SCHEMA

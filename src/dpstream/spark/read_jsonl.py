@@ -95,6 +95,15 @@ def _check_files(spark: SparkSession, path: str, files: list[str]) -> None:
         )
 
 
+def input_text(spark: SparkSession, path: str) -> DataFrame:
+    """The input's lines as Spark's text reader gives them (``value``), read by the file's
+    or folder's own name and failing on a corrupt file (:mod:`dpstream.spark.paths`),
+    after :func:`_check_files` has refused what the local engine would read otherwise."""
+    text = strict_reader(spark).text(literal_path(path))
+    _check_files(spark, path, text.inputFiles())
+    return text
+
+
 def _compressed_otherwise(spark: SparkSession, uri: str) -> bool:
     """Whether Spark would inflate ``uri`` with a codec other than gzip: by Hadoop's
     codec lookup (its suffixes, in any case, and the codecs the configuration
@@ -177,9 +186,7 @@ def parsed_lines(
     null with ``implicit``; :func:`read_events_jsonl` numbers them (and says what
     ``through`` checks)."""
     rules = zone_rules(clock, through)
-    text = strict_reader(spark).text(literal_path(path))
-    _check_files(spark, path, text.inputFiles())
-    lines = split_marks(text).select(
+    lines = split_marks(input_text(spark, path)).select(
         "_file", "_block", "_row", F.col("value").cast("binary").alias("value")
     )
     return lines.mapInArrow(_arrow_parser(time_field, clock, implicit, user_field, rules), _MARKED)
