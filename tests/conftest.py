@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +20,20 @@ Z_TOL = 5.0
 def fixed_key(label: str) -> NoiseKey:
     """A deterministic key for tests (never do this for a release)."""
     return NoiseKey.from_bytes(hashlib.sha256(b"dpstream-test:" + label.encode()).digest())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' Spark runs keep the driver JVM's class archive
+    (``dpstream.spark.class_archive``) in a directory of this test session's, not in
+    the user's cache: the first run that starts a JVM writes it, later runs map it."""
+    name = "DPSTREAM_SPARK_CLASS_ARCHIVE"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = str(tmp_path_factory.mktemp("spark-class-archive"))
+    yield
+    os.environ.pop(name, None)
 
 
 @pytest.fixture

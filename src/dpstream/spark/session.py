@@ -20,13 +20,16 @@ interpreter, which has no dpstream: every task fails with
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DPStreamError
+from . import class_archive
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -87,11 +90,22 @@ def session_defaults(master: str) -> dict[str, str]:
 
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     """A session on ``master`` whose Python workers are checked to run this dpstream,
-    with :func:`session_defaults`."""
+    with :func:`session_defaults`.
+
+    When it starts the driver JVM, the JVM maps the class archive of this Spark
+    install, or writes it as it exits (:mod:`dpstream.spark.class_archive`; the
+    process then waits for it at exit)."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    conf = session_defaults(master)
+    archive = None
+    if SparkContext._active_spark_context is None and not _operator_sets(_JAVA_KEY):
+        archive = class_archive.prepare()
+        if archive is not None:
+            conf[_JAVA_KEY] = f"{conf.get(_JAVA_KEY, '')} {archive.java_options}".strip()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in session_defaults(master).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     chosen = os.environ.get("PYSPARK_PYTHON")
     if is_local_master(master) and not chosen:
@@ -104,8 +118,22 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
             del os.environ["PYSPARK_PYTHON"]
     else:
         spark = builder.getOrCreate()
+    jvm = getattr(SparkContext._gateway, "proc", None)
+    if archive is not None and archive.saving is not None and jvm is not None:
+        atexit.register(_save_class_archive, spark, archive, jvm)
     check_workers(spark, master, chosen)
     return spark
+
+
+def _save_class_archive(
+    spark: SparkSession, archive: class_archive.ClassArchive, jvm: subprocess.Popen
+) -> None:
+    """At exit: stop the session, then let its JVM write the class archive."""
+    try:
+        spark.stop()
+    except Exception:  # a broken session still lets its JVM exit and write
+        pass
+    class_archive.finish(archive, jvm)
 
 
 def _worker_version(_: Any) -> tuple[str, str]:
