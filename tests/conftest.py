@@ -22,6 +22,38 @@ def fixed_key(label: str) -> NoiseKey:
     return NoiseKey.from_bytes(hashlib.sha256(b"dpstream-test:" + label.encode()).digest())
 
 
+#: CI sets it: a Spark test that cannot run (no PySpark, pandas or Java) fails instead of
+#: skipping.
+SPARK_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
+
+
+def require_spark(*, pandas: bool = False) -> str:
+    """At a Spark test module's top: skip the module without PySpark (and pandas, when
+    asked) or a Java runtime, or fail under ``DPSTREAM_REQUIRE_SPARK=1`` (CI). Returns
+    the ``java`` that Spark's launcher runs (``$JAVA_HOME/bin/java``, else the
+    ``PATH``'s)."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        import pyspark  # noqa: F401
+
+        if pandas:
+            import pandas as pd  # noqa: F401
+    except ImportError:
+        if SPARK_REQUIRED:
+            raise
+        pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home, "bin", "java")) if home else shutil.which("java")
+    if java is None or not Path(java).exists():
+        if SPARK_REQUIRED:
+            raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
+        pytest.skip("no Java runtime (java not on PATH, JAVA_HOME unset): Spark cannot start",
+                    allow_module_level=True)  # fmt: skip
+    return java
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The tests' Spark runs keep the driver JVM's class archive

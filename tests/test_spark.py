@@ -26,36 +26,13 @@ from dpstream.mechanisms.tree_noise import TreeNoise
 from dpstream.mechanisms.unknown import UnknownDomainHistogram
 from dpstream.noise import NoiseSource
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, own_ledger, require_spark
 
 pytestmark = pytest.mark.spark
 
-_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
+require_spark(pandas=True)
 
-
-def _java() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    if home and Path(home, "bin", "java").exists():
-        return str(Path(home, "bin", "java"))
-    return shutil.which("java")
-
-
-try:
-    import pandas as pd
-    import pyspark  # noqa: F401
-except ImportError:
-    if _REQUIRED:
-        raise
-    pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
-
-if _java() is None:
-    if _REQUIRED:
-        raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
-    pytest.skip(
-        "no Java runtime (java not on PATH, JAVA_HOME unset): Spark cannot start",
-        allow_module_level=True,
-    )
-
+import pandas as pd  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402, N812
 

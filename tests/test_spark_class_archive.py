@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -22,16 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, own_ledger, require_spark
 
-_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
+require_spark()
 
-try:
-    import pyspark
-except ImportError:
-    if _REQUIRED:
-        raise
-    pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
+import pyspark  # noqa: E402
 
 from dpstream.spark import class_archive as ca  # noqa: E402
 
@@ -189,12 +183,6 @@ def test_a_second_run_maps_the_archive_the_first_run_wrote(tmp_path: Path) -> No
     """Two real ``dpstream run --engine spark`` processes: the first JVM writes the
     archive as it exits, the second loads Spark's classes from it (its class-loading
     log says so), and both release the same rows with nothing from the JVM on stdout."""
-    home = os.environ.get("JAVA_HOME")
-    java = shutil.which("java") or (os.path.join(home, "bin", "java") if home else None)
-    if java is None:
-        if _REQUIRED:
-            raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
-        pytest.skip("no Java runtime: Spark cannot start")
     if not _PYSPARK_4:
         pytest.skip("the class archive needs PySpark 4 (Java 17)")
     fixed_key("class-archive").save(tmp_path / "k.key")

@@ -27,31 +27,17 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fixed_key, own_ledger
+from .conftest import SPARK_REQUIRED, fixed_key, own_ledger, require_spark
 
 pytestmark = pytest.mark.spark
 
-_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
-
-try:
-    import pandas as pd
-    import pyspark  # noqa: F401
-except ImportError:
-    if _REQUIRED:
-        raise
-    pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
-
-_JAVA = shutil.which("java") or (
-    str(Path(os.environ["JAVA_HOME"], "bin", "java")) if os.environ.get("JAVA_HOME") else None
-)
-if _JAVA is None or not Path(_JAVA).exists():
-    if _REQUIRED:
-        raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
-    pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
+_JAVA = require_spark(pandas=True)
 if shutil.which("timeout") is None:  # coreutils: the cluster's ceiling on its life
-    if _REQUIRED:
+    if SPARK_REQUIRED:
         raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but coreutils' timeout is missing")
     pytest.skip("no `timeout` command to bound the cluster's life", allow_module_level=True)
+
+import pandas as pd  # noqa: E402
 
 from .spark_cluster import StandaloneCluster, driver_conf, tasks_per_executor  # noqa: E402
 
@@ -62,7 +48,7 @@ RUN_TIMEOUT_S = 600
 
 def _minimal_path() -> str:
     """A cron job's PATH: Java and the system's tools, no virtual environment."""
-    return os.pathsep.join([str(Path(_JAVA).resolve().parent), "/usr/bin", "/bin"])  # type: ignore[arg-type]
+    return os.pathsep.join([str(Path(_JAVA).resolve().parent), "/usr/bin", "/bin"])
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,24 +24,9 @@ import pytest
 from dpstream import cli
 from dpstream.spark.session import is_local_master
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, own_ledger, require_spark
 
-_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
-
-try:
-    import pyspark  # noqa: F401
-except ImportError:
-    if _REQUIRED:
-        raise
-    pytest.skip("PySpark is not installed (pip install -e '.[spark]')", allow_module_level=True)
-
-_JAVA = shutil.which("java") or (
-    str(Path(os.environ["JAVA_HOME"], "bin", "java")) if os.environ.get("JAVA_HOME") else None
-)
-if _JAVA is None:
-    if _REQUIRED:
-        raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
-    pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
+_JAVA = require_spark()
 
 pytestmark = pytest.mark.spark
 
@@ -56,7 +40,7 @@ def _cron_env() -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")
     }
-    java_dir = str(Path(_JAVA).resolve().parent)  # type: ignore[arg-type]
+    java_dir = str(Path(_JAVA).resolve().parent)
     env["PATH"] = os.pathsep.join([str(_BASE_PYTHON.parent), java_dir, "/usr/bin", "/bin"])
     return env
 

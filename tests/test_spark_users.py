@@ -10,9 +10,6 @@ Skips like tests/test_spark.py (no PySpark or no Java), and fails instead when
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,24 +17,11 @@ import pytest
 import dpstream as dps
 from dpstream.bounding import UserBounds
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, own_ledger, require_spark
 
 pytestmark = pytest.mark.spark
 
-_REQUIRED = os.environ.get("DPSTREAM_REQUIRE_SPARK") == "1"
-
-try:
-    import pyspark  # noqa: F401
-except ImportError:
-    if _REQUIRED:
-        raise
-    pytest.skip("PySpark is not installed", allow_module_level=True)
-if shutil.which("java") is None and not (
-    os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"], "bin", "java").exists()
-):
-    if _REQUIRED:
-        raise RuntimeError("DPSTREAM_REQUIRE_SPARK=1 but no Java runtime is on PATH")
-    pytest.skip("no Java runtime: Spark cannot start", allow_module_level=True)
+require_spark()
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402, N812
