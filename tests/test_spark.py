@@ -1117,3 +1117,10 @@ def test_run_frames_from_the_driver_are_createdataframes_without_python(spark) -
             assert "ExistingRDD" not in plan and "LocalTableScan" in plan
         parts = [[tuple(r) for r in p] for p in frame.rdd.glom().collect() if p]
         assert parts == [[tuple(r) for r in p] for p in listed.rdd.glom().collect() if p]
+    # a str Arrow cannot hold (a lone surrogate, from an API caller's domain): as a list
+    odd = [("a\udc80",), ("b",)]
+    frame = _local_frame(spark, odd, "item string")
+    assert (
+        frame.count() == 2
+        and "ExistingRDD" in frame._jdf.queryExecution().executedPlan().toString()
+    )

@@ -122,21 +122,22 @@ def _local_frame(
     assert isinstance(struct, T.StructType)
     arrow = {T.LongType: pa.int64(), T.DoubleType: pa.float64(), T.StringType: pa.string()}
     fields = [pa.field(f.name, arrow[type(f.dataType)]) for f in struct.fields]
-    if not sliced:
-        columns = list(zip(*rows, strict=True)) if rows else [()] * len(fields)
-        table = pa.Table.from_arrays(
-            [pa.array(list(c), type=f.type) for c, f in zip(columns, fields, strict=True)],
-            schema=pa.schema(fields),
-        )
-        return spark.createDataFrame(table, struct)
-    # a row per batch of parallelize (a local relation is cut by rows): the batches
-    # fall in its partitions, and each is exploded where it is
-    batches = _parallelized(rows, spark.sparkContext.defaultParallelism)
-    names = [f.name for f in fields]
-    kind = pa.list_(pa.struct(fields))
-    table = pa.table(
-        {"_rows": pa.array([[dict(zip(names, r, strict=True)) for r in b] for b in batches], kind)}
-    )
+    try:
+        if not sliced:
+            columns = list(zip(*rows, strict=True)) if rows else [()] * len(fields)
+            table = pa.Table.from_arrays(
+                [pa.array(list(c), type=f.type) for c, f in zip(columns, fields, strict=True)],
+                schema=pa.schema(fields),
+            )
+            return spark.createDataFrame(table, struct)
+        # a row per batch of parallelize (a local relation is cut by rows): the
+        # batches fall in its partitions, and each is exploded where it is
+        batches = _parallelized(rows, spark.sparkContext.defaultParallelism)
+        names = [f.name for f in fields]
+        nested_rows = [[dict(zip(names, r, strict=True)) for r in b] for b in batches]
+        table = pa.table({"_rows": pa.array(nested_rows, pa.list_(pa.struct(fields)))})
+    except (UnicodeEncodeError, pa.ArrowException):  # a str that is not UTF-8 (a lone surrogate)
+        return spark.createDataFrame(rows, schema)
     nested = T.StructType([T.StructField("_rows", T.ArrayType(struct))])
     return spark.createDataFrame(table, nested).select(F.inline("_rows"))
 
