@@ -1103,14 +1103,14 @@ def test_run_frames_from_the_driver_are_createdataframes_without_python(spark) -
     and the written one (``sliced``) in its very partitions (so its part files); but
     the JVM reads them as a local relation: no scan of a Python RDD, whose job of
     Python tasks cost about a second per frame."""
-    from dpstream.spark.command import _local_frame
+    from dpstream.spark.frames import local_frame
 
     schema = "t long, noise_std double, step_start string"
     for n in (0, 1, 3, 101, 5000):
         rows = [(t, t / 3, f"2026-01-01T{t}") for t in range(1, n + 1)]
         listed = spark.createDataFrame(rows, schema)
         for sliced in (False, True):
-            frame = _local_frame(spark, rows, schema, sliced=sliced)
+            frame = local_frame(spark, rows, schema, sliced=sliced)
             assert frame.schema == listed.schema
             assert [tuple(r) for r in frame.collect()] == rows
             plan = frame._jdf.queryExecution().executedPlan().toString()
@@ -1119,7 +1119,7 @@ def test_run_frames_from_the_driver_are_createdataframes_without_python(spark) -
         assert parts == [[tuple(r) for r in p] for p in listed.rdd.glom().collect() if p]
     # a str Arrow cannot hold (a lone surrogate, from an API caller's domain): as a list
     odd = [("a\udc80",), ("b",)]
-    frame = _local_frame(spark, odd, "item string")
+    frame = local_frame(spark, odd, "item string")
     assert (
         frame.count() == 2
         and "ExistingRDD" in frame._jdf.queryExecution().executedPlan().toString()

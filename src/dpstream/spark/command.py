@@ -45,6 +45,7 @@ from ..run.settings import parse_share
 from ..run.source import past_message
 from ..run.validate import invalid_message
 from .events import read_events_jsonl, read_events_parquet
+from .frames import local_frame
 from .order import split_shifts, with_pos
 from .read_counts import counted_lines
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
@@ -89,10 +90,10 @@ def _long_format(
     counted = released.groupBy("t").agg(F.count(F.lit(1)).alias("n")).collect()
     on_clock = set(steps)
     shown = {int(r["t"]): int(r["n"]) for r in counted if int(r["t"]) in on_clock}
-    stds = _local_frame(spark, per_step, schema)
+    stds = local_frame(spark, per_step, schema)
     rows = released.join(F.broadcast(stds), "t")
     missing = [row for row in per_step if row[0] not in shown]
-    empty = _local_frame(spark, missing, schema, sliced=True).select(
+    empty = local_frame(spark, missing, schema, sliced=True).select(
         "t",
         F.lit(None).cast(released.schema["item"].dataType).alias("item"),
         F.lit(None).cast(released.schema["value"].dataType).alias("value"),
@@ -100,55 +101,6 @@ def _long_format(
     )
     table = rows.select("t", "item", "value", *dated).unionByName(empty)
     return table, sum(shown.values()) + len(steps) - len(shown)
-
-
-def _local_frame(
-    spark: SparkSession, rows: list[tuple[Any, ...]], schema: str, *, sliced: bool = False
-) -> DataFrame:
-    """``spark.createDataFrame(rows, schema)`` without its Python worker job: a list
-    crosses to the JVM pickled, and PySpark re-pickles it in a job of Python tasks
-    (about a second of fixed cost per frame on a small run), where an Arrow table
-    (PySpark 4 and later) is read by the JVM itself. Same rows, in the same order.
-
-    The Arrow frame's rows are cut into partitions otherwise; with ``sliced``,
-    the rows are in the partitions ``createDataFrame`` gives them
-    (:func:`_parallelized`), for a frame that is written: its part files stay
-    those of a list."""
-    if not hasattr(spark, "_create_from_arrow_table"):  # PySpark 3.5; Spark Connect
-        return spark.createDataFrame(rows, schema)
-    import pyarrow as pa
-
-    struct = T._parse_datatype_string(schema)
-    assert isinstance(struct, T.StructType)
-    arrow = {T.LongType: pa.int64(), T.DoubleType: pa.float64(), T.StringType: pa.string()}
-    fields = [pa.field(f.name, arrow[type(f.dataType)]) for f in struct.fields]
-    try:
-        if not sliced:
-            columns = list(zip(*rows, strict=True)) if rows else [()] * len(fields)
-            table = pa.Table.from_arrays(
-                [pa.array(list(c), type=f.type) for c, f in zip(columns, fields, strict=True)],
-                schema=pa.schema(fields),
-            )
-            return spark.createDataFrame(table, struct)
-        # a row per batch of parallelize (a local relation is cut by rows): the
-        # batches fall in its partitions, and each is exploded where it is
-        batches = _parallelized(rows, spark.sparkContext.defaultParallelism)
-        names = [f.name for f in fields]
-        nested_rows = [[dict(zip(names, r, strict=True)) for r in b] for b in batches]
-        table = pa.table({"_rows": pa.array(nested_rows, pa.list_(pa.struct(fields)))})
-    except (UnicodeEncodeError, pa.ArrowException):  # a str that is not UTF-8 (a lone surrogate)
-        return spark.createDataFrame(rows, schema)
-    nested = T.StructType([T.StructField("_rows", T.ArrayType(struct))])
-    return spark.createDataFrame(table, nested).select(F.inline("_rows"))
-
-
-def _parallelized(rows: list[Any], slices: int) -> list[list[Any]]:
-    """The batches in which ``SparkContext.parallelize(rows)`` ships ``rows``, of
-    ``max(1, min(len // slices, 1024))`` rows: Spark cuts the list of batches into
-    ``slices`` partitions (``ParallelCollectionRDD``) as it cuts a local relation's
-    rows, so a frame of a row per batch has the batches in the same partitions."""
-    size = max(1, min(len(rows) // slices, 1024))
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def _option(opts: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -652,7 +604,7 @@ def _mechanism(
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase.from_params(
             spark, params, key=job.key, domain=items
         )
-        return mech, _local_frame(spark, [(it,) for it in items], "item string"), items
+        return mech, local_frame(spark, [(it,) for it in items], "item string"), items
     if opts.get("domain") is not None:
         raise ValueError("--domain does not apply to --mechanism unknown")
     unknown = UnknownParams(
