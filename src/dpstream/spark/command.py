@@ -45,6 +45,7 @@ from ..run.settings import parse_share
 from ..run.source import past_message
 from ..run.validate import invalid_message
 from .events import read_events_jsonl, read_events_parquet
+from .frames import local_frame
 from .order import split_shifts, with_pos
 from .read_counts import counted_lines
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
@@ -89,9 +90,10 @@ def _long_format(
     counted = released.groupBy("t").agg(F.count(F.lit(1)).alias("n")).collect()
     on_clock = set(steps)
     shown = {int(r["t"]): int(r["n"]) for r in counted if int(r["t"]) in on_clock}
-    stds = spark.createDataFrame(per_step, schema)
+    stds = local_frame(spark, per_step, schema)
     rows = released.join(F.broadcast(stds), "t")
-    empty = spark.createDataFrame([row for row in per_step if row[0] not in shown], schema).select(
+    missing = [row for row in per_step if row[0] not in shown]
+    empty = local_frame(spark, missing, schema, sliced=True).select(
         "t",
         F.lit(None).cast(released.schema["item"].dataType).alias("item"),
         F.lit(None).cast(released.schema["value"].dataType).alias("value"),
@@ -602,7 +604,7 @@ def _mechanism(
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase.from_params(
             spark, params, key=job.key, domain=items
         )
-        return mech, spark.createDataFrame([(it,) for it in items], "item string"), items
+        return mech, local_frame(spark, [(it,) for it in items], "item string"), items
     if opts.get("domain") is not None:
         raise ValueError("--domain does not apply to --mechanism unknown")
     unknown = UnknownParams(

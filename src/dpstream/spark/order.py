@@ -38,6 +38,8 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
+from .frames import local_frame
+
 __all__ = ["split_marks", "split_shifts", "with_pos", "numbered"]
 
 #: The low bits of ``monotonically_increasing_id()``: the row's index in its partition.
@@ -93,7 +95,7 @@ def with_pos(
 ) -> DataFrame:
     """``marked`` with ``pos``, each line's place in the input from 0 (the shifts of
     :func:`split_shifts` joined as a broadcast table), instead of its marks."""
-    shifts = spark.createDataFrame(table, "_file string, _block long, _shift long")
+    shifts = local_frame(spark, table, "_file string, _block long, _shift long")
     rest = [c for c in marked.columns if c not in ("_file", "_block", "_row")]
     return marked.join(F.broadcast(shifts), ["_file", "_block"]).select(
         (F.col("_row") + F.col("_shift")).alias("pos"), *rest
