@@ -41,7 +41,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         pytest.skip("the class archive needs PySpark 4 (Java 17)")
     where = tmp_path / "cache"
     monkeypatch.setenv(ca.ENV, str(where))
-    for name in ("PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR", "SPARK_HOME"):
+    for name in ("SPARK_CONF_DIR", "SPARK_HOME", *ca._OTHERS_OPTIONS, *ca._NOT_OUR_DRIVER):
         monkeypatch.delenv(name, raising=False)
     return where
 
@@ -52,8 +52,11 @@ def test_the_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, value: s
     assert ca.prepare() is None
 
 
-def test_a_directory_others_can_write_or_a_link_gives_no_archive(cache: Path) -> None:
-    """The JVM runs what the archive holds: it is used only from a private directory."""
+def test_only_a_directory_no_one_else_can_write_or_swap_is_used(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM runs what the archive holds: it is used only from a private directory
+    whose parents no one else can write (or are sticky, as /tmp)."""
     cache.mkdir(mode=0o700)
     assert ca.prepare() is not None  # private: used
     os.chmod(cache, 0o770)
@@ -61,10 +64,59 @@ def test_a_directory_others_can_write_or_a_link_gives_no_archive(cache: Path) ->
     os.chmod(cache, 0o700)
     link = cache.parent / "link"
     link.symlink_to(cache)
-    os.environ[ca.ENV] = str(link)
+    monkeypatch.setenv(ca.ENV, str(link))
+    got = ca.prepare()
+    assert got is not None and got.directory == cache  # the link resolved, then checked
+    open_parent = cache.parent / "open"
+    open_parent.mkdir(mode=0o700)
+    os.chmod(open_parent, 0o777)  # anyone could rename the directory below and swap it
+    monkeypatch.setenv(ca.ENV, str(open_parent / "cache"))
+    assert ca.prepare() is None and not (open_parent / "cache").exists()
+    os.chmod(open_parent, 0o1777)  # sticky, as /tmp: only the owner renames its entries
+    assert ca.prepare() is not None
+    for plain_not in ("with space", "a:b"):  # the JVM's option string splits on these
+        monkeypatch.setenv(ca.ENV, str(cache.parent / plain_not))
+        assert ca.prepare() is None and not (cache.parent / plain_not).exists()
+    monkeypatch.setenv(ca.ENV, "relative/dir")  # "~" without a home, say
+    assert ca.prepare() is None and not Path("relative").exists()
+
+
+def test_no_archive_is_written_under_options_others_give_the_jvm(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM refuses to start, or prints errors on the output, when asked to write an
+    archive under an agent, -Xshare:off or a configuration directory with files on its
+    class path: the archive is then not written (one already kept is still mapped, as
+    the JVM checks it against its own options)."""
+    for name in ca._OTHERS_OPTIONS:
+        monkeypatch.setenv(name, "-javaagent:/x.jar")
+        assert ca.prepare() is None, name
+        monkeypatch.delenv(name)
+    first = ca.prepare()
+    assert first is not None and first.saving is not None
+    kept = cache / f"spark-{first.key}-10.jsa"
+    kept.write_bytes(b"x" * 10)
+    os.chmod(kept, 0o400)
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xlog:class+load")
+    assert f"-XX:SharedArchiveFile={kept} " in ca.prepare().java_options  # type: ignore[union-attr]
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    assert ca.prepare() is not None  # an empty directory on the class path is fine
+    (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    assert ca.prepare() is None  # neither written nor mapped
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4000")  # spark-submit started the JVM
     assert ca.prepare() is None
-    os.environ[ca.ENV] = str(cache.parent / "with space")
-    assert ca.prepare() is None  # the JVM's option string splits on spaces
+
+
+def test_a_failed_write_is_not_tried_again(cache: Path) -> None:
+    first = ca.prepare()
+    assert first is not None and first.saving is not None and first.log is not None
+    ca.give_up(first)
+    assert not first.log.exists()
+    assert ca.prepare() is None
+    assert [p.name for p in cache.iterdir()] == [f"spark-{first.key}.failed"]
 
 
 def test_the_first_run_writes_and_a_later_run_maps_a_whole_private_archive(cache: Path) -> None:
@@ -88,6 +140,7 @@ def test_the_first_run_writes_and_a_later_run_maps_a_whole_private_archive(cache
     whole.write_bytes(b"x" * 1000)
     os.chmod(whole, 0o622)
     assert ca.prepare().saving is not None  # type: ignore[union-attr]
+    assert whole.exists()
     os.chmod(whole, 0o400)
     used = ca.prepare()
     assert used is not None and used.saving is None and used.log is None
@@ -99,18 +152,19 @@ def test_the_first_run_writes_and_a_later_run_maps_a_whole_private_archive(cache
     assert ca.prepare().saving is not None  # type: ignore[union-attr]
 
 
-def test_the_key_follows_the_operators_spark_settings(
+def test_the_key_follows_the_spark_install(
     cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = ca.setup_key()
     assert ca.setup_key() == base and len(base) == 16
-    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--jars extra.jar pyspark-shell")
-    with_jars = ca.setup_key()
-    assert with_jars != base
-    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
-    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    (tmp_path / "spark-defaults.conf").write_text("spark.jars extra.jar\n")
-    assert ca.setup_key() not in (base, with_jars)
+    home = tmp_path / "spark"
+    (home / "jars").mkdir(parents=True)
+    (home / "jars" / "spark-core.jar").write_bytes(b"1")
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    other = ca.setup_key()
+    assert other != base
+    (home / "jars" / "spark-core.jar").write_bytes(b"22")  # an upgrade in place
+    assert ca.setup_key() not in (base, other)
 
 
 def _dead_pid() -> int:
@@ -123,13 +177,17 @@ def test_tidy_deletes_what_stopped_runs_left_and_archives_unused_for_a_month(
     cache: Path,
 ) -> None:
     cache.mkdir(mode=0o700)
-    hour, month = 3600.0, 31 * 86400.0
+    hour, two_days, month = 3600.0, 2 * 86400.0, 31 * 86400.0
     dead, alive = _dead_pid(), os.getpid()
     files = {
         f"spark-{'a' * 16}.{dead}-0123abcd.part": (hour, False),  # its run ended
         f"spark-{'a' * 16}.{dead}-0123abcd.part.log": (hour, False),
         f"spark-{'a' * 16}.{alive}-0123abcd.part": (hour, True),  # its run goes on
         f"spark-{'a' * 16}.{dead}-4567abcd.part": (10.0, True),  # still being written
+        # a day old: stale whatever its process id says (a container's pid 1)
+        f"spark-{'a' * 16}.{alive}-89abcdef.part": (two_days, False),
+        f"spark-{'d' * 16}.failed": (month, False),  # a failed write: tried again
+        f"spark-{'e' * 16}.failed": (hour, True),
         f"spark-{'b' * 16}-5.jsa": (month, False),  # an install gone
         f"spark-{'c' * 16}-5.jsa": (hour, True),
         "notes.txt": (month, True),  # not an archive
@@ -171,12 +229,33 @@ def test_finish_keeps_only_an_archive_the_jvm_wrote_whole(
     assert not archive.saving.exists() and not archive.log.exists()
     if not kept:
         assert got is None and not list(cache.glob("*.jsa"))
+        assert [p.name for p in cache.iterdir()] == [f"spark-{archive.key}.failed"]
         return
     assert got == cache / f"spark-{archive.key}-4096.jsa"
     assert stat.S_IMODE(os.stat(got).st_mode) == 0o400
     assert [p.name for p in cache.iterdir()] == [got.name]
     used = ca.prepare()
     assert used is not None and f"-XX:SharedArchiveFile={got} " in used.java_options
+
+
+def test_runs_writing_at_once_keep_one_archive_and_delete_none(cache: Path) -> None:
+    """Two first runs at once: each keeps its archive under a name no other run's
+    replaces, so an archive a running JVM maps is never deleted or overwritten."""
+    runs = [ca.prepare() for _ in range(3)]  # all three start before any has kept one
+    assert all(r is not None and r.saving is not None for r in runs)
+    assert len({r.saving for r in runs}) == 3  # type: ignore[union-attr]
+    kept = []
+    for archive, size in zip(runs, (4096, 4096, 8192), strict=True):
+        assert archive is not None and archive.saving is not None and archive.log is not None
+        archive.saving.write_bytes(b"a" * size)
+        archive.log.write_text(f"[info][cds,dynamic] Written dynamic archive {size}\n")
+        jvm = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)  # fmt: skip
+        kept.append(ca.finish(archive, jvm, timeout_s=60))
+    key = runs[0].key  # type: ignore[union-attr]
+    assert kept[0] == kept[1] == cache / f"spark-{key}-4096.jsa"
+    assert kept[2] == cache / f"spark-{key}-8192.jsa"
+    assert sorted(p.name for p in cache.iterdir()) == sorted(p.name for p in kept[1:])
 
 
 def test_a_second_run_maps_the_archive_the_first_run_wrote(tmp_path: Path) -> None:
@@ -190,14 +269,12 @@ def test_a_second_run_maps_the_archive_the_first_run_wrote(tmp_path: Path) -> No
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     cache = tmp_path / "cache"
     loads = tmp_path / "classes-%p.log"  # the JVM's own log of where each class came from
-    env = {
-        **os.environ,
-        ca.ENV: str(cache),
-        "PYSPARK_SUBMIT_ARGS": f"--conf spark.driver.extraJavaOptions="
-        f"-Xlog:class+load=info:file={loads} pyspark-shell",
-    }
+    clean = {k: v for k, v in os.environ.items() if k not in ca._OTHERS_OPTIONS}
     outs = []
     for run in (1, 2):
+        env = {**clean, ca.ENV: str(cache)}
+        if run == 2:  # an option of another party: no writing, but mapping goes on
+            env["JAVA_TOOL_OPTIONS"] = f"-Xlog:class+load=info:file={loads}"
         out = tmp_path / f"out{run}"
         done = subprocess.run(
             [sys.executable, "-m", "dpstream", "run", "-m", "unknown", "--max-items", "2",
@@ -220,8 +297,40 @@ def test_a_second_run_maps_the_archive_the_first_run_wrote(tmp_path: Path) -> No
         assert lines, f"{name} not loaded in {log}"
         return lines[0].split(" source: ", 1)[1]
 
-    logs = sorted(tmp_path.glob("classes-*.log"), key=lambda p: p.stat().st_mtime)
+    logs = [p for p in tmp_path.glob("classes-*.log")]
     sc_logs = [p for p in logs if " org.apache.spark.SparkContext " in p.read_text()]
-    assert len(sc_logs) == 2  # the two drivers (the launcher's JVM loads no SparkContext)
-    assert "shared objects file" not in source_of("org.apache.spark.SparkContext", sc_logs[0])
-    assert source_of("org.apache.spark.SparkContext", sc_logs[1]) == "shared objects file (top)"
+    assert len(sc_logs) == 1  # the second driver (the launcher's JVM loads no SparkContext)
+    assert source_of("org.apache.spark.SparkContext", sc_logs[0]) == "shared objects file (top)"
+
+
+_REFUSED_START = """
+import sys
+from pathlib import Path
+from dpstream.spark import class_archive as ca, session
+where, key = Path(sys.argv[1]), "0123456789abcdef"
+part = where / f"spark-{key}.1-00000000.part"
+log = Path(f"{part}.log")
+log.touch()
+# options the JVM refuses to start under (as it refuses to write an archive under an agent)
+refused = ca.ClassArchive("-XX:+NoSuchOptionOfDpstream", where, key, saving=part, log=log)
+session.class_archive.prepare = lambda: refused
+spark = session.start_session("local[1]")
+print("rows", spark.range(3).count())
+"""
+
+
+def test_a_jvm_that_cannot_start_writing_starts_without_the_archive(
+    cache: Path, tmp_path: Path
+) -> None:
+    """A driver JVM that refuses the writing options is started again without them (the
+    run goes on), and the failure is remembered so later runs do not try again."""
+    cache.mkdir(mode=0o700)
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSED_START, str(cache)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable),
+                                                     os.environ.get("PATH", "")])},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 3" in done.stdout
+    assert [p.name for p in cache.iterdir()] == ["spark-0123456789abcdef.failed"]

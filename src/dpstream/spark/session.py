@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -94,45 +93,65 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
 
     When it starts the driver JVM, the JVM maps the class archive of this Spark
     install, or writes it as it exits (:mod:`dpstream.spark.class_archive`; the
-    process then waits for it at exit)."""
+    process then waits for it at exit). A JVM that fails to start while asked to
+    write the archive is started again without it."""
     from pyspark import SparkContext
-    from pyspark.sql import SparkSession
 
     conf = session_defaults(master)
     archive = None
-    if SparkContext._active_spark_context is None and not _operator_sets(_JAVA_KEY):
+    if SparkContext._gateway is None and not _operator_sets(_JAVA_KEY):  # a JVM to start
         archive = class_archive.prepare()
-        if archive is not None:
-            conf[_JAVA_KEY] = f"{conf.get(_JAVA_KEY, '')} {archive.java_options}".strip()
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
     chosen = os.environ.get("PYSPARK_PYTHON")
-    if is_local_master(master) and not chosen:
-        # PySpark reads the workers' interpreter from the environment when its context
-        # starts (not from spark.pyspark.python): set it for that moment only
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        try:
-            spark = builder.getOrCreate()
-        finally:
-            del os.environ["PYSPARK_PYTHON"]
+    if archive is None:
+        spark = _get_or_create(master, app_name, conf, chosen)
     else:
-        spark = builder.getOrCreate()
-    jvm = getattr(SparkContext._gateway, "proc", None)
-    if archive is not None and archive.saving is not None and jvm is not None:
-        atexit.register(_save_class_archive, spark, archive, jvm)
+        options = f"{conf.get(_JAVA_KEY, '')} {archive.java_options}".strip()
+        if archive.saving is not None:
+            # registered first: a run stopped while its JVM starts still tidies up
+            atexit.register(_save_class_archive, archive)
+        try:
+            spark = _get_or_create(master, app_name, {**conf, _JAVA_KEY: options}, chosen)
+        except Exception:
+            if archive.saving is None:
+                raise
+            class_archive.give_up(archive)  # the options it cannot write an archive under
+            atexit.unregister(_save_class_archive)
+            spark = _get_or_create(master, app_name, conf, chosen)
     check_workers(spark, master, chosen)
     return spark
 
 
-def _save_class_archive(
-    spark: SparkSession, archive: class_archive.ClassArchive, jvm: subprocess.Popen
-) -> None:
-    """At exit: stop the session, then let its JVM write the class archive."""
+def _get_or_create(
+    master: str, app_name: str, conf: dict[str, str], chosen: str | None
+) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    if not is_local_master(master) or chosen:
+        return builder.getOrCreate()
+    # PySpark reads the workers' interpreter from the environment when its context
+    # starts (not from spark.pyspark.python): set it for that moment only
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     try:
-        spark.stop()
-    except Exception:  # a broken session still lets its JVM exit and write
-        pass
+        return builder.getOrCreate()
+    finally:
+        del os.environ["PYSPARK_PYTHON"]
+
+
+def _save_class_archive(archive: class_archive.ClassArchive) -> None:
+    """At exit: stop the session, then let its JVM write the class archive (or delete
+    what a JVM that never started left)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    jvm = getattr(SparkContext._gateway, "proc", None)
+    if context is not None:
+        try:
+            context.stop()
+        except Exception:  # a broken session still lets its JVM exit and write
+            pass
     class_archive.finish(archive, jvm)
 
 
