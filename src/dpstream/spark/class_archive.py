@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ClassArchive", "ENV", "finish", "give_up", "prepare", "setup_key"]
+__all__ = ["ClassArchive", "ENV", "finish", "give_up", "prepare", "setup_key", "spark_conf_dir"]
 
 #: The environment variable that places the archive (a directory) or turns it off.
 ENV = "DPSTREAM_SPARK_CLASS_ARCHIVE"
@@ -186,15 +186,22 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+def spark_conf_dir() -> Path:
+    """Spark's configuration directory as its launcher finds it: ``SPARK_CONF_DIR``,
+    else ``conf`` in ``SPARK_HOME``, which PySpark sets to its own package when it is
+    unset. The launcher reads ``spark-defaults.conf`` there and puts the directory
+    first on the driver's class path."""
+    chosen = os.environ.get("SPARK_CONF_DIR")
+    return Path(chosen) if chosen else _spark_home() / "conf"
+
+
 def _conf_dir_has_files() -> bool:
-    """Whether Spark's configuration directory (``SPARK_CONF_DIR``, else
-    ``SPARK_HOME/conf``), which the launcher puts first on the driver's class path,
-    holds anything: the JVM writes no archive with a directory that holds files on its
-    class path, and ignores one for such a class path."""
-    conf = os.environ.get("SPARK_CONF_DIR") or str(_spark_home() / "conf")
+    """Whether :func:`spark_conf_dir` holds anything: the JVM writes no archive with a
+    directory that holds files on its class path, and ignores one for such a class
+    path."""
     try:
-        with os.scandir(conf) as entries:
-            return any(True for _ in entries)
+        with os.scandir(spark_conf_dir()) as entries:
+            return next(entries, None) is not None
     except NotADirectoryError:
         return True
     except OSError:
@@ -347,6 +354,11 @@ def give_up(archive: ClassArchive) -> None:
         (archive.directory / f"spark-{archive.key}.failed").touch(mode=0o600)
     except OSError:
         pass
+    _discard(archive)
+
+
+def _discard(archive: ClassArchive) -> None:
+    """Delete the partial archive and its log, if any."""
     for path in (archive.saving, archive.log):
         if path is not None:
             path.unlink(missing_ok=True)
@@ -374,9 +386,7 @@ def finish(
     it is (it may be mapped by a running JVM)."""
     part, log = archive.saving, archive.log
     if part is None or log is None or jvm is None:
-        for path in (part, log):
-            if path is not None:
-                path.unlink(missing_ok=True)
+        _discard(archive)
         return None
     try:
         if jvm.stdin is not None:
@@ -405,5 +415,4 @@ def finish(
     except OSError:
         return None
     finally:
-        part.unlink(missing_ok=True)
-        log.unlink(missing_ok=True)
+        _discard(archive)

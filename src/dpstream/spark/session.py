@@ -54,17 +54,13 @@ _JAVA_KEY = "spark.driver.defaultJavaOptions"
 
 
 def _operator_sets(key: str) -> bool:
-    """Whether the operator gives ``key`` to Spark (``spark-defaults.conf`` in
-    ``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``, or ``PYSPARK_SUBMIT_ARGS``): then
-    dpstream leaves it as it is."""
+    """Whether the operator gives ``key`` to Spark (``spark-defaults.conf`` in Spark's
+    configuration directory, :func:`class_archive.spark_conf_dir`, or
+    ``PYSPARK_SUBMIT_ARGS``): then dpstream leaves it as it is."""
     if key in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         return True
-    home = os.environ.get("SPARK_HOME")
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else None)
-    if conf_dir is None:
-        return False
     try:
-        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+        with open(class_archive.spark_conf_dir() / "spark-defaults.conf", encoding="utf-8") as f:
             return any(re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] == key for line in f)
     except OSError:
         return False
