@@ -47,6 +47,7 @@ from ..run.validate import invalid_message
 from .events import read_events_jsonl, read_events_parquet
 from .frames import local_frame
 from .order import split_shifts, with_pos
+from .output import check_output, write_table
 from .read_counts import counted_lines
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
@@ -146,6 +147,7 @@ class _Job:
     user_field: str | None
     common: dict[str, Any]
     parquet: bool = False  # the input is Parquet (a file or a directory)
+    force: bool = False  # --force: an existing output is replaced
 
     @property
     def limit(self) -> int:
@@ -169,7 +171,7 @@ def run_cli(
             ("known" or "unknown"), horizon, max_items, domain (a path or a list),
             counter, base, remember, threshold_delta, stream, rho / epsilon / delta /
             tau, key_file, input, input_format, output, output_format, round, clamp,
-            monotone, on_invalid, state.
+            monotone, on_invalid, state, force (replace an existing output).
         master: the Spark master when no session is running (``--master``).
         spark: a session to use instead of building one.
         key: the key, when the caller already loaded ``key_file``.
@@ -194,6 +196,7 @@ def run_cli(
     job = _job(opts, key)
     if spark is None:
         spark = start_session(master)
+    local_out = check_output(spark, job.out, job.force)  # before anything is read or claimed
     mech, domain_df, domain = _mechanism(spark, opts, job)
     counted = _counted(spark, opts, job, domain, cfg)
     source = None if counted is not None else _parsed(spark, opts, job)
@@ -212,7 +215,7 @@ def run_cli(
                 events, job, mech, domain_df, steps, opts, counted=counted is not None
             ).persist()
         table, rows = _long_format(spark, released, mech, steps, _clock(opts))
-        _write(table, job)
+        write_table(table, job.fmt, job.out, local_out, job.force)
     finally:
         caches = [checked, released]
         caches += [source.cache if source else None, counted.cache if counted else None]
@@ -529,6 +532,7 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
         user_field=opts.get("user_field"),
         common=_common(opts, name, key, str(inp)),
         parquet=in_fmt == "parquet",
+        force=bool(opts.get("force")),
     )
 
 
@@ -894,15 +898,3 @@ def _released(
     return readable_counts(
         released, clamp=bool(opts.get("clamp")), monotone=bool(opts.get("monotone"))
     )
-
-
-def _write(table: DataFrame, job: _Job) -> None:
-    """Write the releases (a directory of part files)."""
-    fmt, out = job.fmt, job.out
-    writer = table.write.mode("errorifexists")
-    if fmt == "jsonl-long":
-        writer.option("ignoreNullFields", False).json(out)
-    elif fmt == "csv":
-        writer.option("header", True).csv(out)
-    else:
-        writer.parquet(out)

@@ -1,0 +1,204 @@
+"""The Spark engine's output directory (``dpstream.spark.output``): refused when it
+exists (without ``--force``) before the run reads or claims anything, replaced whole
+with ``--force``, and never left half-written at its path.
+
+The file-system half runs without Spark (a stand-in table whose writer makes part
+files or fails); the command-line half runs real ``dpstream run --engine spark``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpstream.errors import StateError
+from dpstream.spark import output
+
+from .conftest import fixed_key
+
+
+class _Writer:
+    """What ``table.write.mode(m)`` gives: ``.json/.csv/.parquet(path)`` make a directory
+    of part files, as Spark's committer does, or fail half-way when ``fail``."""
+
+    def __init__(self, rows: list[str], fail: bool, calls: list[tuple[str, str]]) -> None:
+        self.rows, self.fail, self.calls = rows, fail, calls
+        self.mode_ = ""
+
+    def mode(self, mode: str) -> _Writer:
+        self.mode_ = mode
+        return self
+
+    def option(self, *_: object) -> _Writer:
+        return self
+
+    def json(self, path: str) -> None:
+        self.calls.append((self.mode_, path))
+        local = path.removeprefix("file://")
+        os.makedirs(local)
+        Path(local, "part-00000.json").write_text("".join(r + "\n" for r in self.rows[:1]))
+        if self.fail:
+            raise RuntimeError("executor lost")
+        Path(local, "part-00001.json").write_text("".join(r + "\n" for r in self.rows[1:]))
+        Path(local, "_SUCCESS").write_text("")
+
+    csv = parquet = json
+
+
+class _Table:
+    def __init__(self, rows: list[str], fail: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.write = _Writer(rows, fail, self.calls)
+
+
+def _rows(path: Path) -> list[str]:
+    return sorted(line for p in path.glob("part-*") for line in p.read_text().splitlines() if line)
+
+
+def _hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".dpstream-" in p.name)
+
+
+def test_a_new_output_is_written_beside_it_and_renamed_into_place(tmp_path) -> None:
+    out = tmp_path / "sub" / "out"
+    table = _Table(['{"t":1}', '{"t":2}'])
+    output.write_table(table, "jsonl-long", str(out), str(out), force=False)
+    assert _rows(out) == ['{"t":1}', '{"t":2}'] and (out / "_SUCCESS").exists()
+    # Spark wrote to a hidden sibling of the output (a file: URI), never to the path itself
+    ((mode, written),) = table.calls
+    assert mode == "errorifexists" and written.startswith(f"file://{out.parent}/.out.dpstream-")
+    assert _hidden(out.parent) == []
+
+
+def test_a_failed_write_leaves_the_earlier_output_as_it_was(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-00000.json").write_text('{"t":9}\n')
+    with pytest.raises(RuntimeError, match="executor lost"):
+        output.write_table(
+            _Table(['{"t":1}', '{"t":2}'], fail=True), "csv", str(out), str(out), True
+        )
+    assert _rows(out) == ['{"t":9}'] and _hidden(tmp_path) == []
+
+
+def test_force_replaces_the_earlier_output_whole(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-00007.json").write_text('{"t":9}\n')
+    (out / "notes.txt").write_text("an earlier run's")
+    output.write_table(_Table(['{"t":1}', '{"t":2}']), "parquet", str(out), str(out), True)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_SUCCESS",
+        "part-00000.json",
+        "part-00001.json",
+    ]
+    assert _hidden(tmp_path) == []
+
+
+def test_an_output_made_while_the_job_ran_is_kept_without_force(tmp_path) -> None:
+    """Another run wrote the path after this one's check: this one refuses to replace it,
+    and deletes only its own hidden directory."""
+    out = tmp_path / "out"
+
+    class _Racing(_Table):
+        def __init__(self) -> None:
+            super().__init__(['{"t":1}'])
+            inner = self.write.json
+
+            def json(path: str) -> None:
+                out.mkdir()
+                (out / "theirs").write_text("x")
+                inner(path)
+
+            self.write.json = json  # type: ignore[method-assign]
+
+    with pytest.raises(StateError, match="exists: pass --force"):
+        output.write_table(_Racing(), "jsonl-long", str(out), str(out), False)
+    assert [p.name for p in out.iterdir()] == ["theirs"] and _hidden(tmp_path) == []
+
+
+def test_what_a_stopped_run_left_beside_the_output_is_deleted_once_its_process_is_gone(
+    tmp_path,
+) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has now (reused only after the kernel wraps around)
+    for name in (f".out.dpstream-{gone.pid}-0123abcd", f".out.dpstream-{gone.pid}-0123abcd.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part-00000.json").write_text("{}\n")
+    live = f".out.dpstream-{os.getppid()}-89abcdef"  # a running process's: still writing
+    other = f".other.dpstream-{gone.pid}-0123abcd"  # another output's: not this run's
+    (tmp_path / live).mkdir()
+    (tmp_path / other).mkdir()
+    output.write_table(
+        _Table(['{"t":1}']), "jsonl-long", str(tmp_path / "out"), str(tmp_path / "out"), False
+    )
+    assert _hidden(tmp_path) == sorted([live, other])
+
+
+# --- the command line, on a real Spark session ------------------------------------------
+
+
+def _spark_args(tmp_path: Path, key: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "run", "-q", "-m", "unknown", "-T", "4", "--max-items", "2", "--rho", "1",
+        "--threshold-delta", "0.4", "--key-file", str(key), "--counter", "tree",
+        "-i", str(tmp_path / "ev.jsonl"),
+        "-o", str(out), "--engine", "spark", "--master", "local[2]", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def spark():
+    """A session for the command to find (and stop after): the test's own, as the other
+    Spark test modules have theirs."""
+    from .conftest import require_spark
+
+    require_spark(pandas=True)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def test_engine_spark_refuses_an_existing_output_before_it_reads_or_claims(
+    spark, tmp_path, capsys
+) -> None:
+    """An output directory that exists stops the run before the ledger records its noise
+    scope (the budget is not spent, a later run needs no --force); --force replaces it
+    with the releases a run into a new directory writes."""
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-output").save(key)
+    events = [{"t": 1, "items": ["a", "b"]}, {"t": 2, "items": ["a"]}, {"t": 4, "items": ["b"]}]
+    (tmp_path / "ev.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-00000-earlier.json").write_text('{"t": 1, "item": "z", "value": 7}\n')
+    assert cli.main(_spark_args(tmp_path, key, out)) == 1
+    err = capsys.readouterr().err
+    assert "output" in err and "exists: pass --force" in err and "Traceback" not in err
+    ledger = Path(f"{key}.ledger")
+    assert not ledger.exists()  # nothing claimed or spent
+    assert _rows(out) == ['{"t": 1, "item": "z", "value": 7}']
+
+    assert cli.main(_spark_args(tmp_path, key, tmp_path / "fresh")) == 0
+    assert ledger.exists()
+    assert cli.main(_spark_args(tmp_path, key, out, "--force")) == 0
+    capsys.readouterr()
+    assert _rows(out) == _rows(tmp_path / "fresh") and len(_rows(out)) >= 4
+    assert (out / "_SUCCESS").exists() and not (out / "part-00000-earlier.json").exists()
+    assert _hidden(tmp_path) == []
