@@ -178,3 +178,25 @@ def test_plain_user_ids_go_through_arrow_and_give_the_record_readers_records(mon
     for chunk_bytes in (1 << 21, 700, 97):
         assert _user_records(text, binary=True, chunk_bytes=chunk_bytes) == want
     assert calls == []
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_arrow_line_block_holds_each_line_as_given(large) -> None:
+    """A block of lines from an Arrow array (a slice of a larger one, as a Spark task's
+    batch can be): each line's bytes and text as given, joined by line feeds; ``strict``
+    only when every line is valid UTF-8."""
+    import pyarrow as pa
+
+    from dpstream.io.lines import arrow_line_block
+
+    lines = [b"skip", b'{"t": 1}', b"", b"caf\xc3\xa9", b"", b"x\xffy", b"last"]
+    arr = pa.array(lines, pa.large_binary() if large else pa.binary()).slice(1, 5)
+    block = arrow_line_block(arr, done=7)
+    got = [block.buf[a:b] for a, b in zip(block.starts.tolist(), block.ends.tolist(), strict=True)]
+    assert got == lines[1:6] and block.done == 7
+    assert block.buf == b"\n".join(lines[1:6]) + b"\n"
+    assert [block.text(i) for i in range(5)] == [
+        x.decode("utf-8", "surrogateescape") for x in lines[1:6]
+    ]
+    assert not block.strict and arrow_line_block(arr.slice(0, 4)).strict
+    assert arrow_line_block(arr.slice(0, 0)).starts.size == 0

@@ -28,7 +28,7 @@ import pandas as pd  # noqa: E402
 
 from dpstream.errors import InvalidEventError  # noqa: E402
 from dpstream.spark import command  # noqa: E402
-from dpstream.spark.read_counts import count_lines  # noqa: E402
+from dpstream.spark.read_counts import _arrow_counter, count_chunk, count_lines  # noqa: E402
 
 from .test_spark_read import CLOCK, TRICKY  # noqa: E402
 
@@ -83,6 +83,92 @@ def test_count_lines_counts_what_the_local_rules_keep(clock, domain) -> None:
     assert want and want_totals[0] and want_totals[1]  # events and bad lines are there
     assert clock or (want_totals[2] and want_totals[3] and want_totals[5])  # late, oversized...
     assert domain is None or want_totals[4]  # ... and outside the domain
+
+
+def _columnar(batches: list[list[bytes]], until: int, max_items: int, domain) -> tuple:
+    """(counts, totals) of the lines of ``batches`` through a task's columnar counter
+    (``_arrow_counter`` on integer steps: the batches gathered into chunks), each batch
+    an Arrow array sliced out of a larger one, as a task's batches can be."""
+    import pyarrow as pa
+
+    whole = pa.array([b"x", *(line for batch in batches for line in batch)], pa.binary())
+    arrays, at = [], 1
+    for batch in batches:
+        arrays.append(pa.RecordBatch.from_arrays([whole.slice(at, len(batch))], ["value"]))
+        at += len(batch)
+    known = None if domain is None else (lambda: domain)
+    out = list(_arrow_counter(until, max_items, known, None, None)(iter(arrays)))
+    counts: Counter = Counter()
+    for b in out[:-1]:
+        d = b.to_pydict()
+        for t, item, n in zip(d["t"], d["item"], d["n"], strict=True):
+            counts[(t, item)] += n
+    names = ("events", "bad", "late", "oversized", "outside", "unstepped")
+    return dict(counts), [out[-1].column(n)[0].as_py() for n in names]
+
+
+def _arrow_takes(lines: list[bytes]) -> bool:
+    """Whether the counter's columnar path takes these lines as one chunk."""
+    import pyarrow as pa
+
+    from dpstream.io.jsonl import arrow_chunk
+    from dpstream.io.lines import arrow_line_block
+
+    return arrow_chunk(arrow_line_block(pa.array(lines, pa.binary()))) is not None
+
+
+@pytest.mark.parametrize("domain", [None, {"a", "b", "caf\u00e9", "padded", "5", "x1"}])
+def test_columnar_counts_are_the_brute_force_counts(domain, monkeypatch) -> None:
+    """A task's counter against the brute force of the rules (one parse per line): on
+    chunks Arrow takes whole (counted as columns, with rows Arrow leaves to the one-line
+    parser: null items, steps past int64 or below 1, no step), on chunks it does not
+    (every line decided alone), and on both in one task."""
+    import random
+
+    from dpstream.spark import read_counts
+
+    monkeypatch.setattr(read_counts, "_CHUNK_BYTES", 30_000)  # several chunks a task
+    rng = random.Random(7)
+    many = [
+        b'{"t": %d, "items": [%s]}'
+        % (
+            rng.randint(1, 9),
+            b", ".join(b'"x%d"' % rng.randint(0, 6) for _ in range(rng.randint(1, 5))),
+        )
+        for _ in range(3000)
+    ]
+    taken = [line for line in TRICKY if _arrow_takes([line])]
+    assert len(taken) > 20 and not _arrow_takes(TRICKY)
+    columnar = [*many[:1000], *taken, *many[1000:], *taken]
+    assert _arrow_takes(columnar)
+    for batches in (
+        [columnar[:7], columnar[7:2500], columnar[2500:]],  # columns only
+        [TRICKY, TRICKY],  # every line alone
+        [many[:500], TRICKY, many[500:]],  # both in one task
+        [[]],
+    ):
+        lines = [line for batch in batches for line in batch]
+        want = _brute(lines, 6, 3, domain)
+        assert _columnar(batches, 6, 3, domain) == want
+        # bad records, events without a step, late and oversized ones are there
+        assert not lines or all(want[1][i] for i in (0, 1, 2, 3, 5))
+    # one line per chunk, through the local engine's chunk reader (Arrow's rows or the
+    # one-line parser's): the columns counted as the lines are
+    import pyarrow as pa
+
+    from dpstream.io.jsonl import jsonl_chunk
+    from dpstream.io.lines import arrow_line_block
+
+    counts: Counter = Counter()
+    totals = [0] * 6
+    for line in TRICKY:
+        ts, items, ns = count_chunk(
+            jsonl_chunk(arrow_line_block(pa.array([line], pa.binary()))), totals,
+            until=6, max_items=3, domain=domain,
+        )  # fmt: skip
+        pairs = zip(ts.tolist(), items.to_pylist(), strict=True)
+        counts.update(dict(zip(pairs, ns.tolist(), strict=True)))
+    assert (dict(counts), totals) == _brute(TRICKY, 6, 3, domain)
 
 
 def _cli(tmp_path: Path, mech: str, *extra: str) -> list[str]:
@@ -184,3 +270,28 @@ def test_an_event_without_a_step_counts_in_the_step_before_it(tmp_path) -> None:
     assert cli.main([*base, *on_spark, *own_ledger(outs["spark"])]) == 0
     assert {"lead", "b", "c", "d"} <= set(pd.read_csv(outs["local"])["item"])  # each released
     assert_spark_csv_matches(outs["local"], outs["spark"])
+
+
+def test_columnar_counts_skip_an_event_with_a_null_item_as_oversized() -> None:
+    """A record whose items hold a null (which the parsers word as an error today, but
+    a chunk may carry) is skipped as too many items, as :func:`count_lines` skips it."""
+    import numpy as np
+
+    from dpstream.io.chunks import Chunk
+
+    chunk = Chunk(
+        lines=np.arange(1, 4),
+        t=np.array([1, 1, 2]),
+        errors={},
+        offsets=np.array([0, 2, 3, 5]),
+        codes=np.array([0, 1, 0, 2, 0]),  # {a, null}, {a}, {b, a}
+        items=["a", None, "b"],
+        buf=b"",
+        starts=np.zeros(3, np.int64),
+        ends=np.zeros(3, np.int64),
+    )
+    totals = [0] * 6
+    ts, items, ns = count_chunk(chunk, totals, until=6, max_items=3)
+    got = dict(zip(zip(ts.tolist(), items.to_pylist(), strict=True), ns.tolist(), strict=True))
+    assert got == {(1, "a"): 1, (2, "a"): 1, (2, "b"): 1}
+    assert totals == [3, 0, 0, 1, 0, 0]

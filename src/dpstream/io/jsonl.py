@@ -76,6 +76,8 @@ __all__ = [
     "parse_jsonl_line",
     "read_jsonl",
     "read_jsonl_chunks",
+    "jsonl_chunk",
+    "arrow_chunk",
     "FAST_LINE_BYTES",
 ]
 
@@ -322,12 +324,35 @@ def read_jsonl_chunks(
         yield from chunks_from_records(records)
         return
     for block in line_blocks(stream, name, chunk_bytes):
-        yield _jsonl_chunk(block, user_field)
+        yield jsonl_chunk(block, user_field)
 
 
-def _jsonl_chunk(block: LineBlock, user_field: str | None = None) -> Chunk:
+def jsonl_chunk(block: LineBlock, user_field: str | None = None) -> Chunk:
     """The records of a block of lines: the lines that pass the screen of the module
     docstring go to Arrow, the others to :func:`parse_jsonl_line`."""
+    fast = _screen(block)
+    rows = arrow_rows(block.buf, block.starts, block.ends, fast, user_field) if fast.any() else None
+    if rows is None:
+        fast[:] = False
+    return _chunk(block, fast, rows, user_field)
+
+
+def arrow_chunk(block: LineBlock) -> Chunk | None:
+    """The records of a block of lines (integer steps, no user ids) when every line
+    passes the screen and Arrow's reader takes them all, as :func:`jsonl_chunk` gives
+    them; None when a line would be parsed alone (the caller then has a faster way for
+    such lines than the chunk's fallback, which parses each of them in full)."""
+    fast = _screen(block)
+    if not fast.all():
+        return None
+    rows = arrow_rows(block.buf, block.starts, block.ends, fast) if fast.size else None
+    if rows is None:
+        return None
+    return _chunk(block, fast, rows, None)
+
+
+def _screen(block: LineBlock) -> np.ndarray:
+    """Which lines of the block go to Arrow (the screen of the module docstring)."""
     buf, starts, ends = block.buf, block.starts, block.ends
     n = starts.size
     arr = np.frombuffer(buf, np.uint8)
@@ -346,10 +371,14 @@ def _jsonl_chunk(block: LineBlock, user_field: str | None = None) -> Chunk:
         first[nonempty] = arr[starts[nonempty]]
         last[nonempty] = arr[ends[nonempty] - 1]
         fast = nonempty & (first == ord("{")) & (last == ord("}")) & (lengths <= FAST_LINE_BYTES)
-    rows = arrow_rows(buf, starts, ends, fast, user_field) if fast.any() else None
-    if rows is None:
-        fast[:] = False
-    chunk = _assemble(block.text, n, block.done, buf, starts, ends, fast, rows, user_field)
+    return fast
+
+
+def _chunk(block: LineBlock, fast: np.ndarray, rows: Any, user_field: str | None) -> Chunk:
+    n = block.starts.size
+    chunk = _assemble(
+        block.text, n, block.done, block.buf, block.starts, block.ends, fast, rows, user_field
+    )
     chunk.nlines = n
     return chunk
 

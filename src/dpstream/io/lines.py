@@ -7,6 +7,8 @@ its last line feed; another text stream a chunk of lines at a time. Line
 terminators are ``\\n``, ``\\r\\n`` or ``\\r``, as text mode with ``newline=""``
 reads them; a byte-order mark that opens the input is dropped (``utf-8-sig``).
 A truncated or corrupt ``.gz`` is an error naming the last line read.
+:func:`arrow_line_block` makes a block of lines another reader has already cut
+(an Arrow array of them: the lines a Spark task reads).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from .records import raw_bytes
 
-__all__ = ["LineBlock", "line_blocks", "BOM", "CHUNK_LINES"]
+__all__ = ["LineBlock", "line_blocks", "arrow_line_block", "BOM", "CHUNK_LINES"]
 
 #: Lines per block of a text stream that is not over bytes.
 CHUNK_LINES = 1 << 15
@@ -166,3 +168,47 @@ def _text_block(lines: list[str], done: int) -> LineBlock:
     except UnicodeDecodeError:
         strict = False
     return LineBlock(buf, ends - sizes, ends, strict, lambda i: lines[i], done)
+
+
+def arrow_line_block(lines: Any, done: int = 0) -> LineBlock:
+    """A block of the lines in ``lines``, an Arrow binary (or string) array without
+    nulls, each line without its terminator: their bytes joined by line feeds in one
+    buffer, as :func:`line_blocks` gives a file's. ``text(i)`` decodes line i as
+    ``bytes.decode("utf-8", "surrogateescape")`` does, as the lines' own reader would."""
+    import pyarrow as pa
+
+    if lines.null_count:
+        raise ValueError("a line is null")
+    if pa.types.is_large_binary(lines.type) or pa.types.is_large_string(lines.type):
+        width = np.int64
+    else:
+        width = np.int32
+    n = len(lines)
+    if n == 0:
+        return LineBlock(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), True, str, done)
+    _, off_buf, data_buf = lines.buffers()
+    offsets = np.frombuffer(
+        off_buf, dtype=width, count=n + 1, offset=lines.offset * width().itemsize
+    )
+    offsets = offsets.astype(np.int64)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    )
+    data = data[int(offsets[0]) : int(offsets[-1])]
+    offsets -= offsets[0]
+    # line i's bytes move right by i (the line feeds before it), and a line feed follows it
+    buf = np.insert(data, offsets[1:], 10).tobytes()
+    shift = np.arange(n, dtype=np.int64)
+    starts, ends = offsets[:-1] + shift, offsets[1:] + shift
+    strict = buf.isascii()
+    if not strict:
+        try:
+            buf.decode("utf-8")
+            strict = True
+        except UnicodeDecodeError:
+            pass
+
+    def text(i: int) -> str:
+        return buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
+
+    return LineBlock(buf, starts, ends, strict, text, done)

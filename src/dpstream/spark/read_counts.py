@@ -21,6 +21,15 @@ the JVM as a row with an array to be exploded and grouped there:
   nothing (the caller skips these, or stops the run: :mod:`dpstream.spark.command`);
 * each distinct item of any other event adds 1 to its (step, item) count.
 
+On integer steps (no clock) a task gathers about 2 MB of lines at a time; when
+the local engine's chunked reader would give every one of them to Arrow's JSON
+reader and Arrow takes them all (:func:`dpstream.io.jsonl.arrow_chunk`), the
+rules above are applied to the chunk's columns with NumPy (:func:`count_chunk`).
+Else (a line with an escape, an item that is not a string, a long line), and on
+a clock, each line is decided alone (:func:`count_lines`, whose fast path for a
+plain event is faster than the chunk reader's fallback, the full parse of every
+line). The tests hold both to a brute force of the rules, one parse per line.
+
 Each task sends its partial counts (one row per (step, item) it saw, flushed
 every ``_FLUSH`` pairs so memory stays bounded) and one row of its totals;
 Spark adds the partial counts of an item where its releases are computed
@@ -35,8 +44,12 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterator
 from typing import Any
 
-from ..io.chunks import INT64_MAX
-from ..io.jsonl import parse_jsonl_line
+import numpy as np
+
+from ..io.arrow import arrow_ints
+from ..io.chunks import INT64_MAX, Chunk
+from ..io.jsonl import arrow_chunk, parse_jsonl_line
+from ..io.lines import arrow_line_block
 from .read_jsonl import _check_zone_rules, input_text, plain_event, zone_rules
 
 try:
@@ -46,7 +59,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["COUNTED_SCHEMA", "counted_lines", "count_lines"]
+__all__ = ["COUNTED_SCHEMA", "counted_lines", "count_chunk", "count_lines"]
 
 #: A row of partial counts (t, item, n; the totals null) or of a task's totals
 #: (events, bad, late, oversized, outside, unstepped; t, item and n null).
@@ -66,6 +79,8 @@ COUNTED_SCHEMA = T.StructType(
 
 #: Distinct (step, item) pairs a task holds before it sends them on.
 _FLUSH = 1 << 20
+#: Bytes of lines a task gathers before it parses them as one chunk (on integer steps).
+_CHUNK_BYTES = 1 << 21
 
 
 def counted_lines(
@@ -106,6 +121,9 @@ def _arrow_counter(
         import pyarrow as pa
 
         _check_zone_rules(clock, rules)
+        if clock is None and time_field is None:
+            yield from _count_chunks(pa, batches, until, max_items, domain)
+            return
         counts: dict[tuple[int, str], int] = {}
         totals = [0] * 6
         known = None if domain is None else domain()
@@ -125,13 +143,132 @@ def _arrow_counter(
                 counts = {}
         if counts:
             yield _counts_batch(pa, counts)
-        none = pa.nulls(1, pa.int64())
-        yield pa.RecordBatch.from_arrays(
-            [none, pa.nulls(1, pa.string()), none, *(pa.array([v], pa.int64()) for v in totals)],
-            names=COUNTED_SCHEMA.names,
-        )
+        yield _totals_batch(pa, totals)
 
     return count
+
+
+def _count_chunks(
+    pa: Any,
+    batches: Iterator[Any],
+    until: int,
+    max_items: int,
+    domain: Callable[[], Container[str]] | None,
+) -> Iterator[Any]:
+    """A task's lines on integer steps, about :data:`_CHUNK_BYTES` at a time, parsed as
+    chunks and counted (:func:`count_chunk`); its totals last."""
+    totals = [0] * 6
+    known = None if domain is None else domain()
+    held: list[Any] = []
+    size = 0
+    for batch in batches:
+        held.append(batch.column("value"))
+        size += held[-1].nbytes
+        if size >= _CHUNK_BYTES:
+            yield _chunk_counts(pa, held, totals, until, max_items, known)
+            held, size = [], 0
+    if held:
+        yield _chunk_counts(pa, held, totals, until, max_items, known)
+    yield _totals_batch(pa, totals)
+
+
+def _chunk_counts(
+    pa: Any,
+    arrays: list[Any],
+    totals: list[int],
+    until: int,
+    max_items: int,
+    known: Container[str] | None,
+) -> Any:
+    lines = pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
+    chunk = arrow_chunk(arrow_line_block(lines))
+    if chunk is None:  # a line Arrow does not take: every line decided alone, as on a clock
+        counts: dict[tuple[int, str], int] = {}
+        count_lines(
+            lines.to_pylist(), counts, totals, until=until, max_items=max_items, domain=known
+        )
+        return _counts_batch(pa, counts)
+    ts, items, ns = count_chunk(chunk, totals, until=until, max_items=max_items, domain=known)
+    none = pa.nulls(len(ns), pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ts, pa.int64()), items, pa.array(ns, pa.int64()), *([none] * 6)],
+        names=COUNTED_SCHEMA.names,
+    )
+
+
+def _totals_batch(pa: Any, totals: list[int]) -> Any:
+    """The row of a task's totals (:data:`COUNTED_SCHEMA`; t, item and n null)."""
+    none = pa.nulls(1, pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [none, pa.nulls(1, pa.string()), none, *(pa.array([v], pa.int64()) for v in totals)],
+        names=COUNTED_SCHEMA.names,
+    )
+
+
+def count_chunk(
+    chunk: Chunk,
+    totals: list[int],
+    *,
+    until: int,
+    max_items: int,
+    domain: Container[str] | None = None,
+) -> tuple[np.ndarray, Any, np.ndarray]:
+    """The records of ``chunk`` (integer steps) counted by the rules of the module
+    docstring, as :func:`count_lines` counts the same lines: adds to ``totals``
+    ([events, bad, late, oversized, outside, unstepped]) and returns the kept events'
+    counts as (steps, items as an Arrow string array, counts), one entry per distinct
+    (step, item) of the chunk.
+
+    Raises:
+        ValueError: an event with a step < 1 (which the parser never gives).
+    """
+    import pyarrow as pa
+
+    n = len(chunk)
+    bad = np.zeros(n, dtype=bool)
+    if chunk.errors:
+        bad[np.fromiter(chunk.errors, np.int64, len(chunk.errors))] = True
+    t = chunk.t
+    if t.dtype == object:  # a step past int64 (never within until): as the largest
+        t = np.array([min(int(x), INT64_MAX) for x in t.tolist()], dtype=np.int64)
+    unstepped = ~bad & (t == 0)
+    event = ~bad & ~unstepped
+    if (t[event] < 1).any():
+        raise ValueError("an event has a time step < 1")
+    late = event & (t > until)
+    # the chunk's items, each distinct value once (Arrow's rows and the one-line
+    # parser's have codes of their own), and each record's distinct items
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(pa.array(chunk.items, pa.string()))
+    values = enc.dictionary
+    k = len(values) + 1  # code len(values): a null item
+    remap = arrow_ints(enc.indices.fill_null(len(values))) if len(enc) else np.zeros(0, np.int64)
+    sizes = np.diff(chunk.offsets)
+    owner = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    pairs = np.unique(owner * k + remap[chunk.codes])  # (record, item), each once
+    rec, code = pairs // k, pairs % k
+    distinct = np.bincount(rec, minlength=n)
+    has_null = np.zeros(n, dtype=bool)
+    has_null[rec[code == len(values)]] = True
+    oversized = event & ~late & ((distinct > max_items) | has_null)
+    outside = np.zeros(n, dtype=bool)
+    if domain is not None:
+        known = np.fromiter((x in domain for x in values.to_pylist()), bool, len(values))
+        outside[rec[~np.append(known, True)[code]]] = True
+        outside &= event & ~late & ~oversized
+    kept = event & ~late & ~oversized & ~outside
+    for i, flags in enumerate((event, bad, late, oversized, outside, unstepped)):
+        totals[i] += int(np.count_nonzero(flags))
+    take = kept[rec]
+    steps, codes = t[rec[take]], code[take]
+    order = np.lexsort((codes, steps))
+    steps, codes = steps[order], codes[order]
+    new = np.ones(steps.size, dtype=bool)
+    new[1:] = (steps[1:] != steps[:-1]) | (codes[1:] != codes[:-1])
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, steps.size))
+    return steps[starts], values.take(pa.array(codes[starts])), counts
 
 
 def _counts_batch(pa: Any, counts: dict[tuple[int, str], int]) -> Any:
