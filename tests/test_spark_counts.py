@@ -103,8 +103,9 @@ def _columnar(batches: list[list[bytes]], until: int, max_items: int, domain) ->
         d = b.to_pydict()
         for t, item, n in zip(d["t"], d["item"], d["n"], strict=True):
             counts[(t, item)] += n
-    names = ("events", "bad", "late", "oversized", "outside", "unstepped")
-    return dict(counts), [out[-1].column(n)[0].as_py() for n in names]
+    last = out[-1].to_pydict()  # the task's totals: steps -1, -2, ... in TOTALS' order
+    assert last["t"] == [-1, -2, -3, -4, -5, -6] and last["item"] == [None] * 6
+    return dict(counts), last["n"]
 
 
 def _arrow_takes(lines: list[bytes]) -> bool:

@@ -48,7 +48,7 @@ from .events import read_events_jsonl, read_events_parquet
 from .frames import local_frame
 from .order import split_shifts, with_pos
 from .output import check_output, write_table
-from .read_counts import counted_lines
+from .read_counts import TOTALS, counted_lines
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
 from .session import start_session
@@ -432,15 +432,15 @@ def _counted(
         time_field=opts.get("time_field"),
         clock=_clock(opts),
     ).cache()
-    names = ("events", "bad", "late", "oversized", "outside", "unstepped")
     row = None
     try:
         try:
-            row = _first_row(counted.agg(*(F.sum(n).alias(n) for n in names)))
+            total = [F.sum(F.when(F.col("t") == -1 - k, F.col("n"))) for k in range(len(TOTALS))]
+            row = _first_row(counted.where(F.col("t") < 0).agg(*total))
         except Exception as exc:
             _refuse_plainly(exc, job.inp)
             raise
-        facts = {n: int(row[n] or 0) for n in names}
+        facts = {n: int(row[k] or 0) for k, n in enumerate(TOTALS)}
         if facts["unstepped"] or not _surely_within_share(facts, cfg, job):
             row = None
     finally:
@@ -450,8 +450,8 @@ def _counted(
                 known.destroy()
     if row is None:
         return None
-    # the rows of totals have a null n: run_counts leaves them out
-    return _Counted(counted.select("t", "item", "n"), counted, facts, known)
+    # the rows of totals have steps below 1
+    return _Counted(counted.where(F.col("t") > 0), counted, facts, known)
 
 
 def _surely_within_share(facts: Mapping[str, int], cfg: RunConfig, job: _Job) -> bool:

@@ -31,7 +31,8 @@ plain event is faster than the chunk reader's fallback, the full parse of every
 line). The tests hold both to a brute force of the rules, one parse per line.
 
 Each task sends its partial counts (one row per (step, item) it saw, flushed
-every ``_FLUSH`` pairs so memory stays bounded) and one row of its totals;
+every ``_FLUSH`` pairs so memory stays bounded) and a row for each of its totals
+(steps below 1: :data:`COUNTED_SCHEMA`);
 Spark adds the partial counts of an item where its releases are computed
 (:func:`dpstream.spark.kernels.release_run_partition` sums the rows of an item
 and step). The line numbers are not computed: a run that needs them (user-level
@@ -59,23 +60,20 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("dpstream.spark needs PySpark: pip install 'dpstream[spark]'") from exc
 
-__all__ = ["COUNTED_SCHEMA", "counted_lines", "count_chunk", "count_lines"]
+__all__ = ["COUNTED_SCHEMA", "TOTALS", "counted_lines", "count_chunk", "count_lines"]
 
-#: A row of partial counts (t, item, n; the totals null) or of a task's totals
-#: (events, bad, late, oversized, outside, unstepped; t, item and n null).
+#: A row of partial counts (t >= 1, item, n) or of one of a task's totals (t = -1 - k
+#: for the k-th of :data:`TOTALS`, item null, n the total): three columns, so a task
+#: sends 3 values a pair, not 3 and six null totals.
 COUNTED_SCHEMA = T.StructType(
     [
         T.StructField("t", T.LongType(), True),
         T.StructField("item", T.StringType(), True),
         T.StructField("n", T.LongType(), True),
-        T.StructField("events", T.LongType(), True),
-        T.StructField("bad", T.LongType(), True),
-        T.StructField("late", T.LongType(), True),
-        T.StructField("oversized", T.LongType(), True),
-        T.StructField("outside", T.LongType(), True),
-        T.StructField("unstepped", T.LongType(), True),
     ]
 )
+#: The totals a task counts, in the order of their rows' steps -1, -2, ...
+TOTALS = ("events", "bad", "late", "oversized", "outside", "unstepped")
 
 #: Distinct (step, item) pairs a task holds before it sends them on.
 _FLUSH = 1 << 20
@@ -94,7 +92,7 @@ def counted_lines(
     clock: Any = None,
 ) -> DataFrame:
     """The input's events counted (not cached): rows of :data:`COUNTED_SCHEMA`, partial
-    counts of the valid events' items and a row of totals per task (see the module
+    counts of the valid events' items and rows of totals per task (see the module
     docstring); ``domain``, run in the workers, gives the known items (e.g. from a
     broadcast variable); ``time_field`` and ``clock`` as for
     :func:`dpstream.spark.read_jsonl.read_events_jsonl`."""
@@ -189,18 +187,20 @@ def _chunk_counts(
         )
         return _counts_batch(pa, counts)
     ts, items, ns = count_chunk(chunk, totals, until=until, max_items=max_items, domain=known)
-    none = pa.nulls(len(ns), pa.int64())
     return pa.RecordBatch.from_arrays(
-        [pa.array(ts, pa.int64()), items, pa.array(ns, pa.int64()), *([none] * 6)],
-        names=COUNTED_SCHEMA.names,
+        [pa.array(ts, pa.int64()), items, pa.array(ns, pa.int64())], names=COUNTED_SCHEMA.names
     )
 
 
 def _totals_batch(pa: Any, totals: list[int]) -> Any:
-    """The row of a task's totals (:data:`COUNTED_SCHEMA`; t, item and n null)."""
-    none = pa.nulls(1, pa.int64())
+    """The rows of a task's totals (:data:`COUNTED_SCHEMA`: steps -1, -2, ... in the
+    order of :data:`TOTALS`, no item)."""
     return pa.RecordBatch.from_arrays(
-        [none, pa.nulls(1, pa.string()), none, *(pa.array([v], pa.int64()) for v in totals)],
+        [
+            pa.array(range(-1, -1 - len(totals), -1), pa.int64()),
+            pa.nulls(len(totals), pa.string()),
+            pa.array(totals, pa.int64()),
+        ],
         names=COUNTED_SCHEMA.names,
     )
 
@@ -272,21 +272,14 @@ def count_chunk(
 
 
 def _counts_batch(pa: Any, counts: dict[tuple[int, str], int]) -> Any:
-    """Partial counts as a record batch of :data:`COUNTED_SCHEMA` (the totals null)."""
+    """Partial counts as a record batch of :data:`COUNTED_SCHEMA`."""
     n = len(counts)
     ts, items = zip(*counts, strict=True) if n else ((), ())
-    none = pa.nulls(n, pa.int64())
     return pa.RecordBatch.from_arrays(
         [
             pa.array(ts, pa.int64()),
             pa.array(items, pa.string()),
             pa.array(list(counts.values()), pa.int64()),
-            none,
-            none,
-            none,
-            none,
-            none,
-            none,
         ],
         names=COUNTED_SCHEMA.names,
     )
