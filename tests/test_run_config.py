@@ -108,3 +108,23 @@ def test_a_time_mode_that_lets_the_data_move_steps_is_refused_when_built():
         _config(["-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "1",
                  "--threshold-delta", "1e-6", "--key-file", "k", "--implicit-time",
                  "--time-field", "ts", "--step", "1h", "--start", "2026-01-01T00:00Z"])  # fmt: skip
+
+
+def test_follow_without_the_public_clock_is_refused_when_built():
+    """Refused with the config, before the state, the output or the ledger is made (the
+    run refused it only once it had made them)."""
+    base = ["-m", "unknown", "-T", "10", "--max-items", "2", "--rho", "1",
+            "--threshold-delta", "1e-6", "--key-file", "k", "--follow"]  # fmt: skip
+    with pytest.raises(ValueError, match="--follow needs the public clock"):
+        _config(base)
+    with pytest.raises(ValueError, match="--follow reads JSON Lines"):
+        _config([*base, "-i", "ev.csv", "--time-field", "ts", "--step", "1h",
+                 "--start", "2026-01-01T00:00Z"])  # fmt: skip
+
+
+def test_min_value_must_be_a_finite_number(capsys):
+    for bad in ("nan", "inf", "-inf"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", f"--min-value={bad}"])
+        assert "expected a finite number" in capsys.readouterr().err
+    assert build_parser().parse_args(["run", "--min-value=-2.5"]).min_value == -2.5

@@ -79,7 +79,7 @@ def test_a_failed_write_leaves_the_earlier_output_as_it_was(tmp_path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "part-00000.json").write_text('{"t":9}\n')
-    with pytest.raises(RuntimeError, match="executor lost"):
+    with pytest.raises(StateError, match="could not write the releases to .*: executor lost"):
         output.write_table(
             _Table(['{"t":1}', '{"t":2}'], fail=True), "csv", str(out), str(out), True
         )
@@ -202,3 +202,70 @@ def test_engine_spark_refuses_an_existing_output_before_it_reads_or_claims(
     assert _rows(out) == _rows(tmp_path / "fresh") and len(_rows(out)) >= 4
     assert (out / "_SUCCESS").exists() and not (out / "part-00000-earlier.json").exists()
     assert _hidden(tmp_path) == []
+
+
+def test_force_replaces_only_a_directory_of_part_files(spark, tmp_path) -> None:
+    """--force never deletes a folder that holds anything but a Spark run's part files
+    (the key, the ledger, the input beside them), a file, or a folder that holds one of
+    the run's own files; it replaces a folder of part files."""
+    key = tmp_path / "k.key"
+    key.write_text("secret")
+    with pytest.raises(StateError, match="holds 'k.key'.*--force replaces only"):
+        output.check_output(spark, str(tmp_path), True)
+    with pytest.raises(StateError, match="is not a directory"):
+        output.check_output(spark, str(key), True)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name in ("part-00000-x.json", ".part-00000-x.json.crc", "_SUCCESS", "._SUCCESS.crc"):
+        (parts / name).write_text("")
+    assert output.check_output(spark, str(parts), True) == str(parts)
+    with pytest.raises(StateError, match="exists: pass --force"):
+        output.check_output(spark, str(parts), False)
+    inp = str(parts / "part-00000-x.json")  # the input is a part file of the output
+    with pytest.raises(StateError, match="holds --input"):
+        output.check_output(spark, str(parts), True, [("--input", inp)])
+    assert key.read_text() == "secret" and len(list(parts.iterdir())) == 4
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(spark, tmp_path) -> None:
+    blocker = tmp_path / "events.jsonl"
+    blocker.write_text("{}\n")
+    with pytest.raises(StateError, match="cannot be written"):
+        output.check_output(spark, str(blocker / "sub" / "out"), False)
+    with pytest.raises(StateError, match="cannot be written"):
+        output.check_output(spark, "/proc/dpstream-test-out", False)
+    made = tmp_path / "new" / "deeper" / "out"  # missing parents are made, the path is not
+    assert output.check_output(spark, str(made), False) == str(made)
+    assert made.parent.is_dir() and not made.exists() and _hidden(made.parent) == []
+
+
+def test_csv_part_files_hold_each_item_as_it_is(spark, tmp_path) -> None:
+    """Spark's CSV writer trims spaces and escapes quotes with a backslash unless told
+    otherwise: the part files hold every item as the local engine's CSV does (RFC 4180,
+    read back by Python's csv module)."""
+    import csv
+
+    items = [" a", "a ", 'a"b', 'b\\"c', " ", "a\u0000", "x,y", "l\nm", "caf\u00e9"]
+    rows = [(1, item, 2.5) for item in items] + [(2, None, None)]
+    table = spark.createDataFrame(rows, "t long, item string, value double").coalesce(1)
+    out = tmp_path / "out"
+    output.write_table(table, "csv", str(out), str(out), False)
+    (part,) = out.glob("part-*.csv")
+    with open(part, newline="", encoding="utf-8") as f:
+        got = list(csv.reader(f))
+    assert got[0] == ["t", "item", "value"]
+    assert [r[1] for r in got[1:]] == [*items, ""] and got[-1] == ["2", "", ""]
+
+
+def test_engine_spark_refuses_what_it_would_not_run(spark, tmp_path, capsys) -> None:
+    """Options the Spark job does not run are refused before anything is recorded, not
+    ignored (each changes what is published or when)."""
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-output").save(key)
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n')
+    for extra in (["--top", "2"], ["--min-value", "3"]):
+        assert cli.main(_spark_args(tmp_path, key, tmp_path / "out", *extra)) == 1
+        assert f"{extra[0]}: not available with --engine spark" in capsys.readouterr().err
+    assert not Path(f"{key}.ledger").exists() and not (tmp_path / "out").exists()

@@ -265,11 +265,15 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
             "--implicit-time is for JSON Lines: give each Parquet row its step "
             "(a time column, or --time-field for timestamps)"
         )
+    if opts["follow"] and clock is None:  # before the state and the output are made
+        raise ValueError("--follow needs the public clock: --time-field, --step and --start")
     if fmt == "parquet" and (opts["input"] == "-" or opts["follow"]):
         raise ValueError(
             "Parquet input is read from a file or a directory (--input PATH), in a batch "
             "run (not stdin, not --follow)"
         )
+    if opts["follow"] and fmt != "jsonl":
+        raise ValueError("--follow reads JSON Lines input")
     if opts["implicit_time"] and (until < horizon_limit(opts) or opts["follow"]):
         raise ValueError(
             "--implicit-time numbers the steps by line, so a stream that goes "

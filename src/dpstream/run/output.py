@@ -98,7 +98,9 @@ def open_output(
     Before anything is changed, the header and the release of the step before
     the last one on record must be the bytes the state recorded (the file is
     the run's output, unchanged), and the file must not reach past the end of
-    the last step's release; if it holds all of it, those bytes must be the
+    the last step's release (a file that holds only the start of the header, when
+    the first step is the last on record, gets its header again: the run stopped
+    before writing it); if it holds all of it, those bytes must be the
     recorded release too. The bytes of the last step already written are kept
     in ``resume.written``: the replay checks that they are a prefix of the
     recomputed release, and only then truncates the file there and writes the
@@ -131,7 +133,14 @@ def open_output(
         last = ckpt.step(resume.last_t)
         fh.seek(0)
         bad = None
-        if fh.read(len(header)) != header:
+        head = fh.read(len(header))
+        if head != header and size < len(header) == resume.begin and header.startswith(head):
+            # stopped after the state recorded the first step, before the whole header
+            # reached the file: nothing of a release is there, the header is written again
+            fh.seek(0)
+            fh.write(header)
+            size = len(header)
+        elif head != header:
             bad = "the header"
         elif not len(header) <= resume.begin <= size <= last.end:
             bad = f"the release of step {resume.last_t}"

@@ -196,7 +196,9 @@ def run_cli(
     job = _job(opts, key)
     if spark is None:
         spark = start_session(master)
-    local_out = check_output(spark, job.out, job.force)  # before anything is read or claimed
+    # before anything is read or claimed
+    others = [*_inputs(opts), ("--config", cfg.config_file)]
+    local_out = check_output(spark, job.out, job.force, others)
     mech, domain_df, domain = _mechanism(spark, opts, job)
     counted = _counted(spark, opts, job, domain, cfg)
     source = None if counted is not None else _parsed(spark, opts, job)
@@ -236,6 +238,21 @@ def run_cli(
         "privacy": mech.privacy,
         "output": job.out,
     }
+
+
+def _inputs(opts: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The run's other files by option (input, key, domain, ledger, state), which
+    ``--force`` must never delete with an output directory."""
+    from ..ledger import ledger_path
+
+    domain = opts.get("domain")
+    return [
+        ("--input", opts.get("input")),
+        ("--key-file", opts.get("key_file")),
+        ("--domain", domain if isinstance(domain, str) else None),
+        ("--ledger", str(ledger_path(opts)) if opts.get("key_file") else None),
+        ("--state", opts.get("state")),
+    ]
 
 
 #: Whether a cached plan may have its shuffles' partitions coalesced (adaptive execution).
@@ -477,12 +494,32 @@ def _valid_counts(counted: _Counted) -> tuple[DataFrame, int, int]:
     return counted.counts, facts["events"] - invalid, facts["bad"] + invalid
 
 
+#: Options of ``dpstream run`` the Spark job does not run (flag, dest): refused, not
+#: ignored, since each changes what is published or when.
+_LOCAL_ONLY = (
+    ("--follow", "follow"),
+    ("--lateness", "lateness"),
+    ("--top", "top"),
+    ("--min-value", "min_value"),
+)
+
+
 def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
     """The Spark run's settings, each refused when the Spark engine does not run it."""
     name = opts.get("mechanism", "known")
     if name not in ("known", "unknown"):
         raise DPStreamError(
             f"--mechanism {name} is not available with --engine spark (known and unknown are)"
+        )
+    unread = [
+        flag
+        for flag, dest in _LOCAL_ONLY
+        if opts.get(dest) is not None and opts.get(dest) is not False
+    ]
+    if unread:
+        raise ValueError(
+            f"{', '.join(unread)}: not available with --engine spark (the local engine "
+            "runs them: drop --engine spark)"
         )
     policy = _option(opts, "on_invalid", "skip")
     if policy not in ("skip", "error"):

@@ -7,7 +7,7 @@ Layer 6 of dpstream (the command line's options, :mod:`dpstream.run.options`).
 from __future__ import annotations
 
 from ...registry import CLAMP_DEFAULT, MONOTONE_DEFAULT
-from .base import Opt, _positive_float, _positive_int, _share, _size, _unit_float
+from .base import Opt, _finite_float, _positive_float, _positive_int, _share, _size, _unit_float
 
 CLOCK_OPTS: tuple[Opt, ...] = (
     Opt(
@@ -192,7 +192,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         "write only the counts of at least this value "
         "(post-processing: free; e.g. 1 to leave out items the noise made small)",
         None,
-        float,
+        _finite_float,
         metavar="V",
         default_text="all",
     ),
