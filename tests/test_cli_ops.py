@@ -450,3 +450,51 @@ def test_follow_reads_a_backlog_to_its_end_before_it_releases(tmp_path, key_path
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert [json.loads(x)["t"] for x in outs[0].splitlines()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("rotate", ["copytruncate", "move"])
+def test_follow_stops_when_its_input_is_rotated(tmp_path, key_path, monkeypatch, capsys, rotate):
+    """A followed file truncated (copytruncate) or moved and made again (logrotate's
+    default) stops the run with one line: it used to go on and release every later step
+    without the events written after the rotation."""
+    import datetime as dt
+    import os
+    import threading
+    import time
+
+    import dpstream.run.follow as run_follow
+
+    start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+    at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
+    src = tmp_path / "live.jsonl"
+    src.write_text("".join(json.dumps({"ts": at(s), "items": ["a"]}) + "\n" for s in (0.2, 1.5)))
+    out = tmp_path / "o.jsonl"
+    cmd = [*UNK, "-T", "10", "--key-file", key_path, "-i", str(src), "-o", str(out),
+           "--state", str(tmp_path / "s.sqlite"), "--time-field", "ts", "--step", "1s",
+           "--start", start.isoformat(), "--follow", "--progress-every", "1000"]  # fmt: skip
+    give_up = time.monotonic() + 60  # a follower that misses the rotation ends, never hangs
+    # the clock stands at 2.5 s (steps 1 and 2 due) until the test gives up
+    monkeypatch.setattr(
+        run_follow,
+        "_utcnow",
+        lambda: start + dt.timedelta(seconds=20 if time.monotonic() > give_up else 2.5),
+    )
+
+    def rotate_when_two_steps_are_out() -> None:
+        while time.monotonic() < give_up:
+            if out.exists() and out.read_text().count("\n") >= 2:
+                break
+            time.sleep(0.02)
+        if rotate == "move":
+            os.replace(src, tmp_path / "live.jsonl.1")
+        with open(src, "w") as fh:  # truncated, or a new file, with one later event
+            fh.write(json.dumps({"ts": at(3.5), "items": ["b"]}) + "\n")
+
+    rotator = threading.Thread(target=rotate_when_two_steps_are_out, daemon=True)
+    rotator.start()
+    assert main(cmd) == 1
+    rotator.join(timeout=5)
+    err = capsys.readouterr().err
+    how = "truncated" if rotate == "copytruncate" else "moved or replaced"
+    assert f"was {how} while it was followed" in err, err
+    assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == [1, 2]

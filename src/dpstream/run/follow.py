@@ -11,7 +11,9 @@ in a :class:`~dpstream.run.source.ReadCount`.
 
 from __future__ import annotations
 
+import os
 import queue
+import stat
 import threading
 from collections.abc import Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -162,6 +164,7 @@ def _reader(
             if line == "":
                 if cfg.input == "-":
                     return
+                _check_still_followed(infile, cfg.input)
                 q.put(_IDLE)
                 stop.wait(_POLL)
                 continue
@@ -176,6 +179,37 @@ def _reader(
     except BaseException as exc:  # noqa: BLE001 - handed to the main thread
         errors.append(exc)
     q.put(_EOF)
+
+
+def _check_still_followed(infile: Any, path: str) -> None:
+    """At the end of what is there: refuse an input that was truncated or whose path now
+    names another file (rotated: copied and truncated, or moved and made again). What
+    came after it would be lost or read from the middle, and a resumed run, which reads
+    the input again from its first line, would not find the lines its steps closed at:
+    the run stops instead of releasing steps without their events."""
+    try:
+        fd = infile.fileno()
+    except (AttributeError, OSError, ValueError):  # not a plain file: nothing to check
+        return
+    held = os.fstat(fd)
+    if not stat.S_ISREG(held.st_mode):
+        return
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        named = None
+    how = None
+    if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+        how = "moved or replaced"
+    elif held.st_size < os.lseek(fd, 0, os.SEEK_CUR):
+        how = "truncated"
+    if how is not None:
+        raise StateError(
+            f"the input {path!r} was {how} while it was followed (rotated?): --follow reads "
+            "one file from its first line, and a resumed run reads it again from there. "
+            "Rotate the input between runs only, and follow a new file as a new stream "
+            "(a new --state and --output)"
+        )
 
 
 def input_records_from(lines: Iterable[str], cfg: RunConfig) -> Iterator[Any]:
