@@ -142,6 +142,12 @@ def _bytes_block(buf: bytes, done: int) -> LineBlock:
             st.append(pos)
             en.append(len(buf))
         starts, ends = np.asarray(st, np.int64), np.asarray(en, np.int64)
+    return _block_of(buf, starts.astype(np.int64), ends.astype(np.int64), done)
+
+
+def _block_of(buf: bytes, starts: np.ndarray, ends: np.ndarray, done: int) -> LineBlock:
+    """The block of lines ``buf[starts[i]:ends[i]]``: ``strict`` when ``buf`` is valid
+    UTF-8; ``text(i)`` decodes line i with ``surrogateescape``."""
     strict = buf.isascii()
     if not strict:
         try:
@@ -153,7 +159,7 @@ def _bytes_block(buf: bytes, done: int) -> LineBlock:
     def text(i: int) -> str:
         return buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
 
-    return LineBlock(buf, starts.astype(np.int64), ends.astype(np.int64), strict, text, done)
+    return LineBlock(buf, starts, ends, strict, text, done)
 
 
 def _text_block(lines: list[str], done: int) -> LineBlock:
@@ -199,16 +205,4 @@ def arrow_line_block(lines: Any, done: int = 0) -> LineBlock:
     # line i's bytes move right by i (the line feeds before it), and a line feed follows it
     buf = np.insert(data, offsets[1:], 10).tobytes()
     shift = np.arange(n, dtype=np.int64)
-    starts, ends = offsets[:-1] + shift, offsets[1:] + shift
-    strict = buf.isascii()
-    if not strict:
-        try:
-            buf.decode("utf-8")
-            strict = True
-        except UnicodeDecodeError:
-            pass
-
-    def text(i: int) -> str:
-        return buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
-
-    return LineBlock(buf, starts, ends, strict, text, done)
+    return _block_of(buf, offsets[:-1] + shift, offsets[1:] + shift, done)
