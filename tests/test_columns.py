@@ -272,9 +272,10 @@ def test_columnar_formatters_write_the_row_by_row_bytes(round_counts):
 
     rng = np.random.default_rng(7)  # simulation data only
     items = ["plain", "", "a,b", 'q"uote', "caf\u00e9", "new\nline", " space", "\u2028"]
+    items += ["car\rriage", "end\r", "\r\n"]  # quoted in CSV, as a reader needs
     items += [f"i{k}" for k in range(200)]
     values = rng.normal(0, 1e3, len(items)) * rng.choice([1e-9, 1.0, 1e12], len(items))
-    plain = [x for x in items if x not in ("a,b", 'q"uote', "new\nline")]  # no escapes
+    plain = [x for x in items if not any(c in x for c in ',"\r\n')]  # no escapes
     for meta, its in (
         (m, i)
         for m in ({"noise_std": 12.25, "threshold": 3.5}, {}, {"noise_std": None})
@@ -761,3 +762,22 @@ def test_an_unknown_domain_run_does_not_import_pandas(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out[-2:] == ["False", "True"]  # pyarrow read the lines, pandas never loaded
+
+
+@pytest.mark.parametrize("round_counts", [True, False])
+def test_csv_rows_read_back_as_the_items_they_release(round_counts):
+    """Every item, a bare carriage return in it too, comes back from Python's csv reader
+    as it was released (an unquoted "\r" split its row), by both ways of writing."""
+    import csv
+    import io
+
+    from dpstream.io import CsvFormatter
+
+    items = ["a\rb", "c\r", "\r", "x\ny", "\r\n", 'q"r', "s,t", " sp ", "plain"]
+    rel = dps.Release(t=5, items=items, values=np.arange(len(items), dtype=float), meta={})
+    f = CsvFormatter(round_counts)
+    for text in (f._format_rows(rel), f._format_columns(rel)):
+        if text is None:
+            continue
+        rows = list(csv.reader(io.StringIO(text.decode("utf-8"), newline="")))
+        assert [r[1] for r in rows] == items and {r[0] for r in rows} == {"5"}

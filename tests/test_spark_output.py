@@ -67,11 +67,11 @@ def _hidden(folder: Path) -> list[str]:
 def test_a_new_output_is_written_beside_it_and_renamed_into_place(tmp_path) -> None:
     out = tmp_path / "sub" / "out"
     table = _Table(['{"t":1}', '{"t":2}'])
-    output.write_table(table, "jsonl-long", str(out), str(out), force=False)
+    output.write_table(table, "jsonl-long", str(out), output.OutputPlace(str(out)), force=False)
     assert _rows(out) == ['{"t":1}', '{"t":2}'] and (out / "_SUCCESS").exists()
     # Spark wrote to a hidden sibling of the output (a file: URI), never to the path itself
     ((mode, written),) = table.calls
-    assert mode == "errorifexists" and written.startswith(f"file://{out.parent}/.out.dpstream-")
+    assert mode == "errorifexists" and written.startswith(f"file://{out.parent}/.dpstream-")
     assert _hidden(out.parent) == []
 
 
@@ -81,7 +81,7 @@ def test_a_failed_write_leaves_the_earlier_output_as_it_was(tmp_path) -> None:
     (out / "part-00000.json").write_text('{"t":9}\n')
     with pytest.raises(StateError, match="could not write the releases to .*: executor lost"):
         output.write_table(
-            _Table(['{"t":1}', '{"t":2}'], fail=True), "csv", str(out), str(out), True
+            _Table(['{"t":1}', '{"t":2}'], fail=True), "csv", str(out), _at(out), True
         )
     assert _rows(out) == ['{"t":9}'] and _hidden(tmp_path) == []
 
@@ -90,8 +90,8 @@ def test_force_replaces_the_earlier_output_whole(tmp_path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "part-00007.json").write_text('{"t":9}\n')
-    (out / "notes.txt").write_text("an earlier run's")
-    output.write_table(_Table(['{"t":1}', '{"t":2}']), "parquet", str(out), str(out), True)
+    (out / ".part-00007.json.crc").write_text("")
+    output.write_table(_Table(['{"t":1}', '{"t":2}']), "parquet", str(out), _at(out), True)
     assert sorted(p.name for p in out.iterdir()) == [
         "_SUCCESS",
         "part-00000.json",
@@ -118,8 +118,28 @@ def test_an_output_made_while_the_job_ran_is_kept_without_force(tmp_path) -> Non
             self.write.json = json  # type: ignore[method-assign]
 
     with pytest.raises(StateError, match="exists: pass --force"):
-        output.write_table(_Racing(), "jsonl-long", str(out), str(out), False)
+        output.write_table(_Racing(), "jsonl-long", str(out), _at(out), False)
     assert [p.name for p in out.iterdir()] == ["theirs"] and _hidden(tmp_path) == []
+    # with --force too: what stands there when the job ends is checked again
+    (out / "part-00000.json").write_text("{}\n")
+    with pytest.raises(StateError, match="holds 'theirs'"):
+        output.write_table(_Racing2(out), "jsonl-long", str(out), _at(out), True)
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.json", "theirs"]
+    assert _hidden(tmp_path) == []
+
+
+class _Racing2(_Table):
+    """A writer during whose job another file appears in the output."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__(['{"t":1}'])
+        inner = self.write.json
+
+        def json(path: str) -> None:
+            (out / "theirs").write_text("x")
+            inner(path)
+
+        self.write.json = json  # type: ignore[method-assign]
 
 
 def test_what_a_stopped_run_left_beside_the_output_is_deleted_once_its_process_is_gone(
@@ -127,17 +147,49 @@ def test_what_a_stopped_run_left_beside_the_output_is_deleted_once_its_process_i
 ) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid no process has now (reused only after the kernel wraps around)
-    for name in (f".out.dpstream-{gone.pid}-0123abcd", f".out.dpstream-{gone.pid}-0123abcd.old"):
+    mine, here = output._digest("out", 12), output._where()
+    dead = f".dpstream-{mine}-{here}-{gone.pid}-0123abcd"
+    for name in (dead, f"{dead}.old"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "part-00000.json").write_text("{}\n")
-    live = f".out.dpstream-{os.getppid()}-89abcdef"  # a running process's: still writing
-    other = f".other.dpstream-{gone.pid}-0123abcd"  # another output's: not this run's
-    (tmp_path / live).mkdir()
-    (tmp_path / other).mkdir()
-    output.write_table(
-        _Table(['{"t":1}']), "jsonl-long", str(tmp_path / "out"), str(tmp_path / "out"), False
+    live = f".dpstream-{mine}-{here}-{os.getppid()}-89abcdef"  # a running process's
+    other = f".dpstream-{output._digest('other', 12)}-{here}-{gone.pid}-0123abcd"  # not ours
+    # another host's or PID namespace's: its pid means nothing here, kept for a week
+    foreign = f".dpstream-{mine}-{'0' * 8 if here != '0' * 8 else '1' * 8}-{gone.pid}-0123abcd"
+    stale = foreign.replace("0123abcd", "fedcba98")
+    user_file = f".dpstream-{mine}-{here}-{gone.pid}-00000000"  # a file, not a run's folder
+    for name in (live, other, foreign, stale):
+        (tmp_path / name).mkdir()
+    (tmp_path / user_file).write_text("mine")
+    week = 8 * 86400
+    os.utime(tmp_path / stale, (os.path.getmtime(tmp_path) - week,) * 2)
+    out = tmp_path / "out"
+    output.write_table(_Table(['{"t":1}']), "jsonl-long", str(out), _at(out), False)
+    assert _hidden(tmp_path) == sorted([live, other, foreign, user_file])
+
+
+def _at(out: Path) -> output.OutputPlace:
+    return output.OutputPlace(str(out))
+
+
+def test_the_write_error_is_the_jvm_cause_in_one_line() -> None:
+    class _Java:
+        def __init__(self, text: str, cause: _Java | None = None) -> None:
+            self.text, self.cause = text, cause
+
+        def getCause(self) -> _Java | None:  # noqa: N802 (the JVM's name)
+            return self.cause
+
+        def toString(self) -> str:  # noqa: N802
+            return self.text
+
+    exc = RuntimeError("An error occurred while calling o336.json.\n\tat ...")
+    exc.java_exception = _Java(  # type: ignore[attr-defined]
+        "org.apache.spark.SparkException: Job aborted",
+        _Java("java.io.IOException: Mkdirs failed to create file:/ro/out\n\tat x"),
     )
-    assert _hidden(tmp_path) == sorted([live, other])
+    assert output._cause(exc) == "java.io.IOException: Mkdirs failed to create file:/ro/out"
+    assert output._cause(ValueError("one\ntwo")) == "one"
 
 
 # --- the command line, on a real Spark session ------------------------------------------
@@ -218,12 +270,31 @@ def test_force_replaces_only_a_directory_of_part_files(spark, tmp_path) -> None:
     parts.mkdir()
     for name in ("part-00000-x.json", ".part-00000-x.json.crc", "_SUCCESS", "._SUCCESS.crc"):
         (parts / name).write_text("")
-    assert output.check_output(spark, str(parts), True) == str(parts)
+    assert output.check_output(spark, str(parts), True).local == str(parts)
     with pytest.raises(StateError, match="exists: pass --force"):
         output.check_output(spark, str(parts), False)
-    inp = str(parts / "part-00000-x.json")  # the input is a part file of the output
-    with pytest.raises(StateError, match="holds --input"):
-        output.check_output(spark, str(parts), True, [("--input", inp)])
+    inp = parts / "part-00000-x.json"  # the input is a part file of the output
+    # a link to a deeper folder: "lnk/.." is tmp_path as text (Hadoop), "a" once followed
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "a" / "b", target_is_directory=True)
+    for given in (
+        str(inp),
+        f"file://{inp}",  # as a URI
+        f"{tmp_path}/lnk/../parts/part-00000-x.json",  # Hadoop drops ".." from the text
+        str(tmp_path / "parts" / "." / "part-00000-x.json"),
+    ):
+        with pytest.raises(StateError, match="one of the run's own files"):
+            output.check_output(spark, str(parts), True, [("--input", given)])
+    # folders named like part files, a link, a half-written job's _temporary: not a run's
+    for odd in ("part-00001", "_temporary"):
+        (parts / odd).mkdir()
+        with pytest.raises(StateError, match=f"holds '{odd}'"):
+            output.check_output(spark, str(parts), True)
+        (parts / odd).rmdir()
+    (parts / "part-00002-y.json").symlink_to(key)
+    with pytest.raises(StateError, match="holds 'part-00002-y.json'"):
+        output.check_output(spark, str(parts), True)
+    (parts / "part-00002-y.json").unlink()
     assert key.read_text() == "secret" and len(list(parts.iterdir())) == 4
 
 
@@ -235,7 +306,9 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(spark, tmp_p
     with pytest.raises(StateError, match="cannot be written"):
         output.check_output(spark, "/proc/dpstream-test-out", False)
     made = tmp_path / "new" / "deeper" / "out"  # missing parents are made, the path is not
-    assert output.check_output(spark, str(made), False) == str(made)
+    assert output.check_output(spark, str(made), False).local == str(made)
+    long = tmp_path / ("x" * 240)  # the hidden directories' names do not grow with it
+    assert output.check_output(spark, str(long), False).local == str(long)
     assert made.parent.is_dir() and not made.exists() and _hidden(made.parent) == []
 
 
@@ -249,7 +322,7 @@ def test_csv_part_files_hold_each_item_as_it_is(spark, tmp_path) -> None:
     rows = [(1, item, 2.5) for item in items] + [(2, None, None)]
     table = spark.createDataFrame(rows, "t long, item string, value double").coalesce(1)
     out = tmp_path / "out"
-    output.write_table(table, "csv", str(out), str(out), False)
+    output.write_table(table, "csv", str(out), _at(out), False)
     (part,) = out.glob("part-*.csv")
     with open(part, newline="", encoding="utf-8") as f:
         got = list(csv.reader(f))

@@ -30,10 +30,12 @@ __all__ = ["CsvFormatter"]
 
 
 def _csv_cell(item: Any) -> str:
-    """An item as the csv module writes it (quoted when it must be)."""
+    """An item as the csv module writes it (quoted when it must be: a comma, a quote, a
+    line feed or a carriage return in it; RFC 4180, so a reader never splits its row)."""
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow([str(item), ""])  # as one field of a row
-    return buf.getvalue()[:-2]
+    # "\r\n" as the terminator, so that a bare "\r" is quoted as well as a "\n"
+    csv.writer(buf, lineterminator="\r\n").writerow([str(item), ""])  # one field of a row
+    return buf.getvalue()[:-3]
 
 
 class CsvFormatter(LongFormatter):
@@ -86,10 +88,16 @@ class CsvFormatter(LongFormatter):
         return (join_text(rows, "\n") + "\n").encode("utf-8")
 
     def _format_rows(self, release: Release) -> bytes:
+        # "\r\n" as the csv module's terminator, so that it quotes a bare "\r" (RFC
+        # 4180), then "\n" at each row's end as the file has it
         buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
+        writer = csv.writer(buf, lineterminator="\r\n")
+        rows = []
         for row in long_rows(release, self.round_counts, self.step_start, self.step_end):
             writer.writerow(
                 ["" if v is None else repr(v) if isinstance(v, float) else v for v in row]
             )
-        return buf.getvalue().encode("utf-8")
+            rows.append(buf.getvalue()[:-2] + "\n")
+            buf.seek(0)
+            buf.truncate()
+        return "".join(rows).encode("utf-8")

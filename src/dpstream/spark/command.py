@@ -198,7 +198,7 @@ def run_cli(
         spark = start_session(master)
     # before anything is read or claimed
     others = [*_inputs(opts), ("--config", cfg.config_file)]
-    local_out = check_output(spark, job.out, job.force, others)
+    place = check_output(spark, job.out, job.force, others)
     mech, domain_df, domain = _mechanism(spark, opts, job)
     counted = _counted(spark, opts, job, domain, cfg)
     source = None if counted is not None else _parsed(spark, opts, job)
@@ -217,7 +217,7 @@ def run_cli(
                 events, job, mech, domain_df, steps, opts, counted=counted is not None
             ).persist()
         table, rows = _long_format(spark, released, mech, steps, _clock(opts))
-        write_table(table, job.fmt, job.out, local_out, job.force)
+        write_table(table, job.fmt, job.out, place, job.force)
     finally:
         caches = [checked, released]
         caches += [source.cache if source else None, counted.cache if counted else None]

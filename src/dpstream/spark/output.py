@@ -13,38 +13,57 @@ ledger records anything (and before the input is read), not at the end in Spark'
 * :func:`write_table`: a local output is written to a hidden directory beside it and
   renamed into place when Spark has committed it, so the path holds either the earlier
   output or the whole new one, never a job's half (a run stopped while writing leaves
-  the hidden directory, named for its process, which the next run on that output
-  deletes once that process is gone). With ``force`` the earlier output is moved aside
-  first and deleted once the new one is in place. A URI is written by Spark's own
-  writer (``errorifexists``, or ``overwrite`` with ``force``: Spark deletes the earlier
-  output and then writes).
+  the hidden directory, named for the output, its host and process, which a later run
+  on that output deletes once that process is gone, or after a week when it ran on
+  another host or in another PID namespace). With ``force`` the earlier output is
+  checked again, moved aside and deleted once the new one is in place. A URI is
+  written by Spark's own writer (``errorifexists``, or ``overwrite`` with ``force``:
+  Spark deletes the earlier output and then writes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
 import shutil
+import socket
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StateError
 
-__all__ = ["check_output", "write_table"]
+__all__ = ["OutputPlace", "check_output", "write_table"]
 
-#: The hidden directories a run writes beside its output: ``.<name>.dpstream-<pid>-<hex>``.
-_PART = re.compile(r"^\.(?P<name>.+)\.dpstream-(?P<pid>\d+)-[0-9a-f]{8}(?P<old>\.old)?$")
-
-
-#: What a Spark job writes in its output directory: part files, their checksums, the
-#: commit markers and a half-written job's ``_temporary``. ``--force`` replaces only a
-#: directory that holds nothing else, so a mistyped ``-o`` never deletes a folder of
-#: other files (the key, the ledger, the input).
-_SPARK_ENTRY = re.compile(
-    r"^(part-[^/]*|\.part-[^/]*\.crc|_SUCCESS|\._SUCCESS\.crc|_temporary|_started_\d+|_committed_\d+)$"
+#: What a Spark job writes in its output directory, each a regular file: part files
+#: (``part-00000-<uuid>-c000.json``, compressed too), their checksums and the commit
+#: markers. ``--force`` replaces only a directory that holds nothing else, so a
+#: mistyped ``-o`` never deletes a folder of other files (the key, the ledger, the input).
+_SPARK_FILE = re.compile(
+    r"^(\.?part-\d{5}[-.][^/]*|_SUCCESS|\._SUCCESS\.crc|_started_\d+|_committed_\d+)$"
 )
+#: The hidden directories a run writes beside its output:
+#: ``.dpstream-<output>-<where>-<pid>-<random>`` (and ``.old``): ``output`` a digest of the
+#: output's name (a long name stays short), ``where`` one of the host and PID namespace.
+_HIDDEN = re.compile(
+    r"^\.dpstream-(?P<name>[0-9a-f]{12})-(?P<where>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}(\.old)?$"
+)
+#: A hidden directory of another host or PID namespace is deleted after this long.
+_FOREIGN_AGE_S = 7 * 86400
+
+
+@dataclass(frozen=True)
+class OutputPlace:
+    """Where the releases go: ``local``, the output's path on this machine (None: another
+    file system, written by Spark's own writer), and ``guarded``, the local paths of the
+    run's other files, which ``--force`` must never delete with it."""
+
+    local: str | None
+    guarded: tuple[str, ...] = ()
 
 
 def _refuse(out: str) -> StateError:
@@ -63,66 +82,86 @@ def _not_ours(out: str, why: str) -> StateError:
 
 def check_output(
     spark: Any, out: str, force: bool, others: Sequence[tuple[str, str | None]] = ()
-) -> str | None:
+) -> OutputPlace:
     """Refuse an output that exists, unless ``force``; with ``force``, refuse one that is
-    not a directory of a Spark run's part files (:data:`_SPARK_ENTRY`) or that holds
-    one of ``others`` ((option, path): the input, the key, the ledger, ...). Refuse a
-    local output whose directory cannot be made or written (tried: a directory made
-    and removed beside it). Returns the output's path on this machine when Spark's file
-    system for it is the local one (a ``file:`` URI, or a path without a scheme when
-    that is Spark's default file system), else None.
+    not a directory of a Spark run's part files (:data:`_SPARK_FILE`) or that holds one
+    of ``others`` ((option, path): the input, the key, the ledger, ...). Refuse a local
+    output whose directory cannot be made or written (tried: a directory made and
+    removed beside it).
 
-    The path is resolved as Spark's writer resolves it (Hadoop's file system of the
-    session), so ``out`` relative to the working directory, ``file:/x`` and
-    ``hdfs://...`` are each checked where the releases would go. Everything here runs
-    before the run reads its input or records anything."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(out)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    qualified = fs.makeQualified(path)
+    Paths are resolved as Spark resolves them (Hadoop's file system of the session:
+    ``out`` relative to the working directory, ``file:/x``, ``hdfs://...``, ``..``
+    removed from the text) and, on this machine, also with their links followed.
+    Everything here runs before the run reads its input or records anything."""
+    fs, qualified = _qualified(spark, out)
     if str(qualified.toUri().getScheme()) != "file":
-        if fs.exists(path):
+        if fs.exists(qualified):
             if not force:
                 raise _refuse(out)
-            if not fs.getFileStatus(path).isDirectory():
+            if not fs.getFileStatus(qualified).isDirectory():
                 raise _not_ours(out, "is a file")
-            for status in fs.listStatus(path):
+            for status in fs.listStatus(qualified):
                 name = str(status.getPath().getName())
-                if not _SPARK_ENTRY.match(name):
+                if not status.isFile() or not _SPARK_FILE.match(name):
                     raise _not_ours(out, f"holds {name!r}")
-        return None
+        return OutputPlace(None)
     local = os.path.abspath(str(qualified.toUri().getPath()))
+    guarded = tuple(p for _, other in others if other and other != "-"
+                    for p in _local_forms(spark, other))  # fmt: skip
     if os.path.lexists(local):
         if not force:
             raise _refuse(out)
-        _check_replaceable(out, local, others)
-    else:
-        _check_writable(out, local)
-    return local
+        _check_replaceable(out, local, guarded)
+    _check_writable(out, local)
+    return OutputPlace(local, guarded)
 
 
-def _check_replaceable(out: str, local: str, others: Sequence[tuple[str, str | None]]) -> None:
-    """Refuse to replace ``local`` unless it is a directory of part files holding none of
-    ``others``."""
+def _qualified(spark: Any, path: str) -> tuple[Any, Any]:
+    """Hadoop's file system of ``path`` and the path as Spark resolves it."""
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return fs, fs.makeQualified(hpath)
+
+
+def _local_forms(spark: Any, path: str) -> set[str]:
+    """The forms of a local path that may name the same file: as Hadoop resolves it (a
+    ``file:`` URI, ``..`` removed from the text) and as the operating system does (links
+    followed); none for a path on another file system."""
+    forms = set()
+    try:
+        _, qualified = _qualified(spark, path)
+        if str(qualified.toUri().getScheme()) == "file":
+            text = os.path.abspath(str(qualified.toUri().getPath()))
+            forms |= {text, os.path.realpath(text)}
+    except Exception:  # not a path Hadoop reads: the operating system's forms only
+        pass
+    if ":" not in path.split("/", 1)[0]:  # no scheme: the operating system's path too
+        forms |= {os.path.abspath(path), os.path.realpath(path)}
+    return forms
+
+
+def _check_replaceable(out: str, local: str, guarded: Sequence[str]) -> None:
+    """Refuse to replace ``local`` unless it is a directory of a Spark run's part files
+    (regular files) holding none of ``guarded``."""
     if os.path.islink(local) or not os.path.isdir(local):
         raise _not_ours(out, "is not a directory" if not os.path.islink(local) else "is a link")
     for entry in os.scandir(local):
-        if not _SPARK_ENTRY.match(entry.name):
+        if not entry.is_file(follow_symlinks=False) or not _SPARK_FILE.match(entry.name):
             raise _not_ours(out, f"holds {entry.name!r}")
-    root = os.path.realpath(local)
-    for option, other in others:
-        if other and other != "-":
-            where = os.path.realpath(other)
-            if where == root or where.startswith(root + os.sep):
-                raise _not_ours(out, f"holds {option} {other!r}")
+    roots = {local, os.path.realpath(local)}
+    for where in guarded:
+        if any(where == root or where.startswith(root + os.sep) for root in roots):
+            raise _not_ours(out, f"holds {where!r}, one of the run's own files")
 
 
 def _check_writable(out: str, local: str) -> None:
-    """Make the output's parent directories and try writing in the last one."""
+    """Make the output's parent directories and try making a directory of the hidden
+    names' length in the last one."""
     parent = os.path.dirname(local)
     try:
         os.makedirs(parent, exist_ok=True)
-        probe = os.path.join(parent, f".{os.path.basename(local)}.dpstream-{os.getpid()}-probe")
+        probe = _hidden_name(parent, os.path.basename(local)) + ".old"
         os.mkdir(probe)
         os.rmdir(probe)
     except OSError as exc:
@@ -130,6 +169,26 @@ def _check_writable(out: str, local: str) -> None:
             f"--output {out!r} cannot be written: {exc.strerror or exc} "
             f"({exc.filename or parent!r})"
         ) from None
+
+
+def _hidden_name(parent: str, name: str) -> str:
+    """A new hidden directory's path for the output ``name`` in ``parent``."""
+    return os.path.join(
+        parent, f".dpstream-{_digest(name, 12)}-{_where()}-{os.getpid()}-{secrets.token_hex(4)}"
+    )
+
+
+def _digest(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:n]
+
+
+def _where() -> str:
+    """This host and PID namespace, as 8 hex digits (whose pids :func:`_tidy` may test)."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return _digest(f"{socket.gethostname()}/{ns}", 8)
 
 
 def _writer(table: Any, fmt: str, mode: str) -> Any:
@@ -143,70 +202,88 @@ def _writer(table: Any, fmt: str, mode: str) -> Any:
     return writer.parquet
 
 
-def write_table(table: Any, fmt: str, out: str, local: str | None, force: bool) -> None:
-    """Write ``table`` (the releases) to ``out`` as ``fmt`` part files; ``local``: its
-    path on this machine, from :func:`check_output` (see the module)."""
+def write_table(table: Any, fmt: str, out: str, place: OutputPlace, force: bool) -> None:
+    """Write ``table`` (the releases) to ``out`` as ``fmt`` part files, where ``place``
+    (from :func:`check_output`) says (see the module)."""
     try:
-        _write(table, fmt, out, local, force)
+        _write(table, fmt, out, place, force)
     except StateError:
         raise
     except Exception as exc:  # Spark's (a Py4J error): one line, not the JVM's stack
-        lines = str(exc).strip().splitlines() or [type(exc).__name__]
         raise StateError(
-            f"could not write the releases to {out!r}: {lines[0][:300]}; the release "
+            f"could not write the releases to {out!r}: {_cause(exc)}; the release "
             "ledger already records this run, so run it again with --force once the "
             "output can be written"
         ) from None
 
 
-def _write(table: Any, fmt: str, out: str, local: str | None, force: bool) -> None:
-    if local is None:
+def _cause(exc: BaseException) -> str:
+    """The first line of the deepest cause of a failure in the JVM (Py4J's own first
+    line names only the call), else of ``exc``."""
+    java = getattr(exc, "java_exception", None)
+    text = str(exc)
+    if java is not None:
+        try:
+            while java.getCause() is not None:
+                java = java.getCause()
+            text = str(java.toString())
+        except Exception:  # the JVM is gone: what Python has
+            pass
+    caused = re.findall(r"Caused by: ([^\n]+)", text)
+    lines = [caused[-1]] if caused else text.strip().splitlines() or [type(exc).__name__]
+    return lines[0].strip()[:300]
+
+
+def _write(table: Any, fmt: str, out: str, place: OutputPlace, force: bool) -> None:
+    if place.local is None:
         _writer(table, fmt, "overwrite" if force else "errorifexists")(out)
         return
-    path = local
+    path = place.local
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     _tidy(parent, name)
-    stem = os.path.join(parent, f".{name}.dpstream-{os.getpid()}-{secrets.token_hex(4)}")
+    stem = _hidden_name(parent, name)
     try:
         _writer(table, fmt, "errorifexists")("file://" + stem)
-        _put_in_place(stem, path, force)
+        _put_in_place(stem, path, out, place, force)
     except BaseException:
         shutil.rmtree(stem, ignore_errors=True)
         raise
 
 
-def _put_in_place(new: str, path: str, force: bool) -> None:
+def _put_in_place(new: str, path: str, out: str, place: OutputPlace, force: bool) -> None:
     """Rename the written directory ``new`` to ``path``; an earlier output there (only
-    with ``force``) is renamed aside first and deleted after."""
+    with ``force``, checked again now) is renamed aside first and deleted after."""
     old = None
     if os.path.lexists(path):
         if not force:  # written since the check: another run's, keep it
-            raise _refuse(path)
+            raise _refuse(out)
+        _check_replaceable(out, path, place.guarded)  # what is there now
         old = f"{new}.old"
         os.rename(path, old)
     os.rename(new, path)
     _fsync_dir(os.path.dirname(path))
     if old is not None:
-        if os.path.isdir(old) and not os.path.islink(old):
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.unlink(old)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _tidy(parent: str, name: str) -> None:
-    """Delete what runs on ``name`` that are gone left beside it: a half-written output,
-    or an earlier one renamed aside and not yet deleted when its run stopped."""
+    """Delete what runs on the output ``name`` that are gone left beside it: a
+    half-written output, or an earlier one renamed aside and not yet deleted when its
+    run stopped. A directory of another host or PID namespace (whose process this one
+    cannot see) only once it is a week old."""
+    here, mine = _where(), _digest(name, 12)
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent):
-            m = _PART.match(entry.name)
-            if m is None or m["name"] != name or _alive(int(m["pid"])):
+            m = _HIDDEN.match(entry.name)
+            if m is None or m["name"] != mine or not entry.is_dir(follow_symlinks=False):
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+            if m["where"] == here:
+                if _alive(int(m["pid"])):
+                    continue
+            elif time.time() - entry.stat(follow_symlinks=False).st_mtime < _FOREIGN_AGE_S:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
