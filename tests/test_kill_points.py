@@ -267,3 +267,66 @@ def test_the_same_command_after_its_batch_ended_has_nothing_to_do(tmp_path, caps
     assert stream.outcome() == done
     assert main(stream.cmd(3)) == 0
     assert main(stream.cmd(3)) == 0  # a finished stream: nothing to do, as before
+
+
+def test_a_follow_run_killed_between_its_two_records_resumes_with_a_late_event_late(
+    tmp_path, capsys
+):
+    """``--follow`` over a backlog (its steps all due), killed at every statement; then
+    an event for step 2 comes while it is stopped. The same command must finish: a step
+    the release ledger holds and the state does not (killed between the two records)
+    closes where its ledger record says, so the new event is late, as it would have been
+    for the run that released the step; a step not released yet counts it. It used to
+    refuse for good (the step closed at the new last line: other input than the
+    ledger's)."""
+    key = tmp_path / "k.key"
+    fixed_key("kill-follow").save(key)
+    events = [(0, m, "a") for m in range(10, 30)] + [(0, m, "c") for m in range(30, 45)]
+    events += [(1, m, "c") for m in range(10, 30)] + [(2, m, "a") for m in range(10, 30)]
+    backlog = "".join(
+        json.dumps({"ts": f"2026-03-01T0{h}:{m}:00Z", "items": [item]}) + "\n"
+        for h, m, item in events
+    )
+    late = json.dumps({"ts": "2026-03-01T01:50:00Z", "items": ["c"]}) + "\n"
+    work = tmp_path / "w"
+
+    def cmd() -> list[str]:
+        return [
+            "run", "-q", *UNKNOWN_CLI, "-T", "6", "--until", "3", "--key-file", str(key),
+            "--no-fsync", "--no-round", "--time-field", "ts", "--start", "2026-03-01T00:00Z",
+            "--step", "1h", "--follow", "-i", str(work / "live.jsonl"),
+            "-o", str(work / "out.jsonl"), "--state", str(work / "s.sqlite"),
+            "--ledger", str(work / "led"),
+        ]  # fmt: skip
+
+    def fresh(text: str) -> None:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        (work / "live.jsonl").write_text(text)
+
+    refs = {}
+    for name, text in (("without", backlog), ("with", backlog + late)):
+        fresh(text)
+        assert main(cmd()) == 0
+        refs[name] = (work / "out.jsonl").read_bytes()
+    assert refs["without"] != refs["with"]  # the event changes step 2 when it is on time
+
+    stuck, seen, n, late_kept = [], [], 0, 0
+    while True:
+        n += 1
+        fresh(backlog)
+        if _run_killed(cmd(), f"sql:{n}") is not None:
+            break
+        with open(work / "live.jsonl", "a") as fh:
+            fh.write(late)
+        capsys.readouterr()
+        if main(cmd()) != 0:
+            stuck.append(f"sql:{n}: {capsys.readouterr().err.strip()[-160:]}")
+            continue
+        got = (work / "out.jsonl").read_bytes()
+        if got not in (refs["without"], refs["with"]):
+            stuck.append(f"sql:{n}: other releases")
+        late_kept += got == refs["without"]
+        seen.append(f"{n}:{'late' if got == refs['without'] else 'counted'}")
+    assert n > 10 and not stuck, (stuck, seen)
+    assert late_kept, seen  # some kill points came after step 2 was released: it was late

@@ -15,7 +15,7 @@ import os
 import queue
 import stat
 import threading
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StateError
@@ -48,6 +48,7 @@ def follow(
     first_t: int,
     until: int,
     boundary: dict[int, int],
+    recorded_cut: Callable[[int, list[Any]], int | None] | None = None,
 ) -> Generator[SourceItem, None, None]:
     """``--follow``: read a growing input and yield each step when the clock says.
 
@@ -61,7 +62,9 @@ def follow(
     its step was released is late and goes to ``--on-invalid``. A resumed run
     closes the steps on record at the input line each one closed at the first
     time (``boundary``, from the state), so late events stay late and the replay
-    is exact. ``first_t``: the first step to release (the consumer releases every
+    is exact; a step released but not on the state's record (the run stopped between
+    the release ledger's record and the state's) closes where ``recorded_cut`` finds
+    the ledger's record of it. ``first_t``: the first step to release (the consumer releases every
     :class:`Due` step before asking for the next item).
     """
     clock = cfg.clock
@@ -84,8 +87,12 @@ def follow(
             now = _utcnow()
             if _ready(t, now, clock, boundary, count.last_line, caught_up, ended):
                 recs = pending.pop(t, [])
-                cut = boundary.get(t, count.last_line)
-                yield Due(t, [r for r in recs if r.line <= cut])
+                cut = boundary.get(t)
+                if cut is None and recorded_cut is not None:
+                    cut = recorded_cut(t, recs)
+                if cut is None:
+                    cut = count.last_line
+                yield Due(t, [r for r in recs if r.line <= cut], closed_at=cut)
                 yield Rejected([r for r in recs if r.line > cut], _LATE.format(t))
                 t += 1
                 continue

@@ -16,7 +16,7 @@ No stage calls back into another: each returns what the next one takes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +52,11 @@ class Stages:
     stats: RunStats
     public_meta: tuple[str, ...]
 
-    def release(self, t: int, records: Any, cfg: RunConfig, count: ReadCount) -> None:
-        """Step ``t`` through every stage after the source."""
+    def release(
+        self, t: int, records: Any, cfg: RunConfig, count: ReadCount, closed_at: int | None = None
+    ) -> None:
+        """Step ``t`` through every stage after the source (``closed_at``: the input line
+        it closed at, else the last line read)."""
         from ..io.chunks import records_step
         from ..mechanisms.columns import EventColumns
         from .fold import FoldedStep
@@ -75,7 +78,9 @@ class Stages:
         self.stats.steps += 1
         self.stats.events += len(events)
         self.stats.last_items = len(rel.items)
-        self.sink.write(t, step, line, last_line=count.last_line)
+        self.sink.write(
+            t, step, line, last_line=count.last_line if closed_at is None else closed_at
+        )
 
 
 def run_steps(
@@ -110,7 +115,7 @@ def run_steps(
         with contextlib.closing(source):
             for item in source:
                 if isinstance(item, Due):
-                    stages.release(item.t, item.records, cfg, count)
+                    stages.release(item.t, item.records, cfg, count, item.closed_at)
                     progress.update(item.t, stages.stats.events)
                 else:
                     stages.validator.events(item.records, past=item.past)
@@ -167,6 +172,7 @@ def _open_source(
             first_t=stages.mech.t + 1,
             until=until,
             boundary=_boundaries(sink.ckpt, digests, start_t, resume_t),
+            recorded_cut=_recorded_cut(ledger, digests, resume_t),
         )
     steps = batch_steps(infile, cfg, count, chunks=chunks, start_t=start_t, until=until)
     if ledger is not None and ledger.last_t > max(resume_t, start_t):
@@ -180,6 +186,32 @@ def _open_source(
         )
     sink.begin_batch()
     return batch_items(steps, until=until, horizon=cfg.horizon_limit)
+
+
+def _recorded_cut(
+    ledger: ReleaseLedger | None, digests: StateDigests, resume_t: int
+) -> Callable[[int, list[Any]], int | None] | None:
+    """For ``--follow``: where a step the release ledger holds but the state does not (a
+    run stopped between the two records) closed, found from its records: the line of the
+    last record of the longest run of them, in input order, whose digest is the ledger's
+    (0: none of them), or None when the ledger does not hold the step or no run matches.
+    Records read after it (events that came while the run was stopped) are then late,
+    as they were for the run that released the step."""
+    if ledger is None:
+        return None
+    from ..io.chunks import records_step
+
+    def cut(t: int, records: list[Any]) -> int | None:
+        if t <= resume_t or ledger.entry(t) is None:
+            return None
+        ordered = sorted(records, key=lambda r: r.line)
+        for j in range(len(ordered), -1, -1):
+            step = records_step(t, ordered[:j])
+            if ledger.same(t, digests.step_input(t, step.lines, step.lengths, step.raw)):
+                return ordered[j - 1].line if j else 0
+        return None
+
+    return cut
 
 
 def _boundaries(

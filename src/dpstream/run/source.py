@@ -41,10 +41,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Due:
-    """Step ``t`` is to be released with these records (a ``StepInput`` or a list)."""
+    """Step ``t`` is to be released with these records (a ``StepInput`` or a list);
+    ``closed_at``: with ``--follow``, the input line the step closed at (None: the last
+    line read)."""
 
     t: int
     records: Any
+    closed_at: int | None = None
 
 
 @dataclass(frozen=True)
