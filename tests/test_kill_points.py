@@ -330,3 +330,45 @@ def test_a_follow_run_killed_between_its_two_records_resumes_with_a_late_event_l
         seen.append(f"{n}:{'late' if got == refs['without'] else 'counted'}")
     assert n > 10 and not stuck, (stuck, seen)
     assert late_kept, seen  # some kill points came after step 2 was released: it was late
+
+
+def test_the_recorded_cut_is_the_prefix_whose_digest_the_ledger_holds():
+    """``_recorded_cut`` takes each prefix's digest over slices of the step built once:
+    the same digest as the prefix built alone, so it finds the ledger's prefix (records
+    with escapes and several lines between them too), and None when none matches."""
+    import random
+
+    from dpstream.io.chunks import records_step
+    from dpstream.io.jsonl import parse_jsonl_line
+    from dpstream.run.pipeline import _recorded_cut
+    from dpstream.state.digests import StateDigests
+
+    digests = StateDigests(fixed_key("cut"))
+    rng = random.Random(3)
+    recs = []
+    for i in range(1, 80):
+        its = ", ".join(f'"x{rng.randint(0, 9)}"' for _ in range(rng.randint(1, 3)))
+        text = (
+            '{"t": 2, "items": ["caf\\u00e9"]}' if i % 7 == 0 else f'{{"t": 2, "items": [{its}]}}'
+        )
+        recs.append(parse_jsonl_line(text, 3 * i))
+
+    class _Ledger:
+        def __init__(self, mac: str | None) -> None:
+            self.mac = mac
+
+        def entry(self, t: int) -> object | None:
+            return None if self.mac is None else object()
+
+        def same(self, t: int, mac: str) -> bool:
+            return mac == self.mac
+
+    shuffled = rng.sample(recs, len(recs))  # as pending holds them: any order
+    for j in (0, 1, 40, len(recs)):
+        step = records_step(2, recs[:j])
+        ledger = _Ledger(digests.step_input(2, step.lines, step.lengths, step.raw))
+        cut = _recorded_cut(ledger, digests, resume_t=1)  # type: ignore[arg-type]
+        assert cut is not None and cut(2, shuffled) == (recs[j - 1].line if j else 0)
+        assert cut(1, shuffled) is None  # a step on the state's record: not looked for
+    assert _recorded_cut(_Ledger("0" * 64), digests, 1)(2, shuffled) is None  # type: ignore[arg-type,misc]
+    assert _recorded_cut(_Ledger(None), digests, 1)(2, shuffled) is None  # type: ignore[arg-type,misc]

@@ -188,27 +188,42 @@ def _open_source(
     return batch_items(steps, until=until, horizon=cfg.horizon_limit)
 
 
+#: The most prefixes of a step's records :func:`_recorded_cut` tries (events for the step
+#: that came while the run was stopped, at most): a bound on a resume's work.
+_MAX_LATE_TRIED = 4096
+
+
 def _recorded_cut(
     ledger: ReleaseLedger | None, digests: StateDigests, resume_t: int
 ) -> Callable[[int, list[Any]], int | None] | None:
     """For ``--follow``: where a step the release ledger holds but the state does not (a
     run stopped between the two records) closed, found from its records: the line of the
     last record of the longest run of them, in input order, whose digest is the ledger's
-    (0: none of them), or None when the ledger does not hold the step or no run matches.
-    Records read after it (events that came while the run was stopped) are then late,
-    as they were for the run that released the step."""
+    (0: none of them), or None when the ledger does not hold the step or no run matches
+    (then the ledger refuses the step, as before). Records read after it (events that
+    came while the run was stopped) are then late, as they were for the run that
+    released the step. The step is built once; each prefix's digest is taken over
+    slices of its columns, longest first, at most :data:`_MAX_LATE_TRIED` of them."""
     if ledger is None:
         return None
+    import numpy as np
+
     from ..io.chunks import records_step
 
     def cut(t: int, records: list[Any]) -> int | None:
         if t <= resume_t or ledger.entry(t) is None:
             return None
         ordered = sorted(records, key=lambda r: r.line)
-        for j in range(len(ordered), -1, -1):
-            step = records_step(t, ordered[:j])
-            if ledger.same(t, digests.step_input(t, step.lines, step.lengths, step.raw)):
-                return ordered[j - 1].line if j else 0
+        step = records_step(t, ordered)
+        lines = np.ascontiguousarray(step.lines, dtype="<i8")
+        lengths = np.ascontiguousarray(step.lengths, dtype="<i8")
+        # the raw bytes of the first j records: their lengths and a line feed between two
+        ends = np.cumsum(lengths) + np.arange(lengths.size)
+        n = lines.size
+        for j in range(n, max(n - _MAX_LATE_TRIED, 0) - 1, -1):
+            raw = step.raw[: int(ends[j - 1])] if j else b""
+            if ledger.same(t, digests.step_input(t, lines[:j], lengths[:j], raw)):
+                return int(lines[j - 1]) if j else 0
         return None
 
     return cut
