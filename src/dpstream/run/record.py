@@ -295,7 +295,13 @@ class GoOn:
 def input_mac(cfg: RunConfig, digests: StateDigests) -> str | None:
     """A keyed digest of the whole input file (None for stdin and for an empty file: two
     quiet days may well bring the same empty input); a directory of Parquet files: a
-    digest of its files' paths and bytes."""
+    digest of its files' paths and bytes. None with ``--follow``: a followed file grows
+    between runs, so its whole bytes tell nothing; each step it released is bound to
+    its own records instead (the state's and the ledger's digests, and the line it
+    closed at), and its timestamps fix its events' steps, so a file read again adds no
+    event to a step released before."""
+    if cfg.follow:
+        return None
     if cfg.input != "-" and os.path.isdir(cfg.input):
         from ..io.parquet import parquet_files
 
@@ -359,7 +365,8 @@ def check_until(
     """Refuse an end step before the steps already released, or one that adds nothing.
 
     Returns True for the command of the batch that ended last run again (the same
-    ``--until``, the same input file): it has nothing to do. A batch still open whose
+    ``--until``, the same input file; with ``--follow``, the same ``--until``): it has
+    nothing to do. A batch still open whose
     steps are all written (killed before its end was recorded: state 3 in
     :mod:`dpstream.state`) is neither: this run finishes it.
     """
@@ -381,6 +388,8 @@ def check_until(
     ended = [b for b in batches if b[4] is not None]
     unsure = ""
     if ended and ended[-1][4] == until:
+        if cfg.follow:  # the same steps again from a file that grew: nothing to release
+            return True
         mac = input_mac(cfg, digests)
         if mac is not None and ended[-1][2] == mac:
             return True
