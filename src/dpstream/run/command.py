@@ -330,11 +330,16 @@ def _nothing_to_do(
         )
         return True
     if check_until(ckpt, record, until, cfg, digests):
-        _log.info(
-            f"the run in {cfg.state} has released every step up to "
-            f"--until {until} from this input already; nothing to do: a "
-            "step is never released twice"
-        )
+        done = f"the run in {cfg.state} has released every step up to --until {until}"
+        if cfg.follow:  # the followed file may have grown: what came for those steps is late
+            _log.info(
+                f"{done} already; nothing to do: a step is never released twice (an event "
+                "for those steps that came since is late: the next batch counts it as skipped)"
+            )
+        else:
+            _log.info(
+                f"{done} from this input already; nothing to do: a step is never released twice"
+            )
         return True
     return False
 
