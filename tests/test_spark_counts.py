@@ -153,6 +153,10 @@ def test_columnar_counts_are_the_brute_force_counts(domain, monkeypatch) -> None
         assert _columnar(batches, 6, 3, domain) == want
         # bad records, events without a step, late and oversized ones are there
         assert not lines or all(want[1][i] for i in (0, 1, 2, 3, 5))
+        # steps near 2^62 kept (a tree counter's horizon may be that large)
+        huge = _brute(lines, 1 << 62, 3, domain)
+        assert _columnar(batches, 1 << 62, 3, domain) == huge
+        assert not lines or max(t for t, _ in huge[0]) > 1 << 59
     # one line per chunk, through the local engine's chunk reader (Arrow's rows or the
     # one-line parser's): the columns counted as the lines are
     import pyarrow as pa

@@ -123,6 +123,12 @@ class StepInput:
     def first_line(self) -> int | None:
         return int(self.lines[0]) if self.lines.size else None
 
+    def raw_ends(self) -> np.ndarray:
+        """Where the first j records' bytes end in ``raw`` (entry j - 1): ``raw`` is the
+        records' bytes joined by line feeds, so the digest material of the first j
+        records alone is ``lines[:j]``, ``lengths[:j]`` and ``raw[:raw_ends()[j - 1]]``."""
+        return np.cumsum(self.lengths) + np.arange(self.lengths.size)
+
 
 def chunks_from_records(records: Iterable[RawEvent], size: int = 4096) -> Iterator[Chunk]:
     """Chunks from the records of :mod:`dpstream.io`'s readers (CSV, timestamps)."""

@@ -330,16 +330,17 @@ def _nothing_to_do(
         )
         return True
     if check_until(ckpt, record, until, cfg, digests):
-        done = f"the run in {cfg.state} has released every step up to --until {until}"
-        if cfg.follow:  # the followed file may have grown: what came for those steps is late
-            _log.info(
-                f"{done} already; nothing to do: a step is never released twice (an event "
-                "for those steps that came since is late: the next batch counts it as skipped)"
+        source, late = " from this input", ""
+        if cfg.follow:  # the file may have grown: what came for those steps since is late
+            source = ""
+            late = (
+                " (an event for those steps that came since is late: the next batch "
+                "counts it as skipped)"
             )
-        else:
-            _log.info(
-                f"{done} from this input already; nothing to do: a step is never released twice"
-            )
+        _log.info(
+            f"the run in {cfg.state} has released every step up to --until {until}{source} "
+            f"already; nothing to do: a step is never released twice{late}"
+        )
         return True
     return False
 

@@ -189,8 +189,8 @@ def check_invalid_share(tally: InvalidTally, cfg: RunConfig) -> None:
         f"{bad:,} of {total:,} input records ({_percent(bad, total)}) are invalid, more than "
         f"--max-invalid {cfg.max_invalid} allows{later}: {causes}. Nothing was written (no "
         f"release, no metadata file{'; the state is as it was' if cfg.state else ''}): "
-        "correct the options or the "
-        "input, or raise --max-invalid to release the valid events only"
+        "correct the options or the input, or raise --max-invalid to release the valid "
+        "events only"
     )
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "holds_release",
     "long_layout_clock",
     "open_output",
+    "run_files",
     "release_formatter",
     "same_file",
 ]
@@ -189,6 +190,26 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 
+FileList = list[tuple[str, str | None]]
+
+
+def run_files(cfg: RunConfig) -> tuple[FileList, FileList]:
+    """A run's files besides its output, by option (None: not given): those it reads
+    (input, key, domain, config) and those it records in (state, ledger). No output may
+    be one of them (:func:`check_paths`), nor may a Spark output directory that
+    ``--force`` replaces hold one (:mod:`dpstream.spark.output`)."""
+    from ..ledger import ledger_path
+
+    domain = cfg.domain
+    reads = [
+        ("--input", cfg.input if cfg.input != "-" else None),
+        ("--key-file", cfg.key_file),
+        ("--domain", domain if isinstance(domain, str) else None),
+        ("--config", cfg.config_file),
+    ]
+    return reads, [("--state", cfg.state), ("--ledger", ledger_path(cfg.options()))]
+
+
 def check_paths(cfg: RunConfig) -> None:
     """Refuse, before opening anything, an output, state or ledger file that is another file.
 
@@ -196,27 +217,15 @@ def check_paths(cfg: RunConfig) -> None:
     state or the ledger file would destroy it (and a key overwritten with releases is
     lost for good).
     """
-    output, state = cfg.output, cfg.state
+    output = cfg.output
     if cfg.engine == "local" and output != "-" and str(output).endswith(".gz"):
         raise ValueError(
             f"--output {output!r}: compressed output is not supported (a resumed "
             "run truncates the output to its last committed step); write an "
             "uncompressed file and compress it once the run has finished"
         )
-    domain = cfg.domain
-    others = [
-        ("--input", cfg.input if cfg.input != "-" else None),
-        ("--key-file", cfg.key_file),
-        ("--domain", domain if isinstance(domain, str) else None),
-        ("--config", cfg.config_file),
-    ]
-    from ..ledger import ledger_path
-
-    targets = [
-        ("--output", output if output != "-" else None),
-        ("--state", state),
-        ("--ledger", ledger_path(cfg.options())),
-    ]
+    others, records = run_files(cfg)
+    targets = [("--output", output if output != "-" else None), *records]
     for n, (name, path) in enumerate(targets):
         if path is None:
             continue

@@ -206,8 +206,6 @@ def _recorded_cut(
     slices of its columns, longest first, at most :data:`_MAX_LATE_TRIED` of them."""
     if ledger is None:
         return None
-    import numpy as np
-
     from ..io.chunks import records_step
 
     def cut(t: int, records: list[Any]) -> int | None:
@@ -215,10 +213,7 @@ def _recorded_cut(
             return None
         ordered = sorted(records, key=lambda r: r.line)
         step = records_step(t, ordered)
-        lines = np.ascontiguousarray(step.lines, dtype="<i8")
-        lengths = np.ascontiguousarray(step.lengths, dtype="<i8")
-        # the raw bytes of the first j records: their lengths and a line feed between two
-        ends = np.cumsum(lengths) + np.arange(lengths.size)
+        lines, lengths, ends = step.lines, step.lengths, step.raw_ends()
         n = lines.size
         for j in range(n, max(n - _MAX_LATE_TRIED, 0) - 1, -1):
             raw = step.raw[: int(ends[j - 1])] if j else b""

@@ -366,9 +366,8 @@ def check_until(
 
     Returns True for the command of the batch that ended last run again (the same
     ``--until``, the same input file; with ``--follow``, the same ``--until``): it has
-    nothing to do. A batch still open whose
-    steps are all written (killed before its end was recorded: state 3 in
-    :mod:`dpstream.state`) is neither: this run finishes it.
+    nothing to do. A batch still open whose steps are all written (killed before its
+    end was recorded: state 3 in :mod:`dpstream.state`) is neither: this run finishes it.
     """
     if until < record.last_t:
         raise StateError(

@@ -41,6 +41,7 @@ from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share
+from ..run.output import run_files
 from ..run.settings import parse_share
 from ..run.source import past_message
 from ..run.validate import invalid_message
@@ -196,9 +197,8 @@ def run_cli(
     job = _job(opts, key)
     if spark is None:
         spark = start_session(master)
-    # before anything is read or claimed
-    others = [*_inputs(opts), ("--config", cfg.config_file)]
-    place = check_output(spark, job.out, job.force, others)
+    reads, records = run_files(cfg)  # before anything is read or claimed
+    place = check_output(spark, job.out, job.force, [*reads, *records])
     mech, domain_df, domain = _mechanism(spark, opts, job)
     counted = _counted(spark, opts, job, domain, cfg)
     source = None if counted is not None else _parsed(spark, opts, job)
@@ -238,21 +238,6 @@ def run_cli(
         "privacy": mech.privacy,
         "output": job.out,
     }
-
-
-def _inputs(opts: Mapping[str, Any]) -> list[tuple[str, str | None]]:
-    """The run's other files by option (input, key, domain, ledger, state), which
-    ``--force`` must never delete with an output directory."""
-    from ..ledger import ledger_path
-
-    domain = opts.get("domain")
-    return [
-        ("--input", opts.get("input")),
-        ("--key-file", opts.get("key_file")),
-        ("--domain", domain if isinstance(domain, str) else None),
-        ("--ledger", str(ledger_path(opts)) if opts.get("key_file") else None),
-        ("--state", opts.get("state")),
-    ]
 
 
 #: Whether a cached plan may have its shuffles' partitions coalesced (adaptive execution).

@@ -123,7 +123,7 @@ def _arrow_counter(
             yield from _count_chunks(pa, batches, until, max_items, domain)
             return
         counts: dict[tuple[int, str], int] = {}
-        totals = [0] * 6
+        totals = [0] * len(TOTALS)
         known = None if domain is None else domain()
         for batch in batches:
             count_lines(
@@ -155,7 +155,7 @@ def _count_chunks(
 ) -> Iterator[Any]:
     """A task's lines on integer steps, about :data:`_CHUNK_BYTES` at a time, parsed as
     chunks and counted (:func:`count_chunk`); its totals last."""
-    totals = [0] * 6
+    totals = [0] * len(TOTALS)
     known = None if domain is None else domain()
     held: list[Any] = []
     size = 0
@@ -223,6 +223,7 @@ def count_chunk(
         ValueError: an event with a step < 1 (which the parser never gives).
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     n = len(chunk)
     bad = np.zeros(n, dtype=bool)
@@ -238,8 +239,6 @@ def count_chunk(
     late = event & (t > until)
     # the chunk's items, each distinct value once (Arrow's rows and the one-line
     # parser's have codes of their own), and each record's distinct items
-    import pyarrow.compute as pc
-
     enc = pc.dictionary_encode(pa.array(chunk.items, pa.string()))
     values = enc.dictionary
     k = len(values) + 1  # code len(values): a null item
@@ -261,14 +260,11 @@ def count_chunk(
     for i, flags in enumerate((event, bad, late, oversized, outside, unstepped)):
         totals[i] += int(np.count_nonzero(flags))
     take = kept[rec]
-    steps, codes = t[rec[take]], code[take]
-    order = np.lexsort((codes, steps))
-    steps, codes = steps[order], codes[order]
-    new = np.ones(steps.size, dtype=bool)
-    new[1:] = (steps[1:] != steps[:-1]) | (codes[1:] != codes[:-1])
-    starts = np.flatnonzero(new)
-    counts = np.diff(np.append(starts, steps.size))
-    return steps[starts], values.take(pa.array(codes[starts])), counts
+    # each (step, item) once with its events, keyed by the step's rank among the chunk's
+    # steps (a step itself may be near 2^63 with a tree counter: step * k would overflow)
+    steps, rank = np.unique(t[rec[take]], return_inverse=True)
+    keys, counts = np.unique(rank * k + code[take], return_counts=True)
+    return steps[keys // k], values.take(pa.array(keys % k)), counts
 
 
 def _counts_batch(pa: Any, counts: dict[tuple[int, str], int]) -> Any:
