@@ -13,7 +13,7 @@ import pytest
 
 from dpstream.budget import DatasetSpend, dataset_name, format_budget, totals
 from dpstream.ledger import BudgetCapError, LedgerError, ReleaseLedger
-from dpstream.privacy import BudgetCap, Spend, compose, epsilon_cks
+from dpstream.privacy import BudgetCap, Spend, compose, epsilon_cks, in_events
 
 from .conftest import fixed_key
 
@@ -62,8 +62,79 @@ def test_rho_delta_is_paid_out_of_the_delta() -> None:
 def test_units_compose_at_the_weaker_one() -> None:
     user, event = _spend(0.1, 1.0, unit="user"), _spend(0.1, 1.0)
     assert compose([user, user]).unit == "user"
-    assert compose([user, event]).unit == "event"
+    assert compose([user, user]).rho == pytest.approx(0.2)  # per user: plain sums
+    mixed = compose([user, event])
+    assert mixed.unit == "event"
+    # per event a user-level release counts at group privacy for two: 4 rho, and its
+    # claim at twice its delta is CKS20's at that rho
+    assert mixed.rho == pytest.approx(4 * 0.1 + 0.1)
+    assert mixed.epsilon_sum == pytest.approx(epsilon_cks(0.4, 2e-6) + 1.0)
+    assert mixed.delta_sum == pytest.approx(3e-6)
     assert compose([]).epsilon_at(1e-6) == 0.0
+
+
+def _first_come_bounded(events, max_items: int) -> dict[tuple[int, str], int]:
+    """One user's kept (step, item) counts under first come, first kept: in input
+    order, an item is kept while the user holds fewer than ``max_items`` distinct
+    items, each counted at most once (``--max-count-per-item 1``)."""
+    kept: dict[tuple[int, str], int] = {}
+    held: set[str] = set()
+    for t, items in events:
+        for item in dict.fromkeys(items):
+            if item in held or len(held) >= max_items:
+                continue
+            held.add(item)
+            kept[(t, item)] = 1
+    return kept
+
+
+def _tree_cells(horizon: int) -> list[tuple[int, int]]:
+    """The dyadic intervals [lo, hi] of 1..horizon (horizon a power of 2): a binary
+    tree counter's cells, each holding the sum of its steps' counts."""
+    cells, width = [], 1
+    while width <= horizon:
+        cells += [(lo, lo + width - 1) for lo in range(1, horizon + 1, width)]
+        width *= 2
+    return cells
+
+
+def test_a_user_level_release_costs_more_per_event_than_per_user() -> None:
+    """Brute force over every one-user input of up to 3 events (steps 1..4, items from
+    {a, b}, 1 or 2 items an event) of a binary tree counter with one item a user kept:
+    the largest change of the cells' counts when one event is removed, against the
+    largest a whole user makes (the user-level sensitivity). Their squared ratio is
+    what an event-level total must charge for rho; it exceeds 1 (the user-level
+    numbers understate the release per event) and stays within in_events' 4."""
+    import itertools
+
+    horizon, max_items = 4, 1
+    cells = _tree_cells(horizon)
+
+    def norm2(kept: dict[tuple[int, str], int], other: dict[tuple[int, str], int]) -> int:
+        total = 0
+        for lo, hi in cells:
+            for item in "ab":
+                a = sum(v for (t, i), v in kept.items() if i == item and lo <= t <= hi)
+                b = sum(v for (t, i), v in other.items() if i == item and lo <= t <= hi)
+                total += (a - b) ** 2
+        return total
+
+    shapes = [("a",), ("b",), ("a", "b")]
+    events = [(t, items) for t in range(1, horizon + 1) for items in shapes]
+    user_sq = event_sq = 0
+    for n in range(1, 4):
+        for seq in itertools.product(events, repeat=n):
+            seq = sorted(seq, key=lambda e: e[0])  # input order within the step's order
+            kept = _first_come_bounded(seq, max_items)
+            user_sq = max(user_sq, norm2(kept, {}))
+            for j in range(n):
+                rest = _first_come_bounded(seq[:j] + seq[j + 1 :], max_items)
+                event_sq = max(event_sq, norm2(kept, rest))
+    ratio = event_sq / user_sq  # rho scales with the squared sensitivity
+    assert user_sq == 3 and event_sq == 6  # sqrt(2): {a} then {b} at step 1, {a} removed
+    user = Spend(rho=0.1, rho_delta=0.0, epsilon=1.0, delta=1e-6, unit="user", label="u")
+    assert ratio > 1.0  # the same numbers per event would understate it
+    assert in_events(user).rho >= ratio * user.rho
 
 
 def test_dataset_name_defaults_to_the_input_name() -> None:
@@ -149,8 +220,24 @@ def test_a_resumed_or_forced_run_adds_nothing(tmp_path) -> None:
         assert led.budget_problem() is None
         led.claim_scope()
         assert len(led.spends()) == 1  # counted once: the same scope on the same dataset
+    # --force at a higher cost under the same scope (a setting outside the scope, such as
+    # --threshold-delta, changed): counted once, at the larger cost, so the cap refuses it
+    # (found by review: the first line's cost counted, and the cap let it through)
+    dearer = ReleaseLedger(
+        str(path), KEY, "c" * 32, fsync=False, scope="s", budget=_line("d", 0.2, 2.5), cap=cap
+    )
+    with dearer as led:
+        assert led.budget_problem() is not None
+        with pytest.raises(BudgetCapError):
+            led.claim_scope()
+    with ReleaseLedger(
+        str(path), KEY, "c" * 32, fsync=False, scope="s", budget=_line("d", 0.2, 2.5)
+    ) as led:  # without the cap it runs, and the dataset's total is the larger cost
+        led.claim_scope()
+        ((_, line),) = led.spends()
+        assert (line.spend.rho, line.spend.epsilon) == (0.2, 2.5)
     # each run keeps a line of its own (its later batches find their dataset by it)
-    assert path.read_bytes().count(b"\nB1 ") == 2
+    assert path.read_bytes().count(b"\nB1 ") == 3
     # --force on ANOTHER dataset is a new cost there: checked against its cap, recorded
     # (found by review: one line per scope let it pass a cap and go unrecorded)
     other = ReleaseLedger(

@@ -199,12 +199,27 @@ def _add_reproduce(sub: Any, common: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def _prefer_system_arrow_pool() -> None:
+    """Arrow's buffers from the C library's allocator in this process, unless the user chose.
+
+    Arrow's default pool (mimalloc) keeps the pages of the chunks a run has read
+    for reuse: about 16 MB of the peak of a batch run over a 55 MB input
+    (docs/throughput.md, "Batch memory"), for no speed a run shows. Arrow reads
+    ``ARROW_DEFAULT_MEMORY_POOL`` when it is first used, so this is set before;
+    a value the user set is kept, and a process that already loaded Arrow (a
+    library caller of :func:`main`) keeps its pool.
+    """
+    if "pyarrow" not in sys.modules:
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console entry point: returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
+    _prefer_system_arrow_pool()
     try:
         if args.version:
             from ._version import __version__

@@ -101,6 +101,7 @@ import numpy.typing as npt
 
 from . import compiled
 from ._checks import check_int
+from .rootfind import brentq
 
 __all__ = [
     "BLTStrategy",
@@ -181,8 +182,6 @@ def _inverse_complements(u: np.ndarray, omega: np.ndarray) -> np.ndarray:
     def g(x: float) -> float:
         return float(np.sum(om / (x - us))) - 1.0
 
-    from scipy import optimize  # on first use: ~0.2 s of a command's start
-
     roots = []
     for p in range(len(us)):
         lo = math.nextafter(float(us[p]), math.inf)
@@ -192,9 +191,7 @@ def _inverse_complements(u: np.ndarray, omega: np.ndarray) -> np.ndarray:
             hi = float(us[p]) + float(np.sum(om)) + 1.0  # g(hi) < 0 there
         while g(lo) <= 0.0:  # pragma: no cover - only for a pole closer than an ulp
             lo = math.nextafter(lo, math.inf)
-        roots.append(
-            optimize.brentq(g, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
-        )
+        roots.append(brentq(g, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500))
     return np.array(roots[::-1], dtype=np.float64)  # descending v: ascending lambda
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .budget import BUDGET_LINE, DatasetSpend, budget_refusal
 from .errors import BudgetCapError, LedgerError
-from .privacy import compose
+from .privacy import compose, costlier
 
 if TYPE_CHECKING:
     from .privacy import BudgetCap, Composed
@@ -63,12 +63,17 @@ class BudgetLines:
         return found
 
     def spends(self) -> list[tuple[bytes, DatasetSpend]]:
-        """The costs that count, as (scope digest, cost): one per noise scope and dataset
-        (the runs of a scope repeated with ``--force`` on one dataset count once, as first
-        recorded; on another dataset, once there too)."""
+        """The costs that count, as (scope digest, cost): one per noise scope and dataset.
+        The runs of a scope repeated with ``--force`` on one dataset count once (the
+        operator's word that only one was published) at the larger of their costs
+        (:func:`~dpstream.privacy.costlier`: a setting outside the noise scope, such as
+        ``--threshold-delta``, may change it); on another dataset, once there too."""
         seen: dict[tuple[bytes, str], DatasetSpend] = {}
         for scope, _, line in self.budget_entries():
-            seen.setdefault((scope, line.dataset), line)
+            first = seen.get((scope, line.dataset))
+            if first is not None:
+                line = replace(first, spend=costlier(first.spend, line.spend))
+            seen[(scope, line.dataset)] = line
         return [(scope, line) for (scope, _), line in seen.items()]
 
     def _own_budget(self, *, strict: bool = False) -> DatasetSpend | None:
@@ -96,12 +101,19 @@ class BudgetLines:
         if self.budget is None or self._scope is None:
             return None
         name = self.dataset_name()
-        lines = self.spends()
-        mine = [line.spend for _, line in lines if line.dataset == name]
-        if any(scope == self._scope and line.dataset == name for scope, line in lines):
-            total = compose(mine)
-            return total, total
-        return compose(mine), compose([*mine, self.budget.spend])
+        lines = [(scope, line) for scope, line in self.spends() if line.dataset == name]
+        mine = [line.spend for _, line in lines]
+        own = self.budget.spend
+        if any(scope == self._scope for scope, _ in lines):  # its scope, counted already
+            with_run = [
+                costlier(line.spend, own) if scope == self._scope else line.spend
+                for scope, line in lines
+            ]
+            if with_run == mine:  # it costs no more than what is on record
+                total = compose(mine)
+                return total, total
+            return compose(mine), compose(with_run)
+        return compose(mine), compose([*mine, own])
 
     def budget_problem(self) -> str | None:
         """Why this run may not go on under ``cap`` (``None``: it may): its cost would

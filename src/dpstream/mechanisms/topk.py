@@ -31,6 +31,7 @@ from ..noise import (
     versioned_purpose,
 )
 from ..oneshot.known import gumbel_select_kernel
+from ..rootfind import brentq
 from ..tree import digits, num_levels, worst_case_variance_factor
 from . import narrow_counts
 from .base import (
@@ -209,8 +210,6 @@ def noise_eta(*, tau_1: float, variance: float = 0.0, level: float) -> float:
     hi = 4.0 * tau_1 + math.sqrt(max(variance, 0.0))
     while excess(hi) > 0:
         hi *= 2.0
-    from scipy.optimize import brentq  # on first use: ~0.2 s of a command's start
-
     x = brentq(excess, 0.0, hi, xtol=1e-12 * hi, rtol=1e-14)
     step = 2.0**-52
     while excess(x) > 0:  # never below the quantile: move up by growing relative steps

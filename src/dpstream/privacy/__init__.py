@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from .budgets import Budget, PrivacyLedger, calibrate_tau, resolve_budget
 from .calibration import guarantee_for_tau, mu_for_gaussian, rho_for_epsilon_delta, tau_for_rho
-from .composition import BudgetCap, Composed, Spend, compose
+from .composition import BudgetCap, Composed, Spend, compose, costlier, in_events
 from .conversions import (
     delta_bun_steinke,
     delta_cks,
@@ -60,6 +60,8 @@ __all__ = [
     "Composed",
     "Spend",
     "compose",
+    "costlier",
+    "in_events",
     "CONVERSIONS",
     "DEFAULT_DELTA",
     "ApproxDP",

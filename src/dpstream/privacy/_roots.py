@@ -1,15 +1,17 @@
 """Root finding made conservative (private to :mod:`dpstream.privacy`).
 
-Layer 1 of dpstream (docs/architecture.md); imports nothing from dpstream. The
-conversions and the calibration both invert a monotone curve with Brent's
-method and then move the root, in growing steps, to the safe side of the
-forward check (:func:`_nudge`). ``scipy.optimize`` is imported on first use
-only (:func:`_brentq`), so that importing :mod:`dpstream.privacy` does not load it.
+Layer 1 of dpstream (docs/architecture.md); imports only :mod:`dpstream.rootfind`.
+The conversions and the calibration both invert a monotone curve with Brent's
+method (:func:`dpstream.rootfind.brentq`, SciPy's compiled routine) and then
+move the root, in growing steps, to the safe side of the forward check
+(:func:`_nudge`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ..rootfind import brentq
 
 # Guards for the iterative "nudge until the forward check passes" loops: each step
 # multiplies the moving quantity by (1 +- 2**-52 * 2**i), so a few dozen steps cover
@@ -18,10 +20,8 @@ _MAX_NUDGES = 200
 
 
 def _brentq(f: Any, a: float, b: float, **kw: Any) -> float:
-    """SciPy's Brent root finder, imported on first use: ``scipy.optimize`` is ~0.2 s
-    of a command's start, and only calibration needs it."""
-    from scipy.optimize import brentq
-
+    """Brent's root finder (:func:`dpstream.rootfind.brentq`: SciPy's bits without
+    loading ``scipy.optimize``)."""
     return brentq(f, a, b, **kw)
 
 

@@ -14,11 +14,21 @@ both are valid, so the smaller epsilon at a given delta is reported:
   is its own claim, which may be tighter than the zCDP conversion (a claim
   from the exact Gaussian curve, say).
 
-Units: a user-level guarantee is also an event-level one with the same
-numbers (two inputs that differ in one event differ, after bounding, only in
-that user's kept contributions), so the total of releases at both units is an
-event-level total; it is a user-level total only when every release is
-user-level.
+Units: the total of releases at both units is an event-level total; it is a
+user-level total only when every release is user-level. A user-level release
+counts in an event-level total at what it costs two inputs that differ in one
+event (:func:`in_events`). Those are not neighbours in users: first come,
+first kept bounding keeps, in the input without the event, a later
+contribution of the same user that the cap left out of the other, so the
+user's kept contributions change in both directions. The two inputs are two
+user-level neighbour steps apart (through the input without that user), and
+group privacy for two gives 4 rho (Bun & Steinke 2016, Proposition 27). The
+delta paid outside zCDP, an unknown domain's threshold (the chance that an item
+only one input holds passes it, summed over such items), covers twice the items
+and doubles. The user-level numbers themselves would understate it: over a
+tree of 4 steps with one item per user, the counts of two such inputs differ
+by sqrt(2) times the user-level sensitivity (rho doubles; 4 rho bounds every
+mechanism, the top-k selections included).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from .budgets import PrivacyLedger
 from .conversions import epsilon_cks
 from .guarantees import UNITS, PrivacyGuarantee
 
-__all__ = ["BudgetCap", "Composed", "Spend", "compose"]
+__all__ = ["BudgetCap", "Composed", "Spend", "compose", "costlier", "in_events"]
 
 
 @dataclass(frozen=True)
@@ -132,9 +142,50 @@ class Composed:
         )
 
 
+def in_events(spend: Spend) -> Spend:
+    """``spend`` stated per event: an event-level one as it is, a user-level one at
+    group privacy for two (see the module docstring): 4 rho, twice ``rho_delta``,
+    and the claim at twice its delta that this zCDP cost gives (CKS20).
+
+    Raises ValueError when twice the delta is not below 1 (no such claim).
+    """
+    if spend.unit == "event":
+        return spend
+    rho, rho_delta, delta = 4.0 * spend.rho, 2.0 * spend.rho_delta, 2.0 * spend.delta
+    if not delta < 1.0:
+        raise ValueError(f"a user-level delta of {spend.delta!r} has no event-level claim")
+    return Spend(
+        rho=rho,
+        rho_delta=rho_delta,
+        epsilon=epsilon_cks(rho, delta - rho_delta),
+        delta=delta,
+        unit="event",
+        label=spend.label,
+    )
+
+
+def costlier(a: Spend, b: Spend) -> Spend:
+    """A cost that bounds both ``a`` and ``b``: each number the larger of the two
+    (at one unit: per event when they differ). The ledger counts the runs of one
+    noise scope on a dataset once (``--force`` says only one was published), at this."""
+    if a.unit != b.unit:
+        a, b = in_events(a), in_events(b)
+    return Spend(
+        rho=max(a.rho, b.rho),
+        rho_delta=max(a.rho_delta, b.rho_delta),
+        epsilon=max(a.epsilon, b.epsilon),
+        delta=max(a.delta, b.delta),
+        unit=a.unit,
+        label=a.label,
+    )
+
+
 def compose(spends: Iterable[Spend]) -> Composed:
-    """The total of ``spends`` (order does not matter; sums are exactly rounded)."""
+    """The total of ``spends`` (order does not matter; sums are exactly rounded). With
+    both units among them, the user-level ones count per event (:func:`in_events`)."""
     items = list(spends)
+    if len({s.unit for s in items}) > 1:
+        items = [in_events(s) for s in items]
     zcdp = PrivacyLedger()
     for s in items:
         zcdp.spend(s.rho, s.label)
