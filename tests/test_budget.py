@@ -342,9 +342,13 @@ def test_runs_on_one_dataset_compose_and_a_run_past_the_cap_writes_nothing(
     _events(tmp_path / "sales.jsonl")
     (tmp_path / "domain.txt").write_text("".join(f"w{i}\n" for i in range(11)))
     common = ["run", "-q", "--key-file", str(key), "-i", str(tmp_path / "sales.jsonl")]
-    common += ["-T", "6", "--max-items", "2", "--budget-cap", "2.5", "--budget-cap-delta", "3e-6"]
+    common += ["-T", "6", "--max-items", "2"]
+    capped = ["--budget-cap", "2.5", "--budget-cap-delta", "3e-6", "--dataset", "sales.jsonl"]
+    # a cap needs the dataset named: the default (the file's name) is not the data's
+    assert main([*common, "-m", "known", "--budget-cap", "2.5", "-o", "x.jsonl"]) == 2
+    assert "--budget-cap needs --dataset NAME" in capsys.readouterr().err
     unknown = [*common, "-m", "unknown", "--epsilon", "1", "--delta", "1e-6"]
-    topk = [*common, "-m", "top-k", "--k", "3", "--domain", str(tmp_path / "domain.txt")]
+    topk = [*common, *capped, "-m", "top-k", "--k", "3", "--domain", str(tmp_path / "domain.txt")]
     topk += ["--epsilon", "1", "--delta", "1e-6"]
     assert main([*unknown, "-o", str(tmp_path / "u.jsonl")]) == 0
     assert main([*topk, "-o", str(tmp_path / "k.jsonl")]) == 0
@@ -363,7 +367,7 @@ def test_runs_on_one_dataset_compose_and_a_run_past_the_cap_writes_nothing(
     # refused, and nothing of it is written (no output, no sidecar, the ledger unchanged)
     ledger = tmp_path / "k.key.ledger"
     before = ledger.read_bytes()
-    known = [*common, "-m", "known", "--domain", str(tmp_path / "domain.txt")]
+    known = [*common, *capped, "-m", "known", "--domain", str(tmp_path / "domain.txt")]
     known += ["--epsilon", "2", "--delta", "1e-6", "-o", str(tmp_path / "third.jsonl")]
     assert main(known) == 1
     err = capsys.readouterr().err

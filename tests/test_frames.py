@@ -184,6 +184,25 @@ def test_the_ledger_refuses_a_second_release_of_the_same_stream(tmp_path, key_pa
         dpstream.release_frame(frame, "unknown", key=key_path, ledger=ledger, **BASE)
 
 
+def test_a_frames_budget_counts_on_the_dataset_it_names(tmp_path, key_path):
+    """An in-memory frame's cost counts on ``dataset=``, else on "frame" (not on its
+    temporary file's name, which every frame has); a cap needs the name."""
+    from dpstream.budget import totals
+    from dpstream.ledger import ReleaseLedger
+
+    frame = _events(6).to_pandas()
+    ledger = str(tmp_path / "f.ledger")
+    kw = {"key": key_path, "ledger": ledger, **BASE}
+    dpstream.release_frame(frame, "unknown", stream="a", **kw)
+    dpstream.release_frame(frame, "unknown", stream="b", dataset="sales", **kw)
+    with pytest.raises(ValueError, match="--budget-cap needs --dataset"):
+        dpstream.release_frame(frame, "unknown", stream="c", budget_cap=5.0, **kw)
+    key = dpstream.NoiseKey.load(key_path)
+    with ReleaseLedger(ledger, key, "reader", fsync=False) as led:
+        names = sorted(totals(line for _, line in led.spends()))
+    assert names == ["frame", "sales"]
+
+
 def test_refusals(tmp_path, key_path):
     frame = _events(5).to_pandas()
     with pytest.raises(ValueError, match="sets output itself"):

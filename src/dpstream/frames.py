@@ -93,6 +93,10 @@ def release_frame(
             opts["input"], opts["input_format"] = os.fspath(events), "parquet"
         else:
             opts["input"], opts["input_format"] = _write_events(events, kind, tmp), "parquet"
+            # its budget's dataset is not the temporary file's name, which every frame
+            # has: unnamed frames count on "frame" (a cap needs the name given)
+            if not opts.get("dataset") and opts.get("budget_cap") is None:
+                opts["dataset"] = "frame"
         out = os.path.join(tmp, "releases.parquet")
         opts.update(output=out, output_format="parquet")
         cfg = RunConfig.from_args(argparse.Namespace(**opts))

@@ -288,6 +288,14 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     problems += _budget_problems(opts)
     problems += _mechanism_problems(opts)
     problems += _user_problems(opts)
+    if opts.get("budget_cap") is not None and not opts.get("dataset"):
+        # the default name (the input's file name) changes with a copy, a link or a
+        # daily file of the same people's data, and each name starts a budget afresh
+        problems.append(
+            "--budget-cap needs --dataset NAME: a cap holds for one named dataset, and "
+            "the default name (the input's file name) differs for a copy, a link or "
+            "another day's file of the same data"
+        )
     stream = opts.get("stream")
     if isinstance(stream, str) and "~" in stream:
         # the run appends "~" and a tag of its input settings to the name (scoped_stream):

@@ -330,7 +330,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         "budget_cap",
         "the most epsilon the dataset may spend in all (at --budget-cap-delta): a run "
         "that would take the dataset's total past it is refused before anything is "
-        "released",
+        "released; needs --dataset",
         None,
         _positive_float,
         metavar="EPSILON",
