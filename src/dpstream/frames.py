@@ -45,9 +45,9 @@ def release_frame(
             ``dpstream run`` reads Parquet (docs/frames.md).
         mechanism: ``--mechanism``: ``known``, ``unknown``, ``top-k``, ...
         key: the path of the secret key file (``dpstream keygen PATH``); the
-            release ledger beside it records this run like any other, so a second
-            release of the same stream under the same key is refused (``force=True``
-            says it was never published).
+            release ledger beside the file it resolves to (links followed) records
+            this run like any other, so a second release of the same stream under the
+            same key is refused (``force=True`` says it was never published).
         time: the time column: integer steps, or with ``step`` and ``start`` the
             timestamps on that public clock (``--time-field``).
         items: the item column (``--item-column``; default: ``items``, a list

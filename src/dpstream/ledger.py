@@ -121,12 +121,45 @@ class LedgerEntry(NamedTuple):
 
 
 def default_ledger_path(key_file: str) -> str:
-    """Where the ledger of a key lives without ``--ledger``: beside the key file."""
-    return f"{key_file}.ledger"
+    """Where the ledger of a key lives without ``--ledger``: beside the file the key's
+    path resolves to (``os.path.realpath``: links followed), so every name of the key
+    file (``./k.key``, a symbolic link to it) finds one ledger; a ledger per name would
+    let a run under another name replay noise and spend a budget the first ledger caps.
+
+    The path is returned as given when it already names that file. A ledger beside the
+    name as given that is another file (kept there by a dpstream that did not follow
+    links) is refused with :class:`LedgerError`, not silently left behind: it may
+    hold the releases that the resolved one lacks.
+    """
+    given = f"{key_file}.ledger"
+    resolved = f"{os.path.realpath(key_file)}.ledger"
+    if os.path.realpath(given) == os.path.realpath(resolved):
+        return given
+    if os.path.exists(given) and not _one_file(given, resolved):
+        if os.path.exists(resolved):
+            found = f"both {given!r} and {resolved!r} exist"
+            fix = f"append the lines of {given!r} to {resolved!r} and remove {given!r}"
+        else:
+            found = f"{given!r} exists"
+            fix = f"move {given!r} to {resolved!r}"
+        raise LedgerError(
+            f"--key-file {key_file!r} resolves to {os.path.realpath(key_file)!r}, whose "
+            f"release ledger is {resolved!r}, but {found} (a ledger beside the name as "
+            f"given): {fix}, or pass --ledger PATH to name the one ledger of this key"
+        )
+    return resolved
+
+
+def _one_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # b does not exist
+        return False
 
 
 def ledger_path(opts: Mapping[str, Any]) -> str:
-    """The ledger of a run's options: ``--ledger``, else beside ``--key-file``."""
+    """The ledger of a run's options: ``--ledger``, else beside the file ``--key-file``
+    resolves to (:func:`default_ledger_path`). Every command finds a key's ledger here."""
     return str(opts.get("ledger") or default_ledger_path(str(opts["key_file"])))
 
 

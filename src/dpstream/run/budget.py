@@ -120,7 +120,8 @@ def add_budget_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--ledger",
         metavar="PATH",
-        help="the release ledger (default: KEY-FILE.ledger, beside --key-file)",
+        help="the release ledger (default: KEY-FILE.ledger, beside the file --key-file "
+        "resolves to)",
     )
     p.add_argument("--dataset", metavar="NAME", help="only this dataset (default: all)")
     p.add_argument(
@@ -152,12 +153,12 @@ def read_spends(path: str, key: NoiseKey) -> list[DatasetSpend]:
 def cmd_budget(args: argparse.Namespace) -> int:
     """``dpstream budget``: the totals of the datasets in a key's release ledger."""
     from ..budget import format_budget, totals
-    from ..ledger import default_ledger_path
+    from ..ledger import ledger_path
     from ..noise import NoiseKey
 
     if not 0.0 < args.delta < 1.0:
         raise ValueError(f"--delta must be in (0, 1), got {args.delta}")
-    path = args.ledger or default_ledger_path(args.key_file)
+    path = ledger_path(vars(args))
     if not os.path.exists(path):
         raise ValueError(f"no release ledger at {path!r}: no run with this key is on record")
     lines = read_spends(path, NoiseKey.load(args.key_file))

@@ -192,13 +192,18 @@ def same_file(a: str, b: str) -> bool:
 
 FileList = list[tuple[str, str | None]]
 
+#: The role of a file SQLite writes, and deletes, beside the state (``STATE-wal``, ...).
+STATE_SIDE = "--state's SQLite side file"
+
 
 def run_files(cfg: RunConfig) -> tuple[FileList, FileList]:
     """A run's files besides its output, by option (None: not given): those it reads
-    (input, key, domain, config) and those it records in (state, ledger). No output may
-    be one of them (:func:`check_paths`), nor may a Spark output directory that
-    ``--force`` replaces hold one (:mod:`dpstream.spark.output`)."""
+    (input, key, domain, config) and those it records in (the state and the files
+    SQLite writes beside it, the ledger: a text file, none beside it). No output may be
+    one of them (:func:`check_paths`), nor may a Spark output directory that ``--force``
+    replaces hold one (:mod:`dpstream.spark.output`)."""
     from ..ledger import ledger_path
+    from ..state import side_files
 
     domain = cfg.domain
     reads = [
@@ -207,16 +212,23 @@ def run_files(cfg: RunConfig) -> tuple[FileList, FileList]:
         ("--domain", domain if isinstance(domain, str) else None),
         ("--config", cfg.config_file),
     ]
-    return reads, [("--state", cfg.state), ("--ledger", ledger_path(cfg.options()))]
+    records: FileList = [("--state", cfg.state)]
+    if cfg.state:
+        records += [(STATE_SIDE, side) for side in side_files(cfg.state)]
+    return reads, [*records, ("--ledger", ledger_path(cfg.options()))]
 
 
 def check_paths(cfg: RunConfig) -> None:
-    """Refuse, before opening anything, an output, state or ledger file that is another file.
+    """Refuse, before opening anything, an output, sidecar, state or ledger file that is
+    another file.
 
-    Writing the releases over the input, the key, the domain, the config, the
-    state or the ledger file would destroy it (and a key overwritten with releases is
-    lost for good).
+    Writing the releases (or the sidecar) over the input, the key, the domain, the
+    config, the state or the ledger file would destroy it (and a key overwritten with
+    releases is lost for good); so would SQLite, which writes the state's side files
+    (``STATE-wal``, ``STATE-shm``, ``STATE-journal``) and deletes them when it closes.
     """
+    from .meta import sidecar_path
+
     output = cfg.output
     if cfg.engine == "local" and output != "-" and str(output).endswith(".gz"):
         raise ValueError(
@@ -225,15 +237,20 @@ def check_paths(cfg: RunConfig) -> None:
             "uncompressed file and compress it once the run has finished"
         )
     others, records = run_files(cfg)
-    targets = [("--output", output if output != "-" else None), *records]
+    targets: FileList = [("--output", output if output != "-" else None)]
+    if cfg.engine == "local" and output != "-":
+        targets.append(("--output's sidecar", str(sidecar_path(output))))
+    targets += records
     for n, (name, path) in enumerate(targets):
         if path is None:
             continue
         for other_name, other in others + targets[:n]:
             if other is not None and same_file(path, other):
+                why = "refusing to overwrite it"
+                if STATE_SIDE in (name, other_name):
+                    why = "SQLite writes it beside the state and deletes it: refusing to run"
                 raise ValueError(
-                    f"{name} {path!r} is the same file as {other_name} "
-                    f"{other!r}: refusing to overwrite it"
+                    f"{name} {path!r} is the same file as {other_name} {other!r}: {why}"
                 )
 
 

@@ -74,7 +74,14 @@ power loss) and an exclusive lock, so two runs cannot share one state file.
 
 from __future__ import annotations
 
-from .checkpoint import SCHEMA_VERSION, Checkpoint, RunRecord, StepRecord, recorded_params
+from .checkpoint import (
+    SCHEMA_VERSION,
+    Checkpoint,
+    RunRecord,
+    StepRecord,
+    recorded_params,
+    side_files,
+)
 from .digests import StateDigests, canonical_json, check_private_file, sha256_hex
 
 __all__ = [
@@ -86,5 +93,6 @@ __all__ = [
     "sha256_hex",
     "check_private_file",
     "recorded_params",
+    "side_files",
     "SCHEMA_VERSION",
 ]

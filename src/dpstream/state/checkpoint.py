@@ -15,13 +15,21 @@ import secrets
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import _crashpoints as crashpoints
 from ..errors import StateError
 from .digests import canonical_json, check_private_file
 
-__all__ = ["SCHEMA_VERSION", "Checkpoint", "RunRecord", "StepRecord", "recorded_params"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Checkpoint",
+    "RunRecord",
+    "StepRecord",
+    "recorded_params",
+    "side_files",
+]
 
 SCHEMA_VERSION = 3  # 3: step input digests over the raw bytes read
 
@@ -59,6 +67,23 @@ CREATE TABLE IF NOT EXISTS batches (
     until INTEGER
 );
 """
+
+
+#: What SQLite appends to a database's path to name the files it writes beside it (the
+#: write-ahead log, its shared-memory index, the rollback journal) and deletes again.
+SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def side_files(path: str) -> list[str]:
+    """The files SQLite may write, and delete, beside the state at ``path``: each side
+    suffix after the path as given and after the path with its links followed (SQLite
+    names them after the file a link points to). A run's other files must be none of
+    them (:func:`dpstream.run.output.check_paths`), as none may be the state."""
+    found: dict[str, str] = {}  # one name per file: the name as given first
+    for base in (path, os.path.realpath(path)):
+        for suffix in SIDE_SUFFIXES:
+            found.setdefault(str(Path(f"{base}{suffix}").resolve()), f"{base}{suffix}")
+    return list(found.values())
 
 
 @dataclass(frozen=True)

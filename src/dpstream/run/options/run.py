@@ -312,7 +312,7 @@ RUN_OPTS: tuple[Opt, ...] = (
         None,
         str,
         metavar="PATH",
-        default_text="KEY-FILE.ledger, beside --key-file",
+        default_text="KEY-FILE.ledger, beside the file --key-file resolves to",
     ),
     Opt(
         ("--dataset",),

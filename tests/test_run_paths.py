@@ -1,0 +1,267 @@
+"""A run's files by every name they have: the key's ledger through links, SQLite's side files.
+
+Review 51 found two ways around the checks that keep a run from replaying noise
+or destroying a file:
+
+* the default ledger was ``KEY-FILE.ledger`` for the key's path *as given*: a
+  symbolic link to the key found a fresh ledger, so the noise-replay refusal and
+  ``--budget-cap`` let a second run over other data through (the difference of
+  the two releases was the exact difference of the true counts). The ledger is
+  now named after the key's resolved path, and a ledger left beside the name as
+  given is refused, not silently ignored;
+* the same-file checks did not know the files SQLite writes beside the state
+  (``STATE-wal``, ``STATE-shm``, ``STATE-journal``) and deletes when it closes:
+  ``-i s.sqlite-wal --state s.sqlite`` deleted the input, ``--ledger
+  t.sqlite-wal --state t.sqlite`` the ledger. They are now the state's files in
+  every check (the ledger is a text file: it has none).
+
+Each test runs the review's scenario through ``dpstream.cli.main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dpstream.cli import main
+from dpstream.ledger import default_ledger_path
+from dpstream.run.config import RunConfig
+from dpstream.run.output import run_files
+
+from .conftest import fixed_key
+
+T = 20
+RUN = [
+    "run", "-q", "-m", "known", "-T", str(T), "--max-items", "1", "--epsilon", "1",
+    "--delta", "1e-6", "--no-fsync",
+]  # fmt: skip
+
+
+def _events(path: Path, seed: int, per_step: int = 3) -> None:
+    """Simulated events (a seeded generator; never a release): ``per_step`` a step."""
+    r = random.Random(seed)
+    with path.open("w") as fh:
+        for t in range(1, T + 1):
+            for _ in range(per_step):
+                row = {"t": t, "user": f"u{r.randint(1, 5)}", "items": [r.choice("abc")]}
+                fh.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch):
+    """A key, a domain and two inputs in ``tmp_path`` (the working directory, so paths
+    are relative, as an operator types them)."""
+    monkeypatch.chdir(tmp_path)
+    fixed_key("run-paths").save(tmp_path / "k.key")
+    (tmp_path / "dom.txt").write_text("a\nb\nc\n")
+    _events(tmp_path / "ev.jsonl", seed=1)
+    _events(tmp_path / "other.jsonl", seed=2)
+    os.symlink("k.key", tmp_path / "link.key")
+    return tmp_path
+
+
+def _run(key: str, src: str, out: str, *more: str) -> int:
+    return main([*RUN, "--domain", "dom.txt", "--key-file", key, "-i", src, "-o", out, *more])
+
+
+def _true_counts(path: Path) -> list[Counter[str]]:
+    """The running totals of each step (brute force)."""
+    by_step: dict[int, list[str]] = {}
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        by_step.setdefault(event["t"], []).extend(event["items"])
+    total: Counter[str] = Counter()
+    out = []
+    for t in range(1, T + 1):
+        total.update(by_step.get(t, []))
+        out.append(Counter(total))
+    return out
+
+
+# -- A: the key's ledger, whatever the key file's name -------------------------------------
+
+
+def test_a_link_to_the_key_finds_its_ledger_and_cannot_replay_the_noise(place, capsys):
+    budget = ["--dataset", "D", "--budget-cap", "1.5"]
+    assert _run("k.key", "ev.jsonl", "r1.jsonl", *budget) == 0
+    capsys.readouterr()
+    assert _run("link.key", "other.jsonl", "r3.jsonl", *budget) == 1
+    err = capsys.readouterr().err
+    assert "records 1 earlier run(s)" in err and err.count("\n") == 1
+    assert not Path("r3.jsonl").exists() and not Path("link.key.ledger").exists()
+    # the same key and settings released over other data: what the refusal prevents
+    assert _run("k.key", "other.jsonl", "r3.jsonl", "--ledger", "apart.ledger") == 0
+    r1 = [json.loads(x)["released"] for x in Path("r1.jsonl").read_text().splitlines()]
+    r3 = [json.loads(x)["released"] for x in Path("r3.jsonl").read_text().splitlines()]
+    a, b = _true_counts(place / "ev.jsonl"), _true_counts(place / "other.jsonl")
+    cells = [(t, i) for t in range(T) for i in "abc" if r1[t][i] > 0 and r3[t][i] > 0]
+    assert cells and all(r1[t][i] - r3[t][i] == a[t][i] - b[t][i] for t, i in cells)
+
+
+def test_a_link_to_the_key_counts_against_the_same_budget(place, capsys):
+    assert _run("k.key", "ev.jsonl", "r1.jsonl", "--dataset", "D") == 0
+    capsys.readouterr()
+    # another stream (its own noise) on the same dataset: the cap of 1.5 leaves no room
+    capped = ["--dataset", "D", "--budget-cap", "1.5", "--stream", "second"]
+    assert _run("link.key", "other.jsonl", "r2.jsonl", *capped) == 1
+    err = capsys.readouterr().err
+    assert "would pass its budget cap" in err and err.count("\n") == 1
+    assert not Path("r2.jsonl").exists()
+    assert main(["budget", "--key-file", "link.key", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["D"]["releases"] == 1
+
+
+def test_every_name_of_the_key_gives_one_ledger_path(place):
+    assert default_ledger_path("k.key") == "k.key.ledger"  # as given: messages unchanged
+    assert default_ledger_path("./k.key") == "./k.key.ledger"
+    assert default_ledger_path("link.key") == f"{place / 'k.key'}.ledger"
+    os.mkdir("keys")
+    os.symlink("../link.key", "keys/chain.key")  # a link to a link
+    assert default_ledger_path("keys/chain.key") == f"{place / 'k.key'}.ledger"
+    cfg = RunConfig.from_args(
+        _args("--key-file", "keys/chain.key", "-i", "ev.jsonl", "-o", "o.jsonl")
+    )
+    assert dict(run_files(cfg)[1])["--ledger"] == f"{place / 'k.key'}.ledger"
+
+
+def _args(*argv: str):
+    from dpstream.cli import build_parser
+
+    return build_parser().parse_args([*RUN, "--domain", "dom.txt", *argv])
+
+
+@pytest.mark.parametrize("resolved_exists", [True, False])
+def test_a_ledger_beside_the_link_is_refused_not_forgotten(place, capsys, resolved_exists):
+    # what a dpstream that did not follow links left: a ledger named after the link
+    assert _run("k.key", "ev.jsonl", "r1.jsonl", "--ledger", "link.key.ledger") == 0
+    if resolved_exists:
+        assert _run("k.key", "ev.jsonl", "r0.jsonl", "--stream", "first") == 0
+        assert Path("k.key.ledger").exists()
+    before = Path("link.key.ledger").read_bytes()
+    capsys.readouterr()
+    assert _run("link.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'link.key.ledger'" in err and "--ledger PATH" in err
+    resolved = f"{place / 'k.key'}.ledger"
+    assert f"{resolved!r}" in err
+    assert ("both" in err and "append the lines" in err) == resolved_exists
+    assert ("move 'link.key.ledger' to" in err) == (not resolved_exists)
+    assert not Path("r2.jsonl").exists() and Path("link.key.ledger").read_bytes() == before
+    assert main(["budget", "--key-file", "link.key"]) == 1  # budget and plan read it too
+    assert "'link.key.ledger'" in capsys.readouterr().err
+    plan = ["plan", "-m", "known", "-T", str(T), "--domain", "dom.txt", "--max-items", "1"]
+    plan += ["--epsilon", "1", "--delta", "1e-6", "--key-file", "link.key", "--dataset", "D"]
+    assert main(plan) == 1
+    assert "'link.key.ledger'" in capsys.readouterr().err
+    # the operator's answer: the ledger named with --ledger
+    more = ("--stream", "second", "--ledger", "link.key.ledger")
+    assert _run("link.key", "other.jsonl", "r2.jsonl", *more) == 0
+
+
+def test_a_ledger_beside_the_link_that_is_the_ledger_is_used(place):
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    os.symlink("k.key.ledger", "link.key.ledger")  # one file by two names: no question
+    assert _run("link.key", "other.jsonl", "r2.jsonl") == 1  # its scope is on record
+    assert _run("link.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 0
+    assert Path("k.key.ledger").read_text().count("S1 ") == 2
+
+
+def test_release_frame_with_a_link_to_the_key_finds_its_ledger(place):
+    pa = pytest.importorskip("pyarrow")
+    import dpstream
+
+    rows = [json.loads(x) for x in Path("ev.jsonl").read_text().splitlines()]
+    frame = pa.table({"t": [r["t"] for r in rows], "items": [r["items"] for r in rows]})
+    settings = {"horizon": T, "max_items": 1, "epsilon": 1.0, "delta": 1e-6, "domain": "dom.txt"}
+    dpstream.release_frame(frame, "known", key="k.key", **settings)
+    with pytest.raises(Exception, match="records 1 earlier run"):
+        dpstream.release_frame(frame, "known", key="link.key", **settings)
+    assert not Path("link.key.ledger").exists()
+
+
+# -- B: SQLite's side files of the state are the state's files ---------------------------
+
+
+@pytest.mark.parametrize(
+    "role, side",
+    [
+        ("--input", "-wal"),
+        ("--ledger", "-wal"),
+        ("--output", "-shm"),
+        ("--key-file", "-journal"),
+        ("--domain", "-wal"),
+    ],
+)
+def test_a_file_of_the_run_at_a_side_file_of_the_state_is_refused(place, capsys, role, side):
+    state = "s.sqlite"
+    path = f"{state}{side}"
+    files = {"--input": "ev.jsonl", "--ledger": "l.ledger", "--output": "o.jsonl"}
+    files |= {"--key-file": "k.key", "--domain": "dom.txt"}
+    source = {"--input": "ev.jsonl", "--key-file": "k.key", "--domain": "dom.txt"}.get(role)
+    if source is not None:  # the operator's file, under the side file's name
+        Path(path).write_bytes(Path(source).read_bytes())
+        os.chmod(path, 0o600)  # as private as the key must be
+    files[role] = path
+    before = Path(path).read_bytes() if Path(path).exists() else None
+    argv = [*RUN, "--input-format", "jsonl", "--output-format", "jsonl", "--state", state]
+    for option, value in files.items():
+        argv += [option, value]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"--state's SQLite side file {path!r}" in err and f"{role} {path!r}" in err
+    assert "is the same file as" in err and err.count("\n") == 1
+    assert not Path(state).exists()  # refused before anything was opened
+    assert (Path(path).read_bytes() if Path(path).exists() else None) == before
+    assert not Path("o.jsonl").exists() and not Path("l.ledger").exists()
+
+
+def test_the_ledger_at_a_side_file_of_the_state_is_kept_and_refuses_a_replay(place, capsys):
+    """The review's scenario: the ledger at ``t.sqlite-wal`` was deleted when the state
+    closed, and a new state over other data then released the same noise again."""
+    common = ["--ledger", "t.sqlite-wal", "--stream", "x"]
+    assert _run("k.key", "ev.jsonl", "o2.jsonl", "--state", "t.sqlite", *common) == 1
+    assert "--state's SQLite side file" in capsys.readouterr().err
+    assert not Path("t.sqlite").exists() and not Path("o2.jsonl").exists()
+    assert _run("k.key", "ev.jsonl", "o2.jsonl", "--state", "t1.sqlite", *common) == 0
+    assert Path("t.sqlite-wal").stat().st_size > 0
+    capsys.readouterr()
+    assert _run("k.key", "other.jsonl", "o3.jsonl", "--state", "t2.sqlite", *common) == 1
+    assert "records 1 earlier run(s)" in capsys.readouterr().err
+    assert not Path("o3.jsonl").exists()
+
+
+def test_the_side_files_of_a_state_behind_a_link_are_its_target_s(place, capsys):
+    """SQLite names the side files after the file a link points to."""
+    os.close(os.open("real.sqlite", os.O_WRONLY | os.O_CREAT, 0o600))  # a new state
+    os.symlink("real.sqlite", "s.sqlite")
+    Path("real.sqlite-wal").write_bytes(Path("ev.jsonl").read_bytes())
+    argv = ["--input-format", "jsonl", "--state", "s.sqlite", "--ledger", "l.ledger"]
+    assert _run("k.key", "real.sqlite-wal", "o.jsonl", *argv) == 1
+    err = capsys.readouterr().err
+    side = str(place / "real.sqlite-wal")  # the link's target's side file, by its path
+    assert f"--state's SQLite side file {side!r} is the same file as --input" in err
+    assert Path("real.sqlite-wal").read_bytes() == Path("ev.jsonl").read_bytes()
+    assert Path("real.sqlite").read_bytes() == b""  # not opened as a database
+
+
+def test_the_output_s_sidecar_cannot_be_the_state(place, capsys):
+    assert _run("k.key", "ev.jsonl", "o.jsonl", "--state", "o.jsonl.meta.json") == 1
+    err = capsys.readouterr().err
+    assert "--state 'o.jsonl.meta.json' is the same file as --output's sidecar" in err
+    assert not Path("o.jsonl.meta.json").exists() and not Path("o.jsonl").exists()
+
+
+def test_spark_s_force_guard_is_given_the_side_files(place):
+    """``run_files`` is the list Spark's ``--force`` guard keeps out of a replaced
+    output directory (:func:`dpstream.spark.output.check_output`)."""
+    cfg = RunConfig.from_args(
+        _args("--key-file", "k.key", "-i", "e.jsonl", "-o", "o.jsonl", "--state", "d/s.sqlite")
+    )
+    reads, records = run_files(cfg)
+    guarded = {path for _, path in [*reads, *records]}
+    assert {f"d/s.sqlite{s}" for s in ("-wal", "-shm", "-journal")} <= guarded
