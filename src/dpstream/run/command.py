@@ -45,7 +45,9 @@ scope another run already released under is refused before anything is
 written: it would draw the same noise from other data (a deleted state, or a
 second run without one). A new run refuses an output file that already holds
 releases (``--force`` overrides both: the operator's word that the earlier
-release was never published).
+release was never published). A run holds its output's lock from before it
+opens its state to its last write (:mod:`dpstream.run.lock`): a second run
+writing the same file is refused before it records anything in the ledger.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from ..registry import MECHANISMS, make_postprocessor
 from .budget import run_cap, run_spend, sidecar_budget
 from .config import RunConfig
 from .guard import TooManyInvalidError
+from .lock import output_lock
 from .mechanism import build_run_mechanism, make_validator
 from .on_spark import run_on_spark
 from .options import domain_option
@@ -164,6 +167,18 @@ def run_config(cfg: RunConfig, key: NoiseKey) -> int:
     cfg = cfg.with_options(noise_version=noise_version_of(cfg.options()))
     if cfg.engine == "spark":
         return run_on_spark(cfg, key)
+    with output_lock(str(cfg.output)):  # before the state, the output and the ledger
+        viewer = _run_local(cfg, key, until)
+    if viewer is not None:
+        from ..view.command import after_run
+
+        after_run(viewer)
+    return 0
+
+
+def _run_local(cfg: RunConfig, key: NoiseKey, until: int) -> Any:
+    """The local run of :func:`run_config`, holding its output's lock
+    (:mod:`dpstream.run.lock`): returns the live view to follow, or None."""
     tree_base = recorded_tree_base(cfg)
     if tree_base is not None:  # a tree stream goes on with the tree
         cfg = cfg.with_options(base=tree_base)
@@ -181,14 +196,10 @@ def run_config(cfg: RunConfig, key: NoiseKey) -> int:
         infile = _open_input(cfg, stack)  # before the output: a missing input truncates nothing
         opened = _open_state(cfg, key, built, infile, until, digests, stack, state_existed)
         if opened.done:
-            return 0
+            return None
         viewer = _release(cfg, key, built, opened, infile, until, digests, stack, state_existed)
     log_summary(built.stats, built.mech, cfg)
-    if viewer is not None:
-        from ..view.command import after_run
-
-        after_run(viewer)
-    return 0
+    return viewer
 
 
 def _build(cfg: RunConfig, key: NoiseKey) -> _Built:
