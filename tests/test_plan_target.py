@@ -209,3 +209,13 @@ def test_guarantee_at_delta():
     at = privacy.guarantee_at_delta(bs, 1e-5)
     assert at.conversion == "bun-steinke"
     assert at.epsilon == privacy.epsilon_bun_steinke(0.5, 1e-5 - 1e-8)
+
+
+def test_meta_known_oneshot_target_needs_no_delta(capsys):
+    """Meta's known-domain one-shots have no threshold: --target-error alone is a
+    budget for them (it was refused as needing --delta for a threshold)."""
+    info = _plan(
+        capsys, "-m", "meta", "--oneshot", "gumbel", "--k", "3", "--domain-size", "20", *TARGET
+    )
+    assert info["privacy"]["delta"] == privacy.DEFAULT_DELTA
+    assert info["privacy"]["rho_delta"] == 0.0
