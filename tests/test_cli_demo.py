@@ -95,3 +95,12 @@ def test_the_demo_folder_ignores_itself_in_git(tmp_path):
     assert main(["demo", "--out", str(out), "--zipf-steps", "20", "--zipf-items", "30"]) == 0
     assert (out / ".gitignore").read_text().splitlines()[-1] == "*"
     assert sorted(p.name for p in out.glob("*.png")) == ["birdstrikes.png", "zipf.png"]
+
+
+def test_demo_caption_names_the_thresholds_delta(capsys):
+    """UnkBase pays part of delta outside zCDP (its threshold): the caption says so, in
+    the words of ``PrivacyGuarantee.plain`` (a reader adding up rho would miss it)."""
+    assert main(["demo", "--no-plot", "--zipf-steps", "20", "--zipf-items", "30"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the caption may wrap
+    # the FAA table (UnkBase) has it, the Zipf one (KnownBase, pure zCDP) has not
+    assert text.count("of delta for what the noise cannot hide") == 1

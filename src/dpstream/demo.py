@@ -302,10 +302,7 @@ def _table(trace: Trace, top: list[str]) -> Any:
 
     mech = trace.mech
     p = mech.privacy
-    caption = (
-        f"{plain_mechanism(mech.mechanism_name)}: epsilon = {p.epsilon:.6g}, "
-        f"delta = {p.delta:.3g} per {p.unit} (rho-zCDP with rho = {p.rho:.6g})"
-    )
+    caption = f"{plain_mechanism(mech.mechanism_name)}: {p.plain()}"  # with rho_delta
     table = Table(title=f"{trace.name}: top {len(top)} at t = {trace.horizon}", caption=caption)
     table.add_column("item")
     table.add_column("true", justify="right")

@@ -129,9 +129,16 @@ def _plan_head(info: dict[str, Any]) -> list[str]:
     """The mechanism, its counter, the noise scale, the guarantee and its unit."""
     p = info["privacy"]
     unit = info.get("unit", "event")
+    # the threshold's share of delta is paid outside zCDP: a sum of rho over releases
+    # must add it (the words of PrivacyGuarantee.plain)
+    outside = (
+        f", plus {p['rho_delta']:.3g} of delta for what the noise cannot hide"
+        if p.get("rho_delta", 0.0) > 0.0
+        else ""
+    )
     plain = (
         f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
-        f"with rho = {p['rho']:.6g}; converted by {p['conversion']})"
+        f"with rho = {p['rho']:.6g}{outside}; converted by {p['conversion']})"
     )
     if info.get("unbounded"):
         plain += ", for all t"
@@ -248,16 +255,34 @@ def _plan_max_items(info: dict[str, Any]) -> list[str]:
     """How the noise grows with --max-items, and how to pick it."""
     if "max_items_hint" not in info:
         return []
-    rows = ", ".join(
-        f"{r['max_items']}: {r['noise_std_worst']:.3g}" for r in info["max_items_hint"]
-    )
+    hint = info["max_items_hint"]
     sparse = info.get("candidates_noise_std", {}).get("SparseGumb")
     worst = "step 2^40, the limit" if info.get("unbounded") else "the worst step"
+    if "epsilon" in hint[0]:  # --target-error: the noise is fixed, the budget grows
+        deltas = {r["delta"] for r in hint if r["delta"] is not None}
+        same = len(deltas) == 1
+
+        def budget(r: dict[str, Any]) -> str:
+            if r["epsilon"] is None:
+                return "none"
+            return f"{r['epsilon']:.3g}" + ("" if same else f" at delta {r['delta']:.3g}")
+
+        rows = ", ".join(f"{r['max_items']}: {budget(r)}" for r in hint)
+        at = f" at delta = {deltas.pop():.3g}" if same else ""
+        grows = (
+            "The target fixes the noise; the budget it needs grows with it (epsilon"
+            f"{at}, --max-items: epsilon): {rows}"
+        )
+        if any(r["epsilon"] is None for r in hint):
+            grows += " (none: --threshold-delta, paid once per item, takes all of delta)"
+    else:
+        rows = ", ".join(f"{r['max_items']}: {r['noise_std_worst']:.3g}" for r in hint)
+        grows = f"The noise grows with it (std at {worst}, --max-items: std): {rows}" + (
+            f" (top-k with switches, any event size: {sparse:.3g})" if sparse else ""
+        )
     return [
         "max items     every event may hold at most --max-items items; more are refused, "
         "or cut with --on-invalid truncate, which undercounts the items of large events "
-        "(the run summary reports the share of item occurrences dropped). The noise grows "
-        f"with it (std at {worst}, --max-items: std): {rows}"
-        + (f" (top-k with switches, any event size: {sparse:.3g})" if sparse else "")
-        + ". Pick it near a high percentile (e.g. the 95th) of your events' sizes."
+        f"(the run summary reports the share of item occurrences dropped). {grows}"
+        ". Pick it near a high percentile (e.g. the 95th) of your events' sizes."
     ]

@@ -43,7 +43,13 @@ Example:
 from __future__ import annotations
 
 from .budgets import Budget, PrivacyLedger, calibrate_tau, resolve_budget
-from .calibration import guarantee_for_tau, mu_for_gaussian, rho_for_epsilon_delta, tau_for_rho
+from .calibration import (
+    guarantee_at_delta,
+    guarantee_for_tau,
+    mu_for_gaussian,
+    rho_for_epsilon_delta,
+    tau_for_rho,
+)
 from .composition import BudgetCap, Composed, Spend, compose, costlier, in_events
 from .conversions import (
     delta_bun_steinke,
@@ -76,6 +82,7 @@ __all__ = [
     "epsilon_cks",
     "gaussian_delta",
     "gaussian_epsilon",
+    "guarantee_at_delta",
     "guarantee_for_tau",
     "mu_for_gaussian",
     "resolve_budget",

@@ -8,8 +8,9 @@ selection ``a = k``, BinMech ``a = 1 / 2``). This module finds the smallest tau
 for a rho (:func:`tau_for_rho`), the largest rho or Gaussian ``mu`` within an
 (epsilon, delta) target (:func:`rho_for_epsilon_delta`,
 :func:`mu_for_gaussian`), and states the guarantee at a given tau
-(:func:`guarantee_for_tau`), so that the number a mechanism reports and the
-number ``dpstream plan`` prints are computed by the same code.
+(:func:`guarantee_for_tau`; at another delta, :func:`guarantee_at_delta`), so
+that the number a mechanism reports and the number ``dpstream plan`` prints are
+computed by the same code.
 
 Floating-point policy: noise scales are rounded up and privacy
 parameters down. Every calibration result is checked against the forward
@@ -19,6 +20,7 @@ passes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Literal
@@ -207,3 +209,41 @@ def guarantee_for_tau(
         mechanism=mechanism,
         theorem=theorem,
     )
+
+
+def guarantee_at_delta(guarantee: PrivacyGuarantee, delta: float) -> PrivacyGuarantee:
+    """``guarantee`` with its (epsilon, delta) claim stated at another total ``delta``.
+
+    The zCDP cost (``rho``, ``rho_delta``), the unit and the theorem are unchanged;
+    epsilon is computed from ``rho`` at ``delta - rho_delta`` by the conversion the
+    guarantee names (the exact Gaussian curve with mu = sqrt(2 rho), the better of
+    CKS20 and Bun-Steinke, or Bun-Steinke alone when the theorem states that one),
+    as :func:`guarantee_for_tau` does. ``dpstream plan --target-error`` uses it to
+    state a mechanism built at a noise scale at the delta the user asked for, not at
+    :data:`DEFAULT_DELTA`.
+
+    Raises ValueError when ``rho_delta`` leaves no part of ``delta`` to the conversion.
+    """
+    delta = _check_open_unit("delta", delta)
+    if not guarantee.rho_delta < delta:
+        raise ValueError(
+            f"delta must exceed rho_delta (the delta paid outside zCDP), got delta={delta!r} "
+            f"and rho_delta={guarantee.rho_delta!r}"
+        )
+    if guarantee.conversion == "bun-steinke":
+        conv = delta - guarantee.rho_delta
+        if conv + guarantee.rho_delta > delta:
+            conv = math.nextafter(conv, 0.0)
+        epsilon, conversion = epsilon_bun_steinke(guarantee.rho, conv), "bun-steinke"
+    else:
+        at = guarantee_for_tau(  # rho = a / tau^2 with tau = 1: a is rho itself
+            tau=1.0,
+            a=guarantee.rho,
+            delta=delta,
+            rho_delta=guarantee.rho_delta,
+            gaussian_exact=guarantee.conversion == "gaussian-exact",
+            mechanism=guarantee.mechanism,
+            theorem=guarantee.theorem,
+        )
+        epsilon, conversion = at.epsilon, at.conversion
+    return dataclasses.replace(guarantee, epsilon=epsilon, delta=delta, conversion=conversion)

@@ -179,9 +179,11 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
                     "D (the delta of the threshold that hides rare items)"
                 )
                 break
+    known_meta = name == "meta" and not str(opts.get("oneshot") or "").startswith("unknown")
     if (
         opts.get("target_error") is not None
         and "threshold_delta" in params
+        and not known_meta  # meta's known-domain one-shots have no threshold
         and opts.get("threshold_delta") is None
         and opts.get("delta") is None
     ):

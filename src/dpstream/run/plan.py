@@ -90,23 +90,71 @@ def _plan_domain(cfg: RunConfig) -> list[str] | None:
     return domain
 
 
+#: The threshold delta ``plan --target-error`` builds the mechanism at tau = 1 with,
+#: to read how many times it is paid (any value works; the noise does not depend on it).
+_PROBE_THRESHOLD_DELTA = 1e-12
+
+
+def _has_threshold(name: str, opts: Mapping[str, Any]) -> bool:
+    """Whether ``name`` has a discovery threshold whose delta ``plan`` may choose:
+    UnkBase and MetaAlgo's unknown-domain one-shots (its known-domain ones refuse
+    --threshold-delta; top-k's UnkBase candidate takes only the one given)."""
+    if name == "meta":
+        return str(opts.get("oneshot") or "").startswith("unknown")
+    return "threshold_delta" in inspect.signature(mechanism_class(name)).parameters
+
+
 def _for_target(cfg: RunConfig, key: Any, domain: list[str] | None) -> tuple[Any, dict[str, Any]]:
     """The mechanism whose worst-step 95% half-width is ``--target-error``, and the
-    options it was built from (tau found from the mechanism at tau = 1)."""
-    from .. import planning
+    options it was built from (see :func:`_target_mechanism`)."""
+    assert cfg.target_error is not None  # called for --target-error only
+    return _target_mechanism(cfg.mechanism, cfg.options(), cfg.target_error, key, domain)
 
-    opts, name = cfg.options(), cfg.mechanism
+
+def _target_mechanism(
+    name: str,
+    opts: Mapping[str, Any],
+    target: float,
+    key: Any,
+    domain: list[str] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """Mechanism ``name`` whose worst-step 95% half-width is ``target``, and the
+    options it was built from (tau found from the mechanism at tau = 1).
+
+    Its guarantee is stated at ``--delta`` (a mechanism built at a noise scale states
+    its own at :data:`dpstream.privacy.DEFAULT_DELTA` beyond the threshold's part).
+    A discovery threshold pays its delta once per item one unit may bring in (c:
+    Delta0 per event, L0 per user, MetaAlgo's own multiplier), read off the
+    mechanism as rho_delta / threshold_delta; without --threshold-delta it gets
+    delta / (2 c), so half of --delta goes to the threshold and half to the noise.
+    """
+    from .. import planning
+    from ..privacy import guarantee_at_delta
+
+    asked = opts["delta"]
     fixed = {**opts, "delta": None}
-    params = inspect.signature(mechanism_class(name)).parameters
-    if "threshold_delta" in params and opts["threshold_delta"] is None:
-        # the discovery threshold needs its delta; without --threshold-delta, half of
-        # --delta (the mechanism pays --max-items times it)
-        fixed["threshold_delta"] = opts["delta"] / (2 * (opts["max_items"] or 1))
+    choose = opts["threshold_delta"] is None and _has_threshold(name, opts)
+    if choose:
+        fixed["threshold_delta"] = _PROBE_THRESHOLD_DELTA
     with mechanism_settings():
         unit = build_mechanism(name, {**fixed, "tau": 1.0}, key, domain)
-    assert cfg.target_error is not None  # called for --target-error only
-    tau = planning.tau_for_target(cfg.target_error, planning.noise_std_worst(unit))
-    return build_mechanism(name, {**fixed, "tau": tau}, key, domain), fixed
+        paid = unit.privacy.rho_delta  # the threshold's part (the same at any tau)
+        if choose:
+            assert asked is not None  # checked: --target-error needs --delta here
+            times = max(1, round(paid / _PROBE_THRESHOLD_DELTA))
+            fixed["threshold_delta"] = asked / (2 * times)
+        elif asked is not None and not paid < asked:
+            raise ValueError(
+                f"--threshold-delta {opts['threshold_delta']!r} is paid "
+                f"{round(paid / unit.threshold_delta)} times, {paid:.3g} of delta, which "
+                f"leaves nothing of --delta {asked!r} to the noise: give a smaller "
+                "--threshold-delta"
+            )
+    tau = planning.tau_for_target(target, planning.noise_std_worst(unit))
+    mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
+    if asked is not None:
+        mech.privacy = guarantee_at_delta(mech.privacy, asked)
+    return mech, fixed
 
 
 def plan_info(cfg: RunConfig) -> dict[str, Any]:
@@ -185,6 +233,33 @@ def _hints(
             return planning.noise_std_worst(build_mechanism(name, o, key, few))
 
         info["max_items_hint"] = planning.max_items_hint(std_for, cfg.max_items)
+        if cfg.target_error is not None:
+            # the target fixes the noise (the same std for every value): what another
+            # --max-items changes is the budget that target needs
+            for row in info["max_items_hint"]:
+                row["epsilon"], row["delta"] = _target_budget(cfg, row["max_items"], key, few)
+
+
+def _target_budget(
+    cfg: RunConfig, max_items: int, key: Any, domain: list[str] | None
+) -> tuple[float | None, float | None]:
+    """The (epsilon, delta) that --target-error needs with this --max-items (delta is
+    --delta, or without it the mechanism's default claim): of KnownBase for ``known``
+    and for top-k (whose histogram's top-k costs what the histogram does), of the
+    mechanism itself otherwise; (None, None) when the --threshold-delta given, paid
+    once per item, takes all of --delta."""
+    from .checks import SettingsError
+
+    name, opts = cfg.mechanism, {**cfg.options(), "max_items": max_items}
+    if name == "top-k":
+        name = "known"
+        opts.update(k=None, switches=None, eta=None)
+    assert cfg.target_error is not None
+    try:
+        mech, _ = _target_mechanism(name, opts, cfg.target_error, key, domain)
+    except SettingsError:
+        return None, None
+    return float(mech.privacy.epsilon), float(mech.privacy.delta)
 
 
 def _domain_head(
