@@ -29,18 +29,31 @@ exist on a day (the clocks jump over it), the step begins later by the length of
 the jump (an hour in most zones); where it happens twice, at the first of the two.
 Steps are compared with events as instants (UTC), never as wall times. Event timestamps
 without an offset are still read as UTC.
+
+One rule dates every timestamp: an instant is floored to the microsecond (toward
+the past, never rounded: ISO-8601 digits past the sixth are dropped, epoch
+seconds are floored exactly by :func:`epoch_instant`). Every step boundary is a
+whole microsecond, so flooring never moves an event across one: an event lands
+in the step that holds it, at whatever precision its time was given.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import decimal as _decimal
 import hashlib
-import math
 import re
 import zoneinfo
 from dataclasses import dataclass
 
-__all__ = ["StepClock", "parse_duration", "parse_step", "parse_timestamp", "steps_until"]
+__all__ = [
+    "StepClock",
+    "epoch_instant",
+    "parse_duration",
+    "parse_step",
+    "parse_timestamp",
+    "steps_until",
+]
 
 _UTC = _dt.timezone.utc
 _UNITS = {"w": 604800, "d": 86400, "h": 3600, "min": 60, "m": 60, "s": 1}
@@ -88,25 +101,59 @@ def parse_step(text: str) -> tuple[_dt.timedelta, int]:
     return parse_duration(text), 0
 
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_UTC)
+#: Epoch seconds beyond this are past the years 1 to 9999 (checked before any arithmetic,
+#: so that a long run of digits is not turned into a huge integer).
+_EPOCH_LIMIT = 10**12
+_MICROSECOND = _decimal.Decimal("0.000001")
+#: Enough digits for any seconds below ``_EPOCH_LIMIT`` at microseconds: no rounding but
+#: the floor that quantizing to the microsecond asks for.
+_FLOOR = _decimal.Context(prec=40, rounding=_decimal.ROUND_FLOOR)
+
+
+def epoch_instant(seconds: int | float | _decimal.Decimal) -> _dt.datetime:
+    """Seconds since the Unix epoch as an aware UTC datetime, floored to the microsecond.
+
+    Flooring (toward minus infinity, never rounding) keeps an instant in the step that
+    holds it: every step boundary is a whole microsecond (a ``datetime``), so the floor
+    of an instant is before a boundary exactly when the instant is. The value is taken
+    exactly: a ``Decimal`` (a number's text) as written, an ``int`` as is, and a
+    ``float`` as its shortest decimal text (``repr``: what ``json.dumps`` writes, so
+    ``1772323200.1`` is that decimal instant, not the binary double just below it).
+    (``datetime.fromtimestamp`` rounds half-even to the microsecond: it would put
+    ``1772409599.9999995`` in the step after the one that holds it.)
+    """
+    if isinstance(seconds, bool):
+        raise TypeError("a timestamp is an ISO-8601 string or a number of seconds, got a bool")
+    exact = _decimal.Decimal(repr(seconds)) if isinstance(seconds, float) else seconds
+    if isinstance(exact, _decimal.Decimal) and not exact.is_finite():
+        raise ValueError("a timestamp must be finite")
+    if not -_EPOCH_LIMIT < exact < _EPOCH_LIMIT:
+        raise ValueError("the epoch timestamp is out of range")
+    try:
+        if isinstance(exact, int):
+            return _EPOCH + _dt.timedelta(seconds=exact)
+        # floored to 6 places, then scaled exactly: whole microseconds
+        micros = exact.quantize(_MICROSECOND, context=_FLOOR).scaleb(6, context=_FLOOR)
+        return _EPOCH + _dt.timedelta(microseconds=int(micros))
+    except OverflowError:
+        raise ValueError("the epoch timestamp is out of range") from None
+
+
 def _aware(value: object) -> _dt.datetime:
     """An ISO-8601 string or epoch seconds as an aware datetime in its own offset (UTC for
     epoch seconds and for text without a zone)."""
     if isinstance(value, bool):
         raise TypeError("a timestamp is an ISO-8601 string or a number of seconds, got a bool")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError("a timestamp must be finite")
-        try:
-            return _dt.datetime.fromtimestamp(value, _UTC)
-        except (OverflowError, OSError, ValueError):
-            raise ValueError("the epoch timestamp is out of range") from None
+    if isinstance(value, (int, float, _decimal.Decimal)):
+        return epoch_instant(value)
     if not isinstance(value, str):
         raise TypeError(
             f"a timestamp is an ISO-8601 string or a number of seconds, got {type(value).__name__}"
         )
     text = value.strip()
     if re.fullmatch(r"-?\d+(\.\d+)?", text):
-        return _aware(float(text))
+        return epoch_instant(_decimal.Decimal(text))
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:
@@ -189,7 +236,8 @@ def _offset_text(when: _dt.datetime) -> str:
 
 
 def parse_timestamp(value: object) -> _dt.datetime:
-    """An ISO-8601 string or epoch seconds (int, float or digits) as an aware UTC datetime.
+    """An ISO-8601 string or epoch seconds (int, float, ``Decimal`` or digits) as an aware
+    UTC datetime, floored to the microsecond (:func:`epoch_instant`).
 
     Raises ``ValueError`` (or ``TypeError`` for another type) with the reason.
     """

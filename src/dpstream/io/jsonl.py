@@ -51,7 +51,9 @@ refuses), which gives the exact record and message.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -166,7 +168,7 @@ def _record(
     if isinstance(obj, list):
         return _array_record(obj, lineno, time_field, clock, implicit, user_field, raw)
     if isinstance(obj, dict):
-        return _object_record(obj, lineno, time_field, clock, implicit, user_field, raw)
+        return _object_record(obj, text, lineno, time_field, clock, implicit, user_field, raw)
     return RawEvent(
         lineno,
         None,
@@ -213,6 +215,7 @@ def _array_record(
 
 def _object_record(
     obj: dict,
+    text: str,
     lineno: int,
     time_field: str | None,
     clock: StepClock | None,
@@ -233,7 +236,10 @@ def _object_record(
                 f'an event needs a "{time_field}" timestamp (--time-field)',
                 raw=raw,
             )
-        t, err = timestamp_step(obj[time_field], clock, "its timestamp")
+        when = obj[time_field]
+        if type(when) is float and time_field is not None:
+            when = _written_number(text, time_field, when)
+        t, err = timestamp_step(when, clock, "its timestamp")
     elif "t" not in obj:
         return RawEvent(
             lineno,
@@ -254,6 +260,20 @@ def _object_record(
         items, err = parse_items(obj["items"])
     ok = err is None
     return RawEvent(lineno, t, items if ok else None, err, user if ok else None, raw=raw)
+
+
+def _written_number(text: str, field: str, value: float) -> float | Decimal:
+    """The number ``field`` of the line's object as written (a ``Decimal``), for epoch
+    seconds: a JSON parser reads it as the nearest double, which may be past a step
+    boundary its digits are before (``1772409599.99999999`` reads as ``1772409600.0``)."""
+    if not math.isfinite(value):
+        return value  # 1e400: refused as infinite, as the parsers read it
+    try:
+        obj = json.loads(text, parse_float=Decimal)
+    except (ValueError, RecursionError):
+        return value
+    written = obj.get(field) if isinstance(obj, dict) else None
+    return written if isinstance(written, Decimal) else value
 
 
 def read_jsonl(

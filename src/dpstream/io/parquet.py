@@ -15,7 +15,8 @@ the run's flags, with JSON Lines' names as defaults:
   item adds no item (an empty event is one row with a null item);
 * with ``--time-field NAME --step --start`` the column NAME holds timestamps on
   the public clock: a Parquet timestamp or date (one without a time zone is
-  UTC), epoch seconds (integers or floats) or ISO-8601 strings;
+  UTC; nanoseconds are floored to the microsecond, as the clock floors every
+  instant), epoch seconds (integers or floats) or ISO-8601 strings;
 * with ``--user-field NAME`` the string column NAME holds each event's user id.
 
 A row is a record (its number, from 1 over the files in order, stands where
@@ -239,13 +240,26 @@ def _python_value(value: Any) -> Any:
 
 
 def _time_values(col: Any) -> list[Any]:
-    """A time column's values in Python (timestamps to microseconds, as ``datetime``)."""
+    """A time column's values in Python (timestamps as ``datetime``, nanoseconds floored
+    to the microsecond: see :func:`_floor_to_micros`)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if pa.types.is_timestamp(col.type) and col.type.unit == "ns":
-        col = pc.cast(col, pa.timestamp("us", col.type.tz), safe=False)
+        col = _floor_to_micros(col)
     return [_python_value(v) for v in col.to_pylist()]
+
+
+def _floor_to_micros(col: Any) -> Any:
+    """A timestamp column of nanoseconds as microseconds, floored (toward minus infinity,
+    on the integers): an instant stays in the step that holds it, since every step
+    boundary is a whole microsecond (``datetime``). (Arrow's cast truncates toward zero:
+    500 ns before 1970 would be 1970-01-01T00:00, in the next day's step.)"""
+    import pyarrow as pa
+
+    nanos = col.cast(pa.int64())
+    valid = np.asarray(nanos.is_valid())
+    micros = np.floor_divide(np.asarray(nanos.fill_null(0)), 1000)
+    return pa.array(micros, pa.int64(), mask=~valid).cast(pa.timestamp("us", col.type.tz))
 
 
 def _json_rows(batch: Any, layout: _Layout) -> list[str]:
