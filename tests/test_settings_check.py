@@ -232,3 +232,16 @@ def test_plan_and_run_accept_and_refuse_the_same_settings(files, capsys, setting
     else:
         assert _problems(plan_err) == _problems(run_err)
         assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("oneshot", ["unknown-gaussian", "unknown-gumbel"])
+def test_meta_unknown_one_shots_need_kbar(capsys, oneshot):
+    """Without --kbar the command said "--kbar must be an int, got NoneType None"."""
+    argv = ["plan", "-m", "meta", "--oneshot", oneshot, "-T", "100", "--max-items", "2"]
+    argv += ["--epsilon", "1", "--delta", "1e-6"] + (["--k", "3"] if "gumbel" in oneshot else [])
+    assert main(argv) == 2
+    assert _problems(capsys.readouterr().err) == [
+        f"--oneshot {oneshot} needs --kbar N (how many candidates each selection may "
+        "consider, at least --k)"
+    ]
+    assert main([*argv, "--kbar", "5"]) == 0

@@ -155,6 +155,11 @@ def _mechanism_problems(opts: Mapping[str, Any]) -> list[str]:
                 f"--oneshot {oneshot} needs --domain FILE (the known items; for "
                 "`plan`, --domain-size N will do)"
             )
+        elif oneshot.startswith("unknown") and opts.get("kbar") is None:
+            problems.append(
+                f"--oneshot {oneshot} needs --kbar N (how many candidates each selection "
+                "may consider, at least --k)"
+            )
     for dest in _MECH_KWARGS:
         value = opts.get(dest)
         if value is None or dest == "remember" or (dest == "eta" and value == "auto"):
