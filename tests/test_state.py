@@ -153,3 +153,14 @@ def test_digests_are_keyed_so_an_outsider_cannot_match_guesses():
     import hashlib
 
     assert stored != hashlib.sha256(b"".join(records)).hexdigest()
+
+
+def test_a_dangling_link_as_the_state_is_refused_in_words(tmp_path):
+    """A state path that is a link to nothing was refused as "File exists" (O_EXCL on
+    the link); the message now says what it is, and nothing is created."""
+    link = tmp_path / "st.sqlite"
+    link.symlink_to(tmp_path / "missing" / "state.sqlite")
+    with pytest.raises(StateError, match="symbolic link to .*which does not exist"):
+        Checkpoint(str(link), fsync=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["st.sqlite"]
+    assert not (tmp_path / "missing").exists()

@@ -155,6 +155,12 @@ class Checkpoint:
             check_private_file(path, "state file", flag="--allow-readable-state")
         old_umask = os.umask(0o077)  # the database and its -wal/-shm files: owner only
         try:
+            if os.path.islink(path) and not os.path.exists(path):
+                raise StateError(
+                    f"state file {path!r} is a symbolic link to {os.readlink(path)!r}, which "
+                    "does not exist: give the path of the state itself, or create the file "
+                    "it points to"
+                )
             if not os.path.exists(path):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self._db = sqlite3.connect(path, isolation_level=None, timeout=0.0)
