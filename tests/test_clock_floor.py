@@ -254,14 +254,20 @@ def _released(path: Path) -> list[dict]:
     return [json.loads(line)["released"] for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("clock", ["epoch", "2026"])
-def test_every_format_releases_the_exact_counts_and_the_same_bytes(tmp_path, clock) -> None:
+def _exact_run(tmp_path: Path, clock: str, key_name: str) -> list[str]:
+    """The arguments of a run whose rounded releases are the exact counts, on the clock
+    ``clock`` (a key and a domain of three items written in ``tmp_path``)."""
     key = tmp_path / "k.key"
-    fixed_key("clock-floor").save(key)
+    fixed_key(key_name).save(key)
     (tmp_path / "dom.txt").write_text("a\nb\nc\n")
     start, step, _, _ = CLOCKS[clock]
     common = [*EXACT, "--domain", str(tmp_path / "dom.txt"), "--key-file", str(key)]
-    common += ["--time-field", "ts", "--start", start, "--step", step]
+    return [*common, "--time-field", "ts", "--start", start, "--step", step]
+
+
+@pytest.mark.parametrize("clock", ["epoch", "2026"])
+def test_every_format_releases_the_exact_counts_and_the_same_bytes(tmp_path, clock) -> None:
+    common = _exact_run(tmp_path, clock, "clock-floor")
     outs = []
     for name, path in _inputs(tmp_path, clock).items():
         out = tmp_path / f"{name}.out.jsonl"

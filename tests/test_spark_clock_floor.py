@@ -10,12 +10,12 @@ from collections import Counter
 
 import pytest
 
-from .conftest import fixed_key, own_ledger, require_spark
+from .conftest import own_ledger, require_spark
 from .test_clock_floor import (
     CLOCKS,
-    EXACT,
     _brute,
     _clock,
+    _exact_run,
     _inputs,
     _line,
     _want,
@@ -74,12 +74,7 @@ def test_the_spark_engine_releases_the_exact_counts(tmp_path, users) -> None:
     from .conftest import assert_spark_csv_matches
 
     clock = "epoch"
-    key = tmp_path / "k.key"
-    fixed_key("spark-clock-floor").save(key)
-    (tmp_path / "dom.txt").write_text("a\nb\nc\n")
-    start, step, _, _ = CLOCKS[clock]
-    common = [*EXACT, "--domain", str(tmp_path / "dom.txt"), "--key-file", str(key)]
-    common += ["--time-field", "ts", "--start", start, "--step", step]
+    common = _exact_run(tmp_path, clock, "spark-clock-floor")
     inputs = _inputs(tmp_path, clock)
     want = _want(clock)
     for name in ("iso.jsonl", "epoch.jsonl"):

@@ -19,23 +19,26 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 HEAVY = ("numpy", "scipy", "pandas", "pyarrow", "cryptography")
 
 #: Run ``dpstream ARGV`` in this interpreter as ``python -m dpstream`` does, then print
-#: (on the real stderr, after the command's own output) the heavy modules it imported.
+#: (on the real stderr, after the command's own output) which of MODULES it imported.
 PROBE = """
 import json, runpy, sys
+modules = json.loads(sys.argv[2])
 sys.argv = ["dpstream", *json.loads(sys.argv[1])]
 status = None
 try:
     runpy.run_module("dpstream", run_name="__main__")
 except SystemExit as exc:
     status = exc.code
-print(json.dumps({"status": status, "heavy": [m for m in HEAVY if m in sys.modules]}),
+print(json.dumps({"status": status, "loaded": [m for m in modules if m in sys.modules]}),
       file=sys.__stderr__)
-""".replace("HEAVY", repr(HEAVY))
+"""
 
 
-def _heavy_after(argv: list[str]) -> tuple[int, list[str]]:
+def loaded_after(argv: list[str], modules: tuple[str, ...]) -> tuple[int, list[str]]:
+    """Run ``dpstream ARGV`` in a fresh interpreter: its exit status, and which of
+    ``modules`` it imported."""
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(argv)],
+        [sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(list(modules))],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": SRC},
@@ -43,7 +46,11 @@ def _heavy_after(argv: list[str]) -> tuple[int, list[str]]:
     )
     last = proc.stderr.strip().splitlines()[-1]
     found = json.loads(last)
-    return found["status"], found["heavy"]
+    return found["status"], found["loaded"]
+
+
+def _heavy_after(argv: list[str]) -> tuple[int, list[str]]:
+    return loaded_after(argv, HEAVY)
 
 
 @pytest.mark.parametrize(
