@@ -204,3 +204,67 @@ def test_a_lock_file_removed_while_locking_it_is_locked_again(tmp_path, monkeypa
         finally:
             os.close(fd)
     assert not path.exists()
+
+
+def test_a_file_at_the_lock_files_name_is_never_deleted(tmp_path, capsys):
+    """The lock's name holding the run's input is refused before anything (the run
+    deleted it), and a file of content there that is no file of the run is refused
+    and left as it was (an empty file there is a lock file: locked, then removed)."""
+    fixed_key("output-lock").save(tmp_path / "k.key")
+    out = tmp_path / "out.jsonl"
+    data = b'{"t": 1, "items": ["a"]}\n'
+    _lock_file(out).write_bytes(data)
+    args = ["run", "-q", *UNKNOWN_CLI, "-T", str(T), "--key-file", str(tmp_path / "k.key")]
+    assert main([*args, "-i", str(_lock_file(out)), "-o", str(out)]) == 1
+    assert "is the same file as --input" in capsys.readouterr().err
+    assert _lock_file(out).read_bytes() == data and not out.exists()
+    (tmp_path / "ev.jsonl").write_bytes(data)
+    assert main([*args, "-i", str(tmp_path / "ev.jsonl"), "-o", str(out)]) == 1
+    assert "holds something else (a lock file is empty)" in capsys.readouterr().err
+    assert _lock_file(out).read_bytes() == data and not out.exists()
+    _lock_file(out).write_bytes(b"")  # a killed run's lock file
+    assert main([*args, "-i", str(tmp_path / "ev.jsonl"), "-o", str(out)]) == 0
+    assert out.exists() and not _lock_file(out).exists()
+
+
+def test_the_lock_file_is_readable_by_all(tmp_path):
+    """Made 0644 whatever the umask, so that another user's run can lock the file a
+    killed run left (flock needs only a read-only descriptor)."""
+    from dpstream.run import lock
+
+    old = os.umask(0o077)
+    try:
+        with lock.output_lock(str(tmp_path / "o.jsonl")):
+            assert (_lock_file(tmp_path / "o.jsonl").stat().st_mode & 0o777) == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_a_link_into_a_folder_that_takes_no_new_file_locks_beside_the_link(tmp_path, monkeypatch):
+    """``-o link`` to a file in a folder where the run may write only that file: the
+    lock goes beside the name given (it failed with 'Operation not permitted')."""
+    import errno
+
+    from dpstream.run import lock
+
+    (tmp_path / "tgt").mkdir()
+    (tmp_path / "tgt" / "out.jsonl").write_bytes(b"")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(tmp_path / "tgt" / "out.jsonl")
+    real_open = lock._open_lock
+
+    def no_new_file_in_tgt(path: str) -> int:
+        if os.path.dirname(path) == str(tmp_path / "tgt"):
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_open(path)
+
+    monkeypatch.setattr(lock, "_open_lock", no_new_file_in_tgt)
+    with lock.output_lock(str(link)):
+        assert _lock_file(link).exists()
+    assert not _lock_file(link).exists()
+    monkeypatch.setattr(
+        lock, "_open_lock", lambda path: no_new_file_in_tgt(str(tmp_path / "tgt" / "x"))
+    )
+    with pytest.raises(PermissionError, match="making its lock file"):
+        with lock.output_lock(str(link)):
+            pass

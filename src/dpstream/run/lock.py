@@ -18,7 +18,9 @@ one name). ``--output -`` (stdout) takes none, nor does a system without ``fcntl
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Iterator
 
 from ..errors import StateError
@@ -38,31 +40,93 @@ def lock_path(output: str) -> str:
     return os.path.join(head, f".{name}.lock")
 
 
+def _given_lock_path(output: str) -> str:
+    """``.NAME.lock`` beside the name given: the lock when the resolved file's folder
+    takes no new file (a link into a folder the run may only write its output in)."""
+    head, name = os.path.split(os.path.abspath(output))
+    return os.path.join(head, f".{name}.lock")
+
+
+def _lockable(output: str) -> bool:
+    """Whether ``output`` takes a lock: a regular file or one still to be made (not
+    ``-``, a pipe, a device such as ``/dev/null`` or ``/dev/stdout``)."""
+    if output == "-" or fcntl is None:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(output).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def output_lock(output: str) -> Iterator[None]:
-    """Hold the lock of output file ``output`` (none for ``-``) while the block runs;
-    refuse (:class:`StateError`) when another run holds it."""
-    if output == "-" or fcntl is None:
+    """Hold the lock of output file ``output`` (none for ``-`` or a device) while the
+    block runs; refuse (:class:`StateError`) when another run holds it."""
+    if not _lockable(output):
         yield
         return
     path = lock_path(output)
-    fd = _acquire(output, path)
+    try:
+        fd = _acquire(output, path)
+    except OSError as exc:
+        if exc.errno not in _NO_NEW_FILE:  # no folder: say the output, as a write would
+            raise OSError(exc.errno, exc.strerror, output) from None
+        path = _given_lock_path(output)
+        try:
+            fd = _acquire(output, path)
+        except OSError as again:
+            raise OSError(
+                again.errno, f"{again.strerror} (making its lock file {path!r})", output
+            ) from None
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):  # removed while held (see the module's doc)
-            os.unlink(path)
+        try:  # an empty file: the lock file (never a file of content at its name)
+            if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+                if os.fstat(fd).st_size == 0:
+                    os.unlink(path)
+        except OSError:  # removed while held, or a folder that forbids it
+            pass
         os.close(fd)
+
+
+#: the errors of a folder that takes no new file (the lock then goes beside the name given)
+_NO_NEW_FILE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _open_lock(path: str) -> int:
+    """The lock file ``path`` opened read-only: made (mode 0644, so that another user's
+    run can take the lock a killed run left) or the one there, which must be an empty
+    regular file (a file of content at that name is never locked, nor later removed)."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDONLY | nofollow)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != 0:
+            os.close(fd)
+            raise StateError(
+                f"{path!r} is the lock file's name of this output, but holds something "
+                "else (a lock file is empty): move it, or write the output elsewhere"
+            ) from None
+        return fd
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o644)
+    return fd
 
 
 def _acquire(output: str, path: str) -> int:
     """The descriptor of the lock file ``path``, locked by this run."""
-    flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     while True:
         try:
-            fd = os.open(path, flags, 0o666)  # the umask applies, as to the output
-        except OSError as exc:  # say the output, which is what the operator named
-            raise OSError(exc.errno, exc.strerror, output) from None
+            fd = _open_lock(path)
+        except FileNotFoundError:
+            if os.path.isdir(os.path.dirname(path)):
+                continue  # removed between the two opens: make it again
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -239,7 +239,10 @@ def check_paths(cfg: RunConfig) -> None:
     others, records = run_files(cfg)
     targets: FileList = [("--output", output if output != "-" else None)]
     if cfg.engine == "local" and output != "-":
+        from .lock import lock_path
+
         targets.append(("--output's sidecar", str(sidecar_path(output))))
+        targets.append(("--output's lock file", lock_path(str(output))))
     targets += records
     for n, (name, path) in enumerate(targets):
         if path is None:
