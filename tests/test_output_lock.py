@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dpstream.cli import main
+from dpstream.errors import StateError
 
 from .conftest import UNKNOWN_CLI, fixed_key
 
@@ -240,17 +241,22 @@ def test_the_lock_file_is_readable_by_all(tmp_path):
         os.umask(old)
 
 
-def test_a_link_into_a_folder_that_takes_no_new_file_locks_beside_the_link(tmp_path, monkeypatch):
-    """``-o link`` to a file in a folder where the run may write only that file: the
-    lock goes beside the name given (it failed with 'Operation not permitted')."""
+def test_a_link_into_a_folder_that_takes_no_new_file_locks_the_output_itself(tmp_path, monkeypatch):
+    """``-o link`` to a file in a folder where the run may write only that file (it
+    failed with 'Operation not permitted'): the output itself is the lock, so two
+    such links from two folders still exclude each other (a lock file beside each
+    link did not), and nothing is made beside either."""
     import errno
 
     from dpstream.run import lock
 
     (tmp_path / "tgt").mkdir()
     (tmp_path / "tgt" / "out.jsonl").write_bytes(b"")
-    link = tmp_path / "link.jsonl"
-    link.symlink_to(tmp_path / "tgt" / "out.jsonl")
+    links = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        links.append(tmp_path / name / "out.jsonl")
+        links[-1].symlink_to(tmp_path / "tgt" / "out.jsonl")
     real_open = lock._open_lock
 
     def no_new_file_in_tgt(path: str) -> int:
@@ -259,12 +265,72 @@ def test_a_link_into_a_folder_that_takes_no_new_file_locks_beside_the_link(tmp_p
         return real_open(path)
 
     monkeypatch.setattr(lock, "_open_lock", no_new_file_in_tgt)
-    with lock.output_lock(str(link)):
-        assert _lock_file(link).exists()
-    assert not _lock_file(link).exists()
-    monkeypatch.setattr(
-        lock, "_open_lock", lambda path: no_new_file_in_tgt(str(tmp_path / "tgt" / "x"))
-    )
-    with pytest.raises(PermissionError, match="making its lock file"):
-        with lock.output_lock(str(link)):
+    with lock.output_lock(str(links[0])):
+        with pytest.raises(StateError, match="another run is writing output file"):
+            with lock.output_lock(str(links[1])):
+                pass
+    with lock.output_lock(str(links[1])):  # released: it runs
+        pass
+    assert sorted(p.name for p in (tmp_path / "tgt").iterdir()) == ["out.jsonl"]
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["out.jsonl"]
+    (tmp_path / "tgt" / "out.jsonl").unlink()  # no output there, and no way to make one
+    with pytest.raises(PermissionError):
+        with lock.output_lock(str(links[0])):
             pass
+
+
+def test_two_names_of_one_output_exclude_each_other(tmp_path):
+    """A hard link in another folder has another lock file; the output itself is locked
+    too (two runs started together both wrote it)."""
+    from dpstream.run import lock
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    first = tmp_path / "a" / "out.jsonl"
+    first.write_bytes(b"")
+    os.link(first, tmp_path / "b" / "out.jsonl")
+    with lock.output_lock(str(first)):
+        with pytest.raises(StateError, match="by another name of it"):
+            with lock.output_lock(str(tmp_path / "b" / "out.jsonl")):
+                pass
+
+
+def test_an_output_whose_link_changed_since_the_lock_is_not_written(tmp_path):
+    """``-o cur/out.jsonl`` with ``cur -> A`` at the start and ``cur -> B`` by the time
+    the output opens: the run holds A's lock, and another run may hold B's."""
+    from dpstream.run import lock
+
+    for name in ("A", "B"):
+        (tmp_path / name).mkdir()
+    cur = tmp_path / "cur"
+    cur.symlink_to(tmp_path / "A")
+    out = str(cur / "out.jsonl")
+    with lock.output_lock(out):
+        lock.check_target(out)  # unchanged: fine
+        cur.unlink()
+        cur.symlink_to(tmp_path / "B")
+        with pytest.raises(StateError, match="a link changed"):
+            lock.check_target(out)
+    lock.check_target(out)  # no lock held: nothing to compare
+
+
+def test_a_pipe_as_the_output_is_written_not_read(tmp_path):
+    """``-o FIFO``: the check that a new output holds no releases opened the pipe to
+    read it and waited for a writer for good; a pipe or a device holds nothing. The
+    command runs in a child with a reader on the pipe; 120 s is only a guard against a
+    hang, far above what the run takes."""
+    fixed_key("output-lock").save(tmp_path / "k.key")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n')
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    args = ["run", "-q", *UNKNOWN_CLI, "-T", str(T), "--key-file", str(tmp_path / "k.key")]
+    args += ["-i", str(tmp_path / "ev.jsonl"), "-o", str(fifo), "--output-format", "jsonl"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dpstream", *args], capture_output=True, timeout=120
+        )
+    finally:
+        got, _ = reader.communicate(timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(got.splitlines()) == T

@@ -18,6 +18,7 @@ one name). ``--output -`` (stdout) takes none, nor does a system without ``fcntl
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import os
 import stat
@@ -30,20 +31,13 @@ try:
 except ImportError:  # Windows: no flock (two runs must not write one output at once)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["lock_path", "output_lock"]
+__all__ = ["check_target", "lock_path", "output_lock"]
 
 
 def lock_path(output: str) -> str:
     """The lock file of output file ``output``: ``.NAME.lock`` beside the file it names
     (its symbolic links resolved, so that two names of one file share one lock)."""
     head, name = os.path.split(os.path.realpath(output))
-    return os.path.join(head, f".{name}.lock")
-
-
-def _given_lock_path(output: str) -> str:
-    """``.NAME.lock`` beside the name given: the lock when the resolved file's folder
-    takes no new file (a link into a folder the run may only write its output in)."""
-    head, name = os.path.split(os.path.abspath(output))
     return os.path.join(head, f".{name}.lock")
 
 
@@ -63,33 +57,82 @@ def _lockable(output: str) -> bool:
 @contextlib.contextmanager
 def output_lock(output: str) -> Iterator[None]:
     """Hold the lock of output file ``output`` (none for ``-`` or a device) while the
-    block runs; refuse (:class:`StateError`) when another run holds it."""
+    block runs; refuse (:class:`StateError`) when another run holds it.
+
+    Two locks, both taken at once or refused: the lock file beside the file the name
+    resolves to (a new output too), and the output itself when it exists (a hard link
+    or a second path to it, whose lock files differ). A folder that takes no new file
+    keeps only the second, for an output that exists (the run could not make one
+    there). :func:`check_target` then refuses to open the output by a name that has
+    come to resolve to another file since.
+    """
     if not _lockable(output):
         yield
         return
-    path = lock_path(output)
+    resolved = os.path.realpath(output)
+    held: list[tuple[int, str | None]] = []
     try:
-        fd = _acquire(output, path)
-    except OSError as exc:
-        if exc.errno not in _NO_NEW_FILE:  # no folder: say the output, as a write would
-            raise OSError(exc.errno, exc.strerror, output) from None
-        path = _given_lock_path(output)
+        path = lock_path(output)
         try:
-            fd = _acquire(output, path)
-        except OSError as again:
-            raise OSError(
-                again.errno, f"{again.strerror} (making its lock file {path!r})", output
-            ) from None
-    try:
-        yield
+            held.append((_acquire(output, path), path))
+        except OSError as exc:
+            if exc.errno not in _NO_NEW_FILE or not os.path.isfile(resolved):
+                raise OSError(exc.errno, exc.strerror, output) from None
+        if os.path.isfile(resolved):
+            held.append((_lock_output(output, resolved), None))
+        token = _target.set(resolved)
+        try:
+            yield
+        finally:
+            _target.reset(token)
     finally:
-        try:  # an empty file: the lock file (never a file of content at its name)
-            if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-                if os.fstat(fd).st_size == 0:
-                    os.unlink(path)
-        except OSError:  # removed while held, or a folder that forbids it
-            pass
+        for fd, lock_file in reversed(held):
+            if lock_file is not None:
+                _remove_if_lock_file(fd, lock_file)
+            os.close(fd)
+
+
+def check_target(output: str) -> None:
+    """Refuse to open ``output`` when the run holds the lock of another file: its name
+    (a link, a folder's link) has come to lead elsewhere since the lock was taken,
+    where another run may be writing."""
+    target = _target.get()
+    if target is not None and output != "-" and os.path.realpath(output) != target:
+        raise StateError(
+            f"output file {output!r} leads to {os.path.realpath(output)!r} now, not to "
+            f"{target!r} as when this run locked it (a link changed): refusing to write"
+        )
+
+
+_target: contextvars.ContextVar[str | None] = contextvars.ContextVar("target", default=None)
+
+
+def _remove_if_lock_file(fd: int, path: str) -> None:
+    """Remove lock file ``path`` (held on ``fd``) when it is still that empty file."""
+    try:
+        info = os.fstat(fd)
+        if os.path.samestat(info, os.stat(path, follow_symlinks=False)) and info.st_size == 0:
+            os.unlink(path)
+    except OSError:  # removed while held, or a folder that forbids it
+        pass
+
+
+def _lock_output(output: str, resolved: str) -> int:
+    """The output file itself, opened read-only and locked by this run."""
+    fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise StateError(
+            f"another run is writing output file {output!r} (by another name of it): "
+            "refusing to start a second one, which would mix their releases; wait "
+            "for it to finish, or write elsewhere"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 #: the errors of a folder that takes no new file (the lock then goes beside the name given)

@@ -111,6 +111,9 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     never half of one. A file already at the sidecar's path that is not a
     dpstream sidecar is refused (ValueError), never overwritten.
     """
+    from .lock import check_target
+
+    check_target(str(output))  # its name still leads where the run's lock is
     path = sidecar_path(output)
     if path.exists():
         try:

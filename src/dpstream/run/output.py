@@ -10,6 +10,7 @@ of its releases (:func:`release_formatter`).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,7 @@ def long_layout_clock(path: str, fmt: str) -> tuple[str, ...] | None:
     on with (no such file, an empty one, another format). A stream that goes on keeps
     its file's layout, begun by a dpstream that wrote fewer of these columns, so the
     bytes the state vouches for stay the same."""
-    if path == "-" or fmt not in ("csv", "jsonl-long"):
+    if path == "-" or fmt not in ("csv", "jsonl-long") or not _regular(path):
         return None
     try:
         with open(path, "rb") as fh:
@@ -109,6 +110,9 @@ def open_output(
     """
     if path == "-":
         return sys.stdout.buffer
+    from .lock import check_target
+
+    check_target(path)  # its name still leads where the run's lock is
     if go_on is not None and go_on.continues:  # after the last step of an earlier run
         resume = Resume(last_t=go_on.t, begin=ckpt.step(go_on.t).begin)
         fh = open_output(path, resume, ckpt=ckpt, digests=digests, header=header)
@@ -171,13 +175,26 @@ def open_output(
 
 
 def holds_release(path: str, header: bytes) -> bool:
-    """Whether output file ``path`` holds anything beyond the formatter's header."""
+    """Whether output file ``path`` holds anything beyond the formatter's header (a pipe
+    or a device holds nothing: reading one would wait for a writer)."""
+    if not _regular(path):
+        return False
     try:
         with open(path, "rb") as fh:
             data = fh.read(len(header) + 1)
     except FileNotFoundError:
         return False
     return not (len(data) <= len(header) and header.startswith(data))
+
+
+def _regular(path: str) -> bool:
+    """Whether ``path`` is a regular file (or nothing yet), not a pipe or a device."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def same_file(a: str, b: str) -> bool:
@@ -314,7 +331,9 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
         if not cfg.force and os.path.exists(cfg.output):
             raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
         from ..io import ParquetWriter
+        from .lock import check_target
 
+        check_target(cfg.output)
         parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start, step_end=step_end)
         base_formatter: Any = ParquetFormatter(parquet)
     else:
