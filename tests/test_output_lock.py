@@ -266,7 +266,7 @@ def test_a_link_into_a_folder_that_takes_no_new_file_locks_the_output_itself(tmp
 
     monkeypatch.setattr(lock, "_open_lock", no_new_file_in_tgt)
     with lock.output_lock(str(links[0])):
-        with pytest.raises(StateError, match="another run is writing output file"):
+        with pytest.raises(StateError, match="holds a lock on output file"):
             with lock.output_lock(str(links[1])):
                 pass
     with lock.output_lock(str(links[1])):  # released: it runs
@@ -277,22 +277,6 @@ def test_a_link_into_a_folder_that_takes_no_new_file_locks_the_output_itself(tmp
     with pytest.raises(PermissionError):
         with lock.output_lock(str(links[0])):
             pass
-
-
-def test_two_names_of_one_output_exclude_each_other(tmp_path):
-    """A hard link in another folder has another lock file; the output itself is locked
-    too (two runs started together both wrote it)."""
-    from dpstream.run import lock
-
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-    first = tmp_path / "a" / "out.jsonl"
-    first.write_bytes(b"")
-    os.link(first, tmp_path / "b" / "out.jsonl")
-    with lock.output_lock(str(first)):
-        with pytest.raises(StateError, match="by another name of it"):
-            with lock.output_lock(str(tmp_path / "b" / "out.jsonl")):
-                pass
 
 
 def test_an_output_whose_link_changed_since_the_lock_is_not_written(tmp_path):
@@ -334,3 +318,41 @@ def test_a_pipe_as_the_output_is_written_not_read(tmp_path):
         got, _ = reader.communicate(timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(got.splitlines()) == T
+
+
+def test_a_lock_held_on_the_output_itself_by_another_tool_stops_no_run(tmp_path):
+    """A cron job wrapped in ``flock OUTPUT dpstream run ... -o OUTPUT`` runs: the run
+    locks ``.NAME.lock``, not the output (a version that locked both refused it)."""
+    fixed_key("output-lock").save(tmp_path / "k.key")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n')
+    out = tmp_path / "o.jsonl"
+    holder = Holder(out)  # makes the (empty) output and locks it, as flock(1) would
+    try:
+        args = ["run", "-q", *UNKNOWN_CLI, "-T", str(T), "--key-file", str(tmp_path / "k.key")]
+        assert main([*args, "-i", str(tmp_path / "ev.jsonl"), "-o", str(out)]) == 0
+    finally:
+        holder.release()
+    assert len(out.read_text().splitlines()) == T
+
+
+def test_a_parquet_output_is_checked_when_its_file_is_made(tmp_path):
+    """The Parquet writer makes its file at its first rows, after the run's checks: the
+    check (that the name still leads where the run's lock is) runs right before."""
+    pytest.importorskip("pyarrow")
+    from dpstream.io import ParquetWriter
+
+    calls = []
+
+    def refuse() -> None:
+        calls.append(1)
+        raise StateError("the output's name leads elsewhere now")
+
+    import numpy as np
+
+    from dpstream.mechanisms.base import Release
+
+    writer = ParquetWriter(str(tmp_path / "o.parquet"), before_open=refuse, rows_per_group=1)
+    release = Release(t=1, items=["a"], values=np.array([1.0]), meta={"noise_std": 0.5})
+    with pytest.raises(StateError):
+        writer.write(release)
+    assert calls == [1] and not (tmp_path / "o.parquet").exists()

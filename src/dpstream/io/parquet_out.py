@@ -23,6 +23,7 @@ class ParquetWriter:
     One row group per batch of steps; the file is created with the first rows and
     complete when closed. It cannot be truncated and resumed like a text output,
     so a run with ``--state`` writes JSON Lines or CSV (convert afterwards).
+    ``before_open`` is called right before the file is made (a check that may raise).
     """
 
     name = "parquet"
@@ -35,7 +36,9 @@ class ParquetWriter:
         rows_per_group: int = 65536,
         step_start: Callable[[int], str] | None = None,
         step_end: Callable[[int], str] | None = None,
+        before_open: Callable[[], None] | None = None,
     ) -> None:
+        self._before_open = before_open
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -121,6 +124,8 @@ class ParquetWriter:
         self._flush_rows()
         if self._batches:
             if self._writer is None:
+                if self._before_open is not None:  # e.g. the path still leads where it did
+                    self._before_open()
                 self._writer = self._pq.ParquetWriter(self._path, self._schema)
             self._writer.write_table(self._pa.concat_tables(self._batches))
             self._batches, self._pending = [], 0

@@ -59,12 +59,12 @@ def output_lock(output: str) -> Iterator[None]:
     """Hold the lock of output file ``output`` (none for ``-`` or a device) while the
     block runs; refuse (:class:`StateError`) when another run holds it.
 
-    Two locks, both taken at once or refused: the lock file beside the file the name
-    resolves to (a new output too), and the output itself when it exists (a hard link
-    or a second path to it, whose lock files differ). A folder that takes no new file
-    keeps only the second, for an output that exists (the run could not make one
-    there). :func:`check_target` then refuses to open the output by a name that has
-    come to resolve to another file since.
+    The lock is the lock file beside the file the name resolves to (a new output
+    too). When that folder takes no new file, it is the output itself (which must
+    exist: the run could not make one there), locked on a descriptor open for
+    writing (as NFS needs). :func:`check_target` then refuses to open the output by
+    a name that has come to resolve to another file since. Two hard links of one
+    output in two folders have two lock files: write each output by one name.
     """
     if not _lockable(output):
         yield
@@ -78,7 +78,6 @@ def output_lock(output: str) -> Iterator[None]:
         except OSError as exc:
             if exc.errno not in _NO_NEW_FILE or not os.path.isfile(resolved):
                 raise OSError(exc.errno, exc.strerror, output) from None
-        if os.path.isfile(resolved):
             held.append((_lock_output(output, resolved), None))
         token = _target.set(resolved)
         try:
@@ -118,14 +117,14 @@ def _remove_if_lock_file(fd: int, path: str) -> None:
 
 
 def _lock_output(output: str, resolved: str) -> int:
-    """The output file itself, opened read-only and locked by this run."""
-    fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    """The output file itself, opened for writing (not truncated) and locked by this run."""
+    fd = os.open(resolved, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StateError(
-            f"another run is writing output file {output!r} (by another name of it): "
+            f"another run (or process) holds a lock on output file {output!r}: "
             "refusing to start a second one, which would mix their releases; wait "
             "for it to finish, or write elsewhere"
         ) from None
@@ -140,14 +139,18 @@ _NO_NEW_FILE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _open_lock(path: str) -> int:
-    """The lock file ``path`` opened read-only: made (mode 0644, so that another user's
-    run can take the lock a killed run left) or the one there, which must be an empty
-    regular file (a file of content at that name is never locked, nor later removed)."""
+    """The lock file ``path``: made (mode 0644, so that another user's run can take the
+    lock a killed run left) or the one there, which must be an empty regular file (a
+    file of content at that name is never locked, nor later removed). Open for writing
+    where the run may (NFS locks only such a descriptor), else read-only."""
     nofollow = getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
     except FileExistsError:
-        fd = os.open(path, os.O_RDONLY | nofollow)
+        try:
+            fd = os.open(path, os.O_RDWR | nofollow)
+        except PermissionError:  # another user's: locked read-only (flock allows it)
+            fd = os.open(path, os.O_RDONLY | nofollow)
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size != 0:
             os.close(fd)

@@ -334,7 +334,13 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
         from .lock import check_target
 
         check_target(cfg.output)
-        parquet = ParquetWriter(cfg.output, cfg.round, step_start=step_start, step_end=step_end)
+        parquet = ParquetWriter(
+            cfg.output,
+            cfg.round,
+            step_start=step_start,
+            step_end=step_end,
+            before_open=lambda: check_target(cfg.output),  # the file is made at the first rows
+        )
         base_formatter: Any = ParquetFormatter(parquet)
     else:
         base_formatter = make_formatter(output_format, cfg.round, step_start, step_end)
