@@ -119,19 +119,23 @@ def _remove_if_lock_file(fd: int, path: str) -> None:
 def _lock_output(output: str, resolved: str) -> int:
     """The output file itself, opened for writing (not truncated) and locked by this run."""
     fd = os.open(resolved, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    _flock_or_refuse(fd, f"another run (or process) holds a lock on output file {output!r}")
+    return fd
+
+
+def _flock_or_refuse(fd: int, holder: str) -> None:
+    """Lock ``fd`` (exclusive, at once) or close it and refuse, saying ``holder``."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StateError(
-            f"another run (or process) holds a lock on output file {output!r}: "
-            "refusing to start a second one, which would mix their releases; wait "
-            "for it to finish, or write elsewhere"
+            f"{holder}: refusing to start a second one, which would mix their "
+            "releases; wait for it to finish, or write elsewhere"
         ) from None
     except BaseException:
         os.close(fd)
         raise
-    return fd
 
 
 #: the errors of a folder that takes no new file (the lock then goes beside the name given)
@@ -173,18 +177,7 @@ def _acquire(output: str, path: str) -> int:
             if os.path.isdir(os.path.dirname(path)):
                 continue  # removed between the two opens: make it again
             raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StateError(
-                f"another run is writing output file {output!r} (it holds {path!r}): "
-                "refusing to start a second one, which would mix their releases; wait "
-                "for it to finish, or write elsewhere"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+        _flock_or_refuse(fd, f"another run is writing output file {output!r} (it holds {path!r})")
         try:
             current = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
