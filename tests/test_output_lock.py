@@ -318,6 +318,7 @@ def test_a_pipe_as_the_output_is_written_not_read(tmp_path):
         got, _ = reader.communicate(timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(got.splitlines()) == T
+    assert not (tmp_path / "ff.meta.json").exists()  # no sidecar beside a pipe or device
 
 
 def test_a_lock_held_on_the_output_itself_by_another_tool_stops_no_run(tmp_path):

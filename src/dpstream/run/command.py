@@ -77,6 +77,7 @@ from .output import (
     check_paths,
     closing_quietly_on_error,
     open_output,
+    regular_or_new,
     release_formatter,
 )
 from .pipeline import Stages, run_steps
@@ -380,8 +381,8 @@ def _release(
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
     budget = _dataset_budget(cfg, key, built, opened, state_existed)  # the cap, again
-    if cfg.output != "-":  # the run's public metadata, before the output is touched
-        _write_sidecar(cfg, built.mech, budget)
+    if cfg.output != "-" and regular_or_new(str(cfg.output)):  # not beside a pipe or a
+        _write_sidecar(cfg, built.mech, budget)  # device: the run's public metadata, first
     out = _open_out(cfg, built, opened, digests, stack)
     viewer = None
     if cfg.view:

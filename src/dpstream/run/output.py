@@ -31,6 +31,7 @@ __all__ = [
     "holds_release",
     "long_layout_clock",
     "open_output",
+    "regular_or_new",
     "run_files",
     "release_formatter",
     "same_file",
@@ -59,7 +60,7 @@ def long_layout_clock(path: str, fmt: str) -> tuple[str, ...] | None:
     on with (no such file, an empty one, another format). A stream that goes on keeps
     its file's layout, begun by a dpstream that wrote fewer of these columns, so the
     bytes the state vouches for stay the same."""
-    if path == "-" or fmt not in ("csv", "jsonl-long") or not _regular(path):
+    if path == "-" or fmt not in ("csv", "jsonl-long") or not regular_or_new(path):
         return None
     try:
         with open(path, "rb") as fh:
@@ -177,7 +178,7 @@ def open_output(
 def holds_release(path: str, header: bytes) -> bool:
     """Whether output file ``path`` holds anything beyond the formatter's header (a pipe
     or a device holds nothing: reading one would wait for a writer)."""
-    if not _regular(path):
+    if not regular_or_new(path):
         return False
     try:
         with open(path, "rb") as fh:
@@ -187,7 +188,7 @@ def holds_release(path: str, header: bytes) -> bool:
     return not (len(data) <= len(header) and header.startswith(data))
 
 
-def _regular(path: str) -> bool:
+def regular_or_new(path: str) -> bool:
     """Whether ``path`` is a regular file (or nothing yet), not a pipe or a device."""
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
