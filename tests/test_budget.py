@@ -163,10 +163,12 @@ def test_budget_line_round_trips_sealed() -> None:
 # ------------------------------------------------------------------ the ledger's budget lines
 
 
-def _open(path, run: str, scope: str, line: DatasetSpend | None, cap=None, **kw):
+def _open(path, run: str, scope: str, line: DatasetSpend | None, cap=None, check_scope=True, **kw):
+    """The ledger at ``path`` for run ``run`` (``check_scope=False``: a run with --force)."""
     return ReleaseLedger(
-        str(path), KEY, run, fsync=False, scope=scope, check_scope=True, budget=line, cap=cap, **kw
-    )
+        str(path), KEY, run, fsync=False, scope=scope, check_scope=check_scope, budget=line,
+        cap=cap, **kw,
+    )  # fmt: skip
 
 
 def test_runs_on_a_dataset_add_up_and_a_cap_refuses_before_anything(tmp_path) -> None:
@@ -213,26 +215,19 @@ def test_a_resumed_or_forced_run_adds_nothing(tmp_path) -> None:
         assert led.budget_problem() is None
         led.record(2, "3" * 64, "4" * 64)
     # --force: a new run under the same scope (check_scope off), the earlier one unpublished
-    forced = ReleaseLedger(
-        str(path), KEY, "f" * 32, fsync=False, scope="s", budget=_line("d", 0.1, 1.5), cap=cap
-    )
-    with forced as led:
+    with _open(path, "f" * 32, "s", _line("d", 0.1, 1.5), cap, check_scope=False) as led:
         assert led.budget_problem() is None
         led.claim_scope()
         assert len(led.spends()) == 1  # counted once: the same scope on the same dataset
     # --force at a higher cost under the same scope (a setting outside the scope, such as
     # --threshold-delta, changed): counted once, at the larger cost, so the cap refuses it
     # (found by review: the first line's cost counted, and the cap let it through)
-    dearer = ReleaseLedger(
-        str(path), KEY, "c" * 32, fsync=False, scope="s", budget=_line("d", 0.2, 2.5), cap=cap
-    )
-    with dearer as led:
+    with _open(path, "c" * 32, "s", _line("d", 0.2, 2.5), cap, check_scope=False) as led:
         assert led.budget_problem() is not None
         with pytest.raises(BudgetCapError):
             led.claim_scope()
-    with ReleaseLedger(
-        str(path), KEY, "c" * 32, fsync=False, scope="s", budget=_line("d", 0.2, 2.5)
-    ) as led:  # without the cap it runs, and the dataset's total is the larger cost
+    with _open(path, "c" * 32, "s", _line("d", 0.2, 2.5), check_scope=False) as led:
+        # without the cap it runs, and the dataset's total is the larger cost
         led.claim_scope()
         ((_, line),) = led.spends()
         assert (line.spend.rho, line.spend.epsilon) == (0.2, 2.5)
@@ -240,22 +235,11 @@ def test_a_resumed_or_forced_run_adds_nothing(tmp_path) -> None:
     assert path.read_bytes().count(b"\nB1 ") == 3
     # --force on ANOTHER dataset is a new cost there: checked against its cap, recorded
     # (found by review: one line per scope let it pass a cap and go unrecorded)
-    other = ReleaseLedger(
-        str(path),
-        KEY,
-        "e" * 32,
-        fsync=False,
-        scope="s",
-        budget=_line("B", 0.1, 1.5),
-        cap=BudgetCap(0.5, 1e-6),
-    )
-    with other as led:
+    with _open(path, "e" * 32, "s", _line("B", 0.1, 1.5), BudgetCap(0.5, 1e-6), False) as led:
         assert led.budget_problem() is not None
         with pytest.raises(BudgetCapError):
             led.claim_scope()
-    with ReleaseLedger(
-        str(path), KEY, "e" * 32, fsync=False, scope="s", budget=_line("B", 0.1, 1.5)
-    ) as led:
+    with _open(path, "e" * 32, "s", _line("B", 0.1, 1.5), check_scope=False) as led:
         led.claim_scope()
         assert sorted(x.dataset for _, x in led.spends()) == ["B", "d"]
 

@@ -674,8 +674,8 @@ def test_privacy_package_imports_point_one_way() -> None:
 
 
 def test_importing_privacy_leaves_scipy_optimize_unloaded() -> None:
-    """``scipy.optimize`` costs ~0.2 s of a command's start: the package loads it
-    only when a calibration first runs Brent's method (``_roots._brentq``)."""
+    """``scipy.optimize`` costs ~0.2 s of a command's start: the package does not load
+    it (Brent's method is SciPy's compiled routine, :mod:`dpstream.rootfind`)."""
     code = "import sys, dpstream.privacy; print('scipy.optimize' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .privacy.guarantees import outside_zcdp_words
 from .words import plain_mechanism
 
 __all__ = ["explain", "format_plan"]
@@ -129,13 +130,7 @@ def _plan_head(info: dict[str, Any]) -> list[str]:
     """The mechanism, its counter, the noise scale, the guarantee and its unit."""
     p = info["privacy"]
     unit = info.get("unit", "event")
-    # the threshold's share of delta is paid outside zCDP: a sum of rho over releases
-    # must add it (the words of PrivacyGuarantee.plain)
-    outside = (
-        f", plus {p['rho_delta']:.3g} of delta for what the noise cannot hide"
-        if p.get("rho_delta", 0.0) > 0.0
-        else ""
-    )
+    outside = outside_zcdp_words(p.get("rho_delta", 0.0))  # the threshold's share
     plain = (
         f"epsilon = {p['epsilon']:.6g}, delta = {p['delta']:.3g} per {unit} (rho-zCDP "
         f"with rho = {p['rho']:.6g}{outside}; converted by {p['conversion']})"

@@ -27,9 +27,9 @@ One module per concept, each importing only the ones above it in this list:
   (:func:`compose`) and a cap on it (:class:`BudgetCap`).
 
 Two private helpers sit below them: ``_checks`` (argument checks) and
-``_roots`` (Brent's method, imported on first use, and the nudge to the safe
-side). Import the public names from ``dpstream.privacy`` itself; the modules
-are the layout, not the interface.
+``_roots`` (the nudge of a root found by Brent's method,
+:func:`dpstream.rootfind.brentq`, to the safe side). Import the public names
+from ``dpstream.privacy`` itself; the modules are the layout, not the interface.
 
 Example:
     >>> from dpstream.privacy import calibrate_tau, guarantee_for_tau

@@ -1,7 +1,7 @@
 """Root finding made conservative (private to :mod:`dpstream.privacy`).
 
-Layer 1 of dpstream (docs/architecture.md); imports only :mod:`dpstream.rootfind`.
-The conversions and the calibration both invert a monotone curve with Brent's
+Layer 1 of dpstream (docs/architecture.md); imports nothing from dpstream. The
+conversions and the calibration both invert a monotone curve with Brent's
 method (:func:`dpstream.rootfind.brentq`, SciPy's compiled routine) and then
 move the root, in growing steps, to the safe side of the forward check
 (:func:`_nudge`).
@@ -11,18 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rootfind import brentq
-
 # Guards for the iterative "nudge until the forward check passes" loops: each step
 # multiplies the moving quantity by (1 +- 2**-52 * 2**i), so a few dozen steps cover
 # any realistic rounding error; more means the forward formula is broken.
 _MAX_NUDGES = 200
-
-
-def _brentq(f: Any, a: float, b: float, **kw: Any) -> float:
-    """Brent's root finder (:func:`dpstream.rootfind.brentq`: SciPy's bits without
-    loading ``scipy.optimize``)."""
-    return brentq(f, a, b, **kw)
 
 
 def _nudge(x: float, direction: int, ok: Any, what: str) -> float:

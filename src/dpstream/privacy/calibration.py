@@ -25,8 +25,9 @@ import functools
 import math
 from typing import Literal
 
+from ..rootfind import brentq
 from ._checks import _check_half_open_unit, _check_open_unit, _check_positive
-from ._roots import _brentq, _nudge
+from ._roots import _nudge
 from .conversions import (
     _cks_epsilon,
     _gaussian_delta,
@@ -98,7 +99,7 @@ def rho_for_epsilon_delta(
         lo, hi = hi, 2.0 * hi
     if epsilon_cks(lo, delta) == epsilon:
         return lo
-    rho = _brentq(lambda r: epsilon_cks(r, delta) - epsilon, lo, hi, xtol=1e-300, rtol=1e-15)
+    rho = brentq(lambda r: epsilon_cks(r, delta) - epsilon, lo, hi, xtol=1e-300, rtol=1e-15)
     return _nudge(rho, -1, lambda r: epsilon_cks(r, delta) <= epsilon, "rho_for_epsilon_delta")
 
 
@@ -131,7 +132,7 @@ def _mu_for_gaussian(epsilon: float, delta: float) -> float:
         lo /= 2.0
     while _gaussian_delta(epsilon, hi) <= delta:
         hi *= 2.0
-    mu = _brentq(lambda m: _gaussian_delta(epsilon, m) - delta, lo, hi, xtol=1e-300, rtol=1e-15)
+    mu = brentq(lambda m: _gaussian_delta(epsilon, m) - delta, lo, hi, xtol=1e-300, rtol=1e-15)
     return _nudge(mu, -1, lambda m: _gaussian_delta(epsilon, m) <= delta, "mu_for_gaussian")
 
 

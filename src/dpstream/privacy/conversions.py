@@ -24,8 +24,9 @@ import math
 
 from scipy.special import log_ndtr
 
+from ..rootfind import brentq
 from ._checks import _check_nonnegative, _check_open_unit, _check_positive
-from ._roots import _brentq, _nudge
+from ._roots import _nudge
 
 
 def epsilon_bun_steinke(rho: float, delta: float) -> float:
@@ -91,7 +92,7 @@ def _cks_epsilon(rho: float, delta: float) -> float:
     elif slope(hi) <= 0.0:  # rounding at an extreme rho (~1e18): alpha - 1 ~ 1e-9 is lost
         alpha = hi  # in 1 + ...; any alpha > 1 gives a valid bound, and this one is ~optimal
     else:
-        alpha = _brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
+        alpha = brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
     return _cks_epsilon_at(alpha, rho, log_inv_delta)
 
 
@@ -140,7 +141,7 @@ def _cks_log_delta(rho: float, epsilon: float) -> float:
     lo = 1.0 + 1e-12
     if slope(lo) >= 0.0:
         return log_delta(lo)
-    alpha = _brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
+    alpha = brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15)
     return log_delta(alpha)
 
 
@@ -236,7 +237,7 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
     hi = max(1.0, mu * mu)
     while _gaussian_delta(hi, mu) > delta:
         hi *= 2.0
-    eps = _brentq(lambda e: _gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-15, rtol=1e-15)
+    eps = brentq(lambda e: _gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-15, rtol=1e-15)
 
     def ok(e: float) -> bool:
         return _gaussian_delta(e, mu) <= delta

@@ -87,6 +87,14 @@ UNITS = {
 _FOR_ALL_T = ", for all t (no planned end)"
 
 
+def outside_zcdp_words(rho_delta: float) -> str:
+    """The words for the delta paid outside zCDP (empty when none): a sum of rho over
+    releases must add it (``PrivacyGuarantee.plain`` and ``dpstream plan`` say it)."""
+    if rho_delta > 0.0:
+        return f", plus {rho_delta:.3g} of delta for what the noise cannot hide"
+    return ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrivacyGuarantee:
     """What a mechanism reports as ``mechanism.privacy``: its zCDP cost and the
@@ -159,9 +167,7 @@ class PrivacyGuarantee:
             f"epsilon = {self.epsilon:.6g}, delta = {self.delta:.3g} per {self.unit} "
             f"(rho-zCDP with rho = {self.rho:.6g}"
         )
-        if self.rho_delta > 0.0:
-            text += f", plus {self.rho_delta:.3g} of delta for what the noise cannot hide"
-        text += ")"
+        text += outside_zcdp_words(self.rho_delta) + ")"
         return text + _FOR_ALL_T if self.for_all_t else text
 
     @property

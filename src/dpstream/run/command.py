@@ -67,7 +67,7 @@ from ..registry import MECHANISMS, make_postprocessor
 from .budget import run_cap, run_spend, sidecar_budget
 from .config import RunConfig
 from .guard import TooManyInvalidError
-from .lock import output_lock
+from .lock import output_lock, regular_or_new
 from .mechanism import build_run_mechanism, make_validator
 from .on_spark import run_on_spark
 from .options import domain_option
@@ -77,7 +77,6 @@ from .output import (
     check_paths,
     closing_quietly_on_error,
     open_output,
-    regular_or_new,
     release_formatter,
 )
 from .pipeline import Stages, run_steps

@@ -31,7 +31,7 @@ try:
 except ImportError:  # Windows: no flock (two runs must not write one output at once)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["check_target", "lock_path", "output_lock"]
+__all__ = ["check_target", "lock_path", "output_lock", "regular_or_new"]
 
 
 def lock_path(output: str) -> str:
@@ -41,17 +41,21 @@ def lock_path(output: str) -> str:
     return os.path.join(head, f".{name}.lock")
 
 
-def _lockable(output: str) -> bool:
-    """Whether ``output`` takes a lock: a regular file or one still to be made (not
-    ``-``, a pipe, a device such as ``/dev/null`` or ``/dev/stdout``)."""
-    if output == "-" or fcntl is None:
-        return False
+def regular_or_new(path: str) -> bool:
+    """Whether ``path`` is a regular file (or nothing yet), not a pipe or a device
+    (``/dev/null``, ``/dev/stdout``): only such an output takes a lock, a sidecar, or
+    a read of what it holds (reading a pipe would wait for a writer)."""
     try:
-        return stat.S_ISREG(os.stat(output).st_mode)
+        return stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:
         return True
     except OSError:
         return False
+
+
+def _lockable(output: str) -> bool:
+    """Whether ``output`` takes a lock (not ``-``, a pipe or a device)."""
+    return output != "-" and fcntl is not None and regular_or_new(output)
 
 
 @contextlib.contextmanager

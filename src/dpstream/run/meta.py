@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._crashpoints import write as crash_write
+from .lock import check_target
 
 if TYPE_CHECKING:
     from ..mechanisms.protocol import ContinualMechanism
@@ -111,8 +112,6 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     never half of one. A file already at the sidecar's path that is not a
     dpstream sidecar is refused (ValueError), never overwritten.
     """
-    from .lock import check_target
-
     check_target(str(output))  # its name still leads where the run's lock is
     path = sidecar_path(output)
     if path.exists():

@@ -10,13 +10,13 @@ of its releases (:func:`release_formatter`).
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import StateError
+from .lock import check_target, lock_path, regular_or_new
 
 if TYPE_CHECKING:
     from ..mechanisms.protocol import ContinualMechanism
@@ -31,7 +31,6 @@ __all__ = [
     "holds_release",
     "long_layout_clock",
     "open_output",
-    "regular_or_new",
     "run_files",
     "release_formatter",
     "same_file",
@@ -111,8 +110,6 @@ def open_output(
     """
     if path == "-":
         return sys.stdout.buffer
-    from .lock import check_target
-
     check_target(path)  # its name still leads where the run's lock is
     if go_on is not None and go_on.continues:  # after the last step of an earlier run
         resume = Resume(last_t=go_on.t, begin=ckpt.step(go_on.t).begin)
@@ -188,16 +185,6 @@ def holds_release(path: str, header: bytes) -> bool:
     return not (len(data) <= len(header) and header.startswith(data))
 
 
-def regular_or_new(path: str) -> bool:
-    """Whether ``path`` is a regular file (or nothing yet), not a pipe or a device."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-
-
 def same_file(a: str, b: str) -> bool:
     """Whether paths ``a`` and ``b`` name one file (also through links)."""
     if Path(a).resolve() == Path(b).resolve():
@@ -257,8 +244,6 @@ def check_paths(cfg: RunConfig) -> None:
     others, records = run_files(cfg)
     targets: FileList = [("--output", output if output != "-" else None)]
     if cfg.engine == "local" and output != "-":
-        from .lock import lock_path
-
         targets.append(("--output's sidecar", str(sidecar_path(output))))
         targets.append(("--output's lock file", lock_path(str(output))))
     targets += records
@@ -332,7 +317,6 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
         if not cfg.force and os.path.exists(cfg.output):
             raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
         from ..io import ParquetWriter
-        from .lock import check_target
 
         check_target(cfg.output)
         parquet = ParquetWriter(
