@@ -453,3 +453,39 @@ def test_no_horizon_top_k_choice_and_its_refusals():
     assert "meta needs --horizon" in settings_problems(meta)[0]
     with pytest.raises(ValueError, match="meta needs --horizon .* tree is sized for T"):
         build_mechanism("meta", meta, key, domain)
+
+
+def test_choice_at_one_tau_is_refused(tmp_path, capsys):
+    """At one tau the three candidates are at three privacy levels: KnownBase's top-k at
+    rho = Delta0 / (2 tau^2) (T = 40, the BLT) and SparseGumb at its own, so comparing
+    their errors compared guarantees of different strength. The library, ``run`` and
+    ``plan`` refuse a fixed noise (--tau, or plan's --target-error) for the choice,
+    before anything is written."""
+    from dpstream.cli import main
+
+    domain = [f"w{j}" for j in range(20)]
+    key = fixed_key("tau-choice")
+    at_tau = dict(k=3, max_items=2, key=key, tau=0.5)
+    sparse = ContinualTopK(domain, 40, k=3, switches=default_switches(40), key=key, tau=0.5)
+    known = HistogramTopK(domain, 40, k=3, max_items=2, key=key, tau=0.5)
+    assert sparse.privacy.rho != pytest.approx(known.privacy.rho, rel=0.01)  # why
+    for horizon in (40, None):
+        with pytest.raises(ValueError, match="fixes the noise, not the privacy"):
+            choose_top_k(domain, horizon, **at_tau)
+    (tmp_path / "dom.txt").write_text("\n".join(domain) + "\n")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["w1"]}\n')
+    fixed_key("tau-choice").save(tmp_path / "k.key")
+    common = ["-m", "top-k", "--k", "3", "--max-items", "2", "-T", "40"]
+    out = tmp_path / "r.jsonl"
+    run = ["run", *common, "--domain", str(tmp_path / "dom.txt"), "--tau", "0.5"]
+    run += ["--key-file", str(tmp_path / "k.key"), "-i", str(tmp_path / "ev.jsonl")]
+    assert main([*run, "-o", str(out)]) == 2
+    assert "fixes the noise, not the privacy" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["plan", *common, "--domain-size", "20", "--tau", "0.5"]) == 2
+    assert "fixes the noise, not the privacy" in capsys.readouterr().err
+    target = ["--target-error", "30", "--delta", "1e-6"]
+    assert main(["plan", *common, "--domain-size", "20", *target]) == 2
+    assert "one noise level is a different budget for each" in capsys.readouterr().err
+    # without --max-items top-k with switches runs at --tau, as before
+    assert main(["plan", *common[:4], "-T", "40", "--domain-size", "20", "--tau", "0.5"]) == 0

@@ -82,7 +82,7 @@ def test_meta_target_states_the_delta_asked(capsys, args, times):
     "args",
     [
         ["-m", "known", "--max-items", "2", "--domain-size", "20"],
-        ["-m", "top-k", "--k", "3", "--max-items", "2", "--domain-size", "20"],
+        ["-m", "top-k", "--k", "3", "--domain-size", "20"],
         ["-m", "meta", "--oneshot", "gaussian", "--max-items", "2", "--domain-size", "20"],
         ["-m", "meta", "--oneshot", "gumbel", "--k", "3", "--domain-size", "20"],
     ],
@@ -159,10 +159,9 @@ def test_privacy_line_of_pure_zcdp_has_no_threshold_part(capsys):
     "args",
     [
         ["-m", "known", "--domain-size", "20"],
-        ["-m", "top-k", "--k", "3", "--domain-size", "20"],
         ["-m", "unknown"],
     ],
-    ids=["known", "top-k", "unknown"],
+    ids=["known", "unknown"],
 )
 def test_target_max_items_hint_gives_the_budget(capsys, args):
     """At a target error the noise is the same for every --max-items; the hint gives

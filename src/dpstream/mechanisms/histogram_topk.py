@@ -412,6 +412,19 @@ def _sparse_eta_worst(mech: ContinualTopK) -> float:
 _ORDER = ("KnownBase top-k", "UnkBase top-k", "SparseGumb")
 
 
+#: Why :func:`choose_top_k` takes a budget and not ``tau``: one tau is a different
+#: privacy level for each candidate (SparseGumb's selections, KnownBase's Delta0/(2
+#: tau^2) and UnkBase's threshold spend it differently), so comparing their errors at
+#: one tau would compare a weaker guarantee's error with a stronger one's.
+TAU_CHOICE_REFUSAL = (
+    "tau (--tau) fixes the noise, not the privacy: top-k with --max-items chooses "
+    "between top-k with switches and the known- and unknown-domain histograms' top-k, "
+    "and at one tau each has its own guarantee, so their errors are not comparable. "
+    "Give the budget instead (rho= or epsilon=/delta=; --rho, or --epsilon and "
+    "--delta), or leave out --max-items to run top-k with switches at that tau"
+)
+
+
 def choose_top_k(
     domain: Iterable[Hashable],
     horizon: int | None,
@@ -442,8 +455,12 @@ def choose_top_k(
         max_items: Delta0 for KnownBase and UnkBase.
         switches: SparseGumb's s; None: :func:`~dpstream.mechanisms.topk.default_switches`.
         **kwargs: the budget and other keywords; ``eta`` and ``wait`` go to
-            SparseGumb alone, ``threshold_delta`` to UnkBase alone.
+            SparseGumb alone, ``threshold_delta`` to UnkBase alone. ``tau`` is
+            refused (:data:`TAU_CHOICE_REFUSAL`): the candidates are compared at one
+            privacy budget, which one tau is not.
     """
+    if kwargs.get("tau") is not None:
+        raise ValueError(TAU_CHOICE_REFUSAL)
     domain = list(domain)
     sparse_only, unknown_only = {"eta", "wait"}, {"threshold_delta"}
     if horizon is None:

@@ -284,6 +284,26 @@ def _horizon_problems(opts: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def _top_k_choice_problems(opts: Mapping[str, Any]) -> list[str]:
+    """-m top-k with --max-items chooses between three mechanisms at one budget: a
+    fixed noise (--tau, or plan's --target-error) is a different budget for each."""
+    if opts.get("mechanism") != "top-k" or opts.get("max_items") is None:
+        return []
+    if opts.get("tau") is not None:
+        from ..mechanisms.histogram_topk import TAU_CHOICE_REFUSAL
+
+        return [TAU_CHOICE_REFUSAL]
+    if opts.get("target_error") is not None:
+        return [
+            "--target-error with -m top-k --max-items: the command chooses between top-k "
+            "with switches and the histograms' top-k at one budget, and one noise level "
+            "is a different budget for each; give --epsilon and --delta (or --rho) to "
+            "compare them, or plan -m known --target-error for the budget the known-"
+            "domain histogram's top-k needs (it costs what the histogram does)"
+        ]
+    return []
+
+
 def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     """Every problem of the mechanism, budget and bounds settings in ``opts`` (the merged
     options of ``plan`` or ``run``, ``dest -> value``), in plain words; [] when none.
@@ -292,6 +312,7 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     ``run`` has neither, so the same function serves both commands.
     """
     problems = _horizon_problems(opts)
+    problems += _top_k_choice_problems(opts)
     problems += _budget_problems(opts)
     problems += _mechanism_problems(opts)
     problems += _user_problems(opts)
