@@ -68,6 +68,16 @@ def _spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     os.environ.pop(name, None)
 
 
+@pytest.fixture(autouse=True)
+def _key_registry(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test's runs record their keys' ledgers (``dpstream.ledger_registry``) in a
+    registry of the test's own: tests save one fixed key in many folders, and a shared
+    registry would rightly refuse every copy after the first."""
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(tmp_path_factory.mktemp("key-registry")))
+
+
 @pytest.fixture
 def key() -> NoiseKey:
     return fixed_key("default")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -265,3 +266,73 @@ def test_spark_s_force_guard_is_given_the_side_files(place):
     reads, records = run_files(cfg)
     guarded = {path for _, path in [*reads, *records]}
     assert {f"d/s.sqlite{s}" for s in ("-wal", "-shm", "-journal")} <= guarded
+
+
+# -- C: a copy of the key finds its key's ledger (dpstream.ledger_registry) -------------
+
+
+def _released(path: str) -> list[dict[str, int]]:
+    return [json.loads(x)["released"] for x in Path(path).read_text().splitlines()]
+
+
+def test_a_copy_of_the_key_is_sent_to_its_ledger(place, capsys, monkeypatch):
+    """A copy of the key resolves to another file, so its default ledger was a fresh
+    one: the scope's refusal let a run over other data through, and the difference of
+    the two releases was the difference of the true counts. The registry names the
+    key's ledger; the copy is refused before anything is written."""
+    shutil.copy("k.key", "copy.key")
+    os.mkdir("sub")
+    shutil.copy("k.key", "sub/k.key")
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    capsys.readouterr()
+    recorded = f"{place / 'k.key'}.ledger"
+    for copy in ("copy.key", "sub/k.key"):
+        assert _run(copy, "other.jsonl", "r2.jsonl") == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--ledger {recorded!r}" in err
+        assert not Path("r2.jsonl").exists() and not Path(f"{copy}.ledger").exists()
+    # named with --ledger, the copy meets the scope's refusal of its key's ledger
+    assert _run("copy.key", "other.jsonl", "r2.jsonl", "--ledger", recorded) == 1
+    assert "records 1 earlier run(s)" in capsys.readouterr().err
+    # what the refusal prevents (the registry off: the copy's own fresh ledger)
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", "off")
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 0
+    r1, r2 = _released("r1.jsonl"), _released("r2.jsonl")
+    a, b = _true_counts(place / "ev.jsonl"), _true_counts(place / "other.jsonl")
+    cells = [(t, i) for t in range(T) for i in "abc" if r1[t][i] > 0 and r2[t][i] > 0]
+    assert cells and all(r1[t][i] - r2[t][i] == a[t][i] - b[t][i] for t, i in cells)
+
+
+def test_a_key_moved_with_its_ledger_keeps_its_record(place, capsys):
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    os.mkdir("moved")
+    os.rename("k.key", "moved/k.key")
+    os.rename("k.key.ledger", "moved/k.key.ledger")  # the recorded ledger is gone
+    capsys.readouterr()
+    assert _run("moved/k.key", "other.jsonl", "r2.jsonl") == 1  # the moved ledger's scope
+    assert "records 1 earlier run(s)" in capsys.readouterr().err
+    assert _run("moved/k.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 0
+    # the registry now names the moved ledger: a copy left at the old place is refused
+    shutil.copy("moved/k.key", "k.key")
+    assert _run("k.key", "ev.jsonl", "r3.jsonl", "--stream", "third") == 1
+    assert f"{place / 'moved' / 'k.key'}.ledger" in capsys.readouterr().err
+
+
+def test_the_registry_holds_no_secret_and_an_unwritable_one_only_warns(
+    place, capsys, monkeypatch, caplog
+):
+    import logging
+
+    from dpstream.ledger_registry import registry_dir
+
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    folder = Path(registry_dir() or "")
+    (entry,) = folder.iterdir()
+    secret = Path("k.key").read_text().strip()
+    assert entry.name == fixed_key("run-paths").fingerprint() and secret not in entry.name
+    assert entry.read_text() == f"{place / 'k.key'}.ledger\n"
+    Path("plain").write_text("")
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(place / "plain" / "keys"))
+    with caplog.at_level(logging.WARNING, logger="dpstream"):
+        assert _run("k.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 0
+    assert "could not record the key's ledger" in caplog.text

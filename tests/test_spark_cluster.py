@@ -72,7 +72,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 def _cron_env(conf: Path) -> dict[str, str]:
     """A cron job's environment: no venv on the PATH, only what a cluster run must set."""
-    keep = ("HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "JAVA_HOME")
+    keep = ("HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "JAVA_HOME", "DPSTREAM_KEY_REGISTRY")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PATH"] = _minimal_path()
     env["PYSPARK_PYTHON"] = sys.executable  # the workers' interpreter (docs/spark.md)

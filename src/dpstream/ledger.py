@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -92,6 +93,7 @@ from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend
 from .errors import BudgetCapError, LedgerError
 from .ledger_budget import BudgetLines
 from .ledger_file import check_ledger_file, locked, open_ledger_file, read_range
+from .ledger_registry import check_default_ledger
 from .privacy import BudgetCap
 
 if TYPE_CHECKING:
@@ -159,8 +161,30 @@ def _one_file(a: str, b: str) -> bool:
 
 def ledger_path(opts: Mapping[str, Any]) -> str:
     """The ledger of a run's options: ``--ledger``, else beside the file ``--key-file``
-    resolves to (:func:`default_ledger_path`). Every command finds a key's ledger here."""
-    return str(opts.get("ledger") or default_ledger_path(str(opts["key_file"])))
+    resolves to (:func:`default_ledger_path`), refused when the key's releases are
+    recorded in another ledger (a copy of the key: :mod:`dpstream.ledger_registry`).
+    Every command finds a key's ledger here."""
+    if opts.get("ledger"):
+        return str(opts["ledger"])
+    key_file = str(opts["key_file"])
+    path = default_ledger_path(key_file)
+    key = _key_or_none(key_file)
+    if key is not None:
+        check_default_ledger(key, path, key_file)
+    return path
+
+
+def _key_or_none(key_file: str) -> NoiseKey | None:
+    """The key in ``key_file``, or None when it cannot be read (the command says why
+    where it loads the key; its permission warning is given there too)."""
+    from .noise import NoiseKey
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return NoiseKey.load(key_file)
+        except (OSError, ValueError):
+            return None
 
 
 def _append(fd: int, data: bytes) -> None:
