@@ -68,14 +68,15 @@ def test_a_spark_run_is_refused_before_its_session_while_another_run_writes_its_
 
 def test_a_spark_run_holds_its_output_s_lock_while_it_runs(files, capsys, monkeypatch):
     """One tiny real run: a local run on its -o is refused while it writes, and the lock
-    file is gone when it ends."""
+    file is gone when it ends. The output's folder is new: locked once the session has
+    made it (the lock before the session needs the folder there)."""
     from .conftest import require_spark
 
     require_spark(pandas=True)
     from dpstream import cli
     from dpstream.spark import command
 
-    out = files / "out"
+    out = files / "new" / "out"
     write = command.write_table
     local_runs = []
 
