@@ -37,6 +37,7 @@ __all__ = [
     "locked",
     "open_ledger_file",
     "read_range",
+    "wait_limit",
 ]
 
 #: How long (seconds) a run waits for the ledger's lock that another process holds.
