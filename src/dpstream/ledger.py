@@ -268,7 +268,7 @@ class ReleaseLedger(BudgetLines):
         return hmac.digest(self._key, body, "sha256").hex()[:_CUT].encode("ascii")
 
     def _load(self) -> None:
-        with locked(self._fd, exclusive=False):
+        with locked(self._fd, exclusive=False, path=self.path):
             self._catch_up()
 
     def _catch_up(self) -> int:
@@ -427,7 +427,7 @@ class ReleaseLedger(BudgetLines):
         """Append steps (under the lock, after reading what other runs appended), each
         the next one of the run; a step already on record by then is compared instead."""
         try:
-            with locked(self._fd, exclusive=True):
+            with locked(self._fd, exclusive=True, path=self.path):
                 size = self._catch_up()
                 entries = [(t, e) for t, e in entries if not self._on_record(t, e)]
                 for n, (t, _) in enumerate(entries):

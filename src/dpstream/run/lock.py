@@ -13,6 +13,11 @@ a killed run stops no one: the next run takes the lock on it. A run that finishe
 removes the lock file while it still holds the lock, and a run that locked a file
 since removed locks the new one instead (two runs never hold locks on two files of
 one name). ``--output -`` (stdout) takes none, nor does a system without ``fcntl``.
+
+A Spark run (:mod:`dpstream.spark.command`) takes the same lock when its output (a
+directory) is a local path (:func:`local_path`), so a Spark run and a local run on one
+output exclude each other too. A release ledger is refused where an output lock is
+held (:func:`output_in_use`): it is the output of a run in progress.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextvars
 import errno
 import os
 import stat
+import urllib.parse
 from collections.abc import Iterator
 
 from ..errors import StateError
@@ -31,7 +37,14 @@ try:
 except ImportError:  # Windows: no flock (two runs must not write one output at once)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["check_target", "lock_path", "output_lock", "regular_or_new"]
+__all__ = [
+    "check_target",
+    "local_path",
+    "lock_path",
+    "output_in_use",
+    "output_lock",
+    "regular_or_new",
+]
 
 
 def lock_path(output: str) -> str:
@@ -53,15 +66,51 @@ def regular_or_new(path: str) -> bool:
         return False
 
 
-def _lockable(output: str) -> bool:
-    """Whether ``output`` takes a lock (not ``-``, a pipe or a device)."""
-    return output != "-" and fcntl is not None and regular_or_new(output)
+def local_path(output: str) -> str | None:
+    """The path on this machine that a Spark output names: a path without a scheme as
+    it is, a ``file:`` URI's path; None for another file system (``hdfs:``, ``s3a:``)."""
+    if ":" not in output.split("/", 1)[0]:
+        return output
+    if output.split(":", 1)[0].lower() == "file":
+        return urllib.parse.urlsplit(output).path or None
+    return None
+
+
+def output_in_use(output: str) -> bool:
+    """Whether another process holds the lock of output ``output`` now (a run writing
+    it). Tested with a shared lock taken and dropped at once on the lock file, when one
+    is there (nothing is made or removed); the lock of this process's own open files
+    counts as another's."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(lock_path(output), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # none there (no run took it), or not a file this run may open
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # drops the shared lock, if taken
+    return False
+
+
+def _lockable(output: str, directory: bool) -> bool:
+    """Whether ``output`` takes a lock (not ``-``, a pipe or a device; a directory only
+    when it is a Spark run's output)."""
+    if output == "-" or fcntl is None:
+        return False
+    return regular_or_new(output) or (directory and os.path.isdir(output))
 
 
 @contextlib.contextmanager
-def output_lock(output: str) -> Iterator[None]:
+def output_lock(output: str, *, directory: bool = False) -> Iterator[None]:
     """Hold the lock of output file ``output`` (none for ``-`` or a device) while the
-    block runs; refuse (:class:`StateError`) when another run holds it.
+    block runs; refuse (:class:`StateError`) when another run holds it. ``directory``:
+    ``output`` is a Spark run's directory (which an existing one is locked as too).
 
     The lock is the lock file beside the file the name resolves to (a new output
     too). When that folder takes no new file, it is the output itself (which must
@@ -70,7 +119,7 @@ def output_lock(output: str) -> Iterator[None]:
     a name that has come to resolve to another file since. Two hard links of one
     output in two folders have two lock files: write each output by one name.
     """
-    if not _lockable(output):
+    if not _lockable(output, directory):
         yield
         return
     resolved = os.path.realpath(output)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import StateError
-from .lock import check_target, lock_path, regular_or_new
+from .lock import check_target, local_path, lock_path, regular_or_new
 
 if TYPE_CHECKING:
     from ..mechanisms.protocol import ContinualMechanism
@@ -246,6 +246,8 @@ def check_paths(cfg: RunConfig) -> None:
     if cfg.engine == "local" and output != "-":
         targets.append(("--output's sidecar", str(sidecar_path(output))))
         targets.append(("--output's lock file", lock_path(str(output))))
+    elif output != "-" and (local := local_path(str(output))) is not None:  # Spark's lock
+        targets.append(("--output's lock file", lock_path(local)))
     targets += records
     for n, (name, path) in enumerate(targets):
         if path is None:

@@ -26,6 +26,8 @@ not fit a line.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -41,6 +43,7 @@ from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
 from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share
+from ..run.lock import local_path, lock_path, output_lock
 from ..run.output import run_files
 from ..run.settings import parse_share
 from ..run.source import past_message
@@ -188,17 +191,49 @@ def run_cli(
         ValueError: an option the Spark engine does not support, or a bad one.
         InvalidEventError: a malformed line, an oversized event, an item outside
             the domain or a step past the horizon (the job stops).
+        StateError: another run (Spark or local) is writing the same local output.
     """
+    with contextlib.ExitStack() as held:
+        return _run_cli(opts, master, spark, key, before_release, held)
+
+
+def _lock(held: contextlib.ExitStack, path: str, locked: list[str]) -> None:
+    """Take the output lock of the local output ``path`` (:mod:`dpstream.run.lock`, the
+    local engine's) for the rest of the run, unless ``locked`` holds its lock file."""
+    if lock_path(path) not in locked:
+        held.enter_context(output_lock(path, directory=True))
+        locked.append(lock_path(path))
+
+
+def _run_cli(
+    opts: RunConfig | Mapping[str, Any],
+    master: str,
+    spark: SparkSession | None,
+    key: NoiseKey | None,
+    before_release: Callable[[Any], None] | None,
+    held: contextlib.ExitStack,
+) -> dict[str, Any]:
+    """:func:`run_cli`, holding the output's lock in ``held`` (a local output's): taken
+    before the session starts when the path's folder is there (a refused run starts no
+    JVM), else once :func:`check_output` has found the output local (and made its
+    folder); in both cases before the input is read or the ledger records anything."""
     started = time.monotonic()
     # the options by name as given (a mapping's missing options are None, as before);
     # the config for the invalid-records guard
     cfg = opts if isinstance(opts, RunConfig) else _config(opts)
     opts = opts.options() if isinstance(opts, RunConfig) else opts
     job = _job(opts, key)
+    locked: list[str] = []
+    early = local_path(job.out)
+    if early is not None and os.path.isdir(os.path.dirname(os.path.abspath(early))):
+        with contextlib.suppress(OSError):  # a folder it may not write: check_output says
+            _lock(held, early, locked)
     if spark is None:
         spark = start_session(master)
     reads, records = run_files(cfg)  # before anything is read or claimed
     place = check_output(spark, job.out, job.force, [*reads, *records])
+    if place.local is not None:  # the path Spark writes (links, `..`, a folder made now)
+        _lock(held, place.local, locked)
     mech, domain_df, domain = _mechanism(spark, opts, job)
     counted = _counted(spark, opts, job, domain, cfg)
     source = None if counted is not None else _parsed(spark, opts, job)
