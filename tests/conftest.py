@@ -68,13 +68,26 @@ def _spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     os.environ.pop(name, None)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _module_key_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test module's own key registry (``dpstream.ledger_registry``) for the runs of
+    its module-scoped fixtures (autouse: set before them); never the user's."""
+    name, before = "DPSTREAM_KEY_REGISTRY", os.environ.get("DPSTREAM_KEY_REGISTRY")
+    os.environ[name] = str(tmp_path_factory.mktemp("module-key-registry"))
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
+
+
 @pytest.fixture(autouse=True)
 def _key_registry(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each test's runs record their keys' ledgers (``dpstream.ledger_registry``) in a
-    registry of the test's own: tests save one fixed key in many folders, and a shared
-    registry would rightly refuse every copy after the first."""
+    """Each test's runs record their keys' ledgers in a registry of the test's own: tests
+    save one fixed key in many folders, and a shared registry would rightly refuse every
+    copy after the first."""
     monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(tmp_path_factory.mktemp("key-registry")))
 
 

@@ -327,12 +327,129 @@ def test_the_registry_holds_no_secret_and_an_unwritable_one_only_warns(
 
     assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
     folder = Path(registry_dir() or "")
-    (entry,) = folder.iterdir()
+    entry = folder / fixed_key("run-paths").fingerprint()
     secret = Path("k.key").read_text().strip()
-    assert entry.name == fixed_key("run-paths").fingerprint() and secret not in entry.name
-    assert entry.read_text() == f"{place / 'k.key'}.ledger\n"
+    assert sorted(p.name for p in folder.iterdir()) == [entry.name, f"{entry.name}.lock"]
+    assert entry.read_text() == f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n"
+    assert all(secret not in p.name + p.read_text() for p in folder.iterdir())
     Path("plain").write_text("")
     monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(place / "plain" / "keys"))
     with caplog.at_level(logging.WARNING, logger="dpstream"):
         assert _run("k.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 0
-    assert "could not record the key's ledger" in caplog.text
+    assert caplog.text.count("could not record the key's ledger") == 1  # once a run
+
+
+def _registry_entry() -> Path:
+    from dpstream.ledger_registry import registry_dir
+
+    return Path(registry_dir() or "") / fixed_key("run-paths").fingerprint()
+
+
+def test_a_copy_is_sent_to_the_ledger_its_key_was_given_with(place, capsys):
+    """A key first used with --ledger (shared storage, as the docs advise): a copy run
+    without --ledger found a fresh ledger. The key file it was given with keeps its
+    own default ledger too (one key file, two ledgers: the operator's choice)."""
+    os.mkdir("shared")
+    shutil.copy("k.key", "copy.key")
+    assert _run("k.key", "ev.jsonl", "r1.jsonl", "--ledger", "shared/k.ledger") == 0
+    capsys.readouterr()
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
+    assert f"--ledger {str(place / 'shared' / 'k.ledger')!r}" in capsys.readouterr().err
+    assert not Path("r2.jsonl").exists()
+    assert _run("k.key", "other.jsonl", "r3.jsonl", "--stream", "own") == 0  # its own key file
+    assert Path("k.key.ledger").exists()
+
+
+def test_a_ledger_that_cannot_be_reached_is_not_replaced(place, capsys):
+    """Only a ledger that is certainly gone (no file in a folder that exists) is
+    replaced: a volume that is not mounted, or a folder renamed, handed the key to the
+    copy, and the original was refused on its return."""
+    os.mkdir("vol")
+    shutil.copy("k.key", "vol/k.key")
+    shutil.copy("k.key", "copy.key")
+    assert _run("vol/k.key", "ev.jsonl", "r1.jsonl") == 0
+    os.rename("vol", "vol.unmounted")
+    capsys.readouterr()
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
+    err = capsys.readouterr().err
+    assert "cannot be reached now" in err and "remove the registry entry" in err
+    os.rename("vol.unmounted", "vol")
+    # a recorded ledger that is not a file (an entry edited to name a folder): refused
+    _registry_entry().write_text(f"{place / 'vol'}\n{place / 'vol' / 'k.key'}\n")
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
+    assert "cannot be reached now" in capsys.readouterr().err
+    # the ledger removed on purpose (its folder is there): the copy records its own
+    _registry_entry().write_text(f"{place / 'vol' / 'k.key.ledger'}\n{place / 'vol' / 'k.key'}\n")
+    os.remove("vol/k.key.ledger")
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 0
+
+
+def test_the_first_run_creates_its_ledger_before_it_records_it(place, capsys):
+    """The entry and the ledger are made under the registry's lock for the key, so a
+    copy starting right after sees a ledger that exists (not one that is "gone"), even
+    before the first run appended a line: two first runs cannot both record."""
+    from dpstream.ledger import ledger_path
+
+    shutil.copy("k.key", "copy.key")
+    assert ledger_path({"key_file": "k.key"}, record=True) == "k.key.ledger"
+    assert Path("k.key.ledger").exists() and Path("k.key.ledger").stat().st_size == 0
+    assert _run("copy.key", "ev.jsonl", "r1.jsonl") == 1
+    err = capsys.readouterr().err
+    assert "holds no releases yet" in err and "if none uses it, remove it" in err
+
+
+def test_the_refusal_says_how_to_merge_two_ledgers_of_one_key(place, capsys):
+    """A copy whose own ledger holds lines (runs before the registry): moving the
+    recorded ledger over it, as the message said, would have lost those lines."""
+    shutil.copy("k.key", "copy.key")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPSTREAM_KEY_REGISTRY", "off")  # as before the registry
+        assert _run("copy.key", "ev.jsonl", "r0.jsonl", "--stream", "old") == 0
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    capsys.readouterr()
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
+    err = capsys.readouterr().err
+    assert "both hold releases of this key" in err
+    assert f"cat {place / 'copy.key'}.ledger >> {place / 'k.key'}.ledger" in err
+    assert "move that ledger" not in err
+
+
+def test_plan_and_budget_record_only_a_ledger_that_exists(place, capsys):
+    """After an upgrade, `dpstream budget --key-file KEY` records the key's ledger;
+    neither command makes a ledger file."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPSTREAM_KEY_REGISTRY", "off")
+        assert _run("k.key", "ev.jsonl", "r1.jsonl", "--dataset", "D") == 0
+    plan = ["plan", "-m", "known", "-T", str(T), "--domain", "dom.txt", "--max-items", "1"]
+    plan += ["--epsilon", "1", "--delta", "1e-6", "--dataset", "D"]
+    shutil.copy("k.key", "copy.key")
+    assert main([*plan, "--key-file", "copy.key"]) == 0  # nothing recorded: no ledger
+    assert not Path("copy.key.ledger").exists() and not _registry_entry().exists()
+    assert main(["budget", "--key-file", "k.key"]) == 0
+    assert _registry_entry().read_text().startswith(f"{place / 'k.key'}.ledger\n")
+    capsys.readouterr()
+    assert _run("copy.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 1
+
+
+def test_a_ledger_path_that_is_no_ledger_is_refused(place, capsys):
+    """--ledger naming a finished output, a state or a sidecar appended ledger lines
+    into it."""
+    assert _run("k.key", "ev.jsonl", "r1.jsonl", "--state", "s.sqlite") == 0
+    for other in ("r1.jsonl", "s.sqlite", "r1.jsonl.meta.json"):
+        before = Path(other).read_bytes()
+        capsys.readouterr()
+        code = _run("k.key", "other.jsonl", "r2.jsonl", "--stream", "x", "--ledger", other)
+        assert code == 1 and "is not a release ledger" in capsys.readouterr().err
+        assert Path(other).read_bytes() == before and not Path("r2.jsonl").exists()
+
+
+def test_a_relative_registry_is_refused_and_a_relative_xdg_ignored(place, capsys, monkeypatch):
+    from dpstream.ledger_registry import registry_dir
+
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", "reg")
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 1
+    assert "is a relative path" in capsys.readouterr().err
+    monkeypatch.delenv("DPSTREAM_KEY_REGISTRY")
+    monkeypatch.setenv("XDG_STATE_HOME", "state")
+    monkeypatch.setenv("HOME", str(place / "home"))
+    assert registry_dir() == str(place / "home" / ".local" / "state" / "dpstream" / "keys")

@@ -93,7 +93,7 @@ from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend
 from .errors import BudgetCapError, LedgerError
 from .ledger_budget import BudgetLines
 from .ledger_file import check_ledger_file, locked, open_ledger_file, read_range
-from .ledger_registry import check_default_ledger
+from .ledger_registry import check_ledger
 from .privacy import BudgetCap
 
 if TYPE_CHECKING:
@@ -159,18 +159,18 @@ def _one_file(a: str, b: str) -> bool:
         return False
 
 
-def ledger_path(opts: Mapping[str, Any]) -> str:
+def ledger_path(opts: Mapping[str, Any], *, record: bool = False) -> str:
     """The ledger of a run's options: ``--ledger``, else beside the file ``--key-file``
     resolves to (:func:`default_ledger_path`), refused when the key's releases are
     recorded in another ledger (a copy of the key: :mod:`dpstream.ledger_registry`).
-    Every command finds a key's ledger here."""
-    if opts.get("ledger"):
-        return str(opts["ledger"])
-    key_file = str(opts["key_file"])
-    path = default_ledger_path(key_file)
-    key = _key_or_none(key_file)
+    Every command finds a key's ledger here; ``record``: a run's own, which records
+    (and creates) the ledger when its key has none on record."""
+    key_file = opts.get("key_file")
+    given = opts.get("ledger")
+    path = str(given) if given else default_ledger_path(str(key_file))
+    key = _key_or_none(str(key_file)) if key_file else None
     if key is not None:
-        check_default_ledger(key, path, key_file)
+        check_ledger(key, path, str(key_file), default=not given, record=record)
     return path
 
 

@@ -52,6 +52,11 @@ _now = time.monotonic  # the clock and the pause of the wait (a test's own in te
 _sleep = time.sleep
 
 
+#: How every line of a ledger starts (the step, scope and budget lines of
+#: :mod:`dpstream.ledger` and :mod:`dpstream.budget`); a torn first line is a prefix.
+LINE_KINDS = (b"L1 ", b"S1 ", b"B1 ")
+
+
 def check_ledger_file(path: str, *, fsync: bool = True) -> None:
     """Open (creating it if missing) and close the ledger at ``path``: refuse, before a
     run touches anything, a ledger it could not write or that others may write."""
@@ -82,6 +87,14 @@ def open_ledger_file(path: str, *, fsync: bool) -> int:
             f"release ledger {path!r} can be written by other users (mode "
             f"{stat.S_IMODE(mode):04o}): whoever can write it can roll it back; run "
             f"`chmod 600 {path}`"
+        )
+    head = os.pread(fd, 3, 0)
+    if head and not any(k.startswith(head) or head.startswith(k) for k in LINE_KINDS):
+        os.close(fd)
+        raise LedgerError(
+            f"{path!r} is not a release ledger (its first line is no ledger line): it may "
+            "be a run's output, state or sidecar, which ledger lines would corrupt; pass "
+            "--ledger the key's ledger (or a new file)"
         )
     if created and fsync:
         _fsync_dir(path)

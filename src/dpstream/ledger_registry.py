@@ -10,22 +10,34 @@ what the first ledger held, and a run from the copy could release a used noise s
 again from other data (the difference of two such releases is the exact difference of
 the true counts).
 
-So the first default ledger a key is used with is recorded in a small per-user
-registry, under the key's public fingerprint (:meth:`dpstream.noise.NoiseKey.fingerprint`,
-a keyed digest: the registry holds no secret): a file
+So the ledger a key is first used with is recorded in a small per-user registry,
+under the key's public fingerprint (:meth:`dpstream.noise.NoiseKey.fingerprint`, a
+keyed digest: the registry holds no secret): a file
 ``$DPSTREAM_KEY_REGISTRY/<fingerprint>`` (default ``$XDG_STATE_HOME/dpstream/keys``,
-else ``~/.local/state/dpstream/keys``) holding the ledger's path. A run whose default
-ledger is another file while the recorded one still exists is refused, naming both:
-pass ``--ledger`` with the recorded path, or use the key file beside it. A recorded
-ledger that no longer exists (removed, or moved with its key) is replaced by the new
-one. ``--ledger PATH`` is the operator naming the ledger, and is neither checked nor
-recorded.
+else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
+
+* A run records its ledger, the default one or the one ``--ledger`` names, when the
+  key has no recorded ledger, or its recorded ledger is gone (no such file in a folder
+  that exists: removed, or moved with its key). It creates the ledger while it holds
+  the registry's lock for the key, so two first runs from two copies cannot both
+  record. ``plan`` and ``budget`` record a ledger only if it exists already (so running
+  ``dpstream budget --key-file KEY`` after an upgrade records a key's ledger).
+* The entry also names the key file the ledger was recorded from. A run with the
+  *default* ledger of another key file (a copy) is refused while the key's recorded
+  ledger is another file that exists, and also while the recorded ledger cannot be
+  reached (its folder is missing, as on an unmounted volume, or it is not a regular
+  file): only a ledger that is certainly gone is replaced.
+* ``--ledger PATH`` is the operator naming the ledger: it is never refused here, and
+  the key file it was recorded from keeps its default ledger too (one key file with
+  two ledgers is the operator's choice; a copy finding a fresh one is the mistake).
 
 The registry is per user and per machine: a key copied to another machine or used by
-another user is not seen (docs/operations.md says to keep one ledger per key, or
-to name it with ``--ledger`` on shared storage). ``DPSTREAM_KEY_REGISTRY=off`` turns
-it off. A registry that cannot be written (a read-only home) is logged and the run
-goes on: it is a guard against a mistake, and the ledger itself is unchanged.
+another user is not seen (docs/operations.md says to name one ledger on shared storage
+with ``--ledger`` there). ``DPSTREAM_KEY_REGISTRY=off`` turns it off; a relative path
+there is refused (the registry would change with the working folder), and a relative
+``XDG_STATE_HOME`` is ignored, as its specification says. A registry that cannot be
+written (a read-only home) is logged once and the run goes on: it is a guard against a
+mistake, and the ledger itself is unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +45,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .errors import LedgerError
@@ -41,7 +55,7 @@ from .errors import LedgerError
 if TYPE_CHECKING:
     from .noise import NoiseKey
 
-__all__ = ["ENV", "check_default_ledger", "registry_dir"]
+__all__ = ["ENV", "check_ledger", "registry_dir"]
 
 #: The environment variable that names the registry's directory (``off``: none).
 ENV = "DPSTREAM_KEY_REGISTRY"
@@ -50,83 +64,191 @@ _LOG = logging.getLogger("dpstream")
 
 
 def registry_dir() -> str | None:
-    """The registry's directory, or ``None`` when turned off (``DPSTREAM_KEY_REGISTRY=off``)."""
+    """The registry's directory, or ``None`` when turned off (``DPSTREAM_KEY_REGISTRY=off``).
+
+    Raises:
+        LedgerError: ``DPSTREAM_KEY_REGISTRY`` is a relative path.
+    """
     chosen = os.environ.get(ENV)
     if chosen == "off":
         return None
     if chosen:
-        return os.path.expanduser(chosen)
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
+        chosen = os.path.expanduser(chosen)
+        if not os.path.isabs(chosen):
+            raise LedgerError(
+                f"{ENV}={chosen!r} is a relative path: the key registry would depend on "
+                "the working folder; give an absolute path (or off)"
+            )
+        return chosen
+    state = os.environ.get("XDG_STATE_HOME") or ""
+    if not os.path.isabs(state):  # unset, empty or relative: the default
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "dpstream", "keys")
 
 
-def check_default_ledger(key: NoiseKey, ledger: str, key_file: str) -> None:
-    """Refuse ``ledger`` (the default ledger of ``key_file``) when the registry names
-    another ledger of the same key that still exists; else record ``ledger`` there.
+def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, record: bool) -> None:
+    """Refuse a default ``ledger`` of ``key_file`` when the key's recorded ledger is
+    another file that exists or cannot be reached; record ``ledger`` when the key has
+    none (see the module's rules). ``record``: a run, which creates its ledger here
+    (:func:`dpstream.ledger_file.check_ledger_file`) under the registry's lock; without
+    it (``plan``, ``budget``) only an existing ledger is recorded.
 
     Raises:
         LedgerError: the key's releases are recorded in another ledger.
     """
     folder = registry_dir()
-    if folder is None:
+    if folder is None or not _make_folder(folder):
         return
     entry = os.path.join(folder, key.fingerprint())
-    ledger = os.path.realpath(ledger)
-    recorded = _read(entry)
-    if recorded is not None and recorded != ledger and os.path.isfile(recorded):
-        if not _same_file(recorded, ledger):
-            raise LedgerError(
-                f"the key in --key-file {key_file!r} has its releases recorded in the "
-                f"ledger {recorded!r}, not in {ledger!r} (the ledger beside this key "
-                "file): a copy of a key must use its key's one ledger, or a run could "
-                f"release a used noise scope again; pass --ledger {recorded!r}, or use the "
-                f"key file beside it. If this key file is the one to keep, move that "
-                f"ledger to {ledger!r} (registry entry: {entry!r})"
-            )
-    if recorded != ledger:
-        _write(entry, ledger)
+    ledger, key_file_real = os.path.realpath(ledger), os.path.realpath(key_file)
+    with _entry_lock(entry):
+        recorded, recorded_key = _read(entry)
+        state = _state(recorded) if recorded is not None else "gone"
+        if recorded is not None and state != "gone" and not _one(recorded, ledger):
+            if default and not _one(recorded_key or "", key_file_real):
+                raise LedgerError(_refusal(recorded, ledger, key_file, entry, state))
+            return  # --ledger, or this key file's default beside its own --ledger
+        if recorded is not None and state == "live":
+            return  # this ledger, on record
+        if record:
+            from .ledger_file import check_ledger_file
+
+            check_ledger_file(ledger)  # exists before the entry names it
+        elif not os.path.isfile(ledger):
+            return
+        _write(entry, ledger, key_file_real)
 
 
-def _read(entry: str) -> str | None:
+def _state(recorded: str) -> str:
+    """``live``: a regular file; ``gone``: no such file in a folder that exists;
+    ``unreachable``: anything else (its folder missing, not a file, an error)."""
     try:
-        with open(entry, encoding="utf-8") as fh:
-            text = fh.read().strip()
+        mode = os.stat(recorded).st_mode
     except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _LOG.warning("could not read the key registry entry %s: %s", entry, exc)
-        return None
-    return text or None
+        return "gone" if os.path.isdir(os.path.dirname(recorded)) else "unreachable"
+    except OSError:
+        return "unreachable"
+    return "live" if stat.S_ISREG(mode) else "unreachable"
 
 
-def _write(entry: str, ledger: str) -> None:
-    """Record ``ledger`` at ``entry`` atomically (a reader sees the old or new path)."""
-    folder = os.path.dirname(entry)
+def _refusal(recorded: str, ledger: str, key_file: str, entry: str, state: str) -> str:
+    head = (
+        f"the key in --key-file {key_file!r} has its releases recorded in the ledger "
+        f"{recorded!r}, not in {ledger!r} (the ledger beside this key file): a copy of a "
+        "key must use its key's one ledger, or a run could release a used noise scope "
+        "again"
+    )
+    if state == "unreachable":
+        return (
+            f"{head}; {recorded!r} cannot be reached now (its folder is missing, as on an "
+            "unmounted volume, or it is not a file): mount it and run again, or pass "
+            f"--ledger {recorded!r}; if it is gone for good, remove the registry entry "
+            f"{entry!r}"
+        )
+    if _size(ledger) > 0:
+        return (
+            f"{head}; both hold releases of this key: append the lines of {ledger!r} to "
+            f"{recorded!r} (`cat {ledger} >> {recorded}`), remove {ledger!r}, and pass "
+            f"--ledger {recorded!r} or use the key file beside it"
+        )
+    empty = (
+        f" ({recorded!r} holds no releases yet: a run from that key file recorded it and "
+        "released nothing, or is starting now; if none uses it, remove it)"
+        if _size(recorded) == 0
+        else ""
+    )
+    return (
+        f"{head}{empty}; pass --ledger {recorded!r}, or use the key file beside it. If this "
+        f"key file is the one to keep, move that ledger to {ledger!r}"
+    )
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+@contextlib.contextmanager
+def _entry_lock(entry: str) -> Iterator[None]:
+    """Hold ``ENTRY.lock`` (``flock``) while an entry is read, decided on and written."""
+    try:
+        import fcntl
+    except ImportError:  # no flock: the decision is not serialised
+        yield
+        return
+    fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _one(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(folder: str, exc: OSError) -> None:
+    if folder in _warned:
+        return
+    _warned.add(folder)
+    _LOG.warning(
+        "could not record the key's ledger in %s (%s): a copy of this key would not "
+        "find its ledger; set %s to a writable directory",
+        folder,
+        exc,
+        ENV,
+    )
+
+
+def _make_folder(folder: str) -> bool:
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        _warn_once(folder, exc)
+        return False
+    return True
+
+
+def _read(entry: str) -> tuple[str | None, str | None]:
+    """The recorded ledger and the key file it was recorded from (None: no entry)."""
+    try:
+        with open(entry, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        raise LedgerError(
+            f"cannot read the key registry entry {entry!r}: {exc.strerror}; fix it, or "
+            f"set {ENV}=off"
+        ) from None
+    lines += ["", ""]
+    return lines[0].strip() or None, lines[1].strip() or None
+
+
+def _write(entry: str, ledger: str, key_file: str) -> None:
+    """Record ``ledger`` (and the key file it is used from) at ``entry`` atomically (a
+    reader sees the old or the new entry)."""
+    folder = os.path.dirname(entry)
+    try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".entry-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(ledger + "\n")
+                fh.write(f"{ledger}\n{key_file}\n")
             os.replace(tmp, entry)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
     except OSError as exc:
-        _LOG.warning(
-            "could not record the key's ledger in %s (%s): a copy of this key would "
-            "not find its ledger; set %s to a writable directory",
-            folder,
-            exc,
-            ENV,
-        )
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+        _warn_once(folder, exc)

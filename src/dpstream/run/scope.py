@@ -67,7 +67,7 @@ def new_run_scope(
     cap does not allow is refused here (:class:`BudgetCapError`), before anything.
     """
     ledger = ReleaseLedger(
-        ledger_path(cfg.options()),
+        ledger_path(cfg.options(), record=True),
         key,
         own or secrets.token_hex(16),
         fsync=bool(cfg.fsync),
@@ -124,7 +124,7 @@ def open_ledger(
     input (:func:`ledger_precheck`, and :meth:`ReleaseLedger.record`).
     """
     ledger = ReleaseLedger(
-        ledger_path(cfg.options()),
+        ledger_path(cfg.options(), record=True),
         key,
         ckpt.run_id(),
         fsync=bool(cfg.fsync),
