@@ -117,7 +117,7 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     if path.exists():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # nested too deeply: not a sidecar
             old = None
         if not (isinstance(old, dict) and old.get("format") == FORMAT):
             raise ValueError(
@@ -144,8 +144,8 @@ def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The sidecar at ``path`` (a ``*.meta.json`` file), or ``None`` if there is none.
 
     Raises:
-        ValueError: the file is not a dpstream sidecar (not JSON, not an object,
-            or no ``"format"`` of this layout), naming the file.
+        ValueError: the file is not a dpstream sidecar (not JSON, nested too deeply
+            to read, not an object, or no ``"format"`` of this layout), naming the file.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -157,6 +157,11 @@ def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         info = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"metadata file {path}: not valid JSON ({exc})") from None
+    except RecursionError:  # a sidecar is a few levels deep; this is something else
+        raise ValueError(
+            f"metadata file {path}: not a dpstream metadata file (its JSON is nested "
+            "too deeply to read)"
+        ) from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise ValueError(
             f'metadata file {path}: not a dpstream metadata file (expected "format": "{FORMAT}")'
