@@ -238,6 +238,21 @@ def test_a_nested_sidecar_is_refused_in_words(tmp_path, capsys):
     assert snap.t == 3 and snap.meta is None and "nested too deeply" in (snap.meta_error or "")
 
 
+def test_a_sidecar_with_nan_is_refused_and_the_state_answers(tmp_path):
+    """``NaN`` is no JSON number and a sidecar never holds one: it is refused, so that
+    /api/state (JSON without NaN) still answers (it dropped the connection)."""
+    rel = _releases(tmp_path)
+    sidecar_path(rel).write_text(f'{{"format": "{FORMAT}", "horizon": 10, "tau": NaN}}')
+    with pytest.raises(ValueError, match="NaN is not a JSON number"):
+        read_run_meta(sidecar_path(rel))
+    server = ViewServer(ViewModel(rel), poll=0.05).start()
+    try:
+        state = _state(server)
+        assert state["t"] == 3 and state["meta"] is None and "NaN" in state["meta_error"]
+    finally:
+        server.stop()
+
+
 def test_run_force_over_a_nested_sidecar_says_why(tmp_path, capsys):
     """``dpstream run --force`` over an output whose sidecar is nested too deeply ends with a
     sentence (it ended in a RecursionError traceback)."""

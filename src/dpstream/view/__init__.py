@@ -10,7 +10,8 @@ state, the key or the raw events, and imports nothing of the mechanisms.
   release's top items, a few items' histories);
 * :mod:`.render` turns it into HTML and server-side SVG, escaping every name;
 * :mod:`.server` serves it (standard-library HTTP and server-sent events);
-* :mod:`.command` is the command line (``view``, ``run --view``, ``--export``).
+* :mod:`.command` is the command line (``view``, ``run --view``, ``--export``);
+* :mod:`.export` writes ``--export``'s file (a new one or an earlier export, never another).
 
 The names below are loaded when first used (PEP 562), so that building the
 ``dpstream`` parser (which adds ``view``) does not import the server.
