@@ -424,3 +424,136 @@ def test_the_server_listens_on_ipv6(tmp_path, host):
             conn.close()
     finally:
         server.stop()
+
+
+def _reference(data: bytes, items: list[str]):
+    """What a full parse gives: (t, {item: count}, meta), or None for a malformed line."""
+    try:
+        rel = parse_release(data)
+    except ValueError:
+        return None
+    return rel.t, {i: rel.released[i] for i in items if i in rel.released}, rel.meta
+
+
+def test_items_read_without_a_full_parse_equal_a_full_parse():
+    """The items of a line read with the layout's expression (no dict of the line) equal a
+    parse of the whole line, for dpstream's lines and for every odd one: names with
+    escapes or that look like pairs, repeated names, numbers at and past the limits,
+    other spacing, extra keys, bad meta. dpstream's own lines take the quick way."""
+    import random
+
+    from dpstream.view.extract import extract_items
+    from dpstream.view.model import _items_of
+
+    rng = random.Random(61)
+    names = [
+        "a",
+        "b",
+        "",
+        " ",
+        "a b",
+        'a": 5, "b',
+        "x, ",
+        ": 5, ",
+        '"a"',
+        "a\\",
+        "é🐦",
+        "\n",
+        "\u2028",
+        "<script>",
+        'a": ',
+        "\\u0061",
+        "1",
+    ]
+    numbers = [
+        0,
+        -0.0,
+        1,
+        -3,
+        2.5,
+        1e-300,
+        1e16,
+        1.5e89,
+        9.9e99,
+        1e100,
+        1e101,
+        1e300,
+        10**99 - 1,
+        10**99,
+        10**120,
+        HUGE,
+        float("nan"),
+        float("inf"),
+        7.0,
+        -2e-5,
+    ]
+    quick = 0
+    for _ in range(3000):
+        released = {rng.choice(names): rng.choice(numbers) for _ in range(rng.randint(0, 6))}
+        meta = rng.choice(
+            [
+                None,
+                {},
+                {"noise_std": 1.5},
+                {"noise_std": HUGE},
+                {"threshold": 1e300},
+                {"noise_std": 2, "x": [1, {"y": "}"}]},
+                {"threshold": float("nan")},
+            ]
+        )
+        obj = {"t": rng.choice([1, 7, 2**63 - 1, 2**63, 0, -1, True]), "released": released}
+        if meta is not None:
+            obj["meta"] = meta
+        text = json.dumps(obj, ensure_ascii=rng.random() < 0.2)
+        mutation = rng.randrange(8)
+        if mutation == 0:  # a repeated name (json.loads keeps the last)
+            text = text.replace('"released": {', '"released": {"a": 99, ', 1)
+        elif mutation == 1:
+            text = text.replace(": ", ":", 2)
+        elif mutation == 2:
+            text = text[:-1] + ', "extra": {}}'
+        elif mutation == 3:
+            text = text.replace('"meta": {', '"meta": {"noise_std": 1, ', 1)
+        elif mutation == 4:
+            text = text[: rng.randrange(len(text))]  # cut short
+        data = (text + rng.choice(["\n", "\r\n", " \n", "\x0b\n", ""])).encode()
+        items = rng.sample(names, 4)
+        want = _reference(data, items)
+        if want is None:
+            with pytest.raises(ValueError):
+                _items_of(data, items)
+        else:
+            got = _items_of(data, items)
+            assert got[0] == want[0] and got[1] == want[1], (data, items)
+            assert type(got[1].get("a")) is type(want[1].get("a"))
+            assert json.dumps(got[2]) == json.dumps(want[2])
+            quick += extract_items(data, items) is not None
+    assert quick > 30  # the layout dpstream writes takes the quick way
+    line = _line(3, {f"n{i}": i * 1.5 for i in range(1000)}, noise_std=2.0).encode()
+    assert extract_items(line, ["n7", "zz"]) == (3, {"n7": 10.5}, {"noise_std": 2.0})
+
+
+def test_a_pass_does_not_hold_a_parse_of_the_line(tmp_path):
+    """Filling a history from lines of 10^5 items allocates less than half of what a full
+    parse of one such line does (it parsed every line in full: more than all of it)."""
+    import tracemalloc
+
+    path = tmp_path / "wide.jsonl"
+    released = {f"item{i:06d}": i * 3 for i in range(100_000)}
+    path.write_text("".join(_line(t, released, noise_std=1.0) for t in (1, 2, 3)))
+    data = path.read_bytes().split(b"\n")[0]
+    tracemalloc.start()
+    parse_release(data)
+    full = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    model = ViewModel(path)
+    model.refresh()
+    tracemalloc.start()
+    model.select(["item000042", "item099999"])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # what is left is the reading of the lines (a block, the line, its pieces)
+    assert peak < full / 2, (peak, full)
+    snap = model.snapshot(["item000042", "item099999"])
+    assert snap.history["item000042"][:2] == ([1, 2, 3], [126.0] * 3)
+    assert snap.history["item099999"][:2] == ([1, 2, 3], [299997.0] * 3)

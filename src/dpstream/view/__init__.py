@@ -7,7 +7,8 @@ state, the key or the raw events, and imports nothing of the mechanisms.
 
 * :mod:`.follow` reads the complete lines appended to a file;
 * :mod:`.model` keeps what a page shows, in bounded memory (the last
-  release's top items, a few items' histories);
+  release's top items, a few items' histories; :mod:`.extract` reads an
+  item's counts out of a line without parsing the rest);
 * :mod:`.render` turns it into HTML and server-side SVG, escaping every name;
 * :mod:`.server` serves it (standard-library HTTP and server-sent events);
 * :mod:`.command` is the command line (``view``, ``run --view``, ``--export``);

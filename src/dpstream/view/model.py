@@ -6,8 +6,9 @@ Memory is bounded by design, whatever the number of items or releases:
   the full line is parsed and dropped;
 * the history of at most ``max_tracked`` items (the ones a page shows), each
   three numbers per step where it was released; an item asked for later is
-  filled in by one pass over the file (:meth:`ViewModel.select`), reading
-  only the lines that can hold it;
+  filled in by one pass over the file (:meth:`ViewModel.select`, one pass at
+  a time), reading only the lines that can hold it, and of each only the
+  counts asked for (:mod:`.extract`);
 * the last few raw lines (to step back over a malformed last line).
 
 Between polls only the newest complete line is parsed in full; earlier new
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ..run.meta import read_run_meta, sidecar_path
+from .extract import extract_items
 from .follow import MAX_LINE_BYTES, FileFollower, iter_lines
 
 __all__ = [
@@ -140,12 +142,36 @@ def parse_release(data: bytes) -> ParsedRelease:
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError('"meta" is not an object')
+    _check_meta(meta)
+    return ParsedRelease(t, released, meta)
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    """Refuse a release's meta whose ``noise_std`` or ``threshold`` the page cannot draw."""
     for key in ("noise_std", "threshold"):
         value = meta.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not is_number(value):
                 raise ValueError(f'"meta"."{key}" is not a finite number up to {MAX_MAGNITUDE:g}')
-    return ParsedRelease(t, released, meta)
+
+
+def _items_of(
+    data: bytes, items: Sequence[str]
+) -> tuple[int, dict[str, int | float], dict[str, Any]]:
+    """``(t, {item: count}, meta)`` of a release line, for those of ``items`` it holds.
+
+    A line in dpstream's own layout is read without parsing its other items
+    (:func:`~dpstream.view.extract.extract_items`); any other is parsed in full.
+
+    Raises:
+        ValueError: the line is not a release (:func:`parse_release`).
+    """
+    got = extract_items(data, items)
+    if got is None:
+        rel = parse_release(data)
+        return rel.t, {i: rel.released[i] for i in items if i in rel.released}, rel.meta
+    _check_meta(got[2])
+    return got
 
 
 def top_items(released: dict[str, float], n: int) -> list[tuple[str, float]]:
@@ -404,7 +430,11 @@ class ViewModel:
         return h if isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_T else None
 
     def _std_of(self, rel: ParsedRelease) -> tuple[float | None, str | None]:
-        std = rel.meta.get("noise_std")
+        return self._std_in(rel.meta)
+
+    def _std_in(self, meta: dict[str, Any]) -> tuple[float | None, str | None]:
+        """A release's noise std from its ``meta``, else the sidecar's worst; and which."""
+        std = meta.get("noise_std")
         if is_number(std) and std >= 0:
             return float(std), "step"
         worst = (self._meta or {}).get("noise_std_worst")
@@ -504,15 +534,12 @@ class ViewModel:
                 if line.data is None or not any(tok in line.data for tok in tokens):
                     continue
                 try:
-                    rel = parse_release(line.data)
+                    t, values, meta = _items_of(line.data, items)
                 except ValueError:
                     continue
-                std, _ = self._std_of(rel)
-                for item in items:
-                    value = rel.released.get(item)
-                    if value is not None:
-                        found[item].add(rel.t, float(value), math.nan if std is None else std)
-                del rel, line  # only the items' values are kept: drop the parse now
+                std, _ = self._std_in(meta)
+                for item, value in values.items():
+                    found[item].add(t, float(value), math.nan if std is None else std)
         return found
 
     def memory_bytes(self) -> int:
