@@ -312,6 +312,31 @@ def test_the_poll_survives_any_failure_and_the_page_says_it_is_not_updating(
         server.stop()
 
 
+def test_a_page_that_cannot_be_rendered_is_answered_500(tmp_path, monkeypatch, caplog):
+    """A failure while rendering (a bug) is answered 500 and logged; it dropped the
+    connection without an answer."""
+    import dpstream.view.server as server_module
+
+    path = _releases(tmp_path)
+    server = ViewServer(ViewModel(path), poll=0.05).start()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted render failure")
+
+    try:
+        monkeypatch.setattr(server_module, "render_page", broken)
+        monkeypatch.setattr(server_module, "snapshot_json", broken)
+        with caplog.at_level(logging.ERROR, logger="dpstream.view"):
+            assert _get(server, "/")[0] == 500
+            assert _get(server, "/api/state")[0] == 500
+        records = [r for r in caplog.records if r.name == "dpstream.view"]
+        assert len(records) == 2 and all(r.exc_info is not None for r in records)
+        monkeypatch.undo()
+        assert _get(server, "/")[0] == 200
+    finally:
+        server.stop()
+
+
 # --------------------------------------------------------------------------- 3. one pass
 
 

@@ -70,8 +70,8 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argpars
     view.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to listen on; 0.0.0.0 shows the page to your network "
-        "(default: 127.0.0.1, this machine only)",
+        help="address to listen on; 0.0.0.0 (or :: for IPv6) shows the page to your "
+        "network, ::1 is this machine over IPv6 (default: 127.0.0.1, this machine only)",
     )
     view.add_argument(
         "--port",
@@ -197,7 +197,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     ).start()
     try:
         print(f"{PROG} view: serving {args.releases} at {server.url} (Ctrl-C to stop)", flush=True)
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
+        if args.host.strip("[]") not in ("127.0.0.1", "localhost", "::1"):
             print(
                 f"{PROG} view: listening on {args.host}: the page is visible to other "
                 "machines (it shows only the published releases)",

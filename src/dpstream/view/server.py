@@ -485,13 +485,20 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
             except (_BadRequestError, ValueError) as exc:
                 self._send(400, "text/plain; charset=utf-8", f"{exc}\n".encode())
                 return
-            if url.path in ("/", "/index.html"):
-                nonce = secrets.token_urlsafe(16)
-                page = render_page(model.snapshot(selected), nonce=nonce)
-                self._send(200, "text/html; charset=utf-8", page.encode("utf-8", "replace"), nonce)
-            elif url.path == "/api/state":
-                body = json.dumps(snapshot_json(model.snapshot(selected)), allow_nan=False).encode()
-                self._send(200, "application/json", body)
+            if url.path in ("/", "/index.html", "/api/state"):
+                try:
+                    snap = model.snapshot(selected)
+                    if url.path == "/api/state":
+                        ctype, nonce = "application/json", None
+                        body = json.dumps(snapshot_json(snap), allow_nan=False).encode()
+                    else:
+                        ctype, nonce = "text/html; charset=utf-8", secrets.token_urlsafe(16)
+                        body = render_page(snap, nonce=nonce).encode("utf-8", "replace")
+                except Exception:  # a bug: answer it, rather than drop the connection
+                    _log.error("dpstream view: cannot answer %s", url.path, exc_info=True)
+                    self._refuse(500, "the view cannot show this now (see its log); retry later")
+                    return
+                self._send(200, ctype, body, nonce)
             elif url.path == "/events":
                 self._events(selected)
             elif url.path == "/favicon.ico":
