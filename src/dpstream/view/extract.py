@@ -38,7 +38,7 @@ _LINE = re.compile(
 )
 #: A count in the released object: followed by the next pair or by its end.
 _VALUE = re.compile(rf"{_NUMBER}(?=, |\Z)".encode())
-_MAX_T = 2**63 - 1
+_MAX_T = 2**63 - 1  # :data:`dpstream.view.model.MAX_T` (which imports this module)
 #: Bytes decoded at a time to check that a line is UTF-8 (as ``json.loads`` requires).
 _CHUNK = 1 << 16
 

@@ -276,7 +276,7 @@ class ViewModel:
         self._tokens: dict[str, tuple[bytes, ...]] = {}
         self._filling: set[str] = set()  # items whose history a pass is reading in
         self._pending: set[str] = set()  # items asked for, waiting for the next pass
-        #: one pass over the file at a time: each holds a line and its parse
+        #: one pass over the file at a time (:meth:`select`)
         self._scan_lock = threading.Lock()
         #: why the last refresh failed (the page then says it is not being updated)
         self._failure: str | None = None
@@ -460,11 +460,12 @@ class ViewModel:
         others. If another page is filling the same item, this returns at once
         and that page's fill announces the result (a new version).
 
-        One pass runs at a time (each holds a line and its parse, so that pages
-        asking at once would multiply the memory): a page asking for new items
-        while another pass runs waits for it, then reads in one pass every item
-        asked for meanwhile, by any page (the pages whose items it read return
-        at once when their turn comes).
+        One pass runs at a time (each reads the whole file and holds a line, so
+        that pages asking at once would multiply the memory and the reading): a
+        page asking for new items while another pass runs waits for it, then
+        reads in one pass up to :data:`MAX_SELECTED` items asked for meanwhile,
+        its own first (a page whose items another pass read returns at once
+        when its turn comes).
         """
         items = list(dict.fromkeys(items))[:MAX_SELECTED]
         with self.changed:
@@ -485,7 +486,7 @@ class ViewModel:
                 if not mine:
                     return  # another page's pass read them
                 others = [i for i in self._pending if i not in mine]
-                batch = mine + others[: self.max_tracked - len(mine)]  # all survive the fill
+                batch = mine + others[: MAX_SELECTED - len(mine)]  # evicts no more than one page's
                 self._pending.difference_update(batch)
                 self._filling.update(batch)
             try:
