@@ -279,3 +279,112 @@ def test_a_clocked_run_shows_dates_on_the_axis(browser, tmp_path):
     finally:
         page.close()
         server.stop()
+
+
+def _serve_names(tmp_path, released: dict) -> ViewServer:
+    path = tmp_path / "names.jsonl"
+    path.write_text(_line(1, released, 1.0) + _line(2, released, 1.0), encoding="utf-8")
+    return ViewServer(ViewModel(path, top=10), poll=0.1).start()
+
+
+def test_a_long_name_in_the_top_3_can_be_followed(browser, tmp_path):
+    """A 3,000-character item among the top 3 the page opens with: clicking another item
+    asks for all four, and the server answers (it answered 400 to a name over 1,000
+    characters, and the page looped "disconnected: retrying")."""
+    from playwright.sync_api import expect
+
+    long = "x" * 3000
+    server = _serve_names(tmp_path, {long: 100, "a": 90, "b": 80, "c": 70})
+    page = browser.new_page()
+    failed: list[tuple[int, str]] = []
+    page.on("response", lambda r: r.status >= 400 and failed.append((r.status, r.url[:80])))
+    page.set_default_timeout(5000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        legend = "#dp-history ul.legend li"
+        assert page.eval_on_selector_all(legend, "els => els.map(e => e.dataset.item)") == [
+            long,
+            "a",
+            "b",
+        ]
+        page.locator('#dp-top li.row[data-item="c"]').click()
+        expect(page.locator(legend)).to_have_count(4, timeout=30_000)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        assert page.eval_on_selector_all(legend, "els => els.map(e => e.dataset.item)") == [
+            long,
+            "a",
+            "b",
+            "c",
+        ]
+        assert "manual=1" in page.url and long in page.url
+        assert page.locator("#dp-too-long").is_hidden()
+        assert failed == []
+    finally:
+        page.close()
+        server.stop()
+
+
+def test_names_too_long_for_one_request_are_left_out_and_said(browser, tmp_path):
+    """Three 25,000-character names and one more item exceed what one request may carry
+    (64 KiB): the page leaves out a longest name, says so, and stays connected."""
+    from playwright.sync_api import expect
+
+    names = [c * 25_000 for c in "xyz"]
+    server = _serve_names(tmp_path, {names[0]: 100, names[1]: 90, names[2]: 80, "c": 70})
+    page = browser.new_page()
+    failed: list[tuple[int, str]] = []
+    page.on("response", lambda r: r.status >= 400 and failed.append((r.status, r.url[:80])))
+    page.set_default_timeout(5000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        page.locator('#dp-top li.row[data-item="c"]').click()
+        note = page.locator("#dp-too-long")
+        note.wait_for(state="visible", timeout=5000)
+        assert "1 item name(s) too long" in note.inner_text()
+        legend = "#dp-history ul.legend li"
+        expect(page.locator(legend + '[data-item="c"]')).to_have_count(1, timeout=30_000)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        shown = page.eval_on_selector_all(legend, "els => els.map(e => e.dataset.item)")
+        assert shown == [names[1], names[2], "c"]  # the first of the longest is left out
+        assert failed == []
+    finally:
+        page.close()
+        server.stop()
+
+
+def test_a_failing_poll_shows_not_updating(browser, tmp_path):
+    """While the server cannot read the file (here a planted failure), the page says it is
+    not being updated, not "live"; once it can, the page is live again."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line(1, {"a": 3}, 1.0))
+    model = ViewModel(path)
+    broken = []
+    real = model._refresh_file
+
+    def refresh_file() -> bool:
+        if broken:
+            raise RuntimeError("planted failure")
+        return real()
+
+    model._refresh_file = refresh_file  # type: ignore[method-assign]
+    server = ViewServer(model, poll=0.1).start()
+    page = browser.new_page()
+    page.set_default_timeout(5000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        assert page.get_attribute("#dp-status", "class") == "pill live"
+        broken.append(True)
+        page.wait_for_selector("#dp-status.stale", timeout=30_000)
+        assert page.inner_text("#dp-conn") == "connected: not updating"
+        assert "not being updated" in page.inner_text("#dp-header")
+        broken.clear()
+        path.write_text(_line(1, {"a": 3}, 1.0) + _line(2, {"a": 5}, 1.0))
+        page.wait_for_selector("#dp-status.live", timeout=30_000)
+        page.wait_for_selector("#dp-conn.ok", timeout=5000)
+        assert page.inner_text("#dp-conn") == "live: connected"
+    finally:
+        page.close()
+        server.stop()

@@ -117,7 +117,7 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     if path.exists():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # nested too deeply: not a sidecar
             old = None
         if not (isinstance(old, dict) and old.get("format") == FORMAT):
             raise ValueError(
@@ -140,12 +140,18 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     return path
 
 
+def _no_constant(name: str) -> None:
+    """Refuse ``NaN`` and ``Infinity``: not JSON, and never in a sidecar (written without)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The sidecar at ``path`` (a ``*.meta.json`` file), or ``None`` if there is none.
 
     Raises:
-        ValueError: the file is not a dpstream sidecar (not JSON, not an object,
-            or no ``"format"`` of this layout), naming the file.
+        ValueError: the file is not a dpstream sidecar (not JSON, or JSON with
+            ``NaN`` or ``Infinity``, nested too deeply to read, not an object, or no
+            ``"format"`` of this layout), naming the file.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -154,9 +160,14 @@ def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except UnicodeDecodeError:
         raise ValueError(f"metadata file {path}: not UTF-8 text") from None
     try:
-        info = json.loads(text)
+        info = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise ValueError(f"metadata file {path}: not valid JSON ({exc})") from None
+    except RecursionError:  # a sidecar is a few levels deep; this is something else
+        raise ValueError(
+            f"metadata file {path}: not a dpstream metadata file (its JSON is nested "
+            "too deeply to read)"
+        ) from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise ValueError(
             f'metadata file {path}: not a dpstream metadata file (expected "format": "{FORMAT}")'

@@ -7,10 +7,12 @@ state, the key or the raw events, and imports nothing of the mechanisms.
 
 * :mod:`.follow` reads the complete lines appended to a file;
 * :mod:`.model` keeps what a page shows, in bounded memory (the last
-  release's top items, a few items' histories);
+  release's top items, a few items' histories; :mod:`.extract` reads an
+  item's counts out of a line without parsing the rest);
 * :mod:`.render` turns it into HTML and server-side SVG, escaping every name;
 * :mod:`.server` serves it (standard-library HTTP and server-sent events);
-* :mod:`.command` is the command line (``view``, ``run --view``, ``--export``).
+* :mod:`.command` is the command line (``view``, ``run --view``, ``--export``);
+* :mod:`.export` writes ``--export``'s file (a new one or an earlier export, never another).
 
 The names below are loaded when first used (PEP 562), so that building the
 ``dpstream`` parser (which adds ``view``) does not import the server.

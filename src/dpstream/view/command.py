@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,8 +70,8 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argpars
     view.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to listen on; 0.0.0.0 shows the page to your network "
-        "(default: 127.0.0.1, this machine only)",
+        help="address to listen on; 0.0.0.0 (or :: for IPv6) shows the page to your "
+        "network, ::1 is this machine over IPv6 (default: 127.0.0.1, this machine only)",
     )
     view.add_argument(
         "--port",
@@ -130,7 +131,8 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argpars
         default=None,
         metavar="REPORT.html",
         help="write the page of the file as it is now to REPORT.html (one "
-        "self-contained file, no script) and exit (default: serve)",
+        "self-contained file, no script) and exit; REPORT.html must be new or an "
+        "earlier export, which is replaced (default: serve)",
     )
     return view
 
@@ -143,7 +145,14 @@ def export_html(
     select: list[str] | None = None,
     meta: str | None = None,
 ) -> Path:
-    """Write the static page of ``releases`` as it is now to ``out``; returns its path."""
+    """Write the static page of ``releases`` as it is now to ``out``; returns its path.
+
+    ``out`` is a new file or an earlier export, replaced atomically; anything
+    else there, the releases file and its metadata file are refused
+    (:func:`dpstream.view.export.write_export`).
+    """
+    from ..run.meta import sidecar_path
+    from .export import write_export
     from .model import ViewModel
     from .render import render_page
 
@@ -154,11 +163,13 @@ def export_html(
         raise FileNotFoundError(2, "no such releases file", releases)
     if snap.status == "error":
         raise ValueError(snap.message or f"cannot read {releases}")
-    path = Path(out)
-    if path.resolve() == Path(releases).resolve():
-        raise ValueError(f"--export {out!r} is the releases file: refusing to overwrite it")
-    path.write_bytes(render_page(snap, nonce=None).encode("utf-8", "replace"))
-    return path
+    protected: dict[str, str | os.PathLike[str]] = {
+        "the releases file": releases,
+        "its metadata file": sidecar_path(releases),
+    }
+    if meta is not None:
+        protected["the --meta file"] = meta
+    return write_export(out, render_page(snap, nonce=None), protected=protected)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -186,7 +197,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     ).start()
     try:
         print(f"{PROG} view: serving {args.releases} at {server.url} (Ctrl-C to stop)", flush=True)
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
+        if args.host.strip("[]") not in ("127.0.0.1", "localhost", "::1"):
             print(
                 f"{PROG} view: listening on {args.host}: the page is visible to other "
                 "machines (it shows only the published releases)",
@@ -216,7 +227,7 @@ def start_run_view(output: str) -> ViewServer:
 def after_run(server: ViewServer) -> None:
     """Keep serving the finished run's view until Ctrl-C."""
     try:  # from here on, Ctrl-C is the way out, not an interruption
-        server.model.refresh()  # the page shows the last release before the message says so
+        server.refresh()  # the page shows the last release before the message says so
         print(
             f"{PROG}: the run is finished; the view stays at {server.url} until Ctrl-C",
             file=sys.stderr,

@@ -6,8 +6,9 @@ Memory is bounded by design, whatever the number of items or releases:
   the full line is parsed and dropped;
 * the history of at most ``max_tracked`` items (the ones a page shows), each
   three numbers per step where it was released; an item asked for later is
-  filled in by one pass over the file (:meth:`ViewModel.select`), reading
-  only the lines that can hold it;
+  filled in by one pass over the file (:meth:`ViewModel.select`, one pass at
+  a time), reading only the lines that can hold it, and of each only the
+  counts asked for (:mod:`.extract`);
 * the last few raw lines (to step back over a malformed last line).
 
 Between polls only the newest complete line is parsed in full; earlier new
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ..run.meta import read_run_meta, sidecar_path
+from .extract import extract_items
 from .follow import MAX_LINE_BYTES, FileFollower, iter_lines
 
 __all__ = [
@@ -45,6 +47,9 @@ __all__ = [
     "Series",
     "Snapshot",
     "ViewModel",
+    "is_number",
+    "MAX_MAGNITUDE",
+    "MAX_T",
     "DEFAULT_TOP",
     "DEFAULT_SELECTED",
     "MAX_SELECTED",
@@ -70,6 +75,11 @@ _KEEP_RAW = 4
 #: The normal 97.5% quantile, for a 95% interval when the sidecar states no ``z95``
 #: (:data:`dpstream.planning.Z95`; stated here, so that the view imports no mechanism).
 Z95 = 1.959963984540054
+#: The largest magnitude of a number the view takes from a file (a count, a noise std, a
+#: threshold, z): sums and products of a few such numbers stay finite in a chart's scale.
+MAX_MAGNITUDE = 1e100
+#: The largest step t a release may have (a history keeps t as a 64-bit integer).
+MAX_T = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -81,12 +91,24 @@ class ParsedRelease:
     meta: dict[str, Any]
 
 
-def _number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def is_number(value: object) -> TypeGuard[int | float]:
+    """Whether ``value`` is a JSON number the page can draw: of magnitude at most
+    :data:`MAX_MAGNITUDE` (not NaN, not infinite, not an integer too large for a float,
+    which is compared as it is, never converted)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE
+    )
 
 
 def parse_release(data: bytes) -> ParsedRelease:
     """Parse one JSON Lines release (``{"t": .., "released": {..}, "meta": {..}}``).
+
+    A release's numbers must be ones the page can draw (:func:`is_number`): a count,
+    or a ``noise_std`` or ``threshold`` in its meta, beyond :data:`MAX_MAGNITUDE` (an
+    integer of 300 digits, say) makes the line malformed, and so does a t beyond
+    :data:`MAX_T`.
 
     Raises:
         ValueError: the line is not a release, saying why.
@@ -100,8 +122,8 @@ def parse_release(data: bytes) -> ParsedRelease:
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     t = obj.get("t")
-    if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-        raise ValueError('"t" is not an integer >= 1')
+    if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= MAX_T:
+        raise ValueError('"t" is not an integer in 1..2^63-1')
     released = obj.get("released")
     if not isinstance(released, dict):
         raise ValueError('"released" is not an object')
@@ -115,10 +137,41 @@ def parse_release(data: bytes) -> ParsedRelease:
         finite = False
     if not finite:
         raise ValueError("a released count is not a finite number")
+    if values and max(map(abs, values)) > MAX_MAGNITUDE:
+        raise ValueError(f"a released count is beyond {MAX_MAGNITUDE:g} in magnitude")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError('"meta" is not an object')
+    _check_meta(meta)
     return ParsedRelease(t, released, meta)
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    """Refuse a release's meta whose ``noise_std`` or ``threshold`` the page cannot draw."""
+    for key in ("noise_std", "threshold"):
+        value = meta.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not is_number(value):
+                raise ValueError(f'"meta"."{key}" is not a finite number up to {MAX_MAGNITUDE:g}')
+
+
+def _items_of(
+    data: bytes, items: Sequence[str]
+) -> tuple[int, dict[str, int | float], dict[str, Any]]:
+    """``(t, {item: count}, meta)`` of a release line, for those of ``items`` it holds.
+
+    A line in dpstream's own layout is read without parsing its other items
+    (:func:`~dpstream.view.extract.extract_items`); any other is parsed in full.
+
+    Raises:
+        ValueError: the line is not a release (:func:`parse_release`).
+    """
+    got = extract_items(data, items)
+    if got is None:
+        rel = parse_release(data)
+        return rel.t, {i: rel.released[i] for i in items if i in rel.released}, rel.meta
+    _check_meta(got[2])
+    return got
 
 
 def top_items(released: dict[str, float], n: int) -> list[tuple[str, float]]:
@@ -158,7 +211,7 @@ class Snapshot:
     """Everything a page shows, copied out of the model (safe to render without the lock)."""
 
     path: str
-    status: str  # "missing", "waiting", "live", "complete" or "error"
+    status: str  # "missing", "waiting", "live", "complete", "error" or "stale" (not updating)
     message: str | None
     meta: dict[str, Any] | None
     meta_error: str | None
@@ -221,7 +274,12 @@ class ViewModel:
         self._meta_stamp: tuple[int, int] | None = None
         self._tracked: OrderedDict[str, Series] = OrderedDict()
         self._tokens: dict[str, tuple[bytes, ...]] = {}
-        self._filling: set[str] = set()  # items whose history a page is reading in
+        self._filling: set[str] = set()  # items whose history a pass is reading in
+        self._pending: set[str] = set()  # items asked for, waiting for the next pass
+        #: one pass over the file at a time (:meth:`select`)
+        self._scan_lock = threading.Lock()
+        #: why the last refresh failed (the page then says it is not being updated)
+        self._failure: str | None = None
         self._generation = 0  # grows when the file is replaced (histories start over)
         self._reset_release()
         self._status = "waiting"
@@ -244,14 +302,34 @@ class ViewModel:
         self._generation += 1
 
     def refresh(self) -> bool:
-        """Read the lines appended since the last call; True if what a page shows changed."""
+        """Read the lines appended since the last call; True if what a page shows changed.
+
+        An unexpected exception (a bug: a malformed line is skipped, an unreadable
+        file is a status) is raised after the model has recorded it: until a refresh
+        succeeds again, a snapshot's status is ``"stale"`` and its message says that
+        what is shown is not being updated.
+        """
         with self.changed:
             before = (self.version, self._status, self._message)
-            changed = self._refresh_meta()
             try:
-                changed |= self._refresh_file()
-            except OSError as exc:
-                self._status, self._message = "error", f"cannot read {self.path}: {exc}"
+                changed = self._refresh_meta()
+                try:
+                    changed |= self._refresh_file()
+                except OSError as exc:
+                    self._status, self._message = "error", f"cannot read {self.path}: {exc}"
+            except Exception as exc:
+                failure = (
+                    f"The view cannot read {self.path} ({type(exc).__name__}: "
+                    f"{str(exc)[:200]}): what is shown is not being updated. It tries again "
+                    "at every poll."
+                )
+                if failure != self._failure:
+                    self._failure = failure
+                    self.version += 1
+                    self.changed.notify_all()
+                raise
+            if self._failure is not None:
+                self._failure, changed = None, True
             if changed or (self._status, self._message) != before[1:]:
                 self.version += 1
                 self.changed.notify_all()
@@ -349,14 +427,18 @@ class ViewModel:
 
     def _horizon(self) -> int | None:
         h = (self._meta or {}).get("horizon")
-        return h if isinstance(h, int) and not isinstance(h, bool) and h >= 1 else None
+        return h if isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_T else None
 
     def _std_of(self, rel: ParsedRelease) -> tuple[float | None, str | None]:
-        std = rel.meta.get("noise_std")
-        if _number(std) and std >= 0:
+        return self._std_in(rel.meta)
+
+    def _std_in(self, meta: dict[str, Any]) -> tuple[float | None, str | None]:
+        """A release's noise std from its ``meta``, else the sidecar's worst; and which."""
+        std = meta.get("noise_std")
+        if is_number(std) and std >= 0:
             return float(std), "step"
         worst = (self._meta or {}).get("noise_std_worst")
-        if _number(worst) and worst >= 0:
+        if is_number(worst) and worst >= 0:
             return float(worst), "worst"
         return None, None
 
@@ -377,21 +459,41 @@ class ViewModel:
         meanwhile are read under it, and the item is then followed like the
         others. If another page is filling the same item, this returns at once
         and that page's fill announces the result (a new version).
+
+        One pass runs at a time (each reads the whole file and holds a line, so
+        that pages asking at once would multiply the memory and the reading): a
+        page asking for new items while another pass runs waits for it, then
+        reads in one pass up to :data:`MAX_SELECTED` items asked for meanwhile,
+        its own first (a page whose items another pass read returns at once
+        when its turn comes).
         """
         items = list(dict.fromkeys(items))[:MAX_SELECTED]
         with self.changed:
             for item in items:
                 if item in self._tracked:
                     self._tracked.move_to_end(item)
-            new = [i for i in items if i not in self._tracked and i not in self._filling]
-            self._filling.update(new)
+            new = [
+                i
+                for i in items
+                if i not in self._tracked and i not in self._filling and i not in self._pending
+            ]
+            self._pending.update(new)
         if not new:
             return
-        try:
-            self._fill(new)
-        finally:
+        with self._scan_lock:
             with self.changed:
-                self._filling.difference_update(new)
+                mine = [i for i in new if i in self._pending]
+                if not mine:
+                    return  # another page's pass read them
+                others = [i for i in self._pending if i not in mine]
+                batch = mine + others[: MAX_SELECTED - len(mine)]  # evicts no more than one page's
+                self._pending.difference_update(batch)
+                self._filling.update(batch)
+            try:
+                self._fill(batch)
+            finally:
+                with self.changed:
+                    self._filling.difference_update(batch)
 
     def _fill(self, items: list[str]) -> None:
         tokens = [tok for i in items for tok in _tokens(i)]
@@ -433,14 +535,12 @@ class ViewModel:
                 if line.data is None or not any(tok in line.data for tok in tokens):
                     continue
                 try:
-                    rel = parse_release(line.data)
+                    t, values, meta = _items_of(line.data, items)
                 except ValueError:
                     continue
-                std, _ = self._std_of(rel)
-                for item in items:
-                    value = rel.released.get(item)
-                    if value is not None:
-                        found[item].add(rel.t, float(value), math.nan if std is None else std)
+                std, _ = self._std_in(meta)
+                for item, value in values.items():
+                    found[item].add(t, float(value), math.nan if std is None else std)
         return found
 
     def memory_bytes(self) -> int:
@@ -472,12 +572,12 @@ class ViewModel:
             meta = self._meta
             z = meta.get("z95") if meta else None
             threshold = rel.meta.get("threshold") if rel is not None else None
-            if not _number(threshold) and meta:
+            if not is_number(threshold) and meta:
                 threshold = meta.get("threshold")
             return Snapshot(
                 path=str(self.path),
-                status=self._status,
-                message=self._message,
+                status="stale" if self._failure else self._status,
+                message=self._failure or self._message,
                 meta=meta,
                 meta_error=self._meta_error,
                 t=rel.t if rel else None,
@@ -487,8 +587,8 @@ class ViewModel:
                 top_n=self.top_n,
                 noise_std=std,
                 noise_std_kind=kind,
-                z=float(z) if _number(z) and z > 0 else Z95,
-                threshold=float(threshold) if _number(threshold) else None,
+                z=float(z) if is_number(z) and z > 0 else Z95,
+                threshold=float(threshold) if is_number(threshold) else None,
                 lines_read=self._follower.lines,
                 malformed=self._malformed,
                 last_problem=self._last_problem,

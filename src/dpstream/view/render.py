@@ -19,7 +19,8 @@ from typing import Any
 
 from ..words import plain_mechanism
 from .dates import clock_of, date_ticks, end_text, window_text
-from .model import MAX_SELECTED, Snapshot
+from .export import EXPORT_MARKER
+from .model import MAX_SELECTED, Snapshot, is_number
 
 __all__ = ["esc", "render_fragments", "render_page", "PALETTE", "content_security_policy"]
 
@@ -73,7 +74,7 @@ def _meta_num(meta: dict[str, Any] | None, *path: str) -> float | None:
         if not isinstance(cur, dict):
             return None
         cur = cur.get(key)
-    if isinstance(cur, (int, float)) and not isinstance(cur, bool) and math.isfinite(cur):
+    if is_number(cur):  # an integer of 400 digits is no number here (nor an error)
         return float(cur)
     return None
 
@@ -109,6 +110,7 @@ _STATUS_TEXT = {
     "live": "live",
     "complete": "complete",
     "error": "error",
+    "stale": "not updating",
 }
 
 
@@ -493,7 +495,13 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
     static = nonce is None
     frag = render_fragments(snap, static=static)
     state = json.dumps(
-        {"selected": snap.selected, "auto": snap.auto, "version": snap.version}, ensure_ascii=True
+        {
+            "selected": snap.selected,
+            "auto": snap.auto,
+            "version": snap.version,
+            "status": snap.status,
+        },
+        ensure_ascii=True,
     )
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
     version = _meta_str(snap.meta, "dpstream_version")
@@ -507,16 +515,18 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
         if static
         else (
             '<form id="dp-add" class="add" autocomplete="off"><input id="dp-add-name" '
-            'name="item" placeholder="show an item by name" maxlength="1000">'
+            'name="item" placeholder="show an item by name">'
             '<button type="submit">add</button><button type="button" id="dp-auto">show the '
             "current top 3</button></form>"
+            '<p id="dp-too-long" class="note warn" hidden></p>'
         )
     )
     script = "" if static else f'<script nonce="{esc(nonce)}">{_asset("view.js")}</script>'
     conn = "" if static else '<span id="dp-conn" class="conn">connecting…</span>'
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        + (EXPORT_MARKER if static else "")
+        + '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta http-equiv="Content-Security-Policy" '
         f'content="{esc(content_security_policy(nonce))}">'
         f"<title>dpstream · {esc(Path(snap.path).name)}</title>"

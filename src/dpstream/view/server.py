@@ -12,7 +12,10 @@ file or the model beyond which histories it keeps in memory.
 
 A background thread polls the file every ``poll`` seconds
 (:meth:`ViewModel.refresh`); each event stream waits on the model's
-condition. Bound to 127.0.0.1 and a free port unless told otherwise.
+condition. A poll that fails is logged and the thread goes on; the pages
+then say that what they show is not being updated, until a poll succeeds.
+Bound to 127.0.0.1 and a free port unless told otherwise; an IPv6 address
+(``::1``, ``::``) listens on IPv6.
 
 Limits, so that a page left open or a hostile client costs a bounded number
 of threads: a client has ``request_timeout`` seconds to send its request (a
@@ -29,6 +32,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
+import logging
 import math
 import secrets
 import socket
@@ -62,8 +66,8 @@ RETRY_AFTER = 5
 _KEEPALIVE = 15.0
 #: Seconds between two checks that an idle event stream's client is still there.
 _GONE_CHECK = 1.0
-#: The longest item name a query may ask for (characters).
-_MAX_NAME = 1000
+
+_log = logging.getLogger("dpstream.view")
 
 
 class _BadRequestError(ValueError):
@@ -71,15 +75,18 @@ class _BadRequestError(ValueError):
 
 
 def _selection(query: str) -> list[str] | None:
-    """``None`` (follow the top items) or the items a query asks for."""
+    """``None`` (follow the top items) or the items a query asks for.
+
+    A name may be as long as any item written: the request line, at most 64 KiB
+    (:mod:`http.server` answers 414 beyond), bounds what a request asks; the page
+    never sends more (it says which names it cannot ask for).
+    """
     params = parse_qs(query, keep_blank_values=True, max_num_fields=4 * MAX_SELECTED + 4)
     if params.get("manual") != ["1"]:
         return None
     items = params.get("sel", [])
     if len(items) > MAX_SELECTED:
         raise _BadRequestError(f"at most {MAX_SELECTED} items may be selected")
-    if any(len(i) > _MAX_NAME for i in items):
-        raise _BadRequestError(f"an item name is longer than {_MAX_NAME} characters")
     return [i for i in items if i]
 
 
@@ -209,6 +216,9 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
         self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
     ) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
+        ip = _ip(address[0])
+        if ip is not None and ip.version == 6:  # ::1, :: (an IPv4 socket cannot bind them)
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -306,6 +316,8 @@ class ViewServer:
             if name is None:
                 raise ValueError(f"--allow-host: not a host name: {given!r}")
             names.add(name)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]  # --host [::1], as in a URL
         if _ip(host.lower()) is None:
             names.add(host.lower())  # the name it was told to listen on
         self.allowed_names = frozenset(names)
@@ -313,19 +325,22 @@ class ViewServer:
         self._stop = threading.Event()
         self._httpd = _BoundedHTTPServer((host, port), _handler(self), self.max_connections)
         self._threads: list[threading.Thread] = []
+        self._logged: str | None = None  # the failure last logged (each is logged once)
 
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
         name = str(host)
         shown = f"[{name}]" if ":" in name else name
-        if shown in ("0.0.0.0", "[::]"):
+        if shown == "0.0.0.0":
             shown = "127.0.0.1"
+        elif shown == "[::]":
+            shown = "[::1]"
         return f"http://{shown}:{port}/"
 
     def start(self) -> ViewServer:
         """Read the file once, then serve and poll in background threads; returns self."""
-        self.model.refresh()
+        self.refresh()
         for target, name in (
             (self._httpd.serve_forever, "dpstream-view-http"),
             (self._watch, "dpstream-view-poll"),
@@ -337,7 +352,30 @@ class ViewServer:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll):
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Read what was appended to the file now; never raises.
+
+        A failure (a bug: malformed lines are skipped, an unreadable file is a
+        status) is logged once, with its traceback, and the model marks what the
+        pages show as not being updated until a refresh succeeds; the server goes on.
+        """
+        try:
             self.model.refresh()
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._logged:
+                self._logged = text
+                _log.error(
+                    "dpstream view: cannot read %s (%s); the page says it is not being "
+                    "updated, and the view tries again at every poll",
+                    self.model.path,
+                    text[:200],
+                    exc_info=True,
+                )
+        else:
+            self._logged = None
 
     def wait(self) -> None:
         """Block until :meth:`stop` (from another thread) or Ctrl-C (KeyboardInterrupt)."""
@@ -447,13 +485,20 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
             except (_BadRequestError, ValueError) as exc:
                 self._send(400, "text/plain; charset=utf-8", f"{exc}\n".encode())
                 return
-            if url.path in ("/", "/index.html"):
-                nonce = secrets.token_urlsafe(16)
-                page = render_page(model.snapshot(selected), nonce=nonce)
-                self._send(200, "text/html; charset=utf-8", page.encode("utf-8", "replace"), nonce)
-            elif url.path == "/api/state":
-                body = json.dumps(snapshot_json(model.snapshot(selected)), allow_nan=False).encode()
-                self._send(200, "application/json", body)
+            if url.path in ("/", "/index.html", "/api/state"):
+                try:
+                    snap = model.snapshot(selected)
+                    if url.path == "/api/state":
+                        ctype, nonce = "application/json", None
+                        body = json.dumps(snapshot_json(snap), allow_nan=False).encode()
+                    else:
+                        ctype, nonce = "text/html; charset=utf-8", secrets.token_urlsafe(16)
+                        body = render_page(snap, nonce=nonce).encode("utf-8", "replace")
+                except Exception:  # a bug: answer it, rather than drop the connection
+                    _log.error("dpstream view: cannot answer %s", url.path, exc_info=True)
+                    self._refuse(500, "the view cannot show this now (see its log); retry later")
+                    return
+                self._send(200, ctype, body, nonce)
             elif url.path == "/events":
                 self._events(selected)
             elif url.path == "/favicon.ico":

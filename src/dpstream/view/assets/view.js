@@ -6,26 +6,53 @@
   const root = document.getElementById("dp-view");
   const state = JSON.parse(root.dataset.state);
   const MAX = 8;
+  // the server reads a request line of at most 64 KiB: a query longer than this is not sent
+  const MAX_QUERY = 60000;
   let selected = state.selected;
   let auto = state.auto;
+  let status = state.status;
   let source = null;
   let retry = null;
   const RETRY_MS = 5000;  // the server's Retry-After when its streams are full (503)
   const conn = document.getElementById("dp-conn");
+  const tooLong = document.getElementById("dp-too-long");
 
-  function query() {
+  function query(items, isAuto) {
     const q = new URLSearchParams();
-    if (!auto) {
+    if (!isAuto) {
       q.set("manual", "1");
-      for (const item of selected) q.append("sel", item);
+      for (const item of items) q.append("sel", item);
     }
     const text = q.toString();
     return text ? "?" + text : "";
   }
 
   function setConn(ok) {
-    conn.textContent = ok ? "live: connected" : "disconnected: retrying";
-    conn.className = "conn " + (ok ? "ok" : "down");
+    // connected to a server that cannot read the file: the page is not live
+    const stale = ok && status === "stale";
+    conn.textContent = !ok ? "disconnected: retrying"
+      : stale ? "connected: not updating" : "live: connected";
+    conn.className = "conn " + (ok && !stale ? "ok" : "down");
+  }
+
+  function fitting(items) {
+    // the items whose names fit in one request, longest names left out first, and those left
+    const kept = items.slice();
+    const left = [];
+    const size = function (x) { return new URLSearchParams({ sel: x }).toString().length; };
+    while (kept.length && query(kept, false).length > MAX_QUERY) {
+      let longest = 0;
+      for (let i = 1; i < kept.length; i++) if (size(kept[i]) > size(kept[longest])) longest = i;
+      left.push(kept.splice(longest, 1)[0]);
+    }
+    return [kept, left];
+  }
+
+  function tellLeft(left) {
+    tooLong.hidden = left.length === 0;
+    tooLong.textContent = left.length === 0 ? "" : "Not shown: " + left.length +
+      " item name(s) too long for the page to ask the server for: " +
+      left.map(function (x) { return x.length > 40 ? x.slice(0, 40) + "…" : x; }).join(", ");
   }
 
   function apply(msg) {
@@ -34,6 +61,7 @@
     document.getElementById("dp-history").innerHTML = msg.html.history;
     selected = msg.selected;
     auto = msg.auto;
+    status = msg.status;
     root.dataset.version = String(msg.version);
     root.dataset.t = msg.t === null ? "" : String(msg.t);
   }
@@ -41,7 +69,7 @@
   function connect() {
     if (source) source.close();
     clearTimeout(retry);
-    const es = new EventSource("events" + query());
+    const es = new EventSource("events" + query(selected, auto));
     source = es;
     source.onopen = function () { setConn(true); };
     source.onerror = function () {
@@ -49,13 +77,15 @@
       // a refusal (503: too many pages open) ends the stream for good; try again later
       if (es.readyState === EventSource.CLOSED) retry = setTimeout(connect, RETRY_MS);
     };
-    source.onmessage = function (e) { setConn(true); apply(JSON.parse(e.data)); };
+    source.onmessage = function (e) { apply(JSON.parse(e.data)); setConn(true); };
   }
 
   function choose(next, nextAuto) {
-    selected = next.slice(-MAX);
+    const fit = fitting(nextAuto ? [] : next.slice(-MAX));
+    tellLeft(fit[1]);
+    selected = fit[0];
     auto = nextAuto;
-    history.replaceState(null, "", location.pathname + query());
+    history.replaceState(null, "", location.pathname + query(selected, auto));
     connect();
   }
 
