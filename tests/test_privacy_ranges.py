@@ -175,3 +175,16 @@ def test_plan_and_run_refuse_a_budget_outside_the_range_before_reading_input(
     err = capsys.readouterr().err
     assert f"{flag} " in err and OUTSIDE in err and "Traceback" not in err, err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("target", ["1e-300", "1e300"])
+def test_plan_refuses_a_target_error_whose_noise_is_outside_the_range(capsys, target):
+    """--target-error fixes tau = target / (the worst-step std at tau = 1): one outside
+    the range is refused naming the target (it was a ZeroDivisionError at 1e-300 and
+    "rho must be positive, got --rho 0.0" at 1e300)."""
+    argv = ["plan", "-m", "known", "--horizon", "15", "--max-items", "1", "--domain-size", "3"]
+    capsys.readouterr()
+    assert main([*argv, "--target-error", target, "--delta", "1e-6"]) == 2
+    err = capsys.readouterr().err
+    assert f"--target-error {float(target)!r} needs the noise scale" in err, err
+    assert OUTSIDE in err
