@@ -109,8 +109,7 @@ def resolve_budget(
             or the reverse, or a value out of range (rho, epsilon and tau also
             outside the range the calibration's float arithmetic supports:
             ``RHO_RANGE``, ``EPSILON_RANGE``, ``TAU_RANGE``, ``DELTA_MAX``); the
-            message names
-            the parameter and the value received.
+            message names the parameter and the value received.
     """
     given = {
         name: value
