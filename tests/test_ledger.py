@@ -405,9 +405,8 @@ def test_two_copies_of_one_run_cannot_record_a_step_twice(tmp_path):
     assert Path(path).read_text().count("\n") == 1
     a.close()
     b.close()
-    with ReleaseLedger(path, fixed_key("another"), run, fsync=False) as c:
-        with pytest.raises(LedgerError, match="not written with this key"):
-            c.record(1, "1" * 64, "2" * 64)
+    with pytest.raises(LedgerError, match="not written with this key"):  # its last line
+        ReleaseLedger(path, fixed_key("another"), run, fsync=False)
     ReleaseLedger(path, fixed_key("another"), "cd" * 16, fsync=False).close()  # other runs
 
 
@@ -476,3 +475,108 @@ def test_a_follower_restored_from_a_backup_cannot_release_a_step_again(tmp_path,
     assert out.read_bytes() == before
     assert main([*cmd, "-i", str(tmp_path / "b.jsonl"), "--until", "8"]) == 0
     assert out.read_bytes() == published
+
+
+def _step_line(key_path: Path, at: int, step: str) -> str:
+    """The ledger's line ``at`` (0-based) with its step replaced by ``step`` (the digests
+    and the tag kept: a line of the right shape, not written with the key)."""
+    fields = Path(f"{key_path}.ledger").read_text().splitlines()[at].split(" ")
+    fields[2] = step
+    return " ".join(fields) + "\n"
+
+
+@pytest.mark.parametrize("step", ["0", "-3", "+9", "09", str(10**6)])
+def test_a_ledger_line_of_an_impossible_step_is_refused_naming_it(stream, capsys, step):
+    """A run's line whose step is not one the ledger writes (below 1, not in decimal
+    digits) or lies far past the run's lines is refused, naming the line, before
+    anything is written; no set sized by that step is built (10**6 allocated tens of
+    MB: a step of 3e9 took 15 GB) and a step below 1 is no crash."""
+    import tracemalloc
+
+    tmp_path, key_path, days, out, state, cmd = stream
+    assert main(_day(cmd, tmp_path / "day1.jsonl", 1)) == 0
+    ledger = Path(f"{key_path}.ledger")
+    with ledger.open("a") as f:  # lines 1-2: the run's scope and budget lines
+        f.write(_step_line(key_path, 1 + STEPS_PER_DAY, step))
+    number = STEPS_PER_DAY + 3
+    before, tables = out.read_bytes(), _tables(state)
+    capsys.readouterr()
+    tracemalloc.start()
+    try:
+        assert main(_day(cmd, tmp_path / "day2.jsonl", 2)) == 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert f"line {number} of the release ledger" in err, err
+    assert ("edited or forged" if step == str(10**6) else "not a ledger entry") in err, err
+    assert "behind the release ledger" not in err
+    assert peak < 16 * 2**20, peak  # the run's own reading and setup, no set of 10**6
+    assert out.read_bytes() == before and _tables(state) == tables
+
+
+def test_a_forged_line_of_a_step_far_past_the_run_is_refused_without_allocating(tmp_path):
+    """A forged line of step 10**9 is refused naming it, with a few MB allocated at most.
+    Opened in a child process with 1 GB of address space: a dpstream that sized a set
+    by the step fails there with MemoryError instead of taking the machine's memory."""
+    import os
+    import subprocess
+    import sys
+
+    import dpstream
+    from dpstream.ledger import ReleaseLedger
+
+    path, run = tmp_path / "k.ledger", "ab" * 16
+    with ReleaseLedger(str(path), fixed_key("u"), run, fsync=False) as ledger:
+        for t in (1, 2, 3):
+            ledger.record(t, f"{t}" * 64, "2" * 64)
+    with path.open("a") as f:
+        f.write(f"L1 {run} {10**9} {'1' * 32} {'2' * 32} {'0' * 32}\n")
+    child = f"""
+import hashlib, tracemalloc
+from dpstream.ledger import LedgerError, ReleaseLedger
+from dpstream.noise import NoiseKey
+key = NoiseKey.from_bytes(hashlib.sha256(b"dpstream-test:u").digest())
+tracemalloc.start()
+try:
+    ReleaseLedger({str(path)!r}, key, {run!r}, fsync=False)
+except LedgerError as exc:
+    print(tracemalloc.get_traced_memory()[1], exc)
+"""
+
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    src = os.path.dirname(os.path.dirname(dpstream.__file__))
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": src, "OPENBLAS_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout, done.stderr[-2000:]
+    peak, message = done.stdout.split(" ", 1)
+    assert "line 4 of the release ledger" in message and "edited or forged" in message
+    assert int(peak) < 4 * 2**20, peak
+
+
+def test_a_forged_line_of_the_next_step_is_refused_before_the_state_is_called_behind(
+    stream, capsys
+):
+    """A forged line of the step after the state's last is refused as forged when the
+    run opens, not first announced as a step released after the state was saved."""
+    tmp_path, key_path, days, out, state, cmd = stream
+    assert main(_day(cmd, tmp_path / "day1.jsonl", 1)) == 0
+    with Path(f"{key_path}.ledger").open("a") as f:
+        f.write(_step_line(key_path, 1 + STEPS_PER_DAY, str(STEPS_PER_DAY + 1)))
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main([a for a in _day(cmd, tmp_path / "day2.jsonl", 2) if a != "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"line {STEPS_PER_DAY + 3} of the release ledger" in err, err
+    assert "edited or forged" in err and "behind the release ledger" not in err, err
+    assert out.read_bytes() == before

@@ -37,8 +37,9 @@ The digests are the state's (:class:`dpstream.state.StateDigests`: keyed,
 bound to t) cut to 128 bits; the tag is an HMAC-SHA256 (cut to 128 bits) of
 the rest of the line under a subkey of the noise key, so a line cannot be
 written or edited without the key. A line's tag is checked when the run
-first relies on it (the state's last step when the run opens, and every
-step it releases again), so opening a long ledger costs a split per line.
+first relies on it (the run's last step on record whenever its lines are
+read, the state's last step when the run opens, and every step it releases
+again), so opening a long ledger costs a split per line.
 Lines are not chained: several streams may share one key and one ledger and
 append at the same time (each append is one ``write`` under an exclusive
 ``flock``, after reading what others appended); instead a run's lines must
@@ -288,6 +289,7 @@ class ReleaseLedger(BudgetLines):
         prefix = self._prefix
         at = len(prefix)
         scope = self._scope
+        steps = 0  # the run's lines read now
         for raw in complete.split(b"\n")[:-1]:
             self._lines += 1
             if not raw.startswith(prefix):
@@ -300,14 +302,14 @@ class ReleaseLedger(BudgetLines):
                             fields[2].decode("ascii", "replace"), (raw, self._lines)
                         )
                 continue  # another run's line (that run checks it)
-            try:
-                t = int(raw[at : raw.index(b" ", at)])
-            except ValueError:
+            t = _step(raw, at)
+            if t is None:
                 raise LedgerError(
                     f"line {self._lines} of the release ledger {self.path!r} is "
-                    "not a ledger entry (edited?): refusing to trust the "
-                    "ledger"
-                ) from None
+                    "not a ledger entry (its step is not a whole number from 1 on: "
+                    "edited?): refusing to trust the ledger"
+                )
+            steps += 1
             self._max = max(self._max, t)
             if self._raw.setdefault(t, (raw, self._lines))[0] != raw:
                 raise LedgerError(
@@ -315,14 +317,25 @@ class ReleaseLedger(BudgetLines):
                     f"{self.run_id} twice, with different digests (line "
                     f"{self._lines}): refusing to trust the ledger"
                 )
-        if len(self._raw) != self._max:
-            missing = min(set(range(1, self._max + 1)) - set(self._raw))
+        if steps:
+            self._check_steps()
+        return size
+
+    def _check_steps(self) -> None:
+        """The run's lines must hold its steps 1..L, each once, the last one written with
+        the key. The last line's tag is checked first: every message about the run's
+        steps (how far the ledger is ahead of the state, a step missing) relies on it,
+        and a forged line of a step far past the run's (any number can be written) is
+        refused naming its line. A missing step is then found by walking the sorted
+        steps (never a set sized by a number read from the file)."""
+        self.entry(self._max)
+        if len(self._raw) != self._max:  # steps are distinct and >= 1: one is missing
+            missing = next(want for want, t in enumerate(sorted(self._raw), start=1) if t != want)
             raise LedgerError(
                 f"the release ledger {self.path!r} lacks step {missing} of run "
                 f"{self.run_id}, though it holds later steps: a line was "
                 "removed; refusing to trust the ledger"
             )
-        return size
 
     @property
     def last_t(self) -> int:
@@ -494,6 +507,20 @@ class ReleaseLedger(BudgetLines):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _step(raw: bytes, at: int) -> int | None:
+    """The step of a run's line (its field from ``at`` to the next space), or ``None``
+    when it is not one a ledger writes: decimal digits without a leading zero (so at
+    least 1; ``int`` alone would take ``0``, ``-5``, ``+5``, ``0_5``)."""
+    end = raw.find(b" ", at)
+    field = raw[at:end] if end >= 0 else b""
+    if not field.isdigit() or field.startswith(b"0"):  # bytes.isdigit: ASCII digits only
+        return None
+    try:
+        return int(field)
+    except ValueError:  # more digits than int() converts
+        return None
 
 
 def scope_refusal(path: str, runs: int) -> str:

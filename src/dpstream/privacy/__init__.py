@@ -42,6 +42,14 @@ Example:
 
 from __future__ import annotations
 
+from ._checks import (
+    DELTA_MAX,
+    EPSILON_RANGE,
+    RHO_RANGE,
+    TAU_RANGE,
+    budget_range_problem,
+    delta_range_problem,
+)
 from .budgets import Budget, PrivacyLedger, calibrate_tau, resolve_budget
 from .calibration import (
     guarantee_at_delta,
@@ -70,12 +78,18 @@ __all__ = [
     "in_events",
     "CONVERSIONS",
     "DEFAULT_DELTA",
+    "DELTA_MAX",
+    "EPSILON_RANGE",
+    "RHO_RANGE",
+    "TAU_RANGE",
     "ApproxDP",
     "Budget",
     "PrivacyGuarantee",
     "PrivacyLedger",
     "ZCDP",
+    "budget_range_problem",
     "calibrate_tau",
+    "delta_range_problem",
     "delta_bun_steinke",
     "delta_cks",
     "epsilon_bun_steinke",

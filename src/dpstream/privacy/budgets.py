@@ -17,7 +17,14 @@ from typing import Literal
 
 from dpstream.errors import BudgetExhaustedError
 
-from ._checks import _check_open_unit, _check_positive, _check_real, _check_str
+from ._checks import (
+    _check_budget_range,
+    _check_delta_range,
+    _check_open_unit,
+    _check_positive,
+    _check_real,
+    _check_str,
+)
 from .calibration import mu_for_gaussian, rho_for_epsilon_delta, tau_for_rho
 from .conversions import _gaussian_delta, epsilon_cks
 from .guarantees import DEFAULT_DELTA
@@ -99,8 +106,10 @@ def resolve_budget(
     Raises:
         TypeError: A given value is not a real number (``bool`` is not one).
         ValueError: No form, more than one form, ``epsilon`` without ``delta``
-            or the reverse, or a value out of range; the message names the
-            parameter and the value received.
+            or the reverse, or a value out of range (rho, epsilon and tau also
+            outside the range the calibration's float arithmetic supports:
+            ``RHO_RANGE``, ``EPSILON_RANGE``, ``TAU_RANGE``, ``DELTA_MAX``); the
+            message names the parameter and the value received.
     """
     given = {
         name: value
@@ -127,17 +136,17 @@ def resolve_budget(
         raise ValueError(f"{usage} (got {listed})")
     kind = forms[0]
     if kind == "rho":
-        return Budget(kind="rho", rho=_check_positive("rho", rho))
+        return Budget(kind="rho", rho=_check_budget_range("rho", _check_positive("rho", rho)))
     if kind == "tau":
-        return Budget(kind="tau", tau=_check_positive("tau", tau))
+        return Budget(kind="tau", tau=_check_budget_range("tau", _check_positive("tau", tau)))
     if delta is None:
         raise ValueError(f"epsilon={epsilon!r} needs delta= as well (got delta=None)")
     if epsilon is None:
         raise ValueError(f"delta={delta!r} needs epsilon= as well (got epsilon=None)")
     return Budget(
         kind="epsilon-delta",
-        epsilon=_check_positive("epsilon", epsilon),
-        delta=_check_open_unit("delta", delta),
+        epsilon=_check_budget_range("epsilon", _check_positive("epsilon", epsilon)),
+        delta=_check_delta_range(_check_open_unit("delta", delta)),
     )
 
 

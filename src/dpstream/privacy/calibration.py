@@ -26,7 +26,16 @@ import math
 from typing import Literal
 
 from ..rootfind import brentq
-from ._checks import _check_half_open_unit, _check_open_unit, _check_positive
+from ._checks import (
+    CKS_RHO_MAX,
+    GAUSSIAN_RHO_MAX,
+    RHO_RANGE,
+    _check_budget_range,
+    _check_delta_range,
+    _check_half_open_unit,
+    _check_open_unit,
+    _check_positive,
+)
 from ._roots import _nudge
 from .conversions import (
     _cks_epsilon,
@@ -49,7 +58,7 @@ def tau_for_rho(rho: float, a: float) -> float:
         ``sqrt(a / rho)`` rounded up in the last place (and further if needed),
         so the achieved rho never exceeds the target in floating point.
     """
-    rho = _check_positive("rho", rho)
+    rho = _check_budget_range("rho", _check_positive("rho", rho))
     a = _check_positive("a", a)
     tau = math.nextafter(math.sqrt(a / rho), math.inf)
     while a / (tau * tau) > rho:
@@ -78,8 +87,8 @@ def rho_for_epsilon_delta(
     Raises:
         ValueError: For an unknown conversion or out-of-range targets.
     """
-    epsilon = _check_positive("epsilon", epsilon)
-    delta = _check_open_unit("delta", delta)
+    epsilon = _check_budget_range("epsilon", _check_positive("epsilon", epsilon))
+    delta = _check_delta_range(_check_open_unit("delta", delta))
     log_inv_delta = -math.log(delta)
     # Closed-form Bun-Steinke inverse, written without cancellation:
     # sqrt(eps + L) - sqrt(L) = eps / (sqrt(eps + L) + sqrt(L)).
@@ -118,7 +127,18 @@ def mu_for_gaussian(epsilon: float, delta: float) -> float:
     Returns:
         mu > 0.
     """
-    return _mu_for_gaussian(_check_positive("epsilon", epsilon), _check_open_unit("delta", delta))
+    epsilon = _check_budget_range("epsilon", _check_positive("epsilon", epsilon))
+    delta = _check_delta_range(_check_open_unit("delta", delta))
+    try:
+        return _mu_for_gaussian(epsilon, delta)
+    except RuntimeError:  # brentq did not converge: the curve is flat in floating point
+        raise ValueError(
+            f"epsilon={epsilon!r} is outside what the calibration supports at a delta of "
+            f"{delta:g} (the part of delta the exact Gaussian curve is solved at): the "
+            "curve cannot be solved there in float arithmetic (near epsilon = 0 its delta "
+            "is computed to about 1e-14, far above so small a delta); give a larger "
+            "epsilon or delta"
+        ) from None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -182,7 +202,23 @@ def guarantee_for_tau(
         )
     if not isinstance(gaussian_exact, bool):
         raise TypeError(f"gaussian_exact must be a bool, got {gaussian_exact!r}")
-    rho = a / (tau * tau)
+    delta = _check_delta_range(delta)
+    square = tau * tau
+    rho = a / square if square > 0.0 else math.inf
+    high = GAUSSIAN_RHO_MAX if gaussian_exact else CKS_RHO_MAX
+    # see _checks: where the conversions fail; below, a rounding under the smallest rho
+    # (tau_for_rho rounds tau up), far above where tau**2 = a / rho overflows
+    if not RHO_RANGE[0] / 2.0 <= rho <= high:
+        raise ValueError(
+            f"tau={tau!r} gives rho = a / tau^2 = {rho:g} (a = {a:g}), outside the range "
+            f"the calibration supports ({RHO_RANGE[0] / 2.0:g} <= rho <= {high:g}): "
+            + (
+                "the noise would be so small that the conversion to (epsilon, delta) "
+                "fails in float arithmetic"
+                if rho > high
+                else "the noise would be so large that its variance overflows float arithmetic"
+            )
+        )
     # Remaining delta for the conversion, rounded down so the claim stays valid.
     conv_delta = delta - rho_delta
     if conv_delta + rho_delta > delta:

@@ -21,6 +21,7 @@ exact one.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from scipy.special import log_ndtr
 
@@ -215,6 +216,19 @@ def gaussian_delta(epsilon: float, mu: float) -> float:
     return _gaussian_delta(epsilon, mu)
 
 
+def _climb(ok: Any) -> float:
+    """The smallest power of two (from the smallest normal float up) at which ``ok``
+    holds. For a root of the Gaussian curve found at 0, or so close to it that the
+    nudge's relative steps cannot leave it: near epsilon = 0 the curve is flat to
+    within its rounding allowance, and a tiny target delta' puts the root there."""
+    e = 2.0**-1022
+    while not ok(e):
+        if e > 2.0**1000:  # pragma: no cover - ok holds at the bracket's end
+            raise ArithmeticError("gaussian_epsilon: could not make the result conservative")
+        e *= 2.0
+    return e
+
+
 def gaussian_epsilon(delta: float, mu: float) -> float:
     """Smallest epsilon at which a Gaussian mechanism with ratio ``mu`` is
     (epsilon, delta)-DP: the inverse of :func:`gaussian_delta` in epsilon.
@@ -243,7 +257,10 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
         return _gaussian_delta(e, mu) <= delta
 
     if not ok(eps):
-        eps = _nudge(eps, +1, ok, "gaussian_epsilon")
+        try:
+            eps = _nudge(eps, +1, ok, "gaussian_epsilon")
+        except ArithmeticError:  # a root at 0 or subnormal: the growing steps start too low
+            eps = _climb(ok)
     # brentq stops within its tolerance of the root and the nudge moves in growing
     # steps: look at the floats just below for the smallest one that passes (any
     # passing value is a valid claim; the check is not monotone at the ulp level),

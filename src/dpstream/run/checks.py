@@ -116,6 +116,30 @@ def _budget_problems(opts: Mapping[str, Any]) -> list[str]:
         problems.append("--epsilon needs --delta as well (the budget is the pair)")
     elif opts.get("epsilon") is None and delta is not None:
         problems.append("--delta needs --epsilon as well (the budget is the pair)")
+    problems += _budget_range_problems(opts)
+    return problems
+
+
+def _budget_range_problems(opts: Mapping[str, Any]) -> list[str]:
+    """--rho, --epsilon, --tau and --delta outside the range the calibration's float
+    arithmetic supports (:data:`dpstream.privacy.RHO_RANGE` and its siblings, where the bounds are
+    derived): refused here, before any input is read, not by a traceback."""
+    import math
+
+    from ..privacy import budget_range_problem, delta_range_problem
+
+    problems = []
+    delta = opts.get("delta")
+    if isinstance(delta, (int, float)) and 0 < delta < 1:
+        problem = delta_range_problem(float(delta), label="--delta ")
+        if problem is not None:
+            problems.append(problem)
+    for name in ("rho", "epsilon", "tau"):
+        value = opts.get(name)
+        if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+            problem = budget_range_problem(name, float(value), label=_flag(name))
+            if problem is not None:
+                problems.append(problem)
     return problems
 
 

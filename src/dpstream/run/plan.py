@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..registry import MECHANISMS, build_mechanism, mechanism_class, top_k_choice
-from .checks import mechanism_settings
+from .checks import SettingsError, mechanism_settings
 from .config import RunConfig
 from .options import domain_option
 
@@ -151,9 +151,18 @@ def _target_mechanism(
                 "--threshold-delta"
             )
     tau = planning.tau_for_target(target, planning.noise_std_worst(unit))
-    mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
-    if asked is not None:
-        mech.privacy = guarantee_at_delta(mech.privacy, asked)
+    try:
+        with mechanism_settings():  # a noise scale outside the calibration's range
+            mech = build_mechanism(name, {**fixed, "tau": tau}, key, domain)
+            if asked is not None:
+                mech.privacy = guarantee_at_delta(mech.privacy, asked)
+    except SettingsError as exc:
+        raise SettingsError(
+            [
+                f"--target-error {target!r} needs the noise scale {tau:.4g}: {p}"
+                for p in exc.problems
+            ]
+        ) from None
     return mech, fixed
 
 
