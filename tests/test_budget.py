@@ -8,12 +8,13 @@ what the runs appended, byte for byte where a refused run must change nothing.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from dpstream.budget import DatasetSpend, dataset_name, format_budget, totals
 from dpstream.ledger import BudgetCapError, LedgerError, ReleaseLedger
-from dpstream.privacy import BudgetCap, Spend, compose, epsilon_cks, in_events
+from dpstream.privacy import BudgetCap, Spend, compose, costlier, epsilon_cks, in_events
 
 from .conftest import fixed_key
 
@@ -407,3 +408,92 @@ def test_a_shared_ledger_keeps_each_keys_budget_apart(tmp_path) -> None:
         assert [x.spend.epsilon for _, x in led.spends()] == [1.0]
     with _open(path, "c" * 32, "t", None) as led:
         assert [x.spend.epsilon for _, x in led.spends()] == [4.0]
+
+
+# ------------------------------------------------------------ whom a total protects
+
+
+def test_user_costs_named_by_different_fields_add_up_per_event() -> None:
+    """A per-account and a per-device release bound no one notion of person together
+    (review 65): their total was stated per user. Each is an event-level guarantee at
+    group privacy for two (4 rho, 2 rho_delta, CKS20 at 2 delta), so they add per event."""
+    account = Spend(0.1, 1e-7, 1.0, 1e-6, "user", "a", user_field="account")
+    device = Spend(0.2, 0.0, 1.5, 1e-6, "user", "b", user_field="device")
+    same = compose([account, replace(account, label="c")])
+    assert same.unit == "user" and same.rho == pytest.approx(0.2, rel=1e-15)
+    both = compose([account, device])
+    assert both.unit == "event"
+    assert both.rho == pytest.approx(4 * 0.1 + 4 * 0.2, rel=1e-15)
+    assert both.rho_delta == pytest.approx(2e-7, rel=1e-15)
+    want = epsilon_cks(0.4, 2e-6 - 2e-7) + epsilon_cks(0.8, 2e-6)
+    assert both.epsilon_sum == pytest.approx(want, rel=1e-12)
+    # a line recorded before the field was kept ("") is not assumed to name the same users
+    assert compose([account, replace(account, user_field="")]).unit == "event"
+    # --force over a run with another field: the larger cost per event
+    assert costlier(account, device).unit == "event"
+    assert costlier(account, device).rho == pytest.approx(0.8, rel=1e-15)
+
+
+def test_the_command_totals_runs_of_two_user_fields_per_event(tmp_path, capsys) -> None:
+    import json
+
+    from dpstream.cli import main
+
+    key = tmp_path / "k.key"
+    fixed_key("budget-fields").save(key)
+    rows = [{"t": 1 + i % 4, "acct": f"a{i % 7}", "dev": f"d{i % 5}", "items": [f"w{i % 3}"]}
+            for i in range(60)]  # fmt: skip
+    (tmp_path / "ev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "dom.txt").write_text("w0\nw1\nw2\n")
+    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "4"]
+    run += ["--epsilon", "1", "--delta", "1e-6", "--max-items-per-user", "2"]
+    run += ["--max-count-per-item", "1", "--key-file", str(key), "--dataset", "S"]
+    run += ["-i", str(tmp_path / "ev.jsonl")]
+
+    def total() -> dict:
+        capsys.readouterr()
+        assert main(["budget", "--key-file", str(key), "--json", "--dataset", "S"]) == 0
+        return json.loads(capsys.readouterr().out)["S"]
+
+    out = [*run, "-o", str(tmp_path / "a.jsonl"), "--stream", "a", "--user-field", "acct"]
+    assert main(out) == 0
+    one = total()
+    assert one["unit"] == "user"
+    out = [*run, "-o", str(tmp_path / "b.jsonl"), "--stream", "b", "--user-field", "acct"]
+    assert main(out) == 0
+    assert total()["unit"] == "user"
+    out = [*run, "-o", str(tmp_path / "c.jsonl"), "--stream", "c", "--user-field", "dev"]
+    assert main(out) == 0
+    three = total()
+    assert three["unit"] == "event" and three["releases"] == 3
+    assert three["rho"] == pytest.approx(4 * sum(r["rho"] for r in three["runs"]), rel=1e-12)
+    capsys.readouterr()
+    assert main(["budget", "--key-file", str(key), "--dataset", "S"]) == 0
+    assert "(named by 'dev')" in capsys.readouterr().out
+
+
+def test_a_later_batch_on_another_dataset_is_refused(tmp_path, capsys) -> None:
+    """A stream's cost is on the dataset its first batch named; a later batch given
+    another --dataset was kept there silently, past the other dataset's --budget-cap."""
+    from dpstream.cli import main
+
+    key = tmp_path / "k.key"
+    fixed_key("budget-batches").save(key)
+    _events(tmp_path / "ev.jsonl")
+    lines = (tmp_path / "ev.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "day1.jsonl").write_text("".join(x for x in lines if '"t": 1' in x))
+    (tmp_path / "day2.jsonl").write_text("".join(x for x in lines if '"t": 2' in x))
+    (tmp_path / "dom.txt").write_text("".join(f"w{i}\n" for i in range(11)))
+    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "6"]
+    run += ["--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key)]
+    run += ["-o", str(tmp_path / "r.jsonl"), "--state", str(tmp_path / "s.sqlite")]
+    day1, day2 = ["-i", str(tmp_path / "day1.jsonl")], ["-i", str(tmp_path / "day2.jsonl")]
+    assert main([*run, *day1, "--until", "1", "--dataset", "A"]) == 0
+    out_before = (tmp_path / "r.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main([*run, *day2, "--until", "2", "--dataset", "B", "--budget-cap", "1.5"]) == 1
+    err = capsys.readouterr().err
+    assert "counted on dataset 'A'" in err and "--dataset 'A'" in err
+    assert (tmp_path / "r.jsonl").read_bytes() == out_before
+    assert main([*run, *day2, "--until", "2"]) == 0  # no --dataset: it goes on on A
+    assert (tmp_path / "r.jsonl").read_bytes() != out_before

@@ -85,6 +85,8 @@ class DatasetSpend:
             "unit": s.unit,
             "at": self.at,
         }
+        if s.user_field:
+            doc["user_field"] = s.user_field
         raw = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -108,6 +110,7 @@ class DatasetSpend:
                 delta=float(doc["delta"]),
                 unit=str(doc["unit"]),
                 label=label,
+                user_field=str(doc.get("user_field", "")),
             )
             return cls(
                 dataset=str(doc["dataset"]),
@@ -163,6 +166,8 @@ def format_budget(spends: list[DatasetSpend], delta: float, dataset: str | None 
                 c = s.spend
                 out.append(
                     f"  {s.at}  stream {s.stream}: {s.mechanism}, epsilon = {c.epsilon:.6g}, "
-                    f"delta = {c.delta:.3g} per {c.unit} (rho = {c.rho:.6g})"
+                    f"delta = {c.delta:.3g} per {c.unit}"
+                    + (f" (named by {c.user_field!r})" if c.user_field else "")
+                    + f" (rho = {c.rho:.6g})"
                 )
     return "\n".join(out)

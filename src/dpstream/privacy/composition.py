@@ -15,7 +15,9 @@ both are valid, so the smaller epsilon at a given delta is reported:
   from the exact Gaussian curve, say).
 
 Units: the total of releases at both units is an event-level total; it is a
-user-level total only when every release is user-level. A user-level release
+user-level total only when every release is user-level and one field names the
+users of all (a per-account and a per-device release bound no one notion of
+person together; each is also an event-level guarantee, below). A user-level release
 counts in an event-level total at what it costs two inputs that differ in one
 event (:func:`in_events`). Those are not neighbours in users: first come,
 first kept bounding keeps, in the input without the event, a later
@@ -54,6 +56,10 @@ class Spend:
         epsilon, delta: its (epsilon, delta)-DP claim.
         unit: ``"event"`` or ``"user"``.
         label: what it was (shown in reports), e.g. the stream and the mechanism.
+        user_field: for a user-level cost, what names the user (``--user-field``;
+            ``""``: not recorded). Costs per user add up per user only when one field
+            names the users of all of them: a per-account and a per-device release
+            bound no one notion of person together, so their total is per event.
     """
 
     rho: float
@@ -62,6 +68,7 @@ class Spend:
     delta: float
     unit: str
     label: str
+    user_field: str = ""
 
     def __post_init__(self) -> None:
         _check_positive("rho", self.rho)
@@ -71,8 +78,9 @@ class Spend:
             raise ValueError(f"unit must be one of {tuple(UNITS)}, got {self.unit!r}")
 
     @classmethod
-    def of(cls, guarantee: PrivacyGuarantee, label: str) -> Spend:
-        """The cost of a release whose mechanism reports ``guarantee``."""
+    def of(cls, guarantee: PrivacyGuarantee, label: str, user_field: str = "") -> Spend:
+        """The cost of a release whose mechanism reports ``guarantee`` (``user_field``:
+        what names its users, kept for a user-level guarantee only)."""
         return cls(
             rho=guarantee.rho,
             rho_delta=guarantee.rho_delta,
@@ -80,7 +88,13 @@ class Spend:
             delta=guarantee.delta,
             unit=guarantee.unit,
             label=label,
+            user_field=user_field if guarantee.unit == "user" else "",
         )
+
+    @property
+    def protects(self) -> tuple[str, str]:
+        """Whom the cost is per: (unit, the field naming the users)."""
+        return self.unit, self.user_field
 
 
 @dataclass(frozen=True)
@@ -166,9 +180,10 @@ def in_events(spend: Spend) -> Spend:
 
 def costlier(a: Spend, b: Spend) -> Spend:
     """A cost that bounds both ``a`` and ``b``: each number the larger of the two
-    (at one unit: per event when they differ). The ledger counts the runs of one
-    noise scope on a dataset once (``--force`` says only one was published), at this."""
-    if a.unit != b.unit:
+    (at one unit: per event when they differ, or name users by different fields). The
+    ledger counts the runs of one noise scope on a dataset once (``--force`` says only
+    one was published), at this."""
+    if a.protects != b.protects:
         a, b = in_events(a), in_events(b)
     return Spend(
         rho=max(a.rho, b.rho),
@@ -177,14 +192,16 @@ def costlier(a: Spend, b: Spend) -> Spend:
         delta=max(a.delta, b.delta),
         unit=a.unit,
         label=a.label,
+        user_field=a.user_field,
     )
 
 
 def compose(spends: Iterable[Spend]) -> Composed:
     """The total of ``spends`` (order does not matter; sums are exactly rounded). With
-    both units among them, the user-level ones count per event (:func:`in_events`)."""
+    both units among them, or user-level ones whose users different fields name, every
+    cost counts per event (:func:`in_events`)."""
     items = list(spends)
-    if len({s.unit for s in items}) > 1:
+    if len({s.protects for s in items}) > 1:
         items = [in_events(s) for s in items]
     zcdp = PrivacyLedger()
     for s in items:

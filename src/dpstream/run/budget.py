@@ -45,7 +45,7 @@ def run_spend(cfg: RunConfig, mech: ContinualMechanism) -> DatasetSpend:
         dataset=dataset_name(cfg.options()),
         stream=str(cfg.stream),
         mechanism=words,
-        spend=Spend.of(guarantee, f"{cfg.stream}: {words}"),
+        spend=Spend.of(guarantee, f"{cfg.stream}: {words}", str(cfg.user_field or "")),
         at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
 

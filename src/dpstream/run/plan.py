@@ -56,7 +56,7 @@ def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] 
     spends = read_spends(ledger_path(cfg.options()), NoiseKey.load(cfg.key_file))
     lines = [x.spend for x in spends if x.dataset == cfg.dataset]
     before = compose(lines)
-    after = compose([*lines, Spend.of(mech.privacy, "this run")])
+    after = compose([*lines, Spend.of(mech.privacy, "this run", str(cfg.user_field or ""))])
     cap = run_cap(cfg)
     delta = cap.delta if cap is not None else float(cfg.budget_cap_delta)
     allowed = cap is None or after.within(cap)

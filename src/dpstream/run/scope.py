@@ -77,6 +77,7 @@ def new_run_scope(
         cap=cap,
     )
     try:
+        _check_dataset(cfg, ledger)
         problem = ledger.budget_problem()
         if problem is not None:
             raise BudgetCapError(problem)
@@ -135,6 +136,7 @@ def open_ledger(
         cap=cap,
     )
     try:
+        _check_dataset(cfg, ledger)
         last = record.last_t if record is not None else 0
         _check_common_step(cfg, ckpt, ledger, last)
         _catch_up(cfg, ckpt, ledger, last)
@@ -144,6 +146,21 @@ def open_ledger(
         ledger.close()
         raise
     return ledger
+
+
+def _check_dataset(cfg: RunConfig, ledger: ReleaseLedger) -> None:
+    """A stream's cost is counted on the dataset its first batch named, and its later
+    batches go on there (their files may have other names). A later batch given another
+    ``--dataset`` is refused: kept silently on the first, it would be checked against a
+    ``--budget-cap`` of a dataset it is not counted on."""
+    given = cfg.dataset
+    on_record = ledger.dataset_name()
+    if given and on_record is not None and on_record != given:
+        raise LedgerError(
+            f"--dataset {given!r}: this stream's cost is counted on dataset {on_record!r} "
+            "(its first batch's), where its later batches go on; leave out --dataset, or "
+            f"give --dataset {on_record!r} (a stream on another dataset is a new stream)"
+        )
 
 
 def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> None:
