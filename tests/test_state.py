@@ -52,7 +52,10 @@ def test_a_step_is_committed_once(tmp_path):
     "field,value,message",
     [
         ("key_fingerprint", "0" * 16, "another key"),
-        ("params", canonical_json({"b": 2, "a": [1, 2]}), "differs in: b"),
+        ("params", canonical_json({"b": 2, "a": [1, 2]}), "differs in: --b"),
+        # recorded names are given as the command's options spell them
+        ("params", canonical_json({"max_items_per_user": 2, "a": [1, 2]}), "--max-items-per-user"),
+        ("params", canonical_json({"input_format": "parquet", "a": [1, 2]}), r"\(--input-format\)"),
         ("input", "/other", "reading"),
         ("output", "/other", "writing"),
     ],

@@ -138,6 +138,28 @@ def recorded_params(path: str, *, allow_readable: bool = False) -> dict[str, Any
     return params if isinstance(params, dict) else None
 
 
+#: What a recorded parameter is, in the words of the command's options, where its name
+#: is not the option's (the others are ``--name-with-dashes``).
+_PARAM_WORDS = {
+    "tau": "the noise scale (the budget: --epsilon/--delta, --rho or --tau)",
+    "domain_sha256": "--domain (its items)",
+    "unbounded": "--horizon (given or not)",
+    "truncation": "the truncation rule (of the dpstream that began the stream)",
+    "blt": "the BLT counter (--counter, --blt-buffers)",
+    "input_format": "the input's format (--input-format)",
+    "output_format": "the output's format (--output-format)",
+    "step_seconds": "--step",
+    "step_months": "--step",
+    "lateness_seconds": "--lateness",
+    "time_zone": "the time zone of --start",
+}
+
+
+def param_words(name: str) -> str:
+    """A recorded parameter's name as the command's options spell it."""
+    return _PARAM_WORDS.get(name, "--" + name.replace("_", "-"))
+
+
 class Checkpoint:
     """An open state file. Use :meth:`load`, then :meth:`start` or :meth:`verify`.
 
@@ -278,7 +300,8 @@ class Checkpoint:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             raise StateError(
                 f"state file {self.path!r} belongs to a run with other parameters "
-                f"(differs in: {', '.join(diff)}): refusing to resume"
+                f"(differs in: {', '.join(param_words(k) for k in diff)}): refusing to "
+                "resume; a stream's parameters are fixed at its first run"
             )
         if input is not None and record.input != input:
             raise StateError(
