@@ -160,7 +160,8 @@ def _phrase(cause: str, cfg: RunConfig) -> str:
         "late event": "are for steps an earlier run already released (late events)",
         "not in the domain": "hold an item outside --domain",
         "more than --max-items": f"hold more than --max-items {cfg.max_items} items",
-        "user id": f"lack a user id {cfg.user_field!r} (--user-field)",
+        "user id": f"lack a user id {cfg.user_field!r} (--user-field), or hold one that is "
+        "empty or not a string",
         "not valid JSON": "are not valid JSON",
         "not valid UTF-8": "are not valid UTF-8",
         "time order": "are out of time order",
