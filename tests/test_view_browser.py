@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -287,6 +288,15 @@ def _serve_names(tmp_path, released: dict) -> ViewServer:
     return ViewServer(ViewModel(path, top=10), poll=0.1).start()
 
 
+def _new_page(browser) -> tuple[Any, list[tuple[int, str]]]:
+    """A page, and the list its failed responses go to."""
+    page = browser.new_page()
+    failed: list[tuple[int, str]] = []
+    page.on("response", lambda r: r.status >= 400 and failed.append((r.status, r.url[:80])))
+    page.set_default_timeout(5000)
+    return page, failed
+
+
 def test_a_long_name_in_the_top_3_can_be_followed(browser, tmp_path):
     """A 3,000-character item among the top 3 the page opens with: clicking another item
     asks for all four, and the server answers (it answered 400 to a name over 1,000
@@ -295,10 +305,7 @@ def test_a_long_name_in_the_top_3_can_be_followed(browser, tmp_path):
 
     long = "x" * 3000
     server = _serve_names(tmp_path, {long: 100, "a": 90, "b": 80, "c": 70})
-    page = browser.new_page()
-    failed: list[tuple[int, str]] = []
-    page.on("response", lambda r: r.status >= 400 and failed.append((r.status, r.url[:80])))
-    page.set_default_timeout(5000)
+    page, failed = _new_page(browser)
     try:
         page.goto(server.url)
         page.wait_for_selector("#dp-conn.ok", timeout=5000)
@@ -332,10 +339,7 @@ def test_names_too_long_for_one_request_are_left_out_and_said(browser, tmp_path)
 
     names = [c * 25_000 for c in "xyz"]
     server = _serve_names(tmp_path, {names[0]: 100, names[1]: 90, names[2]: 80, "c": 70})
-    page = browser.new_page()
-    failed: list[tuple[int, str]] = []
-    page.on("response", lambda r: r.status >= 400 and failed.append((r.status, r.url[:80])))
-    page.set_default_timeout(5000)
+    page, failed = _new_page(browser)
     try:
         page.goto(server.url)
         page.wait_for_selector("#dp-conn.ok", timeout=5000)
