@@ -12,6 +12,7 @@ import pytest
 import dpstream as dps
 from dpstream import privacy
 from dpstream.cli import main
+from dpstream.privacy._checks import CKS_RHO_MAX
 from dpstream.privacy.conversions import gaussian_delta
 
 from .conftest import fixed_key
@@ -61,7 +62,8 @@ INSIDE = [
     ("known", {"rho": 1e15}, 2.23606797749979e-08),
     ("known", {"epsilon": 1e-98, "delta": 1e-6}, 398942.287144309),
     ("known", {"epsilon": 1e15, "delta": 1e-6}, 2.2360682151710174e-08),
-    ("known", {"tau": 3e-8}, 3e-8),
+    ("known", {"tau": 2.3e-10}, 2.3e-10),
+    ("known", {"tau": 1e-9}, 1e-9),  # exact-count checks run here (rho = a * 1e18)
     ("known", {"tau": 1e99}, 1e99),
     ("known", {"epsilon": 1.0, "delta": 1 - 1e-12}, 0.06947567940719941),
     ("top-k", {"rho": 1e-200}, 1.2247448713915892e100),
@@ -99,9 +101,10 @@ def test_the_ends_of_the_ranges_are_inside_and_the_next_floats_outside():
         assert OUTSIDE in below and OUTSIDE in above
     assert privacy.delta_range_problem(privacy.DELTA_MAX) is None
     assert privacy.delta_range_problem(math.nextafter(privacy.DELTA_MAX, 1.0)) is not None
-    # tau's range is inside rho's at the smallest coefficient a = 1/2
+    # tau's range gives a rho the conversion takes at the smallest coefficient a = 1/2
     low, high = privacy.TAU_RANGE
-    assert privacy.RHO_RANGE[0] <= 0.5 / (high * high) <= 0.5 / (low * low) <= privacy.RHO_RANGE[1]
+    assert privacy.RHO_RANGE[0] <= 0.5 / (high * high) <= 0.5 / (low * low)
+    assert 0.5 / (low * low) <= CKS_RHO_MAX
 
 
 def test_a_tiny_epsilon_on_the_gaussian_curve_states_a_valid_claim():

@@ -91,17 +91,20 @@ def _check_str(name: str, value: Any) -> str:
 #   Bun-Steinke start underflows to 0 (--epsilon 1e-300: rho = 0, or brentq's "Failed
 #   to converge" on the exact Gaussian curve); above, the bracket of the exact Gaussian
 #   curve's mu divides by an underflowed 0 (--epsilon 1e300: ZeroDivisionError).
-# * tau: rho = a / tau**2 in [RHO_MIN, RHO_MAX] at a = 1/2 (the smallest coefficient)
-#   needs tau in [sqrt(0.5 / RHO_MAX), sqrt(0.5 / RHO_MIN)] = [2.3e-8, 7.1e99]; TAU_RANGE
-#   is inside it. A mechanism with a larger a is checked at its own rho
-#   (guarantee_for_tau): tau = 1e-300 divided by tau**2 = 0 (ZeroDivisionError) and
-#   tau = 1e-160 (tau**2 subnormal, rho = inf) never returned.
+# * tau: a given tau is converted, never solved for, so its lower end is where the
+#   conversion itself fails: rho = a / tau**2 <= CKS_RHO_MAX at a = 1/2 (the smallest
+#   coefficient) needs tau >= sqrt(0.5 / CKS_RHO_MAX) = 2.24e-10 (tests and checks of
+#   exact counts run at --tau 1e-9: rho = a * 1e18); its upper end is rho >= RHO_MIN:
+#   tau <= sqrt(0.5 / RHO_MIN) = 7.1e99. TAU_RANGE is inside [2.24e-10, 7.1e99]. A
+#   mechanism with a larger a is checked at its own rho (guarantee_for_tau): tau =
+#   1e-300 divided by tau**2 = 0 (ZeroDivisionError) and tau = 1e-160 (tau**2
+#   subnormal, rho = inf) never returned.
 #
 # Inside these ranges nothing changes: a budget that calibrates gives the same tau as
 # before the ranges were checked.
 RHO_RANGE = (1e-200, 1e15)
 EPSILON_RANGE = (1e-98, 1e15)
-TAU_RANGE = (3e-8, 1e99)
+TAU_RANGE = (2.3e-10, 1e99)
 DELTA_MAX = 1.0 - 1e-12
 CKS_RHO_MAX = 1e19
 GAUSSIAN_RHO_MAX = 1e300
@@ -119,8 +122,8 @@ _WHY = {
         "(epsilon, delta) fails in float arithmetic",
     ),
     "tau": (
-        "the noise would be so small that rho = a / tau^2 is above 1e15, where the "
-        "conversion to (epsilon, delta) fails in float arithmetic",
+        "the noise would be so small that rho = a / tau^2 is above 1e19 (at a = 1/2), "
+        "where the conversion to (epsilon, delta) fails in float arithmetic",
         "the noise would be so large that rho = a / tau^2 is below 1e-200, where its "
         "variance overflows float arithmetic",
     ),
