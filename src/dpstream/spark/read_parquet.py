@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ..io.jsonl import parse_jsonl_line
-from .paths import literal_path, strict_reader
+from .paths import literal_col, literal_path, strict_reader
 from .read_jsonl import EVENT_SCHEMA
 
 try:
@@ -82,7 +82,7 @@ def read_events_parquet(
                 "items); one row per item runs on the local engine"
             )
         user = (
-            F.col(user_field).cast("string")
+            literal_col(user_field).cast("string")
             if user_field is not None
             else F.lit(None).cast("string")
         )
@@ -95,8 +95,8 @@ def read_events_parquet(
         frames.append(
             table.select(
                 (F.col("_metadata.row_index") + F.lit(offset)).alias("pos"),
-                F.col(layout.time).cast("long").alias("t"),
-                F.col(layout.items).cast("array<string>").alias("items"),
+                literal_col(layout.time).cast("long").alias("t"),
+                literal_col(layout.items).cast("array<string>").alias("items"),
                 user.alias("user"),
             )
         )
@@ -110,23 +110,46 @@ def read_events_parquet(
         & F.col("items").isNotNull()
         & ~F.exists("items", lambda x: x.isNull())
     )
+    plain = plain & F.forall("items", _utf8)
     if user_field is not None:
-        plain = plain & F.col("user").isNotNull() & (F.length("user") > 0)
+        plain = plain & F.col("user").isNotNull() & (F.length("user") > 0) & _utf8(F.col("user"))
     plain = F.coalesce(plain, F.lit(False))
     fast = rows.where(plain).select(
         "pos", "t", "items", F.lit(None).cast("string").alias("error"), "user"
     )
     slow = (
         rows.where(~plain)
-        .withColumn("t", F.col("t").cast("string"))
+        .select(  # the strings' bytes: one that is not UTF-8 is the parser's to word
+            "pos",
+            F.col("t").cast("string").alias("t"),
+            F.col("items").cast("array<binary>").alias("items"),
+            F.col("user").cast("binary").alias("user"),
+        )
         .mapInPandas(lambda b: _parse_rows(b, user_field), EVENT_SCHEMA)
     )
     return fast.unionByName(slow)
 
 
+def _utf8(text: Any) -> Any:
+    """Whether a string's bytes are UTF-8 (Spark does not check a Parquet file's): by
+    Spark's ``is_valid_utf8`` where it has it (4.0), else by a decode and encode that
+    gives the same bytes back only for UTF-8 (3.5 replaces what it cannot decode)."""
+    if hasattr(F, "is_valid_utf8"):
+        return F.is_valid_utf8(text)
+    raw = text.cast("binary")
+    return F.encode(F.decode(raw, "UTF-8"), "UTF-8") == raw
+
+
+def _text(value: Any) -> Any:
+    """A string column's value as bytes (``_parse_rows``) back as text, bytes that are
+    not UTF-8 kept as lone surrogates (as the JSON Lines reader decodes a line)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
 def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iterator[pd.DataFrame]:
-    """Each row (pos, t as text, items, user) as its event's JSON Lines object (a null is a
-    missing field, as the local Parquet reader writes it) through the one-line parser."""
+    """Each row (pos, t as text, items and user as bytes) as its event's JSON Lines object
+    (a null is a missing field, as the local Parquet reader writes it) through the
+    one-line parser."""
     for pdf in batches:
         ts: list[Any] = []
         items: list[Any] = []
@@ -144,9 +167,9 @@ def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iter
             if t is not None:  # the step as text: exact whatever its size
                 obj["t"] = int(t)
             if its is not None:
-                obj["items"] = [None if x is None else str(x) for x in list(its)]
+                obj["items"] = [_text(x) for x in list(its)]
             if user_field is not None and uid is not None:
-                obj[user_field] = uid
+                obj[user_field] = _text(uid)
             line = json.dumps(obj, ensure_ascii=False)
             rec = parse_jsonl_line(line, pos + 1, user_field=user_field)
             assert rec is not None
