@@ -188,6 +188,21 @@ def test_strings_that_are_not_utf8_are_invalid_records_as_in_json_lines(tmp_path
     assert bad == sorted(i + 1 for i in [*bad_items, *(bad_users if users else [])])
 
 
+def test_unsigned_steps_past_int64_are_past_the_horizon(tmp_path, key_path):
+    """Review finding: a ``uint64`` step >= 2^63 stopped the run with Arrow's "Integer
+    value ... not in range"; it is past any horizon, as that step in JSON Lines."""
+    rows = _events(4, n=200, invalid=False)
+    rows[3]["t"], rows[4]["t"] = 2**63, 2**64 - 1
+    _jsonl(rows, tmp_path / "e.jsonl")
+    schema = pa.schema(
+        [("t", pa.uint64()), ("items", pa.list_(pa.string())), ("user", pa.string())]
+    )
+    pq.write_table(_table(rows, schema), tmp_path / "e.parquet")
+    for src in ("e.jsonl", "e.parquet"):
+        assert _run(key_path, tmp_path / src, tmp_path / f"{src}.csv", *UNKNOWN) == 0
+    _same_files(tmp_path / "e.jsonl.csv", tmp_path / "e.parquet.csv")
+
+
 def test_integer_items_are_their_decimal_text(tmp_path):
     rows = [{"t": 1 + i % 3, "items": [i % 7, 10**12 + i]} for i in range(50)]
     _jsonl(rows, tmp_path / "e.jsonl")

@@ -92,19 +92,30 @@ def test_spark_refuses_what_it_does_not_read_parquet(tmp_path, capsys):
     assert main([*argv, *clock, "-i", str(tmp_path / "c.parquet"), *own_ledger(out)]) == 1
     assert "timestamps (--time-field) in Parquet run on the local engine" in capsys.readouterr().err
     assert not out.exists()
+    # review finding: columns "t" and "T" failed with Spark's AnalysisException
+    pq.write_table(pa.table({"t": [1], "T": [2], "items": [["x"]]}), tmp_path / "case.parquet")
+    assert main([*argv, "-i", str(tmp_path / "case.parquet"), *own_ledger(out)]) == 1
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(
+        "its columns 't' and 'T' differ only in case, which Spark does not "
+        "tell apart; rename one, or run the input on the local engine"
+    ), said
+    assert not out.exists() and not Path(f"{out}.ledger").exists()
 
 
 def test_a_column_name_with_a_dot_is_that_column_not_a_struct_field(tmp_path):
     """Review finding (privacy): Spark took ``--user-field user.id`` as the field ``id``
     of a struct column ``user`` (a different id per row: each event its own user, while
     the output claimed per-user bounds), and ``--time-column ev.step`` as ``ev``'s
-    ``step``. The local engine reads the columns named so; Spark now does too."""
+    ``step``. The local engine reads the columns named so; Spark now does too. (And a
+    ``uint64`` step past int64 stopped both engines; it is past the horizon.)"""
     key = tmp_path / "k.key"
     fixed_key("spark-dots").save(key)
     n = 240
     table = pa.table(
         {
-            "ev.step": pa.array([1 + i % 4 for i in range(n)], pa.int64()),
+            # uint64 steps, one past int64: past the horizon (Spark's cast overflowed)
+            "ev.step": pa.array([2**64 - 1] + [1 + i % 4 for i in range(1, n)], pa.uint64()),
             "ev": pa.array([{"step": 4 - i % 4} for i in range(n)]),  # other steps
             "items": pa.array([[f"i{i % 5}", f"i{i % 7}"] for i in range(n)]),
             "user.id": [f"u{i % 6}" for i in range(n)],  # 6 real users

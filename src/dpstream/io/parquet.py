@@ -63,7 +63,7 @@ import numpy as np
 
 from ..clock import StepClock
 from .arrow import arrow_ints, arrow_valid, event_rows
-from .chunks import Chunk, chunks_from_records
+from .chunks import INT64_MAX, Chunk, chunks_from_records
 from .jsonl import _assemble, parse_jsonl_line
 from .parquet_layout import _Layout, _layout
 from .records import RawEvent, parse_t, shorten, timestamp_step, valid_text
@@ -219,8 +219,10 @@ def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
     import pyarrow.compute as pc
 
     tcol = batch.column(layout.time)
+    if pa.types.is_uint64(tcol.type):  # a step past int64 is past any horizon: kept as
+        tcol = pc.min_element_wise(tcol, pa.scalar(INT64_MAX, pa.uint64()))  # the largest
     if tcol.type != pa.int64():
-        tcol = pc.cast(tcol, pa.int64())  # an unsigned step past int64 is refused here
+        tcol = pc.cast(tcol, pa.int64())
     icol = batch.column(layout.items)
     if not pa.types.is_list(icol.type):
         icol = pc.cast(icol, pa.list_(icol.type.value_type))

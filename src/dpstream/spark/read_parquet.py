@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..io.chunks import INT64_MAX
 from ..io.jsonl import parse_jsonl_line
 from .paths import literal_col, literal_path, strict_reader
 from .read_jsonl import EVENT_SCHEMA
@@ -66,6 +67,7 @@ def read_events_parquet(
             meta = pq.ParquetFile(name)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{name!r} is not a Parquet file ({exc})") from None
+        _check_case(spark, name, meta.schema_arrow.names)
         layout = _layout(
             meta.schema_arrow,
             f"the Parquet input {name!r}",
@@ -92,10 +94,14 @@ def read_events_parquet(
                 f"--engine spark cannot read {name!r}: Spark skips files whose names "
                 "begin with '_' or '.'; rename it or run it on the local engine"
             )
+        step = literal_col(layout.time)
+        if pa.types.is_uint64(meta.schema_arrow.field(layout.time).type):
+            # past int64 is past any horizon: kept as the largest (as the local reader)
+            step = F.least(step, F.lit(INT64_MAX).cast(step_type(table, layout.time)))
         frames.append(
             table.select(
                 (F.col("_metadata.row_index") + F.lit(offset)).alias("pos"),
-                literal_col(layout.time).cast("long").alias("t"),
+                step.cast("long").alias("t"),
                 literal_col(layout.items).cast("array<string>").alias("items"),
                 user.alias("user"),
             )
@@ -128,6 +134,29 @@ def read_events_parquet(
         .mapInPandas(lambda b: _parse_rows(b, user_field), EVENT_SCHEMA)
     )
     return fast.unionByName(slow)
+
+
+def step_type(table: DataFrame, name: str) -> Any:
+    """The Spark type of the column ``name`` of ``table`` (a Parquet ``uint64`` is read
+    as ``decimal(20,0)``)."""
+    return next(f.dataType for f in table.schema.fields if f.name == name)
+
+
+def _check_case(spark: SparkSession, name: str, columns: list[str]) -> None:
+    """Refuse a file two of whose columns differ only in case (``t`` and ``T``): Spark
+    matches names ignoring case (unless ``spark.sql.caseSensitive``) and cannot read it,
+    where the local engine reads each column by its name."""
+    if str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true":
+        return
+    seen: dict[str, str] = {}
+    for col in columns:
+        other = seen.setdefault(col.lower(), col)
+        if other != col:
+            raise ValueError(
+                f"--engine spark cannot read {name!r}: its columns {other!r} and {col!r} "
+                "differ only in case, which Spark does not tell apart; rename one, or run "
+                "the input on the local engine"
+            )
 
 
 def _utf8(text: Any) -> Any:
