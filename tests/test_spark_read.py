@@ -505,6 +505,16 @@ def test_a_truncated_gz_stops_the_read_whatever_the_session_ignores(
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("dpstream: error: input ") and "truncated or corrupt" in last, last
     assert not out.exists()
+    # review finding: a .gz padded with zero bytes, which the local engine reads, was
+    # refused with "the local engine refuses it too"
+    padded = tmp_path / "padded.jsonl.gz"
+    padded.write_bytes(gzip.compress(b'{"t": 1, "items": ["a"]}\n') + bytes(512))
+    assert _local([padded]) == {1: (1, ("a",), None, None)}
+    args[args.index(str(path))] = str(padded)
+    assert cli.main([*args, *own_ledger(out)]) != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "but reads a .gz padded with zero bytes after its data" in last, last
+    assert not out.exists()
 
 
 def test_too_many_invalid_records_are_refused_as_on_the_local_engine(
