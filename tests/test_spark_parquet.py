@@ -168,6 +168,8 @@ def test_strings_that_are_not_utf8_are_invalid_records_on_both_engines(tmp_path,
             main([*argv, *engine, "--on-invalid", "error", "-o", str(err), *own_ledger(err)]) == 1
         )
         said.append(capsys.readouterr().err.strip().splitlines()[-1])
+    assert not (tmp_path / "s.csv-error").exists()
+    assert not (tmp_path / "s.csv-error.ledger").exists()  # refused before any claim
     pd.testing.assert_frame_equal(tables[1], tables[0], check_dtype=False)
     assert said[0] == ["3 skipped (3 not valid UTF-8)"] and said[2] == ["3 invalid skipped"]
     assert (

@@ -100,7 +100,7 @@ def read_events_parquet(
             step = F.least(step, F.lit(INT64_MAX).cast(step_type(table, layout.time)))
         frames.append(
             table.select(
-                (F.col("_metadata.row_index") + F.lit(offset)).alias("pos"),
+                (_row_index(table) + F.lit(offset)).alias("pos"),
                 step.cast("long").alias("t"),
                 literal_col(layout.items).cast("array<string>").alias("items"),
                 user.alias("user"),
@@ -134,6 +134,15 @@ def read_events_parquet(
         .mapInPandas(lambda b: _parse_rows(b, user_field), EVENT_SCHEMA)
     )
     return fast.unionByName(slow)
+
+
+def _row_index(table: DataFrame) -> Any:
+    """A row's index in its file: Spark's hidden ``_metadata.row_index``, asked for as a
+    metadata column where PySpark can (4.0), so that a data column named ``_metadata``
+    does not hide it."""
+    if hasattr(table, "metadataColumn"):
+        return table.metadataColumn("_metadata").getField("row_index")
+    return F.col("_metadata.row_index")
 
 
 def step_type(table: DataFrame, name: str) -> Any:
