@@ -139,6 +139,70 @@ def test_the_reader_gives_json_lines_records_and_messages(tmp_path, users):
     assert sum(e is not None for _, _, e, _, _ in got) >= (6 if users else 4)
 
 
+def _not_utf8_table(rows: list[dict], bad_items: dict[int, bytes], bad_users: dict[int, bytes]):
+    """``rows`` as a Parquet table whose strings at the given rows are those bytes (not
+    UTF-8: a Parquet writer need not check; Arrow does not)."""
+    items = [[x.encode() for x in r["items"]] for r in rows]
+    for i, raw in bad_items.items():
+        items[i] = [b"ok", raw]
+    users = [r["user"].encode() for r in rows]
+    for i, raw in bad_users.items():
+        users[i] = raw
+    offsets = pa.array(np.cumsum([0] + [len(x) for x in items]), pa.int32())
+    flat = pa.array([x for r in items for x in r], pa.binary()).view(pa.string())
+    return pa.table(
+        {
+            "t": pa.array([r["t"] for r in rows], pa.int64()),
+            "items": pa.ListArray.from_arrays(offsets, flat),
+            "user": pa.array(users, pa.binary()).view(pa.string()),
+        }
+    )
+
+
+@pytest.mark.parametrize("users", [False, True])
+def test_strings_that_are_not_utf8_are_invalid_records_as_in_json_lines(tmp_path, users):
+    """Review finding: an item or a user id of a Parquet string column whose bytes are
+    not UTF-8 stopped the run with Python's codec error. Now such a row is an invalid
+    record, with the message of the JSON Lines line of the same bytes."""
+    rows = _events(2, n=300, invalid=False)
+    bad_items = {5: b"\xff\xfe", 77: b"\xed\xa0\x80"}  # a stray byte; an encoded surrogate
+    bad_users = {9: b"u\xff", 200: b"\xc3"}
+    pq.write_table(_not_utf8_table(rows, bad_items, bad_users), tmp_path / "e.parquet")
+    with open(tmp_path / "e.jsonl", "wb") as fh:  # the same events, the same bytes
+        for i, row in enumerate(rows):
+            line = json.dumps(row).encode()
+            if i in bad_items:
+                line = line.replace(
+                    json.dumps(row["items"]).encode(), b'["ok", "' + bad_items[i] + b'"]'
+                )
+            if users and i in bad_users:  # (a column the run does not read is not checked)
+                line = line.replace(f'"{row["user"]}"'.encode(), b'"' + bad_users[i] + b'"')
+            fh.write(line + b"\n")
+    user = "user" if users else None
+    with open_input(str(tmp_path / "e.jsonl")) as fh:
+        want = _flat(read_jsonl_chunks(fh, user_field=user))
+    got = _flat(read_parquet_chunks(str(tmp_path / "e.parquet"), user_field=user))
+    assert got == want and len(got) == len(rows)
+    bad = [line for line, _, err, _, _ in got if err is not None]
+    assert all(err == "the line is not valid UTF-8" for _, _, err, _, _ in got if err)
+    assert bad == sorted(i + 1 for i in [*bad_items, *(bad_users if users else [])])
+
+
+def test_unsigned_steps_past_int64_are_past_the_horizon(tmp_path, key_path):
+    """Review finding: a ``uint64`` step >= 2^63 stopped the run with Arrow's "Integer
+    value ... not in range"; it is past any horizon, as that step in JSON Lines."""
+    rows = _events(4, n=200, invalid=False)
+    rows[3]["t"], rows[4]["t"] = 2**63, 2**64 - 1
+    _jsonl(rows, tmp_path / "e.jsonl")
+    schema = pa.schema(
+        [("t", pa.uint64()), ("items", pa.list_(pa.string())), ("user", pa.string())]
+    )
+    pq.write_table(_table(rows, schema), tmp_path / "e.parquet")
+    for src in ("e.jsonl", "e.parquet"):
+        assert _run(key_path, tmp_path / src, tmp_path / f"{src}.csv", *UNKNOWN) == 0
+    _same_files(tmp_path / "e.jsonl.csv", tmp_path / "e.parquet.csv")
+
+
 def test_integer_items_are_their_decimal_text(tmp_path):
     rows = [{"t": 1 + i % 3, "items": [i % 7, 10**12 + i]} for i in range(50)]
     _jsonl(rows, tmp_path / "e.jsonl")

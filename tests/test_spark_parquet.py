@@ -11,6 +11,7 @@ Skips as tests/test_spark.py does (PySpark and a Java runtime are needed).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -91,3 +92,91 @@ def test_spark_refuses_what_it_does_not_read_parquet(tmp_path, capsys):
     assert main([*argv, *clock, "-i", str(tmp_path / "c.parquet"), *own_ledger(out)]) == 1
     assert "timestamps (--time-field) in Parquet run on the local engine" in capsys.readouterr().err
     assert not out.exists()
+    # review finding: columns "t" and "T" failed with Spark's AnalysisException
+    pq.write_table(pa.table({"t": [1], "T": [2], "items": [["x"]]}), tmp_path / "case.parquet")
+    assert main([*argv, "-i", str(tmp_path / "case.parquet"), *own_ledger(out)]) == 1
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(
+        "its columns 't' and 'T' differ only in case, which Spark does not "
+        "tell apart; rename one, or run the input on the local engine"
+    ), said
+    assert not out.exists() and not Path(f"{out}.ledger").exists()
+
+
+def test_a_column_name_with_a_dot_is_that_column_not_a_struct_field(tmp_path):
+    """Review finding (privacy): Spark took ``--user-field user.id`` as the field ``id``
+    of a struct column ``user`` (a different id per row: each event its own user, while
+    the output claimed per-user bounds), and ``--time-column ev.step`` as ``ev``'s
+    ``step``. The local engine reads the columns named so; Spark now does too. (And a
+    ``uint64`` step past int64 stopped both engines; it is past the horizon.)"""
+    key = tmp_path / "k.key"
+    fixed_key("spark-dots").save(key)
+    n = 240
+    table = pa.table(
+        {
+            # uint64 steps, one past int64: past the horizon (Spark's cast overflowed)
+            "ev.step": pa.array([2**64 - 1] + [1 + i % 4 for i in range(1, n)], pa.uint64()),
+            "ev": pa.array([{"step": 4 - i % 4} for i in range(n)]),  # other steps
+            "items": pa.array([[f"i{i % 5}", f"i{i % 7}"] for i in range(n)]),
+            "user.id": [f"u{i % 6}" for i in range(n)],  # 6 real users
+            "user": pa.array([{"id": f"row{i}"} for i in range(n)]),  # one per row
+        }
+    )
+    pq.write_table(table, tmp_path / "d.parquet")
+    argv = ["run", "--quiet", "-T", "4", "--key-file", str(key), "-i", str(tmp_path / "d.parquet")]
+    argv += ["-m", "unknown", "--max-items", "2", "--rho", "1e6", "--threshold-delta", "1e-6"]
+    argv += ["--time-column", "ev.step", "--user-field", "user.id"]
+    argv += ["--max-items-per-user", "2", "--max-count-per-item", "1"]
+    tables = []
+    on_spark = ["--engine", "spark", "--master", "local[2]"]
+    for out, engine in ((tmp_path / "l.csv", []), (tmp_path / "s.csv", on_spark)):
+        assert main([*argv, *engine, "-o", str(out), *own_ledger(out)]) == 0
+        tables.append(_table(out))
+    local, spark = tables
+    # 6 users, each kept for at most 2 items once: at most 12 contributions in all
+    assert 0 < local[local["t"] == 4]["value"].sum() <= 12
+    pd.testing.assert_frame_equal(spark, local, check_dtype=False)
+
+
+def test_strings_that_are_not_utf8_are_invalid_records_on_both_engines(tmp_path, capsys):
+    """Review finding: Parquet items whose bytes are not UTF-8 passed Spark's read as
+    plain events and crashed the release after the ledger's claim (a rerun refused),
+    and user ids so were taken as users (the local engine stopped on the codec). Both
+    engines now skip such rows as invalid records, or stop at the same one in the
+    same words with ``--on-invalid error``."""
+    from .test_parquet_input import _not_utf8_table
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-utf8").save(key)
+    rows = _events(3, n=400, invalid=False)
+    for i, row in enumerate(rows):
+        row["user"] = f"u{i % 150}"
+    table = _not_utf8_table(rows, {5: b"\xff\xfe", 90: b"\xed\xa0\x80"}, {9: b"u\xff"})
+    pq.write_table(table, tmp_path / "e.parquet")
+    argv = ["run", "-T", str(T), "--key-file", str(key), "-i", str(tmp_path / "e.parquet")]
+    argv += [*UNKNOWN, *USERS]
+    on_spark = ["--engine", "spark", "--master", "local[2]"]
+    tables, said = [], []
+    for out, engine in ((tmp_path / "l.csv", []), (tmp_path / "s.csv", on_spark)):
+        capsys.readouterr()
+        assert main([*argv, *engine, "-o", str(out), *own_ledger(out)]) == 0
+        said.append(re.findall(r"\d+ skipped \(.*\)|\d+ invalid skipped", capsys.readouterr().err))
+        tables.append(_table(out))
+        capsys.readouterr()
+        err = out.with_name(out.name + "-error")
+        assert (
+            main([*argv, *engine, "--on-invalid", "error", "-o", str(err), *own_ledger(err)]) == 1
+        )
+        said.append(capsys.readouterr().err.strip().splitlines()[-1])
+    assert not (tmp_path / "s.csv-error").exists()
+    assert not (tmp_path / "s.csv-error.ledger").exists()  # refused before any claim
+    pd.testing.assert_frame_equal(tables[1], tables[0], check_dtype=False)
+    assert said[0] == ["3 skipped (3 not valid UTF-8)"] and said[2] == ["3 invalid skipped"]
+    assert (
+        said[1]
+        == said[3]
+        == (
+            "dpstream: error: input line 6: not valid UTF-8 (--verbose-errors shows the "
+            "record's content) (see --on-invalid)"
+        )
+    )

@@ -306,11 +306,43 @@ def test_an_input_spark_would_skip_is_refused_not_read_as_empty(spark, tmp_path,
     assert len(_local([path])) == 1
     with pytest.raises(ValueError, match="finds no file"):
         read_events_jsonl(spark, str(path))
-    folder = tmp_path / "only-subfolders"
-    (folder / "sub").mkdir(parents=True)
-    _write(folder / "sub" / "e.jsonl", [b'{"t": 1, "items": ["a"]}'])
+    folder = tmp_path / "only-hidden"
+    (folder / "_sub").mkdir(parents=True)
+    _write(folder / "_sub" / "e.jsonl", [b'{"t": 1, "items": ["a"]}'])
+    _write(folder / ".e.jsonl", [b'{"t": 1, "items": ["a"]}'])
     with pytest.raises(ValueError, match="finds no file"):
         read_events_jsonl(spark, str(folder))
+
+
+def test_a_directory_is_read_file_by_file_without_partition_discovery(spark, tmp_path) -> None:
+    """Review finding: Spark's partition discovery read only the ``k=1/`` folder of a
+    directory that also held files at its top (they were lost, silently), and a plain
+    ``sub/`` beside ``k=1/`` failed with a traceback. Now every file of the directory
+    at any depth (the Parquet reader's rule: names beginning with '_' or '.' left out)
+    is read, in the order of their paths, each line numbered over them all."""
+    folder = tmp_path / "mixed"
+    (folder / "k=1").mkdir(parents=True)
+    (folder / "_skip").mkdir()
+    files = {"a.jsonl": 3, "k=1/e.jsonl": 4, "z.jsonl": 2, "_u.jsonl": 1, "_skip/x.jsonl": 1}
+    k = 0
+    for name, n in files.items():
+        lines = []
+        for _ in range(n):
+            k += 1
+            lines.append(json.dumps({"t": k, "items": [name], "user": f"u{k}"}).encode())
+        _write(folder / name, lines)
+    read = [folder / "a.jsonl", folder / "k=1" / "e.jsonl", folder / "z.jsonl"]
+    got = _spark(spark, folder, user_field="user")
+    assert got == _local(read, user_field="user")
+    assert len(got) == 9 and {rec[1][0] for rec in got.values()} == {
+        "a.jsonl",
+        "k=1/e.jsonl",
+        "z.jsonl",
+    }
+    (folder / "sub").mkdir()
+    _write(folder / "sub" / "d.jsonl", [b'{"t": 1, "items": ["d"]}'])
+    read.insert(2, folder / "sub" / "d.jsonl")
+    assert _spark(spark, folder, user_field="user") == _local(read, user_field="user")
 
 
 def test_a_compression_the_local_engine_does_not_inflate_is_refused(spark, tmp_path) -> None:
@@ -472,6 +504,16 @@ def test_a_truncated_gz_stops_the_read_whatever_the_session_ignores(
     assert cli.main([*args, *own_ledger(out)]) != 0
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("dpstream: error: input ") and "truncated or corrupt" in last, last
+    assert not out.exists()
+    # review finding: a .gz padded with zero bytes, which the local engine reads, was
+    # refused with "the local engine refuses it too"
+    padded = tmp_path / "padded.jsonl.gz"
+    padded.write_bytes(gzip.compress(b'{"t": 1, "items": ["a"]}\n') + bytes(512))
+    assert _local([padded]) == {1: (1, ("a",), None, None)}
+    args[args.index(str(path))] = str(padded)
+    assert cli.main([*args, *own_ledger(out)]) != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "but reads a .gz padded with zero bytes after its data" in last, last
     assert not out.exists()
 
 

@@ -24,9 +24,11 @@ JSON Lines gives a line number). Every record goes through the rules of JSON
 Lines (:mod:`dpstream.io.records`): a row whose step, items or user id JSON
 Lines would refuse is an invalid record with JSON Lines' message, so a Parquet
 file and a JSON Lines file of the same events give the same records, steps and
-releases. A missing column or a column of another type is an error before
-anything is read (``ValueError``, naming the column, its flag and the types it
-may have), as is a file that is not Parquet (an empty one).
+releases (an item or user id whose bytes are not UTF-8, which Arrow does not
+check, is the invalid record "not valid UTF-8", as that line of JSON Lines). A
+missing column or a column of another type is an error before anything is read
+(``ValueError``, naming the column, its flag and the types it may have), as is
+a file that is not Parquet (an empty one).
 
 How a batch is read
 -------------------
@@ -60,8 +62,8 @@ from typing import Any
 import numpy as np
 
 from ..clock import StepClock
-from .arrow import arrow_valid, event_rows
-from .chunks import Chunk, chunks_from_records
+from .arrow import arrow_ints, arrow_valid, event_rows
+from .chunks import INT64_MAX, Chunk, chunks_from_records
 from .jsonl import _assemble, parse_jsonl_line
 from .parquet_layout import _Layout, _layout
 from .records import RawEvent, parse_t, shorten, timestamp_step, valid_text
@@ -217,8 +219,10 @@ def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
     import pyarrow.compute as pc
 
     tcol = batch.column(layout.time)
+    if pa.types.is_uint64(tcol.type):  # a step past int64 is past any horizon: kept as
+        tcol = pc.min_element_wise(tcol, pa.scalar(INT64_MAX, pa.uint64()))  # the largest
     if tcol.type != pa.int64():
-        tcol = pc.cast(tcol, pa.int64())  # an unsigned step past int64 is refused here
+        tcol = pc.cast(tcol, pa.int64())
     icol = batch.column(layout.items)
     if not pa.types.is_list(icol.type):
         icol = pc.cast(icol, pa.list_(icol.type.value_type))
@@ -229,7 +233,73 @@ def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
         users = batch.column(layout.user)
         if users.type != pa.string():
             users = pc.cast(users, pa.string())
-    return event_rows(tcol, icol, users)
+    rows = event_rows(tcol, icol, users)
+    rows[2][_not_utf8_rows(icol, users)] = False  # the per-line parser words them
+    return rows
+
+
+def _not_utf8_rows(icol: Any, users: Any) -> np.ndarray:
+    """Which rows hold an item or a user id whose bytes are not UTF-8 (Arrow does not
+    check a Parquet file's strings): the rows a JSON Lines line of those bytes would
+    be, invalid records. One full validation when every string is UTF-8."""
+    import pyarrow as pa
+
+    bad = np.zeros(len(icol), dtype=bool)
+    for col in (icol, users):
+        if col is None:
+            continue
+        try:
+            col.validate(full=True)
+            continue
+        except pa.ArrowInvalid:
+            pass
+        values = col.values if col is icol else col
+        binary = values.cast(
+            pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary()
+        )
+        wrong = np.array([not _is_utf8(v) for v in binary.to_pylist()], dtype=bool)
+        if col is icol:
+            offsets = arrow_ints(icol.offsets)
+            seen = np.concatenate([[0], np.cumsum(wrong)])
+            bad |= seen[offsets[1:]] > seen[offsets[:-1]]
+        else:
+            bad |= wrong
+    return bad
+
+
+def _is_utf8(value: bytes | None) -> bool:
+    try:
+        if value is not None:
+            value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _pylist(col: Any) -> list[Any]:
+    """A column's values in Python, the bytes of a string that are not UTF-8 kept as
+    lone surrogates (``surrogateescape``, as the JSON Lines reader decodes a line), so
+    that the per-line parser finds the record invalid ("not valid UTF-8")."""
+    import pyarrow as pa
+
+    try:
+        return col.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    typ = col.type
+    listed = pa.types.is_list(typ) or pa.types.is_large_list(typ)
+    inner = typ.value_type if listed else typ
+    binary = pa.large_binary() if pa.types.is_large_string(inner) else pa.binary()
+    if listed:
+        binary = pa.large_list(binary) if pa.types.is_large_list(typ) else pa.list_(binary)
+
+    def text(v: Any) -> Any:
+        return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
+
+    values = col.cast(binary).to_pylist()
+    if listed:
+        return [None if r is None else [text(v) for v in r] for r in values]
+    return [text(v) for v in values]
 
 
 def _python_value(value: Any) -> Any:
@@ -268,10 +338,10 @@ def _json_rows(batch: Any, layout: _Layout) -> list[str]:
     tkey = layout.time if layout.clock is not None else "t"
     cols: list[tuple[str, list[Any]]] = [
         (tkey, _time_values(batch.column(layout.time))),
-        ("items", batch.column(layout.items).to_pylist()),
+        ("items", _pylist(batch.column(layout.items))),
     ]
     if layout.user is not None:
-        cols.append((layout.user, batch.column(layout.user).to_pylist()))
+        cols.append((layout.user, _pylist(batch.column(layout.user))))
     out = []
     for row in zip(*(values for _, values in cols), strict=True):
         obj = {k: v for (k, _), v in zip(cols, row, strict=True) if v is not None}

@@ -24,6 +24,7 @@ same bits (``tests/test_spark_users.py``).
 from __future__ import annotations
 
 from ..bounding import UserBounds
+from .paths import literal_col
 
 try:
     from pyspark.sql import DataFrame, Window
@@ -59,15 +60,15 @@ def bound_user_contributions(
     """
     if not isinstance(bounds, UserBounds):
         raise TypeError(f"bounds must be a UserBounds, got {type(bounds).__name__}")
-    user = F.col(user_col)
+    user = literal_col(user_col)
     checked = F.when(
         user.isNull(), F.raise_error(F.lit("dpstream: InvalidEventError: an event has no user id"))
     ).otherwise(user)
     exploded = events.select(
         checked.alias("_user"),
-        F.col(t_col).cast("long").alias("_t"),
-        F.col(order_col).cast("long").alias("_order"),
-        F.posexplode(F.array_distinct(F.col(items_col))).alias("_pos", "_item"),
+        literal_col(t_col).cast("long").alias("_t"),
+        literal_col(order_col).cast("long").alias("_order"),
+        F.posexplode(F.array_distinct(literal_col(items_col))).alias("_pos", "_item"),
     )
     order = [F.col("_t"), F.col("_order"), F.col("_pos")]
     occ = Window.partitionBy("_user", "_item").orderBy(*order)

@@ -394,7 +394,8 @@ def _refuse_plainly(exc: BaseException, inp: str) -> None:
     """Say, as one line and not as Spark's stack of traces, why the read failed when it
     is the input's or a worker's doing: a worker's zone database refusal
     (:func:`dpstream.spark.read_jsonl.zone_rules`), or a file Spark could not read
-    (a truncated or corrupt ``.gz``, which the local engine refuses too)."""
+    (a truncated or corrupt ``.gz``, which the local engine refuses too, or one padded
+    with zero bytes, which Hadoop's gzip reader refuses and Python's reads)."""
     text = str(exc)
     at = text.find(ZONE_RULES_MISMATCH)
     if at >= 0:
@@ -406,7 +407,9 @@ def _refuse_plainly(exc: BaseException, inp: str) -> None:
             f"input {inp!r}: Spark could not read "
             f"{where.group(1) if where else 'a file of it'}, truncated or corrupt "
             f"({cause.group(1).strip() if cause else 'no cause given'}); the local "
-            "engine refuses it too"
+            "engine refuses a truncated or corrupt file too, but reads a .gz padded "
+            "with zero bytes after its data: decompress such a file, or run it on the "
+            "local engine"
         ) from None
 
 

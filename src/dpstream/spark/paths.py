@@ -1,4 +1,4 @@
-"""How the Spark engine hands the input's paths to Spark's file readers.
+"""How the Spark engine hands the input's paths and column names to Spark.
 
 Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.read_jsonl` and
 :mod:`dpstream.spark.read_parquet`. Spark's readers take a path as a Hadoop glob
@@ -10,15 +10,25 @@ named, and refuses a broken one. So:
 * :func:`strict_reader` reads with ``ignoreCorruptFiles`` and
   ``ignoreMissingFiles`` off, whatever the session's configuration says: a
   truncated ``.gz`` stops the run, as it does on the local engine, instead of
-  releasing the events before the damage.
+  releasing the events before the damage;
+* :func:`input_files` lists a local directory's files on the driver (every
+  file at any depth but those whose names, or their folders' names, begin
+  with ``.`` or ``_``: the rule of
+  :func:`dpstream.io.parquet.parquet_files`), for the reader to be given that
+  explicit list: Spark's own listing infers ``key=value`` partitions, which
+  hides the files beside such a folder (or fails on a plain folder beside it);
+* :func:`literal_col` names a column by its whole name: ``user.id`` is the
+  column of that name, not the field ``id`` of a struct column ``user`` (the
+  local engine reads a Parquet file's columns by their names, dots and all).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
-__all__ = ["literal_path", "strict_reader"]
+__all__ = ["input_files", "literal_col", "literal_path", "strict_reader"]
 
 #: The characters a Hadoop glob gives a meaning (``\\`` escapes the next one).
 _GLOB = re.compile(r"([\\\[\]{}*?])")
@@ -28,6 +38,32 @@ def literal_path(path: str) -> str:
     """``path`` with its Hadoop glob characters escaped, so that Spark reads that very
     file or folder."""
     return _GLOB.sub(r"\\\1", path)
+
+
+def input_files(path: str) -> list[str] | None:
+    """The files the run reads for ``path`` on the local file system: ``[path]`` for a
+    file, a directory's files as :func:`dpstream.io.parquet.parquet_files` finds them
+    (whatever their suffix), sorted by their paths relative to it (the order
+    :mod:`dpstream.spark.order` numbers lines in); None for a path Spark reads from
+    another file system (a URI with a scheme), which Spark lists itself."""
+    if "://" in path or path.startswith("file:"):
+        return None
+    if not os.path.isdir(path):
+        return [path]
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        found += [os.path.join(root, f) for f in files if not f.startswith((".", "_"))]
+    return sorted(found, key=lambda p: os.path.relpath(p, path).split(os.sep))
+
+
+def literal_col(name: str) -> Any:
+    """The top-level column named ``name``, whatever it holds: quoted in backticks (a
+    backtick doubled), so that Spark reads no dot as a path into a struct and no
+    other character as part of an expression."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
+
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def strict_reader(spark: Any) -> Any:

@@ -33,7 +33,7 @@ from ..io.chunks import INT64_MAX
 from ..io.jsonl import _FAST_MAX_BRACKETS, _FAST_MAX_CHARS, parse_jsonl_line
 from ..io.records import valid_text
 from .order import numbered, split_marks
-from .paths import literal_path, strict_reader
+from .paths import input_files, literal_path, strict_reader
 
 _orjson: Any
 try:  # the parser the local engine tries first (a dependency)
@@ -78,14 +78,12 @@ _OTHER_CODECS = (".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate", ".br")
 
 def _check_files(spark: SparkSession, path: str, files: list[str]) -> None:
     """Refuse an input Spark would read differently from the local engine: no file at
-    all (Spark skips names that begin with ``_`` or ``.`` even when given by name, and
-    subfolders that are not ``key=value`` partitions), or a compression the local
-    engine does not inflate."""
+    all (Spark skips names that begin with ``_`` or ``.`` even when given by name), or
+    a compression the local engine does not inflate."""
     if not files:
         raise ValueError(
             f"--engine spark finds no file to read in {path!r}: Spark skips files whose "
-            "names begin with '_' or '.' and subfolders that are not key=value "
-            "partitions; rename the input or run it on the local engine"
+            "names begin with '_' or '.'; rename the input or run it on the local engine"
         )
     other = [f for f in files if _compressed_otherwise(spark, f)]
     if other:
@@ -98,9 +96,28 @@ def _check_files(spark: SparkSession, path: str, files: list[str]) -> None:
 def input_text(spark: SparkSession, path: str) -> DataFrame:
     """The input's lines as Spark's text reader gives them (``value``), read by the file's
     or folder's own name and failing on a corrupt file (:mod:`dpstream.spark.paths`),
-    after :func:`_check_files` has refused what the local engine would read otherwise."""
-    text = strict_reader(spark).text(literal_path(path))
-    _check_files(spark, path, text.inputFiles())
+    after :func:`_check_files` has refused what the local engine would read otherwise.
+
+    A local directory's files are listed here (:func:`dpstream.spark.paths.input_files`)
+    and Spark is given that list: no partition discovery, so a ``key=value`` folder
+    neither hides the files beside it nor fails beside a plain folder. A path on
+    another file system is listed by Spark, recursively (which infers no partitions)."""
+    files = input_files(path)
+    if files == []:
+        _check_files(spark, path, files)  # refuses: an empty folder
+    reader = strict_reader(spark)
+    if files is None:
+        text = reader.option("recursiveFileLookup", "true").text(literal_path(path))
+    else:
+        text = reader.text([literal_path(f) for f in files])
+    read = text.inputFiles()
+    if files and read and len(read) != len(files):
+        raise ValueError(
+            f"--engine spark would read {len(read)} of the {len(files)} files of "
+            f"{path!r} (Spark skips some names, such as '*._COPYING_'); rename them or "
+            "run the input on the local engine"
+        )
+    _check_files(spark, path, read)
     return text
 
 

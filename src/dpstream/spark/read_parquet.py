@@ -24,8 +24,9 @@ from typing import Any
 
 import pandas as pd
 
+from ..io.chunks import INT64_MAX
 from ..io.jsonl import parse_jsonl_line
-from .paths import literal_path, strict_reader
+from .paths import literal_col, literal_path, strict_reader
 from .read_jsonl import EVENT_SCHEMA
 
 try:
@@ -66,6 +67,7 @@ def read_events_parquet(
             meta = pq.ParquetFile(name)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{name!r} is not a Parquet file ({exc})") from None
+        _check_case(spark, name, meta.schema_arrow.names)
         layout = _layout(
             meta.schema_arrow,
             f"the Parquet input {name!r}",
@@ -82,7 +84,7 @@ def read_events_parquet(
                 "items); one row per item runs on the local engine"
             )
         user = (
-            F.col(user_field).cast("string")
+            literal_col(user_field).cast("string")
             if user_field is not None
             else F.lit(None).cast("string")
         )
@@ -92,11 +94,15 @@ def read_events_parquet(
                 f"--engine spark cannot read {name!r}: Spark skips files whose names "
                 "begin with '_' or '.'; rename it or run it on the local engine"
             )
+        step = literal_col(layout.time)
+        if pa.types.is_uint64(meta.schema_arrow.field(layout.time).type):
+            # past int64 is past any horizon: kept as the largest (as the local reader)
+            step = F.least(step, F.lit(INT64_MAX).cast(step_type(table, layout.time)))
         frames.append(
             table.select(
-                (F.col("_metadata.row_index") + F.lit(offset)).alias("pos"),
-                F.col(layout.time).cast("long").alias("t"),
-                F.col(layout.items).cast("array<string>").alias("items"),
+                (_row_index(table) + F.lit(offset)).alias("pos"),
+                step.cast("long").alias("t"),
+                literal_col(layout.items).cast("array<string>").alias("items"),
                 user.alias("user"),
             )
         )
@@ -110,23 +116,78 @@ def read_events_parquet(
         & F.col("items").isNotNull()
         & ~F.exists("items", lambda x: x.isNull())
     )
+    plain = plain & F.forall("items", _utf8)
     if user_field is not None:
-        plain = plain & F.col("user").isNotNull() & (F.length("user") > 0)
+        plain = plain & F.col("user").isNotNull() & (F.length("user") > 0) & _utf8(F.col("user"))
     plain = F.coalesce(plain, F.lit(False))
     fast = rows.where(plain).select(
         "pos", "t", "items", F.lit(None).cast("string").alias("error"), "user"
     )
     slow = (
         rows.where(~plain)
-        .withColumn("t", F.col("t").cast("string"))
+        .select(  # the strings' bytes: one that is not UTF-8 is the parser's to word
+            "pos",
+            F.col("t").cast("string").alias("t"),
+            F.col("items").cast("array<binary>").alias("items"),
+            F.col("user").cast("binary").alias("user"),
+        )
         .mapInPandas(lambda b: _parse_rows(b, user_field), EVENT_SCHEMA)
     )
     return fast.unionByName(slow)
 
 
+def _row_index(table: DataFrame) -> Any:
+    """A row's index in its file: Spark's hidden ``_metadata.row_index``, asked for as a
+    metadata column where PySpark can (4.0), so that a data column named ``_metadata``
+    does not hide it."""
+    if hasattr(table, "metadataColumn"):
+        return table.metadataColumn("_metadata").getField("row_index")
+    return F.col("_metadata.row_index")
+
+
+def step_type(table: DataFrame, name: str) -> Any:
+    """The Spark type of the column ``name`` of ``table`` (a Parquet ``uint64`` is read
+    as ``decimal(20,0)``)."""
+    return next(f.dataType for f in table.schema.fields if f.name == name)
+
+
+def _check_case(spark: SparkSession, name: str, columns: list[str]) -> None:
+    """Refuse a file two of whose columns differ only in case (``t`` and ``T``): Spark
+    matches names ignoring case (unless ``spark.sql.caseSensitive``) and cannot read it,
+    where the local engine reads each column by its name."""
+    if str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true":
+        return
+    seen: dict[str, str] = {}
+    for col in columns:
+        other = seen.setdefault(col.lower(), col)
+        if other != col:
+            raise ValueError(
+                f"--engine spark cannot read {name!r}: its columns {other!r} and {col!r} "
+                "differ only in case, which Spark does not tell apart; rename one, or run "
+                "the input on the local engine"
+            )
+
+
+def _utf8(text: Any) -> Any:
+    """Whether a string's bytes are UTF-8 (Spark does not check a Parquet file's): by
+    Spark's ``is_valid_utf8`` where it has it (4.0), else by a decode and encode that
+    gives the same bytes back only for UTF-8 (3.5 replaces what it cannot decode)."""
+    if hasattr(F, "is_valid_utf8"):
+        return F.is_valid_utf8(text)
+    raw = text.cast("binary")
+    return F.encode(F.decode(raw, "UTF-8"), "UTF-8") == raw
+
+
+def _text(value: Any) -> Any:
+    """A string column's value as bytes (``_parse_rows``) back as text, bytes that are
+    not UTF-8 kept as lone surrogates (as the JSON Lines reader decodes a line)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
 def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iterator[pd.DataFrame]:
-    """Each row (pos, t as text, items, user) as its event's JSON Lines object (a null is a
-    missing field, as the local Parquet reader writes it) through the one-line parser."""
+    """Each row (pos, t as text, items and user as bytes) as its event's JSON Lines object
+    (a null is a missing field, as the local Parquet reader writes it) through the
+    one-line parser."""
     for pdf in batches:
         ts: list[Any] = []
         items: list[Any] = []
@@ -144,9 +205,9 @@ def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iter
             if t is not None:  # the step as text: exact whatever its size
                 obj["t"] = int(t)
             if its is not None:
-                obj["items"] = [None if x is None else str(x) for x in list(its)]
+                obj["items"] = [_text(x) for x in list(its)]
             if user_field is not None and uid is not None:
-                obj[user_field] = uid
+                obj[user_field] = _text(uid)
             line = json.dumps(obj, ensure_ascii=False)
             rec = parse_jsonl_line(line, pos + 1, user_field=user_field)
             assert rec is not None

@@ -42,6 +42,7 @@ from .kernels import (
     release_stream_batch,
     state_noise_cols,
 )
+from .paths import literal_col
 
 try:  # PySpark is the optional extra ``dpstream[spark]``
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -125,7 +126,7 @@ def _checked_items(events: DataFrame, items_col: str, max_items: int | None) -> 
     if not isinstance(items_type, T.ArrayType):
         raise TypeError(f"{items_col!r} must be an array of items, got {items_type.simpleString()}")
     _check_item_type(items_type.elementType, f"the elements of {items_col!r}")
-    distinct = F.array_distinct(F.col(items_col))
+    distinct = F.array_distinct(literal_col(items_col))
     checked = F.when(
         F.exists(distinct, lambda x: x.isNull()),
         _fail(F.lit("InvalidEventError: an event holds a null item")),
@@ -785,9 +786,9 @@ def _timed_increments(
         raise TypeError(
             f"column {t_col!r} must hold integer time steps, got {ttype.simpleString()}"
         )
-    checked_t = _checked_step(F.col(t_col), horizon)
+    checked_t = _checked_step(literal_col(t_col), horizon)
     if users is None:
-        timed = events.select(checked_t.cast("long").alias("t"), F.col(items_col))
+        timed = events.select(checked_t.cast("long").alias("t"), literal_col(items_col))
         return increments(
             timed,
             max_items=check_max_items(max_items),
@@ -803,8 +804,8 @@ def _timed_increments(
     timed = events.select(
         checked_t.cast("long").alias("t"),
         _checked_items(events, items_col, max_items).alias(items_col),
-        F.col(user_col),
-        F.col(order_col),
+        literal_col(user_col),
+        literal_col(order_col),
     )
     if last is not None:  # later events are not released: they spend no user's budget
         timed = timed.where(F.col("t") <= last)
