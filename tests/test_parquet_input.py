@@ -188,11 +188,12 @@ def test_strings_that_are_not_utf8_are_invalid_records_as_in_json_lines(tmp_path
     assert bad == sorted(i + 1 for i in [*bad_items, *(bad_users if users else [])])
 
 
-def test_unsigned_steps_past_int64_are_past_the_horizon(tmp_path, key_path):
+def test_unsigned_steps_past_int64_are_past_the_horizon(tmp_path, key_path, capsys):
     """Review finding: a ``uint64`` step >= 2^63 stopped the run with Arrow's "Integer
     value ... not in range"; it is past any horizon, as that step in JSON Lines."""
     rows = _events(4, n=200, invalid=False)
     rows[3]["t"], rows[4]["t"] = 2**63, 2**64 - 1
+    rows[5]["t"] = None  # a null step is a missing one, not the largest (review 68)
     _jsonl(rows, tmp_path / "e.jsonl")
     schema = pa.schema(
         [("t", pa.uint64()), ("items", pa.list_(pa.string())), ("user", pa.string())]
@@ -201,6 +202,15 @@ def test_unsigned_steps_past_int64_are_past_the_horizon(tmp_path, key_path):
     for src in ("e.jsonl", "e.parquet"):
         assert _run(key_path, tmp_path / src, tmp_path / f"{src}.csv", *UNKNOWN) == 0
     _same_files(tmp_path / "e.jsonl.csv", tmp_path / "e.parquet.csv")
+    # the first invalid record is worded as JSON Lines words it (the null step, not a
+    # step "9223372036854775807 past the horizon")
+    said = []
+    for src in ("e.jsonl", "e.parquet"):
+        capsys.readouterr()
+        out = tmp_path / f"{src}.err.csv"
+        assert _run(key_path, tmp_path / src, out, *UNKNOWN, "--on-invalid", "error") != 0
+        said.append(capsys.readouterr().err.replace(str(tmp_path / src), "SRC"))
+    assert said[0] == said[1] and "input line 6: not a valid event" in said[0]
 
 
 def test_integer_items_are_their_decimal_text(tmp_path):

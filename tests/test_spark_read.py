@@ -343,6 +343,13 @@ def test_a_directory_is_read_file_by_file_without_partition_discovery(spark, tmp
     _write(folder / "sub" / "d.jsonl", [b'{"t": 1, "items": ["d"]}'])
     read.insert(2, folder / "sub" / "d.jsonl")
     assert _spark(spark, folder, user_field="user") == _local(read, user_field="user")
+    # by a file: URI the same files in the same order (review 68: Spark listed them,
+    # following a linked folder, and ordered them by their names alone)
+    (tmp_path / "elsewhere").mkdir()
+    _write(tmp_path / "elsewhere" / "0.jsonl", [b'{"t": 1, "items": ["linked"]}'])
+    os.symlink(tmp_path / "elsewhere", folder / "linked")
+    got = _spark(spark, Path(folder.as_uri()), user_field="user")
+    assert got == _local(read, user_field="user")
 
 
 def test_a_compression_the_local_engine_does_not_inflate_is_refused(spark, tmp_path) -> None:

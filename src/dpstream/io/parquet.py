@@ -219,8 +219,12 @@ def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
     import pyarrow.compute as pc
 
     tcol = batch.column(layout.time)
-    if pa.types.is_uint64(tcol.type):  # a step past int64 is past any horizon: kept as
-        tcol = pc.min_element_wise(tcol, pa.scalar(INT64_MAX, pa.uint64()))  # the largest
+    past = None
+    if pa.types.is_uint64(tcol.type):
+        # a step past int64 goes to the per-line parser, which reads it exactly (past the
+        # horizon, as JSON Lines says); here it holds the largest int64 (a null stays null)
+        past = pc.greater(tcol, pa.scalar(INT64_MAX, pa.uint64()))
+        tcol = pc.if_else(past, pa.scalar(INT64_MAX, pa.uint64()), tcol)
     if tcol.type != pa.int64():
         tcol = pc.cast(tcol, pa.int64())
     icol = batch.column(layout.items)
@@ -235,6 +239,8 @@ def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
             users = pc.cast(users, pa.string())
     rows = event_rows(tcol, icol, users)
     rows[2][_not_utf8_rows(icol, users)] = False  # the per-line parser words them
+    if past is not None:
+        rows[2][pc.fill_null(past, False).to_numpy(zero_copy_only=False)] = False
     return rows
 
 

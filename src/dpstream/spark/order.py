@@ -47,9 +47,15 @@ _ROW_BITS = (1 << 33) - 1
 
 
 def _path_key(uri: str, root: str) -> list[str]:
-    """A file's sort key: its path relative to the input, by components."""
+    """A file's sort key: its path relative to the input (a folder, or a URI of one on
+    any file system), by components; a lone local file's name."""
     path = unquote(urlparse(uri).path) if "://" in uri or uri.startswith("file:") else uri
-    rel = os.path.relpath(path, root) if os.path.isdir(root) else os.path.basename(path)
+    if "://" in root or root.startswith("file:"):
+        rel = os.path.relpath(path, urlparse(root).path or "/")
+    elif os.path.isdir(root):
+        rel = os.path.relpath(path, root)
+    else:
+        rel = os.path.basename(path)
     return rel.split(os.sep)
 
 
@@ -80,7 +86,8 @@ def split_shifts(
         )
         .collect()
     )
-    root = os.path.abspath(root)
+    if not ("://" in root or root.startswith("file:")):
+        root = os.path.abspath(root)
     splits.sort(key=lambda s: (_path_key(s["_file"], root), s["_block"]))
     table: list[tuple[str, int, int]] = []
     base = 0

@@ -45,9 +45,16 @@ def input_files(path: str) -> list[str] | None:
     file, a directory's files as :func:`dpstream.io.parquet.parquet_files` finds them
     (whatever their suffix), sorted by their paths relative to it (the order
     :mod:`dpstream.spark.order` numbers lines in); None for a path Spark reads from
-    another file system (a URI with a scheme), which Spark lists itself."""
-    if "://" in path or path.startswith("file:"):
+    another file system (a URI with a scheme), which Spark lists itself. A ``file:``
+    URI is a local path: listed here too (a folder linked inside is left out, as for
+    a plain path), and its files are given as paths."""
+    from ..run.lock import local_path
+
+    local = local_path(path)
+    if local is None:
         return None
+    if local != path:  # a file: URI
+        path = local
     if not os.path.isdir(path):
         return [path]
     found = []

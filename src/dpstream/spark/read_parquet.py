@@ -96,8 +96,10 @@ def read_events_parquet(
             )
         step = literal_col(layout.time)
         if pa.types.is_uint64(meta.schema_arrow.field(layout.time).type):
-            # past int64 is past any horizon: kept as the largest (as the local reader)
-            step = F.least(step, F.lit(INT64_MAX).cast(step_type(table, layout.time)))
+            # past int64 is past any horizon below 2^63 - 1: kept as the largest (a null
+            # stays null: F.least would skip it)
+            big = F.lit(INT64_MAX).cast(step_type(table, layout.time))
+            step = F.when(step > big, big).otherwise(step)
         frames.append(
             table.select(
                 (_row_index(table) + F.lit(offset)).alias("pos"),
