@@ -26,6 +26,7 @@ between the JVM and Python (Arrow batches, no pandas).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,9 +82,14 @@ def _check_files(spark: SparkSession, path: str, files: list[str]) -> None:
     all (Spark skips names that begin with ``_`` or ``.`` even when given by name), or
     a compression the local engine does not inflate."""
     if not files:
+        fix = (  # the local engine reads no JSON Lines folder
+            "rename its files"
+            if os.path.isdir(path)
+            else "rename the input or run it on the local engine"
+        )
         raise ValueError(
             f"--engine spark finds no file to read in {path!r}: Spark skips files whose "
-            "names begin with '_' or '.'; rename the input or run it on the local engine"
+            f"names begin with '_' or '.'; {fix}"
         )
     other = [f for f in files if _compressed_otherwise(spark, f)]
     if other:
@@ -114,8 +120,7 @@ def input_text(spark: SparkSession, path: str) -> DataFrame:
     if files and read and len(read) != len(files):
         raise ValueError(
             f"--engine spark would read {len(read)} of the {len(files)} files of "
-            f"{path!r} (Spark skips some names, such as '*._COPYING_'); rename them or "
-            "run the input on the local engine"
+            f"{path!r} (Spark skips some names, such as '*._COPYING_'); rename them"
         )
     _check_files(spark, path, read)
     return text
