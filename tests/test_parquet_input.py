@@ -159,14 +159,18 @@ def _not_utf8_table(rows: list[dict], bad_items: dict[int, bytes], bad_users: di
     )
 
 
-@pytest.mark.parametrize("users", [False, True])
-def test_strings_that_are_not_utf8_are_invalid_records_as_in_json_lines(tmp_path, users):
+@pytest.mark.parametrize(("users", "many"), [(False, False), (True, False), (True, True)])
+def test_strings_that_are_not_utf8_are_invalid_records_as_in_json_lines(tmp_path, users, many):
     """Review finding: an item or a user id of a Parquet string column whose bytes are
     not UTF-8 stopped the run with Python's codec error. Now such a row is an invalid
-    record, with the message of the JSON Lines line of the same bytes."""
+    record, with the message of the JSON Lines line of the same bytes. (``many``: more
+    such rows in one batch than are encoded one by one, so the batch is encoded whole
+    after the first 64.)"""
     rows = _events(2, n=300, invalid=False)
     bad_items = {5: b"\xff\xfe", 77: b"\xed\xa0\x80"}  # a stray byte; an encoded surrogate
     bad_users = {9: b"u\xff", 200: b"\xc3"}
+    if many:
+        bad_users.update({i: b"v\xfe" for i in range(100, 300, 2)})
     pq.write_table(_not_utf8_table(rows, bad_items, bad_users), tmp_path / "e.parquet")
     with open(tmp_path / "e.jsonl", "wb") as fh:  # the same events, the same bytes
         for i, row in enumerate(rows):

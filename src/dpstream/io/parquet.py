@@ -199,16 +199,26 @@ def _event_chunk(layout: _Layout, batch: Any, done: int) -> Chunk:
     data, starts, ends = _list_row_bytes(batch, layout, rows)
     fast = np.ones(n, dtype=bool)
     texts: list[str] | None = None
+    asked = 0
 
     def text(i: int) -> str:  # an unusable row as JSON, for the per-line parser
-        nonlocal texts
+        # a few such rows are encoded one by one (a row slice), many at once
+        nonlocal texts, asked
         if texts is None:
+            asked += 1
+            if asked <= _ONE_BY_ONE:
+                return _json_rows(batch.slice(i, 1), layout)[0]
             texts = _json_rows(batch, layout)
         return texts[i]
 
     chunk = _assemble(text, n, done, data, starts, ends, fast, rows, layout.user)
     chunk.nlines = n
     return chunk
+
+
+#: How many rows of a batch the per-line parser is given one row slice at a time before
+#: the whole batch is encoded once (a batch holds up to 65,536 rows).
+_ONE_BY_ONE = 64
 
 
 def _event_rows(batch: Any, layout: _Layout) -> tuple[Any, ...]:
