@@ -96,6 +96,7 @@ from .ledger_budget import BudgetLines
 from .ledger_file import check_ledger_file, locked, open_ledger_file, read_range
 from .ledger_registry import check_ledger
 from .privacy import BudgetCap
+from .run.lock import same_file
 
 if TYPE_CHECKING:
     from .noise import NoiseKey
@@ -138,7 +139,7 @@ def default_ledger_path(key_file: str) -> str:
     resolved = f"{os.path.realpath(key_file)}.ledger"
     if os.path.realpath(given) == os.path.realpath(resolved):
         return given
-    if os.path.exists(given) and not _one_file(given, resolved):
+    if os.path.exists(given) and not same_file(given, resolved):
         if os.path.exists(resolved):
             found = f"both {given!r} and {resolved!r} exist"
             fix = f"append the lines of {given!r} to {resolved!r} and remove {given!r}"
@@ -151,13 +152,6 @@ def default_ledger_path(key_file: str) -> str:
             f"given): {fix}, or pass --ledger PATH to name the one ledger of this key"
         )
     return resolved
-
-
-def _one_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # b does not exist
-        return False
 
 
 def ledger_path(opts: Mapping[str, Any], *, record: bool = False) -> str:

@@ -1,6 +1,6 @@
 """Which ledger a key's releases are recorded in, kept per user so a copy of the key finds it.
 
-Layer 6 of dpstream (the edges); stdlib and the key only.
+Layer 6 of dpstream (the edges); stdlib, the key and :func:`dpstream.run.lock.same_file`.
 
 Without ``--ledger`` a key's release ledger lives beside the file the key's path
 resolves to (:func:`dpstream.ledger.default_ledger_path`). A copy of the key file (or
@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .errors import LedgerError
+from .run.lock import same_file
 
 if TYPE_CHECKING:
     from .noise import NoiseKey
@@ -104,8 +105,8 @@ def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, re
     with _entry_lock(entry):
         recorded, recorded_key = _read(entry)
         state = _state(recorded) if recorded is not None else "gone"
-        if recorded is not None and state != "gone" and not _one(recorded, ledger):
-            if default and not _one(recorded_key or "", key_file_real):
+        if recorded is not None and state != "gone" and not same_file(recorded, ledger):
+            if default and (recorded_key is None or not same_file(recorded_key, key_file_real)):
                 raise LedgerError(_refusal(recorded, ledger, key_file, entry, state))
             return  # --ledger, or this key file's default beside its own --ledger
         if recorded is not None and state == "live":
@@ -184,15 +185,6 @@ def _entry_lock(entry: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _one(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 _warned: set[str] = set()

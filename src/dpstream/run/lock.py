@@ -44,6 +44,7 @@ __all__ = [
     "output_in_use",
     "output_lock",
     "regular_or_new",
+    "same_file",
 ]
 
 
@@ -63,6 +64,17 @@ def regular_or_new(path: str) -> bool:
     except FileNotFoundError:
         return True
     except OSError:
+        return False
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (also through links and hard links;
+    False when one of them does not exist yet and their resolved names differ)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
         return False
 
 

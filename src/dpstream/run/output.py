@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import StateError
-from .lock import check_target, local_path, lock_path, regular_or_new
+from .lock import check_target, local_path, lock_path, regular_or_new, same_file
 
 if TYPE_CHECKING:
     from ..mechanisms.protocol import ContinualMechanism
@@ -183,16 +182,6 @@ def holds_release(path: str, header: bytes) -> bool:
     except FileNotFoundError:
         return False
     return not (len(data) <= len(header) and header.startswith(data))
-
-
-def same_file(a: str, b: str) -> bool:
-    """Whether paths ``a`` and ``b`` name one file (also through links)."""
-    if Path(a).resolve() == Path(b).resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return False
 
 
 FileList = list[tuple[str, str | None]]

@@ -22,6 +22,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from ..run.lock import same_file
+
 __all__ = ["EXPORT_MARKER", "is_export", "write_export"]
 
 #: The tag every static export has in the first bytes of its head.
@@ -42,13 +44,6 @@ def is_export(path: str | os.PathLike[str]) -> bool:
     return EXPORT_MARKER.encode() in head[:512] or _OLD_EXPORT.search(head) is not None
 
 
-def _same(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist
-        return False
-
-
 def write_export(
     out: str | os.PathLike[str], text: str, *, protected: dict[str, str | os.PathLike[str]]
 ) -> Path:
@@ -62,7 +57,7 @@ def write_export(
     """
     target = os.path.realpath(out)
     for role, path in protected.items():
-        if os.path.realpath(path) == target or _same(target, str(path)):
+        if same_file(target, str(path)):
             raise ValueError(f"--export {str(out)!r} is {role}: refusing to overwrite it")
     try:
         info = os.stat(target)
