@@ -68,29 +68,44 @@ from .jsonl import _assemble, parse_jsonl_line
 from .parquet_layout import _Layout, _layout
 from .records import RawEvent, parse_t, shorten, timestamp_step, valid_text
 
-__all__ = ["parquet_files", "read_parquet_chunks", "read_parquet_records", "BATCH_ROWS"]
+__all__ = [
+    "BATCH_ROWS",
+    "escaped_text",
+    "folder_files",
+    "parquet_files",
+    "read_parquet_chunks",
+    "read_parquet_records",
+]
 
 #: Rows per record batch read from a Parquet file (a chunk of the run loop).
 BATCH_ROWS = 1 << 16
 
 
+def folder_files(folder: str, suffix: str = "") -> list[str]:
+    """Every file under ``folder`` at any depth whose name ends with ``suffix``, but those
+    whose names (or their folders' names) begin with ``.`` or ``_`` (as Spark and Hive
+    leave their markers; a folder linked inside is not entered), sorted by their paths
+    relative to it, component by component."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in files:
+            if name.endswith(suffix) and not name.startswith((".", "_")):
+                found.append(os.path.join(root, name))
+    return sorted(found, key=lambda p: os.path.relpath(p, folder).split(os.sep))
+
+
 def parquet_files(path: str) -> list[str]:
     """The Parquet files of ``path``: the file itself, or every ``*.parquet`` file under
-    a directory (hidden ones and those starting with ``_`` left out, as Spark and Hive
-    leave their markers), sorted by their paths relative to it."""
+    a directory (:func:`folder_files`)."""
     if not os.path.isdir(path):
         if not os.path.exists(path):
             raise FileNotFoundError(f"--input {path!r}: no such file or directory")
         return [path]
-    found = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        for name in files:
-            if name.endswith(".parquet") and not name.startswith((".", "_")):
-                found.append(os.path.join(root, name))
+    found = folder_files(path, ".parquet")
     if not found:
         raise ValueError(f"--input {path!r}: the directory holds no *.parquet file")
-    return sorted(found, key=lambda p: os.path.relpath(p, path).split(os.sep))
+    return found
 
 
 def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any]]:
@@ -309,13 +324,17 @@ def _pylist(col: Any) -> list[Any]:
     if listed:
         binary = pa.large_list(binary) if pa.types.is_large_list(typ) else pa.list_(binary)
 
-    def text(v: Any) -> Any:
-        return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
-
     values = col.cast(binary).to_pylist()
     if listed:
-        return [None if r is None else [text(v) for v in r] for r in values]
-    return [text(v) for v in values]
+        return [None if r is None else [escaped_text(v) for v in r] for r in values]
+    return [escaped_text(v) for v in values]
+
+
+def escaped_text(value: Any) -> Any:
+    """A string's bytes as text, the bytes that are not UTF-8 kept as lone surrogates
+    (``surrogateescape``, as the JSON Lines reader decodes a line); anything else as it
+    is."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
 
 
 def _python_value(value: Any) -> Any:

@@ -14,7 +14,7 @@ named, and refuses a broken one. So:
 * :func:`input_files` lists a local directory's files on the driver (every
   file at any depth but those whose names, or their folders' names, begin
   with ``.`` or ``_``: the rule of
-  :func:`dpstream.io.parquet.parquet_files`), for the reader to be given that
+  :func:`dpstream.io.parquet.folder_files`), for the reader to be given that
   explicit list: Spark's own listing infers ``key=value`` partitions, which
   hides the files beside such a folder (or fails on a plain folder beside it);
 * :func:`literal_col` names a column by its whole name: ``user.id`` is the
@@ -42,26 +42,19 @@ def literal_path(path: str) -> str:
 
 def input_files(path: str) -> list[str] | None:
     """The files the run reads for ``path`` on the local file system: ``[path]`` for a
-    file, a directory's files as :func:`dpstream.io.parquet.parquet_files` finds them
-    (whatever their suffix), sorted by their paths relative to it (the order
-    :mod:`dpstream.spark.order` numbers lines in); None for a path Spark reads from
+    file, a directory's files as :func:`dpstream.io.parquet.folder_files` finds them for
+    the Parquet reader (whatever their suffix), sorted by their paths relative to it
+    (the order :mod:`dpstream.spark.order` numbers lines in); None for a path Spark reads from
     another file system (a URI with a scheme), which Spark lists itself. A ``file:``
     URI is a local path: listed here too (a folder linked inside is left out, as for
     a plain path), and its files are given as paths."""
+    from ..io.parquet import folder_files
     from ..run.lock import local_path
 
-    local = local_path(path)
+    local = local_path(path)  # a file: URI's path; the path itself without a scheme
     if local is None:
         return None
-    if local != path:  # a file: URI
-        path = local
-    if not os.path.isdir(path):
-        return [path]
-    found = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        found += [os.path.join(root, f) for f in files if not f.startswith((".", "_"))]
-    return sorted(found, key=lambda p: os.path.relpath(p, path).split(os.sep))
+    return folder_files(local) if os.path.isdir(local) else [local]
 
 
 def literal_col(name: str) -> Any:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from ..io.chunks import INT64_MAX
 from ..io.jsonl import parse_jsonl_line
+from ..io.parquet import escaped_text
 from .paths import literal_col, literal_path, strict_reader
 from .read_jsonl import EVENT_SCHEMA
 
@@ -180,12 +181,6 @@ def _utf8(text: Any) -> Any:
     return F.encode(F.decode(raw, "UTF-8"), "UTF-8") == raw
 
 
-def _text(value: Any) -> Any:
-    """A string column's value as bytes (``_parse_rows``) back as text, bytes that are
-    not UTF-8 kept as lone surrogates (as the JSON Lines reader decodes a line)."""
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
-
-
 def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iterator[pd.DataFrame]:
     """Each row (pos, t as text, items and user as bytes) as its event's JSON Lines object
     (a null is a missing field, as the local Parquet reader writes it) through the
@@ -207,9 +202,9 @@ def _parse_rows(batches: Iterator[pd.DataFrame], user_field: str | None) -> Iter
             if t is not None:  # the step as text: exact whatever its size
                 obj["t"] = int(t)
             if its is not None:
-                obj["items"] = [_text(x) for x in list(its)]
+                obj["items"] = [escaped_text(x) for x in list(its)]
             if user_field is not None and uid is not None:
-                obj[user_field] = _text(uid)
+                obj[user_field] = escaped_text(uid)
             line = json.dumps(obj, ensure_ascii=False)
             rec = parse_jsonl_line(line, pos + 1, user_field=user_field)
             assert rec is not None
