@@ -48,15 +48,15 @@ def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] 
     ledger), what this run would bring it to, and whether --budget-cap allows it."""
     from ..ledger import ledger_path
     from ..noise import NoiseKey
-    from ..privacy import Spend, compose
-    from .budget import finite_or_none, read_spends, run_cap
+    from ..privacy import compose
+    from .budget import finite_or_none, read_spends, run_cap, run_spend
 
     if not cfg.key_file or not cfg.dataset:
         return None
     spends = read_spends(ledger_path(cfg.options()), NoiseKey.load(cfg.key_file))
     lines = [x.spend for x in spends if x.dataset == cfg.dataset]
     before = compose(lines)
-    after = compose([*lines, Spend.of(mech.privacy, "this run", str(cfg.user_field or ""))])
+    after = compose([*lines, run_spend(cfg, mech).spend])
     cap = run_cap(cfg)
     delta = cap.delta if cap is not None else float(cfg.budget_cap_delta)
     allowed = cap is None or after.within(cap)

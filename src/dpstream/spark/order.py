@@ -46,11 +46,16 @@ __all__ = ["split_marks", "split_shifts", "with_pos", "numbered"]
 _ROW_BITS = (1 << 33) - 1
 
 
+def _is_uri(path: str) -> bool:
+    """Whether ``path`` is a URI (``file:``, ``hdfs://...``), not a plain local path."""
+    return "://" in path or path.startswith("file:")
+
+
 def _path_key(uri: str, root: str) -> list[str]:
     """A file's sort key: its path relative to the input (a folder, or a URI of one on
     any file system), by components; a lone local file's name."""
-    path = unquote(urlparse(uri).path) if "://" in uri or uri.startswith("file:") else uri
-    if "://" in root or root.startswith("file:"):
+    path = unquote(urlparse(uri).path) if _is_uri(uri) else uri
+    if _is_uri(root):
         rel = os.path.relpath(path, urlparse(root).path or "/")
     elif os.path.isdir(root):
         rel = os.path.relpath(path, root)
@@ -86,7 +91,7 @@ def split_shifts(
         )
         .collect()
     )
-    if not ("://" in root or root.startswith("file:")):
+    if not _is_uri(root):
         root = os.path.abspath(root)
     splits.sort(key=lambda s: (_path_key(s["_file"], root), s["_block"]))
     table: list[tuple[str, int, int]] = []

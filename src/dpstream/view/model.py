@@ -429,10 +429,7 @@ class ViewModel:
         h = (self._meta or {}).get("horizon")
         return h if isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_T else None
 
-    def _std_of(self, rel: ParsedRelease) -> tuple[float | None, str | None]:
-        return self._std_in(rel.meta)
-
-    def _std_in(self, meta: dict[str, Any]) -> tuple[float | None, str | None]:
+    def _std_of(self, meta: dict[str, Any]) -> tuple[float | None, str | None]:
         """A release's noise std from its ``meta``, else the sidecar's worst; and which."""
         std = meta.get("noise_std")
         if is_number(std) and std >= 0:
@@ -443,7 +440,7 @@ class ViewModel:
         return None, None
 
     def _record(self, rel: ParsedRelease, items: Iterable[str]) -> None:
-        std, _ = self._std_of(rel)
+        std, _ = self._std_of(rel.meta)
         for item in items:
             value = rel.released.get(item)
             if value is not None:
@@ -538,7 +535,7 @@ class ViewModel:
                     t, values, meta = _items_of(line.data, items)
                 except ValueError:
                     continue
-                std, _ = self._std_in(meta)
+                std, _ = self._std_of(meta)
                 for item, value in values.items():
                     found[item].add(t, float(value), math.nan if std is None else std)
         return found
@@ -568,7 +565,7 @@ class ViewModel:
                 i: (s.t.tolist(), s.value.tolist(), s.std.tolist()) for i, s in series.items()
             }
             rel = self._release
-            std, kind = self._std_of(rel) if rel is not None else (None, None)
+            std, kind = self._std_of(rel.meta) if rel is not None else (None, None)
             meta = self._meta
             z = meta.get("z95") if meta else None
             threshold = rel.meta.get("threshold") if rel is not None else None
