@@ -63,6 +63,12 @@ class _Guarded(Holder):
         self._guard.cancel()
         self.release()
 
+    def __enter__(self) -> _Guarded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
@@ -92,11 +98,8 @@ def test_a_wait_of_0_refuses_at_once_and_writes_nothing(place, capsys, monkeypat
     place["out"] = place["dir"] / "o2.jsonl"
     monkeypatch.setenv(ledger_file.WAIT_ENV, "0")
     capsys.readouterr()
-    holder = _Guarded(place["ledger"])  # e.g. `flock l.ledger sleep 1000`
-    try:
+    with _Guarded(place["ledger"]):  # e.g. `flock l.ledger sleep 1000`
         assert _run(place, "--stream", "second") == 1
-    finally:
-        holder.close()
     err = capsys.readouterr().err
     assert f"the release ledger {str(place['ledger'])!r} is locked by another process" in err
     assert "still after 0 s" in err and f"set {ledger_file.WAIT_ENV}=SECONDS" in err
@@ -107,19 +110,16 @@ def test_a_wait_of_0_refuses_at_once_and_writes_nothing(place, capsys, monkeypat
 
 def test_the_run_says_it_waits_and_goes_on_once_the_lock_is_released(place, capsys, clock):
     """Default wait: the holder lets go after two seconds of the run's waiting."""
-    holder = _Guarded(place["ledger"])
     real = ledger_file._sleep
+    with _Guarded(place["ledger"]) as holder:
 
-    def sleep(seconds: float) -> None:
-        real(seconds)  # the test's clock
-        if clock[0] >= 2:
-            holder.release()
+        def sleep(seconds: float) -> None:
+            real(seconds)  # the test's clock
+            if clock[0] >= 2:
+                holder.release()
 
-    ledger_file._sleep = sleep  # type: ignore[assignment]  (undone by monkeypatch)
-    try:
+        ledger_file._sleep = sleep  # type: ignore[assignment]  (undone by monkeypatch)
         assert _run(place) == 0
-    finally:
-        holder.close()
     err = capsys.readouterr().err
     assert _waited(err, place["ledger"]) == 1 and "up to 60 s in all" in err
     assert 2 <= clock[0] < 3  # went on at its first try after the release
@@ -129,11 +129,8 @@ def test_the_run_says_it_waits_and_goes_on_once_the_lock_is_released(place, caps
 
 def test_a_lock_never_released_is_refused_after_the_wait(place, capsys, monkeypatch, clock):
     monkeypatch.setenv(ledger_file.WAIT_ENV, "5")
-    holder = _Guarded(place["ledger"])
-    try:
+    with _Guarded(place["ledger"]):
         assert _run(place) == 1
-    finally:
-        holder.close()
     err = capsys.readouterr().err
     assert _waited(err, place["ledger"]) == 1 and "still after 5 s" in err
     assert clock[0] == pytest.approx(5)  # the last pause ends at the limit
@@ -145,12 +142,9 @@ def test_a_read_waits_too(place, capsys, monkeypatch, clock):
     assert _run(place, "--dataset", "d") == 0
     monkeypatch.setenv(ledger_file.WAIT_ENV, "0")
     capsys.readouterr()
-    holder = _Guarded(place["ledger"])
-    try:
+    with _Guarded(place["ledger"]):
         args = ["budget", "--key-file", str(place["dir"] / "k.key")]
         assert main([*args, "--ledger", str(place["ledger"])]) == 1
-    finally:
-        holder.close()
     assert "is locked by another process" in capsys.readouterr().err
 
 
@@ -173,11 +167,8 @@ def test_the_output_of_a_run_in_progress_is_refused_as_the_ledger(place, capsys)
     """``--ledger`` at the ``-o`` of another run, which holds its output lock: refused
     before the ledger is made or opened (its lines would go into that run's output)."""
     ledger = place["ledger"]
-    holder = _Guarded(_lock_file(ledger))  # a run writing -o l.ledger
-    try:
+    with _Guarded(_lock_file(ledger)):  # a run writing -o l.ledger
         assert _run(place) == 1
-    finally:
-        holder.close()
     err = capsys.readouterr().err
     assert f"the release ledger {str(ledger)!r} is the output file of a run in progress" in err
     assert err.count("\n") == 1
