@@ -740,7 +740,10 @@ def test_engine_spark_checks_and_records_the_noise_scope(spark, tmp_path, capsys
     capsys.readouterr()
     spark_b = [*common, "-i", str(tmp_path / "b.jsonl"), "--engine", "spark"]
     assert cli.main([*spark_b, "-o", str(tmp_path / "b_out")]) == 1
-    assert "same key and settings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "same key and settings" in err
+    # a Spark run keeps no state: the refusal does not send it to one (review 69)
+    assert "keeps no state" in err and "resume the existing one" not in err
     assert not (tmp_path / "b_out").exists()
     assert cli.main([*spark_b, "-o", str(tmp_path / "s_out"), "--stream", "s"]) == 0
     assert (

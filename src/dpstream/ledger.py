@@ -517,14 +517,22 @@ def _step(raw: bytes, at: int) -> int | None:
         return None
 
 
-def scope_refusal(path: str, runs: int) -> str:
-    """Why a new run is refused when ``runs`` other runs released under its noise scope."""
+def scope_refusal(path: str, runs: int, *, spark: bool = False) -> str:
+    """Why a new run is refused when ``runs`` other runs released under its noise scope;
+    ``spark``: the run is on Spark, which keeps no state and so cannot resume one."""
+    go_on = (
+        "A Spark run releases steps 1 .. --until in one go and keeps no state, so it "
+        "cannot go on with a stream an earlier run released (its earlier steps would be "
+        "released again from this input): continue such a stream with the local engine "
+        "and its --state, or run it as a Spark stream (dpstream.spark.start_stream)"
+        if spark
+        else "resume the existing one with its --state"
+    )
     return (
         f"the release ledger {path!r} records {runs} earlier run(s) that released steps "
         "with the same key and settings (the same --stream name and every setting that "
         "shapes the noise): this run would draw the same noise, and releasing those "
         "steps again from other data publishes the exact difference of the true counts. "
-        "Use a new key or another --stream name for a new stream, or resume the existing "
-        "one with its --state; if the earlier release was never published, --force "
-        "says so and goes on"
+        f"Use a new key or another --stream name for a new stream{'.' if spark else ','} "
+        f"{go_on}; if the earlier release was never published, --force says so and goes on"
     )

@@ -22,6 +22,7 @@ from scipy.special import ndtr, ndtri
 from .. import privacy
 from ..bounding import resolve_user_bounds
 from ..factorization import BLTStrategy
+from ..minimize import bounded_minimum
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
 from ..tree import digits, max_cells, num_levels, optimal_base
 from . import narrow_counts
@@ -262,11 +263,9 @@ def calibrate_unknown_domain(
     lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, grid.size - 1)])
     best_x, best_v = float(grid[i]), values[i]
     if hi > lo:
-        from scipy.optimize import minimize_scalar  # on first use (import ~0.2 s)
-
-        res = minimize_scalar(objective, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
+        res = bounded_minimum(objective, lo, hi, xatol=1e-4)
         if res.fun < best_v:
-            best_x = float(res.x)
+            best_x = res.x
     thr = thr_for(best_x)
     return tau_for(thr), thr
 

@@ -46,9 +46,10 @@ def noise_version_of(opts: Mapping[str, Any]) -> int:
     the stream this run goes on with or writes over, so that a stream never changes
     version (which would publish independent noise for steps already released):
 
-    * with ``--engine spark``: the newest version, as for any new stream (a Spark
-      stream goes on by running the job again into a new directory, so a run cannot
-      see what the first one drew: one begun at version 1 passes ``--noise-version 1``);
+    * with ``--engine spark``: the newest version, as for any new stream (a Spark run
+      keeps no state, so it cannot see what an earlier run drew: a run of a stream
+      begun at version 1, which the ledger lets through only with ``--force``, passes
+      ``--noise-version 1``);
     * the run on record in ``--state`` (one that released steps; a state without a
       version was written by dpstream 0.1: version 1);
     * else the output file's metadata sidecar, when the output exists (``--force``

@@ -89,7 +89,7 @@ def new_run_scope(
             else:
                 allow = frozenset([own])
         if others and not cfg.force:
-            raise LedgerError(scope_refusal(ledger.path, len(others)))
+            raise LedgerError(scope_refusal(ledger.path, len(others), spark=cfg.engine == "spark"))
         if others:
             _log.warning(
                 f"--force: the release ledger {ledger.path} records "

@@ -549,8 +549,9 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
         raise ValueError("--engine spark supports --on-invalid skip or error (not truncate)")
     if opts.get("state"):
         raise ValueError(
-            "--state does not apply to --engine spark: re-running the job gives "
-            "the same releases (use dpstream.spark.start_stream for a stream)"
+            "--state does not apply to --engine spark: a Spark run releases steps "
+            "1 .. --until in one go and keeps no state (for a stream that goes on, use "
+            "the local engine with --state, or dpstream.spark.start_stream)"
         )
     from ..run.settings import input_format
 
