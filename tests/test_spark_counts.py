@@ -10,6 +10,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dpstream.clock import StepClock
@@ -174,6 +175,55 @@ def test_columnar_counts_are_the_brute_force_counts(domain, monkeypatch) -> None
         pairs = zip(ts.tolist(), items.to_pylist(), strict=True)
         counts.update(dict(zip(pairs, ns.tolist(), strict=True)))
     assert (dict(counts), totals) == _brute(TRICKY, 6, 3, domain)
+
+
+def test_distinct_in_records_keeps_each_records_items_once() -> None:
+    """The (record, item) keys of a chunk made distinct, by comparing each with the
+    keys before it in its record (records of up to 32 items) or by a sort (a longer
+    record): the same set of keys as a brute force that walks each record with a set,
+    and (on the first path) in input order."""
+    from dpstream.spark.read_counts import _SHIFTS, _distinct_in_records
+
+    rng = np.random.default_rng(31)
+    for longest in (1, 2, 5, _SHIFTS, _SHIFTS + 1, 200):
+        sizes = rng.integers(0, longest + 1, 400)
+        sizes[rng.integers(400)] = longest
+        k = 9  # item codes 0..8: many repeats within a record
+        owner = np.repeat(np.arange(400), sizes)
+        keys = owner * k + rng.integers(0, k, len(owner))
+        want = []
+        for rec in range(400):
+            seen: set[int] = set()
+            for key in keys[owner == rec].tolist():
+                if key not in seen:
+                    seen.add(key)
+                    want.append(key)
+        got = _distinct_in_records(keys, sizes).tolist()
+        assert sorted(got) == sorted(want) and len(got) == len(set(got))
+        if longest <= _SHIFTS:
+            assert got == want
+    assert _distinct_in_records(np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
+
+
+def test_columnar_counts_of_long_events_are_the_brute_force_counts() -> None:
+    """Events of up to 60 items (past the comparison path's 32) with repeats, counted
+    as columns: the brute force's counts, at a --max-items that keeps some and drops
+    others as oversized."""
+    import random
+
+    rng = random.Random(60)
+    lines = [
+        b'{"t": %d, "items": [%s]}'
+        % (
+            rng.randint(1, 5),
+            b", ".join(b'"i%d"' % rng.randint(0, 40) for _ in range(rng.randint(1, 60))),
+        )
+        for _ in range(400)
+    ]
+    assert _arrow_takes(lines)
+    want = _brute(lines, 6, 30, None)
+    assert want[1][3] > 0 and want[0]  # some oversized, some kept
+    assert _columnar([lines[:150], lines[150:]], 6, 30, None) == want
 
 
 def _cli(tmp_path: Path, mech: str, *extra: str) -> list[str]:

@@ -226,10 +226,14 @@ def test_a_commands_session_has_no_ui_unless_the_operator_sets_it(
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
         "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     assert session_defaults("yarn") == {
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
     }
-    (tmp_path / "spark-defaults.conf").write_text("spark.ui.enabled true\n")
+    (tmp_path / "spark-defaults.conf").write_text(
+        "spark.ui.enabled true\nspark.sql.inMemoryColumnarStorage.compressed true\n"
+    )
     assert "spark.ui.enabled" not in session_defaults("local[2]")
+    assert "spark.sql.inMemoryColumnarStorage.compressed" not in session_defaults("local[2]")

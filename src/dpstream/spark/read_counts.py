@@ -245,7 +245,7 @@ def count_chunk(
     remap = arrow_ints(enc.indices.fill_null(len(values))) if len(enc) else np.zeros(0, np.int64)
     sizes = np.diff(chunk.offsets)
     owner = np.repeat(np.arange(n, dtype=np.int64), sizes)
-    pairs = np.unique(owner * k + remap[chunk.codes])  # (record, item), each once
+    pairs = _distinct_in_records(owner * k + remap[chunk.codes], sizes)  # (record, item)
     rec, code = pairs // k, pairs % k
     distinct = np.bincount(rec, minlength=n)
     has_null = np.zeros(n, dtype=bool)
@@ -265,6 +265,28 @@ def count_chunk(
     steps, rank = np.unique(t[rec[take]], return_inverse=True)
     keys, counts = np.unique(rank * k + code[take], return_counts=True)
     return steps[keys // k], values.take(pa.array(keys % k)), counts
+
+
+#: Up to this many items in its largest record, a chunk's (record, item) keys are made
+#: distinct by comparing each with the keys before it in its record, not by a sort.
+_SHIFTS = 32
+
+
+def _distinct_in_records(keys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Each of ``keys`` once, where a key is record * k + item code and the keys come in
+    runs of one record each (``sizes`` long): the first of each key's occurrences, in
+    input order. Records are short (``--max-items``), so a key is compared with the
+    ones up to the largest record's size before it (equal keys are of one record);
+    NumPy's sort over the whole chunk took 55 times as long (0.17 s against 3 ms on
+    10 chunks of 2 MB of issue 31's stream). A chunk with a longer record is sorted
+    (np.unique: the same keys, in ascending order; no caller depends on the order)."""
+    longest = int(sizes.max()) if len(sizes) else 0
+    if longest > _SHIFTS:
+        return np.unique(keys)
+    first = np.ones(len(keys), dtype=bool)
+    for back in range(1, longest):
+        first[back:] &= keys[back:] != keys[:-back]
+    return keys[first]
 
 
 def _counts_batch(pa: Any, counts: dict[tuple[int, str], int]) -> Any:
