@@ -40,7 +40,7 @@ COMMANDS = {
     "python -c pass (floor)": ["-c", "pass"],
     "numpy + scipy imports plan needs": [
         "-c",
-        "import numpy, scipy.special, scipy.optimize, cryptography.hazmat.primitives.ciphers",
+        "import numpy, scipy.special, cryptography.hazmat.primitives.ciphers",
     ],
     "dpstream --version": ["-m", "dpstream", "--version"],
     "dpstream --help": ["-m", "dpstream", "--help"],
