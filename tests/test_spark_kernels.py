@@ -357,3 +357,79 @@ def test_unknown_blt_stream_kernel_joins_new_items_at_their_step() -> None:
         want = dict(zip(rel.items, rel.values.tolist(), strict=True))
         assert want and all(got[t][u] == v for u, v in want.items()), t
         assert all(got[t][u] <= rel.meta["threshold"] for u in set(got[t]) - set(want)), t
+
+
+def _unknown_tree_spec(m) -> object:
+    """SparkUnknownBase's spec for a local tree UnkBase (m_t by |I_t|)."""
+    thresholds = (float(m.threshold),) + tuple(
+        m.threshold_for_cells(c) for c in range(1, (m.base - 1) * m.levels + 1)
+    )
+    return kernels.ReleaseSpec(
+        mechanism="UnkBase",
+        horizon=m.horizon,
+        base=m.base,
+        cell_std=float(np.sqrt(m.levels) * m.tau),
+        purpose=m.noise_purpose,
+        threshold=float(m.threshold),
+        remember=m.remember,
+        thresholds=thresholds,
+    )
+
+
+@pytest.mark.parametrize(
+    "case", ["known-tree", "known-blt", "unknown-tree", "unknown-tree-remember", "unknown-blt"]
+)
+def test_arrow_run_kernel_gives_the_pandas_kernels_rows(case) -> None:
+    """release_run_arrow (what a Spark run uses) against release_run_partition (held to
+    the local engine by the tests above): the same rows in the same order, the values
+    bit for bit, whatever the input's batches and the output's batch size (several
+    steps' rows in one batch, and one step's rows over several)."""
+    pa = pytest.importorskip("pyarrow")
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    key = fixed_key("spark-kernel-arrow")
+    rows = _unknown_blt_stream(500, 40, seed=5)
+    steps = [*range(1, 13), 15, 16, 22, 23, 24, 31, 40]
+    closed = case.startswith("known")
+    if closed:
+        names = sorted({u for u, _, _ in rows}) + ["never"]  # one item without counts
+        kw = {"base": 3} if case == "known-tree" else {"counter": "blt"}
+        local = KnownDomainHistogram(names, 60, max_items=3, key=key, tau=0.4, **kw)
+        spec = _spec(local)
+        rows = [(u, 0, 0) for u in reversed(names)] + rows  # the domain rows
+    else:
+        kw = dict(max_items=3, key=key, tau=0.4, threshold_delta=1e-3)
+        if case == "unknown-blt":
+            spec = _unknown_blt_spec(UnknownDomainHistogram(60, **kw))
+        else:
+            remember = case.endswith("remember")
+            local = UnknownDomainHistogram(60, counter="tree", remember=remember, **kw)
+            spec = _unknown_tree_spec(local)
+    flat = pd.DataFrame(rows, columns=["item", "t", "n"])
+    cuts = [0, 7, len(flat) // 2, len(flat)]
+    spans = list(zip(cuts, cuts[1:], strict=False))
+    common = dict(spec=spec, key_bytes=key.to_bytes(), steps=steps, item_col="item")
+    want = pd.concat(
+        kernels.release_run_partition(
+            iter([flat.iloc[a:b] for a, b in spans]), closed=closed, **common
+        ),
+        ignore_index=True,
+    )
+    assert len(want) > 100 and want["t"].nunique() == len(steps)
+    table = pa.Table.from_pandas(flat, preserve_index=False)
+    for chunk_rows in (1 << 16, 37):
+        batches = [table.slice(a, b - a).to_batches()[0] for a, b in spans]
+        out = list(
+            kernels.release_run_arrow(iter(batches), closed=closed, chunk_rows=chunk_rows, **common)
+        )
+        assert len(out) > 1 if chunk_rows == 37 else len(out) == 1
+        got = pa.Table.from_batches(out).to_pandas()
+        assert got["t"].tolist() == want["t"].tolist()
+        assert got["item"].tolist() == want["item"].tolist()
+        assert got["value"].to_numpy().view(np.int64).tolist() == (
+            want["value"].to_numpy().view(np.int64).tolist()
+        )
+    assert list(kernels.release_run_arrow(iter([]), closed=closed, **common)) == []
+    with pytest.raises(ValueError, match="null item"):
+        nulls = pa.RecordBatch.from_pydict({"item": [None], "t": [1], "n": [1]})
+        list(kernels.release_run_arrow(iter([nulls]), closed=closed, **common))

@@ -37,7 +37,7 @@ from .kernels import (
     STATE_IDS,
     UNKNOWN,
     ReleaseSpec,
-    release_run_partition,
+    release_run_arrow,
     release_step_batch,
     release_stream_batch,
     state_noise_cols,
@@ -410,9 +410,9 @@ class _SparkRelease:
         """All releases at the claimed ``steps`` from flat (item, t, n) rows, in one job.
 
         The rows are hash-partitioned by item, so each item's rows meet in one
-        partition; one ``mapInPandas`` pass per partition then hashes each item
+        partition; one ``mapInArrow`` pass per partition then hashes each item
         once and advances its tree noise through the steps incrementally
-        (``kernels.release_run_partition``). No list column, no join.
+        (``kernels.release_run_arrow``). No list column, no join, no pandas.
         """
         item_col = self.item_col
         schema = T.StructType(
@@ -425,7 +425,7 @@ class _SparkRelease:
         spec, key_bytes = self._spec_for(steps), self._key_bytes
 
         def run(batches):
-            return release_run_partition(
+            return release_run_arrow(
                 batches,
                 spec=spec,
                 key_bytes=key_bytes(),
@@ -435,7 +435,7 @@ class _SparkRelease:
             )
 
         flat = flat.where(F.col("t") <= steps[-1]).repartition(item_col)
-        return flat.mapInPandas(run, schema)
+        return flat.mapInArrow(run, schema)
 
     def close(self) -> None:
         """Forget the broadcast key on the executors (DataFrames built before stop working)."""
