@@ -10,6 +10,12 @@
  *
  * Arrays are taken through the buffer protocol (C-contiguous, 8-byte items), so
  * the module needs only Python's headers, not NumPy's.
+ *
+ * The module is private, but it must stay memory-safe whatever it is given
+ * (tests/test_loops_hostile.py): a loop that checks values of an argument (offsets,
+ * codes, positions) and reads them again refuses a written array that shares a byte
+ * with its other arguments (refuse_overlaps), and a value read where the GIL is
+ * released, or after Python code could run, is checked where it is used.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -109,6 +115,64 @@ get_arrays(PyObject **objs, Py_buffer *b, const array_spec *spec, int n)
     return 0;
 }
 
+/* Whether the bytes of two buffers intersect ([buf, buf + len) each; an empty one
+ * meets nothing). */
+static int
+buffers_overlap(const Py_buffer *a, const Py_buffer *b)
+{
+    if (a->len <= 0 || b->len <= 0)
+        return 0;
+    uintptr_t a0 = (uintptr_t)a->buf, b0 = (uintptr_t)b->buf;
+    return a0 < b0 + (uintptr_t)b->len && b0 < a0 + (uintptr_t)a->len;
+}
+
+/* -1 with a ValueError when the written buffer w (named wname) shares a byte with
+ * the buffer r (rname), else 0. A loop that checks some values of an argument (an
+ * offset, a code, a position) and then reads them again must not write into them in
+ * between: its writes are refused any byte of its other arguments. */
+static int
+refuse_overlap(const char *fn, const Py_buffer *w, const char *wname, const Py_buffer *r,
+               const char *rname)
+{
+    if (!buffers_overlap(w, r))
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %s (written) overlaps %s in memory: a written array must share no "
+                 "byte with another argument",
+                 fn, wname, rname);
+    return -1;
+}
+
+/* refuse_overlap for every written b[i] (spec[i].writable) against every other b[j],
+ * i, j < n */
+static int
+refuse_overlaps(const char *fn, const Py_buffer *b, const array_spec *spec, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!spec[i].writable)
+            continue;
+        for (int j = 0; j < n; j++)
+            if (j != i && !(spec[j].writable && j < i) &&
+                refuse_overlap(fn, &b[i], spec[i].name, &b[j], spec[j].name) < 0)
+                return -1;
+    }
+    return 0;
+}
+
+/* get_arrays, then refuse_overlaps; on failure releases what it took, -1 */
+static int
+get_disjoint_arrays(const char *fn, PyObject **objs, Py_buffer *b, const array_spec *spec,
+                    int n)
+{
+    if (get_arrays(objs, b, spec, n) < 0)
+        return -1;
+    if (refuse_overlaps(fn, b, spec, n) < 0) {
+        release_arrays(b, n);
+        return -1;
+    }
+    return 0;
+}
+
 /* Offsets into an item table's bytes: int64, or uint32 while the bytes are fewer
  * than 2^32 (4 bytes an item instead of 8). */
 typedef struct {
@@ -204,7 +268,8 @@ uniform53(uint64_t w)
 /*
  * ziggurat_restarts(words, pending, out): out[pending[i]] = ndtri(uniform(words[i]))
  * for the k points above the curve, words[i] being the first word of the AES of
- * point i's block under the retry key (see dpstream.ziggurat._restart).
+ * point i's block under the retry key (see dpstream.ziggurat._restart). The positions
+ * are checked before any write, then read again: out may share no byte with them.
  */
 static PyObject *
 ziggurat_restarts(PyObject *self, PyObject *args)
@@ -214,7 +279,7 @@ ziggurat_restarts(PyObject *self, PyObject *args)
     PyObject *o[3];
     Py_buffer b[3];
     if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2]) || need_ndtri() < 0 ||
-        get_arrays(o, b, spec, 3) < 0)
+        get_disjoint_arrays("ziggurat_restarts", o, b, spec, 3) < 0)
         return NULL;
     Py_ssize_t k = b[1].len / 8, c = b[2].len / 8;
     const uint64_t *words = b[0].buf;
@@ -460,10 +525,11 @@ release_table(table_args *t)
 }
 
 /* key (2 uint64), data (bytes), offsets (uint32 or int64, n + 1), slots (uint32, at
- * most 2^31 of them, or uint64, a power of 2 of them) */
+ * most 2^31 of them, or uint64, a power of 2 of them); writable (the slots of fn): the
+ * slots may share no byte with the key, data or offsets */
 static int
-get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int writable,
-          table_args *t)
+get_table(const char *fn, PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots,
+          int writable, table_args *t)
 {
     const array_spec spec[4] = {{"key", U64, NULL, 0}, {"data", NULL, NULL, 0}, OFFSETS_SPEC,
                                 {"slots", U64, U32, writable}};
@@ -472,6 +538,10 @@ get_table(PyObject *key, PyObject *data, PyObject *offsets, PyObject *slots, int
     for (t->got = 0; t->got < 4; t->got++)
         if (get_spec(objs[t->got], b[t->got], &spec[t->got]) < 0)
             goto fail;
+    if (writable)
+        for (int i = 0; i < 3; i++)
+            if (refuse_overlap(fn, b[3], "slots", b[i], spec[i].name) < 0)
+                goto fail;
     t->off = offsets_of(&t->offsets);
     t->wide = t->slots.itemsize == 8;
     Py_ssize_t nslots = t->slots.len / t->slots.itemsize;
@@ -548,12 +618,19 @@ item_lookup(PyObject *self, PyObject *args)
     table_args t;
     Py_buffer out;
     PyObject *result = NULL;
-    if (get_table(key, data, offsets, slots, 0, &t) < 0) {
+    if (get_table("item_lookup", key, data, offsets, slots, 0, &t) < 0) {
         Py_DECREF(seq);
         return NULL;
     }
     if (get(out_obj, &out, 1, I64, "out") < 0)
         goto done_table;
+    {
+        const Py_buffer *tb[4] = {&t.key, &t.data, &t.offsets, &t.slots};
+        static const char *const tn[4] = {"key", "data", "offsets", "slots"};
+        for (int i = 0; i < 4; i++)
+            if (refuse_overlap("item_lookup", &out, "out", tb[i], tn[i]) < 0)
+                goto done;
+    }
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
     if (out.len != 8 * k) {
         PyErr_SetString(PyExc_ValueError, "item_lookup: out must hold one int64 per item");
@@ -623,8 +700,20 @@ done_table:
     return result;
 }
 
+/* offset i, read from memory exactly once (volatile: not read again by the compiler,
+ * whatever else writes the array meanwhile) */
+static inline int64_t
+off_once(offs o, int64_t i)
+{
+    return o.wide ? ((const volatile int64_t *)o.p)[i]
+                  : (int64_t)((const volatile uint32_t *)o.p)[i];
+}
+
 /* item_insert(key, data, offsets, slots, first, last): put the stored items first..last-1
- * into free slots (the caller keeps the table at most 4/5 full) */
+ * into free slots (the caller keeps the table at most 4/5 full). The slots may share no
+ * byte with the other arrays; and since the loop runs without the GIL (another thread
+ * could write the offsets meanwhile), each item's offsets are read once and checked
+ * again where they are used. */
 static PyObject *
 item_insert(PyObject *self, PyObject *args)
 {
@@ -633,7 +722,7 @@ item_insert(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOnn", &key, &data, &offsets, &slots, &first, &last))
         return NULL;
     table_args t;
-    if (get_table(key, data, offsets, slots, 1, &t) < 0)
+    if (get_table("item_insert", key, data, offsets, slots, 1, &t) < 0)
         return NULL;
     Py_ssize_t nslots = (Py_ssize_t)t.nslots;
     offs off = t.off;
@@ -652,10 +741,17 @@ item_insert(PyObject *self, PyObject *args)
     void *sl = t.slots.buf;
     int wide = t.wide, shift = t.shift;
     const unsigned char *d = t.data.buf;
+    Py_ssize_t data_len = t.data.len;
+    int moved = 0;  /* offsets that changed after the check */
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t pos = first; ok && pos < last; pos++) {
-        int64_t a = OFF(off, pos);
-        uint64_t h = siphash13(kw[0], kw[1], d + a, OFF(off, pos + 1) - a);
+        int64_t a = off_once(off, pos), z = off_once(off, pos + 1);
+        if (a < 0 || a > z || z > data_len) {
+            ok = 0;
+            moved = 1;
+            break;
+        }
+        uint64_t h = siphash13(kw[0], kw[1], d + a, z - a);
         uint64_t s = slot_index(&t, h), tries = 0;
         while (slot_at(sl, wide, s) != 0 && ++tries < t.nslots)
             s = slot_next(&t, s);
@@ -670,7 +766,9 @@ item_insert(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     release_table(&t);
     if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "item_insert: no free slot");
+        PyErr_SetString(PyExc_ValueError, moved ? "item_insert: the offsets changed during "
+                                                  "the call"
+                                                : "item_insert: no free slot");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -705,8 +803,9 @@ item_prefix_equals(PyObject *self, PyObject *args)
         const char *p;
         Py_ssize_t len;
         int64_t a = OFF(off, i), z = OFF(off, i + 1);
-        equal = str_utf8(objs[i], &p, &len) && a >= 0 && z - a == len && z <= d->len &&
-                memcmp(bytes + a, p, (size_t)len) == 0;
+        /* (in this order: z - a cannot overflow once 0 <= a <= z) */
+        equal = str_utf8(objs[i], &p, &len) && a >= 0 && a <= z && z <= d->len &&
+                z - a == len && memcmp(bytes + a, p, (size_t)len) == 0;
     }
     release_arrays(b, 2);
     Py_DECREF(seq);
@@ -779,7 +878,9 @@ py_siphash13(PyObject *self, PyObject *args)
  * item not exactly a str, int or bytes: the caller then takes its per-event path.
  * The twin of dpstream.mechanisms.columns.flatten_events. No item is hashed,
  * compared or converted; the one allocation could run a finalizer (a garbage
- * collection) that changes an event, so the second pass checks every size again. */
+ * collection) that changes an event, or the offsets (the caller's memory), so the
+ * second pass trusts neither: it takes each event's size again, writes no item past
+ * the list's end, and writes the offsets again from what it filled. */
 static PyObject *
 flatten_events(PyObject *self, PyObject *args)
 {
@@ -813,21 +914,28 @@ flatten_events(PyObject *self, PyObject *args)
         goto done;
     if (PySequence_Fast_GET_SIZE(events) != n)
         goto none;
+    /* (nothing below runs Python code: the events and offsets stay as they are now) */
     Py_ssize_t k = 0;
+    off[0] = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *ev = PySequence_Fast_ITEMS(events)[j];
-        if ((!PyList_CheckExact(ev) && !PyTuple_CheckExact(ev)) ||
-            PySequence_Fast_GET_SIZE(ev) != off[j + 1] - off[j])
+        if (!PyList_CheckExact(ev) && !PyTuple_CheckExact(ev))
             goto none;
+        Py_ssize_t size = PySequence_Fast_GET_SIZE(ev);
+        if (size > total - k)
+            goto none;  /* an event grew: no room in the list */
         PyObject **items = PySequence_Fast_ITEMS(ev);
-        for (Py_ssize_t i = off[j + 1] - off[j]; i > 0; i--) {
+        for (Py_ssize_t i = size; i > 0; i--) {
             PyObject *it = *items++;
             if (!PyUnicode_CheckExact(it) && !PyLong_CheckExact(it) && !PyBytes_CheckExact(it))
                 goto none;
             Py_INCREF(it);
             PyList_SET_ITEM(flat, k++, it);
         }
+        off[j + 1] = k;
     }
+    if (k != total)
+        goto none;  /* an event shrank: entries left empty */
     goto done;
 none:
     Py_XDECREF(flat);  /* entries not filled are NULL: the list's dealloc skips them */
@@ -842,7 +950,9 @@ done:
  * each in [0, len(scratch))) in order of first appearance, used[:k], and inverse[i]
  * with used[inverse[i]] == codes[i]. scratch (int64) must hold -1 everywhere; it is
  * used as a map from a code to its slot in used, and left holding -1 again. Every
- * code is checked before scratch is touched. O(len(codes)), unlike a sort. */
+ * code is checked before scratch is touched. O(len(codes)), unlike a sort. The four
+ * arrays may share no byte (the codes and slots read back must be those written or
+ * checked). */
 static PyObject *
 unique_codes(PyObject *self, PyObject *args)
 {
@@ -852,7 +962,7 @@ unique_codes(PyObject *self, PyObject *args)
     Py_buffer b[4];
     PyObject *result = NULL;
     if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3]) ||
-        get_arrays(o, b, spec, 4) < 0)
+        get_disjoint_arrays("unique_codes", o, b, spec, 4) < 0)
         return NULL;
     Py_ssize_t m = b[0].len / 8, d = b[1].len / 8;
     if (b[2].len < 8 * m || b[3].len != 8 * m) {
@@ -1609,7 +1719,9 @@ done:
  * the kept occurrences of event e; returns the number not kept. The twin of the
  * NumPy path of columns.distinct_in_events, for events of at most 64 items (each
  * occurrence is compared with the earlier ones of its event: O(width^2)); the
- * caller checks the width. cols, offsets, distinct: int64; keep: one byte each. */
+ * caller checks the width. cols, offsets, distinct: int64; keep: one byte each. keep
+ * and distinct may share no byte with the others (the offsets, checked first, bound
+ * the loops). */
 static PyObject *
 event_duplicates(PyObject *self, PyObject *args)
 {
@@ -1618,7 +1730,7 @@ event_duplicates(PyObject *self, PyObject *args)
     PyObject *objs[4];
     Py_buffer b[4];
     if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3]) ||
-        get_arrays(objs, b, spec, 4) < 0)
+        get_disjoint_arrays("event_duplicates", objs, b, spec, 4) < 0)
         return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = b[0].len / 8, ne = b[1].len / 8 - 1;
@@ -1695,16 +1807,24 @@ top_k(PyObject *self, PyObject *args)
     static const array_spec spec[2] = {{"values", F64, NULL, 0}, {"out", I64, NULL, 1}};
     PyObject *o[2];
     Py_buffer b[2];
-    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1]) || get_arrays(o, b, spec, 2) < 0)
+    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1]) ||
+        get_disjoint_arrays("top_k", o, b, spec, 2) < 0)
         return NULL;
     const double *v = b[0].buf;
-    int64_t *heap = b[1].buf;
     Py_ssize_t n = b[0].len / 8, k = b[1].len / 8, size = 0;
     int ok = 1;
     if (k > n) {
         PyErr_SetString(PyExc_ValueError, "top_k: more indices asked than values");
         release_arrays(b, 2);
         return NULL;
+    }
+    /* the heap in memory of its own, copied to out at the end: its entries index the
+     * values, and out can be written by another thread while this one runs without
+     * the GIL */
+    int64_t *heap = PyMem_Malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
+    if (heap == NULL) {
+        release_arrays(b, 2);
+        return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n && ok; i++) {
@@ -1731,7 +1851,10 @@ top_k(PyObject *self, PyObject *args)
             heap[end] = tmp;
             sift_down(heap, end, 0, v);
         }
+    if (ok && k > 0)
+        memcpy(b[1].buf, heap, (size_t)k * sizeof(int64_t));
     Py_END_ALLOW_THREADS
+    PyMem_Free(heap);
     release_arrays(b, 2);
     return PyBool_FromLong(ok);
 }
@@ -1780,7 +1903,9 @@ typedef struct {
  * occurrence. Per (user, item) pair of the batch that keeps an occurrence, in order
  * of first occurrence: the user's place in uidx, the item's code, its count after the
  * batch and before it (0: not held), into pair_* (int64, room for one pair per
- * occurrence). Returns (those pairs, kept, dropped_new_item, dropped_count). */
+ * occurrence). Returns (those pairs, kept, dropped_new_item, dropped_count). The
+ * written arrays may share no byte with any other (the codes, offsets, users and
+ * indices are checked first, then read again). */
 static PyObject *
 user_bound(PyObject *self, PyObject *args)
 {
@@ -1804,7 +1929,7 @@ user_bound(PyObject *self, PyObject *args)
     };
     Py_buffer b[NA];
     int has_first = fobj != Py_None, got = has_first ? NA : FIRST; /* first: None or bytes */
-    if (get_arrays(objs, b, spec, got) < 0)
+    if (get_disjoint_arrays("user_bound", objs, b, spec, got) < 0)
         return NULL;
     const Py_buffer *cb = &b[COUNTS];
     PyObject *res = NULL;
@@ -1953,7 +2078,7 @@ done:
 /* pair_store(keys, counts, new_keys, new_counts, filled): set the counts of distinct keys
  * in the pair table, which holds ``filled`` keys, adding the keys it does not hold (the
  * caller leaves room: the table is at most half full after). Returns the number of
- * keys added. */
+ * keys added. keys and counts may share no byte with each other or the new ones. */
 static PyObject *
 pair_store(PyObject *self, PyObject *args)
 {
@@ -1963,7 +2088,7 @@ pair_store(PyObject *self, PyObject *args)
     Py_ssize_t filled;
     Py_buffer b[4];
     if (!PyArg_ParseTuple(args, "OOOOn", &objs[0], &objs[1], &objs[2], &objs[3], &filled) ||
-        get_arrays(objs, b, spec, 4) < 0)
+        get_disjoint_arrays("pair_store", objs, b, spec, 4) < 0)
         return NULL;
     const Py_buffer *c = &b[1];
     PyObject *res = NULL;

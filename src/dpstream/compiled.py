@@ -173,6 +173,19 @@ def numpy_only() -> Iterator[None]:
         _state["loops"] = saved
 
 
+def _in_place(a: np.ndarray, dtype: type, size: int) -> bool:
+    """Whether the C loops can write ``a`` where it is: a writable C-contiguous
+    vector of at least ``size`` native ``dtype`` values."""
+    return (
+        a.ndim == 1
+        and a.shape[0] >= size
+        and a.dtype == dtype
+        and a.dtype.isnative
+        and a.flags.c_contiguous
+        and a.flags.writeable
+    )
+
+
 def ziggurat(
     blocks: np.ndarray, out: np.ndarray, table: Any, pending: np.ndarray, close: np.ndarray
 ) -> tuple[int, int, int] | None:
@@ -185,16 +198,30 @@ def ziggurat(
     the C loop draws them), and points within a few ulps of the curve (to
     decide exactly) at ``close[:n_close]``. Returns ``(n_restart, n_tail,
     n_close)``, or None (nothing written) when the chunk is small, the loops
-    are off, or the blocks are not in the machine's byte order (the ``"<u8"``
-    blocks of a big-endian machine: the C loop reads native words).
+    are off, the blocks are not (c, 2) uint64 in the machine's byte order (the
+    ``"<u8"`` blocks of a big-endian machine: the C loop reads native words),
+    or ``out`` (c values), ``pending`` or ``close`` (at least c) are not
+    writable C-contiguous native float64 and int64 vectors: the NumPy path then
+    computes them as it is given them. Blocks in another layout (rows taken
+    with a step) are read from a C-contiguous copy: the same words.
     """
-    if blocks.shape[0] < MIN_ITEMS or not blocks.dtype.isnative:
+    c = blocks.shape[0]
+    if (
+        c < MIN_ITEMS
+        or blocks.shape != (c, 2)
+        or blocks.dtype != np.uint64
+        or not blocks.dtype.isnative
+        or out.shape != (c,)
+        or not _in_place(out, np.float64, c)
+        or not _in_place(pending, np.int64, c)
+        or not _in_place(close, np.int64, c)
+    ):
         return None
     loops = _loops()
     if loops is None:
         return None
     return loops.ziggurat(
-        blocks,
+        np.ascontiguousarray(blocks),
         out,
         table.scaled,
         table.limit,
@@ -209,14 +236,20 @@ def ziggurat(
 def ziggurat_restarts(words: np.ndarray, pending: np.ndarray, out: np.ndarray) -> bool:
     """``out[pending[i]] = ndtri(u(words[i]))`` in C, u the uniform of
     :func:`dpstream.ziggurat.uniforms_from_words`; False (nothing
-    written) when the loops or their ndtri are off."""
-    if not ndtri_enabled():
+    written) when the loops or their ndtri are off, or ``out`` is not a
+    writable C-contiguous native float64 vector (the NumPy path writes it where
+    it is). ``words`` and ``pending`` are read from copies when they share
+    memory with ``out`` (the C loop refuses that; NumPy reads them before it
+    writes)."""
+    if not ndtri_enabled() or not _in_place(out, np.float64, 0):
         return False
-    _loops().ziggurat_restarts(
-        np.ascontiguousarray(words, dtype=np.uint64),
-        np.ascontiguousarray(pending, dtype=np.int64),
-        out,
-    )
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    pending = np.ascontiguousarray(pending, dtype=np.int64)
+    if np.may_share_memory(words, out):
+        words = words.copy()
+    if np.may_share_memory(pending, out):
+        pending = pending.copy()
+    _loops().ziggurat_restarts(words, pending, out)
     return True
 
 
