@@ -34,6 +34,36 @@ def test_aggregate_counts_must_be_ints(bad):
     assert h.release(1, {"a": 2}).t == 1
 
 
+def test_a_pandas_series_of_counts_is_read_by_its_index():
+    """A Series from value_counts() (sorted by count) gives the release of the same counts
+    as a dict, for every aggregate mode, never its values by position (review 72: the
+    domain's three items were released as each other's counts); an item that labels
+    two counts is refused, and nothing is released then."""
+    pd = pytest.importorskip("pandas")
+    domain = ["aspirin", "ibuprofen", "paracetamol"]
+    events = pd.Series(["paracetamol"] * 50 + ["ibuprofen"] * 30 + ["aspirin"] * 2)
+    series = events.value_counts()
+    assert series.index.tolist() == ["paracetamol", "ibuprofen", "aspirin"]
+    as_dict = {"aspirin": 2, "ibuprofen": 30, "paracetamol": 50}
+
+    def makers():
+        yield lambda: dps.KnownDomainHistogram(domain, 10, max_items=1, key=KEY, rho=1.0)
+        yield lambda: dps.ContinualTopK(domain, 10, k=2, switches=2, key=KEY, rho=1.0)
+        yield lambda: dps.UnknownDomainHistogram(
+            10, max_items=1, key=KEY, rho=1.0, threshold_delta=1e-3
+        )
+
+    for make in makers():
+        want, got = make().release(1, as_dict), make().release(1, series)
+        assert got.items == want.items
+        assert np.array_equal(got.values, want.values)
+        twice = pd.Series([2, 3], index=["aspirin", "aspirin"])
+        m = make()
+        with pytest.raises(ValueError, match="names an item twice"):
+            m.release(1, twice)
+        assert m.t == 0
+
+
 def test_float_array_counts_refused():
     h = dps.KnownDomainHistogram(["a", "b"], 10, max_items=1, key=KEY, rho=1.0)
     with pytest.raises(TypeError, match="integers"):

@@ -321,12 +321,28 @@ def check_count_array(
     return out
 
 
+def series_items(counts: object) -> object:
+    """A pandas Series of counts as the ``item -> count`` Mapping its index says it is
+    (``value_counts()`` gives one, sorted by count): read by position, its counts
+    would land on other items, in an order that depends on the data. Anything else
+    is returned as it is. Raises ValueError when an item labels two counts."""
+    kind = type(counts)
+    if kind.__name__ != "Series" or not kind.__module__.startswith("pandas"):
+        return counts
+    index = counts.index  # type: ignore[attr-defined]
+    if not index.is_unique:
+        raise ValueError("counts: the Series' index names an item twice")
+    return dict(zip(index.tolist(), counts.tolist(), strict=True))  # type: ignore[attr-defined]
+
+
 def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
-    """The canonical items and int64 counts of an aggregate-mode ``item -> count`` Mapping.
+    """The canonical items and int64 counts of an aggregate-mode ``item -> count`` Mapping
+    (or a pandas Series indexed by item: :func:`series_items`).
 
     Every count must be an int >= 0: a float would be truncated and a bool or a
     string coerced, silently releasing something other than the true histogram.
     """
+    counts = series_items(counts)
     if not isinstance(counts, Mapping):
         raise TypeError(f"counts must be a Mapping item -> count, got {type(counts).__name__}")
     try:
@@ -351,14 +367,16 @@ def domain_counts(
 ) -> np.ndarray:
     """Aggregate-mode counts over a known domain, as an int64 array aligned with it.
 
-    ``counts`` is a Mapping (missing items count 0) or an integer array aligned
-    with the domain; or the items, with their counts in ``values``, or a
-    pandas/polars/Arrow frame with columns ``item`` and ``count``
+    ``counts`` is a Mapping (missing items count 0), a pandas Series indexed by
+    item (read as that Mapping, never by position: :func:`series_items`) or an
+    integer array aligned with the domain; or the items, with their counts in
+    ``values``, or a pandas/polars/Arrow frame with columns ``item`` and ``count``
     (:func:`~dpstream.mechanisms.columns.domain_aggregate`). ``previous`` is the
     last prefix histogram, which may not shrink.
     """
     if values is not None or is_frame(counts):
         return domain_aggregate(counts, values, index, previous)
+    counts = series_items(counts)
     n = len(previous)
     if isinstance(counts, Mapping):
         from .columns import lookup_all
