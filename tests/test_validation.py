@@ -64,6 +64,26 @@ def test_a_pandas_series_of_counts_is_read_by_its_index():
         assert m.t == 0
 
 
+def test_a_frame_of_counts_names_its_count_column():
+    """Two columns are read as items and counts only when one is named ``count``
+    (``value_counts().reset_index()``), never by position: with integer items a
+    (count, item) frame was read with the counts as items (review 72)."""
+    pd = pytest.importorskip("pandas")
+
+    def make():
+        return dps.KnownDomainHistogram([1, 2, 3], 10, max_items=1, key=KEY, rho=1.0)
+
+    want = make().release(1, {1: 5, 2: 0, 3: 2})
+    named = pd.Series([1] * 5 + [3] * 2, name="id").value_counts().reset_index()
+    assert list(named.columns) == ["id", "count"]
+    assert np.array_equal(make().release(1, named).values, want.values)
+    swapped = pd.DataFrame({"n": [5, 2], "id": [1, 3]})
+    m = make()
+    with pytest.raises(ValueError, match="one of them 'count'"):
+        m.release(1, swapped)
+    assert m.t == 0
+
+
 def test_float_array_counts_refused():
     h = dps.KnownDomainHistogram(["a", "b"], 10, max_items=1, key=KEY, rho=1.0)
     with pytest.raises(TypeError, match="integers"):

@@ -265,7 +265,7 @@ def distinct_in_events(
 def aggregate_columns(items: Any, counts: Any = None) -> tuple[list[Hashable], np.ndarray]:
     """Aggregate-mode input as (items, int64 counts): a Mapping, two sequences
     (items, counts), or a pandas/polars/Arrow frame with columns ``item`` and
-    ``count`` (or exactly two columns: items, then counts).
+    ``count`` (or two columns, one named ``count``: the other holds the items).
 
     Counts must be integers >= 0 (a float, bool or string would release
     something other than the true histogram); items are checked by the caller.
@@ -338,12 +338,14 @@ def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:
         )
     if "item" in names and "count" in names:
         item_col, count_col = "item", "count"
-    elif len(names) == 2:
-        item_col, count_col = names
+    elif len(names) == 2 and "count" in names:  # value_counts().reset_index(): (name, count)
+        item_col, count_col = [n for n in names if n != "count"][0], "count"
     else:
+        # two columns of other names are not read by position: with integer items, a
+        # (count, item) frame would be read silently with the counts as items
         raise ValueError(
-            f"a frame of counts needs columns 'item' and 'count' (or exactly two "
-            f"columns), got {names}"
+            f"a frame of counts needs columns 'item' and 'count' (or two columns, one of "
+            f"them 'count'), got {names}"
         )
     if hasattr(frame, "column_names"):
         return frame.column(item_col).to_pylist(), frame.column(count_col).to_numpy()
