@@ -84,6 +84,15 @@ def test_a_frame_of_counts_names_its_count_column():
     assert m.t == 0
 
 
+def test_a_count_past_int64_is_refused_in_words():
+    for make in (
+        lambda: dps.KnownDomainHistogram(["a"], 10, max_items=1, key=KEY, rho=1.0),
+        lambda: dps.UnknownDomainHistogram(10, max_items=1, key=KEY, rho=1.0, threshold_delta=1e-3),
+    ):
+        with pytest.raises(ValueError, match="fit in int64"):
+            make().release(1, {"a": 2**63})
+
+
 def test_float_array_counts_refused():
     h = dps.KnownDomainHistogram(["a", "b"], 10, max_items=1, key=KEY, rho=1.0)
     with pytest.raises(TypeError, match="integers"):

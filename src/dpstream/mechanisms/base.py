@@ -353,7 +353,10 @@ def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
     for item, value in zip(items, raw, strict=True):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"counts must be integers, got {value!r} for item {item!r}")
-    values = np.array(raw, dtype=np.int64) if raw else np.zeros(0, dtype=np.int64)
+    try:
+        values = np.array(raw, dtype=np.int64) if raw else np.zeros(0, dtype=np.int64)
+    except OverflowError:
+        raise ValueError("counts must fit in int64") from None
     if values.size and values.min() < 0:
         raise ValueError("counts must be >= 0")
     return items, values
