@@ -37,6 +37,15 @@ def _spec(m: KnownDomainHistogram) -> object:
     )
 
 
+def _run_kernel(frames, **kw) -> list:
+    """release_run_arrow over pandas frames (each one Arrow record batch, as Spark cuts
+    a partition), its output as one pandas frame in a list (none for no rows)."""
+    pa = pytest.importorskip("pyarrow")
+    batches = [pa.RecordBatch.from_pandas(f, preserve_index=False) for f in frames]
+    out = list(kernels.release_run_arrow(iter(batches), **kw))
+    return [pa.Table.from_batches(out).to_pandas()] if out else []
+
+
 @pytest.mark.parametrize("counter", ["tree", "blt"])
 def test_step_kernel_matches_local_release_across_batches(counter) -> None:
     key = fixed_key("spark-kernel")
@@ -86,7 +95,7 @@ def test_run_kernel_counts_increments_from_first_release_step_on() -> None:
     )
     steps = [3, 5, 6, 7, 40]  # gaps shorter and longer than |I_t|: both advance paths
     out = pd.concat(
-        kernels.release_run_partition(
+        _run_kernel(
             iter([flat.iloc[:3], flat.iloc[3:]]),
             spec=spec,
             key_bytes=key.to_bytes(),
@@ -116,7 +125,7 @@ def test_run_kernel_keeps_items_that_differ_after_a_nul_apart() -> None:
         {"item": [*items, *items], "t": [0, 0, 0, 1, 1, 2], "n": [0, 0, 0, 1, 2, 5]}
     )
     out = pd.concat(
-        kernels.release_run_partition(
+        _run_kernel(
             iter([flat]),
             spec=_spec(local),
             key_bytes=key.to_bytes(),
@@ -139,7 +148,7 @@ def test_run_kernel_refuses_an_item_outside_the_domain() -> None:
     flat = pd.DataFrame({"item": ["a", "z"], "t": [0, 1], "n": [0, 1]})
     with pytest.raises(ValueError, match="item z is not in the domain"):
         list(
-            kernels.release_run_partition(
+            _run_kernel(
                 iter([flat]),
                 spec=spec,
                 key_bytes=key.to_bytes(),
@@ -312,7 +321,7 @@ def test_unknown_blt_run_kernel_joins_items_as_the_local_engine(horizon, remembe
     flat = pd.DataFrame(rows, columns=["item", "t", "n"])
     cut = len(flat) // 3  # batches as Arrow would cut a partition
     out = pd.concat(
-        kernels.release_run_partition(
+        _run_kernel(
             iter([flat.iloc[:cut], flat.iloc[cut:]]),
             spec=spec,
             key_bytes=key.to_bytes(),
@@ -379,11 +388,11 @@ def _unknown_tree_spec(m) -> object:
 @pytest.mark.parametrize(
     "case", ["known-tree", "known-blt", "unknown-tree", "unknown-tree-remember", "unknown-blt"]
 )
-def test_arrow_run_kernel_gives_the_pandas_kernels_rows(case) -> None:
-    """release_run_arrow (what a Spark run uses) against release_run_partition (held to
-    the local engine by the tests above): the same rows in the same order, the values
-    bit for bit, whatever the input's batches and the output's batch size (several
-    steps' rows in one batch, and one step's rows over several)."""
+def test_run_kernel_rows_do_not_depend_on_the_batches(case) -> None:
+    """release_run_arrow's rows (order and bits) are the same whatever the input's
+    record batches and the output's batch size (several steps' rows in one batch, and
+    one step's rows over several); an empty partition releases nothing, a null item is
+    refused. (The tests above hold its values to the local engine.)"""
     pa = pytest.importorskip("pyarrow")
     from dpstream.mechanisms.unknown import UnknownDomainHistogram
 
@@ -405,30 +414,31 @@ def test_arrow_run_kernel_gives_the_pandas_kernels_rows(case) -> None:
             remember = case.endswith("remember")
             local = UnknownDomainHistogram(60, counter="tree", remember=remember, **kw)
             spec = _unknown_tree_spec(local)
-    flat = pd.DataFrame(rows, columns=["item", "t", "n"])
-    cuts = [0, 7, len(flat) // 2, len(flat)]
-    spans = list(zip(cuts, cuts[1:], strict=False))
+    table = pa.Table.from_pandas(pd.DataFrame(rows, columns=["item", "t", "n"]))
     common = dict(spec=spec, key_bytes=key.to_bytes(), steps=steps, item_col="item")
-    want = pd.concat(
-        kernels.release_run_partition(
-            iter([flat.iloc[a:b] for a, b in spans]), closed=closed, **common
-        ),
-        ignore_index=True,
-    )
-    assert len(want) > 100 and want["t"].nunique() == len(steps)
-    table = pa.Table.from_pandas(flat, preserve_index=False)
-    for chunk_rows in (1 << 16, 37):
+    outputs = []
+    for cuts, chunk_rows in (([0, len(rows)], 1 << 16), ([0, 7, len(rows) // 2, len(rows)], 37)):
+        spans = list(zip(cuts, cuts[1:], strict=False))
         batches = [table.slice(a, b - a).to_batches()[0] for a, b in spans]
         out = list(
             kernels.release_run_arrow(iter(batches), closed=closed, chunk_rows=chunk_rows, **common)
         )
         assert len(out) > 1 if chunk_rows == 37 else len(out) == 1
         got = pa.Table.from_batches(out).to_pandas()
-        assert got["t"].tolist() == want["t"].tolist()
-        assert got["item"].tolist() == want["item"].tolist()
-        assert got["value"].to_numpy().view(np.int64).tolist() == (
-            want["value"].to_numpy().view(np.int64).tolist()
+        outputs.append(
+            (
+                got["t"].tolist(),
+                got["item"].tolist(),
+                got["value"].to_numpy().view(np.int64).tolist(),
+            )
         )
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0][0]) > 100 and len(set(outputs[0][0])) == len(steps)
+    if case.endswith("remember"):  # an item once shown stays shown
+        by_step: dict[int, set] = {}
+        for t, u in zip(outputs[0][0], outputs[0][1], strict=True):
+            by_step.setdefault(t, set()).add(u)
+        assert all(by_step[a] <= by_step[b] for a, b in zip(steps, steps[1:], strict=False))
     assert list(kernels.release_run_arrow(iter([]), closed=closed, **common)) == []
     with pytest.raises(ValueError, match="null item"):
         nulls = pa.RecordBatch.from_pydict({"item": [None], "t": [1], "n": [1]})

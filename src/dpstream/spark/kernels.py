@@ -1,10 +1,11 @@
 """What runs inside a Spark executor: keyed tree noise over a batch of items.
 
-Pure NumPy/pandas (no PySpark import), so the arithmetic can be read and tested
-on its own. Each function takes the pandas batches of one partition, as
-``DataFrame.mapInPandas`` hands them over, and yields the released rows
-(``release_run_partition`` reads the whole partition first: it needs all rows
-of an item together).
+Pure NumPy/pandas/Arrow (no PySpark import), so the arithmetic can be read and
+tested on its own. Each function takes the batches of one partition, as
+``DataFrame.mapInPandas`` (pandas frames) or ``mapInArrow`` (Arrow record
+batches: ``release_run_arrow``) hands them over, and yields the released rows
+(``release_run_arrow`` reads the whole partition first: it needs all rows of an
+item together).
 
 Bit-identity with the local engine is by construction, not by re-derivation:
 every batch builds the local engine's own :class:`~dpstream.noise.NoiseSource`
@@ -41,7 +42,6 @@ __all__ = [
     "TopKSpec",
     "advance_to",
     "release_run_arrow",
-    "release_run_partition",
     "release_step_batch",
     "release_stream_batch",
     "state_noise_cols",
@@ -381,85 +381,6 @@ def advance_to(noise: TreeNoise | BLTNoise, t: int) -> None:
         noise.advance(t)
 
 
-def _concat(batches: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
-    frames = [pdf for pdf in batches if len(pdf)]
-    if not frames:
-        return None
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-
-
-def _factorize(values: pd.Series) -> tuple[np.ndarray, pd.Series]:
-    """(codes, uniques) of the items in order of first appearance, by value: Arrow's
-    dictionary encoding, not ``pd.factorize``, whose string table compares C strings
-    and so takes "a" and "a\\x00b" for one item (their counts would be added, one event
-    counting twice in it)."""
-    import pyarrow as pa
-
-    enc = pa.array(values, from_pandas=True).dictionary_encode()
-    codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return codes, pd.Series(enc.dictionary.to_pylist(), dtype=values.dtype)
-
-
-def release_run_partition(
-    batches: Iterator[pd.DataFrame],
-    *,
-    spec: ReleaseSpec,
-    key_bytes: bytes,
-    steps: Sequence[int],
-    item_col: str,
-    t_col: str = "t",
-    n_col: str = "n",
-    closed: bool = False,
-    chunk_rows: int = 1 << 20,
-) -> Iterator[pd.DataFrame]:
-    """Release every step in ``steps`` for all the items of one partition, in one pass.
-
-    The partition holds flat rows (item, t, n): an increment of n to the item's
-    count at step t >= 1, or, with ``closed`` (KnownBase), a domain row t = 0
-    (n ignored). Every row of an item must be in this partition (the caller
-    repartitions by item), so the whole partition is read first. Each item is
-    hashed and encrypted once, and its tree noise advances through the steps
-    incrementally (``advance_to``), as the local engine's own ``TreeNoise``.
-
-    Output columns: ``t``, item, ``value``; KnownBase releases every item at
-    every step, UnkBase the items whose noisy count is above the threshold (or,
-    with ``remember``, was above it at an earlier release step).
-    :func:`release_run_arrow` is the same over Arrow record batches.
-
-    Raises:
-        ValueError: with ``closed``, an item that has increments but no domain
-            row ("InvalidEventError: item ... is not in the domain").
-    """
-    pdf = _concat(batches)
-    if pdf is None:
-        return
-    if pdf[item_col].isna().any():
-        raise ValueError("the item column holds a null item")
-    codes, uniques = _factorize(pdf[item_col])
-    items = pd.Series(uniques, name=item_col)
-    released = _released_steps(
-        spec,
-        key_bytes,
-        uniques.tolist(),
-        codes,
-        pdf[t_col].to_numpy(dtype=np.int64),
-        pdf[n_col].to_numpy(dtype=np.int64),
-        steps,
-        closed,
-    )
-    for t, idx, values in released:
-        out_items = items if idx is None else items.iloc[idx].reset_index(drop=True)
-        for a in range(0, len(values), chunk_rows):
-            b = a + chunk_rows
-            yield pd.DataFrame(
-                {
-                    "t": np.full(len(values[a:b]), t, dtype=np.int64),
-                    item_col: out_items.iloc[a:b].reset_index(drop=True),
-                    "value": values[a:b],
-                }
-            )
-
-
 def release_run_arrow(
     batches: Iterator[Any],
     *,
@@ -472,16 +393,31 @@ def release_run_arrow(
     closed: bool = False,
     chunk_rows: int = 1 << 16,
 ) -> Iterator[Any]:
-    """:func:`release_run_partition` over the Arrow record batches of one partition, as
-    ``DataFrame.mapInArrow`` hands them over: the same rows in the same order, in
-    record batches of about ``chunk_rows`` rows (several steps' rows in one).
+    """Release every step in ``steps`` for all the items of one partition, in one pass,
+    from the Arrow record batches ``DataFrame.mapInArrow`` hands over.
 
-    The items stay an Arrow array (dictionary-encoded once, in order of first
-    appearance, as :func:`_factorize` encodes the pandas column of the same rows, so
-    the codes, the items' order and the rows are the same); a step's released items
-    are taken from it by index. No pandas frame is built: in a 2 x 10^6-event run
-    the pandas path's conversions and one small frame per step and partition were
-    about half of the releases' Python time."""
+    The partition holds flat rows (item, t, n): an increment of n to the item's
+    count at step t >= 1, or, with ``closed`` (KnownBase), a domain row t = 0
+    (n ignored). Every row of an item must be in this partition (the caller
+    repartitions by item), so the whole partition is read first. Each item is
+    hashed and encrypted once, and its noise advances through the steps
+    incrementally (``advance_to``), as the local engine's own ``TreeNoise`` or
+    ``BLTNoise``.
+
+    Output: record batches of about ``chunk_rows`` rows (several steps' rows in
+    one) with columns ``t``, item, ``value``, step by step; KnownBase releases
+    every item at every step, UnkBase the items whose noisy count is above the
+    threshold (or, with ``remember``, was above it at an earlier release step).
+    The items stay an Arrow array, dictionary-encoded once in order of first
+    appearance; a step's released items are taken from it by index (no pandas:
+    the earlier pandas kernel's conversions and one small frame per step and
+    partition were about half of the releases' Python time in a 2 x 10^6-event
+    run).
+
+    Raises:
+        ValueError: a null item; with ``closed``, an item that has increments but
+            no domain row ("InvalidEventError: item ... is not in the domain").
+    """
     import pyarrow as pa
 
     held = [batch for batch in batches if batch.num_rows]

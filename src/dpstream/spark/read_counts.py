@@ -34,7 +34,7 @@ Each task sends its partial counts (one row per (step, item) it saw, flushed
 every ``_FLUSH`` pairs so memory stays bounded) and a row for each of its totals
 (steps below 1: :data:`COUNTED_SCHEMA`);
 Spark adds the partial counts of an item where its releases are computed
-(:func:`dpstream.spark.kernels.release_run_partition` sums the rows of an item
+(:func:`dpstream.spark.kernels.release_run_arrow` sums the rows of an item
 and step). The line numbers are not computed: a run that needs them (user-level
 bounding, or ``--on-invalid error`` with a bad line, whose message names it)
 reads the events themselves (:mod:`dpstream.spark.read_jsonl`).
