@@ -119,26 +119,35 @@ def _arrow_takes(lines: list[bytes]) -> bool:
     return arrow_chunk(arrow_line_block(pa.array(lines, pa.binary()))) is not None
 
 
+def _random_lines(*, seed: int, n: int, steps: int, items: int, longest: int) -> list[bytes]:
+    """``n`` plain JSON Lines events (simulated data): steps 1..``steps``, 1..``longest``
+    items each drawn from ``x0``..``x{items - 1}`` (repeats within an event)."""
+    import random
+
+    rng = random.Random(seed)
+    return [
+        b'{"t": %d, "items": [%s]}'
+        % (
+            rng.randint(1, steps),
+            b", ".join(
+                b'"x%d"' % rng.randint(0, items - 1) for _ in range(rng.randint(1, longest))
+            ),
+        )
+        for _ in range(n)
+    ]
+
+
 @pytest.mark.parametrize("domain", [None, {"a", "b", "caf\u00e9", "padded", "5", "x1"}])
 def test_columnar_counts_are_the_brute_force_counts(domain, monkeypatch) -> None:
     """A task's counter against the brute force of the rules (one parse per line): on
     chunks Arrow takes whole (counted as columns, with rows Arrow leaves to the one-line
     parser: null items, steps past int64 or below 1, no step), on chunks it does not
     (every line decided alone), and on both in one task."""
-    import random
 
     from dpstream.spark import read_counts
 
     monkeypatch.setattr(read_counts, "_CHUNK_BYTES", 30_000)  # several chunks a task
-    rng = random.Random(7)
-    many = [
-        b'{"t": %d, "items": [%s]}'
-        % (
-            rng.randint(1, 9),
-            b", ".join(b'"x%d"' % rng.randint(0, 6) for _ in range(rng.randint(1, 5))),
-        )
-        for _ in range(3000)
-    ]
+    many = _random_lines(seed=7, n=3000, steps=9, items=7, longest=5)
     taken = [line for line in TRICKY if _arrow_takes([line])]
     assert len(taken) > 20 and not _arrow_takes(TRICKY)
     columnar = [*many[:1000], *taken, *many[1000:], *taken]
@@ -209,17 +218,7 @@ def test_columnar_counts_of_long_events_are_the_brute_force_counts() -> None:
     """Events of up to 60 items (past the comparison path's 32) with repeats, counted
     as columns: the brute force's counts, at a --max-items that keeps some and drops
     others as oversized."""
-    import random
-
-    rng = random.Random(60)
-    lines = [
-        b'{"t": %d, "items": [%s]}'
-        % (
-            rng.randint(1, 5),
-            b", ".join(b'"i%d"' % rng.randint(0, 40) for _ in range(rng.randint(1, 60))),
-        )
-        for _ in range(400)
-    ]
+    lines = _random_lines(seed=60, n=400, steps=5, items=41, longest=60)
     assert _arrow_takes(lines)
     want = _brute(lines, 6, 30, None)
     assert want[1][3] > 0 and want[0]  # some oversized, some kept
