@@ -5,6 +5,9 @@
   integer steps, a clock, user ids, one row per item);
 * the frame comes back as the kind given; importing dpstream imports neither pandas
   nor polars; the settings the function owns are refused;
+* every other setting is checked as a config file's value is (review 72), before
+  anything is read or written: an unknown name (with the close one), ``"false"`` for a
+  flag, a value outside the choices, text for a number;
 * docs/frames.md's examples run as a doctest.
 """
 
@@ -14,6 +17,7 @@ import datetime as dt
 import doctest
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +215,121 @@ def test_refusals(tmp_path, key_path):
         dpstream.release_frame([{"t": 1}], "unknown", key=key_path, **BASE)
     with pytest.raises(ValueError, match="no column 'basket'"):
         dpstream.release_frame(frame, "unknown", key=key_path, items="basket", **BASE)
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """The temporary directory release_frame writes its frame and releases in."""
+    path = tmp_path / "scratch"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    return path
+
+
+def _refused(tmp_path, key_path, scratch, match, mechanism="unknown", **settings):
+    """release_frame refuses the settings with a ValueError matching ``match`` and
+    writes nothing: no ledger (given or beside the key), no frame, no releases."""
+    ledger = tmp_path / "f.ledger"
+    frame = _events(7).to_pandas()
+    with pytest.raises(ValueError, match=match):
+        dpstream.release_frame(
+            frame, mechanism, key=key_path, ledger=str(ledger), **{**BASE, **settings}
+        )
+    assert not ledger.exists() and not Path(f"{key_path}.ledger").exists()
+    assert list(scratch.iterdir()) == []
+
+
+def test_an_unknown_setting_is_refused_by_its_name_with_the_close_one(tmp_path, key_path, scratch):
+    # budgetcap was ignored: the run released past the dataset's cap
+    _refused(
+        tmp_path,
+        key_path,
+        scratch,
+        r"^release_frame: unknown setting 'budgetcap' \(did you mean 'budget_cap'\?\)$",
+        dataset="sales",
+        budgetcap=1.5,
+    )
+    _refused(tmp_path, key_path, scratch, r"^release_frame: unknown setting 'zzz'$", zzz=1)
+    # a config file of its own is not a setting (a config file cannot name one either)
+    _refused(tmp_path, key_path, scratch, "unknown setting 'config'", config="run.toml")
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"force": "false"}, "release_frame: force must be true or false, got 'false'"),
+        ({"round": 0}, "release_frame: round must be true or false, got 0"),
+        (
+            {"on_invalid": "errors"},
+            "release_frame: on_invalid must be one of error, truncate, skip, got 'errors'",
+        ),
+        ({"engine": "bogus"}, "release_frame: engine must be one of local, spark"),
+        ({"log_format": "bogus"}, "release_frame: log_format must be one of text, json"),
+        ({"top": "2"}, "release_frame: top must be a number, not text, got '2'"),
+        ({"min_value": "x"}, "release_frame: min_value must be a number, not text"),
+        ({"epsilon": "1.0", "delta": 1e-6}, "release_frame: epsilon must be a number"),
+        ({"top": 0}, "release_frame: top: expected an integer >= 1, got 0"),
+        ({"horizon": 8.5}, "release_frame: horizon: expected an integer, got '8.5'"),
+        ({"top": True}, "release_frame: top must be a single value, got True"),
+        ({"domain": ("a", "b")}, "release_frame: domain must be a single value"),
+        ({"eta": "fast"}, "release_frame: eta must be a number or 'auto', not text"),
+    ],
+)
+def test_a_bad_setting_is_refused_before_anything_is_written(
+    tmp_path, key_path, scratch, settings, match
+):
+    _refused(tmp_path, key_path, scratch, match, **settings)
+
+
+def test_a_bad_mechanism_or_column_name_is_refused_cleanly(tmp_path, key_path, scratch):
+    # mechanism="bogus" was a KeyError from the settings check
+    _refused(
+        tmp_path,
+        key_path,
+        scratch,
+        "^release_frame: mechanism must be one of known, unknown, top-k, meta, got 'bogus'$",
+        mechanism="bogus",
+    )
+    _refused(tmp_path, key_path, scratch, "release_frame: items must be a single value", items=[1])
+
+
+def test_force_false_as_text_does_not_release_a_stream_again(tmp_path, key_path, scratch):
+    """force="false" was truthy: the same stream released again from other data, under
+    the same noise (which publishes the difference)."""
+    ledger = tmp_path / "f.ledger"
+    kw = {"key": key_path, "ledger": str(ledger), **BASE}
+    dpstream.release_frame(_events(8).to_pandas(), "unknown", **kw)
+    before = ledger.read_bytes()
+    with pytest.raises(ValueError, match="force must be true or false, got 'false'"):
+        dpstream.release_frame(_events(9).to_pandas(), "unknown", force="false", **kw)
+    assert ledger.read_bytes() == before
+    with pytest.raises(Exception, match="release ledger"):  # force=False is the default
+        dpstream.release_frame(_events(9).to_pandas(), "unknown", force=False, **kw)
+    assert ledger.read_bytes() == before
+    assert list(scratch.iterdir()) == []
+
+
+def test_settings_of_python_types_keep_their_meaning(tmp_path, key_path):
+    """NumPy numbers, an int for a float, paths and None (the default) are taken as the
+    plain values they stand for: the same releases."""
+    frame = _events(10).to_pandas()
+    want = dpstream.release_frame(
+        frame, "unknown", key=key_path, ledger=str(tmp_path / "a.ledger"), **BASE
+    )
+    got = dpstream.release_frame(
+        frame,
+        "unknown",
+        key=key_path,
+        ledger=tmp_path / "b.ledger",
+        horizon=np.int64(T),
+        max_items=3,
+        rho=1,
+        threshold_delta=np.float64(1e-6),
+        top=None,
+        dataset=None,
+        user=None,
+    )
+    _same(got, pa.Table.from_pandas(want))
 
 
 def test_importing_dpstream_imports_no_frame_library():

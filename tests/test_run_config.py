@@ -128,3 +128,41 @@ def test_min_value_must_be_a_finite_number(capsys):
             build_parser().parse_args(["run", f"--min-value={bad}"])
         assert "expected a finite number" in capsys.readouterr().err
     assert build_parser().parse_args(["run", "--min-value=-2.5"]).min_value == -2.5
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        (
+            "budgetcap = 1.5",
+            r"^config file: unknown option 'budgetcap' \(did you mean 'budget-cap'\?\)$",
+        ),
+        ("foo = 1", r"^config file: unknown option 'foo'$"),
+        ('force = "false"', "^config file: --force must be true or false, got 'false'$"),
+        ('top = "2"', "^config file: --top must be a number, not text, got '2'$"),
+        ('eta = "auto"', None),
+        ("noise-version = 2.5", "^config file: --noise-version: invalid literal for int"),
+    ],
+)
+def test_a_config_files_values_are_checked_as_release_frames(tmp_path, line, match):
+    """One check for a config file's values and release_frame's keywords (the same
+    words, the name as written): a number given as text is refused in both."""
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        'mechanism = "unknown"\nhorizon = 5\nmax-items = 2\nthreshold-delta = 1e-6\n'
+        f'key-file = "k.key"\nrho = 1\n{line}\n'
+    )
+    if match is None:
+        assert _config(["--config", str(toml)]).eta == "auto"
+        return
+    with pytest.raises(ValueError, match=match):
+        _config(["--config", str(toml)])
+
+
+def test_every_option_of_a_number_is_known_as_one():
+    """An option's parser is a number's (text refused in a config file or a keyword)
+    or a text's: a new number parser must join NUMBER_TYPES."""
+    from dpstream.run.options.base import NUMBER_TYPES, _share, _size
+
+    for opt in MECH_OPTS + RUN_OPTS + PLAN_OPTS:
+        assert opt.type in (None, str, _share, _size) or opt.type in NUMBER_TYPES, opt.dest

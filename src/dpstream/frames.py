@@ -57,7 +57,10 @@ def release_frame(
         **settings: any other option of ``dpstream run`` by its name with ``_``
             for ``-`` (``horizon=10``, ``epsilon=1.0``, ``delta=1e-6``,
             ``max_items=3``, ``domain=[...]``, ``step="1d"``, ``start=...``,
-            ``stream=...``, ``quiet=False``, ...). Their defaults are the command's.
+            ``stream=...``, ``quiet=False``, ...). Their defaults are the command's
+            (``None`` is the default). Each is checked as a ``--config`` file's value
+            is, before anything is read or written: an unknown name, ``"false"`` for
+            ``force`` or ``"2"`` for ``top`` is refused.
 
     Returns:
         The long release table (``t``, ``item``, ``value``, ``noise_std``, and
@@ -65,11 +68,13 @@ def release_frame(
         pandas or polars DataFrame, else a ``pyarrow.Table``.
 
     Raises:
-        ValueError: a setting the command refuses, a missing column or one of the
-            wrong type (before any release); the errors of ``dpstream run``.
+        ValueError: an unknown setting, a setting the command refuses, a missing
+            column or one of the wrong type (before any release); the errors of
+            ``dpstream run``.
     """
     from .run.command import load_key, run_config
     from .run.config import RunConfig
+    from .run.options import MECH_OPTS, RUN_OPTS, check_values
     from .run.output import check_paths
 
     fixed = sorted(set(settings) & set(_FIXED))
@@ -78,16 +83,23 @@ def release_frame(
             f"release_frame sets {', '.join(fixed)} itself (the frame in, a frame out)"
         )
     kind = _frame_kind(events)
-    opts: dict[str, Any] = {"mechanism": mechanism, "key_file": os.fspath(key), "quiet": True}
-    clocked = settings.get("step") is not None or settings.get("start") is not None
-    if clocked:
-        opts["time_field"] = time
+    # every setting checked as a config file's values are, before anything is read or
+    # written: an unknown name, "false" for a flag or text for a number is refused
+    allowed = tuple(
+        o for o in MECH_OPTS + RUN_OPTS if o.dest == "mechanism" or o.dest not in _FIXED
+    )
+    given = check_values(
+        {"mechanism": mechanism, **settings}, allowed, where="release_frame", keywords=True
+    )
+    columns = {"item_column": items, "event_column": event, "user_field": user}
+    if given.get("step") is not None or given.get("start") is not None:
+        columns["time_field"] = time
     elif time != "t":
-        opts["time_column"] = time
-    for name, value in (("item_column", items), ("event_column", event), ("user_field", user)):
-        if value is not None:
-            opts[name] = value
-    opts.update(settings)
+        columns["time_column"] = time
+    named = {"item_column": "items", "event_column": "event", "user_field": "user"}
+    named.update(time_field="time", time_column="time")
+    columns = check_values(columns, allowed, where="release_frame", keywords=True, written=named)
+    opts: dict[str, Any] = {"key_file": os.fspath(key), "quiet": True, **columns, **given}
     with tempfile.TemporaryDirectory(prefix="dpstream-frame-") as tmp:  # mode 0700
         if kind == "path":
             opts["input"], opts["input_format"] = os.fspath(events), "parquet"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .base import Opt, add_options
 from .mechanism import MECH_OPTS
-from .merge import domain_option, load_config, merge_options, resolve_horizon
+from .merge import check_values, domain_option, load_config, merge_options, resolve_horizon
 from .run import CLOCK_OPTS, PLAN_OPTS, RUN_OPTS
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "RUN_OPTS",
     "Opt",
     "add_options",
+    "check_values",
     "domain_option",
     "load_config",
     "merge_options",

@@ -115,6 +115,20 @@ def _eta(text: str) -> float | str:
     return value
 
 
+#: The types of the options whose value is a number, with the words they also take
+#: (``--eta auto``): a config file's or a keyword's value for them is a number, not
+#: text (TOML and Python have numbers: ``top = "2"`` is a mistake, refused).
+NUMBER_TYPES: dict[Callable[[str], Any], tuple[str, ...]] = {
+    _positive_int: (),
+    _nonneg_int: (),
+    _positive_float: (),
+    _finite_float: (),
+    _unit_float: (),
+    _eta: ("auto",),
+    int: (),
+}
+
+
 def _fmt_default(opt: Opt) -> str:
     if opt.default_text is not None:
         return opt.default_text

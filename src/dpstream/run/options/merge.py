@@ -6,11 +6,15 @@ Layer 6 of dpstream (the command line's options, :mod:`dpstream.run.options`).
 from __future__ import annotations
 
 import argparse
+import datetime
+import difflib
+import numbers
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .base import Opt
+from .base import NUMBER_TYPES, Opt
 
 
 def load_config(path: str) -> dict[str, Any]:
@@ -40,44 +44,109 @@ def merge_options(
     """Command-line flags over the config file over the defaults, checked like flags.
 
     Options of ``ignore`` may appear in the config file and are left out (so
-    that ``plan`` reads a config file written for ``run``).
+    that ``plan`` reads a config file written for ``run``). Every value of the
+    config file is checked (:func:`check_values`), before any is used.
     """
     given = vars(args)
+    checked = check_values(config, opts, ignore=ignore) if config else {}
     out: dict[str, Any] = {}
-    known = {o.dest: o for o in opts}
-    if config:
-        ignored = {o.dest for o in ignore}
-        unknown = sorted(set(config) - set(known) - ignored)
-        if unknown:
-            raise ValueError(f"config file: unknown option {unknown[0]!r}")
     for opt in opts:
         if opt.dest in given:
             out[opt.dest] = given[opt.dest]
-        elif config and opt.dest in config:
-            out[opt.dest] = _config_value(opt, config[opt.dest])
+        elif opt.dest in checked:
+            out[opt.dest] = checked[opt.dest]
         else:
             out[opt.dest] = opt.default
     return out
 
 
-def _config_value(opt: Opt, value: Any) -> Any:
-    name = opt.flags[0]
+def check_values(
+    values: Mapping[str, Any],
+    opts: Sequence[Opt],
+    *,
+    where: str = "config file",
+    keywords: bool = False,
+    ignore: Iterable[Opt] = (),
+    written: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Option values by name (``dest``), checked as a TOML config file's: the values
+    to use, by name.
+
+    The one check of values that did not come through the parser: a config file's
+    (``dpstream run --config``) and :func:`dpstream.release_frame`'s keywords. An
+    unknown name is refused (with the closest known name, if one is close); a flag
+    takes ``True`` or ``False`` only (not ``"false"``); a number option takes a
+    number, not text; every value then goes through its option's parser and
+    choices, as the command line's text does.
+
+    Args:
+        values: the values by option name (a config file's keys with ``_`` for ``-``).
+        opts: the options that may be given.
+        where: what gave them, the start of every refusal (``release_frame``).
+        keywords: named as Python keywords: a refusal names the keyword (``top``) and
+            says "setting", and a ``None`` leaves the option at its default (left
+            out of the result); else as a config file, by the flag (``--top``).
+        ignore: options that may appear and are left out (``plan`` reading a
+            config file written for ``run``).
+        written: the name a keyword was given as, where it is not the option's
+            (``release_frame``'s ``items=`` is ``item_column``).
+
+    Raises:
+        ValueError: the first name or value refused, with ``where`` and its name.
+    """
+    known = {o.dest: o for o in opts}
+    unknown = sorted(set(values) - set(known) - {o.dest for o in ignore})
+    if unknown:
+        what = "setting" if keywords else "option"
+        raise ValueError(
+            f"{where}: unknown {what} {unknown[0]!r}{_did_you_mean(unknown[0], known, keywords)}"
+        )
+    out: dict[str, Any] = {}
+    for dest, value in values.items():
+        opt = known.get(dest)
+        if opt is None or (keywords and value is None):
+            continue  # ignored, or the default
+        name = (written or {}).get(dest, dest) if keywords else opt.flags[0]
+        out[dest] = _checked_value(opt, value, f"{where}: {name}")
+    return out
+
+
+def _did_you_mean(name: str, known: Mapping[str, Opt], keywords: bool) -> str:
+    """`` (did you mean 'budget_cap'?)`` for a misspelled name, or nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    if not close:
+        return ""
+    return f" (did you mean {close[0] if keywords else close[0].replace('_', '-')!r}?)"
+
+
+#: A single value of a config file (TOML's strings, numbers and dates) or a keyword
+#: (also a path object).
+_SINGLE = (str, os.PathLike, numbers.Real, datetime.date, datetime.time)
+
+
+def _checked_value(opt: Opt, value: Any, label: str) -> Any:
     if opt.kind in ("flag", "bool"):
         if not isinstance(value, bool):
-            raise ValueError(f"config file: {name} must be true or false, got {value!r}")
+            raise ValueError(f"{label} must be true or false, got {value!r}")
         return value
     if opt.dest == "domain" and isinstance(value, list):
         return value  # the domain itself
-    if isinstance(value, (dict, list)) or isinstance(value, bool):
-        raise ValueError(f"config file: {name} must be a single value, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, _SINGLE):
+        raise ValueError(f"{label} must be a single value, got {value!r}")
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    words = NUMBER_TYPES.get(opt.type) if opt.type is not None else None
+    if words is not None and isinstance(value, str) and value not in words:
+        kind = " or ".join(["a number", *map(repr, words)])
+        raise ValueError(f"{label} must be {kind}, not text, got {value!r}")
     if opt.type is not None:
         try:
             value = opt.type(str(value))
-        except argparse.ArgumentTypeError as exc:
-            raise ValueError(f"config file: {name}: {exc}") from None
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ValueError(f"{label}: {exc}") from None
     if opt.choices is not None and value not in opt.choices:
         allowed = ", ".join(map(str, opt.choices))
-        raise ValueError(f"config file: {name} must be one of {allowed}, got {value!r}")
+        raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
     return value
 
 
