@@ -178,13 +178,14 @@ def _items_as_text(values: Any) -> list[Any] | None:
     text (as JSON Lines reads ``[7, "tea"]``), or None when it is not such a column (a
     null list or item stays null: the run says what JSON Lines says of it)."""
     import numpy as np
+    import pandas as pd
 
     out: list[Any] = []
     for row in values.tolist():
-        if row is None or (isinstance(row, float) and row != row):
-            out.append(None)
-            continue
         if not isinstance(row, (list, tuple, np.ndarray)):
+            if row is None or pd.isna(row):  # None, NaN, pd.NA: a null list
+                out.append(None)
+                continue
             return None
         items: list[Any] = []
         for v in row.tolist() if isinstance(row, np.ndarray) else row:
