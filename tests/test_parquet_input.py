@@ -494,3 +494,153 @@ def test_categorical_columns_are_read_as_their_values(tmp_path):
     want = _flat(read_parquet_chunks(str(plain), user_field="user"))
     assert _flat(read_parquet_chunks(str(cat), user_field="user")) == want
     assert len(want) == 20 and all(e is None for _, _, e, _, _ in want)
+
+
+def test_items_and_item_columns_together_need_the_item_column_named(tmp_path, key_path, capsys):
+    """Review finding (review 72): a file with both a list column ``items`` and a column
+    ``item`` was counted from ``item`` (one row per item), where the default is
+    documented as ``items``, else ``item``. Now it is refused before anything is read,
+    naming both columns and the option that picks one; named, each layout gives the
+    bytes of a file that has only that column."""
+    rows = _events(7, n=300, invalid=False)
+    table = pa.table(
+        {
+            "t": pa.array([r["t"] for r in rows], pa.int64()),
+            "items": pa.array([r["items"] for r in rows], pa.list_(pa.string())),
+            "item": pa.array([(r["items"] or [None])[0] for r in rows], pa.string()),
+            "event": pa.array([f"e{i}" for i in range(len(rows))], pa.string()),
+        }
+    )
+    pq.write_table(table, tmp_path / "both.parquet")
+    out = tmp_path / "out.jsonl"
+    assert _run(key_path, tmp_path / "both.parquet", out, *UNKNOWN) == 1
+    err = capsys.readouterr().err
+    assert "both a column 'items'" in err and "a column 'item'" in err
+    assert "--item-column items or --item-column item" in err
+    assert not out.exists()
+    pq.write_table(table.drop_columns(["item", "event"]), tmp_path / "items.parquet")
+    pq.write_table(table.drop_columns(["items"]), tmp_path / "item.parquet")
+    for name, flag in (("items", "items"), ("item", "item")):
+        a, b = tmp_path / f"a-{name}.jsonl", tmp_path / f"b-{name}.jsonl"
+        assert _run(key_path, tmp_path / "both.parquet", a, *UNKNOWN, "--item-column", flag) == 0
+        assert _run(key_path, tmp_path / f"{name}.parquet", b, *UNKNOWN, "--item-column", flag) == 0
+        _same_files(a, b)
+    # a config file's item-column names it too
+    (tmp_path / "c.toml").write_text('item-column = "items"\n')
+    c = tmp_path / "c.jsonl"
+    assert (
+        _run(key_path, tmp_path / "both.parquet", c, *UNKNOWN, "--config", str(tmp_path / "c.toml"))
+        == 0
+    )
+    assert c.read_bytes() == (tmp_path / "a-items.jsonl").read_bytes()
+
+
+def test_lists_of_no_type_and_fixed_size_lists_are_read_as_lists(tmp_path, key_path):
+    """Review finding (review 72): a list column whose every list is empty (Arrow
+    ``list<null>``, as pandas and polars write it), an item column whose every item is
+    null, and a fixed-size list column (a polars Array) were refused as of another type;
+    JSON Lines reads the same events. Now they give the bytes of JSON Lines."""
+    empty = [{"t": 1 + i % T, "items": []} for i in range(40)]
+    _jsonl(empty, tmp_path / "empty.jsonl")
+    for typ in (pa.list_(pa.null()), pa.large_list(pa.null())):
+        pq.write_table(
+            pa.table({"t": pa.array([r["t"] for r in empty], pa.int64()),
+                      "items": pa.array([[]] * len(empty), typ)}),
+            tmp_path / "empty.parquet",
+        )  # fmt: skip
+        a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        assert _run(key_path, tmp_path / "empty.jsonl", a, *UNKNOWN, "--force") == 0
+        assert _run(key_path, tmp_path / "empty.parquet", b, *UNKNOWN, "--force") == 0
+        _same_files(a, b)
+    # one row per item, every item null: each row an empty event
+    per_item = pa.table(
+        {
+            "t": pa.array([r["t"] for r in empty], pa.int64()),
+            "event": pa.array([f"e{i}" for i in range(len(empty))], pa.string()),
+            "item": pa.nulls(len(empty)),
+        }
+    )
+    pq.write_table(per_item, tmp_path / "null-items.parquet")
+    c = tmp_path / "c.jsonl"
+    assert _run(key_path, tmp_path / "null-items.parquet", c, *UNKNOWN) == 0
+    _same_files(a, c)
+    # fixed-size lists (two items per event)
+    rows = [{"t": 1 + i * T // 300, "items": [f"w{i % 7}", f"w{i % 5 + 7}"]} for i in range(300)]
+    _jsonl(rows, tmp_path / "fixed.jsonl")
+    items = pa.array([r["items"] for r in rows], pa.list_(pa.string(), 2))
+    pq.write_table(
+        pa.table({"t": pa.array([r["t"] for r in rows], pa.int64()), "items": items}),
+        tmp_path / "fixed.parquet",
+    )
+    d, e = tmp_path / "d.jsonl", tmp_path / "e.jsonl"
+    assert _run(key_path, tmp_path / "fixed.jsonl", d, *UNKNOWN) == 0
+    assert _run(key_path, tmp_path / "fixed.parquet", e, *UNKNOWN) == 0
+    _same_files(d, e)
+
+
+def _bad(values: list[bytes]) -> pa.Array:
+    """Strings whose bytes need not be UTF-8 (Arrow does not check)."""
+    return pa.array(values, pa.binary()).view(pa.string())
+
+
+def test_one_row_per_item_strings_that_are_not_utf8_are_invalid_records(tmp_path, key_path):
+    """Review finding (review 72): an item, an event id or a user id that is not UTF-8
+    in a file of one row per item (and a time string on a clock, below) stopped the run
+    with Python's codec error. Now such a row is an invalid record alone (as a CSV row
+    is), with the message of the one-row-per-event layout, and the run goes on."""
+    from dpstream.io.parquet import read_parquet_records
+
+    n = 60
+    items = [b"w1"] * n
+    events = [f"e{i // 2}".encode() for i in range(n)]
+    users = [f"u{i // 2}".encode() for i in range(n)]
+    items[5], events[12], users[31] = b"w\xff", b"e\xfe", b"\xc3"
+    table = pa.table(
+        {
+            "t": pa.array([1 + i * T // n for i in range(n)], pa.int64()),
+            "event": _bad(events),
+            "item": _bad(items),
+            "user": _bad(users),
+        }
+    )
+    pq.write_table(table, tmp_path / "items.parquet")
+    recs = list(read_parquet_records(str(tmp_path / "items.parquet"), user_field="user"))
+    bad = [(r.line, r.error) for r in recs if r.error is not None]
+    assert bad == [(k + 1, "the line is not valid UTF-8") for k in (5, 12, 31)]
+    good = {(1 + i * T // n, events[i]) for i in range(n) if i not in (5, 12, 31)}
+    assert len(recs) == len(good) + 3  # the other rows of those events are events still
+    out = tmp_path / "out.jsonl"
+    assert (
+        _run(key_path, tmp_path / "items.parquet", out, *UNKNOWN, *USERS, "--max-invalid", "0.2")
+        == 0
+    )
+
+
+@pytest.mark.parametrize("per_item", [False, True])
+def test_clock_times_that_are_not_utf8_are_invalid_records(tmp_path, per_item):
+    """Review finding (review 72): a time string that is not UTF-8 on a clock stopped the
+    run with Python's codec error; now its row is the invalid record of that JSON Lines
+    line ("the line is not valid UTF-8")."""
+    from dpstream.clock import StepClock
+
+    n = 50
+    ts = [f"2026-03-01T{i % 12:02d}:30:00Z".encode() for i in range(n)]
+    ts[7], ts[40] = b"2026-03-01T\xff", b"\xfe"
+    with open(tmp_path / "e.jsonl", "wb") as fh:
+        for i in range(n):
+            fh.write(b'{"ts": "' + ts[i] + b'", "items": ["w1"]}\n')
+    cols = {"ts": _bad(ts)}
+    if per_item:
+        cols |= {"event": [f"e{i}" for i in range(n)], "item": ["w1"] * n}
+    else:
+        cols["items"] = [["w1"]] * n
+    pq.write_table(pa.table(cols), tmp_path / "e.parquet")
+    clock = StepClock.parse("2026-03-01T00:00Z", "1h")
+    with open_input(str(tmp_path / "e.jsonl")) as fh:
+        want = _flat(read_jsonl_chunks(fh, time_field="ts", clock=clock))
+    got = _flat(read_parquet_chunks(str(tmp_path / "e.parquet"), time_field="ts", clock=clock))
+    assert got == want and len(got) == n
+    assert [(line, err) for line, _, err, _, _ in got if err] == [
+        (8, "the line is not valid UTF-8"),
+        (41, "the line is not valid UTF-8"),
+    ]

@@ -180,3 +180,44 @@ def test_strings_that_are_not_utf8_are_invalid_records_on_both_engines(tmp_path,
             "record's content) (see --on-invalid)"
         )
     )
+
+
+def test_spark_reads_the_item_columns_the_local_engine_reads(tmp_path, capsys):
+    """Review 72: a list column of no element type (every list empty) and a fixed-size
+    list column release on Spark what the local engine releases; a file with both
+    ``items`` and ``item`` is refused on Spark too unless --item-column names one."""
+    key = tmp_path / "k.key"
+    fixed_key("spark-items").save(key)
+    n = 120
+    steps = pa.array([1 + i % 4 for i in range(n)], pa.int64())
+    pairs = [[f"i{i % 5}", f"i{5 + i % 3}"] for i in range(n)]
+    files = {
+        "empty": pa.table({"t": steps, "items": pa.array([[]] * n, pa.list_(pa.null()))}),
+        "fixed": pa.table({"t": steps, "items": pa.array(pairs, pa.list_(pa.string(), 2))}),
+        "both": pa.table(
+            {
+                "t": steps,
+                "items": pairs,
+                "item": [p[0] for p in pairs],
+                "event": [f"e{i}" for i in range(n)],
+            }
+        ),  # fmt: skip
+    }
+    for name, table in files.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    argv = ["run", "--quiet", "-T", "4", "--key-file", str(key), *UNKNOWN]
+    on_spark = ["--engine", "spark", "--master", "local[2]"]
+    out = tmp_path / "refused.csv"
+    both = ["-i", str(tmp_path / "both.parquet")]
+    assert main([*argv, *both, *on_spark, "-o", str(out), *own_ledger(out)]) == 1
+    assert "both a column 'items'" in capsys.readouterr().err
+    assert not out.exists()
+    for name, extra in (("empty", []), ("fixed", []), ("both", ["--item-column", "items"])):
+        src = ["-i", str(tmp_path / f"{name}.parquet"), *extra]
+        tables = []
+        for engine in ("local", "spark"):
+            out = tmp_path / f"{name}-{engine}.csv"
+            flags = on_spark if engine == "spark" else []
+            assert main([*argv, *src, *flags, "-o", str(out), *own_ledger(out)]) == 0
+            tables.append(_table(out))
+        pd.testing.assert_frame_equal(tables[1], tables[0], check_dtype=False)

@@ -142,7 +142,7 @@ def _write_events(events: Any, kind: str, tmp: str) -> str:
     import pyarrow.parquet as pq
 
     if kind == "pandas":
-        table = pa.Table.from_pandas(events, preserve_index=False)
+        table = _from_pandas(events)
     elif kind == "polars":
         table = events.to_arrow()
     else:
@@ -150,6 +150,67 @@ def _write_events(events: Any, kind: str, tmp: str) -> str:
     path = os.path.join(tmp, "events.parquet")
     pq.write_table(table, path)
     return path
+
+
+def _from_pandas(events: Any) -> Any:
+    """A pandas frame as an Arrow table. A list column whose lists mix integers and
+    strings (which Arrow cannot type) holds its integers as their decimal text, as JSON
+    Lines reads them; any other column Arrow cannot convert is refused naming the column
+    and its problem, never a value (docs/privacy.md: messages carry no record content)."""
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pandas(events, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    columns = {}
+    for name in events.columns:
+        values = events[name]
+        try:
+            columns[name] = pa.Table.from_pandas(values.to_frame(), preserve_index=False)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            problem = type(exc).__name__
+        texts = _items_as_text(values)
+        if texts is None:
+            raise ValueError(
+                f"the frame's column {str(name)!r} cannot be read: its values are not all "
+                f"of one type that the column may have (pyarrow: {problem}; the values "
+                "are not shown)"
+            ) from None
+        columns[name] = pa.table({name: pa.array(texts, pa.list_(pa.string()))})
+    return pa.Table.from_arrays(
+        [columns[name].column(0) for name in events.columns],
+        names=[str(name) for name in events.columns],
+    )
+
+
+def _items_as_text(values: Any) -> list[Any] | None:
+    """A column of item lists that mix integers and strings, each integer as its decimal
+    text (as JSON Lines reads ``[7, "tea"]``), or None when it is not such a column (a
+    null list or item stays null: the run says what JSON Lines says of it)."""
+    import numpy as np
+    import pandas as pd
+
+    out: list[Any] = []
+    for row in values.tolist():
+        if not isinstance(row, (list, tuple, np.ndarray)):
+            if row is None or pd.isna(row):  # None, NaN, pd.NA: a null list
+                out.append(None)
+                continue
+            return None
+        items: list[Any] = []
+        for v in row.tolist() if isinstance(row, np.ndarray) else row:
+            if isinstance(v, (bool, np.bool_)):
+                return None
+            if isinstance(v, (int, np.integer)):
+                items.append(str(int(v)))
+            elif v is None or isinstance(v, str):
+                items.append(v)
+            else:
+                return None
+        out.append(items)
+    return out
 
 
 def _as_kind(table: Any, kind: str) -> Any:

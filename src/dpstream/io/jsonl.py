@@ -75,6 +75,7 @@ from .records import (
 )
 
 __all__ = [
+    "NOT_UTF8",
     "parse_jsonl_line",
     "read_jsonl",
     "read_jsonl_chunks",
@@ -114,6 +115,10 @@ def _loads(text: str) -> tuple[Any, str | None]:
         return None, f"not valid JSON ({shorten(why, 80)})"
 
 
+#: The invalid record of a line (or a Parquet row) whose bytes are not UTF-8.
+NOT_UTF8 = "the line is not valid UTF-8"
+
+
 def parse_jsonl_line(
     line: str,
     lineno: int,
@@ -132,7 +137,7 @@ def parse_jsonl_line(
             return RawEvent(lineno, None, None, "a blank line (an empty event is [])", raw=raw)
         return None
     if not valid_text(text):
-        return RawEvent(lineno, None, None, "the line is not valid UTF-8", raw=raw)
+        return RawEvent(lineno, None, None, NOT_UTF8, raw=raw)
     if (
         _fast_loads is not None
         and len(text) <= _FAST_MAX_CHARS

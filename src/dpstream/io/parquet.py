@@ -7,12 +7,15 @@ paths, so the order never depends on the file system). The columns are named by
 the run's flags, with JSON Lines' names as defaults:
 
 * one row per event: ``items``, a list of strings (or integers, read as their
-  decimal text), and ``t``, the integer time step (``--time-column`` names
-  another column); or
+  decimal text; a fixed-size list, or a list of nulls when every list is
+  empty), and ``t``, the integer time step (``--time-column`` names another
+  column); or
 * one row per item, as CSV: a string (or integer) item column (``item``, or
-  ``--item-column``) and an event-id column (``event``, ``--event-column``); an
-  event is every row of one id in one step, wherever its rows stand; a null
-  item adds no item (an empty event is one row with a null item);
+  ``--item-column``; a column of nulls when every item is null) and an
+  event-id column (``event``, ``--event-column``); an event is every row of
+  one id in one step, wherever its rows stand; a null item adds no item (an
+  empty event is one row with a null item); a file with both ``items`` and
+  ``item`` is refused unless ``--item-column`` names one;
 * with ``--time-field NAME --step --start`` the column NAME holds timestamps on
   the public clock: a Parquet timestamp or date (one without a time zone is
   UTC; nanoseconds are floored to the microsecond, as the clock floors every
@@ -25,7 +28,8 @@ Lines (:mod:`dpstream.io.records`): a row whose step, items or user id JSON
 Lines would refuse is an invalid record with JSON Lines' message, so a Parquet
 file and a JSON Lines file of the same events give the same records, steps and
 releases (an item or user id whose bytes are not UTF-8, which Arrow does not
-check, is the invalid record "not valid UTF-8", as that line of JSON Lines). A
+check, is the invalid record "not valid UTF-8", as that line of JSON Lines; so is
+a time string on a clock, and in one row per item the row alone, as a CSV row). A
 missing column or a column of another type is an error before anything is read
 (``ValueError``, naming the column, its flag and the types it may have), as is
 a file that is not Parquet (an empty one).
@@ -64,9 +68,9 @@ import numpy as np
 from ..clock import StepClock
 from .arrow import arrow_ints, arrow_valid, event_rows
 from .chunks import INT64_MAX, Chunk, chunks_from_records
-from .jsonl import _assemble, parse_jsonl_line
-from .parquet_layout import _Layout, _layout
-from .records import RawEvent, parse_t, shorten, timestamp_step, valid_text
+from .jsonl import NOT_UTF8, _assemble, parse_jsonl_line
+from .parquet_layout import _Layout, _layout, _value_type, item_column_type
+from .records import RawEvent, parse_t, raw_bytes, shorten, timestamp_step, valid_text
 
 __all__ = [
     "BATCH_ROWS",
@@ -121,18 +125,24 @@ def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any
         layout = _layout(pfile.schema_arrow, f"the Parquet input {name!r}", **settings)
         for batch in pfile.iter_batches(batch_size=BATCH_ROWS, columns=layout.columns()):
             if batch.num_rows:
-                yield layout, _decoded(batch)
+                yield layout, _decoded(batch, layout)
 
 
-def _decoded(batch: Any) -> Any:
-    """A batch with its dictionary-encoded columns (pandas categoricals) decoded."""
+def _decoded(batch: Any, layout: _Layout) -> Any:
+    """A batch with its dictionary-encoded columns (pandas categoricals) decoded, and its
+    item column of a type that holds no value (nulls) or of fixed-size lists as the
+    strings or lists the readers take (:func:`item_column_type`)."""
     import pyarrow as pa
 
-    if not any(pa.types.is_dictionary(f.type) for f in batch.schema):
+    k = batch.schema.get_field_index(layout.items)
+    cast = item_column_type(_value_type(batch.schema.field(k).type))
+    if cast is None and not any(pa.types.is_dictionary(f.type) for f in batch.schema):
         return batch
     columns = [
         c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in batch.columns
     ]
+    if cast is not None:
+        columns[k] = columns[k].cast(cast)
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
@@ -140,7 +150,7 @@ def read_parquet_chunks(
     path: str,
     *,
     time_column: str | None = None,
-    item_column: str = "item",
+    item_column: str | None = None,
     event_column: str = "event",
     time_field: str | None = None,
     clock: StepClock | None = None,
@@ -351,7 +361,7 @@ def _time_values(col: Any) -> list[Any]:
 
     if pa.types.is_timestamp(col.type) and col.type.unit == "ns":
         col = _floor_to_micros(col)
-    return [_python_value(v) for v in col.to_pylist()]
+    return [_python_value(v) for v in _pylist(col)]  # text that is not UTF-8: escaped
 
 
 def _floor_to_micros(col: Any) -> Any:
@@ -481,13 +491,17 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
             raise ValueError("the input's files mix one row per event and one row per item")
         times = _time_values(batch.column(layout.time))
         assert layout.event is not None
-        eids = batch.column(layout.event).to_pylist()
-        items = batch.column(layout.items).to_pylist()
-        users = batch.column(layout.user).to_pylist() if layout.user is not None else None
+        eids = _pylist(batch.column(layout.event))
+        items = _pylist(batch.column(layout.items))
+        users = _pylist(batch.column(layout.user)) if layout.user is not None else None
         for i in range(batch.num_rows):
             row += 1
             cells = [times[i], eids[i], items[i], None if users is None else users[i]]
-            raw = json.dumps(cells, ensure_ascii=False).encode("utf-8")
+            text = json.dumps(cells, ensure_ascii=False)
+            raw = raw_bytes(text)  # the bytes that are not UTF-8 as they are
+            if not valid_text(text):  # a record alone, as that line of JSON Lines
+                records.append(RawEvent(row, None, None, NOT_UTF8, raw=raw))
+                continue
             t, err = _row_step(times[i], layout)
             if err is None and eids[i] is None:
                 err = f"the event id column {layout.event!r} is null"

@@ -41,13 +41,17 @@ def _layout(
     where: str,
     *,
     time_column: str | None,
-    item_column: str,
+    item_column: str | None,
     event_column: str,
     time_field: str | None,
     clock: StepClock | None,
     user_field: str | None,
 ) -> _Layout:
-    """The columns of a file's ``schema`` the run reads, each checked for its type."""
+    """The columns of a file's ``schema`` the run reads, each checked for its type.
+
+    ``item_column`` None: the item column was not named, so ``items`` (a list column)
+    or else ``item`` (one row per item); a file with both is refused (which one counts
+    is not guessed)."""
     import pyarrow as pa
 
     names = schema.names
@@ -61,10 +65,20 @@ def _layout(
     def wrong(name: str, flag: str, typ: Any, expected: str) -> ValueError:
         return ValueError(f"{where}: column {name!r} ({flag}) is {typ}, expected {expected}")
 
-    items = item_column
-    if item_column == "item" and "item" not in names and "items" in names:
+    if item_column is not None:
+        items = item_column
+    elif "items" in names and "item" in names:
+        # two layouts at once: which one counts is the caller's to say, not a guess
+        raise ValueError(
+            f"{where}: both a column 'items' (a list of items per event) and a column "
+            "'item' (one row per item); name the one to count: --item-column items or "
+            "--item-column item (release_frame: items='items' or items='item')"
+        )
+    elif "items" in names:
         items = "items"  # the JSON Lines layout, by default
-    elif item_column == "item" and "item" not in names:
+    elif "item" in names:
+        items = "item"
+    else:
         listed = ", ".join(shorten(n) for n in names) or "none"
         raise ValueError(
             f"{where}: no column 'items' (a list of items per event) or 'item' (one row per "
@@ -72,10 +86,12 @@ def _layout(
         )
     itype = need(items, "--item-column")
     event = None
-    if pa.types.is_list(itype) or pa.types.is_large_list(itype):
-        if not _is_item_type(itype.value_type):
+    if is_list_type(itype):
+        # a list of nulls: a frame whose every event holds no item (pandas and polars
+        # write no element type for lists that are all empty)
+        if not (_is_item_type(itype.value_type) or pa.types.is_null(itype.value_type)):
             raise wrong(items, "--item-column", itype, "a list of strings or integers")
-    elif _is_item_type(itype):
+    elif _is_item_type(itype) or pa.types.is_null(itype):  # null: every item is null
         event = event_column
         etype = need(event, "--event-column")
         if not _is_item_type(etype):
@@ -123,6 +139,34 @@ def _value_type(typ: Any) -> Any:
     import pyarrow as pa
 
     return typ.value_type if pa.types.is_dictionary(typ) else typ
+
+
+def is_list_type(typ: Any) -> bool:
+    """A list column's type: a list, a large list or a fixed-size list (a polars Array)."""
+    import pyarrow as pa
+
+    typ = _value_type(typ)
+    return bool(
+        pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
+    )
+
+
+def item_column_type(typ: Any) -> Any | None:
+    """The type a read casts an item column of type ``typ`` to, or None to keep it: a
+    fixed-size list as a list, a list of nulls as a list of strings (all empty or
+    null), a column of nulls as strings (every item null)."""
+    import pyarrow as pa
+
+    if is_list_type(typ):
+        value = typ.value_type
+        if pa.types.is_null(value):
+            value = pa.string()
+        if pa.types.is_large_list(typ):
+            return None if value == typ.value_type else pa.large_list(value)
+        if pa.types.is_fixed_size_list(typ) or value != typ.value_type:
+            return pa.list_(value)
+        return None
+    return pa.string() if pa.types.is_null(typ) else None
 
 
 def _is_item_type(typ: Any) -> bool:

@@ -131,6 +131,9 @@ class RunConfig:
     explain: bool = False
     # resolved when a run's config is built
     clock: StepClock | None = None
+    #: --item-column was given (a flag or the config file), not its default: a Parquet
+    #: input with both an ``items`` and an ``item`` column is refused without it
+    item_column_given: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, command: str = "run") -> RunConfig:
@@ -156,7 +159,14 @@ class RunConfig:
         no_key = [] if opts["key_file"] is not None else [_NO_KEY]
         check_settings(opts, extra=[*end_problems(opts), *no_key])
         _check_time_mode(opts, last_step(opts))
-        return cls(command=command, config_file=path, clock=clock_from_options(opts), **opts)
+        given = "item_column" in vars(args) or "item_column" in (toml or {})
+        return cls(
+            command=command,
+            config_file=path,
+            clock=clock_from_options(opts),
+            item_column_given=given,
+            **opts,
+        )
 
     @cached_property
     def _options(self) -> Mapping[str, Any]:
@@ -198,6 +208,12 @@ class RunConfig:
     def users(self) -> bool:
         """Events carry user ids (user-level privacy)."""
         return self.user_field is not None
+
+    @property
+    def named_item_column(self) -> str | None:
+        """``--item-column`` when it was given, else None (its default: Parquet reads
+        ``items``, else ``item``)."""
+        return self.item_column if self.item_column_given else None
 
     def field_names(self) -> tuple[str, ...]:
         """Every field, in order (for tests and tools)."""

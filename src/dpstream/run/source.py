@@ -145,7 +145,7 @@ def _parquet_options(cfg: RunConfig) -> dict[str, Any]:
     """The columns and time mode of a Parquet input (:mod:`dpstream.io.parquet`)."""
     return dict(
         time_column=cfg.time_column,
-        item_column=cfg.item_column,
+        item_column=cfg.named_item_column,
         event_column=cfg.event_column,
         time_field=cfg.time_field if cfg.clock is not None else None,
         clock=cfg.clock,

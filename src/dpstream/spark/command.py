@@ -236,7 +236,7 @@ def _run_cli(
         _lock(held, place.local, locked)
     mech, domain_df, domain = _mechanism(spark, opts, job)
     counted = _counted(spark, opts, job, domain, cfg)
-    source = None if counted is not None else _parsed(spark, opts, job)
+    source = None if counted is not None else _parsed(spark, opts, job, cfg)
     checked = released = None
     try:
         if counted is not None:
@@ -300,6 +300,7 @@ def _config(opts: Mapping[str, Any]) -> RunConfig:
     names that are not settings are left out, as the job reads none of them)."""
     names = set(RunConfig().field_names())
     given = {k: v for k, v in opts.items() if k in names and v is not None}
+    given["item_column_given"] = opts.get("item_column") is not None
     return RunConfig(**{**given, "clock": _clock(opts)})
 
 
@@ -326,7 +327,7 @@ class _Input:
     unnumbered: DataFrame | None = None
 
 
-def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
+def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job, cfg: RunConfig) -> _Input:
     """The input's lines parsed as the local engine parses them.
 
     JSON Lines with steps in the lines (or timestamps): one job parses and caches the
@@ -349,7 +350,7 @@ def _parsed(spark: SparkSession, opts: Mapping[str, Any], job: _Job) -> _Input:
             spark,
             job.inp,
             time_column=opts.get("time_column"),
-            item_column=opts.get("item_column") or "item",
+            item_column=cfg.named_item_column,  # None: items, else item
             event_column=opts.get("event_column") or "event",
             user_field=job.user_field,
         ).cache()

@@ -44,7 +44,7 @@ def read_events_parquet(
     path: str,
     *,
     time_column: str | None = None,
-    item_column: str = "item",
+    item_column: str | None = None,
     event_column: str = "event",
     user_field: str | None = None,
 ) -> DataFrame:
