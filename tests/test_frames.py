@@ -455,6 +455,11 @@ def test_a_column_arrow_cannot_convert_is_refused_without_its_values(tmp_path, k
     with pytest.raises(ValueError, match="column 'items' cannot be read") as info:
         dpstream.release_frame(floats, "unknown", key=key_path, **BASE)
     assert "secret" not in str(info.value) and "1.5" not in str(info.value)
+    # an integer past int64 (Arrow raised a bare OverflowError; review 75)
+    huge = pd.DataFrame({"t": [1, 2**70], "items": [["a"], ["b"]]})
+    with pytest.raises(ValueError, match="column 't' cannot be read") as info:
+        dpstream.release_frame(huge, "unknown", key=key_path, **BASE)
+    assert str(2**70) not in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["pandas", "polars", "per-item", "polars-array"])

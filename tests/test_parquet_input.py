@@ -533,6 +533,24 @@ def test_items_and_item_columns_together_need_the_item_column_named(tmp_path, ke
         == 0
     )
     assert c.read_bytes() == (tmp_path / "a-items.jsonl").read_bytes()
+    # naming items, what an unnamed run reads, keeps the stream's noise (review 75): the
+    # same bytes as the unnamed run over the items-only file, and a stream begun
+    # unnamed with --state goes on with --item-column items over a file with both
+    plain = tmp_path / "plain.jsonl"
+    assert _run(key_path, tmp_path / "items.parquet", plain, *UNKNOWN) == 0
+    assert plain.read_bytes() == (tmp_path / "a-items.jsonl").read_bytes()
+    first = table.slice(0, 150).drop_columns(["item", "event"])
+    pq.write_table(first, tmp_path / "day1.parquet")
+    pq.write_table(table.slice(150), tmp_path / "day2.parquet")
+    day1, day2 = (table.column("t")[149].as_py(), table.column("t")[299].as_py())
+    assert day1 < day2
+    state = ["--state", str(tmp_path / "s.sqlite"), "--output-format", "jsonl"]
+    d = tmp_path / "d.jsonl"
+    assert _run(key_path, tmp_path / "day1.parquet", d, *UNKNOWN, *state, "--until", str(day1)) == 0
+    assert (
+        _run(key_path, tmp_path / "day2.parquet", d, *UNKNOWN, *state, "--item-column", "items")
+        == 0
+    )
 
 
 def test_lists_of_no_type_and_fixed_size_lists_are_read_as_lists(tmp_path, key_path):

@@ -166,3 +166,22 @@ def test_every_option_of_a_number_is_known_as_one():
 
     for opt in MECH_OPTS + RUN_OPTS + PLAN_OPTS:
         assert opt.type in (None, str, _share, _size) or opt.type in NUMBER_TYPES, opt.dest
+
+
+def test_numpy_settings_keep_their_values() -> None:
+    """A NumPy number is checked as the number it is (review 75): np.float32(0.1) is the
+    float64 0.10000000149... a caller passing it got before the settings were checked,
+    not 0.1 (its str); a NumPy int is an int and a NumPy bool a flag."""
+    np = pytest.importorskip("numpy")
+    from dpstream.run.options import MECH_OPTS, RUN_OPTS
+    from dpstream.run.options.merge import check_values
+
+    got = check_values(
+        {"epsilon": np.float32(0.1), "top": np.int64(3), "force": np.True_},
+        [*MECH_OPTS, *RUN_OPTS],
+        where="release_frame",
+        keywords=True,
+    )
+    assert got["epsilon"] == float(np.float32(0.1)) != 0.1
+    assert got["top"] == 3 and type(got["top"]) is int
+    assert got["force"] is True

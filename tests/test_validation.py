@@ -64,6 +64,43 @@ def test_a_pandas_series_of_counts_is_read_by_its_index():
         assert m.t == 0
 
 
+def test_one_shot_and_unknown_top_k_read_a_series_by_its_index():
+    """The one-shot Gaussian histogram and UnknownTopK's aggregate mode read a pandas
+    Series of counts by its index too (review 75): the one-shot released each item with
+    another's count, UnknownTopK checked the counts, not the items, against its domain
+    (an item outside it passed when a count was an item of an integer domain)."""
+    pd = pytest.importorskip("pandas")
+    from dpstream.mechanisms.histogram_topk import UnknownTopK
+
+    series = pd.Series({"c": 5, "a": 1, "b": 0})
+    kw = dict(tau=1e-9, key=KEY, purpose="series")
+    from dpstream.oneshot.known import gaussian_histogram
+
+    got = gaussian_histogram(series, items=None, **kw)
+    want = gaussian_histogram({"c": 5, "a": 1, "b": 0}, **kw)
+    assert got.items == want.items and np.array_equal(got.values, want.values)
+    assert dict(zip(got.items, np.round(got.values).tolist(), strict=True))["c"] == 5
+    with pytest.raises(ValueError, match="items= only with an array"):  # never by position
+        gaussian_histogram(series, items=["a", "b", "c"], **kw)
+
+    def top(domain):
+        return UnknownTopK(domain, 10, k=1, max_items=2, key=KEY, epsilon=50.0, delta=0.1)
+
+    counts = {"a": 3, "b": 1}
+    want_top = top(["a", "b", "c"]).release(1, counts)
+    got_top = top(["a", "b", "c"]).release(1, pd.Series(counts))
+    assert got_top.items == want_top.items and np.array_equal(got_top.values, want_top.values)
+    with pytest.raises(dps.InvalidEventError, match="not in the domain"):
+        top([1, 2, 3]).release(1, pd.Series({99: 3}))
+
+
+def test_a_frame_of_two_count_columns_is_refused_in_words():
+    pd = pytest.importorskip("pandas")
+    h = dps.UnknownDomainHistogram(10, max_items=1, key=KEY, rho=1.0, threshold_delta=1e-3)
+    with pytest.raises(ValueError, match="one of them 'count'"):
+        h.release(1, pd.DataFrame([[1, 2]], columns=["count", "count"]))
+
+
 def test_a_frame_of_counts_names_its_count_column():
     """Two columns are read as items and counts only when one is named ``count``
     (``value_counts().reset_index()``), never by position: with integer items a

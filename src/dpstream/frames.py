@@ -159,9 +159,11 @@ def _from_pandas(events: Any) -> Any:
     and its problem, never a value (docs/privacy.md: messages carry no record content)."""
     import pyarrow as pa
 
+    # OverflowError: a Python int past int64 (Arrow's conversion raises it bare)
+    unreadable = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
     try:
         return pa.Table.from_pandas(events, preserve_index=False)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except unreadable:
         pass
     columns = {}
     for name in events.columns:
@@ -169,7 +171,7 @@ def _from_pandas(events: Any) -> Any:
         try:
             columns[name] = pa.Table.from_pandas(values.to_frame(), preserve_index=False)
             continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        except unreadable as exc:
             problem = type(exc).__name__
         texts = _items_as_text(values)
         if texts is None:

@@ -521,18 +521,19 @@ def scope_refusal(path: str, runs: int, *, spark: bool = False) -> str:
     """Why a new run is refused when ``runs`` other runs released under its noise scope;
     ``spark``: the run is on Spark, which keeps no state and so cannot resume one."""
     go_on = (
-        "A Spark run releases steps 1 .. --until in one go and keeps no state, so it "
+        ". A Spark run releases steps 1 .. --until in one go and keeps no state, so it "
         "cannot go on with a stream an earlier run released (its earlier steps would be "
-        "released again from this input): continue such a stream with the local engine "
-        "and its --state, or run it as a Spark stream (dpstream.spark.start_stream)"
+        "released again from this input): a stream that goes on runs on the local engine "
+        "with a --state from its first run, or as a Spark stream "
+        "(dpstream.spark.start_stream)"
         if spark
-        else "resume the existing one with its --state"
+        else ", or resume the existing one with the --state its first run kept"
     )
     return (
         f"the release ledger {path!r} records {runs} earlier run(s) that released steps "
         "with the same key and settings (the same --stream name and every setting that "
         "shapes the noise): this run would draw the same noise, and releasing those "
         "steps again from other data publishes the exact difference of the true counts. "
-        f"Use a new key or another --stream name for a new stream{'.' if spark else ','} "
-        f"{go_on}; if the earlier release was never published, --force says so and goes on"
+        f"Use a new key or another --stream name for a new stream{go_on}; if the earlier "
+        "release was never published, --force says so and goes on"
     )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import compiled, privacy
-from .._checks import check_int
+from .._checks import check_int, series_items
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
@@ -319,20 +319,6 @@ def check_count_array(
     if at_least is not None:
         check_grows(out, at_least)
     return out
-
-
-def series_items(counts: object) -> object:
-    """A pandas Series of counts as the ``item -> count`` Mapping its index says it is
-    (``value_counts()`` gives one, sorted by count): read by position, its counts
-    would land on other items, in an order that depends on the data. Anything else
-    is returned as it is. Raises ValueError when an item labels two counts."""
-    kind = type(counts)
-    if kind.__name__ != "Series" or not kind.__module__.startswith("pandas"):
-        return counts
-    index = counts.index  # type: ignore[attr-defined]
-    if not index.is_unique:
-        raise ValueError("counts: the Series' index names an item twice")
-    return dict(zip(index.tolist(), counts.tolist(), strict=True))  # type: ignore[attr-defined]
 
 
 def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:

@@ -338,7 +338,7 @@ def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:
         )
     if "item" in names and "count" in names:
         item_col, count_col = "item", "count"
-    elif len(names) == 2 and "count" in names:  # value_counts().reset_index(): (name, count)
+    elif len(names) == 2 and names.count("count") == 1:  # value_counts().reset_index()
         item_col, count_col = [n for n in names if n != "count"][0], "count"
     else:
         # two columns of other names are not read by position: with integer items, a

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from .. import compiled
+from .._checks import series_items
 from ..noise import NoiseKey
 from ..words import plain_mechanism
 from .base import Release, check_in_domain, check_top_k, domain_items, take_items
@@ -305,9 +306,11 @@ class UnknownTopK:
         return self._top(self.histogram.step_batch(self._check(events)))
 
     def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
-        """Aggregate mode, as ``UnknownDomainHistogram.release`` (a Mapping item -> count)."""
-        check_in_domain(counts, self._index)
-        return self._top(self.histogram.release(t, counts))
+        """Aggregate mode, as ``UnknownDomainHistogram.release`` (a Mapping item -> count,
+        or a pandas Series indexed by item)."""
+        as_mapping = series_items(counts)
+        check_in_domain(as_mapping, self._index)  # type: ignore[arg-type]
+        return self._top(self.histogram.release(t, as_mapping))
 
     def _top(self, rel: Release) -> Release:
         values = np.asarray(rel.values, dtype=np.float64)

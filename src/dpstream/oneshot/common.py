@@ -21,6 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .._checks import series_items
 from ..noise import canonical_item
 
 __all__ = [
@@ -102,11 +103,13 @@ def histogram_arrays(
 ) -> tuple[list[Hashable], np.ndarray]:
     """A histogram as (canonical items, int64 counts).
 
-    Accepts a Mapping ``item -> count``, a pair ``(items, counts)`` of parallel
+    Accepts a Mapping ``item -> count`` (or a pandas Series indexed by item, read
+    as that Mapping, never by position), a pair ``(items, counts)`` of parallel
     sequences, or an integer array with ``items=`` aligned with it. Items must
     be distinct str, int or bytes (two equal items would share noise, making
     their difference exact); counts must be ints >= 0.
     """
+    counts = series_items(counts)
     if isinstance(counts, Mapping):
         if items is not None:
             raise ValueError("give items= only with an array of counts, not with a Mapping")

@@ -110,6 +110,15 @@ PROCESSING_DEFAULTS = {
 }
 
 
+def parquet_item_column(name: str | None) -> str | None:
+    """A Parquet input's item column as its noise scope and state record it: ``items``
+    (a list column, what an unnamed run reads when the file has one) is recorded as
+    the default, ``item``, so that naming it (``--item-column items``, which a file
+    holding both columns needs) keeps the stream's noise and its state's parameters,
+    and the releases of the same events in JSON Lines."""
+    return "item" if name == "items" else name
+
+
 def scoped_stream(opts: Mapping[str, Any]) -> str:
     """The stream name the noise is drawn under: ``--stream``, plus a fingerprint of the
     input settings that change which events a release counts (``--on-invalid``, the time
@@ -131,8 +140,11 @@ def scoped_stream(opts: Mapping[str, Any]) -> str:
             ("event_column", "event"),
             ("time_column", None),
         ):
-            if opts.get(name) != default:
-                settings[name] = opts.get(name)
+            value = opts.get(name)
+            if name == "item_column" and fmt == "parquet":
+                value = parquet_item_column(value)
+            if value != default:
+                settings[name] = value
     if not settings:
         return str(opts["stream"])
     return f"{opts['stream']}~{config_tag(**settings)}"

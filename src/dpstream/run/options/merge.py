@@ -124,8 +124,31 @@ def _did_you_mean(name: str, known: Mapping[str, Opt], keywords: bool) -> str:
 _SINGLE = (str, os.PathLike, numbers.Real, datetime.date, datetime.time)
 
 
+def _numpy_kind(value: Any) -> str | None:
+    """The dtype kind of a NumPy scalar ('b', 'i', 'u', 'f', ...), or None for anything
+    else (NumPy is not imported here: the command's start must not pay for it)."""
+    dtype = getattr(value, "dtype", None)
+    if type(value).__module__ != "numpy" or getattr(value, "ndim", None) != 0:
+        return None
+    return getattr(dtype, "kind", None)
+
+
+def _as_text(value: Any) -> str:
+    """A setting's value as the text its option's parser reads, the same number it is:
+    a NumPy float by its float64 value's repr (``str`` of ``np.float32(0.1)`` is "0.1",
+    another float64 than the one a caller passing it got before)."""
+    kind = _numpy_kind(value)
+    if kind == "f":
+        return repr(float(value))
+    if kind in ("i", "u"):
+        return str(int(value))
+    return str(value)
+
+
 def _checked_value(opt: Opt, value: Any, label: str) -> Any:
     if opt.kind in ("flag", "bool"):
+        if _numpy_kind(value) == "b":
+            value = bool(value)
         if not isinstance(value, bool):
             raise ValueError(f"{label} must be true or false, got {value!r}")
         return value
@@ -141,7 +164,7 @@ def _checked_value(opt: Opt, value: Any, label: str) -> Any:
         raise ValueError(f"{label} must be {kind}, not text, got {value!r}")
     if opt.type is not None:
         try:
-            value = opt.type(str(value))
+            value = opt.type(_as_text(value))
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ValueError(f"{label}: {exc}") from None
     if opt.choices is not None and value not in opt.choices:
