@@ -487,3 +487,19 @@ def test_frames_of_empty_events_release_as_the_command_line(tmp_path, key_path, 
         frame, "unknown", key=key_path, ledger=str(tmp_path / "f.ledger"), **BASE
     )
     _same(got, want)
+
+
+def test_a_frames_errors_speak_of_the_frame_and_its_keywords(key_path) -> None:
+    """A run's refusal of a frame names the frame and the call's keywords, not the
+    temporary Parquet file (gone by then) and the command's options (review 72)."""
+    with pytest.raises(ValueError) as info:
+        dpstream.release_frame(
+            pd.DataFrame({"t": [1, 2], "things": [["a"], ["b"]]}), "unknown", key=key_path, **BASE
+        )
+    message = str(info.value)
+    assert message.startswith("the frame: no column 'items'") and "items= names" in message
+    assert "dpstream-frame-" not in message and "--" not in message
+    bad = pd.DataFrame({"t": [0, 2], "items": [["a"], ["b"]]})
+    with pytest.raises(ValueError) as info:
+        dpstream.release_frame(bad, "unknown", key=key_path, on_invalid="error", **BASE)
+    assert str(info.value).startswith("frame row 1:") and "on_invalid=" in str(info.value)

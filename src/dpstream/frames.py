@@ -112,12 +112,41 @@ def release_frame(
         out = os.path.join(tmp, "releases.parquet")
         opts.update(output=out, output_format="parquet")
         cfg = RunConfig.from_args(argparse.Namespace(**opts))
-        check_paths(cfg)
-        run_config(cfg, load_key(cfg))
+        try:
+            check_paths(cfg)
+            run_config(cfg, load_key(cfg))
+        except (ValueError, TypeError) as exc:
+            if kind != "path" and exc.args and isinstance(exc.args[0], str):
+                exc.args = (_in_frame_words(exc.args[0], opts["input"]), *exc.args[1:])
+            raise
         import pyarrow.parquet as pq
 
         table = pq.read_table(out)
     return _as_kind(table, kind)
+
+
+#: The command's words in a message, and what a caller of release_frame gave instead.
+_FRAME_WORDS = (
+    ("--item-column", "items="),
+    ("--event-column", "event="),
+    ("--user-field", "user="),
+    ("--time-column", "time="),
+    ("--time-field", "time="),
+    ("input line", "frame row"),
+)
+
+
+def _in_frame_words(message: str, path: str) -> str:
+    """A run's message about the frame (written to the temporary Parquet file ``path``,
+    gone when the caller reads it) in the words of the call: "the frame", its rows, the
+    keywords for the command's options (``--on-invalid`` as ``on_invalid=``)."""
+    import re
+
+    message = message.replace(f"the Parquet input {path!r}", "the frame")
+    message = message.replace(repr(path), "the frame")
+    for words, ours in _FRAME_WORDS:
+        message = message.replace(words, ours)
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_") + "=", message)
 
 
 def _frame_kind(events: Any) -> str:
