@@ -349,3 +349,39 @@ def test_columnar_counts_skip_an_event_with_a_null_item_as_oversized() -> None:
     got = dict(zip(zip(ts.tolist(), items.to_pylist(), strict=True), ns.tolist(), strict=True))
     assert got == {(1, "a"): 1, (2, "a"): 1, (2, "b"): 1}
     assert totals == [3, 0, 0, 1, 0, 0]
+
+
+def test_grouped_counts_are_the_flat_counts_per_item(monkeypatch) -> None:
+    """A task's flat partial counts regrouped as one row per item (what crosses to the
+    JVM): every (step, item) once with the sum of its counts, an item's steps ascending,
+    the totals row last and unchanged, however the pairs fall into batches and flushes."""
+    import pyarrow as pa
+
+    from dpstream.spark import read_counts
+
+    rng = np.random.default_rng(76)
+    for flush in (1 << 20, 5):
+        monkeypatch.setattr(read_counts, "_FLUSH", flush)
+        batches, want = [], Counter()
+        for _ in range(6):
+            n = int(rng.integers(0, 12))
+            ts = rng.integers(1, 6, n).tolist()
+            items = [f"i{x}" for x in rng.integers(0, 5, n).tolist()]
+            ns = rng.integers(1, 4, n).tolist()
+            batches.append(pa.RecordBatch.from_pydict({"t": ts, "item": items, "n": ns}))
+            for t, u, c in zip(ts, items, ns, strict=True):
+                want[(t, u)] += c
+        totals = read_counts._totals_batch(pa, [9, 8, 7, 6, 5, 4])
+        out = list(read_counts.group_counts(iter([*batches, totals])))
+        assert out[-1].to_pydict() == {"item": [None], "ts": [[-1, -2, -3, -4, -5, -6]],
+                                       "ns": [[9, 8, 7, 6, 5, 4]]}  # fmt: skip
+        got: Counter = Counter()
+        for batch in out[:-1]:
+            d = batch.to_pydict()
+            if flush > 100:
+                assert len(set(d["item"])) == len(d["item"])  # one row per item
+            for u, ts, ns in zip(d["item"], d["ts"], d["ns"], strict=True):
+                assert ts == sorted(set(ts)) and len(ts) == len(ns) and min(ns) >= 1
+                for t, c in zip(ts, ns, strict=True):
+                    got[(t, u)] += c
+        assert got == want and sum(want.values()) > 0

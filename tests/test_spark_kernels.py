@@ -443,3 +443,50 @@ def test_run_kernel_rows_do_not_depend_on_the_batches(case) -> None:
     with pytest.raises(ValueError, match="null item"):
         nulls = pa.RecordBatch.from_pydict({"item": [None], "t": [1], "n": [1]})
         list(kernels.release_run_arrow(iter([nulls]), closed=closed, **common))
+
+
+@pytest.mark.parametrize("case", ["known-tree", "unknown-blt"])
+def test_run_kernel_on_grouped_rows_gives_the_flat_rows_releases(case) -> None:
+    """release_run_arrow over (item, ts, ns) rows, an item's steps and counts as lists
+    (what the counting tasks send), gives the releases of the same counts as flat
+    (item, t, n) rows, bit for bit and in the same order."""
+    pa = pytest.importorskip("pyarrow")
+    from dpstream.mechanisms.unknown import UnknownDomainHistogram
+
+    key = fixed_key("spark-kernel-grouped")
+    rows = _unknown_blt_stream(300, 30, seed=9)
+    steps = [*range(1, 11), 14, 20, 30]
+    closed = case.startswith("known")
+    if closed:
+        names = sorted({u for u, _, _ in rows})
+        local = KnownDomainHistogram(names, 40, max_items=3, key=key, tau=0.4, base=3)
+        spec = _spec(local)
+        rows = [(u, 0, 0) for u in names] + rows
+    else:
+        kw = dict(max_items=3, key=key, tau=0.4, threshold_delta=1e-3)
+        spec = _unknown_blt_spec(UnknownDomainHistogram(60, **kw))
+    # flat rows in the order of the grouped rows' entries, so both encode items alike
+    by_item: dict[str, list[tuple[int, int]]] = {}
+    for u, t, n in rows:
+        by_item.setdefault(u, []).append((t, n))
+    flat = [(u, t, n) for u, pairs in by_item.items() for t, n in pairs]
+    flat_batch = pa.RecordBatch.from_pydict(
+        {"item": [r[0] for r in flat], "t": [r[1] for r in flat], "n": [r[2] for r in flat]}
+    )
+    grouped = pa.RecordBatch.from_pydict(
+        {
+            "item": list(by_item),
+            "ts": [[t for t, _ in p] for p in by_item.values()],
+            "ns": [[n for _, n in p] for p in by_item.values()],
+        }
+    )
+    common = dict(spec=spec, key_bytes=key.to_bytes(), steps=steps, item_col="item", closed=closed)
+    want = pa.Table.from_batches(list(kernels.release_run_arrow(iter([flat_batch]), **common)))
+    got = pa.Table.from_batches(
+        list(
+            kernels.release_run_arrow(
+                iter([grouped.slice(0, 7), grouped.slice(7)]), grouped=True, **common
+            )
+        )
+    )
+    assert want.num_rows > 50 and got.to_pydict() == want.to_pydict()

@@ -476,8 +476,9 @@ def _counted(
     row = None
     try:
         try:
-            total = [F.sum(F.when(F.col("t") == -1 - k, F.col("n"))) for k in range(len(TOTALS))]
-            row = _first_row(counted.where(F.col("t") < 0).agg(*total))
+            # each task's totals row (item null): its totals in the order of TOTALS
+            total = [F.sum(F.col("ns").getItem(k)) for k in range(len(TOTALS))]
+            row = _first_row(counted.where(F.col("item").isNull()).agg(*total))
         except Exception as exc:
             _refuse_plainly(exc, job.inp)
             raise
@@ -491,8 +492,8 @@ def _counted(
                 known.destroy()
     if row is None:
         return None
-    # the rows of totals have steps below 1
-    return _Counted(counted.where(F.col("t") > 0), counted, facts, known)
+    # the rows of totals have no item
+    return _Counted(counted.where(F.col("item").isNotNull()), counted, facts, known)
 
 
 def _surely_within_share(facts: Mapping[str, int], cfg: RunConfig, job: _Job) -> bool:
@@ -948,11 +949,11 @@ def _released(
         if domain_df is None:  # pragma: no cover - made with the known mechanism above
             raise RuntimeError("the known mechanism has no domain frame")
         if counted:
-            released = mech.run_counts(events, domain_df, steps=steps)
+            released = mech.run_grouped_counts(events, domain_df, steps=steps)
         else:
             released = mech.run(events, domain_df, steps=steps, **per_user)
     elif counted:
-        released = mech.run_counts(events, steps=steps)
+        released = mech.run_grouped_counts(events, steps=steps)
     else:
         released = mech.run(events, steps=steps, **per_user)
     if opts.get("round"):

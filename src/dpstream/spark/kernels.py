@@ -392,6 +392,7 @@ def release_run_arrow(
     n_col: str = "n",
     closed: bool = False,
     chunk_rows: int = 1 << 16,
+    grouped: bool = False,
 ) -> Iterator[Any]:
     """Release every step in ``steps`` for all the items of one partition, in one pass,
     from the Arrow record batches ``DataFrame.mapInArrow`` hands over.
@@ -429,16 +430,19 @@ def release_run_arrow(
         raise ValueError("the item column holds a null item")
     enc = column.dictionary_encode()
     dictionary = enc.dictionary
-    released = _released_steps(
-        spec,
-        key_bytes,
-        dictionary.to_pylist(),
-        np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64),
-        np.asarray(table.column(t_col).to_numpy(), dtype=np.int64),
-        np.asarray(table.column(n_col).to_numpy(), dtype=np.int64),
-        steps,
-        closed,
-    )
+    codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if grouped:  # (item, ts, ns) rows: each list entry is a row (item, t, n)
+        import pyarrow.compute as pc
+
+        lists = table.column("ts").combine_chunks()
+        codes = codes[np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64)]
+        at = np.asarray(lists.flatten().to_numpy(), dtype=np.int64)
+        adds = np.asarray(table.column("ns").combine_chunks().flatten().to_numpy(), np.int64)
+    else:
+        at = np.asarray(table.column(t_col).to_numpy(), dtype=np.int64)
+        adds = np.asarray(table.column(n_col).to_numpy(), dtype=np.int64)
+    items = dictionary.to_pylist()
+    released = _released_steps(spec, key_bytes, items, codes, at, adds, steps, closed)
     every = np.arange(len(dictionary), dtype=np.int64)
     ts: list[np.ndarray] = []
     idxs: list[np.ndarray] = []

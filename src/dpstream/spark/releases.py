@@ -406,8 +406,11 @@ class _SparkRelease:
         return [int(s) for s in ordered]
 
     # -- many steps in one job --------------------------------------------------
-    def _run_flat(self, flat: DataFrame, steps: list[int], *, closed: bool) -> DataFrame:
-        """All releases at the claimed ``steps`` from flat (item, t, n) rows, in one job.
+    def _run_flat(
+        self, flat: DataFrame, steps: list[int], *, closed: bool, grouped: bool = False
+    ) -> DataFrame:
+        """All releases at the claimed ``steps`` from flat (item, t, n) rows, or with
+        ``grouped`` (item, ts, ns) rows (an item's steps and counts as lists), in one job.
 
         The rows are hash-partitioned by item, so each item's rows meet in one
         partition; one ``mapInArrow`` pass per partition then hashes each item
@@ -432,10 +435,12 @@ class _SparkRelease:
                 steps=steps,
                 item_col=item_col,
                 closed=closed,
+                grouped=grouped,
             )
 
-        flat = flat.where(F.col("t") <= steps[-1]).repartition(item_col)
-        return flat.mapInArrow(run, schema)
+        if not grouped:  # (the kernel leaves out a grouped row's steps past the last)
+            flat = flat.where(F.col("t") <= steps[-1])
+        return flat.repartition(item_col).mapInArrow(run, schema)
 
     def close(self) -> None:
         """Forget the broadcast key on the executors (DataFrames built before stop working)."""
@@ -700,6 +705,22 @@ class SparkKnownBase(_SparkRelease):
             )
         )
         return self._run_flat(flat, steps, closed=True)
+
+    def run_grouped_counts(
+        self, grouped: DataFrame, domain: DataFrame, *, steps: Sequence[int]
+    ) -> DataFrame:
+        """:meth:`run_counts` from the counting tasks' rows
+        (:data:`dpstream.spark.read_counts.GROUPED_SCHEMA`: an item, its steps in
+        1..horizon and their counts, each >= 1; the rows of one item added), which the
+        command's own workers made: not checked again."""
+        item_type = _column_type(domain, self.item_col)
+        _check_item_type(item_type, "the domain's item column")
+        _check_same_item_kind(item_type, grouped.schema["item"].dataType)
+        steps = self._claim_steps(steps)
+        zero = F.array(F.lit(0).cast("long"))
+        dom = domain.select(F.col(self.item_col), zero.alias("ts"), zero.alias("ns"))
+        rows = grouped.select(F.col("item").alias(self.item_col), "ts", "ns")
+        return self._run_flat(dom.unionByName(rows), steps, closed=True, grouped=True)
 
     def _timed_increments(
         self,
@@ -1065,6 +1086,13 @@ class SparkUnknownBase(_SparkRelease):
         inc = _checked_counts(counts, self.horizon, self.item_col)
         steps = self._claim_steps(steps)
         return self._run_flat(inc, steps, closed=False)
+
+    def run_grouped_counts(self, grouped: DataFrame, *, steps: Sequence[int]) -> DataFrame:
+        """:meth:`run_counts` from the counting tasks' rows, as
+        :meth:`SparkKnownBase.run_grouped_counts`."""
+        steps = self._claim_steps(steps)
+        rows = grouped.select(F.col("item").alias(self.item_col), "ts", "ns")
+        return self._run_flat(rows, steps, closed=False, grouped=True)
 
     def __repr__(self) -> str:
         return (
