@@ -418,6 +418,47 @@ def test_stream_restarts_and_replays_give_the_same_releases(spark, tmp_path) -> 
         run_stream(key, 4)
 
 
+def test_stream_refuses_a_state_that_is_not_its_outputs_or_its_checkpoints(spark, tmp_path) -> None:
+    """Review 76: the same noise released steps again over other events when a stream's
+    state was lost, left out, restored from an older copy or paired with another Spark
+    checkpoint (the difference of two releases of a step is its exact count
+    difference). Each is now refused before anything is staged or released."""
+    events, _ = _simulate(4, 200, 600, seed=76)
+    key = fixed_key("spark-stream-76")
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    src.mkdir()
+
+    def mech():
+        return SparkUnknownBase(
+            spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6, counter="tree"
+        )
+
+    _write_step_files(src, events, [1, 2])
+    assert _stage(spark, mech(), src, out, ckpt).release_through(2) == [1, 2]
+    older = tmp_path / "older"
+    shutil.copytree(ckpt, older)  # the checkpoint with its state, after step 2
+    _write_step_files(src, events, [3, 4])
+    assert _stage(spark, mech(), src, out, ckpt).release_through(4) == [3, 4]
+    # a new state over the same output: a left-out or changed state_path, or a
+    # deleted checkpoint (whose folder held the state)
+    for kw in ({"state_path": str(tmp_path / "other-state")}, {}):
+        where = ckpt if kw else tmp_path / "new-ckpt"
+        with pytest.raises(StateError, match="holds releases up to step 4.*which is new"):
+            _stage(spark, mech(), src, out, where, **kw)
+    # the state restored from its older copy
+    shutil.rmtree(ckpt)
+    shutil.copytree(older, ckpt)
+    with pytest.raises(StateError, match="released only up to step 2"):
+        _stage(spark, mech(), src, out, ckpt)
+    # the state with another Spark checkpoint: its micro-batches number other input
+    state = str(ckpt / "dpstream-state")
+    shutil.rmtree(out / "t=3")
+    shutil.rmtree(out / "t=4")
+    with pytest.raises(StateError, match="not the one the state"):
+        _stage(spark, mech(), src, out, tmp_path / "ckpt2", state_path=state)
+    assert not (tmp_path / "ckpt2" / "offsets").exists()  # refused before the query ran
+
+
 def test_stream_blt_unknown_restarts_and_matches_local_event_mode(spark, tmp_path) -> None:
     """The default counter (BLT) in a streaming release: each step goes on from the
     saved buffers and new items join at their step, across a restart; the releases are

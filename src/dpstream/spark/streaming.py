@@ -65,6 +65,8 @@ __all__ = ["start_stream", "stream_parameters", "StreamRelease", "StepClock"]
 _log = logging.getLogger("dpstream.spark.streaming")
 
 _META = "dpstream.json"
+#: The Spark checkpoint the state staged its micro-batches with (its query id).
+_CHECKPOINT = "checkpoint.json"
 
 
 class _FileSystem:
@@ -238,7 +240,9 @@ class StreamRelease:
     def _check_meta(self) -> None:
         params = stream_parameters(self.mechanism)
         meta = _join(self.state, _META)
-        if self.fs.exists(meta):
+        fresh = not self.fs.exists(meta)
+        self._check_output(fresh)  # before a fresh state's first file is written
+        if not fresh:
             stored = json.loads(self.fs.read_text(meta))
             if stored != params:
                 diff = sorted(
@@ -259,6 +263,79 @@ class StreamRelease:
                 )
         else:
             self.fs.write_text(meta, json.dumps(params, sort_keys=True))
+
+    def _published(self) -> tuple[list[int], list[int]]:
+        """The steps ``output_path`` holds a folder of, and those whose release is complete."""
+        steps = sorted(
+            int(n[2:]) for n in self.fs.names(self.output_path) if n[:2] == "t=" and n[2:].isdigit()
+        )
+        out = self.output_path
+        done = [t for t in steps if self.fs.exists(_join(_join(out, f"t={t}"), "_SUCCESS"))]
+        return steps, done
+
+    def _check_output(self, fresh: bool) -> None:
+        """Refuse a state that is not the one ``output_path``'s releases were made with: a
+        new state while the output holds releases (a changed or left-out ``state_path``,
+        a deleted checkpoint whose folder held the state), or a state behind the output
+        (restored from an older copy). Either would release those steps again under the
+        same noise from other events: the difference of two releases of a step is then
+        the exact difference of its counts."""
+        steps, done = self._published()
+        if fresh and steps:
+            raise StateError(
+                f"the output {self.output_path!r} holds releases up to step {steps[-1]}, "
+                f"made with another state than {self.state!r}, which is new: releasing "
+                "those steps again would draw the same noise over other events. Give the "
+                "state_path the stream was released with (its default is under the first "
+                "checkpoint_location), or a new output_path and stream name for a new stream"
+            )
+        if done and done[-1] > self.closing():
+            raise StateError(
+                f"the output {self.output_path!r} holds the release of step {done[-1]}, but "
+                f"the state at {self.state!r} released only up to step {self.closing()} "
+                "(restored from an older copy?): releasing those steps again would draw the "
+                "same noise over other events; go on with the state the output was "
+                "released with"
+            )
+
+    def _check_checkpoint(self, checkpoint_location: str) -> str | None:
+        """Refuse a Spark checkpoint other than the one this state staged its micro-batches
+        with (their numbers would name other input: events counted twice or lost). Returns
+        the checkpoint's query id to record, or None when the state has it (or the
+        checkpoint is new and so is the state)."""
+        recorded_path = _join(self.state, _CHECKPOINT)
+        recorded = (
+            json.loads(self.fs.read_text(recorded_path))["id"]
+            if self.fs.exists(recorded_path)
+            else None
+        )
+        meta = _join(checkpoint_location, "metadata")
+        current = None
+        if self.fs.exists(meta):
+            current = json.loads(self.fs.read_text(meta).strip().splitlines()[0]).get("id")
+        if recorded is not None and current != recorded:
+            raise StateError(
+                f"the Spark checkpoint at {checkpoint_location!r} is not the one the state at "
+                f"{self.state!r} staged its events with: its micro-batches are numbered "
+                "over other input, so events would be counted twice or lost. Go on with "
+                "the checkpoint the state was staged with"
+            )
+        staged = [b for b in self.fs.names(self.staged) if b.startswith("batch=")]
+        if recorded is None and current is None and staged:
+            raise StateError(
+                f"the state at {self.state!r} holds staged events, but the Spark "
+                f"checkpoint at {checkpoint_location!r} is new: its micro-batches would be "
+                "numbered over the input again, so events would be counted twice or lost"
+            )
+        return None if recorded is not None else "record"
+
+    def _record_checkpoint(self, checkpoint_location: str) -> None:
+        """Record the checkpoint's query id in the state (Spark writes it as the query
+        starts, before any micro-batch)."""
+        meta = _join(checkpoint_location, "metadata")
+        if self.fs.exists(meta):
+            query_id = json.loads(self.fs.read_text(meta).strip().splitlines()[0]).get("id")
+            self.fs.write_text(_join(self.state, _CHECKPOINT), json.dumps({"id": query_id}))
 
     def _snapshot(self, t: int) -> str:
         return _join(self.state, f"t={t}")
@@ -426,7 +503,10 @@ class StreamRelease:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
+        record = self._check_checkpoint(checkpoint_location)
         self.query = writer.start()
+        if record is not None:
+            self._record_checkpoint(checkpoint_location)
         if clock is not None:
             horizon = self.mechanism.horizon
 
