@@ -570,6 +570,45 @@ def test_stream_known_domain(spark, tmp_path, counter) -> None:
         assert np.array_equal(_aligned(got, index, 300), local.release(t, counts[t - 1]).values)
 
 
+def test_stream_drops_and_counts_invalid_events(spark, tmp_path) -> None:
+    """Review 76: an event with an item outside the domain (or too many items, or a null
+    item) failed the release of its step, for good: the stream stopped there (its output
+    ending where the event was), later events of the step were dropped as "late", and
+    the error named the item. Such events are now dropped and counted as they are
+    staged, as the local engine's default skips them; the steps release the valid
+    events' counts."""
+    key = fixed_key("spark-stream-invalid")
+    names = [f"s{i}" for i in range(5)]
+    valid = [(1, [0, 1]), (2, [1]), (2, [2, 3]), (3, [4])]
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    src.mkdir()
+    _write_step_files(src, valid, [1, 2, 3])
+    bad = [
+        {"t": 2, "items": ["s1", "secret-item"]},  # outside the domain
+        {"t": 2, "items": ["s1", "s2", "s3", "s4"]},  # more than max_items=3
+        {"t": 3, "items": ["s0", None]},  # a null item
+    ]
+    (src / "bad.json").write_text("".join(json.dumps(e) + "\n" for e in bad))
+    mech = SparkKnownBase(spark, 10, max_items=3, key=key, rho=1.0, domain=names)
+    domain = spark.createDataFrame(pd.DataFrame({"item": names}))
+    rel = _stage(spark, mech, src, out, ckpt, domain=domain)
+    assert rel.release_through(3) == [1, 2, 3]
+    assert dict(rel.dropped) == {
+        "an item outside the domain": 1,
+        "more distinct items than max_items": 1,
+        "a null item": 1,
+    }
+    local = KnownDomainHistogram(names, 10, max_items=3, key=key, rho=1.0)
+    counts = np.zeros(5, dtype=np.int64)
+    index = {n: i for i, n in enumerate(names)}
+    for t in (1, 2, 3):
+        for tt, ev in valid:
+            if tt == t:
+                counts[ev] += 1
+        got = _read_stream_output(spark, out, t)
+        assert np.array_equal(_aligned(got, index, 5), local.release(t, counts).values), t
+
+
 # ------------------------------------------------------------------ command line
 
 

@@ -363,14 +363,25 @@ class StreamRelease:
             if self.fs.exists(_join(target, "_SUCCESS")):
                 return  # a replayed micro-batch: the same input, staged already
             closing, horizon = self.closing(), self.mechanism.horizon
+            max_items = check_max_items(self.mechanism.max_items)
             step = F.col(self.step_col).cast("long")
             rows = batch.select(step.alias("step"), F.col(self.items_col).alias("items"))
+            distinct = F.array_distinct(F.col("items"))
+            # an invalid event is dropped and counted, as the local engine's default
+            # (--on-invalid skip) does, not left to stop the release of its step (which
+            # would stop the stream there for good, and publish where the event was)
             kind = (
                 F.when(F.col("step").isNull() | (F.col("step") < 1), "no step")
                 .when(F.col("step") > horizon, "past the horizon")
                 .when(F.col("step") <= closing, "late (its step was already released)")
+                .when(F.col("items").isNull(), "no items")
+                .when(F.exists(distinct, lambda x: x.isNull()), "a null item")
+                .when(F.size(distinct) > max_items, "more distinct items than max_items")
             )
-            rows = rows.withColumn("_drop", kind).cache()
+            rows = rows.withColumn("_drop", kind)
+            if self.initial is not None:  # KnownBase: an item outside the domain
+                rows = self._outside_domain(rows)
+            rows = rows.cache()
             try:
                 for row in (
                     rows.where(F.col("_drop").isNotNull()).groupBy("_drop").count().collect()
@@ -391,6 +402,22 @@ class StreamRelease:
                 )
             finally:
                 rows.unpersist()
+
+    def _outside_domain(self, rows: DataFrame) -> DataFrame:
+        """``rows`` with the events that hold an item outside the domain marked to drop."""
+        assert self.initial is not None
+        item_col = self.mechanism.item_col
+        rows = rows.withColumn("_event", F.monotonically_increasing_id())
+        items = rows.where(F.col("_drop").isNull()).select(
+            "_event", F.explode(F.array_distinct(F.col("items"))).alias(item_col)
+        )
+        domain = self.initial.select(item_col)
+        outside = items.join(domain, on=item_col, how="left_anti").select("_event").distinct()
+        flagged = rows.join(outside.withColumn("_outside", F.lit(True)), on="_event", how="left")
+        drop = F.coalesce(
+            F.col("_drop"), F.when(F.col("_outside"), F.lit("an item outside the domain"))
+        )
+        return flagged.select("step", "items", drop.alias("_drop"))
 
     # -- releasing -------------------------------------------------------------------
     def release_through(self, until: int) -> list[int]:
