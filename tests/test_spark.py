@@ -458,6 +458,30 @@ def test_stream_refuses_a_state_that_is_not_its_outputs_or_its_checkpoints(spark
         _stage(spark, mech(), src, out, tmp_path / "ckpt2", state_path=state)
     assert not (tmp_path / "ckpt2" / "offsets").exists()  # refused before the query ran
 
+    # review 77: a state kept apart with its checkpoint restored from an older copy, or
+    # partly deleted (the same query id): its next micro-batches would be numbered over
+    # other input, and a batch the state staged already would be staged again
+    src2, out2, ck, st = (tmp_path / "b" / d for d in ("in", "out", "ck", "st"))
+    src2.mkdir(parents=True)
+    _write_step_files(src2, events, [1])
+    _stage(spark, mech(), src2, out2, ck, state_path=str(st))
+    old = tmp_path / "b" / "ck-old"
+    shutil.copytree(ck, old)
+    _write_step_files(src2, events, [2, 3])
+    _stage(spark, mech(), src2, out2, ck, state_path=str(st))
+    shutil.rmtree(ck)
+    shutil.copytree(old, ck)
+    with pytest.raises(StateError, match="knows batches only up to 0"):
+        _stage(spark, mech(), src2, out2, ck, state_path=str(st))
+    for part in ("offsets", "commits", "sources"):
+        shutil.rmtree(ck / part, ignore_errors=True)
+    with pytest.raises(StateError, match="knows batches only up to -1"):
+        _stage(spark, mech(), src2, out2, ck, state_path=str(st))
+    (ck / "metadata").unlink()
+    (ck / ".metadata.crc").unlink(missing_ok=True)
+    with pytest.raises(StateError, match="has no metadata file"):
+        _stage(spark, mech(), src2, out2, ck, state_path=str(st))
+
 
 def test_stream_blt_unknown_restarts_and_matches_local_event_mode(spark, tmp_path) -> None:
     """The default counter (BLT) in a streaming release: each step goes on from the

@@ -313,6 +313,12 @@ class StreamRelease:
         current = None
         if self.fs.exists(meta):
             current = json.loads(self.fs.read_text(meta).strip().splitlines()[0]).get("id")
+        if recorded is not None and current is None and self.fs.exists(checkpoint_location):
+            raise StateError(
+                f"the Spark checkpoint at {checkpoint_location!r} has no metadata file (the "
+                "query id the state recorded): it cannot be told from another checkpoint, "
+                "whose micro-batches would be numbered over other input; restore the file"
+            )
         if recorded is not None and current != recorded:
             raise StateError(
                 f"the Spark checkpoint at {checkpoint_location!r} is not the one the state at "
@@ -321,6 +327,24 @@ class StreamRelease:
                 "the checkpoint the state was staged with"
             )
         staged = [b for b in self.fs.names(self.staged) if b.startswith("batch=")]
+        done = [
+            int(b[6:])
+            for b in staged
+            if b[6:].isdigit() and self.fs.exists(_join(_join(self.staged, b), "_SUCCESS"))
+        ]
+        planned = [
+            int(n) for n in self.fs.names(_join(checkpoint_location, "offsets")) if n.isdigit()
+        ]
+        if done and max(done) > max(planned, default=-1):
+            # Spark writes a micro-batch's offsets before the batch runs: a staged batch
+            # the checkpoint has no offsets for means an older or partly deleted copy
+            raise StateError(
+                f"the state at {self.state!r} staged micro-batch {max(done)}, but the Spark "
+                f"checkpoint at {checkpoint_location!r} knows batches only up to "
+                f"{max(planned, default=-1)} (restored from an older copy, or partly "
+                "deleted?): its next micro-batches would be numbered over other input, "
+                "so events would be counted twice or lost"
+            )
         if recorded is None and current is None and staged:
             raise StateError(
                 f"the state at {self.state!r} holds staged events, but the Spark "
@@ -379,8 +403,11 @@ class StreamRelease:
                 .when(F.size(distinct) > max_items, "more distinct items than max_items")
             )
             rows = rows.withColumn("_drop", kind)
+            numbered = None
             if self.initial is not None:  # KnownBase: an item outside the domain
-                rows = self._outside_domain(rows)
+                # each event's id fixed once (cached), so both sides of the join agree
+                numbered = rows.withColumn("_event", F.monotonically_increasing_id()).cache()
+                rows = self._outside_domain(numbered)
             rows = rows.cache()
             try:
                 for row in (
@@ -402,12 +429,14 @@ class StreamRelease:
                 )
             finally:
                 rows.unpersist()
+                if numbered is not None:
+                    numbered.unpersist()
 
     def _outside_domain(self, rows: DataFrame) -> DataFrame:
-        """``rows`` with the events that hold an item outside the domain marked to drop."""
+        """``rows`` (numbered by ``_event``) with the events that hold an item outside the
+        domain marked to drop."""
         assert self.initial is not None
         item_col = self.mechanism.item_col
-        rows = rows.withColumn("_event", F.monotonically_increasing_id())
         items = rows.where(F.col("_drop").isNull()).select(
             "_event", F.explode(F.array_distinct(F.col("items"))).alias(item_col)
         )
