@@ -483,6 +483,37 @@ def test_stream_refuses_a_state_that_is_not_its_outputs_or_its_checkpoints(spark
         _stage(spark, mech(), src2, out2, ck, state_path=str(st))
 
 
+def test_a_stream_with_a_ledger_refuses_a_second_stream_of_its_noise(spark, tmp_path) -> None:
+    """With ledger=, a stream records its noise scope in the release ledger under a run
+    id its state keeps: a second stream of the same key, stream name and settings (other
+    output, checkpoint and state) is refused before anything is staged; the first goes
+    on; another stream name is another stream."""
+    from dpstream.ledger import LedgerError
+
+    events, _ = _simulate(2, 100, 200, seed=78)
+    key = fixed_key("spark-stream-ledger")
+    ledger = tmp_path / "key.ledger"
+
+    def mech(stream="s"):
+        return SparkUnknownBase(
+            spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6,
+            counter="tree", stream=stream,
+        )  # fmt: skip
+
+    src = tmp_path / "in"
+    src.mkdir()
+    _write_step_files(src, events, [1, 2])
+    first = [tmp_path / "a" / d for d in ("out", "ck")]
+    assert _stage(spark, mech(), src, *first, ledger=ledger).release_through(1) == [1]
+    lines = ledger.read_bytes()
+    with pytest.raises(LedgerError, match="same key and settings"):
+        _stage(spark, mech(), src, tmp_path / "b" / "out", tmp_path / "b" / "ck", ledger=ledger)
+    assert not (tmp_path / "b" / "out").exists() and ledger.read_bytes() == lines
+    assert _stage(spark, mech(), src, *first, ledger=ledger).release_through(2) == [2]
+    other = [tmp_path / "c" / d for d in ("out", "ck")]
+    assert _stage(spark, mech("t"), src, *other, ledger=ledger).release_through(1) == [1]
+
+
 def test_stream_blt_unknown_restarts_and_matches_local_event_mode(spark, tmp_path) -> None:
     """The default counter (BLT) in a streaming release: each step goes on from the
     saved buffers and new items join at their step, across a restart; the releases are

@@ -42,6 +42,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import os
 import threading
 from collections import Counter
 from typing import Any
@@ -67,6 +68,8 @@ _log = logging.getLogger("dpstream.spark.streaming")
 _META = "dpstream.json"
 #: The Spark checkpoint the state staged its micro-batches with (its query id).
 _CHECKPOINT = "checkpoint.json"
+#: The stream's run id in the release ledger (with ``ledger=``).
+_LEDGER_RUN = "ledger-run.json"
 
 
 class _FileSystem:
@@ -171,6 +174,7 @@ class StreamRelease:
         step_col: str,
         output_format: str,
         round_counts: bool = True,
+        ledger: str | os.PathLike[str] | None = None,
     ) -> None:
         known = isinstance(mechanism, SparkKnownBase)
         if not known and not isinstance(mechanism, SparkUnknownBase):
@@ -216,6 +220,8 @@ class StreamRelease:
         self._clock_stop = threading.Event()
         self._clock_thread: threading.Thread | None = None
         self._check_meta()
+        if ledger is not None:
+            self._claim_ledger(os.fspath(ledger))
         item_col, count_col = mechanism.item_col, mechanism.count_col
         self.noise_cols = state_noise_cols(mechanism.spec.levels)
         self.state_cols = [*STATE_IDS, *self.noise_cols]
@@ -263,6 +269,42 @@ class StreamRelease:
                 )
         else:
             self.fs.write_text(meta, json.dumps(params, sort_keys=True))
+
+    def _claim_ledger(self, path: str) -> None:
+        """Record the stream's noise scope in the release ledger at ``path`` (a local file:
+        the key's, ``KEY-FILE.ledger``, which ``dpstream run`` keeps), under a run id the
+        state keeps, and refuse the stream (:class:`~dpstream.errors.LedgerError`, before
+        anything is staged or released) when another run or stream released under the
+        same key and noise scope: two streams of one key and stream name with other
+        outputs and states would draw the same noise over other events."""
+        import secrets
+
+        from ..ledger import LedgerError, ReleaseLedger
+        from ..run.scope import noise_scope
+
+        local = self.mechanism.mechanism
+        id_file = _join(self.state, _LEDGER_RUN)
+        if self.fs.exists(id_file):
+            run_id = json.loads(self.fs.read_text(id_file))["run_id"]
+        else:  # kept before it is claimed: a crash in between claims it at the restart
+            run_id = secrets.token_hex(16)
+            self.fs.write_text(id_file, json.dumps({"run_id": run_id}))
+        scope = noise_scope(local, str(local.stream))
+        ledger = ReleaseLedger(path, local.key, run_id, scope=scope, check_scope=True)
+        try:
+            others = ledger.others()
+            if others:
+                raise LedgerError(
+                    f"the release ledger {path!r} records {len(others)} other run(s) or "
+                    "stream(s) that released steps with the same key and settings: this "
+                    "stream would draw the same noise over other events (the difference of "
+                    "two releases of a step is its exact count difference). Give a new "
+                    "stream a stream name (or key) of its own, or go on with the state "
+                    "and checkpoint of the stream that released them"
+                )
+            ledger.claim_scope()
+        finally:
+            ledger.close()
 
     def _published(self) -> tuple[list[int], list[int]]:
         """The steps ``output_path`` holds a folder of, and those whose release is complete."""
@@ -610,6 +652,7 @@ def start_stream(
     clock: StepClock | None = None,
     poll_seconds: float = 5.0,
     round_counts: bool = True,
+    ledger: str | os.PathLike[str] | None = None,
 ) -> StreamRelease:
     """Start a streaming release: stage events by their step, release steps on a public clock.
 
@@ -634,6 +677,12 @@ def start_stream(
         round_counts: write counts rounded to integers (the default, and the safe
             choice: the low-order bits of floating-point noise leak the true
             count); False writes the exact floats, for testing.
+        ledger: a release ledger (a local file; the key file's ``KEY-FILE.ledger``,
+            which ``dpstream run`` keeps, to share it with the command's runs) in which
+            the stream records its noise scope: a stream whose key, stream name and
+            settings another run or stream of the ledger released under is refused.
+            Without it nothing outside the stream's own state sees a second stream
+            of the same key and stream name.
 
     Returns:
         The running :class:`StreamRelease` (its ``query`` is the staging
@@ -653,6 +702,7 @@ def start_stream(
         step_col=step_col,
         output_format=output_format,
         round_counts=round_counts,
+        ledger=ledger,
     )
     return release.start(
         trigger=trigger,
