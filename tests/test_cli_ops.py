@@ -498,3 +498,48 @@ def test_follow_stops_when_its_input_is_rotated(tmp_path, key_path, monkeypatch,
     how = "truncated" if rotate == "copytruncate" else "moved or replaced"
     assert f"was {how} while it was followed" in err, err
     assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == [1, 2]
+
+
+def test_follow_on_stdin_counts_a_last_line_without_its_newline(tmp_path, key_path):
+    """Review 78: `--follow -i -` dropped a last line with no newline at the end of its
+    input (a batch run counts it): it is a record too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "dom.txt").write_text("a\nb\n")
+    events = b'{"ts":"2026-03-01T00:10Z","items":["a"]}\n{"ts":"2026-03-01T00:20Z","items":["b"]}'
+    out = tmp_path / "out.jsonl"
+    argv = [
+        sys.executable, "-m", "dpstream", "run", "-m", "known", "--domain",
+        str(tmp_path / "dom.txt"), "--max-items", "1", "--rho", "1e6", "--key-file",
+        str(key_path), "--time-field", "ts", "--start", "2026-03-01T00:00Z", "--step", "1h",
+        "--horizon", "2", "--follow", "-i", "-", "-o", str(out),
+        "--state", str(tmp_path / "s.sqlite"), *own_ledger(out),
+    ]  # fmt: skip
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run(argv, input=events, capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    first = json.loads(out.read_text().splitlines()[0])
+    assert {k: round(v) for k, v in first["released"].items()} == {"a": 1, "b": 1}
+
+
+def test_records_after_until_are_reported_as_not_kept(tmp_path, key_path, capsys):
+    """Review 78: a daily run read records of steps after its --until and dropped them,
+    while the docs said they were left for a later run (nothing keeps them). The run
+    now warns, with --quiet too, that it neither counted nor kept them."""
+    (tmp_path / "dom.txt").write_text("a\nh\n")
+    day = tmp_path / "day1.jsonl"
+    day.write_text('{"t": 1, "items": ["a"]}\n{"t": 3, "items": ["h"]}\n')
+    out = tmp_path / "out.jsonl"
+    argv = [
+        "run", "--quiet", "-m", "known", "--domain", str(tmp_path / "dom.txt"),
+        "--max-items", "1", "--rho", "1", "--key-file", str(key_path), "-i", str(day),
+        "-o", str(out), "--state", str(tmp_path / "s.sqlite"), "-T", "4", "--until", "2",
+        *own_ledger(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "1 records are for steps after --until 2" in err and "keeps none of them" in err

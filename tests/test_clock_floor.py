@@ -276,3 +276,30 @@ def test_every_format_releases_the_exact_counts_and_the_same_bytes(tmp_path, clo
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] == outs[3]  # JSON Lines and Parquet: one stream's bytes
     assert _released(tmp_path / "epoch.csv.out.jsonl") == _want(clock)
+
+
+def test_offsets_with_seconds_and_foreign_digits_are_refused() -> None:
+    """Review 78: Python reads an offset of a fraction of a second only as none (the
+    event landed in another step), and a run of Arabic-Indic digits as epoch seconds; an
+    offset is hours, minutes and whole seconds, and epoch seconds are ASCII digits. A
+    duration too long for Python's dates is refused in words (an OverflowError before)."""
+    from dpstream.clock import parse_duration, parse_timestamp
+
+    for text in (
+        "2026-03-01T01:00:00+00:00:00.5",
+        "2026-03-01T01:00:00-00:00:00.000001",
+        "2026-03-01T01:00:00+00:00:01.5",
+    ):
+        with pytest.raises(ValueError, match="hours and minutes"):
+            parse_timestamp(text)
+    # whole seconds: a zone's old local mean time (Paris before 1911)
+    assert parse_timestamp("1900-01-01T00:09:21+00:09:21") == dt.datetime(
+        1900, 1, 1, tzinfo=dt.timezone.utc
+    )
+    assert parse_timestamp("2026-03-01T01:00:00+05:30") == dt.datetime(
+        2026, 2, 28, 19, 30, tzinfo=dt.timezone.utc
+    )
+    with pytest.raises(ValueError):
+        parse_timestamp("\u0661\u0662\u0663")
+    with pytest.raises(ValueError, match="at most 999999999 days"):
+        parse_duration("99999999999999999999d")

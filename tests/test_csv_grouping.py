@@ -393,3 +393,12 @@ def test_follow_does_not_read_csv(runner, tmp_path, capsys):
         ]
     )
     assert code != 0 and "--follow reads JSON Lines input" in capsys.readouterr().err
+
+
+def test_a_header_naming_a_used_column_twice_is_refused() -> None:
+    """Review 78: a header ``event,item,ts,ts`` was read from its last ``ts``, silently."""
+    from dpstream.io.csv import _Columns
+
+    with pytest.raises(ValueError, match="names the column 'ts' .* more than once"):
+        _Columns.of(["event", "item", "ts", " ts"], "item", "event", "ts", None)
+    assert _Columns.of(["event", "item", "ts", "ts2"], "item", "event", "ts", None).time == 2

@@ -57,8 +57,8 @@ __all__ = [
 
 _UTC = _dt.timezone.utc
 _UNITS = {"w": 604800, "d": 86400, "h": 3600, "min": 60, "m": 60, "s": 1}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(min|mo|[wdhms])")
-_MONTHS = re.compile(r"(\d+)mo")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(min|mo|[wdhms])")
+_MONTHS = re.compile(r"([0-9]+)mo")
 
 
 def _ambiguous(text: str) -> None:
@@ -83,7 +83,10 @@ def parse_duration(text: str) -> _dt.timedelta:
     seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if not seconds > 0:
         raise ValueError(f"a duration must be positive, got {text!r}")
-    return _dt.timedelta(seconds=seconds)
+    try:
+        return _dt.timedelta(seconds=seconds)
+    except OverflowError:  # past timedelta's 999,999,999 days
+        raise ValueError(f"a duration of at most 999999999 days, got {text!r}") from None
 
 
 def parse_step(text: str) -> tuple[_dt.timedelta, int]:
@@ -152,8 +155,14 @@ def _aware(value: object) -> _dt.datetime:
             f"a timestamp is an ISO-8601 string or a number of seconds, got {type(value).__name__}"
         )
     text = value.strip()
-    if re.fullmatch(r"-?\d+(\.\d+)?", text):
+    if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text):
         return epoch_instant(_decimal.Decimal(text))
+    if _SECONDS_OFFSET.search(text):
+        # Python reads a fraction of a second in an offset, but drops an offset of a
+        # fraction only (the event would land in another step)
+        raise ValueError(
+            "a timestamp's UTC offset is hours and minutes (like +05:30), or whole seconds"
+        )
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:
@@ -166,6 +175,9 @@ def _aware(value: object) -> _dt.datetime:
 
 
 _ZONE_SUFFIX = re.compile(r"^(.*?)\[([^\[\]]+)\]$")
+#: A UTC offset with a fraction of a second (whole seconds are a zone's local mean
+#: time of old, like Paris's +00:09:21 before 1911).
+_SECONDS_OFFSET = re.compile(r"T.*[+-][0-9]{2}:?[0-9]{2}:?[0-9]{2}\.[0-9]+$")
 
 
 def named_zone(name: str) -> zoneinfo.ZoneInfo:

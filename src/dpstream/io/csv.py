@@ -142,6 +142,11 @@ class _Columns(NamedTuple):
                     f"input line 1: the CSV header has no column {name!r} ({role}); "
                     f"columns: {', '.join(shorten(c) for c in cols)}"
                 )
+            if name is not None and [h.strip() for h in header].count(name) > 1:
+                raise ValueError(
+                    f"input line 1: the CSV header names the column {name!r} ({role}) "
+                    "more than once: rename one, so that it is clear which one to read"
+                )
         i_item, i_event = cols[item_column], cols[event_column]
         i_time = cols[time_column] if time_column is not None else None
         i_user = cols[user_column] if user_column is not None else None

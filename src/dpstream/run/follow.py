@@ -170,6 +170,8 @@ def _reader(
             line = infile.readline()
             if line == "":
                 if cfg.input == "-":
+                    if partial:  # the last line, without its newline: a record, as in batch
+                        yield partial
                     return
                 _check_still_followed(infile, cfg.input)
                 q.put(_IDLE)

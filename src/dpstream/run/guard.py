@@ -181,8 +181,7 @@ def check_invalid_share(tally: InvalidTally, cfg: RunConfig) -> None:
         for cause, n in sorted(tally.causes.items(), key=lambda kv: -kv[1])
     )
     later = (
-        f" ({tally.later:,} more are for steps after --until {cfg.until}: a later "
-        "run's, not counted)"
+        f" ({tally.later:,} more are for steps after --until {cfg.until}: not counted here)"
         if tally.later
         else ""
     )

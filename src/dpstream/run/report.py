@@ -64,6 +64,13 @@ def log_summary(stats: RunStats, mech: ContinualMechanism, cfg: RunConfig) -> No
         f"  output: {cfg.output if cfg.output != '-' else 'stdout'}"
         + (f"; state: {cfg.state}" if cfg.state else ""),
     ]
+    later = stats.reasons.get("after --until", 0)
+    if later:  # shown with --quiet too: events a daily run does not count or keep
+        _log.warning(
+            f"{later} records are for steps after --until {cfg.until}: this run did not "
+            "count them and keeps none of them; the run that releases their steps counts "
+            "them only if its input holds them (cut each run's input at its --until)"
+        )
     _log.info(
         "\n".join(lines),
         extra=log_fields(
