@@ -170,14 +170,10 @@ def run_params(
 
         params["truncation"] = METHOD
     if cfg.input_kind in ("csv", "parquet"):
-        from .settings import parquet_item_column
+        from .settings import recorded_item_column
 
         params.update(
-            item_column=(
-                parquet_item_column(cfg.item_column)
-                if cfg.input_kind == "parquet"
-                else cfg.item_column
-            ),
+            item_column=recorded_item_column(cfg.input_kind, cfg.item_column),
             event_column=cfg.event_column,
             time_column=cfg.time_column,
         )

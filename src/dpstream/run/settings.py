@@ -110,13 +110,14 @@ PROCESSING_DEFAULTS = {
 }
 
 
-def parquet_item_column(name: str | None) -> str | None:
-    """A Parquet input's item column as its noise scope and state record it: ``items``
-    (a list column, what an unnamed run reads when the file has one) is recorded as
-    the default, ``item``, so that naming it (``--item-column items``, which a file
-    holding both columns needs) keeps the stream's noise and its state's parameters,
-    and the releases of the same events in JSON Lines."""
-    return "item" if name == "items" else name
+def recorded_item_column(input_kind: str, name: str | None) -> str | None:
+    """An input's item column as its noise scope and state record it. For Parquet,
+    ``items`` (a list column, what an unnamed run reads when the file has one) is
+    recorded as the default, ``item``, so that naming it (``--item-column items``, which
+    a file holding both columns needs) keeps the stream's noise and its state's
+    parameters, and the releases of the same events in JSON Lines; a CSV's ``items``
+    is a column of another name."""
+    return "item" if input_kind == "parquet" and name == "items" else name
 
 
 def scoped_stream(opts: Mapping[str, Any]) -> str:
@@ -141,8 +142,8 @@ def scoped_stream(opts: Mapping[str, Any]) -> str:
             ("time_column", None),
         ):
             value = opts.get(name)
-            if name == "item_column" and fmt == "parquet":
-                value = parquet_item_column(value)
+            if name == "item_column":
+                value = recorded_item_column(fmt, value)
             if value != default:
                 settings[name] = value
     if not settings:

@@ -399,8 +399,10 @@ def release_run_arrow(
 
     The partition holds flat rows (item, t, n): an increment of n to the item's
     count at step t >= 1, or, with ``closed`` (KnownBase), a domain row t = 0
-    (n ignored). Every row of an item must be in this partition (the caller
-    repartitions by item), so the whole partition is read first. Each item is
+    (n ignored); with ``grouped``, rows (item, ts, ns) whose list entries are such
+    rows (:data:`dpstream.spark.read_counts.GROUPED_SCHEMA`). Every row of an item
+    must be in this partition (the caller repartitions by item), so the whole
+    partition is read first. Each item is
     hashed and encrypted once, and its noise advances through the steps
     incrementally (``advance_to``), as the local engine's own ``TreeNoise`` or
     ``BLTNoise``.

@@ -30,12 +30,13 @@ a clock, each line is decided alone (:func:`count_lines`, whose fast path for a
 plain event is faster than the chunk reader's fallback, the full parse of every
 line). The tests hold both to a brute force of the rules, one parse per line.
 
-Each task sends its partial counts (one row per (step, item) it saw, flushed
-every ``_FLUSH`` pairs so memory stays bounded) and a row for each of its totals
-(steps below 1: :data:`COUNTED_SCHEMA`);
+A task counts into rows of :data:`COUNTED_SCHEMA` (one per (step, item) it saw,
+and one per total, steps below 1) and sends them regrouped (:func:`group_counts`,
+:data:`GROUPED_SCHEMA`): one row per item with its steps and counts as lists, up
+to ``_FLUSH`` pairs at a time so memory stays bounded, and one row of its totals.
 Spark adds the partial counts of an item where its releases are computed
-(:func:`dpstream.spark.kernels.release_run_arrow` sums the rows of an item
-and step). The line numbers are not computed: a run that needs them (user-level
+(:func:`dpstream.spark.kernels.release_run_arrow` with ``grouped`` sums the
+entries of an item and step). The line numbers are not computed: a run that needs them (user-level
 bounding, or ``--on-invalid error`` with a bad line, whose message names it)
 reads the events themselves (:mod:`dpstream.spark.read_jsonl`).
 """
@@ -71,8 +72,8 @@ __all__ = [
 ]
 
 #: A row of partial counts (t >= 1, item, n) or of one of a task's totals (t = -1 - k
-#: for the k-th of :data:`TOTALS`, item null, n the total): three columns, so a task
-#: sends 3 values a pair, not 3 and six null totals.
+#: for the k-th of :data:`TOTALS`, item null, n the total), as a task counts them
+#: (:func:`group_counts` then regroups them by item for the JVM).
 COUNTED_SCHEMA = T.StructType(
     [
         T.StructField("t", T.LongType(), True),

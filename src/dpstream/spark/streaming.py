@@ -340,21 +340,17 @@ class StreamRelease:
                 "released with"
             )
 
-    def _check_checkpoint(self, checkpoint_location: str) -> str | None:
+    def _check_checkpoint(self, checkpoint_location: str) -> bool:
         """Refuse a Spark checkpoint other than the one this state staged its micro-batches
         with (their numbers would name other input: events counted twice or lost). Returns
-        the checkpoint's query id to record, or None when the state has it (or the
-        checkpoint is new and so is the state)."""
+        whether the state has yet to record the checkpoint's query id."""
         recorded_path = _join(self.state, _CHECKPOINT)
         recorded = (
             json.loads(self.fs.read_text(recorded_path))["id"]
             if self.fs.exists(recorded_path)
             else None
         )
-        meta = _join(checkpoint_location, "metadata")
-        current = None
-        if self.fs.exists(meta):
-            current = json.loads(self.fs.read_text(meta).strip().splitlines()[0]).get("id")
+        current = self._checkpoint_id(checkpoint_location)
         if recorded is not None and current is None and self.fs.exists(checkpoint_location):
             raise StateError(
                 f"the Spark checkpoint at {checkpoint_location!r} has no metadata file (the "
@@ -393,14 +389,20 @@ class StreamRelease:
                 f"checkpoint at {checkpoint_location!r} is new: its micro-batches would be "
                 "numbered over the input again, so events would be counted twice or lost"
             )
-        return None if recorded is not None else "record"
+        return recorded is None
+
+    def _checkpoint_id(self, checkpoint_location: str) -> str | None:
+        """The query id a Spark checkpoint holds (its ``metadata`` file's first line, which
+        Spark writes as the query starts, before any micro-batch), or None if it has none."""
+        meta = _join(checkpoint_location, "metadata")
+        if not self.fs.exists(meta):
+            return None
+        return json.loads(self.fs.read_text(meta).strip().splitlines()[0]).get("id")
 
     def _record_checkpoint(self, checkpoint_location: str) -> None:
-        """Record the checkpoint's query id in the state (Spark writes it as the query
-        starts, before any micro-batch)."""
-        meta = _join(checkpoint_location, "metadata")
-        if self.fs.exists(meta):
-            query_id = json.loads(self.fs.read_text(meta).strip().splitlines()[0]).get("id")
+        """Record the checkpoint's query id in the state."""
+        query_id = self._checkpoint_id(checkpoint_location)
+        if query_id is not None:
             self.fs.write_text(_join(self.state, _CHECKPOINT), json.dumps({"id": query_id}))
 
     def _snapshot(self, t: int) -> str:
@@ -601,9 +603,9 @@ class StreamRelease:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        record = self._check_checkpoint(checkpoint_location)
+        unrecorded = self._check_checkpoint(checkpoint_location)
         self.query = writer.start()
-        if record is not None:
+        if unrecorded:
             self._record_checkpoint(checkpoint_location)
         if clock is not None:
             horizon = self.mechanism.horizon
