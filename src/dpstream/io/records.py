@@ -27,13 +27,14 @@ import sys
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TextIO, TypedDict
+from typing import Any, TextIO, TypedDict
 
 from ..clock import StepClock, parse_timestamp
 
 __all__ = [
     "RawEvent",
     "open_input",
+    "text_stream",
     "guard_lines",
     "raw_bytes",
     "valid_text",
@@ -91,10 +92,17 @@ def open_input(path: str) -> TextIO:
         buffer = getattr(sys.stdin, "buffer", None)
         if buffer is None:
             return sys.stdin
-        return io.TextIOWrapper(buffer, newline="", **_ENCODING)
+        return text_stream(buffer)
     if str(path).lower().endswith(".gz"):  # any case, as Hadoop's codecs (--engine spark)
         return gzip.open(path, "rt", newline="", **_ENCODING)
     return open(path, newline="", **_ENCODING)  # noqa: SIM115 - caller closes
+
+
+def text_stream(binary: Any) -> TextIO:
+    """``binary`` (a buffered byte stream) read as an input's text, as :func:`open_input`
+    reads it: UTF-8 with an optional byte-order mark, invalid bytes kept as lone
+    surrogates, lines split as they are written (no newline translation)."""
+    return io.TextIOWrapper(binary, newline="", **_ENCODING)
 
 
 def guard_lines(stream: Iterable[str], name: str) -> Iterator[str]:

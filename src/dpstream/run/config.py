@@ -290,6 +290,11 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
         )
     if opts["follow"] and fmt != "jsonl":
         raise ValueError("--follow reads JSON Lines input")
+    if opts["follow"] and str(opts["input"]).lower().endswith(".gz"):
+        raise ValueError(
+            "--follow reads a growing plain file or stdin: a .gz input does not grow line "
+            "by line (decompress it into the followed file, or run it as a batch)"
+        )
     if opts["implicit_time"] and (until < horizon_limit(opts) or opts["follow"]):
         raise ValueError(
             "--implicit-time numbers the steps by line, so a stream that goes "

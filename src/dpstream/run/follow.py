@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StateError
+from .follow_input import DueSizes, FollowedInput, TakenLines
 from .source import Due, ReadCount, Rejected, SourceItem, past_message
 
 if TYPE_CHECKING:
@@ -52,19 +53,22 @@ def follow(
 ) -> Generator[SourceItem, None, None]:
     """``--follow``: read a growing input and yield each step when the clock says.
 
-    Step t is released once it is due on the public clock (its window has
-    ended, plus ``--lateness``) and the reader has caught up with the input:
-    a backlog is read to its end first, so which events make a step does not
-    depend on how fast they were read, nor on the order of the backlog. (A
-    step does not close when an event of a later step is read: one event put
-    early in a backlog would then make the events after it late, so its
-    presence would change other events' counts.) An event that arrives after
-    its step was released is late and goes to ``--on-invalid``. A resumed run
-    closes the steps on record at the input line each one closed at the first
-    time (``boundary``, from the state), so late events stay late and the replay
-    is exact; a step released but not on the state's record (the run stopped between
-    the release ledger's record and the state's) closes where ``recorded_cut`` finds
-    the ledger's record of it. ``first_t``: the first step to release (the consumer releases every
+    Step t closes at the input's size when it falls due on the public clock (its
+    window has ended, plus ``--lateness``): it holds the events of step t whose
+    lines were written in full by then, and it is released once the reader has
+    read that far. An event written after the due instant is late (it goes to
+    ``--on-invalid``), however far behind the reader was: which events make a
+    step depends on when each was written, not on how fast a backlog was parsed,
+    nor on its order. (A step does not close when an event of a later step is
+    read: one event put early in a backlog would then make the events after it
+    late, so its presence would change other events' counts.) An input whose size
+    cannot be read (a stream without a file descriptor) closes a due step once the
+    reader has caught up with it. A resumed run closes the steps on record at the
+    input line each one closed at the first time (``boundary``, from the state), so
+    late events stay late and the replay is exact; a step released but not on the
+    state's record (the run stopped between the release ledger's record and the
+    state's) closes where ``recorded_cut`` finds the ledger's record of it.
+    ``first_t``: the first step to release (the consumer releases every
     :class:`Due` step before asking for the next item).
     """
     clock = cfg.clock
@@ -72,28 +76,44 @@ def follow(
         raise ValueError("--follow needs the public clock: --time-field, --step and --start")
     if cfg.input_kind != "jsonl":
         raise ValueError("--follow reads JSON Lines input")
+    source = FollowedInput(infile)
     q: queue.Queue = queue.Queue(maxsize=10_000)
     stop = threading.Event()
     errors: list[BaseException] = []
     thread = threading.Thread(
-        target=_reader, args=(infile, cfg, q, stop, errors), name="dpstream-follow", daemon=True
+        target=_reader, args=(source, cfg, q, stop, errors), name="dpstream-follow", daemon=True
     )
     thread.start()
+    sizes = None
+    if source.sized:
+        sizes = DueSizes(clock, first_t, until, source.size_now, lambda: _utcnow(), stop)
+    taken = TakenLines()
     pending: dict[int, list[Any]] = {}
     caught_up = ended = False
     t = first_t
     try:
         while t <= until:
+            if sizes is not None and sizes.errors:
+                raise sizes.errors[0]
             now = _utcnow()
-            if _ready(t, now, clock, boundary, count.last_line, caught_up, ended):
+            size = None  # the input's size at step t's due instant, once it is due
+            if t in boundary:
+                ready = _ready_on_record(t, boundary[t], count.last_line, caught_up, ended)
+            elif sizes is None:
+                ready = bool(clock.due(now) >= t and (caught_up or ended))
+            else:
+                size = sizes.size_of(t)
+                ready = size is not None and (taken.seen >= size or ended)
+            if ready:
                 recs = pending.pop(t, [])
                 cut = boundary.get(t)
                 if cut is None and recorded_cut is not None:
                     cut = recorded_cut(t, recs)
                 if cut is None:
-                    cut = count.last_line
+                    cut = count.last_line if size is None else taken.line_within(size)
                 yield Due(t, [r for r in recs if r.line <= cut], closed_at=cut)
                 yield Rejected([r for r in recs if r.line > cut], _LATE.format(t))
+                taken.closed_at(cut)
                 t += 1
                 continue
             wait = (clock.end_of(t) + clock.lateness - now).total_seconds()
@@ -101,45 +121,38 @@ def follow(
                 stop.wait(max(min(wait, 1.0), 0.01))
                 continue
             try:
-                item = q.get(timeout=max(min(wait, _POLL), 0.01))
+                item, end = q.get(timeout=max(min(wait, _POLL), 0.01))
             except queue.Empty:
                 continue
             if item is _IDLE:
                 caught_up = True
+                taken.caught_up(end)
             elif item is _EOF:
                 ended = True
                 if errors:
                     raise errors[0]
             else:
                 rec = count.take(item)
+                taken.take(rec.line, end)
                 caught_up = False
                 rejected = _held(rec, t, until, cfg.horizon_limit, pending)
                 if rejected is not None:
                     yield rejected
     finally:
         stop.set()
+        source.close()
 
 
-def _ready(
-    t: int,
-    now: Any,
-    clock: Any,
-    boundary: dict[int, int],
-    last_line: int,
-    caught_up: bool,
-    ended: bool,
-) -> bool:
-    """Whether step ``t`` closes now: a step on record where it closed the first time,
-    another when it is due on the clock and the reader has caught up."""
-    if t not in boundary:
-        return bool(clock.due(now) >= t and (caught_up or ended))
-    if caught_up and last_line < boundary[t]:
+def _ready_on_record(t: int, line: int, last_line: int, caught_up: bool, ended: bool) -> bool:
+    """Whether step ``t``, which closed after input line ``line`` the first time, closes
+    now: once the reader has read past that line (or caught up with it)."""
+    if caught_up and last_line < line:
         raise StateError(
             f"the input ends at line {last_line}, but step {t} "
-            f"closed after line {boundary[t]} the first time: is it "
+            f"closed after line {line} the first time: is it "
             "the same input?"
         )
-    return ended or last_line > boundary[t] or (caught_up and last_line == boundary[t])
+    return ended or last_line > line or (caught_up and last_line == line)
 
 
 def _held(
@@ -158,36 +171,43 @@ def _held(
 
 
 def _reader(
-    infile: Any, cfg: RunConfig, q: queue.Queue, stop: threading.Event, errors: list
+    source: FollowedInput, cfg: RunConfig, q: queue.Queue, stop: threading.Event, errors: list
 ) -> None:
-    """The reader thread: every record of the growing input onto ``q``, ``_IDLE`` when
-    it has read all there is for now, ``_EOF`` at the end (an error goes to ``errors``)."""
+    """The reader thread: every record of the growing input onto ``q`` with the byte
+    offset its line ends at, ``_IDLE`` with the bytes read when it has read all there
+    is for now, ``_EOF`` at the end (an error goes to ``errors``)."""
     from ..io import guard_lines
+
+    read = [0]  # the lines handed to the parser
 
     def lines() -> Iterator[str]:
         partial = ""
         while not stop.is_set():
-            line = infile.readline()
+            line = source.readline()
             if line == "":
                 if cfg.input == "-":
                     if partial:  # the last line, without its newline: a record, as in batch
+                        read[0] += 1
                         yield partial
                     return
-                _check_still_followed(infile, cfg.input)
-                q.put(_IDLE)
+                _check_still_followed(source.text, cfg.input)
+                q.put((_IDLE, source.consumed()))
                 stop.wait(_POLL)
                 continue
             partial += line
             if partial.endswith("\n"):
+                read[0] += 1
                 yield partial
                 partial = ""
 
     try:
         for rec in input_records_from(guard_lines(lines(), cfg.input), cfg):
-            q.put(rec)
+            # the parser takes one line at a time: the record is of the last line read
+            assert rec.line == read[0], (rec.line, read[0])
+            q.put((rec, source.end))
     except BaseException as exc:  # noqa: BLE001 - handed to the main thread
         errors.append(exc)
-    q.put(_EOF)
+    q.put((_EOF, 0))
 
 
 def _check_still_followed(infile: Any, path: str) -> None:

@@ -1,0 +1,244 @@
+"""--follow closes a step at the input's size when the step falls due, not where the
+reader has got to: an event written after the due instant is late however long the
+reader takes to parse the backlog before it (review 78's race)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import threading
+import time
+
+import pytest
+
+import dpstream.run.follow as run_follow
+from dpstream.cli import main
+from dpstream.run.follow_input import DueSizes, FollowedInput, TakenLines
+
+from .conftest import fixed_key, own_ledger
+
+START = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+
+
+def _at(seconds: float) -> str:
+    return (START + dt.timedelta(seconds=seconds)).isoformat()
+
+
+def _line(seconds: float, item: str) -> str:
+    return json.dumps({"ts": _at(seconds), "items": [item]}) + "\n"
+
+
+def test_an_event_written_after_the_due_instant_is_late_behind_a_slow_backlog(
+    tmp_path, monkeypatch, capsys
+):
+    """Three events of step 1 are in the file; the parser is held at the third while the
+    clock passes step 1's due instant and the follower reads the input's size; then an
+    event of step 1 is appended (late) and the parser let go. The old follower closed
+    step 1 only once the reader had caught up, after the appended line, so the late
+    event counted: how far the reader had got decided. Step 1 now holds three events.
+
+    Every wait is on an event the follower raises (never on the machine's pace); the
+    give-up time only ends a broken follower's run."""
+    key = tmp_path / "k.key"
+    fixed_key("cut").save(key)
+    src, out = tmp_path / "live.jsonl", tmp_path / "out.jsonl"
+    src.write_text(_line(0.1, "a") + _line(0.2, "a") + _line(0.3, "b"))
+    give_up = time.monotonic() + 30
+    due, sized, parser_held, let_go = (threading.Event() for _ in range(4))
+
+    def fake_now() -> dt.datetime:  # 0.5 s (nothing due) until flipped, then 1.5 s
+        late = due.is_set() or time.monotonic() > give_up
+        return START + dt.timedelta(seconds=1.5 if late else 0.5)
+
+    real_size_now = FollowedInput.size_now
+
+    def size_now(self):
+        size = real_size_now(self)
+        if due.is_set():
+            sized.set()
+        return size
+
+    real_records = run_follow.input_records_from
+
+    def held_records(lines, cfg):
+        for rec in real_records(lines, cfg):
+            if rec.line == 3:
+                parser_held.set()
+                let_go.wait(max(give_up - time.monotonic(), 0))
+            yield rec
+
+    monkeypatch.setattr(run_follow, "_utcnow", fake_now)
+    monkeypatch.setattr(FollowedInput, "size_now", size_now)
+    monkeypatch.setattr(run_follow, "input_records_from", held_records)
+
+    def drive() -> None:
+        parser_held.wait(30)
+        due.set()  # step 1 falls due while the parser is held at line 3
+        # ... and the follower has read the input's size at that instant (an old follower
+        # never does: the wait ends well before the parser's give-up, so the event is
+        # appended while the parser is held, as in the race)
+        sized.wait(10)
+        with open(src, "a") as fh:
+            fh.write(_line(0.9, "b"))  # an event of step 1, written after its due instant
+        let_go.set()
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    assert main([*_RUN, "--key-file", str(key), "-i", str(src), "-o", str(out),
+                 *own_ledger(out), "--state", str(tmp_path / "s.sqlite"), "--follow",
+                 "--until", "1", "--progress-every", "1000"]) == 0  # fmt: skip
+    driver.join(5)
+
+    def fixed(events: str, name: str) -> bytes:  # the same step from a file that is complete
+        (tmp_path / name).mkdir()
+        path, to = tmp_path / name / "live.jsonl", tmp_path / name / "out.jsonl"
+        path.write_text(events)
+        argv = [*_RUN, "--key-file", str(key), "-i", str(path), "-o", str(to), *own_ledger(to)]
+        state = str(tmp_path / name / "s.sqlite")
+        assert main([*argv, "--follow", "--until", "1", "--state", state]) == 0
+        return to.read_bytes()
+
+    three = fixed(_line(0.1, "a") + _line(0.2, "a") + _line(0.3, "b"), "three")
+    four = fixed(_line(0.1, "a") + _line(0.2, "a") + _line(0.3, "b") + _line(0.9, "b"), "four")
+    assert three != four  # the test can tell them apart
+    assert out.read_bytes() == three
+
+
+_RUN = ["run", "-m", "unknown", "--max-items", "1", "--rho", "1e4", "--threshold-delta",
+        "1e-3", "-T", "5", "--time-field", "ts", "--step", "1s", "--start", START.isoformat(),
+        "--no-round"]  # fmt: skip
+
+
+def _split_lines(data: bytes) -> list[int]:
+    """Brute force: the byte offset at which each line ends, lines split at \\n, \\r\\n
+    or a lone \\r (as a text stream with newline="" splits them)."""
+    ends, i = [], 0
+    while i < len(data):
+        c = data[i : i + 1]
+        if c == b"\n" or (c == b"\r" and data[i + 1 : i + 2] != b"\n"):
+            ends.append(i + 1)
+        i += 1
+    if not ends or ends[-1] != len(data):
+        ends.append(len(data))
+    return ends
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"a":1}\n{"b":2}\n',
+        b'\xef\xbb\xbf{"a":1}\n\n{"b":"\xc3\xa9"}\r\n',  # a byte-order mark, CRLF, UTF-8
+        b'{"a":"\xff\xfe"}\n\xef\xbb\xbf{"x":1}\r{"y":2}',  # invalid bytes; a BOM inside
+        b"\n\n\n",
+    ],
+)
+def test_each_line_ends_at_its_byte_offset_in_a_file(tmp_path, data):
+    from dpstream.io import open_input
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    with open_input(str(path)) as text:
+        source = FollowedInput(text)
+        assert source.sized
+        ends = []
+        while source.readline():
+            ends.append(source.end)
+        assert ends == _split_lines(data)
+        assert source.size_now() == len(data) == source.consumed()
+        source.close()
+
+
+def test_a_pipe_is_sized_by_what_was_read_plus_what_waits():
+    rfd, wfd = os.pipe()
+    try:
+        text = open(rfd, newline="", encoding="utf-8-sig", errors="surrogateescape")  # noqa: SIM115
+        source = FollowedInput(text)
+        assert source.sized
+        assert source.size_now() == 0
+        os.write(wfd, b'{"a":1}\n{"b":')
+        assert source.size_now() == 13
+        assert source.readline() == '{"a":1}\n' and source.end == 8
+        assert source.size_now() == 13  # read or waiting, the bytes are in the input
+        os.write(wfd, b"2}\n")
+        assert source.size_now() == 16
+        assert source.readline() == '{"b":2}\n' and source.end == 16
+        source.close()
+        text.close()
+    finally:
+        os.close(wfd)
+
+
+def test_a_stream_without_a_descriptor_is_not_sized():
+    source = FollowedInput(io.StringIO('{"a":1}\n'))
+    assert not source.sized and source.size_now() is None
+    assert source.readline() == '{"a":1}\n' and source.end == 8
+
+
+def test_a_gz_input_is_not_sized(tmp_path):
+    import gzip
+
+    from dpstream.io import open_input
+
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"a":1}\n'))
+    with open_input(str(path)) as text:
+        assert not FollowedInput(text).sized
+
+
+def test_due_sizes_reads_the_size_once_a_step_is_due():
+    from dpstream.clock import StepClock
+
+    clock = StepClock(START, dt.timedelta(seconds=10), dt.timedelta(seconds=1))
+    now = [START + dt.timedelta(seconds=5)]
+    size = [100]
+    looked = threading.Event()
+
+    def size_now():
+        looked.set()
+        return size[0]
+
+    stop = threading.Event()
+    sizes = DueSizes(clock, 1, 4, size_now, lambda: now[0], stop)
+    try:
+        assert sizes.size_of(1) is None  # step 1 is due at 11 s
+        now[0] = START + dt.timedelta(seconds=25)  # steps 1 and 2 due (11 s, 21 s)
+        assert looked.wait(10)
+        for _ in range(1000):
+            if sizes.size_of(1) is not None:
+                break
+            stop.wait(0.01)
+        size[0] = 250  # written after the instant: not in steps 1 and 2
+        assert sizes.size_of(1) == 100 and sizes.size_of(2) == 100
+        assert sizes.size_of(3) is None
+    finally:
+        stop.set()
+    assert not sizes.errors
+
+
+def test_taken_lines_close_at_the_last_line_within_the_size():
+    taken = TakenLines()
+    for line, end in ((1, 10), (2, 25), (4, 40), (5, 41)):
+        taken.take(line, end)
+    assert taken.seen == 41
+    assert taken.line_within(9) == 0
+    assert taken.line_within(25) == 2 and taken.line_within(39) == 2
+    taken.closed_at(2)
+    assert taken.line_within(30) == 2  # nothing new within: where the last step closed
+    assert taken.line_within(40) == 4
+    taken.caught_up(60)
+    assert taken.seen == 60
+
+
+def test_follow_refuses_a_gz_input(tmp_path, capsys):
+    key = tmp_path / "k.key"
+    fixed_key("cut").save(key)
+    src = tmp_path / "live.jsonl.gz"
+    src.write_bytes(b"")
+    out = tmp_path / "o.jsonl"
+    argv = [*_RUN, "--key-file", str(key), "-i", str(src), "-o", str(out), "--follow",
+            "--state", str(tmp_path / "s.sqlite")]  # fmt: skip
+    assert main(argv) == 1
+    assert "a .gz input does not grow line by line" in capsys.readouterr().err
+    assert not out.exists()
