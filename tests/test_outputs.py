@@ -114,6 +114,24 @@ def test_every_long_format_reads_back_as_the_same_table(run):
     assert json.loads((csv.parent / "o.csv.meta.json").read_text())["horizon"] == 6
 
 
+def test_parquet_writes_the_item_column_plain_and_the_others_with_statistics(run):
+    """The item column has no dictionary and no min/max statistics (a domain's items in
+    every row group cost three times the rest of the writer); it still reads as strings,
+    and t keeps its statistics, so a reader can skip row groups by step."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(run("o.parquet")).metadata
+    assert meta.schema.to_arrow_schema().field("item").type == "string"
+    for g in range(meta.num_row_groups):
+        columns = {
+            meta.row_group(g).column(c).path_in_schema: meta.row_group(g).column(c)
+            for c in range(meta.num_columns)
+        }
+        item, t = columns["item"], columns["t"]
+        assert not item.is_stats_set and not item.has_dictionary_page
+        assert t.is_stats_set and t.statistics.has_min_max
+
+
 def test_top_and_min_value_are_post_processing_of_each_step(run):
     full = pd.read_csv(run("full.csv"))
     top = pd.read_csv(run("top.csv", "--top", "1"))
