@@ -242,3 +242,23 @@ def test_follow_refuses_a_gz_input(tmp_path, capsys):
     assert main(argv) == 1
     assert "a .gz input does not grow line by line" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_reader_let_go_never_reads_the_descriptor_again():
+    """Once the run is over, a reader thread still waiting on a pipe must not read its
+    descriptor: the run closes it, and the number may name another file by then."""
+    rfd, wfd = os.pipe()
+    try:
+        text = open(rfd, newline="", encoding="utf-8", closefd=False)  # noqa: SIM115
+        source = FollowedInput(text)
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(source.readline()), daemon=True)
+        reader.start()  # waits for data
+        source.close()
+        os.write(wfd, b'{"a":1}\n')
+        reader.join(10)
+        assert got == [""]  # read nothing: the end, for the reader
+        assert os.read(rfd, 100) == b'{"a":1}\n'  # the bytes are still in the pipe
+    finally:
+        os.close(rfd)
+        os.close(wfd)

@@ -17,7 +17,6 @@ so far plus those waiting to be read, taken under one lock with the reads).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import io
 import os
@@ -48,6 +47,7 @@ class _CountingReader(io.RawIOBase):
         self.lock = threading.Lock()
         self.count = 0
         self.head = b""  # the input's first bytes (a byte-order mark?)
+        self.let_go = False
 
     def readable(self) -> bool:
         return True
@@ -59,6 +59,8 @@ class _CountingReader(io.RawIOBase):
         if not self.regular:
             select.select([self.fd], [], [])  # data or the end: the read below won't block
         with self.lock:
+            if self.let_go:  # the run is over and may close the descriptor: never read
+                return 0  # a number the system may have given to another file since
             data = os.read(self.fd, len(buffer))
             n = len(data)
             buffer[:n] = data
@@ -138,10 +140,11 @@ class FollowedInput:
         return line
 
     def close(self) -> None:
-        """Let go of the reading wrapper (the descriptor stays the run's to close)."""
+        """Stop reading the descriptor (it stays the run's to close): a reader thread still
+        waiting on a pipe then reads nothing, even once the number is another file's."""
         if self._raw is not None:
-            with contextlib.suppress(Exception):
-                self.text.detach()
+            with self._raw.lock:
+                self._raw.let_go = True
 
 
 def _plain_fd(text: Any) -> int | None:
