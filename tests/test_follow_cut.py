@@ -150,7 +150,16 @@ def test_each_line_ends_at_its_byte_offset_in_a_file(tmp_path, data):
         source.close()
 
 
-def test_a_pipe_is_sized_by_what_was_read_plus_what_waits():
+def _next_line(source: FollowedInput) -> str:
+    """The next line of a pipe, once the drain thread has spooled it (gives up after 10 s:
+    a broken drain fails the asserts, never hangs)."""
+    give_up = time.monotonic() + 10
+    while not (line := source.readline()) and time.monotonic() < give_up:
+        time.sleep(0.005)
+    return line
+
+
+def test_a_pipe_is_sized_by_what_was_drained_plus_what_waits():
     rfd, wfd = os.pipe()
     try:
         text = open(rfd, newline="", encoding="utf-8-sig", errors="surrogateescape")  # noqa: SIM115
@@ -158,22 +167,96 @@ def test_a_pipe_is_sized_by_what_was_read_plus_what_waits():
         assert source.sized
         assert source.size_now() == 0
         os.write(wfd, b'{"a":1}\n{"b":')
+        assert source.size_now() == 13  # drained or waiting, the bytes are in the input
+        assert _next_line(source) == '{"a":1}\n' and source.end == 8
         assert source.size_now() == 13
-        assert source.readline() == '{"a":1}\n' and source.end == 8
-        assert source.size_now() == 13  # read or waiting, the bytes are in the input
-        os.write(wfd, b"2}\n")
-        assert source.size_now() == 16
-        assert source.readline() == '{"b":2}\n' and source.end == 16
+        assert source.readline() == "" and source.consumed() == 13  # a partial line read
+        os.write(wfd, b"2}\n\n")
+        assert source.size_now() == 17
+        assert _next_line(source) == '{"b":2}\n' and source.end == 16
+        assert _next_line(source) == "\n" and source.consumed() == 17  # a blank line
+        assert not source.at_end()
+        os.close(wfd)
+        wfd = -1
+        give_up = time.monotonic() + 10
+        while not source.at_end() and time.monotonic() < give_up:
+            time.sleep(0.005)
+        assert source.at_end() and source.readline() == ""
+        source.close()
+        text.close()
+    finally:
+        if wfd >= 0:
+            os.close(wfd)
+
+
+def test_a_pipe_is_drained_ahead_of_the_parser():
+    """The writer of a pipe is never held back by the parser: 1 MB (16 times a pipe's
+    buffer) is drained while no line is read, so the size at a due instant counts an
+    event written before it behind any backlog (review 79: a stdin writer blocked on a
+    full pipe made the event after a large backlog late)."""
+    rfd, wfd = os.pipe()
+    try:
+        text = open(rfd, newline="", encoding="utf-8")  # noqa: SIM115
+        source = FollowedInput(text)
+        payload = b"".join(b'{"t":1,"items":["%d"]}\n' % i for i in range(50_000))
+        writer = threading.Thread(target=os.write, args=(wfd, payload), daemon=True)
+        writer.start()
+        writer.join(10)  # returns once every byte is out of the pipe: drained, not parsed
+        assert not writer.is_alive()
+        assert source.size_now() == len(payload) and source.end == 0
+        lines = []
+        while len(lines) < 50_000 and (line := _next_line(source)):
+            lines.append(line)
+        assert "".join(lines).encode() == payload and source.end == len(payload)
         source.close()
         text.close()
     finally:
         os.close(wfd)
 
 
+def test_a_character_written_in_two_parts_is_one_character(tmp_path):
+    """Review 79: a line whose multi-byte character was split between two writes was
+    decoded at the end of the first (an invalid byte), so the event was rejected, and a
+    resumed run, reading the whole line, found another step than the one released."""
+    from dpstream.io import open_input
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a":"\xc3')
+    with open_input(str(path)) as text:
+        source = FollowedInput(text, str(path))
+        assert source.readline() == "" and source.consumed() == 7
+        with open(path, "ab") as fh:
+            fh.write(b'\xa9"}\r')
+        assert source.readline() == "" and source.consumed() == 0  # \r may be a \r\n
+        with open(path, "ab") as fh:
+            fh.write(b"\n")
+        assert source.readline() == '{"a":"\u00e9"}\r\n' and source.end == 12
+        source.close()
+
+
+def test_a_followed_file_truncated_before_a_due_instant_is_refused_there(tmp_path):
+    """Review 79: a file truncated just before a step fell due gave a size of 0, and the
+    step was released without the events already read; the size is refused instead."""
+    from dpstream.errors import StateError
+    from dpstream.io import open_input
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a":1}\n')
+    with open_input(str(path)) as text:
+        source = FollowedInput(text, str(path))
+        assert source.readline() == '{"a":1}\n'
+        assert source.size_now() == 8
+        os.truncate(path, 0)
+        with pytest.raises(StateError, match="truncated while it was followed"):
+            source.size_now()
+        source.close()
+
+
 def test_a_stream_without_a_descriptor_is_not_sized():
-    source = FollowedInput(io.StringIO('{"a":1}\n'))
+    source = FollowedInput(io.StringIO('{"a":1}\n{"b"'))
     assert not source.sized and source.size_now() is None
     assert source.readline() == '{"a":1}\n' and source.end == 8
+    assert source.readline() == '{"b"' and source.at_end()  # stdin's last line
 
 
 def test_a_gz_input_is_not_sized(tmp_path):
@@ -262,3 +345,94 @@ def test_a_reader_let_go_never_reads_the_descriptor_again():
     finally:
         os.close(rfd)
         os.close(wfd)
+
+
+def test_an_event_behind_a_backlog_larger_than_a_pipe_counts_on_stdin(
+    tmp_path, monkeypatch, capsys
+):
+    """Review 79: on stdin, the pipe's size at the due instant was the bytes the parser had
+    read plus at most the pipe's buffer, so an event written before the due instant,
+    behind a backlog the parser had not reached, waited in its writer and was late: how
+    many events came before it decided whether it counted. The pipe is now drained as
+    it is written. Here 4,000 events of step 1 (about 150 KB, more than twice a pipe's
+    buffer) and then "z" are written while the parser is held at line 3; step 1 then
+    falls due, and the release equals a follow of the complete file (z counted)."""
+    key = tmp_path / "k.key"
+    fixed_key("cut").save(key)
+    (tmp_path / "dom.txt").write_text("a\nz\n")
+    payload = "".join(_line(0.1 + k / 10_000, "a") for k in range(4000)) + _line(0.6, "z")
+    give_up = time.monotonic() + 30
+    due, sized, parser_held, let_go = (threading.Event() for _ in range(4))
+    monkeypatch.setattr(
+        run_follow,
+        "_utcnow",
+        lambda: (
+            START + dt.timedelta(seconds=1.5 if due.is_set() or time.monotonic() > give_up else 0.5)
+        ),
+    )
+    real_size_now = FollowedInput.size_now
+
+    def size_now(self):
+        size = real_size_now(self)
+        if due.is_set():
+            sized.set()
+        return size
+
+    real_records = run_follow.input_records_from
+
+    def held_records(lines, cfg):
+        for rec in real_records(lines, cfg):
+            if rec.line == 3:
+                parser_held.set()
+                let_go.wait(max(give_up - time.monotonic(), 0))
+            yield rec
+
+    monkeypatch.setattr(FollowedInput, "size_now", size_now)
+    monkeypatch.setattr(run_follow, "input_records_from", held_records)
+    argv = ["run", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "--max-items", "1",
+            "--rho", "1e4", "-T", "5", "--time-field", "ts", "--step", "1s", "--start",
+            START.isoformat(), "--no-round", "--key-file", str(key), "--follow",
+            "--until", "1", "--progress-every", "1000"]  # fmt: skip
+    rfd, wfd = os.pipe()
+    head = payload.encode().split(b"\n", 3)  # the first three lines, then the rest
+    os.write(wfd, b"\n".join(head[:3]) + b"\n")
+    writer = threading.Thread(target=os.write, args=(wfd, head[3]), daemon=True)
+
+    def drive() -> None:
+        parser_held.wait(10)
+        writer.start()
+        writer.join(5)  # drained at once; an old follower leaves the writer blocked
+        due.set()
+        sized.wait(5)
+        let_go.set()
+
+    driver = threading.Thread(target=drive, daemon=True)
+    out = tmp_path / "out.jsonl"
+    try:
+        with open(rfd, "rb", closefd=False) as stdin_bytes:
+            monkeypatch.setattr("sys.stdin", io.TextIOWrapper(stdin_bytes))
+            driver.start()
+            state = str(tmp_path / "s.sqlite")
+            assert main([*argv, "-i", "-", "-o", str(out), *own_ledger(out), "--state", state]) == 0
+            driver.join(5)
+            monkeypatch.undo()
+    finally:
+        os.close(wfd)
+        writer.join(5)
+        os.close(rfd)
+    (tmp_path / "whole").mkdir()
+    path, to = tmp_path / "whole" / "live.jsonl", tmp_path / "whole" / "out.jsonl"
+    path.write_text(payload)
+    state = str(tmp_path / "whole" / "s.sqlite")
+    assert main([*argv, "-i", str(path), "-o", str(to), *own_ledger(to), "--state", state]) == 0
+    assert '"z"' in to.read_text()
+    assert out.read_bytes() == to.read_bytes()
+
+
+def test_a_closed_stdin_is_refused_in_words(monkeypatch):
+    """Review 79: a run started with stdin closed (`<&-`) ended in a traceback."""
+    from dpstream.io import open_input
+
+    monkeypatch.setattr("sys.stdin", None)
+    with pytest.raises(ValueError, match="stdin is closed"):
+        open_input("-")

@@ -89,6 +89,8 @@ def open_input(path: str) -> TextIO:
     the one record that holds them instead of stopping the whole input.
     """
     if path == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise ValueError("--input -: stdin is closed; give the input's path")
         buffer = getattr(sys.stdin, "buffer", None)
         if buffer is None:
             return sys.stdin

@@ -11,9 +11,7 @@ in a :class:`~dpstream.run.source.ReadCount`.
 
 from __future__ import annotations
 
-import os
 import queue
-import stat
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -76,7 +74,7 @@ def follow(
         raise ValueError("--follow needs the public clock: --time-field, --step and --start")
     if cfg.input_kind != "jsonl":
         raise ValueError("--follow reads JSON Lines input")
-    source = FollowedInput(infile)
+    source = FollowedInput(infile, cfg.input)
     q: queue.Queue = queue.Queue(maxsize=10_000)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -181,24 +179,17 @@ def _reader(
     read = [0]  # the lines handed to the parser
 
     def lines() -> Iterator[str]:
-        partial = ""
         while not stop.is_set():
             line = source.readline()
-            if line == "":
-                if cfg.input == "-":
-                    if partial:  # the last line, without its newline: a record, as in batch
-                        read[0] += 1
-                        yield partial
-                    return
-                _check_still_followed(source.text, cfg.input)
-                q.put((_IDLE, source.consumed()))
-                stop.wait(_POLL)
-                continue
-            partial += line
-            if partial.endswith("\n"):
+            if line:
                 read[0] += 1
-                yield partial
-                partial = ""
+                yield line
+                continue
+            if source.at_end():  # stdin closed
+                return
+            source.check()  # a followed file rotated stops the run
+            q.put((_IDLE, source.consumed()))
+            stop.wait(_POLL)
 
     try:
         for rec in input_records_from(guard_lines(lines(), cfg.input), cfg):
@@ -208,37 +199,6 @@ def _reader(
     except BaseException as exc:  # noqa: BLE001 - handed to the main thread
         errors.append(exc)
     q.put((_EOF, 0))
-
-
-def _check_still_followed(infile: Any, path: str) -> None:
-    """At the end of what is there: refuse an input that was truncated or whose path now
-    names another file (rotated: copied and truncated, or moved and made again). What
-    came after it would be lost or read from the middle, and a resumed run, which reads
-    the input again from its first line, would not find the lines its steps closed at:
-    the run stops instead of releasing steps without their events."""
-    try:
-        fd = infile.fileno()
-    except (AttributeError, OSError, ValueError):  # not a plain file: nothing to check
-        return
-    held = os.fstat(fd)
-    if not stat.S_ISREG(held.st_mode):
-        return
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        named = None
-    how = None
-    if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-        how = "moved or replaced"
-    elif held.st_size < os.lseek(fd, 0, os.SEEK_CUR):
-        how = "truncated"
-    if how is not None:
-        raise StateError(
-            f"the input {path!r} was {how} while it was followed (rotated?): --follow reads "
-            "one file from its first line, and a resumed run reads it again from there. "
-            "Rotate the input between runs only, and follow a new file as a new stream "
-            "(a new --state and --output)"
-        )
 
 
 def input_records_from(lines: Iterable[str], cfg: RunConfig) -> Iterator[Any]:

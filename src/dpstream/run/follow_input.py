@@ -8,143 +8,161 @@ written, never on how many others were written near it (a backlog that the reade
 parses slowly used to move the cut later, so one event's presence could decide
 whether another counted).
 
-:class:`FollowedInput` reads the input's bytes itself and knows the byte offset at
-which each line ends; :meth:`FollowedInput.size_now` is how many bytes the input
-holds now (a regular file's size; for a pipe, a socket or a terminal, the bytes read
-so far plus those waiting to be read, taken under one lock with the reads).
-:class:`DueSizes` is a thread that reads that size at each step's due instant.
+:class:`FollowedInput` splits the input's bytes (:mod:`dpstream.run.follow_bytes`)
+into lines itself, so it knows the byte offset at which each line ends and decodes
+only whole lines (a character written in two parts is one character);
+:meth:`FollowedInput.size_now` is how many bytes the input holds now.
+:class:`DueSizes` is a thread that reads that size at each step's due instant, and
+:class:`TakenLines` finds the last line within it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import io
-import os
-import select
-import stat
-import struct
-import termios
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .follow_bytes import open_bytes
+
 __all__ = ["DueSizes", "FollowedInput", "TakenLines"]
 
 _BOM = b"\xef\xbb\xbf"
 _TICK = 0.05  # the longest the due-size thread sleeps before it reads the clock again
-
-
-class _CountingReader(io.RawIOBase):
-    """The raw bytes of a file descriptor, counted; for an input that is not a regular
-    file, each read happens under ``lock`` (after waiting for data outside it), so that
-    bytes read plus bytes waiting is exact whenever the lock is held."""
-
-    def __init__(self, fd: int, regular: bool) -> None:
-        super().__init__()
-        self.fd = fd
-        self.regular = regular
-        self.lock = threading.Lock()
-        self.count = 0
-        self.head = b""  # the input's first bytes (a byte-order mark?)
-        self.let_go = False
-
-    def readable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def readinto(self, buffer: Any) -> int:
-        if not self.regular:
-            select.select([self.fd], [], [])  # data or the end: the read below won't block
-        with self.lock:
-            if self.let_go:  # the run is over and may close the descriptor: never read
-                return 0  # a number the system may have given to another file since
-            data = os.read(self.fd, len(buffer))
-            n = len(data)
-            buffer[:n] = data
-            self.count += n
-        if len(self.head) < len(_BOM):
-            self.head += data[: len(_BOM) - len(self.head)]
-        return n
-
-
-def _bytes_waiting(fd: int) -> int:
-    """How many bytes a pipe, socket or terminal holds unread (``FIONREAD``)."""
-    got = fcntl.ioctl(fd, termios.FIONREAD, struct.pack("i", 0))
-    return int(struct.unpack("i", got)[0])
+_COMPACT = 1 << 20  # bytes handed out before the buffer is shifted down
 
 
 class FollowedInput:
-    """A followed input's text lines, each with the byte offset it ends at.
+    """A followed input's lines, each with the byte offset it ends at.
 
-    ``text``: the stream the run opened (a file or stdin, not read yet). When it has a
-    file descriptor whose size can be told (a regular file, or an input that answers
-    ``FIONREAD``), its bytes are read here and :attr:`sized` is true; otherwise (a
-    stream without a descriptor) lines are read from ``text`` and :meth:`size_now` is
-    None, and the follower falls back to closing a due step once the reader has
-    caught up. Lines are split and decoded as :func:`dpstream.io.open_input` does.
+    ``text``: the stream the run opened (a file or stdin, not read yet); ``path``: the
+    ``--input`` it was opened by (``-``: stdin, which ends when it closes). When it has
+    a file descriptor whose size can be told, its bytes are read here and split at
+    ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as :func:`dpstream.io.open_input`'s text splits
+    them: a ``\\r`` at the end of what has arrived waits for the next byte), decoded
+    as UTF-8 with invalid bytes kept (``surrogateescape``) and a leading byte-order
+    mark dropped; :attr:`sized` is then true. Otherwise (a stream without a
+    descriptor) lines come from ``text``, :meth:`size_now` is None, and the follower
+    falls back to closing a due step once the reader has caught up.
     """
 
-    def __init__(self, text: Any) -> None:
+    def __init__(self, text: Any, path: str = "-") -> None:
         self.text = text
-        self.end = 0  # the byte offset at which the last line read ends
-        self._raw: _CountingReader | None = None
-        self._bom_checked = False
+        self.end = 0  # the byte offset at which the last line handed out ends
+        self._buf = bytearray()  # bytes read and not handed out start at _buf[_start]
+        self._start = 0
+        self._base = 0  # the input offset of _buf[0]
+        self._stdin = path == "-"
+        self._partial = ""  # the fallback's line so far
+        self._text_ended = False
         fd = _plain_fd(text)
-        if fd is None:
-            return
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        if not regular:
-            try:
-                _bytes_waiting(fd)
-            except OSError:  # an input that cannot say what it holds: the fallback
-                return
-        elif os.lseek(fd, 0, os.SEEK_CUR) != 0:  # read already: its lines are elsewhere
-            return
-        from ..io.records import text_stream
-
-        self._raw = _CountingReader(fd, regular)
-        self.text = text_stream(io.BufferedReader(self._raw, buffer_size=1 << 16))
+        self._source = open_bytes(fd, None if path == "-" else path) if fd is not None else None
 
     @property
     def sized(self) -> bool:
         """Whether :meth:`size_now` tells the input's size."""
-        return self._raw is not None
+        return self._source is not None
 
     def size_now(self) -> int | None:
-        """How many bytes the input holds now (None: it cannot say)."""
-        raw = self._raw
-        if raw is None:
-            return None
-        if raw.regular:
-            return os.fstat(raw.fd).st_size
-        with raw.lock:
-            return raw.count + _bytes_waiting(raw.fd)
+        """How many bytes the input holds now (None: it cannot say). Raises
+        :class:`~dpstream.errors.StateError` for a followed file that was rotated."""
+        return self._source.size_now() if self._source is not None else None
 
     def consumed(self) -> int:
-        """The bytes read from the input so far (every line that ends within them has
-        been read; 0 when the input is not :attr:`sized`)."""
-        return self._raw.count if self._raw is not None else 0
+        """Where the lines handed out end, or, when what is left has no line end yet
+        (a partial line), where what was read ends: every line that ends within it has
+        been handed out. (A lone ``\\r`` at the end may yet be a ``\\r\\n``: its line is
+        not handed out, so it does not count as read.)"""
+        buf = self._buf
+        if buf.endswith(b"\r") or self._source is None:
+            return self.end
+        return self._base + len(buf)
 
     def readline(self) -> str:
-        """The next line (or what there is of it), its end counted in :attr:`end`."""
-        line = self.text.readline()
-        if line:
-            if not self._bom_checked and self._raw is not None:
-                self._bom_checked = True
-                if self._raw.head == _BOM:  # the decoder dropped it: its bytes still count
-                    self.end += len(_BOM)
+        """The next whole line; "" when there is none now, or at the end of the input
+        (then, once, what is left of a last line without its line end)."""
+        if self._source is None:
+            return self._text_line()
+        while True:
+            line = self._cut(self._source.at_end())
+            if line is not None:
+                return self._decode(line)
+            data = self._source.read()
+            if not data:
+                if self._source.at_end():
+                    line = self._cut(True)
+                    return self._decode(line) if line is not None else ""
+                return ""
+            if self._start >= _COMPACT:
+                del self._buf[: self._start]
+                self._base += self._start
+                self._start = 0
+            self._buf += data
+
+    def _text_line(self) -> str:
+        """The fallback's next whole line, from ``text`` (which splits at line ends)."""
+        while True:
+            piece = self.text.readline()
+            if piece == "":
+                self._text_ended = True
+                line = ""
+                if self._stdin:  # the end: the last line, without its line end
+                    line, self._partial = self._partial, ""
+            elif (self._partial + piece).endswith(("\n", "\r")):
+                line, self._partial = self._partial + piece, ""
+            else:
+                self._partial += piece
+                continue
             self.end += len(line.encode("utf-8", "surrogateescape"))
+            return line
+
+    def at_end(self) -> bool:
+        """Whether the input has ended (stdin closed) and every line was handed out."""
+        if self._source is None:
+            return self._stdin and self._text_ended and not self._partial
+        return self._source.at_end() and self._start == len(self._buf)
+
+    def check(self) -> None:
+        """Refuse a followed file that was rotated (see :mod:`dpstream.run.follow_bytes`)."""
+        if self._source is not None:
+            self._source.check()
+
+    def _cut(self, ended: bool) -> bytes | None:
+        """The next whole line of the buffer (with ``ended``, what is left too), or None."""
+        buf, start = self._buf, self._start
+        if start == len(buf):
+            return None
+        nl = buf.find(b"\n", start)
+        cr = buf.find(b"\r", start, nl if nl >= 0 else len(buf))
+        if cr >= 0:
+            if cr + 1 < len(buf):
+                stop = cr + 2 if buf[cr + 1] == 0x0A else cr + 1
+            elif ended:
+                stop = cr + 1
+            else:
+                return None  # a \r that may be a \r\n: wait for the next byte
+        elif nl >= 0:
+            stop = nl + 1
+        elif ended:
+            stop = len(buf)
+        else:
+            return None
+        line = bytes(buf[start:stop])
+        self._start = stop
+        self.end = self._base + stop
         return line
+
+    def _decode(self, line: bytes) -> str:
+        if self.end == len(line) and line.startswith(_BOM):  # the input's first line
+            line = line[len(_BOM) :]
+        return line.decode("utf-8", "surrogateescape")
 
     def close(self) -> None:
         """Stop reading the descriptor (it stays the run's to close): a reader thread still
-        waiting on a pipe then reads nothing, even once the number is another file's."""
-        if self._raw is not None:
-            with self._raw.lock:
-                self._raw.let_go = True
+        waiting then reads nothing, even once the number is another file's."""
+        if self._source is not None:
+            self._source.let_go()
 
 
 def _plain_fd(text: Any) -> int | None:

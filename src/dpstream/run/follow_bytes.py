@@ -1,0 +1,191 @@
+"""The bytes of a followed input, and how many it holds at an instant.
+
+Layer 6 of dpstream (used by :mod:`dpstream.run.follow_input`). Two sources:
+
+* :class:`FileBytes`, a regular file (by path, or stdin redirected from one): read at
+  the parser's pace; its size is the file's size, and a size below what was read, or
+  a path that now names another file, is a rotation the run stops at.
+* :class:`PipeSpool`, a pipe, a FIFO, a socket or a terminal: a thread drains it into
+  a private temporary file as fast as bytes arrive, and the parser reads that file at
+  its own pace. So what the input holds at an instant (the bytes drained plus those
+  waiting in the pipe, taken under the drain's lock) is set by when the writer wrote,
+  never by how far the parser has got: a writer is never held back by a backlog of
+  other events waiting to be parsed.
+
+Both stop reading once the run lets them go (:meth:`let_go`), under the lock the reads
+take, so a thread still waiting cannot read a descriptor number that the run has
+closed and the system has given to another file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import stat
+import struct
+import tempfile
+import termios
+import threading
+
+from ..errors import StateError
+
+__all__ = ["FileBytes", "PipeSpool", "bytes_waiting", "open_bytes"]
+
+_READ = 1 << 16
+
+
+def bytes_waiting(fd: int) -> int:
+    """How many bytes a pipe, socket or terminal holds unread (``FIONREAD``)."""
+    got = fcntl.ioctl(fd, termios.FIONREAD, struct.pack("i", 0))
+    return int(struct.unpack("i", got)[0])
+
+
+def _rotated(path: str, how: str) -> StateError:
+    return StateError(
+        f"the input {path!r} was {how} while it was followed (rotated?): --follow reads "
+        "one file from its first line, and a resumed run reads it again from there. "
+        "Rotate the input between runs only, and follow a new file as a new stream "
+        "(a new --state and --output)"
+    )
+
+
+class FileBytes:
+    """A regular file's bytes from its start. ``path``: the name it was opened by, checked
+    for rotation (None: stdin, which ends at the file's end instead)."""
+
+    def __init__(self, fd: int, path: str | None) -> None:
+        self.fd, self.path = fd, path
+        self.read_count = 0
+        self._lock = threading.Lock()
+        self._let_go = False
+        self._eof = False
+
+    def read(self) -> bytes:
+        """The next bytes there are now (b"": none now)."""
+        with self._lock:
+            if self._let_go:
+                return b""
+            data = os.read(self.fd, _READ)
+            self.read_count += len(data)
+        self._eof = not data
+        return data
+
+    def at_end(self) -> bool:
+        """Whether the input has ended: stdin at the end of its file (a file followed by
+        its path may always grow)."""
+        return self.path is None and self._eof
+
+    def size_now(self) -> int:
+        """The file's size now (a rotation raises :class:`~dpstream.errors.StateError`)."""
+        size = os.fstat(self.fd).st_size
+        if size < self.read_count:
+            raise _rotated(self.path or "-", "truncated")
+        self.check()
+        return size
+
+    def check(self) -> None:
+        """Refuse a file truncated below what was read, or whose path now names another
+        file (moved and made again): what came after would be lost or read from the
+        middle, and a resumed run, which reads the input again from its first line,
+        would not find the lines its steps closed at."""
+        held = os.fstat(self.fd)
+        if held.st_size < self.read_count:
+            raise _rotated(self.path or "-", "truncated")
+        if self.path is None:
+            return
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            named = None
+        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            raise _rotated(self.path, "moved or replaced")
+
+    def let_go(self) -> None:
+        with self._lock:
+            self._let_go = True
+
+
+class PipeSpool:
+    """A pipe (or FIFO, socket, terminal) drained into a private temporary file by a
+    thread, as fast as its writer writes; :meth:`read` gives the spooled bytes in order."""
+
+    def __init__(self, fd: int) -> None:
+        bytes_waiting(fd)  # an input that cannot say what it holds is refused here
+        self.fd = fd
+        self._spool = tempfile.TemporaryFile(prefix="dpstream-follow-")  # 0600, unlinked
+        self._lock = threading.Lock()
+        self._drained = 0  # bytes moved from the pipe to the spool
+        self._read_at = 0  # bytes of the spool handed out
+        self._eof = False
+        self._let_go = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="dpstream-drain", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        spool = self._spool.fileno()
+        try:
+            while True:
+                ready, _, _ = select.select([self.fd], [], [], 0.2)
+                with self._lock:
+                    if self._let_go:
+                        return
+                    if not ready:
+                        continue
+                    data = os.read(self.fd, _READ)  # there is data (or the end): no wait
+                    if not data:
+                        self._eof = True
+                        return
+                    os.pwrite(spool, data, self._drained)
+                    self._drained += len(data)
+        except BaseException as exc:  # noqa: BLE001 - raised by the reader's next read
+            self._error = exc
+        finally:
+            if self._error is not None or self._let_go:
+                self._eof = True
+
+    def read(self) -> bytes:
+        """The next spooled bytes (b"": none now)."""
+        if self._error is not None:
+            raise self._error
+        with self._lock:
+            n = min(self._drained - self._read_at, _READ)
+            if n <= 0 or self._let_go:
+                return b""
+            data = os.pread(self._spool.fileno(), n, self._read_at)
+            self._read_at += len(data)
+            return data
+
+    def at_end(self) -> bool:
+        """Whether the writer has closed the pipe and every byte was handed out."""
+        with self._lock:
+            return self._eof and self._read_at == self._drained
+
+    def size_now(self) -> int:
+        """The bytes the input holds now: drained, or waiting in the pipe."""
+        with self._lock:
+            if self._eof or self._let_go:
+                return self._drained
+            return self._drained + bytes_waiting(self.fd)
+
+    def check(self) -> None:
+        """A pipe cannot be rotated."""
+
+    def let_go(self) -> None:
+        with self._lock:
+            self._let_go = True
+        self._spool.close()
+
+
+def open_bytes(fd: int, path: str | None) -> FileBytes | PipeSpool | None:
+    """The source of a followed descriptor, or None when its size cannot be told (a
+    regular file read already, an input that does not answer ``FIONREAD``)."""
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        if os.lseek(fd, 0, os.SEEK_CUR) != 0:
+            return None
+        return FileBytes(fd, path)
+    try:
+        return PipeSpool(fd)
+    except OSError:
+        return None
