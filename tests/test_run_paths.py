@@ -303,6 +303,22 @@ def test_a_copy_of_the_key_is_sent_to_its_ledger(place, capsys, monkeypatch):
     assert cells and all(r1[t][i] - r2[t][i] == a[t][i] - b[t][i] for t, i in cells)
 
 
+def test_a_hard_link_of_the_key_is_sent_to_its_ledger(place, capsys):
+    """Review 81: a hard link of the key is the same inode under another name, so the
+    registry took it for the key file on record and let it use the default ledger beside
+    its own name, a fresh one: the same noise over other data (the exact difference of
+    the counts), past the dataset's budget cap. It is now refused as a copy is."""
+    os.link("k.key", "hard.key")
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    capsys.readouterr()
+    assert _run("hard.key", "other.jsonl", "r2.jsonl") == 1
+    err = capsys.readouterr().err
+    recorded = f"{place / 'k.key'}.ledger"
+    assert f"--ledger {recorded!r}" in err
+    assert not Path("r2.jsonl").exists() and not Path("hard.key.ledger").exists()
+    assert _run("k.key", "other.jsonl", "r3.jsonl", "--stream", "second") == 0  # the key
+
+
 def test_a_key_moved_with_its_ledger_keeps_its_record(place, capsys):
     assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
     os.mkdir("moved")

@@ -106,7 +106,10 @@ def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, re
         recorded, recorded_key = _read(entry)
         state = _state(recorded) if recorded is not None else "gone"
         if recorded is not None and state != "gone" and not same_file(recorded, ledger):
-            if default and (recorded_key is None or not same_file(recorded_key, key_file_real)):
+            # the key file on record by its name, not its inode: the default ledger is
+            # named after the key file's path, so a hard link of the key (the same inode
+            # under another name) would find a fresh ledger of its own
+            if default and (recorded_key is None or recorded_key != key_file_real):
                 raise LedgerError(_refusal(recorded, ledger, key_file, entry, state))
             return  # --ledger, or this key file's default beside its own --ledger
         if recorded is not None and state == "live":
@@ -114,6 +117,16 @@ def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, re
         if record:
             from .ledger_file import check_ledger_file
 
+            if recorded is not None and _size(ledger) <= 0:  # gone, and no ledger here
+                _LOG.warning(
+                    "the key's release ledger %s, on record in the key registry, is gone: "
+                    "%s starts empty. If it was deleted or moved by mistake, stop and put it "
+                    "back: an empty ledger does not know the streams it recorded, and a "
+                    "run of one of them over other data would release its steps again "
+                    "under the same noise",
+                    recorded,
+                    ledger,
+                )
             check_ledger_file(ledger)  # exists before the entry names it
         elif not os.path.isfile(ledger):
             return

@@ -77,6 +77,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -110,6 +111,7 @@ __all__ = [
 ]
 
 KEY_BYTES = 32
+_KEY_FILE_MAX = 4096  # the most a key file may hold (a saved key is 65 bytes)
 #: Largest tree level (or first address coordinate) a tweak can hold.
 MAX_LEVEL = 0xFFFF
 #: Largest draw number a tweak can hold (48 bits).
@@ -216,16 +218,28 @@ class NoiseKey:
         refuses such a file unless ``--allow-readable-key``).
         """
         mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # a pipe is read once (there is a ledger beside the
+            # key to find too), and a device such as /dev/zero never ends
+            raise ValueError(
+                f"key file {str(path)!r} is not a regular file (a pipe or a device): "
+                "save the key in a file of mode 0600"
+            )
         if mode & 0o077:
             warnings.warn(
                 f"key file {str(path)!r} can be read or written by other users "
                 f"(mode {mode & 0o777:04o}): run `chmod 600` on it",
                 stacklevel=2,
             )
-        text = Path(path).read_text(encoding="ascii").strip()
+        with open(path, "rb") as fh:
+            data = fh.read(_KEY_FILE_MAX + 1)  # a key file is 65 bytes: never read a
+        if len(data) > _KEY_FILE_MAX:  # large file given as the key whole
+            raise ValueError(
+                f"key file {str(path)!r} is larger than a key file ({_KEY_FILE_MAX} bytes "
+                "at most): is it the key?"
+            )
         try:
-            secret = bytes.fromhex(text)
-        except ValueError:
+            secret = bytes.fromhex(data.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
             raise ValueError(f"key file {str(path)!r} does not hold a hex key") from None
         if len(secret) != KEY_BYTES:
             raise ValueError(

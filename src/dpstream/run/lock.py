@@ -43,6 +43,7 @@ __all__ = [
     "lock_path",
     "output_in_use",
     "output_lock",
+    "refuse_foreign_link",
     "regular_or_new",
     "same_file",
 ]
@@ -53,6 +54,31 @@ def lock_path(output: str) -> str:
     (its symbolic links resolved, so that two names of one file share one lock)."""
     head, name = os.path.split(os.path.realpath(output))
     return os.path.join(head, f".{name}.lock")
+
+
+def refuse_foreign_link(path: str, what: str) -> None:
+    """Refuse ``path`` when its last part is a symbolic link the kernel's link protection
+    (``fs.protected_symlinks``) would not follow: in a sticky folder others may write
+    (``/tmp``), made by neither this user nor the folder's owner. dpstream resolves an
+    output's link itself to write beside its target (a temporary file renamed onto it,
+    a lock file), so the kernel never gets to refuse it, and another user's link there
+    would choose where this user's file is written."""
+    try:
+        link = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISLNK(link.st_mode):
+        return
+    try:
+        folder = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return
+    shared = bool(folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH)
+    if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
+        raise ValueError(
+            f"{what} {path!r} is a symbolic link another user made in a shared folder: "
+            "refusing to follow it (write to a path of your own)"
+        )
 
 
 def regular_or_new(path: str) -> bool:
@@ -134,6 +160,7 @@ def output_lock(output: str, *, directory: bool = False) -> Iterator[None]:
     if not _lockable(output, directory):
         yield
         return
+    refuse_foreign_link(output, "--output")
     resolved = os.path.realpath(output)
     held: list[tuple[int, str | None]] = []
     try:
@@ -235,12 +262,14 @@ def _open_lock(path: str) -> int:
 
 def _acquire(output: str, path: str) -> int:
     """The descriptor of the lock file ``path``, locked by this run."""
+    vanished = 0
     while True:
         try:
             fd = _open_lock(path)
         except FileNotFoundError:
-            if os.path.isdir(os.path.dirname(path)):
-                continue  # removed between the two opens: make it again
+            vanished += 1  # removed between the two opens: make it again (a folder such
+            if os.path.isdir(os.path.dirname(path)) and vanished < 100:  # as /proc, where
+                continue  # no file can be made, says "no such file" every time)
             raise
         _flock_or_refuse(fd, f"another run is writing output file {output!r} (it holds {path!r})")
         try:

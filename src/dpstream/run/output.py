@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import StateError
-from .lock import check_target, local_path, lock_path, regular_or_new, same_file
+from .lock import (
+    check_target,
+    local_path,
+    lock_path,
+    refuse_foreign_link,
+    regular_or_new,
+    same_file,
+)
 
 if TYPE_CHECKING:
     from ..mechanisms.protocol import ContinualMechanism
@@ -230,6 +237,14 @@ def check_paths(cfg: RunConfig) -> None:
             "run truncates the output to its last committed step); write an "
             "uncompressed file and compress it once the run has finished"
         )
+    if cfg.engine == "local" and cfg.state and output != "-" and not regular_or_new(str(output)):
+        raise ValueError(
+            f"--output {output!r} is not a regular file (a pipe or a device): a run with "
+            "--state commits each step to its output file and a resumed run rewrites its "
+            "last step there; write to a file, or to stdout with -o -"
+        )
+    if output != "-":
+        refuse_foreign_link(str(output), "--output")
     others, records = run_files(cfg)
     targets: FileList = [("--output", output if output != "-" else None)]
     if cfg.engine == "local" and output != "-":

@@ -76,7 +76,7 @@ def noise_version_of(opts: Mapping[str, Any]) -> int:
         except ValueError:
             meta = None
         if meta is not None:
-            return int(meta.get("noise_version", 1))
+            return _sidecar_int(meta, "noise_version", 1, sidecar_path(output))
         if opts.get("force") and os.path.getsize(output) > 0:
             raise ValueError(
                 f"output file {output!r} holds releases but no metadata sidecar "
@@ -129,8 +129,22 @@ def recorded_tree_base(cfg: RunConfig) -> int | None:
             and meta.get("counter", "tree") == "tree"
             and meta.get("base")
         ):
-            return int(meta["base"])
+            return _sidecar_int(meta, "base", None, sidecar_path(output))
     return None
+
+
+def _sidecar_int(meta: dict[str, Any], name: str, default: int | None, path: Any) -> int:
+    """A whole number the output's metadata sidecar records (``noise_version``, ``base``),
+    refused in words when it is anything else: a sidecar edited by hand, or damaged,
+    must not choose the noise of a stream's next steps (``1.7`` was read as 1)."""
+    value = meta.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"the metadata sidecar {str(path)!r} records {name} {value!r}, not a whole "
+            "number >= 1: it was edited or damaged; restore it, or pass the value the "
+            f"stream's first run used (--{name.replace('_', '-')})"
+        )
+    return value
 
 
 def domain_sha256(domain: list[str] | None) -> str | None:

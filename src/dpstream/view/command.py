@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -172,10 +173,27 @@ def export_html(
     return write_export(out, render_page(snap, nonce=None), protected=protected)
 
 
+def _check_releases_file(path: str) -> None:
+    """Refuse a releases file that is a pipe or a device: the view reads it from its
+    start at every change, so a FIFO would wait for a writer and ``/dev/zero`` would be
+    read forever, before anything is served. (A file that does not exist yet is served:
+    the page waits for it.)"""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        raise ValueError(
+            f"{path!r} is not a regular file (a pipe or a device): the view follows a "
+            "releases file that a run writes (--output FILE)"
+        )
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     """``dpstream view``: serve until Ctrl-C, or ``--export`` and exit."""
     if args.select is not None and len(args.select) > MAX_SELECTED:
         raise ValueError(f"--select: at most {MAX_SELECTED} items, got {len(args.select)}")
+    _check_releases_file(args.releases)
     if args.export:
         path = export_html(
             args.releases, args.export, top=args.top, select=args.select, meta=args.meta

@@ -22,7 +22,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from ..run.lock import same_file
+from ..run.lock import refuse_foreign_link, same_file
 
 __all__ = ["EXPORT_MARKER", "is_export", "write_export"]
 
@@ -55,6 +55,7 @@ def write_export(
     (or not a regular file). A symbolic link at ``out`` stays: the file it leads
     to is replaced.
     """
+    refuse_foreign_link(str(out), "--export")
     target = os.path.realpath(out)
     for role, path in protected.items():
         if same_file(target, str(path)):

@@ -1,0 +1,165 @@
+"""Review 80: an operator's mistakes and another user's traps, refused in words before
+anything is written (links planted in shared folders, pipes and devices where a file
+belongs, a damaged sidecar, a deleted ledger)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+
+import pytest
+
+from dpstream.cli import main
+
+from .conftest import fixed_key
+
+UNK = ["run", "-m", "unknown", "--max-items", "1", "--rho", "1", "--threshold-delta", "1e-3",
+       "-T", "3"]  # fmt: skip
+
+
+@pytest.fixture
+def stream(tmp_path):
+    key = tmp_path / "k.key"
+    fixed_key("edges").save(key)
+    src = tmp_path / "ev.jsonl"
+    src.write_text("".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in (1, 2, 3)))
+    return {"key": str(key), "src": str(src)}
+
+
+def _foreign_link(tmp_path, name):
+    """A link at ``shared/name`` made by another user (nobody) in a sticky folder all may
+    write, leading into ``victim/``: what the kernel's link protection guards against."""
+    if os.geteuid() != 0:
+        pytest.skip("making a link another user owns needs root")
+    shared, victim = tmp_path / "shared", tmp_path / "victim"
+    shared.mkdir()
+    victim.mkdir()
+    os.chmod(shared, 0o1777)
+    link = shared / name
+    os.symlink(victim / "planted", link)
+    os.lchown(link, 65534, 65534)
+    return link, victim / "planted"
+
+
+def test_view_export_refuses_another_users_link_in_a_shared_folder(tmp_path, stream, capsys):
+    out = tmp_path / "rel.jsonl"
+    assert main([*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]) == 0
+    link, planted = _foreign_link(tmp_path, "report.html")
+    assert main(["view", str(out), "--export", str(link)]) == 1
+    assert "symbolic link another user made" in capsys.readouterr().err
+    assert not planted.exists() and not list(planted.parent.iterdir())
+
+
+def test_run_refuses_an_output_link_another_user_made_in_a_shared_folder(tmp_path, stream, capsys):
+    link, planted = _foreign_link(tmp_path, "rel.jsonl")
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(link)]
+    assert main(argv) == 1
+    assert "symbolic link another user made" in capsys.readouterr().err
+    assert not list(planted.parent.iterdir())  # no output, no lock file, no sidecar
+
+
+def test_a_link_of_ones_own_is_followed(tmp_path, stream):
+    target = tmp_path / "real.jsonl"
+    link = tmp_path / "rel.jsonl"
+    os.symlink(target, link)
+    assert main([*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(link)]) == 0
+    assert len(target.read_text().splitlines()) == 3
+
+
+def test_state_with_a_pipe_as_output_is_refused_before_a_release(tmp_path, stream, capsys):
+    """The run wrote step 1, then failed with "[Errno 22] Invalid argument" (fsync of a
+    pipe) and left a state that could not resume."""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    state = tmp_path / "s.sqlite"
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(fifo)]
+    assert main([*argv, "--state", str(state)]) == 1
+    assert "is not a regular file (a pipe or a device)" in capsys.readouterr().err
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "large"])
+def test_a_key_file_that_is_not_a_key_file_is_refused_without_reading_it_all(
+    tmp_path, stream, capsys, kind
+):
+    """`--key-file /dev/zero` read forever (6 GB in 4 s); a piped key was read twice (the
+    second read found nothing); a large file given as the key was read whole."""
+    out = tmp_path / "o.jsonl"
+    more: list[str] = []
+    if kind == "fifo":
+        key = tmp_path / "key.fifo"
+        os.mkfifo(key, 0o600)
+        want = "is not a regular file"
+    elif kind == "device":  # mode 0666: past the permission check only when allowed
+        key, want, more = "/dev/zero", "is not a regular file", ["--allow-readable-key"]
+    else:
+        key = tmp_path / "big.key"
+        key.write_bytes(b"0" * (1 << 20))
+        os.chmod(key, 0o600)
+        want = "is larger than a key file"
+    argv = [*UNK, "--key-file", str(key), "-i", stream["src"], "-o", str(out), *more]
+    assert main(argv) == 1
+    assert want in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_output_where_no_file_can_be_made_is_an_error_not_a_spin(tmp_path, stream, capsys):
+    """`-o /proc/x.jsonl` retried making its lock file forever at 100% CPU: the folder
+    exists and says "no such file" each time."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc on this system")
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", "/proc/x.jsonl"]
+    done: list[int] = []
+    runner = threading.Thread(target=lambda: done.append(main(argv)), daemon=True)
+    runner.start()
+    runner.join(120)  # an error comes at once; a spinning run fails the assert
+    assert done == [1]
+    assert "/proc/x.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_view_refuses_a_releases_file_that_is_a_pipe_or_a_device(tmp_path, capsys, kind):
+    """`dpstream view FIFO` waited for a writer and `view /dev/zero` read forever, before
+    printing anything."""
+    path = "/dev/zero"
+    if kind == "fifo":
+        path = str(tmp_path / "rel.fifo")
+        os.mkfifo(path)
+    assert main(["view", path, "--export", str(tmp_path / "page.html")]) == 1
+    assert "is not a regular file" in capsys.readouterr().err
+    assert not (tmp_path / "page.html").exists()
+
+
+@pytest.mark.parametrize("value", [1.7, True, None, "2", 0])
+def test_a_damaged_sidecar_noise_version_is_refused_in_words(tmp_path, stream, capsys, value):
+    """A sidecar's `noise_version: 1.7` or `true` was read as 1, and `null` ended in a raw
+    Python error: a damaged sidecar must not choose the noise of the next steps."""
+    out = tmp_path / "o.jsonl"
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
+    assert main(argv) == 0
+    sidecar = tmp_path / "o.jsonl.meta.json"
+    meta = json.loads(sidecar.read_text())
+    meta["noise_version"] = value
+    sidecar.write_text(json.dumps(meta))
+    before = out.read_bytes()
+    assert main([*argv, "--force"]) == 1
+    err = capsys.readouterr().err
+    assert "records noise_version" in err and "edited or damaged" in err
+    assert out.read_bytes() == before
+
+
+def test_a_deleted_ledger_is_warned_about_when_a_new_one_starts(tmp_path, stream, caplog):
+    """Deleting a key's ledger let a stream's steps be released again over other data;
+    the new, empty ledger is now named in a warning that says what was lost."""
+    out = tmp_path / "o.jsonl"
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
+    assert main(argv) == 0
+    os.unlink(stream["key"] + ".ledger")
+    out.unlink()
+    with caplog.at_level(logging.WARNING, logger="dpstream"):
+        assert main(argv) == 0
+    assert any("is gone" in r.getMessage() for r in caplog.records), caplog.records
+    assert stat.S_ISREG(os.stat(stream["key"] + ".ledger").st_mode)
