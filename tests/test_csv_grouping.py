@@ -173,13 +173,39 @@ def test_read_csv_a_row_without_a_step_is_a_record_of_its_own():
     assert len(recs) == 4
 
 
-def test_read_csv_users_of_an_event_are_checked_over_all_its_rows():
-    text = "event,item,t,user\nX,a,1,u\nY,b,1,v\nX,c,1,w\nZ,d,1,\nZ,e,1,z\nW,f,2,u\n"
+def test_read_csv_at_user_level_an_event_is_one_id_of_one_user_in_one_step():
+    """Review 81: rows of two users under one id made the whole event invalid, so one
+    user's rows could cancel any other user's events. Each user's rows under an id are
+    that user's event; a row without a user id is a record alone."""
+    text = "event,item,t,user\nX,a,1,u\nY,b,1,v\nX,c,1,w\nZ,d,1,\nZ,e,1,z\nW,f,2,u\nX,g,1,u\n"
     recs = list(read_csv(io.StringIO(text), time_column="t", user_column="user"))
-    assert recs[0].line == 2 and "different user ids" in recs[0].error
+    assert recs[0] == RawEvent(2, 1, ("a", "g"), None, "u")
     assert recs[1] == RawEvent(3, 1, ("b",), None, "v")
-    assert recs[2].line == 5 and "user id column" in recs[2].error
-    assert recs[3] == RawEvent(7, 2, ("f",), None, "u")
+    assert recs[2] == RawEvent(4, 1, ("c",), None, "w")  # X of user w: its own event
+    assert recs[3].line == 5 and recs[3].t is None and "user id column" in recs[3].error
+    assert recs[4] == RawEvent(6, 1, ("e",), None, "z")
+    assert recs[5] == RawEvent(7, 2, ("f",), None, "u")
+    assert len(recs) == 6
+
+
+def test_one_users_rows_under_other_users_event_ids_change_only_that_users_counts(runner):
+    """Review 81's reproduction: users B, C and D have one event each (ids e1, e2, e3)
+    and user A adds a row under each id; A's rows made all three events invalid (a, b
+    and c released 0). Removing A now changes only A's own contribution."""
+    others = [("e1", 1, "a", "B"), ("e2", 1, "b", "C"), ("e3", 1, "c", "D")]
+    attack = [("e1", 1, "d", "A"), ("e2", 1, "d", "A"), ("e3", 1, "e", "A")]
+    user = ("--user-field", "user", "--max-items-per-user", "2", "--max-count-per-item", "1")
+
+    def exact(rows):
+        return _released(
+            runner(rows, "-m", "known", "--domain", runner.domain, "-T", "1", "--max-items",
+                   "5", "--tau", "1e-9", "--no-round", *user, header="event,t,item,user")
+        )  # fmt: skip
+
+    with_a = exact([others[0], attack[0], others[1], attack[1], others[2], attack[2]])
+    without_a = exact(others)
+    _assert_counts(without_a, [{"a": 1, "b": 1, "c": 1, "d": 0, "e": 0}])
+    _assert_counts(with_a, [{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}])  # A: d once (Linf 1)
 
 
 def test_interleaved_rows_one_event_does_not_change_another(runner):

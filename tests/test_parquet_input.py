@@ -662,3 +662,27 @@ def test_clock_times_that_are_not_utf8_are_invalid_records(tmp_path, per_item):
         (8, "the line is not valid UTF-8"),
         (41, "the line is not valid UTF-8"),
     ]
+
+
+def test_one_row_per_item_at_user_level_an_event_is_one_id_of_one_user(tmp_path):
+    """Review 81: rows of two users under one event id made the whole event invalid, so
+    one user's rows could cancel other users' events. Each user's rows under an id are
+    that user's event; a row without a user id is a record alone."""
+    from dpstream.io.parquet import read_parquet_records
+
+    table = pa.table(
+        {
+            "event": ["x", "x", "y", "x", "y"],
+            "t": [1, 1, 1, 1, 1],
+            "item": ["a", "b", "c", "d", "e"],
+            "user": ["u", "w", None, "u", "v"],
+        }
+    )
+    pq.write_table(table, tmp_path / "items.parquet")
+    recs = list(read_parquet_records(str(tmp_path / "items.parquet"), user_field="user"))
+    assert [(r.line, r.t, r.items, r.user) for r in recs if r.error is None] == [
+        (1, 1, ("a", "d"), "u"),
+        (2, 1, ("b",), "w"),
+        (5, 1, ("e",), "v"),
+    ]
+    assert [(r.line, "non-empty string" in r.error) for r in recs if r.error] == [(3, True)]

@@ -164,7 +164,7 @@ def _read_rows(
     """Every event of the input, by (step, id), in the order of its first row; the
     records of rows that belong to no event (no readable step) among them."""
     records: list[_CsvEvent | RawEvent] = []
-    events: dict[tuple[int | None, str], _CsvEvent] = {}
+    events: dict[tuple[int | None, str | None, str], _CsvEvent] = {}
     texts: dict[str, str] = {}  # one string per distinct item (the rows are held)
     while True:
         first_line = reader.line_num + 1  # where the next record starts
@@ -191,12 +191,26 @@ def _read_rows(
             records.append(RawEvent(first_line, None, None, row_err, raw=row_raw))
             continue
         eid = row[cols.event]
-        event = events.get((row_t, eid))
-        if event is None:
-            event = events[(row_t, eid)] = _CsvEvent(first_line, row_t, eid)
-            records.append(event)
         user = None if cols.user is None else row[cols.user]
-        event.add(row[cols.item], user, user_column, row_raw, texts)
+        if user == "":  # no user to belong to: a record alone, never another's event
+            records.append(
+                RawEvent(
+                    first_line,
+                    None,
+                    None,
+                    f"the user id column {user_column!r} is empty",
+                    raw=row_raw,
+                )
+            )
+            continue
+        # at user level an event is one id of one user in one step: rows of another
+        # user under the same id are that user's event, so no user's rows can join,
+        # or spoil, another user's event
+        event = events.get((row_t, user, eid))
+        if event is None:
+            event = events[(row_t, user, eid)] = _CsvEvent(first_line, row_t, eid)
+            records.append(event)
+        event.add(row[cols.item], user, row_raw, texts)
     return records
 
 
@@ -237,38 +251,21 @@ def _row_step(cell: str, clock: StepClock | None) -> tuple[int | None, str | Non
 class _CsvEvent:
     """The rows of one CSV event (one id in one step) read so far."""
 
-    __slots__ = ("line", "t", "eid", "items", "user", "error", "raws")
+    __slots__ = ("line", "t", "eid", "items", "user", "raws")
 
     def __init__(self, line: int, t: int | None, eid: str) -> None:
         self.line, self.t, self.eid = line, t, eid
         self.items: list[str] = []
         self.user: str | None = None
-        self.error: str | None = None
         self.raws: list[bytes] = []
 
-    def add(
-        self,
-        item: str,
-        user: str | None,
-        user_column: str | None,
-        raw: bytes,
-        texts: dict[str, str],
-    ) -> None:
-        """Take one more row (``user``: its user id cell, None at event level)."""
-        first = not self.raws
+    def add(self, item: str, user: str | None, raw: bytes, texts: dict[str, str]) -> None:
+        """Take one more row (``user``: its user id, the event's; None at event level)."""
         self.raws.append(raw)
-        if user is not None and self.error is None:
-            if user == "":
-                self.error = f"the user id column {user_column!r} is empty"
-            elif first:
-                self.user = user
-            elif user != self.user:
-                self.error = f"event {shorten(self.eid)!r} has rows with different user ids"
-        if item != "" and self.error is None:
+        self.user = user
+        if item != "":
             self.items.append(texts.setdefault(item, item))
 
     def record(self) -> RawEvent:
         raw = b"\n".join(self.raws)
-        if self.error is not None:
-            return RawEvent(self.line, None, None, self.error, raw=raw)
         return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)

@@ -483,7 +483,7 @@ def _scatter(
 def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEvent]:
     """The events of an input of one row per item (see the module docstring), in the
     order of their first rows; a row without a step or an event id is a record alone."""
-    events: dict[tuple[int, Any], _ItemEvent] = {}
+    events: dict[tuple[int, Any, Any], _ItemEvent] = {}
     records: list[_ItemEvent | RawEvent] = []
     row = 0
     for layout, batch in batches:
@@ -505,15 +505,23 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
             t, err = _row_step(times[i], layout)
             if err is None and eids[i] is None:
                 err = f"the event id column {layout.event!r} is null"
-            if err is not None:
+            user = None if users is None else users[i]
+            if err is None and users is not None and not _user_id(user):
+                err = (
+                    f'the user id "{layout.user}" must be a non-empty string, got '
+                    f"{shorten(json.dumps(user))}"
+                )
+            if err is not None:  # no event to belong to: a record alone
                 records.append(RawEvent(row, None, None, err, raw=raw))
                 continue
             assert t is not None
-            event = events.get((t, eids[i]))
+            # at user level an event is one id of one user in one step: no user's rows
+            # can join, or spoil, another user's event
+            event = events.get((t, user, eids[i]))
             if event is None:
-                event = events[(t, eids[i])] = _ItemEvent(row, t, eids[i])
+                event = events[(t, user, eids[i])] = _ItemEvent(row, t, eids[i])
                 records.append(event)
-            event.add(items[i], None if users is None else users[i], layout.user, raw)
+            event.add(items[i], user, raw)
     for rec in records:
         yield rec.record() if isinstance(rec, _ItemEvent) else rec
 
@@ -529,36 +537,29 @@ def _row_step(value: Any, layout: _Layout) -> tuple[int | None, str | None]:
     return parse_t(value)
 
 
+def _user_id(user: Any) -> bool:
+    """Whether a row's user id is one: a non-empty string of valid text."""
+    return isinstance(user, str) and bool(user) and valid_text(user)
+
+
 class _ItemEvent:
     """The rows of one event (one id in one step) of an input of one row per item."""
 
-    __slots__ = ("line", "t", "eid", "items", "user", "error", "raws")
+    __slots__ = ("line", "t", "eid", "items", "user", "raws")
 
     def __init__(self, line: int, t: int, eid: Any) -> None:
         self.line, self.t, self.eid = line, t, eid
         self.items: list[str] = []
         self.user: str | None = None
-        self.error: str | None = None
         self.raws: list[bytes] = []
 
-    def add(self, item: Any, user: Any, user_field: str | None, raw: bytes) -> None:
-        first = not self.raws
+    def add(self, item: Any, user: str | None, raw: bytes) -> None:
+        """Take one more row (``user``: its user id, the event's; None at event level)."""
         self.raws.append(raw)
-        if user_field is not None and self.error is None:
-            if not isinstance(user, str) or not user or not valid_text(user):
-                self.error = (
-                    f'the user id "{user_field}" must be a non-empty string, got '
-                    f"{shorten(json.dumps(user))}"
-                )
-            elif first:
-                self.user = user
-            elif user != self.user:
-                self.error = f"event {shorten(str(self.eid))!r} has rows with different user ids"
-        if item is not None and self.error is None:
+        self.user = user
+        if item is not None:
             self.items.append(str(item))
 
     def record(self) -> RawEvent:
         raw = b"\n".join(self.raws)
-        if self.error is not None:
-            return RawEvent(self.line, None, None, self.error, raw=raw)
         return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)
