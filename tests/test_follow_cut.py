@@ -52,10 +52,16 @@ def test_an_event_written_after_the_due_instant_is_late_behind_a_slow_backlog(
         late = due.is_set() or time.monotonic() > give_up
         return START + dt.timedelta(seconds=1.5 if late else 0.5)
 
-    real_size_now = FollowedInput.size_now
+    real_size_now, real_backlog_size = FollowedInput.size_now, FollowedInput.backlog_size
 
     def size_now(self):
         size = real_size_now(self)
+        if due.is_set():
+            sized.set()
+        return size
+
+    def backlog_size(self, stop):  # the size at the run's start, if step 1 is due then
+        size = real_backlog_size(self, stop)
         if due.is_set():
             sized.set()
         return size
@@ -71,6 +77,7 @@ def test_an_event_written_after_the_due_instant_is_late_behind_a_slow_backlog(
 
     monkeypatch.setattr(run_follow, "_utcnow", fake_now)
     monkeypatch.setattr(FollowedInput, "size_now", size_now)
+    monkeypatch.setattr(FollowedInput, "backlog_size", backlog_size)
     monkeypatch.setattr(run_follow, "input_records_from", held_records)
 
     def drive() -> None:
@@ -370,10 +377,16 @@ def test_an_event_behind_a_backlog_larger_than_a_pipe_counts_on_stdin(
             START + dt.timedelta(seconds=1.5 if due.is_set() or time.monotonic() > give_up else 0.5)
         ),
     )
-    real_size_now = FollowedInput.size_now
+    real_size_now, real_backlog_size = FollowedInput.size_now, FollowedInput.backlog_size
 
     def size_now(self):
         size = real_size_now(self)
+        if due.is_set():
+            sized.set()
+        return size
+
+    def backlog_size(self, stop):  # the size at the run's start, if step 1 is due then
+        size = real_backlog_size(self, stop)
         if due.is_set():
             sized.set()
         return size
@@ -388,6 +401,7 @@ def test_an_event_behind_a_backlog_larger_than_a_pipe_counts_on_stdin(
             yield rec
 
     monkeypatch.setattr(FollowedInput, "size_now", size_now)
+    monkeypatch.setattr(FollowedInput, "backlog_size", backlog_size)
     monkeypatch.setattr(run_follow, "input_records_from", held_records)
     argv = ["run", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "--max-items", "1",
             "--rho", "1e4", "-T", "5", "--time-field", "ts", "--step", "1s", "--start",
@@ -436,3 +450,25 @@ def test_a_closed_stdin_is_refused_in_words(monkeypatch):
     monkeypatch.setattr("sys.stdin", None)
     with pytest.raises(ValueError, match="stdin is closed"):
         open_input("-")
+
+
+def test_a_backlog_piped_in_before_the_run_is_what_the_steps_due_at_its_start_hold():
+    """Steps already due when a run starts hold what the input held then. A pipe cannot
+    tell what its writer had written by an instant in the past (a writer of a backlog
+    larger than the pipe's buffer is blocked), so their size is what arrives until the
+    pipe is quiet: the whole of `cat backlog | dpstream run --follow`, 2 MB here (32
+    times a pipe's buffer), not the 64 KB that waited in the pipe at the start."""
+    rfd, wfd = os.pipe()
+    try:
+        text = open(rfd, newline="", encoding="utf-8")  # noqa: SIM115
+        source = FollowedInput(text)
+        payload = b'{"t":1,"items":["a"]}\n' * 100_000
+        first = os.write(wfd, payload[: 1 << 15])  # waiting in the pipe at the start
+        writer = threading.Thread(target=os.write, args=(wfd, payload[first:]), daemon=True)
+        writer.start()  # blocked until the drain has taken the rest
+        assert source.backlog_size(threading.Event()) == len(payload)
+        writer.join(10)
+        source.close()
+        text.close()
+    finally:
+        os.close(wfd)

@@ -84,7 +84,15 @@ def follow(
     thread.start()
     sizes = None
     if source.sized:
-        sizes = DueSizes(clock, first_t, until, source.size_now, lambda: _utcnow(), stop)
+        sizes = DueSizes(
+            clock,
+            first_t,
+            until,
+            source.size_now,
+            lambda: _utcnow(),
+            stop,
+            backlog_size=lambda: source.backlog_size(stop),
+        )
     taken = TakenLines()
     pending: dict[int, list[Any]] = {}
     caught_up = ended = False

@@ -27,12 +27,16 @@ import struct
 import tempfile
 import termios
 import threading
+import time
 
 from ..errors import StateError
 
 __all__ = ["FileBytes", "PipeSpool", "bytes_waiting", "open_bytes"]
 
 _READ = 1 << 16
+#: How long a pipe must stay quiet for what it has delivered to be the backlog it held
+#: when the run started (:meth:`PipeSpool.backlog_size`).
+QUIET = 0.25
 
 
 def bytes_waiting(fd: int) -> int:
@@ -75,6 +79,11 @@ class FileBytes:
         """Whether the input has ended: stdin at the end of its file (a file followed by
         its path may always grow)."""
         return self.path is None and self._eof
+
+    def backlog_size(self, stop: threading.Event) -> int:
+        """What the file held when the run started, for the steps already due then: its
+        size now."""
+        return self.size_now()
 
     def size_now(self) -> int:
         """The file's size now (a rotation raises :class:`~dpstream.errors.StateError`)."""
@@ -120,6 +129,7 @@ class PipeSpool:
         self._eof = False
         self._let_go = False
         self._error: BaseException | None = None
+        self._last_data = time.monotonic()  # when bytes last came
         self._thread = threading.Thread(target=self._drain, name="dpstream-drain", daemon=True)
         self._thread.start()
 
@@ -139,6 +149,7 @@ class PipeSpool:
                         return
                     os.pwrite(spool, data, self._drained)
                     self._drained += len(data)
+                    self._last_data = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - raised by the reader's next read
             self._error = exc
         finally:
@@ -168,6 +179,23 @@ class PipeSpool:
             if self._eof or self._let_go:
                 return self._drained
             return self._drained + bytes_waiting(self.fd)
+
+    def backlog_size(self, stop: threading.Event) -> int:
+        """What the input held when the run started, for the steps already due then: a
+        pipe cannot tell what its writer had written by an instant in the past, so this
+        is what arrives until the pipe has been quiet for :data:`QUIET` seconds (or
+        closed): a backlog piped in (``cat backlog | dpstream run --follow``) is one,
+        however its writer's writes were spaced. Drained at the pipe's pace, never the
+        parser's."""
+        while not stop.is_set():
+            with self._lock:
+                if self._eof or self._let_go:
+                    return self._drained
+                quiet = time.monotonic() - self._last_data
+                if quiet >= QUIET and bytes_waiting(self.fd) == 0:
+                    return self._drained
+            stop.wait(min(max(QUIET - quiet, 0.005), QUIET))
+        return self.size_now()
 
     def check(self) -> None:
         """A pipe cannot be rotated."""

@@ -69,6 +69,12 @@ class FollowedInput:
         :class:`~dpstream.errors.StateError` for a followed file that was rotated."""
         return self._source.size_now() if self._source is not None else None
 
+    def backlog_size(self, stop: threading.Event) -> int | None:
+        """What the input held when the run started (for the steps already due then): a
+        file's size; for a pipe, what arrives until it has been quiet a moment
+        (:meth:`dpstream.run.follow_bytes.PipeSpool.backlog_size`). None: it cannot say."""
+        return self._source.backlog_size(stop) if self._source is not None else None
+
     def consumed(self) -> int:
         """Where the lines handed out end, or, when what is left has no line end yet
         (a partial line), where what was read ends: every line that ends within it has
@@ -182,10 +188,11 @@ def _plain_fd(text: Any) -> int | None:
 class DueSizes:
     """A thread that reads the input's size once each step falls due on the clock.
 
-    Step t's size is what :meth:`FollowedInput.size_now` gave at the first look at the
-    clock that found t due: at its due instant, give or take the thread's wake-up (a
-    step already due when the run starts gets the size the input has then). The
-    follower asks :meth:`size_of`; sizes never shrink as t grows.
+    Step t's size is what ``size_now`` gave at the first look at the clock that found t
+    due: at its due instant, give or take the thread's wake-up. The steps already due
+    at the first look (when the run starts) get ``backlog_size()``, what the input held
+    then (:meth:`FollowedInput.backlog_size`). The follower asks :meth:`size_of`;
+    sizes never shrink as t grows.
     """
 
     def __init__(
@@ -196,8 +203,10 @@ class DueSizes:
         size_now: Callable[[], int | None],
         now: Callable[[], Any],
         stop: threading.Event,
+        backlog_size: Callable[[], int | None] | None = None,
     ) -> None:
         self._clock, self._until, self._size_now, self._now = clock, until, size_now, now
+        self._backlog_size = backlog_size or size_now
         self._stop = stop
         self._t = first_t
         self._ranges: deque[tuple[int, int]] = deque()  # (last step, size), in step order
@@ -208,17 +217,20 @@ class DueSizes:
 
     def _run(self) -> None:
         try:
+            first = True
             while self._t <= self._until and not self._stop.is_set():
                 now = self._now()
                 due = self._clock.due(now)
                 if due >= self._t:
-                    size = self._size_now()
+                    size = self._backlog_size() if first else self._size_now()
                     assert size is not None
                     last = min(due, self._until)
                     with self._lock:
                         self._ranges.append((last, size))
                     self._t = last + 1
+                    first = False
                     continue
+                first = False
                 wait = (self._clock.end_of(self._t) + self._clock.lateness - now).total_seconds()
                 self._stop.wait(min(max(wait, 0.0005), _TICK))
         except BaseException as exc:  # noqa: BLE001 - handed to the follower
