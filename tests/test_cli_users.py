@@ -361,7 +361,7 @@ def test_csv_user_column(stream, tmp_path, capsys):
                 [1, "e1", "a", "w2"],
                 [1, "e2", "b", "w1"],
                 [2, "e3", "a", "w3"],
-                [2, "e3", "c", "w4"],  # two users in one event
+                [2, "e3", "c", "w4"],  # user c's own event e3 (not a's)
                 [2, "e4", "", "w5"],  # empty user
                 [3, "e5", "a", "w4"],
                 [3, "e5", "a", "w5"],
@@ -401,7 +401,7 @@ def test_csv_user_column(stream, tmp_path, capsys):
         == 0
     )
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
-    assert summary["skipped_by_reason"] == {"user id": 2}
+    assert summary["skipped_by_reason"] == {"user id": 1}  # the row with no user id
     stream_name = scoped_stream(
         {
             "stream": "default",
@@ -423,14 +423,18 @@ def test_csv_user_column(stream, tmp_path, capsys):
         stream=stream_name,
         noise_version=2,
     )
-    steps = [[("a", ["w1", "w2"]), ("b", ["w1"])], [], [("a", ["w4", "w5"]), ("a", ["w1"])]]
+    steps = [
+        [("a", ["w1", "w2"]), ("b", ["w1"])],
+        [("a", ["w3"]), ("c", ["w4"])],
+        [("a", ["w4", "w5"]), ("a", ["w1"])],
+    ]
     for line, events in zip(out.read_text().splitlines(), steps, strict=True):
         rel = mech.step_batch(events)
         assert json.loads(line)["released"] == dict(
             zip(rel.items, rel.values.tolist(), strict=True)
         )
-    assert mech.counts[WORDS.index("w4")] == 1
-    assert mech.counts[WORDS.index("w5")] == 0  # a's 4th item: past --max-items-per-user 3
+    assert mech.counts[WORDS.index("w4")] == 1  # c's; a's w4 is a's 4th item
+    assert mech.counts[WORDS.index("w5")] == 0  # a's 5th item: past --max-items-per-user 3
 
 
 def _spawn(args, stdin=None):
