@@ -119,14 +119,9 @@ _RUN = ["run", "-m", "unknown", "--max-items", "1", "--rho", "1e4", "--threshold
 
 
 def _split_lines(data: bytes) -> list[int]:
-    """Brute force: the byte offset at which each line ends, lines split at \\n, \\r\\n
-    or a lone \\r (as a text stream with newline="" splits them)."""
-    ends, i = [], 0
-    while i < len(data):
-        c = data[i : i + 1]
-        if c == b"\n" or (c == b"\r" and data[i + 1 : i + 2] != b"\n"):
-            ends.append(i + 1)
-        i += 1
+    """Brute force: the byte offset at which each line ends, lines split after each \\n
+    (a lone \\r is part of its line)."""
+    ends = [i + 1 for i in range(len(data)) if data[i : i + 1] == b"\n"]
     if not ends or ends[-1] != len(data):
         ends.append(len(data))
     return ends
@@ -233,8 +228,8 @@ def test_a_character_written_in_two_parts_is_one_character(tmp_path):
         source = FollowedInput(text, str(path))
         assert source.readline() == "" and source.consumed() == 7
         with open(path, "ab") as fh:
-            fh.write(b'\xa9"}\r')
-        assert source.readline() == "" and source.consumed() == 0  # \r may be a \r\n
+            fh.write(b'\xa9"}\r')  # a lone \r ends no line: no wait on the byte after it
+        assert source.readline() == "" and source.consumed() == 11
         with open(path, "ab") as fh:
             fh.write(b"\n")
         assert source.readline() == '{"a":"\u00e9"}\r\n' and source.end == 12
@@ -452,22 +447,89 @@ def test_a_closed_stdin_is_refused_in_words(monkeypatch):
         open_input("-")
 
 
-def test_a_backlog_piped_in_before_the_run_is_what_the_steps_due_at_its_start_hold():
+def test_a_pipe_vouches_for_no_backlog_at_the_start():
     """Steps already due when a run starts hold what the input held then. A pipe cannot
-    tell what its writer had written by an instant in the past (a writer of a backlog
-    larger than the pipe's buffer is blocked), so their size is what arrives until the
-    pipe is quiet: the whole of `cat backlog | dpstream run --follow`, 2 MB here (32
-    times a pipe's buffer), not the 64 KB that waited in the pipe at the start."""
+    tell when its bytes were written, and its writer may be blocked with more: any cut
+    (what waited in its 64 KB, or what came until it was quiet) would let other events'
+    sizes or timing decide whether an event counts (review 82). So a pipe vouches for
+    nothing: those steps' events from a pipe are late, whatever waits in it."""
     rfd, wfd = os.pipe()
     try:
         text = open(rfd, newline="", encoding="utf-8")  # noqa: SIM115
         source = FollowedInput(text)
-        payload = b'{"t":1,"items":["a"]}\n' * 100_000
-        first = os.write(wfd, payload[: 1 << 15])  # waiting in the pipe at the start
-        writer = threading.Thread(target=os.write, args=(wfd, payload[first:]), daemon=True)
-        writer.start()  # blocked until the drain has taken the rest
-        assert source.backlog_size(threading.Event()) == len(payload)
-        writer.join(10)
+        os.write(wfd, b'{"t":1,"items":["a"]}\n' * 100)
+        assert source.backlog_size(threading.Event()) == 0
+        assert source.size_now() == 2200
+        source.close()
+        text.close()
+    finally:
+        os.close(wfd)
+
+
+def test_due_sizes_gives_the_steps_due_at_the_start_the_backlog_size():
+    from dpstream.clock import StepClock
+
+    clock = StepClock(START, dt.timedelta(seconds=10))
+    now = [START + dt.timedelta(seconds=25)]  # steps 1 and 2 due at the first look
+    stop = threading.Event()
+    sizes = DueSizes(clock, 1, 4, lambda: 500, lambda: now[0], stop, backlog_size=lambda: 7)
+    try:
+        for _ in range(1000):
+            if sizes.size_of(1) is not None:
+                break
+            stop.wait(0.01)
+        assert sizes.size_of(1) == 7 and sizes.size_of(2) == 7
+        now[0] = START + dt.timedelta(seconds=31)  # step 3 falls due after the start
+        for _ in range(1000):
+            if sizes.size_of(3) is not None:
+                break
+            stop.wait(0.01)
+        assert sizes.size_of(3) == 500
+    finally:
+        stop.set()
+    assert not sizes.errors
+
+
+def test_a_fifo_followed_by_its_path_goes_on_after_its_writer_closes(tmp_path):
+    """Review 82: a FIFO given by path stopped being read once its first writer closed;
+    the next writers' events were lost without a word. Only stdin ends when it closes."""
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(rfd, True)
+    try:
+        text = open(rfd, newline="", encoding="utf-8", closefd=False)  # noqa: SIM115
+        source = FollowedInput(text, str(fifo))
+        for k in range(3):  # three writers, one after the other
+            wfd = os.open(fifo, os.O_WRONLY)
+            os.write(wfd, f'{{"k":{k}}}\n'.encode())
+            os.close(wfd)
+            assert _next_line(source) == f'{{"k":{k}}}\n'
+            assert not source.at_end()
+        source.close()
+    finally:
+        os.close(rfd)
+
+
+def test_the_pipe_spool_drops_what_was_handed_out_once_caught_up(monkeypatch):
+    """Review 82: the spool kept every byte a run ever received from stdin (a long
+    follow filled $TMPDIR); it is emptied whenever the reader has caught up."""
+    import dpstream.run.follow_bytes as follow_bytes
+
+    monkeypatch.setattr(follow_bytes, "_TRIM", 1000)
+    rfd, wfd = os.pipe()
+    try:
+        text = open(rfd, newline="", encoding="utf-8")  # noqa: SIM115
+        source = FollowedInput(text)
+        spool = source._source._spool  # the private temporary file
+        line = b'{"t":1,"items":["a"]}\n'
+        os.write(wfd, line * 100)
+        got = [_next_line(source) for _ in range(100)]
+        assert got == [line.decode()] * 100
+        assert source.readline() == ""  # caught up: the 2,200 bytes handed out go
+        assert os.fstat(spool.fileno()).st_size == 0
+        os.write(wfd, line)
+        assert _next_line(source) == line.decode() and source.end == 2222
         source.close()
         text.close()
     finally:

@@ -61,6 +61,17 @@ def test_run_refuses_an_output_link_another_user_made_in_a_shared_folder(tmp_pat
     assert not list(planted.parent.iterdir())  # no output, no lock file, no sidecar
 
 
+def test_run_refuses_an_output_under_a_folder_link_another_user_made(tmp_path, stream, capsys):
+    """Review 82: only the path's last part was checked, so a link to a folder, planted
+    in /tmp, led the output, its lock file and its sidecar there."""
+    link, planted = _foreign_link(tmp_path, "dir")
+    planted.mkdir()
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(link / "o.jsonl")]
+    assert main(argv) == 1
+    assert "goes through a symbolic link another user made" in capsys.readouterr().err
+    assert not list(planted.iterdir())
+
+
 def test_a_link_of_ones_own_is_followed(tmp_path, stream):
     target = tmp_path / "real.jsonl"
     link = tmp_path / "rel.jsonl"

@@ -34,9 +34,7 @@ from ..errors import StateError
 __all__ = ["FileBytes", "PipeSpool", "bytes_waiting", "open_bytes"]
 
 _READ = 1 << 16
-#: How long a pipe must stay quiet for what it has delivered to be the backlog it held
-#: when the run started (:meth:`PipeSpool.backlog_size`).
-QUIET = 0.25
+_TRIM = 1 << 24  # spooled bytes handed out before the spool is emptied (once caught up)
 
 
 def bytes_waiting(fd: int) -> int:
@@ -117,19 +115,24 @@ class FileBytes:
 
 class PipeSpool:
     """A pipe (or FIFO, socket, terminal) drained into a private temporary file by a
-    thread, as fast as its writer writes; :meth:`read` gives the spooled bytes in order."""
+    thread, as fast as its writer writes; :meth:`read` gives the spooled bytes in order.
 
-    def __init__(self, fd: int) -> None:
+    ``ends``: the input ends when its writers close it (stdin); a FIFO followed by its
+    path does not (its next writer goes on). What was handed out is dropped from the
+    spool whenever the reader has caught up, so it holds the backlog, not the stream.
+    """
+
+    def __init__(self, fd: int, *, ends: bool = True) -> None:
         bytes_waiting(fd)  # an input that cannot say what it holds is refused here
-        self.fd = fd
+        self.fd, self._ends = fd, ends
         self._spool = tempfile.TemporaryFile(prefix="dpstream-follow-")  # 0600, unlinked
         self._lock = threading.Lock()
         self._drained = 0  # bytes moved from the pipe to the spool
         self._read_at = 0  # bytes of the spool handed out
+        self._spool_base = 0  # the input offset of the spool's first byte
         self._eof = False
         self._let_go = False
         self._error: BaseException | None = None
-        self._last_data = time.monotonic()  # when bytes last came
         self._thread = threading.Thread(target=self._drain, name="dpstream-drain", daemon=True)
         self._thread.start()
 
@@ -144,12 +147,16 @@ class PipeSpool:
                     if not ready:
                         continue
                     data = os.read(self.fd, _READ)  # there is data (or the end): no wait
-                    if not data:
+                    if data:
+                        os.pwrite(spool, data, self._drained - self._spool_base)
+                        self._drained += len(data)
+                        continue
+                    if self._ends:
                         self._eof = True
                         return
-                    os.pwrite(spool, data, self._drained)
-                    self._drained += len(data)
-                    self._last_data = time.monotonic()
+                # a FIFO's writers all closed: wait for the next one (reads say "end"
+                # at once until then)
+                time.sleep(0.2)
         except BaseException as exc:  # noqa: BLE001 - raised by the reader's next read
             self._error = exc
         finally:
@@ -162,14 +169,19 @@ class PipeSpool:
             raise self._error
         with self._lock:
             n = min(self._drained - self._read_at, _READ)
-            if n <= 0 or self._let_go:
+            if self._let_go:
                 return b""
-            data = os.pread(self._spool.fileno(), n, self._read_at)
+            if n <= 0:
+                if self._read_at - self._spool_base >= _TRIM:  # all handed out: drop it
+                    self._spool.truncate(0)
+                    self._spool_base = self._read_at
+                return b""
+            data = os.pread(self._spool.fileno(), n, self._read_at - self._spool_base)
             self._read_at += len(data)
             return data
 
     def at_end(self) -> bool:
-        """Whether the writer has closed the pipe and every byte was handed out."""
+        """Whether the writer has closed the pipe (stdin) and every byte was handed out."""
         with self._lock:
             return self._eof and self._read_at == self._drained
 
@@ -181,21 +193,14 @@ class PipeSpool:
             return self._drained + bytes_waiting(self.fd)
 
     def backlog_size(self, stop: threading.Event) -> int:
-        """What the input held when the run started, for the steps already due then: a
-        pipe cannot tell what its writer had written by an instant in the past, so this
-        is what arrives until the pipe has been quiet for :data:`QUIET` seconds (or
-        closed): a backlog piped in (``cat backlog | dpstream run --follow``) is one,
-        however its writer's writes were spaced. Drained at the pipe's pace, never the
-        parser's."""
-        while not stop.is_set():
-            with self._lock:
-                if self._eof or self._let_go:
-                    return self._drained
-                quiet = time.monotonic() - self._last_data
-                if quiet >= QUIET and bytes_waiting(self.fd) == 0:
-                    return self._drained
-            stop.wait(min(max(QUIET - quiet, 0.005), QUIET))
-        return self.size_now()
+        """What the input held, as far as the run can tell, for the steps already due
+        when it starts: nothing. A pipe cannot tell when its bytes were written, and
+        its writer may be blocked with more (a pipe holds 64 KB): any cut there would
+        let how much other events weigh, or when they came, decide whether an event
+        counts. So the events of the steps due before a run starts are late when they
+        come from a pipe (a resumed run's recorded steps still close where they did);
+        a backlog is given as a file."""
+        return 0
 
     def check(self) -> None:
         """A pipe cannot be rotated."""
@@ -214,6 +219,6 @@ def open_bytes(fd: int, path: str | None) -> FileBytes | PipeSpool | None:
             return None
         return FileBytes(fd, path)
     try:
-        return PipeSpool(fd)
+        return PipeSpool(fd, ends=path is None)
     except OSError:
         return None

@@ -38,9 +38,10 @@ class FollowedInput:
 
     ``text``: the stream the run opened (a file or stdin, not read yet); ``path``: the
     ``--input`` it was opened by (``-``: stdin, which ends when it closes). When it has
-    a file descriptor whose size can be told, its bytes are read here and split at
-    ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as :func:`dpstream.io.open_input`'s text splits
-    them: a ``\\r`` at the end of what has arrived waits for the next byte), decoded
+    a file descriptor whose size can be told, its bytes are read here and split after
+    each ``\\n`` (so ``\\r\\n`` too; a lone ``\\r`` does not end a line here, unlike a
+    batch run's reader: whether it ended one would wait on the byte after it, which
+    another event may write, or which may never come), decoded
     as UTF-8 with invalid bytes kept (``surrogateescape``) and a leading byte-order
     mark dropped; :attr:`sized` is then true. Otherwise (a stream without a
     descriptor) lines come from ``text``, :meth:`size_now` is None, and the follower
@@ -71,19 +72,16 @@ class FollowedInput:
 
     def backlog_size(self, stop: threading.Event) -> int | None:
         """What the input held when the run started (for the steps already due then): a
-        file's size; for a pipe, what arrives until it has been quiet a moment
+        file's size; for a pipe, nothing it can vouch for
         (:meth:`dpstream.run.follow_bytes.PipeSpool.backlog_size`). None: it cannot say."""
         return self._source.backlog_size(stop) if self._source is not None else None
 
     def consumed(self) -> int:
-        """Where the lines handed out end, or, when what is left has no line end yet
-        (a partial line), where what was read ends: every line that ends within it has
-        been handed out. (A lone ``\\r`` at the end may yet be a ``\\r\\n``: its line is
-        not handed out, so it does not count as read.)"""
-        buf = self._buf
-        if buf.endswith(b"\r") or self._source is None:
+        """Where what was read ends (lines handed out, and a partial line after them):
+        every line that ends within it has been handed out."""
+        if self._source is None:
             return self.end
-        return self._base + len(buf)
+        return self._base + len(self._buf)
 
     def readline(self) -> str:
         """The next whole line; "" when there is none now, or at the end of the input
@@ -115,7 +113,7 @@ class FollowedInput:
                 line = ""
                 if self._stdin:  # the end: the last line, without its line end
                     line, self._partial = self._partial, ""
-            elif (self._partial + piece).endswith(("\n", "\r")):
+            elif (self._partial + piece).endswith("\n"):
                 line, self._partial = self._partial + piece, ""
             else:
                 self._partial += piece
@@ -140,15 +138,7 @@ class FollowedInput:
         if start == len(buf):
             return None
         nl = buf.find(b"\n", start)
-        cr = buf.find(b"\r", start, nl if nl >= 0 else len(buf))
-        if cr >= 0:
-            if cr + 1 < len(buf):
-                stop = cr + 2 if buf[cr + 1] == 0x0A else cr + 1
-            elif ended:
-                stop = cr + 1
-            else:
-                return None  # a \r that may be a \r\n: wait for the next byte
-        elif nl >= 0:
+        if nl >= 0:
             stop = nl + 1
         elif ended:
             stop = len(buf)

@@ -57,28 +57,32 @@ def lock_path(output: str) -> str:
 
 
 def refuse_foreign_link(path: str, what: str) -> None:
-    """Refuse ``path`` when its last part is a symbolic link the kernel's link protection
+    """Refuse ``path`` when any part of it is a symbolic link the kernel's link protection
     (``fs.protected_symlinks``) would not follow: in a sticky folder others may write
     (``/tmp``), made by neither this user nor the folder's owner. dpstream resolves an
-    output's link itself to write beside its target (a temporary file renamed onto it,
-    a lock file), so the kernel never gets to refuse it, and another user's link there
+    output's links itself to write beside its target (a temporary file renamed onto it,
+    a lock file), so the kernel never gets to refuse them, and another user's link there
     would choose where this user's file is written."""
-    try:
-        link = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISLNK(link.st_mode):
-        return
-    try:
-        folder = os.stat(os.path.dirname(os.path.abspath(path)))
-    except OSError:
-        return
-    shared = bool(folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH)
-    if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
-        raise ValueError(
-            f"{what} {path!r} is a symbolic link another user made in a shared folder: "
-            "refusing to follow it (write to a path of your own)"
-        )
+    parts = os.path.abspath(path).split(os.sep)
+    for k in range(2, len(parts) + 1):
+        prefix = os.sep.join(parts[:k])
+        try:
+            link = os.lstat(prefix)
+        except OSError:
+            return  # nothing there (yet): no link further on either
+        if not stat.S_ISLNK(link.st_mode):
+            continue
+        try:
+            folder = os.stat(os.path.dirname(prefix))
+        except OSError:
+            return
+        shared = bool(folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH)
+        if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
+            raise ValueError(
+                f"{what} {path!r} goes through a symbolic link another user made in a "
+                f"shared folder ({prefix!r}): refusing to follow it (write to a path of "
+                "your own)"
+            )
 
 
 def regular_or_new(path: str) -> bool:
