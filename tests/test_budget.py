@@ -497,3 +497,29 @@ def test_a_later_batch_on_another_dataset_is_refused(tmp_path, capsys) -> None:
     assert (tmp_path / "r.jsonl").read_bytes() == out_before
     assert main([*run, *day2, "--until", "2"]) == 0  # no --dataset: it goes on on A
     assert (tmp_path / "r.jsonl").read_bytes() != out_before
+
+
+def test_a_dataset_name_that_differs_only_in_case_or_spaces_is_refused(tmp_path, capsys) -> None:
+    """Review 83: `--dataset Sales` and `--dataset 'sales '` each started a fresh budget
+    beside `sales`, so the same data spent three times its --budget-cap unnoticed."""
+    from dpstream.cli import main
+
+    key = tmp_path / "k.key"
+    fixed_key("budget-names").save(key)
+    _events(tmp_path / "ev.jsonl")
+    (tmp_path / "dom.txt").write_text("".join(f"w{i}\n" for i in range(11)))
+    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "6"]
+    run += ["--max-items", "2", "--epsilon", "2", "--delta", "1e-6", "--key-file", str(key)]
+    run += ["-i", str(tmp_path / "ev.jsonl"), "--budget-cap", "3"]
+    assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "sales"]) == 0
+    capsys.readouterr()
+    for k, name in enumerate(["Sales", "sales ", " SALES"]):
+        out = tmp_path / f"b{k}.jsonl"
+        assert main([*run, "-o", str(out), "--stream", f"s{k}", "--dataset", name]) == 1
+        err = capsys.readouterr().err
+        assert f"--dataset {name!r} is not on record, but 'sales' is" in err
+        assert not out.exists()
+    # a name that differs by more is other data, with a budget of its own
+    assert main([*run, "-o", str(tmp_path / "c.jsonl"), "--stream", "t", "--dataset", "stock"]) == 0
+    assert main(["budget", "--key-file", str(key), "--dataset", "Sales"]) == 0
+    assert "(on record: 'sales', 'stock')" in capsys.readouterr().out

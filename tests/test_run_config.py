@@ -122,6 +122,22 @@ def test_follow_without_the_public_clock_is_refused_when_built():
                  "--start", "2026-01-01T00:00Z"])  # fmt: skip
 
 
+def test_follow_of_a_stream_with_no_planned_end_is_built():
+    """Review 83: `--follow` without --horizon or --until was refused for every --step
+    ("step 1099511627776 ... would end past the year 9999"): the check took the no-end
+    limit as the last step. A followed step falls due on the wall clock, so none past
+    the year 9999 ever comes; a run that names its end is still checked."""
+    base = ["-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6",
+            "--key-file", "k", "-i", "ev.jsonl", "-o", "r.jsonl", "--state", "s.sqlite",
+            "--time-field", "ts", "--step", "1h", "--start", "2026-03-01T00:00Z"]  # fmt: skip
+    cfg = _config([*base, "--follow"])
+    assert cfg.follow and cfg.horizon is None
+    with pytest.raises(ValueError, match="--lateness .* needs --follow"):  # review 83
+        _config([*base, "--until", "24", "--lateness", "5m"])
+    with pytest.raises(ValueError, match="past the year 9999"):
+        _config([*base, "--follow", "--until", str(2**39)])
+
+
 def test_min_value_must_be_a_finite_number(capsys):
     for bad in ("nan", "inf", "-inf"):
         with pytest.raises(SystemExit):

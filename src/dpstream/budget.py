@@ -157,7 +157,9 @@ def format_budget(spends: list[DatasetSpend], delta: float, dataset: str | None 
     chosen = [s for s in spends if dataset is None or s.dataset == dataset]
     if not chosen:
         where = f"dataset {dataset!r}" if dataset else "any dataset"
-        return f"no run on record for {where}"
+        known = sorted({s.dataset for s in spends})
+        listed = f" (on record: {', '.join(map(repr, known))})" if known else ""
+        return f"no run on record for {where}{listed}"
     out = []
     for name, total in totals(chosen).items():
         out.append(f"dataset {name}: {total.plain(delta)}")

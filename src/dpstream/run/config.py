@@ -262,6 +262,8 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
     if opts["implicit_time"] and clock is not None:
         raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
     last = opts.get("horizon") or until  # the last step whose end is written (sidecar, rows)
+    if opts["follow"] and opts.get("horizon") is None and opts.get("until") is None:
+        last = None  # a stream with no end, on the wall clock: no step past 9999 falls due
     if clock is not None and last is not None:
         try:
             clock.end_of(int(last))
@@ -283,6 +285,12 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
         )
     if opts["follow"] and clock is None:  # before the state and the output are made
         raise ValueError("--follow needs the public clock: --time-field, --step and --start")
+    if opts.get("lateness") and not opts["follow"] and opts.get("engine", "local") == "local":
+        raise ValueError(
+            "--lateness is how long a followed step stays open after its window: it needs "
+            "--follow (a batch run counts every event in its own step, however late; a "
+            "state that recorded it would refuse the next batch without it)"
+        )
     if fmt == "parquet" and (opts["input"] == "-" or opts["follow"]):
         raise ValueError(
             "Parquet input is read from a file or a directory (--input PATH), in a batch "
