@@ -575,3 +575,16 @@ def test_records_after_until_are_reported_as_not_kept(tmp_path, key_path, capsys
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "1 records are for steps after --until 2" in err and "keeps none of them" in err
+
+
+def test_until_without_a_state_warns_that_the_stream_cannot_go_on(tmp_path, key_path, capsys):
+    """Review 83: `--until` below the horizon without `--state` ran silently, and the
+    next day's run was refused with nothing to go on from."""
+    src = _events(tmp_path, 5)
+    out = tmp_path / "o.jsonl"
+    assert main([*UNK, "-T", "5", "--key-file", key_path, "-i", src, "-o", str(out),
+                 "--until", "3"]) == 0  # fmt: skip
+    assert "--until 3 without --state" in capsys.readouterr().err
+    assert main([*UNK, "-T", "5", "--key-file", key_path, "-i", src, "-o",
+                 str(tmp_path / "p.jsonl"), "--stream", "whole"]) == 0  # fmt: skip
+    assert "without --state" not in capsys.readouterr().err

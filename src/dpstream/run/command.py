@@ -154,8 +154,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``dpstream run``: returns the exit status."""
     cfg = RunConfig.from_args(args)
     setup_logging(cfg.log_format, quiet=cfg.quiet)
-    cfg.last_step  # noqa: B018 (a stream without an end step is refused first)
+    until = cfg.last_step  # a stream without an end step is refused first
     check_paths(cfg)
+    if cfg.engine == "local" and not cfg.follow and not cfg.state and until < cfg.horizon_limit:
+        _log.warning(
+            f"--until {until} without --state: the steps after {until} can never be "
+            "released on this stream (a later run of its key and settings is refused, "
+            "and its noise state is not kept); give --state FILE to go on later"
+        )
     return run_config(cfg, load_key(cfg))
 
 
