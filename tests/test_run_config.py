@@ -201,3 +201,22 @@ def test_numpy_settings_keep_their_values() -> None:
     assert got["epsilon"] == float(np.float32(0.1)) != 0.1
     assert got["top"] == 3 and type(got["top"]) is int
     assert got["force"] is True
+
+
+@pytest.mark.parametrize(
+    "clock, message",
+    [
+        (["--step", "1M", "--start", "2026-01-01"], "ambiguous"),
+        (["--start", "2026-01-31", "--step", "1mo"], "day 1 to 28"),
+        (["--step", "2x", "--start", "2026-01-01"], "a duration is written like"),
+        (["--start", "2026-01-01"], "go together"),
+    ],
+)
+def test_plan_refuses_the_clock_a_run_refuses(clock, message):
+    """Review 83: `plan` accepted a --step or --start that `run` refuses (the docs say a
+    plan is only for what a run accepts); only --end made it parse them."""
+    base = ["-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6",
+            "--horizon", "12"]  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        _config([*base, *clock], command="plan")
+    assert _config([*base, "--start", "2026-01-01", "--step", "1h"], command="plan").horizon == 12

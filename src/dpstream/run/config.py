@@ -155,6 +155,7 @@ class RunConfig:
         resolve_horizon(opts)  # --end gives T
         if command == "plan":
             check_settings(opts)  # the same check as run's: a plan only for what a run accepts
+            _check_plan_clock(opts)
             return cls(command=command, config_file=path, **opts)
         no_key = [] if opts["key_file"] is not None else [_NO_KEY]
         check_settings(opts, extra=[*end_problems(opts), *no_key])
@@ -253,6 +254,23 @@ def last_step(opts: Mapping[str, Any]) -> int:
     if until > horizon:
         raise ValueError(f"--until {until} is past the horizon --horizon {horizon}")
     return int(until)
+
+
+def _check_plan_clock(opts: Mapping[str, Any]) -> None:
+    """``plan`` refuses the --start and --step a run would refuse (a step of ``1M``, a
+    monthly clock from the 31st, an unknown unit, one without the other): a plan only
+    for what a run accepts."""
+    start, step = opts.get("start"), opts.get("step")
+    if start is None and step is None:
+        return
+    if start is None or step is None:
+        raise ValueError("--start and --step go together: when step 1 begins, and its width")
+    from ..clock import StepClock
+
+    try:
+        StepClock.parse(str(start), str(step), opts.get("lateness"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--start/--step: {exc}") from None
 
 
 def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
