@@ -174,3 +174,22 @@ def test_a_deleted_ledger_is_warned_about_when_a_new_one_starts(tmp_path, stream
         assert main(argv) == 0
     assert any("is gone" in r.getMessage() for r in caplog.records), caplog.records
     assert stat.S_ISREG(os.stat(stream["key"] + ".ledger").st_mode)
+
+
+@pytest.mark.parametrize("kind", ["input", "jsonl-long", "parquet"])
+def test_view_export_of_a_file_that_holds_no_release_is_refused(tmp_path, stream, capsys, kind):
+    """Review 83: `view events.jsonl --export` (the run's input, an easy slip), a Parquet
+    output or long rows exited 0 with a page that waited for a first release."""
+    path = stream["src"]
+    if kind != "input":
+        out = tmp_path / ("o.jsonl" if kind == "jsonl-long" else "o.parquet")
+        fmt = ["--output-format", kind] if kind == "jsonl-long" else []
+        argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out), *fmt]
+        assert main([*argv, "--rho", "1e4"]) == 0
+        path = str(out)
+    capsys.readouterr()
+    page = tmp_path / "page.html"
+    assert main(["view", path, "--export", str(page)]) == 1
+    err = capsys.readouterr().err
+    assert "holds no release" in err or "the view reads JSON Lines" in err
+    assert not page.exists()

@@ -164,6 +164,11 @@ def export_html(
         raise FileNotFoundError(2, "no such releases file", releases)
     if snap.status == "error":
         raise ValueError(snap.message or f"cannot read {releases}")
+    if snap.status == "waiting" and snap.malformed:  # a report of nothing, from the wrong file
+        raise ValueError(
+            f"{releases!r} holds no release: its {snap.malformed} line(s) are not releases "
+            "(is it the run's input? the view reads a run's --output in JSON Lines)"
+        )
     protected: dict[str, str | os.PathLike[str]] = {
         "the releases file": releases,
         "its metadata file": sidecar_path(releases),

@@ -240,6 +240,18 @@ def _tokens(item: str) -> tuple[bytes, ...]:
     return tuple(f.encode("utf-8", "surrogatepass") for f in forms)
 
 
+
+def _other_format(first: bytes) -> str | None:
+    """What a releases file is when its first line says it is not JSON Lines releases: a
+    CSV output, a Parquet file, or the long JSON Lines rows (None: it may be releases)."""
+    if first.startswith(b"t,item,value"):
+        return "a CSV file"
+    if first.startswith(b"PAR1"):
+        return "a Parquet file"
+    if first.startswith(b"{") and b'"item"' in first and b'"released"' not in first:
+        return "a file of long rows (--output-format jsonl-long)"
+    return None
+
 class ViewModel:
     """The view's bounded state of one releases file; :meth:`refresh` reads what was appended.
 
@@ -373,11 +385,12 @@ class ViewModel:
                 continue
             if not line.data.strip():
                 continue
-            if line.number == 1 and line.data.startswith(b"t,item,value"):
+            kind = _other_format(line.data) if line.number == 1 else None
+            if kind is not None:
                 self._not_jsonl = True
                 self._status = "error"
                 self._message = (
-                    f"{self.path} is a CSV file; the view reads JSON Lines "
+                    f"{self.path} is {kind}; the view reads JSON Lines "
                     "releases (dpstream run --output-format jsonl)"
                 )
                 return True
