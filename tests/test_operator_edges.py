@@ -193,3 +193,16 @@ def test_view_export_of_a_file_that_holds_no_release_is_refused(tmp_path, stream
     err = capsys.readouterr().err
     assert "holds no release" in err or "the view reads JSON Lines" in err
     assert not page.exists()
+
+
+def test_a_missing_input_is_named_before_the_ledger_is_read(tmp_path, stream, capsys):
+    """Review 83: with a scope already used, `-i nofile.jsonl` gave the ledger's long
+    replay refusal instead of saying the input is missing."""
+    out = tmp_path / "o.jsonl"
+    assert main([*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]) == 0
+    capsys.readouterr()
+    missing = str(tmp_path / "nofile.jsonl")
+    argv = [*UNK, "--key-file", stream["key"], "-i", missing, "-o", str(tmp_path / "p.jsonl")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "No such file or directory" in err and "ledger" not in err

@@ -231,6 +231,9 @@ def check_paths(cfg: RunConfig) -> None:
     from .meta import sidecar_path
 
     output = cfg.output
+    if cfg.engine == "local" and cfg.input != "-" and not os.path.exists(str(cfg.input)):
+        # before the ledger: a missing input is not a replay of the stream's noise
+        raise FileNotFoundError(2, "No such file or directory", str(cfg.input))
     if cfg.engine == "local" and output != "-" and str(output).endswith(".gz"):
         raise ValueError(
             f"--output {output!r}: compressed output is not supported (a resumed "
