@@ -588,3 +588,16 @@ def test_until_without_a_state_warns_that_the_stream_cannot_go_on(tmp_path, key_
     assert main([*UNK, "-T", "5", "--key-file", key_path, "-i", src, "-o",
                  str(tmp_path / "p.jsonl"), "--stream", "whole"]) == 0  # fmt: skip
     assert "without --state" not in capsys.readouterr().err
+
+
+def test_a_later_batchs_summary_names_its_own_steps(tmp_path, key_path, capsys):
+    """Review 83: a later batch's summary read "3 steps (t = 1..5 ...)"."""
+    day1, day2 = tmp_path / "day1.jsonl", tmp_path / "day2.jsonl"
+    day1.write_text("".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in (1, 2)))
+    day2.write_text("".join(json.dumps({"t": t, "items": ["b"]}) + "\n" for t in (3, 4, 5)))
+    argv = [*UNK, "-T", "5", "--key-file", key_path, "-o", str(tmp_path / "o.jsonl"),
+            "--state", str(tmp_path / "s.sqlite")]  # fmt: skip
+    assert main([*argv, "-i", str(day1), "--until", "2"]) == 0
+    assert "2 steps (t = 1..2 of T = 5)" in capsys.readouterr().err
+    assert main([*argv, "-i", str(day2), "--until", "5"]) == 0
+    assert "3 steps (t = 3..5 of T = 5)" in capsys.readouterr().err

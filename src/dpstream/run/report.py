@@ -46,8 +46,9 @@ def log_summary(stats: RunStats, mech: ContinualMechanism, cfg: RunConfig) -> No
     elapsed = time.monotonic() - stats.started
     rate = stats.events / elapsed if elapsed > 0 else float("inf")
     resumed = f", resumed after step {stats.resumed_at}" if stats.resumed_at else ""
-    lines = [
-        f"{stats.steps} steps (t = 1..{mech.t} of "
+    first = mech.t - stats.steps + 1 if stats.steps else 1  # this run's steps (a later
+    lines = [  # batch, or a resumed run, releases the steps after the last on record)
+        f"{stats.steps} steps (t = {first}..{mech.t} of "
         + ("a stream with no planned end" if mech.unbounded else f"T = {mech.horizon}")
         + "), "
         f"{stats.events} events{resumed}, {elapsed:.1f} s ({rate:,.0f} events/s)",

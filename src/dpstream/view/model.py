@@ -240,7 +240,6 @@ def _tokens(item: str) -> tuple[bytes, ...]:
     return tuple(f.encode("utf-8", "surrogatepass") for f in forms)
 
 
-
 def _other_format(first: bytes) -> str | None:
     """What a releases file is when its first line says it is not JSON Lines releases: a
     CSV output, a Parquet file, or the long JSON Lines rows (None: it may be releases)."""
@@ -251,6 +250,7 @@ def _other_format(first: bytes) -> str | None:
     if first.startswith(b"{") and b'"item"' in first and b'"released"' not in first:
         return "a file of long rows (--output-format jsonl-long)"
     return None
+
 
 class ViewModel:
     """The view's bounded state of one releases file; :meth:`refresh` reads what was appended.
