@@ -31,6 +31,27 @@ def _events(tmp_path, n=200):
     return str(src)
 
 
+def _count_taken(monkeypatch: pytest.MonkeyPatch, noted: list[int]) -> None:
+    """Count in ``noted[0]`` the records a ``--follow`` run's loop takes in (a test drives
+    the follower's clock by them, never by the machine's pace)."""
+    import dpstream.run.follow as run_follow
+    import dpstream.run.pipeline as run_pipeline
+
+    real_follow = run_follow.follow
+
+    def counting_follow(infile, cfg, count, **kw):
+        take = count.take
+
+        def counted(rec):
+            noted[0] += 1
+            return take(rec)
+
+        count.take = counted
+        return real_follow(infile, cfg, count, **kw)
+
+    monkeypatch.setattr(run_pipeline, "follow", counting_follow)
+
+
 def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, key_path, capsys):
     src = _events(tmp_path)
     assert (
@@ -280,7 +301,6 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(
     import time
 
     import dpstream.run.follow as run_follow
-    import dpstream.run.pipeline as run_pipeline
 
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
     at = lambda s: (start + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
@@ -324,20 +344,8 @@ def test_follow_releases_steps_on_the_clock_and_late_events_stay_late(
             return start + dt.timedelta(seconds=20)
         return start + dt.timedelta(seconds=2.5)
 
-    real_follow = run_follow.follow
-
-    def counting_follow(infile, cfg, count, **kw):
-        take = count.take
-
-        def counted(rec):
-            noted[0] += 1
-            return take(rec)
-
-        count.take = counted
-        return real_follow(infile, cfg, count, **kw)
-
     monkeypatch.setattr(run_follow, "_utcnow", fake_now)
-    monkeypatch.setattr(run_pipeline, "follow", counting_follow)
+    _count_taken(monkeypatch, noted)
 
     def append_when_two_steps_are_out() -> None:
         while time.monotonic() < give_up:
@@ -513,7 +521,6 @@ def test_follow_on_stdin_counts_a_last_line_without_its_newline(tmp_path, key_pa
     import time
 
     import dpstream.run.follow as run_follow
-    import dpstream.run.pipeline as run_pipeline
 
     (tmp_path / "dom.txt").write_text("a\nb\n")
     events = b'{"ts":"2026-03-01T00:10Z","items":["a"]}\n{"ts":"2026-03-01T00:20Z","items":["b"]}'
@@ -535,19 +542,7 @@ def test_follow_on_stdin_counts_a_last_line_without_its_newline(tmp_path, key_pa
             start + dt.timedelta(hours=3 if noted[0] >= 2 or time.monotonic() > give_up else 0.5)
         ),
     )
-    real_follow = run_follow.follow
-
-    def counting_follow(infile, cfg, count, **kw):
-        take = count.take
-
-        def counted(rec):
-            noted[0] += 1
-            return take(rec)
-
-        count.take = counted
-        return real_follow(infile, cfg, count, **kw)
-
-    monkeypatch.setattr(run_pipeline, "follow", counting_follow)
+    _count_taken(monkeypatch, noted)
     rfd, wfd = os.pipe()
     os.write(wfd, events)
     os.close(wfd)  # stdin ends after a last line without its newline

@@ -30,6 +30,51 @@ def _line(seconds: float, item: str) -> str:
     return json.dumps({"ts": _at(seconds), "items": [item]}) + "\n"
 
 
+class _HeldFollower:
+    """Hooks for a follower driven step by step, never by the machine's pace: its clock
+    stands before step 1's due instant (0.5 s) until :attr:`due` is set (then 1.5 s),
+    its parser is held at input line 3 (:attr:`parser_held`) until :attr:`let_go`, and
+    :attr:`sized` says it has read the input's size since step 1 fell due. The give-up
+    time only ends a broken follower's run."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        give_up = time.monotonic() + 30
+        self.due, self.sized, self.parser_held, self.let_go = (threading.Event() for _ in range(4))
+        due, sized = self.due, self.sized
+
+        def now() -> dt.datetime:
+            late = due.is_set() or time.monotonic() > give_up
+            return START + dt.timedelta(seconds=1.5 if late else 0.5)
+
+        real_size_now, real_backlog_size = FollowedInput.size_now, FollowedInput.backlog_size
+
+        def size_now(source):
+            size = real_size_now(source)
+            if due.is_set():
+                sized.set()
+            return size
+
+        def backlog_size(source, stop):  # the size at the start, if step 1 is due then
+            size = real_backlog_size(source, stop)
+            if due.is_set():
+                sized.set()
+            return size
+
+        real_records = run_follow.input_records_from
+
+        def held_records(lines, cfg):
+            for rec in real_records(lines, cfg):
+                if rec.line == 3:
+                    self.parser_held.set()
+                    self.let_go.wait(max(give_up - time.monotonic(), 0))
+                yield rec
+
+        monkeypatch.setattr(run_follow, "_utcnow", now)
+        monkeypatch.setattr(FollowedInput, "size_now", size_now)
+        monkeypatch.setattr(FollowedInput, "backlog_size", backlog_size)
+        monkeypatch.setattr(run_follow, "input_records_from", held_records)
+
+
 def test_an_event_written_after_the_due_instant_is_late_behind_a_slow_backlog(
     tmp_path, monkeypatch, capsys
 ):
@@ -45,51 +90,18 @@ def test_an_event_written_after_the_due_instant_is_late_behind_a_slow_backlog(
     fixed_key("cut").save(key)
     src, out = tmp_path / "live.jsonl", tmp_path / "out.jsonl"
     src.write_text(_line(0.1, "a") + _line(0.2, "a") + _line(0.3, "b"))
-    give_up = time.monotonic() + 30
-    due, sized, parser_held, let_go = (threading.Event() for _ in range(4))
-
-    def fake_now() -> dt.datetime:  # 0.5 s (nothing due) until flipped, then 1.5 s
-        late = due.is_set() or time.monotonic() > give_up
-        return START + dt.timedelta(seconds=1.5 if late else 0.5)
-
-    real_size_now, real_backlog_size = FollowedInput.size_now, FollowedInput.backlog_size
-
-    def size_now(self):
-        size = real_size_now(self)
-        if due.is_set():
-            sized.set()
-        return size
-
-    def backlog_size(self, stop):  # the size at the run's start, if step 1 is due then
-        size = real_backlog_size(self, stop)
-        if due.is_set():
-            sized.set()
-        return size
-
-    real_records = run_follow.input_records_from
-
-    def held_records(lines, cfg):
-        for rec in real_records(lines, cfg):
-            if rec.line == 3:
-                parser_held.set()
-                let_go.wait(max(give_up - time.monotonic(), 0))
-            yield rec
-
-    monkeypatch.setattr(run_follow, "_utcnow", fake_now)
-    monkeypatch.setattr(FollowedInput, "size_now", size_now)
-    monkeypatch.setattr(FollowedInput, "backlog_size", backlog_size)
-    monkeypatch.setattr(run_follow, "input_records_from", held_records)
+    held = _HeldFollower(monkeypatch)
 
     def drive() -> None:
-        parser_held.wait(30)
-        due.set()  # step 1 falls due while the parser is held at line 3
+        held.parser_held.wait(30)
+        held.due.set()  # step 1 falls due while the parser is held at line 3
         # ... and the follower has read the input's size at that instant (an old follower
         # never does: the wait ends well before the parser's give-up, so the event is
         # appended while the parser is held, as in the race)
-        sized.wait(10)
+        held.sized.wait(10)
         with open(src, "a") as fh:
             fh.write(_line(0.9, "b"))  # an event of step 1, written after its due instant
-        let_go.set()
+        held.let_go.set()
 
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
@@ -363,41 +375,7 @@ def test_an_event_behind_a_backlog_larger_than_a_pipe_counts_on_stdin(
     fixed_key("cut").save(key)
     (tmp_path / "dom.txt").write_text("a\nz\n")
     payload = "".join(_line(0.1 + k / 10_000, "a") for k in range(4000)) + _line(0.6, "z")
-    give_up = time.monotonic() + 30
-    due, sized, parser_held, let_go = (threading.Event() for _ in range(4))
-    monkeypatch.setattr(
-        run_follow,
-        "_utcnow",
-        lambda: (
-            START + dt.timedelta(seconds=1.5 if due.is_set() or time.monotonic() > give_up else 0.5)
-        ),
-    )
-    real_size_now, real_backlog_size = FollowedInput.size_now, FollowedInput.backlog_size
-
-    def size_now(self):
-        size = real_size_now(self)
-        if due.is_set():
-            sized.set()
-        return size
-
-    def backlog_size(self, stop):  # the size at the run's start, if step 1 is due then
-        size = real_backlog_size(self, stop)
-        if due.is_set():
-            sized.set()
-        return size
-
-    real_records = run_follow.input_records_from
-
-    def held_records(lines, cfg):
-        for rec in real_records(lines, cfg):
-            if rec.line == 3:
-                parser_held.set()
-                let_go.wait(max(give_up - time.monotonic(), 0))
-            yield rec
-
-    monkeypatch.setattr(FollowedInput, "size_now", size_now)
-    monkeypatch.setattr(FollowedInput, "backlog_size", backlog_size)
-    monkeypatch.setattr(run_follow, "input_records_from", held_records)
+    held = _HeldFollower(monkeypatch)
     argv = ["run", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "--max-items", "1",
             "--rho", "1e4", "-T", "5", "--time-field", "ts", "--step", "1s", "--start",
             START.isoformat(), "--no-round", "--key-file", str(key), "--follow",
@@ -408,12 +386,12 @@ def test_an_event_behind_a_backlog_larger_than_a_pipe_counts_on_stdin(
     writer = threading.Thread(target=os.write, args=(wfd, head[3]), daemon=True)
 
     def drive() -> None:
-        parser_held.wait(10)
+        held.parser_held.wait(10)
         writer.start()
         writer.join(5)  # drained at once; an old follower leaves the writer blocked
-        due.set()
-        sized.wait(5)
-        let_go.set()
+        held.due.set()
+        held.sized.wait(5)
+        held.let_go.set()
 
     driver = threading.Thread(target=drive, daemon=True)
     out = tmp_path / "out.jsonl"
