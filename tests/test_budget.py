@@ -513,7 +513,8 @@ def test_a_dataset_name_that_differs_only_in_case_or_spaces_is_refused(tmp_path,
     run += ["-i", str(tmp_path / "ev.jsonl"), "--budget-cap", "3"]
     assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "sales"]) == 0
     capsys.readouterr()
-    for k, name in enumerate(["Sales", "sales ", " SALES"]):
+    # review 84: the same name in another Unicode form, or with an invisible character
+    for k, name in enumerate(["Sales", "sales ", " SALES", "\uff53ales", "sa\u200bles"]):
         out = tmp_path / f"b{k}.jsonl"
         assert main([*run, "-o", str(out), "--stream", f"s{k}", "--dataset", name]) == 1
         err = capsys.readouterr().err
@@ -523,3 +524,26 @@ def test_a_dataset_name_that_differs_only_in_case_or_spaces_is_refused(tmp_path,
     assert main([*run, "-o", str(tmp_path / "c.jsonl"), "--stream", "t", "--dataset", "stock"]) == 0
     assert main(["budget", "--key-file", str(key), "--dataset", "Sales"]) == 0
     assert "(on record: 'sales', 'stock')" in capsys.readouterr().out
+
+
+def test_a_dataset_name_on_record_is_never_refused_for_a_near_one(tmp_path, capsys, monkeypatch):
+    """Review 84: a ledger written before the check could hold both "sales" and "Sales";
+    each name, being on record, must still be usable (it was refused for the other)."""
+    import dpstream.run.scope as scope
+    from dpstream.cli import main
+
+    key = tmp_path / "k.key"
+    fixed_key("budget-near").save(key)
+    _events(tmp_path / "ev.jsonl")
+    (tmp_path / "dom.txt").write_text("".join(f"w{i}\n" for i in range(11)))
+    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "6"]
+    run += ["--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key)]
+    run += ["-i", str(tmp_path / "ev.jsonl")]
+    assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "sales"]) == 0
+    with monkeypatch.context() as m:  # as a dpstream without the check recorded it
+        m.setattr(scope, "_folded", lambda name: name)
+        assert main([*run, "-o", str(tmp_path / "b.jsonl"), "--stream", "b", "--dataset",
+                     "Sales"]) == 0  # fmt: skip
+    for k, name in enumerate(["sales", "Sales"]):
+        out = tmp_path / f"c{k}.jsonl"
+        assert main([*run, "-o", str(out), "--stream", f"c{k}", "--dataset", name]) == 0

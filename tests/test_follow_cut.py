@@ -159,7 +159,8 @@ def test_each_line_ends_at_its_byte_offset_in_a_file(tmp_path, data):
         ends = []
         while source.readline():
             ends.append(source.end)
-        assert ends == _split_lines(data)
+        whole = [end for end in _split_lines(data) if data[end - 1 : end] == b"\n"]
+        assert ends == whole  # a last line without its newline is not written in full yet
         assert source.size_now() == len(data) == source.consumed()
         source.close()
 
@@ -512,3 +513,52 @@ def test_the_pipe_spool_drops_what_was_handed_out_once_caught_up(monkeypatch):
         text.close()
     finally:
         os.close(wfd)
+
+
+def test_stdin_from_a_file_is_followed_as_the_file_is(tmp_path):
+    """Review 84: stdin redirected from a file ended where the reader first met the file's
+    end, so how long the backlog took to parse decided whether an event appended
+    meanwhile was read. It is followed as the file is: it never ends by itself."""
+    from dpstream.io import open_input
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a":1}\n')
+    with open_input(str(path)) as text:
+        source = FollowedInput(text, "-")
+        assert source.readline() == '{"a":1}\n'
+        assert source.readline() == "" and not source.at_end()
+        with open(path, "ab") as fh:
+            fh.write(b'{"b":2}\n')
+        assert source.readline() == '{"b":2}\n'
+        source.close()
+
+
+def test_a_fifo_to_follow_opens_without_a_writer(tmp_path):
+    """Review 84: opening a named pipe waits for a writer, so the steps due meanwhile were
+    not released on time; the follower opens it without waiting."""
+    from dpstream.run.command import _open_fifo
+
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    opened: list = []
+    opener = threading.Thread(target=lambda: opened.append(_open_fifo(str(fifo))), daemon=True)
+    opener.start()
+    opener.join(10)  # at once; a blocking open would still wait for a writer
+    assert len(opened) == 1
+    source = FollowedInput(opened[0], str(fifo))
+    assert source.sized and source.readline() == "" and not source.at_end()
+    source.close()
+    opened[0].close()
+
+
+def test_a_recorded_step_waits_for_a_slow_pipe_and_is_refused_only_at_its_end():
+    """Review 84: a resumed follow over a pipe whose lines came slower than they were
+    parsed was refused ("the input ends at line 1, but step 2 closed after line 2"):
+    a pipe read to what it holds now has not ended."""
+    from dpstream.errors import StateError
+    from dpstream.run.follow import _ready_on_record
+
+    assert not _ready_on_record(2, 2, 1, caught_up=False, ended=False)  # wait
+    assert _ready_on_record(2, 2, 3, caught_up=False, ended=False)  # read past it
+    with pytest.raises(StateError, match="is it the same input"):
+        _ready_on_record(2, 2, 1, caught_up=False, ended=True)  # the input ended short

@@ -72,6 +72,27 @@ def test_run_refuses_an_output_under_a_folder_link_another_user_made(tmp_path, s
     assert not list(planted.iterdir())
 
 
+@pytest.mark.parametrize("way", ["dot-dot", "own-link"])
+def test_a_foreign_link_is_seen_through_dot_dot_and_through_ones_own_link(
+    tmp_path, stream, capsys, way
+):
+    """Review 84: the check walked the path as text, so `shared/link/../o.jsonl` (the
+    kernel follows the link, then goes up from its target) and one's own link that leads
+    through another user's link both wrote where that user chose."""
+    link, planted = _foreign_link(tmp_path, "dir")
+    (planted / "sub").mkdir(parents=True)
+    if way == "dot-dot":
+        out = link / "sub" / ".." / "o.jsonl"
+    else:
+        (tmp_path / "mine").mkdir()
+        os.symlink(link, tmp_path / "mine" / "own")
+        out = tmp_path / "mine" / "own" / "o.jsonl"
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
+    assert main(argv) == 1
+    assert "goes through a symbolic link another user made" in capsys.readouterr().err
+    assert sorted(p.name for p in planted.iterdir()) == ["sub"]
+
+
 def test_a_link_of_ones_own_is_followed(tmp_path, stream):
     target = tmp_path / "real.jsonl"
     link = tmp_path / "rel.jsonl"

@@ -57,6 +57,7 @@ import contextlib
 import io
 import logging
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
@@ -156,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_format, quiet=cfg.quiet)
     until = cfg.last_step  # a stream without an end step is refused first
     check_paths(cfg)
-    if cfg.engine == "local" and not cfg.follow and not cfg.state and until < cfg.horizon_limit:
+    if cfg.engine == "local" and not cfg.state and until < cfg.horizon_limit:
         _log.warning(
             f"--until {until} without --state: the steps after {until} can never be "
             "released on this stream (a later run of its key and settings is refused, "
@@ -257,13 +258,33 @@ def _open_input(cfg: RunConfig, stack: contextlib.ExitStack) -> Any:
         parquet_files(cfg.input)  # a missing input (or an empty directory) truncates nothing
         return cfg.input
 
-    infile = open_input(cfg.input)
+    if cfg.follow and cfg.input != "-" and stat.S_ISFIFO(_mode(cfg.input)):
+        infile = _open_fifo(cfg.input)
+    else:
+        infile = open_input(cfg.input)
     if cfg.input != "-":
         stack.callback(infile.close)
     elif infile is not sys.stdin and isinstance(infile, io.TextIOWrapper):
         # a decoding wrapper (always, when it is not stdin): leave stdin itself open
         stack.callback(infile.detach)
     return infile
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
+def _open_fifo(path: str) -> Any:
+    """A named pipe to follow, opened without waiting for a writer (an open for reading
+    waits for one, and the steps due meanwhile would not be released on time)."""
+    from ..io.records import text_stream
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(fd, True)
+    return text_stream(open(fd, "rb"))  # noqa: SIM115 - closed with the run
 
 
 def _forget_new_state(cfg: RunConfig, ckpt: Checkpoint, state_existed: bool) -> None:

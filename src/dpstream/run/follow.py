@@ -103,8 +103,9 @@ def follow(
                 raise sizes.errors[0]
             now = _utcnow()
             size = None  # the input's size at step t's due instant, once it is due
-            if t in boundary:
-                ready = _ready_on_record(t, boundary[t], count.last_line, caught_up, ended)
+            if t in boundary:  # from a pipe, caught up is no end: its lines may be slow
+                caught = caught_up and not source.waits_for_writers
+                ready = _ready_on_record(t, boundary[t], count.last_line, caught, ended)
             elif sizes is None:
                 ready = bool(clock.due(now) >= t and (caught_up or ended))
             else:
@@ -151,8 +152,10 @@ def follow(
 
 def _ready_on_record(t: int, line: int, last_line: int, caught_up: bool, ended: bool) -> bool:
     """Whether step ``t``, which closed after input line ``line`` the first time, closes
-    now: once the reader has read past that line (or caught up with it)."""
-    if caught_up and last_line < line:
+    now: once the reader has read past that line (or caught up with it). ``caught_up``:
+    the reader has read all of an input that says it holds no more (a file; a pipe only
+    when it has ended)."""
+    if (caught_up or ended) and last_line < line:
         raise StateError(
             f"the input ends at line {last_line}, but step {t} "
             f"closed after line {line} the first time: is it "

@@ -54,14 +54,13 @@ def _rotated(path: str, how: str) -> StateError:
 
 class FileBytes:
     """A regular file's bytes from its start. ``path``: the name it was opened by, checked
-    for rotation (None: stdin, which ends at the file's end instead)."""
+    for rotation (None: stdin redirected from the file, followed as the file is)."""
 
     def __init__(self, fd: int, path: str | None) -> None:
         self.fd, self.path = fd, path
         self.read_count = 0
         self._lock = threading.Lock()
         self._let_go = False
-        self._eof = False
 
     def read(self) -> bytes:
         """The next bytes there are now (b"": none now)."""
@@ -70,13 +69,13 @@ class FileBytes:
                 return b""
             data = os.read(self.fd, _READ)
             self.read_count += len(data)
-        self._eof = not data
         return data
 
     def at_end(self) -> bool:
-        """Whether the input has ended: stdin at the end of its file (a file followed by
-        its path may always grow)."""
-        return self.path is None and self._eof
+        """Never: a file may always grow, stdin redirected from one too (were its end
+        where the reader first met it, how long the backlog took to parse would decide
+        whether an event appended meanwhile is read)."""
+        return False
 
     def backlog_size(self, stop: threading.Event) -> int:
         """What the file held when the run started, for the steps already due then: its

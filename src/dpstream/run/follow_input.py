@@ -61,6 +61,14 @@ class FollowedInput:
         self._source = open_bytes(fd, None if path == "-" else path) if fd is not None else None
 
     @property
+    def waits_for_writers(self) -> bool:
+        """Whether reading all there is now says nothing of what is to come: a pipe (its
+        writer may be slow), not a file or a stream read to its end."""
+        from .follow_bytes import PipeSpool
+
+        return isinstance(self._source, PipeSpool)
+
+    @property
     def sized(self) -> bool:
         """Whether :meth:`size_now` tells the input's size."""
         return self._source is not None

@@ -57,32 +57,46 @@ def lock_path(output: str) -> str:
 
 
 def refuse_foreign_link(path: str, what: str) -> None:
-    """Refuse ``path`` when any part of it is a symbolic link the kernel's link protection
-    (``fs.protected_symlinks``) would not follow: in a sticky folder others may write
-    (``/tmp``), made by neither this user nor the folder's owner. dpstream resolves an
-    output's links itself to write beside its target (a temporary file renamed onto it,
-    a lock file), so the kernel never gets to refuse them, and another user's link there
-    would choose where this user's file is written."""
-    parts = os.path.abspath(path).split(os.sep)
-    for k in range(2, len(parts) + 1):
-        prefix = os.sep.join(parts[:k])
+    """Refuse ``path`` when the walk to it follows a symbolic link the kernel's link
+    protection (``fs.protected_symlinks``) would not follow: in a sticky folder others
+    may write (``/tmp``), made by neither this user nor the folder's owner. dpstream
+    resolves an output's links itself to write beside its target (a temporary file
+    renamed onto it, a lock file), so the kernel never gets to refuse them, and another
+    user's link there would choose where this user's file is written. The path is walked
+    as the kernel walks it: a part at a time, ``..`` after the link before it is
+    followed, and through the parts of each link's own target."""
+    todo = os.path.join(os.getcwd(), path).split(os.sep)[1:]
+    here = os.sep
+    for _ in range(4096):  # parts, and the parts of links' targets (a loop ends here)
+        if not todo:
+            return
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, part)
         try:
-            link = os.lstat(prefix)
+            info = os.lstat(step)
         except OSError:
             return  # nothing there (yet): no link further on either
-        if not stat.S_ISLNK(link.st_mode):
+        if not stat.S_ISLNK(info.st_mode):
+            here = step
             continue
-        try:
-            folder = os.stat(os.path.dirname(prefix))
-        except OSError:
-            return
+        folder = os.stat(here)
         shared = bool(folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH)
-        if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
+        if shared and info.st_uid not in (os.geteuid(), folder.st_uid):
             raise ValueError(
                 f"{what} {path!r} goes through a symbolic link another user made in a "
-                f"shared folder ({prefix!r}): refusing to follow it (write to a path of "
+                f"shared folder ({step!r}): refusing to follow it (write to a path of "
                 "your own)"
             )
+        target = os.readlink(step)
+        if os.path.isabs(target):
+            here = os.sep
+        todo = [*target.split(os.sep), *todo]
+    return
 
 
 def regular_or_new(path: str) -> bool:

@@ -164,18 +164,25 @@ def _check_dataset(cfg: RunConfig, ledger: ReleaseLedger) -> None:
     if given and ledger.needs_budget_line():  # a run not yet counted on any dataset
         names = {line.dataset for _, line in ledger.spends()}
         near = sorted(n for n in names if n != given and _folded(n) == _folded(given))
-        if near:  # a slip of case or spacing would start a fresh budget, past any cap
+        # a slip of case, spacing or form would start a fresh budget, past any cap
+        if near and given not in names:
             raise LedgerError(
                 f"--dataset {given!r} is not on record, but {near[0]!r} is: dataset names "
-                "are exact, and these differ only in case or spaces, so this run would start "
-                f"a budget of its own beside {near[0]!r}'s (and its cap). Give --dataset "
+                "are exact, and these differ only in case, spaces or Unicode form, so this "
+                f"run would start a budget beside {near[0]!r}'s (and its cap). Give --dataset "
                 f"{near[0]!r} for the same data, or a name that differs by more for other data"
             )
 
 
 def _folded(name: str) -> str:
-    """A dataset name without case and with its spaces collapsed (to catch a slip)."""
-    return " ".join(name.casefold().split())
+    """A dataset name as it reads (to catch a slip): its compatibility form (NFKC: a
+    full-width letter, an accent written apart), without invisible format characters
+    (a zero-width space), without case, and with its spaces collapsed."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFKC", name)
+    text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return " ".join(unicodedata.normalize("NFKC", text.casefold()).split())
 
 
 def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> None:
