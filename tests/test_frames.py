@@ -257,7 +257,10 @@ def test_an_unknown_setting_is_refused_by_its_name_with_the_close_one(tmp_path, 
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"force": "false"}, "release_frame: force must be true or false, got 'false'"),
+        (
+            {"force": "false"},
+            r"release_frame: force must be true or false \(a bool, not text\), got 'false'",
+        ),
         ({"round": 0}, "release_frame: round must be true or false, got 0"),
         (
             {"on_invalid": "errors"},
@@ -300,7 +303,8 @@ def test_force_false_as_text_does_not_release_a_stream_again(tmp_path, key_path,
     kw = {"key": key_path, "ledger": str(ledger), **BASE}
     dpstream.release_frame(_events(8).to_pandas(), "unknown", **kw)
     before = ledger.read_bytes()
-    with pytest.raises(ValueError, match="force must be true or false, got 'false'"):
+    bool_text = r"force must be true or false \(a bool, not text\), got 'false'"
+    with pytest.raises(ValueError, match=bool_text):
         dpstream.release_frame(_events(9).to_pandas(), "unknown", force="false", **kw)
     assert ledger.read_bytes() == before
     with pytest.raises(Exception, match="release ledger"):  # force=False is the default

@@ -156,7 +156,10 @@ def test_min_value_must_be_a_finite_number(capsys):
             r"^config file: unknown option 'budgetcap' \(did you mean 'budget-cap'\?\)$",
         ),
         ("foo = 1", r"^config file: unknown option 'foo'$"),
-        ('force = "false"', "^config file: --force must be true or false, got 'false'$"),
+        (
+            'force = "false"',
+            r"^config file: --force must be true or false \(a bool, not text\), got 'false'$",
+        ),
         ('top = "2"', "^config file: --top must be a number, not text, got '2'$"),
         ('eta = "auto"', None),
         ("noise-version = 2.5", "^config file: --noise-version: invalid literal for int"),

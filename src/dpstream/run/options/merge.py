@@ -150,7 +150,8 @@ def _checked_value(opt: Opt, value: Any, label: str) -> Any:
         if _numpy_kind(value) == "b":
             value = bool(value)
         if not isinstance(value, bool):
-            raise ValueError(f"{label} must be true or false, got {value!r}")
+            text = " (a bool, not text)" if isinstance(value, str) else ""
+            raise ValueError(f"{label} must be true or false{text}, got {value!r}")
         return value
     if opt.dest == "domain" and isinstance(value, list):
         return value  # the domain itself
