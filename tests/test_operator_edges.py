@@ -227,3 +227,16 @@ def test_a_missing_input_is_named_before_the_ledger_is_read(tmp_path, stream, ca
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "No such file or directory" in err and "ledger" not in err
+
+
+def test_a_parameter_refusal_names_each_option_once(tmp_path, stream, capsys):
+    """Review 83: a run without --horizon over a state begun with one was refused as
+    differing in "..., --horizon, ..., --horizon (given or not)"."""
+    argv = [*UNK[:-2], "--key-file", stream["key"], "-i", stream["src"], "-o",
+            str(tmp_path / "o.jsonl"), "--state", str(tmp_path / "s.sqlite")]  # fmt: skip
+    assert main([*argv, "-T", "3", "--until", "2"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--until", "3"]) == 1
+    err = capsys.readouterr().err
+    differs = err.split("differs in: ")[1].split("): refusing")[0]
+    assert differs.count("--horizon") == 1, differs

@@ -298,9 +298,12 @@ class Checkpoint:
         if record.params != params:
             old, new = json.loads(record.params), json.loads(params)
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            words = list(dict.fromkeys(param_words(k) for k in diff))  # each option once
+            if "--horizon" in words:  # --horizon itself, whether given or not
+                words = [w for w in words if w != "--horizon (given or not)"]
             raise StateError(
                 f"state file {self.path!r} belongs to a run with other parameters "
-                f"(differs in: {', '.join(param_words(k) for k in diff)}): refusing to "
+                f"(differs in: {', '.join(words)}): refusing to "
                 "resume; a stream's parameters are fixed at its first run"
             )
         if input is not None and record.input != input:
