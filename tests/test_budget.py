@@ -514,7 +514,9 @@ def test_a_dataset_name_that_differs_only_in_case_or_spaces_is_refused(tmp_path,
     assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "sales"]) == 0
     capsys.readouterr()
     # review 84: the same name in another Unicode form, or with an invisible character
-    for k, name in enumerate(["Sales", "sales ", " SALES", "\uff53ales", "sa\u200bles"]):
+    names = ["Sales", "sales ", " SALES", "\uff53ales", "sa\u200bles"]
+    names += ["sales\u034f", "sales\ufe0f", "sales\u3164"]  # review 85: invisible, not Cf
+    for k, name in enumerate(names):
         out = tmp_path / f"b{k}.jsonl"
         assert main([*run, "-o", str(out), "--stream", f"s{k}", "--dataset", name]) == 1
         err = capsys.readouterr().err

@@ -72,7 +72,7 @@ def test_run_refuses_an_output_under_a_folder_link_another_user_made(tmp_path, s
     assert not list(planted.iterdir())
 
 
-@pytest.mark.parametrize("way", ["dot-dot", "own-link"])
+@pytest.mark.parametrize("way", ["dot-dot", "own-link", "missing-dot-dot"])
 def test_a_foreign_link_is_seen_through_dot_dot_and_through_ones_own_link(
     tmp_path, stream, capsys, way
 ):
@@ -83,6 +83,8 @@ def test_a_foreign_link_is_seen_through_dot_dot_and_through_ones_own_link(
     (planted / "sub").mkdir(parents=True)
     if way == "dot-dot":
         out = link / "sub" / ".." / "o.jsonl"
+    elif way == "missing-dot-dot":  # review 85: a part not there, then `..`, then the link
+        out = link.parent / "nothere" / ".." / link.name / "o.jsonl"
     else:
         (tmp_path / "mine").mkdir()
         os.symlink(link, tmp_path / "mine" / "own")
@@ -240,3 +242,38 @@ def test_a_parameter_refusal_names_each_option_once(tmp_path, stream, capsys):
     err = capsys.readouterr().err
     differs = err.split("differs in: ")[1].split("): refusing")[0]
     assert differs.count("--horizon") == 1, differs
+
+
+def test_a_chain_of_too_many_links_is_refused(tmp_path, stream, capsys):
+    """Review 85: past the walk's limit the path was let through; past 40 links it is
+    refused, as the kernel's ELOOP."""
+    (tmp_path / "end").mkdir()
+    prev = tmp_path / "end"
+    for k in range(45):
+        link = tmp_path / f"l{k}"
+        os.symlink(prev, link)
+        prev = link
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(prev / "o.jsonl")]
+    assert main(argv) == 1
+    assert "too many symbolic links" in capsys.readouterr().err
+
+
+def test_an_absolute_output_runs_from_a_removed_working_folder(tmp_path, stream, monkeypatch):
+    """Review 85: the link walk read the working folder even for an absolute path, so a
+    run from a removed folder failed with "[Errno 2]" naming no file."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    out = tmp_path / "o.jsonl"
+    assert main([*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]) == 0
+
+
+def test_lateness_without_follow_warns_through_the_run_s_log(tmp_path, stream, capsys):
+    """Reviews 83-85: --lateness without --follow changes nothing and warns (a stream
+    begun with it goes on with it), in the log format asked for."""
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o",
+            str(tmp_path / "o.jsonl"), "--lateness", "5m", "--log-format", "json"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert any("without --follow it changes nothing" in str(x) for x in lines)

@@ -157,6 +157,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_format, quiet=cfg.quiet)
     until = cfg.last_step  # a stream without an end step is refused first
     check_paths(cfg)
+    if cfg.lateness and not cfg.follow and cfg.engine == "local":  # a warning, not a
+        _log.warning(  # refusal: a stream begun with it goes on with it
+            "--lateness is how long a followed step stays open after its window: without "
+            "--follow it changes nothing (a batch run counts every event in its own step, "
+            "however late), but a stream begun with it keeps it in its state"
+        )
     if cfg.engine == "local" and not cfg.state and until < cfg.horizon_limit:
         _log.warning(
             f"--until {until} without --state: the steps after {until} can never be "

@@ -303,14 +303,6 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
         )
     if opts["follow"] and clock is None:  # before the state and the output are made
         raise ValueError("--follow needs the public clock: --time-field, --step and --start")
-    if opts.get("lateness") and not opts["follow"] and opts.get("engine", "local") == "local":
-        import logging  # a warning, not a refusal: a stream begun with it goes on with it
-
-        logging.getLogger("dpstream.run").warning(
-            "--lateness is how long a followed step stays open after its window: without "
-            "--follow it changes nothing (a batch run counts every event in its own step, "
-            "however late), but a stream begun with it keeps it in its state"
-        )
     if fmt == "parquet" and (opts["input"] == "-" or opts["follow"]):
         raise ValueError(
             "Parquet input is read from a file or a directory (--input PATH), in a batch "

@@ -161,7 +161,7 @@ def _ready_on_record(t: int, line: int, last_line: int, caught_up: bool, ended: 
             f"closed after line {line} the first time: is it "
             "the same input?"
         )
-    return ended or last_line > line or (caught_up and last_line == line)
+    return last_line >= line  # every record up to the line it closed at has been read
 
 
 def _held(

@@ -65,11 +65,11 @@ def refuse_foreign_link(path: str, what: str) -> None:
     user's link there would choose where this user's file is written. The path is walked
     as the kernel walks it: a part at a time, ``..`` after the link before it is
     followed, and through the parts of each link's own target."""
-    todo = os.path.join(os.getcwd(), path).split(os.sep)[1:]
+    whole = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    todo = whole.split(os.sep)[1:]
     here = os.sep
-    for _ in range(4096):  # parts, and the parts of links' targets (a loop ends here)
-        if not todo:
-            return
+    links = 0
+    while todo:
         part = todo.pop(0)
         if part in ("", "."):
             continue
@@ -79,11 +79,15 @@ def refuse_foreign_link(path: str, what: str) -> None:
         step = os.path.join(here, part)
         try:
             info = os.lstat(step)
-        except OSError:
-            return  # nothing there (yet): no link further on either
+        except OSError:  # nothing there (yet), or not ours to see: walked on as a name,
+            here = step  # as realpath does (a `..` after it goes back to here)
+            continue
         if not stat.S_ISLNK(info.st_mode):
             here = step
             continue
+        links += 1
+        if links > 40:  # as the kernel's ELOOP
+            raise ValueError(f"{what} {path!r}: too many symbolic links along the way")
         folder = os.stat(here)
         shared = bool(folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH)
         if shared and info.st_uid not in (os.geteuid(), folder.st_uid):
@@ -96,7 +100,6 @@ def refuse_foreign_link(path: str, what: str) -> None:
         if os.path.isabs(target):
             here = os.sep
         todo = [*target.split(os.sep), *todo]
-    return
 
 
 def regular_or_new(path: str) -> bool:

@@ -174,6 +174,18 @@ def _check_dataset(cfg: RunConfig, ledger: ReleaseLedger) -> None:
             )
 
 
+#: Characters that show nothing outside the format (Cf) and mark (Mn) categories:
+#: Hangul fillers and the blank Braille pattern.
+_BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def _invisible(char: str, category: str) -> bool:
+    """Whether a character shows nothing of its own: a format character (a zero-width
+    space), a mark left after NFKC (a variation selector, the combining grapheme
+    joiner), or a blank letter."""
+    return category in ("Cf", "Mn") or char in _BLANKS
+
+
 def _folded(name: str) -> str:
     """A dataset name as it reads (to catch a slip): its compatibility form (NFKC: a
     full-width letter, an accent written apart), without invisible format characters
@@ -181,7 +193,7 @@ def _folded(name: str) -> str:
     import unicodedata
 
     text = unicodedata.normalize("NFKC", name)
-    text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    text = "".join(c for c in text if not _invisible(c, unicodedata.category(c)))
     return " ".join(unicodedata.normalize("NFKC", text.casefold()).split())
 
 
