@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -499,18 +500,25 @@ def test_a_later_batch_on_another_dataset_is_refused(tmp_path, capsys) -> None:
     assert (tmp_path / "r.jsonl").read_bytes() != out_before
 
 
+def _known_run(tmp_path, label: str, *, epsilon: float) -> tuple[Any, list[str]]:
+    """A key, events and a domain in ``tmp_path``, and a known-domain run's arguments."""
+    key = tmp_path / "k.key"
+    fixed_key(label).save(key)
+    _events(tmp_path / "ev.jsonl")
+    (tmp_path / "dom.txt").write_text("".join(f"w{i}\n" for i in range(11)))
+    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "6"]
+    run += ["--max-items", "2", "--epsilon", str(epsilon), "--delta", "1e-6"]
+    run += ["--key-file", str(key), "-i", str(tmp_path / "ev.jsonl")]
+    return key, run
+
+
 def test_a_dataset_name_that_differs_only_in_case_or_spaces_is_refused(tmp_path, capsys) -> None:
     """Review 83: `--dataset Sales` and `--dataset 'sales '` each started a fresh budget
     beside `sales`, so the same data spent three times its --budget-cap unnoticed."""
     from dpstream.cli import main
 
-    key = tmp_path / "k.key"
-    fixed_key("budget-names").save(key)
-    _events(tmp_path / "ev.jsonl")
-    (tmp_path / "dom.txt").write_text("".join(f"w{i}\n" for i in range(11)))
-    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "6"]
-    run += ["--max-items", "2", "--epsilon", "2", "--delta", "1e-6", "--key-file", str(key)]
-    run += ["-i", str(tmp_path / "ev.jsonl"), "--budget-cap", "3"]
+    key, run = _known_run(tmp_path, "budget-names", epsilon=2)
+    run += ["--budget-cap", "3"]
     assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "sales"]) == 0
     capsys.readouterr()
     # review 84: the same name in another Unicode form, or with an invisible character
@@ -534,13 +542,7 @@ def test_a_dataset_name_on_record_is_never_refused_for_a_near_one(tmp_path, caps
     import dpstream.run.scope as scope
     from dpstream.cli import main
 
-    key = tmp_path / "k.key"
-    fixed_key("budget-near").save(key)
-    _events(tmp_path / "ev.jsonl")
-    (tmp_path / "dom.txt").write_text("".join(f"w{i}\n" for i in range(11)))
-    run = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "dom.txt"), "-T", "6"]
-    run += ["--max-items", "2", "--epsilon", "1", "--delta", "1e-6", "--key-file", str(key)]
-    run += ["-i", str(tmp_path / "ev.jsonl")]
+    _, run = _known_run(tmp_path, "budget-near", epsilon=1)
     assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "sales"]) == 0
     with monkeypatch.context() as m:  # as a dpstream without the check recorded it
         m.setattr(scope, "_folded", lambda name: name)
