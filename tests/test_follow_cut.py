@@ -54,8 +54,8 @@ class _HeldFollower:
                 sized.set()
             return size
 
-        def backlog_size(source, stop):  # the size at the start, if step 1 is due then
-            size = real_backlog_size(source, stop)
+        def backlog_size(source):  # the size at the start, if step 1 is due then
+            size = real_backlog_size(source)
             if due.is_set():
                 sized.set()
             return size
@@ -437,7 +437,7 @@ def test_a_pipe_vouches_for_no_backlog_at_the_start():
         text = open(rfd, newline="", encoding="utf-8")  # noqa: SIM115
         source = FollowedInput(text)
         os.write(wfd, b'{"t":1,"items":["a"]}\n' * 100)
-        assert source.backlog_size(threading.Event()) == 0
+        assert source.backlog_size() == 0
         assert source.size_now() == 2200
         source.close()
         text.close()

@@ -208,9 +208,9 @@ def _read_rows(
         # or spoil, another user's event
         event = events.get((row_t, user, eid))
         if event is None:
-            event = events[(row_t, user, eid)] = _CsvEvent(first_line, row_t, eid)
+            event = events[(row_t, user, eid)] = _CsvEvent(first_line, row_t, user)
             records.append(event)
-        event.add(row[cols.item], user, row_raw, texts)
+        event.add(row[cols.item], row_raw, texts)
     return records
 
 
@@ -249,20 +249,19 @@ def _row_step(cell: str, clock: StepClock | None) -> tuple[int | None, str | Non
 
 
 class _CsvEvent:
-    """The rows of one CSV event (one id in one step) read so far."""
+    """The rows of one CSV event (one id of one user in one step) read so far; ``user``
+    is None at event level."""
 
-    __slots__ = ("line", "t", "eid", "items", "user", "raws")
+    __slots__ = ("line", "t", "items", "user", "raws")
 
-    def __init__(self, line: int, t: int | None, eid: str) -> None:
-        self.line, self.t, self.eid = line, t, eid
+    def __init__(self, line: int, t: int | None, user: str | None) -> None:
+        self.line, self.t, self.user = line, t, user
         self.items: list[str] = []
-        self.user: str | None = None
         self.raws: list[bytes] = []
 
-    def add(self, item: str, user: str | None, raw: bytes, texts: dict[str, str]) -> None:
-        """Take one more row (``user``: its user id, the event's; None at event level)."""
+    def add(self, item: str, raw: bytes, texts: dict[str, str]) -> None:
+        """Take one more row."""
         self.raws.append(raw)
-        self.user = user
         if item != "":
             self.items.append(texts.setdefault(item, item))
 

@@ -519,9 +519,9 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
             # can join, or spoil, another user's event
             event = events.get((t, user, eids[i]))
             if event is None:
-                event = events[(t, user, eids[i])] = _ItemEvent(row, t, eids[i])
+                event = events[(t, user, eids[i])] = _ItemEvent(row, t, user)
                 records.append(event)
-            event.add(items[i], user, raw)
+            event.add(items[i], raw)
     for rec in records:
         yield rec.record() if isinstance(rec, _ItemEvent) else rec
 
@@ -543,20 +543,19 @@ def _user_id(user: Any) -> bool:
 
 
 class _ItemEvent:
-    """The rows of one event (one id in one step) of an input of one row per item."""
+    """The rows of one event (one id of one user in one step) of an input of one row per
+    item; ``user`` is None at event level."""
 
-    __slots__ = ("line", "t", "eid", "items", "user", "raws")
+    __slots__ = ("line", "t", "items", "user", "raws")
 
-    def __init__(self, line: int, t: int, eid: Any) -> None:
-        self.line, self.t, self.eid = line, t, eid
+    def __init__(self, line: int, t: int, user: str | None) -> None:
+        self.line, self.t, self.user = line, t, user
         self.items: list[str] = []
-        self.user: str | None = None
         self.raws: list[bytes] = []
 
-    def add(self, item: Any, user: str | None, raw: bytes) -> None:
-        """Take one more row (``user``: its user id, the event's; None at event level)."""
+    def add(self, item: Any, raw: bytes) -> None:
+        """Take one more row."""
         self.raws.append(raw)
-        self.user = user
         if item is not None:
             self.items.append(str(item))
 

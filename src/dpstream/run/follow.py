@@ -91,7 +91,7 @@ def follow(
             source.size_now,
             lambda: _utcnow(),
             stop,
-            backlog_size=lambda: source.backlog_size(stop),
+            backlog_size=source.backlog_size,
         )
     taken = TakenLines()
     pending: dict[int, list[Any]] = {}

@@ -77,35 +77,36 @@ class FileBytes:
         whether an event appended meanwhile is read)."""
         return False
 
-    def backlog_size(self, stop: threading.Event) -> int:
+    def backlog_size(self) -> int:
         """What the file held when the run started, for the steps already due then: its
         size now."""
         return self.size_now()
 
     def size_now(self) -> int:
         """The file's size now (a rotation raises :class:`~dpstream.errors.StateError`)."""
-        size = os.fstat(self.fd).st_size
-        if size < self.read_count:
-            raise _rotated(self.path or "-", "truncated")
-        self.check()
-        return size
+        return self._checked().st_size
 
     def check(self) -> None:
         """Refuse a file truncated below what was read, or whose path now names another
         file (moved and made again): what came after would be lost or read from the
         middle, and a resumed run, which reads the input again from its first line,
         would not find the lines its steps closed at."""
+        self._checked()
+
+    def _checked(self) -> os.stat_result:
+        """The followed file's status, once :meth:`check` finds it not rotated."""
         held = os.fstat(self.fd)
         if held.st_size < self.read_count:
             raise _rotated(self.path or "-", "truncated")
         if self.path is None:
-            return
+            return held
         try:
             named = os.stat(self.path)
         except FileNotFoundError:
             named = None
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             raise _rotated(self.path, "moved or replaced")
+        return held
 
     def let_go(self) -> None:
         with self._lock:
@@ -191,7 +192,7 @@ class PipeSpool:
                 return self._drained
             return self._drained + bytes_waiting(self.fd)
 
-    def backlog_size(self, stop: threading.Event) -> int:
+    def backlog_size(self) -> int:
         """What the input held, as far as the run can tell, for the steps already due
         when it starts: nothing. A pipe cannot tell when its bytes were written, and
         its writer may be blocked with more (a pipe holds 64 KB): any cut there would

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .follow_bytes import open_bytes
+from .follow_bytes import PipeSpool, open_bytes
 
 __all__ = ["DueSizes", "FollowedInput", "TakenLines"]
 
@@ -59,14 +59,9 @@ class FollowedInput:
         self._text_ended = False
         fd = _plain_fd(text)
         self._source = open_bytes(fd, None if path == "-" else path) if fd is not None else None
-
-    @property
-    def waits_for_writers(self) -> bool:
-        """Whether reading all there is now says nothing of what is to come: a pipe (its
-        writer may be slow), not a file or a stream read to its end."""
-        from .follow_bytes import PipeSpool
-
-        return isinstance(self._source, PipeSpool)
+        #: Whether reading all there is now says nothing of what is to come: a pipe (its
+        #: writer may be slow), not a file or a stream read to its end.
+        self.waits_for_writers = isinstance(self._source, PipeSpool)
 
     @property
     def sized(self) -> bool:
@@ -78,11 +73,11 @@ class FollowedInput:
         :class:`~dpstream.errors.StateError` for a followed file that was rotated."""
         return self._source.size_now() if self._source is not None else None
 
-    def backlog_size(self, stop: threading.Event) -> int | None:
+    def backlog_size(self) -> int | None:
         """What the input held when the run started (for the steps already due then): a
         file's size; for a pipe, nothing it can vouch for
         (:meth:`dpstream.run.follow_bytes.PipeSpool.backlog_size`). None: it cannot say."""
-        return self._source.backlog_size(stop) if self._source is not None else None
+        return self._source.backlog_size() if self._source is not None else None
 
     def consumed(self) -> int:
         """Where what was read ends (lines handed out, and a partial line after them):
@@ -97,7 +92,7 @@ class FollowedInput:
         if self._source is None:
             return self._text_line()
         while True:
-            line = self._cut(self._source.at_end())
+            line = self._cut(False)
             if line is not None:
                 return self._decode(line)
             data = self._source.read()
