@@ -106,7 +106,7 @@ def _attach_ndtri(loops: Any) -> bool:
     leave those points to the NumPy code (the same values, more slowly).
     """
     try:
-        from scipy.special import cython_special, ndtri
+        from .special import cython_special, ndtri
 
         loops.set_ndtri(cython_special.__pyx_capi__["ndtri"])
         p = ndtri_check_points()

@@ -87,10 +87,10 @@ from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from scipy.special import ndtri
 
 from . import compiled
 from . import noise_kernel as _kernel
+from .special import ndtri
 from .ziggurat import normals_into, uniforms_from_words
 
 __all__ = [

@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtri
 
+from .special import ndtri
 from .ziggurat import normals_into, uniforms_from_words
 
 __all__ = [

@@ -61,9 +61,9 @@ from collections.abc import Callable
 from importlib import resources
 
 import numpy as np
-from scipy.special import ndtri
 
 from . import compiled
+from .special import ndtri
 
 __all__ = ["LAYERS", "Table", "TABLE", "UNIFORM_MAX", "normals_into", "uniforms_from_words"]
 

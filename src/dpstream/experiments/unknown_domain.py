@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtr
 
+from ..special import ndtr
 from .common import (
     Claim,
     Context,

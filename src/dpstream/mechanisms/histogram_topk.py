@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.special import ndtri
 
 from .. import compiled
 from .._checks import series_items
 from ..noise import NoiseKey
+from ..special import ndtri
 from ..words import plain_mechanism
 from .base import Release, check_in_domain, check_top_k, domain_items, take_items
 from .columns import EventColumns

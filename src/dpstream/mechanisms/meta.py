@@ -16,7 +16,6 @@ from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.special import ndtri
 
 from .. import privacy
 from .._checks import check_int
@@ -30,6 +29,7 @@ from ..noise import (
     versioned_purpose,
 )
 from ..oneshot.known import gaussian_kernel, gumbel_select_kernel
+from ..special import ndtri
 from ..tree import cells_closing_at, digits, num_levels, worst_case_variance_factor
 from .base import (
     EventLimit,

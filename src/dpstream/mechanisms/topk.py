@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import log_ndtr, ndtr
 
 from ..bounding import resolve_user_bounds
 from ..errors import InvalidEventError
@@ -32,6 +31,7 @@ from ..noise import (
 )
 from ..oneshot.known import gumbel_select_kernel
 from ..rootfind import brentq
+from ..special import log_ndtr, ndtr
 from ..tree import digits, num_levels, worst_case_variance_factor
 from . import narrow_counts
 from .base import (

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtr, ndtri
 
 from .. import privacy
 from ..bounding import resolve_user_bounds
 from ..factorization import BLTStrategy
 from ..minimize import bounded_minimum
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource, check_noise_version
+from ..special import ndtr, ndtri
 from ..tree import digits, max_cells, num_levels, optimal_base
 from . import narrow_counts
 from .base import (

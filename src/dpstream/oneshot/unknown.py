@@ -32,11 +32,11 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
-from scipy.special import ndtri
 
 from .. import privacy
 from .._checks import check_int
 from ..noise import NoiseKey, NoiseSource
+from ..special import ndtri
 from .common import (
     GAUSSIAN_DRAW,
     GUMBEL_DRAW,

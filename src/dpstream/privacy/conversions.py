@@ -23,9 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scipy.special import log_ndtr
-
 from ..rootfind import brentq
+from ..special import log_ndtr
 from ._checks import _check_nonnegative, _check_open_unit, _check_positive
 from ._roots import _nudge
 
