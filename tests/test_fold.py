@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpstream.cli import main
-from dpstream.run.fold import parse_size, spread
+from dpstream.run.fold import _merge, parse_size, spread
 
 from .conftest import fixed_key, own_ledger
 
@@ -153,6 +153,30 @@ def test_spread_keeps_each_count_in_distinct_events():
         cap = -(-int(counts.sum()) // events)
         assert max(map(len, per_event)) <= cap
         assert np.array_equal(np.bincount(codes, minlength=k), counts)
+
+
+def test_merged_counts_are_exact_in_any_stored_type():
+    """_merge against a dict of sums: segments stored as uint8, uint16 and int32 (the
+    narrowest type of each), merged again and again, with counts that pass 255 and
+    65,535 only once added up."""
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        truth: dict[int, int] = {}
+        held: list[tuple[np.ndarray, np.ndarray]] = []
+        for _ in range(int(rng.integers(1, 6))):
+            ids = rng.integers(0, 20, int(rng.integers(0, 40)))
+            top = int(rng.choice([3, 250, 60_000, 3_000_000]))
+            counts = rng.integers(1, top + 1, ids.size)
+            for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+                truth[i] = truth.get(i, 0) + c
+            held.append(_merge(ids, counts))
+            if rng.random() < 0.5:  # a step's segments merged part-way, as _merge_step does
+                held = [_merge(np.concatenate([h[0] for h in held]),
+                               np.concatenate([h[1] for h in held]))]  # fmt: skip
+        ids, counts = _merge(np.concatenate([h[0] for h in held]),
+                             np.concatenate([h[1] for h in held]))  # fmt: skip
+        assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == truth
+        assert counts.dtype.itemsize <= 4 or int(counts.max()) > 2**31 - 1
 
 
 def test_parse_size():

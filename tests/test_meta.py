@@ -407,3 +407,28 @@ def test_gumbel_waits_while_every_count_is_zero():
     )
     m.start_z = 0.0
     assert len(m.step([]).items) == 3
+
+
+@pytest.mark.parametrize("oneshot", ["gaussian", "gumbel"])
+def test_another_domain_draws_other_noise(oneshot):
+    """Review 86: the known-domain variants' noise scope left out the domain, so one key
+    and stream over two domains drew the same noise, and with truncation (which keeps
+    other items under another domain) the difference of two releases was the exact
+    difference of their true counts. Empty steps: each value is noise alone, so equal
+    values would be equal noise (two independent Gaussians are equal with probability
+    0)."""
+    key = fixed_key("meta-domain")
+    extra = {"max_items": 2} if oneshot == "gaussian" else {"k": 1}
+
+    def meta(domain):
+        return dps.MetaHistogram(8, oneshot=oneshot, domain=domain, key=key, rho=1.0, **extra)
+
+    ref, same = meta(["a", "b"]), meta(["b", "a"])  # the order of a domain is no change
+    others = [meta(["a", "b", "c"]), meta(["a", "c"])]
+    assert len({ref.noise_scope, *(o.noise_scope for o in others)}) == 3
+    assert same.noise_scope == ref.noise_scope
+    if oneshot == "gaussian":
+        r0 = ref.step([]).counts
+        assert same.step([]).counts == r0
+        for other in others:
+            assert other.step([]).counts["a"] != r0["a"]

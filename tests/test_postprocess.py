@@ -67,7 +67,7 @@ def test_whole_domain_fast_path_equals_the_table():
     steps = [Release(t, items, rng.normal(0.5 * t, 20.0, size=1500)) for t in range(1, 30)]
     steps.append(Release(30, list(items[:700]), rng.normal(10.0, 20.0, size=700)))  # a copy
     steps.append(Release(31, items, rng.normal(10.0, 20.0, size=1500)))
-    pp = ReadableCounts(clamp=False, monotone=True)
+    pp = ReadableCounts(clamp=False, monotone=True, round_counts=False)
     for rel, want in zip(steps, reference(steps, False, True, False), strict=True):
         got = pp(rel)
         assert got.items == list(rel.items)  # not ranked: order kept
@@ -99,7 +99,7 @@ def test_known_domain_view_takes_the_fast_path():
     domain = [f"d{j}" for j in range(1500)]
     key = NoiseKey(bytes(32))
     mech = KnownDomainHistogram(domain, 16, max_items=1, key=key, rho=0.01)
-    pp = ReadableCounts(clamp=False, monotone=True)
+    pp = ReadableCounts(clamp=False, monotone=True, round_counts=False)
     releases = [mech.step([domain[t]]) for t in range(1, 6)]
     want = reference(releases, False, True, False)
     for rel, w in zip(releases, want, strict=True):
@@ -112,3 +112,10 @@ def test_known_domain_view_takes_the_fast_path():
     assert rel.items is pp2._same_items
     got = pp2(rel)
     assert np.all(got.values >= pp._same_last)
+
+
+def test_the_default_publishes_integers():
+    """Review 86: the default kept the floats, whose low-order bits give away true counts
+    (tests/test_float_attack.py); it now rounds, as the command does by default."""
+    got = ReadableCounts()(Release(1, ["a", "b"], np.array([5.2, -0.6])))
+    assert got.values.dtype == np.int64 and got.values.tolist() == [5, 0]

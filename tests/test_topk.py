@@ -706,3 +706,27 @@ def test_gumbel_select_kernel_in_chunks_from_prepared_ids(monkeypatch):
         monkeypatch.setattr(oneshot_known, "SELECT_CHUNK", 5)
         chunked = oneshot_known.gumbel_select_kernel(source, prepared, counts, k, 1.5)
         assert chunked.tolist() == one.tolist() and len(set(one.tolist())) == k
+
+
+def test_another_domain_draws_other_noise():
+    """Review 86: ContinualTopK's noise scope left out the domain. Per user, first come,
+    first kept keeps other contributions under another domain (a user whose event holds
+    "c" before "a" keeps "a" only where "c" is not in the domain), so one key and stream
+    over two domains published the exact difference of the bounded counts. Now the
+    released difference is that difference plus the difference of two independent noise
+    values, which is not 0 (with probability 1)."""
+    key = fixed_key("topk-domain")
+
+    def topk(domain):
+        return dps.ContinualTopK(domain, 4, k=1, switches=0, wait=False, key=key, rho=1.0,
+                                 max_items_per_user=1, max_count_per_item=1)  # fmt: skip
+
+    small, large = ["a", "b"], ["a", "b", "c"]
+    m1, m2 = topk(small), topk(large)
+    assert m1.noise_scope != m2.noise_scope
+    assert topk(["b", "a"]).noise_scope == m1.noise_scope  # a domain is a set
+    events = [(f"u{i}", ["a"]) for i in range(500)] + [(f"v{i}", ["c", "a"]) for i in range(37)]
+    r1 = m1.step_batch([(u, [i for i in items if i in small]) for u, items in events])
+    r2 = m2.step_batch(events)
+    true_difference = 537 - 500  # the v users' "a" counts under the small domain only
+    assert r1.counts["a"] - r2.counts["a"] != pytest.approx(true_difference, abs=1e-6)

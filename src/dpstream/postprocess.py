@@ -37,9 +37,9 @@ Example:
     >>> from dpstream.mechanisms.base import Release
     >>> pp = ReadableCounts(clamp=True, monotone=True)
     >>> pp(Release(1, ["a", "b"], np.array([5.2, -1.0]))).values.tolist()
-    [5.2, 0.0]
+    [5, 0]
     >>> pp(Release(2, ["a", "b"], np.array([4.9, 2.0]))).values.tolist()
-    [5.2, 2.0]
+    [5, 2]
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ class ReadableCounts:
     Args:
         clamp: publish max(count, 0).
         monotone: publish max(count, last published count of the item).
-        round_counts: round to the nearest integer first (what ``dpstream run``
-            publishes by default); the values are then int64, as
-            :meth:`~dpstream.mechanisms.base.Release.rounded` gives them.
+        round_counts: round to the nearest integer first (the default, and what
+            ``dpstream run`` publishes by default); the values are then int64, as
+            :meth:`~dpstream.mechanisms.base.Release.rounded` gives them. False
+            keeps the floats, whose low-order bits can give away true counts
+            (docs/privacy.md): for tests, not for publishing.
         ranked: the releases are lists ordered by value, largest first: keep
             them ordered by the published value (ties in release order).
 
@@ -75,7 +77,7 @@ class ReadableCounts:
         *,
         clamp: bool = True,
         monotone: bool = False,
-        round_counts: bool = False,
+        round_counts: bool = True,
         ranked: bool = False,
     ) -> None:
         for name, value in (

@@ -323,7 +323,7 @@ def read_jsonl_chunks(
     stream: Any,
     name: str = "input",
     *,
-    chunk_bytes: int = 1 << 21,
+    chunk_bytes: int = 1 << 20,
     time_field: str | None = None,
     clock: StepClock | None = None,
     implicit: bool = False,

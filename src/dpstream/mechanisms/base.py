@@ -20,7 +20,14 @@ from .._checks import check_int, series_items
 from ..errors import HorizonExceededError, InvalidEventError, InvalidItemError
 from ..noise import NoiseKey, canonical_item
 from ..tree import optimal_base
-from .columns import check_grows, domain_aggregate, is_frame
+from .columns import (
+    MAX_COUNT,
+    check_count_range,
+    check_grows,
+    domain_aggregate,
+    is_frame,
+    too_large,
+)
 from .truncation import keep_ranked, keyed_subset, truncation_source
 
 if TYPE_CHECKING:
@@ -37,6 +44,8 @@ __all__ = [
     "check_count_value",
     "check_top_k",
     "check_count_array",
+    "check_count_range",
+    "MAX_COUNT",
     "mapping_counts",
     "domain_counts",
     "check_domain",
@@ -281,11 +290,14 @@ def check_stream_name(stream: object) -> str:
 
 
 def check_count_value(name: str, value: object) -> int:
-    """One true count of aggregate mode: an int >= 0 (not a bool, float or string)."""
+    """One true count of aggregate mode: an int from 0 to :data:`MAX_COUNT` (not a bool,
+    float or string)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
+    if value > MAX_COUNT:
+        raise too_large(name)
     return int(value)
 
 
@@ -311,7 +323,7 @@ def check_count_array(
         and arr.max() > np.iinfo(np.int64).max
     ):
         raise ValueError(f"{name} must fit in int64")
-    out = arr.astype(np.int64)
+    out = check_count_range(name, arr.astype(np.int64))
     if at_least is not None and not np.less(out, at_least).any():
         return out  # >= at_least >= 0
     if out.size and out.min() < 0:
@@ -345,7 +357,7 @@ def mapping_counts(counts: object) -> tuple[list[Hashable], np.ndarray]:
         raise ValueError("counts must fit in int64") from None
     if values.size and values.min() < 0:
         raise ValueError("counts must be >= 0")
-    return items, values
+    return items, check_count_range("counts", values)
 
 
 def domain_counts(

@@ -303,6 +303,28 @@ def aggregate_raw(items: Any, counts: Any = None) -> tuple[Any, np.ndarray]:
     return items, values
 
 
+#: The largest true count a mechanism takes: 2^53, below which every integer is a
+#: float64. The noise is added to the count as a float64; above 2^53 neighbouring
+#: counts round to values 2 or more apart whatever the noise, so the release would
+#: tell them apart with certainty (no count of real events gets near it).
+MAX_COUNT = 1 << 53
+
+
+def too_large(name: str) -> ValueError:
+    """The refusal of a count above :data:`MAX_COUNT`."""
+    return ValueError(
+        f"{name} must be at most 2^53 ({MAX_COUNT}): above it a float64 cannot hold every "
+        "count, and the noise would not hide a change of one event"
+    )
+
+
+def check_count_range(name: str, arr: np.ndarray) -> np.ndarray:
+    """``arr`` (int64 counts already >= 0) if none is above :data:`MAX_COUNT`."""
+    if arr.size and int(arr.max()) > MAX_COUNT:
+        raise too_large(name)
+    return arr
+
+
 def _count_array(counts: Any) -> np.ndarray:
     if hasattr(counts, "to_numpy") and not isinstance(counts, np.ndarray):
         counts = counts.to_numpy()
@@ -321,7 +343,7 @@ def _count_array(counts: Any) -> np.ndarray:
     arr = arr.astype(np.int64, copy=False)
     if arr.size and arr.min() < 0:
         raise ValueError("counts must be >= 0")
-    return arr
+    return check_count_range("counts", arr)
 
 
 def _frame_columns(frame: Any, as_array: bool = False) -> tuple[Any, Any]:

@@ -536,7 +536,8 @@ class _OneCount:
         if isinstance(x, bool):
             x = int(x)
         x = check_count_value("x", x)
-        rel = self._hist.release(self.t + 1, np.array([self.count + int(x)], dtype=np.int64))
+        total = check_count_value("the running count", self.count + int(x))
+        rel = self._hist.release(self.t + 1, np.array([total], dtype=np.int64))
         return float(rel.values[0])
 
     def release(self, t: int, count: int) -> float:

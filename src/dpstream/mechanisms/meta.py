@@ -47,6 +47,7 @@ from .base import (
     take_items,
 )
 from .item_table import ItemTable, domain_table, release_items
+from .known import domain_tag
 
 if TYPE_CHECKING:
     from ..bounding import UserBounds
@@ -302,6 +303,9 @@ class MetaHistogram:
                 k=getattr(self, "k", None),
                 kbar=getattr(self, "kbar", None),
                 max_items=self.max_items,
+                # a known domain decides which items count (and which events an
+                # event limit truncates): another domain draws other noise
+                **({"domain": domain_tag(items)} if known else {}),
             ),
             self.noise_version,
         )

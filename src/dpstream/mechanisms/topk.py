@@ -58,6 +58,7 @@ from .columns import (
 )
 from .counters import blt_sigma, resolve_counter, tree_base, tree_levels
 from .item_table import ItemTable, domain_table
+from .known import domain_tag
 from .params import TopKParams
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, commit_user_events, user_guarantee
@@ -543,6 +544,9 @@ class ContinualTopK:
                 switches=self.switches,
                 eta=self._eta_scope_tag(),
                 wait=self.wait,
+                # the domain decides which items count (and, per user, which of a
+                # user's contributions are kept first): another domain, other noise
+                domain=domain_tag(items),
                 **blt,
             ),
             self.noise_version,

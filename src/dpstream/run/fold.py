@@ -161,7 +161,7 @@ def spread(codes: np.ndarray, counts: np.ndarray, events: int) -> tuple[np.ndarr
 def _merge(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(ids, counts) with each id once, its counts summed (ids ascending)."""
     if not ids.size:
-        return ids.astype(np.int32), counts.astype(np.int64)
+        return ids.astype(np.int32), _narrow(counts)
     order = np.argsort(ids, kind="stable")
     ids, counts = ids[order], counts[order]
     start = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
@@ -170,8 +170,14 @@ def _merge(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:
-    """int32 while the values fit (counts of one step), else int64."""
-    return a.astype(np.int32) if not a.size or int(a.max()) < 2**31 else a.astype(np.int64)
+    """Counts (>= 0) in the narrowest type that holds them: most of a step's items
+    count a few times, so uint8 holds most segments (a quarter of int32's memory).
+    Whoever adds them up widens first (:func:`_merge` sums in int64)."""
+    top = int(a.max()) if a.size else 0
+    for dtype in (np.uint8, np.uint16, np.int32):
+        if top <= np.iinfo(dtype).max:
+            return a.astype(dtype)
+    return a.astype(np.int64)
 
 
 #: a segment in memory: a tuple of arrays; on disk: (offset, ((dtype, n), ...))
