@@ -1176,6 +1176,12 @@ def test_topk_matches_local_sparse_gumb_through_reselections(spark, counter) -> 
         assert got.meta == want.meta, t
         switched += want.meta["switched"]
     assert switched >= 2 and local.switches_left < 3  # the check both fired and held
+    # the first frame fixed the scope: the local mechanism's over the same domain
+    assert remote.spec.noise_scope == local.noise_scope
+    other = SparkContinualTopK(spark, 200, **params)
+    smaller = spark.createDataFrame(pd.DataFrame({"item": np.arange(d - 1), "count": c[:-1]}))
+    other.release(1, smaller)
+    assert other.spec.noise_scope != local.noise_scope  # another domain, other noise
     # the distributed query against the local arithmetic, right at its largest value
     # (remote.switches_left was spent on the last switch: query the last epoch's addresses)
     epoch = local.switches - local.switches_left

@@ -530,27 +530,7 @@ class ContinualTopK:
             if self.strategy
             else math.sqrt(tree_levels(self.levels)) * self.tau_2
         )
-        # every purpose carries the noise-shaping settings (see base.config_tag)
-        blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
-        if self.user_bounds is not None:
-            blt["users"] = self.user_bounds.tag()
-        self.noise_scope = versioned_purpose(
-            f"{self.stream}/topk@"
-            + config_tag(
-                horizon=self.horizon,
-                base=self.base,
-                tau=self.tau,
-                k=self.k,
-                switches=self.switches,
-                eta=self._eta_scope_tag(),
-                wait=self.wait,
-                # the domain decides which items count (and, per user, which of a
-                # user's contributions are kept first): another domain, other noise
-                domain=domain_tag(items),
-                **blt,
-            ),
-            self.noise_version,
-        )
+        self.noise_scope = self.scope_for(domain_tag(items))
         # keyed item identifiers do not depend on the purpose: hash the domain once
         self._svt = NoiseSource(key, f"{self.noise_scope}/svt")
         ids = self._svt.item_ids(items)
@@ -601,6 +581,31 @@ class ContinualTopK:
         if not isinstance(self._eta, str) and out != [AUTO_ETA_BETA, AUTO_ETA_BETA]:
             raise ValueError("beta and start_beta size eta='auto' only: a given eta replaces them")
         return out[0], out[1]
+
+    def scope_for(self, domain: str) -> str:
+        """The noise scope of these settings over the domain whose :func:`domain_tag`
+        is ``domain``: every purpose carries the noise-shaping settings (see
+        ``base.config_tag``), and the domain, which decides which items count (and,
+        per user, which of a user's contributions are kept first): another domain
+        draws other noise. (The Spark twin fixes its domain at its first release.)"""
+        blt = {"counter": self.strategy.fingerprint()} if self.strategy else {}
+        if self.user_bounds is not None:
+            blt["users"] = self.user_bounds.tag()
+        return versioned_purpose(
+            f"{self.stream}/topk@"
+            + config_tag(
+                horizon=self.horizon,
+                base=self.base,
+                tau=self.tau,
+                k=self.k,
+                switches=self.switches,
+                eta=self._eta_scope_tag(),
+                wait=self.wait,
+                domain=domain,
+                **blt,
+            ),
+            self.noise_version,
+        )
 
     def _eta_scope_tag(self) -> float | str:
         """The noise scope's record of eta: eta alone for the default levels (the record of

@@ -23,6 +23,7 @@ bit for bit, except that two items with *exactly* equal selection scores
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..mechanisms.params import TopKParams
 from ..mechanisms.topk import ContinualTopK
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey, NoiseSource
 from .kernels import TopKSpec, topk_counter_batch, topk_query_batch, topk_select_batch
-from .releases import _check_item_type, _column_type, _first_row, _key_handle
+from .releases import _check_item_type, _column_type, _first_row, _key_handle, spark_domain_tag
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,7 +68,9 @@ class SparkContinualTopK:
     ``release(t, counts)`` takes (item, count) rows listing **the whole domain**
     (items with count 0 included): the selection and the sparse vector range
     over every domain item, and an item missing from the frame would never be
-    selected. It returns a :class:`~dpstream.mechanisms.base.Release` (k items:
+    selected. The first frame's items fix the noise scope, as the domain fixes the
+    local ContinualTopK's (another domain draws other noise; one Spark job hashes
+    them at the first release); later frames must list the same domain. It returns a :class:`~dpstream.mechanisms.base.Release` (k items:
     small, on the driver).
     """
 
@@ -128,7 +131,11 @@ class SparkContinualTopK:
         self.item_col = item_col
         self.count_col = count_col
         self._key_bytes = _key_handle(spark, key)
-        self._svt = NoiseSource(key, f"{m.noise_scope}/svt")
+        # the noise scope fingerprints the domain, which is the first counts frame's
+        # items: fixed at the first release (:meth:`_fix_domain`), as the local
+        # ContinualTopK over that domain fixes it when it is built
+        self._svt: NoiseSource | None = None
+        self.domain_tag: str | None = None
         self.t = 0
         self.switches_left = m.switches
         self._selections = 0
@@ -314,6 +321,20 @@ class SparkContinualTopK:
         return [r[item_col] for r in rows[:k]]
 
     # -- the algorithm (driver: O(k) state) ----------------------------------------
+    def _fix_domain(self, counts: DataFrame) -> NoiseSource:
+        """The sparse vector's noise source, the noise scope fixed (at the first release)
+        by the domain the counts list: the local ContinualTopK's scope over it."""
+        if self._svt is None:
+            self.domain_tag = spark_domain_tag(counts, self.item_col)
+            scope = self.mechanism.scope_for(self.domain_tag)
+            self.spec = dataclasses.replace(self.spec, noise_scope=scope)
+            self._svt = NoiseSource(self.mechanism.key, f"{scope}/svt")
+        return self._svt
+
+    def _fix_domain_done(self) -> NoiseSource:
+        assert self._svt is not None, "the domain is fixed at the first release"
+        return self._svt
+
     def _do_select(self, t: int, counts: DataFrame) -> None:
         n = self._selections
         sel = self.select(n, counts)
@@ -321,7 +342,7 @@ class SparkContinualTopK:
         self._selected = sel
         self._selections = n + 1
         if self.switches_left > 0:
-            self._threshold_noise = self._svt.scalar(
+            self._threshold_noise = self._fix_domain_done().scalar(
                 "laplace", 0, n, 0, scale=2 * self.mechanism.tau_1
             )
 
@@ -343,11 +364,12 @@ class SparkContinualTopK:
         self._item_type = _column_type(counts, self.item_col)
         counts = self._counts(counts).cache()
         try:
+            svt = self._fix_domain(counts)
             switched = False
             if not self._selected:
                 if not m.wait or (
-                    self.kth_count(counts) + self._svt.scalar("laplace", 1, t, 1, scale=4 * m.tau_1)
-                    > eta_t + self._svt.scalar("laplace", 1, 0, 0, scale=2 * m.tau_1)
+                    self.kth_count(counts) + svt.scalar("laplace", 1, t, 1, scale=4 * m.tau_1)
+                    > eta_t + svt.scalar("laplace", 1, 0, 0, scale=2 * m.tau_1)
                 ):
                     self._do_select(t, counts)
             elif self.switches_left > 0:
