@@ -305,7 +305,8 @@ def test_a_run_killed_before_its_first_step_goes_on_after_the_last_one(tmp_path)
     assert main([*cmd, "-i", str(day1), "--until", "4"]) == 0
     with closing(sqlite3.connect(state)) as db, db:  # as a run killed right after its start
         db.execute("INSERT INTO batches (input, input_mac, first_t) VALUES ('x', 'm', 5)")
-    assert main([*cmd, "-i", str(day2), "--until", "8"]) == 0
+    # (another input than the killed run's: refused unless its events are given up)
+    assert main([*cmd, "-i", str(day2), "--until", "8", "--replace-unfinished"]) == 0
     ref, _, ref_cmd = _two_days(tmp_path, key_path, "ref")
     assert (
         main(
@@ -323,6 +324,71 @@ def test_a_run_killed_before_its_first_step_goes_on_after_the_last_one(tmp_path)
     )
     assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == list(range(1, 9))
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_a_day_killed_while_reading_is_not_lost_to_the_next_day(tmp_path, monkeypatch, capsys):
+    """Review 87: a batch killed while it read its input (before its first release) was
+    forgotten by the next batch, which released the killed day's steps without its
+    events; they could never count after (late). Now the next day is refused, naming
+    the killed day's input; that input again goes on, and the two days then give the
+    bytes of one run over both. An error (not a kill) while reading leaves no mark."""
+    import dpstream.run.command as command
+
+    key_path = tmp_path / "k.key"
+    fixed_key("daily-killed").save(key_path)
+    days = [tmp_path / f"d{i}.jsonl" for i in (1, 2, 3)]
+    days[0].write_text('{"t": 1, "items": ["a"]}\n{"t": 3, "items": ["a", "b"]}\n')
+    days[1].write_text('{"t": 5, "items": ["a"]}\n{"t": 7, "items": ["b"]}\n')
+    days[2].write_text('{"t": 9, "items": ["a"]}\n{"t": 11, "items": ["b", "a"]}\n')
+    out, _, cmd = _two_days(tmp_path, key_path, "k")
+    assert main([*cmd, "-i", str(days[0]), "--until", "4"]) == 0
+    released = out.read_bytes()
+    # an error while reading (not a kill) leaves the state as it found it: no mark
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n" * 5)
+    assert main([*cmd, "-i", str(bad), "--until", "8", "--max-invalid", "0"]) != 0
+
+    real = command._read_input
+
+    def killed(*args, **kwargs):  # as kill -9 while reading: nothing runs after it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "_read_input", killed)
+    main([*cmd, "-i", str(days[1]), "--until", "8"])
+    monkeypatch.setattr(command, "_read_input", real)
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(days[2]), "--until", "12"]) != 0
+    err = capsys.readouterr().err
+    assert str(days[1]) in err and "--replace-unfinished" in err
+    assert out.read_bytes() == released  # nothing released
+    assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 0
+    assert main([*cmd, "-i", str(days[2]), "--until", "12"]) == 0
+    whole = tmp_path / "all.jsonl"
+    whole.write_text("".join(d.read_text() for d in days))
+    ref, _, ref_cmd = _two_days(tmp_path, key_path, "ref")
+    assert main([*ref_cmd, "-i", str(whole), "--until", "12"]) == 0
+    assert out.read_bytes() == ref.read_bytes()
+
+
+def test_a_finished_stream_refuses_an_input_it_never_read(tmp_path, capsys):
+    """Review 87: a finished stream given a next day's file exited 0 and counted
+    nothing, silently under -q (only an input with more records than the last run read
+    was refused). The same command again still has nothing to do."""
+    key_path = tmp_path / "k.key"
+    fixed_key("daily-finished").save(key_path)
+    day1, day2, later = (tmp_path / f"{n}.jsonl" for n in ("d1", "d2", "later"))
+    day1.write_text('{"t": 1, "items": ["a"]}\n')
+    day2.write_text('{"t": 6, "items": ["a"]}\n')
+    later.write_text('{"t": 12, "items": ["b"]}\n')
+    out, _, cmd = _two_days(tmp_path, key_path, "f")
+    assert main([*cmd, "-i", str(day1), "--until", "4"]) == 0
+    assert main([*cmd, "-i", str(day2)]) == 0  # to the horizon: finished
+    released = out.read_bytes()
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(later)]) != 0
+    assert "finished" in capsys.readouterr().err
+    assert main([*cmd, "-i", str(day2)]) == 0 and main([*cmd, "-i", str(day1)]) == 0
+    assert out.read_bytes() == released
 
 
 def test_a_snapshot_copied_from_another_stream_is_refused(tmp_path, capsys):

@@ -180,6 +180,7 @@ def _stuck_after_kill(
                     "give it the same input",
                     "belongs to a run reading",
                     "Give this run the input those steps were released from",
+                    "run it again with that input first",  # killed before its first step
                 )
             ):
                 return "the next batch's command, run first, is refused: " + err.strip()[-300:]

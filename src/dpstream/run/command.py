@@ -59,9 +59,11 @@ import logging
 import os
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from ..errors import StateError
 from ..ledger import BudgetCapError, LedgerError, ReleaseLedger
 from ..logs import setup_logging
 from ..registry import MECHANISMS, make_postprocessor
@@ -356,6 +358,25 @@ def _open_state(
     return opened
 
 
+def _check_finished_input(
+    cfg: RunConfig, ckpt: Checkpoint, record: RunRecord, digests: StateDigests
+) -> None:
+    """Refuse a finished stream given a file none of its runs read (a next day's file,
+    say): it would exit 0 and count nothing, silently (review 87). The same command
+    again (an input it read) has nothing to do, as before."""
+    mac = input_mac(cfg, digests)
+    batches = ckpt.batches()
+    read = [b for b in batches if b[2] is not None]
+    if mac is None or not read or any(b[2] == mac for b in batches):
+        return
+    raise StateError(
+        f"the stream in {cfg.state} finished after step {record.last_t}, and this input "
+        f"is not one its runs read (its last read {read[-1][1]!r}): a finished stream "
+        "never releases again; release new events as a new stream (a new key and a new "
+        "state file)"
+    )
+
+
 def _nothing_to_do(
     cfg: RunConfig,
     ckpt: Checkpoint,
@@ -366,6 +387,7 @@ def _nothing_to_do(
 ) -> bool:
     """Whether the run on record has released every step this run asks for (logged)."""
     if record.finished:
+        _check_finished_input(cfg, ckpt, record, digests)
         check_finished(record, infile, cfg)
         _log.info(
             f"the run in {cfg.state} finished at {record.finished} "
@@ -409,6 +431,9 @@ def _release(
         stack.callback(opened.ledger.close)
     if (opened.new_run is not None or ckpt is None) and built.parquet is None:
         check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
+    marked = _mark_batch(cfg, opened)
+    if marked is not None:  # a run stopped by an error before its first release: unmarked
+        stack.push(_unmark_on_error(opened.ckpt, marked))
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
@@ -464,6 +489,52 @@ def _release(
         ledger=opened.ledger, digests=digests, key=key,
     )  # fmt: skip
     return viewer
+
+
+def _mark_batch(cfg: RunConfig, opened: _Opened) -> int | None:
+    """Record, before a later batch of a stream reads its input, that it began: a batch
+    killed while reading (the long part of a batch) leaves this mark, and the next run
+    given another input is refused, since it would release the killed batch's steps
+    without its events, which could then never count (late). Given the same input it
+    takes the mark's place, as with ``--replace-unfinished`` (the operator gives those
+    events up). Stdin is one input to this check: it cannot tell two of them apart.
+    Returns the mark's batch number (None: no mark, as for a first batch, whose run is
+    recorded once its output is open, a ``--follow`` run, recorded as it starts, and a
+    run that finishes or replays steps on record)."""
+    from ..io import resolve_path
+
+    ckpt = opened.ckpt
+    if ckpt is None or opened.new_run is not None or cfg.follow or opened.resume is not None:
+        return None
+    batches = ckpt.batches()
+    last = batches[-1] if batches else None
+    if last is not None and last[4] is None:
+        if last[3] <= ckpt.last_step():  # it released steps: this run finishes them
+            return None
+        this = resolve_path(str(cfg.input))
+        if last[1] != this and not cfg.replace_unfinished:
+            raise StateError(
+                f"the last run of the stream in {cfg.state} (reading {last[1]!r}, from "
+                f"step {last[3]}) stopped before it released a step, so its events are "
+                "not counted yet: run it again with that input first, then this one "
+                "(this run would release its steps without them, and they would then "
+                "come too late); to give its events up, add --replace-unfinished"
+            )
+    first_t = ckpt.last_step() + 1
+    return ckpt.begin_batch(input=resolve_path(str(cfg.input)), input_mac=None, first_t=first_t)
+
+
+def _unmark_on_error(ckpt: Any, n: int) -> Callable[..., bool]:
+    """An exit callback: a run that stops on an error (a refusal, a bad input) before its
+    first release leaves no mark (the state as it found it); a kill leaves it."""
+
+    def unmark(exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is not None and issubclass(exc_type, Exception):
+            with contextlib.suppress(Exception):
+                ckpt.drop_batch(n)
+        return False
+
+    return unmark
 
 
 def _read_input(

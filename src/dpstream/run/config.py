@@ -110,6 +110,7 @@ class RunConfig:
     force: bool = False
     allow_readable_key: bool = False
     allow_readable_state: bool = False
+    replace_unfinished: bool = False
     state: str | None = None
     ledger: str | None = None
     dataset: str | None = None

@@ -379,6 +379,20 @@ class Checkpoint:
                 (now, canonical_json(dict(summary))),
             )
 
+    def last_step(self) -> int:
+        """The last step on record (0 for none)."""
+        return int(self._db.execute("SELECT COALESCE(MAX(t), 0) FROM steps").fetchone()[0])
+
+    def drop_batch(self, n: int) -> None:
+        """Forget run ``n`` of the stream if it released no step (a run that stopped on an
+        error before its first release leaves the state as it found it)."""
+        with self._transaction():
+            self._db.execute(
+                "DELETE FROM batches WHERE n = ? AND until IS NULL AND first_t > "
+                "(SELECT COALESCE(MAX(t), 0) FROM steps)",
+                (n,),
+            )
+
     def begin_batch(self, *, input: str, input_mac: str | None, first_t: int) -> int:
         """Record that a run of the stream starts at step ``first_t`` with this input.
 

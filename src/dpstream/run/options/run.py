@@ -285,6 +285,15 @@ RUN_OPTS: tuple[Opt, ...] = (
         kind="flag",
     ),
     Opt(
+        ("--replace-unfinished",),
+        "replace_unfinished",
+        "with --state: go on although the stream's last run, reading another input, "
+        "stopped before it released a step (killed while reading): its events are then "
+        "never counted (refused by default: run that input first)",
+        False,
+        kind="flag",
+    ),
+    Opt(
         ("--allow-readable-state",),
         "allow_readable_state",
         "use a --state file that other "
