@@ -70,8 +70,9 @@ class SparkContinualTopK:
     over every domain item, and an item missing from the frame would never be
     selected. The first frame's items fix the noise scope, as the domain fixes the
     local ContinualTopK's (another domain draws other noise; one Spark job hashes
-    them at the first release); later frames must list the same domain. It returns a :class:`~dpstream.mechanisms.base.Release` (k items:
-    small, on the driver).
+    them at the first release); later frames must list the same domain. It
+    returns a :class:`~dpstream.mechanisms.base.Release` (k items: small, on the
+    driver).
     """
 
     def __init__(
