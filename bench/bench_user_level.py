@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
 
 import numpy as np
 
@@ -211,6 +212,9 @@ def speed(args) -> None:
 
 
 def main() -> None:
+    # throwaway keys whose ledgers each round removes: keep them out of the user's key
+    # registry (which would warn of a removed ledger at every round), here and in children
+    os.environ["DPSTREAM_KEY_REGISTRY"] = "off"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--speed",

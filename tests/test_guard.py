@@ -230,6 +230,27 @@ def test_a_refused_day_leaves_the_state_and_outputs_as_they_were(setup, capsys):
     assert {**{p: p.read_bytes() for p in files}, "state": _state_rows(state)} == before
 
 
+def test_a_clock_spelt_otherwise_by_a_later_day_is_refused(setup, capsys):
+    """Review 87: ``--step 24h`` for ``1d`` (or another spelling of ``--start``) passed
+    the state's check, which records the clock normalised, but the noise scope is built
+    from the options' text: the later days drew their truncation under another key and
+    the ledger counted the stream twice against its budget. The text is recorded now,
+    and another spelling is refused, named; the same spelling goes on."""
+    tmp_path, key, domain = setup
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.sqlite"
+    clock = ["--time-field", "ts", "--start", "2026-01-01T00:00Z", "--step", "1d", "-T", "4"]
+    day1 = _write(tmp_path / "d1.jsonl", [{"ts": "2026-01-01T05:00Z", "items": ["a"]}])
+    day2 = _write(tmp_path / "d2.jsonl", [{"ts": "2026-01-03T05:00Z", "items": ["b"]}])
+    base = ["-q", "-o", str(out), "--state", str(state), "--on-invalid", "truncate"]
+    assert main(_known(key, domain, *base, "-i", day1, "--until", "2", *clock)) == 0
+    for old, new in (("1d", "24h"), ("2026-01-01T00:00Z", "2026-01-01T00:00:00+00:00")):
+        respelt = [new if x == old else x for x in clock]
+        capsys.readouterr()
+        assert main(_known(key, domain, *base, "-i", day2, "--until", "4", *respelt)) == 1
+        assert "how --start, --step or --lateness are written" in capsys.readouterr().err
+    assert main(_known(key, domain, *base, "-i", day2, "--until", "4", *clock)) == 0
+
+
 def _state_rows(path):
     """Every row of a state database, as SQL (its contents, not its pages)."""
     import sqlite3

@@ -358,7 +358,10 @@ def test_a_state_older_than_its_ledger_is_adopted(stream, capsys):
     files = [out, state]
     _backup(files, tmp_path / "after-day1")
     assert not Path(f"{key_path}.ledger").exists()
+    capsys.readouterr()
     assert main(_day(cmd, tmp_path / "day2.jsonl", 2)) == 0  # adopts day 1's steps
+    # ... and says so (review 87: another, empty ledger took the stream silently)
+    assert f"held none of the {STEPS_PER_DAY} steps" in capsys.readouterr().err
     assert len(_ledger_lines(key_path)) == 2 * STEPS_PER_DAY
     _restore(files, tmp_path / "after-day1")
     cut = tmp_path / "cut.jsonl"

@@ -387,8 +387,8 @@ def _nothing_to_do(
 ) -> bool:
     """Whether the run on record has released every step this run asks for (logged)."""
     if record.finished:
+        check_finished(record, infile, cfg)  # an input that grew: its first new line
         _check_finished_input(cfg, ckpt, record, digests)
-        check_finished(record, infile, cfg)
         _log.info(
             f"the run in {cfg.state} finished at {record.finished} "
             f"({record.steps} steps released); nothing to do: a step is never "

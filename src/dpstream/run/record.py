@@ -198,6 +198,11 @@ def run_params(
     if isinstance(params.get("eta"), float):
         params["eta"] = float(params["eta"])
     params["implicit_time"] = bool(cfg.implicit_time)
+    from .settings import scoped_stream
+
+    scoped = scoped_stream(opts)
+    if scoped != str(opts["stream"]):  # the input settings' text, as the noise scope has it
+        params["stream_scope"] = scoped
     clock = cfg.clock
     if clock is not None:
         params.update(
@@ -244,6 +249,11 @@ def open_run(
         return None, ident
     _check_truncation_rule(ckpt.path, record.params)
     ident_check: dict[str, Any] = dict(ident)
+    recorded = json.loads(record.params)
+    if "stream_scope" not in recorded:  # a state begun before it was recorded
+        current = json.loads(params)
+        current.pop("stream_scope", None)
+        ident_check["params"] = canonical_json(current)
     if ckpt.snapshot() is not None:  # a stream that goes on: each run brings its own input
         ident_check["input"] = None
     ckpt.verify(record, **ident_check)

@@ -230,6 +230,14 @@ def _catch_up(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> No
                 "backup? the steps were added from the state; keep the ledger "
                 "on storage that is never rolled back"
             )
+        else:  # review 87: another, empty ledger took the stream without a word
+            _log.warning(
+                f"the release ledger {ledger.path} held none of the {last} steps the run "
+                f"in {cfg.state} released: is it the ledger the stream's earlier runs "
+                "kept (a --ledger given otherwise, or relative to another folder)? the "
+                "steps were added from the state; a run of the same key and stream is "
+                "refused only by a ledger that holds them"
+            )
     elif ledger.last_t > last:
         _log.warning(
             f"the state {cfg.state} is behind the release ledger "

@@ -152,6 +152,8 @@ _PARAM_WORDS = {
     "step_months": "--step",
     "lateness_seconds": "--lateness",
     "time_zone": "the time zone of --start",
+    "stream_scope": "how --start, --step or --lateness are written (their text is part of "
+    "the noise scope: write them as the stream's first run did)",
 }
 
 
@@ -298,6 +300,8 @@ class Checkpoint:
         if record.params != params:
             old, new = json.loads(record.params), json.loads(params)
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            if len(diff) > 1 and "stream_scope" in diff:  # the text of another option
+                diff.remove("stream_scope")  # that differs, named by that option
             words = list(dict.fromkeys(param_words(k) for k in diff))  # each option once
             if "--horizon" in words:  # --horizon itself, whether given or not
                 words = [w for w in words if w != "--horizon (given or not)"]
