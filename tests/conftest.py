@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,21 @@ from dpstream import NoiseKey
 #: null, so an honest implementation fails it about once in two million runs,
 #: while any error of a few percent in a scale shows up at the sample sizes used.
 Z_TOL = 5.0
+
+
+#: the package's sources, for a fresh interpreter that must import this checkout
+SRC_DIR = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def fresh_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that imports this checkout (checked: status 0)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC_DIR},
+        check=True,
+    )
 
 
 def fixed_key(label: str) -> NoiseKey:

@@ -9,29 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from dpstream import special
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+from .conftest import fresh_python
 
 
 def _python(code: str) -> dict:
     """Run ``code`` in a fresh interpreter; the JSON it prints last."""
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": SRC},
-        check=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(fresh_python(code).stdout.strip().splitlines()[-1])
 
 
 def test_the_functions_are_the_normal_distributions():

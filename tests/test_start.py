@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import fresh_python
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 HEAVY = ("numpy", "scipy", "pandas", "pyarrow", "cryptography")
 
@@ -94,14 +96,7 @@ def test_from_import_works_in_a_fresh_interpreter():
         "assert 'numpy' in sys.modules; import dpstream; "
         "assert set(dpstream.__all__) <= set(dir(dpstream)); print(TreeCounter.__name__)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": SRC},
-        check=True,
-    )
-    assert proc.stdout.strip() == "TreeCounter"
+    assert fresh_python(code).stdout.strip() == "TreeCounter"
 
 
 def test_view_names_load_lazily():
