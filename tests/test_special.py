@@ -104,3 +104,42 @@ def test_a_failure_while_loading_falls_back_to_the_package():
         "  'value': float(s.ndtri(0.5))}))"
     )
     assert got == {"refused": 1, "package": True, "same": True, "cs": True, "value": 0.0}
+
+
+def test_another_thread_importing_the_package_meanwhile_waits_for_it():
+    """Review 88: while the extension modules load under the placeholder, another
+    thread's ``from scipy.special import gammaln`` got the bare placeholder (an
+    ImportError, or a package without its functions for good). The placeholder is
+    marked as initialising, so that thread waits on the import lock and then loads the
+    real package. The loading thread holds the window open until the other thread has
+    started its import (the test can then only be weaker on a slow machine, never
+    wrong: a thread that comes after the window always gets the real package)."""
+    got = _python(
+        "import sys, json, threading, time, importlib.abc\n"
+        "started = threading.Event()\n"
+        "class Hold(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'scipy.special._ufuncs' and threading.current_thread().name == 'a':\n"
+        "            started.wait(10); time.sleep(0.3)  # the other thread is importing\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hold())\n"
+        "import scipy\n"
+        "out = {}\n"
+        "def a():\n"
+        "    import dpstream.special\n"
+        "def b():\n"
+        "    while 'scipy.special' not in sys.modules:\n"
+        "        time.sleep(0.001)\n"
+        "    started.set()\n"
+        "    try:\n"
+        "        from scipy.special import gammaln\n"
+        "        out['b'] = float(gammaln(3.0))\n"
+        "    except Exception as e:\n"
+        "        out['b'] = repr(e)\n"
+        "tb = threading.Thread(target=b, name='b'); tb.start()\n"
+        "ta = threading.Thread(target=a, name='a'); ta.start()\n"
+        "ta.join(); tb.join()\n"
+        "real = hasattr(sys.modules['scipy.special'], 'gammaln')\n"
+        "print(json.dumps({'b': out['b'], 'real': real}))"
+    )
+    assert got == {"b": math.log(2.0), "real": True}

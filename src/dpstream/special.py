@@ -22,7 +22,10 @@ the package's import would put them (a compiled module cannot be initialised
 twice), and the package's name is held by a bare placeholder only while they
 load, under the import system's lock on that name, so that another thread's
 ``import scipy.special`` waits and then loads the real package, which takes
-the extension modules already loaded.
+the extension modules already loaded. One difference remains: those modules
+are not attributes of the package imported after (``scipy.special.cython_special``
+after ``import scipy.special.cython_special`` is missing); ``from scipy.special
+import cython_special`` and ``sys.modules`` find them.
 """
 
 from __future__ import annotations
@@ -66,7 +69,21 @@ def _without_package() -> dict[str, Any] | None:
             return None
         spec = importlib.machinery.ModuleSpec(_PACKAGE, None, is_package=True)
         spec.submodule_search_locations = folder
-        sys.modules[_PACKAGE] = importlib.util.module_from_spec(spec)
+        # "being initialised": another thread's import of the name then waits on the
+        # module lock held here; it may still hold the placeholder after (CPython's
+        # import reads sys.modules before it waits), so the placeholder hands its
+        # attributes on to the real package once the window is closed
+        spec._initializing = True  # type: ignore[attr-defined]
+        placeholder = importlib.util.module_from_spec(spec)
+        window = {"open": True}
+
+        def forward(name: str) -> Any:
+            if window["open"]:  # the extension modules' own imports: no such name
+                raise AttributeError(name)
+            return getattr(importlib.import_module(_PACKAGE), name)
+
+        placeholder.__getattr__ = forward  # type: ignore[method-assign]
+        sys.modules[_PACKAGE] = placeholder
         try:
             ufuncs = importlib.import_module(_PACKAGE + "._ufuncs")
             special_ufuncs = importlib.import_module(_PACKAGE + "._special_ufuncs")
@@ -82,6 +99,7 @@ def _without_package() -> dict[str, Any] | None:
             return None
         finally:
             sys.modules.pop(_PACKAGE, None)
+            window["open"] = False
     return found
 
 

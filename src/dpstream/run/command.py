@@ -431,7 +431,7 @@ def _release(
         stack.callback(opened.ledger.close)
     if (opened.new_run is not None or ckpt is None) and built.parquet is None:
         check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
-    marked = _mark_batch(cfg, opened)
+    marked = _mark_batch(cfg, opened, digests)
     if marked is not None:  # a run stopped by an error before its first release: unmarked
         stack.push(_unmark_on_error(opened.ckpt, marked))
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
@@ -491,10 +491,11 @@ def _release(
     return viewer
 
 
-def _mark_batch(cfg: RunConfig, opened: _Opened) -> int | None:
+def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int | None:
     """Record, before a later batch of a stream reads its input, that it began: a batch
     killed while reading (the long part of a batch) leaves this mark, and the next run
-    given another input is refused, since it would release the killed batch's steps
+    given another input (another file, or the same file with other bytes) is refused,
+    since it would release the killed batch's steps
     without its events, which could then never count (late). Given the same input it
     takes the mark's place, as with ``--replace-unfinished`` (the operator gives those
     events up). Stdin is one input to this check: it cannot tell two of them apart.
@@ -512,7 +513,9 @@ def _mark_batch(cfg: RunConfig, opened: _Opened) -> int | None:
         if last[3] <= ckpt.last_step():  # it released steps: this run finishes them
             return None
         this = resolve_path(str(cfg.input))
-        if last[1] != this and not cfg.replace_unfinished:
+        mac = input_mac(cfg, digests)
+        same = last[2] == mac if None not in (last[2], mac) else last[1] == this
+        if not same and not cfg.replace_unfinished:
             raise StateError(
                 f"the last run of the stream in {cfg.state} (reading {last[1]!r}, from "
                 f"step {last[3]}) stopped before it released a step, so its events are "
@@ -521,7 +524,8 @@ def _mark_batch(cfg: RunConfig, opened: _Opened) -> int | None:
                 "come too late); to give its events up, add --replace-unfinished"
             )
     first_t = ckpt.last_step() + 1
-    return ckpt.begin_batch(input=resolve_path(str(cfg.input)), input_mac=None, first_t=first_t)
+    mac = input_mac(cfg, digests)  # (the digest go_on took of this file: kept)
+    return ckpt.begin_batch(input=resolve_path(str(cfg.input)), input_mac=mac, first_t=first_t)
 
 
 def _unmark_on_error(ckpt: Any, n: int) -> Callable[..., bool]:

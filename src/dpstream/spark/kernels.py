@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..factorization import BLTStrategy
 from ..mechanisms.blt_noise import BLTNoise, join_purpose
+from ..mechanisms.columns import check_count_range
 from ..mechanisms.counters import tree_base
 from ..mechanisms.tree_noise import TreeNoise
 from ..noise import NoiseKey, NoiseSource, PreparedItems
@@ -208,7 +209,7 @@ def _counts_array(column: pd.Series) -> np.ndarray:
     counts = counts.astype(np.int64)
     if (counts < 0).any():
         raise ValueError("counts must be >= 0")
-    return counts
+    return check_count_range("counts", counts)  # <= 2^53, as the local mechanisms take
 
 
 def release_step_batch(

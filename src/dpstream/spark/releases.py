@@ -21,6 +21,7 @@ import numpy as np
 
 from ..factorization import BLTStrategy
 from ..mechanisms.base import check_domain, check_max_items, check_next_step
+from ..mechanisms.columns import MAX_COUNT
 from ..mechanisms.counters import blt_purpose
 from ..mechanisms.known import (
     KnownDomainHistogram,
@@ -781,7 +782,11 @@ def _checked_counts(counts: DataFrame, horizon: int, item_col: str) -> DataFrame
             raise TypeError(f"column {name!r} must hold integers, got {ctype.simpleString()}")
     _check_item_type(_column_type(counts, item_col), f"column {item_col!r}")
     n, t = F.col("n"), F.col("t")
-    checked_n = F.when(n < 0, _fail(F.lit("ValueError: a count is < 0"))).otherwise(n)
+    checked_n = (
+        F.when(n < 0, _fail(F.lit("ValueError: a count is < 0")))
+        .when(n > MAX_COUNT, _fail(F.lit("ValueError: a count is above 2^53")))
+        .otherwise(n)
+    )
     checked_t = F.when(n.isNull(), t).otherwise(_checked_step(t, horizon))
     return counts.where(n.isNotNull()).select(
         item_col, checked_t.cast("long").alias("t"), checked_n.cast("long").alias("n")
