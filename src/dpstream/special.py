@@ -55,7 +55,7 @@ def _from_package() -> dict[str, Any]:
 
 def _module_lock(name: str) -> Any:
     """The import system's lock on ``name`` (held while a module of that name loads)."""
-    bootstrap = importlib._bootstrap  # type: ignore[attr-defined]
+    bootstrap: Any = importlib._bootstrap  # type: ignore[attr-defined]
     return bootstrap._ModuleLockManager(name)
 
 

@@ -47,6 +47,9 @@ class StateDigests:
     guesses of that input; with it, a resumed run proves its input unchanged.
     """
 
+    #: the last whole file digested: (its path, device, inode, size, mtime), digest
+    _last_file: tuple[tuple[str, int, int, int, int], str] | None
+
     def file(self, path: str) -> str:
         """The digest of a whole input file's bytes (to refuse an input fed twice); a
         run asks more than once, so the last one is kept for the same file unchanged
@@ -59,8 +62,9 @@ class StateDigests:
         with open(path, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
-        self._last_file = (ident, h.hexdigest())
-        return self._last_file[1]
+        digest = h.hexdigest()
+        self._last_file = (ident, digest)
+        return digest
 
     def files(self, root: str, paths: list[str]) -> str:
         """The digest of a directory input's files (a Parquet data lake): each file's path
@@ -76,7 +80,7 @@ class StateDigests:
 
     def __init__(self, key: NoiseKey) -> None:
         self._key = key.derive("state-digest/v2")
-        self._last_file: tuple[tuple[Any, ...], str] | None = None
+        self._last_file = None
 
     def mask(self, t: int) -> int:
         """A keyed 62-bit mask for step t: a position stored XOR this reveals nothing."""
