@@ -397,6 +397,38 @@ def test_a_finished_stream_refuses_an_input_it_never_read(tmp_path, capsys):
     assert out.read_bytes() == released
 
 
+def test_a_stream_resumed_by_a_dpstream_that_words_its_scope_otherwise_counts_once(
+    tmp_path, monkeypatch, capsys
+):
+    """A newer dpstream may word a new stream's noise scope otherwise (review 86 put the
+    domain into top-k's): a stream resumed from its snapshot draws under the scope it
+    recorded, and the ledger must know it by that one. It took the freshly built one,
+    so the upgrade's first batch counted the stream's budget a second time (2 releases,
+    rho 2, for one stream of rho 1)."""
+    from dpstream.mechanisms.topk import ContinualTopK
+
+    key_path = tmp_path / "k.key"
+    fixed_key("daily-scope").save(key_path)
+    (tmp_path / "dom.txt").write_text("a\nb\nc\n")
+    day1, day2 = tmp_path / "d1.jsonl", tmp_path / "d2.jsonl"
+    day1.write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b", "a"]}\n')
+    day2.write_text('{"t": 4, "items": ["c"]}\n{"t": 6, "items": ["a"]}\n')
+    out, ledger = tmp_path / "out.jsonl", tmp_path / "L.ledger"
+    cmd = ["run", "-q", "-m", "top-k", "--domain", str(tmp_path / "dom.txt"), "--k", "1",
+           "--switches", "2", "--rho", "1", "-T", "6", "--key-file", str(key_path),
+           "-o", str(out), "--state", str(tmp_path / "s.sqlite"), "--ledger", str(ledger),
+           "--dataset", "ds"]  # fmt: skip
+    new_scope = ContinualTopK.scope_for
+    # day 1 under an older wording of the scope (what the dpstream before review 86 drew)
+    monkeypatch.setattr(ContinualTopK, "scope_for", lambda self, d: new_scope(self, "old"))
+    assert main([*cmd, "-i", str(day1), "--until", "3"]) == 0
+    monkeypatch.setattr(ContinualTopK, "scope_for", new_scope)
+    assert main([*cmd, "-i", str(day2)]) == 0
+    capsys.readouterr()
+    assert main(["budget", "--key-file", str(key_path), "--ledger", str(ledger)]) == 0
+    assert "over 1 release(s)" in capsys.readouterr().out
+
+
 def test_a_snapshot_copied_from_another_stream_is_refused(tmp_path, capsys):
     """Review finding E: the snapshot's authentication bound neither the stream nor the
     step, so one stream's snapshot pasted into another's state was loaded."""

@@ -329,11 +329,17 @@ def _open_state(
         opened.done = True
         return opened
     if record is not None:
+        opened.go_on = go_on(ckpt, record, cfg, key, digests)
+        if opened.go_on is not None:
+            # the noise scope the stream draws under is its snapshot's, which a newer
+            # dpstream may word otherwise for a new stream (the domain in top-k's
+            # scope, say): the ledger must know the stream by the one it recorded,
+            # else it counts the stream's budget a second time
+            built.scope = noise_scope(opened.go_on.mechanism, built.scope)
         opened.ledger = open_ledger(
             cfg, key, ckpt, record, scope=built.scope, budget=built.spend, cap=built.cap
         )
         stack.callback(opened.ledger.close)
-        opened.go_on = go_on(ckpt, record, cfg, key, digests)
         if opened.go_on is not None:
             built.mech = built.formatter.mech = opened.go_on.mechanism
             built.publish = opened.go_on.publish
