@@ -251,6 +251,27 @@ def test_a_clock_spelt_otherwise_by_a_later_day_is_refused(setup, capsys):
     assert main(_known(key, domain, *base, "-i", day2, "--until", "4", *clock)) == 0
 
 
+def test_a_batch_releasing_steps_whose_windows_are_open_warns(setup, capsys):
+    """Review 87: a batch with a clock released steps whose windows had not ended, with
+    no word; events that came for them later were late for the next batch. It now
+    warns, naming the last step that has ended. (Days 10 days apart from now: the
+    outcome does not hang on the wall clock's pace.)"""
+    tmp_path, key, domain = setup
+    start = (dt.datetime.now(UTC) - dt.timedelta(days=10)).strftime("%Y-%m-%dT00:00Z")
+    day = _write(tmp_path / "d.jsonl", [{"ts": start, "items": ["a"]}])
+    clock = ["--time-field", "ts", "--start", start, "--step", "1d", "-T", "40"]
+    for until, warned in ((5, False), (20, True)):
+        out = tmp_path / f"out{until}.jsonl"
+        capsys.readouterr()
+        state = ["--state", str(tmp_path / f"s{until}.sqlite"), *own_ledger(out)]
+        assert main(_known(key, domain, "-i", day, "-o", str(out), *state, "--until",
+                           str(until), *clock)) == 0  # fmt: skip
+        err = capsys.readouterr().err
+        assert ("windows of the last ones have not ended" in err) is warned, err
+        if warned:
+            assert "the last step that has ended is 9" in err or "is 10" in err
+
+
 def _state_rows(path):
     """Every row of a state database, as SQL (its contents, not its pages)."""
     import sqlite3

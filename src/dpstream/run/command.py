@@ -171,7 +171,34 @@ def cmd_run(args: argparse.Namespace) -> int:
             "released on this stream (a later run of its key and settings is refused, "
             "and its noise state is not kept); give --state FILE to go on later"
         )
+    if cfg.clock is not None and not cfg.follow and cfg.engine == "local":
+        _warn_open_steps(cfg, until)
     return run_config(cfg, load_key(cfg))
+
+
+def _warn_open_steps(cfg: RunConfig, until: int) -> None:
+    """A batch run with a clock that releases steps whose windows have not ended yet
+    (review 87): an event that comes for them later is late for the next batch (it is
+    dropped), so warn, naming the last step that has ended. (Only a warning: the clock
+    is public, and a batch may be meant to close its steps early.)"""
+    import datetime as _dt
+
+    clock = cfg.clock
+    assert clock is not None
+    now = _dt.datetime.now(_dt.timezone.utc)
+    last = min(until, cfg.horizon_limit)
+    try:
+        if clock.end_of(last) <= now:
+            return
+        ended = clock.step_of(now) - 1  # the last step whose window has ended
+    except (OverflowError, ValueError):  # a step past the year 9999: far from ended
+        ended = None
+    upto = f"; the last step that has ended is {ended}" if ended is not None else ""
+    _log.warning(
+        f"this batch releases steps up to {last}, and the windows of the last ones have "
+        f"not ended yet{upto}: an event that comes for them later is late for the next "
+        "batch (dropped), so give --until the last step that has ended (or --follow)"
+    )
 
 
 def run_config(cfg: RunConfig, key: NoiseKey) -> int:
