@@ -34,11 +34,9 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
-import threading
 from typing import Any
 
 _PACKAGE = "scipy.special"
-_lock = threading.Lock()
 
 
 def _from_package() -> dict[str, Any]:
@@ -111,9 +109,8 @@ def _try_without_package() -> dict[str, Any] | None:
 
 
 def _functions() -> dict[str, Any]:
-    with _lock:
-        found = None if _PACKAGE in sys.modules else _try_without_package()
-        return found if found is not None else _from_package()
+    found = None if _PACKAGE in sys.modules else _try_without_package()
+    return found if found is not None else _from_package()
 
 
 _found = _functions()

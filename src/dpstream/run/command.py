@@ -528,8 +528,8 @@ def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int |
     """Record, before a later batch of a stream reads its input, that it began: a batch
     killed while reading (the long part of a batch) leaves this mark, and the next run
     given another input (another file, or the same file with other bytes) is refused,
-    since it would release the killed batch's steps
-    without its events, which could then never count (late). Given the same input it
+    since it would release the killed batch's steps without its events, which could
+    then never count (late). Given the same input it
     takes the mark's place, as with ``--replace-unfinished`` (the operator gives those
     events up). Stdin is one input to this check: it cannot tell two of them apart.
     Returns the mark's batch number (None: no mark, as for a first batch, whose run is
@@ -542,11 +542,12 @@ def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int |
         return None
     batches = ckpt.batches()
     last = batches[-1] if batches else None
+    released = ckpt.last_step()
+    this = resolve_path(str(cfg.input))
+    mac = input_mac(cfg, digests)  # (the digest go_on took of this file: kept)
     if last is not None and last[4] is None:
-        if last[3] <= ckpt.last_step():  # it released steps: this run finishes them
+        if last[3] <= released:  # it released steps: this run finishes them
             return None
-        this = resolve_path(str(cfg.input))
-        mac = input_mac(cfg, digests)
         same = last[2] == mac if None not in (last[2], mac) else last[1] == this
         if not same and not cfg.replace_unfinished:
             raise StateError(
@@ -556,9 +557,7 @@ def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int |
                 "(this run would release its steps without them, and they would then "
                 "come too late); to give its events up, add --replace-unfinished"
             )
-    first_t = ckpt.last_step() + 1
-    mac = input_mac(cfg, digests)  # (the digest go_on took of this file: kept)
-    return ckpt.begin_batch(input=resolve_path(str(cfg.input)), input_mac=mac, first_t=first_t)
+    return ckpt.begin_batch(input=this, input_mac=mac, first_t=released + 1)
 
 
 def _unmark_on_error(ckpt: Any, n: int) -> Callable[..., bool]:

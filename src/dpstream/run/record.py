@@ -237,7 +237,8 @@ def open_run(
     from ..io import resolve_path
     from ..state import canonical_json
 
-    params = canonical_json(run_params(cfg, mech, domain_fingerprint))
+    fields = run_params(cfg, mech, domain_fingerprint)
+    params = canonical_json(fields)
     ident = dict(
         params=params,
         key_fingerprint=key.fingerprint(),
@@ -249,11 +250,10 @@ def open_run(
         return None, ident
     _check_truncation_rule(ckpt.path, record.params)
     ident_check: dict[str, Any] = dict(ident)
-    recorded = json.loads(record.params)
-    if "stream_scope" not in recorded:  # a state begun before it was recorded
-        current = json.loads(params)
-        current.pop("stream_scope", None)
-        ident_check["params"] = canonical_json(current)
+    if "stream_scope" not in json.loads(record.params):  # a state begun before it was
+        ident_check["params"] = canonical_json(  # recorded: compared without it
+            {k: v for k, v in fields.items() if k != "stream_scope"}
+        )
     if ckpt.snapshot() is not None:  # a stream that goes on: each run brings its own input
         ident_check["input"] = None
     ckpt.verify(record, **ident_check)

@@ -332,10 +332,6 @@ class SparkContinualTopK:
             self._svt = NoiseSource(self.mechanism.key, f"{scope}/svt")
         return self._svt
 
-    def _fix_domain_done(self) -> NoiseSource:
-        assert self._svt is not None, "the domain is fixed at the first release"
-        return self._svt
-
     def _do_select(self, t: int, counts: DataFrame) -> None:
         n = self._selections
         sel = self.select(n, counts)
@@ -343,7 +339,7 @@ class SparkContinualTopK:
         self._selected = sel
         self._selections = n + 1
         if self.switches_left > 0:
-            self._threshold_noise = self._fix_domain_done().scalar(
+            self._threshold_noise = self._fix_domain(counts).scalar(
                 "laplace", 0, n, 0, scale=2 * self.mechanism.tau_1
             )
 

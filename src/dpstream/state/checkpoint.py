@@ -157,6 +157,10 @@ _PARAM_WORDS = {
 }
 
 
+#: a batch (run of the stream) still open that released no step
+_UNRELEASED = "until IS NULL AND first_t > (SELECT COALESCE(MAX(t), 0) FROM steps)"
+
+
 def param_words(name: str) -> str:
     """A recorded parameter's name as the command's options spell it."""
     return _PARAM_WORDS.get(name, "--" + name.replace("_", "-"))
@@ -391,11 +395,7 @@ class Checkpoint:
         """Forget run ``n`` of the stream if it released no step (a run that stopped on an
         error before its first release leaves the state as it found it)."""
         with self._transaction():
-            self._db.execute(
-                "DELETE FROM batches WHERE n = ? AND until IS NULL AND first_t > "
-                "(SELECT COALESCE(MAX(t), 0) FROM steps)",
-                (n,),
-            )
+            self._db.execute(f"DELETE FROM batches WHERE n = ? AND {_UNRELEASED}", (n,))
 
     def begin_batch(self, *, input: str, input_mac: str | None, first_t: int) -> int:
         """Record that a run of the stream starts at step ``first_t`` with this input.
@@ -405,10 +405,7 @@ class Checkpoint:
         forgotten here, not when the new run starts, so that a run refused before its
         first release (by the release ledger, say) leaves the state as it found it."""
         with self._transaction():
-            self._db.execute(
-                "DELETE FROM batches WHERE until IS NULL AND first_t > "
-                "(SELECT COALESCE(MAX(t), 0) FROM steps)"
-            )
+            self._db.execute(f"DELETE FROM batches WHERE {_UNRELEASED}")
             cur = self._db.execute(
                 "INSERT INTO batches (input, input_mac, first_t) VALUES (?, ?, ?)",
                 (input, input_mac, first_t),
