@@ -402,6 +402,49 @@ def test_a_missing_or_mistyped_column_is_refused_before_any_release(
     assert not out.exists()
 
 
+def test_linked_partitions_count_once_and_a_partition_reached_twice_is_refused(
+    tmp_path, key_path, capsys
+):
+    """Review 89: a partition folder that was a link was left out without a word (its
+    events never counted); it is followed now, and a folder or file that two paths
+    reach (so its events would count twice) is refused before anything is written."""
+    rows = _events(3)
+    table = _table(rows)
+    _partitions(table, tmp_path / "whole", [700])
+    _partitions(table, tmp_path / "held", [700])
+    (tmp_path / "lake").mkdir()
+    os.rename(tmp_path / "held" / "part=00", tmp_path / "lake" / "part=00")
+    os.symlink(tmp_path / "held" / "part=01", tmp_path / "lake" / "part=01")
+    found = parquet_files(str(tmp_path / "lake"))
+    assert [os.path.relpath(p, tmp_path / "lake") for p in found] == [
+        os.path.join("part=00", "data.parquet"),
+        os.path.join("part=01", "data.parquet"),
+    ]
+    outs = [tmp_path / "out-whole.jsonl", tmp_path / "out-lake.jsonl"]
+    assert _run(key_path, tmp_path / "whole", outs[0], *UNKNOWN) == 0
+    assert _run(key_path, tmp_path / "lake", outs[1], *UNKNOWN) == 0
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    # the same folder by two links, a file linked beside itself, a hard link, a loop
+    cases = {
+        "twice": lambda d: os.symlink(tmp_path / "held" / "part=01", d / "part=02"),
+        "file": lambda d: os.symlink(d / "part=00" / "data.parquet", d / "more.parquet"),
+        "hard": lambda d: os.link(d / "part=00" / "data.parquet", d / "hard.parquet"),
+        "loop": lambda d: os.symlink(d, d / "part=00" / "again"),
+    }
+    for name, make in cases.items():
+        lake = tmp_path / f"lake-{name}"
+        os.rename(tmp_path / "lake", lake)
+        make(lake)
+        out = tmp_path / f"out-{name}.jsonl"
+        assert _run(key_path, lake, out, *UNKNOWN) == 1, name
+        assert "would count twice" in capsys.readouterr().err, name
+        assert not out.exists()
+        for extra in ("part=02", "more.parquet", "hard.parquet", "part=00/again"):
+            if os.path.lexists(lake / extra):
+                os.remove(lake / extra)
+        os.rename(lake, tmp_path / "lake")
+
+
 def test_an_empty_file_or_directory_is_refused(tmp_path, key_path, capsys):
     (tmp_path / "e.parquet").write_bytes(b"")
     out = tmp_path / "out.jsonl"

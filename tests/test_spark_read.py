@@ -344,11 +344,13 @@ def test_a_directory_is_read_file_by_file_without_partition_discovery(spark, tmp
     _write(folder / "sub" / "d.jsonl", [b'{"t": 1, "items": ["d"]}'])
     read.insert(2, folder / "sub" / "d.jsonl")
     assert _spark(spark, folder, user_field="user") == _local(read, user_field="user")
-    # by a file: URI the same files in the same order (review 68: Spark listed them,
-    # following a linked folder, and ordered them by their names alone)
+    # by a file: URI the same files in the same order (review 68: Spark listed them
+    # itself and ordered them by their names alone); a linked folder is followed, in
+    # the order of its path (review 89: it was left out without a word)
     (tmp_path / "elsewhere").mkdir()
     _write(tmp_path / "elsewhere" / "0.jsonl", [b'{"t": 1, "items": ["linked"]}'])
     os.symlink(tmp_path / "elsewhere", folder / "linked")
+    read.insert(2, folder / "linked" / "0.jsonl")
     got = _spark(spark, Path(folder.as_uri()), user_field="user")
     assert got == _local(read, user_field="user")
 

@@ -88,13 +88,35 @@ BATCH_ROWS = 1 << 16
 def folder_files(folder: str, suffix: str = "") -> list[str]:
     """Every file under ``folder`` at any depth whose name ends with ``suffix``, but those
     whose names (or their folders' names) begin with ``.`` or ``_`` (as Spark and Hive
-    leave their markers; a folder linked inside is not entered), sorted by their paths
-    relative to it, component by component."""
+    leave their markers), sorted by their paths relative to it, component by component.
+
+    Links are followed, to folders as to files (a lake's partitions are often links),
+    but a file or folder reached twice (two links to one folder, a link to a file
+    beside it, a hard link, a loop) is refused: its events would count twice, and a
+    neighbouring input would differ in more than one event."""
     found = []
-    for root, dirs, files in os.walk(folder):
+    seen: dict[tuple[int, int], str] = {}
+
+    def once(path: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError as exc:  # a link to nothing, or a file gone while listed
+            raise ValueError(f"--input {folder!r}: cannot read {path!r} ({exc.strerror})") from None
+        first = seen.setdefault((st.st_dev, st.st_ino), path)
+        if first != path:
+            raise ValueError(
+                f"--input {folder!r}: {path!r} and {first!r} are one file or folder "
+                "(a link or a hard link); its events would count twice: remove one"
+            )
+
+    once(folder)
+    for root, dirs, files in os.walk(folder, followlinks=True):
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in dirs:
+            once(os.path.join(root, name))
         for name in files:
             if name.endswith(suffix) and not name.startswith((".", "_")):
+                once(os.path.join(root, name))
                 found.append(os.path.join(root, name))
     return sorted(found, key=lambda p: os.path.relpath(p, folder).split(os.sep))
 

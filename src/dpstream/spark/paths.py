@@ -46,8 +46,8 @@ def input_files(path: str) -> list[str] | None:
     the Parquet reader (whatever their suffix), sorted by their paths relative to it
     (the order :mod:`dpstream.spark.order` numbers lines in); None for a path Spark reads from
     another file system (a URI with a scheme), which Spark lists itself. A ``file:``
-    URI is a local path: listed here too (a folder linked inside is left out, as for
-    a plain path), and its files are given as paths."""
+    URI is a local path: listed here too (links followed, a file reached twice
+    refused, as for a plain path), and its files are given as paths."""
     from ..io.parquet import folder_files
     from ..run.lock import local_path
 
