@@ -507,3 +507,46 @@ def test_a_frames_errors_speak_of_the_frame_and_its_keywords(key_path) -> None:
     with pytest.raises(ValueError) as info:
         dpstream.release_frame(bad, "unknown", key=key_path, on_invalid="error", **BASE)
     assert str(info.value).startswith("frame row 1:") and "on_invalid=" in str(info.value)
+
+
+def test_invalid_events_a_frame_skips_are_named_in_a_warning(tmp_path, key_path) -> None:
+    """Review 89: release_frame skipped invalid rows (a null or empty user id, a step
+    past the horizon) and told the caller nothing, even with quiet=False; it now warns
+    with the summary's counts (never a value), and not when every event counted."""
+    import warnings
+
+    n = 80  # 3 invalid of 81: under --max-invalid's 5%
+    frame = pd.DataFrame(
+        {
+            "t": [1] * n + [T + 1],
+            "items": [["a"]] * (n + 1),
+            "user": [f"u{i}" for i in range(n - 2)] + [None, "", "secret-user"],
+        }
+    )
+    known = {"domain": ["a"], "horizon": T, "tau": 1e-4, "user": "user"}
+    bounds = {"max_items_per_user": 1, "max_count_per_item": 1}
+    with pytest.warns(UserWarning, match=r"3 invalid events skipped \((.*)\)") as caught:
+        got = dpstream.release_frame(frame, "known", key=key_path, **known, **bounds)
+    message = str(caught[0].message)
+    assert "2 user id" in message and "1 past the horizon" in message, message
+    assert f"{n - 2} counted" in message and "secret" not in message
+    assert caught[0].filename == __file__  # pointing at the caller's line
+    assert got[got.t == 1].value.round().tolist() == [n - 2]
+    valid = frame.iloc[: n - 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning when every event counts
+        dpstream.release_frame(
+            valid, "known", key=key_path, **known, **bounds, ledger=str(tmp_path / "l")
+        )
+
+
+def test_a_column_of_sets_is_refused(key_path) -> None:
+    """Review 89: a pandas column of Python sets was read in the sets' iteration order,
+    which follows the process's hash seed: which item a user kept first (and so the
+    release) changed from one process to the next. Sets are refused; lists are read."""
+    frame = pd.DataFrame({"t": [1, 2], "items": [["a", "b"], {"c", "d"}], "user": ["x", "y"]})
+    with pytest.raises(ValueError, match="column 'items' holds sets"):
+        dpstream.release_frame(frame, "unknown", key=key_path, user="user", **BASE)
+    frame["items"] = [["a", "b"], frozenset({"c"})]
+    with pytest.raises(ValueError, match="column 'items' holds sets"):
+        dpstream.release_frame(frame, "unknown", key=key_path, **BASE)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import warnings
 from typing import Any
 
 __all__ = ["release_frame"]
@@ -71,6 +72,11 @@ def release_frame(
         ValueError: an unknown setting, a setting the command refuses, a missing
             column or one of the wrong type (before any release); the errors of
             ``dpstream run``.
+
+    Warns:
+        UserWarning: when the run skipped or truncated invalid events (``on_invalid``,
+            by default ``skip`` up to ``max_invalid``): how many, and why; the
+            command prints the same counts in its summary.
     """
     from .run.command import load_key, run_config
     from .run.config import RunConfig
@@ -112,17 +118,39 @@ def release_frame(
         out = os.path.join(tmp, "releases.parquet")
         opts.update(output=out, output_format="parquet")
         cfg = RunConfig.from_args(argparse.Namespace(**opts))
+        counts: dict[str, Any] = {}  # the run's summary: what it skipped or truncated
         try:
             check_paths(cfg)
-            run_config(cfg, load_key(cfg))
+            run_config(cfg, load_key(cfg), on_summary=counts.update)
         except (ValueError, TypeError) as exc:
             if kind != "path" and exc.args and isinstance(exc.args[0], str):
                 exc.args = (_in_frame_words(exc.args[0], opts["input"]), *exc.args[1:])
             raise
+        _warn_of_invalid(counts)
         import pyarrow.parquet as pq
 
         table = pq.read_table(out)
     return _as_kind(table, kind)
+
+
+def _warn_of_invalid(counts: dict[str, Any]) -> None:
+    """A :class:`UserWarning` naming how many events the run skipped (by reason) or
+    truncated, nothing when it counted every event whole: a library adds no log handler
+    of its own, so without it a frame's invalid rows would vanish unseen (review 89).
+    Counts only, as the command's summary: never an item or a row's content."""
+    skipped, truncated = counts.get("skipped", 0), counts.get("truncated", 0)
+    if not skipped and not truncated:
+        return
+    reasons = sorted((counts.get("skipped_by_reason") or {}).items(), key=lambda rn: -rn[1])
+    why = ", ".join(f"{n} {r}" for r, n in reasons)
+    warnings.warn(
+        f"release_frame: {skipped} invalid events skipped"
+        + (f" ({why})" if why else "")
+        + f", {truncated} truncated, {counts.get('events', 0)} counted; "
+        "on_invalid='error' refuses a frame with any invalid event instead",
+        UserWarning,
+        stacklevel=3,  # the caller of release_frame
+    )
 
 
 #: The command's words in a message, and what a caller of release_frame gave instead.
@@ -188,6 +216,14 @@ def _from_pandas(events: Any) -> Any:
     and its problem, never a value (docs/privacy.md: messages carry no record content)."""
     import pyarrow as pa
 
+    for name in events.columns:  # sets: their order is the process's hash seed's
+        values = events[name]
+        if values.dtype == object and any(isinstance(v, (set, frozenset)) for v in values.tolist()):
+            raise ValueError(
+                f"the frame's column {str(name)!r} holds sets: their order changes from "
+                "one Python process to the next, and which items an event or a user "
+                "keeps first would change with it; give lists (in the events' order)"
+            )
     # OverflowError: a Python int past int64 (Arrow's conversion raises it bare)
     unreadable = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
     try:

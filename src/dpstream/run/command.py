@@ -201,16 +201,20 @@ def _warn_open_steps(cfg: RunConfig, until: int) -> None:
     )
 
 
-def run_config(cfg: RunConfig, key: NoiseKey) -> int:
+def run_config(
+    cfg: RunConfig, key: NoiseKey, *, on_summary: Callable[[dict[str, Any]], None] | None = None
+) -> int:
     """Run the stream of ``cfg`` (checked, its paths too) with its ``key``: the body of
     ``dpstream run`` after the flags are read, shared by :func:`dpstream.release_frame`
-    so that a frame gives the command's releases. Returns the exit status."""
+    so that a frame gives the command's releases. Returns the exit status.
+    ``on_summary`` is given the summary's counts (``events``, ``skipped``,
+    ``truncated``, ``skipped_by_reason``: as private as the input, for the caller)."""
     until = cfg.last_step
     cfg = cfg.with_options(noise_version=noise_version_of(cfg.options()))
     if cfg.engine == "spark":
-        return run_on_spark(cfg, key)
+        return run_on_spark(cfg, key, on_summary=on_summary)
     with output_lock(str(cfg.output)):  # before the state, the output and the ledger
-        viewer = _run_local(cfg, key, until)
+        viewer = _run_local(cfg, key, until, on_summary)
     if viewer is not None:
         from ..view.command import after_run
 
@@ -218,7 +222,9 @@ def run_config(cfg: RunConfig, key: NoiseKey) -> int:
     return 0
 
 
-def _run_local(cfg: RunConfig, key: NoiseKey, until: int) -> Any:
+def _run_local(
+    cfg: RunConfig, key: NoiseKey, until: int, on_summary: Callable[[dict[str, Any]], None] | None
+) -> Any:
     """The local run of :func:`run_config`, holding its output's lock
     (:mod:`dpstream.run.lock`): returns the live view to follow, or None."""
     tree_base = recorded_tree_base(cfg)
@@ -241,6 +247,16 @@ def _run_local(cfg: RunConfig, key: NoiseKey, until: int) -> Any:
             return None
         viewer = _release(cfg, key, built, opened, infile, until, digests, stack, state_existed)
     log_summary(built.stats, built.mech, cfg)
+    if on_summary is not None:
+        st = built.stats
+        on_summary(
+            {
+                "events": st.events,
+                "skipped": st.skipped,
+                "truncated": st.truncated,
+                "skipped_by_reason": dict(st.reasons),
+            }
+        )
     return viewer
 
 

@@ -8,7 +8,8 @@ state does, before it writes anything (:mod:`dpstream.run.scope`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..logs import log_fields
 from .budget import run_cap, run_spend
@@ -24,7 +25,9 @@ __all__ = ["run_on_spark"]
 _log = logging.getLogger("dpstream.run")
 
 
-def run_on_spark(cfg: RunConfig, key: NoiseKey) -> int:
+def run_on_spark(
+    cfg: RunConfig, key: NoiseKey, *, on_summary: Callable[[dict[str, Any]], None] | None = None
+) -> int:
     """Run ``cfg`` on Spark executors (the same releases) and log the summary."""
     if cfg.view:
         raise ValueError("--view works with --engine local only (for now)")
@@ -60,4 +63,6 @@ def run_on_spark(cfg: RunConfig, key: NoiseKey) -> int:
             privacy=summary["privacy"].to_dict(),
         ),
     )
+    if on_summary is not None:
+        on_summary({k: summary[k] for k in ("events", "skipped")})
     return 0
