@@ -607,3 +607,34 @@ def test_daily_runs_carry_the_bounds_over_days(stream, tmp_path, mech):
     by_t = _steps(base / "ev.jsonl")
     heavy = [u for evs in by_t.values() for u, _ in evs]
     assert heavy.count("user1") > 3 * 2  # user1 is over its bounds in the whole stream
+
+
+def test_a_user_field_that_is_the_time_item_or_event_column_is_refused(stream, tmp_path, capsys):
+    """Review 89: --user-field naming the CSV input's event column (or JSON Lines' time
+    field) was taken: every event its own "user", so one person counted three times
+    under a per-user bound of one, with the metadata saying unit: user. Parquet already
+    refused it; CSV and JSON Lines refuse it now, before anything is written."""
+    base, key_path = stream
+    csv = tmp_path / "in.csv"
+    csv.write_text("t,event,item,user\n1,e1,w1,alice\n1,e2,w1,alice\n2,e3,w1,alice\n")
+    stamped = tmp_path / "in.jsonl"
+    stamped.write_text('{"ts": "2026-03-01T01:00Z", "items": ["w1"], "u": "alice"}\n')
+    clock = ["--time-field", "ts", "--step", "1d", "--start", "2026-03-01T00:00Z"]
+    cases = [
+        (csv, ["--time-column", "t", "--user-field", "event"], 1, "is also the CSV input's"),
+        (csv, ["--time-column", "t", "--user-field", "item"], 1, "is also the CSV input's"),
+        (csv, ["--time-column", "t", "--user-field", "t"], 2, "is also --time-column"),
+        (stamped, [*clock, "--user-field", "ts"], 2, "is also --time-field"),
+    ]
+    bounds = ["--max-items-per-user", "1", "--max-count-per-item", "1"]
+    for src, argv, code, message in cases:
+        out = tmp_path / "o.jsonl"
+        argv = ["-i", str(src), "-o", str(out), *argv, *bounds, "--key-file", str(key_path)]
+        common = ["run", "-q", "-T", str(T), "--domain", str(base / "domain.txt"), "--rho", "1"]
+        assert main([*common, *argv]) == code, argv
+        assert message in capsys.readouterr().err, argv
+        assert not out.exists()
+    # the CSV file with a user column of its own runs
+    argv = ["--time-column", "t", "--user-field", "user", *bounds, "--key-file", str(key_path)]
+    out = tmp_path / "ok.jsonl"
+    assert main([*common, "-i", str(csv), "-o", str(out), *argv]) == 0

@@ -173,6 +173,19 @@ def test_read_csv_a_row_without_a_step_is_a_record_of_its_own():
     assert len(recs) == 4
 
 
+def test_read_csv_a_row_without_an_event_id_is_a_record_of_its_own():
+    """Review 89: rows with an empty event-id cell were read as one event of their step
+    (four unrelated rows, then truncated to --max-items as one); each is now an invalid
+    record alone, as a null id is in Parquet, and the other events keep their items."""
+    text = "event,item,t\n,a,1\n,b,1\nX,c,1\n,d,1\n,e,2\nX,f,1\n"
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    assert [r.line for r in recs] == [2, 3, 4, 5, 6]
+    for r in (recs[0], recs[1], recs[3], recs[4]):
+        assert r.t is None and r.items is None and "event id column" in r.error
+    assert recs[2] == RawEvent(4, 1, ("c", "f"), None)
+    assert recs[0].raw == b",a,1"
+
+
 def test_read_csv_at_user_level_an_event_is_one_id_of_one_user_in_one_step():
     """Review 81: rows of two users under one id made the whole event invalid, so one
     user's rows could cancel any other user's events. Each user's rows under an id are

@@ -147,6 +147,12 @@ class _Columns(NamedTuple):
                     f"input line 1: the CSV header names the column {name!r} ({role}) "
                     "more than once: rename one, so that it is clear which one to read"
                 )
+        if user_column is not None and user_column in (item_column, event_column, time_column):
+            raise ValueError(
+                f"--user-field {user_column!r} is also the CSV input's time, item or event "
+                "column (--time-column, --item-column, --event-column): a user id must be "
+                "a column of its own"
+            )
         i_item, i_event = cols[item_column], cols[event_column]
         i_time = cols[time_column] if time_column is not None else None
         i_user = cols[user_column] if user_column is not None else None
@@ -192,16 +198,15 @@ def _read_rows(
             continue
         eid = row[cols.event]
         user = None if cols.user is None else row[cols.user]
-        if user == "":  # no user to belong to: a record alone, never another's event
-            records.append(
-                RawEvent(
-                    first_line,
-                    None,
-                    None,
-                    f"the user id column {user_column!r} is empty",
-                    raw=row_raw,
-                )
-            )
+        missing = (
+            f"the user id column {user_column!r} is empty"
+            if user == ""  # no user to belong to: never another's event
+            else "the event id column (--event-column) is empty"  # not one event of all such
+            if eid == ""
+            else None
+        )
+        if missing is not None:  # a record alone (as a null id in Parquet)
+            records.append(RawEvent(first_line, None, None, missing, raw=row_raw))
             continue
         # at user level an event is one id of one user in one step: rows of another
         # user under the same id are that user's event, so no user's rows can join,

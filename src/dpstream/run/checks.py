@@ -246,6 +246,14 @@ def _user_problems(opts: Mapping[str, Any]) -> list[str]:
             f"{'/'.join(USER_BOUNDS)} need --user-field (the field or column "
             "holding each event's user id)"
         )
+    # (the item and event columns' defaults name CSV's and Parquet's columns: their
+    # readers refuse a user column that is one of them, seeing the format)
+    named = [r for r in ("time_field", "time_column") if field and opts.get(r) == field]
+    if named:  # the user would be read from the step's field
+        flag = "--" + named[0].replace("_", "-")
+        problems.append(
+            f"--user-field {field!r} is also {flag}: a user id must be a field or column of its own"
+        )
     if field is not None and opts.get("mechanism") == "meta":
         problems.append(
             "--user-field does not apply to --mechanism meta (known, unknown and "
