@@ -445,6 +445,23 @@ def test_linked_partitions_count_once_and_a_partition_reached_twice_is_refused(
         os.rename(lake, tmp_path / "lake")
 
 
+def test_two_columns_of_one_name_are_refused_by_name(tmp_path, key_path, capsys):
+    """Review 89: a file with two columns named as a column the run reads failed with a
+    traceback (Arrow's KeyError); it is refused, naming the column, before any release."""
+    arrays = [pa.array([1], pa.int64()), pa.array([["w1"]]), pa.array(["x"]), pa.array(["y"])]
+    for names, extra, flag in (
+        (["t", "items", "user", "user"], ["--user-field", "user"], "--user-field"),
+        (["t", "items", "t", "user"], [], "--time-column"),
+    ):
+        pq.write_table(pa.Table.from_arrays(arrays, names=names), tmp_path / "d.parquet")
+        bounds = ["--max-items-per-user", "1", "--max-count-per-item", "1"] if extra else []
+        out = tmp_path / "out.jsonl"
+        assert _run(key_path, tmp_path / "d.parquet", out, *UNKNOWN, *extra, *bounds) == 1
+        err = capsys.readouterr().err
+        assert f"2 columns are named {names[2]!r} ({flag})" in err and "Traceback" not in err
+        assert not out.exists()
+
+
 def test_an_empty_file_or_directory_is_refused(tmp_path, key_path, capsys):
     (tmp_path / "e.parquet").write_bytes(b"")
     out = tmp_path / "out.jsonl"

@@ -60,6 +60,11 @@ def _layout(
         if name not in names:
             listed = ", ".join(shorten(n) for n in names) or "none"
             raise ValueError(f"{where}: no column {name!r} ({flag}); its columns: {listed}")
+        if names.count(name) > 1:  # which one to read is not guessed
+            raise ValueError(
+                f"{where}: {names.count(name)} columns are named {name!r} ({flag}): "
+                "rename all but one, so that it is clear which one to read"
+            )
         return _value_type(schema.field(name).type)
 
     def wrong(name: str, flag: str, typ: Any, expected: str) -> ValueError:
