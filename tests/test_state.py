@@ -88,6 +88,33 @@ def test_not_a_database(tmp_path):
         Checkpoint(str(path)).load()
 
 
+@pytest.mark.parametrize("schema", ["CREATE TABLE important(x)", "CREATE TABLE run(id, name)"])
+def test_another_applications_database_is_refused_untouched(tmp_path, schema):
+    """Review 90: --state given an application's SQLite file added dpstream's tables to
+    it and switched it to WAL for good (and, with a table of its own named run, did so
+    before refusing it). It is refused now before anything in it changes."""
+    path = tmp_path / "app.db"
+    db = sqlite3.connect(path)
+    db.execute(schema)
+    db.commit()
+    db.close()
+    path.chmod(0o600)
+    before = path.read_bytes()
+    with pytest.raises(StateError, match="SQLite database of something else"):
+        Checkpoint(str(path))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # no -wal, no -shm
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    db.close()
+    # an empty database (as a new state file) and a state of dpstream's are states
+    fresh = str(tmp_path / "fresh.sqlite")
+    with Checkpoint(fresh) as ck:
+        ck.start(**IDENT)
+    with Checkpoint(fresh) as ck:
+        assert ck.load() is not None
+
+
 def test_a_run_is_replaced_only_while_no_step_is_committed(tmp_path):
     other = {**IDENT, "params": canonical_json({"b": 2})}
     with Checkpoint(str(tmp_path / "s.sqlite")) as ck:

@@ -194,6 +194,7 @@ class Checkpoint:
             self._db = sqlite3.connect(path, isolation_level=None, timeout=0.0)
             crashpoints.watch(self._db)  # test-only; inert unless DPSTREAM_TEST_KILL_AT
             self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            self._refuse_another_database()  # before it is changed in any way
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":  # e.g. a file system without shared memory
                 self._db.execute("PRAGMA journal_mode=DELETE")
@@ -212,6 +213,28 @@ class Checkpoint:
             raise StateError(f"state file {path!r} is not a dpstream state ({exc})") from None
         finally:
             os.umask(old_umask)
+
+    def _refuse_another_database(self) -> None:
+        """Refuse a SQLite database with tables that is not a dpstream state (an
+        application's, given to --state by mistake) before its journal mode or tables
+        are touched: a new (empty) database, or one with dpstream's ``run`` table (of
+        any schema version: :meth:`load` reads which), is a state."""
+        tables = {
+            name
+            for (name,) in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            ).fetchall()
+        }
+        if not tables:
+            return
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(run)").fetchall()}
+        if "schema_version" not in columns:
+            self._db.close()
+            raise StateError(
+                f"state file {self.path!r} is a SQLite database of something else (no "
+                "dpstream run in it); it was left as it was: give --state a new file, or "
+                "the state of this stream"
+            )
 
     # -- reading ---------------------------------------------------------------
     def load(self) -> RunRecord | None:
