@@ -1671,6 +1671,30 @@ def test_a_new_run_refuses_an_output_that_holds_releases(files, capsys):
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
+def test_force_never_overwrites_a_state_or_a_key_given_as_the_output(files, capsys):
+    """Review 90: -o naming another stream's state (a typo) was "an output that already
+    holds releases", and the --force that message suggests overwrote the database with
+    releases, so that stream could never go on. A SQLite database or a key file is
+    refused as what it is, with or without --force, in every output format."""
+    src = files.dir / "ev2.jsonl"
+    src.write_text('["a"]\n')  # (--implicit-time: a line is a step)
+    other_state = files.dir / "a.sqlite"
+    first = [*UNK, "--key-file", files.key_path, "-i", str(src), "--stream", "a"]
+    assert _run(*first, "-o", str(files.dir / "a.jsonl"), "--state", str(other_state)) == 0
+    other_key = files.dir / "other.key"  # another stream's key (this run's is refused)
+    fixed_key("another").save(other_key)
+    kept = {p: p.read_bytes() for p in (other_state, other_key)}
+    for target, what in ((other_state, "a SQLite database"), (other_key, "key file")):
+        for fmt in ("jsonl", "csv", "parquet"):
+            cmd = [*UNK, "--key-file", files.key_path, "-i", str(src), "--stream", "b"]
+            cmd += ["-o", str(target), "--output-format", fmt, "--noise-version", "2"]
+            for extra in ([], ["--force"]):
+                assert _run(*cmd, *extra) == 1, (target, fmt, extra)
+                err = capsys.readouterr().err
+                assert what in err and "not releases" in err, err
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
 def test_a_finished_run_refuses_an_input_that_grew(files, capsys):
     src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]'])
     assert _run(*cmd) == 0

@@ -292,13 +292,35 @@ def check_new_output(cfg: RunConfig, header: bytes) -> None:
     steps a second time with fresh noise.
     """
     path = cfg.output
-    if path == "-" or cfg.force or not holds_release(path, header):
+    if path == "-" or not holds_release(path, header):
+        return
+    other = _what_else(path)
+    if other is not None:  # --force overwrites releases, never a file of another kind
+        raise StateError(
+            f"output file {path!r} is {other}, not releases: give -o another path "
+            "(--force overwrites an earlier output only)"
+        )
+    if cfg.force:
         return
     hint = (
         "resume it with its --state file, or pass --force to overwrite it (a release "
         "already published from it still counts against the budget)"
     )
     raise StateError(f"output file {path!r} already holds releases: {hint}")
+
+
+def _what_else(path: str) -> str | None:
+    """What a file that is surely not releases is (a SQLite database, as a stream's
+    state; a key file: one line of hex), in words; None for anything else."""
+    import re
+
+    with open(path, "rb") as fh:
+        head = fh.read(200)
+    if head.startswith(b"SQLite format 3\x00"):
+        return "a SQLite database (a stream's --state?)"
+    if re.fullmatch(rb"[0-9a-f]{32,128}\n?", head):
+        return "a secret key file"
+    return None
 
 
 def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, Any]:
@@ -323,8 +345,15 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
                 "--output-format parquet needs --output FILE and no --state (a "
                 "Parquet file cannot be resumed): write jsonl or csv with --state"
             )
-        if not cfg.force and os.path.exists(cfg.output):
-            raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
+        if os.path.exists(cfg.output):
+            other = _what_else(cfg.output) if regular_or_new(cfg.output) else None
+            if other is not None:
+                raise StateError(
+                    f"output file {cfg.output!r} is {other}, not releases: give -o "
+                    "another path (--force overwrites an earlier output only)"
+                )
+            if not cfg.force:
+                raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
         from ..io import ParquetWriter
 
         check_target(cfg.output)
