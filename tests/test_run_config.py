@@ -176,6 +176,36 @@ def test_a_config_files_values_are_checked_as_release_frames(tmp_path, line, mat
         _config(["--config", str(toml)])
 
 
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        (
+            "max-items = 2\nmax_items = 50\n",
+            r"sets 'max_items' twice \('max-items' and 'max_items'\)",
+        ),
+        ("rho = 1\n[run]\nrho = 5\n", r"sets 'rho' twice \('rho' and 'rho' in \[run\]\)"),
+        ('domain = ["a", true]\n', "an item must be a string or an integer, got true"),
+        ('domain = ["a", 1.5]\n', "an item must be a string or an integer, got 1.5"),
+        ('domain = ["a", ["b"]]\n', "an item must be a string or an integer"),
+        ('domain = ["a", "a"]\n', "lists 'a' twice"),
+        ("x = '" + "y" * (16 << 20) + "'\n", "larger than 16 MB"),
+    ],
+)
+def test_a_config_file_that_says_one_thing_twice_or_a_domain_of_non_items_is_refused(
+    tmp_path, text, match
+):
+    """Review 90: both spellings of a key were taken (the later one won), [run] silently
+    overrode the top, and an inline domain made items of true, 1.5 and ["a"] (a domain
+    file refuses them); a file as large as a device was read whole."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('mechanism = "known"\nhorizon = 5\nkey-file = "k.key"\n' + text)
+    with pytest.raises(ValueError, match=match):
+        cfg = _config(["--config", str(toml), "--rho", "1", "--max-items", "2"])
+        from dpstream.run.options.merge import domain_option
+
+        domain_option({"domain": cfg.domain})
+
+
 def test_every_option_of_a_number_is_known_as_one():
     """An option's parser is a number's (text refused in a config file or a keyword)
     or a text's: a new number parser must join NUMBER_TYPES."""

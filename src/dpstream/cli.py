@@ -112,7 +112,9 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="FILE.toml",
         default=None,
         help="TOML file with any of these options, named as the long flags "
-        "(e.g. horizon = 1000, max-items = 3) (default: none)",
+        "(e.g. horizon = 1000, max-items = 3), at its top or in a [run] table; an "
+        "option set twice (two spellings, or the top and [run]) is refused "
+        "(default: none)",
     )
     add_options(run, MECH_OPTS + RUN_OPTS)
 

@@ -81,6 +81,12 @@ def open_ledger_file(path: str, *, fsync: bool) -> int:
             "to keep it elsewhere (on storage that is never restored from a backup)"
         ) from None
     mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # a device or a pipe: no ledger to read or append to
+        os.close(fd)
+        raise LedgerError(
+            f"the release ledger {path!r} is not a regular file (a device or a pipe): "
+            "pass --ledger a file"
+        )
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
         raise PermissionError(

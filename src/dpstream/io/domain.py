@@ -11,7 +11,7 @@ import json
 
 from .records import guard_lines, open_input, parse_items, shorten, valid_text
 
-__all__ = ["read_domain"]
+__all__ = ["domain_list", "read_domain"]
 
 
 def read_domain(path: str) -> list[str]:
@@ -31,18 +31,28 @@ def read_domain(path: str) -> list[str]:
                 f"domain file {path!r}: not a valid JSON array "
                 f"({shorten(str(exc) or 'nested too deeply', 80)})"
             ) from None
-        items, err = parse_items(values)
-        if err:
-            raise ValueError(f"domain file {path!r}: {err}")
-        domain = list(items or ())
-    else:
-        domain = [line.strip() for line in text.splitlines() if line.strip()]
+        return domain_list(values, f"domain file {path!r}")
+    domain = [line.strip() for line in text.splitlines() if line.strip()]
+    return _checked(domain, f"domain file {path!r}")
+
+
+def domain_list(values: object, where: str) -> list[str]:
+    """A domain given as a list (a JSON array, a config file's or a caller's list):
+    strings, or integers as their decimal text, each once; anything else refused, as
+    the items of an event are (``True`` or ``1.5`` is not the item "True" or "1.5")."""
+    items, err = parse_items(values)
+    if err:
+        raise ValueError(f"{where}: {err}")
+    return _checked(list(items or ()), where)
+
+
+def _checked(domain: list[str], where: str) -> list[str]:
     if not domain:
-        raise ValueError(f"domain file {path!r} holds no item")
+        raise ValueError(f"{where} holds no item")
     if len(set(domain)) != len(domain):
         seen: set[str] = set()
         for dup in domain:  # the first item seen a second time
             if dup in seen:
-                raise ValueError(f"domain file {path!r} lists {dup!r} twice")
+                raise ValueError(f"{where} lists {dup!r} twice")
             seen.add(dup)
     return domain

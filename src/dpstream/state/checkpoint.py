@@ -179,6 +179,11 @@ class Checkpoint:
 
     def __init__(self, path: str, *, fsync: bool = True, allow_readable: bool = False) -> None:
         self.path = path
+        if os.path.exists(path) and not os.path.isfile(path):  # (links followed)
+            raise StateError(
+                f"state file {path!r} is not a regular file (a directory, a device or a "
+                "pipe): give --state a file"
+            )
         if not allow_readable:
             check_private_file(path, "state file", flag="--allow-readable-state")
         old_umask = os.umask(0o077)  # the database and its -wal/-shm files: owner only

@@ -16,6 +16,9 @@ from typing import Any
 
 from .base import NUMBER_TYPES, Opt
 
+#: The most a config file may hold (its settings, an inline domain list among them).
+CONFIG_MAX_BYTES = 16 << 20
+
 
 def load_config(path: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
@@ -23,16 +26,33 @@ def load_config(path: str) -> dict[str, Any]:
     else:
         import tomli as tomllib
     with open(path, "rb") as fh:
-        raw = fh.read()
+        raw = fh.read(CONFIG_MAX_BYTES + 1)  # not a whole device such as /dev/zero
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise ValueError(
+            f"config file {path!r} is larger than {CONFIG_MAX_BYTES >> 20} MB: not a "
+            "config file? (a long domain goes in a --domain file)"
+        )
     try:
         data = tomllib.loads(raw.decode("utf-8-sig"))  # a byte-order mark is allowed
     except UnicodeDecodeError:
         raise ValueError(f"config file {path!r} is not valid UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path!r}: {exc}") from None
+    tables = [("", data)]
     if isinstance(data.get("run"), dict):  # an optional [run] table
-        data = {**{k: v for k, v in data.items() if k != "run"}, **data["run"]}
-    return {k.replace("-", "_"): v for k, v in data.items()}
+        tables = [("", {k: v for k, v in data.items() if k != "run"}), (" in [run]", data["run"])]
+    out: dict[str, Any] = {}
+    named: dict[str, str] = {}  # each setting: how and where the file named it
+    for place, table in tables:
+        for key, value in table.items():
+            dest = key.replace("-", "_")
+            if dest in named:  # two spellings, or the top and [run]: which counts is no guess
+                raise ValueError(
+                    f"config file {path!r} sets {dest!r} twice ({named[dest]} and "
+                    f"{key!r}{place}): keep one"
+                )
+            out[dest], named[dest] = value, f"{key!r}{place}"
+    return out
 
 
 def merge_options(
@@ -206,8 +226,10 @@ def domain_option(opts: Mapping[str, Any]) -> list[str] | None:
     value = opts.get("domain")
     if value is None:
         return None
-    if isinstance(value, list):
-        return [str(v) for v in value]
+    if isinstance(value, list):  # a config file's or a caller's list: read as a file's
+        from ...io.domain import domain_list
+
+        return domain_list(value, "--domain (a list)")
     from ...io import read_domain  # only for a domain file: `plan` without one skips io
 
     return read_domain(value)
