@@ -194,3 +194,22 @@ def test_a_dangling_link_as_the_state_is_refused_in_words(tmp_path):
         Checkpoint(str(link), fsync=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["st.sqlite"]
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_device_or_a_pipe_as_the_state_or_the_ledger_is_refused_by_kind(tmp_path):
+    """Review 90: --state /dev/null was refused with "run `chmod 600 /dev/null`" (and,
+    with --allow-readable-state, left a /dev/null-journal behind); a FIFO as --ledger
+    failed with a bare "Illegal seek". Both are refused as not regular files."""
+    from dpstream.errors import LedgerError
+    from dpstream.ledger_file import open_ledger_file
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo, 0o600)
+    for path in (os.devnull, str(fifo), str(tmp_path)):
+        for allow in (False, True):
+            with pytest.raises(StateError, match="not a regular file"):
+                Checkpoint(path, allow_readable=allow)
+    for path in (os.devnull, str(fifo)):
+        with pytest.raises(LedgerError, match="not a regular file"):
+            open_ledger_file(path, fsync=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
