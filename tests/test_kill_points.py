@@ -379,3 +379,24 @@ def test_the_recorded_cut_is_the_prefix_whose_digest_the_ledger_holds():
         assert cut(1, shuffled) is None  # a step on the state's record: not looked for
     assert _recorded_cut(_Ledger("0" * 64), digests, 1)(2, shuffled) is None  # type: ignore[arg-type,misc]
     assert _recorded_cut(_Ledger(None), digests, 1)(2, shuffled) is None  # type: ignore[arg-type,misc]
+
+
+def test_a_killed_batch_resumed_with_another_top_is_told_to_give_the_killed_runs_top(
+    tmp_path, capsys
+) -> None:
+    """Review 90: a batch killed after some steps and resumed with another --top was
+    refused as "another dpstream or numeric library version?": --top is the batch's
+    post-processing (the next batch may change it), so the message now names --top and
+    --min-value, and the killed run's --top finishes the batch."""
+    stream = Stream(tmp_path, "top-k")  # (its domain) as a known histogram, little noise
+    at = stream.args.index("-m")
+    known = ["-m", "known", "--max-items", "2", "--tau", "1e-4"]
+    stream.args[at : at + len(MECHS["top-k"])] = known
+    assert _run_killed([*stream.cmd(1), "--top", "3"], "write:6") is None
+    written = (stream.dir / stream.out).read_text().splitlines()
+    assert len(written) == 2 and len(json.loads(written[0])["released"]) == 3
+    capsys.readouterr()
+    assert main([*stream.cmd(1), "--top", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "give the --top and --min-value of the run that wrote it" in err, err
+    assert main([*stream.cmd(1), "--top", "3"]) == 0

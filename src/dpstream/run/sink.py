@@ -126,8 +126,10 @@ class Sink:
             )
         if stored.release_mac != release_mac:
             raise StateError(
-                f"replaying step {t} gave a different release than the one recorded "
-                "(another dpstream or numeric library version?); refusing to resume"
+                f"replaying step {t} gave a different release than the one recorded: "
+                "give the --top and --min-value of the run that wrote it (a batch is "
+                "finished with its own post-processing; the next may change them), or "
+                "is this another dpstream or numeric library version? refusing to resume"
             )
         if self.ledger is not None:  # on record there too (adopted from the state if not)
             assert input_mac is not None and release_mac is not None
