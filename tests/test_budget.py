@@ -370,6 +370,10 @@ def test_runs_on_one_dataset_compose_and_a_run_past_the_cap_writes_nothing(
     assert main([*plan, "--dataset", "fresh"]) == 0
     said = json.loads(capsys.readouterr().out)["budget"]
     assert said["releases_before"] == 0 and said["allowed"] is True
+    # a name a run refuses as a slip of one on record (review 90: plan allowed it)
+    assert main([*plan, "--dataset", "Sales.jsonl"]) == 0
+    said = json.loads(capsys.readouterr().out)["budget"]
+    assert said["allowed"] is False and "differ only in case" in said["text"]
     assert ledger.read_bytes() == before
     # on another dataset the same run goes through; the text report names both
     assert main([*known[:-2], "--dataset", "other", "-o", str(tmp_path / "o.jsonl")]) == 0

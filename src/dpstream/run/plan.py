@@ -50,6 +50,7 @@ def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] 
     from ..noise import NoiseKey
     from ..privacy import compose
     from .budget import finite_or_none, read_spends, run_cap, run_spend
+    from .scope import dataset_slip
 
     if not cfg.key_file or not cfg.dataset:
         return None
@@ -68,6 +69,10 @@ def _dataset_budget(cfg: RunConfig, mech: ContinualMechanism) -> dict[str, Any] 
         text += f"; cap epsilon = {cap.epsilon:.6g}: " + (
             "within it" if allowed else "a run would be REFUSED"
         )
+    slip = dataset_slip(cfg.dataset, {x.dataset for x in spends})
+    if slip is not None:  # as the run refuses it
+        allowed = False
+        text += f"\n              a run would be REFUSED: {slip}"
     return {
         "dataset": cfg.dataset,
         "releases_before": before.releases,

@@ -162,16 +162,25 @@ def _check_dataset(cfg: RunConfig, ledger: ReleaseLedger) -> None:
             f"give --dataset {on_record!r} (a stream on another dataset is a new stream)"
         )
     if given and ledger.needs_budget_line():  # a run not yet counted on any dataset
-        names = {line.dataset for _, line in ledger.spends()}
-        near = sorted(n for n in names if n != given and _folded(n) == _folded(given))
-        # a slip of case, spacing or form would start a fresh budget, past any cap
-        if near and given not in names:
-            raise LedgerError(
-                f"--dataset {given!r} is not on record, but {near[0]!r} is: dataset names "
-                "are exact, and these differ only in case, spaces or Unicode form, so this "
-                f"run would start a budget beside {near[0]!r}'s (and its cap). Give --dataset "
-                f"{near[0]!r} for the same data, or a name that differs by more for other data"
-            )
+        problem = dataset_slip(given, {line.dataset for _, line in ledger.spends()})
+        if problem is not None:
+            raise LedgerError(problem)
+
+
+def dataset_slip(given: str, names: set[str]) -> str | None:
+    """Why ``--dataset given`` is refused when the ledger holds ``names``: a name not on
+    record that differs from one on record only in case, spaces or Unicode form (a slip
+    that would start a fresh budget beside that one's, past its cap); None when fine.
+    ``dpstream plan`` asks the same question, so that it refuses what a run refuses."""
+    near = sorted(n for n in names if n != given and _folded(n) == _folded(given))
+    if not near or given in names:
+        return None
+    return (
+        f"--dataset {given!r} is not on record, but {near[0]!r} is: dataset names "
+        "are exact, and these differ only in case, spaces or Unicode form, so this "
+        f"run would start a budget beside {near[0]!r}'s (and its cap). Give --dataset "
+        f"{near[0]!r} for the same data, or a name that differs by more for other data"
+    )
 
 
 #: Characters that show nothing outside the format (Cf) and mark (Mn) categories:
