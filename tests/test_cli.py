@@ -1695,6 +1695,21 @@ def test_force_never_overwrites_a_state_or_a_key_given_as_the_output(files, caps
     assert {p: p.read_bytes() for p in kept} == kept
 
 
+def test_an_output_that_is_a_directory_is_refused_before_anything_is_written(files, capsys):
+    """Review 90: -o out.jsonl/ (a new name with a slash) wrote out.jsonl.meta.json, then
+    failed with "Is a directory"; a directory output is refused before any file."""
+    src = files.dir / "ev3.jsonl"
+    src.write_text('["a"]\n')
+    (files.dir / "folder").mkdir()
+    for out in (f"{files.dir}/new.jsonl/", str(files.dir / "folder")):
+        assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", out) == 1
+        assert "is a directory: give the path of a file" in capsys.readouterr().err
+    assert sorted(p.name for p in files.dir.iterdir() if "new" in p.name or "folder" in p.name) == [
+        "folder"
+    ]
+    assert list((files.dir / "folder").iterdir()) == []
+
+
 def test_a_finished_run_refuses_an_input_that_grew(files, capsys):
     src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]'])
     assert _run(*cmd) == 0

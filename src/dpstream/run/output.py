@@ -246,6 +246,11 @@ def check_paths(cfg: RunConfig) -> None:
             "--state commits each step to its output file and a resumed run rewrites its "
             "last step there; write to a file, or to stdout with -o -"
         )
+    local_file = cfg.engine == "local" and output != "-"  # (Spark writes a directory)
+    if local_file and (str(output).endswith(os.sep) or os.path.isdir(str(output))):
+        raise ValueError(  # (a sidecar beside it would be written, then the output fail)
+            f"--output {output!r} is a directory: give the path of a file"
+        )
     if output != "-":
         refuse_foreign_link(str(output), "--output")
     others, records = run_files(cfg)
