@@ -471,3 +471,43 @@ def test_the_state_does_not_tell_which_steps_were_empty(tmp_path):
     macs = [m for m, _ in rows]
     assert len(set(macs)) == len(macs) == 6  # five empty steps, five different digests
     assert {line for _, line in rows} == {0}  # positions kept only when following (masked)
+
+
+def test_a_day_stopped_by_an_invalid_record_is_finished_from_the_corrected_file(tmp_path, capsys):
+    """Review 87: a later batch stopped by --on-invalid error after releasing some steps
+    could not be finished: its file errs again, and the corrected file was refused as
+    "another input". With --replace-unfinished the corrected file finishes it: the steps
+    already released are checked against it (another event there is refused), the rest
+    count from it, the batch records it, and it is refused when given again later. The
+    output is the bytes of the run that had the corrected file from the start."""
+    key = tmp_path / "k.key"
+    fixed_key("daily-corrected").save(key)
+    day1 = tmp_path / "day1.jsonl"
+    day1.write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n')
+    good = ['{"t": 3, "items": ["a"]}', '{"t": 4, "items": ["a", "b"]}']
+    good += ['{"t": 5, "items": ["b"]}', '{"t": 6, "items": ["a"]}']
+    bad = [*good[:2], '{"t": 5, "items": 7.5}', good[3]]
+    fixed, broken, other = (tmp_path / f"{n}.jsonl" for n in ("fixed", "broken", "other"))
+    fixed.write_text("\n".join(good) + "\n")
+    broken.write_text("\n".join(bad) + "\n")
+    other.write_text("\n".join(['{"t": 3, "items": ["b"]}', *good[1:]]) + "\n")
+
+    want, _, cmd = _two_days(tmp_path, key, "want")
+    assert main([*cmd, "--on-invalid", "error", "-i", str(day1), "--until", "2"]) == 0
+    assert main([*cmd, "--on-invalid", "error", "-i", str(fixed), "--until", "6"]) == 0
+
+    out, state, cmd = _two_days(tmp_path, key, "got")
+    cmd += ["--on-invalid", "error"]
+    assert main([*cmd, "-i", str(day1), "--until", "2"]) == 0
+    assert main([*cmd, "-i", str(broken), "--until", "6"]) == 1
+    assert len(out.read_text().splitlines()) == 4  # steps 3 and 4 released
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(fixed), "--until", "6"]) == 1
+    assert "--replace-unfinished" in capsys.readouterr().err
+    # another event in a released step: refused, whatever the flag says
+    assert main([*cmd, "-i", str(other), "--until", "6", "--replace-unfinished"]) == 1
+    assert "step 3 (input line 1) differs" in capsys.readouterr().err
+    assert main([*cmd, "-i", str(fixed), "--until", "6", "--replace-unfinished"]) == 0
+    assert out.read_bytes() == want.read_bytes()
+    assert main([*cmd, "-i", str(fixed), "--until", "8"]) == 1  # fed to the stream already
+    assert "already fed" in capsys.readouterr().err

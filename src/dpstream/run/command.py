@@ -682,10 +682,18 @@ def _batch(
     or a new one to record once the ledger has checked what it must."""
     if ckpt is None:
         return {}
+    from ..io import resolve_path
+
     batches = ckpt.batches()
     if resume is not None and batches and batches[-1][4] is None:
-        return {"batch": batches[-1][0]}
-    from ..io import resolve_path
+        n, _, mac, first_t, _ = batches[-1]
+        this = input_mac(cfg, digests)
+        if cfg.replace_unfinished and None not in (mac, this) and mac != this:
+            # the open batch finished from the input that replaces its own (checked on
+            # the steps it released): the batch records that input once it ends
+            replaced = BatchStart(input=resolve_path(cfg.input), input_mac=this, first_t=first_t)
+            return {"batch": n, "replaced": replaced}
+        return {"batch": n}
 
     return {
         "batch_start": BatchStart(

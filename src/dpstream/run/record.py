@@ -361,11 +361,18 @@ def go_on(
                     f"this input was already fed to the stream in {cfg.state} (run {n}, "
                     f"steps {first}..{last}): refusing to release its events twice"
                 )
-    elif open_batch is not None and mac is not None and open_batch[2] not in (None, mac):
+    elif (
+        open_batch is not None
+        and mac is not None
+        and open_batch[2] not in (None, mac)
+        and not cfg.replace_unfinished
+    ):
         raise StateError(
             f"the run in {cfg.state} stopped at step {record.last_t} while "
             f"reading another input ({open_batch[1]!r}): give it the same input "
-            "to finish its steps"
+            "to finish its steps; for an input that replaces it (a corrected file), add "
+            "--replace-unfinished: the steps already released are checked against it, "
+            "and its steps after them are counted from it"
         )
     saved = load_snapshot(blob, key, snapshot_context(ckpt, record.params, t))
     if not (isinstance(saved, tuple) and len(saved) == 2):

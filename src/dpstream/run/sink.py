@@ -61,6 +61,7 @@ class Sink:
         offset: int,
         batch: int | None = None,
         batch_start: BatchStart | None = None,
+        replaced: BatchStart | None = None,
     ) -> None:
         self.out = out
         self.cfg = cfg
@@ -72,6 +73,7 @@ class Sink:
         self.offset = offset
         self.batch = batch
         self.batch_start = batch_start
+        self.replaced = replaced  # the input that replaced the open batch's own
         self.fsync = bool(ckpt is not None and cfg.fsync and cfg.output != "-")
 
     def write_header(self, header: bytes) -> None:
@@ -219,7 +221,9 @@ class Sink:
         snapshot = None
         if not (finished or self.batch is None):
             snapshot = _snapshot_or_none(self.ckpt, mech, publish, key)
-        self.ckpt.end_batch(self.batch, until, snapshot, summary=summary, finished=finished)
+        self.ckpt.end_batch(
+            self.batch, until, snapshot, summary=summary, finished=finished, input=self.replaced
+        )
 
 
 def _snapshot_or_none(

@@ -450,11 +450,14 @@ class Checkpoint:
         *,
         summary: Mapping[str, Any] | None = None,
         finished: bool = False,
+        input: Any = None,
     ) -> None:
         """Record that run ``n`` of the stream released every step up to ``until``: its
         summary, the end of its batch, the mechanism's state after it and, with
         ``finished``, the end of the stream, in one transaction (all or none: see
-        "Kill points" in the module docstring)."""
+        "Kill points" in the module docstring). ``input`` (its ``input`` and
+        ``input_mac``): the input that replaced the batch's own (``--replace-unfinished``
+        after the batch released steps), recorded as the batch's."""
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
             if summary is not None:
@@ -465,6 +468,11 @@ class Checkpoint:
                 self._db.execute("UPDATE run SET finished = ? WHERE id = 1", (now,))
             if n is not None:
                 self._db.execute("UPDATE batches SET until = ? WHERE n = ?", (until, n))
+            if n is not None and input is not None:
+                self._db.execute(
+                    "UPDATE batches SET input = ?, input_mac = ? WHERE n = ?",
+                    (input.input, input.input_mac, n),
+                )
             if snapshot is not None:
                 self._db.execute(
                     "INSERT OR REPLACE INTO snapshot (id, t, data) VALUES (1, ?, ?)",

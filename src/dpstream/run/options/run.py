@@ -289,7 +289,9 @@ RUN_OPTS: tuple[Opt, ...] = (
         "replace_unfinished",
         "with --state: go on although the stream's last run, reading another input, "
         "stopped before it released a step (killed while reading): its events are then "
-        "never counted (refused by default: run that input first)",
+        "never counted (refused by default: run that input first); or finish a run "
+        "that stopped after some steps from a corrected input (those steps checked "
+        "against it)",
         False,
         kind="flag",
     ),
