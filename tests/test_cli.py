@@ -1710,6 +1710,19 @@ def test_an_output_that_is_a_directory_is_refused_before_anything_is_written(fil
     assert list((files.dir / "folder").iterdir()) == []
 
 
+def test_a_refused_output_leaves_no_new_state_behind(files, capsys):
+    """Review 90: a new run refused for an output that holds releases left the empty
+    state file it had made (operations.md: a refused run creates no state)."""
+    src = files.dir / "ev4.jsonl"
+    src.write_text('["a"]\n')
+    out, state = files.dir / "held.jsonl", files.dir / "new.sqlite"
+    out.write_bytes(b'{"t": 1, "released": {}}\n')
+    cmd = [*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(out)]
+    assert _run(*cmd, "--state", str(state)) == 1
+    assert "already holds releases" in capsys.readouterr().err
+    assert not state.exists() and not list(files.dir.glob("new.sqlite*"))
+
+
 def test_a_finished_run_refuses_an_input_that_grew(files, capsys):
     src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]'])
     assert _run(*cmd) == 0

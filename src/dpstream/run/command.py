@@ -479,7 +479,12 @@ def _release(
         opened.ledger.reopen()
         stack.callback(opened.ledger.close)
     if (opened.new_run is not None or ckpt is None) and built.parquet is None:
-        check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
+        try:
+            check_new_output(cfg, built.formatter.header())  # (parquet: checked when built)
+        except StateError:
+            if ckpt is not None:  # a state file made just now goes (nothing was released)
+                _forget_new_state(cfg, ckpt, state_existed)
+            raise
     marked = _mark_batch(cfg, opened, digests)
     if marked is not None:  # a run stopped by an error before its first release: unmarked
         stack.push(_unmark_on_error(opened.ckpt, marked))
