@@ -1683,12 +1683,22 @@ def test_force_never_overwrites_a_state_or_a_key_given_as_the_output(files, caps
     assert _run(*first, "-o", str(files.dir / "a.jsonl"), "--state", str(other_state)) == 0
     other_key = files.dir / "other.key"  # another stream's key (this run's is refused)
     fixed_key("another").save(other_key)
-    kept = {p: p.read_bytes() for p in (other_state, other_key)}
-    for target, what in ((other_state, "a SQLite database"), (other_key, "key file")):
+    upper_key = files.dir / "upper.key"  # a key file NoiseKey.load reads, written by hand
+    upper_key.write_text("  " + fixed_key("upper")._secret.hex().upper() + "\r\n")
+    ledger = files.dir / "a.jsonl.ledger"  # (review 91) another key's release ledger
+    ledger.write_text((files.dir / "k.key.ledger").read_text())
+    targets = {
+        other_state: "a SQLite database",
+        other_key: "key file",
+        upper_key: "key file",
+        ledger: "a release ledger",
+    }
+    kept = {p: p.read_bytes() for p in targets}
+    for target, what in targets.items():
         for fmt in ("jsonl", "csv", "parquet"):
             cmd = [*UNK, "--key-file", files.key_path, "-i", str(src), "--stream", "b"]
-            cmd += ["-o", str(target), "--output-format", fmt, "--noise-version", "2"]
-            for extra in ([], ["--force"]):
+            cmd += ["-o", str(target), "--output-format", fmt]
+            for extra in ([], ["--force"], ["--force", "--noise-version", "2"]):
                 assert _run(*cmd, *extra) == 1, (target, fmt, extra)
                 err = capsys.readouterr().err
                 assert what in err and "not releases" in err, err

@@ -430,6 +430,8 @@ def test_linked_partitions_count_once_and_a_partition_reached_twice_is_refused(
         "file": lambda d: os.symlink(d / "part=00" / "data.parquet", d / "more.parquet"),
         "hard": lambda d: os.link(d / "part=00" / "data.parquet", d / "hard.parquet"),
         "loop": lambda d: os.symlink(d, d / "part=00" / "again"),
+        # (review 91) a partition linked from storage that is not there: not left out
+        "nothing": lambda d: os.symlink(tmp_path / "unmounted" / "part=02", d / "part=02"),
     }
     for name, make in cases.items():
         lake = tmp_path / f"lake-{name}"
@@ -437,7 +439,8 @@ def test_linked_partitions_count_once_and_a_partition_reached_twice_is_refused(
         make(lake)
         out = tmp_path / f"out-{name}.jsonl"
         assert _run(key_path, lake, out, *UNKNOWN) == 1, name
-        assert "would count twice" in capsys.readouterr().err, name
+        said = "cannot read" if name == "nothing" else "would count twice"
+        assert said in capsys.readouterr().err, name
         assert not out.exists()
         for extra in ("part=02", "more.parquet", "hard.parquet", "part=00/again"):
             if os.path.lexists(lake / extra):
@@ -746,3 +749,23 @@ def test_one_row_per_item_at_user_level_an_event_is_one_id_of_one_user(tmp_path)
         (5, 1, ("e",), "v"),
     ]
     assert [(r.line, "non-empty string" in r.error) for r in recs if r.error] == [(3, True)]
+
+
+def test_one_row_per_item_rows_of_an_empty_or_null_event_id_are_records_alone(tmp_path):
+    """Review 91: rows whose event id was "" (a CSV's empty cell kept as text by
+    pyarrow's or pandas's CSV reader) merged into one event, as the CSV reader no
+    longer does; each is now an invalid record alone, as a null id is."""
+    from dpstream.io.parquet import read_parquet_records
+
+    table = pa.table(
+        {
+            "event": ["", "", "x", None, "", "x"],
+            "t": [1, 1, 1, 1, 2, 1],
+            "item": ["a", "b", "c", "d", "e", "f"],
+        }
+    )
+    pq.write_table(table, tmp_path / "items.parquet")
+    recs = list(read_parquet_records(str(tmp_path / "items.parquet")))
+    assert [(r.line, r.t, r.items) for r in recs if r.error is None] == [(3, 1, ("c", "f"))]
+    bad = [(r.line, "event id column 'event' is null or empty" in r.error) for r in recs if r.error]
+    assert bad == [(1, True), (2, True), (4, True), (5, True)]

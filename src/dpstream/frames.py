@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import warnings
 from typing import Any
@@ -110,7 +111,9 @@ def release_frame(
         if kind == "path":
             opts["input"], opts["input_format"] = os.fspath(events), "parquet"
         else:
-            opts["input"], opts["input_format"] = _write_events(events, kind, tmp), "parquet"
+            read = {time, items or "items", "item", event or "event", user} - {None}
+            opts["input"] = _write_events(events, kind, tmp, {str(n) for n in read if n})
+            opts["input_format"] = "parquet"
             # its budget's dataset is not the temporary file's name, which every frame
             # has: unnamed frames count on "frame" (a cap needs the name given)
             if not opts.get("dataset") and opts.get("budget_cap") is None:
@@ -118,15 +121,15 @@ def release_frame(
         out = os.path.join(tmp, "releases.parquet")
         opts.update(output=out, output_format="parquet")
         cfg = RunConfig.from_args(argparse.Namespace(**opts))
-        counts: dict[str, Any] = {}  # the run's summary: what it skipped or truncated
         try:
             check_paths(cfg)
-            run_config(cfg, load_key(cfg), on_summary=counts.update)
+            # warned once the input is read, before the first release: a warning the
+            # caller turns into an error (-W error) releases nothing
+            run_config(cfg, load_key(cfg), on_summary=_warn_of_invalid)
         except (ValueError, TypeError) as exc:
             if kind != "path" and exc.args and isinstance(exc.args[0], str):
                 exc.args = (_in_frame_words(exc.args[0], opts["input"]), *exc.args[1:])
             raise
-        _warn_of_invalid(counts)
         import pyarrow.parquet as pq
 
         table = pq.read_table(out)
@@ -143,13 +146,17 @@ def _warn_of_invalid(counts: dict[str, Any]) -> None:
         return
     reasons = sorted((counts.get("skipped_by_reason") or {}).items(), key=lambda rn: -rn[1])
     why = ", ".join(f"{n} {r}" for r, n in reasons)
+    level = 1  # the warning points at release_frame's caller
+    frame: Any = sys._getframe(0)
+    while frame is not None and frame.f_code is not release_frame.__code__:
+        frame, level = frame.f_back, level + 1
     warnings.warn(
         f"release_frame: {skipped} invalid events skipped"
         + (f" ({why})" if why else "")
-        + f", {truncated} truncated, {counts.get('events', 0)} counted; "
-        "on_invalid='error' refuses a frame with any invalid event instead",
+        + f", {truncated} truncated; on_invalid='error' refuses a frame with any "
+        "invalid event instead",
         UserWarning,
-        stacklevel=3,  # the caller of release_frame
+        stacklevel=level + 1,
     )
 
 
@@ -193,13 +200,14 @@ def _frame_kind(events: Any) -> str:
     )
 
 
-def _write_events(events: Any, kind: str, tmp: str) -> str:
-    """The frame as a Parquet file in ``tmp`` (private), for the run's reader."""
+def _write_events(events: Any, kind: str, tmp: str, read: set[str]) -> str:
+    """The frame as a Parquet file in ``tmp`` (private), for the run's reader; ``read``:
+    the names of the columns the run may read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if kind == "pandas":
-        table = _from_pandas(events)
+        table = _from_pandas(events, read)
     elif kind == "polars":
         table = events.to_arrow()
     else:
@@ -209,16 +217,23 @@ def _write_events(events: Any, kind: str, tmp: str) -> str:
     return path
 
 
-def _from_pandas(events: Any) -> Any:
+def _from_pandas(events: Any, read: set[str]) -> Any:
     """A pandas frame as an Arrow table. A list column whose lists mix integers and
     strings (which Arrow cannot type) holds its integers as their decimal text, as JSON
     Lines reads them; any other column Arrow cannot convert is refused naming the column
     and its problem, never a value (docs/privacy.md: messages carry no record content)."""
     import pyarrow as pa
 
+    if not events.columns.is_unique:
+        twice = sorted({str(n) for n in events.columns[events.columns.duplicated()]})
+        raise ValueError(
+            f"the frame has more than one column named {twice[0]!r}: rename all but one"
+        )
     for name in events.columns:  # sets: their order is the process's hash seed's
         values = events[name]
-        if values.dtype == object and any(isinstance(v, (set, frozenset)) for v in values.tolist()):
+        if str(name) not in read or values.dtype != object:
+            continue
+        if any(isinstance(v, (set, frozenset)) for v in values.tolist()):
             raise ValueError(
                 f"the frame's column {str(name)!r} holds sets: their order changes from "
                 "one Python process to the next, and which items an event or a user "

@@ -40,10 +40,24 @@ def domain_list(values: object, where: str) -> list[str]:
     """A domain given as a list (a JSON array, a config file's or a caller's list):
     strings, or integers as their decimal text, each once; anything else refused, as
     the items of an event are (``True`` or ``1.5`` is not the item "True" or "1.5")."""
+    if isinstance(values, list):  # a caller's NumPy values (np.unique's) as Python's
+        values = [_plain(v) for v in values]
     items, err = parse_items(values)
     if err:
         raise ValueError(f"{where}: {err}")
     return _checked(list(items or ()), where)
+
+
+def _plain(value: object) -> object:
+    """A NumPy integer as the Python int it holds, a string (``np.str_``) as a plain
+    ``str`` (NumPy is not imported to ask); any other value as it is (a NumPy bool or
+    float stays refused, as in a domain file)."""
+    if isinstance(value, str):
+        return str(value)
+    if type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None:
+        if value.dtype.kind in "iu":  # type: ignore[attr-defined]
+            return int(value)  # type: ignore[call-overload]
+    return value
 
 
 def _checked(domain: list[str], where: str) -> list[str]:

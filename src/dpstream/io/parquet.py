@@ -93,7 +93,9 @@ def folder_files(folder: str, suffix: str = "") -> list[str]:
     Links are followed, to folders as to files (a lake's partitions are often links),
     but a file or folder reached twice (two links to one folder, a link to a file
     beside it, a hard link, a loop) is refused: its events would count twice, and a
-    neighbouring input would differ in more than one event."""
+    neighbouring input would differ in more than one event. So is a link to nothing (a
+    partition elsewhere, not mounted) and a folder that cannot be listed: their events
+    would be left out without a word."""
     found = []
     seen: dict[tuple[int, int], str] = {}
 
@@ -109,15 +111,23 @@ def folder_files(folder: str, suffix: str = "") -> list[str]:
                 "(a link or a hard link); its events would count twice: remove one"
             )
 
+    def unreadable(exc: OSError) -> None:  # a folder that cannot be listed is not empty
+        raise ValueError(
+            f"--input {folder!r}: cannot list {exc.filename!r} ({exc.strerror})"
+        ) from None
+
     once(folder)
-    for root, dirs, files in os.walk(folder, followlinks=True):
+    for root, dirs, files in os.walk(folder, onerror=unreadable, followlinks=True):
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
         for name in dirs:
             once(os.path.join(root, name))
         for name in files:
-            if name.endswith(suffix) and not name.startswith((".", "_")):
-                once(os.path.join(root, name))
-                found.append(os.path.join(root, name))
+            if name.startswith((".", "_")):
+                continue
+            path = os.path.join(root, name)
+            if name.endswith(suffix) or not os.path.exists(path):  # (a link to nothing:
+                once(path)  # a partition folder elsewhere, not mounted?)
+                found.append(path)
     return sorted(found, key=lambda p: os.path.relpath(p, folder).split(os.sep))
 
 
@@ -525,8 +535,8 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
                 records.append(RawEvent(row, None, None, NOT_UTF8, raw=raw))
                 continue
             t, err = _row_step(times[i], layout)
-            if err is None and eids[i] is None:
-                err = f"the event id column {layout.event!r} is null"
+            if err is None and (eids[i] is None or eids[i] == ""):  # (as an empty CSV cell:
+                err = f"the event id column {layout.event!r} is null or empty"  # not one event)
             user = None if users is None else users[i]
             if err is None and users is not None and not _user_id(user):
                 err = (

@@ -207,8 +207,10 @@ def run_config(
     """Run the stream of ``cfg`` (checked, its paths too) with its ``key``: the body of
     ``dpstream run`` after the flags are read, shared by :func:`dpstream.release_frame`
     so that a frame gives the command's releases. Returns the exit status.
-    ``on_summary`` is given the summary's counts (``events``, ``skipped``,
-    ``truncated``, ``skipped_by_reason``: as private as the input, for the caller)."""
+    ``on_summary`` is given the counts of the summary's invalid events (``skipped``,
+    ``truncated``, ``skipped_by_reason``: as private as the input, for the caller): on
+    the local engine once a batch's input is read, before its first release (its counts
+    are final then; a callback that raises releases nothing), at the end on Spark."""
     until = cfg.last_step
     cfg = cfg.with_options(noise_version=noise_version_of(cfg.options()))
     if cfg.engine == "spark":
@@ -245,18 +247,10 @@ def _run_local(
         opened = _open_state(cfg, key, built, infile, until, digests, stack, state_existed)
         if opened.done:
             return None
-        viewer = _release(cfg, key, built, opened, infile, until, digests, stack, state_existed)
-    log_summary(built.stats, built.mech, cfg)
-    if on_summary is not None:
-        st = built.stats
-        on_summary(
-            {
-                "events": st.events,
-                "skipped": st.skipped,
-                "truncated": st.truncated,
-                "skipped_by_reason": dict(st.reasons),
-            }
+        viewer = _release(
+            cfg, key, built, opened, infile, until, digests, stack, state_existed, on_summary
         )
+    log_summary(built.stats, built.mech, cfg)
     return viewer
 
 
@@ -470,6 +464,7 @@ def _release(
     digests: StateDigests,
     stack: contextlib.ExitStack,
     state_existed: bool,
+    on_summary: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
     """Check the input and the output, write the sidecar, open the output, record a new
     run, and run the pipeline. Returns the live view, or None."""
@@ -489,6 +484,15 @@ def _release(
     if marked is not None:  # a run stopped by an error before its first release: unmarked
         stack.push(_unmark_on_error(opened.ckpt, marked))
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if on_summary is not None and chunks is not None:  # a batch: its counts are final
+        st = built.stats
+        on_summary(
+            {
+                "skipped": st.skipped,
+                "truncated": st.truncated,
+                "skipped_by_reason": dict(st.reasons),
+            }
+        )
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
     budget = _dataset_budget(cfg, key, built, opened, state_existed)  # the cap, again

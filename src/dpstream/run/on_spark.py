@@ -64,5 +64,5 @@ def run_on_spark(
         ),
     )
     if on_summary is not None:
-        on_summary({k: summary[k] for k in ("events", "skipped")})
+        on_summary({"skipped": summary["skipped"]})
     return 0

@@ -253,6 +253,7 @@ def check_paths(cfg: RunConfig) -> None:
         )
     if output != "-":
         refuse_foreign_link(str(output), "--output")
+    refuse_other_kind(cfg)
     others, records = run_files(cfg)
     targets: FileList = [("--output", output if output != "-" else None)]
     if cfg.engine == "local" and output != "-":
@@ -297,16 +298,8 @@ def check_new_output(cfg: RunConfig, header: bytes) -> None:
     steps a second time with fresh noise.
     """
     path = cfg.output
-    if path == "-" or not holds_release(path, header):
-        return
-    other = _what_else(path)
-    if other is not None:  # --force overwrites releases, never a file of another kind
-        raise StateError(
-            f"output file {path!r} is {other}, not releases: give -o another path "
-            "(--force overwrites an earlier output only)"
-        )
-    if cfg.force:
-        return
+    if path == "-" or cfg.force or not holds_release(path, header):
+        return  # (a state, a ledger or a key: refused by check_paths, --force or not)
     hint = (
         "resume it with its --state file, or pass --force to overwrite it (a release "
         "already published from it still counts against the budget)"
@@ -315,17 +308,43 @@ def check_new_output(cfg: RunConfig, header: bytes) -> None:
 
 
 def _what_else(path: str) -> str | None:
-    """What a file that is surely not releases is (a SQLite database, as a stream's
-    state; a key file: one line of hex), in words; None for anything else."""
-    import re
+    """What a file that is surely not releases is, in words: a SQLite database or a
+    SQLite write-ahead log (a stream's state), a release ledger, or a key file (what
+    :meth:`dpstream.noise.NoiseKey.load` reads: one line of 64 hex digits, in any case,
+    spaces around); None for anything else."""
+    from ..ledger_file import LINE_KINDS
 
     with open(path, "rb") as fh:
-        head = fh.read(200)
+        head = fh.read(4097)
     if head.startswith(b"SQLite format 3\x00"):
         return "a SQLite database (a stream's --state?)"
-    if re.fullmatch(rb"[0-9a-f]{32,128}\n?", head):
+    if head[:4] in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83"):
+        return "a SQLite write-ahead log (beside a stream's --state?)"
+    if any(head.startswith(kind) for kind in LINE_KINDS):
+        return "a release ledger"
+    try:
+        text = head.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    if len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text):
         return "a secret key file"
     return None
+
+
+def refuse_other_kind(cfg: RunConfig) -> None:
+    """Refuse an output file that is a state, a ledger or a key (:func:`_what_else`),
+    with or without ``--force``: ``--force`` overwrites an earlier output only."""
+    output = str(cfg.output)
+    if cfg.engine != "local" or output == "-" or not regular_or_new(output):
+        return
+    if not os.path.isfile(output):
+        return
+    other = _what_else(output)
+    if other is not None:
+        raise StateError(
+            f"output file {output!r} is {other}, not releases: give -o another path "
+            "(--force overwrites an earlier output only)"
+        )
 
 
 def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, Any]:
@@ -350,15 +369,8 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
                 "--output-format parquet needs --output FILE and no --state (a "
                 "Parquet file cannot be resumed): write jsonl or csv with --state"
             )
-        if os.path.exists(cfg.output):
-            other = _what_else(cfg.output) if regular_or_new(cfg.output) else None
-            if other is not None:
-                raise StateError(
-                    f"output file {cfg.output!r} is {other}, not releases: give -o "
-                    "another path (--force overwrites an earlier output only)"
-                )
-            if not cfg.force:
-                raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
+        if not cfg.force and os.path.exists(cfg.output):
+            raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
         from ..io import ParquetWriter
 
         check_target(cfg.output)

@@ -38,6 +38,7 @@ from typing import Any
 from ..errors import DPStreamError, InvalidEventError
 from ..factorization import MAX_BLT_HORIZON
 from ..io import read_domain
+from ..io.domain import domain_list
 from ..mechanisms.counters import counter_with_buffers
 from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
@@ -666,7 +667,11 @@ def _mechanism(
         domain = opts.get("domain")
         if domain is None:
             raise ValueError("--mechanism known needs --domain FILE (the known items)")
-        items = [str(v) for v in domain] if isinstance(domain, list) else read_domain(domain)
+        items = (  # a list (a config file's): read as the local engine reads it
+            domain_list(domain, "--domain (a list)")
+            if isinstance(domain, list)
+            else read_domain(domain)
+        )
         params = HistogramParams(horizon=horizon, counter=counter, **settings)
         mech: SparkKnownBase | SparkUnknownBase = SparkKnownBase.from_params(
             spark, params, key=job.key, domain=items
