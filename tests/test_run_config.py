@@ -251,3 +251,15 @@ def test_plan_refuses_the_clock_a_run_refuses(clock, message):
     with pytest.raises(ValueError, match=message):
         _config([*base, *clock], command="plan")
     assert _config([*base, "--start", "2026-01-01", "--step", "1h"], command="plan").horizon == 12
+
+
+def test_a_device_as_the_config_or_the_domain_is_refused() -> None:
+    """Review 90: --config /dev/zero or --domain /dev/zero were read whole (a MemoryError
+    traceback, or all the memory); a character device is refused by what it is."""
+    from dpstream.io import read_domain
+    from dpstream.run.options.merge import load_config
+
+    with pytest.raises(ValueError, match="is a device, not a TOML file"):
+        load_config("/dev/zero")
+    with pytest.raises(ValueError, match="is a device, not a file of items"):
+        read_domain("/dev/zero")

@@ -8,6 +8,8 @@ file holding none, is an error.
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 from .records import guard_lines, open_input, parse_items, shorten, valid_text
 
@@ -16,6 +18,10 @@ __all__ = ["domain_list", "read_domain"]
 
 def read_domain(path: str) -> list[str]:
     """The known domain: a JSON array of items, or one item per line (blank lines skipped)."""
+    if path != "-" and os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode):
+        raise ValueError(  # /dev/zero or /dev/urandom: read whole, it never ends
+            f"domain file {path!r} is a device, not a file of items"
+        )
     with open_input(path) as fh:
         text = "".join(guard_lines(fh, path))
     if not valid_text(text):

@@ -10,6 +10,7 @@ import datetime
 import difflib
 import numbers
 import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ def load_config(path: str) -> dict[str, Any]:
         import tomllib
     else:
         import tomli as tomllib
+    if os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode):
+        raise ValueError(f"config file {path!r} is a device, not a TOML file")
     with open(path, "rb") as fh:
         raw = fh.read(CONFIG_MAX_BYTES + 1)  # not a whole device such as /dev/zero
     if len(raw) > CONFIG_MAX_BYTES:
