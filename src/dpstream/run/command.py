@@ -484,6 +484,8 @@ def _release(
     if marked is not None:  # a run stopped by an error before its first release: unmarked
         stack.push(_unmark_on_error(opened.ckpt, marked))
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
+        stack.callback(chunks.close)
     if on_summary is not None and chunks is not None:  # a batch: its counts are final
         st = built.stats
         on_summary(
@@ -493,8 +495,6 @@ def _release(
                 "skipped_by_reason": dict(st.reasons),
             }
         )
-    if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
-        stack.callback(chunks.close)
     budget = _dataset_budget(cfg, key, built, opened, state_existed)  # the cap, again
     if cfg.output != "-" and regular_or_new(str(cfg.output)):  # not beside a pipe or a
         _write_sidecar(cfg, built.mech, budget)  # device: the run's public metadata, first
