@@ -421,3 +421,38 @@ def test_user_level_refuses_event_columns_which_hold_no_users(make):
         mech.step_batch(cols)
     assert mech.t == 0  # nothing changed
     assert mech.step_batch([("alice", ["a"])]).t == 1  # pairs are taken
+
+
+@pytest.mark.parametrize("kind", ["known", "unknown", "top-k", "histogram-top-k"])
+def test_aggregate_counts_of_a_user_level_mechanism_must_be_said_to_be_bounded(kind):
+    """Review 93: release(t, counts) of a mechanism built with user bounds released
+    counts no user bound had touched ({"a": 1000} from one user) under a per-user
+    guarantee. It is refused unless bounded=True says the caller bounded them."""
+    from dpstream.mechanisms.histogram_topk import HistogramTopK
+
+    key = fixed_key("aggregate-users")
+    users = {"max_items_per_user": 1, "max_count_per_item": 1}
+    make = {
+        "known": lambda: dps.KnownDomainHistogram(["a", "b"], 10, key=key, rho=1.0, **users),
+        "unknown": lambda: dps.UnknownDomainHistogram(
+            10, max_items=1, key=key, rho=1.0, threshold_delta=1e-6, **users
+        ),
+        "top-k": lambda: dps.ContinualTopK(
+            ["a", "b"], 10, k=1, key=key, rho=1.0, switches=2, **users
+        ),
+        "histogram-top-k": lambda: HistogramTopK(
+            ["a", "b"], 10, k=1, max_items=1, key=key, rho=1.0, **users
+        ),
+    }[kind]
+    mech = make()
+    assert mech.privacy.unit == "user"
+    with pytest.raises(ValueError, match="pass bounded=True"):
+        mech.release(1, {"a": 1000})
+    assert mech.t == 0  # refused before anything changed
+    rel = mech.release(1, {"a": 1}, bounded=True)
+    assert rel.t == 1
+    event_level = {
+        "known": lambda: dps.KnownDomainHistogram(["a", "b"], 10, key=key, rho=1.0, max_items=1),
+    }
+    if kind in event_level:  # an event-level mechanism needs no word
+        assert event_level[kind]().release(1, {"a": 1000}).t == 1

@@ -174,10 +174,14 @@ class HistogramTopK:
         return self._top(self.histogram.step_batch(events))
 
     def release(
-        self, t: int, counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray
+        self,
+        t: int,
+        counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray,
+        *,
+        bounded: bool = False,
     ) -> Release:
         """Aggregate mode, as ``KnownDomainHistogram.release``."""
-        return self._top(self.histogram.release(t, counts))
+        return self._top(self.histogram.release(t, counts, bounded=bounded))
 
     def _top(self, rel: Release) -> Release:
         values = rel.values
@@ -305,12 +309,12 @@ class UnknownTopK:
         """Take all the events of the next time step and release the top-k."""
         return self._top(self.histogram.step_batch(self._check(events)))
 
-    def release(self, t: int, counts: Mapping[Hashable, int]) -> Release:
+    def release(self, t: int, counts: Mapping[Hashable, int], *, bounded: bool = False) -> Release:
         """Aggregate mode, as ``UnknownDomainHistogram.release`` (a Mapping item -> count,
         or a pandas Series indexed by item)."""
         as_mapping = series_items(counts)
         check_in_domain(as_mapping, self._index)  # type: ignore[arg-type]
-        return self._top(self.histogram.release(t, as_mapping))
+        return self._top(self.histogram.release(t, as_mapping, bounded=bounded))
 
     def _top(self, rel: Release) -> Release:
         values = np.asarray(rel.values, dtype=np.float64)

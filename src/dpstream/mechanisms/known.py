@@ -66,7 +66,14 @@ from .counters import (
 from .item_table import ItemTable, domain_table, release_items
 from .params import HistogramParams
 from .tree_noise import TreeNoise
-from .users import UserLevel, bound_user_events, commit_user_events, unit_bound, user_guarantee
+from .users import (
+    UserLevel,
+    bound_user_events,
+    check_bounded,
+    commit_user_events,
+    unit_bound,
+    user_guarantee,
+)
 
 __all__ = [
     "BLTCounter",
@@ -461,6 +468,8 @@ class KnownDomainHistogram(CounterStd):
         t: int,
         counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
         values: Sequence[int] | np.ndarray | None = None,
+        *,
+        bounded: bool = False,
     ) -> Release:
         """Release at step t from the true prefix histogram h_t (the practical setting).
 
@@ -469,8 +478,11 @@ class KnownDomainHistogram(CounterStd):
         their counts as two arrays, ``release(t, items, counts)``, or a
         pandas/polars/Arrow frame with columns ``item`` and ``count``. Gives the
         same release as event mode for the same stream and key. Steps must
-        increase; any step may be skipped.
+        increase; any step may be skipped. With user bounds, ``counts`` must be those of
+        contributions already bounded per user (first come, first kept), which
+        ``bounded=True`` says: the counts carry no user ids to bound here.
         """
+        check_bounded(self._users, bounded)  # user level: counts bounded beforehand
         check_next_step(t, self.t, self.horizon)
         new_counts = domain_counts(counts, self._index, self._counts, values)
         return self._release(int(t), new_counts)

@@ -61,7 +61,7 @@ from .item_table import ItemTable, domain_table
 from .known import domain_tag
 from .params import TopKParams
 from .tree_noise import TreeNoise
-from .users import UserLevel, bound_user_events, commit_user_events, user_guarantee
+from .users import UserLevel, bound_user_events, check_bounded, commit_user_events, user_guarantee
 
 #: The longest horizon for which eta may be a function (evaluated at every step up front).
 MAX_ETA_SCHEDULE = 10**6
@@ -752,14 +752,19 @@ class ContinualTopK:
         t: int,
         counts: Mapping[Hashable, int] | Sequence[int] | np.ndarray | Any,
         values: Sequence[int] | np.ndarray | None = None,
+        *,
+        bounded: bool = False,
     ) -> Release:
         """Release at t from the true prefix histogram h_t (Mapping or array aligned with domain;
         or ``release(t, items, counts)`` from two arrays, or a pandas/polars/Arrow frame
         with columns ``item`` and ``count``).
 
         Same releases as event mode for the same stream and key. Steps must
-        increase; a skipped step gets no sparse-vector check.
+        increase; a skipped step gets no sparse-vector check. With user bounds,
+        ``bounded=True`` says the counts are of contributions already bounded per user
+        (first come, first kept): they carry no user ids to bound here.
         """
+        check_bounded(self._users, bounded)  # user level: counts bounded beforehand
         check_next_step(t, self.t, self.horizon)
         return self._release(int(t), domain_counts(counts, self._index, self._counts, values))
 

@@ -62,7 +62,14 @@ from .item_table import ItemTable
 from .known import tree_purpose
 from .params import UnknownParams
 from .tree_noise import TreeNoise
-from .users import UserLevel, bound_user_events, commit_user_events, unit_bound, user_guarantee
+from .users import (
+    UserLevel,
+    bound_user_events,
+    check_bounded,
+    commit_user_events,
+    unit_bound,
+    user_guarantee,
+)
 
 __all__ = [
     "PrivacySplit",
@@ -783,8 +790,12 @@ class UnknownDomainHistogram(CounterStd):
         t: int,
         counts: Mapping[Hashable, int] | Any,
         values: Sequence[int] | np.ndarray | None = None,
+        *,
+        bounded: bool = False,
     ) -> Release:
         """Release at step t from the true prefix histogram h_t (the practical setting).
+        With user bounds, ``bounded=True`` says the counts are of contributions already
+        bounded per user (first come, first kept): they carry no user ids to bound here.
 
         ``counts`` is a Mapping item -> count; or give the items and their counts
         as two arrays, ``release(t, items, counts)``, or a pandas/polars/Arrow
@@ -805,6 +816,7 @@ class UnknownDomainHistogram(CounterStd):
         steps can change which items are shown later (still private: it is a
         function of the releases made).
         """
+        check_bounded(self._users, bounded)  # user level: counts bounded beforehand
         check_next_step(t, self.t, self.horizon)
         table = self._table
         n = self._n

@@ -75,6 +75,21 @@ def split_user_event(event: object) -> tuple[object, object]:
     return event[0], event[1]
 
 
+def check_bounded(users: Any, bounded: bool) -> None:
+    """Refuse aggregate counts for a mechanism with user bounds unless the caller says
+    (``bounded=True``) that they are the counts of contributions already bounded per
+    user, first come, first kept: counts carry no user ids, so the mechanism cannot
+    bound them, and its per-user guarantee holds only for bounded counts."""
+    if users is not None and not bounded:
+        raise ValueError(
+            "release(t, counts) of a mechanism built with max_items_per_user and "
+            "max_count_per_item: counts carry no user ids, so they cannot be bounded "
+            "here, and the per-user guarantee holds only for counts of contributions "
+            "bounded per user (first come, first kept) beforehand; pass bounded=True "
+            "to say they are, or give (user, items) events to step_batch"
+        )
+
+
 class UserEventColumns:
     """The events of one step as columns, with their users: event j is the pair
     ``(users[user_of[j]], events.events()[j])``. Give it to a user-level
