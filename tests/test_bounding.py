@@ -456,3 +456,20 @@ def test_aggregate_counts_of_a_user_level_mechanism_must_be_said_to_be_bounded(k
     }
     if kind in event_level:  # an event-level mechanism needs no word
         assert event_level[kind]().release(1, {"a": 1000}).t == 1
+
+
+def test_durations_are_not_items_and_a_spend_is_positive():
+    """Review 93: np.timedelta64 (a NumPy integer subclass) was counted as the int it
+    holds, in events and domains; a Spend of negative epsilon composed into a budget
+    that passed its cap. Both are refused."""
+    key = fixed_key("durations")
+    h = dps.KnownDomainHistogram([5, 7], 4, key=key, rho=1.0, max_items=2)
+    with pytest.raises(dps.InvalidEventError, match="a duration"):
+        h.step(np.array([5, 7], dtype="timedelta64[ns]"))
+    with pytest.raises(TypeError, match="a duration"):
+        dps.KnownDomainHistogram(np.array([5, 7], dtype="timedelta64[ns]"), 4, key=key, rho=1.0,
+                                 max_items=2)  # fmt: skip
+    from dpstream.privacy.composition import Spend
+
+    with pytest.raises(ValueError, match="not a valid privacy cost"):
+        Spend(rho=1e-9, rho_delta=0.0, epsilon=-19.5, delta=1e-9, unit="event", label="x")

@@ -590,3 +590,10 @@ def test_a_domain_of_numpy_values_is_read_as_their_python_values(tmp_path, key_p
     assert got.equals(want)
     with pytest.raises(ValueError, match="an item must be a string or an integer"):
         dpstream.release_frame(frame, "known", key=key_path, domain=[np.float64(1.5)], **settings)
+
+
+def test_a_key_object_for_key_is_refused_in_words() -> None:
+    """Review 93: key=NoiseKey.generate() failed with os.fspath's bare TypeError."""
+    frame = pd.DataFrame({"t": [1], "items": [["a"]]})
+    with pytest.raises(TypeError, match="key= is the path of a key file"):
+        dpstream.release_frame(frame, "unknown", key=dpstream.NoiseKey.generate(), **BASE)

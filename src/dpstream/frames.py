@@ -84,6 +84,12 @@ def release_frame(
     from .run.options import MECH_OPTS, RUN_OPTS, check_values
     from .run.output import check_paths
 
+    if not isinstance(key, (str, os.PathLike)):  # a NoiseKey object has no ledger beside it
+        raise TypeError(
+            f"release_frame: key= is the path of a key file (the release ledger that "
+            f"records the run lives beside it), got {type(key).__name__}; save a "
+            "NoiseKey with key.save(path) and pass the path"
+        )
     fixed = sorted(set(settings) & set(_FIXED))
     if fixed:
         raise ValueError(

@@ -279,6 +279,8 @@ def canonical_item(item: object) -> str | int | bytes:
     """
     if isinstance(item, (bool, np.bool_)):
         raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
+    if isinstance(item, np.timedelta64):  # (a NumPy integer subclass: a duration, not an id)
+        raise TypeError(f"items must be str, int or bytes, got {item!r} (a duration)")
     if isinstance(item, str):
         return str(item)
     if isinstance(item, (int, np.integer)):
@@ -300,6 +302,8 @@ def encode_item(item: object) -> bytes:
         return b"s" + item.encode("utf-8", "surrogatepass")
     if isinstance(item, (bool, np.bool_)):
         raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
+    if isinstance(item, np.timedelta64):  # (a NumPy integer subclass: a duration, not an id)
+        raise TypeError(f"items must be str, int or bytes, got {item!r} (a duration)")
     if isinstance(item, str):
         return b"s" + item.encode("utf-8", "surrogatepass")
     if isinstance(item, (int, np.integer)):
