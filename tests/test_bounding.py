@@ -473,3 +473,21 @@ def test_durations_are_not_items_and_a_spend_is_positive():
 
     with pytest.raises(ValueError, match="not a valid privacy cost"):
         Spend(rho=1e-9, rho_delta=0.0, epsilon=-19.5, delta=1e-9, unit="event", label="x")
+
+
+def test_truncation_is_refused_at_user_level_where_it_could_not_apply():
+    """Review 93: on_invalid="truncate" with user bounds was accepted, then an event
+    over max_items (or outside the domain) raised instead of being truncated. The
+    combination is refused when the mechanism is built; at event level it truncates."""
+    key = fixed_key("truncate-users")
+    users = {"max_items_per_user": 2, "max_count_per_item": 1}
+    with pytest.raises(ValueError, match="works at event level only"):
+        dps.KnownDomainHistogram(["a", "b"], 4, key=key, rho=1.0, max_items=1,
+                                 on_invalid="truncate", **users)  # fmt: skip
+    with pytest.raises(ValueError, match="works at event level only"):
+        dps.UnknownDomainHistogram(4, max_items=1, key=key, rho=1.0, threshold_delta=1e-6,
+                                   on_invalid="truncate", **users)  # fmt: skip
+    h = dps.KnownDomainHistogram(["a", "b"], 4, key=key, rho=1.0, max_items=1,
+                                 on_invalid="truncate")  # fmt: skip
+    h.step(["a", "b"])
+    assert h.truncation.events == 1

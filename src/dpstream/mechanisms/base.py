@@ -502,6 +502,20 @@ class TruncationStats:
         return self.dropped / self.occurrences if self.occurrences else 0.0
 
 
+def check_truncation_unit(on_invalid: object, user_bounds: object) -> None:
+    """Refuse ``on_invalid="truncate"`` with user bounds: a user-level mechanism checks
+    each (user, items) event whole (the bounds then limit what a user adds), so an
+    event over ``max_items`` or outside the domain would raise, not be truncated as
+    asked; truncate the events before giving them (``dpstream run --on-invalid
+    truncate`` does, at user level too)."""
+    if on_invalid == "truncate" and user_bounds is not None:
+        raise ValueError(
+            "on_invalid='truncate' works at event level only: with max_items_per_user "
+            "and max_count_per_item each (user, items) event is checked whole; truncate "
+            "events before step_batch, or leave on_invalid at 'error'"
+        )
+
+
 class EventLimit:
     """How a mechanism treats an event over ``max_items`` (its ``on_invalid`` argument).
 

@@ -42,6 +42,7 @@ from .base import (
     check_max_items,
     check_next_step,
     check_stream_name,
+    check_truncation_unit,
     config_tag,
     domain_counts,
     domain_items,
@@ -311,6 +312,7 @@ class KnownDomainHistogram(CounterStd):
         )
         self.stream = check_stream_name(stream)
         check_key(key)
+        check_truncation_unit(on_invalid, self.user_bounds)
         self._limit = EventLimit(on_invalid, key=key, stream=self.stream, max_items=self.max_items)
         items = domain_items(domain)
         # the domain, numbered in release order: a compact table of str items (or a
