@@ -582,3 +582,71 @@ def test_a_pass_does_not_hold_a_parse_of_the_line(tmp_path):
     snap = model.snapshot(["item000042", "item099999"])
     assert snap.history["item000042"][:2] == ([1, 2, 3], [126.0] * 3)
     assert snap.history["item099999"][:2] == ([1, 2, 3], [299997.0] * 3)
+
+
+def test_a_file_rewritten_in_place_with_the_same_tail_is_read_again(tmp_path):
+    """Review 94: a new run writing the same file in place (run --force, cp) kept the
+    inode, grew past the offset within a poll, and ended its last line read with the
+    same bytes (the meta depends on t only), so the page kept the old run's history.
+    The file's first bytes tell the rewrite now."""
+    path = _releases(tmp_path)
+    model = ViewModel(path)
+    model.refresh()
+    model.select(["a"])
+    assert model.snapshot(["a"]).history["a"][1] == [10.0, 20.0, 30.0]
+    # another run's file: its first release differs (c for a), the rest is the same
+    # bytes, so the bytes before the old offset are too, and it is longer
+    other = _line(1, {"c": 10, "b": 1}, noise_std=1.0)
+    other += "".join(_line(t, {"a": 10 * t, "b": t}, noise_std=1.0) for t in range(2, 5))
+    with open(path, "r+") as fh:  # in place: the same inode
+        fh.write(other)
+    model.refresh()
+    snap = model.snapshot(["a"])
+    assert snap.t == 4 and snap.history["a"][0] == [2, 3, 4]  # not 1 of the old run
+
+
+def test_a_pipe_in_the_files_place_or_as_the_sidecar_never_blocks_the_view(tmp_path):
+    """Review 94: a FIFO swapped in for the releases (or given as the sidecar) was opened
+    under the model's lock and waited for a writer: every page and Ctrl-C hung. Neither
+    is opened now; the page says what the path is."""
+    path = _releases(tmp_path)
+    model = ViewModel(path)
+    model.refresh()
+    assert model.snapshot(None).t == 3
+    os.replace(path, tmp_path / "kept.jsonl")
+    os.mkfifo(path, 0o600)
+    done = threading.Event()
+
+    def poll() -> None:
+        model.refresh()
+        done.set()
+
+    threading.Thread(target=poll, daemon=True).start()
+    assert done.wait(DEADLINE), "the poll blocked on the pipe"
+    snap = model.snapshot(None)
+    assert snap.status == "error" and "not a regular file" in snap.message and snap.t is None
+    meta = sidecar_path(tmp_path / "kept.jsonl")
+    os.replace(tmp_path / "kept.jsonl", tmp_path / "rel2.jsonl")
+    os.mkfifo(meta, 0o600)  # the sidecar of a file of releases: a pipe
+    (tmp_path / "kept.jsonl").write_text(_line(1, {"a": 1}, noise_std=1.0))
+    side = ViewModel(tmp_path / "kept.jsonl")
+    done.clear()
+    threading.Thread(target=lambda: (side.refresh(), done.set()), daemon=True).start()
+    assert done.wait(DEADLINE), "the poll blocked on the sidecar pipe"
+    assert side.snapshot(None).t == 1
+
+
+def test_a_client_that_goes_away_prints_no_traceback(tmp_path, capsys):
+    """Review 94: a client that reset its connection made the server print a traceback
+    on stderr (any local process could flood it, or break --log-format json)."""
+    server = ViewServer(ViewModel(_releases(tmp_path)), poll=0.05).start()
+    try:
+        httpd = server._httpd
+        for exc in (ConnectionResetError(104, "reset"), BrokenPipeError(32, "pipe")):
+            try:
+                raise exc
+            except ConnectionError:
+                httpd.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+    finally:
+        server.stop()

@@ -15,6 +15,7 @@ line longer than ``max_line_bytes`` is skipped without being held.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ MAX_LINE_BYTES = 256 * 1024 * 1024
 
 _BLOCK = 1 << 20
 _SIGNATURE_BYTES = 64
+#: The first bytes of the file kept to tell a rewrite in place (another run's first
+#: release) from an append.
+_HEAD_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -103,30 +107,49 @@ class FileFollower:
         self.lines = 0
         self._ident: tuple[int, int] | None = None
         self._signature = b""
+        self._head = b""
 
     def check(self) -> str:
-        """``"missing"``, ``"reset"`` (replaced or rewritten: read again from 0) or ``"same"``."""
+        """``"missing"``, ``"not-regular"`` (a pipe or a device: never opened, as opening
+        a pipe waits for a writer and a device never ends), ``"reset"`` (replaced or
+        rewritten: read again from 0) or ``"same"``.
+
+        A rewrite in place (``run --force``, ``cp``) keeps the inode and may grow past
+        the offset within a poll; it is told by the bytes before the offset or by the
+        file's first bytes (another run's first release)."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return "missing"
+        if not stat.S_ISREG(st.st_mode):
+            if self._ident is not None or self.offset:
+                self._ident, self.offset, self.lines = None, 0, 0
+                self._signature = self._head = b""
+            return "not-regular"
         ident = (st.st_dev, st.st_ino)
         replaced = self._ident is not None and ident != self._ident
         if not replaced and self.offset:
-            replaced = st.st_size < self.offset or self._read_signature() != self._signature
+            replaced = (
+                st.st_size < self.offset
+                or self._read_signature() != self._signature
+                or self._read_head(len(self._head)) != self._head
+            )
         self._ident = ident
         if replaced:
-            self.offset, self.lines, self._signature = 0, 0, b""
+            self.offset, self.lines, self._signature, self._head = 0, 0, b"", b""
             return "reset"
         return "same"
 
     def read_lines(self) -> Iterator[Line]:
         """The complete lines after :attr:`offset`, advancing it line by line."""
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - closed below (a generator)
+        try:  # (not blocking: a pipe put in the file's place since check() is refused)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return
-        with fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return
+        with os.fdopen(fd, "rb") as fh:
             for line in iter_lines(fh, self.offset, None, self.lines + 1, self.max_line_bytes):
                 self.offset = line.end
                 self.lines = line.number
@@ -134,7 +157,25 @@ class FileFollower:
                     self._signature = (self._signature + line.data)[-_SIGNATURE_BYTES:]
                 else:
                     self._signature = self._read_signature(fh)
+                if len(self._head) < min(self.offset, _HEAD_BYTES):
+                    self._head = self._read_head(min(self.offset, _HEAD_BYTES), fh)
                 yield line
+
+    def _read_head(self, n: int, fh: object = None) -> bytes:
+        """The file's first ``n`` bytes (b"" when it cannot be read)."""
+        if n == 0:
+            return b""
+        try:
+            if fh is None:
+                with open(self.path, "rb") as own:
+                    return own.read(n)
+            pos = fh.tell()  # type: ignore[attr-defined]
+            fh.seek(0)  # type: ignore[attr-defined]
+            data = fh.read(n)  # type: ignore[attr-defined]
+            fh.seek(pos)  # type: ignore[attr-defined]
+            return bytes(data)
+        except OSError:
+            return b""
 
     def _read_signature(self, fh: object = None) -> bytes:
         """The bytes just before :attr:`offset` (to tell an append from a rewrite)."""

@@ -27,6 +27,7 @@ import heapq
 import json
 import math
 import os
+import stat
 import threading
 import time
 from array import array
@@ -80,6 +81,10 @@ Z95 = 1.959963984540054
 MAX_MAGNITUDE = 1e100
 #: The largest step t a release may have (a history keeps t as a 64-bit integer).
 MAX_T = 2**63 - 1
+
+
+#: The most a metadata sidecar may hold (a run's public settings: a few kilobytes).
+_META_MAX_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -358,6 +363,11 @@ class ViewModel:
             return False
         self._meta_stamp = stamp
         try:
+            # a pipe would wait for a writer and a device never end: read files only
+            if stamp is not None and not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{self.meta_path} is not a regular file (a pipe or a device)")
+            if stamp is not None and st.st_size > _META_MAX_BYTES:
+                raise ValueError(f"{self.meta_path} is too large to be a run's metadata file")
             self._meta, self._meta_error = read_run_meta(self.meta_path), None
         except (OSError, ValueError) as exc:
             self._meta, self._meta_error = None, str(exc)
@@ -372,6 +382,16 @@ class ViewModel:
                 "shows it as soon as a run writes it."
             )
             return False
+        if state == "not-regular":  # what was shown is another file's: gone
+            changed = self._release is not None or self._malformed > 0
+            if changed:
+                self._reset_release()
+            self._status = "error"
+            self._message = (
+                f"{self.path} is not a regular file (a pipe or a device): the view reads "
+                "a file of releases; it reads it again once a run writes one there"
+            )
+            return changed
         changed = state == "reset"
         if changed:
             self._reset_release()

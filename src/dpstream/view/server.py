@@ -36,6 +36,7 @@ import logging
 import math
 import secrets
 import socket
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -220,6 +221,14 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
         if ip is not None and ip.version == 6:  # ::1, :: (an IPv4 socket cannot bind them)
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a reset, a closed pipe) is no error of the server's:
+        nothing is printed (the standard library prints a traceback on stderr, which
+        any local process could flood); anything else as the standard library does."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
