@@ -253,7 +253,6 @@ def check_paths(cfg: RunConfig) -> None:
         )
     if output != "-":
         refuse_foreign_link(str(output), "--output")
-    refuse_other_kind(cfg)
     others, records = run_files(cfg)
     targets: FileList = [("--output", output if output != "-" else None)]
     if cfg.engine == "local" and output != "-":
@@ -273,6 +272,7 @@ def check_paths(cfg: RunConfig) -> None:
                 raise ValueError(
                     f"{name} {path!r} is the same file as {other_name} {other!r}: {why}"
                 )
+    refuse_other_kind(cfg)  # (after: this run's own key or state is named as such)
 
 
 def closing_quietly_on_error(fh: IO[bytes]) -> Any:
