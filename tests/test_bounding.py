@@ -491,3 +491,28 @@ def test_truncation_is_refused_at_user_level_where_it_could_not_apply():
                                  on_invalid="truncate")  # fmt: skip
     h.step(["a", "b"])
     assert h.truncation.events == 1
+
+
+def test_a_bytearray_user_id_is_the_user_of_its_bytes():
+    """Review 93: a bytearray user id failed with "unhashable type" (the hasher took
+    it); it is the user its bytes are, bounded with that user's other events."""
+    key = fixed_key("bytearray-user")
+    users = {"max_items_per_user": 1, "max_count_per_item": 1}
+    a = dps.KnownDomainHistogram(["a", "b"], 4, key=key, rho=1.0, **users)
+    b = dps.KnownDomainHistogram(["a", "b"], 4, key=key, rho=1.0, **users)
+    got = a.step_batch([(bytearray(b"u1"), ["a"]), (b"u1", ["b"])])
+    want = b.step_batch([(b"u1", ["a"]), (b"u1", ["b"])])
+    assert a.counts.tolist() == [1, 0]  # one user: its second item is over L0 = 1
+    assert np.array_equal(got.values, want.values)
+
+
+def test_the_tree_refuses_a_noise_std_where_no_count_is_released():
+    """Review 93: the tree counter gave noise_std_at(0) = 0 and a number past the
+    horizon, where the BLT counter refuses both; both refuse now."""
+    key = fixed_key("noise-std")
+    for counter in ("tree", "blt"):
+        h = dps.KnownDomainHistogram(["a"], 8, key=key, rho=1.0, max_items=1, counter=counter)
+        assert h.noise_std_at(1) > 0 and h.noise_std_at(8) > 0
+        for t in (0, 9):
+            with pytest.raises(ValueError):
+                h.noise_std_at(t)

@@ -190,6 +190,8 @@ class CounterStd:
         tree, sigma ||row_t(B)|| for BLT (the same for an item first counted at any step)."""
         if self.strategy is not None:
             return self.sigma * math.sqrt(self.strategy.variance_factor(t))
+        if t < 1 or (self.horizon is not None and t > self.horizon):  # (as the BLT refuses)
+            raise ValueError(f"t must be in 1..{self.horizon}, got {t}")
         cells = sum(digits(t, tree_base(self.base)))
         return float(np.sqrt(cells * tree_levels(self.levels)) * self.tau)
 

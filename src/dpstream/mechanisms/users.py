@@ -257,6 +257,8 @@ class UserLevel:
         sizes: list[int] = []
         for event in events:
             user, items = split_user_event(event)
+            if isinstance(user, bytearray):  # the bytes it holds (a bytearray is no dict key)
+                user = bytes(user)
             norm = normalise_event(items, max_items)
             if check is not None:
                 check(norm)
