@@ -117,8 +117,8 @@ def release_frame(
         if kind == "path":
             opts["input"], opts["input_format"] = os.fspath(events), "parquet"
         else:
-            read = {time, items or "items", "item", event or "event", user} - {None}
-            opts["input"] = _write_events(events, kind, tmp, {str(n) for n in read if n})
+            read = {str(n) for n in (time, items or "items", "item", event or "event", user) if n}
+            opts["input"] = _write_events(events, kind, tmp, read)
             opts["input_format"] = "parquet"
             # its budget's dataset is not the temporary file's name, which every frame
             # has: unnamed frames count on "frame" (a cap needs the name given)

@@ -502,20 +502,6 @@ class TruncationStats:
         return self.dropped / self.occurrences if self.occurrences else 0.0
 
 
-def check_truncation_unit(on_invalid: object, user_bounds: object) -> None:
-    """Refuse ``on_invalid="truncate"`` with user bounds: a user-level mechanism checks
-    each (user, items) event whole (the bounds then limit what a user adds), so an
-    event over ``max_items`` or outside the domain would raise, not be truncated as
-    asked; truncate the events before giving them (``dpstream run --on-invalid
-    truncate`` does, at user level too)."""
-    if on_invalid == "truncate" and user_bounds is not None:
-        raise ValueError(
-            "on_invalid='truncate' works at event level only: with max_items_per_user "
-            "and max_count_per_item each (user, items) event is checked whole; truncate "
-            "events before step_batch, or leave on_invalid at 'error'"
-        )
-
-
 class EventLimit:
     """How a mechanism treats an event over ``max_items`` (its ``on_invalid`` argument).
 
@@ -531,15 +517,33 @@ class EventLimit:
       noise is independent of the release noise). Truncation biases the
       counts of items that often share events with many others downwards:
       :attr:`stats` counts the item occurrences it dropped.
+
+    ``"truncate"`` is refused for a user-level mechanism (``user_level``): it checks
+    each (user, items) event whole (the user bounds then limit what a user adds), so
+    an event over ``max_items`` or outside the domain would raise, not be truncated
+    as asked; truncate the events before (``dpstream run --on-invalid truncate``
+    does, at user level too).
     """
 
     POLICIES = ("error", "truncate")
 
     def __init__(
-        self, policy: object, *, key: NoiseKey, stream: str, max_items: int | None
+        self,
+        policy: object,
+        *,
+        key: NoiseKey,
+        stream: str,
+        max_items: int | None,
+        user_level: bool = False,
     ) -> None:
         if policy not in self.POLICIES:
             raise ValueError(f"on_invalid must be one of {self.POLICIES}, got {policy!r}")
+        if policy == "truncate" and user_level:
+            raise ValueError(
+                "on_invalid='truncate' works at event level only: with max_items_per_user "
+                "and max_count_per_item each (user, items) event is checked whole; truncate "
+                "events before step_batch, or leave on_invalid at 'error'"
+            )
         self.policy = str(policy)
         self.max_items = max_items
         self._source = truncation_source(key, stream) if self.policy == "truncate" else None

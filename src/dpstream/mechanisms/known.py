@@ -42,7 +42,6 @@ from .base import (
     check_max_items,
     check_next_step,
     check_stream_name,
-    check_truncation_unit,
     config_tag,
     domain_counts,
     domain_items,
@@ -312,8 +311,13 @@ class KnownDomainHistogram(CounterStd):
         )
         self.stream = check_stream_name(stream)
         check_key(key)
-        check_truncation_unit(on_invalid, self.user_bounds)
-        self._limit = EventLimit(on_invalid, key=key, stream=self.stream, max_items=self.max_items)
+        self._limit = EventLimit(
+            on_invalid,
+            key=key,
+            stream=self.stream,
+            max_items=self.max_items,
+            user_level=self.user_bounds is not None,
+        )
         items = domain_items(domain)
         # the domain, numbered in release order: a compact table of str items (or a
         # list and a dict for other types), which finds a step's positions at once

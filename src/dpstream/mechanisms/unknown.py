@@ -34,7 +34,6 @@ from .base import (
     check_max_items,
     check_next_step,
     check_stream_name,
-    check_truncation_unit,
     mapping_counts,
 )
 from .blt_noise import BLTNoise, join_purpose
@@ -522,8 +521,13 @@ class UnknownDomainHistogram(CounterStd):
         self._unit = unit_bound(self.max_items, self.user_bounds)
         self.stream = check_stream_name(stream)
         check_key(key)
-        check_truncation_unit(on_invalid, self.user_bounds)
-        self._limit = EventLimit(on_invalid, key=key, stream=self.stream, max_items=self.max_items)
+        self._limit = EventLimit(
+            on_invalid,
+            key=key,
+            stream=self.stream,
+            max_items=self.max_items,
+            user_level=self.user_bounds is not None,
+        )
         if not isinstance(remember, bool):
             raise TypeError(f"remember must be a bool, got {remember!r}")
         self.remember = remember

@@ -335,10 +335,8 @@ def refuse_other_kind(cfg: RunConfig) -> None:
     """Refuse an output file that is a state, a ledger or a key (:func:`_what_else`),
     with or without ``--force``: ``--force`` overwrites an earlier output only."""
     output = str(cfg.output)
-    if cfg.engine != "local" or output == "-" or not regular_or_new(output):
-        return
-    if not os.path.isfile(output):
-        return
+    if cfg.engine != "local" or output == "-" or not os.path.isfile(output):
+        return  # (Spark writes a directory; a pipe or a device is not read here)
     other = _what_else(output)
     if other is not None:
         raise StateError(

@@ -162,33 +162,27 @@ class FileFollower:
                 yield line
 
     def _read_head(self, n: int, fh: object = None) -> bytes:
-        """The file's first ``n`` bytes (b"" when it cannot be read)."""
-        if n == 0:
-            return b""
-        try:
-            if fh is None:
-                with open(self.path, "rb") as own:
-                    return own.read(n)
-            pos = fh.tell()  # type: ignore[attr-defined]
-            fh.seek(0)  # type: ignore[attr-defined]
-            data = fh.read(n)  # type: ignore[attr-defined]
-            fh.seek(pos)  # type: ignore[attr-defined]
-            return bytes(data)
-        except OSError:
-            return b""
+        """The file's first ``n`` bytes (to tell another run's file from this one)."""
+        return self._read_range(0, n, fh)
 
     def _read_signature(self, fh: object = None) -> bytes:
         """The bytes just before :attr:`offset` (to tell an append from a rewrite)."""
-        start = max(0, self.offset - _SIGNATURE_BYTES)
+        return self._read_range(max(0, self.offset - _SIGNATURE_BYTES), self.offset, fh)
+
+    def _read_range(self, start: int, end: int, fh: object = None) -> bytes:
+        """The file's bytes from ``start`` to ``end`` (b"" when it cannot be read), from
+        ``fh`` when given (its position kept), else from the file opened anew."""
+        if end <= start:
+            return b""
         try:
             if fh is None:
                 with open(self.path, "rb") as own:
                     own.seek(start)
-                    return own.read(self.offset - start)
+                    return own.read(end - start)
             pos = fh.tell()  # type: ignore[attr-defined]
             fh.seek(start)  # type: ignore[attr-defined]
-            data = fh.read(self.offset - start)  # type: ignore[attr-defined]
+            data = fh.read(end - start)  # type: ignore[attr-defined]
             fh.seek(pos)  # type: ignore[attr-defined]
-            return data
+            return bytes(data)
         except OSError:
             return b""
