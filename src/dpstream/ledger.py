@@ -244,6 +244,7 @@ class ReleaseLedger(BudgetLines):
         self.budget = budget
         self.cap = cap
         self._budget_lines: list[tuple[bytes, int]] = []  # every budget line, and its number
+        self._budget_read: tuple[list[Any], int] = ([], 0)  # (see budget_entries)
         self._scoped: dict[str, tuple[bytes, int]] = {}  # run id -> its scope line, number
         self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
         self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
