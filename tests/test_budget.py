@@ -585,3 +585,23 @@ def test_a_dataset_name_on_record_is_never_refused_for_a_near_one(tmp_path, caps
     for k, name in enumerate(["sales", "Sales"]):
         out = tmp_path / f"c{k}.jsonl"
         assert main([*run, "-o", str(out), "--stream", f"c{k}", "--dataset", name]) == 0
+
+
+def test_a_cost_of_epsilon_zero_is_a_cost(tmp_path, capsys) -> None:
+    """Review 97: a tiny budget (--rho 1e-12: epsilon rounds to 0 at delta 1e-6, a true
+    (0, delta) claim) was refused as "not a valid privacy cost" once Spend required
+    epsilon > 0, and a ledger holding such a line could no longer be read. Only a
+    negative epsilon is refused."""
+    from dpstream.cli import main
+
+    assert Spend(rho=1e-12, rho_delta=0.0, epsilon=0.0, delta=1e-6, unit="event", label="x")
+    with pytest.raises(ValueError, match="not a valid privacy cost"):
+        Spend(rho=1e-12, rho_delta=0.0, epsilon=-1e-300, delta=1e-6, unit="event", label="x")
+    key, run = _known_run(tmp_path, "budget-zero", epsilon=1)
+    at = run.index("--epsilon")
+    run[at : at + 4] = ["--rho", "1e-12"]  # (in place of --epsilon 1 --delta 1e-6)
+    assert main([*run, "-o", str(tmp_path / "a.jsonl"), "--dataset", "tiny"]) == 0
+    capsys.readouterr()
+    assert main(["budget", "--key-file", str(key), "--dataset", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "dataset tiny: epsilon = 0, delta = 1e-06 per event over 1 release" in out, out

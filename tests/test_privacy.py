@@ -616,6 +616,22 @@ def test_gaussian_delta_is_an_upper_bound_of_the_exact_value(epsilon, mu):
     assert got <= exact * (1 + 1e-4) + 1e-300
 
 
+def test_the_gaussian_claim_holds_at_a_large_mu() -> None:
+    """Review 97: at a large mu (a tiny --tau: rho up to 1e19) the bound's allowance was
+    scaled by |log_b| though log_b is two terms of size epsilon that cancel, and x's two
+    terms (of size mu / 2) cancel too: the claimed epsilon at delta 1e-6 had a true
+    delta of 0.79 at --tau 1e-9. Against 60-digit mpmath, at the claimed epsilon of 60
+    log-spaced mu from 1e2 to 4e9 (each claim at delta 1e-6 and 1e-10) and at that
+    epsilon nudged 1e-9 either way: never below the exact delta (a bound that must
+    hold, so no tolerance). The old bound fails here from mu ~ 2e3."""
+    for mu in np.geomspace(1e2, 4e9, 60).tolist():
+        for target in (1e-6, 1e-10):
+            eps = gaussian_epsilon(target, mu)
+            assert _mp_gaussian_delta(eps, mu) <= target, (mu, target)
+            for e in (eps * (1 - 1e-9), eps * (1 + 1e-9)):
+                assert gaussian_delta(e, mu) >= _mp_gaussian_delta(e, mu), (mu, e)
+
+
 @pytest.mark.parametrize("epsilon,delta", [(0.01, 1e-15), (0.01, 1e-6), (1.0, 1e-6), (3.0, 1e-9)])
 def test_exact_gaussian_calibration_meets_target_in_high_precision(epsilon, delta):
     mu = mu_for_gaussian(epsilon, delta)

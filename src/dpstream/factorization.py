@@ -543,7 +543,7 @@ def _state_factor(
     return tuple(tuple(row) for row in _doubling_state(theta, omega, n)[0])
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _doubling_state(
     theta: tuple[float, ...], omega: tuple[float, ...], n: int
 ) -> tuple[list[list[float]], list[list[float]]]:

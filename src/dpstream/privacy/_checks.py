@@ -79,7 +79,8 @@ def _check_str(name: str, value: Any) -> str:
 #   safe. RHO_MAX = 1e15 leaves 4 decades for rho_for_epsilon_delta's bracket (up to
 #   twice its root) and for a mechanism's larger coefficient a; guarantee_for_tau, which
 #   knows a, refuses only rho > CKS_RHO_MAX = 1e19 there (the exact Gaussian curve
-#   holds to rho ~ 1e307: GAUSSIAN_RHO_MAX = 1e300).
+#   evaluates to rho ~ 1e307: GAUSSIAN_RHO_MAX = 1e300; its error bound covers the
+#   cancellations of a large mu, and is checked against mpmath up to mu = 4e9, rho = 8e18).
 # * rho too small (the noise too large): tau = sqrt(a / rho) and the variances a run
 #   reports (multiples of tau**2) overflow to inf near a / rho = 1.8e308 (--rho 1e-310
 #   gave tau = inf). RHO_MIN = 1e-200 leaves tau**2 = a * 1e200 finite for any a below
@@ -101,7 +102,8 @@ def _check_str(name: str, value: Any) -> str:
 #   subnormal, rho = inf) never returned.
 #
 # Inside these ranges nothing changes: a budget that calibrates gives the same tau as
-# before the ranges were checked.
+# before the ranges were checked (but at the ends the exact Gaussian curve's error bound
+# widened, review 97: epsilon 1e15, and delta within 1e-12 of 1).
 RHO_RANGE = (1e-200, 1e15)
 EPSILON_RANGE = (1e-98, 1e15)
 TAU_RANGE = (2.3e-10, 1e99)

@@ -72,7 +72,7 @@ class Spend:
 
     def __post_init__(self) -> None:
         _check_positive("rho", self.rho)
-        if not 0.0 <= self.rho_delta < self.delta < 1.0 or not 0.0 < self.epsilon < math.inf:
+        if not 0.0 <= self.rho_delta < self.delta < 1.0 or not 0.0 <= self.epsilon < math.inf:
             raise ValueError(f"not a valid privacy cost: {self!r}")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {tuple(UNITS)}, got {self.unit!r}")

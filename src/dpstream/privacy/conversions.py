@@ -184,12 +184,31 @@ def _gaussian_delta(epsilon: float, mu: float) -> float:
     and ``Phi(x)`` raised by its own, which keeps every calibration built on
     this function conservative (it is never below the exact delta).
     """
-    log_a = log_ndtr(-epsilon / mu + mu / 2.0)
-    log_b = epsilon + log_ndtr(-epsilon / mu - mu / 2.0)
-    d_low = (log_b - log_a) - _LOG_TERM_REL_ERR * (abs(log_a) + abs(log_b) + 1.0)
+    x, y = -epsilon / mu + mu / 2.0, -epsilon / mu - mu / 2.0
+    log_a, log_y = log_ndtr(x), log_ndtr(y)
+    log_b = epsilon + log_y
+    # The allowance is the larger of two bounds on d's error. The first, of size
+    # |log_a| + |log_b|, is the one dpstream always used: it holds wherever log_b's two
+    # terms do not cancel much, and keeps every calibration of the usual range (mu up to
+    # hundreds) to the bit. The second holds everywhere: log_y's own error carries into
+    # log_b unchanged (at a large mu log_b is two terms of size epsilon that cancel),
+    # and x and y are computed with an error of a few ulp of epsilon / mu + mu / 2 (x's
+    # two terms cancel near the root), which log_ndtr's slope there (<= |arg| + 1)
+    # multiplies. (Review 97: with the first alone the bound failed from mu ~ 2e3, and
+    # --tau 1e-9 claimed (5e17, 1e-6) for a true delta of 0.79.)
+    ulp = 2.0**-52
+    spread = ulp * (epsilon / mu + mu / 2.0)
+    arg_a, arg_b = spread * (abs(x) + 1.0), spread * (abs(y) + 1.0)
+    logs = 16.0 * ulp * (abs(log_a) + abs(log_b) + abs(log_y) + 1.0)
+    err = max(_LOG_TERM_REL_ERR * (abs(log_a) + abs(log_b) + 1.0), logs + arg_a + arg_b)
+    d_low = (log_b - log_a) - err
     if d_low >= 0.0:  # the exact delta is >= 0 and d <= 0 exactly: delta is 0
         return 0.0
-    phi_x_up = math.exp(log_a) * (1.0 + _LOG_TERM_REL_ERR * (abs(log_a) + 1.0))
+    err_a = max(_LOG_TERM_REL_ERR * (abs(log_a) + 1.0), 16.0 * ulp * (abs(log_a) + 1.0) + arg_a)
+    if err_a < 2.0**-20:  # (as always: Phi(x) times 1 + its error bound)
+        phi_x_up = math.exp(log_a) * (1.0 + err_a)
+    else:  # e^(log_a + err) rounded up, at most 1
+        phi_x_up = math.exp(min(0.0, log_a + err_a)) * (1.0 + 2.0**-48)
     return min(1.0, float(phi_x_up * -math.expm1(d_low)))
 
 
