@@ -146,7 +146,7 @@ def test_run_kernel_refuses_an_item_outside_the_domain() -> None:
     key = fixed_key("spark-kernel-domain")
     spec = _spec(KnownDomainHistogram(["a"], 10, max_items=1, key=key, tau=1.0))
     flat = pd.DataFrame({"item": ["a", "z"], "t": [0, 1], "n": [0, 1]})
-    with pytest.raises(ValueError, match="item z is not in the domain"):
+    with pytest.raises(ValueError, match=r"^InvalidEventError: 1 item\(s\) not in the domain$"):
         list(
             _run_kernel(
                 iter([flat]),

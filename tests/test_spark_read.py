@@ -579,6 +579,11 @@ def test_too_many_invalid_records_are_refused_as_on_the_local_engine(
         ([b'{"t": 50, "items": ["a"]}', b'{"t": 3, "items": ["a", "b", "c", "d"]}'], "unknown"),
         # an item outside the domain, in an event that is also too large
         ([b'{"t": 1, "items": ["a"]}', b'{"t": 2, "items": ["a", "z", "b", "c"]}'], "known"),
+        # review 95: too many items, all in the domain (Spark said one was outside it)
+        (
+            [b'{"t": 1, "items": ["a"]}', b'{"t": 1, "items": ["a", "b", "c", "a", "b", "d"]}'],
+            "known-3",
+        ),  # fmt: skip
     ],
 )
 def test_on_invalid_error_stops_at_the_local_engines_record_in_its_words(
@@ -595,9 +600,14 @@ def test_on_invalid_error_stops_at_the_local_engines_record_in_its_words(
     inp = tmp_path / "in.jsonl"
     _write(inp, lines)
     (tmp_path / "domain.txt").write_text("a\nb\nc\n")
-    args = ["run", "-m", mechanism, "-T", "10", "--max-items", "3", "--rho", "2"]
+    (tmp_path / "domain4.txt").write_text("a\nb\nc\nd\n")
+    max_items = "2" if mechanism == "known-3" else "3"
+    name = mechanism.split("-")[0]
+    args = ["run", "-m", name, "-T", "10", "--max-items", max_items, "--rho", "2"]
     if mechanism == "known":
         args += ["--domain", str(tmp_path / "domain.txt")]
+    elif mechanism == "known-3":
+        args += ["--domain", str(tmp_path / "domain4.txt")]
     else:
         args += ["--threshold-delta", "1e-3"]
     args += ["--key-file", str(key), "-i", str(inp), "--on-invalid", "error"]
@@ -609,3 +619,30 @@ def test_on_invalid_error_stops_at_the_local_engines_record_in_its_words(
     assert not (tmp_path / "s").exists()  # (the local engine released the steps before)
     assert said[0].startswith("dpstream: error: input line "), said
     assert said[1] == said[0]
+
+
+def test_a_file_name_with_a_colon_is_refused_in_one_line(spark, tmp_path, capsys) -> None:
+    """Review 95: Hadoop reads a ':' in a path as a URI's scheme, so an input named
+    ``2026-01-01T00:00.jsonl`` (or a Parquet file of a folder) failed inside Spark with
+    a Java traceback. It is refused before anything is read or recorded, in one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-colon").save(key)
+    named = tmp_path / "2026-01-01T00:00.jsonl"
+    named.write_text('{"t": 1, "items": ["a"]}\n')
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"t": [1], "items": [["a"]]}), lake / "part:1.parquet")
+    args = ["run", "-m", "unknown", "-T", "2", "--max-items", "1", "--rho", "1"]
+    args += ["--threshold-delta", "1e-6", "--key-file", str(key), "--engine", "spark"]
+    for given in (named, lake):
+        out = tmp_path / f"out-{given.name}"
+        capsys.readouterr()
+        assert cli.main([*args, "-i", str(given), "-o", str(out), *own_ledger(out)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "takes a ':' in a file's path" in err[0], err
+        assert not out.exists()

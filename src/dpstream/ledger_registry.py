@@ -87,12 +87,16 @@ def registry_dir() -> str | None:
     return os.path.join(state, "dpstream", "keys")
 
 
-def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, record: bool) -> None:
+def check_ledger(
+    key: NoiseKey, ledger: str, key_file: str | None, *, default: bool, record: bool
+) -> None:
     """Refuse a default ``ledger`` of ``key_file`` when the key's recorded ledger is
     another file that exists or cannot be reached; record ``ledger`` when the key has
     none (see the module's rules). ``record``: a run, which creates its ledger here
     (:func:`dpstream.ledger_file.check_ledger_file`) under the registry's lock; without
-    it (``plan``, ``budget``) only an existing ledger is recorded.
+    it (``plan``, ``budget``) only an existing ledger is recorded. ``key_file``: None
+    for a key given as an object (a library's Spark stream, whose ``ledger=`` is always
+    named, as ``--ledger`` is).
 
     Raises:
         LedgerError: the key's releases are recorded in another ledger.
@@ -101,7 +105,8 @@ def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, re
     if folder is None or not _make_folder(folder):
         return
     entry = os.path.join(folder, key.fingerprint())
-    ledger, key_file_real = os.path.realpath(ledger), os.path.realpath(key_file)
+    ledger = os.path.realpath(ledger)
+    key_file_real = "" if key_file is None else os.path.realpath(key_file)
     with _entry_lock(entry):
         recorded, recorded_key = _read(entry)
         state = _state(recorded) if recorded is not None else "gone"
@@ -110,7 +115,7 @@ def check_ledger(key: NoiseKey, ledger: str, key_file: str, *, default: bool, re
             # named after the key file's path, so a hard link of the key (the same inode
             # under another name) would find a fresh ledger of its own
             if default and (recorded_key is None or recorded_key != key_file_real):
-                raise LedgerError(_refusal(recorded, ledger, key_file, entry, state))
+                raise LedgerError(_refusal(recorded, ledger, str(key_file), entry, state))
             return  # --ledger, or this key file's default beside its own --ledger
         if recorded is not None and state == "live":
             return  # this ledger, on record

@@ -790,7 +790,7 @@ def _valid_events(
         parsed = _stepped(parsed, job.until)
         facts = _facts(parsed, job)
     if job.policy == "error" and (facts["bad"] or facts["invalid"] or domain_df is not None):
-        _stop_at_first_invalid(parsed, job, domain_df, mech)
+        _stop_at_first_invalid(parsed, job, domain_df)
     skipped = 0
     if facts["first_bad"] is not None:
         skipped += int(facts["bad"])
@@ -848,9 +848,7 @@ def _carried_step(until: int) -> Column:
     return F.coalesce(F.last(F.when(in_range, F.col("t")), True).over(before), F.lit(1))
 
 
-def _stop_at_first_invalid(
-    parsed: DataFrame, job: _Job, domain_df: DataFrame | None, mech: Any
-) -> None:
+def _stop_at_first_invalid(parsed: DataFrame, job: _Job, domain_df: DataFrame | None) -> None:
     """With ``--on-invalid error``: raise :class:`InvalidEventError` for the record the
     local engine stops at, in its words (:func:`dpstream.run.validate.invalid_message`),
     if any record is invalid: a parse error, a step past ``--until``, a null item, an
@@ -867,21 +865,23 @@ def _stop_at_first_invalid(
     if first is None:
         return
     line = int(first["pos"]) + 1
-    problem = first["error"] or _event_problem(first, job, mech)
+    problem = first["error"] or _event_problem(first, job, domain_df)
     raise InvalidEventError(invalid_message(line, problem, job.verbose))
 
 
-def _event_problem(row: Any, job: _Job, mech: Any) -> str:
+def _event_problem(row: Any, job: _Job, domain_df: DataFrame | None) -> str:
     """Why the local engine refuses a parsed event (``row``: its ``t`` and ``items``), in
-    its words: the first of its checks that fails."""
+    its words: the first of its checks that fails. The domain is looked up for the
+    event's items only (the mechanism's own table is a placeholder on Spark)."""
     t, items = int(row["t"]), list(row["items"])
     if t > job.until:
         return past_message(t, job.until, job.limit)
     if any(x is None for x in items):
         return "an item is null"
-    index = getattr(mech.mechanism, "domain_index", None)
-    if index is not None:
-        outside = [x for x, at in zip(items, index.lookup(items).tolist(), strict=True) if at < 0]
+    if domain_df is not None:
+        found = domain_df.where(F.col("item").isin(list(set(items)))).select("item").collect()
+        known = {r["item"] for r in found}
+        outside = [x for x in items if x not in known]
         if outside:
             return f"item {outside[0]!r} is not in the domain"
     distinct = len(set(items))

@@ -28,7 +28,7 @@ import os
 import re
 from typing import Any
 
-__all__ = ["input_files", "literal_col", "literal_path", "strict_reader"]
+__all__ = ["input_files", "literal_col", "literal_path", "readable_by_spark", "strict_reader"]
 
 #: The characters a Hadoop glob gives a meaning (``\\`` escapes the next one).
 _GLOB = re.compile(r"([\\\[\]{}*?])")
@@ -51,10 +51,31 @@ def input_files(path: str) -> list[str] | None:
     from ..io.parquet import folder_files
     from ..run.lock import local_path
 
+    readable_by_spark(path)
     local = local_path(path)  # a file: URI's path; the path itself without a scheme
     if local is None:
         return None
-    return folder_files(local) if os.path.isdir(local) else [local]
+    files = folder_files(local) if os.path.isdir(local) else [local]
+    for f in files:
+        readable_by_spark(f)
+    return files
+
+
+def readable_by_spark(path: str) -> None:
+    """Refuse (ValueError, one line) a local file Spark cannot name: Hadoop reads a
+    ``:`` in a path as a URI's scheme (``Relative path in absolute URI``), whatever is
+    escaped or made absolute, so ``2026-01-01T00:00.jsonl`` would fail inside Spark."""
+    from ..run.lock import local_path
+
+    # a local name as it is (``ev:1.jsonl`` would pass for a URI of scheme "ev"), else a
+    # file: URI's path (None: another file system's, where ':' is Hadoop's to judge)
+    local = path if os.path.lexists(path) else local_path(path)
+    if local is not None and ":" in os.path.abspath(local):
+        raise ValueError(
+            f"--engine spark cannot read {path!r}: Spark (Hadoop) takes a ':' in a file's "
+            "path for a URI's scheme; rename it (or its folder), or run it on the local "
+            "engine"
+        )
 
 
 def literal_col(name: str) -> Any:

@@ -27,7 +27,7 @@ import pandas as pd
 from ..io.chunks import INT64_MAX
 from ..io.jsonl import parse_jsonl_line
 from ..io.parquet import escaped_text
-from .paths import literal_col, literal_path, strict_reader
+from .paths import literal_col, literal_path, readable_by_spark, strict_reader
 from .read_jsonl import EVENT_SCHEMA
 
 try:
@@ -64,6 +64,7 @@ def read_events_parquet(
     frames = []
     offset = 0
     for name in parquet_files(path):
+        readable_by_spark(name)
         try:
             meta = pq.ParquetFile(name)
         except (pa.ArrowInvalid, OSError) as exc:

@@ -205,13 +205,8 @@ def update_counts(
     if closed:
         new = F.when(
             F.col("_prev").isNull(),
-            _fail(
-                F.concat(
-                    F.lit("InvalidEventError: item "),
-                    F.col(item_col).cast("string"),
-                    F.lit(" is not in the domain"),
-                )
-            ),
+            # (no item in the message: it goes to the executors' logs and the Spark UI)
+            _fail(F.lit("InvalidEventError: an item is not in the domain (or is null)")),
         ).otherwise(new)
     return joined.select(item_col, new.cast("long").alias(count_col), *carry)
 
@@ -614,17 +609,20 @@ class SparkKnownBase(_SparkRelease):
         """(item, count) over the whole domain: missing items count 0; an item outside fails."""
         item_col, count_col = self.item_col, self.count_col
         dom = domain.select(item_col).distinct().withColumn("_in", F.lit(True))
-        joined = dom.join(counts, on=item_col, how="full")
-        count = F.when(
-            F.col("_in").isNull(),
-            _fail(
-                F.concat(
-                    F.lit("InvalidEventError: item "),
-                    F.col(item_col).cast("string"),
-                    F.lit(" is not in the domain"),
-                )
-            ),
-        ).otherwise(F.coalesce(F.col(count_col), F.lit(0)))
+        given = counts.withColumn("_given", F.lit(True))
+        joined = dom.join(given, on=item_col, how="full")
+        # (no item in the messages: they go to the executors' logs and the Spark UI)
+        count = (
+            F.when(
+                F.col("_in").isNull(),
+                _fail(F.lit("InvalidEventError: an item is not in the domain (or is null)")),
+            )
+            .when(
+                F.col("_given").isNotNull() & F.col(count_col).isNull(),
+                _fail(F.lit("TypeError: counts must be integers, got a null count")),
+            )
+            .otherwise(F.coalesce(F.col(count_col), F.lit(0)))
+        )
         return joined.select(item_col, count.cast("long").alias(count_col))
 
     def release(

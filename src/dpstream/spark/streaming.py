@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..clock import StepClock
 from ..errors import StateError
@@ -53,8 +53,11 @@ from ..mechanisms.base import check_max_items
 from .kernels import STATE_FLAG, STATE_IDS, state_noise_cols
 from .releases import SparkKnownBase, SparkUnknownBase, update_counts
 
+if TYPE_CHECKING:
+    from ..privacy import BudgetCap
+
 try:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
     from pyspark.sql import types as T  # noqa: N812
     from pyspark.sql.streaming import StreamingQuery
@@ -142,11 +145,26 @@ def stream_parameters(mechanism: SparkKnownBase | SparkUnknownBase) -> dict[str,
     # a checkpoint never goes on with noise of another version
     if getattr(m, "noise_version", 1) != 1:
         params["noise_version"] = m.noise_version
+    if isinstance(mechanism, SparkKnownBase):  # its items (their fingerprint)
+        params["domain"] = mechanism.domain_tag
     if isinstance(mechanism, SparkUnknownBase):
         params["threshold"] = float(mechanism.threshold).hex()
         params["threshold_rule"] = "per-step m_t"  # a checkpoint of m_delta runs must not resume
         params["remember"] = mechanism.remember
     return params
+
+
+def _step_column(raw: Column, kind: Any) -> Column:
+    """An event's step as a long, null where it is no whole number in range (dropped and
+    counted as "no step", as the local engine refuses a step that is not an integer):
+    a fractional, NaN, infinite or huge step of a float column would otherwise be
+    truncated, or fail the cast (ANSI mode) and stop the query at every restart."""
+    if isinstance(kind, T.IntegralType):
+        return raw.cast("long")
+    x = raw.cast("double")  # (a decimal too: its checks in doubles)
+    # (x % 1 is NaN for NaN and the infinities, and never overflows as floor's long does)
+    whole = x.between(-(2**53), 2**53) & ((x % F.lit(1.0)) == F.lit(0.0))
+    return F.when(whole, x.cast("long"))
 
 
 def _join(base: str, name: str) -> str:
@@ -175,6 +193,8 @@ class StreamRelease:
         output_format: str,
         round_counts: bool = True,
         ledger: str | os.PathLike[str] | None = None,
+        dataset: str | None = None,
+        budget_cap: BudgetCap | None = None,
     ) -> None:
         known = isinstance(mechanism, SparkKnownBase)
         if not known and not isinstance(mechanism, SparkUnknownBase):
@@ -205,6 +225,13 @@ class StreamRelease:
                 "time step (the public clock), e.g. from its timestamp with "
                 "StepClock.step_of"
             )
+        step_type = events.schema[step_col].dataType
+        if not isinstance(step_type, (T.IntegralType, T.FractionalType)):
+            raise ValueError(
+                f"the step column {step_col!r} holds {step_type.simpleString()}, not numbers: "
+                "give each event its step as an integer (e.g. from its timestamp with "
+                "StepClock.step_of)"
+            )
         self.mechanism, self.known = mechanism, known
         self.spark = events.sparkSession
         self.fs = _FileSystem(self.spark)
@@ -221,7 +248,13 @@ class StreamRelease:
         self._clock_thread: threading.Thread | None = None
         self._check_meta()
         if ledger is not None:
-            self._claim_ledger(os.fspath(ledger))
+            self._claim_ledger(os.fspath(ledger), dataset, budget_cap)
+        elif dataset is not None or budget_cap is not None:
+            raise ValueError(
+                "dataset= and budget_cap= count the stream's cost in a release ledger: "
+                "give ledger= too (the key file's KEY-FILE.ledger, which `dpstream run` "
+                "keeps)"
+            )
         item_col, count_col = mechanism.item_col, mechanism.count_col
         self.noise_cols = state_noise_cols(mechanism.spec.levels)
         self.state_cols = [*STATE_IDS, *self.noise_cols]
@@ -250,6 +283,10 @@ class StreamRelease:
         self._check_output(fresh)  # before a fresh state's first file is written
         if not fresh:
             stored = json.loads(self.fs.read_text(meta))
+            if "domain" in params and "domain" not in stored:
+                # a state from before the domain was kept (review 95): not checked (as
+                # before); a new state keeps it
+                stored["domain"] = params["domain"]
             if stored != params:
                 diff = sorted(
                     k for k in set(stored) | set(params) if stored.get(k) != params.get(k)
@@ -270,17 +307,27 @@ class StreamRelease:
         else:
             self.fs.write_text(meta, json.dumps(params, sort_keys=True))
 
-    def _claim_ledger(self, path: str) -> None:
-        """Record the stream's noise scope in the release ledger at ``path`` (a local file:
-        the key's, ``KEY-FILE.ledger``, which ``dpstream run`` keeps), under a run id the
-        state keeps, and refuse the stream (:class:`~dpstream.errors.LedgerError`, before
-        anything is staged or released) when another run or stream released under the
-        same key and noise scope: two streams of one key and stream name with other
-        outputs and states would draw the same noise over other events."""
+    def _claim_ledger(self, path: str, dataset: str | None, cap: BudgetCap | None) -> None:
+        """Record the stream's noise scope and its cost in the release ledger at ``path``
+        (a local file: the key's, ``KEY-FILE.ledger``, which ``dpstream run`` keeps),
+        under a run id the state keeps, and refuse the stream
+        (:class:`~dpstream.errors.LedgerError`, before anything is staged or released)
+        when another run or stream released under the same key and noise scope: two
+        streams of one key and stream name with other outputs and states would draw the
+        same noise over other events.
+
+        The cost (the mechanism's guarantee for the whole stream) is counted on
+        ``dataset`` (default: the stream's name), with the command's runs on it, and
+        refused (:class:`~dpstream.errors.BudgetCapError`) past ``cap``; a restarted
+        stream is counted once, on the dataset it was first counted on."""
         import secrets
 
+        from ..budget import DatasetSpend
         from ..ledger import LedgerError, ReleaseLedger
-        from ..run.scope import noise_scope
+        from ..ledger_registry import check_ledger
+        from ..privacy import Spend
+        from ..run.scope import dataset_slip, noise_scope
+        from ..words import plain_mechanism
 
         local = self.mechanism.mechanism
         id_file = _join(self.state, _LEDGER_RUN)
@@ -290,8 +337,29 @@ class StreamRelease:
             run_id = secrets.token_hex(16)
             self.fs.write_text(id_file, json.dumps({"run_id": run_id}))
         scope = noise_scope(local, str(local.stream))
-        ledger = ReleaseLedger(path, local.key, run_id, scope=scope, check_scope=True)
+        check_ledger(local.key, path, None, default=False, record=True)
+        words = plain_mechanism(local.privacy.mechanism)
+        spend = DatasetSpend(
+            dataset=str(local.stream) if dataset is None else dataset,
+            stream=str(local.stream),
+            mechanism=words,
+            spend=Spend.of(local.privacy, f"{local.stream}: {words}"),
+            at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        )
+        ledger = ReleaseLedger(
+            path, local.key, run_id, scope=scope, check_scope=True, budget=spend, cap=cap
+        )
         try:
+            on_record = ledger.dataset_name()
+            if dataset is not None and on_record != dataset:
+                raise LedgerError(
+                    f"dataset={dataset!r}: this stream's cost is counted on dataset "
+                    f"{on_record!r} (where it was first counted); give that one"
+                )
+            if ledger.needs_budget_line():
+                slip = dataset_slip(spend.dataset, {x.dataset for _, x in ledger.spends()})
+                if slip is not None:
+                    raise LedgerError(slip.replace("--dataset", "dataset="))
             others = ledger.others()
             if others:
                 raise LedgerError(
@@ -432,7 +500,7 @@ class StreamRelease:
                 return  # a replayed micro-batch: the same input, staged already
             closing, horizon = self.closing(), self.mechanism.horizon
             max_items = check_max_items(self.mechanism.max_items)
-            step = F.col(self.step_col).cast("long")
+            step = _step_column(F.col(self.step_col), batch.schema[self.step_col].dataType)
             rows = batch.select(step.alias("step"), F.col(self.items_col).alias("items"))
             distinct = F.array_distinct(F.col("items"))
             # an invalid event is dropped and counted, as the local engine's default
@@ -655,6 +723,8 @@ def start_stream(
     poll_seconds: float = 5.0,
     round_counts: bool = True,
     ledger: str | os.PathLike[str] | None = None,
+    dataset: str | None = None,
+    budget_cap: BudgetCap | None = None,
 ) -> StreamRelease:
     """Start a streaming release: stage events by their step, release steps on a public clock.
 
@@ -684,7 +754,15 @@ def start_stream(
             the stream records its noise scope: a stream whose key, stream name and
             settings another run or stream of the ledger released under is refused.
             Without it nothing outside the stream's own state sees a second stream
-            of the same key and stream name.
+            of the same key and stream name. The stream's cost (its guarantee for the
+            whole stream) is recorded there too, on ``dataset``, so that ``dpstream
+            budget`` and the command's ``--budget-cap`` count it with the runs of
+            that dataset.
+        dataset: with ``ledger``, the dataset the stream's cost is counted on
+            (default: the stream name, ``mechanism.stream``).
+        budget_cap: with ``ledger``, a :class:`~dpstream.privacy.BudgetCap` the
+            dataset's total must stay within: a stream that would pass it is refused
+            (:class:`~dpstream.errors.BudgetCapError`) before anything is staged.
 
     Returns:
         The running :class:`StreamRelease` (its ``query`` is the staging
@@ -705,6 +783,8 @@ def start_stream(
         output_format=output_format,
         round_counts=round_counts,
         ledger=ledger,
+        dataset=dataset,
+        budget_cap=budget_cap,
     )
     return release.start(
         trigger=trigger,

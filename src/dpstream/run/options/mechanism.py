@@ -122,8 +122,7 @@ MECH_OPTS: tuple[Opt, ...] = (
     Opt(
         ("--counter",),
         "counter",
-        "the running counter of each item (known, unknown, top-k; "
-        "--engine spark -m unknown: tree only): tree "
+        "the running counter of each item (known, unknown, top-k): tree "
         "(the paper's r-ary tree) or blt (a buffered Toeplitz factorization: same privacy, "
         "about 3x less noise per count)",
         None,
