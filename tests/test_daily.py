@@ -9,6 +9,7 @@ resumes from that day's start.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -506,8 +507,70 @@ def test_a_day_stopped_by_an_invalid_record_is_finished_from_the_corrected_file(
     assert "--replace-unfinished" in capsys.readouterr().err
     # another event in a released step: refused, whatever the flag says
     assert main([*cmd, "-i", str(other), "--until", "6", "--replace-unfinished"]) == 1
-    assert "step 3 (input line 1) differs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "step 3 (input line 1) differs" in err
+    assert "fix or blank a bad line in place" in err  # review 96: line numbers count
     assert main([*cmd, "-i", str(fixed), "--until", "6", "--replace-unfinished"]) == 0
     assert out.read_bytes() == want.read_bytes()
     assert main([*cmd, "-i", str(fixed), "--until", "8"]) == 1  # fed to the stream already
     assert "already fed" in capsys.readouterr().err
+
+
+def test_a_batch_behind_the_ledger_cannot_end_below_its_steps(tmp_path, capsys):
+    """Review 96: a batch killed after the ledger recorded its last step but before the
+    state did (or a state and output restored from a backup) could be run again with a
+    smaller --until: it ended below the ledger's steps, which it never wrote, and the
+    stream was stuck for good (each next batch met step 8 on record from "other input").
+    Such an --until is refused, naming the step; the batch's own --until goes on, and
+    the stream then equals, byte for byte, one that was never restored."""
+    key = tmp_path / "k.key"
+    fixed_key("daily-behind").save(key)
+    days = [tmp_path / f"d{i}.jsonl" for i in (1, 2, 3)]
+    days[0].write_text('{"t": 1, "items": ["a"]}\n{"t": 4, "items": ["a", "b"]}\n')
+    days[1].write_text('{"t": 5, "items": ["a"]}\n{"t": 8, "items": ["b"]}\n')
+    days[2].write_text('{"t": 9, "items": ["a"]}\n{"t": 12, "items": ["b"]}\n')
+    want, _, ref = _two_days(tmp_path, key, "want")
+    for day, until in zip(days, ("4", "8", "12"), strict=True):
+        assert main([*ref, "-i", str(day), "--until", until]) == 0
+
+    out, state, cmd = _two_days(tmp_path, key, "got")  # (a ledger of its own: own_ledger)
+    assert main([*cmd, "-i", str(days[0]), "--until", "4"]) == 0
+    backup = {p: p.read_bytes() for p in (out, state)}
+    assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 0
+    for p, data in backup.items():  # the state and output restored; the ledger is not
+        p.write_bytes(data)
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(days[1]), "--until", "7"]) == 1
+    err = capsys.readouterr().err
+    assert "--until 7 is before step 8, which the release ledger" in err, err
+    assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 0
+    assert main([*cmd, "-i", str(days[2]), "--until", "12"]) == 0
+    assert out.read_bytes() == want.read_bytes()
+    assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == list(range(1, 13))
+
+
+def test_a_stream_begun_under_another_calibration_is_named_as_such(tmp_path, capsys):
+    """Review 96: a state whose noise scale differs from this dpstream's calibration of
+    the same budget options (a version that calibrated otherwise began the stream) was
+    refused as "differs in: the noise scale (the budget: --epsilon/--delta ...)", which
+    blames options the operator never changed. It says what happened now."""
+    import sqlite3
+    from contextlib import closing
+
+    key = tmp_path / "k.key"
+    fixed_key("daily-calibration").save(key)
+    day1, day2 = tmp_path / "d1.jsonl", tmp_path / "d2.jsonl"
+    day1.write_text('{"t": 1, "items": ["a"]}\n')
+    day2.write_text('{"t": 3, "items": ["a"]}\n')
+    out, state, cmd = _two_days(tmp_path, key, "cal")
+    assert main([*cmd, "-i", str(day1), "--until", "2"]) == 0
+    with closing(sqlite3.connect(state)) as db, db:  # as an older dpstream recorded it
+        (params,) = db.execute("SELECT params FROM run").fetchone()
+        old = json.loads(params)
+        old["tau"] = math.nextafter(old["tau"], math.inf)
+        db.execute("UPDATE run SET params = ?", (json.dumps(old, sort_keys=True),))
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(day2), "--until", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "this dpstream calibrates the same budget options to" in err, err
+    assert "go on with the version that began it" in err

@@ -377,6 +377,16 @@ def _open_state(
             cfg, key, ckpt, record, scope=built.scope, budget=built.spend, cap=built.cap
         )
         stack.callback(opened.ledger.close)
+        if until < opened.ledger.last_t:  # the state is behind the ledger (a kill, a backup)
+            raise LedgerError(
+                f"--until {until} is before step {opened.ledger.last_t}, which the release "
+                f"ledger {opened.ledger.path} records as released for the stream in "
+                f"{cfg.state} (after the state was saved: a kill between the two, or a "
+                f"state restored from a backup): run the batch again with --until "
+                f"{opened.ledger.last_t} or later and the input those steps were released "
+                "from (a batch that ended below them could never be followed: their "
+                "release would differ from the one on record)"
+            )
         if opened.go_on is not None:
             built.mech = built.formatter.mech = opened.go_on.mechanism
             built.publish = opened.go_on.publish

@@ -121,10 +121,17 @@ class Sink:
             raise StateError(f"state file {cfg.state!r} has no step {t}")
         if stored.input_mac != input_mac:
             first = step.first_line or "?"
+            fix = (  # review 96: a line removed before a released step moves its records
+                "; a corrected file must keep the line numbers of the released steps' "
+                "records (fix or blank a bad line in place: do not remove or add a line "
+                "before them)"
+                if cfg.replace_unfinished
+                else ""
+            )
             raise StateError(
                 f"the input changed: step {t} (input line {first}) differs from the step "
-                f"recorded in {cfg.state}, which was already written; refusing to "
-                "release it again from other data"
+                f"recorded in {cfg.state}, which was already written (its events and "
+                f"their line numbers); refusing to release it again from other data{fix}"
             )
         if stored.release_mac != release_mac:
             raise StateError(

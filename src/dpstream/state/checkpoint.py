@@ -337,6 +337,16 @@ class Checkpoint:
             words = list(dict.fromkeys(param_words(k) for k in diff))  # each option once
             if "--horizon" in words:  # --horizon itself, whether given or not
                 words = [w for w in words if w != "--horizon (given or not)"]
+            if diff == ["tau"] and old.get("tau") is not None and new.get("tau") is not None:
+                # review 96: the same budget options, another noise scale: this dpstream
+                # calibrates them otherwise than the one that began the stream
+                raise StateError(
+                    f"state file {self.path!r} belongs to a run whose noise scale was "
+                    f"{old['tau']!r}; this dpstream calibrates the same budget options to "
+                    f"{new['tau']!r} (a version that changed the calibration began the "
+                    "stream): refusing to resume with other noise; go on with the "
+                    "version that began it"
+                )
             raise StateError(
                 f"state file {self.path!r} belongs to a run with other parameters "
                 f"(differs in: {', '.join(words)}): refusing to "
