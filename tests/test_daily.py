@@ -290,6 +290,17 @@ def _two_days(tmp_path, key_path, name, stream="default"):
     return out, state, cmd
 
 
+def _three_days(tmp_path, label: str, steps: list[tuple[int, int]]):
+    """A key (``label``'s) and three days' files: day i holds an event of one item at its
+    first step and one of two items at its second."""
+    key_path = tmp_path / "k.key"
+    fixed_key(label).save(key_path)
+    days = [tmp_path / f"d{i}.jsonl" for i in (1, 2, 3)]
+    for day, (a, b) in zip(days, steps, strict=True):
+        day.write_text(f'{{"t": {a}, "items": ["a"]}}\n{{"t": {b}, "items": ["b", "a"]}}\n')
+    return key_path, days
+
+
 def test_a_run_killed_before_its_first_step_goes_on_after_the_last_one(tmp_path):
     """Review finding G: killed after it was recorded but before its first step, a run
     left an open record; the next run then wrote over the last released step."""
@@ -335,12 +346,7 @@ def test_a_day_killed_while_reading_is_not_lost_to_the_next_day(tmp_path, monkey
     bytes of one run over both. An error (not a kill) while reading leaves no mark."""
     import dpstream.run.command as command
 
-    key_path = tmp_path / "k.key"
-    fixed_key("daily-killed").save(key_path)
-    days = [tmp_path / f"d{i}.jsonl" for i in (1, 2, 3)]
-    days[0].write_text('{"t": 1, "items": ["a"]}\n{"t": 3, "items": ["a", "b"]}\n')
-    days[1].write_text('{"t": 5, "items": ["a"]}\n{"t": 7, "items": ["b"]}\n')
-    days[2].write_text('{"t": 9, "items": ["a"]}\n{"t": 11, "items": ["b", "a"]}\n')
+    key_path, days = _three_days(tmp_path, "daily-killed", [(1, 3), (5, 7), (9, 11)])
     out, _, cmd = _two_days(tmp_path, key_path, "k")
     assert main([*cmd, "-i", str(days[0]), "--until", "4"]) == 0
     released = out.read_bytes()
@@ -523,12 +529,7 @@ def test_a_batch_behind_the_ledger_cannot_end_below_its_steps(tmp_path, capsys):
     stream was stuck for good (each next batch met step 8 on record from "other input").
     Such an --until is refused, naming the step; the batch's own --until goes on, and
     the stream then equals, byte for byte, one that was never restored."""
-    key = tmp_path / "k.key"
-    fixed_key("daily-behind").save(key)
-    days = [tmp_path / f"d{i}.jsonl" for i in (1, 2, 3)]
-    days[0].write_text('{"t": 1, "items": ["a"]}\n{"t": 4, "items": ["a", "b"]}\n')
-    days[1].write_text('{"t": 5, "items": ["a"]}\n{"t": 8, "items": ["b"]}\n')
-    days[2].write_text('{"t": 9, "items": ["a"]}\n{"t": 12, "items": ["b"]}\n')
+    key, days = _three_days(tmp_path, "daily-behind", [(1, 4), (5, 8), (9, 12)])
     want, _, ref = _two_days(tmp_path, key, "want")
     for day, until in zip(days, ("4", "8", "12"), strict=True):
         assert main([*ref, "-i", str(day), "--until", until]) == 0
