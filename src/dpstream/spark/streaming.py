@@ -246,14 +246,20 @@ class StreamRelease:
         self._lock = threading.RLock()
         self._clock_stop = threading.Event()
         self._clock_thread: threading.Thread | None = None
-        self._check_meta()
-        if ledger is not None:
-            self._claim_ledger(os.fspath(ledger), dataset, budget_cap)
-        elif dataset is not None or budget_cap is not None:
+        if ledger is None and (dataset is not None or budget_cap is not None):
             raise ValueError(
                 "dataset= and budget_cap= count the stream's cost in a release ledger: "
                 "give ledger= too (the key file's KEY-FILE.ledger, which `dpstream run` "
                 "keeps)"
+            )
+        self._check_meta()
+        if ledger is not None:
+            self._claim_ledger(os.fspath(ledger), dataset, budget_cap)
+        else:
+            _log.warning(
+                "a stream without ledger=: its cost is counted in no dataset's budget, and "
+                "a second stream of the same key and stream name (with another state) is "
+                "not refused; pass ledger= (the key file's KEY-FILE.ledger)"
             )
         item_col, count_col = mechanism.item_col, mechanism.count_col
         self.noise_cols = state_noise_cols(mechanism.spec.levels)
