@@ -575,3 +575,42 @@ def test_a_stream_begun_under_another_calibration_is_named_as_such(tmp_path, cap
     err = capsys.readouterr().err
     assert "this dpstream calibrates the same budget options to" in err, err
     assert "go on with the version that began it" in err
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "DELETE FROM steps WHERE t = 4",  # the snapshot's step
+        "DELETE FROM steps WHERE t = 3",  # a gap, with the ledger's steps 3 and 4 cut
+        "UPDATE run SET params = '[1]'",
+        "UPDATE run SET params = '{x'",
+        "CREATE TRIGGER tr BEFORE INSERT ON steps BEGIN SELECT RAISE(ABORT, 'x'); END",
+        "UPDATE steps SET end_offset = 'zz' WHERE t = 4",
+        "UPDATE snapshot SET t = 'x'",
+        "UPDATE snapshot SET data = 'hello'",
+    ],
+)
+def test_a_state_edited_by_hand_is_refused_in_one_line(tmp_path, capsys, edit):
+    """Review 99: rows edited by hand (no key needed) stopped the next batch with a
+    Python traceback (an assertion, an AttributeError, sqlite3's IntegrityError) or a
+    bare "invalid literal for int()". Each is one line naming the state; nothing is
+    released."""
+    import sqlite3
+    from contextlib import closing
+
+    key, days = _three_days(tmp_path, "daily-edited", [(1, 4), (5, 8), (9, 12)])
+    out, state, cmd = _two_days(tmp_path, key, "e")
+    assert main([*cmd, "-i", str(days[0]), "--until", "4"]) == 0
+    released = out.read_bytes()
+    with closing(sqlite3.connect(state)) as db, db:
+        db.execute(edit)
+    if "t = 3" in edit:  # (the state's steps are then caught up into the ledger)
+        ledger = Path(f"{out}.ledger")
+        lines = ledger.read_bytes().splitlines(keepends=True)
+        ledger.write_bytes(b"".join(x for x in lines if x.split(b" ")[2:3] not in ([b"3"], [b"4"])))
+    capsys.readouterr()
+    assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dpstream: error:"), err
+    assert "edited" in err and str(state.name) in err, err
+    assert out.read_bytes() == released

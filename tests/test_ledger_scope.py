@@ -257,14 +257,14 @@ def test_a_state_restored_to_before_its_first_step_cannot_start_again(stream, mo
 
 
 def test_a_stream_begun_before_scope_lines_gets_its_line_when_it_goes_on(stream, capsys):
-    """A ledger written before runs recorded their scope (its scope line removed here):
-    the stream's next batch records it, and a new state of that scope is then refused."""
+    """A ledger written before runs recorded their scope (its scope and budget lines
+    removed here: a budget line names the scope too): the stream's next batch records
+    it, and a new state of that scope is then refused."""
     tmp_path, key_path, base = stream
     assert main(_day(base, tmp_path, "day1", 1)) == 0
     ledger = Path(f"{key_path}.ledger")
-    ledger.write_text(
-        "".join(x for x in ledger.read_text().splitlines(keepends=True) if not x.startswith("S1 "))
-    )
+    lines = ledger.read_text().splitlines(keepends=True)
+    ledger.write_text("".join(x for x in lines if not x.startswith(("S1 ", "B1 "))))
     assert main(_day(base, tmp_path, "day2", 2)) == 0
     assert sum(x.startswith("S1 ") for x in ledger.read_text().splitlines()) == 1
     _delete(tmp_path)
@@ -311,3 +311,45 @@ def test_every_mechanism_names_its_exact_noise_scope(tmp_path, mech, capsys):
     capsys.readouterr()
     assert main([*cmd, "--rho", "1", "-o", str(tmp_path / "c.jsonl")]) == 1
     assert "same key and settings" in capsys.readouterr().err
+
+
+def test_a_state_under_another_run_id_or_a_scope_line_deleted_is_refused(stream, capsys):
+    """Review 99, without the key: (1) the state's run id is not sealed, so a state
+    edited to another run id (its snapshot deleted, the output cut back to day 1) was
+    "a run the ledger held none of": warned, adopted, and day 2's steps were released
+    again under the same noise from other input, publishing the exact difference of the
+    true counts. (2) Deleting the ledger's one scope line let a second stream of the
+    scope through. (3) A budget line renamed to another kind was skipped, hiding its
+    cost. Each is refused now, and nothing is written."""
+    import sqlite3
+    from contextlib import closing
+
+    tmp_path, key_path, base = stream
+    ledger = Path(f"{key_path}.ledger")
+    assert main(_day(base, tmp_path, "day1", 1)) == 0
+    day1 = (tmp_path / "out.jsonl").read_bytes()
+    assert main(_day(base, tmp_path, "day2", 2)) == 0
+    with closing(sqlite3.connect(tmp_path / "s.sqlite")) as db, db:
+        db.execute("UPDATE run SET run_id = '00112233445566778899aabbccddeeff'")
+        db.execute("DELETE FROM snapshot")
+        db.execute(f"DELETE FROM steps WHERE t > {STEPS_PER_DAY}")
+        db.execute("DELETE FROM batches WHERE n > 1")
+    (tmp_path / "out.jsonl").write_bytes(day1)
+    before = ledger.read_bytes()
+    capsys.readouterr()
+    assert main(_day(base, tmp_path, "day1", 2)) == 1  # (its events: none after day 1)
+    err = capsys.readouterr().err
+    assert "is not in the release ledger" in err and "1 other run(s)" in err, err
+    assert ledger.read_bytes() == before and (tmp_path / "out.jsonl").read_bytes() == day1
+
+    # (2) a second stream of the scope, with the scope line deleted (no key needed)
+    lines = before.split(b"\n")
+    ledger.write_bytes(b"\n".join(x for x in lines if not x.startswith(b"S1 ")))
+    assert main(_day(base, tmp_path, "day1-cut", 1, out="b.jsonl", state="b.sqlite")) == 1
+    assert "same key and settings" in capsys.readouterr().err
+    assert not (tmp_path / "b.jsonl").exists()
+
+    # (3) a budget line renamed to a kind the ledger does not know
+    ledger.write_bytes(before.replace(b"\nB1 ", b"\nX1 ", 1))
+    assert main(["budget", "--key-file", str(key_path)]) == 1
+    assert "is no ledger line (edited?)" in capsys.readouterr().err

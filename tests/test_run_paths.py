@@ -469,3 +469,25 @@ def test_a_relative_registry_is_refused_and_a_relative_xdg_ignored(place, capsys
     monkeypatch.setenv("XDG_STATE_HOME", "state")
     monkeypatch.setenv("HOME", str(place / "home"))
     assert registry_dir() == str(place / "home" / ".local" / "state" / "dpstream" / "keys")
+
+
+def test_a_key_registry_entry_that_is_no_small_text_file_is_refused(place, capsys):
+    """Review 99: the registry entry was read whole, so one linked to /dev/zero used up
+    memory until the run was killed, and a binary one gave a bare codec error. Each is
+    refused in one line naming the entry, before anything is written."""
+    from dpstream.noise import NoiseKey
+
+    entry = Path(os.environ["DPSTREAM_KEY_REGISTRY"]) / NoiseKey.load("k.key").fingerprint()
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    for make, words in (
+        (lambda: entry.symlink_to("/dev/zero"), "is not a regular file"),
+        (lambda: entry.write_bytes(b"\xff\xfe\x00ledger\n"), "is not text"),
+    ):
+        entry.unlink(missing_ok=True)
+        make()
+        capsys.readouterr()
+        assert _run("k.key", "ev.jsonl", "r.jsonl") == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and repr(str(entry)) in err, err
+        assert not Path("r.jsonl").exists()
+    entry.unlink()

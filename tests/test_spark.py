@@ -541,9 +541,9 @@ def test_a_stream_counts_its_cost_on_a_dataset_under_its_cap(spark, tmp_path, ca
     src.mkdir()
     _write_step_files(src, events, [1, 2])
 
-    def mech(stream):
+    def mech(stream, epsilon=1.0):
         return SparkUnknownBase(
-            spark, HORIZON, max_items=3, key=key, epsilon=1.0, delta=1e-6,
+            spark, HORIZON, max_items=3, key=key, epsilon=epsilon, delta=1e-6,
             threshold_delta=1e-7, counter="tree", stream=stream,
         )  # fmt: skip
 
@@ -561,6 +561,10 @@ def test_a_stream_counts_its_cost_on_a_dataset_under_its_cap(spark, tmp_path, ca
     with pytest.raises(BudgetCapError):  # another stream on the dataset: past the cap
         _stage(spark, mech("b"), src, *dirs("b"), **first)
     assert ledger.read_bytes() == lines and not dirs("b")[0].exists()
+    # review 98: the refused stream wrote no parameters, so a smaller budget can go on
+    small = mech("b", epsilon=0.05)
+    assert _stage(spark, small, src, *dirs("b"), **first).release_through(1) == [1]
+    lines = ledger.read_bytes()
     with pytest.raises(LedgerError, match="counted on dataset 'clicks'"):
         _stage(spark, mech("a"), src, *dirs("a"), ledger=ledger, dataset="other")
     # default: the stream's name is its dataset
@@ -590,6 +594,10 @@ def test_a_stream_restart_with_another_domain_is_refused(spark, tmp_path) -> Non
     assert _stage(spark, m, src, out, ck, domain=dom).release_through(1) == [1]
     m, dom = known(["s0", "s1", "s2"])
     with pytest.raises(StateError, match="written with other domain"):
+        _stage(spark, m, src, out, ck, domain=dom)
+    # review 98: start_stream's domain= is the mechanism's, or refused
+    m, _ = known(["s0", "s1"])
+    with pytest.raises(ValueError, match="other items than the domain the mechanism"):
         _stage(spark, m, src, out, ck, domain=dom)
 
 

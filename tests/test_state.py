@@ -43,7 +43,7 @@ def test_a_step_is_committed_once(tmp_path):
     with Checkpoint(str(tmp_path / "s.sqlite")) as ck:
         ck.start(**IDENT)
         ck.commit(1, begin=0, end=10, release_mac="r", input_mac="i")
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(StateError, match="UNIQUE constraint failed: steps.t"):
             ck.commit(1, begin=0, end=20, release_mac="r", input_mac="i")
         assert ck.load().last_end == 10  # the failed transaction was rolled back
 

@@ -114,6 +114,7 @@ __all__ = [
 
 _VERSION = "L1"
 _SCOPE = b"S1 "  # the line naming a run's noise scope
+_STEP_LINE = f"{_VERSION} ".encode("ascii")  # a step of a run
 _CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
 
 
@@ -290,12 +291,24 @@ class ReleaseLedger(BudgetLines):
             if not raw.startswith(prefix):
                 if raw.startswith(BUDGET_LINE):
                     self._budget_lines.append((raw, self._lines))
-                elif scope is not None and raw.startswith(_SCOPE):
+                    # a budget line names its run's scope too (review 99: with the scope
+                    # line deleted, a second stream of the scope went through)
                     fields = raw.split(b" ")
-                    if len(fields) == 4 and fields[1] == scope:
+                    if scope is not None and len(fields) == 6 and fields[1] == scope:
                         self._scoped.setdefault(
                             fields[2].decode("ascii", "replace"), (raw, self._lines)
                         )
+                elif raw.startswith(_SCOPE):
+                    fields = raw.split(b" ")
+                    if scope is not None and len(fields) == 4 and fields[1] == scope:
+                        self._scoped.setdefault(
+                            fields[2].decode("ascii", "replace"), (raw, self._lines)
+                        )
+                elif not raw.startswith(_STEP_LINE):  # review 99: a renamed line hid a cost
+                    raise LedgerError(
+                        f"line {self._lines} of the release ledger {self.path!r} is no "
+                        "ledger line (edited?): refusing to trust the ledger"
+                    )
                 continue  # another run's line (that run checks it)
             t = _step(raw, at)
             if t is None:

@@ -63,6 +63,9 @@ ENV = "DPSTREAM_KEY_REGISTRY"
 
 _LOG = logging.getLogger("dpstream")
 
+#: The most of an entry read: two paths (a longer entry is not one this module wrote).
+_ENTRY_MAX = 64 * 1024
+
 
 def registry_dir() -> str | None:
     """The registry's directory, or ``None`` when turned off (``DPSTREAM_KEY_REGISTRY=off``).
@@ -233,10 +236,19 @@ def _make_folder(folder: str) -> bool:
 def _read(entry: str) -> tuple[str | None, str | None]:
     """The recorded ledger and the key file it was recorded from (None: no entry)."""
     try:
+        if not stat.S_ISREG(os.stat(entry).st_mode):  # (a device would be read forever)
+            raise LedgerError(
+                f"the key registry entry {entry!r} is not a regular file: remove it, or "
+                f"set {ENV}=off"
+            )
         with open(entry, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+            lines = fh.read(_ENTRY_MAX).splitlines()
     except FileNotFoundError:
         return None, None
+    except UnicodeDecodeError:
+        raise LedgerError(
+            f"the key registry entry {entry!r} is not text (edited?): remove it, or set {ENV}=off"
+        ) from None
     except OSError as exc:
         raise LedgerError(
             f"cannot read the key registry entry {entry!r}: {exc.strerror}; fix it, or "

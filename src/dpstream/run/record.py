@@ -285,7 +285,12 @@ def _check_truncation_rule(path: str, recorded: str) -> None:
     """Refuse a state whose run truncated by another rule (a state without ``truncation``
     on record keyed the kept items on input line numbers): its stream must not switch
     rules half-way."""
-    params = json.loads(recorded)
+    try:
+        params = json.loads(recorded)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):  # (review 99: a state edited by hand)
+        raise StateError(f"state file {path!r} holds no run parameters (edited or damaged?)")
     if params.get("on_invalid") == "truncate" and "truncation" not in params:
         raise StateError(
             f"state file {path!r} belongs to a run with --on-invalid truncate by an older "
@@ -382,7 +387,11 @@ def go_on(
         )
     mechanism, publish = saved
     step = ckpt.step(t)
-    assert step is not None  # the snapshot's step is on record
+    if step is None:  # (review 99: a state edited by hand)
+        raise StateError(
+            f"the state {cfg.state} holds a snapshot after step {t} but no record of that "
+            "step (edited or damaged?): refusing to go on"
+        )
     return GoOn(
         mechanism=mechanism,
         publish=publish,

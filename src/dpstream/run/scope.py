@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..errors import StateError
 from ..ledger import BudgetCapError, LedgerError, ReleaseLedger, ledger_path, scope_refusal
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: i
     """The last step both the state and the ledger hold must be the same in both."""
     common = min(last, ledger.last_t)
     if common:
-        ours, theirs = ckpt.step(common), ledger.entry(common)
+        ours, theirs = _step_on_record(cfg, ckpt, common), ledger.entry(common)
         if (
             theirs is None
             or not ours.input_mac.startswith(theirs.input_mac)
@@ -222,15 +223,45 @@ def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: i
             )
 
 
+def _step_on_record(cfg: RunConfig, ckpt: Any, t: int) -> Any:
+    """Step t of the state, which holds every step up to its last (a gap: refused)."""
+    step = ckpt.step(t)
+    if step is None:  # (review 99: a state edited by hand)
+        raise StateError(
+            f"the state {cfg.state} lacks step {t}, though it holds later steps "
+            "(edited or damaged?): refusing to go on"
+        )
+    return step
+
+
 def _catch_up(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> None:
     """Append to the ledger the steps the state holds and it lacks; warn when the state
     is behind it."""
     if ledger.last_t < last:
+        had = ledger.last_t
+        if not had and not cfg.force:
+            # Review 99: a state the ledger holds no step of, whose noise scope another
+            # run released under, is that run's stream under another run id (the state's
+            # run id is not sealed: an edited or swapped state) or a second stream of the
+            # scope: its next steps would be released again under the same noise, from
+            # other data. Refused as a new run of that scope is (--force: the operator's
+            # word that the other's releases were never published).
+            others = ledger.others()
+            if others:
+                raise LedgerError(
+                    f"the run in {cfg.state} is not in the release ledger {ledger.path!r}, "
+                    f"which records {len(others)} other run(s) that released steps with "
+                    "the same key and settings: its next steps would draw their noise "
+                    "again over other data (a state edited, or one from another copy of "
+                    "the stream?). Resume the stream with the state its first run kept; "
+                    "if the other releases were never published, --force says so"
+                )
         steps = (
             (t, s.input_mac, s.release_mac)
-            for t, s in ((t, ckpt.step(t)) for t in range(ledger.last_t + 1, last + 1))
+            for t, s in (
+                (t, _step_on_record(cfg, ckpt, t)) for t in range(ledger.last_t + 1, last + 1)
+            )
         )
-        had = ledger.last_t
         ledger.adopt(steps)
         if had:
             _log.warning(

@@ -51,7 +51,7 @@ from ..clock import StepClock
 from ..errors import StateError
 from ..mechanisms.base import check_max_items
 from .kernels import STATE_FLAG, STATE_IDS, state_noise_cols
-from .releases import SparkKnownBase, SparkUnknownBase, update_counts
+from .releases import SparkKnownBase, SparkUnknownBase, spark_domain_tag, update_counts
 
 if TYPE_CHECKING:
     from ..privacy import BudgetCap
@@ -252,15 +252,6 @@ class StreamRelease:
                 "give ledger= too (the key file's KEY-FILE.ledger, which `dpstream run` "
                 "keeps)"
             )
-        self._check_meta()
-        if ledger is not None:
-            self._claim_ledger(os.fspath(ledger), dataset, budget_cap)
-        else:
-            _log.warning(
-                "a stream without ledger=: its cost is counted in no dataset's budget, and "
-                "a second stream of the same key and stream name (with another state) is "
-                "not refused; pass ledger= (the key file's KEY-FILE.ledger)"
-            )
         item_col, count_col = mechanism.item_col, mechanism.count_col
         self.noise_cols = state_noise_cols(mechanism.spec.levels)
         self.state_cols = [*STATE_IDS, *self.noise_cols]
@@ -271,6 +262,32 @@ class StreamRelease:
                     f"column name {name!r} is used by the streaming state; "
                     "choose another item_col / count_col"
                 )
+        if dataset is not None and not isinstance(dataset, str):
+            raise TypeError(f"dataset must be a str, got {type(dataset).__name__}")
+        if (
+            isinstance(mechanism, SparkKnownBase)
+            and domain is not None  # (checked above: KnownBase has one)
+            and spark_domain_tag(domain, item_col) != mechanism.domain_tag
+        ):
+            # review 98: the stream's table is built from this domain, the noise and the
+            # restart check from the mechanism's
+            raise ValueError(
+                "domain= lists other items than the domain the mechanism was built with: "
+                "give start_stream the mechanism's own domain"
+            )
+        # every check that can refuse runs before anything is written (review 98): the
+        # meta of a new state is written once the ledger has taken the stream
+        fresh_meta = self._check_meta()
+        if ledger is not None:
+            self._claim_ledger(os.fspath(ledger), dataset, budget_cap)
+        else:
+            _log.warning(
+                "a stream without ledger=: its cost is counted in no dataset's budget, and "
+                "a second stream of the same key and stream name (with another state) is "
+                "not refused; pass ledger= (the key file's KEY-FILE.ledger)"
+            )
+        if fresh_meta is not None:
+            self.fs.write_text(_join(self.state, _META), fresh_meta)
         self.initial = None
         if domain is not None:  # KnownBase's, and only KnownBase's (checked above)
             self.initial = (
@@ -282,7 +299,9 @@ class StreamRelease:
             )
 
     # -- state on disk ---------------------------------------------------------------
-    def _check_meta(self) -> None:
+    def _check_meta(self) -> str | None:
+        """Refuse a state written with other parameters; the meta to write for a new
+        state (None: the state has one)."""
         params = stream_parameters(self.mechanism)
         meta = _join(self.state, _META)
         fresh = not self.fs.exists(meta)
@@ -310,8 +329,8 @@ class StreamRelease:
                     f"{', '.join(diff)}; resuming would release its steps again "
                     "with other noise"
                 )
-        else:
-            self.fs.write_text(meta, json.dumps(params, sort_keys=True))
+            return None
+        return json.dumps(params, sort_keys=True)
 
     def _claim_ledger(self, path: str, dataset: str | None, cap: BudgetCap | None) -> None:
         """Record the stream's noise scope and its cost in the release ledger at ``path``

@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -287,16 +287,30 @@ class Checkpoint:
             "WHERE t = ?",
             (t,),
         ).fetchone()
-        return (
-            None
-            if row is None
-            else StepRecord(int(row[0]), int(row[1]), row[2], row[3], int(row[4]))
-        )
+        if row is None:
+            return None
+        with self._values("steps"):
+            return StepRecord(int(row[0]), int(row[1]), row[2], row[3], int(row[4]))
 
     def snapshot(self) -> tuple[int, bytes] | None:
         """``(t, data)`` of the mechanism saved after step t, or None."""
         row = self._db.execute("SELECT t, data FROM snapshot WHERE id = 1").fetchone()
-        return None if row is None else (int(row[0]), bytes(row[1]))
+        if row is None:
+            return None
+        with self._values("snapshot"):
+            return int(row[0]), bytes(row[1])
+
+    @contextlib.contextmanager
+    def _values(self, table: str) -> Iterator[None]:
+        """Values read from ``table`` that are not of the kinds dpstream writes (a state
+        edited by hand: text where a number goes): one StateError naming the file."""
+        try:
+            yield
+        except (ValueError, TypeError) as exc:
+            raise StateError(
+                f"state file {self.path!r} holds a value in its {table} that dpstream "
+                f"never writes ({exc}): edited or damaged? refusing to go on"
+            ) from None
 
     def run_id(self) -> str:
         """A random identifier of the recorded run (bound into its snapshots)."""
@@ -306,12 +320,13 @@ class Checkpoint:
     def batches(self) -> list[tuple[int, str, str | None, int, int | None]]:
         """``(n, input, input_mac, first_t, until)`` of every run of the stream, in order
         (``until`` is None for a run that has not finished its steps)."""
-        return [
-            (int(r[0]), r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]))
-            for r in self._db.execute(
-                "SELECT n, input, input_mac, first_t, until FROM batches ORDER BY n"
-            )
-        ]
+        with self._values("batches"):
+            return [
+                (int(r[0]), r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]))
+                for r in self._db.execute(
+                    "SELECT n, input, input_mac, first_t, until FROM batches ORDER BY n"
+                )
+            ]
 
     def verify(
         self,
@@ -337,7 +352,8 @@ class Checkpoint:
             words = list(dict.fromkeys(param_words(k) for k in diff))  # each option once
             if "--horizon" in words:  # --horizon itself, whether given or not
                 words = [w for w in words if w != "--horizon (given or not)"]
-            if diff == ["tau"] and old.get("tau") is not None and new.get("tau") is not None:
+            calibrated = old.get("epsilon") is not None or old.get("rho") is not None
+            if diff == ["tau"] and calibrated and None not in (old.get("tau"), new.get("tau")):
                 # review 96: the same budget options, another noise scale: this dpstream
                 # calibrates them otherwise than the one that began the stream
                 raise StateError(
@@ -534,6 +550,11 @@ class _Transaction:
             self._db.execute("ROLLBACK")
         if isinstance(exc, sqlite3.OperationalError):
             raise _plain_error(exc, self._path) from None
+        if isinstance(exc, sqlite3.Error):  # a constraint or trigger (review 99: edited)
+            raise StateError(
+                f"state file {self._path!r} refused a write ({exc}): is it dpstream's, as "
+                "it wrote it (edited by hand?)"
+            ) from None
         if exc_type is None:  # the COMMIT failed with another error
             raise exc  # type: ignore[misc]
 
