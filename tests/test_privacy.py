@@ -632,6 +632,13 @@ def test_the_gaussian_claim_holds_at_a_large_mu() -> None:
                 assert gaussian_delta(e, mu) >= _mp_gaussian_delta(e, mu), (mu, e)
 
 
+def test_gaussian_epsilon_refuses_a_mu_past_float_arithmetic() -> None:
+    """Review 98: mu past ~1e154 made mu * mu infinite and the bracket's search looped
+    for ever; it is refused in words."""
+    with pytest.raises(ValueError, match="too large for float arithmetic"):
+        gaussian_epsilon(1e-6, 1e160)
+
+
 @pytest.mark.parametrize("epsilon,delta", [(0.01, 1e-15), (0.01, 1e-6), (1.0, 1e-6), (3.0, 1e-9)])
 def test_exact_gaussian_calibration_meets_target_in_high_precision(epsilon, delta):
     mu = mu_for_gaussian(epsilon, delta)

@@ -267,7 +267,9 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
     if _gaussian_delta(0.0, mu) <= delta:
         return 0.0
     hi = max(1.0, mu * mu)
-    while _gaussian_delta(hi, mu) > delta:
+    while not math.isfinite(hi) or _gaussian_delta(hi, mu) > delta:
+        if not math.isfinite(hi):  # (review 98: mu past ~1e154 looped for ever)
+            raise ValueError(f"gaussian_epsilon: mu={mu!r} is too large for float arithmetic")
         hi *= 2.0
     eps = brentq(lambda e: _gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-15, rtol=1e-15)
 
