@@ -201,14 +201,14 @@ def test_known_rejects_what_local_rejects(spark) -> None:
     with pytest.raises(Exception, match="InvalidEventError: an item is not in the domain") as e:
         remote.release(1, outside, domain=domain).collect()
     assert "z" not in str(e.value).split("InvalidEventError")[1][:60]
-    nulls = spark.createDataFrame([("a", None), ("b", 2)], "item string, count long")
-    with pytest.raises(Exception, match="counts must be integers, got a null count"):
-        remote.release(1, nulls, domain=domain).collect()
-    no_item = spark.createDataFrame([(None, 1)], "item string, count long")
-    with pytest.raises(Exception, match="an item is not in the domain .or is null."):
-        remote.release(1, no_item, domain=domain).collect()
     with pytest.raises(ValueError, match="t must be greater"):
         remote.release(1, outside, domain=domain)
+    nulls = spark.createDataFrame([("a", None), ("b", 2)], "item string, count long")
+    with pytest.raises(Exception, match="counts must be integers, got a null count"):
+        remote.release(2, nulls, domain=domain).collect()
+    no_item = spark.createDataFrame([(None, 1)], "item string, count long")
+    with pytest.raises(Exception, match="an item is not in the domain .or is null."):
+        remote.release(3, no_item, domain=domain).collect()
     big = spark.createDataFrame([(2, ["a", "b", "c"])], "t long, items array<string>")
     with pytest.raises(Exception, match="more than max_items=2"):
         SparkKnownBase(spark, 10, max_items=2, key=key, tau=1.0, domain=domain).run(
