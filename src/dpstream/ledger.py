@@ -247,6 +247,7 @@ class ReleaseLedger(BudgetLines):
         self._budget_lines: list[tuple[bytes, int]] = []  # every budget line, and its number
         self._budget_read: tuple[list[Any], int] = ([], 0)  # (see budget_entries)
         self._scoped: dict[str, tuple[bytes, int]] = {}  # run id -> its scope line, number
+        self._other_last: dict[str, int] = {}  # another run's id -> its last step on record
         self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
         self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
         self._prefix = f"{_VERSION} {run_id} ".encode("ascii")
@@ -304,12 +305,30 @@ class ReleaseLedger(BudgetLines):
                         self._scoped.setdefault(
                             fields[2].decode("ascii", "replace"), (raw, self._lines)
                         )
-                elif not raw.startswith(_STEP_LINE):  # review 99: a renamed line hid a cost
-                    raise LedgerError(
+                elif raw.startswith(_STEP_LINE):  # another run's step (that run checks it)
+                    # its form checked, and its last step kept (review 100: a line renamed
+                    # to a step line hid a cost, and another run of the scope's steps
+                    # must not be released again by this one)
+                    fields = raw.split(b" ")
+                    t = (
+                        _step(raw, len(fields[1]) + len(_STEP_LINE) + 1)
+                        if len(fields) == 6
+                        else None
+                    )
+                    if t is None:
+                        raise LedgerError(
+                            f"line {self._lines} of the release ledger {self.path!r} is no "
+                            "ledger line (edited?): refusing to trust the ledger"
+                        )
+                    run = fields[1].decode("ascii", "replace")
+                    if t > self._other_last.get(run, 0):
+                        self._other_last[run] = t
+                elif raw:  # (an empty line hides nothing)
+                    raise LedgerError(  # review 99: a renamed budget line hid a cost
                         f"line {self._lines} of the release ledger {self.path!r} is no "
                         "ledger line (edited?): refusing to trust the ledger"
                     )
-                continue  # another run's line (that run checks it)
+                continue
             t = _step(raw, at)
             if t is None:
                 raise LedgerError(
@@ -370,6 +389,11 @@ class ReleaseLedger(BudgetLines):
             )
         entry = self._entries[t] = LedgerEntry(fields[3].decode(), fields[4].decode())
         return entry
+
+    def others_ahead(self, last: int) -> list[str]:
+        """:meth:`others` that recorded a step after ``last``: their steps this run would
+        release again under the same noise."""
+        return [run for run in self.others() if self._other_last.get(run, 0) > last]
 
     def others(self) -> list[str]:
         """The other runs that released under this run's noise scope (their lines'

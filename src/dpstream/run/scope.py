@@ -140,6 +140,7 @@ def open_ledger(
         _check_dataset(cfg, ledger)
         last = record.last_t if record is not None else 0
         _check_common_step(cfg, ckpt, ledger, last)
+        _check_others_ahead(cfg, ledger, max(last, ledger.last_t))
         _catch_up(cfg, ckpt, ledger, last)
         if last:  # a run released before the ledger kept scopes: its scope, now
             ledger.claim_scope()
@@ -221,6 +222,25 @@ def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: i
                 f"the release ledger {ledger.path!r} records step {common} of the run in "
                 f"{cfg.state} otherwise than the state does: refusing to go on"
             )
+
+
+def _check_others_ahead(cfg: RunConfig, ledger: ReleaseLedger, last: int) -> None:
+    """Refuse to go on past step ``last`` when another run of the same noise scope
+    released steps after it: this run would release them again under the same noise
+    over its own data (review 100: a state given the run id of another run of its scope
+    went on that way). ``--force``: the operator's word that those were never
+    published (a stream begun again with --force says it again until it is past them)."""
+    if cfg.force:
+        return
+    ahead = ledger.others_ahead(last)
+    if ahead:
+        raise LedgerError(
+            f"the release ledger {ledger.path!r} records {len(ahead)} other run(s) of the "
+            f"same key and settings that released steps after step {last}, where the run "
+            f"in {cfg.state} goes on: it would release those steps again under the same "
+            "noise over its own data (a state edited, or a stream begun twice?). If their "
+            "releases were never published, --force says so"
+        )
 
 
 def _step_on_record(cfg: RunConfig, ckpt: Any, t: int) -> Any:

@@ -298,6 +298,8 @@ class Checkpoint:
         if row is None:
             return None
         with self._values("snapshot"):
+            if not isinstance(row[1], bytes):  # (bytes(n) of a number n allocates n bytes)
+                raise TypeError(f"its data is {type(row[1]).__name__}, not bytes")
             return int(row[0]), bytes(row[1])
 
     @contextlib.contextmanager
