@@ -290,44 +290,7 @@ class ReleaseLedger(BudgetLines):
         for raw in complete.split(b"\n")[:-1]:
             self._lines += 1
             if not raw.startswith(prefix):
-                if raw.startswith(BUDGET_LINE):
-                    self._budget_lines.append((raw, self._lines))
-                    # a budget line names its run's scope too (review 99: with the scope
-                    # line deleted, a second stream of the scope went through)
-                    fields = raw.split(b" ")
-                    if scope is not None and len(fields) == 6 and fields[1] == scope:
-                        self._scoped.setdefault(
-                            fields[2].decode("ascii", "replace"), (raw, self._lines)
-                        )
-                elif raw.startswith(_SCOPE):
-                    fields = raw.split(b" ")
-                    if scope is not None and len(fields) == 4 and fields[1] == scope:
-                        self._scoped.setdefault(
-                            fields[2].decode("ascii", "replace"), (raw, self._lines)
-                        )
-                elif raw.startswith(_STEP_LINE):  # another run's step (that run checks it)
-                    # its form checked, and its last step kept (review 100: a line renamed
-                    # to a step line hid a cost, and another run of the scope's steps
-                    # must not be released again by this one)
-                    fields = raw.split(b" ")
-                    t = (
-                        _step(raw, len(fields[1]) + len(_STEP_LINE) + 1)
-                        if len(fields) == 6
-                        else None
-                    )
-                    if t is None:
-                        raise LedgerError(
-                            f"line {self._lines} of the release ledger {self.path!r} is no "
-                            "ledger line (edited?): refusing to trust the ledger"
-                        )
-                    run = fields[1].decode("ascii", "replace")
-                    if t > self._other_last.get(run, 0):
-                        self._other_last[run] = t
-                elif raw:  # (an empty line hides nothing)
-                    raise LedgerError(  # review 99: a renamed budget line hid a cost
-                        f"line {self._lines} of the release ledger {self.path!r} is no "
-                        "ledger line (edited?): refusing to trust the ledger"
-                    )
+                self._other_line(raw, scope)
                 continue
             t = _step(raw, at)
             if t is None:
@@ -347,6 +310,37 @@ class ReleaseLedger(BudgetLines):
         if steps:
             self._check_steps()
         return size
+
+    def _other_line(self, raw: bytes, scope: bytes | None) -> None:
+        """Take in a line that is not one of this run's steps (the caller has counted it).
+
+        A budget line (kept for :meth:`budget_entries`) and a scope line each name
+        their run's scope (review 99: with the scope line deleted, a second stream of
+        the scope went through). Another run's step line has its form checked and its
+        step kept (review 100: a line renamed to a step line hid a cost, and another
+        run of the scope's steps must not be released again by this one); that run
+        checks its tag. An empty line hides nothing; a line of any other kind is
+        refused (review 99: a renamed budget line hid a cost)."""
+        if not raw:
+            return
+        fields = raw.split(b" ")
+        if raw.startswith(BUDGET_LINE) or raw.startswith(_SCOPE):
+            budget = raw.startswith(BUDGET_LINE)
+            if budget:
+                self._budget_lines.append((raw, self._lines))
+            if scope is not None and len(fields) == (6 if budget else 4) and fields[1] == scope:
+                self._scoped.setdefault(fields[2].decode("ascii", "replace"), (raw, self._lines))
+            return
+        t = None
+        if raw.startswith(_STEP_LINE) and len(fields) == 6:
+            t = _step(raw, len(_STEP_LINE) + len(fields[1]) + 1)
+        if t is None:
+            raise LedgerError(
+                f"line {self._lines} of the release ledger {self.path!r} is no ledger line "
+                "(edited?): refusing to trust the ledger"
+            )
+        run = fields[1].decode("ascii", "replace")
+        self._other_last[run] = max(t, self._other_last.get(run, 0))
 
     def _check_steps(self) -> None:
         """The run's lines must hold its steps 1..L, each once, the last one written with

@@ -270,6 +270,15 @@ class NoiseKey:
         return (NoiseKey, (self._secret,))
 
 
+def _refuse_flag_or_duration(item: object) -> None:
+    """Refuse a bool (``1 == True`` would make two items one) and a NumPy duration (a
+    NumPy integer subclass: a duration, not an id), which the int rule would take."""
+    if isinstance(item, (bool, np.bool_)):
+        raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
+    if isinstance(item, np.timedelta64):
+        raise TypeError(f"items must be str, int or bytes, got {item!r} (a duration)")
+
+
 def canonical_item(item: object) -> str | int | bytes:
     """The item as the plain Python value dpstream releases it as.
 
@@ -277,10 +286,7 @@ def canonical_item(item: object) -> str | int | bytes:
     which representation arrived first); bools, floats and anything else are
     refused with ``TypeError``, by the same rule as :func:`encode_item`.
     """
-    if isinstance(item, (bool, np.bool_)):
-        raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
-    if isinstance(item, np.timedelta64):  # (a NumPy integer subclass: a duration, not an id)
-        raise TypeError(f"items must be str, int or bytes, got {item!r} (a duration)")
+    _refuse_flag_or_duration(item)
     if isinstance(item, str):
         return str(item)
     if isinstance(item, (int, np.integer)):
@@ -300,10 +306,7 @@ def encode_item(item: object) -> bytes:
     """
     if type(item) is str:  # the common case first, without the isinstance chain
         return b"s" + item.encode("utf-8", "surrogatepass")
-    if isinstance(item, (bool, np.bool_)):
-        raise TypeError(f"items must be str, int or bytes, got {item!r} (bool)")
-    if isinstance(item, np.timedelta64):  # (a NumPy integer subclass: a duration, not an id)
-        raise TypeError(f"items must be str, int or bytes, got {item!r} (a duration)")
+    _refuse_flag_or_duration(item)
     if isinstance(item, str):
         return b"s" + item.encode("utf-8", "surrogatepass")
     if isinstance(item, (int, np.integer)):

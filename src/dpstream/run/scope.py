@@ -140,7 +140,7 @@ def open_ledger(
         _check_dataset(cfg, ledger)
         last = record.last_t if record is not None else 0
         _check_common_step(cfg, ckpt, ledger, last)
-        _check_others_ahead(cfg, ledger, max(last, ledger.last_t))
+        _check_other_runs(cfg, ledger, last)
         _catch_up(cfg, ckpt, ledger, last)
         if last:  # a run released before the ledger kept scopes: its scope, now
             ledger.claim_scope()
@@ -224,22 +224,39 @@ def _check_common_step(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: i
             )
 
 
-def _check_others_ahead(cfg: RunConfig, ledger: ReleaseLedger, last: int) -> None:
-    """Refuse to go on past step ``last`` when another run of the same noise scope
-    released steps after it: this run would release them again under the same noise
-    over its own data (review 100: a state given the run id of another run of its scope
-    went on that way). ``--force``: the operator's word that those were never
-    published (a stream begun again with --force says it again until it is past them)."""
+def _check_other_runs(cfg: RunConfig, ledger: ReleaseLedger, last: int) -> None:
+    """Refuse a state (its last step ``last``) whose next steps another run of the same
+    noise scope would have drawn the same noise for (``--force``: the operator's word
+    that the other's releases were never published; a stream begun again with --force
+    says it again until it is past them):
+
+    * another run released steps after the one this run goes on from (review 100: a
+      state given the run id of another run of its scope went on that way);
+    * the ledger holds none of the state's steps while another run released under its
+      scope (review 99: the state's run id is not sealed, so an edited or swapped state
+      is that run's stream under another id, or a second stream of the scope)."""
     if cfg.force:
         return
-    ahead = ledger.others_ahead(last)
+    goes_on = max(last, ledger.last_t)  # the step this run goes on from
+    ahead = ledger.others_ahead(goes_on)
     if ahead:
         raise LedgerError(
             f"the release ledger {ledger.path!r} records {len(ahead)} other run(s) of the "
-            f"same key and settings that released steps after step {last}, where the run "
-            f"in {cfg.state} goes on: it would release those steps again under the same "
-            "noise over its own data (a state edited, or a stream begun twice?). If their "
-            "releases were never published, --force says so"
+            f"same key and settings that released steps after step {goes_on}, where the "
+            f"run in {cfg.state} goes on: it would "
+            "release those steps again under the same noise over its own data (a state "
+            "edited, or a stream begun twice?). If their releases were never published, "
+            "--force says so"
+        )
+    others = ledger.others() if last and not ledger.last_t else []
+    if others:
+        raise LedgerError(
+            f"the run in {cfg.state} is not in the release ledger {ledger.path!r}, which "
+            f"records {len(others)} other run(s) that released steps with the same key "
+            "and settings: its next steps would draw their noise again over other data (a "
+            "state edited, or one from another copy of the stream?). Resume the stream "
+            "with the state its first run kept; if the other releases were never "
+            "published, --force says so"
         )
 
 
@@ -259,23 +276,6 @@ def _catch_up(cfg: RunConfig, ckpt: Any, ledger: ReleaseLedger, last: int) -> No
     is behind it."""
     if ledger.last_t < last:
         had = ledger.last_t
-        if not had and not cfg.force:
-            # Review 99: a state the ledger holds no step of, whose noise scope another
-            # run released under, is that run's stream under another run id (the state's
-            # run id is not sealed: an edited or swapped state) or a second stream of the
-            # scope: its next steps would be released again under the same noise, from
-            # other data. Refused as a new run of that scope is (--force: the operator's
-            # word that the other's releases were never published).
-            others = ledger.others()
-            if others:
-                raise LedgerError(
-                    f"the run in {cfg.state} is not in the release ledger {ledger.path!r}, "
-                    f"which records {len(others)} other run(s) that released steps with "
-                    "the same key and settings: its next steps would draw their noise "
-                    "again over other data (a state edited, or one from another copy of "
-                    "the stream?). Resume the stream with the state its first run kept; "
-                    "if the other releases were never published, --force says so"
-                )
         steps = (
             (t, s.input_mac, s.release_mac)
             for t, s in (
