@@ -67,7 +67,9 @@ operator's statement that the earlier release was never published. A state
 whose recorded run released no step yet may carry a run id the ledger holds
 with its first step (a kill between the ledger and the state): that run is
 let through (:attr:`ReleaseLedger.allow`), not one with later steps (a state
-restored from a backup).
+restored from a backup). So are the runs the state recorded and replaced
+before it, none with a step on record (two kills in a row at the first step;
+:meth:`dpstream.state.Checkpoint.replaced_runs`).
 
 What it cannot see
 ------------------
@@ -388,6 +390,10 @@ class ReleaseLedger(BudgetLines):
         """:meth:`others` that recorded a step after ``last``: their steps this run would
         release again under the same noise."""
         return [run for run in self.others() if self._other_last.get(run, 0) > last]
+
+    def other_last(self, run_id: str) -> int:
+        """The last step another run ``run_id`` has on record (0: none)."""
+        return self._other_last.get(run_id, 0)
 
     def others(self) -> list[str]:
         """The other runs that released under this run's noise scope (their lines'

@@ -147,7 +147,7 @@ class _Opened:
     ckpt: Checkpoint | None = None
     ledger: ReleaseLedger | None = None
     new_run: dict[str, str] | None = None
-    allow: frozenset[str] = frozenset()  # a run id a kill left in the state
+    allow: frozenset[str] = frozenset()  # run ids kills left in the state
     resume: Resume | None = None
     go_on: GoOn | None = None
     done: bool = False  # nothing to do: every step asked for is released already
@@ -396,7 +396,13 @@ def _open_state(
     if opened.new_run is not None:  # its ledger is opened once the run is recorded
         try:
             first, opened.allow = new_run_scope(
-                cfg, key, built.scope, own=ckpt.run_id(), budget=built.spend, cap=built.cap
+                cfg,
+                key,
+                built.scope,
+                own=ckpt.run_id(),
+                replaced=ckpt.replaced_runs(),
+                budget=built.spend,
+                cap=built.cap,
             )
         except LedgerError:
             _forget_new_state(cfg, ckpt, state_existed)

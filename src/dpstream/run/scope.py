@@ -53,6 +53,7 @@ def new_run_scope(
     scope: str,
     own: str,
     *,
+    replaced: Iterable[str] = (),
     budget: DatasetSpend | None = None,
     cap: BudgetCap | None = None,
 ) -> tuple[ReleaseLedger, frozenset[str]]:
@@ -60,9 +61,13 @@ def new_run_scope(
     (:class:`LedgerError`, before anything is written) when another run released steps
     under the same noise scope; with ``--force``, warn and go on.
 
-    ``own``: the run id a state left with no step on record (``""``: none). The ledger may
-    hold its scope and its first step (a kill between the ledger and the state): it is let
-    through, and returned to be allowed when the scope line of the new run is appended.
+    ``own``: the run id a state left with no step on record (``""``: none);
+    ``replaced``: the run ids the state recorded before it and replaced, none with a
+    step on record (:meth:`~dpstream.state.Checkpoint.replaced_runs`). The ledger may
+    hold the scope and the first step of each (a kill between the ledger and the state,
+    once or several times in a row): they are let through, and returned to be allowed
+    when the scope line of the new run is appended; one with later steps on record is
+    not (the state forgot steps it released: a backup, not a kill).
     Returns the ledger (open under ``own`` or a fresh run id) and the run ids allowed.
     ``budget`` and ``cap``: the run's cost on its dataset and the dataset's cap; a run the
     cap does not allow is refused here (:class:`BudgetCapError`), before anything.
@@ -82,13 +87,15 @@ def new_run_scope(
         problem = ledger.budget_problem()
         if problem is not None:
             raise BudgetCapError(problem)
-        others = ledger.others()
-        allow: frozenset[str] = frozenset()
-        if own and ledger.in_scope(own):
-            if ledger.last_t > 1:  # the state forgot steps it released: not a kill
-                others.append(own)
-            else:
-                allow = frozenset([own])
+        kept = [run for run in (own, *replaced) if run and ledger.in_scope(run)]
+        allow = frozenset(
+            run
+            for run in kept
+            if (ledger.last_t if run == ledger.run_id else ledger.other_last(run)) <= 1
+        )
+        others = [run for run in ledger.others() if run not in allow]
+        if own in kept and own not in allow:  # the state forgot steps it released
+            others.append(own)
         if others and not cfg.force:
             raise LedgerError(scope_refusal(ledger.path, len(others), spark=cfg.engine == "spark"))
         if others:

@@ -40,7 +40,11 @@ leaves one of them, and the same command again finishes it:
 1. *Nothing on record* (killed before ``begin_batch`` commits; the metadata
    sidecar is replaced atomically, with the same bytes): the run starts anew.
 2. *Batch open, none of its steps on record*: it wrote nothing, so the next
-   run drops the open batch and starts anew, with any input.
+   run drops the open batch and starts anew, with any input. A first batch's
+   run is then replaced by a new one (a new run id); the state keeps the ids
+   it replaced (its ``replaced`` table), since the release ledger may hold
+   their scope and first step, recorded before the kill, and a run of the
+   state may share them.
 3. *Batch open, its steps first..k on record* (k <= ``--until``; step k's
    release maybe missing, partial or whole): the batch is finished only with
    the same input (its digest is on record), replayed from the snapshot

@@ -59,6 +59,9 @@ CREATE TABLE IF NOT EXISTS snapshot (
     t INTEGER NOT NULL,
     data BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS replaced (
+    run_id TEXT PRIMARY KEY
+);
 CREATE TABLE IF NOT EXISTS batches (
     n INTEGER PRIMARY KEY,
     input TEXT NOT NULL,
@@ -319,6 +322,15 @@ class Checkpoint:
         row = self._db.execute("SELECT run_id FROM run WHERE id = 1").fetchone()
         return "" if row is None else str(row[0])
 
+    def replaced_runs(self) -> list[str]:
+        """The run ids of the runs this state recorded and replaced before any of them had
+        a step on record (:meth:`start` with ``replace``): each may have recorded its
+        scope and first step in the release ledger before a kill, so a later run of the
+        state may share them (two kills at the first step in a row left the second's run
+        id in the state and the first's in the ledger, and the stream was refused)."""
+        with self._values("replaced"):
+            return [str(r[0]) for r in self._db.execute("SELECT run_id FROM replaced")]
+
     def batches(self) -> list[tuple[int, str, str | None, int, int | None]]:
         """``(n, input, input_mac, first_t, until)`` of every run of the stream, in order
         (``until`` is None for a run that has not finished its steps)."""
@@ -390,7 +402,7 @@ class Checkpoint:
             replace: replace a recorded run that has no step on record (it
                 wrote nothing: a step is recorded before its release is
                 written). A run with a step on record is never replaced
-                (:class:`StateError`).
+                (:class:`StateError`). Its run id is kept (:meth:`replaced_runs`).
         """
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self._transaction():
@@ -401,6 +413,9 @@ class Checkpoint:
                         f"state file {self.path!r} records {committed} released "
                         "steps: its run cannot be replaced"
                     )
+                old = self._db.execute("SELECT run_id FROM run WHERE id = 1").fetchone()
+                if old is not None and old[0]:  # the ledger may hold its first step
+                    self._db.execute("INSERT OR IGNORE INTO replaced VALUES (?)", (old[0],))
                 self._db.execute("DELETE FROM run")
                 self._db.execute("DELETE FROM batches WHERE until IS NULL")  # it wrote nothing
             self._db.execute(
