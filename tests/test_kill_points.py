@@ -14,11 +14,16 @@ command run first instead must change nothing and say what to give.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hmac
 import json
 import os
 import shutil
 import signal
 import sqlite3
+import subprocess
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -454,3 +459,96 @@ def test_a_first_batch_killed_twice_at_its_first_step_resumes(tmp_path, capsys):
         shutil.rmtree(once)
     assert tried >= 4, tried  # the kills this test is about happened
     assert not stuck, f"{len(stuck)} of {tried}: {stuck}"
+
+
+@contextlib.contextmanager
+def _append_only(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``path`` made append-only (``chattr +a``, which docs/operations.md suggests for the
+    ledger: ``ftruncate`` then fails with EPERM) while the block runs. Where chattr is
+    not allowed (not root, a file system without the attribute), ``os.ftruncate`` of
+    that file fails as it would, in this process (the forked kills write only by
+    appending, as every run does)."""
+    made = subprocess.run(["chattr", "+a", str(path)], capture_output=True).returncode == 0
+    if not made:
+        real = os.ftruncate
+
+        def refuse(fd: int, length: int) -> None:
+            if os.path.samefile(f"/proc/self/fd/{fd}", path):
+                raise PermissionError(errno.EPERM, "Operation not permitted")
+            real(fd, length)
+
+        monkeypatch.setattr(os, "ftruncate", refuse)
+    try:
+        yield
+    finally:
+        if made:
+            subprocess.run(["chattr", "-a", str(path)], check=True)
+        monkeypatch.undo()
+
+
+def test_a_torn_ledger_line_on_an_append_only_ledger_is_closed_not_cut(tmp_path, monkeypatch):
+    """Batch 2 killed in the middle of each of its writes (torn), the ledger then made
+    append-only (so the torn line cannot be cut off), and the same command run again,
+    killed once more in the middle of each of its writes: then a plain run must finish
+    the batch to the reference's output and state, and batch 3 too. The torn line is
+    closed with a tag under the key and read past; it used to make every later append
+    fail ("cannot append ... Operation not permitted"), the stream stopped for good."""
+    stream = Stream(tmp_path, "unknown")
+    refs: dict[int, dict] = {}
+    for b in range(1, BATCHES + 1):
+        if b == 2:
+            start = stream.save("start")
+        assert main(stream.cmd(b)) == 0
+        refs[b] = stream.outcome()
+    ledger = stream.dir / "ledger"
+    torn_lines, stuck = 0, []
+    n1 = 0
+    while True:
+        n1 += 1
+        stream.restore(start)
+        if _run_killed(stream.cmd(2), f"torn:{n1}") is not None:
+            break
+        if ledger.read_bytes().endswith(b"\n"):
+            continue  # another file was torn
+        torn_lines += 1
+        once = stream.save(f"once-{n1}")
+        for n2 in range(0, 8):
+            stream.restore(once)
+            with _append_only(ledger, monkeypatch):
+                if n2 and _run_killed(stream.cmd(2), f"torn:{n2}") is not None:
+                    break
+                ok = [main(stream.cmd(b)) == 0 for b in (2, 3)]
+                text = ledger.read_bytes()
+            got = {k: v for k, v in stream.outcome().items() if k != "ledger"}
+            want = {k: v for k, v in refs[3].items() if k != "ledger"}
+            if not all(ok) or got != want:
+                stuck.append(f"torn:{n1}, then torn:{n2}: {ok}")
+            elif text.count(b"\0") < 1:
+                stuck.append(f"torn:{n1}, then torn:{n2}: the torn line is not closed")
+        shutil.rmtree(once)
+    assert torn_lines >= STEPS, torn_lines  # one append a step, each torn in turn
+    assert not stuck, stuck
+
+
+def test_a_line_with_a_nul_byte_is_refused_unless_closed_with_the_key(tmp_path, capsys):
+    """A line hidden behind a NUL byte (an edit that would make the ledger read past a
+    budget or step line) is refused, and nothing is written; only a closing tag under
+    the key reads past a line."""
+    stream = Stream(tmp_path, "unknown")
+    assert main(stream.cmd(1)) == 0
+    before = stream.outcome()
+    ledger = stream.dir / "ledger"
+    lines = ledger.read_bytes().split(b"\n")
+    assert lines[1].startswith(b"B1 ")
+    other = fixed_key("another key").derive("release-ledger/v1")
+    seals = (b"0" * 32, b"", hmac.digest(other, b"torn line\0" + lines[1], "sha256").hex()[:32])
+    for seal in seals:
+        edited = [*lines]
+        edited[1] += b"\0" + (seal if isinstance(seal, bytes) else seal.encode())
+        ledger.write_bytes(b"\n".join(edited))
+        capsys.readouterr()
+        assert main(stream.cmd(2)) == 1
+        assert "line 2 of the release ledger" in capsys.readouterr().err
+        assert {k: v for k, v in stream.outcome().items() if k != "ledger"} == {
+            k: v for k, v in before.items() if k != "ledger"
+        }

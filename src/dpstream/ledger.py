@@ -46,7 +46,10 @@ append at the same time (each append is one ``write`` under an exclusive
 hold its steps 1..L, each once, so a line removed from the middle is seen.
 A last line without its line feed (a kill or a power loss in the middle of
 an append) is ignored and cut off at the next append: its step was not
-recorded in the state yet, so nothing of it was written.
+recorded in the state yet, so nothing of it was written. A ledger that cannot
+be cut (an append-only file, ``chattr +a``, as docs/operations.md suggests)
+gets the torn line closed instead, with a tag under the key after a NUL byte
+(:data:`_TORN`): a line read past, which no one without the key can write.
 
 The noise scope
 ---------------
@@ -85,6 +88,7 @@ rolled back (see docs/operations.md).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
 import warnings
@@ -118,6 +122,7 @@ _VERSION = "L1"
 _SCOPE = b"S1 "  # the line naming a run's noise scope
 _STEP_LINE = f"{_VERSION} ".encode("ascii")  # a step of a run
 _CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
+_TORN = b"torn line\0"  # what a torn line's closing tag is over (before the line)
 
 
 class LedgerEntry(NamedTuple):
@@ -289,8 +294,12 @@ class ReleaseLedger(BudgetLines):
         at = len(prefix)
         scope = self._scope
         steps = 0  # the run's lines read now
+        closed = b"\0" in complete  # a torn line closed on an append-only ledger
         for raw in complete.split(b"\n")[:-1]:
             self._lines += 1
+            if closed and b"\0" in raw:
+                self._check_closed(raw)
+                continue
             if not raw.startswith(prefix):
                 self._other_line(raw, scope)
                 continue
@@ -312,6 +321,31 @@ class ReleaseLedger(BudgetLines):
         if steps:
             self._check_steps()
         return size
+
+    def _check_closed(self, raw: bytes) -> None:
+        """A line with a NUL byte must be a torn line closed by :meth:`_close_torn` (its
+        tag under the key after the last NUL); it is then read past: its step was never
+        recorded. Any other is refused (a line hidden by an edit)."""
+        body, _, tag = raw.rpartition(b"\0")
+        if not hmac.compare_digest(self._tag(_TORN + body), tag):
+            raise LedgerError(
+                f"line {self._lines} of the release ledger {self.path!r} is no ledger line "
+                "(edited?): refusing to trust the ledger"
+            )
+
+    def _close_torn(self, size: int) -> bytes:
+        """Cut off the torn last line (bytes ``self._size..size``; the caller holds the
+        lock); on a file that cannot be cut (append-only: ``chattr +a``), the bytes that
+        close it instead, to be written before the next lines: a NUL and its tag. A kill
+        in that write leaves a longer torn line, closed whole the next time."""
+        try:
+            os.ftruncate(self._fd, self._size)
+            return b""
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EACCES):
+                raise
+        torn = read_range(self._fd, self._size, size)
+        return b"\0" + self._tag(_TORN + torn) + b"\n"
 
     def _other_line(self, raw: bytes, scope: bytes | None) -> None:
         """Take in a line that is not one of this run's steps (the caller has counted it).
@@ -503,11 +537,15 @@ class ReleaseLedger(BudgetLines):
                     )
                     lines.append(b"%s %s" % (body, self._tag(body)))
                 data = b"\n".join(lines) + b"\n"
+                closing = b""
                 if size > self._size:  # a torn append (a kill in the middle of its write)
-                    os.ftruncate(self._fd, self._size)
-                _append(self._fd, data)
+                    closing = self._close_torn(size)
+                _append(self._fd, closing + data)
                 if self._fsync:
                     os.fsync(self._fd)
+                if closing:  # the torn line, closed: one line more, read past
+                    self._size = size + len(closing)
+                    self._lines += 1
                 self._size += len(data)
                 if new_scope:
                     self._lines += 1

@@ -95,7 +95,8 @@ def open_ledger_file(path: str, *, fsync: bool) -> int:
             f"`chmod 600 {path}`"
         )
     head = os.pread(fd, 3, 0)
-    if head and not any(k.startswith(head) or head.startswith(k) for k in LINE_KINDS):
+    first = head.split(b"\0")[0]  # (a torn first line closed on an append-only ledger)
+    if head and not (first and any(k.startswith(first) or first.startswith(k) for k in LINE_KINDS)):
         os.close(fd)
         raise LedgerError(
             f"{path!r} is not a release ledger (its first line is no ledger line): it may "
