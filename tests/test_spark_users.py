@@ -84,6 +84,40 @@ def test_spark_bounder_keeps_what_the_local_bounder_keeps(spark, events, l0, lin
     assert len(want) < sum(len(e[3]) for e in events)  # the bounds did drop something
 
 
+@pytest.mark.parametrize("l0,linf", [(2, 1), (3, 2)])
+def test_spark_bounder_breaks_ties_of_the_order_column_by_the_events_items(spark, events, l0, linf):
+    """A library caller's order column that ties (here: every event of a step has order 0)
+    leaves which of a user's tied events came first to the shuffle. It must not: the
+    kept contributions are those of the local bounder over the events in the order
+    (t, order, Spark's xxhash64 of the event's distinct items), whatever the input's
+    order and partitions (so a release run again keeps the same contributions)."""
+    heavy = [(T + 1, 0, "u0", [w, WORDS[(i + 5) % len(WORDS)]]) for i, w in enumerate(WORDS)]
+    tied = [(t, 0, u, items) for t, _, u, items in events] + heavy  # a step of one user
+    df = spark.createDataFrame(tied, "t long, pos long, user string, items array<string>")
+    tie = {
+        tuple(r["items"]): r["h"]
+        for r in df.select("items", F.xxhash64(F.array_distinct("items")).alias("h")).collect()
+    }
+    ordered = sorted(tied, key=lambda e: (e[0], tie[tuple(e[3])]))
+    bounds = UserBounds(l0, linf)
+    local = dps.bounding.ContributionBounder(bounds)
+    kept, _ = local.bound([(u.encode(), items) for _, _, u, items in ordered])
+    want = sorted((t, item) for (t, _, _, _), k in zip(ordered, kept, strict=True) for item in k)
+    rng = np.random.default_rng(7)  # the input's order (test data)
+    for _ in range(3):
+        shuffled = [tied[i] for i in rng.permutation(len(tied))]
+        frame = spark.createDataFrame(
+            shuffled, "t long, pos long, user string, items array<string>"
+        )
+        got = bound_user_contributions(
+            frame.repartition(3, F.rand(seed=int(rng.integers(100)))),
+            bounds,
+            user_col="user",
+            order_col="pos",
+        ).collect()
+        assert sorted((r["t"], r["item"]) for r in got) == want
+
+
 def _local_releases(mech, events):
     by_t: dict[int, list] = {}
     for t, _, u, items in events:

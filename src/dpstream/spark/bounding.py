@@ -18,7 +18,13 @@ it without a sequential scan, wherever a user's events are partitioned:
 The order is (time step, ``order_col``, position): with ``order_col`` the
 event's line in the input (``dpstream run``), it is exactly the local engine's
 arrival order, so both engines keep the same contributions and release the
-same bits (``tests/test_spark_users.py``).
+same bits (``tests/test_spark_users.py``). Events of one user that tie on
+(step, ``order_col``) (a library caller's column that is not distinct per
+event, or nulls) are ordered by a hash of their items (Spark's ``xxhash64``),
+then by item: the same whichever partitions hold them and however often a
+stage runs again. Without it, which of the tied events came first was the
+order in which a shuffle's blocks arrived, so running the same release again
+could keep other contributions under the same keyed noise.
 """
 
 from __future__ import annotations
@@ -68,9 +74,10 @@ def bound_user_contributions(
         checked.alias("_user"),
         literal_col(t_col).cast("long").alias("_t"),
         literal_col(order_col).cast("long").alias("_order"),
+        F.xxhash64(F.array_distinct(literal_col(items_col))).alias("_tie"),
         F.posexplode(F.array_distinct(literal_col(items_col))).alias("_pos", "_item"),
     )
-    order = [F.col("_t"), F.col("_order"), F.col("_pos")]
+    order = [F.col("_t"), F.col("_order"), F.col("_tie"), F.col("_pos"), F.col("_item")]
     occ = Window.partitionBy("_user", "_item").orderBy(*order)
     ranked = exploded.withColumn("_occurrence", F.row_number().over(occ))
     firsts = ranked.where(F.col("_occurrence") == 1)
