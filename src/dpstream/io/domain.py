@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 from .records import guard_lines, open_input, parse_items, shorten, valid_text
@@ -39,7 +40,38 @@ def read_domain(path: str) -> list[str]:
             ) from None
         return domain_list(values, f"domain file {path!r}")
     domain = [line.strip() for line in text.splitlines() if line.strip()]
+    _refuse_other_files(domain, path)
     return _checked(domain, f"domain file {path!r}")
+
+
+#: A noise key file's one line (``dpstream keygen``): 64 hexadecimal characters.
+_KEY_LINE = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _refuse_other_files(domain: list[str], path: str) -> None:
+    """Refuse a file of lines that is plainly not a domain, before a release names its
+    lines as items (every release of a known domain names each item): a noise key
+    file (its one line of 64 hex characters: a release would publish the key, and the
+    noise of every stream under it), or a file of JSON objects (the input's events,
+    with their user ids). A domain of one such item is given as a JSON array."""
+    if len(domain) == 1 and _KEY_LINE.fullmatch(domain[0]):
+        raise ValueError(
+            f"domain file {path!r} holds one line of 64 hexadecimal characters: a noise "
+            "key file (dpstream keygen writes them), not a domain; a release would publish "
+            'it. Give the file of the items to release (a domain of that one item: ["..."])'
+        )
+    for n, line in enumerate(domain[:100], start=1):
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                raise ValueError(
+                    f"domain file {path!r}: its line {n} is a JSON object (an event "
+                    "record: is it the input?), not an item; a release would publish its "
+                    "lines. Give the file of the items to release, one a line"
+                )
 
 
 def domain_list(values: object, where: str) -> list[str]:

@@ -214,9 +214,12 @@ def check_key(key: object) -> NoiseKey:
     return key
 
 
-def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
-    """A known domain as a list of distinct items and its item -> position index."""
-    items = domain_items(domain)
+def check_domain(
+    domain: object, key: NoiseKey | None = None
+) -> tuple[list[Hashable], dict[Hashable, int]]:
+    """A known domain as a list of distinct items and its item -> position index (with
+    ``key``: refused when it names the key, see :func:`domain_items`)."""
+    items = domain_items(domain, key)
     index = {item: i for i, item in enumerate(items)}
     if len(index) != len(items):
         raise ValueError("domain items must be distinct")
@@ -227,9 +230,14 @@ def check_domain(domain: object) -> tuple[list[Hashable], dict[Hashable, int]]:
 _CANONICAL_TYPES = frozenset({str, int, bytes})
 
 
-def domain_items(domain: object) -> list[Hashable]:
+def domain_items(domain: object, key: NoiseKey | None = None) -> list[Hashable]:
     """A known domain's items, canonical, in order (not checked for distinctness:
-    :func:`check_domain` or :func:`~dpstream.mechanisms.item_table.domain_table` does)."""
+    :func:`check_domain` or :func:`~dpstream.mechanisms.item_table.domain_table` does).
+
+    With ``key`` (the mechanism's noise key), a domain that holds the key as an item
+    (its hex text, as a key file holds it, or its bytes) is refused: every release
+    names every item of a known domain, so it would publish the key, and with it the
+    noise of every stream under that key (a key file given as ``--domain``)."""
     if isinstance(domain, (str, bytes)):
         raise TypeError("domain must be a collection of items, not a single string")
     if not isinstance(domain, Iterable):
@@ -244,7 +252,21 @@ def domain_items(domain: object) -> list[Hashable]:
         raise TypeError(f"domain: {exc}") from None
     if not items:
         raise ValueError("domain must hold at least one item")
+    if key is not None:
+        _refuse_key_item(items, key)
     return items
+
+
+def _refuse_key_item(items: list[Hashable], key: NoiseKey) -> None:
+    """Refuse a domain that names the noise key (see :func:`domain_items`)."""
+    secret = key.to_bytes()
+    forms = {secret.hex(), secret.hex().upper(), secret}  # (keygen writes lower case)
+    if not forms.isdisjoint(items):  # (one pass in C: a domain of 10^6 items, ~20 ms)
+        raise ValueError(
+            "the domain holds the noise key itself as an item (is --domain the key "
+            "file?): every release names each item of a known domain, so it would "
+            "publish the key; give the file of the items to release"
+        )
 
 
 def check_in_domain(items: Iterable[Hashable], index: Container[Hashable]) -> None:

@@ -243,7 +243,7 @@ class UnknownTopK:
     ) -> None:
         from .unknown import UnknownDomainHistogram
 
-        self._index = domain_table(domain_items(domain))
+        self._index = domain_table(domain_items(domain, key))
         d = len(self._index)
         self.k = check_top_k(k, d)
         self.histogram = UnknownDomainHistogram(horizon, max_items=max_items, key=key, **histogram)

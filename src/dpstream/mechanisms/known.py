@@ -318,7 +318,7 @@ class KnownDomainHistogram(CounterStd):
             max_items=self.max_items,
             user_level=self.user_bounds is not None,
         )
-        items = domain_items(domain)
+        items = domain_items(domain, key)
         # the domain, numbered in release order: a compact table of str items (or a
         # list and a dict for other types), which finds a step's positions at once
         self._index = domain_table(items)

@@ -238,7 +238,7 @@ class MetaHistogram:
         if known:
             if domain is None:
                 raise ValueError(f"oneshot={oneshot!r} needs domain= (the known domain)")
-            items = domain_items(domain)
+            items = domain_items(domain, key)
             # the domain in a compact table, and every release's items one read-only
             # sequence (see release_items)
             self._index = domain_table(items)

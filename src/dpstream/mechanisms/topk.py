@@ -467,7 +467,7 @@ class ContinualTopK:
         self.user_bounds = resolve_user_bounds(max_items_per_user, max_count_per_item)
         self.stream = check_stream_name(stream)
         check_key(key)
-        items = domain_items(domain)
+        items = domain_items(domain, key)
         # the domain, numbered in its order: a compact table of str items (or a list
         # and a dict for other types), which finds a step's positions all at once
         self._index = domain_table(items)

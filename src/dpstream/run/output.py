@@ -272,7 +272,27 @@ def check_paths(cfg: RunConfig) -> None:
                 raise ValueError(
                     f"{name} {path!r} is the same file as {other_name} {other!r}: {why}"
                 )
+    _refuse_domain_of_another_role(cfg, others)
     refuse_other_kind(cfg)  # (after: this run's own key or state is named as such)
+
+
+def _refuse_domain_of_another_role(cfg: RunConfig, reads: FileList) -> None:
+    """Refuse a ``--domain`` that is the key or the input: every release of a known
+    domain names each of its lines as an item, so it would publish the key (and the
+    noise of every stream under it) or the input's records. (The state and the ledger,
+    which a run writes, no file it reads may be: :func:`check_paths`.)"""
+    domain = cfg.domain
+    if not isinstance(domain, str) or domain == "-" or not os.path.exists(domain):
+        return
+    for name, path in reads:
+        if name in ("--domain", "--config") or path is None or path == "-":
+            continue
+        if os.path.exists(path) and same_file(domain, path):
+            raise ValueError(
+                f"--domain {domain!r} is the same file as {name} {path!r}: a release "
+                "names every item of the domain, so it would publish that file's lines; "
+                "give the file of the items to release"
+            )
 
 
 def closing_quietly_on_error(fh: IO[bytes]) -> Any:

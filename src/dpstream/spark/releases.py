@@ -548,7 +548,7 @@ class SparkKnownBase(_SparkRelease):
         if isinstance(domain, DataFrame):
             self.domain_tag = spark_domain_tag(domain, item_col)
         else:
-            self.domain_tag = domain_tag(check_domain(domain)[0])
+            self.domain_tag = domain_tag(check_domain(domain, key)[0])
         if m.strategy is None:
             cell_std = float(np.sqrt(m.levels) * m.tau)
             m.tree_purpose = tree_purpose(

@@ -1,0 +1,90 @@
+"""A known domain that is the key, the input, the state or the ledger is refused.
+
+Every release of a known domain names each of its items, so a ``--domain`` given the
+key file (a slip of one option) published the key, and with it the noise of every
+stream under it, in every release line (review 102: exit 0, not a word on stderr,
+with ``--on-invalid truncate`` or an empty input); given the input, it published the
+raw records. These are refused before any file is written: by path, by the
+content of a file of lines (one line of 64 hex characters; JSON objects), and, in
+every known-domain mechanism, a domain that holds the mechanism's own key.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import dpstream as dps
+from dpstream.cli import main
+from dpstream.mechanisms.histogram_topk import HistogramTopK
+
+from .conftest import fixed_key
+
+BASE = ["run", "-q", "-m", "known", "-T", "4", "--max-items", "2", "--rho", "1", "--no-fsync"]
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fixed_key("domain-roles").save(tmp_path / "k.key")
+    fixed_key("another key").save(tmp_path / "other.key")
+    events = [{"t": t, "items": ["a", "b"], "user": f"person{t}"} for t in range(1, 5)]
+    (tmp_path / "ev.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "empty.jsonl").write_text("")
+    return tmp_path
+
+
+def _nothing_written(tmp_path) -> bool:
+    return not any(p.name.startswith("out") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "domain,inp,message",
+    [
+        ("k.key", "ev.jsonl", "--domain 'k.key' is the same file as --key-file 'k.key'"),
+        ("k.key", "empty.jsonl", "--domain 'k.key' is the same file as --key-file 'k.key'"),
+        ("other.key", "empty.jsonl", "holds one line of 64 hexadecimal characters"),
+        ("ev.jsonl", "ev.jsonl", "--domain 'ev.jsonl' is the same file as --input 'ev.jsonl'"),
+        ("copy.jsonl", "empty.jsonl", "its line 1 is a JSON object"),
+    ],
+)
+def test_a_domain_file_of_another_role_is_refused_before_anything_is_written(
+    files, capsys, domain, inp, message
+):
+    (files / "copy.jsonl").write_bytes((files / "ev.jsonl").read_bytes())
+    argv = [*BASE, "--domain", domain, "--key-file", "k.key", "-i", inp, "-o", "out.jsonl"]
+    argv += ["--ledger", "led", "--on-invalid", "truncate"]
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
+    assert _nothing_written(files)
+
+
+def test_a_domain_holding_the_key_is_refused_by_every_known_domain_mechanism():
+    """The library too: the key's hex text (lower or upper case) or its bytes."""
+    key = fixed_key("domain-roles")
+    for item in (key.to_bytes().hex(), key.to_bytes().hex().upper()):
+        domain = ["a", item]
+        builds = [
+            lambda d=domain: dps.KnownDomainHistogram(
+                horizon=4, domain=d, max_items=1, key=key, rho=1
+            ),
+            lambda d=domain: dps.ContinualTopK(d, 4, k=1, switches=2, key=key, rho=1),
+            lambda d=domain: HistogramTopK(d, 4, k=1, max_items=1, key=key, rho=1),
+        ]
+        for build in builds:
+            with pytest.raises(ValueError, match="holds the noise key itself"):
+                build()
+    # another key's hex is an item like any other (it is not this key)
+    dps.KnownDomainHistogram(
+        horizon=4, domain=["a", fixed_key("x").to_bytes().hex()], max_items=1, key=key, rho=1
+    )
+
+
+def test_a_domain_of_one_key_like_item_is_given_as_a_json_array(files):
+    """A real domain of one 64-hex item (a hash) is not a key file when given as an array."""
+    item = "ab" * 32
+    (files / "dom.json").write_text(json.dumps([item]))
+    argv = [*BASE, "--domain", "dom.json", "--key-file", "k.key", "-i", "ev.jsonl"]
+    assert main([*argv, "-o", "out.jsonl", "--on-invalid", "truncate", "--ledger", "led"]) == 0
+    assert item in (files / "out.jsonl").read_text()
