@@ -43,7 +43,9 @@ def test_flags_override_the_toml_file_which_overrides_the_defaults(tmp_path):
         'horizon = 5\nmax-items = 3\nthreshold-delta = 1e-6\n[run]\nrho = 0.5\nkey-file = "k.key"\n'
     )
     cfg = _config(["--config", str(toml), "-m", "unknown", "-T", "10"])
-    assert (cfg.horizon, cfg.max_items, cfg.rho, cfg.key_file) == (10, 3, 0.5, "k.key")
+    # a relative path of the file is relative to the file's folder
+    assert (cfg.horizon, cfg.max_items, cfg.rho) == (10, 3, 0.5)
+    assert cfg.key_file == str(tmp_path / "k.key")
     assert cfg.threshold_delta == 1e-6
     assert (cfg.mechanism, cfg.stream, cfg.on_invalid, cfg.clamp) == (
         "unknown",
@@ -91,7 +93,7 @@ def test_plan_builds_the_same_object_from_a_config_written_for_run(tmp_path):
     assert isinstance(cfg, RunConfig) and cfg.command == "plan"
     # --key-file is a plan option too (with --dataset: the dataset's budget); --until is not
     assert (cfg.mechanism, cfg.max_items, cfg.json, cfg.key_file, cfg.until) == (
-        "unknown", 2, True, "k", None,
+        "unknown", 2, True, str(tmp_path / "k"), None,
     )  # fmt: skip
     assert set(cfg.options()) == {o.dest for o in MECH_OPTS + PLAN_OPTS}
     with pytest.raises(SettingsError) as err:  # the same check as run's
@@ -263,3 +265,43 @@ def test_a_device_as_the_config_or_the_domain_is_refused() -> None:
         load_config("/dev/zero")
     with pytest.raises(ValueError, match="is a device, not a file of items"):
         read_domain("/dev/zero")
+
+
+def test_a_config_files_relative_paths_are_relative_to_its_folder(tmp_path, monkeypatch):
+    """Review 102: a cron job started in another folder than the config file's resolved
+    its relative paths there, made a new state, output and ledger, and released the
+    stream's first steps again under the same noise. Absolute paths, stdin/stdout and
+    URIs (a Spark output) are kept as they are."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    toml = conf / "stream.toml"
+    toml.write_text(
+        'key-file = "keys/k.key"\nstate = "s.sqlite"\noutput = "hdfs://nn/out"\n'
+        'ledger = "../shared/led"\ninput = "-"\ndomain = "/etc/dom.txt"\n'
+    )
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    flags = ["-m", "known", "--max-items", "1", "-T", "4", "--rho", "1"]
+    cfg = _config(["--config", "../conf/stream.toml", *flags])
+    assert cfg.key_file == str(conf / "keys" / "k.key")
+    assert cfg.state == str(conf / "s.sqlite")
+    assert cfg.ledger == str(conf / "../shared/led")
+    assert (cfg.output, cfg.input, cfg.domain) == ("hdfs://nn/out", "-", "/etc/dom.txt")
+    # a flag's relative path is the shell's, as always
+    cfg = _config(["--config", str(toml), *flags, "--state", "x"])
+    assert cfg.state == "x"
+
+
+@pytest.mark.parametrize("flag", ["force", "replace-unfinished"])
+def test_a_flag_that_speaks_for_one_run_is_refused_in_a_config_file(tmp_path, flag):
+    """Review 102: `force = true` in a config file made every run of it reuse the noise
+    over other data with a warning; it is the operator's word about one run."""
+    toml = tmp_path / "run.toml"
+    base = 'mechanism = "unknown"\nhorizon = 5\nmax-items = 2\nthreshold-delta = 1e-6\n'
+    base += 'key-file = "k.key"\nrho = 1\n'
+    toml.write_text(f"{base}{flag} = true\n")
+    with pytest.raises(ValueError, match=f"sets '{flag}': it speaks for one run only"):
+        _config(["--config", str(toml)])
+    toml.write_text(f"{base}{flag} = false\n")  # the default, said: harmless
+    assert not getattr(_config(["--config", str(toml)]), flag.replace("-", "_"))

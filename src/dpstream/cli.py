@@ -113,8 +113,9 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         help="TOML file with any of these options, named as the long flags "
         "(e.g. horizon = 1000, max-items = 3), at its top or in a [run] table; an "
-        "option set twice (two spellings, or the top and [run]) is refused "
-        "(default: none)",
+        "option set twice (two spellings, or the top and [run]) is refused; its "
+        "relative paths are relative to its folder; --force and --replace-unfinished "
+        "are flags only (default: none)",
     )
     add_options(run, MECH_OPTS + RUN_OPTS)
 

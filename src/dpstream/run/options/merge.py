@@ -55,7 +55,29 @@ def load_config(path: str) -> dict[str, Any]:
                     f"{key!r}{place}): keep one"
                 )
             out[dest], named[dest] = value, f"{key!r}{place}"
+    for dest in _ONE_RUN_ONLY:
+        if out.get(dest) is True:  # (False is the default; text: refused as not a bool)
+            raise ValueError(
+                f"config file {path!r} sets {named[dest]}: it speaks for one run only (the "
+                "operator's word about that run's situation), so it is given as a flag, "
+                "never kept in a file that every run reads"
+            )
+    base = os.path.dirname(os.path.abspath(path))
+    for dest in _PATHS:
+        value = out.get(dest)
+        if isinstance(value, str) and value and value != "-" and "://" not in value:
+            out[dest] = os.path.join(base, os.path.expanduser(value))  # (absolute: as is)
     return out
+
+
+#: The options of a file's path: a config file's relative path is relative to the
+#: config file's folder, not to the folder a run starts in (review 102: a cron job
+#: started elsewhere made a new state, output and ledger there, and released the
+#: stream's steps again under the same noise).
+_PATHS = ("input", "output", "state", "ledger", "key_file", "domain")
+#: Flags that state a fact about one run (``--force``: the earlier release was never
+#: published; ``--replace-unfinished``: the killed batch's events are given up).
+_ONE_RUN_ONLY = ("force", "replace_unfinished")
 
 
 def merge_options(
