@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import logging
 import random
 
 import pytest
@@ -796,3 +797,42 @@ def test_long_outputs_without_a_clock_have_no_step_start(setup):
     assert main(_known(key, domain, "-q", "-i", src, "-o", str(out), "-T", "2")) == 0
     assert out.read_text().splitlines()[0] == "t,item,value,noise_std"
     assert "clock" not in json.loads((tmp_path / "out.csv.meta.json").read_text())
+
+
+def test_a_wrong_domain_with_truncate_is_said_even_with_quiet(setup, caplog):
+    """Review 102: --on-invalid truncate with the wrong --domain cut every event to
+    nothing and released empty steps, exit 0 and (with -q) not a word. Truncation is
+    not refused (a known domain may leave out most items on purpose), but a run that
+    dropped more than half of the item occurrences says so as a warning."""
+    tmp_path, key, _ = setup
+    other = tmp_path / "other.txt"
+    other.write_text("x\ny\n")
+    src = tmp_path / "ev.jsonl"
+    lines = [json.dumps({"t": t, "items": [WORDS[t % 3]]}) + "\n" for t in range(1, 5)]
+    src.write_text("".join(lines))
+    argv = _known(key, str(other), "-q", "-T", "4", "-i", str(src), "--on-invalid", "truncate")
+    with caplog.at_level(logging.WARNING, logger="dpstream"):
+        assert main([*argv, "-o", str(tmp_path / "o.jsonl")]) == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("truncation dropped 4 of 4 item occurrences (100.0%)" in m for m in warned)
+    caplog.clear()
+    half = [json.dumps({"t": t, "items": ["x", WORDS[t % 3]]}) + "\n" for t in range(1, 5)]
+    src.write_text("".join(half))  # half dropped: not more than half, no warning
+    with caplog.at_level(logging.WARNING, logger="dpstream"):
+        assert main([*argv, "-o", str(tmp_path / "p.jsonl"), "--stream", "half"]) == 0
+    assert not any("truncation dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_raised_max_invalid_still_says_what_was_skipped_with_quiet(setup, caplog):
+    """Review 102: --max-invalid 1 (meant as 1%: it means no limit) with a mistyped
+    --time-field skipped every record, exit 0, and -q hid the count. More than 5% of
+    the records skipped (the default limit) is now a warning."""
+    tmp_path, key, domain = setup
+    src = tmp_path / "ts.jsonl"
+    src.write_text("".join(json.dumps({"ts": 3600 * t, "items": ["a"]}) + "\n" for t in range(20)))
+    argv = _known(key, domain, "-q", "-T", "24", "-i", str(src), "-o", str(tmp_path / "o.jsonl"))
+    argv += ["--time-field", "timestamp", "--step", "1h", "--start", "1970-01-01T00:00Z"]
+    with caplog.at_level(logging.WARNING, logger="dpstream"):
+        assert main([*argv, "--max-invalid", "1"]) == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("20 of 20 records (100.0%) were skipped as invalid" in m for m in warned), warned

@@ -76,7 +76,8 @@ class InvalidTally:
         """Count one chunk's records (:class:`dpstream.io.chunks.Chunk`) as the run will:
         ``start`` the step an earlier run released up to (its records are ``late``),
         ``limit`` the last step this run releases (``--until``: the records of steps
-        after it, up to the horizon, are a later run's, counted apart in ``later``),
+        after it, up to the horizon, are a later run's, counted apart in ``later``: a
+        stream may be given its whole input at each batch, a later one going on),
         ``steps`` each record's step when it is not the record's own
         (``--implicit-time``: its place in the input)."""
         from ..mechanisms.columns import distinct_in_events

@@ -65,7 +65,23 @@ def log_summary(stats: RunStats, mech: ContinualMechanism, cfg: RunConfig) -> No
         f"  output: {cfg.output if cfg.output != '-' else 'stdout'}"
         + (f"; state: {cfg.state}" if cfg.state else ""),
     ]
+    if cfg.on_invalid == "truncate" and stats.dropped > stats.occurrences / 2:
+        _log.warning(  # shown with --quiet too (review 102: a wrong --domain, silent)
+            f"truncation dropped {stats.dropped:,} of {stats.occurrences:,} item "
+            f"occurrences ({stats.dropped / stats.occurrences:.1%}): items outside "
+            "--domain and past --max-items are cut; is the domain the right one?"
+        )
     later = stats.reasons.get("after --until", 0)
+    invalid = stats.skipped - later
+    read = stats.events + invalid
+    if read and invalid > 0.05 * read:  # past the default --max-invalid: raised, or
+        reasons = ", ".join(  # --follow, which has no guard (review 102: silent with -q)
+            f"{n:,} {r}" for r, n in stats.reasons.most_common() if r != "after --until"
+        )
+        _log.warning(
+            f"{invalid:,} of {read:,} records ({invalid / read:.1%}) were skipped as "
+            f"invalid (by reason: {reasons}): not counted in any release"
+        )
     if later:  # shown with --quiet too: events a daily run does not count or keep
         _log.warning(
             f"{later} records are for steps after --until {cfg.until}: this run did not "
