@@ -441,3 +441,86 @@ def test_a_header_naming_a_used_column_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="names the column 'ts' .* more than once"):
         _Columns.of(["event", "item", "ts", " ts"], "item", "event", "ts", None)
     assert _Columns.of(["event", "item", "ts", "ts2"], "item", "event", "ts", None).time == 2
+
+
+def test_a_row_with_more_or_fewer_fields_than_the_header_is_a_record_of_its_own():
+    """Attack 09: a row with a field more than the header was read with the extra field
+    dropped, so an unquoted comma in an item (``Smith, John``) counted the item
+    ``Smith``; a row of a used column's width under a wider header was read too. Every
+    row has the header's fields: another count is a malformed record alone (of no
+    event), and the events of the other rows keep their items."""
+    text = (
+        "t,event,item,note\n"
+        "1,e1,Smith, John\n"  # 4 fields: Smith and John shift into item and note
+        "1,e5,b,x\n"
+        "1,e2,b,x,extra\n"
+        "1,e3,c\n"  # the columns read are there, the last one is not
+        "1,e4,a,\n"  # an empty last field is a field
+    )
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    assert recs == [
+        RawEvent(2, 1, ("Smith",), None),
+        RawEvent(3, 1, ("b",), None),
+        RawEvent(4, None, None, "CSV row has 5 fields, expected 4 (as the header has)"),
+        RawEvent(5, None, None, "CSV row has 3 fields, expected 4 (as the header has)"),
+        RawEvent(6, 1, ("a",), None),
+    ]
+    assert [r.raw for r in recs[2:4]] == [b"1,e2,b,x,extra", b"1,e3,c"]
+    text = "t,event,item\n1,e1,Smith, John\n1,e2,b\n1,e3,c,\n2,e4\n"
+    recs = list(read_csv(io.StringIO(text), time_column="t"))
+    assert recs == [
+        RawEvent(2, None, None, "CSV row has 4 fields, expected 3 (as the header has)"),
+        RawEvent(3, 1, ("b",), None),
+        RawEvent(4, None, None, "CSV row has 4 fields, expected 3 (as the header has)"),
+        RawEvent(5, None, None, "CSV row has 2 fields, expected 3 (as the header has)"),
+    ]
+
+
+def test_a_row_of_another_width_is_counted_under_on_invalid(runner, tmp_path, capsys):
+    """Attack 09 on the command line: the row ``1,e1,Smith, John`` is a malformed record,
+    refused by --max-invalid 0 before anything is written, and skipped (counted, not
+    released as "Smith") when the operator allows it."""
+    (tmp_path / "names.txt").write_text("Smith\nb\n")
+    src, out = tmp_path / "names.csv", tmp_path / "names.jsonl"
+    src.write_text("t,event,item\n1,e1,Smith, John\n1,e2,b,extra\n1,e3,b\n")
+    argv = ["run", "-m", "known", "--domain", str(tmp_path / "names.txt"), "-T", "1",
+            "--max-items", "1", "--tau", "1e-9", "--no-round", "--key-file",
+            str(tmp_path / "k.key"), "-i", str(src), "--time-column", "t", "-o", str(out),
+            *own_ledger(out)]  # fmt: skip
+    assert main([*argv, "--max-invalid", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "2 of 3 records (66.7%) are malformed. Nothing was written" in err
+    assert not out.exists()
+    assert main([*argv, "--max-invalid", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ", 1 events, " in err and "invalid events: 0 truncated, 2 skipped (2 malformed)" in err
+    _assert_counts(_released(out.read_bytes()), [{"Smith": 0, "b": 1}])
+
+
+@pytest.mark.parametrize(
+    ("cell", "error"),
+    [
+        ("1_0", "time step must be an integer, got '1_0'"),  # int() reads it as 10
+        ("\uff11", "time step must be an integer, got '\uff11'"),  # fullwidth 1
+        ("\u0663", "time step must be an integer, got '\u0663'"),  # Arabic-Indic 3
+        ("+1", "time step must be an integer, got '+1'"),  # not a JSON number either
+        ("1.0", "time step must be an integer, got '1.0'"),
+        ("", "time step must be an integer, got ''"),
+        ("9" * 5000, "time step must be an integer, got '" + "9" * 40 + "... (5000 characters)'"),
+        ("-3", "time step must be >= 1, got '-3'"),
+        ("0", "time step must be >= 1, got '0'"),
+        (" 2 ", None),
+        ("007", None),
+    ],
+)
+def test_a_time_step_cell_is_ascii_digits_with_an_optional_minus(cell, error):
+    """Attack 09: the time cell was read by Python's int(), so ``1_0`` was step 10 and a
+    fullwidth ``１`` step 1 (JSON Lines' "t" reads neither). A step is ASCII digits with
+    an optional minus, as a JSON integer; anything else is a malformed record alone."""
+    recs = list(read_csv(io.StringIO(f"t,event,item\n{cell},e1,a\n2,e2,b\n"), time_column="t"))
+    assert recs[1:] == [RawEvent(3, 2, ("b",), None)]
+    if error is None:
+        assert recs[0] == RawEvent(2, int(cell), ("a",), None)
+    else:
+        assert recs[0].t is None and recs[0].items is None and recs[0].line == 2
+        assert recs[0].error == error

@@ -317,6 +317,48 @@ def test_timestamps_on_the_clock_release_the_bytes_of_json_lines(tmp_path, key_p
     _same_files(a, b)
 
 
+@pytest.mark.parametrize("typ", [pa.float32(), pa.float16(), "float32-dictionary"])
+def test_a_float32_or_float16_time_field_is_refused_before_any_release(
+    tmp_path, key_path, capsys, typ
+):
+    """Attack 13: a float32 epoch-seconds column (24 bits: off by up to 64 s today) moved
+    events to another step without a word (01:00:00 and 01:00:30 both read as 00:59:44,
+    released in step 1 of an hourly clock, not step 2); a float16 holds no epoch seconds
+    at all. Both are
+    refused before anything is written, as is a dictionary of float32 (a categorical);
+    float64 seconds of the same events release the bytes of JSON Lines."""
+    seconds = [1772326800, 1772326830] * 5  # 01:00:00 and 01:00:30 UTC: step 2
+    rows = [{"t": s, "items": ["w1"]} for s in seconds]
+    _jsonl(rows, tmp_path / "e.jsonl", time_key="ts")
+    items = pa.array([["w1"]] * len(seconds), pa.list_(pa.string()))
+    if typ == "float32-dictionary":
+        column, name = pa.array(seconds, pa.float64()).cast(pa.float32(), safe=False), "float32"
+        column = column.dictionary_encode()
+    else:  # (a float16 holds them as inf)
+        column, name = pa.array(seconds, pa.float64()).cast(typ, safe=False), str(typ)
+        name = {"float": "float32", "halffloat": "float16"}[name]
+    pq.write_table(pa.table({"ts": column, "items": items}), tmp_path / "f.parquet")
+    clock = ["--time-field", "ts", "--step", "1h", "--start", "2026-03-01T00:00Z"]
+    out = tmp_path / "f.jsonl"
+    assert _run(key_path, tmp_path / "f.parquet", out, *UNKNOWN, *clock) == 1
+    where = f"the Parquet input {str(tmp_path / 'f.parquet')!r}"
+    assert capsys.readouterr().err == (
+        f"dpstream: error: {where}: column 'ts' (--time-field) is {name}, which cannot hold "
+        "epoch seconds exactly (events would move to another step): cast it to float64 or "
+        "to int64 epoch seconds\n"
+    )
+    assert not out.exists() and not (tmp_path / "f.jsonl.meta.json").exists()
+    ledger = tmp_path / "f.jsonl.ledger"  # opened, nothing recorded
+    assert not ledger.exists() or ledger.read_bytes() == b""
+    pq.write_table(
+        pa.table({"ts": pa.array(seconds, pa.float64()), "items": items}), tmp_path / "d.parquet"
+    )
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN, *clock) == 0
+    assert _run(key_path, tmp_path / "d.parquet", b, *UNKNOWN, *clock) == 0
+    _same_files(a, b)
+
+
 def test_one_row_per_item_releases_the_bytes_of_json_lines(tmp_path, key_path):
     rows = _events(5, invalid=False)
     _jsonl(rows, tmp_path / "e.jsonl")

@@ -5,6 +5,7 @@ defaults, every problem of the settings reported at once, shared by ``run`` and
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -305,3 +306,78 @@ def test_a_flag_that_speaks_for_one_run_is_refused_in_a_config_file(tmp_path, fl
         _config(["--config", str(toml)])
     toml.write_text(f"{base}{flag} = false\n")  # the default, said: harmless
     assert not getattr(_config(["--config", str(toml)]), flag.replace("-", "_"))
+
+
+#: What a run is told for each CSV or Parquet column option given with JSON Lines input.
+JSONL_COLUMN_PROBLEMS = {
+    "--item-column": (
+        "--item-column does not apply to JSON Lines input: an event's items are its "
+        '"items" field (drop --item-column, or give the input as CSV or Parquet)'
+    ),
+    "--event-column": (
+        "--event-column does not apply to JSON Lines input: each line is one event "
+        "(drop --event-column, or give the input as CSV or Parquet)"
+    ),
+    "--time-column": (
+        "--time-column does not apply to JSON Lines input: an event's time step is its "
+        '"t" field (drop --time-column; for timestamps in another field, --time-field '
+        "with --step and --start)"
+    ),
+}
+
+
+def test_csv_and_parquet_column_options_are_refused_with_json_lines_input(tmp_path):
+    """Attack 08: --item-column, --time-column and --event-column were ignored with JSON
+    Lines input (the run counted "items" in the steps of "t", exit 0, while the operator
+    meant other fields). Each is refused, given as a flag or in the config file, even
+    with the default's value; with CSV and Parquet input they are read as before."""
+    base = ["-m", "known", "--domain", "d.txt", "-T", "2", "--max-items", "1",
+            "--rho", "1", "--key-file", "k"]  # fmt: skip
+    flags = ["--item-column", "category", "--event-column", "item", "--time-column", "hour"]
+    for src in ("ev.jsonl", "ev.jsonl.gz", "-"):
+        with pytest.raises(SettingsError) as err:
+            _config([*base, "-i", src, *flags])
+        assert err.value.problems == list(JSONL_COLUMN_PROBLEMS.values())
+    for flag, problem in JSONL_COLUMN_PROBLEMS.items():
+        default = "item" if flag == "--item-column" else "event"  # their defaults' values
+        with pytest.raises(SettingsError) as err:
+            _config([*base, "-i", "ev.jsonl", flag, default])
+        assert err.value.problems == [problem]
+        with pytest.raises(SettingsError) as err:  # --input-format says JSON Lines
+            _config([*base, "-i", "ev.csv", "--input-format", "jsonl", flag, default])
+        assert err.value.problems == [problem]
+    toml = tmp_path / "run.toml"
+    toml.write_text('[run]\nitem-column = "category"\n')
+    with pytest.raises(SettingsError) as err:
+        _config([*base, "-i", "ev.jsonl", "--config", str(toml)])
+    assert err.value.problems == [JSONL_COLUMN_PROBLEMS["--item-column"]]
+    # JSON Lines without them, and CSV and Parquet with them, are built as before
+    assert _config([*base, "-i", "ev.jsonl"]).item_column == "item"
+    for src in ("ev.csv", "ev.parquet"):
+        cfg = _config([*base, "-i", src, *flags])
+        assert (cfg.item_column, cfg.event_column, cfg.time_column) == ("category", "item", "hour")
+
+
+def test_a_column_option_with_json_lines_input_writes_nothing(tmp_path, capsys):
+    """The refusal of attack 08 on the command line: a usage error (exit status 2) on
+    one line, before the output, its sidecar or the ledger is made."""
+    from dpstream.cli import main
+
+    from .conftest import fixed_key
+
+    key = tmp_path / "k.key"
+    fixed_key("jsonl-columns").save(key)
+    (tmp_path / "d.txt").write_text("a\nb\n")
+    src = tmp_path / "ev.jsonl"
+    src.write_text('{"items": ["a"], "category": ["b"], "t": 1, "hour": 2}\n')
+    out = tmp_path / "rel.jsonl"
+    argv = ["run", "-q", "-m", "known", "--domain", str(tmp_path / "d.txt"), "-T", "2",
+            "--max-items", "1", "--tau", "0.0001", "--key-file", str(key), "-i", str(src),
+            "-o", str(out), "--item-column", "category"]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "dpstream: error: " + JSONL_COLUMN_PROBLEMS["--item-column"] + "\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.txt", "ev.jsonl", "k.key"]
+    assert main(argv[:-2]) == 0  # without it, the run counts "items"
+    assert json.loads(out.read_text().splitlines()[0])["released"] == {"a": 1, "b": 0}

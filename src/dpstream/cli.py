@@ -34,11 +34,13 @@ PROG = "dpstream"
 # --------------------------------------------------------------------------- parser
 
 RUN_EPILOG = """\
-input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3}.
-  CSV: one row per (event, item), see --event-column/--item-column and
-  --time-column (or --time-field). Items are strings (JSON integers are read
-  as text). *.gz is decompressed. Parquet (a file, or a directory of them): the
-  columns t and items, or one row per item as CSV (docs/operations.md).
+input (JSON Lines): one event per line, {"items": ["a", "b"], "t": 3}; its
+  fields are fixed ("t" or --time-field, "items"): the column options are for
+  CSV and Parquet, and refused with it. CSV: one row per (event, item), see
+  --event-column, --item-column and --time-column (or --time-field). Items are
+  strings (JSON integers are read as text). *.gz is decompressed. Parquet (a file, or a
+  directory of them): the columns t and items, or one row per item as CSV
+  (docs/operations.md).
 users: with --user-field user, events carry {"user": "alice", ...} and the guarantee
   protects each user (all their events), whose contributions are bounded over the
   stream by --max-items-per-user and --max-count-per-item (first come, first kept).

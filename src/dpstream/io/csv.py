@@ -11,9 +11,13 @@ yields the events in the order of their first rows. The CSV is parsed strictly
 (a quote must be closed, and followed by a delimiter or the end of the row),
 and a field holding a line break or an item longer than
 :data:`MAX_CSV_ITEM_CHARS` (1,000) characters is an invalid record: both are
-the mark of an unclosed quote that swallowed the rows after it. Errors name the
-line where the record started. With ``--user-field NAME`` the column NAME holds
-each event's user id, equal on every row of the event.
+the mark of an unclosed quote that swallowed the rows after it. So is a row
+with more or fewer fields than the header (a field too many: an unquoted
+delimiter in a field, which shifts the columns after it), and a row whose time
+step is not an integer in ASCII digits (an optional minus, as JSON Lines'
+``"t"``: not ``1_0``, ``+1`` or ``１``). Errors name the line where the record
+started. With ``--user-field NAME`` the column NAME holds each event's user id,
+equal on every row of the event.
 
 :func:`read_csv` yields the events one record at a time;
 :func:`read_csv_chunks` yields the same records as
@@ -23,6 +27,7 @@ each event's user id, equal on every row of the event.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -35,6 +40,10 @@ __all__ = ["MAX_CSV_ITEM_CHARS", "read_csv", "read_csv_chunks"]
 #: The most characters a CSV item may have: a longer one is an invalid record
 #: (most likely an unclosed quote that swallowed the rows after it).
 MAX_CSV_ITEM_CHARS = 1000
+
+#: A time step cell (stripped): ASCII digits, with an optional minus (a JSON integer's
+#: sign; a step below 1 is refused as such).
+_STEP = re.compile(r"-?[0-9]+")
 
 
 def read_csv(
@@ -59,13 +68,13 @@ def read_csv(
     cut it in two: one event's presence would change another's count). Without
     a time column (and a clock), the id alone is the event.
 
-    A row whose step cannot be read (a time that is not an integer >= 1, a bad
-    timestamp) belongs to no event: it is an invalid record of its own, as is
-    a record with a CSV syntax error (strict parsing), too few fields, a field
-    spanning lines, an item longer than :data:`MAX_CSV_ITEM_CHARS` or text
-    that is not valid UTF-8. Each record's ``line`` is the line where it
-    started. With ``user_column``, every row of an event must hold the same
-    non-empty user id, else the event is an invalid record.
+    A row whose step cannot be read (a time that is not an integer >= 1 in ASCII
+    digits, a bad timestamp) belongs to no event: it is an invalid record of its
+    own, as is a record with a CSV syntax error (strict parsing), more or fewer
+    fields than the header, a field spanning lines, an item longer than
+    :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each record's
+    ``line`` is the line where it started. With ``user_column``, every row of an
+    event must hold the same non-empty user id, else the event is an invalid record.
     """
     source = _Captured(stream)
     reader = csv.reader(source.lines(), delimiter=delimiter, strict=True)
@@ -112,7 +121,7 @@ class _Captured:
 
 class _Columns(NamedTuple):
     """Where a CSV's columns are (``time``, ``user``: None when not read), and how many
-    fields a row needs."""
+    fields every row has (``width``: the header's)."""
 
     item: int
     event: int
@@ -156,8 +165,7 @@ class _Columns(NamedTuple):
         i_item, i_event = cols[item_column], cols[event_column]
         i_time = cols[time_column] if time_column is not None else None
         i_user = cols[user_column] if user_column is not None else None
-        width = max(i for i in (i_item, i_event, i_time, i_user) if i is not None) + 1
-        return cls(i_item, i_event, i_time, i_user, width)
+        return cls(i_item, i_event, i_time, i_user, len(header))
 
 
 def _read_rows(
@@ -220,9 +228,13 @@ def _read_rows(
 
 
 def _row_error(row: list[str], cols: _Columns, first_line: int, last_line: int) -> str | None:
-    """Why a row (of lines ``first_line``-``last_line``) is no part of an event, or None."""
-    if len(row) < cols.width:
-        return f"CSV row has {len(row)} fields, expected at least {cols.width}"
+    """Why a row (of lines ``first_line``-``last_line``) is no part of an event, or None.
+
+    A row has the header's fields, no fewer and no more: a field too many is most
+    likely an unquoted delimiter in a field, which shifts the columns after it (the
+    row ``1,e1,Smith, John`` under ``t,event,item`` would count the item ``Smith``)."""
+    if len(row) != cols.width:
+        return f"CSV row has {len(row)} fields, expected {cols.width} (as the header has)"
     if any(
         "\n" in row[i] or "\r" in row[i]
         for i in (cols.item, cols.event, cols.time, cols.user)
@@ -240,13 +252,19 @@ def _row_error(row: list[str], cols: _Columns, first_line: int, last_line: int) 
 
 
 def _row_step(cell: str, clock: StepClock | None) -> tuple[int | None, str | None]:
-    """The step of a row's time cell: a timestamp on ``clock``, else an integer >= 1."""
+    """The step of a row's time cell: a timestamp on ``clock``, else an integer >= 1.
+
+    An integer is written in ASCII digits, with an optional ``-`` (as a JSON number,
+    JSON Lines' ``"t"``): Python's ``int`` would also read ``1_0`` as 10, ``+1`` and
+    other scripts' digits (fullwidth ``１``), which no other input reads as a step."""
     if clock is not None:
         return timestamp_step(cell, clock, "the row's timestamp")
     raw = cell.strip()
     try:
-        row_t = int(raw)
-    except ValueError:
+        row_t = int(raw) if _STEP.fullmatch(raw) else None
+    except ValueError:  # more digits than Python reads (4,300)
+        row_t = None
+    if row_t is None:
         return None, f"time step must be an integer, got {shorten(raw)!r}"
     if row_t < 1:
         return row_t, f"time step must be >= 1, got {shorten(raw)!r}"

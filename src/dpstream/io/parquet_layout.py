@@ -4,7 +4,9 @@ Layer 6 of dpstream (an edge; :mod:`dpstream.io.parquet` reads with it). One row
 per event (a time column and a list column of items) or one row per item (an
 event id column), the time as integers, timestamps, dates or text, and a user
 id column; a column that is missing or of another type is refused here, with
-the file's columns named, before anything is read.
+the file's columns named, before anything is read. Epoch seconds are integers or
+float64: a float32 (or float16) time column cannot hold them exactly, and is
+refused too.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def _layout(
 
     ``item_column`` None: the item column was not named, so ``items`` (a list column)
     or else ``item`` (one row per item); a file with both is refused (which one counts
-    is not guessed)."""
+    is not guessed). A --time-field column of float32 or float16 is refused: it cannot
+    hold epoch seconds exactly (cast it to float64 or int64 seconds)."""
     import pyarrow as pa
 
     names = schema.names
@@ -120,6 +123,15 @@ def _layout(
             or pa.types.is_large_string(ttype)
         ):
             raise wrong(time, flag, ttype, "timestamps, dates, epoch seconds or ISO-8601 strings")
+        if pa.types.is_float16(ttype) or pa.types.is_float32(ttype):
+            # a float32 has 24 bits: epoch seconds of today are off by up to 64 s (a
+            # float16 holds none), so events would move to another step without a word
+            bits = 16 if pa.types.is_float16(ttype) else 32
+            raise ValueError(
+                f"{where}: column {time!r} ({flag}) is float{bits}, which cannot hold epoch "
+                "seconds exactly (events would move to another step): cast it to float64 "
+                "or to int64 epoch seconds"
+            )
     else:
         time, flag = time_column or "t", "--time-column"
         ttype = need(time, flag)

@@ -17,7 +17,9 @@ together. ``-m top-k`` needs --k only: --switches
 --max-items lets a histogram's top-k be chosen instead. Values the mechanism
 itself checks (a base out of range, ``--k`` larger than the domain) are
 reported when it is built, also
-with status 2 (:func:`mechanism_settings`).
+with status 2 (:func:`mechanism_settings`). ``run`` lists with them the CSV and
+Parquet column options given with JSON Lines input, whose fields are fixed
+(:func:`jsonl_column_problems`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "SettingsError",
     "settings_problems",
     "check_settings",
+    "jsonl_column_problems",
     "mechanism_settings",
     "USER_BOUNDS",
 ]
@@ -365,6 +368,37 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
             "adds it, with a tag of the input settings)"
         )
     return problems
+
+
+#: The CSV and Parquet column options, and what a JSON Lines input reads instead: its
+#: fields are fixed, so a column named for it would be ignored without a word (and the
+#: run would count ``items`` in the steps of ``t`` while the operator meant others).
+_JSONL_FIXED = {
+    "item_column": (
+        "--item-column does not apply to JSON Lines input: an event's items are its "
+        '"items" field (drop --item-column, or give the input as CSV or Parquet)'
+    ),
+    "event_column": (
+        "--event-column does not apply to JSON Lines input: each line is one event "
+        "(drop --event-column, or give the input as CSV or Parquet)"
+    ),
+    "time_column": (
+        "--time-column does not apply to JSON Lines input: an event's time step is its "
+        '"t" field (drop --time-column; for timestamps in another field, --time-field '
+        "with --step and --start)"
+    ),
+}
+
+
+def jsonl_column_problems(input_kind: str, named: Iterable[str]) -> list[str]:
+    """The column options ``named`` (given by a flag or the config file, by ``dest``)
+    that a run of ``input_kind`` input would ignore: JSON Lines reads the fixed fields
+    ``"t"`` (or --time-field) and ``"items"``, so --item-column, --event-column and
+    --time-column are refused with it, not ignored."""
+    if input_kind != "jsonl":
+        return []
+    given = set(named)
+    return [problem for dest, problem in _JSONL_FIXED.items() if dest in given]
 
 
 def check_settings(opts: Mapping[str, Any], *, extra: Sequence[str] = ()) -> None:

@@ -22,7 +22,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .checks import check_settings
+from .checks import check_settings, jsonl_column_problems
 from .options import (
     MECH_OPTS,
     PLAN_OPTS,
@@ -143,7 +143,8 @@ class RunConfig:
 
         Raises:
             SettingsError: every problem of the mechanism, budget and bounds settings
-                (and, for ``run``, a missing end step or key), listed at once.
+                (and, for ``run``, a missing end step or key, and a CSV or Parquet
+                column option with JSON Lines input), listed at once.
             ValueError: a bad config file; for ``run``, an end step past the horizon
                 or a time mode that would let the data move steps.
         """
@@ -159,9 +160,16 @@ class RunConfig:
             _check_plan_clock(opts)
             return cls(command=command, config_file=path, **opts)
         no_key = [] if opts["key_file"] is not None else [_NO_KEY]
-        check_settings(opts, extra=[*end_problems(opts), *no_key])
+        named = [  # the column options given (a flag or the config file), not defaults
+            d
+            for d in ("item_column", "event_column", "time_column")
+            if d in vars(args) or d in (toml or {})
+        ]
+        fmt = input_format(opts["input"], opts["input_format"])
+        columns = jsonl_column_problems(fmt, named)
+        check_settings(opts, extra=[*end_problems(opts), *no_key, *columns])
         _check_time_mode(opts, last_step(opts))
-        given = "item_column" in vars(args) or "item_column" in (toml or {})
+        given = "item_column" in named
         return cls(
             command=command,
             config_file=path,
