@@ -114,9 +114,9 @@ def write_run_meta(output: str | os.PathLike[str], info: dict[str, Any]) -> Path
     """
     check_target(str(output))  # its name still leads where the run's lock is
     path = sidecar_path(output)
-    if path.exists():
+    if path.exists() or path.is_symlink():
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = json.loads(_sidecar_text(path) or "")
         except (OSError, ValueError, RecursionError):  # nested too deeply: not a sidecar
             old = None
         if not (isinstance(old, dict) and old.get("format") == FORMAT):
@@ -145,6 +145,30 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+#: The most a sidecar may hold (one is about 2 KB): a larger file is not one.
+SIDECAR_MAX_BYTES = 1 << 20
+
+
+def _sidecar_text(path: str | os.PathLike[str]) -> str | None:
+    """The text of the sidecar at ``path`` (None: no file), read only from a regular file
+    of at most :data:`SIDECAR_MAX_BYTES` (review 103: a sidecar linked to /dev/zero was
+    read until memory ran out, and a FIFO blocked the run for ever). Raises ValueError
+    for anything else, and UnicodeDecodeError for bytes that are not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"metadata file {path}: not a regular file (a device or a pipe)")
+        data = fh.read(SIDECAR_MAX_BYTES + 1)
+    if len(data) > SIDECAR_MAX_BYTES:
+        raise ValueError(
+            f"metadata file {path}: larger than a metadata file ({len(data):,}+ bytes)"
+        )
+    return data.decode("utf-8")
+
+
 def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The sidecar at ``path`` (a ``*.meta.json`` file), or ``None`` if there is none.
 
@@ -154,11 +178,11 @@ def read_run_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
             ``"format"`` of this layout), naming the file.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
+        text = _sidecar_text(path)
     except UnicodeDecodeError:
         raise ValueError(f"metadata file {path}: not UTF-8 text") from None
+    if text is None:
+        return None
     try:
         info = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
