@@ -219,6 +219,12 @@ class ReleaseLedger(BudgetLines):
             False for a resumed run, and with ``--force``.
         allow: run ids whose scope lines this run may share (the run a kill left
             in the state before it recorded its first step).
+        same_first: release step 1 only from the input a run of ``allow`` recorded
+            its step 1 from, if one did (review 101: after a kill between the ledger
+            and the state at step 1, the next day's command began the stream again
+            from its own input, and the first day's events could never count).
+            False with ``--force`` or ``--replace-unfinished`` (that step 1 was never
+            written: the operator gives its events up).
         budget: the run's dataset and cost, appended as a budget line with its
             scope line (``None``: no budget line).
         cap: the most its dataset may spend in all; checked when the scope line
@@ -237,6 +243,7 @@ class ReleaseLedger(BudgetLines):
         allow: Iterable[str] = (),
         budget: DatasetSpend | None = None,
         cap: BudgetCap | None = None,
+        same_first: bool = False,
     ) -> None:
         if not run_id:
             raise LedgerError("the state has no run id: it cannot be kept in the release ledger")
@@ -249,12 +256,14 @@ class ReleaseLedger(BudgetLines):
         self._scope = None if scope is None else self._tag(b"scope\0" + scope.encode("utf-8"))
         self.check_scope = check_scope
         self.allow = frozenset(allow)
+        self.same_first = same_first
         self.budget = budget
         self.cap = cap
         self._budget_lines: list[tuple[bytes, int]] = []  # every budget line, and its number
         self._budget_read: tuple[list[Any], int] = ([], 0)  # (see budget_entries)
         self._scoped: dict[str, tuple[bytes, int]] = {}  # run id -> its scope line, number
         self._other_last: dict[str, int] = {}  # another run's id -> its last step on record
+        self._other_first: dict[str, tuple[bytes, int]] = {}  # another run's step 1 line
         self._entries: dict[int, LedgerEntry] = {}  # the lines whose tags were checked
         self._raw: dict[int, tuple[bytes, int]] = {}  # every line of the run, and its number
         self._prefix = f"{_VERSION} {run_id} ".encode("ascii")
@@ -377,6 +386,8 @@ class ReleaseLedger(BudgetLines):
             )
         run = fields[1].decode("ascii", "replace")
         self._other_last[run] = max(t, self._other_last.get(run, 0))
+        if t == 1:
+            self._other_first.setdefault(run, (raw, self._lines))
 
     def _check_steps(self) -> None:
         """The run's lines must hold its steps 1..L, each once, the last one written with
@@ -478,6 +489,8 @@ class ReleaseLedger(BudgetLines):
         """Whether step t is on record; if it is, refuse it unless it is ``entry``."""
         old = self.entry(t)
         if old is None:
+            if t == 1 and self.same_first:
+                self._check_replaced_first(entry)
             return False
         if old.input_mac != entry.input_mac:
             raise LedgerError(
@@ -492,6 +505,30 @@ class ReleaseLedger(BudgetLines):
                 "refusing to release it again"
             )
         return True
+
+    def _check_replaced_first(self, entry: LedgerEntry) -> None:
+        """Refuse step 1 from other input than a run of :attr:`allow` (one the state
+        replaced) recorded its step 1 from (see ``same_first``)."""
+        for run in sorted(self.allow):
+            line = self._other_first.get(run)
+            if line is None:
+                continue
+            raw, number = line
+            body, _, tag = raw.rpartition(b" ")
+            fields = body.split(b" ")
+            if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
+                raise LedgerError(
+                    f"line {number} of the release ledger {self.path!r} was not written with "
+                    "this key (edited or forged): refusing to trust the ledger"
+                )
+            if fields[3].decode("ascii", "replace") != entry.input_mac:
+                raise LedgerError(
+                    f"the release ledger {self.path!r} records step 1 of this stream's first "
+                    "run, killed before its state recorded it, as released from other input "
+                    "than this run's: run the stream's first batch again with the input it "
+                    "read, so that its events count; to give them up (that step was never "
+                    "written), add --replace-unfinished"
+                )
 
     def adopt(self, steps: Iterable[tuple[int, str, str]]) -> int:
         """Append ``(t, input_mac, release_mac)`` of steps a state holds and the ledger

@@ -407,7 +407,11 @@ def _open_state(
         except LedgerError:
             _forget_new_state(cfg, ckpt, state_existed)
             raise
-        first.close()
+        try:
+            if opened.allow and not (cfg.force or cfg.replace_unfinished):
+                _refuse_other_first_input(cfg, ckpt, first, opened.allow)
+        finally:
+            first.close()
     if cfg.output == "-" and opened.resume is not None:
         _log.info(
             f"note: with --output - the release of step {opened.resume.last_t} "
@@ -415,6 +419,31 @@ def _open_state(
             "exactly-once output"
         )
     return opened
+
+
+def _refuse_other_first_input(
+    cfg: RunConfig, ckpt: Checkpoint, ledger: ReleaseLedger, allow: frozenset[str]
+) -> None:
+    """Refuse, before anything is written, a new run from another input than the one
+    the state's run read, when the ledger holds that run's step 1 (review 101: killed
+    between the ledger's record of step 1 and the state's, then given the next day's
+    command, the stream began again from the next day's input and the first day's
+    events could never count). The same input goes on (the ledger then checks step 1
+    against its digest); ``--replace-unfinished`` gives those events up."""
+    from ..io import resolve_path
+
+    record = ckpt.load()
+    if record is None or record.steps or not record.input:
+        return
+    recorded = ledger.last_t if ledger.run_id in allow else 0
+    recorded = max([recorded, *(ledger.other_last(r) for r in allow if r != ledger.run_id)])
+    if recorded and record.input != resolve_path(cfg.input):
+        raise LedgerError(
+            f"the stream's first run (reading {record.input!r}) was killed after the "
+            f"release ledger {ledger.path} recorded its step 1, before the state "
+            f"{cfg.state} did: run it again with that input first, so that its events "
+            "count; to give them up (that step was never written), add --replace-unfinished"
+        )
 
 
 def _check_finished_input(

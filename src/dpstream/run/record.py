@@ -254,8 +254,9 @@ def open_run(
         ident_check["params"] = canonical_json(  # recorded: compared without it
             {k: v for k, v in fields.items() if k != "stream_scope"}
         )
-    if ckpt.snapshot() is not None:  # a stream that goes on: each run brings its own input
-        ident_check["input"] = None
+    if ckpt.snapshot() is not None or cfg.replace_unfinished:  # a stream that goes on:
+        ident_check["input"] = None  # each run brings its own input; or a corrected one
+        # (review 101: a first batch's corrected file was refused, naming the first)
     ckpt.verify(record, **ident_check)
     _check_zone_rules(ckpt.path, record, cfg)
     return record, None

@@ -142,6 +142,7 @@ def open_ledger(
         allow=allow,
         budget=budget,
         cap=cap,
+        same_first=bool(allow) and not (cfg.force or cfg.replace_unfinished),
     )
     try:
         _check_dataset(cfg, ledger)
