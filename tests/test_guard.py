@@ -255,13 +255,13 @@ def test_a_clock_spelt_otherwise_by_a_later_day_is_refused(setup, capsys):
 def test_a_batch_releasing_steps_whose_windows_are_open_warns(setup, capsys):
     """Review 87: a batch with a clock released steps whose windows had not ended, with
     no word; events that came for them later were late for the next batch. It now
-    warns, naming the last step that has ended. (Days 10 days apart from now: the
-    outcome does not hang on the wall clock's pace.)"""
+    warns, naming the last step that has ended. (Steps half a day or more from their
+    ends: the outcome does not hang on the wall clock's pace.)"""
     tmp_path, key, domain = setup
-    start = (dt.datetime.now(UTC) - dt.timedelta(days=10)).strftime("%Y-%m-%dT00:00Z")
+    start = (dt.datetime.now(UTC) - dt.timedelta(days=10, hours=12)).strftime("%Y-%m-%dT%H:00Z")
     day = _write(tmp_path / "d.jsonl", [{"ts": start, "items": ["a"]}])
     clock = ["--time-field", "ts", "--start", start, "--step", "1d", "-T", "40"]
-    for until, warned in ((5, False), (20, True)):
+    for until, warned in ((5, False), (11, True)):  # step 11: begun ~12 h ago, ends in ~12 h
         out = tmp_path / f"out{until}.jsonl"
         capsys.readouterr()
         state = ["--state", str(tmp_path / f"s{until}.sqlite"), *own_ledger(out)]
@@ -270,7 +270,15 @@ def test_a_batch_releasing_steps_whose_windows_are_open_warns(setup, capsys):
         err = capsys.readouterr().err
         assert ("windows of the last ones have not ended" in err) is warned, err
         if warned:
-            assert "the last step that has ended is 9" in err or "is 10" in err
+            assert "the last step that has ended is 10" in err
+    # review 102: a step whose window has not begun (day 20, 9 days ahead; --until
+    # 20260302, a date for a step number, began releasing 20 million empty hourly steps)
+    out = tmp_path / "out20.jsonl"
+    state = ["--state", str(tmp_path / "s20.sqlite"), *own_ledger(out)]
+    assert main(_known(key, domain, "-i", day, "-o", str(out), *state, "--until", "20",
+                       *clock)) == 1  # fmt: skip
+    assert "--until 20 names a step whose window has not begun yet" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def _state_rows(path):

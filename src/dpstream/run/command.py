@@ -193,11 +193,35 @@ def _warn_open_steps(cfg: RunConfig, until: int) -> None:
         ended = clock.step_of(now) - 1  # the last step whose window has ended
     except (OverflowError, ValueError):  # a step past the year 9999: far from ended
         ended = None
+    if cfg.until is not None:
+        _refuse_unbegun_steps(cfg, last, now, ended)
     upto = f"; the last step that has ended is {ended}" if ended is not None else ""
     _log.warning(
         f"this batch releases steps up to {last}, and the windows of the last ones have "
         f"not ended yet{upto}: an event that comes for them later is late for the next "
         "batch (dropped), so give --until the last step that has ended (or --follow)"
+    )
+
+
+def _refuse_unbegun_steps(cfg: RunConfig, last: int, now: Any, ended: int | None) -> None:
+    """Refuse an ``--until`` whose step has not begun yet (review 102: ``--until
+    20260302``, a date for a step number, began releasing 20 million empty hourly steps,
+    and every later event of them would be late for ever). No event can have come for
+    a step whose window has not begun, so closing it early is never meant; a step
+    begun and not ended (the current one) is a warning."""
+    clock = cfg.clock
+    assert clock is not None
+    try:
+        begun = clock.start_of(last) <= now
+    except (OverflowError, ValueError):  # a step past the year 9999
+        begun = False
+    if begun:
+        return
+    current = f"; the last step that has ended is {ended}" if ended is not None else ""
+    raise ValueError(
+        f"--until {cfg.until} names a step whose window has not begun yet{current}: its "
+        "steps would be released empty, and any event of them late for ever. Give --until "
+        "a step that has ended (a step number on the clock of --start and --step)"
     )
 
 
