@@ -233,6 +233,16 @@ class Checkpoint:
                 "SELECT name FROM sqlite_master WHERE type = 'table'"
             ).fetchall()
         }
+        made = self._db.execute(
+            "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger') "
+            "OR (type = 'table' AND sql LIKE 'CREATE VIRTUAL%')"
+        ).fetchone()
+        if made is not None:  # (review 103: a view of an endless query in place of the
+            self._db.close()  # steps table hung the run, past Ctrl-C)
+            raise StateError(
+                f"state file {self.path!r} holds a {made[0]} {made[1]!r}, which dpstream "
+                "never makes (edited?): refusing to use it"
+            )
         if not tables:
             return
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(run)").fetchall()}
