@@ -584,6 +584,7 @@ def test_a_stream_begun_under_another_calibration_is_named_as_such(tmp_path, cap
         "DELETE FROM steps WHERE t = 3",  # a gap, with the ledger's steps 3 and 4 cut
         "UPDATE run SET params = '[1]'",
         "UPDATE run SET params = '{x'",
+        "UPDATE run SET params = '" + "[" * 100_000 + "'",  # review 103: RecursionError
         "CREATE TRIGGER tr BEFORE INSERT ON steps BEGIN SELECT RAISE(ABORT, 'x'); END",
         # review 103: a view (of an endless query, in place of the steps table) hung the
         # run past Ctrl-C; dpstream makes no view, trigger or virtual table

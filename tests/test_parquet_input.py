@@ -837,3 +837,14 @@ def test_the_digest_bytes_copy_items_in_bounded_blocks_as_a_loop_would():
         for k in range(n):
             want[at[k] : at[k] + lengths[k]] = data[offsets[k] : offsets[k] + lengths[k]]
         assert np.array_equal(got, want)
+
+
+def test_a_pipe_named_like_a_parquet_file_in_the_input_folder_is_refused(tmp_path, key_path):
+    """Review 103: a FIFO named *.parquet in an input folder hung the run for ever (the
+    Parquet reader waited on it); it is refused before it is opened."""
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    pq.write_table(_table([{"t": 1, "items": ["a"]}]), folder / "part-0.parquet")
+    os.mkfifo(folder / "part-1.parquet")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        list(read_parquet_chunks(str(folder)))

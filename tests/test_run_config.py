@@ -381,3 +381,11 @@ def test_a_column_option_with_json_lines_input_writes_nothing(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.txt", "ev.jsonl", "k.key"]
     assert main(argv[:-2]) == 0  # without it, the run counts "items"
     assert json.loads(out.read_text().splitlines()[0])["released"] == {"a": 1, "b": 0}
+
+
+def test_a_config_file_nested_too_deeply_is_one_line(tmp_path):
+    """Review 103: arrays nested 5,000 deep ended in a RecursionError traceback."""
+    toml = tmp_path / "deep.toml"
+    toml.write_text("horizon = " + "[" * 5000 + "1" + "]" * 5000 + "\n")
+    with pytest.raises(ValueError, match="nested too deeply to read"):
+        _config(["--config", str(toml)])

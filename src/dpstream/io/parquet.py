@@ -150,6 +150,10 @@ def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any
     import pyarrow.parquet as pq
 
     for name in parquet_files(path):
+        if os.path.exists(name) and not os.path.isfile(name):  # (review 103: a FIFO
+            raise ValueError(  # named *.parquet hung the run for ever)
+                f"{name!r} is not a regular file (a pipe or a device): not a Parquet file"
+            )
         try:
             pfile = pq.ParquetFile(name)
         except (pa.ArrowInvalid, OSError) as exc:

@@ -288,7 +288,7 @@ def _check_truncation_rule(path: str, recorded: str) -> None:
     rules half-way."""
     try:
         params = json.loads(recorded)
-    except ValueError:
+    except (ValueError, RecursionError):  # (review 103: nested too deeply)
         params = None
     if not isinstance(params, dict):  # (review 99: a state edited by hand)
         raise StateError(f"state file {path!r} holds no run parameters (edited or damaged?)")

@@ -136,7 +136,7 @@ def recorded_params(path: str, *, allow_readable: bool = False) -> dict[str, Any
         return None
     try:
         params = json.loads(record.params)
-    except ValueError:
+    except (ValueError, RecursionError):  # (review 103: nested too deeply, edited)
         return None
     return params if isinstance(params, dict) else None
 
@@ -278,7 +278,7 @@ class Checkpoint:
         last = self.step(last_t) if last_t else None
         try:
             summary = json.loads(row[6]) if row[6] else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (review 103: nested too deeply, edited)
             summary = None
         return RunRecord(
             params=row[1],

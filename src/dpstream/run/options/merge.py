@@ -41,6 +41,8 @@ def load_config(path: str) -> dict[str, Any]:
         raise ValueError(f"config file {path!r} is not valid UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path!r}: {exc}") from None
+    except RecursionError:  # (review 103: arrays nested 5,000 deep: a traceback)
+        raise ValueError(f"config file {path!r}: nested too deeply to read") from None
     tables = [("", data)]
     if isinstance(data.get("run"), dict):  # an optional [run] table
         tables = [("", {k: v for k, v in data.items() if k != "run"}), (" in [run]", data["run"])]
