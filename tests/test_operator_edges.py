@@ -277,3 +277,34 @@ def test_lateness_without_follow_warns_through_the_run_s_log(tmp_path, stream, c
     assert main(argv) == 0
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert any("without --follow it changes nothing" in str(x) for x in lines)
+
+
+@pytest.mark.parametrize("folder", ["not sticky", "theirs"])
+def test_a_link_another_user_made_where_the_kernel_would_follow_it_is_refused(
+    tmp_path, stream, capsys, folder
+):
+    """Review 103: only sticky shared folders were checked (the kernel's own rule, off on
+    some machines): a link of another user in a folder all may write without the sticky
+    bit, or in a folder that user owns, led the output where that user chose."""
+    link, planted = _foreign_link(tmp_path, "rel.jsonl")
+    if folder == "not sticky":
+        os.chmod(link.parent, 0o777)
+    else:
+        os.chmod(link.parent, 0o755)
+        os.chown(link.parent, 65534, 65534)
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(link)]
+    assert main(argv) == 1
+    assert "symbolic link another user made" in capsys.readouterr().err
+    assert not list(planted.parent.iterdir())
+
+
+def test_the_ledger_is_not_opened_through_another_users_link(tmp_path, stream, capsys):
+    """Review 103: the ledger path was not checked at all: a link planted beside a new
+    key made the run create its ledger where another user chose (who could then roll
+    it back)."""
+    link, planted = _foreign_link(tmp_path, "led")
+    out = tmp_path / "o.jsonl"
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
+    assert main([*argv, "--ledger", str(link)]) == 1
+    assert "the release ledger" in capsys.readouterr().err
+    assert not list(planted.parent.iterdir()) and not out.exists()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 
 from .errors import LedgerError
-from .run.lock import lock_path, output_in_use
+from .run.lock import lock_path, output_in_use, refuse_foreign_link
 
 try:
     import fcntl
@@ -72,7 +72,8 @@ def open_ledger_file(path: str, *, fsync: bool) -> int:
             f"process holds its output lock {lock_path(path)!r}): ledger lines would go "
             "into that run's releases; pass --ledger the key's ledger, not a run's --output"
         )
-    created = not os.path.exists(path)
+    refuse_foreign_link(path, "the release ledger")  # (review 103: followed one, made
+    created = not os.path.exists(path)  # by another user, to where that user chose)
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     except OSError as exc:

@@ -104,6 +104,9 @@ def check_ledger(
     Raises:
         LedgerError: the key's releases are recorded in another ledger.
     """
+    from .run.lock import refuse_foreign_link
+
+    refuse_foreign_link(ledger, "the release ledger")  # before its links are resolved
     folder = registry_dir()
     if folder is None or not _make_folder(folder):
         return
