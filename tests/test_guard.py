@@ -844,3 +844,24 @@ def test_a_raised_max_invalid_still_says_what_was_skipped_with_quiet(setup, capl
         assert main([*argv, "--max-invalid", "1"]) == 0
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("20 of 20 records (100.0%) were skipped as invalid" in m for m in warned), warned
+
+
+def test_max_invalid_with_follow_is_refused_and_the_progress_counts_skips(setup, capsys, caplog):
+    """Review 102: --follow has no --max-invalid guard (a followed step is released as its
+    events come), yet --max-invalid 0 was taken without a word, and the progress lines
+    said only "0 events" while every record was skipped."""
+    from dpstream.run.report import Progress
+
+    tmp_path, key, domain = setup
+    src = tmp_path / "live.jsonl"
+    src.write_text("")
+    argv = _known(key, domain, "-T", "4", "-i", str(src), "-o", str(tmp_path / "o.jsonl"))
+    argv += ["--time-field", "ts", "--step", "1h", "--start", "2026-01-01T00:00Z", "--follow"]
+    assert main([*argv, "--max-invalid", "0"]) == 2
+    assert "--max-invalid does not apply to --follow" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
+    progress = Progress(10, enabled=True, every=0.0)
+    progress.bar_mode, progress.log_mode = False, True
+    with caplog.at_level(logging.INFO, logger="dpstream"):
+        progress.update(3, 0, 200)
+    assert any("0 events (200 invalid records skipped)" in r.getMessage() for r in caplog.records)

@@ -167,6 +167,12 @@ class RunConfig:
         ]
         fmt = input_format(opts["input"], opts["input_format"])
         columns = jsonl_column_problems(fmt, named)
+        if opts["follow"] and ("max_invalid" in vars(args) or "max_invalid" in (toml or {})):
+            columns.append(  # (review 102: accepted, and without effect)
+                "--max-invalid does not apply to --follow: a followed stream is released as "
+                "its events come, before the share of invalid ones is known (its progress "
+                "lines and summary count what was skipped)"
+            )
         check_settings(opts, extra=[*end_problems(opts), *no_key, *columns])
         _check_time_mode(opts, last_step(opts))
         given = "item_column" in named

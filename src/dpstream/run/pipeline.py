@@ -116,12 +116,12 @@ def run_steps(
             for item in source:
                 if isinstance(item, Due):
                     stages.release(item.t, item.records, cfg, count, item.closed_at)
-                    progress.update(item.t, stages.stats.events)
+                    progress.update(item.t, stages.stats.events, stages.stats.skipped)
                 else:
                     stages.validator.events(item.records, past=item.past)
         for t in range(stages.mech.t + 1, until + 1):  # the public clock: every step to the end
             stages.release(t, [], cfg, count)
-            progress.update(t, stages.stats.events)
+            progress.update(t, stages.stats.events, stages.stats.skipped)
     stats = stages.stats
     summary: dict[str, Any] = {
         "steps": stats.steps,
