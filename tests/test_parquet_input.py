@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -848,3 +849,16 @@ def test_a_pipe_named_like_a_parquet_file_in_the_input_folder_is_refused(tmp_pat
     os.mkfifo(folder / "part-1.parquet")
     with pytest.raises(ValueError, match="is not a regular file"):
         list(read_parquet_chunks(str(folder)))
+
+
+def test_a_copy_of_a_parquet_file_in_the_input_folder_is_refused(tmp_path):
+    """Review 102: `part-0 (copy).parquet` beside `part-0.parquet` counted its events
+    twice, exit 0. Files of the same bytes under one input folder are refused."""
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    pq.write_table(_table([{"t": 1, "items": ["a"]}]), folder / "part-0.parquet")
+    pq.write_table(_table([{"t": 2, "items": ["b"]}]), folder / "part-1.parquet")
+    assert len(parquet_files(str(folder))) == 2  # same size, other bytes: fine
+    shutil.copyfile(folder / "part-0.parquet", folder / "part-0 (copy).parquet")
+    with pytest.raises(ValueError, match="holds the same bytes as .*a copy"):
+        parquet_files(str(folder))

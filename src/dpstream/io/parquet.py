@@ -141,7 +141,36 @@ def parquet_files(path: str) -> list[str]:
     found = folder_files(path, ".parquet")
     if not found:
         raise ValueError(f"--input {path!r}: the directory holds no *.parquet file")
+    _refuse_copies(path, found)
     return found
+
+
+def _refuse_copies(folder: str, files: list[str]) -> None:
+    """Refuse two files of the same bytes under one input folder (review 102: a copy,
+    ``part-0 (copy).parquet``, counted its events twice, with exit 0): their events
+    would count twice, and each event's protection hold for one of the two. Only files
+    of equal sizes are read to compare (a digest of each)."""
+    import hashlib
+
+    by_size: dict[int, list[str]] = {}
+    for name in files:
+        if os.path.isfile(name):
+            by_size.setdefault(os.path.getsize(name), []).append(name)
+    for same in by_size.values():
+        if len(same) < 2:
+            continue
+        digests: dict[bytes, str] = {}
+        for name in same:
+            h = hashlib.sha256()
+            with open(name, "rb") as fh:
+                while block := fh.read(1 << 20):
+                    h.update(block)
+            first = digests.setdefault(h.digest(), name)
+            if first != name:
+                raise ValueError(
+                    f"--input {folder!r}: {name!r} holds the same bytes as {first!r} (a "
+                    "copy?); its events would count twice: remove one"
+                )
 
 
 def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any]]:
