@@ -420,7 +420,11 @@ class ReleaseLedger(BudgetLines):
         entry = self._entries.get(t)
         if entry is not None or t not in self._raw:
             return entry
-        raw, number = self._raw[t]
+        entry = self._entries[t] = self._step_entry(*self._raw[t])
+        return entry
+
+    def _step_entry(self, raw: bytes, number: int) -> LedgerEntry:
+        """The digests of step line ``raw`` (line ``number``), its tag checked."""
         body, _, tag = raw.rpartition(b" ")
         fields = body.split(b" ")
         if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
@@ -428,8 +432,9 @@ class ReleaseLedger(BudgetLines):
                 f"line {number} of the release ledger {self.path!r} was not written with "
                 "this key (edited or forged): refusing to trust the ledger"
             )
-        entry = self._entries[t] = LedgerEntry(fields[3].decode(), fields[4].decode())
-        return entry
+        return LedgerEntry(
+            fields[3].decode("ascii", "replace"), fields[4].decode("ascii", "replace")
+        )
 
     def others_ahead(self, last: int) -> list[str]:
         """:meth:`others` that recorded a step after ``last``: their steps this run would
@@ -511,17 +516,7 @@ class ReleaseLedger(BudgetLines):
         replaced) recorded its step 1 from (see ``same_first``)."""
         for run in sorted(self.allow):
             line = self._other_first.get(run)
-            if line is None:
-                continue
-            raw, number = line
-            body, _, tag = raw.rpartition(b" ")
-            fields = body.split(b" ")
-            if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
-                raise LedgerError(
-                    f"line {number} of the release ledger {self.path!r} was not written with "
-                    "this key (edited or forged): refusing to trust the ledger"
-                )
-            if fields[3].decode("ascii", "replace") != entry.input_mac:
+            if line is not None and self._step_entry(*line).input_mac != entry.input_mac:
                 raise LedgerError(
                     f"the release ledger {self.path!r} records step 1 of this stream's first "
                     "run, killed before its state recorded it, as released from other input "
