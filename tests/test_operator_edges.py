@@ -308,3 +308,29 @@ def test_the_ledger_is_not_opened_through_another_users_link(tmp_path, stream, c
     assert main([*argv, "--ledger", str(link)]) == 1
     assert "the release ledger" in capsys.readouterr().err
     assert not list(planted.parent.iterdir()) and not out.exists()
+
+
+def test_reproduce_does_not_write_its_report_through_another_users_link(tmp_path, capsys):
+    """Review 103: `dpstream reproduce --out DIR` wrote REPORT.md (and its figures)
+    through a link another user planted in DIR, over a file that user chose."""
+    from pathlib import Path
+
+    from dpstream.experiments.common import save_figure
+    from dpstream.experiments.report import refuse_foreign_link
+
+    link, planted = _foreign_link(tmp_path, "REPORT.md")
+    with pytest.raises(ValueError, match="symbolic link another user made"):
+        refuse_foreign_link(str(link), "--out")
+    fig_link, _ = (
+        _foreign_link(tmp_path / "f", "fig.png")
+        if (tmp_path / "f").mkdir() is None
+        else (None, None)
+    )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with pytest.raises(ValueError, match="symbolic link another user made"):
+        save_figure(plt.figure(), Path(fig_link))
+    assert not list(planted.parent.iterdir())

@@ -219,6 +219,9 @@ def pyplot() -> Any:
 
 def save_figure(fig: Any, path: Any) -> None:
     """Write a figure of the report (PNG at 110 dpi, laid out tight) and free it."""
+    from ..run.lock import refuse_foreign_link
+
+    refuse_foreign_link(str(path), "--out")  # (review 103: a planted link wrote elsewhere)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot().close(fig)

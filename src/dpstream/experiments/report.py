@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..run.lock import refuse_foreign_link
 from .common import DEFAULT_SEED, Context, FigureResult, default_workers, md_table
 
 __all__ = ["reproduce", "write_report", "EXPERIMENTS"]
@@ -175,6 +176,7 @@ def write_report(
         for name, tb in failures:
             lines += [f"### {name}", "", "```", tb.rstrip(), "```", ""]
     path = ctx.out_dir / "REPORT.md"
+    refuse_foreign_link(str(path), "--out")  # (review 103: written through one)
     path.write_text("\n".join(lines))
     return path
 
