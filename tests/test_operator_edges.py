@@ -321,11 +321,8 @@ def test_reproduce_does_not_write_its_report_through_another_users_link(tmp_path
     link, planted = _foreign_link(tmp_path, "REPORT.md")
     with pytest.raises(ValueError, match="symbolic link another user made"):
         refuse_foreign_link(str(link), "--out")
-    fig_link, _ = (
-        _foreign_link(tmp_path / "f", "fig.png")
-        if (tmp_path / "f").mkdir() is None
-        else (None, None)
-    )
+    (tmp_path / "f").mkdir()
+    fig_link, fig_planted = _foreign_link(tmp_path / "f", "fig.png")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -333,4 +330,4 @@ def test_reproduce_does_not_write_its_report_through_another_users_link(tmp_path
 
     with pytest.raises(ValueError, match="symbolic link another user made"):
         save_figure(plt.figure(), Path(fig_link))
-    assert not list(planted.parent.iterdir())
+    assert not list(planted.parent.iterdir()) and not list(fig_planted.parent.iterdir())
