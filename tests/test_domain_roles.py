@@ -44,7 +44,7 @@ def _nothing_written(tmp_path) -> bool:
     [
         ("k.key", "ev.jsonl", "--domain 'k.key' is the same file as --key-file 'k.key'"),
         ("k.key", "empty.jsonl", "--domain 'k.key' is the same file as --key-file 'k.key'"),
-        ("other.key", "empty.jsonl", "holds one line of 64 hexadecimal characters"),
+        ("other.key", "empty.jsonl", "holds 64 hexadecimal characters: a noise key file"),
         ("ev.jsonl", "ev.jsonl", "--domain 'ev.jsonl' is the same file as --input 'ev.jsonl'"),
         ("copy.jsonl", "empty.jsonl", "its line 1 is a JSON object"),
     ],
@@ -88,3 +88,37 @@ def test_a_domain_of_one_key_like_item_is_given_as_a_json_array(files):
     argv = [*BASE, "--domain", "dom.json", "--key-file", "k.key", "-i", "ev.jsonl"]
     assert main([*argv, "-o", "out.jsonl", "--on-invalid", "truncate", "--ledger", "led"]) == 0
     assert item in (files / "out.jsonl").read_text()
+
+
+def test_a_key_written_on_two_lines_or_spaced_is_refused_as_a_domain(files, capsys):
+    """Review 104: NoiseKey.load takes hex with whitespace inside (xxd -p writes two
+    lines), but only one 64-hex line was taken for a key file: a two-line copy of the
+    run's key as --domain published it in two halves, exit 0."""
+    text = fixed_key("domain-roles").to_bytes().hex()
+    for name, body in (
+        ("two.hex", f"{text[:60]}\n{text[60:]}\n"),
+        ("spaced.hex", " ".join(text[i : i + 2] for i in range(0, 64, 2)) + "\n"),
+    ):
+        (files / name).write_text(body)
+        argv = [*BASE, "--domain", name, "--key-file", "k.key", "-i", "ev.jsonl", "-o", "out.jsonl"]
+        assert main([*argv, "--on-invalid", "truncate"]) == 1
+        assert "holds 64 hexadecimal characters: a noise key file" in capsys.readouterr().err
+        assert _nothing_written(files)
+    # the library: halves of the key (16 or more of its digits) are the key's
+    key = fixed_key("domain-roles")
+    for items in (["a", text[:32], text[32:]], ["a", text[5:21].upper()]):
+        with pytest.raises(ValueError, match="holds the noise key itself"):
+            dps.KnownDomainHistogram(items, 4, max_items=1, key=key, rho=1)
+    dps.KnownDomainHistogram(["a", text[:15]], 4, max_items=1, key=key, rho=1)  # too short
+
+
+def test_another_csv_input_given_as_the_domain_is_refused(files, capsys):
+    """Review 104: another day's CSV file as --domain published its rows (user ids
+    included) as items, exit 0: its header names the item and time columns."""
+    (files / "day1.csv").write_text("t,event,item,user\n1,e1,flu,alice@example.com\n")
+    (files / "day2.csv").write_text("t,event,item,user\n2,e2,flu,bob@example.com\n")
+    argv = [*BASE, "--domain", "day1.csv", "--key-file", "k.key", "-i", "day2.csv"]
+    argv += ["--time-column", "t", "-o", "out.jsonl", "--on-invalid", "truncate"]
+    assert main(argv) == 1
+    assert "starts with a CSV header naming the item and time columns" in capsys.readouterr().err
+    assert _nothing_written(files)

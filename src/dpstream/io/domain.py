@@ -54,11 +54,11 @@ def _refuse_other_files(domain: list[str], path: str) -> None:
     file (its one line of 64 hex characters: a release would publish the key, and the
     noise of every stream under it), or a file of JSON objects (the input's events,
     with their user ids). A domain of one such item is given as a JSON array."""
-    if len(domain) == 1 and _KEY_LINE.fullmatch(domain[0]):
-        raise ValueError(
-            f"domain file {path!r} holds one line of 64 hexadecimal characters: a noise "
-            "key file (dpstream keygen writes them), not a domain; a release would publish "
-            'it. Give the file of the items to release (a domain of that one item: ["..."])'
+    if len(domain) <= 2 and _KEY_LINE.fullmatch("".join("".join(domain).split())):
+        raise ValueError(  # (spaced, or on two lines as `xxd -p` writes it: review 104)
+            f"domain file {path!r} holds 64 hexadecimal characters: a noise key file "
+            "(dpstream keygen writes them), not a domain; a release would publish it. Give "
+            'the file of the items to release (a domain of such items: a JSON array, ["..."])'
         )
     for n, line in enumerate(domain[:100], start=1):
         if line.startswith("{") and line.endswith("}"):
@@ -66,11 +66,12 @@ def _refuse_other_files(domain: list[str], path: str) -> None:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict):
+            if isinstance(record, dict) and record:
                 raise ValueError(
                     f"domain file {path!r}: its line {n} is a JSON object (an event "
                     "record: is it the input?), not an item; a release would publish its "
-                    "lines. Give the file of the items to release, one a line"
+                    "lines. Give the file of the items to release, one a line (items of "
+                    'that form: a JSON array, ["..."])'
                 )
 
 

@@ -276,6 +276,24 @@ def check_paths(cfg: RunConfig) -> None:
     refuse_other_kind(cfg)  # (after: this run's own key or state is named as such)
 
 
+def _refuse_csv_header(cfg: RunConfig, domain: str) -> None:
+    """Refuse a ``--domain`` whose first line is a CSV header naming the run's item and
+    time columns (review 104: another day's CSV input given as the domain published its
+    rows, user ids included, as items)."""
+    if not os.path.isfile(domain):
+        return
+    with open(domain, "rb") as fh:
+        first = fh.readline(1 << 16).decode("utf-8", "replace").lstrip("\ufeff").strip()
+    names = {n.strip() for n in first.split(",")}
+    wanted = {str(cfg.item_column or "item"), str(cfg.time_column or cfg.time_field or "t")}
+    if len(names) > 1 and wanted <= names:
+        raise ValueError(
+            f"--domain {domain!r} starts with a CSV header naming the item and time columns "
+            f"({', '.join(sorted(wanted))}): an input file, not a domain; a release would "
+            "publish its rows. Give the file of the items to release"
+        )
+
+
 def _refuse_domain_of_another_role(cfg: RunConfig, reads: FileList) -> None:
     """Refuse a ``--domain`` that is the key or the input: every release of a known
     domain names each of its lines as an item, so it would publish the key (and the
@@ -284,6 +302,7 @@ def _refuse_domain_of_another_role(cfg: RunConfig, reads: FileList) -> None:
     domain = cfg.domain
     if not isinstance(domain, str) or domain == "-" or not os.path.exists(domain):
         return
+    _refuse_csv_header(cfg, domain)
     for name, path in reads:
         if name in ("--domain", "--config") or path is None or path == "-":
             continue
