@@ -279,19 +279,15 @@ def test_lateness_without_follow_warns_through_the_run_s_log(tmp_path, stream, c
     assert any("without --follow it changes nothing" in str(x) for x in lines)
 
 
-@pytest.mark.parametrize("folder", ["not sticky", "theirs"])
+@pytest.mark.parametrize("folder", ["not sticky", "group"])
 def test_a_link_another_user_made_where_the_kernel_would_follow_it_is_refused(
     tmp_path, stream, capsys, folder
 ):
-    """Review 103: only sticky shared folders were checked (the kernel's own rule, off on
-    some machines): a link of another user in a folder all may write without the sticky
-    bit, or in a folder that user owns, led the output where that user chose."""
+    """Review 103 and 104: only sticky shared folders were checked (the kernel's own rule,
+    off on some machines): a link of another user in a folder all may write without the
+    sticky bit, or in a group-writable one, led the output where that user chose."""
     link, planted = _foreign_link(tmp_path, "rel.jsonl")
-    if folder == "not sticky":
-        os.chmod(link.parent, 0o777)
-    else:
-        os.chmod(link.parent, 0o755)
-        os.chown(link.parent, 65534, 65534)
+    os.chmod(link.parent, 0o777 if folder == "not sticky" else 0o2775)  # (a team's folder)
     argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(link)]
     assert main(argv) == 1
     assert "symbolic link another user made" in capsys.readouterr().err
@@ -331,3 +327,18 @@ def test_reproduce_does_not_write_its_report_through_another_users_link(tmp_path
     with pytest.raises(ValueError, match="symbolic link another user made"):
         save_figure(plt.figure(), Path(fig_link))
     assert not list(planted.parent.iterdir()) and not list(fig_planted.parent.iterdir())
+
+
+def test_a_link_in_a_folder_of_its_owners_own_is_followed(tmp_path, stream):
+    """Review 104: a deploy account's `current` link in its own folder (0755) was refused;
+    that account controls the folder anyway."""
+    if os.geteuid() != 0:
+        pytest.skip("making a link another user owns needs root")
+    app = tmp_path / "app"
+    (app / "releases" / "v2").mkdir(parents=True)
+    os.symlink(app / "releases" / "v2", app / "current")
+    os.lchown(app / "current", 65534, 65534)
+    os.chown(app, 65534, 65534)
+    out = app / "current" / "o.jsonl"
+    assert main([*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]) == 0
+    assert (app / "releases" / "v2" / "o.jsonl").exists()

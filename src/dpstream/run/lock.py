@@ -58,11 +58,12 @@ def lock_path(output: str) -> str:
 
 def refuse_foreign_link(path: str, what: str) -> None:
     """Refuse ``path`` when the walk to it follows a symbolic link another user may have
-    planted: made by neither this user nor root, in a folder others may write (sticky
-    or not; in a sticky one, such as ``/tmp``, a link of the folder's owner is followed,
-    as the kernel's ``fs.protected_symlinks`` does) or in a folder another user owns
-    (review 103: the kernel's protection is off on some machines, and does not cover a
-    folder that is not sticky, or one the other user owns). dpstream
+    planted: in a folder others (its group, or all) may write, made by neither this user
+    nor root (in a sticky one, such as ``/tmp``: nor the folder's owner, as the kernel's
+    ``fs.protected_symlinks`` has it). Review 103 and 104: the kernel's protection is
+    off on some machines, and does not cover a folder that is not sticky, or a team's
+    group-writable one. A link in a folder of another user's own (a deploy account's
+    ``current`` link) is followed: that user controls the folder anyway. dpstream
     resolves an output's links itself to write beside its target (a temporary file
     renamed onto it, a lock file), so the kernel never gets to refuse them, and another
     user's link there would choose where this user's file is written. The path is walked
@@ -93,14 +94,13 @@ def refuse_foreign_link(path: str, what: str) -> None:
             raise ValueError(f"{what} {path!r}: too many symbolic links along the way")
         folder = os.stat(here)
         me = os.geteuid()
-        shared = bool(folder.st_mode & stat.S_IWOTH)  # sticky (/tmp) or not
-        theirs = folder.st_uid not in (me, 0)  # a folder another user owns
-        trusted = (me, 0) if theirs or not folder.st_mode & stat.S_ISVTX else (me, folder.st_uid)
-        if (shared or theirs) and info.st_uid not in trusted:
+        shared = bool(folder.st_mode & (stat.S_IWOTH | stat.S_IWGRP))  # sticky or not
+        trusted = (me, folder.st_uid) if folder.st_mode & stat.S_ISVTX else (me, 0)
+        if shared and info.st_uid not in trusted:
             raise ValueError(
                 f"{what} {path!r} goes through a symbolic link another user made in a "
-                f"folder others may write or own ({step!r}): refusing to follow it (write "
-                "to a path of your own)"
+                f"folder others may write ({step!r}): refusing to follow it (write to a "
+                "path of your own)"
             )
         target = os.readlink(step)
         if os.path.isabs(target):
