@@ -342,3 +342,17 @@ def test_a_link_in_a_folder_of_its_owners_own_is_followed(tmp_path, stream):
     out = app / "current" / "o.jsonl"
     assert main([*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]) == 0
     assert (app / "releases" / "v2" / "o.jsonl").exists()
+
+
+def test_a_ledger_whose_first_line_was_closed_torn_is_still_known_as_a_ledger(tmp_path):
+    """Review 104: a ledger whose torn first line was closed (an append-only ledger) was
+    not known as a ledger, so another run's --output --force overwrote it."""
+    from dpstream.run.output import _what_else
+
+    for head in (b"S\x00" + b"0" * 32 + b"\nS1 x y z\n", b"L1 a 1 b c d\n"):
+        path = tmp_path / "led"
+        path.write_bytes(head)
+        assert _what_else(str(path)) == "a release ledger"
+    key = tmp_path / "k2.hex"
+    key.write_text("ab" * 30 + "\n" + "ab" * 2 + "\n")  # a key file on two lines (xxd -p)
+    assert _what_else(str(key)) == "a secret key file"

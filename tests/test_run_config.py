@@ -289,6 +289,8 @@ def test_a_config_files_relative_paths_are_relative_to_its_folder(tmp_path, monk
     assert cfg.state == str(conf / "s.sqlite")
     assert cfg.ledger == str(conf / "../shared/led")
     assert (cfg.output, cfg.input, cfg.domain) == ("hdfs://nn/out", "-", "/etc/dom.txt")
+    toml.write_text('input = "file:/data/ev.jsonl"\nkey-file = "k"\ndomain = "/d"\n')  # a URI
+    assert _config(["--config", str(toml), *flags]).input == "file:/data/ev.jsonl"
     # a flag's relative path is the shell's, as always
     cfg = _config(["--config", str(toml), *flags, "--state", "x"])
     assert cfg.state == "x"

@@ -359,10 +359,11 @@ def _what_else(path: str) -> str | None:
         return "a SQLite database (a stream's --state?)"
     if head[:4] in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83"):
         return "a SQLite write-ahead log (beside a stream's --state?)"
-    if any(head.startswith(kind) for kind in LINE_KINDS):
+    first = head.split(b"\0")[0]  # (a torn first line closed on an append-only ledger)
+    if first and any(head.startswith(kind) or kind.startswith(first) for kind in LINE_KINDS):
         return "a release ledger"
     try:
-        text = head.decode("ascii").strip()
+        text = "".join(head.decode("ascii").split())  # (spaced, or on two lines)
     except UnicodeDecodeError:
         return None
     if len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text):

@@ -65,11 +65,16 @@ def log_summary(stats: RunStats, mech: ContinualMechanism, cfg: RunConfig) -> No
         f"  output: {cfg.output if cfg.output != '-' else 'stdout'}"
         + (f"; state: {cfg.state}" if cfg.state else ""),
     ]
-    if cfg.on_invalid == "truncate" and stats.dropped > stats.occurrences / 2:
+    if cfg.on_invalid == "truncate" and stats.dropped > 0.9 * stats.occurrences:
+        cut = (
+            "items outside --domain and past --max-items are"
+            if cfg.domain
+            else ("items past --max-items are")
+        )
         _log.warning(  # shown with --quiet too (review 102: a wrong --domain, silent)
             f"truncation dropped {stats.dropped:,} of {stats.occurrences:,} item "
-            f"occurrences ({stats.dropped / stats.occurrences:.1%}): items outside "
-            "--domain and past --max-items are cut; is the domain the right one?"
+            f"occurrences ({stats.dropped / stats.occurrences:.1%}): {cut} cut; are the "
+            "options the right ones?"
         )
     later = stats.reasons.get("after --until", 0)
     invalid = stats.skipped - later

@@ -10,6 +10,7 @@ import datetime
 import difflib
 import numbers
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,7 +68,7 @@ def load_config(path: str) -> dict[str, Any]:
     base = os.path.dirname(os.path.abspath(path))
     for dest in _PATHS:
         value = out.get(dest)
-        if isinstance(value, str) and value and value != "-" and "://" not in value:
+        if isinstance(value, str) and value and value != "-" and not _URI.match(value):
             out[dest] = os.path.join(base, os.path.expanduser(value))  # (absolute: as is)
     return out
 
@@ -77,6 +78,8 @@ def load_config(path: str) -> dict[str, Any]:
 #: started elsewhere made a new state, output and ledger there, and released the
 #: stream's steps again under the same noise).
 _PATHS = ("input", "output", "state", "ledger", "key_file", "domain")
+#: A URI (``s3a://``, ``hdfs://``, ``file:/x``): a scheme of two or more characters.
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
 #: Flags that state a fact about one run (``--force``: the earlier release was never
 #: published; ``--replace-unfinished``: the killed batch's events are given up).
 _ONE_RUN_ONLY = ("force", "replace_unfinished")
