@@ -279,6 +279,11 @@ def test_a_batch_releasing_steps_whose_windows_are_open_warns(setup, capsys):
                        *clock)) == 1  # fmt: skip
     assert "--until 20 names a step whose window has not begun yet" in capsys.readouterr().err
     assert not out.exists()
+    # review 104: on the Spark engine too (refused before a session starts)
+    spark = ["--engine", "spark", "--master", "local[1]", "--until", "20", *clock]
+    assert main(_known(key, domain, "-i", day, "-o", str(out), *spark, *own_ledger(out))) == 1
+    assert "--until 20 names a step whose window has not begun yet" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def _state_rows(path):

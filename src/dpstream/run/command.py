@@ -171,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "released on this stream (a later run of its key and settings is refused, "
             "and its noise state is not kept); give --state FILE to go on later"
         )
-    if cfg.clock is not None and not cfg.follow and cfg.engine == "local":
+    if cfg.clock is not None and not cfg.follow:  # (both engines: review 104)
         _warn_open_steps(cfg, until)
     return run_config(cfg, load_key(cfg))
 
@@ -193,8 +193,8 @@ def _warn_open_steps(cfg: RunConfig, until: int) -> None:
         ended = clock.step_of(now) - 1  # the last step whose window has ended
     except (OverflowError, ValueError):  # a step past the year 9999: far from ended
         ended = None
-    if cfg.until is not None:
-        _refuse_unbegun_steps(cfg, last, now, ended)
+    if cfg.until is not None:  # (without it, the run finishes a stream whose horizon
+        _refuse_unbegun_steps(cfg, last, now, ended)  # may be ahead: warned, as before)
     upto = f"; the last step that has ended is {ended}" if ended is not None else ""
     _log.warning(
         f"this batch releases steps up to {last}, and the windows of the last ones have "
@@ -204,11 +204,11 @@ def _warn_open_steps(cfg: RunConfig, until: int) -> None:
 
 
 def _refuse_unbegun_steps(cfg: RunConfig, last: int, now: Any, ended: int | None) -> None:
-    """Refuse an ``--until`` whose step has not begun yet (review 102: ``--until
-    20260302``, a date for a step number, began releasing 20 million empty hourly steps,
-    and every later event of them would be late for ever). No event can have come for
-    a step whose window has not begun, so closing it early is never meant; a step
-    begun and not ended (the current one) is a warning."""
+    """Refuse an ``--until`` whose step has not begun yet, on both engines (review 102:
+    ``--until 20260302``, a date for a step number, began releasing 20 million empty
+    hourly steps, whose later events would be late for ever; review 104: Spark too).
+    No event can have come for a step whose window has not begun, so closing it early
+    is never meant; a step begun and not ended (the current one) is a warning."""
     clock = cfg.clock
     assert clock is not None
     try:
@@ -219,9 +219,10 @@ def _refuse_unbegun_steps(cfg: RunConfig, last: int, now: Any, ended: int | None
         return
     current = f"; the last step that has ended is {ended}" if ended is not None else ""
     raise ValueError(
-        f"--until {cfg.until} names a step whose window has not begun yet{current}: its "
-        "steps would be released empty, and any event of them late for ever. Give --until "
-        "a step that has ended (a step number on the clock of --start and --step)"
+        f"--until {cfg.until} names a step whose window has not begun yet{current}: those "
+        "steps would be "
+        "released empty, and any event of them late for ever. Give --until a step that "
+        "has ended (a step number on the clock of --start and --step)"
     )
 
 
