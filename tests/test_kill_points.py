@@ -610,3 +610,16 @@ def test_a_first_batch_killed_after_a_step_finishes_from_a_corrected_file(tmp_pa
     assert main([*cmd, "--replace-unfinished"]) == 0
     got = stream.outcome()
     assert got["out.jsonl"] == want["out.jsonl"] and got["steps"] == want["steps"]
+
+
+def test_a_ledger_line_longer_than_any_it_writes_is_refused_unsplit(tmp_path, capsys):
+    """Review 103: a 50 MB line of spaces was split into 50 million fields (580 MB) before
+    it was refused; no line the ledger writes is near 1 MB, so a longer one is refused
+    as it is."""
+    stream = Stream(tmp_path, "unknown")
+    assert main(stream.cmd(1)) == 0
+    ledger = stream.dir / "ledger"
+    ledger.write_bytes(ledger.read_bytes() + b" " * (2 << 20) + b"\n")
+    capsys.readouterr()
+    assert main(stream.cmd(2)) == 1
+    assert "is no ledger line (2,097,152 bytes; edited?)" in capsys.readouterr().err

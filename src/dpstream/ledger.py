@@ -123,6 +123,7 @@ _SCOPE = b"S1 "  # the line naming a run's noise scope
 _STEP_LINE = f"{_VERSION} ".encode("ascii")  # a step of a run
 _CUT = 32  # hex characters kept of each digest and of the tag (128 bits)
 _TORN = b"torn line\0"  # what a torn line's closing tag is over (before the line)
+_LINE_MAX = 1 << 20  # no line the ledger writes is near this long (a budget line: ~1 KB)
 
 
 class LedgerEntry(NamedTuple):
@@ -368,6 +369,11 @@ class ReleaseLedger(BudgetLines):
         refused (review 99: a renamed budget line hid a cost)."""
         if not raw:
             return
+        if len(raw) > _LINE_MAX:  # (review 103: split, a 50 MB line took 580 MB)
+            raise LedgerError(
+                f"line {self._lines} of the release ledger {self.path!r} is no ledger line "
+                f"({len(raw):,} bytes; edited?): refusing to trust the ledger"
+            )
         fields = raw.split(b" ")
         if raw.startswith(BUDGET_LINE) or raw.startswith(_SCOPE):
             budget = raw.startswith(BUDGET_LINE)
