@@ -409,6 +409,22 @@ def test_a_killed_batch_resumed_with_another_top_is_told_to_give_the_killed_runs
     assert main([*stream.cmd(1), "--top", "3"]) == 0
 
 
+def _kills(
+    stream: Stream, batch: int, start: Path, kind: str, want: Callable[[Stream], bool]
+) -> Iterator[int]:
+    """Each N of the kill points ``kind:N`` of ``batch`` in turn (from the files saved in
+    ``start``) after which ``want(stream)`` holds, the stream's files left as the kill
+    left them; it ends at the first N the run outlives."""
+    n = 0
+    while True:
+        n += 1
+        stream.restore(start)
+        if _run_killed(stream.cmd(batch), f"{kind}:{n}") is not None:
+            return
+        if want(stream):
+            yield n
+
+
 def _first_step_unrecorded(stream: Stream) -> bool:
     """Whether a kill left a recorded run with no step in the state while the release
     ledger holds lines (its scope, maybe its first step): a kill at the first step."""
@@ -432,14 +448,7 @@ def test_a_first_batch_killed_twice_at_its_first_step_resumes(tmp_path, capsys):
         refs[b] = stream.outcome()
 
     tried, stuck = 0, []
-    n1 = 0
-    while True:
-        n1 += 1
-        stream.restore(start)
-        if _run_killed(stream.cmd(1), f"torn:{n1}") is not None:
-            break  # the run outlived every torn write
-        if not _first_step_unrecorded(stream):
-            continue
+    for n1 in _kills(stream, 1, start, "torn", _first_step_unrecorded):
         once = stream.save(f"once-{n1}")
         for kind in ("write", "torn"):
             n2 = 0
@@ -504,14 +513,11 @@ def test_a_torn_ledger_line_on_an_append_only_ledger_is_closed_not_cut(tmp_path,
         refs[b] = stream.outcome()
     ledger = stream.dir / "ledger"
     torn_lines, stuck = 0, []
-    n1 = 0
-    while True:
-        n1 += 1
-        stream.restore(start)
-        if _run_killed(stream.cmd(2), f"torn:{n1}") is not None:
-            break
-        if ledger.read_bytes().endswith(b"\n"):
-            continue  # another file was torn
+
+    def ledger_torn(_: Stream) -> bool:  # (not another file)
+        return not ledger.read_bytes().endswith(b"\n")
+
+    for n1 in _kills(stream, 2, start, "torn", ledger_torn):
         torn_lines += 1
         once = stream.save(f"once-{n1}")
         for n2 in range(0, 8):
@@ -559,13 +565,9 @@ def test_a_line_with_a_nul_byte_is_refused_unless_closed_with_the_key(tmp_path, 
 def _kill_until(stream: Stream, batch: int, start: Path, want: Callable[[dict], bool]) -> str:
     """The first kill point (sql statements, in order) of ``batch`` after which the
     stream's files satisfy ``want``; the files are left so."""
-    for n in range(1, 200):
-        stream.restore(start)
-        if _run_killed(stream.cmd(batch), f"sql:{n}") is not None:
-            break
-        if want(stream.outcome()):
-            return f"sql:{n}"
-    raise AssertionError("no such kill point")
+    n = next(_kills(stream, batch, start, "sql", lambda s: want(s.outcome())), None)
+    assert n is not None, "no such kill point"
+    return f"sql:{n}"
 
 
 def test_a_first_batch_killed_after_its_ledger_step_goes_on_only_from_its_input(tmp_path, capsys):

@@ -102,7 +102,7 @@ from .ledger_budget import BudgetLines
 from .ledger_file import check_ledger_file, locked, open_ledger_file, read_range
 from .ledger_registry import check_ledger
 from .privacy import BudgetCap
-from .run.lock import same_file
+from .run.lock import refuse_foreign_link, same_file
 
 if TYPE_CHECKING:
     from .noise import NoiseKey
@@ -172,7 +172,8 @@ def ledger_path(opts: Mapping[str, Any], *, record: bool = False) -> str:
     key_file = opts.get("key_file")
     given = opts.get("ledger")
     path = str(given) if given else default_ledger_path(str(key_file))
-    key = _key_or_none(str(key_file)) if key_file else None
+    refuse_foreign_link(path, "the release ledger")  # (review 103: one another user made
+    key = _key_or_none(str(key_file)) if key_file else None  # chose where it was made)
     if key is not None:
         check_ledger(key, path, str(key_file), default=not given, record=record)
     return path
@@ -447,9 +448,9 @@ class ReleaseLedger(BudgetLines):
         release again under the same noise."""
         return [run for run in self.others() if self._other_last.get(run, 0) > last]
 
-    def other_last(self, run_id: str) -> int:
-        """The last step another run ``run_id`` has on record (0: none)."""
-        return self._other_last.get(run_id, 0)
+    def last_of(self, run_id: str) -> int:
+        """The last step run ``run_id`` (this one or another) has on record (0: none)."""
+        return self.last_t if run_id == self.run_id else self._other_last.get(run_id, 0)
 
     def others(self) -> list[str]:
         """The other runs that released under this run's noise scope (their lines'

@@ -57,6 +57,14 @@ _sleep = time.sleep
 LINE_KINDS = (b"L1 ", b"S1 ", b"B1 ")
 
 
+def opens_ledger(head: bytes) -> bool:
+    """Whether ``head``, the first bytes of a file, can open a release ledger: a line
+    kind, or a prefix of one (a torn first line, maybe closed with a NUL on an
+    append-only ledger)."""
+    first = head.split(b"\0")[0][:3]
+    return bool(first) and any(kind.startswith(first) for kind in LINE_KINDS)
+
+
 def check_ledger_file(path: str, *, fsync: bool = True) -> None:
     """Open (creating it if missing) and close the ledger at ``path``: refuse, before a
     run touches anything, a ledger it could not write or that others may write."""
@@ -96,8 +104,7 @@ def open_ledger_file(path: str, *, fsync: bool) -> int:
             f"`chmod 600 {path}`"
         )
     head = os.pread(fd, 3, 0)
-    first = head.split(b"\0")[0]  # (a torn first line closed on an append-only ledger)
-    if head and not (first and any(k.startswith(first) or first.startswith(k) for k in LINE_KINDS)):
+    if head and not opens_ledger(head):
         os.close(fd)
         raise LedgerError(
             f"{path!r} is not a release ledger (its first line is no ledger line): it may "

@@ -104,14 +104,11 @@ def check_ledger(
     Raises:
         LedgerError: the key's releases are recorded in another ledger.
     """
-    from .run.lock import refuse_foreign_link
-
-    refuse_foreign_link(ledger, "the release ledger")  # before its links are resolved
     folder = registry_dir()
     if folder is None or not _make_folder(folder):
         return
     entry = os.path.join(folder, key.fingerprint())
-    ledger = os.path.realpath(ledger)
+    given, ledger = ledger, os.path.realpath(ledger)
     key_file_real = "" if key_file is None else os.path.realpath(key_file)
     with _entry_lock(entry):
         recorded, recorded_key = _read(entry)
@@ -138,7 +135,8 @@ def check_ledger(
                     recorded,
                     ledger,
                 )
-            check_ledger_file(ledger)  # exists before the entry names it
+            check_ledger_file(given)  # exists before the entry names it (the path as
+            # given: its links are checked before they are followed, review 103)
         elif not os.path.isfile(ledger):
             return
         _write(entry, ledger, key_file_real)

@@ -156,6 +156,14 @@ def purpose_version(purpose: str) -> int:
     return 2 if purpose.startswith(_V2_PREFIX) else 1
 
 
+def is_key_text(text: str) -> bool:
+    """Whether ``text`` is what a key file holds: 64 hex digits (a key's 32 bytes), in
+    either case, with whitespace anywhere (around them, spaced, or on two lines as
+    ``xxd -p`` writes them). A file of it is never a domain or an output."""
+    digits = "".join(text.split())
+    return len(digits) == 2 * KEY_BYTES and all(c in "0123456789abcdefABCDEF" for c in digits)
+
+
 class NoiseKey:
     """The secret from which every noise value of a release derives.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 
 from .records import guard_lines, open_input, parse_items, shorten, valid_text
@@ -44,17 +43,15 @@ def read_domain(path: str) -> list[str]:
     return _checked(domain, f"domain file {path!r}")
 
 
-#: A noise key file's one line (``dpstream keygen``): 64 hexadecimal characters.
-_KEY_LINE = re.compile(r"[0-9a-fA-F]{64}")
-
-
 def _refuse_other_files(domain: list[str], path: str) -> None:
     """Refuse a file of lines that is plainly not a domain, before a release names its
     lines as items (every release of a known domain names each item): a noise key
     file (its one line of 64 hex characters: a release would publish the key, and the
     noise of every stream under it), or a file of JSON objects (the input's events,
     with their user ids). A domain of one such item is given as a JSON array."""
-    if len(domain) <= 2 and _KEY_LINE.fullmatch("".join("".join(domain).split())):
+    from ..noise import is_key_text
+
+    if len(domain) <= 2 and is_key_text(" ".join(domain)):
         raise ValueError(  # (spaced, or on two lines as `xxd -p` writes it: review 104)
             f"domain file {path!r} holds 64 hexadecimal characters: a noise key file "
             "(dpstream keygen writes them), not a domain; a release would publish it. Give "

@@ -460,8 +460,7 @@ def _refuse_other_first_input(
     record = ckpt.load()
     if record is None or record.steps or not record.input:
         return
-    recorded = ledger.last_t if ledger.run_id in allow else 0
-    recorded = max([recorded, *(ledger.other_last(r) for r in allow if r != ledger.run_id)])
+    recorded = max(ledger.last_of(run) for run in allow)
     if recorded and record.input != resolve_path(cfg.input):
         raise LedgerError(
             f"the stream's first run (reading {record.input!r}) was killed after the "

@@ -351,7 +351,8 @@ def _what_else(path: str) -> str | None:
     SQLite write-ahead log (a stream's state), a release ledger, or a key file (what
     :meth:`dpstream.noise.NoiseKey.load` reads: one line of 64 hex digits, in any case,
     spaces around); None for anything else."""
-    from ..ledger_file import LINE_KINDS
+    from ..ledger_file import opens_ledger
+    from ..noise import is_key_text
 
     with open(path, "rb") as fh:
         head = fh.read(4097)
@@ -359,16 +360,13 @@ def _what_else(path: str) -> str | None:
         return "a SQLite database (a stream's --state?)"
     if head[:4] in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83"):
         return "a SQLite write-ahead log (beside a stream's --state?)"
-    first = head.split(b"\0")[0]  # (a torn first line closed on an append-only ledger)
-    if first and any(head.startswith(kind) or kind.startswith(first) for kind in LINE_KINDS):
+    if opens_ledger(head):
         return "a release ledger"
     try:
-        text = "".join(head.decode("ascii").split())  # (spaced, or on two lines)
+        text = head.decode("ascii")
     except UnicodeDecodeError:
         return None
-    if len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text):
-        return "a secret key file"
-    return None
+    return "a secret key file" if is_key_text(text) else None
 
 
 def refuse_other_kind(cfg: RunConfig) -> None:

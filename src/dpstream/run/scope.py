@@ -88,11 +88,7 @@ def new_run_scope(
         if problem is not None:
             raise BudgetCapError(problem)
         kept = [run for run in (own, *replaced) if run and ledger.in_scope(run)]
-        allow = frozenset(
-            run
-            for run in kept
-            if (ledger.last_t if run == ledger.run_id else ledger.other_last(run)) <= 1
-        )
+        allow = frozenset(run for run in kept if ledger.last_of(run) <= 1)
         others = [run for run in ledger.others() if run not in allow]
         if own in kept and own not in allow:  # the state forgot steps it released
             others.append(own)

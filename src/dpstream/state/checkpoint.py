@@ -423,9 +423,9 @@ class Checkpoint:
                         f"state file {self.path!r} records {committed} released "
                         "steps: its run cannot be replaced"
                     )
-                old = self._db.execute("SELECT run_id FROM run WHERE id = 1").fetchone()
-                if old is not None and old[0]:  # the ledger may hold its first step
-                    self._db.execute("INSERT OR IGNORE INTO replaced VALUES (?)", (old[0],))
+                old = self.run_id()
+                if old:  # the ledger may hold its first step
+                    self._db.execute("INSERT OR IGNORE INTO replaced VALUES (?)", (old,))
                 self._db.execute("DELETE FROM run")
                 self._db.execute("DELETE FROM batches WHERE until IS NULL")  # it wrote nothing
             self._db.execute(
