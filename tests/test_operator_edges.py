@@ -356,3 +356,27 @@ def test_a_ledger_whose_first_line_was_closed_torn_is_still_known_as_a_ledger(tm
     key = tmp_path / "k2.hex"
     key.write_text("ab" * 30 + "\n" + "ab" * 2 + "\n")  # a key file on two lines (xxd -p)
     assert _what_else(str(key)) == "a secret key file"
+
+
+def test_a_missing_output_on_resume_is_refused_before_its_sidecar_is_written(
+    tmp_path, stream, capsys
+):
+    """Review 102: the next batch of a stream whose output was deleted rewrote the
+    output's sidecar, then refused because the output was missing."""
+    out, state = tmp_path / "rel.jsonl", tmp_path / "st.db"
+    first = tmp_path / "day1.jsonl"
+    first.write_text("".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in (1, 2)))
+    base = [*UNK, "--key-file", stream["key"], "-o", str(out), "--state", str(state)]
+    assert main([*base, "-i", str(first), "--until", "2"]) == 0
+    sidecar = tmp_path / "rel.jsonl.meta.json"
+    sidecar.write_text('{"marker": true}\n')  # any change to it shows
+    before = os.stat(sidecar).st_mtime_ns
+    out.unlink()
+    capsys.readouterr()
+    second = tmp_path / "day2.jsonl"
+    second.write_text(json.dumps({"t": 3, "items": ["a"]}) + "\n")
+    assert main([*base, "-i", str(second), "--until", "3"]) == 1
+    assert "is missing" in capsys.readouterr().err
+    assert sidecar.read_text() == '{"marker": true}\n'
+    assert os.stat(sidecar).st_mtime_ns == before
+    assert not out.exists()

@@ -342,3 +342,29 @@ def test_engine_spark_refuses_what_it_would_not_run(spark, tmp_path, capsys) -> 
         assert cli.main(_spark_args(tmp_path, key, tmp_path / "out", *extra)) == 1
         assert f"{extra[0]}: not available with --engine spark" in capsys.readouterr().err
     assert not Path(f"{key}.ledger").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_failure_inside_spark_is_one_line_with_its_cause(spark, tmp_path, capsys, monkeypatch):
+    """Review 103: Spark's OutOfMemoryError on a 100 MB line ended the command in a page
+    of the JVM's stack. A real error raised in the JVM by a query (``raise_error``, as a
+    failed task's would be) reaches the operator as one line naming its cause, with the
+    advice for memory; --debug keeps the trace."""
+    from dpstream import cli
+    from dpstream import spark as dp_spark
+
+    def failing_job(*_: object, **__: object) -> None:
+        spark.sql("SELECT raise_error('java.lang.OutOfMemoryError: Java heap space')").collect()
+
+    monkeypatch.setattr(dp_spark, "run_cli", failing_job)
+    key = tmp_path / "k.key"
+    fixed_key("spark-output").save(key)
+    (tmp_path / "ev.jsonl").write_text(json.dumps({"t": 1, "items": ["a"]}) + "\n")
+    capsys.readouterr()
+    assert cli.main(_spark_args(tmp_path, key, tmp_path / "out")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dpstream: error: Spark stopped the run: "), err
+    assert "Java heap space" in err and "the JVM ran out of memory" in err
+    assert err.count("\n") == 1 and "Traceback" not in err and "\tat " not in err
+    with pytest.raises(Exception) as caught:
+        cli.main(["--debug", *_spark_args(tmp_path, key, tmp_path / "out2")])
+    assert type(caught.value.__cause__).__module__.startswith("pyspark")  # Spark's own

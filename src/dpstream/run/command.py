@@ -565,9 +565,14 @@ def _release(
             }
         )
     budget = _dataset_budget(cfg, key, built, opened, state_existed)  # the cap, again
+    # a resumed output is checked (missing, changed) before its sidecar is touched; a new
+    # one gets its sidecar first, so that a reader of the output always finds it
+    resumed = opened.resume is not None or (opened.go_on is not None and opened.go_on.continues)
+    out = _open_out(cfg, built, opened, digests, stack) if resumed else None
     if cfg.output != "-" and regular_or_new(str(cfg.output)):  # not beside a pipe or a
-        _write_sidecar(cfg, built.mech, budget)  # device: the run's public metadata, first
-    out = _open_out(cfg, built, opened, digests, stack)
+        _write_sidecar(cfg, built.mech, budget)  # device: the run's public metadata
+    if out is None:
+        out = _open_out(cfg, built, opened, digests, stack)
     viewer = None
     if cfg.view:
         from ..view.command import start_run_view

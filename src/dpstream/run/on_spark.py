@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import DPStreamError
 from ..logs import log_fields
 from .budget import run_cap, run_spend
 from .scope import new_run_scope, noise_scope
@@ -20,9 +21,35 @@ if TYPE_CHECKING:
     from ..noise import NoiseKey
     from .config import RunConfig
 
-__all__ = ["run_on_spark"]
+__all__ = ["SparkJobError", "run_on_spark"]
 
 _log = logging.getLogger("dpstream.run")
+
+
+class SparkJobError(DPStreamError):
+    """Spark stopped a run: its cause in one line, not the JVM's stack."""
+
+
+def _from_spark(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark's own (a Py4J error from the JVM, or PySpark's): our own
+    errors (settings, state, ledger) keep their words."""
+    return type(exc).__module__.split(".")[0] in ("py4j", "pyspark")
+
+
+def _spark_failure(exc: BaseException) -> str:
+    """What the operator reads when Spark stops a run (review 103: a 100 MB line ended
+    in the JVM's OutOfMemoryError and a page of its stack)."""
+    from ..spark.output import jvm_cause
+
+    cause = jvm_cause(exc)
+    text = f"Spark stopped the run: {cause}"
+    if "OutOfMemoryError" in cause or "OutOfMemoryError" in str(exc):
+        text += (
+            " (the JVM ran out of memory: give Spark more, e.g. spark.driver.memory and "
+            "spark.executor.memory in spark-defaults.conf, or look for a huge line in the "
+            "input)"
+        )
+    return text + "; see docs/spark.md, or run again with --debug for Spark's trace"
 
 
 def run_on_spark(
@@ -50,9 +77,14 @@ def run_on_spark(
         with ledger:
             ledger.claim_scope()
 
-    summary = run_cli(
-        cfg.with_options(until=cfg.last_step), master=cfg.master, key=key, before_release=claim
-    )
+    try:
+        summary = run_cli(
+            cfg.with_options(until=cfg.last_step), master=cfg.master, key=key, before_release=claim
+        )
+    except Exception as exc:
+        if not _from_spark(exc):
+            raise
+        raise SparkJobError(_spark_failure(exc)) from exc  # (--debug shows its trace)
     _log.info(
         f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
         f"{summary['events']} events ({summary['skipped']} invalid skipped), "

@@ -211,13 +211,13 @@ def write_table(table: Any, fmt: str, out: str, place: OutputPlace, force: bool)
         raise
     except Exception as exc:  # Spark's (a Py4J error): one line, not the JVM's stack
         raise StateError(
-            f"could not write the releases to {out!r}: {_cause(exc)}; the release "
+            f"could not write the releases to {out!r}: {jvm_cause(exc)}; the release "
             "ledger already records this run, so run it again with --force once the "
             "output can be written"
         ) from None
 
 
-def _cause(exc: BaseException) -> str:
+def jvm_cause(exc: BaseException) -> str:
     """The first line of the deepest cause of a failure in the JVM (Py4J's own first
     line names only the call), else of ``exc``."""
     java = getattr(exc, "java_exception", None)
