@@ -87,11 +87,12 @@ def _spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _module_key_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A test module's own key registry (``dpstream.ledger_registry``) for the runs of
-    its module-scoped fixtures (autouse: set before them); never the user's."""
+def _module_key_registry() -> Iterator[None]:
+    """No key registry (``dpstream.ledger_registry``) for the runs of a module's
+    module-scoped fixtures (autouse: set before them); never the user's. See
+    :func:`_key_registry`."""
     name, before = "DPSTREAM_KEY_REGISTRY", os.environ.get("DPSTREAM_KEY_REGISTRY")
-    os.environ[name] = str(tmp_path_factory.mktemp("module-key-registry"))
+    os.environ[name] = "off"
     yield
     if before is None:
         os.environ.pop(name, None)
@@ -100,13 +101,21 @@ def _module_key_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
 
 @pytest.fixture(autouse=True)
-def _key_registry(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each test's runs record their keys' ledgers in a registry of the test's own: tests
-    save one fixed key in many folders, and a shared registry would rightly refuse every
-    copy after the first."""
-    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(tmp_path_factory.mktemp("key-registry")))
+def _key_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key registry is off in tests, never the user's: its rule, one ledger a key,
+    rightly refuses what many tests do on purpose (a reference run of the same key and
+    settings over neighbouring input, with a ledger of its own: :func:`own_ledger`), as
+    an operator does with ``DPSTREAM_KEY_REGISTRY=off``. The registry's own tests, and
+    the normal runs they check it lets through, take :func:`key_registry`."""
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", "off")
+
+
+@pytest.fixture
+def key_registry(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A key registry of the test's own (a folder): its runs record their keys' ledgers."""
+    folder = str(tmp_path_factory.mktemp("key-registry"))
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", folder)
+    return folder
 
 
 @pytest.fixture

@@ -605,3 +605,25 @@ def test_a_cost_of_epsilon_zero_is_a_cost(tmp_path, capsys) -> None:
     assert main(["budget", "--key-file", str(key), "--dataset", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "dataset tiny: epsilon = 0, delta = 1e-06 per event over 1 release" in out, out
+
+
+@pytest.mark.parametrize("flag", ["--dataset", "--stream"])
+def test_a_name_too_long_for_the_ledger_is_refused_before_anything_is_written(
+    tmp_path, capsys, flag
+) -> None:
+    """Review 106: an 800 KB --dataset (from a config file) wrote a budget line of 1 MB,
+    which every later run and `dpstream budget` then refused as no ledger line. A name
+    is at most 1,000 characters; 1,000 pass, and the ledger stays readable."""
+    from dpstream.cli import main
+
+    key = tmp_path / "k.key"
+    fixed_key("budget-cli").save(key)
+    _events(tmp_path / "sales.jsonl")
+    common = ["run", "-q", "--key-file", str(key), "-i", str(tmp_path / "sales.jsonl"),
+              "-T", "6", "--max-items", "2", "-m", "unknown", "--epsilon", "1",
+              "--delta", "1e-6"]  # fmt: skip
+    assert main([*common, flag, "é" * 1001, "-o", str(tmp_path / "a.jsonl")]) == 2
+    assert f"{flag} is 1,001 characters long" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.key", "sales.jsonl"]
+    assert main([*common, flag, "é" * 1000, "-o", str(tmp_path / "b.jsonl")]) == 0
+    assert main(["budget", "--key-file", str(key)]) == 0

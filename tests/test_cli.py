@@ -866,7 +866,39 @@ def test_keygen_mode_and_no_overwrite(tmp_path, capsys):
     NoiseKey.load(path)
     assert str(path) in capsys.readouterr().err
     assert main(["keygen", str(path)]) == 1
-    assert "exists" in capsys.readouterr().err
+    assert f"{path}: File exists" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.key"]  # no temporary left
+
+
+def test_keygen_writes_the_key_whole_and_synced_or_not_at_all(tmp_path, monkeypatch):
+    """Review 107: the key file was not synced (the ledger beside it is), and a kill
+    between its creation and its write left an empty key file that keygen then refused.
+    It is now written and synced under a temporary name, linked to its name (never over
+    a file, nor a link to nothing), and its folder synced."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "new.key"
+    NoiseKey.generate().save(path)
+    assert synced[-1] == str(tmp_path) and synced[0].startswith(str(tmp_path / ".new.key."))
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.key")
+    with pytest.raises(FileExistsError):
+        NoiseKey.generate().save(tmp_path / "dangling.key")
+    assert not (tmp_path / "nowhere").exists()
+
+    def killed(fd):
+        raise KeyboardInterrupt  # as a kill while the key is written
+
+    monkeypatch.setattr(os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        NoiseKey.generate().save(tmp_path / "other.key")
+    assert not (tmp_path / "other.key").exists()  # no empty key file under its name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.key", "new.key"]
 
 
 def test_run_refuses_without_key(files, capsys):

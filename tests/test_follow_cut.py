@@ -565,3 +565,39 @@ def test_a_recorded_step_waits_for_a_slow_pipe_and_is_refused_only_at_its_end():
     assert _ready_on_record(2, 2, 2, caught_up=False, ended=False)
     with pytest.raises(StateError, match="is it the same input"):
         _ready_on_record(2, 2, 1, caught_up=False, ended=True)  # the input ended short
+
+
+class _CountingBuffer(bytearray):
+    """A buffer that counts the bytes each search for a line end looks at."""
+
+    searched = 0
+
+    def find(self, sub, start=0, *rest):  # type: ignore[override]
+        _CountingBuffer.searched += len(self) - start
+        return super().find(sub, start, *rest)
+
+
+def test_a_long_stretch_with_no_line_end_is_searched_once(tmp_path):
+    """Review 107: a followed input whose tail held megabytes with no line end (a crash's
+    zero-filled tail) was searched from the line's start again at every read: 200 MB
+    took 79 s (quadratic) while every due step waited. Each byte is now searched about
+    once: the bytes looked at stay within twice the input (the old reader looked at
+    about reads x size / 2: 4 MB in 64 KiB reads, ~128 MB)."""
+    size = 4 << 20
+    path = tmp_path / "ev.jsonl"
+    tail = _line(1, "a")
+    path.write_bytes(b"\0" * size + b"\n" + tail.encode())
+    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+        source = FollowedInput(fh, str(path))
+        source._buf = _CountingBuffer()
+        _CountingBuffer.searched = 0
+        lines = []
+        for _ in range(10_000):  # (reads of at most 64 KiB: a bound, not a clock)
+            line = source.readline()
+            if line:
+                lines.append(line)
+            if len(lines) == 2 or source.at_end():
+                break
+        source.close()
+    assert lines == ["\0" * size + "\n", tail]
+    assert _CountingBuffer.searched <= 2 * (size + len(tail) + 1)

@@ -185,7 +185,9 @@ def test_a_damaged_sidecar_noise_version_is_refused_in_words(tmp_path, stream, c
     assert out.read_bytes() == before
 
 
-def test_a_deleted_ledger_is_warned_about_when_a_new_one_starts(tmp_path, stream, caplog):
+def test_a_deleted_ledger_is_warned_about_when_a_new_one_starts(
+    tmp_path, stream, caplog, key_registry
+):
     """Deleting a key's ledger let a stream's steps be released again over other data;
     the new, empty ledger is now named in a warning that says what was lost."""
     out = tmp_path / "o.jsonl"

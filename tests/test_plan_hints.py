@@ -42,3 +42,18 @@ def test_top_k_hints_match_the_whole_domain(capsys):
             DOMAIN, 100, k=5, max_items=hint["max_items"], key=fixed_key("hint"), rho=0.1
         )
         assert hint["noise_std_worst"] == float(whole.noise_std_worst)
+
+
+def test_hints_leave_out_what_the_settings_cannot_take(capsys):
+    """Review 106: with --threshold-delta 5e-6 and --delta 1e-5, the hint's --max-items 2
+    pays the threshold's delta twice, all of --delta: the plan of settings `run` takes
+    (--max-items 1) ended in that error. The hint now leaves such values out; the value
+    given is always there."""
+    args = ["-m", "unknown", "--max-items", "1", "--epsilon", "1", "--delta", "1e-5"]
+    info = _plan(capsys, *args, "--threshold-delta", "5e-6")
+    assert [h["max_items"] for h in info["max_items_hint"]] == [1]
+    info = _plan(capsys, *args, "--threshold-delta", "3e-6")  # up to 3 items fit
+    assert [h["max_items"] for h in info["max_items_hint"]] == [1, 2]
+    given = ["plan", "-T", "100", *args[:3], "5", *args[4:], "--threshold-delta", "3e-6"]
+    assert main(given) in (1, 2)  # the value given: refused, as by run
+    assert "delta" in capsys.readouterr().err

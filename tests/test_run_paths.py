@@ -54,9 +54,9 @@ def _events(path: Path, seed: int, per_step: int = 3) -> None:
 
 
 @pytest.fixture
-def place(tmp_path, monkeypatch):
+def place(tmp_path, monkeypatch, key_registry):
     """A key, a domain and two inputs in ``tmp_path`` (the working directory, so paths
-    are relative, as an operator types them)."""
+    are relative, as an operator types them), with a key registry of the test's own."""
     monkeypatch.chdir(tmp_path)
     fixed_key("run-paths").save(tmp_path / "k.key")
     (tmp_path / "dom.txt").write_text("a\nb\nc\n")
@@ -95,7 +95,12 @@ def test_a_link_to_the_key_finds_its_ledger_and_cannot_replay_the_noise(place, c
     err = capsys.readouterr().err
     assert "records 1 earlier run(s)" in err and err.count("\n") == 1
     assert not Path("r3.jsonl").exists() and not Path("link.key.ledger").exists()
-    # the same key and settings released over other data: what the refusal prevents
+    # the same key and settings released over other data: what the refusals prevent (a
+    # ledger of its own is refused too while the registry knows the key's: review 107)
+    assert _run("k.key", "other.jsonl", "r3.jsonl", "--ledger", "apart.ledger") == 1
+    assert "--ledger names another file" in capsys.readouterr().err
+    assert not Path("r3.jsonl").exists() and not Path("apart.ledger").exists()
+    os.environ["DPSTREAM_KEY_REGISTRY"] = "off"  # (monkeypatched: undone after the test)
     assert _run("k.key", "other.jsonl", "r3.jsonl", "--ledger", "apart.ledger") == 0
     r1 = [json.loads(x)["released"] for x in Path("r1.jsonl").read_text().splitlines()]
     r3 = [json.loads(x)["released"] for x in Path("r3.jsonl").read_text().splitlines()]
@@ -141,7 +146,10 @@ def test_a_ledger_beside_the_link_is_refused_not_forgotten(place, capsys, resolv
     # what a dpstream that did not follow links left: a ledger named after the link
     assert _run("k.key", "ev.jsonl", "r1.jsonl", "--ledger", "link.key.ledger") == 0
     if resolved_exists:
-        assert _run("k.key", "ev.jsonl", "r0.jsonl", "--stream", "first") == 0
+        more = ("--stream", "first", "--ledger", "k.key.ledger")  # a second ledger, as
+        with pytest.MonkeyPatch.context() as mp:  # an older dpstream left it
+            mp.setenv("DPSTREAM_KEY_REGISTRY", "off")
+            assert _run("k.key", "ev.jsonl", "r0.jsonl", *more) == 0
         assert Path("k.key.ledger").exists()
     before = Path("link.key.ledger").read_bytes()
     capsys.readouterr()
@@ -363,8 +371,7 @@ def _registry_entry() -> Path:
 
 def test_a_copy_is_sent_to_the_ledger_its_key_was_given_with(place, capsys):
     """A key first used with --ledger (shared storage, as the docs advise): a copy run
-    without --ledger found a fresh ledger. The key file it was given with keeps its
-    own default ledger too (one key file, two ledgers: the operator's choice)."""
+    without --ledger found a fresh ledger."""
     os.mkdir("shared")
     shutil.copy("k.key", "copy.key")
     assert _run("k.key", "ev.jsonl", "r1.jsonl", "--ledger", "shared/k.ledger") == 0
@@ -372,8 +379,47 @@ def test_a_copy_is_sent_to_the_ledger_its_key_was_given_with(place, capsys):
     assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
     assert f"--ledger {str(place / 'shared' / 'k.ledger')!r}" in capsys.readouterr().err
     assert not Path("r2.jsonl").exists()
-    assert _run("k.key", "other.jsonl", "r3.jsonl", "--stream", "own") == 0  # its own key file
-    assert Path("k.key.ledger").exists()
+
+
+def test_a_forgotten_ledger_flag_is_refused_not_a_fresh_ledger(place, capsys):
+    """Review 106: a key file given --ledger and a --budget-cap, then run once without
+    --ledger over one day's changed input, found a fresh default ledger: the same noise
+    over other data (the releases' difference was the true counts' difference), each
+    ledger within the cap, and `budget` saw no run. Now refused before anything is
+    written, by `run`, `plan` and `budget` alike; with the flag the replay is refused."""
+    budget = ["--dataset", "sales", "--budget-cap", "1.5"]
+    shared = str(place / "secure.ledger")
+    assert _run("k.key", "ev.jsonl", "r1.jsonl", "--ledger", shared, *budget) == 0
+    capsys.readouterr()
+    assert _run("k.key", "other.jsonl", "r2.jsonl", *budget) == 1
+    err = capsys.readouterr().err
+    assert "named with --ledger, and this run names none" in err and f"{shared!r}" in err
+    assert not Path("r2.jsonl").exists() and not Path("k.key.ledger").exists()
+    assert main(["budget", "--key-file", "k.key"]) == 1
+    assert f"{shared!r}" in capsys.readouterr().err
+    assert _run("k.key", "other.jsonl", "r2.jsonl", "--ledger", shared, *budget) == 1
+    assert "records 1 earlier run(s)" in capsys.readouterr().err  # the replay, seen
+    assert main(["budget", "--key-file", "k.key", "--ledger", shared]) == 0
+
+
+def test_a_ledger_named_elsewhere_is_refused_while_the_keys_ledger_exists(place, capsys):
+    """Review 107: a run with the default ledger, then the same command over other data
+    with --ledger naming a fresh file (a relative path typed in another folder, say),
+    drew the same noise with only a warning. A ledger moved with `mv` is followed."""
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    capsys.readouterr()
+    os.mkdir("elsewhere")
+    assert _run("k.key", "other.jsonl", "r2.jsonl", "--ledger", "elsewhere/L") == 1
+    err = capsys.readouterr().err
+    assert "--ledger names another file" in err and "k.key.ledger" in err
+    assert not Path("r2.jsonl").exists() and not Path("elsewhere/L").exists()
+    os.rename("k.key.ledger", "elsewhere/L")  # moved: the record follows it
+    assert _run("k.key", "other.jsonl", "r2.jsonl", "--ledger", "elsewhere/L") == 1
+    assert "records 1 earlier run(s)" in capsys.readouterr().err  # its runs, still seen
+    more = ("--ledger", "elsewhere/L", "--stream", "second")
+    assert _run("k.key", "other.jsonl", "r2.jsonl", *more) == 0
+    assert _run("k.key", "other.jsonl", "r3.jsonl", "--stream", "third") == 1  # the default
+    assert "elsewhere/L" in capsys.readouterr().err
 
 
 def test_a_ledger_that_cannot_be_reached_is_not_replaced(place, capsys):
@@ -454,7 +500,9 @@ def test_a_ledger_path_that_is_no_ledger_is_refused(place, capsys):
     for other in ("r1.jsonl", "s.sqlite", "r1.jsonl.meta.json"):
         before = Path(other).read_bytes()
         capsys.readouterr()
-        code = _run("k.key", "other.jsonl", "r2.jsonl", "--stream", "x", "--ledger", other)
+        with pytest.MonkeyPatch.context() as mp:  # (the registry would refuse any other)
+            mp.setenv("DPSTREAM_KEY_REGISTRY", "off")
+            code = _run("k.key", "other.jsonl", "r2.jsonl", "--stream", "x", "--ledger", other)
         assert code == 1 and "is not a release ledger" in capsys.readouterr().err
         assert Path(other).read_bytes() == before and not Path("r2.jsonl").exists()
 

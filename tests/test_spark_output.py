@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -368,3 +369,44 @@ def test_a_failure_inside_spark_is_one_line_with_its_cause(spark, tmp_path, caps
     with pytest.raises(Exception) as caught:
         cli.main(["--debug", *_spark_args(tmp_path, key, tmp_path / "out2")])
     assert type(caught.value.__cause__).__module__.startswith("pyspark")  # Spark's own
+
+
+_KILLED_BETWEEN_RENAMES = """
+import os, signal, sys
+from dpstream.spark import output as o
+parent, name = sys.argv[1], "out.csv"
+path = os.path.join(parent, name)
+new = o._hidden_name(parent, name)
+os.makedirs(new)
+with open(os.path.join(new, "part-00000-c000.csv"), "w") as fh:
+    fh.write("t,item,value\\n2,b,9\\n")
+real, calls = os.rename, []
+def rename(a, b):
+    real(a, b)
+    calls.append(b)
+    if len(calls) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # between the two renames
+o.os.rename = rename
+o._put_in_place(new, path, name, o.OutputPlace(path), True)
+"""
+
+
+@pytest.mark.parametrize("new_written", [True, False])
+def test_force_killed_between_its_renames_keeps_an_output(tmp_path, new_written) -> None:
+    """Review 105: a --force run killed after it renamed the earlier output aside, before
+    it renamed the new one into place, left both hidden, and the next run's tidying
+    deleted both. The next run now puts the new (whole) output in place, or the earlier
+    one back when the new one is missing."""
+    out = tmp_path / "out.csv"
+    out.mkdir()
+    (out / "part-00000-c000.csv").write_text("t,item,value\n1,a,5\n")
+    done = subprocess.run([sys.executable, "-c", _KILLED_BETWEEN_RENAMES, str(tmp_path)])
+    assert done.returncode == -9 and not out.exists()
+    hidden = sorted(p.name for p in tmp_path.iterdir())
+    assert len(hidden) == 2 and hidden[1] == hidden[0] + ".old"
+    if not new_written:
+        shutil.rmtree(tmp_path / hidden[0])
+    output._tidy(str(tmp_path), "out.csv")  # what the next run on this output does first
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
+    kept = (out / "part-00000-c000.csv").read_text()
+    assert kept == ("t,item,value\n2,b,9\n" if new_written else "t,item,value\n1,a,5\n")

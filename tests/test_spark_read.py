@@ -646,3 +646,35 @@ def test_a_file_name_with_a_colon_is_refused_in_one_line(spark, tmp_path, capsys
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "takes a ':' in a file's path" in err[0], err
         assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("second", "writes", "words"),
+    [
+        ("day1 (copy).jsonl", "same", "holds the same bytes as"),
+        ("day1.jsonl.gz", "gzip", "compressed"),
+        ("day1.jsonl~", "older", "an editor's backup"),
+    ],
+)
+def test_a_jsonl_folder_with_a_copy_or_a_twin_is_refused(tmp_path, second, writes, words):
+    """Review 105: Spark read every file of a JSON Lines folder, so a copy of a day's
+    file, its gzipped twin or an editor's backup counted its events twice (3,000 events
+    released as 6,000 or 8,990, exit 0), where the Parquet reader refuses a copy. A
+    folder of distinct days is read as before."""
+    import gzip
+
+    from dpstream.spark.paths import input_files
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    body = "".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in (1, 2, 3))
+    (folder / "day1.jsonl").write_text(body)
+    (folder / "day2.jsonl").write_text(body.replace('"a"', '"b"'))
+    assert [Path(f).name for f in input_files(str(folder))] == ["day1.jsonl", "day2.jsonl"]
+    data = {"same": body.encode(), "gzip": gzip.compress(body.encode()),
+            "older": body[:-20].encode()}[writes]  # fmt: skip
+    (folder / second).write_bytes(data)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        input_files(str(folder))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        input_files("file://" + str(folder))

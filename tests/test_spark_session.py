@@ -237,3 +237,49 @@ def test_a_commands_session_has_no_ui_unless_the_operator_sets_it(
     )
     assert "spark.ui.enabled" not in session_defaults("local[2]")
     assert "spark.sql.inMemoryColumnarStorage.compressed" not in session_defaults("local[2]")
+
+
+_KILLED_SHUFFLE = """
+import glob, os, signal, stat, sys
+from dpstream.spark import session
+spark = session.start_session("local[1]")
+local = spark.conf.get("spark.local.dir")
+spark.range(0, 1000, 1, 4).selectExpr("id % 7 AS k").groupBy("k").count().collect()
+blocks = glob.glob(os.path.join(local, "**", "blockmgr-*"), recursive=True)
+print("local", local, "mode", oct(stat.S_IMODE(os.stat(local).st_mode)))
+print("temp", spark.sparkContext._temp_dir)
+print("blocks", len(blocks))
+sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # as a kill: no exit handler runs
+"""
+
+
+def test_spark_scratch_files_stay_in_a_private_folder_a_later_run_removes(tmp_path: Path) -> None:
+    """Review 105: on a local master Spark kept its shuffle blocks (true counts, user ids)
+    in /tmp/blockmgr-* folders others could read, whatever TMPDIR said, and PySpark's
+    broadcast of the key in /tmp/spark-*; a SIGKILL left both for good. They now go to
+    a folder of the run's own, mode 0700, under TMPDIR; the next start removes the
+    folders of processes that are gone, and keeps a live process's or a link."""
+    from dpstream.spark.session import LOCAL_DIR_PREFIX, tidy_local_dirs
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_DIRS",)}
+    env.update(TMPDIR=str(tmp), PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                                                      env.get("PATH", "")]))  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _KILLED_SHUFFLE], capture_output=True,
+                          text=True, timeout=600, env=env)  # fmt: skip
+    assert done.returncode == -9, done.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    local = Path(out["local"].split(" mode ")[0])
+    assert local.parent == tmp and local.name.startswith(LOCAL_DIR_PREFIX)
+    assert out["local"].endswith("mode 0o700")
+    assert Path(out["temp"]).is_relative_to(local)  # PySpark's broadcasts (the key)
+    assert int(out["blocks"]) >= 1 and local.is_dir()  # left by the kill
+    assert not list(tmp.glob("blockmgr-*")) and not list(tmp.glob("spark-*"))
+    live = tmp / f"{LOCAL_DIR_PREFIX}{os.getpid()}-live"  # this process: alive
+    live.mkdir()
+    os.symlink(local, tmp / f"{LOCAL_DIR_PREFIX}999999999-link")
+    assert tidy_local_dirs(str(tmp)) == [str(local)]
+    assert not local.exists() and live.is_dir()
+    assert (tmp / f"{LOCAL_DIR_PREFIX}999999999-link").is_symlink()

@@ -22,14 +22,15 @@ else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
   the registry's lock for the key, so two first runs from two copies cannot both
   record. ``plan`` and ``budget`` record a ledger only if it exists already (so running
   ``dpstream budget --key-file KEY`` after an upgrade records a key's ledger).
-* The entry also names the key file the ledger was recorded from. A run with the
-  *default* ledger of another key file (a copy) is refused while the key's recorded
-  ledger is another file that exists, and also while the recorded ledger cannot be
-  reached (its folder is missing, as on an unmounted volume, or it is not a regular
-  file): only a ledger that is certainly gone is replaced.
-* ``--ledger PATH`` is the operator naming the ledger: it is never refused here, and
-  the key file it was recorded from keeps its default ledger too (one key file with
-  two ledgers is the operator's choice; a copy finding a fresh one is the mistake).
+* The entry also names the key file the ledger was recorded from (for the advice). A
+  run with any other ledger, while the recorded one exists or cannot be reached, is
+  refused before anything is written: the default ledger of a copy of the key, the
+  default ledger of the key file that was given ``--ledger`` (a forgotten flag), and a
+  ``--ledger`` naming another file (reviews 106 and 107: each found a ledger blind to
+  the key's releases, so the replay refusal and the dataset's cap saw nothing, and the
+  same noise went out over other data). Only a ledger that is certainly gone is
+  replaced: moving the ledger (``mv``) moves the record with it at the next run.
+  ``DPSTREAM_KEY_REGISTRY=off`` is the way to keep two ledgers of one key on purpose.
 
 The registry is per user and per machine: a key copied to another machine or used by
 another user is not seen (docs/operations.md says to name one ledger on shared storage
@@ -93,13 +94,13 @@ def registry_dir() -> str | None:
 def check_ledger(
     key: NoiseKey, ledger: str, key_file: str | None, *, default: bool, record: bool
 ) -> None:
-    """Refuse a default ``ledger`` of ``key_file`` when the key's recorded ledger is
-    another file that exists or cannot be reached; record ``ledger`` when the key has
-    none (see the module's rules). ``record``: a run, which creates its ledger here
-    (:func:`dpstream.ledger_file.check_ledger_file`) under the registry's lock; without
-    it (``plan``, ``budget``) only an existing ledger is recorded. ``key_file``: None
-    for a key given as an object (a library's Spark stream, whose ``ledger=`` is always
-    named, as ``--ledger`` is).
+    """Refuse ``ledger`` (``default``: the one beside ``key_file``; else named) when the
+    key's recorded ledger is another file that exists or cannot be reached; record
+    ``ledger`` when the key has none (see the module's rules). ``record``: a run, which
+    creates its ledger here (:func:`dpstream.ledger_file.check_ledger_file`) under the
+    registry's lock; without it (``plan``, ``budget``) only an existing ledger is
+    recorded. ``key_file``: None for a key given as an object (a library's Spark
+    stream, whose ``ledger=`` is always named, as ``--ledger`` is).
 
     Raises:
         LedgerError: the key's releases are recorded in another ledger.
@@ -114,12 +115,13 @@ def check_ledger(
         recorded, recorded_key = _read(entry)
         state = _state(recorded) if recorded is not None else "gone"
         if recorded is not None and state != "gone" and not same_file(recorded, ledger):
-            # the key file on record by its name, not its inode: the default ledger is
-            # named after the key file's path, so a hard link of the key (the same inode
-            # under another name) would find a fresh ledger of its own
-            if default and (recorded_key is None or recorded_key != key_file_real):
-                raise LedgerError(_refusal(recorded, ledger, str(key_file), entry, state))
-            return  # --ledger, or this key file's default beside its own --ledger
+            # one ledger a key (reviews 106 and 107): a copy of the key, its own key file
+            # without the --ledger it was given, or a --ledger naming a fresh file found a
+            # ledger blind to the key's releases, so the replay refusal and the dataset's
+            # cap saw nothing, and the same noise went out over other data
+            raise LedgerError(
+                _refusal(recorded, ledger, key_file, entry, state, recorded_key, default)
+            )
         if recorded is not None and state == "live":
             return  # this ledger, on record
         if record:
@@ -154,12 +156,27 @@ def _state(recorded: str) -> str:
     return "live" if stat.S_ISREG(mode) else "unreachable"
 
 
-def _refusal(recorded: str, ledger: str, key_file: str, entry: str, state: str) -> str:
+def _refusal(
+    recorded: str,
+    ledger: str,
+    key_file: str | None,
+    entry: str,
+    state: str,
+    recorded_key: str | None,
+    default: bool,
+) -> str:
+    if not default:
+        why = "--ledger names another file"
+    elif key_file is not None and recorded_key == os.path.realpath(key_file):
+        why = "that ledger was named with --ledger, and this run names none"
+    else:
+        why = "a copy of a key must use its key's one ledger"
+    where = "" if key_file is None else f" in --key-file {key_file!r}"
     head = (
-        f"the key in --key-file {key_file!r} has its releases recorded in the ledger "
-        f"{recorded!r}, not in {ledger!r} (the ledger beside this key file): a copy of a "
-        "key must use its key's one ledger, or a run could release a used noise scope "
-        "again"
+        f"the key{where} has its releases recorded in the ledger {recorded!r}, not in "
+        f"{ledger!r}{' (the ledger beside this key file)' if default else ''}: {why}; a "
+        "key's runs keep one ledger, or a run could release a used noise scope again, and "
+        "pass the dataset's --budget-cap, unseen"
     )
     if state == "unreachable":
         return (
@@ -181,8 +198,10 @@ def _refusal(recorded: str, ledger: str, key_file: str, entry: str, state: str) 
         else ""
     )
     return (
-        f"{head}{empty}; pass --ledger {recorded!r}, or use the key file beside it. If this "
-        f"key file is the one to keep, move that ledger to {ledger!r}"
+        f"{head}{empty}; pass --ledger {recorded!r}, or use the key file beside it. If "
+        f"{ledger!r} is to be the key's ledger, move that ledger there (`mv`: the record "
+        "follows it); to keep two ledgers of one key on purpose, set "
+        "DPSTREAM_KEY_REGISTRY=off"
     )
 
 

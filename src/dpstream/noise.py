@@ -73,6 +73,8 @@ Gaussian) mode can replace them without touching the mechanisms.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import os
@@ -209,13 +211,43 @@ class NoiseKey:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the key to ``path`` (hex, one line), readable by the owner only.
 
-        Refuses to overwrite an existing file, so a key in use is never lost.
+        Refuses to overwrite an existing file (or a link, even to nothing), so a key in
+        use is never lost; the file appears whole and synced to disk, or not at all.
         """
         path = Path(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(self._secret.hex() + "\n")
-        os.chmod(path, 0o600)
+        # written whole and synced under a temporary name, then linked to its name (a
+        # link never replaces a file, as O_EXCL never does), and its folder synced
+        # (review 107: a kill right after keygen left an empty key file, and a power
+        # loss after a first run could lose the key while the ledger and the releases,
+        # which are synced, survived)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(self._secret.hex() + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o600)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+            except OSError:  # a file system without hard links: written in place
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="ascii") as fh:
+                    fh.write(self._secret.hex() + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chmod(path, 0o600)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> NoiseKey:

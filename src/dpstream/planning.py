@@ -140,8 +140,16 @@ def max_items_hint(std_for: Any, given: int) -> list[dict[str, Any]]:
     ``std_for(n)`` builds the mechanism with max_items = n and returns its std.
     KnownBase's noise grows as sqrt(max_items) (sensitivity sqrt(Delta0 L_r)).
     """
-    values = sorted(set(MAX_ITEMS_CHOICES) | {int(given)})
-    return [{"max_items": n, "noise_std_worst": float(std_for(n))} for n in values]
+    rows = []
+    for n in sorted(set(MAX_ITEMS_CHOICES) | {int(given)}):
+        try:
+            std = float(std_for(n))
+        except ValueError:  # (review 106: a value these settings cannot take, say with
+            if n == given:  # --threshold-delta paid n times past --delta, ended the plan)
+                raise
+            continue  # left out of the hint
+        rows.append({"max_items": n, "noise_std_worst": std})
+    return rows
 
 
 #: The steps at which ``plan`` shows the noise of a stream with no planned end.

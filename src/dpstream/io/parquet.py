@@ -141,11 +141,11 @@ def parquet_files(path: str) -> list[str]:
     found = folder_files(path, ".parquet")
     if not found:
         raise ValueError(f"--input {path!r}: the directory holds no *.parquet file")
-    _refuse_copies(path, found)
+    refuse_copies(path, found)
     return found
 
 
-def _refuse_copies(folder: str, files: list[str]) -> None:
+def refuse_copies(folder: str, files: list[str]) -> None:
     """Refuse two files of the same bytes under one input folder (review 102: a copy,
     ``part-0 (copy).parquet``, counted its events twice, with exit 0): their events
     would count twice, and each event's protection hold for one of the two. Only files

@@ -339,6 +339,11 @@ def _top_k_choice_problems(opts: Mapping[str, Any]) -> list[str]:
     return []
 
 
+#: The longest --dataset or --stream name: far from any ledger line's limit (1 MB), even
+#: escaped (a character takes at most 12 bytes there).
+NAME_MAX = 1000
+
+
 def settings_problems(opts: Mapping[str, Any]) -> list[str]:
     """Every problem of the mechanism, budget and bounds settings in ``opts`` (the merged
     options of ``plan`` or ``run``, ``dest -> value``), in plain words; [] when none.
@@ -359,6 +364,14 @@ def settings_problems(opts: Mapping[str, Any]) -> list[str]:
             "the default name (the input's file name) differs for a copy, a link or "
             "another day's file of the same data"
         )
+    for flag in ("dataset", "stream"):
+        name = opts.get(flag)
+        if isinstance(name, str) and len(name) > NAME_MAX:
+            # (review 106: an 800 KB --dataset wrote a budget line of 1 MB, which every
+            # later run and `dpstream budget` then refused as no ledger line)
+            problems.append(
+                f"--{flag} is {len(name):,} characters long: a name is at most {NAME_MAX:,}"
+            )
     stream = opts.get("stream")
     if isinstance(stream, str) and "~" in stream:
         # the run appends "~" and a tag of its input settings to the name (scoped_stream):

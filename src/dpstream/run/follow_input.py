@@ -54,6 +54,10 @@ class FollowedInput:
         self._buf = bytearray()  # bytes read and not handed out start at _buf[_start]
         self._start = 0
         self._base = 0  # the input offset of _buf[0]
+        # _buf[_start:_scanned] holds no line end: each byte is searched once (review
+        # 107: a long stretch with no line end was searched again at every read, 200 MB
+        # of a crash's zero-filled tail took 79 s, quadratic)
+        self._scanned = 0
         self._stdin = path == "-"
         self._partial = ""  # the fallback's line so far
         self._text_ended = False
@@ -104,6 +108,7 @@ class FollowedInput:
             if self._start >= _COMPACT:
                 del self._buf[: self._start]
                 self._base += self._start
+                self._scanned -= self._start
                 self._start = 0
             self._buf += data
 
@@ -140,12 +145,13 @@ class FollowedInput:
         buf, start = self._buf, self._start
         if start == len(buf):
             return None
-        nl = buf.find(b"\n", start)
+        nl = buf.find(b"\n", max(start, self._scanned))
         if nl >= 0:
             stop = nl + 1
         elif ended:
             stop = len(buf)
         else:
+            self._scanned = len(buf)
             return None
         line = bytes(buf[start:stop])
         self._start = stop

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -233,7 +234,8 @@ def _hints(
         # grows as sqrt(max_items) for a fixed (epsilon, delta) or rho
         one = top_k_choice(name, {**opts, "max_items": 1}, key, domain)
         ratio = one.errors["SparseGumb"] / one.errors["KnownBase top-k"]
-        info["max_items_break_even"] = int(ratio * ratio)
+        if math.isfinite(ratio * ratio):  # (review 106: --eta 1e308 overflowed)
+            info["max_items_break_even"] = int(ratio * ratio)
     if MECHANISMS[name].max_items != "none" and cfg.max_items is not None:
         # KnownBase's noise does not depend on how many items the domain holds (each
         # item has a counter of its own, with the same tau): its hints are worked out

@@ -121,13 +121,20 @@ class Sink:
             raise StateError(f"state file {cfg.state!r} has no step {t}")
         if stored.input_mac != input_mac:
             first = step.first_line or "?"
-            fix = (  # review 96: a line removed before a released step moves its records
-                "; a corrected file must keep the line numbers of the released steps' "
-                "records (fix or blank a bad line in place: do not remove or add a line "
-                "before them)"
-                if cfg.replace_unfinished
-                else ""
-            )
+            if cfg.follow and cfg.input == "-":  # (review 107: a new pipe after a kill)
+                fix = (
+                    "; a stream read from stdin resumes only when its whole history is "
+                    "fed again, byte for byte, before what is new: follow a file for a "
+                    "stream that must survive a kill"
+                )
+            elif cfg.replace_unfinished:  # review 96: a line removed before a released
+                fix = (  # step moves its records
+                    "; a corrected file must keep the line numbers of the released "
+                    "steps' records (fix or blank a bad line in place: do not remove or "
+                    "add a line before them)"
+                )
+            else:
+                fix = ""
             raise StateError(
                 f"the input changed: step {t} (input line {first}) differs from the step "
                 f"recorded in {cfg.state}, which was already written (its events and "

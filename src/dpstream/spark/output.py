@@ -271,8 +271,14 @@ def _tidy(parent: str, name: str) -> None:
     """Delete what runs on the output ``name`` that are gone left beside it: a
     half-written output, or an earlier one renamed aside and not yet deleted when its
     run stopped. A directory of another host or PID namespace (whose process this one
-    cannot see) only once it is a week old."""
+    cannot see) only once it is a week old.
+
+    A run stopped between its two renames (the earlier output renamed aside, the new
+    one, whole, not yet in its place: ``name`` is missing) is finished first: its new
+    output is put in place (review 105: both were deleted), or, were it missing, the
+    earlier one is put back."""
     here, mine = _where(), _digest(name, 12)
+    gone: list[str] = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent):
             m = _HIDDEN.match(entry.name)
@@ -283,7 +289,17 @@ def _tidy(parent: str, name: str) -> None:
                     continue
             elif time.time() - entry.stat(follow_symlinks=False).st_mtime < _FOREIGN_AGE_S:
                 continue
-            shutil.rmtree(entry.path, ignore_errors=True)
+            gone.append(entry.path)
+    path = os.path.join(parent, name)
+    for aside in (p for p in gone if p.endswith(".old")):
+        if os.path.lexists(path):
+            break
+        new = aside.removesuffix(".old")  # written whole before the earlier was moved
+        os.rename(new if new in gone else aside, path)
+        _fsync_dir(parent)
+    for leftover in gone:
+        if os.path.lexists(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -47,18 +47,48 @@ def input_files(path: str) -> list[str] | None:
     (the order :mod:`dpstream.spark.order` numbers lines in); None for a path Spark reads from
     another file system (a URI with a scheme), which Spark lists itself. A ``file:``
     URI is a local path: listed here too (links followed, a file reached twice
-    refused, as for a plain path), and its files are given as paths."""
-    from ..io.parquet import folder_files
+    refused, as for a plain path), and its files are given as paths. A folder holding
+    two files of the same bytes, a file beside its compressed twin, or an editor's
+    backup is refused: Spark would count their events twice."""
+    from ..io.parquet import folder_files, refuse_copies
     from ..run.lock import local_path
 
     readable_by_spark(path)
     local = local_path(path)  # a file: URI's path; the path itself without a scheme
     if local is None:
         return None
-    files = folder_files(local) if os.path.isdir(local) else [local]
+    if not os.path.isdir(local):
+        readable_by_spark(local)
+        return [local]
+    files = folder_files(local)
     for f in files:
         readable_by_spark(f)
+    refuse_copies(local, files)  # (review 105: a copy counted its events twice)
+    _refuse_twins(local, files)
     return files
+
+
+#: The suffixes of the files Spark (Hadoop) reads decompressed.
+_COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
+
+
+def _refuse_twins(folder: str, files: list[str]) -> None:
+    """Refuse a folder holding a file beside its compressed twin (``day1.jsonl`` and
+    ``day1.jsonl.gz``) or an editor's backup (``day1.jsonl~``): Spark reads every file,
+    so their events would count twice (review 105: 3,000 events released as 8,990)."""
+    names = set(files)
+    for name in files:
+        if name.endswith("~"):
+            raise ValueError(
+                f"--input {folder!r}: {name!r} is an editor's backup (a name ending in "
+                "'~'): Spark would read its events with the file's; remove it"
+            )
+        for suffix in _COMPRESSED:
+            if name.endswith(suffix) and name[: -len(suffix)] in names:
+                raise ValueError(
+                    f"--input {folder!r}: {name!r} is {name[: -len(suffix)]!r} compressed "
+                    "(a twin?): Spark would read the events of both; remove one"
+                )
 
 
 def readable_by_spark(path: str) -> None:

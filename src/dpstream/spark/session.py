@@ -11,6 +11,13 @@ interpreter, which has no dpstream: every task fails with
 * For a local master (``local``, ``local[N]``, ``local-cluster[...]``) the
   workers run on this machine, so they use the driver's own interpreter
   (``spark.pyspark.python``), unless the operator set one.
+* On a local master, Spark's scratch files (shuffle blocks that hold true counts and
+  user ids, PySpark's broadcast files that hold the key) go to a folder of the run's
+  own, mode 0700, under ``TMPDIR`` (:func:`private_local_dir`), unless the operator
+  sets ``spark.local.dir`` or ``SPARK_LOCAL_DIRS``. Spark's own default is the JVM's
+  ``/tmp`` with folders others may read, whatever ``TMPDIR`` says, and a killed run
+  left them there for good (review 105); the next run removes such a folder of a
+  process that is gone.
 * For any master, one small job (one task per core on a local master, whose
   workers the run reuses) checks before anything is read that a worker
   imports the same dpstream version as the driver (the keyed noise is
@@ -23,7 +30,10 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +104,61 @@ def session_defaults(master: str) -> dict[str, str]:
     return conf
 
 
+#: Where Spark keeps its scratch files (shuffle blocks, PySpark's broadcasts).
+_LOCAL_DIR_KEY = "spark.local.dir"
+#: The name of a run's own scratch folder under ``TMPDIR``: this prefix, the pid, "-".
+LOCAL_DIR_PREFIX = "dpstream-spark-"
+
+
+def private_local_dir() -> str:
+    """A new folder for Spark's scratch files, mode 0700 under ``TMPDIR``, removed when
+    the process exits; first removes such folders this user's dead processes left (a
+    run killed with SIGKILL, or by the kernel for memory, runs no exit handler)."""
+    base = tempfile.gettempdir()
+    tidy_local_dirs(base)
+    path = tempfile.mkdtemp(prefix=f"{LOCAL_DIR_PREFIX}{os.getpid()}-", dir=base)
+    atexit.register(shutil.rmtree, path, True)  # (before the session: runs after its stop)
+    return path
+
+
+def tidy_local_dirs(base: str) -> list[str]:
+    """Remove the scratch folders (:func:`private_local_dir`) in ``base`` that this user's
+    processes made and that are gone; returns their paths. A folder of a live process,
+    of another user, or that is a link is left as it is."""
+    gone: list[str] = []
+    pattern = re.compile(re.escape(LOCAL_DIR_PREFIX) + r"([0-9]+)-[A-Za-z0-9_]+")
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return gone
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None:
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        if _alive(int(match.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        gone.append(entry.path)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts: it may be a reuse)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     """A session on ``master`` whose Python workers are checked to run this dpstream,
     with :func:`session_defaults`.
@@ -105,6 +170,12 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     from pyspark import SparkContext
 
     conf = session_defaults(master)
+    if (
+        is_local_master(master)
+        and not _operator_sets(_LOCAL_DIR_KEY)
+        and not os.environ.get("SPARK_LOCAL_DIRS")
+    ):
+        conf[_LOCAL_DIR_KEY] = private_local_dir()
     archive = None
     if SparkContext._gateway is None and not _operator_sets(_JAVA_KEY):  # a JVM to start
         archive = class_archive.prepare()
