@@ -24,6 +24,7 @@ import pytest
 from dpstream.cli import main
 from dpstream.run.meta import FORMAT, read_run_meta, sidecar_path, write_run_meta
 from dpstream.view.export import EXPORT_MARKER
+from dpstream.view.follow import FileFollower
 from dpstream.view.model import ViewModel, parse_release
 from dpstream.view.render import render_page
 from dpstream.view.server import ViewServer
@@ -603,6 +604,82 @@ def test_a_file_rewritten_in_place_with_the_same_tail_is_read_again(tmp_path):
     model.refresh()
     snap = model.snapshot(["a"])
     assert snap.t == 4 and snap.history["a"][0] == [2, 3, 4]  # not 1 of the old run
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    """Write ``text`` over ``path`` in place (same inode), its time stamps changed as a
+    later writer's would be (a filesystem's clock may tick only every few ms)."""
+    before = path.stat()
+    time.sleep(0.02)
+    with open(path, "r+") as fh:
+        fh.write(text)
+    after = path.stat()
+    assert after.st_ino == before.st_ino
+    if (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns):
+        os.utime(path, ns=(after.st_atime_ns, after.st_mtime_ns + 1_000_000))
+
+
+def test_a_file_rewritten_in_place_with_the_same_length_is_read_again(tmp_path):
+    """Review 107: a corrected run over the same output (run --force, cp; the same key and
+    settings) wrote lines of the same lengths: the same size, the same first 256 bytes,
+    the same 64 bytes before the offset (the meta's tail), so the page kept the old
+    numbers, "complete", for ever. A change of the file's time stamps without growth
+    has the bytes read checked again."""
+
+    def releases(shift: int) -> str:
+        return "".join(
+            _line(
+                t,
+                {"a": 100 + t + (shift if t >= 10 else 0), "b": 500 + t},
+                noise_std=1.0,
+                note="x" * 70,
+            )
+            for t in range(1, 41)
+        )
+
+    path = tmp_path / "rel.jsonl"
+    old, new = releases(0), releases(1)
+    assert len(old) == len(new) and old[:256] == new[:256] and old[-64:] == new[-64:]
+    path.write_text(old)
+    write_run_meta(path, {"format": FORMAT, "horizon": 40, "mechanism": "known"})
+    model = ViewModel(path)
+    model.refresh()
+    snap = model.snapshot(["a"])
+    assert snap.status == "complete" and dict(snap.top)["a"] == 140
+    _rewrite_in_place(path, new)
+    model.refresh()
+    snap = model.snapshot(["a"])
+    assert snap.status == "complete" and snap.t == 40
+    assert dict(snap.top)["a"] == 141  # the corrected release, not the superseded one
+    assert snap.history["a"][1] == [float(100 + t + (t >= 10)) for t in range(1, 41)]
+
+
+def test_a_growing_or_touched_file_is_not_read_again(tmp_path, monkeypatch):
+    """The check of a rewrite of the same length reads the file again only when its time
+    stamps changed and it did not grow: never while a run appends, and a touched file
+    that still holds the bytes read is not read again from the start."""
+    path = tmp_path / "rel.jsonl"
+    path.write_text(_line(1, {"a": 1}, noise_std=1.0))
+    fol = FileFollower(path)
+    checks = []
+    real = FileFollower._same_as_read
+    monkeypatch.setattr(FileFollower, "_same_as_read", lambda self: checks.append(1) or real(self))
+    assert fol.check() == "same" and len(list(fol.read_lines())) == 1
+    for t in range(2, 30):
+        time.sleep(0.002)
+        with open(path, "a") as fh:
+            fh.write(_line(t, {"a": t}, noise_std=1.0))
+        assert fol.check() == "same"
+        assert [ln.number for ln in fol.read_lines()] == [t]
+    assert fol.check() == "same" and checks == []  # appends: never read again
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000))  # touched
+    assert fol.check() == "same" and checks == [1]  # checked once: the same bytes
+    assert fol.check() == "same" and checks == [1] and list(fol.read_lines()) == []
+    text = path.read_text()
+    _rewrite_in_place(path, text.replace('"a": 7}', '"a": 8}'))
+    assert fol.check() == "reset" and checks == [1, 1]
+    assert len(list(fol.read_lines())) == 29
 
 
 def test_a_pipe_in_the_files_place_or_as_the_sidecar_never_blocks_the_view(tmp_path):
