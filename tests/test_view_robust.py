@@ -24,8 +24,9 @@ import pytest
 from dpstream.cli import main
 from dpstream.run.meta import FORMAT, read_run_meta, sidecar_path, write_run_meta
 from dpstream.view.export import EXPORT_MARKER
+from dpstream.view.follow import FileFollower
 from dpstream.view.model import ViewModel, parse_release
-from dpstream.view.render import render_page
+from dpstream.view.render import ATTR_NAME, SHORT_NAME, esc, render_page
 from dpstream.view.server import ViewServer
 
 #: Seconds any one wait may take before the test fails (only a failing run waits this long).
@@ -411,6 +412,98 @@ def test_a_long_item_name_can_be_asked_for(tmp_path):
         server.stop()
 
 
+def _events_socket(server: ViewServer) -> socket.socket:
+    addr, port = server._httpd.server_address[:2]
+    sock = socket.create_connection((addr, port), timeout=DEADLINE)
+    sock.sendall(b"GET /events HTTP/1.0\r\n\r\n")
+    return sock
+
+
+def _next_data(sock: socket.socket, buf: bytearray) -> bytes:
+    """The next ``data:`` line of an event stream, as sent (keep-alives skipped)."""
+    while True:
+        while b"\n\n" not in buf:
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the event stream closed"
+            buf.extend(chunk)
+        block, _, rest = bytes(buf).partition(b"\n\n")
+        buf[:] = rest
+        for line in block.split(b"\n"):
+            if line.startswith(b"data: "):
+                return line
+
+
+def test_an_update_with_a_long_name_is_small_and_rendered_once(tmp_path, monkeypatch):
+    """Review 107: a 20 MB item name and 10 open pages took the server from 480 MB to
+    4.2 GB: each stream rendered each change itself, and the name was in it five times
+    (data-item, title, text, legend). The page now shows a long name cut short, names
+    it by an index, and the streams share one rendering per change."""
+    import dpstream.view.server as view_server
+
+    renders = []
+    real = view_server.render_fragments
+
+    def counted(snap, **kw):
+        renders.append((snap.version, hash(tuple(snap.selected)), snap.auto))
+        return real(snap, **kw)
+
+    monkeypatch.setattr(view_server, "render_fragments", counted)
+    big = "<b>&" + "N" * (1 << 20)  # 1 MB, beginning with what must stay escaped
+    path = tmp_path / "r.jsonl"
+    path.write_text(
+        "".join(_line(t, {big: 1000 + t, "a": 5, "b": 4}, noise_std=1.0) for t in (1, 2))
+    )
+    model = ViewModel(path)
+    server = ViewServer(model, poll=0.05).start()
+    try:
+        model.snapshot(None)  # the top items' histories read: the version settles
+        socks = [_events_socket(server) for _ in range(2)]
+        bufs = [bytearray() for _ in socks]
+        try:
+            first = [_next_data(s, b) for s, b in zip(socks, bufs, strict=True)]
+            assert first[0] == first[1]
+            with open(path, "a") as fh:
+                fh.write(_line(3, {big: 2000, "a": 6, "b": 4}, noise_std=1.0))
+            update = [_next_data(s, b) for s, b in zip(socks, bufs, strict=True)]
+        finally:
+            for sock in socks:
+                sock.close()
+        assert update[0] == update[1]  # the same bytes ...
+        msg = json.loads(update[0][6:])
+        assert msg["t"] == 3 and msg["selected"] == [big, "a", "b"]
+        # ... once per (version, selection): the two streams shared each rendering
+        assert len(renders) == len(set(renders)), renders
+        assert sum(1 for r in renders if r[0] == msg["version"]) == 1
+        # the name is sent once (for the page to ask for it), not in five places
+        assert len(update[0]) < 1.1 * len(big), len(update[0])
+        html_text = "".join(msg["html"].values())
+        assert len(html_text) < 50_000 and big not in html_text
+        assert f"{len(big):,} characters" in html_text
+        assert "&lt;b&gt;&amp;NNN" in html_text and "<b>" not in html_text
+        assert 'data-i="0"' in msg["html"]["top"] and 'data-i="0"' in msg["html"]["history"]
+        # the page opened anew: the same (data-state holds the names once)
+        status, body = _get(server, "/")
+        assert status == 200 and len(body) < 1.1 * len(big), len(body)
+    finally:
+        server.stop()
+
+
+def test_a_long_name_is_shown_cut_and_escaped_on_the_page(tmp_path):
+    """A name longer than SHORT_NAME is shown as its first characters (cut before
+    escaping: no entity or tag is broken into), an ellipsis and its length; a
+    name a request could carry is still each element's data-item."""
+    evil = '<img src=x onerror="alert(1)">' * 40  # 1,200 characters
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line(1, {evil: 9, "a": 5}, noise_std=1.0))
+    model = ViewModel(path)
+    model.refresh()
+    page = render_page(model.snapshot(None), nonce=None)
+    assert "<img" not in page
+    assert f"{esc(evil[:SHORT_NAME])}… ({len(evil):,} characters)" in page
+    assert SHORT_NAME < len(evil) <= ATTR_NAME
+    assert page.count(f'data-item="{esc(evil)}"') == 3  # row, series, legend
+
+
 # --------------------------------------------------------------------------- 5. IPv6
 
 
@@ -603,6 +696,82 @@ def test_a_file_rewritten_in_place_with_the_same_tail_is_read_again(tmp_path):
     model.refresh()
     snap = model.snapshot(["a"])
     assert snap.t == 4 and snap.history["a"][0] == [2, 3, 4]  # not 1 of the old run
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    """Write ``text`` over ``path`` in place (same inode), its time stamps changed as a
+    later writer's would be (a filesystem's clock may tick only every few ms)."""
+    before = path.stat()
+    time.sleep(0.02)
+    with open(path, "r+") as fh:
+        fh.write(text)
+    after = path.stat()
+    assert after.st_ino == before.st_ino
+    if (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns):
+        os.utime(path, ns=(after.st_atime_ns, after.st_mtime_ns + 1_000_000))
+
+
+def test_a_file_rewritten_in_place_with_the_same_length_is_read_again(tmp_path):
+    """Review 107: a corrected run over the same output (run --force, cp; the same key and
+    settings) wrote lines of the same lengths: the same size, the same first 256 bytes,
+    the same 64 bytes before the offset (the meta's tail), so the page kept the old
+    numbers, "complete", for ever. A change of the file's time stamps without growth
+    has the bytes read checked again."""
+
+    def releases(shift: int) -> str:
+        return "".join(
+            _line(
+                t,
+                {"a": 100 + t + (shift if t >= 10 else 0), "b": 500 + t},
+                noise_std=1.0,
+                note="x" * 70,
+            )
+            for t in range(1, 41)
+        )
+
+    path = tmp_path / "rel.jsonl"
+    old, new = releases(0), releases(1)
+    assert len(old) == len(new) and old[:256] == new[:256] and old[-64:] == new[-64:]
+    path.write_text(old)
+    write_run_meta(path, {"format": FORMAT, "horizon": 40, "mechanism": "known"})
+    model = ViewModel(path)
+    model.refresh()
+    snap = model.snapshot(["a"])
+    assert snap.status == "complete" and dict(snap.top)["a"] == 140
+    _rewrite_in_place(path, new)
+    model.refresh()
+    snap = model.snapshot(["a"])
+    assert snap.status == "complete" and snap.t == 40
+    assert dict(snap.top)["a"] == 141  # the corrected release, not the superseded one
+    assert snap.history["a"][1] == [float(100 + t + (t >= 10)) for t in range(1, 41)]
+
+
+def test_a_growing_or_touched_file_is_not_read_again(tmp_path, monkeypatch):
+    """The check of a rewrite of the same length reads the file again only when its time
+    stamps changed and it did not grow: never while a run appends, and a touched file
+    that still holds the bytes read is not read again from the start."""
+    path = tmp_path / "rel.jsonl"
+    path.write_text(_line(1, {"a": 1}, noise_std=1.0))
+    fol = FileFollower(path)
+    checks = []
+    real = FileFollower._same_as_read
+    monkeypatch.setattr(FileFollower, "_same_as_read", lambda self: checks.append(1) or real(self))
+    assert fol.check() == "same" and len(list(fol.read_lines())) == 1
+    for t in range(2, 30):
+        time.sleep(0.002)
+        with open(path, "a") as fh:
+            fh.write(_line(t, {"a": t}, noise_std=1.0))
+        assert fol.check() == "same"
+        assert [ln.number for ln in fol.read_lines()] == [t]
+    assert fol.check() == "same" and checks == []  # appends: never read again
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000))  # touched
+    assert fol.check() == "same" and checks == [1]  # checked once: the same bytes
+    assert fol.check() == "same" and checks == [1] and list(fol.read_lines()) == []
+    text = path.read_text()
+    _rewrite_in_place(path, text.replace('"a": 7}', '"a": 8}'))
+    assert fol.check() == "reset" and checks == [1, 1]
+    assert len(list(fol.read_lines())) == 29
 
 
 def test_a_pipe_in_the_files_place_or_as_the_sidecar_never_blocks_the_view(tmp_path):

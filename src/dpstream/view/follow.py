@@ -5,8 +5,8 @@ a reader polling the file may see the last line half written. A
 :class:`FileFollower` hands out only complete lines (ending in a newline) and
 keeps its offset at the start of an incomplete one, so that line is read
 again, whole, at the next poll. It also notices when the file is replaced or
-rewritten (a new run over the same path, a resumed run that truncated it):
-then it starts again from the beginning.
+rewritten (a new run over the same path, a resumed run that truncated it, a
+rewrite in place of the same length): then it starts again from the beginning.
 
 Memory: one line at a time (plus one read block), never the whole file; a
 line longer than ``max_line_bytes`` is skipped without being held.
@@ -14,11 +14,13 @@ line longer than ``max_line_bytes`` is skipped without being held.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Line", "FileFollower", "iter_lines", "MAX_LINE_BYTES"]
 
@@ -108,6 +110,16 @@ class FileFollower:
         self._ident: tuple[int, int] | None = None
         self._signature = b""
         self._head = b""
+        #: a digest of the bytes read (0..offset), to tell a rewrite of the same length
+        self._digest = hashlib.blake2b(digest_size=32)
+        #: (mtime_ns, ctime_ns, size) of the file when it was last read or verified
+        self._stamp: tuple[int, int, int] | None = None
+
+    def _forget(self) -> None:
+        """Start again from the beginning (the file was replaced or rewritten)."""
+        self.offset, self.lines, self._signature, self._head = 0, 0, b"", b""
+        self._digest = hashlib.blake2b(digest_size=32)
+        self._stamp = None
 
     def check(self) -> str:
         """``"missing"``, ``"not-regular"`` (a pipe or a device: never opened, as opening
@@ -116,15 +128,20 @@ class FileFollower:
 
         A rewrite in place (``run --force``, ``cp``) keeps the inode and may grow past
         the offset within a poll; it is told by the bytes before the offset or by the
-        file's first bytes (another run's first release)."""
+        file's first bytes (another run's first release). One that leaves the file no
+        longer than what was read (a corrected run of the same length: same first
+        bytes, same tail) is told by its time stamps: when the file's mtime or ctime
+        changed and it has not grown past the offset, the bytes read are read again
+        and compared with a digest of them kept as they were read. A file that grows
+        is never read again: its new bytes are past the offset."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return "missing"
         if not stat.S_ISREG(st.st_mode):
             if self._ident is not None or self.offset:
-                self._ident, self.offset, self.lines = None, 0, 0
-                self._signature = self._head = b""
+                self._ident = None
+                self._forget()
             return "not-regular"
         ident = (st.st_dev, st.st_ino)
         replaced = self._ident is not None and ident != self._ident
@@ -134,9 +151,14 @@ class FileFollower:
                 or self._read_signature() != self._signature
                 or self._read_head(len(self._head)) != self._head
             )
+            stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            if not replaced and st.st_size <= self.offset and stamp != self._stamp:
+                replaced = not self._same_as_read()  # touched, or rewritten in place?
+                if not replaced:
+                    self._stamp = stamp  # verified: not read again until it changes again
         self._ident = ident
         if replaced:
-            self.offset, self.lines, self._signature, self._head = 0, 0, b"", b""
+            self._forget()
             return "reset"
         return "same"
 
@@ -150,16 +172,58 @@ class FileFollower:
             os.close(fd)
             return
         with os.fdopen(fd, "rb") as fh:
-            for line in iter_lines(fh, self.offset, None, self.lines + 1, self.max_line_bytes):
-                self.offset = line.end
-                self.lines = line.number
-                if line.data is not None:
-                    self._signature = (self._signature + line.data)[-_SIGNATURE_BYTES:]
-                else:
-                    self._signature = self._read_signature(fh)
-                if len(self._head) < min(self.offset, _HEAD_BYTES):
-                    self._head = self._read_head(min(self.offset, _HEAD_BYTES), fh)
-                yield line
+            try:
+                for line in iter_lines(fh, self.offset, None, self.lines + 1, self.max_line_bytes):
+                    start, self.offset, self.lines = self.offset, line.end, line.number
+                    if line.data is not None:
+                        self._digest.update(line.data)
+                        self._signature = (self._signature + line.data)[-_SIGNATURE_BYTES:]
+                    else:  # not held: its bytes are read again for the digest (rare)
+                        self._hash_range(self._digest, start, line.end, fh)
+                        self._signature = self._read_signature(fh)
+                    if len(self._head) < min(self.offset, _HEAD_BYTES):
+                        self._head = self._read_head(min(self.offset, _HEAD_BYTES), fh)
+                    yield line
+            finally:
+                # the time stamps of what was read: a later change that does not grow
+                # the file past the offset is checked against the digest (check())
+                st = os.fstat(fh.fileno())
+                self._stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+    def _same_as_read(self) -> bool:
+        """Whether the file's first :attr:`offset` bytes are still those read (re-read and
+        hashed: only when its time stamps changed and it did not grow)."""
+        digest = hashlib.blake2b(digest_size=32)
+        try:  # (not blocking: a pipe put in the file's place is not read)
+            fh = os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+        except OSError:
+            return False
+        try:
+            with fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    return False
+                if not self._hash_range(digest, 0, self.offset, fh):
+                    return False
+        except OSError:
+            return False
+        return digest.digest() == self._digest.digest()
+
+    @staticmethod
+    def _hash_range(digest: Any, start: int, end: int, fh: Any) -> bool:
+        """Add bytes ``start..end`` of ``fh`` to ``digest`` (its position kept); False if
+        the file ends before ``end``."""
+        pos = fh.tell()
+        try:
+            fh.seek(start)
+            while start < end:
+                block = fh.read(min(_BLOCK, end - start))
+                if not block:
+                    return False
+                digest.update(block)
+                start += len(block)
+            return True
+        finally:
+            fh.seek(pos)
 
     def _read_head(self, n: int, fh: object = None) -> bytes:
         """The file's first ``n`` bytes (to tell another run's file from this one)."""

@@ -5,6 +5,12 @@ user data, a hashtag may be ``<img src=x onerror=...>``; but also anything in
 the metadata) goes through :func:`esc` before it is put into HTML, SVG or an
 attribute; numbers are formatted here. The live page and the static export
 are the same HTML: the export leaves out the script.
+
+A name may be of any length (megabytes): the page shows its first
+:data:`SHORT_NAME` characters and its length (:func:`shown_name`), and its
+elements name it by a short index, ``data-i``, into the list of names the page
+is sent once (:func:`item_refs`); ``data-item`` (the name itself) is there only
+for a name of at most :data:`ATTR_NAME` characters (one a request could carry).
 """
 
 from __future__ import annotations
@@ -22,7 +28,17 @@ from .dates import clock_of, date_ticks, end_text, window_text
 from .export import EXPORT_MARKER
 from .model import MAX_SELECTED, Snapshot, is_number
 
-__all__ = ["esc", "render_fragments", "render_page", "PALETTE", "content_security_policy"]
+__all__ = [
+    "esc",
+    "render_fragments",
+    "render_page",
+    "PALETTE",
+    "content_security_policy",
+    "SHORT_NAME",
+    "ATTR_NAME",
+    "shown_name",
+    "item_refs",
+]
 
 #: Series colours (Okabe-Ito, readable by colour-blind readers), by position in the selection.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B")
@@ -30,10 +46,43 @@ PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 #: The most points drawn per history line (longer series are thinned evenly).
 MAX_POINTS = 800
 
+#: The most characters of an item's name the page shows (a longer one is cut, with its
+#: length said).
+SHORT_NAME = 200
+#: The longest name an element carries in ``data-item``: what a request line (64 KiB) can
+#: carry at most, so a name the page could ask for; a longer one is named by its index.
+ATTR_NAME = 64 * 1024
+
 
 def esc(text: object) -> str:
     """``text`` as HTML text or attribute value: ``& < > " '`` escaped."""
     return html.escape(str(text), quote=True)
+
+
+def shown_name(item: str) -> str:
+    """An item's name as escaped HTML text: whole up to :data:`SHORT_NAME` characters,
+    else its first ones, an ellipsis and its length (cut before escaping, so no
+    entity is broken)."""
+    if len(item) <= SHORT_NAME:
+        return esc(item)
+    return f"{esc(item[:SHORT_NAME])}… ({len(item):,} characters)"
+
+
+def item_refs(snap: Snapshot) -> list[str]:
+    """The names the page's elements refer to by index (``data-i``): the selected items,
+    then the top items not selected. The page is sent this list once (its
+    ``selected`` and ``others``), not each name in every element that names it."""
+    chosen = set(snap.selected)
+    return list(snap.selected) + [item for item, _ in snap.top if item not in chosen]
+
+
+def _item_attrs(item: str, ref: int, *, clickable: bool = True) -> str:
+    """An element's attributes naming ``item``: the name (``data-item``) if a request
+    could carry it, and its index (``data-i``, what the page's script reads) on an
+    element that is clicked; the index only for a longer name."""
+    if len(item) > ATTR_NAME:
+        return f'data-i="{ref}"'
+    return f'data-item="{esc(item)}" data-i="{ref}"' if clickable else f'data-item="{esc(item)}"'
 
 
 def content_security_policy(nonce: str | None) -> str:
@@ -304,6 +353,7 @@ def render_top(snap: Snapshot) -> str:
 
     zero = pos(0.0)
     colour = {item: PALETTE[i % len(PALETTE)] for i, item in enumerate(snap.selected)}
+    refs = {item: i for i, item in enumerate(item_refs(snap))}
     rows = []
     for rank, (item, value) in enumerate(snap.top, 1):
         left, right = sorted((zero, pos(value)))
@@ -315,12 +365,13 @@ def render_top(snap: Snapshot) -> str:
             else '<span class="swatch"></span>'
         )
         pm = f'<span class="pm">± {fmt_pm(hw)}</span>' if snap.noise_std is not None else ""
+        name = shown_name(item)
         rows.append(
-            f'<li class="row{" selected" if sel else ""}" data-item="{esc(item)}" '
+            f'<li class="row{" selected" if sel else ""}" {_item_attrs(item, refs[item])} '
             f'data-value="{esc(json.dumps(value))}" tabindex="0" role="button" '
             f'aria-pressed="{"true" if sel else "false"}">'
             f'<span class="rank">{rank}</span>{swatch}'
-            f'<span class="name" title="{esc(item)}">{esc(item)}</span>'
+            f'<span class="name" title="{name}">{name}</span>'
             f'<span class="track"><span class="bar" style="left:{left:.3f}%;'
             f'width:{right - left:.3f}%"></span>'
             f'<span class="ci" style="left:{ci_l:.3f}%;width:{ci_r - ci_l:.3f}%"></span>'
@@ -432,8 +483,8 @@ def render_history(snap: Snapshot) -> str:
         parts.append(
             f'<line class="now" x1="{x(snap.t):.1f}" x2="{x(snap.t):.1f}" y1="{MT}" y2="{H - MB}"/>'
         )
-    for item, colour, ts, vs, hw in series:
-        parts.append(f'<g class="series" data-item="{esc(item)}">')
+    for ref, (item, colour, ts, vs, hw) in enumerate(series):  # selected: refs 0, 1, ...
+        parts.append(f'<g class="series" {_item_attrs(item, ref, clickable=False)}>')
         for a, b in _segments(ts):
             upper = " ".join(f"{x(ts[i]):.1f},{y(vs[i] + hw[i]):.1f}" for i in range(a, b))
             lower = " ".join(
@@ -454,7 +505,7 @@ def render_history(snap: Snapshot) -> str:
     parts.append("</svg>")
 
     legend = []
-    for item, colour, ts, vs, hw in series:
+    for ref, (item, colour, ts, vs, hw) in enumerate(series):
         if ts:
             until = None if clock is None else end_text(clock, ts[-1])
             as_of = "" if until is None else f", as of {esc(until)}"
@@ -466,9 +517,9 @@ def render_history(snap: Snapshot) -> str:
         else:
             last = '<span class="last">not released yet</span>'
         legend.append(
-            f'<li data-item="{esc(item)}" role="button" tabindex="0" '
+            f'<li {_item_attrs(item, ref)} role="button" tabindex="0" '
             f'title="click to remove"><span class="swatch" '
-            f'style="background:{colour}"></span><span class="name">{esc(item)}'
+            f'style="background:{colour}"></span><span class="name">{shown_name(item)}'
             f'</span>{last}<span class="x" aria-hidden="true">×</span></li>'
         )
     return head + "".join(parts) + f'<ul class="legend">{"".join(legend)}</ul>'
@@ -497,6 +548,7 @@ def render_page(snap: Snapshot, *, nonce: str | None) -> str:
     state = json.dumps(
         {
             "selected": snap.selected,
+            "others": item_refs(snap)[len(snap.selected) :],
             "auto": snap.auto,
             "version": snap.version,
             "status": snap.status,

@@ -12,8 +12,11 @@ file or the model beyond which histories it keeps in memory.
 
 A background thread polls the file every ``poll`` seconds
 (:meth:`ViewModel.refresh`); each event stream waits on the model's
-condition. A poll that fails is logged and the thread goes on; the pages
-then say that what they show is not being updated, until a poll succeeds.
+condition. A message is rendered once per model version and selection and
+shared by the streams that show it (:class:`_Messages`): ten pages open cost
+one rendering, and one copy of it, per change. A poll that fails is logged
+and the thread goes on; the pages then say that what they show is not being
+updated, until a poll succeeds.
 Bound to 127.0.0.1 and a free port unless told otherwise; an IPv6 address
 (``::1``, ``::``) listens on IPv6.
 
@@ -39,6 +42,8 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,7 +51,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .model import DEFAULT_MAX_STREAMS, DEFAULT_POLL, MAX_SELECTED, Snapshot, ViewModel
-from .render import content_security_policy, render_fragments, render_page
+from .render import content_security_policy, item_refs, render_fragments, render_page
 
 __all__ = [
     "ViewServer",
@@ -67,6 +72,8 @@ RETRY_AFTER = 5
 _KEEPALIVE = 15.0
 #: Seconds between two checks that an idle event stream's client is still there.
 _GONE_CHECK = 1.0
+#: Event-stream messages kept, of the model's newest version (one per selection shown).
+_MESSAGES_KEPT = 16
 
 _log = logging.getLogger("dpstream.view")
 
@@ -271,6 +278,81 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     return out
 
 
+class _Messages:
+    """The event streams' messages, rendered once per model version and selection.
+
+    A stream asks for the message of the model's current version and its
+    selection; the first to ask renders it (the others asking for the same wait
+    for it) and every stream writes the same bytes. Only messages of the newest
+    version asked for are kept, at most :data:`_MESSAGES_KEPT`.
+    """
+
+    def __init__(self, model: ViewModel, kept: int = _MESSAGES_KEPT) -> None:
+        self._model = model
+        self._kept = kept
+        self._lock = threading.Lock()
+        self._done: OrderedDict[tuple[int, tuple[str, ...] | None], _Message] = OrderedDict()
+        self._busy: dict[tuple[int, tuple[str, ...] | None], threading.Lock] = {}
+
+    def get(self, selected: Sequence[str] | None) -> _Message:
+        """The message for ``selected`` (None: the top items) at the model's version now."""
+        chosen = None if selected is None else tuple(selected)
+        key = (self._model.version, chosen)
+        with self._lock:
+            done = self._done.get(key)
+            if done is not None:
+                return done
+            busy = self._busy.setdefault(key, threading.Lock())
+        with busy:  # one rendering per key: the others wait for it
+            with self._lock:
+                done = self._done.get(key)
+                if done is not None:
+                    return done
+            try:
+                done = _render_message(self._model.snapshot(selected))
+            finally:
+                with self._lock:
+                    if self._busy.get(key) is busy:
+                        del self._busy[key]
+            with self._lock:
+                for old in [k for k in self._done if k[0] < key[0]]:
+                    del self._done[old]  # superseded: no stream asks for it again
+                # (the snapshot may be newer than asked: a history filled meanwhile)
+                for k in {key, (done.version, chosen)}:
+                    self._done[k] = done
+                    self._done.move_to_end(k)
+                while len(self._done) > self._kept:
+                    self._done.popitem(last=False)
+        return done
+
+
+class _Message:
+    """One event-stream message (its ``data:`` line, encoded) and what the stream keeps."""
+
+    __slots__ = ("version", "selected", "data")
+
+    def __init__(self, version: int, selected: list[str], data: bytes) -> None:
+        self.version = version
+        self.selected = selected
+        self.data = data
+
+
+def _render_message(snap: Snapshot) -> _Message:
+    """A snapshot as an event-stream message: the page's three fragments and the names
+    they refer to (``selected`` then ``others``: each name once)."""
+    msg = {
+        "version": snap.version,
+        "t": snap.t,
+        "status": snap.status,
+        "selected": snap.selected,
+        "others": item_refs(snap)[len(snap.selected) :],
+        "auto": snap.auto,
+        "html": render_fragments(snap),
+    }
+    data = json.dumps(msg, ensure_ascii=True, allow_nan=False)
+    return _Message(snap.version, list(snap.selected), f"data: {data}\n\n".encode())
+
+
 class ViewServer:
     """Serves the view of one :class:`ViewModel` until :meth:`stop`.
 
@@ -331,6 +413,7 @@ class ViewServer:
             names.add(host.lower())  # the name it was told to listen on
         self.allowed_names = frozenset(names)
         self._streams = threading.BoundedSemaphore(self.max_streams)
+        self.messages = _Messages(model)
         self._stop = threading.Event()
         self._httpd = _BoundedHTTPServer((host, port), _handler(self), self.max_connections)
         self._threads: list[threading.Thread] = []
@@ -553,22 +636,13 @@ def _handler(server: ViewServer) -> type[BaseHTTPRequestHandler]:
                             self.wfile.flush()
                             written = time.monotonic()
                         continue
-                    snap = model.snapshot(selected)
-                    last = snap.version
-                    if selected is None and snap.selected:
+                    msg = server.messages.get(selected)  # shared by the streams
+                    last = msg.version
+                    if selected is None and msg.selected:
                         # the page keeps the items it opened with: following whichever
                         # items are on top would re-read the file at every change of rank
-                        selected = snap.selected
-                    msg = {
-                        "version": snap.version,
-                        "t": snap.t,
-                        "status": snap.status,
-                        "selected": snap.selected,
-                        "auto": snap.auto,
-                        "html": render_fragments(snap),
-                    }
-                    data = json.dumps(msg, ensure_ascii=True, allow_nan=False)
-                    self.wfile.write(f"data: {data}\n\n".encode())
+                        selected = msg.selected
+                    self.wfile.write(msg.data)
                     self.wfile.flush()
                     written = time.monotonic()
             except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):

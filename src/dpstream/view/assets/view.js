@@ -1,7 +1,9 @@
 "use strict";
 // dpstream live view: keeps the page in step with the server (server-sent events).
 // The server sends the header, the top items and the history as HTML it has already
-// escaped; this script only swaps them in and keeps the user's choice of items.
+// escaped; this script only swaps them in and keeps the user's choice of items. An item's
+// elements carry its index (data-i) into the names sent with them (selected, then others):
+// a name (of any length) is sent once, not in every element that names it.
 (function () {
   const root = document.getElementById("dp-view");
   const state = JSON.parse(root.dataset.state);
@@ -9,6 +11,8 @@
   // the server reads a request line of at most 64 KiB: a query longer than this is not sent
   const MAX_QUERY = 60000;
   let selected = state.selected;
+  // the names the elements shown refer to (data-i), as sent with them
+  let names = state.selected.concat(state.others || []);
   let auto = state.auto;
   let status = state.status;
   let source = null;
@@ -60,6 +64,7 @@
     document.getElementById("dp-top").innerHTML = msg.html.top;
     document.getElementById("dp-history").innerHTML = msg.html.history;
     selected = msg.selected;
+    names = msg.selected.concat(msg.others || []);
     auto = msg.auto;
     status = msg.status;
     root.dataset.version = String(msg.version);
@@ -95,13 +100,24 @@
     choose(next, false);
   }
 
+  function named(el) {
+    // the name an element shown refers to (undefined if none)
+    const i = el ? Number(el.dataset.i) : NaN;
+    return Number.isInteger(i) && i >= 0 && i < names.length ? names[i] : undefined;
+  }
+
   document.addEventListener("click", function (e) {
-    const el = e.target.closest("[data-item]");
-    if (el && !el.closest("svg")) { e.preventDefault(); toggle(el.dataset.item); }
+    const el = e.target.closest("[data-i]");
+    const item = el && !el.closest("svg") ? named(el) : undefined;
+    if (item !== undefined) { e.preventDefault(); toggle(item); }
   });
   document.addEventListener("keydown", function (e) {
-    const el = e.target.closest && e.target.closest("[data-item]");
-    if (el && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); toggle(el.dataset.item); }
+    const el = e.target.closest && e.target.closest("[data-i]");
+    const item = el && !el.closest("svg") ? named(el) : undefined;
+    if (item !== undefined && (e.key === "Enter" || e.key === " ")) {
+      e.preventDefault();
+      toggle(item);
+    }
   });
   document.getElementById("dp-add").addEventListener("submit", function (e) {
     e.preventDefault();
