@@ -148,7 +148,7 @@ def test_what_a_stopped_run_left_beside_the_output_is_deleted_once_its_process_i
 ) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid no process has now (reused only after the kernel wraps around)
-    mine, here = output._digest("out", 12), output._where()
+    mine, here = output._digest("out", 12), output.host_namespace()
     dead = f".dpstream-{mine}-{here}-{gone.pid}-0123abcd"
     for name in (dead, f"{dead}.old"):
         (tmp_path / name).mkdir()
@@ -164,8 +164,10 @@ def test_what_a_stopped_run_left_beside_the_output_is_deleted_once_its_process_i
     (tmp_path / user_file).write_text("mine")
     week = 8 * 86400
     os.utime(tmp_path / stale, (os.path.getmtime(tmp_path) - week,) * 2)
-    out = tmp_path / "out"
-    output.write_table(_Table(['{"t":1}']), "jsonl-long", str(out), _at(out), False)
+    out = tmp_path / "out"  # there: the dead pair is leftovers (without it, the pair is a
+    out.mkdir()  # run stopped between its renames, finished first: the test below)
+    (out / "part-00000.json").write_text("{}\n")
+    output.write_table(_Table(['{"t":1}']), "jsonl-long", str(out), _at(out), True)
     assert _hidden(tmp_path) == sorted([live, other, foreign, user_file])
 
 
@@ -189,8 +191,8 @@ def test_the_write_error_is_the_jvm_cause_in_one_line() -> None:
         "org.apache.spark.SparkException: Job aborted",
         _Java("java.io.IOException: Mkdirs failed to create file:/ro/out\n\tat x"),
     )
-    assert output._cause(exc) == "java.io.IOException: Mkdirs failed to create file:/ro/out"
-    assert output._cause(ValueError("one\ntwo")) == "one"
+    assert output.jvm_cause(exc) == "java.io.IOException: Mkdirs failed to create file:/ro/out"
+    assert output.jvm_cause(ValueError("one\ntwo")) == "one"
 
 
 # --- the command line, on a real Spark session ------------------------------------------

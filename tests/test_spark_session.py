@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,7 @@ def test_spark_scratch_files_stay_in_a_private_folder_a_later_run_removes(tmp_pa
     broadcast of the key in /tmp/spark-*; a SIGKILL left both for good. They now go to
     a folder of the run's own, mode 0700, under TMPDIR; the next start removes the
     folders of processes that are gone, and keeps a live process's or a link."""
+    from dpstream.spark.output import FOREIGN_AGE_S, host_namespace
     from dpstream.spark.session import LOCAL_DIR_PREFIX, tidy_local_dirs
 
     tmp = tmp_path / "tmp"
@@ -277,9 +279,17 @@ def test_spark_scratch_files_stay_in_a_private_folder_a_later_run_removes(tmp_pa
     assert Path(out["temp"]).is_relative_to(local)  # PySpark's broadcasts (the key)
     assert int(out["blocks"]) >= 1 and local.is_dir()  # left by the kill
     assert not list(tmp.glob("blockmgr-*")) and not list(tmp.glob("spark-*"))
-    live = tmp / f"{LOCAL_DIR_PREFIX}{os.getpid()}-live"  # this process: alive
+    here = host_namespace()
+    live = tmp / f"{LOCAL_DIR_PREFIX}{here}-{os.getpid()}-live"  # this process: alive
     live.mkdir()
-    os.symlink(local, tmp / f"{LOCAL_DIR_PREFIX}999999999-link")
-    assert tidy_local_dirs(str(tmp)) == [str(local)]
-    assert not local.exists() and live.is_dir()
-    assert (tmp / f"{LOCAL_DIR_PREFIX}999999999-link").is_symlink()
+    os.symlink(local, tmp / f"{LOCAL_DIR_PREFIX}{here}-999999999-link")
+    # another host or PID namespace (a container sharing TMPDIR): its pids are not ours
+    # to test, so its folder goes only once it is a week old
+    young, old = (tmp / f"{LOCAL_DIR_PREFIX}0badc0de-{n}-x" for n in (1, 2))
+    young.mkdir()
+    old.mkdir()
+    week_ago = time.time() - FOREIGN_AGE_S - 60
+    os.utime(old, (week_ago, week_ago))
+    assert sorted(tidy_local_dirs(str(tmp))) == sorted([str(local), str(old)])
+    assert not local.exists() and not old.exists() and live.is_dir() and young.is_dir()
+    assert (tmp / f"{LOCAL_DIR_PREFIX}{here}-999999999-link").is_symlink()

@@ -367,22 +367,25 @@ def _get(url: str) -> tuple[int, dict, bytes]:
         return exc.code, dict(exc.headers), exc.read()
 
 
-def _sse_messages(sock: socket.socket, buf: bytearray, count: int, timeout: float) -> list:
-    """Read ``count`` SSE data messages (keep-alives skipped)."""
-    out = []
+def sse_data(sock: socket.socket, buf: bytearray, count: int, timeout: float) -> list[bytes]:
+    """Read ``count`` SSE ``data:`` lines, as sent (keep-alives skipped)."""
+    out: list[bytes] = []
     deadline = time.monotonic() + timeout
     while len(out) < count:
         while b"\n\n" not in buf:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = sock.recv(65536)
+            chunk = sock.recv(1 << 20)
             assert chunk, "the event stream closed"
             buf.extend(chunk)
         block, _, rest = bytes(buf).partition(b"\n\n")
         buf[:] = rest
-        for line in block.split(b"\n"):
-            if line.startswith(b"data: "):
-                out.append(json.loads(line[6:]))
+        out += [line for line in block.split(b"\n") if line.startswith(b"data: ")]
     return out
+
+
+def _sse_messages(sock: socket.socket, buf: bytearray, count: int, timeout: float) -> list:
+    """Read ``count`` SSE data messages, parsed (keep-alives skipped)."""
+    return [json.loads(line[6:]) for line in sse_data(sock, buf, count, timeout)]
 
 
 def test_server_serves_read_only_and_pushes_updates(tmp_path):

@@ -421,16 +421,9 @@ def _events_socket(server: ViewServer) -> socket.socket:
 
 def _next_data(sock: socket.socket, buf: bytearray) -> bytes:
     """The next ``data:`` line of an event stream, as sent (keep-alives skipped)."""
-    while True:
-        while b"\n\n" not in buf:
-            chunk = sock.recv(1 << 20)
-            assert chunk, "the event stream closed"
-            buf.extend(chunk)
-        block, _, rest = bytes(buf).partition(b"\n\n")
-        buf[:] = rest
-        for line in block.split(b"\n"):
-            if line.startswith(b"data: "):
-                return line
+    from .test_view import sse_data
+
+    return sse_data(sock, buf, 1, timeout=60.0)[0]
 
 
 def test_an_update_with_a_long_name_is_small_and_rendered_once(tmp_path, monkeypatch):

@@ -221,24 +221,14 @@ class NoiseKey:
         # loss after a first run could lose the key while the ledger and the releases,
         # which are synced, survived)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(self._secret.hex() + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
+            self._write_new(tmp)
             try:
                 os.link(tmp, path)
             except FileExistsError:
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
             except OSError:  # a file system without hard links: written in place
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w", encoding="ascii") as fh:
-                    fh.write(self._secret.hex() + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.chmod(path, 0o600)
+                self._write_new(path)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -248,6 +238,16 @@ class NoiseKey:
                 os.fsync(folder)
             finally:
                 os.close(folder)
+
+    def _write_new(self, path: Path) -> None:
+        """Write the key's line to a new file ``path`` (0600; never an existing one), and
+        sync it."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(self._secret.hex() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(path, 0o600)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> NoiseKey:

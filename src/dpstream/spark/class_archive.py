@@ -61,6 +61,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .output import process_alive
+
 __all__ = ["ClassArchive", "ENV", "finish", "give_up", "prepare", "setup_key", "spark_conf_dir"]
 
 #: The environment variable that places the archive (a directory) or turns it off.
@@ -252,16 +254,6 @@ def _kept(directory: Path, key: str) -> Path | None:
     return None
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 _PART = re.compile(r"spark-[0-9a-f]{16}\.(\d+)-[0-9a-f]{8}\.part(\.log)?")
 
 
@@ -276,7 +268,8 @@ def _tidy(directory: Path) -> None:
         age = now - os.lstat(path).st_mtime
         part = _PART.fullmatch(name)
         if part is not None:
-            stale = age > _DEAD_PART_S or (age > _STALE_PART_S and not _running(int(part.group(1))))
+            gone = not process_alive(int(part.group(1)))
+            stale = age > _DEAD_PART_S or (age > _STALE_PART_S and gone)
         else:
             stale = name.endswith((".jsa", ".failed")) and age > _UNUSED_S
         if stale:

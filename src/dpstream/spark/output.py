@@ -53,7 +53,7 @@ _HIDDEN = re.compile(
     r"^\.dpstream-(?P<name>[0-9a-f]{12})-(?P<where>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}(\.old)?$"
 )
 #: A hidden directory of another host or PID namespace is deleted after this long.
-_FOREIGN_AGE_S = 7 * 86400
+FOREIGN_AGE_S = 7 * 86400
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,9 @@ def _check_writable(out: str, local: str) -> None:
 
 def _hidden_name(parent: str, name: str) -> str:
     """A new hidden directory's path for the output ``name`` in ``parent``."""
+    where, pid = host_namespace(), os.getpid()
     return os.path.join(
-        parent, f".dpstream-{_digest(name, 12)}-{_where()}-{os.getpid()}-{secrets.token_hex(4)}"
+        parent, f".dpstream-{_digest(name, 12)}-{where}-{pid}-{secrets.token_hex(4)}"
     )
 
 
@@ -182,7 +183,7 @@ def _digest(text: str, n: int) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:n]
 
 
-def _where() -> str:
+def host_namespace() -> str:
     """This host and PID namespace, as 8 hex digits (whose pids :func:`_tidy` may test)."""
     try:
         ns = os.stat("/proc/self/ns/pid").st_ino
@@ -277,7 +278,7 @@ def _tidy(parent: str, name: str) -> None:
     one, whole, not yet in its place: ``name`` is missing) is finished first: its new
     output is put in place (review 105: both were deleted), or, were it missing, the
     earlier one is put back."""
-    here, mine = _where(), _digest(name, 12)
+    here, mine = host_namespace(), _digest(name, 12)
     gone: list[str] = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent):
@@ -285,9 +286,9 @@ def _tidy(parent: str, name: str) -> None:
             if m is None or m["name"] != mine or not entry.is_dir(follow_symlinks=False):
                 continue
             if m["where"] == here:
-                if _alive(int(m["pid"])):
+                if process_alive(int(m["pid"])):
                     continue
-            elif time.time() - entry.stat(follow_symlinks=False).st_mtime < _FOREIGN_AGE_S:
+            elif time.time() - entry.stat(follow_symlinks=False).st_mtime < FOREIGN_AGE_S:
                 continue
             gone.append(entry.path)
     path = os.path.join(parent, name)
@@ -302,14 +303,16 @@ def _tidy(parent: str, name: str) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` of this host and PID namespace exists (one of another
+    user counts, as does a pid reused since: a folder it may own is left alone)."""
     if pid == os.getpid():
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # another user's process: alive
+    except (OSError, OverflowError):  # another user's process: alive
         return True
     return True
 

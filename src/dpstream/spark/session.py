@@ -34,6 +34,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -114,9 +115,12 @@ def private_local_dir() -> str:
     """A new folder for Spark's scratch files, mode 0700 under ``TMPDIR``, removed when
     the process exits; first removes such folders this user's dead processes left (a
     run killed with SIGKILL, or by the kernel for memory, runs no exit handler)."""
+    from .output import host_namespace
+
     base = tempfile.gettempdir()
     tidy_local_dirs(base)
-    path = tempfile.mkdtemp(prefix=f"{LOCAL_DIR_PREFIX}{os.getpid()}-", dir=base)
+    prefix = f"{LOCAL_DIR_PREFIX}{host_namespace()}-{os.getpid()}-"
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
     atexit.register(shutil.rmtree, path, True)  # (before the session: runs after its stop)
     return path
 
@@ -124,9 +128,14 @@ def private_local_dir() -> str:
 def tidy_local_dirs(base: str) -> list[str]:
     """Remove the scratch folders (:func:`private_local_dir`) in ``base`` that this user's
     processes made and that are gone; returns their paths. A folder of a live process,
-    of another user, or that is a link is left as it is."""
+    of another user, or that is a link is left as it is; one of another host or PID
+    namespace (a container sharing ``TMPDIR``, whose processes this one cannot see)
+    only once it is a week old."""
+    from .output import FOREIGN_AGE_S, host_namespace, process_alive
+
     gone: list[str] = []
-    pattern = re.compile(re.escape(LOCAL_DIR_PREFIX) + r"([0-9]+)-[A-Za-z0-9_]+")
+    here = host_namespace()
+    pattern = re.compile(re.escape(LOCAL_DIR_PREFIX) + r"([0-9a-f]{8})-([0-9]+)-[A-Za-z0-9_]+")
     try:
         entries = list(os.scandir(base))
     except OSError:
@@ -141,22 +150,14 @@ def tidy_local_dirs(base: str) -> list[str]:
             continue
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             continue
-        if _alive(int(match.group(1))):
+        if match.group(1) == here:
+            if process_alive(int(match.group(2))):
+                continue
+        elif time.time() - info.st_mtime < FOREIGN_AGE_S:
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         gone.append(entry.path)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (another user's counts: it may be a reuse)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
