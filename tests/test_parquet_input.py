@@ -25,7 +25,7 @@ import pytest
 from dpstream.cli import main
 from dpstream.io import open_input
 from dpstream.io.jsonl import read_jsonl_chunks
-from dpstream.io.parquet import parquet_files, read_parquet_chunks
+from dpstream.io.parquet import parquet_files, read_parquet_chunks, refuse_copies
 
 from .conftest import fixed_key, own_ledger
 
@@ -862,3 +862,30 @@ def test_a_copy_of_a_parquet_file_in_the_input_folder_is_refused(tmp_path):
     shutil.copyfile(folder / "part-0.parquet", folder / "part-0 (copy).parquet")
     with pytest.raises(ValueError, match="holds the same bytes as .*a copy"):
         parquet_files(str(folder))
+
+
+def test_files_of_no_events_may_be_alike_in_an_input_folder(tmp_path):
+    """Review 108: a folder's quiet hours (empty files, or Parquet files of no rows, which
+    are byte-identical) were refused as copies whose events would count twice."""
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    pq.write_table(_table([{"t": 1, "items": ["a"]}]), folder / "h01.parquet")
+    empty = _table([{"t": 1, "items": ["a"]}]).slice(0, 0)
+    pq.write_table(empty, folder / "h02.parquet")
+    pq.write_table(empty, folder / "h03.parquet")
+    assert (folder / "h02.parquet").read_bytes() == (folder / "h03.parquet").read_bytes()
+    assert len(parquet_files(str(folder))) == 3
+    jsonl = tmp_path / "jsonl"
+    jsonl.mkdir()
+    for name, body in (
+        ("h01.jsonl", '{"t": 1, "items": ["a"]}\n'),
+        ("h02.jsonl", ""),
+        ("h03.jsonl", ""),
+        ("h04.jsonl", "\n"),
+        ("h05.jsonl", "\n"),
+    ):
+        (jsonl / name).write_text(body)  # fmt: skip
+    refuse_copies(str(jsonl), sorted(str(p) for p in jsonl.iterdir()))  # no refusal
+    (jsonl / "h06.jsonl").write_text('{"t": 1, "items": ["a"]}\n')  # a copy of h01
+    with pytest.raises(ValueError, match="holds the same bytes as"):
+        refuse_copies(str(jsonl), sorted(str(p) for p in jsonl.iterdir()))

@@ -354,7 +354,9 @@ def test_the_registry_holds_no_secret_and_an_unwritable_one_only_warns(
     entry = folder / fixed_key("run-paths").fingerprint()
     secret = Path("k.key").read_text().strip()
     assert sorted(p.name for p in folder.iterdir()) == [entry.name, f"{entry.name}.lock"]
-    assert entry.read_text() == f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n"
+    ledger = os.stat(f"{place / 'k.key'}.ledger")
+    ids = f"{ledger.st_dev} {ledger.st_ino} {os.stat(place).st_dev}"  # its identity
+    assert entry.read_text() == f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n{ids}\n"
     assert all(secret not in p.name + p.read_text() for p in folder.iterdir())
     Path("plain").write_text("")
     monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(place / "plain" / "keys"))
@@ -539,3 +541,69 @@ def test_a_key_registry_entry_that_is_no_small_text_file_is_refused(place, capsy
         assert err.count("\n") == 1 and words in err and repr(str(entry)) in err, err
         assert not Path("r.jsonl").exists()
     entry.unlink()
+
+
+def test_a_registry_that_cannot_be_written_warns_and_its_entries_still_hold(
+    place, capsys, monkeypatch, key_registry
+):
+    """Review 108: a registry folder that exists but cannot be written (a read-only
+    home, a folder left to root by sudo) stopped every run, `plan` and `budget` with
+    the lock file's error. It is a warning now, and what the registry holds is still
+    read: a run with another ledger than the key's is refused as before."""
+    import errno
+    import tempfile
+
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0  # recorded while writable
+    real_open = os.open
+
+    def read_only(path, flags, *rest):
+        if str(path).startswith(key_registry) and flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *rest)
+
+    def no_temp(*_, **__):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "open", read_only)
+    monkeypatch.setattr(tempfile, "mkstemp", no_temp)
+    capsys.readouterr()
+    assert _run("k.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 0
+    assert "could not record the key's ledger" in capsys.readouterr().err
+    assert _run("k.key", "other.jsonl", "r3.jsonl", "--stream", "third", "--ledger", "x") == 1
+    assert "--ledger names another file" in capsys.readouterr().err
+
+
+def test_a_ledger_whose_folder_is_now_another_file_system_is_not_replaced(place, capsys):
+    """Review 108: a ledger at the root of a volume that was then unmounted counted as
+    deleted (its folder, the bare mount point, exists), so the next run started a new
+    ledger there and released the stream again under the same noise. The registry keeps
+    the ledger folder's device: a folder on another device now is unreachable."""
+    from dpstream.ledger_registry import registry_dir
+
+    assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
+    entry = Path(registry_dir() or "") / fixed_key("run-paths").fingerprint()
+    path, key_file, ids = entry.read_text().splitlines()
+    dev, ino, folder_dev = ids.split()
+    # what an unmounted volume shows: the folder's device is not the one recorded
+    entry.write_text(f"{path}\n{key_file}\n{dev} {ino} {int(folder_dev) + 1}\n")
+    os.rename("k.key.ledger", "elsewhere.ledger")  # (the file, no longer reachable)
+    capsys.readouterr()
+    assert _run("k.key", "other.jsonl", "r2.jsonl") == 1
+    assert "cannot be reached now" in capsys.readouterr().err
+    assert not Path("k.key.ledger").exists() and not Path("r2.jsonl").exists()
+
+
+def test_a_key_and_ledger_moved_with_their_folder_keep_their_record(place, capsys):
+    """Review 108: renaming the folder that holds the key and its ledger was taken for
+    an unmounted volume, and refused. The registry knows the ledger's file (device and
+    inode): found at the new place, the record follows it, and the replay is refused."""
+    os.mkdir("old")
+    shutil.copy("k.key", "old/k.key")
+    os.unlink("k.key")
+    assert _run("old/k.key", "ev.jsonl", "r1.jsonl") == 0
+    os.rename("old", "new")
+    capsys.readouterr()
+    assert _run("new/k.key", "other.jsonl", "r2.jsonl") == 1  # its scope is on record
+    assert "records 1 earlier run(s)" in capsys.readouterr().err
+    assert _run("new/k.key", "other.jsonl", "r2.jsonl", "--stream", "second") == 0
+    assert Path("new/k.key.ledger").read_text().count("S1 ") == 2

@@ -653,7 +653,9 @@ def test_a_file_name_with_a_colon_is_refused_in_one_line(spark, tmp_path, capsys
     [
         ("day1 (copy).jsonl", "same", "holds the same bytes as"),
         ("day1.jsonl.gz", "gzip", "compressed"),
-        ("day1.jsonl~", "older", "an editor's backup"),
+        ("day1.jsonl~", "older", "is a backup"),
+        ("#day1.jsonl#", "older", "is a backup"),
+        ("day1.jsonl.bak", "older", "is a backup"),
     ],
 )
 def test_a_jsonl_folder_with_a_copy_or_a_twin_is_refused(tmp_path, second, writes, words):

@@ -244,7 +244,10 @@ _KILLED_SHUFFLE = """
 import glob, os, signal, stat, sys
 from dpstream.spark import session
 spark = session.start_session("local[1]")
-local = spark.conf.get("spark.local.dir")
+jvm = spark.sparkContext._jvm
+local = jvm.org.apache.spark.util.Utils.getLocalDir(spark.sparkContext._jsc.sc().conf())
+local = os.path.dirname(local)  # (Spark's own folder is made inside it)
+print("jvmtmp", jvm.java.lang.System.getProperty("java.io.tmpdir"))
 spark.range(0, 1000, 1, 4).selectExpr("id % 7 AS k").groupBy("k").count().collect()
 blocks = glob.glob(os.path.join(local, "**", "blockmgr-*"), recursive=True)
 print("local", local, "mode", oct(stat.S_IMODE(os.stat(local).st_mode)))
@@ -277,6 +280,8 @@ def test_spark_scratch_files_stay_in_a_private_folder_a_later_run_removes(tmp_pa
     assert local.parent == tmp and local.name.startswith(LOCAL_DIR_PREFIX)
     assert out["local"].endswith("mode 0o700")
     assert Path(out["temp"]).is_relative_to(local)  # PySpark's broadcasts (the key)
+    assert Path(out["jvmtmp"]) == local  # the JVM's own folders (spark-*, artifacts-*)
+    assert "will be overridden" not in done.stderr  # (spark.local.dir's warning)
     assert int(out["blocks"]) >= 1 and local.is_dir()  # left by the kill
     assert not list(tmp.glob("blockmgr-*")) and not list(tmp.glob("spark-*"))
     here = host_namespace()

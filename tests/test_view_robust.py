@@ -495,6 +495,7 @@ def test_a_long_name_is_shown_cut_and_escaped_on_the_page(tmp_path):
     assert f"{esc(evil[:SHORT_NAME])}… ({len(evil):,} characters)" in page
     assert SHORT_NAME < len(evil) <= ATTR_NAME
     assert page.count(f'data-item="{esc(evil)}"') == 3  # row, series, legend
+    assert page.count(f'title="{esc(evil)}"') == 1  # review 108: the row's hover shows it all
 
 
 # --------------------------------------------------------------------------- 5. IPv6

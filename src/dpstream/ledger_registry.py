@@ -29,8 +29,13 @@ else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
   ``--ledger`` naming another file (reviews 106 and 107: each found a ledger blind to
   the key's releases, so the replay refusal and the dataset's cap saw nothing, and the
   same noise went out over other data). Only a ledger that is certainly gone is
-  replaced: moving the ledger (``mv``) moves the record with it at the next run.
-  ``DPSTREAM_KEY_REGISTRY=off`` is the way to keep two ledgers of one key on purpose.
+  replaced: no file in a folder that exists on the file system it was recorded on
+  (the entry keeps the ledger's device and inode and its folder's device: the bare
+  mount point of an unmounted volume is not its folder, review 108). A ledger moved
+  (``mv``, or its folder renamed) is found by its device and inode at its new path,
+  and the record follows it. ``DPSTREAM_KEY_REGISTRY=off`` is the way to keep two
+  ledgers of one key on purpose. A registry that exists but cannot be written is
+  still read (its entries hold), with a warning.
 
 The registry is per user and per machine: a key copied to another machine or used by
 another user is not seen (docs/operations.md says to name one ledger on shared storage
@@ -112,9 +117,18 @@ def check_ledger(
     given, ledger = ledger, os.path.realpath(ledger)
     key_file_real = "" if key_file is None else os.path.realpath(key_file)
     with _entry_lock(entry):
-        recorded, recorded_key = _read(entry)
-        state = _state(recorded) if recorded is not None else "gone"
-        if recorded is not None and state != "gone" and not same_file(recorded, ledger):
+        recorded, recorded_key, ids = _read(entry)
+        state = _state(recorded, ids) if recorded is not None else "gone"
+        if recorded is not None and state != "live" and _moved_here(ids, ledger):
+            # the recorded ledger itself, moved here (its folder renamed, or `mv`): the
+            # record follows it (review 108: a renamed folder was taken for an
+            # unmounted volume, and refused)
+            if record:
+                _write(entry, ledger, key_file_real)
+            return
+        if recorded is not None and (
+            state == "unreachable" or (state == "live" and not same_file(recorded, ledger))
+        ):
             # one ledger a key (reviews 106 and 107): a copy of the key, its own key file
             # without the --ledger it was given, or a --ledger naming a fresh file found a
             # ledger blind to the key's releases, so the replay refusal and the dataset's
@@ -123,6 +137,8 @@ def check_ledger(
                 _refusal(recorded, ledger, key_file, entry, state, recorded_key, default)
             )
         if recorded is not None and state == "live":
+            if ids is None and record:  # an older dpstream's entry: its identity added
+                _write(entry, ledger, recorded_key or key_file_real)
             return  # this ledger, on record
         if record:
             from .ledger_file import check_ledger_file
@@ -144,16 +160,47 @@ def check_ledger(
         _write(entry, ledger, key_file_real)
 
 
-def _state(recorded: str) -> str:
-    """``live``: a regular file; ``gone``: no such file in a folder that exists;
-    ``unreachable``: anything else (its folder missing, not a file, an error)."""
+def _state(recorded: str, ids: tuple[int, int, int] | None) -> str:
+    """``live``: a regular file; ``gone``: no such file in a folder that exists, on the
+    file system it was recorded on; ``unreachable``: anything else (its folder missing,
+    or on another file system now: the bare mount point of an unmounted volume; not a
+    file; an error). ``ids``: the ledger's device and inode and its folder's device,
+    as recorded (None in an entry of an older dpstream)."""
     try:
         mode = os.stat(recorded).st_mode
     except FileNotFoundError:
-        return "gone" if os.path.isdir(os.path.dirname(recorded)) else "unreachable"
+        try:
+            folder = os.stat(os.path.dirname(recorded))
+        except OSError:
+            return "unreachable"
+        if not stat.S_ISDIR(folder.st_mode):
+            return "unreachable"
+        if ids is not None and folder.st_dev != ids[2]:  # (review 108: an unmounted
+            return "unreachable"  # volume's mount point was taken for its folder, and
+        return "gone"  # the ledger for deleted: a run released its stream again)
     except OSError:
         return "unreachable"
     return "live" if stat.S_ISREG(mode) else "unreachable"
+
+
+def _moved_here(ids: tuple[int, int, int] | None, ledger: str) -> bool:
+    """Whether ``ledger`` is the recorded ledger's file (its device and inode)."""
+    if ids is None:
+        return False
+    try:
+        st = os.stat(ledger)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == ids[:2]
+
+
+def _ids(ledger: str) -> str:
+    """The ledger's device and inode and its folder's device, as an entry records them."""
+    try:
+        st, folder = os.stat(ledger), os.stat(os.path.dirname(ledger))
+    except OSError:
+        return ""
+    return f"{st.st_dev} {st.st_ino} {folder.st_dev}"
 
 
 def _refusal(
@@ -167,10 +214,15 @@ def _refusal(
 ) -> str:
     if not default:
         why = "--ledger names another file"
+    elif not recorded_key:  # recorded by a library's Spark stream (its ledger= named)
+        why = "that ledger was named by a program's ledger=, and this run names none"
     elif key_file is not None and recorded_key == os.path.realpath(key_file):
         why = "that ledger was named with --ledger, and this run names none"
     else:
         why = "a copy of a key must use its key's one ledger"
+    # the key file beside the recorded ledger, when it is that key file's default one
+    beside = bool(recorded_key) and recorded == f"{recorded_key}.ledger"
+    use = " or use the key file beside it" if beside else ""
     where = "" if key_file is None else f" in --key-file {key_file!r}"
     head = (
         f"the key{where} has its releases recorded in the ledger {recorded!r}, not in "
@@ -180,8 +232,9 @@ def _refusal(
     )
     if state == "unreachable":
         return (
-            f"{head}; {recorded!r} cannot be reached now (its folder is missing, as on an "
-            "unmounted volume, or it is not a file): mount it and run again, or pass "
+            f"{head}; {recorded!r} cannot be reached now (its folder is missing, or on "
+            "another file system than it was, as on an unmounted volume, or it is not a "
+            "file): mount it and run again, or pass "
             f"--ledger {recorded!r}; if it is gone for good, remove the registry entry "
             f"{entry!r}"
         )
@@ -189,7 +242,7 @@ def _refusal(
         return (
             f"{head}; both hold releases of this key: append the lines of {ledger!r} to "
             f"{recorded!r} (`cat {ledger} >> {recorded}`), remove {ledger!r}, and pass "
-            f"--ledger {recorded!r} or use the key file beside it"
+            f"--ledger {recorded!r}{use}"
         )
     empty = (
         f" ({recorded!r} holds no releases yet: a run from that key file recorded it and "
@@ -198,7 +251,7 @@ def _refusal(
         else ""
     )
     return (
-        f"{head}{empty}; pass --ledger {recorded!r}, or use the key file beside it. If "
+        f"{head}{empty}; pass --ledger {recorded!r}{use}. If "
         f"{ledger!r} is to be the key's ledger, move that ledger there (`mv`: the record "
         "follows it); to keep two ledgers of one key on purpose, set "
         "DPSTREAM_KEY_REGISTRY=off"
@@ -220,7 +273,17 @@ def _entry_lock(entry: str) -> Iterator[None]:
     except ImportError:  # no flock: the decision is not serialised
         yield
         return
-    fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # a registry that cannot be written (a read-only home, a
+        # folder another user owns): the entry is still read and its rules hold, but
+        # nothing is recorded; a warning, not an error (review 108: every run stopped)
+        _warn_once(os.path.dirname(entry), exc)
+        try:
+            fd = os.open(f"{entry}.lock", os.O_RDONLY)  # an existing lock serialises still
+        except OSError:
+            yield
+            return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -253,8 +316,9 @@ def _make_folder(folder: str) -> bool:
     return True
 
 
-def _read(entry: str) -> tuple[str | None, str | None]:
-    """The recorded ledger and the key file it was recorded from (None: no entry)."""
+def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | None]:
+    """The recorded ledger, the key file it was recorded from (None: no entry), and the
+    ledger's identity (:func:`_ids`; None when the entry has none)."""
     try:
         if not stat.S_ISREG(os.stat(entry).st_mode):  # (a device would be read forever)
             raise LedgerError(
@@ -264,7 +328,7 @@ def _read(entry: str) -> tuple[str | None, str | None]:
         with open(entry, encoding="utf-8") as fh:
             lines = fh.read(_ENTRY_MAX).splitlines()
     except FileNotFoundError:
-        return None, None
+        return None, None, None
     except UnicodeDecodeError:
         raise LedgerError(
             f"the key registry entry {entry!r} is not text (edited?): remove it, or set {ENV}=off"
@@ -274,8 +338,14 @@ def _read(entry: str) -> tuple[str | None, str | None]:
             f"cannot read the key registry entry {entry!r}: {exc.strerror}; fix it, or "
             f"set {ENV}=off"
         ) from None
-    lines += ["", ""]
-    return lines[0].strip() or None, lines[1].strip() or None
+    lines += ["", "", ""]
+    parts = lines[2].split()
+    ids = (
+        (int(parts[0]), int(parts[1]), int(parts[2]))
+        if len(parts) == 3 and all(p.isdigit() for p in parts)
+        else None
+    )
+    return lines[0].strip() or None, lines[1].strip() or None, ids
 
 
 def _write(entry: str, ledger: str, key_file: str) -> None:
@@ -286,7 +356,7 @@ def _write(entry: str, ledger: str, key_file: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".entry-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(f"{ledger}\n{key_file}\n")
+                fh.write(f"{ledger}\n{key_file}\n{_ids(ledger)}\n")
             os.replace(tmp, entry)
         except BaseException:
             with contextlib.suppress(OSError):

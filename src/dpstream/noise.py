@@ -74,7 +74,6 @@ Gaussian) mode can replace them without touching the mechanisms.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import hmac
 import os
@@ -212,42 +211,27 @@ class NoiseKey:
         """Write the key to ``path`` (hex, one line), readable by the owner only.
 
         Refuses to overwrite an existing file (or a link, even to nothing), so a key in
-        use is never lost; the file appears whole and synced to disk, or not at all.
+        use is never lost; the file is synced to disk, with its folder's entry. (A kill
+        while it is written leaves a short file, which ``load`` refuses in words.)
         """
         path = Path(path)
-        # written whole and synced under a temporary name, then linked to its name (a
-        # link never replaces a file, as O_EXCL never does), and its folder synced
-        # (review 107: a kill right after keygen left an empty key file, and a power
-        # loss after a first run could lose the key while the ledger and the releases,
-        # which are synced, survived)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            self._write_new(tmp)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
-            except OSError:  # a file system without hard links: written in place
-                self._write_new(path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        with contextlib.suppress(OSError):
-            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-
-    def _write_new(self, path: Path) -> None:
-        """Write the key's line to a new file ``path`` (0600; never an existing one), and
-        sync it."""
+        # written, synced, and its folder synced (review 107: the ledger beside a key is
+        # synced, the key was not, so a power loss soon after a first run could keep
+        # the ledger and the releases and lose the key). Written under its own name:
+        # a temporary name linked in place (tried first) left, when killed, a second
+        # link of the secret that outlived the key file's removal (review 108)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as fh:
             fh.write(self._secret.hex() + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(path, 0o600)
+        with contextlib.suppress(OSError):
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> NoiseKey:

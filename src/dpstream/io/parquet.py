@@ -149,13 +149,14 @@ def refuse_copies(folder: str, files: list[str]) -> None:
     """Refuse two files of the same bytes under one input folder (review 102: a copy,
     ``part-0 (copy).parquet``, counted its events twice, with exit 0): their events
     would count twice, and each event's protection hold for one of the two. Only files
-    of equal sizes are read to compare (a digest of each)."""
+    of equal sizes are read to compare (a digest of each); files that hold no event
+    (empty, blank, or Parquet of no rows: a folder's quiet hours) may be alike."""
     import hashlib
 
     by_size: dict[int, list[str]] = {}
     for name in files:
-        if os.path.isfile(name):
-            by_size.setdefault(os.path.getsize(name), []).append(name)
+        if os.path.isfile(name) and os.path.getsize(name) > 0:  # (an empty one holds
+            by_size.setdefault(os.path.getsize(name), []).append(name)  # no event)
     for same in by_size.values():
         if len(same) < 2:
             continue
@@ -166,11 +167,30 @@ def refuse_copies(folder: str, files: list[str]) -> None:
                 while block := fh.read(1 << 20):
                     h.update(block)
             first = digests.setdefault(h.digest(), name)
-            if first != name:
+            if first != name and not _holds_no_events(name):
                 raise ValueError(
                     f"--input {folder!r}: {name!r} holds the same bytes as {first!r} (a "
                     "copy?); its events would count twice: remove one"
                 )
+
+
+def _holds_no_events(name: str) -> bool:
+    """Whether a file counts no event twice when copied (review 108: the empty hours of
+    a folder, byte-identical, were refused as copies): blank text, or a Parquet file of
+    no rows."""
+    size = os.path.getsize(name)
+    if size <= 1 << 16:
+        with open(name, "rb") as fh:
+            if not fh.read().strip():
+                return True
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(name).metadata.num_rows == 0
+        except Exception:  # not Parquet: its reader says so in words
+            return False
+    return False
 
 
 def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any]]:

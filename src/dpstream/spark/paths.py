@@ -68,20 +68,26 @@ def input_files(path: str) -> list[str] | None:
     return files
 
 
+#: The endings of backups an editor or a tool leaves beside a file.
+_BACKUP = ("~", ".bak", ".orig", ".rej")
 #: The suffixes of the files Spark (Hadoop) reads decompressed.
 _COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
 def _refuse_twins(folder: str, files: list[str]) -> None:
     """Refuse a folder holding a file beside its compressed twin (``day1.jsonl`` and
-    ``day1.jsonl.gz``) or an editor's backup (``day1.jsonl~``): Spark reads every file,
-    so their events would count twice (review 105: 3,000 events released as 8,990)."""
+    ``day1.jsonl.gz``) or a backup (``day1.jsonl~``, ``.bak``, ``#day1.jsonl#``): Spark
+    reads every file, so their events would count twice (review 105: 3,000 events
+    released as 8,990). A copy under another name with other bytes (another line end,
+    compressed under another name) is not seen: give Spark a folder of the day's files."""
     names = set(files)
     for name in files:
-        if name.endswith("~"):
+        base = os.path.basename(name)
+        if name.endswith(_BACKUP) or (base.startswith("#") and base.endswith("#")):
             raise ValueError(
-                f"--input {folder!r}: {name!r} is an editor's backup (a name ending in "
-                "'~'): Spark would read its events with the file's; remove it"
+                f"--input {folder!r}: {name!r} is a backup (a name ending in "
+                f"{', '.join(repr(b) for b in _BACKUP)}, or an editor's #name#): Spark "
+                "would read its events with the file's; remove it"
             )
         for suffix in _COMPRESSED:
             if name.endswith(suffix) and name[: -len(suffix)] in names:

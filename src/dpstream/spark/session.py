@@ -107,6 +107,8 @@ def session_defaults(master: str) -> dict[str, str]:
 
 #: Where Spark keeps its scratch files (shuffle blocks, PySpark's broadcasts).
 _LOCAL_DIR_KEY = "spark.local.dir"
+#: The driver JVM's options after its defaults (the operator's, when set).
+_EXTRA_JAVA_KEY = "spark.driver.extraJavaOptions"
 #: The name of a run's own scratch folder under ``TMPDIR``: this prefix, the pid, "-".
 LOCAL_DIR_PREFIX = "dpstream-spark-"
 
@@ -176,7 +178,18 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
         and not _operator_sets(_LOCAL_DIR_KEY)
         and not os.environ.get("SPARK_LOCAL_DIRS")
     ):
-        conf[_LOCAL_DIR_KEY] = private_local_dir()
+        scratch = private_local_dir()
+        if (
+            SparkContext._gateway is None  # a JVM to start: its temporary folder too
+            and not _operator_sets(_EXTRA_JAVA_KEY)
+            and re.fullmatch(r"[\w./+=@,-]+", scratch)  # one word in the JVM's options
+        ):
+            # Spark's own scratch folder defaults to the JVM's, and the JVM's other
+            # folders (spark-*, artifacts-*) go there too; spark.local.dir would leave
+            # those in /tmp and print a warning that it may be overridden (review 108)
+            conf[_EXTRA_JAVA_KEY] = f"-Djava.io.tmpdir={scratch}"
+        else:  # the JVM runs already (its folder is set): Spark's scratch files only
+            conf[_LOCAL_DIR_KEY] = scratch
     archive = None
     if SparkContext._gateway is None and not _operator_sets(_JAVA_KEY):  # a JVM to start
         archive = class_archive.prepare()

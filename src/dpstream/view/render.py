@@ -366,12 +366,15 @@ def render_top(snap: Snapshot) -> str:
         )
         pm = f'<span class="pm">± {fmt_pm(hw)}</span>' if snap.noise_std is not None else ""
         name = shown_name(item)
+        # the hover shows the whole name up to ATTR_NAME (review 108: two long URLs alike
+        # in their first characters and length looked the same)
+        title = esc(item) if len(item) <= ATTR_NAME else name
         rows.append(
             f'<li class="row{" selected" if sel else ""}" {_item_attrs(item, refs[item])} '
             f'data-value="{esc(json.dumps(value))}" tabindex="0" role="button" '
             f'aria-pressed="{"true" if sel else "false"}">'
             f'<span class="rank">{rank}</span>{swatch}'
-            f'<span class="name" title="{name}">{name}</span>'
+            f'<span class="name" title="{title}">{name}</span>'
             f'<span class="track"><span class="bar" style="left:{left:.3f}%;'
             f'width:{right - left:.3f}%"></span>'
             f'<span class="ci" style="left:{ci_l:.3f}%;width:{ci_r - ci_l:.3f}%"></span>'
