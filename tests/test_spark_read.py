@@ -680,3 +680,29 @@ def test_a_jsonl_folder_with_a_copy_or_a_twin_is_refused(tmp_path, second, write
         input_files(str(folder))
     with pytest.raises(ValueError, match=re.escape(words)):
         input_files("file://" + str(folder))
+
+
+def test_a_jsonl_folder_with_a_copy_is_refused_before_spark_starts(tmp_path, monkeypatch, capsys):
+    """Review 108: the folder's copy was refused only once the Spark session had started
+    (17 s in); it is refused before a JVM starts, as a link reached twice is."""
+    from dpstream import cli
+    from dpstream.spark import command
+
+    def no_session(*_: object, **__: object) -> None:
+        raise AssertionError("a session started")
+
+    monkeypatch.setattr(command, "start_session", no_session)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    body = "".join(json.dumps({"t": t, "items": ["a"]}) + "\n" for t in (1, 2, 3))
+    (folder / "day1.jsonl").write_text(body)
+    (folder / "day1 (copy).jsonl").write_text(body)
+    key = tmp_path / "k.key"
+    fixed_key("spark-read").save(key)
+    argv = ["run", "-q", "-m", "unknown", "-T", "3", "--max-items", "1", "--rho", "1",
+            "--threshold-delta", "1e-3", "--key-file", str(key), "-i", str(folder),
+            "-o", str(tmp_path / "out"), "--engine", "spark", "--master", "local[2]"]  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(argv) == 1
+    assert "holds the same bytes as" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

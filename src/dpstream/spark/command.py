@@ -53,6 +53,7 @@ from .events import read_events_jsonl, read_events_parquet
 from .frames import local_frame
 from .order import split_shifts, with_pos
 from .output import check_output, write_table
+from .paths import input_files
 from .read_counts import TOTALS, counted_lines
 from .read_jsonl import ZONE_RULES_MISMATCH, parsed_lines
 from .releases import SparkKnownBase, SparkUnknownBase, _first_row
@@ -229,6 +230,8 @@ def _run_cli(
     if early is not None and os.path.isdir(os.path.dirname(os.path.abspath(early))):
         with contextlib.suppress(OSError):  # a folder it may not write: check_output says
             _lock(held, early, locked)
+    if not job.parquet:  # a JSON Lines folder's copies, twins and backups: refused
+        input_files(job.inp)  # before a JVM starts (review 108: 17 s in), as its links
     if spark is None:
         spark = start_session(master)
     reads, records = run_files(cfg)  # before anything is read or claimed
