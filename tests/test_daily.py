@@ -550,6 +550,35 @@ def test_a_batch_behind_the_ledger_cannot_end_below_its_steps(tmp_path, capsys):
     assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == list(range(1, 13))
 
 
+def test_a_state_restored_two_batches_behind_goes_on_batch_by_batch(tmp_path, capsys):
+    """Review 109: a state and output restored from a backup two batches behind the ledger
+    could never go on: day 3 again with its own --until was refused as below the
+    ledger's last step, and with the ledger's last step as refused as other input (its
+    steps came from two files). Each batch replayed in order, with its own input and
+    --until, now gives the releases on record, byte for byte; one that ends inside its
+    input is still refused (review 96), before anything is written."""
+    key, days = _three_days(tmp_path, "daily-behind-2", [(1, 3), (5, 7), (9, 11)])
+    want, _, ref = _two_days(tmp_path, key, "want")
+    for day, until in zip(days, ("4", "8", "12"), strict=True):
+        assert main([*ref, "-i", str(day), "--until", until]) == 0
+
+    out, state, cmd = _two_days(tmp_path, key, "got")
+    assert main([*cmd, "-i", str(days[0]), "--until", "4"]) == 0
+    backup = {p: p.read_bytes() for p in (out, state)}
+    assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 0
+    assert main([*cmd, "-i", str(days[2]), "--until", "12"]) == 0
+    for p, data in backup.items():  # the state and output of day 1; the ledger kept
+        p.write_bytes(data)
+    capsys.readouterr()
+    before = out.read_bytes()
+    assert main([*cmd, "-i", str(days[1]), "--until", "6"]) == 1  # inside its input
+    assert "this input holds records past it" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 0
+    assert main([*cmd, "-i", str(days[2]), "--until", "12"]) == 0
+    assert out.read_bytes() == want.read_bytes()
+
+
 def test_a_stream_begun_under_another_calibration_is_named_as_such(tmp_path, capsys):
     """Review 96: a state whose noise scale differs from this dpstream's calibration of
     the same budget options (a version that calibrated otherwise began the stream) was

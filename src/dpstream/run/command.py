@@ -151,6 +151,7 @@ class _Opened:
     resume: Resume | None = None
     go_on: GoOn | None = None
     done: bool = False  # nothing to do: every step asked for is released already
+    behind: int | None = None  # the ledger's last step, past this batch's --until
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -403,15 +404,13 @@ def _open_state(
         )
         stack.callback(opened.ledger.close)
         if until < opened.ledger.last_t:  # the state is behind the ledger (a kill, a backup)
-            raise LedgerError(
-                f"--until {until} is before step {opened.ledger.last_t}, which the release "
-                f"ledger {opened.ledger.path} records as released for the stream in "
-                f"{cfg.state} (after the state was saved: a kill between the two, or a "
-                f"state restored from a backup): run the batch again with --until "
-                f"{opened.ledger.last_t} or later and the input those steps were released "
-                "from (a batch that ended below them could never be followed: their "
-                "release would differ from the one on record)"
-            )
+            # a batch that ends below the ledger's steps goes on only if its input ends
+            # there too (checked once it is read): the earlier batches replayed in order,
+            # each with its own input and --until, give the releases on record (review
+            # 109: a state restored two batches behind was stuck for good)
+            opened.behind = opened.ledger.last_t
+            if cfg.follow:
+                raise LedgerError(_behind_ledger(cfg, until, opened.ledger))
         if opened.go_on is not None:
             built.mech = built.formatter.mech = opened.go_on.mechanism
             built.publish = opened.go_on.publish
@@ -444,6 +443,20 @@ def _open_state(
             "exactly-once output"
         )
     return opened
+
+
+def _behind_ledger(cfg: RunConfig, until: int, ledger: ReleaseLedger) -> str:
+    """Why a batch may not end at ``until``, below the ledger's steps, with its input
+    going on past it."""
+    return (
+        f"--until {until} is before step {ledger.last_t}, which the release ledger "
+        f"{ledger.path} records as released for the stream in {cfg.state} (after the state "
+        "was saved: a kill between the two, or a state restored from a backup), and this "
+        "input holds records past it: run each batch again in order, each with its own "
+        f"input and --until, up to step {ledger.last_t} (a batch that ended inside its "
+        "input could never be followed: the rest of that input would be released from "
+        "another batch, which the ledger refuses)"
+    )
 
 
 def _refuse_other_first_input(
@@ -553,6 +566,9 @@ def _release(
     if marked is not None:  # a run stopped by an error before its first release: unmarked
         stack.push(_unmark_on_error(opened.ckpt, marked))
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if opened.behind is not None and built.stats.reasons.get("after --until", 0):
+        assert opened.ledger is not None  # (behind: read off the ledger)
+        raise LedgerError(_behind_ledger(cfg, until, opened.ledger))
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
     if on_summary is not None and chunks is not None:  # a batch: its counts are final
