@@ -8,6 +8,7 @@ resumes from that day's start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -550,6 +551,15 @@ def test_a_batch_behind_the_ledger_cannot_end_below_its_steps(tmp_path, capsys):
     assert [json.loads(x)["t"] for x in out.read_text().splitlines()] == list(range(1, 13))
 
 
+def _open_spill_files() -> int:
+    """How many of this process's open files are a run's (unlinked) temporary counts."""
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found += "dpstream-spill-" in os.readlink(f"/proc/self/fd/{fd}")
+    return found
+
+
 def test_a_state_restored_two_batches_behind_goes_on_batch_by_batch(tmp_path, capsys):
     """Review 109: a state and output restored from a backup two batches behind the ledger
     could never go on: day 3 again with its own --until was refused as below the
@@ -571,8 +581,10 @@ def test_a_state_restored_two_batches_behind_goes_on_batch_by_batch(tmp_path, ca
         p.write_bytes(data)
     capsys.readouterr()
     before = out.read_bytes()
+    opened = _open_spill_files()
     assert main([*cmd, "-i", str(days[1]), "--until", "6"]) == 1  # inside its input
     assert "this input holds records past it" in capsys.readouterr().err
+    assert _open_spill_files() == opened  # its counts' temporary file closed with it
     assert out.read_bytes() == before
     assert main([*cmd, "-i", str(days[1]), "--until", "8"]) == 0
     assert main([*cmd, "-i", str(days[2]), "--until", "12"]) == 0

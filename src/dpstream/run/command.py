@@ -566,11 +566,11 @@ def _release(
     if marked is not None:  # a run stopped by an error before its first release: unmarked
         stack.push(_unmark_on_error(opened.ckpt, marked))
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
+    if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
+        stack.callback(chunks.close)
     if opened.behind is not None and built.stats.reasons.get("after --until", 0):
         assert opened.ledger is not None  # (behind: read off the ledger)
         raise LedgerError(_behind_ledger(cfg, until, opened.ledger))
-    if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
-        stack.callback(chunks.close)
     if on_summary is not None and chunks is not None:  # a batch: its counts are final
         st = built.stats
         on_summary(
