@@ -278,19 +278,15 @@ def _tidy(parent: str, name: str) -> None:
     one, whole, not yet in its place: ``name`` is missing) is finished first: its new
     output is put in place (review 105: both were deleted), or, were it missing, the
     earlier one is put back."""
-    here, mine = host_namespace(), _digest(name, 12)
+    mine = _digest(name, 12)
     gone: list[str] = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent):
             m = _HIDDEN.match(entry.name)
             if m is None or m["name"] != mine or not entry.is_dir(follow_symlinks=False):
                 continue
-            if m["where"] == here:
-                if process_alive(int(m["pid"])):
-                    continue
-            elif time.time() - entry.stat(follow_symlinks=False).st_mtime < FOREIGN_AGE_S:
-                continue
-            gone.append(entry.path)
+            if maker_gone(m["where"], int(m["pid"]), entry.stat(follow_symlinks=False)):
+                gone.append(entry.path)
     path = os.path.join(parent, name)
     for aside in (p for p in gone if p.endswith(".old")):
         if os.path.lexists(path):
@@ -301,6 +297,16 @@ def _tidy(parent: str, name: str) -> None:
     for leftover in gone:
         if os.path.lexists(leftover):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def maker_gone(where: str, pid: int, info: os.stat_result) -> bool:
+    """Whether the run that made a folder (named with its :func:`host_namespace` tag
+    ``where`` and ``pid``; ``info`` its ``lstat``) is gone: a pid of this host and PID
+    namespace that no process has, or a folder of another namespace (whose processes
+    this one cannot see) that is :data:`FOREIGN_AGE_S` old."""
+    if where == host_namespace():
+        return not process_alive(pid)
+    return time.time() - info.st_mtime >= FOREIGN_AGE_S
 
 
 def process_alive(pid: int) -> bool:

@@ -34,7 +34,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -133,10 +132,9 @@ def tidy_local_dirs(base: str) -> list[str]:
     of another user, or that is a link is left as it is; one of another host or PID
     namespace (a container sharing ``TMPDIR``, whose processes this one cannot see)
     only once it is a week old."""
-    from .output import FOREIGN_AGE_S, host_namespace, process_alive
+    from .output import maker_gone
 
     gone: list[str] = []
-    here = host_namespace()
     pattern = re.compile(re.escape(LOCAL_DIR_PREFIX) + r"([0-9a-f]{8})-([0-9]+)-[A-Za-z0-9_]+")
     try:
         entries = list(os.scandir(base))
@@ -152,10 +150,7 @@ def tidy_local_dirs(base: str) -> list[str]:
             continue
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             continue
-        if match.group(1) == here:
-            if process_alive(int(match.group(2))):
-                continue
-        elif time.time() - info.st_mtime < FOREIGN_AGE_S:
+        if not maker_gone(match.group(1), int(match.group(2)), info):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         gone.append(entry.path)
