@@ -53,6 +53,9 @@ def main_bench() -> None:
     ap.add_argument("--steps", type=int, default=24, help="steps per day")
     ap.add_argument("--events", type=int, default=200, help="events per step")
     ap.add_argument("--items", type=int, default=5000)
+    # throwaway keys, each run with a ledger of its own (or its ledger removed between
+    # rounds): keep them out of the user's key registry, here and in child processes
+    os.environ["DPSTREAM_KEY_REGISTRY"] = "off"
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dpstream-daily-"))
     try:

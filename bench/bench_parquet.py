@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--distinct", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-run", action="store_true", help="time the readers only")
+    # throwaway keys, each run with a ledger of its own (or its ledger removed between
+    # rounds): keep them out of the user's key registry, here and in child processes
+    os.environ["DPSTREAM_KEY_REGISTRY"] = "off"
     args = ap.parse_args()
 
     import pyarrow.json as pj

@@ -39,6 +39,7 @@ counted, in one session.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -70,6 +71,9 @@ def main() -> None:
         help="with --run-events: time the input readers alone (Spark's read, cached and "
         "counted, against the local chunked reader), in one session",
     )
+    # throwaway keys, each run with a ledger of its own (or its ledger removed between
+    # rounds): keep them out of the user's key registry, here and in child processes
+    os.environ["DPSTREAM_KEY_REGISTRY"] = "off"
     args = ap.parse_args()
     if args.run_events:
         _run_case(args.run_events, args.rounds, args.master, args.read_only)

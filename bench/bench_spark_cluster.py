@@ -67,6 +67,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--distinct", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3, help="rounds (the median and spread)")
+    # throwaway keys, each run with a ledger of its own (or its ledger removed between
+    # rounds): keep them out of the user's key registry, here and in child processes
+    os.environ["DPSTREAM_KEY_REGISTRY"] = "off"
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="dps-bench-cluster-"))

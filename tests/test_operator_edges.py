@@ -5,13 +5,13 @@ belongs, a damaged sidecar, a deleted ledger)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
-import stat
 import threading
+from pathlib import Path
 
 import pytest
 
+from dpstream import NoiseKey
 from dpstream.cli import main
 
 from .conftest import fixed_key
@@ -185,20 +185,57 @@ def test_a_damaged_sidecar_noise_version_is_refused_in_words(tmp_path, stream, c
     assert out.read_bytes() == before
 
 
-def test_a_deleted_ledger_is_warned_about_when_a_new_one_starts(
-    tmp_path, stream, caplog, key_registry
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+def test_a_ledger_gone_from_its_place_is_refused_until_it_is_named_or_forgotten(
+    tmp_path, stream, capsys, key_registry, how
 ):
-    """Deleting a key's ledger let a stream's steps be released again over other data;
-    the new, empty ledger is now named in a warning that says what was lost."""
+    """Deleting a key's ledger, or moving it (`mv`) and running without its new --ledger,
+    started a new, empty ledger with a warning: the replay refusal was blind, and the
+    same noise went out over other data (the releases differed by exactly the true
+    counts' difference). Now refused in every command, before anything is written;
+    the moved ledger named by --ledger is followed, and removing the registry entry is
+    the deliberate way to start afresh."""
     out = tmp_path / "o.jsonl"
     argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
     assert main(argv) == 0
-    os.unlink(stream["key"] + ".ledger")
-    out.unlink()
-    with caplog.at_level(logging.WARNING, logger="dpstream"):
-        assert main(argv) == 0
-    assert any("is gone" in r.getMessage() for r in caplog.records), caplog.records
-    assert stat.S_ISREG(os.stat(stream["key"] + ".ledger").st_mode)
+    ledger = Path(stream["key"] + ".ledger")
+    moved = tmp_path / "elsewhere.ledger"
+    if how == "deleted":
+        ledger.unlink()
+    else:
+        ledger.rename(moved)
+    capsys.readouterr()
+    other = tmp_path / "other.jsonl"
+    other.write_text(Path(stream["src"]).read_text().replace('"t": 1,', '"t": 2,', 3))
+    second = [*UNK, "--key-file", stream["key"], "-i", str(other), "-o", str(tmp_path / "p.jsonl")]
+    for command in (second, ["budget", "--key-file", stream["key"]]):
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert "which is gone" in err and "remove the registry entry" in err, err
+    assert not ledger.exists() and not (tmp_path / "p.jsonl").exists()
+    if how == "moved":  # named where it went: the record follows it, and it refuses the
+        assert main([*second, "--ledger", str(moved)]) == 1  # same scope over other data
+        assert "earlier run(s)" in capsys.readouterr().err
+    else:  # forgotten on purpose: the entry removed, a new ledger starts
+        entry = Path(key_registry) / NoiseKey.load(stream["key"]).fingerprint()
+        entry.unlink()
+        assert main(second) == 0
+        assert ledger.is_file()
+
+
+def test_a_ledger_put_back_elsewhere_from_a_backup_is_taken(tmp_path, stream, key_registry):
+    """A recorded ledger that is gone, and a --ledger that holds releases (a backup
+    copied to another place): that ledger knows the releases, and is recorded."""
+    out = tmp_path / "o.jsonl"
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
+    assert main(argv) == 0
+    ledger = Path(stream["key"] + ".ledger")
+    backup = tmp_path / "restored.ledger"
+    backup.write_bytes(ledger.read_bytes())  # another inode: not the file moved
+    ledger.unlink()
+    assert main(["budget", "--key-file", stream["key"], "--ledger", str(backup)]) == 0
+    assert main([*argv, "--ledger", str(backup), "-o", str(tmp_path / "p.jsonl")]) == 1
+    assert main([*argv, "-o", str(tmp_path / "q.jsonl")]) == 1  # the default: not on record
 
 
 @pytest.mark.parametrize("kind", ["input", "jsonl-long", "parquet"])

@@ -425,9 +425,10 @@ def test_a_ledger_named_elsewhere_is_refused_while_the_keys_ledger_exists(place,
 
 
 def test_a_ledger_that_cannot_be_reached_is_not_replaced(place, capsys):
-    """Only a ledger that is certainly gone (no file in a folder that exists) is
-    replaced: a volume that is not mounted, or a folder renamed, handed the key to the
-    copy, and the original was refused on its return."""
+    """A ledger that cannot be reached is refused as such, and one that is certainly
+    gone (no file in a folder that exists) as gone: a volume that is not mounted, or a
+    folder renamed, handed the key to the copy, and the original was refused on its
+    return."""
     os.mkdir("vol")
     shutil.copy("k.key", "vol/k.key")
     shutil.copy("k.key", "copy.key")
@@ -442,9 +443,13 @@ def test_a_ledger_that_cannot_be_reached_is_not_replaced(place, capsys):
     _registry_entry().write_text(f"{place / 'vol'}\n{place / 'vol' / 'k.key'}\n")
     assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
     assert "cannot be reached now" in capsys.readouterr().err
-    # the ledger removed on purpose (its folder is there): the copy records its own
+    # the ledger removed (its folder is there): refused too, as gone, until its entry is
+    # removed on purpose; then the copy records its own
     _registry_entry().write_text(f"{place / 'vol' / 'k.key.ledger'}\n{place / 'vol' / 'k.key'}\n")
     os.remove("vol/k.key.ledger")
+    assert _run("copy.key", "other.jsonl", "r2.jsonl") == 1
+    assert "which is gone" in capsys.readouterr().err
+    _registry_entry().unlink()
     assert _run("copy.key", "other.jsonl", "r2.jsonl") == 0
 
 

@@ -18,18 +18,23 @@ else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
 
 * A run records its ledger, the default one or the one ``--ledger`` names, when the
   key has no recorded ledger, or its recorded ledger is gone (no such file in a folder
-  that exists: removed, or moved with its key). It creates the ledger while it holds
-  the registry's lock for the key, so two first runs from two copies cannot both
-  record. ``plan`` and ``budget`` record a ledger only if it exists already (so running
-  ``dpstream budget --key-file KEY`` after an upgrade records a key's ledger).
+  that exists) and the ledger given holds releases (a backup put back elsewhere). A
+  recorded ledger that is gone with no ledger holding releases in its place is refused,
+  in every command: a new, empty ledger would not know the key's releases (it was a
+  warning, and a ledger moved with ``mv`` and run without its new ``--ledger`` started
+  afresh). Removing the registry entry is the deliberate way to forget them. A run
+  creates its ledger while it holds the registry's lock for the key, so two first runs
+  from two copies cannot both record. ``plan`` and ``budget`` record a ledger only if
+  it exists already (so running ``dpstream budget --key-file KEY`` after an upgrade
+  records a key's ledger).
 * The entry also names the key file the ledger was recorded from (for the advice). A
   run with any other ledger, while the recorded one exists or cannot be reached, is
   refused before anything is written: the default ledger of a copy of the key, the
   default ledger of the key file that was given ``--ledger`` (a forgotten flag), and a
   ``--ledger`` naming another file (reviews 106 and 107: each found a ledger blind to
   the key's releases, so the replay refusal and the dataset's cap saw nothing, and the
-  same noise went out over other data). Only a ledger that is certainly gone is
-  replaced: no file in a folder that exists on the file system it was recorded on
+  same noise went out over other data). Only a ledger that is certainly gone may be
+  replaced (above): no file in a folder that exists on the file system it was recorded on
   (the entry keeps the ledger's device and inode and its folder's device: the bare
   mount point of an unmounted volume is not its folder, review 108). A ledger moved
   (``mv``, or its folder renamed) is found by its device and inode at its new path,
@@ -136,6 +141,12 @@ def check_ledger(
             raise LedgerError(
                 _refusal(recorded, ledger, key_file, entry, state, recorded_key, default)
             )
+        if recorded is not None and state == "gone" and _size(ledger) <= 0:
+            # a recorded ledger deleted or moved away, and no ledger here: a new, empty
+            # one would not know the key's releases, so a stream it recorded could go
+            # out again over other data under the same noise (it was a warning, and a
+            # ledger moved with `mv` and run without --ledger started afresh)
+            raise LedgerError(_gone(recorded, key_file, entry))
         if recorded is not None and state == "live":
             if ids is None and record:  # an older dpstream's entry: its identity added
                 _write(entry, ledger, recorded_key or key_file_real)
@@ -143,16 +154,6 @@ def check_ledger(
         if record:
             from .ledger_file import check_ledger_file
 
-            if recorded is not None and _size(ledger) <= 0:  # gone, and no ledger here
-                _LOG.warning(
-                    "the key's release ledger %s, on record in the key registry, is gone: "
-                    "%s starts empty. If it was deleted or moved by mistake, stop and put it "
-                    "back: an empty ledger does not know the streams it recorded, and a "
-                    "run of one of them over other data would release its steps again "
-                    "under the same noise",
-                    recorded,
-                    ledger,
-                )
             check_ledger_file(given)  # exists before the entry names it (the path as
             # given: its links are checked before they are followed, review 103)
         elif not os.path.isfile(ledger):
@@ -255,6 +256,20 @@ def _refusal(
         f"{ledger!r} is to be the key's ledger, move that ledger there (`mv`: the record "
         "follows it); to keep two ledgers of one key on purpose, set "
         "DPSTREAM_KEY_REGISTRY=off"
+    )
+
+
+def _gone(recorded: str, key_file: str | None, entry: str) -> str:
+    """The refusal of a run whose key's recorded ledger is gone, and no ledger given."""
+    where = "" if key_file is None else f" in --key-file {key_file!r}"
+    return (
+        f"the key{where} has its releases recorded in the ledger {recorded!r}, which is "
+        "gone (no such file in its folder): a new, empty ledger would not know the "
+        "streams it recorded, and a run of one of them over other data would release its "
+        "steps again under the same noise. If the ledger was moved, pass --ledger with "
+        "its new path (the record follows it); if it was deleted, put it back from a "
+        "backup. Only to forget its releases on purpose (no stream it recorded goes on "
+        f"with this key), remove the registry entry {entry!r}"
     )
 
 
