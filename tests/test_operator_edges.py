@@ -223,14 +223,14 @@ def test_a_ledger_gone_from_its_place_is_refused_until_it_is_named_or_forgotten(
         assert ledger.is_file()
 
 
-def test_a_ledger_put_back_elsewhere_from_a_backup_is_taken(tmp_path, stream, key_registry):
-    """A recorded ledger that is gone, and a --ledger that holds releases (a backup
-    copied to another place): that ledger knows the releases, and is recorded."""
+def test_a_copy_of_a_gone_ledger_that_holds_its_releases_is_taken(tmp_path, stream, key_registry):
+    """A recorded ledger that is gone, and a --ledger that holds releases (copied with
+    `cp` before the original was removed): that ledger knows them, and is recorded."""
     out = tmp_path / "o.jsonl"
     argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out)]
     assert main(argv) == 0
     ledger = Path(stream["key"] + ".ledger")
-    backup = tmp_path / "restored.ledger"
+    backup = tmp_path / "copied.ledger"
     backup.write_bytes(ledger.read_bytes())  # another inode: not the file moved
     ledger.unlink()
     assert main(["budget", "--key-file", stream["key"], "--ledger", str(backup)]) == 0

@@ -18,7 +18,7 @@ else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
 
 * A run records its ledger, the default one or the one ``--ledger`` names, when the
   key has no recorded ledger, or its recorded ledger is gone (no such file in a folder
-  that exists) and the ledger given holds releases (a backup put back elsewhere). A
+  that exists) and the ledger given holds releases (a copy made before it went). A
   recorded ledger that is gone with no ledger holding releases in its place is refused,
   in every command: a new, empty ledger would not know the key's releases (it was a
   warning, and a ledger moved with ``mv`` and run without its new ``--ledger`` started
@@ -267,9 +267,9 @@ def _gone(recorded: str, key_file: str | None, entry: str) -> str:
         "gone (no such file in its folder): a new, empty ledger would not know the "
         "streams it recorded, and a run of one of them over other data would release its "
         "steps again under the same noise. If the ledger was moved, pass --ledger with "
-        "its new path (the record follows it); if it was deleted, put it back from a "
-        "backup. Only to forget its releases on purpose (no stream it recorded goes on "
-        f"with this key), remove the registry entry {entry!r}"
+        "its new path (the record follows it). If it was deleted, its releases are lost "
+        "to every check: use a new key for new streams; only to go on with this key "
+        f"anyway, forgetting them on purpose, remove the registry entry {entry!r}"
     )
 
 
