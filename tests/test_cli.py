@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -684,19 +685,23 @@ def _policy_run(files, policy, capsys):
     return rc, _read_jsonl(out), capsys.readouterr().err
 
 
-def test_on_invalid_error_names_line_and_keeps_earlier_releases(files, capsys):
-    rc, lines, err = _policy_run(files, "error", capsys)
-    assert rc == 1
-    assert err.strip().splitlines() == [
+def test_on_invalid_error_names_the_line_and_writes_nothing(files, capsys):
+    """A batch run reads its input before its first release, so --on-invalid error refuses
+    the first invalid record before anything is written (review 109: the steps before
+    its step were released, then the run stopped; the Spark engine wrote nothing)."""
+    bad = files.dir / "bad.jsonl"
+    _bad_input(bad)
+    out = files.dir / "out.jsonl"
+    argv = ["run", "-T", "5", "--domain", files.domain, "--max-items", "2", "--rho", "1"]
+    argv += ["--key-file", files.key_path, "-i", str(bad), "-o", str(out)]
+    assert main([*argv, "--on-invalid", "error"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
         "dpstream: error: input line 2: event has 4 distinct items, more than --max-items 2 "
         "(see --on-invalid)"
     ]
+    assert not out.exists() and not Path(f"{out}.meta.json").exists()
     stream = scoped_stream({"stream": "default", "input": "x.jsonl", "on_invalid": "error"})
     assert stream.startswith("default~")  # another policy counts other events: other noise
-    mech = KnownDomainHistogram(
-        DOMAIN, 5, max_items=2, key=files.key, noise_version=CLI_NOISE, rho=1.0, stream=stream
-    )
-    _assert_same(lines, mech, [[["d0", "d1"]]])
 
 
 @pytest.mark.parametrize(
@@ -1611,9 +1616,28 @@ def test_gz_output_is_refused(files, capsys):
     assert not (files.dir / "out.csv.gz").exists()
 
 
+@contextlib.contextmanager
+def _interrupted_at(t):
+    """Ctrl-C as step ``t`` is about to be released: the run stops with steps 1..t-1 on
+    record (and published), not finished."""
+    from dpstream.run.pipeline import Stages
+
+    release = Stages.release
+
+    def stop(self, step, *args, **kwargs):
+        if step == t:
+            raise KeyboardInterrupt
+        return release(self, step, *args, **kwargs)
+
+    Stages.release = stop
+    try:
+        yield
+    finally:
+        Stages.release = release
+
+
 def _stopped_run(files, lines, *extra):
-    """A --state run stopped by an invalid line (--on-invalid error): steps on record, not
-    finished."""
+    """A --state run to stop (:func:`_interrupted_at`): steps on record, not finished."""
     src = files.dir / "ev.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out, state = files.dir / "out.jsonl", files.dir / "s.sqlite"
@@ -1627,20 +1651,18 @@ def _stopped_run(files, lines, *extra):
         str(out),
         "--state",
         str(state),
-        "--on-invalid",
-        "error",
         *extra,
     ]
     return src, out, state, cmd
 
 
 def test_resume_checks_the_output_holds_the_releases_on_record(files, capsys):
-    src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]', "bad"])
-    assert _run(*cmd) == 1
+    src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]', '["c"]'])
+    with _interrupted_at(3):
+        assert _run(*cmd) == 130
     capsys.readouterr()
     written = out.read_bytes()
     step1 = written[: written.index(b"\n") + 1]
-    src.write_text('["a"]\n["b"]\n["c"]\n')
     # the same length, other bytes in step 1: another file
     out.write_bytes(step1[:-5] + bytes([step1[-5] ^ 1]) + step1[-4:] + written[len(step1) :])
     changed = out.read_bytes()
@@ -1654,7 +1676,8 @@ def test_resume_checks_the_output_holds_the_releases_on_record(files, capsys):
     out.write_bytes(written[:-7])  # a crash while writing step 2 (on record before it)
     assert _run(*cmd) == 0
     ref = files.dir / "ref.jsonl"
-    assert _run(*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(ref)) == 0
+    argv = [*UNK, "--key-file", files.key_path, "-i", str(src), "-o", str(ref)]
+    assert _run(*argv, *own_ledger(ref)) == 0
     assert out.read_bytes() == ref.read_bytes()
 
 
@@ -1669,10 +1692,11 @@ def test_output_that_cannot_be_opened_leaves_the_state_usable(files, capsys):
 
 
 def test_a_state_with_no_committed_step_accepts_new_parameters(files, capsys):
-    src, out, state, cmd = _stopped_run(files, ["bad", '["a"]', '["b"]'])
-    assert _run(*cmd) == 1
-    assert "input line 1" in capsys.readouterr().err
-    assert _run(*cmd, "--on-invalid", "skip", "--max-invalid", "1") == 0  # as suggested
+    src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]'])
+    with _interrupted_at(1):
+        assert _run(*cmd) == 130
+    assert state.exists()
+    assert _run(*cmd, "--on-invalid", "truncate") == 0  # another policy: other noise
     assert [line["t"] for line in _read_jsonl(out)] == list(range(1, 51))
 
 
@@ -1681,8 +1705,9 @@ def test_a_new_run_refuses_an_output_that_holds_releases(files, capsys):
     away and re-running (say with --stream other) would publish step 1 again with fresh
     noise. A step is on record before it is written, so an output holding releases that
     no state accounts for is refused unless --force."""
-    src, out, state, cmd = _stopped_run(files, ["bad", '["a"]'])
-    assert _run(*cmd) == 1
+    src, out, state, cmd = _stopped_run(files, ['["a"]', '["b"]'])
+    with _interrupted_at(1):
+        assert _run(*cmd) == 130
     capsys.readouterr()
     out.write_bytes(b'{"t": 1, "released": {}}\n')  # releases the state does not know
     for extra in ([], ["--stream", "other"], ["--on-invalid", "skip"]):

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -481,13 +482,14 @@ def test_the_state_does_not_tell_which_steps_were_empty(tmp_path):
     assert {line for _, line in rows} == {0}  # positions kept only when following (masked)
 
 
-def test_a_day_stopped_by_an_invalid_record_is_finished_from_the_corrected_file(tmp_path, capsys):
-    """Review 87: a later batch stopped by --on-invalid error after releasing some steps
-    could not be finished: its file errs again, and the corrected file was refused as
-    "another input". With --replace-unfinished the corrected file finishes it: the steps
-    already released are checked against it (another event there is refused), the rest
-    count from it, the batch records it, and it is refused when given again later. The
-    output is the bytes of the run that had the corrected file from the start."""
+def test_a_day_refused_for_an_invalid_record_goes_on_from_the_corrected_file(tmp_path, capsys):
+    """Review 87, then review 109: a later batch stopped by --on-invalid error after
+    releasing some steps could not be finished (its file erred again, and the corrected
+    file was "another input"; --replace-unfinished was the way out). A batch run reads
+    its input before its first release, so it now refuses the bad record before anything
+    is written (as the Spark engine does): the state, the output and the ledger are as
+    they were, and the corrected file goes on at once, with no flag. The output is the
+    bytes of the run that had the corrected file from the start."""
     key = tmp_path / "k.key"
     fixed_key("daily-corrected").save(key)
     day1 = tmp_path / "day1.jsonl"
@@ -495,10 +497,9 @@ def test_a_day_stopped_by_an_invalid_record_is_finished_from_the_corrected_file(
     good = ['{"t": 3, "items": ["a"]}', '{"t": 4, "items": ["a", "b"]}']
     good += ['{"t": 5, "items": ["b"]}', '{"t": 6, "items": ["a"]}']
     bad = [*good[:2], '{"t": 5, "items": 7.5}', good[3]]
-    fixed, broken, other = (tmp_path / f"{n}.jsonl" for n in ("fixed", "broken", "other"))
+    fixed, broken = (tmp_path / f"{n}.jsonl" for n in ("fixed", "broken"))
     fixed.write_text("\n".join(good) + "\n")
     broken.write_text("\n".join(bad) + "\n")
-    other.write_text("\n".join(['{"t": 3, "items": ["b"]}', *good[1:]]) + "\n")
 
     want, _, cmd = _two_days(tmp_path, key, "want")
     assert main([*cmd, "--on-invalid", "error", "-i", str(day1), "--until", "2"]) == 0
@@ -507,17 +508,17 @@ def test_a_day_stopped_by_an_invalid_record_is_finished_from_the_corrected_file(
     out, state, cmd = _two_days(tmp_path, key, "got")
     cmd += ["--on-invalid", "error"]
     assert main([*cmd, "-i", str(day1), "--until", "2"]) == 0
-    assert main([*cmd, "-i", str(broken), "--until", "6"]) == 1
-    assert len(out.read_text().splitlines()) == 4  # steps 3 and 4 released
+
+    def held() -> tuple[bytes, bytes, list[str]]:
+        with contextlib.closing(sqlite3.connect(state)) as db:
+            return out.read_bytes(), Path(f"{out}.ledger").read_bytes(), list(db.iterdump())
+
+    before = held()
     capsys.readouterr()
-    assert main([*cmd, "-i", str(fixed), "--until", "6"]) == 1
-    assert "--replace-unfinished" in capsys.readouterr().err
-    # another event in a released step: refused, whatever the flag says
-    assert main([*cmd, "-i", str(other), "--until", "6", "--replace-unfinished"]) == 1
-    err = capsys.readouterr().err
-    assert "step 3 (input line 1) differs" in err
-    assert "fix or blank a bad line in place" in err  # review 96: line numbers count
-    assert main([*cmd, "-i", str(fixed), "--until", "6", "--replace-unfinished"]) == 0
+    assert main([*cmd, "-i", str(broken), "--until", "6"]) == 1
+    assert "input line 3" in capsys.readouterr().err
+    assert held() == before  # nothing written: no step, no batch begun
+    assert main([*cmd, "-i", str(fixed), "--until", "6"]) == 0
     assert out.read_bytes() == want.read_bytes()
     assert main([*cmd, "-i", str(fixed), "--until", "8"]) == 1  # fed to the stream already
     assert "already fed" in capsys.readouterr().err

@@ -20,9 +20,11 @@ With ``--on-invalid skip`` (the default) an invalid record (an oversized
 event, an item outside ``--domain``, a malformed line, a step past the end) is
 dropped and counted for the operator; the releases are the same as if it had
 never been in the input, so they still follow the public clock. With
-``--on-invalid error`` the run stops at the first invalid record: the steps
-written before it are complete and resumable, but publishing a halted run's
-output reveals where the bad record was. Messages never quote an item or a
+``--on-invalid error`` a batch run, which reads its input before its first
+release, refuses its first invalid record (in the order it releases) before
+anything is written; ``--follow`` stops at it as it comes: the steps written
+before it are complete and resumable, but publishing a halted run's output
+reveals where the bad record was. Messages never quote an item or a
 record's content unless ``--verbose-errors`` is given. A batch run counts its
 invalid records before its first release, and when more than ``--max-invalid``
 of them are invalid (a typo in ``--time-field`` or ``--step``) it writes nothing
@@ -63,7 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from ..errors import StateError
+from ..errors import InvalidEventError, StateError
 from ..ledger import BudgetCapError, LedgerError, ReleaseLedger
 from ..logs import setup_logging
 from ..registry import MECHANISMS, make_postprocessor
@@ -692,14 +694,15 @@ def _read_input(
     cfg: RunConfig, built: _Built, opened: _Opened, infile: Any, until: int, state_existed: bool
 ) -> Any:
     """A batch run: its input, read, checked (--max-invalid; --on-invalid error stops at
-    the first invalid record instead) and folded into its steps' counts before a release;
-    None for --follow (and --implicit-time with --on-invalid error: read as released)."""
-    if cfg.follow or (cfg.on_invalid == "error" and cfg.implicit_time):
+    the first invalid record, in the order the run releases) and folded into its steps'
+    counts before a release, so either refusal comes before anything is written; None
+    for --follow (read as released)."""
+    if cfg.follow:
         return None
     start_t = opened.go_on.t if opened.go_on is not None else 0
     try:
         return read_checked(infile, cfg, validator=built.validator, start_t=start_t, until=until)
-    except TooManyInvalidError:
+    except (TooManyInvalidError, InvalidEventError):
         if opened.ckpt is not None:  # a state file made just now goes
             _forget_new_state(cfg, opened.ckpt, state_existed)
         raise

@@ -391,6 +391,20 @@ class FoldedInput:
                 self._add(first, replace(part, t=self.start + 1), front=True)
             self.lead = []
 
+    def first_error(self) -> Exception | None:
+        """``--on-invalid error``: what the run would stop at, in the order it releases
+        (the first invalid record of the earliest step, then of the records before any
+        step, then of those past the end step), or None: a batch run raises it once its
+        input is read, before anything is written."""
+        for t in sorted(self.steps_by_t):
+            if self.steps_by_t[t].error is not None:
+                return self.steps_by_t[t].error
+        for part in self.lead:  # no record had a step: these are released first
+            error = self._checked(part)[1]  # (no side effect: error mode raises first)
+            if error is not None:
+                return error
+        return self.after
+
     # -- releasing -----------------------------------------------------------------------
     def steps(self) -> Iterator[Any]:
         """Every step from start + 1 to the last one with a record, in order (a step

@@ -163,8 +163,8 @@ def read_checked(
     for it). Each chunk is folded into what its steps count as it is read
     (:class:`~dpstream.run.fold.FoldedInput`, to close once the run ends); with
     --implicit-time (a step per record) the chunks are held and returned as a list.
-    With --on-invalid error nothing is refused here: the run stops at the first invalid
-    record in the order it releases (the fold keeps it for the step it is in).
+    With --on-invalid error the first invalid record, in the order the run releases (the
+    fold keeps it for the step it is in), is raised here, before anything is written.
     """
     import numpy as np
 
@@ -190,15 +190,46 @@ def read_checked(
                 chunks.append(chunk)
             else:  # folded into what its steps count; the chunk goes
                 folded.feed(chunk)
-        if cfg.on_invalid != "error":  # (which stops at the first invalid record)
+        if cfg.on_invalid != "error":  # (which refuses the first invalid record, below)
             check_invalid_share(tally, cfg)
         if folded is not None:
             folded.finish()
+        if cfg.on_invalid == "error" and (tally.invalid or tally.later):
+            # stop at the first invalid record before anything is written: the whole
+            # input is read before the first release anyway (as the Spark engine does)
+            error = (
+                _first_held_error(chunks, validator, cfg, start_t, until)
+                if folded is None
+                else folded.first_error()
+            )
+            if error is not None:
+                raise error
     except BaseException:
         if folded is not None:
             folded.close()
         raise
     return chunks if folded is None else folded
+
+
+def _first_held_error(
+    chunks: list[Any], validator: Validator, cfg: RunConfig, start_t: int, until: int
+) -> Exception | None:
+    """:meth:`~dpstream.run.fold.FoldedInput.first_error` for held chunks (``--implicit-
+    time``): each step checked as the run will check it, in order (error mode raises at
+    its first invalid record, before any count or statistic changes)."""
+    from ..errors import InvalidEventError
+
+    try:
+        for item in batch_items(
+            _grouped(iter(chunks), cfg, start_t, until), until=until, horizon=cfg.horizon_limit
+        ):
+            if isinstance(item, Due):
+                validator.events(item.records)
+            else:
+                validator.events(item.records, past=item.past)
+    except InvalidEventError as exc:
+        return exc
+    return None
 
 
 def _folded(cfg: RunConfig, validator: Validator, start_t: int, until: int) -> Any:
@@ -240,20 +271,26 @@ def batch_steps(
     :class:`~dpstream.run.fold.FoldedStep`), read lazily: ``chunks`` (the input already
     read by :func:`read_checked`) or the input itself. ``start_t``: the
     step an earlier run released up to (an event of a step up to it is late)."""
-    from ..io.grouping import implicit_steps, step_steps
 
-    late = (
-        "time step {t} was already released by an earlier run (a late event)" if start_t else None
-    )  # events of steps an earlier run released
     if chunks is not None and not isinstance(chunks, list):  # folded as it was read
         count.records, count.last_line = chunks.records, chunks.last_line
         return chunks.steps()  # type: ignore[no-any-return]
     source = input_chunks(infile, cfg) if chunks is None else _drain(chunks)
-    counted = map(count.take_chunk, source)
+    return _grouped(map(count.take_chunk, source), cfg, start_t, until)
+
+
+def _grouped(chunks: Iterator[Any], cfg: RunConfig, start_t: int, until: int) -> Iterator[Any]:
+    """The steps of ``chunks``: a step per record with --implicit-time, else by their
+    steps (records past --until rejected without moving the clock, those of steps up to
+    ``start_t`` late)."""
+    from ..io.grouping import implicit_steps, step_steps
+
     if cfg.implicit_time:  # every line is a step: record by record
-        return implicit_steps(counted, start=start_t)
-    # a record past --until is rejected without moving the clock (limit)
-    return step_steps(counted, cfg.horizon_limit, start=start_t, late_message=late, limit=until)
+        return implicit_steps(chunks, start=start_t)
+    late = (
+        "time step {t} was already released by an earlier run (a late event)" if start_t else None
+    )  # events of steps an earlier run released
+    return step_steps(chunks, cfg.horizon_limit, start=start_t, late_message=late, limit=until)
 
 
 def batch_items(

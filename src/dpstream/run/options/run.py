@@ -228,8 +228,9 @@ RUN_OPTS: tuple[Opt, ...] = (
         "--domain, a malformed line or a step past --until/--horizon: skip (drop the event, "
         "count it in the summary; the releases stay on the public clock), truncate (keep "
         "--max-items items chosen by the keyed PRF, drop items outside the domain; skip what "
-        "cannot be truncated) or error (stop at it: the output then ends where the bad "
-        "event was, which publishing it would reveal)",
+        "cannot be truncated) or error (a batch run writes nothing and names the record; "
+        "--follow stops at it: the output then ends where the bad event was, which "
+        "publishing it would reveal)",
         "skip",
         str,
         choices=("error", "truncate", "skip"),
