@@ -217,11 +217,23 @@ def test_read_csv_an_id_that_comes_back_is_the_same_event_not_a_second_one():
 
 
 def test_read_csv_unclosed_quote_is_invalid_and_names_the_line_it_started():
+    # a record over several lines is an invalid record per line (review 111: the rows
+    # it swallowed counted as one invalid record, so --max-invalid let them go)
     to_eof = list(read_csv(io.StringIO('event,item\n0,"oops\n1,a\n2,a\n3,a\n')))
-    assert len(to_eof) == 1 and to_eof[0].line == 2 and "unclosed quote" in to_eof[0].error
+    assert [r.line for r in to_eof] == [2, 3, 4, 5]
+    assert all("unclosed quote" in r.error for r in to_eof)
     closed_later = list(read_csv(io.StringIO('event,item\n0,"oops\n1,a\n2,a"\n3,a\n')))
-    assert closed_later[0].line == 2 and "spans lines" in closed_later[0].error
-    assert closed_later[1] == RawEvent(5, None, ("a",), None)
+    assert [r.line for r in closed_later[:3]] == [2, 3, 4]
+    assert all("spans lines (lines 2-4" in r.error for r in closed_later[:3])
+    assert closed_later[3:] == [RawEvent(5, None, ("a",), None)]
+    # in a column the run does not read, too (its rows were dropped without a word)
+    note = 'event,item,note\n0,a,"he said ""hi\n1,a,ok\n2,a,bye"\n3,b,ok\n'
+    assert [(r.line, bool(r.error)) for r in read_csv(io.StringIO(note))] == [
+        (2, True),
+        (3, True),
+        (4, True),
+        (5, False),
+    ]
     junk = list(read_csv(io.StringIO('event,item\n0,"a"b\n1,c\n')))  # strict: '"' then 'b'
     assert junk[0].line == 2 and junk[0].error and junk[1] == RawEvent(3, None, ("c",), None)
     long = list(read_csv(io.StringIO("event,item\n0," + "x" * 1001 + "\n1,a\n")))
