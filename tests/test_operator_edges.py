@@ -419,3 +419,28 @@ def test_a_missing_output_on_resume_is_refused_before_its_sidecar_is_written(
     assert sidecar.read_text() == '{"marker": true}\n'
     assert os.stat(sidecar).st_mtime_ns == before
     assert not out.exists()
+
+
+def test_a_record_s_own_text_never_names_its_reason_or_lifts_the_redaction(
+    tmp_path, stream, capsys
+):
+    """Review 111: the reason of an invalid record was searched for in its whole message,
+    quoted content included: an item {"timestamp": ...} made it a timestamp's (a reason
+    shown whole), so `--on-invalid error` printed the item without --verbose-errors, and
+    a "t" of "x past the horizon" was counted as past the horizon."""
+    src = tmp_path / "leak.jsonl"
+    src.write_text(
+        '{"t": 1, "items": ["a"]}\n'
+        '{"t": 1, "items": [{"timestamp": "2026-03-01", "drug": "HIV-med"}]}\n'
+        '{"t": "x past the horizon", "items": ["a"]}\n'
+    )
+    base = [*UNK, "--key-file", stream["key"], "-i", str(src)]
+    assert main([*base, "-o", str(tmp_path / "e.jsonl"), "--on-invalid", "error"]) == 1
+    err = capsys.readouterr().err
+    assert "HIV" not in err and "drug" not in err, err
+    assert "input line 2: not a valid event (--verbose-errors shows" in err
+    out = tmp_path / "s.jsonl"
+    assert main([*base, "-o", str(out), "--max-invalid", "1"]) == 0
+    reasons = [x for x in capsys.readouterr().err.splitlines() if "by reason" in x]
+    assert len(reasons) == 1 and "2 malformed" in reasons[0], reasons
+    assert "timestamp" not in reasons[0] and "horizon" not in reasons[0]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import DPStreamError
-from .settings import REASON_KEYS, parse_share
+from .settings import REASON_KEYS, message_words, parse_share
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -135,9 +135,11 @@ CAUSE_WORDS: tuple[tuple[str, str], ...] = (
 
 
 def _cause(message: str) -> str:
-    """The cause of a reader's message (a finer key than the summary's reasons)."""
+    """The cause of a reader's message (a finer key than the summary's reasons), from
+    its own words, never from what it quotes of the record."""
+    own = message_words(message)
     for words, cause in CAUSE_WORDS:
-        if words in message:
+        if words in own:
             return cause
     return "malformed"
 

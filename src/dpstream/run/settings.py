@@ -11,6 +11,7 @@ Layer 6 of dpstream (the run's settings), shared by the run's config
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "auto_format",
     "input_format",
     "clock_from_options",
+    "message_words",
     "parse_share",
     "parse_size",
     "reason_key",
@@ -91,9 +93,23 @@ REASON_KEYS = (
 )
 
 
+#: What a reader's message quotes of a record: the value after "got ", or a quoted string.
+_QUOTED = re.compile(r"got .*$|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
+
+
+def message_words(problem: str) -> str:
+    """A reader's message without what it quotes of the record: the words a reason is
+    read from (review 111: an item holding "timestamp" made its record's reason a
+    timestamp's, and lifted the redaction of its message)."""
+    return _QUOTED.sub("", problem)
+
+
 def reason_key(problem: str) -> str:
+    """Why a record is invalid, from the reader's own words in ``problem`` (never from
+    what it quotes of the record): one of :data:`REASON_KEYS`, else ``malformed``."""
+    words = message_words(problem)
     for key in REASON_KEYS:
-        if key in problem:
+        if key in words:
             return key
     return "malformed"
 

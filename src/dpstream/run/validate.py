@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import InvalidEventError
 from .report import RunStats
-from .settings import reason_key
+from .settings import message_words, reason_key
 
 __all__ = ["RunStats", "Validator", "invalid_message"]
 
@@ -35,6 +35,7 @@ _REDACTED = {
     "time order)",
     "not valid UTF-8": "not valid UTF-8",
     "user id": "its user id (--user-field) is missing, empty or not a string",
+    "timestamp": "its timestamp is missing, not ISO-8601 or epoch seconds, or out of range",
     "malformed": "not a valid event",
 }
 
@@ -42,10 +43,13 @@ _REDACTED = {
 def invalid_message(line: int, problem: str, verbose: bool) -> str:
     """What ``--on-invalid error`` says of the invalid record at input line ``line``: its
     problem, or without ``--verbose-errors`` only the reason when the problem may quote
-    the record's content (both engines word it so)."""
+    the record's content (both engines word it so): shown whole only when it quotes
+    nothing and its reason's words are numbers and options alone (a late event, a step
+    past --until or the horizon, before --start, more than --max-items)."""
     reason = reason_key(problem)
-    if not verbose and reason in _REDACTED:
-        problem = f"{_REDACTED[reason]} (--verbose-errors shows the record's content)"
+    if not verbose and (reason in _REDACTED or message_words(problem) != problem):
+        words = _REDACTED.get(reason, _REDACTED["malformed"])
+        problem = f"{words} (--verbose-errors shows the record's content)"
     return f"input line {line}: {problem} (see --on-invalid)"
 
 
