@@ -65,6 +65,7 @@ from .counters import (
 )
 from .item_table import ItemTable, domain_table, release_items
 from .params import HistogramParams
+from .serial import one_at_a_time
 from .tree_noise import TreeNoise
 from .users import (
     UserLevel,
@@ -441,10 +442,12 @@ class KnownDomainHistogram(CounterStd):
                 idx.append(pos)
         return np.asarray(idx, dtype=np.int64), delta
 
+    @one_at_a_time
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release the noisy histogram."""
         return self.step_batch([event])
 
+    @one_at_a_time
     def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all the events of the next time step (possibly none) and release.
 
@@ -469,6 +472,7 @@ class KnownDomainHistogram(CounterStd):
         return rel
 
     # -- aggregate mode --------------------------------------------------------
+    @one_at_a_time
     def release(
         self,
         t: int,
@@ -545,6 +549,7 @@ class _OneCount:
         """The true running count (not private)."""
         return int(self._hist.counts[0])
 
+    @one_at_a_time
     def step(self, x: int = 1) -> float:
         """Add the bit (or, for counts of many events, the increment) x and release.
 
@@ -558,6 +563,7 @@ class _OneCount:
         rel = self._hist.release(self.t + 1, np.array([total], dtype=np.int64))
         return float(rel.values[0])
 
+    @one_at_a_time
     def release(self, t: int, count: int) -> float:
         """Aggregate mode: the noisy count at t from the true count over 1..t."""
         count = check_count_value("count", count)

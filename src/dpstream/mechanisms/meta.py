@@ -48,6 +48,7 @@ from .base import (
 )
 from .item_table import ItemTable, domain_table, release_items
 from .known import domain_tag
+from .serial import one_at_a_time
 
 if TYPE_CHECKING:
     from ..bounding import UserBounds
@@ -424,10 +425,12 @@ class MetaHistogram:
         return self._limit.stats
 
     # -- event mode ------------------------------------------------------------------
+    @one_at_a_time
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release."""
         return self.step_batch([event])
 
+    @one_at_a_time
     def step_batch(self, events: Iterable[Iterable[Hashable]]) -> Release:
         """Take all events of the next time step (possibly none) and release.
 
@@ -473,6 +476,7 @@ class MetaHistogram:
                 self._open_maps[row] = Counter()
         return self._release(t)
 
+    @one_at_a_time
     def release(self, t: int, counts: object) -> Release:
         """Not available: MetaAlgo needs the block histograms of the cells, i.e. the events."""
         raise NotImplementedError(

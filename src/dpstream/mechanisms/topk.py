@@ -60,6 +60,7 @@ from .counters import blt_sigma, resolve_counter, tree_base, tree_levels
 from .item_table import ItemTable, domain_table
 from .known import domain_tag
 from .params import TopKParams
+from .serial import one_at_a_time
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, check_bounded, commit_user_events, user_guarantee
 
@@ -704,10 +705,12 @@ class ContinualTopK:
         return self.switches - self.switches_left
 
     # -- event mode ------------------------------------------------------------------
+    @one_at_a_time
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event (any number of domain items) as the next step and release."""
         return self.step_batch([event])
 
+    @one_at_a_time
     def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all events of the next time step (possibly none) and release the top-k.
 
@@ -747,6 +750,7 @@ class ContinualTopK:
         return rel
 
     # -- aggregate mode ----------------------------------------------------------------
+    @one_at_a_time
     def release(
         self,
         t: int,

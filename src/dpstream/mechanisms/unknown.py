@@ -61,6 +61,7 @@ from .counters import (
 from .item_table import ItemTable
 from .known import tree_purpose
 from .params import UnknownParams
+from .serial import one_at_a_time
 from .tree_noise import TreeNoise
 from .users import (
     UserLevel,
@@ -734,10 +735,12 @@ class UnknownDomainHistogram(CounterStd):
         return self._n
 
     # -- event mode ----------------------------------------------------------
+    @one_at_a_time
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release."""
         return self.step_batch([event])
 
+    @one_at_a_time
     def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all the events of the next time step (possibly none) and release.
 
@@ -791,6 +794,7 @@ class UnknownDomainHistogram(CounterStd):
         return rel
 
     # -- aggregate mode --------------------------------------------------------
+    @one_at_a_time
     def release(
         self,
         t: int,

@@ -1,0 +1,55 @@
+"""One release at a time per mechanism: a step is checked and committed under a lock.
+
+Layer 3 of dpstream (the mechanisms); stdlib only.
+
+A mechanism checks that a step is new (``t`` after the last released step), draws
+its noise and commits the step. Two threads releasing through one mechanism at once
+could both pass the check before either committed (review 112): the same step went
+out twice over different counts, with noise drawn from the same keyed values, so the
+two releases gave away the exact difference of the data. :func:`one_at_a_time`
+makes each call a unit: the second waits, then finds the step released and is
+refused as a step released twice would be.
+
+The lock is kept beside the mechanism (a table keyed by the object, dropped with
+it), not in it: a mechanism's attributes are what its snapshot holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["one_at_a_time"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_locks: dict[int, threading.RLock] = {}
+_guard = threading.Lock()
+
+
+def _lock_of(obj: object) -> threading.RLock:
+    key = id(obj)
+    lock = _locks.get(key)
+    if lock is None:
+        with _guard:
+            lock = _locks.get(key)
+            if lock is None:
+                lock = _locks[key] = threading.RLock()
+                # dropped when the object goes, before its id can be another's
+                weakref.finalize(obj, _locks.pop, key, None)
+    return lock
+
+
+def one_at_a_time(method: _F) -> _F:
+    """``method`` (a release: ``step``, ``step_batch``, ``release``) run by one thread
+    at a time on one mechanism (reentrant: a release may call another)."""
+
+    @functools.wraps(method)
+    def serial(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _lock_of(self):
+            return method(self, *args, **kwargs)
+
+    return serial  # type: ignore[return-value]
