@@ -489,3 +489,17 @@ def test_choice_at_one_tau_is_refused(tmp_path, capsys):
     assert "one noise level is a different budget for each" in capsys.readouterr().err
     # without --max-items top-k with switches runs at --tau, as before
     assert main(["plan", *common[:4], "-T", "40", "--domain-size", "20", "--tau", "0.5"]) == 0
+
+
+@pytest.mark.parametrize("users", [False, True])
+def test_unknown_top_k_counts_events_given_as_generators(users):
+    """Review 112: UnknownTopK checked each event's items against its domain by reading
+    them, then handed the exhausted generators on: the events counted as empty."""
+    key = dps.NoiseKey(bytes(range(22, 54)))
+    bounds = {"max_items_per_user": 2, "max_count_per_item": 5} if users else {}
+    m = UnknownTopK(["a", "b"], 10, k=1, max_items=2, key=key, tau=0.001,
+                    threshold_delta=1e-6, counter="tree", **bounds)  # fmt: skip
+    events = [iter(["a"]), (x for x in ["a", "b"])]
+    m.step_batch([(f"u{j}", e) for j, e in enumerate(events)] if users else events)
+    counts = dict(zip(m.histogram.items_seen, m.histogram.counts.tolist(), strict=True))
+    assert counts == {"a": 2, "b": 1}  # as a list of lists gives

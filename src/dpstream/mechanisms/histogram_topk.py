@@ -295,11 +295,16 @@ class UnknownTopK:
             if all(item in self._index for item in used):
                 return events
             events = events.pairs()  # the loop below raises the first event's error
-        events = list(events)
-        for event in events:
-            items = event[1] if self.histogram.user_bounds is not None else event
+        checked = []
+        for event in events:  # each event's items read once: a generator is checked, then
+            # counted from the tuple (review 112: it was counted empty, once exhausted)
+            users = self.histogram.user_bounds is not None
+            items = event[1] if users else event
+            if not isinstance(items, (str, bytes)):
+                items = tuple(items)
             check_in_domain([items] if isinstance(items, (str, bytes)) else items, self._index)
-        return events
+            checked.append((event[0], items) if users else items)
+        return checked
 
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release the top-k."""
