@@ -321,3 +321,27 @@ def test_a_count_bound_past_int32_keeps_exact_counts():
     assert col._counts.dtype == np.int64
     _same_state(py, col, [b"u"])
     assert col.kept_of(b"u") == {"a": 5, "b": 5}
+
+
+@pytest.mark.parametrize("kind", ["known", "unknown"])
+@pytest.mark.parametrize("first", ["events", "counts"])
+def test_one_user_level_mechanism_takes_events_or_bounded_counts_not_both(kind, first):
+    """Review 112: with max_count_per_item=1, alice's bounded count of "a" at step 1
+    (release(..., bounded=True)) and her event ["a"] at step 2 (step_batch) both
+    counted: 2 contributions of one item from one user, and no error. The bounder of
+    the events cannot know who is in the counts, so a mechanism keeps to one mode."""
+    bounds = {"max_items_per_user": 1, "max_count_per_item": 1}
+    key = fixed_key("modes")
+    if kind == "known":
+        mech = dps.KnownDomainHistogram(["a", "b"], 5, key=key, rho=1.0, **bounds)
+    else:
+        mech = dps.UnknownDomainHistogram(5, key=key, epsilon=1.0, delta=1e-6, **bounds)
+    events = lambda: mech.step_batch([("alice", ["a"])])  # noqa: E731
+    counts = lambda: mech.release(mech.t + 1, {"a": 1}, bounded=True)  # noqa: E731
+    do, then = (events, counts) if first == "events" else (counts, events)
+    do()
+    with pytest.raises(ValueError, match="either \\(user, items\\) events or counts"):
+        then()
+    assert mech.t == 1
+    do()  # the mode it began with goes on
+    assert mech.t == 2

@@ -80,6 +80,10 @@ def check_bounded(users: Any, bounded: bool) -> None:
     (``bounded=True``) that they are the counts of contributions already bounded per
     user, first come, first kept: counts carry no user ids, so the mechanism cannot
     bound them, and its per-user guarantee holds only for bounded counts."""
+    if users is not None and bounded and users.mode == "events":
+        raise ValueError(_MIXED.format(now="release(t, counts)", before="(user, items) events"))
+    if users is not None and bounded:
+        users.mode = "aggregate"
     if users is not None and not bounded:
         raise ValueError(
             "release(t, counts) of a mechanism built with max_items_per_user and "
@@ -88,6 +92,18 @@ def check_bounded(users: Any, bounded: bool) -> None:
             "bounded per user (first come, first kept) beforehand; pass bounded=True "
             "to say they are, or give (user, items) events to step_batch"
         )
+
+
+#: Why one user-level mechanism takes events or bounded counts, never both (review 112:
+#: a user's contributions in the counts were unknown to the bounder of the events, so a
+#: user passed max_count_per_item over the stream, silently).
+_MIXED = (
+    "{now} of a user-level mechanism that took {before}: the bounds hold over the whole "
+    "stream only when one bounder sees every contribution, and bounded counts carry no "
+    "users while events are bounded here, so a user could pass the bounds across the "
+    "two; give one mechanism either (user, items) events or counts bounded beforehand "
+    "(bounded=True), for the whole stream"
+)
 
 
 class UserEventColumns:
@@ -225,6 +241,8 @@ class UserLevel:
         self.hasher = UserHasher(key)
         self.bounder = ColumnBounder(bounds)
         self._run_index: _RunIndex | None = None
+        #: what the stream gave: "events" or "aggregate" (bounded counts); never both
+        self.mode: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_run_index"}
@@ -235,6 +253,7 @@ class UserLevel:
             state = {**state, "bounder": ColumnBounder.from_bounder(state["bounder"])}
         self.__dict__.update(state)
         self._run_index = None
+        self.__dict__.setdefault("mode", None)
 
     def bound(
         self,
@@ -420,9 +439,13 @@ def bound_user_events(
                 "UserEventColumns hold (user, items) pairs: give them to a mechanism "
                 "built with max_items_per_user= and max_count_per_item="
             )
+        if users.mode == "aggregate":
+            raise ValueError(_MIXED.format(now="step_batch(events)", before="bounded counts"))
         return users.bound_columns(events, max_items, check)
     if users is None:
         return events, None
+    if users.mode == "aggregate":
+        raise ValueError(_MIXED.format(now="step_batch(events)", before="bounded counts"))
     if isinstance(events, EventColumns):
         raise TypeError(
             "with max_items_per_user= every event is a (user, items) pair: give "
@@ -437,3 +460,4 @@ def commit_user_events(users: UserLevel | None, pending: Any) -> None:
     if pending is not None:
         assert users is not None  # (a pending change: user level)
         users.commit(pending)
+        users.mode = "events"
