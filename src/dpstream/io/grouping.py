@@ -14,6 +14,7 @@ input's end, so the grouping holds the input.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -157,8 +158,13 @@ class ChunkGrouper:
         if len(chunk) == 0:
             return
         t, step_of, beyond, late, cuts = self._cut(chunk)
+        # each part's late records by bisection of their sorted places: a scan of every
+        # late record per part was quadratic (review 111: 40k records, steps 1,2,1,3,...
+        # with step 1 late, took 8.5 s)
+        places = sorted(late)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            part = StepPart(chunk, a, b, {i: msg for i, msg in late.items() if a <= i < b})
+            lo, hi = bisect.bisect_left(places, a), bisect.bisect_left(places, b)
+            part = StepPart(chunk, a, b, {i: late[i] for i in places[lo:hi]})
             if beyond[a]:
                 yield int(t[a]), part, True
             else:
