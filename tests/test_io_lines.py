@@ -70,3 +70,17 @@ def test_a_long_line_read_in_many_pieces_is_one_line():
     line = b"x" * 200_000
     data = b'{"a": 1}\n' + line + b"\nend\n"
     assert _lines(data, 1000, 1000) == [b'{"a": 1}', line, b"end"]
+
+
+@pytest.mark.parametrize("end", [b"\r", b"\r\n", b"\n"])
+def test_lines_ended_by_any_terminator_come_in_blocks_of_the_read_size(end):
+    """Review 111: a file of lone-\\r line ends was one block (blocks were cut at \\n only),
+    so a 78 MB input took 1.27 GB. Every terminator cuts blocks now, and a \\r\\n split
+    between two reads stays one line end (the lines are those of the whole input)."""
+    lines = [b'{"t": %d, "items": ["a"]}' % i for i in range(2000)]
+    data = end.join(lines) + end
+    for size in (1, 7, 64, 1000):
+        blocks = list(line_blocks(_Text(data, size), "test", size))
+        assert len(blocks) > len(data) // (2 * max(size, 40))  # never one block
+        assert max(len(b.buf) for b in blocks) <= size + 2 * max(len(x) for x in lines)
+        assert _lines(data, size, size) == lines

@@ -98,7 +98,13 @@ def _binary_blocks(binary: Any, name: str, chunk_bytes: int) -> Iterator[LineBlo
                 f"input {name!r}: the compressed file is truncated or corrupt "
                 f"after line {done} ({exc})"
             ) from None
-        if data and not at_start and b"\n" not in data:
+        if (
+            data
+            and not at_start
+            and b"\n" not in data
+            and b"\r" not in data[:-1]
+            and not (tail and tail[-1].endswith(b"\r"))  # (a lone \r ends a line now)
+        ):
             tail.append(data)  # (review 103: joined at every read, a 600 MB line took
             continue  # 278 s, quadratic; now each byte is copied once more, when whole)
         buf = b"".join([*tail, data]) if tail else data
@@ -111,7 +117,10 @@ def _binary_blocks(binary: Any, name: str, chunk_bytes: int) -> Iterator[LineBlo
             if buf:
                 yield _bytes_block(buf, done)
             return
-        cut = buf.rfind(b"\n")
+        # the last line end: a \n, or a lone \r (one not last in the buffer, where a
+        # \n may follow; review 111: a file of \r endings was one block, its memory
+        # that of the whole input)
+        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1))
         if at_start or cut < 0:
             tail = [buf]
             continue
