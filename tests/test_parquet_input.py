@@ -889,3 +889,41 @@ def test_files_of_no_events_may_be_alike_in_an_input_folder(tmp_path):
     (jsonl / "h06.jsonl").write_text('{"t": 1, "items": ["a"]}\n')  # a copy of h01
     with pytest.raises(ValueError, match="holds the same bytes as"):
         refuse_copies(str(jsonl), sorted(str(p) for p in jsonl.iterdir()))
+
+
+@pytest.mark.parametrize("typ", [pa.timestamp("s"), pa.timestamp("us", tz="UTC"), pa.date32()])
+def test_a_time_python_cannot_hold_is_an_invalid_record_as_in_json_lines(
+    tmp_path, key_path, capsys, typ
+):
+    """Review 111: a timestamp past the year 9999 (or such a date) stopped the run with an
+    OverflowError traceback; JSON Lines counts the same instant as an invalid record
+    (its timestamp). Now both release the same bytes and skip it."""
+    good, far = dt.datetime(2026, 3, 1, 1, tzinfo=dt.timezone.utc), 253402300800
+    if typ == pa.date32():
+        values = pa.array([19417 + 0, 2932897 + 10], pa.date32())  # 2023-03-01, year 10000
+        epoch = [int(dt.datetime(2023, 3, 1, tzinfo=dt.timezone.utc).timestamp()), far + 864000]
+    else:
+        unit = 1 if typ.unit == "s" else 10**6
+        values = pa.array([int(good.timestamp()) * unit, far * unit], typ)
+        epoch = [int(good.timestamp()), far]
+    pq.write_table(pa.table({"ts": values, "items": [["a"], ["b"]]}), tmp_path / "e.parquet")
+    (tmp_path / "e.jsonl").write_text(
+        "".join(json.dumps({"ts": s, "items": [i]}) + "\n" for s, i in zip(epoch, "ab"))
+    )
+    start = "2023-03-01T00:00Z" if typ == pa.date32() else "2026-03-01T00:00Z"
+    clock = ["--time-field", "ts", "--step", "1d", "--start", start, "--max-invalid", "1"]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN, *clock) == 0
+    assert _run(key_path, tmp_path / "e.parquet", b, *UNKNOWN, *clock) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_a_time_zone_python_does_not_know_is_refused_in_one_line(tmp_path, key_path, capsys):
+    """Review 111: a timestamp column whose zone is not a name Python knows ended in a
+    pytz traceback."""
+    ts = pa.array([1772323200], pa.timestamp("s", "Mars/Phobos"))
+    pq.write_table(pa.table({"ts": ts, "items": [["a"]]}), tmp_path / "e.parquet")
+    clock = ["--time-field", "ts", "--step", "1d", "--start", "2026-03-01T00:00Z"]
+    assert _run(key_path, tmp_path / "e.parquet", tmp_path / "o.jsonl", *UNKNOWN, *clock) == 1
+    err = capsys.readouterr().err
+    assert "time zone 'Mars/Phobos' is not one Python knows" in err and err.count("\n") == 1

@@ -444,9 +444,44 @@ def _time_values(col: Any) -> list[Any]:
     to the microsecond: see :func:`_floor_to_micros`)."""
     import pyarrow as pa
 
+    if pa.types.is_timestamp(col.type) and col.type.tz:
+        _check_zone(col.type.tz)
     if pa.types.is_timestamp(col.type) and col.type.unit == "ns":
         col = _floor_to_micros(col)
-    return [_python_value(v) for v in _pylist(col)]  # text that is not UTF-8: escaped
+    try:
+        values = _pylist(col)  # text that is not UTF-8: escaped
+    except (OverflowError, ValueError):  # a time Python cannot hold (past the year 9999)
+        values = [_time_value(col, i) for i in range(len(col))]
+    return [_python_value(v) for v in values]
+
+
+#: What a time that Python's ``datetime`` cannot hold reads as: a text no timestamp
+#: parser takes, so its record is invalid ("timestamp"), as in JSON Lines.
+_NO_TIME = "a time Python cannot hold (past the year 9999)"
+
+
+def _time_value(col: Any, i: int) -> Any:
+    """Row ``i`` of a time column in Python, or :data:`_NO_TIME` (review 111: a year past
+    9999 stopped the run with a traceback)."""
+    try:
+        return col[i].as_py()
+    except (OverflowError, ValueError):
+        return _NO_TIME
+
+
+def _check_zone(zone: str) -> None:
+    """Refuse, in one line, a timestamp column whose time zone Python does not know (its
+    values cannot be placed on the clock; review 111: a traceback)."""
+    import pyarrow as pa
+
+    try:
+        pa.scalar(0, pa.timestamp("s", zone)).as_py()
+    except Exception as exc:  # pytz's or zoneinfo's error for an unknown name
+        raise ValueError(
+            f"the Parquet time column's time zone {zone!r} is not one Python knows "
+            f"({type(exc).__name__}): write the timestamps in UTC, or with an IANA zone "
+            "name such as Europe/Paris"
+        ) from None
 
 
 def _floor_to_micros(col: Any) -> Any:
