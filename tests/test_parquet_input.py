@@ -907,9 +907,8 @@ def test_a_time_python_cannot_hold_is_an_invalid_record_as_in_json_lines(
         values = pa.array([int(good.timestamp()) * unit, far * unit], typ)
         epoch = [int(good.timestamp()), far]
     pq.write_table(pa.table({"ts": values, "items": [["a"], ["b"]]}), tmp_path / "e.parquet")
-    (tmp_path / "e.jsonl").write_text(
-        "".join(json.dumps({"ts": s, "items": [i]}) + "\n" for s, i in zip(epoch, "ab"))
-    )
+    lines = [json.dumps({"ts": s, "items": [i]}) for s, i in zip(epoch, "ab", strict=True)]
+    (tmp_path / "e.jsonl").write_text("\n".join(lines) + "\n")
     start = "2023-03-01T00:00Z" if typ == pa.date32() else "2026-03-01T00:00Z"
     clock = ["--time-field", "ts", "--step", "1d", "--start", start, "--max-invalid", "1"]
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
