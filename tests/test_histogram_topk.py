@@ -503,3 +503,21 @@ def test_unknown_top_k_counts_events_given_as_generators(users):
     m.step_batch([(f"u{j}", e) for j, e in enumerate(events)] if users else events)
     counts = dict(zip(m.histogram.items_seen, m.histogram.counts.tolist(), strict=True))
     assert counts == {"a": 2, "b": 1}  # as a list of lists gives
+
+
+def test_unknown_top_k_checks_a_frame_s_items_not_its_column_names():
+    """Review 112: a frame's column names ("item", "count") were checked against the
+    domain, not its items: refused in misleading words, or, with a domain holding
+    "item" and "count", items outside the domain were released."""
+    pd = pytest.importorskip("pandas")
+    key = dps.NoiseKey(bytes(range(31, 63)))
+    m = UnknownTopK(["a", "b"], 10, k=1, max_items=2, key=key, tau=0.001, threshold_delta=1e-6)
+    rel = m.release(1, pd.DataFrame({"item": ["a", "b"], "count": [3, 4]}))
+    assert list(rel.items) == ["b"]
+    m2 = UnknownTopK(["item", "count"], 10, k=1, max_items=2, key=key, tau=0.001,
+                     threshold_delta=1e-6)  # fmt: skip
+    with pytest.raises(dps.InvalidEventError, match="'x' is not in the domain"):
+        m2.release(1, pd.DataFrame({"item": ["x", "y"], "count": [3, 4]}))
+    assert m2.t == 0
+    m3 = UnknownTopK(["a", "b"], 10, k=1, max_items=2, key=key, tau=0.001, threshold_delta=1e-6)
+    assert list(m3.release(1, ["a", "b"], [3, 4]).items) == ["b"]  # items and counts

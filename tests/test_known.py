@@ -421,3 +421,13 @@ def test_counts_switch_to_int64_on_the_largest_count_not_the_stream_volume(monke
     h.step_batch([["i0"]])
     assert h._counts.dtype == np.int64 and h._max_count == 101
     assert h.counts[0] == 101 and h.counts[1:].max() <= 3
+
+
+def test_a_bool_among_list_counts_is_refused_as_the_mapping_form_refuses_it():
+    """Review 112: release(1, [True, 2, 3]) counted True as 1 (NumPy makes the list int64),
+    where {"a": True} and an array of bools are refused."""
+    h = dps.KnownDomainHistogram(["a", "b", "c"], 10, max_items=2, key=fixed_key("b"), tau=1.0)
+    with pytest.raises(TypeError, match="must hold integers, got a bool"):
+        h.release(1, [True, 2, 3])
+    assert h.t == 0
+    h.release(1, [1, 2, 3])

@@ -236,3 +236,14 @@ def test_blocks_at_gives_each_item_its_own_draw():
         src.blocks_at(prepared, 0, 1, draws + np.uint64(1))
     with pytest.raises(ValueError, match="shape"):
         src.blocks_at(prepared, 0, 1, draws[:2])
+
+
+@pytest.mark.parametrize("byte", ["00", "ff", "5a"])
+def test_a_key_file_of_one_byte_value_is_refused(tmp_path, byte):
+    """Review 112: a key file of 64 zeros (a placeholder from a secret store, say) was a
+    key, whose noise anyone can remove."""
+    path = tmp_path / "k.key"
+    path.write_text(byte * 32 + "\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(ValueError, match="placeholder, not a secret"):
+        NoiseKey.load(path)

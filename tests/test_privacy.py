@@ -716,3 +716,14 @@ def test_cks_epsilon_never_fails_at_extreme_rho() -> None:
             eps = epsilon_cks(float(rho), delta)
             assert math.isfinite(eps) and eps <= epsilon_bun_steinke(float(rho), delta)
             assert eps >= float(rho)  # epsilon >= rho for every alpha > 1 at delta < 1
+
+
+def test_the_conversions_hold_at_extreme_inputs_without_a_bare_math_error():
+    """Review 112: epsilon_cks(1e300, 1e-6) raised "math domain error" (alpha rounds to 1)
+    and delta_cks(1, 1e300) an OverflowError; each falls back on Bun-Steinke's bound,
+    which holds for every input (closed forms: rho + 2 sqrt(rho ln(1/delta)), and
+    delta = exp(-(eps - rho)^2 / (4 rho)) = 0.0 in floating point for eps = 1e300)."""
+    rho, delta = 1e300, 1e-6
+    assert dpstream.privacy.epsilon_cks(rho, delta) == rho + 2 * math.sqrt(rho * -math.log(delta))
+    assert dpstream.privacy.delta_cks(1.0, 1e300) == 0.0
+    assert dpstream.privacy.delta_bun_steinke(1e-300, 1e300) == 0.0

@@ -269,6 +269,12 @@ class NoiseKey:
             raise ValueError(
                 f"key file {str(path)!r} holds {len(secret)} bytes, expected {KEY_BYTES}"
             )
+        if len(set(secret)) == 1:  # review 112: 64 zeros was taken as a key
+            raise ValueError(
+                f"key file {str(path)!r} holds one byte value 32 times "
+                f"(0x{secret[0]:02x}): a placeholder, not a secret (anyone can remove its "
+                "noise); make a key with `dpstream keygen`"
+            )
         return cls(secret)
 
     def derive(self, label: str) -> bytes:

@@ -336,6 +336,10 @@ def check_count_array(
     ``at_least``: counts it must not fall below (the last prefix histogram, itself
     >= 0); checking that covers ">= 0" too, in one pass fewer.
     """
+    if isinstance(arr, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in arr):
+        # NumPy makes [True, 2, 3] an int64 array: a bool among ints would count as 1
+        # (review 112), where an array of bools and the Mapping form refuse it
+        raise TypeError(f"{name} must hold integers, got a bool")
     arr = np.asarray(arr)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")

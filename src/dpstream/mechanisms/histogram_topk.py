@@ -26,7 +26,7 @@ from ..noise import NoiseKey
 from ..special import ndtri
 from ..words import plain_mechanism
 from .base import Release, check_in_domain, check_top_k, domain_items, take_items
-from .columns import EventColumns
+from .columns import EventColumns, aggregate_raw, is_frame
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
@@ -314,9 +314,21 @@ class UnknownTopK:
         """Take all the events of the next time step and release the top-k."""
         return self._top(self.histogram.step_batch(self._check(events)))
 
-    def release(self, t: int, counts: Mapping[Hashable, int], *, bounded: bool = False) -> Release:
-        """Aggregate mode, as ``UnknownDomainHistogram.release`` (a Mapping item -> count,
-        or a pandas Series indexed by item)."""
+    def release(
+        self,
+        t: int,
+        counts: Mapping[Hashable, int] | Any,
+        values: Sequence[int] | np.ndarray | None = None,
+        *,
+        bounded: bool = False,
+    ) -> Release:
+        """Aggregate mode, as ``UnknownDomainHistogram.release``: a Mapping item -> count,
+        a pandas Series indexed by item, the items and their counts as two arrays, or a
+        frame with columns ``item`` and ``count``; every item must be in the domain."""
+        if values is not None or is_frame(counts):
+            items, vals = aggregate_raw(counts, values)  # the items, not a frame's columns
+            check_in_domain(list(items), self._index)  # (review 112)
+            return self._top(self.histogram.release(t, items, vals, bounded=bounded))
         as_mapping = series_items(counts)
         check_in_domain(as_mapping, self._index)  # type: ignore[arg-type]
         return self._top(self.histogram.release(t, as_mapping, bounded=bounded))

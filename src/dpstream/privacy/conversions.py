@@ -58,7 +58,8 @@ def delta_bun_steinke(rho: float, epsilon: float) -> float:
     epsilon = _check_nonnegative("epsilon", epsilon)
     if epsilon <= rho:
         return 1.0
-    return min(1.0, math.exp(-((epsilon - rho) ** 2) / (4.0 * rho)))
+    half = (epsilon - rho) / (2.0 * math.sqrt(rho))  # delta = exp(-half^2)
+    return 0.0 if half > 1e150 else min(1.0, math.exp(-half * half))  # (half^2 overflows)
 
 
 def _cks_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:
@@ -116,7 +117,11 @@ def epsilon_cks(rho: float, delta: float) -> float:
     """
     rho = _check_positive("rho", rho)
     delta = _check_open_unit("delta", delta)
-    return max(0.0, min(_cks_epsilon(rho, delta), epsilon_bun_steinke(rho, delta)))
+    try:
+        cks = _cks_epsilon(rho, delta)
+    except (ArithmeticError, ValueError):  # a rho so large that alpha rounds to 1 (review
+        cks = math.inf  # 112: "math domain error"): Bun-Steinke's bound alone, still valid
+    return max(0.0, min(cks, epsilon_bun_steinke(rho, delta)))
 
 
 def _cks_log_delta(rho: float, epsilon: float) -> float:
@@ -162,7 +167,10 @@ def delta_cks(rho: float, epsilon: float) -> float:
     """
     rho = _check_positive("rho", rho)
     epsilon = _check_nonnegative("epsilon", epsilon)
-    log_d = _cks_log_delta(rho, epsilon)
+    try:
+        log_d = _cks_log_delta(rho, epsilon)
+    except (ArithmeticError, ValueError):  # extreme inputs (review 112: OverflowError):
+        log_d = 0.0  # Bun-Steinke's bound alone, still valid
     cks = 1.0 if log_d >= 0.0 else math.exp(log_d)
     return min(1.0, cks, delta_bun_steinke(rho, epsilon))
 
