@@ -38,7 +38,7 @@ class _HeldFollower:
     time only ends a broken follower's run."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        give_up = time.monotonic() + 30
+        give_up = time.monotonic() + 120  # (a broken follower's end only: never reached)
         self.due, self.sized, self.parser_held, self.let_go = (threading.Event() for _ in range(4))
         due, sized = self.due, self.sized
 
@@ -93,12 +93,12 @@ def test_an_event_written_after_the_due_instant_is_late_behind_a_slow_backlog(
     held = _HeldFollower(monkeypatch)
 
     def drive() -> None:
-        held.parser_held.wait(30)
+        held.parser_held.wait(60)
         held.due.set()  # step 1 falls due while the parser is held at line 3
         # ... and the follower has read the input's size at that instant (an old follower
         # never does: the wait ends well before the parser's give-up, so the event is
         # appended while the parser is held, as in the race)
-        held.sized.wait(10)
+        held.sized.wait(60)
         with open(src, "a") as fh:
             fh.write(_line(0.9, "b"))  # an event of step 1, written after its due instant
         held.let_go.set()
@@ -387,11 +387,13 @@ def test_an_event_behind_a_backlog_larger_than_a_pipe_counts_on_stdin(
     writer = threading.Thread(target=os.write, args=(wfd, head[3]), daemon=True)
 
     def drive() -> None:
-        held.parser_held.wait(10)
+        held.parser_held.wait(60)
         writer.start()
-        writer.join(5)  # drained at once; an old follower leaves the writer blocked
+        # drained at once; an old follower leaves the writer blocked (the timeouts only
+        # end a broken follower's wait: on a loaded machine 5 s was once too short)
+        writer.join(60)
         held.due.set()
-        held.sized.wait(5)
+        held.sized.wait(60)
         held.let_go.set()
 
     driver = threading.Thread(target=drive, daemon=True)
