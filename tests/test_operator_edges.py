@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -444,3 +446,21 @@ def test_a_record_s_own_text_never_names_its_reason_or_lifts_the_redaction(
     reasons = [x for x in capsys.readouterr().err.splitlines() if "by reason" in x]
     assert len(reasons) == 1 and "2 malformed" in reasons[0], reasons
     assert "timestamp" not in reasons[0] and "horizon" not in reasons[0]
+
+
+def test_a_backlog_piped_to_a_follow_run_is_named_late_in_a_warning(tmp_path, stream):
+    """Review 111: a backlog piped in (`cat old.jsonl | dpstream run --follow -i -`) whose
+    steps were all due at the start released them empty, said "0 events, 0 skipped",
+    and ended: nothing told the operator that a pipe's events of due steps are late."""
+    events = "".join(
+        json.dumps({"ts": f"2026-03-01T0{h}:1{j}:00Z", "items": ["a"]}) + "\n"
+        for h in range(2)
+        for j in range(3)
+    )
+    argv = [sys.executable, "-m", "dpstream", *UNK[:-2], "-T", "2", "--key-file", stream["key"],
+            "--time-field", "ts", "--step", "1h", "--start", "2026-03-01T00:00Z", "--follow",
+            "-i", "-", "-o", str(tmp_path / "o.jsonl")]  # fmt: skip
+    done = subprocess.run(argv, input=events.encode(), capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.decode()
+    assert "count no event read from a pipe" in err and "Give a backlog as a file" in err
