@@ -154,3 +154,20 @@ def test_release_to_pandas_and_arrow():
     assert df["item"].tolist() == list(rel.items) == table.column("item").to_pylist()
     assert np.array_equal(df["value"].to_numpy(), rel.values)
     assert (df["t"] == 1).all() and table.column("t").to_pylist() == [1] * len(rel)
+
+
+def test_to_arrow_refuses_items_of_two_types_that_share_a_text():
+    """Review 112: items 1 and "1" (two items of the library's unknown domain) both became
+    the label "1" in to_arrow, two rows with one label and two values."""
+    mech = UnknownDomainHistogram(
+        6, max_items=2, key=fixed_key("outputs"), tau=0.001, threshold_delta=1e-6, counter="tree"
+    )
+    rel = mech.release(1, {1: 100, "1": 5})
+    with pytest.raises(ValueError, match="share a text"):
+        rel.to_arrow()
+    other = UnknownDomainHistogram(
+        6, max_items=2, key=fixed_key("outputs2"), tau=0.001, threshold_delta=1e-6,
+        counter="tree",
+    )  # fmt: skip
+    mixed = other.release(1, {1: 100, "b": 5}).to_arrow()  # two texts: as text
+    assert sorted(mixed.column("item").to_pylist()) == ["1", "b"]

@@ -139,7 +139,14 @@ class Release:
             try:
                 items = pa.array(list(self.items))
             except (pa.ArrowInvalid, pa.ArrowTypeError):  # str and int items: as text
-                items = pa.array([str(i) for i in self.items])
+                text = [str(i) for i in self.items]
+                if len(set(text)) < len(text):  # review 112: 1 and "1" (or b"a" and
+                    # "b'a'") became one label with two values
+                    raise ValueError(
+                        "to_arrow: items of several types share a text (such as 1 and "
+                        "'1'): their rows could not be told apart; use one type of item"
+                    ) from None
+                items = pa.array(text)
         return pa.table(
             {
                 "t": pa.array(np.full(len(self.values), int(self.t), dtype=np.int64)),
