@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -661,3 +662,64 @@ def test_a_state_edited_by_hand_is_refused_in_one_line(tmp_path, capsys, edit):
     assert err.count("\n") == 1 and err.startswith("dpstream: error:"), err
     assert "edited" in err and str(state.name) in err, err
     assert out.read_bytes() == released
+
+
+@pytest.mark.parametrize("held", ["ledger", "registry"])
+def test_a_batch_killed_while_it_waits_for_a_lock_leaves_its_mark(tmp_path, held, monkeypatch):
+    """Review 110: a later batch SIGKILLed while it waited for the release ledger's lock (a
+    backup holding it) or the key registry's left no mark that it began, so the next
+    day's command went on and the killed day's events were lost for good. The batch is
+    now marked before it waits: the next day is refused, naming the killed day's input,
+    and the days run in order give the bytes of the run never killed."""
+    import fcntl
+
+    key = tmp_path / "k.key"
+    fixed_key("daily-lock").save(key)
+    registry = tmp_path / "registry"
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(registry))
+    days = []
+    for d in range(3):
+        path = tmp_path / f"day{d + 1}.jsonl"
+        path.write_text(
+            "".join(
+                json.dumps({"t": 4 * d + 1 + j % 4, "items": [f"i{j % 3}"]}) + "\n"
+                for j in range(8)
+            )  # fmt: skip
+        )
+        days.append(path)
+    base = ["run", "-q", "-m", "unknown", "-T", "12", "--max-items", "1", "--rho", "4",
+            "--threshold-delta", "0.2", "--key-file", str(key)]  # fmt: skip
+
+    def day(n, out, state):
+        return [*base, "-o", str(out), "--state", str(state), "-i", str(days[n]),
+                "--until", str(4 * n + 4)]  # fmt: skip
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", "off")
+    for n in range(3):
+        assert main([*day(n, ref / "o.jsonl", ref / "s.sqlite"), "--ledger", str(ref / "L")]) == 0
+    monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(registry))
+    out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
+    assert main(day(0, out, state)) == 0
+    lock_path = (
+        f"{key}.ledger"
+        if held == "ledger"
+        else str(next(p for p in registry.iterdir() if p.name.endswith(".lock")))
+    )
+    with open(lock_path, "rb+") as held_fh:
+        fcntl.flock(held_fh, fcntl.LOCK_EX)  # as a backup, or `flock FILE cmd`, holds it
+        argv = [sys.executable, "-m", "dpstream", *day(1, out, state)]
+        proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        guard = threading.Timer(120, proc.kill)  # a run that never says it waits: ended
+        guard.start()
+        said = proc.stderr.readline().decode()  # it says it waits (after half a second)
+        guard.cancel()
+        assert "waiting for" in said and "locked by another process" in said, said
+        proc.kill()  # SIGKILL while it waits
+        proc.wait()
+    assert main(day(2, out, state)) == 1  # day 3 first: refused, day 2's input named
+    assert main(day(1, out, state)) == 0
+    assert main(day(2, out, state)) == 0
+    assert out.read_bytes() == (ref / "o.jsonl").read_bytes()

@@ -163,19 +163,21 @@ def default_ledger_path(key_file: str) -> str:
     return resolved
 
 
-def ledger_path(opts: Mapping[str, Any], *, record: bool = False) -> str:
+def ledger_path(opts: Mapping[str, Any], *, record: bool = False, wait: bool = True) -> str:
     """The ledger of a run's options: ``--ledger``, else beside the file ``--key-file``
     resolves to (:func:`default_ledger_path`), refused when the key's releases are
     recorded in another ledger (a copy of the key: :mod:`dpstream.ledger_registry`).
     Every command finds a key's ledger here; ``record``: a run's own, which records
-    (and creates) the ledger when its key has none on record."""
+    (and creates) the ledger when its key has none on record; ``wait`` False: the
+    registry is not waited for (a run's first look, before its state is open: the run
+    checks it again, waiting, once its batch is marked as begun)."""
     key_file = opts.get("key_file")
     given = opts.get("ledger")
     path = str(given) if given else default_ledger_path(str(key_file))
     refuse_foreign_link(path, "the release ledger")  # (review 103: one another user made
     key = _key_or_none(str(key_file)) if key_file else None  # chose where it was made)
     if key is not None:
-        check_ledger(key, path, str(key_file), default=not given, record=record)
+        check_ledger(key, path, str(key_file), default=not given, record=record, wait=wait)
     return path
 
 

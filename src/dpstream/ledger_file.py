@@ -148,9 +148,12 @@ def wait_limit() -> float:
     return limit
 
 
-def _flock(fd: int, op: int, path: str, wait: float | None) -> None:
+def _flock(
+    fd: int, op: int, path: str, wait: float | None, what: str = "the release ledger"
+) -> None:
     """Take the lock ``op`` on ``fd``, polling while another process holds it; say once
-    that the run waits (once it waited :data:`_QUIET_S`), refuse after ``wait`` s."""
+    that the run waits (once it waited :data:`_QUIET_S`), refuse after ``wait`` s.
+    ``what`` names the file in the messages (the key registry's entry uses it too)."""
     limit = wait_limit() if wait is None else wait
     start = _now()
     pause = 0.01
@@ -164,15 +167,14 @@ def _flock(fd: int, op: int, path: str, wait: float | None) -> None:
         waited = _now() - start
         if waited >= limit:
             raise LedgerError(
-                f"the release ledger {path!r} is locked by another process (a run that "
+                f"{what} {path!r} is locked by another process (a run that "
                 f"hangs, or a command run under `flock {path}`), still after {limit:g} s: "
                 f"refusing to wait longer. Let that process finish (`fuser -v {path}` "
                 f"names it), or set {WAIT_ENV}=SECONDS to wait longer"
             )
         if not said and waited >= _QUIET_S:
             _log.warning(
-                f"waiting for the release ledger {path}, locked by another process "
-                f"(up to {limit:g} s in all)"
+                f"waiting for {what} {path}, locked by another process (up to {limit:g} s in all)"
             )
             said = True
         _sleep(min(pause, limit - waited))

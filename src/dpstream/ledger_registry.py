@@ -102,7 +102,13 @@ def registry_dir() -> str | None:
 
 
 def check_ledger(
-    key: NoiseKey, ledger: str, key_file: str | None, *, default: bool, record: bool
+    key: NoiseKey,
+    ledger: str,
+    key_file: str | None,
+    *,
+    default: bool,
+    record: bool,
+    wait: bool = True,
 ) -> None:
     """Refuse ``ledger`` (``default``: the one beside ``key_file``; else named) when the
     key's recorded ledger is another file that exists or cannot be reached; record
@@ -121,7 +127,9 @@ def check_ledger(
     entry = os.path.join(folder, key.fingerprint())
     given, ledger = ledger, os.path.realpath(ledger)
     key_file_real = "" if key_file is None else os.path.realpath(key_file)
-    with _entry_lock(entry):
+    with _entry_lock(entry, wait) as locked:
+        if not locked:  # another process holds the entry: checked later, by a run once
+            return  # its batch is marked as begun (review 110)
         recorded, recorded_key, ids = _read(entry)
         state = _state(recorded, ids) if recorded is not None else "gone"
         if recorded is not None and state != "live" and _moved_here(ids, ledger):
@@ -281,12 +289,13 @@ def _size(path: str) -> int:
 
 
 @contextlib.contextmanager
-def _entry_lock(entry: str) -> Iterator[None]:
-    """Hold ``ENTRY.lock`` (``flock``) while an entry is read, decided on and written."""
+def _entry_lock(entry: str, wait: bool = True) -> Iterator[bool]:
+    """Hold ``ENTRY.lock`` (``flock``) while an entry is read, decided on and written;
+    yields whether it is held (``wait`` False: not when another process holds it)."""
     try:
         import fcntl
     except ImportError:  # no flock: the decision is not serialised
-        yield
+        yield True
         return
     try:
         fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -297,11 +306,22 @@ def _entry_lock(entry: str) -> Iterator[None]:
         try:
             fd = os.open(f"{entry}.lock", os.O_RDONLY)  # an existing lock serialises still
         except OSError:
-            yield
+            yield True
             return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        from .ledger_file import _flock
+
+        if not wait:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+        else:  # polled, said after a moment, refused after DPSTREAM_LEDGER_WAIT (60 s)
+            # as the ledger's own lock is (review 110: a run waited here without a word
+            # or a limit)
+            _flock(fd, fcntl.LOCK_EX, f"{entry}.lock", None, what="the key registry's lock")
+        yield True
     finally:
         os.close(fd)
 

@@ -154,6 +154,7 @@ class _Opened:
     go_on: GoOn | None = None
     done: bool = False  # nothing to do: every step asked for is released already
     behind: int | None = None  # the ledger's last step, past this batch's --until
+    mark_tried: bool = False  # whether the batch's begun-mark was considered
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -401,6 +402,12 @@ def _open_state(
             # scope, say): the ledger must know the stream by the one it recorded,
             # else it counts the stream's budget a second time
             built.scope = noise_scope(opened.go_on.mechanism, built.scope)
+        if opened.go_on is not None and opened.go_on.continues:
+            # a later batch is marked as begun before it waits for the ledger's lock (and
+            # the key registry's): killed while it waited (a backup holding the ledger,
+            # a timeout), it left no mark, and the next day's command released the
+            # killed day's steps without its events (review 110)
+            _mark_once(cfg, opened, digests, stack)
         opened.ledger = open_ledger(
             cfg, key, ckpt, record, scope=built.scope, budget=built.spend, cap=built.cap
         )
@@ -564,9 +571,7 @@ def _release(
             if ckpt is not None:  # a state file made just now goes (nothing was released)
                 _forget_new_state(cfg, ckpt, state_existed)
             raise
-    marked = _mark_batch(cfg, opened, digests)
-    if marked is not None:  # a run stopped by an error before its first release: unmarked
-        stack.push(_unmark_on_error(opened.ckpt, marked))
+    _mark_once(cfg, opened, digests, stack)
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
@@ -675,6 +680,19 @@ def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int |
                 "come too late); to give its events up, add --replace-unfinished"
             )
     return ckpt.begin_batch(input=this, input_mac=mac, first_t=released + 1)
+
+
+def _mark_once(
+    cfg: RunConfig, opened: _Opened, digests: StateDigests, stack: contextlib.ExitStack
+) -> None:
+    """:func:`_mark_batch`, once a run (a batch that goes on is marked before it opens the
+    ledger); a run stopped by an error before its first release is unmarked."""
+    if opened.mark_tried:
+        return
+    opened.mark_tried = True
+    marked = _mark_batch(cfg, opened, digests)
+    if marked is not None:
+        stack.push(_unmark_on_error(opened.ckpt, marked))
 
 
 def _unmark_on_error(ckpt: Any, n: int) -> Callable[..., bool]:

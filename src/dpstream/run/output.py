@@ -216,7 +216,9 @@ def run_files(cfg: RunConfig) -> tuple[FileList, FileList]:
     records: FileList = [("--state", cfg.state)]
     if cfg.state:
         records += [(STATE_SIDE, side) for side in side_files(cfg.state)]
-    return reads, [*records, ("--ledger", ledger_path(cfg.options()))]
+    # (the registry's lock not waited for here: a run checks it again, waiting, once its
+    # batch is marked as begun, so a kill during the wait leaves the mark; review 110)
+    return reads, [*records, ("--ledger", ledger_path(cfg.options(), wait=False))]
 
 
 def check_paths(cfg: RunConfig) -> None:
