@@ -135,7 +135,9 @@ def open_output(
     except FileNotFoundError:
         raise StateError(
             f"output file {path!r} is missing, but the state records "
-            f"releases written to it (up to step {resume.last_t})"
+            f"releases written to it (up to step {resume.last_t}): put it back (a copy "
+            "of it, or the releases it held, byte for byte) and run again; the state "
+            "checks its bytes"
         ) from None
     try:
         size = os.fstat(fh.fileno()).st_size

@@ -210,7 +210,10 @@ class Checkpoint:
             self._db.executescript(_SCHEMA)
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc):
-                raise StateError(f"state file {path!r} is in use by another run") from None
+                raise StateError(
+                    f"state file {path!r} is in use by another run: let it finish "
+                    "(an overlapping job), then run this command again"
+                ) from None
             if "readonly" in str(exc) or "read-only" in str(exc):
                 raise StateError(
                     f"state file {path!r} is read-only: dpstream must write to "
@@ -394,7 +397,11 @@ class Checkpoint:
             )
         if input is not None and record.input != input:
             raise StateError(
-                f"state file {self.path!r} belongs to a run reading {record.input!r}, not {input!r}"
+                f"state file {self.path!r} belongs to a run reading {record.input!r}, not "
+                f"{input!r}: it stopped before its end, so run its command again with "
+                "that input first (the same bytes finish it); to finish it from a "
+                "corrected file instead, add --replace-unfinished. A new state or --force "
+                "would release its steps again from other data"
             )
         if record.output != output:
             raise StateError(
