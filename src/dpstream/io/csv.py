@@ -203,7 +203,7 @@ def _read_rows(
             )
             records += _spanning(first_line, reader.line_num, message, row_raw)
             continue
-        row_err = _row_error(row, cols, first_line, reader.line_num)
+        row_err = _row_error(row, cols)
         row_t: int | None = None
         if row_err is None and cols.time is not None:
             row_t, row_err = _row_step(row[cols.time], clock)
@@ -243,8 +243,8 @@ def _spanning(first_line: int, last_line: int, message: str, raw: bytes) -> list
     ]
 
 
-def _row_error(row: list[str], cols: _Columns, first_line: int, last_line: int) -> str | None:
-    """Why a row (of lines ``first_line``-``last_line``) is no part of an event, or None.
+def _row_error(row: list[str], cols: _Columns) -> str | None:
+    """Why a row (on one line: see :func:`_spanning`) is no part of an event, or None.
 
     A row has the header's fields, no fewer and no more: a field too many is most
     likely an unquoted delimiter in a field, which shifts the columns after it (the

@@ -296,9 +296,9 @@ class UnknownTopK:
                 return events
             events = events.pairs()  # the loop below raises the first event's error
         checked = []
+        users = self.histogram.user_bounds is not None
         for event in events:  # each event's items read once: a generator is checked, then
             # counted from the tuple (review 112: it was counted empty, once exhausted)
-            users = self.histogram.user_bounds is not None
             items = event[1] if users else event
             if not isinstance(items, (str, bytes)):
                 items = tuple(items)

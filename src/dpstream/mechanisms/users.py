@@ -80,11 +80,9 @@ def check_bounded(users: Any, bounded: bool) -> None:
     (``bounded=True``) that they are the counts of contributions already bounded per
     user, first come, first kept: counts carry no user ids, so the mechanism cannot
     bound them, and its per-user guarantee holds only for bounded counts."""
-    if users is not None and bounded and users.mode == "events":
-        raise ValueError(_MIXED.format(now="release(t, counts)", before="(user, items) events"))
-    if users is not None and bounded:
-        users.mode = "aggregate"
-    if users is not None and not bounded:
+    if users is None:
+        return
+    if not bounded:
         raise ValueError(
             "release(t, counts) of a mechanism built with max_items_per_user and "
             "max_count_per_item: counts carry no user ids, so they cannot be bounded "
@@ -92,6 +90,9 @@ def check_bounded(users: Any, bounded: bool) -> None:
             "bounded per user (first come, first kept) beforehand; pass bounded=True "
             "to say they are, or give (user, items) events to step_batch"
         )
+    if users.mode == "events":
+        raise ValueError(_MIXED.format(now="release(t, counts)", before="(user, items) events"))
+    users.mode = "aggregate"
 
 
 #: Why one user-level mechanism takes events or bounded counts, never both (review 112:
@@ -433,19 +434,17 @@ def bound_user_events(
 ) -> tuple[Iterable[object] | EventColumns, Any]:
     """``(events, None)`` at event level; in user mode the bounded item events and the
     pending bounder change (commit it once the step is released)."""
+    if users is not None and users.mode == "aggregate":
+        raise ValueError(_MIXED.format(now="step_batch(events)", before="bounded counts"))
     if isinstance(events, UserEventColumns):
         if users is None:
             raise TypeError(
                 "UserEventColumns hold (user, items) pairs: give them to a mechanism "
                 "built with max_items_per_user= and max_count_per_item="
             )
-        if users.mode == "aggregate":
-            raise ValueError(_MIXED.format(now="step_batch(events)", before="bounded counts"))
         return users.bound_columns(events, max_items, check)
     if users is None:
         return events, None
-    if users.mode == "aggregate":
-        raise ValueError(_MIXED.format(now="step_batch(events)", before="bounded counts"))
     if isinstance(events, EventColumns):
         raise TypeError(
             "with max_items_per_user= every event is a (user, items) pair: give "

@@ -154,7 +154,6 @@ class _Opened:
     go_on: GoOn | None = None
     done: bool = False  # nothing to do: every step asked for is released already
     behind: int | None = None  # the ledger's last step, past this batch's --until
-    mark_tried: bool = False  # whether the batch's begun-mark was considered
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -406,8 +405,11 @@ def _open_state(
             # a later batch is marked as begun before it waits for the ledger's lock (and
             # the key registry's): killed while it waited (a backup holding the ledger,
             # a timeout), it left no mark, and the next day's command released the
-            # killed day's steps without its events (review 110)
-            _mark_once(cfg, opened, digests, stack)
+            # killed day's steps without its events (review 110); only such a batch is
+            # marked (:func:`_mark_batch`)
+            marked = _mark_batch(cfg, opened, digests)
+            if marked is not None:  # a run stopped by an error before its first release
+                stack.push(_unmark_on_error(ckpt, marked))  # leaves no mark
         opened.ledger = open_ledger(
             cfg, key, ckpt, record, scope=built.scope, budget=built.spend, cap=built.cap
         )
@@ -571,7 +573,6 @@ def _release(
             if ckpt is not None:  # a state file made just now goes (nothing was released)
                 _forget_new_state(cfg, ckpt, state_existed)
             raise
-    _mark_once(cfg, opened, digests, stack)
     chunks = _read_input(cfg, built, opened, infile, until, state_existed)
     if chunks is not None and not isinstance(chunks, list):  # its temporary file goes
         stack.callback(chunks.close)
@@ -647,8 +648,9 @@ def _release(
 
 
 def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int | None:
-    """Record, before a later batch of a stream reads its input, that it began: a batch
-    killed while reading (the long part of a batch) leaves this mark, and the next run
+    """Record, before a later batch of a stream waits for its ledger and reads its input,
+    that it began: a batch killed while waiting or reading (the long part of a batch)
+    leaves this mark, and the next run
     given another input (another file, or the same file with other bytes) is refused,
     since it would release the killed batch's steps without its events, which could
     then never count (late). Given the same input it
@@ -680,19 +682,6 @@ def _mark_batch(cfg: RunConfig, opened: _Opened, digests: StateDigests) -> int |
                 "come too late); to give its events up, add --replace-unfinished"
             )
     return ckpt.begin_batch(input=this, input_mac=mac, first_t=released + 1)
-
-
-def _mark_once(
-    cfg: RunConfig, opened: _Opened, digests: StateDigests, stack: contextlib.ExitStack
-) -> None:
-    """:func:`_mark_batch`, once a run (a batch that goes on is marked before it opens the
-    ledger); a run stopped by an error before its first release is unmarked."""
-    if opened.mark_tried:
-        return
-    opened.mark_tried = True
-    marked = _mark_batch(cfg, opened, digests)
-    if marked is not None:
-        stack.push(_unmark_on_error(opened.ckpt, marked))
 
 
 def _unmark_on_error(ckpt: Any, n: int) -> Callable[..., bool]:
