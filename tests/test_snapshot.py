@@ -530,3 +530,32 @@ def test_a_state_whose_snapshot_would_run_code_is_refused_by_run(tmp_path, capsy
     err = capsys.readouterr().err
     assert ("older format" if kind == "pickle" else "may not hold 'builtins.eval'") in err
     assert not marker.exists() and out.read_bytes() == before
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_mechanism_is_not_copied_and_the_refusal_says_why(name):
+    """A copy of a mechanism went on apart from the original (MetaHistogram released
+    step 1 from both, its noise the same over other counts; ContinualTopK's shallow copy
+    too), and ``copy.deepcopy`` of the others failed in ``cryptography``'s words about
+    a cipher context (review 112). Every copy is refused, in words that name the way a
+    stream is kept (a snapshot), and the original goes on with its snapshot intact."""
+    import copy
+
+    mech = _built(name)
+    for make_copy in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be copied or pickled.*snapshot"):
+            make_copy(mech)
+    loaded = load_snapshot(dump_snapshot(mech, KEY, CONTEXT), KEY, CONTEXT)
+    assert type(loaded) is type(mech)
+    with pytest.raises(TypeError, match="cannot be copied"):
+        copy.deepcopy(loaded)
+
+
+def test_a_noise_source_is_not_pickled_and_the_refusal_says_why():
+    """A noise source holds cipher contexts; its refusal is in words, not OpenSSL's."""
+    import copy
+
+    source = NoiseSource(KEY, "default/tree")
+    for make_copy in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be pickled or deep-copied.*snapshot"):
+            make_copy(source)

@@ -447,6 +447,19 @@ class NoiseSource:
         self._gaussian = _kernel.ZIGGURAT if self.version == 2 else "gaussian"
         self._retry_key = key.derive("gaussian-retry:" + purpose) if self.version == 2 else None
 
+    def __reduce__(self) -> Any:
+        """Refuse pickling and ``copy.deepcopy`` in words (review 112: the message was
+        ``cryptography``'s, about a cipher context). A copy of a mechanism would go on
+        releasing its steps apart from the original, with the same noise over other
+        counts; a stream is saved with :func:`dpstream.snapshot.dump_snapshot`, which
+        writes a noise source as a reference and rebuilds it from the key."""
+        raise TypeError(
+            f"a NoiseSource (purpose {self.purpose!r}) cannot be pickled or deep-copied: "
+            "a copy of a mechanism would release its steps again with the same noise "
+            "over other counts; to keep a stream for a later run use "
+            "dpstream.snapshot.dump_snapshot (or `dpstream run --state`)"
+        )
+
     # -- item identifiers -------------------------------------------------
     def item_ids(self, items: Iterable[object]) -> np.ndarray:
         """128-bit keyed identifiers of ``items`` as an ``(n, 2)`` uint64 array."""

@@ -29,6 +29,7 @@ from .base import Release, check_in_domain, check_top_k, domain_items, take_item
 from .columns import EventColumns, aggregate_raw, is_frame
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
+from .serial import OneStream
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
 from .unknown import step_delta_divisor
 from .users import UserEventColumns
@@ -49,7 +50,7 @@ def _top_release(rel: Release, values: np.ndarray, idx: np.ndarray | None) -> Re
     )
 
 
-class HistogramTopK:
+class HistogramTopK(OneStream):
     """The top-k of KnownBase's noisy histogram at every step (post-processing).
 
     Runs :class:`~dpstream.KnownDomainHistogram` (so every event must hold at
@@ -197,7 +198,7 @@ class HistogramTopK:
         )
 
 
-class UnknownTopK:
+class UnknownTopK(OneStream):
     """The top-k of UnkBase's noisy histogram at every step (post-processing).
 
     Runs :class:`~dpstream.UnknownDomainHistogram` over the events (every

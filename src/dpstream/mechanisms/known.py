@@ -65,7 +65,7 @@ from .counters import (
 )
 from .item_table import ItemTable, domain_table, release_items
 from .params import HistogramParams
-from .serial import one_at_a_time
+from .serial import OneStream, one_at_a_time
 from .tree_noise import TreeNoise
 from .users import (
     UserLevel,
@@ -179,7 +179,7 @@ def domain_tag(domain: Iterable[Hashable]) -> str:
     return combine_fingerprints(total, count)
 
 
-class KnownDomainHistogram(CounterStd):
+class KnownDomainHistogram(CounterStd, OneStream):
     """KnownBase (Algorithm 2, ``algo:KnownBase``): a running histogram over a known domain.
 
     Each domain item u gets its own r-ary tree counter (BinMech, Algorithm 1):
@@ -518,7 +518,7 @@ class KnownDomainHistogram(CounterStd):
         )
 
 
-class _OneCount:
+class _OneCount(OneStream):
     """What TreeCounter and BLTCounter share: one count, kept by a one-item
     KnownDomainHistogram (``self._hist``), whose guarantee is restated for a
     single counter (rho = 1/(2 tau^2), increments of at most 1 per event)."""

@@ -48,7 +48,7 @@ from .base import (
 )
 from .item_table import ItemTable, domain_table, release_items
 from .known import domain_tag
-from .serial import one_at_a_time
+from .serial import OneStream, one_at_a_time
 
 if TYPE_CHECKING:
     from ..bounding import UserBounds
@@ -72,7 +72,7 @@ _THEOREMS = {
 }
 
 
-class MetaHistogram:
+class MetaHistogram(OneStream):
     """MetaAlgo (``algo:MetaAlgo``): continual release from one-shot mechanisms on tree cells.
 
     At every step t the block histograms of the cells closing at t

@@ -12,6 +12,12 @@ refused as a step released twice would be.
 
 The lock is kept beside the mechanism (a table keyed by the object, dropped with
 it), not in it: a mechanism's attributes are what its snapshot holds.
+
+For the same reason a mechanism is never copied (:class:`OneStream`): a copy made
+with ``copy.copy``, ``copy.deepcopy`` or pickle went on apart from the original
+(MetaHistogram released step 1 from both, with the same noise over other counts).
+A stream is kept for a later run as a snapshot (``dpstream.snapshot``), which
+rebuilds the mechanism in place of the one it replaces.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["one_at_a_time"]
+__all__ = ["OneStream", "one_at_a_time"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -53,3 +59,30 @@ def one_at_a_time(method: _F) -> _F:
             return method(self, *args, **kwargs)
 
     return serial  # type: ignore[return-value]
+
+
+class OneStream:
+    """A mixin refusing copies of a mechanism: one mechanism object is one stream.
+
+    A copy (``copy.copy``, ``copy.deepcopy``, pickle) would release the stream's next
+    steps a second time, apart from the original, with noise from the same keyed
+    values: the two releases of a step give away the exact difference of their
+    counts. The snapshot format does not use these hooks (it saves attributes and
+    rebuilds the object from its class), so ``--state`` is unchanged."""
+
+    def _refuse_copy(self) -> TypeError:
+        return TypeError(
+            f"a {type(self).__name__} cannot be copied or pickled: a copy would release "
+            "the stream's steps again with the same noise over other counts; to keep a "
+            "stream for a later run use dpstream.snapshot.dump_snapshot (or "
+            "`dpstream run --state`)"
+        )
+
+    def __copy__(self) -> Any:
+        raise self._refuse_copy()
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise self._refuse_copy()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise self._refuse_copy()

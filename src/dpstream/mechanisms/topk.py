@@ -60,7 +60,7 @@ from .counters import blt_sigma, resolve_counter, tree_base, tree_levels
 from .item_table import ItemTable, domain_table
 from .known import domain_tag
 from .params import TopKParams
-from .serial import one_at_a_time
+from .serial import OneStream, one_at_a_time
 from .tree_noise import TreeNoise
 from .users import UserLevel, bound_user_events, check_bounded, commit_user_events, user_guarantee
 
@@ -220,7 +220,7 @@ def noise_eta(*, tau_1: float, variance: float = 0.0, level: float) -> float:
     return float(x)
 
 
-class ContinualTopK:
+class ContinualTopK(OneStream):
     """SparseGumb_{s,k} (``algo:sparseGumb``): the top-k of a running histogram, continually.
 
     Selection: the k items are selected with the exponential mechanism

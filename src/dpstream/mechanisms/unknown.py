@@ -61,7 +61,7 @@ from .counters import (
 from .item_table import ItemTable
 from .known import tree_purpose
 from .params import UnknownParams
-from .serial import one_at_a_time
+from .serial import OneStream, one_at_a_time
 from .tree_noise import TreeNoise
 from .users import (
     UserLevel,
@@ -278,7 +278,7 @@ def calibrate_unknown_domain(
     return tau_for(thr), thr
 
 
-class UnknownDomainHistogram(CounterStd):
+class UnknownDomainHistogram(CounterStd, OneStream):
     """UnkBase (``algo:UnkBase``): a running histogram when nobody can list the items.
 
     Every item that has appeared gets KnownBase's tree noise: each cell of the
