@@ -1713,7 +1713,7 @@ def test_a_new_run_refuses_an_output_that_holds_releases(files, capsys):
     for extra in ([], ["--stream", "other"], ["--on-invalid", "skip"]):
         assert _run(*cmd, *extra) == 1
         err = capsys.readouterr().err
-        assert "already holds releases" in err and "--force" in err and err.count("\n") == 1
+        assert "already holds releases" in err and "--overwrite" in err and err.count("\n") == 1
     state.unlink()
     assert _run(*cmd, "--stream", "other") == 1  # no state at all: the output still says
     assert "already holds releases" in capsys.readouterr().err

@@ -390,3 +390,31 @@ def test_a_state_given_the_run_id_of_a_run_it_forced_over_is_refused(stream, cap
     assert f"released steps after step {STEPS_PER_DAY}" in capsys.readouterr().err
     assert (tmp_path / "out.jsonl").read_bytes() == day1
     assert saved  # (R2's own state, restored, would go on: the ledger holds its steps)
+
+
+def test_overwriting_an_output_is_not_a_statement_that_it_was_never_published(stream, capsys):
+    """Review 113 (medium): a daily job without --state that writes the same output was
+    told "pass --force to overwrite it", and that --force, kept in the job, also let the
+    replay of the noise scope through: day 2 went out with day 1's noise over other
+    events (their difference was the exact count difference), and the budget counted
+    one release. The output's refusal now names --overwrite, which replaces the file
+    and nothing more: the ledger still refuses a second run of the key and settings,
+    until --force says that day 1 was never published."""
+    tmp_path, key_path, base = stream
+    assert main(_day(base, tmp_path, "day1", 1, state=None)) == 0
+    published = _releases(tmp_path / "out.jsonl")
+    fixed_key("scope, day 2").save(tmp_path / "k2.key")
+    other_key = _day(base, tmp_path, "day1-cut", 1, state=None)
+    other_key[other_key.index(str(key_path))] = str(tmp_path / "k2.key")
+    capsys.readouterr()
+    assert main(other_key) == 1  # the output holds releases (the ledger has no objection)
+    err = capsys.readouterr().err
+    assert "already holds releases" in err and "--overwrite" in err and "--force" not in err
+    ledger = Path(f"{key_path}.ledger").read_bytes()
+    assert main([*_day(base, tmp_path, "day1-cut", 1, state=None), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert "same key and settings" in err and "--force" in err
+    assert _releases(tmp_path / "out.jsonl") == published
+    assert Path(f"{key_path}.ledger").read_bytes() == ledger
+    assert main([*other_key, "--overwrite"]) == 0  # another key's stream replaces the file
+    assert _releases(tmp_path / "out.jsonl") != published

@@ -522,6 +522,66 @@ def test_a_stream_with_a_ledger_refuses_a_second_stream_of_its_noise(spark, tmp_
     assert _stage(spark, mech("t"), src, *other, ledger=ledger).release_through(1) == [1]
 
 
+def test_a_stream_copied_whole_does_not_release_a_step_again_from_other_events(
+    spark, tmp_path
+) -> None:
+    """Review 113 (high): a stream's folder copied whole (or restored from a backup with
+    its output) went on under the stream's run id, and step 2 of the two copies carried
+    the same noise over other events (their difference was the exact count difference);
+    the ledger held only the scope and budget lines. Each step is now checked against
+    the ledger and recorded before its release is written: a step on record from other
+    counts is refused, the same counts go on (a recomputation), and a stream whose
+    earlier steps were never recorded (an older dpstream) records them as unknown."""
+    from dpstream.ledger import LedgerError
+
+    events, _ = _simulate(3, 50, 100, seed=113)
+    key = fixed_key("spark-stream-copy")
+    ledger = tmp_path / "key.ledger"
+    src = tmp_path / "in"  # the job's input folder (a Spark checkpoint keeps its path)
+    src.mkdir()
+
+    def run(folder, through):
+        mech = SparkUnknownBase(
+            spark, HORIZON, max_items=3, key=key, tau=0.5, threshold_delta=1e-6,
+            counter="tree", stream="s",
+        )  # fmt: skip
+        rel = _stage(spark, mech, src, folder / "out", folder / "ck", ledger=ledger)
+        return rel.release_through(through)
+
+    def output(folder, t):
+        return (
+            _read_stream_output(spark, folder / "out", t).sort_values("item").reset_index(drop=True)
+        )
+
+    a, b, c = (tmp_path / n for n in "abc")
+    _write_step_files(src, events, [1])
+    assert run(a, 1) == [1]
+    shutil.copytree(a, b)  # the stream's output and checkpoint (with its state), copied
+    shutil.copytree(a, c)
+    _write_step_files(src, events, [2])
+    assert run(a, 2) == [2]
+    # the copy's step 2 holds other events (the first 40 of the true step 2): refused,
+    # before its release is written and with nothing appended to the ledger
+    _write_step_files(src, [e for e in events if e[0] == 2][:40], [2])
+    before = ledger.read_bytes()
+    with pytest.raises(LedgerError, match="step 2 of this run as released from other input"):
+        run(b, 2)
+    assert not (b / "out" / "t=2").exists() and ledger.read_bytes() == before
+    # the other copy's step 2 holds the same events: the same release, bit for bit
+    _write_step_files(src, events, [2])
+    assert run(c, 2) == [2]
+    assert output(c, 2).equals(output(a, 2)) and ledger.read_bytes() == before
+    # a stream whose steps were never recorded (its ledger as an older dpstream left it:
+    # the scope and budget lines only) records them as unknown and goes on
+    kept = [ln for ln in ledger.read_bytes().splitlines(keepends=True) if ln[:3] != b"L1 "]
+    ledger.write_bytes(b"".join(kept))
+    _write_step_files(src, events, [3])
+    assert run(a, 3) == [3]
+    steps = [ln.split(b" ")[2:4] for ln in ledger.read_bytes().splitlines() if ln[:3] == b"L1 "]
+    assert steps[:2] == [[b"1", b"unrecorded"], [b"2", b"unrecorded"]]
+    assert len(steps) == 3 and steps[2][0] == b"3" and steps[2][1] != b"unrecorded"
+
+
 def test_a_stream_counts_its_cost_on_a_dataset_under_its_cap(spark, tmp_path, capsys) -> None:
     """Review 97: a stream with ledger= recorded its noise scope only, so its cost was in
     no dataset's budget (`dpstream budget` saw nothing, and a run's --budget-cap let a

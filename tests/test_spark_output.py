@@ -118,7 +118,7 @@ def test_an_output_made_while_the_job_ran_is_kept_without_force(tmp_path) -> Non
 
             self.write.json = json  # type: ignore[method-assign]
 
-    with pytest.raises(StateError, match="exists: pass --force"):
+    with pytest.raises(StateError, match="exists: pass --overwrite"):
         output.write_table(_Racing(), "jsonl-long", str(out), _at(out), False)
     assert [p.name for p in out.iterdir()] == ["theirs"] and _hidden(tmp_path) == []
     # with --force too: what stands there when the job ends is checked again
@@ -245,7 +245,7 @@ def test_engine_spark_refuses_an_existing_output_before_it_reads_or_claims(
     (out / "part-00000-earlier.json").write_text('{"t": 1, "item": "z", "value": 7}\n')
     assert cli.main(_spark_args(tmp_path, key, out)) == 1
     err = capsys.readouterr().err
-    assert "output" in err and "exists: pass --force" in err and "Traceback" not in err
+    assert "output" in err and "exists: pass --overwrite" in err and "Traceback" not in err
     ledger = Path(f"{key}.ledger")
     assert not ledger.exists()  # nothing claimed or spent
     assert _rows(out) == ['{"t": 1, "item": "z", "value": 7}']
@@ -265,7 +265,7 @@ def test_force_replaces_only_a_directory_of_part_files(spark, tmp_path) -> None:
     the run's own files; it replaces a folder of part files."""
     key = tmp_path / "k.key"
     key.write_text("secret")
-    with pytest.raises(StateError, match="holds 'k.key'.*--force replaces only"):
+    with pytest.raises(StateError, match="holds 'k.key'.*--overwrite replaces only"):
         output.check_output(spark, str(tmp_path), True)
     with pytest.raises(StateError, match="is not a directory"):
         output.check_output(spark, str(key), True)
@@ -274,7 +274,7 @@ def test_force_replaces_only_a_directory_of_part_files(spark, tmp_path) -> None:
     for name in ("part-00000-x.json", ".part-00000-x.json.crc", "_SUCCESS", "._SUCCESS.crc"):
         (parts / name).write_text("")
     assert output.check_output(spark, str(parts), True).local == str(parts)
-    with pytest.raises(StateError, match="exists: pass --force"):
+    with pytest.raises(StateError, match="exists: pass --overwrite"):
         output.check_output(spark, str(parts), False)
     inp = parts / "part-00000-x.json"  # the input is a part file of the output
     # a link to a deeper folder: "lnk/.." is tmp_path as text (Hadoop), "a" once followed

@@ -46,10 +46,11 @@ ledger before its first release, and a new run (a new state, or none) whose
 scope another run already released under is refused before anything is
 written: it would draw the same noise from other data (a deleted state, or a
 second run without one). A new run refuses an output file that already holds
-releases (``--force`` overrides both: the operator's word that the earlier
-release was never published). A run holds its output's lock from before it
-opens its state to its last write (:mod:`dpstream.run.lock`): a second run
-writing the same file is refused before it records anything in the ledger.
+releases (``--overwrite`` replaces it; ``--force`` overrides both: the
+operator's word that the earlier release was never published). A run holds
+its output's lock from before it opens its state to its last write
+(:mod:`dpstream.run.lock`): a second run writing the same file is refused
+before it records anything in the ledger.
 """
 
 from __future__ import annotations

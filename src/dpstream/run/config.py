@@ -108,6 +108,7 @@ class RunConfig:
     verbose_errors: bool = False
     until: int | None = None
     force: bool = False
+    overwrite: bool = False
     allow_readable_key: bool = False
     allow_readable_state: bool = False
     replace_unfinished: bool = False
@@ -198,6 +199,12 @@ class RunConfig:
     def with_options(self, **changes: Any) -> RunConfig:
         """A copy with some settings replaced (what the stream on record decides)."""
         return replace(self, **changes)
+
+    @property
+    def replaces_output(self) -> bool:
+        """Whether an --output that holds releases may be replaced: ``--overwrite``, or
+        ``--force`` (the operator's word that the earlier release was never published)."""
+        return self.force or self.overwrite
 
     @property
     def last_step(self) -> int:

@@ -334,17 +334,18 @@ def closing_quietly_on_error(fh: IO[bytes]) -> Any:
 
 
 def check_new_output(cfg: RunConfig, header: bytes) -> None:
-    """Refuse to start a new run over an output that already holds releases (unless --force).
+    """Refuse to start a new run over an output that already holds releases (unless
+    --overwrite or --force).
 
     Such a file is most likely the output of an earlier run of the same
     stream: starting again (with another stream name, say) would publish its
     steps a second time with fresh noise.
     """
     path = cfg.output
-    if path == "-" or cfg.force or not holds_release(path, header):
+    if path == "-" or cfg.replaces_output or not holds_release(path, header):
         return  # (a state, a ledger or a key: refused by check_paths, --force or not)
-    hint = (
-        "resume it with its --state file, or pass --force to overwrite it (a release "
+    hint = (  # (review 113: it said --force, which also lets a replay of the noise through)
+        "resume it with its --state file, or pass --overwrite to replace it (a release "
         "already published from it still counts against the budget)"
     )
     raise StateError(f"output file {path!r} already holds releases: {hint}")
@@ -375,7 +376,7 @@ def _what_else(path: str) -> str | None:
 
 def refuse_other_kind(cfg: RunConfig) -> None:
     """Refuse an output file that is a state, a ledger or a key (:func:`_what_else`),
-    with or without ``--force``: ``--force`` overwrites an earlier output only."""
+    with or without ``--overwrite``/``--force``: they replace an earlier output only."""
     output = str(cfg.output)
     if cfg.engine != "local" or output == "-" or not os.path.isfile(output):
         return  # (Spark writes a directory; a pipe or a device is not read here)
@@ -383,7 +384,7 @@ def refuse_other_kind(cfg: RunConfig) -> None:
     if other is not None:
         raise StateError(
             f"output file {output!r} is {other}, not releases: give -o another path "
-            "(--force overwrites an earlier output only)"
+            "(--overwrite replaces an earlier output only)"
         )
 
 
@@ -397,7 +398,7 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
     clock = cfg.clock
     step_start = None if clock is None else (lambda t: clock.iso(clock.start_of(t)))
     step_end = None if clock is None else (lambda t: clock.iso(clock.end_of(t)))
-    if clock is not None and cfg.state and not cfg.force:
+    if clock is not None and cfg.state and not cfg.replaces_output:
         begun = long_layout_clock(cfg.output, output_format)
         if begun is not None:  # a stream goes on with the clock's columns its file has
             step_start = step_start if "step_start" in begun else None
@@ -409,8 +410,8 @@ def release_formatter(cfg: RunConfig, mech: ContinualMechanism) -> tuple[Any, An
                 "--output-format parquet needs --output FILE and no --state (a "
                 "Parquet file cannot be resumed): write jsonl or csv with --state"
             )
-        if not cfg.force and os.path.exists(cfg.output):
-            raise StateError(f"output file {cfg.output!r} exists: pass --force to overwrite it")
+        if not cfg.replaces_output and os.path.exists(cfg.output):
+            raise StateError(f"output file {cfg.output!r} exists: pass --overwrite to replace it")
         from ..io import ParquetWriter
 
         check_target(cfg.output)

@@ -77,7 +77,7 @@ def noise_version_of(opts: Mapping[str, Any]) -> int:
             meta = None
         if meta is not None:
             return _sidecar_int(meta, "noise_version", 1, sidecar_path(output))
-        if opts.get("force") and os.path.getsize(output) > 0:
+        if (opts.get("force") or opts.get("overwrite")) and os.path.getsize(output) > 0:
             raise ValueError(
                 f"output file {output!r} holds releases but no metadata sidecar "
                 "says which noise version drew them: pass --noise-version (1 for "

@@ -153,7 +153,7 @@ class _Job:
     user_field: str | None
     common: dict[str, Any]
     parquet: bool = False  # the input is Parquet (a file or a directory)
-    force: bool = False  # --force: an existing output is replaced
+    force: bool = False  # --overwrite or --force: an existing output is replaced
 
     @property
     def limit(self) -> int:
@@ -599,7 +599,7 @@ def _job(opts: Mapping[str, Any], key: NoiseKey | None) -> _Job:
         user_field=opts.get("user_field"),
         common=_common(opts, name, key, str(inp)),
         parquet=in_fmt == "parquet",
-        force=bool(opts.get("force")),
+        force=bool(opts.get("force") or opts.get("overwrite")),
     )
 
 

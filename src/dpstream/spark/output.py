@@ -2,10 +2,10 @@
 run and put in place whole.
 
 Layer 6 of dpstream (Spark), used by :mod:`dpstream.spark.command`. The local engine
-refuses an output that holds releases unless ``--force``, before it reads a line; the
-Spark engine does the same, so an existing directory stops the run before the release
-ledger records anything (and before the input is read), not at the end in Spark's
-``PATH_ALREADY_EXISTS``.
+refuses an output that holds releases unless ``--overwrite`` (or ``--force``), before
+it reads a line; the Spark engine does the same, so an existing directory stops the
+run before the release ledger records anything (and before the input is read), not at
+the end in Spark's ``PATH_ALREADY_EXISTS``.
 
 * :func:`check_output`: an output that exists is refused without ``force``, as soon as
   the session has started (the path resolved by Hadoop's file system, as Spark's
@@ -41,7 +41,7 @@ __all__ = ["OutputPlace", "check_output", "write_table"]
 
 #: What a Spark job writes in its output directory, each a regular file: part files
 #: (``part-00000-<uuid>-c000.json``, compressed too), their checksums and the commit
-#: markers. ``--force`` replaces only a directory that holds nothing else, so a
+#: markers. ``--overwrite`` replaces only a directory that holds nothing else, so a
 #: mistyped ``-o`` never deletes a folder of other files (the key, the ledger, the input).
 _SPARK_FILE = re.compile(
     r"^(\.?part-\d{5}[-.][^/]*|_SUCCESS|\._SUCCESS\.crc|_started_\d+|_committed_\d+)$"
@@ -60,7 +60,7 @@ FOREIGN_AGE_S = 7 * 86400
 class OutputPlace:
     """Where the releases go: ``local``, the output's path on this machine (None: another
     file system, written by Spark's own writer), and ``guarded``, the local paths of the
-    run's other files, which ``--force`` must never delete with it."""
+    run's other files, which ``--overwrite`` must never delete with it."""
 
     local: str | None
     guarded: tuple[str, ...] = ()
@@ -68,14 +68,14 @@ class OutputPlace:
 
 def _refuse(out: str) -> StateError:
     return StateError(
-        f"output {out!r} exists: pass --force to replace it (a release already "
+        f"output {out!r} exists: pass --overwrite to replace it (a release already "
         "published from it still counts against the budget), or name a new --output"
     )
 
 
 def _not_ours(out: str, why: str) -> StateError:
     return StateError(
-        f"--output {out!r} {why}: --force replaces only a directory of a Spark run's part "
+        f"--output {out!r} {why}: --overwrite replaces only a directory of a Spark run's part "
         "files; name a new --output"
     )
 

@@ -40,6 +40,8 @@ would release the same steps again with different noise.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -73,6 +75,8 @@ _META = "dpstream.json"
 _CHECKPOINT = "checkpoint.json"
 #: The stream's run id in the release ledger (with ``ledger=``).
 _LEDGER_RUN = "ledger-run.json"
+#: The ledger digests of a step released before a stream recorded its steps.
+_UNRECORDED = "unrecorded"
 
 
 class _FileSystem:
@@ -278,6 +282,8 @@ class StreamRelease:
         # every check that can refuse runs before anything is written (review 98): the
         # meta of a new state is written once the ledger has taken the stream
         fresh_meta = self._check_meta()
+        #: (ledger path, run id, noise scope) each step is recorded under (None: no ledger)
+        self._ledger: tuple[str, str, str] | None = None
         if ledger is not None:
             self._claim_ledger(os.fspath(ledger), dataset, budget_cap)
         else:
@@ -398,6 +404,68 @@ class StreamRelease:
             ledger.claim_scope()
         finally:
             ledger.close()
+        self._ledger = (path, run_id, scope)
+
+    def _step_digests(self, t: int, written: DataFrame) -> tuple[str, str]:
+        """Keyed digests of step t's counts (every item's count up to t: what the release
+        is computed from) and of its release (the released items and values), for the
+        release ledger. Each row's SHA-256 is cut into four 60-bit numbers that are
+        summed over the rows (the order Spark holds them in does not matter), then the
+        sums are MACed under a subkey of the noise key: the ledger holds no count."""
+        item_col, count_col = self.mechanism.item_col, self.mechanism.count_col
+        counted = F.sha2(
+            F.to_json(F.struct(F.col(item_col).alias("i"), F.col(count_col).alias("c"))), 256
+        )
+        released = F.sha2(
+            F.to_json(F.struct(F.col(item_col).alias("i"), F.col("value").alias("v"))), 256
+        )
+
+        def parts(digest: Column, name: str, where: Column | None = None) -> list[Column]:
+            out = []
+            for j in range(4):
+                part = F.conv(F.substring(digest, 1 + 15 * j, 15), 16, 10).cast("decimal(38,0)")
+                out.append(
+                    F.sum(part if where is None else F.when(where, part)).alias(f"{name}{j}")
+                )
+            return out
+
+        row = written.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.when(F.col("released"), 1)).alias("m"),
+            *parts(counted, "c"),
+            *parts(released, "r", F.col("released")),
+        ).collect()[0]
+        subkey = self.mechanism.mechanism.key.derive("spark-stream-step/v1")
+
+        def mac(kind: str, names: list[str]) -> str:
+            text = " ".join([kind, str(t), *(str(row[n]) for n in names)])
+            return hmac.new(subkey, text.encode("ascii"), hashlib.sha256).hexdigest()
+
+        return (
+            mac("counts", ["n", "c0", "c1", "c2", "c3"]),
+            mac("release", ["m", "r0", "r1", "r2", "r3"]),
+        )
+
+    def _record_step(self, t: int, written: DataFrame) -> None:
+        """Check step t against the release ledger and record it, before its release is
+        written (review 113: a stream's folder copied whole, or restored from a backup
+        with its state and output, went on under the same run id and released a step
+        again from other events, with the same noise: the difference of the two releases
+        was the exact count difference). A step on record from other counts is refused
+        (:class:`~dpstream.ledger.LedgerError`); one recomputed after a crash from the
+        same events is the same step. Steps a stream released before its steps were
+        recorded (an older dpstream) are recorded as unknown: they cannot be checked."""
+        if self._ledger is None:
+            return
+        from ..ledger import ReleaseLedger
+
+        path, run_id, scope = self._ledger
+        counts, release = self._step_digests(t, written)
+        key = self.mechanism.mechanism.key
+        with ReleaseLedger(path, key, run_id, scope=scope) as ledger:
+            if ledger.last_t < t - 1:
+                ledger.adopt((s, _UNRECORDED, _UNRECORDED) for s in range(ledger.last_t + 1, t))
+            ledger.record(t, counts, release)
 
     def _published(self) -> tuple[list[int], list[int]]:
         """The steps ``output_path`` holds a folder of, and those whose release is complete."""
@@ -661,6 +729,7 @@ class StreamRelease:
         )
         full.write.mode("overwrite").parquet(self._snapshot(t))
         written = spark.read.parquet(self._snapshot(t))
+        self._record_step(t, written)
         value = F.col("value")
         if self.round_counts:  # the safe output: the low-order bits of a float leak
             value = F.bround(value, 0).cast("long")

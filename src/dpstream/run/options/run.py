@@ -267,13 +267,21 @@ RUN_OPTS: tuple[Opt, ...] = (
         default_text="--horizon",
     ),
     Opt(
+        ("--overwrite",),
+        "overwrite",
+        "replace an --output that already holds releases (a run of the same key and "
+        "settings that the release ledger records is still refused: --force speaks for "
+        "that)",
+        False,
+        kind="flag",
+    ),
+    Opt(
         ("--force",),
         "force",
-        "start a new run even though --output already holds "
-        "releases (overwriting them), or the release ledger records a run of the same key "
+        "start a new run even though the release ledger records a run of the same key "
         "and settings: your statement that the earlier release was never published (the "
         "same noise on other data publishes the difference; what was published still "
-        "counts against the budget)",
+        "counts against the budget); replaces --output too",
         False,
         kind="flag",
     ),
