@@ -443,6 +443,45 @@ def test_a_shared_ledger_keeps_each_keys_budget_apart(tmp_path) -> None:
         assert [x.spend.epsilon for _, x in led.spends()] == [1.0]
     with _open(path, "c" * 32, "t", None) as led:
         assert [x.spend.epsilon for _, x in led.spends()] == [4.0]
+        assert led.other_keys() == 1  # the other key's line: counted as unread
+
+
+def test_a_cap_and_budget_say_that_another_keys_lines_are_not_counted(tmp_path, capsys):
+    """Review 113 (medium): two keys' streams of one dataset on a shared ledger each
+    passed the dataset's cap, and nothing said that a cap counts one key's runs (their
+    lines are sealed under their keys). A capped run and `dpstream budget` now say so."""
+    import logging
+
+    from dpstream.cli import main
+
+    _events(tmp_path / "sales.jsonl")
+    ledger = str(tmp_path / "shared.ledger")
+    keys = []
+    for name in ("a", "b"):
+        keys.append(tmp_path / f"{name}.key")
+        fixed_key(f"budget-two-keys-{name}").save(keys[-1])
+    common = ["run", "-m", "unknown", "-T", "6", "--max-items", "2", "--epsilon", "1"]
+    common += ["--delta", "1e-6", "-i", str(tmp_path / "sales.jsonl"), "--ledger", ledger]
+    common += ["--dataset", "sales", "--budget-cap", "1.5"]
+    caplog_lines = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            caplog_lines.append(record.getMessage())
+
+    keep = _Keep()
+    logging.getLogger("dpstream").addHandler(keep)
+    try:
+        assert main([*common, "--key-file", str(keys[0]), "-o", str(tmp_path / "a.jsonl")]) == 0
+        assert not any("other keys" in m for m in caplog_lines)
+        assert main([*common, "--key-file", str(keys[1]), "-o", str(tmp_path / "b.jsonl")]) == 0
+        assert any("1 budget line(s) of other keys" in m for m in caplog_lines)
+        caplog_lines.clear()
+        assert main(["budget", "--key-file", str(keys[0]), "--ledger", ledger]) == 0
+        assert "dataset sales:" in capsys.readouterr().out
+        assert any("1 budget line(s) of other keys, not counted" in m for m in caplog_lines)
+    finally:
+        logging.getLogger("dpstream").removeHandler(keep)
 
 
 # ------------------------------------------------------------ whom a total protects

@@ -651,6 +651,7 @@ def scope_refusal(path: str, runs: int, *, spark: bool = False) -> str:
         "with the same key and settings (the same --stream name and every setting that "
         "shapes the noise): this run would draw the same noise, and releasing those "
         "steps again from other data publishes the exact difference of the true counts. "
-        f"Use a new key or another --stream name for a new stream{go_on}; if the earlier "
+        "Use another --stream name for a new stream (a new key starts a fresh budget: "
+        f"--budget-cap counts one key's runs){go_on}; if the earlier "
         "release was never published, --force says so and goes on"
     )

@@ -80,6 +80,16 @@ class BudgetLines:
             found.append((fields[1], fields[2].decode("ascii", "replace"), line))
         return found
 
+    def other_keys(self) -> int:
+        """How many budget lines of other keys the ledger holds (a ledger shared by keys):
+        their datasets and costs are sealed under their keys, so no total here counts
+        them (review 113: a dataset's streams under two keys each passed its cap)."""
+        return sum(
+            1
+            for raw, _ in self._budget_lines
+            if len(fields := raw.split(b" ")) == 6 and fields[3] != self._key_id
+        )
+
     def spends(self) -> list[tuple[bytes, DatasetSpend]]:
         """The costs that count, as (scope digest, cost): one per noise scope and dataset.
         The runs of a scope repeated with ``--force`` on one dataset count once (the

@@ -87,6 +87,13 @@ def new_run_scope(
         problem = ledger.budget_problem()
         if problem is not None:
             raise BudgetCapError(problem)
+        if cap is not None and ledger.other_keys():
+            _log.warning(
+                f"the release ledger {ledger.path} holds {ledger.other_keys()} budget "
+                "line(s) of other keys, which --budget-cap does not count (their datasets "
+                "and costs are sealed under their keys): a dataset's budget is one key's, "
+                "so keep the streams of a dataset under one key"
+            )
         kept = [run for run in (own, *replaced) if run and ledger.in_scope(run)]
         allow = frozenset(run for run in kept if ledger.last_of(run) <= 1)
         others = [run for run in ledger.others() if run not in allow]
