@@ -597,16 +597,22 @@ def test_a_dataset_name_that_differs_only_in_case_or_spaces_is_refused(tmp_path,
     # review 84: the same name in another Unicode form, or with an invisible character
     names = ["Sales", "sales ", " SALES", "\uff53ales", "sa\u200bles"]
     names += ["sales\u034f", "sales\ufe0f", "sales\u3164"]  # review 85: invisible, not Cf
+    # review 113: the default name of `-i sales.jsonl`, and a path to it
+    names += ["sales.jsonl", "./sales", "./Sales.csv.gz"]
     for k, name in enumerate(names):
         out = tmp_path / f"b{k}.jsonl"
         assert main([*run, "-o", str(out), "--stream", f"s{k}", "--dataset", name]) == 1
         err = capsys.readouterr().err
         assert f"--dataset {name!r} is not on record, but 'sales' is" in err
         assert not out.exists()
-    # a name that differs by more is other data, with a budget of its own
+    # a name that differs by more is other data, with a budget of its own (a folder
+    # of a name is part of it: 2026/sales and 2027/sales are two datasets)
     assert main([*run, "-o", str(tmp_path / "c.jsonl"), "--stream", "t", "--dataset", "stock"]) == 0
+    for k, name in enumerate(["2026/sales", "2027/sales"]):
+        out = str(tmp_path / f"d{k}.jsonl")
+        assert main([*run, "-o", out, "--stream", f"d{k}", "--dataset", name]) == 0
     assert main(["budget", "--key-file", str(key), "--dataset", "Sales"]) == 0
-    assert "(on record: 'sales', 'stock')" in capsys.readouterr().out
+    assert "(on record: '2026/sales', '2027/sales', 'sales', 'stock')" in capsys.readouterr().out
 
 
 def test_a_dataset_name_on_record_is_never_refused_for_a_near_one(tmp_path, capsys, monkeypatch):

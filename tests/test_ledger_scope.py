@@ -111,7 +111,7 @@ def test_a_deleted_state_cannot_release_the_stream_again_from_other_data(stream,
     assert main(_day(base, tmp_path, "day1-cut", 1)) == 1
     err = capsys.readouterr().err
     assert "same key and settings" in err and "--stream" in err and "--force" in err
-    assert "for a new stream, or resume the existing one with the --state" in err
+    assert "counts one key's runs), or resume the existing one with the --state" in err
     assert _written(tmp_path) == []
     assert Path(f"{key_path}.ledger").read_bytes() == ledger
 

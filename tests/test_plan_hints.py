@@ -57,3 +57,18 @@ def test_hints_leave_out_what_the_settings_cannot_take(capsys):
     given = ["plan", "-T", "100", *args[:3], "5", *args[4:], "--threshold-delta", "3e-6"]
     assert main(given) in (1, 2)  # the value given: refused, as by run
     assert "delta" in capsys.readouterr().err
+
+
+def test_coarser_steps_leave_out_a_horizon_the_base_cannot_take(capsys):
+    """Review 113: `plan --counter tree --base 3 -T 20` ended in "base must be in [2, 2]"
+    (the coarser-steps hint rebuilt the mechanism at T = 20 / 24), which `run` takes.
+    The hint leaves that horizon out; the run's own horizon is always there, and a base
+    the run's own horizon cannot take is refused as by run."""
+    args = ["-m", "unknown", "-T", "20", "--max-items", "2", "--epsilon", "1"]
+    args += ["--delta", "1e-6", "--counter", "tree"]
+    assert main(["plan", *args, "--base", "3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["coarser_steps"]
+    assert [r["horizon"] for r in rows] == [20, 10, 3]  # T/24 and T/30 (one step) left out
+    assert {r["base"] for r in rows} == {3}
+    assert main(["plan", *args, "--base", "21"]) != 0
+    assert "base" in capsys.readouterr().err

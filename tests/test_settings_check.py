@@ -151,6 +151,10 @@ MATRIX = [
     ),  # UnkBase's threshold is calibrated, not a top-k option
     ([*TOPK, "--switches", "2", "--epsilon", "1", "--delta", "1e-6", *USER, *BOUNDS], True),
     ([*TOPK, "--switches", "2", "--epsilon", "1", "--delta", "1e-6", *USER], False),
+    # review 113: per event a user-level run counts at twice its delta, which must be < 1
+    ([*KNOWN, "--epsilon", "1", "--delta", "0.6", *USER, *BOUNDS], False),
+    ([*KNOWN, "--epsilon", "1", "--delta", "0.4", *USER, *BOUNDS], True),
+    ([*KNOWN, "--max-items", "2", "--epsilon", "1", "--delta", "0.6"], True),
     ([*TOPK, "--switches", "2", "--rho", "1", "--k", "5"], False),  # k past the domain
     (["-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"], True),
     (["-m", "unknown", "--max-items", "2", "--rho", "1"], False),  # no --threshold-delta

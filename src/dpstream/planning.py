@@ -112,7 +112,9 @@ def counter_comparison(mech: Any) -> dict[str, float] | None:
 def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
     """UnkBase's thresholds if c steps were merged into one (horizon ceil(T / c)).
 
-    ``build(horizon)`` returns the mechanism for that horizon with the same budget.
+    ``build(horizon)`` returns the mechanism for that horizon with the same budget. A
+    coarser horizon the settings cannot take (a given ``--base`` past its largest
+    base, review 113: ``plan`` refused what ``run`` takes) is left out.
     """
     out, seen = [], set()
     for c in COARSER:
@@ -120,7 +122,12 @@ def coarser_steps(build: Any, horizon: int) -> list[dict[str, Any]]:
         if h in seen:
             continue
         seen.add(h)
-        mech = build(h)
+        try:
+            mech = build(h)
+        except ValueError:
+            if c == 1:  # the run's own horizon: its problem is the plan's
+                raise
+            continue
         prof = threshold_profile(mech)
         out.append(
             {

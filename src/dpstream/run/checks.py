@@ -257,6 +257,15 @@ def _user_problems(opts: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"--user-field {field!r} is also {flag}: a user id must be a field or column of its own"
         )
+    delta = opts.get("delta")
+    if field is not None and isinstance(delta, (int, float)) and 0.5 <= delta < 1.0:
+        # (review 113: such a run's cost had no per-event claim, and every later run
+        # on its dataset failed when it added the costs up)
+        problems.append(
+            f"--delta {delta!r} with --user-field: a dataset's budget counts a user-level "
+            "run per event at twice its delta (two events of one user), which must stay "
+            "below 1: give a --delta below 0.5"
+        )
     if field is not None and opts.get("mechanism") == "meta":
         problems.append(
             "--user-field does not apply to --mechanism meta (known, unknown and "

@@ -182,18 +182,39 @@ def _check_dataset(cfg: RunConfig, ledger: ReleaseLedger) -> None:
 
 def dataset_slip(given: str, names: set[str]) -> str | None:
     """Why ``--dataset given`` is refused when the ledger holds ``names``: a name not on
-    record that differs from one on record only in case, spaces or Unicode form (a slip
-    that would start a fresh budget beside that one's, past its cap); None when fine.
-    ``dpstream plan`` asks the same question, so that it refuses what a run refuses."""
-    near = sorted(n for n in names if n != given and _folded(n) == _folded(given))
+    record that differs from one on record only in case, spaces or Unicode form, or by
+    a ``./`` or a data file's suffix (review 113: ``./sales.jsonl``, ``sales`` and the
+    default name of ``-i sales.jsonl`` made three budgets): a slip that would start a
+    fresh budget beside that one's, past its cap; None when fine. ``dpstream plan``
+    asks the same question, so that it refuses what a run refuses."""
+    near = sorted(n for n in names if n != given and _plain(n) == _plain(given))
     if not near or given in names:
         return None
     return (
         f"--dataset {given!r} is not on record, but {near[0]!r} is: dataset names "
-        "are exact, and these differ only in case, spaces or Unicode form, so this "
-        f"run would start a budget beside {near[0]!r}'s (and its cap). Give --dataset "
-        f"{near[0]!r} for the same data, or a name that differs by more for other data"
+        "are exact, and these differ only in case, spaces or Unicode form, a './' or "
+        f"a file suffix, so this run would start a budget beside {near[0]!r}'s (and its "
+        f"cap). Give --dataset {near[0]!r} for the same data, or a name that differs by "
+        "more for other data"
     )
+
+
+#: The suffixes of the files a run reads (the default dataset name is the file's).
+_DATA_SUFFIXES = (".gz", ".jsonl", ".ndjson", ".json", ".csv", ".parquet", ".txt")
+
+
+def _plain(name: str) -> str:
+    """A dataset name as :func:`_folded` reads it, its path normalised and without a
+    data file's suffixes (``./in//Sales.jsonl.gz`` reads ``in/sales``; ``2026/sales``
+    and ``2027/sales`` stay apart)."""
+    import posixpath
+
+    text = _folded(name)
+    if "/" in text:
+        text = posixpath.normpath(text)
+    while text.endswith(_DATA_SUFFIXES) and "." in text[1:]:
+        text = text[: text.rindex(".")]
+    return text
 
 
 #: Characters that show nothing outside the format (Cf) and mark (Mn) categories:
