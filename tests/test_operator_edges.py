@@ -225,6 +225,48 @@ def test_a_ledger_gone_from_its_place_is_refused_until_it_is_named_or_forgotten(
         assert ledger.is_file()
 
 
+@pytest.mark.parametrize("how", ["cp", "mv", "in place"])
+def test_a_ledger_put_back_from_a_backup_is_refused_until_forgotten(
+    tmp_path, stream, capsys, key_registry, how
+):
+    """Review 113 (low): a key's ledger replaced at its path by an older backup (`mv` or
+    `cp` over it) forgot the runs recorded since, so a capped run passed its dataset's
+    cap (and a stream recorded since could go out again under the same noise). The
+    registry keeps the ledger's device and inode: another file at the recorded path
+    is refused in every command, before anything is written, until the entry is
+    removed on purpose. The registry also keeps the size a run of the key left the
+    ledger at (it only grows): a shorter file there (the backup written over it, or the
+    file cut) is refused too, whatever its inode."""
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"]]
+    assert main([*argv, "-o", str(tmp_path / "a.jsonl")]) == 0
+    ledger = Path(stream["key"] + ".ledger")
+    backup = tmp_path / "backup.ledger"
+    backup.write_bytes(ledger.read_bytes())
+    assert main([*argv, "-o", str(tmp_path / "b.jsonl"), "--stream", "second"]) == 0
+    newer = ledger.read_bytes()
+    if how == "mv":
+        backup.rename(ledger)
+    elif how == "cp":
+        ledger.unlink()
+        ledger.write_bytes(backup.read_bytes())
+    else:
+        ledger.write_bytes(backup.read_bytes())  # the same file, shorter
+    capsys.readouterr()
+    third = [*argv, "-o", str(tmp_path / "c.jsonl"), "--stream", "third"]
+    for command in (third, ["budget", "--key-file", stream["key"]]):
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert "another one than the key registry recorded" in err, err
+        assert "remove the registry entry" in err
+    assert not (tmp_path / "c.jsonl").exists()
+    # the key's own ledger put back: it goes on
+    ledger.unlink()
+    ledger.write_bytes(newer)
+    entry = Path(key_registry) / NoiseKey.load(stream["key"]).fingerprint()
+    entry.unlink()  # (its lines all there: recorded again on purpose)
+    assert main(third) == 0
+
+
 def test_a_copy_of_a_gone_ledger_that_holds_its_releases_is_taken(tmp_path, stream, key_registry):
     """A recorded ledger that is gone, and a --ledger that holds releases (copied with
     `cp` before the original was removed): that ledger knows them, and is recorded."""

@@ -356,7 +356,8 @@ def test_the_registry_holds_no_secret_and_an_unwritable_one_only_warns(
     assert sorted(p.name for p in folder.iterdir()) == [entry.name, f"{entry.name}.lock"]
     ledger = os.stat(f"{place / 'k.key'}.ledger")
     ids = f"{ledger.st_dev} {ledger.st_ino} {os.stat(place).st_dev}"  # its identity
-    assert entry.read_text() == f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n{ids}\n"
+    size = ledger.st_size  # its high-water mark: the size the run left it at
+    assert entry.read_text() == f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n{ids}\n{size}\n"
     assert all(secret not in p.name + p.read_text() for p in folder.iterdir())
     Path("plain").write_text("")
     monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(place / "plain" / "keys"))
@@ -587,7 +588,7 @@ def test_a_ledger_whose_folder_is_now_another_file_system_is_not_replaced(place,
 
     assert _run("k.key", "ev.jsonl", "r1.jsonl") == 0
     entry = Path(registry_dir() or "") / fixed_key("run-paths").fingerprint()
-    path, key_file, ids = entry.read_text().splitlines()
+    path, key_file, ids, _ = entry.read_text().splitlines()
     dev, ino, folder_dev = ids.split()
     # what an unmounted volume shows: the folder's device is not the one recorded
     entry.write_text(f"{path}\n{key_file}\n{dev} {ino} {int(folder_dev) + 1}\n")

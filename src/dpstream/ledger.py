@@ -100,7 +100,7 @@ from .budget import BUDGET_KEY_LABEL, BUDGET_LINE, DatasetSpend
 from .errors import BudgetCapError, LedgerError
 from .ledger_budget import BudgetLines
 from .ledger_file import check_ledger_file, locked, open_ledger_file, read_range
-from .ledger_registry import check_ledger
+from .ledger_registry import check_ledger, note_size
 from .privacy import BudgetCap
 from .run.lock import refuse_foreign_link, same_file
 
@@ -274,6 +274,8 @@ class ReleaseLedger(BudgetLines):
         self._size = 0  # the bytes read so far (complete lines)
         self._lines = 0  # the lines read so far
         self._max = 0  # the largest step of the run on record
+        self._noise_key = key  # (for the key registry's high-water mark, at close)
+        self._appended = False  # whether this run appended a line
         self._fd = open_ledger_file(path, fsync=fsync)
         try:
             self._load()
@@ -582,6 +584,7 @@ class ReleaseLedger(BudgetLines):
                 if size > self._size:  # a torn append (a kill in the middle of its write)
                     closing = self._close_torn(size)
                 _append(self._fd, closing + data)
+                self._appended = True
                 if self._fsync:
                     os.fsync(self._fd)
                 if closing:  # the torn line, closed: one line more, read past
@@ -607,6 +610,9 @@ class ReleaseLedger(BudgetLines):
 
     def close(self) -> None:
         os.close(self._fd)
+        if self._appended:  # the ledger only grows: a shorter one later was rolled back
+            self._appended = False
+            note_size(self._noise_key, self.path, self._size)
 
     def reopen(self) -> None:
         """Open the ledger again after :meth:`close`; what was read stays read (the next

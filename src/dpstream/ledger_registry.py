@@ -41,6 +41,12 @@ else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
   and the record follows it. ``DPSTREAM_KEY_REGISTRY=off`` is the way to keep two
   ledgers of one key on purpose. A registry that exists but cannot be written is
   still read (its entries hold), with a warning.
+* The entry keeps the size of whole lines a run of the key left the ledger at (its
+  high-water mark, raised when a run that appended closes it). A ledger only grows, so
+  a file at the recorded path that is shorter than that, or another file than the one
+  recorded (its inode), is a ledger rolled back (a backup put back with ``cp`` or
+  ``mv``; review 113: it forgot the runs recorded since, and a capped run passed its
+  cap): refused in every command, until the entry is removed on purpose.
 
 The registry is per user and per machine: a key copied to another machine or used by
 another user is not seen (docs/operations.md says to name one ledger on shared storage
@@ -130,14 +136,14 @@ def check_ledger(
     with _entry_lock(entry, wait) as locked:
         if not locked:  # another process holds the entry: checked later, by a run once
             return  # its batch is marked as begun (review 110)
-        recorded, recorded_key, ids = _read(entry)
+        recorded, recorded_key, ids, high = _read(entry)
         state = _state(recorded, ids) if recorded is not None else "gone"
         if recorded is not None and state != "live" and _moved_here(ids, ledger):
             # the recorded ledger itself, moved here (its folder renamed, or `mv`): the
             # record follows it (review 108: a renamed folder was taken for an
             # unmounted volume, and refused)
             if record:
-                _write(entry, ledger, key_file_real)
+                _write(entry, ledger, key_file_real, high)
             return
         if recorded is not None and (
             state == "unreachable" or (state == "live" and not same_file(recorded, ledger))
@@ -156,8 +162,13 @@ def check_ledger(
             # ledger moved with `mv` and run without --ledger started afresh)
             raise LedgerError(_gone(recorded, key_file, entry))
         if recorded is not None and state == "live":
+            if (ids is not None and not _moved_here(ids, ledger)) or _size(ledger) < high:
+                # another file at the recorded path, or the file shorter than a run of the
+                # key left it (review 113: a ledger put back from a backup with `mv` or
+                # `cp` forgot the releases made since, and a capped run passed its cap)
+                raise LedgerError(_replaced(recorded, key_file, entry))
             if ids is None and record:  # an older dpstream's entry: its identity added
-                _write(entry, ledger, recorded_key or key_file_real)
+                _write(entry, ledger, recorded_key or key_file_real, high)
             return  # this ledger, on record
         if record:
             from .ledger_file import check_ledger_file
@@ -166,7 +177,29 @@ def check_ledger(
             # given: its links are checked before they are followed, review 103)
         elif not os.path.isfile(ledger):
             return
-        _write(entry, ledger, key_file_real)
+        _write(entry, ledger, key_file_real, max(0, _size(ledger)))
+
+
+def note_size(key: NoiseKey, ledger: str, size: int) -> None:
+    """Raise the key's high-water mark to ``size``, the bytes of whole lines a run that
+    appended to ``ledger`` read and wrote (when it is the key's recorded ledger; never
+    another run's torn line, which a later run cuts off): the ledger only grows, so a
+    file shorter than that at the next run is a ledger rolled back (a backup put back,
+    with ``cp`` over it or otherwise) and is refused. Never raises, never waits: a mark
+    not raised only makes the check see less."""
+    try:
+        folder = registry_dir()
+        if folder is None or not os.path.isdir(folder):
+            return
+        entry = os.path.join(folder, key.fingerprint())
+        with _entry_lock(entry, wait=False) as locked:
+            if not locked:
+                return
+            recorded, recorded_key, _, high = _read(entry)
+            if recorded is not None and size > high and same_file(recorded, ledger):
+                _write(entry, recorded, recorded_key or "", size)
+    except (LedgerError, OSError):
+        return
 
 
 def _state(recorded: str, ids: tuple[int, int, int] | None) -> str:
@@ -281,6 +314,21 @@ def _gone(recorded: str, key_file: str | None, entry: str) -> str:
     )
 
 
+def _replaced(recorded: str, key_file: str | None, entry: str) -> str:
+    """The refusal of a run whose key's recorded ledger was replaced by another file."""
+    where = "" if key_file is None else f" in --key-file {key_file!r}"
+    return (
+        f"the key{where} has its releases recorded in the ledger {recorded!r}, and the "
+        "file there now is another one than the key registry recorded, or shorter than "
+        "a run of the key left it (put back from a backup, or copied over it?): a ledger "
+        "rolled back forgets the releases made "
+        "since, and a run could release them again under the same noise, or pass its "
+        "dataset's cap. Put the key's own ledger back; if this file is that ledger "
+        "with all its lines (moved across file systems), remove the registry entry "
+        f"{entry!r} to record it again"
+    )
+
+
 def _size(path: str) -> int:
     try:
         return os.stat(path).st_size
@@ -351,9 +399,10 @@ def _make_folder(folder: str) -> bool:
     return True
 
 
-def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | None]:
-    """The recorded ledger, the key file it was recorded from (None: no entry), and the
-    ledger's identity (:func:`_ids`; None when the entry has none)."""
+def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | None, int]:
+    """The recorded ledger, the key file it was recorded from (None: no entry), the
+    ledger's identity (:func:`_ids`; None when the entry has none), and the largest
+    size a run of the key saw it at (its high-water mark; 0 when the entry has none)."""
     try:
         if not stat.S_ISREG(os.stat(entry).st_mode):  # (a device would be read forever)
             raise LedgerError(
@@ -363,7 +412,7 @@ def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | No
         with open(entry, encoding="utf-8") as fh:
             lines = fh.read(_ENTRY_MAX).splitlines()
     except FileNotFoundError:
-        return None, None, None
+        return None, None, None, 0
     except UnicodeDecodeError:
         raise LedgerError(
             f"the key registry entry {entry!r} is not text (edited?): remove it, or set {ENV}=off"
@@ -373,25 +422,27 @@ def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | No
             f"cannot read the key registry entry {entry!r}: {exc.strerror}; fix it, or "
             f"set {ENV}=off"
         ) from None
-    lines += ["", "", ""]
+    lines += ["", "", "", ""]
     parts = lines[2].split()
     ids = (
         (int(parts[0]), int(parts[1]), int(parts[2]))
         if len(parts) == 3 and all(p.isdigit() for p in parts)
         else None
     )
-    return lines[0].strip() or None, lines[1].strip() or None, ids
+    mark = lines[3].strip()
+    high = int(mark) if mark.isdigit() and len(mark) < 20 else 0
+    return lines[0].strip() or None, lines[1].strip() or None, ids, high
 
 
-def _write(entry: str, ledger: str, key_file: str) -> None:
-    """Record ``ledger`` (and the key file it is used from) at ``entry`` atomically (a
-    reader sees the old or the new entry)."""
+def _write(entry: str, ledger: str, key_file: str, high: int = 0) -> None:
+    """Record ``ledger`` (and the key file it is used from, and its high-water mark
+    ``high``) at ``entry`` atomically (a reader sees the old or the new entry)."""
     folder = os.path.dirname(entry)
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".entry-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(f"{ledger}\n{key_file}\n{_ids(ledger)}\n")
+                fh.write(f"{ledger}\n{key_file}\n{_ids(ledger)}\n{high}\n")
             os.replace(tmp, entry)
         except BaseException:
             with contextlib.suppress(OSError):
