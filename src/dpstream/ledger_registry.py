@@ -300,14 +300,19 @@ def _refusal(
     )
 
 
+def _recorded_in(recorded: str, key_file: str | None) -> str:
+    """The start of a refusal: where the key's releases are recorded."""
+    where = "" if key_file is None else f" in --key-file {key_file!r}"
+    return f"the key{where} has its releases recorded in the ledger {recorded!r}"
+
+
 def _gone(recorded: str, key_file: str | None, entry: str) -> str:
     """The refusal of a run whose key's recorded ledger is gone, and no ledger given."""
-    where = "" if key_file is None else f" in --key-file {key_file!r}"
     return (
-        f"the key{where} has its releases recorded in the ledger {recorded!r}, which is "
-        "gone (no such file in its folder): a new, empty ledger would not know the "
-        "streams it recorded, and a run of one of them over other data would release its "
-        "steps again under the same noise. If the ledger was moved, pass --ledger with "
+        f"{_recorded_in(recorded, key_file)}, which is gone (no such file in its "
+        "folder): a new, empty ledger would not know the streams it recorded, and a run "
+        "of one of them over other data would release its steps again under the same "
+        "noise. If the ledger was moved, pass --ledger with "
         "its new path (the record follows it). If it was deleted, its releases are lost "
         "to every check: use a new key for new streams; only to go on with this key "
         f"anyway, forgetting them on purpose, remove the registry entry {entry!r}"
@@ -316,14 +321,12 @@ def _gone(recorded: str, key_file: str | None, entry: str) -> str:
 
 def _replaced(recorded: str, key_file: str | None, entry: str) -> str:
     """The refusal of a run whose key's recorded ledger was replaced by another file."""
-    where = "" if key_file is None else f" in --key-file {key_file!r}"
     return (
-        f"the key{where} has its releases recorded in the ledger {recorded!r}, and the "
-        "file there now is another one than the key registry recorded, or shorter than "
-        "a run of the key left it (put back from a backup, or copied over it?): a ledger "
-        "rolled back forgets the releases made "
-        "since, and a run could release them again under the same noise, or pass its "
-        "dataset's cap. Put the key's own ledger back; if this file is that ledger "
+        f"{_recorded_in(recorded, key_file)}, and the file there now is another one than "
+        "the key registry recorded, or shorter than a run of the key left it (put back "
+        "from a backup, or copied over it?): a ledger rolled back forgets the releases "
+        "made since, and a run could release them again under the same noise, or pass "
+        "its dataset's cap. Put the key's own ledger back; if this file is that ledger "
         "with all its lines (moved across file systems), remove the registry entry "
         f"{entry!r} to record it again"
     )
