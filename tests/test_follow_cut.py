@@ -267,6 +267,39 @@ def test_a_followed_file_truncated_before_a_due_instant_is_refused_there(tmp_pat
         source.close()
 
 
+def test_a_followed_file_that_grows_while_it_is_sized_is_not_taken_for_truncated(
+    tmp_path, monkeypatch
+):
+    """Review 115 (medium-high): the due-sizes thread took the file's size, then compared
+    it with what the reader's thread had read by then; bytes appended and read between
+    the two made a file that only grew look truncated, and a live run stopped as
+    "rotated". The interleaving is made here, not waited for: the reader reads fresh
+    bytes right after the size is taken."""
+    from dpstream.run.follow_bytes import FileBytes
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a":1}\n')
+    held = FileBytes(os.open(path, os.O_RDONLY), str(path))
+    assert held.read() == b'{"a":1}\n'
+    real_fstat = os.fstat
+
+    def fstat_then_append_and_read(fd):
+        status = real_fstat(fd)
+        if fd == held.fd:  # the writer appends and the reader reads, after the size
+            with open(path, "ab") as fh:
+                fh.write(b'{"a":2}\n')
+            held.read()
+        return status
+
+    monkeypatch.setattr(os, "fstat", fstat_then_append_and_read)
+    try:
+        assert held.size_now() == 8  # the size it had, not a refusal
+        assert held.read_count == 16
+    finally:
+        monkeypatch.undo()
+        os.close(held.fd)
+
+
 def test_a_stream_without_a_descriptor_is_not_sized():
     source = FollowedInput(io.StringIO('{"a":1}\n{"b"'))
     assert not source.sized and source.size_now() is None

@@ -98,8 +98,12 @@ class FileBytes:
 
     def _checked(self) -> os.stat_result:
         """The followed file's status, once :meth:`check` finds it not rotated."""
+        # what was read is taken before the file's size: read after it, by the reader's
+        # thread while the due-sizes thread asks, it can pass a size taken a moment
+        # earlier of a file that only grew (review 115: a live run stopped as "truncated")
+        read = self.read_count
         held = os.fstat(self.fd)
-        if held.st_size < self.read_count:
+        if held.st_size < read:
             raise _rotated(self.path or "-", "truncated")
         if self.path is None:
             return held
