@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StateError
 from .follow_input import DueSizes, FollowedInput, TakenLines
+from .follow_pending import PendingRecords
 from .source import Due, ReadCount, Rejected, SourceItem, past_message
 
 if TYPE_CHECKING:
@@ -94,7 +95,10 @@ def follow(
             backlog_size=source.backlog_size,
         )
     taken = TakenLines()
-    pending: dict[int, list[Any]] = {}
+    from .fold import DEFAULT_MEMORY
+    from .settings import parse_size
+
+    pending = PendingRecords(parse_size(cfg.memory or DEFAULT_MEMORY))
     caught_up = ended = False
     t = first_t
     try:
@@ -112,7 +116,7 @@ def follow(
                 size = sizes.size_of(t)
                 ready = size is not None and (taken.seen >= size or ended)
             if ready:
-                recs = pending.pop(t, [])
+                recs = pending.pop(t)
                 cut = boundary.get(t)
                 if cut is None and recorded_cut is not None:
                     cut = recorded_cut(t, recs)
@@ -148,6 +152,7 @@ def follow(
     finally:
         stop.set()
         source.close()
+        pending.close()
 
 
 def _ready_on_record(t: int, line: int, last_line: int, caught_up: bool, ended: bool) -> bool:
@@ -164,9 +169,7 @@ def _ready_on_record(t: int, line: int, last_line: int, caught_up: bool, ended: 
     return last_line >= line  # every record up to the line it closed at has been read
 
 
-def _held(
-    rec: Any, t: int, until: int, horizon: int, pending: dict[int, list[Any]]
-) -> Rejected | None:
+def _held(rec: Any, t: int, until: int, horizon: int, pending: PendingRecords) -> Rejected | None:
     """A record read while step ``t`` is open: held for its step, or rejected (invalid,
     late, or past the end step)."""
     if rec.error is not None or rec.t is None:
@@ -175,7 +178,7 @@ def _held(
         return Rejected([rec], _LATE.format(rec.t))
     if rec.t > until:
         return Rejected([rec], past_message(rec.t, until, horizon))
-    pending.setdefault(rec.t, []).append(rec)
+    pending.add(rec)
     return None
 
 

@@ -405,7 +405,8 @@ RUN_OPTS: tuple[Opt, ...] = (
         "a batch run folds its input into each step's counts as it reads it; past this "
         "many bytes of counts (e.g. 512M, 2G) it writes them to a temporary file (in a "
         "private directory under TMPDIR, removed when the run ends), so an input larger "
-        "than memory still runs",
+        "than memory still runs; --follow holds the records of steps not yet due within "
+        "it the same way",
         None,
         _size,
         metavar="SIZE",
