@@ -360,3 +360,31 @@ def test_plan_without_a_horizon_shows_the_std_at_several_steps(capsys):
         assert info["threshold_at"][t] == pytest.approx(mech.threshold_at(int(t)), rel=1e-12)
         assert f"{int(t):,}: {std:.4g}" in text
     assert all(r <= 1.5 for t, r in info["std_ratio_to_fitted"].items() if int(t) >= 100)
+
+
+def test_messages_of_a_stream_with_no_planned_end_name_no_horizon(stream, tmp_path, capsys, caplog):
+    """Review 115 (low): without --horizon, `--until 2^40 + 1` was refused as past
+    "--horizon 1099511627776" (never given), and a follower's progress line said "step
+    8985 of 1099511627776 (0%) ... about 339938h left". Both now say what holds."""
+    import logging
+
+    from dpstream.run.report import Progress
+
+    base, key_path = stream
+    args = _args(base, key_path, "known")
+    out = tmp_path / "o.jsonl"
+    argv = [*args, "-i", str(base / "day01.jsonl"), "-o", str(out), "--until", str(2**40 + 1)]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "past the step limit 1099511627776 (2^40) of a stream with no planned end" in err
+    assert "--horizon" not in err
+    caplog.set_level(logging.INFO, logger="dpstream")
+    caplog.clear()
+    for total in (None, 100):
+        progress = Progress(total, enabled=True, every=0.0)
+        progress.bar_mode, progress.log_mode = False, True  # the log line, not a bar
+        progress.update(40, 1000)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 40")]
+    assert lines[0].startswith("step 40 (no planned end), 1,000 events")
+    assert " of " not in lines[0] and "left" not in lines[0]
+    assert lines[1].startswith("step 40 of 100 (40%)") and "left" in lines[1]

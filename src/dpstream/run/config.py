@@ -274,6 +274,11 @@ def last_step(opts: Mapping[str, Any]) -> int:
     if until is None:
         return horizon
     if until > horizon:
+        if opts.get("horizon") is None:  # (review 115: it named a --horizon never given)
+            raise ValueError(
+                f"--until {until} is past the step limit {horizon} (2^40) of a stream "
+                "with no planned end"
+            )
         raise ValueError(f"--until {until} is past the horizon --horizon {horizon}")
     return int(until)
 

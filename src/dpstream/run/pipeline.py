@@ -106,7 +106,9 @@ def run_steps(
     if sink.resume is None and start_t == 0:
         sink.write_header(stages.formatter.header())
     resume_t = sink.resume_t
-    progress = Progress(until, enabled=not cfg.quiet, every=cfg.progress_every, start_t=resume_t)
+    no_end = cfg.horizon is None and cfg.until is None  # (a follower with no planned end)
+    total = None if no_end else until
+    progress = Progress(total, enabled=not cfg.quiet, every=cfg.progress_every, start_t=resume_t)
     with progress:
         source = _open_source(
             infile, cfg, stages, count, until=until, start_t=start_t, chunks=chunks,

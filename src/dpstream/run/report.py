@@ -149,10 +149,14 @@ class Progress:
     """Progress of a run on stderr: a rich bar on a terminal, else a log line now and then.
 
     The log line (every ``every`` seconds, and never for a quiet run) gives the
-    step, the events so far, the rate and an estimate of the time left.
+    step, the events so far, the rate and an estimate of the time left. ``total``:
+    None for a stream with no planned end and no --until (review 115: it said "step
+    8985 of 1099511627776 (0%), about 339938h left", the step limit's).
     """
 
-    def __init__(self, total: int, *, enabled: bool, every: float = 10.0, start_t: int = 0) -> None:
+    def __init__(
+        self, total: int | None, *, enabled: bool, every: float = 10.0, start_t: int = 0
+    ) -> None:
         self.total = total
         self.bar_mode = enabled and sys.stderr.isatty()
         self.log_mode = enabled and not self.bar_mode
@@ -195,12 +199,24 @@ class Progress:
             self._bar.update(self._task, completed=t, rate=f"{events / elapsed:,.0f} events/s")
         elif self.log_mode and now - self._last_log >= self.every:
             self._last_log = now
+            invalid = f" ({skipped:,} invalid records skipped)" if skipped else ""
+            rate = f"{events:,} events{invalid}, {events / elapsed:,.0f} events/s"
+            if self.total is None:  # no planned end: no share done, no time left
+                _log.info(
+                    f"step {t} (no planned end), {rate}",
+                    extra=log_fields(
+                        step=t,
+                        events=events,
+                        skipped=skipped,
+                        events_per_s=round(events / elapsed, 1),
+                    ),
+                )
+                return
             done = max(t - self._start_t, 1)
             eta = (self.total - t) * elapsed / done
-            invalid = f" ({skipped:,} invalid records skipped)" if skipped else ""
             _log.info(  # (review 102: --follow has no --max-invalid: the skips are said)
-                f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {events:,} "
-                f"events{invalid}, {events / elapsed:,.0f} events/s, about {_duration(eta)} left",
+                f"step {t} of {self.total} ({100 * t / self.total:.0f}%), {rate}, about "
+                f"{_duration(eta)} left",
                 extra=log_fields(
                     step=t,
                     total=self.total,
