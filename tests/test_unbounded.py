@@ -388,3 +388,20 @@ def test_messages_of_a_stream_with_no_planned_end_name_no_horizon(stream, tmp_pa
     assert lines[0].startswith("step 40 (no planned end), 1,000 events")
     assert " of " not in lines[0] and "left" not in lines[0]
     assert lines[1].startswith("step 40 of 100 (40%)") and "left" in lines[1]
+
+
+def test_the_view_of_a_stream_with_no_planned_end_says_so(stream, tmp_path):
+    """Review 115 (low): the page said "horizon unknown", stated the guarantee without
+    "for every t", showed a "worst step" half-width that was the one at t = 2^40, and
+    drew the discovery threshold as the last step's without saying so."""
+    base, key_path = stream
+    out = tmp_path / "o.jsonl"
+    argv = [*_args(base, key_path, "unknown"), "-i", str(base / "all.jsonl"), "-o", str(out)]
+    assert main([*argv, "--until", str(STEPS_PER_DAY * DAYS), "--rho", "1e4"]) == 0
+    page = tmp_path / "page.html"
+    assert main(["view", str(out), "--export", str(page)]) == 0
+    html = page.read_text()
+    assert "no planned end" in html and "horizon unknown" not in html
+    assert "for every t" in html and "worst step ±" not in html
+    # the chart's line (items pass the threshold at this budget, so it is drawn)
+    assert f"discovery threshold at step {STEPS_PER_DAY * DAYS} (it varies with t)" in html

@@ -194,6 +194,7 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
         tiles.append(_tile("mechanism", "unknown", "no metadata file"))
 
     # progress
+    no_end = (meta or {}).get("unbounded") is True  # a stream with no planned end
     if snap.t is not None and snap.horizon:
         pct = min(100.0, 100.0 * snap.t / snap.horizon)
         bar = (
@@ -208,17 +209,18 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
             )
         )
     elif snap.t is not None:
-        tiles.append(
-            _tile(
-                "time step", f'<span id="dp-t">{snap.t:,}</span>', f"{_dates(snap)}horizon unknown"
-            )
-        )
+        # (review 115: a stream with no planned end said "horizon unknown")
+        end = "no planned end" if no_end else "horizon unknown"
+        step = f'<span id="dp-t">{snap.t:,}</span>'
+        tiles.append(_tile("time step", step, f"{_dates(snap)}{end}"))
     else:
         tiles.append(
             _tile(
                 "time step",
                 "–",
-                f"horizon T = {snap.horizon:,}" if snap.horizon else "no release yet",
+                f"horizon T = {snap.horizon:,}"
+                if snap.horizon
+                else ("no planned end · no release yet" if no_end else "no release yet"),
             )
         )
 
@@ -230,6 +232,9 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
     if eps is not None and delta is not None:
         main = f"ε = {fmt_num(eps)}, δ = {fmt_num(delta)}"
         sub = (f"ρ = {fmt_num(rho)} zCDP · " if rho is not None else "") + f"per {esc(unit)}"
+        claim = (meta or {}).get("privacy")
+        if isinstance(claim, dict) and claim.get("for_all_t") is True:
+            sub += " · for every t"  # (a stream with no planned end: at any step)
         tiles.append(_tile("privacy guarantee", main, sub))
     else:
         tiles.append(_tile("privacy guarantee", "unknown", "no metadata file"))
@@ -254,7 +259,8 @@ def render_header(snap: Snapshot, *, static: bool) -> str:
         where = "at this step" if snap.noise_std_kind == "step" else "at the worst step"
         worst = _meta_num(meta, "ci95_half_width")
         sub = f"95% interval of a count {where} (noise std {fmt_num(snap.noise_std)})"
-        if worst is not None and snap.noise_std_kind == "step":
+        if worst is not None and snap.noise_std_kind == "step" and not no_end:
+            # (no planned end: its "worst step" is the step limit's, 2^40: review 115)
             sub += f" · worst step ± {fmt_pm(worst)}"
         tiles.append(_tile("uncertainty", f"± {fmt_pm(hw)}", sub))
     else:
@@ -476,11 +482,15 @@ def render_history(snap: Snapshot) -> str:
         f'text-anchor="middle">{esc(axis_label)}</text>'
     )
     if snap.threshold is not None:
+        # the current step's threshold (UnkBase's varies with t: an earlier step's may
+        # be lower, so a count under this line may have passed its own step's; review 115)
         ty = y(snap.threshold)
+        at = f" at step {snap.t:,}" if snap.t is not None else ""
         parts.append(
             f'<line class="threshold" x1="{ML}" x2="{W - MR}" y1="{ty:.1f}" '
             f'y2="{ty:.1f}"/><text class="threshold-label" x="{W - MR - 4}" '
-            f'y="{ty - 5:.1f}" text-anchor="end">discovery threshold</text>'
+            f'y="{ty - 5:.1f}" text-anchor="end">discovery threshold{at} (it varies '
+            "with t)</text>"
         )
     if snap.t is not None and snap.horizon and snap.t < snap.horizon:
         parts.append(
