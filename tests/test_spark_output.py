@@ -8,6 +8,7 @@ files or fails); the command-line half runs real ``dpstream run --engine spark``
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -321,7 +322,7 @@ def test_csv_part_files_hold_each_item_as_it_is(spark, tmp_path) -> None:
     read back by Python's csv module)."""
     import csv
 
-    items = [" a", "a ", 'a"b', 'b\\"c', " ", "a\u0000", "x,y", "l\nm", "caf\u00e9"]
+    items = [" a", "a ", 'a"b', 'b\\"c', " ", "a\u0000", "x,y", "l\nm", "caf\u00e9", ""]
     rows = [(1, item, 2.5) for item in items] + [(2, None, None)]
     table = spark.createDataFrame(rows, "t long, item string, value double").coalesce(1)
     out = tmp_path / "out"
@@ -331,6 +332,11 @@ def test_csv_part_files_hold_each_item_as_it_is(spark, tmp_path) -> None:
         got = list(csv.reader(f))
     assert got[0] == ["t", "item", "value"]
     assert [r[1] for r in got[1:]] == [*items, ""] and got[-1] == ["2", "", ""]
+    # the empty-string item as Python's csv module (the local engine) writes it: an
+    # empty field, not Spark's default `""` (review 114)
+    local = io.StringIO()
+    csv.writer(local, lineterminator="\n").writerow([1, "", 2.5])
+    assert local.getvalue() in part.read_text(encoding="utf-8").splitlines(keepends=True)
 
 
 def test_engine_spark_refuses_what_it_would_not_run(spark, tmp_path, capsys) -> None:

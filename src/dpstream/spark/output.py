@@ -199,6 +199,9 @@ def _writer(table: Any, fmt: str, mode: str) -> Any:
     if fmt == "csv":  # RFC 4180 as the local engine writes it: each item as it is
         w = writer.option("header", True).option("escape", '"')
         w = w.option("ignoreLeadingWhiteSpace", False).option("ignoreTrailingWhiteSpace", False)
+        # an item that is the empty string as an empty field, as the local engine's csv
+        # module writes it (Spark's default wrote `""`; review 114)
+        w = w.option("emptyValue", "")
         return lambda out: w.csv(out)
     return writer.parquet
 
