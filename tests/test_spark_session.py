@@ -298,3 +298,40 @@ def test_spark_scratch_files_stay_in_a_private_folder_a_later_run_removes(tmp_pa
     assert sorted(tidy_local_dirs(str(tmp))) == sorted([str(local), str(old)])
     assert not local.exists() and not old.exists() and live.is_dir() and young.is_dir()
     assert (tmp / f"{LOCAL_DIR_PREFIX}{here}-999999999-link").is_symlink()
+
+
+def test_what_would_stop_the_jvm_is_refused_in_one_line(monkeypatch, tmp_path: Path) -> None:
+    """Review 114 (low): a master nobody listens on took a minute and a page of Java's
+    stack ("Cannot call methods on a stopped SparkContext"), and a misspelt master or
+    no Java ended in "Java gateway process exited". Each is now said before a JVM
+    starts; a standalone master that answers passes."""
+    import socket
+
+    from dpstream.spark.session import check_master
+
+    check_master("local[2]")
+    for bad in ("foo", "localhost", "local[two]", "spark://", "spark://host"):
+        with pytest.raises(ValueError, match="no Spark master URL|is not HOST:PORT"):
+            check_master(bad)
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    with pytest.raises(ValueError, match="--master yarn needs HADOOP_CONF_DIR"):
+        check_master("yarn")
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    closed = socket.create_server(("127.0.0.1", 0))
+    free = closed.getsockname()[1]
+    closed.close()  # a port nothing listens on (the kernel refuses a connection at once)
+    try:
+        with pytest.raises(ValueError, match="no Spark master answers there"):
+            check_master(f"spark://127.0.0.1:{free}")
+        check_master(f"spark://127.0.0.1:{free},127.0.0.1:{port}")  # one of two answers
+    finally:
+        listening.close()
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ValueError, match="needs Java 17 or later: no `java` on the PATH"):
+        check_master("local[2]")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="has no bin/java"):
+        check_master("local[2]")

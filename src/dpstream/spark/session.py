@@ -157,6 +157,65 @@ def tidy_local_dirs(base: str) -> list[str]:
     return gone
 
 
+#: The master URLs Spark takes (its SparkContext's forms).
+_MASTER = re.compile(
+    r"local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]"
+    r"|spark://[^/\s]+|yarn|k8s://\S+"
+)
+
+
+def check_master(master: str) -> None:
+    """Refuse (ValueError, one line) what would stop a JVM's start with a page of Java's
+    words (review 114: a master nobody listens on took 66 s and 132 lines of a stack,
+    ending in "Cannot call methods on a stopped SparkContext"; a misspelt master and a
+    missing Java both ended in "Java gateway process exited"): no Java, a master that
+    is no Spark master URL, YARN without its configuration, a standalone master that
+    no host of its URL answers on."""
+    import socket
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        where = (
+            f"JAVA_HOME={java_home!r} has no bin/java"
+            if java_home
+            else ("no `java` on the PATH, and JAVA_HOME is not set")
+        )
+        raise ValueError(
+            f"--engine spark needs Java 17 or later: {where}; install a JDK (Debian: "
+            "openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    if not _MASTER.fullmatch(master):
+        raise ValueError(
+            f"--master {master!r} is no Spark master URL: local, local[N], local[*], "
+            "spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+    if master == "yarn" and not (
+        os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")
+    ):
+        raise ValueError(
+            "--master yarn needs HADOOP_CONF_DIR (or YARN_CONF_DIR): the folder of the "
+            "cluster's configuration files"
+        )
+    if master.startswith("spark://"):
+        hosts = master[len("spark://") :].split(",")
+        for host in hosts:
+            name, _, port = host.rpartition(":")
+            if not port.isdigit() or not name:
+                raise ValueError(f"--master {master!r}: {host!r} is not HOST:PORT")
+        for host in hosts:
+            name, _, port = host.rpartition(":")
+            try:
+                socket.create_connection((name.strip("[]"), int(port)), timeout=5).close()
+                return
+            except OSError:
+                continue
+        raise ValueError(
+            f"--master {master!r}: no Spark master answers there (nothing listening on "
+            f"{', '.join(hosts)}): start the master, or check its URL"
+        )
+
+
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     """A session on ``master`` whose Python workers are checked to run this dpstream,
     with :func:`session_defaults`.
@@ -167,6 +226,8 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     write the archive is started again without it."""
     from pyspark import SparkContext
 
+    if SparkContext._gateway is None:  # a JVM to start: what would stop it, in words
+        check_master(master)
     conf = session_defaults(master)
     if (
         is_local_master(master)
