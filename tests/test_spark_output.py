@@ -418,3 +418,21 @@ def test_force_killed_between_its_renames_keeps_an_output(tmp_path, new_written)
     assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
     kept = (out / "part-00000-c000.csv").read_text()
     assert kept == ("t,item,value\n2,b,9\n" if new_written else "t,item,value\n1,a,5\n")
+
+
+def test_events_after_until_are_said_so_and_the_stream_end_is_warned(spark, tmp_path, capsys):
+    """Review 114 (low): with --until 2 over events up to step 4, the Spark summary
+    called the events of steps 3 and 4 invalid, and the local engine's warning that the
+    steps after --until can never be released on this stream was not given."""
+    from dpstream import cli
+
+    key = tmp_path / "k.key"
+    fixed_key("spark-output-until").save(key)
+    events = [{"t": t, "items": ["a"]} for t in (1, 2, 3, 4, 4)]
+    (tmp_path / "ev.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    args = _spark_args(tmp_path, key, tmp_path / "out", "--until", "2", "--max-invalid", "1")
+    args.remove("-q")  # the summary is an info line
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "--until 2 on Spark: the steps after 2 can never be released" in err
+    assert "(3 invalid skipped) (3 of those for steps after --until or past the horizon)" in err

@@ -175,6 +175,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             "released on this stream (a later run of its key and settings is refused, "
             "and its noise state is not kept); give --state FILE to go on later"
         )
+    elif cfg.engine == "spark" and until < cfg.horizon_limit:  # (review 114: unsaid)
+        _log.warning(
+            f"--until {until} on Spark: the steps after {until} can never be released on "
+            "this stream (a later run of its key and settings is refused; a Spark run "
+            "keeps no state): a stream that goes on runs on the local engine with --state"
+        )
     if cfg.clock is not None and not cfg.follow:  # (both engines: review 104)
         _warn_open_steps(cfg, until)
     return run_config(cfg, load_key(cfg))

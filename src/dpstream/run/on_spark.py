@@ -85,9 +85,12 @@ def run_on_spark(
         if not _from_spark(exc):
             raise
         raise SparkJobError(_spark_failure(exc)) from exc  # (--debug shows its trace)
+    later = summary.get("after_until", 0)
+    # (review 114: events of steps after --until were said to be invalid)
+    beyond = f" ({later} of those for steps after --until or past the horizon)" if later else ""
     _log.info(
         f"{summary['steps']} steps (t = 1..{summary['last_t']}), "
-        f"{summary['events']} events ({summary['skipped']} invalid skipped), "
+        f"{summary['events']} events ({summary['skipped']} invalid skipped){beyond}, "
         f"{summary['rows']} rows -> {summary['output']}, "
         f"{summary['elapsed_s']:.1f} s\n  privacy spent: {summary['privacy'].plain()}",
         extra=log_fields(

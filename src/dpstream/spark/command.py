@@ -243,11 +243,15 @@ def _run_cli(
     source = None if counted is not None else _parsed(spark, opts, job, cfg)
     checked = released = None
     try:
+        after_until = 0
         if counted is not None:
             events, n_events, skipped = _valid_counts(counted)
+            after_until = int(counted.facts["late"])
         else:
             assert source is not None
-            events, checked, n_events, skipped = _valid_events(source, job, domain_df, mech, cfg)
+            events, checked, n_events, skipped, after_until = _valid_events(
+                source, job, domain_df, mech, cfg
+            )
         steps = list(range(1, job.until + 1))
         if before_release is not None:
             before_release(mech.mechanism)
@@ -272,6 +276,7 @@ def _run_cli(
         "last_t": job.until,
         "events": n_events,
         "skipped": skipped,
+        "after_until": after_until,
         "rows": rows,
         "elapsed_s": time.monotonic() - started,
         "privacy": mech.privacy,
@@ -517,7 +522,8 @@ def _surely_within_share(facts: Mapping[str, int], cfg: RunConfig, job: _Job) ->
 
 def _valid_counts(counted: _Counted) -> tuple[DataFrame, int, int]:
     """The valid events' counts, and the numbers of events and of invalid records
-    skipped (as :func:`_valid_events` finds them)."""
+    skipped (as :func:`_valid_events` finds them; those of steps after ``--until`` or
+    past the horizon among them are ``facts["late"]``)."""
     facts = counted.facts
     invalid = facts["late"] + facts["oversized"] + facts["outside"]
     return counted.counts, facts["events"] - invalid, facts["bad"] + invalid
@@ -780,10 +786,11 @@ def _facts(parsed: DataFrame, job: _Job) -> dict[str, Any]:
 
 def _valid_events(
     source: _Input, job: _Job, domain_df: DataFrame | None, mech: Any, cfg: RunConfig
-) -> tuple[DataFrame, DataFrame | None, int, int]:
+) -> tuple[DataFrame, DataFrame | None, int, int, int]:
     """The valid events (t, items, pos, user; ``pos`` null when nothing reads it), the
-    cached frame they come from (None: the input's), and the counts of events and of
-    invalid records skipped; with ``--on-invalid error``, the first invalid record
+    cached frame they come from (None: the input's), and the counts of events, of
+    invalid records skipped and, among them, of events of steps after ``--until`` or
+    past the horizon; with ``--on-invalid error``, the first invalid record
     stops the job before anything is written, and with ``--on-invalid skip`` more than
     ``--max-invalid`` of the records invalid does (:func:`_check_invalid_share`)."""
     parsed = source.records
@@ -828,7 +835,7 @@ def _valid_events(
         valid = checked.where(~F.col("_invalid")).select("t", "items", "pos", "user")
     skipped += n_invalid
     n_events -= n_invalid
-    return valid, checked, n_events, skipped
+    return valid, checked, n_events, skipped, int(facts["later"]) + int(facts["past"])
 
 
 def _stepped(parsed: DataFrame, until: int) -> DataFrame:
