@@ -335,3 +335,30 @@ def test_what_would_stop_the_jvm_is_refused_in_one_line(monkeypatch, tmp_path: P
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(ValueError, match="has no bin/java"):
         check_master("local[2]")
+
+
+def test_the_jvms_lines_go_through_the_commands_log(tmp_path: Path) -> None:
+    """Review 114 (low): with --log-format json (and --quiet) a Spark run wrote log4j's
+    and the launcher's lines to stderr as they were, 8 lines no log collector reads as
+    JSON. The JVM's stderr now goes through the command's log: every line is a JSON
+    record, Spark's warnings are information (kept out by --quiet), and the run's own
+    summary is there."""
+    fixed_key("spark-session-log").save(tmp_path / "k.key")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n{"t": 2, "items": ["b"]}\n')
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "dpstream", "run", "-m", "unknown", "-T", "2", "--max-items",
+            "1", "--rho", "1", "--threshold-delta", "1e-3", "--key-file", str(tmp_path / "k.key"),
+            "-i", str(tmp_path / "ev.jsonl"), "--engine", "spark", "--master", "local[1]",
+            "--log-format", "json"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    said = {}
+    for quiet in (False, True):
+        target = out.with_name(f"out-{quiet}")
+        done = subprocess.run(
+            [*argv, *(["--quiet"] if quiet else []), "-o", str(target), *own_ledger(target)],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        said[quiet] = [json.loads(line) for line in done.stderr.splitlines()]  # each JSON
+    assert any("steps (t = 1..2)" in r["message"] for r in said[False])
+    assert all(r["level"] in ("warning", "error") for r in said[True])

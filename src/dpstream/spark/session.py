@@ -28,12 +28,15 @@ interpreter, which has no dpstream: every task fails with
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import re
 import shutil
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +253,21 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
     if SparkContext._gateway is None and not _operator_sets(_JAVA_KEY):  # a JVM to start
         archive = class_archive.prepare()
     chosen = os.environ.get("PYSPARK_PYTHON")
+    with _jvm_stderr_logged():
+        spark = _started(master, app_name, conf, chosen, archive)
+    check_workers(spark, master, chosen)
+    return spark
+
+
+def _started(
+    master: str,
+    app_name: str,
+    conf: dict[str, str],
+    chosen: str | None,
+    archive: class_archive.ClassArchive | None,
+) -> SparkSession:
+    """The session of :func:`start_session`, its JVM given the class archive's options
+    (started again without them if it fails to start with them)."""
     if archive is None:
         spark = _get_or_create(master, app_name, conf, chosen)
     else:
@@ -265,8 +283,66 @@ def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
             class_archive.give_up(archive)  # the options it cannot write an archive under
             atexit.unregister(_save_class_archive)
             spark = _get_or_create(master, app_name, conf, chosen)
-    check_workers(spark, master, chosen)
     return spark
+
+
+_jvm_log = logging.getLogger("dpstream.spark.jvm")
+#: A log4j line's level (Spark's default layout: ``yy/MM/dd HH:mm:ss LEVEL Class: ...``).
+_JVM_LEVEL = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ")
+#: JVM levels as the command's log levels: Spark's warnings (a loopback host name, no
+#: native Hadoop library) are information to a dpstream operator; its errors warnings.
+_LEVELS = {"ERROR": logging.WARNING, "FATAL": logging.WARNING, "WARN": logging.INFO}
+
+
+def _log_jvm_lines(fd: int) -> None:
+    """The reader of the JVM's stderr: each line to the ``dpstream.spark.jvm`` logger (so
+    ``--log-format json`` gives JSON and ``--quiet`` keeps warnings only; review 114:
+    log4j's and the launcher's lines went to stderr as they were). It reads until the
+    JVM closes it, whatever a line holds, so the JVM never blocks on a full pipe."""
+    with open(fd, "rb", buffering=0, closefd=True) as pipe:
+        for raw in iter(pipe.readline, b""):
+            try:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line.strip():
+                    continue
+                found = _JVM_LEVEL.match(line)
+                level = _LEVELS.get(found.group(1), logging.DEBUG) if found else logging.DEBUG
+                if found is None and line.startswith(("Exception", "Error", "Caused by")):
+                    level = logging.WARNING
+                _jvm_log.log(level, f"Spark: {line}")
+            except Exception:  # noqa: BLE001 - a line that cannot be logged is dropped
+                continue
+
+
+@contextlib.contextmanager
+def _jvm_stderr_logged() -> Iterator[None]:
+    """While a session starts: a JVM launched then writes its stderr to a pipe that
+    :func:`_log_jvm_lines` reads (PySpark's ``launch_gateway`` takes Popen's arguments;
+    ours are given through the name its context module calls), not to this process's
+    stderr, which stays the command's own."""
+    from pyspark import SparkContext
+
+    module = sys.modules[SparkContext.__module__]
+    launch = getattr(module, "launch_gateway", None)
+    if launch is None:  # another PySpark: its JVM writes to stderr as before
+        yield
+        return
+    read, write = os.pipe()
+    threading.Thread(
+        target=_log_jvm_lines, args=(read,), name="dpstream-jvm-stderr", daemon=True
+    ).start()
+
+    def launch_logged(conf: Any = None, popen_kwargs: Any = None) -> Any:
+        kwargs = dict(popen_kwargs or {})
+        kwargs.setdefault("stderr", write)
+        return launch(conf, kwargs)
+
+    module.launch_gateway = launch_logged  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        module.launch_gateway = launch  # type: ignore[attr-defined]
+        os.close(write)  # the JVM holds its own end: the reader ends when the JVM does
 
 
 def _get_or_create(
