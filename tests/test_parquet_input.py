@@ -814,6 +814,64 @@ def test_one_row_per_item_rows_of_an_empty_or_null_event_id_are_records_alone(tm
     assert bad == [(1, True), (2, True), (4, True), (5, True)]
 
 
+def test_one_row_per_item_an_event_id_is_its_text_whatever_its_files_type(tmp_path):
+    """Review 117 (high): a lake whose event-id column was int64 in one file and string in
+    the next split an event in two (5 and "5"), each part within --max-items: an event
+    of 4 items passed --max-items 2. An id is its text, as in CSV: one event."""
+    from dpstream.io.parquet import read_parquet_records
+
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    part = {"t": [1, 1], "item": ["a", "b"]}
+    pq.write_table(pa.table({"event": [5, 5], **part}), folder / "part-0.parquet")
+    part = {"t": [1, 1], "item": ["c", "d"]}
+    pq.write_table(pa.table({"event": ["5", "5"], **part}), folder / "part-1.parquet")
+    recs = list(read_parquet_records(str(folder)))
+    assert [(r.line, r.t, r.items) for r in recs] == [(1, 1, ("a", "b", "c", "d"))]
+
+
+@pytest.mark.parametrize(
+    "log,what",
+    [("_delta_log", "Delta Lake"), (".hoodie", "Apache Hudi"), ("metadata", "Apache Iceberg")],
+)
+def test_a_table_formats_folder_is_refused(tmp_path, key_path, log, what):
+    """Review 117 (medium): a Delta table's folder was read as plain Parquet files, and the
+    files an OPTIMIZE had replaced (kept until VACUUM) counted their events again (50
+    events released as 100). A table format's folder, or one inside it, is refused in
+    words, before anything is written; a plain lake is read as before."""
+    table = tmp_path / "table"
+    (table / "date=1").mkdir(parents=True)
+    pq.write_table(_table(_events(117, 50, invalid=False)), table / "date=1" / "p.parquet")
+    (table / log).mkdir()
+    if log == "metadata":
+        (table / log / "v1.metadata.json").write_text("{}")
+    for given in (table, table / "date=1"):
+        out = tmp_path / "o.jsonl"
+        with pytest.raises(ValueError, match=f"is an? {what} table.s folder"):
+            parquet_files(str(given))
+        assert _run(key_path, given, out, *UNKNOWN) == 1
+        assert not out.exists()
+    shutil.rmtree(table / log)
+    assert _run(key_path, table, tmp_path / "plain.jsonl", *UNKNOWN) == 0
+
+
+def test_int96_times_outside_nanoseconds_range_are_not_wrapped_into_a_step(tmp_path):
+    """Review 117 (medium): INT96 timestamps (Spark's default) were read in nanoseconds,
+    which wrap an instant outside 1677-2262 around: events of 2610 counted in a step of
+    2025. Read in microseconds, they are past the clock's end, as in JSON Lines."""
+    from dpstream.clock import StepClock
+    from dpstream.io.parquet import read_parquet_records
+
+    times = [dt.datetime(2025, 11, 10, 12), dt.datetime(2610, 6, 1), dt.datetime(9999, 12, 31)]
+    table = pa.table({"ts": pa.array(times, pa.timestamp("us", tz="UTC")), "items": [["a"]] * 3})
+    pq.write_table(table, tmp_path / "i96.parquet", use_deprecated_int96_timestamps=True)
+    assert pq.ParquetFile(tmp_path / "i96.parquet").schema.column(0).physical_type == "INT96"
+    clock = StepClock.parse("2025-11-01T00:00Z", "1d")
+    recs = list(read_parquet_records(str(tmp_path / "i96.parquet"), time_field="ts", clock=clock))
+    assert recs[0].error is None and recs[0].t == 10
+    assert all(r.t is None or r.t > 10**5 for r in recs[1:]), [(r.t, r.error) for r in recs]
+
+
 def test_the_digest_bytes_copy_items_in_bounded_blocks_as_a_loop_would():
     """Review 103: the item bytes of a Parquet batch were copied with index arrays of 16
     bytes a byte of data, all at once (a 13 KB file of one 400 MB item took 8.3 GB).

@@ -96,6 +96,7 @@ def folder_files(folder: str, suffix: str = "") -> list[str]:
     neighbouring input would differ in more than one event. So is a link to nothing (a
     partition elsewhere, not mounted) and a folder that cannot be listed: their events
     would be left out without a word."""
+    _refuse_table_format(folder)
     found = []
     seen: dict[tuple[int, int], str] = {}
 
@@ -129,6 +130,47 @@ def folder_files(folder: str, suffix: str = "") -> list[str]:
                 once(path)  # a partition folder elsewhere, not mounted?)
                 found.append(path)
     return sorted(found, key=lambda p: os.path.relpath(p, folder).split(os.sep))
+
+
+#: Folders a table format keeps beside (or above) its data files, and the format's name.
+_TABLE_LOGS = (("_delta_log", "a Delta Lake table"), (".hoodie", "an Apache Hudi table"))
+
+
+def _refuse_table_format(folder: str) -> None:
+    """Refuse a folder of a table format's table, or one inside it (review 117: a Delta
+    table's folder keeps the files an OPTIMIZE or an update removed until VACUUM, and
+    read as plain files their events counted again: 50 events released as 100). Only
+    the format's log says which files are the table now."""
+    here = os.path.abspath(folder)
+    while True:
+        for log, what in _TABLE_LOGS:
+            if os.path.isdir(os.path.join(here, log)):
+                raise ValueError(_table_refusal(folder, what, os.path.join(here, log)))
+        meta = os.path.join(here, "metadata")
+        if os.path.isdir(meta) and any(n.endswith(".metadata.json") for n in _names(meta)):
+            raise ValueError(_table_refusal(folder, "an Apache Iceberg table", meta))
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _table_refusal(folder: str, what: str, log: str) -> str:
+    return (
+        f"--input {folder!r} is {what}'s folder (or in one: {log!r}): its folder also "
+        "holds files the table no longer has (replaced by a compaction, an update or a "
+        "delete, until they are vacuumed), whose events would count again. Give the "
+        "table's current rows: export them as Parquet files (Spark: "
+        "spark.read.format(...).load(...).write.parquet(...)), or read the table into a "
+        "frame and use dpstream.release_frame"
+    )
 
 
 def parquet_files(path: str) -> list[str]:
@@ -204,7 +246,9 @@ def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any
                 f"{name!r} is not a regular file (a pipe or a device): not a Parquet file"
             )
         try:
-            pfile = pq.ParquetFile(name)
+            # INT96 (Spark's default timestamps) as microseconds: in nanoseconds an
+            # instant outside 1677-2262 wrapped around into another step (review 117)
+            pfile = pq.ParquetFile(name, coerce_int96_timestamp_unit="us")
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{name!r} is not a Parquet file ({exc})") from None
         layout = _layout(pfile.schema_arrow, f"the Parquet input {name!r}", **settings)
@@ -658,10 +702,14 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
                 continue
             assert t is not None
             # at user level an event is one id of one user in one step: no user's rows
-            # can join, or spoil, another user's event
-            event = events.get((t, user, eids[i]))
+            # can join, or spoil, another user's event. An id is its text, as in CSV:
+            # 5 in one file and "5" in another are one event (review 117: a column
+            # typed int64 in one file and string in the next split an event in two,
+            # each part under --max-items)
+            key = (t, user, str(eids[i]))
+            event = events.get(key)
             if event is None:
-                event = events[(t, user, eids[i])] = _ItemEvent(row, t, user)
+                event = events[key] = _ItemEvent(row, t, user)
                 records.append(event)
             event.add(items[i], raw)
     for rec in records:
