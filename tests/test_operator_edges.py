@@ -225,46 +225,76 @@ def test_a_ledger_gone_from_its_place_is_refused_until_it_is_named_or_forgotten(
         assert ledger.is_file()
 
 
-@pytest.mark.parametrize("how", ["cp", "mv", "in place"])
+@pytest.mark.parametrize("how", ["cp", "mv", "in place", "new path", "grown by a key"])
 def test_a_ledger_put_back_from_a_backup_is_refused_until_forgotten(
     tmp_path, stream, capsys, key_registry, how
 ):
     """Review 113 (low): a key's ledger replaced at its path by an older backup (`mv` or
     `cp` over it) forgot the runs recorded since, so a capped run passed its dataset's
-    cap (and a stream recorded since could go out again under the same noise). The
-    registry keeps the ledger's device and inode: another file at the recorded path
-    is refused in every command, before anything is written, until the entry is
-    removed on purpose. The registry also keeps the size a run of the key left the
-    ledger at (it only grows): a shorter file there (the backup written over it, or the
-    file cut) is refused too, whatever its inode."""
-    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"]]
-    assert main([*argv, "-o", str(tmp_path / "a.jsonl")]) == 0
+    cap (and a stream recorded since could go out again under the same noise). The key
+    registry keeps the size a run of the key left the ledger at and a digest of the
+    bytes before it: a shorter file, or one with other bytes there, is refused in every
+    command, before anything is written, until the entry is removed on purpose.
+    Review 116: the backup put back at a new path (the old disk lost), and a rollback
+    grown past the mark by another key's runs on a shared ledger, are refused too."""
     ledger = Path(stream["key"] + ".ledger")
+    other_key = tmp_path / "other.key"
+    fixed_key("operator-edges, other key").save(other_key)
+    named = ["--ledger", str(ledger)]  # (the shared ledger names it for both keys)
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], *named]
+    assert main([*argv, "-o", str(tmp_path / "a.jsonl")]) == 0
     backup = tmp_path / "backup.ledger"
     backup.write_bytes(ledger.read_bytes())
     assert main([*argv, "-o", str(tmp_path / "b.jsonl"), "--stream", "second"]) == 0
     newer = ledger.read_bytes()
+    third = [*argv, "-o", str(tmp_path / "c.jsonl"), "--stream", "third"]
+    budget = ["budget", "--key-file", stream["key"], *named]
     if how == "mv":
         backup.rename(ledger)
     elif how == "cp":
         ledger.unlink()
         ledger.write_bytes(backup.read_bytes())
-    else:
+    elif how == "in place":
         ledger.write_bytes(backup.read_bytes())  # the same file, shorter
+    elif how == "new path":  # the recorded ledger lost, its backup put back elsewhere
+        ledger.unlink()
+        moved = tmp_path / "restored.ledger"
+        moved.write_bytes(backup.read_bytes())
+        third[third.index(str(ledger))] = str(moved)
+        budget[budget.index(str(ledger))] = str(moved)
+    else:  # put back, then grown past the mark by another key's runs
+        ledger.write_bytes(backup.read_bytes())
+        for k in range(3):
+            out = str(tmp_path / f"o{k}.jsonl")
+            other = [*UNK, "--key-file", str(other_key), "-i", stream["src"], "-o", out]
+            assert main([*other, *named, "--stream", f"k{k}"]) == 0
+        assert len(ledger.read_bytes()) > len(newer)
     capsys.readouterr()
-    third = [*argv, "-o", str(tmp_path / "c.jsonl"), "--stream", "third"]
-    for command in (third, ["budget", "--key-file", stream["key"]]):
+    for command in (third, budget):
         assert main(command) == 1
         err = capsys.readouterr().err
-        assert "another one than the key registry recorded" in err, err
+        assert "shorter than a run of the key left that ledger, or holds other" in err, err
         assert "remove the registry entry" in err
     assert not (tmp_path / "c.jsonl").exists()
+    if how in ("new path", "grown by a key"):
+        return
     # the key's own ledger put back: it goes on
     ledger.unlink()
     ledger.write_bytes(newer)
-    entry = Path(key_registry) / NoiseKey.load(stream["key"]).fingerprint()
-    entry.unlink()  # (its lines all there: recorded again on purpose)
     assert main(third) == 0
+
+
+def test_a_ledger_whose_device_number_changed_is_not_refused(tmp_path, stream, key_registry):
+    """Review 116 (medium): a ledger's volume mounted again under another device number
+    (NFS, USB, a container's volume) made every command refuse the very same file. Its
+    mark is its size and the bytes before it, not its device and inode."""
+    argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"]]
+    assert main([*argv, "-o", str(tmp_path / "a.jsonl")]) == 0
+    entry = Path(key_registry) / NoiseKey.load(stream["key"]).fingerprint()
+    path, key_file, ids, mark = entry.read_text().splitlines()
+    dev, ino, folder_dev = ids.split()
+    entry.write_text(f"{path}\n{key_file}\n{int(dev) + 1} {ino} {folder_dev}\n{mark}\n")
+    assert main([*argv, "-o", str(tmp_path / "b.jsonl"), "--stream", "second"]) == 0
 
 
 def test_a_copy_of_a_gone_ledger_that_holds_its_releases_is_taken(tmp_path, stream, key_registry):

@@ -20,6 +20,7 @@ Each test runs the review's scenario through ``dpstream.cli.main``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -356,8 +357,10 @@ def test_the_registry_holds_no_secret_and_an_unwritable_one_only_warns(
     assert sorted(p.name for p in folder.iterdir()) == [entry.name, f"{entry.name}.lock"]
     ledger = os.stat(f"{place / 'k.key'}.ledger")
     ids = f"{ledger.st_dev} {ledger.st_ino} {os.stat(place).st_dev}"  # its identity
-    size = ledger.st_size  # its high-water mark: the size the run left it at
-    assert entry.read_text() == f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n{ids}\n{size}\n"
+    size = ledger.st_size  # its mark: the size the run left it at, and a digest of
+    tail = hashlib.sha256(Path("k.key.ledger").read_bytes()[-64:]).hexdigest()[:32]  # its end
+    want = f"{place / 'k.key'}.ledger\n{place / 'k.key'}\n{ids}\n{size} {tail}\n"
+    assert entry.read_text() == want
     assert all(secret not in p.name + p.read_text() for p in folder.iterdir())
     Path("plain").write_text("")
     monkeypatch.setenv("DPSTREAM_KEY_REGISTRY", str(place / "plain" / "keys"))

@@ -41,12 +41,15 @@ else ``~/.local/state/dpstream/keys``) holding the ledger's path. The rules:
   and the record follows it. ``DPSTREAM_KEY_REGISTRY=off`` is the way to keep two
   ledgers of one key on purpose. A registry that exists but cannot be written is
   still read (its entries hold), with a warning.
-* The entry keeps the size of whole lines a run of the key left the ledger at (its
-  high-water mark, raised when a run that appended closes it). A ledger only grows, so
-  a file at the recorded path that is shorter than that, or another file than the one
-  recorded (its inode), is a ledger rolled back (a backup put back with ``cp`` or
-  ``mv``; review 113: it forgot the runs recorded since, and a capped run passed its
-  cap): refused in every command, until the entry is removed on purpose.
+* The entry keeps the ledger's mark: the size of whole lines a run of the key left it
+  at (raised when a run that appended closes it) and a digest of the bytes just before
+  that size. A ledger only grows, so a file shorter than that, or with other bytes
+  before it, at the recorded path or taken in its place when it is gone, is a ledger
+  rolled back (a backup put back with ``cp`` or ``mv``, at its path or another, and
+  perhaps grown since by another key's runs on a shared ledger; reviews 113 and 116: it
+  forgot the runs recorded since, and a capped run passed its cap): refused in every
+  command, until the entry is removed on purpose. The file's device and inode are not
+  compared (they change when a volume is mounted again).
 
 The registry is per user and per machine: a key copied to another machine or used by
 another user is not seen (docs/operations.md says to name one ledger on shared storage
@@ -60,6 +63,7 @@ mistake, and the ledger itself is unchanged.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import stat
@@ -136,14 +140,14 @@ def check_ledger(
     with _entry_lock(entry, wait) as locked:
         if not locked:  # another process holds the entry: checked later, by a run once
             return  # its batch is marked as begun (review 110)
-        recorded, recorded_key, ids, high = _read(entry)
+        recorded, recorded_key, ids, mark = _read(entry)
         state = _state(recorded, ids) if recorded is not None else "gone"
         if recorded is not None and state != "live" and _moved_here(ids, ledger):
             # the recorded ledger itself, moved here (its folder renamed, or `mv`): the
             # record follows it (review 108: a renamed folder was taken for an
             # unmounted volume, and refused)
             if record:
-                _write(entry, ledger, key_file_real, high)
+                _write(entry, ledger, key_file_real, mark)
             return
         if recorded is not None and (
             state == "unreachable" or (state == "live" and not same_file(recorded, ledger))
@@ -161,14 +165,16 @@ def check_ledger(
             # out again over other data under the same noise (it was a warning, and a
             # ledger moved with `mv` and run without --ledger started afresh)
             raise LedgerError(_gone(recorded, key_file, entry))
+        if recorded is not None and _rolled_back(ledger, mark):
+            # the file at the recorded path, or the one taken for it when the recorded
+            # one is gone, is shorter than a run of the key left the ledger, or holds
+            # other bytes before that mark (review 113: a ledger put back from a backup
+            # forgot the releases made since, and a capped run passed its cap; review
+            # 116: put back at a new path, or grown since by another key's runs)
+            raise LedgerError(_replaced(recorded, ledger, key_file, entry))
         if recorded is not None and state == "live":
-            if (ids is not None and not _moved_here(ids, ledger)) or _size(ledger) < high:
-                # another file at the recorded path, or the file shorter than a run of the
-                # key left it (review 113: a ledger put back from a backup with `mv` or
-                # `cp` forgot the releases made since, and a capped run passed its cap)
-                raise LedgerError(_replaced(recorded, key_file, entry))
             if ids is None and record:  # an older dpstream's entry: its identity added
-                _write(entry, ledger, recorded_key or key_file_real, high)
+                _write(entry, ledger, recorded_key or key_file_real, mark)
             return  # this ledger, on record
         if record:
             from .ledger_file import check_ledger_file
@@ -177,7 +183,7 @@ def check_ledger(
             # given: its links are checked before they are followed, review 103)
         elif not os.path.isfile(ledger):
             return
-        _write(entry, ledger, key_file_real, max(0, _size(ledger)))
+        _write(entry, ledger, key_file_real, mark)  # (raised when a run appends)
 
 
 def note_size(key: NoiseKey, ledger: str, size: int) -> None:
@@ -195,11 +201,45 @@ def note_size(key: NoiseKey, ledger: str, size: int) -> None:
         with _entry_lock(entry, wait=False) as locked:
             if not locked:
                 return
-            recorded, recorded_key, _, high = _read(entry)
-            if recorded is not None and size > high and same_file(recorded, ledger):
-                _write(entry, recorded, recorded_key or "", size)
+            recorded, recorded_key, _, mark = _read(entry)
+            if recorded is not None and size > mark[0] and same_file(recorded, ledger):
+                _write(entry, recorded, recorded_key or "", (size, _tail(ledger, size)))
     except (LedgerError, OSError):
         return
+
+
+#: A ledger's mark in the key registry: the size of whole lines a run of the key left
+#: it at, and a digest of the bytes just before that size (None: not known).
+Mark = tuple[int, "str | None"]
+#: the bytes before a mark that its digest covers: the end of the last line at least
+_TAIL = 64
+
+
+def _tail(path: str, size: int) -> str | None:
+    """A digest of the :data:`_TAIL` bytes of ``path`` before ``size`` (None: shorter)."""
+    want = min(size, _TAIL)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(size - want)
+            data = fh.read(want)
+    except OSError:
+        return None
+    if len(data) < want:
+        return None
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def _rolled_back(ledger: str, mark: Mark) -> bool:
+    """Whether ``ledger`` is not the ledger its mark was taken of: shorter, or other
+    bytes before the mark (a backup put back and grown since, by this key's runs or by
+    another key's on a shared ledger). A live file's device and inode are not compared:
+    they change when a volume is mounted again (review 116)."""
+    size, tail = mark
+    if size <= 0:
+        return False
+    if _size(ledger) < size:
+        return True
+    return tail is not None and _tail(ledger, size) != tail
 
 
 def _state(recorded: str, ids: tuple[int, int, int] | None) -> str:
@@ -319,14 +359,15 @@ def _gone(recorded: str, key_file: str | None, entry: str) -> str:
     )
 
 
-def _replaced(recorded: str, key_file: str | None, entry: str) -> str:
-    """The refusal of a run whose key's recorded ledger was replaced by another file."""
+def _replaced(recorded: str, ledger: str, key_file: str | None, entry: str) -> str:
+    """The refusal of a run whose key's ledger was rolled back (see :func:`_rolled_back`)."""
+    where = "the file there now" if same_file(recorded, ledger) else f"{ledger!r}"
     return (
-        f"{_recorded_in(recorded, key_file)}, and the file there now is another one than "
-        "the key registry recorded, or shorter than a run of the key left it (put back "
-        "from a backup, or copied over it?): a ledger rolled back forgets the releases "
-        "made since, and a run could release them again under the same noise, or pass "
-        "its dataset's cap. Put the key's own ledger back; if this file is that ledger "
+        f"{_recorded_in(recorded, key_file)}, and {where} is shorter than a run of the "
+        "key left that ledger, or holds other lines before that point (a backup put "
+        "back, or copied over it?): a ledger rolled back forgets the releases made "
+        "since, and a run could release them again under the same noise, or pass its "
+        "dataset's cap. Put the key's own ledger back; if this file is that ledger "
         "with all its lines (moved across file systems), remove the registry entry "
         f"{entry!r} to record it again"
     )
@@ -402,10 +443,11 @@ def _make_folder(folder: str) -> bool:
     return True
 
 
-def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | None, int]:
+def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | None, Mark]:
     """The recorded ledger, the key file it was recorded from (None: no entry), the
-    ledger's identity (:func:`_ids`; None when the entry has none), and the largest
-    size a run of the key saw it at (its high-water mark; 0 when the entry has none)."""
+    ledger's identity (:func:`_ids`; None when the entry has none), and its mark (the
+    size a run of the key left it at and a digest of the bytes before it; (0, None)
+    when the entry has none)."""
     try:
         if not stat.S_ISREG(os.stat(entry).st_mode):  # (a device would be read forever)
             raise LedgerError(
@@ -415,7 +457,7 @@ def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | No
         with open(entry, encoding="utf-8") as fh:
             lines = fh.read(_ENTRY_MAX).splitlines()
     except FileNotFoundError:
-        return None, None, None, 0
+        return None, None, None, (0, None)
     except UnicodeDecodeError:
         raise LedgerError(
             f"the key registry entry {entry!r} is not text (edited?): remove it, or set {ENV}=off"
@@ -432,20 +474,21 @@ def _read(entry: str) -> tuple[str | None, str | None, tuple[int, int, int] | No
         if len(parts) == 3 and all(p.isdigit() for p in parts)
         else None
     )
-    mark = lines[3].strip()
-    high = int(mark) if mark.isdigit() and len(mark) < 20 else 0
-    return lines[0].strip() or None, lines[1].strip() or None, ids, high
+    fields = lines[3].split()
+    size = int(fields[0]) if fields and fields[0].isdigit() and len(fields[0]) < 20 else 0
+    tail = fields[1] if size and len(fields) > 1 and len(fields[1]) == 32 else None
+    return lines[0].strip() or None, lines[1].strip() or None, ids, (size, tail)
 
 
-def _write(entry: str, ledger: str, key_file: str, high: int = 0) -> None:
-    """Record ``ledger`` (and the key file it is used from, and its high-water mark
-    ``high``) at ``entry`` atomically (a reader sees the old or the new entry)."""
+def _write(entry: str, ledger: str, key_file: str, mark: Mark = (0, None)) -> None:
+    """Record ``ledger`` (and the key file it is used from, and its mark) at ``entry``
+    atomically (a reader sees the old or the new entry)."""
     folder = os.path.dirname(entry)
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".entry-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(f"{ledger}\n{key_file}\n{_ids(ledger)}\n{high}\n")
+                fh.write(f"{ledger}\n{key_file}\n{_ids(ledger)}\n{mark[0]} {mark[1] or ''}\n")
             os.replace(tmp, entry)
         except BaseException:
             with contextlib.suppress(OSError):
