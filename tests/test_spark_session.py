@@ -335,6 +335,11 @@ def test_what_would_stop_the_jvm_is_refused_in_one_line(monkeypatch, tmp_path: P
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(ValueError, match="has no bin/java"):
         check_master("local[2]")
+    # review 116: a Java that Spark's spark-env.sh names is Spark's to find
+    monkeypatch.delenv("JAVA_HOME")
+    (tmp_path / "spark-env.sh").write_text("export JAVA_HOME=/opt/jdk-17\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    check_master("local[2]")
 
 
 def test_the_jvms_lines_go_through_the_commands_log(tmp_path: Path) -> None:
@@ -362,3 +367,30 @@ def test_the_jvms_lines_go_through_the_commands_log(tmp_path: Path) -> None:
         said[quiet] = [json.loads(line) for line in done.stderr.splitlines()]  # each JSON
     assert any("steps (t = 1..2)" in r["message"] for r in said[False])
     assert all(r["level"] in ("warning", "error") for r in said[True])
+
+
+def test_a_jvm_that_fails_to_start_says_why(tmp_path: Path) -> None:
+    """Review 116 (low-medium): once the JVM's stderr went through the command's log, the
+    lines of a JVM that failed to start (here "Invalid maximum heap size: -Xmx1q") were
+    debug lines, never shown: only "Java gateway process exited" was. They are said as
+    warnings when the session does not start."""
+    fixed_key("spark-session-jvm").save(tmp_path / "k.key")
+    (tmp_path / "ev.jsonl").write_text('{"t": 1, "items": ["a"]}\n')
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.driver.memory 1q\n")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "SPARK_CONF_DIR": str(conf),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "dpstream", "run", "-m", "unknown", "-T", "2", "--max-items",
+         "1", "--rho", "1", "--threshold-delta", "1e-3", "--key-file", str(tmp_path / "k.key"),
+         "-i", str(tmp_path / "ev.jsonl"), "--engine", "spark", "--master", "local[1]",
+         "-o", str(out), *own_ledger(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "Spark: Invalid maximum heap size: -Xmx1q" in done.stderr, done.stderr[-2000:]

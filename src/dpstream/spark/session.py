@@ -178,7 +178,7 @@ def check_master(master: str) -> None:
 
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if not java or not os.access(java, os.X_OK):
+    if (not java or not os.access(java, os.X_OK)) and not _spark_env_sets_java():
         where = (
             f"JAVA_HOME={java_home!r} has no bin/java"
             if java_home
@@ -217,6 +217,25 @@ def check_master(master: str) -> None:
             f"--master {master!r}: no Spark master answers there (nothing listening on "
             f"{', '.join(hosts)}): start the master, or check its URL"
         )
+
+
+def _spark_env_sets_java() -> bool:
+    """Whether Spark's ``spark-env.sh`` (in ``SPARK_CONF_DIR``, else the install's
+    ``conf``) sets ``JAVA_HOME``, as Spark's launch scripts let it (review 116: such a
+    Java was refused)."""
+    import pyspark
+
+    home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    for folder in (os.environ.get("SPARK_CONF_DIR"), os.path.join(home, "conf")):
+        if not folder:
+            continue
+        try:
+            with open(os.path.join(folder, "spark-env.sh"), encoding="utf-8") as fh:
+                if "JAVA_HOME" in fh.read(1 << 16):
+                    return True
+        except (OSError, UnicodeDecodeError):
+            continue
+    return False
 
 
 def start_session(master: str, app_name: str = "dpstream run") -> SparkSession:
@@ -294,7 +313,32 @@ _JVM_LEVEL = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|E
 _LEVELS = {"ERROR": logging.WARNING, "FATAL": logging.WARNING, "WARN": logging.INFO}
 
 
-def _log_jvm_lines(fd: int) -> None:
+class _JvmLines:
+    """The JVM's stderr lines that are not log4j's, held while the JVM starts: said as
+    warnings when it fails to start (review 116: "Invalid maximum heap size: -Xmx1q",
+    a Java too old, "Failed to find Spark jars" were never shown), at debug level
+    otherwise (the launcher's notes of every start)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.starting = True
+        self.held: list[str] = []
+
+    def take(self, line: str) -> None:
+        with self.lock:
+            if self.starting:
+                self.held.append(line)
+                return
+        _jvm_log.debug(f"Spark: {line}")
+
+    def started(self) -> list[str]:
+        """The lines held while the JVM started; from now on lines go to debug."""
+        with self.lock:
+            self.starting, held, self.held = False, self.held, []
+        return held
+
+
+def _log_jvm_lines(fd: int, lines: _JvmLines) -> None:
     """The reader of the JVM's stderr: each line to the ``dpstream.spark.jvm`` logger (so
     ``--log-format json`` gives JSON and ``--quiet`` keeps warnings only; review 114:
     log4j's and the launcher's lines went to stderr as they were). It reads until the
@@ -306,10 +350,10 @@ def _log_jvm_lines(fd: int) -> None:
                 if not line.strip():
                     continue
                 found = _JVM_LEVEL.match(line)
-                level = _LEVELS.get(found.group(1), logging.DEBUG) if found else logging.DEBUG
-                if found is None and line.startswith(("Exception", "Error", "Caused by")):
-                    level = logging.WARNING
-                _jvm_log.log(level, f"Spark: {line}")
+                if found is None:
+                    lines.take(line)
+                    continue
+                _jvm_log.log(_LEVELS.get(found.group(1), logging.DEBUG), f"Spark: {line}")
             except Exception:  # noqa: BLE001 - a line that cannot be logged is dropped
                 continue
 
@@ -327,22 +371,42 @@ def _jvm_stderr_logged() -> Iterator[None]:
     if launch is None:  # another PySpark: its JVM writes to stderr as before
         yield
         return
-    read, write = os.pipe()
-    threading.Thread(
-        target=_log_jvm_lines, args=(read,), name="dpstream-jvm-stderr", daemon=True
-    ).start()
+
+    failed: list[str] = []  # the last words of a JVM that failed to start
 
     def launch_logged(conf: Any = None, popen_kwargs: Any = None) -> Any:
+        read, write = os.pipe()  # one per JVM (a failed start is tried again)
+        lines = _JvmLines()
+        reader = threading.Thread(
+            target=_log_jvm_lines, args=(read, lines), name="dpstream-jvm-stderr", daemon=True
+        )
+        reader.start()
         kwargs = dict(popen_kwargs or {})
         kwargs.setdefault("stderr", write)
-        return launch(conf, kwargs)
+        try:
+            gateway = launch(conf, kwargs)
+        except BaseException:
+            os.close(write)  # the JVM is gone: its last words are read to their end
+            reader.join(timeout=5)
+            failed[:] = lines.started()
+            raise
+        os.close(write)  # the JVM holds its own end: the reader ends when the JVM does
+        for line in lines.started():
+            _jvm_log.debug(f"Spark: {line}")
+        return gateway
 
     module.launch_gateway = launch_logged  # type: ignore[attr-defined]
     try:
         yield
+    except BaseException:  # the session did not start: why, in the JVM's words
+        for line in failed:
+            _jvm_log.warning(f"Spark: {line}")
+        raise
+    else:  # (a start tried again without the class archive's options, and started)
+        for line in failed:
+            _jvm_log.debug(f"Spark: {line}")
     finally:
         module.launch_gateway = launch  # type: ignore[attr-defined]
-        os.close(write)  # the JVM holds its own end: the reader ends when the JVM does
 
 
 def _get_or_create(
