@@ -326,3 +326,23 @@ def test_an_output_without_sidecar_needs_the_version_and_spark_defaults_to_2(set
     assert _noise_version({**opts, "noise_version": None}) == 2
     assert _noise_version({**opts, "noise_version": 1}) == 1
     assert _noise_version({**opts, "engine": "local", "noise_version": None}) == 2
+
+
+def test_overwrite_alone_takes_nothing_of_the_stream_it_replaces(setup, capsys):
+    """Review 116 (low): `--overwrite` (a new stream replacing the file) took the noise
+    version of the replaced stream's sidecar, and refused an output without one unless
+    given --noise-version. Only --force (the same stream again) goes on with them."""
+    base, args = setup
+    out = base / "out.jsonl"
+    first = [*args, "-i", str(base / "first.jsonl"), "-o", str(out), *own_ledger(out)]
+    assert main([*first, "--noise-version", "1"]) == 0
+    meta = json.loads((base / "out.jsonl.meta.json").read_text())
+    assert meta["noise_version"] == 1
+    fixed_key("noise-version-cli, another stream").save(base / "k2.key")
+    again = [*args, "-i", str(base / "all.jsonl"), "-o", str(out), *own_ledger(out)]
+    again[again.index(str(base / "k.key"))] = str(base / "k2.key")
+    assert main([*again, "--overwrite"]) == 0
+    meta = json.loads((base / "out.jsonl.meta.json").read_text())
+    assert meta["noise_version"] == 2  # its own: the newest
+    (base / "out.jsonl.meta.json").unlink()  # no sidecar: --overwrite needs no version
+    assert main([*again, "--overwrite", "--stream", "third"]) == 0

@@ -457,7 +457,7 @@ class NoiseSource:
             f"a NoiseSource (purpose {self.purpose!r}) cannot be pickled or deep-copied: "
             "a copy of a mechanism would release its steps again with the same noise "
             "over other counts; to keep a stream for a later run use "
-            "dpstream.snapshot.dump_snapshot (or `dpstream run --state`)"
+            "dpstream.snapshot.dump_snapshot and load it once (or `dpstream run --state`)"
         )
 
     # -- item identifiers -------------------------------------------------

@@ -74,8 +74,8 @@ class OneStream:
         return TypeError(
             f"a {type(self).__name__} cannot be copied or pickled: a copy would release "
             "the stream's steps again with the same noise over other counts; to keep a "
-            "stream for a later run use dpstream.snapshot.dump_snapshot (or "
-            "`dpstream run --state`)"
+            "stream for a later run use dpstream.snapshot.dump_snapshot and load it once "
+            "(two loads are two copies; `dpstream run --state` keeps that rule)"
         )
 
     def __copy__(self) -> Any:

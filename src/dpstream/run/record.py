@@ -52,9 +52,11 @@ def noise_version_of(opts: Mapping[str, Any]) -> int:
       ``--noise-version 1``);
     * the run on record in ``--state`` (one that released steps; a state without a
       version was written by dpstream 0.1: version 1);
-    * else the output file's metadata sidecar, when the output exists (``--force``
-      writes over it; a sidecar without a version: 1); an output that holds
-      releases but has no sidecar is refused: its version is unknown;
+    * else, with ``--force`` (the same stream again, its release never published),
+      the output file's metadata sidecar, when the output exists (a sidecar without a
+      version: 1); an output that holds releases but has no sidecar is refused: its
+      version is unknown. ``--overwrite`` alone replaces the file with a new stream,
+      whose settings are its own (review 116: it took the replaced stream's);
     * else, a new stream: the newest version.
     """
     from ..noise import NOISE_VERSION
@@ -70,14 +72,14 @@ def noise_version_of(opts: Mapping[str, Any]) -> int:
         if params is not None:
             return int(params.get("noise_version", 1))
     output = opts.get("output")
-    if output and output != "-" and os.path.exists(output):
+    if output and output != "-" and os.path.exists(output) and not _overwrite_only(opts):
         try:
             meta = read_run_meta(sidecar_path(output))
         except ValueError:
             meta = None
         if meta is not None:
             return _sidecar_int(meta, "noise_version", 1, sidecar_path(output))
-        if (opts.get("force") or opts.get("overwrite")) and os.path.getsize(output) > 0:
+        if opts.get("force") and os.path.getsize(output) > 0:
             raise ValueError(
                 f"output file {output!r} holds releases but no metadata sidecar "
                 "says which noise version drew them: pass --noise-version (1 for "
@@ -118,7 +120,7 @@ def recorded_tree_base(cfg: RunConfig) -> int | None:
                 return int(params["base"])
             return None
     output = cfg.output
-    if output and output != "-" and os.path.exists(output):
+    if output and output != "-" and os.path.exists(output) and not _overwrite_only(cfg.options()):
         try:
             meta = read_run_meta(sidecar_path(output))
         except ValueError:
@@ -131,6 +133,12 @@ def recorded_tree_base(cfg: RunConfig) -> int | None:
         ):
             return _sidecar_int(meta, "base", None, sidecar_path(output))
     return None
+
+
+def _overwrite_only(opts: Mapping[str, Any]) -> bool:
+    """Whether the output is replaced by a new stream (``--overwrite`` without
+    ``--force``): its sidecar is the replaced stream's, which decides nothing here."""
+    return bool(opts.get("overwrite")) and not opts.get("force")
 
 
 def _sidecar_int(meta: dict[str, Any], name: str, default: int | None, path: Any) -> int:
