@@ -597,3 +597,44 @@ def test_a_key_object_for_key_is_refused_in_words() -> None:
     frame = pd.DataFrame({"t": [1], "items": [["a"]]})
     with pytest.raises(TypeError, match="key= is the path of a key file"):
         dpstream.release_frame(frame, "unknown", key=dpstream.NoiseKey.generate(), **BASE)
+
+
+def test_columns_named_by_settings_are_the_read_ones_and_only_they_are_copied(
+    tmp_path, key_path, monkeypatch
+) -> None:
+    """Review 117: a column of sets named by ``item_column=`` (not ``items=``) passed the
+    check of read columns, so which item a user kept first followed the hash seed;
+    every column of the frame, read or not, was converted and copied to the temporary
+    Parquet file (an unread column Arrow cannot type refused the frame, and unread
+    personal data went to disk); a lone surrogate raised pyarrow's UnicodeEncodeError;
+    and a killed process left that copy behind."""
+    import os
+
+    frame = pd.DataFrame({"t": [1, 2], "tags": [["a", "b"], {"c", "d"}], "u": ["x", "y"]})
+    with pytest.raises(ValueError, match="column 'tags' holds sets"):
+        dpstream.release_frame(
+            frame, "unknown", key=key_path, item_column="tags", user_field="u",
+            max_items_per_user=1, max_count_per_item=1, rho=1.0, threshold_delta=1e-6,
+            horizon=T,
+        )  # fmt: skip
+    written: list[list[str]] = []
+    real = pq.write_table
+
+    def kept(table, path, **kw):
+        written.append(list(table.column_names))
+        return real(table, path, **kw)
+
+    monkeypatch.setattr(pq, "write_table", kept)
+    mixed = pd.DataFrame({"t": [1, 2], "items": [["a"], ["b"]], "note": [1, "x"]})
+    assert len(dpstream.release_frame(mixed, "unknown", key=key_path, **BASE)) >= 1
+    assert written == [["t", "items"]]  # the unread note: neither converted nor copied
+    bad = pd.DataFrame({"t": [1], "items": [["\ud800"]]})
+    with pytest.raises(ValueError, match="column 'items' cannot be read.*lone surrogate"):
+        dpstream.release_frame(bad, "unknown", key=key_path, **BASE, stream="bad")
+    # a copy a killed process left (its pid gone) is removed by the next call
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = tmp_path / "dpstream-frame-999999999-abc"
+    left.mkdir()
+    (left / "events.parquet").write_bytes(b"rows")
+    assert len(dpstream.release_frame(mixed, "unknown", key=key_path, **BASE, stream="next")) >= 1
+    assert not left.exists() and not [p for p in os.listdir(tmp_path) if "frame" in p]

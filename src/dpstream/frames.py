@@ -25,6 +25,10 @@ __all__ = ["release_frame"]
 
 #: The settings a frame run always has (the releases go to a Parquet long table).
 _FIXED = ("input", "output", "output_format", "key_file", "mechanism", "state", "follow", "view")
+#: The settings that name a column the run reads.
+_COLUMN_SETTINGS = ("item_column", "event_column", "user_field", "time_field", "time_column")
+#: The temporary folders of frames' copies (``<prefix><pid>-<random>``).
+_TMP_PREFIX = "dpstream-frame-"
 
 
 def release_frame(
@@ -113,11 +117,21 @@ def release_frame(
     named.update(time_field="time", time_column="time")
     columns = check_values(columns, allowed, where="release_frame", keywords=True, written=named)
     opts: dict[str, Any] = {"key_file": os.fspath(key), "quiet": True, **columns, **given}
-    with tempfile.TemporaryDirectory(prefix="dpstream-frame-") as tmp:  # mode 0700
+    from .run.fold import remove_stale
+
+    root = tempfile.gettempdir()
+    remove_stale(root, _TMP_PREFIX)  # a frame's copy a killed process left (review 117)
+    prefix = f"{_TMP_PREFIX}{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=root) as tmp:  # mode 0700
         if kind == "path":
             opts["input"], opts["input_format"] = os.fspath(events), "parquet"
         else:
-            read = {str(n) for n in (time, items or "items", "item", event or "event", user) if n}
+            # the columns the run may read, however named (review 117: named through
+            # item_column= and the like, a column of sets passed the check of read
+            # columns; and every other column was copied to the temporary file too)
+            names = (time, items or "items", "item", event or "event", user)
+            names += tuple(opts.get(k) for k in _COLUMN_SETTINGS)
+            read = {str(n) for n in names if n}
             opts["input"] = _write_events(events, kind, tmp, read)
             opts["input_format"] = "parquet"
             # its budget's dataset is not the temporary file's name, which every frame
@@ -213,11 +227,12 @@ def _write_events(events: Any, kind: str, tmp: str, read: set[str]) -> str:
     import pyarrow.parquet as pq
 
     if kind == "pandas":
-        table = _from_pandas(events, read)
+        table = _from_pandas(events[[c for c in events.columns if str(c) in read]], read)
     elif kind == "polars":
-        table = events.to_arrow()
+        table = events.select([c for c in events.columns if str(c) in read]).to_arrow()
     else:
         table = pa.Table.from_batches([events]) if isinstance(events, pa.RecordBatch) else events
+        table = table.select([c for c in table.column_names if str(c) in read])
     path = os.path.join(tmp, "events.parquet")
     pq.write_table(table, path)
     return path
@@ -245,8 +260,15 @@ def _from_pandas(events: Any, read: set[str]) -> Any:
                 "one Python process to the next, and which items an event or a user "
                 "keeps first would change with it; give lists (in the events' order)"
             )
-    # OverflowError: a Python int past int64 (Arrow's conversion raises it bare)
-    unreadable = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
+    # OverflowError: a Python int past int64 (Arrow's conversion raises it bare);
+    # UnicodeEncodeError: a lone surrogate in a string (review 117: raised as it was)
+    unreadable = (
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+        pa.ArrowNotImplementedError,
+        OverflowError,
+        UnicodeEncodeError,
+    )
     try:
         return pa.Table.from_pandas(events, preserve_index=False)
     except unreadable:
@@ -259,12 +281,17 @@ def _from_pandas(events: Any, read: set[str]) -> Any:
             continue
         except unreadable as exc:
             problem = type(exc).__name__
-        texts = _items_as_text(values)
+        texts = None if problem == "UnicodeEncodeError" else _items_as_text(values)
         if texts is None:
             raise ValueError(
                 f"the frame's column {str(name)!r} cannot be read: its values are not all "
                 f"of one type that the column may have (pyarrow: {problem}; the values "
                 "are not shown)"
+                + (
+                    ", or a string holds a lone surrogate (not valid text)"
+                    if problem == "UnicodeEncodeError"
+                    else ""
+                )
             ) from None
         columns[name] = pa.table({name: pa.array(texts, pa.list_(pa.string()))})
     return pa.Table.from_arrays(

@@ -117,16 +117,17 @@ class SpillDir:
             self.path = None
 
 
-def remove_stale(root: str) -> None:
-    """Remove the spill directories under ``root`` that this user's processes left when
-    killed outright (their process is gone)."""
+def remove_stale(root: str, prefix: str = _PREFIX) -> None:
+    """Remove the spill directories (or others named ``prefix`` + pid + ``-`` + a word)
+    under ``root`` that this user's processes left when killed outright (their process
+    is gone)."""
     try:
         names = os.listdir(root)
     except OSError:
         return
     uid = os.getuid()
     for name in names:
-        m = re.fullmatch(re.escape(_PREFIX) + r"(\d+)-\w+", name)
+        m = re.fullmatch(re.escape(prefix) + r"(\d+)-\w+", name)
         if m is None:
             continue
         path = os.path.join(root, name)
