@@ -984,3 +984,30 @@ def test_a_time_zone_python_does_not_know_is_refused_in_one_line(tmp_path, key_p
     assert _run(key_path, tmp_path / "e.parquet", tmp_path / "o.jsonl", *UNKNOWN, *clock) == 1
     err = capsys.readouterr().err
     assert "time zone 'Mars/Phobos' is not one Python knows" in err and err.count("\n") == 1
+
+
+def test_a_clocked_user_or_time_column_named_items_is_refused_in_words(tmp_path):
+    """Review 117 (low): with a clock each row is read as the JSON Lines object of its
+    event, whose items are "items": a user (or time) column of that name, the items
+    being another column, overwrote them, and every record was "malformed". Refused
+    in words; with integer steps (read by columns) such a name is taken."""
+    from dpstream.clock import StepClock
+    from dpstream.io.parquet import read_parquet_records
+
+    times = pa.array([dt.datetime(2026, 3, 1, 1)] * 2, pa.timestamp("us", tz="UTC"))
+    table = pa.table({"ts": times, "tags": [["a"], ["b"]], "items": ["u1", "u2"]})
+    pq.write_table(table, tmp_path / "c.parquet")
+    clock = StepClock.parse("2026-03-01T00:00Z", "1h")
+    with pytest.raises(ValueError, match="--user-field 'items' is a name the reader gives"):
+        list(
+            read_parquet_records(
+                str(tmp_path / "c.parquet"), time_field="ts", clock=clock,
+                item_column="tags", user_field="items",
+            )
+        )  # fmt: skip
+    stepped = pa.table({"t": [1, 2], "tags": [["a"], ["b"]], "items": ["u1", "u2"]})
+    pq.write_table(stepped, tmp_path / "s.parquet")
+    recs = list(
+        read_parquet_records(str(tmp_path / "s.parquet"), item_column="tags", user_field="items")
+    )
+    assert [(r.t, r.items, r.user) for r in recs] == [(1, ("a",), "u1"), (2, ("b",), "u2")]

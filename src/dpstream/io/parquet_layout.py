@@ -140,10 +140,24 @@ def _layout(
                 time, flag, ttype,
                 "integer time steps (or --time-field with --step and --start for timestamps)",
             )  # fmt: skip
+    # with a clock a row is parsed as the JSON Lines object {TIME: .., "items": ..,
+    # USER: ..}: a user or time column named "items" that is not the item column would
+    # overwrite it (review 117: every record "malformed")
+    taken = {"items", time} if clock is not None else set()
+    if clock is not None and time == "items" and items != "items":
+        raise ValueError(
+            f"{where}: --time-field 'items' is a column other than the items "
+            f"({items!r}): the reader gives the items that name; rename the time column"
+        )
     if user_field is not None:
         if user_field in (time, items, event):
             raise ValueError(
                 f"{where}: --user-field {user_field!r} is the time, item or event column"
+            )
+        if user_field in taken:
+            raise ValueError(
+                f"{where}: --user-field {user_field!r} is a name the reader gives the "
+                "time or the items of an event: rename the user column"
             )
         utype = need(user_field, "--user-field")
         if not (pa.types.is_string(utype) or pa.types.is_large_string(utype)):
