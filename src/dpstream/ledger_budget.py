@@ -63,7 +63,7 @@ class BudgetLines:
         for raw, number in lines:
             body, _, tag = raw.rpartition(b" ")
             fields = body.split(b" ")
-            if len(fields) == 5 and fields[3] != self._key_id:
+            if self._other_key(fields):
                 continue  # another key's budget
             if len(fields) != 5 or not hmac.compare_digest(self._tag(body), tag):
                 raise LedgerError(
@@ -84,11 +84,12 @@ class BudgetLines:
         """How many budget lines of other keys the ledger holds (a ledger shared by keys):
         their datasets and costs are sealed under their keys, so no total here counts
         them (review 113: a dataset's streams under two keys each passed its cap)."""
-        return sum(
-            1
-            for raw, _ in self._budget_lines
-            if len(fields := raw.split(b" ")) == 6 and fields[3] != self._key_id
-        )
+        bodies = (raw.rpartition(b" ")[0] for raw, _ in self._budget_lines)
+        return sum(1 for body in bodies if self._other_key(body.split(b" ")))
+
+    def _other_key(self, fields: list[bytes]) -> bool:
+        """Whether a budget line's fields (its tag cut off) are of another key's line."""
+        return len(fields) == 5 and fields[3] != self._key_id
 
     def spends(self) -> list[tuple[bytes, DatasetSpend]]:
         """The costs that count, as (scope digest, cost): one per noise scope and dataset.

@@ -187,12 +187,12 @@ def check_ledger(
 
 
 def note_size(key: NoiseKey, ledger: str, size: int) -> None:
-    """Raise the key's high-water mark to ``size``, the bytes of whole lines a run that
-    appended to ``ledger`` read and wrote (when it is the key's recorded ledger; never
-    another run's torn line, which a later run cuts off): the ledger only grows, so a
-    file shorter than that at the next run is a ledger rolled back (a backup put back,
-    with ``cp`` over it or otherwise) and is refused. Never raises, never waits: a mark
-    not raised only makes the check see less."""
+    """Raise the key's mark to ``size``, the bytes of whole lines a run that appended to
+    ``ledger`` read and wrote (when it is the key's recorded ledger; never another run's
+    torn line, which a later run cuts off), with a digest of the bytes before it: the
+    ledger only grows, so a file shorter than that, or with other bytes there, at the
+    next run is a ledger rolled back (:func:`_rolled_back`) and is refused. Never raises,
+    never waits: a mark not raised only makes the check see less."""
     try:
         folder = registry_dir()
         if folder is None or not os.path.isdir(folder):

@@ -143,7 +143,6 @@ def _layout(
     # with a clock a row is parsed as the JSON Lines object {TIME: .., "items": ..,
     # USER: ..}: a user or time column named "items" that is not the item column would
     # overwrite it (review 117: every record "malformed")
-    taken = {"items", time} if clock is not None else set()
     if clock is not None and time == "items" and items != "items":
         raise ValueError(
             f"{where}: --time-field 'items' is a column other than the items "
@@ -154,7 +153,7 @@ def _layout(
             raise ValueError(
                 f"{where}: --user-field {user_field!r} is the time, item or event column"
             )
-        if user_field in taken:
+        if clock is not None and user_field == "items":
             raise ValueError(
                 f"{where}: --user-field {user_field!r} is a name the reader gives the "
                 "time or the items of an event: rename the user column"

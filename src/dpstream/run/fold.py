@@ -47,7 +47,15 @@ from .settings import parse_size
 if TYPE_CHECKING:
     from .validate import Validator
 
-__all__ = ["DEFAULT_MEMORY", "FoldedInput", "FoldedStep", "SpillDir", "parse_size", "spread"]
+__all__ = [
+    "DEFAULT_MEMORY",
+    "FoldedInput",
+    "FoldedStep",
+    "SpillDir",
+    "memory_budget",
+    "parse_size",
+    "spread",
+]
 
 #: --memory's default: counts held in memory up to this many bytes, then spilled.
 DEFAULT_MEMORY = "512M"
@@ -115,6 +123,13 @@ class SpillDir:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
+
+
+def memory_budget(memory: str | None) -> int:
+    """``--memory`` in bytes (default :data:`DEFAULT_MEMORY`): what a batch run's folded
+    counts and a follower's records of steps not yet due hold in memory before they
+    spill."""
+    return parse_size(memory or DEFAULT_MEMORY)
 
 
 def remove_stale(root: str, prefix: str = _PREFIX) -> None:

@@ -95,10 +95,9 @@ def follow(
             backlog_size=source.backlog_size,
         )
     taken = TakenLines()
-    from .fold import DEFAULT_MEMORY
-    from .settings import parse_size
+    from .fold import memory_budget
 
-    pending = PendingRecords(parse_size(cfg.memory or DEFAULT_MEMORY))
+    pending = PendingRecords(memory_budget(cfg.memory))
     caught_up = ended = False
     t = first_t
     try:

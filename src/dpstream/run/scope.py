@@ -87,9 +87,10 @@ def new_run_scope(
         problem = ledger.budget_problem()
         if problem is not None:
             raise BudgetCapError(problem)
-        if cap is not None and ledger.other_keys():
+        foreign = ledger.other_keys() if cap is not None else 0
+        if foreign:
             _log.warning(
-                f"the release ledger {ledger.path} holds {ledger.other_keys()} budget "
+                f"the release ledger {ledger.path} holds {foreign} budget "
                 "line(s) of other keys, which --budget-cap does not count (their datasets "
                 "and costs are sealed under their keys): a dataset's budget is one key's, "
                 "so keep the streams of a dataset under one key"
@@ -187,7 +188,8 @@ def dataset_slip(given: str, names: set[str]) -> str | None:
     default name of ``-i sales.jsonl`` made three budgets): a slip that would start a
     fresh budget beside that one's, past its cap; None when fine. ``dpstream plan``
     asks the same question, so that it refuses what a run refuses."""
-    near = sorted(n for n in names if n != given and _plain(n) == _plain(given))
+    plain = _plain(given)
+    near = sorted(n for n in names if n != given and _plain(n) == plain)
     if not near or given in names:
         return None
     return (

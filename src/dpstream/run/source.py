@@ -235,7 +235,7 @@ def _first_held_error(
 def _folded(cfg: RunConfig, validator: Validator, start_t: int, until: int) -> Any:
     """The fold of a batch run's input (:mod:`dpstream.run.fold`): its steps' counts
     (with ``--state``, the bytes the input digests hash in a temporary file)."""
-    from .fold import DEFAULT_MEMORY, FoldedInput, parse_size
+    from .fold import FoldedInput, memory_budget
 
     horizon = cfg.horizon_limit
     return FoldedInput(
@@ -245,7 +245,7 @@ def _folded(cfg: RunConfig, validator: Validator, start_t: int, until: int) -> A
         until=until,
         past=lambda t: past_message(t, until, horizon),
         digests=bool(cfg.state),
-        budget=parse_size(cfg.memory or DEFAULT_MEMORY),
+        budget=memory_budget(cfg.memory),
         users=cfg.user_field is not None,
     )
 

@@ -202,14 +202,15 @@ def check_master(master: str) -> None:
         )
     if master.startswith("spark://"):
         hosts = master[len("spark://") :].split(",")
+        addresses = []
         for host in hosts:
             name, _, port = host.rpartition(":")
             if not port.isdigit() or not name:
                 raise ValueError(f"--master {master!r}: {host!r} is not HOST:PORT")
-        for host in hosts:
-            name, _, port = host.rpartition(":")
+            addresses.append((name.strip("[]"), int(port)))
+        for address in addresses:
             try:
-                socket.create_connection((name.strip("[]"), int(port)), timeout=5).close()
+                socket.create_connection(address, timeout=5).close()
                 return
             except OSError:
                 continue
