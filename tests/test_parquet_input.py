@@ -1011,3 +1011,136 @@ def test_a_clocked_user_or_time_column_named_items_is_refused_in_words(tmp_path)
         read_parquet_records(str(tmp_path / "s.parquet"), item_column="tags", user_field="items")
     )
     assert [(r.t, r.items, r.user) for r in recs] == [(1, ("a",), "u1"), (2, ("b",), "u2")]
+
+
+def _long_string_rows(n: int, size: int, per_item: bool) -> pa.Table:
+    """``n`` rows that repeat two strings of ``size`` characters: one row per event
+    (``t``, ``items``, ``user``) or one row per item (``t``, ``event``, ``item``,
+    ``user``), in 8 steps. The strings are dictionary arrays (each long string held
+    once here too); written with ``store_schema=False`` they read back as strings."""
+    long_a = pa.array(["a" * size])
+    users = pa.DictionaryArray.from_arrays(
+        pa.array([1 if i % 3 else 0 for i in range(n)], pa.int32()), pa.array(["u", "b" * size])
+    )
+    t = pa.array([1 + i % 8 for i in range(n)], pa.int64())
+    if per_item:
+        item = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), long_a)
+        event = pa.array([i % 50 for i in range(n)], pa.int64())
+        return pa.table({"t": t, "event": event, "item": item, "user": users})
+    words = pa.DictionaryArray.from_arrays(
+        pa.array(np.tile(np.array([0, 1], np.int32), n)), pa.array(["a" * size, "w1"])
+    )
+    items = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)), words)
+    return pa.table({"t": t, "items": items, "user": users})
+
+
+@pytest.mark.parametrize("encoding", ["dictionary", "plain", "categorical"])
+def test_long_repeated_strings_are_decoded_a_bounded_batch_at_a_time(
+    tmp_path, monkeypatch, encoding
+):
+    """Review 117: a dictionary of one long string under 65,536 indices (a 2 KB file)
+    was decoded a whole batch at once, 1 GB. Each batch now decodes to at most
+    BATCH_BYTES of strings (or is one row); the records are the rows as Arrow reads the
+    whole table (a brute-force reading, row by row)."""
+    import dpstream.io.parquet as reader
+
+    monkeypatch.setattr(reader, "BATCH_BYTES", 1 << 16)
+    table = _long_string_rows(3000, 1000, per_item=False)
+    path = tmp_path / "long.parquet"
+    pq.write_table(  # categorical: the dictionary types stored (pandas categoricals)
+        table,
+        path,
+        use_dictionary=encoding != "plain",
+        compression="zstd",
+        row_group_size=2000,
+        store_schema=encoding == "categorical",
+    )
+    assert pa.types.is_dictionary(pq.read_schema(path).field("user").type) == (
+        encoding == "categorical"
+    )
+    settings = dict(
+        time_column=None, item_column=None, event_column="event", time_field=None,
+        clock=None, user_field="user",
+    )  # fmt: skip
+    sizes = []
+    for _, batch in reader._batches(str(path), settings):
+        items = sum(len(x) for row in batch.column("items").to_pylist() for x in row)
+        users = sum(len(u) for u in batch.column("user").to_pylist())
+        sizes.append((batch.num_rows, items + users))
+    assert sum(n for n, _ in sizes) == 3000
+    # rows of 1,002 + 1,000 (or 1) characters: 32 rows (64,064 bytes) fit under 65,536
+    assert all(n == 1 or size <= 1 << 16 for n, size in sizes), sizes
+    assert len(sizes) >= 3000 * 1000 // (1 << 16)
+    want = [
+        (i + 1, row["t"], None, tuple(row["items"]), row["user"])
+        for i, row in enumerate(pq.read_table(path).to_pylist())
+    ]
+    assert _flat(read_parquet_chunks(str(path), user_field="user")) == want
+
+
+def test_one_row_per_item_holds_each_long_string_once(tmp_path):
+    """Review 117: one row per item holds every row until the input ends; a file of one
+    long item repeated held a copy of it, and of the row's bytes, per row (17 GB for a
+    48 KB file). The records are those of a brute-force grouping of the rows."""
+    table = _long_string_rows(2000, 1000, per_item=True)
+    path = tmp_path / "long.parquet"
+    pq.write_table(table, path, row_group_size=700, store_schema=False)
+    groups: dict[tuple, list[int]] = {}
+    rows = table.to_pylist()
+    for i, row in enumerate(rows):
+        groups.setdefault((row["t"], row["user"], str(row["event"])), []).append(i)
+    want = [
+        (first[0] + 1, rows[first[0]]["t"], None, tuple(rows[i]["item"] for i in first), user)
+        for (_, user, _), first in sorted(groups.items(), key=lambda kv: kv[1][0])
+    ]
+    chunks = list(read_parquet_chunks(str(path), user_field="user"))
+    assert _flat(chunks) == want
+    # each chunk's bytes are bounded (records of long rows are not held 4,096 at once)
+    from dpstream.io.chunks import CHUNK_RAW_BYTES
+
+    longest = max(len(b"\n".join([b"x" * 1100] * len(ix))) for ix in groups.values())
+    assert all(len(ch.buf) <= CHUNK_RAW_BYTES + longest for ch in chunks)
+
+
+#: A run's exit code and peak resident memory (MB). The peak of this process's memory
+#: (VmHWM) and not ``ru_maxrss``: Linux keeps ``ru_maxrss`` across ``exec``, so a child
+#: of the test process would start at the test process's own peak.
+_PEAK = """
+import sys
+from dpstream.cli import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as fh:
+    peak = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+print(code, peak // 1024)
+"""
+
+
+@pytest.mark.parametrize("per_item", [False, True])
+def test_a_small_file_of_long_repeated_strings_runs_in_bounded_memory(tmp_path, key_path, per_item):
+    """End to end (a fresh process, its peak resident memory): 100,000 rows repeating
+    an 8 KB string decode to 800 MB. Before, the run peaked at 2.0 GB (one row per
+    event) and 4.6 GB (one row per item); now each batch and chunk holds at most 8 MB
+    of strings, and every distinct string is held once (peaks of 230-310 MB). 500 MB
+    is 1.6 times that, and a quarter of the smallest peak before."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "long.parquet"
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("the peak of a process's memory is read from Linux's /proc")
+    table = _long_string_rows(100_000, 8192, per_item)
+    pq.write_table(table, path, compression="zstd", store_schema=False)
+    assert path.stat().st_size < 1 << 20  # a small file
+    out = tmp_path / "out.jsonl"
+    argv = [
+        "run", "--quiet", "-T", "8", "--key-file", str(key_path), "-i", str(path),
+        "-o", str(out), *own_ledger(out), *UNKNOWN,
+    ]  # fmt: skip
+    env = {**os.environ, "DPSTREAM_KEY_REGISTRY": "off"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, *argv], env=env, capture_output=True, text=True
+    )
+    code, peak_mb = map(int, done.stdout.split())
+    assert code == 0, done.stderr
+    assert peak_mb < 500, peak_mb
+    assert len(out.read_text().splitlines()) == 8

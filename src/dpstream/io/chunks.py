@@ -130,14 +130,24 @@ class StepInput:
         return np.cumsum(self.lengths) + np.arange(self.lengths.size)
 
 
+#: The bytes of records a chunk of :func:`chunks_from_records` holds at most (a record
+#: alone may hold more): records of long rows (a Parquet dictionary of long strings)
+#: are not held 4,096 at a time
+CHUNK_RAW_BYTES = 1 << 23
+
+
 def chunks_from_records(records: Iterable[RawEvent], size: int = 4096) -> Iterator[Chunk]:
-    """Chunks from the records of :mod:`dpstream.io`'s readers (CSV, timestamps)."""
+    """Chunks from the records of :mod:`dpstream.io`'s readers (CSV, timestamps): up to
+    ``size`` records, and up to :data:`CHUNK_RAW_BYTES` of their bytes, a chunk."""
     batch: list[RawEvent] = []
+    held = 0
     for rec in records:
         batch.append(rec)
-        if len(batch) >= size:
+        held += len(rec.raw or b"")
+        if len(batch) >= size or held >= CHUNK_RAW_BYTES:
             yield _chunk_of(batch)
             batch = []
+            held = 0
     if batch:
         yield _chunk_of(batch)
 

@@ -60,6 +60,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,7 +70,7 @@ from ..clock import StepClock
 from .arrow import arrow_ints, arrow_valid, event_rows
 from .chunks import INT64_MAX, Chunk, chunks_from_records
 from .jsonl import NOT_UTF8, _assemble, parse_jsonl_line
-from .parquet_layout import _Layout, _layout, _value_type, item_column_type
+from .parquet_layout import _Layout, _layout, _value_type, is_list_type, item_column_type
 from .records import RawEvent, parse_t, raw_bytes, shorten, timestamp_step, valid_text
 
 __all__ = [
@@ -248,13 +249,113 @@ def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any
         try:
             # INT96 (Spark's default timestamps) as microseconds: in nanoseconds an
             # instant outside 1677-2262 wrapped around into another step (review 117)
-            pfile = pq.ParquetFile(name, coerce_int96_timestamp_unit="us")
+            plain = pq.ParquetFile(name, coerce_int96_timestamp_unit="us")
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{name!r} is not a Parquet file ({exc})") from None
-        layout = _layout(pfile.schema_arrow, f"the Parquet input {name!r}", **settings)
-        for batch in pfile.iter_batches(batch_size=BATCH_ROWS, columns=layout.columns()):
-            if batch.num_rows:
-                yield layout, _decoded(batch, layout)
+        layout = _layout(plain.schema_arrow, f"the Parquet input {name!r}", **settings)
+        columns = layout.columns()
+        written = {c: plain.schema_arrow.field(c).type for c in columns}
+        # strings stay dictionary-encoded until a batch is cut to a bounded size: a
+        # dictionary of one long string under 65,536 indices is a 2 KB file that
+        # decoded to 1 GB a batch (review 117)
+        pfile = pq.ParquetFile(
+            name,
+            coerce_int96_timestamp_unit="us",
+            read_dictionary=_string_leaves(plain.schema, columns),
+            metadata=plain.metadata,
+        )
+        for group in range(pfile.num_row_groups):
+            rows = _rows_per_batch(plain.metadata.row_group(group), columns)
+            for batch in pfile.iter_batches(batch_size=rows, row_groups=[group], columns=columns):
+                for part in _bounded(batch):
+                    yield layout, _decoded(_as_written(part, written), layout)
+
+
+#: The bytes of strings a batch is decoded to at most (a batch of one row may hold more)
+BATCH_BYTES = 1 << 23
+
+
+def _string_leaves(schema: Any, columns: list[str]) -> list[str]:
+    """The paths of the string leaves of ``columns`` in a file's Parquet ``schema``: the
+    columns read dictionary-encoded (as written)."""
+    paths = []
+    for i in range(len(schema)):
+        leaf = schema.column(i)
+        if leaf.physical_type == "BYTE_ARRAY" and any(
+            leaf.path == c or leaf.path.startswith(c + ".") for c in columns
+        ):
+            paths.append(leaf.path)
+    return paths
+
+
+def _rows_per_batch(group: Any, columns: list[str]) -> int:
+    """Rows a batch of a row group is read in: :data:`BATCH_ROWS`, fewer when the row
+    group's pages (decompressed) hold more than :data:`BATCH_BYTES` a batch (a value
+    repeated without a dictionary compresses as well as one with it)."""
+    size = 0
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        path = chunk.path_in_schema
+        if any(path == c or path.startswith(c + ".") for c in columns):
+            size += max(0, int(chunk.total_uncompressed_size))
+    per_row = size / max(1, group.num_rows)
+    return int(min(BATCH_ROWS, max(1, BATCH_BYTES // max(1.0, per_row))))
+
+
+def _bounded(batch: Any) -> Iterator[Any]:
+    """``batch`` in runs of rows whose dictionary-encoded strings decode to at most
+    :data:`BATCH_BYTES` each (one row alone may hold more)."""
+    if not batch.num_rows:
+        return
+    sizes = np.zeros(batch.num_rows, dtype=np.float64)
+    for col in batch.columns:
+        sizes += _decoded_sizes(col)
+    ends = np.cumsum(sizes)
+    if ends[-1] <= BATCH_BYTES:
+        yield batch
+        return
+    start = 0
+    while start < batch.num_rows:
+        before = ends[start - 1] if start else 0.0
+        stop = max(start + 1, int(np.searchsorted(ends, before + BATCH_BYTES, side="right")))
+        # taken, not sliced: a slice keeps its list column's whole child array, which
+        # a cast back to strings would decode in full, slice after slice
+        yield batch.take(np.arange(start, stop))
+        start = stop
+
+
+def _decoded_sizes(col: Any) -> np.ndarray:
+    """Per row, the bytes a column's dictionary-encoded strings decode to (0 for a
+    column of other values)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(col)
+    values, parents = col, None
+    if not pa.types.is_dictionary(col.type):
+        if not is_list_type(col.type) or not pa.types.is_dictionary(col.type.value_type):
+            return np.zeros(n)
+        values = col.flatten()
+        parents = pc.list_parent_indices(col).to_numpy()
+    lengths = pc.binary_length(values.dictionary)
+    each = pc.fill_null(pc.take(lengths, values.indices), 0).to_numpy(zero_copy_only=False)
+    if parents is None:
+        return each.astype(np.float64)
+    return np.bincount(parents, weights=each, minlength=n)
+
+
+def _as_written(batch: Any, written: dict[str, Any]) -> Any:
+    """A batch with the columns read dictionary-encoded back at their written types."""
+    import pyarrow as pa
+
+    columns = batch.columns
+    if all(c.type == written[n] for c, n in zip(columns, batch.schema.names, strict=True)):
+        return batch
+    cast = [
+        c if c.type == written[n] else c.cast(written[n])
+        for c, n in zip(columns, batch.schema.names, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(cast, names=batch.schema.names)
 
 
 def _decoded(batch: Any, layout: _Layout) -> Any:
@@ -668,9 +769,19 @@ _SCATTER_BYTES = 1 << 20
 
 def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEvent]:
     """The events of an input of one row per item (see the module docstring), in the
-    order of their first rows; a row without a step or an event id is a record alone."""
+    order of their first rows; a row without a step or an event id is a record alone.
+
+    Every row is held until the input ends (an event's rows may stand anywhere), as
+    its cells, each distinct string once: a row's bytes (its cells as JSON) are made
+    again when its record is given. Review 117: a 48 KB file of 200,000 rows repeating
+    one 16 KB item (a dictionary) held a string and the bytes of each row, 17 GB."""
     events: dict[tuple[int, Any, Any], _ItemEvent] = {}
-    records: list[_ItemEvent | RawEvent] = []
+    records: deque[_ItemEvent | _LoneRow] = deque()
+    strings: dict[str, str] = {}  # one string per distinct text (the rows are held)
+
+    def once(value: Any) -> Any:
+        return strings.setdefault(value, value) if type(value) is str else value
+
     row = 0
     for layout, batch in batches:
         if not layout.per_item:
@@ -682,23 +793,26 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
         users = _pylist(batch.column(layout.user)) if layout.user is not None else None
         for i in range(batch.num_rows):
             row += 1
-            cells = [times[i], eids[i], items[i], None if users is None else users[i]]
-            text = json.dumps(cells, ensure_ascii=False)
-            raw = raw_bytes(text)  # the bytes that are not UTF-8 as they are
-            if not valid_text(text):  # a record alone, as that line of JSON Lines
-                records.append(RawEvent(row, None, None, NOT_UTF8, raw=raw))
+            cells = (
+                once(times[i]),
+                once(eids[i]),
+                once(items[i]),
+                None if users is None else once(users[i]),
+            )
+            if not valid_text(json.dumps(cells, ensure_ascii=False)):
+                records.append(_LoneRow(row, NOT_UTF8, cells))  # as that line of JSON Lines
                 continue
             t, err = _row_step(times[i], layout)
             if err is None and (eids[i] is None or eids[i] == ""):  # (as an empty CSV cell:
                 err = f"the event id column {layout.event!r} is null or empty"  # not one event)
-            user = None if users is None else users[i]
+            user = cells[3]
             if err is None and users is not None and not _user_id(user):
                 err = (
                     f'the user id "{layout.user}" must be a non-empty string, got '
                     f"{shorten(json.dumps(user))}"
                 )
             if err is not None:  # no event to belong to: a record alone
-                records.append(RawEvent(row, None, None, err, raw=raw))
+                records.append(_LoneRow(row, err, cells))
                 continue
             assert t is not None
             # at user level an event is one id of one user in one step: no user's rows
@@ -711,9 +825,16 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
             if event is None:
                 event = events[key] = _ItemEvent(row, t, user)
                 records.append(event)
-            event.add(items[i], raw)
-    for rec in records:
-        yield rec.record() if isinstance(rec, _ItemEvent) else rec
+            event.add(cells, strings)
+    events.clear()
+    while records:  # each record's rows let go as it is given
+        yield records.popleft().record()
+
+
+def _row_raw(cells: tuple[Any, ...]) -> bytes:
+    """A row's bytes for the keyed digest: its cells ``[time, event id, item, user id]``
+    as JSON text (bytes that are not UTF-8 as they are)."""
+    return raw_bytes(json.dumps(cells, ensure_ascii=False))
 
 
 def _row_step(value: Any, layout: _Layout) -> tuple[int | None, str | None]:
@@ -736,19 +857,34 @@ class _ItemEvent:
     """The rows of one event (one id of one user in one step) of an input of one row per
     item; ``user`` is None at event level."""
 
-    __slots__ = ("line", "t", "items", "user", "raws")
+    __slots__ = ("line", "t", "items", "user", "rows")
 
     def __init__(self, line: int, t: int, user: str | None) -> None:
         self.line, self.t, self.user = line, t, user
         self.items: list[str] = []
-        self.raws: list[bytes] = []
+        self.rows: list[tuple[Any, ...]] = []
 
-    def add(self, item: Any, raw: bytes) -> None:
-        """Take one more row."""
-        self.raws.append(raw)
+    def add(self, cells: tuple[Any, ...], strings: dict[str, str]) -> None:
+        """Take one more row (its cells: time, event id, item, user id)."""
+        self.rows.append(cells)
+        item = cells[2]
         if item is not None:
-            self.items.append(str(item))
+            text = str(item)
+            self.items.append(strings.setdefault(text, text))
 
     def record(self) -> RawEvent:
-        raw = b"\n".join(self.raws)
+        raw = b"\n".join(map(_row_raw, self.rows))
         return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)
+
+
+class _LoneRow:
+    """A row of an input of one row per item that is a record alone (``error`` says
+    why: no step, no event id, no user id, not UTF-8)."""
+
+    __slots__ = ("line", "error", "cells")
+
+    def __init__(self, line: int, error: str, cells: tuple[Any, ...]) -> None:
+        self.line, self.error, self.cells = line, error, cells
+
+    def record(self) -> RawEvent:
+        return RawEvent(self.line, None, None, self.error, raw=_row_raw(self.cells))
