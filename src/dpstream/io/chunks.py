@@ -123,6 +123,11 @@ class StepInput:
     def first_line(self) -> int | None:
         return int(self.lines[0]) if self.lines.size else None
 
+    def raw_pieces(self) -> tuple[bytes]:
+        """``raw`` as the pieces a digest reads (:meth:`dpstream.run.fold.FoldedStep.raw_pieces`
+        gives a folded step's a block at a time)."""
+        return (self.raw,)
+
     def raw_ends(self) -> np.ndarray:
         """Where the first j records' bytes end in ``raw`` (entry j - 1): ``raw`` is the
         records' bytes joined by line feeds, so the digest material of the first j

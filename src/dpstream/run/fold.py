@@ -57,6 +57,9 @@ __all__ = [
     "spread",
 ]
 
+#: The bytes of a step's input a digest reads back from the temporary file at a time.
+_READ_BLOCK = 1 << 22
+
 #: --memory's default: counts held in memory up to this many bytes, then spilled.
 DEFAULT_MEMORY = "512M"
 _PREFIX = "dpstream-spill-"
@@ -218,29 +221,36 @@ class FoldedStep:
         self.error: Exception | None = None  # --on-invalid error: raised at its release
 
     # -- the digest material (as dpstream.io.chunks.StepInput has it) -----------------
-    def _digest_parts(self) -> list[tuple[np.ndarray, np.ndarray, bytes]]:
-        spill = self._owner.spill
-        out = []
-        for at, n, raw_n in self.digest_refs:
-            blob = spill.read(at, 16 * n + raw_n)
-            lines = np.frombuffer(blob, dtype="<i8", count=n, offset=0)
-            lengths = np.frombuffer(blob, dtype="<i8", count=n, offset=8 * n)
-            out.append((lines, lengths, blob[16 * n :]))
-        return out
+    def _heads(self) -> list[bytes]:
+        """Each part's line numbers and byte lengths (16 bytes a record), not its bytes."""
+        return [self._owner.spill.read(at, 16 * n) for at, n, _ in self.digest_refs]
 
     @property
     def lines(self) -> np.ndarray:
-        parts = self._digest_parts()
-        return np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        heads = [np.frombuffer(h, dtype="<i8", count=len(h) // 16) for h in self._heads()]
+        return np.concatenate(heads) if heads else np.zeros(0, np.int64)
 
     @property
     def lengths(self) -> np.ndarray:
-        parts = self._digest_parts()
-        return np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+        heads = self._heads()
+        parts = [np.frombuffer(h, dtype="<i8", offset=len(h) // 2) for h in heads]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def raw_pieces(self) -> Iterator[bytes]:
+        """The records' bytes joined by line feeds (what :attr:`raw` is), a block of at
+        most :data:`_READ_BLOCK` bytes at a time: a step's digest never holds its
+        input (a daily run of one step a day held it three times over)."""
+        spill = self._owner.spill
+        for k, (at, n, size) in enumerate(self.digest_refs):
+            if k:
+                yield b"\n"
+            at += 16 * n
+            for lo in range(0, size, _READ_BLOCK):
+                yield spill.read(at + lo, min(_READ_BLOCK, size - lo))
 
     @property
     def raw(self) -> bytes:
-        return b"\n".join(p[2] for p in self._digest_parts())
+        return b"".join(self.raw_pieces())
 
     @property
     def records(self) -> int:

@@ -363,7 +363,7 @@ def ledger_precheck(
     want = after + 1
 
     def check(t: int, step: Any) -> None:
-        if not ledger.same(t, digests.step_input(t, step.lines, step.lengths, step.raw)):
+        if not ledger.same(t, digests.step_input(t, step.lines, step.lengths, step.raw_pieces())):
             raise LedgerError(
                 f"the state {cfg.state} is behind the release ledger {ledger.path}: step "
                 f"{t} was released (after the state was saved) from other input than this "

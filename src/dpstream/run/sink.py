@@ -97,7 +97,7 @@ class Sink:
         ``last_line``: the input line the step closed at (``--follow``)."""
         ckpt = self.ckpt
         input_mac = (
-            self.digests.step_input(t, step.lines, step.lengths, step.raw)
+            self.digests.step_input(t, step.lines, step.lengths, step.raw_pieces())
             if ckpt is not None
             else None
         )

@@ -91,12 +91,13 @@ class StateDigests:
         """The digest of a release's bytes."""
         return hmac.new(self._key, b"release\0" + data, hashlib.sha256).hexdigest()
 
-    def step_input(self, t: int, lines: Any, lengths: Any, raw: bytes) -> str:
+    def step_input(self, t: int, lines: Any, lengths: Any, raw: bytes | Iterable[bytes]) -> str:
         """The digest of step t's input records as read: their line numbers, their
         byte lengths (int64 arrays) and their raw bytes joined by line feeds (each
-        record's line or lines without the terminator). The lengths make the
-        encoding unambiguous; nothing is parsed or re-encoded. t is bound in, so
-        equal digests do not tell which steps had the same input (e.g. none)."""
+        record's line or lines without the terminator), as bytes or as pieces that
+        make them up in order (a large step is read a block at a time). The lengths
+        make the encoding unambiguous; nothing is parsed or re-encoded. t is bound
+        in, so equal digests do not tell which steps had the same input (e.g. none)."""
         import numpy as np
 
         h = hmac.new(self._key, b"input/v3\0" + t.to_bytes(16, "big"), hashlib.sha256)
@@ -104,7 +105,8 @@ class StateDigests:
         h.update(len(lines).to_bytes(8, "big"))
         h.update(lines.tobytes())
         h.update(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
-        h.update(raw)
+        for piece in (raw,) if isinstance(raw, bytes | bytearray | memoryview) else raw:
+            h.update(piece)
         return h.hexdigest()
 
     def records(self, parts: Iterable[bytes], t: int = 0) -> str:
