@@ -84,3 +84,98 @@ def test_lines_ended_by_any_terminator_come_in_blocks_of_the_read_size(end):
         assert len(blocks) > len(data) // (2 * max(size, 40))  # never one block
         assert max(len(b.buf) for b in blocks) <= size + 2 * max(len(x) for x in lines)
         assert _lines(data, size, size) == lines
+
+
+def _event(length: int) -> bytes:
+    """A valid event line of exactly ``length`` bytes (at least 26)."""
+    pad = length - len(b'{"t": 1, "items": [""]}')
+    return b'{"t": 1, "items": ["' + b"a" * pad + b'"]}'
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_a_line_longer_than_the_limit_is_an_invalid_record_in_every_reader(monkeypatch, end):
+    """A line longer than MAX_LINE_BYTES is the invalid record "line too long", its
+    first OVERLONG_HEAD bytes what the digest reads, in the chunked reader (for reads of
+    any size: the line is read past, or caught by the parser when it came whole) and in
+    the record reader of text; the lines around it keep their numbers and records. The
+    expectation is the input split at its terminators, line by line."""
+    from dpstream.io import jsonl, lines, records
+
+    for module in (jsonl, lines, records):
+        monkeypatch.setattr(module, "MAX_LINE_BYTES", 100, raising=False)
+        monkeypatch.setattr(module, "OVERLONG_HEAD", 8, raising=False)
+    sizes = [30, 150, 100, 101, 40, 999, 26]
+    data = end.join(_event(n) for n in sizes) + end + _event(120)  # the last one unended
+    want = []
+    for k, n in enumerate([*sizes, 120]):
+        line = _event(n)
+        if n > 100:
+            message = f"line too long ({n:,} bytes, more than 100): not read"
+            want.append((k + 1, message, line[:8]))
+        else:
+            want.append((k + 1, None, line))
+
+    def chunked(size: int) -> list[tuple]:
+        out = []
+        for ch in jsonl.read_jsonl_chunks(_Text(data, size), "test", chunk_bytes=size):
+            for i in range(len(ch)):
+                raw = ch.buf[int(ch.starts[i]) : int(ch.ends[i])]
+                out.append((int(ch.lines[i]), ch.errors.get(i), raw))
+        return out
+
+    for size in (1, 7, 64, 1000, 1 << 16):
+        assert chunked(size) == want, size
+    for size in (1, 7, 64, 1000, 1 << 16):  # the record reader (timestamps, --implicit-time)
+        got = [
+            (r.line, r.error, r.raw)
+            for r in jsonl.read_jsonl(lines.line_texts(_Text(data, size), "test", size))
+        ]
+        assert got == want, size
+
+
+def test_a_gzip_of_one_huge_line_is_read_in_bounded_memory(tmp_path):
+    """A 1 MB .gz held a 1 GB line whole: 6.4 GB to parse it, and 57 s. Here a 256 MB
+    line (a 256 KB file) in a fresh process (its own peak, VmHWM): before, about 1.6 GB
+    (6.4 times the line, as measured on the 1 GB one); now the line is read past in
+    blocks and the run peaks near its floor (about 110-170 MB). The test allows 400 MB,
+    a quarter of the peak before."""
+    import gzip
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import fixed_key
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("the peak of a process's memory is read from Linux's /proc")
+    data = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(data, "wb", compresslevel=6) as fh:
+        fh.write(b'{"t": 1, "items": ["a"]}\n{"t": 1, "items": ["')
+        block = b"a" * (1 << 20)
+        for _ in range(256):
+            fh.write(block)
+        fh.write(b'"]}\n{"t": 2, "items": ["b"]}\n')
+    assert data.stat().st_size < 1 << 20
+    key = tmp_path / "k.key"
+    fixed_key("lines").save(key)
+    out = tmp_path / "out.jsonl"
+    code = (
+        "import sys\nfrom dpstream.cli import main\ncode = main(sys.argv[1:])\n"
+        "peak = next(int(x.split()[1]) for x in open('/proc/self/status') if "
+        "x.startswith('VmHWM:'))\nprint(code, peak // 1024)\n"
+    )
+    argv = [
+        "run", "--quiet", "-m", "unknown", "--max-items", "2", "--rho", "1",
+        "--threshold-delta", "1e-6", "-T", "2", "--key-file", str(key), "-i", str(data),
+        "-o", str(out), "--ledger", f"{out}.ledger", "--on-invalid", "skip",
+        "--max-invalid", "0.5", "--log-format", "json",
+    ]  # fmt: skip
+    env = {**os.environ, "DPSTREAM_KEY_REGISTRY": "off"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True
+    )
+    status, peak = map(int, done.stdout.split())
+    assert status == 0, done.stderr
+    assert peak < 400, peak
+    assert "line too long" in done.stderr
+    assert len(out.read_text().splitlines()) == 2

@@ -61,10 +61,13 @@ import numpy as np
 from ..clock import StepClock
 from .arrow import arrow_ints, arrow_rows
 from .chunks import INT64_MAX, Chunk, chunks_from_records, concat_ranges
-from .lines import BOM, LineBlock, line_blocks
+from .lines import BOM, LineBlock, line_blocks, line_texts
 from .records import (
+    MAX_LINE_BYTES,
+    OVERLONG_HEAD,
+    OverlongLine,
     RawEvent,
-    guard_lines,
+    overlong_message,
     parse_items,
     parse_t,
     parse_user,
@@ -130,8 +133,13 @@ def parse_jsonl_line(
 ) -> RawEvent | None:
     """One JSON Lines record (see :func:`read_jsonl`), or None for a blank line that is
     no record (a blank line is a record of its own step with ``implicit``)."""
-    text = line.strip()
+    if isinstance(line, OverlongLine):  # too long to read: its first bytes for the digest
+        head = raw_bytes(line)[:OVERLONG_HEAD]
+        return RawEvent(lineno, None, None, overlong_message(line.length), raw=head)
     raw = raw_bytes(line.rstrip("\r\n"))
+    if len(raw) > MAX_LINE_BYTES:  # (every reader of lines, Spark's too: the same record)
+        return RawEvent(lineno, None, None, overlong_message(len(raw)), raw=raw[:OVERLONG_HEAD])
+    text = line.strip()
     if not text:
         if implicit:
             return RawEvent(lineno, None, None, "a blank line (an empty event is [])", raw=raw)
@@ -340,7 +348,7 @@ def read_jsonl_chunks(
     """
     if clock is not None or implicit or user_field in ("", "t", "items"):
         records = read_jsonl(
-            guard_lines(stream, name),
+            line_texts(stream, name, chunk_bytes),
             time_field=time_field,
             clock=clock,
             implicit=implicit,
@@ -356,6 +364,8 @@ def jsonl_chunk(block: LineBlock, user_field: str | None = None) -> Chunk:
     """The records of a block of lines: the lines that pass the screen of the module
     docstring go to Arrow, the others to :func:`parse_jsonl_line`."""
     fast = _screen(block)
+    if block.overlong:  # (its first bytes only: the per-line parser words it)
+        fast[list(block.overlong)] = False
     rows = arrow_rows(block.buf, block.starts, block.ends, fast, user_field) if fast.any() else None
     if rows is None:
         fast[:] = False

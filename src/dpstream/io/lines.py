@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .records import raw_bytes
+from .records import MAX_LINE_BYTES, OVERLONG_HEAD, raw_bytes
 
-__all__ = ["LineBlock", "line_blocks", "arrow_line_block", "BOM", "CHUNK_LINES"]
+__all__ = ["LineBlock", "line_blocks", "line_texts", "arrow_line_block", "BOM", "CHUNK_LINES"]
 
 #: Lines per block of a text stream that is not over bytes.
 CHUNK_LINES = 1 << 15
@@ -39,6 +39,9 @@ class LineBlock:
     strict: bool
     text: Callable[[int], str]
     done: int
+    #: a line longer than MAX_LINE_BYTES: its index -> its length (``buf`` holds its
+    #: first bytes; ``text`` gives it as an :class:`~dpstream.io.records.OverlongLine`)
+    overlong: dict[int, int] | None = None
 
 
 def line_blocks(stream: Any, name: str, chunk_bytes: int) -> Iterator[LineBlock]:
@@ -55,6 +58,16 @@ def line_blocks(stream: Any, name: str, chunk_bytes: int) -> Iterator[LineBlock]
             return
         yield _text_block(lines, done)
         done += len(lines)
+
+
+def line_texts(stream: Any, name: str, chunk_bytes: int = 1 << 20) -> Iterator[str]:
+    """Each line of ``stream`` as text, without its terminator, as :func:`line_blocks`
+    cuts them (for the readers that parse one record at a time): a line longer than
+    :data:`~dpstream.io.records.MAX_LINE_BYTES` is an
+    :class:`~dpstream.io.records.OverlongLine`, never held whole."""
+    for block in line_blocks(stream, name, chunk_bytes):
+        for i in range(block.starts.size):
+            yield block.text(i)
 
 
 def _read_lines(stream: Any, name: str, hint: int, done: int) -> list[str]:
@@ -83,21 +96,30 @@ BOM = b"\xef\xbb\xbf"
 
 def _binary_blocks(binary: Any, name: str, chunk_bytes: int) -> Iterator[LineBlock]:
     """The blocks of a binary stream, each of whole lines (a byte-order mark at the
-    start is dropped, as ``utf-8-sig`` does)."""
+    start is dropped, as ``utf-8-sig`` does). A line longer than
+    :data:`~dpstream.io.records.MAX_LINE_BYTES` is a block of its own that holds its
+    first bytes only: the rest is read past, never held (a ``.gz`` of 1 MB held a
+    1 GB line)."""
     import gzip
     import zlib
 
-    done = 0
-    tail: list[bytes] = []  # the line read in part, in its pieces: joined once, when whole
-    at_start = True
-    while True:
+    def read() -> bytes:
         try:
-            data = binary.read1(chunk_bytes)
+            return binary.read1(chunk_bytes)  # type: ignore[no-any-return]
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise ValueError(
                 f"input {name!r}: the compressed file is truncated or corrupt "
                 f"after line {done} ({exc})"
             ) from None
+
+    done = 0
+    tail: list[bytes] = []  # the line read in part, in its pieces: joined once, when whole
+    held = 0  # the bytes in tail
+    at_start = True
+    pending: bytes | None = None  # bytes read after an overlong line's end
+    while True:
+        data = pending or read()
+        pending = None
         if (
             data
             and not at_start
@@ -106,9 +128,18 @@ def _binary_blocks(binary: Any, name: str, chunk_bytes: int) -> Iterator[LineBlo
             and not (tail and tail[-1].endswith(b"\r"))  # (a lone \r ends a line now)
         ):
             tail.append(data)  # (review 103: joined at every read, a 600 MB line took
-            continue  # 278 s, quadratic; now each byte is copied once more, when whole)
+            held += len(data)  # 278 s, quadratic; now each byte is copied once more)
+            if held > MAX_LINE_BYTES and not data.endswith(b"\r"):
+                head = b"".join(tail)[:OVERLONG_HEAD]
+                length, pending = _read_past_line(read, held)
+                yield _overlong_block(head, length, done)
+                done += 1
+                tail, held = [], 0
+                if pending is None:
+                    return
+            continue
         buf = b"".join([*tail, data]) if tail else data
-        tail = []
+        tail, held = [], 0
         if at_start and (len(buf) >= 3 or not data):
             at_start = False
             if buf.startswith(BOM):  # a byte-order mark opens the input (utf-8-sig)
@@ -122,13 +153,47 @@ def _binary_blocks(binary: Any, name: str, chunk_bytes: int) -> Iterator[LineBlo
         # that of the whole input)
         cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1))
         if at_start or cut < 0:
-            tail = [buf]
+            tail, held = [buf], len(buf)
             continue
         if cut + 1 < len(buf):
             tail = [buf[cut + 1 :]]
+            held = len(tail[0])
         block = _bytes_block(buf[: cut + 1], done)
         done += block.starts.size
         yield block
+
+
+def _read_past_line(read: Callable[[], bytes], length: int) -> tuple[int, bytes | None]:
+    """Read to the end of a line ``length`` bytes of which are read: its length, and the
+    bytes read after its terminator (None: the input ended with it)."""
+    lf_next = False  # the line ended with \r at the end of a read: a \n may follow
+    while True:
+        data = read()
+        if not data:
+            return length, None
+        if lf_next:
+            return length, data[1:] if data.startswith(b"\n") else data
+        ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+        if not ends:
+            length += len(data)
+            continue
+        at = min(ends)
+        length += at
+        after = at + 1
+        if data[at] == 13:  # \r: with a \n after it, one terminator
+            if after == len(data):
+                lf_next = True
+                continue
+            if data[after] == 10:
+                after += 1
+        return length, data[after:]
+
+
+def _overlong_block(head: bytes, length: int, done: int) -> LineBlock:
+    """The block of one line too long to read: its first bytes, and its length."""
+    block = _block_of(head, np.zeros(1, np.int64), np.full(1, len(head), np.int64), done)
+    block.overlong = {0: length}
+    return block
 
 
 def _bytes_block(buf: bytes, done: int) -> LineBlock:
@@ -153,12 +218,35 @@ def _bytes_block(buf: bytes, done: int) -> LineBlock:
             st.append(pos)
             en.append(len(buf))
         starts, ends = np.asarray(st, np.int64), np.asarray(en, np.int64)
-    return _block_of(buf, starts.astype(np.int64), ends.astype(np.int64), done)
+    starts, ends = starts.astype(np.int64), ends.astype(np.int64)
+    lengths = ends - starts
+    if lengths.size and int(lengths.max()) > MAX_LINE_BYTES:  # (one that came whole)
+        return _heads_only(buf, starts, ends, done)
+    return _block_of(buf, starts, ends, done)
+
+
+def _heads_only(buf: bytes, starts: np.ndarray, ends: np.ndarray, done: int) -> LineBlock:
+    """The block with each line longer than :data:`MAX_LINE_BYTES` cut to its first
+    bytes, as when it is read past (:func:`_overlong_block`): what a record's digest
+    reads never depends on how the input came in reads."""
+    pieces, overlong = [], {}
+    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        if b - a > MAX_LINE_BYTES:
+            overlong[i] = b - a
+            b = a + OVERLONG_HEAD
+        pieces.append(buf[a:b])
+    sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    new_ends = np.cumsum(sizes + 1) - 1
+    block = _block_of(b"\n".join(pieces) + b"\n", new_ends - sizes, new_ends, done)
+    block.overlong = overlong
+    return block
 
 
 def _block_of(buf: bytes, starts: np.ndarray, ends: np.ndarray, done: int) -> LineBlock:
     """The block of lines ``buf[starts[i]:ends[i]]``: ``strict`` when ``buf`` is valid
-    UTF-8; ``text(i)`` decodes line i with ``surrogateescape``."""
+    UTF-8; ``text(i)`` decodes line i with ``surrogateescape`` (a line too long to read
+    as an :class:`~dpstream.io.records.OverlongLine`, once the block's ``overlong``
+    says so)."""
     strict = buf.isascii()
     if not strict:
         try:
@@ -168,9 +256,15 @@ def _block_of(buf: bytes, starts: np.ndarray, ends: np.ndarray, done: int) -> Li
             pass
 
     def text(i: int) -> str:
-        return buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
+        line = buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
+        if block.overlong and i in block.overlong:
+            from .records import OverlongLine
 
-    return LineBlock(buf, starts, ends, strict, text, done)
+            return OverlongLine(line, block.overlong[i])
+        return line
+
+    block = LineBlock(buf, starts, ends, strict, text, done)
+    return block
 
 
 def _text_block(lines: list[str], done: int) -> LineBlock:

@@ -36,6 +36,10 @@ __all__ = [
     "open_input",
     "text_stream",
     "guard_lines",
+    "MAX_LINE_BYTES",
+    "OverlongLine",
+    "overlong_message",
+    "OVERLONG_HEAD",
     "raw_bytes",
     "valid_text",
     "shorten",
@@ -105,6 +109,34 @@ def text_stream(binary: Any) -> TextIO:
     reads it: UTF-8 with an optional byte-order mark, invalid bytes kept as lone
     surrogates, lines split as they are written (no newline translation)."""
     return io.TextIOWrapper(binary, newline="", **_ENCODING)
+
+
+#: The longest line an input's reader takes (bytes; characters for a stream of text):
+#: a longer one is the invalid record :func:`overlong_message`, read past without
+#: being held. An event that long is no event (--max-items bounds what it may hold),
+#: and a ``.gz`` of 1 MB held a 1 GB line, 6.4 GB of memory to parse it.
+MAX_LINE_BYTES = 1 << 24
+
+
+class OverlongLine(str):
+    """A line longer than :data:`MAX_LINE_BYTES`: its start (the text), and its
+    ``length`` in bytes (UTF-8, without its terminator)."""
+
+    length: int
+
+    def __new__(cls, head: str, length: int) -> OverlongLine:
+        line = super().__new__(cls, head)
+        line.length = length
+        return line
+
+
+def overlong_message(length: int) -> str:
+    """The message of a record whose line is too long to read."""
+    return f"line too long ({length:,} bytes, more than {MAX_LINE_BYTES:,}): not read"
+
+
+#: What an overlong line keeps of its start (the bytes its record's digest reads).
+OVERLONG_HEAD = 256
 
 
 def guard_lines(stream: Iterable[str], name: str) -> Iterator[str]:

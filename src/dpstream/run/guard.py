@@ -146,6 +146,8 @@ def _cause(message: str) -> str:
 
 def _phrase(cause: str, cfg: RunConfig) -> str:
     """What the records of ``cause`` have wrong, for the message."""
+    from ..io.records import MAX_LINE_BYTES
+
     clock = cfg.clock
     if cause == "past" and cfg.horizon is None:
         return "are for steps past 2^40, the step limit of a stream with no planned end"
@@ -168,6 +170,7 @@ def _phrase(cause: str, cfg: RunConfig) -> str:
         "not valid JSON": "are not valid JSON",
         "not valid UTF-8": "are not valid UTF-8",
         "time order": "are out of time order",
+        "line too long": f"are lines longer than {MAX_LINE_BYTES:,} bytes",
     }.get(cause, "are malformed")
 
 

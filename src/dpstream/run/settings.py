@@ -90,6 +90,7 @@ REASON_KEYS = (
     "not valid JSON",
     "time order",
     "not valid UTF-8",
+    "line too long",
 )
 
 

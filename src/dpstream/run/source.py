@@ -100,6 +100,7 @@ def past_message(t: int, until: int, horizon: int) -> str:
 def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
     """The input's records (``dpstream.io.RawEvent``), in order."""
     from ..io import guard_lines, read_events
+    from ..io.lines import line_texts
 
     if cfg.input_kind == "parquet":
         from ..io.parquet import read_parquet_records
@@ -115,7 +116,9 @@ def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
         )
     clock = cfg.clock
     return read_events(
-        guard_lines(infile, cfg.input),
+        line_texts(infile, cfg.input)
+        if cfg.input_kind == "jsonl"
+        else guard_lines(infile, cfg.input),
         cfg.input_kind,
         time_field=cfg.time_field if clock else None,
         clock=clock,

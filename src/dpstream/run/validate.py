@@ -36,6 +36,7 @@ _REDACTED = {
     "not valid UTF-8": "not valid UTF-8",
     "user id": "its user id (--user-field) is missing, empty or not a string",
     "timestamp": "its timestamp is missing, not ISO-8601 or epoch seconds, or out of range",
+    "line too long": "the line is too long to read",
     "malformed": "not a valid event",
 }
 
