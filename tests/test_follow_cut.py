@@ -636,3 +636,45 @@ def test_a_long_stretch_with_no_line_end_is_searched_once(tmp_path):
         source.close()
     assert lines == ["\0" * size + "\n", tail]
     assert _CountingBuffer.searched <= 2 * (size + len(tail) + 1)
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n"])
+def test_a_line_too_long_to_read_is_read_past_as_the_file_grows(tmp_path, monkeypatch, end):
+    """A followed file's line longer than MAX_LINE_BYTES is never held: its first
+    OVERLONG_HEAD bytes and its length come out as an OverlongLine (the record "line too
+    long", as a batch run reads it) once its line end is written, and every line ends at
+    its byte offset. Written in pieces, read 16 bytes at a time; the expectation is the
+    input split at its line ends."""
+    from dpstream.io import open_input
+    from dpstream.io.jsonl import parse_jsonl_line
+    from dpstream.io.records import OverlongLine
+    from dpstream.run import follow_bytes, follow_input
+
+    monkeypatch.setattr(follow_input, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(follow_input, "OVERLONG_HEAD", 8)
+    monkeypatch.setattr(follow_bytes, "_READ", 16)
+    short, long_line, last = b'{"t": 1, "items": ["a"]}', b'{"t": 1, "x": "' + b"y" * 300, b"{}"
+    pieces = [short + end + long_line[:50], long_line[50:250], long_line[250:] + end + last + end]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"")
+    got = []
+    with open_input(str(path)) as text:
+        source = FollowedInput(text, str(path))
+        for piece in pieces:
+            with open(path, "ab") as fh:
+                fh.write(piece)
+            while line := source.readline():
+                got.append((line, source.end))
+        assert source._buf[source._start :] == b""  # nothing of the long line held
+        source.close()
+    data = b"".join(pieces)
+    ends = [data.index(end, data.index(x)) + len(end) for x in (short, long_line, last)]
+    assert [e for _, e in got] == ends
+    assert got[0][0] == (short + end).decode() and got[2][0] == (last + end).decode()
+    long_one = got[1][0]
+    assert isinstance(long_one, OverlongLine) and long_one == long_line[:8].decode()
+    assert long_one.length == len(long_line)
+    monkeypatch.setattr("dpstream.io.records.MAX_LINE_BYTES", 100)
+    rec = parse_jsonl_line(long_one, 2)
+    assert rec.error == f"line too long ({len(long_line)} bytes, more than 100): not read"
+    assert rec.raw == long_line[:8]

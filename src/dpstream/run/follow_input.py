@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..io.records import MAX_LINE_BYTES, OVERLONG_HEAD, OverlongLine
 from .follow_bytes import PipeSpool, open_bytes
 
 __all__ = ["DueSizes", "FollowedInput", "TakenLines"]
@@ -60,6 +61,9 @@ class FollowedInput:
         self._scanned = 0
         self._stdin = path == "-"
         self._partial = ""  # the fallback's line so far
+        #: a line too long to read, being read past: its first bytes and its length so far
+        self._long: tuple[bytes, int] | None = None
+        self._last = b""  # the last byte read past (a \r that a \n may follow)
         self._text_ended = False
         fd = _plain_fd(text)
         self._source = open_bytes(fd, None if path == "-" else path) if fd is not None else None
@@ -92,18 +96,21 @@ class FollowedInput:
 
     def readline(self) -> str:
         """The next whole line; "" when there is none now, or at the end of the input
-        (then, once, what is left of a last line without its line end)."""
+        (then, once, what is left of a last line without its line end). A line longer
+        than :data:`~dpstream.io.records.MAX_LINE_BYTES` is an
+        :class:`~dpstream.io.records.OverlongLine`: its first bytes, the rest read past
+        and never held (as a batch run's reader does)."""
         if self._source is None:
             return self._text_line()
         while True:
             line = self._cut(False)
             if line is not None:
-                return self._decode(line)
+                return self._line(line)
             data = self._source.read()
             if not data:
                 if self._source.at_end():
                     line = self._cut(True)
-                    return self._decode(line) if line is not None else ""
+                    return self._line(line) if line is not None else ""
                 return ""
             if self._start >= _COMPACT:
                 del self._buf[: self._start]
@@ -141,9 +148,13 @@ class FollowedInput:
             self._source.check()
 
     def _cut(self, ended: bool) -> bytes | None:
-        """The next whole line of the buffer (with ``ended``, what is left too), or None."""
+        """The next whole line of the buffer (with ``ended``, what is left too), or None.
+        Of a line too long to read, only its first bytes are kept (:attr:`_long`)."""
         buf, start = self._buf, self._start
         if start == len(buf):
+            if ended and self._long is not None:  # the input ends inside it
+                self.end = self._base + start
+                return b""
             return None
         nl = buf.find(b"\n", max(start, self._scanned))
         if nl >= 0:
@@ -152,11 +163,37 @@ class FollowedInput:
             stop = len(buf)
         else:
             self._scanned = len(buf)
+            if self._long is not None or len(buf) - start > MAX_LINE_BYTES:
+                self._read_past(len(buf))  # (review of 2026-11-28: a 1 GB line was held)
             return None
         line = bytes(buf[start:stop])
         self._start = stop
         self.end = self._base + stop
         return line
+
+    def _read_past(self, stop: int) -> None:
+        """Drop the buffer's bytes up to ``stop``, of a line too long to read: its first
+        bytes and its length so far are kept in :attr:`_long`."""
+        head, length = self._long if self._long is not None else (b"", 0)
+        piece = self._buf[self._start : stop]
+        if len(head) < OVERLONG_HEAD:
+            head += bytes(piece[: OVERLONG_HEAD - len(head)])
+        self._long = (head, length + len(piece))
+        self._last = bytes(piece[-1:]) or self._last
+        self._start = self._scanned = stop
+
+    def _line(self, line: bytes) -> str:
+        """A line as text; the end of a line too long to read as its OverlongLine."""
+        if self._long is None:
+            return self._decode(line)
+        head, length = self._long
+        self._long = None
+        body = line.rstrip(b"\r\n")
+        if line == b"\n" and self._last == b"\r":
+            length -= 1  # (a \r\n split between what was dropped and the rest)
+        self._last = b""
+        text = head.decode("utf-8", "surrogateescape")
+        return OverlongLine(text, length + len(body))
 
     def _decode(self, line: bytes) -> str:
         if self.end == len(line) and line.startswith(_BOM):  # the input's first line
