@@ -524,3 +524,63 @@ def test_a_time_step_cell_is_ascii_digits_with_an_optional_minus(cell, error):
     else:
         assert recs[0].t is None and recs[0].items is None and recs[0].line == 2
         assert recs[0].error == error
+
+
+class _Bytes:
+    """A text stream over bytes, as the run opens a file (its ``buffer`` read as bytes)."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        from .test_io_lines import _Reads
+
+        self.buffer = _Reads(data, size)
+
+
+def _csv_records(lines) -> list[tuple]:
+    recs = read_csv(lines, time_column="t", item_column="item", event_column="event")
+    return [(r.line, r.t, r.items, r.error, r.raw) for r in recs]
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_csv_lines_are_cut_as_python_s_text_reader_cuts_them(end):
+    """CSV is read by the line reader of JSON Lines (bytes, a line too long read past);
+    its records are those of Python's own text reader of the same bytes (the reader
+    before), on hostile rows: quoted line breaks, blank lines, a byte-order mark, bytes
+    that are not UTF-8, an unclosed quote, a last line without its terminator."""
+    from dpstream.io.lines import line_texts
+
+    rows = [
+        b"t,event,item", b"1,e1,a", b"", b'1,e2,"b' + end + b'c"', b"2,e1,\xff\xfe",
+        b'2,e3,"d""q"', b"2,e4,x,y", b'3,e5,"open', b"3,e6,f", b"3,e6,g",
+    ]  # fmt: skip
+    data = b"\xef\xbb\xbf" + end.join(rows)
+    text = io.TextIOWrapper(
+        io.BytesIO(data), encoding="utf-8-sig", errors="surrogateescape", newline=""
+    )
+    want = _csv_records(text)
+    assert len(want) >= 5
+    for size in (1, 5, 64, 1 << 16):
+        assert _csv_records(line_texts(_Bytes(data, size), "test", size, ends=True)) == want
+
+
+def test_a_csv_line_too_long_to_read_is_one_invalid_record(monkeypatch):
+    """A CSV line longer than MAX_LINE_BYTES (here 100) is read past: its record is "line
+    too long" (its first OVERLONG_HEAD bytes for the digest), the rows around it keep
+    their lines and events."""
+    from dpstream.io import jsonl, lines, records
+    from dpstream.io.lines import line_texts
+
+    for module in (jsonl, lines, records):
+        monkeypatch.setattr(module, "MAX_LINE_BYTES", 100, raising=False)
+        monkeypatch.setattr(module, "OVERLONG_HEAD", 8, raising=False)
+    import dpstream.io.csv as csv_reader
+
+    monkeypatch.setattr(csv_reader, "OVERLONG_HEAD", 8)
+    long_row = b"1,e2," + b"z" * 200
+    data = b"t,event,item\n1,e1,a\n" + long_row + b"\n2,e3,b\n"
+    for size in (1, 7, 64, 1 << 16):
+        got = _csv_records(line_texts(_Bytes(data, size), "test", size, ends=True))
+        assert got == [
+            (2, 1, ("a",), None, b"1,e1,a"),
+            (3, None, None, "line too long (205 bytes, more than 100): not read", long_row[:8]),
+            (4, 2, ("b",), None, b"2,e3,b"),
+        ], size

@@ -35,7 +35,16 @@ from typing import Any, NamedTuple
 
 from ..clock import StepClock
 from .chunks import Chunk, chunks_from_records
-from .records import RawEvent, raw_bytes, shorten, timestamp_step, valid_text
+from .records import (
+    OVERLONG_HEAD,
+    OverlongLine,
+    RawEvent,
+    overlong_message,
+    raw_bytes,
+    shorten,
+    timestamp_step,
+    valid_text,
+)
 
 __all__ = ["MAX_CSV_ITEM_CHARS", "read_csv", "read_csv_chunks"]
 
@@ -107,11 +116,23 @@ class _Captured:
     def __init__(self, stream: Iterable[str]) -> None:
         self.stream = stream
         self.captured: list[str] = []
+        #: a line of the record being read that was too long to read (its start, length)
+        self.overlong: OverlongLine | None = None
 
     def lines(self) -> Iterator[str]:
         for text in self.stream:
+            if isinstance(text, OverlongLine):  # read past: the record is "line too long"
+                if self.overlong is None:
+                    self.overlong = text
+                text = "\n"
             self.captured.append(text)
             yield text
+
+    def take_overlong(self) -> OverlongLine | None:
+        """The first line too long to read of the record read since the last call (the
+        record is then "line too long"), or None."""
+        long, self.overlong = self.overlong, None
+        return long
 
     def take_raw(self) -> bytes:
         """The bytes of the lines read since the last call, without the last terminator."""
@@ -193,8 +214,16 @@ def _read_rows(
             records += _spanning(
                 first_line, reader.line_num, f"bad CSV record ({exc}{hint})", source.take_raw()
             )
+            source.take_overlong()  # (the record is the syntax error's)
             continue
         row_raw = source.take_raw()
+        long = source.take_overlong()
+        if long is not None:  # its first bytes for the digest, as JSON Lines has them
+            head = raw_bytes(long)[:OVERLONG_HEAD]
+            records.append(
+                RawEvent(first_line, None, None, overlong_message(long.length), raw=head)
+            )
+            continue
         if not row or all(not c.strip() for c in row):
             continue
         if any("\n" in c or "\r" in c for c in row):  # in any column, read or not

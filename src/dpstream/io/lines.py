@@ -60,14 +60,28 @@ def line_blocks(stream: Any, name: str, chunk_bytes: int) -> Iterator[LineBlock]
         done += len(lines)
 
 
-def line_texts(stream: Any, name: str, chunk_bytes: int = 1 << 20) -> Iterator[str]:
-    """Each line of ``stream`` as text, without its terminator, as :func:`line_blocks`
-    cuts them (for the readers that parse one record at a time): a line longer than
+def line_texts(
+    stream: Any, name: str, chunk_bytes: int = 1 << 20, *, ends: bool = False
+) -> Iterator[str]:
+    """Each line of ``stream`` as text, as :func:`line_blocks` cuts them (for the readers
+    that parse one record at a time), with its terminator when ``ends`` (CSV: a quoted
+    field may hold one) and without it otherwise: a line longer than
     :data:`~dpstream.io.records.MAX_LINE_BYTES` is an
-    :class:`~dpstream.io.records.OverlongLine`, never held whole."""
+    :class:`~dpstream.io.records.OverlongLine` (never with its terminator), never held
+    whole."""
+    binary = getattr(stream, "buffer", None)
+    over_bytes = binary is not None and hasattr(binary, "read1")
     for block in line_blocks(stream, name, chunk_bytes):
-        for i in range(block.starts.size):
-            yield block.text(i)
+        if not ends or not over_bytes:  # (a stream of text: its lines as they came)
+            yield from map(block.text, range(block.starts.size))
+            continue
+        starts = block.starts.tolist()
+        nexts = [*starts[1:], len(block.buf)]
+        long = block.overlong or {}
+        for i, (a, b) in enumerate(zip(starts, nexts, strict=True)):
+            # (a block's last line ends at the buffer's end: blocks are cut after a
+            # terminator, and the input's last line may have none)
+            yield block.text(i) if i in long else block.buf[a:b].decode("utf-8", "surrogateescape")
 
 
 def _read_lines(stream: Any, name: str, hint: int, done: int) -> list[str]:

@@ -17,8 +17,9 @@ from ..clock import StepClock
 from .chunks import Chunk
 from .csv import read_csv, read_csv_chunks
 from .jsonl import read_jsonl, read_jsonl_chunks
+from .lines import line_texts
 from .parquet import read_parquet_chunks
-from .records import RawEvent, guard_lines
+from .records import RawEvent
 
 __all__ = ["read_events", "read_chunks"]
 
@@ -82,7 +83,7 @@ def read_chunks(
         )
     options = _csv_options(time_field, clock, implicit, user_field, csv_options)
     if fmt == "csv":
-        return read_csv_chunks(guard_lines(stream, name), **options)
+        return read_csv_chunks(line_texts(stream, name, ends=True), **options)
     raise ValueError(f"input format must be 'jsonl', 'csv' or 'parquet', got {fmt!r}")
 
 

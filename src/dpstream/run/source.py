@@ -99,7 +99,7 @@ def past_message(t: int, until: int, horizon: int) -> str:
 
 def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
     """The input's records (``dpstream.io.RawEvent``), in order."""
-    from ..io import guard_lines, read_events
+    from ..io import read_events
     from ..io.lines import line_texts
 
     if cfg.input_kind == "parquet":
@@ -116,9 +116,7 @@ def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
         )
     clock = cfg.clock
     return read_events(
-        line_texts(infile, cfg.input)
-        if cfg.input_kind == "jsonl"
-        else guard_lines(infile, cfg.input),
+        line_texts(infile, cfg.input, ends=cfg.input_kind == "csv"),
         cfg.input_kind,
         time_field=cfg.time_field if clock else None,
         clock=clock,
