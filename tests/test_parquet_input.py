@@ -1144,3 +1144,71 @@ def test_a_small_file_of_long_repeated_strings_runs_in_bounded_memory(tmp_path, 
     assert code == 0, done.stderr
     assert peak_mb < 500, peak_mb
     assert len(out.read_text().splitlines()) == 8
+
+
+@pytest.mark.parametrize("item", ["", None, 7, "abc"])
+def test_rows_of_many_items_are_read_a_bounded_number_of_items_at_a_time(
+    tmp_path, monkeypatch, item
+):
+    """Review 118: a 20 KB file of 65,536 rows of 3,000 empty strings each (or nulls, or
+    integers) was read 65,536 rows at a time, 196 M items, and failed with NumPy's
+    MemoryError after 4.8 GB. A batch now holds at most BATCH_VALUES items (or one row),
+    sized from the row group's counts of values before it is read; the records are
+    the rows as Arrow reads the whole table."""
+    import dpstream.io.parquet as reader
+
+    monkeypatch.setattr(reader, "BATCH_VALUES", 10_000)
+    rows, width = 4000, 300
+    typ = pa.int64() if isinstance(item, int) else pa.string()
+    values = pa.array([item] * (rows * width), typ)
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
+    table = pa.table(
+        {"t": pa.array(1 + np.arange(rows) % 6), "items": pa.ListArray.from_arrays(offsets, values)}
+    )
+    path = tmp_path / "wide.parquet"
+    pq.write_table(table, path, compression="zstd")
+    settings = dict(
+        time_column=None, item_column=None, event_column="event", time_field=None,
+        clock=None, user_field=None,
+    )  # fmt: skip
+    counts = [
+        (b.num_rows, sum(len(r) for r in b.column("items").to_pylist()))
+        for _, b in reader._batches(str(path), settings)
+    ]
+    assert sum(n for n, _ in counts) == rows
+    assert all(n == 1 or k <= 10_000 for n, k in counts), counts
+    want = [
+        (i + 1, r["t"], "null item" if item is None else None, r["items"])
+        for i, r in enumerate(table.to_pylist())
+    ]
+    got = _flat(read_parquet_chunks(str(path)))
+    assert len(got) == rows
+    for (line, t, err, items, _), (wline, wt, werr, witems) in zip(got, want, strict=True):
+        assert (line, t) == (wline, wt)
+        if werr is None:
+            assert err is None and items == tuple(str(x) for x in witems)
+        else:
+            assert err is not None and items == ()
+
+
+def test_a_column_named_like_the_items_leaf_does_not_take_its_place(tmp_path, monkeypatch):
+    """Review 118: the string leaves read dictionary-encoded were found by dotted path,
+    so a top-level column named ``items.list.element`` took the place of the list
+    column's leaf, which was read plain and decoded whole. Leaves are now counted from
+    the schema: the batches are cut as they are without that column."""
+    import dpstream.io.parquet as reader
+
+    monkeypatch.setattr(reader, "BATCH_BYTES", 1 << 16)
+    table = _long_string_rows(3000, 1000, per_item=False)
+    table = table.append_column("items.list.element", pa.array(["x"] * 3000))
+    path = tmp_path / "dots.parquet"
+    pq.write_table(table, path, store_schema=False, row_group_size=3000)
+    settings = dict(
+        time_column=None, item_column=None, event_column="event", time_field=None,
+        clock=None, user_field=None,
+    )  # fmt: skip
+    sizes = [
+        (b.num_rows, sum(len(x) for r in b.column("items").to_pylist() for x in r))
+        for _, b in reader._batches(str(path), settings)
+    ]
+    assert len(sizes) > 1 and all(n == 1 or k <= 1 << 16 for n, k in sizes), sizes
