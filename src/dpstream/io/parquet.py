@@ -255,93 +255,135 @@ def _batches(path: str, settings: dict[str, Any]) -> Iterator[tuple[_Layout, Any
         layout = _layout(plain.schema_arrow, f"the Parquet input {name!r}", **settings)
         columns = layout.columns()
         written = {c: plain.schema_arrow.field(c).type for c in columns}
+        leaves = _leaves(plain.schema_arrow, columns)
         # strings stay dictionary-encoded until a batch is cut to a bounded size: a
         # dictionary of one long string under 65,536 indices is a 2 KB file that
         # decoded to 1 GB a batch (review 117)
+        strings = [j for j in leaves if plain.schema.column(j).physical_type == "BYTE_ARRAY"]
         pfile = pq.ParquetFile(
             name,
             coerce_int96_timestamp_unit="us",
-            read_dictionary=_string_leaves(plain.schema, columns),
+            read_dictionary=strings,
             metadata=plain.metadata,
         )
         for group in range(pfile.num_row_groups):
-            rows = _rows_per_batch(plain.metadata.row_group(group), columns)
+            rows = _rows_per_batch(plain.metadata.row_group(group), leaves)
             for batch in pfile.iter_batches(batch_size=rows, row_groups=[group], columns=columns):
                 for part in _bounded(batch):
                     yield layout, _decoded(_as_written(part, written), layout)
 
 
-#: The bytes of strings a batch is decoded to at most (a batch of one row may hold more)
+#: The bytes of strings a batch is decoded to at most, and the values (list items) it
+#: holds at most (a batch of one row may hold more): what reading a batch costs grows
+#: with both (about 160 bytes a value through the chunk's arrays)
 BATCH_BYTES = 1 << 23
+BATCH_VALUES = 1 << 18
 
 
-def _string_leaves(schema: Any, columns: list[str]) -> list[str]:
-    """The paths of the string leaves of ``columns`` in a file's Parquet ``schema``: the
-    columns read dictionary-encoded (as written)."""
-    paths = []
-    for i in range(len(schema)):
-        leaf = schema.column(i)
-        if leaf.physical_type == "BYTE_ARRAY" and any(
-            leaf.path == c or leaf.path.startswith(c + ".") for c in columns
-        ):
-            paths.append(leaf.path)
-    return paths
+def _leaves(schema: Any, columns: list[str]) -> list[int]:
+    """The indices of the Parquet leaf columns (in the file's order) of the top-level
+    ``columns`` of an Arrow ``schema``: found by counting leaves, not by dotted paths (a
+    column named ``items.list.element`` beside a list ``items`` is another leaf)."""
+    import pyarrow as pa
+
+    def count(typ: Any) -> int:
+        if pa.types.is_struct(typ):
+            return sum(count(typ.field(i).type) for i in range(typ.num_fields))
+        if pa.types.is_map(typ):
+            return count(typ.key_type) + count(typ.item_type)
+        if is_list_type(typ) or pa.types.is_list_view(typ) or pa.types.is_large_list_view(typ):
+            return count(typ.value_type)
+        return 1
+
+    out: list[int] = []
+    at, wanted = 0, set(columns)
+    for field in schema:
+        n = count(field.type)
+        if field.name in wanted:
+            out += range(at, at + n)
+        at += n
+    return out
 
 
-def _rows_per_batch(group: Any, columns: list[str]) -> int:
-    """Rows a batch of a row group is read in: :data:`BATCH_ROWS`, fewer when the row
-    group's pages (decompressed) hold more than :data:`BATCH_BYTES` a batch (a value
-    repeated without a dictionary compresses as well as one with it)."""
-    size = 0
-    for j in range(group.num_columns):
+def _rows_per_batch(group: Any, leaves: list[int]) -> int:
+    """Rows a batch of a row group is read in: :data:`BATCH_ROWS`, fewer when the read
+    columns' pages (decompressed, a dictionary page left out: :func:`_bounded` cuts
+    what it decodes to) or their values hold more than :data:`BATCH_BYTES` or
+    :data:`BATCH_VALUES` a batch (a value repeated without a dictionary compresses as
+    well as one with it; a row may hold thousands of empty strings)."""
+    size = values = 0
+    for j in leaves:
         chunk = group.column(j)
-        path = chunk.path_in_schema
-        if any(path == c or path.startswith(c + ".") for c in columns):
-            size += max(0, int(chunk.total_uncompressed_size))
-    per_row = size / max(1, group.num_rows)
-    return int(min(BATCH_ROWS, max(1, BATCH_BYTES // max(1.0, per_row))))
+        total = max(0, int(chunk.total_uncompressed_size))
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+            packed = max(0, int(chunk.data_page_offset) - int(chunk.dictionary_page_offset))
+            ratio = total / max(1, int(chunk.total_compressed_size))
+            total = max(0, total - int(packed * ratio))
+        size += total
+        values += max(0, int(chunk.num_values))
+    rows = max(1, group.num_rows)
+    return int(
+        min(
+            BATCH_ROWS,
+            max(1, BATCH_BYTES * rows // max(1, size)),
+            max(1, BATCH_VALUES * rows // max(1, values)),
+        )
+    )
 
 
 def _bounded(batch: Any) -> Iterator[Any]:
     """``batch`` in runs of rows whose dictionary-encoded strings decode to at most
-    :data:`BATCH_BYTES` each (one row alone may hold more)."""
-    if not batch.num_rows:
+    :data:`BATCH_BYTES` and that hold at most :data:`BATCH_VALUES` list items each (one
+    row alone may hold more)."""
+    n = batch.num_rows
+    if not n:
         return
-    sizes = np.zeros(batch.num_rows, dtype=np.float64)
+    weight = np.zeros(n, dtype=np.float64)
     for col in batch.columns:
-        sizes += _decoded_sizes(col)
-    ends = np.cumsum(sizes)
-    if ends[-1] <= BATCH_BYTES:
+        size, values = _row_costs(col)
+        weight += size / BATCH_BYTES + values / BATCH_VALUES
+    ends = np.cumsum(weight)
+    if ends[-1] <= 1.0:
         yield batch
         return
     start = 0
-    while start < batch.num_rows:
+    while start < n:
         before = ends[start - 1] if start else 0.0
-        stop = max(start + 1, int(np.searchsorted(ends, before + BATCH_BYTES, side="right")))
+        stop = max(start + 1, int(np.searchsorted(ends, before + 1.0, side="right")))
         # taken, not sliced: a slice keeps its list column's whole child array, which
         # a cast back to strings would decode in full, slice after slice
         yield batch.take(np.arange(start, stop))
         start = stop
 
 
-def _decoded_sizes(col: Any) -> np.ndarray:
-    """Per row, the bytes a column's dictionary-encoded strings decode to (0 for a
-    column of other values)."""
+def _row_costs(col: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the bytes a column's dictionary-encoded strings decode to (0 for other
+    values) and the items of a list column (0 for a column of single values)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     n = len(col)
-    values, parents = col, None
-    if not pa.types.is_dictionary(col.type):
-        if not is_list_type(col.type) or not pa.types.is_dictionary(col.type.value_type):
-            return np.zeros(n)
-        values = col.flatten()
-        parents = pc.list_parent_indices(col).to_numpy()
+    typ = col.type
+    if not is_list_type(typ):
+        if not pa.types.is_dictionary(typ):
+            return np.zeros(n), np.zeros(n)
+        return _string_sizes(col).astype(np.float64), np.zeros(n)
+    counts = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    if not pa.types.is_dictionary(typ.value_type):
+        return np.zeros(n), counts.astype(np.float64)
+    # the flattened items are the non-null rows' in order: per row, a run of them
+    each = np.concatenate([[0], np.cumsum(_string_sizes(col.flatten()))])
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return (each[bounds[1:]] - each[bounds[:-1]]).astype(np.float64), counts.astype(np.float64)
+
+
+def _string_sizes(values: Any) -> np.ndarray:
+    """The decoded length of each value of a dictionary array (0 for a null)."""
+    import pyarrow.compute as pc
+
     lengths = pc.binary_length(values.dictionary)
-    each = pc.fill_null(pc.take(lengths, values.indices), 0).to_numpy(zero_copy_only=False)
-    if parents is None:
-        return each.astype(np.float64)
-    return np.bincount(parents, weights=each, minlength=n)
+    taken = pc.take(lengths, values.indices)
+    return np.asarray(pc.fill_null(taken, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _as_written(batch: Any, written: dict[str, Any]) -> Any:
