@@ -201,3 +201,30 @@ def assert_spark_csv_matches(local_csv: object, spark_dir: object) -> None:
     )
     assert want["item"].notna().any()
     pd.testing.assert_frame_equal(have, want, check_dtype=False)
+
+
+#: A run's exit code and peak resident memory (MB), printed by a fresh process. The peak
+#: of that process's own memory (VmHWM), not ``ru_maxrss``: Linux keeps ``ru_maxrss``
+#: across ``exec``, so a child of the test process would start at the test process's
+#: own peak.
+_PEAK = """
+import sys
+from dpstream.cli import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as fh:
+    peak = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+print(code, peak // 1024)
+"""
+
+
+def run_peak(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, int, str]:
+    """``dpstream`` with ``argv`` in a fresh process: its exit code, its peak resident
+    memory in MB and its stderr (the test is skipped where Linux's /proc is not)."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("the peak of a process's memory is read from Linux's /proc")
+    env = {**os.environ, "DPSTREAM_KEY_REGISTRY": "off", **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, *argv], env=env, capture_output=True, text=True
+    )
+    code, peak = map(int, done.stdout.split())
+    return code, peak, done.stderr

@@ -22,7 +22,7 @@ import pytest
 from dpstream.cli import main
 from dpstream.run.fold import _merge, parse_size, spread
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, own_ledger, run_peak
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORDS = [f"w{i}" for i in range(40)]
@@ -362,16 +362,6 @@ def test_on_invalid_error_stops_where_the_run_that_holds_its_chunks_stops(
     assert results[0][2] == []  # no output, sidecar or state (a new one is removed)
 
 
-_PEAK = """
-import sys
-from dpstream.cli import main
-code = main(sys.argv[1:])
-with open("/proc/self/status") as fh:
-    peak = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
-print(code, peak // 1024)
-"""
-
-
 def test_a_step_s_digest_does_not_hold_its_input(tmp_path):
     """A daily run of one step a day with --state read the step's bytes back whole for
     its digest, and held them three times: a 59 MB step added 188 MB to the run's peak
@@ -380,8 +370,6 @@ def test_a_step_s_digest_does_not_hold_its_input(tmp_path):
     own peak, VmHWM: ru_maxrss outlives exec): 400,000 events in one step (18 MB) added
     49 MB before (230 MB against 181 MB) and add nothing now (180 MB); the test allows
     25 MB, half of what they added."""
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("the peak of a process's memory is read from Linux's /proc")
     rng = np.random.default_rng(3)
     words = np.array([f"item{i}" for i in range(100_000)])
     sizes = rng.integers(1, 4, 400_000)  # up to --max-items 3
@@ -393,7 +381,6 @@ def test_a_step_s_digest_does_not_hold_its_input(tmp_path):
             fh.write(json.dumps({"t": 1, "items": picks[lo:hi].tolist()}) + "\n")
     key = tmp_path / "k.key"
     fixed_key("fold").save(key)
-    env = {**os.environ, "DPSTREAM_KEY_REGISTRY": "off", "PYTHONPATH": SRC}
 
     def peak(name: str, *extra: str) -> int:
         out = tmp_path / f"{name}.jsonl"
@@ -401,11 +388,8 @@ def test_a_step_s_digest_does_not_hold_its_input(tmp_path):
             "run", "--quiet", *UNKNOWN, "-T", "1", "--key-file", str(key), "-i", str(data),
             "-o", str(out), "--no-fsync", *own_ledger(out), *extra,
         ]  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, "-c", _PEAK, *argv], env=env, capture_output=True, text=True
-        )
-        code, mb = map(int, done.stdout.split())
-        assert code == 0, done.stderr
+        code, mb, err = run_peak(argv, {"PYTHONPATH": SRC})
+        assert code == 0, err
         return mb
 
     plain = peak("plain")

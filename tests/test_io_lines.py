@@ -140,14 +140,9 @@ def test_a_gzip_of_one_huge_line_is_read_in_bounded_memory(tmp_path):
     blocks and the run peaks near its floor (about 110-170 MB). The test allows 400 MB,
     a quarter of the peak before."""
     import gzip
-    import os
-    import subprocess
-    import sys
 
-    from tests.conftest import fixed_key
+    from .conftest import fixed_key, run_peak
 
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("the peak of a process's memory is read from Linux's /proc")
     data = tmp_path / "bomb.jsonl.gz"
     with gzip.open(data, "wb", compresslevel=6) as fh:
         fh.write(b'{"t": 1, "items": ["a"]}\n{"t": 1, "items": ["')
@@ -159,23 +154,14 @@ def test_a_gzip_of_one_huge_line_is_read_in_bounded_memory(tmp_path):
     key = tmp_path / "k.key"
     fixed_key("lines").save(key)
     out = tmp_path / "out.jsonl"
-    code = (
-        "import sys\nfrom dpstream.cli import main\ncode = main(sys.argv[1:])\n"
-        "peak = next(int(x.split()[1]) for x in open('/proc/self/status') if "
-        "x.startswith('VmHWM:'))\nprint(code, peak // 1024)\n"
-    )
     argv = [
         "run", "--quiet", "-m", "unknown", "--max-items", "2", "--rho", "1",
         "--threshold-delta", "1e-6", "-T", "2", "--key-file", str(key), "-i", str(data),
         "-o", str(out), "--ledger", f"{out}.ledger", "--on-invalid", "skip",
         "--max-invalid", "0.5", "--log-format", "json",
     ]  # fmt: skip
-    env = {**os.environ, "DPSTREAM_KEY_REGISTRY": "off"}
-    done = subprocess.run(
-        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True
-    )
-    status, peak = map(int, done.stdout.split())
-    assert status == 0, done.stderr
+    status, peak, err = run_peak(argv)
+    assert status == 0, err
     assert peak < 400, peak
-    assert "line too long" in done.stderr
+    assert "line too long" in err
     assert len(out.read_text().splitlines()) == 2

@@ -27,7 +27,7 @@ from dpstream.io import open_input
 from dpstream.io.jsonl import read_jsonl_chunks
 from dpstream.io.parquet import parquet_files, read_parquet_chunks, refuse_copies
 
-from .conftest import fixed_key, own_ledger
+from .conftest import fixed_key, own_ledger, run_peak
 
 T = 12
 WORDS = [f"w{i}" for i in range(25)]
@@ -1102,19 +1102,6 @@ def test_one_row_per_item_holds_each_long_string_once(tmp_path):
     assert all(len(ch.buf) <= CHUNK_RAW_BYTES + longest for ch in chunks)
 
 
-#: A run's exit code and peak resident memory (MB). The peak of this process's memory
-#: (VmHWM) and not ``ru_maxrss``: Linux keeps ``ru_maxrss`` across ``exec``, so a child
-#: of the test process would start at the test process's own peak.
-_PEAK = """
-import sys
-from dpstream.cli import main
-code = main(sys.argv[1:])
-with open("/proc/self/status") as fh:
-    peak = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
-print(code, peak // 1024)
-"""
-
-
 @pytest.mark.parametrize("per_item", [False, True])
 def test_a_small_file_of_long_repeated_strings_runs_in_bounded_memory(tmp_path, key_path, per_item):
     """End to end (a fresh process, its peak resident memory): 100,000 rows repeating
@@ -1122,12 +1109,7 @@ def test_a_small_file_of_long_repeated_strings_runs_in_bounded_memory(tmp_path, 
     event) and 4.6 GB (one row per item); now each batch and chunk holds at most 8 MB
     of strings, and every distinct string is held once (peaks of 230-310 MB). 500 MB
     is 1.6 times that, and a quarter of the smallest peak before."""
-    import subprocess
-    import sys
-
     path = tmp_path / "long.parquet"
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("the peak of a process's memory is read from Linux's /proc")
     table = _long_string_rows(100_000, 8192, per_item)
     pq.write_table(table, path, compression="zstd", store_schema=False)
     assert path.stat().st_size < 1 << 20  # a small file
@@ -1136,12 +1118,8 @@ def test_a_small_file_of_long_repeated_strings_runs_in_bounded_memory(tmp_path, 
         "run", "--quiet", "-T", "8", "--key-file", str(key_path), "-i", str(path),
         "-o", str(out), *own_ledger(out), *UNKNOWN,
     ]  # fmt: skip
-    env = {**os.environ, "DPSTREAM_KEY_REGISTRY": "off"}
-    done = subprocess.run(
-        [sys.executable, "-c", _PEAK, *argv], env=env, capture_output=True, text=True
-    )
-    code, peak_mb = map(int, done.stdout.split())
-    assert code == 0, done.stderr
+    code, peak_mb, err = run_peak(argv)
+    assert code == 0, err
     assert peak_mb < 500, peak_mb
     assert len(out.read_text().splitlines()) == 8
 
