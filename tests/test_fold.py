@@ -117,6 +117,14 @@ def test_spilled_counts_give_the_same_bytes(tmp_path, monkeypatch, users, policy
         return real(self)
 
     monkeypatch.setattr(fold.FoldedInput, "_spill_all", spy)
+    leads = []
+    real_lead = fold.FoldedInput._write_lead
+
+    def spy_lead(self, part):
+        leads.append(len(part.errors))
+        return real_lead(self, part)
+
+    monkeypatch.setattr(fold.FoldedInput, "_write_lead", spy_lead)
     # a step's bytes read back for its digest 7 bytes at a time: the same digests
     monkeypatch.setattr(fold, "_READ_BLOCK", 7)
     from dpstream.io import jsonl, lines
@@ -129,6 +137,7 @@ def test_spilled_counts_give_the_same_bytes(tmp_path, monkeypatch, users, policy
         tmp_path, "spilled", ["--on-invalid", policy, "--memory", "1k"], users=users, mech=mech
     )
     assert seen  # and 1k does not
+    assert leads == [2]  # the two records before any step went to the file too
     assert held[0] == spilled[0] and held[0].count(b"\n") >= T - 5
     assert held[1] == spilled[1] and len(held[1]) == T - 5
     assert os.listdir(spill_root) == []
@@ -395,3 +404,46 @@ def test_a_step_s_digest_does_not_hold_its_input(tmp_path):
     plain = peak("plain")
     state = peak("state", "--state", str(tmp_path / "s.db"))
     assert state - plain < 25, (plain, state)
+
+
+@pytest.mark.parametrize("stepped", [True, False])
+def test_records_before_any_step_are_held_on_disk_past_the_budget(tmp_path, monkeypatch, stepped):
+    """Review 119: a daily run over a file that grows by a day held its earlier days (all
+    late: before any record of a step it releases) in memory until the input ended, at
+    about 8 times their size, whatever --memory said. Past the budget they now go to the
+    temporary file, and the run releases the same bytes and digests as one that holds
+    them; also when no record has a step (they are then the run's only records)."""
+    from dpstream.run import fold
+
+    key = tmp_path / "k.key"
+    fixed_key("fold").save(key)
+    lines = [json.dumps({"items": [f"w{i % 7}"]}) for i in range(3000)]  # no step
+    if stepped:
+        lines += [json.dumps({"t": 1 + i % 5, "items": [f"w{i % 3}"]}) for i in range(500)]
+    data = tmp_path / "in.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+
+    def run(name: str, *extra: str) -> tuple[bytes, list]:
+        out, state = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.state"
+        argv = [
+            "run", "--quiet", *UNKNOWN, "-T", "5", "--key-file", str(key), "-i", str(data),
+            "-o", str(out), "--state", str(state), "--no-fsync", "--max-invalid", "1",
+            *own_ledger(out), *extra,
+        ]  # fmt: skip
+        assert main(argv) == 0
+        with closing(sqlite3.connect(state)) as db:
+            macs = db.execute("SELECT t, input_mac FROM steps ORDER BY t").fetchall()
+        return out.read_bytes(), macs
+
+    held = run("held")
+    written = []
+    real = fold.FoldedInput._write_lead
+
+    def spy(self, part):
+        written.append(1)
+        return real(self, part)
+
+    monkeypatch.setattr(fold.FoldedInput, "_write_lead", spy)
+    spilled = run("spilled", "--memory", "1k")
+    assert written and spilled == held
+    assert len(held[1]) == 5  # every step released (with no record of a step: empty)

@@ -1190,3 +1190,24 @@ def test_a_column_named_like_the_items_leaf_does_not_take_its_place(tmp_path, mo
         for _, b in reader._batches(str(path), settings)
     ]
     assert len(sizes) > 1 and all(n == 1 or k <= 1 << 16 for n, k in sizes), sizes
+
+
+def test_a_column_named_with_a_dot_beside_a_struct_of_that_name_is_read(tmp_path):
+    """Arrow reads a struct ``ev`` beside the column ``ev.step`` that a run asks for (its
+    leaf has that dotted path): the reader leaves it be, and the records are those of
+    the columns named (the strings read dictionary-encoded and decoded back)."""
+    n = 40
+    table = pa.table(
+        {
+            "ev.step": pa.array([1 + i % 4 for i in range(n)], pa.uint64()),
+            "ev": pa.array([{"step": 4 - i % 4} for i in range(n)]),
+            "items": pa.array([[f"i{i % 5}", f"i{i % 7}"] for i in range(n)]),
+            "user.id": [f"u{i % 6}" for i in range(n)],
+            "user": pa.array([{"id": f"row{i}"} for i in range(n)]),
+        }
+    )
+    path = tmp_path / "dots.parquet"
+    pq.write_table(table, path)
+    got = _flat(read_parquet_chunks(str(path), time_column="ev.step", user_field="user.id"))
+    want = [(i + 1, 1 + i % 4, None, (f"i{i % 5}", f"i{i % 7}"), f"u{i % 6}") for i in range(n)]
+    assert got == want

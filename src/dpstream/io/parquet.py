@@ -387,17 +387,20 @@ def _string_sizes(values: Any) -> np.ndarray:
 
 
 def _as_written(batch: Any, written: dict[str, Any]) -> Any:
-    """A batch with the columns read dictionary-encoded back at their written types."""
+    """A batch with the columns read dictionary-encoded back at their written types (a
+    column Arrow reads beside them, a struct ``ev`` for a column named ``ev.step``, is
+    left as it is)."""
     import pyarrow as pa
 
+    names = batch.schema.names
+    types = [written.get(n) for n in names]
     columns = batch.columns
-    if all(c.type == written[n] for c, n in zip(columns, batch.schema.names, strict=True)):
+    if all(w is None or c.type == w for c, w in zip(columns, types, strict=True)):
         return batch
     cast = [
-        c if c.type == written[n] else c.cast(written[n])
-        for c, n in zip(columns, batch.schema.names, strict=True)
+        c if w is None or c.type == w else c.cast(w) for c, w in zip(columns, types, strict=True)
     ]
-    return pa.RecordBatch.from_arrays(cast, names=batch.schema.names)
+    return pa.RecordBatch.from_arrays(cast, names=names)
 
 
 def _decoded(batch: Any, layout: _Layout) -> Any:

@@ -32,6 +32,7 @@ first removes every such directory of this user whose process is gone.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -317,7 +318,9 @@ class FoldedInput:
                 if self.after is None:  # (--on-invalid error: the first, raised then)
                     self.after = self._checked(step_input(s, [part]), past=self.past(s))[1]
             elif s < 0:  # its step is known at the end: start + 1, or none
-                self.lead.append(step_input(None, [part]))
+                lead = step_input(None, [part])
+                self.lead.append(lead)
+                self.held += _lead_cost(lead)
             else:
                 self._add(self._step(s), step_input(s, [part]))
         if self.held > self.budget:
@@ -406,15 +409,59 @@ class FoldedInput:
                     at = self.spill.write(b"".join(a.tobytes() for a in arrays))
                     step.segments[i] = (at, tuple((a.dtype.str, a.size) for a in arrays))
                     self.spilled += 1
+        for i, lead in enumerate(self.lead):
+            if not isinstance(lead, tuple) and _all_invalid(lead):
+                self.lead[i] = self._write_lead(lead)
         self.held = 0
+
+    # -- records before any step (late ones, ones without a step) -------------------------
+    def _write_lead(self, part: Any) -> tuple[int, int, int, int]:
+        """A run of records before any step, all invalid, to the temporary file (review
+        119: a day's file that grows by a day held its earlier days, all late, at about
+        8 times their size): where, and its records, bytes and messages' sizes."""
+        n = len(part.errors)
+        lines = np.ascontiguousarray(part.lines, dtype="<i8").tobytes()
+        lengths = np.ascontiguousarray(part.lengths, dtype="<i8").tobytes()
+        at_lines = np.asarray([line for line, _ in part.errors], dtype="<i8").tobytes()
+        messages = json.dumps([message for _, message in part.errors]).encode("ascii")
+        at = self.spill.write(lines + lengths + at_lines + part.raw + messages)
+        return (at, n, len(part.raw), len(messages))
+
+    def _lead_parts(self) -> Iterator[Any]:
+        """The runs of records before any step, in input order, one at a time (those on
+        the temporary file read back)."""
+        from ..io.chunks import step_input
+
+        for lead in self.lead:
+            if not isinstance(lead, tuple):
+                yield lead
+                continue
+            at, n, raw_n, text_n = lead
+            blob = self.spill.read(at, 24 * n + raw_n + text_n)
+            lines, lengths, at_lines = (
+                np.frombuffer(blob, dtype="<i8", count=n, offset=8 * n * k) for k in range(3)
+            )
+            raw = blob[24 * n : 24 * n + raw_n]
+            messages = json.loads(blob[24 * n + raw_n :].decode("ascii"))
+            errors = list(zip(at_lines.tolist(), messages, strict=True))
+            yield replace(
+                step_input(None, []), lines=lines, lengths=lengths, raw=raw, errors=errors
+            )
 
     def finish(self) -> None:
         """The end of the input: records before any step go to the first step (when a
-        record had a step)."""
+        record had a step), in front of its own, one run at a time."""
         if self.steps_by_t and self.lead:
             first = self._step(self.start + 1)
-            for part in reversed(self.lead):
-                self._add(first, replace(part, t=self.start + 1), front=True)
+            own_refs, own_segments = first.digest_refs, first.segments
+            own_error, own_line = first.error, first.first_line
+            first.digest_refs, first.segments, first.error, first.first_line = [], [], None, None
+            for part in self._lead_parts():
+                self._add(first, replace(part, t=self.start + 1))
+            first.digest_refs += own_refs
+            first.segments += own_segments
+            first.error = first.error if first.error is not None else own_error
+            first.first_line = first.first_line if first.first_line is not None else own_line
             self.lead = []
 
     def first_error(self) -> Exception | None:
@@ -425,7 +472,7 @@ class FoldedInput:
         for t in sorted(self.steps_by_t):
             if self.steps_by_t[t].error is not None:
                 return self.steps_by_t[t].error
-        for part in self.lead:  # no record had a step: these are released first
+        for part in self._lead_parts():  # no record had a step: these are released first
             error = self._checked(part)[1]  # (no side effect: error mode raises first)
             if error is not None:
                 return error
@@ -439,7 +486,7 @@ class FoldedInput:
         from ..io.chunks import step_input
 
         if not self.steps_by_t:
-            yield from self.lead
+            yield from self._lead_parts()
             self.lead = []
             if self.after is not None:
                 raise self.after
@@ -513,6 +560,17 @@ class FoldedInput:
         """Remove the temporary file (idempotent)."""
         self.steps_by_t.clear()
         self.spill.close()
+
+
+def _all_invalid(part: Any) -> bool:
+    """Whether every record of a run of records is invalid (none is an event)."""
+    return len(part.errors) == int(part.lines.size) and not len(part.codes)
+
+
+def _lead_cost(part: Any) -> int:
+    """What a run of records before any step holds in memory, about (its bytes, its
+    line numbers and lengths, a message each)."""
+    return len(part.raw) + 16 * int(part.lines.size) + 160 * len(part.errors)
 
 
 def _in_memory(seg: Segment) -> bool:
