@@ -570,7 +570,7 @@ def _all_invalid(part: Any) -> bool:
 def _lead_cost(part: Any) -> int:
     """What a run of records before any step holds in memory, about (its bytes, its
     line numbers and lengths, a message each)."""
-    return len(part.raw) + 16 * int(part.lines.size) + 160 * len(part.errors)
+    return len(part.raw) + 16 * int(part.lines.size) + 300 * len(part.errors)
 
 
 def _in_memory(seg: Segment) -> bool:
