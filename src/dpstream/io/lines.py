@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import MAX_LINE_BYTES, OVERLONG_HEAD, raw_bytes
+from .records import MAX_LINE_BYTES, OVERLONG_HEAD, OverlongLine, raw_bytes
 
 __all__ = ["LineBlock", "line_blocks", "line_texts", "arrow_line_block", "BOM", "CHUNK_LINES"]
 
@@ -272,8 +272,6 @@ def _block_of(buf: bytes, starts: np.ndarray, ends: np.ndarray, done: int) -> Li
     def text(i: int) -> str:
         line = buf[int(starts[i]) : int(ends[i])].decode("utf-8", "surrogateescape")
         if block.overlong and i in block.overlong:
-            from .records import OverlongLine
-
             return OverlongLine(line, block.overlong[i])
         return line
 

@@ -844,7 +844,8 @@ def _per_item_records(batches: Iterator[tuple[_Layout, Any]]) -> Iterator[RawEve
                 once(items[i]),
                 None if users is None else once(users[i]),
             )
-            if not valid_text(json.dumps(cells, ensure_ascii=False)):
+            # (its JSON text holds a lone surrogate only where a string cell does)
+            if not all(valid_text(c) for c in cells if isinstance(c, str)):
                 records.append(_LoneRow(row, NOT_UTF8, cells))  # as that line of JSON Lines
                 continue
             t, err = _row_step(times[i], layout)

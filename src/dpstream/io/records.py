@@ -111,10 +111,11 @@ def text_stream(binary: Any) -> TextIO:
     return io.TextIOWrapper(binary, newline="", **_ENCODING)
 
 
-#: The longest line an input's reader takes (bytes; characters for a stream of text):
-#: a longer one is the invalid record :func:`overlong_message`, read past without
-#: being held. An event that long is no event (--max-items bounds what it may hold),
-#: and a ``.gz`` of 1 MB held a 1 GB line, 6.4 GB of memory to parse it.
+#: The longest line an input's reader takes (bytes): a longer one is the invalid record
+#: :func:`overlong_message`, read past without being held (a stream of text, which
+#: has no bytes to read past, gives it whole to the parser, which refuses it). An
+#: event that long is no event (--max-items bounds what it may hold), and a ``.gz`` of
+#: 1 MB held a 1 GB line, 6.4 GB of memory to parse it.
 MAX_LINE_BYTES = 1 << 24
 
 

@@ -418,50 +418,38 @@ class FoldedInput:
     def _write_lead(self, part: Any) -> tuple[int, int, int, int]:
         """A run of records before any step, all invalid, to the temporary file (review
         119: a day's file that grows by a day held its earlier days, all late, at about
-        8 times their size): where, and its records, bytes and messages' sizes."""
-        n = len(part.errors)
+        8 times their size): where, and its records, bytes and messages' sizes (each
+        record's message is its error: the errors' lines are the records')."""
         lines = np.ascontiguousarray(part.lines, dtype="<i8").tobytes()
         lengths = np.ascontiguousarray(part.lengths, dtype="<i8").tobytes()
-        at_lines = np.asarray([line for line, _ in part.errors], dtype="<i8").tobytes()
         messages = json.dumps([message for _, message in part.errors]).encode("ascii")
-        at = self.spill.write(lines + lengths + at_lines + part.raw + messages)
-        return (at, n, len(part.raw), len(messages))
+        at = self.spill.write(lines + lengths + part.raw + messages)
+        return (at, len(part.errors), len(part.raw), len(messages))
 
-    def _lead_parts(self) -> Iterator[Any]:
-        """The runs of records before any step, in input order, one at a time (those on
-        the temporary file read back)."""
+    def _lead_part(self, lead: Any) -> Any:
+        """A run of records before any step, read back from the temporary file when it
+        went there."""
+        if not isinstance(lead, tuple):
+            return lead
         from ..io.chunks import step_input
 
-        for lead in self.lead:
-            if not isinstance(lead, tuple):
-                yield lead
-                continue
-            at, n, raw_n, text_n = lead
-            blob = self.spill.read(at, 24 * n + raw_n + text_n)
-            lines, lengths, at_lines = (
-                np.frombuffer(blob, dtype="<i8", count=n, offset=8 * n * k) for k in range(3)
-            )
-            raw = blob[24 * n : 24 * n + raw_n]
-            messages = json.loads(blob[24 * n + raw_n :].decode("ascii"))
-            errors = list(zip(at_lines.tolist(), messages, strict=True))
-            yield replace(
-                step_input(None, []), lines=lines, lengths=lengths, raw=raw, errors=errors
-            )
+        at, n, raw_n, text_n = lead
+        blob = self.spill.read(at, 16 * n + raw_n + text_n)
+        lines = np.frombuffer(blob, dtype="<i8", count=n)
+        lengths = np.frombuffer(blob, dtype="<i8", count=n, offset=8 * n)
+        raw = blob[16 * n : 16 * n + raw_n]
+        messages = json.loads(blob[16 * n + raw_n :].decode("ascii"))
+        errors = list(zip(lines.tolist(), messages, strict=True))
+        return replace(step_input(None, []), lines=lines, lengths=lengths, raw=raw, errors=errors)
 
     def finish(self) -> None:
         """The end of the input: records before any step go to the first step (when a
-        record had a step), in front of its own, one run at a time."""
+        record had a step), each run read back from the temporary file as it is taken."""
         if self.steps_by_t and self.lead:
             first = self._step(self.start + 1)
-            own_refs, own_segments = first.digest_refs, first.segments
-            own_error, own_line = first.error, first.first_line
-            first.digest_refs, first.segments, first.error, first.first_line = [], [], None, None
-            for part in self._lead_parts():
-                self._add(first, replace(part, t=self.start + 1))
-            first.digest_refs += own_refs
-            first.segments += own_segments
-            first.error = first.error if first.error is not None else own_error
-            first.first_line = first.first_line if first.first_line is not None else own_line
+            for lead in reversed(self.lead):
+                part = self._lead_part(lead)
+                self._add(first, replace(part, t=self.start + 1), front=True)
             self.lead = []
 
     def first_error(self) -> Exception | None:
@@ -472,7 +460,7 @@ class FoldedInput:
         for t in sorted(self.steps_by_t):
             if self.steps_by_t[t].error is not None:
                 return self.steps_by_t[t].error
-        for part in self._lead_parts():  # no record had a step: these are released first
+        for part in map(self._lead_part, self.lead):  # no record had a step: these first
             error = self._checked(part)[1]  # (no side effect: error mode raises first)
             if error is not None:
                 return error
@@ -486,7 +474,7 @@ class FoldedInput:
         from ..io.chunks import step_input
 
         if not self.steps_by_t:
-            yield from self._lead_parts()
+            yield from map(self._lead_part, self.lead)
             self.lead = []
             if self.after is not None:
                 raise self.after

@@ -175,11 +175,12 @@ class FollowedInput:
         """Drop the buffer's bytes up to ``stop``, of a line too long to read: its first
         bytes and its length so far are kept in :attr:`_long`."""
         head, length = self._long if self._long is not None else (b"", 0)
-        piece = self._buf[self._start : stop]
+        start = self._start
         if len(head) < OVERLONG_HEAD:
-            head += bytes(piece[: OVERLONG_HEAD - len(head)])
-        self._long = (head, length + len(piece))
-        self._last = bytes(piece[-1:]) or self._last
+            head += bytes(self._buf[start : min(stop, start + OVERLONG_HEAD - len(head))])
+        self._long = (head, length + stop - start)
+        if stop > start:
+            self._last = bytes(self._buf[stop - 1 : stop])
         self._start = self._scanned = stop
 
     def _line(self, line: bytes) -> str:
