@@ -165,3 +165,23 @@ def test_a_gzip_of_one_huge_line_is_read_in_bounded_memory(tmp_path):
     assert peak < 400, peak
     assert "line too long" in err
     assert len(out.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_lines_beside_one_too_long_keep_their_own_terminators(monkeypatch, end):
+    """With their terminators (as CSV reads them: a quoted field may hold one), the lines
+    of a block that also holds a line too long to read are the input's, terminator
+    and all, whether the long line was read past or came whole in one read."""
+    from dpstream.io import jsonl, lines, records
+    from dpstream.io.records import OverlongLine
+
+    for module in (jsonl, lines, records):
+        monkeypatch.setattr(module, "MAX_LINE_BYTES", 100, raising=False)
+        monkeypatch.setattr(module, "OVERLONG_HEAD", 8, raising=False)
+    rows = [b"a,1", b"b" * 150, b'c,"x', b'y"', b"d" * 101, b"e,2"]
+    data = end.join(rows) + end
+    want = [(r + end).decode() if len(r) <= 100 else r[:8].decode() for r in rows]
+    for size in (1, 7, 64, 1000, 1 << 16):
+        got = list(lines.line_texts(_Text(data, size), "test", size, ends=True))
+        assert got == want, size
+        assert [isinstance(x, OverlongLine) for x in got] == [len(r) > 100 for r in rows]

@@ -242,16 +242,24 @@ def _bytes_block(buf: bytes, done: int) -> LineBlock:
 def _heads_only(buf: bytes, starts: np.ndarray, ends: np.ndarray, done: int) -> LineBlock:
     """The block with each line longer than :data:`MAX_LINE_BYTES` cut to its first
     bytes, as when it is read past (:func:`_overlong_block`): what a record's digest
-    reads never depends on how the input came in reads."""
+    reads never depends on how the input came in reads. Each line keeps its own
+    terminator (CSV reads them)."""
     pieces, overlong = [], {}
-    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+    new_starts, new_ends, at = [], [], 0
+    firsts = starts.tolist()
+    nexts = [*firsts[1:], len(buf)]
+    for i, (a, b, nxt) in enumerate(zip(firsts, ends.tolist(), nexts, strict=True)):
+        cut = b
         if b - a > MAX_LINE_BYTES:
             overlong[i] = b - a
-            b = a + OVERLONG_HEAD
-        pieces.append(buf[a:b])
-    sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
-    new_ends = np.cumsum(sizes + 1) - 1
-    block = _block_of(b"\n".join(pieces) + b"\n", new_ends - sizes, new_ends, done)
+            cut = a + OVERLONG_HEAD
+        pieces += [buf[a:cut], buf[b:nxt]]  # the line (or its head), its terminator
+        new_starts.append(at)
+        new_ends.append(at + cut - a)
+        at += cut - a + nxt - b
+    block = _block_of(
+        b"".join(pieces), np.asarray(new_starts, np.int64), np.asarray(new_ends, np.int64), done
+    )
     block.overlong = overlong
     return block
 
