@@ -88,7 +88,7 @@ def build(
     """Mechanism ``kind`` fed ``n`` items (from ``given``, or from input made and dropped here)."""
     import dpstream as dps
 
-    key = dps.NoiseKey.from_bytes(bytes(32))
+    key = dps.NoiseKey.generate()
     names, events = make_input(n) if given is None else given
     if kind == "unknown":
         m = dps.UnknownDomainHistogram(horizon, max_items=1, key=key, epsilon=1.0, delta=1e-6)

@@ -247,3 +247,13 @@ def test_a_key_file_of_one_byte_value_is_refused(tmp_path, byte):
     os.chmod(path, 0o600)
     with pytest.raises(ValueError, match="placeholder, not a secret"):
         NoiseKey.load(path)
+
+
+@pytest.mark.parametrize("byte", [0, 1, 255])
+def test_a_placeholder_secret_is_refused_in_python_too(byte):
+    """Review 121: NoiseKey(bytes(32)) and NoiseKey.from_bytes(b"\\x01" * 32) were keys
+    (whose noise anyone can remove), though NoiseKey.load refused the same secret."""
+    for make in (NoiseKey, NoiseKey.from_bytes):
+        with pytest.raises(ValueError, match="placeholder, not a secret"):
+            make(bytes([byte]) * 32)
+    NoiseKey(bytes([byte]) * 31 + bytes([byte ^ 1]))  # one byte apart: a key

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -97,7 +99,7 @@ def test_known_domain_view_takes_the_fast_path():
     from dpstream.snapshot import dump_snapshot, load_snapshot
 
     domain = [f"d{j}" for j in range(1500)]
-    key = NoiseKey(bytes(32))
+    key = NoiseKey(hashlib.sha256(b"postprocess").digest())
     mech = KnownDomainHistogram(domain, 16, max_items=1, key=key, rho=0.01)
     pp = ReadableCounts(clamp=False, monotone=True, round_counts=False)
     releases = [mech.step([domain[t]]) for t in range(1, 6)]

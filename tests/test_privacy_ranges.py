@@ -49,6 +49,16 @@ REFUSED = [
 ]
 
 
+@pytest.mark.parametrize(
+    "budget", [{"rho": 10**400}, {"tau": 10**400}, {"epsilon": 10**400, "delta": 1e-6}]
+)
+def test_an_int_past_the_float_range_is_refused_in_words(budget):
+    """Review 121: an int budget too large for a float (10**400) raised a bare
+    OverflowError ("int too large to convert to float") instead of the range's words."""
+    with pytest.raises(ValueError, match="rho|tau|epsilon"):
+        _build("known", **budget)
+
+
 @pytest.mark.parametrize(("name", "budget"), REFUSED)
 def test_a_budget_outside_the_supported_range_is_refused_in_words(name, budget):
     with pytest.raises(ValueError, match=OUTSIDE) as info:

@@ -431,7 +431,7 @@ def test_a_snapshot_of_the_old_blt_noise_layout_goes_on_the_same() -> None:
     review: it failed with AttributeError '_words' on resume)."""
     from dpstream.noise import NoiseKey, NoiseSource, PreparedItems
 
-    source = NoiseSource(NoiseKey.from_bytes(b"s" * 32), "old-layout")
+    source = NoiseSource(NoiseKey.from_bytes(hashlib.sha256(b"s").digest()), "old-layout")
     noise = BLTNoise(source, blt_for_horizon(64), 1.5)
     noise.add_items(source.prepare(["a", "b"]))
     noise.advance(3)

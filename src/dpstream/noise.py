@@ -191,6 +191,12 @@ class NoiseKey:
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         if len(secret) != KEY_BYTES:
             raise ValueError(f"secret must be {KEY_BYTES} bytes, got {len(secret)}")
+        if len(set(secret)) == 1:  # review 121: load refused these, the constructor not
+            raise ValueError(
+                f"secret holds one byte value {KEY_BYTES} times (0x{secret[0]:02x}): a "
+                "placeholder, not a secret (anyone can remove its noise); make a key with "
+                "NoiseKey.generate() or `dpstream keygen`"
+            )
         self._secret = bytes(secret)
 
     @classmethod

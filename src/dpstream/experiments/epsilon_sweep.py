@@ -147,7 +147,7 @@ def taus(params: dict[str, Any]) -> dict[str, list[float]]:
     """The noise scale each mechanism calibrates at each epsilon (construction only)."""
     from ..noise import NoiseKey
 
-    key = NoiseKey.from_bytes(bytes(32))
+    key = NoiseKey.generate()
     return {
         lb: [float(_build(lb, params, key, eps).tau) for eps in params["epsilons"]] for lb in MECHS
     }

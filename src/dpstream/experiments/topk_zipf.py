@@ -163,7 +163,7 @@ def privacy_levels(params: dict[str, Any]) -> dict[str, float]:
     """rho of each curve's mechanism as the library states it (``.privacy.rho``)."""
     from ..noise import NoiseKey
 
-    key = NoiseKey.from_bytes(bytes(32))  # construction only: no release is made
+    key = NoiseKey.generate()  # construction only: no release is made
     return {cfg["label"]: float(_build(cfg, params, key).privacy.rho) for cfg in curves(params)}
 
 

@@ -74,7 +74,7 @@ def calibrated(params: dict[str, Any]) -> tuple[float, float]:
     u = UnknownDomainHistogram(
         params["T"],
         max_items=params["max_items"],
-        key=NoiseKey.from_bytes(bytes(32)),
+        key=NoiseKey.generate(),
         base=params["base"],
         epsilon=params["epsilon"],
         delta=params["delta"],
@@ -355,7 +355,7 @@ def run(ctx: Context, params: dict[str, Any] | None = None) -> FigureResult:
     from ..noise import NoiseKey
     from ..tree import num_levels, optimal_base
 
-    probe = {lb: _build(lb, params, NoiseKey.from_bytes(bytes(32)), tau, thr) for lb in CURVES}
+    probe = {lb: _build(lb, params, NoiseKey.generate(), tau, thr) for lb in CURVES}
     ptxt = {
         lb: (
             f"rho={fmt(m.privacy.rho, 6)}, ({fmt(m.privacy.epsilon, 6)}, "

@@ -29,7 +29,7 @@ from .base import Release, check_in_domain, check_top_k, domain_items, take_item
 from .columns import EventColumns, aggregate_raw, is_frame
 from .item_table import ItemTable, domain_table
 from .known import KnownDomainHistogram
-from .serial import OneStream
+from .serial import OneStream, one_at_a_time
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
 from .unknown import step_delta_divisor
 from .users import UserEventColumns
@@ -166,14 +166,17 @@ class HistogramTopK(OneStream):
             return z * self.noise_std_at(t)
         return self.start_z * self.noise_std_at(t)
 
+    @one_at_a_time
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release the top-k."""
         return self._top(self.histogram.step(event))
 
+    @one_at_a_time
     def step_batch(self, events: Iterable[Iterable[Hashable]] | EventColumns) -> Release:
         """Take all the events of the next time step and release the top-k."""
         return self._top(self.histogram.step_batch(events))
 
+    @one_at_a_time
     def release(
         self,
         t: int,
@@ -307,6 +310,7 @@ class UnknownTopK(OneStream):
             checked.append((event[0], items) if users else items)
         return checked
 
+    @one_at_a_time
     def step(self, event: Iterable[Hashable]) -> Release:
         """Take one event as the next time step and release the top-k."""
         return self.step_batch([event])

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["OneStream", "one_at_a_time"]
+__all__ = ["OneStream", "lock_of", "one_at_a_time"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -36,7 +36,9 @@ _locks: dict[int, threading.RLock] = {}
 _guard = threading.Lock()
 
 
-def _lock_of(obj: object) -> threading.RLock:
+def lock_of(obj: object) -> threading.RLock:
+    """The lock a mechanism's releases take (reentrant): held, no release of ``obj``
+    runs (a snapshot is written under it, so it never holds half a step)."""
     key = id(obj)
     lock = _locks.get(key)
     if lock is None:
@@ -55,7 +57,7 @@ def one_at_a_time(method: _F) -> _F:
 
     @functools.wraps(method)
     def serial(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _lock_of(self):
+        with lock_of(self):
             return method(self, *args, **kwargs)
 
     return serial  # type: ignore[return-value]

@@ -72,7 +72,20 @@ def split_user_event(event: object) -> tuple[object, object]:
             "with max_items_per_user= every event is a (user, items) pair, e.g. "
             f"('alice', ['a', 'b']); got {type(event).__name__} of another shape"
         )
+    if isinstance(event[1], (set, frozenset)):
+        raise TypeError(_UNORDERED.format(what="the items of an event"))
     return event[0], event[1]
+
+
+#: review 121: which items a user keeps first (max_items_per_user) followed a set's
+#: order, which is the process's hash seed's: two runs of the same data released the
+#: exact difference of the items kept
+_UNORDERED = (
+    "{what} given as a set: with max_items_per_user the first items a user gives are "
+    "the ones kept, and a set's order changes from one Python process to the next "
+    "(the same data would keep other items in another run); give a list, in the "
+    "events' order"
+)
 
 
 def check_bounded(users: Any, bounded: bool) -> None:
@@ -275,6 +288,8 @@ class UserLevel:
         user_of: list[int] = []
         codes: list[int] = []
         sizes: list[int] = []
+        if isinstance(events, (set, frozenset)):
+            raise TypeError(_UNORDERED.format(what="the events of a step"))
         for event in events:
             user, items = split_user_event(event)
             if isinstance(user, bytearray):  # the bytes it holds (a bytearray is no dict key)

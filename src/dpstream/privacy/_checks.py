@@ -22,7 +22,10 @@ def _check_real(name: str, value: Any) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the float range (10**400): out of range, in words
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
 
 
 def _check_positive(name: str, value: Any) -> float:
