@@ -125,3 +125,16 @@ def test_user_level_lists_release_the_same_under_any_hash_seed():
     }
     assert len(outs) == 1, outs
     assert np.isfinite(eval(next(iter(outs)))).all()  # noqa: S307 (a list of floats)
+
+
+def test_aggregate_counts_with_a_missing_value_say_so():
+    """A nullable Int64 column with a missing value was refused as "got dtype float64"
+    (what NumPy made of it), naming nothing the caller gave."""
+    import pandas as pd
+
+    mech = dps.KnownDomainHistogram(["a", "b"], 4, max_items=1, key=fixed_key("na"), rho=1.0)
+    for counts in (pd.array([1, None], dtype="Int64"), np.array([1.0, np.nan])):
+        with pytest.raises(TypeError, match="missing value .* at position 1"):
+            mech.release(1, counts)
+    with pytest.raises(TypeError, match="got dtype float64"):
+        mech.release(1, np.array([1.0, 2.5]))

@@ -26,6 +26,7 @@ from .columns import (
     check_grows,
     domain_aggregate,
     is_frame,
+    not_integers,
     too_large,
 )
 from .truncation import keep_ranked, keyed_subset, truncation_source
@@ -349,7 +350,7 @@ def check_count_array(
         raise TypeError(f"{name} must hold integers, got a bool")
     arr = np.asarray(arr)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+        raise not_integers(name, arr)
     if arr.ndim != 1 or (length is not None and arr.shape[0] != length):
         raise ValueError(
             f"{name} must have one entry per domain item ({length}), got shape {arr.shape}"

@@ -318,6 +318,16 @@ def too_large(name: str) -> ValueError:
     )
 
 
+def not_integers(name: str, arr: np.ndarray) -> TypeError:
+    """The error for counts of a dtype other than integers: a missing value named where
+    it is (a nullable Int64 column's NA comes as a NaN, and "got dtype float64" named
+    nothing the caller gave)."""
+    if arr.dtype.kind == "f" and arr.ndim == 1 and np.isnan(arr).any():
+        at = int(np.isnan(arr).argmax())
+        return TypeError(f"{name} hold a missing value (NaN or NA) at position {at}")
+    return TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+
+
 def check_count_range(name: str, arr: np.ndarray) -> np.ndarray:
     """``arr`` (int64 counts already >= 0) if none is above :data:`MAX_COUNT`."""
     if arr.size and int(arr.max()) > MAX_COUNT:
@@ -335,7 +345,7 @@ def _count_array(counts: Any) -> np.ndarray:
                 raise TypeError(f"counts must be integers, got {value!r}")
         arr = np.array(arr.tolist(), dtype=np.int64) if arr.size else np.zeros(0, np.int64)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"counts must hold integers, got dtype {arr.dtype}")
+        raise not_integers("counts", arr)
     if arr.ndim != 1:
         raise ValueError(f"counts must be 1-D, got shape {arr.shape}")
     if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
