@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import re
+from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -97,11 +98,7 @@ def read_csv(
         raise ValueError(f"input line 1: bad CSV header ({exc})") from None
     cols = _Columns.of(header, item_column, event_column, time_column, user_column)
     source.captured.clear()  # the header's lines
-    records = _read_rows(reader, source, cols, clock, user_column)
-    records.reverse()  # let go of each record as it is yielded
-    while records:
-        rec = records.pop()
-        yield rec.record() if isinstance(rec, _CsvEvent) else rec
+    yield from _read_rows(reader, source, cols, clock, user_column).records()
 
 
 def read_csv_chunks(stream: Iterable[str], size: int = 4096, **options: Any) -> Iterator[Chunk]:
@@ -197,12 +194,11 @@ def _read_rows(
     cols: _Columns,
     clock: StepClock | None,
     user_column: str | None,
-) -> list[_CsvEvent | RawEvent]:
+) -> _Rows:
     """Every event of the input, by (step, id), in the order of its first row; the
     records of rows that belong to no event (no readable step) among them."""
-    records: list[_CsvEvent | RawEvent] = []
-    events: dict[tuple[int | None, str | None, str], _CsvEvent] = {}
-    texts: dict[str, str] = {}  # one string per distinct item (the rows are held)
+    rows = _Rows()
+    events: dict[int | None, dict[Any, int]] = {}  # step -> (user and) id -> event
     while True:
         first_line = reader.line_num + 1  # where the next record starts
         try:
@@ -211,8 +207,10 @@ def _read_rows(
             break
         except csv.Error as exc:
             hint = ": an unclosed quote?" if "end of data" in str(exc) else ""
-            records += _spanning(
-                first_line, reader.line_num, f"bad CSV record ({exc}{hint})", source.take_raw()
+            rows.add_alone(
+                _spanning(
+                    first_line, reader.line_num, f"bad CSV record ({exc}{hint})", source.take_raw()
+                )
             )
             source.take_overlong()  # (the record is the syntax error's)
             continue
@@ -220,8 +218,8 @@ def _read_rows(
         long = source.take_overlong()
         if long is not None:  # its first bytes for the digest, as JSON Lines has them
             head = raw_bytes(long)[:OVERLONG_HEAD]
-            records.append(
-                RawEvent(first_line, None, None, overlong_message(long.length), raw=head)
+            rows.add_alone(
+                [RawEvent(first_line, None, None, overlong_message(long.length), raw=head)]
             )
             continue
         if not row or all(not c.strip() for c in row):
@@ -230,14 +228,14 @@ def _read_rows(
             message = (
                 f"a field spans lines (lines {first_line}-{reader.line_num}: an unclosed quote?)"
             )
-            records += _spanning(first_line, reader.line_num, message, row_raw)
+            rows.add_alone(_spanning(first_line, reader.line_num, message, row_raw))
             continue
         row_err = _row_error(row, cols)
         row_t: int | None = None
         if row_err is None and cols.time is not None:
             row_t, row_err = _row_step(row[cols.time], clock)
         if row_err is not None:  # no event (step and id) to belong to: a record alone
-            records.append(RawEvent(first_line, None, None, row_err, raw=row_raw))
+            rows.add_alone([RawEvent(first_line, None, None, row_err, raw=row_raw)])
             continue
         eid = row[cols.event]
         user = None if cols.user is None else row[cols.user]
@@ -249,17 +247,22 @@ def _read_rows(
             else None
         )
         if missing is not None:  # a record alone (as a null id in Parquet)
-            records.append(RawEvent(first_line, None, None, missing, raw=row_raw))
+            rows.add_alone([RawEvent(first_line, None, None, missing, raw=row_raw)])
             continue
         # at user level an event is one id of one user in one step: rows of another
         # user under the same id are that user's event, so no user's rows can join,
         # or spoil, another user's event
-        event = events.get((row_t, user, eid))
+        # (a table per step, keyed by the id alone at event level: a tuple per event
+        # was half of what the events held)
+        in_step = events.get(row_t)
+        if in_step is None:
+            in_step = events[row_t] = {}
+        id_key: Any = eid if user is None else (user, eid)
+        event = in_step.get(id_key)
         if event is None:
-            event = events[(row_t, user, eid)] = _CsvEvent(first_line, row_t, user)
-            records.append(event)
-        event.add(row[cols.item], row_raw, texts)
-    return records
+            event = in_step[id_key] = rows.new_event(first_line, row_t, user)
+        rows.add(event, row[cols.item], row_raw)
+    return rows
 
 
 def _spanning(first_line: int, last_line: int, message: str, raw: bytes) -> list[RawEvent]:
@@ -310,23 +313,82 @@ def _row_step(cell: str, clock: StepClock | None) -> tuple[int | None, str | Non
     return row_t, None
 
 
-class _CsvEvent:
-    """The rows of one CSV event (one id of one user in one step) read so far; ``user``
-    is None at event level."""
+class _Rows:
+    """The input's records in the order of their first rows, held compactly until the
+    input ends (review 119: a _CsvEvent per event, a bytes object and a list entry per
+    row held about 14 times the input): each row's bytes in one buffer, its event and
+    item as ints in arrays; an event its first line, step and user; a record of no
+    event (an invalid one) as it is."""
 
-    __slots__ = ("line", "t", "items", "user", "raws")
+    def __init__(self) -> None:
+        self.buf = bytearray()  # every row's bytes, one after the other
+        self.row_end = array("q")  # where each row's bytes end in buf
+        self.row_event = array("q")  # its event
+        self.row_item = array("q")  # its item (-1: an empty cell, no item)
+        self.texts: list[str] = []  # the distinct items
+        self.item_ids: dict[str, int] = {}
+        self.event_line = array("q")  # an event's first line
+        self.event_t: list[int | None] = []  # its step (equal steps: one int object)
+        self.event_user: list[str | None] = []  # its user (equal ids: one str object)
+        self._shared: dict[Any, Any] = {}
+        #: the records in order: an event (its index >= 0), or -1 - (a record of no
+        #: event's index in ``alone``)
+        self.order = array("q")
+        self.alone: list[RawEvent] = []
 
-    def __init__(self, line: int, t: int | None, user: str | None) -> None:
-        self.line, self.t, self.user = line, t, user
-        self.items: list[str] = []
-        self.raws: list[bytes] = []
+    def add_alone(self, records: list[RawEvent]) -> None:
+        """Records of rows that belong to no event (invalid ones), next in order."""
+        for rec in records:
+            self.order.append(-1 - len(self.alone))
+            self.alone.append(rec)
 
-    def add(self, item: str, raw: bytes, texts: dict[str, str]) -> None:
-        """Take one more row."""
-        self.raws.append(raw)
-        if item != "":
-            self.items.append(texts.setdefault(item, item))
+    def new_event(self, line: int, t: int | None, user: str | None) -> int:
+        """A new event, next in order, first read on ``line``: its index."""
+        index = len(self.event_line)
+        self.event_line.append(line)
+        self.event_t.append(self._shared.setdefault(t, t))
+        self.event_user.append(self._shared.setdefault(user, user))
+        self.order.append(index)
+        return index
 
-    def record(self) -> RawEvent:
-        raw = b"\n".join(self.raws)
-        return RawEvent(self.line, self.t, tuple(self.items), None, self.user, raw=raw)
+    def add(self, event: int, item: str, raw: bytes) -> None:
+        """One more row of ``event``: its item cell (empty: no item) and its bytes."""
+        self.buf += raw
+        self.row_end.append(len(self.buf))
+        self.row_event.append(event)
+        if item == "":
+            self.row_item.append(-1)
+        else:
+            self.row_item.append(self.item_ids.setdefault(item, len(self.item_ids)))
+            if len(self.texts) < len(self.item_ids):
+                self.texts.append(item)
+
+    def records(self) -> Iterator[RawEvent]:
+        """Every record in order: an event with the items of its rows in their order and
+        its rows' bytes joined by a line feed (as read, whatever stood between them)."""
+        import numpy as np
+
+        n_events = len(self.event_line)
+        rows, bounds = array("q"), array("q", bytes(8 * (n_events + 1)))
+        if self.row_event:  # each event's rows, in input order (arrays: no int objects)
+            row_event = np.frombuffer(self.row_event, dtype=np.int64)
+            rows.frombytes(np.argsort(row_event, kind="stable").astype(np.int64).tobytes())
+            first = np.frombuffer(bounds, dtype=np.int64)
+            np.cumsum(np.bincount(row_event, minlength=n_events), out=first[1:])
+            del row_event, first
+        view, ends, items, texts = memoryview(self.buf), self.row_end, self.row_item, self.texts
+        for at in self.order:
+            if at < 0:
+                yield self.alone[-1 - at]
+                continue
+            mine = rows[bounds[at] : bounds[at + 1]]
+            raw = b"\n".join([view[ends[r - 1] if r else 0 : ends[r]] for r in mine])
+            kept = tuple(texts[items[r]] for r in mine if items[r] >= 0)
+            yield RawEvent(
+                int(self.event_line[at]),
+                self.event_t[at],
+                kept,
+                None,
+                self.event_user[at],
+                raw=raw,
+            )
