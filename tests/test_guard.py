@@ -14,6 +14,8 @@ import datetime as dt
 import json
 import logging
 import random
+import sqlite3
+from contextlib import closing
 
 import pytest
 
@@ -870,3 +872,45 @@ def test_max_invalid_with_follow_is_refused_and_the_progress_counts_skips(setup,
     with caplog.at_level(logging.INFO, logger="dpstream"):
         progress.update(3, 0, 200)
     assert any("0 events (200 invalid records skipped)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_batch_with_nothing_for_its_steps_is_refused(setup, capsys):
+    """Review 120: an empty input (a failed export), or another day's file (every record
+    after --until), released the day's steps with no events and exited 0; the day's own
+    events were then late for every later run, and the other day's file was refused as
+    fed already. Both are refused before anything is written, the state as it was;
+    --allow-empty releases the steps of a window that truly had no events."""
+    tmp_path, key, domain = setup
+    days = {  # three days of two steps (brute force: --tau tiny counts exactly)
+        d: _write(tmp_path / f"day{d}.jsonl", [{"t": 2 * d - 1, "items": ["a"]}] * d)
+        for d in (1, 2, 3)
+    }
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out, state = tmp_path / "o.jsonl", tmp_path / "s.sqlite"
+
+    def day(path: str, until: int, *extra: str) -> int:
+        argv = _known(key, domain, "-T", "6", "-i", path, "-o", str(out), "--until", str(until))
+        return main([*argv, "--state", str(state), *own_ledger(out), *extra])
+
+    def contents() -> tuple[bytes, list[str]]:
+        with closing(sqlite3.connect(state)) as db:
+            return out.read_bytes(), list(db.iterdump())
+
+    assert day(days[1], 2) == 0
+    before = contents()
+    for wrong, words in ((str(empty), "holds no record"), (days[3], "after --until 4")):
+        assert day(wrong, 4) == 1
+        err = capsys.readouterr().err
+        assert words in err and "Nothing was written" in err and "--allow-empty" in err
+        assert contents() == before
+    assert day(days[2], 4) == 0 and day(days[3], 6) == 0  # each day's own file, as planned
+    counts = [json.loads(line)["released"]["a"] for line in out.read_text().splitlines()]
+    assert counts == [1, 1, 3, 3, 6, 6]
+    # a window that had no events: released so when the run says so
+    out2, state2 = tmp_path / "o2.jsonl", tmp_path / "s2.sqlite"
+    argv = _known(key, domain, "-T", "6", "-i", str(empty), "-o", str(out2), "--until", "2")
+    argv += ["--state", str(state2), *own_ledger(out2)]
+    assert main(argv) == 1 and not out2.exists()
+    assert main([*argv, "--allow-empty"]) == 0
+    assert [json.loads(x)["released"]["a"] for x in out2.read_text().splitlines()] == [0, 0]

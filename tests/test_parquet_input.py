@@ -528,8 +528,11 @@ def test_a_file_of_no_rows_releases_every_step_empty(tmp_path, key_path):
     pq.write_table(_table([]), tmp_path / "e.parquet")
     (tmp_path / "e.jsonl").write_text("")
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN) == 0
-    assert _run(key_path, tmp_path / "e.parquet", b, *UNKNOWN) == 0
+    for empty in ("e.jsonl", "e.parquet"):  # (review 120: refused unless the run says so)
+        assert _run(key_path, tmp_path / empty, a, *UNKNOWN) == 1
+        assert not a.exists()
+    assert _run(key_path, tmp_path / "e.jsonl", a, *UNKNOWN, "--allow-empty") == 0
+    assert _run(key_path, tmp_path / "e.parquet", b, *UNKNOWN, "--allow-empty") == 0
     _same_files(a, b)
 
 

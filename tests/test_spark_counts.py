@@ -385,3 +385,27 @@ def test_grouped_counts_are_the_flat_counts_per_item(monkeypatch) -> None:
                 for t, c in zip(ts, ns, strict=True):
                     got[(t, u)] += c
         assert got == want and sum(want.values()) > 0
+
+
+@pytest.mark.parametrize("content", ["", '{"t": 6, "items": ["a"]}\n'])
+def test_a_batch_with_nothing_for_its_steps_is_refused_on_spark(tmp_path, content) -> None:
+    """Review 120, on Spark as in the local engine: an empty input, or one whose records
+    are all for steps after --until, is refused before anything is written (the noise
+    scope unclaimed); --allow-empty releases the steps."""
+    from dpstream.run.guard import EmptyInputError
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(content)
+    out = tmp_path / "out"
+    claimed: list[object] = []
+    opts = {
+        "mechanism": "unknown", "horizon": 8, "until": 4, "max_items": 3, "rho": 1.0,
+        "threshold_delta": 1e-3, "input": str(inp), "output": str(out), "stream": "default",
+    }  # fmt: skip
+    key = fixed_key("spark-empty")
+    with pytest.raises(EmptyInputError, match="--allow-empty"):
+        command.run_cli(opts, master="local[1]", key=key, before_release=claimed.append)
+    assert claimed == [] and not out.exists()
+    opts["allow_empty"] = True
+    command.run_cli(opts, master="local[1]", key=key, before_release=claimed.append)
+    assert claimed and out.exists()

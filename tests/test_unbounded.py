@@ -215,24 +215,12 @@ def test_thirty_daily_runs_with_no_horizon_equal_one_run(stream, tmp_path, mech)
     assert meta["unbounded"] is True and meta["horizon"] is None
     assert meta["privacy"]["for_all_t"] is True
     # the stream goes on past the last day (no horizon to reach): a quiet day later
+    # (an empty input is refused unless the run says the steps had no events)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert (
-        main(
-            [
-                *args,
-                "-i",
-                str(empty),
-                "-o",
-                str(out),
-                "--state",
-                str(state),
-                "--until",
-                str(last + 3),
-            ]
-        )
-        == 0
-    )
+    quiet = [*args, "-i", str(empty), "-o", str(out), "--state", str(state)]
+    assert main([*quiet, "--until", str(last + 3)]) == 1
+    assert main([*quiet, "--until", str(last + 3), "--allow-empty"]) == 0
     more = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["t"] for r in more] == list(range(1, last + 4))
 

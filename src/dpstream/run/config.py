@@ -105,6 +105,7 @@ class RunConfig:
     # invalid records, the end step, state
     on_invalid: str = "skip"
     max_invalid: str = "0.05"
+    allow_empty: bool = False
     verbose_errors: bool = False
     until: int | None = None
     force: bool = False

@@ -37,11 +37,23 @@ if TYPE_CHECKING:
 
 _INT64_MAX = (1 << 63) - 1
 
-__all__ = ["CAUSE_WORDS", "InvalidTally", "TooManyInvalidError", "check_invalid_share"]
+__all__ = [
+    "CAUSE_WORDS",
+    "EmptyInputError",
+    "InvalidTally",
+    "TooManyInvalidError",
+    "check_invalid_share",
+    "check_not_empty",
+]
 
 
 class TooManyInvalidError(DPStreamError):
     """More than ``--max-invalid`` of a run's input records are invalid: nothing written."""
+
+
+class EmptyInputError(TooManyInvalidError):
+    """A batch run's input holds no record for the steps it releases (without
+    ``--allow-empty``): nothing written."""
 
 
 @dataclass
@@ -172,6 +184,28 @@ def _phrase(cause: str, cfg: RunConfig) -> str:
         "time order": "are out of time order",
         "line too long": f"are lines longer than {MAX_LINE_BYTES:,} bytes",
     }.get(cause, "are malformed")
+
+
+def check_not_empty(records: int, later: int, cfg: RunConfig) -> None:
+    """Raise :class:`EmptyInputError` when a batch run's input holds no record for the
+    steps it releases (``records``: those counted; ``later``: those for steps after
+    ``--until``), unless ``--allow-empty``. Review 120: an empty file, or another day's
+    file, released the day's steps with no events and exited 0; the day's events were
+    late for every later run, and the other day's file was refused as fed already."""
+    if records or cfg.allow_empty:
+        return
+    what = (
+        f"all {later:,} of its records are for steps after --until {cfg.until} (another "
+        "day's input?)"
+        if later
+        else "it holds no record (an empty file?)"
+    )
+    raise EmptyInputError(
+        f"the input holds nothing for the steps this run would release: {what}. Released "
+        "with no events, those steps could never count their events later. Nothing was "
+        f"written (no release, no metadata file{'; the state is as it was' if cfg.state else ''}"
+        "): give the input of these steps, or pass --allow-empty if they truly had no events"
+    )
 
 
 def check_invalid_share(tally: InvalidTally, cfg: RunConfig) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StateError
-from .guard import InvalidTally, check_invalid_share
+from .guard import InvalidTally, check_invalid_share, check_not_empty
 
 if TYPE_CHECKING:
     from ..state import RunRecord
@@ -191,6 +191,7 @@ def read_checked(
                 chunks.append(chunk)
             else:  # folded into what its steps count; the chunk goes
                 folded.feed(chunk)
+        check_not_empty(tally.records, tally.later, cfg)
         if cfg.on_invalid != "error":  # (which refuses the first invalid record, below)
             check_invalid_share(tally, cfg)
         if folded is not None:

@@ -43,7 +43,7 @@ from ..mechanisms.counters import counter_with_buffers
 from ..mechanisms.params import HistogramParams, UnknownParams
 from ..noise import DEFAULT_NOISE_VERSION, NoiseKey
 from ..run.config import RunConfig
-from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share
+from ..run.guard import CAUSE_WORDS, InvalidTally, check_invalid_share, check_not_empty
 from ..run.lock import local_path, lock_path, output_lock
 from ..run.output import run_files
 from ..run.settings import parse_share
@@ -517,6 +517,8 @@ def _surely_within_share(facts: Mapping[str, int], cfg: RunConfig, job: _Job) ->
     records = facts["events"] + facts["bad"]
     if job.until < job.limit:  # some late events may be a later run's: not read
         records -= late
+    if records <= 0:  # maybe nothing for the run's steps: the exact tally says (and
+        return False  # refuses it without --allow-empty, as the local engine does)
     return invalid <= share * records
 
 
@@ -799,6 +801,10 @@ def _valid_events(
     if unstepped:  # their steps come from the records before them
         parsed = _stepped(parsed, job.until)
         facts = _facts(parsed, job)
+    later = int(facts["later"])
+    check_not_empty(
+        int(facts["events"]) + int(facts["bad"]) - later, later, cfg.with_options(until=job.until)
+    )
     if job.policy == "error" and (facts["bad"] or facts["invalid"] or domain_df is not None):
         _stop_at_first_invalid(parsed, job, domain_df)
     skipped = 0

@@ -248,6 +248,16 @@ RUN_OPTS: tuple[Opt, ...] = (
         metavar="SHARE",
     ),
     Opt(
+        ("--allow-empty",),
+        "allow_empty",
+        "release the steps up to --until although the input holds no record for them "
+        "(an empty file, or records all for later steps): refused by default, as most "
+        "often a failed export or another day's file (the steps, released with no "
+        "events, could never count their events later); give it when they truly had none",
+        False,
+        kind="flag",
+    ),
+    Opt(
         ("--verbose-errors",),
         "verbose_errors",
         "let error messages quote the offending "
