@@ -213,3 +213,50 @@ def test_a_device_or_a_pipe_as_the_state_or_the_ledger_is_refused_by_kind(tmp_pa
         with pytest.raises(LedgerError, match="not a regular file"):
             open_ledger_file(path, fsync=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_snapshot_that_cannot_be_saved_stops_the_run_and_the_same_command_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    """Review 120: a snapshot that could not be saved was logged, the run exited 0, and
+    the next run was refused ("stopped before its end"), with advice that did not get
+    past it. Now the run stops with an error, its batch left open as after a kill, and
+    the same command, once the cause is gone, writes what an uninterrupted run writes."""
+    import json
+
+    from dpstream import snapshot
+    from dpstream.cli import main
+
+    from .conftest import own_ledger
+
+    key = tmp_path / "k.key"
+    fixed_key("snapshot-fails").save(key)
+
+    def day(name: str, steps: tuple[int, ...]) -> str:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"t": t, "items": [f"w{t % 3}"]}) + "\n" for t in steps))
+        return str(path)
+
+    def run(name: str, data: str, until: int) -> int:
+        out = tmp_path / f"{name}.jsonl"
+        return main([
+            "run", "--quiet", "-m", "unknown", "--max-items", "1", "--rho", "1",
+            "--threshold-delta", "1e-6", "-T", "4", "--until", str(until), "--key-file",
+            str(key), "-i", data, "-o", str(out), "--state", str(tmp_path / f"{name}.db"),
+            "--no-fsync", *own_ledger(out),
+        ])  # fmt: skip
+
+    assert run("whole", day("all", (1, 2, 3, 4)), 4) == 0
+
+    def fails(*args, **kwargs):
+        raise TypeError("a snapshot cannot hold a thing (simulated)")
+
+    monkeypatch.setattr(snapshot, "dump_snapshot", fails)
+    capsys.readouterr()
+    first = day("day1", (1, 2))
+    assert run("broken", first, 2) == 1
+    assert "cannot be saved for the next run" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert run("broken", first, 2) == 0  # the same command goes on
+    assert run("broken", day("day2", (3, 4)), 4) == 0
+    assert (tmp_path / "broken.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()

@@ -234,23 +234,31 @@ class Sink:
         finished = until == horizon
         snapshot = None
         if not (finished or self.batch is None):
-            snapshot = _snapshot_or_none(self.ckpt, mech, publish, key)
+            snapshot = _snapshot(self.ckpt, mech, publish, key)
         self.ckpt.end_batch(
             self.batch, until, snapshot, summary=summary, finished=finished, input=self.replaced
         )
 
 
-def _snapshot_or_none(
+def _snapshot(
     ckpt: Checkpoint, mech: ContinualMechanism, publish: Any, key: NoiseKey
-) -> bytes | None:
+) -> bytes:
     """The snapshot for the next run (the mechanism and its readable-counts
-    post-processing), or None (logged) if it cannot be saved."""
+    post-processing). One that cannot be saved stops the run with an error, before the
+    batch is closed, as a kill there would (review 120: it was logged, the run exited 0
+    and the next one was refused, with advice that did not get past the refusal): the
+    same command goes on from the steps written once the cause is mended."""
+    from ..errors import DPStreamError
     from ..snapshot import dump_snapshot
 
     record = ckpt.load()
     assert record is not None  # the run is on record before its batch ends
     try:
         return dump_snapshot((mech, publish), key, snapshot_context(ckpt, record.params, mech.t))
-    except TypeError as exc:
-        _log.warning(f"{exc}; the next run must read the whole stream again")
-        return None
+    except (TypeError, ValueError) as exc:
+        raise DPStreamError(
+            f"the stream's state cannot be saved for the next run ({exc}): its steps up to "
+            f"{mech.t} are written, and the state's batch is left open, as after a kill; "
+            "this is a fault of dpstream's: report it. Once mended, the same command with "
+            "the same input goes on from the steps written"
+        ) from exc

@@ -163,11 +163,11 @@ def dump_snapshot(mechanism: Any, key: NoiseKey, context: bytes = b"") -> bytes:
     # under the lock its releases take: a step released by another thread meanwhile
     # would leave some of its arrays a step ahead of the rest (review 121: a snapshot
     # that passed its check, 69-82% of its items' noise state a step ahead)
-    try:
-        lock: Any = lock_of(mechanism)
-    except TypeError:  # a plain value (a dict, say): no release to wait for
-        lock = contextlib.nullcontext()
-    with lock:
+    parts = mechanism if type(mechanism) is tuple else (mechanism,)  # (the run saves
+    with contextlib.ExitStack() as held:  # its mechanism with its post-processing)
+        for part in parts:
+            with contextlib.suppress(TypeError):  # a plain value: no release to wait for
+                held.enter_context(lock_of(part))
         return _dump(mechanism, key, context)
 
 
