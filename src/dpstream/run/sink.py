@@ -240,9 +240,7 @@ class Sink:
         )
 
 
-def _snapshot(
-    ckpt: Checkpoint, mech: ContinualMechanism, publish: Any, key: NoiseKey
-) -> bytes:
+def _snapshot(ckpt: Checkpoint, mech: ContinualMechanism, publish: Any, key: NoiseKey) -> bytes:
     """The snapshot for the next run (the mechanism and its readable-counts
     post-processing). One that cannot be saved stops the run with an error, before the
     batch is closed, as a kill there would (review 120: it was logged, the run exited 0
