@@ -228,3 +228,16 @@ def run_peak(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, i
     )
     code, peak = map(int, done.stdout.split())
     return code, peak, done.stderr
+
+
+def with_option(argv: list[str], flag: str, *value: str) -> list[str]:
+    """``argv`` with ``flag`` set to ``value`` (a flag without a value when none): its
+    earlier value replaced, as the command line refuses an option given twice."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 1 + len(value)
+            continue
+        out.append(argv[i])
+        i += 1
+    return [*out, flag, *value]

@@ -2089,3 +2089,62 @@ def test_plan_reads_a_config_written_for_run(files, capsys):
     cfg.write_text("horizon = 40\nbogus = 1\n")
     assert main(["plan", "--config", str(cfg), "--rho", "1"]) == 1
     assert "bogus" in capsys.readouterr().err
+
+
+def _status(argv: list[str]) -> int | str | None:
+    """The exit status of ``dpstream argv`` (argparse's usage errors exit from main)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize(
+    "twice",
+    [
+        ["-i", "a.jsonl", "-i", "b.jsonl"],
+        ["--input", "a.jsonl", "-i", "b.jsonl"],
+        ["--epsilon", "1", "--delta", "1e-6", "--epsilon=8"],
+        ["--round", "--no-round"],
+    ],
+)
+def test_an_option_given_twice_is_refused(tmp_path, capsys, twice):
+    """Review 122: argparse kept the last of an option given twice: ``-i day1 -i day2``
+    read day2 only and released day1's steps empty; ``--epsilon 1 ... --epsilon 8``
+    spent 8. A usage error now (exit 2), before anything is read or written."""
+    out = tmp_path / "o.jsonl"
+    argv = ["run", "-m", "unknown", "--max-items", "2", "-T", "5", "-o", str(out), *twice]
+    if "--epsilon" not in twice:
+        argv += ["--rho", "1"]
+    assert _status(argv) == 2
+    assert "an option given twice" in capsys.readouterr().err
+    assert not out.exists()
+    plan = ["plan", "-m", "unknown", "--max-items", "2", "-T", "5", "--rho", "1", "--rho=2"]
+    assert _status(plan) == 2
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_a_prefix_of_an_option_is_no_spelling_of_it(capsys, command):
+    """Review 122: ``--eps 2 --del 1e-6 --hor 10`` were taken as --epsilon, --delta and
+    --horizon (argparse's abbreviations): a later option with the same prefix would
+    take their place without a word."""
+    assert _status([command, "-m", "known", "--max-items", "1", "--hor", "10", "--rho", "1"]) == 2
+    assert "unrecognized arguments: --hor 10" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "output", [["-o", "o.parquet"], ["-o", "o.x", "--output-format", "parquet"]]
+)
+def test_follow_with_parquet_output_is_refused(tmp_path, monkeypatch, capsys, output):
+    """Review 122: a Parquet file is written whole when the run ends, so a follower
+    published nothing until its horizon passed (killed before, nothing at all, its
+    budget on record). A usage error now, before a ledger or an output is made."""
+    monkeypatch.chdir(tmp_path)
+    fixed_key("follow-parquet").save(tmp_path / "k.key")
+    (tmp_path / "live.jsonl").write_text("")
+    argv = ["run", "-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta"]
+    argv += ["1e-6", "-T", "30", "--follow", "--time-field", "ts", "--step", "1s", "--start"]
+    argv += ["2026-11-28T00:00Z", "-i", "live.jsonl", "--key-file", "k.key", *output]
+    assert main(argv) == 2
+    assert "write jsonl or csv with --follow" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.key", "live.jsonl"]

@@ -617,3 +617,22 @@ def test_a_csv_run_holds_its_rows_compactly(tmp_path):
 
     grown = peak(400_000) - peak(2)
     assert grown < 95, grown
+
+
+def test_a_csv_without_a_header_is_not_quoted_without_verbose_errors(tmp_path, capsys):
+    """Review 122: a CSV written without a header has a record as its first line, and
+    the error for a missing column listed its fields (an item, an e-mail address).
+    They are listed with --verbose-errors only."""
+    key = tmp_path / "k.key"
+    fixed_key("csv-header").save(key)
+    data = tmp_path / "nohdr.csv"
+    data.write_text("1,SECRETITEM,ev7,alice@example.com\n2,x,ev8,bob\n")
+    argv = ["run", "-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta"]
+    argv += ["1e-6", "-T", "3", "-i", str(data), "--time-column", "t", "--key-file", str(key)]
+    argv += ["-o", str(tmp_path / "o.jsonl"), *own_ledger(tmp_path / "o.jsonl")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no column 'item'" in err and "4 fields" in err
+    assert "SECRETITEM" not in err and "alice" not in err
+    assert main([*argv, "--verbose-errors"]) == 1
+    assert "SECRETITEM" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import pytest
 
 from dpstream.cli import main
 
-from .conftest import day_event_lines, fixed_key
+from .conftest import day_event_lines, fixed_key, with_option
 
 STEPS_PER_DAY = 6
 T = 3 * STEPS_PER_DAY
@@ -188,7 +188,7 @@ def test_another_stream_name_or_key_is_a_new_stream(stream):
     with_key = [a if a != str(key_path) else str(other_key) for a in base]
     assert main([*_day(with_key, tmp_path, "day1-cut", 1), *ledger]) == 0
     _delete(tmp_path)
-    assert main([*_day([*base, "--rho", "0.5"], tmp_path, "day1-cut", 1), *ledger]) == 0
+    assert main([*_day(with_option(base, "--rho", "0.5"), tmp_path, "day1-cut", 1), *ledger]) == 0
     _delete(tmp_path)
     assert main([*_day(base, tmp_path, "day1-cut", 1), *ledger]) == 1  # the first again
 

@@ -16,7 +16,7 @@ import pytest
 from dpstream import NoiseKey
 from dpstream.cli import main
 
-from .conftest import fixed_key
+from .conftest import fixed_key, with_option
 
 UNK = ["run", "-m", "unknown", "--max-items", "1", "--rho", "1", "--threshold-delta", "1e-3",
        "-T", "3"]  # fmt: skip
@@ -308,8 +308,9 @@ def test_a_copy_of_a_gone_ledger_that_holds_its_releases_is_taken(tmp_path, stre
     backup.write_bytes(ledger.read_bytes())  # another inode: not the file moved
     ledger.unlink()
     assert main(["budget", "--key-file", stream["key"], "--ledger", str(backup)]) == 0
-    assert main([*argv, "--ledger", str(backup), "-o", str(tmp_path / "p.jsonl")]) == 1
-    assert main([*argv, "-o", str(tmp_path / "q.jsonl")]) == 1  # the default: not on record
+    other = with_option(argv, "-o", str(tmp_path / "p.jsonl"))
+    assert main([*other, "--ledger", str(backup)]) == 1
+    assert main(with_option(argv, "-o", str(tmp_path / "q.jsonl"))) == 1  # the default
 
 
 @pytest.mark.parametrize("kind", ["input", "jsonl-long", "parquet"])
@@ -321,7 +322,7 @@ def test_view_export_of_a_file_that_holds_no_release_is_refused(tmp_path, stream
         out = tmp_path / ("o.jsonl" if kind == "jsonl-long" else "o.parquet")
         fmt = ["--output-format", kind] if kind == "jsonl-long" else []
         argv = [*UNK, "--key-file", stream["key"], "-i", stream["src"], "-o", str(out), *fmt]
-        assert main([*argv, "--rho", "1e4"]) == 0
+        assert main(with_option(argv, "--rho", "1e4")) == 0
         path = str(out)
     capsys.readouterr()
     page = tmp_path / "page.html"

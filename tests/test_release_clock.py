@@ -181,7 +181,8 @@ def test_an_event_alone_in_the_last_step_does_not_decide_whether_the_step_exists
     full = _run(tmp_path, key_path, lines + ['{"t": 9, "items": ["b"]}'], "full")
     neighbour = _run(tmp_path, key_path, lines, "neighbour")
     assert full == neighbour == list(range(1, 41))
-    empty = _run(tmp_path, key_path, [], "empty")  # no event at all: still every step
+    # no event at all: still every step (said so: an empty input is refused otherwise)
+    empty = _run(tmp_path, key_path, [], "empty", "--allow-empty")
     assert empty == list(range(1, 41))
 
 
@@ -235,7 +236,8 @@ def test_until_is_a_public_end_step_and_a_later_run_goes_on(tmp_path):
     assert day("day2", "--until", "8") == 1
     assert day("day1", "--until", "25") == 1  # the same input twice: refused
     assert day("day2", "--until", "25") == 0
-    assert day("day3") == 0  # to the horizon
+    assert day("day3") == 1  # an empty day: refused unless the run says it had no events
+    assert day("day3", "--allow-empty") == 0  # to the horizon
     assert main([*base, "-i", str(tmp_path / "all.jsonl"), "-o", str(ref), *own_ledger(ref)]) == 0
     assert out.read_bytes() == ref.read_bytes()  # as one uninterrupted run
     assert (

@@ -155,7 +155,7 @@ MATRIX = [
     ([*KNOWN, "--epsilon", "1", "--delta", "0.6", *USER, *BOUNDS], False),
     ([*KNOWN, "--epsilon", "1", "--delta", "0.4", *USER, *BOUNDS], True),
     ([*KNOWN, "--max-items", "2", "--epsilon", "1", "--delta", "0.6"], True),
-    ([*TOPK, "--switches", "2", "--rho", "1", "--k", "5"], False),  # k past the domain
+    ([*TOPK[:-2], "--switches", "2", "--rho", "1", "--k", "5"], False),  # k past the domain
     (["-m", "unknown", "--max-items", "2", "--epsilon", "1", "--delta", "1e-6"], True),
     (["-m", "unknown", "--max-items", "2", "--rho", "1"], False),  # no --threshold-delta
     (["-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta", "1e-6"], True),

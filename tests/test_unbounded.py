@@ -28,7 +28,7 @@ from dpstream.factorization import (
 from dpstream.mechanisms.unknown import step_delta_divisor
 from dpstream.state import recorded_params
 
-from .conftest import UNKNOWN_CLI, fixed_key, own_ledger
+from .conftest import UNKNOWN_CLI, fixed_key, own_ledger, with_option
 
 # ----------------------------------------------------------------------- the counter
 
@@ -385,7 +385,8 @@ def test_the_view_of_a_stream_with_no_planned_end_says_so(stream, tmp_path):
     base, key_path = stream
     out = tmp_path / "o.jsonl"
     argv = [*_args(base, key_path, "unknown"), "-i", str(base / "all.jsonl"), "-o", str(out)]
-    assert main([*argv, "--until", str(STEPS_PER_DAY * DAYS), "--rho", "1e4"]) == 0
+    argv = with_option(argv, "--rho", "1e4")
+    assert main([*argv, "--until", str(STEPS_PER_DAY * DAYS)]) == 0
     page = tmp_path / "page.html"
     assert main(["view", str(out), "--export", str(page)]) == 0
     html = page.read_text()

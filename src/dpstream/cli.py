@@ -96,7 +96,44 @@ def build_parser() -> argparse.ArgumentParser:
     from .run.budget import add_budget_parser
 
     add_budget_parser(sub, parents=[common])
+    # an option's prefix (--eps for --epsilon) is no spelling of it (review 122): it
+    # would take another option's place when a new option shares the prefix
+    for command in (parser, *sub.choices.values()):
+        command.allow_abbrev = False
     return parser
+
+
+def _refuse_repeated_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Exit with a usage error (status 2) when a command line gives an option twice
+    (review 122: ``-i day1 -i day2`` read day2 only, and released day1's steps empty;
+    ``--epsilon 1 ... --epsilon 8`` spent 8), as a config file's twice-set key is.
+    Two spellings of one option (``-i`` and ``--input``) are one option."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return
+    at = next((i for i, x in enumerate(argv) if x in sub.choices), None)
+    if at is None:
+        return
+    command = sub.choices[argv[at]]
+    known = command._option_string_actions
+    seen: dict[str, str] = {}
+    args = iter(argv[at + 1 :])
+    for token in args:
+        if token == "--":
+            break
+        name, has_value = token.split("=", 1)[0], "=" in token
+        action = known.get(name) if token.startswith("-") else None
+        if action is None or isinstance(action, (argparse._AppendAction, argparse._CountAction)):
+            continue
+        if action.dest in seen:
+            both = name if seen[action.dest] == name else f"{seen[action.dest]} and {name}"
+            command.error(
+                f"{both}: an option given twice (one value per option; which one was "
+                "meant is not for dpstream to guess)"
+            )
+        seen[action.dest] = name
+        if action.nargs != 0 and not has_value:
+            next(args, None)  # its value, which may look like an option (-o -)
 
 
 def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -222,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     """The console entry point: returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    _refuse_repeated_options(parser, argv)
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
     _prefer_system_arrow_pool()

@@ -67,6 +67,7 @@ def read_csv(
     clock: StepClock | None = None,
     delimiter: str = ",",
     user_column: str | None = None,
+    verbose: bool = False,
 ) -> Iterator[RawEvent]:
     """Parse CSV rows (one per event and item) into events: an event is every row
     with one event id in one time step, wherever the rows stand in the input.
@@ -87,6 +88,8 @@ def read_csv(
     :data:`MAX_CSV_ITEM_CHARS` or text that is not valid UTF-8. Each record's
     ``line`` is the line where it started. With ``user_column``, every row of an
     event must hold the same non-empty user id, else the event is an invalid record.
+    A header without a column named lists its fields with ``verbose`` only
+    (``--verbose-errors``: without a header, they are a record).
     """
     source = _Captured(stream)
     reader = csv.reader(source.lines(), delimiter=delimiter, strict=True)
@@ -96,7 +99,7 @@ def read_csv(
         return
     except csv.Error as exc:
         raise ValueError(f"input line 1: bad CSV header ({exc})") from None
-    cols = _Columns.of(header, item_column, event_column, time_column, user_column)
+    cols = _Columns.of(header, item_column, event_column, time_column, user_column, verbose)
     source.captured.clear()  # the header's lines
     yield from _read_rows(reader, source, cols, clock, user_column).records()
 
@@ -157,8 +160,11 @@ class _Columns(NamedTuple):
         event_column: str,
         time_column: str | None,
         user_column: str | None,
+        verbose: bool = False,
     ) -> _Columns:
-        """The columns named in the header (an error names a missing one)."""
+        """The columns named in the header (an error names a missing one, and lists the
+        header's fields with ``verbose`` only: review 122, a CSV written without a header
+        has a record as its first line, which the error then quoted)."""
         cols = {name.strip(): i for i, name in enumerate(header)}
         for role, name in (
             ("--item-column", item_column),
@@ -167,9 +173,14 @@ class _Columns(NamedTuple):
             ("--user-field", user_column),
         ):
             if name is not None and name not in cols:
-                raise ValueError(
-                    f"input line 1: the CSV header has no column {name!r} ({role}); "
+                listed = (  # (a file without a header: its first line is a record)
                     f"columns: {', '.join(shorten(c) for c in cols)}"
+                    if verbose
+                    else f"its first line has {len(header)} fields (is the header missing? "
+                    "--verbose-errors shows them)"
+                )
+                raise ValueError(
+                    f"input line 1: the CSV header has no column {name!r} ({role}); {listed}"
                 )
             if name is not None and [h.strip() for h in header].count(name) > 1:
                 raise ValueError(

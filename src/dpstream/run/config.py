@@ -175,6 +175,13 @@ class RunConfig:
                 "its events come, before the share of invalid ones is known (its progress "
                 "lines and summary count what was skipped)"
             )
+        out_format = auto_format(str(opts["output"] or "-"), str(opts["output_format"]))
+        if opts["follow"] and out_format == "parquet":  # review 122: nothing out for hours
+            columns.append(
+                "--follow writes each step when it is due, and a Parquet file is written "
+                "whole when the run ends (a follower killed before then published nothing, "
+                "its budget spent): write jsonl or csv with --follow"
+            )
         check_settings(opts, extra=[*end_problems(opts), *no_key, *columns])
         _check_time_mode(opts, last_step(opts))
         given = "item_column" in named

@@ -113,6 +113,7 @@ def input_records(infile: Any, cfg: RunConfig) -> Iterator[Any]:
             item_column=cfg.item_column,
             event_column=cfg.event_column,
             time_column=cfg.time_column,
+            verbose=cfg.verbose_errors,
         )
     clock = cfg.clock
     return read_events(
