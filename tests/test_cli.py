@@ -2148,3 +2148,24 @@ def test_follow_with_parquet_output_is_refused(tmp_path, monkeypatch, capsys, ou
     assert main(argv) == 2
     assert "write jsonl or csv with --follow" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.key", "live.jsonl"]
+
+
+def test_a_suffix_in_capitals_names_the_same_format(tmp_path, monkeypatch):
+    """Review 122: ``-o out.CSV`` wrote JSON Lines, ``-i in.CSV`` was read as JSON Lines,
+    and ``-o out.bz2`` was written uncompressed: a suffix names its format in any case,
+    and an output named as compressed is refused before anything is written."""
+    from dpstream.run.settings import auto_format
+
+    for name, want in (("o.CSV", "csv"), ("o.Csv.GZ", "csv"), ("o.PARQUET", "parquet")):
+        assert auto_format(name, "auto") == want
+    monkeypatch.chdir(tmp_path)
+    fixed_key("suffix").save(tmp_path / "k.key")
+    (tmp_path / "in.CSV").write_text("t,event,item\n1,e1,a\n2,e2,b\n")
+    argv = ["run", "-q", "-m", "unknown", "--max-items", "2", "--rho", "1"]
+    argv += ["--threshold-delta", "1e-6", "-T", "2", "-i", "in.CSV", "--time-column", "t"]
+    argv += ["--key-file", "k.key"]
+    assert main([*argv, "-o", "out.CSV"]) == 0
+    assert (tmp_path / "out.CSV").read_text().startswith("t,")  # a CSV table, not JSON
+    for name in ("out.bz2", "out.JSONL.ZST"):
+        assert main([*argv, "-o", name, "--ledger", f"{name}.ledger"]) == 1
+        assert not (tmp_path / name).exists()

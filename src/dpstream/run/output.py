@@ -59,6 +59,11 @@ class ParquetFormatter:
         return b""
 
 
+#: Suffixes of compressed files: an output named so is refused (review 122: ``out.bz2``
+#: was written uncompressed under a name that says otherwise).
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".snappy", ".deflate")
+
+
 def long_layout_clock(path: str, fmt: str) -> tuple[str, ...] | None:
     """The clock's columns (``step_start``, ``step_end``) of the long output (``csv``,
     ``jsonl-long``) at ``path`` that a stream began, or None when there is none to go
@@ -238,7 +243,7 @@ def check_paths(cfg: RunConfig) -> None:
     if cfg.engine == "local" and cfg.input != "-" and not os.path.exists(str(cfg.input)):
         # before the ledger: a missing input is not a replay of the stream's noise
         raise FileNotFoundError(2, "No such file or directory", str(cfg.input))
-    if cfg.engine == "local" and output != "-" and str(output).endswith(".gz"):
+    if cfg.engine == "local" and output != "-" and str(output).lower().endswith(_COMPRESSED):
         raise ValueError(
             f"--output {output!r}: compressed output is not supported (a resumed "
             "run truncates the output to its last committed step); write an "

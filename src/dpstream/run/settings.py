@@ -31,12 +31,14 @@ __all__ = [
 
 def auto_format(path: str, fmt: str) -> str:
     """A file's format from ``--input-format``/``--output-format`` (``auto``: by the
-    path's suffix, else JSON Lines)."""
+    path's suffix in any case, else JSON Lines: review 122, ``out.CSV`` was written as
+    JSON Lines and ``in.CSV`` read as JSON Lines)."""
     if fmt != "auto":
         return fmt
-    if path.endswith((".csv", ".csv.gz")):
+    name = path.lower()
+    if name.endswith((".csv", ".csv.gz")):
         return "csv"
-    return "parquet" if path.endswith(".parquet") else "jsonl"
+    return "parquet" if name.endswith(".parquet") else "jsonl"
 
 
 def input_format(path: str, fmt: str) -> str:
