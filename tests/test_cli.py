@@ -2169,3 +2169,24 @@ def test_a_suffix_in_capitals_names_the_same_format(tmp_path, monkeypatch):
     for name in ("out.bz2", "out.JSONL.ZST"):
         assert main([*argv, "-o", name, "--ledger", f"{name}.ledger"]) == 1
         assert not (tmp_path / name).exists()
+
+
+def test_an_output_in_the_key_registry_is_refused(tmp_path, key_registry, capsys):
+    """Review 122: ``-o`` naming a key's registry entry, with --overwrite, replaced the
+    record of where the key's ledger is with releases: every later run of the key was
+    refused, with a message quoting a release as the ledger's path."""
+    import os
+
+    key = tmp_path / "k.key"
+    fixed_key("registry-out").save(key)
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"t": 1, "items": ["a"]}\n')
+    argv = ["run", "-q", "-m", "unknown", "--max-items", "2", "--rho", "1"]
+    argv += ["--threshold-delta", "1e-6", "-T", "2", "-i", str(data), "--key-file", str(key)]
+    assert main([*argv, "-o", str(tmp_path / "o.jsonl")]) == 0
+    entries = sorted(os.listdir(key_registry))
+    entry = os.path.join(key_registry, next(e for e in entries if not e.endswith(".lock")))
+    before = open(entry, "rb").read()
+    assert main([*argv, "-o", entry, "--overwrite"]) == 1
+    assert "key registry's folder" in capsys.readouterr().err
+    assert open(entry, "rb").read() == before

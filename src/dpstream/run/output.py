@@ -262,6 +262,7 @@ def check_paths(cfg: RunConfig) -> None:
         )
     if output != "-":
         refuse_foreign_link(str(output), "--output")
+        _refuse_registry(str(output))
     others, records = run_files(cfg)
     targets: FileList = [("--output", output if output != "-" else None)]
     if cfg.engine == "local" and output != "-":
@@ -283,6 +284,23 @@ def check_paths(cfg: RunConfig) -> None:
                 )
     _refuse_domain_of_another_role(cfg, others)
     refuse_other_kind(cfg)  # (after: this run's own key or state is named as such)
+
+
+def _refuse_registry(output: str) -> None:
+    """Refuse an output in the key registry's folder (review 122: ``-o`` naming a key's
+    entry there, with --overwrite, replaced the record of the key's ledger with
+    releases, and every later run of the key was refused)."""
+    from ..ledger_registry import registry_dir
+
+    folder = registry_dir()
+    if folder is None:
+        return
+    where = os.path.realpath(os.path.dirname(os.path.abspath(output)))
+    if where == os.path.realpath(folder):
+        raise ValueError(
+            f"--output {output!r} is in the key registry's folder {folder!r}, which records "
+            "where each key's ledger is: write the output elsewhere"
+        )
 
 
 def _refuse_csv_header(cfg: RunConfig, domain: str) -> None:
