@@ -2049,7 +2049,7 @@ def test_run_help_says_what_input_without_time_steps_does(files, capsys):
         files.key_path,
     ]
     (files.dir / "ev.csv").write_text("event,item\n1,d0\n2,d1\n")
-    assert _run(*base, "-i", str(files.dir / "ev.csv"), "-o", str(files.dir / "c")) == 1
+    assert _run(*base, "-i", str(files.dir / "ev.csv"), "-o", str(files.dir / "c")) == 2
     assert "CSV input needs its time steps" in capsys.readouterr().err
     (files.dir / "untimed.jsonl").write_text('{"items": ["d0"]}\n["d1"]\n')
     out = files.dir / "u.jsonl"
@@ -2190,3 +2190,18 @@ def test_an_output_in_the_key_registry_is_refused(tmp_path, key_registry, capsys
     assert main([*argv, "-o", entry, "--overwrite"]) == 1
     assert "key registry's folder" in capsys.readouterr().err
     assert open(entry, "rb").read() == before
+
+
+def test_time_mode_problems_are_settings_problems_listed_at_once(tmp_path, capsys):
+    """Review 122: a time mode's problems (--follow without a clock, --implicit-time
+    with --until, --until past the horizon) exited 1, one at a time, where the README
+    promises every problem of a command line at once, with exit status 2."""
+    fixed_key("modes").save(tmp_path / "k.key")
+    argv = ["run", "-m", "unknown", "--max-items", "2", "--rho", "1", "--threshold-delta"]
+    argv += ["1e-6", "-T", "9", "--key-file", str(tmp_path / "k.key")]
+    assert main([*argv, "--follow", "--implicit-time", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--follow needs the public clock" in err and "numbers the steps by line" in err
+    assert main([*argv, "--until", "10", "-o", str(tmp_path / "o")]) == 2
+    assert "--until 10 is past the horizon" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

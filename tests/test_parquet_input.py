@@ -540,9 +540,9 @@ def test_follow_and_stdin_refuse_parquet_input(tmp_path, key_path, capsys):
     pq.write_table(_table(_events(7, n=100)), tmp_path / "e.parquet")
     out = tmp_path / "out.jsonl"
     clock = ["--time-field", "t", "--step", "1h", "--start", "2026-03-01T00:00Z", "--follow"]
-    assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN, *clock) == 1
+    assert _run(key_path, tmp_path / "e.parquet", out, *UNKNOWN, *clock) == 2  # a setting's
     assert "not --follow" in capsys.readouterr().err
-    assert _run(key_path, "-", out, *UNKNOWN, "--input-format", "parquet") == 1
+    assert _run(key_path, "-", out, *UNKNOWN, "--input-format", "parquet") == 2
     assert "not stdin" in capsys.readouterr().err
     assert not out.exists()
 

@@ -22,7 +22,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .checks import check_settings, jsonl_column_problems
+from .checks import SettingsError, check_settings, jsonl_column_problems
 from .options import (
     MECH_OPTS,
     PLAN_OPTS,
@@ -183,7 +183,11 @@ class RunConfig:
                 "its budget spent): write jsonl or csv with --follow"
             )
         check_settings(opts, extra=[*end_problems(opts), *no_key, *columns])
-        _check_time_mode(opts, last_step(opts))
+        try:
+            until = last_step(opts)
+        except ValueError as exc:  # --until past the horizon: a setting's problem too
+            raise SettingsError([str(exc)]) from None
+        check_settings(opts, extra=_time_mode_problems(opts, until))
         given = "item_column" in named
         return cls(
             command=command,
@@ -308,12 +312,14 @@ def _check_plan_clock(opts: Mapping[str, Any]) -> None:
         raise ValueError(f"--start/--step: {exc}") from None
 
 
-def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
-    """Refuse, before anything is opened, a time mode that would let the data move steps."""
+def _time_mode_problems(opts: Mapping[str, Any], until: int) -> list[str]:
+    """What is wrong, before anything is opened, with a time mode that would let the data
+    move steps (listed with the other settings' problems: exit status 2, review 122)."""
+    problems: list[str] = []
     clock = clock_from_options(opts)
     fmt = input_format(opts["input"], opts["input_format"])
     if opts["implicit_time"] and clock is not None:
-        raise ValueError("--implicit-time and --time-field are two ways to give steps: use one")
+        problems.append("--implicit-time and --time-field are two ways to give steps: use one")
     last = opts.get("horizon") or until  # the last step whose end is written (sidecar, rows)
     if opts["follow"] and opts.get("horizon") is None and opts.get("until") is None:
         last = None  # a stream with no end, on the wall clock: no step past 9999 falls due
@@ -321,44 +327,45 @@ def _check_time_mode(opts: Mapping[str, Any], until: int) -> None:
         try:
             clock.end_of(int(last))
         except (OverflowError, ValueError):
-            raise ValueError(
+            problems.append(
                 f"step {last} of --step {clock.step_text()} from --start "
                 f"{clock.iso(clock.start)} would end past the year 9999: a smaller "
                 "--horizon (or --until)"
-            ) from None
+            )
     if fmt == "csv" and clock is None and opts.get("time_column") is None:
-        raise ValueError(
+        problems.append(
             "CSV input needs its time steps: --time-column (integer steps) or "
             "--time-field with --step and --start (timestamps)"
         )
     if fmt == "parquet" and opts["implicit_time"]:
-        raise ValueError(
+        problems.append(
             "--implicit-time is for JSON Lines: give each Parquet row its step "
             "(a time column, or --time-field for timestamps)"
         )
     if opts["follow"] and clock is None:  # before the state and the output are made
-        raise ValueError("--follow needs the public clock: --time-field, --step and --start")
+        problems.append("--follow needs the public clock: --time-field, --step and --start")
     if fmt == "parquet" and (opts["input"] == "-" or opts["follow"]):
-        raise ValueError(
+        problems.append(
             "Parquet input is read from a file or a directory (--input PATH), in a batch "
             "run (not stdin, not --follow)"
         )
     if opts["follow"] and fmt != "jsonl":
-        raise ValueError("--follow reads JSON Lines input")
+        problems.append("--follow reads JSON Lines input")
     if opts["follow"] and str(opts["input"]).lower().endswith(".gz"):
-        raise ValueError(
+        problems.append(
             "--follow reads a growing plain file or stdin: a .gz input does not grow line "
             "by line (decompress it into the followed file, or run it as a batch)"
         )
     if opts["implicit_time"] and (until < horizon_limit(opts) or opts["follow"]):
-        raise ValueError(
+        problems.append(
             "--implicit-time numbers the steps by line, so a stream that goes "
             "on over several runs could count a line twice: give each event "
             'its step ("t" or --time-field) to use --until or --follow'
         )
     if opts["output"] == "-" and (until < horizon_limit(opts) or opts["follow"]):
-        raise ValueError(
+        problems.append(
             "a stream that goes on over several runs (--until, --follow) needs "
             "--output FILE: the file is the record that stops a step from being "
             "released twice"
         )
+    return problems
