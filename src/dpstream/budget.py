@@ -144,9 +144,10 @@ def totals(spends: Iterable[DatasetSpend]) -> dict[str, Composed]:
 
 def budget_refusal(dataset: str, before: Composed, after: Composed, cap: BudgetCap) -> str:
     """Why a run is refused when it would take ``dataset`` past ``cap``."""
+    spent = "spent nothing yet" if before.releases == 0 else f"spent {before.plain(cap.delta)}"
     return (
         f"dataset {dataset!r} would pass its budget cap (epsilon = {cap.epsilon:.6g}, "
-        f"delta = {cap.delta:.3g}): it has spent {before.plain(cap.delta)}, and this run "
+        f"delta = {cap.delta:.3g}): it has {spent}, and this run "
         f"would bring it to {after.plain(cap.delta)}. Nothing was released; see "
         "`dpstream budget`"
     )
