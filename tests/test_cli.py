@@ -2106,6 +2106,10 @@ def _status(argv: list[str]) -> int | str | None:
         ["--input", "a.jsonl", "-i", "b.jsonl"],
         ["--epsilon", "1", "--delta", "1e-6", "--epsilon=8"],
         ["--round", "--no-round"],
+        ["-i", "a.jsonl", "-ib.jsonl"],  # (review 123: a value attached went unseen)
+        ["-ia.jsonl", "--input=b.jsonl"],
+        ["-T5", "-i", "a.jsonl"],  # -T 5 as well as -T 5 in argv below
+        ["-qi", "a.jsonl", "-i", "b.jsonl"],  # flags grouped, the last taking a value
     ],
 )
 def test_an_option_given_twice_is_refused(tmp_path, capsys, twice):
@@ -2121,6 +2125,18 @@ def test_an_option_given_twice_is_refused(tmp_path, capsys, twice):
     assert not out.exists()
     plan = ["plan", "-m", "unknown", "--max-items", "2", "-T", "5", "--rho", "1", "--rho=2"]
     assert _status(plan) == 2
+
+
+def test_a_flag_given_again_as_it_was_is_no_slip(tmp_path, capsys):
+    """Review 123: ``-q -q`` and ``--debug ... --debug`` change nothing: not refused."""
+    key = tmp_path / "k.key"
+    fixed_key("flags-twice").save(key)
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"t": 1, "items": ["a"]}\n')
+    argv = ["run", "-q", "-m", "unknown", "--max-items", "2", "--rho", "1", "-q"]
+    argv += ["--threshold-delta", "1e-6", "-T", "1", "-i", str(data), "--key-file", str(key)]
+    assert _status([*argv, "-o", str(tmp_path / "o.jsonl")]) == 0
+    assert "given twice" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["run", "plan"])

@@ -142,3 +142,30 @@ def test_aggregate_counts_with_a_missing_value_say_so():
             mech.release(1, counts)
     with pytest.raises(TypeError, match="got dtype float64"):
         mech.release(1, np.array([1.0, 2.5]))
+
+
+def test_unknown_topk_refuses_user_level_sets_too():
+    """Review 123: UnknownTopK made each event's items a tuple (and a set of events a
+    list) before the histogram's check: which items a user kept followed the hash seed."""
+    from dpstream.mechanisms.histogram_topk import UnknownTopK
+
+    domain = list("abcdefgh")
+    mech = UnknownTopK(
+        domain, 8, k=8, max_items=8, key=fixed_key("edges-utopk"), rho=1.0, threshold_delta=1e-6,
+        max_items_per_user=2, max_count_per_item=1,
+    )  # fmt: skip
+    for bad in ([("alice", set(domain))], {("alice", ("a",)), ("alice", ("b",))}):
+        with pytest.raises(TypeError, match="set's order changes"):
+            mech.step_batch(bad)
+    assert mech.step_batch([("alice", domain)]).t == 1
+
+
+def test_an_object_without_weak_references_leaves_no_lock():
+    """Review 123: lock_of stored a lock under the id of an object it could not watch
+    (None, in the pair a --state snapshot saves) before failing, so later snapshots
+    shared that one lock."""
+    from dpstream.mechanisms import serial
+
+    with pytest.raises(TypeError):
+        lock_of(None)
+    assert id(None) not in serial._locks

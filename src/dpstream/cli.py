@@ -115,25 +115,51 @@ def _refuse_repeated_options(parser: argparse.ArgumentParser, argv: list[str]) -
     if at is None:
         return
     command = sub.choices[argv[at]]
-    known = command._option_string_actions
     seen: dict[str, str] = {}
     args = iter(argv[at + 1 :])
     for token in args:
         if token == "--":
             break
-        name, has_value = token.split("=", 1)[0], "=" in token
-        action = known.get(name) if token.startswith("-") else None
-        if action is None or isinstance(action, (argparse._AppendAction, argparse._CountAction)):
-            continue
-        if action.dest in seen:
-            both = name if seen[action.dest] == name else f"{seen[action.dest]} and {name}"
-            command.error(
-                f"{both}: an option given twice (one value per option; which one was "
-                "meant is not for dpstream to guess)"
-            )
-        seen[action.dest] = name
-        if action.nargs != 0 and not has_value:
-            next(args, None)  # its value, which may look like an option (-o -)
+        for name, action, attached in _options_in(token, command._option_string_actions):
+            if isinstance(action, (argparse._AppendAction, argparse._CountAction)):
+                continue
+            before = seen.get(action.dest)
+            if before is not None and not (action.nargs == 0 and before == name):
+                # (a flag given again as it was changes nothing: -q -q)
+                both = name if before == name else f"{before} and {name}"
+                command.error(
+                    f"{both}: an option given twice (one value per option; which one was "
+                    "meant is not for dpstream to guess)"
+                )
+            seen[action.dest] = name
+            if action.nargs != 0 and not attached:
+                next(args, None)  # its value, which may look like an option (-o -)
+
+
+def _options_in(token: str, known: dict[str, argparse.Action]) -> list[tuple[str, Any, bool]]:
+    """The options a command-line token gives, as argparse reads it: (spelling, action,
+    whether the value is in the token). ``--name`` or ``--name=value``; ``-x``, ``-xVALUE``
+    or flags grouped (``-qx``, the last of which may take the rest as its value; review
+    123: ``-i../day2.jsonl`` and ``-T5`` went unseen)."""
+    if not token.startswith("-") or token == "-":
+        return []
+    if token.startswith("--"):
+        name = token.split("=", 1)[0]
+        action = known.get(name)
+        return [] if action is None else [(name, action, "=" in token)]
+    found: list[tuple[str, Any, bool]] = []
+    rest = token[1:]
+    while rest:
+        name = "-" + rest[0]
+        action = known.get(name)
+        if action is None:  # (a negative number, or a token argparse refuses itself)
+            break
+        if action.nargs != 0:  # takes a value: the rest of the token, or the next one
+            found.append((name, action, len(rest) > 1))
+            break
+        found.append((name, action, False))
+        rest = rest[1:]
+    return found
 
 
 def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -45,9 +45,11 @@ def lock_of(obj: object) -> threading.RLock:
         with _guard:
             lock = _locks.get(key)
             if lock is None:
-                lock = _locks[key] = threading.RLock()
-                # dropped when the object goes, before its id can be another's
+                # dropped when the object goes, before its id can be another's; set up
+                # first, so that an object without weak references (TypeError) leaves
+                # no lock behind under its id (review 123: None's, then shared)
                 weakref.finalize(obj, _locks.pop, key, None)
+                lock = _locks[key] = threading.RLock()
     return lock
 
 

@@ -150,7 +150,8 @@ _PARAM_WORDS = {
     "truncation": "the truncation rule (of the dpstream that began the stream)",
     "blt": "the BLT counter (--counter, --blt-buffers)",
     "input_format": "the input's format (--input-format)",
-    "output_format": "the output's format (--output-format)",
+    "output_format": "the output's format (--output-format; a suffix in capitals, such as "
+    "out.CSV, named JSON Lines before dpstream 0.3: give --output-format jsonl to go on)",
     "step_seconds": "--step",
     "step_months": "--step",
     "lateness_seconds": "--lateness",
