@@ -914,3 +914,14 @@ def test_a_batch_with_nothing_for_its_steps_is_refused(setup, capsys):
     assert main(argv) == 1 and not out2.exists()
     assert main([*argv, "--allow-empty"]) == 0
     assert [json.loads(x)["released"]["a"] for x in out2.read_text().splitlines()] == [0, 0]
+
+
+@pytest.mark.parametrize("text", ["1h1h", "1m1min", "30s2h30s", "1w1w"])
+def test_a_duration_names_each_unit_once(text):
+    """Review 122: ``--step 1h1h`` was read as 2h (a doubled paste, most likely); a
+    duration names each unit once, as 2h30m does."""
+    with pytest.raises(ValueError, match="names each unit once"):
+        parse_step(text)
+    with pytest.raises(ValueError, match="names each unit once"):
+        parse_duration(text)
+    assert parse_duration("2h30m") == dt.timedelta(hours=2, minutes=30)

@@ -80,6 +80,9 @@ def parse_duration(text: str) -> _dt.timedelta:
         raise ValueError(f"a duration is written like 1h, 15m, 2h30m, 1d, 1w or 90s, got {text!r}")
     if any(u == "mo" for _, u in parts):
         raise ValueError(f"a month is not a fixed duration: {text!r} is only allowed as a --step")
+    units = [_UNITS[u] for _, u in parts]
+    if len(set(units)) != len(units):  # review 122: 1h1h was 2h, a doubled paste most likely
+        raise ValueError(f"a duration names each unit once (like 2h30m), got {text!r}")
     seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if not seconds > 0:
         raise ValueError(f"a duration must be positive, got {text!r}")
