@@ -275,13 +275,10 @@ class NoiseKey:
             raise ValueError(
                 f"key file {str(path)!r} holds {len(secret)} bytes, expected {KEY_BYTES}"
             )
-        if len(set(secret)) == 1:  # review 112: 64 zeros was taken as a key
-            raise ValueError(
-                f"key file {str(path)!r} holds one byte value 32 times "
-                f"(0x{secret[0]:02x}): a placeholder, not a secret (anyone can remove its "
-                "noise); make a key with `dpstream keygen`"
-            )
-        return cls(secret)
+        try:  # review 112: 64 zeros was taken as a key (the constructor refuses it)
+            return cls(secret)
+        except ValueError as exc:
+            raise ValueError(f"key file {str(path)!r}: {exc}") from None
 
     def derive(self, label: str) -> bytes:
         """A 32-byte subkey for ``label`` (HMAC-SHA256), independent across labels."""

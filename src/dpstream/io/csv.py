@@ -369,10 +369,12 @@ class _Rows:
         self.row_event.append(event)
         if item == "":
             self.row_item.append(-1)
-        else:
-            self.row_item.append(self.item_ids.setdefault(item, len(self.item_ids)))
-            if len(self.texts) < len(self.item_ids):
-                self.texts.append(item)
+            return
+        at = self.item_ids.get(item)
+        if at is None:
+            at = self.item_ids[item] = len(self.texts)
+            self.texts.append(item)
+        self.row_item.append(at)
 
     def records(self) -> Iterator[RawEvent]:
         """Every record in order: an event with the items of its rows in their order and
@@ -396,7 +398,7 @@ class _Rows:
             raw = b"\n".join([view[ends[r - 1] if r else 0 : ends[r]] for r in mine])
             kept = tuple(texts[items[r]] for r in mine if items[r] >= 0)
             yield RawEvent(
-                int(self.event_line[at]),
+                self.event_line[at],
                 self.event_t[at],
                 kept,
                 None,

@@ -32,7 +32,7 @@ from .known import KnownDomainHistogram
 from .serial import OneStream, one_at_a_time
 from .topk import AUTO_ETA_BETA, ContinualTopK, default_switches, noise_eta
 from .unknown import step_delta_divisor
-from .users import _UNORDERED, UserEventColumns, split_user_event
+from .users import UserEventColumns, refuse_unordered, split_user_event
 
 if TYPE_CHECKING:
     from ..bounding import UserBounds
@@ -301,8 +301,8 @@ class UnknownTopK(OneStream):
             events = events.pairs()  # the loop below raises the first event's error
         checked = []
         users = self.histogram.user_bounds is not None
-        if users and isinstance(events, (set, frozenset)):  # (review 123: the order a user's
-            raise TypeError(_UNORDERED.format(what="the events of a step"))  # items come in)
+        if users:  # (review 123: the order of a user's items, before they are made tuples)
+            refuse_unordered(events)
         for event in events:  # each event's items read once: a generator is checked, then
             # counted from the tuple (review 112: it was counted empty, once exhausted)
             items: Any = split_user_event(event)[1] if users else event

@@ -37,6 +37,7 @@ __all__ = [
     "bound_user_events",
     "commit_user_events",
     "split_user_event",
+    "refuse_unordered",
 ]
 
 
@@ -75,6 +76,12 @@ def split_user_event(event: object) -> tuple[object, object]:
     if isinstance(event[1], (set, frozenset)):
         raise TypeError(_UNORDERED.format(what="the items of an event"))
     return event[0], event[1]
+
+
+def refuse_unordered(events: object) -> None:
+    """Refuse a step's events given as a set at user level (:data:`_UNORDERED`)."""
+    if isinstance(events, (set, frozenset)):
+        raise TypeError(_UNORDERED.format(what="the events of a step"))
 
 
 #: review 121: which items a user keeps first (max_items_per_user) followed a set's
@@ -288,8 +295,7 @@ class UserLevel:
         user_of: list[int] = []
         codes: list[int] = []
         sizes: list[int] = []
-        if isinstance(events, (set, frozenset)):
-            raise TypeError(_UNORDERED.format(what="the events of a step"))
+        refuse_unordered(events)
         for event in events:
             user, items = split_user_event(event)
             if isinstance(user, bytearray):  # the bytes it holds (a bytearray is no dict key)

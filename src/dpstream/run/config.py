@@ -175,19 +175,14 @@ class RunConfig:
                 "its events come, before the share of invalid ones is known (its progress "
                 "lines and summary count what was skipped)"
             )
-        out_format = auto_format(str(opts["output"] or "-"), str(opts["output_format"]))
-        if opts["follow"] and out_format == "parquet":  # review 122: nothing out for hours
-            columns.append(
-                "--follow writes each step when it is due, and a Parquet file is written "
-                "whole when the run ends (a follower killed before then published nothing, "
-                "its budget spent): write jsonl or csv with --follow"
-            )
         check_settings(opts, extra=[*end_problems(opts), *no_key, *columns])
         try:
             until = last_step(opts)
         except ValueError as exc:  # --until past the horizon: a setting's problem too
             raise SettingsError([str(exc)]) from None
-        check_settings(opts, extra=_time_mode_problems(opts, until))
+        time_mode = _time_mode_problems(opts, until)
+        if time_mode:
+            raise SettingsError(time_mode)
         given = "item_column" in named
         return cls(
             command=command,
@@ -351,6 +346,15 @@ def _time_mode_problems(opts: Mapping[str, Any], until: int) -> list[str]:
         )
     if opts["follow"] and fmt != "jsonl":
         problems.append("--follow reads JSON Lines input")
+    if (
+        opts["follow"]
+        and auto_format(str(opts["output"] or "-"), opts["output_format"]) == "parquet"
+    ):
+        problems.append(  # review 122: a follower published nothing for hours
+            "--follow writes each step when it is due, and a Parquet file is written whole "
+            "when the run ends (a follower killed before then published nothing, its "
+            "budget spent): write jsonl or csv with --follow"
+        )
     if opts["follow"] and str(opts["input"]).lower().endswith(".gz"):
         problems.append(
             "--follow reads a growing plain file or stdin: a .gz input does not grow line "
